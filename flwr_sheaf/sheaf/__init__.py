@@ -1,0 +1,16 @@
+"""Sheaf mathematics on torch tensors (no Flower, no CNNs)."""
+
+from .gluing import EdgeTerm, local_gluing_penalty
+from .network import NetworkSheaf, orient_edge
+from .procrustes import polar_factor, procrustes
+from .validation import check_pilots
+
+__all__ = [
+    "EdgeTerm",
+    "local_gluing_penalty",
+    "NetworkSheaf",
+    "orient_edge",
+    "polar_factor",
+    "procrustes",
+    "check_pilots",
+]

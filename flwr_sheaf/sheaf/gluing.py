@@ -1,0 +1,74 @@
+"""Local gluing penalty of agent i (paper Eq. 16), with neighbours' pilots held constant (Eq. 19)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .validation import check_pilots
+
+__all__ = ["EdgeTerm", "local_gluing_penalty"]
+
+
+@dataclass
+class EdgeTerm:
+    """One incident edge of agent i as seen from i.
+
+    Attributes:
+        neighbour: partition-id j.
+        pilots: neighbour's pilot rows ``(K, d_j)`` (a constant: no gradient flows to j).
+        v: restriction map ``(d_head, d_tail)`` of the oriented edge.
+        i_is_head: True when i is the head (j in N(i)^-: incoming embedding), False when i
+            is the tail (j in N(i)^+: outgoing embedding).
+    """
+
+    neighbour: int
+    pilots: torch.Tensor
+    v: torch.Tensor
+    i_is_head: bool
+
+
+def local_gluing_penalty(
+    a_i: torch.Tensor, edges: Sequence[EdgeTerm], lam: float
+) -> tuple[torch.Tensor, dict[int, float]]:
+    """Agent i's gluing penalty ``R_A|_i`` (paper Eq. 16).
+
+    ``R = (lam / d_i) / (2K) * [ sum_{j in N(i)^-} ||A_i - V_ij A_j||_F^2
+                                + sum_{j in N(i)^+} ||A_j - V_ji A_i||_F^2 ]``
+    with pilots stored row-wise, so ``V A_j`` is ``A_j @ V.T``.
+
+    Args:
+        a_i: agent i's pilot rows ``(K, d_i)`` (differentiable).
+        edges: incident edges; each neighbour's pilots must have the same K rows.
+        lam: the penalty weight lambda >= 0 (lambda_i = lambda / d_i).
+
+    Returns:
+        ``(penalty, per_edge)``: scalar tensor, and the un-weighted per-edge mean squared residual
+        ``||.||_F^2 / K`` (floats, for logging) keyed by neighbour partition-id.
+
+    Raises:
+        ValueError: negative lambda, shape mismatch (K or d), wrong map shape, NaN/inf pilots.
+    """
+    if lam < 0:
+        raise ValueError(f"lambda must be >= 0, got {lam}")
+    check_pilots(a_i, "own pilots")
+    k, d_i = a_i.shape
+    total = a_i.new_zeros(())
+    per_edge: dict[int, float] = {}
+    for e in edges:
+        a_j = e.pilots.to(a_i.dtype).detach()
+        check_pilots(a_j, f"pilots of neighbour {e.neighbour}", k=k)
+        d_j = a_j.shape[1]
+        expect = (d_i, d_j) if e.i_is_head else (d_j, d_i)
+        if tuple(e.v.shape) != expect:
+            raise ValueError(
+                f"edge with neighbour {e.neighbour}: map shape {tuple(e.v.shape)}, expected {expect}"
+            )
+        v = e.v.to(a_i.dtype).detach()
+        resid = (a_i - a_j @ v.T) if e.i_is_head else (a_j - a_i @ v.T)
+        sq = (resid**2).sum()
+        per_edge[e.neighbour] = float(sq.detach()) / k
+        total = total + sq
+    return (lam / d_i) / (2 * k) * total, per_edge

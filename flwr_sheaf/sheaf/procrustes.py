@@ -1,0 +1,67 @@
+"""Closed-form restriction-map update (paper Eq. 18, sub-problems P2a / P2b).
+
+For an oriented edge (head h, tail t) with ``d_h >= d_t`` the map ``V`` in ``St(d_h, d_t)``
+(orthonormal columns; ``O(d)`` when ``d_h == d_t``) minimises ``||A_h - A_t V^T||_F^2`` (row-wise
+pilots, i.e. the paper's ``||A_h - V A_t||_F^2`` with ``A`` stored ``d x K``). The minimiser is the
+polar factor of the cross-covariance: thin SVD ``A_h^T A_t = U S W^T`` and ``V = U W^T``. This is
+exact for any pilots (no whitening assumption), unlike the reference code's projection
+convention ``||V^T z_h - z_t||`` (notes anchor-sfrl-reference.md s3.3, s8 item 3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import check_pilots
+
+__all__ = ["procrustes", "polar_factor"]
+
+
+def polar_factor(c: torch.Tensor) -> torch.Tensor:
+    """Orthonormal polar factor of a ``(m, n)`` matrix with ``m >= n``.
+
+    Args:
+        c: ``(m, n)`` float matrix, ``m >= n``.
+
+    Returns:
+        ``(m, n)`` matrix ``U W^T`` from the thin SVD ``c = U S W^T``; it has orthonormal columns
+        and maximises ``tr(V^T c)`` over ``St(m, n)``. Computed in float64, returned in ``c``'s dtype.
+        Determinant -1 solutions are kept (the paper uses ``O(d)``, not ``SO(d)``).
+
+    Raises:
+        ValueError: if ``m < n`` or ``c`` has NaN/inf entries.
+    """
+    if c.ndim != 2 or c.shape[0] < c.shape[1]:
+        raise ValueError(f"polar_factor needs an (m, n) matrix with m >= n, got {tuple(c.shape)}")
+    if not torch.isfinite(c).all():
+        raise ValueError("polar_factor: cross-covariance has NaN/inf entries")
+    u, _, wh = torch.linalg.svd(c.double(), full_matrices=False)
+    return (u @ wh).to(c.dtype)
+
+
+def procrustes(a_head: torch.Tensor, a_tail: torch.Tensor) -> torch.Tensor:
+    """Fit the restriction map of one edge by orthogonal / Stiefel Procrustes (paper Eq. 18).
+
+    Args:
+        a_head: head pilots ``(K, d_h)`` (rows = the same K pilot samples as ``a_tail``).
+        a_tail: tail pilots ``(K, d_t)``, ``d_t <= d_h``.
+
+    Returns:
+        ``V`` of shape ``(d_h, d_t)`` with ``V^T V = I`` minimising ``||a_head - a_tail V^T||_F``,
+        i.e. ``z_h ~ V z_t`` per pilot (the paper's embedding convention, Eq. 11). Float32 unless
+        the inputs are float64.
+
+    Raises:
+        ValueError: row counts differ, ``d_t > d_h``, or NaN/inf pilots.
+    """
+    check_pilots(a_head, "head pilots")
+    check_pilots(a_tail, "tail pilots")
+    if a_head.shape[0] != a_tail.shape[0]:
+        raise ValueError(
+            f"head and tail pilots must have the same rows K: {tuple(a_head.shape)} vs {tuple(a_tail.shape)}"
+        )
+    if a_tail.shape[1] > a_head.shape[1]:
+        raise ValueError(
+            f"orientation error: tail d_t={a_tail.shape[1]} exceeds head d_h={a_head.shape[1]}"
+        )
+    return polar_factor(a_head.detach().T @ a_tail.detach())
