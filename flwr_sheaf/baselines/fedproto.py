@@ -1,0 +1,503 @@
+"""FedProto mathematics (Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous
+Clients", AAAI 2022) in pure torch: local class prototypes, server aggregation, the prototype
+regulariser, nearest-prototype inference, and the parameter-free pooling adapter that gives
+heterogeneous encoders a common feature dimension.
+
+Conventions (specs: notes ``anchor-rfedags-fedsaf-fedproto.md`` section D and pitfalls E):
+
+* A prototype set is a ``dict[int, Tensor]`` mapping a **Python int** class id to a ``(d,)``
+  tensor. Keying by tensors (e.g. the elements of ``torch.unique(y)``) makes look-ups with ints
+  miss silently and the prototype loss collapses to 0 (KarhouTam/FL-bench#76); every function here
+  converts keys and labels with ``int()`` and rejects keys that are not integral.
+* Counts are ``dict[int, int]`` (samples of that class behind the prototype).
+* Global prototypes are constants for the client loss (detached), as in the official code.
+
+Equations. FedProto's client objective is ``L_S(F_i(x), y) + lambda * L_R`` with ``L_R`` an L2
+distance between client embeddings and the global prototype of their class (FedSAF paper Eq. (2)
+and Eq. (6) restate it with ``R = ||z - P_g^y||_2^2``). The local prototype of class ``c`` is the
+mean embedding of the client's class-``c`` samples (FedSAF Eq. (15)); the server prototype is
+the sample-count-weighted average over clients owning the class (FedProto Eq. (6) without the
+extra ``1/|N_j|`` factor questioned in yuetan031/FedProto#6; FedSAF Eq. (3) with per-class
+weights). The official FedProto and HtFLlib code use an *unweighted* mean over clients
+(TsingZ0/HtFLlib#10): ``weighted=False`` reproduces it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "class_prototypes",
+    "aggregate_prototypes",
+    "fedproto_loss",
+    "nearest_prototype_predict",
+    "PoolingAdapter",
+    "check_common_dim",
+    "LOSS_REDUCTIONS",
+]
+
+#: Accepted ``reduction`` values of :func:`fedproto_loss`.
+LOSS_REDUCTIONS = ("per_sample", "mse")
+
+
+# --------------------------------------------------------------------------------------------
+# validation helpers
+# --------------------------------------------------------------------------------------------
+def _class_id(key: object, where: str) -> int:
+    """Convert a class key (int, numpy integer, 0-dim integer tensor) to a Python int."""
+    if isinstance(key, bool):
+        raise ValueError(f"{where}: class id {key!r} is a bool, expected an integer")
+    if isinstance(key, torch.Tensor):
+        bad_dtype = key.is_floating_point() or key.is_complex() or key.dtype == torch.bool
+        if key.numel() != 1 or bad_dtype:
+            raise ValueError(
+                f"{where}: class id must be an integer scalar, got tensor of dtype {key.dtype} "
+                f"and shape {tuple(key.shape)}"
+            )
+        return int(key.item())
+    if isinstance(key, numbers.Integral):
+        return int(key)
+    raise ValueError(f"{where}: class id {key!r} ({type(key).__name__}) is not an integer")
+
+
+def _check_labels(y: torch.Tensor, batch: int, num_classes: int | None, name: str = "y") -> None:
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(y).__name__}")
+    if y.ndim != 1:
+        raise ValueError(f"{name} must have shape (B,), got {tuple(y.shape)}")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor (e.g. int64), got dtype {y.dtype}")
+    if y.shape[0] != batch:
+        raise ValueError(f"{name} has {y.shape[0]} labels but the latents have {batch} rows")
+    if y.numel() > 0:
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or (num_classes is not None and hi >= num_classes):
+            bad = lo if lo < 0 else hi
+            rng = f"[0, num_classes={num_classes})" if num_classes is not None else "[0, inf)"
+            raise ValueError(f"{name} contains class id {bad} outside {rng}")
+
+
+def _check_latents(z: torch.Tensor, name: str = "z") -> None:
+    if not isinstance(z, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(z).__name__}")
+    if z.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, d), got {tuple(z.shape)}")
+    if not z.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor, got dtype {z.dtype}")
+
+
+def _check_num_classes(num_classes: object) -> int:
+    ok = isinstance(num_classes, numbers.Integral) and not isinstance(num_classes, bool)
+    if not ok or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    return int(num_classes)
+
+
+def _normalise_protos(
+    protos: Mapping, where: str, num_classes: int | None = None
+) -> dict[int, torch.Tensor]:
+    """Validate a prototype dict: int-able keys in range, 1-D finite float tensors, one dim."""
+    if not isinstance(protos, Mapping):
+        raise ValueError(
+            f"{where}: prototypes must be a dict[int, Tensor], got {type(protos).__name__}"
+        )
+    out: dict[int, torch.Tensor] = {}
+    dim: int | None = None
+    for key, p in protos.items():
+        c = _class_id(key, where)
+        if c < 0 or (num_classes is not None and c >= num_classes):
+            rng = f"[0, num_classes={num_classes})" if num_classes is not None else "[0, inf)"
+            raise ValueError(f"{where}: class id {c} outside {rng}")
+        if c in out:
+            raise ValueError(f"{where}: class id {c} appears twice (keys {list(protos)!r})")
+        if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+            raise ValueError(f"{where}: prototype of class {c} must be a floating torch.Tensor")
+        if p.ndim != 1:
+            raise ValueError(
+                f"{where}: prototype of class {c} must have shape (d,), got {tuple(p.shape)}"
+            )
+        if not bool(torch.isfinite(p).all()):
+            raise ValueError(f"{where}: prototype of class {c} has NaN/inf entries")
+        if dim is None:
+            dim = p.shape[0]
+        elif p.shape[0] != dim:
+            raise ValueError(
+                f"{where}: prototypes have different dims "
+                f"(d={dim} and d={p.shape[0]} for class {c})"
+            )
+        out[c] = p
+    return out
+
+
+def _stack_protos(
+    protos: Mapping, like: torch.Tensor | None = None, where: str = "global_protos"
+) -> tuple[list[int], torch.Tensor]:
+    clean = _normalise_protos(protos, where)
+    classes = sorted(clean)
+    if not classes:
+        return [], torch.empty(0)
+    mat = torch.stack([clean[c].detach() for c in classes])
+    if like is not None:
+        mat = mat.to(dtype=like.dtype, device=like.device)
+    return classes, mat
+
+
+# --------------------------------------------------------------------------------------------
+# client side
+# --------------------------------------------------------------------------------------------
+def class_prototypes(
+    z: torch.Tensor, y: torch.Tensor, num_classes: int
+) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
+    """Per-class mean latents of a batch / dataset (local prototypes).
+
+    ``P^c = (1 / |{j : y_j = c}|) * sum_{j : y_j = c} z_j`` for every class ``c`` present in ``y``
+    (FedSAF Eq. (15); FedProto's local prototype ``C_i^(c)``).
+
+    Args:
+        z: ``(B, d)`` floating latents (any float dtype; output keeps it). Gradients flow through
+            the means (FedSAF's prototype-level loss needs them); ``.detach()`` before uploading.
+        y: ``(B,)`` integer labels (int64 typical) in ``[0, num_classes)``.
+        num_classes: total number of classes ``C`` (positive int), used for validation.
+
+    Returns:
+        ``(protos, counts)``: ``protos[c]`` is a ``(d,)`` tensor (dtype/device of ``z``) and
+        ``counts[c]`` the Python-int number of samples of class ``c``; keys are Python ints, sorted
+        ascending, and only classes present in ``y`` appear (an empty batch gives two empty dicts).
+
+    Raises:
+        ValueError: ``z`` not ``(B, d)`` floating; ``y`` not a 1-D integer tensor of length ``B``;
+            a label outside ``[0, num_classes)``; ``num_classes`` not a positive int.
+    """
+    num_classes = _check_num_classes(num_classes)
+    _check_latents(z)
+    _check_labels(y, z.shape[0], num_classes)
+    protos: dict[int, torch.Tensor] = {}
+    counts: dict[int, int] = {}
+    if y.numel() == 0:
+        return protos, counts
+    y = y.to(z.device)
+    for c in torch.unique(y).tolist():  # .tolist() -> Python ints (pitfall E.2)
+        mask = y == c
+        protos[int(c)] = z[mask].mean(dim=0)
+        counts[int(c)] = int(mask.sum())
+    return protos, counts
+
+
+def fedproto_loss(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    global_protos: Mapping,
+    reduction: str = "per_sample",
+) -> tuple[torch.Tensor, int]:
+    """FedProto prototype regulariser ``L_R`` (client side; FedSAF Eq. (2)/(6) with an L2 ``R``).
+
+    With ``S = {j : y_j has a global prototype}`` (the *covered* samples):
+
+    * ``reduction="per_sample"`` (default): ``(1/|S|) * sum_{j in S} ||z_j - P_g^{y_j}||_2^2`` —
+      mean over covered samples of the squared Euclidean distance (summed over the ``d`` dims).
+    * ``reduction="mse"``: the official FedProto / HtFLlib value ``nn.MSELoss()(target, z)`` where
+      ``target`` is ``z.detach()`` with covered rows replaced by their global prototype, i.e.
+      ``(1/(B*d)) * sum_{j in S} ||z_j - P_g^{y_j}||^2`` (uncovered rows count in the denominator
+      with zero error). Equals ``per_sample * |S| / (B * d)``.
+
+    Global prototypes are treated as constants (detached, cast to ``z``'s dtype/device).
+
+    Args:
+        z: ``(B, d)`` floating latents of the batch (gradients flow into the encoder).
+        y: ``(B,)`` non-negative integer labels (LongTensor fine: matched by ``int`` value).
+        global_protos: ``dict[int, Tensor(d)]`` global prototypes (may be empty / partial).
+        reduction: ``"per_sample"`` or ``"mse"`` (see above).
+
+    Returns:
+        ``(loss, n_covered)``: a 0-dim tensor in ``z``'s dtype and the Python-int number of
+        samples that had a global prototype. When ``n_covered == 0`` the loss is ``0 * z.sum()``:
+        exactly zero but attached to the graph (zero gradient), so callers can add it blindly and
+        still log that nothing was covered.
+
+    Raises:
+        ValueError: bad shapes/dtypes of ``z`` or ``y``; a negative label; a prototype that is
+            not a finite 1-D float tensor; a non-integer/negative class key; prototype dim != ``d``
+            (message names both); unknown ``reduction``.
+    """
+    if reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
+    _check_latents(z)
+    _check_labels(y, z.shape[0], None)
+    classes, mat = _stack_protos(global_protos, like=z)
+    if classes and mat.shape[1] != z.shape[1]:
+        raise ValueError(
+            f"fedproto_loss: latent dim d={z.shape[1]} differs from global prototype dim "
+            f"d={mat.shape[1]} (use a PoolingAdapter to a common dim)"
+        )
+    if not classes or z.shape[0] == 0:
+        return z.sum() * 0.0, 0
+    # map label -> row of `mat` (-1 = no prototype) via a lookup table on int values
+    y_dev = y.to(z.device).long()
+    hi = max(max(classes), int(y_dev.max()) if y_dev.numel() else 0)
+    lut = torch.full((hi + 1,), -1, dtype=torch.long, device=z.device)
+    lut[torch.tensor(classes, dtype=torch.long, device=z.device)] = torch.arange(
+        len(classes), device=z.device
+    )
+    rows = lut[y_dev]
+    covered = rows >= 0
+    n_cov = int(covered.sum())
+    if n_cov == 0:
+        return z.sum() * 0.0, 0
+    sq = ((z[covered] - mat[rows[covered]]) ** 2).sum()
+    if reduction == "per_sample":
+        return sq / n_cov, n_cov
+    return sq / (z.shape[0] * z.shape[1]), n_cov
+
+
+def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
+    """Prototype inference: ``argmin_c ||z_j - P_g^c||_2`` over the classes with a prototype.
+
+    FedProto's inference rule (notes D.4). Distances are computed pairwise without the
+    ``||a||^2 - 2ab + ||b||^2`` expansion (no cancellation); ties go to the smallest class id.
+
+    Args:
+        z: ``(B, d)`` floating latents.
+        global_protos: non-empty ``dict[int, Tensor(d)]``.
+
+    Returns:
+        ``(B,)`` int64 tensor of predicted class ids (on ``z``'s device).
+
+    Raises:
+        ValueError: ``global_protos`` empty; prototype dim != ``d``; bad shapes/keys/NaN.
+    """
+    _check_latents(z)
+    classes, mat = _stack_protos(global_protos, like=z)
+    if not classes:
+        raise ValueError("nearest_prototype_predict: global_protos is empty (no class to predict)")
+    if mat.shape[1] != z.shape[1]:
+        raise ValueError(
+            f"nearest_prototype_predict: latent dim d={z.shape[1]} differs from prototype dim "
+            f"d={mat.shape[1]}"
+        )
+    ids = torch.tensor(classes, dtype=torch.int64, device=z.device)
+    if z.shape[0] == 0:
+        return ids[:0]
+    dist = torch.cdist(z.detach(), mat, compute_mode="donot_use_mm_for_euclid_dist")
+    return ids[dist.argmin(dim=1)]
+
+
+# --------------------------------------------------------------------------------------------
+# server side
+# --------------------------------------------------------------------------------------------
+def aggregate_prototypes(
+    uploads: Sequence,
+    weighted: bool = True,
+    previous: Mapping | None = None,
+    missing: str = "carry",
+    *,
+    num_classes: int | None = None,
+    sources: Sequence[str] | None = None,
+) -> dict[int, torch.Tensor]:
+    """Server aggregation of client prototypes into global prototypes.
+
+    For each class ``c`` uploaded this round by the clients ``N_c``:
+
+    * ``weighted=True``: ``P_g^c = sum_{i in N_c} n_i^c P_i^c / sum_{i in N_c} n_i^c`` with
+      ``n_i^c = counts_i[c]`` (FedProto paper Eq. (6) as intended — count-weighted, without the
+      extra ``1/|N_c|`` factor, yuetan031/FedProto#6; FedSAF Eq. (3) with per-class weights).
+    * ``weighted=False``: ``P_g^c = (1/|N_c|) sum_{i in N_c} P_i^c`` (official FedProto / HtFLlib
+      code, TsingZ0/HtFLlib#10).
+
+    A class in ``previous`` that nobody uploaded this round is kept unchanged
+    (``missing="carry"``) or removed (``missing="drop"``, HtFLlib behaviour: the global set is
+    rebuilt from this round's uploads only).
+
+    Args:
+        uploads: sequence of ``(protos, counts)`` pairs, one per client; ``protos`` is
+            ``dict[int, Tensor(d)]``, ``counts`` ``dict[int, int]`` with a positive count for every
+            prototype class (``counts`` may be ``None`` when ``weighted=False``). Keys may be ints,
+            numpy integers or 0-dim integer tensors; they are converted with ``int()``.
+        weighted: count-weighted (default) or unweighted mean across clients.
+        previous: last round's global prototypes ``dict[int, Tensor(d)]`` or ``None``.
+        missing: ``"carry"`` or ``"drop"``.
+        num_classes: if given, class ids must lie in ``[0, num_classes)``; otherwise only
+            negative ids are rejected.
+        sources: one label per upload used in error messages (e.g. ``"partition-id 3"``);
+            defaults to ``"upload <index>"``.
+
+    Returns:
+        ``dict[int, Tensor(d)]`` keyed by Python ints in ascending order; new tensors (detached,
+        accumulated in float64 and returned in the promoted dtype of the uploads; on the device
+        of the first upload). Carried prototypes are detached clones of ``previous``'s.
+
+    Raises:
+        ValueError: a NaN/inf prototype, a class id outside ``[0, num_classes)``, a non-integer
+            key, a missing/non-positive/non-integer count (messages include the ``source``);
+            prototype dims differing between uploads or from ``previous`` (message names both
+            dims and sources); bad ``missing``; ``sources`` length != number of uploads.
+    """
+    if missing not in ("carry", "drop"):
+        raise ValueError(f"missing must be 'carry' or 'drop', got {missing!r}")
+    if num_classes is not None:
+        num_classes = _check_num_classes(num_classes)
+    uploads = list(uploads)
+    if sources is None:
+        sources = [f"upload {i}" for i in range(len(uploads))]
+    else:
+        sources = [str(s) for s in sources]
+        if len(sources) != len(uploads):
+            raise ValueError(f"got {len(sources)} source labels for {len(uploads)} uploads")
+
+    dim: int | None = None
+    dim_src = ""
+    dtype: torch.dtype | None = None
+    device = None
+    per_class: dict[int, list[tuple[torch.Tensor, float]]] = {}
+    for up, src in zip(uploads, sources):
+        if not isinstance(up, (tuple, list)) or len(up) != 2:
+            raise ValueError(f"{src}: each upload must be a (protos, counts) pair")
+        protos_raw, counts_raw = up
+        protos = _normalise_protos(protos_raw, src, num_classes)
+        counts: dict[int, int] = {}
+        if counts_raw is not None:
+            if not isinstance(counts_raw, Mapping):
+                raise ValueError(
+                    f"{src}: counts must be a dict[int, int], got {type(counts_raw).__name__}"
+                )
+            for k, v in counts_raw.items():
+                c = _class_id(k, src)
+                if isinstance(v, torch.Tensor):
+                    v = v.item()
+                if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                    raise ValueError(f"{src}: count of class {c} must be an int, got {v!r}")
+                counts[c] = int(v)
+        elif weighted:
+            raise ValueError(f"{src}: counts are required for weighted aggregation")
+        for c, p in protos.items():
+            if dim is None:
+                dim, dim_src = p.shape[0], src
+            elif p.shape[0] != dim:
+                raise ValueError(
+                    f"prototype dimension mismatch: {dim_src} has d={dim}, {src} has "
+                    f"d={p.shape[0]} (class {c})"
+                )
+            dtype = p.dtype if dtype is None else torch.promote_types(dtype, p.dtype)
+            device = p.device if device is None else device
+            if weighted:
+                if c not in counts:
+                    raise ValueError(f"{src}: no count for class {c}")
+                if counts[c] <= 0:
+                    raise ValueError(f"{src}: count of class {c} is {counts[c]}, must be > 0")
+                w = float(counts[c])
+            else:
+                w = 1.0
+            per_class.setdefault(c, []).append((p, w))
+
+    prev = _normalise_protos(previous, "previous", num_classes) if previous is not None else {}
+    if prev and dim is not None:
+        pdim = next(iter(prev.values())).shape[0]
+        if pdim != dim:
+            raise ValueError(
+                f"prototype dimension mismatch: previous global prototypes have d={pdim}, "
+                f"{dim_src} has d={dim}"
+            )
+
+    out: dict[int, torch.Tensor] = {}
+    for c, items in per_class.items():
+        num = torch.zeros(dim, dtype=torch.float64, device=device)
+        den = 0.0
+        for p, w in items:
+            num = num + w * p.detach().to(device=device, dtype=torch.float64)
+            den += w
+        out[c] = (num / den).to(dtype)
+    if missing == "carry":
+        for c, p in prev.items():
+            if c not in out:
+                out[c] = p.detach().clone()
+    return {c: out[c] for c in sorted(out)}
+
+
+# --------------------------------------------------------------------------------------------
+# heterogeneous feature dims
+# --------------------------------------------------------------------------------------------
+class PoolingAdapter(nn.Module):
+    """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common``.
+
+    HtFLlib replaces each backbone's classifier with ``nn.AdaptiveAvgPool1d(feature_dim)`` so that
+    heterogeneous encoders emit the same dimension (notes D.6); this is the same operation
+    (``torch.nn.functional.adaptive_avg_pool1d`` over the last axis). Output entry ``k`` averages
+    input entries ``[floor(k*d_in/d_common), ceil((k+1)*d_in/d_common))``: with ``2048 -> 512``
+    each output averages 4 consecutive inputs; with ``64 -> 512`` each input is repeated 8 times
+    (the effective rank stays 64). No parameters, gradients pass through.
+
+    Args:
+        d_in: input feature dim (positive int).
+        d_common: output feature dim (positive int).
+
+    Forward:
+        ``x`` of shape ``(..., d_in)`` floating -> ``(..., d_common)`` same dtype.
+
+    Raises:
+        ValueError: non-positive dims at construction; wrong last dim in ``forward``.
+    """
+
+    def __init__(self, d_in: int, d_common: int) -> None:
+        super().__init__()
+        for name, v in (("d_in", d_in), ("d_common", d_common)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"PoolingAdapter: {name} must be a positive int, got {v!r}")
+        self.d_in = int(d_in)
+        self.d_common = int(d_common)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - documented on the class
+        if x.ndim < 1 or x.shape[-1] != self.d_in:
+            raise ValueError(
+                f"PoolingAdapter expected last dim d_in={self.d_in}, got shape {tuple(x.shape)}"
+            )
+        if self.d_in == self.d_common:
+            return x
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, 1, self.d_in)
+        return F.adaptive_avg_pool1d(flat, self.d_common).reshape(*lead, self.d_common)
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_common={self.d_common}"
+
+
+def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
+    """Check that FedProto clients can average prototypes coordinate-wise.
+
+    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (notes D.6).
+
+    Args:
+        dims: client id -> native feature dim (positive ints), non-empty.
+        adapter: whether a :class:`PoolingAdapter` (or another map to a common dim) is installed.
+
+    Returns:
+        The common dim when all dims agree; ``None`` when they differ but ``adapter`` is True (the
+        adapter's ``d_common`` then decides).
+
+    Raises:
+        ValueError: empty ``dims`` or a non-positive dim; dims differ and ``adapter`` is False
+            (the message lists every distinct dim with its clients).
+    """
+    if not dims:
+        raise ValueError("check_common_dim: no client dims given")
+    clean: dict[int, int] = {}
+    for cid, d in dims.items():
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+            raise ValueError(f"check_common_dim: client {cid} has invalid feature dim {d!r}")
+        clean[cid] = int(d)
+    distinct = sorted(set(clean.values()))
+    if len(distinct) == 1:
+        return distinct[0]
+    if adapter:
+        return None
+    groups = "; ".join(
+        f"d={d}: clients {sorted(c for c, v in clean.items() if v == d)}" for d in distinct
+    )
+    raise ValueError(
+        f"FedProto needs a common feature dim but clients have dims {distinct} ({groups}); "
+        "set a PoolingAdapter to a common d"
+    )
+

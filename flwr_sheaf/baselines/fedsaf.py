@@ -1,0 +1,527 @@
+"""FedSAF mathematics (Wu et al., "FedSAF: Federated Structural Alignment Framework for
+heterogeneous FL", arXiv 2605.05959) in pure torch.
+
+Equation numbers refer to that paper (notes ``anchor-rfedags-fedsaf-fedproto.md`` section C):
+
+* Eq. (6): coordinate alignment ``L_coord(z, P_g^y) = D_coord(z, P_g^y)`` with ``D_coord`` the
+  squared L2 distance or a cosine loss -> :func:`mse_alignment`, :func:`cosine_alignment`.
+* Prop. 1, Eqs. (7)-(9): on row-normalised ``Z^, P^``,
+  ``||Z^ - P^||_F^2 = min_{R in O(d)} ||Z^ - P^ R||_F^2 + 2(<Z^, P^ R*> - <Z^, P^>)``
+  (``L_shape + L_rigid``) -> :func:`coordinate_decomposition`.
+* Eq. (13): GCSA ``1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)``, ``K_P = P_c P_c^T``, ``P_c`` the
+  row-centred ``P`` (Prop. 2: zero for ``Q = alpha P R + 1 b^T``) -> :func:`gcsa_loss`.
+* Eq. (14): RCSA ``1 - cos(vec(RDM_P), vec(RDM_Q))``, ``RDM_P[i, j] = ||P~_i - P~_j||^2`` on the
+  row-normalised ``P~``, upper triangle ``i < j`` (Prop. 3: zero for ``Q = P R``) ->
+  :func:`rcsa_loss`.
+* Eqs. (15)-(19): batch local prototypes, ``L_proto = D(S(P_i^{C_i}), S(P_g^{C_i}))``,
+  ``L_inst = D(S(z), S(z~))`` with ``z~_j = P_g^{y_j}``, and
+  ``L_local = L_sup + lambda L_proto + gamma L_inst`` -> :func:`structure_alignment_inputs`,
+  :func:`fedsaf_objective`.
+
+Decisions the paper leaves open (ours, notes C.2): structure losses need ``n >= MIN_ROWS = 3``
+rows — at ``n = 2`` both GCSA and RCSA are identically 0 (two centred rows are ``+-(p1-p2)/2`` so
+both Gram matrices are multiples of ``[[1,-1],[-1,1]]``; the RDM has a single entry) and at
+``n = 1`` they are undefined — so :func:`gcsa_loss` / :func:`rcsa_loss` raise and
+:func:`fedsaf_objective` skips such a term; only classes that have a global prototype enter the
+terms; norms are clamped at ``eps`` so the losses and their gradients stay finite.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .fedproto import (
+    LOSS_REDUCTIONS,
+    _check_labels,
+    _check_latents,
+    _stack_protos,
+    class_prototypes,
+)
+
+__all__ = [
+    "MIN_ROWS",
+    "min_rows",
+    "STRUCTURES",
+    "centered_gram",
+    "rdm_vector",
+    "gcsa_loss",
+    "rcsa_loss",
+    "mse_alignment",
+    "cosine_alignment",
+    "CoordinateDecomposition",
+    "coordinate_decomposition",
+    "structure_loss",
+    "StructureInputs",
+    "structure_alignment_inputs",
+    "FedSAFTerms",
+    "fedsaf_objective",
+]
+
+#: Fewest rows for which GCSA / RCSA carry information (identically 0 at 2 rows, undefined at 1).
+MIN_ROWS = 3
+#: Alias of :data:`MIN_ROWS` (lower-case name used in the project brief).
+min_rows = MIN_ROWS
+#: Accepted ``structure`` values of :func:`structure_loss` / :func:`fedsaf_objective`.
+STRUCTURES = ("gcsa", "rcsa", "mse", "cosine")
+_EPS = 1e-12
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+def _check_matrix(x: torch.Tensor, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (n, d) matrix, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be floating, got dtype {x.dtype}")
+
+
+def _check_pair(
+    p: torch.Tensor, q: torch.Tensor, fn: str, *, same_dim: bool, need_rows: int
+) -> None:
+    _check_matrix(p, f"{fn}: P")
+    _check_matrix(q, f"{fn}: Q")
+    if p.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"{fn}: P and Q must have the same number of rows (paired samples/classes), "
+            f"got n={p.shape[0]} and n={q.shape[0]}"
+        )
+    if same_dim and p.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"{fn}: coordinate alignment needs equal dims, got d={p.shape[1]} (P) and "
+            f"d={q.shape[1]} (Q); use GCSA/RCSA or a common-dim adapter"
+        )
+    if p.shape[0] < need_rows:
+        if need_rows == MIN_ROWS:
+            raise ValueError(
+                f"{fn}: needs at least MIN_ROWS={MIN_ROWS} rows, got n={p.shape[0]} (with 2 rows "
+                "the structure loss is identically 0, with 1 row it is undefined)"
+            )
+        raise ValueError(f"{fn}: needs at least {need_rows} row(s), got n={p.shape[0]}")
+
+
+def _check_eps(eps: float) -> None:
+    if not (isinstance(eps, numbers.Real) and math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a positive finite float, got {eps!r}")
+
+
+def _safe_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``max(||x||_F, eps)`` with a finite gradient everywhere (clamps the squared norm)."""
+    return (x * x).sum().clamp_min(eps * eps).sqrt()
+
+
+def _cosine_loss(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+    """``clamp(1 - <a, b> / (max(|a|, eps) max(|b|, eps)), 0, 1)`` for non-negative-cosine pairs."""
+    cos = (a * b).sum() / (_safe_norm(a, eps) * _safe_norm(b, eps))
+    return (1.0 - cos).clamp(0.0, 1.0)
+
+
+def _promote(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dt = torch.promote_types(p.dtype, q.dtype)
+    return p.to(dt), q.to(device=p.device, dtype=dt)
+
+
+# --------------------------------------------------------------------------------------------
+# structure operators and structure losses
+# --------------------------------------------------------------------------------------------
+def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
+    """Centred Gram matrix ``K_P = P_c P_c^T`` of FedSAF Eq. (13), scaled to unit Frobenius norm.
+
+    ``P_c = P - 1 p_bar``, ``p_bar = (1/n) 1^T P``. The scaling by ``1/max(||P_c||_F^2, eps^2)``
+    does not change the GCSA cosine (scale-invariant) but keeps entries O(1) in float32.
+
+    Args:
+        p: ``(n, d)`` floating matrix (rows = prototypes or instance features).
+        eps: clamp for the norm of ``P_c`` (positive float).
+
+    Returns:
+        ``(n, n)`` symmetric PSD matrix in ``p``'s dtype: ``K_P / ||P_c||_F^2`` (zero matrix when
+        all rows coincide).
+
+    Raises:
+        ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
+    """
+    _check_matrix(p, "centered_gram: P")
+    _check_eps(eps)
+    pc = p - p.mean(dim=0, keepdim=True)
+    pc = pc / _safe_norm(pc, eps)
+    return pc @ pc.T
+
+
+def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
+    """Upper-triangular squared-distance RDM of the row-normalised ``P`` (FedSAF Eq. (14)).
+
+    ``P~_i = P_i / max(||P_i||_2, eps)``; ``RDM[i, j] = ||P~_i - P~_j||_2^2`` for ``i < j``,
+    computed as ``|P~_i|^2 + |P~_j|^2 - 2 P~_i . P~_j`` and clamped at 0 against rounding. A zero
+    row stays zero (its distances to unit rows are 1).
+
+    Args:
+        p: ``(n, d)`` floating matrix.
+        eps: clamp for the row norms.
+
+    Returns:
+        ``(n (n - 1) / 2,)`` non-negative vector in ``p``'s dtype, pairs in ``torch.triu_indices``
+        order (row-major ``i < j``).
+
+    Raises:
+        ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
+    """
+    _check_matrix(p, "rdm_vector: P")
+    _check_eps(eps)
+    pn = F.normalize(p, p=2.0, dim=1, eps=eps)
+    g = pn @ pn.T
+    sq = torch.diagonal(g)
+    rdm = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min(0.0)
+    n = p.shape[0]
+    iu = torch.triu_indices(n, n, offset=1, device=p.device)
+    return rdm[iu[0], iu[1]]
+
+
+def gcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
+    """Gram-Cosine Structural Alignment, FedSAF Eq. (13).
+
+    ``L_GCSA(P, Q) = 1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)`` with ``K_P = P_c P_c^T``,
+    ``P_c = P - 1 p_bar`` (row-centring). Invariant to ``Q = alpha P R + 1 b^T`` for
+    ``alpha > 0``, ``b`` any vector and ``R`` with ``R R^T = I_{d1}`` (orthogonal when
+    ``d2 = d1``, semi-orthogonal embedding when ``d2 > d1``) — Prop. 2 — but not to per-row
+    scaling. ``<K_P, K_Q> = ||P_c^T Q_c||_F^2 >= 0`` so the loss lies in ``[0, 1]`` (clamped
+    against rounding); it is symmetric in ``(P, Q)`` and invariant to a common row permutation.
+    Degenerate input (all rows of ``P`` or of ``Q`` equal) gives cosine 0, i.e. loss 1, with zero
+    gradient.
+
+    Args:
+        p: ``(n, d1)`` floating matrix.
+        q: ``(n, d2)`` floating matrix (``d2`` may differ from ``d1``; same ``n`` rows, paired).
+        eps: norm clamp (positive float).
+
+    Returns:
+        0-dim tensor in the promoted dtype of ``p`` and ``q``, differentiable in both.
+
+    Raises:
+        ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS`` (= 3); bad ``eps``.
+    """
+    _check_pair(p, q, "gcsa_loss", same_dim=False, need_rows=MIN_ROWS)
+    p, q = _promote(p, q)
+    return _cosine_loss(centered_gram(p, eps), centered_gram(q, eps), eps)
+
+
+def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
+    """RDM-Cosine Structural Alignment, FedSAF Eq. (14).
+
+    ``L_RCSA(P, Q) = 1 - <v_P, v_Q> / (||v_P||_2 ||v_Q||_2)``, ``v_P = vec_{i<j}(RDM_P)`` with
+    ``RDM_P[i, j] = ||P~_i - P~_j||_2^2`` on the row-normalised ``P~`` (see :func:`rdm_vector`).
+    Invariant to ``Q = D P R`` for ``D`` positive diagonal (row scaling, removed by the row
+    normalisation) and ``R R^T = I_{d1}`` (Prop. 3); NOT invariant to translation
+    ``Q = P + 1 b^T`` (GCSA is). RDM entries are ``>= 0`` so the loss lies in ``[0, 1]``
+    (clamped against rounding); symmetric in ``(P, Q)``. Degenerate input (all rows of ``P``
+    parallel, so ``v_P = 0``) gives loss 1 with zero gradient.
+
+    Args:
+        p: ``(n, d1)`` floating matrix.
+        q: ``(n, d2)`` floating matrix, same ``n`` (rows paired), any ``d2``.
+        eps: clamp for the row norms and the RDM-vector norms.
+
+    Returns:
+        0-dim tensor in the promoted dtype of ``p`` and ``q``, differentiable in both.
+
+    Raises:
+        ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS`` (= 3); bad ``eps``.
+    """
+    _check_pair(p, q, "rcsa_loss", same_dim=False, need_rows=MIN_ROWS)
+    p, q = _promote(p, q)
+    return _cosine_loss(rdm_vector(p, eps), rdm_vector(q, eps), eps)
+
+
+# --------------------------------------------------------------------------------------------
+# coordinate alignment (ablation baselines) and Prop. 1
+# --------------------------------------------------------------------------------------------
+def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> torch.Tensor:
+    """Coordinate alignment with the squared L2 distance, FedSAF Eq. (6) (``||z - P_g^y||_2^2``).
+
+    * ``reduction="mse"`` (default): ``(1/(n d)) * ||P - Q||_F^2`` — ``torch.nn.MSELoss`` as in
+      HtFLlib / official FedProto, on which the paper's baselines are built.
+    * ``reduction="per_sample"``: ``(1/n) * ||P - Q||_F^2`` (mean over rows of the squared
+      distance; ``d`` times the ``"mse"`` value).
+
+    Args:
+        p: ``(n, d)`` floating matrix (e.g. features).
+        q: ``(n, d)`` floating matrix (e.g. their global prototypes), same shape.
+        reduction: ``"mse"`` or ``"per_sample"``.
+
+    Returns:
+        0-dim tensor (promoted dtype), differentiable in both arguments.
+
+    Raises:
+        ValueError: shapes differ (message names both dims), ``n < 1``, unknown ``reduction``.
+    """
+    if reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
+    _check_pair(p, q, "mse_alignment", same_dim=True, need_rows=1)
+    p, q = _promote(p, q)
+    sq = ((p - q) ** 2).sum()
+    return sq / (p.shape[0] * p.shape[1]) if reduction == "mse" else sq / p.shape[0]
+
+
+def cosine_alignment(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Cosine coordinate alignment, FedSAF Eq. (6) (cosine instance of ``D_coord``).
+
+    ``(1/n) * sum_j (1 - cos(p_j, q_j))`` with ``cos(a, b) = a.b / (max(|a|, eps) max(|b|, eps))``
+    (``torch.nn.functional.cosine_similarity`` convention). Range ``[0, 2]``.
+
+    Args:
+        p: ``(n, d)`` floating matrix; q: ``(n, d)`` floating matrix, same shape.
+        eps: norm clamp (positive float).
+
+    Returns:
+        0-dim tensor (promoted dtype), differentiable in both arguments.
+
+    Raises:
+        ValueError: shapes differ (message names both dims), ``n < 1``, bad ``eps``.
+    """
+    _check_pair(p, q, "cosine_alignment", same_dim=True, need_rows=1)
+    _check_eps(eps)
+    p, q = _promote(p, q)
+    return (1.0 - F.cosine_similarity(p, q, dim=1, eps=eps)).mean()
+
+
+class CoordinateDecomposition(NamedTuple):
+    """Terms of FedSAF Prop. 1 (Eq. (9)); ``l_coord == l_shape + l_rigid`` up to rounding."""
+
+    l_coord: torch.Tensor  #: ``||Z^ - P^||_F^2`` (Eq. (7)), 0-dim
+    l_shape: torch.Tensor  #: ``min_R ||Z^ - P^ R||_F^2 = ||Z^ - P^ R*||_F^2``, 0-dim, >= 0
+    l_rigid: torch.Tensor  #: ``2 (<Z^, P^ R*> - <Z^, P^>)``, 0-dim, >= 0
+    rotation: torch.Tensor  #: ``R*`` ``(d, d)`` orthogonal Procrustes solution (Eq. (8))
+
+
+def coordinate_decomposition(
+    z: torch.Tensor, p: torch.Tensor, normalize: bool = True, eps: float = _EPS
+) -> CoordinateDecomposition:
+    """FedSAF Prop. 1: split the coordinate loss into shape matching and rigid basis matching.
+
+    With ``Z^, P^`` the row-normalised ``Z, P`` (``normalize=True``, as in Eq. (7)),
+    ``R* = U V^T`` from the SVD ``P^^T Z^ = U S V^T`` maximises ``<Z^, P^ R>`` over ``O(d)``
+    (Eq. (8)) and
+
+        ``L_coord = ||Z^ - P^||_F^2 = L_shape + L_rigid``,
+        ``L_shape = ||Z^ - P^ R*||_F^2``, ``L_rigid = 2 (<Z^, P^ R*> - <Z^, P^>) >= 0`` (Eq. (9)).
+
+    With ``normalize=False`` the same identity is returned for the raw sum of squared errors
+    ``||Z - P||_F^2`` (the proof only uses ``||P R||_F = ||P||_F``). Each term is computed from
+    its own formula (not by subtraction), so their sum checking against ``l_coord`` is a real test.
+    Diagnostic only: the SVD makes gradients unreliable at repeated singular values.
+
+    Args:
+        z: ``(n, d)`` floating client representations (rows).
+        p: ``(n, d)`` floating corresponding global prototypes (same shape).
+        normalize: row-normalise first (paper) or not.
+        eps: clamp for row norms when normalising.
+
+    Returns:
+        :class:`CoordinateDecomposition` (0-dim tensors in the promoted dtype, and ``R*``).
+
+    Raises:
+        ValueError: shapes differ (message names both dims), ``n < 1``, bad ``eps``.
+    """
+    _check_pair(z, p, "coordinate_decomposition", same_dim=True, need_rows=1)
+    _check_eps(eps)
+    z, p = _promote(z, p)
+    if normalize:
+        z = F.normalize(z, dim=1, eps=eps)
+        p = F.normalize(p, dim=1, eps=eps)
+    u, _, vh = torch.linalg.svd(p.T @ z)
+    r = u @ vh
+    pr = p @ r
+    l_coord = ((z - p) ** 2).sum()
+    l_shape = ((z - pr) ** 2).sum()
+    l_rigid = 2.0 * ((z * pr).sum() - (z * p).sum())
+    return CoordinateDecomposition(l_coord, l_shape, l_rigid, r)
+
+
+def structure_loss(p: torch.Tensor, q: torch.Tensor, structure: str = "gcsa") -> torch.Tensor:
+    """Dispatch ``D(S(P), S(Q))`` (FedSAF Eq. (12)) by name.
+
+    Args:
+        p: ``(n, d1)`` floating; q: ``(n, d2)`` floating (``d1 == d2`` for ``"mse"``/``"cosine"``).
+        structure: ``"gcsa"`` (Eq. (13)), ``"rcsa"`` (Eq. (14)), ``"mse"`` or ``"cosine"`` (Eq. (6),
+            coordinate ablations; ``"mse"`` uses the ``torch.nn.MSELoss`` reduction).
+
+    Returns:
+        0-dim loss tensor.
+
+    Raises:
+        ValueError: unknown ``structure`` and everything the chosen loss raises.
+    """
+    if structure == "gcsa":
+        return gcsa_loss(p, q)
+    if structure == "rcsa":
+        return rcsa_loss(p, q)
+    if structure == "mse":
+        return mse_alignment(p, q)
+    if structure == "cosine":
+        return cosine_alignment(p, q)
+    raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# two-level local objective
+# --------------------------------------------------------------------------------------------
+class StructureInputs(NamedTuple):
+    """Row-paired matrices for FedSAF's two alignment terms (Eqs. (16)-(18))."""
+
+    p_local: torch.Tensor  #: ``(n_i, d)`` batch local prototypes of ``C_i`` (with gradient)
+    q_global: torch.Tensor  #: ``(n_i, d_g)`` global prototypes of ``C_i`` (constants)
+    z_inst: torch.Tensor  #: ``(B', d)`` features of the covered samples (with gradient)
+    z_global_inst: torch.Tensor  #: ``(B', d_g)`` ``z~_j = P_g^{y_j}`` (constants)
+    classes: list[int]  #: ``C_i`` in row order (ascending class id)
+
+
+def structure_alignment_inputs(
+    z: torch.Tensor, y: torch.Tensor, global_protos: Mapping, num_classes: int
+) -> StructureInputs:
+    """Build the prototype-level and instance-level pairs of FedSAF Eqs. (15)-(18).
+
+    ``C_i`` = classes present in the batch **that also have a global prototype** (our choice for
+    classes the server has not seen yet, notes C.2; before the first aggregation ``C_i`` is empty).
+    ``P_i^c`` = batch mean of ``z_j`` over ``y_j = c`` (Eq. (15)), stacked in ascending class
+    order with ``P_g^c`` in the same order (Eq. (16)). Instance level: the ``B'`` covered samples
+    ``z_j`` paired with ``z~_j = P_g^{y_j}`` (Eq. (18)); uncovered samples are left out.
+    Global prototypes are detached and cast to ``z``'s dtype/device. ``d_g`` may differ from
+    ``d`` (structure losses do not need a common dim).
+
+    Args:
+        z: ``(B, d)`` floating features of the batch.
+        y: ``(B,)`` integer labels in ``[0, num_classes)``.
+        global_protos: ``dict[int, Tensor(d_g)]`` (possibly empty).
+        num_classes: number of classes ``C``.
+
+    Returns:
+        :class:`StructureInputs`; with no covered sample the matrices have 0 rows.
+
+    Raises:
+        ValueError: bad shapes/dtypes/labels, invalid or non-finite prototypes.
+    """
+    _check_latents(z)
+    _check_labels(y, z.shape[0], num_classes)
+    classes_g, mat = _stack_protos(global_protos, like=z)
+    d_g = mat.shape[1] if classes_g else z.shape[1]
+    y_dev = y.to(z.device).long()
+    if classes_g:
+        ids = torch.tensor(classes_g, dtype=torch.long, device=z.device)
+        covered = torch.isin(y_dev, ids)
+    else:
+        covered = torch.zeros_like(y_dev, dtype=torch.bool)
+    if not bool(covered.any()):
+        empty = z.new_zeros((0, d_g))
+        return StructureInputs(z[:0], empty, z[:0], empty, [])
+    z_cov, y_cov = z[covered], y_dev[covered]
+    protos, _ = class_prototypes(z_cov, y_cov, num_classes)
+    classes = sorted(protos)
+    row_of = {c: i for i, c in enumerate(classes_g)}
+    q_rows = torch.tensor([row_of[c] for c in classes], dtype=torch.long, device=z.device)
+    lut = torch.full((max(classes_g) + 1,), -1, dtype=torch.long, device=z.device)
+    lut[ids] = torch.arange(len(classes_g), device=z.device)
+    return StructureInputs(
+        p_local=torch.stack([protos[c] for c in classes]),
+        q_global=mat[q_rows],
+        z_inst=z_cov,
+        z_global_inst=mat[lut[y_cov]],
+        classes=classes,
+    )
+
+
+class FedSAFTerms(NamedTuple):
+    """Value and components of the FedSAF local objective (Eq. (19))."""
+
+    total: torch.Tensor  #: ``L_sup + lam L_proto + gamma L_inst`` (applied terms only)
+    sup: torch.Tensor  #: ``L_sup`` as passed in
+    proto: torch.Tensor  #: ``L_proto`` (0 attached to the graph when skipped)
+    inst: torch.Tensor  #: ``L_inst`` (0 attached to the graph when skipped)
+    proto_applied: bool  #: False when the term had too few rows (or no inputs)
+    inst_applied: bool  #: False when the term had too few rows (or no inputs)
+
+
+def _weight(v: object, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite float >= 0, got {v!r}")
+    return float(v)
+
+
+def fedsaf_objective(
+    ce: torch.Tensor,
+    P_local_protos: torch.Tensor | None,
+    Q_global_protos: torch.Tensor | None,
+    Z_inst: torch.Tensor | None,
+    Zglobal_inst: torch.Tensor | None,
+    lam: float,
+    gamma: float,
+    structure: str = "gcsa",
+) -> FedSAFTerms:
+    """FedSAF client objective ``L_local = L_sup + lam * L_proto + gamma * L_inst`` (Eq. (19)).
+
+    ``L_proto = D(S(P_i^{C_i}), S(P_g^{C_i}))`` (Eq. (17)) on ``(P_local_protos, Q_global_protos)``
+    and ``L_inst = D(S(z), S(z~))`` (Eq. (18)) on ``(Z_inst, Zglobal_inst)`` where
+    ``z~_j = P_g^{y_j}``; build both pairs with :func:`structure_alignment_inputs`. ``D o S`` is
+    chosen by ``structure`` (GCSA Eq. (13), RCSA Eq. (14), or the coordinate ablations of
+    Eq. (6)). A term is skipped (value 0 attached to the graph, ``*_applied=False``) when its
+    inputs are ``None`` or have fewer than ``MIN_ROWS`` rows (GCSA/RCSA) or 0 rows (MSE/cosine);
+    a term with weight 0 is evaluated for logging but not added. The global-side matrices are
+    detached (global prototypes are constants for the client, Fig. 4).
+
+    Args:
+        ce: 0-dim supervised loss ``L_sup`` (client head's cross-entropy).
+        P_local_protos: ``(n_i, d)`` batch local prototypes (with gradient) or ``None``.
+        Q_global_protos: ``(n_i, d_g)`` global prototypes of the same classes, same row order.
+        Z_inst: ``(B', d)`` instance features or ``None``.
+        Zglobal_inst: ``(B', d_g)`` their global prototypes.
+        lam: ``lambda >= 0``; gamma: ``gamma >= 0`` (finite floats).
+        structure: one of :data:`STRUCTURES`.
+
+    Returns:
+        :class:`FedSAFTerms` (``total`` is what to back-propagate).
+
+    Raises:
+        ValueError: ``ce`` not a 0-dim floating tensor; negative/non-finite weights; unknown
+            ``structure``; exactly one matrix of a pair given; mismatched rows / dims.
+    """
+    if not isinstance(ce, torch.Tensor) or ce.ndim != 0 or not ce.is_floating_point():
+        raise ValueError("ce must be a 0-dim floating tensor (the supervised loss)")
+    lam = _weight(lam, "lam")
+    gamma = _weight(gamma, "gamma")
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
+    need = MIN_ROWS if structure in ("gcsa", "rcsa") else 1
+
+    def term(
+        a: torch.Tensor | None, b: torch.Tensor | None, name: str
+    ) -> tuple[torch.Tensor, bool]:
+        if (a is None) != (b is None):
+            raise ValueError(f"fedsaf_objective: {name} pair needs both matrices or neither")
+        if a is None or b is None:
+            return ce * 0.0, False
+        _check_matrix(a, f"fedsaf_objective: {name} local")
+        _check_matrix(b, f"fedsaf_objective: {name} global")
+        if a.shape[0] != b.shape[0]:
+            raise ValueError(
+                f"fedsaf_objective: {name} rows differ: n={a.shape[0]} (local) vs "
+                f"n={b.shape[0]} (global)"
+            )
+        if a.shape[0] < need:
+            return a.sum() * 0.0 + ce * 0.0, False
+        return structure_loss(a, b.detach(), structure), True
+
+    proto, proto_on = term(P_local_protos, Q_global_protos, "prototype-level")
+    inst, inst_on = term(Z_inst, Zglobal_inst, "instance-level")
+    total = ce
+    if proto_on and lam != 0.0:
+        total = total + lam * proto
+    if inst_on and gamma != 0.0:
+        total = total + gamma * inst
+    return FedSAFTerms(total, ce, proto, inst, proto_on, inst_on)

@@ -1,0 +1,323 @@
+"""Sheaf-FRL ClientApp handlers (paper Alg. 1, one server round = a few local epochs).
+
+``register_sheaf_handlers(app, factory)`` adds, under their own action names so they sit beside a
+user's default ``train``/``evaluate``:
+
+- ``query.sheaf``: discovery reply (partition-id, num-partitions, d_i, C_i);
+- ``train.sheaf``: receive the neighbours' latest whitened pilot matrices, then per local epoch
+  (i) refit every incident restriction map by Procrustes (Eq. 18) on the current pilots and
+  (ii) train on CE + the local gluing penalty (Eq. 16, neighbours' pilots constant, Eq. 19);
+  finally re-estimate the whitening statistics on the pilot latents and reply with the new
+  whitened pilot matrix ``(K, d_i)``;
+- ``evaluate.sheaf``: private accuracy and the whitened validation/test latents to route;
+- ``evaluate.sheaf_comm``: communication accuracy per incoming edge (Eq. 22): neighbour j's
+  latents are moved into this stalk by the Procrustes map fitted on the final pilots, coloured
+  and classified by this node's head.
+
+Stable formulation (see README "Why it is stable"): the penalty is computed on *dropout-free*
+pilot passes (encoder in eval mode) whose latents are whitened with *differentiable batch
+statistics* (the whitening layer in train mode, as BatchNorm), so the encoder cannot lower the
+penalty by shrinking or by dropout noise; restriction maps are refitted every local epoch; the
+gradient norm is clipped per agent. All per-node state lives in ``context.state`` (committed by
+Flower only when a handler succeeds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty, procrustes
+from ..sheaf.whitening import low_variance_fraction
+from .task import LocalTask, TaskFactory, load_module_state, numpy_record, save_module_state, set_torch_threads
+
+__all__ = ["register_sheaf_handlers", "SheafTrainConfig", "accuracy", "transport"]
+
+MODEL_KEY = "sheaf.model"
+PILOTS_KEY = "sheaf.pilots"
+
+
+def _cached_pilots(context: Context) -> torch.Tensor | None:
+    """This node's whitened pilots ``(K, d_i)`` from the end of its last training round, if any."""
+    if PILOTS_KEY not in context.state:
+        return None
+    return torch.from_numpy(context.state[PILOTS_KEY]["pilots"].numpy().copy())
+
+
+class SheafTrainConfig:
+    """Local-training hyper-parameters read from a message's ``config`` record (with defaults).
+
+    Keys (run-config spelling): ``lambda`` (0.1), ``local-epochs`` (2), ``lr`` (0.05),
+    ``momentum`` (0.9), ``weight-decay`` (5e-4), ``batch-size`` (64), ``pilot-batch-size`` (64),
+    ``clip-norm`` (1.0), ``seed`` (0), ``server-round``.
+
+    Raises:
+        ValueError: negative lambda / epochs / learning rate (the value is named).
+    """
+
+    def __init__(self, cfg: Mapping) -> None:
+        self.lam = float(cfg.get("lambda", 0.1))
+        self.local_epochs = int(cfg.get("local-epochs", 2))
+        self.lr = float(cfg.get("lr", 0.05))
+        self.momentum = float(cfg.get("momentum", 0.9))
+        self.weight_decay = float(cfg.get("weight-decay", 5e-4))
+        self.batch_size = int(cfg.get("batch-size", 64))
+        self.pilot_batch_size = int(cfg.get("pilot-batch-size", 64))
+        self.clip_norm = float(cfg.get("clip-norm", 1.0))
+        self.seed = int(cfg.get("seed", 0))
+        self.server_round = int(cfg.get("server-round", 0))
+        for name, v in [("lambda", self.lam), ("local-epochs", self.local_epochs), ("lr", self.lr)]:
+            if v < 0 or (isinstance(v, float) and math.isnan(v)):
+                raise ValueError(f"{name} must be >= 0, got {v}")
+
+
+def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
+    """Top-1 accuracy of ``(M, C)`` logits against ``(M,)`` labels (nan for M = 0)."""
+    if y.numel() == 0:
+        return float("nan")
+    return float((logits.argmax(1) == y).float().mean())
+
+
+def transport(z_src: torch.Tensor, v: torch.Tensor, receiver_is_head: bool) -> torch.Tensor:
+    """Move row-wise whitened latents ``(M, d_src)`` into the receiver's stalk (Eq. 22).
+
+    ``V`` is ``(d_head, d_tail)``. Receiver head: ``z_h = V z_t`` (rows ``Z V^T``);
+    receiver tail: ``z_t = V^T z_h`` (rows ``Z V``).
+    """
+    return z_src @ v.T if receiver_is_head else z_src @ v
+
+
+@torch.no_grad()
+def _eval_latents(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    model.eval()
+    return torch.cat([model.latent(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else x.new_zeros(0, model.d)
+
+
+@torch.no_grad()
+def _eval_logits(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    model.eval()
+    return torch.cat([model.private_logits(x[i : i + batch]) for i in range(0, len(x), batch)])
+
+
+def _neighbour_arrays(rec: ArrayRecord, prefix: str = "") -> dict[int, torch.Tensor]:
+    out = {}
+    for key in rec.keys():
+        if prefix and not key.startswith(prefix):
+            continue
+        pid = int(key[len(prefix):])
+        out[pid] = torch.from_numpy(np.ascontiguousarray(rec[key].numpy())).float()
+    return out
+
+
+def _edges_from_config(cfg: Mapping) -> list[tuple[int, int, bool]]:
+    """(neighbour, d_j, i_is_head) triples from the message config (lists aligned by index)."""
+    nbrs = [int(x) for x in cfg.get("neighbours", [])]
+    dims = [int(x) for x in cfg.get("neighbour-dims", [])]
+    heads = [bool(int(x)) for x in cfg.get("i-is-head", [])]
+    if not (len(nbrs) == len(dims) == len(heads)):
+        raise ValueError(f"malformed neighbour config: {len(nbrs)} neighbours, {len(dims)} dims, {len(heads)} roles")
+    return list(zip(nbrs, dims, heads))
+
+
+def _build(factory: TaskFactory, context: Context, cfg: SheafTrainConfig | None = None):
+    set_torch_threads(context)
+    task = factory(context)
+    model = task.model
+    opt = None
+    if cfg is not None:
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    load_module_state(context, MODEL_KEY, model, opt)
+    return task, model, opt
+
+
+def _whitened_pilots(model: nn.Module, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them."""
+    z = _eval_latents(model, x_pilot)
+    model.whitening.fit(z)
+    model.whitening.eval()
+    with torch.no_grad():
+        return z, model.whitening(z)
+
+
+def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, cfg: SheafTrainConfig,
+                neighbour_pilots: Mapping[int, torch.Tensor], edges: list[tuple[int, int, bool]],
+                own_pilots: torch.Tensor | None = None) -> dict:
+    """Local Sheaf-FRL training of one node for ``cfg.local_epochs`` epochs (paper Alg. 1).
+
+    Args:
+        task: the node's model and data.
+        model: ``task.model`` (weights already restored).
+        opt: its SGD optimizer.
+        cfg: hyper-parameters.
+        neighbour_pilots: ``{j: (K, d_j)}`` latest whitened pilots of the neighbours that have
+            reported any (a neighbour without pilots contributes no term this round).
+        edges: ``(j, d_j, i_is_head)`` for every incident edge.
+        own_pilots: this node's whitened pilots ``(K, d_i)`` as last sent (exact for the current
+            weights when nothing changed since); saves one pilot pass for the first epoch's maps.
+
+    Returns:
+        metrics dict (means over steps): ``ce``, ``gluing``, ``grad-norm``, per-edge residuals.
+    """
+    gen = torch.Generator().manual_seed(cfg.seed * 100_003 + cfg.server_round * 7919 + int(model.d))
+    k = task.x_pilot.shape[0]
+    active = [(j, dj, hd) for j, dj, hd in edges if j in neighbour_pilots]
+    for j, dj, _ in active:
+        check_pilots(neighbour_pilots[j], f"pilots of neighbour partition-id {j}", d=dj, k=k)
+    ce_fn = nn.CrossEntropyLoss()
+    sums = {"ce": 0.0, "gluing": 0.0, "grad-norm": 0.0}
+    steps = 0
+    edge_res = {j: 0.0 for j, _, _ in active}
+    n = task.x_train.shape[0]
+    for _epoch in range(cfg.local_epochs):
+        maps = {}
+        if active and cfg.lam > 0:
+            own = own_pilots if (_epoch == 0 and own_pilots is not None) else _whitened_pilots(model, task.x_pilot)[1]
+            for j, _, i_head in active:
+                a_j = neighbour_pilots[j]
+                maps[j] = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+        perm = torch.randperm(n, generator=gen)
+        nb = max(1, n // cfg.batch_size)  # drop_last, at least one batch
+        for b in range(nb):
+            idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+            model.train()
+            loss = ce_fn(model.private_logits(task.x_train[idx]), task.y_train[idx])
+            sums["ce"] += float(loss.detach())
+            if maps:
+                pidx = torch.randperm(k, generator=gen)[: cfg.pilot_batch_size]
+                model.eval()  # dropout-free, BN running statistics ...
+                model.whitening.train()  # ... but differentiable batch whitening of the pilots
+                a_i = model.whitening(model.latent(task.x_pilot[pidx]))
+                terms = [EdgeTerm(j, neighbour_pilots[j][pidx], maps[j], hd) for j, _, hd in active]
+                pen, per_edge = local_gluing_penalty(a_i, terms, cfg.lam)
+                loss = loss + pen
+                sums["gluing"] += float(pen)
+                for j, r in per_edge.items():
+                    edge_res[j] += r
+                model.train()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite loss {float(loss)} at server round {cfg.server_round}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm if cfg.clip_norm > 0 else float("inf"))
+            sums["grad-norm"] += float(gn)
+            opt.step()
+            steps += 1
+    out = {k2: v / max(steps, 1) for k2, v in sums.items()}
+    out["edge-residual"] = [edge_res[j] / max(steps, 1) for j, _, _ in active]
+    out["edge-neighbour"] = [j for j, _, _ in active]
+    return out
+
+
+def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "sheaf") -> ClientApp:
+    """Register the Sheaf-FRL handlers on a (possibly existing) ``ClientApp``.
+
+    Args:
+        app: the ClientApp to extend; its own default handlers are untouched.
+        factory: builds the node's :class:`LocalTask` from its ``Context``.
+        action: action name; messages ``query.<action>``, ``train.<action>``,
+            ``evaluate.<action>`` and ``evaluate.<action>_comm`` are routed here.
+
+    Returns:
+        ``app`` (for chaining).
+    """
+
+    @app.query(action)
+    def _query(msg: Message, context: Context) -> Message:
+        task = factory(context)
+        info = MetricRecord({
+            "partition-id": int(context.node_config["partition-id"]),
+            "num-partitions": int(context.node_config.get("num-partitions", 0)),
+            "d": int(task.model.d),
+            "classes": [int(c) for c in task.classes],
+            "num-pilots": int(task.x_pilot.shape[0]),
+        })
+        return Message(RecordDict({"info": info}), reply_to=msg)
+
+    @app.train(action)
+    def _train(msg: Message, context: Context) -> Message:
+        cfg_rec = msg.content["config"]
+        cfg = SheafTrainConfig(cfg_rec)
+        task, model, opt = _build(factory, context, cfg)
+        edges = _edges_from_config(cfg_rec)
+        pilots = _neighbour_arrays(msg.content["pilots"]) if "pilots" in msg.content else {}
+        unknown = sorted(set(pilots) - {j for j, _, _ in edges})
+        if unknown:
+            raise ValueError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
+        metrics = train_sheaf(task, model, opt, cfg, pilots, edges, own_pilots=_cached_pilots(context))
+        z, a = _whitened_pilots(model, task.x_pilot)
+        save_module_state(context, MODEL_KEY, model, opt)
+        context.state[PILOTS_KEY] = numpy_record({"pilots": a.numpy(), "low-variance-fraction": np.array([low_variance_fraction(z)])})
+        reply = RecordDict({
+            "pilots": numpy_record({"pilots": a.numpy()}),
+            "metrics": MetricRecord({
+                "num-examples": int(task.x_train.shape[0]),
+                "ce": metrics["ce"],
+                "gluing": metrics["gluing"],
+                "grad-norm": metrics["grad-norm"],
+                "edge-neighbour": metrics["edge-neighbour"],
+                "edge-residual": metrics["edge-residual"],
+                "low-variance-fraction": low_variance_fraction(z),
+            }),
+        })
+        return Message(reply, reply_to=msg)
+
+    @app.evaluate(action)
+    def _evaluate(msg: Message, context: Context) -> Message:
+        task, model, _ = _build(factory, context)
+        a = _cached_pilots(context)
+        if a is None:  # never trained: fit the whitening on the initial encoder's pilots
+            z, a = _whitened_pilots(model, task.x_pilot)
+            lvf = low_variance_fraction(z)
+        else:
+            lvf = float(context.state[PILOTS_KEY]["low-variance-fraction"].numpy()[0])
+        with torch.no_grad():
+            zt = model.whitening(_eval_latents(model, task.x_test))
+            zv = model.whitening(_eval_latents(model, task.x_val))
+        arrays = numpy_record({
+            "pilots": a.numpy(),
+            "test-latents": zt.numpy(), "test-labels": task.y_test.numpy(),
+            "val-latents": zv.numpy(), "val-labels": task.y_val.numpy(),
+        })
+        metrics = MetricRecord({
+            "private-accuracy": accuracy(_eval_logits(model, task.x_test), task.y_test),
+            "val-private-accuracy": accuracy(_eval_logits(model, task.x_val), task.y_val),
+            "num-test": int(task.y_test.numel()),
+            "low-variance-fraction": lvf,
+            "d": int(model.d),
+        })
+        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+    @app.evaluate(f"{action}_comm")
+    def _evaluate_comm(msg: Message, context: Context) -> Message:
+        task, model, _ = _build(factory, context)
+        own = _cached_pilots(context)
+        if own is None:
+            _, own = _whitened_pilots(model, task.x_pilot)
+        edges = _edges_from_config(msg.content["config"])
+        rec = msg.content["arrays"]
+        src, acc_test, acc_val = [], [], []
+        for j, dj, i_head in edges:
+            a_j = torch.from_numpy(rec[f"{j}/pilots"].numpy()).float()
+            check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
+            v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+            res = []
+            for split in ("test", "val"):
+                z = torch.from_numpy(rec[f"{j}/{split}-latents"].numpy()).float()
+                y = torch.from_numpy(rec[f"{j}/{split}-labels"].numpy()).long()
+                check_pilots(z, f"{split} latents of neighbour partition-id {j}", d=dj)
+                model.eval()
+                with torch.no_grad():
+                    res.append(accuracy(model.classify_whitened(transport(z, v, i_head)), y))
+            src.append(j)
+            acc_test.append(res[0])
+            acc_val.append(res[1])
+        metrics = MetricRecord({"src": src, "communication-accuracy": acc_test, "val-communication-accuracy": acc_val})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app

@@ -1,0 +1,531 @@
+"""Paper partition (Sec. 5 "Data heterogeneity", Eq. 23): shared pilots + label-shift split.
+
+Protocol (notes ``anchor-sfrl-reference.md`` s1.3), a pure function of
+``(labels, class_sets, shift, seed, fractions)``:
+
+1. Seeded permutation of all ``M`` samples (``numpy.random.default_rng(seed)``). The first
+   ``round(pilot_fraction * M)`` permuted samples are the pilot hold-out. Pilots are restricted to
+   classes that every agent observes (``theta_i[k] > 0`` for all ``i``: all classes when
+   ``s < 1``, the intersection of the ``C_i`` when ``s = 1``); hold-out samples of other classes
+   are dropped (used by nobody), as in the reference code. ``num_pilots`` keeps only the first
+   ``K`` pilots of the permuted order (a uniform random subset, not stratified); the rest of the
+   hold-out is dropped too, so the agents' data never depends on ``num_pilots``.
+2. The other samples are split class by class across agents in proportion to
+   ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23). **Difference from the reference code**, which
+   draws each sample's owner with ``torch.multinomial`` (random counts): here the counts are
+   deterministic largest-remainder roundings of ``n_k * theta_i[k] / sum_j theta_j[k]`` (each
+   within 1 sample of the exact share; leftover samples go to the largest fractional parts,
+   ties to the lower agent index); which samples an agent receives is still random (consecutive
+   chunks of the seeded permutation). Classes nobody observes (possible only at ``s = 1``) are
+   dropped.
+3. Each agent's samples of each class are split into train/val/test (stratified per class):
+   ``n_val = floor(val_fraction * n + 1/2)``, ``n_test = min(floor(test_fraction * n + 1/2),
+   n - n_val)`` (round half up, like the reference's ``round(0.1 * n_c)`` up to its
+   round-half-even ties), ``n_train = n - n_val - n_test``.
+
+All index arrays index into the source returned by :func:`flwr_sheaf.data.sources.load_source`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flwr_sheaf.data.sources import load_source
+from flwr_sheaf.paper import NUM_CLASSES
+
+try:  # optional: the flwr-datasets integration ("hf" extra)
+    from flwr_datasets.partitioner import Partitioner as _PartitionerBase
+
+    _HAVE_FLWR_DATASETS = True
+except ImportError:  # pragma: no cover - exercised only without flwr-datasets
+    _PartitionerBase = object
+    _HAVE_FLWR_DATASETS = False
+
+__all__ = [
+    "label_shift_proportions",
+    "FederatedSplit",
+    "make_federated_split",
+    "AgentData",
+    "load_agent_data",
+    "LabelShiftPartitioner",
+]
+
+ClassSets = Sequence[Sequence[int]]
+_PARTS = ("train", "val", "test", "pool")
+
+
+# ----------------------------------------------------------------------------------- validation
+def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
+    """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets``; raises ValueError on bad input."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if isinstance(class_sets, (str, bytes)) or not isinstance(class_sets, Sequence) or len(class_sets) == 0:
+        raise ValueError(f"class_sets must be a non-empty sequence of class-id sequences, got {class_sets!r}")
+    out = []
+    for i, cs in enumerate(class_sets):
+        try:
+            members = list(cs)
+        except TypeError:
+            raise ValueError(f"class set of agent {i} is not a sequence of class ids: {cs!r}") from None
+        if not members:
+            raise ValueError(f"class set of agent {i} is empty; every agent needs at least one target class")
+        for k in members:
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < num_classes:
+                raise ValueError(f"class {k!r} of agent {i} is outside [0, {num_classes})")
+        out.append(tuple(sorted({int(k) for k in members})))
+    return tuple(out)
+
+
+def _check_shift(shift: float) -> float:
+    if isinstance(shift, bool) or not isinstance(shift, numbers.Real) or not 0.0 <= float(shift) <= 1.0:
+        raise ValueError(f"shift s must be a real number in [0, 1], got {shift!r}")
+    return float(shift)
+
+
+def _check_fraction(name: str, value: float, *, allow_zero: bool) -> float:
+    lo_ok = value >= 0.0 if allow_zero else value > 0.0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (lo_ok and value < 1.0):
+        bound = "[0, 1)" if allow_zero else "(0, 1)"
+        raise ValueError(f"{name} must be in {bound}, got {value!r}")
+    return float(value)
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def _check_partition_id(partition_id: int, n: int) -> None:
+    if isinstance(partition_id, bool) or not isinstance(partition_id, numbers.Integral) or not 0 <= partition_id < n:
+        raise ValueError(f"partition id {partition_id!r} is outside [0, {n}) for N={n} agents")
+
+
+def _as_label_array(labels, num_classes: int) -> np.ndarray:
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().cpu().numpy()
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"labels must be a non-empty 1-D array, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"labels must have an integer dtype, got {arr.dtype}")
+    bad = (arr < 0) | (arr >= num_classes)
+    if bad.any():
+        raise ValueError(f"label {int(arr[bad][0])} (at position {int(np.argmax(bad))}) is outside [0, {num_classes})")
+    return arr.astype(np.int64, copy=False)
+
+
+# ----------------------------------------------------------------------------------- Eq. 23
+def label_shift_proportions(class_sets: ClassSets, shift: float, num_classes: int = NUM_CLASSES) -> np.ndarray:
+    """Per-agent label distributions of paper Eq. 23.
+
+    ``theta_i[k] = s * 1[k in C_i] / |C_i| + (1 - s) / C`` -- a mixture of the uniform law on
+    agent ``i``'s target classes ``C_i`` and the uniform law on all ``C`` classes.
+
+    Args:
+        class_sets: ``N`` non-empty collections of class ids in ``[0, num_classes)``
+            (duplicates are ignored), e.g. :data:`flwr_sheaf.paper.PAPER_CLASS_SETS_15`.
+        shift: the distribution-shift parameter ``s`` in [0, 1] (0 = IID, 1 = only own classes).
+        num_classes: ``C``, the size of the label space.
+
+    Returns:
+        float64 array ``(N, C)``; every row is a probability vector (sums to 1).
+
+    Raises:
+        ValueError: if ``shift`` is outside [0, 1] (message names the value), a class set is
+            empty (names the agent index), or a class is outside ``[0, C)`` (names the class and
+            the agent).
+    """
+    s = _check_shift(shift)
+    sets = _normalise_class_sets(class_sets, num_classes)
+    theta = np.full((len(sets), num_classes), (1.0 - s) / num_classes, dtype=np.float64)
+    for i, cs in enumerate(sets):
+        theta[i, list(cs)] += s / len(cs)
+    return theta
+
+
+def _largest_remainder(n: int, weights: np.ndarray) -> np.ndarray:
+    """Integer counts summing to ``n``, each within 1 of ``n * weights`` (weights >= 0, sum 1).
+
+    Hamilton's method: floor every quota, then give the leftover units to the largest fractional
+    parts (ties: lower index first). Zero-weight entries always get 0.
+    """
+    quota = n * weights
+    counts = np.floor(quota).astype(np.int64)
+    counts[weights <= 0] = 0
+    leftover = n - int(counts.sum())
+    frac = np.where(weights > 0, quota - counts, -1.0)
+    order = np.argsort(-frac, kind="stable")
+    counts[order[:leftover]] += 1
+    return counts
+
+
+# ----------------------------------------------------------------------------------- the split
+@dataclass(frozen=True)
+class FederatedSplit:
+    """Indices of the shared pilot set and of every agent's train/val/test data.
+
+    All arrays are read-only int64 and index into the source the labels came from; they are
+    pairwise disjoint. Agent arrays are sorted ascending; ``pilot_idx`` keeps the seeded
+    permutation's order (row ``r`` of every agent's pilot matrix ``(K, d_i)`` is sample
+    ``pilot_idx[r]``), so ``make_federated_split(..., num_pilots=K).pilot_idx`` is a prefix of the
+    uncapped one.
+
+    Attributes:
+        pilot_idx: ``(K,)`` shared pilot samples.
+        train_idx, val_idx, test_idx: ``N`` arrays each, one per agent (partition id).
+        class_sets: the normalised ``C_i`` (sorted tuples).
+        shift: ``s`` of Eq. 23.
+        seed: the permutation seed.
+        num_classes: size of the label space ``C``.
+    """
+
+    pilot_idx: np.ndarray
+    train_idx: list[np.ndarray]
+    val_idx: list[np.ndarray]
+    test_idx: list[np.ndarray]
+    class_sets: tuple[tuple[int, ...], ...]
+    shift: float
+    seed: int
+    num_classes: int = NUM_CLASSES
+
+    @property
+    def num_agents(self) -> int:
+        """Number of agents ``N``."""
+        return len(self.train_idx)
+
+    def pool_idx(self, partition_id: int) -> np.ndarray:
+        """Sorted union of agent ``partition_id``'s train, val and test indices (its whole pool)."""
+        self._check_partition_id(partition_id)
+        i = int(partition_id)
+        return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
+
+    def class_counts(self, labels, part: str = "pool") -> np.ndarray:
+        """Per-agent class histogram.
+
+        Args:
+            labels: the int labels ``(M,)`` (numpy or torch) the split was made from.
+            part: ``"train"``, ``"val"``, ``"test"`` or ``"pool"`` (all three).
+
+        Returns:
+            int64 array ``(N, C)``: entry ``[i, k]`` = number of agent ``i``'s samples of class
+            ``k`` in ``part``.
+
+        Raises:
+            ValueError: for an unknown ``part`` or labels too short for the stored indices.
+        """
+        if part not in _PARTS:
+            raise ValueError(f"unknown part {part!r}; valid: {_PARTS}")
+        lab = _as_label_array(labels, self.num_classes)
+        out = np.zeros((self.num_agents, self.num_classes), dtype=np.int64)
+        for i in range(self.num_agents):
+            idx = self.pool_idx(i) if part == "pool" else getattr(self, f"{part}_idx")[i]
+            if idx.size and idx.max() >= lab.size:
+                raise ValueError(f"labels has {lab.size} entries but the split uses index {int(idx.max())}")
+            out[i] = np.bincount(lab[idx], minlength=self.num_classes)
+        return out
+
+    def _check_partition_id(self, partition_id: int) -> None:
+        _check_partition_id(partition_id, self.num_agents)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    a.setflags(write=False)
+    return a
+
+
+def make_federated_split(
+    labels,
+    class_sets: ClassSets,
+    shift: float,
+    seed: int,
+    pilot_fraction: float = 0.1,
+    num_pilots: int | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    num_classes: int = NUM_CLASSES,
+) -> FederatedSplit:
+    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (module docstring).
+
+    Args:
+        labels: int class ids ``(M,)`` (numpy or torch), values in ``[0, num_classes)``.
+        class_sets: the agents' target classes ``C_i`` (``N`` non-empty sets).
+        shift: ``s`` in [0, 1] (Eq. 23).
+        seed: non-negative int; the only source of randomness.
+        pilot_fraction: share of all ``M`` samples held out for pilots, in (0, 1) (paper: 0.1);
+            the hold-out has ``round(pilot_fraction * M)`` samples.
+        num_pilots: optional cap ``K`` on the number of pilots (first ``K`` of the permuted,
+            class-restricted hold-out); ``None`` keeps them all.
+        val_fraction, test_fraction: per-agent, per-class shares for validation and test, each in
+            [0, 1) with sum < 1 (paper: 0.1 each).
+        num_classes: size of the label space ``C``.
+
+    Returns:
+        A :class:`FederatedSplit`; pilots, and every agent's train/val/test are pairwise
+        disjoint, and the agents' data covers every non-hold-out sample of every class some agent
+        observes.
+
+    Raises:
+        ValueError: on bad ``shift``/``class_sets`` (see :func:`label_shift_proportions`), bad
+            fractions or seed, labels outside ``[0, C)``, ``num_pilots`` < 1 or larger than the
+            number of eligible pilots, or when no pilot is eligible (``s = 1`` with an empty
+            intersection of the class sets).
+    """
+    theta = label_shift_proportions(class_sets, shift, num_classes)
+    sets = _normalise_class_sets(class_sets, num_classes)
+    s = _check_shift(shift)
+    seed = _check_seed(seed)
+    pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
+    val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
+    test_fraction = _check_fraction("test_fraction", test_fraction, allow_zero=True)
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}")
+    lab = _as_label_array(labels, num_classes)
+    m, n_agents = lab.size, len(sets)
+
+    # (a) pilots: first round(pilot_fraction * M) of a seeded permutation, restricted to classes
+    # every agent observes.
+    perm = np.random.default_rng(seed).permutation(m)
+    n_hold = int(round(pilot_fraction * m))
+    observed_by_all = theta.min(axis=0) > 0.0  # (C,)
+    hold = perm[:n_hold]
+    pilots = hold[observed_by_all[lab[hold]]]
+    if pilots.size == 0:
+        raise ValueError(
+            f"no eligible pilots: classes observed by every agent = {np.flatnonzero(observed_by_all).tolist()} "
+            f"(s={s}), hold-out size {n_hold} of {m}; use s < 1, overlapping class sets or more data"
+        )
+    if num_pilots is not None:
+        if isinstance(num_pilots, bool) or not isinstance(num_pilots, numbers.Integral) or num_pilots < 1:
+            raise ValueError(f"num_pilots must be a positive integer or None, got {num_pilots!r}")
+        if num_pilots > pilots.size:
+            raise ValueError(
+                f"num_pilots={num_pilots} exceeds the {pilots.size} eligible pilots "
+                f"(pilot_fraction={pilot_fraction} of {m} samples); lower num_pilots or raise pilot_fraction"
+            )
+        pilots = pilots[:num_pilots]
+
+    # (b) per class, deterministic largest-remainder counts, consecutive chunks of the permutation.
+    rest = perm[n_hold:]
+    rest_labels = lab[rest]
+    per_agent: list[list[np.ndarray]] = [[] for _ in range(n_agents)]  # per agent, per class chunk
+    for k in range(num_classes):
+        members = rest[rest_labels == k]
+        col = theta[:, k]
+        if col.sum() <= 0.0 or members.size == 0:
+            continue  # nobody observes class k (s = 1): dropped
+        counts = _largest_remainder(members.size, col / col.sum())
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        for i in range(n_agents):
+            per_agent[i].append(members[bounds[i] : bounds[i + 1]])
+
+    # (c) per agent, per class: train | val | test with round-half-up sizes.
+    train, val, test = [], [], []
+    for i in range(n_agents):
+        tr, va, te = [], [], []
+        for chunk in per_agent[i]:
+            n = chunk.size
+            n_val = math.floor(val_fraction * n + 0.5)
+            n_test = min(math.floor(test_fraction * n + 0.5), n - n_val)
+            n_train = n - n_val - n_test
+            tr.append(chunk[:n_train])
+            va.append(chunk[n_train : n_train + n_val])
+            te.append(chunk[n_train + n_val :])
+        empty = np.empty(0, dtype=np.int64)
+        train.append(_frozen(np.sort(np.concatenate(tr)) if tr else empty))
+        val.append(_frozen(np.sort(np.concatenate(va)) if va else empty))
+        test.append(_frozen(np.sort(np.concatenate(te)) if te else empty))
+
+    return FederatedSplit(
+        pilot_idx=_frozen(pilots),
+        train_idx=train,
+        val_idx=val,
+        test_idx=test,
+        class_sets=sets,
+        shift=s,
+        seed=seed,
+        num_classes=num_classes,
+    )
+
+
+# ----------------------------------------------------------------------------------- tensors
+@dataclass(frozen=True)
+class AgentData:
+    """One agent's tensors (fresh copies gathered from the cached source).
+
+    Images are float32 ``(n, 1, 28, 28)`` in [0, 1]; labels int64 ``(n,)``. The pilot tensors
+    are identical for every agent of one split.
+
+    Attributes:
+        x_train, y_train, x_val, y_val, x_test, y_test: the agent's 80/10/10 split.
+        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` / ``(K,)``, in ``pilot_idx`` order.
+        pilot_idx: int64 numpy ``(K,)``, the pilots' indices into the source (read-only).
+        partition_id: the agent's index ``i``.
+        classes: the agent's target class set ``C_i``.
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    x_pilot: torch.Tensor
+    y_pilot: torch.Tensor
+    pilot_idx: np.ndarray
+    partition_id: int
+    classes: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_split(
+    dataset: str, class_sets: tuple[tuple[int, ...], ...], shift: float, seed: int, num_pilots: int | None
+) -> FederatedSplit:
+    _, labels = load_source(dataset)
+    return make_federated_split(labels, class_sets, shift, seed, num_pilots=num_pilots)
+
+
+def load_agent_data(
+    dataset: str,
+    class_sets: ClassSets,
+    shift: float,
+    seed: int,
+    partition_id: int,
+    num_pilots: int | None = None,
+) -> AgentData:
+    """Agent ``partition_id``'s train/val/test tensors and the shared pilots (paper defaults).
+
+    Uses :func:`make_federated_split` with the paper's fractions (10% pilots, 80/10/10) on
+    ``load_source(dataset)``. The split is cached per ``(dataset, class_sets, shift, seed,
+    num_pilots)`` (read-only, safe to share between simulated nodes of one process).
+
+    Args:
+        dataset: a :func:`flwr_sheaf.data.sources.load_source` spec, e.g. ``"mnist-bundled"``.
+        class_sets: the ``N`` agents' target classes ``C_i``.
+        shift: ``s`` in [0, 1] (Eq. 23).
+        seed: non-negative permutation seed.
+        partition_id: the agent ``i`` in ``[0, N)``.
+        num_pilots: optional cap ``K`` on the shared pilots.
+
+    Returns:
+        :class:`AgentData` (images float32 ``(n, 1, 28, 28)`` in [0, 1], labels int64 ``(n,)``).
+
+    Raises:
+        ValueError: if ``partition_id`` is outside ``[0, N)`` (names it and ``N``), plus every
+            error of :func:`load_source` and :func:`make_federated_split`.
+        FileNotFoundError: from :func:`load_source` for a missing ``idx:`` directory.
+    """
+    sets = _normalise_class_sets(class_sets, NUM_CLASSES)
+    _check_partition_id(partition_id, len(sets))
+    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots)
+    images, labels = load_source(dataset)
+    i = int(partition_id)
+
+    def gather(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        t = torch.from_numpy(np.array(idx, dtype=np.int64))
+        return images[t], labels[t]
+
+    x_tr, y_tr = gather(split.train_idx[i])
+    x_va, y_va = gather(split.val_idx[i])
+    x_te, y_te = gather(split.test_idx[i])
+    x_pi, y_pi = gather(split.pilot_idx)
+    return AgentData(x_tr, y_tr, x_va, y_va, x_te, y_te, x_pi, y_pi, split.pilot_idx, i, sets[i])
+
+
+# ----------------------------------------------------------------------------------- flwr-datasets
+class LabelShiftPartitioner(_PartitionerBase):
+    """flwr-datasets ``Partitioner`` applying the paper's pilot hold-out and Eq. 23 split.
+
+    ``load_partition(i)`` returns agent ``i``'s whole pool (its train + val + test samples of
+    :func:`make_federated_split`, in ascending dataset order, pilots excluded); split it further
+    with ``Dataset.train_test_split`` or use :attr:`split` for the stratified 80/10/10 indices.
+    :attr:`pilot_indices` gives the shared pilots (rows of the assigned dataset).
+
+    Example::
+
+        fds = FederatedDataset(dataset="ylecun/mnist", partitioners={"train": LabelShiftPartitioner(
+            PAPER_CLASS_SETS_15, shift=0.7)})
+        agent0 = fds.load_partition(0)
+
+    Args:
+        class_sets: the ``N`` agents' target classes (``num_partitions = N``).
+        shift: ``s`` in [0, 1].
+        seed: permutation seed (non-negative int).
+        partition_by: name of the integer label column.
+        pilot_fraction, num_pilots, num_classes: as in :func:`make_federated_split`.
+
+    Raises:
+        ImportError: if flwr-datasets is not installed.
+        ValueError: on bad arguments (validated eagerly) or an unknown partition id.
+    """
+
+    def __init__(
+        self,
+        class_sets: ClassSets,
+        shift: float,
+        seed: int = 42,
+        partition_by: str = "label",
+        pilot_fraction: float = 0.1,
+        num_pilots: int | None = None,
+        num_classes: int = NUM_CLASSES,
+    ) -> None:
+        if not _HAVE_FLWR_DATASETS:
+            raise ImportError("LabelShiftPartitioner needs flwr-datasets: `pip install flwr-sheaf[hf]`")
+        super().__init__()
+        label_shift_proportions(class_sets, shift, num_classes)  # validate early
+        self._class_sets = _normalise_class_sets(class_sets, num_classes)
+        self._shift = _check_shift(shift)
+        self._seed = _check_seed(seed)
+        self._partition_by = partition_by
+        self._pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
+        self._num_pilots = num_pilots
+        self._num_classes = num_classes
+        self._split: FederatedSplit | None = None
+
+    @property
+    def num_partitions(self) -> int:
+        """Number of agents ``N``."""
+        return len(self._class_sets)
+
+    @property
+    def split(self) -> FederatedSplit:
+        """The :class:`FederatedSplit` of the assigned dataset (computed once, lazily)."""
+        if self._split is None:
+            if self._partition_by not in self.dataset.column_names:
+                raise ValueError(
+                    f"label column {self._partition_by!r} not in dataset columns {self.dataset.column_names}"
+                )
+            labels = np.asarray(self.dataset[self._partition_by])
+            self._split = make_federated_split(
+                labels,
+                self._class_sets,
+                self._shift,
+                self._seed,
+                pilot_fraction=self._pilot_fraction,
+                num_pilots=self._num_pilots,
+                num_classes=self._num_classes,
+            )
+        return self._split
+
+    @property
+    def pilot_indices(self) -> np.ndarray:
+        """int64 ``(K,)`` row indices of the shared pilots in the assigned dataset (permuted order)."""
+        return self.split.pilot_idx
+
+    def load_partition(self, partition_id: int):
+        """Agent ``partition_id``'s pool as a ``datasets.Dataset`` (pilots excluded).
+
+        Raises:
+            ValueError: if ``partition_id`` is outside ``[0, N)`` (names it and ``N``).
+        """
+        split = self.split
+        split._check_partition_id(partition_id)
+        return self.dataset.select(split.pool_idx(partition_id).tolist())

@@ -1,0 +1,248 @@
+"""Parametric CNN encoder, MLP head and the agent that wraps them (paper Sec. 6 "Model
+heterogeneity", App. G Tab. 2/Tab. 3; reference architecture: ``anchor-sfrl-reference.md`` s1.2).
+
+Encoder ``f_phi``: per width ``c``: Conv3x3(stride 1, pad 1) -> BatchNorm2d -> ReLU -> MaxPool2 ->
+Dropout2d(p); then AdaptiveAvgPool2d(1) + flatten, so the stalk dimension is ``d = channels[-1]``
+(28 -> 14 -> 7 -> 3 -> 1 spatially on MNIST, so at most 4 blocks for 28x28 inputs), followed by
+the whitening layer (paper Sec. 3). Head ``h_psi``: the colouring layer (exact inverse of the
+eval-mode whitening), then per hidden width Linear -> BatchNorm1d -> ReLU -> Dropout(p), then a
+Linear to the global label space (10 logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from flwr_sheaf.sheaf.whitening import Colouring, Whitening
+
+__all__ = ["CNNEncoder", "MLPHead", "SheafAgent"]
+
+
+def _check_widths(widths: Sequence[int], name: str, allow_empty: bool) -> tuple[int, ...]:
+    widths = tuple(widths)
+    if not widths and not allow_empty:
+        raise ValueError(f"{name} must be non-empty, got {name}={widths}")
+    for w in widths:
+        if isinstance(w, bool) or not isinstance(w, int) or w <= 0:
+            raise ValueError(f"{name} must be positive ints, got {name}={widths}")
+    return widths
+
+
+def _check_pos_int(v: int, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
+    return v
+
+
+def _check_dropout(p: float) -> float:
+    if not (0.0 <= float(p) < 1.0):
+        raise ValueError(f"dropout must lie in [0, 1), got dropout={p}")
+    return float(p)
+
+
+class CNNEncoder(nn.Module):
+    """CNN encoder ``f_phi_i`` ending in a whitening layer (paper Sec. 3 and App. G, Tab. 2).
+
+    Attributes:
+        backbone: ``nn.Sequential`` of the conv blocks + global average pooling + flatten,
+            mapping ``(B, in_channels, H, W)`` to raw latents ``(B, d)`` (``>= 0``, post-ReLU).
+        whitening: :class:`~flwr_sheaf.sheaf.whitening.Whitening` of dimension ``d``.
+        d: stalk dimension ``channels[-1]``.
+
+    Args:
+        channels: output widths of the conv blocks (non-empty, positive).
+        dropout: Dropout2d probability ``p in [0, 1)`` after every block (also the last one, so
+            in train mode whole latent coordinates are zeroed, as in the reference).
+        in_channels: input image channels (1 for MNIST).
+        whitening_kwargs: keyword arguments for ``Whitening(d, **whitening_kwargs)``
+            (``shrinkage``, ``eps``, ``momentum``, ``check_finite``).
+
+    Raises:
+        ValueError: empty/non-positive ``channels``, ``dropout`` outside ``[0, 1)``, bad
+            ``in_channels`` or bad whitening arguments.
+    """
+
+    def __init__(
+        self,
+        channels: Sequence[int],
+        dropout: float,
+        in_channels: int = 1,
+        whitening_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        channels = _check_widths(channels, "channels", allow_empty=False)
+        p = _check_dropout(dropout)
+        in_channels = _check_pos_int(in_channels, "in_channels")
+        layers: list[nn.Module] = []
+        prev = in_channels
+        for c in channels:
+            layers.append(
+                nn.Sequential(
+                    nn.Conv2d(prev, c, kernel_size=3, stride=1, padding=1),
+                    nn.BatchNorm2d(c),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool2d(2),
+                    nn.Dropout2d(p),
+                )
+            )
+            prev = c
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(1)]
+        self.channels = channels
+        self.in_channels = in_channels
+        self.d = channels[-1]
+        self.backbone = nn.Sequential(*layers)
+        self.whitening = Whitening(self.d, **dict(whitening_kwargs or {}))
+
+    def _check_images(self, x: Tensor) -> None:
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"x must have shape (B, in_channels={self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
+
+    def latent(self, x: Tensor) -> Tensor:
+        """Raw latents ``z = backbone(x)``.
+
+        Args:
+            x: ``(B, in_channels, H, W)`` float images (``(B, 1, 28, 28)`` for MNIST).
+
+        Returns:
+            ``z (B, d)``, same dtype as ``x``.
+
+        Raises:
+            ValueError: if ``x`` is not 4-D with ``in_channels`` channels.
+        """
+        self._check_images(x)
+        return self.backbone(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Whitened latents ``zhat = whitening(backbone(x))`` of shape ``(B, d)`` (train mode
+        uses batch statistics and needs ``B >= 2``; see :class:`Whitening`)."""
+        return self.whitening(self.latent(x))
+
+
+class MLPHead(nn.Module):
+    """MLP head ``h_psi_i`` starting with the colouring layer (paper Sec. 3 and Tab. 2).
+
+    ``forward(zhat) = mlp(colouring(zhat))``.
+
+    Attributes:
+        colouring: :class:`~flwr_sheaf.sheaf.whitening.Colouring` (or ``nn.Identity`` when
+            constructed with ``colouring=None``, for heads without a whitening pair).
+        mlp: ``nn.Sequential``: per hidden width Linear -> BatchNorm1d -> ReLU -> Dropout(p),
+            then Linear to ``num_classes``; maps ``(B, d)`` to logits ``(B, num_classes)``.
+
+    Args:
+        d: input (stalk) dimension.
+        hidden: hidden widths (may be empty: a single Linear).
+        dropout: Dropout probability ``p in [0, 1)``.
+        num_classes: number of logits (10 = the global MNIST label space, even when the agent
+            targets a subset of classes).
+        colouring: the colouring layer bound to the encoder's whitening, or ``None``.
+
+    Raises:
+        ValueError: non-positive ``d``/widths/``num_classes``, ``dropout`` outside ``[0, 1)``,
+            or a colouring whose dimension differs from ``d``.
+    """
+
+    def __init__(
+        self,
+        d: int,
+        hidden: Sequence[int],
+        dropout: float,
+        num_classes: int,
+        colouring: Colouring | None,
+    ) -> None:
+        super().__init__()
+        d = _check_pos_int(d, "d")
+        hidden = _check_widths(hidden, "hidden", allow_empty=True)
+        p = _check_dropout(dropout)
+        num_classes = _check_pos_int(num_classes, "num_classes")
+        if colouring is not None and colouring.d != d:
+            raise ValueError(f"colouring has d={colouring.d} but the head expects d={d}")
+        self.d = d
+        self.hidden = hidden
+        self.num_classes = num_classes
+        self.colouring: nn.Module = colouring if colouring is not None else nn.Identity()
+        layers: list[nn.Module] = []
+        prev = d
+        for h in hidden:
+            layers += [nn.Linear(prev, h), nn.BatchNorm1d(h), nn.ReLU(inplace=True), nn.Dropout(p)]
+            prev = h
+        layers.append(nn.Linear(prev, num_classes))
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, zhat: Tensor) -> Tensor:
+        """Logits ``(B, num_classes)`` from whitened latents ``zhat (B, d)``.
+
+        Raises:
+            ValueError: if ``zhat`` is not ``(B, d)`` (or is non-finite, via the colouring).
+        """
+        if zhat.ndim != 2 or zhat.shape[1] != self.d:
+            raise ValueError(f"zhat must have shape (B, d={self.d}), got {tuple(zhat.shape)}")
+        return self.mlp(self.colouring(zhat))
+
+
+class SheafAgent(nn.Module):
+    """One Sheaf-FRL agent: encoder ``f_phi_i`` + head ``h_psi_i`` (paper Sec. 3, Sec. 6).
+
+    Attributes:
+        encoder: :class:`CNNEncoder` (ends in the whitening layer).
+        head: :class:`MLPHead` whose colouring references ``encoder.whitening``.
+        d: stalk dimension.
+
+    Args:
+        encoder: the encoder.
+        head: the head; its colouring (if any) must reference ``encoder.whitening`` itself.
+
+    Raises:
+        ValueError: if ``head.d != encoder.d`` or the head's colouring inverts a different
+            whitening layer.
+    """
+
+    def __init__(self, encoder: CNNEncoder, head: MLPHead) -> None:
+        super().__init__()
+        if head.d != encoder.d:
+            raise ValueError(f"head expects d={head.d} but the encoder produces d={encoder.d}")
+        if isinstance(head.colouring, Colouring) and head.colouring.whitening is not encoder.whitening:
+            raise ValueError("head.colouring must reference encoder.whitening (the same object)")
+        self.encoder = encoder
+        self.head = head
+        self.d = encoder.d
+
+    @property
+    def whitening(self) -> Whitening:
+        """The stalk's whitening layer (``encoder.whitening``), as the sheaf handlers expect."""
+        return self.encoder.whitening
+
+    def private_logits(self, x: Tensor) -> Tensor:
+        """Private path ``head.mlp(encoder.latent(x))``: logits ``(B, num_classes)`` for images
+        ``x (B, C, H, W)`` (paper Eq. 22, private accuracy; the CE training path).
+
+        Skips the whitening/colouring pair. In eval mode ``colour(whiten(z)) = z`` exactly (up
+        to float rounding) for any running statistics, shrinkage and eps, so this equals
+        ``classify_whitened(whitened(x))``. In train mode the pair would not cancel (whitening
+        uses batch statistics, colouring the running ones); the private path is defined
+        without it.
+        """
+        return self.head.mlp(self.encoder.latent(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Same as :meth:`private_logits`."""
+        return self.private_logits(x)
+
+    def latent(self, x: Tensor) -> Tensor:
+        """Raw latents ``(B, d)`` (``encoder.latent``)."""
+        return self.encoder.latent(x)
+
+    def whitened(self, x: Tensor) -> Tensor:
+        """Whitened latents ``zhat (B, d)`` = ``encoder(x)``: what is sent as pilots / test latents."""
+        return self.encoder(x)
+
+    def classify_whitened(self, zhat: Tensor) -> Tensor:
+        """Logits ``(B, num_classes)`` for latents ``zhat (B, d)`` in this agent's whitened stalk
+        (``head(zhat)`` = colour then MLP). Used for communication accuracy (paper Eq. 22):
+        a neighbour's whitened latents, transported by the restriction map into this stalk."""
+        return self.head(zhat)

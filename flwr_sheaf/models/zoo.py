@@ -1,0 +1,134 @@
+"""Agent zoos: the paper's architectures (App. G Tab. 2 and Tab. 3) and a cheap heterogeneous
+family for tests and cross-device scenarios, plus the builder that turns an
+:class:`~flwr_sheaf.paper.AgentSpec` into a :class:`~flwr_sheaf.models.cnn.SheafAgent`.
+
+Zoo names accepted by :func:`zoo_specs`:
+
+* ``"paper-15"``: the 15 agents of Tab. 2 (3,411,690 trainable parameters).
+* ``"two-agent:<d>"``: the 2-agent bottleneck pair of Fig. 3 / Tab. 3 at latent size ``d``
+  (a positive multiple of 4).
+* ``"tiny-<N>"``: ``N >= 1`` small heterogeneous agents (each < 7k parameters, ``d`` in
+  {16, 24, 32}, heads with 0-1 hidden layers, dropout 0.1), with class sets of 5 or 6
+  consecutive classes (mod 10) on rotating windows. Agent ``i``'s spec depends only on ``i``,
+  so ``tiny-M`` is a prefix of ``tiny-N`` for ``M <= N``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from flwr_sheaf.models.cnn import CNNEncoder, MLPHead, SheafAgent
+from flwr_sheaf.paper import NUM_CLASSES, PAPER_ZOO_15, AgentSpec, two_agent_bottleneck
+from flwr_sheaf.sheaf.whitening import Colouring
+
+__all__ = ["build_agent", "zoo_specs", "count_parameters", "TINY_FAMILY", "VALID_ZOO_NAMES"]
+
+#: (encoder channels, head hidden widths) of the tiny family, cycled over agents.
+TINY_FAMILY: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
+    ((8, 16), ()),
+    ((8, 16, 24), (16,)),
+    ((12, 24), (24,)),
+    ((16, 32), (32,)),
+    ((8, 16, 32), ()),
+)
+TINY_DROPOUT = 0.1
+
+VALID_ZOO_NAMES = (
+    "'paper-15', 'two-agent:<d>' (d a positive multiple of 4), 'tiny-<N>' (N >= 1)"
+)
+
+
+def _tiny_spec(i: int) -> AgentSpec:
+    """Spec of agent ``i`` of the tiny family: architecture ``i mod 5``; classes a window of
+    ``5 + (i mod 2)`` consecutive labels (mod 10) starting at ``3 i mod 10``."""
+    channels, hidden = TINY_FAMILY[i % len(TINY_FAMILY)]
+    size = 5 + (i % 2)
+    start = (3 * i) % NUM_CLASSES
+    classes = tuple(sorted((start + k) % NUM_CLASSES for k in range(size)))
+    return AgentSpec(channels, hidden, TINY_DROPOUT, classes)
+
+
+def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
+    """Agent specs of a named zoo (see the module docstring for the names).
+
+    Args:
+        name: ``"paper-15"``, ``"two-agent:<d>"`` or ``"tiny-<N>"``.
+
+    Returns:
+        Tuple of :class:`~flwr_sheaf.paper.AgentSpec`, one per agent (partition id = index).
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones), ``N < 1``, or a ``d``
+            that is not a positive multiple of 4.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"zoo name must be a string, got {name!r}; valid names: {VALID_ZOO_NAMES}")
+    key = name.strip()
+    if key == "paper-15":
+        return PAPER_ZOO_15
+    m = re.fullmatch(r"two-agent:(\d+)", key)
+    if m:
+        return two_agent_bottleneck(int(m.group(1)))
+    m = re.fullmatch(r"tiny-(\d+)", key)
+    if m:
+        n = int(m.group(1))
+        if n < 1:
+            raise ValueError(f"zoo {name!r}: tiny-<N> needs N >= 1, got N={n}")
+        return tuple(_tiny_spec(i) for i in range(n))
+    raise ValueError(f"unknown zoo name {name!r}; valid names: {VALID_ZOO_NAMES}")
+
+
+def build_agent(
+    spec: AgentSpec,
+    num_classes: int = NUM_CLASSES,
+    seed: int | None = None,
+    **whitening_kwargs: Any,
+) -> SheafAgent:
+    """Instantiate one agent from its spec (paper App. G Tab. 2/3): ``CNNEncoder(spec.channels,
+    spec.dropout)`` with a ``Whitening(spec.d, **whitening_kwargs)`` and an
+    ``MLPHead(spec.d, spec.hidden, spec.dropout, num_classes)`` whose colouring inverts it.
+
+    Args:
+        spec: the agent's architecture and class set.
+        num_classes: number of logits (global label space, 10 for MNIST).
+        seed: if given, weights are initialised under ``torch.manual_seed(seed)`` inside
+            ``torch.random.fork_rng`` (CPU generator), so the result is reproducible and the
+            global RNG state is left untouched. ``None``: the global RNG is used (PyTorch default
+            initialisation, as the reference code after ``seed_everything``).
+        **whitening_kwargs: ``shrinkage``, ``eps``, ``momentum``, ``check_finite`` of the
+            whitening layer.
+
+    Returns:
+        A :class:`SheafAgent` on CPU, float32, in train mode.
+
+    Raises:
+        ValueError: if a class in ``spec.classes`` is outside ``[0, num_classes)``, or on
+            invalid architecture / whitening arguments.
+    """
+    if not isinstance(spec, AgentSpec):
+        raise ValueError(f"spec must be an AgentSpec, got {type(spec).__name__}")
+    if not spec.classes or any(not 0 <= c < num_classes for c in spec.classes):
+        raise ValueError(
+            f"spec.classes={spec.classes} must be non-empty and within [0, num_classes={num_classes})"
+        )
+
+    def _make() -> SheafAgent:
+        encoder = CNNEncoder(spec.channels, spec.dropout, whitening_kwargs=whitening_kwargs)
+        head = MLPHead(spec.d, spec.hidden, spec.dropout, num_classes, Colouring(encoder.whitening))
+        return SheafAgent(encoder, head)
+
+    if seed is None:
+        return _make()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return _make()
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of trainable parameters (``requires_grad``; shared parameters counted once; BN
+    affine weights included, running statistics and whitening buffers excluded)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)

@@ -1,0 +1,446 @@
+"""Whitening and colouring layers for the node stalks (paper Sec. 3, "Heterogeneous latent space
+geometry", and App. G).
+
+The paper assumes every encoder ends in a whitening layer that maps its latents to zero mean and
+identity covariance, so that the latent spaces of different agents share a common Euclidean
+reference before orthogonal/Stiefel restriction maps compare them; the head starts with a
+colouring layer, the exact left inverse of that whitening, so the private task still sees the
+agent's own latent geometry. The statistics are estimated on the shared pilot set (App. G).
+
+This module implements a real (decorrelating) whitening, unlike the reference code, whose layer
+only standardises each coordinate (``../shared/notes/anchor-sfrl-reference.md`` s3.2):
+
+* Regularised covariance (shrinkage towards the diagonal plus a relative eigenvalue floor)::
+
+      Sigma_reg = (1 - shrinkage) * Sigma + shrinkage * diag(Sigma)
+                  + eps * (trace(Sigma) / d) * I + 1e-8 * I
+
+  ``shrinkage = 0`` is full decorrelation, ``shrinkage = 1`` per-dimension standardisation.
+  ``eps`` protects the near-dead directions that post-ReLU encoders have
+  (``../shared/notes/calibration-sheaf-frl-stability.md`` s1).
+* Cholesky whitening: ``L = cholesky(Sigma_reg)``, ``zhat = (z - mu) @ L^{-T}``.
+
+Estimator convention: ``Sigma`` is always the *unbiased* sample covariance (divisor ``B - 1``),
+in train mode, in the running statistics and in :meth:`Whitening.fit`; this matches
+``numpy.cov`` and ``torch.cov`` defaults, so a fitted layer maps its own fitting sample to an
+unbiased sample covariance equal to :meth:`Whitening.whitened_covariance_target` (the identity
+when ``shrinkage = 0`` and ``eps`` is negligible).
+
+Amplification bound: ``(1 - s) Sigma + s diag(Sigma)`` is positive semi-definite for
+``s in [0, 1]``, so ``lambda_min(Sigma_reg) >= eps * trace(Sigma) / d + 1e-8`` and, for any
+input, ``||whiten(z1) - whiten(z2)|| <= ||z1 - z2|| / sqrt(eps * trace(Sigma) / d + 1e-8)``
+(see :meth:`Whitening.max_gain`). A direction of variance ``v`` comes out with variance at most
+``v / (eps * trace(Sigma) / d + 1e-8)`` instead of being blown up to 1.
+
+Numerics: statistics, the factorisation and the triangular solves run in float64 (the
+regularised covariance may have condition number up to ``d / eps``); buffers are stored in the
+module's dtype (float32 by default) and outputs have the input's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "Whitening",
+    "Colouring",
+    "regularised_covariance",
+    "low_variance_fraction",
+    "effective_rank",
+]
+
+#: Absolute eigenvalue floor added to every regularised covariance (keeps an all-zero
+#: covariance, e.g. a batch of identical latents, factorisable).
+ABS_FLOOR = 1e-8
+
+_COMPUTE_DTYPE = torch.float64
+
+
+def _check_matrix(z: Tensor, d: int | None, name: str, min_rows: int) -> None:
+    """Validate a row-wise sample matrix ``(M, d)``: float dtype, shape, enough rows, finite."""
+    if not isinstance(z, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(z).__name__}")
+    if not z.is_floating_point():
+        raise ValueError(f"{name} must have a floating dtype, got {z.dtype}")
+    if z.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D (rows, d) matrix, got shape {tuple(z.shape)}")
+    if d is not None and z.shape[1] != d:
+        raise ValueError(
+            f"{name} must have shape (B, d={d}) (the layer's stalk dimension), got {tuple(z.shape)}"
+        )
+    if z.shape[0] < min_rows:
+        raise ValueError(
+            f"{name} needs at least {min_rows} rows (an unbiased covariance needs B >= 2), "
+            f"got B={z.shape[0]}"
+        )
+    if not bool(torch.isfinite(z).all()):
+        bad = int((~torch.isfinite(z)).sum())
+        raise ValueError(f"{name} contains {bad} non-finite (NaN or inf) entries")
+
+
+def _mean_cov(z: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean ``(d,)`` and unbiased covariance ``(d, d)`` of ``z (M, d)`` in float64 (differentiable)."""
+    z64 = z.to(_COMPUTE_DTYPE)
+    mu = z64.mean(dim=0)
+    zc = z64 - mu
+    cov = zc.mT @ zc / (z64.shape[0] - 1)
+    return mu, 0.5 * (cov + cov.mT)
+
+
+def regularised_covariance(cov: Tensor, shrinkage: float = 0.0, eps: float = 1e-3) -> Tensor:
+    """Regularise a covariance matrix for whitening (paper Sec. 3 / App. G whitening, made safe).
+
+    ``Sigma_reg = (1 - shrinkage) * Sigma + shrinkage * diag(Sigma)
+    + eps * (trace(Sigma) / d) * I + 1e-8 * I``.
+
+    Args:
+        cov: symmetric positive semi-definite ``(d, d)`` float tensor ``Sigma``.
+        shrinkage: weight in ``[0, 1]`` of the shrinkage towards ``diag(Sigma)``.
+        eps: relative eigenvalue floor ``>= 0`` (fraction of the mean variance ``trace/d``).
+
+    Returns:
+        ``(d, d)`` tensor, same dtype/device as ``cov``, with smallest eigenvalue
+        ``>= eps * trace(Sigma) / d + 1e-8``. Differentiable in ``cov``.
+
+    Raises:
+        ValueError: if ``cov`` is not square 2-D, or ``shrinkage``/``eps`` are out of range.
+    """
+    if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
+        raise ValueError(f"cov must be a square (d, d) matrix, got shape {tuple(cov.shape)}")
+    _check_hyper(shrinkage, eps)
+    d = cov.shape[0]
+    diag = torch.diagonal(cov)
+    eye = torch.eye(d, dtype=cov.dtype, device=cov.device)
+    floor = eps * diag.sum() / d + ABS_FLOOR
+    return (1.0 - shrinkage) * cov + shrinkage * torch.diag_embed(diag) + floor * eye
+
+
+def _check_hyper(shrinkage: float, eps: float) -> None:
+    if not (0.0 <= float(shrinkage) <= 1.0):
+        raise ValueError(f"shrinkage must lie in [0, 1], got shrinkage={shrinkage}")
+    if not (float(eps) >= 0.0 and math.isfinite(float(eps))):
+        raise ValueError(f"eps must be a finite number >= 0, got eps={eps}")
+
+
+class Whitening(nn.Module):
+    """Cholesky whitening of a ``d``-dimensional stalk with batch/running statistics
+    (paper Sec. 3 "heterogeneous latent space geometry"; App. G: fitted on pilot latents).
+
+    ``zhat = (z - mu) @ L^{-T}`` with ``L = cholesky(Sigma_reg)`` and ``Sigma_reg`` as in
+    :func:`regularised_covariance`. Cholesky whitening differs from ZCA whitening
+    (``Sigma^{-1/2}``) by an orthogonal matrix: ``L^{-T} = Sigma_reg^{-1/2} R`` with ``R``
+    orthogonal. The restriction maps (Procrustes, paper Eq. 18) are orthogonal/Stiefel, so they
+    absorb that rotation; Cholesky is chosen because its backward is finite and stable, unlike
+    ``eigh`` with repeated eigenvalues (which every batch with ``B < d`` has).
+
+    Modes (like ``nn.BatchNorm1d``):
+
+    * train: ``mu``/``Sigma`` are the batch's mean and unbiased covariance, differentiable;
+      the running buffers are updated by EMA with detached statistics:
+      ``running = (1 - momentum) * running + momentum * batch`` (PyTorch convention;
+      the reference code's 0.95/0.05 EMA is ``momentum = 0.05``). Requires ``B >= 2``.
+      The running covariance is the EMA of within-batch covariances (as BatchNorm's
+      running variance), regularised only when used.
+    * eval: uses the running statistics; the factor ``L`` is cached and recomputed whenever the
+      buffers change (in-place update, ``load_state_dict``, device/dtype move).
+
+    Buffers (no trainable parameters): ``running_mean (d,)`` initialised to 0 and
+    ``running_cov (d, d)`` initialised to ``I``, float32 by default.
+
+    Args:
+        d: stalk dimension (positive int).
+        shrinkage: weight in ``[0, 1]`` of shrinkage towards the diagonal (0: full decorrelation,
+            1: per-dimension standardisation).
+        eps: relative eigenvalue floor ``>= 0``; no direction is amplified by more than
+            ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` (:meth:`max_gain`).
+        momentum: EMA weight of the newest batch, in ``(0, 1]``.
+        check_finite: if true (default) every input is checked for NaN/inf and train-mode
+            Cholesky failures raise (device syncs); false skips both checks on the hot path
+            (shape checks remain; :meth:`fit` always checks).
+
+    Raises:
+        ValueError: on a non-positive ``d`` or out-of-range ``shrinkage``/``eps``/``momentum``.
+    """
+
+    running_mean: Tensor
+    running_cov: Tensor
+
+    def __init__(
+        self,
+        d: int,
+        shrinkage: float = 0.0,
+        eps: float = 1e-3,
+        momentum: float = 0.1,
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__()
+        if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+            raise ValueError(f"d must be a positive int, got d={d!r}")
+        _check_hyper(shrinkage, eps)
+        if not (0.0 < float(momentum) <= 1.0):
+            raise ValueError(f"momentum must lie in (0, 1], got momentum={momentum}")
+        self.d = d
+        self.shrinkage = float(shrinkage)
+        self.eps = float(eps)
+        self.momentum = float(momentum)
+        self.check_finite = bool(check_finite)
+        self.register_buffer("running_mean", torch.zeros(d, dtype=torch.float32))
+        self.register_buffer("running_cov", torch.eye(d, dtype=torch.float32))
+        self._cache: tuple[tuple, Tensor, Tensor] | None = None
+
+    # ------------------------------------------------------------------ internals
+    def _validate(self, z: Tensor, name: str, min_rows: int) -> None:
+        if self.check_finite:
+            _check_matrix(z, self.d, name, min_rows)
+            return
+        # Shape/dtype checks only (no device sync).
+        if not isinstance(z, Tensor) or not z.is_floating_point() or z.ndim != 2:
+            raise ValueError(f"{name} must be a floating 2-D tensor (B, d={self.d})")
+        if z.shape[1] != self.d:
+            raise ValueError(f"{name} must have shape (B, d={self.d}), got {tuple(z.shape)}")
+        if z.shape[0] < min_rows:
+            raise ValueError(f"{name} needs at least {min_rows} rows, got B={z.shape[0]}")
+
+    def _cache_key(self) -> tuple:
+        rm, rc = self.running_mean, self.running_cov
+        return (
+            rm.data_ptr(),
+            rc.data_ptr(),
+            rm._version,
+            rc._version,
+            rm.device,
+            rc.dtype,
+            self.shrinkage,
+            self.eps,
+            # factors computed under inference_mode cannot be saved for a later backward
+            torch.is_inference_mode_enabled(),
+        )
+
+    def invalidate_cache(self) -> None:
+        """Drop the cached eval-mode Cholesky factor (done automatically on buffer changes)."""
+        self._cache = None
+
+    def _running_factor(self) -> tuple[Tensor, Tensor]:
+        """Cached ``(mu (d,), L (d, d))`` of the running statistics, float64, no grad."""
+        key = self._cache_key()
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1], self._cache[2]
+        with torch.no_grad():
+            mu = self.running_mean.detach().to(_COMPUTE_DTYPE)
+            cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
+            if not bool(torch.isfinite(cov).all() and torch.isfinite(mu).all()):
+                raise ValueError("running statistics contain NaN or inf; refit with fit()")
+            chol = _cholesky(regularised_covariance(0.5 * (cov + cov.mT), self.shrinkage, self.eps))
+        self._cache = (key, mu, chol)
+        return mu, chol
+
+    # ------------------------------------------------------------------ public API
+    def forward(self, z: Tensor) -> Tensor:
+        """Whiten latents.
+
+        Args:
+            z: ``(B, d)`` floating tensor (any float dtype). Train mode needs ``B >= 2``.
+
+        Returns:
+            ``zhat (B, d)`` with ``z``'s dtype: ``(z - mu) @ L^{-T}`` with batch statistics
+            (train mode; differentiable through them) or running statistics (eval mode).
+
+        Raises:
+            ValueError: wrong shape/``d``, non-finite entries, or ``B < 2`` in train mode.
+        """
+        if self.training:
+            self._validate(z, "z", min_rows=2)
+            mu, cov = _mean_cov(z)
+            chol = _cholesky(
+                regularised_covariance(cov, self.shrinkage, self.eps), check=self.check_finite
+            )
+            with torch.no_grad():
+                m = self.momentum
+                self.running_mean.mul_(1.0 - m).add_(mu.detach().to(self.running_mean.dtype), alpha=m)
+                self.running_cov.mul_(1.0 - m).add_(cov.detach().to(self.running_cov.dtype), alpha=m)
+            self.invalidate_cache()
+        else:
+            self._validate(z, "z", min_rows=0)
+            mu, chol = self._running_factor()
+        zc = z.to(_COMPUTE_DTYPE) - mu
+        # zhat = zc @ L^{-T}  <=>  zhat @ L^T = zc.
+        zhat = torch.linalg.solve_triangular(chol.mT, zc, upper=True, left=False)
+        return zhat.to(z.dtype)
+
+    @torch.no_grad()
+    def fit(self, z: Tensor) -> "Whitening":
+        """Set the running statistics exactly from a sample (no EMA, no grad), e.g. from the
+        eval-mode pilot latents at the end of a round (paper App. G).
+
+        Args:
+            z: ``(M, d)`` floating tensor, ``M >= 2``.
+
+        Returns:
+            ``self`` (for chaining).
+
+        Raises:
+            ValueError: wrong shape/``d``, ``M < 2`` or non-finite entries.
+        """
+        _check_matrix(z, self.d, "z", min_rows=2)
+        mu, cov = _mean_cov(z.detach())
+        self.running_mean.copy_(mu.to(self.running_mean.dtype))
+        self.running_cov.copy_(cov.to(self.running_cov.dtype))
+        self.invalidate_cache()
+        return self
+
+    def regularised_running_covariance(self) -> Tensor:
+        """``Sigma_reg (d, d)`` of the running statistics, in ``running_cov``'s dtype."""
+        cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
+        reg = regularised_covariance(0.5 * (cov + cov.mT), self.shrinkage, self.eps)
+        return reg.to(self.running_cov.dtype)
+
+    def cholesky_factor(self) -> Tensor:
+        """Lower-triangular ``L (d, d)`` with ``L L^T = Sigma_reg`` (running statistics), in
+        ``running_cov``'s dtype. Eval-mode whitening is ``(z - running_mean) @ L^{-T}``."""
+        return self._running_factor()[1].to(self.running_cov.dtype)
+
+    def whitening_matrix(self) -> Tensor:
+        """``W = L^{-T} (d, d)`` so that eval-mode whitening is ``(z - running_mean) @ W``."""
+        chol = self._running_factor()[1]
+        eye = torch.eye(self.d, dtype=chol.dtype, device=chol.device)
+        w = torch.linalg.solve_triangular(chol.mT, eye, upper=True)
+        return w.to(self.running_cov.dtype)
+
+    def whitened_covariance_target(self) -> Tensor:
+        """Exact covariance ``L^{-1} Sigma L^{-T} (d, d)`` that eval-mode whitened data has
+        when its own covariance equals the running ``Sigma`` (e.g. the sample passed to
+        :meth:`fit`, with the unbiased estimator). Equals ``I`` when ``shrinkage = 0`` and
+        ``eps * trace/d + 1e-8`` is negligible against the eigenvalues of ``Sigma``; with
+        ``shrinkage = 1`` and no floor it is the correlation matrix. Always ``<= I`` when
+        ``shrinkage = 0``. Returned in ``running_cov``'s dtype."""
+        chol = self._running_factor()[1]
+        cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
+        half = torch.linalg.solve_triangular(chol, 0.5 * (cov + cov.mT), upper=False)  # L^{-1} S
+        target = torch.linalg.solve_triangular(chol, half.mT, upper=False)  # L^{-1} S L^{-T}
+        return (0.5 * (target + target.mT)).to(self.running_cov.dtype)
+
+    def max_gain(self) -> float:
+        """Upper bound ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` on the operator norm of the
+        eval-mode whitening (running ``Sigma``): no input difference is amplified more."""
+        tr = float(torch.diagonal(self.running_cov.detach().to(_COMPUTE_DTYPE)).sum())
+        return 1.0 / math.sqrt(self.eps * max(tr, 0.0) / self.d + ABS_FLOOR)
+
+    def extra_repr(self) -> str:
+        return f"d={self.d}, shrinkage={self.shrinkage}, eps={self.eps}, momentum={self.momentum}"
+
+
+def _cholesky(mat: Tensor, check: bool = True) -> Tensor:
+    """Cholesky factor; ValueError (not a LinAlgError) if the matrix is not positive definite.
+    ``check=False`` skips the (device-syncing) failure check; a failure then yields NaNs."""
+    chol, info = torch.linalg.cholesky_ex(mat)
+    if check and bool((info != 0).any()):
+        raise ValueError(
+            "regularised covariance is not positive definite (non-finite statistics?); "
+            f"cholesky failed at minor {int(info)}"
+        )
+    return chol
+
+
+class Colouring(nn.Module):
+    """Exact left inverse of a :class:`Whitening` layer's *eval-mode* transform (paper Sec. 3:
+    the head's initial colouring layer).
+
+    ``z = zhat @ L^T + mu`` with the whitening layer's running ``mu`` and ``L``. It always uses
+    the running statistics, whatever the train/eval mode: ``colour(whiten(z)) = z`` exactly
+    (up to rounding) when the whitening is in eval mode, for any shrinkage/eps.
+
+    The whitening layer is held by reference, not registered as a submodule (it lives in a
+    plain list), so a model containing both stores the statistics once (under the whitening
+    layer's own key) and ``load_state_dict`` updates what the colouring uses. Device moves
+    must therefore be applied to the module owning the whitening layer (e.g. the whole agent).
+
+    Args:
+        whitening: the :class:`Whitening` layer to invert.
+
+    Raises:
+        TypeError: if ``whitening`` is not a :class:`Whitening`.
+    """
+
+    def __init__(self, whitening: Whitening) -> None:
+        super().__init__()
+        if not isinstance(whitening, Whitening):
+            raise TypeError(f"whitening must be a Whitening layer, got {type(whitening).__name__}")
+        self._whitening_ref = [whitening]  # plain list: not a submodule, no duplicate buffers
+
+    @property
+    def whitening(self) -> Whitening:
+        """The referenced whitening layer (shared, not a copy)."""
+        return self._whitening_ref[0]
+
+    @property
+    def d(self) -> int:
+        """Stalk dimension."""
+        return self.whitening.d
+
+    def forward(self, zhat: Tensor) -> Tensor:
+        """Colour whitened latents.
+
+        Args:
+            zhat: ``(B, d)`` floating tensor (whitened coordinates of this agent's stalk).
+
+        Returns:
+            ``z (B, d)`` with ``zhat``'s dtype; differentiable in ``zhat``.
+
+        Raises:
+            ValueError: wrong shape/``d`` or non-finite entries.
+        """
+        w = self.whitening
+        w._validate(zhat, "zhat", min_rows=0)
+        mu, chol = w._running_factor()
+        z = zhat.to(_COMPUTE_DTYPE) @ chol.mT + mu
+        return z.to(zhat.dtype)
+
+    def extra_repr(self) -> str:
+        return f"d={self.d} (inverse of a shared Whitening layer)"
+
+
+def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
+    """Fraction of latent dimensions whose (unbiased) variance is below ``threshold``: the
+    "latent collapse" diagnostic of ``calibration-sheaf-frl-stability.md`` s1-s3.
+
+    Args:
+        z: ``(M, d)`` floating tensor, ``M >= 2``.
+        threshold: variance threshold ``>= 0``.
+
+    Returns:
+        float in ``[0, 1]``.
+
+    Raises:
+        ValueError: bad shape, ``M < 2``, non-finite entries or negative ``threshold``.
+    """
+    _check_matrix(z, None, "z", min_rows=2)
+    if not threshold >= 0:
+        raise ValueError(f"threshold must be >= 0, got threshold={threshold}")
+    var = z.detach().to(_COMPUTE_DTYPE).var(dim=0, unbiased=True)
+    return float((var < threshold).to(_COMPUTE_DTYPE).mean())
+
+
+def effective_rank(z: Tensor) -> float:
+    """Participation-ratio effective rank of the covariance of ``z``:
+    ``(sum_k lambda_k)^2 / sum_k lambda_k^2 = trace(C)^2 / ||C||_F^2`` (dimensional-collapse
+    diagnostic, ``calibration-sheaf-frl-stability.md`` s2). Equals ``k`` for ``k`` equal
+    non-zero eigenvalues; 0.0 for a constant sample.
+
+    Args:
+        z: ``(M, d)`` floating tensor, ``M >= 2``.
+
+    Returns:
+        float in ``[0, d]`` (``[1, d]`` unless the sample is constant).
+
+    Raises:
+        ValueError: bad shape, ``M < 2`` or non-finite entries.
+    """
+    _check_matrix(z, None, "z", min_rows=2)
+    _, cov = _mean_cov(z.detach())
+    fro2 = float((cov * cov).sum())
+    if fro2 == 0.0:
+        return 0.0
+    return float(torch.diagonal(cov).sum()) ** 2 / fro2

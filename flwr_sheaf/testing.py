@@ -1,0 +1,128 @@
+"""An in-process Grid: runs strategies against ClientApps without Ray or a SuperLink.
+
+Used by the Ray-free end-to-end tests and by in-process sweeps (``simulations/``). It mirrors the
+simulation engine's semantics that matter to strategies (Flower 1.42):
+
+- node ids are opaque 64-bit-like integers (deliberately not ``0..N-1``);
+- each node's ``Context`` has ``node_config = {"partition-id": i, "num-partitions": N}``;
+- ``context.state`` is committed only when the handler returns normally; an exception becomes an
+  error reply (code 2, as Flower's ``CLIENT_APP_RAISED_EXCEPTION``) and the state is rolled back;
+- a ``drop`` predicate emulates nodes that never answer (no reply at all).
+
+Relies on Flower internals (``flwr.supercore``), hence the ``flwr>=1.42,<1.43`` pin.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from uuid import uuid4
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+__all__ = ["LocalGrid", "set_task_identity"]
+
+CLIENT_APP_RAISED_EXCEPTION = 2
+
+
+def set_task_identity(run_id: int = 1, node_id: int = 1, task_id: int = 1) -> None:
+    """Set Flower's process-wide task identity so ``Message(...)`` can be built outside a run."""
+    TaskIdentity.run_id = run_id
+    TaskIdentity.node_id = node_id
+    TaskIdentity.task_id = task_id
+
+
+class LocalGrid(Grid):
+    """A Flower ``Grid`` that delivers messages to a ``ClientApp`` in this process.
+
+    Args:
+        client_app: the ClientApp every node runs.
+        num_nodes: number of simulated SuperNodes (partition-ids ``0..num_nodes-1``).
+        run_config: the run config every node's ``Context`` sees (the app's ``run_config``).
+        drop: optional predicate ``drop(message) -> bool``; a dropped message gets no reply,
+            like a node that went silent.
+
+    Attributes:
+        contexts: ``{node_id: Context}``, the committed per-node state (inspect it in tests).
+        delivered: list of every delivered instruction message, in order.
+
+    Raises:
+        ValueError: ``num_nodes < 1``.
+    """
+
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        run_config: Mapping[str, object] | None = None,
+        drop: Callable[[Message], bool] | None = None,
+    ) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        set_task_identity()
+        self._run = Run.create_empty(1)
+        self.app = client_app
+        self.drop = drop or (lambda m: False)
+        self.node_ids = [1_000_003 + 7919 * i for i in range(num_nodes)]
+        self.contexts = {
+            nid: Context(
+                run_id=1,
+                node_id=nid,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for i, nid in enumerate(self.node_ids)
+        }
+        self.delivered: list[Message] = []
+        self._replies: dict[str, Message] = {}
+
+    def partition_of(self, node_id: int) -> int:
+        """Partition-id of a node id (test convenience)."""
+        return self.node_ids.index(node_id)
+
+    # Grid API -----------------------------------------------------------------
+    def set_run(self, run_id: int) -> None:  # noqa: D102 - Grid API
+        self._run = Run.create_empty(run_id)
+
+    @property
+    def run(self) -> Run:  # noqa: D102 - Grid API
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102 - Grid API
+        return list(self.node_ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        ids = []
+        for msg in messages:
+            mid = uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid
+            ids.append(mid)
+            dst = msg.metadata.dst_node_id
+            if dst not in self.contexts:
+                raise ValueError(f"message to unknown node_id {dst}")
+            if self.drop(msg):
+                continue
+            self.delivered.append(msg)
+            ctx = copy.deepcopy(self.contexts[dst])
+            try:
+                reply = self.app(msg, ctx)
+                self.contexts[dst] = ctx  # commit on success only, as Flower does
+            except Exception as exc:  # noqa: BLE001 - emulate the engine's error reply
+                reply = Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=repr(exc)), reply_to=msg)
+            self._replies[mid] = reply
+        return ids
+
+    def pull_messages(self, message_ids=None, *, reply_to_message_ids=None):  # noqa: D102
+        ids = reply_to_message_ids if reply_to_message_ids is not None else message_ids
+        return [self._replies.pop(i) for i in list(ids or []) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):  # noqa: D102
+        return self.pull_messages(self.push_messages(list(messages)))

@@ -1,0 +1,216 @@
+"""Communication graphs (paper Sec. 5 "Network topology"; notes ``anchor-sfrl-reference.md`` s1.4).
+
+Nodes are partition ids ``0..N-1``; graphs are undirected, simple ``networkx.Graph`` objects.
+Edge orientation (head/tail by stalk dimension) is *not* decided here; see :mod:`flwr_sheaf.sheaf`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Iterable, Sequence
+
+import networkx as nx
+
+__all__ = [
+    "class_overlap_graph",
+    "ring_graph",
+    "complete_graph",
+    "edge_list_graph",
+    "build_graph",
+    "validate_graph",
+    "GRAPH_SPECS",
+]
+
+#: Accepted ``spec`` forms of :func:`build_graph` (used in error messages).
+GRAPH_SPECS = ("class-overlap", "class-overlap:<density in (0,1]>", "ring", "complete", "<edge list, e.g. 0-1,1-2>")
+
+_EDGE_LIST_RE = re.compile(r"\s*\d+\s*-\s*\d+\s*(,\s*\d+\s*-\s*\d+\s*)*")
+
+
+def _check_num_nodes(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"number of nodes must be a positive integer, got {n!r}")
+    return int(n)
+
+
+def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.4) -> nx.Graph:
+    """The paper's class-overlap graph: maximum spanning tree + heaviest extra edges.
+
+    With ``w_ij = |C_i ∩ C_j|`` on the complete graph over ``N`` agents, take
+    ``networkx.maximum_spanning_tree`` (Kruskal; complete-graph edges are inserted in
+    lexicographic ``(i, j)`` order, which fixes tie-breaking as in the reference code), then add
+    the remaining pairs by descending ``w`` (ties by ``(min, max)`` index) until the graph has
+    ``floor(density * N (N-1) / 2)`` edges. Pairs with ``w = 0`` are eligible like any other (the
+    reference does the same), so a small budget never leaves the graph disconnected.
+
+    For the paper's 15 class sets and density 0.4 this gives 42 edges (notes s1.4).
+
+    Args:
+        class_sets: ``N`` non-empty collections of class ids (agent ``i`` = node ``i``).
+        density: target edge density in (0, 1] (paper: 0.4).
+
+    Returns:
+        ``nx.Graph`` with nodes ``0..N-1`` and an int ``weight`` attribute ``w_ij`` on every edge.
+
+    Raises:
+        ValueError: if ``class_sets`` is empty, a class set is empty (names the agent), ``density``
+            is outside (0, 1] (names it), or the edge budget is below ``N - 1`` (a spanning tree
+            would not fit; names both numbers).
+    """
+    if isinstance(class_sets, (str, bytes)) or len(class_sets) == 0:
+        raise ValueError(f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}")
+    sets = []
+    for i, cs in enumerate(class_sets):
+        members = set(cs)
+        if not members:
+            raise ValueError(f"class set of agent {i} is empty")
+        sets.append(members)
+    if isinstance(density, bool) or not isinstance(density, numbers.Real) or not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density!r}")
+    n = len(sets)
+    num_pairs = n * (n - 1) // 2
+    budget = math.floor(density * num_pairs + 1e-9)  # guard float noise, e.g. 0.4 * 105
+    if budget < n - 1:
+        raise ValueError(
+            f"edge budget floor({density} * {num_pairs}) = {budget} is below N - 1 = {n - 1}; "
+            "a connected graph needs a larger density"
+        )
+
+    full = nx.Graph()
+    full.add_nodes_from(range(n))
+    for i in range(n):
+        for j in range(i + 1, n):
+            full.add_edge(i, j, weight=len(sets[i] & sets[j]))
+
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from(nx.maximum_spanning_tree(full, weight="weight", algorithm="kruskal").edges(data=True))
+    extra = sorted(
+        ((d["weight"], i, j) for i, j, d in full.edges(data=True) if not graph.has_edge(i, j)),
+        key=lambda t: (-t[0], min(t[1], t[2]), max(t[1], t[2])),
+    )
+    for w, i, j in extra[: max(0, budget - graph.number_of_edges())]:
+        graph.add_edge(i, j, weight=w)
+    return graph
+
+
+def ring_graph(n: int) -> nx.Graph:
+    """Cycle ``0-1-...-(n-1)-0`` (one edge for ``n = 2``, a lone node for ``n = 1``).
+
+    Raises:
+        ValueError: if ``n`` is not a positive integer.
+    """
+    n = _check_num_nodes(n)
+    return nx.path_graph(n) if n < 3 else nx.cycle_graph(n)
+
+
+def complete_graph(n: int) -> nx.Graph:
+    """All ``n (n-1) / 2`` pairs connected.
+
+    Raises:
+        ValueError: if ``n`` is not a positive integer.
+    """
+    return nx.complete_graph(_check_num_nodes(n))
+
+
+def edge_list_graph(spec: str, n: int) -> nx.Graph:
+    """Graph on nodes ``0..n-1`` with the edges of ``spec`` (``"i-j,k-l,..."``, spaces allowed).
+
+    Raises:
+        ValueError: for a malformed token, a self-loop, a repeated edge (in either direction), or
+            an endpoint outside ``[0, n)`` (each named). Connectivity is checked by
+            :func:`validate_graph`, not here.
+    """
+    n = _check_num_nodes(n)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    for token in str(spec).split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", token)
+        if m is None:
+            raise ValueError(f"malformed edge {token!r} in edge list {spec!r}; expected 'i-j'")
+        i, j = int(m.group(1)), int(m.group(2))
+        if i == j:
+            raise ValueError(f"self-loop {token.strip()!r} in edge list {spec!r}")
+        for v in (i, j):
+            if v >= n:
+                raise ValueError(f"node {v} in edge {token.strip()!r} is outside [0, {n})")
+        if graph.has_edge(i, j):
+            raise ValueError(f"edge {i}-{j} appears twice in edge list {spec!r}")
+        graph.add_edge(i, j)
+    return graph
+
+
+def build_graph(spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] | None = None) -> nx.Graph:
+    """Build and validate a topology from a run-config string.
+
+    Args:
+        spec: ``"class-overlap"`` (density 0.4), ``"class-overlap:<density>"``, ``"ring"``,
+            ``"complete"`` or an edge list such as ``"0-1,1-2,2-3"``.
+        num_nodes: ``N``; nodes are ``0..N-1``.
+        class_sets: the agents' class sets, required by ``class-overlap`` (length ``N``).
+
+    Returns:
+        A connected, simple ``nx.Graph`` on ``0..N-1`` (checked by :func:`validate_graph`).
+
+    Raises:
+        ValueError: unknown spec (named, valid forms listed), missing/mis-sized ``class_sets``
+            for ``class-overlap``, bad density, or a graph that fails :func:`validate_graph`.
+    """
+    n = _check_num_nodes(num_nodes)
+    text = str(spec).strip()
+    if text == "class-overlap" or text.startswith("class-overlap:"):
+        if class_sets is None:
+            raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
+        if len(class_sets) != n:
+            raise ValueError(f"graph spec {spec!r}: {len(class_sets)} class sets for {n} nodes")
+        density = 0.4
+        if ":" in text:
+            raw = text.split(":", 1)[1].strip()
+            try:
+                density = float(raw)
+            except ValueError:
+                raise ValueError(f"graph spec {spec!r}: density {raw!r} is not a number") from None
+        graph = class_overlap_graph(class_sets, density)
+    elif text == "ring":
+        graph = ring_graph(n)
+    elif text == "complete":
+        graph = complete_graph(n)
+    elif _EDGE_LIST_RE.fullmatch(text):
+        graph = edge_list_graph(text, n)
+    else:
+        raise ValueError(f"unknown graph spec {spec!r}; valid forms: {', '.join(GRAPH_SPECS)}")
+    validate_graph(graph, range(n))
+    return graph
+
+
+def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
+    """Check that ``graph`` is a usable topology for the nodes ``partition_ids``.
+
+    Args:
+        graph: undirected ``nx.Graph`` whose nodes are partition ids.
+        partition_ids: the partition ids that take part (each must be a node).
+
+    Raises:
+        ValueError: if the graph is directed or a multigraph, has a self-loop (named), has a node
+            that is not a partition id (named), misses a partition id (named), is empty, or is
+            not connected (the components are listed).
+    """
+    if graph.is_directed() or graph.is_multigraph():
+        raise ValueError(f"topology must be an undirected simple nx.Graph, got {type(graph).__name__}")
+    ids = set(partition_ids)
+    loops = sorted(u for u, _ in nx.selfloop_edges(graph))
+    if loops:
+        raise ValueError(f"graph has self-loops at nodes {loops}")
+    unknown = sorted(set(graph.nodes) - ids, key=repr)
+    if unknown:
+        raise ValueError(f"graph node(s) {unknown} are not partition ids {sorted(ids, key=repr)}")
+    missing = sorted(ids - set(graph.nodes), key=repr)
+    if missing:
+        raise ValueError(f"partition id(s) {missing} have no node in the graph")
+    if graph.number_of_nodes() == 0:
+        raise ValueError("graph has no nodes")
+    components = [sorted(c) for c in nx.connected_components(graph)]
+    if len(components) > 1:
+        raise ValueError(f"graph is not connected: {len(components)} components {sorted(components)}")
