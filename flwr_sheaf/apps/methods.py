@@ -33,5 +33,7 @@ def build_strategy(rc: Mapping, scenario: Scenario) -> PeerStrategy:
             lambda_warmup_rounds=int(v("lambda-warmup-rounds")),
             fraction_train=float(v("fraction-train")),
             seed=int(v("seed")),
+            evaluate_every=int(v("evaluate-every")),
+            num_rounds=int(v("num-server-rounds")),
         )
     raise ValueError(f"unknown method {method!r}; valid methods: {METHODS}")

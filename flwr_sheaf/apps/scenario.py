@@ -42,6 +42,7 @@ DEFAULTS: dict[str, object] = {
     "whitening-shrinkage": 0.0,
     "whitening-eps": 1e-3,
     "torch-threads": 1,
+    "evaluate-every": 1,
     "results-dir": "results/default",
 }
 

@@ -35,20 +35,11 @@ from torch import nn
 
 from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty, procrustes
 from ..sheaf.whitening import low_variance_fraction
-from .task import LocalTask, TaskFactory, load_module_state, numpy_record, save_module_state, set_torch_threads
+from .common import build, cached_pilots, edges_from_config, model_key, neighbour_arrays, whitened_pilots
+from .evaluation import register_evaluation_handlers, register_query_handler, store_pilots
+from .task import LocalTask, TaskFactory, numpy_record, save_module_state
 
-__all__ = ["register_sheaf_handlers", "SheafTrainConfig", "accuracy", "transport"]
-
-MODEL_KEY = "sheaf.model"
-PILOTS_KEY = "sheaf.pilots"
-
-
-def _cached_pilots(context: Context) -> torch.Tensor | None:
-    """This node's whitened pilots ``(K, d_i)`` from the end of its last training round, if any."""
-    if PILOTS_KEY not in context.state:
-        return None
-    return torch.from_numpy(context.state[PILOTS_KEY]["pilots"].numpy().copy())
-
+__all__ = ["register_sheaf_handlers", "SheafTrainConfig", "train_sheaf"]
 
 class SheafTrainConfig:
     """Local-training hyper-parameters read from a message's ``config`` record (with defaults).
@@ -77,72 +68,9 @@ class SheafTrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {v}")
 
 
-def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
-    """Top-1 accuracy of ``(M, C)`` logits against ``(M,)`` labels (nan for M = 0)."""
-    if y.numel() == 0:
-        return float("nan")
-    return float((logits.argmax(1) == y).float().mean())
-
-
-def transport(z_src: torch.Tensor, v: torch.Tensor, receiver_is_head: bool) -> torch.Tensor:
-    """Move row-wise whitened latents ``(M, d_src)`` into the receiver's stalk (Eq. 22).
-
-    ``V`` is ``(d_head, d_tail)``. Receiver head: ``z_h = V z_t`` (rows ``Z V^T``);
-    receiver tail: ``z_t = V^T z_h`` (rows ``Z V``).
-    """
-    return z_src @ v.T if receiver_is_head else z_src @ v
-
-
-@torch.no_grad()
-def _eval_latents(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
-    model.eval()
-    return torch.cat([model.latent(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else x.new_zeros(0, model.d)
-
-
-@torch.no_grad()
-def _eval_logits(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
-    model.eval()
-    return torch.cat([model.private_logits(x[i : i + batch]) for i in range(0, len(x), batch)])
-
-
-def _neighbour_arrays(rec: ArrayRecord, prefix: str = "") -> dict[int, torch.Tensor]:
-    out = {}
-    for key in rec.keys():
-        if prefix and not key.startswith(prefix):
-            continue
-        pid = int(key[len(prefix):])
-        out[pid] = torch.from_numpy(np.ascontiguousarray(rec[key].numpy())).float()
-    return out
-
-
-def _edges_from_config(cfg: Mapping) -> list[tuple[int, int, bool]]:
-    """(neighbour, d_j, i_is_head) triples from the message config (lists aligned by index)."""
-    nbrs = [int(x) for x in cfg.get("neighbours", [])]
-    dims = [int(x) for x in cfg.get("neighbour-dims", [])]
-    heads = [bool(int(x)) for x in cfg.get("i-is-head", [])]
-    if not (len(nbrs) == len(dims) == len(heads)):
-        raise ValueError(f"malformed neighbour config: {len(nbrs)} neighbours, {len(dims)} dims, {len(heads)} roles")
-    return list(zip(nbrs, dims, heads))
-
-
-def _build(factory: TaskFactory, context: Context, cfg: SheafTrainConfig | None = None):
-    set_torch_threads(context)
-    task = factory(context)
-    model = task.model
-    opt = None
-    if cfg is not None:
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    load_module_state(context, MODEL_KEY, model, opt)
-    return task, model, opt
-
-
-def _whitened_pilots(model: nn.Module, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them."""
-    z = _eval_latents(model, x_pilot)
-    model.whitening.fit(z)
-    model.whitening.eval()
-    with torch.no_grad():
-        return z, model.whitening(z)
+def cfg_rec_sgd(cfg: "SheafTrainConfig") -> dict:
+    """SGD settings of a :class:`SheafTrainConfig` in :func:`~flwr_sheaf.client.common.build`'s form."""
+    return {"lr": cfg.lr, "momentum": cfg.momentum, "weight-decay": cfg.weight_decay}
 
 
 def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, cfg: SheafTrainConfig,
@@ -177,7 +105,7 @@ def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, c
     for _epoch in range(cfg.local_epochs):
         maps = {}
         if active and cfg.lam > 0:
-            own = own_pilots if (_epoch == 0 and own_pilots is not None) else _whitened_pilots(model, task.x_pilot)[1]
+            own = own_pilots if (_epoch == 0 and own_pilots is not None) else whitened_pilots(model, task.x_pilot)[1]
             for j, _, i_head in active:
                 a_j = neighbour_pilots[j]
                 maps[j] = procrustes(own, a_j) if i_head else procrustes(a_j, own)
@@ -227,32 +155,23 @@ def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = 
         ``app`` (for chaining).
     """
 
-    @app.query(action)
-    def _query(msg: Message, context: Context) -> Message:
-        task = factory(context)
-        info = MetricRecord({
-            "partition-id": int(context.node_config["partition-id"]),
-            "num-partitions": int(context.node_config.get("num-partitions", 0)),
-            "d": int(task.model.d),
-            "classes": [int(c) for c in task.classes],
-            "num-pilots": int(task.x_pilot.shape[0]),
-        })
-        return Message(RecordDict({"info": info}), reply_to=msg)
+    register_query_handler(app, factory, action)
+    register_evaluation_handlers(app, factory, action)
 
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
         cfg_rec = msg.content["config"]
         cfg = SheafTrainConfig(cfg_rec)
-        task, model, opt = _build(factory, context, cfg)
-        edges = _edges_from_config(cfg_rec)
-        pilots = _neighbour_arrays(msg.content["pilots"]) if "pilots" in msg.content else {}
+        task, model, opt = build(factory, context, action, sgd=cfg_rec_sgd(cfg))
+        edges = edges_from_config(cfg_rec)
+        pilots = neighbour_arrays(msg.content["pilots"]) if "pilots" in msg.content else {}
         unknown = sorted(set(pilots) - {j for j, _, _ in edges})
         if unknown:
             raise ValueError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
-        metrics = train_sheaf(task, model, opt, cfg, pilots, edges, own_pilots=_cached_pilots(context))
-        z, a = _whitened_pilots(model, task.x_pilot)
-        save_module_state(context, MODEL_KEY, model, opt)
-        context.state[PILOTS_KEY] = numpy_record({"pilots": a.numpy(), "low-variance-fraction": np.array([low_variance_fraction(z)])})
+        metrics = train_sheaf(task, model, opt, cfg, pilots, edges, own_pilots=cached_pilots(context, action))
+        z, a = whitened_pilots(model, task.x_pilot)
+        save_module_state(context, model_key(action), model, opt)
+        store_pilots(context, action, z, a)
         reply = RecordDict({
             "pilots": numpy_record({"pilots": a.numpy()}),
             "metrics": MetricRecord({
@@ -266,58 +185,5 @@ def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = 
             }),
         })
         return Message(reply, reply_to=msg)
-
-    @app.evaluate(action)
-    def _evaluate(msg: Message, context: Context) -> Message:
-        task, model, _ = _build(factory, context)
-        a = _cached_pilots(context)
-        if a is None:  # never trained: fit the whitening on the initial encoder's pilots
-            z, a = _whitened_pilots(model, task.x_pilot)
-            lvf = low_variance_fraction(z)
-        else:
-            lvf = float(context.state[PILOTS_KEY]["low-variance-fraction"].numpy()[0])
-        with torch.no_grad():
-            zt = model.whitening(_eval_latents(model, task.x_test))
-            zv = model.whitening(_eval_latents(model, task.x_val))
-        arrays = numpy_record({
-            "pilots": a.numpy(),
-            "test-latents": zt.numpy(), "test-labels": task.y_test.numpy(),
-            "val-latents": zv.numpy(), "val-labels": task.y_val.numpy(),
-        })
-        metrics = MetricRecord({
-            "private-accuracy": accuracy(_eval_logits(model, task.x_test), task.y_test),
-            "val-private-accuracy": accuracy(_eval_logits(model, task.x_val), task.y_val),
-            "num-test": int(task.y_test.numel()),
-            "low-variance-fraction": lvf,
-            "d": int(model.d),
-        })
-        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
-
-    @app.evaluate(f"{action}_comm")
-    def _evaluate_comm(msg: Message, context: Context) -> Message:
-        task, model, _ = _build(factory, context)
-        own = _cached_pilots(context)
-        if own is None:
-            _, own = _whitened_pilots(model, task.x_pilot)
-        edges = _edges_from_config(msg.content["config"])
-        rec = msg.content["arrays"]
-        src, acc_test, acc_val = [], [], []
-        for j, dj, i_head in edges:
-            a_j = torch.from_numpy(rec[f"{j}/pilots"].numpy()).float()
-            check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
-            v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
-            res = []
-            for split in ("test", "val"):
-                z = torch.from_numpy(rec[f"{j}/{split}-latents"].numpy()).float()
-                y = torch.from_numpy(rec[f"{j}/{split}-labels"].numpy()).long()
-                check_pilots(z, f"{split} latents of neighbour partition-id {j}", d=dj)
-                model.eval()
-                with torch.no_grad():
-                    res.append(accuracy(model.classify_whitened(transport(z, v, i_head)), y))
-            src.append(j)
-            acc_test.append(res[0])
-            acc_val.append(res[1])
-        metrics = MetricRecord({"src": src, "communication-accuracy": acc_test, "val-communication-accuracy": acc_val})
-        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app

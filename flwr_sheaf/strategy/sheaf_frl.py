@@ -32,7 +32,7 @@ from flwr.serverapp import Grid
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
 from ..client.task import numpy_record
-from .base import PeerStrategy
+from .graph import GraphStrategy, nanmean
 
 __all__ = ["SheafFRL", "ABSENT_POLICIES"]
 
@@ -40,12 +40,7 @@ log = logging.getLogger("flwr_sheaf")
 ABSENT_POLICIES = ("cached", "drop")
 
 
-def _nanmean(xs: Iterable[float]) -> float:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    return float(np.mean(xs)) if xs else float("nan")
-
-
-class SheafFRL(PeerStrategy):
+class SheafFRL(GraphStrategy):
     """Sheaf-FRL relay strategy (paper Alg. 1 over Flower messages).
 
     Args:
@@ -58,7 +53,8 @@ class SheafFRL(PeerStrategy):
         absent_policy: ``"cached"`` (default) or ``"drop"``.
         lambda_warmup_rounds: lambda ramps linearly from lambda/W to lambda over the first W rounds.
         action: message action name (default ``"sheaf"``).
-        **kwargs: sampling options of :class:`PeerStrategy` (fraction_train, participation, seed, ...).
+        **kwargs: :class:`GraphStrategy` / :class:`PeerStrategy` options (evaluate_every, num_rounds,
+            fraction_train, participation, seed, ...).
 
     Raises:
         ValueError: unknown absent policy; (at discovery) a graph that is not connected or names a
@@ -67,49 +63,15 @@ class SheafFRL(PeerStrategy):
 
     def __init__(self, num_nodes: int, graph: nx.Graph | str = "class-overlap", train_config: Mapping | None = None,
                  absent_policy: str = "cached", lambda_warmup_rounds: int = 0, action: str = "sheaf", **kwargs) -> None:
-        super().__init__(num_nodes=num_nodes, action=action, **kwargs)
+        super().__init__(num_nodes=num_nodes, graph=graph, action=action, **kwargs)
         if absent_policy not in ABSENT_POLICIES:
             raise ValueError(f"absent policy must be one of {ABSENT_POLICIES}, got {absent_policy!r}")
-        self.graph_spec = graph
-        self.graph: nx.Graph | None = None
         self.train_config = dict(train_config or {})
         self.absent_policy = absent_policy
         self.lambda_warmup_rounds = int(lambda_warmup_rounds)
         self.bank: dict[int, np.ndarray] = {}
         self.bank_round: dict[int, int] = {}
-        self.eval_phase1: dict[int, Message] = {}
-        self.edge_results: list[dict] = []
-        self.node_results: dict[int, dict] = {}
         self._train_metrics: dict = {}
-
-    # ------------------------------------------------------------------ graph
-    def on_discovered(self) -> None:
-        """Build (if a spec), validate and orient the graph from the discovered nodes."""
-        classes = [self.nodes[p].classes for p in range(self.num_nodes)]
-        if isinstance(self.graph_spec, str):
-            self.graph = build_graph(self.graph_spec, self.num_nodes, class_sets=classes)
-        else:
-            self.graph = self.graph_spec
-        validate_graph(self.graph, range(self.num_nodes))
-        ks = {int(n.extra.get("num-pilots", -1)) for n in self.nodes.values()}
-        if len(ks) > 1:
-            raise ValueError(f"nodes report different pilot counts {sorted(ks)}: pilots must be shared")
-        self.num_pilots = ks.pop()
-        log.info("Sheaf-FRL graph: %d nodes, %d edges", self.graph.number_of_nodes(), self.graph.number_of_edges())
-
-    def oriented_edges(self) -> list[tuple[int, int]]:
-        """All edges as (head, tail) pairs (larger d is head; ties: larger partition-id)."""
-        d = {p: n.d for p, n in self.nodes.items()}
-        return sorted(orient_edge(a, d[a], b, d[b]) for a, b in self.graph.edges)
-
-    def _edge_config(self, pid: int) -> dict:
-        nbrs = sorted(self.graph.neighbors(pid))
-        d = {p: n.d for p, n in self.nodes.items()}
-        return {
-            "neighbours": nbrs,
-            "neighbour-dims": [d[j] for j in nbrs],
-            "i-is-head": [int(orient_edge(pid, d[pid], j, d[j])[0] == pid) for j in nbrs],
-        }
 
     def lam(self, server_round: int) -> float:
         """Lambda used in ``server_round`` (linear warm-up over ``lambda_warmup_rounds``)."""
@@ -164,85 +126,8 @@ class SheafFRL(PeerStrategy):
             lvf.append(float(m["low-variance-fraction"]))
         ages = [server_round - self.bank_round[p] for p in self.bank_round]
         self._train_metrics = {
-            "ce": _nanmean(ce), "gluing_loss": _nanmean(glue), "lambda": self.lam(server_round),
-            "num_trained": len(ce), "pilot_age_mean": _nanmean(ages), "pilot_age_max": max(ages) if ages else 0,
+            "ce": nanmean(ce), "gluing_loss": nanmean(glue), "lambda": self.lam(server_round),
+            "num_trained": len(ce), "pilot_age_mean": nanmean(ages), "pilot_age_max": max(ages) if ages else 0,
         }
         self._round.update(self._train_metrics)
         return None, MetricRecord({k: float(v) for k, v in self._train_metrics.items()})
-
-    # ------------------------------------------------------------------ evaluate
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Phase 1 (private accuracy, latents) runs here; returns the phase-2 routing messages."""
-        self.ensure_discovered(grid)
-        pids = sorted(self.nodes)
-        p1 = [self.message(p, RecordDict({"config": ConfigRecord({"server-round": server_round})}), "evaluate", server_round) for p in pids]
-        self.eval_phase1 = self.split_replies(server_round, "evaluate", grid.send_and_receive(p1), pids)
-        msgs = []
-        for pid in pids:
-            if pid not in self.eval_phase1:
-                continue
-            ec = self._edge_config(pid)
-            keep = [i for i, j in enumerate(ec["neighbours"]) if j in self.eval_phase1]
-            ec = {k: [v[i] for i in keep] for k, v in ec.items()}
-            arrs = {}
-            for j in ec["neighbours"]:
-                src = self.eval_phase1[j].content["arrays"]
-                for key in ("pilots", "test-latents", "test-labels", "val-latents", "val-labels"):
-                    arrs[f"{j}/{key}"] = src[key].numpy()
-            content = RecordDict({"arrays": numpy_record(arrs), "config": ConfigRecord({**ec, "server-round": server_round})})
-            msgs.append(self.message(pid, content, "evaluate", server_round, action=f"{self.action}_comm"))
-        self._round["comm_receivers"] = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
-        return msgs
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Private and communication accuracy (per edge, per receiver, degree-weighted; Eq. 22)."""
-        ok = self.split_replies(server_round, "evaluate_comm", replies, self._round.get("comm_receivers", []))
-        nodes = {}
-        for pid, r in self.eval_phase1.items():
-            m = r.content["metrics"]
-            nodes[pid] = {"d": int(m["d"]), "private_accuracy": float(m["private-accuracy"]),
-                          "val_private_accuracy": float(m["val-private-accuracy"]),
-                          "low_variance_fraction": float(m["low-variance-fraction"])}
-        edges = []
-        for dst, r in ok.items():
-            m = r.content["metrics"]
-            for src, acc, vacc in zip(m["src"], m["communication-accuracy"], m["val-communication-accuracy"]):
-                edges.append({"src": int(src), "dst": int(dst), "communication_accuracy": float(acc),
-                              "val_communication_accuracy": float(vacc)})
-        summary = summarise_accuracies(nodes, edges)
-        self.node_results, self.edge_results = nodes, edges
-        rec = self.end_round(**summary)
-        log.info(
-            "round %3d | private %.3f | comm (deg.-weighted) %.3f | comm (receivers) %.3f | gluing %.4f | %.1f s",
-            server_round, rec["private_accuracy_mean"], rec["communication_accuracy_degree_weighted"],
-            rec["communication_accuracy_mean"], rec.get("gluing_loss", float("nan")), rec["wall_seconds"],
-        )
-        return MetricRecord({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-
-
-def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> dict:
-    """Round summary of private and communication accuracy (paper Eq. 22, Fig. 2).
-
-    Args:
-        nodes: per partition-id ``{"private_accuracy", "val_private_accuracy", "low_variance_fraction"}``.
-        edges: directed edges ``{"src", "dst", "communication_accuracy", "val_communication_accuracy"}``
-            (``dst`` is the receiver).
-
-    Returns:
-        ``private_accuracy_mean``; ``communication_accuracy_mean`` (mean over receivers of their
-        mean over incoming edges, the reference code's average); ``communication_accuracy_degree_weighted``
-        (sum_i deg_i A_i / sum_i deg_i = mean over directed edges, the paper's Fig. 2); the same for
-        validation with a ``val_`` prefix; ``low_variance_fraction_mean``.
-    """
-    out = {
-        "private_accuracy_mean": _nanmean(n["private_accuracy"] for n in nodes.values()),
-        "val_private_accuracy_mean": _nanmean(n["val_private_accuracy"] for n in nodes.values()),
-        "low_variance_fraction_mean": _nanmean(n.get("low_variance_fraction", float("nan")) for n in nodes.values()),
-    }
-    for prefix, key in (("", "communication_accuracy"), ("val_", "val_communication_accuracy")):
-        per_recv: dict[int, list[float]] = {}
-        for e in edges:
-            per_recv.setdefault(e["dst"], []).append(e[key])
-        out[f"{prefix}communication_accuracy_mean"] = _nanmean(_nanmean(v) for v in per_recv.values())
-        out[f"{prefix}communication_accuracy_degree_weighted"] = _nanmean(e[key] for e in edges)
-    return out
