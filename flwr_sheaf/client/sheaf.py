@@ -124,7 +124,7 @@ def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, c
                 terms = [EdgeTerm(j, neighbour_pilots[j][pidx], maps[j], hd) for j, _, hd in active]
                 pen, per_edge = local_gluing_penalty(a_i, terms, cfg.lam)
                 loss = loss + pen
-                sums["gluing"] += float(pen)
+                sums["gluing"] += float(pen.detach())
                 for j, r in per_edge.items():
                     edge_res[j] += r
                 model.train()
