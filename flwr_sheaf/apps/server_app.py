@@ -24,8 +24,12 @@ def run_server(grid: Grid, run_config: dict) -> Path:
     Returns:
         Path of the written ``results.json``.
     """
-    logging.basicConfig(level=logging.INFO)
-    log.setLevel(logging.INFO)
+    if not log.handlers:  # our own progress lines only; leave the root logger to the host app
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[flwr-sheaf] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
     rc = dict(run_config)
     scenario = Scenario.from_run_config(rc)
     strategy = build_strategy(rc, scenario)

@@ -6,7 +6,7 @@ beside a user's default ``train``/``evaluate``:
 - ``query.rfedags``: discovery reply (partition-id, num-partitions, point size, num-examples);
 - ``train.rfedags``: receive the server point ``x_t`` (``ArrayRecord`` key ``"x"``, float64) and a
   ``ConfigRecord`` (``server-round``, ``local-steps`` K, ``step-size`` alpha_t, plus problem keys such
-  as ``seed``/``batch-size``), run paper Alg. 1's client loop
+  as ``seed``/``batch-size``), run the RFedAGS client loop (notes A.2 step 2)
   (:func:`flwr_sheaf.rfedags.client.local_gradient_stream`) and reply with the gradient stream
   ``zeta in T_{x_t} M`` (``ArrayRecord`` ``"stream"`` key ``"zeta"``, float64, same shape as ``x``)
   and a ``MetricRecord`` (``num-examples``, ``tangent-error``, ``local-cost-start``).
@@ -121,7 +121,7 @@ def register_rfedags_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = "rfedags",
 ) -> ClientApp:
-    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (paper Alg. 1, client part).
+    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (client loop, notes A.2 step 2).
 
     Args:
         app: the ClientApp to extend; its own handlers are untouched.

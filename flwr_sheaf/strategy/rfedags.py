@@ -1,7 +1,7 @@
 """RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
 
-Server part of paper Alg. 1 on Flower's Message API (notes ``anchor-rfedags-fedsaf-fedproto.md`` A.2,
-A.6). Per server round ``t``:
+Server part of RFedAGS on Flower's Message API (notes ``anchor-rfedags-fedsaf-fedproto.md`` A.2 step 4,
+A.3, A.6). Per server round ``t``:
 
 1. ``configure_train``: discovery once (``query.rfedags``: node id <-> partition-id), then the
    responding set ``S_t`` is drawn per partition-id as independent Bernoulli(p_i)
@@ -37,7 +37,7 @@ from ..rfedags.manifolds import Manifold, Sphere, Stiefel
 from ..rfedags.participation import DEFAULT_Q_MIN, bernoulli_participation, check_probabilities
 from .base import PeerStrategy
 
-__all__ = ["RFedAGS", "PARAM_KEY"]
+__all__ = ["RFedAGS", "PARAM_KEY", "participation_from_config"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -60,8 +60,43 @@ def _probabilities(num_nodes: int, participation: Mapping[int, float] | Sequence
     return check_probabilities(vec, "participation")
 
 
+def participation_from_config(spec: str | float | int, num_nodes: int) -> np.ndarray:
+    """Participation probabilities from a run-config value (run configs cannot hold lists).
+
+    Accepted forms: a number ``"0.5"`` (same p for every node); a comma-separated list
+    ``"0.9,0.9,0.2"`` (one per partition-id); ``"uniform"`` or ``"uniform:<seed>"`` (``p_i ~ U(0, 1)``
+    i.i.d., the paper's PCA setting, via :func:`flwr_sheaf.rfedags.pca.paper_participation`).
+
+    Returns:
+        ``(num_nodes,)`` float64 probabilities.
+
+    Raises:
+        ValueError: unparsable spec, wrong count, or a value outside ``[0, 1]`` (named).
+    """
+    from ..rfedags.pca import paper_participation
+
+    text = str(spec).strip()
+    if text.startswith("uniform"):
+        _, _, seed = text.partition(":")
+        try:
+            return paper_participation(num_nodes, seed=int(seed) if seed else 0)
+        except ValueError as exc:
+            raise ValueError(f"participation spec {text!r}: {exc}") from None
+    try:
+        vals = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(
+            f"participation spec {text!r} is neither a number, a comma-separated list nor 'uniform[:seed]'"
+        ) from None
+    if len(vals) == 1:
+        vals = vals * num_nodes
+    if len(vals) != num_nodes:
+        raise ValueError(f"participation spec {text!r} has {len(vals)} values, expected {num_nodes}")
+    return check_probabilities(vals, "participation")
+
+
 class RFedAGS(PeerStrategy):
-    """RFedAGS (Riemannian FL via averaging gradient streams, paper Alg. 1) as a Flower strategy.
+    """RFedAGS (Riemannian FL via averaging gradient streams; notes A.2) as a Flower strategy.
 
     Args:
         num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).

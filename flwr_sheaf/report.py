@@ -1,0 +1,40 @@
+"""Print the headline numbers of a ``results.json``: ``python -m flwr_sheaf.report PATH``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def summary_lines(results: dict) -> list[str]:
+    """Human-readable lines: method, final evaluated round, accuracies, collapse metric, timing."""
+    rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
+    if not rounds:
+        return ["no evaluated round in results"]
+    last = rounds[-1]
+    cfg = results.get("config", {})
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    return [
+        f"method {cfg.get('method', '?')} | lambda {cfg.get('lambda', '?')} | shift {cfg.get('shift', '?')} | "
+        f"zoo {cfg.get('zoo', '?')} | dataset {cfg.get('dataset', '?')}",
+        f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
+        f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "
+        f"(mean over receivers {fmt(last['communication_accuracy_mean'])})",
+        f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
+        f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m flwr_sheaf.report RESULTS_JSON", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(json.loads(Path(argv[0]).read_text()))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

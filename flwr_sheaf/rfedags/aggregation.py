@@ -1,0 +1,338 @@
+"""Server side of RFedAGS: weighting and averaging uploaded gradient streams, global step, retraction.
+
+RFedAGS server update (notes A.2 step 4; authors' sign convention)::
+
+    x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
+
+where ``zeta_i in T_{x_t} M`` is client ``i``'s gradient stream (sum of its ``K`` transported, *negative*
+step-scaled local gradients, see :mod:`flwr_sheaf.rfedags.client`) and the weights are
+
+* ``"corrected"`` (RFedAGS with unknown p: frequency estimates, paper Assumption 3.8): ``w_i = 1/(q_i^t N)`` with the frequency
+  estimate ``q_i^t`` of :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`;
+* ``"known-p"`` (the paper's update with true probabilities; notes A.2 item 4): ``w_i = 1/(p_i N)``; since
+  ``E[1{i in S_t}/(p_i N)] = 1/N`` the aggregate is unbiased for ``(1/N) sum_i zeta_i``;
+* ``"uncorrected"`` (the "AGS-RS" baseline, ``RFedAGSP__.m``): ``w_i = n_i / sum_{j in S_t} n_j``
+  (plain mean over responders for equal ``n_i``). Its expectation is ``sum_i p~_i zeta_i`` with
+  ``p~`` from :func:`effective_weights_uncorrected` (paper Theorem 2.1), i.e. it minimises the re-weighted
+  objective ``F~ = sum_i p~_i f_i``, not ``F``.
+
+Empty round (nobody responded): the direction is zero and the iterate is kept *exactly*
+(``x_{t+1} = x_t``, no retraction round-off). This replaces the authors' code fallback of forcing a
+random client in (which is available as ``force_one_if_empty`` in the participation sampler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from .manifolds import Manifold
+from .participation import DEFAULT_Q_MIN, FrequencyEstimator, check_probabilities
+
+__all__ = [
+    "MODES",
+    "participation_weights",
+    "aggregate_streams",
+    "server_update",
+    "effective_weights_uncorrected",
+    "RoundResult",
+    "RFedAGSServer",
+]
+
+#: Aggregation modes: frequency-corrected RFedAGS, RFedAGS with known p, uncorrected mean.
+MODES = ("corrected", "known-p", "uncorrected")
+
+
+def _mask(responded: np.ndarray | list[bool], n: int) -> np.ndarray:
+    mask = np.asarray(responded)
+    if mask.shape != (n,):
+        raise ValueError(f"responded mask must have shape ({n},), got {mask.shape}")
+    if mask.dtype != bool:
+        if not np.all((mask == 0) | (mask == 1)):
+            raise ValueError("responded mask must be boolean (or 0/1)")
+        mask = mask.astype(bool)
+    return mask
+
+
+def participation_weights(
+    responded: np.ndarray | list[bool],
+    mode: str,
+    *,
+    q: np.ndarray | None = None,
+    p: np.ndarray | None = None,
+    num_examples: np.ndarray | None = None,
+) -> np.ndarray:
+    """Aggregation weights ``w_i`` of one round (RFedAGS server step; notes A.2 items 4-5).
+
+    Args:
+        responded: ``(N,)`` bool mask of the responders ``S_t``.
+        mode: one of :data:`MODES`.
+        q: ``(N,)`` frequency estimates in ``(0, 1]`` (required for ``"corrected"``).
+        p: ``(N,)`` true probabilities (required for ``"known-p"``).
+        num_examples: optional ``(N,)`` positive sample counts ``n_i`` (``"uncorrected"`` only; default
+            equal counts, i.e. the plain mean over responders).
+
+    Returns:
+        ``(N,)`` float64 weights, 0 for non-responders; all 0 when nobody responded.
+        corrected: ``1/(q_i N)``; known-p: ``1/(p_i N)``; uncorrected: ``n_i / sum_{S_t} n_j``.
+
+    Raises:
+        ValueError: unknown ``mode``; missing/ill-shaped ``q``/``p``; a responder with ``q_i <= 0`` or
+            ``p_i <= 0`` (it could not have responded under Bernoulli(p_i) participation); a
+            non-positive ``num_examples`` entry of a responder.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if np.ndim(responded) != 1:
+        raise ValueError(f"responded mask must be 1-D, got shape {np.shape(responded)}")
+    n = int(np.shape(responded)[0])
+    mask = _mask(responded, n)
+    probs = np.empty(0)
+    if mode in ("known-p", "corrected"):
+        name = "p" if mode == "known-p" else "q"
+        vec = p if mode == "known-p" else q
+        if vec is None:
+            raise ValueError(f"mode {mode!r} needs the vector {name}")
+        probs = check_probabilities(vec, name)
+        if probs.size != n:
+            raise ValueError(f"{name} has {probs.size} entries but the responded mask has {n}")
+    w = np.zeros(n, dtype=np.float64)
+    if not mask.any():
+        return w
+    if mode in ("known-p", "corrected"):
+        bad = np.flatnonzero(mask & (probs <= 0.0))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"client {i} responded but {name}[{i}] = {float(probs[i])}; weight 1/({name}_i N) undefined"
+            )
+        w[mask] = 1.0 / (probs[mask] * n)
+        return w
+    if num_examples is None:
+        w[mask] = 1.0 / mask.sum()
+        return w
+    ne = np.asarray(num_examples, dtype=np.float64)
+    if ne.shape != (n,):
+        raise ValueError(f"num_examples must have shape ({n},), got {ne.shape}")
+    bad = np.flatnonzero(mask & ~(ne > 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"num_examples[{i}] = {float(ne[i])} must be positive for a responder")
+    w[mask] = ne[mask] / ne[mask].sum()
+    return w
+
+
+def aggregate_streams(
+    zetas: np.ndarray | Mapping[int, np.ndarray],
+    weights: np.ndarray,
+    point_shape: tuple[int, ...],
+) -> np.ndarray:
+    """Weighted sum ``sum_i w_i zeta_i`` of gradient streams in ``T_{x_t} M`` (notes A.2 step 3-4).
+
+    Args:
+        zetas: either an ``(N, *point_shape)`` array (rows of clients with ``w_i = 0`` are ignored and
+            may hold anything finite or NaN), or a mapping ``client index -> (*point_shape)`` array that
+            must contain every client with ``w_i != 0``.
+        weights: ``(N,)`` weights from :func:`participation_weights`.
+        point_shape: shape of one tangent vector, e.g. ``(d, r)``.
+
+    Returns:
+        ``(*point_shape)`` float64 direction (zeros if all weights vanish).
+
+    Raises:
+        ValueError: shape mismatch, a missing stream for a weighted client, or NaN/inf in a used stream.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError(f"weights must be 1-D, got shape {w.shape}")
+    out = np.zeros(point_shape, dtype=np.float64)
+    arr = None
+    if not isinstance(zetas, Mapping):
+        arr = np.asarray(zetas)
+        if arr.shape != (w.size, *point_shape):
+            raise ValueError(f"zetas must have shape {(w.size, *point_shape)}, got {arr.shape}")
+    for i in np.flatnonzero(w != 0.0):
+        i = int(i)
+        if arr is None:
+            if i not in zetas:
+                raise ValueError(f"weight of client {i} is {float(w[i])} but its stream is missing")
+            z = np.asarray(zetas[i], dtype=np.float64)
+        else:
+            z = arr[i].astype(np.float64)
+        if z.shape != tuple(point_shape):
+            raise ValueError(f"stream of client {i} has shape {z.shape}, expected {point_shape}")
+        if not np.all(np.isfinite(z)):
+            raise ValueError(f"stream of client {i} has NaN/inf entries")
+        out += w[i] * z
+    return out
+
+
+def server_update(
+    manifold: Manifold, x: np.ndarray, direction: np.ndarray, global_step: float = 1.0
+) -> np.ndarray:
+    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (notes A.2 step 4; authors use ``varpi = 1``).
+
+    Args:
+        manifold: manifold object (e.g. :class:`~flwr_sheaf.rfedags.manifolds.Stiefel`).
+        x: current point ``(*point_shape)``.
+        direction: aggregated tangent vector at ``x`` (already carries the minus sign and local steps).
+        global_step: ``varpi > 0``.
+
+    Returns:
+        New point (float64). If ``direction`` is exactly zero (empty round) ``x`` is returned unchanged
+        (a float64 copy), so an empty round keeps the iterate bit-for-bit.
+
+    Raises:
+        ValueError: non-positive or non-finite ``global_step``, NaN/inf direction.
+    """
+    if not (np.isfinite(global_step) and global_step > 0):
+        raise ValueError(f"global_step (varpi) must be a positive finite number, got {global_step!r}")
+    d = np.asarray(direction, dtype=np.float64)
+    if not np.all(np.isfinite(d)):
+        raise ValueError("aggregated direction has NaN/inf entries")
+    if not np.any(d):
+        return np.array(x, dtype=np.float64, copy=True)
+    return manifold.retr(x, global_step * d)
+
+
+def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
+    """Expected weights of the uncorrected mean over responders (paper Theorem 2.1; notes A.2 item 5).
+
+    ``p~_i = E[1{i in S}/|S|] = p_i * Integral_0^1 prod_{j != i} (1 - p_j + p_j t) dt`` for independent
+    ``1{j in S} ~ Bernoulli(p_j)`` (an empty round contributes 0, matching the keep-the-iterate fallback).
+    The integrand is a polynomial of degree ``N - 1`` in ``t``, so Gauss-Legendre quadrature with
+    ``ceil(N/2) + 1`` nodes evaluates it exactly (up to float64 round-off).
+
+    Args:
+        p: ``(N,)`` probabilities in ``[0, 1]``.
+
+    Returns:
+        ``(N,)`` float64 ``p~``; ``sum_i p~_i = 1 - prod_i (1 - p_i)`` (probability of a non-empty round).
+
+    Raises:
+        ValueError: invalid ``p``.
+    """
+    probs = check_probabilities(p)
+    n = probs.size
+    nodes, wts = np.polynomial.legendre.leggauss(n // 2 + 2)
+    t = 0.5 * (nodes + 1.0)
+    wts = 0.5 * wts
+    factors = 1.0 - probs[None, :] + probs[None, :] * t[:, None]  # (m, N)
+    out = np.empty(n)
+    for i in range(n):
+        prod = np.prod(np.delete(factors, i, axis=1), axis=1)
+        out[i] = probs[i] * np.dot(wts, prod)
+    return out
+
+
+@dataclass
+class RoundResult:
+    """Outcome of one server round.
+
+    Attributes:
+        x: new iterate ``x_{t+1}`` (float64, ``point_shape``).
+        direction: aggregated tangent vector at ``x_t`` (before ``varpi``).
+        weights: ``(N,)`` aggregation weights used.
+        estimates: ``(N,)`` probabilities the weights were built from (``q`` / ``p``; NaN for uncorrected).
+        num_responders: ``|S_t|``.
+    """
+
+    x: np.ndarray
+    direction: np.ndarray
+    weights: np.ndarray
+    estimates: np.ndarray
+    num_responders: int
+
+
+@dataclass
+class RFedAGSServer:
+    """Stateful RFedAGS server: current iterate, frequency counts, one :meth:`step` per round.
+
+    Implements the RFedAGS server update (notes A.2 step 4) with the weights of :func:`participation_weights`.
+    Client indices ``0..N-1`` (partition ids).
+
+    Args:
+        manifold: manifold object.
+        x: initial point ``x_0``.
+        num_clients: ``N``.
+        mode: one of :data:`MODES`.
+        p: true probabilities ``(N,)`` (required for ``"known-p"``, ignored otherwise).
+        q_min: floor of the frequency estimate (``"corrected"``).
+        global_step: ``varpi``.
+        estimate_includes_current: False (paper): ``q^t`` from rounds ``< t``; True (authors' code):
+            round ``t`` is counted before the weights are formed.
+
+    Raises:
+        ValueError: invalid mode, missing ``p`` for ``"known-p"``, size mismatch.
+    """
+
+    manifold: Manifold
+    x: np.ndarray
+    num_clients: int
+    mode: str = "corrected"
+    p: np.ndarray | None = None
+    q_min: float = DEFAULT_Q_MIN
+    global_step: float = 1.0
+    estimate_includes_current: bool = False
+    estimator: FrequencyEstimator = field(init=False)
+    round: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "known-p":
+            if self.p is None:
+                raise ValueError("mode 'known-p' needs p")
+            self.p = check_probabilities(self.p)
+            if self.p.size != self.num_clients:
+                raise ValueError(f"p has {self.p.size} entries, expected num_clients={self.num_clients}")
+        self.x = np.array(self.x, dtype=np.float64, copy=True)
+        self.estimator = FrequencyEstimator(self.num_clients, q_min=self.q_min)
+
+    def weights(self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Weights for the current round *without* changing state.
+
+        Returns:
+            ``(weights (N,), estimates (N,))`` as in :class:`RoundResult`.
+        """
+        mask = _mask(responded, self.num_clients)
+        if self.mode == "corrected":
+            q = self.estimator.estimate(mask if self.estimate_includes_current else None)
+            return participation_weights(mask, "corrected", q=q), q
+        if self.mode == "known-p":
+            return participation_weights(mask, "known-p", p=self.p), self.p.copy()
+        return (
+            participation_weights(mask, "uncorrected", num_examples=num_examples),
+            np.full(self.num_clients, np.nan),
+        )
+
+    def step(
+        self,
+        responded: np.ndarray | list[bool],
+        zetas: np.ndarray | Mapping[int, np.ndarray],
+        num_examples: np.ndarray | None = None,
+    ) -> RoundResult:
+        """Run one server round: weights -> weighted stream sum -> ``R_{x_t}(varpi * .)`` -> count.
+
+        Args:
+            responded: ``(N,)`` mask of the clients whose stream arrived.
+            zetas: streams, see :func:`aggregate_streams`.
+            num_examples: optional ``(N,)`` counts for ``"uncorrected"``.
+
+        Returns:
+            :class:`RoundResult`; ``self.x`` is updated and the estimator observes ``responded``.
+
+        Raises:
+            ValueError: see :func:`participation_weights` and :func:`aggregate_streams`.
+        """
+        mask = _mask(responded, self.num_clients)
+        w, est = self.weights(mask, num_examples)
+        direction = aggregate_streams(zetas, w, tuple(self.x.shape))
+        x_new = server_update(self.manifold, self.x, direction, self.global_step)
+        self.estimator.observe(mask)
+        self.x = x_new
+        self.round += 1
+        return RoundResult(x_new, direction, w, est, int(mask.sum()))

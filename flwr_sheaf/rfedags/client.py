@@ -1,0 +1,132 @@
+"""Client side of RFedAGS: K local Riemannian SGD steps and the transported gradient stream.
+
+RFedAGS client loop (notes A.2 step 2), in the authors' code convention (``RFedAGSP.m``):
+starting from the server point ``x_t = x_{t,0}``, for ``k = 0..K-1``
+
+    eta_k     = grad f_j(x_{t,k}; batch_k)               (Riemannian = projected Euclidean gradient)
+    v_k       = -alpha_t * eta_k                         (negative, step-scaled)
+    x_{t,k+1} = R_{x_{t,k}}(v_k)
+    stream_k  = T_{x_{t,k} -> x_t}(v_k)                  (k = 0: v_0 itself, no transport)
+
+and the client uploads ``zeta = sum_k stream_k in T_{x_t} M`` (NOT its end point ``x_{t,K}``).
+The paper writes ``zeta = alpha_t sum_k T(grad)`` and subtracts on the server; the code stores the
+negative vectors and the server adds. Both give the same ``x_{t+1}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .manifolds import Manifold
+
+__all__ = ["GradientStream", "local_gradient_stream", "step_size_schedule"]
+
+
+@dataclass
+class GradientStream:
+    """Result of one client's local phase.
+
+    Attributes:
+        steps: ``(K, *batch, *point_shape)`` float64: the transported vectors
+            ``T_{x_{t,k} -> x_t}(-alpha_t eta_k)``, all in ``T_{x_t} M``.
+        endpoint: ``(*batch, *point_shape)`` float64 local end point ``x_{t,K}`` (diagnostics only;
+            RFedAGS never uploads it).
+    """
+
+    steps: np.ndarray
+    endpoint: np.ndarray
+
+    @property
+    def zeta(self) -> np.ndarray:
+        """Gradient stream ``zeta = sum_k steps[k]`` (notes A.2 step 2), shape ``(*batch, *point_shape)``."""
+        return self.steps.sum(axis=0)
+
+
+def local_gradient_stream(
+    manifold: Manifold,
+    x: np.ndarray,
+    egrad_fn: Callable[[np.ndarray, int], np.ndarray],
+    num_steps: int,
+    step_size: float,
+) -> GradientStream:
+    """Run ``K`` local Riemannian SGD steps from the server point and return the gradient stream.
+
+    Implements the RFedAGS client loop (notes A.2 step 2) (see module docstring).
+
+    Args:
+        manifold: manifold object with ``egrad2rgrad``, ``retr``, ``transp``.
+        x: server point ``x_t``, shape ``point_shape`` (e.g. ``(d, r)``).
+        egrad_fn: ``egrad_fn(point, k) -> Euclidean gradient`` at the local iterate of step ``k``
+            (a mini-batch estimate is fine). Batched use: it may return ``(B, *point_shape)`` for
+            ``B`` clients sharing the start point ``x``; from step 1 on it is then called with the
+            ``(B, *point_shape)`` stack of local iterates and must return the same shape.
+        num_steps: ``K >= 1``.
+        step_size: local step ``alpha_t > 0``.
+
+    Returns:
+        :class:`GradientStream` (float64).
+
+    Raises:
+        ValueError: ``K < 1``, non-positive/non-finite ``alpha_t``, a gradient of the wrong shape or with
+            NaN/inf entries.
+    """
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
+    if not (np.isfinite(step_size) and step_size > 0):
+        raise ValueError(f"step_size (alpha_t) must be positive and finite, got {step_size!r}")
+    x_t = np.array(x, dtype=np.float64, copy=True)
+    pshape = tuple(manifold.point_shape)
+    if x_t.shape != pshape:
+        raise ValueError(f"server point has shape {x_t.shape}, expected {pshape}")
+    xk = x_t
+    steps = []
+    batch_shape: tuple[int, ...] | None = None
+    for k in range(int(num_steps)):
+        g = np.asarray(egrad_fn(xk, k), dtype=np.float64)
+        if g.shape[len(g.shape) - len(pshape):] != pshape:
+            raise ValueError(f"egrad_fn returned shape {g.shape} at step {k}; expected (..., {pshape})")
+        if batch_shape is None:
+            batch_shape = g.shape[: g.ndim - len(pshape)]
+        elif g.shape != batch_shape + pshape:
+            raise ValueError(
+                f"egrad_fn returned shape {g.shape} at step {k}; expected {batch_shape + pshape}"
+            )
+        if not np.all(np.isfinite(g)):
+            raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
+        v = -step_size * manifold.egrad2rgrad(xk, g)
+        steps.append(v if k == 0 else manifold.transp(xk, x_t, v))
+        xk = manifold.retr(xk, v)
+    return GradientStream(np.stack(steps), np.asarray(xk))
+
+
+def step_size_schedule(alpha0: float, decay_rounds: float = 0.0) -> Callable[[int], float]:
+    """Local step schedule ``alpha_t = alpha0 / (1 + t / decay_rounds)`` (``t = 0, 1, ...``).
+
+    ``decay_rounds = 0`` gives the fixed step of the paper's main PCA runs; ``decay_rounds > 0`` is
+    the ``alpha_t = alpha0/(beta + t)^p`` family of the paper's decaying-step theorem with ``p = 1`` (convergence to a
+    stationary point instead of a neighbourhood; notes A.2 item 6, A.7 R3).
+
+    Args:
+        alpha0: initial step, positive.
+        decay_rounds: ``>= 0``.
+
+    Returns:
+        callable ``t -> alpha_t`` (float).
+
+    Raises:
+        ValueError: invalid ``alpha0`` or ``decay_rounds``; the callable raises for ``t < 0``.
+    """
+    if not (np.isfinite(alpha0) and alpha0 > 0):
+        raise ValueError(f"alpha0 must be positive and finite, got {alpha0!r}")
+    if not (np.isfinite(decay_rounds) and decay_rounds >= 0):
+        raise ValueError(f"decay_rounds must be >= 0, got {decay_rounds!r}")
+
+    def alpha(t: int) -> float:
+        if t < 0:
+            raise ValueError(f"round index t must be >= 0, got {t}")
+        return float(alpha0) if decay_rounds == 0 else float(alpha0) / (1.0 + t / decay_rounds)
+
+    return alpha

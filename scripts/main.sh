@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The main job: set up, then run the default scenario (15 agents, s = 0.7, bundled MNIST digits,
+# Sheaf-FRL) with `flwr run` on a private local SuperLink, offline, and print the final round.
+# Extra arguments are passed as run-config overrides, e.g.: bash scripts/main.sh "lambda=0.0"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+OUT="${RESULTS_DIR:-$PWD/results/default}"
+python scripts/run_flwr.py --num-supernodes 15 --cpus-per-client 1 \
+  --run-config "results-dir='$OUT' ${1:-}"
+python -m flwr_sheaf.report "$OUT/results.json"

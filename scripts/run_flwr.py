@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Run the app with ``flwr run`` on a private local SuperLink, check the run really finished, clean up.
+
+``flwr run`` exits 0 even when the run failed and leaves its local SuperLink running, so this
+wrapper (used by the README's main job and the engine tests):
+
+1. points Flower at a private ``FLWR_HOME`` and non-default ports, with runtime dependency
+   installation, telemetry and update checks off (offline, no ``uv sync`` of torch);
+2. runs ``flwr run <app> --stream`` with the given run/federation config;
+3. reads ``flwr ls --format json`` and fails unless the run's status is ``finished:completed``;
+4. stops the SuperLink (and its SuperExec) that step 2 started.
+
+Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
+[--port 39291] [--timeout 900] [--run-config "k=v k2=v2"]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+
+def stop_superlink(port: int) -> int:
+    """Terminate processes whose command line names the SuperLink port; returns how many."""
+    victims = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if ("flower-superlink" in cmd or "flower-superexec" in cmd or "flwr-simulation" in cmd) and any(t in cmd for t in (f":{port}", f"--port {port}", f":{port + 2}")):
+            victims.append(p)
+    for p in victims:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(victims, timeout=10)
+    for p in alive:
+        p.kill()
+    return len(victims)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--app", default=".")
+    ap.add_argument("--num-supernodes", type=int, default=15)
+    ap.add_argument("--cpus-per-client", type=int, default=1)
+    ap.add_argument("--port", type=int, default=39291, help="SuperLink HTTP port (control = port + 2)")
+    ap.add_argument("--timeout", type=float, default=1200.0)
+    ap.add_argument("--run-config", default="")
+    ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
+    args = ap.parse_args(argv)
+
+    home = Path(args.flwr_home) if args.flwr_home else Path(tempfile.mkdtemp(prefix="flwr-home-"))
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
+        "RAY_DEDUP_LOGS": "0",
+        # flwr spawns flower-superlink by name: make this interpreter's scripts visible
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    })
+    flwr = shutil.which("flwr", path=env["PATH"])
+    if flwr is None:
+        print("flwr CLI not found: install the package first (README)", file=sys.stderr)
+        return 2
+    fed = f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"
+    cmd = [flwr, "run", args.app, "--stream", "--federation-config", fed]
+    if args.run_config:
+        cmd += ["--run-config", args.run_config]
+    print("+", " ".join(cmd), flush=True)
+    t0 = time.monotonic()
+    try:
+        rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
+        wall = time.monotonic() - t0
+        ls = subprocess.run([flwr, "ls", "--format", "json"], env=env, capture_output=True, text=True, timeout=120)
+        try:
+            runs = json.loads(ls.stdout).get("runs", [])
+        except json.JSONDecodeError:
+            runs = []
+        status = runs[-1].get("status") if runs else "no run found"
+        print(f"flwr run exit code {rc}; run status: {status}; wall time {wall:.1f} s", flush=True)
+        return 0 if status == "finished:completed" else 1
+    finally:
+        n = stop_superlink(args.port)
+        print(f"stopped {n} Flower process(es) on port {args.port}", flush=True)
+        if not args.flwr_home:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install flwr-sheaf with its test extras. Idempotent.
+# torch/torchvision are installed first with pip, pinned to builds pip can take from the local
+# wheel cache on this project's machines (x86_64: 2.14.1/0.29.1; aarch64: 2.9.1/0.24.1);
+# override with TORCH_SPEC="torch==X torchvision==Y". Do not use uv/poetry here: they ignore the
+# local cache and download several GB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
+if [ -z "${TORCH_SPEC:-}" ]; then
+  case "$(uname -m)" in
+    aarch64|arm64) TORCH_SPEC="torch==2.9.1 torchvision==0.24.1" ;;
+    *) TORCH_SPEC="torch==2.14.1 torchvision==0.29.1" ;;
+  esac
+fi
+if ! python -c "import torch, torchvision" >/dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  python -m pip install -q $TORCH_SPEC 2>&1 | grep -v "is ignored" || true
+fi
+python -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+python -c "import flwr_sheaf, torch, torchvision, flwr; print('flwr-sheaf ready: torch', torch.__version__, '| flwr', flwr.__version__)"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up, then run the whole test suite (arguments go to pytest; e.g. -m "not engine" skips the
+# tests that start the real Flower engine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+python -m pytest -q "$@"
