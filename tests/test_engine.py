@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = "zoo='tiny-4' num-pilots=64 graph='ring' local-epochs=1"
+TINY = "zoo='tiny-4' num-pilots=64 local-epochs=1"
 
 
 def _run(tmp_path, run_config, port):
@@ -27,7 +27,7 @@ def _run(tmp_path, run_config, port):
 @pytest.mark.engine
 def test_flwr_run_completes_and_writes_results(tmp_path):
     out = tmp_path / "res"
-    proc = _run(tmp_path, f"{TINY} num-server-rounds=2 results-dir='{out}'", 39391)
+    proc = _run(tmp_path, f"{TINY} graph='ring' num-server-rounds=2 results-dir='{out}'", 39391)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "finished:completed" in proc.stdout
     res = json.loads((out / "results.json").read_text())

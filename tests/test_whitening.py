@@ -297,3 +297,21 @@ def test_effective_rank_participation_ratio():
         z = h @ np.diag(np.sqrt(lams)) @ q.T + 7.0
         assert effective_rank(torch.tensor(z)) == pytest.approx(expected, rel=1e-9)
     assert effective_rank(torch.ones(5, 3)) == 0.0
+
+
+def test_train_mode_shrinks_rank_deficient_batches_towards_the_diagonal():
+    """B - 1 < d: the batch covariance is shrunk by at least 1 - (B - 1) / d (independent numpy check)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    b, d, eps = 5, 8, 1e-3
+    z = rng.normal(size=(b, d)) * np.linspace(0.5, 2.0, d)
+    layer = Whitening(d, shrinkage=0.0, eps=eps).train()
+    out = layer(torch.tensor(z)).numpy()
+    alpha = 1 - (b - 1) / d
+    cov = np.cov(z, rowvar=False)
+    reg = (1 - alpha) * cov + alpha * np.diag(np.diag(cov)) + eps * np.trace(cov) / d * np.eye(d) + 1e-8 * np.eye(d)
+    chol = np.linalg.cholesky(reg)
+    expected = np.linalg.solve(chol, (z - z.mean(0)).T).T
+    np.testing.assert_allclose(out, expected, atol=1e-10)
+    assert layer.batch_shrinkage(64) == 0.0 and layer.batch_shrinkage(2) == pytest.approx(1 - 1 / 8)

@@ -255,7 +255,8 @@ class Whitening(nn.Module):
             self._validate(z, "z", min_rows=2)
             mu, cov = _mean_cov(z)
             chol = _cholesky(
-                regularised_covariance(cov, self.shrinkage, self.eps), check=self.check_finite
+                regularised_covariance(cov, self.batch_shrinkage(z.shape[0]), self.eps),
+                check=self.check_finite,
             )
             with torch.no_grad():
                 m = self.momentum
@@ -269,6 +270,19 @@ class Whitening(nn.Module):
         # zhat = zc @ L^{-T}  <=>  zhat @ L^T = zc.
         zhat = torch.linalg.solve_triangular(chol.mT, zc, upper=True, left=False)
         return zhat.to(z.dtype)
+
+    def batch_shrinkage(self, batch_size: int) -> float:
+        """Shrinkage used on a train-mode batch of ``B`` rows: ``max(shrinkage, 1 - (B - 1) / d)``.
+
+        A batch covariance has rank at most ``B - 1``; when ``B - 1 < d`` full decorrelation would
+        whiten a ``(B-1)``-dimensional subspace to unit variance and flatten the rest to the floor,
+        which does not match the running (eval) whitening fitted on many more pilot rows. Shrinking
+        towards the diagonal by at least the rank-deficient fraction keeps the batch transform
+        close to the eval one (per-dimension standardisation in the limit ``B << d``), while
+        batches with ``B > d`` decorrelate fully (``shrinkage`` permitting). Eval mode and
+        :meth:`fit` use ``shrinkage`` itself.
+        """
+        return max(self.shrinkage, min(1.0, max(0.0, 1.0 - (batch_size - 1) / self.d)))
 
     @torch.no_grad()
     def fit(self, z: Tensor) -> "Whitening":
