@@ -143,3 +143,20 @@ def test_local_penalty_gradient_only_to_own_pilots_and_errors():
         local_gluing_penalty(a_i, [EdgeTerm(1, torch.randn(5, 2), torch.eye(2), True)], 1.0)
     with pytest.raises(ValueError, match="NaN"):
         local_gluing_penalty(a_i, [EdgeTerm(1, torch.full((5, 3), float("inf")), torch.eye(3), True)], 1.0)
+
+
+def test_paper_graph_orientations_match_the_reference_list():
+    """All 42 head->tail pairs of the paper's class-overlap graph (notes anchor-sfrl-reference.md s1.4)."""
+    from flwr_sheaf.paper import PAPER_CLASS_SETS_15
+    from flwr_sheaf.topology import class_overlap_graph
+
+    listed = (
+        "0→5, 0→9, 0→12, 0→13, 1→2, 1→4, 1→5, 1→8, 1→10, 1→14, 3→0, 3→5, 3→9, 3→12, 3→13, 4→2, 4→3, "
+        "4→14, 5→2, 5→12, 6→0, 6→1, 6→2, 6→5, 6→7, 6→10, 6→12, 7→0, 7→2, 7→3, 7→5, 7→12, 8→0, 8→2, "
+        "10→2, 10→5, 11→1, 11→2, 11→4, 12→2, 12→9, 14→2"
+    )
+    expected = {tuple(int(x) for x in pair.split("→")) for pair in listed.split(", ")}
+    g = class_overlap_graph(PAPER_CLASS_SETS_15)
+    sheaf = NetworkSheaf(g, {i: a.d for i, a in enumerate(PAPER_ZOO_15)})
+    assert len(expected) == 42
+    assert set(sheaf.edges) == expected
