@@ -8,7 +8,8 @@ test private / communication accuracy of the chosen lambda next to lambda = 0.
     python simulations/gluing_vs_posthoc.py --seeds 0 1 2 --shifts 0.7 0.9 --lambdas 0.03 0.3 \
         --rounds 10 --workers 2 --out results/gluing_vs_posthoc
 
-Runs go through the in-process grid (same ServerApp/ClientApp code as ``flwr run``), ``workers``
+Finished runs (``results.json`` present) are reused, so an interrupted sweep resumes. Runs go
+through the in-process grid (same ServerApp/ClientApp code as ``flwr run``), ``workers``
 processes at a time, one torch thread each.
 """
 
@@ -29,7 +30,11 @@ KEYS = ("private_accuracy_mean", "communication_accuracy_degree_weighted", "val_
 
 def _one(job: dict) -> dict:
     t = time.monotonic()
-    res = run_inprocess(job["config"])
+    done = Path(job["config"]["results-dir"]) / "results.json"
+    if done.exists() and json.loads(done.read_text()).get("config", {}).get("lambda") == job["config"]["lambda"]:
+        res = json.loads(done.read_text())  # resume: this run finished in an earlier invocation
+    else:
+        res = run_inprocess(job["config"])
     last = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None][-1]
     return {**job["meta"], **{k: last.get(k) for k in KEYS}, "wall_seconds": time.monotonic() - t}
 
