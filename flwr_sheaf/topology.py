@@ -12,9 +12,12 @@ import re
 from collections.abc import Iterable, Sequence
 
 import networkx as nx
+import numpy as np
 
 __all__ = [
     "class_overlap_graph",
+    "class_overlap_knn_graph",
+    "random_regular_graph",
     "ring_graph",
     "complete_graph",
     "edge_list_graph",
@@ -24,7 +27,8 @@ __all__ = [
 ]
 
 #: Accepted ``spec`` forms of :func:`build_graph` (used in error messages).
-GRAPH_SPECS = ("class-overlap", "class-overlap:<density in (0,1]>", "ring", "complete", "<edge list, e.g. 0-1,1-2>")
+GRAPH_SPECS = ("class-overlap", "class-overlap:<density in (0,1]>", "class-overlap-knn:<k>[:<seed>]",
+               "random-regular:<k>[:<seed>]", "ring", "complete", "<edge list, e.g. 0-1,1-2>")
 
 _EDGE_LIST_RE = re.compile(r"\s*\d+\s*-\s*\d+\s*(,\s*\d+\s*-\s*\d+\s*)*")
 
@@ -96,6 +100,121 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     return graph
 
 
+def _class_matrix(class_sets: Sequence[Iterable[int]]) -> np.ndarray:
+    """``(N, C)`` 0/1 membership matrix of non-empty class sets (C = 1 + largest class id)."""
+    if isinstance(class_sets, (str, bytes)) or len(class_sets) == 0:
+        raise ValueError(f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}")
+    sets = []
+    for i, cs in enumerate(class_sets):
+        members = {int(c) for c in cs}
+        if not members:
+            raise ValueError(f"class set of agent {i} is empty")
+        if min(members) < 0:
+            raise ValueError(f"class set of agent {i} has a negative class id {min(members)}")
+        sets.append(members)
+    m = np.zeros((len(sets), 1 + max(max(s) for s in sets)), dtype=np.int64)
+    for i, members in enumerate(sets):
+        m[i, sorted(members)] = 1
+    return m
+
+
+def _check_degree(k: int, n: int, name: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"{name}: degree k must be a positive integer, got {k!r}")
+    if n > 1 and k > n - 1:
+        raise ValueError(f"{name}: degree k={k} exceeds N - 1 = {n - 1}")
+    return int(k)
+
+
+def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: int = 0) -> nx.Graph:
+    """Sparse class-overlap graph for many agents: each agent links to its ``k`` best-overlapping peers.
+
+    With ``w_ij = |C_i ∩ C_j|``, agent ``i`` picks the ``k`` agents ``j != i`` with the largest
+    ``w_ij``; ties (many agents share a class set in a large population) are broken uniformly at
+    random with a seeded generator, so the graph is not a union of cliques. The union of these
+    choices is made undirected (degrees are therefore ``>= k``). If the result is disconnected, each
+    further component (in order of its smallest node) is joined to the component of node 0 by its
+    best-overlap pair (ties: smallest ``(i, j)``), so the graph is always connected. Cost
+    ``O(N^2)`` time in vectorised rows and ``O(N)`` memory per row (fine for thousands of agents).
+
+    Args:
+        class_sets: ``N`` non-empty class sets (agent ``i`` = node ``i``).
+        k: neighbours chosen per agent, ``1 <= k <= N - 1``.
+        seed: tie-breaking seed.
+
+    Returns:
+        Connected ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
+
+    Raises:
+        ValueError: empty class sets, a bad ``k`` (named).
+    """
+    m = _class_matrix(class_sets)
+    n = m.shape[0]
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    if n == 1:
+        return graph
+    k = _check_degree(k, n, "class-overlap-knn")
+    rng = np.random.default_rng([int(seed), 7])
+    for i in range(n):
+        w = m @ m[i]  # (N,) overlaps with agent i
+        score = w + 0.5 * rng.random(n)  # jitter < 1 only reorders ties among integer overlaps
+        score[i] = -np.inf
+        for j in np.argpartition(-score, k - 1)[:k]:
+            graph.add_edge(i, int(j), weight=int(w[j]))
+    components = sorted((sorted(c) for c in nx.connected_components(graph)), key=lambda c: c[0])
+    main = set(components[0])
+    for comp in components[1:]:
+        a = np.array(sorted(main))
+        b = np.array(comp)
+        w = m[a] @ m[b].T  # (|A|, |B|)
+        ia, ib = np.unravel_index(int(np.argmax(w)), w.shape)  # first max = smallest (i, j)
+        graph.add_edge(int(a[ia]), int(b[ib]), weight=int(w[ia, ib]))
+        main.update(comp)
+    return graph
+
+
+def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) -> nx.Graph:
+    """Connected random ``k``-regular graph (``networkx.random_regular_graph``), seeded.
+
+    Attempt ``a = 0, 1, ...`` uses the seed ``seed * 1_000_003 + a`` and the first connected draw
+    is returned (for ``k >= 3`` the first draw is connected with high probability).
+
+    Raises:
+        ValueError: ``n * k`` odd, ``k`` outside ``[1, N - 1]``, ``k = 1`` with ``N > 2`` (a perfect
+            matching is never connected), or no connected draw within ``max_tries`` (all named).
+    """
+    n = _check_num_nodes(n)
+    if n == 1:
+        graph = nx.Graph()
+        graph.add_node(0)
+        return graph
+    k = _check_degree(k, n, "random-regular")
+    if (n * k) % 2:
+        raise ValueError(f"random-regular: N * k must be even, got N={n}, k={k}")
+    if k == 1 and n > 2:
+        raise ValueError(f"random-regular: k=1 gives a perfect matching, never connected for N={n} > 2")
+    for attempt in range(max_tries):
+        graph = nx.random_regular_graph(k, n, seed=int(seed) * 1_000_003 + attempt)
+        if nx.is_connected(graph):
+            out = nx.Graph()
+            out.add_nodes_from(range(n))
+            out.add_edges_from(sorted(tuple(sorted(e)) for e in graph.edges))
+            return out
+    raise ValueError(f"random-regular: no connected {k}-regular graph on {n} nodes in {max_tries} draws; use k >= 3")
+
+
+def _degree_and_seed(spec: str, text: str) -> tuple[int, int]:
+    parts = text.split(":")[1:]
+    if not 1 <= len(parts) <= 2:
+        raise ValueError(f"graph spec {spec!r}: expected '<name>:<k>' or '<name>:<k>:<seed>'")
+    try:
+        vals = [int(p.strip()) for p in parts]
+    except ValueError:
+        raise ValueError(f"graph spec {spec!r}: degree/seed {parts} are not integers") from None
+    return vals[0], (vals[1] if len(vals) == 2 else 0)
+
+
 def ring_graph(n: int) -> nx.Graph:
     """Cycle ``0-1-...-(n-1)-0`` (one edge for ``n = 2``, a lone node for ``n = 1``).
 
@@ -146,10 +265,13 @@ def build_graph(spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] |
     """Build and validate a topology from a run-config string.
 
     Args:
-        spec: ``"class-overlap"`` (density 0.4), ``"class-overlap:<density>"``, ``"ring"``,
+        spec: ``"class-overlap"`` (density 0.4), ``"class-overlap:<density>"``,
+            ``"class-overlap-knn:<k>[:<seed>]"`` (:func:`class_overlap_knn_graph`, for many agents),
+            ``"random-regular:<k>[:<seed>]"`` (:func:`random_regular_graph`), ``"ring"``,
             ``"complete"`` or an edge list such as ``"0-1,1-2,2-3"``.
         num_nodes: ``N``; nodes are ``0..N-1``.
-        class_sets: the agents' class sets, required by ``class-overlap`` (length ``N``).
+        class_sets: the agents' class sets, required by ``class-overlap`` and ``class-overlap-knn``
+            (length ``N``).
 
     Returns:
         A connected, simple ``nx.Graph`` on ``0..N-1`` (checked by :func:`validate_graph`).
@@ -160,7 +282,17 @@ def build_graph(spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] |
     """
     n = _check_num_nodes(num_nodes)
     text = str(spec).strip()
-    if text == "class-overlap" or text.startswith("class-overlap:"):
+    if text.startswith("class-overlap-knn:"):
+        if class_sets is None:
+            raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
+        if len(class_sets) != n:
+            raise ValueError(f"graph spec {spec!r}: {len(class_sets)} class sets for {n} nodes")
+        k, seed = _degree_and_seed(spec, text)
+        graph = class_overlap_knn_graph(class_sets, k, seed)
+    elif text.startswith("random-regular:"):
+        k, seed = _degree_and_seed(spec, text)
+        graph = random_regular_graph(n, k, seed)
+    elif text == "class-overlap" or text.startswith("class-overlap:"):
         if class_sets is None:
             raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
         if len(class_sets) != n:

@@ -21,7 +21,7 @@ __all__ = ["Scenario", "cnn_task_factory", "DEFAULTS"]
 #: Defaults of every run-config key the apps read (pyproject's [tool.flwr.app.config] mirrors them).
 DEFAULTS: dict[str, object] = {
     "method": "sheaf-frl",
-    "num-server-rounds": 20,
+    "num-server-rounds": 10,
     "local-epochs": 2,
     "seed": 0,
     "shift": 0.7,
@@ -33,17 +33,29 @@ DEFAULTS: dict[str, object] = {
     "num-pilots": 500,
     "pilot-batch-size": 64,
     "fraction-train": 1.0,
+    "participation": "",
     "absent-policy": "cached",
+    "reweight-q-min": 0.05,
+    "max-steps-per-epoch": 0,
     "lr": 0.05,
     "momentum": 0.9,
     "weight-decay": 5e-4,
-    "batch-size": 64,
-    "clip-norm": 1.0,
+    "batch-size": 32,
+    "clip-norm": 5.0,
     "whitening-shrinkage": 0.0,
     "whitening-eps": 1e-3,
     "torch-threads": 1,
     "evaluate-every": 1,
     "results-dir": "results/default",
+    # FedProto / FedSAF (flwr_sheaf.apps.methods)
+    "fedproto-dim": 0,
+    "fedproto-lambda": 1.0,
+    "fedproto-reduction": "mse",
+    "fedproto-aggregation": "weighted",
+    "fedproto-missing": "carry",
+    "fedsaf-lambda": 1.0,
+    "fedsaf-gamma": 1.0,
+    "fedsaf-structure": "",
 }
 
 

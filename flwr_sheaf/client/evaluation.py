@@ -15,8 +15,11 @@ Refitting maps on the final pilots makes lambda = 0 exactly the post-hoc alignme
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import numpy as np
 import torch
+from torch import nn
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -24,7 +27,7 @@ from ..sheaf import check_pilots, procrustes
 from ..sheaf.whitening import low_variance_fraction
 from .common import (accuracy, build, cached_pilots, edges_from_config, eval_latents, eval_logits, pilots_key,
                      transport, whitened_pilots)
-from .task import TaskFactory, numpy_record, set_torch_threads
+from .task import LocalTask, TaskFactory, numpy_record, set_torch_threads
 
 __all__ = ["register_query_handler", "register_evaluation_handlers", "store_pilots"]
 
@@ -53,8 +56,15 @@ def register_query_handler(app: ClientApp, factory: TaskFactory, action: str) ->
         return Message(RecordDict({"info": info}), reply_to=msg)
 
 
-def register_evaluation_handlers(app: ClientApp, factory: TaskFactory, action: str) -> None:
-    """Add ``evaluate.<action>`` and ``evaluate.<action>_comm`` (see the module docstring)."""
+def register_evaluation_handlers(app: ClientApp, factory: TaskFactory, action: str,
+                                 extra_metrics: Callable[[Message, LocalTask, nn.Module], Mapping] | None = None) -> None:
+    """Add ``evaluate.<action>`` and ``evaluate.<action>_comm`` (see the module docstring).
+
+    Args:
+        extra_metrics: optional ``extra_metrics(msg, task, model) -> {name: float}`` merged into the
+            ``evaluate.<action>`` reply (e.g. FedProto's nearest-prototype accuracy); the model is
+            in eval mode with its trained weights.
+    """
 
     def _pilots(task, model, context, cfg):
         """Whitened pilots for evaluation (refitting the whitening when asked or never trained)."""
@@ -91,6 +101,7 @@ def register_evaluation_handlers(app: ClientApp, factory: TaskFactory, action: s
             "num-test": int(task.y_test.numel()),
             "low-variance-fraction": lvf,
             "d": int(model.d),
+            **(dict(extra_metrics(msg, task, model)) if extra_metrics is not None else {}),
         })
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 

@@ -25,7 +25,7 @@ Flower only when a handler succeeds).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -39,14 +39,18 @@ from .common import build, cached_pilots, edges_from_config, model_key, neighbou
 from .evaluation import register_evaluation_handlers, register_query_handler, store_pilots
 from .task import LocalTask, TaskFactory, numpy_record, save_module_state
 
-__all__ = ["register_sheaf_handlers", "SheafTrainConfig", "train_sheaf"]
+__all__ = ["register_sheaf_handlers", "SheafTrainConfig", "train_sheaf", "BatchLoss", "edge_weights_from_config"]
+
+#: ``batch_loss(model, x, y) -> (loss, parts)``: a training batch's objective (see :func:`train_sheaf`).
+BatchLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, Mapping[str, float]]]
 
 class SheafTrainConfig:
     """Local-training hyper-parameters read from a message's ``config`` record (with defaults).
 
     Keys (run-config spelling): ``lambda`` (0.1), ``local-epochs`` (2), ``lr`` (0.05),
-    ``momentum`` (0.9), ``weight-decay`` (5e-4), ``batch-size`` (64), ``pilot-batch-size`` (64),
-    ``clip-norm`` (1.0), ``seed`` (0), ``server-round``.
+    ``momentum`` (0.9), ``weight-decay`` (5e-4), ``batch-size`` (32), ``pilot-batch-size`` (64),
+    ``clip-norm`` (5.0), ``seed`` (0), ``server-round``, ``max-steps-per-epoch`` (0 = every batch of the
+    local data; a positive cap fixes the work per participant, e.g. for scale benchmarks).
 
     Raises:
         ValueError: negative lambda / epochs / learning rate (the value is named).
@@ -58,11 +62,12 @@ class SheafTrainConfig:
         self.lr = float(cfg.get("lr", 0.05))
         self.momentum = float(cfg.get("momentum", 0.9))
         self.weight_decay = float(cfg.get("weight-decay", 5e-4))
-        self.batch_size = int(cfg.get("batch-size", 64))
+        self.batch_size = int(cfg.get("batch-size", 32))
         self.pilot_batch_size = int(cfg.get("pilot-batch-size", 64))
-        self.clip_norm = float(cfg.get("clip-norm", 1.0))
+        self.clip_norm = float(cfg.get("clip-norm", 5.0))
         self.seed = int(cfg.get("seed", 0))
         self.server_round = int(cfg.get("server-round", 0))
+        self.max_steps_per_epoch = int(cfg.get("max-steps-per-epoch", 0))
         for name, v in [("lambda", self.lam), ("local-epochs", self.local_epochs), ("lr", self.lr)]:
             if v < 0 or (isinstance(v, float) and math.isnan(v)):
                 raise ValueError(f"{name} must be >= 0, got {v}")
@@ -75,7 +80,8 @@ def cfg_rec_sgd(cfg: "SheafTrainConfig") -> dict:
 
 def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, cfg: SheafTrainConfig,
                 neighbour_pilots: Mapping[int, torch.Tensor], edges: list[tuple[int, int, bool]],
-                own_pilots: torch.Tensor | None = None) -> dict:
+                own_pilots: torch.Tensor | None = None, batch_loss: BatchLoss | None = None,
+                edge_weights: Mapping[int, float] | None = None) -> dict:
     """Local Sheaf-FRL training of one node for ``cfg.local_epochs`` epochs (paper Alg. 1).
 
     Args:
@@ -88,6 +94,14 @@ def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, c
         edges: ``(j, d_j, i_is_head)`` for every incident edge.
         own_pilots: this node's whitened pilots ``(K, d_i)`` as last sent (exact for the current
             weights when nothing changed since); saves one pilot pass for the first epoch's maps.
+        batch_loss: the supervised loss of a training batch, ``batch_loss(model, x, y) ->
+            (loss, parts)`` (model in train mode; ``parts`` maps names, including ``"ce"``, to
+            floats averaged over steps into the returned metrics). Default: cross-entropy of
+            ``model.private_logits``. Other methods (FedProto, FedSAF) pass their objective here
+            and reuse this loop (batching, clipping, SGD) with no pilots.
+        edge_weights: optional ``{j: w_ij >= 0}`` multipliers of the edge terms (default 1; the
+            server's ``drop-reweighted`` absent policy sends ``1/q_j``). Restriction maps do not
+            depend on them.
 
     Returns:
         metrics dict (means over steps): ``ce``, ``gluing``, ``grad-norm``, per-edge residuals.
@@ -111,17 +125,25 @@ def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, c
                 maps[j] = procrustes(own, a_j) if i_head else procrustes(a_j, own)
         perm = torch.randperm(n, generator=gen)
         nb = max(1, n // cfg.batch_size)  # drop_last, at least one batch
+        if cfg.max_steps_per_epoch > 0:
+            nb = min(nb, cfg.max_steps_per_epoch)
         for b in range(nb):
             idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             model.train()
-            loss = ce_fn(model.private_logits(task.x_train[idx]), task.y_train[idx])
-            sums["ce"] += float(loss.detach())
+            if batch_loss is None:
+                loss = ce_fn(model.private_logits(task.x_train[idx]), task.y_train[idx])
+                sums["ce"] += float(loss.detach())
+            else:
+                loss, parts = batch_loss(model, task.x_train[idx], task.y_train[idx])
+                for name, v in parts.items():
+                    sums[name] = sums.get(name, 0.0) + float(v)
             if maps:
                 pidx = torch.randperm(k, generator=gen)[: cfg.pilot_batch_size]
                 model.eval()  # dropout-free, BN running statistics ...
                 model.whitening.train()  # ... but differentiable batch whitening of the pilots
                 a_i = model.whitening(model.latent(task.x_pilot[pidx]))
-                terms = [EdgeTerm(j, neighbour_pilots[j][pidx], maps[j], hd) for j, _, hd in active]
+                ew = edge_weights or {}
+                terms = [EdgeTerm(j, neighbour_pilots[j][pidx], maps[j], hd, float(ew.get(j, 1.0))) for j, _, hd in active]
                 pen, per_edge = local_gluing_penalty(a_i, terms, cfg.lam)
                 loss = loss + pen
                 sums["gluing"] += float(pen.detach())
@@ -140,6 +162,24 @@ def train_sheaf(task: LocalTask, model: nn.Module, opt: torch.optim.Optimizer, c
     out["edge-residual"] = [edge_res[j] / max(steps, 1) for j, _, _ in active]
     out["edge-neighbour"] = [j for j, _, _ in active]
     return out
+
+
+def edge_weights_from_config(cfg: Mapping, edges: list[tuple[int, int, bool]]) -> dict[int, float] | None:
+    """Per-edge weights ``{j: w_ij}`` from the optional ``edge-weights`` config list (aligned with
+    ``neighbours``); None when absent (all weights 1).
+
+    Raises:
+        ValueError: a list of the wrong length, or a negative / non-finite weight (named).
+    """
+    if "edge-weights" not in cfg:
+        return None
+    ws = [float(w) for w in cfg["edge-weights"]]
+    if len(ws) != len(edges):
+        raise ValueError(f"malformed neighbour config: {len(edges)} neighbours but {len(ws)} edge weights")
+    for (j, _, _), w in zip(edges, ws):
+        if not (math.isfinite(w) and w >= 0.0):
+            raise ValueError(f"edge weight of neighbour partition-id {j} must be finite and >= 0, got {w}")
+    return {j: w for (j, _, _), w in zip(edges, ws)}
 
 
 def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "sheaf") -> ClientApp:
@@ -168,7 +208,9 @@ def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = 
         unknown = sorted(set(pilots) - {j for j, _, _ in edges})
         if unknown:
             raise ValueError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
-        metrics = train_sheaf(task, model, opt, cfg, pilots, edges, own_pilots=cached_pilots(context, action))
+        weights = edge_weights_from_config(cfg_rec, edges)
+        metrics = train_sheaf(task, model, opt, cfg, pilots, edges, own_pilots=cached_pilots(context, action),
+                              edge_weights=weights)
         z, a = whitened_pilots(model, task.x_pilot)
         save_module_state(context, model_key(action), model, opt)
         store_pilots(context, action, z, a)

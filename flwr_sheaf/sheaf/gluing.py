@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,12 +23,17 @@ class EdgeTerm:
         v: restriction map ``(d_head, d_tail)`` of the oriented edge.
         i_is_head: True when i is the head (j in N(i)^-: incoming embedding), False when i
             is the tail (j in N(i)^+: outgoing embedding).
+        weight: non-negative multiplier of this edge's squared residual (default 1.0). Used by the
+            ``drop-reweighted`` absent-neighbour policy (1/q_j on the edges whose neighbour is
+            present; notes ``anchor-rfedags-fedsaf-fedproto.md`` B.3). The Procrustes map of the
+            edge does not depend on it (a positive scalar weight leaves the polar factor unchanged).
     """
 
     neighbour: int
     pilots: torch.Tensor
     v: torch.Tensor
     i_is_head: bool
+    weight: float = 1.0
 
 
 def local_gluing_penalty(
@@ -35,9 +41,10 @@ def local_gluing_penalty(
 ) -> tuple[torch.Tensor, dict[int, float]]:
     """Agent i's gluing penalty ``R_A|_i`` (paper Eq. 16).
 
-    ``R = (lam / d_i) / (2K) * [ sum_{j in N(i)^-} ||A_i - V_ij A_j||_F^2
-                                + sum_{j in N(i)^+} ||A_j - V_ji A_i||_F^2 ]``
-    with pilots stored row-wise, so ``V A_j`` is ``A_j @ V.T``.
+    ``R = (lam / d_i) / (2K) * [ sum_{j in N(i)^-} w_ij ||A_i - V_ij A_j||_F^2
+                                + sum_{j in N(i)^+} w_ij ||A_j - V_ji A_i||_F^2 ]``
+    with pilots stored row-wise, so ``V A_j`` is ``A_j @ V.T``, and per-edge weights
+    ``w_ij = EdgeTerm.weight`` (1 in the paper).
 
     Args:
         a_i: agent i's pilot rows ``(K, d_i)`` (differentiable).
@@ -45,11 +52,12 @@ def local_gluing_penalty(
         lam: the penalty weight lambda >= 0 (lambda_i = lambda / d_i).
 
     Returns:
-        ``(penalty, per_edge)``: scalar tensor, and the un-weighted per-edge mean squared residual
+        ``(penalty, per_edge)``: scalar tensor, and the un-weighted (no lambda, no w_ij) per-edge mean squared residual
         ``||.||_F^2 / K`` (floats, for logging) keyed by neighbour partition-id.
 
     Raises:
-        ValueError: negative lambda, shape mismatch (K or d), wrong map shape, NaN/inf pilots.
+        ValueError: negative lambda, shape mismatch (K or d), wrong map shape, NaN/inf pilots,
+            a negative or non-finite edge weight.
     """
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
@@ -66,9 +74,12 @@ def local_gluing_penalty(
             raise ValueError(
                 f"edge with neighbour {e.neighbour}: map shape {tuple(e.v.shape)}, expected {expect}"
             )
+        w = float(e.weight)
+        if not (math.isfinite(w) and w >= 0.0):
+            raise ValueError(f"edge with neighbour {e.neighbour}: weight must be finite and >= 0, got {e.weight!r}")
         v = e.v.to(a_i.dtype).detach()
         resid = (a_i - a_j @ v.T) if e.i_is_head else (a_j - a_i @ v.T)
         sq = (resid**2).sum()
         per_edge[e.neighbour] = float(sq.detach()) / k
-        total = total + sq
+        total = total + (sq if w == 1.0 else w * sq)
     return (lam / d_i) / (2 * k) * total, per_edge

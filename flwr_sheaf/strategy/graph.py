@@ -101,6 +101,10 @@ class GraphStrategy(PeerStrategy):
         }
 
     # ------------------------------------------------------------------ evaluate
+    def evaluate_records(self, server_round: int) -> dict:
+        """Extra records of the phase-1 evaluate messages (e.g. FedProto's global prototypes)."""
+        return {}
+
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Phase 1 (private accuracy, latents) runs here; returns the phase-2 routing messages."""
         self.ensure_discovered(grid)
@@ -110,7 +114,8 @@ class GraphStrategy(PeerStrategy):
             return []
         pids = sorted(self.nodes)
         cfg = ConfigRecord({**self.evaluate_config, "server-round": server_round})
-        p1 = [self.message(p, RecordDict({"config": cfg}), "evaluate", server_round) for p in pids]
+        extra = self.evaluate_records(server_round)
+        p1 = [self.message(p, RecordDict({"config": cfg, **extra}), "evaluate", server_round) for p in pids]
         self.eval_phase1 = self.split_replies(server_round, "evaluate", grid.send_and_receive(p1), pids)
         msgs = []
         for pid in pids:

@@ -1,0 +1,1 @@
+"""dropin-app: a Flower app with flwr-sheaf dropped in."""

@@ -1,0 +1,262 @@
+"""Cross-device Sheaf-FRL: hundreds to a thousand agents, 10-20% participation, on Flower's Ray engine.
+
+Scenario (issue 4 item 4, design.md "cross-device"):
+
+- agents: the ``tiny-<N>`` zoo (:mod:`flwr_sheaf.models.zoo`: five small CNN encoder/head families,
+  d in {16, 24, 32}, < 7k parameters each, class windows of 5-6 labels);
+- data: the paper's label-shift partition (Eq. 23, s = 0.7) of Fashion-MNIST when its idx files are
+  at ``/usr/share/datasets/fashion-mnist`` (70,000 images: ~50 train images per agent at N = 1,000),
+  else the bundled 5,000 MNIST digits (too few beyond ~100 agents: empty test splits);
+- graph: sparse, ``class-overlap-knn:4`` (each agent links to the 4 agents sharing most classes,
+  seeded ties, bridged to be connected; :func:`flwr_sheaf.topology.class_overlap_knn_graph`) or
+  ``random-regular:<k>``;
+- participation: ``fraction-train`` (uniform, default 15%) or per-node Bernoulli probabilities
+  (``--participation "uniform:0.1-0.2"``); absent neighbours' pilots are served from the server's
+  cache (policy ``cached``, exact);
+- evaluation only at the end (``evaluate-every = rounds``): evaluating 1,000 nodes costs more than
+  several training rounds.
+
+Engines: ``ray`` (default) runs ``flwr run`` through ``scripts/run_flwr.py`` (private SuperLink,
+``num-supernodes = N``, one CPU per ClientApp, so 2 Ray actors on 2 cores) and records the wall time
+and the peak resident memory of the whole process tree (``flwr`` CLI, SuperLink, SuperExec,
+simulation process, Ray's GCS/raylet/workers); ``inprocess`` uses
+:class:`flwr_sheaf.testing.LocalGrid` (no Ray). Writes ``<out>/N<N>/results.json`` per run and
+``<out>/summary.json``.
+
+Usage::
+
+    python simulations/cross_device.py --agents 100,300,1000 [--fraction 0.15] [--rounds 5]
+        [--graph class-overlap-knn:4] [--engine ray] [--out results/cross_device]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+FASHION = "/usr/share/datasets/fashion-mnist"
+_MARKERS = ("raylet", "gcs_server", "ray::", "ray/", "flwr", "flower-")
+
+
+def default_dataset() -> str:
+    """Fashion-MNIST idx files when present on this machine, else the bundled digits."""
+    return f"idx:{FASHION}" if Path(FASHION).is_dir() else "mnist-bundled"
+
+
+class TreeMemoryMonitor:
+    """Samples the summed RSS of a process tree (plus engine processes started meanwhile).
+
+    Ray's GCS/raylet/workers descend from the simulation process, which descends from the SuperLink
+    that ``flwr run`` starts, so following children from the root covers them; as a guard, processes
+    created after the monitor started whose command line names Ray or Flower are added too. RSS sums
+    count shared pages (torch's libraries, Ray's shared object store) once per process, so the sum
+    is an upper bound of the physical memory used.
+    """
+
+    def __init__(self, root_pid: int, interval: float = 0.5) -> None:
+        self.root = psutil.Process(root_pid)
+        self.interval = interval
+        self.t0 = time.time()
+        self.peak_bytes = 0
+        self.peak_procs = 0
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _procs(self) -> dict[int, psutil.Process]:
+        procs = {}
+        try:
+            procs[self.root.pid] = self.root
+            for p in self.root.children(recursive=True):
+                procs[p.pid] = p
+        except psutil.NoSuchProcess:
+            pass
+        for p in psutil.process_iter(["create_time", "cmdline"]):
+            if p.pid in procs or (p.info.get("create_time") or 0) < self.t0 - 1:
+                continue
+            cmd = " ".join(p.info.get("cmdline") or [])
+            if any(m in cmd for m in _MARKERS) and "cross_device" not in cmd and "scale.py" not in cmd:
+                procs[p.pid] = p
+        return procs
+
+    def sample(self) -> int:
+        total, n = 0, 0
+        for p in self._procs().values():
+            try:
+                total += p.memory_info().rss
+                n += 1
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_procs = total, n
+        self.samples.append((time.time() - self.t0, total))
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "TreeMemoryMonitor":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
+    """Run config of one cross-device run with ``n`` agents."""
+    rc = {
+        "zoo": f"tiny-{n}",
+        "dataset": args.dataset,
+        "graph": args.graph,
+        "num-server-rounds": args.rounds,
+        "evaluate-every": args.evaluate_every or args.rounds,
+        "local-epochs": args.local_epochs,
+        "batch-size": args.batch_size,
+        "num-pilots": args.num_pilots,
+        "pilot-batch-size": min(64, args.num_pilots),
+        "absent-policy": args.absent_policy,
+        "seed": args.seed,
+        "results-dir": str(out),
+    }
+    if args.participation:
+        rc["participation"] = args.participation
+    else:
+        rc["fraction-train"] = args.fraction
+    if args.max_steps_per_epoch:
+        rc["max-steps-per-epoch"] = args.max_steps_per_epoch
+    return rc
+
+
+def _toml_value(v) -> str:
+    return f"'{v}'" if isinstance(v, str) else repr(v)
+
+
+def run_ray(n: int, rc: dict, log_path: Path, port: int, timeout: float) -> dict:
+    """``flwr run`` with ``n`` SuperNodes; returns exit status, wall time and peak tree RSS."""
+    overrides = " ".join(f"{k}={_toml_value(v)}" for k, v in rc.items())
+    cmd = [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(ROOT), "--num-supernodes", str(n),
+           "--cpus-per-client", "1", "--port", str(port), "--timeout", str(timeout), "--run-config", overrides]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write("+ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        with TreeMemoryMonitor(proc.pid) as mon:
+            try:
+                code = proc.wait(timeout=timeout + 120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = -9
+    return {"exit_code": code, "wall_seconds": time.monotonic() - t0, "peak_rss_bytes": mon.peak_bytes,
+            "peak_rss_processes": mon.peak_procs, "memory_samples": mon.samples[:: max(1, len(mon.samples) // 200)]}
+
+
+def run_inprocess_measured(rc: dict) -> dict:
+    """In-process (LocalGrid) run; peak RSS of this process (ru_maxrss)."""
+    import resource
+
+    sys.path.insert(0, str(ROOT / "simulations"))
+    from inprocess import run_inprocess
+
+    t0 = time.monotonic()
+    run_inprocess(rc)
+    return {"exit_code": 0, "wall_seconds": time.monotonic() - t0,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_rss_processes": 1}
+
+
+def round_stats(results: dict) -> dict:
+    """Per-round wall times: training rounds (no evaluation) vs the evaluation round(s)."""
+    rounds = results["rounds"]
+    train = [r["wall_seconds"] for r in rounds if r.get("private_accuracy_mean") is None and r["round"] > 1]
+    evals = [r["wall_seconds"] for r in rounds if r.get("private_accuracy_mean") is not None]
+    first = rounds[0]["wall_seconds"] if rounds else None
+    train_sorted = sorted(train)
+    last = next((r for r in reversed(rounds) if r.get("private_accuracy_mean") is not None), {})
+    return {
+        "rounds": len(rounds),
+        "round1_seconds": first,
+        "train_round_seconds_median": train_sorted[len(train_sorted) // 2] if train_sorted else None,
+        "train_round_seconds_mean": sum(train) / len(train) if train else None,
+        "train_round_seconds": train,
+        "eval_round_seconds": evals,
+        "trained_per_round": sum(r.get("num_trained", 0) for r in rounds) / max(len(rounds), 1),
+        "edges_relayed_per_round": sum(r.get("edges_relayed", 0) for r in rounds) / max(len(rounds), 1),
+        "server_seconds_total": results.get("total_wall_seconds"),
+        "setup_seconds": (results.get("total_wall_seconds") or 0) - sum(r["wall_seconds"] for r in rounds),
+        "private_accuracy": last.get("private_accuracy_mean"),
+        "communication_accuracy": last.get("communication_accuracy_degree_weighted"),
+        "failures": len(results.get("failures", [])),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", default="100,300,1000", help="comma-separated population sizes N")
+    ap.add_argument("--fraction", type=float, default=0.15, help="fraction-train per round (uniform)")
+    ap.add_argument("--participation", default="", help="per-node Bernoulli spec instead of --fraction, e.g. uniform:0.1-0.2")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--evaluate-every", type=int, default=0, help="0 = only at the last round")
+    ap.add_argument("--graph", default="class-overlap-knn:4")
+    ap.add_argument("--dataset", default=default_dataset())
+    ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-steps-per-epoch", type=int, default=0)
+    ap.add_argument("--num-pilots", type=int, default=200)
+    ap.add_argument("--absent-policy", default="cached")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
+    ap.add_argument("--port", type=int, default=39691)
+    ap.add_argument("--timeout", type=float, default=1500.0, help="per run, seconds")
+    ap.add_argument("--out", default="results/cross_device")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    status = 0
+    for n in [int(x) for x in args.agents.split(",")]:
+        rdir = out / f"N{n}"
+        rc = run_config(n, args, rdir)
+        print(f"== N = {n}: {args.engine}, {rc}", flush=True)
+        if (rdir / "results.json").exists():
+            (rdir / "results.json").unlink()
+        if args.engine == "ray":
+            meas = run_ray(n, rc, rdir / "flwr.log", args.port, args.timeout)
+        else:
+            meas = run_inprocess_measured(rc)
+        ok = meas["exit_code"] == 0 and (rdir / "results.json").exists()
+        rec = {"n": n, "engine": args.engine, "completed": ok, "run_config": rc, **meas}
+        if ok:
+            rec.update(round_stats(json.loads((rdir / "results.json").read_text())))
+        else:
+            status = 1
+        summary[f"N{n}"] = rec
+        summary_path.write_text(json.dumps(summary, indent=1))
+        print(f"   N={n}: completed={ok} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
+              + (f", train round median {rec['train_round_seconds_median']:.1f} s, private {rec['private_accuracy']:.3f},"
+                 f" comm {rec['communication_accuracy']:.3f}" if ok and rec.get("train_round_seconds_median") is not None
+                 and rec.get("private_accuracy") is not None else ""), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

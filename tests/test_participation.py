@@ -1,0 +1,410 @@
+"""Partial participation in Sheaf-FRL: absent-neighbour policies, edge weights, the toy sheaf check.
+
+Two kinds of tests:
+
+- the **toy check** (notes ``anchor-rfedags-fedsaf-fedproto.md`` B): a quadratic sheaf problem (6
+  agents on a ring plus a chord, stalks R^3, fixed orthogonal restriction maps, local loss
+  ``||x_i - b_i||^2 / 2`` plus the gluing penalty, a few local gradient steps, uneven Bernoulli
+  participation p = [.9, .9, .9, .2, .2, .2]). Its full-participation optimum solves
+  ``(I + mu L) x = b`` with the sheaf Laplacian ``L`` of :class:`flwr_sheaf.sheaf.NetworkSheaf`.
+  A small ClientApp runs it through the real :class:`~flwr_sheaf.strategy.sheaf_frl.SheafFRL` on a
+  :class:`~flwr_sheaf.testing.LocalGrid` (its gradient is the package's
+  :func:`~flwr_sheaf.sheaf.local_gluing_penalty`, edge weights included), and an independent numpy
+  reference of the same dynamics must agree with it to rounding error. ``cached`` reaches the optimum
+  (< 1e-3 relative error), ``drop`` is biased (> 0.3); ``drop-reweighted`` (1/q) with one local step
+  and a decaying step size gets within 0.05 (numpy reference, 2e4 rounds);
+- **strategy-level** tests with the CNN ClientApp (tiny zoo, 32 pilots): what each policy relays
+  (pilots, ages, weights) against an independent reconstruction from the delivered messages and the
+  replies; p_i = 0 nodes and rounds where nobody is sampled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.client.sheaf import edge_weights_from_config
+from flwr_sheaf.client.common import edges_from_config
+from flwr_sheaf.client.task import numpy_record
+from flwr_sheaf.rfedags.participation import bernoulli_participation
+from flwr_sheaf.sheaf import EdgeTerm, NetworkSheaf, local_gluing_penalty, procrustes
+from flwr_sheaf.strategy.sheaf_frl import SheafFRL, parse_participation
+from flwr_sheaf.testing import LocalGrid
+
+torch.set_num_threads(1)
+
+# ---------------------------------------------------------------------------------------- toy sheaf
+N_TOY, D, KP = 6, 3, 2          # agents, stalk dimension, pilot rows
+MU = 1.0                        # penalty weight per edge: lambda / (d K) in Eq. 16
+LAM = MU * D * KP
+P_TOY = [0.9, 0.9, 0.9, 0.2, 0.2, 0.2]
+Q_MIN = 0.05
+
+
+def _toy_problem(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    graph = nx.cycle_graph(N_TOY)
+    graph.add_edge(0, 3)
+    maps = {}
+    for a, b in sorted(graph.edges):
+        h, t = max(a, b), min(a, b)  # equal stalks: the larger partition-id is the head
+        q, r = np.linalg.qr(rng.normal(size=(D, D)))
+        maps[(h, t)] = q * np.sign(np.diag(r))
+    targets = rng.normal(size=(N_TOY, KP, D))
+    return graph, maps, targets
+
+
+GRAPH, MAPS, B = _toy_problem()
+
+
+def _optimum() -> np.ndarray:
+    sheaf = NetworkSheaf(GRAPH, {i: D for i in range(N_TOY)}, {e: torch.from_numpy(v) for e, v in MAPS.items()})
+    lap = sheaf.laplacian().numpy()
+    rhs = B.transpose(0, 2, 1).reshape(N_TOY * D, KP)  # node blocks stacked, one column per pilot
+    x = np.linalg.solve(np.eye(N_TOY * D) + MU * lap, rhs)
+    return x.reshape(N_TOY, D, KP).transpose(0, 2, 1)
+
+
+X_STAR = _optimum()
+
+
+def _rel_err(x: np.ndarray) -> float:
+    return float(np.linalg.norm(x - X_STAR) / np.linalg.norm(X_STAR))
+
+
+def toy_client_app(local_steps: int, step_size: float) -> ClientApp:
+    """Agent i holds x_i (its 'pilots', (KP, D)); K gradient steps on ||x_i - b_i||^2/2 + Eq. 16."""
+    app = ClientApp()
+
+    @app.query("sheaf")
+    def _query(msg: Message, context) -> Message:
+        info = MetricRecord({"partition-id": int(context.node_config["partition-id"]),
+                             "num-partitions": int(context.node_config["num-partitions"]),
+                             "d": D, "classes": [0], "num-pilots": KP})
+        return Message(RecordDict({"info": info}), reply_to=msg)
+
+    @app.train("sheaf")
+    def _train(msg: Message, context) -> Message:
+        i = int(context.node_config["partition-id"])
+        cfg = msg.content["config"]
+        edges = edges_from_config(cfg)
+        weights = edge_weights_from_config(cfg, edges) or {}
+        rec = msg.content["pilots"]
+        nb = {int(k): torch.from_numpy(rec[k].numpy().copy()) for k in rec.keys()}
+        x = torch.from_numpy(context.state["x"]["x"].numpy().copy()) if "x" in context.state else torch.zeros(KP, D, dtype=torch.float64)
+        b = torch.from_numpy(B[i])
+        terms = [EdgeTerm(j, nb[j], torch.from_numpy(MAPS[(i, j) if hd else (j, i)]), hd, weights.get(j, 1.0))
+                 for j, _, hd in edges if j in nb]
+        for _ in range(local_steps):
+            x = x.detach().requires_grad_(True)
+            pen, _ = local_gluing_penalty(x, terms, float(cfg["lambda"]))
+            loss = 0.5 * ((x - b) ** 2).sum() + pen
+            (g,) = torch.autograd.grad(loss, x)
+            x = x.detach() - step_size * g
+        context.state["x"] = numpy_record({"x": x.numpy()})
+        return Message(RecordDict({"pilots": numpy_record({"pilots": x.numpy()}),
+                                   "metrics": MetricRecord({"ce": 0.0, "gluing": float(pen.detach()), "low-variance-fraction": 0.0})}),
+                       reply_to=msg)
+
+    return app
+
+
+def toy_reference(policy: str, rounds: int, local_steps: int, alpha, seed: int = 1) -> tuple[np.ndarray, list[dict]]:
+    """Independent numpy model of the same dynamics (the strategy's policy semantics, written out).
+
+    Returns the final iterates and, per round, ``{(i, j): weight}`` of the edge terms used.
+    """
+    x = np.zeros((N_TOY, KP, D))
+    bank, produced = {}, {}
+    counts = np.zeros((rounds + 1, N_TOY))  # counts[r] = arrivals in rounds 1..r
+    used = []
+    for t in range(1, rounds + 1):
+        drawn = bernoulli_participation(P_TOY, t, seed)
+        # q_j for round t: arrival frequency over rounds 1..t-2 (independent of arrival in t-1), floored
+        q = np.maximum(counts[t - 2] / (t - 2), Q_MIN) if t > 2 else np.ones(N_TOY)
+        a_t = alpha(t) if callable(alpha) else alpha
+        new, used_t = {}, {}
+        for i in np.flatnonzero(drawn):
+            terms = []
+            for j in sorted(GRAPH.neighbors(i)):
+                if j not in bank or (policy != "cached" and produced[j] != t - 1):
+                    continue
+                terms.append((j, 1.0 / q[j] if policy == "drop-reweighted" else 1.0))
+                used_t[(int(i), j)] = terms[-1][1]
+            xi = x[i].copy()
+            for _ in range(local_steps):
+                g = xi - B[i]
+                for j, w in terms:
+                    if i > j:  # i is the head: residual x_i - x_j V^T
+                        g = g + MU * w * (xi - bank[j] @ MAPS[(i, j)].T)
+                    else:      # i is the tail: residual x_j - x_i V^T
+                        g = g - MU * w * (bank[j] - xi @ MAPS[(j, i)].T) @ MAPS[(j, i)]
+                xi = xi - a_t * g
+            new[int(i)] = xi
+        for i, xi in new.items():
+            x[i] = xi
+            bank[i] = xi.copy()
+            produced[i] = t
+        counts[t] = counts[t - 1] + drawn
+        used.append(used_t)
+    return x, used
+
+
+def _toy_strategy(policy: str) -> SheafFRL:
+    return SheafFRL(num_nodes=N_TOY, graph=GRAPH, train_config={"lambda": LAM}, absent_policy=policy,
+                    participation=P_TOY, seed=1, evaluate_every=10**9, reweight_q_min=Q_MIN)
+
+
+def _run_toy(policy: str, rounds: int, local_steps: int = 5, step_size: float = 0.05):
+    grid = LocalGrid(toy_client_app(local_steps, step_size), N_TOY)
+    strategy = _toy_strategy(policy)
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=rounds)
+    x = np.zeros((N_TOY, KP, D))
+    for nid, ctx in grid.contexts.items():
+        if "x" in ctx.state:
+            x[grid.partition_of(nid)] = ctx.state["x"]["x"].numpy()
+    return x, strategy, grid
+
+
+def test_toy_laplacian_optimum_is_the_stationary_point_of_the_local_objectives():
+    """Sanity of the oracle: at x*, every agent's full local gradient (all edges, weight 1) vanishes."""
+    for i in range(N_TOY):
+        x = torch.from_numpy(X_STAR[i]).requires_grad_(True)
+        terms = [EdgeTerm(j, torch.from_numpy(X_STAR[j]), torch.from_numpy(MAPS[(max(i, j), min(i, j))]), i > j)
+                 for j in GRAPH.neighbors(i)]
+        pen, _ = local_gluing_penalty(x, terms, LAM)
+        (g,) = torch.autograd.grad(0.5 * ((x - torch.from_numpy(B[i])) ** 2).sum() + pen, x)
+        assert float(g.abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("policy", ["cached", "drop", "drop-reweighted"])
+def test_toy_flower_run_matches_the_numpy_reference(policy):
+    """The strategy relays exactly what the policy says (pilots and 1/q weights), checked by dynamics."""
+    rounds = 30
+    x_flower, strategy, grid = _run_toy(policy, rounds)
+    x_ref, used = toy_reference(policy, rounds, 5, 0.05)
+    np.testing.assert_allclose(x_flower, x_ref, rtol=0, atol=1e-10)
+    # the last round's relayed edges and weights equal the reference's
+    assert {e: w for e, (_, w) in strategy.relayed.items()} == pytest.approx(used[-1], rel=1e-12)
+    last = [m for m in grid.delivered if m.metadata.message_type == "train.sheaf" and m.metadata.group_id == str(rounds)]
+    for m in last:
+        i = grid.partition_of(m.metadata.dst_node_id)
+        cfg = m.content["config"]
+        sent = {int(k) for k in m.content["pilots"].keys()}
+        assert sent == {j for (r, j) in used[-1] if r == i}
+        if policy == "drop-reweighted":
+            expect = [used[-1].get((i, j), 0.0) for j in cfg["neighbours"]]
+            assert list(cfg["edge-weights"]) == pytest.approx(expect, rel=1e-12)
+        else:
+            assert "edge-weights" not in cfg
+
+
+def test_toy_check_cached_reaches_the_full_participation_optimum_and_drop_is_biased():
+    """Spec (notes B toy check): cached < 1e-3 relative error; drop > 0.3 (through Flower)."""
+    x_cached, s_cached, _ = _run_toy("cached", 150)
+    x_drop, s_drop, _ = _run_toy("drop", 150)
+    assert _rel_err(x_cached) < 1e-3
+    assert _rel_err(x_drop) > 0.3
+    # uneven participation really happened, and cached pilots were stale (exact) ones
+    trained = np.array([r["num_trained"] for r in s_cached.history])
+    assert 0 < trained.mean() < N_TOY
+    assert max(r["relayed_pilot_age_max"] for r in s_cached.history) > 3
+    assert max(r["relayed_pilot_age_max"] for r in s_drop.history) == 1
+    assert all(math.isfinite(r["gluing_loss"]) or r["num_trained"] == 0 for r in s_cached.history)
+
+
+def test_toy_check_reweighting_removes_the_drop_bias_with_one_local_step():
+    """Notes B: drop + 1/q with K = 1 and a decaying step gets < 0.05 while drop stays > 0.3 (numpy reference)."""
+    alpha = lambda t: 0.05 / (1 + t / 2000)  # noqa: E731
+    x_rw, _ = toy_reference("drop-reweighted", 20_000, 1, alpha)
+    x_drop, _ = toy_reference("drop", 20_000, 1, alpha)
+    assert _rel_err(x_rw) < 0.05
+    assert _rel_err(x_drop) > 0.3
+
+
+# ------------------------------------------------------------------------------ CNN ClientApp tests
+RC = {"zoo": "tiny-6", "num-pilots": 32, "local-epochs": 1, "lambda": 0.5, "seed": 3, "batch-size": 64}
+
+
+class RecordingGrid(LocalGrid):
+    """LocalGrid that also keeps every reply."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.replies: list[Message] = []
+
+    def pull_messages(self, message_ids=None, *, reply_to_message_ids=None):
+        out = super().pull_messages(message_ids, reply_to_message_ids=reply_to_message_ids)
+        self.replies.extend(out)
+        return out
+
+
+def _cnn_run(policy: str, participation, rounds: int, seed: int = 5, evaluate: bool = False):
+    grid = RecordingGrid(cnn_client_app, 6, run_config=RC)
+    s = SheafFRL(num_nodes=6, graph="ring", train_config={k: RC[k] for k in ("local-epochs", "lambda", "seed", "batch-size")},
+                 absent_policy=policy, participation=participation, seed=seed, reweight_q_min=0.1,
+                 evaluate_every=10**9, num_rounds=rounds if evaluate else None)
+    s.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=rounds)
+    return s, grid
+
+
+def _replay(grid: RecordingGrid):
+    """Independent log: {round: {pid: pilots}} of successful train replies, and the train messages."""
+    produced: dict[int, dict[int, np.ndarray]] = {}
+    for r in grid.replies:
+        if r.metadata.message_type == "train.sheaf" and not r.has_error():
+            produced.setdefault(int(r.metadata.group_id), {})[grid.partition_of(r.metadata.src_node_id)] = \
+                r.content["pilots"]["pilots"].numpy()
+    msgs: dict[int, dict[int, Message]] = {}
+    for m in grid.delivered:
+        if m.metadata.message_type == "train.sheaf":
+            msgs.setdefault(int(m.metadata.group_id), {})[grid.partition_of(m.metadata.dst_node_id)] = m
+    return produced, msgs
+
+
+def _last_produced(produced, j: int, before: int):
+    rounds = [t for t in produced if t < before and j in produced[t]]
+    return (max(rounds), produced[max(rounds)][j]) if rounds else (None, None)
+
+
+P_CNN = [1.0, 0.6, 0.5, 0.3, 0.4, 0.0]   # node 5 never trains
+ROUNDS_CNN = 5
+
+
+def test_cached_policy_relays_every_known_neighbour_with_its_last_pilots_and_age():
+    s, grid = _cnn_run("cached", P_CNN, ROUNDS_CNN)
+    produced, msgs = _replay(grid)
+    ring = nx.cycle_graph(6)
+    stale = 0
+    for t, per_node in msgs.items():
+        for i, m in per_node.items():
+            got = {int(k): m.content["pilots"][k].numpy() for k in m.content["pilots"].keys()}
+            expect = {}
+            for j in ring.neighbors(i):
+                rj, a = _last_produced(produced, j, t)
+                if rj is not None:
+                    expect[j] = (rj, a)
+            assert set(got) == set(expect)
+            for j, (rj, a) in expect.items():
+                np.testing.assert_array_equal(got[j], a)
+                stale += (t - rj) > 1
+            assert "edge-weights" not in m.content["config"]
+        if t == ROUNDS_CNN:
+            assert {e: a for e, (a, _) in s.relayed.items()} == {
+                (i, j): t - _last_produced(produced, j, t)[0] for i in per_node for j in ring.neighbors(i)
+                if _last_produced(produced, j, t)[0] is not None}
+    assert stale > 0  # the scenario did exercise stale (exact) pilots
+    assert 5 not in {i for per_node in msgs.values() for i in per_node}  # p = 0: never trained
+    assert s.history[-1]["never_trained"] == 1
+
+
+def test_drop_policy_relays_only_pilots_from_the_previous_round():
+    s, grid = _cnn_run("drop", P_CNN, ROUNDS_CNN)
+    produced, msgs = _replay(grid)
+    ring = nx.cycle_graph(6)
+    for t, per_node in msgs.items():
+        for i, m in per_node.items():
+            got = {int(k): m.content["pilots"][k].numpy() for k in m.content["pilots"].keys()}
+            fresh = {j for j in ring.neighbors(i) if j in produced.get(t - 1, {})}
+            assert set(got) == fresh
+            for j in fresh:
+                np.testing.assert_array_equal(got[j], produced[t - 1][j])
+    assert all(r["relayed_pilot_age_max"] <= 1 for r in s.history)
+    assert sum(r["edges_dropped"] for r in s.history) > 0
+
+
+def test_drop_reweighted_sends_inverse_frequency_weights():
+    s, grid = _cnn_run("drop-reweighted", P_CNN, ROUNDS_CNN)
+    produced, msgs = _replay(grid)
+    n_checked = 0
+    for t, per_node in msgs.items():
+        arrived = np.array([[j in produced.get(r, {}) for j in range(6)] for r in range(1, t - 1)], dtype=bool).reshape(-1, 6)
+        q = np.maximum(arrived.mean(0), 0.1) if len(arrived) else np.ones(6)
+        for i, m in per_node.items():
+            cfg = m.content["config"]
+            fresh = {j for j in cfg["neighbours"] if j in produced.get(t - 1, {})}
+            assert {int(k) for k in m.content["pilots"].keys()} == fresh
+            expect = [1.0 / q[j] if j in fresh else 0.0 for j in cfg["neighbours"]]
+            assert list(cfg["edge-weights"]) == pytest.approx(expect, rel=1e-12)
+            n_checked += len(fresh)
+    assert n_checked > 0
+    assert any(r["edge_weight_max"] > 1.0 for r in s.history if r["edges_relayed"])
+
+
+def test_zero_probability_nodes_and_empty_rounds_are_handled_without_nan():
+    # find a seed whose round 2 samples nobody while rounds 1 and 3 sample someone
+    p = [0.5, 0.3, 0.0, 0.3, 0.2, 0.0]
+    seed = next(sd for sd in range(1000) if not bernoulli_participation(p, 2, sd).any()
+                and bernoulli_participation(p, 1, sd).any() and bernoulli_participation(p, 3, sd).any())
+    s, grid = _cnn_run("drop-reweighted", p, 3, seed=seed, evaluate=True)
+    assert s.history[1]["num_sampled"] == 0 and s.history[1]["num_trained"] == 0
+    assert not [m for m in grid.delivered if m.metadata.message_type == "train.sheaf" and m.metadata.group_id == "2"]
+    trained = {grid.partition_of(m.metadata.dst_node_id) for m in grid.delivered if m.metadata.message_type == "train.sheaf"}
+    assert not trained & {2, 5}
+    assert not s.failures
+    last = s.history[-1]
+    for key in ("private_accuracy_mean", "communication_accuracy_degree_weighted", "communication_accuracy_mean"):
+        assert math.isfinite(last[key]), key
+    assert len(s.node_results) == 6 and all(math.isfinite(n["private_accuracy"]) for n in s.node_results.values())
+    assert np.isfinite(s._q_for_next).all() and (s._q_for_next > 0).all()
+    # nobody at all: every round empty, evaluation still runs on the untrained models
+    s0, _ = _cnn_run("cached", [0.0] * 6, 2, evaluate=True)
+    assert [r["num_trained"] for r in s0.history] == [0, 0] and not s0.bank
+    assert math.isfinite(s0.history[-1]["private_accuracy_mean"])
+
+
+# ------------------------------------------------------------------------------------ small pieces
+def test_parse_participation_forms():
+    assert parse_participation("", 3) is None
+    assert parse_participation("0.3", 3) == [0.3, 0.3, 0.3]
+    assert parse_participation("0.9,0,0.2", 3) == [0.9, 0.0, 0.2]
+    p = parse_participation("uniform:0.1-0.5", 200, seed=4)
+    assert len(p) == 200 and min(p) >= 0.1 and max(p) <= 0.5
+    assert p == parse_participation("uniform:0.1-0.5", 200, seed=4) != parse_participation("uniform:0.1-0.5", 200, seed=5)
+    assert len(parse_participation("uniform", 7)) == 7
+    for bad, match in [("1.5", r"\[0, 1\]"), ("0.1,0.2", "expected 3"), ("uniform:0.6-0.2", "a <= b"), ("often", "neither")]:
+        with pytest.raises(ValueError, match=match):
+            parse_participation(bad, 3)
+    with pytest.raises(ValueError, match="absent policy"):
+        SheafFRL(num_nodes=2, absent_policy="reweighted")
+    with pytest.raises(ValueError, match="partition-id"):
+        SheafFRL(num_nodes=3, participation={0: 0.5, 1: 0.5})
+
+
+def test_fraction_train_samples_a_fixed_number_per_round():
+    s = SheafFRL(num_nodes=10, graph="ring", fraction_train=0.3, seed=2)
+    s.nodes = {i: None for i in range(10)}  # sampling only needs the partition-ids
+    draws = [s.sample(t) for t in range(1, 6)]
+    assert all(len(d) == 3 for d in draws) and len({tuple(d) for d in draws}) > 1
+
+
+def test_edge_weight_scales_the_term_and_leaves_procrustes_unchanged():
+    torch.manual_seed(0)
+    a_i, a_j, v = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64), torch.linalg.qr(torch.randn(3, 2, dtype=torch.float64))[0]
+    one, _ = local_gluing_penalty(a_i, [EdgeTerm(1, a_j, v, True)], 0.7)
+    w, per = local_gluing_penalty(a_i, [EdgeTerm(1, a_j, v, True, 3.5)], 0.7)
+    assert float(w) == pytest.approx(3.5 * float(one), rel=1e-14)
+    assert per[1] == pytest.approx(float(((a_i - a_j @ v.T) ** 2).sum()) / 8)  # logged residual is un-weighted
+    zero, _ = local_gluing_penalty(a_i, [EdgeTerm(1, a_j, v, True, 0.0)], 0.7)
+    assert float(zero) == 0.0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="weight"):
+            local_gluing_penalty(a_i, [EdgeTerm(1, a_j, v, True, bad)], 0.7)
+    torch.testing.assert_close(procrustes(a_i, a_j), procrustes(3.5 * a_i, a_j), rtol=0, atol=1e-12)
+
+
+def test_edge_weights_config_is_validated():
+    edges = [(1, 4, True), (2, 4, False)]
+    assert edge_weights_from_config({}, edges) is None
+    assert edge_weights_from_config({"edge-weights": [2.0, 0.0]}, edges) == {1: 2.0, 2: 0.0}
+    with pytest.raises(ValueError, match="2 neighbours but 1"):
+        edge_weights_from_config({"edge-weights": [1.0]}, edges)
+    with pytest.raises(ValueError, match="partition-id 2"):
+        edge_weights_from_config({"edge-weights": [1.0, -1.0]}, edges)
