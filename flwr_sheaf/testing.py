@@ -49,6 +49,7 @@ class LocalGrid(Grid):
     Attributes:
         contexts: ``{node_id: Context}``, the committed per-node state (inspect it in tests).
         delivered: list of every delivered instruction message, in order.
+        replies: list of every reply pulled by the server, in order.
 
     Raises:
         ValueError: ``num_nodes < 1``.
@@ -79,6 +80,7 @@ class LocalGrid(Grid):
             for i, nid in enumerate(self.node_ids)
         }
         self.delivered: list[Message] = []
+        self.replies: list[Message] = []  # every reply pulled, in order (for tests)
         self._replies: dict[str, Message] = {}
 
     def partition_of(self, node_id: int) -> int:
@@ -122,7 +124,9 @@ class LocalGrid(Grid):
 
     def pull_messages(self, message_ids=None, *, reply_to_message_ids=None):  # noqa: D102
         ids = reply_to_message_ids if reply_to_message_ids is not None else message_ids
-        return [self._replies.pop(i) for i in list(ids or []) if i in self._replies]
+        out = [self._replies.pop(i) for i in list(ids or []) if i in self._replies]
+        self.replies.extend(out)
+        return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):  # noqa: D102
         return self.pull_messages(self.push_messages(list(messages)))

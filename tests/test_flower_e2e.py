@@ -25,18 +25,6 @@ torch.set_num_threads(1)
 RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "lambda": 0.5, "seed": 3}
 
 
-class RecordingGrid(LocalGrid):
-    """LocalGrid that also keeps every reply (to compare what was sent against what was relayed)."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.replies: list[Message] = []
-
-    def pull_messages(self, message_ids=None, *, reply_to_message_ids=None):
-        out = super().pull_messages(message_ids, reply_to_message_ids=reply_to_message_ids)
-        self.replies.extend(out)
-        return out
-
 
 def _strategy(graph="ring", **kw):
     return SheafFRL(num_nodes=4, graph=graph, train_config={k: RC[k] for k in ("local-epochs", "lambda", "seed")},
@@ -51,7 +39,7 @@ def _run(strategy, grid, rounds=2):
 
 
 def test_each_node_receives_exactly_its_neighbours_latest_pilots():
-    grid = RecordingGrid(cnn_client_app, 4, run_config=RC)
+    grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _run(_strategy(), grid, rounds=2)
     ring = nx.cycle_graph(4)
     sent_pilots = {}  # (round, pid) -> pilots in the train reply
@@ -159,7 +147,7 @@ def test_failed_node_keeps_state_cached_pilots_are_relayed_and_run_continues():
     def _boom(msg, ctx):  # pragma: no cover - never routed
         raise AssertionError
 
-    grid = RecordingGrid(app, 4, run_config=RC)
+    grid = LocalGrid(app, 4, run_config=RC)
     orig = grid.app
 
     def flaky(msg, ctx):

@@ -233,21 +233,9 @@ def test_toy_check_reweighting_removes_the_drop_bias_with_one_local_step():
 RC = {"zoo": "tiny-6", "num-pilots": 32, "local-epochs": 1, "lambda": 0.5, "seed": 3, "batch-size": 64}
 
 
-class RecordingGrid(LocalGrid):
-    """LocalGrid that also keeps every reply."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.replies: list[Message] = []
-
-    def pull_messages(self, message_ids=None, *, reply_to_message_ids=None):
-        out = super().pull_messages(message_ids, reply_to_message_ids=reply_to_message_ids)
-        self.replies.extend(out)
-        return out
-
 
 def _cnn_run(policy: str, participation, rounds: int, seed: int = 5, evaluate: bool = False):
-    grid = RecordingGrid(cnn_client_app, 6, run_config=RC)
+    grid = LocalGrid(cnn_client_app, 6, run_config=RC)
     s = SheafFRL(num_nodes=6, graph="ring", train_config={k: RC[k] for k in ("local-epochs", "lambda", "seed", "batch-size")},
                  absent_policy=policy, participation=participation, seed=seed, reweight_q_min=0.1,
                  evaluate_every=10**9, num_rounds=rounds if evaluate else None)
@@ -255,7 +243,7 @@ def _cnn_run(policy: str, participation, rounds: int, seed: int = 5, evaluate: b
     return s, grid
 
 
-def _replay(grid: RecordingGrid):
+def _replay(grid: LocalGrid):
     """Independent log: {round: {pid: pilots}} of successful train replies, and the train messages."""
     produced: dict[int, dict[int, np.ndarray]] = {}
     for r in grid.replies:
