@@ -11,9 +11,10 @@ cached pilots) for N = 15, 100, 300, 1,000 agents with a **fixed number of parti
 - ``eval round``: the final round, which also evaluates all N nodes (two phases);
 - ``setup``: ServerApp time outside rounds (discovery: one query per node, graph building);
 - ``total``: the whole ``flwr run`` command (SuperLink start, Ray start, data loading, ...);
-- ``peak RSS``: the summed resident memory of the process tree (flwr CLI, SuperLink, SuperExec,
-  simulation process, Ray GCS/raylet/workers), sampled every 0.5 s. Shared pages are counted once
-  per process, so this is an upper bound.
+- ``peak RSS`` / ``peak PSS``: the summed resident memory of the process tree (flwr CLI, SuperLink,
+  SuperExec, simulation process, Ray GCS/raylet/workers), sampled every 0.5 s (PSS every 2 s). The
+  RSS sum counts shared pages once per process (an upper bound); PSS splits them (the physical
+  memory attributable to the run).
 
 The per-participant work is held constant: ``max-steps-per-epoch = 1`` (one SGD step of
 ``batch-size`` images plus one pilot batch per round), so differences between rows come from the
@@ -44,15 +45,16 @@ def table(rows: list[dict], participants: int, engine: str, dataset: str) -> str
         f"class-overlap-knn:4, 1 local step per participant)",
         "",
         "| agents N | participants/round | train round s (median) | round 1 s | eval round s (all N) | setup s "
-        "| total wall s | peak RSS GiB | processes at peak | completed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| total wall s | peak RSS GiB (sum) | peak PSS GiB | processes at peak | completed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['n']} | {fmt(r.get('trained_per_round'))} | {fmt(r.get('train_round_seconds_median'), '{:.2f}')} | "
             f"{fmt(r.get('round1_seconds'))} | {fmt((r.get('eval_round_seconds') or [None])[-1])} | "
             f"{fmt(r.get('setup_seconds'))} | {fmt(r.get('wall_seconds'), '{:.0f}')} | "
-            f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | {r.get('peak_rss_processes', '-')} | "
+            f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | {fmt(r.get('peak_pss_bytes', 0) / 2**30, '{:.2f}')} | "
+            f"{r.get('peak_rss_processes', '-')} | "
             f"{'yes' if r.get('completed') else 'NO'} |")
     return "\n".join(lines)
 

@@ -18,8 +18,8 @@ Scenario (issue 4 item 4, design.md "cross-device"):
 
 Engines: ``ray`` (default) runs ``flwr run`` through ``scripts/run_flwr.py`` (private SuperLink,
 ``num-supernodes = N``, one CPU per ClientApp, so 2 Ray actors on 2 cores) and records the wall time
-and the peak resident memory of the whole process tree (``flwr`` CLI, SuperLink, SuperExec,
-simulation process, Ray's GCS/raylet/workers); ``inprocess`` uses
+and the peak resident memory (RSS and PSS sums) of the whole process tree (``flwr`` CLI, SuperLink,
+SuperExec, simulation process, Ray's GCS/raylet/workers); ``inprocess`` uses
 :class:`flwr_sheaf.testing.LocalGrid` (no Ray). Writes ``<out>/N<N>/results.json`` per run and
 ``<out>/summary.json``.
 
@@ -45,7 +45,6 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 FASHION = "/usr/share/datasets/fashion-mnist"
-_MARKERS = ("raylet", "gcs_server", "ray::", "ray/", "flwr", "flower-")
 
 
 def default_dataset() -> str:
@@ -54,51 +53,55 @@ def default_dataset() -> str:
 
 
 class TreeMemoryMonitor:
-    """Samples the summed RSS of a process tree (plus engine processes started meanwhile).
+    """Samples the resident memory of a process tree (the root and all its descendants).
 
     Ray's GCS/raylet/workers descend from the simulation process, which descends from the SuperLink
-    that ``flwr run`` starts, so following children from the root covers them; as a guard, processes
-    created after the monitor started whose command line names Ray or Flower are added too. RSS sums
-    count shared pages (torch's libraries, Ray's shared object store) once per process, so the sum
-    is an upper bound of the physical memory used.
+    that ``flwr run`` starts, so following children from the root covers the whole run (and nothing
+    of other Flower/Ray runs on the machine). Two sums are kept: RSS (counts shared pages, e.g.
+    torch's libraries, once per process: an upper bound) and PSS (shared pages split between the
+    processes that map them: the physical memory attributable to the tree), the latter sampled less
+    often because reading ``smaps`` is slower.
     """
 
-    def __init__(self, root_pid: int, interval: float = 0.5) -> None:
+    def __init__(self, root_pid: int, interval: float = 0.5, pss_every: int = 4) -> None:
         self.root = psutil.Process(root_pid)
         self.interval = interval
+        self.pss_every = pss_every
         self.t0 = time.time()
         self.peak_bytes = 0
+        self.peak_pss_bytes = 0
         self.peak_procs = 0
+        self.peak_breakdown: list[tuple[str, int]] = []
         self.samples: list[tuple[float, int]] = []
+        self._n = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _procs(self) -> dict[int, psutil.Process]:
-        procs = {}
+    def _procs(self) -> list[psutil.Process]:
         try:
-            procs[self.root.pid] = self.root
-            for p in self.root.children(recursive=True):
-                procs[p.pid] = p
+            return [self.root, *self.root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            pass
-        for p in psutil.process_iter(["create_time", "cmdline"]):
-            if p.pid in procs or (p.info.get("create_time") or 0) < self.t0 - 1:
-                continue
-            cmd = " ".join(p.info.get("cmdline") or [])
-            if any(m in cmd for m in _MARKERS) and "cross_device" not in cmd and "scale.py" not in cmd:
-                procs[p.pid] = p
-        return procs
+            return []
 
     def sample(self) -> int:
-        total, n = 0, 0
-        for p in self._procs().values():
+        total, pss, n, parts = 0, 0, 0, []
+        want_pss = self._n % self.pss_every == 0
+        self._n += 1
+        for p in self._procs():
             try:
-                total += p.memory_info().rss
-                n += 1
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                rss = p.memory_info().rss
+                if want_pss:
+                    pss += p.memory_full_info().pss
+                name = " ".join(p.cmdline()[:2])[-60:]
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+            total += rss
+            n += 1
+            parts.append((name, rss))
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_procs = total, n
+            self.peak_breakdown = sorted(parts, key=lambda x: -x[1])[:8]
+        self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
         self.samples.append((time.time() - self.t0, total))
         return total
 
@@ -163,7 +166,9 @@ def run_ray(n: int, rc: dict, log_path: Path, port: int, timeout: float) -> dict
                 proc.kill()
                 code = -9
     return {"exit_code": code, "wall_seconds": time.monotonic() - t0, "peak_rss_bytes": mon.peak_bytes,
-            "peak_rss_processes": mon.peak_procs, "memory_samples": mon.samples[:: max(1, len(mon.samples) // 200)]}
+            "peak_pss_bytes": mon.peak_pss_bytes, "peak_rss_processes": mon.peak_procs,
+            "peak_rss_breakdown": mon.peak_breakdown,
+            "memory_samples": mon.samples[:: max(1, len(mon.samples) // 200)]}
 
 
 def run_inprocess_measured(rc: dict) -> dict:
@@ -252,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"N{n}"] = rec
         summary_path.write_text(json.dumps(summary, indent=1))
         print(f"   N={n}: completed={ok} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
+              f" (PSS {meas.get('peak_pss_bytes', 0) / 2**30:.2f} GiB)"
               + (f", train round median {rec['train_round_seconds_median']:.1f} s, private {rec['private_accuracy']:.3f},"
                  f" comm {rec['communication_accuracy']:.3f}" if ok and rec.get("train_round_seconds_median") is not None
                  and rec.get("private_accuracy") is not None else ""), flush=True)
