@@ -53,7 +53,7 @@ def table(rows: list[dict], participants: int, engine: str, dataset: str) -> str
             f"| {r['n']} | {fmt(r.get('trained_per_round'))} | {fmt(r.get('train_round_seconds_median'), '{:.2f}')} | "
             f"{fmt(r.get('round1_seconds'))} | {fmt((r.get('eval_round_seconds') or [None])[-1])} | "
             f"{fmt(r.get('setup_seconds'))} | {fmt(r.get('wall_seconds'), '{:.0f}')} | "
-            f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | {fmt(r.get('peak_pss_bytes', 0) / 2**30, '{:.2f}')} | "
+            f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | {fmt(r['peak_pss_bytes'] / 2**30 if r.get('peak_pss_bytes') else None, '{:.2f}')} | "
             f"{r.get('peak_rss_processes', '-')} | "
             f"{'yes' if r.get('completed') else 'NO'} |")
     return "\n".join(lines)

@@ -209,6 +209,24 @@ def round_stats(results: dict) -> dict:
     }
 
 
+def table(summary: dict) -> str:
+    """Markdown table of the runs in ``summary`` (``summary.json``'s content)."""
+    fmt = lambda x, f="{:.1f}": "-" if x is None else f.format(x)  # noqa: E731
+    lines = ["| agents N | engine | trained/round | relayed edges/round | train round s (median) | eval round s (all N) "
+             "| setup s | total wall s | peak RSS GiB (sum) | peak PSS GiB | private acc | comm acc (deg.-w.) | completed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(summary.values(), key=lambda r: r["n"]):
+        lines.append(
+            f"| {r['n']} | {r['engine']} | {fmt(r.get('trained_per_round'))} | {fmt(r.get('edges_relayed_per_round'))} | "
+            f"{fmt(r.get('train_round_seconds_median'))} | {fmt((r.get('eval_round_seconds') or [None])[-1])} | "
+            f"{fmt(r.get('setup_seconds'))} | {fmt(r.get('wall_seconds'), '{:.0f}')} | "
+            f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | "
+            f"{fmt(r['peak_pss_bytes'] / 2**30 if r.get('peak_pss_bytes') else None, '{:.2f}')} | "
+            f"{fmt(r.get('private_accuracy'), '{:.3f}')} | {fmt(r.get('communication_accuracy'), '{:.3f}')} | "
+            f"{'yes' if r.get('completed') else 'NO'} |")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", default="100,300,1000", help="comma-separated population sizes N")
@@ -256,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             status = 1
         summary[f"N{n}"] = rec
         summary_path.write_text(json.dumps(summary, indent=1))
+        (out / "table.md").write_text(table(summary) + "\n")
         print(f"   N={n}: completed={ok} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
               f" (PSS {meas.get('peak_pss_bytes', 0) / 2**30:.2f} GiB)"
               + (f", train round median {rec['train_round_seconds_median']:.1f} s, private {rec['private_accuracy']:.3f},"
