@@ -111,7 +111,34 @@ class Manifold(Protocol):
     def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray: ...
 
 
-class Stiefel:
+class _GeooptEmbedded:
+    """Shared plumbing of the embedded manifolds below (geoopt backend, numpy in/out).
+
+    Subclasses set ``point_shape`` (trailing shape of a point) and ``_geo`` (a geoopt manifold).
+    """
+
+    point_shape: tuple[int, ...]
+
+    def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
+        """float64 contiguous copy of ``a``; ValueError if its trailing shape is not ``point_shape``."""
+        out = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
+        k = len(self.point_shape)
+        if out.shape[-k:] != self.point_shape:
+            raise ValueError(f"{name}: expected shape (..., {', '.join(map(str, self.point_shape))}) on {self!r}, got {out.shape}")
+        return out
+
+    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Tangent projection at ``x`` (Stiefel: ``U - X sym(X^T U)``; sphere: ``u - <x, u> x``); float64."""
+        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
+        with _single_thread_torch():
+            return self._geo.proju(_t(x), _t(u)).numpy()
+
+    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64."""
+        return self.proj(x, g)
+
+
+class Stiefel(_GeooptEmbedded):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric.
 
     Implements the operators of notes A.4 for Stiefel problems (PCA):
@@ -138,23 +165,6 @@ class Stiefel:
     def __repr__(self) -> str:
         return f"Stiefel(d={self.d}, r={self.r})"
 
-    def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
-        out = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
-        if out.shape[-2:] != self.point_shape:
-            raise ValueError(
-                f"{name}: expected shape (..., {self.d}, {self.r}) on {self!r}, got {out.shape}"
-            )
-        return out
-
-    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Tangent projection ``U - X sym(X^T U)``; shapes ``(..., d, r)``, returns float64."""
-        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
-        with _single_thread_torch():
-            return self._geo.proju(_t(x), _t(u)).numpy()
-
-    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Riemannian gradient of the embedded metric = ``proj(x, g)``; ``(..., d, r)`` float64."""
-        return self.proj(x, g)
 
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """QR retraction ``qf(X + U)``, columns sign-fixed so ``diag(R) >= 0`` (``R_X(0) = X``).
@@ -209,7 +219,7 @@ class Stiefel:
         return np.linalg.norm(0.5 * (xtu + np.swapaxes(xtu, -1, -2)), axis=(-2, -1))
 
 
-class Sphere:
+class Sphere(_GeooptEmbedded):
     """Unit sphere ``S^{n-1} = {x in R^n: ||x|| = 1}`` with the embedded metric.
 
     Args:
@@ -241,21 +251,6 @@ class Sphere:
     def __repr__(self) -> str:
         return f"Sphere(n={self.n}, retraction={self.retraction!r}, transport={self.transport!r})"
 
-    def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
-        out = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
-        if out.shape[-1:] != self.point_shape:
-            raise ValueError(f"{name}: expected shape (..., {self.n}) on {self!r}, got {out.shape}")
-        return out
-
-    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Tangent projection ``u - <x, u> x``; shapes ``(..., n)``, float64."""
-        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
-        with _single_thread_torch():
-            return self._geo.proju(_t(x), _t(u)).numpy()
-
-    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64."""
-        return self.proj(x, g)
 
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Retraction (normalisation or exponential map, see class doc); float64 ``(..., n)``."""
