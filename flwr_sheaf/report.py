@@ -8,7 +8,20 @@ from pathlib import Path
 
 
 def summary_lines(results: dict) -> list[str]:
-    """Human-readable lines: method, final evaluated round, accuracies, collapse metric, timing."""
+    """Human-readable lines of a parsed ``results.json`` (schema of
+    :func:`flwr_sheaf.results.write_results`): method, final evaluated round, private and
+    communication accuracy (degree-weighted and mean over receivers, paper Eq. 22), the
+    collapse diagnostic (docs/stability.md, s3), bytes and wall time.
+
+    Args:
+        results: the parsed JSON dict.
+
+    Returns:
+        list of str (one line ``"no evaluated round in results"`` when nothing was evaluated).
+
+    Raises:
+        KeyError: ``results`` lacks ``rounds`` or an evaluated round lacks a mandatory key.
+    """
     rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
     if not rounds:
         return ["no evaluated round in results"]
@@ -27,7 +40,14 @@ def summary_lines(results: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
+    """CLI entry point: ``python -m flwr_sheaf.report RESULTS_JSON`` prints :func:`summary_lines`.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        exit status: 0, or 2 on a usage error (message on stderr).
+    """
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m flwr_sheaf.report RESULTS_JSON", file=sys.stderr)

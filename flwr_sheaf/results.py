@@ -28,7 +28,24 @@ def write_results(results_dir: str | Path, config: Mapping, rounds: Sequence[Map
     ``round``, ``private_accuracy_mean``, ``communication_accuracy_mean``,
     ``communication_accuracy_degree_weighted``, ``gluing_loss``, ``bytes_sent``, ``wall_seconds``),
     ``nodes`` (per partition-id: ``d``, ``private_accuracy``, ...), ``edges`` (per directed edge:
-    ``src``, ``dst``, ``communication_accuracy``), plus method-specific keys. NaN becomes null.
+    ``src``, ``dst``, ``communication_accuracy``), plus method-specific keys. NaN and inf become
+    null; mapping keys become strings. The two communication averages are those of paper Eq. 22 /
+    Fig. 2 (docs/reference.md, s6).
+
+    Args:
+        results_dir: directory (created if missing).
+        config: JSON-serialisable run config.
+        rounds: per-round dicts (each with an int ``round``).
+        nodes: ``{partition-id: dict}``.
+        edges: per directed edge dicts.
+        **extra: further top-level keys (JSON-serialisable).
+
+    Returns:
+        Path of ``results.json``.
+
+    Raises:
+        TypeError: a value that JSON cannot serialise.
+        OSError: the directory or files cannot be written.
     """
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -41,7 +58,17 @@ def write_results(results_dir: str | Path, config: Mapping, rounds: Sequence[Map
 
 
 def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") -> None:
-    """Private and communication accuracy against server rounds (matplotlib, Agg backend)."""
+    """Plot private and communication accuracy against server rounds to ``path`` (PNG, matplotlib
+    Agg backend). Series that are missing or all NaN in ``rounds`` are left out.
+
+    Args:
+        rounds: per-round dicts with ``round`` and the accuracy keys of :func:`write_results`.
+        path: output file.
+        title: figure title.
+
+    Raises:
+        OSError: ``path`` cannot be written.
+    """
     import matplotlib
 
     matplotlib.use("Agg")

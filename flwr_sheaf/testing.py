@@ -7,7 +7,9 @@ simulation engine's semantics that matter to strategies (Flower 1.42):
 - each node's ``Context`` has ``node_config = {"partition-id": i, "num-partitions": N}``;
 - ``context.state`` is committed only when the handler returns normally; an exception becomes an
   error reply (code 2, as Flower's ``CLIENT_APP_RAISED_EXCEPTION``) and the state is rolled back;
-- a ``drop`` predicate emulates nodes that never answer (no reply at all).
+- a ``drop`` predicate emulates nodes that never answer (no reply at all). Like Flower's grid,
+  ``send_and_receive`` then waits for the ``timeout``; without a timeout the real engine would
+  wait forever, so LocalGrid raises instead (a strategy that forgets the timeout fails its tests).
 
 Relies on Flower internals (``flwr.supercore``), hence the ``flwr>=1.42,<1.43`` pin.
 """
@@ -15,6 +17,7 @@ Relies on Flower internals (``flwr.supercore``), hence the ``flwr>=1.42,<1.43`` 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterable, Mapping
 from uuid import uuid4
 
@@ -45,11 +48,14 @@ class LocalGrid(Grid):
         run_config: the run config every node's ``Context`` sees (the app's ``run_config``).
         drop: optional predicate ``drop(message) -> bool``; a dropped message gets no reply,
             like a node that went silent.
+        wait_cap: seconds actually slept when replies are missing (``min(timeout, wait_cap)``;
+            default 0: the wait is only recorded in :attr:`waits`, so tests stay fast).
 
     Attributes:
         contexts: ``{node_id: Context}``, the committed per-node state (inspect it in tests).
         delivered: list of every delivered instruction message, in order.
         replies: list of every reply pulled by the server, in order.
+        waits: the ``timeout`` of every ``send_and_receive`` that had unanswered messages.
 
     Raises:
         ValueError: ``num_nodes < 1``.
@@ -61,6 +67,7 @@ class LocalGrid(Grid):
         num_nodes: int,
         run_config: Mapping[str, object] | None = None,
         drop: Callable[[Message], bool] | None = None,
+        wait_cap: float = 0.0,
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
@@ -68,6 +75,8 @@ class LocalGrid(Grid):
         self._run = Run.create_empty(1)
         self.app = client_app
         self.drop = drop or (lambda m: False)
+        self.wait_cap = float(wait_cap)
+        self.waits: list[float] = []
         self.node_ids = [1_000_003 + 7919 * i for i in range(num_nodes)]
         self.contexts = {
             nid: Context(
@@ -128,5 +137,18 @@ class LocalGrid(Grid):
         self.replies.extend(out)
         return out
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):  # noqa: D102
-        return self.pull_messages(self.push_messages(list(messages)))
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
+        """Deliver, then collect the replies; with missing replies, wait ``timeout`` as Flower does.
+
+        Raises:
+            RuntimeError: replies are missing and ``timeout`` is None (the engine would hang forever).
+        """
+        ids = list(self.push_messages(list(messages)))
+        out = self.pull_messages(ids)
+        if len(out) < len(ids):
+            if timeout is None:
+                raise RuntimeError(f"{len(ids) - len(out)} message(s) unanswered and send_and_receive has no "
+                                   f"timeout: Flower's grid would wait forever")
+            self.waits.append(float(timeout))
+            time.sleep(min(float(timeout), self.wait_cap))
+        return out

@@ -1,4 +1,4 @@
-"""Communication graphs (paper Sec. 5 "Network topology"; notes ``anchor-sfrl-reference.md`` s1.4).
+"""Communication graphs (paper Sec. 6 "Network topology"; docs/reference.md, s8).
 
 Nodes are partition ids ``0..N-1``; graphs are undirected, simple ``networkx.Graph`` objects.
 Edge orientation (head/tail by stalk dimension) is *not* decided here; see :mod:`flwr_sheaf.sheaf`.
@@ -49,7 +49,7 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     ``floor(density * N (N-1) / 2)`` edges. Pairs with ``w = 0`` are eligible like any other (the
     reference does the same), so a small budget never leaves the graph disconnected.
 
-    For the paper's 15 class sets and density 0.4 this gives 42 edges (notes s1.4).
+    For the paper's 15 class sets and density 0.4 this gives 42 edges (docs/reference.md, s8).
 
     Args:
         class_sets: ``N`` non-empty collections of class ids (agent ``i`` = node ``i``).

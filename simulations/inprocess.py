@@ -1,7 +1,8 @@
 """Run one flwr-sheaf configuration in-process (LocalGrid, no Ray) and return its results.
 
 The same ServerApp/ClientApp code as ``flwr run``, minus the engine: useful for sweeps on a
-small machine. ``python simulations/inprocess.py key=value ...`` runs one configuration.
+small machine. ``python simulations/inprocess.py key=value ...`` runs one configuration; values
+are typed by :data:`flwr_sheaf.config.KEYS` (unknown keys and bad values are refused, named).
 """
 
 from __future__ import annotations
@@ -13,28 +14,32 @@ from pathlib import Path
 import torch
 
 from flwr_sheaf.apps.client_app import app as client_app
-from flwr_sheaf.apps.scenario import DEFAULTS, Scenario
+from flwr_sheaf.apps.scenario import agent_specs
 from flwr_sheaf.apps.server_app import run_server
+from flwr_sheaf.config import DEFAULTS, RunConfig
 from flwr_sheaf.testing import LocalGrid
 
 
 def parse_overrides(items: list[str]) -> dict:
-    """``["lambda=0.1", "zoo=tiny-4"]`` -> typed dict (types follow :data:`DEFAULTS`)."""
+    """``["lambda=0.1", "zoo=tiny-4"]`` -> typed dict (types follow :data:`DEFAULTS`; ``fedproto-dim`` keeps strings)."""
     out = {}
     for it in items:
         k, _, v = it.partition("=")
         if k not in DEFAULTS:
             raise KeyError(f"unknown run-config key {k!r}; known: {sorted(DEFAULTS)}")
         t = type(DEFAULTS[k])
-        out[k] = t(float(v)) if t is int else t(v)
+        if t is str:
+            out[k] = v
+        else:
+            out[k] = float(v) if t is float or "." in v else int(v)
     return out
 
 
 def run_inprocess(run_config: dict) -> dict:
     """Run ``run_config`` through :class:`flwr_sheaf.testing.LocalGrid`; returns the results dict."""
-    torch.set_num_threads(int(run_config.get("torch-threads", 1)))
-    n = Scenario.from_run_config(run_config).num_nodes
-    grid = LocalGrid(client_app, n, run_config=run_config)
+    cfg = RunConfig.from_run_config(run_config)
+    torch.set_num_threads(max(1, cfg.train.torch_threads))
+    grid = LocalGrid(client_app, len(agent_specs(cfg.scenario)), run_config=run_config)
     path = run_server(grid, run_config)
     return json.loads(Path(path).read_text())
 

@@ -1,70 +1,78 @@
-"""The ``method`` run-config switch: builds the server-side strategy of each method.
+"""The method registry: one line per ``method`` value (its strategy builder and client handlers).
 
-Every method runs on the same scenario (agents, data, graph) and writes the same ``results.json``
-schema (:func:`flwr_sheaf.apps.server_app.run_server`); the ClientApp
-(:mod:`flwr_sheaf.apps.client_app`) carries every method's handlers under its own action.
-
-=================== ====================================================== ==========
-``method``          strategy                                               action
-=================== ====================================================== ==========
-``sheaf-frl``       :class:`~flwr_sheaf.strategy.sheaf_frl.SheafFRL`        ``sheaf``
-``fedproto``        :class:`~flwr_sheaf.strategy.fedproto.FedProto`         ``fedproto``
-``fedsaf-gcsa``     :class:`~flwr_sheaf.strategy.fedsaf.FedSAF` (GCSA)      ``fedsaf``
-``fedsaf-rcsa``     :class:`~flwr_sheaf.strategy.fedsaf.FedSAF` (RCSA)      ``fedsaf``
-``non-cooperative`` :class:`~flwr_sheaf.strategy.noncooperative.NonCooperative` ``noncooperative``
-=================== ====================================================== ==========
-
-Method keys: ``fedproto-dim`` (common prototype dimension D of the pooling adapter; 0 = none, all
-stalk dimensions must agree), ``fedproto-lambda``, ``fedproto-reduction`` (``mse`` | ``per_sample``),
-``fedproto-aggregation`` (``weighted`` | ``unweighted``), ``fedproto-missing`` (``carry`` | ``drop``);
-FedSAF also uses ``fedsaf-lambda``, ``fedsaf-gamma`` and ``fedsaf-structure`` (empty = the method's
-GCSA/RCSA; ``mse`` or ``cosine`` = the coordinate-alignment ablation).
+Adding a method (README "Adding a method"): its maths module, its loss plug-in and
+:class:`~flwr_sheaf.client.handlers.ClientMethod` (``client/``), its strategy hooks
+(``strategy/``), its config section if it has keys (``config.py``), and one line here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
+from flwr.clientapp import ClientApp
+
+from ..client.fedproto import register_fedproto_handlers
+from ..client.fedsaf import register_fedsaf_handlers
+from ..client.noncooperative import register_noncooperative_handlers
+from ..client.sheaf import register_sheaf_handlers
+from ..client.task import TaskFactory
+from ..config import ConfigError, RunConfig
 from ..strategy.base import PeerStrategy
 from ..strategy.fedproto import FedProto
 from ..strategy.fedsaf import FedSAF
 from ..strategy.noncooperative import NonCooperative
-from ..strategy.sheaf_frl import SheafFRL, parse_participation
-from .scenario import Scenario, run_config_value
+from ..strategy.sheaf_frl import SheafFRL
+from .scenario import agent_specs
 
-__all__ = ["METHODS", "build_strategy"]
-
-METHODS = ("sheaf-frl", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "non-cooperative")
-
-#: Local-training keys every method forwards (same SGD, batches and budget for every method).
-_LOCAL_KEYS = ("local-epochs", "lr", "momentum", "weight-decay", "batch-size", "clip-norm", "seed", "max-steps-per-epoch")
-_TRAIN_KEYS = ("lambda", "pilot-batch-size", *_LOCAL_KEYS)
+__all__ = ["Method", "METHODS", "build_strategy", "register_all_handlers"]
 
 
-def build_strategy(rc: Mapping, scenario: Scenario) -> PeerStrategy:
-    """Strategy for ``rc["method"]``.
+@dataclass(frozen=True)
+class Method:
+    """A ``method`` value: how the ServerApp builds its strategy and how the ClientApp serves it.
+
+    Attributes:
+        name: the run-config value.
+        strategy: ``strategy(config, num_nodes) -> PeerStrategy``.
+        handlers: ``handlers(app, factory) -> app`` registering its ClientApp handlers.
+    """
+
+    name: str
+    strategy: Callable[[RunConfig, int], PeerStrategy]
+    handlers: Callable[[ClientApp, TaskFactory], ClientApp]
+
+
+def _fedsaf(structure: str) -> Callable[[RunConfig, int], PeerStrategy]:
+    def build(c: RunConfig, n: int) -> PeerStrategy:
+        saf = c.fedsaf if c.fedsaf.structure else replace(c.fedsaf, structure=structure)
+        return FedSAF(n, federation=c.federation, train=c.train, fedproto=c.fedproto, fedsaf=saf)
+
+    return build
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("sheaf-frl", lambda c, n: SheafFRL(n, federation=c.federation, train=c.train, sheaf=c.sheaf), register_sheaf_handlers),
+    Method("non-cooperative", lambda c, n: NonCooperative(n, federation=c.federation, train=c.train), register_noncooperative_handlers),
+    Method("fedproto", lambda c, n: FedProto(n, federation=c.federation, train=c.train, fedproto=c.fedproto), register_fedproto_handlers),
+    Method("fedsaf-gcsa", _fedsaf("gcsa"), register_fedsaf_handlers),
+    Method("fedsaf-rcsa", _fedsaf("rcsa"), register_fedsaf_handlers),
+)}
+
+
+def build_strategy(config: RunConfig) -> PeerStrategy:
+    """The strategy of ``config.method`` on ``config.scenario``'s agents (nothing is sent yet).
 
     Raises:
-        ValueError: unknown method (named, with the valid ones).
+        ConfigError: an unknown method (named, with the valid ones).
     """
-    method = str(run_config_value(rc, "method"))
-    v = lambda k: run_config_value(rc, k)  # noqa: E731
-    common = dict(num_nodes=scenario.num_nodes, graph=str(v("graph")), fraction_train=float(v("fraction-train")),
-                  participation=parse_participation(v("participation"), scenario.num_nodes, int(v("seed"))),
-                  seed=int(v("seed")), evaluate_every=int(v("evaluate-every")), num_rounds=int(v("num-server-rounds")))
-    local = {k: v(k) for k in _LOCAL_KEYS}
-    if method == "sheaf-frl":
-        return SheafFRL(train_config={k: v(k) for k in _TRAIN_KEYS}, absent_policy=str(v("absent-policy")),
-                        reweight_q_min=float(v("reweight-q-min")),
-                        lambda_warmup_rounds=int(v("lambda-warmup-rounds")), **common)
-    if method == "non-cooperative":
-        return NonCooperative(train_config=local, **common)
-    if method in ("fedproto", "fedsaf-gcsa", "fedsaf-rcsa"):
-        proto = dict(feature_dim=int(v("fedproto-dim")) or None, aggregation=str(v("fedproto-aggregation")),
-                     missing=str(v("fedproto-missing")), **common)
-        if method == "fedproto":
-            return FedProto(train_config={**local, "fedproto-lambda": float(v("fedproto-lambda")),
-                                          "fedproto-reduction": str(v("fedproto-reduction"))}, **proto)
-        return FedSAF(structure=str(v("fedsaf-structure")) or method.removeprefix("fedsaf-"),
-                      lam=float(v("fedsaf-lambda")), gamma=float(v("fedsaf-gamma")), train_config=local, **proto)
-    raise ValueError(f"unknown method {method!r}; valid methods: {METHODS}")
+    if config.method not in METHODS:
+        raise ConfigError(f"method={config.method!r}: must be one of {sorted(METHODS)}")
+    return METHODS[config.method].strategy(config, len(agent_specs(config.scenario)))
+
+
+def register_all_handlers(app: ClientApp, factory: TaskFactory) -> ClientApp:
+    """Register every method's handlers on ``app`` (methods sharing an action register it once)."""
+    for handlers in dict.fromkeys(m.handlers for m in METHODS.values()):
+        handlers(app, factory)
+    return app

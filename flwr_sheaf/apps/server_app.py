@@ -4,25 +4,32 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
-from flwr.app import ArrayRecord, Context
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from ..config import RunConfig
 from ..results import write_results
 from .methods import build_strategy
-from .scenario import Scenario, run_config_value
 
 log = logging.getLogger("flwr_sheaf")
 
 app = ServerApp()
 
 
-def run_server(grid: Grid, run_config: dict) -> Path:
-    """Run the configured method for ``num-server-rounds`` on ``grid`` and write its results.
+def run_server(grid: Grid, run_config: Mapping) -> Path:
+    """Validate the run config, run the configured method on ``grid`` and write its results.
+
+    Every key and value is checked (and the graph built on the zoo's agents) before any message is
+    sent; ``results.json`` records every key's effective value.
 
     Returns:
         Path of the written ``results.json``.
+
+    Raises:
+        ConfigError: an unknown key, a bad value or an unknown method (named).
     """
     if not log.handlers:  # our own progress lines only; leave the root logger to the host app
         handler = logging.StreamHandler()
@@ -30,17 +37,14 @@ def run_server(grid: Grid, run_config: dict) -> Path:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    rc = dict(run_config)
-    scenario = Scenario.from_run_config(rc)
-    strategy = build_strategy(rc, scenario)
+    config = RunConfig.from_run_config(run_config)
+    strategy = build_strategy(config)
     t0 = time.monotonic()
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=int(run_config_value(rc, "num-server-rounds")))
+    strategy.start(grid=grid, num_rounds=config.num_server_rounds, timeout=config.round_timeout)
     wall = time.monotonic() - t0
-    config = {**{k: run_config_value(rc, k) for k in ("method",)}, **rc}
-    out = Path(str(run_config_value(rc, "results-dir"))).expanduser().resolve()
-    extra = strategy.results_extra() if hasattr(strategy, "results_extra") else {}
-    path = write_results(out, config, strategy.history, strategy.node_results, strategy.edge_results,
-                         failures=strategy.failures, total_wall_seconds=wall, **extra)
+    out = Path(config.results_dir).expanduser().resolve()
+    path = write_results(out, config.to_dict(), strategy.history, strategy.node_results, strategy.edge_results,
+                         failures=strategy.failures, total_wall_seconds=wall, **strategy.results_extra())
     log.info("results written to %s (%.1f s)", path, wall)
     return path
 

@@ -3,7 +3,7 @@ Clients", AAAI 2022) in pure torch: local class prototypes, server aggregation, 
 regulariser, nearest-prototype inference, and the parameter-free pooling adapter that gives
 heterogeneous encoders a common feature dimension.
 
-Conventions (specs: notes ``anchor-rfedags-fedsaf-fedproto.md`` section D and pitfalls E):
+Conventions (docs/baselines.md, s3):
 
 * A prototype set is a ``dict[int, Tensor]`` mapping a **Python int** class id to a ``(d,)``
   tensor. Keying by tensors (e.g. the elements of ``torch.unique(y)``) makes look-ups with ints
@@ -82,11 +82,12 @@ def _check_labels(y: torch.Tensor, batch: int, num_classes: int | None, name: st
             raise ValueError(f"{name} contains class id {bad} outside {rng}")
 
 
-def _check_latents(z: torch.Tensor, name: str = "z") -> None:
+def _check_latents(z: torch.Tensor, name: str = "z", rows: str = "B") -> None:
+    """ValueError unless ``z`` is a floating 2-D tensor ``(rows, d)`` (shared with FedSAF)."""
     if not isinstance(z, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(z).__name__}")
     if z.ndim != 2:
-        raise ValueError(f"{name} must have shape (B, d), got {tuple(z.shape)}")
+        raise ValueError(f"{name} must have shape ({rows}, d), got {tuple(z.shape)}")
     if not z.is_floating_point():
         raise ValueError(f"{name} must be a floating tensor, got dtype {z.dtype}")
 
@@ -181,7 +182,7 @@ def class_prototypes(
     if y.numel() == 0:
         return protos, counts
     y = y.to(z.device)
-    for c in torch.unique(y).tolist():  # .tolist() -> Python ints (pitfall E.2)
+    for c in torch.unique(y).tolist():  # .tolist() -> Python ints (docs/baselines.md, s3.6)
         mask = y == c
         protos[int(c)] = z[mask].mean(dim=0)
         counts[int(c)] = int(mask.sum())
@@ -257,7 +258,7 @@ def fedproto_loss(
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
     """Prototype inference: ``argmin_c ||z_j - P_g^c||_2`` over the classes with a prototype.
 
-    FedProto's inference rule (notes D.4). Distances are computed pairwise without the
+    FedProto's inference rule (docs/baselines.md, s3.4). Distances are computed pairwise without the
     ``||a||^2 - 2ab + ||b||^2`` expansion (no cancellation); ties go to the smallest class id.
 
     Args:
@@ -424,7 +425,7 @@ class PoolingAdapter(nn.Module):
     """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common``.
 
     HtFLlib replaces each backbone's classifier with ``nn.AdaptiveAvgPool1d(feature_dim)`` so that
-    heterogeneous encoders emit the same dimension (notes D.6); this is the same operation
+    heterogeneous encoders emit the same dimension (docs/baselines.md, s3.5); this is the same operation
     (``torch.nn.functional.adaptive_avg_pool1d`` over the last axis). Output entry ``k`` averages
     input entries ``[floor(k*d_in/d_common), ceil((k+1)*d_in/d_common))``: with ``2048 -> 512``
     each output averages 4 consecutive inputs; with ``64 -> 512`` each input is repeated 8 times
@@ -449,7 +450,13 @@ class PoolingAdapter(nn.Module):
         self.d_in = int(d_in)
         self.d_common = int(d_common)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 - documented on the class
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pool the last axis: ``(..., d_in)`` floating -> ``(..., d_common)``, same dtype (``x``
+        itself when ``d_in == d_common``).
+
+        Raises:
+            ValueError: the last dimension of ``x`` is not ``d_in``.
+        """
         if x.ndim < 1 or x.shape[-1] != self.d_in:
             raise ValueError(
                 f"PoolingAdapter expected last dim d_in={self.d_in}, got shape {tuple(x.shape)}"
@@ -461,13 +468,14 @@ class PoolingAdapter(nn.Module):
         return F.adaptive_avg_pool1d(flat, self.d_common).reshape(*lead, self.d_common)
 
     def extra_repr(self) -> str:
+        """``nn.Module`` repr details: ``d_in`` and ``d_common``."""
         return f"d_in={self.d_in}, d_common={self.d_common}"
 
 
 def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
     """Check that FedProto clients can average prototypes coordinate-wise.
 
-    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (notes D.6).
+    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (docs/baselines.md, s3.5).
 
     Args:
         dims: client id -> native feature dim (positive ints), non-empty.

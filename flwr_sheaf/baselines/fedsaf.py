@@ -1,7 +1,7 @@
 """FedSAF mathematics (Wu et al., "FedSAF: Federated Structural Alignment Framework for
 heterogeneous FL", arXiv 2605.05959) in pure torch.
 
-Equation numbers refer to that paper (notes ``anchor-rfedags-fedsaf-fedproto.md`` section C):
+Equation numbers refer to that paper (summary: docs/baselines.md, s4):
 
 * Eq. (6): coordinate alignment ``L_coord(z, P_g^y) = D_coord(z, P_g^y)`` with ``D_coord`` the
   squared L2 distance or a cosine loss -> :func:`mse_alignment`, :func:`cosine_alignment`.
@@ -18,7 +18,7 @@ Equation numbers refer to that paper (notes ``anchor-rfedags-fedsaf-fedproto.md`
   ``L_local = L_sup + lambda L_proto + gamma L_inst`` -> :func:`structure_alignment_inputs`,
   :func:`fedsaf_objective`.
 
-Decisions the paper leaves open (ours, notes C.2): structure losses need ``n >= MIN_ROWS = 3``
+Decisions the paper leaves open (ours, docs/baselines.md, s4.4-s4.5): structure losses need ``n >= MIN_ROWS = 3``
 rows — at ``n = 2`` both GCSA and RCSA are identically 0 (two centred rows are ``+-(p1-p2)/2`` so
 both Gram matrices are multiples of ``[[1,-1],[-1,1]]``; the RDM has a single entry) and at
 ``n = 1`` they are undefined — so :func:`gcsa_loss` / :func:`rcsa_loss` raise and
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import torch
@@ -65,7 +65,7 @@ __all__ = [
 
 #: Fewest rows for which GCSA / RCSA carry information (identically 0 at 2 rows, undefined at 1).
 MIN_ROWS = 3
-#: Alias of :data:`MIN_ROWS` (lower-case name used in the project brief).
+#: Lower-case alias of :data:`MIN_ROWS` (public; imported by the tests).
 min_rows = MIN_ROWS
 #: Accepted ``structure`` values of :func:`structure_loss` / :func:`fedsaf_objective`.
 STRUCTURES = ("gcsa", "rcsa", "mse", "cosine")
@@ -76,22 +76,28 @@ _EPS = 1e-12
 # helpers
 # --------------------------------------------------------------------------------------------
 def _check_matrix(x: torch.Tensor, name: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D (n, d) matrix, got shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} must be floating, got dtype {x.dtype}")
+    """ValueError unless ``x`` is a floating 2-D tensor ``(n, d)``."""
+    _check_latents(x, name, rows="n")
 
 
 def _check_pair(
-    p: torch.Tensor, q: torch.Tensor, fn: str, *, same_dim: bool, need_rows: int
+    p: torch.Tensor,
+    q: torch.Tensor,
+    fn: str,
+    *,
+    same_dim: bool,
+    need_rows: int,
+    names: tuple[str, str] = ("P", "Q"),
 ) -> None:
-    _check_matrix(p, f"{fn}: P")
-    _check_matrix(q, f"{fn}: Q")
+    """ValueError unless ``p (n, d1)`` and ``q (n, d2)`` are floating, row-paired (same ``n``),
+    have ``n >= need_rows`` and, if ``same_dim``, ``d1 == d2``. Messages start with ``fn`` and call
+    the matrices ``names``."""
+    a, b = names
+    _check_matrix(p, f"{fn}: {a}")
+    _check_matrix(q, f"{fn}: {b}")
     if p.shape[0] != q.shape[0]:
         raise ValueError(
-            f"{fn}: P and Q must have the same number of rows (paired samples/classes), "
+            f"{fn}: {a} and {b} must have the same number of rows (paired samples/classes), "
             f"got n={p.shape[0]} and n={q.shape[0]}"
         )
     if same_dim and p.shape[1] != q.shape[1]:
@@ -127,6 +133,23 @@ def _cosine_loss(a: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
 def _promote(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dt = torch.promote_types(p.dtype, q.dtype)
     return p.to(dt), q.to(device=p.device, dtype=dt)
+
+
+def _structure_cosine_loss(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    eps: float,
+    structure: Callable[[torch.Tensor, float], torch.Tensor],
+    fn: str,
+) -> torch.Tensor:
+    """``1 - cos(S(P), S(Q))`` for a structure operator ``S`` (GCSA: centred Gram, RCSA: RDM vector).
+
+    Checks the pair (same rows, at least :data:`MIN_ROWS`), promotes both to a common dtype and
+    applies :func:`_cosine_loss`; ``fn`` names the public loss in error messages.
+    """
+    _check_pair(p, q, fn, same_dim=False, need_rows=MIN_ROWS)
+    p, q = _promote(p, q)
+    return _cosine_loss(structure(p, eps), structure(q, eps), eps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,9 +231,7 @@ def gcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
     Raises:
         ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS`` (= 3); bad ``eps``.
     """
-    _check_pair(p, q, "gcsa_loss", same_dim=False, need_rows=MIN_ROWS)
-    p, q = _promote(p, q)
-    return _cosine_loss(centered_gram(p, eps), centered_gram(q, eps), eps)
+    return _structure_cosine_loss(p, q, eps, centered_gram, "gcsa_loss")
 
 
 def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
@@ -235,9 +256,7 @@ def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
     Raises:
         ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS`` (= 3); bad ``eps``.
     """
-    _check_pair(p, q, "rcsa_loss", same_dim=False, need_rows=MIN_ROWS)
-    p, q = _promote(p, q)
-    return _cosine_loss(rdm_vector(p, eps), rdm_vector(q, eps), eps)
+    return _structure_cosine_loss(p, q, eps, rdm_vector, "rcsa_loss")
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,7 +408,7 @@ def structure_alignment_inputs(
     """Build the prototype-level and instance-level pairs of FedSAF Eqs. (15)-(18).
 
     ``C_i`` = classes present in the batch **that also have a global prototype** (our choice for
-    classes the server has not seen yet, notes C.2; before the first aggregation ``C_i`` is empty).
+    classes the server has not seen yet, docs/baselines.md, s4.4; before the first aggregation ``C_i`` is empty).
     ``P_i^c`` = batch mean of ``z_j`` over ``y_j = c`` (Eq. (15)), stacked in ascending class
     order with ``P_g^c`` in the same order (Eq. (16)). Instance level: the ``B'`` covered samples
     ``z_j`` paired with ``z~_j = P_g^{y_j}`` (Eq. (18)); uncovered samples are left out.
@@ -506,13 +525,9 @@ def fedsaf_objective(
             raise ValueError(f"fedsaf_objective: {name} pair needs both matrices or neither")
         if a is None or b is None:
             return ce * 0.0, False
-        _check_matrix(a, f"fedsaf_objective: {name} local")
-        _check_matrix(b, f"fedsaf_objective: {name} global")
-        if a.shape[0] != b.shape[0]:
-            raise ValueError(
-                f"fedsaf_objective: {name} rows differ: n={a.shape[0]} (local) vs "
-                f"n={b.shape[0]} (global)"
-            )
+        _check_pair(
+            a, b, f"fedsaf_objective: {name}", same_dim=False, need_rows=0, names=("local", "global")
+        )
         if a.shape[0] < need:
             return a.sum() * 0.0 + ce * 0.0, False
         return structure_loss(a, b.detach(), structure), True

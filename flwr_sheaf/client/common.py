@@ -2,99 +2,91 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import Context
 from torch import nn
 
-from .task import TaskFactory, load_module_state, set_torch_threads
+from ..config import LocalTrainConfig
+from ..protocol import pack_arrays
+from ..sheaf.whitening import low_variance_fraction
+from .task import LocalTask, TaskFactory, load_module_state, set_torch_threads
 
-__all__ = ["accuracy", "transport", "eval_latents", "eval_logits", "edges_from_config", "build",
-           "whitened_pilots", "cached_pilots", "model_key", "pilots_key", "neighbour_arrays"]
+__all__ = ["accuracy", "transport", "eval_latents", "eval_logits", "build", "whitened_pilots",
+           "cached_pilots", "store_pilots", "model_key", "round_generator"]
 
 
 def model_key(action: str) -> str:
-    """``context.state`` key of a method's model (+ ``.optim``)."""
+    """``context.state`` key of a method's model (and ``<key>.optim``)."""
     return f"{action}.model"
 
 
-def pilots_key(action: str) -> str:
-    """``context.state`` key of the node's last whitened pilots and collapse diagnostic."""
+def _pilots_key(action: str) -> str:
     return f"{action}.pilots"
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
-    """Top-1 accuracy of ``(M, C)`` logits against ``(M,)`` labels (nan for M = 0)."""
+    """Top-1 accuracy of ``(M, C)`` logits against ``(M,)`` int64 labels (NaN for M = 0)."""
     if y.numel() == 0:
         return float("nan")
     return float((logits.argmax(1) == y).float().mean())
 
 
 def transport(z_src: torch.Tensor, v: torch.Tensor, receiver_is_head: bool) -> torch.Tensor:
-    """Move row-wise whitened latents ``(M, d_src)`` into the receiver's stalk (Eq. 22).
+    """Move row-wise whitened latents ``(M, d_src)`` into the receiver's stalk (paper Eq. 22).
 
-    ``V`` is ``(d_head, d_tail)``. Receiver head: ``z_h = V z_t`` (rows ``Z V^T``);
-    receiver tail: ``z_t = V^T z_h`` (rows ``Z V``).
+    ``v`` is the restriction map ``(d_head, d_tail)``. Receiver head: ``z_h = V z_t`` (rows
+    ``Z V^T``); receiver tail: ``z_t = V^T z_h`` (rows ``Z V``).
     """
     return z_src @ v.T if receiver_is_head else z_src @ v
 
 
 @torch.no_grad()
 def eval_latents(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    """Raw eval-mode latents ``(M, d)`` float32 of inputs ``(M, ...)`` (batched, no gradient)."""
     model.eval()
-    return torch.cat([model.latent(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else x.new_zeros(0, model.d)
+    if not len(x):
+        return x.new_zeros(0, model.d)
+    return torch.cat([model.latent(x[i : i + batch]) for i in range(0, len(x), batch)])
 
 
 @torch.no_grad()
 def eval_logits(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    """Eval-mode private logits ``(M, C)`` of inputs ``(M, ...)``."""
     model.eval()
     return torch.cat([model.private_logits(x[i : i + batch]) for i in range(0, len(x), batch)])
 
 
-def neighbour_arrays(rec: ArrayRecord, prefix: str = "") -> dict[int, torch.Tensor]:
-    out = {}
-    for key in rec.keys():
-        if prefix and not key.startswith(prefix):
-            continue
-        pid = int(key[len(prefix):])
-        out[pid] = torch.from_numpy(np.ascontiguousarray(rec[key].numpy())).float()
-    return out
+def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Generator:
+    """The node's random stream for one server round, derived from (seed, partition-id, round) only.
+
+    Seeds torch's global generator too (dropout masks), so a node's training is identical in a
+    fresh process; returns a ``torch.Generator`` for batch order and pilot minibatches.
+    """
+    s = int(np.random.SeedSequence([int(seed), int(partition_id), int(server_round)]).generate_state(1)[0])
+    torch.manual_seed(s)
+    return torch.Generator().manual_seed(s)
 
 
-def edges_from_config(cfg: Mapping) -> list[tuple[int, int, bool]]:
-    """(neighbour, d_j, i_is_head) triples from the message config (lists aligned by index)."""
-    nbrs = [int(x) for x in cfg.get("neighbours", [])]
-    dims = [int(x) for x in cfg.get("neighbour-dims", [])]
-    heads = [bool(int(x)) for x in cfg.get("i-is-head", [])]
-    if not (len(nbrs) == len(dims) == len(heads)):
-        raise ValueError(f"malformed neighbour config: {len(nbrs)} neighbours, {len(dims)} dims, {len(heads)} roles")
-    return list(zip(nbrs, dims, heads))
-
-
-def build(factory: TaskFactory, context: Context, action: str, sgd: Mapping | None = None):
-    """Build the node's task and restore its weights (and SGD state when ``sgd`` is given).
-
-    Args:
-        sgd: ``{"lr", "momentum", "weight-decay"}``; None builds no optimizer.
+def build(factory: TaskFactory, context: Context, action: str, threads: int,
+          train: LocalTrainConfig | None = None) -> tuple[LocalTask, nn.Module, torch.optim.Optimizer | None]:
+    """Build the node's task and restore its weights (and SGD state when ``train`` is given).
 
     Returns:
-        ``(task, model, optimizer_or_None)``.
+        ``(task, task.model, optimizer_or_None)``.
     """
-    set_torch_threads(context)
+    set_torch_threads(threads)
     task = factory(context)
-    model = task.model
     opt = None
-    if sgd is not None:
-        opt = torch.optim.SGD(model.parameters(), lr=float(sgd["lr"]), momentum=float(sgd["momentum"]),
-                              weight_decay=float(sgd["weight-decay"]))
-    load_module_state(context, model_key(action), model, opt)
-    return task, model, opt
+    if train is not None:
+        opt = torch.optim.SGD(task.model.parameters(), lr=train.lr, momentum=train.momentum,
+                              weight_decay=train.weight_decay)
+    load_module_state(context, model_key(action), task.model, opt)
+    return task, task.model, opt
 
 
 def whitened_pilots(model: nn.Module, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them."""
+    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them (docs/stability.md)."""
     z = eval_latents(model, x_pilot)
     model.whitening.fit(z)
     model.whitening.eval()
@@ -102,11 +94,24 @@ def whitened_pilots(model: nn.Module, x_pilot: torch.Tensor) -> tuple[torch.Tens
         return z, model.whitening(z)
 
 
-def cached_pilots(context: Context, action: str) -> torch.Tensor | None:
-    """This node's whitened pilots ``(K, d_i)`` from the end of its last training round, if any."""
-    key = pilots_key(action)
+def store_pilots(context: Context, action: str, latents: torch.Tensor, pilots: torch.Tensor) -> float:
+    """Cache the node's whitened pilots ``(K, d_i)`` and the collapse diagnostic of its raw latents.
+
+    Returns:
+        the low-variance fraction of ``latents`` (share of dimensions with variance < 1e-3).
+    """
+    lvf = low_variance_fraction(latents)
+    context.state[_pilots_key(action)] = pack_arrays({"pilots": pilots.numpy(), "low-variance-fraction": np.array([lvf])})
+    return lvf
+
+
+def cached_pilots(context: Context, action: str) -> tuple[torch.Tensor, float] | None:
+    """This node's whitened pilots ``(K, d_i)`` and low-variance fraction from its last training round, if any.
+
+    They are exact for the current weights: the encoder has not changed since they were computed.
+    """
+    key = _pilots_key(action)
     if key not in context.state:
         return None
-    return torch.from_numpy(context.state[key]["pilots"].numpy().copy())
-
-
+    rec = context.state[key]
+    return torch.from_numpy(rec["pilots"].numpy().copy()), float(rec["low-variance-fraction"].numpy()[0])

@@ -4,12 +4,13 @@
 beside a user's default ``train``/``evaluate``:
 
 - ``query.rfedags``: discovery reply (partition-id, num-partitions, point size, num-examples);
-- ``train.rfedags``: receive the server point ``x_t`` (``ArrayRecord`` key ``"x"``, float64) and a
-  ``ConfigRecord`` (``server-round``, ``local-steps`` K, ``step-size`` alpha_t, plus problem keys such
-  as ``seed``/``batch-size``), run the RFedAGS client loop (notes A.2 step 2)
-  (:func:`flwr_sheaf.rfedags.client.local_gradient_stream`) and reply with the gradient stream
-  ``zeta in T_{x_t} M`` (``ArrayRecord`` ``"stream"`` key ``"zeta"``, float64, same shape as ``x``)
-  and a ``MetricRecord`` (``num-examples``, ``tangent-error``, ``local-cost-start``).
+- ``train.rfedags``: receive the server point ``x_t`` (record ``arrays``, key
+  :data:`flwr_sheaf.protocol.POINT`, float64) and a ``ConfigRecord`` (``server-round``,
+  ``local-steps`` K, ``step-size`` alpha_t, ``minibatch-size``, ``seed``; all required), run the
+  RFedAGS client loop (docs/baselines.md, "RFedAGS") (:func:`flwr_sheaf.rfedags.client.local_gradient_stream`)
+  and reply with the gradient stream ``zeta in T_{x_t} M`` (record ``stream``, key
+  :data:`flwr_sheaf.protocol.STREAM`, float64, same shape as ``x``) and a ``MetricRecord``
+  (``num-examples``, ``tangent-error``, ``local-cost-start``).
 
 The client never uploads its end point. It keeps no module-level state: the only per-node state is a
 small ``MetricRecord`` ``"rfedags.meta"`` in ``context.state`` (rounds trained, last round).
@@ -22,9 +23,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from ..protocol import (ARRAYS, CONFIG, INFO, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, POINT, SEED,
+                        SERVER_ROUND, STEP_SIZE, STREAM, STREAM_RECORD, NodeInfo, ProtocolError, pack_arrays)
 from ..rfedags.client import local_gradient_stream
 from ..rfedags.manifolds import Manifold
 from ..rfedags.pca import PCAProblem, batch_indices
@@ -67,8 +70,8 @@ class RFedAGSLocalProblem(Protocol):
 class PCAClientProblem:
     """Client ``client`` of a :class:`~flwr_sheaf.rfedags.pca.PCAProblem` (``f_i(X) = -tr(X^T A_i X)``).
 
-    Config keys read by :meth:`gradient_oracle`: ``batch-size`` (0 = exact gradient ``-2 A_i X``,
-    default 0) and ``seed`` (mini-batch seed, default 0); batches come from
+    Config keys read by :meth:`gradient_oracle` (both required): ``minibatch-size`` (0 = exact
+    gradient ``-2 A_i X``) and ``seed`` (mini-batch seed); batches come from
     :func:`~flwr_sheaf.rfedags.pca.batch_indices` so they match :func:`~flwr_sheaf.rfedags.pca.run_pca_reference`.
     """
 
@@ -89,15 +92,15 @@ class PCAClientProblem:
         """``egrad(X, k)`` for one round: exact ``-2 A_i X`` or mini-batch ``-(2/B) Z_b^T Z_b X``.
 
         Raises:
-            ValueError: ``batch-size`` > 0 on a problem without samples, or out of range.
+            ValueError: ``minibatch-size`` > 0 on a problem without samples, or out of range.
         """
-        b = int(config.get("batch-size", 0))
+        b = int(config[MINIBATCH_SIZE])
         c = [self.client]
         if b <= 0:
             return lambda x, k: self.problem.local_egrads(x, c)[0]
         if self.problem.samples is None:
-            raise ValueError(f"batch-size={b} requested but the PCA problem has no samples")
-        idx = batch_indices(int(config.get("seed", 0)), server_round, self.client, num_steps,
+            raise ValueError(f"minibatch-size={b} requested but the PCA problem has no samples")
+        idx = batch_indices(int(config[SEED]), server_round, self.client, num_steps,
                             self.problem.samples.shape[1], b)
         return lambda x, k: self.problem.minibatch_egrads(x, c, idx[k : k + 1])[0]
 
@@ -121,7 +124,7 @@ def register_rfedags_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = "rfedags",
 ) -> ClientApp:
-    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (client loop, notes A.2 step 2).
+    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (client loop, docs/baselines.md).
 
     Args:
         app: the ClientApp to extend; its own handlers are untouched.
@@ -140,29 +143,25 @@ def register_rfedags_handlers(
     @app.query(action)
     def _query(msg: Message, context: Context) -> Message:
         prob = problem_factory(context)
-        info = MetricRecord({
-            "partition-id": int(context.node_config["partition-id"]),
-            "num-partitions": int(context.node_config.get("num-partitions", 0)),
-            "d": int(np.prod(prob.manifold.point_shape)),
-            "num-examples": int(prob.num_examples),
-        })
-        return Message(RecordDict({"info": info}), reply_to=msg)
+        info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
+                        int(np.prod(prob.manifold.point_shape)), num_examples=int(prob.num_examples))
+        return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
         prob = problem_factory(context)
-        if "arrays" not in msg.content or "x" not in msg.content["arrays"]:
-            raise ValueError("train.rfedags message has no ArrayRecord 'arrays' with key 'x'")
-        x = np.array(msg.content["arrays"]["x"].numpy(), dtype=np.float64)
+        if ARRAYS not in msg.content or POINT not in msg.content[ARRAYS]:
+            raise ProtocolError(f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {POINT!r}")
+        x = np.array(msg.content[ARRAYS][POINT].numpy(), dtype=np.float64)
         man = prob.manifold
         if x.shape != tuple(man.point_shape):
             raise ValueError(f"server point has shape {x.shape}, expected {tuple(man.point_shape)}")
         man.check_point(x, atol=1e-8)
-        cfg = msg.content["config"] if "config" in msg.content else {}
-        for key in ("local-steps", "step-size", "server-round"):
+        cfg = msg.content[CONFIG] if CONFIG in msg.content else {}
+        for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED):
             if key not in cfg:
-                raise ValueError(f"train.rfedags config lacks {key!r}")
-        k_steps, alpha, rnd = int(cfg["local-steps"]), float(cfg["step-size"]), int(cfg["server-round"])
+                raise ProtocolError(f"train.{action} config lacks {key!r}")
+        k_steps, alpha, rnd = int(cfg[LOCAL_STEPS]), float(cfg[STEP_SIZE]), int(cfg[SERVER_ROUND])
         oracle = prob.gradient_oracle(rnd, k_steps, cfg)
         stream = local_gradient_stream(man, x, oracle, k_steps, alpha)
         zeta = stream.zeta
@@ -171,9 +170,9 @@ def register_rfedags_handlers(
         context.state[STATE_KEY] = MetricRecord({
             "rounds-trained": int(meta["rounds-trained"]) + 1, "last-round": rnd})
         reply = RecordDict({
-            "stream": ArrayRecord({"zeta": Array(np.ascontiguousarray(zeta))}),
-            "metrics": MetricRecord({
-                "num-examples": int(prob.num_examples),
+            STREAM_RECORD: pack_arrays({STREAM: zeta}),
+            METRICS: MetricRecord({
+                NUM_EXAMPLES: int(prob.num_examples),
                 "tangent-error": float(np.max(man.tangent_error(x, zeta))),
                 "local-cost-start": float(prob.local_cost(x)),
             }),

@@ -1,13 +1,15 @@
-"""What a node brings to the sheaf handlers: a model with the stalk protocol and its data.
+"""What a node brings to the flwr-sheaf handlers: a model with the stalk protocol and its data.
 
-The Flower glue only needs these few operations, so any encoder/head pair can be glued
-(the CNN zoo in ``flwr_sheaf.models`` is one implementation):
+The handlers only need these operations, so any encoder/head pair can be glued (the CNN zoo in
+:mod:`flwr_sheaf.models` is one implementation):
 
-- ``model.d``: stalk dimension d_i;
+- ``model.d``: stalk dimension d_i (int);
 - ``model.private_logits(x) -> (B, C)``: the private path h_i(f_i(x));
-- ``model.latent(x) -> (B, d_i)``: raw latents f_i(x) (before whitening);
-- ``model.whitening``: a ``flwr_sheaf.sheaf.Whitening`` (train mode: batch statistics; ``fit``);
-- ``model.classify_whitened(zhat) -> (B, C)``: colour into the node's own latent space, then head.
+- ``model.latent(x) -> (B, d_i)``: the *raw* latents f_i(x), before any whitening;
+- ``model.whitening``: a :class:`flwr_sheaf.sheaf.whitening.Whitening` ``(d_i)`` (train mode: batch
+  statistics; ``fit(z)`` fits the evaluation statistics);
+- ``model.classify_whitened(zhat) -> (B, C)``: colour whitened latents back into the node's own
+  latent space (:class:`flwr_sheaf.sheaf.whitening.Colouring` of ``model.whitening``), then the head.
 """
 
 from __future__ import annotations
@@ -17,25 +19,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from torch import nn
 
-__all__ = ["set_torch_threads", "numpy_record", "LocalTask", "TaskFactory", "load_module_state", "save_module_state"]
+__all__ = ["LocalTask", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
 
 
 @dataclass
 class LocalTask:
-    """A node's model and data (tensors on CPU).
+    """A node's model and data (CPU tensors).
 
     Attributes:
-        model: ``nn.Module`` with the stalk protocol above.
+        model: ``nn.Module`` with the stalk protocol (module docstring).
         x_train, y_train: private training images ``(M, ...)`` float32 and labels ``(M,)`` int64.
-        x_val, y_val: private validation split (for model/lambda selection, never test).
+        x_val, y_val: private validation split (model and lambda selection, never test).
         x_test, y_test: private test split.
-        x_pilot: the shared pilot images ``(K, ...)``, identical rows in identical order on
-            every node (the paper's pilot set A).
-        classes: the node's target class set C_i.
+        x_pilot: the shared pilot inputs ``(K, ...)`` float32: **the same rows in the same order on
+            every node** (the paper's pilot set; Procrustes pairs row k of one node with row k of its
+            neighbour).
+        classes: the node's target class set C_i (ints; used by the ``class-overlap`` graph).
     """
 
     model: nn.Module
@@ -49,14 +51,18 @@ class LocalTask:
     classes: tuple[int, ...]
 
 
-#: ``factory(context) -> LocalTask``; called for every message. It must build the model afresh
-#: (deterministically from run config + partition-id); weights are then restored from
-#: ``context.state``. Data may come from a read-only cache shared by the simulated nodes.
+#: ``factory(context) -> LocalTask``; called for **every message**. It must rebuild the model
+#: deterministically (same architecture from run config + partition-id); the handlers then restore
+#: its weights from ``context.state``. Data may come from a read-only cache shared by simulated nodes.
 TaskFactory = Callable[[Context], LocalTask]
 
 
 def save_module_state(context: Context, key: str, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Store a module's ``state_dict`` (params + buffers) and optionally its optimizer in ``context.state``."""
+    """Store a module's ``state_dict`` (parameters and buffers) and optionally its optimizer in ``context.state``.
+
+    ``context.state[key]`` is an ``ArrayRecord``; the optimizer goes to ``context.state[key + ".optim"]``
+    as ``torch.save`` bytes in a ``ConfigRecord``.
+    """
     context.state[key] = ArrayRecord({k: v.detach().cpu() for k, v in module.state_dict().items()}, keep_input=True)
     if optimizer is not None:
         buf = io.BytesIO()
@@ -75,18 +81,11 @@ def load_module_state(context: Context, key: str, module: nn.Module, optimizer: 
     return True
 
 
-def numpy_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    """``ArrayRecord`` from named numpy arrays of any shapes/dtypes (e.g. ``(K, d_j)`` pilots per neighbour)."""
-    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+def set_torch_threads(n: int) -> None:
+    """Set torch's intra-op threads (run-config key ``torch-threads``; 0 leaves torch's default).
 
-
-def set_torch_threads(context: Context) -> None:
-    """Set torch's intra-op threads from the run config key ``torch-threads`` (default 1).
-
-    Several simulated nodes share few cores; with more than one OpenMP thread per ClientApp a
-    2-core machine under load ran small CNN steps ~30x slower (spin-waiting threads), measured
-    12 ms vs 360 ms per step. ``0`` leaves torch's default.
+    Several simulated nodes share few cores: with more than one OpenMP thread per ClientApp a loaded
+    2-core machine ran small CNN steps about 30x slower (12 ms vs 360 ms per step).
     """
-    n = int(context.run_config.get("torch-threads", 1))
     if n > 0 and torch.get_num_threads() != n:
         torch.set_num_threads(n)

@@ -1,6 +1,6 @@
-"""Paper partition (Sec. 5 "Data heterogeneity", Eq. 23): shared pilots + label-shift split.
+"""Paper partition (Sec. 6 "Data heterogeneity", Eq. 23): shared pilots + label-shift split.
 
-Protocol (notes ``anchor-sfrl-reference.md`` s1.3), a pure function of
+Protocol (docs/reference.md, s7; departures in docs/deviations.md, s1), a pure function of
 ``(labels, class_sets, shift, seed, fractions)``:
 
 1. Seeded permutation of all ``M`` samples (``numpy.random.default_rng(seed)``). The first
@@ -202,7 +202,14 @@ class FederatedSplit:
         return len(self.train_idx)
 
     def pool_idx(self, partition_id: int) -> np.ndarray:
-        """Sorted union of agent ``partition_id``'s train, val and test indices (its whole pool)."""
+        """Sorted union of agent ``partition_id``'s train, val and test indices (its whole pool).
+
+        Returns:
+            int64 ``(n_i,)`` array of source indices.
+
+        Raises:
+            ValueError: ``partition_id`` outside ``[0, N)``.
+        """
         self._check_partition_id(partition_id)
         i = int(partition_id)
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))

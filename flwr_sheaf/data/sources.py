@@ -1,8 +1,8 @@
 """Image sources for the experiments: a whole labelled dataset as two tensors.
 
 Every source returns the *whole* labelled pool (the paper concatenates MNIST's train and test
-sets into one 70,000-image pool before holding out pilots and partitioning, notes
-``anchor-sfrl-reference.md`` s1.3); the split into pilots and per-agent data lives in
+sets into one 70,000-image pool before holding out pilots and partitioning,
+docs/reference.md, s7); the split into pilots and per-agent data lives in
 :mod:`flwr_sheaf.data.partition`.
 
 Supported specs (see :func:`load_source`):

@@ -1,5 +1,5 @@
 """Parametric CNN encoder, MLP head and the agent that wraps them (paper Sec. 6 "Model
-heterogeneity", App. G Tab. 2/Tab. 3; reference architecture: ``anchor-sfrl-reference.md`` s1.2).
+heterogeneity", App. G Tab. 2/Tab. 3; reference architecture: docs/reference.md, s9).
 
 Encoder ``f_phi``: per width ``c``: Conv3x3(stride 1, pad 1) -> BatchNorm2d -> ReLU -> MaxPool2 ->
 Dropout2d(p); then AdaptiveAvgPool2d(1) + flatten, so the stalk dimension is ``d = channels[-1]``
@@ -225,24 +225,43 @@ class SheafAgent(nn.Module):
         to float rounding) for any running statistics, shrinkage and eps, so this equals
         ``classify_whitened(whitened(x))``. In train mode the pair would not cancel (whitening
         uses batch statistics, colouring the running ones); the private path is defined
-        without it.
+        without it (docs/stability.md, s2.9).
+
+        Raises:
+            ValueError: ``x`` not 4-D with the encoder's input channels.
         """
         return self.head.mlp(self.encoder.latent(x))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Same as :meth:`private_logits`."""
+        """Same as :meth:`private_logits`: logits ``(B, num_classes)`` for images ``x (B, C, H, W)``.
+
+        Raises:
+            ValueError: ``x`` not 4-D with the encoder's input channels.
+        """
         return self.private_logits(x)
 
     def latent(self, x: Tensor) -> Tensor:
-        """Raw latents ``(B, d)`` (``encoder.latent``)."""
+        """Raw (unwhitened, post-ReLU) latents ``(B, d)`` in ``x``'s dtype (``encoder.latent``).
+
+        Raises:
+            ValueError: ``x`` not 4-D with the encoder's input channels.
+        """
         return self.encoder.latent(x)
 
     def whitened(self, x: Tensor) -> Tensor:
-        """Whitened latents ``zhat (B, d)`` = ``encoder(x)``: what is sent as pilots / test latents."""
+        """Whitened latents ``zhat (B, d)`` = ``encoder(x)``: what is sent as pilots / test latents
+        (docs/stability.md, s2). Train mode needs ``B >= 2`` (batch statistics).
+
+        Raises:
+            ValueError: bad image shape, or ``B < 2`` with the whitening in train mode.
+        """
         return self.encoder(x)
 
     def classify_whitened(self, zhat: Tensor) -> Tensor:
         """Logits ``(B, num_classes)`` for latents ``zhat (B, d)`` in this agent's whitened stalk
         (``head(zhat)`` = colour then MLP). Used for communication accuracy (paper Eq. 22):
-        a neighbour's whitened latents, transported by the restriction map into this stalk."""
+        a neighbour's whitened latents, transported by the restriction map into this stalk.
+
+        Raises:
+            ValueError: ``zhat`` not ``(B, d)`` or non-finite."""
         return self.head(zhat)

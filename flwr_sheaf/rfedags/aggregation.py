@@ -1,6 +1,6 @@
 """Server side of RFedAGS: weighting and averaging uploaded gradient streams, global step, retraction.
 
-RFedAGS server update (notes A.2 step 4; authors' sign convention)::
+RFedAGS server update (docs/baselines.md, s5.3; authors' sign convention)::
 
     x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
 
@@ -9,7 +9,7 @@ step-scaled local gradients, see :mod:`flwr_sheaf.rfedags.client`) and the weigh
 
 * ``"corrected"`` (RFedAGS with unknown p: frequency estimates, paper Assumption 3.8): ``w_i = 1/(q_i^t N)`` with the frequency
   estimate ``q_i^t`` of :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`;
-* ``"known-p"`` (the paper's update with true probabilities; notes A.2 item 4): ``w_i = 1/(p_i N)``; since
+* ``"known-p"`` (the paper's update with true probabilities; docs/participation.md, s2): ``w_i = 1/(p_i N)``; since
   ``E[1{i in S_t}/(p_i N)] = 1/N`` the aggregate is unbiased for ``(1/N) sum_i zeta_i``;
 * ``"uncorrected"`` (the "AGS-RS" baseline, ``RFedAGSP__.m``): ``w_i = n_i / sum_{j in S_t} n_j``
   (plain mean over responders for equal ``n_i``). Its expectation is ``sum_i p~_i zeta_i`` with
@@ -64,7 +64,7 @@ def participation_weights(
     p: np.ndarray | None = None,
     num_examples: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Aggregation weights ``w_i`` of one round (RFedAGS server step; notes A.2 items 4-5).
+    """Aggregation weights ``w_i`` of one round (RFedAGS server step; docs/baselines.md, s5.3).
 
     Args:
         responded: ``(N,)`` bool mask of the responders ``S_t``.
@@ -129,7 +129,7 @@ def aggregate_streams(
     weights: np.ndarray,
     point_shape: tuple[int, ...],
 ) -> np.ndarray:
-    """Weighted sum ``sum_i w_i zeta_i`` of gradient streams in ``T_{x_t} M`` (notes A.2 step 3-4).
+    """Weighted sum ``sum_i w_i zeta_i`` of gradient streams in ``T_{x_t} M`` (docs/baselines.md, s5.2-s5.3).
 
     Args:
         zetas: either an ``(N, *point_shape)`` array (rows of clients with ``w_i = 0`` are ignored and
@@ -172,7 +172,7 @@ def aggregate_streams(
 def server_update(
     manifold: Manifold, x: np.ndarray, direction: np.ndarray, global_step: float = 1.0
 ) -> np.ndarray:
-    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (notes A.2 step 4; authors use ``varpi = 1``).
+    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (docs/baselines.md, s5.3; authors use ``varpi = 1``).
 
     Args:
         manifold: manifold object (e.g. :class:`~flwr_sheaf.rfedags.manifolds.Stiefel`).
@@ -198,7 +198,7 @@ def server_update(
 
 
 def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
-    """Expected weights of the uncorrected mean over responders (paper Theorem 2.1; notes A.2 item 5).
+    """Expected weights of the uncorrected mean over responders (RFedAGS Theorem 2.1; docs/participation.md, s2).
 
     ``p~_i = E[1{i in S}/|S|] = p_i * Integral_0^1 prod_{j != i} (1 - p_j + p_j t) dt`` for independent
     ``1{j in S} ~ Bernoulli(p_j)`` (an empty round contributes 0, matching the keep-the-iterate fallback).
@@ -250,7 +250,7 @@ class RoundResult:
 class RFedAGSServer:
     """Stateful RFedAGS server: current iterate, frequency counts, one :meth:`step` per round.
 
-    Implements the RFedAGS server update (notes A.2 step 4) with the weights of :func:`participation_weights`.
+    Implements the RFedAGS server update (docs/baselines.md, s5.3) with the weights of :func:`participation_weights`.
     Client indices ``0..N-1`` (partition ids).
 
     Args:
@@ -293,10 +293,17 @@ class RFedAGSServer:
 
     def weights(self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
-        """Weights for the current round *without* changing state.
+        """Weights for the current round *without* changing state (docs/baselines.md, s5.3).
+
+        Args:
+            responded: ``(N,)`` bool (or 0/1) mask of the clients whose stream arrived.
+            num_examples: optional ``(N,)`` positive counts (``"uncorrected"`` only).
 
         Returns:
-            ``(weights (N,), estimates (N,))`` as in :class:`RoundResult`.
+            ``(weights (N,), estimates (N,))`` float64, as in :class:`RoundResult`.
+
+        Raises:
+            ValueError: ill-shaped or non-boolean mask; see :func:`participation_weights`.
         """
         mask = _mask(responded, self.num_clients)
         if self.mode == "corrected":

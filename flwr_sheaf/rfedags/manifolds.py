@@ -1,8 +1,7 @@
 """Manifolds for RFedAGS: Stiefel ``St(d, r)`` and the unit sphere ``S^{n-1}`` (numpy, float64).
 
 The geometry is delegated to ``geoopt`` (a maintained library) after checking that it matches the
-operators of the RFedAGS authors' code (Manopt defaults, notes ``anchor-rfedags-fedsaf-fedproto.md``
-A.4 and A.6):
+operators of the RFedAGS authors' code (Manopt defaults; docs/baselines.md, s5.4):
 
 * Stiefel: ``geoopt.EuclideanStiefel`` (NOT ``geoopt.Stiefel()``, which defaults to the canonical
   metric and the Cayley retraction). Its tangent projection is ``U - X sym(X^T U)``, its retraction
@@ -22,7 +21,7 @@ the local steps of many clients at once. Points are never re-validated inside th
 
 Sign and metric conventions: the metric is the Euclidean one inherited from the embedding space
 (``<U, V> = tr(U^T V)``), so the Riemannian gradient is the tangent projection of the Euclidean
-gradient (``grad f = P_x(nabla f)``, standard for embedded submanifolds; notes A.2 step 2).
+gradient (``grad f = P_x(nabla f)``, standard for embedded submanifolds; docs/baselines.md, s5.2).
 """
 
 from __future__ import annotations
@@ -81,14 +80,13 @@ def _single_thread_torch() -> Iterator[None]:
             torch.set_num_threads(n)
 
 
-
 def _t(a: np.ndarray) -> torch.Tensor:
     # torch.from_numpy shares memory; read-only inputs (e.g. from an ArrayRecord) are copied first.
     return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 class Manifold(Protocol):
-    """The operations RFedAGS needs from a manifold (notes A.2, A.4).
+    """The operations RFedAGS needs from a manifold (docs/baselines.md, s5.2 and s5.4).
 
     ``proj(x, u)``: orthogonal projection of an ambient vector onto ``T_x M``.
     ``egrad2rgrad(x, g)``: Riemannian gradient from the Euclidean gradient (= ``proj`` for the
@@ -100,24 +98,44 @@ class Manifold(Protocol):
 
     point_shape: tuple[int, ...]
 
-    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray: ...
-    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray: ...
-    def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray: ...
-    def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray: ...
-    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray: ...
-    def random_point(self, rng: np.random.Generator) -> np.ndarray: ...
-    def feasibility(self, x: np.ndarray) -> np.ndarray: ...
-    def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None: ...
-    def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray: ...
+    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Projection of ambient ``u`` onto ``T_x M``; float64, shape ``(..., *point_shape)``."""
+
+    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Riemannian gradient at ``x`` from the Euclidean gradient ``g``; float64, shape of ``g``."""
+
+    def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Retraction ``R_x(u)`` of a tangent vector; float64 point(s), shape ``(..., *point_shape)``."""
+
+    def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Vector transport of ``v in T_x M`` to ``T_y M``; float64, shape of ``v``."""
+
+    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Metric ``<u, v>_x`` per batch element; float64 of shape ``(...)``."""
+
+    def random_point(self, rng: np.random.Generator) -> np.ndarray:
+        """A random point of shape ``point_shape`` (float64) drawn with ``rng``."""
+
+    def feasibility(self, x: np.ndarray) -> np.ndarray:
+        """Distance of ``x`` from the constraint per batch element (0 on ``M``); float64 ``(...)``."""
+
+    def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
+        """Raise ``ValueError`` unless ``x`` is finite, well-shaped and on ``M`` up to ``atol``."""
+
+    def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Distance of ``u`` from ``T_x M`` per batch element (0 if tangent); float64 ``(...)``."""
 
 
 class _GeooptEmbedded:
     """Shared plumbing of the embedded manifolds below (geoopt backend, numpy in/out).
 
-    Subclasses set ``point_shape`` (trailing shape of a point) and ``_geo`` (a geoopt manifold).
+    Subclasses set ``point_shape`` (trailing shape of a point), ``_geo`` (a geoopt manifold),
+    ``_constraint`` (how :meth:`feasibility` measures the distance from the manifold, for error
+    messages) and implement ``inner``, ``feasibility`` and ``retr``.
     """
 
     point_shape: tuple[int, ...]
+    _constraint: str
 
     def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
         """float64 contiguous copy of ``a``; ValueError if its trailing shape is not ``point_shape``."""
@@ -127,21 +145,52 @@ class _GeooptEmbedded:
             raise ValueError(f"{name}: expected shape (..., {', '.join(map(str, self.point_shape))}) on {self!r}, got {out.shape}")
         return out
 
-    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Tangent projection at ``x`` (Stiefel: ``U - X sym(X^T U)``; sphere: ``u - <x, u> x``); float64."""
-        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
+    def _proju(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """geoopt's tangent projection of already-validated float64 arrays."""
         with _single_thread_torch():
             return self._geo.proju(_t(x), _t(u)).numpy()
 
+    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Tangent projection at ``x`` (Stiefel: ``U - X sym(X^T U)``; sphere: ``u - <x, u> x``).
+
+        Args:
+            x: point(s) of shape ``(..., *point_shape)``.
+            u: ambient vector(s) of shape ``(..., *point_shape)`` (broadcast against ``x``).
+
+        Returns:
+            float64 tangent vector(s) of the broadcast shape.
+
+        Raises:
+            ValueError: a trailing shape other than ``point_shape``.
+        """
+        return self._proju(self._arr(x, "point x"), self._arr(u, "vector u"))
+
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64."""
+        """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64, shape of ``g``
+        (docs/baselines.md, s5.2). Raises ValueError like :meth:`proj`."""
         return self.proj(x, g)
+
+    def norm(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Norm ``sqrt(<u, u>)`` of tangent vector(s) ``u`` at ``x``; float64 of shape ``(...)``.
+        Raises ValueError like :meth:`proj`."""
+        return np.sqrt(self.inner(x, u, u))
+
+    def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
+        """Raise ``ValueError`` unless ``x`` has shape ``(..., *point_shape)``, is finite and lies on
+        the manifold up to ``atol`` (:meth:`feasibility`; Stiefel ``||X^T X - I||_F``, sphere
+        ``| ||x|| - 1 |``)."""
+        x = self._arr(x, "point x")
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"point x on {self!r} has NaN/inf entries")
+        err = float(np.max(self.feasibility(x)))
+        if err > atol:
+            raise ValueError(f"point x is off {self!r}: {self._constraint} = {err:.3e} > atol={atol}")
 
 
 class Stiefel(_GeooptEmbedded):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric.
 
-    Implements the operators of notes A.4 for Stiefel problems (PCA):
+    Implements the operators of docs/baselines.md, s5.4 for Stiefel problems (PCA):
     projection ``P_X(U) = U - X sym(X^T U)``, QR retraction with sign fix, projection transport.
 
     Args:
@@ -161,35 +210,33 @@ class Stiefel(_GeooptEmbedded):
         self.d, self.r = int(d), int(r)
         self.point_shape = (self.d, self.r)
         self._geo = geoopt.EuclideanStiefel()
+        self._constraint = "||X^T X - I||_F"
 
     def __repr__(self) -> str:
         return f"Stiefel(d={self.d}, r={self.r})"
-
 
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """QR retraction ``qf(X + U)``, columns sign-fixed so ``diag(R) >= 0`` (``R_X(0) = X``).
 
         Shapes ``(..., d, r)``; returns float64 points with orthonormal columns.
+
+        Raises:
+            ValueError: a trailing shape other than ``(d, r)``.
         """
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         with _single_thread_torch():
             return self._geo.retr(_t(x), _t(u)).numpy()
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Projection vector transport ``T_{x->y}(v) = P_y(v)`` (Manopt ``transp``); float64."""
+        """Projection vector transport ``T_{x->y}(v) = P_y(v)`` (Manopt ``transp``); float64,
+        shape ``(..., d, r)``. Raises ValueError on a trailing shape other than ``(d, r)``."""
         self._arr(x, "point x")
-        y, v = self._arr(y, "point y"), self._arr(v, "vector v")
-        with _single_thread_torch():
-            return self._geo.proju(_t(y), _t(v)).numpy()
+        return self._proju(self._arr(y, "point y"), self._arr(v, "vector v"))
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Euclidean metric ``tr(U^T V)`` per batch element; returns shape ``(...)`` float64."""
         u, v = self._arr(u, "vector u"), self._arr(v, "vector v")
         return np.sum(u * v, axis=(-2, -1))
-
-    def norm(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Frobenius norm of a tangent vector, shape ``(...)`` float64."""
-        return np.sqrt(self.inner(x, u, u))
 
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
         """Random point ``qf(G)`` with ``G`` standard normal ``(d, r)`` (Haar-distributed), float64."""
@@ -201,16 +248,6 @@ class Stiefel(_GeooptEmbedded):
         x = self._arr(x, "point x")
         gram = np.swapaxes(x, -1, -2) @ x
         return np.linalg.norm(gram - np.eye(self.r), axis=(-2, -1))
-
-    def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
-        """Raise ``ValueError`` unless ``x`` has shape ``(..., d, r)``, is finite and
-        ``||X^T X - I||_F <= atol``."""
-        x = self._arr(x, "point x")
-        if not np.all(np.isfinite(x)):
-            raise ValueError(f"point x on {self!r} has NaN/inf entries")
-        err = float(np.max(self.feasibility(x)))
-        if err > atol:
-            raise ValueError(f"point x is off {self!r}: ||X^T X - I||_F = {err:.3e} > atol={atol}")
 
     def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """``||sym(X^T U)||_F`` per batch element (0 iff ``U in T_X St``), float64."""
@@ -247,13 +284,14 @@ class Sphere(_GeooptEmbedded):
         self.point_shape = (self.n,)
         self.retraction, self.transport = retraction, transport
         self._geo = geoopt.Sphere()
+        self._constraint = "| ||x|| - 1 |"
 
     def __repr__(self) -> str:
         return f"Sphere(n={self.n}, retraction={self.retraction!r}, transport={self.transport!r})"
 
-
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Retraction (normalisation or exponential map, see class doc); float64 ``(..., n)``."""
+        """Retraction (normalisation or exponential map, see class doc); float64 ``(..., n)``.
+        Raises ValueError on a trailing shape other than ``(n,)``."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         f = self._geo.expmap if self.retraction == "exp" else self._geo.retr
         with _single_thread_torch():
@@ -267,40 +305,28 @@ class Sphere(_GeooptEmbedded):
         """
         x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
         if self.transport == "projection":
-            with _single_thread_torch():
-                return self._geo.proju(_t(y), _t(v)).numpy()
+            return self._proju(y, v)
         xy = np.sum(x * y, axis=-1, keepdims=True)
         if np.any(1.0 + xy < 1e-12):
             raise ValueError("parallel transport on the sphere is undefined for antipodal x, y")
         return v - np.sum(y * v, axis=-1, keepdims=True) / (1.0 + xy) * (x + y)
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Euclidean inner product per batch element, shape ``(...)``."""
+        """Euclidean inner product ``<u, v>`` per batch element; float64 of shape ``(...)``.
+        Raises ValueError on a trailing shape other than ``(n,)``."""
         u, v = self._arr(u, "vector u"), self._arr(v, "vector v")
         return np.sum(u * v, axis=-1)
 
-    def norm(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Euclidean norm of a tangent vector, shape ``(...)``."""
-        return np.sqrt(self.inner(x, u, u))
-
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
-        """Uniformly random unit vector ``(n,)`` float64."""
+        """Uniformly distributed unit vector ``(n,)`` float64 (normalised standard normal drawn
+        with ``rng``)."""
         g = rng.standard_normal(self.point_shape)
         return g / np.linalg.norm(g)
 
     def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """``| ||x|| - 1 |`` per batch element, float64."""
+        """``| ||x|| - 1 |`` per batch element (0 on the sphere); float64 of shape ``(...)``."""
         x = self._arr(x, "point x")
         return np.abs(np.linalg.norm(x, axis=-1) - 1.0)
-
-    def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
-        """Raise ``ValueError`` unless ``x`` is finite, of shape ``(..., n)`` and of unit norm."""
-        x = self._arr(x, "point x")
-        if not np.all(np.isfinite(x)):
-            raise ValueError(f"point x on {self!r} has NaN/inf entries")
-        err = float(np.max(self.feasibility(x)))
-        if err > atol:
-            raise ValueError(f"point x is off {self!r}: | ||x|| - 1 | = {err:.3e} > atol={atol}")
 
     def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """``|<x, u>|`` per batch element (0 iff ``u in T_x S``), float64."""

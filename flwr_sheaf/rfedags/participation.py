@@ -7,7 +7,9 @@ probability ``p_i``. Flower's own client sampling is uniform without replacement
 
 Reproducibility: the draw of round ``t`` depends only on ``(seed, t)`` (numpy ``SeedSequence``
 entropy ``[seed, 0, t]``), never on earlier calls, so the Flower strategy and the pure-numpy
-reference produce identical masks. Client index ``i`` is the partition-id / position in ``p``.
+reference produce identical masks. Client ``i`` (the partition-id / position in ``p``) uses the
+``i``-th uniform of that stream, so its draw depends only on ``(seed, t, i)`` and ``p_i``: the mask
+of the first ``k`` clients is a prefix of the mask of all of them (docs/participation.md, s1.2).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def bernoulli_participation(
 ) -> np.ndarray:
     """Draw which clients respond in one round: ``1{i in S_t} ~ Bernoulli(p_i)`` independently.
 
-    Implements the paper's participation model / ``RFedAGSP.m`` option 2 (notes A.3) (client ``i``
+    Implements the paper's participation model / ``RFedAGSP.m`` option 2 (docs/participation.md, s1) (client ``i``
     responds iff ``u_i < p_i`` with ``u_i ~ U[0, 1)``; so ``p_i = 0`` never and ``p_i = 1`` always responds).
 
     Args:
@@ -129,7 +131,7 @@ def simulate_participation(
 
 
 class FrequencyEstimator:
-    """Frequency estimate ``q_i^t`` of the participation probabilities (paper Assumption 3.8; notes A.2 item 4).
+    """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8; docs/participation.md, s2 and s4).
 
     After observing rounds ``1..t``, ``q_i = max(c_i / t, q_min)`` where ``c_i`` counts the rounds in
     which client ``i`` responded. Before any observation every ``q_i = prior`` (default 1, i.e. the
@@ -187,7 +189,7 @@ class FrequencyEstimator:
         self.rounds += 1
 
     def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
-        """Current estimates ``q`` (notes A.2 item 4: ``q_i^t`` = past response frequency, floored).
+        """Current estimates ``q`` (``q_i^t`` = past response frequency, floored; docs/participation.md, s2 and s4).
 
         Args:
             include: optional ``(N,)`` mask of a round to count *without* recording it (the authors'

@@ -1,21 +1,21 @@
 """Federated PCA on the Stiefel manifold: the RFedAGS paper's synthetic problem and a planted bias problem.
 
-Cost convention (authors' code ``ConstructRFLPCAProb_St_.m``; notes A.5)::
+Cost convention (authors' code ``ConstructRFLPCAProb_St_.m``; docs/baselines.md, s5.5)::
 
     f_i(X) = -tr(X^T A_i X),   A_i = (1/S) sum_s z_s z_s^T,   F(X) = (1/N) sum_i f_i(X),   X in St(d, r)
 
-(no factor 1/2: the paper's step sizes 6e-3 / 2e-2 and the R4 gap thresholds are in this
+(no factor 1/2: the paper's step sizes 6e-3 / 2e-2 and the gap thresholds of check R4, docs/baselines.md, s5.6, are in this
 convention). Euclidean gradient ``-2 A_i X`` (mini-batch: ``-(2/B) Z_b^T Z_b X``), Riemannian gradient
 its tangent projection. ``F* = -(sum of the top-r eigenvalues of A = mean_i A_i)``, attained by the
 top-r eigenvectors ``U``.
 
 Problems:
 
-* :func:`synthetic_pca_problem`: the paper's synthetic PCA experiment / ``PCAStief_Syn_40.m`` (notes A.5): client ``i = 1..N`` holds ``S``
+* :func:`synthetic_pca_problem`: the paper's synthetic PCA experiment / ``PCAStief_Syn_40.m`` (docs/baselines.md, s5.5): client ``i = 1..N`` holds ``S``
   samples ``z ~ (i/N) N(0, I_d)``; ``(d, r, N, S) = (100, 5, 40, 100)``; ``p_i ~ U(0, 1)``.
   The pooled covariance is near-isotropic (top-r eigengap ~ 4e-3), so use the optimality gap, not the
   subspace distance, on this problem.
-* :func:`planted_pca_problem`: notes A.7 R3 (and spec section B's bias demonstration): 5 frequent
+* :func:`planted_pca_problem`: check R3 of docs/baselines.md, s5.5-s5.6 (the participation bias): 5 frequent
   clients (``p = 0.9``) with a spike 2.0 on ``e0, e1`` and 5 rare clients (``p = 0.2``) with a spike 3.0 on
   ``e2, e3``. ``F`` is minimised by ``span(e2, e3)``; the uncorrected mean over responders minimises
   ``F~ = sum_i p~_i f_i`` whose minimiser is ``span(e0, e1)`` (subspace distance sqrt(2) apart).
@@ -49,6 +49,10 @@ __all__ = [
 
 def top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``r`` eigenpairs of a symmetric ``(d, d)`` matrix by ``numpy.linalg.eigh``.
+
+    Args:
+        a: ``(d, d)`` symmetric array-like (symmetrised as ``(a + a^T)/2`` first).
+        r: number of leading eigenvectors, ``1 <= r <= d``.
 
     Returns:
         ``(U (d, r), lam (d,))``: orthonormal eigenvectors of the ``r`` largest eigenvalues (descending)
@@ -86,7 +90,7 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
 
 
 class PCAProblem:
-    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (notes A.5).
+    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (docs/baselines.md, s5.5).
 
     Args:
         covariances: ``(N, d, d)`` symmetric matrices ``A_i``.
@@ -153,12 +157,15 @@ class PCAProblem:
 
         Returns:
             ``(m, d, r)`` float64.
+
+        Raises:
+            IndexError: a client index outside ``[0, N)``.
         """
         idx = np.arange(self.num_clients) if clients is None else np.asarray(clients, dtype=int)
         return -2.0 * (self.covariances[idx] @ np.asarray(x, dtype=np.float64))
 
     def minibatch_egrads(self, x: np.ndarray, clients: np.ndarray | list[int], batch: np.ndarray) -> np.ndarray:
-        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (notes A.5, batch without replacement).
+        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (docs/baselines.md, s5.5; batch without replacement).
 
         Args:
             x: ``(d, r)`` or ``(m, d, r)``.
@@ -182,7 +189,8 @@ class PCAProblem:
 
     # --- optimum -------------------------------------------------------------------------------
     def optimum(self) -> tuple[np.ndarray, float]:
-        """Exact minimiser and minimum: ``(U (d, r), F*)`` from ``eigh(A)``; ``F* = -sum top-r eigenvalues``."""
+        """Exact minimiser and minimum: ``(U (d, r) float64, F* float)`` from ``eigh(A)``;
+        ``F* = -sum of the top-r eigenvalues`` of ``A = mean_i A_i`` (cached)."""
         if self._opt is None:
             u, lam = top_eigenvectors(self.mean_covariance, self.r)
             self._opt = (u, float(-lam[: self.r].sum()), lam)
@@ -196,7 +204,8 @@ class PCAProblem:
         return float("inf") if self.r == self.d else float(lam[self.r - 1] - lam[self.r])
 
     def gap(self, x: np.ndarray) -> float:
-        """Optimality gap ``F(X) - F* >= 0`` (notes A.5 metric)."""
+        """Optimality gap ``F(X) - F* >= 0`` (float) of a point ``X (d, r)``: the metric of
+        docs/baselines.md, s5.5."""
         return self.cost(x) - self.optimum()[1]
 
     def reweighted_optimum(self, weights: np.ndarray) -> np.ndarray:
@@ -217,7 +226,7 @@ class PCAProblem:
 def synthetic_pca_problem(
     num_clients: int = 40, d: int = 100, r: int = 5, samples_per_client: int = 100, seed: int = 0
 ) -> PCAProblem:
-    """The paper's synthetic PCA data (notes A.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
+    """The paper's synthetic PCA data (docs/baselines.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
 
     Args:
         num_clients, d, r, samples_per_client: ``N, d, r, S`` (paper: 40, 100, 5, 100).
@@ -240,7 +249,18 @@ def synthetic_pca_problem(
 
 
 def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
-    """Participation probabilities ``p_i ~ U(0, 1)`` i.i.d. (paper's PCA experiment, notes A.5); ``(N,)`` float64."""
+    """Participation probabilities ``p_i ~ U(0, 1)`` i.i.d. (paper's PCA experiment, docs/baselines.md, s5.5).
+
+    Args:
+        num_clients: ``N >= 1``.
+        seed: numpy seed (entropy ``[seed, 4]``).
+
+    Returns:
+        ``(N,)`` float64 probabilities.
+
+    Raises:
+        ValueError: ``num_clients`` not a positive integer.
+    """
     if int(num_clients) != num_clients or num_clients < 1:
         raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
     return np.random.default_rng([int(seed), 4]).random(num_clients)
@@ -258,7 +278,7 @@ def planted_pca_problem(
     base: float = 0.1,
     noise: float = 0.005,
 ) -> tuple[PCAProblem, np.ndarray]:
-    """Planted two-group PCA problem that exposes the participation bias (notes A.7 R3, spec B).
+    """Planted two-group PCA problem that exposes the participation bias (docs/baselines.md, s5.5-s5.6, check R3).
 
     ``A_i = base * I + noise * sym(G_i) + spike_g (e_a e_a^T + e_b e_b^T)`` with ``(a, b) = (0, 1)`` for the
     frequent group and ``(2, 3)`` for the rare group; ``r = 2``. With the defaults the true optimum is
@@ -300,6 +320,12 @@ def batch_indices(seed: int, server_round: int, client: int, num_steps: int, num
     Deterministic in ``(seed, server_round, client)`` (SeedSequence entropy ``[seed, 1, round, client]``)
     so the Flower client and :func:`run_pca_reference` draw the same batches.
 
+    Args:
+        seed, server_round, client: the three seed components (non-negative ints).
+        num_steps: ``K``, one batch per local step.
+        num_samples: ``S``, the client's sample count.
+        batch_size: ``B`` in ``[1, S]``.
+
     Returns:
         ``(K, B)`` int array, row ``k`` = first ``B`` entries of a fresh permutation of ``range(S)``.
 
@@ -329,7 +355,7 @@ def run_pca_reference(
     force_one_if_empty: bool = False,
     record_every: int = 1,
 ) -> dict:
-    """Pure-numpy RFedAGS run on a PCA problem (notes A.2 with Bernoulli(p_i) participation, A.3 option 2).
+    """Pure-numpy RFedAGS run on a PCA problem (docs/baselines.md, s5, with the Bernoulli(p_i) participation of docs/participation.md, s1).
 
     Round ``t = 1..T``: ``S_t = bernoulli_participation(p, t, seed)``; every responder runs
     :func:`~flwr_sheaf.rfedags.client.local_gradient_stream` from ``x_t`` with ``alpha_{t-1}`` (exact local

@@ -83,7 +83,12 @@ class NetworkSheaf:
 
     # ------------------------------------------------------------------ structure
     def offsets(self) -> dict[int, int]:
-        """Start index of each node's block in the stacked 0-cochain (nodes sorted by id)."""
+        """Start index of each node's block in the stacked 0-cochain ``C^0 = (+)_i R^{d_i}``.
+
+        Returns:
+            ``{partition-id: int offset}``; blocks are laid out in ascending partition-id order
+            (the column order of :meth:`coboundary` and :meth:`laplacian`).
+        """
         off, pos = {}, 0
         for n in sorted(self.dims):
             off[n] = pos
@@ -147,6 +152,17 @@ class NetworkSheaf:
         return x
 
     def fit_maps(self, pilots: Mapping[int, torch.Tensor]) -> None:
-        """Refit every restriction map by Procrustes on row-wise pilots ``(K, d_i)`` (Eq. 18)."""
+        """Refit every restriction map by Procrustes on row-wise pilots (Eq. 18).
+
+        Args:
+            pilots: per node a ``(K, d_i)`` float tensor (the same ``K`` pilot rows everywhere) or
+                a ``(d_i,)`` vector (one pilot).
+
+        Updates ``self.maps[(h, t)]`` in place to float64 ``(d_h, d_t)`` maps with orthonormal
+        columns (:func:`~flwr_sheaf.sheaf.procrustes.procrustes`).
+
+        Raises:
+            ValueError: a node without pilots, a wrong ``d_i``, differing row counts, NaN/inf.
+        """
         for h, t in self.edges:
             self.maps[(h, t)] = procrustes(self._rows(pilots, h), self._rows(pilots, t)).double()

@@ -8,7 +8,7 @@ colouring layer, the exact left inverse of that whitening, so the private task s
 agent's own latent geometry. The statistics are estimated on the shared pilot set (App. G).
 
 This module implements a real (decorrelating) whitening, unlike the reference code, whose layer
-only standardises each coordinate (``../shared/notes/anchor-sfrl-reference.md`` s3.2):
+only standardises each coordinate (docs/deviations.md, s4):
 
 * Regularised covariance (shrinkage towards the diagonal plus a relative eigenvalue floor)::
 
@@ -17,7 +17,7 @@ only standardises each coordinate (``../shared/notes/anchor-sfrl-reference.md`` 
 
   ``shrinkage = 0`` is full decorrelation, ``shrinkage = 1`` per-dimension standardisation.
   ``eps`` protects the near-dead directions that post-ReLU encoders have
-  (``../shared/notes/calibration-sheaf-frl-stability.md`` s1).
+  (docs/stability.md, s1 and s2.2).
 * Cholesky whitening: ``L = cholesky(Sigma_reg)``, ``zhat = (z - mu) @ L^{-T}``.
 
 Estimator convention: ``Sigma`` is always the *unbiased* sample covariance (divisor ``B - 1``),
@@ -272,7 +272,14 @@ class Whitening(nn.Module):
         return zhat.to(z.dtype)
 
     def batch_shrinkage(self, batch_size: int) -> float:
-        """Shrinkage used on a train-mode batch of ``B`` rows: ``max(shrinkage, 1 - (B - 1) / d)``.
+        """Shrinkage used on a train-mode batch of ``B`` rows: ``max(shrinkage, 1 - (B - 1) / d)``
+        (docs/stability.md, s2.4).
+
+        Args:
+            batch_size: number of rows ``B`` of the batch (int).
+
+        Returns:
+            float in ``[shrinkage, 1]``.
 
         A batch covariance has rank at most ``B - 1``; when ``B - 1 < d`` full decorrelation would
         whiten a ``(B-1)``-dimensional subspace to unit variance and flatten the rest to the floor,
@@ -306,18 +313,23 @@ class Whitening(nn.Module):
         return self
 
     def regularised_running_covariance(self) -> Tensor:
-        """``Sigma_reg (d, d)`` of the running statistics, in ``running_cov``'s dtype."""
+        """``Sigma_reg (d, d)`` of the running statistics (:func:`regularised_covariance` with this
+        layer's ``shrinkage`` and ``eps``), detached, in ``running_cov``'s dtype."""
         cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
         reg = regularised_covariance(0.5 * (cov + cov.mT), self.shrinkage, self.eps)
         return reg.to(self.running_cov.dtype)
 
     def cholesky_factor(self) -> Tensor:
         """Lower-triangular ``L (d, d)`` with ``L L^T = Sigma_reg`` (running statistics), in
-        ``running_cov``'s dtype. Eval-mode whitening is ``(z - running_mean) @ L^{-T}``."""
+        ``running_cov``'s dtype. Eval-mode whitening is ``(z - running_mean) @ L^{-T}``.
+
+        Raises:
+            ValueError: the running statistics contain NaN/inf (refit with :meth:`fit`)."""
         return self._running_factor()[1].to(self.running_cov.dtype)
 
     def whitening_matrix(self) -> Tensor:
-        """``W = L^{-T} (d, d)`` so that eval-mode whitening is ``(z - running_mean) @ W``."""
+        """``W = L^{-T} (d, d)`` (``running_cov``'s dtype) so that eval-mode whitening is
+        ``(z - running_mean) @ W``. Raises ValueError like :meth:`cholesky_factor`."""
         chol = self._running_factor()[1]
         eye = torch.eye(self.d, dtype=chol.dtype, device=chol.device)
         w = torch.linalg.solve_triangular(chol.mT, eye, upper=True)
@@ -329,7 +341,8 @@ class Whitening(nn.Module):
         :meth:`fit`, with the unbiased estimator). Equals ``I`` when ``shrinkage = 0`` and
         ``eps * trace/d + 1e-8`` is negligible against the eigenvalues of ``Sigma``; with
         ``shrinkage = 1`` and no floor it is the correlation matrix. Always ``<= I`` when
-        ``shrinkage = 0``. Returned in ``running_cov``'s dtype."""
+        ``shrinkage = 0``. Returned in ``running_cov``'s dtype. Raises ValueError like
+        :meth:`cholesky_factor`."""
         chol = self._running_factor()[1]
         cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
         half = torch.linalg.solve_triangular(chol, 0.5 * (cov + cov.mT), upper=False)  # L^{-1} S
@@ -337,12 +350,14 @@ class Whitening(nn.Module):
         return (0.5 * (target + target.mT)).to(self.running_cov.dtype)
 
     def max_gain(self) -> float:
-        """Upper bound ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` on the operator norm of the
-        eval-mode whitening (running ``Sigma``): no input difference is amplified more."""
+        """Upper bound ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` (float) on the operator norm of
+        the eval-mode whitening (running ``Sigma``): no input difference is amplified more
+        (docs/stability.md, s2.2)."""
         tr = float(torch.diagonal(self.running_cov.detach().to(_COMPUTE_DTYPE)).sum())
         return 1.0 / math.sqrt(self.eps * max(tr, 0.0) / self.d + ABS_FLOOR)
 
     def extra_repr(self) -> str:
+        """``nn.Module`` repr details: ``d``, ``shrinkage``, ``eps``, ``momentum``."""
         return f"d={self.d}, shrinkage={self.shrinkage}, eps={self.eps}, momentum={self.momentum}"
 
 
@@ -413,12 +428,13 @@ class Colouring(nn.Module):
         return z.to(zhat.dtype)
 
     def extra_repr(self) -> str:
+        """``nn.Module`` repr details: the stalk dimension."""
         return f"d={self.d} (inverse of a shared Whitening layer)"
 
 
 def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
     """Fraction of latent dimensions whose (unbiased) variance is below ``threshold``: the
-    "latent collapse" diagnostic of ``calibration-sheaf-frl-stability.md`` s1-s3.
+    "latent collapse" diagnostic of docs/stability.md, s1 and s3.
 
     Args:
         z: ``(M, d)`` floating tensor, ``M >= 2``.
@@ -440,7 +456,7 @@ def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
 def effective_rank(z: Tensor) -> float:
     """Participation-ratio effective rank of the covariance of ``z``:
     ``(sum_k lambda_k)^2 / sum_k lambda_k^2 = trace(C)^2 / ||C||_F^2`` (dimensional-collapse
-    diagnostic, ``calibration-sheaf-frl-stability.md`` s2). Equals ``k`` for ``k`` equal
+    diagnostic, docs/stability.md, s1 and s3). Equals ``k`` for ``k`` equal
     non-zero eigenvalues; 0.0 for a constant sample.
 
     Args:

@@ -1,37 +1,55 @@
-"""Shared base of the peer strategies: discovery, sampling, per-round bookkeeping.
+"""Shared base of the peer strategies: discovery, sampling, the round loop and per-round bookkeeping.
 
-Every method in flwr-sheaf (Sheaf-FRL, FedProto, FedSAF, non-cooperative, RFedAGS) needs the
-same server-side plumbing on Flower's Message API, so it lives here once:
+Every method (Sheaf-FRL, FedProto, FedSAF, non-cooperative, RFedAGS) needs the same server-side
+plumbing on Flower's Message API, so it lives here once:
 
-- **discovery** (design.md s4.1): a ``query.<action>`` round trip maps Flower's opaque node ids
-  to partition-ids and collects what each node reports (stalk dimension ``d``, class set);
-- **sampling**: Flower-style ``fraction_train`` (uniform, seeded) or per-node Bernoulli(p_i)
-  participation (Flower's own sampling is uniform, so arbitrary participation is simulated here);
+- **discovery**: a ``query.<action>`` round trip maps Flower's opaque node ids to partition-ids
+  and collects each node's :class:`~flwr_sheaf.protocol.NodeInfo`. Nodes are queried as they
+  register, so a federation that is too small (nodes report ``num-partitions`` < N) fails at once
+  with the ``--federation-config`` to pass, instead of waiting;
+- **sampling**: :class:`~flwr_sheaf.participation.ParticipationSampler` (a node's draw depends only
+  on (seed, server round, partition-id), identically for every method);
+- **the round loop** :meth:`PeerStrategy.start` (Flower's ``Strategy.start`` contract, returns
+  Flower's ``Result``): discovery, then per round train (one round trip), and evaluation with an
+  optional second round trip (:meth:`PeerStrategy.route_evaluate`, the documented override used by
+  the two-phase graph evaluation). Every round trip honours the one ``timeout``: a node that does
+  not answer in time is recorded as failed for that phase and the round goes on;
 - **bookkeeping**: replies split into ok / failed / missing by partition-id, bytes on the wire,
-  wall time, one ``history`` entry per server round.
+  wall time, one typed :class:`RoundRecord` per server round.
 
-It knows nothing of CNNs or of the sheaf maths.
+It knows nothing of CNNs or of the sheaf maths, and nothing of ``flwr_sheaf.client``.
 """
 
 from __future__ import annotations
 
 import logging
-import random
+import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
-__all__ = ["NodeInfo", "PeerStrategy", "record_bytes"]
+from ..config import KEYS
+from ..participation import ParticipationSampler
+from ..protocol import CONFIG, INFO, QUERY, NodeInfo, message_type
+
+__all__ = ["PeerStrategy", "RoundRecord", "Node", "record_bytes", "nanmean"]
 
 log = logging.getLogger("flwr_sheaf")
 
 
+def nanmean(xs: Iterable[float | None]) -> float:
+    """Mean ignoring None/NaN (NaN when nothing is left)."""
+    vals = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
 def record_bytes(content: RecordDict) -> int:
-    """Payload size of a RecordDict in bytes: arrays' buffers plus metric/config values (8 B each).
+    """Payload size of a RecordDict in bytes: arrays' buffers plus metric/config values (8 B each, strings by length).
 
     This counts what the protocol sends (pilot matrices, latents, metrics), not Flower's framing.
     """
@@ -39,217 +57,301 @@ def record_bytes(content: RecordDict) -> int:
     for rec in content.values():
         if isinstance(rec, ArrayRecord):
             total += rec.count_bytes()
-        else:
-            for v in rec.values():
-                if isinstance(v, (bytes, str)):
-                    total += len(v)
-                elif isinstance(v, list):
-                    total += 8 * len(v)
-                else:
-                    total += 8
+            continue
+        for v in rec.values():
+            if isinstance(v, (bytes, str)):
+                total += len(v)
+            elif isinstance(v, list):
+                total += 8 * len(v)
+            else:
+                total += 8
     return total
 
 
-@dataclass
-class NodeInfo:
-    """What discovery learned about one node.
-
-    Attributes:
-        node_id: Flower's node id (opaque 64-bit integer).
-        partition_id: the node's partition-id (its index in the scenario).
-        d: stalk (latent) dimension d_i reported by the node.
-        classes: target class set C_i reported by the node (may be empty if unknown).
-        num_partitions: total partitions the node believes exist (``node_config``).
-    """
+@dataclass(frozen=True)
+class Node:
+    """A discovered node: Flower's node id and what it reported (:class:`~flwr_sheaf.protocol.NodeInfo`)."""
 
     node_id: int
-    partition_id: int
-    d: int
-    classes: tuple[int, ...] = ()
-    num_partitions: int = 0
-    extra: dict = field(default_factory=dict)
+    info: NodeInfo
+
+    @property
+    def d(self) -> int:
+        """Stalk dimension d_i."""
+        return self.info.d
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one server round (typed; :meth:`as_dict` is the ``results.json`` entry).
+
+    Attributes:
+        round: server round (1-based).
+        sampled: partition-ids sent a train message.
+        bytes_sent, bytes_received: protocol payload bytes (:func:`record_bytes`) of all phases.
+        failed: ``{phase: [partition-id, ...]}`` of nodes that failed or did not answer in time.
+        train: aggregated training metrics (method-specific names, ``_`` spelling).
+        evaluate: evaluation summary (empty in rounds without evaluation).
+        wall_seconds: this round's wall time; elapsed_seconds: since the first round started.
+    """
+
+    round: int
+    sampled: list[int] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    failed: dict[str, list[int]] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    evaluate: dict[str, Any] = field(default_factory=dict)
+    wall_seconds: float = float("nan")
+    elapsed_seconds: float = float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat dict (the per-round entry of ``results.json``)."""
+        return {"round": self.round, "sampled": list(self.sampled), "num_sampled": len(self.sampled),
+                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "failed": {k: list(v) for k, v in self.failed.items()}, **self.train, **self.evaluate,
+                "wall_seconds": self.wall_seconds, "elapsed_seconds": self.elapsed_seconds}
+
+
+def _numeric(d: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 class PeerStrategy(Strategy):
-    """Base for strategies that address nodes by partition-id (no global model is required).
+    """Base of strategies that address nodes by partition-id (no global model is required).
 
     Args:
-        num_nodes: how many partition-ids the scenario has (graph nodes); discovery waits for
-            this many SuperNodes and fails with a clear error if fewer exist.
-        action: message action name, e.g. ``"sheaf"`` -> ``query.sheaf``/``train.sheaf``.
-        fraction_train: fraction of nodes sampled per server round (uniform, seeded), as FedAvg.
-        participation: optional per-partition Bernoulli probabilities p_i (overrides
-            ``fraction_train``; arbitrary participation as in RFedAGS). p_i = 0 is allowed.
-        min_train_nodes: lower bound on sampled nodes under ``fraction_train``.
-        seed: seed of the sampling RNG.
-        discovery_timeout: seconds to wait for SuperNodes to register.
+        num_nodes: partition-ids of the scenario (``0..num_nodes-1``); discovery waits for them.
+        action: message action (``"sheaf"`` -> ``query.sheaf``, ``train.sheaf``, ...).
+        sampler: who trains in each round.
+        discovery_timeout: seconds to wait for enough SuperNodes to register.
 
     Raises:
-        ValueError: on invalid fractions/probabilities (the value is named).
+        ValueError: ``num_nodes < 1``, a sampler for a different N, a non-positive timeout.
     """
 
-    def __init__(
-        self,
-        num_nodes: int,
-        action: str,
-        fraction_train: float = 1.0,
-        participation: Mapping[int, float] | Sequence[float] | None = None,
-        min_train_nodes: int = 1,
-        seed: int = 0,
-        discovery_timeout: float = 300.0,
-    ) -> None:
-        if num_nodes < 1:
-            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-        if not 0.0 < fraction_train <= 1.0:
-            raise ValueError(f"fraction-train must be in (0, 1], got {fraction_train}")
-        if participation is not None:
-            items = participation.items() if isinstance(participation, Mapping) else enumerate(participation)
-            participation = {int(k): float(v) for k, v in items}
-            bad = {k: v for k, v in participation.items() if not 0.0 <= v <= 1.0}
-            if bad:
-                raise ValueError(f"participation probabilities must be in [0, 1], got {bad}")
-        self.num_nodes = num_nodes
+    def __init__(self, num_nodes: int, *, action: str, sampler: ParticipationSampler, discovery_timeout: float) -> None:
+        if int(num_nodes) != num_nodes or num_nodes < 1:
+            raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+        if sampler.num_nodes != num_nodes:
+            raise ValueError(f"the participation sampler is for {sampler.num_nodes} nodes, the strategy for {num_nodes}")
+        if not discovery_timeout > 0:
+            raise ValueError(f"discovery_timeout must be > 0 seconds, got {discovery_timeout!r}")
+        self.num_nodes = int(num_nodes)
         self.action = action
-        self.fraction_train = fraction_train
-        self.participation = participation
-        self.min_train_nodes = min_train_nodes
-        self.rng = random.Random(seed)
-        self.discovery_timeout = discovery_timeout
-        self.nodes: dict[int, NodeInfo] = {}
+        self.sampler = sampler
+        self.seed = sampler.seed
+        self.discovery_timeout = float(discovery_timeout)
+        self.nodes: dict[int, Node] = {}
         self.pid_of_node: dict[int, int] = {}
-        self.history: list[dict] = []
+        self.rounds: list[RoundRecord] = []
         self.failures: list[dict] = []
-        self._round: dict = {}
+        self.current: RoundRecord | None = None
         self._t0: float | None = None
 
     # ------------------------------------------------------------------ discovery
-    def discovery_content(self) -> RecordDict:
-        """Content of the discovery query (subclasses may add a config)."""
-        return RecordDict({"config": ConfigRecord({"action": self.action})})
+    def query_config(self) -> dict:
+        """Config of the discovery query (subclasses add what their query handler reads)."""
+        return {}
 
-    def ensure_discovered(self, grid: Grid) -> None:
-        """Map node ids to partition-ids once (``query.<action>``), waiting for SuperNodes.
+    def discover(self, grid: Grid, timeout: float) -> None:
+        """Map node ids to partition-ids (``query.<action>``), querying nodes as they register.
 
         Raises:
-            RuntimeError: fewer SuperNodes than graph nodes (after waiting, or as reported by the
-                nodes' ``num-partitions``), duplicate or out-of-range partition-ids, or a node
-                whose discovery handler failed.
+            RuntimeError: the SuperNodes report ``num-partitions`` smaller than ``num_nodes`` (at
+                once, naming the ``--federation-config`` to pass), fewer SuperNodes than
+                ``num_nodes`` after ``discovery_timeout``, duplicate partition-ids, or a node whose
+                discovery handler failed (its reason quoted).
         """
         if len(self.nodes) == self.num_nodes:
             return
+        fix = f'--federation-config "num-supernodes={self.num_nodes}"'
         deadline = time.monotonic() + self.discovery_timeout
-        node_ids = list(grid.get_node_ids())
-        while len(node_ids) < self.num_nodes and time.monotonic() < deadline:
-            time.sleep(1.0)
-            node_ids = list(grid.get_node_ids())
-        if len(node_ids) < self.num_nodes:
-            raise RuntimeError(
-                f"the scenario has {self.num_nodes} graph nodes but only {len(node_ids)} SuperNodes "
-                f"registered within {self.discovery_timeout:.0f} s; run with "
-                f"--federation-config \"num-supernodes={self.num_nodes}\""
-            )
-        msgs = [
-            Message(self.discovery_content(), dst_node_id=n, message_type=f"query.{self.action}")
-            for n in node_ids
-        ]
-        replies = list(grid.send_and_receive(msgs, timeout=self.discovery_timeout))
-        nodes: dict[int, NodeInfo] = {}
-        for r in replies:
-            if r.has_error():
-                raise RuntimeError(f"discovery failed on node {r.metadata.src_node_id}: {r.error.reason}")
-            m = r.content["info"]
-            pid = int(m["partition-id"])
-            nparts = int(m["num-partitions"])
-            if nparts < self.num_nodes:
+        found: dict[int, Node] = {}
+        asked: set[int] = set()
+        while True:
+            new = [n for n in grid.get_node_ids() if n not in asked]
+            if new:
+                asked.update(new)
+                msgs = [Message(RecordDict({CONFIG: ConfigRecord(self.query_config())}), dst_node_id=n,
+                                message_type=message_type(QUERY, self.action)) for n in new]
+                for r in grid.send_and_receive(msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))):
+                    if r.has_error():
+                        raise RuntimeError(f"discovery failed on node {r.metadata.src_node_id}: {r.error.reason}")
+                    info = NodeInfo.from_record(r.content[INFO])
+                    if 0 < info.num_partitions < self.num_nodes:
+                        raise RuntimeError(
+                            f"this scenario has {self.num_nodes} agents but the federation has "
+                            f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
+                            f"run: flwr run . --stream {fix}")
+                    if info.partition_id in found:
+                        raise RuntimeError(f"partition-id {info.partition_id} reported by two nodes")
+                    found[info.partition_id] = Node(r.metadata.src_node_id, info)
+            if all(p in found for p in range(self.num_nodes)):
+                break
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(self.num_nodes)) - set(found))
                 raise RuntimeError(
-                    f"the scenario has {self.num_nodes} graph nodes but the SuperNodes report "
-                    f"num-partitions={nparts}; run with --federation-config \"num-supernodes={self.num_nodes}\""
-                )
-            if pid in nodes:
-                raise RuntimeError(f"partition-id {pid} reported by two nodes")
-            extra = {k: v for k, v in m.items() if k not in ("partition-id", "num-partitions", "d", "classes")}
-            nodes[pid] = NodeInfo(
-                node_id=r.metadata.src_node_id,
-                partition_id=pid,
-                d=int(m.get("d", 0)),
-                classes=tuple(int(c) for c in m.get("classes", [])),
-                num_partitions=nparts,
-                extra=extra,
-            )
-        missing = sorted(set(range(self.num_nodes)) - set(nodes))
-        if missing:
-            raise RuntimeError(f"no SuperNode answered for partition-id(s) {missing}")
-        # Extra SuperNodes (partition-id >= num_nodes) are left idle.
-        self.nodes = {p: n for p, n in nodes.items() if p < self.num_nodes}
+                    f"the scenario has {self.num_nodes} agents but after {self.discovery_timeout:.0f} s no SuperNode "
+                    f"answered for partition-id(s) {missing} ({len(asked)} registered); run with {fix}")
+            time.sleep(0.5)
+        # Extra SuperNodes (partition-id >= num_nodes) stay idle.
+        self.nodes = {p: n for p, n in found.items() if p < self.num_nodes}
         self.pid_of_node = {n.node_id: p for p, n in self.nodes.items()}
         self.on_discovered()
 
     def on_discovered(self) -> None:
-        """Hook run once after discovery (validate the graph, orient edges, ...)."""
+        """Hook run once after discovery (validate the graph, orient edges, fix a common dimension, ...)."""
 
-    # ------------------------------------------------------------------ sampling
-    def sample(self, server_round: int) -> list[int]:
-        """Partition-ids that train in this server round (sorted).
+    # ------------------------------------------------------------------ the round loop
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Run discovery and ``num_rounds`` server rounds; Flower's ``Strategy.start`` contract.
 
-        Bernoulli(p_i) per node when ``participation`` is set (possibly empty), else
-        ``max(min_train_nodes, int(N * fraction_train))`` nodes uniformly without replacement.
+        Per round: ``configure_train`` -> one round trip -> ``aggregate_train``; then, in evaluated
+        rounds, ``configure_evaluate`` -> round trip -> ``route_evaluate`` (the optional second
+        round trip) -> ``aggregate_evaluate``; then ``evaluate_fn``. Every round trip waits at
+        most ``timeout`` seconds; nodes that did not answer are recorded as failed.
+
+        Args:
+            grid: Flower's Grid.
+            initial_arrays: the global parameter, for strategies that have one (RFedAGS); else None.
+            num_rounds: server rounds (>= 1).
+            timeout: seconds per round trip (also bounds discovery's round trips).
+            train_config, evaluate_config: extra values merged into every train/evaluate config;
+                keys that flwr-sheaf's typed configs own (run-config keys) are refused, so each
+                value has one channel.
+            evaluate_fn: optional centralised evaluation ``(round, arrays) -> MetricRecord``.
+
+        Returns:
+            ``Result`` with the final arrays and per-round train/evaluate MetricRecords.
+
+        Raises:
+            ValueError: ``num_rounds < 1`` or a refused config key (named).
         """
-        pids = sorted(self.nodes)
-        if self.participation is not None:
-            return [p for p in pids if self.rng.random() < self.participation.get(p, 0.0)]
-        n = max(min(self.min_train_nodes, len(pids)), int(len(pids) * self.fraction_train))
-        return sorted(self.rng.sample(pids, n))
+        if int(num_rounds) != num_rounds or num_rounds < 1:
+            raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
+        for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
+            owned = sorted(set(cfg or {}) & set(KEYS))
+            if owned:
+                raise ValueError(f"{name} keys {owned} are run-config keys: set them on the strategy's config "
+                                 f"sections (flwr_sheaf.config), not per call")
+        self.extra_train_config = dict(train_config or {})
+        self.extra_evaluate_config = dict(evaluate_config or {})
+        self.summary()
+        arrays = initial_arrays if initial_arrays is not None else ArrayRecord()
+        result = Result(arrays=arrays)
+        if evaluate_fn is not None:
+            res = evaluate_fn(0, arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        self.discover(grid, timeout)
+        self._t0 = time.monotonic()
+        for rnd in range(1, int(num_rounds) + 1):
+            t_round = time.monotonic()
+            self.current = RoundRecord(round=rnd)
+            msgs = list(self.configure_train(rnd, arrays, ConfigRecord(self.extra_train_config), grid))
+            new_arrays, train_metrics = self.aggregate_train(rnd, self._round_trip(grid, msgs, timeout))
+            if new_arrays is not None:
+                arrays = result.arrays = new_arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[rnd] = train_metrics
+            if self.evaluates(rnd, int(num_rounds)):
+                msgs = list(self.configure_evaluate(rnd, arrays, ConfigRecord(self.extra_evaluate_config), grid))
+                replies = self._round_trip(grid, msgs, timeout)
+                second = self.route_evaluate(rnd, replies)
+                if second is not None:
+                    replies = self._round_trip(grid, list(second), timeout)
+                metrics = self.aggregate_evaluate(rnd, replies)
+                if metrics is not None:
+                    result.evaluate_metrics_clientapp[rnd] = metrics
+            if evaluate_fn is not None:
+                res = evaluate_fn(rnd, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[rnd] = res
+            self.current.wall_seconds = time.monotonic() - t_round
+            self.current.elapsed_seconds = time.monotonic() - self._t0
+            self.rounds.append(self.current)
+            self.log_round(self.current)
+        return result
 
-    # ------------------------------------------------------------------ messages
+    @staticmethod
+    def _round_trip(grid: Grid, msgs: list[Message], timeout: float) -> list[Message]:
+        return list(grid.send_and_receive(msgs, timeout=timeout)) if msgs else []
+
+    def evaluates(self, server_round: int, num_rounds: int) -> bool:
+        """Whether ``server_round`` is evaluated (default: every round)."""
+        return True
+
+    def route_evaluate(self, server_round: int, replies: list[Message]) -> Iterable[Message] | None:
+        """Second evaluation round trip: messages built from the first phase's replies, or None (one phase)."""
+        return None
+
+    def log_round(self, rec: RoundRecord) -> None:
+        """One progress line per round (override for method-specific figures)."""
+        log.info("round %3d | sampled %3d | failed %s | %.1f s", rec.round, len(rec.sampled), rec.failed, rec.wall_seconds)
+
+    # ------------------------------------------------------------------ messages and replies
     def message(self, pid: int, content: RecordDict, category: str, server_round: int, action: str | None = None) -> Message:
-        """Instruction message to partition ``pid``; its payload bytes count as sent."""
-        self._round["bytes_sent"] = self._round.get("bytes_sent", 0) + record_bytes(content)
-        return Message(
-            content,
-            dst_node_id=self.nodes[pid].node_id,
-            message_type=f"{category}.{action or self.action}",
-            group_id=str(server_round),
-        )
+        """Instruction message to partition ``pid``; its payload counts as sent in this round."""
+        self.current.bytes_sent += record_bytes(content)
+        return Message(content, dst_node_id=self.nodes[pid].node_id,
+                       message_type=message_type(category, action or self.action), group_id=str(server_round))
+
+    def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
+        """Record one node's failure in ``phase`` (its previous server-side state stays untouched)."""
+        self.failures.append({"round": server_round, "phase": phase, "partition-id": pid, "reason": reason[-500:]})
+        failed = self.current.failed.setdefault(phase, [])
+        if pid not in failed:
+            failed.append(pid)
+            failed.sort()
+        log.warning("round %d %s: partition-id %d failed: %s", server_round, phase, pid, reason[-300:])
 
     def split_replies(self, server_round: int, phase: str, replies: Iterable[Message], expected: Iterable[int]) -> dict[int, Message]:
-        """Sort replies into ok (returned, keyed by partition-id), failed and missing (recorded).
-
-        Failed and missing nodes are logged and kept in ``self.failures``; their previous state
-        (cached pilots, prototypes) stays untouched.
-        """
+        """Successful replies keyed by partition-id; error replies and missing nodes are recorded as failures."""
         ok: dict[int, Message] = {}
         for r in replies:
             pid = self.pid_of_node.get(r.metadata.src_node_id)
             if pid is None:
                 continue
             if r.has_error():
-                self.failures.append({"round": server_round, "phase": phase, "partition-id": pid, "reason": r.error.reason[-500:]})
-                log.warning("round %d %s: partition-id %d failed: %s", server_round, phase, pid, r.error.reason[-300:])
+                self.record_failure(server_round, phase, pid, r.error.reason)
                 continue
-            self._round["bytes_received"] = self._round.get("bytes_received", 0) + record_bytes(r.content)
+            self.current.bytes_received += record_bytes(r.content)
             ok[pid] = r
-        for pid in sorted(set(expected) - set(ok)):
-            if not any(f["round"] == server_round and f["phase"] == phase and f["partition-id"] == pid for f in self.failures):
-                self.failures.append({"round": server_round, "phase": phase, "partition-id": pid, "reason": "no reply"})
-        self._round.setdefault("failed", {})[phase] = sorted(set(expected) - set(ok))
+        errored = set(self.current.failed.get(phase, []))
+        for pid in sorted(set(expected) - set(ok) - errored):
+            self.record_failure(server_round, phase, pid, "no reply within the timeout")
+        self.current.failed.setdefault(phase, [])
         return ok
 
-    # ------------------------------------------------------------------ bookkeeping
-    def begin_round(self, server_round: int) -> None:
-        """Start the per-round record (called from ``configure_train``)."""
-        if self._t0 is None:
-            self._t0 = time.monotonic()
-        self._round = {"round": server_round, "bytes_sent": 0, "bytes_received": 0, "_start": time.monotonic()}
+    # ------------------------------------------------------------------ results
+    @property
+    def history(self) -> list[dict]:
+        """Per-round records as flat dicts (``results.json``'s ``rounds``)."""
+        return [r.as_dict() for r in self.rounds]
 
-    def end_round(self, **metrics) -> dict:
-        """Close the per-round record (called from ``aggregate_evaluate``) and append it to history."""
-        rec = dict(self._round)
-        start = rec.pop("_start", time.monotonic())
-        rec.update(metrics)
-        rec["wall_seconds"] = time.monotonic() - start
-        rec["elapsed_seconds"] = time.monotonic() - (self._t0 or start)
-        self.history.append(rec)
-        return rec
+    @property
+    def node_results(self) -> dict[int, dict]:
+        """Per partition-id results of the last evaluation (none by default)."""
+        return {}
+
+    @property
+    def edge_results(self) -> list[dict]:
+        """Per directed edge results of the last evaluation (none by default)."""
+        return []
+
+    def results_extra(self) -> dict:
+        """Method-specific top-level keys of ``results.json`` (subclasses extend it)."""
+        return {"participation": self.sampler.describe(), "action": self.action}
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
-        log.info("%s: %d nodes, action %r", type(self).__name__, self.num_nodes, self.action)
+        log.info("%s: %d nodes, action %r, participation %s", type(self).__name__, self.num_nodes, self.action,
+                 self.sampler.describe()["mode"])
+
+    @staticmethod
+    def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+        """The int/float entries of a metrics mapping, as floats (for MetricRecords)."""
+        return _numeric(metrics)

@@ -1,150 +1,144 @@
-"""FedProto strategy (Tan et al., AAAI 2022; notes ``anchor-rfedags-fedsaf-fedproto.md`` D, E).
+"""FedProto strategy (Tan et al., AAAI 2022; docs/baselines.md).
 
 Per server round:
 
-1. ``configure_train``: discovery once; the common feature dimension D is fixed there (all nodes
-   share ``d`` -> D = d; otherwise ``feature_dim`` must be given and each node pools its latents to
-   it with the parameter-free :class:`~flwr_sheaf.baselines.fedproto.PoolingAdapter`; without it a
-   mismatch raises ``ValueError`` naming the dimensions). Every sampled node gets the current
-   global prototypes (``ArrayRecord`` ``"global-prototypes"``: ``classes (n,)``, ``prototypes (n, D)``)
-   and the config (``fedproto-lambda``, ``feature-dim``, ``num-classes``, local-training keys).
-2. ``aggregate_train``: each upload (``classes``, ``prototypes (n, D)``, ``counts``) is validated on
-   its own; one with NaN/inf, a class id outside ``[0, num_classes)``, a wrong dimension, or a
-   malformed layout is rejected (recorded in ``failures`` with its partition-id; the node's
-   training still counted). The valid ones are aggregated by
-   :func:`~flwr_sheaf.baselines.fedproto.aggregate_prototypes`: count-weighted mean per class
-   (``aggregation="weighted"``, the paper) or unweighted mean over clients (``"unweighted"``,
-   official code / HtFLlib); a class nobody uploaded is carried over (``missing="carry"``) or
-   dropped (``"drop"``, HtFLlib).
-3. Evaluation: the shared post-hoc protocol (:class:`NonCooperative`), plus the global prototypes
-   in the phase-1 messages so each node also reports nearest-global-prototype accuracy, recorded
-   apart from the head's accuracy as ``nodes[pid]["prototype_accuracy"]`` and the round key
-   ``prototype_accuracy_mean``.
+1. Discovery fixes the common prototype dimension D (``fedproto-dim``): ``auto`` = the smallest
+   stalk dimension, ``none`` = all d_i must agree (else ``ValueError`` naming every d and
+   partition-id), or an explicit D. Each node pools its latents to D with the parameter-free
+   :class:`~flwr_sheaf.baselines.fedproto.PoolingAdapter`. Every sampled node gets the global
+   prototypes (record ``global-prototypes``) and the config (:class:`~flwr_sheaf.config.FedProtoConfig`,
+   ``feature-dim``, ``num-classes``, local training).
+2. ``accept_train``: each upload is validated on its own; one with NaN/inf, a class id outside
+   ``[0, num_classes)``, a wrong dimension or a malformed layout is rejected (a recorded failure
+   with its partition-id; the node's training still counts). The valid ones are aggregated
+   (count-weighted or unweighted mean per class; a class nobody uploaded is carried or dropped).
+3. Evaluation: the post-hoc protocol (:class:`NonCooperative`), plus the global prototypes in the
+   phase-1 messages so each node also reports nearest-global-prototype accuracy
+   (``prototype_accuracy`` per node, ``prototype_accuracy_mean`` per round).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
+import networkx as nx
 import torch
 from flwr.app import Message
 
 from ..baselines.fedproto import aggregate_prototypes, check_common_dim
-from ..client.fedproto import GLOBAL_RECORD, prototype_arrays, prototypes_from_arrays
-from ..client.noncooperative import UPLOAD_RECORD
-from ..client.task import numpy_record
-from ..paper import NUM_CLASSES
+from ..config import FederationConfig, FedProtoConfig, LocalTrainConfig
+from ..paper import NUM_CLASSES as PAPER_NUM_CLASSES
+from ..protocol import FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
 from .noncooperative import NonCooperative
 
-__all__ = ["FedProto", "AGGREGATIONS", "MISSING_POLICIES"]
+__all__ = ["FedProto"]
 
 log = logging.getLogger("flwr_sheaf")
-AGGREGATIONS = ("weighted", "unweighted")
-MISSING_POLICIES = ("carry", "drop")
 
 
 class FedProto(NonCooperative):
-    """FedProto on Flower messages (see the module docstring).
+    """FedProto on Flower messages (module docstring).
 
     Args:
-        num_nodes: number of agents.
-        graph: graph (or spec) of the communication-accuracy evaluation.
-        train_config: local-training values (``local-epochs``, ``lr``, ...) and the method's
-            ``fedproto-lambda`` / ``fedproto-reduction``.
-        feature_dim: common prototype dimension D (pooling adapter on every node); ``None``
-            requires all nodes to have the same stalk dimension.
-        num_classes: size of the label space (class ids ``0..num_classes-1``).
-        aggregation: ``"weighted"`` (default) or ``"unweighted"``.
-        missing: ``"carry"`` (default) or ``"drop"``.
-        action: message action (default ``"fedproto"``).
-        **kwargs: :class:`NonCooperative` / :class:`GraphStrategy` options.
+        num_nodes: agents.
+        federation: graph of the communication-accuracy evaluation, participation, evaluation period.
+        train: local SGD settings.
+        fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
+        num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
+        graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
+        action: message action (pair with :func:`flwr_sheaf.client.fedproto.register_fedproto_handlers`).
+        discovery_timeout: seconds to wait for SuperNodes.
 
     Raises:
-        ValueError: unknown aggregation / missing policy, non-positive ``feature_dim`` (named);
-            at discovery, mismatched stalk dimensions without ``feature_dim`` (dims named).
+        ValueError: bad config values (named); at discovery, ``fedproto-dim = none`` with different
+            stalk dimensions (each d and its partition-ids named).
     """
 
     node_metric_names = ("prototype-accuracy", "val-prototype-accuracy")
 
-    def __init__(self, num_nodes: int, graph="class-overlap", train_config: Mapping | None = None,
-                 feature_dim: int | None = None, num_classes: int = NUM_CLASSES, aggregation: str = "weighted",
-                 missing: str = "carry", action: str = "fedproto", **kwargs) -> None:
-        super().__init__(num_nodes=num_nodes, graph=graph, train_config=train_config, action=action, **kwargs)
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-        if missing not in MISSING_POLICIES:
-            raise ValueError(f"missing-class policy must be one of {MISSING_POLICIES}, got {missing!r}")
-        if feature_dim is not None and int(feature_dim) < 1:
-            raise ValueError(f"feature dim must be a positive int (or None: no adapter), got {feature_dim}")
-        self.feature_dim = int(feature_dim) if feature_dim is not None else None
+    def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
+                 train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
+                 num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = "fedproto",
+                 discovery_timeout: float = 300.0) -> None:
+        super().__init__(num_nodes, federation=federation, train=train, graph=graph, action=action,
+                         discovery_timeout=discovery_timeout)
+        if int(num_classes) != num_classes or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
+        self.fedproto = fedproto or FedProtoConfig()
         self.num_classes = int(num_classes)
-        self.aggregation = aggregation
-        self.missing = missing
         self.common_dim: int | None = None
         self.global_protos: dict[int, torch.Tensor] = {}
 
     def on_discovered(self) -> None:
-        """Validate the graph, then fix the common feature dimension (or raise naming the dims)."""
+        """Validate the graph, then resolve the common prototype dimension D."""
         super().on_discovered()
         dims = {p: n.d for p, n in self.nodes.items()}
-        try:
-            common = check_common_dim(dims, adapter=self.feature_dim is not None)
-        except ValueError as exc:
-            raise ValueError(f"{exc} (run-config key fedproto-dim = D, or feature_dim=D)") from None
-        self.common_dim = self.feature_dim or common
-        shared = {"feature-dim": self.common_dim, "num-classes": self.num_classes}
-        self.train_config.update(shared)
-        self.evaluate_config.update(shared)
+        spec = self.fedproto.dim
+        if spec == "auto":
+            self.common_dim = min(dims.values())
+        elif spec == "none":
+            try:
+                self.common_dim = check_common_dim(dims, adapter=False)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (fedproto-dim='none'; use 'auto' or an integer D)") from None
+        else:
+            self.common_dim = int(spec)
+        log.info("%s: common prototype dimension D = %d (fedproto-dim=%r)", type(self).__name__, self.common_dim, spec)
 
-    # ------------------------------------------------------------------ train
+    # ------------------------------------------------------------------ hooks
+    def _shared(self) -> dict:
+        return {FEATURE_DIM: self.common_dim, NUM_CLASSES: self.num_classes}
+
     def _global_record(self) -> dict:
-        return {GLOBAL_RECORD: numpy_record(prototype_arrays(self.global_protos))} if self.global_protos else {}
+        protos = {c: p.numpy() for c, p in self.global_protos.items()}
+        return {GLOBAL_PROTOTYPES: pack_prototypes(protos, dim=self.common_dim)} if protos else {}
 
-    def train_records(self, server_round: int) -> dict:
+    def method_config(self, server_round: int) -> dict:
+        """FedProto's section plus the resolved dimension and the label-space size."""
+        return {**self.fedproto.to_dict(), **self._shared()}
+
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """The current global prototypes (none before the first aggregation)."""
-        return self._global_record()
+        return self._global_record(), {}
 
-    def accept_uploads(self, server_round: int, replies: Mapping[int, Message]) -> dict:
+    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
+        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
+        return self._global_record(), self._shared()
+
+    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
         """Validate each upload on its own, then aggregate the valid ones into the global prototypes."""
         uploads, sources, rejected = [], [], []
-        for pid, r in sorted(replies.items()):
+        weighted = self.fedproto.aggregation == "weighted"
+        for pid, r in sorted(ok.items()):
             src = f"partition-id {pid}"
             try:
-                if UPLOAD_RECORD not in r.content:
+                if UPLOAD not in r.content:
                     raise ValueError(f"{src}: reply carries no prototypes")
-                protos, counts = prototypes_from_arrays(r.content[UPLOAD_RECORD], src)
+                raw, counts = unpack_prototypes(r.content[UPLOAD], src)
+                protos = {c: torch.from_numpy(p) for c, p in raw.items()}
                 dims = {p.shape[0] for p in protos.values()}
                 if dims and dims != {self.common_dim}:
-                    raise ValueError(f"{src}: prototypes have d={sorted(dims)}, expected the common feature dim "
+                    raise ValueError(f"{src}: prototypes have d={sorted(dims)}, expected the common dimension "
                                      f"d={self.common_dim}")
-                if self.aggregation == "weighted" and counts is None:
+                if weighted and counts is None:
                     raise ValueError(f"{src}: weighted aggregation needs counts")
                 # Validate this upload alone (NaN, class range, counts) so one bad node cannot sink the round.
-                aggregate_prototypes([(protos, counts)], weighted=self.aggregation == "weighted",
-                                     num_classes=self.num_classes, sources=[src])
+                aggregate_prototypes([(protos, counts)], weighted=weighted, num_classes=self.num_classes, sources=[src])
             except ValueError as exc:
                 rejected.append(pid)
-                self.failures.append({"round": server_round, "phase": "prototypes", "partition-id": pid,
-                                      "reason": str(exc)})
-                log.warning("round %d: prototypes rejected: %s", server_round, exc)
+                self.record_failure(server_round, "prototypes", pid, str(exc))
                 continue
             uploads.append((protos, counts))
             sources.append(src)
         before = set(self.global_protos)
-        self.global_protos = aggregate_prototypes(
-            uploads, weighted=self.aggregation == "weighted", previous=self.global_protos, missing=self.missing,
-            num_classes=self.num_classes, sources=sources)
-        return {"prototypes_rejected": rejected, "num_global_prototypes": len(self.global_protos),
-                "new_global_classes": sorted(set(self.global_protos) - before)}
-
-    # ------------------------------------------------------------------ evaluate
-    def evaluate_records(self, server_round: int) -> dict:
-        """Global prototypes for the nearest-prototype accuracy."""
-        return self._global_record()
+        self.global_protos = aggregate_prototypes(uploads, weighted=weighted, previous=self.global_protos,
+                                                  missing=self.fedproto.missing, num_classes=self.num_classes,
+                                                  sources=sources)
+        return ok, {"prototypes_rejected": rejected, "num_global_prototypes": len(self.global_protos),
+                    "new_global_classes": sorted(set(self.global_protos) - before)}
 
     def results_extra(self) -> dict:
-        """Prototype settings and the final global prototypes' classes."""
+        """Prototype settings, the resolved dimension and the final global prototypes' classes."""
         return {**super().results_extra(), "prototypes": {
-            "feature_dim": self.common_dim, "adapter": self.feature_dim is not None, "num_classes": self.num_classes,
-            "aggregation": self.aggregation, "missing": self.missing, "classes": sorted(self.global_protos)}}
+            **self.fedproto.to_dict(), "feature_dim": self.common_dim, "num_classes": self.num_classes,
+            "classes": sorted(self.global_protos)}}

@@ -1,16 +1,17 @@
-"""FedSAF strategy (structural alignment on FedProto's global prototypes; notes C.3).
+"""FedSAF strategy: structural alignment on FedProto's global prototypes (docs/baselines.md).
 
-The server side is FedProto's (prototype exchange, validation, aggregation, evaluation); only
-the nodes' objective differs, chosen by ``structure``: ``"gcsa"`` / ``"rcsa"`` (FedSAF), or the
-coordinate ablations ``"mse"`` / ``"cosine"``; weights ``lam`` (prototype level) and ``gamma``
-(instance level). Pair with :func:`flwr_sheaf.client.fedsaf.register_fedsaf_handlers`.
+The server side is FedProto's (prototype exchange, validation, aggregation, evaluation); only the
+nodes' objective differs, chosen by ``fedsaf.structure``: ``gcsa`` / ``rcsa`` (FedSAF), or the
+coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype level) and
+``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.client.fedsaf.register_fedsaf_handlers`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import networkx as nx
 
-from ..baselines.fedsaf import STRUCTURES
+from ..config import FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig
+from ..paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from .fedproto import FedProto
 
 __all__ = ["FedSAF"]
@@ -20,29 +21,34 @@ class FedSAF(FedProto):
     """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol.
 
     Args:
-        structure: one of ``"gcsa"``, ``"rcsa"``, ``"mse"``, ``"cosine"``.
-        lam, gamma: weights ``>= 0`` of the prototype-level and instance-level terms.
+        fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
+            ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
+        num_nodes, federation, train, fedproto, num_classes, graph, discovery_timeout: as :class:`FedProto`.
         action: message action (default ``"fedsaf"``).
-        train_config, **kwargs: as :class:`FedProto`.
 
     Raises:
-        ValueError: unknown structure or negative weights (named), and :class:`FedProto`'s errors.
+        ValueError: an empty structure (named), and :class:`FedProto`'s errors.
     """
 
-    def __init__(self, num_nodes: int, structure: str = "gcsa", lam: float = 1.0, gamma: float = 1.0,
-                 train_config: Mapping | None = None, action: str = "fedsaf", **kwargs) -> None:
-        if structure not in STRUCTURES:
-            raise ValueError(f"FedSAF structure must be one of {STRUCTURES}, got {structure!r}")
-        for name, v in (("fedsaf-lambda", lam), ("fedsaf-gamma", gamma)):
-            if not float(v) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
-        cfg = {**dict(train_config or {}), "fedsaf-structure": structure, "fedsaf-lambda": float(lam),
-               "fedsaf-gamma": float(gamma)}
-        super().__init__(num_nodes=num_nodes, train_config=cfg, action=action, **kwargs)
-        self.structure = structure
+    def __init__(self, num_nodes: int, *, fedsaf: FedSAFConfig, federation: FederationConfig | None = None,
+                 train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
+                 num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = "fedsaf",
+                 discovery_timeout: float = 300.0) -> None:
+        if not fedsaf.structure:
+            raise ValueError("fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')")
+        super().__init__(num_nodes, federation=federation, train=train, fedproto=fedproto, num_classes=num_classes,
+                         graph=graph, action=action, discovery_timeout=discovery_timeout)
+        self.fedsaf = fedsaf
+
+    @property
+    def structure(self) -> str:
+        """The structure term in use."""
+        return self.fedsaf.structure
+
+    def method_config(self, server_round: int) -> dict:
+        """FedProto's entries plus :class:`FedSAFConfig`."""
+        return {**super().method_config(server_round), **self.fedsaf.to_dict()}
 
     def results_extra(self) -> dict:
         """FedProto's extras plus the structure and weights."""
-        out = super().results_extra()
-        out["fedsaf"] = {k: self.train_config[k] for k in ("fedsaf-structure", "fedsaf-lambda", "fedsaf-gamma")}
-        return out
+        return {**super().results_extra(), "fedsaf": self.fedsaf.to_dict()}

@@ -1,167 +1,235 @@
-"""Graph-aware peer strategy: graph validation/orientation and the shared evaluation protocol.
+"""Graph-aware peer strategy: the agents' graph, the shared local-training round and the evaluation protocol.
 
-Every method on the agents' graph (Sheaf-FRL, FedProto, FedSAF, non-cooperative) evaluates the
-same way (paper Eq. 22, Fig. 2), so it lives here once:
+Every method on the agents' graph (Sheaf-FRL, FedProto, FedSAF, non-cooperative) trains and
+evaluates the same way; a method only fills in hooks:
 
-- ``configure_evaluate``: phase 1 (``evaluate.<action>``, sent synchronously here) collects
-  private accuracy and the whitened pilots and validation/test latents of every node; the
-  returned phase-2 messages (``evaluate.<action>_comm``) route to each node its neighbours' pilots
-  and latents;
-- ``aggregate_evaluate``: communication accuracy per directed edge, mean over receivers and the
-  degree-weighted mean (= mean over directed edges, paper Fig. 2), recorded in ``history``.
+- :meth:`GraphStrategy.method_config` (its config section, sent to every trained node),
+  :meth:`GraphStrategy.node_payload` (per-node records and config: Sheaf-FRL's neighbour pilots
+  and edges), :meth:`GraphStrategy.accept_train` (consume the replies: store pilots, aggregate
+  prototypes) and :meth:`GraphStrategy.evaluate_payload` (extra evaluation records);
+- evaluation (paper Eq. 22, Fig. 2) is two round trips inside :meth:`PeerStrategy.start`:
+  ``evaluate.<action>`` collects every node's private accuracy and whitened pilots and
+  validation/test latents; :meth:`GraphStrategy.route_evaluate` builds ``evaluate.<action>_comm``,
+  which routes to each node its neighbours' pilots and latents; :meth:`aggregate_evaluate` turns
+  the per-edge communication accuracies into the mean over receivers and the degree-weighted mean
+  (= mean over directed edges, the paper's Fig. 2).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping
 
 import networkx as nx
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
 
-from ..client.task import numpy_record
+from ..config import FederationConfig, LocalTrainConfig
+from ..participation import ParticipationSampler
+from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, LOW_VARIANCE_FRACTION, METRICS,
+                        NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, TORCH_THREADS, TRAIN, VAL_COMM_ACCURACY,
+                        VAL_PRIVATE_ACCURACY, WHITENING_FIT, EdgeConfig, comm_action, route_evaluation)
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
-from .base import PeerStrategy
+from .base import PeerStrategy, RoundRecord, nanmean
 
-__all__ = ["GraphStrategy", "summarise_accuracies", "nanmean"]
+__all__ = ["GraphStrategy", "summarise_accuracies"]
 
 log = logging.getLogger("flwr_sheaf")
 
 
-def nanmean(xs: Iterable[float]) -> float:
-    """Mean ignoring None/NaN (NaN when nothing is left)."""
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    return float(np.mean(xs)) if xs else float("nan")
-
-
 class GraphStrategy(PeerStrategy):
-    """Peer strategy on an undirected agent graph with the shared evaluation protocol.
+    """Peer strategy on an undirected agent graph with shared local training and evaluation.
 
     Args:
-        num_nodes: number of agents (graph nodes = partition-ids ``0..num_nodes-1``).
-        graph: a ``networkx.Graph`` on partition-ids or a spec string for
-            :func:`flwr_sheaf.topology.build_graph` (``"class-overlap"``, ``"ring"``, ``"0-1,1-2"``);
-            class-overlap graphs are built from the class sets the nodes report.
-        evaluate_every: evaluate every this many server rounds (and always at ``num_rounds``).
-        num_rounds: total server rounds (only used to always evaluate the last one).
-        evaluate_config: extra values for the evaluate messages (e.g. ``whitening-fit``).
-        **kwargs: :class:`PeerStrategy` options (action, fraction_train, participation, seed, ...).
+        num_nodes: agents (graph nodes = partition-ids ``0..num_nodes-1``).
+        action: message action.
+        federation: graph spec, participation and evaluation period.
+        train: local-training settings sent to every trained node.
+        graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
+        discovery_timeout: seconds to wait for SuperNodes.
+
+    Class attributes:
+        whitening_fit: where nodes fit their whitening for evaluation (``"pilots"``: Sheaf-FRL;
+            ``"train"``: the post-hoc protocol of the baselines, docs/baselines.md).
+        node_metric_names: phase-1 evaluation metrics copied per node into :attr:`node_results`
+            and averaged into the round as ``<name>_mean``.
 
     Raises:
-        ValueError: ``evaluate_every < 1``; (at discovery) a graph that is not connected or names a
-            missing partition-id; nodes reporting different pilot counts.
+        ValueError: (at discovery) a graph that is not connected or names a missing partition-id;
+            nodes reporting different pilot counts.
     """
 
-    def __init__(self, num_nodes: int, graph: nx.Graph | str = "class-overlap", evaluate_every: int = 1,
-                 num_rounds: int | None = None, evaluate_config: Mapping | None = None, **kwargs) -> None:
-        super().__init__(num_nodes=num_nodes, **kwargs)
-        if evaluate_every < 1:
-            raise ValueError(f"evaluate-every must be >= 1, got {evaluate_every}")
-        self.graph_spec = graph
+    whitening_fit = "pilots"
+    node_metric_names: tuple[str, ...] = ()
+
+    def __init__(self, num_nodes: int, *, action: str, federation: FederationConfig, train: LocalTrainConfig,
+                 graph: nx.Graph | None, discovery_timeout: float) -> None:
+        sampler = ParticipationSampler.from_spec(num_nodes, federation.fraction_train, federation.participation,
+                                                 federation.seed)
+        super().__init__(num_nodes, action=action, sampler=sampler, discovery_timeout=discovery_timeout)
+        self.federation = federation
+        self.train = train
+        self.graph_spec: nx.Graph | str = graph if graph is not None else federation.graph
         self.graph: nx.Graph | None = None
-        self.evaluate_every = int(evaluate_every)
-        self.num_rounds = num_rounds
-        self.evaluate_config = dict(evaluate_config or {})
         self.num_pilots = -1
-        self.eval_phase1: dict[int, Message] = {}
-        self.edge_results: list[dict] = []
-        self.node_results: dict[int, dict] = {}
+        self._phase1: dict[int, Message] = {}
+        self._receivers: list[int] = []
+        self._nodes_out: dict[int, dict] = {}
+        self._edges_out: list[dict] = []
 
     # ------------------------------------------------------------------ graph
+    def query_config(self) -> dict:
+        """Discovery reads the torch thread count."""
+        return {TORCH_THREADS: self.train.torch_threads}
+
     def on_discovered(self) -> None:
-        """Build (if a spec), validate and orient the graph from the discovered nodes."""
-        classes = [self.nodes[p].classes for p in range(self.num_nodes)]
+        """Build (from a spec, with the reported class sets) and validate the graph; check the pilot count."""
+        classes = [self.nodes[p].info.classes for p in range(self.num_nodes)]
         if isinstance(self.graph_spec, str):
             self.graph = build_graph(self.graph_spec, self.num_nodes, class_sets=classes)
         else:
             self.graph = self.graph_spec
         validate_graph(self.graph, range(self.num_nodes))
-        ks = {int(n.extra.get("num-pilots", -1)) for n in self.nodes.values()}
+        ks = {n.info.num_pilots for n in self.nodes.values()}
         if len(ks) > 1:
             raise ValueError(f"nodes report different pilot counts {sorted(ks)}: pilots must be shared")
         self.num_pilots = ks.pop()
-        log.info("Sheaf-FRL graph: %d nodes, %d edges", self.graph.number_of_nodes(), self.graph.number_of_edges())
+        log.info("%s graph: %d nodes, %d edges", type(self).__name__, self.graph.number_of_nodes(),
+                 self.graph.number_of_edges())
 
     def oriented_edges(self) -> list[tuple[int, int]]:
         """All edges as (head, tail) pairs (larger d is head; ties: larger partition-id)."""
-        d = {p: n.d for p, n in self.nodes.items()}
-        return sorted(orient_edge(a, d[a], b, d[b]) for a, b in self.graph.edges)
+        return sorted(orient_edge(a, self.nodes[a].d, b, self.nodes[b].d) for a, b in self.graph.edges)
 
-    def _edge_config(self, pid: int) -> dict:
-        nbrs = sorted(self.graph.neighbors(pid))
-        d = {p: n.d for p, n in self.nodes.items()}
-        return {
-            "neighbours": nbrs,
-            "neighbour-dims": [d[j] for j in nbrs],
-            "i-is-head": [int(orient_edge(pid, d[pid], j, d[j])[0] == pid) for j in nbrs],
-        }
+    def edge_config(self, pid: int, weights: list[float] | None = None) -> EdgeConfig:
+        """Node ``pid``'s incident edges (neighbours sorted) with their orientation."""
+        nbrs = tuple(sorted(self.graph.neighbors(pid)))
+        d = self.nodes[pid].d
+        heads = tuple(orient_edge(pid, d, j, self.nodes[j].d)[0] == pid for j in nbrs)
+        return EdgeConfig(nbrs, tuple(self.nodes[j].d for j in nbrs), heads,
+                          None if weights is None else tuple(weights))
 
-    # ------------------------------------------------------------------ evaluate
-    def evaluate_records(self, server_round: int) -> dict:
-        """Extra records of the phase-1 evaluate messages (e.g. FedProto's global prototypes)."""
+    # ------------------------------------------------------------------ hooks
+    def method_config(self, server_round: int) -> dict:
+        """The method's config entries for every train message of this round (default: none)."""
         return {}
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Phase 1 (private accuracy, latents) runs here; returns the phase-2 routing messages."""
-        self.ensure_discovered(grid)
-        if server_round % self.evaluate_every and server_round != self.num_rounds:
-            self.eval_phase1 = {}
-            self._round["comm_receivers"] = []
-            return []
-        pids = sorted(self.nodes)
-        cfg = ConfigRecord({**self.evaluate_config, "server-round": server_round})
-        extra = self.evaluate_records(server_round)
-        p1 = [self.message(p, RecordDict({"config": cfg, **extra}), "evaluate", server_round) for p in pids]
-        self.eval_phase1 = self.split_replies(server_round, "evaluate", grid.send_and_receive(p1), pids)
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """``(records, config entries)`` only node ``pid`` gets in its train message (default: none)."""
+        return {}, {}
+
+    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+        """Consume the successful train replies; returns the accepted ones and extra round metrics."""
+        return ok, {}
+
+    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
+        """``(records, config entries)`` added to every phase-1 evaluation message (default: none)."""
+        return {}, {}
+
+    # ------------------------------------------------------------------ train
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
+        """One ``train.<action>`` message per sampled node: local-training config, method config, node payload."""
+        sampled = self.sampler.sample(server_round)
+        self.current.sampled = sampled
+        base = {**self.train.to_dict(), **self.method_config(server_round), **dict(config),
+                SERVER_ROUND: server_round, SEED: self.seed}
         msgs = []
-        for pid in pids:
-            if pid not in self.eval_phase1:
-                continue
-            ec = self._edge_config(pid)
-            keep = [i for i, j in enumerate(ec["neighbours"]) if j in self.eval_phase1]
-            ec = {k: [v[i] for i in keep] for k, v in ec.items()}
-            arrs = {}
-            for j in ec["neighbours"]:
-                src = self.eval_phase1[j].content["arrays"]
-                for key in ("pilots", "test-latents", "test-labels", "val-latents", "val-labels"):
-                    arrs[f"{j}/{key}"] = src[key].numpy()
-            content = RecordDict({"arrays": numpy_record(arrs), "config": ConfigRecord({**self.evaluate_config, **ec, "server-round": server_round})})
-            msgs.append(self.message(pid, content, "evaluate", server_round, action=f"{self.action}_comm"))
-        self._round["comm_receivers"] = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
+        for pid in sampled:
+            records, node_cfg = self.node_payload(server_round, pid)
+            msgs.append(self.message(pid, RecordDict({**records, CONFIG: ConfigRecord({**base, **node_cfg})}), TRAIN,
+                                     server_round))
+        if not sampled:
+            log.info("round %d: no node sampled (nothing trains)", server_round)
         return msgs
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
+        """Per-step means of the nodes' numeric train metrics (+ :meth:`accept_train`'s); no arrays."""
+        ok = self.split_replies(server_round, "train", replies, self.current.sampled)
+        accepted, extra = self.accept_train(server_round, ok)
+        names = sorted({k for r in accepted.values() for k, v in r.content[METRICS].items()
+                        if isinstance(v, (int, float)) and k != NUM_EXAMPLES})
+        metrics = {k.replace("-", "_"): nanmean(r.content[METRICS][k] for r in accepted.values()
+                                                 if k in r.content[METRICS]) for k in names}
+        metrics["gluing_loss"] = metrics.pop("gluing", float("nan"))
+        metrics["num_trained"] = len(accepted)
+        metrics.update(extra)
+        self.current.train.update(metrics)
+        return None, MetricRecord(self.numeric(metrics))
+
+    # ------------------------------------------------------------------ evaluate
+    def evaluates(self, server_round: int, num_rounds: int) -> bool:
+        """Every ``evaluate-every`` rounds and always the last one."""
+        return server_round % self.federation.evaluate_every == 0 or server_round == num_rounds
+
+    def _eval_config(self, server_round: int) -> dict:
+        return {SERVER_ROUND: server_round, WHITENING_FIT: self.whitening_fit, TORCH_THREADS: self.train.torch_threads}
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
+        """Phase 1 (``evaluate.<action>``) to every node: private accuracy, whitened pilots and latents."""
+        records, cfg = self.evaluate_payload(server_round)
+        content = {**self._eval_config(server_round), **cfg, **dict(config)}
+        return [self.message(p, RecordDict({**records, CONFIG: ConfigRecord(content)}), EVALUATE, server_round)
+                for p in sorted(self.nodes)]
+
+    def route_evaluate(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """Phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays."""
+        self._phase1 = self.split_replies(server_round, "evaluate", replies, sorted(self.nodes))
+        arrays = {p: r.content[ARRAYS] for p, r in self._phase1.items()}
+        msgs = []
+        for pid in sorted(self._phase1):
+            edges = self.edge_config(pid).keep(self._phase1)
+            content = RecordDict({ARRAYS: route_evaluation(arrays, edges.neighbours),
+                                  CONFIG: ConfigRecord({**self._eval_config(server_round), **edges.to_config()})})
+            msgs.append(self.message(pid, content, EVALUATE, server_round, action=comm_action(self.action)))
+        self._receivers = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
+        return msgs
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
         """Private and communication accuracy (per edge, per receiver, degree-weighted; Eq. 22)."""
-        if not self.eval_phase1:
-            self.end_round()
-            return None
-        ok = self.split_replies(server_round, "evaluate_comm", replies, self._round.get("comm_receivers", []))
+        ok = self.split_replies(server_round, "evaluate_comm", replies, self._receivers)
         nodes = {}
-        for pid, r in self.eval_phase1.items():
-            m = r.content["metrics"]
-            nodes[pid] = {"d": int(m["d"]), "private_accuracy": float(m["private-accuracy"]),
-                          "val_private_accuracy": float(m["val-private-accuracy"]),
-                          "low_variance_fraction": float(m["low-variance-fraction"])}
+        for pid, r in self._phase1.items():
+            m = r.content[METRICS]
+            nodes[pid] = {"d": int(m["d"]), "private_accuracy": float(m[PRIVATE_ACCURACY]),
+                          "val_private_accuracy": float(m[VAL_PRIVATE_ACCURACY]),
+                          "low_variance_fraction": float(m[LOW_VARIANCE_FRACTION])}
+            for name in self.node_metric_names:
+                nodes[pid][name.replace("-", "_")] = float(m[name]) if name in m else float("nan")
         edges = []
         for dst, r in ok.items():
-            m = r.content["metrics"]
-            for src, acc, vacc in zip(m["src"], m["communication-accuracy"], m["val-communication-accuracy"]):
+            m = r.content[METRICS]
+            for src, acc, vacc in zip(m[COMM_SRC], m[COMM_ACCURACY], m[VAL_COMM_ACCURACY]):
                 edges.append({"src": int(src), "dst": int(dst), "communication_accuracy": float(acc),
                               "val_communication_accuracy": float(vacc)})
         summary = summarise_accuracies(nodes, edges)
-        self.node_results, self.edge_results = nodes, edges
-        rec = self.end_round(**summary)
-        log.info(
-            "round %3d | private %.3f | comm (deg.-weighted) %.3f | comm (receivers) %.3f | %.1f s",
-            server_round, rec["private_accuracy_mean"], rec["communication_accuracy_degree_weighted"],
-            rec["communication_accuracy_mean"], rec["wall_seconds"],
-        )
-        return MetricRecord({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+        for name in self.node_metric_names:
+            key = name.replace("-", "_")
+            summary[f"{key}_mean"] = nanmean(n[key] for n in nodes.values())
+        self._nodes_out, self._edges_out = nodes, edges
+        self.current.evaluate.update(summary)
+        return MetricRecord(self.numeric(summary))
 
+    def log_round(self, rec: RoundRecord) -> None:  # noqa: D102 - PeerStrategy hook
+        e = rec.evaluate
+        if not e:
+            return super().log_round(rec)
+        log.info("round %3d | private %.3f | comm (deg.-weighted) %.3f | comm (receivers) %.3f | %.1f s", rec.round,
+                 e["private_accuracy_mean"], e["communication_accuracy_degree_weighted"],
+                 e["communication_accuracy_mean"], rec.wall_seconds)
+
+    @property
+    def node_results(self) -> dict[int, dict]:
+        """Per partition-id results of the last evaluation (``d``, private accuracy, ...)."""
+        return self._nodes_out
+
+    @property
+    def edge_results(self) -> list[dict]:
+        """Per directed edge (``src`` -> ``dst`` receiver) communication accuracy of the last evaluation."""
+        return self._edges_out
+
+    def results_extra(self) -> dict:  # noqa: D102 - PeerStrategy hook
+        return {**super().results_extra(), "evaluation": {"whitening-fit": self.whitening_fit},
+                "graph": {"edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []}}
 
 
 def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> dict:

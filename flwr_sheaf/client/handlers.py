@@ -1,0 +1,180 @@
+"""The four ClientApp handlers every graph method shares, parameterised by a :class:`ClientMethod`.
+
+``register_method_handlers(app, factory, method)`` adds, under the method's action (so they sit
+beside a host app's own ``@app.train()`` / ``@app.evaluate()``):
+
+- ``query.<action>``: discovery reply (:class:`flwr_sheaf.protocol.NodeInfo`);
+- ``train.<action>``: restore the model, build the method's loss plug-in from the message, run the
+  one local-training loop (:func:`flwr_sheaf.client.loop.train_local`), save the model, then let
+  the method add its upload (Sheaf-FRL: whitened pilots; FedProto: local prototypes);
+- ``evaluate.<action>``: private accuracy on the test and validation splits, and the whitened
+  pilots and validation/test latents for the server to route (whitening fitted on the pilots, or
+  on the private training latents when the config says ``whitening-fit = "train"``: the paper's
+  post-hoc protocol, docs/baselines.md);
+- ``evaluate.<action>_comm``: communication accuracy per incoming edge (paper Eq. 22): neighbour
+  j's whitened latents are moved into this stalk by the Procrustes map fitted on both nodes'
+  final pilots (Eq. 18), coloured and classified by this node's head. Refitting on the final
+  pilots makes lambda = 0 exactly post-hoc alignment.
+
+All per-node state lives in ``context.state`` (Flower commits it only when a handler returns).
+Every value a handler needs comes in the message; a missing key is an error, never a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from ..config import LocalTrainConfig
+from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
+                        NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, TORCH_THREADS,
+                        TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
+                        NodeInfo, ProtocolError, comm_action, message_type, pack_arrays, unpack_routed)
+from ..sheaf import check_pilots, procrustes
+from ..sheaf.whitening import low_variance_fraction
+from .common import (accuracy, build, cached_pilots, eval_latents, eval_logits, model_key, round_generator,
+                     transport, whitened_pilots)
+from .loop import CrossEntropy, LossPlugin, train_local
+from .task import LocalTask, TaskFactory, save_module_state, set_torch_threads
+
+__all__ = ["ClientMethod", "register_method_handlers", "required"]
+
+
+def required(cfg: Mapping, key: str, msg_type: str):
+    """``cfg[key]``, or a :class:`~flwr_sheaf.protocol.ProtocolError` naming the key and the message type."""
+    if key not in cfg:
+        raise ProtocolError(f"{msg_type} message config lacks {key!r}")
+    return cfg[key]
+
+
+class ClientMethod:
+    """What a method adds to the shared handlers (override what differs; defaults = non-cooperative).
+
+    Args:
+        action: the message action (``train.<action>`` etc.); also the ``context.state`` prefix.
+    """
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
+        """The loss plug-in of one ``train`` message (default: cross-entropy)."""
+        return CrossEntropy()
+
+    def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:
+        """Records and metrics added to the train reply after training (default: none)."""
+        return {}, {}
+
+    def evaluation_metrics(self, msg: Message, task: LocalTask) -> dict[str, float]:
+        """Extra metrics of the ``evaluate`` reply (model in eval mode with trained weights)."""
+        return {}
+
+
+def _pilots_for_evaluation(task: LocalTask, model: nn.Module, context: Context, action: str, fit: str
+                           ) -> tuple[torch.Tensor, float]:
+    """Whitened pilots ``(K, d_i)`` and the collapse diagnostic, whitening fitted as ``fit`` says."""
+    if fit not in WHITENING_FITS:
+        raise ProtocolError(f"{WHITENING_FIT}={fit!r}: must be one of {WHITENING_FITS}")
+    cached = cached_pilots(context, action)
+    if fit == "pilots" and cached is not None:
+        return cached
+    if fit == "pilots":
+        z, a = whitened_pilots(model, task.x_pilot)
+        return a, low_variance_fraction(z)
+    z = eval_latents(model, task.x_pilot)
+    model.whitening.fit(eval_latents(model, task.x_train))
+    model.whitening.eval()
+    with torch.no_grad():
+        return model.whitening(z), low_variance_fraction(z)
+
+
+def register_method_handlers(app: ClientApp, factory: TaskFactory, method: ClientMethod) -> ClientApp:
+    """Register ``query``/``train``/``evaluate``/``evaluate_comm`` handlers of ``method`` on ``app``.
+
+    Args:
+        app: the ClientApp to extend (its other handlers are untouched).
+        factory: builds the node's :class:`~flwr_sheaf.client.task.LocalTask` (called per message).
+        method: the method's hooks; ``method.action`` names the messages.
+
+    Returns:
+        ``app`` (for chaining). A handler that raises becomes Flower's error reply for that node and
+        its state is not committed.
+    """
+    action = method.action
+
+    @app.query(action)
+    def _query(msg: Message, context: Context) -> Message:
+        set_torch_threads(int(required(msg.content[CONFIG], TORCH_THREADS, message_type(QUERY, action))))
+        task = factory(context)
+        info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
+                        int(task.model.d), tuple(int(c) for c in task.classes), int(task.x_pilot.shape[0]),
+                        int(task.x_train.shape[0]))
+        return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
+
+    @app.train(action)
+    def _train(msg: Message, context: Context) -> Message:
+        cfg = msg.content[CONFIG]
+        mt = message_type(TRAIN, action)
+        train = LocalTrainConfig.from_record(cfg)
+        rnd, seed = int(required(cfg, SERVER_ROUND, mt)), int(required(cfg, SEED, mt))
+        task, model, opt = build(factory, context, action, train.torch_threads, train)
+        gen = round_generator(seed, int(context.node_config["partition-id"]), rnd)
+        metrics = train_local(task, opt, train, method.plugin(msg, context, task), gen, rnd)
+        records, more = method.after_train(msg, context, task)  # may refit the whitening: save after it
+        save_module_state(context, model_key(action), model, opt)
+        metrics = {NUM_EXAMPLES: int(task.x_train.shape[0]), **metrics, **more}
+        return Message(RecordDict({**records, METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    @app.evaluate(action)
+    def _evaluate(msg: Message, context: Context) -> Message:
+        cfg = msg.content[CONFIG]
+        mt = message_type(EVALUATE, action)
+        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)))
+        a, lvf = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
+        with torch.no_grad():
+            zt = model.whitening(eval_latents(model, task.x_test))
+            zv = model.whitening(eval_latents(model, task.x_val))
+        arrays = pack_arrays({"pilots": a.numpy(), "test-latents": zt.numpy(), "test-labels": task.y_test.numpy(),
+                              "val-latents": zv.numpy(), "val-labels": task.y_val.numpy()})
+        metrics = MetricRecord({
+            PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
+            VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
+            NUM_TEST: int(task.y_test.numel()),
+            LOW_VARIANCE_FRACTION: lvf,
+            "d": int(model.d),
+            **method.evaluation_metrics(msg, task),
+        })
+        return Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=msg)
+
+    @app.evaluate(comm_action(action))
+    def _evaluate_comm(msg: Message, context: Context) -> Message:
+        cfg = msg.content[CONFIG]
+        mt = message_type(EVALUATE, comm_action(action))
+        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)))
+        own, _ = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
+        model.eval()
+        src, acc_test, acc_val = [], [], []
+        edges = EdgeConfig.from_config(cfg)
+        for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
+            arr = unpack_routed(msg.content[ARRAYS], j)
+            a_j = torch.from_numpy(arr["pilots"]).float()
+            check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
+            v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+            res = []
+            for split in ("test", "val"):
+                z = torch.from_numpy(arr[f"{split}-latents"]).float()
+                check_pilots(z, f"{split} latents of neighbour partition-id {j}", d=dj)
+                with torch.no_grad():
+                    res.append(accuracy(model.classify_whitened(transport(z, v, i_head)),
+                                        torch.from_numpy(arr[f"{split}-labels"]).long()))
+            src.append(j)
+            acc_test.append(res[0])
+            acc_val.append(res[1])
+        metrics = MetricRecord({COMM_SRC: src, COMM_ACCURACY: acc_test, VAL_COMM_ACCURACY: acc_val})
+        return Message(RecordDict({METRICS: metrics}), reply_to=msg)
+
+    return app

@@ -1,0 +1,111 @@
+"""The one local-training loop of every method; a method contributes only its loss plug-in.
+
+:func:`train_local` owns batching (drop-last, reshuffled each epoch from the round's generator),
+SGD, per-agent gradient clipping, the step cap and the non-finite-loss guard. A method's objective
+is a :class:`LossPlugin`: cross-entropy (:class:`CrossEntropy`, the non-cooperative baseline),
+Sheaf-FRL's gluing (:class:`flwr_sheaf.client.sheaf.SheafGluing`), FedProto's and FedSAF's
+prototype terms (:mod:`flwr_sheaf.client.fedproto`, :mod:`flwr_sheaf.client.fedsaf`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import LocalTrainConfig
+from .task import LocalTask
+
+__all__ = ["LossPlugin", "CrossEntropy", "train_local"]
+
+
+class LossPlugin:
+    """A method's local objective, called by :func:`train_local` once per SGD step.
+
+    Override :meth:`loss` (required), :meth:`begin_epoch` (e.g. refit restriction maps) and
+    :meth:`metrics` (values other than per-step means, e.g. per-edge lists).
+    """
+
+    def begin_epoch(self, model: nn.Module, epoch: int) -> None:
+        """Called before each local epoch (``epoch = 0, 1, ...``) with the current weights."""
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+             ) -> tuple[torch.Tensor, Mapping[str, float]]:
+        """Loss of one private batch ``x (B, ...)``, ``y (B,)`` (model in train mode on entry).
+
+        Returns:
+            ``(loss, parts)``: a scalar tensor to minimise and named floats (``"ce"`` at least),
+            averaged over steps into the round's metrics.
+        """
+        raise NotImplementedError
+
+    def metrics(self, steps: int) -> dict:
+        """Extra metrics after training (``steps`` = SGD steps taken)."""
+        return {}
+
+
+class CrossEntropy(LossPlugin):
+    """Cross-entropy of the private path ``model.private_logits`` (the non-cooperative objective)."""
+
+    def loss(self, model, x, y, gen):  # noqa: D102 - documented on the base class
+        ce = F.cross_entropy(model.private_logits(x), y)
+        return ce, {"ce": float(ce.detach())}
+
+
+def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConfig, plugin: LossPlugin,
+                gen: torch.Generator, server_round: int) -> dict:
+    """Train ``task.model`` for ``cfg.local_epochs`` epochs on the plug-in's objective (paper Alg. 1 lines 4-12).
+
+    Per epoch: ``plugin.begin_epoch``; then ``max(1, M // batch_size)`` batches (capped at
+    ``max_steps_per_epoch`` when > 0) of a permutation drawn from ``gen``; per batch:
+    ``plugin.loss``, backward, gradient-norm clipping at ``clip_norm`` (0 = off), SGD step.
+
+    Args:
+        task: the node's model (weights restored) and data.
+        opt: the model's optimizer.
+        cfg: local-training settings.
+        plugin: the method's objective.
+        gen: the round's generator (:func:`flwr_sheaf.client.common.round_generator`).
+        server_round: for error messages.
+
+    Returns:
+        metrics: per-step means of the plug-in's parts and ``grad-norm``, ``steps``, plus
+        ``plugin.metrics(steps)``.
+
+    Raises:
+        FloatingPointError: a non-finite loss (the round number is named); Flower turns it into
+            this node's error reply and keeps its previous state.
+        ValueError: an empty training set.
+    """
+    model = task.model
+    n = int(task.x_train.shape[0])
+    if n == 0:
+        raise ValueError("the node has no training samples (x_train is empty)")
+    sums: dict[str, float] = {"grad-norm": 0.0}
+    steps = 0
+    clip = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
+    for epoch in range(cfg.local_epochs):
+        plugin.begin_epoch(model, epoch)
+        perm = torch.randperm(n, generator=gen)
+        nb = max(1, n // cfg.batch_size)  # drop_last, at least one batch
+        if cfg.max_steps_per_epoch > 0:
+            nb = min(nb, cfg.max_steps_per_epoch)
+        for b in range(nb):
+            idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+            model.train()
+            loss, parts = plugin.loss(model, task.x_train[idx], task.y_train[idx], gen)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite loss {float(loss)} at server round {server_round}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            sums["grad-norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            opt.step()
+            for name, v in parts.items():
+                sums[name] = sums.get(name, 0.0) + float(v)
+            steps += 1
+    out = {k: v / max(steps, 1) for k, v in sums.items()}
+    out["steps"] = steps
+    out.update(plugin.metrics(steps))
+    return out

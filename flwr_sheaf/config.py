@@ -1,0 +1,505 @@
+"""Every run-config key of flwr-sheaf: its one definition, type, default, check and meaning.
+
+This module is the **only** place where a run-config default lives. ``pyproject.toml``'s
+``[tool.flwr.app.config]`` and the README's run-config table are tested against :data:`KEYS`
+(``tests/test_config.py``). Everything else reads typed sections:
+
+==================== ============================================================ ==========
+section              keys                                                         read by
+==================== ============================================================ ==========
+:class:`RunConfig`   ``method``, ``num-server-rounds``, ``round-timeout``,          the ServerApp
+                     ``results-dir`` + the sections
+:class:`ScenarioConfig` ``zoo``, ``dataset``, ``shift``, ``seed``, ``num-pilots``,    task factory (client)
+                     ``whitening-shrinkage``, ``whitening-eps``
+:class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
+                     ``evaluate-every``, ``seed``
+:class:`LocalTrainConfig` ``local-epochs``, ``lr``, ``momentum``, ``weight-decay``,   local-training loop
+                     ``batch-size``, ``clip-norm``, ``max-steps-per-epoch``,
+                     ``torch-threads``
+:class:`SheafConfig` ``lambda``, ``lambda-warmup-rounds``, ``pilot-batch-size``,     Sheaf-FRL
+                     ``absent-policy``, ``reweight-q-min``
+:class:`FedProtoConfig` ``fedproto-*``                                              FedProto, FedSAF
+:class:`FedSAFConfig` ``fedsaf-*``                                                  FedSAF
+==================== ============================================================ ==========
+
+A section is a frozen dataclass: constructing one validates every field (``ValueError`` naming
+the run-config key and the value). ``from_mapping`` fills missing keys with the defaults (for a
+run config); ``from_record`` requires every key (for a received message: a key missing from a
+message is an error, never a silent client-side default). ``to_record`` gives the ``ConfigRecord``
+that travels in messages.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
+
+from flwr.app import ConfigRecord
+
+from .participation import check_participation_spec
+
+__all__ = [
+    "Key",
+    "KEYS",
+    "DEFAULTS",
+    "ConfigError",
+    "Section",
+    "ScenarioConfig",
+    "FederationConfig",
+    "LocalTrainConfig",
+    "SheafConfig",
+    "FedProtoConfig",
+    "FedSAFConfig",
+    "RunConfig",
+]
+
+
+class ConfigError(ValueError):
+    """A run-config or message-config value is unknown, missing, of the wrong type or out of range."""
+
+
+# ---------------------------------------------------------------------------------------- checks
+def _int(lo: int | None = None) -> Callable[[str, Any], int]:
+    def parse(key: str, v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ConfigError(f"{key}={v!r}: expected an integer")
+        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+            raise ConfigError(f"{key}={v!r}: expected an integer (a fractional value would be truncated)")
+        out = int(v)
+        if lo is not None and out < lo:
+            raise ConfigError(f"{key}={v!r}: must be >= {lo}")
+        return out
+
+    return parse
+
+
+def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+           ) -> Callable[[str, Any], float]:
+    def parse(key: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ConfigError(f"{key}={v!r}: expected a number")
+        out = float(v)
+        if not math.isfinite(out):
+            raise ConfigError(f"{key}={v!r}: must be finite")
+        if lo is not None and (out < lo or (lo_open and out == lo)):
+            raise ConfigError(f"{key}={v!r}: must be {'>' if lo_open else '>='} {lo}")
+        if hi is not None and (out > hi or (hi_open and out == hi)):
+            raise ConfigError(f"{key}={v!r}: must be {'<' if hi_open else '<='} {hi}")
+        return out
+
+    return parse
+
+
+def _str(choices: tuple[str, ...] | None = None, nonempty: bool = False) -> Callable[[str, Any], str]:
+    def parse(key: str, v: Any) -> str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{key}={v!r}: expected a string")
+        if choices is not None and v not in choices:
+            raise ConfigError(f"{key}={v!r}: must be one of {list(choices)}")
+        if nonempty and not v.strip():
+            raise ConfigError(f"{key}={v!r}: must not be empty")
+        return v
+
+    return parse
+
+
+def _participation(key: str, v: Any) -> str:
+    # Flower parses ``--run-config "participation=0.3"`` as a float: keep the spec a string.
+    text = ("" if v is None else repr(float(v)) if isinstance(v, numbers.Real) and not isinstance(v, bool)
+            else v)
+    if not isinstance(text, str):
+        raise ConfigError(f"{key}={v!r}: expected a string spec")
+    try:
+        check_participation_spec(text)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={v!r}: {exc}") from None
+    return text
+
+
+def _dim_or_auto(key: str, v: Any) -> str | int:
+    if isinstance(v, str) and v in ("auto", "none"):
+        return v
+    if isinstance(v, str):
+        try:
+            v = int(v)
+        except ValueError:
+            raise ConfigError(f"{key}={v!r}: expected 'auto', 'none' or a positive integer") from None
+    return _int(1)(key, v)
+
+
+def _zoo(key: str, v: Any) -> str:
+    from .models.zoo import zoo_specs
+
+    text = _str(nonempty=True)(key, v)
+    try:
+        zoo_specs(text)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={v!r}: {exc}") from None
+    return text
+
+
+def _dataset(key: str, v: Any) -> str:
+    from .data.sources import SOURCE_FORMS
+
+    text = _str(nonempty=True)(key, v).strip()
+    if text == "mnist-bundled" or (text[:4] == "idx:" and text[4:].strip()) or (text[:3] == "hf:" and text[3:].strip()):
+        return text
+    raise ConfigError(f"{key}={v!r}: unknown dataset spec; valid forms: {', '.join(SOURCE_FORMS)}")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key.
+
+    Attributes:
+        name: the run-config spelling (``"local-epochs"``).
+        default: its default (the value ``pyproject.toml`` lists).
+        parse: ``parse(name, value) -> value``: coerces and validates; raises :class:`ConfigError`
+            naming the key and the value.
+        doc: one line for the README's run-config table.
+    """
+
+    name: str
+    default: Any
+    parse: Callable[[str, Any], Any]
+    doc: str
+
+    def __call__(self, value: Any) -> Any:
+        """Validated value of this key."""
+        return self.parse(self.name, value)
+
+
+_KEY_LIST = [
+    Key("method", "sheaf-frl", _str(nonempty=True),
+        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa` (README, method table)"),
+    Key("num-server-rounds", 10, _int(1), "server rounds"),
+    Key("round-timeout", 3600.0, _float(0.0, lo_open=True),
+        "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed"),
+    Key("results-dir", "results/default", _str(nonempty=True),
+        "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)"),
+    # scenario
+    Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
+    Key("zoo", "paper-15", _zoo, "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
+    Key("dataset", "mnist-bundled", _dataset,
+        "`mnist-bundled` (offline), `idx:<dir>` (MNIST / Fashion-MNIST idx files), `hf:<name>` (online)"),
+    Key("shift", 0.7, _float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
+    Key("num-pilots", 500, _int(0), "shared pilots K (0 = all of the 10% hold-out)"),
+    Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),
+    Key("whitening-eps", 1e-3, _float(0.0, lo_open=True), "relative eigenvalue floor of the whitening covariance"),
+    # federation
+    Key("graph", "class-overlap", _str(nonempty=True),
+        "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`"),
+    Key("fraction-train", 1.0, _float(0.0, 1.0, lo_open=True), "fraction of nodes that train per round (seeded per round)"),
+    Key("participation", "", _participation,
+        "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list"),
+    Key("evaluate-every", 1, _int(1), "evaluate every this many rounds (and always the last)"),
+    # local training
+    Key("local-epochs", 2, _int(1), "local epochs per round"),
+    Key("lr", 0.05, _float(0.0, lo_open=True), "SGD learning rate"),
+    Key("momentum", 0.9, _float(0.0, 1.0, hi_open=True), "SGD momentum"),
+    Key("weight-decay", 5e-4, _float(0.0), "SGD weight decay"),
+    Key("batch-size", 32, _int(1), "private training batch size"),
+    Key("clip-norm", 5.0, _float(0.0), "per-agent gradient-norm clipping (0 = off)"),
+    Key("max-steps-per-epoch", 0, _int(0), "cap on SGD steps per local epoch (0 = every batch)"),
+    Key("torch-threads", 1, _int(0), "torch threads per ClientApp (0 = torch's default; >1 was 30x slower on a loaded 2-core box)"),
+    # Sheaf-FRL
+    Key("lambda", 0.1, _float(0.0), "gluing weight; lambda_i = lambda / d_i (Eq. 16)"),
+    Key("lambda-warmup-rounds", 0, _int(0), "lambda ramps linearly over the first W rounds (0 = off)"),
+    Key("pilot-batch-size", 64, _int(2), "pilot rows per gluing step"),
+    Key("absent-policy", "cached", _str(("cached", "drop", "drop-reweighted")),
+        "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)"),
+    Key("reweight-q-min", 0.05, _float(0.0, 1.0, lo_open=True), "floor of q_j for `drop-reweighted` (weights <= 1/q_min)"),
+    # FedProto / FedSAF
+    Key("fedproto-dim", "auto", _dim_or_auto,
+        "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D"),
+    Key("fedproto-lambda", 1.0, _float(0.0), "weight of FedProto's prototype distance"),
+    Key("fedproto-reduction", "mse", _str(("mse", "per_sample")), "`mse` (official code) or `per_sample`"),
+    Key("fedproto-aggregation", "weighted", _str(("weighted", "unweighted")), "prototype aggregation"),
+    Key("fedproto-missing", "carry", _str(("carry", "drop")), "a class nobody uploaded this round"),
+    Key("fedsaf-lambda", 1.0, _float(0.0), "FedSAF prototype-level weight"),
+    Key("fedsaf-gamma", 1.0, _float(0.0), "FedSAF instance-level weight"),
+    Key("fedsaf-structure", "", _str(("", "gcsa", "rcsa", "mse", "cosine")),
+        "empty = the method's (GCSA/RCSA); `mse` / `cosine` = coordinate-alignment ablation"),
+]
+
+#: Every run-config key, by name (the single definition of each default).
+KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
+#: ``{name: default}`` (what ``pyproject.toml`` lists).
+DEFAULTS: dict[str, Any] = {k.name: k.default for k in _KEY_LIST}
+
+
+def _key(name: str, **kw) -> Any:
+    """Dataclass field bound to run-config key ``name`` (default from :data:`KEYS`)."""
+    return field(default=KEYS[name].default, metadata={"key": name}, **kw)
+
+
+# ---------------------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class Section:
+    """Base of the typed config sections: owns parsing, validation and (de)serialisation.
+
+    Each field is bound to one run-config key (``field.metadata["key"]``). Subclasses only declare
+    fields; cross-field checks go in :meth:`check`.
+
+    Raises:
+        ConfigError: (a ``ValueError``) on construction with a bad value, naming key and value.
+    """
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            key = f.metadata.get("key")
+            if key is not None:
+                object.__setattr__(self, f.name, KEYS[key](getattr(self, f.name)))
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field validation (none by default)."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Run-config keys of this section, in field order."""
+        return tuple(f.metadata["key"] for f in fields(cls) if "key" in f.metadata)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, strict: bool = False):
+        """Section from a run config or message config (other keys are ignored).
+
+        Args:
+            values: ``{run-config key: value}``.
+            strict: True = every key of the section must be present (received messages).
+
+        Raises:
+            ConfigError: a missing key (strict) or a bad value, named.
+        """
+        kwargs = {}
+        for f in fields(cls):
+            key = f.metadata.get("key")
+            if key is None:
+                continue
+            if key in values:
+                kwargs[f.name] = values[key]
+            elif strict:
+                raise ConfigError(f"{cls.__name__}: key {key!r} missing from the message config")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]):
+        """Section from a received ``ConfigRecord`` (every key required)."""
+        return cls.from_mapping(record, strict=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{run-config key: value}`` of this section."""
+        return {f.metadata["key"]: getattr(self, f.name) for f in fields(self) if "key" in f.metadata}
+
+    def to_record(self) -> ConfigRecord:
+        """The ``ConfigRecord`` form (what travels in messages)."""
+        return ConfigRecord(self.to_dict())
+
+
+@dataclass(frozen=True)
+class ScenarioConfig(Section):
+    """Agents, data and partition (read by the task factory on each node).
+
+    Attributes:
+        zoo: ``"paper-15"`` (paper Tab. 2), ``"two-agent:<d>"`` (Fig. 3), ``"tiny-<N>"``.
+        dataset: ``"mnist-bundled"``, ``"idx:<dir>"``, ``"hf:<name>"``.
+        shift: label-shift strength s in [0, 1] (Eq. 23).
+        seed: partition and initialisation seed.
+        num_pilots: pilots K (0 = all of the 10% hold-out).
+        whitening_shrinkage, whitening_eps: whitening-layer regularisation (docs/stability.md).
+    """
+
+    zoo: str = _key("zoo")
+    dataset: str = _key("dataset")
+    shift: float = _key("shift")
+    seed: int = _key("seed")
+    num_pilots: int = _key("num-pilots")
+    whitening_shrinkage: float = _key("whitening-shrinkage")
+    whitening_eps: float = _key("whitening-eps")
+
+
+@dataclass(frozen=True)
+class FederationConfig(Section):
+    """Graph, who trains when, and how often to evaluate (read by every strategy).
+
+    Attributes:
+        graph: graph spec (:func:`flwr_sheaf.topology.build_graph`).
+        fraction_train: fraction of nodes per round in (0, 1] (used when ``participation`` is empty).
+        participation: per-node Bernoulli spec (:func:`flwr_sheaf.participation.parse_participation`).
+        evaluate_every: evaluation period in server rounds (the last round is always evaluated).
+        seed: participation seed (draws depend only on (seed, server round, partition-id)).
+    """
+
+    graph: str = _key("graph")
+    fraction_train: float = _key("fraction-train")
+    participation: str = _key("participation")
+    evaluate_every: int = _key("evaluate-every")
+    seed: int = _key("seed")
+
+
+@dataclass(frozen=True)
+class LocalTrainConfig(Section):
+    """Local SGD of every method (one loop: :func:`flwr_sheaf.client.loop.train_local`).
+
+    Attributes:
+        local_epochs: epochs per server round (>= 1).
+        lr, momentum, weight_decay: SGD hyper-parameters.
+        batch_size: private batch size (drop-last, at least one batch per epoch).
+        clip_norm: gradient-norm clipping per agent (0 = off).
+        max_steps_per_epoch: cap on steps per epoch (0 = no cap).
+        torch_threads: torch intra-op threads per ClientApp (0 = torch's default).
+    """
+
+    local_epochs: int = _key("local-epochs")
+    lr: float = _key("lr")
+    momentum: float = _key("momentum")
+    weight_decay: float = _key("weight-decay")
+    batch_size: int = _key("batch-size")
+    clip_norm: float = _key("clip-norm")
+    max_steps_per_epoch: int = _key("max-steps-per-epoch")
+    torch_threads: int = _key("torch-threads")
+
+
+@dataclass(frozen=True)
+class SheafConfig(Section):
+    """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
+
+    Attributes:
+        lam: lambda >= 0 (``lambda_i = lambda / d_i``).
+        lambda_warmup_rounds: linear warm-up length W (0 = none).
+        pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
+        absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (docs/participation.md).
+        reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
+    """
+
+    lam: float = _key("lambda")
+    lambda_warmup_rounds: int = _key("lambda-warmup-rounds")
+    pilot_batch_size: int = _key("pilot-batch-size")
+    absent_policy: str = _key("absent-policy")
+    reweight_q_min: float = _key("reweight-q-min")
+
+    def lam_at(self, server_round: int) -> float:
+        """Lambda used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``)."""
+        w = self.lambda_warmup_rounds
+        return self.lam * min(1.0, server_round / w) if w > 0 else self.lam
+
+
+@dataclass(frozen=True)
+class FedProtoConfig(Section):
+    """FedProto (Tan et al. 2022) settings, shared by FedSAF (docs/baselines.md).
+
+    Attributes:
+        dim: common prototype dimension: ``"auto"`` (smallest stalk dimension, resolved at
+            discovery), ``"none"`` (no adapter: every d_i must agree) or a positive int D.
+        lam: weight of the prototype distance.
+        reduction: ``"mse"`` or ``"per_sample"``.
+        aggregation: ``"weighted"`` (by class counts) or ``"unweighted"``.
+        missing: ``"carry"`` or ``"drop"`` a class nobody uploaded.
+    """
+
+    dim: str | int = _key("fedproto-dim")
+    lam: float = _key("fedproto-lambda")
+    reduction: str = _key("fedproto-reduction")
+    aggregation: str = _key("fedproto-aggregation")
+    missing: str = _key("fedproto-missing")
+
+
+@dataclass(frozen=True)
+class FedSAFConfig(Section):
+    """FedSAF's structural alignment weights and structure (docs/baselines.md).
+
+    Attributes:
+        lam, gamma: prototype-level and instance-level weights (>= 0).
+        structure: ``""`` (the method's own: GCSA or RCSA), ``"gcsa"``, ``"rcsa"``, ``"mse"``, ``"cosine"``.
+    """
+
+    lam: float = _key("fedsaf-lambda")
+    gamma: float = _key("fedsaf-gamma")
+    structure: str = _key("fedsaf-structure")
+
+
+@dataclass(frozen=True)
+class RunConfig(Section):
+    """The whole run config of the app: run-level keys plus one instance of each section.
+
+    Attributes:
+        method: method name (checked against the method registry when the strategy is built).
+        num_server_rounds: server rounds (>= 1).
+        results_dir: output directory.
+        scenario, federation, train, sheaf, fedproto, fedsaf: the sections.
+    """
+
+    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf")
+
+    method: str = _key("method")
+    num_server_rounds: int = _key("num-server-rounds")
+    round_timeout: float = _key("round-timeout")
+    results_dir: str = _key("results-dir")
+    scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    train: LocalTrainConfig = field(default_factory=LocalTrainConfig)
+    sheaf: SheafConfig = field(default_factory=SheafConfig)
+    fedproto: FedProtoConfig = field(default_factory=FedProtoConfig)
+    fedsaf: FedSAFConfig = field(default_factory=FedSAFConfig)
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> "RunConfig":
+        """Parse a Flower run config (``context.run_config``); missing keys take the defaults.
+
+        Raises:
+            ConfigError: an unknown key (named, with the closest known key) or a bad value
+                (key and value named).
+        """
+        unknown = sorted(set(run_config) - set(KEYS))
+        if unknown:
+            hints = {k: difflib.get_close_matches(k, KEYS, n=1) for k in unknown}
+            text = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+            raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(KEYS)}")
+        types = {f.name: f.type for f in fields(cls)}
+        sections = {name: globals()[types[name]].from_mapping(run_config) for name in cls.SECTIONS}
+        top = {f.name: run_config[f.metadata["key"]] for f in fields(cls)
+               if "key" in f.metadata and f.metadata["key"] in run_config}
+        return cls(**top, **sections)
+
+    def check(self) -> None:
+        """Build the graph on the zoo's agents now, so a bad ``graph`` fails before any message.
+
+        Raises:
+            ConfigError: the graph spec is unknown, names a node outside the zoo, is not
+                connected, or ``fedproto-dim = none`` on a zoo with different stalk dimensions.
+        """
+        from .models.zoo import zoo_specs
+        from .topology import build_graph
+
+        specs = zoo_specs(self.scenario.zoo)
+        try:
+            build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
+        except ValueError as exc:
+            raise ConfigError(f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}") from None
+        dims = sorted({int(s.d) for s in specs})
+        if self.fedproto.dim == "none" and len(dims) > 1:
+            raise ConfigError(f"fedproto-dim='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
+                              f"has d in {dims}; use fedproto-dim='auto' (= {dims[0]}) or an integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every run-config key with its effective value (what ``results.json`` records)."""
+        out = super().to_dict()
+        for name in self.SECTIONS:
+            out.update(getattr(self, name).to_dict())
+        return {k: out[k] for k in KEYS}
+
+
+def _check_defaults() -> None:
+    """Import-time guard: every default passes its own check and every field names a known key."""
+    for k in _KEY_LIST:
+        k(k.default)
+    for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig, FedProtoConfig, FedSAFConfig):
+        for f in fields(cls):
+            assert f.metadata["key"] in KEYS and f.default is not MISSING
+
+
+_check_defaults()

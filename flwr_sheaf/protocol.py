@@ -1,0 +1,295 @@
+"""The flwr-sheaf message protocol: every message type, record name and key, with pack/unpack helpers.
+
+Both sides import this module; ``strategy/`` never imports ``client/`` and vice versa
+(``tests/test_layers.py`` walks the imports). Payloads are numpy arrays here (no torch), so the
+server needs no model code.
+
+Message types (``<category>.<action>``; the action is a handler's name, e.g. ``"sheaf"``):
+
+===================================== ================================================================
+message                                content (server -> node) / reply (node -> server)
+===================================== ================================================================
+``query.<action>``                    ``config``: :data:`TORCH_THREADS` / ``info`` (:class:`NodeInfo`)
+``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
+                                      :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
+                                      ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL);
+                                      ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
+                                      / ``metrics`` (``num-examples``, losses); ``pilots`` (own
+                                      whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`); ``upload``
+                                      (local prototypes)
+``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT` (+ method
+                                      keys) / ``arrays`` (:data:`EVAL_ARRAYS`), ``metrics``
+``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation`, ``config`` with the
+                                      :class:`EdgeConfig` / ``metrics`` (:data:`COMM_SRC`,
+                                      :data:`COMM_ACCURACY`, :data:`VAL_COMM_ACCURACY`, per incoming edge)
+===================================== ================================================================
+
+RFedAGS uses ``train.rfedags`` with ``arrays`` = the point (key :data:`POINT`) and replies with
+``stream`` (key :data:`STREAM`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord
+
+__all__ = [
+    "QUERY", "TRAIN", "EVALUATE", "message_type", "comm_action",
+    "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD",
+    "SERVER_ROUND", "SEED", "TORCH_THREADS", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
+    "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
+    "EVAL_ARRAYS", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
+    "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY",
+    "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
+    "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
+]
+
+
+class ProtocolError(ValueError):
+    """A message does not follow the protocol (missing record or key, wrong shape or layout)."""
+
+
+# ------------------------------------------------------------------------------ message types
+QUERY, TRAIN, EVALUATE = "query", "train", "evaluate"
+
+
+def message_type(category: str, action: str) -> str:
+    """``"<category>.<action>"``, e.g. ``message_type(TRAIN, "sheaf") == "train.sheaf"``."""
+    return f"{category}.{action}"
+
+
+def comm_action(action: str) -> str:
+    """Action of the second evaluation phase (communication accuracy): ``"<action>_comm"``."""
+    return f"{action}_comm"
+
+
+# ------------------------------------------------------------------------------ record names
+CONFIG = "config"
+INFO = "info"
+METRICS = "metrics"
+PILOTS = "pilots"
+ARRAYS = "arrays"
+UPLOAD = "upload"
+GLOBAL_PROTOTYPES = "global-prototypes"
+STREAM_RECORD = "stream"
+
+# ------------------------------------------------------------------------------ config keys (not run-config keys)
+SERVER_ROUND = "server-round"
+SEED = "seed"
+TORCH_THREADS = "torch-threads"
+#: where a node fits its whitening for evaluation: ``"pilots"`` (Sheaf-FRL) or ``"train"`` (post hoc).
+WHITENING_FIT = "whitening-fit"
+WHITENING_FITS = ("pilots", "train")
+NUM_CLASSES = "num-classes"
+FEATURE_DIM = "feature-dim"
+LOCAL_STEPS = "local-steps"
+STEP_SIZE = "step-size"
+MINIBATCH_SIZE = "minibatch-size"
+
+# ------------------------------------------------------------------------------ array and metric keys
+POINT = "x"
+STREAM = "zeta"
+OWN_PILOTS = "pilots"
+NUM_EXAMPLES = "num-examples"
+#: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
+EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
+PRIVATE_ACCURACY = "private-accuracy"
+VAL_PRIVATE_ACCURACY = "val-private-accuracy"
+NUM_TEST = "num-test"
+LOW_VARIANCE_FRACTION = "low-variance-fraction"
+COMM_SRC = "src"
+COMM_ACCURACY = "communication-accuracy"
+VAL_COMM_ACCURACY = "val-communication-accuracy"
+
+
+def pack_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """``ArrayRecord`` from named numpy arrays of any shapes and dtypes (e.g. ``(K, d_j)`` pilots)."""
+    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+# ------------------------------------------------------------------------------ discovery
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a node reports in its ``query.<action>`` reply (record ``info``).
+
+    Attributes:
+        partition_id: the node's partition-id (``node_config["partition-id"]``).
+        num_partitions: ``node_config["num-partitions"]`` (0 if the node has none).
+        d: stalk (latent) dimension d_i (for RFedAGS: the point's size).
+        classes: target class set C_i (may be empty).
+        num_pilots: pilots K the node holds (-1 if not a pilot method).
+        num_examples: private training samples.
+    """
+
+    partition_id: int
+    num_partitions: int
+    d: int
+    classes: tuple[int, ...] = ()
+    num_pilots: int = -1
+    num_examples: int = 0
+
+    def to_record(self) -> MetricRecord:
+        """``MetricRecord`` form of the reply."""
+        return MetricRecord({"partition-id": self.partition_id, "num-partitions": self.num_partitions, "d": self.d,
+                             "classes": [int(c) for c in self.classes], "num-pilots": self.num_pilots,
+                             NUM_EXAMPLES: self.num_examples})
+
+    @classmethod
+    def from_record(cls, rec: Mapping) -> "NodeInfo":
+        """Inverse of :meth:`to_record`.
+
+        Raises:
+            ProtocolError: a missing key (named).
+        """
+        try:
+            return cls(int(rec["partition-id"]), int(rec["num-partitions"]), int(rec["d"]),
+                       tuple(int(c) for c in rec["classes"]), int(rec["num-pilots"]), int(rec[NUM_EXAMPLES]))
+        except KeyError as exc:
+            raise ProtocolError(f"discovery reply lacks key {exc.args[0]!r}") from None
+
+
+# ------------------------------------------------------------------------------ edges
+@dataclass(frozen=True)
+class EdgeConfig:
+    """A node's incident edges as sent in its ``config`` (lists aligned by index).
+
+    Attributes:
+        neighbours: neighbour partition-ids j (sorted).
+        dims: their stalk dimensions d_j.
+        heads: ``True`` where this node is the head of edge (i, j) (larger d; tie: larger
+            partition-id; :func:`flwr_sheaf.sheaf.network.orient_edge`).
+        weights: optional edge-term multipliers ``w_ij >= 0`` (``drop-reweighted``); None = all 1.
+    """
+
+    neighbours: tuple[int, ...]
+    dims: tuple[int, ...]
+    heads: tuple[bool, ...]
+    weights: tuple[float, ...] | None = None
+
+    KEYS = ("neighbours", "neighbour-dims", "i-is-head", "edge-weights")
+
+    def __post_init__(self) -> None:
+        n = len(self.neighbours)
+        if len(self.dims) != n or len(self.heads) != n or (self.weights is not None and len(self.weights) != n):
+            raise ProtocolError(f"malformed edge config: {n} neighbours, {len(self.dims)} dims, {len(self.heads)} "
+                                f"roles, {None if self.weights is None else len(self.weights)} weights")
+        for j, w in zip(self.neighbours, self.weights or ()):
+            if not (np.isfinite(w) and w >= 0.0):
+                raise ProtocolError(f"edge weight of neighbour partition-id {j} must be finite and >= 0, got {w}")
+
+    def to_config(self) -> dict:
+        """Config-record entries (lists of int/float)."""
+        out = {"neighbours": [int(j) for j in self.neighbours], "neighbour-dims": [int(d) for d in self.dims],
+               "i-is-head": [int(h) for h in self.heads]}
+        if self.weights is not None:
+            out["edge-weights"] = [float(w) for w in self.weights]
+        return out
+
+    @classmethod
+    def from_config(cls, cfg: Mapping) -> "EdgeConfig":
+        """Inverse of :meth:`to_config`.
+
+        Raises:
+            ProtocolError: missing lists, lists of different lengths, a negative or non-finite weight.
+        """
+        missing = [k for k in cls.KEYS[:3] if k not in cfg]
+        if missing:
+            raise ProtocolError(f"edge config lacks {missing}")
+        w = cfg["edge-weights"] if "edge-weights" in cfg else None
+        return cls(tuple(int(j) for j in cfg["neighbours"]), tuple(int(d) for d in cfg["neighbour-dims"]),
+                   tuple(bool(int(h)) for h in cfg["i-is-head"]), None if w is None else tuple(float(x) for x in w))
+
+    def keep(self, present: set[int] | Sequence[int]) -> "EdgeConfig":
+        """The edges to neighbours in ``present`` only."""
+        idx = [i for i, j in enumerate(self.neighbours) if j in set(present)]
+        pick = lambda xs: tuple(xs[i] for i in idx)  # noqa: E731
+        return EdgeConfig(pick(self.neighbours), pick(self.dims), pick(self.heads),
+                          None if self.weights is None else pick(self.weights))
+
+
+# ------------------------------------------------------------------------------ pilots
+def pack_neighbour_pilots(pilots: Mapping[int, np.ndarray]) -> ArrayRecord:
+    """Neighbours' whitened pilot matrices ``{j: (K, d_j)}`` float32 -> ``ArrayRecord`` keyed ``str(j)``."""
+    return pack_arrays({str(int(j)): a for j, a in pilots.items()})
+
+
+def unpack_neighbour_pilots(rec: ArrayRecord) -> dict[int, np.ndarray]:
+    """Inverse of :func:`pack_neighbour_pilots`: ``{j: (K, d_j)}`` float32 arrays.
+
+    Raises:
+        ProtocolError: a key that is not a partition-id.
+    """
+    out = {}
+    for key in rec.keys():
+        if not key.isdigit():
+            raise ProtocolError(f"pilot record key {key!r} is not a partition-id")
+        out[int(key)] = np.asarray(rec[key].numpy(), dtype=np.float32)
+    return out
+
+
+# ------------------------------------------------------------------------------ evaluation routing
+def route_evaluation(phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int]) -> ArrayRecord:
+    """Phase-2 payload of one receiver: each neighbour j's :data:`EVAL_ARRAYS` keyed ``"<j>/<name>"``."""
+    return pack_arrays({f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in EVAL_ARRAYS})
+
+
+def unpack_routed(rec: ArrayRecord, j: int) -> dict[str, np.ndarray]:
+    """Neighbour j's arrays from a :func:`route_evaluation` record (names of :data:`EVAL_ARRAYS`).
+
+    Raises:
+        ProtocolError: an array missing for j (named).
+    """
+    out = {}
+    for name in EVAL_ARRAYS:
+        key = f"{j}/{name}"
+        if key not in rec:
+            raise ProtocolError(f"evaluation routing lacks {key!r}")
+        out[name] = rec[key].numpy()
+    return out
+
+
+# ------------------------------------------------------------------------------ prototypes
+def pack_prototypes(protos: Mapping[int, np.ndarray], counts: Mapping[int, int] | None = None,
+                    dim: int = 0) -> ArrayRecord:
+    """Prototypes ``{class: (D,)}`` -> arrays ``classes (n,)`` int64, ``prototypes (n, D)`` float32
+    [, ``counts (n,)`` int64]; ``dim`` gives D for an empty dict."""
+    classes = sorted(int(c) for c in protos)
+    if classes:
+        mat = np.stack([np.asarray(protos[c], dtype=np.float32) for c in classes])
+    else:
+        mat = np.zeros((0, int(dim)), np.float32)
+    out = {"classes": np.asarray(classes, dtype=np.int64), "prototypes": mat}
+    if counts is not None:
+        out["counts"] = np.asarray([int(counts[c]) for c in classes], dtype=np.int64)
+    return pack_arrays(out)
+
+
+def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarray], dict[int, int] | None]:
+    """Inverse of :func:`pack_prototypes` (keys are Python ints: class ids never become numpy scalars).
+
+    Only the layout is checked (ranks, lengths, integral unique class ids); values (NaN, class
+    range, counts) are checked by :func:`flwr_sheaf.baselines.fedproto.aggregate_prototypes`.
+
+    Raises:
+        ProtocolError: malformed record; the message starts with ``where`` (e.g. ``"partition-id 3"``).
+    """
+    missing = {"classes", "prototypes"} - set(rec.keys())
+    if missing:
+        raise ProtocolError(f"{where}: prototype record lacks {sorted(missing)}")
+    classes = rec["classes"].numpy()
+    protos = rec["prototypes"].numpy()
+    counts = rec["counts"].numpy() if "counts" in rec else None
+    if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
+        raise ProtocolError(f"{where}: class ids must be a 1-D integer array, got {classes.dtype} {classes.shape}")
+    if protos.ndim != 2 or protos.shape[0] != classes.shape[0]:
+        raise ProtocolError(f"{where}: prototypes have shape {protos.shape}, expected ({classes.shape[0]}, D)")
+    if counts is not None and counts.shape != classes.shape:
+        raise ProtocolError(f"{where}: counts have shape {counts.shape}, expected {classes.shape}")
+    ids = [int(c) for c in classes.tolist()]
+    if len(set(ids)) != len(ids):
+        raise ProtocolError(f"{where}: class ids {ids} repeat")
+    out = {c: protos[i].copy() for i, c in enumerate(ids)}
+    return out, ({c: int(counts[i]) for i, c in enumerate(ids)} if counts is not None else None)
