@@ -39,6 +39,7 @@ import cross_device as cd  # noqa: E402
 
 
 def table(rows: list[dict], participants: int, engine: str, dataset: str) -> str:
+    """Markdown table (title line + table) of the per-N records of ``cross_device``'s summary."""
     fmt = lambda x, f="{:.1f}": "-" if x is None else f.format(x)  # noqa: E731
     lines = [
         f"Sheaf-FRL scale benchmark ({engine} engine, {participants} participants per round, tiny-N zoo, {dataset}, "
@@ -60,6 +61,8 @@ def table(rows: list[dict], participants: int, engine: str, dataset: str) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the cross-device scenario for each N with a fixed number of participants; write and
+    print ``table.md``. Returns 0, or non-zero if some run failed."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", default="15,100,300,1000")
     ap.add_argument("--participants", type=int, default=15)

@@ -1,6 +1,7 @@
 """Cross-device Sheaf-FRL: hundreds to a thousand agents, 10-20% participation, on Flower's Ray engine.
 
-Scenario (issue 4 item 4, design.md "cross-device"):
+Scenario (cross-device, in the spirit of FedSAF's 50-200 clients with 20% sampled per round; here
+100 to 1,000 agents at 10-20% participation):
 
 - agents: the ``tiny-<N>`` zoo (:mod:`flwr_sheaf.models.zoo`: five small CNN encoder/head families,
   d in {16, 24, 32}, < 7k parameters each, class windows of 5-6 labels);
@@ -84,6 +85,9 @@ class TreeMemoryMonitor:
             return []
 
     def sample(self) -> int:
+        """Take one sample: RSS of every live process of the tree (PSS every ``pss_every``-th
+        call); updates the peaks and the sample list. Returns the RSS sum in bytes (int).
+        Processes that vanish or deny access during the scan are skipped."""
         total, pss, n, parts = 0, 0, 0, []
         want_pss = self._n % self.pss_every == 0
         self._n += 1
@@ -120,7 +124,8 @@ class TreeMemoryMonitor:
 
 
 def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
-    """Run config of one cross-device run with ``n`` agents."""
+    """Run config (``dict`` of run-config keys) of one cross-device run with ``n`` agents: the
+    ``tiny-<n>`` zoo, the parsed command-line options, and ``results-dir = out``."""
     rc = {
         "zoo": f"tiny-{n}",
         "dataset": args.dataset,
@@ -228,6 +233,7 @@ def table(summary: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Command-line options of this script (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", default="100,300,1000", help="comma-separated population sizes N")
     ap.add_argument("--fraction", type=float, default=0.15, help="fraction-train per round (uniform)")
@@ -250,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run each population size in ``--agents``; update ``<out>/summary.json`` and ``table.md``
+    after every run. Returns exit status 0, or 1 if some run failed or wrote no results."""
     args = build_parser().parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,8 @@ def _one(job: dict) -> dict:
 
 
 def main() -> None:
+    """Parse the options (module docstring), run the (shift, seed, lambda) grid in a process pool,
+    choose lambda per (shift, seed) on validation, print the table and write ``summary.json``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--shifts", type=float, nargs="+", default=[0.7, 0.9])

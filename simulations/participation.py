@@ -47,6 +47,9 @@ def participation_spec(level: float, spread: float, n: int, seed: int) -> str:
 
 
 def summarise(res: dict) -> dict:
+    """Summary of one run's ``results.json`` dict: final evaluated accuracies (test and
+    validation; communication degree-weighted), the accuracy curve, realised participation,
+    relayed edges, pilot ages, mean edge weight, wall time and failure count."""
     rounds = res["rounds"]
     evals = [r for r in rounds if r.get("private_accuracy_mean") is not None]
     last = evals[-1] if evals else {}
@@ -70,6 +73,8 @@ def summarise(res: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run every (participation level, absent policy) pair (module docstring), skipping finished
+    runs; write ``summary.json`` and ``summary.md`` and print the table. Returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--local-epochs", type=int, default=2)

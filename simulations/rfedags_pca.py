@@ -1,10 +1,10 @@
 """RFedAGS on federated PCA through Flower (in-process LocalGrid): corrected vs known-p vs uncorrected.
 
-Two problems (notes ``anchor-rfedags-fedsaf-fedproto.md`` A.5, A.7):
+Two problems (docs/baselines.md, s5.5-s5.6):
 
 - ``synthetic``: the paper's setup, ``(d, r, N, S) = (100, 5, 40, 100)``, client i's samples
   ``(i/N) N(0, I)``, ``p_i ~ U(0, 1)``, K = 5 local steps, mini-batch 50 without replacement, fixed
-  alpha (default 2e-2, the notes' R4 value). Metric: optimality gap ``F(x_t) - F*`` (the pooled
+  alpha (default 2e-2, the value of check R4). Metric: optimality gap ``F(x_t) - F*`` (the pooled
   eigengap is ~4e-3, so subspace distances are not meaningful here). The uncorrected method's bias
   floor ``F(U~) - F*`` (``U~`` = minimiser of the ``p~``-re-weighted cost) is reported.
 - ``planted``: 5 frequent clients (p = 0.9) spiking ``e0, e1`` and 5 rare ones (p = 0.2) spiking
@@ -84,7 +84,13 @@ def run_one(prob: PCAProblem, p: np.ndarray, mode: str, rounds: int, x0: np.ndar
 
 
 def problem_setups(args: argparse.Namespace) -> dict:
-    """The two problems with their run parameters."""
+    """The two problems of the module docstring with their run parameters.
+
+    Returns:
+        ``{"synthetic": {...}, "planted": {...}}``, each with ``prob`` (:class:`PCAProblem`),
+        ``p`` (``(N,)`` probabilities), ``rounds``, ``local_steps``, ``alpha0``, ``decay_rounds``
+        and ``batch_size`` (0 = exact gradients).
+    """
     syn = synthetic_pca_problem(seed=args.seed)
     p_syn = paper_participation(syn.num_clients, seed=args.seed + 1)
     planted, p_pl = planted_pca_problem(seed=args.seed)
