@@ -232,9 +232,31 @@ KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
 DEFAULTS: dict[str, Any] = {k.name: k.default for k in _KEY_LIST}
 
 
-def _key(name: str, **kw) -> Any:
-    """Dataclass field bound to run-config key ``name`` (default from :data:`KEYS`)."""
-    return field(default=KEYS[name].default, metadata={"key": name}, **kw)
+def _attr(key: str, prefix: str) -> str:
+    name = key.removeprefix(prefix).replace("-", "_")
+    return "lam" if name == "lambda" else name
+
+
+def section(*keys: str, prefix: str = ""):
+    """Class decorator: make a frozen dataclass whose fields are the run-config ``keys``.
+
+    Field names are the keys without ``prefix``, ``-`` written ``_`` (``lambda`` -> ``lam``);
+    annotations and defaults come from :data:`KEYS` (the one definition of each default).
+    """
+
+    def wrap(cls):
+        ann = dict(cls.__dict__.get("__annotations__", {}))
+        for key in keys:
+            name = _attr(key, prefix)
+            default = KEYS[key].default
+            ann[name] = "str | int" if key == "fedproto-dim" else type(default).__name__
+            setattr(cls, name, field(default=default, metadata={"key": key}))
+        # fields from the keys first, then any declared in the class body (sections of RunConfig)
+        cls.__annotations__ = {**{k: v for k, v in ann.items() if k not in cls.__dict__.get("__annotations__", {})},
+                               **cls.__dict__.get("__annotations__", {})}
+        return dataclass(frozen=True)(cls)
+
+    return wrap
 
 
 # ---------------------------------------------------------------------------------------- sections
@@ -300,7 +322,7 @@ class Section:
         return ConfigRecord(self.to_dict())
 
 
-@dataclass(frozen=True)
+@section("zoo", "dataset", "shift", "seed", "num-pilots", "whitening-shrinkage", "whitening-eps")
 class ScenarioConfig(Section):
     """Agents, data and partition (read by the task factory on each node).
 
@@ -313,16 +335,8 @@ class ScenarioConfig(Section):
         whitening_shrinkage, whitening_eps: whitening-layer regularisation (docs/stability.md).
     """
 
-    zoo: str = _key("zoo")
-    dataset: str = _key("dataset")
-    shift: float = _key("shift")
-    seed: int = _key("seed")
-    num_pilots: int = _key("num-pilots")
-    whitening_shrinkage: float = _key("whitening-shrinkage")
-    whitening_eps: float = _key("whitening-eps")
 
-
-@dataclass(frozen=True)
+@section("graph", "fraction-train", "participation", "evaluate-every", "seed")
 class FederationConfig(Section):
     """Graph, who trains when, and how often to evaluate (read by every strategy).
 
@@ -334,14 +348,8 @@ class FederationConfig(Section):
         seed: participation seed (draws depend only on (seed, server round, partition-id)).
     """
 
-    graph: str = _key("graph")
-    fraction_train: float = _key("fraction-train")
-    participation: str = _key("participation")
-    evaluate_every: int = _key("evaluate-every")
-    seed: int = _key("seed")
 
-
-@dataclass(frozen=True)
+@section("local-epochs", "lr", "momentum", "weight-decay", "batch-size", "clip-norm", "max-steps-per-epoch", "torch-threads")
 class LocalTrainConfig(Section):
     """Local SGD of every method (one loop: :func:`flwr_sheaf.client.loop.train_local`).
 
@@ -354,17 +362,8 @@ class LocalTrainConfig(Section):
         torch_threads: torch intra-op threads per ClientApp (0 = torch's default).
     """
 
-    local_epochs: int = _key("local-epochs")
-    lr: float = _key("lr")
-    momentum: float = _key("momentum")
-    weight_decay: float = _key("weight-decay")
-    batch_size: int = _key("batch-size")
-    clip_norm: float = _key("clip-norm")
-    max_steps_per_epoch: int = _key("max-steps-per-epoch")
-    torch_threads: int = _key("torch-threads")
 
-
-@dataclass(frozen=True)
+@section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min")
 class SheafConfig(Section):
     """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
 
@@ -376,19 +375,13 @@ class SheafConfig(Section):
         reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
     """
 
-    lam: float = _key("lambda")
-    lambda_warmup_rounds: int = _key("lambda-warmup-rounds")
-    pilot_batch_size: int = _key("pilot-batch-size")
-    absent_policy: str = _key("absent-policy")
-    reweight_q_min: float = _key("reweight-q-min")
-
     def lam_at(self, server_round: int) -> float:
         """Lambda used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``)."""
         w = self.lambda_warmup_rounds
         return self.lam * min(1.0, server_round / w) if w > 0 else self.lam
 
 
-@dataclass(frozen=True)
+@section("fedproto-dim", "fedproto-lambda", "fedproto-reduction", "fedproto-aggregation", "fedproto-missing", prefix="fedproto-")
 class FedProtoConfig(Section):
     """FedProto (Tan et al. 2022) settings, shared by FedSAF (docs/baselines.md).
 
@@ -401,14 +394,8 @@ class FedProtoConfig(Section):
         missing: ``"carry"`` or ``"drop"`` a class nobody uploaded.
     """
 
-    dim: str | int = _key("fedproto-dim")
-    lam: float = _key("fedproto-lambda")
-    reduction: str = _key("fedproto-reduction")
-    aggregation: str = _key("fedproto-aggregation")
-    missing: str = _key("fedproto-missing")
 
-
-@dataclass(frozen=True)
+@section("fedsaf-lambda", "fedsaf-gamma", "fedsaf-structure", prefix="fedsaf-")
 class FedSAFConfig(Section):
     """FedSAF's structural alignment weights and structure (docs/baselines.md).
 
@@ -417,28 +404,21 @@ class FedSAFConfig(Section):
         structure: ``""`` (the method's own: GCSA or RCSA), ``"gcsa"``, ``"rcsa"``, ``"mse"``, ``"cosine"``.
     """
 
-    lam: float = _key("fedsaf-lambda")
-    gamma: float = _key("fedsaf-gamma")
-    structure: str = _key("fedsaf-structure")
 
-
-@dataclass(frozen=True)
+@section("method", "num-server-rounds", "round-timeout", "results-dir")
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
     Attributes:
         method: method name (checked against the method registry when the strategy is built).
         num_server_rounds: server rounds (>= 1).
+        round_timeout: seconds each round trip waits for replies.
         results_dir: output directory.
         scenario, federation, train, sheaf, fedproto, fedsaf: the sections.
     """
 
     SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf")
 
-    method: str = _key("method")
-    num_server_rounds: int = _key("num-server-rounds")
-    round_timeout: float = _key("round-timeout")
-    results_dir: str = _key("results-dir")
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     train: LocalTrainConfig = field(default_factory=LocalTrainConfig)

@@ -46,7 +46,7 @@ def _values(text: str) -> list[float]:
     except ValueError:
         raise ValueError(f"participation spec {text!r} is neither a number, a comma-separated list, "
                          f"'uniform:<a>-<b>' nor 'uniform[:<seed>]'") from None
-    check_probabilities(vals, f"participation spec {text!r}")
+    check_probabilities(vals, "participation")
     return vals
 
 

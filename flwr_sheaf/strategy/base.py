@@ -251,7 +251,7 @@ class PeerStrategy(Strategy):
         self._t0 = time.monotonic()
         for rnd in range(1, int(num_rounds) + 1):
             t_round = time.monotonic()
-            self.current = RoundRecord(round=rnd)
+            self.begin_round(rnd)
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(self.extra_train_config), grid))
             new_arrays, train_metrics = self.aggregate_train(rnd, self._round_trip(grid, msgs, timeout))
             if new_arrays is not None:
@@ -276,6 +276,11 @@ class PeerStrategy(Strategy):
             self.rounds.append(self.current)
             self.log_round(self.current)
         return result
+
+    def begin_round(self, server_round: int) -> RoundRecord:
+        """Open the record of ``server_round`` (``start`` does it; tests that step rounds by hand too)."""
+        self.current = RoundRecord(round=server_round)
+        return self.current
 
     @staticmethod
     def _round_trip(grid: Grid, msgs: list[Message], timeout: float) -> list[Message]:
