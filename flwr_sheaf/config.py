@@ -196,7 +196,7 @@ _KEY_LIST = [
     Key("fraction-train", 1.0, _float(0.0, 1.0, lo_open=True), "fraction of nodes that train per round (seeded per round)"),
     Key("participation", "", _participation,
         "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list"),
-    Key("evaluate-every", 1, _int(1), "evaluate every this many rounds (and always the last)"),
+    Key("evaluate-every", 1, _int(0), "evaluate every this many rounds and always the last one (0 = never)"),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
     Key("lr", 0.05, _float(0.0, lo_open=True), "SGD learning rate"),
@@ -344,7 +344,8 @@ class FederationConfig(Section):
         graph: graph spec (:func:`flwr_sheaf.topology.build_graph`).
         fraction_train: fraction of nodes per round in (0, 1] (used when ``participation`` is empty).
         participation: per-node Bernoulli spec (:func:`flwr_sheaf.participation.parse_participation`).
-        evaluate_every: evaluation period in server rounds (the last round is always evaluated).
+        evaluate_every: evaluation period in server rounds (the last round is always evaluated;
+            0 = no evaluation at all).
         seed: participation seed (draws depend only on (seed, server round, partition-id)).
     """
 

@@ -13,8 +13,10 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.apps.scenario import Scenario
+from flwr_sheaf.apps.scenario import scenario_task
 from flwr_sheaf.client.sheaf import register_sheaf_handlers
+from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, ScenarioConfig, SheafConfig
+from flwr_sheaf.protocol import pack_arrays
 from flwr_sheaf.sheaf.network import orient_edge
 from flwr_sheaf.sheaf.whitening import Colouring, Whitening
 from flwr_sheaf.strategy.sheaf_frl import SheafFRL
@@ -27,15 +29,22 @@ RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "lambda": 0.5, "seed
 
 
 def _strategy(graph="ring", **kw):
-    return SheafFRL(num_nodes=4, graph=graph, train_config={k: RC[k] for k in ("local-epochs", "lambda", "seed")},
-                    num_rounds=kw.pop("num_rounds", 2), **kw)
+    nx_graph = graph if isinstance(graph, nx.Graph) else None
+    fed = FederationConfig(graph=graph if nx_graph is None else "ring", seed=RC["seed"])
+    return SheafFRL(num_nodes=4, federation=fed, train=LocalTrainConfig(local_epochs=RC["local-epochs"]),
+                    sheaf=SheafConfig(lam=RC["lambda"]), graph=nx_graph, **kw)
 
 
 def _run(strategy, grid, rounds=2):
-    from flwr.app import ArrayRecord
-
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=rounds)
+    strategy.start(grid=grid, num_rounds=rounds)
     return strategy
+
+
+def _step(strategy, grid, rnd):
+    """Discover (round 1) and open round ``rnd`` by hand, for tests that send messages themselves."""
+    if rnd == 1:
+        strategy.discover(grid, timeout=5)
+    strategy.begin_round(rnd)
 
 
 def test_each_node_receives_exactly_its_neighbours_latest_pilots():
@@ -107,25 +116,24 @@ class RotatedAgent(nn.Module):
 
 def test_rotated_twin_communication_accuracy_equals_private_accuracy():
     """Notes s8 item 11: B = A rotated by Q; Procrustes on pilots must make comm acc == private acc."""
-    sc = Scenario(zoo="tiny-2", num_pilots=0, seed=1)
+    sc = ScenarioConfig(zoo="tiny-2", num_pilots=0, seed=1)
     gen = torch.Generator().manual_seed(0)
-    base = sc.task(0).model.eval()
+    base = scenario_task(sc, 0).model.eval()
     q, _ = torch.linalg.qr(torch.randn(base.d, base.d, generator=gen))
 
     def factory(context):
         pid = int(context.node_config["partition-id"])
-        task = sc.task(0)  # both nodes hold agent 0's data; node 1's model is the rotated twin
+        task = scenario_task(sc, 0)  # both nodes hold agent 0's data; node 1's model is the rotated twin
         task.model = base if pid == 0 else RotatedAgent(base, q)
         return task
 
     app = ClientApp()
     register_sheaf_handlers(app, factory)
     grid = LocalGrid(app, 2)
-    s = SheafFRL(num_nodes=2, graph="0-1", num_rounds=1)
-    s.ensure_discovered(grid)
-    s.begin_round(1)
+    s = SheafFRL(num_nodes=2, federation=FederationConfig(graph="0-1"))
+    _step(s, grid, 1)
     replies = grid.send_and_receive(list(s.configure_evaluate(1, None, {}, grid)))
-    s.aggregate_evaluate(1, replies)
+    s.aggregate_evaluate(1, grid.send_and_receive(s.route_evaluate(1, replies)))
     priv = s.node_results[0]["private_accuracy"]
     assert s.node_results[1]["private_accuracy"] == pytest.approx(priv)
     for e in s.edge_results:
@@ -134,11 +142,10 @@ def test_rotated_twin_communication_accuracy_equals_private_accuracy():
 
 def test_failed_node_keeps_state_cached_pilots_are_relayed_and_run_continues():
     calls = {"n": 0}
-    sc = Scenario.from_run_config(RC)
+    sc = ScenarioConfig.from_mapping(RC)
 
     def factory(context):
-        task = sc.task(int(context.node_config["partition-id"]))
-        return task
+        return scenario_task(sc, int(context.node_config["partition-id"]))
 
     app = ClientApp()
     register_sheaf_handlers(app, factory)
@@ -157,7 +164,7 @@ def test_failed_node_keeps_state_cached_pilots_are_relayed_and_run_continues():
         return orig(msg, ctx)
 
     grid.app = flaky
-    s = _run(_strategy(num_rounds=3), grid, rounds=3)
+    s = _run(_strategy(), grid, rounds=3)
     assert calls["n"] == 1
     assert any(f["round"] == 2 and f["partition-id"] == 1 and "injected" in f["reason"] for f in s.failures)
     assert len(s.history) == 3 and s.history[-1]["num_trained"] == 4
@@ -179,26 +186,23 @@ def test_bad_inputs_are_named():
     s.discovery_timeout = 0.5
     with pytest.raises(RuntimeError, match="num-supernodes=4"):
         _run(s, LocalGrid(cnn_client_app, 3, run_config={**RC, "zoo": "tiny-4"}), rounds=1)
-    with pytest.raises(ValueError, match="shift"):
-        Scenario(shift=1.5)
-    with pytest.raises(ValueError, match="absent"):
-        SheafFRL(num_nodes=2, absent_policy="sometimes")
+    with pytest.raises(ConfigError, match="shift=1.5"):
+        ScenarioConfig(shift=1.5)
+    with pytest.raises(ConfigError, match="absent-policy='sometimes'"):
+        SheafConfig(absent_policy="sometimes")
 
 
 def test_neighbour_pilots_with_wrong_stalk_dimension_or_nan_are_rejected_by_the_node():
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _strategy()
-    s.ensure_discovered(grid)
-    s.begin_round(1)
+    _step(s, grid, 1)
     msgs = list(s.configure_train(1, None, {}, grid))
     m = msgs[0]
     pid = grid.partition_of(m.metadata.dst_node_id)
     j = sorted(nx.cycle_graph(4).neighbors(pid))[0]
-    from flwr_sheaf.client.task import numpy_record
-
     for bad, pattern in [(np.zeros((64, s.nodes[j].d + 1), np.float32), "stalk dimension mismatch"),
                          (np.full((64, s.nodes[j].d), np.nan, np.float32), "NaN")]:
-        m.content["pilots"] = numpy_record({str(j): bad})
+        m.content["pilots"] = pack_arrays({str(j): bad})
         before = dict(grid.contexts[m.metadata.dst_node_id].state)
         (reply,) = grid.send_and_receive([m])
         assert reply.has_error() and pattern in reply.error.reason and f"partition-id {j}" in reply.error.reason
@@ -208,12 +212,11 @@ def test_neighbour_pilots_with_wrong_stalk_dimension_or_nan_are_rejected_by_the_
 def test_server_rejects_nan_or_misshaped_pilots_and_keeps_cache():
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _strategy()
-    s.ensure_discovered(grid)
-    s.begin_round(1)
+    _step(s, grid, 1)
     replies = list(grid.send_and_receive(list(s.configure_train(1, None, {}, grid))))
     s.aggregate_train(1, replies)
     good = {p: a.copy() for p, a in s.bank.items()}
-    s.begin_round(2)
+    _step(s, grid, 2)
     replies = list(grid.send_and_receive(list(s.configure_train(2, None, {}, grid))))
     for r in replies:
         pid = grid.partition_of(r.metadata.src_node_id)

@@ -18,11 +18,13 @@ from flwr.clientapp import ClientApp
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.methods import METHODS, build_strategy
-from flwr_sheaf.apps.scenario import Scenario, cnn_task_factory
-from flwr_sheaf.client.evaluation import register_query_handler
-from flwr_sheaf.client.fedproto import GLOBAL_RECORD, _fedproto_objective, prototype_arrays
-from flwr_sheaf.client.fedsaf import _fedsaf_objective
-from flwr_sheaf.client.task import numpy_record
+from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
+from flwr_sheaf.baselines.fedproto import PoolingAdapter
+from flwr_sheaf.client.fedproto import FedProtoLoss
+from flwr_sheaf.client.fedsaf import FedSAFLoss
+from flwr_sheaf.config import (ConfigError, FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig, RunConfig,
+                               ScenarioConfig)
+from flwr_sheaf.protocol import GLOBAL_PROTOTYPES, NodeInfo, pack_arrays
 from flwr_sheaf.strategy.fedproto import FedProto
 from flwr_sheaf.strategy.fedsaf import FedSAF
 from flwr_sheaf.strategy.noncooperative import NonCooperative
@@ -32,11 +34,18 @@ from simulations.inprocess import run_inprocess
 torch.set_num_threads(1)
 
 RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "seed": 3, "graph": "ring"}
+SC = ScenarioConfig.from_mapping(RC)
+RING = FederationConfig(graph="ring", seed=3)
+ONE_EPOCH = LocalTrainConfig(local_epochs=1)
+
+
+def _fedproto(dim=12, **kw):
+    return FedProto(4, federation=RING, train=ONE_EPOCH, fedproto=FedProtoConfig(dim=dim, **kw))
 
 
 def _train_round(s, grid, rnd):
     if rnd == 1:
-        s.ensure_discovered(grid)
+        s.discover(grid, timeout=5)
     s.begin_round(rnd)
     replies = list(grid.send_and_receive(list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))))
     s.aggregate_train(rnd, replies)
@@ -46,13 +55,19 @@ def _train_round(s, grid, rnd):
 def _stub_app(upload_fn):
     """Real discovery (tiny-4 nodes); ``train.fedproto`` replies with ``upload_fn(round, pid)`` arrays."""
     app = ClientApp()
-    register_query_handler(app, cnn_task_factory, "fedproto")
+
+    @app.query("fedproto")
+    def _query(msg, context):
+        pid = int(context.node_config["partition-id"])
+        task = cnn_task_factory(context)
+        info = NodeInfo(pid, 4, int(task.model.d), tuple(task.classes), int(task.x_pilot.shape[0]), len(task.y_train))
+        return Message(RecordDict({"info": info.to_record()}), reply_to=msg)
 
     @app.train("fedproto")
     def _train(msg, context):
         pid = int(context.node_config["partition-id"])
         arrays = upload_fn(int(msg.content["config"]["server-round"]), pid)
-        return Message(RecordDict({"upload": numpy_record(arrays),
+        return Message(RecordDict({"upload": pack_arrays(arrays),
                                    "metrics": MetricRecord({"num-examples": 1, "ce": 0.5})}), reply_to=msg)
 
     return app
@@ -68,7 +83,7 @@ def _upload(classes, protos, counts=None):
 # ------------------------------------------------------------------------------------ aggregation
 def test_server_aggregation_equals_hand_computed_weighted_mean_of_what_nodes_sent():
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
-    s = FedProto(num_nodes=4, graph="ring", feature_dim=12, num_rounds=2, train_config={"local-epochs": 1})
+    s = _fedproto(12)
     sent = _train_round(s, grid, 1)
     assert len(sent) == 4
     num, den = {}, {}
@@ -81,17 +96,17 @@ def test_server_aggregation_equals_hand_computed_weighted_mean_of_what_nodes_sen
     # counts are the nodes' training-set class counts
     for r in sent:
         pid = grid.partition_of(r.metadata.src_node_id)
-        y = Scenario.from_run_config(RC).task(pid).y_train.numpy()
+        y = scenario_task(SC, pid).y_train.numpy()
         up = r.content["upload"]
         assert dict(zip(up["classes"].numpy().tolist(), up["counts"].numpy().tolist())) == \
             {int(c): int((y == c).sum()) for c in np.unique(y)}
-    assert s._round["num_global_prototypes"] == len(num) and s._round["prototypes_rejected"] == []
+    assert s.current.train["num_global_prototypes"] == len(num) and s.current.train["prototypes_rejected"] == []
     # round 2 messages carry exactly the count-weighted means
     _train_round(s, grid, 2)
     m2 = [m for m in grid.delivered if m.metadata.message_type == "train.fedproto" and m.metadata.group_id == "2"]
     assert len(m2) == 4
     for m in m2:
-        g = m.content[GLOBAL_RECORD]
+        g = m.content[GLOBAL_PROTOTYPES]
         assert g["classes"].numpy().tolist() == sorted(num)
         for c, p in zip(g["classes"].numpy(), g["prototypes"].numpy()):
             np.testing.assert_allclose(p, num[int(c)] / den[int(c)], rtol=1e-6, atol=1e-7)
@@ -107,7 +122,7 @@ def test_unweighted_aggregation_and_missing_class_policies():
 
     for missing in ("carry", "drop"):
         grid = LocalGrid(_stub_app(upload), 4, run_config=RC)
-        s = FedProto(num_nodes=4, graph="ring", feature_dim=2, aggregation="unweighted", missing=missing, num_rounds=2)
+        s = _fedproto(2, aggregation="unweighted", missing=missing)
         _train_round(s, grid, 1)
         np.testing.assert_allclose(s.global_protos[0].numpy(), [2.0, 0.0])  # plain mean of 1 and 3
         np.testing.assert_allclose(s.global_protos[1].numpy(), [0.0, 3.0])
@@ -119,7 +134,7 @@ def test_unweighted_aggregation_and_missing_class_policies():
             assert 1 not in s.global_protos
     # weighted: (1*1 + 3*3) / 4 = 2.5 on class 0's first coordinate
     grid = LocalGrid(_stub_app(upload), 4, run_config=RC)
-    s = FedProto(num_nodes=4, graph="ring", feature_dim=2, num_rounds=1)
+    s = _fedproto(2)
     _train_round(s, grid, 1)
     np.testing.assert_allclose(s.global_protos[0].numpy(), [(1 * 1 + 3 * 3) / 4, 0.0])
 
@@ -135,7 +150,7 @@ def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated(
         return bad.get(pid, _upload([0, 3], [[4.0, 4.0], [5.0, 6.0]], [1, 1]))
 
     grid = LocalGrid(_stub_app(upload), 4, run_config=RC)
-    s = FedProto(num_nodes=4, graph="ring", feature_dim=2, num_rounds=1)
+    s = _fedproto(2)
     _train_round(s, grid, 1)
     reasons = {f["partition-id"]: f["reason"] for f in s.failures if f["phase"] == "prototypes"}
     assert set(reasons) == {1, 2, 3}
@@ -144,13 +159,14 @@ def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated(
     assert "partition-id 3" in reasons[3] and "d=[3]" in reasons[3] and "d=2" in reasons[3]
     assert sorted(s.global_protos) == [0, 3]
     np.testing.assert_allclose(s.global_protos[0].numpy(), [4.0, 4.0])
-    assert s.history == [] and s._round["prototypes_rejected"] == [1, 2, 3] and s._round["num_trained"] == 4
+    assert s.history == [] and s.current.train["prototypes_rejected"] == [1, 2, 3] and s.current.train["num_trained"] == 4
+    assert s.current.failed["prototypes"] == [1, 2, 3]
 
 
 def test_dimension_mismatch_without_adapter_names_the_dims():
-    dims = sorted({Scenario.from_run_config(RC).task(p).model.d for p in range(4)})
+    dims = sorted({scenario_task(SC, p).model.d for p in range(4)})
     assert len(dims) > 1
-    s = FedProto(num_nodes=4, graph="ring", num_rounds=1)
+    s = _fedproto("none")
     with pytest.raises(ValueError, match="fedproto-dim") as info:
         _train_round(s, LocalGrid(cnn_client_app, 4, run_config=RC), 1)
     for d in dims:
@@ -158,16 +174,8 @@ def test_dimension_mismatch_without_adapter_names_the_dims():
 
 
 # ------------------------------------------------------------------------------------ objectives
-def _msg(task, protos, **cfg):
-    set_task_identity()
-    content = RecordDict({"config": ConfigRecord({"num-classes": 10, **cfg})})
-    if protos:
-        content[GLOBAL_RECORD] = numpy_record(prototype_arrays(protos))
-    return Message(content, dst_node_id=1, message_type="train.fedproto")
-
-
 def test_fedproto_objective_sends_gradient_into_the_encoder():
-    task = Scenario.from_run_config(RC).task(0)
+    task = scenario_task(SC, 0)
     model = task.model.train()
     idx = torch.randperm(len(task.y_train), generator=torch.Generator().manual_seed(1))[:32]
     x, y = task.x_train[idx], task.y_train[idx]
@@ -177,7 +185,8 @@ def test_fedproto_objective_sends_gradient_into_the_encoder():
     for lam in (0.0, 1.0):
         torch.manual_seed(0)  # same dropout masks
         model.zero_grad()
-        loss, parts = _fedproto_objective(_msg(task, protos, **{"fedproto-lambda": lam}), task, model)(model, x, y)
+        plugin = FedProtoLoss(PoolingAdapter(model.d, model.d), protos, lam, "mse")
+        loss, parts = plugin.loss(model, x, y, gen)
         loss.backward()
         grads[lam] = torch.cat([p.grad.flatten() for p in model.encoder.parameters() if p.grad is not None])
         assert parts["proto-covered"] == 1.0 and float(parts["proto-loss"]) > 0
@@ -185,24 +194,24 @@ def test_fedproto_objective_sends_gradient_into_the_encoder():
 
 
 def test_fedsaf_structure_terms_are_skipped_below_three_rows_and_applied_from_three():
-    task = Scenario.from_run_config(RC).task(0)
+    task = scenario_task(SC, 0)
     model = task.model.train()
     idx = torch.randperm(len(task.y_train), generator=torch.Generator().manual_seed(1))[:64]
     x, y = task.x_train[idx], task.y_train[idx]
     present = sorted(int(c) for c in torch.unique(y))
     assert len(present) >= 3
     for structure in ("gcsa", "rcsa"):
-        cfg = {"fedsaf-structure": structure, "fedsaf-lambda": 1.0, "fedsaf-gamma": 1.0}
+        pool = PoolingAdapter(model.d, model.d)
         for k in (2, 3):  # prototype level: k classes of the batch have a global prototype
             protos = {c: torch.rand(model.d) for c in present[:k]}
-            loss, parts = _fedsaf_objective(_msg(task, protos, **cfg), task, model)(model, x, y)
+            loss, parts = FedSAFLoss(pool, protos, 10, 1.0, 1.0, structure).loss(model, x, y, None)
             assert parts["proto-applied"] == float(k >= 3) and parts["inst-applied"] == 1.0
             assert 0.0 <= float(parts["inst-loss"]) <= 1.0
             expect = parts["ce"] + parts["inst-loss"] + (parts["proto-loss"] if k >= 3 else 0.0)
             assert loss.item() == pytest.approx(float(expect), abs=1e-6)
         # instance level: only 2 covered samples -> both terms skipped, loss = CE
         two = torch.nonzero(y == present[0]).flatten()[:2]
-        loss, parts = _fedsaf_objective(_msg(task, protos, **cfg), task, model)(model, x[two], y[two])
+        loss, parts = FedSAFLoss(pool, protos, 10, 1.0, 1.0, structure).loss(model, x[two], y[two], None)
         assert parts["proto-applied"] == 0.0 and parts["inst-applied"] == 0.0
         assert loss.item() == pytest.approx(float(parts["ce"]), abs=1e-6)
 
@@ -210,7 +219,7 @@ def test_fedsaf_structure_terms_are_skipped_below_three_rows_and_applied_from_th
 # ------------------------------------------------------------------------------------ protocol
 def test_noncooperative_trains_without_traffic_and_evaluates_post_hoc():
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
-    s = NonCooperative(num_nodes=4, graph="ring", num_rounds=1, train_config={"local-epochs": 1})
+    s = NonCooperative(4, federation=RING, train=ONE_EPOCH)
     replies = _train_round(s, grid, 1)
     for m in grid.delivered:
         if m.metadata.message_type == "train.noncooperative":
@@ -218,33 +227,36 @@ def test_noncooperative_trains_without_traffic_and_evaluates_post_hoc():
     assert all(list(r.content.keys()) == ["metrics"] for r in replies)
     ev = list(s.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
     assert all(m.content["config"]["whitening-fit"] == "train" for m in ev)
-    s.aggregate_evaluate(1, grid.send_and_receive(ev))
-    assert len(s.edge_results) == 8 and s.history[-1]["num_trained"] == 4
+    s.aggregate_evaluate(1, grid.send_and_receive(s.route_evaluate(1, grid.send_and_receive(ev))))
+    assert len(s.edge_results) == 8 and s.current.train["num_trained"] == 4
 
 
 def test_method_switch_builds_each_strategy_and_rejects_unknown():
-    sc = Scenario.from_run_config(RC)
-    kinds = {m: type(build_strategy({**RC, "method": m}, sc)).__name__ for m in METHODS}
+    def build(**kw):
+        return build_strategy(RunConfig.from_run_config({**RC, **kw}))
+
+    kinds = {m: type(build(method=m)).__name__ for m in METHODS}
     assert kinds == {"sheaf-frl": "SheafFRL", "fedproto": "FedProto", "fedsaf-gcsa": "FedSAF",
                      "fedsaf-rcsa": "FedSAF", "non-cooperative": "NonCooperative"}
-    assert build_strategy({**RC, "method": "fedsaf-rcsa"}, sc).structure == "rcsa"
-    assert build_strategy({**RC, "method": "fedsaf-gcsa", "fedsaf-structure": "cosine"}, sc).structure == "cosine"
-    with pytest.raises(ValueError, match="valid methods"):
-        build_strategy({**RC, "method": "fedavg"}, sc)
-    with pytest.raises(ValueError, match="aggregation"):
-        FedProto(num_nodes=2, aggregation="median")
-    with pytest.raises(ValueError, match="structure"):
-        FedSAF(num_nodes=2, structure="l1")
+    assert build(method="fedsaf-rcsa").structure == "rcsa"
+    assert build(method="fedsaf-gcsa", **{"fedsaf-structure": "cosine"}).structure == "cosine"
+    with pytest.raises(ConfigError, match="method='fedavg'"):
+        build(method="fedavg")
+    with pytest.raises(ConfigError, match="fedproto-aggregation='median'"):
+        FedProtoConfig(aggregation="median")
+    with pytest.raises(ConfigError, match="fedsaf-structure='l1'"):
+        FedSAFConfig(structure="l1")
+    with pytest.raises(ValueError, match="fedsaf-structure"):
+        FedSAF(2, fedsaf=FedSAFConfig())
 
 
 ROUND_KEYS = {"round", "private_accuracy_mean", "communication_accuracy_mean", "communication_accuracy_degree_weighted",
               "gluing_loss", "bytes_sent", "bytes_received", "wall_seconds", "ce", "num_trained"}
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", sorted(METHODS))
 def test_each_method_runs_end_to_end_and_writes_the_common_schema(method, tmp_path):
-    res = run_inprocess({**RC, "method": method, "num-server-rounds": 1, "fedproto-dim": 16,
-                         "results-dir": str(tmp_path)})
+    res = run_inprocess({**RC, "method": method, "num-server-rounds": 1, "results-dir": str(tmp_path)})
     assert json.loads((tmp_path / "results.json").read_text()) == res
     assert res["config"]["method"] == method and res["failures"] == []
     (last,) = res["rounds"]
@@ -258,6 +270,9 @@ def test_each_method_runs_end_to_end_and_writes_the_common_schema(method, tmp_pa
     if method in ("fedproto", "fedsaf-gcsa", "fedsaf-rcsa"):
         assert all(0.0 <= n["prototype_accuracy"] <= 1.0 for n in res["nodes"].values())
         assert not math.isnan(last["prototype_accuracy_mean"])
-        assert res["prototypes"]["feature_dim"] == 16 and res["prototypes"]["classes"]
+        # fedproto-dim = auto resolves to the smallest stalk dimension of the zoo, recorded
+        smallest = min(scenario_task(SC, p).model.d for p in range(4))
+        assert res["config"]["fedproto-dim"] == "auto" and res["prototypes"]["feature_dim"] == smallest
+        assert res["prototypes"]["classes"]
     if method != "sheaf-frl":
         assert res["evaluation"]["whitening-fit"] == "train"

@@ -2,7 +2,7 @@
 
 Two kinds of tests:
 
-- the **toy check** (notes ``anchor-rfedags-fedsaf-fedproto.md`` B): a quadratic sheaf problem (6
+- the **toy check** (docs/participation.md, s5): a quadratic sheaf problem (6
   agents on a ring plus a chord, stalks R^3, fixed orthogonal restriction maps, local loss
   ``||x_i - b_i||^2 / 2`` plus the gluing penalty, a few local gradient steps, uneven Bernoulli
   participation p = [.9, .9, .9, .2, .2, .2]). Its full-participation optimum solves
@@ -26,16 +26,16 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.client.sheaf import edge_weights_from_config
-from flwr_sheaf.client.common import edges_from_config
-from flwr_sheaf.client.task import numpy_record
+from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, SheafConfig
+from flwr_sheaf.participation import ParticipationSampler, parse_participation
+from flwr_sheaf.protocol import EdgeConfig, NodeInfo, ProtocolError, pack_arrays
 from flwr_sheaf.rfedags.participation import bernoulli_participation
 from flwr_sheaf.sheaf import EdgeTerm, NetworkSheaf, local_gluing_penalty, procrustes
-from flwr_sheaf.strategy.sheaf_frl import SheafFRL, parse_participation
+from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)
@@ -85,31 +85,30 @@ def toy_client_app(local_steps: int, step_size: float) -> ClientApp:
 
     @app.query("sheaf")
     def _query(msg: Message, context) -> Message:
-        info = MetricRecord({"partition-id": int(context.node_config["partition-id"]),
-                             "num-partitions": int(context.node_config["num-partitions"]),
-                             "d": D, "classes": [0], "num-pilots": KP})
-        return Message(RecordDict({"info": info}), reply_to=msg)
+        info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]),
+                        D, (0,), KP, 1)
+        return Message(RecordDict({"info": info.to_record()}), reply_to=msg)
 
     @app.train("sheaf")
     def _train(msg: Message, context) -> Message:
         i = int(context.node_config["partition-id"])
         cfg = msg.content["config"]
-        edges = edges_from_config(cfg)
-        weights = edge_weights_from_config(cfg, edges) or {}
+        edges = EdgeConfig.from_config(cfg)
+        weights = dict(zip(edges.neighbours, edges.weights or ()))
         rec = msg.content["pilots"]
         nb = {int(k): torch.from_numpy(rec[k].numpy().copy()) for k in rec.keys()}
         x = torch.from_numpy(context.state["x"]["x"].numpy().copy()) if "x" in context.state else torch.zeros(KP, D, dtype=torch.float64)
         b = torch.from_numpy(B[i])
         terms = [EdgeTerm(j, nb[j], torch.from_numpy(MAPS[(i, j) if hd else (j, i)]), hd, weights.get(j, 1.0))
-                 for j, _, hd in edges if j in nb]
+                 for j, hd in zip(edges.neighbours, edges.heads) if j in nb]
         for _ in range(local_steps):
             x = x.detach().requires_grad_(True)
             pen, _ = local_gluing_penalty(x, terms, float(cfg["lambda"]))
             loss = 0.5 * ((x - b) ** 2).sum() + pen
             (g,) = torch.autograd.grad(loss, x)
             x = x.detach() - step_size * g
-        context.state["x"] = numpy_record({"x": x.numpy()})
-        return Message(RecordDict({"pilots": numpy_record({"pilots": x.numpy()}),
+        context.state["x"] = pack_arrays({"x": x.numpy()})
+        return Message(RecordDict({"pilots": pack_arrays({"pilots": x.numpy()}),
                                    "metrics": MetricRecord({"ce": 0.0, "gluing": float(pen.detach()), "low-variance-fraction": 0.0})}),
                        reply_to=msg)
 
@@ -158,14 +157,15 @@ def toy_reference(policy: str, rounds: int, local_steps: int, alpha, seed: int =
 
 
 def _toy_strategy(policy: str) -> SheafFRL:
-    return SheafFRL(num_nodes=N_TOY, graph=GRAPH, train_config={"lambda": LAM}, absent_policy=policy,
-                    participation=P_TOY, seed=1, evaluate_every=10**9, reweight_q_min=Q_MIN)
+    fed = FederationConfig(participation=",".join(map(str, P_TOY)), seed=1, evaluate_every=0)
+    return SheafFRL(num_nodes=N_TOY, graph=GRAPH, federation=fed,
+                    sheaf=SheafConfig(lam=LAM, absent_policy=policy, reweight_q_min=Q_MIN))
 
 
 def _run_toy(policy: str, rounds: int, local_steps: int = 5, step_size: float = 0.05):
     grid = LocalGrid(toy_client_app(local_steps, step_size), N_TOY)
     strategy = _toy_strategy(policy)
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=rounds)
+    strategy.start(grid=grid, num_rounds=rounds)
     x = np.zeros((N_TOY, KP, D))
     for nid, ctx in grid.contexts.items():
         if "x" in ctx.state:
@@ -207,7 +207,7 @@ def test_toy_flower_run_matches_the_numpy_reference(policy):
 
 
 def test_toy_check_cached_reaches_the_full_participation_optimum_and_drop_is_biased():
-    """Spec (notes B toy check): cached < 1e-3 relative error; drop > 0.3 (through Flower)."""
+    """Spec (docs/participation.md, s5): cached < 1e-3 relative error; drop > 0.3 (through Flower)."""
     x_cached, s_cached, _ = _run_toy("cached", 150)
     x_drop, s_drop, _ = _run_toy("drop", 150)
     assert _rel_err(x_cached) < 1e-3
@@ -236,10 +236,11 @@ RC = {"zoo": "tiny-6", "num-pilots": 32, "local-epochs": 1, "lambda": 0.5, "seed
 
 def _cnn_run(policy: str, participation, rounds: int, seed: int = 5, evaluate: bool = False):
     grid = LocalGrid(cnn_client_app, 6, run_config=RC)
-    s = SheafFRL(num_nodes=6, graph="ring", train_config={k: RC[k] for k in ("local-epochs", "lambda", "seed", "batch-size")},
-                 absent_policy=policy, participation=participation, seed=seed, reweight_q_min=0.1,
-                 evaluate_every=10**9, num_rounds=rounds if evaluate else None)
-    s.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=rounds)
+    fed = FederationConfig(graph="ring", participation=",".join(map(str, participation)), seed=seed,
+                           evaluate_every=10**9 if evaluate else 0)
+    s = SheafFRL(num_nodes=6, federation=fed, train=LocalTrainConfig(local_epochs=1, batch_size=64),
+                 sheaf=SheafConfig(lam=0.5, absent_policy=policy, reweight_q_min=0.1))
+    s.start(grid=grid, num_rounds=rounds)
     return s, grid
 
 
@@ -351,26 +352,33 @@ def test_zero_probability_nodes_and_empty_rounds_are_handled_without_nan():
 # ------------------------------------------------------------------------------------ small pieces
 def test_parse_participation_forms():
     assert parse_participation("", 3) is None
-    assert parse_participation("0.3", 3) == [0.3, 0.3, 0.3]
-    assert parse_participation("0.9,0,0.2", 3) == [0.9, 0.0, 0.2]
+    np.testing.assert_array_equal(parse_participation("0.3", 3), [0.3, 0.3, 0.3])
+    np.testing.assert_array_equal(parse_participation("0.9,0,0.2", 3), [0.9, 0.0, 0.2])
     p = parse_participation("uniform:0.1-0.5", 200, seed=4)
     assert len(p) == 200 and min(p) >= 0.1 and max(p) <= 0.5
-    assert p == parse_participation("uniform:0.1-0.5", 200, seed=4) != parse_participation("uniform:0.1-0.5", 200, seed=5)
+    np.testing.assert_array_equal(p, parse_participation("uniform:0.1-0.5", 200, seed=4))
+    assert not np.array_equal(p, parse_participation("uniform:0.1-0.5", 200, seed=5))
     assert len(parse_participation("uniform", 7)) == 7
     for bad, match in [("1.5", r"\[0, 1\]"), ("0.1,0.2", "expected 3"), ("uniform:0.6-0.2", "a <= b"), ("often", "neither")]:
         with pytest.raises(ValueError, match=match):
             parse_participation(bad, 3)
-    with pytest.raises(ValueError, match="absent policy"):
-        SheafFRL(num_nodes=2, absent_policy="reweighted")
+    with pytest.raises(ConfigError, match="absent-policy='reweighted'"):
+        SheafConfig(absent_policy="reweighted")
     with pytest.raises(ValueError, match="partition-id"):
-        SheafFRL(num_nodes=3, participation={0: 0.5, 1: 0.5})
+        parse_participation({0: 0.5, 1: 0.5}, 3)
+    with pytest.raises(ConfigError, match="participation='often'"):
+        FederationConfig(participation="often")
 
 
 def test_fraction_train_samples_a_fixed_number_per_round():
-    s = SheafFRL(num_nodes=10, graph="ring", fraction_train=0.3, seed=2)
-    s.nodes = {i: None for i in range(10)}  # sampling only needs the partition-ids
-    draws = [s.sample(t) for t in range(1, 6)]
+    sampler = ParticipationSampler(10, fraction=0.3, seed=2)
+    draws = [sampler.sample(t) for t in range(1, 6)]
     assert all(len(d) == 3 for d in draws) and len({tuple(d) for d in draws}) > 1
+    # the draw of round t is a function of (seed, t) only: a fresh sampler, other order, same sets
+    assert [ParticipationSampler(10, fraction=0.3, seed=2).sample(t) for t in (5, 4, 3, 2, 1)] == draws[::-1]
+    # the 3 partition-ids with the smallest per-round uniforms (independent oracle: numpy directly)
+    u = np.random.default_rng([2, 0, 4]).random(10)
+    assert draws[3] == sorted(np.argsort(u)[:3].tolist())
 
 
 def test_edge_weight_scales_the_term_and_leaves_procrustes_unchanged():
@@ -389,10 +397,10 @@ def test_edge_weight_scales_the_term_and_leaves_procrustes_unchanged():
 
 
 def test_edge_weights_config_is_validated():
-    edges = [(1, 4, True), (2, 4, False)]
-    assert edge_weights_from_config({}, edges) is None
-    assert edge_weights_from_config({"edge-weights": [2.0, 0.0]}, edges) == {1: 2.0, 2: 0.0}
-    with pytest.raises(ValueError, match="2 neighbours but 1"):
-        edge_weights_from_config({"edge-weights": [1.0]}, edges)
-    with pytest.raises(ValueError, match="partition-id 2"):
-        edge_weights_from_config({"edge-weights": [1.0, -1.0]}, edges)
+    base = {"neighbours": [1, 2], "neighbour-dims": [4, 4], "i-is-head": [1, 0]}
+    assert EdgeConfig.from_config(base).weights is None
+    assert EdgeConfig.from_config({**base, "edge-weights": [2.0, 0.0]}).weights == (2.0, 0.0)
+    with pytest.raises(ProtocolError, match="2 neighbours.*1 weights"):
+        EdgeConfig.from_config({**base, "edge-weights": [1.0]})
+    with pytest.raises(ProtocolError, match="partition-id 2"):
+        EdgeConfig.from_config({**base, "edge-weights": [1.0, -1.0]})

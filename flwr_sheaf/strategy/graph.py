@@ -158,8 +158,9 @@ class GraphStrategy(PeerStrategy):
 
     # ------------------------------------------------------------------ evaluate
     def evaluates(self, server_round: int, num_rounds: int) -> bool:
-        """Every ``evaluate-every`` rounds and always the last one."""
-        return server_round % self.federation.evaluate_every == 0 or server_round == num_rounds
+        """Every ``evaluate-every`` rounds and always the last one (``evaluate-every = 0``: never)."""
+        every = self.federation.evaluate_every
+        return every > 0 and (server_round % every == 0 or server_round == num_rounds)
 
     def _eval_config(self, server_round: int) -> dict:
         return {SERVER_ROUND: server_round, WHITENING_FIT: self.whitening_fit, TORCH_THREADS: self.train.torch_threads}
