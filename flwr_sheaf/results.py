@@ -86,7 +86,8 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    if ax.get_legend_handles_labels()[0]:  # nothing to plot when no round was evaluated
+        ax.legend(loc="lower right")
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

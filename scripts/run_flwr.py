@@ -50,7 +50,8 @@ def stop_superlink(port: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--app", default=".")
-    ap.add_argument("--num-supernodes", type=int, default=15)
+    ap.add_argument("--num-supernodes", type=int, default=15,
+                    help="0 = pass no --federation-config (Flower's default local simulation: 2 SuperNodes)")
     ap.add_argument("--cpus-per-client", type=int, default=1)
     ap.add_argument("--port", type=int, default=39291, help="SuperLink HTTP port (control = port + 2)")
     ap.add_argument("--timeout", type=float, default=1200.0)
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if flwr is None:
         print("flwr CLI not found: install the package first (README)", file=sys.stderr)
         return 2
-    fed = f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"
-    cmd = [flwr, "run", args.app, "--stream", "--federation-config", fed]
+    cmd = [flwr, "run", args.app, "--stream"]
+    if args.num_supernodes > 0:
+        cmd += ["--federation-config", f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"]
     if args.run_config:
         cmd += ["--run-config", args.run_config]
     print("+", " ".join(cmd), flush=True)

@@ -55,7 +55,7 @@ def run_one(prob: PCAProblem, p: np.ndarray, mode: str, rounds: int, x0: np.ndar
     app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients)
     strat = RFedAGS(prob.num_clients, p, mode=mode, local_steps=local_steps, step_size=alpha0,
-                    decay_rounds=decay_rounds, seed=seed, train_config={"batch-size": batch_size, "seed": seed})
+                    decay_rounds=decay_rounds, seed=seed, minibatch_size=batch_size)
     u_star, _ = prob.optimum()
     u_tilde = prob.reweighted_optimum(effective_weights_uncorrected(p))
     hist = {"round": [], "gap": [], "dist": [], "dist_reweighted": []}

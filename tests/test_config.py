@@ -1,12 +1,93 @@
-"""The app's run config in pyproject.toml and the code's defaults must agree."""
+"""Run-config keys: one definition (flwr_sheaf.config), pyproject and README agree with it, bad input refused.
 
+Every check here is against an independent source: the pyproject/README text, a hand-written
+list of bad values with the key they must name, and a grid that records whether any message left.
+"""
+
+from __future__ import annotations
+
+import re
 import tomllib
 from pathlib import Path
 
-from flwr_sheaf.apps.scenario import DEFAULTS
+import pytest
+
+from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.apps.server_app import run_server
+from flwr_sheaf.config import (DEFAULTS, KEYS, ConfigError, FederationConfig, LocalTrainConfig, RunConfig,
+                               ScenarioConfig, SheafConfig)
+from flwr_sheaf.testing import LocalGrid
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_pyproject_run_config_matches_defaults():
-    cfg = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    run_config = cfg["tool"]["flwr"]["app"]["config"]
-    assert run_config == DEFAULTS
+def test_pyproject_run_config_lists_every_key_with_its_default():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert cfg == DEFAULTS
+
+
+def _readme_table() -> dict[str, object]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Run config", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"^\|\s*`([a-z0-9-]+)`\s*\|\s*`?(.*?)`?\s*\|", line)
+        if m:
+            rows[m.group(1)] = tomllib.loads(f"v = {m.group(2)}")["v"]
+    return rows
+
+
+def test_readme_run_config_table_lists_every_key_with_its_default():
+    assert _readme_table() == DEFAULTS
+
+
+def test_every_section_field_is_a_key_and_every_key_is_read_somewhere():
+    sections = (RunConfig, ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig,
+                RunConfig().fedproto.__class__, RunConfig().fedsaf.__class__)
+    covered = {k for cls in sections for k in cls.keys()}
+    assert covered == set(KEYS)
+
+
+def test_a_message_config_missing_a_key_is_an_error_not_a_default():
+    rec = LocalTrainConfig().to_record()
+    del rec["lr"]
+    with pytest.raises(ConfigError, match="'lr' missing"):
+        LocalTrainConfig.from_record(rec)
+
+
+BAD = [  # (override, text the error must contain: key and value)
+    ({"lambda": -1.0}, "lambda=-1.0"),
+    ({"shift": 1.5}, "shift=1.5"),
+    ({"shift": -0.1}, "shift=-0.1"),
+    ({"participation": "1.2"}, "participation='1.2'"),
+    ({"participation": 1.2}, "participation=1.2"),
+    ({"fraction-train": 0.0}, "fraction-train=0.0"),
+    ({"method": "fedavg"}, "method='fedavg'"),
+    ({"graph": "star"}, "graph='star'"),
+    ({"graph": "0-1,2-3"}, "not connected"),
+    ({"zoo": "paper-16"}, "zoo='paper-16'"),
+    ({"dataset": "cifar"}, "dataset='cifar'"),
+    ({"num-server-rounds": 2.5}, "num-server-rounds=2.5"),
+    ({"local-epochs": 1.9}, "local-epochs=1.9"),
+    ({"num-pilots": 99.5}, "num-pilots=99.5"),
+    ({"absent-policy": "sometimes"}, "absent-policy='sometimes'"),
+    ({"fedproto-dim": "none"}, "fedproto-dim='none'"),
+    ({"lr": "fast"}, "lr='fast'"),
+    ({"lamda": 0.1}, "did you mean 'lambda'"),
+]
+
+
+@pytest.mark.parametrize("override, text", BAD, ids=[next(iter(o)) + "-" + str(i) for i, (o, _) in enumerate(BAD)])
+def test_bad_run_config_is_refused_before_any_message_is_sent(override, text, tmp_path):
+    grid = LocalGrid(cnn_client_app, 15)
+    with pytest.raises(ValueError) as info:
+        run_server(grid, {**override, "results-dir": str(tmp_path)})
+    assert text in str(info.value)
+    assert grid.delivered == [] and not (tmp_path / "results.json").exists()
+
+
+def test_valid_values_parse_to_their_types():
+    c = RunConfig.from_run_config({"num-server-rounds": 3.0, "participation": 0.3, "fedproto-dim": "64", "lambda": 1})
+    assert c.num_server_rounds == 3 and isinstance(c.num_server_rounds, int)
+    assert c.federation.participation == "0.3" and c.fedproto.dim == 64 and c.sheaf.lam == 1.0
+    assert c.to_dict()["lambda"] == 1.0 and set(c.to_dict()) == set(KEYS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = "zoo='tiny-4' num-pilots=64 local-epochs=1"
 
 
-def _run(tmp_path, run_config, port):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(ROOT), "--num-supernodes", "4",
-         "--port", str(port), "--timeout", "600", "--run-config", run_config],
-        cwd=ROOT, capture_output=True, text=True, timeout=700,
-    )
+def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4):
+    cmd = [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(app), "--num-supernodes",
+           str(num_supernodes), "--port", str(port), "--timeout", "600"]
+    if run_config:
+        cmd += ["--run-config", run_config]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
 
 
 @pytest.mark.engine
@@ -43,3 +44,22 @@ def test_flwr_run_failure_is_detected(tmp_path):
     proc = _run(tmp_path, f"{TINY} num-server-rounds=1 graph='0-1,2-3' results-dir='{tmp_path}'", 39491)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "finished:failed" in proc.stdout
+
+
+@pytest.mark.engine
+def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(tmp_path):
+    # `flwr run . --stream` with no --federation-config: Flower 1.42 starts 2 SuperNodes, the default
+    # scenario has 15 agents. The ServerApp must stop at discovery, not wait for nodes that never come.
+    t0 = time.monotonic()
+    proc = _run(tmp_path, "", 39891, num_supernodes=0)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 1 and "finished:failed" in proc.stdout, proc.stdout[-3000:]
+    assert 'flwr run . --stream --federation-config "num-supernodes=15"' in proc.stdout
+    assert wall < 120, wall  # SuperLink + Ray start included; the ServerApp itself stops within seconds
+
+
+@pytest.mark.engine
+def test_dropin_app_runs_under_flwr_run(tmp_path):
+    proc = _run(tmp_path, "num-server-rounds=2", 39991, app=ROOT / "examples" / "dropin_app", num_supernodes=4)
+    assert proc.returncode == 0 and "finished:completed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "communication accuracy" in proc.stdout

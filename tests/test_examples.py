@@ -32,7 +32,7 @@ def test_compare_methods_notebook_runs_in_quick_mode(tmp_path, monkeypatch):
                             resources={"metadata": {"path": str(EXAMPLES)}}).execute()
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "quick mode" in text and "notebook wall time" in text
-    assert "ValueError: FedProto needs a common feature dim" in text  # the no-adapter demonstration
+    assert "ValueError: fedproto-dim='none' needs equal stalk dimensions" in text  # the no-adapter demonstration
     for setting in ("two-agent:16", "tiny-4"):
         for method in METHODS:
             res = json.loads((tmp_path / setting / method / "results.json").read_text())

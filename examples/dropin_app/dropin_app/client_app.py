@@ -34,7 +34,7 @@ def evaluate(msg: Message, context: Context):
 
 
 # --- flwr-sheaf: two lines add query/train/evaluate handlers under the action "sheaf" -----------
-from flwr_sheaf.client.sheaf import register_sheaf_handlers  # noqa: E402
+from flwr_sheaf import register_sheaf_handlers  # noqa: E402
 
 from dropin_app.task import sheaf_task  # noqa: E402
 

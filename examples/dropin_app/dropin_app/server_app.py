@@ -6,7 +6,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from dropin_app.task import Net
 
-from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafConfig, SheafFRL
 
 app = ServerApp()
 
@@ -21,11 +21,11 @@ def main(grid: Grid, context: Context):
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()),
                                 train_config=ConfigRecord({"lr": rc["lr"]}), num_rounds=num_rounds)
         return result
-    # --- flwr-sheaf: personalised models, only latent pilots travel --------------------------------
-    strategy = SheafFRL(num_nodes=rc["num-nodes"], graph="ring", num_rounds=num_rounds,
-                        train_config={"lambda": rc["lambda"], "local-epochs": rc["local-epochs"], "lr": rc["lr"],
-                                      "batch-size": 32})
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=num_rounds)
+    # --- flwr-sheaf: personalised models, only whitened pilot latents travel -----------------------
+    strategy = SheafFRL(num_nodes=rc["num-nodes"], federation=FederationConfig(graph="ring"),
+                        train=LocalTrainConfig(local_epochs=rc["local-epochs"], lr=rc["lr"]),
+                        sheaf=SheafConfig(lam=rc["lambda"]))
+    strategy.start(grid=grid, num_rounds=num_rounds)
     last = strategy.history[-1]
     print(f"private accuracy {last['private_accuracy_mean']:.3f}, "
           f"communication accuracy {last['communication_accuracy_degree_weighted']:.3f}")

@@ -92,8 +92,7 @@ def test(net: nn.Module, loader: DataLoader) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------- flwr-sheaf
-from flwr_sheaf.client.task import LocalTask  # noqa: E402
-from flwr_sheaf.sheaf.whitening import Colouring, Whitening  # noqa: E402
+from flwr_sheaf import Colouring, LocalTask, Whitening  # noqa: E402
 
 
 class SheafNet(nn.Module):
@@ -117,7 +116,12 @@ class SheafNet(nn.Module):
 
 
 def sheaf_task(context) -> LocalTask:
-    """What the sheaf handlers need from a node: its model (stalk protocol), data and the pilots."""
+    """What the sheaf handlers need from a node: its model (stalk protocol), data and the pilots.
+
+    Called for every message: it rebuilds the model deterministically (seeded by partition-id; the
+    handlers then restore the trained weights from ``context.state``). The pilots are the same 200
+    digits in the same order on every node.
+    """
     pid, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     (xt, yt), (xs, ys) = partition(pid, n)
     torch.manual_seed(pid)
