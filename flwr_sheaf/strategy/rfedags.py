@@ -47,7 +47,7 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class RFedAGS(PeerStrategy):
-    """RFedAGS (Riemannian FL via averaging gradient streams; notes A.2) as a Flower strategy.
+    """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines.md, s5) as a Flower strategy.
 
     Args:
         num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
