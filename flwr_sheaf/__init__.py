@@ -21,15 +21,17 @@ from .config import (ConfigError, FederationConfig, FedProtoConfig, FedSAFConfig
                      ScenarioConfig, SheafConfig)
 from .participation import ParticipationSampler, parse_participation
 from .sheaf.whitening import Colouring, Whitening
+from .strategy.base import PeerStrategy, RoundRecord
 from .strategy.fedproto import FedProto
 from .strategy.fedsaf import FedSAF
+from .strategy.graph import GraphStrategy
 from .strategy.noncooperative import NonCooperative
 from .strategy.rfedags import RFedAGS
 from .strategy.sheaf_frl import SheafFRL
 from .testing import LocalGrid
 
 __all__ = [
-    "SheafFRL", "NonCooperative", "FedProto", "FedSAF", "RFedAGS",
+    "SheafFRL", "NonCooperative", "FedProto", "FedSAF", "RFedAGS", "GraphStrategy", "PeerStrategy", "RoundRecord",
     "register_sheaf_handlers", "register_noncooperative_handlers", "register_fedproto_handlers",
     "register_fedsaf_handlers", "register_rfedags_handlers", "register_method_handlers", "ClientMethod",
     "LossPlugin", "CrossEntropy", "train_local", "LocalTask", "TaskFactory", "Whitening", "Colouring",

@@ -107,6 +107,13 @@ def _str(choices: tuple[str, ...] | None = None, nonempty: bool = False) -> Call
     return parse
 
 
+def _num_pilots(key: str, v: Any) -> int:
+    k = _int(0)(key, v)
+    if k == 1:
+        raise ConfigError(f"{key}={v!r}: must be 0 (all) or >= 2 (whitening and Procrustes need two pilot rows)")
+    return k
+
+
 def _participation(key: str, v: Any) -> str:
     # Flower parses ``--run-config "participation=0.3"`` as a float: keep the spec a string.
     text = ("" if v is None else repr(float(v)) if isinstance(v, numbers.Real) and not isinstance(v, bool)
@@ -179,6 +186,8 @@ _KEY_LIST = [
     Key("num-server-rounds", 10, _int(1), "server rounds"),
     Key("round-timeout", 3600.0, _float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed"),
+    Key("discovery-timeout", 300.0, _float(0.0, lo_open=True),
+        "seconds the ServerApp waits for enough SuperNodes to register"),
     Key("results-dir", "results/default", _str(nonempty=True),
         "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)"),
     # scenario
@@ -187,7 +196,7 @@ _KEY_LIST = [
     Key("dataset", "mnist-bundled", _dataset,
         "`mnist-bundled` (offline), `idx:<dir>` (MNIST / Fashion-MNIST idx files), `hf:<name>` (online)"),
     Key("shift", 0.7, _float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
-    Key("num-pilots", 500, _int(0), "shared pilots K (0 = all of the 10% hold-out)"),
+    Key("num-pilots", 500, _num_pilots, "shared pilots K >= 2 (0 = all of the 10% hold-out)"),
     Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),
     Key("whitening-eps", 1e-3, _float(0.0, lo_open=True), "relative eigenvalue floor of the whitening covariance"),
     # federation
@@ -223,7 +232,7 @@ _KEY_LIST = [
     Key("fedsaf-lambda", 1.0, _float(0.0), "FedSAF prototype-level weight"),
     Key("fedsaf-gamma", 1.0, _float(0.0), "FedSAF instance-level weight"),
     Key("fedsaf-structure", "", _str(("", "gcsa", "rcsa", "mse", "cosine")),
-        "empty = the method's (GCSA/RCSA); `mse` / `cosine` = coordinate-alignment ablation"),
+        "empty = the method's own (`fedsaf-gcsa`: GCSA, `fedsaf-rcsa`: RCSA); `mse` / `cosine` = coordinate-alignment ablation"),
 ]
 
 #: Every run-config key, by name (the single definition of each default).
@@ -402,11 +411,13 @@ class FedSAFConfig(Section):
 
     Attributes:
         lam, gamma: prototype-level and instance-level weights (>= 0).
-        structure: ``""`` (the method's own: GCSA or RCSA), ``"gcsa"``, ``"rcsa"``, ``"mse"``, ``"cosine"``.
+        structure: ``""`` (the method's own: GCSA or RCSA), ``"gcsa"``, ``"rcsa"``, ``"mse"`` or
+            ``"cosine"`` (the coordinate ablations). The app refuses a structure that contradicts the
+            method (``method=fedsaf-gcsa`` with ``rcsa``).
     """
 
 
-@section("method", "num-server-rounds", "round-timeout", "results-dir")
+@section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir")
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
@@ -414,6 +425,7 @@ class RunConfig(Section):
         method: method name (checked against the method registry when the strategy is built).
         num_server_rounds: server rounds (>= 1).
         round_timeout: seconds each round trip waits for replies.
+        discovery_timeout: seconds to wait for SuperNodes at the start.
         results_dir: output directory.
         scenario, federation, train, sheaf, fedproto, fedsaf: the sections.
     """

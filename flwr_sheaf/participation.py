@@ -10,10 +10,11 @@ Two modes (docs/participation.md):
 Both read the same per-round uniforms ``u_i(seed, r)`` (entry i of
 ``numpy.random.default_rng([seed, 0, r]).random(N)``, as
 :func:`flwr_sheaf.rfedags.participation.bernoulli_participation`): Bernoulli takes ``u_i < p_i``,
-fraction takes the ``n`` partition-ids with the smallest ``u_i``. A node's draw therefore depends
-only on (seed, server round, partition-id) — never on earlier calls, on the method, or on which
-strategy asks — so every method run with the same spec trains the same nodes in every round, and
-a numpy reference loop draws the same masks.
+fraction takes the ``n`` partition-ids with the smallest ``u_i``. A Bernoulli draw therefore
+depends only on (seed, server round, partition-id), a fraction draw only on (seed, server round)
+and the partition-ids — never on earlier calls, on the method, or on which strategy asks — so
+every method run with the same spec trains the same nodes in every round, and a numpy reference
+loop draws the same masks (docs/participation.md, s1.2).
 
 No Flower imports: strategies and simulations both use it.
 """

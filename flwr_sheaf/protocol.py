@@ -9,7 +9,8 @@ Message types (``<category>.<action>``; the action is a handler's name, e.g. ``"
 ===================================== ================================================================
 message                                content (server -> node) / reply (node -> server)
 ===================================== ================================================================
-``query.<action>``                    ``config``: :data:`TORCH_THREADS` / ``info`` (:class:`NodeInfo`)
+``query.<action>``                    ``config``: :data:`TORCH_THREADS` (graph methods) / ``info``
+                                      (:class:`NodeInfo`)
 ``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
                                       :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
                                       ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL);
@@ -17,11 +18,11 @@ message                                content (server -> node) / reply (node ->
                                       / ``metrics`` (``num-examples``, losses); ``pilots`` (own
                                       whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`); ``upload``
                                       (local prototypes)
-``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT` (+ method
-                                      keys) / ``arrays`` (:data:`EVAL_ARRAYS`), ``metrics``
-``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation`, ``config`` with the
-                                      :class:`EdgeConfig` / ``metrics`` (:data:`COMM_SRC`,
-                                      :data:`COMM_ACCURACY`, :data:`VAL_COMM_ACCURACY`, per incoming edge)
+``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
+                                      :data:`TORCH_THREADS` (+ method keys) / :data:`EVAL_REPLY`
+                                      (:func:`pack_evaluation`)
+``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation`; ``config``: as phase 1 plus
+                                      the :class:`EdgeConfig` / :data:`COMM_REPLY` (per incoming edge)
 ===================================== ================================================================
 
 RFedAGS uses ``train.rfedags`` with ``arrays`` = the point (key :data:`POINT`) and replies with
@@ -41,10 +42,11 @@ __all__ = [
     "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD",
     "SERVER_ROUND", "SEED", "TORCH_THREADS", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
     "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
-    "EVAL_ARRAYS", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
+    "EVAL_ARRAYS", "STALK_DIM", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
     "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY",
     "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
     "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
+    "pack_evaluation", "reply_problem", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
 ]
 
 
@@ -96,6 +98,7 @@ OWN_PILOTS = "pilots"
 NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
+STALK_DIM = "d"
 PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"
 NUM_TEST = "num-test"
@@ -211,6 +214,40 @@ class EdgeConfig:
 
 
 # ------------------------------------------------------------------------------ pilots
+def reply_problem(content: Mapping, required: Mapping[str, Sequence[str]]) -> str | None:
+    """What a reply lacks, or None: ``required`` maps record names to the keys each must hold.
+
+    The strategies call it on every reply (:meth:`flwr_sheaf.strategy.base.PeerStrategy.split_replies`),
+    so a malformed reply becomes that node's recorded failure instead of a server crash.
+    """
+    for name, keys in required.items():
+        if name not in content:
+            return f"reply lacks record {name!r}"
+        missing = [k for k in keys if k not in content[name]]
+        if missing:
+            return f"record {name!r} of the reply lacks {missing}"
+    return None
+
+
+#: What a train reply of a graph method must hold.
+TRAIN_REPLY = {METRICS: (NUM_EXAMPLES,)}
+#: What a phase-1 evaluation reply must hold.
+EVAL_REPLY = {ARRAYS: EVAL_ARRAYS, METRICS: (STALK_DIM, PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY, LOW_VARIANCE_FRACTION)}
+#: What a phase-2 (communication accuracy) reply must hold.
+COMM_REPLY = {METRICS: (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)}
+
+
+def pack_evaluation(pilots: np.ndarray, test_latents: np.ndarray, test_labels: np.ndarray, val_latents: np.ndarray,
+                    val_labels: np.ndarray) -> ArrayRecord:
+    """A node's phase-1 evaluation arrays (names of :data:`EVAL_ARRAYS`).
+
+    Args:
+        pilots: whitened pilots ``(K, d_i)`` float32; test_latents / val_latents: whitened latents
+        ``(M, d_i)`` float32; test_labels / val_labels: ``(M,)`` int64.
+    """
+    return pack_arrays(dict(zip(EVAL_ARRAYS, (pilots, test_latents, test_labels, val_latents, val_labels))))
+
+
 def pack_neighbour_pilots(pilots: Mapping[int, np.ndarray]) -> ArrayRecord:
     """Neighbours' whitened pilot matrices ``{j: (K, d_j)}`` float32 -> ``ArrayRecord`` keyed ``str(j)``."""
     return pack_arrays({str(int(j)): a for j, a in pilots.items()})
@@ -232,7 +269,12 @@ def unpack_neighbour_pilots(rec: ArrayRecord) -> dict[int, np.ndarray]:
 
 # ------------------------------------------------------------------------------ evaluation routing
 def route_evaluation(phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int]) -> ArrayRecord:
-    """Phase-2 payload of one receiver: each neighbour j's :data:`EVAL_ARRAYS` keyed ``"<j>/<name>"``."""
+    """Phase-2 payload of one receiver: each neighbour j's :data:`EVAL_ARRAYS` keyed ``"<j>/<name>"``.
+
+    Raises:
+        KeyError: a neighbour without phase-1 arrays (callers route only answering neighbours,
+            whose replies passed :data:`EVAL_REPLY`).
+    """
     return pack_arrays({f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in EVAL_ARRAYS})
 
 
@@ -255,7 +297,11 @@ def unpack_routed(rec: ArrayRecord, j: int) -> dict[str, np.ndarray]:
 def pack_prototypes(protos: Mapping[int, np.ndarray], counts: Mapping[int, int] | None = None,
                     dim: int = 0) -> ArrayRecord:
     """Prototypes ``{class: (D,)}`` -> arrays ``classes (n,)`` int64, ``prototypes (n, D)`` float32
-    [, ``counts (n,)`` int64]; ``dim`` gives D for an empty dict."""
+    [, ``counts (n,)`` int64]; ``dim`` gives D for an empty dict.
+
+    Raises:
+        KeyError: ``counts`` without an entry for a class of ``protos``.
+    """
     classes = sorted(int(c) for c in protos)
     if classes:
         mat = np.stack([np.asarray(protos[c], dtype=np.float32) for c in classes])

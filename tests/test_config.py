@@ -74,6 +74,9 @@ BAD = [  # (override, text the error must contain: key and value)
     ({"fedproto-dim": "none"}, "fedproto-dim='none'"),
     ({"lr": "fast"}, "lr='fast'"),
     ({"lamda": 0.1}, "did you mean 'lambda'"),
+    ({"num-pilots": 1}, "num-pilots=1"),
+    ({"method": "fedsaf-gcsa", "fedsaf-structure": "rcsa"}, "fedsaf-structure='rcsa' contradicts method='fedsaf-gcsa'"),
+    ({"round-timeout": 0.0}, "round-timeout=0.0"),
 ]
 
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, SheafConfig, SheafFRL
+from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, RFedAGS, SheafConfig, SheafFRL
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.methods import METHODS
 from flwr_sheaf.apps.server_app import run_server
@@ -61,6 +61,9 @@ def test_every_method_trains_the_same_nodes_in_every_round(spec, tmp_path):
     assert all(s == expected for s in sets.values()), sets
     assert len({tuple(map(tuple, s)) for s in sets.values()}) == 1
     assert any(len(e) not in (0, n) for e in expected)  # the draw is really partial
+    if "participation" in spec:  # RFedAGS (a server-held manifold parameter) draws with the same sampler
+        rfedags = RFedAGS(n, spec["participation"], seed=seed)
+        assert [rfedags.sampler.sample(r) for r in range(1, rounds + 1)] == expected
 
 
 def _silent(grid_ref: dict, phase: str, pid: int):
@@ -113,10 +116,49 @@ def test_results_record_every_effective_value_and_auto_dimension(tmp_path):
     assert res["participation"] == {"mode": "fraction", "seed": 0, "fraction": 1.0}
 
 
-def test_start_refuses_a_second_channel_for_run_config_values():
+def test_start_refuses_a_second_channel_for_values_the_strategy_owns():
     s = SheafFRL(4)
     with pytest.raises(ValueError, match=r"\['lambda'\] are run-config keys"):
         s.start(grid=LocalGrid(cnn_client_app, 4), num_rounds=1, train_config=ConfigRecord({"lambda": 0.2}))
+    s = SheafFRL(4, federation=FederationConfig(graph="ring"))
+    with pytest.raises(ValueError, match=r"\['whitening-fit'\] are set by the strategy"):
+        s.start(grid=LocalGrid(cnn_client_app, 4, run_config=TINY), num_rounds=1,
+                evaluate_config=ConfigRecord({"whitening-fit": "train"}))
+
+
+def test_extra_evaluate_config_reaches_both_evaluation_phases():
+    grid = LocalGrid(cnn_client_app, 4, run_config=TINY)
+    s = SheafFRL(4, federation=FederationConfig(graph="ring"), train=LocalTrainConfig(local_epochs=1))
+    s.start(grid=grid, num_rounds=1, evaluate_config=ConfigRecord({"my-tag": "x"}))
+    ev = [m for m in grid.delivered if m.metadata.message_type.startswith("evaluate.")]
+    assert {m.metadata.message_type for m in ev} == {"evaluate.sheaf", "evaluate.sheaf_comm"}
+    assert all(m.content["config"]["my-tag"] == "x" for m in ev)
+
+
+def test_spare_supernodes_stay_idle():
+    grid = LocalGrid(cnn_client_app, 6, run_config=TINY)  # tiny-4 scenario, 6 SuperNodes
+    s = SheafFRL(4, federation=FederationConfig(graph="ring"), train=LocalTrainConfig(local_epochs=1))
+    s.start(grid=grid, num_rounds=1)
+    assert sorted(s.nodes) == [0, 1, 2, 3] and s.failures == []
+    spare = {grid.node_ids[4], grid.node_ids[5]}
+    assert {m.metadata.message_type for m in grid.delivered if m.metadata.dst_node_id in spare} == {"query.sheaf"}
+
+
+def test_a_malformed_reply_is_that_nodes_failure_not_a_server_crash():
+    grid = LocalGrid(cnn_client_app, 4, run_config=TINY)
+    real = grid.app
+
+    def app(msg, ctx):  # node 1 answers evaluation phase 1 without its metrics record
+        reply = real(msg, ctx)
+        if msg.metadata.message_type == "evaluate.sheaf" and ctx.node_config["partition-id"] == 1:
+            del reply.content["metrics"]
+        return reply
+
+    grid.app = app
+    s = SheafFRL(4, federation=FederationConfig(graph="ring"), train=LocalTrainConfig(local_epochs=1))
+    s.start(grid=grid, num_rounds=1)
+    assert [(f["phase"], f["partition-id"]) for f in s.failures] == [("evaluate", 1)]
+    assert "lacks record 'metrics'" in s.failures[0]["reason"] and sorted(s.node_results) == [0, 2, 3]
 
 
 _DETERMINISM = """

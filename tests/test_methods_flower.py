@@ -159,7 +159,7 @@ def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated(
     assert "partition-id 3" in reasons[3] and "d=[3]" in reasons[3] and "d=2" in reasons[3]
     assert sorted(s.global_protos) == [0, 3]
     np.testing.assert_allclose(s.global_protos[0].numpy(), [4.0, 4.0])
-    assert s.history == [] and s.current.train["prototypes_rejected"] == [1, 2, 3] and s.current.train["num_trained"] == 4
+    assert s.history == [] and s.current.train["prototypes_rejected"] == [1, 2, 3] and s.current.num_trained == 4
     assert s.current.failed["prototypes"] == [1, 2, 3]
 
 
@@ -228,7 +228,7 @@ def test_noncooperative_trains_without_traffic_and_evaluates_post_hoc():
     ev = list(s.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
     assert all(m.content["config"]["whitening-fit"] == "train" for m in ev)
     s.aggregate_evaluate(1, grid.send_and_receive(s.route_evaluate(1, grid.send_and_receive(ev))))
-    assert len(s.edge_results) == 8 and s.current.train["num_trained"] == 4
+    assert len(s.edge_results) == 8 and s.current.num_trained == 4
 
 
 def test_method_switch_builds_each_strategy_and_rejects_unknown():

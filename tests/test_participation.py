@@ -109,7 +109,8 @@ def toy_client_app(local_steps: int, step_size: float) -> ClientApp:
             x = x.detach() - step_size * g
         context.state["x"] = pack_arrays({"x": x.numpy()})
         return Message(RecordDict({"pilots": pack_arrays({"pilots": x.numpy()}),
-                                   "metrics": MetricRecord({"ce": 0.0, "gluing": float(pen.detach()), "low-variance-fraction": 0.0})}),
+                                   "metrics": MetricRecord({"num-examples": 1, "ce": 0.0, "gluing": float(pen.detach()),
+                                                            "low-variance-fraction": 0.0})}),
                        reply_to=msg)
 
     return app

@@ -43,18 +43,26 @@ class Method:
     handlers: Callable[[ClientApp, TaskFactory], ClientApp]
 
 
+def _common(c: RunConfig) -> dict:
+    """Constructor arguments every graph strategy takes from the run config."""
+    return {"federation": c.federation, "train": c.train, "discovery_timeout": c.discovery_timeout}
+
+
 def _fedsaf(structure: str) -> Callable[[RunConfig, int], PeerStrategy]:
     def build(c: RunConfig, n: int) -> PeerStrategy:
+        other = {"gcsa": "rcsa", "rcsa": "gcsa"}[structure]
+        if c.fedsaf.structure == other:
+            raise ConfigError(f"fedsaf-structure={other!r} contradicts method={c.method!r}; use method='fedsaf-{other}'")
         saf = c.fedsaf if c.fedsaf.structure else replace(c.fedsaf, structure=structure)
-        return FedSAF(n, federation=c.federation, train=c.train, fedproto=c.fedproto, fedsaf=saf)
+        return FedSAF(n, fedproto=c.fedproto, fedsaf=saf, **_common(c))
 
     return build
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("sheaf-frl", lambda c, n: SheafFRL(n, federation=c.federation, train=c.train, sheaf=c.sheaf), register_sheaf_handlers),
-    Method("non-cooperative", lambda c, n: NonCooperative(n, federation=c.federation, train=c.train), register_noncooperative_handlers),
-    Method("fedproto", lambda c, n: FedProto(n, federation=c.federation, train=c.train, fedproto=c.fedproto), register_fedproto_handlers),
+    Method("sheaf-frl", lambda c, n: SheafFRL(n, sheaf=c.sheaf, **_common(c)), register_sheaf_handlers),
+    Method("non-cooperative", lambda c, n: NonCooperative(n, **_common(c)), register_noncooperative_handlers),
+    Method("fedproto", lambda c, n: FedProto(n, fedproto=c.fedproto, **_common(c)), register_fedproto_handlers),
     Method("fedsaf-gcsa", _fedsaf("gcsa"), register_fedsaf_handlers),
     Method("fedsaf-rcsa", _fedsaf("rcsa"), register_fedsaf_handlers),
 )}

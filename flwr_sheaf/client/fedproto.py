@@ -26,7 +26,8 @@ from torch import nn
 
 from ..baselines.fedproto import PoolingAdapter, class_prototypes, fedproto_loss, nearest_prototype_predict
 from ..config import FedProtoConfig
-from ..protocol import CONFIG, FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
+from ..protocol import (CONFIG, EVALUATE, FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, TRAIN, UPLOAD, message_type,
+                        pack_prototypes, unpack_prototypes)
 from .common import eval_latents
 from .handlers import ClientMethod, register_method_handlers, required
 from .loop import LossPlugin
@@ -57,7 +58,11 @@ def latent_and_logits(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def feature_pool(model: nn.Module, cfg: Mapping, where: str) -> PoolingAdapter:
-    """Pooling adapter from ``model.d`` to the message's common dimension ``feature-dim`` (required)."""
+    """Pooling adapter ``(B, d_i) -> (B, D)`` from ``model.d`` to the message's ``feature-dim`` D (docs/baselines.md, s3.5).
+
+    Raises:
+        ProtocolError: the config lacks ``feature-dim`` (``where`` names the message type).
+    """
     return PoolingAdapter(int(model.d), int(required(cfg, FEATURE_DIM, where)))
 
 
@@ -73,7 +78,9 @@ class FedProtoLoss(LossPlugin):
     def __init__(self, pool: PoolingAdapter, protos: Mapping[int, torch.Tensor], lam: float, reduction: str) -> None:
         self.pool, self.protos, self.lam, self.reduction = pool, protos, float(lam), reduction
 
-    def loss(self, model, x, y, gen):  # noqa: D102 - documented on LossPlugin
+    def loss(self, model, x, y, gen):
+        """``(CE + lam L_R, parts)`` of a batch ``x (B, ...)``, ``y (B,)`` int64; ``proto-covered`` = share
+        of samples whose class has a global prototype."""
         z, logits = latent_and_logits(model, x)
         ce = F.cross_entropy(logits, y)
         reg, covered = fedproto_loss(self.pool(z), y, self.protos, reduction=self.reduction)
@@ -84,17 +91,23 @@ class FedProtoLoss(LossPlugin):
 class FedProtoClient(ClientMethod):
     """FedProto's hooks: prototype plug-in, local-prototype upload, nearest-prototype accuracy."""
 
-    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:  # noqa: D102
+    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
+        """:class:`FedProtoLoss` from the message's :class:`~flwr_sheaf.config.FedProtoConfig`, ``feature-dim``
+        and global prototypes (FedProto's local objective, docs/baselines.md s3.1).
+
+        Raises:
+            ConfigError / ProtocolError: a key missing from the config, malformed prototypes (named).
+        """
         cfg = msg.content[CONFIG]
         proto = FedProtoConfig.from_record(cfg)
-        return FedProtoLoss(feature_pool(task.model, cfg, "train"), received_prototypes(msg), proto.lam, proto.reduction)
+        return FedProtoLoss(feature_pool(task.model, cfg, message_type(TRAIN, self.action)), received_prototypes(msg), proto.lam, proto.reduction)
 
     @torch.no_grad()
     def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:
         """Per-class means and counts of the pooled eval-mode latents of the node's training set."""
         cfg = msg.content[CONFIG]
-        feats = feature_pool(task.model, cfg, "train")(eval_latents(task.model, task.x_train))
-        protos, counts = class_prototypes(feats, task.y_train, int(required(cfg, NUM_CLASSES, "train")))
+        feats = feature_pool(task.model, cfg, message_type(TRAIN, self.action))(eval_latents(task.model, task.x_train))
+        protos, counts = class_prototypes(feats, task.y_train, int(required(cfg, NUM_CLASSES, message_type(TRAIN, self.action))))
         rec = pack_prototypes({c: p.numpy() for c, p in protos.items()}, counts, dim=feats.shape[1])
         return {UPLOAD: rec}, {"num-prototypes": len(protos)}
 
@@ -102,7 +115,7 @@ class FedProtoClient(ClientMethod):
     def evaluation_metrics(self, msg: Message, task: LocalTask) -> dict[str, float]:
         """Nearest-global-prototype accuracy on the test and validation splits (NaN without prototypes)."""
         protos = received_prototypes(msg)
-        pool = feature_pool(task.model, msg.content[CONFIG], "evaluate")
+        pool = feature_pool(task.model, msg.content[CONFIG], message_type(EVALUATE, self.action))
         out = {}
         for prefix, x, y in (("", task.x_test, task.y_test), ("val-", task.x_val, task.y_val)):
             if not protos or not len(y):

@@ -25,7 +25,7 @@ from flwr.clientapp import ClientApp
 from ..baselines.fedproto import PoolingAdapter
 from ..baselines.fedsaf import fedsaf_objective, structure_alignment_inputs
 from ..config import FedSAFConfig
-from ..protocol import CONFIG, NUM_CLASSES, ProtocolError
+from ..protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type
 from .fedproto import FedProtoClient, feature_pool, latent_and_logits, received_prototypes
 from .handlers import register_method_handlers, required
 from .loop import LossPlugin
@@ -47,7 +47,8 @@ class FedSAFLoss(LossPlugin):
         self.pool, self.protos, self.num_classes = pool, protos, int(num_classes)
         self.lam, self.gamma, self.structure = float(lam), float(gamma), structure
 
-    def loss(self, model, x, y, gen):  # noqa: D102 - documented on LossPlugin
+    def loss(self, model, x, y, gen):
+        """``(L_sup + lam L_proto + gamma L_inst, parts)`` of a batch (FedSAF Eq. 19; terms with < 3 rows skipped)."""
         z, logits = latent_and_logits(model, x)
         ce = F.cross_entropy(logits, y)
         inp = structure_alignment_inputs(self.pool(z), y, self.protos, self.num_classes)
@@ -61,13 +62,18 @@ class FedSAFLoss(LossPlugin):
 class FedSAFClient(FedProtoClient):
     """FedSAF's hooks: FedProto's upload and evaluation, FedSAF's loss plug-in."""
 
-    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:  # noqa: D102
+    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
+        """:class:`FedSAFLoss` from the message's :class:`~flwr_sheaf.config.FedSAFConfig` (FedSAF Eq. 19).
+
+        Raises:
+            ConfigError / ProtocolError: a missing key or an unresolved (empty) structure (named).
+        """
         cfg = msg.content[CONFIG]
         saf = FedSAFConfig.from_record(cfg)
         if not saf.structure:
             raise ProtocolError("fedsaf-structure is empty in the train config: the server must resolve it")
-        return FedSAFLoss(feature_pool(task.model, cfg, "train"), received_prototypes(msg),
-                          int(required(cfg, NUM_CLASSES, "train")), saf.lam, saf.gamma, saf.structure)
+        return FedSAFLoss(feature_pool(task.model, cfg, message_type(TRAIN, self.action)), received_prototypes(msg),
+                          int(required(cfg, NUM_CLASSES, message_type(TRAIN, self.action))), saf.lam, saf.gamma, saf.structure)
 
 
 def register_fedsaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "fedsaf") -> ClientApp:

@@ -30,10 +30,10 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from ..config import LocalTrainConfig
-from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
-                        NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, TORCH_THREADS,
+from ..protocol import (ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
+                        NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS,
                         TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
-                        NodeInfo, ProtocolError, comm_action, message_type, pack_arrays, unpack_routed)
+                        NodeInfo, ProtocolError, comm_action, message_type, pack_evaluation, unpack_routed)
 from ..sheaf import check_pilots, procrustes
 from ..sheaf.whitening import low_variance_fraction
 from .common import (accuracy, build, cached_pilots, eval_latents, eval_logits, model_key, round_generator,
@@ -101,8 +101,13 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         method: the method's hooks; ``method.action`` names the messages.
 
     Returns:
-        ``app`` (for chaining). A handler that raises becomes Flower's error reply for that node and
-        its state is not committed.
+        ``app`` (for chaining).
+
+    The handlers raise (Flower turns it into that node's error reply and does not commit its state)
+    on: a key missing from a message config (``ConfigError`` / ``ProtocolError``, key and message
+    type named), malformed edges or routed arrays, neighbour pilots or latents of the wrong shape or
+    with NaN/inf (``ValueError`` naming the neighbour's partition-id), a non-finite loss
+    (``FloatingPointError`` with the round) and an empty training set.
     """
     action = method.action
 
@@ -138,14 +143,13 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         with torch.no_grad():
             zt = model.whitening(eval_latents(model, task.x_test))
             zv = model.whitening(eval_latents(model, task.x_val))
-        arrays = pack_arrays({"pilots": a.numpy(), "test-latents": zt.numpy(), "test-labels": task.y_test.numpy(),
-                              "val-latents": zv.numpy(), "val-labels": task.y_val.numpy()})
+        arrays = pack_evaluation(a.numpy(), zt.numpy(), task.y_test.numpy(), zv.numpy(), task.y_val.numpy())
         metrics = MetricRecord({
             PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
             VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
             NUM_TEST: int(task.y_test.numel()),
             LOW_VARIANCE_FRACTION: lvf,
-            "d": int(model.d),
+            STALK_DIM: int(model.d),
             **method.evaluation_metrics(msg, task),
         })
         return Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=msg)
@@ -161,7 +165,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         edges = EdgeConfig.from_config(cfg)
         for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
             arr = unpack_routed(msg.content[ARRAYS], j)
-            a_j = torch.from_numpy(arr["pilots"]).float()
+            a_j = torch.from_numpy(arr[EVAL_ARRAYS[0]]).float()
             check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
             v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
             res = []

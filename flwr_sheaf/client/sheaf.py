@@ -24,7 +24,8 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from ..config import SheafConfig
-from ..protocol import CONFIG, OWN_PILOTS, PILOTS, EdgeConfig, ProtocolError, pack_arrays, unpack_neighbour_pilots
+from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOTS, EdgeConfig, ProtocolError, pack_arrays,
+                        unpack_neighbour_pilots)
 from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty, procrustes
 from .common import cached_pilots, store_pilots, whitened_pilots
 from .handlers import ClientMethod, register_method_handlers
@@ -77,7 +78,9 @@ class SheafGluing(LossPlugin):
         for j, i_head, _ in self.active:
             self.maps[j] = procrustes(own, self.pilots[j]) if i_head else procrustes(self.pilots[j], own)
 
-    def loss(self, model, x, y, gen):  # noqa: D102 - documented on LossPlugin
+    def loss(self, model, x, y, gen):
+        """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
+        drawn from ``gen`` (encoder in eval mode, whitening in train mode; docs/stability.md)."""
         ce = F.cross_entropy(model.private_logits(x), y)
         parts = {"ce": float(ce.detach()), "gluing": 0.0}
         if not self.maps:
@@ -103,7 +106,14 @@ class SheafGluing(LossPlugin):
 class SheafClient(ClientMethod):
     """Sheaf-FRL's hooks: gluing plug-in in, whitened pilots out (module docstring)."""
 
-    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:  # noqa: D102
+    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
+        """:class:`SheafGluing` from the message: :class:`~flwr_sheaf.config.SheafConfig` (lambda of the
+        round), the edges and the neighbours' pilots ``{j: (K, d_j)}`` (paper Alg. 1 line 3).
+
+        Raises:
+            ConfigError / ProtocolError: a missing key, malformed edges, pilots of a non-neighbour.
+            ValueError: neighbour pilots with the wrong K or d_j, or NaN/inf (named).
+        """
         cfg = msg.content[CONFIG]
         sheaf = SheafConfig.from_record(cfg)
         pilots = unpack_neighbour_pilots(msg.content[PILOTS]) if PILOTS in msg.content else {}
@@ -111,10 +121,12 @@ class SheafClient(ClientMethod):
         return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
                            {j: torch.from_numpy(a) for j, a in pilots.items()}, None if cached is None else cached[0])
 
-    def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:  # noqa: D102
+    def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:
+        """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
+        (paper Alg. 1 line 13); the metric ``low-variance-fraction`` is the collapse diagnostic."""
         z, a = whitened_pilots(task.model, task.x_pilot)
         lvf = store_pilots(context, self.action, z, a)
-        return {PILOTS: pack_arrays({OWN_PILOTS: a.numpy()})}, {"low-variance-fraction": lvf}
+        return {PILOTS: pack_arrays({OWN_PILOTS: a.numpy()})}, {LOW_VARIANCE_FRACTION: lvf}
 
 
 def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "sheaf") -> ClientApp:

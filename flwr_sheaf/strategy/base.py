@@ -26,18 +26,18 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ..config import KEYS
+from ..config import DEFAULTS, KEYS
 from ..participation import ParticipationSampler
-from ..protocol import CONFIG, INFO, QUERY, NodeInfo, message_type
+from ..protocol import CONFIG, INFO, QUERY, NodeInfo, ProtocolError, message_type, reply_problem
 
-__all__ = ["PeerStrategy", "RoundRecord", "Node", "record_bytes", "nanmean"]
+__all__ = ["PeerStrategy", "RoundRecord", "EvaluationSummary", "Node", "record_bytes", "nanmean"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -82,24 +82,50 @@ class Node:
 
 
 @dataclass
+class EvaluationSummary:
+    """One evaluated round's accuracies (paper Eq. 22, Fig. 2); NaN where nothing was measured.
+
+    Attributes:
+        private_accuracy_mean: mean over nodes of the private test accuracy.
+        communication_accuracy_mean: mean over receivers of their mean over incoming edges.
+        communication_accuracy_degree_weighted: ``sum_i deg_i A_i / sum_i deg_i`` = mean over
+            directed edges (the paper's Fig. 2).
+        val_*: the same on the validation splits (for model and lambda selection).
+        low_variance_fraction_mean: mean share of latent dimensions with variance < 1e-3 (collapse).
+    """
+
+    private_accuracy_mean: float = float("nan")
+    val_private_accuracy_mean: float = float("nan")
+    communication_accuracy_mean: float = float("nan")
+    communication_accuracy_degree_weighted: float = float("nan")
+    val_communication_accuracy_mean: float = float("nan")
+    val_communication_accuracy_degree_weighted: float = float("nan")
+    low_variance_fraction_mean: float = float("nan")
+
+
+@dataclass
 class RoundRecord:
     """What happened in one server round (typed; :meth:`as_dict` is the ``results.json`` entry).
 
     Attributes:
         round: server round (1-based).
         sampled: partition-ids sent a train message.
+        num_trained: nodes whose train reply was accepted.
         bytes_sent, bytes_received: protocol payload bytes (:func:`record_bytes`) of all phases.
         failed: ``{phase: [partition-id, ...]}`` of nodes that failed or did not answer in time.
-        train: aggregated training metrics (method-specific names, ``_`` spelling).
-        evaluate: evaluation summary (empty in rounds without evaluation).
+        evaluation: the accuracies of an evaluated round, None otherwise.
+        train: the method's aggregated training metrics (names with ``_``; e.g. ``ce``, ``gluing_loss``).
+        evaluate: the method's extra evaluation metrics (e.g. ``prototype_accuracy_mean``).
         wall_seconds: this round's wall time; elapsed_seconds: since the first round started.
     """
 
     round: int
     sampled: list[int] = field(default_factory=list)
+    num_trained: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     failed: dict[str, list[int]] = field(default_factory=dict)
+    evaluation: EvaluationSummary | None = None
     train: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
     wall_seconds: float = float("nan")
@@ -108,8 +134,9 @@ class RoundRecord:
     def as_dict(self) -> dict[str, Any]:
         """Flat dict (the per-round entry of ``results.json``)."""
         return {"round": self.round, "sampled": list(self.sampled), "num_sampled": len(self.sampled),
-                "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-                "failed": {k: list(v) for k, v in self.failed.items()}, **self.train, **self.evaluate,
+                "num_trained": self.num_trained, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "failed": {k: list(v) for k, v in self.failed.items()}, **self.train,
+                **(asdict(self.evaluation) if self.evaluation is not None else {}), **self.evaluate,
                 "wall_seconds": self.wall_seconds, "elapsed_seconds": self.elapsed_seconds}
 
 
@@ -130,7 +157,8 @@ class PeerStrategy(Strategy):
         ValueError: ``num_nodes < 1``, a sampler for a different N, a non-positive timeout.
     """
 
-    def __init__(self, num_nodes: int, *, action: str, sampler: ParticipationSampler, discovery_timeout: float) -> None:
+    def __init__(self, num_nodes: int, *, action: str, sampler: ParticipationSampler,
+                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
         if int(num_nodes) != num_nodes or num_nodes < 1:
             raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
         if sampler.num_nodes != num_nodes:
@@ -157,11 +185,15 @@ class PeerStrategy(Strategy):
     def discover(self, grid: Grid, timeout: float) -> None:
         """Map node ids to partition-ids (``query.<action>``), querying nodes as they register.
 
+        SuperNodes beyond the scenario (partition-id >= ``num_nodes``, or whose discovery handler
+        failed while more SuperNodes than agents registered) stay idle.
+
         Raises:
             RuntimeError: the SuperNodes report ``num-partitions`` smaller than ``num_nodes`` (at
-                once, naming the ``--federation-config`` to pass), fewer SuperNodes than
-                ``num_nodes`` after ``discovery_timeout``, duplicate partition-ids, or a node whose
-                discovery handler failed (its reason quoted).
+                once, naming the ``--federation-config`` to pass), a discovery handler failed and
+                no spare SuperNode exists (its reason quoted), duplicate partition-ids, or
+                partition-ids still missing after ``discovery_timeout`` (named, with the reasons
+                of failed nodes).
         """
         if len(self.nodes) == self.num_nodes:
             return
@@ -169,6 +201,7 @@ class PeerStrategy(Strategy):
         deadline = time.monotonic() + self.discovery_timeout
         found: dict[int, Node] = {}
         asked: set[int] = set()
+        errors: list[str] = []
         while True:
             new = [n for n in grid.get_node_ids() if n not in asked]
             if new:
@@ -176,9 +209,19 @@ class PeerStrategy(Strategy):
                 msgs = [Message(RecordDict({CONFIG: ConfigRecord(self.query_config())}), dst_node_id=n,
                                 message_type=message_type(QUERY, self.action)) for n in new]
                 for r in grid.send_and_receive(msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))):
-                    if r.has_error():
-                        raise RuntimeError(f"discovery failed on node {r.metadata.src_node_id}: {r.error.reason}")
-                    info = NodeInfo.from_record(r.content[INFO])
+                    problem = r.error.reason if r.has_error() else reply_problem(r.content, {INFO: ()})
+                    info = None
+                    if problem is None:
+                        try:
+                            info = NodeInfo.from_record(r.content[INFO])
+                        except ProtocolError as exc:
+                            problem = str(exc)
+                    if info is None:
+                        errors.append(f"node {r.metadata.src_node_id}: {problem[-300:]}")
+                        if len(asked) <= self.num_nodes:  # no spare SuperNode can stand in
+                            raise RuntimeError(f"discovery failed on {errors[-1]}")
+                        log.warning("discovery: %s (idle)", errors[-1])
+                        continue
                     if 0 < info.num_partitions < self.num_nodes:
                         raise RuntimeError(
                             f"this scenario has {self.num_nodes} agents but the federation has "
@@ -193,7 +236,7 @@ class PeerStrategy(Strategy):
                 missing = sorted(set(range(self.num_nodes)) - set(found))
                 raise RuntimeError(
                     f"the scenario has {self.num_nodes} agents but after {self.discovery_timeout:.0f} s no SuperNode "
-                    f"answered for partition-id(s) {missing} ({len(asked)} registered); run with {fix}")
+                    f"answered for partition-id(s) {missing} ({len(asked)} registered; failed: {errors}); run with {fix}")
             time.sleep(0.5)
         # Extra SuperNodes (partition-id >= num_nodes) stay idle.
         self.nodes = {p: n for p, n in found.items() if p < self.num_nodes}
@@ -305,6 +348,18 @@ class PeerStrategy(Strategy):
         return Message(content, dst_node_id=self.nodes[pid].node_id,
                        message_type=message_type(category, action or self.action), group_id=str(server_round))
 
+    @staticmethod
+    def merge_extra(owned: Mapping[str, Any], extra: Mapping[str, Any], name: str) -> dict[str, Any]:
+        """``owned`` plus the caller's ``extra`` config entries (from ``start``), which may not override it.
+
+        Raises:
+            ValueError: ``extra`` names keys the strategy sends itself (named).
+        """
+        clash = sorted(set(extra) & set(owned))
+        if clash:
+            raise ValueError(f"{name} keys {clash} are set by the strategy itself; pass other keys only")
+        return {**owned, **extra}
+
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
         """Record one node's failure in ``phase`` (its previous server-side state stays untouched)."""
         self.failures.append({"round": server_round, "phase": phase, "partition-id": pid, "reason": reason[-500:]})
@@ -314,8 +369,11 @@ class PeerStrategy(Strategy):
             failed.sort()
         log.warning("round %d %s: partition-id %d failed: %s", server_round, phase, pid, reason[-300:])
 
-    def split_replies(self, server_round: int, phase: str, replies: Iterable[Message], expected: Iterable[int]) -> dict[int, Message]:
-        """Successful replies keyed by partition-id; error replies and missing nodes are recorded as failures."""
+    def split_replies(self, server_round: int, phase: str, replies: Iterable[Message], expected: Iterable[int],
+                      required: Mapping[str, Iterable[str]] | None = None) -> dict[int, Message]:
+        """Successful replies keyed by partition-id; error replies, malformed replies (lacking a record or
+        key of ``required``, :func:`flwr_sheaf.protocol.reply_problem`) and missing nodes are recorded
+        as that node's failure in ``phase``."""
         ok: dict[int, Message] = {}
         for r in replies:
             pid = self.pid_of_node.get(r.metadata.src_node_id)
@@ -325,6 +383,10 @@ class PeerStrategy(Strategy):
                 self.record_failure(server_round, phase, pid, r.error.reason)
                 continue
             self.current.bytes_received += record_bytes(r.content)
+            problem = reply_problem(r.content, required or {})
+            if problem is not None:
+                self.record_failure(server_round, phase, pid, f"malformed reply: {problem}")
+                continue
             ok[pid] = r
         errored = set(self.current.failed.get(phase, []))
         for pid in sorted(set(expected) - set(ok) - errored):

@@ -26,7 +26,7 @@ import torch
 from flwr.app import Message
 
 from ..baselines.fedproto import aggregate_prototypes, check_common_dim
-from ..config import FederationConfig, FedProtoConfig, LocalTrainConfig
+from ..config import DEFAULTS, FederationConfig, FedProtoConfig, LocalTrainConfig
 from ..paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ..protocol import FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
 from .noncooperative import NonCooperative
@@ -59,7 +59,7 @@ class FedProto(NonCooperative):
     def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
                  train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
                  num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = "fedproto",
-                 discovery_timeout: float = 300.0) -> None:
+                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
         super().__init__(num_nodes, federation=federation, train=train, graph=graph, action=action,
                          discovery_timeout=discovery_timeout)
         if int(num_classes) != num_classes or num_classes < 1:

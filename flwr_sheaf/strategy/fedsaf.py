@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..config import FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig
+from ..config import DEFAULTS, FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig
 from ..paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from .fedproto import FedProto
 
@@ -33,7 +33,7 @@ class FedSAF(FedProto):
     def __init__(self, num_nodes: int, *, fedsaf: FedSAFConfig, federation: FederationConfig | None = None,
                  train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
                  num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = "fedsaf",
-                 discovery_timeout: float = 300.0) -> None:
+                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
         if not fedsaf.structure:
             raise ValueError("fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')")
         super().__init__(num_nodes, federation=federation, train=train, fedproto=fedproto, num_classes=num_classes,

@@ -23,14 +23,15 @@ from collections.abc import Iterable, Mapping
 import networkx as nx
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from ..config import FederationConfig, LocalTrainConfig
+from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ..participation import ParticipationSampler
-from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, LOW_VARIANCE_FRACTION, METRICS,
-                        NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, TORCH_THREADS, TRAIN, VAL_COMM_ACCURACY,
-                        VAL_PRIVATE_ACCURACY, WHITENING_FIT, EdgeConfig, comm_action, route_evaluation)
+from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVAL_REPLY, EVALUATE, LOW_VARIANCE_FRACTION,
+                        METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
+                        TRAIN_REPLY, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, EdgeConfig, comm_action,
+                        route_evaluation)
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
-from .base import PeerStrategy, RoundRecord, nanmean
+from .base import EvaluationSummary, PeerStrategy, RoundRecord, nanmean
 
 __all__ = ["GraphStrategy", "summarise_accuracies"]
 
@@ -63,7 +64,7 @@ class GraphStrategy(PeerStrategy):
     node_metric_names: tuple[str, ...] = ()
 
     def __init__(self, num_nodes: int, *, action: str, federation: FederationConfig, train: LocalTrainConfig,
-                 graph: nx.Graph | None, discovery_timeout: float) -> None:
+                 graph: nx.Graph | None, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
         sampler = ParticipationSampler.from_spec(num_nodes, federation.fraction_train, federation.participation,
                                                  federation.seed)
         super().__init__(num_nodes, action=action, sampler=sampler, discovery_timeout=discovery_timeout)
@@ -73,6 +74,7 @@ class GraphStrategy(PeerStrategy):
         self.graph: nx.Graph | None = None
         self.num_pilots = -1
         self._phase1: dict[int, Message] = {}
+        self._extra_eval: dict = {}
         self._receivers: list[int] = []
         self._nodes_out: dict[int, dict] = {}
         self._edges_out: list[dict] = []
@@ -111,7 +113,11 @@ class GraphStrategy(PeerStrategy):
 
     # ------------------------------------------------------------------ hooks
     def method_config(self, server_round: int) -> dict:
-        """The method's config entries for every train message of this round (default: none)."""
+        """The method's config entries for every train message of this round (default: none).
+
+        Returns:
+            ``{key: value}`` merged into every ``train.<action>`` config (README, "Adding a method").
+        """
         return {}
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
@@ -128,33 +134,36 @@ class GraphStrategy(PeerStrategy):
 
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
-        """One ``train.<action>`` message per sampled node: local-training config, method config, node payload."""
+        """One ``train.<action>`` message per sampled node: local-training config, method config, node payload.
+
+        Raises:
+            ValueError: ``config`` (``start``'s ``train_config``) names a key the strategy sends.
+        """
         sampled = self.sampler.sample(server_round)
         self.current.sampled = sampled
-        base = {**self.train.to_dict(), **self.method_config(server_round), **dict(config),
-                SERVER_ROUND: server_round, SEED: self.seed}
+        base = {**self.train.to_dict(), **self.method_config(server_round), SERVER_ROUND: server_round, SEED: self.seed}
         msgs = []
         for pid in sampled:
             records, node_cfg = self.node_payload(server_round, pid)
-            msgs.append(self.message(pid, RecordDict({**records, CONFIG: ConfigRecord({**base, **node_cfg})}), TRAIN,
-                                     server_round))
+            cfg = self.merge_extra({**base, **node_cfg}, config, "train_config")
+            msgs.append(self.message(pid, RecordDict({**records, CONFIG: ConfigRecord(cfg)}), TRAIN, server_round))
         if not sampled:
             log.info("round %d: no node sampled (nothing trains)", server_round)
         return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
         """Per-step means of the nodes' numeric train metrics (+ :meth:`accept_train`'s); no arrays."""
-        ok = self.split_replies(server_round, "train", replies, self.current.sampled)
+        ok = self.split_replies(server_round, "train", replies, self.current.sampled, TRAIN_REPLY)
         accepted, extra = self.accept_train(server_round, ok)
         names = sorted({k for r in accepted.values() for k, v in r.content[METRICS].items()
                         if isinstance(v, (int, float)) and k != NUM_EXAMPLES})
         metrics = {k.replace("-", "_"): nanmean(r.content[METRICS][k] for r in accepted.values()
                                                  if k in r.content[METRICS]) for k in names}
         metrics["gluing_loss"] = metrics.pop("gluing", float("nan"))
-        metrics["num_trained"] = len(accepted)
         metrics.update(extra)
+        self.current.num_trained = len(accepted)
         self.current.train.update(metrics)
-        return None, MetricRecord(self.numeric(metrics))
+        return None, MetricRecord(self.numeric({**metrics, "num_trained": len(accepted)}))
 
     # ------------------------------------------------------------------ evaluate
     def evaluates(self, server_round: int, num_rounds: int) -> bool:
@@ -166,32 +175,42 @@ class GraphStrategy(PeerStrategy):
         return {SERVER_ROUND: server_round, WHITENING_FIT: self.whitening_fit, TORCH_THREADS: self.train.torch_threads}
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
-        """Phase 1 (``evaluate.<action>``) to every node: private accuracy, whitened pilots and latents."""
+        """Phase 1 (``evaluate.<action>``) to every node: private accuracy, whitened pilots and latents.
+
+        Raises:
+            ValueError: ``config`` (``start``'s ``evaluate_config``) names a key the strategy sends.
+        """
         records, cfg = self.evaluate_payload(server_round)
-        content = {**self._eval_config(server_round), **cfg, **dict(config)}
+        self._extra_eval = dict(config)
+        content = self.merge_extra({**self._eval_config(server_round), **cfg}, config, "evaluate_config")
         return [self.message(p, RecordDict({**records, CONFIG: ConfigRecord(content)}), EVALUATE, server_round)
                 for p in sorted(self.nodes)]
 
     def route_evaluate(self, server_round: int, replies: list[Message]) -> list[Message]:
-        """Phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays."""
-        self._phase1 = self.split_replies(server_round, "evaluate", replies, sorted(self.nodes))
+        """Phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays.
+
+        Malformed phase-1 replies (:data:`~flwr_sheaf.protocol.EVAL_REPLY`) are failures of that node.
+        """
+        self._phase1 = self.split_replies(server_round, "evaluate", replies, sorted(self.nodes), EVAL_REPLY)
         arrays = {p: r.content[ARRAYS] for p, r in self._phase1.items()}
         msgs = []
         for pid in sorted(self._phase1):
             edges = self.edge_config(pid).keep(self._phase1)
             content = RecordDict({ARRAYS: route_evaluation(arrays, edges.neighbours),
-                                  CONFIG: ConfigRecord({**self._eval_config(server_round), **edges.to_config()})})
+                                  CONFIG: ConfigRecord(self.merge_extra({**self._eval_config(server_round),
+                                                                         **edges.to_config()}, self._extra_eval,
+                                                                        "evaluate_config"))})
             msgs.append(self.message(pid, content, EVALUATE, server_round, action=comm_action(self.action)))
         self._receivers = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
         return msgs
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
         """Private and communication accuracy (per edge, per receiver, degree-weighted; Eq. 22)."""
-        ok = self.split_replies(server_round, "evaluate_comm", replies, self._receivers)
+        ok = self.split_replies(server_round, "evaluate_comm", replies, self._receivers, COMM_REPLY)
         nodes = {}
         for pid, r in self._phase1.items():
             m = r.content[METRICS]
-            nodes[pid] = {"d": int(m["d"]), "private_accuracy": float(m[PRIVATE_ACCURACY]),
+            nodes[pid] = {"d": int(m[STALK_DIM]), "private_accuracy": float(m[PRIVATE_ACCURACY]),
                           "val_private_accuracy": float(m[VAL_PRIVATE_ACCURACY]),
                           "low_variance_fraction": float(m[LOW_VARIANCE_FRACTION])}
             for name in self.node_metric_names:
@@ -203,20 +222,20 @@ class GraphStrategy(PeerStrategy):
                 edges.append({"src": int(src), "dst": int(dst), "communication_accuracy": float(acc),
                               "val_communication_accuracy": float(vacc)})
         summary = summarise_accuracies(nodes, edges)
-        for name in self.node_metric_names:
-            key = name.replace("-", "_")
-            summary[f"{key}_mean"] = nanmean(n[key] for n in nodes.values())
+        extra = {f"{name.replace('-', '_')}_mean": nanmean(n[name.replace("-", "_")] for n in nodes.values())
+                 for name in self.node_metric_names}
         self._nodes_out, self._edges_out = nodes, edges
-        self.current.evaluate.update(summary)
-        return MetricRecord(self.numeric(summary))
+        self.current.evaluation = summary
+        self.current.evaluate.update(extra)
+        return MetricRecord(self.numeric({**vars(summary), **extra}))
 
     def log_round(self, rec: RoundRecord) -> None:  # noqa: D102 - PeerStrategy hook
-        e = rec.evaluate
-        if not e:
+        e = rec.evaluation
+        if e is None:
             return super().log_round(rec)
         log.info("round %3d | private %.3f | comm (deg.-weighted) %.3f | comm (receivers) %.3f | %.1f s", rec.round,
-                 e["private_accuracy_mean"], e["communication_accuracy_degree_weighted"],
-                 e["communication_accuracy_mean"], rec.wall_seconds)
+                 e.private_accuracy_mean, e.communication_accuracy_degree_weighted, e.communication_accuracy_mean,
+                 rec.wall_seconds)
 
     @property
     def node_results(self) -> dict[int, dict]:
@@ -233,7 +252,7 @@ class GraphStrategy(PeerStrategy):
                 "graph": {"edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []}}
 
 
-def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> dict:
+def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> EvaluationSummary:
     """Round summary of private and communication accuracy (paper Eq. 22, Fig. 2).
 
     Args:
@@ -242,10 +261,11 @@ def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> dict:
             (``dst`` is the receiver).
 
     Returns:
-        ``private_accuracy_mean``; ``communication_accuracy_mean`` (mean over receivers of their
-        mean over incoming edges, the reference code's average); ``communication_accuracy_degree_weighted``
-        (sum_i deg_i A_i / sum_i deg_i = mean over directed edges, the paper's Fig. 2); the same for
-        validation with a ``val_`` prefix; ``low_variance_fraction_mean``.
+        :class:`~flwr_sheaf.strategy.base.EvaluationSummary`: ``private_accuracy_mean``;
+        ``communication_accuracy_mean`` (mean over receivers of their mean over incoming edges, the
+        reference code's average); ``communication_accuracy_degree_weighted`` (sum_i deg_i A_i /
+        sum_i deg_i = mean over directed edges, the paper's Fig. 2); the same for validation with a
+        ``val_`` prefix; ``low_variance_fraction_mean``.
     """
     out = {
         "private_accuracy_mean": nanmean(n["private_accuracy"] for n in nodes.values()),
@@ -258,4 +278,4 @@ def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> dict:
             per_recv.setdefault(e["dst"], []).append(e[key])
         out[f"{prefix}communication_accuracy_mean"] = nanmean(nanmean(v) for v in per_recv.values())
         out[f"{prefix}communication_accuracy_degree_weighted"] = nanmean(e[key] for e in edges)
-    return out
+    return EvaluationSummary(**out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..config import FederationConfig, LocalTrainConfig
+from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
 from .graph import GraphStrategy
 
 __all__ = ["NonCooperative"]
@@ -36,7 +36,7 @@ class NonCooperative(GraphStrategy):
 
     def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
                  train: LocalTrainConfig | None = None, graph: nx.Graph | None = None,
-                 action: str = "noncooperative", discovery_timeout: float = 300.0) -> None:
+                 action: str = "noncooperative", discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
         super().__init__(num_nodes, action=action, federation=federation or FederationConfig(),
                          train=train or LocalTrainConfig(), graph=graph, discovery_timeout=discovery_timeout)
 

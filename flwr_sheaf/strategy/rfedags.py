@@ -89,7 +89,7 @@ class RFedAGS(PeerStrategy):
         minibatch_size: int = 0,
         seed: int = DEFAULTS["seed"],
         action: str = "rfedags",
-        discovery_timeout: float = 300.0,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
     ) -> None:
         p = parse_participation(participation, num_nodes, seed)
         p = np.ones(num_nodes) if p is None else p
@@ -144,28 +144,24 @@ class RFedAGS(PeerStrategy):
         self.current.sampled = self.sampler.sample(server_round)
         alpha_t = self.alpha(server_round - 1)
         self.current.train["step_size"] = alpha_t
-        cfg = {**dict(config), SERVER_ROUND: server_round, LOCAL_STEPS: self.local_steps, STEP_SIZE: alpha_t,
-               MINIBATCH_SIZE: self.minibatch_size, SEED: self.seed}
+        cfg = self.merge_extra({SERVER_ROUND: server_round, LOCAL_STEPS: self.local_steps, STEP_SIZE: alpha_t,
+                                MINIBATCH_SIZE: self.minibatch_size, SEED: self.seed}, config, "train_config")
         return [self.message(pid, RecordDict({ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}),
                              TRAIN, server_round) for pid in self.current.sampled]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weight the arrived streams, average, retract; returns the new ``x`` and round metrics."""
-        ok = self.split_replies(server_round, "train", replies, self.current.sampled)
+        ok = self.split_replies(server_round, "train", replies, self.current.sampled,
+                                {STREAM_RECORD: (STREAM,), METRICS: (NUM_EXAMPLES,)})
         shape = tuple(self.server.x.shape)
         zetas: dict[int, np.ndarray] = {}
         num_examples = np.ones(self.num_nodes)
         tangent = []
         for pid, r in ok.items():
-            try:
-                z = np.array(r.content[STREAM_RECORD][STREAM].numpy(), dtype=np.float64)
-            except KeyError:
-                z = None
+            z = np.array(r.content[STREAM_RECORD][STREAM].numpy(), dtype=np.float64)
             reason = None
-            if z is None:
-                reason = "reply has no stream/zeta array"
-            elif z.shape != shape:
+            if z.shape != shape:
                 reason = f"stream of shape {z.shape}, expected {shape}"
             elif not np.all(np.isfinite(z)):
                 reason = "NaN/inf stream"
@@ -173,8 +169,7 @@ class RFedAGS(PeerStrategy):
                 self.record_failure(server_round, "train", pid, reason)
                 continue
             zetas[pid] = z
-            m = r.content[METRICS] if METRICS in r.content else {}
-            num_examples[pid] = float(m[NUM_EXAMPLES]) if NUM_EXAMPLES in m else 1.0
+            num_examples[pid] = float(r.content[METRICS][NUM_EXAMPLES])
             tangent.append(float(np.max(self.manifold.tangent_error(self._x_t, z))))
         mask = np.zeros(self.num_nodes, dtype=bool)
         mask[list(zetas)] = True
@@ -190,6 +185,7 @@ class RFedAGS(PeerStrategy):
         }
         if self.mode != "uncorrected":
             metrics["estimate_min"] = float(np.min(res.estimates))
+        self.current.num_trained = len(zetas)
         self.current.train.update(metrics)
         self.current.train.update({"drawn": list(self.current.sampled), "responders": sorted(zetas),
                                    "weights": res.weights.tolist(),

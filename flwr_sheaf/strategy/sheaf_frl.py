@@ -35,7 +35,7 @@ import networkx as nx
 import numpy as np
 from flwr.app import Message
 
-from ..config import FederationConfig, LocalTrainConfig, SheafConfig
+from ..config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
 from ..protocol import OWN_PILOTS, PILOTS, pack_neighbour_pilots
 from ..rfedags.participation import FrequencyEstimator
 from .base import nanmean
@@ -67,7 +67,7 @@ class SheafFRL(GraphStrategy):
 
     def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
                  train: LocalTrainConfig | None = None, sheaf: SheafConfig | None = None,
-                 graph: nx.Graph | None = None, action: str = "sheaf", discovery_timeout: float = 300.0) -> None:
+                 graph: nx.Graph | None = None, action: str = "sheaf", discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
         super().__init__(num_nodes, action=action, federation=federation or FederationConfig(),
                          train=train or LocalTrainConfig(), graph=graph, discovery_timeout=discovery_timeout)
         self.sheaf = sheaf or SheafConfig()
