@@ -319,7 +319,11 @@ class Section:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]):
-        """Section from a received ``ConfigRecord`` (every key required)."""
+        """Section from a received ``ConfigRecord`` (every key required).
+
+        Raises:
+            ConfigError: a key missing from the record or a bad value (named).
+        """
         return cls.from_mapping(record, strict=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,7 +390,7 @@ class SheafConfig(Section):
     """
 
     def lam_at(self, server_round: int) -> float:
-        """Lambda used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``)."""
+        """Lambda of Eq. 16 used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``, docs/stability.md)."""
         w = self.lambda_warmup_rounds
         return self.lam * min(1.0, server_round / w) if w > 0 else self.lam
 

@@ -158,7 +158,7 @@ class ParticipationSampler:
         return np.random.default_rng([self.seed, 0, int(server_round)]).random(self.num_nodes)
 
     def sample(self, server_round: int) -> list[int]:
-        """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli)."""
+        """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli; docs/participation.md, s1)."""
         if self.probabilities is not None:
             return [int(i) for i in np.flatnonzero(bernoulli_participation(self.probabilities, server_round, self.seed))]
         n = max(1, int(self.num_nodes * self.fraction))

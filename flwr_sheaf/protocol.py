@@ -116,7 +116,7 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
 # ------------------------------------------------------------------------------ discovery
 @dataclass(frozen=True)
 class NodeInfo:
-    """What a node reports in its ``query.<action>`` reply (record ``info``).
+    """What a node reports in its ``query.<action>`` reply (record ``info``; README "Using it in your own Flower project").
 
     Attributes:
         partition_id: the node's partition-id (``node_config["partition-id"]``).
@@ -157,7 +157,7 @@ class NodeInfo:
 # ------------------------------------------------------------------------------ edges
 @dataclass(frozen=True)
 class EdgeConfig:
-    """A node's incident edges as sent in its ``config`` (lists aligned by index).
+    """A node's incident edges as sent in its ``config`` (lists aligned by index; paper Sec. 3 orientation, Eq. 11).
 
     Attributes:
         neighbours: neighbour partition-ids j (sorted).

@@ -97,20 +97,29 @@ class LocalGrid(Grid):
         return self.node_ids.index(node_id)
 
     # Grid API -----------------------------------------------------------------
-    def set_run(self, run_id: int) -> None:  # noqa: D102 - Grid API
+    def set_run(self, run_id: int) -> None:
+        """Grid API: use an empty run with ``run_id``."""
         self._run = Run.create_empty(run_id)
 
     @property
-    def run(self) -> Run:  # noqa: D102 - Grid API
+    def run(self) -> Run:
+        """Grid API: the current run."""
         return self._run
 
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        """Grid API (deprecated in Flower 1.42): an instruction ``Message``."""
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
-    def get_node_ids(self) -> Iterable[int]:  # noqa: D102 - Grid API
+    def get_node_ids(self) -> Iterable[int]:
+        """Grid API: the simulated node ids (``1_000_003 + 7919 i`` for partition-id i)."""
         return list(self.node_ids)
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Grid API: deliver each message to its node's ClientApp now (unless dropped); returns message ids.
+
+        Raises:
+            ValueError: a message to an unknown node id.
+        """
         ids = []
         for msg in messages:
             mid = uuid4().hex
@@ -131,7 +140,8 @@ class LocalGrid(Grid):
             self._replies[mid] = reply
         return ids
 
-    def pull_messages(self, message_ids=None, *, reply_to_message_ids=None):  # noqa: D102
+    def pull_messages(self, message_ids=None, *, reply_to_message_ids=None):
+        """Grid API (1.42 and 1.43 signatures): the replies to ``message_ids`` that exist, once each."""
         ids = reply_to_message_ids if reply_to_message_ids is not None else message_ids
         out = [self._replies.pop(i) for i in list(ids or []) if i in self._replies]
         self.replies.extend(out)

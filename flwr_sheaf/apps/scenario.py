@@ -18,7 +18,11 @@ __all__ = ["agent_specs", "scenario_task", "cnn_task_factory"]
 
 
 def agent_specs(scenario: ScenarioConfig) -> tuple[AgentSpec, ...]:
-    """The agents' specs of ``scenario.zoo`` (one per partition-id)."""
+    """The agents' specs of ``scenario.zoo`` (one per partition-id; paper Tab. 2 for ``paper-15``).
+
+    Raises:
+        ValueError: an unknown zoo name (named, with the valid forms).
+    """
     return zoo_specs(scenario.zoo)
 
 

@@ -61,7 +61,8 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
     """The node's random stream for one server round, derived from (seed, partition-id, round) only.
 
     Seeds torch's global generator too (dropout masks), so a node's training is identical in a
-    fresh process; returns a ``torch.Generator`` for batch order and pilot minibatches.
+    fresh process on CPU (README, "Design notes"); returns a CPU ``torch.Generator`` for batch order
+    and pilot minibatches. Side effect: a host app sharing the process sees torch's global RNG reseeded.
     """
     s = int(np.random.SeedSequence([int(seed), int(partition_id), int(server_round)]).generate_state(1)[0])
     torch.manual_seed(s)
@@ -74,6 +75,10 @@ def build(factory: TaskFactory, context: Context, action: str, threads: int,
 
     Returns:
         ``(task, task.model, optimizer_or_None)``.
+
+    Raises:
+        whatever the factory raises (e.g. ``ValueError`` for a partition-id outside the zoo), and
+        ``RuntimeError`` from ``load_state_dict`` when the stored state does not fit the rebuilt model.
     """
     set_torch_threads(threads)
     task = factory(context)

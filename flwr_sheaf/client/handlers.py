@@ -54,6 +54,10 @@ def required(cfg: Mapping, key: str, msg_type: str):
 class ClientMethod:
     """What a method adds to the shared handlers (override what differs; defaults = non-cooperative).
 
+    Hooks (each may raise ``ConfigError`` / ``ProtocolError`` / ``ValueError`` on a bad message; the
+    node then replies with an error and keeps its state): :meth:`plugin`, :meth:`after_train`,
+    :meth:`evaluation_metrics`. README "Adding a method" lists the files a method touches.
+
     Args:
         action: the message action (``train.<action>`` etc.); also the ``context.state`` prefix.
     """

@@ -67,7 +67,12 @@ def save_module_state(context: Context, key: str, module: nn.Module, optimizer: 
 
 
 def load_module_state(context: Context, key: str, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> bool:
-    """Restore what :func:`save_module_state` stored; returns False when nothing was stored yet."""
+    """Restore what :func:`save_module_state` stored; returns False when nothing was stored yet.
+
+    Raises:
+        RuntimeError: the stored ``state_dict`` does not fit ``module`` (a factory that does not
+            rebuild the same architecture).
+    """
     if key not in context.state:
         return False
     module.load_state_dict(context.state[key].to_torch_state_dict())

@@ -343,7 +343,11 @@ class PeerStrategy(Strategy):
 
     # ------------------------------------------------------------------ messages and replies
     def message(self, pid: int, content: RecordDict, category: str, server_round: int, action: str | None = None) -> Message:
-        """Instruction message to partition ``pid``; its payload counts as sent in this round."""
+        """Instruction message ``<category>.<action>`` to partition ``pid``; its payload counts as sent.
+
+        Raises:
+            KeyError: ``pid`` was not discovered.
+        """
         self.current.bytes_sent += record_bytes(content)
         return Message(content, dst_node_id=self.nodes[pid].node_id,
                        message_type=message_type(category, action or self.action), group_id=str(server_round))

@@ -70,7 +70,12 @@ class FedProto(NonCooperative):
         self.global_protos: dict[int, torch.Tensor] = {}
 
     def on_discovered(self) -> None:
-        """Validate the graph, then resolve the common prototype dimension D."""
+        """Validate the graph, then resolve the common prototype dimension D (docs/baselines.md, s3.5).
+
+        Raises:
+            ValueError: ``fedproto-dim = none`` and the nodes report different stalk dimensions
+                (every d with its partition-ids named).
+        """
         super().on_discovered()
         dims = {p: n.d for p, n in self.nodes.items()}
         spec = self.fedproto.dim
@@ -106,7 +111,12 @@ class FedProto(NonCooperative):
         return self._global_record(), self._shared()
 
     def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
-        """Validate each upload on its own, then aggregate the valid ones into the global prototypes."""
+        """Validate each upload on its own, then aggregate the valid ones into the global prototypes
+        (count-weighted or unweighted mean per class, docs/baselines.md s3.3).
+
+        A malformed upload, NaN/inf, a class outside ``[0, num_classes)`` or a wrong dimension is that
+        node's recorded failure (phase ``prototypes``); the node's training still counts.
+        """
         uploads, sources, rejected = [], [], []
         weighted = self.fedproto.aggregation == "weighted"
         for pid, r in sorted(ok.items()):

@@ -121,11 +121,13 @@ class GraphStrategy(PeerStrategy):
         return {}
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """``(records, config entries)`` only node ``pid`` gets in its train message (default: none)."""
+        """``(records, config entries)`` only node ``pid`` gets in its train message (default: none;
+        Sheaf-FRL: its neighbours' pilots and its edges; README "Adding a method")."""
         return {}, {}
 
     def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
-        """Consume the successful train replies; returns the accepted ones and extra round metrics."""
+        """Consume the successful train replies ``{partition-id: reply}``; returns the accepted ones and
+        extra round metrics (record a rejected reply with :meth:`record_failure`)."""
         return ok, {}
 
     def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
@@ -152,7 +154,8 @@ class GraphStrategy(PeerStrategy):
         return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
-        """Per-step means of the nodes' numeric train metrics (+ :meth:`accept_train`'s); no arrays."""
+        """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s); no arrays
+        (there is no global model). Error, silent and malformed replies are recorded failures."""
         ok = self.split_replies(server_round, "train", replies, self.current.sampled, TRAIN_REPLY)
         accepted, extra = self.accept_train(server_round, ok)
         names = sorted({k for r in accepted.values() for k, v in r.content[METRICS].items()
@@ -205,7 +208,10 @@ class GraphStrategy(PeerStrategy):
         return msgs
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
-        """Private and communication accuracy (per edge, per receiver, degree-weighted; Eq. 22)."""
+        """Private and communication accuracy (per edge, per receiver, degree-weighted; paper Eq. 22, Fig. 2).
+
+        Malformed phase-2 replies (:data:`~flwr_sheaf.protocol.COMM_REPLY`) are that node's failure.
+        """
         ok = self.split_replies(server_round, "evaluate_comm", replies, self._receivers, COMM_REPLY)
         nodes = {}
         for pid, r in self._phase1.items():
@@ -229,7 +235,8 @@ class GraphStrategy(PeerStrategy):
         self.current.evaluate.update(extra)
         return MetricRecord(self.numeric({**vars(summary), **extra}))
 
-    def log_round(self, rec: RoundRecord) -> None:  # noqa: D102 - PeerStrategy hook
+    def log_round(self, rec: RoundRecord) -> None:
+        """Progress line: private and communication accuracy of an evaluated round."""
         e = rec.evaluation
         if e is None:
             return super().log_round(rec)
@@ -247,7 +254,8 @@ class GraphStrategy(PeerStrategy):
         """Per directed edge (``src`` -> ``dst`` receiver) communication accuracy of the last evaluation."""
         return self._edges_out
 
-    def results_extra(self) -> dict:  # noqa: D102 - PeerStrategy hook
+    def results_extra(self) -> dict:
+        """Participation, the evaluation protocol (``whitening-fit``) and the graph's edges."""
         return {**super().results_extra(), "evaluation": {"whitening-fit": self.whitening_fit},
                 "graph": {"edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []}}
 

@@ -82,7 +82,12 @@ class SheafFRL(GraphStrategy):
         self._withheld = 0
 
     # ------------------------------------------------------------------ train hooks
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102 - GraphStrategy's, per round state reset
+    def configure_train(self, server_round, arrays, config, grid):
+        """:meth:`GraphStrategy.configure_train` after resetting this round's relay statistics (paper Alg. 1 line 3).
+
+        Raises:
+            ValueError: ``config`` names a key the strategy sends.
+        """
         self.relayed, self._withheld = {}, 0
         return super().configure_train(server_round, arrays, config, grid)
 
@@ -113,7 +118,12 @@ class SheafFRL(GraphStrategy):
         return {PILOTS: pack_neighbour_pilots(pilots)}, edges.to_config()
 
     def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
-        """Validate and store the fresh pilots; update the arrival frequencies; relay statistics."""
+        """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
+
+        A reply whose pilot matrix has the wrong shape or NaN/inf entries is that node's recorded
+        failure and its cached pilots stay (docs/participation.md, s3); the frequency estimate used
+        in round t+1 counts rounds 1..t-1 only (s3.3).
+        """
         accepted = {}
         for pid, r in ok.items():
             a = r.content[PILOTS][OWN_PILOTS].numpy() if PILOTS in r.content and OWN_PILOTS in r.content[PILOTS] else None
@@ -143,6 +153,7 @@ class SheafFRL(GraphStrategy):
             "edge_weight_mean": nanmean(ws), "edge_weight_max": max(ws) if ws else float("nan"),
         }
 
-    def results_extra(self) -> dict:  # noqa: D102 - PeerStrategy hook
+    def results_extra(self) -> dict:
+        """Graph, participation and evaluation extras plus the :class:`SheafConfig` in use."""
         return {**super().results_extra(), "sheaf": self.sheaf.to_dict()}
 
