@@ -20,6 +20,7 @@ section              keys                                                       
                      ``absent-policy``, ``reweight-q-min``
 :class:`FedProtoConfig` ``fedproto-*``                                              FedProto, FedSAF
 :class:`FedSAFConfig` ``fedsaf-*``                                                  FedSAF
+:class:`FedMuscleConfig` ``fedmuscle-*``, ``pilot-batch-size``                       FedMuscle
 ==================== ============================================================ ==========
 
 A section is a frozen dataclass: constructing one validates every field (``ValueError`` naming
@@ -54,6 +55,7 @@ __all__ = [
     "SheafConfig",
     "FedProtoConfig",
     "FedSAFConfig",
+    "FedMuscleConfig",
     "RunConfig",
 ]
 
@@ -105,6 +107,17 @@ def _str(choices: tuple[str, ...] | None = None, nonempty: bool = False) -> Call
         return v
 
     return parse
+
+
+def _graph(key: str, v: Any) -> str:
+    from .topology import check_graph_spec
+
+    text = _str(nonempty=True)(key, v)
+    try:
+        check_graph_spec(text)
+    except ValueError as exc:
+        raise ConfigError(f"{key}={v!r}: {exc}") from None
+    return text
 
 
 def _num_pilots(key: str, v: Any) -> int:
@@ -182,7 +195,7 @@ class Key:
 
 _KEY_LIST = [
     Key("method", "sheaf-frl", _str(nonempty=True),
-        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa` (README, method table)"),
+        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle` (README, method table)"),
     Key("num-server-rounds", 10, _int(1), "server rounds"),
     Key("round-timeout", 3600.0, _float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed"),
@@ -200,7 +213,7 @@ _KEY_LIST = [
     Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),
     Key("whitening-eps", 1e-3, _float(0.0, lo_open=True), "relative eigenvalue floor of the whitening covariance"),
     # federation
-    Key("graph", "class-overlap", _str(nonempty=True),
+    Key("graph", "class-overlap", _graph,
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`"),
     Key("fraction-train", 1.0, _float(0.0, 1.0, lo_open=True), "fraction of nodes that train per round (seeded per round)"),
     Key("participation", "", _participation,
@@ -229,6 +242,11 @@ _KEY_LIST = [
     Key("fedproto-reduction", "mse", _str(("mse", "per_sample")), "`mse` (official code) or `per_sample`"),
     Key("fedproto-aggregation", "weighted", _str(("weighted", "unweighted")), "prototype aggregation"),
     Key("fedproto-missing", "carry", _str(("carry", "drop")), "a class nobody uploaded this round"),
+    Key("fedmuscle-lambda", 1.0, _float(0.0), "weight of FedMuscle's contrastive pilot loss"),
+    Key("fedmuscle-task-epochs", 4, _int(0), "FedMuscle cycle: this many task-only local epochs, then one contrastive epoch"),
+    Key("fedmuscle-temperature", 0.1, _float(0.0, lo_open=True), "temperature tau of FedMuscle's contrastive loss"),
+    Key("fedmuscle-dim", "auto", _dim_or_auto,
+        "FedMuscle's common representation dimension: `auto` (smallest stalk dimension), `none` or D"),
     Key("fedsaf-lambda", 1.0, _float(0.0), "FedSAF prototype-level weight"),
     Key("fedsaf-gamma", 1.0, _float(0.0), "FedSAF instance-level weight"),
     Key("fedsaf-structure", "", _str(("", "gcsa", "rcsa", "mse", "cosine")),
@@ -258,7 +276,7 @@ def section(*keys: str, prefix: str = ""):
         for key in keys:
             name = _attr(key, prefix)
             default = KEYS[key].default
-            ann[name] = "str | int" if key == "fedproto-dim" else type(default).__name__
+            ann[name] = "str | int" if key.endswith("-dim") else type(default).__name__
             setattr(cls, name, field(default=default, metadata={"key": key}))
         # fields from the keys first, then any declared in the class body (sections of RunConfig)
         cls.__annotations__ = {**{k: v for k, v in ann.items() if k not in cls.__dict__.get("__annotations__", {})},
@@ -409,6 +427,20 @@ class FedProtoConfig(Section):
     """
 
 
+@section("fedmuscle-lambda", "fedmuscle-task-epochs", "fedmuscle-temperature", "fedmuscle-dim", "pilot-batch-size",
+         prefix="fedmuscle-")
+class FedMuscleConfig(Section):
+    """FedMuscle's contrastive alignment on the shared pilots (docs/baselines.md, s6).
+
+    Attributes:
+        lam: weight of the contrastive loss (>= 0).
+        task_epochs: task-only local epochs per cycle (the paper: 4); the next epoch adds the loss.
+        temperature: tau > 0 (the paper: 0.1).
+        dim: common representation dimension (``"auto"``, ``"none"`` or an int D), as ``fedproto-dim``.
+        pilot_batch_size: pilot rows per contrastive step (>= 2).
+    """
+
+
 @section("fedsaf-lambda", "fedsaf-gamma", "fedsaf-structure", prefix="fedsaf-")
 class FedSAFConfig(Section):
     """FedSAF's structural alignment weights and structure (docs/baselines.md).
@@ -431,10 +463,10 @@ class RunConfig(Section):
         round_timeout: seconds each round trip waits for replies.
         discovery_timeout: seconds to wait for SuperNodes at the start.
         results_dir: output directory.
-        scenario, federation, train, sheaf, fedproto, fedsaf: the sections.
+        scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle: the sections.
     """
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf")
+    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle")
 
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
@@ -442,6 +474,7 @@ class RunConfig(Section):
     sheaf: SheafConfig = field(default_factory=SheafConfig)
     fedproto: FedProtoConfig = field(default_factory=FedProtoConfig)
     fedsaf: FedSAFConfig = field(default_factory=FedSAFConfig)
+    fedmuscle: FedMuscleConfig = field(default_factory=FedMuscleConfig)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "RunConfig":
@@ -478,9 +511,10 @@ class RunConfig(Section):
         except ValueError as exc:
             raise ConfigError(f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}") from None
         dims = sorted({int(s.d) for s in specs})
-        if self.fedproto.dim == "none" and len(dims) > 1:
-            raise ConfigError(f"fedproto-dim='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
-                              f"has d in {dims}; use fedproto-dim='auto' (= {dims[0]}) or an integer")
+        for key, dim in (("fedproto-dim", self.fedproto.dim), ("fedmuscle-dim", self.fedmuscle.dim)):
+            if dim == "none" and len(dims) > 1:
+                raise ConfigError(f"{key}='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
+                                  f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer")
 
     def to_dict(self) -> dict[str, Any]:
         """Every run-config key with its effective value (what ``results.json`` records)."""
@@ -494,7 +528,8 @@ def _check_defaults() -> None:
     """Import-time guard: every default passes its own check and every field names a known key."""
     for k in _KEY_LIST:
         k(k.default)
-    for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig, FedProtoConfig, FedSAFConfig):
+    for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig, FedProtoConfig, FedSAFConfig,
+                FedMuscleConfig):
         for f in fields(cls):
             assert f.metadata["key"] in KEYS and f.default is not MISSING
 

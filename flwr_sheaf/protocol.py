@@ -17,7 +17,8 @@ message                                content (server -> node) / reply (node ->
                                       ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
                                       / ``metrics`` (``num-examples``, losses); ``pilots`` (own
                                       whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`); ``upload``
-                                      (local prototypes)
+                                      (local prototypes; FedMuscle: :data:`PILOT_REPS`);
+                                      FedMuscle's train message may carry :data:`MUSCLE_TARGETS`
 ``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
                                       :data:`TORCH_THREADS` (+ method keys) / :data:`EVAL_REPLY`
                                       (:func:`pack_evaluation`)
@@ -39,7 +40,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 
 __all__ = [
     "QUERY", "TRAIN", "EVALUATE", "message_type", "comm_action",
-    "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD",
+    "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD", "MUSCLE_TARGETS",
+    "PILOT_REPS", "TARGET_OTHERS", "TARGET_ALL",
     "SERVER_ROUND", "SEED", "TORCH_THREADS", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
     "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
     "EVAL_ARRAYS", "STALK_DIM", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
@@ -76,6 +78,8 @@ PILOTS = "pilots"
 ARRAYS = "arrays"
 UPLOAD = "upload"
 GLOBAL_PROTOTYPES = "global-prototypes"
+#: FedMuscle: the network averages a node pulls its pilot representations toward (keys below).
+MUSCLE_TARGETS = "muscle-targets"
 STREAM_RECORD = "stream"
 
 # ------------------------------------------------------------------------------ config keys (not run-config keys)
@@ -95,6 +99,11 @@ MINIBATCH_SIZE = "minibatch-size"
 POINT = "x"
 STREAM = "zeta"
 OWN_PILOTS = "pilots"
+#: FedMuscle: a node's pooled pilot representations ``(K, D)`` (in its ``upload``) and the targets
+#: ``(K, D)`` it receives: the mean of the other agents' and of all agents' representations.
+PILOT_REPS = "pilot-reps"
+TARGET_OTHERS = "others"
+TARGET_ALL = "all"
 NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")

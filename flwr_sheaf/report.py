@@ -28,8 +28,12 @@ def summary_lines(results: dict) -> list[str]:
     last = rounds[-1]
     cfg = results.get("config", {})
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    method = str(cfg.get("method", "?"))
+    weights = {"sheaf-frl": ("lambda",), "fedproto": ("fedproto-lambda",), "fedmuscle": ("fedmuscle-lambda",),
+               "fedsaf-gcsa": ("fedsaf-lambda", "fedsaf-gamma"), "fedsaf-rcsa": ("fedsaf-lambda", "fedsaf-gamma")}
+    weight = " | ".join(f"{k} {cfg.get(k, '?')}" for k in weights.get(method, ()))
     return [
-        f"method {cfg.get('method', '?')} | lambda {cfg.get('lambda', '?')} | shift {cfg.get('shift', '?')} | "
+        f"method {method}{' | ' + weight if weight else ''} | shift {cfg.get('shift', '?')} | "
         f"zoo {cfg.get('zoo', '?')} | dataset {cfg.get('dataset', '?')}",
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
         f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "

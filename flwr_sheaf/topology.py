@@ -317,6 +317,28 @@ def build_graph(spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] |
     return graph
 
 
+def check_graph_spec(spec: str) -> None:
+    """Syntax check of a graph spec before any node is known (the forms of :func:`build_graph`).
+
+    Raises:
+        ValueError: an unknown form, or a degree / density / seed that is not a number (named).
+    """
+    text = str(spec).strip()
+    if text in ("class-overlap", "ring", "complete") or _EDGE_LIST_RE.fullmatch(text):
+        return
+    if text.startswith("class-overlap-knn:") or text.startswith("random-regular:"):
+        _degree_and_seed(spec, text)
+        return
+    if text.startswith("class-overlap:"):
+        raw = text.split(":", 1)[1].strip()
+        try:
+            float(raw)
+        except ValueError:
+            raise ValueError(f"graph spec {spec!r}: density {raw!r} is not a number") from None
+        return
+    raise ValueError(f"unknown graph spec {spec!r}; valid forms: {', '.join(GRAPH_SPECS)}")
+
+
 def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
     """Check that ``graph`` is a usable topology for the nodes ``partition_ids``.
 

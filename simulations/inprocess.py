@@ -16,22 +16,37 @@ import torch
 from flwr_sheaf.apps.client_app import app as client_app
 from flwr_sheaf.apps.scenario import agent_specs
 from flwr_sheaf.apps.server_app import run_server
-from flwr_sheaf.config import DEFAULTS, RunConfig
+from flwr_sheaf.config import ConfigError, RunConfig
 from flwr_sheaf.testing import LocalGrid
 
 
 def parse_overrides(items: list[str]) -> dict:
-    """``["lambda=0.1", "zoo=tiny-4"]`` -> typed dict (types follow :data:`DEFAULTS`; ``fedproto-dim`` keeps strings)."""
+    """``["lambda=0.1", "zoo=tiny-4"]`` -> typed dict, as ``flwr run --run-config`` would type them.
+
+    Quotes around a value are optional (``method='fedproto'`` as for ``flwr run``, or
+    ``method=fedproto``); numbers become int or float. Unknown keys and bad values are refused by
+    :meth:`flwr_sheaf.config.RunConfig.from_run_config`, naming the key and the value.
+
+    Raises:
+        ConfigError: an item without ``=`` (named), an unknown key or a bad value.
+    """
     out = {}
     for it in items:
-        k, _, v = it.partition("=")
-        if k not in DEFAULTS:
-            raise KeyError(f"unknown run-config key {k!r}; known: {sorted(DEFAULTS)}")
-        t = type(DEFAULTS[k])
-        if t is str:
-            out[k] = v
-        else:
-            out[k] = float(v) if t is float or "." in v else int(v)
+        k, sep, v = it.partition("=")
+        k, v = k.strip(), v.strip()
+        if not sep or not k:
+            raise ConfigError(f"run-config override {it!r}: expected key=value")
+        if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+            out[k] = v[1:-1]
+            continue
+        try:
+            out[k] = int(v)
+        except ValueError:
+            try:
+                out[k] = float(v)
+            except ValueError:
+                out[k] = v
+    RunConfig.from_run_config(out)
     return out
 
 

@@ -14,8 +14,7 @@ import pytest
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
-from flwr_sheaf.config import (DEFAULTS, KEYS, ConfigError, FederationConfig, LocalTrainConfig, RunConfig,
-                               ScenarioConfig, SheafConfig)
+from flwr_sheaf.config import DEFAULTS, KEYS, ConfigError, LocalTrainConfig, RunConfig, ScenarioConfig, SheafConfig
 from flwr_sheaf.testing import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +41,10 @@ def test_readme_run_config_table_lists_every_key_with_its_default():
 
 
 def test_every_section_field_is_a_key_and_every_key_is_read_somewhere():
-    sections = (RunConfig, ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig,
-                RunConfig().fedproto.__class__, RunConfig().fedsaf.__class__)
+    sections = (RunConfig, *(type(getattr(RunConfig(), name)) for name in RunConfig.SECTIONS))
     covered = {k for cls in sections for k in cls.keys()}
     assert covered == set(KEYS)
+    assert {type(getattr(RunConfig(), n)) for n in RunConfig.SECTIONS} >= {ScenarioConfig, SheafConfig, LocalTrainConfig}
 
 
 def test_a_message_config_missing_a_key_is_an_error_not_a_default():

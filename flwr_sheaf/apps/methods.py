@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from flwr.clientapp import ClientApp
 
+from ..client.fedmuscle import register_fedmuscle_handlers
 from ..client.fedproto import register_fedproto_handlers
 from ..client.fedsaf import register_fedsaf_handlers
 from ..client.noncooperative import register_noncooperative_handlers
@@ -19,6 +20,7 @@ from ..client.sheaf import register_sheaf_handlers
 from ..client.task import TaskFactory
 from ..config import ConfigError, RunConfig
 from ..strategy.base import PeerStrategy
+from ..strategy.fedmuscle import FedMuscle
 from ..strategy.fedproto import FedProto
 from ..strategy.fedsaf import FedSAF
 from ..strategy.noncooperative import NonCooperative
@@ -65,6 +67,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("fedproto", lambda c, n: FedProto(n, fedproto=c.fedproto, **_common(c)), register_fedproto_handlers),
     Method("fedsaf-gcsa", _fedsaf("gcsa"), register_fedsaf_handlers),
     Method("fedsaf-rcsa", _fedsaf("rcsa"), register_fedsaf_handlers),
+    Method("fedmuscle", lambda c, n: FedMuscle(n, fedmuscle=c.fedmuscle, **_common(c)), register_fedmuscle_handlers),
 )}
 
 

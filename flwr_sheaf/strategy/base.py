@@ -226,7 +226,7 @@ class PeerStrategy(Strategy):
                         raise RuntimeError(
                             f"this scenario has {self.num_nodes} agents but the federation has "
                             f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
-                            f"run: flwr run . --stream {fix}")
+                            f"run: flwr run . --stream {fix} (in-process: LocalGrid(app, {self.num_nodes}))")
                     if info.partition_id in found:
                         raise RuntimeError(f"partition-id {info.partition_id} reported by two nodes")
                     found[info.partition_id] = Node(r.metadata.src_node_id, info)

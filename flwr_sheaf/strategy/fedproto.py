@@ -31,9 +31,30 @@ from ..paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ..protocol import FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
 from .noncooperative import NonCooperative
 
-__all__ = ["FedProto"]
+__all__ = ["FedProto", "common_dimension"]
 
 log = logging.getLogger("flwr_sheaf")
+
+
+def common_dimension(spec: str | int, dims: dict[int, int], key: str) -> int:
+    """The common dimension D of a ``<method>-dim`` setting (docs/baselines.md, s3.5).
+
+    Args:
+        spec: ``"auto"`` (the smallest stalk dimension), ``"none"`` (all d_i must agree) or an int D.
+        dims: ``{partition-id: d_i}`` as discovered.
+        key: the run-config key, for messages.
+
+    Raises:
+        ValueError: ``"none"`` with different stalk dimensions (each d and its partition-ids named).
+    """
+    if spec == "auto":
+        return min(dims.values())
+    if spec == "none":
+        try:
+            return check_common_dim(dims, adapter=False)
+        except ValueError as exc:
+            raise ValueError(f"{exc} ({key}='none'; use 'auto' or an integer D)") from None
+    return int(spec)
 
 
 class FedProto(NonCooperative):
@@ -77,17 +98,8 @@ class FedProto(NonCooperative):
                 (every d with its partition-ids named).
         """
         super().on_discovered()
-        dims = {p: n.d for p, n in self.nodes.items()}
         spec = self.fedproto.dim
-        if spec == "auto":
-            self.common_dim = min(dims.values())
-        elif spec == "none":
-            try:
-                self.common_dim = check_common_dim(dims, adapter=False)
-            except ValueError as exc:
-                raise ValueError(f"{exc} (fedproto-dim='none'; use 'auto' or an integer D)") from None
-        else:
-            self.common_dim = int(spec)
+        self.common_dim = common_dimension(spec, {p: n.d for p, n in self.nodes.items()}, "fedproto-dim")
         log.info("%s: common prototype dimension D = %d (fedproto-dim=%r)", type(self).__name__, self.common_dim, spec)
 
     # ------------------------------------------------------------------ hooks

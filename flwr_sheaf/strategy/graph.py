@@ -56,8 +56,9 @@ class GraphStrategy(PeerStrategy):
             and averaged into the round as ``<name>_mean``.
 
     Raises:
-        ValueError: (at discovery) a graph that is not connected or names a missing partition-id;
-            nodes reporting different pilot counts.
+        ConfigError: (at construction) an unknown graph spec form.
+        ValueError: (at discovery, naming ``graph``) a graph that is not connected or names a
+            missing partition-id; nodes reporting different pilot counts.
     """
 
     whitening_fit = "pilots"
@@ -87,11 +88,16 @@ class GraphStrategy(PeerStrategy):
     def on_discovered(self) -> None:
         """Build (from a spec, with the reported class sets) and validate the graph; check the pilot count."""
         classes = [self.nodes[p].info.classes for p in range(self.num_nodes)]
-        if isinstance(self.graph_spec, str):
-            self.graph = build_graph(self.graph_spec, self.num_nodes, class_sets=classes)
-        else:
-            self.graph = self.graph_spec
-        validate_graph(self.graph, range(self.num_nodes))
+        try:
+            if isinstance(self.graph_spec, str):
+                self.graph = build_graph(self.graph_spec, self.num_nodes, class_sets=classes)
+            else:
+                self.graph = self.graph_spec
+            validate_graph(self.graph, range(self.num_nodes))
+        except ValueError as exc:
+            name = f"graph={self.graph_spec!r}" if isinstance(self.graph_spec, str) else "graph (networkx.Graph)"
+            raise ValueError(f"{name} on {self.num_nodes} nodes: {exc} (for a few nodes use 'ring' or "
+                             f"'class-overlap:<density>')") from None
         ks = {n.info.num_pilots for n in self.nodes.values()}
         if len(ks) > 1:
             raise ValueError(f"nodes report different pilot counts {sorted(ks)}: pilots must be shared")

@@ -1,0 +1,102 @@
+"""FedMuscle's contrastive alignment on shared pilots (Setayesh et al. 2026, as compared in the Sheaf-FRL paper).
+
+Training is organised in cycles of ``task_epochs`` task-only epochs followed by one epoch of
+``task + lambda * L_muscle`` (the paper's App. G: 4 task epochs, temperature 0.1). For agent k and
+pilot i, with ``z_{k,i}`` agent k's representation of pilot i in the common dimension D:
+
+    pos_i = cos(z_{k,i}, zbar^{-k}_i),         zbar^{-k}_i = mean_{j != k} z_{j,i}   (the same pilot elsewhere)
+    neg_i = mean_{i' != i} cos(z_{k,i}, zbar_{i'}),  zbar_{i'} = mean_j z_{j,i'}       (other pilots, network average)
+    L_muscle = mean_i -log( e^{pos_i/tau} / (e^{pos_i/tau} + e^{neg_i/tau}) ) = mean_i softplus((neg_i - pos_i)/tau)
+
+The positive pair of pilot i is pilot i on the other agents: the reference implementation looked
+up a record key that did not exist under shared pilots and silently used each agent's private
+batch instead (docs/deviations.md); here the pilot index is the only pairing. Representations of
+different widths d_k are compared after the parameter-free pooling adapter to a common D
+(:class:`flwr_sheaf.baselines.fedproto.PoolingAdapter`, docs/baselines.md s3.5), so the network
+averages are coordinate-wise means of D-dimensional vectors. No Flower imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["muscle_loss", "leave_one_out_means", "is_contrastive_epoch"]
+
+
+def _check(name: str, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
+    if t.ndim != 2:
+        raise ValueError(f"{name}: expected a (K, D) matrix, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name}: NaN/inf entries")
+
+
+def muscle_loss(z: torch.Tensor, others_mean: torch.Tensor, all_mean: torch.Tensor, temperature: float) -> torch.Tensor:
+    """FedMuscle's contrastive loss of one agent on a pilot minibatch (module docstring).
+
+    Args:
+        z: the agent's pooled pilot representations ``(B, D)`` (differentiable), rows = pilots.
+        others_mean: ``(B, D)`` mean over the *other* agents of the same pilots (constants).
+        all_mean: ``(B, D)`` mean over all agents of the same pilots (constants; the negatives).
+        temperature: tau > 0.
+
+    Returns:
+        Scalar tensor ``mean_i softplus((neg_i - pos_i) / tau)``, same dtype as ``z``.
+
+    Raises:
+        ValueError: fewer than 2 rows (no negative exists), mismatched shapes, NaN/inf, tau <= 0.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    _check("z", z)
+    if z.shape[0] < 2:
+        raise ValueError(f"muscle_loss needs at least 2 pilots (negatives are the other pilots), got {z.shape[0]}")
+    _check("others_mean", others_mean, tuple(z.shape))
+    _check("all_mean", all_mean, tuple(z.shape))
+    zn = F.normalize(z, dim=1)
+    pos = (zn * F.normalize(others_mean, dim=1)).sum(1)                       # (B,)
+    sim = zn @ F.normalize(all_mean, dim=1).T                                  # (B, B): cos(z_i, zbar_i')
+    b = z.shape[0]
+    neg = (sim.sum(1) - sim.diagonal()) / (b - 1)                              # mean over i' != i
+    return F.softplus((neg - pos) / temperature).mean()
+
+
+def leave_one_out_means(reps: Mapping[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """Server side: per agent the mean of the *other* agents' pilot representations, and the mean of all.
+
+    Args:
+        reps: ``{partition-id: (K, D)}`` pooled pilot representations (at least two agents, same shape).
+
+    Returns:
+        ``({k: mean_{j != k} reps[j]}, mean_j reps[j])``, each ``(K, D)`` float32.
+
+    Raises:
+        ValueError: fewer than two agents, mismatched shapes or NaN/inf (the partition-id is named).
+    """
+    if len(reps) < 2:
+        raise ValueError(f"FedMuscle needs the representations of at least two agents, got {len(reps)}")
+    shape = tuple(next(iter(reps.values())).shape)
+    for k, r in reps.items():
+        _check(f"pilot representations of partition-id {k}", r, shape)
+    total = torch.stack([r.double() for r in reps.values()]).sum(0)
+    n = len(reps)
+    others = {k: ((total - r.double()) / (n - 1)).float() for k, r in reps.items()}
+    return others, (total / n).float()
+
+
+def is_contrastive_epoch(epoch: int, task_epochs: int) -> bool:
+    """Whether global local-epoch ``epoch`` (0-based, counted over all rounds) is a contrastive one.
+
+    Cycles of ``task_epochs`` task-only epochs then one task + contrastive epoch: epochs
+    ``task_epochs, 2 task_epochs + 1, ...`` (0-based) are contrastive.
+
+    Raises:
+        ValueError: a negative epoch or ``task_epochs``.
+    """
+    if epoch < 0 or task_epochs < 0:
+        raise ValueError(f"epoch and task_epochs must be >= 0, got {epoch}, {task_epochs}")
+    return (epoch + 1) % (task_epochs + 1) == 0
