@@ -9,6 +9,7 @@ Layers (dependencies point one way): maths (``sheaf``, ``baselines``, ``rfedags`
 ``strategy`` (never each other) <- ``apps`` (the ``flwr run`` app and the method registry).
 """
 
+from .client.comfed import register_comfed_handlers
 from .client.fedmuscle import register_fedmuscle_handlers
 from .client.fedproto import register_fedproto_handlers
 from .client.fedsaf import register_fedsaf_handlers
@@ -18,11 +19,12 @@ from .client.noncooperative import register_noncooperative_handlers
 from .client.rfedags import register_rfedags_handlers
 from .client.sheaf import register_sheaf_handlers
 from .client.task import LocalTask, TaskFactory
-from .config import (ConfigError, FederationConfig, FedMuscleConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig, RunConfig,
+from .config import (ComFedConfig, ConfigError, FederationConfig, FedMuscleConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig, RunConfig,
                      ScenarioConfig, SheafConfig)
 from .participation import ParticipationSampler, parse_participation
 from .sheaf.whitening import Colouring, Whitening
 from .strategy.base import PeerStrategy, RoundRecord
+from .strategy.comfed import ComFed
 from .strategy.fedmuscle import FedMuscle
 from .strategy.fedproto import FedProto
 from .strategy.fedsaf import FedSAF
@@ -33,10 +35,10 @@ from .strategy.sheaf_frl import SheafFRL
 from .testing import LocalGrid
 
 __all__ = [
-    "SheafFRL", "NonCooperative", "FedProto", "FedSAF", "FedMuscle", "RFedAGS", "GraphStrategy", "PeerStrategy", "RoundRecord",
+    "SheafFRL", "NonCooperative", "FedProto", "FedSAF", "FedMuscle", "ComFed", "RFedAGS", "GraphStrategy", "PeerStrategy", "RoundRecord",
     "register_sheaf_handlers", "register_noncooperative_handlers", "register_fedproto_handlers",
-    "register_fedsaf_handlers", "register_fedmuscle_handlers", "register_rfedags_handlers", "register_method_handlers", "ClientMethod",
+    "register_fedsaf_handlers", "register_fedmuscle_handlers", "register_comfed_handlers", "register_rfedags_handlers", "register_method_handlers", "ClientMethod",
     "LossPlugin", "CrossEntropy", "train_local", "LocalTask", "TaskFactory", "Whitening", "Colouring",
     "RunConfig", "ScenarioConfig", "FederationConfig", "LocalTrainConfig", "SheafConfig", "FedProtoConfig",
-    "FedSAFConfig", "FedMuscleConfig", "ConfigError", "ParticipationSampler", "parse_participation", "LocalGrid",
+    "FedSAFConfig", "FedMuscleConfig", "ComFedConfig", "ConfigError", "ParticipationSampler", "parse_participation", "LocalGrid",
 ]

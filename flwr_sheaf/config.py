@@ -21,6 +21,7 @@ section              keys                                                       
 :class:`FedProtoConfig` ``fedproto-*``                                              FedProto, FedSAF
 :class:`FedSAFConfig` ``fedsaf-*``                                                  FedSAF
 :class:`FedMuscleConfig` ``fedmuscle-*``, ``pilot-batch-size``                       FedMuscle
+:class:`ComFedConfig` ``comfed-*``                                                  ComFed
 ==================== ============================================================ ==========
 
 A section is a frozen dataclass: constructing one validates every field (``ValueError`` naming
@@ -56,6 +57,7 @@ __all__ = [
     "FedProtoConfig",
     "FedSAFConfig",
     "FedMuscleConfig",
+    "ComFedConfig",
     "RunConfig",
 ]
 
@@ -109,15 +111,30 @@ def _str(choices: tuple[str, ...] | None = None, nonempty: bool = False) -> Call
     return parse
 
 
-def _graph(key: str, v: Any) -> str:
+def _spec(check: Callable[[str], object]) -> Callable[[str, Any], str]:
+    """Parser of a non-empty string spec that ``check(text)`` accepts (its ``ValueError`` becomes a named ConfigError)."""
+
+    def parse(key: str, v: Any) -> str:
+        text = _str(nonempty=True)(key, v)
+        try:
+            check(text)
+        except ValueError as exc:
+            raise ConfigError(f"{key}={v!r}: {exc}") from None
+        return text
+
+    return parse
+
+
+def _check_graph(text: str) -> None:
     from .topology import check_graph_spec
 
-    text = _str(nonempty=True)(key, v)
-    try:
-        check_graph_spec(text)
-    except ValueError as exc:
-        raise ConfigError(f"{key}={v!r}: {exc}") from None
-    return text
+    check_graph_spec(text)
+
+
+def _check_zoo(text: str) -> None:
+    from .models.zoo import zoo_specs
+
+    zoo_specs(text)
 
 
 def _num_pilots(key: str, v: Any) -> int:
@@ -149,17 +166,6 @@ def _dim_or_auto(key: str, v: Any) -> str | int:
         except ValueError:
             raise ConfigError(f"{key}={v!r}: expected 'auto', 'none' or a positive integer") from None
     return _int(1)(key, v)
-
-
-def _zoo(key: str, v: Any) -> str:
-    from .models.zoo import zoo_specs
-
-    text = _str(nonempty=True)(key, v)
-    try:
-        zoo_specs(text)
-    except ValueError as exc:
-        raise ConfigError(f"{key}={v!r}: {exc}") from None
-    return text
 
 
 def _dataset(key: str, v: Any) -> str:
@@ -195,7 +201,7 @@ class Key:
 
 _KEY_LIST = [
     Key("method", "sheaf-frl", _str(nonempty=True),
-        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle` (README, method table)"),
+        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed` (README, method table)"),
     Key("num-server-rounds", 10, _int(1), "server rounds"),
     Key("round-timeout", 3600.0, _float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed"),
@@ -205,7 +211,7 @@ _KEY_LIST = [
         "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)"),
     # scenario
     Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
-    Key("zoo", "paper-15", _zoo, "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
+    Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
     Key("dataset", "mnist-bundled", _dataset,
         "`mnist-bundled` (offline), `idx:<dir>` (MNIST / Fashion-MNIST idx files), `hf:<name>` (online)"),
     Key("shift", 0.7, _float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
@@ -213,7 +219,7 @@ _KEY_LIST = [
     Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),
     Key("whitening-eps", 1e-3, _float(0.0, lo_open=True), "relative eigenvalue floor of the whitening covariance"),
     # federation
-    Key("graph", "class-overlap", _graph,
+    Key("graph", "class-overlap", _spec(_check_graph),
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`"),
     Key("fraction-train", 1.0, _float(0.0, 1.0, lo_open=True), "fraction of nodes that train per round (seeded per round)"),
     Key("participation", "", _participation,
@@ -247,6 +253,9 @@ _KEY_LIST = [
     Key("fedmuscle-temperature", 0.1, _float(0.0, lo_open=True), "temperature tau of FedMuscle's contrastive loss"),
     Key("fedmuscle-dim", "auto", _dim_or_auto,
         "FedMuscle's common representation dimension: `auto` (smallest stalk dimension), `none` or D"),
+    Key("comfed-lambda", 0.1, _float(0.0), "weight of ComFed's projected-prototype alignment"),
+    Key("comfed-dim", "auto", _dim_or_auto,
+        "ComFed's shared space dimension r: `auto` (smallest stalk dimension: 64 on `paper-15`, d on `two-agent:<d>`) or r"),
     Key("fedsaf-lambda", 1.0, _float(0.0), "FedSAF prototype-level weight"),
     Key("fedsaf-gamma", 1.0, _float(0.0), "FedSAF instance-level weight"),
     Key("fedsaf-structure", "", _str(("", "gcsa", "rcsa", "mse", "cosine")),
@@ -441,6 +450,16 @@ class FedMuscleConfig(Section):
     """
 
 
+@section("comfed-lambda", "comfed-dim", prefix="comfed-")
+class ComFedConfig(Section):
+    """ComFed's learned projections into a shared space (docs/baselines.md, s7).
+
+    Attributes:
+        lam: weight of the alignment of projected class prototypes (>= 0).
+        dim: shared dimension r: ``"auto"`` (smallest stalk dimension), ``"none"`` (all d_i equal: r = d) or an int.
+    """
+
+
 @section("fedsaf-lambda", "fedsaf-gamma", "fedsaf-structure", prefix="fedsaf-")
 class FedSAFConfig(Section):
     """FedSAF's structural alignment weights and structure (docs/baselines.md).
@@ -466,7 +485,7 @@ class RunConfig(Section):
         scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle: the sections.
     """
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle")
+    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed")
 
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
@@ -475,6 +494,7 @@ class RunConfig(Section):
     fedproto: FedProtoConfig = field(default_factory=FedProtoConfig)
     fedsaf: FedSAFConfig = field(default_factory=FedSAFConfig)
     fedmuscle: FedMuscleConfig = field(default_factory=FedMuscleConfig)
+    comfed: ComFedConfig = field(default_factory=ComFedConfig)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "RunConfig":
@@ -511,7 +531,8 @@ class RunConfig(Section):
         except ValueError as exc:
             raise ConfigError(f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}") from None
         dims = sorted({int(s.d) for s in specs})
-        for key, dim in (("fedproto-dim", self.fedproto.dim), ("fedmuscle-dim", self.fedmuscle.dim)):
+        for key, dim in (("fedproto-dim", self.fedproto.dim), ("fedmuscle-dim", self.fedmuscle.dim),
+                         ("comfed-dim", self.comfed.dim)):
             if dim == "none" and len(dims) > 1:
                 raise ConfigError(f"{key}='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
                                   f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer")
@@ -529,7 +550,7 @@ def _check_defaults() -> None:
     for k in _KEY_LIST:
         k(k.default)
     for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig, FedProtoConfig, FedSAFConfig,
-                FedMuscleConfig):
+                FedMuscleConfig, ComFedConfig):
         for f in fields(cls):
             assert f.metadata["key"] in KEYS and f.default is not MISSING
 

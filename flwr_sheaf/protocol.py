@@ -40,7 +40,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 
 __all__ = [
     "QUERY", "TRAIN", "EVALUATE", "message_type", "comm_action",
-    "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD", "MUSCLE_TARGETS",
+    "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD", "MUSCLE_TARGETS", "COMFED_TARGETS", "COMFED_ROUTED",
     "PILOT_REPS", "TARGET_OTHERS", "TARGET_ALL",
     "SERVER_ROUND", "SEED", "TORCH_THREADS", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
     "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
@@ -80,6 +80,10 @@ UPLOAD = "upload"
 GLOBAL_PROTOTYPES = "global-prototypes"
 #: FedMuscle: the network averages a node pulls its pilot representations toward (keys below).
 MUSCLE_TARGETS = "muscle-targets"
+#: ComFed: the mean of the neighbours' projected class prototypes (:func:`pack_prototypes` layout).
+COMFED_TARGETS = "comfed-targets"
+#: ComFed's evaluation arrays routed to neighbours: the projection ``(r, d_i)`` and raw latents ``(M, d_i)``.
+COMFED_ROUTED = ("comfed-proj", "raw-test-latents", "raw-val-latents")
 STREAM_RECORD = "stream"
 
 # ------------------------------------------------------------------------------ config keys (not run-config keys)
@@ -247,14 +251,16 @@ COMM_REPLY = {METRICS: (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)}
 
 
 def pack_evaluation(pilots: np.ndarray, test_latents: np.ndarray, test_labels: np.ndarray, val_latents: np.ndarray,
-                    val_labels: np.ndarray) -> ArrayRecord:
-    """A node's phase-1 evaluation arrays (names of :data:`EVAL_ARRAYS`).
+                    val_labels: np.ndarray, extra: Mapping[str, np.ndarray] | None = None) -> ArrayRecord:
+    """A node's phase-1 evaluation arrays (names of :data:`EVAL_ARRAYS`, plus a method's ``extra``).
 
     Args:
         pilots: whitened pilots ``(K, d_i)`` float32; test_latents / val_latents: whitened latents
-        ``(M, d_i)`` float32; test_labels / val_labels: ``(M,)`` int64.
+        ``(M, d_i)`` float32; test_labels / val_labels: ``(M,)`` int64; extra: method arrays
+        (e.g. ComFed's projection and raw latents).
     """
-    return pack_arrays(dict(zip(EVAL_ARRAYS, (pilots, test_latents, test_labels, val_latents, val_labels))))
+    base = dict(zip(EVAL_ARRAYS, (pilots, test_latents, test_labels, val_latents, val_labels)))
+    return pack_arrays({**base, **dict(extra or {})})
 
 
 def pack_neighbour_pilots(pilots: Mapping[int, np.ndarray]) -> ArrayRecord:
@@ -277,24 +283,25 @@ def unpack_neighbour_pilots(rec: ArrayRecord) -> dict[int, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------ evaluation routing
-def route_evaluation(phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int]) -> ArrayRecord:
-    """Phase-2 payload of one receiver: each neighbour j's :data:`EVAL_ARRAYS` keyed ``"<j>/<name>"``.
+def route_evaluation(phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int],
+                     names: Sequence[str] = EVAL_ARRAYS) -> ArrayRecord:
+    """Phase-2 payload of one receiver: each neighbour j's arrays ``names`` keyed ``"<j>/<name>"``.
 
     Raises:
         KeyError: a neighbour without phase-1 arrays (callers route only answering neighbours,
             whose replies passed :data:`EVAL_REPLY`).
     """
-    return pack_arrays({f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in EVAL_ARRAYS})
+    return pack_arrays({f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in names})
 
 
-def unpack_routed(rec: ArrayRecord, j: int) -> dict[str, np.ndarray]:
-    """Neighbour j's arrays from a :func:`route_evaluation` record (names of :data:`EVAL_ARRAYS`).
+def unpack_routed(rec: ArrayRecord, j: int, names: Sequence[str] = EVAL_ARRAYS) -> dict[str, np.ndarray]:
+    """Neighbour j's arrays ``names`` from a :func:`route_evaluation` record.
 
     Raises:
         ProtocolError: an array missing for j (named).
     """
     out = {}
-    for name in EVAL_ARRAYS:
+    for name in names:
         key = f"{j}/{name}"
         if key not in rec:
             raise ProtocolError(f"evaluation routing lacks {key!r}")

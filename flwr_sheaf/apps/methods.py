@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from flwr.clientapp import ClientApp
 
+from ..client.comfed import register_comfed_handlers
 from ..client.fedmuscle import register_fedmuscle_handlers
 from ..client.fedproto import register_fedproto_handlers
 from ..client.fedsaf import register_fedsaf_handlers
@@ -20,6 +21,7 @@ from ..client.sheaf import register_sheaf_handlers
 from ..client.task import TaskFactory
 from ..config import ConfigError, RunConfig
 from ..strategy.base import PeerStrategy
+from ..strategy.comfed import ComFed
 from ..strategy.fedmuscle import FedMuscle
 from ..strategy.fedproto import FedProto
 from ..strategy.fedsaf import FedSAF
@@ -68,6 +70,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("fedsaf-gcsa", _fedsaf("gcsa"), register_fedsaf_handlers),
     Method("fedsaf-rcsa", _fedsaf("rcsa"), register_fedsaf_handlers),
     Method("fedmuscle", lambda c, n: FedMuscle(n, fedmuscle=c.fedmuscle, **_common(c)), register_fedmuscle_handlers),
+    Method("comfed", lambda c, n: ComFed(n, comfed=c.comfed, **_common(c)), register_comfed_handlers),
 )}
 
 

@@ -107,7 +107,7 @@ class FedMuscleClient(ClientMethod):
                              muscle.pilot_batch_size)
 
     @torch.no_grad()
-    def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:
+    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """The node's pooled eval-mode pilot representations ``(K, D)`` float32 (for the network averages)."""
         pool = feature_pool(task.model, msg.content[CONFIG], message_type(TRAIN, self.action))
         reps = pool(eval_latents(task.model, task.x_pilot))

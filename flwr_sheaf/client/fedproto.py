@@ -103,7 +103,7 @@ class FedProtoClient(ClientMethod):
         return FedProtoLoss(feature_pool(task.model, cfg, message_type(TRAIN, self.action)), received_prototypes(msg), proto.lam, proto.reduction)
 
     @torch.no_grad()
-    def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:
+    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Per-class means and counts of the pooled eval-mode latents of the node's training set."""
         cfg = msg.content[CONFIG]
         feats = feature_pool(task.model, cfg, message_type(TRAIN, self.action))(eval_latents(task.model, task.x_train))

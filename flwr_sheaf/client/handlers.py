@@ -69,12 +69,24 @@ class ClientMethod:
         """The loss plug-in of one ``train`` message (default: cross-entropy)."""
         return CrossEntropy()
 
-    def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:
-        """Records and metrics added to the train reply after training (default: none)."""
+    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+        """Records and metrics added to the train reply after training (default: none); ``plugin`` is
+        this round's trained loss plug-in (a method with its own parameters saves them here)."""
         return {}, {}
 
     def evaluation_metrics(self, msg: Message, task: LocalTask) -> dict[str, float]:
         """Extra metrics of the ``evaluate`` reply (model in eval mode with trained weights)."""
+        return {}
+
+    #: names of the extra phase-1 arrays the strategy routes to neighbours (see :meth:`evaluation_arrays`).
+    routed_arrays: tuple[str, ...] = ()
+
+    def evaluation_arrays(self, msg: Message, context: Context, task: LocalTask) -> dict:
+        """Extra arrays of the ``evaluate`` reply (names in :attr:`routed_arrays`; default none)."""
+        return {}
+
+    def edge_metrics(self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict) -> dict[str, float]:
+        """Extra per-incoming-edge metrics of ``evaluate_comm`` from neighbour j's routed ``arrays`` (default none)."""
         return {}
 
 
@@ -132,8 +144,9 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         rnd, seed = int(required(cfg, SERVER_ROUND, mt)), int(required(cfg, SEED, mt))
         task, model, opt = build(factory, context, action, train.torch_threads, train)
         gen = round_generator(seed, int(context.node_config["partition-id"]), rnd)
-        metrics = train_local(task, opt, train, method.plugin(msg, context, task), gen, rnd)
-        records, more = method.after_train(msg, context, task)  # may refit the whitening: save after it
+        plugin = method.plugin(msg, context, task)
+        metrics = train_local(task, opt, train, plugin, gen, rnd)
+        records, more = method.after_train(msg, context, task, plugin)  # may refit the whitening: save after it
         save_module_state(context, model_key(action), model, opt)
         metrics = {NUM_EXAMPLES: int(task.x_train.shape[0]), **metrics, **more}
         return Message(RecordDict({**records, METRICS: MetricRecord(metrics)}), reply_to=msg)
@@ -147,7 +160,8 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         with torch.no_grad():
             zt = model.whitening(eval_latents(model, task.x_test))
             zv = model.whitening(eval_latents(model, task.x_val))
-        arrays = pack_evaluation(a.numpy(), zt.numpy(), task.y_test.numpy(), zv.numpy(), task.y_val.numpy())
+        arrays = pack_evaluation(a.numpy(), zt.numpy(), task.y_test.numpy(), zv.numpy(), task.y_val.numpy(),
+                                 method.evaluation_arrays(msg, context, task))
         metrics = MetricRecord({
             PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
             VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
@@ -165,10 +179,10 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)))
         own, _ = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
         model.eval()
-        src, acc_test, acc_val = [], [], []
+        src, acc_test, acc_val, extra = [], [], [], {}
         edges = EdgeConfig.from_config(cfg)
         for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
-            arr = unpack_routed(msg.content[ARRAYS], j)
+            arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + method.routed_arrays)
             a_j = torch.from_numpy(arr[EVAL_ARRAYS[0]]).float()
             check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
             v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
@@ -182,7 +196,9 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
             src.append(j)
             acc_test.append(res[0])
             acc_val.append(res[1])
-        metrics = MetricRecord({COMM_SRC: src, COMM_ACCURACY: acc_test, VAL_COMM_ACCURACY: acc_val})
+            for name, value in method.edge_metrics(msg, context, task, j, arr).items():
+                extra.setdefault(name, []).append(float(value))
+        metrics = MetricRecord({COMM_SRC: src, COMM_ACCURACY: acc_test, VAL_COMM_ACCURACY: acc_val, **extra})
         return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
     return app

@@ -24,7 +24,8 @@ __all__ = ["LossPlugin", "CrossEntropy", "train_local"]
 class LossPlugin:
     """A method's local objective, called by :func:`train_local` once per SGD step.
 
-    Override :meth:`loss` (required), :meth:`begin_epoch` (e.g. refit restriction maps) and
+    Override :meth:`loss` (required), :meth:`begin_epoch` (e.g. refit restriction maps),
+    :meth:`after_step` (step the method's own parameters, e.g. ComFed's projection) and
     :meth:`metrics` (values other than per-step means, e.g. per-edge lists).
     """
 
@@ -40,6 +41,9 @@ class LossPlugin:
             averaged over steps into the round's metrics.
         """
         raise NotImplementedError
+
+    def after_step(self) -> None:
+        """Called after each SGD step of the model (a method with its own parameters steps them here)."""
 
     def metrics(self, steps: int) -> dict:
         """Extra metrics after training (``steps`` = SGD steps taken)."""
@@ -102,6 +106,7 @@ def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConf
             loss.backward()
             sums["grad-norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
             opt.step()
+            plugin.after_step()
             for name, v in parts.items():
                 sums[name] = sums.get(name, 0.0) + float(v)
             steps += 1

@@ -121,7 +121,7 @@ class SheafClient(ClientMethod):
         return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
                            {j: torch.from_numpy(a) for j, a in pilots.items()}, None if cached is None else cached[0])
 
-    def after_train(self, msg: Message, context: Context, task: LocalTask) -> tuple[dict, dict]:
+    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
         (paper Alg. 1 line 13); the metric ``low-variance-fraction`` is the collapse diagnostic."""
         z, a = whitened_pilots(task.model, task.x_pilot)

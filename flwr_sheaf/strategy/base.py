@@ -37,7 +37,7 @@ from ..config import DEFAULTS, KEYS
 from ..participation import ParticipationSampler
 from ..protocol import CONFIG, INFO, QUERY, NodeInfo, ProtocolError, message_type, reply_problem
 
-__all__ = ["PeerStrategy", "RoundRecord", "EvaluationSummary", "Node", "record_bytes", "nanmean"]
+__all__ = ["PeerStrategy", "RoundRecord", "EvaluationSummary", "Node", "record_bytes", "nanmean", "positive_int"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -46,6 +46,13 @@ def nanmean(xs: Iterable[float | None]) -> float:
     """Mean ignoring None/NaN (NaN when nothing is left)."""
     vals = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
     return sum(vals) / len(vals) if vals else float("nan")
+
+
+def positive_int(name: str, value: int) -> int:
+    """``value`` as an int, or a ``ValueError`` naming ``name`` and the value (non-integral or < 1)."""
+    if int(value) != value or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def record_bytes(content: RecordDict) -> int:

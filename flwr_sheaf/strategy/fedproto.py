@@ -29,6 +29,7 @@ from ..baselines.fedproto import aggregate_prototypes, check_common_dim
 from ..config import DEFAULTS, FederationConfig, FedProtoConfig, LocalTrainConfig
 from ..paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ..protocol import FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
+from .base import positive_int
 from .noncooperative import NonCooperative
 
 __all__ = ["FedProto", "common_dimension"]
@@ -83,10 +84,8 @@ class FedProto(NonCooperative):
                  discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
         super().__init__(num_nodes, federation=federation, train=train, graph=graph, action=action,
                          discovery_timeout=discovery_timeout)
-        if int(num_classes) != num_classes or num_classes < 1:
-            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
         self.fedproto = fedproto or FedProtoConfig()
-        self.num_classes = int(num_classes)
+        self.num_classes = positive_int("num_classes", num_classes)
         self.common_dim: int | None = None
         self.global_protos: dict[int, torch.Tensor] = {}
 

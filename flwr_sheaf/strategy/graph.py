@@ -25,7 +25,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ..participation import ParticipationSampler
-from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVAL_REPLY, EVALUATE, LOW_VARIANCE_FRACTION,
+from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVAL_ARRAYS, EVAL_REPLY, EVALUATE,
+                        LOW_VARIANCE_FRACTION,
                         METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
                         TRAIN_REPLY, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, EdgeConfig, comm_action,
                         route_evaluation)
@@ -63,6 +64,9 @@ class GraphStrategy(PeerStrategy):
 
     whitening_fit = "pilots"
     node_metric_names: tuple[str, ...] = ()
+    #: extra phase-1 arrays routed to neighbours, and extra per-edge phase-2 metrics (ComFed's learned maps).
+    routed_arrays: tuple[str, ...] = ()
+    edge_metric_names: tuple[str, ...] = ()
 
     def __init__(self, num_nodes: int, *, action: str, federation: FederationConfig, train: LocalTrainConfig,
                  graph: nx.Graph | None, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
@@ -205,7 +209,7 @@ class GraphStrategy(PeerStrategy):
         msgs = []
         for pid in sorted(self._phase1):
             edges = self.edge_config(pid).keep(self._phase1)
-            content = RecordDict({ARRAYS: route_evaluation(arrays, edges.neighbours),
+            content = RecordDict({ARRAYS: route_evaluation(arrays, edges.neighbours, EVAL_ARRAYS + self.routed_arrays),
                                   CONFIG: ConfigRecord(self.merge_extra({**self._eval_config(server_round),
                                                                          **edges.to_config()}, self._extra_eval,
                                                                         "evaluate_config"))})
@@ -230,12 +234,17 @@ class GraphStrategy(PeerStrategy):
         edges = []
         for dst, r in ok.items():
             m = r.content[METRICS]
-            for src, acc, vacc in zip(m[COMM_SRC], m[COMM_ACCURACY], m[VAL_COMM_ACCURACY]):
+            for k, (src, acc, vacc) in enumerate(zip(m[COMM_SRC], m[COMM_ACCURACY], m[VAL_COMM_ACCURACY])):
                 edges.append({"src": int(src), "dst": int(dst), "communication_accuracy": float(acc),
-                              "val_communication_accuracy": float(vacc)})
+                              "val_communication_accuracy": float(vacc),
+                              **{n.replace("-", "_"): float(m[n][k]) if n in m else float("nan")
+                                 for n in self.edge_metric_names}})
         summary = summarise_accuracies(nodes, edges)
         extra = {f"{name.replace('-', '_')}_mean": nanmean(n[name.replace("-", "_")] for n in nodes.values())
                  for name in self.node_metric_names}
+        for name in self.edge_metric_names:  # degree-weighted = mean over directed edges (Fig. 2)
+            key = name.replace("-", "_")
+            extra[f"{key}_degree_weighted"] = nanmean(e[key] for e in edges)
         self._nodes_out, self._edges_out = nodes, edges
         self.current.evaluation = summary
         self.current.evaluate.update(extra)

@@ -1,0 +1,77 @@
+"""ComFed (Badi et al. 2026, as compared in the Sheaf-FRL paper): learned projections into a shared space.
+
+Every agent i learns, with its encoder, an unconstrained linear projection ``P_i`` (``(r, d_i)``)
+into a space of dimension r shared by all agents (``comfed-dim``; the paper: 64 on the 15-agent
+zoo, r = d in the two-agent sweep). Its loss adds
+
+    lambda * mean_m || P_i vbar_{i,m} - mean_{j in N(i)} P_j vbar_{j,m} ||^2     (m: classes both sides have)
+
+with ``vbar_{i,m}`` the mean latent of class m in agent i's batch and the neighbours' projected
+prototypes held constant. A message from j to i is decoded with the learned maps,
+
+    zhat_i = P_i^+ P_j z_j,     P_i^+ = V diag(1/s) U^T   (Moore-Penrose pseudo-inverse of P_i = U diag(s) V^T),
+
+the least-squares solution of ``P_i zhat = P_j z_j`` (minimum norm when r < d_i), on **raw**
+latents; the receiver classifies ``zhat_i`` with its own head. No Flower imports
+(docs/baselines.md, s7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+__all__ = ["comfed_alignment_loss", "comfed_message", "xavier_projection"]
+
+
+def comfed_alignment_loss(projected: Mapping[int, torch.Tensor], targets: Mapping[int, torch.Tensor]) -> torch.Tensor:
+    """``mean_m ||projected[m] - targets[m]||^2`` over the classes present in both (0 when none).
+
+    Args:
+        projected: ``{class: (r,)}`` the agent's projected class means (differentiable).
+        targets: ``{class: (r,)}`` the mean of the neighbours' projected class means (constants).
+
+    Returns:
+        scalar tensor (sum over the r coordinates, mean over classes).
+
+    Raises:
+        ValueError: a target of a different dimension than the projections, or NaN/inf targets.
+    """
+    common = sorted(set(projected) & set(targets))
+    if not common:
+        ref = next(iter(projected.values()), torch.zeros(1))
+        return ref.sum() * 0.0
+    for m in common:
+        if targets[m].shape != projected[m].shape:
+            raise ValueError(f"class {m}: target of shape {tuple(targets[m].shape)}, expected {tuple(projected[m].shape)}")
+        if not torch.isfinite(targets[m]).all():
+            raise ValueError(f"class {m}: NaN/inf target")
+    return torch.stack([((projected[m] - targets[m].to(projected[m].dtype)) ** 2).sum() for m in common]).mean()
+
+
+def comfed_message(z_j: torch.Tensor, p_j: torch.Tensor, p_i: torch.Tensor) -> torch.Tensor:
+    """Decode j's raw latents in i's latent space: rows of ``P_i^+ P_j z_j`` (module docstring).
+
+    Args:
+        z_j: ``(M, d_j)`` raw latents of the sender.
+        p_j: ``(r, d_j)`` sender's projection; p_i: ``(r, d_i)`` receiver's projection.
+
+    Returns:
+        ``(M, d_i)`` in ``z_j``'s dtype (the pseudo-inverse is computed in float64).
+
+    Raises:
+        ValueError: mismatched shapes (the r of both projections, or d_j).
+    """
+    if p_i.ndim != 2 or p_j.ndim != 2 or p_i.shape[0] != p_j.shape[0]:
+        raise ValueError(f"projections must share r: P_i {tuple(p_i.shape)}, P_j {tuple(p_j.shape)}")
+    if z_j.ndim != 2 or z_j.shape[1] != p_j.shape[1]:
+        raise ValueError(f"latents of shape {tuple(z_j.shape)} do not match P_j {tuple(p_j.shape)}")
+    pinv = torch.linalg.pinv(p_i.double())                     # (d_i, r)
+    return (z_j.double() @ p_j.double().T @ pinv.T).to(z_j.dtype)
+
+
+def xavier_projection(r: int, d: int, generator: torch.Generator) -> torch.Tensor:
+    """Xavier-uniform initial ``P`` of shape ``(r, d)`` float32 (the reference's initialisation)."""
+    bound = (6.0 / (r + d)) ** 0.5
+    return (torch.rand(r, d, generator=generator) * 2.0 - 1.0) * bound
