@@ -30,6 +30,7 @@ def summary_lines(results: dict) -> list[str]:
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     method = str(cfg.get("method", "?"))
     weights = {"sheaf-frl": ("lambda",), "fedproto": ("fedproto-lambda",), "fedmuscle": ("fedmuscle-lambda",),
+               "comfed": ("comfed-lambda",),
                "fedsaf-gcsa": ("fedsaf-lambda", "fedsaf-gamma"), "fedsaf-rcsa": ("fedsaf-lambda", "fedsaf-gamma")}
     weight = " | ".join(f"{k} {cfg.get(k, '?')}" for k in weights.get(method, ()))
     return [
@@ -38,6 +39,9 @@ def summary_lines(results: dict) -> list[str]:
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
         f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "
         f"(mean over receivers {fmt(last['communication_accuracy_mean'])})",
+        *([f"communication accuracy with ComFed's learned maps (degree-weighted): "
+           f"{fmt(last['comfed_communication_accuracy_degree_weighted'])}"]
+          if "comfed_communication_accuracy_degree_weighted" in last else []),
         f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
         f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
     ]
