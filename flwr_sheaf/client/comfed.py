@@ -84,8 +84,8 @@ class ComFedClient(ClientMethod):
 
     def _projection(self, msg: Message, context: Context, task: LocalTask) -> Projection:
         cfg = msg.content[CONFIG]
-        r = int(required(cfg, FEATURE_DIM, message_type(TRAIN, self.action)))
-        seed = int(cfg[SEED]) if SEED in cfg else 0
+        mt = message_type(TRAIN, self.action)
+        r, seed = int(required(cfg, FEATURE_DIM, mt)), int(required(cfg, SEED, mt))
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
             [seed, int(context.node_config["partition-id"]), 7]).generate_state(1)[0]))
         return Projection(xavier_projection(r, int(task.model.d), gen))
