@@ -59,6 +59,9 @@ __all__ = [
     "FedMuscleConfig",
     "ComFedConfig",
     "RunConfig",
+    "PAPER_PRESET",
+    "PAPER_PRESET_TWO_AGENT",
+    "apply_preset",
 ]
 
 
@@ -129,6 +132,12 @@ def _check_graph(text: str) -> None:
     from .topology import check_graph_spec
 
     check_graph_spec(text)
+
+
+def _check_device(text: str) -> None:
+    from .devices import check_device_spec
+
+    check_device_spec(text)
 
 
 def _check_zoo(text: str) -> None:
@@ -209,6 +218,8 @@ _KEY_LIST = [
         "seconds the ServerApp waits for enough SuperNodes to register"),
     Key("results-dir", "results/default", _str(nonempty=True),
         "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)"),
+    Key("preset", "", _str(("", "paper")),
+        "`paper` = the paper's App. G hyper-parameters for every key left at its default (docs/presets.md); empty = none"),
     # scenario
     Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
     Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
@@ -234,6 +245,8 @@ _KEY_LIST = [
     Key("clip-norm", 5.0, _float(0.0), "per-agent gradient-norm clipping (0 = off)"),
     Key("max-steps-per-epoch", 0, _int(0), "cap on SGD steps per local epoch (0 = every batch)"),
     Key("torch-threads", 1, _int(0), "torch threads per ClientApp (0 = torch's default; >1 was 30x slower on a loaded 2-core box)"),
+    Key("device", "auto", _spec(_check_device),
+        "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)"),
     # Sheaf-FRL
     Key("lambda", 0.1, _float(0.0), "gluing weight; lambda_i = lambda / d_i (Eq. 16)"),
     Key("lambda-warmup-rounds", 0, _int(0), "lambda ramps linearly over the first W rounds (0 = off)"),
@@ -390,7 +403,8 @@ class FederationConfig(Section):
     """
 
 
-@section("local-epochs", "lr", "momentum", "weight-decay", "batch-size", "clip-norm", "max-steps-per-epoch", "torch-threads")
+@section("local-epochs", "lr", "momentum", "weight-decay", "batch-size", "clip-norm", "max-steps-per-epoch", "torch-threads",
+         "device")
 class LocalTrainConfig(Section):
     """Local SGD of every method (one loop: :func:`flwr_sheaf.client.loop.train_local`).
 
@@ -401,6 +415,8 @@ class LocalTrainConfig(Section):
         clip_norm: gradient-norm clipping per agent (0 = off).
         max_steps_per_epoch: cap on steps per epoch (0 = no cap).
         torch_threads: torch intra-op threads per ClientApp (0 = torch's default).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; resolved by each node on its own
+            machine (:func:`flwr_sheaf.devices.resolve_device`).
     """
 
 
@@ -472,7 +488,46 @@ class FedSAFConfig(Section):
     """
 
 
-@section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir")
+#: The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo: SGD lr 1e-2, momentum
+#: 0.9, weight decay 5e-4, batch 64 (private and pilot), gradient clipping 1.0, 100 epochs (= 100
+#: server rounds of one local epoch), pilots = the whole 10% hold-out. docs/presets.md lists where
+#: the package defaults differ and why.
+PAPER_PRESET: dict[str, Any] = {
+    "lr": 0.01, "momentum": 0.9, "weight-decay": 5e-4, "batch-size": 64, "pilot-batch-size": 64,
+    "clip-norm": 1.0, "local-epochs": 1, "num-server-rounds": 100, "num-pilots": 0,
+}
+#: ``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs.
+PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num-server-rounds": 20}
+
+
+def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config with its ``preset`` applied to every key left at its package default.
+
+    A key whose value differs from :data:`DEFAULTS` is the user's choice and is kept; a key at its
+    default (absent, or equal to it: ``flwr run`` fills every default in) takes the preset's value.
+
+    Args:
+        run_config: ``{key: value}`` (e.g. ``context.run_config``).
+
+    Returns:
+        a new dict (unchanged copy when ``preset`` is empty or absent).
+
+    Raises:
+        ConfigError: an unknown preset or zoo (named).
+    """
+    out = dict(run_config)
+    preset = KEYS["preset"](out.get("preset", DEFAULTS["preset"]))
+    if not preset:
+        return out
+    zoo = KEYS["zoo"](out.get("zoo", DEFAULTS["zoo"]))
+    values = PAPER_PRESET_TWO_AGENT if zoo.startswith("two-agent") else PAPER_PRESET
+    for key, value in values.items():
+        if out.get(key, DEFAULTS[key]) == DEFAULTS[key]:
+            out[key] = value
+    return out
+
+
+@section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "preset")
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
@@ -482,6 +537,7 @@ class RunConfig(Section):
         round_timeout: seconds each round trip waits for replies.
         discovery_timeout: seconds to wait for SuperNodes at the start.
         results_dir: output directory.
+        preset: ``""`` or ``"paper"`` (already applied to the sections by :meth:`from_run_config`).
         scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle: the sections.
     """
 
@@ -498,7 +554,8 @@ class RunConfig(Section):
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "RunConfig":
-        """Parse a Flower run config (``context.run_config``); missing keys take the defaults.
+        """Parse a Flower run config (``context.run_config``); missing keys take the defaults, then
+        ``preset`` (:func:`apply_preset`) replaces keys left at their default.
 
         Raises:
             ConfigError: an unknown key (named, with the closest known key) or a bad value
@@ -509,6 +566,7 @@ class RunConfig(Section):
             hints = {k: difflib.get_close_matches(k, KEYS, n=1) for k in unknown}
             text = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
             raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(KEYS)}")
+        run_config = apply_preset(run_config)
         types = {f.name: f.type for f in fields(cls)}
         sections = {name: globals()[types[name]].from_mapping(run_config) for name in cls.SECTIONS}
         top = {f.name: run_config[f.metadata["key"]] for f in fields(cls)

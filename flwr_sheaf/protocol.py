@@ -9,7 +9,7 @@ Message types (``<category>.<action>``; the action is a handler's name, e.g. ``"
 ===================================== ================================================================
 message                                content (server -> node) / reply (node -> server)
 ===================================== ================================================================
-``query.<action>``                    ``config``: :data:`TORCH_THREADS` (graph methods) / ``info``
+``query.<action>``                    ``config``: :data:`TORCH_THREADS`, :data:`DEVICE` (graph methods) / ``info``
                                       (:class:`NodeInfo`)
 ``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
                                       :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
@@ -20,7 +20,7 @@ message                                content (server -> node) / reply (node ->
                                       (local prototypes; FedMuscle: :data:`PILOT_REPS`);
                                       FedMuscle's train message may carry :data:`MUSCLE_TARGETS`
 ``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
-                                      :data:`TORCH_THREADS` (+ method keys) / :data:`EVAL_REPLY`
+                                      :data:`TORCH_THREADS`, :data:`DEVICE` (+ method keys) / :data:`EVAL_REPLY`
                                       (:func:`pack_evaluation`)
 ``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation`; ``config``: as phase 1 plus
                                       the :class:`EdgeConfig` / :data:`COMM_REPLY` (per incoming edge)
@@ -42,7 +42,7 @@ __all__ = [
     "QUERY", "TRAIN", "EVALUATE", "message_type", "comm_action",
     "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD", "MUSCLE_TARGETS", "COMFED_TARGETS", "COMFED_ROUTED",
     "PILOT_REPS", "TARGET_OTHERS", "TARGET_ALL",
-    "SERVER_ROUND", "SEED", "TORCH_THREADS", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
+    "SERVER_ROUND", "SEED", "TORCH_THREADS", "DEVICE", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
     "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
     "EVAL_ARRAYS", "STALK_DIM", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
     "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY",
@@ -90,6 +90,9 @@ STREAM_RECORD = "stream"
 SERVER_ROUND = "server-round"
 SEED = "seed"
 TORCH_THREADS = "torch-threads"
+#: the node's device spec (run-config key ``device``) in ``query`` and ``evaluate`` configs (``train``
+#: carries it inside :class:`~flwr_sheaf.config.LocalTrainConfig`).
+DEVICE = "device"
 #: where a node fits its whitening for evaluation: ``"pilots"`` (Sheaf-FRL) or ``"train"`` (post hoc).
 WHITENING_FIT = "whitening-fit"
 WHITENING_FITS = ("pilots", "train")

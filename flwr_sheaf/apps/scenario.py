@@ -9,7 +9,7 @@ from __future__ import annotations
 from flwr.app import Context
 
 from ..client.task import LocalTask
-from ..config import ScenarioConfig
+from ..config import ScenarioConfig, apply_preset
 from ..data.partition import load_agent_data
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
@@ -50,4 +50,5 @@ def cnn_task_factory(context: Context) -> LocalTask:
         ConfigError: a bad scenario value in the run config (named; the ServerApp has already
             rejected unknown keys before any message was sent).
     """
-    return scenario_task(ScenarioConfig.from_mapping(context.run_config), int(context.node_config["partition-id"]))
+    return scenario_task(ScenarioConfig.from_mapping(apply_preset(context.run_config)),
+                         int(context.node_config["partition-id"]))

@@ -27,7 +27,7 @@ from ..baselines.fedproto import class_prototypes
 from ..config import ComFedConfig, LocalTrainConfig
 from ..protocol import (COMFED_ROUTED, COMFED_TARGETS, CONFIG, FEATURE_DIM, NUM_CLASSES, SEED, TRAIN, UPLOAD,
                         message_type, pack_prototypes, unpack_prototypes)
-from .common import accuracy, eval_latents
+from .common import accuracy, eval_latents, from_numpy, task_device, to_numpy
 from .fedproto import latent_and_logits
 from .handlers import ClientMethod, register_method_handlers, required
 from .loop import LossPlugin
@@ -88,7 +88,7 @@ class ComFedClient(ClientMethod):
         r, seed = int(required(cfg, FEATURE_DIM, mt)), int(required(cfg, SEED, mt))
         gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
             [seed, int(context.node_config["partition-id"]), 7]).generate_state(1)[0]))
-        return Projection(xavier_projection(r, int(task.model.d), gen))
+        return Projection(xavier_projection(r, int(task.model.d), gen)).to(task_device(task))
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
         """:class:`ComFedLoss` with the node's restored projection and the neighbours' mean projected prototypes.
@@ -105,7 +105,7 @@ class ComFedClient(ClientMethod):
         targets = {}
         if COMFED_TARGETS in msg.content:
             raw, _ = unpack_prototypes(msg.content[COMFED_TARGETS], f"{mt} targets")
-            targets = {m: torch.from_numpy(v) for m, v in raw.items()}
+            targets = {m: from_numpy(v, task_device(task)) for m, v in raw.items()}
         return ComFedLoss(proj, opt, train.clip_norm, targets, int(required(cfg, NUM_CLASSES, mt)), comfed.lam)
 
     @torch.no_grad()
@@ -113,7 +113,7 @@ class ComFedClient(ClientMethod):
         """Save the projection; upload ``P_i vbar_m`` over the whole training set (eval mode) with counts."""
         save_module_state(context, self._key(), plugin.proj, plugin.opt)
         means, counts = class_prototypes(eval_latents(task.model, task.x_train), task.y_train, plugin.num_classes)
-        protos = {m: (plugin.proj.p @ v).numpy() for m, v in means.items()}
+        protos = {m: to_numpy(plugin.proj.p @ v) for m, v in means.items()}
         return {UPLOAD: pack_prototypes(protos, counts, dim=plugin.proj.p.shape[0])}, {}
 
     @torch.no_grad()
@@ -124,29 +124,30 @@ class ComFedClient(ClientMethod):
             ProtocolError: the node has no projection yet (it never trained).
         """
         proj = self._stored(context, task)
-        return dict(zip(COMFED_ROUTED, (proj.numpy(), eval_latents(task.model, task.x_test).numpy(),
-                                        eval_latents(task.model, task.x_val).numpy())))
+        return dict(zip(COMFED_ROUTED, (to_numpy(proj), to_numpy(eval_latents(task.model, task.x_test)),
+                                        to_numpy(eval_latents(task.model, task.x_val)))))
 
     def _stored(self, context: Context, task: LocalTask) -> torch.Tensor:
         key = self._key()
         if key not in context.state:  # never trained: no learned map, report NaN accuracies downstream
-            return torch.full((1, int(task.model.d)), float("nan"))
-        return torch.from_numpy(context.state[key]["p"].numpy().copy())
+            return torch.full((1, int(task.model.d)), float("nan"), device=task_device(task))
+        return from_numpy(context.state[key]["p"].numpy().copy(), task_device(task))
 
     @torch.no_grad()
     def edge_metrics(self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict) -> dict[str, float]:
         """Accuracy of the receiver's head on ``P_i^+ P_j z_j`` (raw test / validation latents of j)."""
-        p_i, p_j = self._stored(context, task), torch.from_numpy(arrays[COMFED_ROUTED[0]])
+        dev = task_device(task)
+        p_i, p_j = self._stored(context, task), from_numpy(arrays[COMFED_ROUTED[0]], dev)
         out = {}
         for prefix, split in (("", "test"), ("val-", "val")):
             name = f"{prefix}comfed-communication-accuracy"
             if not (torch.isfinite(p_i).all() and torch.isfinite(p_j).all()) or p_i.shape[0] != p_j.shape[0]:
                 out[name] = float("nan")
                 continue
-            zhat = comfed_message(torch.from_numpy(arrays[f"raw-{split}-latents"]).float(), p_j, p_i)
+            zhat = comfed_message(from_numpy(arrays[f"raw-{split}-latents"], dev, torch.float32), p_j, p_i)
             task.model.eval()
             logits = task.model.classify_whitened(task.model.whitening(zhat))  # colouring o whitening = identity
-            out[name] = accuracy(logits, torch.from_numpy(arrays[f"{split}-labels"]).long())
+            out[name] = accuracy(logits, from_numpy(arrays[f"{split}-labels"], dev, torch.int64))
         return out
 
 

@@ -2,18 +2,50 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from flwr.app import Context
 from torch import nn
 
 from ..config import LocalTrainConfig
+from ..devices import resolve_device
 from ..protocol import pack_arrays
 from ..sheaf.whitening import low_variance_fraction
-from .task import LocalTask, TaskFactory, load_module_state, set_torch_threads
+from .task import TASK_TENSORS, LocalTask, TaskFactory, load_module_state, set_torch_threads
 
 __all__ = ["accuracy", "transport", "eval_latents", "eval_logits", "build", "whitened_pilots",
-           "cached_pilots", "store_pilots", "model_key", "round_generator"]
+           "cached_pilots", "store_pilots", "model_key", "round_generator", "to_device", "to_numpy",
+           "from_numpy", "task_device"]
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor on any device as a CPU numpy array (detached; what goes into a message)."""
+    return t.detach().cpu().numpy()
+
+
+def from_numpy(a, on: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A received array (numpy or array-like) as a tensor on device ``on`` (optionally cast to ``dtype``)."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.to(device=on, dtype=dtype) if dtype is not None else t.to(on)
+
+
+def task_device(task: LocalTask) -> torch.device:
+    """The device the task's tensors (and model) live on."""
+    return task.x_pilot.device
+
+
+def to_device(task: LocalTask, device: torch.device) -> LocalTask:
+    """The task with its model and every tensor on ``device`` (the same object when already there).
+
+    The model is moved in place (``nn.Module.to``); the tensors are copied to the device (the
+    factory's cached CPU tensors are never modified).
+    """
+    task.model.to(device)
+    if all(getattr(task, name).device == device for name in TASK_TENSORS):
+        return task
+    return dataclasses.replace(task, **{name: getattr(task, name).to(device) for name in TASK_TENSORS})
 
 
 def model_key(action: str) -> str:
@@ -70,18 +102,27 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
 
 
 def build(factory: TaskFactory, context: Context, action: str, threads: int,
-          train: LocalTrainConfig | None = None) -> tuple[LocalTask, nn.Module, torch.optim.Optimizer | None]:
-    """Build the node's task and restore its weights (and SGD state when ``train`` is given).
+          train: LocalTrainConfig | None = None, device_spec: str | None = None
+          ) -> tuple[LocalTask, nn.Module, torch.optim.Optimizer | None]:
+    """Build the node's task on ``device`` and restore its weights (and SGD state when ``train`` is given).
+
+    Args:
+        device_spec: a device spec (run-config key ``device``), required without ``train``;
+            ``train.device`` is used when ``train`` is given.
 
     Returns:
-        ``(task, task.model, optimizer_or_None)``.
+        ``(task, task.model, optimizer_or_None)``, model and tensors on the resolved device.
 
     Raises:
-        whatever the factory raises (e.g. ``ValueError`` for a partition-id outside the zoo), and
+        whatever the factory raises (e.g. ``ValueError`` for a partition-id outside the zoo),
+        :class:`~flwr_sheaf.devices.DeviceUnavailableError` for a device this machine lacks, and
         ``RuntimeError`` from ``load_state_dict`` when the stored state does not fit the rebuilt model.
     """
     set_torch_threads(threads)
-    task = factory(context)
+    spec = train.device if train is not None else device_spec
+    if spec is None:
+        raise ValueError("build() needs train or device_spec (the run-config key 'device')")
+    task = to_device(factory(context), resolve_device(spec))
     opt = None
     if train is not None:
         opt = torch.optim.SGD(task.model.parameters(), lr=train.lr, momentum=train.momentum,
@@ -106,12 +147,13 @@ def store_pilots(context: Context, action: str, latents: torch.Tensor, pilots: t
         the low-variance fraction of ``latents`` (share of dimensions with variance < 1e-3).
     """
     lvf = low_variance_fraction(latents)
-    context.state[_pilots_key(action)] = pack_arrays({"pilots": pilots.numpy(), "low-variance-fraction": np.array([lvf])})
+    context.state[_pilots_key(action)] = pack_arrays({"pilots": to_numpy(pilots), "low-variance-fraction": np.array([lvf])})
     return lvf
 
 
-def cached_pilots(context: Context, action: str) -> tuple[torch.Tensor, float] | None:
-    """This node's whitened pilots ``(K, d_i)`` and low-variance fraction from its last training round, if any.
+def cached_pilots(context: Context, action: str, on: torch.device | str = "cpu") -> tuple[torch.Tensor, float] | None:
+    """This node's whitened pilots ``(K, d_i)`` on device ``on`` and low-variance fraction from its last
+    training round, if any.
 
     They are exact for the current weights: the encoder has not changed since they were computed.
     """
@@ -119,4 +161,4 @@ def cached_pilots(context: Context, action: str) -> tuple[torch.Tensor, float] |
     if key not in context.state:
         return None
     rec = context.state[key]
-    return torch.from_numpy(rec["pilots"].numpy().copy()), float(rec["low-variance-fraction"].numpy()[0])
+    return from_numpy(rec["pilots"].numpy().copy(), on), float(rec["low-variance-fraction"].numpy()[0])

@@ -25,7 +25,7 @@ from ..baselines.fedproto import PoolingAdapter
 from ..config import FedMuscleConfig, LocalTrainConfig
 from ..protocol import (CONFIG, MUSCLE_TARGETS, PILOT_REPS, SERVER_ROUND, TARGET_ALL, TARGET_OTHERS, TRAIN, UPLOAD,
                         ProtocolError, message_type, pack_arrays)
-from .common import eval_latents
+from .common import eval_latents, from_numpy, task_device, to_numpy
 from .fedproto import feature_pool, latent_and_logits
 from .handlers import ClientMethod, register_method_handlers
 from .loop import LossPlugin
@@ -101,7 +101,7 @@ class FedMuscleClient(ClientMethod):
                 a = np.asarray(rec[key].numpy(), dtype=np.float32) if key in rec else None
                 if a is None or a.shape != shape:
                     raise ProtocolError(f"{mt}: target {key!r} has shape {None if a is None else a.shape}, expected {shape}")
-                pair.append(torch.from_numpy(a))
+                pair.append(from_numpy(a, task_device(task)))
             targets = (pair[0], pair[1])
         return FedMuscleLoss(pool, task.x_pilot, targets, contrastive, muscle.lam, muscle.temperature,
                              muscle.pilot_batch_size)
@@ -111,7 +111,7 @@ class FedMuscleClient(ClientMethod):
         """The node's pooled eval-mode pilot representations ``(K, D)`` float32 (for the network averages)."""
         pool = feature_pool(task.model, msg.content[CONFIG], message_type(TRAIN, self.action))
         reps = pool(eval_latents(task.model, task.x_pilot))
-        return {UPLOAD: pack_arrays({PILOT_REPS: reps.numpy()})}, {}
+        return {UPLOAD: pack_arrays({PILOT_REPS: to_numpy(reps)})}, {}
 
 
 def register_fedmuscle_handlers(app: ClientApp, factory: TaskFactory, action: str = "fedmuscle") -> ClientApp:

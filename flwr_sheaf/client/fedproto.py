@@ -28,7 +28,7 @@ from ..baselines.fedproto import PoolingAdapter, class_prototypes, fedproto_loss
 from ..config import FedProtoConfig
 from ..protocol import (CONFIG, EVALUATE, FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, TRAIN, UPLOAD, message_type,
                         pack_prototypes, unpack_prototypes)
-from .common import eval_latents
+from .common import eval_latents, from_numpy, to_numpy
 from .handlers import ClientMethod, register_method_handlers, required
 from .loop import LossPlugin
 from .task import LocalTask, TaskFactory
@@ -42,7 +42,7 @@ def received_prototypes(msg: Message) -> dict[int, torch.Tensor]:
     if GLOBAL_PROTOTYPES not in msg.content:
         return {}
     protos, _ = unpack_prototypes(msg.content[GLOBAL_PROTOTYPES], "global prototypes")
-    return {c: torch.from_numpy(p) for c, p in protos.items()}
+    return {c: from_numpy(p) for c, p in protos.items()}  # CPU; the losses cast to the latents' device
 
 
 def latent_and_logits(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +108,7 @@ class FedProtoClient(ClientMethod):
         cfg = msg.content[CONFIG]
         feats = feature_pool(task.model, cfg, message_type(TRAIN, self.action))(eval_latents(task.model, task.x_train))
         protos, counts = class_prototypes(feats, task.y_train, int(required(cfg, NUM_CLASSES, message_type(TRAIN, self.action))))
-        rec = pack_prototypes({c: p.numpy() for c, p in protos.items()}, counts, dim=feats.shape[1])
+        rec = pack_prototypes({c: to_numpy(p) for c, p in protos.items()}, counts, dim=feats.shape[1])
         return {UPLOAD: rec}, {"num-prototypes": len(protos)}
 
     @torch.no_grad()

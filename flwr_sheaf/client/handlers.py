@@ -31,13 +31,14 @@ from torch import nn
 
 from ..config import LocalTrainConfig
 from ..protocol import (ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
-                        NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS,
+                        DEVICE, NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS,
                         TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
                         NodeInfo, ProtocolError, comm_action, message_type, pack_evaluation, unpack_routed)
 from ..sheaf import check_pilots, procrustes
 from ..sheaf.whitening import low_variance_fraction
-from .common import (accuracy, build, cached_pilots, eval_latents, eval_logits, model_key, round_generator,
-                     transport, whitened_pilots)
+from ..devices import resolve_device
+from .common import (accuracy, build, cached_pilots, eval_latents, eval_logits, from_numpy, model_key,
+                     round_generator, task_device, to_numpy, transport, whitened_pilots)
 from .loop import CrossEntropy, LossPlugin, train_local
 from .task import LocalTask, TaskFactory, save_module_state, set_torch_threads
 
@@ -95,7 +96,7 @@ def _pilots_for_evaluation(task: LocalTask, model: nn.Module, context: Context, 
     """Whitened pilots ``(K, d_i)`` and the collapse diagnostic, whitening fitted as ``fit`` says."""
     if fit not in WHITENING_FITS:
         raise ProtocolError(f"{WHITENING_FIT}={fit!r}: must be one of {WHITENING_FITS}")
-    cached = cached_pilots(context, action)
+    cached = cached_pilots(context, action, task_device(task))
     if fit == "pilots" and cached is not None:
         return cached
     if fit == "pilots":
@@ -129,7 +130,9 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
 
     @app.query(action)
     def _query(msg: Message, context: Context) -> Message:
-        set_torch_threads(int(required(msg.content[CONFIG], TORCH_THREADS, message_type(QUERY, action))))
+        cfg, mt = msg.content[CONFIG], message_type(QUERY, action)
+        set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
+        resolve_device(str(required(cfg, DEVICE, mt)))  # a device this machine lacks fails discovery, before training
         task = factory(context)
         info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
                         int(task.model.d), tuple(int(c) for c in task.classes), int(task.x_pilot.shape[0]),
@@ -155,12 +158,13 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
     def _evaluate(msg: Message, context: Context) -> Message:
         cfg = msg.content[CONFIG]
         mt = message_type(EVALUATE, action)
-        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)))
+        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)),
+                               device_spec=str(required(cfg, DEVICE, mt)))
         a, lvf = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
         with torch.no_grad():
             zt = model.whitening(eval_latents(model, task.x_test))
             zv = model.whitening(eval_latents(model, task.x_val))
-        arrays = pack_evaluation(a.numpy(), zt.numpy(), task.y_test.numpy(), zv.numpy(), task.y_val.numpy(),
+        arrays = pack_evaluation(to_numpy(a), to_numpy(zt), to_numpy(task.y_test), to_numpy(zv), to_numpy(task.y_val),
                                  method.evaluation_arrays(msg, context, task))
         metrics = MetricRecord({
             PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
@@ -176,23 +180,25 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
     def _evaluate_comm(msg: Message, context: Context) -> Message:
         cfg = msg.content[CONFIG]
         mt = message_type(EVALUATE, comm_action(action))
-        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)))
+        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)),
+                               device_spec=str(required(cfg, DEVICE, mt)))
+        dev = task_device(task)
         own, _ = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
         model.eval()
         src, acc_test, acc_val, extra = [], [], [], {}
         edges = EdgeConfig.from_config(cfg)
         for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
             arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + method.routed_arrays)
-            a_j = torch.from_numpy(arr[EVAL_ARRAYS[0]]).float()
+            a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
             check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
             v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
             res = []
             for split in ("test", "val"):
-                z = torch.from_numpy(arr[f"{split}-latents"]).float()
+                z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
                 check_pilots(z, f"{split} latents of neighbour partition-id {j}", d=dj)
                 with torch.no_grad():
                     res.append(accuracy(model.classify_whitened(transport(z, v, i_head)),
-                                        torch.from_numpy(arr[f"{split}-labels"]).long()))
+                                        from_numpy(arr[f"{split}-labels"], dev, torch.int64)))
             src.append(j)
             acc_test.append(res[0])
             acc_val.append(res[1])

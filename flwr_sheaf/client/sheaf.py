@@ -27,7 +27,7 @@ from ..config import SheafConfig
 from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOTS, EdgeConfig, ProtocolError, pack_arrays,
                         unpack_neighbour_pilots)
 from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty, procrustes
-from .common import cached_pilots, store_pilots, whitened_pilots
+from .common import cached_pilots, from_numpy, store_pilots, task_device, to_numpy, whitened_pilots
 from .handlers import ClientMethod, register_method_handlers
 from .loop import LossPlugin
 from .task import LocalTask, TaskFactory
@@ -117,16 +117,17 @@ class SheafClient(ClientMethod):
         cfg = msg.content[CONFIG]
         sheaf = SheafConfig.from_record(cfg)
         pilots = unpack_neighbour_pilots(msg.content[PILOTS]) if PILOTS in msg.content else {}
-        cached = cached_pilots(context, self.action)
+        dev = task_device(task)
+        cached = cached_pilots(context, self.action, dev)
         return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
-                           {j: torch.from_numpy(a) for j, a in pilots.items()}, None if cached is None else cached[0])
+                           {j: from_numpy(a, dev) for j, a in pilots.items()}, None if cached is None else cached[0])
 
     def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
         (paper Alg. 1 line 13); the metric ``low-variance-fraction`` is the collapse diagnostic."""
         z, a = whitened_pilots(task.model, task.x_pilot)
         lvf = store_pilots(context, self.action, z, a)
-        return {PILOTS: pack_arrays({OWN_PILOTS: a.numpy()})}, {LOW_VARIANCE_FRACTION: lvf}
+        return {PILOTS: pack_arrays({OWN_PILOTS: to_numpy(a)})}, {LOW_VARIANCE_FRACTION: lvf}
 
 
 def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "sheaf") -> ClientApp:

@@ -78,7 +78,7 @@ def load_module_state(context: Context, key: str, module: nn.Module, optimizer: 
     module.load_state_dict(context.state[key].to_torch_state_dict())
     okey = f"{key}.optim"
     if optimizer is not None and okey in context.state:
-        optimizer.load_state_dict(torch.load(io.BytesIO(context.state[okey]["blob"]), weights_only=False))
+        optimizer.load_state_dict(torch.load(io.BytesIO(context.state[okey]["blob"]), map_location="cpu", weights_only=False))
     return True
 
 

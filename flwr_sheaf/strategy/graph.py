@@ -27,7 +27,7 @@ from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ..participation import ParticipationSampler
 from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVAL_ARRAYS, EVAL_REPLY, EVALUATE,
                         LOW_VARIANCE_FRACTION,
-                        METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
+                        DEVICE, METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
                         TRAIN_REPLY, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, EdgeConfig, comm_action,
                         route_evaluation)
 from ..sheaf.network import orient_edge
@@ -86,8 +86,8 @@ class GraphStrategy(PeerStrategy):
 
     # ------------------------------------------------------------------ graph
     def query_config(self) -> dict:
-        """Discovery reads the torch thread count."""
-        return {TORCH_THREADS: self.train.torch_threads}
+        """Discovery reads the torch thread count and checks the device (run-config key ``device``)."""
+        return {TORCH_THREADS: self.train.torch_threads, DEVICE: self.train.device}
 
     def on_discovered(self) -> None:
         """Build (from a spec, with the reported class sets) and validate the graph; check the pilot count."""
@@ -185,7 +185,8 @@ class GraphStrategy(PeerStrategy):
         return every > 0 and (server_round % every == 0 or server_round == num_rounds)
 
     def _eval_config(self, server_round: int) -> dict:
-        return {SERVER_ROUND: server_round, WHITENING_FIT: self.whitening_fit, TORCH_THREADS: self.train.torch_threads}
+        return {SERVER_ROUND: server_round, WHITENING_FIT: self.whitening_fit, TORCH_THREADS: self.train.torch_threads,
+                DEVICE: self.train.device}
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         """Phase 1 (``evaluate.<action>``) to every node: private accuracy, whitened pilots and latents.

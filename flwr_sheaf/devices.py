@@ -1,0 +1,86 @@
+"""Where a node computes: the ``device`` run-config key (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+
+No Flower here. Every node resolves the spec on its own machine (a SuperNode may have a GPU that
+the ServerApp's machine lacks), at discovery (``query``) and in every handler, so a node without
+CUDA asked for ``device=cuda`` fails its discovery reply with the message below before any
+training (docs/devices.md).
+
+What runs on the device: the model, the node's images, labels and pilots, the gluing penalty and
+the whitening. What stays in float64 (on the same device): the Procrustes SVD
+(:func:`flwr_sheaf.sheaf.procrustes.procrustes`) and the whitening's Cholesky factorisation.
+Random draws (batch order, pilot minibatches) come from a CPU ``torch.Generator``, so the
+sequence of batches is the same on every device; dropout masks come from the device's own
+generator, seeded from the same (seed, partition-id, server round), so CUDA runs are repeatable
+on one GPU model but not bit-identical to CPU runs (docs/devices.md, "Determinism").
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+__all__ = ["DEVICE_FORMS", "check_device_spec", "resolve_device", "DeviceUnavailableError"]
+
+#: Accepted forms of the ``device`` key (for error messages).
+DEVICE_FORMS = ("auto", "cpu", "cuda", "cuda:<index>")
+
+_CUDA_INDEX = re.compile(r"cuda:(\d+)")
+
+
+class DeviceUnavailableError(RuntimeError):
+    """The requested device does not exist on this machine (no CUDA, or an index beyond the GPU count)."""
+
+
+def check_device_spec(spec: str) -> str:
+    """Validate the *form* of a device spec without looking at the hardware (the server side).
+
+    Args:
+        spec: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (N >= 0); surrounding blanks ignored.
+
+    Returns:
+        the stripped spec.
+
+    Raises:
+        ValueError: any other text (the valid forms are listed).
+    """
+    text = str(spec).strip()
+    if text in ("auto", "cpu", "cuda") or _CUDA_INDEX.fullmatch(text):
+        return text
+    raise ValueError(f"unknown device {spec!r}; valid forms: {', '.join(DEVICE_FORMS)}")
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The ``torch.device`` a spec names on *this* machine.
+
+    ``auto`` is ``cuda`` (the current CUDA device, normally ``cuda:0``) when
+    ``torch.cuda.is_available()`` and ``cpu`` otherwise; ``cpu`` is always available.
+
+    Args:
+        spec: a device spec (:func:`check_device_spec`).
+
+    Returns:
+        ``torch.device``.
+
+    Raises:
+        ValueError: a malformed spec.
+        DeviceUnavailableError: ``cuda``/``cuda:N`` on a machine where torch sees no CUDA device
+            (the message gives torch's version and CUDA build and says to use ``device=auto`` or
+            ``cpu``), or ``cuda:N`` with N >= the number of visible GPUs.
+    """
+    text = check_device_spec(spec)
+    if text == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if text == "auto":
+        return torch.device("cuda") if available else torch.device("cpu")
+    if not available:
+        raise DeviceUnavailableError(
+            f"device={text!r}: this machine has no usable CUDA device (torch {torch.__version__}, built for "
+            f"CUDA {torch.version.cuda or 'none'}; torch.cuda.is_available() is False); use device=auto or device=cpu")
+    count = torch.cuda.device_count()
+    m = _CUDA_INDEX.fullmatch(text)
+    if m and int(m.group(1)) >= count:
+        raise DeviceUnavailableError(f"device={text!r}: this machine has {count} visible CUDA device(s) "
+                                     f"(indices 0..{count - 1}; CUDA_VISIBLE_DEVICES may hide others)")
+    return torch.device(text)
