@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-supernodes", type=int, default=15,
                     help="0 = pass no --federation-config (Flower's default local simulation: 2 SuperNodes)")
     ap.add_argument("--cpus-per-client", type=int, default=1)
+    ap.add_argument("--gpus-per-client", type=float, default=0.0,
+                    help="Ray GPU share per ClientApp (e.g. 0.1: ten ClientApps share one GPU; docs/devices.md)")
     ap.add_argument("--port", type=int, default=39291, help="SuperLink HTTP port (control = port + 2)")
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--run-config", default="")
@@ -76,9 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     if flwr is None:
         print("flwr CLI not found: install the package first (README)", file=sys.stderr)
         return 2
+    if args.gpus_per_client > 0:
+        import torch  # Ray would fail with "ActorPool is empty" and flwr run would still exit 0
+
+        if not torch.cuda.is_available():
+            print(f"--gpus-per-client={args.gpus_per_client}: torch sees no CUDA device on this machine; "
+                  "use --gpus-per-client 0 (device=auto then runs on the CPU)", file=sys.stderr)
+            return 2
     cmd = [flwr, "run", args.app, "--stream"]
     if args.num_supernodes > 0:
-        cmd += ["--federation-config", f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"]
+        fed = f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"
+        if args.gpus_per_client > 0:
+            fed += f" client-resources-num-gpus={args.gpus_per_client}"
+        cmd += ["--federation-config", fed]
     if args.run_config:
         cmd += ["--run-config", args.run_config]
     print("+", " ".join(cmd), flush=True)
