@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
         "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
         "RAY_DEDUP_LOGS": "0",
+        # named datasets (dataset=fashion-mnist): `flwr run` may import the app from its FAB copy,
+        # whose location says nothing about this checkout's data/ folder
+        "FLWR_SHEAF_DATA": os.environ.get("FLWR_SHEAF_DATA", str(Path(__file__).resolve().parents[1] / "data")),
         # flwr spawns flower-superlink by name: make this interpreter's scripts visible
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     })

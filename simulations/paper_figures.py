@@ -1,0 +1,194 @@
+"""Sweeps shaped like the paper's Fig. 2 (label shift s, 15 agents) and Fig. 3 (two agents, latent size d).
+
+For every point (s for Fig. 2, d for Fig. 3), seed and method, each weight of the method's grid
+is trained (in-process: the same ServerApp/ClientApp code as ``flwr run``), the weight is chosen
+per (point, seed, method) on the **validation** split (degree-weighted validation communication
+accuracy, ties by validation private accuracy), and the chosen run's **test** numbers are
+reported as mean +- 95% interval over seeds (Student t, n - 1 degrees of freedom; no interval
+for one seed).
+
+    python simulations/paper_figures.py --figure 2 --seeds 0 1 2 --rounds 10 --workers 2 --out results/fig2
+    python simulations/paper_figures.py --figure 3 --dims 16 32 64 128 256 512 --seeds 0 1 2 --out results/fig3
+    python simulations/paper_figures.py --figure 2 --extra preset=paper dataset=fashion-mnist device=cuda --workers 6
+
+Methods and their weight (grid from ``--lambdas``, values in [1e-5, 1]):
+
+- ``sheaf-frl`` (``lambda``); its ``lambda = 0`` run is also reported as ``posthoc-pilots``: no
+  gluing, Procrustes fitted post hoc on the final pilots with the whitening fitted on the pilots
+  (the strong post-hoc reading);
+- ``non-cooperative`` (no weight): post hoc with the whitening fitted on each agent's private
+  training latents (the paper's protocol), reported as ``posthoc-train``;
+- ``fedproto`` (``fedproto-lambda``), ``fedsaf-gcsa`` / ``fedsaf-rcsa`` (``fedsaf-lambda``),
+  ``fedmuscle`` (``fedmuscle-lambda``), ``comfed`` (``comfed-lambda``): communication accuracy by
+  post-hoc Procrustes on pilot-whitened latents (the strong reading; docs/baselines.md).
+
+Resumable: every run writes ``<out>/runs/<tag>/results.json`` and a finished run with the same
+config is read back instead of retrained. Writes ``<out>/runs.csv`` (one row per run),
+``<out>/figure.csv`` (one row per point and method) and ``<out>/figure.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import multiprocessing as mp
+import statistics
+import time
+from pathlib import Path
+
+from inprocess import parse_overrides, run_inprocess
+
+WEIGHT_KEY = {"sheaf-frl": "lambda", "non-cooperative": None, "fedproto": "fedproto-lambda",
+              "fedsaf-gcsa": "fedsaf-lambda", "fedsaf-rcsa": "fedsaf-lambda", "fedmuscle": "fedmuscle-lambda",
+              "comfed": "comfed-lambda"}
+METRICS = ("private_accuracy_mean", "communication_accuracy_degree_weighted", "val_private_accuracy_mean",
+           "val_communication_accuracy_degree_weighted")
+
+
+def _run(job: dict) -> dict:
+    """One training run (or its finished results.json); returns the CSV row."""
+    t = time.monotonic()
+    cfg = job["config"]
+    done = Path(cfg["results-dir"]) / "results.json"
+    res = None
+    if done.exists():
+        old = json.loads(done.read_text())
+        if all(old.get("config", {}).get(k) == v for k, v in cfg.items() if k != "results-dir"):
+            res = old
+    if res is None:
+        res = run_inprocess(cfg)
+    evaluated = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None]
+    last = evaluated[-1] if evaluated else {}
+    return {**job["meta"], **{k: last.get(k) for k in METRICS}, "wall_seconds": round(time.monotonic() - t, 1)}
+
+
+def t95(n: int) -> float:
+    """Two-sided 95% Student-t quantile for n samples (n - 1 degrees of freedom)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
+
+
+def summarise(rows: list[dict], points: list, seeds: list[int]) -> list[dict]:
+    """Validation-chosen weight per (point, seed, method), then mean +- 95% interval over seeds."""
+    out = []
+    methods = sorted({r["method"] for r in rows})
+    for x in points:
+        for method in methods:
+            chosen = []
+            for seed in seeds:
+                runs = [r for r in rows if r["x"] == x and r["seed"] == seed and r["method"] == method
+                        and r["val_communication_accuracy_degree_weighted"] is not None
+                        and not (method == "sheaf-frl" and r["weight"] == 0.0)]  # lambda = 0 is posthoc-pilots
+                if runs:
+                    chosen.append(max(runs, key=lambda r: (r["val_communication_accuracy_degree_weighted"] or -1,
+                                                           r["val_private_accuracy_mean"] or -1)))
+            if not chosen:
+                continue
+            row = {"x": x, "method": method, "seeds": len(chosen), "weights": " ".join(str(c["weight"]) for c in chosen)}
+            for key, name in (("communication_accuracy_degree_weighted", "comm"), ("private_accuracy_mean", "private")):
+                vals = [c[key] for c in chosen if c[key] is not None and not math.isnan(c[key])]
+                row[f"{name}_mean"] = statistics.mean(vals) if vals else float("nan")
+                row[f"{name}_ci95"] = (t95(len(vals)) * statistics.stdev(vals) / math.sqrt(len(vals))
+                                       if len(vals) > 1 else float("nan"))
+            out.append(row)
+    return out
+
+
+def plot(table: list[dict], xlabel: str, path: Path, title: str) -> None:
+    """Two panels (communication, private accuracy) against the point, one line per method, 95% bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, name, label in ((axes[0], "comm", "communication accuracy (degree-weighted)"),
+                            (axes[1], "private", "private accuracy (mean)")):
+        for method in sorted({r["method"] for r in table}):
+            rs = [r for r in table if r["method"] == method]
+            ax.errorbar([r["x"] for r in rs], [r[f"{name}_mean"] for r in rs],
+                        yerr=[0 if math.isnan(r[f"{name}_ci95"]) else r[f"{name}_ci95"] for r in rs],
+                        marker="o", capsize=3, label=method)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if xlabel.startswith("latent"):
+            ax.set_xscale("log", base=2)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    """Parse the options (module docstring), run the grid in a process pool, write CSVs and the PNG."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--figure", type=int, choices=(2, 3), required=True)
+    ap.add_argument("--shifts", type=float, nargs="+", default=[0.1, 0.3, 0.5, 0.7, 0.9], help="Fig. 2 points")
+    ap.add_argument("--dims", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512], help="Fig. 3 points")
+    ap.add_argument("--shift", type=float, default=0.7, help="Fig. 3 label shift")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--methods", nargs="+", default=sorted(WEIGHT_KEY))
+    ap.add_argument("--lambdas", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1, 1.0])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--extra", nargs="*", default=[], help="more run-config overrides key=value (e.g. preset=paper)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    bad = [m for m in args.methods if m not in WEIGHT_KEY]
+    if bad:
+        ap.error(f"unknown method(s) {bad}; known: {sorted(WEIGHT_KEY)}")
+    if any(not 1e-5 <= w <= 1.0 for w in args.lambdas):
+        ap.error(f"--lambdas must lie in [1e-5, 1], got {args.lambdas}")
+    out = Path(args.out or f"results/fig{args.figure}").resolve()
+    extra = parse_overrides(args.extra)
+    points = args.shifts if args.figure == 2 else args.dims
+    jobs = []
+    for x in points:
+        scen = {"shift": x} if args.figure == 2 else {"zoo": f"two-agent:{x}", "graph": "complete", "shift": args.shift}
+        for seed in args.seeds:
+            for method in args.methods:
+                key = WEIGHT_KEY[method]
+                grid = [None] if key is None else ([0.0] if method == "sheaf-frl" else []) + list(args.lambdas)
+                for w in grid:
+                    tag = f"x{x}-seed{seed}-{method}" + ("" if w is None else f"-w{w:g}")
+                    cfg = {**scen, "seed": seed, "method": method, "num-server-rounds": args.rounds,
+                           "evaluate-every": args.rounds, **extra, "results-dir": str(out / "runs" / tag)}
+                    if key is not None:
+                        cfg[key] = w
+                    jobs.append({"config": cfg, "meta": {"x": x, "seed": seed, "method": method,
+                                                         "weight": 0.0 if w is None else w}})
+    print(f"{len(jobs)} runs, {args.workers} at a time -> {out}", flush=True)
+    t0 = time.monotonic()
+    with mp.get_context("spawn").Pool(args.workers) as pool:
+        rows = pool.map(_run, jobs, chunksize=1)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    table = summarise(rows, points, args.seeds)
+    table += [{**r, "method": "posthoc-pilots"} for r in summarise(
+        [{**r, "method": "posthoc-pilots"} for r in rows if r["method"] == "sheaf-frl" and r["weight"] == 0.0],
+        points, args.seeds)]
+    table = [{**r, "method": "posthoc-train" if r["method"] == "non-cooperative" else r["method"]} for r in table]
+    with open(out / "figure.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    xlabel = "label shift s" if args.figure == 2 else "latent dimension d (both agents)"
+    plot(table, xlabel, out / "figure.png",
+         f"Fig. {args.figure} shape: weight chosen on validation, mean +- 95% over seeds {args.seeds}; "
+         f"{args.rounds} rounds; {' '.join(args.extra) or 'package defaults'}")
+    print(f"\n{'x':>6} {'method':>16} | {'comm':>13} | {'private':>13} | weights")
+    for r in table:
+        print(f"{r['x']:>6} {r['method']:>16} | {r['comm_mean']:.3f} ± {r['comm_ci95']:.3f} | "
+              f"{r['private_mean']:.3f} ± {r['private_ci95']:.3f} | {r['weights']}")
+    print(f"total {time.monotonic() - t0:.0f} s; written {out / 'figure.csv'}, {out / 'figure.png'}")
+
+
+if __name__ == "__main__":
+    main()
