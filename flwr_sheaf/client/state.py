@@ -48,7 +48,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from ..config import RESUME_MUTABLE_KEYS, config_differences
+from ..config import DEFAULTS, RESUME_MUTABLE_KEYS, config_differences
 from ..protocol import CONFIG, SERVER_ROUND
 
 __all__ = ["STATE_DIR", "META_KEY", "StateFileError", "persist_state", "state_files", "read_state", "write_state",
@@ -83,7 +83,7 @@ def _resuming(run_config: Mapping[str, Any]) -> bool:
 
 
 def _keep(run_config: Mapping[str, Any]) -> int:
-    every = run_config.get("checkpoint-every", 1)
+    every = run_config["checkpoint-every"] if "checkpoint-every" in run_config else DEFAULTS["checkpoint-every"]
     return max(2, int(every) + 1) if isinstance(every, int) and not isinstance(every, bool) else 2
 
 
