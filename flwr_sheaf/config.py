@@ -9,7 +9,7 @@ section              keys                                                       
 ==================== ============================================================ ==========
 :class:`RunConfig`   ``method``, ``num-server-rounds``, ``round-timeout``,          the ServerApp
                      ``results-dir``, ``checkpoint-every``, ``resume``,
-                     ``resume-from`` + the sections
+                     ``resume-from``, ``node-state-dir`` + the sections
 :class:`ScenarioConfig` ``zoo``, ``dataset``, ``shift``, ``seed``, ``num-pilots``,    task factory (client)
                      ``whitening-shrinkage``, ``whitening-eps``
 :class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
@@ -223,6 +223,9 @@ _KEY_LIST = [
     Key("resume", False, _bool, "continue the run checkpointed in `results-dir` from its last completed round (docs/resume.md)"),
     Key("resume-from", "", _str(),
         "continue the run checkpointed in this directory (or `checkpoint.pkl` file) instead; non-empty implies `resume`"),
+    Key("node-state-dir", "", _str(),
+        "root of the nodes' state directories (`<dir>/partition-<id>`) when a SuperNode has no `state-dir` node config "
+        "(simulation; docs/resume.md)"),
     # scenario
     Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
     Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
@@ -487,7 +490,7 @@ class FedSAFConfig(Section):
 
 
 @section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "checkpoint-every", "resume",
-         "resume-from")
+         "resume-from", "node-state-dir")
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
@@ -498,6 +501,7 @@ class RunConfig(Section):
         discovery_timeout: seconds to wait for SuperNodes at the start.
         results_dir: output directory.
         checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
+        node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
         scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle: the sections.
     """
 
@@ -564,7 +568,8 @@ class RunConfig(Section):
 #: Run-config keys a resumed run may change (docs/resume.md): they do not enter any result. Every other
 #: key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
-    {"num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "checkpoint-every", "resume", "resume-from"})
+    {"num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "checkpoint-every", "resume", "resume-from",
+     "node-state-dir"})
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -225,13 +225,19 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
     stop_round = rounds - 1
 
     def grid(name, cfg, run_id=1, hook=None):
-        nc = lambda i: {"state-dir": str(tmp_path / f"state-{name}")}  # noqa: E731
+        if method == "fedproto":  # one root for every node in the run config (as under Flower's simulation engine)
+            cfg, nc = {**cfg, "node-state-dir": str(tmp_path / f"state-{name}")}, None
+        else:  # each SuperNode's own node config
+            nc = lambda i: {"state-dir": str(tmp_path / f"state-{name}")}  # noqa: E731
         if hook is None:
             return LocalGrid(cnn_app, 4, run_config=cfg, node_config=nc, run_id=run_id)
         return EventGrid(cnn_app, 4, run_config=cfg, node_config=nc, run_id=run_id, hook=hook)
 
-    cfg = {**rc, "results-dir": str(tmp_path / "straight")}
-    straight = json.loads(run_server(grid("straight", cfg), cfg).read_text())
+    def run(name, cfg, **kw):
+        g = grid(name, cfg, **kw)
+        return json.loads(run_server(g, g.run_config).read_text())
+
+    straight = run("straight", {**rc, "results-dir": str(tmp_path / "straight")})
 
     def stop(g, messages, delivered):
         if _batch_is(messages, "train", stop_round) and delivered:
@@ -239,13 +245,14 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
 
     cfg = {**rc, "results-dir": str(tmp_path / "resumed")}
     with pytest.raises(Stopped):
-        run_server(grid("resumed", cfg, hook=stop), cfg)
+        g = grid("resumed", cfg, hook=stop)
+        run_server(g, g.run_config)
     assert load_checkpoint(tmp_path / "resumed" / "checkpoint.pkl")["round"] == stop_round - 1
     assert not (tmp_path / "resumed" / "results.json").exists()
     assert stop_round in state_files(tmp_path / "state-resumed" / "partition-0")  # the stopped run's last training
 
     cfg = {**cfg, "resume": True}
-    resumed = json.loads(run_server(grid("resumed", cfg, run_id=2), cfg).read_text())
+    resumed = run("resumed", cfg, run_id=2)
     assert [r["round"] for r in resumed["rounds"]] == list(range(1, rounds + 1))
     assert _rounds(resumed) == _rounds(straight)
     assert resumed["nodes"] == straight["nodes"] and resumed["edges"] == straight["edges"]
@@ -265,6 +272,9 @@ def test_resume_refuses_a_changed_run_config_and_a_missing_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_server(LocalGrid(cnn_app, 4, run_config=cfg), {**cfg, "resume": True})
     run_server(LocalGrid(cnn_app, 4, run_config=cfg), cfg)
+    longer = {**cfg, "resume": True, "num-server-rounds": 2}  # the nodes keep no state: refused at discovery
+    with pytest.raises(RuntimeError, match="discovery failed .* keeps no state"):
+        run_server(LocalGrid(cnn_app, 4, run_config=longer), longer)
     changed = {**cfg, "resume": True, "lr": 0.2, "num-server-rounds": 2}
     with pytest.raises(ConfigError, match=r"lr=0\.05 in the checkpoint, 0\.2 now"):
         run_server(LocalGrid(cnn_app, 4, run_config=changed), changed)

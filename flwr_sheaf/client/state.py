@@ -29,7 +29,11 @@ File format: the line ``flwr-sheaf node state v1``, one line of JSON metadata (`
 keys, ``sha256`` and ``payload-bytes`` of the payload), then the payload: Flower's own protobuf
 serialisation of the ``RecordDict`` (:func:`flwr.common.serde.recorddict_to_proto`).
 
-Without ``state-dir`` the mod does nothing (simulation behaves as before).
+On one machine (Flower's simulation engine gives nodes no node config of their own, and in-process
+runs) the run-config key ``node-state-dir`` names the same root for every node. Without either key
+the mod does nothing (simulation behaves as before), except that a run config that resumes a
+stopped run is refused at discovery (:class:`StateFileError` on the ``query`` message): the
+nodes' models would silently restart from initialisation.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ log = logging.getLogger("flwr_sheaf")
 
 #: Node-config key naming the node's state directory (unset or empty: nothing is persisted).
 STATE_DIR = "state-dir"
+#: Run-config key with the same meaning for nodes whose node config has no ``state-dir``.
+RUN_STATE_DIR = "node-state-dir"
 #: ``context.state`` entry the mod maintains: ``round`` and ``previous-round`` of the state it holds.
 META_KEY = "flwr-sheaf.persisted"
 MAGIC = b"flwr-sheaf node state v1\n"
@@ -88,17 +94,23 @@ def _keep(run_config: Mapping[str, Any]) -> int:
 
 
 def node_dir(context: Context) -> Path | None:
-    """``<state-dir>/partition-<id>`` of this node, or None without ``state-dir``.
+    """``<root>/partition-<id>`` of this node, or None when nothing is persisted.
+
+    ``root`` is the node config's ``state-dir``, else the run config's ``node-state-dir`` (one
+    machine: simulation, in-process runs), else there is none.
 
     Raises:
-        StateFileError: ``state-dir`` is not a string.
+        StateFileError: the value is not a string (key named).
     """
-    root = context.node_config.get(STATE_DIR)
-    if root is None or root == "":
-        return None
-    if not isinstance(root, str):
-        raise StateFileError(f"node config {STATE_DIR}={root!r}: expected a directory path (string)")
-    return Path(root).expanduser() / f"partition-{int(context.node_config['partition-id'])}"
+    for where, cfg, key in (("node config", context.node_config, STATE_DIR),
+                            ("run config", context.run_config, RUN_STATE_DIR)):
+        root = cfg[key] if key in cfg else None
+        if root is None or root == "":
+            continue
+        if not isinstance(root, str):
+            raise StateFileError(f"{where} {key}={root!r}: expected a directory path (string)")
+        return Path(root).expanduser() / f"partition-{int(context.node_config['partition-id'])}"
+    return None
 
 
 def state_files(directory: Path) -> dict[int, Path]:
@@ -186,6 +198,10 @@ def _restore(context: Context, directory: Path, server_round: int, category: str
     """Load the newest admissible state file into the empty ``context.state`` (or leave it empty)."""
     files = state_files(directory)
     if not files:
+        if server_round > 1 and _resuming(context.run_config):
+            log.warning("partition-id %s: no state files in %s; starting round %d from initialisation (right only "
+                        "if this node never trained before)", context.node_config["partition-id"], directory,
+                        server_round)
         return
     metas = {}
     for r, path in files.items():
@@ -233,20 +249,25 @@ def _save(context: Context, directory: Path, server_round: int) -> None:
 def persist_state(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Flower ClientApp mod (``ClientApp(mods=[persist_state])``): reload and write ``context.state`` (module docstring).
 
-    Acts only with the node-config key ``state-dir`` and on messages whose ``config`` record has
-    ``server-round``; anything else passes straight through.
+    Acts only with a state directory (node config ``state-dir`` or run config ``node-state-dir``) and
+    on messages whose ``config`` record has ``server-round``; anything else passes straight through.
 
     Raises:
         StateFileError: a state file that must not be loaded (other partition-id, run or run config;
-            corrupted; the needed round pruned). Flower turns it into the node's error reply.
+            corrupted; the needed round pruned), or a ``query`` of a resuming run on a node without a
+            state directory. Flower turns it into the node's error reply.
         OSError: the state directory cannot be written (the reply is not sent: the server records a failure).
     """
     directory = node_dir(context)
     content = msg.content
+    category = msg.metadata.message_type.split(".", 1)[0]
+    if directory is None and category == "query" and _resuming(context.run_config):
+        raise StateFileError(f"the run config resumes a stopped run, but this SuperNode keeps no state (neither the "
+                             f"node config {STATE_DIR} nor the run config {RUN_STATE_DIR} is set): its models would "
+                             f"restart from initialisation")
     if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:
         return call_next(msg, context)
     server_round = int(content[CONFIG][SERVER_ROUND])
-    category = msg.metadata.message_type.split(".", 1)[0]
     if len(context.state) == 0:
         _restore(context, directory, server_round, category)
     before = None if category == "train" else serialize_state(context.state)
