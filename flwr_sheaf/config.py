@@ -8,7 +8,8 @@ This module is the **only** place where a run-config default lives. ``pyproject.
 section              keys                                                         read by
 ==================== ============================================================ ==========
 :class:`RunConfig`   ``method``, ``num-server-rounds``, ``round-timeout``,          the ServerApp
-                     ``results-dir`` + the sections
+                     ``results-dir``, ``checkpoint-every``, ``resume``,
+                     ``resume-from``, ``node-state-dir`` + the sections
 :class:`ScenarioConfig` ``zoo``, ``dataset``, ``shift``, ``seed``, ``num-pilots``,    task factory (client)
                      ``whitening-shrinkage``, ``whitening-eps``
 :class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
@@ -62,6 +63,8 @@ __all__ = [
     "PAPER_PRESET",
     "PAPER_PRESET_TWO_AGENT",
     "apply_preset",
+    "RESUME_MUTABLE_KEYS",
+    "config_differences",
 ]
 
 
@@ -99,6 +102,12 @@ def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
         return out
 
     return parse
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}={v!r}: expected true or false")
+    return v
 
 
 def _str(choices: tuple[str, ...] | None = None, nonempty: bool = False) -> Callable[[str, Any], str]:
@@ -220,6 +229,14 @@ _KEY_LIST = [
         "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)"),
     Key("preset", "", _str(("", "paper")),
         "`paper` = the paper's App. G hyper-parameters for every key left at its default (docs/presets.md); empty = none"),
+    Key("checkpoint-every", 1, _int(0),
+        "write `checkpoint.pkl` to `results-dir` every this many rounds and after the last one (0 = never; docs/resume.md)"),
+    Key("resume", False, _bool, "continue the run checkpointed in `results-dir` from its last completed round (docs/resume.md)"),
+    Key("resume-from", "", _str(),
+        "continue the run checkpointed in this directory (or `checkpoint.pkl` file) instead; non-empty implies `resume`"),
+    Key("node-state-dir", "", _str(),
+        "root of the nodes' state directories (`<dir>/partition-<id>`) when a SuperNode has no `state-dir` node config "
+        "(simulation; docs/resume.md)"),
     # scenario
     Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
     Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
@@ -527,7 +544,8 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "preset")
+@section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "preset",
+         "checkpoint-every", "resume", "resume-from", "node-state-dir")
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
@@ -538,6 +556,8 @@ class RunConfig(Section):
         discovery_timeout: seconds to wait for SuperNodes at the start.
         results_dir: output directory.
         preset: ``""`` or ``"paper"`` (already applied to the sections by :meth:`from_run_config`).
+        checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
+        node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
         scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle: the sections.
     """
 
@@ -601,6 +621,20 @@ class RunConfig(Section):
         for name in self.SECTIONS:
             out.update(getattr(self, name).to_dict())
         return {k: out[k] for k in KEYS}
+
+
+#: Run-config keys a resumed run may change (docs/resume.md): they do not enter any result. Every other
+#: key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
+RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
+    {"num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "checkpoint-every", "resume", "resume-from",
+     "node-state-dir", "device", "torch-threads"})
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved value, current value)}`` of the keys outside :data:`RESUME_MUTABLE_KEYS` that differ
+    (a key missing on one side counts as ``None`` there); empty when a resume may go on."""
+    keys = (set(saved) | set(current)) - RESUME_MUTABLE_KEYS
+    return {k: (saved.get(k), current.get(k)) for k in sorted(keys) if saved.get(k) != current.get(k)}
 
 
 def _check_defaults() -> None:

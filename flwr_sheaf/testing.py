@@ -50,6 +50,9 @@ class LocalGrid(Grid):
             like a node that went silent.
         wait_cap: seconds actually slept when replies are missing (``min(timeout, wait_cap)``;
             default 0: the wait is only recorded in :attr:`waits`, so tests stay fast).
+        node_config: extra node-config entries, a mapping for every node or ``node_config(partition_id)
+            -> mapping`` (e.g. each node's ``state-dir``, docs/resume.md).
+        run_id: Flower run id of every node's ``Context`` (a new ``flwr run`` gets a new one).
 
     Attributes:
         contexts: ``{node_id: Context}``, the committed per-node state (inspect it in tests).
@@ -68,29 +71,36 @@ class LocalGrid(Grid):
         run_config: Mapping[str, object] | None = None,
         drop: Callable[[Message], bool] | None = None,
         wait_cap: float = 0.0,
+        node_config: Mapping[str, object] | Callable[[int], Mapping[str, object]] | None = None,
+        run_id: int = 1,
     ) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
         set_task_identity()
-        self._run = Run.create_empty(1)
+        self._run = Run.create_empty(run_id)
+        self.run_id = int(run_id)
+        self.run_config = dict(run_config or {})
+        self._extra_node_config = node_config
         self.app = client_app
         self.drop = drop or (lambda m: False)
         self.wait_cap = float(wait_cap)
         self.waits: list[float] = []
         self.node_ids = [1_000_003 + 7919 * i for i in range(num_nodes)]
-        self.contexts = {
-            nid: Context(
-                run_id=1,
-                node_id=nid,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
-                state=RecordDict(),
-                run_config=dict(run_config or {}),
-            )
-            for i, nid in enumerate(self.node_ids)
-        }
+        self.contexts = {nid: self.fresh_context(i) for i, nid in enumerate(self.node_ids)}
         self.delivered: list[Message] = []
         self.replies: list[Message] = []  # every reply pulled, in order (for tests)
         self._replies: dict[str, Message] = {}
+
+    def fresh_context(self, partition_id: int) -> Context:
+        """A node's ``Context`` as a freshly started SuperNode has it (empty ``state``).
+
+        ``grid.contexts[grid.node_ids[i]] = grid.fresh_context(i)`` emulates restarting node i.
+        """
+        extra = self._extra_node_config
+        extra = extra(partition_id) if callable(extra) else extra
+        return Context(run_id=self.run_id, node_id=self.node_ids[partition_id],
+                       node_config={"partition-id": partition_id, "num-partitions": len(self.node_ids), **(extra or {})},
+                       state=RecordDict(), run_config=dict(self.run_config))
 
     def partition_of(self, node_id: int) -> int:
         """Partition-id of a node id (test convenience)."""

@@ -22,6 +22,8 @@ HEAD = ["[tool.flwr.app.config]",
 
 def literal(v) -> str:
     """TOML literal of a default."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
     return json.dumps(v) if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
 
 

@@ -24,7 +24,7 @@ def parse_overrides(items: list[str]) -> dict:
     """``["lambda=0.1", "zoo=tiny-4"]`` -> typed dict, as ``flwr run --run-config`` would type them.
 
     Quotes around a value are optional (``method='fedproto'`` as for ``flwr run``, or
-    ``method=fedproto``); numbers become int or float. Unknown keys and bad values are refused by
+    ``method=fedproto``); ``true``/``false`` become booleans, numbers int or float. Unknown keys and bad values are refused by
     :meth:`flwr_sheaf.config.RunConfig.from_run_config`, naming the key and the value.
 
     Raises:
@@ -38,6 +38,9 @@ def parse_overrides(items: list[str]) -> dict:
             raise ConfigError(f"run-config override {it!r}: expected key=value")
         if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
             out[k] = v[1:-1]
+            continue
+        if v in ("true", "false"):  # TOML booleans, as flwr run types them (e.g. resume=true)
+            out[k] = v == "true"
             continue
         try:
             out[k] = int(v)

@@ -12,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..config import RunConfig
 from ..results import write_results
+from ..strategy.checkpoint import Checkpointer
 from .methods import build_strategy
 
 log = logging.getLogger("flwr_sheaf")
@@ -23,13 +24,17 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     """Validate the run config, run the configured method on ``grid`` and write its results.
 
     Every key and value is checked (and the graph built on the zoo's agents) before any message is
-    sent; ``results.json`` records every key's effective value.
+    sent; ``results.json`` records every key's effective value. A checkpoint goes to ``results-dir``
+    after every ``checkpoint-every`` rounds; ``resume`` / ``resume-from`` continue a stopped run from
+    its checkpoint (docs/resume.md).
 
     Returns:
         Path of the written ``results.json``.
 
     Raises:
-        ConfigError: an unknown key, a bad value or an unknown method (named).
+        ConfigError: an unknown key, a bad value or an unknown method (named); resuming with a
+            different run config (keys named) or past ``num-server-rounds``.
+        FileNotFoundError: resuming without a checkpoint.
     """
     if not log.handlers:  # our own progress lines only; leave the root logger to the host app
         handler = logging.StreamHandler()
@@ -39,12 +44,19 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.propagate = False
     config = RunConfig.from_run_config(run_config)
     strategy = build_strategy(config)
+    out = Path(config.results_dir).expanduser().resolve()
+    resume_from = config.resume_from or (out if config.resume else None)
+    ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)
+    ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
     t0 = time.monotonic()
     strategy.start(grid=grid, num_rounds=config.num_server_rounds, timeout=config.round_timeout)
     wall = time.monotonic() - t0
-    out = Path(config.results_dir).expanduser().resolve()
+    extra = strategy.results_extra()
+    if ckpt.restored_round:
+        extra["resumed"] = {"checkpoint": str(ckpt.resume_from), "after_round": ckpt.restored_round,
+                            "wall_seconds_before": ckpt.previous_wall_seconds}
     path = write_results(out, config.to_dict(), strategy.history, strategy.node_results, strategy.edge_results,
-                         failures=strategy.failures, total_wall_seconds=wall, **strategy.results_extra())
+                         failures=strategy.failures, total_wall_seconds=wall, **extra)
     log.info("results written to %s (%.1f s)", path, wall)
     return path
 

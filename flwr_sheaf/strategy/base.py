@@ -36,6 +36,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..config import DEFAULTS, KEYS
 from ..participation import ParticipationSampler
 from ..protocol import CONFIG, INFO, QUERY, NodeInfo, ProtocolError, message_type, reply_problem
+from .checkpoint import Checkpointer
 
 __all__ = ["PeerStrategy", "RoundRecord", "EvaluationSummary", "Node", "record_bytes", "nanmean", "positive_int"]
 
@@ -183,6 +184,9 @@ class PeerStrategy(Strategy):
         self.failures: list[dict] = []
         self.current: RoundRecord | None = None
         self._t0: float | None = None
+        #: writes checkpoints and restores one (:class:`flwr_sheaf.strategy.checkpoint.Checkpointer`;
+        #: the ServerApp sets it; None = no checkpoints).
+        self.checkpointer: Checkpointer | None = None
 
     # ------------------------------------------------------------------ discovery
     def query_config(self) -> dict:
@@ -263,7 +267,10 @@ class PeerStrategy(Strategy):
         Per round: ``configure_train`` -> one round trip -> ``aggregate_train``; then, in evaluated
         rounds, ``configure_evaluate`` -> round trip -> ``route_evaluate`` (the optional second
         round trip) -> ``aggregate_evaluate``; then ``evaluate_fn``. Every round trip waits at
-        most ``timeout`` seconds; nodes that did not answer are recorded as failed.
+        most ``timeout`` seconds; nodes that did not answer are recorded as failed. With
+        :attr:`checkpointer` set, a checkpoint is written after the rounds it is due and a resumed
+        run puts the checkpointed state back after discovery and goes on with the next round
+        (docs/resume.md).
 
         Args:
             grid: Flower's Grid.
@@ -298,8 +305,14 @@ class PeerStrategy(Strategy):
             if res is not None:
                 result.evaluate_metrics_serverapp[0] = res
         self.discover(grid, timeout)
-        self._t0 = time.monotonic()
-        for rnd in range(1, int(num_rounds) + 1):
+        first, wall0 = 1, 0.0
+        if self.checkpointer is not None:  # resume: the state after the checkpointed round (docs/resume.md)
+            first, restored = self.checkpointer.restore(self, int(num_rounds))
+            wall0 = self.checkpointer.previous_wall_seconds
+            if restored is not None:
+                arrays = result.arrays = restored
+        self._t0 = time.monotonic() - wall0
+        for rnd in range(first, int(num_rounds) + 1):
             t_round = time.monotonic()
             self.begin_round(rnd)
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(self.extra_train_config), grid))
@@ -325,6 +338,8 @@ class PeerStrategy(Strategy):
             self.current.elapsed_seconds = time.monotonic() - self._t0
             self.rounds.append(self.current)
             self.log_round(self.current)
+            if self.checkpointer is not None and self.checkpointer.due(rnd, int(num_rounds)):
+                self.checkpointer.save(self, rnd, arrays, time.monotonic() - self._t0)
         return result
 
     def begin_round(self, server_round: int) -> RoundRecord:

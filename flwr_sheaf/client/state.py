@@ -1,0 +1,277 @@
+"""Node state that survives a SuperNode restart: the ``state-dir`` node-config key (docs/resume.md).
+
+Every per-node value of flwr-sheaf lives in Flower's ``context.state`` (model and SGD state, whitening
+statistics, cached pilots, ComFed's projection, FedProto/FedSAF/FedMuscle extras, RFedAGS's counter).
+Flower keeps that ``RecordDict`` in the SuperNode's memory only. With the node-config key
+``state-dir`` (``flower-supernode --node-config "partition-id=0 num-partitions=3 state-dir='/var/lib/site0'"``)
+the ClientApp mod :func:`persist_state` makes it durable:
+
+- **write**: after every successful handler of a message that carries ``server-round`` in its
+  ``config`` record, when it is a ``train`` message or the handler changed ``context.state``, the
+  whole ``context.state`` is written to ``<state-dir>/partition-<id>/round-<R>.state`` (temp file,
+  ``fsync``, ``os.replace``: a reader sees the old or the new file, never half of one);
+- **read**: when a handler starts with an empty ``context.state`` (a restarted SuperNode, or a new
+  Flower run that resumes a stopped one) and state files exist, the newest one that the message's
+  server round may see is loaded first (``train`` of round R: a file of round < R; other messages:
+  also round R when written in this Flower run);
+- **refuse** (:class:`StateFileError`, i.e. that node's error reply, nothing loaded): a file of
+  another partition-id or ``num-partitions``, of a run config that differs in any key outside
+  :data:`flwr_sheaf.config.RESUME_MUTABLE_KEYS` (the keys and both values are named), of another
+  Flower run while the run config has neither ``resume = true`` nor ``resume-from``, a corrupted
+  file, or a needed round that was already pruned.
+
+Each node keeps its last ``max(2, checkpoint-every + 1)`` round files, so a server that resumes
+from its last checkpoint always finds the node state of that round; files of later rounds left by
+a stopped run are superseded (deleted) when the resumed run writes its own.
+
+File format: the line ``flwr-sheaf node state v1``, one line of JSON metadata (``partition-id``,
+``num-partitions``, ``run-id``, ``round``, ``previous-round``, ``run-config`` without the mutable
+keys, ``sha256`` and ``payload-bytes`` of the payload), then the payload: Flower's own protobuf
+serialisation of the ``RecordDict`` (:func:`flwr.common.serde.recorddict_to_proto`).
+
+On one machine (Flower's simulation engine gives nodes no node config of their own, and in-process
+runs) the run-config key ``node-state-dir`` names the same root for every node. Without either key
+the mod does nothing (simulation behaves as before), except that a run config that resumes a
+stopped run is refused at discovery (:class:`StateFileError` on the ``query`` message): the
+nodes' models would silently restart from initialisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+
+from ..config import DEFAULTS, RESUME_MUTABLE_KEYS, config_differences
+from ..protocol import CONFIG, SERVER_ROUND
+
+__all__ = ["STATE_DIR", "META_KEY", "StateFileError", "persist_state", "state_files", "read_state", "write_state",
+           "serialize_state"]
+
+log = logging.getLogger("flwr_sheaf")
+
+#: Node-config key naming the node's state directory (unset or empty: nothing is persisted).
+STATE_DIR = "state-dir"
+#: Run-config key with the same meaning for nodes whose node config has no ``state-dir``.
+RUN_STATE_DIR = "node-state-dir"
+#: ``context.state`` entry the mod maintains: ``round`` and ``previous-round`` of the state it holds.
+META_KEY = "flwr-sheaf.persisted"
+MAGIC = b"flwr-sheaf node state v1\n"
+FORMAT = 1
+_NAME = re.compile(r"^round-(\d+)\.state$")
+
+
+class StateFileError(ValueError):
+    """A state file that must not be loaded (other node, run, run config; corrupted; pruned round)."""
+
+
+def serialize_state(state: RecordDict) -> bytes:
+    """Flower's protobuf bytes of a ``RecordDict`` (deterministic map order)."""
+    return recorddict_to_proto(state).SerializeToString(deterministic=True)
+
+
+def _fingerprint(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
+
+
+def _resuming(run_config: Mapping[str, Any]) -> bool:
+    return run_config.get("resume") is True or bool(run_config.get("resume-from"))
+
+
+def _keep(run_config: Mapping[str, Any]) -> int:
+    every = run_config["checkpoint-every"] if "checkpoint-every" in run_config else DEFAULTS["checkpoint-every"]
+    return max(2, int(every) + 1) if isinstance(every, int) and not isinstance(every, bool) else 2
+
+
+def node_dir(context: Context) -> Path | None:
+    """``<root>/partition-<id>`` of this node, or None when nothing is persisted.
+
+    ``root`` is the node config's ``state-dir``, else the run config's ``node-state-dir`` (one
+    machine: simulation, in-process runs), else there is none.
+
+    Raises:
+        StateFileError: the value is not a string (key named).
+    """
+    for where, cfg, key in (("node config", context.node_config, STATE_DIR),
+                            ("run config", context.run_config, RUN_STATE_DIR)):
+        root = cfg[key] if key in cfg else None
+        if root is None or root == "":
+            continue
+        if not isinstance(root, str):
+            raise StateFileError(f"{where} {key}={root!r}: expected a directory path (string)")
+        return Path(root).expanduser() / f"partition-{int(context.node_config['partition-id'])}"
+    return None
+
+
+def state_files(directory: Path) -> dict[int, Path]:
+    """``{server round: path}`` of the state files in ``directory`` (empty when it does not exist)."""
+    if not directory.is_dir():
+        return {}
+    out = {}
+    for p in directory.iterdir():
+        m = _NAME.match(p.name)
+        if m:
+            out[int(m.group(1))] = p
+    return dict(sorted(out.items()))
+
+
+def _read(path: Path, payload: bool) -> tuple[dict, bytes | None]:
+    with open(path, "rb") as fh:
+        if fh.readline() != MAGIC:
+            raise StateFileError(f"{path}: not a flwr-sheaf node state file (bad header)")
+        try:
+            meta = json.loads(fh.readline())
+        except json.JSONDecodeError as exc:
+            raise StateFileError(f"{path}: corrupted metadata ({exc})") from None
+        if meta.get("format") != FORMAT:
+            raise StateFileError(f"{path}: format {meta.get('format')!r}, this version reads {FORMAT}")
+        data = fh.read() if payload else None
+    if data is not None and (len(data) != meta["payload-bytes"] or hashlib.sha256(data).hexdigest() != meta["sha256"]):
+        raise StateFileError(f"{path}: payload is truncated or corrupted (size or SHA-256 differs from its header)")
+    return meta, data
+
+
+def read_state(path: Path) -> tuple[dict, RecordDict]:
+    """Metadata and ``RecordDict`` of one state file (checksum verified).
+
+    Raises:
+        StateFileError: a bad header, format or checksum.
+    """
+    meta, data = _read(path, payload=True)
+    return meta, recorddict_from_proto(ProtoRecordDict.FromString(data))
+
+
+def write_state(directory: Path, state: RecordDict, meta: Mapping[str, Any]) -> Path:
+    """Write ``state`` with ``meta`` (+ format, checksum) atomically to ``directory/round-<meta['round']>.state``.
+
+    Returns:
+        the file's path.
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    data = serialize_state(state)
+    head = {"format": FORMAT, **meta, "payload-bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    path = directory / f"round-{int(meta['round'])}.state"
+    fd, tmp = tempfile.mkstemp(prefix=".round-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _check(meta: dict, path: Path, context: Context) -> None:
+    pid, n = int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0))
+    if (meta["partition-id"], meta["num-partitions"]) != (pid, n):
+        raise StateFileError(
+            f"{path} holds the state of partition-id {meta['partition-id']} (num-partitions {meta['num-partitions']}), "
+            f"this node is partition-id {pid} (num-partitions {n}): give every SuperNode its own {STATE_DIR}")
+    diff = config_differences(meta["run-config"], _fingerprint(context.run_config))
+    if diff:
+        text = ", ".join(f"{k}: {a!r} in the file, {b!r} now" for k, (a, b) in diff.items())
+        raise StateFileError(f"{path} was written under a different run config ({text}); use another "
+                             f"{STATE_DIR} or remove this one to start afresh")
+    if meta["run-id"] != context.run_id and not _resuming(context.run_config):
+        raise StateFileError(
+            f"{path} holds round {meta['round']} of an earlier Flower run ({meta['run-id']}); set the run config "
+            f"resume=true (or resume-from) to continue that run, or remove {path.parent} to start afresh")
+
+
+def _restore(context: Context, directory: Path, server_round: int, category: str) -> None:
+    """Load the newest admissible state file into the empty ``context.state`` (or leave it empty)."""
+    files = state_files(directory)
+    if not files:
+        if server_round > 1 and _resuming(context.run_config):
+            log.warning("partition-id %s: no state files in %s; starting round %d from initialisation (right only "
+                        "if this node never trained before)", context.node_config["partition-id"], directory,
+                        server_round)
+        return
+    metas = {}
+    for r, path in files.items():
+        metas[r], _ = _read(path, payload=False)
+        _check(metas[r], path, context)
+    ok = [r for r, m in metas.items()
+          if r < server_round or (r == server_round and category != "train" and m["run-id"] == context.run_id)]
+    if not ok:
+        oldest = min(metas)
+        if metas[oldest]["previous-round"] == 0:
+            return  # the files left by a stopped run start after this round: the node had no state yet
+        raise StateFileError(f"{directory} has state for rounds {sorted(files)} (the oldest continues round "
+                             f"{metas[oldest]['previous-round']}, which was pruned) but round {server_round} needs "
+                             f"the state before it; the server resumed from an older checkpoint than the node kept")
+    meta, state = read_state(files[max(ok)])
+    _check(meta, files[max(ok)], context)
+    for key, record in state.items():
+        context.state[key] = record
+    log.info("partition-id %s: state of round %d reloaded from %s", context.node_config["partition-id"], meta["round"],
+             files[max(ok)])
+
+
+def _save(context: Context, directory: Path, server_round: int) -> None:
+    held = context.state[META_KEY] if META_KEY in context.state else None
+    if held is None:
+        previous = 0
+    elif int(held["round"]) < server_round:
+        previous = int(held["round"])
+    elif int(held["round"]) == server_round:
+        previous = int(held["previous-round"])
+    else:
+        raise StateFileError(f"message of server round {server_round} after state of round {int(held['round'])}")
+    context.state[META_KEY] = ConfigRecord({"round": server_round, "previous-round": previous})
+    write_state(directory, context.state, {
+        "partition-id": int(context.node_config["partition-id"]),
+        "num-partitions": int(context.node_config.get("num-partitions", 0)), "run-id": int(context.run_id),
+        "round": server_round, "previous-round": previous, "run-config": _fingerprint(context.run_config)})
+    files = state_files(directory)
+    older = [r for r in files if r <= server_round]
+    for r, path in files.items():  # later rounds of a stopped run are superseded; keep the newest few
+        if r > server_round or r in older[:-_keep(context.run_config)]:
+            path.unlink(missing_ok=True)
+
+
+def persist_state(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Flower ClientApp mod (``ClientApp(mods=[persist_state])``): reload and write ``context.state`` (module docstring).
+
+    Acts only with a state directory (node config ``state-dir`` or run config ``node-state-dir``) and
+    on messages whose ``config`` record has ``server-round``; anything else passes straight through.
+
+    Raises:
+        StateFileError: a state file that must not be loaded (other partition-id, run or run config;
+            corrupted; the needed round pruned), or a ``query`` of a resuming run on a node without a
+            state directory. Flower turns it into the node's error reply.
+        OSError: the state directory cannot be written (the reply is not sent: the server records a failure).
+    """
+    directory = node_dir(context)
+    content = msg.content
+    category = msg.metadata.message_type.split(".", 1)[0]
+    if directory is None and category == "query" and _resuming(context.run_config):
+        raise StateFileError(f"the run config resumes a stopped run, but this SuperNode keeps no state (neither the "
+                             f"node config {STATE_DIR} nor the run config {RUN_STATE_DIR} is set): its models would "
+                             f"restart from initialisation")
+    if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:
+        return call_next(msg, context)
+    server_round = int(content[CONFIG][SERVER_ROUND])
+    if len(context.state) == 0:
+        _restore(context, directory, server_round, category)
+    before = None if category == "train" else serialize_state(context.state)
+    reply = call_next(msg, context)
+    if not reply.has_error() and (before is None or serialize_state(context.state) != before):
+        _save(context, directory, server_round)
+    return reply

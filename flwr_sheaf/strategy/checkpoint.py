@@ -1,0 +1,197 @@
+"""Server checkpoints and exact resume of a stopped run (docs/resume.md).
+
+:class:`Checkpointer` is the hook :meth:`flwr_sheaf.strategy.base.PeerStrategy.start` calls:
+
+- after discovery, :meth:`Checkpointer.restore` (only when resuming) checks the checkpoint against
+  the run config and the rediscovered nodes and puts the strategy's state back; ``start`` then
+  continues with the next server round;
+- after every ``checkpoint-every``-th round and after the last one, :meth:`Checkpointer.save`
+  writes ``checkpoint.pkl`` atomically (temp file, ``fsync``, ``os.replace``).
+
+What a checkpoint holds: the run config, the last completed server round, the strategy's class,
+the discovered nodes' :class:`~flwr_sheaf.protocol.NodeInfo`, the global arrays (RFedAGS's point)
+and **every attribute of the strategy** except those :data:`REBUILT` from the config or by
+discovery. That covers the history (:class:`~flwr_sheaf.strategy.base.RoundRecord` list),
+failures, Sheaf-FRL's pilot bank and arrival frequencies, FedProto/FedSAF global prototypes,
+ComFed's prototype bank, FedMuscle's pilot representations, RFedAGS's point and frequency
+estimates, and the last evaluation's per-node and per-edge results, without a list per method
+that could fall out of date. Random draws need no state: the participation sampler and every
+node draw derive from (seed, partition-id, server round).
+
+The file is a Python pickle: load only checkpoints your own runs wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord
+
+from ..config import ConfigError, config_differences
+from ..protocol import pack_arrays
+
+__all__ = ["CHECKPOINT_NAME", "REBUILT", "Checkpointer", "checkpoint_path", "load_checkpoint"]
+
+log = logging.getLogger("flwr_sheaf")
+
+CHECKPOINT_NAME = "checkpoint.pkl"
+FORMAT = 1
+
+#: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``,
+#: ``pid_of_node``), per call of ``start`` (``extra_*_config``, ``_t0``) or per round (``current``,
+#: the phase-1 replies and receivers of the running evaluation), and the checkpointer itself.
+REBUILT = frozenset({"nodes", "pid_of_node", "current", "_t0", "extra_train_config", "extra_evaluate_config",
+                     "_phase1", "_receivers", "_extra_eval", "alpha", "discovery_timeout", "checkpointer"})
+
+
+def checkpoint_path(location: str | Path) -> Path:
+    """``location`` itself when it names a file, else ``location/checkpoint.pkl``."""
+    p = Path(location).expanduser()
+    return p if p.suffix == ".pkl" else p / CHECKPOINT_NAME
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by :meth:`Checkpointer.save`.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path`` (named).
+        ConfigError: not a flwr-sheaf checkpoint, or another format version.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}: nothing to resume (run without resume first)")
+    with open(path, "rb") as fh:
+        ckpt = pickle.load(fh)  # noqa: S301 - the run's own file (module docstring)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise ConfigError(f"{path} is not a flwr-sheaf checkpoint of format {FORMAT}")
+    return ckpt
+
+
+class Checkpointer:
+    """Writes the strategy's checkpoints and restores one (module docstring).
+
+    Args:
+        directory: where ``checkpoint.pkl`` is written (the run's ``results-dir``).
+        config: the run config's ``{key: value}`` (``RunConfig.to_dict()``).
+        every: write after every this many rounds and after the last one (0 = never).
+        resume_from: a checkpoint file or directory to continue from (None = a fresh run).
+
+    Raises:
+        ValueError: ``every < 0``.
+    """
+
+    def __init__(self, directory: str | Path, config: Mapping[str, Any], every: int = 1,
+                 resume_from: str | Path | None = None) -> None:
+        if int(every) != every or every < 0:
+            raise ValueError(f"checkpoint-every must be an integer >= 0, got {every!r}")
+        self.path = Path(directory).expanduser() / CHECKPOINT_NAME
+        self.config = dict(config)
+        self.every = int(every)
+        self.resume_from = None if resume_from is None else checkpoint_path(resume_from)
+        #: the round the restored checkpoint ended with (0 for a fresh run).
+        self.restored_round = 0
+        #: wall seconds of the run before the restored round (sum over its stopped parts).
+        self.previous_wall_seconds = 0.0
+        self._checked: dict[str, Any] | None = None
+
+    def check(self, strategy, num_rounds: int) -> dict[str, Any] | None:
+        """Load and check the checkpoint to resume from against the run, before any message is sent
+        (:meth:`restore` calls it when the caller did not). Returns the checkpoint, None for a fresh run.
+
+        Raises:
+            FileNotFoundError: resuming without a checkpoint.
+            ConfigError: another format or strategy class; run-config keys that differ from the
+                checkpointed run's outside :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (each key
+                with both values named); a checkpoint past ``num-server-rounds``.
+        """
+        if self.resume_from is None:
+            return None
+        ckpt = load_checkpoint(self.resume_from)
+        diff = config_differences(ckpt["config"], self.config)
+        if diff:
+            text = ", ".join(f"{k}={a!r} in the checkpoint, {b!r} now" for k, (a, b) in diff.items())
+            raise ConfigError(f"resume from {self.resume_from}: the run config differs ({text}); only "
+                              f"num-server-rounds, timeouts, results-dir and checkpoint settings may change")
+        cls = f"{type(strategy).__module__}.{type(strategy).__qualname__}"
+        if ckpt["strategy"] != cls:
+            raise ConfigError(f"{self.resume_from} is a {ckpt['strategy']} run, this run builds {cls}")
+        if ckpt["round"] > num_rounds:
+            raise ConfigError(f"num-server-rounds={num_rounds}: the checkpoint {self.resume_from} is already at "
+                              f"round {ckpt['round']}")
+        self._checked = ckpt
+        return ckpt
+
+    def restore(self, strategy, num_rounds: int) -> tuple[int, ArrayRecord | None]:
+        """Put the checkpointed state back into ``strategy`` (after its discovery); returns
+        ``(next server round, global arrays or None)``. A fresh run returns ``(1, None)``.
+
+        Raises:
+            FileNotFoundError, ConfigError: see :meth:`check`.
+            RuntimeError: a rediscovered node reports other data than in the checkpointed run
+                (partition-id and the differing fields named).
+        """
+        ckpt = self._checked if self._checked is not None else self.check(strategy, num_rounds)
+        if ckpt is None:
+            return 1, None
+        for pid, saved in ckpt["nodes"].items():
+            now = {k: v for k, v in asdict(strategy.nodes[pid].info).items() if k != "num_partitions"}
+            then = {k: v for k, v in saved.items() if k != "num_partitions"}
+            if now != then:
+                bad = {k: (then[k], now[k]) for k in now if now[k] != then[k]}
+                raise RuntimeError(f"resume: partition-id {pid} reports {bad} (checkpointed, now); the SuperNodes "
+                                   f"must serve the same zoo and data as the stopped run")
+        for name, value in ckpt["state"].items():
+            setattr(strategy, name, value)
+        self.restored_round = int(ckpt["round"])
+        self.previous_wall_seconds = float(ckpt["wall_seconds"])
+        self._checked = None
+        log.info("resumed from %s after server round %d", self.resume_from, self.restored_round)
+        arrays = ckpt["arrays"]
+        return self.restored_round + 1, (pack_arrays(arrays) if arrays else None)
+
+    def due(self, server_round: int, num_rounds: int) -> bool:
+        """Whether a checkpoint is written after ``server_round``."""
+        return self.every > 0 and (server_round % self.every == 0 or server_round == num_rounds)
+
+    def save(self, strategy, server_round: int, arrays: ArrayRecord | None, wall_seconds: float) -> Path:
+        """Write the checkpoint of completed round ``server_round`` atomically; returns its path.
+
+        Args:
+            strategy: the strategy after the round (its record appended to ``rounds``).
+            server_round: the completed round.
+            arrays: the global arrays after the round (``start``'s ``arrays``), if any.
+            wall_seconds: wall time of the run so far, all resumed parts together.
+
+        Raises:
+            pickle.PicklingError / TypeError / AttributeError: a strategy attribute that cannot be
+                pickled (add it to :data:`REBUILT` if it is rebuilt from the config).
+            OSError: the directory cannot be written.
+        """
+        state = {k: v for k, v in vars(strategy).items() if k not in REBUILT}
+        ckpt = {"format": FORMAT, "config": self.config, "round": int(server_round), "wall_seconds": float(wall_seconds),
+                "strategy": f"{type(strategy).__module__}.{type(strategy).__qualname__}",
+                "nodes": {pid: asdict(n.info) for pid, n in strategy.nodes.items()},
+                "arrays": {k: np.array(v.numpy()) for k, v in (arrays or {}).items()},
+                "state": state, "written_at": time.time()}
+        data = pickle.dumps(ckpt, protocol=pickle.HIGHEST_PROTOCOL)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return self.path
