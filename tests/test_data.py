@@ -305,3 +305,44 @@ def test_label_shift_partitioner():
     assert seen == set(range(M)) - pilots
     with pytest.raises(ValueError, match="partition id 15"):
         part.load_partition(15)
+
+
+# ------------------------------------------------------------------ named datasets (fashion-mnist)
+def test_fashion_mnist_missing_names_the_paths_and_the_install_command(tmp_path, monkeypatch):
+    from flwr_sheaf.data import catalog
+    from flwr_sheaf.data.sources import clear_source_cache, load_source
+
+    monkeypatch.setattr(catalog, "data_dirs", lambda name: [tmp_path / "a" / name, tmp_path / "b" / name])
+    clear_source_cache()
+    with pytest.raises(FileNotFoundError) as err:
+        load_source("fashion-mnist")
+    text = str(err.value)
+    assert str(tmp_path / "a" / "fashion-mnist") in text and str(tmp_path / "b" / "fashion-mnist") in text
+    assert "bash scripts/get_data.sh fashion-mnist" in text
+
+
+def test_fashion_mnist_checksums_catch_a_corrupt_file(tmp_path):
+    from flwr_sheaf.data.catalog import NAMED_DATASETS, verify
+
+    d = tmp_path / "fashion-mnist"
+    d.mkdir()
+    names = list(NAMED_DATASETS["fashion-mnist"])
+    (d / names[0]).write_bytes(b"not the file")
+    problems = verify(d, "fashion-mnist")
+    assert any("wrong SHA-256" in p and names[0] in p for p in problems)
+    assert sum("missing" in p for p in problems) == len(names) - 1
+
+
+def test_fashion_mnist_when_installed_is_the_full_balanced_set():
+    """70,000 images, 7,000 per class (Fashion-MNIST's published split: 6,000 + 1,000 per class)."""
+    from flwr_sheaf.data.catalog import find_installed
+    from flwr_sheaf.data.sources import load_source
+
+    try:
+        find_installed("fashion-mnist")
+    except FileNotFoundError:
+        pytest.skip("fashion-mnist not installed (bash scripts/get_data.sh fashion-mnist)")
+    x, y = load_source("fashion-mnist")
+    assert tuple(x.shape) == (70_000, 1, 28, 28)
+    assert torch.bincount(y).tolist() == [7000] * 10
+    assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
