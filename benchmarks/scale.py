@@ -68,12 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--participants", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
-    ap.add_argument("--dataset", default=cd.default_dataset())
+    ap.add_argument("--dataset", default=None, help="default: fashion-mnist (must be installed)")
     ap.add_argument("--num-pilots", type=int, default=200)
     ap.add_argument("--port", type=int, default=39791)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--out", default="results/benchmarks/scale")
     args = ap.parse_args(argv)
+    args.dataset = args.dataset or cd.default_dataset()
     out = Path(args.out).resolve() / args.engine
     out.mkdir(parents=True, exist_ok=True)
     rows, status = [], 0

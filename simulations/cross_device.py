@@ -5,9 +5,11 @@ Scenario (cross-device, in the spirit of FedSAF's 50-200 clients with 20% sample
 
 - agents: the ``tiny-<N>`` zoo (:mod:`flwr_sheaf.models.zoo`: five small CNN encoder/head families,
   d in {16, 24, 32}, < 7k parameters each, class windows of 5-6 labels);
-- data: the paper's label-shift partition (Eq. 23, s = 0.7) of Fashion-MNIST when its idx files are
-  at ``/usr/share/datasets/fashion-mnist`` (70,000 images: ~50 train images per agent at N = 1,000),
-  else the bundled 5,000 MNIST digits (too few beyond ~100 agents: empty test splits);
+- data: the paper's label-shift partition (Eq. 23, s = 0.7) of Fashion-MNIST (``dataset=fashion-mnist``,
+  70,000 images: ~50 train images per agent at N = 1,000), installed by
+  ``bash scripts/get_data.sh fashion-mnist``; without it the script stops with that command (the
+  bundled 5,000 digits leave agents with empty test splits from N = 300 and empty training sets at
+  N = 1,000, so they are used only when asked for with ``--dataset mnist-bundled``);
 - graph: sparse, ``class-overlap-knn:4`` (each agent links to the 4 agents sharing most classes,
   seeded ties, bridged to be connected; :func:`flwr_sheaf.topology.class_overlap_knn_graph`) or
   ``random-regular:<k>``;
@@ -45,12 +47,21 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-FASHION = "/usr/share/datasets/fashion-mnist"
 
 
 def default_dataset() -> str:
-    """Fashion-MNIST idx files when present on this machine, else the bundled digits."""
-    return f"idx:{FASHION}" if Path(FASHION).is_dir() else "mnist-bundled"
+    """``fashion-mnist`` (installed by ``bash scripts/get_data.sh fashion-mnist``).
+
+    Raises:
+        SystemExit: it is not installed (the message lists where it was looked for and the command).
+    """
+    from flwr_sheaf.data.catalog import find_installed
+
+    try:
+        find_installed("fashion-mnist")
+    except FileNotFoundError as exc:
+        raise SystemExit(f"{exc}\n(or pass --dataset mnist-bundled for <= 100 agents)") from None
+    return "fashion-mnist"
 
 
 class TreeMemoryMonitor:
@@ -241,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--evaluate-every", type=int, default=0, help="0 = only at the last round")
     ap.add_argument("--graph", default="class-overlap-knn:4")
-    ap.add_argument("--dataset", default=default_dataset())
+    ap.add_argument("--dataset", default=None, help="default: fashion-mnist (must be installed)")
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-steps-per-epoch", type=int, default=0)
@@ -259,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run each population size in ``--agents``; update ``<out>/summary.json`` and ``table.md``
     after every run. Returns exit status 0, or 1 if some run failed or wrote no results."""
     args = build_parser().parse_args(argv)
+    args.dataset = args.dataset or default_dataset()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
