@@ -4,7 +4,9 @@ Runs ``method`` in-process (LocalGrid: the same ServerApp/ClientApp code as ``fl
 agent in this process and on ``--device``) for ``--rounds`` server rounds of one local epoch each,
 evaluating only in the last round, and prints per-round wall seconds. Round 1 trains on
 cross-entropy only (no neighbour pilots yet), so the per-epoch figure is the mean of rounds
-2..R-1 (training only); the last round adds the two evaluation phases.
+2..R-1 (training only); the last round adds the two evaluation phases. ``cpu_seconds_per_epoch`` is
+the process CPU time (all threads) of the train round trips of rounds 2..R: unlike wall time it does
+not grow when other programs share the machine.
 
     python benchmarks/epoch_time.py --device cuda --dataset fashion-mnist --rounds 4
     python benchmarks/epoch_time.py --device cpu --dataset fashion-mnist --rounds 3 --threads 2
@@ -25,7 +27,33 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simulations"))
-from inprocess import parse_overrides, run_inprocess  # noqa: E402
+from inprocess import parse_overrides  # noqa: E402
+
+from flwr_sheaf.apps.client_app import app as client_app  # noqa: E402
+from flwr_sheaf.apps.scenario import agent_specs  # noqa: E402
+from flwr_sheaf.apps.server_app import run_server  # noqa: E402
+from flwr_sheaf.config import RunConfig  # noqa: E402
+from flwr_sheaf.testing import LocalGrid  # noqa: E402
+
+
+class TimedGrid(LocalGrid):
+    """LocalGrid that records, per round trip, its message kind, process CPU seconds and wall seconds.
+
+    CPU seconds (``time.process_time``: user + system of this process, all threads) do not grow when
+    other programs load the machine, unlike wall seconds, so they compare runs on a busy machine.
+    """
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.timings: list[tuple[str, float, float]] = []
+
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102 - LocalGrid's
+        msgs = list(messages)
+        cpu, wall = time.process_time(), time.perf_counter()
+        out = super().send_and_receive(msgs, timeout=timeout)
+        kind = msgs[0].metadata.message_type.split(".")[0] if msgs else "none"
+        self.timings.append((kind, time.process_time() - cpu, time.perf_counter() - wall))
+        return out
 
 
 def main() -> None:
@@ -46,8 +74,12 @@ def main() -> None:
           "num-server-rounds": args.rounds, "local-epochs": 1, "evaluate-every": args.rounds,
           "torch-threads": args.threads, "results-dir": str(out / tag), **parse_overrides(args.extra)}
     t0 = time.monotonic()
-    res = run_inprocess(rc)
+    cfg = RunConfig.from_run_config(rc)
+    torch.set_num_threads(max(1, cfg.train.torch_threads))
+    grid = TimedGrid(client_app, len(agent_specs(cfg.scenario)), run_config=rc)
+    res = json.loads(Path(run_server(grid, rc)).read_text())
     total = time.monotonic() - t0
+    train_cpu = [c for kind, c, _ in grid.timings if kind == "train"]
     walls = [r["wall_seconds"] for r in res["rounds"]]
     train_only = walls[1:-1] or walls[:1]
     rec = {
@@ -57,6 +89,8 @@ def main() -> None:
         "method": args.method, "rounds": args.rounds,
         "round_wall_seconds": walls,
         "seconds_per_epoch": sum(train_only) / len(train_only),
+        "train_cpu_seconds_per_round": train_cpu,
+        "cpu_seconds_per_epoch": (sum(train_cpu[1:]) / len(train_cpu[1:])) if len(train_cpu) > 1 else train_cpu[0],
         "last_round_with_evaluation_seconds": walls[-1],
         "total_seconds_incl_data_load": total,
         "final": {k: res["rounds"][-1].get(k) for k in ("private_accuracy_mean", "communication_accuracy_degree_weighted",
