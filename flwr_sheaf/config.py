@@ -225,6 +225,9 @@ _KEY_LIST = [
     Key("participation", "", _participation,
         "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list"),
     Key("evaluate-every", 1, _int(0), "evaluate every this many rounds and always the last one (0 = never)"),
+    Key("fraction-evaluate", 1.0, _float(0.0, 1.0, lo_open=True),
+        "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
+        "with both ends sampled)"),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
     Key("lr", 0.05, _float(0.0, lo_open=True), "SGD learning rate"),
@@ -376,7 +379,7 @@ class ScenarioConfig(Section):
     """
 
 
-@section("graph", "fraction-train", "participation", "evaluate-every", "seed")
+@section("graph", "fraction-train", "participation", "evaluate-every", "seed", "fraction-evaluate")
 class FederationConfig(Section):
     """Graph, who trains when, and how often to evaluate (read by every strategy).
 
@@ -387,6 +390,8 @@ class FederationConfig(Section):
         evaluate_every: evaluation period in server rounds (the last round is always evaluated;
             0 = no evaluation at all).
         seed: participation seed (draws depend only on (seed, server round, partition-id)).
+        fraction_evaluate: fraction of nodes evaluated per evaluated round, in (0, 1] (1 = every node);
+            drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.3).
     """
 
 

@@ -332,8 +332,9 @@ def pack_prototypes(protos: Mapping[int, np.ndarray], counts: Mapping[int, int] 
 def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarray], dict[int, int] | None]:
     """Inverse of :func:`pack_prototypes` (keys are Python ints: class ids never become numpy scalars).
 
-    Only the layout is checked (ranks, lengths, integral unique class ids); values (NaN, class
-    range, counts) are checked by :func:`flwr_sheaf.baselines.fedproto.aggregate_prototypes`.
+    Only the layout (ranks, lengths, integral unique class ids) and the counts (integers >= 1: they
+    weight the aggregate) are checked here; the other values (NaN, class range) are checked by
+    :func:`flwr_sheaf.baselines.fedproto.aggregate_prototypes`.
 
     Raises:
         ProtocolError: malformed record; the message starts with ``where`` (e.g. ``"partition-id 3"``).
@@ -350,6 +351,11 @@ def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarra
         raise ProtocolError(f"{where}: prototypes have shape {protos.shape}, expected ({classes.shape[0]}, D)")
     if counts is not None and counts.shape != classes.shape:
         raise ProtocolError(f"{where}: counts have shape {counts.shape}, expected {classes.shape}")
+    if counts is not None and not np.issubdtype(counts.dtype, np.integer):
+        raise ProtocolError(f"{where}: counts must be integers, got dtype {counts.dtype} ({counts.tolist()[:10]})")
+    if counts is not None and counts.size and counts.min() < 1:
+        bad = {int(c): int(n) for c, n in zip(classes.tolist(), counts.tolist()) if n < 1}
+        raise ProtocolError(f"{where}: counts must be >= 1 (a prototype averages at least one sample), got {bad}")
     ids = [int(c) for c in classes.tolist()]
     if len(set(ids)) != len(ids):
         raise ProtocolError(f"{where}: class ids {ids} repeat")
