@@ -298,3 +298,46 @@ def test_fifty_rounds_with_twenty_percent_injected_faults_complete_with_exact_fa
         assert math.isfinite(rec["private_accuracy_mean"]) == (evaluated > 0)
         for pid in range(n):  # a failed train leaves the model exactly as it was; a successful one changes it
             assert (after[r][pid] == before[r][pid]) == (pid in failed_train), (r, pid)
+
+
+# ------------------------------------------------------------------------------ bad data
+
+
+def _write_idx_dataset(root, labels: np.ndarray) -> str:
+    """A tiny idx dataset (train part only) with the given labels and random images; returns its spec."""
+    import struct
+
+    root.mkdir(parents=True, exist_ok=True)
+    images = np.random.default_rng(0).integers(0, 256, size=(labels.size, 28, 28), dtype=np.uint8)
+    for name, arr in (("train-images-idx3-ubyte", images), ("train-labels-idx1-ubyte", labels.astype(np.uint8))):
+        header = bytes([0, 0, 0x08, arr.ndim]) + struct.pack(">" + "i" * arr.ndim, *arr.shape)
+        (root / name).write_bytes(header + arr.tobytes())
+    return f"idx:{root}"
+
+
+def test_an_agent_whose_only_class_is_absent_from_the_data_is_a_clear_error(tmp_path):
+    from flwr_sheaf.data.partition import load_agent_data
+
+    labels = np.repeat(np.arange(9), 40)  # classes 0..8 only: no 9
+    spec = _write_idx_dataset(tmp_path / "no-nine", labels)
+    with pytest.raises(ValueError, match=r"partition-id 1: target class\(es\) \[9\] of its class set \[9\] have no "
+                                         r"sample in its data \(samples of those classes in dataset .*: \{9: 0\}\)"):
+        load_agent_data(spec, [(0, 1), (9,)], 0.7, 0, 1)
+    assert load_agent_data(spec, [(0, 1), (9,)], 0.7, 0, 0).y_train.numel() > 0  # the other agent is fine
+
+
+def test_a_node_without_training_data_is_refused_at_discovery_naming_its_partition_id(tmp_path):
+    from flwr_sheaf.data.partition import load_agent_data
+    from flwr_sheaf.models.zoo import zoo_specs
+
+    sets = [s.classes for s in zoo_specs("tiny-1000")]  # the issue's case: 1000 agents on the 5000 bundled digits
+    with pytest.raises(ValueError, match=r"partition-id 999 \(classes \[.*\]\) gets \d+ training, 0 validation and "
+                                         r"0 test samples of dataset 'mnist-bundled' \(5000 samples for N=1000 agents\)"):
+        load_agent_data("mnist-bundled", sets, 0.7, 0, 999)
+    # through the ServerApp: a dataset too small for 3 agents fails discovery with the node's reason
+    spec = _write_idx_dataset(tmp_path / "small", np.repeat(np.arange(10), 4))
+    rc = {**TINY, "zoo": "tiny-3", "dataset": spec, "num-pilots": 4, "num-server-rounds": 1,
+          "results-dir": str(tmp_path / "out")}
+    with pytest.raises(RuntimeError, match=r"discovery failed on node \d+: .*partition-id \d \(classes .*\) gets \d+ "
+                                           r"training, \d+ validation and \d+ test samples"):
+        run_server(LocalGrid(cnn_client_app, 3, run_config=rc), rc)
