@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord
 
-from .participation import check_participation_spec
+from .participation import check_participation_spec, parse_participation
 
 __all__ = [
     "Key",
@@ -154,6 +154,8 @@ def _participation(key: str, v: Any) -> str:
         check_participation_spec(text)
     except ValueError as exc:
         raise ConfigError(f"{key}={v!r}: {exc}") from None
+    if text.strip() and parse_participation(text, 1 if "," not in text else text.count(",") + 1).max() == 0.0:
+        raise ConfigError(f"{key}={v!r}: every node has probability 0, so no node would ever train")
     return text
 
 
@@ -391,7 +393,7 @@ class FederationConfig(Section):
             0 = no evaluation at all).
         seed: participation seed (draws depend only on (seed, server round, partition-id)).
         fraction_evaluate: fraction of nodes evaluated per evaluated round, in (0, 1] (1 = every node);
-            drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.3).
+            drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.4).
     """
 
 

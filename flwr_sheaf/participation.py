@@ -15,7 +15,7 @@ depends only on (seed, server round, partition-id), a fraction draw only on (see
 and the partition-ids — never on earlier calls, on the method, or on which strategy asks — so
 every method run with the same spec trains the same nodes in every round, and a numpy reference
 loop draws the same masks (docs/participation.md, s1.2). The evaluators of ``fraction-evaluate`` are
-a fraction draw from the separate uniforms ``default_rng([seed, 1, r])`` (s1.3).
+a fraction draw from the separate uniforms ``default_rng([seed, 1, r])`` (s1.4).
 
 No Flower imports: strategies and simulations both use it.
 """

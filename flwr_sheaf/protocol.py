@@ -48,7 +48,7 @@ __all__ = [
     "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY",
     "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
     "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
-    "pack_evaluation", "reply_problem", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
+    "pack_evaluation", "reply_problem", "pilot_digest", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
 ]
 
 
@@ -138,6 +138,8 @@ class NodeInfo:
         classes: target class set C_i (may be empty).
         num_pilots: pilots K the node holds (-1 if not a pilot method).
         num_examples: private training samples.
+        pilot_digest: :func:`pilot_digest` of the node's pilot inputs (0 = not reported); the graph
+            strategies refuse nodes whose digests differ (pilots must be the same samples in the same order).
     """
 
     partition_id: int
@@ -146,12 +148,13 @@ class NodeInfo:
     classes: tuple[int, ...] = ()
     num_pilots: int = -1
     num_examples: int = 0
+    pilot_digest: int = 0
 
     def to_record(self) -> MetricRecord:
         """``MetricRecord`` form of the reply."""
         return MetricRecord({"partition-id": self.partition_id, "num-partitions": self.num_partitions, "d": self.d,
                              "classes": [int(c) for c in self.classes], "num-pilots": self.num_pilots,
-                             NUM_EXAMPLES: self.num_examples})
+                             NUM_EXAMPLES: self.num_examples, "pilot-digest": self.pilot_digest})
 
     @classmethod
     def from_record(cls, rec: Mapping) -> "NodeInfo":
@@ -162,9 +165,23 @@ class NodeInfo:
         """
         try:
             return cls(int(rec["partition-id"]), int(rec["num-partitions"]), int(rec["d"]),
-                       tuple(int(c) for c in rec["classes"]), int(rec["num-pilots"]), int(rec[NUM_EXAMPLES]))
+                       tuple(int(c) for c in rec["classes"]), int(rec["num-pilots"]), int(rec[NUM_EXAMPLES]),
+                       int(rec["pilot-digest"]) if "pilot-digest" in rec else 0)
         except KeyError as exc:
             raise ProtocolError(f"discovery reply lacks key {exc.args[0]!r}") from None
+
+
+def pilot_digest(pilots: np.ndarray) -> int:
+    """A 63-bit fingerprint of a node's pilot inputs ``(K, ...)``: SHA-256 of the shape and the float32
+    bytes in row order, first 8 bytes, shifted to a positive int64 (fits a ``MetricRecord``).
+
+    Two nodes agree iff (up to hash collisions) they hold the same pilot samples in the same order.
+    """
+    import hashlib
+
+    a = np.ascontiguousarray(np.asarray(pilots, dtype=np.float32))
+    h = hashlib.sha256(repr(a.shape).encode() + a.tobytes()).digest()
+    return int.from_bytes(h[:8], "big") >> 1 or 1
 
 
 # ------------------------------------------------------------------------------ edges

@@ -341,3 +341,63 @@ def test_a_node_without_training_data_is_refused_at_discovery_naming_its_partiti
     with pytest.raises(RuntimeError, match=r"discovery failed on node \d+: .*partition-id \d \(classes .*\) gets \d+ "
                                            r"training, \d+ validation and \d+ test samples"):
         run_server(LocalGrid(cnn_client_app, 3, run_config=rc), rc)
+
+
+BAD_RUN_CONFIG = [  # (override, text the error must contain)
+    ({"participation": "0"}, "participation='0': every node has probability 0, so no node would ever train"),
+    ({"participation": "uniform:0-0"}, "participation='uniform:0-0': every node has probability 0"),
+    ({"reweight-q-min": 0.0}, "reweight-q-min=0.0"),
+    ({"fraction-evaluate": 0.0}, "fraction-evaluate=0.0"),
+    ({"fraction-evaluate": 1.5}, "fraction-evaluate=1.5"),
+    ({"zoo": "tiny-2", "graph": "0-0,0-1"}, "self-loop"),
+    ({"zoo": "tiny-3", "graph": "0-1,1-7"}, "node 7"),
+    ({"zoo": "tiny-3", "graph": "0-1"}, "graph='0-1'"),
+    ({"shift": float("nan")}, "shift=nan"),
+]
+
+
+@pytest.mark.parametrize("override, text", BAD_RUN_CONFIG, ids=[f"{next(iter(o))}-{i}" for i, (o, _) in
+                                                                enumerate(BAD_RUN_CONFIG)])
+def test_more_bad_run_config_is_refused_before_any_message_is_sent(override, text, tmp_path):
+    grid = LocalGrid(cnn_client_app, 3)
+    with pytest.raises(ValueError) as info:
+        run_server(grid, {**override, "results-dir": str(tmp_path)})
+    assert text in str(info.value), str(info.value)
+    assert grid.delivered == [] and not (tmp_path / "results.json").exists()
+
+
+def test_a_missing_dataset_path_fails_discovery_with_the_path(tmp_path):
+    rc = {**TINY, "zoo": "tiny-2", "dataset": f"idx:{tmp_path / 'nowhere'}", "num-server-rounds": 1,
+          "results-dir": str(tmp_path / "out")}
+    with pytest.raises(RuntimeError, match=r"discovery failed on node \d+: .*idx dataset directory not found: .*nowhere"):
+        run_server(LocalGrid(cnn_client_app, 2, run_config=rc), rc)
+
+
+def test_an_unknown_partition_id_fails_discovery_naming_it(tmp_path):
+    rc = {**TINY, "zoo": "tiny-3", "num-server-rounds": 1, "results-dir": str(tmp_path)}
+    grid = LocalGrid(cnn_client_app, 3, run_config=rc)
+    grid.contexts[grid.node_ids[2]].node_config["partition-id"] = 5  # a SuperNode started with a wrong partition-id
+    with pytest.raises(RuntimeError, match=r"discovery failed on node \d+: .*partition-id 5 is outside \[0, 3\) for zoo 'tiny-3'"):
+        run_server(grid, rc)
+
+
+def test_pilots_in_a_different_order_on_one_node_are_refused_at_discovery(tmp_path):
+    import dataclasses
+
+    from flwr.clientapp import ClientApp
+
+    from flwr_sheaf.apps.methods import register_all_handlers
+    from flwr_sheaf.apps.scenario import cnn_task_factory
+
+    def factory(context):
+        task = cnn_task_factory(context)
+        if int(context.node_config["partition-id"]) == 1:  # same pilot samples, reversed order
+            return dataclasses.replace(task, x_pilot=task.x_pilot.flip(0))
+        return task
+
+    rc = {**TINY, "zoo": "tiny-3", "num-server-rounds": 1, "results-dir": str(tmp_path)}
+    grid = LocalGrid(register_all_handlers(ClientApp(), factory), 3, run_config=rc)
+    with pytest.raises(ValueError, match=r"nodes hold different pilots \(partition-ids \[0, 2\] agree; \[\[1\]\] "
+                                         r"differ\): the pilots must be the same samples in the same order"):
+        run_server(grid, rc)
+    assert not [m for m in grid.delivered if not m.metadata.message_type.startswith("query.")]

@@ -172,8 +172,9 @@ def test_silent_and_failing_nodes_are_non_responders():
 
 
 @pytest.mark.parametrize("mode,bad", [("uncorrected", 0), ("uncorrected", -2.0), ("corrected", float("nan")),
-                                      ("known-p", float("inf"))])
-def test_a_stream_with_an_unusable_num_examples_is_that_nodes_failure(mode, bad):
+                                      ("known-p", float("inf")), ("corrected", "nan-stream"),
+                                      ("uncorrected", "misshaped-stream")])
+def test_an_unusable_reply_is_that_nodes_failure_and_the_others_are_aggregated(mode, bad):
     prob, p = planted_pca_problem(seed=3)
     x0 = prob.manifold.random_point(np.random.default_rng(1))
     app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
@@ -185,10 +186,17 @@ def test_a_stream_with_an_unusable_num_examples_is_that_nodes_failure(mode, bad)
         if not msg.metadata.message_type.startswith("train."):
             return reply
         t, pid = int(msg.content["config"]["server-round"]), int(ctx.node_config["partition-id"])
-        if pid in (0, 3):  # two nodes claim an unusable weight in every round they are drawn
-            m = dict(reply.content["metrics"])
-            m["num-examples"] = bad
-            reply.content["metrics"] = MetricRecord(m)
+        if pid in (0, 3):  # two nodes send an unusable reply in every round they are drawn
+            if bad == "nan-stream":
+                z = reply.content["stream"]["zeta"].numpy().copy()
+                z[0, 0] = np.nan
+                reply.content["stream"] = ArrayRecord({"zeta": Array(z)})
+            elif bad == "misshaped-stream":
+                reply.content["stream"] = ArrayRecord({"zeta": Array(np.zeros((prob.d + 1, 2)))})
+            else:
+                m = dict(reply.content["metrics"])
+                m["num-examples"] = bad
+                reply.content["metrics"] = MetricRecord(m)
             corrupted.add((t, pid))
         return reply
 
@@ -198,7 +206,9 @@ def test_a_stream_with_an_unusable_num_examples_is_that_nodes_failure(mode, bad)
     expected = manual_rounds(prob, p, mode, 4, x0, 0.05, 2, seed=1, skip=lambda t, i: (t, i) in corrupted)
     np.testing.assert_allclose(res.arrays["x"].numpy(), expected[4], atol=1e-12)
     assert corrupted and {(f["round"], f["partition-id"]) for f in strat.failures} == corrupted
-    assert all(f"num-examples = {bad!r} must be a finite number > 0" in f["reason"] for f in strat.failures)
+    reason = {"nan-stream": "NaN/inf stream", "misshaped-stream": f"stream of shape ({prob.d + 1}, 2), expected"}.get(
+        bad, f"num-examples = {bad!r} must be a finite number > 0")
+    assert all(reason in f["reason"] for f in strat.failures)
     assert all(not set(r["responders"]) & {0, 3} for r in strat.history)
 
 

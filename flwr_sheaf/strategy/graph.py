@@ -64,7 +64,8 @@ class GraphStrategy(PeerStrategy):
     Raises:
         ConfigError: (at construction) an unknown graph spec form.
         ValueError: (at discovery, naming ``graph``) a graph that is not connected or names a
-            missing partition-id; nodes reporting different pilot counts.
+            missing partition-id; nodes reporting different pilot counts or different pilots
+            (:func:`~flwr_sheaf.protocol.pilot_digest`: other samples or another order).
     """
 
     whitening_fit = "pilots"
@@ -115,6 +116,15 @@ class GraphStrategy(PeerStrategy):
         ks = {n.info.num_pilots for n in self.nodes.values()}
         if len(ks) > 1:
             raise ValueError(f"nodes report different pilot counts {sorted(ks)}: pilots must be shared")
+        groups: dict[int, list[int]] = {}
+        for p in sorted(self.nodes):
+            if self.nodes[p].info.pilot_digest:
+                groups.setdefault(self.nodes[p].info.pilot_digest, []).append(p)
+        if len(groups) > 1:
+            parts = sorted(groups.values(), key=len, reverse=True)
+            raise ValueError(f"nodes hold different pilots (partition-ids {parts[0]} agree; {parts[1:]} differ): the "
+                             f"pilots must be the same samples in the same order on every node (same dataset, seed, "
+                             f"shift and num-pilots)")
         self.num_pilots = ks.pop()
         log.info("%s graph: %d nodes, %d edges", type(self).__name__, self.graph.number_of_nodes(),
                  self.graph.number_of_edges())
