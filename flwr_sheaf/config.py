@@ -154,8 +154,6 @@ def _participation(key: str, v: Any) -> str:
         check_participation_spec(text)
     except ValueError as exc:
         raise ConfigError(f"{key}={v!r}: {exc}") from None
-    if text.strip() and parse_participation(text, 1 if "," not in text else text.count(",") + 1).max() == 0.0:
-        raise ConfigError(f"{key}={v!r}: every node has probability 0, so no node would ever train")
     return text
 
 
@@ -523,11 +521,14 @@ class RunConfig(Section):
         return cls(**top, **sections)
 
     def check(self) -> None:
-        """Build the graph on the zoo's agents now, so a bad ``graph`` fails before any message.
+        """Build the graph and the participation probabilities on the zoo's agents now, so a bad
+        ``graph`` or ``participation`` fails before any message.
 
         Raises:
             ConfigError: the graph spec is unknown, names a node outside the zoo, is not
-                connected, or ``fedproto-dim = none`` on a zoo with different stalk dimensions.
+                connected; ``participation`` has another count than the zoo's agents or gives
+                every node probability 0; or ``fedproto-dim = none`` on a zoo with different
+                stalk dimensions.
         """
         from .models.zoo import zoo_specs
         from .topology import build_graph
@@ -537,6 +538,13 @@ class RunConfig(Section):
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
         except ValueError as exc:
             raise ConfigError(f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}") from None
+        part = self.federation.participation
+        try:
+            p = parse_participation(part, len(specs), self.federation.seed)
+        except ValueError as exc:
+            raise ConfigError(f"participation={part!r} on zoo={self.scenario.zoo!r}: {exc}") from None
+        if p is not None and p.max() == 0.0:  # (the Python API allows it: an evaluation-only run)
+            raise ConfigError(f"participation={part!r}: every node has probability 0, so no node would ever train")
         dims = sorted({int(s.d) for s in specs})
         for key, dim in (("fedproto-dim", self.fedproto.dim), ("fedmuscle-dim", self.fedmuscle.dim),
                          ("comfed-dim", self.comfed.dim)):

@@ -353,6 +353,8 @@ BAD_RUN_CONFIG = [  # (override, text the error must contain)
     ({"zoo": "tiny-3", "graph": "0-1,1-7"}, "node 7"),
     ({"zoo": "tiny-3", "graph": "0-1"}, "graph='0-1'"),
     ({"shift": float("nan")}, "shift=nan"),
+    ({"zoo": "tiny-3", "graph": "ring", "participation": "0.5,0.5"}, "participation='0.5,0.5' on zoo='tiny-3': participation spec "
+                                                     "'0.5,0.5' has 2 values, expected 3"),
 ]
 
 
