@@ -65,6 +65,21 @@ def test_a_train_reply_with_an_unusable_weight_is_that_nodes_failure(method, val
     assert all(r["failed"]["train"] == [1] for r in res["rounds"])
 
 
+def test_a_train_reply_with_an_infinite_metric_is_that_nodes_failure_and_the_mean_stays_finite(tmp_path):
+    def corrupt(msg, pid, reply):
+        if msg.metadata.message_type == "train.sheaf" and pid == 2:
+            return _set_metric(reply, "ce", float("inf"))
+        return reply
+
+    rc = {**TINY, "method": "sheaf-frl", "num-server-rounds": 1, "evaluate-every": 0, "results-dir": str(tmp_path)}
+    grid, seen = _corrupting_grid(4, rc, corrupt)
+    res = json.loads(run_server(grid, rc).read_text())
+    assert [(f["phase"], f["partition-id"], f["reason"]) for f in res["failures"]] == \
+        [("train", 2, "metric ce = inf is infinite")]
+    others = [float(r.content[METRICS]["ce"]) for mt, _, pid, r in seen if mt == "train.sheaf" and pid != 2]
+    assert res["rounds"][0]["num_trained"] == 3 and math.isclose(res["rounds"][0]["ce"], np.mean(others), rel_tol=1e-12)
+
+
 def _global_prototypes(seen, rnd, skip):
     """Count-weighted mean per class of the uploads of round ``rnd`` except ``skip`` (numpy reference)."""
     num, den = {}, {}

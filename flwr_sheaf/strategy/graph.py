@@ -186,10 +186,15 @@ class GraphStrategy(PeerStrategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
         """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s); no arrays
         (there is no global model). Error, silent and malformed replies, and replies whose
-        ``num-examples`` is not a finite number > 0, are recorded failures (not passed to :meth:`accept_train`)."""
+        ``num-examples`` is not a finite number > 0 or with an infinite metric, are recorded failures
+        (not passed to :meth:`accept_train`)."""
         ok = self.split_replies(server_round, "train", replies, self.current.sampled, TRAIN_REPLY)
         for pid in sorted(ok):  # a reply claiming no (or NaN) training examples is that node's failure
-            why = weight_problem(NUM_EXAMPLES, ok[pid].content[METRICS][NUM_EXAMPLES])
+            m = ok[pid].content[METRICS]
+            why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])
+            infinite = [k for k, v in m.items() if isinstance(v, float) and math.isinf(v)]
+            if why is None and infinite:  # NaN means "not measured" (skipped by the means); inf is never valid
+                why = f"metric {infinite[0]} = {m[infinite[0]]} is infinite"
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
