@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord
 
-from .participation import check_participation_spec
+from .participation import check_participation_spec, parse_participation
 
 __all__ = [
     "Key",
@@ -253,6 +253,9 @@ _KEY_LIST = [
     Key("participation", "", _participation,
         "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list"),
     Key("evaluate-every", 1, _int(0), "evaluate every this many rounds and always the last one (0 = never)"),
+    Key("fraction-evaluate", 1.0, _float(0.0, 1.0, lo_open=True),
+        "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
+        "with both ends sampled)"),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
     Key("lr", 0.05, _float(0.0, lo_open=True), "SGD learning rate"),
@@ -406,7 +409,7 @@ class ScenarioConfig(Section):
     """
 
 
-@section("graph", "fraction-train", "participation", "evaluate-every", "seed")
+@section("graph", "fraction-train", "participation", "evaluate-every", "seed", "fraction-evaluate")
 class FederationConfig(Section):
     """Graph, who trains when, and how often to evaluate (read by every strategy).
 
@@ -417,6 +420,8 @@ class FederationConfig(Section):
         evaluate_every: evaluation period in server rounds (the last round is always evaluated;
             0 = no evaluation at all).
         seed: participation seed (draws depend only on (seed, server round, partition-id)).
+        fraction_evaluate: fraction of nodes evaluated per evaluated round, in (0, 1] (1 = every node);
+            drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.4).
     """
 
 
@@ -594,11 +599,14 @@ class RunConfig(Section):
         return cls(**top, **sections)
 
     def check(self) -> None:
-        """Build the graph on the zoo's agents now, so a bad ``graph`` fails before any message.
+        """Build the graph and the participation probabilities on the zoo's agents now, so a bad
+        ``graph`` or ``participation`` fails before any message.
 
         Raises:
             ConfigError: the graph spec is unknown, names a node outside the zoo, is not
-                connected, or ``fedproto-dim = none`` on a zoo with different stalk dimensions.
+                connected; ``participation`` has another count than the zoo's agents or gives
+                every node probability 0; or ``fedproto-dim = none`` on a zoo with different
+                stalk dimensions.
         """
         from .models.zoo import zoo_specs
         from .topology import build_graph
@@ -608,6 +616,13 @@ class RunConfig(Section):
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
         except ValueError as exc:
             raise ConfigError(f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}") from None
+        part = self.federation.participation
+        try:
+            p = parse_participation(part, len(specs), self.federation.seed)
+        except ValueError as exc:
+            raise ConfigError(f"participation={part!r} on zoo={self.scenario.zoo!r}: {exc}") from None
+        if p is not None and p.max() == 0.0:  # (the Python API allows it: an evaluation-only run)
+            raise ConfigError(f"participation={part!r}: every node has probability 0, so no node would ever train")
         dims = sorted({int(s.d) for s in specs})
         for key, dim in (("fedproto-dim", self.fedproto.dim), ("fedmuscle-dim", self.fedmuscle.dim),
                          ("comfed-dim", self.comfed.dim)):

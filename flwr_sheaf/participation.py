@@ -14,7 +14,8 @@ fraction takes the ``n`` partition-ids with the smallest ``u_i``. A Bernoulli dr
 depends only on (seed, server round, partition-id), a fraction draw only on (seed, server round)
 and the partition-ids — never on earlier calls, on the method, or on which strategy asks — so
 every method run with the same spec trains the same nodes in every round, and a numpy reference
-loop draws the same masks (docs/participation.md, s1.2).
+loop draws the same masks (docs/participation.md, s1.2). The evaluators of ``fraction-evaluate`` are
+a fraction draw from the separate uniforms ``default_rng([seed, 1, r])`` (s1.4).
 
 No Flower imports: strategies and simulations both use it.
 """
@@ -27,7 +28,8 @@ import numpy as np
 
 from .rfedags.participation import bernoulli_participation, check_probabilities
 
-__all__ = ["check_participation_spec", "parse_participation", "ParticipationSampler"]
+__all__ = ["check_participation_spec", "parse_participation", "ParticipationSampler", "TRAIN_STREAM",
+           "EVALUATE_STREAM"]
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -119,28 +121,43 @@ def parse_participation(spec: str | float | Sequence[float] | Mapping[int, float
     return check_probabilities(vals, "participation")
 
 
+#: Uniform streams of :class:`ParticipationSampler`: training draws (``[seed, 0, r]``, shared with
+#: :func:`~flwr_sheaf.rfedags.participation.bernoulli_participation`) and evaluator draws (``[seed, 1, r]``).
+TRAIN_STREAM, EVALUATE_STREAM = 0, 1
+
+
 class ParticipationSampler:
-    """Per-round training sets over partition-ids ``0..N-1`` (module docstring).
+    """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring).
 
     Args:
         num_nodes: N >= 1.
         fraction: fraction in (0, 1] (used when ``probabilities`` is None).
         probabilities: optional ``(N,)`` Bernoulli probabilities (see :func:`parse_participation`).
         seed: non-negative integer.
+        stream: which uniforms ``numpy.random.default_rng([seed, stream, r])`` are read:
+            :data:`TRAIN_STREAM` (0) for training, :data:`EVALUATE_STREAM` (1) for the evaluators of
+            ``fraction-evaluate``, so the two sets are drawn independently. Bernoulli needs stream 0.
+        key: the run-config key named in errors (``fraction-train`` / ``fraction-evaluate``).
 
     Raises:
-        ValueError: N < 1, a fraction outside (0, 1], probabilities of the wrong length or range.
+        ValueError: N < 1, a fraction outside (0, 1], probabilities of the wrong length or range,
+            probabilities with a stream other than 0.
     """
 
     def __init__(self, num_nodes: int, fraction: float = 1.0, probabilities: Sequence[float] | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, *, stream: int = TRAIN_STREAM, key: str = "fraction-train") -> None:
         if int(num_nodes) != num_nodes or num_nodes < 1:
             raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
         if not 0.0 < float(fraction) <= 1.0:
-            raise ValueError(f"fraction-train={fraction!r}: must be in (0, 1]")
+            raise ValueError(f"{key}={fraction!r}: must be in (0, 1]")
+        if int(stream) != stream or stream < 0:
+            raise ValueError(f"stream must be a non-negative integer, got {stream!r}")
+        if probabilities is not None and stream != TRAIN_STREAM:
+            raise ValueError("Bernoulli participation draws from stream 0 only")
         self.num_nodes = int(num_nodes)
         self.fraction = float(fraction)
         self.seed = int(seed)
+        self.stream = int(stream)
         self.probabilities = None
         if probabilities is not None:
             p = check_probabilities(probabilities, "participation")
@@ -154,8 +171,8 @@ class ParticipationSampler:
         return cls(num_nodes, fraction_train, parse_participation(participation, num_nodes, seed), seed)
 
     def uniforms(self, server_round: int) -> np.ndarray:
-        """``(N,)`` float64 uniforms ``u_i(seed, server_round)`` shared by both modes."""
-        return np.random.default_rng([self.seed, 0, int(server_round)]).random(self.num_nodes)
+        """``(N,)`` float64 uniforms ``u_i(seed, server_round)`` of this sampler's stream, shared by both modes."""
+        return np.random.default_rng([self.seed, self.stream, int(server_round)]).random(self.num_nodes)
 
     def sample(self, server_round: int) -> list[int]:
         """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli; docs/participation.md, s1)."""

@@ -48,7 +48,7 @@ __all__ = [
     "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY",
     "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
     "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
-    "pack_evaluation", "reply_problem", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
+    "pack_evaluation", "reply_problem", "pilot_digest", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
 ]
 
 
@@ -141,6 +141,8 @@ class NodeInfo:
         classes: target class set C_i (may be empty).
         num_pilots: pilots K the node holds (-1 if not a pilot method).
         num_examples: private training samples.
+        pilot_digest: :func:`pilot_digest` of the node's pilot inputs (0 = not reported); the graph
+            strategies refuse nodes whose digests differ (pilots must be the same samples in the same order).
     """
 
     partition_id: int
@@ -149,12 +151,13 @@ class NodeInfo:
     classes: tuple[int, ...] = ()
     num_pilots: int = -1
     num_examples: int = 0
+    pilot_digest: int = 0
 
     def to_record(self) -> MetricRecord:
         """``MetricRecord`` form of the reply."""
         return MetricRecord({"partition-id": self.partition_id, "num-partitions": self.num_partitions, "d": self.d,
                              "classes": [int(c) for c in self.classes], "num-pilots": self.num_pilots,
-                             NUM_EXAMPLES: self.num_examples})
+                             NUM_EXAMPLES: self.num_examples, "pilot-digest": self.pilot_digest})
 
     @classmethod
     def from_record(cls, rec: Mapping) -> "NodeInfo":
@@ -165,9 +168,23 @@ class NodeInfo:
         """
         try:
             return cls(int(rec["partition-id"]), int(rec["num-partitions"]), int(rec["d"]),
-                       tuple(int(c) for c in rec["classes"]), int(rec["num-pilots"]), int(rec[NUM_EXAMPLES]))
+                       tuple(int(c) for c in rec["classes"]), int(rec["num-pilots"]), int(rec[NUM_EXAMPLES]),
+                       int(rec["pilot-digest"]) if "pilot-digest" in rec else 0)
         except KeyError as exc:
             raise ProtocolError(f"discovery reply lacks key {exc.args[0]!r}") from None
+
+
+def pilot_digest(pilots: np.ndarray) -> int:
+    """A 63-bit fingerprint of a node's pilot inputs ``(K, ...)``: SHA-256 of the shape and the float32
+    bytes in row order, first 8 bytes, shifted to a positive int64 (fits a ``MetricRecord``).
+
+    Two nodes agree iff (up to hash collisions) they hold the same pilot samples in the same order.
+    """
+    import hashlib
+
+    a = np.ascontiguousarray(np.asarray(pilots, dtype=np.float32))
+    h = hashlib.sha256(repr(a.shape).encode() + a.tobytes()).digest()
+    return int.from_bytes(h[:8], "big") >> 1 or 1
 
 
 # ------------------------------------------------------------------------------ edges
@@ -335,8 +352,9 @@ def pack_prototypes(protos: Mapping[int, np.ndarray], counts: Mapping[int, int] 
 def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarray], dict[int, int] | None]:
     """Inverse of :func:`pack_prototypes` (keys are Python ints: class ids never become numpy scalars).
 
-    Only the layout is checked (ranks, lengths, integral unique class ids); values (NaN, class
-    range, counts) are checked by :func:`flwr_sheaf.baselines.fedproto.aggregate_prototypes`.
+    Only the layout (ranks, lengths, integral unique class ids) and the counts (integers >= 1: they
+    weight the aggregate) are checked here; the other values (NaN, class range) are checked by
+    :func:`flwr_sheaf.baselines.fedproto.aggregate_prototypes`.
 
     Raises:
         ProtocolError: malformed record; the message starts with ``where`` (e.g. ``"partition-id 3"``).
@@ -353,6 +371,11 @@ def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarra
         raise ProtocolError(f"{where}: prototypes have shape {protos.shape}, expected ({classes.shape[0]}, D)")
     if counts is not None and counts.shape != classes.shape:
         raise ProtocolError(f"{where}: counts have shape {counts.shape}, expected {classes.shape}")
+    if counts is not None and not np.issubdtype(counts.dtype, np.integer):
+        raise ProtocolError(f"{where}: counts must be integers, got dtype {counts.dtype} ({counts.tolist()[:10]})")
+    if counts is not None and counts.size and counts.min() < 1:
+        bad = {int(c): int(n) for c, n in zip(classes.tolist(), counts.tolist()) if n < 1}
+        raise ProtocolError(f"{where}: counts must be >= 1 (a prototype averages at least one sample), got {bad}")
     ids = [int(c) for c in classes.tolist()]
     if len(set(ids)) != len(ids):
         raise ProtocolError(f"{where}: class ids {ids} repeat")

@@ -327,19 +327,24 @@ def test_r3_corrected_reaches_truth_uncorrected_biased(planted_runs):
 def test_r5_frequency_estimates_converge():
     p = np.linspace(0.05, 0.95, 19)
     t_rounds = 2000
-    est = FrequencyEstimator(p.size, q_min=0.01)
+    est = FrequencyEstimator(p.size, q_min=0.01, estimator="empirical")
+    plus_one = FrequencyEstimator(p.size, q_min=0.01)
     counts = np.zeros(p.size)
     for t in range(1, t_rounds + 1):
         m = bernoulli_participation(p, t, seed=7)
         est.observe(m)
+        plus_one.observe(m)
         counts += m
     q = est.estimate()
     np.testing.assert_allclose(q, np.maximum(counts / t_rounds, 0.01), atol=0)
     assert np.all(np.abs(q - p) <= 4 * np.sqrt(p * (1 - p) / t_rounds))
+    q1 = plus_one.estimate()
+    np.testing.assert_allclose(q1, np.maximum((counts + 1) / (t_rounds + 1), 0.01), atol=0)
+    assert np.all(np.abs(q1 - p) <= 4 * np.sqrt(p * (1 - p) / t_rounds) + 1 / t_rounds)
 
 
 def test_estimator_never_seen_prior_and_include_current():
-    est = FrequencyEstimator(3, q_min=0.05)
+    est = FrequencyEstimator(3, q_min=0.05, estimator="empirical")
     np.testing.assert_array_equal(est.estimate(), [1.0, 1.0, 1.0])  # prior before any round
     est.observe(np.array([True, False, False]))
     est.observe(np.array([True, True, False]))
@@ -349,6 +354,61 @@ def test_estimator_never_seen_prior_and_include_current():
         FrequencyEstimator(3, q_min=0.0)
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
         est.observe(np.array([True, False]))
+    with pytest.raises(ValueError, match="estimator must be one of .* got 'bayes'"):
+        FrequencyEstimator(3, estimator="bayes")
+
+
+def test_plus_one_estimator_closed_form():
+    est = FrequencyEstimator(3, q_min=0.3)  # default: one pseudo-response, (c + 1)/(t + 1), floored
+    np.testing.assert_allclose(est.estimate(), [1.0, 1.0, 1.0])
+    est.observe(np.array([True, False, False]))
+    est.observe(np.array([True, True, False]))
+    est.observe(np.array([True, True, False]))
+    np.testing.assert_allclose(est.estimate(), [4 / 4, 3 / 4, 0.3])  # 1/4 < floor 0.3
+    np.testing.assert_allclose(est.estimate(include=np.array([0, 0, 1])), [4 / 5, 3 / 5, 2 / 5])
+
+
+def _expected_corrected_weight(p: float, n: int, t: int, estimator: str, q_min: float = 0.01) -> float:
+    """E[1{i in S_{t+1}} / (q_i N)] after t observed rounds, by exact enumeration of C ~ Binomial(t, p)."""
+    from math import comb
+
+    total = 0.0
+    for c in range(t + 1):
+        pmf = comb(t, c) * p ** c * (1 - p) ** (t - c)
+        if estimator == "plus-one":
+            q = max((c + 1) / (t + 1), q_min)
+        else:
+            q = 1.0 if t == 0 else max(c / t, q_min)
+        total += pmf / q
+    return p * total / n
+
+
+def test_round2_weights_within_factor_two_monte_carlo():
+    # issue 11: N = 2, p = (0.3, 0.9); the paper's empirical q inflates round-2 weights to ~10.5 and ~4.9
+    p, n, seeds = np.array([0.3, 0.9]), 2, 4_000
+    man = Sphere(3)
+    w2 = {"plus-one": np.empty((seeds, n)), "empirical": np.empty((seeds, n))}
+    masks = [(bernoulli_participation(p, 1, seed=s), bernoulli_participation(p, 2, seed=s)) for s in range(seeds)]
+    for kind, out in w2.items():
+        srv = RFedAGSServer(man, np.eye(3)[0], n, mode="corrected", estimator_kind=kind)
+        for s, (m1, m2) in enumerate(masks):  # the server's weights in round 2 after observing round 1
+            srv.estimator.counts, srv.estimator.rounds = m1.astype(np.int64), 1
+            out[s] = srv.weights(m2)[0]
+    for kind, out in w2.items():
+        mean, se = out.mean(axis=0), out.std(axis=0, ddof=1) / np.sqrt(seeds)
+        exact = [_expected_corrected_weight(pi, n, 1, kind) for pi in p]
+        assert np.all(np.abs(mean - exact) < 4 * se), (kind, mean, exact)
+    exact = np.array([_expected_corrected_weight(pi, n, 1, "plus-one") for pi in p])
+    np.testing.assert_allclose(exact, (1 - (1 - p) ** 2) / n, rtol=1e-12)  # docs closed form: 0.255, 0.495
+    assert np.all((exact > 0.5 / 2) & (exact < 0.5 * 2)), exact  # within a factor 2 of 1/N (the MC mean agrees)
+    assert w2["plus-one"].max() <= 2 / n  # a single round-2 weight is at most (t + 1)/N
+    emp = w2["empirical"].mean(axis=0)
+    assert emp[0] > 9 and emp[1] > 4 and w2["empirical"].max() == 50  # the issue's inflation (exact 10.545, 4.905)
+    # every round: the expected weight is (1 - (1 - p)^(t+1))/N <= 1/N and tends to 1/N
+    for pi in (0.05, 0.3, 0.9, 1.0):
+        ws = [_expected_corrected_weight(pi, n, t, "plus-one") for t in range(0, 99)]  # floor inactive: 1/(t+1) >= 0.01
+        np.testing.assert_allclose(ws, [(1 - (1 - pi) ** (t + 1)) / n for t in range(0, 99)], rtol=1e-10)
+        assert max(ws) <= 1 / n + 1e-12 and abs(ws[-1] - 1 / n) < 0.01
 
 
 def test_server_estimate_order_paper_vs_code():
@@ -356,8 +416,9 @@ def test_server_estimate_order_paper_vs_code():
     x0 = np.eye(4)[:, :1]
     z = np.stack([proj_oracle(x0, np.eye(4)[:, [i]]) for i in (1, 2)])  # e1, e2: tangent at e0
     masks = [np.array([True, False]), np.array([True, True])]
-    paper = RFedAGSServer(man, x0, 2, mode="corrected", q_min=0.05)
-    code = RFedAGSServer(man, x0, 2, mode="corrected", q_min=0.05, estimate_includes_current=True)
+    paper = RFedAGSServer(man, x0, 2, mode="corrected", q_min=0.05, estimator_kind="empirical")
+    code = RFedAGSServer(man, x0, 2, mode="corrected", q_min=0.05, estimate_includes_current=True,
+                         estimator_kind="empirical")
     w_paper = [paper.step(m, z).weights for m in masks]
     w_code = [code.step(m, z).weights for m in masks]
     # paper: q from previous rounds (prior 1 in round 1, then [1, floor 0.05])
@@ -426,7 +487,7 @@ def test_zero_probability_clients_no_nan():
         for mode in ("corrected", "known-p", "uncorrected"):
             h = run_pca_reference(prob, p, mode=mode, num_rounds=30, local_steps=2, step_size=0.02)
             assert np.all(np.isfinite(h["gap"])) and h["max_feasibility"] < 1e-10
-            assert h["q"][0] == 0.01 and np.isfinite(h["q"]).all()
+            assert h["q"][0] == 1 / 31 and np.isfinite(h["q"]).all()  # never seen in 30 rounds: (0 + 1)/(30 + 1)
         h = run_pca_reference(prob, np.zeros(prob.num_clients), mode="corrected", num_rounds=5,
                               local_steps=2, step_size=0.02, seed=4)
     assert h["empty_rounds"] == 5 and h["gap"][0] == h["gap"][-1]

@@ -58,13 +58,14 @@ def run_flower(prob, p, mode, rounds, x0, drop=None, **kw):
 
 
 def manual_rounds(prob, p, mode, rounds, x0, alpha, k_steps, seed, skip=lambda t, i: False):
-    """Paper Alg. 1 written out from the primitives; q from past rounds, floor 0.01, prior 1."""
+    """Paper Alg. 1 written out from the primitives; q from past rounds: one pseudo-response (c + 1)/((t - 1) + 1),
+    floor 0.01 (t - 1 rounds observed before round t; docs/participation.md, s4.1)."""
     n = prob.num_clients
     x, counts, out = x0.copy(), np.zeros(n), {0: x0.copy()}
     for t in range(1, rounds + 1):
         drawn = bernoulli_participation(p, t, seed)
         resp = [i for i in np.flatnonzero(drawn) if not skip(t, i)]
-        q = np.ones(n) if t == 1 else np.maximum(counts / (t - 1), 0.01)
+        q = np.maximum((counts + 1) / t, 0.01)
         direction = np.zeros_like(x)
         for i in resp:
             zeta = local_gradient_stream(prob.manifold, x, lambda xk, k, i=i: -2 * prob.covariances[i] @ xk,
@@ -168,6 +169,47 @@ def test_silent_and_failing_nodes_are_non_responders():
     for r in strat.history:
         arrived[r["responders"]] += 1
     np.testing.assert_array_equal(strat.server.estimator.counts, arrived)
+
+
+@pytest.mark.parametrize("mode,bad", [("uncorrected", 0), ("uncorrected", -2.0), ("corrected", float("nan")),
+                                      ("known-p", float("inf")), ("corrected", "nan-stream"),
+                                      ("uncorrected", "misshaped-stream")])
+def test_an_unusable_reply_is_that_nodes_failure_and_the_others_are_aggregated(mode, bad):
+    prob, p = planted_pca_problem(seed=3)
+    x0 = prob.manifold.random_point(np.random.default_rng(1))
+    app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
+    grid = LocalGrid(app, prob.num_clients)
+    real, corrupted = grid.app, set()
+
+    def corrupting(msg, ctx):
+        reply = real(msg, ctx)
+        if not msg.metadata.message_type.startswith("train."):
+            return reply
+        t, pid = int(msg.content["config"]["server-round"]), int(ctx.node_config["partition-id"])
+        if pid in (0, 3):  # two nodes send an unusable reply in every round they are drawn
+            if bad == "nan-stream":
+                z = reply.content["stream"]["zeta"].numpy().copy()
+                z[0, 0] = np.nan
+                reply.content["stream"] = ArrayRecord({"zeta": Array(z)})
+            elif bad == "misshaped-stream":
+                reply.content["stream"] = ArrayRecord({"zeta": Array(np.zeros((prob.d + 1, 2)))})
+            else:
+                m = dict(reply.content["metrics"])
+                m["num-examples"] = bad
+                reply.content["metrics"] = MetricRecord(m)
+            corrupted.add((t, pid))
+        return reply
+
+    grid.app = corrupting
+    strat = RFedAGS(prob.num_clients, p, mode=mode, local_steps=2, step_size=0.05, seed=1)
+    res = strat.start(grid, ArrayRecord({"x": Array(x0)}), num_rounds=4)
+    expected = manual_rounds(prob, p, mode, 4, x0, 0.05, 2, seed=1, skip=lambda t, i: (t, i) in corrupted)
+    np.testing.assert_allclose(res.arrays["x"].numpy(), expected[4], atol=1e-12)
+    assert corrupted and {(f["round"], f["partition-id"]) for f in strat.failures} == corrupted
+    reason = {"nan-stream": "NaN/inf stream", "misshaped-stream": f"stream of shape ({prob.d + 1}, 2), expected"}.get(
+        bad, f"num-examples = {bad!r} must be a finite number > 0")
+    assert all(reason in f["reason"] for f in strat.failures)
+    assert all(not set(r["responders"]) & {0, 3} for r in strat.history)
 
 
 def test_empty_rounds_keep_the_parameter():

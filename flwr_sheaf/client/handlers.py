@@ -33,7 +33,8 @@ from ..config import LocalTrainConfig
 from ..protocol import (ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
                         DEVICE, NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS,
                         TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
-                        NodeInfo, ProtocolError, comm_action, message_type, pack_evaluation, unpack_routed)
+                        NodeInfo, ProtocolError, comm_action, message_type, pack_evaluation, pilot_digest,
+                        unpack_routed)
 from ..sheaf import check_pilots, procrustes
 from ..sheaf.whitening import low_variance_fraction
 from ..devices import resolve_device
@@ -136,7 +137,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         task = factory(context)
         info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
                         int(task.model.d), tuple(int(c) for c in task.classes), int(task.x_pilot.shape[0]),
-                        int(task.x_train.shape[0]))
+                        int(task.x_train.shape[0]), pilot_digest(task.x_pilot.numpy()))
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
     @app.train(action)

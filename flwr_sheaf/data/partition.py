@@ -426,7 +426,9 @@ def load_agent_data(
         :class:`AgentData` (images float32 ``(n, 1, 28, 28)`` in [0, 1], labels int64 ``(n,)``).
 
     Raises:
-        ValueError: if ``partition_id`` is outside ``[0, N)`` (names it and ``N``), plus every
+        ValueError: if ``partition_id`` is outside ``[0, N)`` (names it and ``N``); a target class
+            of the agent without any sample in its data, or an empty train, validation or test
+            split (each names the partition-id, and the class or the split sizes); plus every
             error of :func:`load_source` and :func:`make_federated_split`.
         FileNotFoundError: from :func:`load_source` for a missing ``idx:`` directory.
     """
@@ -443,6 +445,20 @@ def load_agent_data(
     x_tr, y_tr = gather(split.train_idx[i])
     x_va, y_va = gather(split.val_idx[i])
     x_te, y_te = gather(split.test_idx[i])
+    sizes = {"training": y_tr.numel(), "validation": y_va.numel(), "test": y_te.numel()}
+    if min(sizes.values()) == 0:
+        raise ValueError(f"partition-id {i} (classes {list(sets[i])}) gets {sizes['training']} training, "
+                         f"{sizes['validation']} validation and {sizes['test']} test samples of dataset {dataset!r} "
+                         f"({labels.numel()} samples for N={len(sets)} agents): every split must be non-empty; use "
+                         f"fewer agents (zoo) or a larger dataset")
+    own = torch.cat([y_tr, y_va, y_te])
+    absent = [c for c in sets[i] if not bool((own == c).any())]
+    if absent:
+        in_source = {c: int((labels == c).sum()) for c in absent}
+        why = ("use a dataset with every class of the zoo" if not any(in_source.values())
+               else f"they are spread over N={len(sets)} agents: use fewer agents")
+        raise ValueError(f"partition-id {i}: target class(es) {absent} of its class set {list(sets[i])} have no sample "
+                         f"in its data (samples of those classes in dataset {dataset!r}: {in_source}); {why}")
     x_pi, y_pi = gather(split.pilot_idx)
     return AgentData(x_tr, y_tr, x_va, y_va, x_te, y_te, x_pi, y_pi, split.pilot_idx, i, sets[i])
 

@@ -263,6 +263,9 @@ class RFedAGSServer:
         global_step: ``varpi``.
         estimate_includes_current: False (paper): ``q^t`` from rounds ``< t``; True (authors' code):
             round ``t`` is counted before the weights are formed.
+        estimator_kind: frequency estimator of ``"corrected"``: ``"plus-one"`` (default, ``(c+1)/(t+1)``:
+            expected weights never above ``1/N``) or ``"empirical"`` (the paper's ``c/t``); see
+            :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`.
 
     Raises:
         ValueError: invalid mode, missing ``p`` for ``"known-p"``, size mismatch.
@@ -276,6 +279,7 @@ class RFedAGSServer:
     q_min: float = DEFAULT_Q_MIN
     global_step: float = 1.0
     estimate_includes_current: bool = False
+    estimator_kind: str = "plus-one"
     estimator: FrequencyEstimator = field(init=False)
     round: int = field(init=False, default=0)
 
@@ -289,7 +293,7 @@ class RFedAGSServer:
             if self.p.size != self.num_clients:
                 raise ValueError(f"p has {self.p.size} entries, expected num_clients={self.num_clients}")
         self.x = np.array(self.x, dtype=np.float64, copy=True)
-        self.estimator = FrequencyEstimator(self.num_clients, q_min=self.q_min)
+        self.estimator = FrequencyEstimator(self.num_clients, q_min=self.q_min, estimator=self.estimator_kind)
 
     def weights(self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:

@@ -22,12 +22,17 @@ __all__ = [
     "simulate_participation",
     "FrequencyEstimator",
     "DEFAULT_Q_MIN",
+    "ESTIMATORS",
 ]
 
 #: Default floor of the frequency estimate. Caps a responder's weight at ``1/(q_min N)`` (= 100/N).
 #: Clients with true ``p_i < q_min`` are then under-weighted by ``p_i/q_min`` (a documented bias that
 #: trades against unbounded variance; paper Assumption 3.8 needs ``q`` bounded away from 0).
 DEFAULT_Q_MIN = 0.01
+
+#: Frequency estimators of :class:`FrequencyEstimator`: ``"plus-one"`` (default; one pseudo-response,
+#: ``q = (c + 1)/(t + 1)``) and ``"empirical"`` (the paper's ``q = c/t``).
+ESTIMATORS = ("plus-one", "empirical")
 
 
 def check_probabilities(p: np.ndarray | list[float], name: str = "p") -> np.ndarray:
@@ -133,37 +138,54 @@ def simulate_participation(
 class FrequencyEstimator:
     """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8; docs/participation.md, s2 and s4).
 
-    After observing rounds ``1..t``, ``q_i = max(c_i / t, q_min)`` where ``c_i`` counts the rounds in
-    which client ``i`` responded. Before any observation every ``q_i = prior`` (default 1, i.e. the
-    first round is weighted like full participation instead of by an arbitrary guess).
+    ``c_i`` counts the rounds (of ``t`` observed) in which client ``i`` responded. Two estimators:
+
+    * ``"plus-one"`` (default): ``q_i = max((c_i + 1)/(t + 1), q_min)``, i.e. one pseudo-response
+      added to the counts (the posterior mean of ``p_i`` under the improper Beta(1, 0) prior: every
+      client is presumed present until seen missing; before any round ``q_i = 1``, as the empirical
+      estimate's ``prior``). With ``C ~ Binomial(t, p)``, ``E[1/(C+1)] = (1 - (1-p)^{t+1}) / ((t+1) p)``,
+      so a client's expected corrected weight in the round after ``t`` observed rounds is exactly
+      ``E[1{i in S}/(q_i N)] = (1 - (1-p)^{t+1}) / N`` (while ``1/(t+1) >= q_min``; the floor only
+      lowers it): never above ``1/N`` (no early inflation; a single weight is at most ``(t+1)/N``),
+      exactly ``1/N`` for ``p = 1`` (full participation stays centralised gradient descent), and the
+      deficit ``(1-p)^{t+1}`` (the chance the client was never seen) vanishes geometrically, so
+      ``q_i -> p_i`` and the asymptotic unbiasedness of RFedAGS is kept (docs/participation.md, s4.1).
+    * ``"empirical"``: ``q_i = max(c_i / t, q_min)`` (the paper's estimate); before any round every
+      ``q_i = prior`` (default 1). A client that missed round 1 gets the floor in round 2: with
+      ``N = 2``, ``p = (0.3, 0.9)`` the expected round-2 weights are about 10.5 and 4.9 instead of 0.5.
 
     Ordering (documented choice): the paper computes ``q_i^t`` from the *previous* rounds only
     (independent of ``S_t``); the authors' code counts round ``t`` first. Callers choose by calling
     :meth:`estimate` before or after :meth:`observe` for the current round
     (:class:`flwr_sheaf.rfedags.aggregation.RFedAGSServer` defaults to the paper's order).
 
-    Never-seen clients and ``p_i = 0``: ``c_i = 0`` gives ``q_i = q_min > 0``, so a first-time
-    responder gets a finite weight ``1/(q_min N)``; no division by zero or NaN can occur.
+    Never-seen clients and ``p_i = 0``: ``q_i >= q_min > 0``, so a first-time responder gets a finite
+    weight; no division by zero or NaN can occur.
 
     Args:
         num_clients: ``N >= 1``.
         q_min: floor in ``(0, 1]`` (default :data:`DEFAULT_Q_MIN` = 0.01).
-        prior: estimate before any round, in ``(0, 1]``.
+        prior: ``"empirical"`` estimate before any round, in ``(0, 1]`` (unused by ``"plus-one"``).
+        estimator: one of :data:`ESTIMATORS`.
 
     Raises:
-        ValueError: invalid ``num_clients``, ``q_min`` or ``prior``.
+        ValueError: invalid ``num_clients``, ``q_min``, ``prior`` or ``estimator`` (named).
     """
 
-    def __init__(self, num_clients: int, q_min: float = DEFAULT_Q_MIN, prior: float = 1.0) -> None:
+    def __init__(self, num_clients: int, q_min: float = DEFAULT_Q_MIN, prior: float = 1.0,
+                 estimator: str = "plus-one") -> None:
         if int(num_clients) != num_clients or num_clients < 1:
             raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
         if not (np.isfinite(q_min) and 0.0 < q_min <= 1.0):
             raise ValueError(f"q_min must be in (0, 1], got {q_min!r}")
         if not (np.isfinite(prior) and 0.0 < prior <= 1.0):
             raise ValueError(f"prior must be in (0, 1], got {prior!r}")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
         self.num_clients = int(num_clients)
         self.q_min = float(q_min)
         self.prior = float(prior)
+        self.estimator = estimator
         self.counts = np.zeros(self.num_clients, dtype=np.int64)
         self.rounds = 0
 
@@ -196,7 +218,8 @@ class FrequencyEstimator:
                 code order: the current round is included in its own estimate).
 
         Returns:
-            ``(N,)`` float64 vector in ``[q_min, 1]``; all ``prior`` when no round is counted.
+            ``(N,)`` float64 vector in ``[q_min, 1]``; with no round counted: all ``prior``
+            (``"empirical"``) or 1 (``"plus-one"``).
 
         Raises:
             ValueError: ill-shaped ``include``.
@@ -209,6 +232,8 @@ class FrequencyEstimator:
                     f"include mask must have shape ({self.num_clients},), got {mask.shape}"
                 )
             counts, rounds = counts + mask.astype(bool), rounds + 1
+        if self.estimator == "plus-one":
+            return np.maximum((counts + 1.0) / (rounds + 1.0), self.q_min)
         if rounds == 0:
             return np.full(self.num_clients, self.prior)
         return np.maximum(counts / rounds, self.q_min)

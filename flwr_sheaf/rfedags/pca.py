@@ -352,6 +352,7 @@ def run_pca_reference(
     q_min: float = DEFAULT_Q_MIN,
     global_step: float = 1.0,
     estimate_includes_current: bool = False,
+    estimator: str = "plus-one",
     force_one_if_empty: bool = False,
     record_every: int = 1,
 ) -> dict:
@@ -374,6 +375,7 @@ def run_pca_reference(
         seed: participation, mini-batch and default-``x0`` seed.
         batch_size: mini-batch size ``B`` (requires ``problem.samples``), None = exact gradients.
         q_min, global_step, estimate_includes_current: see ``RFedAGSServer``.
+        estimator: ``"plus-one"`` or ``"empirical"`` (``RFedAGSServer``'s ``estimator_kind``).
         force_one_if_empty: see :func:`~flwr_sheaf.rfedags.participation.bernoulli_participation`.
         record_every: record metrics at round 0, every ``record_every`` rounds and at ``T``.
 
@@ -402,7 +404,7 @@ def run_pca_reference(
     man.check_point(x0)
     server = RFedAGSServer(
         man, x0, problem.num_clients, mode=mode, p=probs, q_min=q_min, global_step=global_step,
-        estimate_includes_current=estimate_includes_current,
+        estimate_includes_current=estimate_includes_current, estimator_kind=estimator,
     )
     u_star, _ = problem.optimum()
     p_tilde = effective_weights_uncorrected(probs)

@@ -8,23 +8,28 @@ evaluates the same way; a method only fills in hooks:
   and edges), :meth:`GraphStrategy.accept_train` (consume the replies: store pilots, aggregate
   prototypes) and :meth:`GraphStrategy.evaluate_payload` (extra evaluation records);
 - evaluation (paper Eq. 22, Fig. 2) is two round trips inside :meth:`PeerStrategy.start`:
-  ``evaluate.<action>`` collects every node's private accuracy and whitened pilots and
+  ``evaluate.<action>`` collects each evaluator's private accuracy and whitened pilots and
   validation/test latents; :meth:`GraphStrategy.route_evaluate` builds ``evaluate.<action>_comm``,
   which routes to each node its neighbours' pilots and latents; :meth:`aggregate_evaluate` turns
   the per-edge communication accuracies into the mean over receivers and the degree-weighted mean
-  (= mean over directed edges, the paper's Fig. 2).
+  (= mean over directed edges, the paper's Fig. 2). The evaluators are every node, or with
+  ``fraction-evaluate = f < 1`` a seeded draw of ``max(1, floor(f N))`` nodes per evaluated round
+  (:class:`~flwr_sheaf.participation.ParticipationSampler`, stream 1): communication accuracy is
+  then measured only on edges whose two ends were both drawn (and answered).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 
 import networkx as nx
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
-from ..participation import ParticipationSampler
+from ..participation import EVALUATE_STREAM, ParticipationSampler
 from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVAL_ARRAYS, EVAL_REPLY, EVALUATE,
                         LOW_VARIANCE_FRACTION,
                         DEVICE, METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
@@ -32,7 +37,7 @@ from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVA
                         route_evaluation)
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
-from .base import EvaluationSummary, PeerStrategy, RoundRecord, nanmean
+from .base import EvaluationSummary, PeerStrategy, RoundRecord, nanmean, weight_problem
 
 __all__ = ["GraphStrategy", "summarise_accuracies"]
 
@@ -59,7 +64,8 @@ class GraphStrategy(PeerStrategy):
     Raises:
         ConfigError: (at construction) an unknown graph spec form.
         ValueError: (at discovery, naming ``graph``) a graph that is not connected or names a
-            missing partition-id; nodes reporting different pilot counts.
+            missing partition-id; nodes reporting different pilot counts or different pilots
+            (:func:`~flwr_sheaf.protocol.pilot_digest`: other samples or another order).
     """
 
     whitening_fit = "pilots"
@@ -73,6 +79,9 @@ class GraphStrategy(PeerStrategy):
         sampler = ParticipationSampler.from_spec(num_nodes, federation.fraction_train, federation.participation,
                                                  federation.seed)
         super().__init__(num_nodes, action=action, sampler=sampler, discovery_timeout=discovery_timeout)
+        #: who is evaluated in an evaluated round (``fraction-evaluate``; its own uniform stream)
+        self.eval_sampler = ParticipationSampler(num_nodes, federation.fraction_evaluate, seed=federation.seed,
+                                                 stream=EVALUATE_STREAM, key="fraction-evaluate")
         self.federation = federation
         self.train = train
         self.graph_spec: nx.Graph | str = graph if graph is not None else federation.graph
@@ -81,6 +90,8 @@ class GraphStrategy(PeerStrategy):
         self._phase1: dict[int, Message] = {}
         self._extra_eval: dict = {}
         self._receivers: list[int] = []
+        self._routed_src: dict[int, tuple[int, ...]] = {}
+        self._evaluators: list[int] = []
         self._nodes_out: dict[int, dict] = {}
         self._edges_out: list[dict] = []
 
@@ -105,6 +116,15 @@ class GraphStrategy(PeerStrategy):
         ks = {n.info.num_pilots for n in self.nodes.values()}
         if len(ks) > 1:
             raise ValueError(f"nodes report different pilot counts {sorted(ks)}: pilots must be shared")
+        groups: dict[int, list[int]] = {}
+        for p in sorted(self.nodes):
+            if self.nodes[p].info.pilot_digest:
+                groups.setdefault(self.nodes[p].info.pilot_digest, []).append(p)
+        if len(groups) > 1:
+            parts = sorted(groups.values(), key=len, reverse=True)
+            raise ValueError(f"nodes hold different pilots (partition-ids {parts[0]} agree; {parts[1:]} differ): the "
+                             f"pilots must be the same samples in the same order on every node (same dataset, seed, "
+                             f"shift and num-pilots)")
         self.num_pilots = ks.pop()
         log.info("%s graph: %d nodes, %d edges", type(self).__name__, self.graph.number_of_nodes(),
                  self.graph.number_of_edges())
@@ -165,8 +185,19 @@ class GraphStrategy(PeerStrategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
         """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s); no arrays
-        (there is no global model). Error, silent and malformed replies are recorded failures."""
+        (there is no global model). Error, silent and malformed replies, and replies whose
+        ``num-examples`` is not a finite number > 0 or with an infinite metric, are recorded failures
+        (not passed to :meth:`accept_train`)."""
         ok = self.split_replies(server_round, "train", replies, self.current.sampled, TRAIN_REPLY)
+        for pid in sorted(ok):  # a reply claiming no (or NaN) training examples is that node's failure
+            m = ok[pid].content[METRICS]
+            why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])
+            infinite = [k for k, v in m.items() if isinstance(v, float) and math.isinf(v)]
+            if why is None and infinite:  # NaN means "not measured" (skipped by the means); inf is never valid
+                why = f"metric {infinite[0]} = {m[infinite[0]]} is infinite"
+            if why is not None:
+                self.record_failure(server_round, "train", pid, why)
+                del ok[pid]
         accepted, extra = self.accept_train(server_round, ok)
         names = sorted({k for r in accepted.values() for k, v in r.content[METRICS].items()
                         if isinstance(v, (int, float)) and k != NUM_EXAMPLES})
@@ -189,27 +220,43 @@ class GraphStrategy(PeerStrategy):
                 DEVICE: self.train.device}
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
-        """Phase 1 (``evaluate.<action>``) to every node: private accuracy, whitened pilots and latents.
+        """Phase 1 (``evaluate.<action>``) to this round's evaluators: private accuracy, whitened pilots and latents.
+
+        The evaluators are :attr:`eval_sampler`'s draw for ``server_round`` (every node at
+        ``fraction-evaluate = 1``); they are recorded as the round's ``evaluated`` list.
 
         Raises:
             ValueError: ``config`` (``start``'s ``evaluate_config``) names a key the strategy sends.
         """
         records, cfg = self.evaluate_payload(server_round)
         self._extra_eval = dict(config)
+        self._evaluators = [p for p in self.eval_sampler.sample(server_round) if p in self.nodes]
+        self.current.evaluate["evaluated"] = list(self._evaluators)
         content = self.merge_extra({**self._eval_config(server_round), **cfg}, config, "evaluate_config")
         return [self.message(p, RecordDict({**records, CONFIG: ConfigRecord(content)}), EVALUATE, server_round)
-                for p in sorted(self.nodes)]
+                for p in self._evaluators]
 
     def route_evaluate(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays.
 
-        Malformed phase-1 replies (:data:`~flwr_sheaf.protocol.EVAL_REPLY`) are failures of that node.
+        Malformed phase-1 replies (:data:`~flwr_sheaf.protocol.EVAL_REPLY` plus the method's
+        :attr:`routed_arrays`) and replies with unusable values (:meth:`_phase1_problem`: wrong d or
+        pilot shape, NaN/inf pilots or latents, accuracies outside [0, 1]) are failures of that node,
+        and its edges are not measured.
         """
-        self._phase1 = self.split_replies(server_round, "evaluate", replies, sorted(self.nodes), EVAL_REPLY)
+        required = {**EVAL_REPLY, ARRAYS: EVAL_ARRAYS + self.routed_arrays}
+        self._phase1 = self.split_replies(server_round, "evaluate", replies, self._evaluators, required)
+        for pid in sorted(self._phase1):
+            why = self._phase1_problem(pid, self._phase1[pid])
+            if why is not None:
+                self.record_failure(server_round, "evaluate", pid, f"bad evaluation reply: {why}")
+                del self._phase1[pid]
         arrays = {p: r.content[ARRAYS] for p, r in self._phase1.items()}
         msgs = []
+        self._routed_src = {}
         for pid in sorted(self._phase1):
             edges = self.edge_config(pid).keep(self._phase1)
+            self._routed_src[pid] = tuple(edges.neighbours)
             content = RecordDict({ARRAYS: route_evaluation(arrays, edges.neighbours, EVAL_ARRAYS + self.routed_arrays),
                                   CONFIG: ConfigRecord(self.merge_extra({**self._eval_config(server_round),
                                                                          **edges.to_config()}, self._extra_eval,
@@ -218,12 +265,60 @@ class GraphStrategy(PeerStrategy):
         self._receivers = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
         return msgs
 
+    def _phase1_problem(self, pid: int, reply: Message) -> str | None:
+        """Why a phase-1 evaluation reply cannot be used (or None): a stalk dimension other than the
+        discovered d_i, an accuracy/fraction that is neither NaN nor in [0, 1], pilots not ``(K, d_i)``,
+        latents not ``(M, d_i)`` with ``(M,)`` integer labels, or NaN/inf in pilots or latents."""
+        m, a = reply.content[METRICS], reply.content[ARRAYS]
+        d = self.nodes[pid].d
+        if not _number(m[STALK_DIM]) or m[STALK_DIM] != d:
+            return f"{STALK_DIM} = {m[STALK_DIM]!r}, but the node reported d={d} at discovery"
+        for key in (PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY, LOW_VARIANCE_FRACTION):
+            if not _fraction(m[key]):
+                return f"{key} = {m[key]!r} is not in [0, 1] (or NaN)"
+        pilots = a["pilots"].numpy()
+        if pilots.shape != (self.num_pilots, d):
+            return f"pilots of shape {pilots.shape}, expected ({self.num_pilots}, {d})"
+        if not np.isfinite(pilots).all():
+            return "NaN/inf pilots"
+        for split in ("test", "val"):
+            z, y = a[f"{split}-latents"].numpy(), a[f"{split}-labels"].numpy()
+            if z.ndim != 2 or z.shape[1] != d or y.shape != (z.shape[0],) or not np.issubdtype(y.dtype, np.integer):
+                return f"{split} latents {z.shape} / labels {y.shape} {y.dtype}: expected (M, {d}) and (M,) integers"
+            if not np.isfinite(z).all():
+                return f"NaN/inf {split} latents"
+        return None
+
+    def _comm_problem(self, pid: int, reply: Message) -> str | None:
+        """Why a phase-2 reply cannot be used (or None): per-edge lists of different lengths, sources
+        other than the neighbours routed to it, or an accuracy neither NaN nor in [0, 1]."""
+        m = reply.content[METRICS]
+        lists = [COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY] + [n for n in self.edge_metric_names if n in m]
+        if any(not isinstance(m[k], list) for k in lists):
+            return f"per-edge entries {lists} must be lists"
+        if len({len(m[k]) for k in lists}) != 1:
+            return f"per-edge lists of different lengths {[len(m[k]) for k in lists]}"
+        expected = self._routed_src.get(pid, ())
+        if sorted(int(x) for x in m[COMM_SRC]) != sorted(expected) or len(set(m[COMM_SRC])) != len(m[COMM_SRC]):
+            return f"sources {list(m[COMM_SRC])}, but neighbours {list(expected)} were routed to it"
+        for k in lists[1:]:
+            bad = [v for v in m[k] if not _fraction(v)]
+            if bad:
+                return f"{k} = {bad[:5]} not in [0, 1] (or NaN)"
+        return None
+
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
         """Private and communication accuracy (per edge, per receiver, degree-weighted; paper Eq. 22, Fig. 2).
 
-        Malformed phase-2 replies (:data:`~flwr_sheaf.protocol.COMM_REPLY`) are that node's failure.
+        Malformed phase-2 replies (:data:`~flwr_sheaf.protocol.COMM_REPLY`) and replies with unusable
+        values (:meth:`_comm_problem`) are that node's failure.
         """
         ok = self.split_replies(server_round, "evaluate_comm", replies, self._receivers, COMM_REPLY)
+        for pid in sorted(ok):
+            why = self._comm_problem(pid, ok[pid])
+            if why is not None:
+                self.record_failure(server_round, "evaluate_comm", pid, f"bad evaluation reply: {why}")
+                del ok[pid]
         nodes = {}
         for pid, r in self._phase1.items():
             m = r.content[METRICS]
@@ -272,8 +367,18 @@ class GraphStrategy(PeerStrategy):
 
     def results_extra(self) -> dict:
         """Participation, the evaluation protocol (``whitening-fit``) and the graph's edges."""
-        return {**super().results_extra(), "evaluation": {"whitening-fit": self.whitening_fit},
+        return {**super().results_extra(), "evaluation": {"whitening-fit": self.whitening_fit,
+                                                          "fraction-evaluate": self.eval_sampler.fraction},
                 "graph": {"edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []}}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fraction(v) -> bool:
+    """A number that is NaN (not measured) or in [0, 1]."""
+    return _number(v) and (math.isnan(v) or 0.0 <= v <= 1.0)
 
 
 def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> EvaluationSummary:

@@ -9,7 +9,8 @@ Server part of RFedAGS on Flower's Message API (docs/baselines.md, "RFedAGS"). P
    gets ``x_t`` (record ``arrays``, key :data:`flwr_sheaf.protocol.POINT`, float64) and a
    ``ConfigRecord`` with ``server-round``, ``local-steps`` (K), ``step-size`` (alpha_t),
    ``minibatch-size`` and ``seed``.
-2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite) are
+2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
+   finite ``num-examples > 0``; anything else is that node's recorded failure) are
    combined by :class:`flwr_sheaf.rfedags.aggregation.RFedAGSServer` with weights
    ``1/(q_i^t N)`` (``"corrected"``), ``1/(p_i N)`` (``"known-p"``) or the mean over responders
    (``"uncorrected"``), followed by ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
@@ -38,8 +39,8 @@ from ..protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NU
 from ..rfedags.aggregation import MODES, RFedAGSServer
 from ..rfedags.client import step_size_schedule
 from ..rfedags.manifolds import Manifold, Sphere, Stiefel
-from ..rfedags.participation import DEFAULT_Q_MIN
-from .base import PeerStrategy
+from ..rfedags.participation import DEFAULT_Q_MIN, ESTIMATORS
+from .base import PeerStrategy, weight_problem
 
 __all__ = ["RFedAGS"]
 
@@ -61,6 +62,9 @@ class RFedAGS(PeerStrategy):
         global_step: ``varpi > 0`` (paper and code: 1).
         q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`).
         estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
+        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
+            expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
+            :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator` and docs/participation.md, s4.1.
         manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
             -> :class:`~flwr_sheaf.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.rfedags.manifolds.Sphere`.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
@@ -85,6 +89,7 @@ class RFedAGS(PeerStrategy):
         global_step: float = 1.0,
         q_min: float = DEFAULT_Q_MIN,
         estimate_includes_current: bool = False,
+        estimator: str = "plus-one",
         manifold: Manifold | None = None,
         minibatch_size: int = 0,
         seed: int = DEFAULTS["seed"],
@@ -111,6 +116,9 @@ class RFedAGS(PeerStrategy):
         self.global_step = float(global_step)
         self.q_min = float(q_min)
         self.estimate_includes_current = bool(estimate_includes_current)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        self.estimator = estimator
         self.manifold = manifold
         self.minibatch_size = int(minibatch_size)
         self.server: RFedAGSServer | None = None
@@ -132,6 +140,7 @@ class RFedAGS(PeerStrategy):
         self.server = RFedAGSServer(
             self.manifold, x0, self.num_nodes, mode=self.mode, p=self.p, q_min=self.q_min,
             global_step=self.global_step, estimate_includes_current=self.estimate_includes_current,
+            estimator_kind=self.estimator,
         )
 
     # ------------------------------------------------------------------ train
@@ -160,16 +169,17 @@ class RFedAGS(PeerStrategy):
         tangent = []
         for pid, r in ok.items():
             z = np.array(r.content[STREAM_RECORD][STREAM].numpy(), dtype=np.float64)
-            reason = None
-            if z.shape != shape:
+            n_i = r.content[METRICS][NUM_EXAMPLES]
+            reason = weight_problem(NUM_EXAMPLES, n_i)
+            if reason is None and z.shape != shape:
                 reason = f"stream of shape {z.shape}, expected {shape}"
-            elif not np.all(np.isfinite(z)):
+            elif reason is None and not np.all(np.isfinite(z)):
                 reason = "NaN/inf stream"
             if reason is not None:
                 self.record_failure(server_round, "train", pid, reason)
                 continue
             zetas[pid] = z
-            num_examples[pid] = float(r.content[METRICS][NUM_EXAMPLES])
+            num_examples[pid] = float(n_i)
             tangent.append(float(np.max(self.manifold.tangent_error(self._x_t, z))))
         mask = np.zeros(self.num_nodes, dtype=bool)
         mask[list(zetas)] = True

@@ -75,7 +75,8 @@ class SheafFRL(GraphStrategy):
         self.bank_round: dict[int, int] = {}
         #: arrival frequency of each node's pilots (``drop-reweighted``); the estimate used in round t
         #: is computed in round t-1 before observing it.
-        self.frequency = FrequencyEstimator(num_nodes, q_min=self.sheaf.reweight_q_min)
+        #: (the plain ``c/t`` estimate of docs/participation.md, s3.3, not RFedAGS's Laplace default)
+        self.frequency = FrequencyEstimator(num_nodes, q_min=self.sheaf.reweight_q_min, estimator="empirical")
         self._q_for_next = self.frequency.estimate()
         #: ``{(receiver i, neighbour j): (age, weight)}`` of the pilots relayed in the last train round.
         self.relayed: dict[tuple[int, int], tuple[int, float]] = {}
