@@ -17,8 +17,6 @@ Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +25,9 @@ import time
 from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from flwr_cli import find_flwr, flwr_env, run_status  # noqa: E402
 
 
 def stop_superlink(port: int) -> int:
@@ -60,21 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     home = Path(args.flwr_home) if args.flwr_home else Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    env = dict(os.environ)
-    env.update({
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
-        "RAY_DEDUP_LOGS": "0",
-        # flwr spawns flower-superlink by name: make this interpreter's scripts visible
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-    })
-    flwr = shutil.which("flwr", path=env["PATH"])
-    if flwr is None:
-        print("flwr CLI not found: install the package first (README)", file=sys.stderr)
+    env = flwr_env(home, {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
+                          "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2)})
+    try:
+        flwr = find_flwr(env)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
         return 2
     cmd = [flwr, "run", args.app, "--stream"]
     if args.num_supernodes > 0:
@@ -86,12 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
         wall = time.monotonic() - t0
-        ls = subprocess.run([flwr, "ls", "--format", "json"], env=env, capture_output=True, text=True, timeout=120)
-        try:
-            runs = json.loads(ls.stdout).get("runs", [])
-        except json.JSONDecodeError:
-            runs = []
-        status = runs[-1].get("status") if runs else "no run found"
+        status = run_status(flwr, env)
         print(f"flwr run exit code {rc}; run status: {status}; wall time {wall:.1f} s", flush=True)
         return 0 if status == "finished:completed" else 1
     finally:
