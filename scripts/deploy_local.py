@@ -37,7 +37,6 @@ import datetime
 import ipaddress
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -310,10 +309,12 @@ class LocalDeployment:
         log = self.logs / "superlink.log"
         print("+", shlex.join(cmd), flush=True)
         self.superlink = self._spawn(cmd, log)
+        import ssl
+
         import httpx
 
         url = f"{'http' if self.insecure else 'https'}://{self.address}/health"
-        verify = True if self.insecure else str(self.tls["ca"])
+        verify = True if self.insecure else ssl.create_default_context(cafile=str(self.tls["ca"]))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.superlink.poll() is not None:
@@ -484,9 +485,46 @@ class LocalDeployment:
 
 # ----------------------------------------------------------------------------------------------- CLI
 
-def _results_dir(run_config: str) -> str | None:
-    m = re.search(r"results-dir\s*=\s*['\"]([^'\"]+)['\"]", run_config)
-    return m.group(1) if m else None
+def to_run_config(values: dict) -> str:
+    """Format ``{key: value}`` as a ``flwr run --run-config`` string (TOML values: strings as basic
+    strings, booleans as ``true``/``false``)."""
+    def fmt(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+    return " ".join(f"{k}={fmt(v)}" for k, v in values.items())
+
+
+def check_run_config(run_config: str, num_supernodes: int) -> dict:
+    """Parse ``--run-config`` as ``flwr run`` does and check it against the federation before any
+    process starts.
+
+    Returns:
+        The parsed overrides (``{key: int | float | bool | str}``).
+
+    Raises:
+        ValueError: the string does not parse, a key or value is refused by
+            ``flwr_sheaf.config.RunConfig`` (named), or the zoo's number of agents differs from
+            ``num_supernodes`` (each SuperNode serves one partition-id of the zoo).
+    """
+    from flwr.common.config import parse_config_args
+
+    from flwr_sheaf.config import RunConfig
+    from flwr_sheaf.models.zoo import zoo_specs
+
+    try:
+        parsed = parse_config_args([run_config]) if run_config.strip() else {}
+    except Exception as exc:  # flwr raises ValueError / TOML errors with its own text
+        raise ValueError(f"--run-config {run_config!r} does not parse: {exc}") from None
+    cfg = RunConfig.from_run_config(parsed)
+    cfg.check()
+    agents = len(zoo_specs(cfg.scenario.zoo))
+    if agents != num_supernodes:
+        raise ValueError(f"zoo={cfg.scenario.zoo!r} has {agents} agents but --num-supernodes is {num_supernodes}: "
+                         f"start {agents} SuperNodes or pass --run-config \"zoo='tiny-{num_supernodes}' ...\"")
+    return parsed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,11 +544,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
     args = ap.parse_args(argv)
 
+    try:
+        parsed = check_run_config(args.run_config, args.num_supernodes)
+    except ValueError as exc:  # ConfigError is a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flwr-deploy-")).resolve()
-    run_config = args.run_config
-    if _results_dir(run_config) is None:
-        run_config = (run_config + f" results-dir='{workdir / 'results'}'").strip()
-    results = Path(_results_dir(run_config)).expanduser()
+    # results-dir made absolute here: the ServerApp process runs in another working directory
+    results = Path(str(parsed.get("results-dir", workdir / "results"))).expanduser().resolve()
+    parsed["results-dir"] = str(results)
+    run_config = to_run_config(parsed)
 
     def _sigterm(signum, frame):  # noqa: ARG001 - signal API
         raise KeyboardInterrupt

@@ -56,17 +56,18 @@ def test_three_supernodes_complete_a_run_over_tls_with_authentication(dep):
         urllib.request.urlopen(url, context=ssl.create_default_context(), timeout=10)
 
     out = dep.workdir / "run-a"
-    run_id, status = dep.run(f"{SMALL} num-server-rounds=2 evaluate-every=2 round-timeout=300 results-dir='{out}'",
+    run_id, status = dep.run(f"{SMALL} num-server-rounds=2 evaluate-every=0 round-timeout=300 results-dir='{out}'",
                              timeout=600, log=dep.logs / "run-a.log")
     assert status == "finished:completed", (dep.logs / "run-a.log").read_text()[-3000:]
     res = _results(dep, "run-a")
     assert [r["round"] for r in res["rounds"]] == [1, 2]
     assert [r["num_trained"] for r in res["rounds"]] == [N, N]
     assert res["failures"] == []
-    assert sorted(res["nodes"]) == [str(i) for i in range(N)]
-    for node in res["nodes"].values():
-        assert 0.0 <= node["private_accuracy"] <= 1.0
-    assert len(res["edges"]) == 2 * N  # ring on 3 nodes: 6 directed edges, each evaluated
+    for r in res["rounds"]:
+        assert r["sampled"] == list(range(N))
+        assert r["ce"] is not None and math.isfinite(r["ce"]) and r["ce"] > 0  # mean local cross-entropy
+    # round 1 has no pilots yet; in round 2 every directed ring edge (6 on 3 nodes) carried its pilots
+    assert [r["edges_relayed"] for r in res["rounds"]] == [0, 2 * N]
 
 
 def test_supernode_with_unregistered_key_is_refused(dep):
@@ -74,8 +75,9 @@ def test_supernode_with_unregistered_key_is_refused(dep):
     deadline = time.monotonic() + 60
     while intruder.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert intruder.proc.returncode == 305, intruder.log.read_text()[-2000:]  # Flower's exit code: activation failed
-    assert "Failed to activate SuperNode" in intruder.log.read_text()
+    log = intruder.log.read_text()
+    assert intruder.proc.returncode != 0, log[-2000:]
+    assert "Exit Code: 305" in log and "Failed to activate SuperNode" in log, log[-2000:]  # Flower: activation refused
     # Only the registered keys are known to the SuperLink, and all of them are online.
     status = dep.nodes_status()
     assert status == {n.node_id: "online" for n in dep.nodes if n.registered}, status
