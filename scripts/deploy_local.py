@@ -422,11 +422,12 @@ class LocalDeployment:
     def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
         """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
         cmd = [self.flwr, "log", str(run_id), CONNECTION, "--stream"]
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}  # lines as they come, also into a file or pipe
         if log is None:
-            p = subprocess.Popen(cmd, env=self.env, start_new_session=True, stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
         else:
             with open(log, "ab") as fh:
-                p = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                p = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                      start_new_session=True, stdin=subprocess.DEVNULL)
         self.started.append(p)
         return p
