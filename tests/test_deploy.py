@@ -23,12 +23,60 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from deploy_local import LocalDeployment  # noqa: E402
+from deploy_local import LocalDeployment, check_run_config, make_node_key, make_tls, to_run_config  # noqa: E402
 
 N = 3
 SMALL = "zoo='tiny-3' graph='ring' num-pilots=32 local-epochs=1 max-steps-per-epoch=1 discovery-timeout=180"
-pytestmark = pytest.mark.engine
 
+
+# ------------------------------------------------------------------ fast checks (no processes)
+
+def test_generated_certificates_chain_to_the_ca_and_name_the_hosts(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    paths = make_tls(tmp_path, ["127.0.0.1", "superlink.example.org"])
+    ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    cert = x509.load_pem_x509_certificate(paths["cert"].read_bytes())
+    cert.verify_directly_issued_by(ca)  # raises unless signed by the CA's key
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert sans.get_values_for_type(x509.DNSName) == ["superlink.example.org"]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert isinstance(cert.public_key().curve, ec.SECP384R1)
+    assert oct(paths["key"].stat().st_mode & 0o777) == "0o600"
+    other = make_tls(tmp_path / "other", ["127.0.0.1"])
+    with pytest.raises(Exception):  # a different CA does not vouch for this certificate
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(other["ca"].read_bytes()))
+
+
+def test_node_keys_are_what_flower_reads(tmp_path):
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    priv, pub = make_node_key(tmp_path, "site-0")
+    key = load_ssh_private_key(priv.read_bytes(), None)  # what flower-supernode does
+    # what `flwr supernode register` sends is the same public key
+    assert try_load_public_key(pub) == public_key_to_bytes(key.public_key())
+    assert oct(priv.stat().st_mode & 0o777) == "0o600"
+
+
+def test_run_config_is_checked_against_the_federation_before_anything_starts():
+    parsed = check_run_config("zoo='tiny-3' graph='ring' lambda=0.5 results-dir='a b'", 3)
+    assert parsed == {"zoo": "tiny-3", "graph": "ring", "lambda": 0.5, "results-dir": "a b"}
+    from flwr.common.config import parse_config_args
+    assert parse_config_args([to_run_config(parsed)]) == parsed  # round trip through flwr's parser
+    with pytest.raises(ValueError, match=r"zoo='paper-15' has 15 agents but --num-supernodes is 3"):
+        check_run_config("", 3)
+    with pytest.raises(ValueError, match=r"zoo='tiny-4' has 4 agents but --num-supernodes is 3"):
+        check_run_config("zoo='tiny-4' graph='ring'", 3)
+    with pytest.raises(ValueError, match="lamda"):
+        check_run_config("zoo='tiny-3' lamda=1", 3)
+
+
+# ------------------------------------------------------------------ engine: one shared deployment
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory):
@@ -47,6 +95,7 @@ def _results(dep, name: str) -> dict:
     return json.loads((dep.workdir / name / "results.json").read_text())
 
 
+@pytest.mark.engine
 def test_three_supernodes_complete_a_run_over_tls_with_authentication(dep):
     # TLS is really on: the SuperLink's certificate verifies against the generated CA only.
     url = f"https://{dep.address}/health"
@@ -70,6 +119,7 @@ def test_three_supernodes_complete_a_run_over_tls_with_authentication(dep):
     assert [r["edges_relayed"] for r in res["rounds"]] == [0, 2 * N]
 
 
+@pytest.mark.engine
 def test_supernode_with_unregistered_key_is_refused(dep):
     intruder = next(n for n in dep.nodes if not n.registered)
     deadline = time.monotonic() + 60
@@ -83,6 +133,7 @@ def test_supernode_with_unregistered_key_is_refused(dep):
     assert status == {n.node_id: "online" for n in dep.nodes if n.registered}, status
 
 
+@pytest.mark.engine
 def test_supernode_killed_in_round_two_is_recorded_and_the_round_completes(dep):
     timeout = 75.0
     victim = next(n for n in dep.nodes if n.registered and n.partition_id == N - 1)
