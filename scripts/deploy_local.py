@@ -199,7 +199,8 @@ class LocalDeployment:
         num_supernodes: N, the registered SuperNodes (partition-ids 0..N-1).
         port: SuperLink HTTP(S) port; SuperNode i's ClientAppIo port is ``port + 1 + i``
             (intruders follow).
-        insecure: no TLS anywhere (debugging only; SuperNode authentication still on).
+        insecure: no TLS and hence no SuperNode authentication (Flower 1.42 refuses
+            ``--enable-supernode-auth`` without TLS; SuperNodes then register themselves).
         unregistered: K extra SuperNodes with keys that are never registered.
         host: address the SuperLink listens on and the SuperNodes dial.
         sans: extra names/IPs for the server certificate.
@@ -227,6 +228,9 @@ class LocalDeployment:
             raise ValueError(f"--num-supernodes must be >= 1, got {self.num_supernodes}")
         if self.unregistered < 0:
             raise ValueError(f"--unregistered must be >= 0, got {self.unregistered}")
+        if self.insecure and self.unregistered:
+            raise ValueError(f"--unregistered {self.unregistered} with --insecure: SuperNode authentication needs TLS "
+                             "(Flower 1.42 refuses --enable-supernode-auth without it), so nothing would be refused")
         last = self.port + self.num_supernodes + self.unregistered
         if not (1024 <= self.port and last <= 65535):
             raise ValueError(f"--port {self.port}: ports {self.port}..{last} must lie in 1024..65535")
@@ -301,11 +305,12 @@ class LocalDeployment:
         Raises:
             DeployError: it exited or did not answer within ``timeout`` s (names its log).
         """
-        cmd = [find_flwr(self.env, "flower-superlink"), "--enable-supernode-auth", "--isolation", "subprocess",
+        cmd = [find_flwr(self.env, "flower-superlink"), "--isolation", "subprocess",
                "--host", self.host, "--port", str(self.port), "--database", str(self.workdir / "superlink.db"),
                "--disable-runtime-dependency-installation"]
-        cmd += ["--insecure"] if self.insecure else ["--ssl-ca-certfile", str(self.tls["ca"]), "--ssl-certfile",
-                                                     str(self.tls["cert"]), "--ssl-keyfile", str(self.tls["key"])]
+        cmd += ["--insecure"] if self.insecure else ["--enable-supernode-auth", "--ssl-ca-certfile", str(self.tls["ca"]),
+                                                     "--ssl-certfile", str(self.tls["cert"]), "--ssl-keyfile",
+                                                     str(self.tls["key"])]
         log = self.logs / "superlink.log"
         print("+", shlex.join(cmd), flush=True)
         self.superlink = self._spawn(cmd, log)
@@ -333,6 +338,8 @@ class LocalDeployment:
         Raises:
             DeployError: the CLI refused a key (its output is quoted).
         """
+        if self.insecure:  # no authentication without TLS: SuperNodes register themselves
+            return
         for n in self.nodes:
             if not n.registered:
                 continue
@@ -346,9 +353,10 @@ class LocalDeployment:
         """Start one ``flower-supernode`` process for ``n`` (log: ``logs/<name>.log``)."""
         cmd = [find_flwr(self.env, "flower-supernode"), "--superlink", self.address,
                "--node-config", f"partition-id={n.partition_id} num-partitions={self.num_supernodes}",
-               "--auth-supernode-private-key", str(n.key), "--isolation", "subprocess",
+               "--isolation", "subprocess",
                "--host", "127.0.0.1", "--port", str(n.port), "--max-retries", "3", "--max-wait-time", "30"]
-        cmd += ["--insecure"] if self.insecure else ["--root-certificates", str(self.tls["ca"])]
+        cmd += ["--insecure"] if self.insecure else ["--root-certificates", str(self.tls["ca"]),
+                                                     "--auth-supernode-private-key", str(n.key)]
         n.proc = self._spawn(cmd, n.log)
 
     def kill_supernode(self, n: SuperNodeProc) -> None:
@@ -388,7 +396,10 @@ class LocalDeployment:
                 if n.registered and n.proc is not None and n.proc.poll() is not None:
                     raise DeployError(f"{n.name} exited with code {n.proc.returncode}; see {n.log}")
             status = self.nodes_status()
-            if all(status.get(i) == "online" for i in want):
+            if self.insecure:  # self-registered: node ids unknown beforehand
+                if sum(v == "online" for v in status.values()) >= self.num_supernodes:
+                    return status
+            elif all(status.get(i) == "online" for i in want):
                 return status
             time.sleep(1.0)
         raise DeployError(f"SuperNodes not online after {timeout:.0f} s: {status}; see {self.logs}")
@@ -533,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-supernodes", type=int, default=3, help="registered SuperNodes N (partition-ids 0..N-1)")
     ap.add_argument("--run-config", default="", help='run-config overrides, e.g. "zoo=\'tiny-3\' graph=\'ring\'"')
-    ap.add_argument("--insecure", action="store_true", help="no TLS (debugging only)")
+    ap.add_argument("--insecure", action="store_true",
+                    help="no TLS and hence no SuperNode authentication (debugging only)")
     ap.add_argument("--keep-running", action="store_true",
                     help="leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)")
     ap.add_argument("--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered")
@@ -556,9 +568,10 @@ def main(argv: list[str] | None = None) -> int:
     parsed["results-dir"] = str(results)
     run_config = to_run_config(parsed)
 
-    def _sigterm(signum, frame):  # noqa: ARG001 - signal API
+    def _interrupt(signum, frame):  # noqa: ARG001 - signal API
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, _sigterm)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also when started in the background (SIGINT ignored there)
+        signal.signal(sig, _interrupt)
 
     t0 = time.monotonic()
     try:
