@@ -276,14 +276,18 @@ class LocalDeployment:
 
     @property
     def address(self) -> str:
-        """``host:port`` the SuperNodes and the CLI dial."""
-        return f"{self.host}:{self.port}"
+        """``host:port`` the local SuperNodes and the CLI dial (127.0.0.1 when listening on all
+        interfaces)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"{host}:{self.port}"
 
     # -- steps
     def prepare(self) -> None:
         """Write certificates (unless insecure), SuperNode keys and the ``deploy`` connection."""
         if not self.insecure:
-            self.tls = make_tls(self.workdir / "tls", [self.host, "localhost", *self.sans])
+            hosts = [self.address.rsplit(":", 1)[0], "127.0.0.1", "localhost", *self.sans]
+            self.tls = make_tls(self.workdir / "tls", list(dict.fromkeys(hosts)))
+        self.nodes.clear()
         for i in range(self.num_supernodes + self.unregistered):
             registered = i < self.num_supernodes
             k = i if registered else i - self.num_supernodes
