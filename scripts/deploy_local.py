@@ -4,6 +4,8 @@
 Every Flower component runs as its own OS process on the loopback interface, as it would on
 separate hosts (docs/deployment.md):
 
+0. checks ``--run-config`` with ``flwr_sheaf.config.RunConfig`` and that the zoo has
+   ``--num-supernodes`` agents, before any process starts;
 1. generates, under ``--workdir``, a CA and a SuperLink server certificate (``tls/``, with the
    ``cryptography`` library; SANs: ``127.0.0.1``, ``localhost`` and every ``--san``) and one EC
    P-384 key pair per SuperNode (``keys/site-<i>`` in OpenSSH format, the format
@@ -23,11 +25,15 @@ separate hosts (docs/deployment.md):
 6. prints where ``results.json`` is and stops exactly the processes it started and their
    descendants (also on error, Ctrl-C and SIGTERM), unless ``--keep-running``.
 
+``--insecure`` drops TLS and with it SuperNode authentication (Flower 1.42 refuses
+``--enable-supernode-auth`` without TLS): steps 1 (certificates) and 3 (registration) are skipped.
+
 Usage: ``python scripts/deploy_local.py [--num-supernodes 3] [--run-config "k=v ..."] [--insecure]
 [--keep-running] [--unregistered K] [--port 39700] [--workdir DIR] [--timeout 1800]``
 
 Exit status: 0 when the run finished with ``finished:completed``, 1 when it failed or timed out,
-2 when the federation could not be brought up (named in the message).
+2 when the run config was refused or the federation could not be brought up (named in the
+message), 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -557,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
     ap.add_argument("--san", action="append", default=[], help="extra host name/IP for the server certificate")
     ap.add_argument("--workdir", default=None, help="default: a new directory under the system temp dir")
-    ap.add_argument("--app", default=str(ROOT))
+    ap.add_argument("--app", default=str(ROOT), help="app directory for flwr run (default: this repository)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
     args = ap.parse_args(argv)
 
