@@ -17,8 +17,6 @@ Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +25,9 @@ import time
 from pathlib import Path
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from flwr_cli import find_flwr, flwr_env, run_status  # noqa: E402
 
 
 def stop_superlink(port: int) -> int:
@@ -62,24 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     home = Path(args.flwr_home) if args.flwr_home else Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    env = dict(os.environ)
-    env.update({
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
-        "RAY_DEDUP_LOGS": "0",
-        # named datasets (dataset=fashion-mnist): `flwr run` may import the app from its FAB copy,
-        # whose location says nothing about this checkout's data/ folder
-        "FLWR_SHEAF_DATA": os.environ.get("FLWR_SHEAF_DATA", str(Path(__file__).resolve().parents[1] / "data")),
-        # flwr spawns flower-superlink by name: make this interpreter's scripts visible
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-    })
-    flwr = shutil.which("flwr", path=env["PATH"])
-    if flwr is None:
-        print("flwr CLI not found: install the package first (README)", file=sys.stderr)
+    env = flwr_env(home, {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
+                          "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2)})
+    try:
+        flwr = find_flwr(env)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
         return 2
     if args.gpus_per_client > 0:
         import torch  # Ray would fail with "ActorPool is empty" and flwr run would still exit 0
@@ -101,12 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
         wall = time.monotonic() - t0
-        ls = subprocess.run([flwr, "ls", "--format", "json"], env=env, capture_output=True, text=True, timeout=120)
-        try:
-            runs = json.loads(ls.stdout).get("runs", [])
-        except json.JSONDecodeError:
-            runs = []
-        status = runs[-1].get("status") if runs else "no run found"
+        status = run_status(flwr, env)
         print(f"flwr run exit code {rc}; run status: {status}; wall time {wall:.1f} s", flush=True)
         return 0 if status == "finished:completed" else 1
     finally:

@@ -3,7 +3,6 @@
 from flwr_sheaf.data.partition import (
     AgentData,
     FederatedSplit,
-    LabelShiftPartitioner,
     label_shift_proportions,
     load_agent_data,
     make_federated_split,
@@ -21,3 +20,12 @@ __all__ = [
     "load_source",
     "make_federated_split",
 ]
+
+
+def __getattr__(name: str):
+    """``LabelShiftPartitioner`` is imported on first use (flwr-datasets is slow to import)."""
+    if name == "LabelShiftPartitioner":
+        from flwr_sheaf.data.hf import LabelShiftPartitioner
+
+        return LabelShiftPartitioner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

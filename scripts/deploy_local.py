@@ -1,0 +1,628 @@
+#!/usr/bin/env python3
+"""Deploy the app on Flower's deployment engine on this machine: one SuperLink, N SuperNodes, ``flwr run``.
+
+Every Flower component runs as its own OS process on the loopback interface, as it would on
+separate hosts (docs/deployment.md):
+
+0. checks ``--run-config`` with ``flwr_sheaf.config.RunConfig`` and that the zoo has
+   ``--num-supernodes`` agents, before any process starts;
+1. generates, under ``--workdir``, a CA and a SuperLink server certificate (``tls/``, with the
+   ``cryptography`` library; SANs: ``127.0.0.1``, ``localhost`` and every ``--san``) and one EC
+   P-384 key pair per SuperNode (``keys/site-<i>`` in OpenSSH format, the format
+   ``flower-supernode --auth-supernode-private-key`` and ``flwr supernode register`` read);
+2. starts ``flower-superlink`` with TLS and ``--enable-supernode-auth`` (only public keys
+   registered through the Control API may join) on ``--port`` (Fleet, Control and Runtime API
+   share this one HTTPS port in Flower 1.42);
+3. writes a SuperLink connection ``deploy`` (address + CA) into a private ``FLWR_HOME/config.toml``
+   and registers each SuperNode's public key with ``flwr supernode register``;
+4. starts N ``flower-supernode`` processes, SuperNode i with
+   ``--node-config "partition-id=i num-partitions=N"``, its own private key and its own
+   ClientAppIo (Runtime API) port ``port + 1 + i``; ``--unregistered K`` adds K SuperNodes whose
+   keys were never registered (they impersonate partition-ids 0..K-1 and must be refused);
+5. waits until the N registered SuperNodes are online, submits the app with
+   ``flwr run <app> deploy``, follows its log, polls ``flwr ls --run-id ID --format json`` until the
+   run is finished, and fails unless the status is ``finished:completed``;
+6. prints where ``results.json`` is and stops exactly the processes it started and their
+   descendants (also on error, Ctrl-C and SIGTERM), unless ``--keep-running``.
+
+``--insecure`` drops TLS and with it SuperNode authentication (Flower 1.42 refuses
+``--enable-supernode-auth`` without TLS): steps 1 (certificates) and 3 (registration) are skipped.
+
+Usage: ``python scripts/deploy_local.py [--num-supernodes 3] [--run-config "k=v ..."] [--insecure]
+[--keep-running] [--unregistered K] [--port 39700] [--workdir DIR] [--timeout 1800]``
+
+Exit status: 0 when the run finished with ``finished:completed``, 1 when it failed or timed out,
+2 when the run config was refused or the federation could not be brought up (named in the
+message), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from flwr_cli import find_flwr, flwr_env, list_runs, stop_processes  # noqa: E402
+
+import psutil  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONNECTION = "deploy"
+
+__all__ = ["LocalDeployment", "SuperNodeProc", "make_tls", "make_node_key", "main"]
+
+
+class DeployError(RuntimeError):
+    """The federation could not be brought up (the message names the step and the log to read)."""
+
+
+# --------------------------------------------------------------------------------------------- keys
+
+def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]:
+    """Create a CA and a SuperLink server certificate signed by it (EC P-384, SHA-384).
+
+    The server certificate carries every entry of ``hosts`` as a subject alternative name (IP
+    addresses as ``IPAddress``, names as ``DNSName``); clients (SuperNodes, the ``flwr`` CLI,
+    the SuperLink's own SuperExec) verify the server against ``ca.pem``. Private keys are
+    written with mode 0600.
+
+    Args:
+        out_dir: directory (created) for ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key``.
+        hosts: host names / IP addresses under which the SuperLink is reached.
+        days: validity in days from now.
+
+    Returns:
+        ``{"ca": ..., "ca_key": ..., "cert": ..., "key": ...}`` paths.
+
+    Raises:
+        ValueError: ``hosts`` is empty.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    if not hosts:
+        raise ValueError("make_tls: hosts must name at least one host")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
+
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-sheaf deployment CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA384()))
+
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(end)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA384()))
+
+    paths = {"ca": out_dir / "ca.pem", "ca_key": out_dir / "ca.key", "cert": out_dir / "server.pem",
+             "key": out_dir / "server.key"}
+    pem = serialization.Encoding.PEM
+    paths["ca"].write_bytes(ca.public_bytes(pem))
+    paths["cert"].write_bytes(cert.public_bytes(pem))
+    for k, p in ((ca_key, paths["ca_key"]), (key, paths["key"])):
+        p.write_bytes(k.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        p.chmod(0o600)
+    return paths
+
+
+def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
+    """Create a SuperNode's EC P-384 key pair in OpenSSH format (what Flower 1.42 reads).
+
+    Returns:
+        ``(private_key_path, public_key_path)``: ``<name>`` (mode 0600, for
+        ``flower-supernode --auth-supernode-private-key``) and ``<name>.pub`` (for
+        ``flwr supernode register``).
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    priv, pub = out_dir / name, out_dir / f"{name}.pub"
+    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    priv.chmod(0o600)
+    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                  serialization.PublicFormat.OpenSSH) + f" {name}\n".encode())
+    return priv, pub
+
+
+# ---------------------------------------------------------------------------------------- processes
+
+def _json_out(text: str) -> dict:
+    """The JSON object the ``flwr`` CLI printed with ``--format json`` (it may follow other lines).
+
+    Raises:
+        ValueError: no JSON object in ``text``.
+    """
+    return json.loads(text[text.index("{"):])
+
+
+@dataclass
+class SuperNodeProc:
+    """One started SuperNode: its partition-id, whether its key is registered, port, key, process, log."""
+
+    index: int
+    partition_id: int
+    registered: bool
+    port: int
+    key: Path
+    pub: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+    node_id: str | None = None  # SuperLink's node id, from `flwr supernode register`
+
+    @property
+    def name(self) -> str:
+        """``site-<index>`` (registered) or ``intruder-<k>``."""
+        return f"site-{self.index}" if self.registered else f"intruder-{self.index}"
+
+
+@dataclass
+class LocalDeployment:
+    """A SuperLink and N SuperNodes as separate OS processes on this machine (see module docstring).
+
+    Use as a context manager (``with LocalDeployment(...) as d: d.start(); d.run(...)``): leaving
+    the block stops every process it started. All files live under ``workdir``: ``tls/``,
+    ``keys/``, ``flwr-home/`` (private ``FLWR_HOME``), ``logs/`` (one log per process),
+    ``superlink.db``.
+
+    Args:
+        workdir: directory for all files (created).
+        num_supernodes: N, the registered SuperNodes (partition-ids 0..N-1).
+        port: SuperLink HTTP(S) port; SuperNode i's ClientAppIo port is ``port + 1 + i``
+            (intruders follow).
+        insecure: no TLS and hence no SuperNode authentication (Flower 1.42 refuses
+            ``--enable-supernode-auth`` without TLS; SuperNodes then register themselves).
+        unregistered: K extra SuperNodes with keys that are never registered.
+        host: address the SuperLink listens on and the SuperNodes dial.
+        sans: extra names/IPs for the server certificate.
+        app: app directory handed to ``flwr run``.
+
+    Raises:
+        ValueError: ``num_supernodes < 1``, ``unregistered < 0``, a port outside 1024..65535.
+    """
+
+    workdir: Path
+    num_supernodes: int = 3
+    port: int = 39700
+    insecure: bool = False
+    unregistered: int = 0
+    host: str = "127.0.0.1"
+    sans: list[str] = field(default_factory=list)
+    app: Path = ROOT
+    nodes: list[SuperNodeProc] = field(default_factory=list, init=False)
+    superlink: subprocess.Popen | None = field(default=None, init=False)
+    started: list[subprocess.Popen] = field(default_factory=list, init=False)
+    seen: dict[int, "psutil.Process"] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_supernodes < 1:
+            raise ValueError(f"--num-supernodes must be >= 1, got {self.num_supernodes}")
+        if self.unregistered < 0:
+            raise ValueError(f"--unregistered must be >= 0, got {self.unregistered}")
+        if self.insecure and self.unregistered:
+            raise ValueError(f"--unregistered {self.unregistered} with --insecure: SuperNode authentication needs TLS "
+                             "(Flower 1.42 refuses --enable-supernode-auth without it), so nothing would be refused")
+        last = self.port + self.num_supernodes + self.unregistered
+        if not (1024 <= self.port and last <= 65535):
+            raise ValueError(f"--port {self.port}: ports {self.port}..{last} must lie in 1024..65535")
+        self.workdir = Path(self.workdir).resolve()
+        self.home = self.workdir / "flwr-home"
+        self.logs = self.workdir / "logs"
+        for d in (self.home, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        self.env = flwr_env(self.home)
+        self.flwr = find_flwr(self.env)
+
+    # -- context manager
+    def __enter__(self) -> "LocalDeployment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- helpers
+    def track(self) -> None:
+        """Remember every current descendant of the started processes (Flower detaches its
+        SuperExec and app processes into their own sessions; a descendant orphaned later is still
+        stopped by :meth:`stop`), and reap the started processes that exited (a SuperExec watches
+        its parent's pid, which a zombie keeps alive)."""
+        for p in self.started:
+            p.poll()
+            try:
+                for q in psutil.Process(p.pid).children(recursive=True):
+                    self.seen.setdefault(q.pid, q)
+            except psutil.NoSuchProcess:
+                continue
+
+    def _spawn(self, cmd: list[str], log: Path) -> subprocess.Popen:
+        """Start ``cmd`` in its own process group/session, stdout+stderr to ``log``; remember it."""
+        with open(log, "ab") as fh:
+            p = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, cwd=self.workdir)
+        self.started.append(p)
+        return p
+
+    def _cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run([self.flwr, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the local SuperNodes and the CLI dial (127.0.0.1 when listening on all
+        interfaces)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"{host}:{self.port}"
+
+    # -- steps
+    def prepare(self) -> None:
+        """Write certificates (unless insecure), SuperNode keys and the ``deploy`` connection."""
+        if not self.insecure:
+            hosts = [self.address.rsplit(":", 1)[0], "127.0.0.1", "localhost", *self.sans]
+            self.tls = make_tls(self.workdir / "tls", list(dict.fromkeys(hosts)))
+        self.nodes.clear()
+        for i in range(self.num_supernodes + self.unregistered):
+            registered = i < self.num_supernodes
+            k = i if registered else i - self.num_supernodes
+            name = f"site-{i}" if registered else f"intruder-{k}"
+            priv, pub = make_node_key(self.workdir / "keys", name)
+            self.nodes.append(SuperNodeProc(index=i if registered else k, partition_id=i if registered else k % self.num_supernodes,
+                                            registered=registered, port=self.port + 1 + i, key=priv, pub=pub,
+                                            log=self.logs / f"{name}.log"))
+        conn = [f'[superlink]\ndefault = "{CONNECTION}"\n', f"[superlink.{CONNECTION}]", f'address = "{self.address}"']
+        if self.insecure:
+            conn.append("insecure = true")
+        else:
+            conn.append(f'root-certificates = "{self.tls["ca"]}"')
+        (self.home / "config.toml").write_text("\n".join(conn) + "\n")
+
+    def start_superlink(self, timeout: float = 60.0) -> None:
+        """Start ``flower-superlink`` and wait until its ``/health`` endpoint answers.
+
+        Raises:
+            DeployError: it exited or did not answer within ``timeout`` s (names its log).
+        """
+        cmd = [find_flwr(self.env, "flower-superlink"), "--isolation", "subprocess",
+               "--host", self.host, "--port", str(self.port), "--database", str(self.workdir / "superlink.db"),
+               "--disable-runtime-dependency-installation"]
+        cmd += ["--insecure"] if self.insecure else ["--enable-supernode-auth", "--ssl-ca-certfile", str(self.tls["ca"]),
+                                                     "--ssl-certfile", str(self.tls["cert"]), "--ssl-keyfile",
+                                                     str(self.tls["key"])]
+        log = self.logs / "superlink.log"
+        print("+", shlex.join(cmd), flush=True)
+        self.superlink = self._spawn(cmd, log)
+        import ssl
+
+        import httpx
+
+        url = f"{'http' if self.insecure else 'https'}://{self.address}/health"
+        verify = True if self.insecure else ssl.create_default_context(cafile=str(self.tls["ca"]))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.superlink.poll() is not None:
+                raise DeployError(f"flower-superlink exited with code {self.superlink.returncode}; see {log}")
+            try:
+                if httpx.get(url, verify=verify, timeout=2.0).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise DeployError(f"flower-superlink did not answer on {url} within {timeout:.0f} s; see {log}")
+
+    def register_keys(self) -> None:
+        """``flwr supernode register keys/site-<i>.pub deploy`` for every registered SuperNode.
+
+        Raises:
+            DeployError: the CLI refused a key (its output is quoted).
+        """
+        if self.insecure:  # no authentication without TLS: SuperNodes register themselves
+            return
+        for n in self.nodes:
+            if not n.registered:
+                continue
+            r = self._cli("supernode", "register", str(n.pub), CONNECTION, "--name", n.name, "--format", "json")
+            try:
+                n.node_id = str(_json_out(r.stdout)["node-id"])
+            except (ValueError, KeyError, TypeError):
+                raise DeployError(f"flwr supernode register {n.pub} failed: {(r.stdout + r.stderr)[-1500:]}") from None
+
+    def start_supernode(self, n: SuperNodeProc) -> None:
+        """Start one ``flower-supernode`` process for ``n`` (log: ``logs/<name>.log``)."""
+        cmd = [find_flwr(self.env, "flower-supernode"), "--superlink", self.address,
+               "--node-config", f"partition-id={n.partition_id} num-partitions={self.num_supernodes}",
+               "--isolation", "subprocess",
+               "--host", "127.0.0.1", "--port", str(n.port), "--max-retries", "3", "--max-wait-time", "30"]
+        cmd += ["--insecure"] if self.insecure else ["--root-certificates", str(self.tls["ca"]),
+                                                     "--auth-supernode-private-key", str(n.key)]
+        n.proc = self._spawn(cmd, n.log)
+
+    def kill_supernode(self, n: SuperNodeProc) -> None:
+        """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
+        victims = [psutil.Process(n.proc.pid)]
+        try:
+            victims += victims[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        for q in victims:
+            try:
+                q.kill()
+            except psutil.NoSuchProcess:
+                pass
+        n.proc.wait(timeout=10)
+
+    def nodes_status(self) -> dict[str, str]:
+        """``{node-id: status}`` from ``flwr supernode ls deploy --format json`` (empty on error)."""
+        r = self._cli("supernode", "ls", CONNECTION, "--format", "json")
+        try:
+            return {str(x["node-id"]): x["status"] for x in _json_out(r.stdout)["nodes"]}
+        except (ValueError, KeyError, TypeError):
+            return {}
+
+    def wait_online(self, timeout: float = 120.0) -> dict[str, str]:
+        """Wait until every registered SuperNode is ``online``.
+
+        Raises:
+            DeployError: a registered SuperNode exited or is not online after ``timeout`` s.
+        """
+        want = {n.node_id for n in self.nodes if n.registered}
+        deadline = time.monotonic() + timeout
+        status: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            self.track()
+            for n in self.nodes:
+                if n.registered and n.proc is not None and n.proc.poll() is not None:
+                    raise DeployError(f"{n.name} exited with code {n.proc.returncode}; see {n.log}")
+            status = self.nodes_status()
+            if self.insecure:  # self-registered: node ids unknown beforehand
+                if sum(v == "online" for v in status.values()) >= self.num_supernodes:
+                    return status
+            elif all(status.get(i) == "online" for i in want):
+                return status
+            time.sleep(1.0)
+        raise DeployError(f"SuperNodes not online after {timeout:.0f} s: {status}; see {self.logs}")
+
+    def start(self, online_timeout: float = 120.0) -> None:
+        """``prepare`` + SuperLink + key registration + every SuperNode, then wait until the registered
+        ones are online (intruders are started too; they are expected to be refused)."""
+        self.prepare()
+        self.start_superlink()
+        self.register_keys()
+        for n in self.nodes:
+            self.start_supernode(n)
+        self.wait_online(online_timeout)
+
+    def submit(self, run_config: str = "") -> int:
+        """``flwr run <app> deploy --format json [--run-config ...]``; returns the run id.
+
+        Raises:
+            DeployError: the SuperLink did not accept the run (the CLI's output is quoted).
+        """
+        cmd = ["run", str(self.app), CONNECTION, "--format", "json"]
+        if run_config:
+            cmd += ["--run-config", run_config]
+        print("+ flwr", shlex.join(cmd), flush=True)
+        r = self._cli(*cmd, timeout=300)
+        try:
+            return int(_json_out(r.stdout)["run-id"])
+        except (ValueError, KeyError, TypeError):
+            raise DeployError(f"flwr run was not accepted: {(r.stdout + r.stderr)[-2000:]}") from None
+
+    def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
+        """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
+        cmd = [self.flwr, "log", str(run_id), CONNECTION, "--stream"]
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}  # lines as they come, also into a file or pipe
+        if log is None:
+            p = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        else:
+            with open(log, "ab") as fh:
+                p = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                     start_new_session=True, stdin=subprocess.DEVNULL)
+        self.started.append(p)
+        return p
+
+    def wait_run(self, run_id: int, timeout: float, follower: subprocess.Popen | None = None,
+                 every: float = 10.0) -> str:
+        """Wait until run ``run_id`` is finished; return its status from ``flwr ls --run-id ID --format json``.
+
+        The status is read when the log ``follower`` exits (``flwr log --stream`` ends with the
+        run) and otherwise every ``every`` s (each ``flwr`` call is a new Python process). On
+        timeout the run is stopped (``flwr stop``) and ``"timeout"`` returned; if the SuperLink
+        died, ``"superlink exited (<code>)"``.
+        """
+        deadline = time.monotonic() + timeout
+        next_check = time.monotonic() + every
+        while time.monotonic() < deadline:
+            self.track()
+            if self.superlink is not None and self.superlink.poll() is not None:
+                return f"superlink exited ({self.superlink.returncode})"
+            ended = follower is not None and follower.poll() is not None
+            if ended or time.monotonic() >= next_check:
+                runs = list_runs(self.flwr, self.env, CONNECTION, run_id)
+                status = str(runs[-1].get("status")) if runs else "no run found"
+                if status.startswith("finished"):
+                    return status
+                if ended:
+                    follower = None
+                next_check = time.monotonic() + every
+            time.sleep(0.5)
+        self._cli("stop", str(run_id), CONNECTION, timeout=60)
+        return "timeout"
+
+    def run(self, run_config: str = "", timeout: float = 1800.0, log: Path | None = None) -> tuple[int, str]:
+        """Submit the app, follow its log, wait for the end; returns ``(run_id, status)``."""
+        run_id = self.submit(run_config)
+        follower = self.follow_log(run_id, log)
+        try:
+            status = self.wait_run(run_id, timeout, follower)
+            time.sleep(1.0)  # let the log follower print the last lines
+        finally:
+            stop_processes([follower], timeout=5)
+        return run_id, status
+
+    def stop(self) -> int:
+        """Stop exactly the processes this deployment started (and their descendants); idempotent.
+
+        Returns:
+            Number of processes signalled.
+        """
+        self.track()
+        n = stop_processes([*self.started, *self.seen.values()])
+        self.started.clear()
+        self.seen.clear()
+        return n
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+def to_run_config(values: dict) -> str:
+    """Format ``{key: value}`` as a ``flwr run --run-config`` string (TOML values: strings as basic
+    strings, booleans as ``true``/``false``)."""
+    def fmt(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+    return " ".join(f"{k}={fmt(v)}" for k, v in values.items())
+
+
+def check_run_config(run_config: str, num_supernodes: int) -> dict:
+    """Parse ``--run-config`` as ``flwr run`` does and check it against the federation before any
+    process starts.
+
+    Returns:
+        The parsed overrides (``{key: int | float | bool | str}``).
+
+    Raises:
+        ValueError: the string does not parse, a key or value is refused by
+            ``flwr_sheaf.config.RunConfig`` (named), or the zoo's number of agents differs from
+            ``num_supernodes`` (each SuperNode serves one partition-id of the zoo).
+    """
+    from flwr.common.config import parse_config_args
+
+    from flwr_sheaf.config import RunConfig
+    from flwr_sheaf.models.zoo import zoo_specs
+
+    try:
+        parsed = parse_config_args([run_config]) if run_config.strip() else {}
+    except Exception as exc:  # flwr raises ValueError / TOML errors with its own text
+        raise ValueError(f"--run-config {run_config!r} does not parse: {exc}") from None
+    cfg = RunConfig.from_run_config(parsed)
+    cfg.check()
+    agents = len(zoo_specs(cfg.scenario.zoo))
+    if agents != num_supernodes:
+        raise ValueError(f"zoo={cfg.scenario.zoo!r} has {agents} agents but --num-supernodes is {num_supernodes}: "
+                         f"start {agents} SuperNodes or pass --run-config \"zoo='tiny-{num_supernodes}' ...\"")
+    return parsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring); returns the exit status."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-supernodes", type=int, default=3, help="registered SuperNodes N (partition-ids 0..N-1)")
+    ap.add_argument("--run-config", default="", help='run-config overrides, e.g. "zoo=\'tiny-3\' graph=\'ring\'"')
+    ap.add_argument("--insecure", action="store_true",
+                    help="no TLS and hence no SuperNode authentication (debugging only)")
+    ap.add_argument("--keep-running", action="store_true",
+                    help="leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)")
+    ap.add_argument("--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered")
+    ap.add_argument("--port", type=int, default=39700, help="SuperLink port; SuperNode i uses port+1+i")
+    ap.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
+    ap.add_argument("--san", action="append", default=[], help="extra host name/IP for the server certificate")
+    ap.add_argument("--workdir", default=None, help="default: a new directory under the system temp dir")
+    ap.add_argument("--app", default=str(ROOT), help="app directory for flwr run (default: this repository)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
+    args = ap.parse_args(argv)
+
+    try:
+        parsed = check_run_config(args.run_config, args.num_supernodes)
+    except ValueError as exc:  # ConfigError is a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flwr-deploy-")).resolve()
+    # results-dir made absolute here: the ServerApp process runs in another working directory
+    results = Path(str(parsed.get("results-dir", workdir / "results"))).expanduser().resolve()
+    parsed["results-dir"] = str(results)
+    run_config = to_run_config(parsed)
+
+    def _interrupt(signum, frame):  # noqa: ARG001 - signal API
+        raise KeyboardInterrupt
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also when started in the background (SIGINT ignored there)
+        signal.signal(sig, _interrupt)
+
+    t0 = time.monotonic()
+    try:
+        dep = LocalDeployment(workdir, num_supernodes=args.num_supernodes, port=args.port, insecure=args.insecure,
+                              unregistered=args.unregistered, host=args.host, sans=args.san, app=Path(args.app))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    code = 1
+    try:
+        try:
+            dep.start()
+        except DeployError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        up = time.monotonic() - t0
+        print(f"federation up in {up:.1f} s: SuperLink {dep.address} ({'insecure' if args.insecure else 'TLS'}), "
+              f"{args.num_supernodes} SuperNode(s) online, {args.unregistered} unregistered; logs in {dep.logs}",
+              flush=True)
+        t1 = time.monotonic()
+        run_id, status = dep.run(run_config, timeout=args.timeout)
+        print(f"run {run_id}: status {status}; run wall time {time.monotonic() - t1:.1f} s "
+              f"(total {time.monotonic() - t0:.1f} s)", flush=True)
+        code = 0 if status == "finished:completed" else 1
+        if (results / "results.json").exists():
+            print(f"results: {results / 'results.json'}", flush=True)
+        else:
+            print(f"no results.json under {results}; see {dep.logs}", flush=True)
+        if args.keep_running:
+            print(f"--keep-running: SuperLink {dep.address} and SuperNodes stay up; Ctrl-C stops them "
+                  f"(connection '{CONNECTION}' in FLWR_HOME={dep.home})", flush=True)
+            while dep.superlink is not None and dep.superlink.poll() is None:
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    finally:
+        n = dep.stop()
+        print(f"stopped {n} process(es) started by this script", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

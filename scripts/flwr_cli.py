@@ -1,0 +1,146 @@
+"""Shared helpers for the scripts that drive Flower 1.42's ``flwr`` CLI (run_flwr.py, deploy_local.py).
+
+- :func:`flwr_env`: the environment every Flower process of a script gets (private ``FLWR_HOME``,
+  telemetry, update check and runtime dependency installation off, this interpreter's scripts first
+  on ``PATH``);
+- :func:`find_flwr`: the ``flwr`` executable of this interpreter;
+- :func:`run_status`: a run's status read from ``flwr ls --format json`` (``flwr run`` exits 0 even
+  when the run failed, see docs/deployment.md);
+- :func:`stop_processes`: terminate (then kill) exactly the given processes and their descendants.
+
+Facts (Flower 1.42 source and runs, docs/deployment.md): ``flwr ls --format json`` answers
+``{"success": true, "runs": [{"run-id": int, "status": "finished:completed" | "finished:failed" |
+"running" | ..., ...}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+__all__ = ["flwr_env", "find_flwr", "list_runs", "run_status", "stop_processes"]
+
+
+def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for Flower CLI and server processes started by a script.
+
+    Args:
+        home: directory used as ``FLWR_HOME`` (Flower's config file, local SuperLink state, apps).
+        extra: further variables (override the defaults).
+
+    Returns:
+        A copy of ``os.environ`` with ``FLWR_HOME``, ``FLWR_TELEMETRY_ENABLED=0``,
+        ``FLWR_DISABLE_UPDATE_CHECK=1``, ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``
+        (no ``uv sync`` of torch at every run), ``RAY_DEDUP_LOGS=0``, ``FLWR_SHEAF_DATA`` (this checkout's ``data/`` unless set) and this interpreter's
+        ``bin`` directory first on ``PATH`` (Flower spawns ``flower-superlink``/``flower-superexec``
+        by name).
+    """
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "RAY_DEDUP_LOGS": "0",
+        # named datasets (dataset=fashion-mnist): `flwr run` may import the app from its FAB copy,
+        # whose location says nothing about this checkout's data/ folder
+        "FLWR_SHEAF_DATA": os.environ.get("FLWR_SHEAF_DATA", str(Path(__file__).resolve().parents[1] / "data")),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    })
+    env.update(extra or {})
+    return env
+
+
+def find_flwr(env: dict[str, str], name: str = "flwr") -> str:
+    """Path of the Flower executable ``name`` on ``env["PATH"]``.
+
+    Raises:
+        FileNotFoundError: not installed in this environment (install the package first, README).
+    """
+    exe = shutil.which(name, path=env["PATH"])
+    if exe is None:
+        raise FileNotFoundError(f"{name} not found on PATH: install the package first (README)")
+    return exe
+
+
+def list_runs(flwr: str, env: dict[str, str], connection: str | None = None, run_id: int | None = None,
+              timeout: float = 120.0) -> list[dict]:
+    """Runs known to the SuperLink, from ``flwr ls [connection] [--run-id ID] --format json``.
+
+    Returns:
+        The ``runs`` list (empty when the command failed or printed no JSON).
+
+    Raises:
+        subprocess.TimeoutExpired: the CLI did not answer within ``timeout`` seconds.
+    """
+    cmd = [flwr, "ls"] + ([connection] if connection else []) + ["--format", "json"]
+    if run_id is not None:
+        cmd += ["--run-id", str(run_id)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout).stdout
+    try:
+        return list(json.loads(out).get("runs", []))
+    except (json.JSONDecodeError, AttributeError):
+        return []
+
+
+def run_status(flwr: str, env: dict[str, str], connection: str | None = None, run_id: int | None = None,
+               timeout: float = 120.0) -> str:
+    """Status of run ``run_id`` (default: the last run listed), e.g. ``"finished:completed"``;
+    ``"no run found"`` when the SuperLink lists none."""
+    runs = list_runs(flwr, env, connection, run_id, timeout)
+    return str(runs[-1].get("status")) if runs else "no run found"
+
+
+def stop_processes(procs: Iterable[psutil.Process | subprocess.Popen | int], timeout: float = 10.0) -> int:
+    """Stop exactly ``procs`` and their descendants: SIGTERM, wait up to ``timeout`` s, then SIGKILL.
+
+    A ``psutil.Process`` remembered earlier is only signalled if it is still the same process
+    (``is_running`` compares the creation time, so a reused pid is left alone).
+
+    Descendants are collected before anything is signalled, so children that Flower detaches into
+    their own session (``flower-superexec``, ServerApp/ClientApp processes) are stopped too; no
+    process is chosen by name.
+
+    Returns:
+        Number of processes that were still alive and got signalled.
+    """
+    procs = list(procs)
+    victims: dict[int, psutil.Process] = {}
+    for p in procs:
+        try:
+            root = p if isinstance(p, psutil.Process) else psutil.Process(p.pid if hasattr(p, "pid") else int(p))
+            if not root.is_running():  # a remembered process whose pid was reused: not ours
+                continue
+            for q in [root] + root.children(recursive=True):
+                victims[q.pid] = q
+        except psutil.NoSuchProcess:
+            continue
+    alive = []
+    for q in victims.values():
+        try:
+            q.send_signal(signal.SIGTERM)
+            alive.append(q)
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=timeout)
+    for q in still:
+        try:
+            q.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(still, timeout=timeout)
+    for p in procs:  # reap our direct children (no zombies left behind)
+        if isinstance(p, subprocess.Popen):
+            try:
+                p.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+    return len(alive)

@@ -1,0 +1,172 @@
+"""Deployment-engine tests: one SuperLink + SuperNodes as separate OS processes (scripts/deploy_local.py).
+
+Marked ``engine`` (CI runs them; skip locally with ``-m "not engine"``). One module-scoped
+deployment (TLS, SuperNode authentication, 3 registered SuperNodes + 1 whose key is not
+registered) serves all three tests; (c) runs last because it kills a SuperNode.
+
+Every ClientApp message starts a fresh ``flwr-clientapp`` process (Flower 1.42 ``subprocess``
+isolation), so the scenario is the smallest the app accepts: ``tiny-3`` zoo on a ring, 32 pilots,
+one local step per round, evaluation only in the last round.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import ssl
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from deploy_local import LocalDeployment, check_run_config, make_node_key, make_tls, to_run_config  # noqa: E402
+
+N = 3
+SMALL = "zoo='tiny-3' graph='ring' num-pilots=32 local-epochs=1 max-steps-per-epoch=1 discovery-timeout=180"
+
+
+# ------------------------------------------------------------------ fast checks (no processes)
+
+def test_generated_certificates_chain_to_the_ca_and_name_the_hosts(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    paths = make_tls(tmp_path, ["127.0.0.1", "superlink.example.org"])
+    ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    cert = x509.load_pem_x509_certificate(paths["cert"].read_bytes())
+    cert.verify_directly_issued_by(ca)  # raises unless signed by the CA's key
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(a) for a in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert sans.get_values_for_type(x509.DNSName) == ["superlink.example.org"]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert isinstance(cert.public_key().curve, ec.SECP384R1)
+    assert oct(paths["key"].stat().st_mode & 0o777) == "0o600"
+    other = make_tls(tmp_path / "other", ["127.0.0.1"])
+    with pytest.raises(Exception):  # a different CA does not vouch for this certificate
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(other["ca"].read_bytes()))
+
+
+def test_node_keys_are_what_flower_reads(tmp_path):
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    priv, pub = make_node_key(tmp_path, "site-0")
+    key = load_ssh_private_key(priv.read_bytes(), None)  # what flower-supernode does
+    # what `flwr supernode register` sends is the same public key
+    assert try_load_public_key(pub) == public_key_to_bytes(key.public_key())
+    assert oct(priv.stat().st_mode & 0o777) == "0o600"
+
+
+def test_run_config_is_checked_against_the_federation_before_anything_starts():
+    parsed = check_run_config("zoo='tiny-3' graph='ring' lambda=0.5 results-dir='a b'", 3)
+    assert parsed == {"zoo": "tiny-3", "graph": "ring", "lambda": 0.5, "results-dir": "a b"}
+    from flwr.common.config import parse_config_args
+    assert parse_config_args([to_run_config(parsed)]) == parsed  # round trip through flwr's parser
+    with pytest.raises(ValueError, match=r"zoo='paper-15' has 15 agents but --num-supernodes is 3"):
+        check_run_config("", 3)
+    with pytest.raises(ValueError, match=r"zoo='tiny-4' has 4 agents but --num-supernodes is 3"):
+        check_run_config("zoo='tiny-4' graph='ring'", 3)
+    with pytest.raises(ValueError, match="lamda"):
+        check_run_config("zoo='tiny-3' lamda=1", 3)
+
+
+# ------------------------------------------------------------------ engine: one shared deployment
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory):
+    """A running TLS + authenticated federation: 3 registered SuperNodes, 1 intruder."""
+    d = LocalDeployment(tmp_path_factory.mktemp("deploy"), num_supernodes=N, port=39720, unregistered=1)
+    try:
+        t0 = time.monotonic()
+        d.start(online_timeout=240)
+        d.startup_seconds = time.monotonic() - t0
+        yield d
+    finally:
+        d.stop()
+
+
+def _results(dep, name: str) -> dict:
+    return json.loads((dep.workdir / name / "results.json").read_text())
+
+
+@pytest.mark.engine
+def test_three_supernodes_complete_a_run_over_tls_with_authentication(dep):
+    # TLS is really on: the SuperLink's certificate verifies against the generated CA only.
+    url = f"https://{dep.address}/health"
+    with urllib.request.urlopen(url, context=ssl.create_default_context(cafile=str(dep.tls["ca"])), timeout=10) as r:
+        assert r.status == 200
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(url, context=ssl.create_default_context(), timeout=10)
+
+    out = dep.workdir / "run-a"
+    run_id, status = dep.run(f"{SMALL} num-server-rounds=2 evaluate-every=0 round-timeout=300 results-dir='{out}'",
+                             timeout=600, log=dep.logs / "run-a.log")
+    assert status == "finished:completed", (dep.logs / "run-a.log").read_text()[-3000:]
+    res = _results(dep, "run-a")
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    assert [r["num_trained"] for r in res["rounds"]] == [N, N]
+    assert res["failures"] == []
+    for r in res["rounds"]:
+        assert r["sampled"] == list(range(N))
+        assert r["ce"] is not None and math.isfinite(r["ce"]) and r["ce"] > 0  # mean local cross-entropy
+    # round 1 has no pilots yet; in round 2 every directed ring edge (6 on 3 nodes) carried its pilots
+    assert [r["edges_relayed"] for r in res["rounds"]] == [0, 2 * N]
+
+
+@pytest.mark.engine
+def test_supernode_with_unregistered_key_is_refused(dep):
+    intruder = next(n for n in dep.nodes if not n.registered)
+    deadline = time.monotonic() + 60
+    while intruder.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    log = intruder.log.read_text()
+    assert intruder.proc.returncode != 0, log[-2000:]
+    assert "Exit Code: 305" in log and "Failed to activate SuperNode" in log, log[-2000:]  # Flower: activation refused
+    # Only the registered keys are known to the SuperLink, and all of them are online.
+    status = dep.nodes_status()
+    assert status == {n.node_id: "online" for n in dep.nodes if n.registered}, status
+
+
+@pytest.mark.engine
+def test_supernode_killed_in_round_two_is_recorded_and_the_round_completes(dep):
+    timeout = 75.0
+    victim = next(n for n in dep.nodes if n.registered and n.partition_id == N - 1)
+    if victim.proc.poll() is not None:
+        pytest.fail(f"{victim.name} is not running: {victim.log.read_text()[-2000:]}")
+    already = victim.log.read_text().count("Receiving: train.")
+    out = dep.workdir / "run-c"
+    run_id = dep.submit(f"{SMALL} num-server-rounds=4 evaluate-every=4 round-timeout={timeout} results-dir='{out}'")
+    follower = dep.follow_log(run_id, dep.logs / "run-c.log")
+    # SIGKILL the victim as soon as its second train message of this run arrives (round 2): its
+    # ClientApp process is still starting, so no round-2 reply can have left the node.
+    deadline = time.monotonic() + 600
+    while victim.log.read_text().count("Receiving: train.") < already + 2:
+        assert time.monotonic() < deadline, "round 2 never reached the victim"
+        time.sleep(0.05)
+    dep.kill_supernode(victim)
+    killed_log = victim.log.read_text()
+    status = dep.wait_run(run_id, timeout=900, follower=follower)
+    follower.kill()
+    assert status == "finished:completed", (dep.logs / "run-c.log").read_text()[-3000:]
+    assert killed_log.count("Sending: train.") == killed_log.count("Receiving: train.") - 1  # no round-2 reply
+
+    res = _results(dep, "run-c")
+    rounds = {r["round"]: r for r in res["rounds"]}
+    assert sorted(rounds) == [1, 2, 3, 4]
+    assert rounds[2]["wall_seconds"] <= timeout + 10  # one round trip (no evaluation in round 2)
+    assert rounds[1]["failed"]["train"] == []
+    for rnd in (2, 3, 4):
+        assert rounds[rnd]["failed"]["train"] == [victim.partition_id]
+        assert rounds[rnd]["num_trained"] == N - 1
+    failed = {(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]}
+    assert (2, "train", victim.partition_id) in failed
+    assert {pid for _, _, pid in failed} == {victim.partition_id}  # the others never failed
+    for pid in range(N - 1):
+        acc = res["nodes"][str(pid)]["private_accuracy"]
+        assert acc is not None and math.isfinite(acc) and 0.0 <= acc <= 1.0
