@@ -418,3 +418,23 @@ def test_pilots_in_a_different_order_on_one_node_are_refused_at_discovery(tmp_pa
                                          r"differ\): the pilots must be the same samples in the same order"):
         run_server(grid, rc)
     assert not [m for m in grid.delivered if not m.metadata.message_type.startswith("query.")]
+
+
+def test_an_error_reply_written_by_the_superlink_is_recorded_with_its_reason(tmp_path):
+    """Flower's SuperLink answers for a node it considers gone with an error reply whose sender is the
+    SuperLink itself; the failure must name that node and the SuperLink's reason, not a timeout."""
+    from flwr.app import Error, Message
+
+    superlink_id = 1  # not a node id of the grid
+
+    def corrupt(msg, pid, reply):
+        if msg.metadata.message_type.startswith("train.") and pid == 2 and int(msg.metadata.group_id) == 2:
+            reply = Message(Error(code=3, reason="node unavailable (emulated SuperLink reply)"), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = superlink_id
+        return reply
+
+    rc = {**TINY, "num-server-rounds": 2, "evaluate-every": 0, "results-dir": str(tmp_path)}
+    grid, _ = _corrupting_grid(4, rc, corrupt)
+    res = json.loads(run_server(grid, rc).read_text())
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [(2, "train", 2)]
+    assert "node unavailable (emulated SuperLink reply)" in res["failures"][0]["reason"]

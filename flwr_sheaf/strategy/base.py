@@ -362,9 +362,15 @@ class PeerStrategy(Strategy):
         self.current = RoundRecord(round=server_round)
         return self.current
 
-    @staticmethod
-    def _round_trip(grid: Grid, msgs: list[Message], timeout: float) -> list[Message]:
-        return list(grid.send_and_receive(msgs, timeout=timeout)) if msgs else []
+    def _round_trip(self, grid: Grid, msgs: list[Message], timeout: float) -> list[Message]:
+        """Send ``msgs`` and wait up to ``timeout``; remembers each sent message's destination by its
+        message id (set by the grid on sending), so a reply that the SuperLink itself writes for a
+        node it considers gone (its sender is not that node) still names the right node."""
+        if not msgs:
+            return []
+        replies = list(grid.send_and_receive(msgs, timeout=timeout))
+        self._dst_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
+        return replies
 
     def evaluates(self, server_round: int, num_rounds: int) -> bool:
         """Whether ``server_round`` is evaluated (default: every round)."""
@@ -418,6 +424,8 @@ class PeerStrategy(Strategy):
         ok: dict[int, Message] = {}
         for r in replies:
             pid = self.pid_of_node.get(r.metadata.src_node_id)
+            if pid is None:  # e.g. the SuperLink's "node unavailable" error reply: map it by what it answers
+                pid = self.pid_of_node.get(getattr(self, "_dst_of_message", {}).get(r.metadata.reply_to_message_id))
             if pid is None:
                 continue
             if r.has_error():
