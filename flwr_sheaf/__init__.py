@@ -11,6 +11,7 @@ Layers (dependencies point one way): maths (``sheaf``, ``baselines``, ``rfedags`
 
 from .client.comfed import register_comfed_handlers
 from .client.fedmuscle import register_fedmuscle_handlers
+from .client.sheaf_fmtl import register_sheaf_fmtl_handlers
 from .client.fedproto import register_fedproto_handlers
 from .client.fedsaf import register_fedsaf_handlers
 from .client.handlers import ClientMethod, register_method_handlers
@@ -38,7 +39,7 @@ from .testing import LocalGrid
 __all__ = [
     "SheafFRL", "NonCooperative", "FedProto", "FedSAF", "FedMuscle", "ComFed", "SheafFMTL", "RFedAGS", "GraphStrategy", "PeerStrategy", "RoundRecord",
     "register_sheaf_handlers", "register_noncooperative_handlers", "register_fedproto_handlers",
-    "register_fedsaf_handlers", "register_fedmuscle_handlers", "register_comfed_handlers", "register_rfedags_handlers", "register_method_handlers", "ClientMethod",
+    "register_fedsaf_handlers", "register_fedmuscle_handlers", "register_comfed_handlers", "register_sheaf_fmtl_handlers", "register_rfedags_handlers", "register_method_handlers", "ClientMethod",
     "LossPlugin", "CrossEntropy", "train_local", "LocalTask", "TaskFactory", "Whitening", "Colouring",
     "RunConfig", "ScenarioConfig", "FederationConfig", "LocalTrainConfig", "SheafConfig", "FedProtoConfig",
     "FedSAFConfig", "FedMuscleConfig", "ComFedConfig", "SheafFMTLConfig", "ConfigError", "ParticipationSampler", "parse_participation", "LocalGrid",
