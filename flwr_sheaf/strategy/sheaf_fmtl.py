@@ -133,3 +133,26 @@ class SheafFMTL(NonCooperative):
             **self.sheaf_fmtl.to_dict(), "num_params": {str(p): n for p, n in sorted(self.num_params.items())},
             "edge_dims": sorted([a, b, d] for (a, b), d in self.dims.items() if a < b),
             "map_gib": {str(p): b / GIB for p, b in sorted(self.map_bytes.items())}}}
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m flwr_sheaf.strategy.sheaf_fmtl [zoo] [gamma] [graph]``: print the per-node map memory."""
+    from ..models.zoo import build_agent, count_parameters, zoo_specs
+    from ..topology import build_graph
+
+    zoo = argv[0] if argv else DEFAULTS["zoo"]
+    gamma = float(argv[1]) if len(argv) > 1 else DEFAULTS["sheaf-fmtl-gamma"]
+    spec = argv[2] if len(argv) > 2 else DEFAULTS["graph"]
+    specs = zoo_specs(zoo)
+    counts = {i: count_parameters(build_agent(s, seed=0)) for i, s in enumerate(specs)}
+    per = map_bytes_per_node(counts, build_graph(spec, len(specs), class_sets=[s.classes for s in specs]).edges, gamma)
+    print(f"zoo={zoo} gamma={gamma:g} graph={spec}: float16 map GiB per partition-id (n_i parameters)")
+    for p in sorted(per):
+        print(f"  {p:3d}  n_i={counts[p]:8d}  {per[p] / GIB:.4f}")
+    print(f"  max {max(per.values()) / GIB:.4f}  total {sum(per.values()) / GIB:.4f}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])
