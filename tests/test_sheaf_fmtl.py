@@ -1,4 +1,4 @@
-"""Sheaf-FMTL: the parameter and map steps, the map budget, and what travels in a Flower run.
+"""Sheaf-FMTL: the parameter and map steps, the map budget, what travels in a Flower run, bad uploads.
 
 Oracles: numpy written from the update equations (F1, F2 of docs/baselines.md s8) on a 3-node toy,
 the paper's Tab. 2 parameter counts (written here by hand), and the arrays the nodes really sent
@@ -14,18 +14,19 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
 from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, SheafFMTL, SheafFMTLConfig
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.methods import build_strategy, zoo_parameter_counts
-from flwr_sheaf.apps.scenario import scenario_task
+from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
 from flwr_sheaf.baselines.sheaf_fmtl import edge_dim, init_map, map_bytes_per_node, map_step, parameter_step
 from flwr_sheaf.client.common import model_key
 from flwr_sheaf.client.sheaf_fmtl import SheafFMTLClient, trainable_vector
 from flwr_sheaf.config import ConfigError, RunConfig, ScenarioConfig
 from flwr_sheaf.models.zoo import zoo_specs
-from flwr_sheaf.protocol import (CONFIG, SEED, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS,
+from flwr_sheaf.protocol import (CONFIG, SEED, NodeInfo, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS,
                                  SHEAF_FMTL_PROJECTIONS, UPLOAD, pack_arrays)
 from flwr_sheaf.topology import build_graph
 
@@ -201,3 +202,51 @@ def test_only_projections_travel_and_they_are_the_senders_p_theta():
     assert tr[0]["sheaf_fmtl_map_change"] == 0.0 and tr[-1]["sheaf_fmtl_map_change"] > 0.0
     assert tr[-1]["projected_floats"] == sum(dims.values())
     assert math.isfinite(tr[-1]["communication_accuracy_degree_weighted"])
+
+
+def test_bad_uploads_are_that_nodes_failure_and_never_relayed():
+    counts = zoo_parameter_counts("tiny-4")
+    dims = {(a, b): edge_dim(counts[a], counts[b], 2e-3) for a in range(4) for b in ((a + 1) % 4, (a - 1) % 4)}
+
+    def upload(pid):
+        good = {str(j): np.full(dims[(pid, j)], float(pid), np.float32) for j in ((pid + 1) % 4, (pid - 1) % 4)}
+        if pid == 1:
+            good[str(0)][0] = np.nan
+        if pid == 2:
+            good[str(1)] = np.zeros(dims[(2, 1)] + 1, np.float32)
+        if pid == 3:
+            good.pop(str(2))  # neighbour 2 missing
+        return good
+
+    app = ClientApp()
+
+    @app.query("sheaf_fmtl")
+    def _query(msg, context):
+        task = cnn_task_factory(context)
+        info = NodeInfo(int(context.node_config["partition-id"]), 4, int(task.model.d), tuple(task.classes),
+                        int(task.x_pilot.shape[0]), len(task.y_train))
+        return Message(RecordDict({"info": info.to_record()}), reply_to=msg)
+
+    @app.train("sheaf_fmtl")
+    def _train(msg, context):
+        return Message(RecordDict({UPLOAD: pack_arrays(upload(int(context.node_config["partition-id"]))),
+                                   "metrics": MetricRecord({"num-examples": 1, "ce": 0.5})}), reply_to=msg)
+
+    grid = LocalGrid(app, 4, run_config={"zoo": "tiny-4", "num-pilots": 32, "seed": 4})
+    s = SheafFMTL(4, num_params=counts, sheaf_fmtl=SheafFMTLConfig(gamma=2e-3),
+                  federation=FederationConfig(graph="ring", seed=4), train=LocalTrainConfig(local_epochs=1))
+    s.discover(grid, timeout=5)
+    for rnd in (1, 2):
+        s.begin_round(rnd)
+        msgs = list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))
+        if rnd == 2:  # only node 0's projections were accepted: its neighbours 1 and 3 get them, nobody else anything
+            got = {grid.partition_of(m.metadata.dst_node_id): m.content for m in msgs}
+            assert SHEAF_FMTL_PROJECTIONS not in got[0] and SHEAF_FMTL_PROJECTIONS not in got[2]
+            for pid in (1, 3):
+                assert list(got[pid][SHEAF_FMTL_PROJECTIONS]) == ["0"]
+                np.testing.assert_array_equal(got[pid][SHEAF_FMTL_PROJECTIONS]["0"].numpy(), upload(0)[str(pid)])
+            break
+        s.aggregate_train(rnd, list(grid.send_and_receive(msgs)))
+    reasons = {f["partition-id"]: f["reason"] for f in s.failures}
+    assert set(reasons) == {1, 2, 3}
+    assert "NaN" in reasons[1] and f"expected ({dims[(2, 1)]},)" in reasons[2] and "instead of the neighbours" in reasons[3]
