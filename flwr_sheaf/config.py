@@ -23,6 +23,7 @@ section              keys                                                       
 :class:`FedSAFConfig` ``fedsaf-*``                                                  FedSAF
 :class:`FedMuscleConfig` ``fedmuscle-*``, ``pilot-batch-size``                       FedMuscle
 :class:`ComFedConfig` ``comfed-*``                                                  ComFed
+:class:`SheafFMTLConfig` ``sheaf-fmtl-*``                                          Sheaf-FMTL
 ==================== ============================================================ ==========
 
 A section is a frozen dataclass: constructing one validates every field (``ValueError`` naming
@@ -59,6 +60,7 @@ __all__ = [
     "FedSAFConfig",
     "FedMuscleConfig",
     "ComFedConfig",
+    "SheafFMTLConfig",
     "RunConfig",
     "PAPER_PRESET",
     "PAPER_PRESET_TWO_AGENT",
@@ -219,7 +221,7 @@ class Key:
 
 _KEY_LIST = [
     Key("method", "sheaf-frl", _str(nonempty=True),
-        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed` (README, method table)"),
+        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed`, `sheaf-fmtl` (README, method table)"),
     Key("num-server-rounds", 10, _int(1), "server rounds"),
     Key("round-timeout", 3600.0, _float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed"),
@@ -293,6 +295,13 @@ _KEY_LIST = [
     Key("fedsaf-gamma", 1.0, _float(0.0), "FedSAF instance-level weight"),
     Key("fedsaf-structure", "", _str(("", "gcsa", "rcsa", "mse", "cosine")),
         "empty = the method's own (`fedsaf-gcsa`: GCSA, `fedsaf-rcsa`: RCSA); `mse` / `cosine` = coordinate-alignment ablation"),
+    # Sheaf-FMTL
+    Key("sheaf-fmtl-lambda", 0.01, _float(0.0), "weight lambda of Sheaf-FMTL's parameter-space sheaf Laplacian term (docs/baselines.md, s8)"),
+    Key("sheaf-fmtl-gamma", 1e-4, _float(0.0, 1.0, lo_open=True),
+        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; docs/deviations.md)"),
+    Key("sheaf-fmtl-eta", 0.01, _float(0.0), "Sheaf-FMTL personalisation rate eta of the restriction-map step"),
+    Key("sheaf-fmtl-max-gib", 1.0, _float(0.0, lo_open=True),
+        "refuse a run whose largest node's float16 Sheaf-FMTL maps exceed this many GiB (checked before any node is contacted)"),
 ]
 
 #: Every run-config key, by name (the single definition of each default).
@@ -498,6 +507,18 @@ class ComFedConfig(Section):
     """
 
 
+@section("sheaf-fmtl-lambda", "sheaf-fmtl-gamma", "sheaf-fmtl-eta", "sheaf-fmtl-max-gib", prefix="sheaf-fmtl-")
+class SheafFMTLConfig(Section):
+    """Sheaf-FMTL's parameter-space restriction maps (docs/baselines.md, s8).
+
+    Attributes:
+        lam: lambda >= 0 of the sheaf Laplacian term (F1, F2).
+        gamma: in (0, 1]: ``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0).
+        eta: personalisation rate >= 0 of the map step (F2).
+        max_gib: budget > 0 for the largest node's float16 maps (checked before any node is contacted).
+    """
+
+
 @section("fedsaf-lambda", "fedsaf-gamma", "fedsaf-structure", prefix="fedsaf-")
 class FedSAFConfig(Section):
     """FedSAF's structural alignment weights and structure (docs/baselines.md).
@@ -563,10 +584,11 @@ class RunConfig(Section):
         preset: ``""`` or ``"paper"`` (already applied to the sections by :meth:`from_run_config`).
         checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
         node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
-        scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle: the sections.
+        scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle, comfed, sheaf_fmtl: the sections.
     """
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed")
+    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed",
+                                          "sheaf_fmtl")
 
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
@@ -576,6 +598,7 @@ class RunConfig(Section):
     fedsaf: FedSAFConfig = field(default_factory=FedSAFConfig)
     fedmuscle: FedMuscleConfig = field(default_factory=FedMuscleConfig)
     comfed: ComFedConfig = field(default_factory=ComFedConfig)
+    sheaf_fmtl: SheafFMTLConfig = field(default_factory=SheafFMTLConfig)
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "RunConfig":
@@ -657,7 +680,7 @@ def _check_defaults() -> None:
     for k in _KEY_LIST:
         k(k.default)
     for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig, FedProtoConfig, FedSAFConfig,
-                FedMuscleConfig, ComFedConfig):
+                FedMuscleConfig, ComFedConfig, SheafFMTLConfig):
         for f in fields(cls):
             assert f.metadata["key"] in KEYS and f.default is not MISSING
 

@@ -41,6 +41,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 __all__ = [
     "QUERY", "TRAIN", "EVALUATE", "message_type", "comm_action",
     "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD", "MUSCLE_TARGETS", "COMFED_TARGETS", "COMFED_ROUTED",
+    "SHEAF_FMTL_PROJECTIONS", "SHEAF_FMTL_NEIGHBOURS", "SHEAF_FMTL_DIMS", "SHEAF_FMTL_NUM_PARAMS",
     "PILOT_REPS", "TARGET_OTHERS", "TARGET_ALL",
     "SERVER_ROUND", "SEED", "TORCH_THREADS", "DEVICE", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
     "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
@@ -85,6 +86,14 @@ COMFED_TARGETS = "comfed-targets"
 #: ComFed's evaluation arrays routed to neighbours: the projection ``(r, d_i)`` and raw latents ``(M, d_i)``.
 COMFED_ROUTED = ("comfed-proj", "raw-test-latents", "raw-val-latents")
 STREAM_RECORD = "stream"
+#: Sheaf-FMTL: the neighbours' projected parameters ``P_ji theta_j`` (key ``str(j)``, shape ``(d_ij,)``)
+#: in a train message; a train reply's :data:`UPLOAD` holds the node's own ``P_ij theta_i`` the same way.
+SHEAF_FMTL_PROJECTIONS = "sheaf-fmtl-projections"
+#: Sheaf-FMTL config entries: the node's neighbours, the edge dimensions d_ij (same order) and the
+#: trainable-parameter count n_i the server assumed (the node checks it against its model).
+SHEAF_FMTL_NEIGHBOURS = "sheaf-fmtl-neighbours"
+SHEAF_FMTL_DIMS = "sheaf-fmtl-dims"
+SHEAF_FMTL_NUM_PARAMS = "sheaf-fmtl-num-params"
 
 # ------------------------------------------------------------------------------ config keys (not run-config keys)
 SERVER_ROUND = "server-round"

@@ -19,7 +19,8 @@ Methods and their weight (grid from ``--lambdas``, values in [1e-5, 1]):
 - ``non-cooperative`` (no weight): post hoc with the whitening fitted on each agent's private
   training latents (the paper's protocol), reported as ``posthoc-train``;
 - ``fedproto`` (``fedproto-lambda``), ``fedsaf-gcsa`` / ``fedsaf-rcsa`` (``fedsaf-lambda``),
-  ``fedmuscle`` (``fedmuscle-lambda``), ``comfed`` (``comfed-lambda``): communication accuracy by
+  ``fedmuscle`` (``fedmuscle-lambda``), ``comfed`` (``comfed-lambda``), ``sheaf-fmtl``
+  (``sheaf-fmtl-lambda``): communication accuracy by
   post-hoc Procrustes on pilot-whitened latents (the strong reading; docs/baselines.md).
 
 Resumable: every run writes ``<out>/runs/<tag>/results.json`` and a finished run with the same
@@ -42,7 +43,7 @@ from inprocess import parse_overrides, run_inprocess
 
 WEIGHT_KEY = {"sheaf-frl": "lambda", "non-cooperative": None, "fedproto": "fedproto-lambda",
               "fedsaf-gcsa": "fedsaf-lambda", "fedsaf-rcsa": "fedsaf-lambda", "fedmuscle": "fedmuscle-lambda",
-              "comfed": "comfed-lambda"}
+              "comfed": "comfed-lambda", "sheaf-fmtl": "sheaf-fmtl-lambda"}
 METRICS = ("private_accuracy_mean", "communication_accuracy_degree_weighted", "val_private_accuracy_mean",
            "val_communication_accuracy_degree_weighted")
 

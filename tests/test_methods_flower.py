@@ -238,7 +238,7 @@ def test_method_switch_builds_each_strategy_and_rejects_unknown():
     kinds = {m: type(build(method=m)).__name__ for m in METHODS}
     assert kinds == {"sheaf-frl": "SheafFRL", "fedproto": "FedProto", "fedsaf-gcsa": "FedSAF",
                      "fedsaf-rcsa": "FedSAF", "non-cooperative": "NonCooperative", "fedmuscle": "FedMuscle",
-                     "comfed": "ComFed"}
+                     "comfed": "ComFed", "sheaf-fmtl": "SheafFMTL"}
     assert build(method="fedsaf-rcsa").structure == "rcsa"
     assert build(method="fedsaf-gcsa", **{"fedsaf-structure": "cosine"}).structure == "cosine"
     with pytest.raises(ConfigError, match="method='fedavg'"):

@@ -18,6 +18,7 @@ from ..client.fedproto import register_fedproto_handlers
 from ..client.fedsaf import register_fedsaf_handlers
 from ..client.noncooperative import register_noncooperative_handlers
 from ..client.sheaf import register_sheaf_handlers
+from ..client.sheaf_fmtl import register_sheaf_fmtl_handlers
 from ..client.task import TaskFactory
 from ..config import ConfigError, RunConfig
 from ..strategy.base import PeerStrategy
@@ -26,10 +27,13 @@ from ..strategy.fedmuscle import FedMuscle
 from ..strategy.fedproto import FedProto
 from ..strategy.fedsaf import FedSAF
 from ..strategy.noncooperative import NonCooperative
+from ..strategy.sheaf_fmtl import SheafFMTL, sheaf_fmtl_budget
 from ..strategy.sheaf_frl import SheafFRL
+from ..models.zoo import build_agent, count_parameters, zoo_specs
+from ..topology import build_graph
 from .scenario import agent_specs
 
-__all__ = ["Method", "METHODS", "build_strategy", "register_all_handlers"]
+__all__ = ["Method", "METHODS", "build_strategy", "register_all_handlers", "zoo_parameter_counts"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,33 @@ def _fedsaf(structure: str) -> Callable[[RunConfig, int], PeerStrategy]:
     return build
 
 
+def zoo_parameter_counts(zoo: str) -> dict[int, int]:
+    """``{partition-id: n_i}`` trainable parameters of every agent of ``zoo`` (built on CPU, no node contacted).
+
+    Raises:
+        ConfigError: an unknown zoo (named).
+    """
+    try:
+        specs = zoo_specs(zoo)
+    except ValueError as exc:
+        raise ConfigError(f"zoo={zoo!r}: {exc}") from None
+    return {i: count_parameters(build_agent(s, seed=0)) for i, s in enumerate(specs)}
+
+
+def _sheaf_fmtl(c: RunConfig, n: int) -> PeerStrategy:
+    """Sheaf-FMTL with the zoo's parameter counts; its map memory is logged and checked here, before any node
+    is contacted (the same graph the strategy builds at discovery from the zoo's class sets).
+
+    Raises:
+        ConfigError: the largest node's float16 maps exceed ``sheaf-fmtl-max-gib`` (sizes named).
+    """
+    counts = zoo_parameter_counts(c.scenario.zoo)
+    specs = zoo_specs(c.scenario.zoo)
+    sheaf_fmtl_budget(counts, build_graph(c.federation.graph, len(specs), class_sets=[s.classes for s in specs]),
+                      c.sheaf_fmtl)
+    return SheafFMTL(n, num_params=counts, sheaf_fmtl=c.sheaf_fmtl, **_common(c))
+
+
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("sheaf-frl", lambda c, n: SheafFRL(n, sheaf=c.sheaf, **_common(c)), register_sheaf_handlers),
     Method("non-cooperative", lambda c, n: NonCooperative(n, **_common(c)), register_noncooperative_handlers),
@@ -71,6 +102,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("fedsaf-rcsa", _fedsaf("rcsa"), register_fedsaf_handlers),
     Method("fedmuscle", lambda c, n: FedMuscle(n, fedmuscle=c.fedmuscle, **_common(c)), register_fedmuscle_handlers),
     Method("comfed", lambda c, n: ComFed(n, comfed=c.comfed, **_common(c)), register_comfed_handlers),
+    Method("sheaf-fmtl", _sheaf_fmtl, register_sheaf_fmtl_handlers),
 )}
 
 

@@ -1,0 +1,139 @@
+"""Sheaf-FMTL (Ben Issaid, Vepakomma and Bennis, TMLR 2025, as compared in the Sheaf-FRL paper, App. G).
+
+Restriction maps act on **parameter** space. Agent i has ``n_i`` trainable parameters
+``theta_i`` (flattened in ``model.parameters()`` order) and one map per directed edge
+
+    P_ij in R^{d_ij x n_i},   d_ij = max(1, floor(gamma * min(n_i, n_j)))              (F0)
+
+(``gamma``: ``sheaf-fmtl-gamma``; the paper: 1e-3). The objective is
+``sum_i f_i(theta_i) + lambda/2 sum_{(i,j)} ||P_ij theta_i - P_ji theta_j||^2`` and one iteration is
+
+    theta_i <- theta_i - alpha * lambda * sum_{j in N(i)} P_ij^T (P_ij theta_i - P_ji theta_j)     (F1)
+    P_ij    <- P_ij    - eta   * lambda * (P_ij theta_i - P_ji theta_j) theta_i^T                 (F2)
+
+after the local task steps ``theta_i <- theta_i - alpha grad f_i(theta_i)`` (the shared training
+loop); (F2) uses the theta of (F1)'s output on both sides (Algorithm 1 of Ben Issaid et al. 2025;
+the reference implementations apply (F1) then (F2) at each epoch end). ``alpha`` = ``lr``,
+``eta`` = ``sheaf-fmtl-eta`` (the paper's "personalisation rate", 1e-2), ``lambda`` =
+``sheaf-fmtl-lambda``. Only the projections ``P_ji theta_j`` (length d_ij) travel. Maps are
+initialised ``N(0, 0.01^2)`` (the reference code) and stored in float16 at rest (the paper's Fig. 4
+storage), float32 when used. docs/baselines.md s8 has the federated schedule; no Flower imports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import torch
+
+__all__ = ["edge_dim", "map_bytes_per_node", "check_map_budget", "init_map", "parameter_step", "map_step",
+           "MAP_INIT_STD", "GIB"]
+
+#: standard deviation of the maps' Gaussian initialisation (the reference implementation's 0.01).
+MAP_INIT_STD = 0.01
+GIB = 2 ** 30
+
+
+def edge_dim(n_i: int, n_j: int, gamma: float) -> int:
+    """``d_ij = max(1, floor(gamma * min(n_i, n_j)))`` (F0); symmetric in i and j.
+
+    Raises:
+        ValueError: a non-positive parameter count or ``gamma <= 0``.
+    """
+    if n_i < 1 or n_j < 1 or not gamma > 0:
+        raise ValueError(f"edge_dim needs n_i, n_j >= 1 and gamma > 0, got n_i={n_i}, n_j={n_j}, gamma={gamma}")
+    return max(1, math.floor(gamma * min(int(n_i), int(n_j))))
+
+
+def map_bytes_per_node(num_params: Mapping[int, int], edges: Iterable[tuple[int, int]], gamma: float,
+                       bytes_per_entry: int = 2) -> dict[int, int]:
+    """Bytes of the maps each node owns: ``sum_{j in N(i)} d_ij * n_i * bytes_per_entry`` (float16: 2).
+
+    Args:
+        num_params: ``{partition-id: n_i}`` trainable parameters.
+        edges: undirected edges ``(i, j)``; each gives node i the map ``P_ij`` and node j ``P_ji``.
+        gamma: the compression factor of (F0).
+
+    Returns:
+        ``{partition-id: bytes}`` for every node in ``num_params`` (0 for an isolated node).
+    """
+    out = {int(p): 0 for p in num_params}
+    for i, j in edges:
+        d = edge_dim(num_params[i], num_params[j], gamma)
+        out[int(i)] += d * int(num_params[i]) * bytes_per_entry
+        out[int(j)] += d * int(num_params[j]) * bytes_per_entry
+    return out
+
+
+def check_map_budget(per_node: Mapping[int, int], max_gib: float, gamma: float) -> None:
+    """Raise when the largest node's maps exceed ``max_gib`` GiB (``sheaf-fmtl-max-gib``).
+
+    Raises:
+        ValueError: naming the largest node, its map size, the total and both keys to change.
+    """
+    if not per_node:
+        return
+    worst = max(per_node, key=lambda p: per_node[p])
+    if per_node[worst] > max_gib * GIB:
+        raise ValueError(
+            f"sheaf-fmtl-gamma={gamma:g}: the float16 restriction maps of partition-id {worst} need "
+            f"{per_node[worst] / GIB:.3f} GiB (all nodes: {sum(per_node.values()) / GIB:.3f} GiB), more than "
+            f"sheaf-fmtl-max-gib={max_gib:g}; lower sheaf-fmtl-gamma or raise sheaf-fmtl-max-gib")
+
+
+def init_map(d_ij: int, n_i: int, seed: int, partition_id: int, neighbour: int) -> torch.Tensor:
+    """The initial ``P_ij`` ``(d_ij, n_i)`` float32, ``N(0, 0.01^2)``, drawn from (seed, i, j) only.
+
+    The generator is seeded with ``SeedSequence([seed, partition_id, neighbour, 8])`` (8: Sheaf-FMTL's
+    stream tag), so the map of a directed edge does not depend on rounds, order or other edges.
+    """
+    s = int(np.random.SeedSequence([int(seed), int(partition_id), int(neighbour), 8]).generate_state(1)[0])
+    gen = torch.Generator().manual_seed(s)
+    return torch.randn(int(d_ij), int(n_i), generator=gen) * MAP_INIT_STD
+
+
+def parameter_step(theta: torch.Tensor, maps: Mapping[int, torch.Tensor], received: Mapping[int, torch.Tensor],
+                   lr: float, lam: float) -> torch.Tensor:
+    """(F1): ``theta - lr * lam * sum_j P_ij^T (P_ij theta - y_j)``, ``y_j = P_ji theta_j`` received.
+
+    Args:
+        theta: ``(n_i,)`` float32; maps: ``{j: (d_ij, n_i)}``; received: ``{j: (d_ij,)}`` (edges
+            without a received projection are skipped).
+        lr, lam: alpha and lambda.
+
+    Returns:
+        the new ``(n_i,)`` (a new tensor).
+
+    Raises:
+        ValueError: a received projection of the wrong length or with NaN/inf (the neighbour named).
+    """
+    grad = torch.zeros_like(theta)
+    for j, y in received.items():
+        p = maps[j].to(theta.dtype)
+        _check_projection(y, p.shape[0], j)
+        grad += p.T @ (p @ theta - y.to(theta.dtype))
+    return theta - lr * lam * grad
+
+
+def map_step(p: torch.Tensor, theta: torch.Tensor, y: torch.Tensor, eta: float, lam: float, j: int = -1) -> torch.Tensor:
+    """(F2): ``P - eta * lam * (P theta - y) theta^T`` for one edge (a new ``(d_ij, n_i)`` tensor).
+
+    Args:
+        p: ``(d_ij, n_i)``; theta: ``(n_i,)``; y: ``(d_ij,)`` the neighbour's ``P_ji theta_j``.
+        eta, lam: personalisation rate and lambda; j: the neighbour (error messages).
+
+    Raises:
+        ValueError: ``y`` of the wrong length or with NaN/inf.
+    """
+    _check_projection(y, p.shape[0], j)
+    diff = p @ theta - y.to(p.dtype)
+    return p - (eta * lam) * torch.outer(diff, theta)
+
+
+def _check_projection(y: torch.Tensor, d: int, j: int) -> None:
+    if y.ndim != 1 or y.shape[0] != d:
+        raise ValueError(f"projection from neighbour partition-id {j} has shape {tuple(y.shape)}, expected ({d},)")
+    if not torch.isfinite(y).all():
+        raise ValueError(f"projection from neighbour partition-id {j} has NaN/inf")
