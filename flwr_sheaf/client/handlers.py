@@ -137,7 +137,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         task = factory(context)
         info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
                         int(task.model.d), tuple(int(c) for c in task.classes), int(task.x_pilot.shape[0]),
-                        int(task.x_train.shape[0]), pilot_digest(task.x_pilot.numpy()))
+                        int(task.x_train.shape[0]), pilot_digest(to_numpy(task.x_pilot)))
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
     @app.train(action)
