@@ -169,6 +169,7 @@ def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep)
     restarted_log = victim.log.read_text()[len(killed_log):]
     assert f"SuperNode ID: {victim.node_id}" in restarted_log
     print(f"victim accepted again {restart_seconds:.1f} s after the kill, attempt {attempts}")
+    assert attempts == 1  # started once the SuperLink held it offline (before that Flower refuses it)
 
     res = _results(dep, "run-c")
     rounds = {r["round"]: r for r in res["rounds"]}
