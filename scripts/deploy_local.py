@@ -17,8 +17,11 @@ separate hosts (docs/deployment.md):
    and registers each SuperNode's public key with ``flwr supernode register``;
 4. starts N ``flower-supernode`` processes, SuperNode i with
    ``--node-config "partition-id=i num-partitions=N"``, its own private key and its own
-   ClientAppIo (Runtime API) port ``port + 1 + i``; ``--unregistered K`` adds K SuperNodes whose
-   keys were never registered (they impersonate partition-ids 0..K-1 and must be refused);
+   ClientAppIo (Runtime API) port ``port + 1 + i`` and its own node state directory
+   ``state-dir='<--state-dir>/site-<i>'`` (default ``<workdir>/state``; docs/resume.md: a SuperNode
+   restarted with the same key and node config reloads its state); ``--unregistered K`` adds K
+   SuperNodes whose keys were never registered (they impersonate partition-ids 0..K-1 and must be
+   refused);
 5. waits until the N registered SuperNodes are online, submits the app with
    ``flwr run <app> deploy``, follows its log, polls ``flwr ls --run-id ID --format json`` until the
    run is finished, and fails unless the status is ``finished:completed``;
@@ -29,7 +32,7 @@ separate hosts (docs/deployment.md):
 ``--enable-supernode-auth`` without TLS): steps 1 (certificates) and 3 (registration) are skipped.
 
 Usage: ``python scripts/deploy_local.py [--num-supernodes 3] [--run-config "k=v ..."] [--insecure]
-[--keep-running] [--unregistered K] [--port 39700] [--workdir DIR] [--timeout 1800]``
+[--keep-running] [--unregistered K] [--port 39700] [--workdir DIR] [--state-dir DIR] [--timeout 1800]``
 
 Exit status: 0 when the run finished with ``finished:completed``, 1 when it failed or timed out,
 2 when the run config was refused or the federation could not be brought up (named in the
@@ -184,6 +187,7 @@ class SuperNodeProc:
     log: Path
     proc: subprocess.Popen | None = None
     node_id: str | None = None  # SuperLink's node id, from `flwr supernode register`
+    state_dir: Path | None = None  # its node-config `state-dir` (docs/resume.md)
 
     @property
     def name(self) -> str:
@@ -211,6 +215,8 @@ class LocalDeployment:
         host: address the SuperLink listens on and the SuperNodes dial.
         sans: extra names/IPs for the server certificate.
         app: app directory handed to ``flwr run``.
+        state_dir: root of the SuperNodes' node state; SuperNode ``<name>`` gets the node config
+            ``state-dir='<state_dir>/<name>'`` (default: ``<workdir>/state``).
 
     Raises:
         ValueError: ``num_supernodes < 1``, ``unregistered < 0``, a port outside 1024..65535.
@@ -224,6 +230,7 @@ class LocalDeployment:
     host: str = "127.0.0.1"
     sans: list[str] = field(default_factory=list)
     app: Path = ROOT
+    state_dir: Path | None = None
     nodes: list[SuperNodeProc] = field(default_factory=list, init=False)
     superlink: subprocess.Popen | None = field(default=None, init=False)
     started: list[subprocess.Popen] = field(default_factory=list, init=False)
@@ -243,6 +250,9 @@ class LocalDeployment:
         self.workdir = Path(self.workdir).resolve()
         self.home = self.workdir / "flwr-home"
         self.logs = self.workdir / "logs"
+        self.state_dir = Path(self.state_dir or self.workdir / "state").expanduser().resolve()
+        if "'" in str(self.state_dir):
+            raise ValueError(f"--state-dir {str(self.state_dir)!r}: a node-config string value cannot contain '")
         for d in (self.home, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         self.env = flwr_env(self.home)
@@ -301,7 +311,7 @@ class LocalDeployment:
             priv, pub = make_node_key(self.workdir / "keys", name)
             self.nodes.append(SuperNodeProc(index=i if registered else k, partition_id=i if registered else k % self.num_supernodes,
                                             registered=registered, port=self.port + 1 + i, key=priv, pub=pub,
-                                            log=self.logs / f"{name}.log"))
+                                            log=self.logs / f"{name}.log", state_dir=self.state_dir / name))
         conn = [f'[superlink]\ndefault = "{CONNECTION}"\n', f"[superlink.{CONNECTION}]", f'address = "{self.address}"']
         if self.insecure:
             conn.append("insecure = true")
@@ -362,7 +372,8 @@ class LocalDeployment:
     def start_supernode(self, n: SuperNodeProc) -> None:
         """Start one ``flower-supernode`` process for ``n`` (log: ``logs/<name>.log``)."""
         cmd = [find_flwr(self.env, "flower-supernode"), "--superlink", self.address,
-               "--node-config", f"partition-id={n.partition_id} num-partitions={self.num_supernodes}",
+               "--node-config", f"partition-id={n.partition_id} num-partitions={self.num_supernodes} "
+                                f"state-dir='{n.state_dir}'",
                "--isolation", "subprocess",
                "--host", "127.0.0.1", "--port", str(n.port), "--max-retries", "3", "--max-wait-time", "30"]
         cmd += ["--insecure"] if self.insecure else ["--root-certificates", str(self.tls["ca"]),
@@ -382,6 +393,76 @@ class LocalDeployment:
             except psutil.NoSuchProcess:
                 pass
         n.proc.wait(timeout=10)
+
+    def restart_supernode(self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0) -> int:
+        """Start SuperNode ``n`` again after a crash (same key, node config and ``state-dir``) until
+        the SuperLink accepts it, as a supervisor with ``Restart=on-failure`` would.
+
+        Flower 1.42 activates a node only while the SuperLink holds it ``offline``: after a SIGKILL
+        that is up to 2 heartbeat intervals (2 x 30 s) after its last heartbeat, and until then a
+        restarted SuperNode is refused with "Failed to activate SuperNode" (exit code 305). Such an
+        attempt is retried every ``retry_every`` s. Success is the SuperNode's own log line
+        ``SuperNode ID: <id>`` with the node id its key was registered under (the restarted process
+        is the same registered node). The first attempt waits until the node's ``online_until`` in
+        the SuperLink database (:meth:`online_until`) has passed, so it is normally accepted at once.
+
+        Returns:
+            The number of attempts (1 = accepted at once).
+
+        Raises:
+            DeployError: an attempt failed for another reason, it came back under another node id,
+                or it was not accepted within ``timeout`` s (the log is named).
+        """
+        deadline = time.monotonic() + timeout
+        until = self.online_until(n)
+        if until is not None:  # first attempt when the SuperLink will hold the node offline
+            time.sleep(max(0.0, min(until + 0.5 - time.time(), deadline - time.monotonic())))
+        attempts = 0
+        while True:
+            attempts += 1
+            start = n.log.stat().st_size if n.log.exists() else 0
+            self.start_supernode(n)
+            while True:
+                self.track()
+                with open(n.log, "rb") as fh:
+                    fh.seek(start)
+                    new = fh.read().decode(errors="replace")
+                if "SuperNode ID: " in new:
+                    got = new.split("SuperNode ID: ", 1)[1].split()[0]
+                    if n.node_id is not None and got != n.node_id:
+                        raise DeployError(f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}")
+                    return attempts
+                if n.proc.poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise DeployError(f"{n.name} not accepted within {timeout:.0f} s after {attempts} attempt(s); "
+                                      f"see {n.log}")
+                time.sleep(0.2)
+            if "Failed to activate SuperNode" not in new:
+                raise DeployError(f"{n.name} restart exited with code {n.proc.returncode}: {new[-1500:]}")
+            if time.monotonic() + retry_every > deadline:
+                raise DeployError(f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}")
+            time.sleep(retry_every)
+
+    def online_until(self, n: SuperNodeProc) -> float | None:
+        """Unix time until which the SuperLink holds SuperNode ``n`` online (its last heartbeat plus
+        2 heartbeat intervals), read from ``superlink.db`` (table ``node`` of Flower 1.42's SQLite
+        schema, read-only); None when unknown (no node id, another schema, a locked database)."""
+        import sqlite3
+
+        if n.node_id is None:
+            return None
+        nid = int(n.node_id)
+        nid = nid - (1 << 64) if nid >= 1 << 63 else nid  # Flower stores the uint64 id as sint64
+        try:
+            con = sqlite3.connect(f"file:{self.workdir / 'superlink.db'}?mode=ro", uri=True, timeout=5.0)
+            try:
+                row = con.execute("SELECT online_until FROM node WHERE node_id = ?", (nid,)).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return None
+        return float(row[0]) if row and row[0] is not None else None
 
     def nodes_status(self) -> dict[str, str]:
         """``{node-id: status}`` from ``flwr supernode ls deploy --format json`` (empty on error)."""
@@ -564,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--san", action="append", default=[], help="extra host name/IP for the server certificate")
     ap.add_argument("--workdir", default=None, help="default: a new directory under the system temp dir")
     ap.add_argument("--app", default=str(ROOT), help="app directory for flwr run (default: this repository)")
+    ap.add_argument("--state-dir", default=None,
+                    help="root of the SuperNodes' node state (SuperNode <name> uses <root>/<name>; default: <workdir>/state)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
     args = ap.parse_args(argv)
 
@@ -586,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         dep = LocalDeployment(workdir, num_supernodes=args.num_supernodes, port=args.port, insecure=args.insecure,
-                              unregistered=args.unregistered, host=args.host, sans=args.san, app=Path(args.app))
+                              unregistered=args.unregistered, host=args.host, sans=args.san, app=Path(args.app),
+                              state_dir=Path(args.state_dir) if args.state_dir else None)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
