@@ -41,6 +41,8 @@ from pathlib import Path
 
 from inprocess import parse_overrides, run_inprocess
 
+from flwr_sheaf.config import DEFAULTS
+
 WEIGHT_KEY = {"sheaf-frl": "lambda", "non-cooperative": None, "fedproto": "fedproto-lambda",
               "fedsaf-gcsa": "fedsaf-lambda", "fedsaf-rcsa": "fedsaf-lambda", "fedmuscle": "fedmuscle-lambda",
               "comfed": "comfed-lambda", "sheaf-fmtl": "sheaf-fmtl-lambda"}
@@ -134,6 +136,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--methods", nargs="+", default=sorted(WEIGHT_KEY))
     ap.add_argument("--lambdas", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1, 1.0])
+    ap.add_argument("--default-weights", action="store_true",
+                    help="no weight grid: each method with its package default weight (plus sheaf-frl's lambda = 0)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--extra", nargs="*", default=[], help="more run-config overrides key=value (e.g. preset=paper)")
@@ -153,7 +157,8 @@ def main() -> None:
         for seed in args.seeds:
             for method in args.methods:
                 key = WEIGHT_KEY[method]
-                grid = [None] if key is None else ([0.0] if method == "sheaf-frl" else []) + list(args.lambdas)
+                grid = [None] if key is None else ([0.0] if method == "sheaf-frl" else []) + (
+                    [DEFAULTS[key]] if args.default_weights else list(args.lambdas))
                 for w in grid:
                     tag = f"x{x}-seed{seed}-{method}" + ("" if w is None else f"-w{w:g}")
                     cfg = {**scen, "seed": seed, "method": method, "num-server-rounds": args.rounds,
