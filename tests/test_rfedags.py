@@ -497,7 +497,7 @@ def test_zero_probability_clients_no_nan():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 3, 7])
+@pytest.mark.parametrize("seed", [1, 7])  # two seeds (30 s each) keep the suite near its budget
 def test_r4_paper_setup_corrected_beats_uncorrected(seed):
     prob = synthetic_pca_problem(seed=seed)
     p = paper_participation(prob.num_clients, seed=seed + 1)
