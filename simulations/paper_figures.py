@@ -20,8 +20,10 @@ Methods and their weight (grid from ``--lambdas``, values in [1e-5, 1]):
   training latents (the paper's protocol), reported as ``posthoc-train``;
 - ``fedproto`` (``fedproto-lambda``), ``fedsaf-gcsa`` / ``fedsaf-rcsa`` (``fedsaf-lambda``),
   ``fedmuscle`` (``fedmuscle-lambda``), ``comfed`` (``comfed-lambda``), ``sheaf-fmtl``
-  (``sheaf-fmtl-lambda``): communication accuracy by
-  post-hoc Procrustes on pilot-whitened latents (the strong reading; docs/baselines.md).
+  (``sheaf-fmtl-lambda``): communication accuracy by post-hoc Procrustes with the whitening fitted
+  on private training latents (the paper's protocol, as ``non-cooperative``); their strong
+  (pilot-whitened) reading is not produced yet -- only the no-cooperation baseline has both
+  (``posthoc-train`` and ``posthoc-pilots``).
 
 Resumable: every run writes ``<out>/runs/<tag>/results.json`` and a finished run with the same
 config is read back instead of retrained. Writes ``<out>/runs.csv`` (one row per run),
