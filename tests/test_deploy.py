@@ -133,7 +133,7 @@ def _without_wall_times(rounds: list[dict]) -> list[dict]:
 
 @pytest.mark.engine
 def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep):
-    """One run over TLS with authenticated SuperNodes (R = 5 rounds, evaluation in the last): round 1
+    """One run over TLS with authenticated SuperNodes (R = 6 rounds, evaluation in the last): round 1
     complete on every node; the victim SIGKILLed when its round-2 train message arrives, restarted
     at once with the same key and ``state-dir`` (refused by Flower until the SuperLink holds it
     offline), and training again later in the same run from its persisted round-1 state. Then a
@@ -142,7 +142,7 @@ def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep)
     When the victim is back depends on Flower's heartbeat (it is accepted again only once the SuperLink
     holds it offline, ~60 s after the kill) against the speed of the others' rounds: round 3 or later;
     R leaves room for a fast machine."""
-    timeout, R = 75.0, 5
+    timeout, R = 75.0, 6
     victim = next(n for n in dep.nodes if n.registered and n.partition_id == N - 1)
     if victim.proc.poll() is not None:
         pytest.fail(f"{victim.name} is not running: {victim.log.read_text()[-2000:]}")
