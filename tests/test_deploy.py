@@ -150,7 +150,9 @@ def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep)
         assert n.state_dir == dep.state_dir / n.name
     already = victim.log.read_text().count("Receiving: train.")
     out = dep.workdir / "run-c"
-    rc = f"{SMALL} evaluate-every={R} round-timeout={timeout} results-dir='{out}'"
+    # checkpoint-every=R: the server checkpoints after round R (what the resume needs) and every node
+    # keeps its last R + 1 state files, so the victim's first file after its return is still there.
+    rc = f"{SMALL} evaluate-every={R} checkpoint-every={R} round-timeout={timeout} results-dir='{out}'"
     run_id = dep.submit(f"{rc} num-server-rounds={R}")
     follower = dep.follow_log(run_id, dep.logs / "run-c.log")
     # SIGKILL the victim as soon as its second train message of this run arrives (round 2): its
