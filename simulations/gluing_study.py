@@ -17,19 +17,14 @@ the table with a one-line answer.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-import multiprocessing as mp
 import statistics
 import time
 from pathlib import Path
 
 from inprocess import parse_overrides
-from paper_figures import _run, t95
-
-
-def _ci(vals: list[float]) -> float:
-    return t95(len(vals)) * statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else float("nan")
+from paper_figures import ci95 as _ci
+from paper_figures import run_jobs, write_csv
 
 
 def main() -> None:
@@ -59,15 +54,8 @@ def main() -> None:
                                "evaluate-every": args.rounds, **extra, "results-dir": str(out / "runs" / tag)}
                         jobs.append({"config": cfg, "meta": {"K": k, "s": s, "d": d, "seed": seed, "weight": lam,
                                                              "x": d, "method": "sheaf-frl"}})
-    print(f"{len(jobs)} runs, {args.workers} at a time -> {out}", flush=True)
     t0 = time.monotonic()
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        rows = pool.map(_run, jobs, chunksize=1)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "runs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    rows = run_jobs(jobs, args.workers, out)
     comm, vcomm, vpriv = ("communication_accuracy_degree_weighted", "val_communication_accuracy_degree_weighted",
                           "val_private_accuracy_mean")
     table = []
@@ -92,10 +80,7 @@ def main() -> None:
                               "posthoc_comm": statistics.mean(base), "posthoc_ci95": _ci(base),
                               "diff": statistics.mean(diff), "diff_ci95": _ci(diff),
                               "lambdas": " ".join(f"{w:g}" for _, w in glued)})
-    with open(out / "study.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
+    write_csv(out / "study.csv", table)
     print(f"\n{'K':>4} {'s':>4} {'d':>4} | {'Sheaf-FRL comm':>15} | {'post hoc comm':>15} | {'difference':>15} | lambda*")
     for r in table:
         print(f"{r['K']:>4} {r['s']:>4} {r['d']:>4} | {r['sheaf_comm']:.3f} ± {r['sheaf_ci95']:.3f} | "

@@ -69,6 +69,29 @@ def _run(job: dict) -> dict:
     return {**job["meta"], **{k: last.get(k) for k in METRICS}, "wall_seconds": round(time.monotonic() - t, 1)}
 
 
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """Write ``rows`` (dicts with the same keys) as a CSV with a header."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def run_jobs(jobs: list[dict], workers: int, out: Path) -> list[dict]:
+    """Run (or read back) every job in ``workers`` spawned processes; writes ``<out>/runs.csv``; returns the rows."""
+    print(f"{len(jobs)} runs, {workers} at a time -> {out}", flush=True)
+    with mp.get_context("spawn").Pool(workers) as pool:
+        rows = pool.map(_run, jobs, chunksize=1)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "runs.csv", rows)
+    return rows
+
+
+def ci95(vals: list[float]) -> float:
+    """Half-width of the 95% t interval of the mean of ``vals`` (NaN for fewer than two)."""
+    return t95(len(vals)) * statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else float("nan")
+
+
 def t95(n: int) -> float:
     """Two-sided 95% Student-t quantile for n samples (n - 1 degrees of freedom)."""
     from scipy.stats import t
@@ -96,8 +119,7 @@ def summarise(rows: list[dict], points: list, seeds: list[int]) -> list[dict]:
             for key, name in (("communication_accuracy_degree_weighted", "comm"), ("private_accuracy_mean", "private")):
                 vals = [c[key] for c in chosen if c[key] is not None and not math.isnan(c[key])]
                 row[f"{name}_mean"] = statistics.mean(vals) if vals else float("nan")
-                row[f"{name}_ci95"] = (t95(len(vals)) * statistics.stdev(vals) / math.sqrt(len(vals))
-                                       if len(vals) > 1 else float("nan"))
+                row[f"{name}_ci95"] = ci95(vals)
             out.append(row)
     return out
 
@@ -169,24 +191,14 @@ def main() -> None:
                         cfg[key] = w
                     jobs.append({"config": cfg, "meta": {"x": x, "seed": seed, "method": method,
                                                          "weight": 0.0 if w is None else w}})
-    print(f"{len(jobs)} runs, {args.workers} at a time -> {out}", flush=True)
     t0 = time.monotonic()
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        rows = pool.map(_run, jobs, chunksize=1)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "runs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    rows = run_jobs(jobs, args.workers, out)
     table = summarise(rows, points, args.seeds)
     table += [{**r, "method": "posthoc-pilots"} for r in summarise(
         [{**r, "method": "posthoc-pilots"} for r in rows if r["method"] == "sheaf-frl" and r["weight"] == 0.0],
         points, args.seeds)]
     table = [{**r, "method": "posthoc-train" if r["method"] == "non-cooperative" else r["method"]} for r in table]
-    with open(out / "figure.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
+    write_csv(out / "figure.csv", table)
     xlabel = "label shift s" if args.figure == 2 else "latent dimension d (both agents)"
     plot(table, xlabel, out / "figure.png",
          f"Fig. {args.figure} shape: weight chosen on validation, mean +- 95% over seeds {args.seeds}; "
