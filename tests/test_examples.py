@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-METHODS = ["non-cooperative", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "fedmuscle", "comfed", "sheaf-frl"]
+METHODS = ["non-cooperative", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "fedmuscle", "comfed", "sheaf-fmtl", "sheaf-frl"]
 
 
 @pytest.mark.slow
