@@ -13,10 +13,13 @@ message                                content (server -> node) / reply (node ->
                                       (:class:`NodeInfo`)
 ``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
                                       :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
-                                      ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL);
+                                      ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL) and/or
+                                      :data:`TRANSPORTED` (per-edge transported pilots, Sheaf-FRL
+                                      variants, docs/variants.md);
                                       ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
                                       / ``metrics`` (``num-examples``, losses); ``pilots`` (own
-                                      whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`); ``upload``
+                                      whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`) and/or
+                                      :data:`TRANSPORTED`; ``upload``
                                       (local prototypes; FedMuscle: :data:`PILOT_REPS`);
                                       FedMuscle's train message may carry :data:`MUSCLE_TARGETS`
 ``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,

@@ -12,6 +12,7 @@ from flwr_sheaf.apps.scenario import cnn_task_factory
 from flwr_sheaf.client.common import build, eval_latents
 from flwr_sheaf.config import FederationConfig, LocalTrainConfig, SheafConfig
 from flwr_sheaf.sheaf import init_map, orient_edge, procrustes
+from flwr_sheaf.strategy.checkpoint import Checkpointer, load_checkpoint
 from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 from flwr_sheaf.testing import LocalGrid
 
@@ -136,7 +137,7 @@ def test_homogeneous_with_unequal_dims_is_a_named_error():
         s.discover(grid, timeout=5)
 
 
-def test_stringent_with_partial_participation_uses_cached_transported_pilots():
+def test_stringent_with_partial_participation_uses_cached_transported_pilots(tmp_path):
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _strategy(fraction=0.5, privacy="stringent", absent_policy="cached")
     s.start(grid=grid, num_rounds=3)
@@ -152,3 +153,7 @@ def test_stringent_with_partial_participation_uses_cached_transported_pilots():
         assert sorted(int(k) for k in st["sheaf.maps"].keys()) == sorted(nx.cycle_graph(4).neighbors(p))
     # the strategy's new state is plain attributes: the checkpointer stores it
     assert s.edge_bank and all(a.shape[0] == RC["num-pilots"] for a in s.edge_bank.values())
+    path = Checkpointer(tmp_path, {}, every=1).save(s, 3, None, 1.0)
+    state = load_checkpoint(path)["state"]
+    assert state["variant"] == "heterogeneous" and state["eval_transported"] is True
+    assert set(state["edge_bank"]) == set(s.edge_bank) and state["edge_bank_round"] == s.edge_bank_round
