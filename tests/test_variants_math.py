@@ -88,13 +88,16 @@ def _stiefel(rows, cols, seed):
     return init_map(rows, cols, (seed, 99))
 
 
-@pytest.mark.parametrize("dims", [{0: 5, 1: 9, 2: 7, 3: 5}, {0: 6, 1: 6, 2: 6, 3: 6}])
-def test_eq42_gradient_equals_standard_gradient(dims):
-    """App. F identity (a): with i's own map at its P2c/P2d optimum, Eq. 42 = Eq. 19 for any sender maps."""
+@pytest.mark.parametrize("dims,i", [({0: 5, 1: 9, 2: 7, 3: 5}, 0), ({0: 5, 1: 9, 2: 7, 3: 5}, 1),
+                                     ({0: 6, 1: 6, 2: 6, 3: 6}, 0)])
+def test_eq42_gradient_equals_standard_gradient(dims, i):
+    """App. F identity (a): with i's own map at its P2c/P2d optimum, Eq. 42 = Eq. 19 for any sender maps.
+
+    Node 0 of the first graph is a tail on every edge (P2d, Stiefel), node 1 a head on both of its
+    edges with narrower tails (P2c on a rank-deficient cross-covariance), the third case is Alg. 4."""
     graph = nx.Graph([(0, 1), (0, 2), (0, 3), (1, 2)])
     pilots = _pilots(dims, 3)
     roles = _roles(graph, dims)
-    i = 0
     std_terms, _ = edge_terms(pilots[i], [Received(j, pilots[j], hd) for j, hd in roles[i]], "heterogeneous", "standard")
     std = _penalty_and_grad(pilots[i], std_terms)
     rec = []

@@ -231,7 +231,8 @@ class SheafClient(ClientMethod):
                             int(cfg[SEED]))
         send_raw, moved = outgoing_pilots(a.double().cpu(), maps, edges.neighbours, edges.heads,
                                           sheaf.sheaf_variant, sheaf.privacy)
-        save_maps(context, self.action, maps)
+        if sheaf.privacy == "stringent" or sheaf.sheaf_variant == "homogeneous":
+            save_maps(context, self.action, maps)  # the maps this node transports with (Alg. 1 keeps none)
         records = {}
         if send_raw:
             records[PILOTS] = pack_arrays({OWN_PILOTS: to_numpy(a)})

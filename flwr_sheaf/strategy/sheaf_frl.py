@@ -177,7 +177,7 @@ class SheafFRL(GraphStrategy):
         """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
         k, d = self.num_pilots, self.nodes[pid].d
         nbrs = sorted(self.graph.neighbors(pid))
-        want_raw = any(self._sends_raw(pid, j) for j in nbrs)
+        want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (not nbrs and self.sheaf.privacy == "standard")
         want_moved = {j: self._width(pid, j) for j in nbrs if not self._sends_raw(pid, j)}
         has_raw = PILOTS in r.content and OWN_PILOTS in r.content[PILOTS]
         if has_raw and self.sheaf.privacy == "stringent":
