@@ -22,8 +22,8 @@ RC = {"zoo": "tiny-4", "num-pilots": 24, "seed": 3}
 TRAIN = LocalTrainConfig(local_epochs=1, max_steps_per_epoch=2, batch_size=16)
 
 
-def _strategy(n=4, graph="ring", fraction=1.0, **sheaf):
-    fed = FederationConfig(graph=graph, seed=RC["seed"], fraction_train=fraction)
+def _strategy(n=4, graph="ring", fraction=1.0, evaluate_every=1, **sheaf):
+    fed = FederationConfig(graph=graph, seed=RC["seed"], fraction_train=fraction, evaluate_every=evaluate_every)
     return SheafFRL(num_nodes=n, federation=fed, train=TRAIN, sheaf=SheafConfig(lam=0.5, pilot_batch_size=16, **sheaf))
 
 
@@ -36,12 +36,15 @@ class Recorder:
 
     def __call__(self, msg, ctx):
         reply = self.app(msg, ctx)
-        if msg.metadata.message_type.startswith(("train.", "evaluate.")) and "sheaf.pilots" in ctx.state:
+        mt, pid = msg.metadata.message_type, int(ctx.node_config["partition-id"])
+        if mt.startswith("train.") and "sheaf.pilots" in ctx.state:
             task, model, _ = build(cnn_task_factory, ctx, "sheaf", 1, device_spec="cpu")
             raw = eval_latents(model, task.x_pilot).double().numpy()
             white = ctx.state["sheaf.pilots"]["pilots"].numpy().astype(np.float64)
-            self.pilots.append((int(ctx.node_config["partition-id"]), raw, white))
-            self.at_reply[id(reply)] = (raw, white)  # the node's pilots when it sent this reply
+            self.pilots.append((pid, raw, white))
+        if mt.startswith(("train.", "evaluate.")) and not mt.endswith("_comm"):
+            # the node's pilots when it sent this reply (evaluation: unchanged since its last training)
+            self.at_reply[id(reply)] = [(r, w) for p, r, w in self.pilots if p == pid][-1]
         return reply
 
 
@@ -68,7 +71,7 @@ def _recovers(x, a, holdings, width, src):
 def test_stringent_no_pilot_matrix_leaves_a_node_and_bytes_follow_tab1():
     rec = Recorder(cnn_client_app)
     grid = LocalGrid(rec, 4, run_config=RC)
-    s = _strategy(privacy="stringent")
+    s = _strategy(privacy="stringent", evaluate_every=2)
     s.start(grid=grid, num_rounds=2)
     assert not s.bank and not s.failures
     d = {p: s.nodes[p].d for p in range(4)}
