@@ -160,3 +160,18 @@ def test_stringent_with_partial_participation_uses_cached_transported_pilots(tmp
     state = load_checkpoint(path)["state"]
     assert state["variant"] == "heterogeneous" and state["eval_transported"] is True
     assert set(state["edge_bank"]) == set(s.edge_bank) and state["edge_bank_round"] == s.edge_bank_round
+
+
+def test_homogeneous_with_partial_participation_relays_cached_messages():
+    rc = {"zoo": "two-agent:8", "num-pilots": 32, "seed": 1}
+    grid = LocalGrid(cnn_client_app, 2, run_config=rc)
+    s = _strategy(n=2, graph="0-1", fraction=0.5, evaluate_every=4, sheaf_variant="homogeneous")
+    s.start(grid=grid, num_rounds=4)
+    assert not s.failures and s.variant == "homogeneous"
+    assert [h["num_trained"] for h in s.history] == [1, 1, 1, 1]
+    # each trained node used what the other sent in an earlier round (cached): ages >= 1
+    relayed = [h for h in s.history if h["edges_relayed"]]
+    assert relayed and all(h["relayed_pilot_age_max"] >= 1 for h in relayed)
+    # the tail (0) only ever uploads O A_0 for the head, the head (1) only its raw pilots
+    assert set(s.edge_bank) <= {(0, 1)} and set(s.bank) <= {1}
+    assert s.history[-1]["communication_accuracy_degree_weighted"] >= 0.0
