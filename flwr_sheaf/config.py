@@ -18,7 +18,8 @@ section              keys                                                       
                      ``batch-size``, ``clip-norm``, ``max-steps-per-epoch``,
                      ``torch-threads``
 :class:`SheafConfig` ``lambda``, ``lambda-warmup-rounds``, ``pilot-batch-size``,     Sheaf-FRL
-                     ``absent-policy``, ``reweight-q-min``
+                     ``absent-policy``, ``reweight-q-min``, ``sheaf-variant``,
+                     ``privacy``
 :class:`FedProtoConfig` ``fedproto-*``                                              FedProto, FedSAF
 :class:`FedSAFConfig` ``fedsaf-*``                                                  FedSAF
 :class:`FedMuscleConfig` ``fedmuscle-*``, ``pilot-batch-size``                       FedMuscle
@@ -276,6 +277,11 @@ _KEY_LIST = [
     Key("absent-policy", "cached", _str(("cached", "drop", "drop-reweighted")),
         "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)"),
     Key("reweight-q-min", 0.05, _float(0.0, 1.0, lo_open=True), "floor of q_j for `drop-reweighted` (weights <= 1/q_min)"),
+    Key("sheaf-variant", "auto", _str(("auto", "heterogeneous", "homogeneous")),
+        "`heterogeneous` (Alg. 1), `homogeneous` (Alg. 2: O(d) maps, one SVD per edge; all d_i equal) or `auto` "
+        "(homogeneous iff all d_i are equal) (docs/variants.md)"),
+    Key("privacy", "standard", _str(("standard", "stringent")),
+        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants.md)"),
     # FedProto / FedSAF
     Key("fedproto-dim", "auto", _dim_or_auto,
         "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D"),
@@ -451,7 +457,8 @@ class LocalTrainConfig(Section):
     """
 
 
-@section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min")
+@section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min", "sheaf-variant",
+         "privacy")
 class SheafConfig(Section):
     """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
 
@@ -461,6 +468,9 @@ class SheafConfig(Section):
         pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
         absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (docs/participation.md).
         reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
+        sheaf_variant: ``"auto"``, ``"heterogeneous"`` (Alg. 1) or ``"homogeneous"`` (Alg. 2, Eq. 24);
+            the strategy resolves ``auto`` at discovery and sends the resolved value (docs/variants.md).
+        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants.md).
     """
 
     def lam_at(self, server_round: int) -> float:

@@ -13,10 +13,13 @@ message                                content (server -> node) / reply (node ->
                                       (:class:`NodeInfo`)
 ``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
                                       :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
-                                      ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL);
+                                      ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL) and/or
+                                      :data:`TRANSPORTED` (per-edge transported pilots, Sheaf-FRL
+                                      variants, docs/variants.md);
                                       ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
                                       / ``metrics`` (``num-examples``, losses); ``pilots`` (own
-                                      whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`); ``upload``
+                                      whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`) and/or
+                                      :data:`TRANSPORTED`; ``upload``
                                       (local prototypes; FedMuscle: :data:`PILOT_REPS`);
                                       FedMuscle's train message may carry :data:`MUSCLE_TARGETS`
 ``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
@@ -50,6 +53,7 @@ __all__ = [
     "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
     "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
     "pack_evaluation", "reply_problem", "pilot_digest", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
+    "TRANSPORTED", "EVAL_TRANSPORTED", "SVDS", "STRINGENT_EVAL_ARRAYS", "STRINGENT_EVAL_LABELS",
 ]
 
 
@@ -95,6 +99,13 @@ SHEAF_FMTL_NEIGHBOURS = "sheaf-fmtl-neighbours"
 SHEAF_FMTL_DIMS = "sheaf-fmtl-dims"
 SHEAF_FMTL_NUM_PARAMS = "sheaf-fmtl-num-params"
 
+#: Sheaf-FRL variants (docs/variants.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
+#: In a train reply: the node's pilots moved by its own map toward each neighbour j (``(K, d_e)``,
+#: ``d_e = max(d_i, d_j)``; homogeneous standard: only toward heads, ``(K, d)``). In a train message:
+#: what each neighbour j sent toward this node (same keys). Under ``privacy = stringent`` it replaces
+#: the ``pilots`` record both ways: raw pilots never leave the node.
+TRANSPORTED = "transported"
+
 # ------------------------------------------------------------------------------ config keys (not run-config keys)
 SERVER_ROUND = "server-round"
 SEED = "seed"
@@ -105,6 +116,10 @@ DEVICE = "device"
 #: where a node fits its whitening for evaluation: ``"pilots"`` (Sheaf-FRL) or ``"train"`` (post hoc).
 WHITENING_FIT = "whitening-fit"
 WHITENING_FITS = ("pilots", "train")
+#: evaluation config (both phases): 1 when neighbours' evaluation arrays are transported by the
+#: sender's own map into the edge stalk (``privacy = stringent``), so the receiver fits its own map
+#: (P2c/P2d) instead of the edge's (Eq. 18); 0 otherwise.
+EVAL_TRANSPORTED = "eval-transported"
 NUM_CLASSES = "num-classes"
 FEATURE_DIM = "feature-dim"
 LOCAL_STEPS = "local-steps"
@@ -128,6 +143,12 @@ PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"
 NUM_TEST = "num-test"
 LOW_VARIANCE_FRACTION = "low-variance-fraction"
+#: Sheaf-FRL train metric: SVDs the node computed for its maps this round (docs/variants.md).
+SVDS = "svds"
+#: a stringent phase-1 evaluation reply: ``"<j>/<name>"`` per neighbour j for these names (moved by
+#: the node's map toward j, ``(., d_e)``), and the labels once, unkeyed.
+STRINGENT_EVAL_ARRAYS = ("pilots", "test-latents", "val-latents")
+STRINGENT_EVAL_LABELS = ("test-labels", "val-labels")
 COMM_SRC = "src"
 COMM_ACCURACY = "communication-accuracy"
 VAL_COMM_ACCURACY = "val-communication-accuracy"

@@ -33,7 +33,7 @@ from ..config import LocalTrainConfig
 from ..protocol import (ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
                         DEVICE, NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS,
                         TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
-                        NodeInfo, ProtocolError, comm_action, message_type, pack_evaluation, pilot_digest,
+                        NodeInfo, ProtocolError, comm_action, message_type, pack_arrays, pilot_digest, EVAL_TRANSPORTED,
                         unpack_routed)
 from ..sheaf import check_pilots, procrustes
 from ..sheaf.whitening import low_variance_fraction
@@ -86,6 +86,12 @@ class ClientMethod:
     def evaluation_arrays(self, msg: Message, context: Context, task: LocalTask) -> dict:
         """Extra arrays of the ``evaluate`` reply (names in :attr:`routed_arrays`; default none)."""
         return {}
+
+    def evaluation_reply(self, msg: Message, context: Context, task: LocalTask, arrays: dict) -> dict:
+        """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS` plus
+        :meth:`evaluation_arrays`, numpy); default: unchanged (Sheaf-FRL's stringent privacy sends
+        per-neighbour transported arrays instead, docs/variants.md)."""
+        return arrays
 
     def edge_metrics(self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict) -> dict[str, float]:
         """Extra per-incoming-edge metrics of ``evaluate_comm`` from neighbour j's routed ``arrays`` (default none)."""
@@ -165,8 +171,10 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         with torch.no_grad():
             zt = model.whitening(eval_latents(model, task.x_test))
             zv = model.whitening(eval_latents(model, task.x_val))
-        arrays = pack_evaluation(to_numpy(a), to_numpy(zt), to_numpy(task.y_test), to_numpy(zv), to_numpy(task.y_val),
-                                 method.evaluation_arrays(msg, context, task))
+        arrays = dict(zip(EVAL_ARRAYS, (to_numpy(a), to_numpy(zt), to_numpy(task.y_test), to_numpy(zv),
+                                        to_numpy(task.y_val))))
+        arrays = pack_arrays(method.evaluation_reply(msg, context, task,
+                                                     {**arrays, **method.evaluation_arrays(msg, context, task)}))
         metrics = MetricRecord({
             PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
             VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
@@ -188,9 +196,14 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         model.eval()
         src, acc_test, acc_val, extra = [], [], [], {}
         edges = EdgeConfig.from_config(cfg)
+        # transported arrays (stringent privacy): j's own map moved them into the edge stalk (width
+        # d_e); this node fits its own map onto them (P2c/P2d) and reads them as a tail would
+        moved = bool(int(required(cfg, EVAL_TRANSPORTED, mt)))
         for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
             arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + method.routed_arrays)
             a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
+            if moved:
+                dj, i_head = max(dj, int(model.d)), False
             check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
             v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
             res = []

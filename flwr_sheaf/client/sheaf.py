@@ -13,10 +13,25 @@ Stable formulation (docs/stability.md): the penalty uses *dropout-free* pilot pa
 eval mode) whitened with *differentiable batch statistics* (whitening layer in train mode), so the
 encoder cannot lower it by shrinking its latents or by dropout noise; maps are refitted every
 local epoch; the loop clips the gradient norm per agent.
+
+Variants (docs/variants.md; run-config ``sheaf-variant`` and ``privacy``, sent resolved in the
+config): ``homogeneous`` (Alg. 2) has only the tail of each edge fit an ``O(d)`` map, and the tail
+uploads its pilots transported by it (record ``transported``) for the head; ``stringent`` (Alg.
+3/4) uploads only per-neighbour transported pilots, never ``A_i``, and keeps the node's own
+outgoing maps in ``context.state`` (key ``<action>.maps``), refitted by P2c/P2d
+(:func:`flwr_sheaf.sheaf.variants.edge_terms`). Before a map has been fitted (round 1, or a
+neighbour that has not trained yet) it is the paper's initialisation: the identity for Alg. 2,
+and for Alg. 3/4 a Haar-random map keyed by (seed, partition-id, neighbour, node secret), the
+secret being 63 random bits drawn once per node from the OS (or the node-config key
+``privacy-secret``) and kept in ``context.state``: a key known to the neighbours would let them
+undo the round-1 transport.
 """
 
 from __future__ import annotations
 
+import secrets
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from flwr.app import Context, Message
@@ -24,72 +39,93 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from ..config import SheafConfig
-from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOTS, EdgeConfig, ProtocolError, pack_arrays,
+from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
+                        STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, pack_arrays,
                         unpack_neighbour_pilots)
-from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty, procrustes
+from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty
+from ..sheaf.procrustes import SvdCounter
+from ..sheaf.variants import PRIVACY_MODES, Received, edge_dim, edge_terms, init_map, outgoing_pilots
 from .common import cached_pilots, from_numpy, store_pilots, task_device, to_numpy, whitened_pilots
-from .handlers import ClientMethod, register_method_handlers
+from .handlers import ClientMethod, register_method_handlers, required
 from .loop import LossPlugin
 from .task import LocalTask, TaskFactory
 
-__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers"]
+__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers", "load_maps", "save_maps", "node_secret"]
 
 
 class SheafGluing(LossPlugin):
-    """CE + the local gluing penalty of paper Eq. 16 on a pilot minibatch.
+    """CE + the local gluing penalty of paper Eq. 16 (or its variants, docs/variants.md) on a pilot minibatch.
 
     Args:
         task: the node's task (its ``x_pilot (K, ...)``).
         lam: lambda >= 0 of this round (lambda_i = lambda / d_i inside the penalty).
         pilot_batch_size: pilot rows per step (the same rows of every neighbour's matrix).
         edges: the node's incident edges (neighbours, d_j, orientation, optional weights).
-        neighbour_pilots: ``{j: (K, d_j)}`` float32 whitened pilots of the neighbours that have
-            reported any; a neighbour without pilots contributes no term this round.
+        neighbour_pilots: ``{j: (K, d_j) or (K, d_e)}`` float32: what each neighbour that reported
+            any sent toward this node (raw whitened pilots, or transported ones, per the mode); a
+            neighbour without an entry contributes no term this round.
         own_pilots: this node's cached whitened pilots ``(K, d_i)`` (exact for the current weights),
             used for the first epoch's maps instead of a new pilot pass; None = compute them.
+        variant: ``heterogeneous`` or ``homogeneous`` (resolved by the strategy).
+        privacy: ``standard`` or ``stringent``.
+        maps: the node's maps from earlier rounds ``{j: tensor}`` (kept for the upload when not refitted).
+
+    Attributes:
+        maps: the node's current maps (updated each epoch; what :meth:`SheafClient.after_train` transports with).
+        svds: SVDs computed for the maps this round.
 
     Raises:
         ProtocolError: pilots from a partition-id that is not a neighbour.
-        ValueError: a neighbour's pilots with the wrong K or d_j, or NaN/inf entries (named).
+        ValueError: a neighbour's matrix with the wrong K or width, or NaN/inf entries (named).
     """
 
     def __init__(self, task: LocalTask, lam: float, pilot_batch_size: int, edges: EdgeConfig,
-                 neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None) -> None:
+                 neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None,
+                 variant: str, privacy: str, maps: dict[int, torch.Tensor] | None = None) -> None:
         unknown = sorted(set(neighbour_pilots) - set(edges.neighbours))
         if unknown:
             raise ProtocolError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
         k = task.x_pilot.shape[0]
+        d_i = int(task.model.d)
         weights = edges.weights or (1.0,) * len(edges.neighbours)
         self.active = [(j, hd, w) for j, hd, w in zip(edges.neighbours, edges.heads, weights) if j in neighbour_pilots]
         for j, dj in zip(edges.neighbours, edges.dims):
             if j in neighbour_pilots:
-                check_pilots(neighbour_pilots[j], f"pilots of neighbour partition-id {j}", d=dj, k=k)
+                width = edge_dim(d_i, dj) if privacy == "stringent" else dj
+                check_pilots(neighbour_pilots[j], f"pilots of neighbour partition-id {j}", d=width, k=k)
         self.task, self.lam, self.batch = task, float(lam), int(pilot_batch_size)
         self.pilots, self.own = neighbour_pilots, own_pilots
-        self.maps: dict[int, torch.Tensor] = {}
+        self.variant, self.privacy = variant, privacy
+        self.terms: list[EdgeTerm] = []
+        self.maps: dict[int, torch.Tensor] = dict(maps or {})
+        self.svds = 0
         self.residual = {j: 0.0 for j, _, _ in self.active}
 
     def begin_epoch(self, model: nn.Module, epoch: int) -> None:
-        """Refit every incident restriction map on the current pilots (Eq. 18; larger d is head)."""
-        self.maps = {}
+        """Refit the maps this node owns on the current pilots (Eq. 18; Alg. 2 lines 8-10; P2c/P2d)."""
+        self.terms = []
         if not self.active or self.lam <= 0:
             return
         own = self.own if (epoch == 0 and self.own is not None) else whitened_pilots(model, self.task.x_pilot)[1]
-        for j, i_head, _ in self.active:
-            self.maps[j] = procrustes(own, self.pilots[j]) if i_head else procrustes(self.pilots[j], own)
+        received = [Received(j, self.pilots[j], hd, float(w)) for j, hd, w in self.active]
+        with SvdCounter() as c:
+            self.terms, fitted = edge_terms(own, received, self.variant, self.privacy)
+        self.svds += c.n
+        self.maps.update({j: m.detach().double().cpu() for j, m in fitted.items()})
 
     def loss(self, model, x, y, gen):
         """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
         drawn from ``gen`` (encoder in eval mode, whitening in train mode; docs/stability.md)."""
         ce = F.cross_entropy(model.private_logits(x), y)
         parts = {"ce": float(ce.detach()), "gluing": 0.0}
-        if not self.maps:
+        if not self.terms:
             return ce, parts
         pidx = torch.randperm(self.task.x_pilot.shape[0], generator=gen)[: self.batch]
         model.eval()  # dropout-free, BatchNorm running statistics ...
         model.whitening.train()  # ... but differentiable batch whitening of the pilots
         a_i = model.whitening(model.latent(self.task.x_pilot[pidx]))
-        terms = [EdgeTerm(j, self.pilots[j][pidx], self.maps[j], hd, float(w)) for j, hd, w in self.active]
+        terms = [EdgeTerm(t.neighbour, t.pilots[pidx.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
+                 for t in self.terms]
         pen, per_edge = local_gluing_penalty(a_i, terms, self.lam)
         model.train()
         for j, r in per_edge.items():
@@ -98,36 +134,138 @@ class SheafGluing(LossPlugin):
         return ce + pen, parts
 
     def metrics(self, steps: int) -> dict:
-        """Per-edge mean squared residuals (``edge-neighbour``, ``edge-residual``, aligned lists)."""
+        """Per-edge mean squared residuals (``edge-neighbour``, ``edge-residual``, aligned lists) and ``svds``."""
         return {"edge-neighbour": [j for j, _, _ in self.active],
-                "edge-residual": [self.residual[j] / max(steps, 1) for j, _, _ in self.active]}
+                "edge-residual": [self.residual[j] / max(steps, 1) for j, _, _ in self.active],
+                SVDS: int(self.svds)}
+
+
+def _maps_key(action: str) -> str:
+    return f"{action}.maps"
+
+
+def load_maps(context: Context, action: str) -> dict[int, torch.Tensor]:
+    """The node's maps kept in ``context.state`` (``{j: float64 (rows, d_i)}``; empty if none)."""
+    key = _maps_key(action)
+    if key not in context.state:
+        return {}
+    rec = context.state[key]
+    return {int(k): torch.from_numpy(rec[k].numpy().copy()) for k in rec.keys() if k.isdigit()}
+
+
+def save_maps(context: Context, action: str, maps: dict[int, torch.Tensor]) -> None:
+    """Keep the node's maps ``{j: (rows, d_i)}`` in ``context.state`` (float64; the state mod persists them)."""
+    context.state[_maps_key(action)] = pack_arrays({str(int(j)): to_numpy(m.double()) for j, m in maps.items()})
+
+
+def node_secret(context: Context, action: str) -> int:
+    """The node's 63-bit map-initialisation secret (module docstring): node-config ``privacy-secret`` if
+    given, else drawn once from the OS (``secrets``) and kept in ``context.state``."""
+    if "privacy-secret" in context.node_config:
+        return int(context.node_config["privacy-secret"]) & (2**63 - 1)
+    key = f"{action}.privacy-secret"
+    if key not in context.state:
+        context.state[key] = pack_arrays({"secret": np.array([secrets.randbits(63)], dtype=np.int64)})
+    return int(context.state[key]["secret"].numpy()[0])
+
+
+def _upload_maps(context: Context, action: str, maps: dict[int, torch.Tensor], edges: EdgeConfig, d_i: int,
+                 variant: str, privacy: str, seed: int) -> dict[int, torch.Tensor]:
+    """``maps`` completed with the initial map of every edge the node transports on but has not fitted yet:
+    the identity (Alg. 2, ``O_ji^0 = I``) or the keyed Haar map (Alg. 3/4 line 1)."""
+    out = dict(maps)
+    pid = int(context.node_config["partition-id"])
+    for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
+        rows = edge_dim(d_i, dj) if privacy == "stringent" else dj
+        if j in out and tuple(out[j].shape) == (rows, d_i):
+            continue
+        if privacy == "stringent":
+            out[j] = init_map(rows, d_i, (seed, pid, j, node_secret(context, action)))
+        elif variant == "homogeneous" and not i_head:
+            out[j] = torch.eye(d_i, dtype=torch.float64)
+    return out
 
 
 class SheafClient(ClientMethod):
-    """Sheaf-FRL's hooks: gluing plug-in in, whitened pilots out (module docstring)."""
+    """Sheaf-FRL's hooks: gluing plug-in in; whitened pilots (or transported pilots) out (module docstring)."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
         """:class:`SheafGluing` from the message: :class:`~flwr_sheaf.config.SheafConfig` (lambda of the
-        round), the edges and the neighbours' pilots ``{j: (K, d_j)}`` (paper Alg. 1 line 3).
+        round, resolved variant, privacy), the edges and what the neighbours sent (paper Alg. 1 line 3,
+        Alg. 2-4 line 6).
 
         Raises:
-            ConfigError / ProtocolError: a missing key, malformed edges, pilots of a non-neighbour.
-            ValueError: neighbour pilots with the wrong K or d_j, or NaN/inf (named).
+            ConfigError / ProtocolError: a missing key, malformed edges, pilots of a non-neighbour,
+                ``auto`` not resolved, raw pilots in a stringent message.
+            ValueError: neighbour pilots with the wrong K or width, or NaN/inf (named).
         """
         cfg = msg.content[CONFIG]
         sheaf = SheafConfig.from_record(cfg)
-        pilots = unpack_neighbour_pilots(msg.content[PILOTS]) if PILOTS in msg.content else {}
+        if sheaf.sheaf_variant == "auto":
+            raise ProtocolError("train message has sheaf-variant='auto': the strategy must resolve it at discovery")
+        if sheaf.privacy == "stringent" and PILOTS in msg.content:
+            raise ProtocolError("privacy='stringent' but the train message carries raw neighbour pilots")
+        received = unpack_neighbour_pilots(msg.content[PILOTS]) if PILOTS in msg.content else {}
+        moved = unpack_neighbour_pilots(msg.content[TRANSPORTED]) if TRANSPORTED in msg.content else {}
+        both = sorted(set(received) & set(moved))
+        if both:
+            raise ProtocolError(f"neighbour(s) {both} sent both raw and transported pilots")
+        received.update(moved)
         dev = task_device(task)
         cached = cached_pilots(context, self.action, dev)
         return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
-                           {j: from_numpy(a, dev) for j, a in pilots.items()}, None if cached is None else cached[0])
+                           {j: from_numpy(a, dev) for j, a in received.items()}, None if cached is None else cached[0],
+                           sheaf.sheaf_variant, sheaf.privacy, load_maps(context, self.action))
 
     def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
-        (paper Alg. 1 line 13); the metric ``low-variance-fraction`` is the collapse diagnostic."""
+        (paper Alg. 1 line 13) and/or the per-edge transported pilots (Alg. 2-4 line 6); keep the maps.
+        The metric ``low-variance-fraction`` is the collapse diagnostic, ``svds`` the SVD count."""
+        cfg = msg.content[CONFIG]
+        sheaf = SheafConfig.from_record(cfg)
+        edges = EdgeConfig.from_config(cfg)
         z, a = whitened_pilots(task.model, task.x_pilot)
         lvf = store_pilots(context, self.action, z, a)
-        return {PILOTS: pack_arrays({OWN_PILOTS: to_numpy(a)})}, {LOW_VARIANCE_FRACTION: lvf}
+        d_i = int(task.model.d)
+        maps = _upload_maps(context, self.action, plugin.maps, edges, d_i, sheaf.sheaf_variant, sheaf.privacy,
+                            int(cfg[SEED]))
+        send_raw, moved = outgoing_pilots(a.double().cpu(), maps, edges.neighbours, edges.heads,
+                                          sheaf.sheaf_variant, sheaf.privacy)
+        if sheaf.privacy == "stringent" or sheaf.sheaf_variant == "homogeneous":
+            save_maps(context, self.action, maps)  # the maps this node transports with (Alg. 1 keeps none)
+        records = {}
+        if send_raw:
+            records[PILOTS] = pack_arrays({OWN_PILOTS: to_numpy(a)})
+        if moved:
+            records[TRANSPORTED] = pack_arrays({str(j): to_numpy(m.float()) for j, m in moved.items()})
+        return records, {LOW_VARIANCE_FRACTION: lvf, SVDS: int(plugin.svds)}
+
+    def evaluation_reply(self, msg: Message, context: Context, task: LocalTask, arrays: dict[str, np.ndarray]
+                         ) -> dict[str, np.ndarray]:
+        """Under ``privacy = stringent`` (config ``privacy``): the phase-1 arrays moved by the node's own map
+        toward each neighbour j (``"<j>/pilots"``, ``"<j>/test-latents"``, ``"<j>/val-latents"``, width
+        d_e) plus the labels; the raw pilots and latents are not sent. Otherwise ``arrays`` unchanged.
+
+        Raises:
+            ProtocolError: no or an unknown ``privacy`` value; stringent without the edge config or ``seed``.
+        """
+        cfg = msg.content[CONFIG]
+        privacy = str(required(cfg, "privacy", "evaluate." + self.action))
+        if privacy not in PRIVACY_MODES:
+            raise ProtocolError(f"evaluation config privacy={privacy!r}: must be one of {PRIVACY_MODES}")
+        if privacy == "standard":
+            return arrays
+        edges = EdgeConfig.from_config(cfg)
+        d_i = int(task.model.d)
+        maps = _upload_maps(context, self.action, load_maps(context, self.action), edges, d_i, "heterogeneous",
+                            "stringent", int(required(cfg, SEED, "evaluate." + self.action)))
+        out = {name: arrays[name] for name in STRINGENT_EVAL_LABELS}
+        for j in edges.neighbours:
+            x = maps[j].numpy()
+            for name in STRINGENT_EVAL_ARRAYS:
+                out[f"{j}/{name}"] = (arrays[name].astype(np.float64) @ x.T).astype(np.float32)
+        save_maps(context, self.action, maps)
+        return out
 
 
 def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "sheaf") -> ClientApp:

@@ -2,8 +2,9 @@
 
 from .gluing import EdgeTerm, local_gluing_penalty
 from .network import NetworkSheaf, orient_edge
-from .procrustes import polar_factor, procrustes
+from .procrustes import SvdCounter, polar_factor, procrustes, svd_count
 from .validation import check_pilots
+from .variants import Received, edge_terms, init_map, outgoing_pilots, resolve_variant
 
 __all__ = [
     "EdgeTerm",
@@ -13,4 +14,11 @@ __all__ = [
     "polar_factor",
     "procrustes",
     "check_pilots",
+    "SvdCounter",
+    "svd_count",
+    "Received",
+    "edge_terms",
+    "init_map",
+    "outgoing_pilots",
+    "resolve_variant",
 ]

@@ -14,7 +14,38 @@ import torch
 
 from .validation import check_pilots
 
-__all__ = ["procrustes", "polar_factor"]
+__all__ = ["procrustes", "polar_factor", "svd_count", "SvdCounter"]
+
+#: SVDs computed by :func:`polar_factor` in this process since import (read with :func:`svd_count`).
+_SVDS = 0
+
+
+def svd_count() -> int:
+    """Number of SVDs :func:`polar_factor` (hence :func:`procrustes`) has computed in this process.
+
+    A plain module-level counter (no locking: Flower runs one handler per process at a time). Use
+    differences (:class:`SvdCounter`) rather than absolute values.
+    """
+    return _SVDS
+
+
+class SvdCounter:
+    """Context manager counting the SVDs computed inside its block (attribute ``n``, an int).
+
+    Example: ``with SvdCounter() as c: procrustes(a, b)`` leaves ``c.n == 1``.
+    """
+
+    def __enter__(self) -> "SvdCounter":
+        self._start, self.n = _SVDS, 0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.n = _SVDS - self._start
+
+    @property
+    def so_far(self) -> int:
+        """SVDs counted since the block was entered (readable inside the block)."""
+        return _SVDS - self._start
 
 
 def polar_factor(c: torch.Tensor) -> torch.Tensor:
@@ -35,6 +66,8 @@ def polar_factor(c: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"polar_factor needs an (m, n) matrix with m >= n, got {tuple(c.shape)}")
     if not torch.isfinite(c).all():
         raise ValueError("polar_factor: cross-covariance has NaN/inf entries")
+    global _SVDS
+    _SVDS += 1
     u, _, wh = torch.linalg.svd(c.double(), full_matrices=False)
     return (u @ wh).to(c.dtype)
 

@@ -31,7 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ..participation import EVALUATE_STREAM, ParticipationSampler
 from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVAL_ARRAYS, EVAL_REPLY, EVALUATE,
-                        LOW_VARIANCE_FRACTION,
+                        LOW_VARIANCE_FRACTION, EVAL_TRANSPORTED,
                         DEVICE, METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
                         TRAIN_REPLY, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, EdgeConfig, comm_action,
                         route_evaluation)
@@ -69,6 +69,8 @@ class GraphStrategy(PeerStrategy):
     """
 
     whitening_fit = "pilots"
+    #: whether phase-1 evaluation arrays are transported by the sender's map (config :data:`EVAL_TRANSPORTED`).
+    eval_transported = False
     node_metric_names: tuple[str, ...] = ()
     #: extra phase-1 arrays routed to neighbours, and extra per-edge phase-2 metrics (ComFed's learned maps).
     routed_arrays: tuple[str, ...] = ()
@@ -164,6 +166,11 @@ class GraphStrategy(PeerStrategy):
         """``(records, config entries)`` added to every phase-1 evaluation message (default: none)."""
         return {}, {}
 
+    def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """``(records, config entries)`` only node ``pid`` gets in its phase-1 evaluation message (default:
+        none; Sheaf-FRL under stringent privacy: its edges, docs/variants.md)."""
+        return {}, {}
+
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         """One ``train.<action>`` message per sampled node: local-training config, method config, node payload.
@@ -217,7 +224,7 @@ class GraphStrategy(PeerStrategy):
 
     def _eval_config(self, server_round: int) -> dict:
         return {SERVER_ROUND: server_round, WHITENING_FIT: self.whitening_fit, TORCH_THREADS: self.train.torch_threads,
-                DEVICE: self.train.device}
+                DEVICE: self.train.device, EVAL_TRANSPORTED: int(self.eval_transported)}
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         """Phase 1 (``evaluate.<action>``) to this round's evaluators: private accuracy, whitened pilots and latents.
@@ -232,9 +239,13 @@ class GraphStrategy(PeerStrategy):
         self._extra_eval = dict(config)
         self._evaluators = [p for p in self.eval_sampler.sample(server_round) if p in self.nodes]
         self.current.evaluate["evaluated"] = list(self._evaluators)
-        content = self.merge_extra({**self._eval_config(server_round), **cfg}, config, "evaluate_config")
-        return [self.message(p, RecordDict({**records, CONFIG: ConfigRecord(content)}), EVALUATE, server_round)
-                for p in self._evaluators]
+        msgs = []
+        for p in self._evaluators:
+            node_records, node_cfg = self.evaluate_node_payload(server_round, p)
+            content = self.merge_extra({**self._eval_config(server_round), **cfg, **node_cfg}, config, "evaluate_config")
+            msgs.append(self.message(p, RecordDict({**records, **node_records, CONFIG: ConfigRecord(content)}), EVALUATE,
+                                     server_round))
+        return msgs
 
     def route_evaluate(self, server_round: int, replies: list[Message]) -> list[Message]:
         """Phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays.

@@ -25,6 +25,18 @@ sampled node gets of a neighbour j that did not train in the previous round is t
 
 A round in which nobody is sampled sends no train message: every node keeps its weights and the
 relay its pilots. A node with p_i = 0 never trains: its neighbours get no pilots of it.
+
+Variants (docs/variants.md): ``sheaf-variant`` is resolved at discovery (``auto`` -> homogeneous iff
+every d_i is equal; ``homogeneous`` with unequal d_i is a ``ValueError`` naming them) and sent
+resolved. Per directed edge (j -> i) the relay forwards either j's raw pilots (record ``pilots``)
+or the matrix j transported toward i (record ``transported``, stored per edge in
+:attr:`SheafFRL.edge_bank`): Alg. 2 sends raw pilots head -> tail and transported ones tail -> head;
+``privacy = stringent`` (Alg. 3/4) only transported ones, and a reply carrying raw pilots is
+discarded and recorded as that node's failure, so the strategy never holds an ``A_i``; its
+evaluation routes each node's per-neighbour transported pilots and latents. The same absent
+policy applies to each edge's message. Per round the train metrics record the uploaded pilot
+bytes by kind (raw; transported toward heads, i.e. to N(i)^+, width d_j; toward tails, N(i)^-,
+width d_i; paper Tab. 1), the relayed bytes and the SVDs the nodes computed.
 """
 
 from __future__ import annotations
@@ -35,8 +47,14 @@ import networkx as nx
 import numpy as np
 from flwr.app import Message
 
+from flwr.app import ConfigRecord, RecordDict
+
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
-from ..protocol import OWN_PILOTS, PILOTS, pack_neighbour_pilots
+from ..protocol import (ARRAYS, CONFIG, EVAL_REPLY, EVALUATE, LOW_VARIANCE_FRACTION, METRICS, OWN_PILOTS, PILOTS,
+                        PRIVATE_ACCURACY, SEED, STALK_DIM, STRINGENT_EVAL_ARRAYS, STRINGENT_EVAL_LABELS, SVDS,
+                        TRANSPORTED, VAL_PRIVATE_ACCURACY, comm_action, pack_arrays, pack_neighbour_pilots)
+from ..sheaf.network import orient_edge
+from ..sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
 from ..rfedags.participation import FrequencyEstimator
 from .base import nanmean
 from .graph import GraphStrategy
@@ -81,6 +99,13 @@ class SheafFRL(GraphStrategy):
         #: ``{(receiver i, neighbour j): (age, weight)}`` of the pilots relayed in the last train round.
         self.relayed: dict[tuple[int, int], tuple[int, float]] = {}
         self._withheld = 0
+        #: the resolved ``sheaf-variant`` (set at discovery).
+        self.variant: str | None = None
+        #: ``{(sender j, receiver i): (K, d_e)}`` transported pilots j produced for i, and the round.
+        self.edge_bank: dict[tuple[int, int], np.ndarray] = {}
+        self.edge_bank_round: dict[tuple[int, int], int] = {}
+        self.eval_transported = self.sheaf.privacy == "stringent"
+        self._relayed_bytes = 0
 
     # ------------------------------------------------------------------ train hooks
     def configure_train(self, server_round, arrays, config, grid):
@@ -89,34 +114,92 @@ class SheafFRL(GraphStrategy):
         Raises:
             ValueError: ``config`` names a key the strategy sends.
         """
-        self.relayed, self._withheld = {}, 0
+        self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
         return super().configure_train(server_round, arrays, config, grid)
 
+    def on_discovered(self) -> None:
+        """:meth:`GraphStrategy.on_discovered`, then resolve ``sheaf-variant`` from the nodes' d_i.
+
+        Raises:
+            ValueError: (besides the graph's) ``sheaf-variant='homogeneous'`` with unequal d_i (named).
+        """
+        super().on_discovered()
+        self.variant = resolve_variant(self.sheaf.sheaf_variant, {p: n.d for p, n in self.nodes.items()})
+        log.info("Sheaf-FRL variant %s, privacy %s", self.variant, self.sheaf.privacy)
+
     def method_config(self, server_round: int) -> dict:
-        """:class:`SheafConfig` with this round's lambda."""
-        return {**self.sheaf.to_dict(), "lambda": self.sheaf.lam_at(server_round)}
+        """:class:`SheafConfig` with this round's lambda and the resolved variant."""
+        return {**self.sheaf.to_dict(), "lambda": self.sheaf.lam_at(server_round), "sheaf-variant": self.variant}
+
+    def _is_head(self, a: int, b: int) -> bool:
+        """Whether ``a`` is the head of edge (a, b)."""
+        return orient_edge(a, self.nodes[a].d, b, self.nodes[b].d)[0] == a
+
+    def _sends_raw(self, sender: int, receiver: int) -> bool:
+        return receiver_sends_raw(self.variant, self.sheaf.privacy, self._is_head(sender, receiver))
+
+    def _width(self, sender: int, receiver: int) -> int:
+        """Width of what ``sender`` sends toward ``receiver``: d_sender raw (or homogeneous), d_e stringent."""
+        d_s, d_r = self.nodes[sender].d, self.nodes[receiver].d
+        return edge_dim(d_s, d_r) if self.sheaf.privacy == "stringent" else d_s
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """Neighbours' pilots under the absent policy, and the edges (with ``1/q_j`` weights for ``drop-reweighted``).
+        """What each neighbour sent toward ``pid`` under the absent policy (raw pilots in record ``pilots``,
+        transported ones in ``transported``), and the edges (with ``1/q_j`` weights for ``drop-reweighted``).
 
         Records ``(age, weight)`` per relayed edge in :attr:`relayed`; age = rounds since the
-        neighbour produced the pilots (1 = the previous round). A neighbour without pilots gets weight 0.
+        neighbour produced the matrix (1 = the previous round). A neighbour without one gets weight 0.
+        Under ``privacy = stringent`` no ``pilots`` record is sent.
         """
         policy = self.sheaf.absent_policy
         nbrs = sorted(self.graph.neighbors(pid))
-        pilots, weights = {}, []
+        raw, moved, weights = {}, {}, []
         for j in nbrs:
-            rj = self.bank_round.get(j)
-            if rj is None or (policy != "cached" and rj != server_round - 1):
-                self._withheld += rj is not None  # the neighbour had pilots, the policy withheld them
+            is_raw = self._sends_raw(j, pid)
+            arr = self.bank.get(j) if is_raw else self.edge_bank.get((j, pid))
+            rj = self.bank_round.get(j) if is_raw else self.edge_bank_round.get((j, pid))
+            if arr is None or (policy != "cached" and rj != server_round - 1):
+                self._withheld += arr is not None  # the neighbour had pilots, the policy withheld them
                 weights.append(0.0)
                 continue
             w = 1.0 / float(self._q_for_next[j]) if policy == "drop-reweighted" else 1.0
-            pilots[j] = self.bank[j]
+            (raw if is_raw else moved)[j] = arr
+            self._relayed_bytes += int(arr.nbytes)
             weights.append(w)
             self.relayed[(pid, j)] = (server_round - rj, w)
         edges = self.edge_config(pid, weights if policy == "drop-reweighted" else None)
-        return {PILOTS: pack_neighbour_pilots(pilots)}, edges.to_config()
+        records = {} if self.sheaf.privacy == "stringent" else {PILOTS: pack_neighbour_pilots(raw)}
+        if moved or self.sheaf.privacy == "stringent":
+            records[TRANSPORTED] = pack_neighbour_pilots(moved)
+        return records, edges.to_config()
+
+    def _check_upload(self, pid: int, r: Message) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
+        """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
+        k, d = self.num_pilots, self.nodes[pid].d
+        nbrs = sorted(self.graph.neighbors(pid))
+        want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (not nbrs and self.sheaf.privacy == "standard")
+        want_moved = {j: self._width(pid, j) for j in nbrs if not self._sends_raw(pid, j)}
+        has_raw = PILOTS in r.content and OWN_PILOTS in r.content[PILOTS]
+        if has_raw and self.sheaf.privacy == "stringent":
+            return "raw pilots in a reply under privacy='stringent' (discarded, never stored)", None, {}
+        a = r.content[PILOTS][OWN_PILOTS].numpy() if has_raw else None
+        if want_raw and (a is None or a.shape != (k, d)):
+            return f"pilot matrix shape {None if a is None else a.shape}, expected ({k}, {d})", None, {}
+        if a is not None and not np.isfinite(a).all():
+            return "NaN/inf pilots (cached pilots kept)", None, {}
+        rec = r.content[TRANSPORTED] if TRANSPORTED in r.content else {}
+        keys = sorted(rec.keys())
+        if keys != sorted(str(j) for j in want_moved):
+            return f"transported pilots for {keys}, expected for neighbours {sorted(want_moved)}", None, {}
+        moved = {}
+        for j, width in want_moved.items():
+            m = rec[str(j)].numpy()
+            if m.shape != (k, width):
+                return f"transported pilots toward {j} of shape {m.shape}, expected ({k}, {width})", None, {}
+            if not np.isfinite(m).all():
+                return f"NaN/inf transported pilots toward {j}", None, {}
+            moved[j] = m
+        return None, (a if want_raw else None), moved
 
     def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
         """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
@@ -126,17 +209,22 @@ class SheafFRL(GraphStrategy):
         in round t+1 counts rounds 1..t-1 only (s3.3).
         """
         accepted = {}
+        up = {"raw": 0, "to_heads": 0, "to_tails": 0}
+        svds = 0
         for pid, r in ok.items():
-            a = r.content[PILOTS][OWN_PILOTS].numpy() if PILOTS in r.content and OWN_PILOTS in r.content[PILOTS] else None
-            d = self.nodes[pid].d
-            if a is None or a.shape != (self.num_pilots, d):
-                shape = None if a is None else a.shape
-                self.record_failure(server_round, "train", pid, f"pilot matrix shape {shape}, expected ({self.num_pilots}, {d})")
+            why, a, moved = self._check_upload(pid, r)
+            if why is not None:
+                self.record_failure(server_round, "train", pid, why)
                 continue
-            if not np.isfinite(a).all():
-                self.record_failure(server_round, "train", pid, "NaN/inf pilots (cached pilots kept)")
-                continue
-            self.bank[pid], self.bank_round[pid] = a, server_round
+            if a is not None:
+                self.bank[pid] = a
+                up["raw"] += int(a.nbytes)
+            self.bank_round[pid] = server_round
+            for j, m in moved.items():
+                self.edge_bank[(pid, j)], self.edge_bank_round[(pid, j)] = m, server_round
+                up["to_tails" if self._is_head(pid, j) else "to_heads"] += int(m.nbytes)
+            v = r.content[METRICS][SVDS] if SVDS in r.content[METRICS] else 0
+            svds += int(v) if isinstance(v, (int, float)) and np.isfinite(v) else 0
             accepted[pid] = r
         arrived = np.zeros(self.num_nodes, dtype=bool)
         arrived[list(accepted)] = True
@@ -152,9 +240,80 @@ class SheafFRL(GraphStrategy):
             "edges_relayed": len(self.relayed), "edges_dropped": self._withheld,
             "relayed_pilot_age_mean": nanmean(relayed_ages), "relayed_pilot_age_max": max(relayed_ages) if relayed_ages else 0,
             "edge_weight_mean": nanmean(ws), "edge_weight_max": max(ws) if ws else float("nan"),
+            "pilot_bytes_raw_up": up["raw"], "pilot_bytes_to_heads_up": up["to_heads"],
+            "pilot_bytes_to_tails_up": up["to_tails"], "pilot_bytes_up": sum(up.values()),
+            "pilot_bytes_relayed": self._relayed_bytes, "svds_total": svds,
         }
 
     def results_extra(self) -> dict:
-        """Graph, participation and evaluation extras plus the :class:`SheafConfig` in use."""
-        return {**super().results_extra(), "sheaf": self.sheaf.to_dict()}
+        """Graph, participation and evaluation extras plus the :class:`SheafConfig` in use (and the resolved variant)."""
+        return {**super().results_extra(), "sheaf": {**self.sheaf.to_dict(), "sheaf-variant-resolved": self.variant}}
+
+    # ------------------------------------------------------------------ evaluation under stringent privacy
+    def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """``privacy`` for every node; under ``stringent`` also its edges and the seed (it transports its
+        evaluation arrays toward each neighbour with its own map)."""
+        if self.sheaf.privacy != "stringent":
+            return {}, {"privacy": self.sheaf.privacy}
+        return {}, {"privacy": self.sheaf.privacy, SEED: self.seed, **self.edge_config(pid).to_config()}
+
+    def route_evaluate(self, server_round: int, replies: list[Message]) -> list[Message]:
+        """Standard: :meth:`GraphStrategy.route_evaluate`. Stringent: node i gets, from each answering
+        neighbour j, what j transported toward i (``"<j>/pilots"`` etc., width d_e) and j's labels; a
+        malformed reply (:meth:`_stringent_phase1_problem`) is that node's failure."""
+        if not self.eval_transported:
+            return super().route_evaluate(server_round, replies)
+        required = {ARRAYS: STRINGENT_EVAL_LABELS, METRICS: EVAL_REPLY[METRICS]}
+        self._phase1 = self.split_replies(server_round, "evaluate", replies, self._evaluators, required)
+        for pid in sorted(self._phase1):
+            why = self._stringent_phase1_problem(pid, self._phase1[pid])
+            if why is not None:
+                self.record_failure(server_round, "evaluate", pid, f"bad evaluation reply: {why}")
+                del self._phase1[pid]
+        msgs, self._routed_src = [], {}
+        for pid in sorted(self._phase1):
+            edges = self.edge_config(pid).keep(self._phase1)
+            self._routed_src[pid] = tuple(edges.neighbours)
+            arrays = {}
+            for j in edges.neighbours:
+                rec = self._phase1[j].content[ARRAYS]
+                arrays.update({f"{j}/{n}": rec[f"{pid}/{n}"].numpy() for n in STRINGENT_EVAL_ARRAYS})
+                arrays.update({f"{j}/{n}": rec[n].numpy() for n in STRINGENT_EVAL_LABELS})
+            cfg = self.merge_extra({**self._eval_config(server_round), **edges.to_config()}, self._extra_eval,
+                                   "evaluate_config")
+            content = RecordDict({ARRAYS: pack_arrays(arrays), CONFIG: ConfigRecord(cfg)})
+            msgs.append(self.message(pid, content, EVALUATE, server_round, action=comm_action(self.action)))
+        self._receivers = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
+        return msgs
+
+    def _stringent_phase1_problem(self, pid: int, reply: Message) -> str | None:
+        """Why a stringent phase-1 reply cannot be used (or None): the metric checks of
+        :meth:`GraphStrategy._phase1_problem`, raw ``pilots`` present, or per neighbour j transported
+        pilots not ``(K, d_e)`` / latents not ``(M, d_e)`` matching the labels / NaN or inf."""
+        m, a = reply.content[METRICS], reply.content[ARRAYS]
+        d = self.nodes[pid].d
+        if m[STALK_DIM] != d:
+            return f"{STALK_DIM} = {m[STALK_DIM]!r}, but the node reported d={d} at discovery"
+        for key in (PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY, LOW_VARIANCE_FRACTION):
+            v = m[key]
+            if not isinstance(v, (int, float)) or not (np.isnan(v) or 0.0 <= v <= 1.0):
+                return f"{key} = {v!r} is not in [0, 1] (or NaN)"
+        if "pilots" in a:
+            return "raw pilots in a reply under privacy='stringent'"
+        for j in sorted(self.graph.neighbors(pid)):
+            width = edge_dim(d, self.nodes[j].d)
+            shapes = {"pilots": (self.num_pilots, width)}
+            for split in ("test", "val"):
+                y = a[f"{split}-labels"].numpy()
+                shapes[f"{split}-latents"] = (y.shape[0] if y.ndim == 1 else -1, width)
+            for name, shape in shapes.items():
+                key = f"{j}/{name}"
+                if key not in a:
+                    return f"no {key!r}"
+                x = a[key].numpy()
+                if x.shape != shape:
+                    return f"{key} of shape {x.shape}, expected {shape}"
+                if not np.isfinite(x).all():
+                    return f"NaN/inf in {key}"
+        return None
 

@@ -1,0 +1,209 @@
+"""Sheaf-FRL variants of the map step: homogeneous (paper Alg. 2, Eq. 24) and stringent privacy (Alg. 3/4, App. F).
+
+One function, :func:`edge_terms`, builds agent i's incident :class:`~flwr_sheaf.sheaf.gluing.EdgeTerm`
+list from what it received, for every (variant, privacy) pair, so the client and the tests share
+the code. Matrices are stored row-wise (``(K, d)``; the paper's ``A_i`` is ``d x K``). What agent i
+receives from neighbour j, per mode (``docs/variants.md``):
+
+``standard`` + ``heterogeneous`` (Alg. 1)
+    j's whitened pilots ``A_j (K, d_j)``. i fits the edge's map itself (Eq. 18, one thin SVD per
+    incident edge, so two per edge over the network).
+``standard`` + ``homogeneous`` (Alg. 2, Eq. 24; every d_i = d)
+    The tail t of edge (h, t) fits ``O in O(d)`` minimising ``||A_h - O A_t||`` (one SVD) and sends
+    ``O A_t`` (rows ``A_t O^T``) to h; the head sends its raw ``A_h`` (its map is ``O_th = I``).
+    The head's term ``||A_h - (O A_t)||`` needs no SVD: one SVD per edge over the network.
+``stringent`` (Alg. 3; Alg. 4 when every d_i is equal)
+    j's *transported* pilots ``Y_j = X_ij A_j (K, d_e)``, ``d_e = max(d_i, d_j)``, written with
+    j's own map ``X_ij`` (orthogonal ``O_ij`` when j is the head, Stiefel ``V_ij`` when j is the
+    tail). i fits its own map ``X_ji = argmin ||X A_i - Y_j||`` over ``O(d_i)`` when i is the head
+    (P2c, full SVD of a square matrix) or ``St(d_j, d_i)`` when i is the tail (P2d, thin SVD), and
+    its term is ``||X_ji A_i - Y_j||^2`` (Eq. 42). Since ``X_ji^T X_ij`` then ranges over the
+    whole Stiefel manifold, the minimum over ``X_ji`` equals Alg. 1's Procrustes minimum whatever
+    j's map is, and the gradient equals Eq. 19's (App. F, identity (a)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .gluing import EdgeTerm
+from .procrustes import procrustes
+from .validation import check_pilots
+
+__all__ = ["VARIANTS", "PRIVACY_MODES", "Received", "resolve_variant", "edge_dim", "edge_terms", "outgoing_pilots",
+           "init_map", "receiver_sends_raw"]
+
+VARIANTS = ("auto", "heterogeneous", "homogeneous")
+PRIVACY_MODES = ("standard", "stringent")
+
+
+def resolve_variant(variant: str, dims: Mapping[int, int]) -> str:
+    """The variant a run uses: ``auto`` -> ``homogeneous`` iff every stalk dimension is equal.
+
+    Args:
+        variant: run-config ``sheaf-variant`` (``auto``, ``heterogeneous``, ``homogeneous``).
+        dims: ``{partition-id: d_i}`` of the discovered nodes.
+
+    Returns:
+        ``"heterogeneous"`` or ``"homogeneous"``.
+
+    Raises:
+        ValueError: an unknown variant, or ``homogeneous`` with unequal d_i (the dimensions named).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"sheaf-variant={variant!r}: must be one of {VARIANTS}")
+    equal = len(set(dims.values())) <= 1
+    if variant == "homogeneous" and not equal:
+        raise ValueError(f"sheaf-variant='homogeneous' needs equal stalk dimensions, got d = "
+                         f"{dict(sorted(dims.items()))} (use 'heterogeneous' or 'auto')")
+    if variant == "auto":
+        return "homogeneous" if equal else "heterogeneous"
+    return variant
+
+
+def edge_dim(d_i: int, d_j: int) -> int:
+    """Edge stalk dimension ``d_e = max(d_i, d_j)`` (paper App. A, "Embedding vs. compression")."""
+    return max(int(d_i), int(d_j))
+
+
+def receiver_sends_raw(variant: str, privacy: str, sender_is_head: bool) -> bool:
+    """Whether a sender's message on one edge is its raw pilot matrix (else a transported one).
+
+    ``standard``+``heterogeneous``: always raw; ``standard``+``homogeneous``: raw from the head
+    (``O_th = I``), transported from the tail; ``stringent``: never raw.
+
+    Raises:
+        ValueError: unknown ``variant`` (must be resolved: no ``auto``) or ``privacy``.
+    """
+    if privacy not in PRIVACY_MODES:
+        raise ValueError(f"privacy={privacy!r}: must be one of {PRIVACY_MODES}")
+    if variant not in VARIANTS[1:]:
+        raise ValueError(f"sheaf-variant={variant!r}: must be resolved to one of {VARIANTS[1:]}")
+    if privacy == "stringent":
+        return False
+    return variant == "heterogeneous" or sender_is_head
+
+
+@dataclass
+class Received:
+    """What agent i holds of one neighbour j for the gluing term.
+
+    Attributes:
+        neighbour: partition-id j.
+        matrix: ``(K, d_j)`` raw pilots, or ``(K, d_e)`` pilots transported by j's map (see module docstring).
+        i_is_head: whether i is the head of edge (i, j) (larger d; tie: larger partition-id).
+        weight: edge-term multiplier ``w_ij >= 0`` (1 in the paper).
+    """
+
+    neighbour: int
+    matrix: torch.Tensor
+    i_is_head: bool
+    weight: float = 1.0
+
+
+def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, privacy: str
+               ) -> tuple[list[EdgeTerm], dict[int, torch.Tensor]]:
+    """Agent i's incident gluing terms and the maps it fitted (module docstring for the modes).
+
+    Args:
+        own: i's current pilots ``(K, d_i)`` (used to fit the maps; detached inside Procrustes).
+        received: per neighbour what i holds of it.
+        variant: ``heterogeneous`` or ``homogeneous`` (resolved).
+        privacy: ``standard`` or ``stringent``.
+
+    Returns:
+        ``(terms, maps)``: the :class:`EdgeTerm` list for :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`
+        (map shapes as it expects), and the maps i fitted keyed by neighbour: ``(d_h, d_t)`` for
+        ``standard`` (Eq. 18; homogeneous: only where i is the tail), ``(d_e, d_i)`` (i's own
+        outgoing map ``X_ji``, P2c/P2d) for ``stringent``. Each fitted map costs one SVD
+        (:func:`~flwr_sheaf.sheaf.procrustes.svd_count`).
+
+    Raises:
+        ValueError: unknown mode, or a received matrix of the wrong shape / with NaN (named).
+    """
+    receiver_sends_raw(variant, privacy, True)  # validates the mode (ValueError)
+    check_pilots(own, "own pilots")
+    k, d_i = own.shape
+    terms, maps = [], {}
+    for r in received:
+        m = r.matrix
+        check_pilots(m, f"pilots received from neighbour partition-id {r.neighbour}", k=k)
+        if privacy == "stringent":
+            if m.shape[1] < d_i:
+                raise ValueError(f"transported pilots of neighbour {r.neighbour} have d_e={m.shape[1]} < d_i={d_i}")
+            x = procrustes(m, own)  # P2c (i head: d_e = d_i, O(d_i)) or P2d (i tail: St(d_e, d_i))
+            maps[r.neighbour] = x
+            terms.append(EdgeTerm(r.neighbour, m, x, False, float(r.weight)))  # ||Y - A_i X^T||, Eq. 42
+        elif variant == "homogeneous" and r.i_is_head:
+            if m.shape[1] != d_i:
+                raise ValueError(f"homogeneous: pilots of neighbour {r.neighbour} have d={m.shape[1]}, own d={d_i}")
+            eye = torch.eye(d_i, dtype=m.dtype, device=m.device)
+            terms.append(EdgeTerm(r.neighbour, m, eye, True, float(r.weight)))  # ||A_h - O A_t||, O A_t received
+        else:
+            v = procrustes(own, m) if r.i_is_head else procrustes(m, own)
+            maps[r.neighbour] = v
+            terms.append(EdgeTerm(r.neighbour, m, v, r.i_is_head, float(r.weight)))
+    return terms, maps
+
+
+def outgoing_pilots(own: torch.Tensor, maps: Mapping[int, torch.Tensor], neighbours: Sequence[int],
+                    heads: Sequence[bool], variant: str, privacy: str) -> tuple[bool, dict[int, torch.Tensor]]:
+    """What agent i uploads after training: its raw pilots or not, and per-edge transported pilots.
+
+    Args:
+        own: i's final pilots ``(K, d_i)``.
+        maps: i's maps keyed by neighbour (``standard``+``homogeneous``: ``O (d, d)`` where i is the
+            tail; ``stringent``: i's own map ``X_ji (d_e, d_i)`` for every neighbour).
+        neighbours, heads: i's neighbours and whether i is the head of each edge.
+        variant, privacy: the resolved mode.
+
+    Returns:
+        ``(send_raw, transported)``: ``send_raw`` is True when some neighbour gets ``A_i`` itself;
+        ``transported[j]`` is ``(K, d_e)`` = rows of ``X A_i`` for neighbour j (Alg. 2 line 6,
+        Alg. 3 line 6, Alg. 4 line 6).
+
+    Raises:
+        ValueError: a needed map is missing or has the wrong shape (neighbour named).
+    """
+    k, d_i = own.shape
+    send_raw, out = False, {}
+    for j, i_head in zip(neighbours, heads):
+        if receiver_sends_raw(variant, privacy, i_head):
+            send_raw = True
+            continue
+        if j not in maps:
+            raise ValueError(f"no map toward neighbour partition-id {j} to transport the pilots with")
+        x = maps[j].to(own.dtype)
+        if x.ndim != 2 or x.shape[1] != d_i or x.shape[0] < d_i:
+            raise ValueError(f"map toward neighbour {j} has shape {tuple(x.shape)}, expected (d_e >= {d_i}, {d_i})")
+        out[j] = own @ x.T
+    return send_raw, out
+
+
+def init_map(d_e: int, d_i: int, key: Sequence[int]) -> torch.Tensor:
+    """A Haar-distributed ``(d_e, d_i)`` map with orthonormal columns (``O(d_i)`` when ``d_e == d_i``).
+
+    Used as agent i's initial outgoing map ``X_ji^0`` of Alg. 3/4 (line 1) before it has received
+    anything from j: QR of a Gaussian matrix with the sign fix of Mezzadri (2007), drawn from
+    ``numpy.random.SeedSequence(key)``.
+
+    Args:
+        d_e, d_i: rows and columns, ``d_e >= d_i >= 1``.
+        key: non-negative integers (the client passes (seed, partition-id, neighbour, node secret)).
+
+    Returns:
+        float64 ``(d_e, d_i)`` tensor ``X`` with ``X^T X = I``.
+
+    Raises:
+        ValueError: ``d_e < d_i`` or a non-positive dimension.
+    """
+    if d_i < 1 or d_e < d_i:
+        raise ValueError(f"init_map needs d_e >= d_i >= 1, got ({d_e}, {d_i})")
+    rng = np.random.default_rng(np.random.SeedSequence([int(x) for x in key]))
+    q, r = np.linalg.qr(rng.standard_normal((d_e, d_i)))
+    q = q * np.sign(np.where(np.diag(r) == 0, 1.0, np.diag(r)))
+    return torch.from_numpy(np.ascontiguousarray(q))
