@@ -139,6 +139,12 @@ def _spec(check: Callable[[str], object]) -> Callable[[str, Any], str]:
     return parse
 
 
+def _check_pilot_strategy(text: str) -> None:
+    from .sheaf.pilots import parse_pilot_strategy
+
+    parse_pilot_strategy(text)
+
+
 def _check_graph(text: str) -> None:
     from .topology import check_graph_spec
 
@@ -276,6 +282,11 @@ _KEY_LIST = [
     Key("absent-policy", "cached", _str(("cached", "drop", "drop-reweighted")),
         "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)"),
     Key("reweight-q-min", 0.05, _float(0.0, 1.0, lo_open=True), "floor of q_j for `drop-reweighted` (weights <= 1/q_min)"),
+    Key("pilot-strategy", "all", _spec(_check_pilot_strategy),
+        "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
+        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)"),
+    Key("pilot-normalisation", "none", _str(("none", "parseval")),
+        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)"),
     # FedProto / FedSAF
     Key("fedproto-dim", "auto", _dim_or_auto,
         "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D"),
@@ -451,7 +462,8 @@ class LocalTrainConfig(Section):
     """
 
 
-@section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min")
+@section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min", "pilot-strategy",
+         "pilot-normalisation")
 class SheafConfig(Section):
     """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
 
@@ -461,6 +473,8 @@ class SheafConfig(Section):
         pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
         absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (docs/participation.md).
         reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
+        pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
+        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants.md).
     """
 
     def lam_at(self, server_round: int) -> float:

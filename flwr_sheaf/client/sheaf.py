@@ -24,15 +24,17 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from ..config import SheafConfig
-from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOTS, EdgeConfig, ProtocolError, pack_arrays,
-                        unpack_neighbour_pilots)
+from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
+                        PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, EdgeConfig, ProtocolError, index_digest,
+                        pack_arrays, unpack_neighbour_pilots, unpack_pilot_selection)
 from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty, procrustes
+from ..sheaf.pilots import PilotSelection, apply_selection, group_means, parseval, public_pilot_features
 from .common import cached_pilots, from_numpy, store_pilots, task_device, to_numpy, whitened_pilots
 from .handlers import ClientMethod, register_method_handlers
 from .loop import LossPlugin
 from .task import LocalTask, TaskFactory
 
-__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers"]
+__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers", "received_selection", "describe_pilots"]
 
 
 class SheafGluing(LossPlugin):
@@ -47,6 +49,13 @@ class SheafGluing(LossPlugin):
             reported any; a neighbour without pilots contributes no term this round.
         own_pilots: this node's cached whitened pilots ``(K, d_i)`` (exact for the current weights),
             used for the first epoch's maps instead of a new pilot pass; None = compute them.
+        selection: this round's pilot selection (paper App. B; None = every pilot): neighbours'
+            matrices then have ``selection.num_rows`` rows (the selected pilots, or one group mean per
+            group for prototypes) and this node reduces its own pilots the same way
+            (:func:`flwr_sheaf.sheaf.pilots.apply_selection`).
+        normalisation: ``"none"`` or ``"parseval"``: maps fitted on the polar factors of both pilot
+            matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
+            pilots (docs/variants.md).
 
     Raises:
         ProtocolError: pilots from a partition-id that is not a neighbour.
@@ -54,11 +63,15 @@ class SheafGluing(LossPlugin):
     """
 
     def __init__(self, task: LocalTask, lam: float, pilot_batch_size: int, edges: EdgeConfig,
-                 neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None) -> None:
+                 neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None,
+                 selection: PilotSelection | None = None, normalisation: str = "none") -> None:
         unknown = sorted(set(neighbour_pilots) - set(edges.neighbours))
         if unknown:
             raise ProtocolError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
-        k = task.x_pilot.shape[0]
+        if normalisation not in ("none", "parseval"):
+            raise ValueError(f"pilot-normalisation={normalisation!r}: must be 'none' or 'parseval'")
+        self.selection, self.normalisation = selection, normalisation
+        k = task.x_pilot.shape[0] if selection is None else selection.num_rows
         weights = edges.weights or (1.0,) * len(edges.neighbours)
         self.active = [(j, hd, w) for j, hd, w in zip(edges.neighbours, edges.heads, weights) if j in neighbour_pilots]
         for j, dj in zip(edges.neighbours, edges.dims):
@@ -75,8 +88,12 @@ class SheafGluing(LossPlugin):
         if not self.active or self.lam <= 0:
             return
         own = self.own if (epoch == 0 and self.own is not None) else whitened_pilots(model, self.task.x_pilot)[1]
+        own = apply_selection(own, self.selection)
+        norm = parseval if self.normalisation == "parseval" else (lambda a: a)
+        own = norm(own)
         for j, i_head, _ in self.active:
-            self.maps[j] = procrustes(own, self.pilots[j]) if i_head else procrustes(self.pilots[j], own)
+            nbr = norm(self.pilots[j])
+            self.maps[j] = procrustes(own, nbr) if i_head else procrustes(nbr, own)
 
     def loss(self, model, x, y, gen):
         """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
@@ -85,11 +102,21 @@ class SheafGluing(LossPlugin):
         parts = {"ce": float(ce.detach()), "gluing": 0.0}
         if not self.maps:
             return ce, parts
-        pidx = torch.randperm(self.task.x_pilot.shape[0], generator=gen)[: self.batch]
+        sel = self.selection
+        m = self.task.x_pilot.shape[0] if sel is None else int(sel.indices.size)
+        pidx = torch.randperm(m, generator=gen)[: self.batch]
+        rows = pidx if sel is None else torch.as_tensor(sel.indices)[pidx]
         model.eval()  # dropout-free, BatchNorm running statistics ...
         model.whitening.train()  # ... but differentiable batch whitening of the pilots
-        a_i = model.whitening(model.latent(self.task.x_pilot[pidx]))
-        terms = [EdgeTerm(j, self.pilots[j][pidx], self.maps[j], hd, float(w)) for j, hd, w in self.active]
+        a_i = model.whitening(model.latent(self.task.x_pilot[rows.to(self.task.x_pilot.device)]))
+        nrows = pidx
+        if sel is not None and sel.groups is not None:  # prototypes: minibatch means of the groups present
+            g = torch.as_tensor(sel.groups)[pidx]
+            present, inv = torch.unique(g, return_inverse=True)
+            a_i = group_means(a_i, inv, int(present.numel()))
+            nrows = present
+        terms = [EdgeTerm(j, self.pilots[j][nrows.to(self.pilots[j].device)], self.maps[j], hd, float(w))
+                 for j, hd, w in self.active]
         pen, per_edge = local_gluing_penalty(a_i, terms, self.lam)
         model.train()
         for j, r in per_edge.items():
@@ -120,14 +147,57 @@ class SheafClient(ClientMethod):
         dev = task_device(task)
         cached = cached_pilots(context, self.action, dev)
         return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
-                           {j: from_numpy(a, dev) for j, a in pilots.items()}, None if cached is None else cached[0])
+                           {j: from_numpy(a, dev) for j, a in pilots.items()}, None if cached is None else cached[0],
+                           selection=received_selection(msg, int(task.x_pilot.shape[0])),
+                           normalisation=sheaf.pilot_normalisation)
 
     def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
         (paper Alg. 1 line 13); the metric ``low-variance-fraction`` is the collapse diagnostic."""
         z, a = whitened_pilots(task.model, task.x_pilot)
         lvf = store_pilots(context, self.action, z, a)
-        return {PILOTS: pack_arrays({OWN_PILOTS: to_numpy(a)})}, {LOW_VARIANCE_FRACTION: lvf}
+        records, metrics = {PILOTS: pack_arrays({OWN_PILOTS: to_numpy(a)})}, {LOW_VARIANCE_FRACTION: lvf}
+        sel = getattr(plugin, "selection", None)
+        if sel is not None:  # echo the selection this node used: the strategy refuses a mismatch
+            metrics[PILOT_INDEX_DIGEST] = index_digest(sel.indices, sel.groups)
+        cfg = msg.content[CONFIG]
+        if PILOT_DESCRIBE in cfg:
+            records[PILOT_PUBLIC] = describe_pilots(task, str(cfg[PILOT_DESCRIBE]))
+        return records, metrics
+
+
+def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
+    """The pilot selection of a ``train.sheaf`` message (None when it carries none: every pilot).
+
+    Raises:
+        ProtocolError: a selection record without the config's :data:`~flwr_sheaf.protocol.PILOT_INDEX_DIGEST`
+            (or the reverse), or indices whose digest differs from it (both keys named).
+    """
+    cfg = msg.content[CONFIG]
+    has_rec, has_digest = PILOT_SELECTION in msg.content, PILOT_INDEX_DIGEST in cfg
+    if has_rec != has_digest:
+        raise ProtocolError(f"train message has {'record ' + repr(PILOT_SELECTION) if has_rec else 'config key ' + repr(PILOT_INDEX_DIGEST)}"
+                            f" without {'config key ' + repr(PILOT_INDEX_DIGEST) if has_rec else 'record ' + repr(PILOT_SELECTION)}")
+    if not has_rec:
+        return None
+    idx, grp = unpack_pilot_selection(msg.content[PILOT_SELECTION], int(cfg[PILOT_INDEX_DIGEST]), num_pilots)
+    return PilotSelection(idx, grp)
+
+
+def describe_pilots(task: LocalTask, what: str):
+    """Record :data:`~flwr_sheaf.protocol.PILOT_PUBLIC`: the shared pilots' labels (``what="class"``) or
+    public features (``"cluster"``: :func:`flwr_sheaf.sheaf.pilots.public_pilot_features` of the raw inputs).
+
+    Raises:
+        ProtocolError: an unknown ``what``; ``"class"`` with a task whose ``y_pilot`` is None.
+    """
+    if what == "class":
+        if task.y_pilot is None:
+            raise ProtocolError("pilot-strategy *-class needs the pilots' labels: this node's LocalTask has y_pilot=None")
+        return pack_arrays({PILOT_LABELS: to_numpy(task.y_pilot).astype("int64")})
+    if what == "cluster":
+        return pack_arrays({PILOT_FEATURES: public_pilot_features(to_numpy(task.x_pilot)).astype("float32")})
+    raise ProtocolError(f"{PILOT_DESCRIBE}={what!r}: must be 'class' or 'cluster'")
 
 
 def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "sheaf") -> ClientApp:
