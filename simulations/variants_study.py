@@ -110,7 +110,11 @@ def main() -> None:
             for tag, sw in grid:
                 if any(r["row"] == tag and int(r["seed"]) == seed for r in read_done(csv_path)):
                     continue
-                row = run_one(tag, sw, seed, out)
+                try:
+                    row = run_one(tag, sw, seed, out)
+                except Exception as exc:  # report and go on; the (row, seed) is retried on a rerun
+                    print(f"FAILED {tag} seed {seed}: {exc!r}", flush=True)
+                    continue
                 new = not csv_path.exists()
                 with open(csv_path, "a", newline="") as f:
                     w = csv.DictWriter(f, fieldnames=FIELDS)
