@@ -14,6 +14,8 @@ message                                content (server -> node) / reply (node ->
 ``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
                                       :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
                                       ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL);
+                                      ``pilot-selection`` (:func:`pack_pilot_selection`, Sheaf-FRL
+                                      with a ``pilot-strategy`` other than ``all``);
                                       ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
                                       / ``metrics`` (``num-examples``, losses); ``pilots`` (own
                                       whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`); ``upload``
