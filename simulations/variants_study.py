@@ -44,7 +44,7 @@ FIELDS = ["row", "strategy", "normalisation", "seed", "private_accuracy_mean", "
 def rows(strategies: list[str], normalisations: list[str]) -> list[tuple[str, dict]]:
     """``[(tag, switches)]`` for every strategy x normalisation."""
     return [(f"{s.replace(':', '-').replace('+', 'p')}_{n}", {"pilot-strategy": s, "pilot-normalisation": n})
-            for n in normalisations for s in strategies]
+            for s in strategies for n in normalisations]
 
 
 def read_done(path: Path) -> list[dict]:
@@ -100,28 +100,31 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES)
     ap.add_argument("--normalisations", nargs="+", default=["none", "parseval"])
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--seed-major", action="store_true", help="every row's first seed before any second seed "
+                    "(default: row by row, so a cut leaves complete rows)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "runs.csv"
     grid = rows(args.strategies, args.normalisations)
     if not args.table_only:
-        for seed in args.seeds:  # seed-major: every row gets a first seed early
-            for tag, sw in grid:
-                if any(r["row"] == tag and int(r["seed"]) == seed for r in read_done(csv_path)):
-                    continue
-                try:
-                    row = run_one(tag, sw, seed, out)
-                except Exception as exc:  # report and go on; the (row, seed) is retried on a rerun
-                    print(f"FAILED {tag} seed {seed}: {exc!r}", flush=True)
-                    continue
-                new = not csv_path.exists()
-                with open(csv_path, "a", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=FIELDS)
-                    if new:
-                        w.writeheader()
-                    w.writerow(row)
-                print(json.dumps(row), flush=True)
+        order = [(tag, sw, seed) for seed in args.seeds for tag, sw in grid] if args.seed_major else \
+            [(tag, sw, seed) for tag, sw in grid for seed in args.seeds]
+        for tag, sw, seed in order:
+            if any(r["row"] == tag and int(r["seed"]) == seed for r in read_done(csv_path)):
+                continue
+            try:
+                row = run_one(tag, sw, seed, out)
+            except Exception as exc:  # report and go on; the (row, seed) is retried on a rerun
+                print(f"FAILED {tag} seed {seed}: {exc!r}", flush=True)
+                continue
+            new = not csv_path.exists()
+            with open(csv_path, "a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=FIELDS)
+                if new:
+                    w.writeheader()
+                w.writerow(row)
+            print(json.dumps(row), flush=True)
     print(table(read_done(csv_path), [t for t, _ in grid]))
 
 
