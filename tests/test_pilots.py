@@ -21,10 +21,10 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.client.sheaf import received_selection
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, SheafConfig
-from flwr_sheaf.protocol import (CONFIG, PILOT_INDEX_DIGEST, PILOT_SELECTION, ProtocolError, index_digest,
+from flwr_sheaf.protocol import (CONFIG, PILOT_INDEX_DIGEST, PILOT_SELECTION, ProtocolError, index_digest, pack_arrays,
                                  pack_pilot_selection, unpack_pilot_selection)
 from flwr_sheaf.sheaf import procrustes
-from flwr_sheaf.sheaf.pilots import (PilotSampler, PilotSelection, adaptive_indices, apply_selection, cluster_pilots,
+from flwr_sheaf.sheaf.pilots import (PilotSampler, adaptive_indices, apply_selection, cluster_pilots,
                                      dynamic_indices, group_means, parse_pilot_strategy, parseval, pilot_mismatch,
                                      stratified_indices, uniform_indices)
 from flwr_sheaf.strategy.sheaf_frl import SheafFRL
@@ -326,3 +326,22 @@ def test_a_node_given_indices_in_another_order_fails_with_a_named_error():
     assert all("pilot index mismatch" in f["reason"] and PILOT_INDEX_DIGEST in f["reason"] for f in fails)
     assert {f["partition-id"] for f in s.failures} == {2}
     assert 2 not in s.bank  # its pilots were never stored
+
+
+def test_strategy_groups_once_from_the_first_description_and_refuses_a_different_one():
+    s = SheafFRL(num_nodes=3, sheaf=SheafConfig(pilot_strategy="prototype-class"))
+    s.num_pilots = 6
+    s.begin_round(1)
+    labels = np.array([3, 1, 3, 1, 7, 7], dtype=np.int64)
+
+    def reply(lab):
+        return SimpleNamespace(content=RecordDict({"pilot-public": pack_arrays({"labels": lab})}))
+
+    assert s._accept_description(1, 0, reply(labels))
+    assert s.pilot_sampler.num_groups == 3
+    np.testing.assert_array_equal(s.pilot_sampler.groups, [1, 0, 1, 0, 2, 2])  # classes 1, 3, 7 -> 0, 1, 2
+    assert s._accept_description(1, 1, reply(labels.copy()))  # the same description: accepted
+    assert not s._accept_description(1, 2, reply(labels[::-1].copy()))  # another order: refused, recorded
+    assert not s._accept_description(1, 2, SimpleNamespace(content=RecordDict({})))
+    assert [f["partition-id"] for f in s.failures] == [2, 2]
+    assert "differs" in s.failures[0]["reason"] and "pilot-public/labels" in s.failures[1]["reason"]
