@@ -12,7 +12,8 @@ Resumable: every finished (row, seed) is appended to ``<out>/runs.csv`` at once 
 rerun. Prints a markdown table: per row mean +- std over seeds of the last round's
 ``private_accuracy_mean`` and ``communication_accuracy_degree_weighted``, the train-phase bytes of
 the last round (``train_bytes_sent + train_bytes_received``: pilots relayed both ways, evaluation
-excluded), the pilot rows per relayed matrix, and the wall time per run.
+excluded), the pilot rows per relayed matrix, the communication accuracy minus that of ``all`` without
+normalisation on the same seed (paired: same data, same initial weights), and the wall time per run.
 
 Rows (default data: M = 500 shared pilots): ``K = 500`` of ``uniform``, ``stratified-*``,
 ``dynamic`` and ``adaptive`` selects every pilot, i.e. is ``all`` (the ``all`` row stands for them);
@@ -72,6 +73,7 @@ def run_one(tag: str, switches: dict, seed: int, out: Path) -> dict:
 
 
 def _ms(vals: list[float]) -> str:
+    """``mean +- std`` (sample std) of ``vals``, 3 decimals."""
     return f"{statistics.mean(vals):.3f} +- {statistics.stdev(vals):.3f}" if len(vals) > 1 else \
         (f"{vals[0]:.3f}" if vals else "n/a")
 
@@ -79,14 +81,18 @@ def _ms(vals: list[float]) -> str:
 def table(done: list[dict], order: list[str]) -> str:
     """Markdown table, one line per row tag in ``order`` that has runs."""
     lines = ["| pilot-strategy | normalisation | seeds | rows/matrix | private acc. | comm. acc. (deg.-w.) | "
-             "train bytes/round | all bytes/round | wall s/run |", "|---|---|---|---|---|---|---|---|---|"]
+             "comm. minus `all`/none, paired | train bytes/round | all bytes/round | wall s/run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    comm = "communication_accuracy_degree_weighted"
+    ref = {r["seed"]: float(r[comm]) for r in done if r["strategy"] == "all" and r["normalisation"] == "none"}
     for tag in order:
         rs = [r for r in done if r["row"] == tag]
         if not rs:
             continue
         f = lambda k: [float(r[k]) for r in rs if r[k] not in ("", "None", "nan")]  # noqa: E731
+        paired = [float(r[comm]) - ref[r["seed"]] for r in rs if r["seed"] in ref]  # same seed: same data and init
         lines.append(f"| `{rs[0]['strategy']}` | {rs[0]['normalisation']} | {len(rs)} | {rs[0]['pilot_rows']} | "
-                     f"{_ms(f('private_accuracy_mean'))} | {_ms(f('communication_accuracy_degree_weighted'))} | "
+                     f"{_ms(f('private_accuracy_mean'))} | {_ms(f(comm))} | {_ms(paired)} | "
                      f"{statistics.mean(f('train_bytes')):,.0f} | {statistics.mean(f('bytes_round')):,.0f} | "
                      f"{statistics.mean(f('wall_seconds')):.1f} |")
     return "\n".join(lines)
