@@ -140,6 +140,12 @@ def _spec(check: Callable[[str], object]) -> Callable[[str, Any], str]:
     return parse
 
 
+def _check_pilot_strategy(text: str) -> None:
+    from .sheaf.pilots import parse_pilot_strategy
+
+    parse_pilot_strategy(text)
+
+
 def _check_graph(text: str) -> None:
     from .topology import check_graph_spec
 
@@ -282,6 +288,11 @@ _KEY_LIST = [
         "(homogeneous iff all d_i are equal) (docs/variants.md)"),
     Key("privacy", "standard", _str(("standard", "stringent")),
         "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants.md)"),
+    Key("pilot-strategy", "all", _spec(_check_pilot_strategy),
+        "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
+        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)"),
+    Key("pilot-normalisation", "none", _str(("none", "parseval")),
+        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)"),
     # FedProto / FedSAF
     Key("fedproto-dim", "auto", _dim_or_auto,
         "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D"),
@@ -458,7 +469,7 @@ class LocalTrainConfig(Section):
 
 
 @section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min", "sheaf-variant",
-         "privacy")
+         "privacy", "pilot-strategy", "pilot-normalisation")
 class SheafConfig(Section):
     """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
 
@@ -471,6 +482,8 @@ class SheafConfig(Section):
         sheaf_variant: ``"auto"``, ``"heterogeneous"`` (Alg. 1) or ``"homogeneous"`` (Alg. 2, Eq. 24);
             the strategy resolves ``auto`` at discovery and sends the resolved value (docs/variants.md).
         privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants.md).
+        pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
+        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants.md).
     """
 
     def lam_at(self, server_round: int) -> float:

@@ -16,6 +16,8 @@ message                                content (server -> node) / reply (node ->
                                       ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL) and/or
                                       :data:`TRANSPORTED` (per-edge transported pilots, Sheaf-FRL
                                       variants, docs/variants.md);
+                                      ``pilot-selection`` (:func:`pack_pilot_selection`, Sheaf-FRL
+                                      with a ``pilot-strategy`` other than ``all``);
                                       ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
                                       / ``metrics`` (``num-examples``, losses); ``pilots`` (own
                                       whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`) and/or
@@ -54,6 +56,8 @@ __all__ = [
     "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
     "pack_evaluation", "reply_problem", "pilot_digest", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
     "TRANSPORTED", "EVAL_TRANSPORTED", "SVDS", "STRINGENT_EVAL_ARRAYS", "STRINGENT_EVAL_LABELS",
+    "PILOT_SELECTION", "PILOT_INDICES", "PILOT_GROUPS", "PILOT_INDEX_DIGEST", "PILOT_DESCRIBE", "PILOT_PUBLIC",
+    "PILOT_LABELS", "PILOT_FEATURES", "index_digest", "pack_pilot_selection", "unpack_pilot_selection",
 ]
 
 
@@ -411,3 +415,80 @@ def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarra
         raise ProtocolError(f"{where}: class ids {ids} repeat")
     out = {c: protos[i].copy() for i, c in enumerate(ids)}
     return out, ({c: int(counts[i]) for i, c in enumerate(ids)} if counts is not None else None)
+
+
+# ------------------------------------------------------------------------------ pilot selection (paper App. B)
+#: Record of a ``train.sheaf`` message holding this round's pilot selection (:func:`pack_pilot_selection`);
+#: absent under ``pilot-strategy=all``.
+PILOT_SELECTION = "pilot-selection"
+PILOT_INDICES = "indices"
+PILOT_GROUPS = "groups"
+#: Config key of ``train.sheaf`` (the :func:`index_digest` of the selection sent) and metric of the reply
+#: (the digest of the selection the node used); the strategy refuses a reply whose digest differs.
+PILOT_INDEX_DIGEST = "pilot-index-digest"
+#: Config key of ``train.sheaf``: ``"class"`` or ``"cluster"`` asks the node to add :data:`PILOT_PUBLIC`
+#: to its reply (the pilots' labels / public features, sent once so the strategy can group the pilots).
+PILOT_DESCRIBE = "pilot-describe"
+#: Reply record: ``labels`` ``(M,)`` int64 and/or ``features`` ``(M, p)`` float32 of the shared pilots.
+PILOT_PUBLIC = "pilot-public"
+PILOT_LABELS = "labels"
+PILOT_FEATURES = "features"
+
+
+def index_digest(indices: np.ndarray, groups: np.ndarray | None = None) -> int:
+    """A 63-bit fingerprint of a pilot selection: SHA-256 of the int64 indices in order and the group
+    ids (or a marker for none), first 8 bytes, as a positive int (fits a ``ConfigRecord``/``MetricRecord``).
+
+    Two selections have the same digest iff (up to hash collisions) they name the same pilots in the
+    same order with the same grouping.
+    """
+    import hashlib
+
+    h = hashlib.sha256(np.ascontiguousarray(np.asarray(indices, dtype=np.int64)).tobytes())
+    h.update(b"|groups|" + (b"none" if groups is None else np.ascontiguousarray(np.asarray(groups, np.int64)).tobytes()))
+    return int.from_bytes(h.digest()[:8], "big") >> 1 or 1
+
+
+def pack_pilot_selection(indices: np.ndarray, groups: np.ndarray | None = None) -> ArrayRecord:
+    """Record :data:`PILOT_SELECTION`: ``indices (m,)`` int64 [and ``groups (m,)`` int64]."""
+    out = {PILOT_INDICES: np.asarray(indices, dtype=np.int64)}
+    if groups is not None:
+        out[PILOT_GROUPS] = np.asarray(groups, dtype=np.int64)
+    return pack_arrays(out)
+
+
+def unpack_pilot_selection(rec: ArrayRecord, expected_digest: int, num_pilots: int
+                           ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Inverse of :func:`pack_pilot_selection`, checked against the digest the config carries.
+
+    Args:
+        rec: the :data:`PILOT_SELECTION` record.
+        expected_digest: the config's :data:`PILOT_INDEX_DIGEST`.
+        num_pilots: M, the pilots this node holds.
+
+    Returns:
+        ``(indices (m,), groups (m,) or None)`` int64.
+
+    Raises:
+        ProtocolError: missing indices, not 1-D int, out of ``[0, M)``, repeated, groups of another
+            length, or a digest that differs from ``expected_digest`` (the indices or their order
+            were changed: both keys named).
+    """
+    if PILOT_INDICES not in rec:
+        raise ProtocolError(f"record {PILOT_SELECTION!r} lacks {PILOT_INDICES!r}")
+    idx = rec[PILOT_INDICES].numpy()
+    grp = rec[PILOT_GROUPS].numpy() if PILOT_GROUPS in rec else None
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_INDICES} must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= num_pilots):
+        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_INDICES} outside [0, {num_pilots}): [{idx.min()}, {idx.max()}]")
+    if np.unique(idx).size != idx.size:
+        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_INDICES} repeat a pilot")
+    if grp is not None and grp.shape != idx.shape:
+        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_GROUPS} has shape {grp.shape}, expected {idx.shape}")
+    got = index_digest(idx, grp)
+    if got != int(expected_digest):
+        raise ProtocolError(f"pilot index mismatch: {PILOT_SELECTION}/{PILOT_INDICES} has digest {got} but config "
+                            f"{PILOT_INDEX_DIGEST!r} = {int(expected_digest)} (other pilots, another order or other "
+                            f"groups than the neighbours' matrices were reduced with)")
+    return idx.astype(np.int64), None if grp is None else grp.astype(np.int64)

@@ -40,7 +40,7 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     model = build_agent(specs[partition_id], seed=scenario.seed * 1000 + partition_id,
                         shrinkage=scenario.whitening_shrinkage, eps=scenario.whitening_eps)
     return LocalTask(model, data.x_train, data.y_train, data.x_val, data.y_val, data.x_test, data.y_test,
-                     data.x_pilot, tuple(data.classes))
+                     data.x_pilot, tuple(data.classes), y_pilot=data.y_pilot)
 
 
 def cnn_task_factory(context: Context) -> LocalTask:

@@ -39,10 +39,12 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from ..config import SheafConfig
-from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
-                        STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, pack_arrays,
-                        unpack_neighbour_pilots)
+from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
+                        PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
+                        STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, index_digest, pack_arrays,
+                        unpack_neighbour_pilots, unpack_pilot_selection)
 from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty
+from ..sheaf.pilots import PilotSelection, apply_selection, group_means, parseval, public_pilot_features
 from ..sheaf.procrustes import SvdCounter
 from ..sheaf.variants import PRIVACY_MODES, Received, edge_dim, edge_terms, init_map, outgoing_pilots
 from .common import cached_pilots, from_numpy, store_pilots, task_device, to_numpy, whitened_pilots
@@ -50,7 +52,8 @@ from .handlers import ClientMethod, register_method_handlers, required
 from .loop import LossPlugin
 from .task import LocalTask, TaskFactory
 
-__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers", "load_maps", "save_maps", "node_secret"]
+__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers", "load_maps", "save_maps", "node_secret",
+           "received_selection", "describe_pilots"]
 
 
 class SheafGluing(LossPlugin):
@@ -69,6 +72,13 @@ class SheafGluing(LossPlugin):
         variant: ``heterogeneous`` or ``homogeneous`` (resolved by the strategy).
         privacy: ``standard`` or ``stringent``.
         maps: the node's maps from earlier rounds ``{j: tensor}`` (kept for the upload when not refitted).
+        selection: this round's pilot selection (paper App. B; None = every pilot): neighbours'
+            matrices then have ``selection.num_rows`` rows (the selected pilots, or one group mean per
+            group for prototypes) and this node reduces its own pilots the same way
+            (:func:`flwr_sheaf.sheaf.pilots.apply_selection`).
+        normalisation: ``"none"`` or ``"parseval"``: maps fitted on the polar factors of both pilot
+            matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
+            pilots (docs/variants.md).
 
     Attributes:
         maps: the node's current maps (updated each epoch; what :meth:`SheafClient.after_train` transports with).
@@ -81,11 +91,15 @@ class SheafGluing(LossPlugin):
 
     def __init__(self, task: LocalTask, lam: float, pilot_batch_size: int, edges: EdgeConfig,
                  neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None,
-                 variant: str, privacy: str, maps: dict[int, torch.Tensor] | None = None) -> None:
+                 variant: str, privacy: str, maps: dict[int, torch.Tensor] | None = None,
+                 selection: PilotSelection | None = None, normalisation: str = "none") -> None:
         unknown = sorted(set(neighbour_pilots) - set(edges.neighbours))
         if unknown:
             raise ProtocolError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
-        k = task.x_pilot.shape[0]
+        if normalisation not in ("none", "parseval"):
+            raise ValueError(f"pilot-normalisation={normalisation!r}: must be 'none' or 'parseval'")
+        self.selection, self.normalisation = selection, normalisation
+        k = task.x_pilot.shape[0] if selection is None else selection.num_rows
         d_i = int(task.model.d)
         weights = edges.weights or (1.0,) * len(edges.neighbours)
         self.active = [(j, hd, w) for j, hd, w in zip(edges.neighbours, edges.heads, weights) if j in neighbour_pilots]
@@ -107,9 +121,11 @@ class SheafGluing(LossPlugin):
         if not self.active or self.lam <= 0:
             return
         own = self.own if (epoch == 0 and self.own is not None) else whitened_pilots(model, self.task.x_pilot)[1]
+        own = apply_selection(own, self.selection)
         received = [Received(j, self.pilots[j], hd, float(w)) for j, hd, w in self.active]
         with SvdCounter() as c:
-            self.terms, fitted = edge_terms(own, received, self.variant, self.privacy)
+            self.terms, fitted = edge_terms(own, received, self.variant, self.privacy,
+                                            parseval if self.normalisation == "parseval" else None)
         self.svds += c.n
         self.maps.update({j: m.detach().double().cpu() for j, m in fitted.items()})
 
@@ -120,11 +136,20 @@ class SheafGluing(LossPlugin):
         parts = {"ce": float(ce.detach()), "gluing": 0.0}
         if not self.terms:
             return ce, parts
-        pidx = torch.randperm(self.task.x_pilot.shape[0], generator=gen)[: self.batch]
+        sel = self.selection
+        m = self.task.x_pilot.shape[0] if sel is None else int(sel.indices.size)
+        pidx = torch.randperm(m, generator=gen)[: self.batch]
+        rows = pidx if sel is None else torch.as_tensor(sel.indices)[pidx]
         model.eval()  # dropout-free, BatchNorm running statistics ...
         model.whitening.train()  # ... but differentiable batch whitening of the pilots
-        a_i = model.whitening(model.latent(self.task.x_pilot[pidx]))
-        terms = [EdgeTerm(t.neighbour, t.pilots[pidx.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
+        a_i = model.whitening(model.latent(self.task.x_pilot[rows.to(self.task.x_pilot.device)]))
+        nrows = pidx
+        if sel is not None and sel.groups is not None:  # prototypes: minibatch means of the groups present
+            g = torch.as_tensor(sel.groups)[pidx]
+            present, inv = torch.unique(g, return_inverse=True)
+            a_i = group_means(a_i, inv, int(present.numel()))
+            nrows = present
+        terms = [EdgeTerm(t.neighbour, t.pilots[nrows.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
                  for t in self.terms]
         pen, per_edge = local_gluing_penalty(a_i, terms, self.lam)
         model.train()
@@ -215,7 +240,9 @@ class SheafClient(ClientMethod):
         cached = cached_pilots(context, self.action, dev)
         return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
                            {j: from_numpy(a, dev) for j, a in received.items()}, None if cached is None else cached[0],
-                           sheaf.sheaf_variant, sheaf.privacy, load_maps(context, self.action))
+                           sheaf.sheaf_variant, sheaf.privacy, load_maps(context, self.action),
+                           selection=received_selection(msg, int(task.x_pilot.shape[0])),
+                           normalisation=sheaf.pilot_normalisation)
 
     def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
@@ -238,7 +265,13 @@ class SheafClient(ClientMethod):
             records[PILOTS] = pack_arrays({OWN_PILOTS: to_numpy(a)})
         if moved:
             records[TRANSPORTED] = pack_arrays({str(j): to_numpy(m.float()) for j, m in moved.items()})
-        return records, {LOW_VARIANCE_FRACTION: lvf, SVDS: int(plugin.svds)}
+        metrics = {LOW_VARIANCE_FRACTION: lvf, SVDS: int(plugin.svds)}
+        sel = getattr(plugin, "selection", None)
+        if sel is not None:  # echo the selection this node used: the strategy refuses a mismatch
+            metrics[PILOT_INDEX_DIGEST] = index_digest(sel.indices, sel.groups)
+        if PILOT_DESCRIBE in cfg:
+            records[PILOT_PUBLIC] = describe_pilots(task, str(cfg[PILOT_DESCRIBE]))
+        return records, metrics
 
     def evaluation_reply(self, msg: Message, context: Context, task: LocalTask, arrays: dict[str, np.ndarray]
                          ) -> dict[str, np.ndarray]:
@@ -266,6 +299,40 @@ class SheafClient(ClientMethod):
                 out[f"{j}/{name}"] = (arrays[name].astype(np.float64) @ x.T).astype(np.float32)
         save_maps(context, self.action, maps)
         return out
+
+
+def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
+    """The pilot selection of a ``train.sheaf`` message (None when it carries none: every pilot).
+
+    Raises:
+        ProtocolError: a selection record without the config's :data:`~flwr_sheaf.protocol.PILOT_INDEX_DIGEST`
+            (or the reverse), or indices whose digest differs from it (both keys named).
+    """
+    cfg = msg.content[CONFIG]
+    has_rec, has_digest = PILOT_SELECTION in msg.content, PILOT_INDEX_DIGEST in cfg
+    if has_rec != has_digest:
+        raise ProtocolError(f"train message has {'record ' + repr(PILOT_SELECTION) if has_rec else 'config key ' + repr(PILOT_INDEX_DIGEST)}"
+                            f" without {'config key ' + repr(PILOT_INDEX_DIGEST) if has_rec else 'record ' + repr(PILOT_SELECTION)}")
+    if not has_rec:
+        return None
+    idx, grp = unpack_pilot_selection(msg.content[PILOT_SELECTION], int(cfg[PILOT_INDEX_DIGEST]), num_pilots)
+    return PilotSelection(idx, grp)
+
+
+def describe_pilots(task: LocalTask, what: str):
+    """Record :data:`~flwr_sheaf.protocol.PILOT_PUBLIC`: the shared pilots' labels (``what="class"``) or
+    public features (``"cluster"``: :func:`flwr_sheaf.sheaf.pilots.public_pilot_features` of the raw inputs).
+
+    Raises:
+        ProtocolError: an unknown ``what``; ``"class"`` with a task whose ``y_pilot`` is None.
+    """
+    if what == "class":
+        if task.y_pilot is None:
+            raise ProtocolError("pilot-strategy *-class needs the pilots' labels: this node's LocalTask has y_pilot=None")
+        return pack_arrays({PILOT_LABELS: to_numpy(task.y_pilot).astype("int64")})
+    if what == "cluster":
+        return pack_arrays({PILOT_FEATURES: public_pilot_features(to_numpy(task.x_pilot)).astype("float32")})
+    raise ProtocolError(f"{PILOT_DESCRIBE}={what!r}: must be 'class' or 'cluster'")
 
 
 def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = "sheaf") -> ClientApp:

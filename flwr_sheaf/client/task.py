@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import make_dataclass
+from dataclasses import field, make_dataclass
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -37,13 +37,16 @@ x_test, y_test, x_pilot, classes)``.
             every node** (the paper's pilot set; Procrustes pairs row k of one node with row k of its
             neighbour).
         classes: the node's target class set C_i (ints; used by the ``class-overlap`` graph).
+        y_pilot: optional ``(K,)`` int64 labels of the shared pilots (public: the pilots are a
+            labelled public hold-out); only ``pilot-strategy=*-class`` needs them (default None).
     """
 
 #: Tensor fields of :class:`LocalTask`, in constructor order.
 TASK_TENSORS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "x_pilot")
 
 LocalTask = make_dataclass(
-    "LocalTask", [("model", nn.Module), *[(name, torch.Tensor) for name in TASK_TENSORS], ("classes", tuple)],
+    "LocalTask", [("model", nn.Module), *[(name, torch.Tensor) for name in TASK_TENSORS], ("classes", tuple),
+                  ("y_pilot", object, field(default=None))],
     namespace={"__doc__": _LOCAL_TASK_DOC, "__module__": __name__})
 
 

@@ -24,7 +24,7 @@ receives from neighbour j, per mode (``docs/variants.md``):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,7 +105,8 @@ class Received:
     weight: float = 1.0
 
 
-def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, privacy: str
+def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, privacy: str,
+               normalise: Callable[[torch.Tensor], torch.Tensor] | None = None
                ) -> tuple[list[EdgeTerm], dict[int, torch.Tensor]]:
     """Agent i's incident gluing terms and the maps it fitted (module docstring for the modes).
 
@@ -114,6 +115,9 @@ def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, pr
         received: per neighbour what i holds of it.
         variant: ``heterogeneous`` or ``homogeneous`` (resolved).
         privacy: ``standard`` or ``stringent``.
+        normalise: applied to both matrices before each Procrustes fit only (e.g. Parseval
+            normalisation, :func:`flwr_sheaf.sheaf.pilots.parseval`); the terms keep the matrices as
+            given. None = fit on the matrices themselves.
 
     Returns:
         ``(terms, maps)``: the :class:`EdgeTerm` list for :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`
@@ -128,6 +132,8 @@ def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, pr
     receiver_sends_raw(variant, privacy, True)  # validates the mode (ValueError)
     check_pilots(own, "own pilots")
     k, d_i = own.shape
+    nz = normalise or (lambda a: a)
+    own_fit = nz(own)
     terms, maps = [], {}
     for r in received:
         m = r.matrix
@@ -135,7 +141,7 @@ def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, pr
         if privacy == "stringent":
             if m.shape[1] < d_i:
                 raise ValueError(f"transported pilots of neighbour {r.neighbour} have d_e={m.shape[1]} < d_i={d_i}")
-            x = procrustes(m, own)  # P2c (i head: d_e = d_i, O(d_i)) or P2d (i tail: St(d_e, d_i))
+            x = procrustes(nz(m), own_fit)  # P2c (i head: d_e = d_i, O(d_i)) or P2d (i tail: St(d_e, d_i))
             maps[r.neighbour] = x
             terms.append(EdgeTerm(r.neighbour, m, x, False, float(r.weight)))  # ||Y - A_i X^T||, Eq. 42
         elif variant == "homogeneous" and r.i_is_head:
@@ -144,7 +150,7 @@ def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, pr
             eye = torch.eye(d_i, dtype=m.dtype, device=m.device)
             terms.append(EdgeTerm(r.neighbour, m, eye, True, float(r.weight)))  # ||A_h - O A_t||, O A_t received
         else:
-            v = procrustes(own, m) if r.i_is_head else procrustes(m, own)
+            v = procrustes(own_fit, nz(m)) if r.i_is_head else procrustes(nz(m), own_fit)
             maps[r.neighbour] = v
             terms.append(EdgeTerm(r.neighbour, m, v, r.i_is_head, float(r.weight)))
     return terms, maps

@@ -23,6 +23,16 @@ sampled node gets of a neighbour j that did not train in the previous round is t
   frequency with which j's pilots arrived in rounds ``1..t-2`` (floored at ``reweight-q-min``), so
   ``E[1{j present}/q_j] = 1``; the weights travel in the edge config.
 
+Pilot selection (paper App. B, run-config ``pilot-strategy``; docs/variants.md): the strategy holds
+every node's full pilot matrix ``(M, d_j)`` and each round decides one
+:class:`~flwr_sheaf.sheaf.pilots.PilotSelection` (:class:`~flwr_sheaf.sheaf.pilots.PilotSampler`:
+from ``(seed, server round)``; ``adaptive`` from the per-pilot mismatch of the matrices it holds). Every
+trained node gets the same selection (record ``pilot-selection``, its digest in the config) and its
+neighbours' matrices reduced by it, so a cached matrix from an older round is reduced with *this*
+round's indices: rows always correspond. A reply echoing another digest is refused (recorded failure).
+``*-class`` / ``*-cluster`` need the pilots' labels / public features: the first train round asks the
+nodes for them (``pilot-describe``); until a node has answered, no pilots are relayed.
+
 A round in which nobody is sampled sends no train message: every node keeps its weights and the
 relay its pilots. A node with p_i = 0 never trains: its neighbours get no pilots of it.
 
@@ -45,18 +55,22 @@ import logging
 
 import networkx as nx
 import numpy as np
+import torch
 from flwr.app import Message
 
 from flwr.app import ConfigRecord, RecordDict
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
-from ..protocol import (ARRAYS, CONFIG, EVAL_REPLY, EVALUATE, LOW_VARIANCE_FRACTION, METRICS, OWN_PILOTS, PILOTS,
-                        PRIVATE_ACCURACY, SEED, STALK_DIM, STRINGENT_EVAL_ARRAYS, STRINGENT_EVAL_LABELS, SVDS,
-                        TRANSPORTED, VAL_PRIVATE_ACCURACY, comm_action, pack_arrays, pack_neighbour_pilots)
+from ..protocol import (ARRAYS, CONFIG, EVAL_REPLY, EVALUATE, LOW_VARIANCE_FRACTION, METRICS, OWN_PILOTS,
+                        PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS, PILOT_PUBLIC,
+                        PILOT_SELECTION, PILOTS, PRIVATE_ACCURACY, SEED, STALK_DIM, STRINGENT_EVAL_ARRAYS,
+                        STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, VAL_PRIVATE_ACCURACY, comm_action, index_digest,
+                        pack_arrays, pack_neighbour_pilots, pack_pilot_selection)
 from ..sheaf.network import orient_edge
+from ..sheaf.pilots import PilotSampler, PilotSelection, apply_selection, parse_pilot_strategy, pilot_mismatch
 from ..sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
 from ..rfedags.participation import FrequencyEstimator
-from .base import nanmean
+from .base import nanmean, record_bytes
 from .graph import GraphStrategy
 
 __all__ = ["SheafFRL"]
@@ -106,6 +120,26 @@ class SheafFRL(GraphStrategy):
         self.edge_bank_round: dict[tuple[int, int], int] = {}
         self.eval_transported = self.sheaf.privacy == "stringent"
         self._relayed_bytes = 0
+        self._train_bytes = [0, 0]
+        #: pilot selection (paper App. B): the parsed strategy, its sampler (built once the pilots'
+        #: count and, if needed, their labels / public features are known) and this round's selection.
+        self.pilot_spec = parse_pilot_strategy(self.sheaf.pilot_strategy)
+        self.pilot_sampler: PilotSampler | None = None
+        self.pilot_public: np.ndarray | None = None
+        self.selection: PilotSelection | None = None
+        self._selection_digest = 0
+
+    def _select(self, server_round: int) -> None:
+        """This round's selection (None under ``all`` or while the pilot description is missing)."""
+        self.selection, self._selection_digest = None, 0
+        if self.pilot_sampler is None:
+            return
+        mismatch = None
+        if self.pilot_spec.kind == "adaptive":
+            mismatch = pilot_mismatch(self.bank, self.oriented_edges())
+        self.selection = self.pilot_sampler.select(server_round, mismatch)
+        if self.selection is not None:
+            self._selection_digest = index_digest(self.selection.indices, self.selection.groups)
 
     # ------------------------------------------------------------------ train hooks
     def configure_train(self, server_round, arrays, config, grid):
@@ -115,21 +149,58 @@ class SheafFRL(GraphStrategy):
             ValueError: ``config`` names a key the strategy sends.
         """
         self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
-        return super().configure_train(server_round, arrays, config, grid)
+        self._select(server_round)
+        msgs = list(super().configure_train(server_round, arrays, config, grid))
+        self._train_bytes = [sum(record_bytes(m.content) for m in msgs), 0]
+        return msgs
+
+    def aggregate_train(self, server_round, replies):
+        """:meth:`GraphStrategy.aggregate_train`, after counting the train replies' payload bytes
+        (``train_bytes_received``; with ``train_bytes_sent``: the train phase alone, evaluation excluded)."""
+        replies = list(replies)
+        self._train_bytes[1] = sum(record_bytes(r.content) for r in replies if r.has_content())
+        return super().aggregate_train(server_round, replies)
 
     def on_discovered(self) -> None:
-        """:meth:`GraphStrategy.on_discovered`, then resolve ``sheaf-variant`` from the nodes' d_i.
+        """:meth:`GraphStrategy.on_discovered`, then resolve ``sheaf-variant`` from the nodes' d_i and build
+        the pilot sampler when it needs no pilot description.
+
+        ``pilot-strategy = adaptive:K`` ranks pilots by the Procrustes residual of the raw pilot matrices
+        the strategy holds, which exist only under Alg. 1 (``privacy = standard``, heterogeneous variant):
+        with it ``sheaf-variant = auto`` resolves to ``heterogeneous`` (Alg. 1 is exact for equal d_i too).
 
         Raises:
-            ValueError: (besides the graph's) ``sheaf-variant='homogeneous'`` with unequal d_i (named).
+            ValueError: (besides the graph's) ``sheaf-variant='homogeneous'`` with unequal d_i (named);
+                ``pilot-strategy``'s budget exceeds the shared pilots; ``adaptive`` with
+                ``privacy='stringent'`` or ``sheaf-variant='homogeneous'`` (both keys named).
         """
         super().on_discovered()
-        self.variant = resolve_variant(self.sheaf.sheaf_variant, {p: n.d for p, n in self.nodes.items()})
-        log.info("Sheaf-FRL variant %s, privacy %s", self.variant, self.sheaf.privacy)
+        spec = self.pilot_spec
+        variant = self.sheaf.sheaf_variant
+        if spec.kind == "adaptive":
+            if self.sheaf.privacy == "stringent" or variant == "homogeneous":
+                bad = "privacy='stringent'" if self.sheaf.privacy == "stringent" else "sheaf-variant='homogeneous'"
+                raise ValueError(f"pilot-strategy={self.sheaf.pilot_strategy!r} ranks pilots by the raw pilot matrices "
+                                 f"the strategy holds, which {bad} never sends: use another pilot-strategy")
+            variant = "heterogeneous" if variant == "auto" else variant
+        self.variant = resolve_variant(variant, {p: n.d for p, n in self.nodes.items()})
+        log.info("Sheaf-FRL variant %s, privacy %s, pilot-strategy %s", self.variant, self.sheaf.privacy,
+                 self.sheaf.pilot_strategy)
+        if spec.kind != "prototype-class" and spec.k > self.num_pilots and spec.kind != "all":
+            raise ValueError(f"pilot-strategy={self.sheaf.pilot_strategy!r}: budget {spec.k} exceeds the "
+                             f"{self.num_pilots} shared pilots (num-pilots)")
+        if spec.groups is None:
+            self.pilot_sampler = PilotSampler(spec, self.num_pilots, self.seed)
 
     def method_config(self, server_round: int) -> dict:
-        """:class:`SheafConfig` with this round's lambda and the resolved variant."""
-        return {**self.sheaf.to_dict(), "lambda": self.sheaf.lam_at(server_round), "sheaf-variant": self.variant}
+        """:class:`SheafConfig` with this round's lambda and the resolved variant (+ the selection digest,
+        or the request for the pilots' description while the sampler waits for it)."""
+        out = {**self.sheaf.to_dict(), "lambda": self.sheaf.lam_at(server_round), "sheaf-variant": self.variant}
+        if self.selection is not None:
+            out[PILOT_INDEX_DIGEST] = self._selection_digest
+        if self.pilot_spec.groups is not None and self.pilot_sampler is None:
+            out[PILOT_DESCRIBE] = self.pilot_spec.groups
+        return out
 
     def _is_head(self, a: int, b: int) -> bool:
         """Whether ``a`` is the head of edge (a, b)."""
@@ -153,16 +224,18 @@ class SheafFRL(GraphStrategy):
         """
         policy = self.sheaf.absent_policy
         nbrs = sorted(self.graph.neighbors(pid))
+        waiting = self.pilot_spec.kind != "all" and self.selection is None  # no description of the pilots yet
         raw, moved, weights = {}, {}, []
         for j in nbrs:
             is_raw = self._sends_raw(j, pid)
             arr = self.bank.get(j) if is_raw else self.edge_bank.get((j, pid))
             rj = self.bank_round.get(j) if is_raw else self.edge_bank_round.get((j, pid))
-            if arr is None or (policy != "cached" and rj != server_round - 1):
+            if arr is None or waiting or (policy != "cached" and rj != server_round - 1):
                 self._withheld += arr is not None  # the neighbour had pilots, the policy withheld them
                 weights.append(0.0)
                 continue
             w = 1.0 / float(self._q_for_next[j]) if policy == "drop-reweighted" else 1.0
+            arr = self._reduced(arr)
             (raw if is_raw else moved)[j] = arr
             self._relayed_bytes += int(arr.nbytes)
             weights.append(w)
@@ -171,7 +244,16 @@ class SheafFRL(GraphStrategy):
         records = {} if self.sheaf.privacy == "stringent" else {PILOTS: pack_neighbour_pilots(raw)}
         if moved or self.sheaf.privacy == "stringent":
             records[TRANSPORTED] = pack_neighbour_pilots(moved)
+        if self.selection is not None:
+            records[PILOT_SELECTION] = pack_pilot_selection(self.selection.indices, self.selection.groups)
         return records, edges.to_config()
+
+    def _reduced(self, arr: np.ndarray) -> np.ndarray:
+        """A held pilot matrix ``(M, w)`` (raw or transported) reduced by this round's selection
+        (``(rows, w)`` float32; unchanged under ``all``)."""
+        if self.selection is None:
+            return arr
+        return apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
 
     def _check_upload(self, pid: int, r: Message) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
         """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
@@ -201,6 +283,29 @@ class SheafFRL(GraphStrategy):
             moved[j] = m
         return None, (a if want_raw else None), moved
 
+    def _accept_description(self, server_round: int, pid: int, r: Message) -> bool:
+        """Build the sampler from a node's pilot description (record ``pilot-public``); False (and a
+        recorded failure) when it is missing, malformed, or differs from the one already accepted."""
+        what = self.pilot_spec.groups
+        key = PILOT_LABELS if what == "class" else PILOT_FEATURES
+        rec = r.content[PILOT_PUBLIC] if PILOT_PUBLIC in r.content else None
+        arr = rec[key].numpy() if rec is not None and key in rec else None
+        if arr is None or arr.shape[0] != self.num_pilots:
+            self.record_failure(server_round, "train", pid, f"reply lacks {PILOT_PUBLIC}/{key} with {self.num_pilots} "
+                                f"rows (asked by {PILOT_DESCRIBE}={what!r})")
+            return False
+        if self.pilot_public is not None:
+            if not np.array_equal(arr, self.pilot_public):
+                self.record_failure(server_round, "train", pid, f"{PILOT_PUBLIC}/{key} differs from the other nodes'")
+                return False
+            return True
+        self.pilot_public = arr
+        labels, feats = (arr, None) if what == "class" else (None, arr)
+        self.pilot_sampler = PilotSampler(self.pilot_spec, self.num_pilots, self.seed, labels=labels, features=feats)
+        log.info("pilot-strategy %s: %d groups from partition-id %d's pilot description", self.sheaf.pilot_strategy,
+                 self.pilot_sampler.num_groups, pid)
+        return True
+
     def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
         """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
 
@@ -211,7 +316,19 @@ class SheafFRL(GraphStrategy):
         accepted = {}
         up = {"raw": 0, "to_heads": 0, "to_tails": 0}
         svds = 0
+        describe = self.pilot_spec.groups is not None and self.pilot_sampler is None
         for pid, r in ok.items():
+            if self.selection is not None:
+                used = r.content[METRICS].get(PILOT_INDEX_DIGEST) if PILOT_INDEX_DIGEST in r.content[METRICS] else None
+                if used is None or int(used) != self._selection_digest:
+                    self.record_failure(server_round, "train", pid, f"pilot index mismatch: reply metric "
+                                        f"{PILOT_INDEX_DIGEST!r} = {used}, but this round's {PILOT_SELECTION!r} has "
+                                        f"digest {self._selection_digest} (reply refused, cached pilots kept)")
+                    continue
+                del r.content[METRICS][PILOT_INDEX_DIGEST]  # checked; not a metric to average
+            if describe and (self.pilot_public is None or PILOT_PUBLIC in r.content):
+                if not self._accept_description(server_round, pid, r):
+                    continue
             why, a, moved = self._check_upload(pid, r)
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
@@ -243,11 +360,18 @@ class SheafFRL(GraphStrategy):
             "pilot_bytes_raw_up": up["raw"], "pilot_bytes_to_heads_up": up["to_heads"],
             "pilot_bytes_to_tails_up": up["to_tails"], "pilot_bytes_up": sum(up.values()),
             "pilot_bytes_relayed": self._relayed_bytes, "svds_total": svds,
+            "train_bytes_sent": self._train_bytes[0], "train_bytes_received": self._train_bytes[1],
+            "pilot_rows": self.selection.num_rows if self.selection is not None else
+            (self.num_pilots if self.pilot_spec.kind == "all" else 0),
         }
 
     def results_extra(self) -> dict:
         """Graph, participation and evaluation extras plus the :class:`SheafConfig` in use (and the resolved variant)."""
-        return {**super().results_extra(), "sheaf": {**self.sheaf.to_dict(), "sheaf-variant-resolved": self.variant}}
+        pilots = {"strategy": self.sheaf.pilot_strategy, "normalisation": self.sheaf.pilot_normalisation,
+                  "num_pilots": self.num_pilots,
+                  "num_groups": self.pilot_sampler.num_groups if self.pilot_sampler is not None else 0}
+        return {**super().results_extra(), "sheaf": {**self.sheaf.to_dict(), "sheaf-variant-resolved": self.variant},
+                "pilot_selection": pilots}
 
     # ------------------------------------------------------------------ evaluation under stringent privacy
     def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
