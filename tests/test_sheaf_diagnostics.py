@@ -20,6 +20,8 @@ from flwr_sheaf.sheaf.diagnostics import (NEAR_KERNEL_RTOL, graph_algebraic_conn
                                           sample_non_edges)
 from flwr_sheaf.sheaf.network import NetworkSheaf, coboundary, orient_edge, path_map, sheaf_laplacian
 
+torch.set_num_threads(1)  # as tests/test_flower_e2e.py: small products oversubscribe a loaded 2-core box (100x slower)
+
 
 def _stiefel(m: int, n: int, gen: torch.Generator) -> torch.Tensor:
     q, _ = torch.linalg.qr(torch.randn(m, n, generator=gen, dtype=torch.float64))
@@ -158,7 +160,8 @@ def test_sparse_eigensolver_matches_dense():
     sparse = laplacian_spectrum(sheaf.maps, sheaf.dims, sheaf.edges, 6, dense_max=0, seed=1)
     assert sparse.solver == "lobpcg" and dense.solver == "dense"
     assert sparse.eigenvalues == pytest.approx(dense.eigenvalues, abs=1e-6)
-    assert sparse.near_kernel_dim == dense.near_kernel_dim
+    assert sparse.near_kernel_dim == min(dense.near_kernel_dim, 6)
+    assert sparse.near_kernel_exact == (dense.near_kernel_dim < 6) and dense.near_kernel_exact
     assert sparse.max_residual < 1e-5
     assert sparse.scale == pytest.approx(dense.scale, rel=1e-12)
 
@@ -213,7 +216,6 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
     from flwr_sheaf.strategy.sheaf_frl import SheafFRL
     from flwr_sheaf.testing import LocalGrid
 
-    torch.set_num_threads(1)
     rc = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "lambda": 0.5, "seed": 0}
     grid = LocalGrid(cnn_client_app, 4, run_config=rc)
     fed = FederationConfig(graph="ring", seed=0, non_edge_pairs=20, diagnostics_eigenvalues=6)

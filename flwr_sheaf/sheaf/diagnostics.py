@@ -10,17 +10,20 @@ around cycles, so the kernel becomes a *near-kernel*: eigenvalues below
 d-weighted mean degree, and every eigenvalue lies in ``[0, 2 max_i deg_i]``).
 
 Cost (documented bound): ``n = sum_i d_i``. Up to :data:`DENSE_MAX_DIM` the spectrum is exact
-(``torch.linalg.eigvalsh`` on the dense ``L``: ``O(n^3)``, about a second at n = 2048 on one core).
-Above it, ``L`` is built sparse (``O(sum_e d_h d_t)`` memory) and
-``torch.lobpcg`` computes ``max(k, min_i d_i + 1)`` smallest eigenpairs in at most
-:data:`LOBPCG_ITERATIONS` iterations (hard stop: each iteration is one sparse product with ``n x 3m``
-block vectors); the largest residual ``||L x - mu x||`` is returned so an unconverged estimate is
-visible, never silent. No Flower here.
+(``torch.linalg.eigvalsh`` on the dense ``L``: ``O(n^3)``, about a second at n = 2048 on one core)
+and so is the near-kernel count. Above it, ``L`` is built sparse (``O(sum_e d_h d_t)`` memory, CSR)
+and ``torch.lobpcg`` computes the ``k`` smallest eigenpairs in at most :data:`LOBPCG_ITERATIONS`
+iterations (hard stop; each iteration is one sparse product with an ``n x 3k`` block, so the cost
+is ``O(iterations * nnz(L) * k)``: 12 s on one loaded core for 1,000 tiny agents, n = 25,600,
+3.1 M non-zeros, k = 6); the near-kernel count is then a count among those k (flagged when all k
+are below the tolerance) and the largest residual ``||L x - mu x||`` is returned, so an
+unconverged estimate is visible, never silent. No Flower here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import warnings
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -37,7 +40,7 @@ NEAR_KERNEL_RTOL = 1e-2
 #: largest ``sum_i d_i`` solved densely (exact full spectrum); above it: sparse LOBPCG.
 DENSE_MAX_DIM = 2048
 #: iteration cap of the sparse solver (hard stop; the residual is reported).
-LOBPCG_ITERATIONS = 300
+LOBPCG_ITERATIONS = 100
 #: random stream of the non-edge pair draw: ``numpy.random.default_rng([seed, NON_EDGE_STREAM, round])``.
 NON_EDGE_STREAM = 3
 
@@ -50,8 +53,9 @@ class LaplacianSpectrum:
         eigenvalues: the ``k`` smallest eigenvalues, ascending (float, clipped at 0 from below
             only when they are > -1e-12 * scale: round-off of a PSD matrix).
         near_kernel_dim: eigenvalues below ``tolerance`` (approximate global sections); exact
-            count for the dense solver, count among the computed ones for LOBPCG (which computes at
-            least ``min_i d_i + 1``, more than a connected graph's kernel can hold).
+            count for the dense solver, count among the ``k`` computed ones for LOBPCG.
+        near_kernel_exact: False when the count may be higher than reported (LOBPCG with all
+            ``k`` computed eigenvalues below the tolerance).
         tolerance: ``NEAR_KERNEL_RTOL * scale``.
         scale: ``trace(L) / n``.
         n: ``sum_i d_i`` (size of ``L``).
@@ -63,6 +67,7 @@ class LaplacianSpectrum:
 
     eigenvalues: list[float] = field(default_factory=list)
     near_kernel_dim: int = 0
+    near_kernel_exact: bool = True
     tolerance: float = float("nan")
     scale: float = float("nan")
     n: int = 0
@@ -106,23 +111,23 @@ def laplacian_spectrum(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mappi
         scale = float(torch.diagonal(lap).sum()) / n
         ev = torch.linalg.eigvalsh(lap)
         tol = NEAR_KERNEL_RTOL * scale
-        return LaplacianSpectrum(_clip(ev[:k], scale), int((ev < tol).sum()), tol, scale, n, bound, "dense", 0.0)
+        return LaplacianSpectrum(_clip(ev[:k], scale), int((ev < tol).sum()), True, tol, scale, n, bound, "dense", 0.0)
     lap = sheaf_laplacian(maps, dims, edges, sparse=True)
-    diag = torch.zeros(n, dtype=torch.float64)
     idx, vals = lap.indices(), lap.values()
-    on = idx[0] == idx[1]
-    diag.index_add_(0, idx[0][on], vals[on])
-    scale = float(diag.sum()) / n
-    m = min(max(k, min(int(d) for d in dims.values()) + 1), max(1, (n - 1) // 3))
-    gen = torch.Generator().manual_seed(int(seed))
-    x0 = torch.randn(n, m, generator=gen, dtype=torch.float64)
-    ev, vec = torch.lobpcg(lap, k=m, X=x0, largest=False, niter=int(iterations), tol=1e-9)
-    ev, order = torch.sort(ev)
-    vec = vec[:, order]
-    resid = torch.linalg.vector_norm(torch.sparse.mm(lap, vec) - vec * ev, dim=0)
+    scale = float(vals[idx[0] == idx[1]].sum()) / n
+    with warnings.catch_warnings():  # torch notes that its sparse CSR kernels are "beta"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        csr = lap.to_sparse_csr()  # ~7x faster products than COO
+        m = min(k, max(1, (n - 1) // 3))
+        gen = torch.Generator().manual_seed(int(seed))
+        x0 = torch.randn(n, m, generator=gen, dtype=torch.float64)
+        ev, vec = torch.lobpcg(csr, k=m, X=x0, largest=False, niter=int(iterations), tol=1e-9)
+        ev, order = torch.sort(ev)
+        vec = vec[:, order]
+        resid = torch.linalg.vector_norm(csr @ vec - vec * ev, dim=0)
     tol = NEAR_KERNEL_RTOL * scale
-    return LaplacianSpectrum(_clip(ev[:k], scale), int((ev < tol).sum()), tol, scale, n, bound, "lobpcg",
-                             float(resid.max()))
+    count = int((ev < tol).sum())
+    return LaplacianSpectrum(_clip(ev, scale), count, count < m, tol, scale, n, bound, "lobpcg", float(resid.max()))
 
 
 def _clip(ev: torch.Tensor, scale: float) -> list[float]:

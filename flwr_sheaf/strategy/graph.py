@@ -305,8 +305,8 @@ class GraphStrategy(PeerStrategy):
           of ``L = Delta^T Delta``, Eq. 6), ``sheaf_near_kernel_dim``, ``sheaf_near_kernel_tolerance``,
           ``sheaf_kernel_dim_bound`` (``min_i d_i`` per component), ``sheaf_laplacian_size``,
           ``sheaf_eigensolver``, ``sheaf_eigen_residual`` and ``graph_algebraic_connectivity``
-          (:func:`~flwr_sheaf.sheaf.diagnostics.laplacian_spectrum`: exact up to 2048 stalk
-          dimensions, bounded LOBPCG above);
+          ``sheaf_near_kernel_exact`` (:func:`~flwr_sheaf.sheaf.diagnostics.laplacian_spectrum`:
+          exact up to 2048 stalk dimensions, 100 LOBPCG iterations above);
         - with ``non-edge-pairs = P > 0``: up to P non-adjacent pairs
           (:func:`~flwr_sheaf.sheaf.diagnostics.sample_non_edges`, from (seed, round)); each is
           measured in both directions with the maps composed along one shortest path of that subgraph
@@ -314,8 +314,19 @@ class GraphStrategy(PeerStrategy):
           :attr:`_non_edge_plan` for :meth:`route_evaluate`.
 
         Without raw pilots (:attr:`holds_raw_pilots` False) nothing is computed and
-        ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say why.
+        ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say why. The server computes with
+        ``torch-threads`` threads (when > 0; restored afterwards): small products on more threads
+        than free cores were 100x slower on a loaded machine.
         """
+        threads = torch.get_num_threads()
+        if self.train.torch_threads > 0:
+            torch.set_num_threads(self.train.torch_threads)
+        try:
+            self._sheaf_diagnostics(server_round)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _sheaf_diagnostics(self, server_round: int) -> None:
         self._non_edge_plan = {}
         rec = self.current.evaluate
         fed = self.federation
@@ -347,6 +358,7 @@ class GraphStrategy(PeerStrategy):
                 spec = None
         if fed.diagnostics_eigenvalues > 0 and spec is not None:
             rec.update({"sheaf_laplacian_eigenvalues": spec.eigenvalues, "sheaf_near_kernel_dim": spec.near_kernel_dim,
+                        "sheaf_near_kernel_exact": spec.near_kernel_exact,
                         "sheaf_near_kernel_tolerance": spec.tolerance, "sheaf_kernel_dim_bound": spec.kernel_bound,
                         "sheaf_laplacian_size": spec.n, "sheaf_eigensolver": spec.solver,
                         "sheaf_eigen_residual": spec.max_residual,
