@@ -276,3 +276,12 @@ def test_without_raw_pilots_multi_hop_and_diagnostics_are_skipped_with_a_reason(
     assert "raw pilots" in s.current.evaluate["non_edges_skipped"]
     assert "raw pilots" in s.current.evaluate["sheaf_diagnostics_skipped"]
     assert s._non_edge_plan == {} and "sheaf_edge_tv" not in s.current.evaluate
+    # a strategy that holds pilots, but a phase-1 reply without them (a privacy variant's reply layout)
+    from types import SimpleNamespace
+
+    s.holds_raw_pilots = True
+    s.begin_round(2)
+    s._phase1 = {0: SimpleNamespace(content={"arrays": {"test-latents": None}})}
+    s.sheaf_diagnostics(2)
+    assert "partition-ids [0] carry no pilots" in s.current.evaluate["non_edges_skipped"]
+    assert s._non_edge_plan == {} and "sheaf_edge_tv" not in s.current.evaluate

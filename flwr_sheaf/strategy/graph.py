@@ -304,7 +304,7 @@ class GraphStrategy(PeerStrategy):
         - with ``diagnostics-eigenvalues = k > 0``: ``sheaf_laplacian_eigenvalues`` (the k smallest
           of ``L = Delta^T Delta``, Eq. 6), ``sheaf_near_kernel_dim``, ``sheaf_near_kernel_tolerance``,
           ``sheaf_kernel_dim_bound`` (``min_i d_i`` per component), ``sheaf_laplacian_size``,
-          ``sheaf_eigensolver``, ``sheaf_eigen_residual`` and ``graph_algebraic_connectivity``
+          ``sheaf_eigensolver``, ``sheaf_eigen_residual``, ``graph_algebraic_connectivity`` and
           ``sheaf_near_kernel_exact`` (:func:`~flwr_sheaf.sheaf.diagnostics.laplacian_spectrum`:
           exact up to 2048 stalk dimensions, 100 LOBPCG iterations above);
         - with ``non-edge-pairs = P > 0``: up to P non-adjacent pairs
@@ -313,8 +313,8 @@ class GraphStrategy(PeerStrategy):
           (:meth:`~flwr_sheaf.sheaf.network.NetworkSheaf.transport_map`), stored in
           :attr:`_non_edge_plan` for :meth:`route_evaluate`.
 
-        Without raw pilots (:attr:`holds_raw_pilots` False) nothing is computed and
-        ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say why. The server computes with
+        Without raw pilots (:attr:`holds_raw_pilots` False, or a phase-1 reply without a ``pilots``
+        array) nothing is computed and ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say why. The server computes with
         ``torch-threads`` threads (when > 0; restored afterwards): small products on more threads
         than free cores were 100x slower on a loaded machine.
         """
@@ -330,14 +330,19 @@ class GraphStrategy(PeerStrategy):
         self._non_edge_plan = {}
         rec = self.current.evaluate
         fed = self.federation
+        present = sorted(self._phase1)
+        lacking = [p for p in present if "pilots" not in self._phase1[p].content[ARRAYS]]
+        why = None
         if not self.holds_raw_pilots:
             why = (f"{type(self).__name__} does not hold the nodes' raw pilots (stringent privacy): the maps "
                    f"cannot be composed or refitted at the server")
+        elif lacking:
+            why = f"the phase-1 replies of partition-ids {lacking[:10]} carry no pilots: the maps cannot be refitted"
+        if why is not None:
             rec["sheaf_diagnostics_skipped"] = why
             if fed.non_edge_pairs > 0:
                 rec["non_edges_skipped"] = why
             return
-        present = sorted(self._phase1)
         if not present:
             return
         pilots = {p: torch.from_numpy(np.asarray(self._phase1[p].content[ARRAYS]["pilots"].numpy(), dtype=np.float64))
