@@ -5,7 +5,7 @@ graph on N agents, stalk dimensions of the ``tiny-<N>`` zoo (16, 24, 24, 32, 32 
 pilots per agent (float64), and times what :meth:`flwr_sheaf.strategy.graph.GraphStrategy.sheaf_diagnostics`
 does per evaluated round: Procrustes refit of every edge (Eq. 18), per-edge total variation, the
 non-edge draw and composition along shortest paths, and the Laplacian spectrum (Eq. 6; dense up to
-2,048 stalk dimensions, LOBPCG above). One torch thread.
+4,096 stalk dimensions, LOBPCG above). One torch thread.
 
 Usage::
 

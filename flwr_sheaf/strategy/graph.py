@@ -306,7 +306,7 @@ class GraphStrategy(PeerStrategy):
           ``sheaf_kernel_dim_bound`` (``min_i d_i`` per component), ``sheaf_laplacian_size``,
           ``sheaf_eigensolver``, ``sheaf_eigen_residual``, ``graph_algebraic_connectivity`` and
           ``sheaf_near_kernel_exact`` (:func:`~flwr_sheaf.sheaf.diagnostics.laplacian_spectrum`:
-          exact up to 2048 stalk dimensions, 100 LOBPCG iterations above);
+          exact up to 4096 stalk dimensions, 100 LOBPCG iterations above);
         - with ``non-edge-pairs = P > 0``: up to P non-adjacent pairs
           (:func:`~flwr_sheaf.sheaf.diagnostics.sample_non_edges`, from (seed, round)); each is
           measured in both directions with the maps composed along one shortest path of that subgraph
