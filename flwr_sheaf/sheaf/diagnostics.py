@@ -15,8 +15,8 @@ Cost (documented bound): ``n = sum_i d_i``. Up to :data:`DENSE_MAX_DIM` the spec
 and so is the near-kernel count. Above it, ``L`` is built sparse (``O(sum_e d_h d_t)`` memory, CSR)
 and ``torch.lobpcg`` computes the ``k`` smallest eigenpairs in at most :data:`LOBPCG_ITERATIONS`
 iterations (hard stop; each iteration is one sparse product with an ``n x 3k`` block, so the cost
-is ``O(iterations * nnz(L) * k)``: 12 s on one loaded core for 1,000 tiny agents, n = 25,600,
-3.1 M non-zeros, k = 6); the near-kernel count is then a count among those k (flagged when all k
+is ``O(iterations * nnz(L) * k)``: 9 s on one loaded core for 1,000 tiny agents, n = 25,600,
+3.1 M non-zeros, k = 6; ``benchmarks/diagnostics_cost.py``); the near-kernel count is then a count among those k (flagged when all k
 are below the tolerance) and the largest residual ``||L x - mu x||`` is returned, so an
 unconverged estimate is visible, never silent. No Flower here.
 """
