@@ -285,3 +285,35 @@ def test_without_raw_pilots_multi_hop_and_diagnostics_are_skipped_with_a_reason(
     s.sheaf_diagnostics(2)
     assert "partition-ids [0] carry no pilots" in s.current.evaluate["non_edges_skipped"]
     assert s._non_edge_plan == {} and "sheaf_edge_tv" not in s.current.evaluate
+
+
+def test_a_phase2_reply_with_bad_non_edge_entries_is_that_nodes_failure_reason():
+    from types import SimpleNamespace
+
+    from flwr_sheaf.config import FederationConfig
+    from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+
+    s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring"))
+    s._routed_src = {0: (1, 3)}
+    s._non_edge_plan = {0: [(2, np.eye(3), [2, 1, 0])]}
+    edge = {"src": [1, 3], "communication-accuracy": [0.5, 0.5], "val-communication-accuracy": [0.5, 0.5]}
+    good = {"non-edge-src": [2], "non-edge-communication-accuracy": [0.4], "val-non-edge-communication-accuracy": [0.4],
+            "non-edge-direct-communication-accuracy": [0.5], "val-non-edge-direct-communication-accuracy": [0.5]}
+    reply = lambda extra: SimpleNamespace(content={"metrics": {**edge, **extra}})  # noqa: E731
+    assert s._comm_problem(0, reply(good)) is None
+    assert "lacks ['non-edge-src'" in s._comm_problem(0, reply({}))
+    assert "non-edge sources [3], but [2] were routed" in s._comm_problem(0, reply({**good, "non-edge-src": [3]}))
+    assert "not in [0, 1]" in s._comm_problem(0, reply({**good, "non-edge-communication-accuracy": [1.5]}))
+    assert "one length" in s._comm_problem(0, reply({**good, "non-edge-direct-communication-accuracy": [0.5, 0.1]}))
+    s._non_edge_plan = {}
+    assert s._comm_problem(0, reply({})) is None  # nothing routed: nothing required
+
+
+@pytest.mark.parametrize("override, text", [({"non-edge-pairs": -1}, "non-edge-pairs=-1: must be >= 0"),
+                                            ({"diagnostics-eigenvalues": 1.5}, "diagnostics-eigenvalues=1.5: expected an integer")])
+def test_bad_diagnostics_keys_are_refused_naming_key_and_value(override, text):
+    from flwr_sheaf.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match=text.replace("(", r"\(").replace(")", r"\)")):
+        RunConfig.from_run_config(override)
+    assert RunConfig.from_run_config({}).federation.non_edge_pairs == 20
