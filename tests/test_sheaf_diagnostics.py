@@ -317,3 +317,20 @@ def test_bad_diagnostics_keys_are_refused_naming_key_and_value(override, text):
     with pytest.raises(ConfigError, match=text.replace("(", r"\(").replace(")", r"\)")):
         RunConfig.from_run_config(override)
     assert RunConfig.from_run_config({}).federation.non_edge_pairs == 20
+
+
+def test_report_prints_the_non_edge_and_laplacian_lines_only_when_recorded():
+    from flwr_sheaf.report import summary_lines
+
+    base = {"round": 3, "private_accuracy_mean": 0.5, "communication_accuracy_degree_weighted": 0.4,
+            "communication_accuracy_mean": 0.4}
+    extra = {"communication_accuracy_non_edges": 0.25, "communication_accuracy_non_edges_direct": 0.375,
+             "non_edge_pairs_measured": 18, "sheaf_near_kernel_dim": 8, "sheaf_kernel_dim_bound": 16,
+             "sheaf_laplacian_eigenvalues": [1e-4, 2e-3], "sheaf_tv_mean": 22.5}
+    lines = summary_lines({"rounds": [{**base, **extra}], "config": {"method": "sheaf-frl"}})
+    assert ("non-edges (18 directed pairs): communication accuracy after multi-hop transport 0.250 | "
+            "direct Procrustes 0.375") in lines
+    assert ("sheaf Laplacian: near-kernel 8 of at most 16 global sections | smallest eigenvalues 1.0e-04, 2.0e-03 | "
+            "pilot TV per edge 22.500") in lines
+    plain = summary_lines({"rounds": [base], "config": {"method": "fedproto"}})
+    assert not any("non-edges" in x or "sheaf Laplacian" in x for x in plain)
