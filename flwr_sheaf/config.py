@@ -13,7 +13,8 @@ section              keys                                                       
 :class:`ScenarioConfig` ``zoo``, ``dataset``, ``shift``, ``seed``, ``num-pilots``,    task factory (client)
                      ``whitening-shrinkage``, ``whitening-eps``
 :class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
-                     ``evaluate-every``, ``seed``
+                     ``evaluate-every``, ``seed``, ``fraction-evaluate``,
+                     ``non-edge-pairs``, ``diagnostics-eigenvalues``
 :class:`LocalTrainConfig` ``local-epochs``, ``lr``, ``momentum``, ``weight-decay``,   local-training loop
                      ``batch-size``, ``clip-norm``, ``max-steps-per-epoch``,
                      ``torch-threads``
@@ -265,6 +266,12 @@ _KEY_LIST = [
     Key("fraction-evaluate", 1.0, _float(0.0, 1.0, lo_open=True),
         "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
         "with both ends sampled)"),
+    Key("non-edge-pairs", 20, _int(0),
+        "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
+        "(seeded per round; 0 = off; docs/variants.md)"),
+    Key("diagnostics-eigenvalues", 6, _int(0),
+        "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
+        "(0 = no spectrum; docs/variants.md)"),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
     Key("lr", 0.05, _float(0.0, lo_open=True), "SGD learning rate"),
@@ -435,7 +442,8 @@ class ScenarioConfig(Section):
     """
 
 
-@section("graph", "fraction-train", "participation", "evaluate-every", "seed", "fraction-evaluate")
+@section("graph", "fraction-train", "participation", "evaluate-every", "seed", "fraction-evaluate",
+         "non-edge-pairs", "diagnostics-eigenvalues")
 class FederationConfig(Section):
     """Graph, who trains when, and how often to evaluate (read by every strategy).
 
@@ -448,6 +456,11 @@ class FederationConfig(Section):
         seed: participation seed (draws depend only on (seed, server round, partition-id)).
         fraction_evaluate: fraction of nodes evaluated per evaluated round, in (0, 1] (1 = every node);
             drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.4).
+        non_edge_pairs: unordered non-adjacent pairs of evaluated nodes whose communication accuracy
+            is measured in both directions after multi-hop transport and after direct Procrustes
+            (drawn per evaluated round from (seed, round); 0 = off; docs/variants.md).
+        diagnostics_eigenvalues: smallest sheaf-Laplacian eigenvalues reported per evaluated round
+            (0 = no spectrum; the per-edge total variation is always reported; docs/variants.md).
     """
 
 

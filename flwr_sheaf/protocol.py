@@ -492,3 +492,95 @@ def unpack_pilot_selection(rec: ArrayRecord, expected_digest: int, num_pilots: i
                             f"{PILOT_INDEX_DIGEST!r} = {int(expected_digest)} (other pilots, another order or other "
                             f"groups than the neighbours' matrices were reduced with)")
     return idx.astype(np.int64), None if grp is None else grp.astype(np.int64)
+# ------------------------------------------------------------------------------ non-edge transport (multi-hop)
+#: routed array of a non-edge source j in ``evaluate.<action>_comm``: the composed map ``(d_i, d_j)``
+#: (float64) along a shortest path, key ``"<j>/path-map"`` beside j's :data:`EVAL_ARRAYS`.
+PATH_MAP = "path-map"
+#: per non-edge source metrics of a phase-2 reply (lists aligned with :data:`NON_EDGE_SRC`): accuracy
+#: after multi-hop transport and after direct Procrustes between the two nodes' pilots, test and validation.
+NON_EDGE_SRC = "non-edge-src"
+NON_EDGE_ACCURACY = "non-edge-communication-accuracy"
+VAL_NON_EDGE_ACCURACY = "val-non-edge-communication-accuracy"
+NON_EDGE_DIRECT_ACCURACY = "non-edge-direct-communication-accuracy"
+VAL_NON_EDGE_DIRECT_ACCURACY = "val-non-edge-direct-communication-accuracy"
+#: what a phase-2 reply must hold when non-edge sources were routed to it.
+NON_EDGE_REPLY = {METRICS: (NON_EDGE_SRC, NON_EDGE_ACCURACY, VAL_NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY,
+                            VAL_NON_EDGE_DIRECT_ACCURACY)}
+
+__all__ += ["PATH_MAP", "NON_EDGE_SRC", "NON_EDGE_ACCURACY", "VAL_NON_EDGE_ACCURACY", "NON_EDGE_DIRECT_ACCURACY",
+            "VAL_NON_EDGE_DIRECT_ACCURACY", "NON_EDGE_REPLY", "NonEdgeConfig", "route_non_edges"]
+
+
+@dataclass(frozen=True)
+class NonEdgeConfig:
+    """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by index).
+
+    Multi-hop transport (docs/variants.md): the server composes the restriction maps along a
+    shortest path from source j to receiver i and routes j's arrays with the composed map
+    (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map between the two pilot
+    matrices (the reference a direct pilot exchange reaches).
+
+    Attributes:
+        sources: source partition-ids j (not neighbours of the receiver).
+        dims: their stalk dimensions d_j.
+        heads: ``True`` where the receiver is the head of the direct pair (larger d; tie: larger
+            partition-id; :func:`flwr_sheaf.sheaf.network.orient_edge`), for the direct Procrustes map.
+        hops: path lengths (>= 2).
+    """
+
+    sources: tuple[int, ...] = ()
+    dims: tuple[int, ...] = ()
+    heads: tuple[bool, ...] = ()
+    hops: tuple[int, ...] = ()
+
+    KEYS = ("non-edge-sources", "non-edge-dims", "non-edge-i-is-head", "non-edge-hops")
+
+    def __post_init__(self) -> None:
+        n = len(self.sources)
+        if len(self.dims) != n or len(self.heads) != n or len(self.hops) != n:
+            raise ProtocolError(f"malformed non-edge config: {n} sources, {len(self.dims)} dims, {len(self.heads)} "
+                                f"roles, {len(self.hops)} hop counts")
+
+    def to_config(self) -> dict:
+        """Config-record entries (empty when there are no sources: the keys are then left out)."""
+        if not self.sources:
+            return {}
+        return dict(zip(self.KEYS, ([int(j) for j in self.sources], [int(d) for d in self.dims],
+                                    [int(h) for h in self.heads], [int(h) for h in self.hops])))
+
+    @classmethod
+    def from_config(cls, cfg: Mapping) -> "NonEdgeConfig":
+        """Inverse of :meth:`to_config` (no keys = no non-edge sources).
+
+        Raises:
+            ProtocolError: some but not all of :attr:`KEYS`, or lists of different lengths.
+        """
+        present = [k for k in cls.KEYS if k in cfg]
+        if not present:
+            return cls()
+        if len(present) != len(cls.KEYS):
+            raise ProtocolError(f"non-edge config has {present} but lacks {[k for k in cls.KEYS if k not in cfg]}")
+        s, d, h, n = (cfg[k] for k in cls.KEYS)
+        return cls(tuple(int(j) for j in s), tuple(int(x) for x in d), tuple(bool(int(x)) for x in h),
+                   tuple(int(x) for x in n))
+
+
+def route_non_edges(phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
+    """Phase-2 arrays of one receiver's non-edge sources: j's :data:`EVAL_ARRAYS` and the composed map.
+
+    Args:
+        phase1: phase-1 arrays per partition-id.
+        maps: ``{source j: composed map (d_receiver, d_j)}``.
+
+    Returns:
+        ``{"<j>/<name>": array}`` to add to the receiver's routed ``arrays`` record (read back with
+        :func:`unpack_routed` and names ``EVAL_ARRAYS + (PATH_MAP,)``).
+
+    Raises:
+        KeyError: a source without phase-1 arrays.
+    """
+    out = {}
+    for j, t in maps.items():
+        out.update({f"{j}/{name}": phase1[j][name].numpy() for name in EVAL_ARRAYS})
+        out[f"{j}/{PATH_MAP}"] = np.ascontiguousarray(t, dtype=np.float64)
+    return out

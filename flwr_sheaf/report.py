@@ -11,7 +11,8 @@ def summary_lines(results: dict) -> list[str]:
     """Human-readable lines of a parsed ``results.json`` (schema of
     :func:`flwr_sheaf.results.write_results`): method, final evaluated round, private and
     communication accuracy (degree-weighted and mean over receivers, paper Eq. 22), the
-    collapse diagnostic (docs/stability.md, s3), bytes and wall time.
+    non-edge (multi-hop vs direct) accuracy and sheaf-Laplacian near-kernel when recorded
+    (docs/variants.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time.
 
     Args:
         results: the parsed JSON dict.
@@ -42,6 +43,15 @@ def summary_lines(results: dict) -> list[str]:
         *([f"communication accuracy with ComFed's learned maps (degree-weighted): "
            f"{fmt(last['comfed_communication_accuracy_degree_weighted'])}"]
           if "comfed_communication_accuracy_degree_weighted" in last else []),
+        *([f"non-edges ({last.get('non_edge_pairs_measured')} directed pairs): communication accuracy after "
+           f"multi-hop transport {fmt(last['communication_accuracy_non_edges'])} | direct Procrustes "
+           f"{fmt(last.get('communication_accuracy_non_edges_direct'))}"]
+          if last.get("communication_accuracy_non_edges") is not None else []),
+        *([f"sheaf Laplacian: near-kernel {last['sheaf_near_kernel_dim']} of at most "
+           f"{last.get('sheaf_kernel_dim_bound')} global sections | smallest eigenvalues "
+           f"{', '.join(f'{e:.1e}' for e in last.get('sheaf_laplacian_eigenvalues') or [])} | pilot TV per edge "
+           f"{fmt(last.get('sheaf_tv_mean'))}"]
+          if last.get("sheaf_near_kernel_dim") is not None else []),
         f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
         f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
     ]

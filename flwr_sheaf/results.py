@@ -28,9 +28,10 @@ def write_results(results_dir: str | Path, config: Mapping, rounds: Sequence[Map
     ``round``, ``private_accuracy_mean``, ``communication_accuracy_mean``,
     ``communication_accuracy_degree_weighted``, ``gluing_loss``, ``bytes_sent``, ``wall_seconds``),
     ``nodes`` (per partition-id: ``d``, ``private_accuracy``, ...), ``edges`` (per directed edge:
-    ``src``, ``dst``, ``communication_accuracy``), plus method-specific keys. NaN and inf become
-    null; mapping keys become strings. The two communication averages are those of paper Eq. 22 /
-    Fig. 2 (docs/reference.md, s6).
+    ``src``, ``dst``, ``communication_accuracy``), plus method-specific keys (graph methods:
+    ``communication_accuracy_non_edges[_direct]`` and the ``sheaf_*`` diagnostics per evaluated
+    round, top-level ``non_edges``; docs/variants.md). NaN and inf become null; mapping keys become
+    strings. The two communication averages are those of paper Eq. 22 / Fig. 2 (docs/reference.md, s6).
 
     Args:
         results_dir: directory (created if missing).

@@ -35,6 +35,8 @@ from ..protocol import (ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EV
                         TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
                         NodeInfo, ProtocolError, comm_action, message_type, pack_arrays, pilot_digest, EVAL_TRANSPORTED,
                         unpack_routed)
+from ..protocol import (NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY, NON_EDGE_SRC, PATH_MAP, VAL_NON_EDGE_ACCURACY,
+                        VAL_NON_EDGE_DIRECT_ACCURACY, NonEdgeConfig)
 from ..sheaf import check_pilots, procrustes
 from ..sheaf.whitening import low_variance_fraction
 from ..devices import resolve_device
@@ -218,7 +220,52 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
             acc_val.append(res[1])
             for name, value in method.edge_metrics(msg, context, task, j, arr).items():
                 extra.setdefault(name, []).append(float(value))
-        metrics = MetricRecord({COMM_SRC: src, COMM_ACCURACY: acc_test, VAL_COMM_ACCURACY: acc_val, **extra})
+        non_edges = _non_edge_accuracies(msg, model, own, dev)
+        metrics = MetricRecord({COMM_SRC: src, COMM_ACCURACY: acc_test, VAL_COMM_ACCURACY: acc_val, **extra,
+                                **non_edges})
         return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
     return app
+
+
+def _non_edge_accuracies(msg: Message, model: nn.Module, own: torch.Tensor, dev: torch.device) -> dict[str, list]:
+    """Communication accuracy from each non-edge source j of the phase-2 message (docs/variants.md).
+
+    For source j (arrays ``"<j>/pilots"``, ``"<j>/<split>-latents"``, ``"<j>/<split>-labels"`` and
+    the server's composed map ``"<j>/path-map"`` of shape ``(d_i, d_j)``): j's whitened latents are
+    moved by the composed map (``Z T^T``, multi-hop) and, for reference, by the direct Procrustes map
+    between this node's pilots ``own (K, d_i)`` and j's pilots (Eq. 18, orientation from the
+    config), then classified by this node's head.
+
+    Returns:
+        ``{NON_EDGE_SRC: [j...], NON_EDGE_ACCURACY: [...], VAL_NON_EDGE_ACCURACY: [...],
+        NON_EDGE_DIRECT_ACCURACY: [...], VAL_NON_EDGE_DIRECT_ACCURACY: [...]}`` (empty lists without
+        non-edge sources).
+
+    Raises:
+        ProtocolError: a malformed non-edge config or a routed array missing.
+        ValueError: pilots, latents or composed map of j of the wrong shape or with NaN/inf (j named).
+    """
+    ne = NonEdgeConfig.from_config(msg.content[CONFIG])
+    out: dict[str, list] = {k: [] for k in (NON_EDGE_SRC, NON_EDGE_ACCURACY, VAL_NON_EDGE_ACCURACY,
+                                            NON_EDGE_DIRECT_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY)}
+    d_i = own.shape[1]
+    for j, dj, i_head in zip(ne.sources, ne.dims, ne.heads):
+        arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + (PATH_MAP,))
+        a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
+        check_pilots(a_j, f"pilots of non-edge source partition-id {j}", d=dj, k=own.shape[0])
+        t = from_numpy(arr[PATH_MAP], dev, torch.float32)
+        if tuple(t.shape) != (d_i, dj) or not torch.isfinite(t).all():
+            raise ValueError(f"composed map of non-edge source partition-id {j}: shape {tuple(t.shape)} (expected "
+                             f"({d_i}, {dj})) or NaN/inf entries")
+        v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+        for split, multi_key, direct_key in (("test", NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY),
+                                             ("val", VAL_NON_EDGE_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY)):
+            z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
+            check_pilots(z, f"{split} latents of non-edge source partition-id {j}", d=dj)
+            y = from_numpy(arr[f"{split}-labels"], dev, torch.int64)
+            with torch.no_grad():
+                out[multi_key].append(accuracy(model.classify_whitened(transport(z, t, True)), y))
+                out[direct_key].append(accuracy(model.classify_whitened(transport(z, v, i_head)), y))
+        out[NON_EDGE_SRC].append(int(j))
+    return out

@@ -1,7 +1,7 @@
 """Sheaf mathematics on torch tensors (no Flower, no CNNs)."""
 
 from .gluing import EdgeTerm, local_gluing_penalty
-from .network import NetworkSheaf, orient_edge
+from .network import NetworkSheaf, coboundary, orient_edge, path_map, sheaf_laplacian
 from .procrustes import SvdCounter, polar_factor, procrustes, svd_count
 from .validation import check_pilots
 from .variants import Received, edge_terms, init_map, outgoing_pilots, resolve_variant
@@ -11,6 +11,9 @@ __all__ = [
     "local_gluing_penalty",
     "NetworkSheaf",
     "orient_edge",
+    "coboundary",
+    "sheaf_laplacian",
+    "path_map",
     "polar_factor",
     "procrustes",
     "check_pilots",

@@ -4,12 +4,16 @@ Paper Sec. 3: node stalks ``R^{d_i}``, edge stalk of the larger dimension, restr
 re-parameterised as in Eq. 10 so that each oriented edge (head h, tail t, ``d_h >= d_t``)
 carries one ``V`` in ``St(d_h, d_t)`` and the coboundary is ``(Delta z)_e = z_h - V z_t``
 (Eq. 5 with ``O = I``; Eq. 11). ``L = Delta^T Delta`` (Eq. 6); ``TV(z) = ||Delta z||^2`` (Eq. 9).
+The free functions :func:`coboundary` and :func:`sheaf_laplacian` build both matrices from any
+``{(head, tail): V}`` (dense, or torch sparse COO for large graphs); :func:`path_map` composes the
+maps along a path (multi-hop transport between non-neighbours, docs/variants.md).
 Pure torch + networkx; knows nothing of Flower or CNNs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 
 import networkx as nx
 import torch
@@ -17,7 +21,7 @@ import torch
 from .procrustes import procrustes
 from .validation import check_pilots
 
-__all__ = ["orient_edge", "NetworkSheaf"]
+__all__ = ["orient_edge", "NetworkSheaf", "coboundary", "sheaf_laplacian", "stalk_offsets", "path_map"]
 
 
 def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
@@ -41,6 +45,150 @@ def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
     if d_a != d_b:
         return (a, b) if d_a > d_b else (b, a)
     return (a, b) if a > b else (b, a)
+
+
+def stalk_offsets(dims: Mapping[int, int]) -> dict[int, int]:
+    """Start index of each node's block in the stacked 0-cochain ``C^0 = (+)_i R^{d_i}``.
+
+    Args:
+        dims: stalk dimension ``d_i > 0`` per node id.
+
+    Returns:
+        ``{node: offset}``; blocks in ascending node-id order (the column order of
+        :func:`coboundary` and :func:`sheaf_laplacian`).
+    """
+    off, pos = {}, 0
+    for n in sorted(dims):
+        off[n] = pos
+        pos += int(dims[n])
+    return off
+
+
+def _check_maps(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
+                edges: Sequence[tuple[int, int]]) -> None:
+    for h, t in edges:
+        if h not in dims or t not in dims:
+            raise ValueError(f"edge {h}->{t}: node {h if h not in dims else t} has no stalk dimension")
+        if (h, t) not in maps:
+            raise ValueError(f"no restriction map for oriented edge {h}->{t}")
+        v = maps[(h, t)]
+        if tuple(v.shape) != (dims[h], dims[t]):
+            raise ValueError(f"map of edge {h}->{t} must be ({dims[h]}, {dims[t]}), got {tuple(v.shape)}")
+        if not torch.isfinite(v).all():
+            raise ValueError(f"map of edge {h}->{t} has NaN/inf entries")
+
+
+def coboundary(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
+               edges: Sequence[tuple[int, int]], *, sparse: bool = False) -> torch.Tensor:
+    """Coboundary ``Delta`` of a network sheaf (paper Eq. 5, re-parameterised as Eq. 10/11).
+
+    Args:
+        maps: ``{(head, tail): V}``, ``V`` of shape ``(d_head, d_tail)`` (any float dtype).
+        dims: stalk dimension per node; every node of ``dims`` gets a column block (a node
+            without edges contributes ``d_i`` free directions to the kernel).
+        edges: oriented edges ``(head, tail)``; the row blocks follow this order.
+        sparse: return a torch sparse COO tensor (coalesced) instead of a dense one.
+
+    Returns:
+        float64 ``(sum_e d_head(e), sum_i d_i)``; block row of edge (h, t) is ``[I at h, -V at t]``,
+        so ``(Delta z)_e = z_h - V z_t``; column blocks by :func:`stalk_offsets`.
+
+    Raises:
+        ValueError: an edge without a map or with a node missing from ``dims``, a map of the wrong
+            shape, NaN/inf entries.
+    """
+    _check_maps(maps, dims, edges)
+    off = stalk_offsets(dims)
+    n_cols = sum(int(d) for d in dims.values())
+    n_rows = sum(int(dims[h]) for h, _ in edges)
+    if not sparse:
+        delta = torch.zeros(n_rows, n_cols, dtype=torch.float64)
+        row = 0
+        for h, t in edges:
+            dh, dt = dims[h], dims[t]
+            delta[row : row + dh, off[h] : off[h] + dh] = torch.eye(dh, dtype=torch.float64)
+            delta[row : row + dh, off[t] : off[t] + dt] = -maps[(h, t)].detach().double().cpu()
+            row += dh
+        return delta
+    rows, cols, vals = [], [], []
+    row = 0
+    for h, t in edges:
+        dh, dt = dims[h], dims[t]
+        r = torch.arange(row, row + dh)
+        rows.append(r)
+        cols.append(torch.arange(off[h], off[h] + dh))
+        vals.append(torch.ones(dh, dtype=torch.float64))
+        rr, cc = torch.meshgrid(r, torch.arange(off[t], off[t] + dt), indexing="ij")
+        rows.append(rr.reshape(-1))
+        cols.append(cc.reshape(-1))
+        vals.append(-maps[(h, t)].detach().double().cpu().reshape(-1))
+        row += dh
+    if not rows:
+        return torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
+                                       (n_rows, n_cols), check_invariants=True).coalesce()
+    idx = torch.stack([torch.cat(rows), torch.cat(cols)])
+    return torch.sparse_coo_tensor(idx, torch.cat(vals), (n_rows, n_cols), check_invariants=True).coalesce()
+
+
+def sheaf_laplacian(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
+                    edges: Sequence[tuple[int, int]], *, sparse: bool = False) -> torch.Tensor:
+    """Sheaf Laplacian ``L = Delta^T Delta`` (paper Eq. 6) of :func:`coboundary`'s ``Delta``.
+
+    Args:
+        maps, dims, edges: as :func:`coboundary`.
+        sparse: build and multiply torch sparse COO matrices (memory ``O(sum_e d_h d_t)``
+            instead of ``O((sum_i d_i)^2)``); the result is then sparse COO too.
+
+    Returns:
+        float64 symmetric positive semidefinite ``(sum_i d_i, sum_i d_i)``; its diagonal block of
+        node i is ``sum_{e: i head} I + sum_{e: i tail} V_e^T V_e`` (``deg_i I`` for Stiefel maps).
+
+    Raises:
+        ValueError: as :func:`coboundary`.
+    """
+    delta = coboundary(maps, dims, edges, sparse=sparse)
+    if not sparse:
+        return delta.T @ delta
+    with warnings.catch_warnings():  # torch notes that its sparse CSR kernels (used inside) are "beta"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse.mm(delta.t().coalesce(), delta).coalesce()
+
+
+def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+    """Compose the restriction maps along a path: transport from stalk ``path[0]`` to ``path[-1]``.
+
+    A hop ``u -> w`` over the oriented edge ``(w, u)`` (w the head) embeds: ``z_w = V z_u``; over
+    ``(u, w)`` (u the head) it projects: ``z_w = V^T z_u`` (the same per-edge rule as the
+    communication-accuracy transport, :func:`flwr_sheaf.client.common.transport`). The composed
+    map is ``T = M_k ... M_1``; a row-wise latent matrix ``Z (M, d_src)`` moves as ``Z T^T``.
+
+    Args:
+        path: node ids ``(src, ..., dst)``, at least two, consecutive nodes adjacent.
+        maps: ``{(head, tail): V}`` holding every hop's edge in exactly one orientation.
+
+    Returns:
+        float64 ``(d_dst, d_src)`` matrix (exact for latents generated by these maps along the
+        path; a projection hop loses the component orthogonal to ``Im V``).
+
+    Raises:
+        ValueError: a path of fewer than two nodes, a hop with no map in either orientation, or
+            maps whose shapes do not chain.
+    """
+    if len(path) < 2:
+        raise ValueError(f"path {list(path)} needs at least two nodes")
+    t = None
+    for u, w in zip(path[:-1], path[1:]):
+        if (w, u) in maps:
+            m = maps[(w, u)].detach().double().cpu()
+        elif (u, w) in maps:
+            m = maps[(u, w)].detach().double().cpu().T
+        else:
+            raise ValueError(f"path {list(path)}: no restriction map for hop {u}->{w} (edge not in the sheaf)")
+        if t is not None and m.shape[1] != t.shape[0]:
+            raise ValueError(f"path {list(path)}: hop {u}->{w} map {tuple(m.shape)} does not chain with "
+                             f"{tuple(t.shape)}")
+        t = m if t is None else m @ t
+    return t
 
 
 class NetworkSheaf:
@@ -83,41 +231,57 @@ class NetworkSheaf:
 
     # ------------------------------------------------------------------ structure
     def offsets(self) -> dict[int, int]:
-        """Start index of each node's block in the stacked 0-cochain ``C^0 = (+)_i R^{d_i}``.
+        """Start index of each node's block in the stacked 0-cochain (:func:`stalk_offsets`).
 
         Returns:
             ``{partition-id: int offset}``; blocks are laid out in ascending partition-id order
             (the column order of :meth:`coboundary` and :meth:`laplacian`).
         """
-        off, pos = {}, 0
-        for n in sorted(self.dims):
-            off[n] = pos
-            pos += self.dims[n]
-        return off
+        return stalk_offsets(self.dims)
 
-    def coboundary(self) -> torch.Tensor:
-        """Dense coboundary ``Delta`` (Eq. 5, re-parameterised as Eq. 10/11).
+    def coboundary(self, sparse: bool = False) -> torch.Tensor:
+        """Coboundary ``Delta`` (Eq. 5, re-parameterised as Eq. 10/11; :func:`coboundary`).
 
         Returns:
-            float64 ``(sum_e d_head(e), sum_i d_i)`` matrix; edge blocks in ``self.edges`` order,
-            node blocks sorted by partition-id; block row of edge (h, t) is ``[I at h, -V at t]``.
+            float64 ``(sum_e d_head(e), sum_i d_i)`` matrix (sparse COO with ``sparse=True``); edge
+            blocks in ``self.edges`` order, node blocks sorted by partition-id; block row of edge
+            (h, t) is ``[I at h, -V at t]``.
         """
-        off = self.offsets()
-        n_cols = sum(self.dims.values())
-        n_rows = sum(self.dims[h] for h, _ in self.edges)
-        delta = torch.zeros(n_rows, n_cols, dtype=torch.float64)
-        row = 0
-        for h, t in self.edges:
-            dh, dt = self.dims[h], self.dims[t]
-            delta[row : row + dh, off[h] : off[h] + dh] = torch.eye(dh, dtype=torch.float64)
-            delta[row : row + dh, off[t] : off[t] + dt] = -self.maps[(h, t)].double()
-            row += dh
-        return delta
+        return coboundary(self.maps, self.dims, self.edges, sparse=sparse)
 
-    def laplacian(self) -> torch.Tensor:
-        """Sheaf Laplacian ``L = Delta^T Delta`` (Eq. 6): float64, symmetric PSD, ``(sum d_i, sum d_i)``."""
-        delta = self.coboundary()
-        return delta.T @ delta
+    def laplacian(self, sparse: bool = False) -> torch.Tensor:
+        """Sheaf Laplacian ``L = Delta^T Delta`` (Eq. 6; :func:`sheaf_laplacian`): float64, symmetric
+        PSD, ``(sum d_i, sum d_i)`` (sparse COO with ``sparse=True``)."""
+        return sheaf_laplacian(self.maps, self.dims, self.edges, sparse=sparse)
+
+    def transport_map(self, path: Sequence[int]) -> torch.Tensor:
+        """:func:`path_map` along ``path`` with this sheaf's maps: float64 ``(d_dst, d_src)``.
+
+        Raises:
+            ValueError: a hop that is not an edge of this sheaf.
+        """
+        return path_map(path, self.maps)
+
+    def edge_total_variation(self, pilots: Mapping[int, torch.Tensor]) -> dict[tuple[int, int], float]:
+        """Per oriented edge ``||A_h - V A_t||_F^2 / K`` on row-wise pilots (the Eq. 9 terms per pilot).
+
+        Args:
+            pilots: per node ``(K, d_i)`` (same K everywhere).
+
+        Returns:
+            ``{(head, tail): float}`` in ``self.edges`` order (sum over edges times K = :meth:`total_variation`).
+
+        Raises:
+            ValueError: as :meth:`total_variation`.
+        """
+        out = {}
+        for h, t in self.edges:
+            zh, zt = self._rows(pilots, h), self._rows(pilots, t)
+            if zh.shape[0] != zt.shape[0]:
+                raise ValueError(f"edge {h}->{t}: {zh.shape[0]} vs {zt.shape[0]} pilot rows")
+            v = self.maps[(h, t)].to(zh.dtype)
+            out[(h, t)] = float(((zh - zt @ v.T) ** 2).sum()) / zh.shape[0]
+        return out
 
     # ------------------------------------------------------------------ signals
     def total_variation(self, z: Mapping[int, torch.Tensor]) -> torch.Tensor:

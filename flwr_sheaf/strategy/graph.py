@@ -16,6 +16,13 @@ evaluates the same way; a method only fills in hooks:
   ``fraction-evaluate = f < 1`` a seeded draw of ``max(1, floor(f N))`` nodes per evaluated round
   (:class:`~flwr_sheaf.participation.ParticipationSampler`, stream 1): communication accuracy is
   then measured only on edges whose two ends were both drawn (and answered).
+
+Between the two phases (:meth:`GraphStrategy.sheaf_diagnostics`, docs/variants.md) the strategy
+refits every edge's Procrustes map on the answering nodes' phase-1 pilots (the maps the receivers
+fit in phase 2), records the per-edge total variation and the smallest eigenvalues of the sheaf
+Laplacian (Eq. 6) with its near-kernel (approximate global sections), draws ``non-edge-pairs``
+non-adjacent pairs from (seed, round) and routes to each receiver, besides its neighbours' arrays,
+its non-edge sources' arrays with the maps composed along a shortest path (multi-hop transport).
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from collections.abc import Iterable, Mapping
 
 import networkx as nx
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ..participation import EVALUATE_STREAM, ParticipationSampler
@@ -35,7 +43,10 @@ from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVA
                         DEVICE, METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
                         TRAIN_REPLY, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, EdgeConfig, comm_action,
                         route_evaluation)
-from ..sheaf.network import orient_edge
+from ..protocol import (NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY, NON_EDGE_REPLY, NON_EDGE_SRC, VAL_NON_EDGE_ACCURACY,
+                        VAL_NON_EDGE_DIRECT_ACCURACY, NonEdgeConfig, route_non_edges)
+from ..sheaf.diagnostics import graph_algebraic_connectivity, laplacian_spectrum, sample_non_edges
+from ..sheaf.network import NetworkSheaf, orient_edge
 from ..topology import build_graph, validate_graph
 from .base import EvaluationSummary, PeerStrategy, RoundRecord, nanmean, weight_problem
 
@@ -75,6 +86,10 @@ class GraphStrategy(PeerStrategy):
     #: extra phase-1 arrays routed to neighbours, and extra per-edge phase-2 metrics (ComFed's learned maps).
     routed_arrays: tuple[str, ...] = ()
     edge_metric_names: tuple[str, ...] = ()
+    #: whether the phase-1 evaluation replies carry the nodes' raw (whitened) pilots to the server. A
+    #: strategy under which they do not (stringent privacy) sets False: multi-hop transport and the
+    #: sheaf diagnostics are then skipped with the reason recorded in the round.
+    holds_raw_pilots: bool = True
 
     def __init__(self, num_nodes: int, *, action: str, federation: FederationConfig, train: LocalTrainConfig,
                  graph: nx.Graph | None, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
@@ -96,6 +111,9 @@ class GraphStrategy(PeerStrategy):
         self._evaluators: list[int] = []
         self._nodes_out: dict[int, dict] = {}
         self._edges_out: list[dict] = []
+        #: this round's non-edge plan ``{receiver: [(source, composed map (d_i, d_j), path), ...]}``
+        self._non_edge_plan: dict[int, list[tuple[int, np.ndarray, list[int]]]] = {}
+        self._non_edges_out: list[dict] = []
 
     # ------------------------------------------------------------------ graph
     def query_config(self) -> dict:
@@ -263,18 +281,115 @@ class GraphStrategy(PeerStrategy):
                 self.record_failure(server_round, "evaluate", pid, f"bad evaluation reply: {why}")
                 del self._phase1[pid]
         arrays = {p: r.content[ARRAYS] for p, r in self._phase1.items()}
+        self.sheaf_diagnostics(server_round)
         msgs = []
         self._routed_src = {}
         for pid in sorted(self._phase1):
             edges = self.edge_config(pid).keep(self._phase1)
             self._routed_src[pid] = tuple(edges.neighbours)
-            content = RecordDict({ARRAYS: route_evaluation(arrays, edges.neighbours, EVAL_ARRAYS + self.routed_arrays),
+            routed = route_evaluation(arrays, edges.neighbours, EVAL_ARRAYS + self.routed_arrays)
+            plan = self._non_edge_plan.get(pid, [])
+            for key, value in route_non_edges(arrays, {j: t for j, t, _ in plan}).items():
+                routed[key] = Array(np.ascontiguousarray(value))
+            d = self.nodes[pid].d
+            non_edges = NonEdgeConfig(tuple(j for j, _, _ in plan), tuple(self.nodes[j].d for j, _, _ in plan),
+                                      tuple(orient_edge(pid, d, j, self.nodes[j].d)[0] == pid for j, _, _ in plan),
+                                      tuple(len(path) - 1 for _, _, path in plan))
+            content = RecordDict({ARRAYS: routed,
                                   CONFIG: ConfigRecord(self.merge_extra({**self._eval_config(server_round),
-                                                                         **edges.to_config()}, self._extra_eval,
-                                                                        "evaluate_config"))})
+                                                                         **edges.to_config(), **non_edges.to_config()},
+                                                                        self._extra_eval, "evaluate_config"))})
             msgs.append(self.message(pid, content, EVALUATE, server_round, action=comm_action(self.action)))
         self._receivers = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
         return msgs
+
+    def sheaf_diagnostics(self, server_round: int) -> None:
+        """Sheaf diagnostics and the non-edge plan of this evaluated round (docs/variants.md).
+
+        On the subgraph induced by the nodes whose phase-1 reply was accepted, every edge's map is
+        refitted by Procrustes on their phase-1 pilots (Eq. 18; the maps the receivers fit for the
+        edge communication accuracy). Recorded in the round (``results.json``):
+
+        - ``sheaf_edge_tv``: ``[[head, tail, ||A_h - V A_t||_F^2 / K], ...]`` per oriented edge, and
+          its mean ``sheaf_tv_mean`` and maximum ``sheaf_tv_max``;
+        - with ``diagnostics-eigenvalues = k > 0``: ``sheaf_laplacian_eigenvalues`` (the k smallest
+          of ``L = Delta^T Delta``, Eq. 6), ``sheaf_near_kernel_dim``, ``sheaf_near_kernel_tolerance``,
+          ``sheaf_kernel_dim_bound`` (``min_i d_i`` per component), ``sheaf_laplacian_size``,
+          ``sheaf_eigensolver``, ``sheaf_eigen_residual``, ``graph_algebraic_connectivity`` and
+          ``sheaf_near_kernel_exact`` (:func:`~flwr_sheaf.sheaf.diagnostics.laplacian_spectrum`:
+          exact up to 4096 stalk dimensions, 100 LOBPCG iterations above);
+        - with ``non-edge-pairs = P > 0``: up to P non-adjacent pairs
+          (:func:`~flwr_sheaf.sheaf.diagnostics.sample_non_edges`, from (seed, round)); each is
+          measured in both directions with the maps composed along one shortest path of that subgraph
+          (:meth:`~flwr_sheaf.sheaf.network.NetworkSheaf.transport_map`), stored in
+          :attr:`_non_edge_plan` for :meth:`route_evaluate`.
+
+        Without raw pilots (:attr:`holds_raw_pilots` False, or a phase-1 reply without a ``pilots``
+        array) nothing is computed and ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say why. The server computes with
+        ``torch-threads`` threads (when > 0; restored afterwards): small products on more threads
+        than free cores were 100x slower on a loaded machine.
+        """
+        threads = torch.get_num_threads()
+        if self.train.torch_threads > 0:
+            torch.set_num_threads(self.train.torch_threads)
+        try:
+            self._sheaf_diagnostics(server_round)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _sheaf_diagnostics(self, server_round: int) -> None:
+        self._non_edge_plan = {}
+        rec = self.current.evaluate
+        fed = self.federation
+        present = sorted(self._phase1)
+        lacking = [p for p in present if "pilots" not in self._phase1[p].content[ARRAYS]]
+        why = None
+        if not self.holds_raw_pilots:
+            why = (f"{type(self).__name__} does not hold the nodes' raw pilots (stringent privacy): the maps "
+                   f"cannot be composed or refitted at the server")
+        elif lacking:
+            why = f"the phase-1 replies of partition-ids {lacking[:10]} carry no pilots: the maps cannot be refitted"
+        if why is not None:
+            rec["sheaf_diagnostics_skipped"] = why
+            if fed.non_edge_pairs > 0:
+                rec["non_edges_skipped"] = why
+            return
+        if not present:
+            return
+        pilots = {p: torch.from_numpy(np.asarray(self._phase1[p].content[ARRAYS]["pilots"].numpy(), dtype=np.float64))
+                  for p in present}
+        sub = self.graph.subgraph(present)
+        sheaf = NetworkSheaf(sub, {p: self.nodes[p].d for p in present})
+        sheaf.fit_maps(pilots)
+        tv = sheaf.edge_total_variation(pilots)
+        rec["sheaf_edge_tv"] = [[int(h), int(t), v] for (h, t), v in tv.items()]
+        rec["sheaf_tv_mean"] = nanmean(tv.values())
+        rec["sheaf_tv_max"] = max(tv.values()) if tv else float("nan")
+        if fed.diagnostics_eigenvalues > 0:
+            try:
+                spec = laplacian_spectrum(sheaf.maps, sheaf.dims, sheaf.edges, fed.diagnostics_eigenvalues,
+                                          seed=int(np.random.SeedSequence([self.seed, server_round]).generate_state(1)[0]))
+            except torch.linalg.LinAlgError as exc:  # a numerical failure is recorded, never a crashed server
+                rec["sheaf_diagnostics_skipped"] = f"eigensolver failed: {exc}"
+                spec = None
+        if fed.diagnostics_eigenvalues > 0 and spec is not None:
+            rec.update({"sheaf_laplacian_eigenvalues": spec.eigenvalues, "sheaf_near_kernel_dim": spec.near_kernel_dim,
+                        "sheaf_near_kernel_exact": spec.near_kernel_exact,
+                        "sheaf_near_kernel_tolerance": spec.tolerance, "sheaf_kernel_dim_bound": spec.kernel_bound,
+                        "sheaf_laplacian_size": spec.n, "sheaf_eigensolver": spec.solver,
+                        "sheaf_eigen_residual": spec.max_residual,
+                        "graph_algebraic_connectivity": graph_algebraic_connectivity(sub)})
+        if fed.non_edge_pairs <= 0:
+            return
+        pairs = sample_non_edges(self.graph, present, fed.non_edge_pairs, self.seed, server_round)
+        if not pairs:
+            rec["non_edges_skipped"] = "no non-adjacent pair of evaluated nodes joined by a path of evaluated nodes"
+        for a, b in pairs:
+            path = [int(v) for v in nx.shortest_path(sub, a, b)]
+            for src_path in (path, path[::-1]):  # source first
+                dst = src_path[-1]
+                self._non_edge_plan.setdefault(dst, []).append(
+                    (src_path[0], sheaf.transport_map(src_path).numpy(), src_path))
 
     def _phase1_problem(self, pid: int, reply: Message) -> str | None:
         """Why a phase-1 evaluation reply cannot be used (or None): a stalk dimension other than the
@@ -316,6 +431,20 @@ class GraphStrategy(PeerStrategy):
             bad = [v for v in m[k] if not _fraction(v)]
             if bad:
                 return f"{k} = {bad[:5]} not in [0, 1] (or NaN)"
+        plan = self._non_edge_plan.get(pid, [])
+        if plan:
+            names = NON_EDGE_REPLY[METRICS]
+            missing = [k for k in names if k not in m]
+            if missing:
+                return f"non-edge sources were routed to it, but the reply lacks {missing}"
+            if any(not isinstance(m[k], list) for k in names) or len({len(m[k]) for k in names}) != 1:
+                return f"non-edge entries {list(names)} must be lists of one length"
+            if sorted(int(x) for x in m[NON_EDGE_SRC]) != sorted(j for j, _, _ in plan):
+                return f"non-edge sources {list(m[NON_EDGE_SRC])}, but {[j for j, _, _ in plan]} were routed to it"
+            for k in names[1:]:
+                bad = [v for v in m[k] if not _fraction(v)]
+                if bad:
+                    return f"{k} = {bad[:5]} not in [0, 1] (or NaN)"
         return None
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
@@ -346,13 +475,34 @@ class GraphStrategy(PeerStrategy):
                               "val_communication_accuracy": float(vacc),
                               **{n.replace("-", "_"): float(m[n][k]) if n in m else float("nan")
                                  for n in self.edge_metric_names}})
+        non_edges = []
+        for dst in sorted(ok):
+            plan = {j: path for j, _, path in self._non_edge_plan.get(dst, [])}
+            if not plan:
+                continue
+            m = ok[dst].content[METRICS]
+            for k, src in enumerate(m[NON_EDGE_SRC]):
+                path = plan[int(src)]
+                non_edges.append({"src": int(src), "dst": int(dst), "hops": len(path) - 1, "path": list(path),
+                                  "communication_accuracy": float(m[NON_EDGE_ACCURACY][k]),
+                                  "val_communication_accuracy": float(m[VAL_NON_EDGE_ACCURACY][k]),
+                                  "communication_accuracy_direct": float(m[NON_EDGE_DIRECT_ACCURACY][k]),
+                                  "val_communication_accuracy_direct": float(m[VAL_NON_EDGE_DIRECT_ACCURACY][k])})
         summary = summarise_accuracies(nodes, edges)
         extra = {f"{name.replace('-', '_')}_mean": nanmean(n[name.replace("-", "_")] for n in nodes.values())
                  for name in self.node_metric_names}
         for name in self.edge_metric_names:  # degree-weighted = mean over directed edges (Fig. 2)
             key = name.replace("-", "_")
             extra[f"{key}_degree_weighted"] = nanmean(e[key] for e in edges)
-        self._nodes_out, self._edges_out = nodes, edges
+        if self.federation.non_edge_pairs > 0:  # mean over measured directed non-edge pairs (no degree weighting)
+            for key, name in (("communication_accuracy", "communication_accuracy_non_edges"),
+                              ("val_communication_accuracy", "val_communication_accuracy_non_edges"),
+                              ("communication_accuracy_direct", "communication_accuracy_non_edges_direct"),
+                              ("val_communication_accuracy_direct", "val_communication_accuracy_non_edges_direct")):
+                extra[name] = nanmean(e[key] for e in non_edges)
+            extra["non_edge_pairs_measured"] = len(non_edges)
+            extra["non_edge_hops_mean"] = nanmean(e["hops"] for e in non_edges)
+        self._nodes_out, self._edges_out, self._non_edges_out = nodes, edges, non_edges
         self.current.evaluation = summary
         self.current.evaluate.update(extra)
         return MetricRecord(self.numeric({**vars(summary), **extra}))
@@ -376,11 +526,23 @@ class GraphStrategy(PeerStrategy):
         """Per directed edge (``src`` -> ``dst`` receiver) communication accuracy of the last evaluation."""
         return self._edges_out
 
+    @property
+    def non_edge_results(self) -> list[dict]:
+        """Per directed non-edge pair of the last evaluation: ``src``, ``dst`` (receiver), ``hops``,
+        ``path`` (source first), ``communication_accuracy`` (multi-hop), ``communication_accuracy_direct``
+        (direct Procrustes) and their ``val_`` counterparts (docs/variants.md)."""
+        return self._non_edges_out
+
     def results_extra(self) -> dict:
-        """Participation, the evaluation protocol (``whitening-fit``) and the graph's edges."""
+        """Participation, the evaluation protocol (``whitening-fit``), the graph's edges and the last
+        evaluation's non-edge pairs (``non_edges``, :attr:`non_edge_results`)."""
         return {**super().results_extra(), "evaluation": {"whitening-fit": self.whitening_fit,
-                                                          "fraction-evaluate": self.eval_sampler.fraction},
-                "graph": {"edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []}}
+                                                          "fraction-evaluate": self.eval_sampler.fraction,
+                                                          "non-edge-pairs": self.federation.non_edge_pairs,
+                                                          "diagnostics-eigenvalues":
+                                                              self.federation.diagnostics_eigenvalues},
+                "graph": {"edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []},
+                "non_edges": self._non_edges_out}
 
 
 def _number(v) -> bool:

@@ -119,6 +119,8 @@ class SheafFRL(GraphStrategy):
         self.edge_bank: dict[tuple[int, int], np.ndarray] = {}
         self.edge_bank_round: dict[tuple[int, int], int] = {}
         self.eval_transported = self.sheaf.privacy == "stringent"
+        #: no raw pilots reach the server under stringent privacy: no multi-hop / diagnostics (reason recorded).
+        self.holds_raw_pilots = not self.eval_transported
         self._relayed_bytes = 0
         self._train_bytes = [0, 0]
         #: pilot selection (paper App. B): the parsed strategy, its sampler (built once the pilots'
@@ -394,6 +396,7 @@ class SheafFRL(GraphStrategy):
             if why is not None:
                 self.record_failure(server_round, "evaluate", pid, f"bad evaluation reply: {why}")
                 del self._phase1[pid]
+        self.sheaf_diagnostics(server_round)  # records why multi-hop and the diagnostics are skipped
         msgs, self._routed_src = [], {}
         for pid in sorted(self._phase1):
             edges = self.edge_config(pid).keep(self._phase1)

@@ -1,0 +1,224 @@
+"""Sheaf diagnostics of fitted restriction maps: Laplacian spectrum, near-kernel, non-edge sampling.
+
+What a global section is (paper Eq. 6 and App. A, closing remark): ``z`` with ``Delta z = 0``,
+i.e. one assignment of latents to every stalk that every restriction map agrees with. The number of
+independent global sections is ``dim ker L`` of the sheaf Laplacian ``L = Delta^T Delta`` built
+from the maps; on a connected graph it is at most ``min_i d_i`` (a section is fixed by its value at
+any one node). Maps fitted by Procrustes on trained pilots are only approximately consistent
+around cycles, so the kernel becomes a *near-kernel*: eigenvalues below
+:data:`NEAR_KERNEL_RTOL` times ``trace(L) / sum_i d_i`` (for Stiefel maps that scale is the
+d-weighted mean degree, and every eigenvalue lies in ``[0, 2 max_i deg_i]``).
+
+Cost (documented bound): ``n = sum_i d_i``. Up to :data:`DENSE_MAX_DIM` the spectrum is exact
+(``torch.linalg.eigvalsh`` on the dense ``L``: ``O(n^3)``, measured 1.8 s at n = 2168 (the
+``paper-15`` zoo) and 9.6 s at n = 4096 on one loaded core)
+and so is the near-kernel count. Above it, ``L`` is built sparse (``O(sum_e d_h d_t)`` memory, CSR)
+and ``torch.lobpcg`` computes the ``k`` smallest eigenpairs in at most :data:`LOBPCG_ITERATIONS`
+iterations (hard stop; each iteration is one sparse product with an ``n x 3k`` block, so the cost
+is ``O(iterations * nnz(L) * k)``: 9 s on one loaded core for 1,000 tiny agents, n = 25,600,
+3.1 M non-zeros, k = 6; ``benchmarks/diagnostics_cost.py``); the near-kernel count is then a count among those k (flagged when all k
+are below the tolerance) and the largest residual ``||L x - mu x||`` is returned, so an
+unconverged estimate is visible, never silent. No Flower here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+import warnings
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+import torch
+
+from .network import sheaf_laplacian
+
+__all__ = ["NEAR_KERNEL_RTOL", "DENSE_MAX_DIM", "LOBPCG_ITERATIONS", "NON_EDGE_STREAM", "LaplacianSpectrum",
+           "laplacian_spectrum", "graph_algebraic_connectivity", "sample_non_edges"]
+
+#: near-kernel threshold, relative to ``trace(L) / sum_i d_i`` (eigenvalue < tol counts as a global section).
+NEAR_KERNEL_RTOL = 1e-2
+#: largest ``sum_i d_i`` solved densely (exact full spectrum); above it: sparse LOBPCG.
+DENSE_MAX_DIM = 4096
+#: iteration cap of the sparse solver (hard stop; the residual is reported).
+LOBPCG_ITERATIONS = 100
+#: random stream of the non-edge pair draw: ``numpy.random.default_rng([seed, NON_EDGE_STREAM, round])``.
+NON_EDGE_STREAM = 3
+
+
+@dataclass
+class LaplacianSpectrum:
+    """Smallest eigenvalues of a sheaf Laplacian and its near-kernel.
+
+    Attributes:
+        eigenvalues: the ``k`` smallest eigenvalues, ascending (float, clipped at 0 from below
+            only when they are > -1e-12 * scale: round-off of a PSD matrix).
+        near_kernel_dim: eigenvalues below ``tolerance`` (approximate global sections); exact
+            count for the dense solver, count among the ``k`` computed ones for LOBPCG.
+        near_kernel_exact: False when the count may be higher than reported (LOBPCG with all
+            ``k`` computed eigenvalues below the tolerance).
+        tolerance: ``NEAR_KERNEL_RTOL * scale``.
+        scale: ``trace(L) / n``.
+        n: ``sum_i d_i`` (size of ``L``).
+        kernel_bound: ``min_i d_i`` (times the number of connected components): the most global
+            sections the graph allows.
+        solver: ``"dense"`` or ``"lobpcg"``; max_residual: largest ``||L x - mu x||`` of the
+            computed pairs (0.0 for the dense solver).
+    """
+
+    eigenvalues: list[float] = field(default_factory=list)
+    near_kernel_dim: int = 0
+    near_kernel_exact: bool = True
+    tolerance: float = float("nan")
+    scale: float = float("nan")
+    n: int = 0
+    kernel_bound: int = 0
+    solver: str = "dense"
+    max_residual: float = 0.0
+
+
+def laplacian_spectrum(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
+                       edges: Sequence[tuple[int, int]], k: int, *, dense_max: int = DENSE_MAX_DIM,
+                       iterations: int = LOBPCG_ITERATIONS, seed: int = 0) -> LaplacianSpectrum:
+    """The ``k`` smallest eigenvalues and the near-kernel dimension of ``L = Delta^T Delta`` (Eq. 6).
+
+    Args:
+        maps: ``{(head, tail): V (d_head, d_tail)}`` for every edge of ``edges``.
+        dims: stalk dimension per node (every node gets a block; :func:`~flwr_sheaf.sheaf.network.coboundary`).
+        edges: oriented edges ``(head, tail)``.
+        k: number of smallest eigenvalues to return (>= 1; capped at ``n``).
+        dense_max: largest ``n`` solved densely (module docstring; tests force the sparse path with 0).
+        iterations: LOBPCG iteration cap.
+        seed: seed of LOBPCG's random start block.
+
+    Returns:
+        :class:`LaplacianSpectrum`.
+
+    Raises:
+        ValueError: ``k < 1``, no nodes, or bad maps (:func:`~flwr_sheaf.sheaf.network.coboundary`).
+    """
+    if int(k) != k or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if not dims:
+        raise ValueError("laplacian_spectrum: no nodes")
+    n = sum(int(d) for d in dims.values())
+    graph = nx.Graph()
+    graph.add_nodes_from(dims)
+    graph.add_edges_from(edges)
+    bound = sum(min(int(dims[v]) for v in comp) for comp in nx.connected_components(graph))
+    k = min(int(k), n)
+    if n <= dense_max or n < 8:
+        lap = sheaf_laplacian(maps, dims, edges)
+        scale = float(torch.diagonal(lap).sum()) / n
+        ev = torch.linalg.eigvalsh(lap)
+        tol = NEAR_KERNEL_RTOL * scale
+        return LaplacianSpectrum(_clip(ev[:k], scale), int((ev < tol).sum()), True, tol, scale, n, bound, "dense", 0.0)
+    lap = sheaf_laplacian(maps, dims, edges, sparse=True)
+    idx, vals = lap.indices(), lap.values()
+    scale = float(vals[idx[0] == idx[1]].sum()) / n
+    with warnings.catch_warnings():  # torch notes that its sparse CSR kernels are "beta"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        csr = lap.to_sparse_csr()  # ~7x faster products than COO
+        m = min(k, max(1, (n - 1) // 3))
+        gen = torch.Generator().manual_seed(int(seed))
+        x0 = torch.randn(n, m, generator=gen, dtype=torch.float64)
+        ev, vec = torch.lobpcg(csr, k=m, X=x0, largest=False, niter=int(iterations), tol=1e-9)
+        ev, order = torch.sort(ev)
+        vec = vec[:, order]
+        resid = torch.linalg.vector_norm(csr @ vec - vec * ev, dim=0)
+    tol = NEAR_KERNEL_RTOL * scale
+    count = int((ev < tol).sum())
+    return LaplacianSpectrum(_clip(ev, scale), count, count < m, tol, scale, n, bound, "lobpcg", float(resid.max()))
+
+
+def _clip(ev: torch.Tensor, scale: float) -> list[float]:
+    floor = -1e-12 * max(scale, 1.0)
+    return [0.0 if floor < float(x) < 0.0 else float(x) for x in ev]
+
+
+def graph_algebraic_connectivity(graph: nx.Graph, max_nodes: int = DENSE_MAX_DIM) -> float:
+    """Second-smallest eigenvalue of the combinatorial graph Laplacian (Fiedler value).
+
+    For a consistent sheaf with orthogonal maps of equal dimension ``d`` the sheaf Laplacian is
+    unitarily similar to ``L_graph (x) I_d``, so this is its first non-zero eigenvalue: the scale a
+    near-kernel tolerance must stay below.
+
+    Args:
+        graph: undirected graph (any node ids).
+        max_nodes: above this many nodes NaN is returned (dense ``O(N^3)`` solve).
+
+    Returns:
+        float (0.0 for a disconnected graph; NaN for fewer than two nodes or above ``max_nodes``).
+    """
+    n = graph.number_of_nodes()
+    if n < 2 or n > max_nodes:
+        return float("nan")
+    lap = torch.as_tensor(_dense_graph_laplacian(graph), dtype=torch.float64)
+    return max(0.0, float(torch.linalg.eigvalsh(lap)[1]))
+
+
+def _dense_graph_laplacian(graph: nx.Graph) -> np.ndarray:
+    """``D - A`` as a dense array (networkx's own needs scipy, not a dependency here)."""
+    nodes = sorted(graph.nodes)
+    pos = {v: i for i, v in enumerate(nodes)}
+    lap = np.zeros((len(nodes), len(nodes)))
+    for a, b in graph.edges:
+        i, j = pos[a], pos[b]
+        lap[i, j] -= 1.0
+        lap[j, i] -= 1.0
+        lap[i, i] += 1.0
+        lap[j, j] += 1.0
+    return lap
+
+
+def sample_non_edges(graph: nx.Graph, nodes: Sequence[int], k: int, seed: int, server_round: int,
+                     enumerate_max: int = 100_000) -> list[tuple[int, int]]:
+    """A deterministic draw of up to ``k`` unordered non-adjacent pairs joined by a path through ``nodes``.
+
+    Candidates are pairs ``a < b`` of ``nodes`` that are not adjacent in ``graph`` and lie in the
+    same connected component of the subgraph induced by ``nodes`` (so a shortest path exists that
+    uses only those nodes). Random numbers: ``numpy.random.default_rng([seed, NON_EDGE_STREAM,
+    server_round])`` only. With at most ``enumerate_max`` node pairs every candidate is listed and
+    ``min(k, #candidates)`` are drawn without replacement; otherwise pairs are drawn uniformly with
+    rejection (at most ``50 k`` draws, so the cost is bounded on 1,000-node graphs).
+
+    Args:
+        graph: the agents' graph.
+        nodes: the nodes that may be used (e.g. this round's answering evaluators).
+        k: pairs wanted (0 = none).
+        seed, server_round: the draw's seed and round.
+        enumerate_max: largest number of node pairs enumerated exhaustively.
+
+    Returns:
+        Sorted list of ``(a, b)`` with ``a < b``.
+
+    Raises:
+        ValueError: ``k < 0`` or a node not in ``graph``.
+    """
+    if int(k) != k or k < 0:
+        raise ValueError(f"non-edge-pairs={k!r}: must be an integer >= 0")
+    nodes = sorted(int(v) for v in set(nodes))
+    missing = [v for v in nodes if v not in graph]
+    if missing:
+        raise ValueError(f"nodes {missing} are not in the graph")
+    if k == 0 or len(nodes) < 2:
+        return []
+    sub = graph.subgraph(nodes)
+    comp = {v: i for i, c in enumerate(nx.connected_components(sub)) for v in c}
+    rng = np.random.default_rng([int(seed), NON_EDGE_STREAM, int(server_round)])
+    if len(nodes) * (len(nodes) - 1) // 2 <= enumerate_max:
+        cands = [(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]
+                 if not graph.has_edge(a, b) and comp[a] == comp[b]]
+        if len(cands) <= k:
+            return cands
+        pick = rng.choice(len(cands), size=int(k), replace=False)
+        return sorted(cands[int(i)] for i in pick)
+    out: set[tuple[int, int]] = set()
+    for _ in range(50 * int(k)):
+        i, j = rng.integers(0, len(nodes), size=2)
+        a, b = sorted((nodes[int(i)], nodes[int(j)]))
+        if a != b and not graph.has_edge(a, b) and comp[a] == comp[b]:
+            out.add((a, b))
+            if len(out) == k:
+                break
+    return sorted(out)
