@@ -175,3 +175,50 @@ def test_homogeneous_with_partial_participation_relays_cached_messages():
     # the tail (0) only ever uploads O A_0 for the head, the head (1) only its raw pilots
     assert set(s.edge_bank) <= {(0, 1)} and set(s.bank) <= {1}
     assert s.history[-1]["communication_accuracy_degree_weighted"] >= 0.0
+
+
+# ---------------------------------------------------------------- variants x pilot strategies (docs/variants.md)
+def _relayed_rows(grid, record):
+    """Row counts of every matrix relayed in ``record`` of the train messages, per server round."""
+    rows = {}
+    for m in grid.delivered:
+        if m.metadata.message_type == "train.sheaf" and record in m.content.array_records:
+            rec = m.content.array_records[record]
+            if not list(rec.keys()):
+                continue  # round 1: an empty record (nothing to relay yet)
+            rows.setdefault(int(m.metadata.group_id), set()).update(rec[k].numpy().shape[0] for k in rec.keys())
+    return rows
+
+
+def test_stringent_with_a_uniform_pilot_subset_and_parseval_reduces_the_transported_matrices():
+    grid = LocalGrid(cnn_client_app, 4, run_config=RC)
+    s = _strategy(privacy="stringent", pilot_strategy="uniform:12", pilot_normalisation="parseval")
+    s.start(grid=grid, num_rounds=3)
+    assert not s.failures and not s.bank  # digests agreed on every node; no raw pilots held
+    assert [h["pilot_rows"] for h in s.history] == [12, 12, 12]
+    # uploads keep all M rows (the relay serves any later selection); what is relayed has the K selected rows
+    assert all(a.shape[0] == RC["num-pilots"] for a in s.edge_bank.values())
+    assert _relayed_rows(grid, "transported") == {2: {12}, 3: {12}}
+    assert s.history[-1]["sheaf_diagnostics_skipped"].startswith("SheafFRL does not hold the nodes' raw pilots")
+
+
+def test_homogeneous_with_class_prototypes_relays_one_row_per_class():
+    rc = {"zoo": "two-agent:8", "num-pilots": 32, "seed": 1}
+    grid = LocalGrid(cnn_client_app, 2, run_config=rc)
+    s = _strategy(n=2, graph="0-1", pilot_strategy="prototype-class")
+    s.start(grid=grid, num_rounds=3)
+    assert not s.failures and s.variant == "homogeneous"
+    groups = s.pilot_sampler.num_groups
+    assert 2 <= groups <= 10 and s.history[-1]["pilot_rows"] == groups
+    # the tail's O A_0 and the head's raw A_1, each reduced to one mean per class
+    assert _relayed_rows(grid, "transported") == {2: {groups}, 3: {groups}} == _relayed_rows(grid, "pilots")
+
+
+def test_adaptive_pilots_need_the_raw_matrices_of_alg1():
+    grid = LocalGrid(cnn_client_app, 4, run_config=RC)
+    with pytest.raises(ValueError, match=r"pilot-strategy='adaptive:8'.*privacy='stringent'"):
+        _strategy(privacy="stringent", pilot_strategy="adaptive:8").discover(grid, timeout=5)
+    rc = {"zoo": "two-agent:8", "num-pilots": 32, "seed": 1}
+    s = _strategy(n=2, graph="0-1", pilot_strategy="adaptive:8")
+    s.discover(LocalGrid(cnn_client_app, 2, run_config=rc), timeout=5)
+    assert s.variant == "heterogeneous"  # `auto` with equal d_i, turned to Alg. 1 by adaptive
