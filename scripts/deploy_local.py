@@ -32,7 +32,7 @@ separate hosts (docs/deployment.md):
 ``--enable-supernode-auth`` without TLS): steps 1 (certificates) and 3 (registration) are skipped.
 
 Usage: ``python scripts/deploy_local.py [--num-supernodes 3] [--run-config "k=v ..."] [--insecure]
-[--keep-running] [--unregistered K] [--port 39700] [--workdir DIR] [--state-dir DIR] [--timeout 1800]``
+[--keep-running] [--unregistered K] [--port 29700] [--workdir DIR] [--state-dir DIR] [--timeout 1800]``
 
 Exit status: 0 when the run finished with ``finished:completed``, 1 when it failed or timed out,
 2 when the run config was refused or the federation could not be brought up (named in the
@@ -224,7 +224,7 @@ class LocalDeployment:
 
     workdir: Path
     num_supernodes: int = 3
-    port: int = 39700
+    port: int = 29700
     insecure: bool = False
     unregistered: int = 0
     host: str = "127.0.0.1"
@@ -640,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-running", action="store_true",
                     help="leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)")
     ap.add_argument("--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered")
-    ap.add_argument("--port", type=int, default=39700, help="SuperLink port; SuperNode i uses port+1+i")
+    ap.add_argument("--port", type=int, default=29700, help="SuperLink port; SuperNode i uses port+1+i")
     ap.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
     ap.add_argument("--san", action="append", default=[], help="extra host name/IP for the server certificate")
     ap.add_argument("--workdir", default=None, help="default: a new directory under the system temp dir")

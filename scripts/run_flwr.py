@@ -11,7 +11,7 @@ wrapper (used by the README's main job and the engine tests):
 4. stops the SuperLink (and its SuperExec) that step 2 started.
 
 Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
-[--port 39291] [--timeout 900] [--run-config "k=v k2=v2"]``
+[--port 29291] [--timeout 900] [--run-config "k=v k2=v2"]``
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus-per-client", type=int, default=1)
     ap.add_argument("--gpus-per-client", type=float, default=0.0,
                     help="Ray GPU share per ClientApp (e.g. 0.1: ten ClientApps share one GPU; docs/devices.md)")
-    ap.add_argument("--port", type=int, default=39291, help="SuperLink HTTP port (control = port + 2)")
+    ap.add_argument("--port", type=int, default=29291, help="SuperLink HTTP port (control = port + 2)")
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--run-config", default="")
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")

@@ -28,7 +28,7 @@ def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4):
 @pytest.mark.engine
 def test_flwr_run_completes_and_writes_results(tmp_path):
     out = tmp_path / "res"
-    proc = _run(tmp_path, f"{TINY} graph='ring' num-server-rounds=2 results-dir='{out}'", 39391)
+    proc = _run(tmp_path, f"{TINY} graph='ring' num-server-rounds=2 results-dir='{out}'", 29391)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "finished:completed" in proc.stdout
     res = json.loads((out / "results.json").read_text())
@@ -41,7 +41,7 @@ def test_flwr_run_completes_and_writes_results(tmp_path):
 @pytest.mark.engine
 def test_flwr_run_failure_is_detected(tmp_path):
     # A disconnected graph makes the ServerApp raise: flwr run still exits 0, the wrapper must not.
-    proc = _run(tmp_path, f"{TINY} num-server-rounds=1 graph='0-1,2-3' results-dir='{tmp_path}'", 39491)
+    proc = _run(tmp_path, f"{TINY} num-server-rounds=1 graph='0-1,2-3' results-dir='{tmp_path}'", 29491)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "finished:failed" in proc.stdout
 
@@ -51,7 +51,7 @@ def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(
     # `flwr run . --stream` with no --federation-config: Flower 1.42 starts 2 SuperNodes, the default
     # scenario has 15 agents. The ServerApp must stop at discovery, not wait for nodes that never come.
     t0 = time.monotonic()
-    proc = _run(tmp_path, "", 39891, num_supernodes=0)
+    proc = _run(tmp_path, "", 29891, num_supernodes=0)
     wall = time.monotonic() - t0
     assert proc.returncode == 1 and "finished:failed" in proc.stdout, proc.stdout[-3000:]
     assert 'flwr run . --stream --federation-config "num-supernodes=15"' in proc.stdout
@@ -60,6 +60,6 @@ def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(
 
 @pytest.mark.engine
 def test_dropin_app_runs_under_flwr_run(tmp_path):
-    proc = _run(tmp_path, "num-server-rounds=2", 39991, app=ROOT / "examples" / "dropin_app", num_supernodes=4)
+    proc = _run(tmp_path, "num-server-rounds=2", 29991, app=ROOT / "examples" / "dropin_app", num_supernodes=4)
     assert proc.returncode == 0 and "finished:completed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "communication accuracy" in proc.stdout

@@ -160,7 +160,8 @@ def toy_reference(policy: str, rounds: int, local_steps: int, alpha, seed: int =
 def _toy_strategy(policy: str) -> SheafFRL:
     fed = FederationConfig(participation=",".join(map(str, P_TOY)), seed=1, evaluate_every=0)
     return SheafFRL(num_nodes=N_TOY, graph=GRAPH, federation=fed,
-                    sheaf=SheafConfig(lam=LAM, absent_policy=policy, reweight_q_min=Q_MIN))
+                    sheaf=SheafConfig(lam=LAM, absent_policy=policy, reweight_q_min=Q_MIN,
+                                      sheaf_variant="heterogeneous"))  # the toy client runs Alg. 1
 
 
 def _run_toy(policy: str, rounds: int, local_steps: int = 5, step_size: float = 0.05):

@@ -175,7 +175,7 @@ def load_maps(context: Context, action: str) -> dict[int, torch.Tensor]:
     if key not in context.state:
         return {}
     rec = context.state[key]
-    return {int(k): torch.from_numpy(rec[k].numpy().copy()) for k in rec.keys() if k.isdigit()}
+    return {int(k): from_numpy(rec[k].numpy().copy()) for k in rec.keys() if k.isdigit()}
 
 
 def save_maps(context: Context, action: str, maps: dict[int, torch.Tensor]) -> None:
@@ -294,7 +294,7 @@ class SheafClient(ClientMethod):
                             "stringent", int(required(cfg, SEED, "evaluate." + self.action)))
         out = {name: arrays[name] for name in STRINGENT_EVAL_LABELS}
         for j in edges.neighbours:
-            x = maps[j].numpy()
+            x = to_numpy(maps[j])
             for name in STRINGENT_EVAL_ARRAYS:
                 out[f"{j}/{name}"] = (arrays[name].astype(np.float64) @ x.T).astype(np.float32)
         save_maps(context, self.action, maps)
