@@ -107,8 +107,10 @@ def average_endpoints(manifold: Manifold, x: np.ndarray, endpoints: np.ndarray |
     """
     x = np.asarray(x, dtype=np.float64)
     direction = np.zeros_like(x)
-    for _, wi, xi in _used(endpoints, weights, x.shape, "end point"):
-        direction += wi * manifold.invretr(x, xi)
+    used = _used(endpoints, weights, x.shape, "end point")
+    if used:  # one batched inverse retraction for all responders
+        tangents = manifold.invretr(x, np.stack([xi for _, _, xi in used]))
+        direction = np.tensordot(np.array([wi for _, wi, _ in used]), tangents, axes=1)
     return server_update(manifold, x, direction, global_step), direction
 
 

@@ -282,25 +282,24 @@ class Stiefel(_GeooptEmbedded):
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         if x.ndim != 2:
             raise ValueError(f"invretr: base point must be one (d, r) point, got shape {x.shape}")
-        if y.ndim > 2:
-            return np.stack([self.invretr(x, yi) for yi in y.reshape(-1, self.d, self.r)]).reshape(y.shape)
         r = self.r
-        m = x.T @ y
-        iu = np.triu_indices(r)
-        a = np.empty((iu[0].size, iu[0].size))
-        for col, (i, j) in enumerate(zip(*iu)):
-            e = np.zeros((r, r))
-            e[i, j] = 1.0
-            a[:, col] = (m @ e + e.T @ m.T)[iu]
+        ys = y.reshape(-1, self.d, r)
+        m = np.swapaxes(x, -1, -2) @ ys  # (B, r, r)
+        ia, ib = np.triu_indices(r)  # equation (a, b), a <= b; unknown R[i, j], i <= j (same ordering)
+        ii, jj = ia, ib
+        # (M E_ij + E_ij^T M^T)[a, b] = M[a, i] [b = j] + [a = j] M[b, i]
+        a = (m[:, ia[:, None], ii[None, :]] * (ib[:, None] == jj[None, :])
+             + (ia[:, None] == jj[None, :]) * m[:, ib[:, None], ii[None, :]])
+        rhs = np.broadcast_to(2.0 * (ia == ib).astype(np.float64), (ys.shape[0], ia.size))
         try:
-            sol = np.linalg.solve(a, 2.0 * np.eye(r)[iu])
+            sol = np.linalg.solve(a, rhs[..., None])[..., 0]
         except np.linalg.LinAlgError:
             raise ValueError(f"invretr on {self!r}: Y is not reachable from X by the QR retraction (singular X^T Y)") from None
-        rr = np.zeros((r, r))
-        rr[iu] = sol
-        if np.any(np.diag(rr) <= 0):
+        rr = np.zeros((ys.shape[0], r, r))
+        rr[:, ia, ib] = sol
+        if np.any(np.diagonal(rr, axis1=-2, axis2=-1) <= 0) or not np.all(np.isfinite(rr)):
             raise ValueError(f"invretr on {self!r}: Y is not reachable from X by the QR retraction (diag(R) <= 0)")
-        return y @ rr - x
+        return (ys @ rr - x).reshape(y.shape)
 
     #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines.md, s5.4).
     compact_embedded = True
