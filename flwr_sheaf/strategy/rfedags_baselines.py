@@ -77,6 +77,7 @@ class RFedBaseline(RFedAGS):
         self._zeta_prev: dict[int, np.ndarray] = {}
         self._prev_responders: set[int] = set()
         self._recipients: list[int] = []
+        self._g_t: np.ndarray | None = None  # RFedSVRG's server gradient of the current round
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
               timeout: float = 3600, **kwargs):
