@@ -165,6 +165,12 @@ def _check_zoo(text: str) -> None:
     zoo_specs(text)
 
 
+def _check_partitioner(text: str) -> None:
+    from .data.partition import parse_partitioner
+
+    parse_partitioner(text)
+
+
 def _num_pilots(key: str, v: Any) -> int:
     k = _int(0)(key, v)
     if k == 1:
@@ -256,6 +262,9 @@ _KEY_LIST = [
     Key("num-pilots", 500, _num_pilots, "shared pilots K >= 2 (0 = all of the 10% hold-out)"),
     Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),
     Key("whitening-eps", 1e-3, _float(0.0, lo_open=True), "relative eigenvalue floor of the whitening covariance"),
+    Key("partitioner", "label-shift", _spec(_check_partitioner),
+        "`label-shift` (Eq. 23, the zoo's class sets and `shift`) or `dirichlet:<alpha>` (flwr-datasets' "
+        "DirichletPartitioner, every agent on all classes; `shift` ignored)"),
     # federation
     Key("graph", "class-overlap", _spec(_check_graph),
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`"),
@@ -428,7 +437,7 @@ class Section:
         return ConfigRecord(self.to_dict())
 
 
-@section("zoo", "dataset", "shift", "seed", "num-pilots", "whitening-shrinkage", "whitening-eps")
+@section("zoo", "dataset", "shift", "seed", "num-pilots", "whitening-shrinkage", "whitening-eps", "partitioner")
 class ScenarioConfig(Section):
     """Agents, data and partition (read by the task factory on each node).
 
@@ -439,6 +448,7 @@ class ScenarioConfig(Section):
         seed: partition and initialisation seed.
         num_pilots: pilots K (0 = all of the 10% hold-out).
         whitening_shrinkage, whitening_eps: whitening-layer regularisation (docs/stability.md).
+        partitioner: ``"label-shift"`` or ``"dirichlet:<alpha>"`` (:func:`flwr_sheaf.data.partition.make_dirichlet_split`).
     """
 
 

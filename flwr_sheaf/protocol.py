@@ -32,7 +32,12 @@ message                                content (server -> node) / reply (node ->
 ===================================== ================================================================
 
 RFedAGS uses ``train.rfedags`` with ``arrays`` = the point (key :data:`POINT`) and replies with
-``stream`` (key :data:`STREAM`).
+``stream`` (key :data:`STREAM`). Its baselines use ``train.rfedavg`` / ``train.rfedsvrg`` /
+``train.rfedproj``: the config carries :data:`PHASE`; the reply's ``stream`` record holds the end point
+(:data:`ENDPOINT`; RFedProj also :data:`MEAN_GRADIENT`) or, in RFedSVRG's ``"gradient"`` phase, the
+Riemannian gradient at the server point (:data:`STREAM`); RFedSVRG's local phase receives
+:data:`FULL_GRADIENT` and RFedProj's its correction :data:`CORRECTION` beside :data:`POINT` (for
+RFedProj the server's ambient point).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ __all__ = [
     "PILOT_REPS", "TARGET_OTHERS", "TARGET_ALL",
     "SERVER_ROUND", "SEED", "TORCH_THREADS", "DEVICE", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
     "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
+    "PHASE", "PHASE_GRADIENT", "PHASE_LOCAL", "ENDPOINT", "FULL_GRADIENT", "CORRECTION", "MEAN_GRADIENT",
     "EVAL_ARRAYS", "STALK_DIM", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
     "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY",
     "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
@@ -129,10 +135,19 @@ FEATURE_DIM = "feature-dim"
 LOCAL_STEPS = "local-steps"
 STEP_SIZE = "step-size"
 MINIBATCH_SIZE = "minibatch-size"
+#: RFedAGS baselines: which part of a round a ``train.<baseline>`` message asks for.
+PHASE = "phase"
+PHASE_GRADIENT, PHASE_LOCAL = "gradient", "local"
 
 # ------------------------------------------------------------------------------ array and metric keys
 POINT = "x"
 STREAM = "zeta"
+#: RFedAGS baselines: a local end point (RFedProj: ambient ``z^_K``), the server gradient ``g_t`` (RFedSVRG),
+#: a client's correction ``c_i`` and mean local gradient ``zeta_i`` (RFedProj).
+ENDPOINT = "x-end"
+FULL_GRADIENT = "g"
+CORRECTION = "c"
+MEAN_GRADIENT = "zeta-mean"
 OWN_PILOTS = "pilots"
 #: FedMuscle: a node's pooled pilot representations ``(K, D)`` (in its ``upload``) and the targets
 #: ``(K, D)`` it receives: the mean of the other agents' and of all agents' representations.

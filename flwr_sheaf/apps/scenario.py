@@ -27,7 +27,8 @@ def agent_specs(scenario: ScenarioConfig) -> tuple[AgentSpec, ...]:
 
 
 def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
-    """Model (seeded by ``seed`` and partition-id) and data of one agent (paper Eq. 23 partition, 10% pilots).
+    """Model (seeded by ``seed`` and partition-id) and data of one agent (paper Eq. 23 partition or a Dirichlet
+    label shift, ``partitioner``; 10% pilots).
 
     Raises:
         ValueError: partition-id outside ``[0, N)`` for the zoo (named, with N).
@@ -36,7 +37,7 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     if not 0 <= partition_id < len(specs):
         raise ValueError(f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}")
     data = load_agent_data(scenario.dataset, [s.classes for s in specs], scenario.shift, scenario.seed, partition_id,
-                           num_pilots=scenario.num_pilots or None)
+                           num_pilots=scenario.num_pilots or None, partitioner=scenario.partitioner)
     model = build_agent(specs[partition_id], seed=scenario.seed * 1000 + partition_id,
                         shrinkage=scenario.whitening_shrinkage, eps=scenario.whitening_eps)
     return LocalTask(model, data.x_train, data.y_train, data.x_val, data.y_val, data.x_test, data.y_test,

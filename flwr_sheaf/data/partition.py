@@ -47,6 +47,9 @@ __all__ = [
     "AgentData",
     "load_agent_data",
     "LabelShiftPartitioner",
+    "PARTITIONER_FORMS",
+    "parse_partitioner",
+    "make_dirichlet_split",
 ]
 
 ClassSets = Sequence[Sequence[int]]
@@ -326,9 +329,24 @@ def make_federated_split(
         for i in range(n_agents):
             per_agent[i].append(members[bounds[i] : bounds[i + 1]])
 
-    # (c) per agent, per class: train | val | test with round-half-up sizes.
+    train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
+    return FederatedSplit(
+        pilot_idx=_frozen(pilots),
+        train_idx=train,
+        val_idx=val,
+        test_idx=test,
+        class_sets=sets,
+        shift=s,
+        seed=seed,
+        num_classes=num_classes,
+    )
+
+
+def _train_val_test(per_agent: list[list[np.ndarray]], val_fraction: float, test_fraction: float
+                    ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Step (c): per agent, per class chunk: train | val | test with round-half-up sizes (sorted, read-only)."""
     train, val, test = [], [], []
-    for i in range(n_agents):
+    for i in range(len(per_agent)):
         tr, va, te = [], [], []
         for chunk in per_agent[i]:
             n = chunk.size
@@ -342,17 +360,103 @@ def make_federated_split(
         train.append(_frozen(np.sort(np.concatenate(tr)) if tr else empty))
         val.append(_frozen(np.sort(np.concatenate(va)) if va else empty))
         test.append(_frozen(np.sort(np.concatenate(te)) if te else empty))
+    return train, val, test
 
-    return FederatedSplit(
-        pilot_idx=_frozen(pilots),
-        train_idx=train,
-        val_idx=val,
-        test_idx=test,
-        class_sets=sets,
-        shift=s,
-        seed=seed,
-        num_classes=num_classes,
-    )
+
+#: Partitioners of :func:`load_agent_data`: the paper's Eq. 23 label shift or a Dirichlet label shift.
+PARTITIONER_FORMS = ("label-shift", "dirichlet:<alpha>")
+
+
+def parse_partitioner(spec: str) -> float | None:
+    """``"label-shift"`` -> None (paper Eq. 23); ``"dirichlet:<alpha>"`` -> ``alpha > 0`` (float).
+
+    Raises:
+        ValueError: any other spec, or a non-positive / non-finite alpha (the spec is named).
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"partitioner must be a string, got {spec!r}; valid forms: {PARTITIONER_FORMS}")
+    key = spec.strip()
+    if key == "label-shift":
+        return None
+    if key.startswith("dirichlet:"):
+        try:
+            alpha = float(key[len("dirichlet:"):])
+        except ValueError:
+            alpha = float("nan")
+        if math.isfinite(alpha) and alpha > 0:
+            return alpha
+    raise ValueError(f"partitioner={spec!r}: valid forms are {PARTITIONER_FORMS} with alpha > 0 (e.g. dirichlet:0.1)")
+
+
+def make_dirichlet_split(
+    labels,
+    num_agents: int,
+    alpha: float,
+    seed: int,
+    pilot_fraction: float = 0.1,
+    num_pilots: int | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    num_classes: int = NUM_CLASSES,
+    min_partition_size: int = 10,
+) -> FederatedSplit:
+    """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
+    (FedSAF's heterogeneity protocol; docs/baselines.md, s4.6), then the per-class 80/10/10 split.
+
+    (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every class
+    is eligible: every agent has the full label space), capped at ``num_pilots``; (b) the other samples
+    go through ``DirichletPartitioner(num_partitions=N, partition_by="label", alpha, min_partition_size,
+    self_balancing=False, shuffle=True, seed)`` (per class, agent shares ``~ Dir(alpha)``; it redraws until
+    every agent has ``min_partition_size`` samples); (c) as :func:`make_federated_split`. The returned
+    ``class_sets`` are the classes each agent received; ``shift`` is 0.
+
+    Args:
+        labels: int class ids ``(M,)``.
+        num_agents: ``N >= 1``; alpha: Dirichlet concentration ``> 0``; seed: non-negative int.
+        pilot_fraction, num_pilots, val_fraction, test_fraction, num_classes: as :func:`make_federated_split`.
+        min_partition_size: the partitioner's minimum samples per agent.
+
+    Returns:
+        :class:`FederatedSplit` (disjoint, covering every non-hold-out sample).
+
+    Raises:
+        ValueError: bad arguments (named); ImportError: flwr-datasets missing.
+    """
+    from datasets import Dataset
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    if isinstance(num_agents, bool) or not isinstance(num_agents, numbers.Integral) or num_agents < 1:
+        raise ValueError(f"num_agents must be a positive integer, got {num_agents!r}")
+    if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"Dirichlet alpha must be positive, got {alpha!r}")
+    seed = _check_seed(seed)
+    pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
+    val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
+    test_fraction = _check_fraction("test_fraction", test_fraction, allow_zero=True)
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}")
+    lab = _as_label_array(labels, num_classes)
+    perm = np.random.default_rng(seed).permutation(lab.size)
+    n_hold = int(round(pilot_fraction * lab.size))
+    pilots = perm[:n_hold]
+    if num_pilots is not None:
+        if isinstance(num_pilots, bool) or not isinstance(num_pilots, numbers.Integral) or not 1 <= num_pilots <= n_hold:
+            raise ValueError(f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}")
+        pilots = pilots[:num_pilots]
+    rest = np.sort(perm[n_hold:])
+    part = DirichletPartitioner(num_partitions=int(num_agents), partition_by="label", alpha=float(alpha),
+                                min_partition_size=int(min_partition_size), self_balancing=False, shuffle=True,
+                                seed=seed)
+    part.dataset = Dataset.from_dict({"label": lab[rest].tolist(), "idx": rest.tolist()})
+    per_agent, sets = [], []
+    for i in range(int(num_agents)):
+        idx = np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
+        chunks = [idx[lab[idx] == k] for k in range(num_classes)]
+        per_agent.append([c for c in chunks if c.size])
+        sets.append(tuple(k for k in range(num_classes) if chunks[k].size))
+    train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
+    return FederatedSplit(pilot_idx=_frozen(pilots), train_idx=train, val_idx=val, test_idx=test,
+                          class_sets=tuple(sets), shift=0.0, seed=seed, num_classes=num_classes)
 
 
 # ----------------------------------------------------------------------------------- tensors
@@ -386,9 +490,12 @@ class AgentData:
 
 @functools.lru_cache(maxsize=16)
 def _cached_split(
-    dataset: str, class_sets: tuple[tuple[int, ...], ...], shift: float, seed: int, num_pilots: int | None
+    dataset: str, class_sets: tuple[tuple[int, ...], ...], shift: float, seed: int, num_pilots: int | None,
+    alpha: float | None = None,
 ) -> FederatedSplit:
     _, labels = load_source(dataset)
+    if alpha is not None:
+        return make_dirichlet_split(labels, len(class_sets), alpha, seed, num_pilots=num_pilots)
     return make_federated_split(labels, class_sets, shift, seed, num_pilots=num_pilots)
 
 
@@ -399,6 +506,7 @@ def load_agent_data(
     seed: int,
     partition_id: int,
     num_pilots: int | None = None,
+    partitioner: str = "label-shift",
 ) -> AgentData:
     """Agent ``partition_id``'s train/val/test tensors and the shared pilots (paper defaults).
 
@@ -413,6 +521,9 @@ def load_agent_data(
         seed: non-negative permutation seed.
         partition_id: the agent ``i`` in ``[0, N)``.
         num_pilots: optional cap ``K`` on the shared pilots.
+        partitioner: ``"label-shift"`` (Eq. 23 with ``class_sets`` and ``shift``) or
+            ``"dirichlet:<alpha>"`` (:func:`make_dirichlet_split`; ``class_sets`` only fixes ``N``, ``shift`` is
+            ignored, the agent's ``classes`` are those it received).
 
     Returns:
         :class:`AgentData` (images float32 ``(n, 1, 28, 28)`` in [0, 1], labels int64 ``(n,)``).
@@ -426,9 +537,12 @@ def load_agent_data(
     """
     sets = _normalise_class_sets(class_sets, NUM_CLASSES)
     _check_partition_id(partition_id, len(sets))
-    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots)
+    alpha = parse_partitioner(partitioner)
+    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha)
     images, labels = load_source(dataset)
     i = int(partition_id)
+    if alpha is not None:
+        sets = split.class_sets
 
     def gather(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         t = torch.from_numpy(np.array(idx, dtype=np.int64))

@@ -1,4 +1,13 @@
-"""Manifolds for RFedAGS: Stiefel ``St(d, r)`` and the unit sphere ``S^{n-1}`` (numpy, float64).
+"""Manifolds for RFedAGS and its baselines: Stiefel ``St(d, r)``, the unit sphere ``S^{n-1}``, the SPD
+cone ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c`` (numpy, float64).
+
+The algorithms (:mod:`~flwr_sheaf.rfedags.client`, :mod:`~flwr_sheaf.rfedags.aggregation`,
+:mod:`~flwr_sheaf.rfedags.baselines`) only call the operations of :class:`Manifold` and never branch on
+which manifold they run on. SPD and the Poincaré ball are the RFedAGS paper's Fréchet-mean and
+hyperbolic problems (docs/baselines.md, s5.4: Manopt ``sympositivedefinitefactory`` / ``hyperbolicfactory``
+with the exponential map as retraction, its inverse the logarithm, parallel transport); both are
+geoopt's operators (``SymmetricPositiveDefinite("AIM")``, ``PoincareBall``) evaluated as numpy closed
+forms for speed and tested against geoopt itself.
 
 The geometry is delegated to ``geoopt`` (a maintained library) after checking that it matches the
 operators of the RFedAGS authors' code (Manopt defaults; docs/baselines.md, s5.4):
@@ -38,7 +47,7 @@ with warnings.catch_warnings():
     import geoopt
     import torch
 
-__all__ = ["Manifold", "Stiefel", "Sphere", "as_float64"]
+__all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall", "as_float64"]
 
 
 def as_float64(a: np.ndarray | float, name: str = "array") -> np.ndarray:
@@ -94,7 +103,14 @@ class Manifold(Protocol):
     of ``v in T_x M`` to ``T_y M``. ``inner(x, u, v)``: metric. ``point_shape``: shape of one point.
     ``feasibility(x)`` / ``tangent_error(x, u)``: distance from the constraint / from ``T_x M``
     (0 when satisfied); ``check_point`` raises ``ValueError`` when off the manifold.
+    ``invretr(x, y)``: inverse retraction (``retr(x, invretr(x, y)) = y``; the logarithm where the
+    retraction is the exponential map), used by RFedAvg / RFedSVRG. ``rgrad2egrad(x, v)``: a Euclidean
+    gradient whose Riemannian gradient is ``v``. ``compact_embedded``: whether RFedProj's ambient
+    averaging + ``ambient_projection`` applies (Stiefel, sphere). ``log`` / ``dist`` (optional): the
+    exact logarithm and distance (Fréchet-mean problems; the sphere, SPD, Poincaré ball).
     """
+
+    compact_embedded: bool
 
     point_shape: tuple[int, ...]
 
@@ -112,6 +128,12 @@ class Manifold(Protocol):
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Metric ``<u, v>_x`` per batch element; float64 of shape ``(...)``."""
+
+    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Inverse retraction at ``x`` of point(s) ``y``; float64 tangent vector(s), shape of ``y``."""
+
+    def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """A Euclidean gradient whose Riemannian gradient at ``x`` is ``v``; float64, shape of ``v``."""
 
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
         """A random point of shape ``point_shape`` (float64) drawn with ``rng``."""
@@ -169,6 +191,12 @@ class _GeooptEmbedded:
         """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64, shape of ``g``
         (docs/baselines.md, s5.2). Raises ValueError like :meth:`proj`."""
         return self.proj(x, g)
+
+    def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """A Euclidean gradient whose Riemannian gradient is the tangent vector ``v``: ``v`` itself
+        for the embedded metric (``proj(x, v) = v``); float64, shape of ``v``. Lets problems that know
+        their Riemannian gradient (Fréchet means) feed the client loop, which takes Euclidean ones."""
+        return self.proj(x, v)
 
     def norm(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Norm ``sqrt(<u, u>)`` of tangent vector(s) ``u`` at ``x``; float64 of shape ``(...)``.
@@ -232,6 +260,62 @@ class Stiefel(_GeooptEmbedded):
         shape ``(..., d, r)``. Raises ValueError on a trailing shape other than ``(d, r)``."""
         self._arr(x, "point x")
         return self._proju(self._arr(y, "point y"), self._arr(v, "vector v"))
+
+    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Inverse of the QR retraction: the ``U in T_X St`` with ``qf(X + U) = Y`` (Manopt ``invretr_qr``).
+
+        ``X + U = Y R`` with ``R`` upper triangular; tangency ``X^T U + U^T X = 0`` gives the linear
+        system ``M R + R^T M^T = 2 I`` (``M = X^T Y``) in the ``r(r+1)/2`` entries of ``R``, solved
+        directly; then ``U = Y R - X``. Used by RFedAvg / RFedSVRG to map local end points to
+        ``T_{x_t} St`` (docs/baselines.md, s5.4: the authors' ``RFedAvg_.m`` uses ``invretr``).
+
+        Args:
+            x: base point ``(d, r)``; y: point ``(d, r)`` or a stack ``(m, d, r)``.
+
+        Returns:
+            float64 tangent vector(s) at ``x``, shape of ``y``.
+
+        Raises:
+            ValueError: wrong shapes, or ``Y`` not reachable by the QR retraction from ``X``
+                (singular system or ``diag(R) <= 0``, e.g. ``span(Y)`` orthogonal to ``span(X)``).
+        """
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        if x.ndim != 2:
+            raise ValueError(f"invretr: base point must be one (d, r) point, got shape {x.shape}")
+        r = self.r
+        ys = y.reshape(-1, self.d, r)
+        m = np.swapaxes(x, -1, -2) @ ys  # (B, r, r)
+        ia, ib = np.triu_indices(r)  # equation (a, b), a <= b; unknown R[i, j], i <= j (same ordering)
+        ii, jj = ia, ib
+        # (M E_ij + E_ij^T M^T)[a, b] = M[a, i] [b = j] + [a = j] M[b, i]
+        a = (m[:, ia[:, None], ii[None, :]] * (ib[:, None] == jj[None, :])
+             + (ia[:, None] == jj[None, :]) * m[:, ib[:, None], ii[None, :]])
+        rhs = np.broadcast_to(2.0 * (ia == ib).astype(np.float64), (ys.shape[0], ia.size))
+        try:
+            sol = np.linalg.solve(a, rhs[..., None])[..., 0]
+        except np.linalg.LinAlgError:
+            raise ValueError(f"invretr on {self!r}: Y is not reachable from X by the QR retraction (singular X^T Y)") from None
+        rr = np.zeros((ys.shape[0], r, r))
+        rr[:, ia, ib] = sol
+        if np.any(np.diagonal(rr, axis1=-2, axis2=-1) <= 0) or not np.all(np.isfinite(rr)):
+            raise ValueError(f"invretr on {self!r}: Y is not reachable from X by the QR retraction (diag(R) <= 0)")
+        return (ys @ rr - x).reshape(y.shape)
+
+    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines.md, s5.4).
+    compact_embedded = True
+
+    def ambient_projection(self, z: np.ndarray) -> np.ndarray:
+        """Metric projection of ambient ``Z (..., d, r)`` onto ``St(d, r)``: the polar factor ``U V^T``
+        of ``Z = U S V^T`` (the authors' ``RFedProj_.m`` ``Proj``); float64, shape of ``z``.
+
+        Raises:
+            ValueError: wrong trailing shape or NaN/inf entries.
+        """
+        z = self._arr(z, "ambient z")
+        if not np.all(np.isfinite(z)):
+            raise ValueError(f"ambient_projection on {self!r}: NaN/inf entries")
+        u, _, vt = np.linalg.svd(z, full_matrices=False)
+        return u @ vt
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Euclidean metric ``tr(U^T V)`` per batch element; returns shape ``(...)`` float64."""
@@ -311,6 +395,57 @@ class Sphere(_GeooptEmbedded):
             raise ValueError("parallel transport on the sphere is undefined for antipodal x, y")
         return v - np.sum(y * v, axis=-1, keepdims=True) / (1.0 + xy) * (x + y)
 
+    def log(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Riemannian logarithm ``Log_x(y) = theta (y - <x, y> x)/||y - <x, y> x||``, ``theta = arccos <x, y>``
+        (0 for ``y = x``); float64 ``(..., n)``.
+
+        Raises:
+            ValueError: antipodal ``x, y`` (no unique geodesic) or a trailing shape other than ``(n,)``.
+        """
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        c = np.clip(np.sum(x * y, axis=-1, keepdims=True), -1.0, 1.0)
+        if np.any(c < -1.0 + 1e-12):
+            raise ValueError("Log on the sphere is undefined for antipodal points")
+        w = y - c * x
+        nw = np.linalg.norm(w, axis=-1, keepdims=True)
+        theta = np.arccos(c)
+        return np.where(nw > 1e-300, theta * w / np.where(nw > 1e-300, nw, 1.0), 0.0)
+
+    def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Geodesic distance ``arccos <x, y>``; float64 ``(...)``."""
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        return np.arccos(np.clip(np.sum(x * y, axis=-1), -1.0, 1.0))
+
+    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`retr`: ``y/<x, y> - x`` for the normalisation retraction (needs ``<x, y> > 0``),
+        :meth:`log` for ``retraction="exp"``; float64 ``(..., n)``.
+
+        Raises:
+            ValueError: ``<x, y> <= 0`` with the normalisation retraction (``y`` not reachable).
+        """
+        if self.retraction == "exp":
+            return self.log(x, y)
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        c = np.sum(x * y, axis=-1, keepdims=True)
+        if np.any(c <= 0):
+            raise ValueError(f"invretr on {self!r}: <x, y> <= 0, y is not reachable by the normalisation retraction")
+        return y / c - x
+
+    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines.md, s5.4).
+    compact_embedded = True
+
+    def ambient_projection(self, z: np.ndarray) -> np.ndarray:
+        """Metric projection ``z/||z||`` of ambient ``z (..., n)`` onto the sphere; float64.
+
+        Raises:
+            ValueError: ``z = 0`` (no unique projection), NaN/inf.
+        """
+        z = self._arr(z, "ambient z")
+        nz = np.linalg.norm(z, axis=-1, keepdims=True)
+        if not np.all(np.isfinite(z)) or np.any(nz == 0):
+            raise ValueError(f"ambient_projection on {self!r}: zero or non-finite vector")
+        return z / nz
+
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Euclidean inner product ``<u, v>`` per batch element; float64 of shape ``(...)``.
         Raises ValueError on a trailing shape other than ``(n,)``."""
@@ -332,3 +467,248 @@ class Sphere(_GeooptEmbedded):
         """``|<x, u>|`` per batch element (0 iff ``u in T_x S``), float64."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         return np.abs(np.sum(x * u, axis=-1))
+
+
+def _sym(a: np.ndarray) -> np.ndarray:
+    return 0.5 * (a + np.swapaxes(a, -1, -2))
+
+
+def _eigfun(a: np.ndarray, *fs) -> list[np.ndarray]:
+    """``[V f(L) V^T for f in fs]`` for the symmetric part of ``a = V diag(L) V^T`` (batched ``eigh``)."""
+    lam, vec = np.linalg.eigh(_sym(a))
+    vt = np.swapaxes(vec, -1, -2)
+    return [(vec * f(lam)[..., None, :]) @ vt for f in fs]
+
+
+class SPD(_GeooptEmbedded):
+    """Symmetric positive definite ``n x n`` matrices with the affine-invariant metric
+    ``<U, V>_X = tr(X^{-1} U X^{-1} V)`` (Manopt ``sympositivedefinitefactory``, the RFedAGS paper's
+    Fréchet-mean problem; docs/baselines.md, s5.4).
+
+    Operators (closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")``, which the tests use as
+    the oracle): ``T_X SPD`` = symmetric matrices, ``proj(X, U) = sym(U)``; ``egrad2rgrad(X, G) =
+    X sym(G) X``; ``retr`` = ``Exp_X(U) = X^{1/2} expm(X^{-1/2} U X^{-1/2}) X^{1/2}``; ``invretr = log =
+    Log_X(Y) = X^{1/2} logm(X^{-1/2} Y X^{-1/2}) X^{1/2}``; parallel transport
+    ``X^{1/2} M^{1/2} sym(X^{-1/2} V X^{-1/2}) M^{1/2} X^{1/2}``, ``M = X^{-1/2} Y X^{-1/2}``; distance
+    ``||logm(M)||_F``. They are evaluated with batched ``numpy.linalg.eigh``: geoopt's torch calls cost
+    1-7 ms each on 3 x 3 batches here (measured), 50x more, which made a 300-round federated run
+    take 24 s. Not compact: RFedProj refuses it.
+
+    Args:
+        n: matrix size ``>= 1``.
+
+    Raises:
+        ValueError: bad ``n``.
+
+    Points/vectors have shape ``(..., n, n)``; outputs are float64 numpy arrays.
+    """
+
+    compact_embedded = False
+
+    def __init__(self, n: int) -> None:
+        if int(n) != n or n < 1:
+            raise ValueError(f"SPD(n) needs an integer n >= 1, got n={n}")
+        self.n = int(n)
+        self.point_shape = (self.n, self.n)
+        self._geo = geoopt.SymmetricPositiveDefinite("AIM")  # the reference (tests, centralised solver)
+        self._constraint = "||X - X^T||_F (inf if not positive definite)"
+
+    def __repr__(self) -> str:
+        return f"SPD(n={self.n}, metric='affine-invariant')"
+
+    def _roots(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s, si = _eigfun(x, np.sqrt, lambda w: 1.0 / np.sqrt(w))
+        return s, si
+
+    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``sym(U)`` broadcast against ``x``; float64 ``(..., n, n)``."""
+        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
+        return np.broadcast_to(_sym(u), np.broadcast_shapes(x.shape, u.shape)).copy()
+
+    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """``X sym(G) X``; float64, broadcast shape."""
+        x, g = self._arr(x, "point x"), self._arr(g, "gradient g")
+        return x @ _sym(g) @ x
+
+    def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``X^{-1} sym(V) X^{-1}`` (inverse of ``egrad2rgrad`` on symmetric matrices); float64."""
+        x, v = self._arr(x, "point x"), self._arr(v, "vector v")
+        xi = np.linalg.inv(x)
+        return xi @ _sym(v) @ xi
+
+    def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Exponential map ``Exp_X(U)`` (the authors' retraction on SPD); float64, symmetric."""
+        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
+        s, si = self._roots(x)
+        return _sym(s @ _eigfun(si @ u @ si, np.exp)[0] @ s)
+
+    def log(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Riemannian logarithm ``Log_X(Y)``; float64, broadcast shape, symmetric."""
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        s, si = self._roots(x)
+        return _sym(s @ _eigfun(si @ y @ si, np.log)[0] @ s)
+
+    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`retr` = :meth:`log`."""
+        return self.log(x, y)
+
+    def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Affine-invariant distance ``||logm(X^{-1/2} Y X^{-1/2})||_F`` per batch element; float64."""
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        _, si = self._roots(x)
+        lam = np.linalg.eigvalsh(_sym(si @ y @ si))
+        return np.sqrt(np.sum(np.log(lam) ** 2, axis=-1))
+
+    def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Parallel transport of ``V in T_X`` to ``T_Y`` along the geodesic (geoopt's formula); float64."""
+        x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
+        s, si = self._roots(x)
+        e = _eigfun(si @ y @ si, np.sqrt)[0]
+        return _sym(s @ e @ _sym(si @ v @ si) @ e @ s)
+
+    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``tr(X^{-1} U X^{-1} V)`` per batch element; float64 ``(...)``."""
+        x, u, v = self._arr(x, "point x"), self._arr(u, "vector u"), self._arr(v, "vector v")
+        xi = np.linalg.inv(x)
+        return np.trace(xi @ u @ xi @ v, axis1=-2, axis2=-1)
+
+    def random_point(self, rng: np.random.Generator) -> np.ndarray:
+        """``Q diag(exp(l)) Q^T`` with ``Q`` Haar-orthogonal and ``l ~ N(0, 1)`` drawn with ``rng``; float64 ``(n, n)``."""
+        q, r = np.linalg.qr(rng.standard_normal((self.n, self.n)))
+        q = q * np.where(np.diag(r) < 0, -1.0, 1.0)
+        return _sym((q * np.exp(rng.standard_normal(self.n))) @ q.T)
+
+    def feasibility(self, x: np.ndarray) -> np.ndarray:
+        """``||X - X^T||_F`` per batch element, ``inf`` where ``sym(X)`` is not positive definite; float64 ``(...)``."""
+        x = self._arr(x, "point x")
+        asym = np.linalg.norm(x - np.swapaxes(x, -1, -2), axis=(-2, -1))
+        lam_min = np.linalg.eigvalsh(_sym(x))[..., 0]
+        return np.where(lam_min > 0, asym, np.inf)
+
+    def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``||U - sym(U)||_F`` per batch element (0 iff ``U`` symmetric); float64."""
+        u = self._arr(u, "vector u")
+        return np.linalg.norm(0.5 * (u - np.swapaxes(u, -1, -2)), axis=(-2, -1))
+
+
+class PoincareBall(_GeooptEmbedded):
+    """Poincaré ball ``{x in R^n: c ||x||^2 < 1}`` of curvature ``-c``: the RFedAGS paper's hyperbolic
+    model (the authors used the isometric Lorentz model, Manopt ``hyperbolicfactory``).
+
+    Operators (closed forms of geoopt's ``PoincareBall(c)``, the tests' oracle; evaluated in numpy for
+    the speed reason given in :class:`SPD`): Möbius addition ``x (+) y``; metric ``lambda_x^2 <u, v>``,
+    ``lambda_x = 2/(1 - c||x||^2)``; ``egrad2rgrad(x, g) = g/lambda_x^2``; ``retr = Exp_x(u) = x (+)
+    tanh(sqrt(c) lambda_x ||u||/2) u/(sqrt(c)||u||)``, clipped like geoopt to ``sqrt(c)||x|| <= 1 - 1e-5``;
+    ``invretr = log = Log_x(y) = 2/(sqrt(c) lambda_x) artanh(sqrt(c)||w||) w/||w||``, ``w = (-x) (+) y``;
+    distance ``2/sqrt(c) artanh(sqrt(c)||w||)``; parallel transport ``gyr[y, -x] v lambda_x/lambda_y``.
+    Every vector of ``R^n`` is tangent. Not compact: RFedProj refuses it.
+
+    Args:
+        n: dimension ``>= 1``.
+        c: curvature magnitude ``> 0``.
+
+    Raises:
+        ValueError: bad ``n`` or ``c``.
+    """
+
+    compact_embedded = False
+    #: geoopt's float64 boundary margin: its projection keeps ``sqrt(c)||x|| <= 1 - BALL_EPS``.
+    BALL_EPS = 1e-5
+
+    def __init__(self, n: int, c: float = 1.0) -> None:
+        if int(n) != n or n < 1:
+            raise ValueError(f"PoincareBall(n) needs an integer n >= 1, got n={n}")
+        if not (np.isfinite(c) and c > 0):
+            raise ValueError(f"PoincareBall curvature c must be positive, got c={c!r}")
+        self.n, self.c = int(n), float(c)
+        self.point_shape = (self.n,)
+        self._geo = geoopt.PoincareBall(c=self.c)  # the reference (tests, centralised solver)
+        self._constraint = "max(0, sqrt(c)||x|| - (1 - 1e-5))"
+
+    def __repr__(self) -> str:
+        return f"PoincareBall(n={self.n}, c={self.c})"
+
+    # Möbius helpers (keepdims norms on the last axis)
+    def _madd(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        c = self.c
+        xy = np.sum(x * y, axis=-1, keepdims=True)
+        x2 = np.sum(x * x, axis=-1, keepdims=True)
+        y2 = np.sum(y * y, axis=-1, keepdims=True)
+        num = (1 + 2 * c * xy + c * y2) * x + (1 - c * x2) * y
+        return num / np.maximum(1 + 2 * c * xy + c**2 * x2 * y2, 1e-15)
+
+    def _lam(self, x: np.ndarray) -> np.ndarray:
+        return 2.0 / np.maximum(1.0 - self.c * np.sum(x * x, axis=-1, keepdims=True), 1e-15)
+
+    def _project(self, x: np.ndarray) -> np.ndarray:
+        nx = np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-15)
+        maxnorm = (1.0 - self.BALL_EPS) / np.sqrt(self.c)
+        return np.where(nx > maxnorm, x / nx * maxnorm, x)
+
+    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Identity (``T_x B = R^n``), broadcast to the common shape; float64."""
+        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
+        return np.broadcast_to(u, np.broadcast_shapes(x.shape, u.shape)).copy()
+
+    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """``g / lambda_x^2``; float64, broadcast shape."""
+        x, g = self._arr(x, "point x"), self._arr(g, "gradient g")
+        return g / self._lam(x) ** 2
+
+    def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``lambda_x^2 v`` (inverse of ``egrad2rgrad``); float64, broadcast shape."""
+        x, v = self._arr(x, "point x"), self._arr(v, "vector v")
+        return self._lam(x) ** 2 * v
+
+    def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Exponential map ``Exp_x(u)`` (clipped inside the ball as geoopt does); float64."""
+        x, u = self._arr(x, "point x"), self._arr(u, "vector u")
+        sc = np.sqrt(self.c)
+        nu = np.maximum(np.linalg.norm(u, axis=-1, keepdims=True), 1e-15)
+        second = np.tanh(sc * self._lam(x) * nu / 2) * u / (sc * nu)
+        return self._project(self._madd(x, second))
+
+    def log(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Riemannian logarithm ``Log_x(y)``; float64, broadcast shape."""
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        sc = np.sqrt(self.c)
+        w = self._madd(-x, y)
+        nw = np.maximum(np.linalg.norm(w, axis=-1, keepdims=True), 1e-15)
+        return 2.0 / (sc * self._lam(x)) * np.arctanh(np.minimum(sc * nw, 1 - 1e-15)) * w / nw
+
+    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`retr` = :meth:`log`."""
+        return self.log(x, y)
+
+    def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Hyperbolic distance ``2/sqrt(c) artanh(sqrt(c)||(-x) (+) y||)`` per batch element; float64."""
+        x, y = self._arr(x, "point x"), self._arr(y, "point y")
+        sc = np.sqrt(self.c)
+        nw = np.linalg.norm(self._madd(-x, y), axis=-1)
+        return 2.0 / sc * np.arctanh(np.minimum(sc * nw, 1 - 1e-15))
+
+    def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Parallel transport ``gyr[y, -x] v * lambda_x / lambda_y`` (geoopt's formula); float64."""
+        x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
+        a, b = y, -x
+        gyr = self._madd(-self._madd(a, b), self._madd(a, self._madd(b, v)))
+        return gyr * self._lam(x) / self._lam(y)
+
+    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Metric ``lambda_x^2 <u, v>`` per batch element; float64 ``(...)``."""
+        x, u, v = self._arr(x, "point x"), self._arr(u, "vector u"), self._arr(v, "vector v")
+        return self._lam(x)[..., 0] ** 2 * np.sum(u * v, axis=-1)
+
+    def random_point(self, rng: np.random.Generator) -> np.ndarray:
+        """``Exp_0(g)`` with ``g ~ N(0, I_n / n)`` drawn with ``rng``; float64 ``(n,)``."""
+        return self.retr(np.zeros(self.n), rng.standard_normal(self.n) / np.sqrt(self.n))
+
+    def feasibility(self, x: np.ndarray) -> np.ndarray:
+        """``max(0, sqrt(c)||x|| - (1 - 1e-5))`` per batch element (0 inside geoopt's float64 ball); float64."""
+        x = self._arr(x, "point x")
+        return np.maximum(0.0, np.sqrt(self.c) * np.linalg.norm(x, axis=-1) - (1.0 - self.BALL_EPS))
+
+    def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """0 for any finite ``u`` (every vector is tangent), ``inf`` otherwise; float64 ``(...)``."""
+        u = self._arr(u, "vector u")
+        return np.where(np.all(np.isfinite(u), axis=-1), 0.0, np.inf)

@@ -1,0 +1,246 @@
+"""RFedAGS's comparison methods: RFedAvg, RFedSVRG and RFedProj (maths only, manifold-generic).
+
+Faithful to the RFedAGS authors' baseline code (``RFedAvg_.m``, ``RFedSVRG_.m``, ``RFedProj_.m``;
+docs/baselines.md, s5.4); every function only calls :class:`~flwr_sheaf.rfedags.manifolds.Manifold`
+operations. Arbitrary participation: each round's responders ``S_t`` come from the same Bernoulli
+sampler as RFedAGS, and every aggregation takes the weights ``w_i`` of
+:func:`~flwr_sheaf.rfedags.aggregation.participation_weights`: ``"uncorrected"`` (``1/|S_t|``, what the
+three papers and the authors' code use) or the RFedAGS corrections ``"known-p"`` / ``"corrected"``.
+
+* **RFedAvg** (Li & Ma 2023): client ``i`` runs ``K`` local Riemannian SGD steps from ``x_t`` (the same
+  loop as RFedAGS, :func:`~flwr_sheaf.rfedags.client.local_gradient_stream`) and uploads its end point
+  ``x_i``; the server maps end points to ``T_{x_t} M`` by the inverse retraction (the logarithm where
+  the retraction is the exponential map) and retracts the weighted sum:
+  ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))`` (:func:`average_endpoints`).
+* **RFedSVRG** (Li & Ma 2022): responders first send ``grad f_i(x_t)``; the server forms
+  ``g_t = sum_i w_i grad f_i(x_t)`` (:func:`full_gradient`; the authors' code divides the responders'
+  sum by ``N``, the uncorrected weights divide by ``|S_t|``) and sends it back; each responder runs
+  ``K`` variance-reduced steps ``eta = grad f_i(x; B_k) - T_{x_t -> x}(grad f_i(x_t; B_k) - g_t)``,
+  ``x <- R_x(-alpha eta)`` (:func:`svrg_local_steps`) and uploads its end point; the server averages as
+  RFedAvg.
+* **RFedProj** (Zhang, Hu, So, Johansson 2024): compact embedded submanifolds only (Stiefel, sphere).
+  The server keeps an ambient point ``x^mid``; client ``i`` starts from ``z = P_M(x^mid)`` and runs
+  ``K`` steps ``z^ <- z^ - alpha (grad f_i(z; B_k) + c_i)``, ``z = P_M(z^)`` (:func:`projection_local_steps`),
+  uploading ``z^_K`` and its mean gradient ``zeta_i``; ``c_i = (P_M(x^mid_{t-1}) - x^mid_t)/(K alpha eta_g)
+  - zeta_i^{t-1}`` if ``i`` responded in the previous round, else 0 (:func:`projection_correction`); the
+  server sets ``x^mid_{t+1} = P_M(x^mid_t) + eta_g sum_i w_i (z^_i - P_M(x^mid_t))``
+  (:func:`average_ambient`; equal to the authors' ``(1 - eta_g) P(x^mid) + eta_g mean z^`` for
+  ``w_i = 1/|S_t|``); the model is ``P_M(x^mid)``. A manifold that is not compact and embedded (SPD, the
+  Poincaré ball) is refused with a :class:`ValueError` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from .aggregation import server_update
+from .manifolds import Manifold
+
+__all__ = [
+    "BASELINES",
+    "require_projection",
+    "average_endpoints",
+    "full_gradient",
+    "svrg_local_steps",
+    "projection_local_steps",
+    "projection_correction",
+    "average_ambient",
+]
+
+#: Baseline method names (``rfedags`` itself lives in :mod:`~flwr_sheaf.rfedags.aggregation`).
+BASELINES = ("rfedavg", "rfedsvrg", "rfedproj")
+
+
+def _used(vectors: np.ndarray | Mapping[int, np.ndarray], weights: np.ndarray, shape: tuple[int, ...],
+          what: str) -> list[tuple[int, float, np.ndarray]]:
+    """``(i, w_i, v_i)`` for the clients with ``w_i != 0``; checks presence, shape and finiteness."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError(f"weights must be 1-D, got shape {w.shape}")
+    arr = None if isinstance(vectors, Mapping) else np.asarray(vectors)
+    if arr is not None and arr.shape != (w.size, *shape):
+        raise ValueError(f"{what}s must have shape {(w.size, *shape)}, got {arr.shape}")
+    out = []
+    for i in np.flatnonzero(w != 0.0):
+        i = int(i)
+        if arr is None and i not in vectors:
+            raise ValueError(f"weight of client {i} is {float(w[i])} but its {what} is missing")
+        v = np.asarray(arr[i] if arr is not None else vectors[i], dtype=np.float64)
+        if v.shape != tuple(shape):
+            raise ValueError(f"{what} of client {i} has shape {v.shape}, expected {shape}")
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"{what} of client {i} has NaN/inf entries")
+        out.append((i, float(w[i]), v))
+    return out
+
+
+def require_projection(manifold: Manifold) -> None:
+    """Raise ``ValueError`` unless ``manifold`` is a compact embedded submanifold with a metric
+    projection (RFedProj's requirement; Stiefel and sphere qualify, SPD and the Poincaré ball do not)."""
+    if not getattr(manifold, "compact_embedded", False) or not hasattr(manifold, "ambient_projection"):
+        raise ValueError(
+            f"RFedProj needs a compact embedded submanifold with a metric projection (Stiefel, sphere); "
+            f"{manifold!r} is not one: use rfedags, rfedavg or rfedsvrg on it")
+
+
+def average_endpoints(manifold: Manifold, x: np.ndarray, endpoints: np.ndarray | Mapping[int, np.ndarray],
+                      weights: np.ndarray, global_step: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """RFedAvg / RFedSVRG server step ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))`` (module docstring).
+
+    Args:
+        manifold: the manifold (``invretr``, ``retr``).
+        x: server point ``x_t``, ``point_shape``.
+        endpoints: ``(N, *point_shape)`` array or ``{client: point}``; rows of clients with ``w_i = 0``
+            are ignored.
+        weights: ``(N,)`` weights of :func:`~flwr_sheaf.rfedags.aggregation.participation_weights`.
+        global_step: ``varpi > 0``.
+
+    Returns:
+        ``(x_{t+1}, direction)``: float64 new point and the weighted tangent sum at ``x_t``; an empty round
+        (all weights 0) keeps ``x_t`` exactly.
+
+    Raises:
+        ValueError: a missing/ill-shaped/non-finite end point of a weighted client, an unreachable end
+            point (see the manifold's ``invretr``), a bad ``global_step``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    direction = np.zeros_like(x)
+    used = _used(endpoints, weights, x.shape, "end point")
+    if used:  # one batched inverse retraction for all responders
+        tangents = manifold.invretr(x, np.stack([xi for _, _, xi in used]))
+        direction = np.tensordot(np.array([wi for _, wi, _ in used]), tangents, axes=1)
+    return server_update(manifold, x, direction, global_step), direction
+
+
+def full_gradient(rgrads: np.ndarray | Mapping[int, np.ndarray], weights: np.ndarray,
+                  point_shape: tuple[int, ...]) -> np.ndarray:
+    """RFedSVRG's server gradient ``g_t = sum_i w_i grad f_i(x_t)`` (``T_{x_t} M``); float64 ``point_shape``.
+
+    Raises:
+        ValueError: as :func:`average_endpoints` for the gradients.
+    """
+    out = np.zeros(point_shape, dtype=np.float64)
+    for _, wi, g in _used(rgrads, weights, tuple(point_shape), "gradient"):
+        out += wi * g
+    return out
+
+
+def svrg_local_steps(manifold: Manifold, x: np.ndarray, full_grad: np.ndarray,
+                     egrad_fn: Callable[[np.ndarray, int], np.ndarray], num_steps: int, step_size: float) -> np.ndarray:
+    """RFedSVRG client: ``K`` variance-reduced steps from ``x_t`` (``localSVRG`` of ``RFedSVRG_.m``).
+
+    ``eta_k = grad f_i(x_k; B_k) - T_{x_t -> x_k}(grad f_i(x_t; B_k) - g_t)``, ``x_{k+1} = R_{x_k}(-alpha eta_k)``
+    (Riemannian gradients = ``egrad2rgrad`` of ``egrad_fn``; both calls of step ``k`` use batch ``k``).
+
+    Args:
+        manifold: the manifold.
+        x: server point ``x_t``.
+        full_grad: ``g_t in T_{x_t} M`` (:func:`full_gradient`).
+        egrad_fn: ``egrad_fn(point, k)`` as in :func:`~flwr_sheaf.rfedags.client.local_gradient_stream`
+            (may return a ``(B, *point_shape)`` stack for ``B`` clients).
+        num_steps: ``K >= 1``; step_size: ``alpha > 0``.
+
+    Returns:
+        float64 end point(s) ``x_K``, ``(*batch, *point_shape)``.
+
+    Raises:
+        ValueError: bad ``K``/``alpha``, non-finite gradients.
+    """
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
+    if not (np.isfinite(step_size) and step_size > 0):
+        raise ValueError(f"step_size (alpha) must be positive and finite, got {step_size!r}")
+    x_t = np.asarray(x, dtype=np.float64)
+    g_t = np.asarray(full_grad, dtype=np.float64)
+    xk = x_t
+    for k in range(int(num_steps)):
+        e1, e0 = np.asarray(egrad_fn(xk, k), dtype=np.float64), np.asarray(egrad_fn(x_t, k), dtype=np.float64)
+        if not (np.all(np.isfinite(e1)) and np.all(np.isfinite(e0))):
+            raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
+        eta = manifold.egrad2rgrad(xk, e1) - manifold.transp(x_t, xk, manifold.egrad2rgrad(x_t, e0) - g_t)
+        xk = manifold.retr(xk, -step_size * eta)
+    return np.asarray(xk)
+
+
+def projection_local_steps(manifold: Manifold, x_mid: np.ndarray, correction: np.ndarray | float,
+                           egrad_fn: Callable[[np.ndarray, int], np.ndarray], num_steps: int,
+                           step_size: float) -> tuple[np.ndarray, np.ndarray]:
+    """RFedProj client: ``K`` projected steps from ``P_M(x^mid)`` (``localUpdate`` of ``RFedProj_.m``).
+
+    ``z^_0 = z_0 = P_M(x^mid)``; ``eta_k = grad f_i(z_k; B_k)``; ``z^_{k+1} = z^_k - alpha (eta_k + c)``;
+    ``z_{k+1} = P_M(z^_{k+1})``.
+
+    Args:
+        manifold: compact embedded manifold (:func:`require_projection`).
+        x_mid: server ambient point ``x^mid``, ``point_shape``.
+        correction: ``c_i`` (``point_shape`` or a ``(B, *point_shape)`` stack, or 0).
+        egrad_fn, num_steps, step_size: as :func:`svrg_local_steps`.
+
+    Returns:
+        ``(z^_K, zeta)``: ambient end point(s) and mean Riemannian gradient ``(1/K) sum_k eta_k``, float64.
+
+    Raises:
+        ValueError: a manifold RFedProj refuses (named), bad ``K``/``alpha``, non-finite gradients.
+    """
+    require_projection(manifold)
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
+    if not (np.isfinite(step_size) and step_size > 0):
+        raise ValueError(f"step_size (alpha) must be positive and finite, got {step_size!r}")
+    c = np.asarray(correction, dtype=np.float64)
+    z = manifold.ambient_projection(np.asarray(x_mid, dtype=np.float64))
+    z_hat, zeta = z, 0.0
+    for k in range(int(num_steps)):
+        e = np.asarray(egrad_fn(z, k), dtype=np.float64)
+        if not np.all(np.isfinite(e)):
+            raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
+        eta = manifold.egrad2rgrad(z, e)
+        z_hat = z_hat - step_size * (eta + c)
+        z = manifold.ambient_projection(z_hat)
+        zeta = zeta + eta
+    return np.asarray(z_hat), np.asarray(zeta) / int(num_steps)
+
+
+def projection_correction(manifold: Manifold, x_mid_prev: np.ndarray, x_mid: np.ndarray, zeta_prev: np.ndarray,
+                          num_steps: int, step_size: float, global_step: float = 1.0) -> np.ndarray:
+    """RFedProj's correction ``c_i = (P_M(x^mid_{t-1}) - x^mid_t)/(K alpha eta_g) - zeta_i^{t-1}`` for a client
+    that responded in the previous round (others use 0); float64, shape of ``zeta_prev``.
+
+    Raises:
+        ValueError: a manifold RFedProj refuses; non-positive ``K``, ``alpha`` or ``eta_g``.
+    """
+    require_projection(manifold)
+    if not (num_steps >= 1 and step_size > 0 and global_step > 0):
+        raise ValueError(f"need K >= 1, alpha > 0, eta_g > 0; got {num_steps!r}, {step_size!r}, {global_step!r}")
+    common = (manifold.ambient_projection(x_mid_prev) - np.asarray(x_mid, dtype=np.float64)) / (
+        num_steps * step_size * global_step)
+    return common - np.asarray(zeta_prev, dtype=np.float64)
+
+
+def average_ambient(manifold: Manifold, x_mid: np.ndarray, z_hats: np.ndarray | Mapping[int, np.ndarray],
+                    weights: np.ndarray, global_step: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """RFedProj server step ``x^mid_{t+1} = P_M(x^mid_t) + eta_g sum_i w_i (z^_i - P_M(x^mid_t))``.
+
+    Args:
+        manifold: compact embedded manifold.
+        x_mid: ambient server point; z_hats: ``(N, *shape)`` or ``{client: z^}``; weights: ``(N,)``.
+        global_step: ``eta_g > 0`` (authors: 1).
+
+    Returns:
+        ``(x^mid_{t+1}, P_M(x^mid_{t+1}))`` float64. An empty round keeps ``x^mid`` exactly.
+
+    Raises:
+        ValueError: a manifold RFedProj refuses (named), bad uploads, bad ``global_step``.
+    """
+    require_projection(manifold)
+    if not (np.isfinite(global_step) and global_step > 0):
+        raise ValueError(f"global_step (eta_g) must be positive, got {global_step!r}")
+    x_mid = np.asarray(x_mid, dtype=np.float64)
+    used = _used(z_hats, weights, x_mid.shape, "ambient end point")
+    if not used:
+        return x_mid.copy(), manifold.ambient_projection(x_mid)
+    base = manifold.ambient_projection(x_mid)
+    new = base + global_step * sum(wi * (zi - base) for _, wi, zi in used)
+    return new, manifold.ambient_projection(new)
