@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the group marker into the scheduling key
 def pytest_collection_modifyitems(config, items):
     """Put every ``engine``-marked test into the xdist group ``engine`` (see the module docstring)."""
     for item in items:
