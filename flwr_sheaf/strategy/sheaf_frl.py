@@ -56,9 +56,7 @@ import logging
 import networkx as nx
 import numpy as np
 import torch
-from flwr.app import Message
-
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
 from ..protocol import (ARRAYS, CONFIG, EVAL_REPLY, EVALUATE, LOW_VARIANCE_FRACTION, METRICS, OWN_PILOTS,
