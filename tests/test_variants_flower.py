@@ -222,3 +222,24 @@ def test_adaptive_pilots_need_the_raw_matrices_of_alg1():
     s = _strategy(n=2, graph="0-1", pilot_strategy="adaptive:8")
     s.discover(LocalGrid(cnn_client_app, 2, run_config=rc), timeout=5)
     assert s.variant == "heterogeneous"  # `auto` with equal d_i, turned to Alg. 1 by adaptive
+
+
+@pytest.mark.parametrize("policy", ["drop", "drop-reweighted"])
+def test_stringent_with_drop_policies_relays_only_previous_round_transported_pilots(policy):
+    grid = LocalGrid(cnn_client_app, 4, run_config=RC)
+    s = _strategy(fraction=0.5, privacy="stringent", absent_policy=policy)
+    s.start(grid=grid, num_rounds=4)
+    assert not s.failures and not s.bank
+    relayed = [h for h in s.history if h["edges_relayed"]]
+    assert relayed, "no transported pilots were ever relayed"
+    # drop policies relay only what a neighbour produced in the previous round (age 1) ...
+    assert all(h["relayed_pilot_age_max"] == 1 for h in relayed)
+    # ... per directed edge: each relayed (receiver, sender) pair had its sender trained the round before
+    last = s.history[-1]
+    trained_before = set(s.history[-2]["sampled"])
+    assert {j for (_, j) in s.relayed} <= trained_before
+    if policy == "drop-reweighted":
+        assert all(w >= 1.0 for _, w in s.relayed.values())  # 1/q_j with q_j <= 1
+    else:
+        assert all(w == 1.0 for _, w in s.relayed.values())
+    assert last["num_trained"] == 2
