@@ -144,15 +144,21 @@ class RFedAGS(PeerStrategy):
         )
 
     # ------------------------------------------------------------------ train
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                        ) -> Iterable[Message]:
-        """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
+    def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
+        """Round prologue shared with the baselines: the server (first round), ``x_t``, the Bernoulli
+        draw of this round and the step size ``alpha_t`` (returned and recorded)."""
         if self.server is None:
             self._init_server(arrays)
         self._x_t = self.server.x.copy()
         self.current.sampled = self.sampler.sample(server_round)
         alpha_t = self.alpha(server_round - 1)
         self.current.train["step_size"] = alpha_t
+        return alpha_t
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                        ) -> Iterable[Message]:
+        """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
+        alpha_t = self._round_prologue(server_round, arrays)
         cfg = self.merge_extra({SERVER_ROUND: server_round, LOCAL_STEPS: self.local_steps, STEP_SIZE: alpha_t,
                                 MINIBATCH_SIZE: self.minibatch_size, SEED: self.seed}, config, "train_config")
         return [self.message(pid, RecordDict({ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}),

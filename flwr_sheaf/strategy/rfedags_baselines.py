@@ -122,12 +122,7 @@ class RFedBaseline(RFedAGS):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
                         ) -> Iterable[Message]:
         """The method's ``train.<method>`` messages to the drawn nodes (RFedSVRG: after its gradient phase)."""
-        if self.server is None:
-            self._init_server(arrays)
-        self._x_t = self.server.x.copy()
-        self.current.sampled = self.sampler.sample(server_round)
-        alpha_t = self.alpha(server_round - 1)
-        self.current.train["step_size"] = alpha_t
+        alpha_t = self._round_prologue(server_round, arrays)
         self._recipients = list(self.current.sampled)
         cfg = self._cfg(server_round, alpha_t, PHASE_LOCAL, config)
         msgs = []
