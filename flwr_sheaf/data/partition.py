@@ -238,6 +238,20 @@ class FederatedSplit:
         _check_partition_id(partition_id, self.num_agents)
 
 
+def _check_split_fractions(pilot_fraction, val_fraction, test_fraction) -> tuple[float, float, float]:
+    """The three split fractions checked (pilot in (0, 1), val and test in [0, 1), val + test < 1).
+
+    Raises:
+        ValueError: a fraction out of range, or val + test >= 1 (values named).
+    """
+    pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
+    val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
+    test_fraction = _check_fraction("test_fraction", test_fraction, allow_zero=True)
+    if val_fraction + test_fraction >= 1.0:
+        raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}")
+    return pilot_fraction, val_fraction, test_fraction
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=np.int64)
     a.setflags(write=False)
@@ -285,11 +299,7 @@ def make_federated_split(
     sets = _normalise_class_sets(class_sets, num_classes)
     s = _check_shift(shift)
     seed = _check_seed(seed)
-    pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
-    val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
-    test_fraction = _check_fraction("test_fraction", test_fraction, allow_zero=True)
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}")
+    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(pilot_fraction, val_fraction, test_fraction)
     lab = _as_label_array(labels, num_classes)
     m, n_agents = lab.size, len(sets)
 
@@ -430,11 +440,7 @@ def make_dirichlet_split(
     if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
         raise ValueError(f"Dirichlet alpha must be positive, got {alpha!r}")
     seed = _check_seed(seed)
-    pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
-    val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
-    test_fraction = _check_fraction("test_fraction", test_fraction, allow_zero=True)
-    if val_fraction + test_fraction >= 1.0:
-        raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}")
+    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(pilot_fraction, val_fraction, test_fraction)
     lab = _as_label_array(labels, num_classes)
     perm = np.random.default_rng(seed).permutation(lab.size)
     n_hold = int(round(pilot_fraction * lab.size))
