@@ -132,6 +132,7 @@ class SheafFRL(GraphStrategy):
     def _select(self, server_round: int) -> None:
         """This round's selection (None under ``all`` or while the pilot description is missing)."""
         self.selection, self._selection_digest = None, 0
+        self._reduced_cache: dict[int, np.ndarray] = {}
         if self.pilot_sampler is None:
             return
         mismatch = None
@@ -151,6 +152,7 @@ class SheafFRL(GraphStrategy):
         self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
         self._select(server_round)
         msgs = list(super().configure_train(server_round, arrays, config, grid))
+        self._reduced_cache = {}  # only valid while this round's messages are built (not checkpointed)
         self._train_bytes = [sum(record_bytes(m.content) for m in msgs), 0]
         return msgs
 
@@ -253,7 +255,10 @@ class SheafFRL(GraphStrategy):
         (``(rows, w)`` float32; unchanged under ``all``)."""
         if self.selection is None:
             return arr
-        return apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
+        key = id(arr)  # a held matrix is relayed to each of its sender's neighbours: reduce it once a round
+        if key not in self._reduced_cache:
+            self._reduced_cache[key] = apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
+        return self._reduced_cache[key]
 
     def _check_upload(self, pid: int, r: Message) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
         """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
