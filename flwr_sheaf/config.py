@@ -14,7 +14,8 @@ section              keys                                                       
                      ``whitening-shrinkage``, ``whitening-eps``
 :class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
                      ``evaluate-every``, ``seed``, ``fraction-evaluate``,
-                     ``non-edge-pairs``, ``diagnostics-eigenvalues``
+                     ``non-edge-pairs``, ``diagnostics-eigenvalues``,
+                     ``posthoc-readings``
 :class:`LocalTrainConfig` ``local-epochs``, ``lr``, ``momentum``, ``weight-decay``,   local-training loop
                      ``batch-size``, ``clip-norm``, ``max-steps-per-epoch``,
                      ``torch-threads``
@@ -278,6 +279,10 @@ _KEY_LIST = [
     Key("non-edge-pairs", 20, _int(0),
         "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
         "(seeded per round; 0 = off; docs/variants.md)"),
+    Key("posthoc-readings", "both", _str(("both", "paper")),
+        "post-hoc methods (non-cooperative and the baselines): `both` = communication accuracy with the whitening "
+        "fitted on private training latents (the paper's) and on the pilots (the strong reading), `paper` = the first "
+        "only (docs/baselines.md; Sheaf-FRL ignores it)"),
     Key("diagnostics-eigenvalues", 6, _int(0),
         "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
         "(0 = no spectrum; docs/variants.md)"),
@@ -453,7 +458,7 @@ class ScenarioConfig(Section):
 
 
 @section("graph", "fraction-train", "participation", "evaluate-every", "seed", "fraction-evaluate",
-         "non-edge-pairs", "diagnostics-eigenvalues")
+         "non-edge-pairs", "diagnostics-eigenvalues", "posthoc-readings")
 class FederationConfig(Section):
     """Graph, who trains when, and how often to evaluate (read by every strategy).
 
@@ -471,6 +476,9 @@ class FederationConfig(Section):
             (drawn per evaluated round from (seed, round); 0 = off; docs/variants.md).
         diagnostics_eigenvalues: smallest sheaf-Laplacian eigenvalues reported per evaluated round
             (0 = no spectrum; the per-edge total variation is always reported; docs/variants.md).
+        posthoc_readings: ``"both"`` or ``"paper"``: whether a post-hoc method (whitening fitted on
+            private training latents, the paper's protocol) also reports communication accuracy with
+            the whitening fitted on the pilots (the strong reading; docs/baselines.md).
     """
 
 

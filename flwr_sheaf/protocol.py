@@ -57,7 +57,8 @@ __all__ = [
     "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
     "PHASE", "PHASE_GRADIENT", "PHASE_LOCAL", "ENDPOINT", "FULL_GRADIENT", "CORRECTION", "MEAN_GRADIENT",
     "EVAL_ARRAYS", "STALK_DIM", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
-    "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY",
+    "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY", "PILOT_READING", "PILOT_READING_ARRAYS",
+    "COMM_ACCURACY_PILOT_WHITENING", "VAL_COMM_ACCURACY_PILOT_WHITENING",
     "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
     "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
     "pack_evaluation", "reply_problem", "pilot_digest", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
@@ -130,6 +131,10 @@ WHITENING_FITS = ("pilots", "train")
 #: sender's own map into the edge stalk (``privacy = stringent``), so the receiver fits its own map
 #: (P2c/P2d) instead of the edge's (Eq. 18); 0 otherwise.
 EVAL_TRANSPORTED = "eval-transported"
+#: evaluation config (both phases): 1 when a post-hoc method (``whitening-fit = "train"``) also gives
+#: the *strong* post-hoc reading, with the whitening fitted on the pilots (run-config key
+#: ``posthoc-readings = both``; docs/baselines.md); 0 otherwise.
+PILOT_READING = "pilot-reading"
 NUM_CLASSES = "num-classes"
 FEATURE_DIM = "feature-dim"
 LOCAL_STEPS = "local-steps"
@@ -157,6 +162,13 @@ TARGET_ALL = "all"
 NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
+#: the strong post-hoc reading's extra phase-1 arrays (config :data:`PILOT_READING`): pilots ``(K, d_i)``
+#: and test / validation latents ``(M, d_i)`` whitened with statistics fitted on the pilots (the
+#: labels are :data:`EVAL_ARRAYS`'). Routed to neighbours like :data:`EVAL_ARRAYS`.
+PILOT_READING_ARRAYS = ("pw-pilots", "pw-test-latents", "pw-val-latents")
+#: the strong post-hoc reading's per-incoming-edge phase-2 metrics (lists aligned with :data:`COMM_SRC`).
+COMM_ACCURACY_PILOT_WHITENING = "communication-accuracy-pilot-whitening"
+VAL_COMM_ACCURACY_PILOT_WHITENING = "val-communication-accuracy-pilot-whitening"
 STALK_DIM = "d"
 PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from inprocess import parse_overrides
 from paper_figures import ci95 as _ci
-from paper_figures import run_jobs, write_csv
+from paper_figures import ALG1, run_jobs, write_csv
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
                         tag = f"K{k}-s{s}-d{d}-seed{seed}-lam{lam:g}"
                         cfg = {"zoo": f"two-agent:{d}", "graph": "complete", "shift": s, "num-pilots": k, "seed": seed,
                                "method": "sheaf-frl", "lambda": lam, "num-server-rounds": args.rounds,
-                               "evaluate-every": args.rounds, **extra, "results-dir": str(out / "runs" / tag)}
+                               "evaluate-every": args.rounds, **ALG1, **extra, "results-dir": str(out / "runs" / tag)}
                         jobs.append({"config": cfg, "meta": {"K": k, "s": s, "d": d, "seed": seed, "weight": lam,
                                                              "x": d, "method": "sheaf-frl"}})
     t0 = time.monotonic()

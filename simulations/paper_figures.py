@@ -21,9 +21,10 @@ Methods and their weight (grid from ``--lambdas``, values in [1e-5, 1]):
 - ``fedproto`` (``fedproto-lambda``), ``fedsaf-gcsa`` / ``fedsaf-rcsa`` (``fedsaf-lambda``),
   ``fedmuscle`` (``fedmuscle-lambda``), ``comfed`` (``comfed-lambda``), ``sheaf-fmtl``
   (``sheaf-fmtl-lambda``): communication accuracy by post-hoc Procrustes with the whitening fitted
-  on private training latents (the paper's protocol, as ``non-cooperative``); their strong
-  (pilot-whitened) reading is not produced yet -- only the no-cooperation baseline has both
-  (``posthoc-train`` and ``posthoc-pilots``).
+  on private training latents (the paper's protocol, as ``non-cooperative``), and also their
+  strong reading, with the whitening fitted on the pilots (run-config ``posthoc-readings = both``,
+  the default), reported as ``<method>-pilots`` with its own validation-chosen weight. (The
+  non-cooperative strong reading is ``posthoc-pilots`` itself: the same training, the same number.)
 
 Resumable: every run writes ``<out>/runs/<tag>/results.json`` and a finished run with the same
 config is read back instead of retrained. Writes ``<out>/runs.csv`` (one row per run),
@@ -49,7 +50,12 @@ WEIGHT_KEY = {"sheaf-frl": "lambda", "non-cooperative": None, "fedproto": "fedpr
               "fedsaf-gcsa": "fedsaf-lambda", "fedsaf-rcsa": "fedsaf-lambda", "fedmuscle": "fedmuscle-lambda",
               "comfed": "comfed-lambda", "sheaf-fmtl": "sheaf-fmtl-lambda"}
 METRICS = ("private_accuracy_mean", "communication_accuracy_degree_weighted", "val_private_accuracy_mean",
-           "val_communication_accuracy_degree_weighted")
+           "val_communication_accuracy_degree_weighted", "communication_accuracy_pilot_whitening_degree_weighted",
+           "val_communication_accuracy_pilot_whitening_degree_weighted")
+PW = "communication_accuracy_pilot_whitening_degree_weighted"
+#: the paper's figures are Alg. 1 (heterogeneous maps); pinned so that equal-d agents (the two-agent
+#: family) do not switch to Alg. 2 under ``sheaf-variant = auto`` (override with ``--extra``)
+ALG1 = {"sheaf-variant": "heterogeneous"}
 
 
 def _run(job: dict) -> dict:
@@ -124,8 +130,19 @@ def summarise(rows: list[dict], points: list, seeds: list[int]) -> list[dict]:
     return out
 
 
+def strong_readings(rows: list[dict], points: list, seeds: list[int]) -> list[dict]:
+    """Table rows ``<method>-pilots``: each baseline's strong post-hoc reading (whitening fitted on the
+    pilots), its weight chosen on the validation value of that reading (non-cooperative's is
+    ``posthoc-pilots``; runs without the reading, ``posthoc-readings = paper``, are skipped)."""
+    strong = [{**r, "method": f"{r['method']}-pilots", "communication_accuracy_degree_weighted": r[PW],
+               "val_communication_accuracy_degree_weighted": r[f"val_{PW}"]}
+              for r in rows if r["method"] not in ("sheaf-frl", "non-cooperative") and r.get(PW) is not None]
+    return summarise(strong, points, seeds) if strong else []
+
+
 def plot(table: list[dict], xlabel: str, path: Path, title: str) -> None:
-    """Two panels (communication, private accuracy) against the point, one line per method, 95% bars."""
+    """Two panels (communication, private accuracy) against the point, one line per method (dashed: a
+    strong post-hoc reading, whitening fitted on the pilots), 95% bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,7 +155,8 @@ def plot(table: list[dict], xlabel: str, path: Path, title: str) -> None:
             rs = [r for r in table if r["method"] == method]
             ax.errorbar([r["x"] for r in rs], [r[f"{name}_mean"] for r in rs],
                         yerr=[0 if math.isnan(r[f"{name}_ci95"]) else r[f"{name}_ci95"] for r in rs],
-                        marker="o", capsize=3, label=method)
+                        marker="o", capsize=3, label=method,
+                        linestyle="--" if method.endswith("-pilots") else "-")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -186,7 +204,7 @@ def main() -> None:
                 for w in grid:
                     tag = f"x{x}-seed{seed}-{method}" + ("" if w is None else f"-w{w:g}")
                     cfg = {**scen, "seed": seed, "method": method, "num-server-rounds": args.rounds,
-                           "evaluate-every": args.rounds, **extra, "results-dir": str(out / "runs" / tag)}
+                           "evaluate-every": args.rounds, **ALG1, **extra, "results-dir": str(out / "runs" / tag)}
                     if key is not None:
                         cfg[key] = w
                     jobs.append({"config": cfg, "meta": {"x": x, "seed": seed, "method": method,
@@ -197,6 +215,7 @@ def main() -> None:
     table += [{**r, "method": "posthoc-pilots"} for r in summarise(
         [{**r, "method": "posthoc-pilots"} for r in rows if r["method"] == "sheaf-frl" and r["weight"] == 0.0],
         points, args.seeds)]
+    table += strong_readings(rows, points, args.seeds)
     table = [{**r, "method": "posthoc-train" if r["method"] == "non-cooperative" else r["method"]} for r in table]
     write_csv(out / "figure.csv", table)
     xlabel = "label shift s" if args.figure == 2 else "latent dimension d (both agents)"

@@ -35,6 +35,8 @@ from ..protocol import (ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EV
                         TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
                         NodeInfo, ProtocolError, comm_action, message_type, pack_arrays, pilot_digest, EVAL_TRANSPORTED,
                         unpack_routed)
+from ..protocol import (COMM_ACCURACY_PILOT_WHITENING, PILOT_READING, PILOT_READING_ARRAYS,
+                        VAL_COMM_ACCURACY_PILOT_WHITENING)
 from ..protocol import (NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY, NON_EDGE_SRC, PATH_MAP, VAL_NON_EDGE_ACCURACY,
                         VAL_NON_EDGE_DIRECT_ACCURACY, NonEdgeConfig)
 from ..sheaf import check_pilots, procrustes
@@ -175,8 +177,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
             zv = model.whitening(eval_latents(model, task.x_val))
         arrays = dict(zip(EVAL_ARRAYS, (to_numpy(a), to_numpy(zt), to_numpy(task.y_test), to_numpy(zv),
                                         to_numpy(task.y_val))))
-        arrays = pack_arrays(method.evaluation_reply(msg, context, task,
-                                                     {**arrays, **method.evaluation_arrays(msg, context, task)}))
+        arrays.update(method.evaluation_arrays(msg, context, task))
         metrics = MetricRecord({
             PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
             VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
@@ -185,6 +186,9 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
             STALK_DIM: int(model.d),
             **method.evaluation_metrics(msg, task),
         })
+        if _pilot_reading(cfg, mt):  # last: it refits the (unsaved) whitening on the pilots
+            arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, _pilot_whitened_arrays(model, task))))
+        arrays = pack_arrays(method.evaluation_reply(msg, context, task, arrays))
         return Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=msg)
 
     @app.evaluate(comm_action(action))
@@ -221,11 +225,61 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
             for name, value in method.edge_metrics(msg, context, task, j, arr).items():
                 extra.setdefault(name, []).append(float(value))
         non_edges = _non_edge_accuracies(msg, model, own, dev)
+        if _pilot_reading(cfg, mt):  # last: it refits the (unsaved) whitening on the pilots
+            extra.update(_pilot_whitened_accuracies(msg, model, task, edges, dev))
         metrics = MetricRecord({COMM_SRC: src, COMM_ACCURACY: acc_test, VAL_COMM_ACCURACY: acc_val, **extra,
                                 **non_edges})
         return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
     return app
+
+
+def _pilot_reading(cfg, mt: str) -> bool:
+    """Whether the evaluation config asks for the strong post-hoc reading (key :data:`PILOT_READING`)."""
+    return bool(int(required(cfg, PILOT_READING, mt)))
+
+
+def _pilot_whitened_arrays(model: nn.Module, task: LocalTask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The strong post-hoc reading's phase-1 arrays (docs/baselines.md): pilots ``(K, d_i)`` and test /
+    validation latents ``(M, d_i)``, all whitened with statistics fitted on the node's eval-mode pilot
+    latents (side effect: ``model.whitening`` is refitted; evaluation never saves the model)."""
+    _, a = whitened_pilots(model, task.x_pilot)
+    with torch.no_grad():
+        return a, model.whitening(eval_latents(model, task.x_test)), model.whitening(eval_latents(model, task.x_val))
+
+
+def _pilot_whitened_accuracies(msg: Message, model: nn.Module, task: LocalTask, edges: EdgeConfig,
+                               dev: torch.device) -> dict[str, list[float]]:
+    """Communication accuracy per incoming edge under the strong post-hoc reading (docs/baselines.md).
+
+    Both ends' whitening is fitted on their own pilots (not on private training latents); neighbour
+    j's pilot-whitened test / validation latents (:data:`PILOT_READING_ARRAYS`) are moved into this
+    stalk by the Procrustes map fitted on both nodes' pilot-whitened pilots (paper Eq. 18) and
+    classified by this node's head, coloured with its pilot-fitted statistics. This is exactly the
+    reading Sheaf-FRL's lambda = 0 run gets.
+
+    Returns:
+        ``{COMM_ACCURACY_PILOT_WHITENING: [...], VAL_COMM_ACCURACY_PILOT_WHITENING: [...]}`` in
+        ``edges.neighbours`` order.
+
+    Raises:
+        ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
+    """
+    own, _, _ = _pilot_whitened_arrays(model, task)
+    model.eval()
+    out: dict[str, list[float]] = {COMM_ACCURACY_PILOT_WHITENING: [], VAL_COMM_ACCURACY_PILOT_WHITENING: []}
+    for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
+        arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + PILOT_READING_ARRAYS)
+        a_j = from_numpy(arr["pw-pilots"], dev, torch.float32)
+        check_pilots(a_j, f"pilot-whitened pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
+        v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+        for split, key in (("test", COMM_ACCURACY_PILOT_WHITENING), ("val", VAL_COMM_ACCURACY_PILOT_WHITENING)):
+            z = from_numpy(arr[f"pw-{split}-latents"], dev, torch.float32)
+            check_pilots(z, f"pilot-whitened {split} latents of neighbour partition-id {j}", d=dj)
+            with torch.no_grad():
+                out[key].append(accuracy(model.classify_whitened(transport(z, v, i_head)),
+                                         from_numpy(arr[f"{split}-labels"], dev, torch.int64)))
+    return out
 
 
 def _non_edge_accuracies(msg: Message, model: nn.Module, own: torch.Tensor, dev: torch.device) -> dict[str, list]:

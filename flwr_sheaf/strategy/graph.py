@@ -38,6 +38,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ..participation import EVALUATE_STREAM, ParticipationSampler
+from ..protocol import (PILOT_READING, PILOT_READING_ARRAYS, COMM_ACCURACY_PILOT_WHITENING,
+                        VAL_COMM_ACCURACY_PILOT_WHITENING)
 from ..protocol import (ARRAYS, COMM_ACCURACY, COMM_REPLY, COMM_SRC, CONFIG, EVAL_ARRAYS, EVAL_REPLY, EVALUATE,
                         LOW_VARIANCE_FRACTION, EVAL_TRANSPORTED,
                         DEVICE, METRICS, NUM_EXAMPLES, PRIVATE_ACCURACY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS, TRAIN,
@@ -114,6 +116,9 @@ class GraphStrategy(PeerStrategy):
         #: this round's non-edge plan ``{receiver: [(source, composed map (d_i, d_j), path), ...]}``
         self._non_edge_plan: dict[int, list[tuple[int, np.ndarray, list[int]]]] = {}
         self._non_edges_out: list[dict] = []
+        #: whether evaluation also gives the strong post-hoc reading (whitening fitted on the pilots):
+        #: post-hoc methods only (``whitening_fit = "train"``), run-config ``posthoc-readings = both``
+        self.pilot_reading = self.whitening_fit == "train" and federation.posthoc_readings == "both"
 
     # ------------------------------------------------------------------ graph
     def query_config(self) -> dict:
@@ -242,7 +247,22 @@ class GraphStrategy(PeerStrategy):
 
     def _eval_config(self, server_round: int) -> dict:
         return {SERVER_ROUND: server_round, WHITENING_FIT: self.whitening_fit, TORCH_THREADS: self.train.torch_threads,
-                DEVICE: self.train.device, EVAL_TRANSPORTED: int(self.eval_transported)}
+                DEVICE: self.train.device, EVAL_TRANSPORTED: int(self.eval_transported),
+                PILOT_READING: int(self.pilot_reading)}
+
+    @property
+    def evaluation_array_names(self) -> tuple[str, ...]:
+        """Names of the phase-1 arrays every evaluated node sends and the server routes to neighbours:
+        :data:`EVAL_ARRAYS`, the method's :attr:`routed_arrays` and, with the strong post-hoc reading,
+        :data:`PILOT_READING_ARRAYS`."""
+        return EVAL_ARRAYS + self.routed_arrays + (PILOT_READING_ARRAYS if self.pilot_reading else ())
+
+    @property
+    def edge_metric_keys(self) -> tuple[str, ...]:
+        """Per-edge phase-2 metrics beyond :data:`COMM_ACCURACY`: the method's :attr:`edge_metric_names`
+        and, with the strong post-hoc reading, its test and validation accuracies."""
+        return self.edge_metric_names + ((COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING)
+                                         if self.pilot_reading else ())
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
         """Phase 1 (``evaluate.<action>``) to this round's evaluators: private accuracy, whitened pilots and latents.
@@ -273,7 +293,7 @@ class GraphStrategy(PeerStrategy):
         pilot shape, NaN/inf pilots or latents, accuracies outside [0, 1]) are failures of that node,
         and its edges are not measured.
         """
-        required = {**EVAL_REPLY, ARRAYS: EVAL_ARRAYS + self.routed_arrays}
+        required = {**EVAL_REPLY, ARRAYS: self.evaluation_array_names}
         self._phase1 = self.split_replies(server_round, "evaluate", replies, self._evaluators, required)
         for pid in sorted(self._phase1):
             why = self._phase1_problem(pid, self._phase1[pid])
@@ -287,7 +307,7 @@ class GraphStrategy(PeerStrategy):
         for pid in sorted(self._phase1):
             edges = self.edge_config(pid).keep(self._phase1)
             self._routed_src[pid] = tuple(edges.neighbours)
-            routed = route_evaluation(arrays, edges.neighbours, EVAL_ARRAYS + self.routed_arrays)
+            routed = route_evaluation(arrays, edges.neighbours, self.evaluation_array_names)
             plan = self._non_edge_plan.get(pid, [])
             for key, value in route_non_edges(arrays, {j: t for j, t, _ in plan}).items():
                 routed[key] = Array(np.ascontiguousarray(value))
@@ -413,13 +433,22 @@ class GraphStrategy(PeerStrategy):
                 return f"{split} latents {z.shape} / labels {y.shape} {y.dtype}: expected (M, {d}) and (M,) integers"
             if not np.isfinite(z).all():
                 return f"NaN/inf {split} latents"
+        if self.pilot_reading:  # the strong reading's arrays: same shapes as the paper reading's
+            for name, like in zip(PILOT_READING_ARRAYS, ("pilots", "test-latents", "val-latents")):
+                z = a[name].numpy()
+                if z.shape != a[like].numpy().shape or not np.isfinite(z).all():
+                    return f"{name} of shape {z.shape} (expected {a[like].numpy().shape}) or NaN/inf entries"
         return None
 
     def _comm_problem(self, pid: int, reply: Message) -> str | None:
         """Why a phase-2 reply cannot be used (or None): per-edge lists of different lengths, sources
         other than the neighbours routed to it, or an accuracy neither NaN nor in [0, 1]."""
         m = reply.content[METRICS]
-        lists = [COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY] + [n for n in self.edge_metric_names if n in m]
+        missing = [n for n in (COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING)
+                   if self.pilot_reading and n not in m]
+        if missing:
+            return f"the strong post-hoc reading was asked for, but the reply lacks {missing}"
+        lists = [COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY] + [n for n in self.edge_metric_keys if n in m]
         if any(not isinstance(m[k], list) for k in lists):
             return f"per-edge entries {lists} must be lists"
         if len({len(m[k]) for k in lists}) != 1:
@@ -474,7 +503,7 @@ class GraphStrategy(PeerStrategy):
                 edges.append({"src": int(src), "dst": int(dst), "communication_accuracy": float(acc),
                               "val_communication_accuracy": float(vacc),
                               **{n.replace("-", "_"): float(m[n][k]) if n in m else float("nan")
-                                 for n in self.edge_metric_names}})
+                                 for n in self.edge_metric_keys}})
         non_edges = []
         for dst in sorted(ok):
             plan = {j: path for j, _, path in self._non_edge_plan.get(dst, [])}
@@ -491,7 +520,7 @@ class GraphStrategy(PeerStrategy):
         summary = summarise_accuracies(nodes, edges)
         extra = {f"{name.replace('-', '_')}_mean": nanmean(n[name.replace("-", "_")] for n in nodes.values())
                  for name in self.node_metric_names}
-        for name in self.edge_metric_names:  # degree-weighted = mean over directed edges (Fig. 2)
+        for name in self.edge_metric_keys:  # degree-weighted = mean over directed edges (Fig. 2)
             key = name.replace("-", "_")
             extra[f"{key}_degree_weighted"] = nanmean(e[key] for e in edges)
         if self.federation.non_edge_pairs > 0:  # mean over measured directed non-edge pairs (no degree weighting)
@@ -537,6 +566,7 @@ class GraphStrategy(PeerStrategy):
         """Participation, the evaluation protocol (``whitening-fit``), the graph's edges and the last
         evaluation's non-edge pairs (``non_edges``, :attr:`non_edge_results`)."""
         return {**super().results_extra(), "evaluation": {"whitening-fit": self.whitening_fit,
+                                                          "pilot-whitening-reading": self.pilot_reading,
                                                           "fraction-evaluate": self.eval_sampler.fraction,
                                                           "non-edge-pairs": self.federation.non_edge_pairs,
                                                           "diagnostics-eigenvalues":

@@ -1,0 +1,73 @@
+"""Both post-hoc readings of communication accuracy (run-config ``posthoc-readings``, docs/baselines.md).
+
+A post-hoc method trains exactly like Sheaf-FRL at lambda = 0 (same cross-entropy, same random
+streams), so its *strong* reading (whitening fitted on the pilots) must equal Sheaf-FRL's
+lambda = 0 communication accuracy to the last digit, edge by edge: an independent check that the
+second reading is the strong post-hoc baseline and not a third protocol.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig
+from flwr_sheaf.strategy.noncooperative import NonCooperative
+from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+from simulations.inprocess import run_inprocess
+
+torch.set_num_threads(1)
+
+RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "seed": 3, "graph": "ring", "num-server-rounds": 1,
+      "non-edge-pairs": 0}
+PW = "communication_accuracy_pilot_whitening"
+
+
+def _edges(res: dict, key: str) -> dict[tuple[int, int], float]:
+    return {(e["src"], e["dst"]): e[key] for e in res["edges"]}
+
+
+def test_strong_reading_of_a_post_hoc_method_equals_sheaf_frl_at_lambda_zero(tmp_path):
+    nc = run_inprocess({**RC, "method": "non-cooperative", "results-dir": str(tmp_path / "nc")})
+    sf = run_inprocess({**RC, "method": "sheaf-frl", "lambda": 0.0, "results-dir": str(tmp_path / "sf")})
+    (a,), (b,) = nc["rounds"], sf["rounds"]
+    assert a["private_accuracy_mean"] == b["private_accuracy_mean"]  # the same training
+    assert _edges(nc, PW) == _edges(sf, "communication_accuracy")
+    assert _edges(nc, "val_" + PW) == _edges(sf, "val_communication_accuracy")
+    assert a[f"{PW}_degree_weighted"] == b["communication_accuracy_degree_weighted"]
+    assert a[f"val_{PW}_degree_weighted"] == b["val_communication_accuracy_degree_weighted"]
+    assert nc["evaluation"]["pilot-whitening-reading"] is True and sf["evaluation"]["pilot-whitening-reading"] is False
+    # the paper's reading (whitening on private training latents) is another number on some edge
+    assert _edges(nc, "communication_accuracy") != _edges(nc, PW)
+
+
+def test_paper_only_reading_sends_no_pilot_whitened_arrays(tmp_path):
+    both = run_inprocess({**RC, "method": "fedproto", "results-dir": str(tmp_path / "b")})
+    paper = run_inprocess({**RC, "method": "fedproto", "posthoc-readings": "paper", "results-dir": str(tmp_path / "p")})
+    (rb,), (rp,) = both["rounds"], paper["rounds"]
+    assert f"{PW}_degree_weighted" not in rp and all(PW not in e for e in paper["edges"])
+    assert rp["communication_accuracy_degree_weighted"] == rb["communication_accuracy_degree_weighted"]
+    assert rp["private_accuracy_mean"] == rb["private_accuracy_mean"]
+    assert 0.0 <= rb[f"{PW}_degree_weighted"] <= 1.0
+    assert rb["bytes_received"] > rp["bytes_received"]  # three more arrays per evaluated node
+    with pytest.raises(ConfigError, match="posthoc-readings='strong'"):
+        run_inprocess({**RC, "method": "fedproto", "posthoc-readings": "strong", "results-dir": str(tmp_path / "x")})
+
+
+def test_evaluation_config_carries_the_flag_and_a_reply_without_the_strong_reading_is_a_failure_reason():
+    s = NonCooperative(4, federation=FederationConfig(graph="ring", seed=3), train=LocalTrainConfig(local_epochs=1))
+    assert s.pilot_reading and s.evaluation_array_names[-3:] == ("pw-pilots", "pw-test-latents", "pw-val-latents")
+    assert s._eval_config(1)["pilot-reading"] == 1
+    paper = NonCooperative(4, federation=FederationConfig(graph="ring", posthoc_readings="paper"))
+    assert paper._eval_config(1)["pilot-reading"] == 0 and "pw-pilots" not in paper.evaluation_array_names
+    assert not SheafFRL(4, federation=FederationConfig(graph="ring")).pilot_reading  # its reading is already pilots
+    s._routed_src = {0: (1, 3)}
+    edge = {"src": [1, 3], "communication-accuracy": [0.5, 0.5], "val-communication-accuracy": [0.5, 0.5]}
+    strong = {"communication-accuracy-pilot-whitening": [0.4, 0.6], "val-communication-accuracy-pilot-whitening": [0.4, 0.6]}
+    reply = lambda m: SimpleNamespace(content={"metrics": m})  # noqa: E731
+    assert s._comm_problem(0, reply({**edge, **strong})) is None
+    assert "lacks ['communication-accuracy-pilot-whitening'" in s._comm_problem(0, reply(edge))
+    assert "not in [0, 1]" in s._comm_problem(0, reply({**edge, **strong, "communication-accuracy-pilot-whitening": [1.5, 0]}))
+    assert "different lengths" in s._comm_problem(
+        0, reply({**edge, **strong, "val-communication-accuracy-pilot-whitening": [0.4]}))
