@@ -314,6 +314,9 @@ _KEY_LIST = [
         "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)"),
     Key("pilot-normalisation", "none", _str(("none", "parseval")),
         "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)"),
+    Key("map-refit", "epoch", _str(("epoch", "step")),
+        "when a node refits its restriction maps: `epoch` (on all pilots, each local epoch) or `step` (also on each "
+        "step's pilot minibatch, Alg. 1 line 11; docs/stability.md)"),
     # FedProto / FedSAF
     Key("fedproto-dim", "auto", _dim_or_auto,
         "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D"),
@@ -500,7 +503,7 @@ class LocalTrainConfig(Section):
 
 
 @section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min", "sheaf-variant",
-         "privacy", "pilot-strategy", "pilot-normalisation")
+         "privacy", "pilot-strategy", "pilot-normalisation", "map-refit")
 class SheafConfig(Section):
     """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
 
@@ -515,6 +518,9 @@ class SheafConfig(Section):
         privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants.md).
         pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
         pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants.md).
+        map_refit: ``"epoch"`` (maps refitted on all pilots at the start of each local epoch) or
+            ``"step"`` (the penalty of each step also uses maps refitted by Procrustes on that step's
+            pilot minibatch, paper Alg. 1 line 11; docs/stability.md).
     """
 
     def lam_at(self, server_round: int) -> float:

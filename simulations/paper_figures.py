@@ -68,11 +68,17 @@ def _run(job: dict) -> dict:
         old = json.loads(done.read_text())
         if all(old.get("config", {}).get(k) == v for k, v in cfg.items() if k != "results-dir"):
             res = old
+    error = ""
     if res is None:
-        res = run_inprocess(cfg)
+        try:
+            res = run_inprocess(cfg)
+        except Exception as exc:  # one failed run is a row with its error, not a lost sweep
+            error, res = f"{type(exc).__name__}: {exc}", {"rounds": []}
+            print(f"run {cfg['results-dir']} failed: {error}", flush=True)
     evaluated = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None]
     last = evaluated[-1] if evaluated else {}
-    return {**job["meta"], **{k: last.get(k) for k in METRICS}, "wall_seconds": round(time.monotonic() - t, 1)}
+    return {**job["meta"], **{k: last.get(k) for k in METRICS}, "wall_seconds": round(time.monotonic() - t, 1),
+            "error": error[:300]}
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -180,6 +186,8 @@ def main() -> None:
     ap.add_argument("--lambdas", type=float, nargs="+", default=[1e-3, 1e-2, 1e-1, 1.0])
     ap.add_argument("--default-weights", action="store_true",
                     help="no weight grid: each method with its package default weight (plus sheaf-frl's lambda = 0)")
+    ap.add_argument("--weights", nargs="*", default=[], metavar="METHOD=W1,W2",
+                    help="this method's own weight grid (overrides --lambdas / --default-weights for it), e.g. sheaf-frl=0.03,0.1,0.3")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--extra", nargs="*", default=[], help="more run-config overrides key=value (e.g. preset=paper)")
@@ -188,8 +196,17 @@ def main() -> None:
     bad = [m for m in args.methods if m not in WEIGHT_KEY]
     if bad:
         ap.error(f"unknown method(s) {bad}; known: {sorted(WEIGHT_KEY)}")
-    if any(not 1e-5 <= w <= 1.0 for w in args.lambdas):
-        ap.error(f"--lambdas must lie in [1e-5, 1], got {args.lambdas}")
+    own: dict[str, list[float]] = {}
+    for item in args.weights:
+        name, _, ws = item.partition("=")
+        try:
+            own[name] = [float(w) for w in ws.split(",")]
+        except ValueError:
+            ap.error(f"--weights {item!r}: expected METHOD=W1,W2,... with numbers")
+        if name not in WEIGHT_KEY or WEIGHT_KEY[name] is None or not own[name]:
+            ap.error(f"--weights {item!r}: {name!r} is not a method with a weight ({sorted(k for k, v in WEIGHT_KEY.items() if v)})")
+    if any(not 1e-5 <= w <= 1.0 for w in args.lambdas + [w for ws in own.values() for w in ws]):
+        ap.error(f"weights must lie in [1e-5, 1], got --lambdas {args.lambdas} --weights {args.weights}")
     out = Path(args.out or f"results/fig{args.figure}").resolve()
     extra = parse_overrides(args.extra)
     points = args.shifts if args.figure == 2 else args.dims
@@ -200,7 +217,7 @@ def main() -> None:
             for method in args.methods:
                 key = WEIGHT_KEY[method]
                 grid = [None] if key is None else ([0.0] if method == "sheaf-frl" else []) + (
-                    [DEFAULTS[key]] if args.default_weights else list(args.lambdas))
+                    own[method] if method in own else [DEFAULTS[key]] if args.default_weights else list(args.lambdas))
                 for w in grid:
                     tag = f"x{x}-seed{seed}-{method}" + ("" if w is None else f"-w{w:g}")
                     cfg = {**scen, "seed": seed, "method": method, "num-server-rounds": args.rounds,

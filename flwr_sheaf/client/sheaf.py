@@ -79,6 +79,11 @@ class SheafGluing(LossPlugin):
         normalisation: ``"none"`` or ``"parseval"``: maps fitted on the polar factors of both pilot
             matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
             pilots (docs/variants.md).
+        map_refit: ``"epoch"``: the penalty uses the maps fitted at the start of the epoch on all
+            pilots; ``"step"``: each step refits them (Eq. 18, one SVD per fitted map, same variant and
+            normalisation) on the step's minibatch rows of the node's batch-whitened pilots (detached)
+            and of the received matrices, as paper Alg. 1 line 11 refits at every iteration. The maps a
+            node keeps and transports with (:attr:`maps`) stay the epoch fits on all pilots.
 
     Attributes:
         maps: the node's current maps (updated each epoch; what :meth:`SheafClient.after_train` transports with).
@@ -92,13 +97,15 @@ class SheafGluing(LossPlugin):
     def __init__(self, task: LocalTask, lam: float, pilot_batch_size: int, edges: EdgeConfig,
                  neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None,
                  variant: str, privacy: str, maps: dict[int, torch.Tensor] | None = None,
-                 selection: PilotSelection | None = None, normalisation: str = "none") -> None:
+                 selection: PilotSelection | None = None, normalisation: str = "none", map_refit: str = "epoch") -> None:
         unknown = sorted(set(neighbour_pilots) - set(edges.neighbours))
         if unknown:
             raise ProtocolError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
         if normalisation not in ("none", "parseval"):
             raise ValueError(f"pilot-normalisation={normalisation!r}: must be 'none' or 'parseval'")
-        self.selection, self.normalisation = selection, normalisation
+        if map_refit not in ("epoch", "step"):
+            raise ValueError(f"map-refit={map_refit!r}: must be 'epoch' or 'step'")
+        self.selection, self.normalisation, self.map_refit = selection, normalisation, map_refit
         k = task.x_pilot.shape[0] if selection is None else selection.num_rows
         d_i = int(task.model.d)
         weights = edges.weights or (1.0,) * len(edges.neighbours)
@@ -151,6 +158,12 @@ class SheafGluing(LossPlugin):
             nrows = present
         terms = [EdgeTerm(t.neighbour, t.pilots[nrows.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
                  for t in self.terms]
+        if self.map_refit == "step" and a_i.shape[0] >= 2:  # Alg. 1 line 11: maps of the current pilots
+            with SvdCounter() as c:
+                terms, _ = edge_terms(a_i.detach(), [Received(t.neighbour, t.pilots, t.i_is_head, t.weight)
+                                                     for t in terms], self.variant, self.privacy,
+                                      parseval if self.normalisation == "parseval" else None)
+            self.svds += c.n
         pen, per_edge = local_gluing_penalty(a_i, terms, self.lam)
         model.train()
         for j, r in per_edge.items():
@@ -242,7 +255,7 @@ class SheafClient(ClientMethod):
                            {j: from_numpy(a, dev) for j, a in received.items()}, None if cached is None else cached[0],
                            sheaf.sheaf_variant, sheaf.privacy, load_maps(context, self.action),
                            selection=received_selection(msg, int(task.x_pilot.shape[0])),
-                           normalisation=sheaf.pilot_normalisation)
+                           normalisation=sheaf.pilot_normalisation, map_refit=sheaf.map_refit)
 
     def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
