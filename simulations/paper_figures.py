@@ -146,31 +146,56 @@ def strong_readings(rows: list[dict], points: list, seeds: list[int]) -> list[di
     return summarise(strong, points, seeds) if strong else []
 
 
+BASES = ("sheaf-frl", "posthoc-pilots", "posthoc-train", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "fedmuscle",
+         "comfed", "sheaf-fmtl")
+
+
+def _base(method: str) -> str:
+    """The method a table row belongs to (``fedproto-pilots`` -> ``fedproto``; ``posthoc-pilots`` is its own)."""
+    return method if method == "posthoc-pilots" else method.removesuffix("-pilots")
+
+
 def plot(table: list[dict], xlabel: str, path: Path, title: str) -> None:
-    """Two panels (communication, private accuracy) against the point, one line per method (dashed: a
-    strong post-hoc reading, whitening fitted on the pilots), 95% bars."""
+    """Two panels (communication, private accuracy) against the point, one colour per method, 95% bars.
+
+    A baseline's strong post-hoc reading (``<method>-pilots``, whitening fitted on the pilots) is the
+    dashed line in its method's colour; it is left out of the private panel (same runs, same
+    private accuracy). Points are spread slightly along x so that the bars do not hide each other.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colours = {b: plt.get_cmap("tab10")(i) for i, b in enumerate(BASES)}
+    methods = sorted({r["method"] for r in table}, key=lambda m: (BASES.index(_base(m)) if _base(m) in BASES
+                                                                  else len(BASES), m))
+    log_x = xlabel.startswith("latent")
+    xs = sorted({r["x"] for r in table})
+    step = 0.0 if len(xs) < 2 else min(b - a for a, b in zip(xs, xs[1:])) * 0.02
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for ax, name, label in ((axes[0], "comm", "communication accuracy (degree-weighted)"),
                             (axes[1], "private", "private accuracy (mean)")):
-        for method in sorted({r["method"] for r in table}):
-            rs = [r for r in table if r["method"] == method]
-            ax.errorbar([r["x"] for r in rs], [r[f"{name}_mean"] for r in rs],
+        for k, method in enumerate(methods):
+            strong = method.endswith("-pilots") and method != "posthoc-pilots"
+            if name == "private" and strong:
+                continue
+            rs = sorted((r for r in table if r["method"] == method), key=lambda r: r["x"])
+            off = k - len(methods) / 2
+            x = [r["x"] * 2 ** (0.015 * off) if log_x else r["x"] + step * off for r in rs]
+            ax.errorbar(x, [r[f"{name}_mean"] for r in rs],
                         yerr=[0 if math.isnan(r[f"{name}_ci95"]) else r[f"{name}_ci95"] for r in rs],
-                        marker="o", capsize=3, label=method,
-                        linestyle="--" if method.endswith("-pilots") else "-")
+                        marker="o", markersize=4, capsize=2, elinewidth=0.8, label=method,
+                        color=colours.get(_base(method), "black"), linestyle="--" if strong else "-")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        if xlabel.startswith("latent"):
+        if log_x:
             ax.set_xscale("log", base=2)
-    axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7)
     fig.savefig(path, dpi=120)
 
 
