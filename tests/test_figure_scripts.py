@@ -59,3 +59,14 @@ def test_markdown_table_prints_each_cell_of_the_csv():
     assert lines[0] == "| method | 0.5 | 0.9 |"
     assert lines[2] == "| sheaf-frl | 0.620 | 0.700 ± 0.100 |"  # Sheaf-FRL first; one seed: no interval
     assert lines[3] == "| fedproto-pilots | 0.520 ± 0.254 | - |"
+
+
+def test_paired_difference_uses_the_validation_chosen_lambda_against_lambda_zero():
+    from figure_markdown import paired
+
+    text, p = paired(ROWS)
+    assert p["n"] == 2 and p["comm_wins"] == 0
+    assert p["comm_diff"] == pytest.approx(-0.28)  # (0.60 - 0.90 + 0.64 - 0.90) / 2
+    assert p["comm_ci95"] == pytest.approx(12.7062 * 0.02, rel=1e-4)
+    assert p["private_diff"] == 0.0
+    assert "| 0.5 | 1 | 0.1 | 0.640 | 0.900 | -0.260 |" in text
