@@ -25,10 +25,14 @@ message                                content (server -> node) / reply (node ->
                                       (local prototypes; FedMuscle: :data:`PILOT_REPS`);
                                       FedMuscle's train message may carry :data:`MUSCLE_TARGETS`
 ``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
-                                      :data:`TORCH_THREADS`, :data:`DEVICE` (+ method keys) / :data:`EVAL_REPLY`
-                                      (:func:`pack_evaluation`)
+                                      :data:`TORCH_THREADS`, :data:`DEVICE`, :data:`EVAL_TRANSPORTED`,
+                                      :data:`PILOT_READING` (+ method keys) / :data:`EVAL_REPLY`
+                                      (:func:`pack_evaluation`; with :data:`PILOT_READING` = 1 also
+                                      :data:`PILOT_READING_ARRAYS`)
 ``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation`; ``config``: as phase 1 plus
-                                      the :class:`EdgeConfig` / :data:`COMM_REPLY` (per incoming edge)
+                                      the :class:`EdgeConfig` / :data:`COMM_REPLY` (per incoming edge;
+                                      with :data:`PILOT_READING` = 1 also
+                                      :data:`COMM_ACCURACY_PILOT_WHITENING` and its ``val-`` twin)
 ===================================== ================================================================
 
 RFedAGS uses ``train.rfedags`` with ``arrays`` = the point (key :data:`POINT`) and replies with

@@ -159,7 +159,8 @@ def plot(table: list[dict], xlabel: str, path: Path, title: str) -> None:
     """Two panels (communication, private accuracy) against the point, one colour per method, 95% bars.
 
     A baseline's strong post-hoc reading (``<method>-pilots``, whitening fitted on the pilots) is the
-    dashed line in its method's colour; it is left out of the private panel (same runs, same
+    dashed line in its method's colour; in the private panel it is drawn only where its own
+    validation choice picked other weights than its method's row (otherwise it is the same runs'
     private accuracy). Points are spread slightly along x so that the bars do not hide each other.
     """
     import matplotlib
@@ -168,6 +169,7 @@ def plot(table: list[dict], xlabel: str, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     colours = {b: plt.get_cmap("tab10")(i) for i, b in enumerate(BASES)}
+    chosen = {(r["method"], r["x"]): r["weights"] for r in table}
     methods = sorted({r["method"] for r in table}, key=lambda m: (BASES.index(_base(m)) if _base(m) in BASES
                                                                   else len(BASES), m))
     log_x = xlabel.startswith("latent")
@@ -178,9 +180,9 @@ def plot(table: list[dict], xlabel: str, path: Path, title: str) -> None:
                             (axes[1], "private", "private accuracy (mean)")):
         for k, method in enumerate(methods):
             strong = method.endswith("-pilots") and method != "posthoc-pilots"
-            if name == "private" and strong:
-                continue
             rs = sorted((r for r in table if r["method"] == method), key=lambda r: r["x"])
+            if name == "private" and strong and all(r["weights"] == chosen.get((_base(method), r["x"])) for r in rs):
+                continue
             off = k - len(methods) / 2
             x = [r["x"] * 2 ** (0.015 * off) if log_x else r["x"] + step * off for r in rs]
             ax.errorbar(x, [r[f"{name}_mean"] for r in rs],
@@ -230,6 +232,8 @@ def main() -> None:
             ap.error(f"--weights {item!r}: expected METHOD=W1,W2,... with numbers")
         if name not in WEIGHT_KEY or WEIGHT_KEY[name] is None or not own[name]:
             ap.error(f"--weights {item!r}: {name!r} is not a method with a weight ({sorted(k for k, v in WEIGHT_KEY.items() if v)})")
+        if name not in args.methods or len(set(own[name])) != len(own[name]):
+            ap.error(f"--weights {item!r}: {name!r} is not in --methods, or a weight is repeated")
     if any(not 1e-5 <= w <= 1.0 for w in args.lambdas + [w for ws in own.values() for w in ws]):
         ap.error(f"weights must lie in [1e-5, 1], got --lambdas {args.lambdas} --weights {args.weights}")
     out = Path(args.out or f"results/fig{args.figure}").resolve()
@@ -253,6 +257,11 @@ def main() -> None:
                                                          "weight": 0.0 if w is None else w}})
     t0 = time.monotonic()
     rows = run_jobs(jobs, args.workers, out)
+    failed = [r for r in rows if r["error"]]
+    if failed:
+        print(f"{len(failed)} of {len(rows)} runs failed (column 'error' of runs.csv), e.g. {failed[0]['error']}")
+    if len(failed) == len(rows):
+        raise SystemExit("every run failed: nothing to summarise")
     table = summarise(rows, points, args.seeds)
     table += [{**r, "method": "posthoc-pilots"} for r in summarise(
         [{**r, "method": "posthoc-pilots"} for r in rows if r["method"] == "sheaf-frl" and r["weight"] == 0.0],

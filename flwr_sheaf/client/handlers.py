@@ -92,8 +92,9 @@ class ClientMethod:
         return {}
 
     def evaluation_reply(self, msg: Message, context: Context, task: LocalTask, arrays: dict) -> dict:
-        """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS` plus
-        :meth:`evaluation_arrays`, numpy); default: unchanged (Sheaf-FRL's stringent privacy sends
+        """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
+        :meth:`evaluation_arrays` and, with the strong post-hoc reading, :data:`PILOT_READING_ARRAYS`;
+        numpy; the model's whitening is then the pilot-fitted one); default: unchanged (Sheaf-FRL's stringent privacy sends
         per-neighbour transported arrays instead, docs/variants.md)."""
         return arrays
 
@@ -186,9 +187,9 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
             STALK_DIM: int(model.d),
             **method.evaluation_metrics(msg, task),
         })
-        if _pilot_reading(cfg, mt):  # last: it refits the (unsaved) whitening on the pilots
+        if _pilot_reading(cfg, mt):  # after every other use of the model: it refits the (unsaved) whitening
             arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, _pilot_whitened_arrays(model, task))))
-        arrays = pack_arrays(method.evaluation_reply(msg, context, task, arrays))
+        arrays = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # sees the final arrays
         return Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=msg)
 
     @app.evaluate(comm_action(action))
@@ -265,7 +266,7 @@ def _pilot_whitened_accuracies(msg: Message, model: nn.Module, task: LocalTask, 
     Raises:
         ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
     """
-    own, _, _ = _pilot_whitened_arrays(model, task)
+    _, own = whitened_pilots(model, task.x_pilot)  # refits the (unsaved) whitening on the pilots
     model.eval()
     out: dict[str, list[float]] = {COMM_ACCURACY_PILOT_WHITENING: [], VAL_COMM_ACCURACY_PILOT_WHITENING: []}
     for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):

@@ -38,7 +38,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from ..config import SheafConfig
+from ..config import DEFAULTS, SheafConfig
 from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
                         PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
                         STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, index_digest, pack_arrays,
@@ -80,10 +80,14 @@ class SheafGluing(LossPlugin):
             matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
             pilots (docs/variants.md).
         map_refit: ``"epoch"``: the penalty uses the maps fitted at the start of the epoch on all
-            pilots; ``"step"``: each step refits them (Eq. 18, one SVD per fitted map, same variant and
-            normalisation) on the step's minibatch rows of the node's batch-whitened pilots (detached)
-            and of the received matrices, as paper Alg. 1 line 11 refits at every iteration. The maps a
-            node keeps and transports with (:attr:`maps`) stay the epoch fits on all pilots.
+            pilots; ``"step"``: each step refits the maps this node owns (Eq. 18, one SVD per fitted
+            map, same variant and normalisation, via :func:`~flwr_sheaf.sheaf.variants.edge_terms`) on
+            the step's minibatch rows of the node's batch-whitened pilots (detached) and of the received
+            matrices, as paper Alg. 1 line 11 refits at every iteration. What the node does not fit
+            stays as in the epoch: a homogeneous head keeps the identity on the received ``O A_t``, and a
+            received transported matrix still carries its sender's map. A step with fewer than two
+            rows (prototype groups) keeps the epoch maps. The maps a node keeps and transports with
+            (:attr:`maps`) stay the epoch fits on all pilots.
 
     Attributes:
         maps: the node's current maps (updated each epoch; what :meth:`SheafClient.after_train` transports with).
@@ -97,7 +101,8 @@ class SheafGluing(LossPlugin):
     def __init__(self, task: LocalTask, lam: float, pilot_batch_size: int, edges: EdgeConfig,
                  neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None,
                  variant: str, privacy: str, maps: dict[int, torch.Tensor] | None = None,
-                 selection: PilotSelection | None = None, normalisation: str = "none", map_refit: str = "epoch") -> None:
+                 selection: PilotSelection | None = None, normalisation: str = "none",
+                 map_refit: str = DEFAULTS["map-refit"]) -> None:
         unknown = sorted(set(neighbour_pilots) - set(edges.neighbours))
         if unknown:
             raise ProtocolError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
