@@ -174,8 +174,8 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
                                device_spec=str(required(cfg, DEVICE, mt)))
         a, lvf = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
         with torch.no_grad():
-            zt = model.whitening(eval_latents(model, task.x_test))
-            zv = model.whitening(eval_latents(model, task.x_val))
+            raw_test, raw_val = eval_latents(model, task.x_test), eval_latents(model, task.x_val)
+            zt, zv = model.whitening(raw_test), model.whitening(raw_val)
         arrays = dict(zip(EVAL_ARRAYS, (to_numpy(a), to_numpy(zt), to_numpy(task.y_test), to_numpy(zv),
                                         to_numpy(task.y_val))))
         arrays.update(method.evaluation_arrays(msg, context, task))
@@ -188,7 +188,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
             **method.evaluation_metrics(msg, task),
         })
         if _pilot_reading(cfg, mt):  # after every other use of the model: it refits the (unsaved) whitening
-            arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, _pilot_whitened_arrays(model, task))))
+            arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, _pilot_whitened_arrays(model, task, raw_test, raw_val))))
         arrays = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # sees the final arrays
         return Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=msg)
 
@@ -240,13 +240,15 @@ def _pilot_reading(cfg, mt: str) -> bool:
     return bool(int(required(cfg, PILOT_READING, mt)))
 
 
-def _pilot_whitened_arrays(model: nn.Module, task: LocalTask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The strong post-hoc reading's phase-1 arrays (docs/baselines.md): pilots ``(K, d_i)`` and test /
-    validation latents ``(M, d_i)``, all whitened with statistics fitted on the node's eval-mode pilot
-    latents (side effect: ``model.whitening`` is refitted; evaluation never saves the model)."""
+def _pilot_whitened_arrays(model: nn.Module, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The strong post-hoc reading's phase-1 arrays (docs/baselines.md): pilots ``(K, d_i)`` and the
+    test / validation latents ``raw_test``, ``raw_val`` ``(M, d_i)`` (eval-mode, already computed for
+    the paper's reading), all whitened with statistics fitted on the node's eval-mode pilot latents
+    (side effect: ``model.whitening`` is refitted; evaluation never saves the model)."""
     _, a = whitened_pilots(model, task.x_pilot)
     with torch.no_grad():
-        return a, model.whitening(eval_latents(model, task.x_test)), model.whitening(eval_latents(model, task.x_val))
+        return a, model.whitening(raw_test), model.whitening(raw_val)
 
 
 def _pilot_whitened_accuracies(msg: Message, model: nn.Module, task: LocalTask, edges: EdgeConfig,
