@@ -6,6 +6,8 @@ This is where the CNN zoo, the data partition and the Flower glue meet: it turns
 
 from __future__ import annotations
 
+import functools
+
 from flwr.app import Context
 
 from ..client.task import LocalTask
@@ -36,12 +38,23 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     specs = agent_specs(scenario)
     if not 0 <= partition_id < len(specs):
         raise ValueError(f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}")
-    data = load_agent_data(scenario.dataset, [s.classes for s in specs], scenario.shift, scenario.seed, partition_id,
-                           num_pilots=scenario.num_pilots or None, partitioner=scenario.partitioner)
+    data = _agent_data(scenario.dataset, tuple(tuple(s.classes) for s in specs), scenario.shift, scenario.seed,
+                       partition_id, scenario.num_pilots or None, scenario.partitioner)
     model = build_agent(specs[partition_id], seed=scenario.seed * 1000 + partition_id,
                         shrinkage=scenario.whitening_shrinkage, eps=scenario.whitening_eps)
     return LocalTask(model, data.x_train, data.y_train, data.x_val, data.y_val, data.x_test, data.y_test,
                      data.x_pilot, tuple(data.classes), y_pilot=data.y_pilot)
+
+
+@functools.lru_cache(maxsize=4096)
+def _agent_data(dataset: str, class_sets: tuple[tuple[int, ...], ...], shift: float, seed: int, partition_id: int,
+                num_pilots: int | None, partitioner: str):
+    """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, built once per process and shared by every
+    message of that node (read-only: the handlers never write into a task's tensors). Returning the same
+    tensor objects lets :func:`flwr_sheaf.client.common.to_device` keep the node's data resident on its
+    GPU across messages instead of copying it for each one."""
+    return load_agent_data(dataset, class_sets, shift, seed, partition_id, num_pilots=num_pilots,
+                           partitioner=partitioner)
 
 
 def cnn_task_factory(context: Context) -> LocalTask:

@@ -37,10 +37,20 @@ class LossPlugin:
         """Loss of one private batch ``x (B, ...)``, ``y (B,)`` (model in train mode on entry).
 
         Returns:
-            ``(loss, parts)``: a scalar tensor to minimise and named floats (``"ce"`` at least),
-            averaged over steps into the round's metrics.
+            ``(loss, parts)``: a scalar tensor to minimise and named values (``"ce"`` at least),
+            averaged over steps into the round's metrics. A value may be a Python float or a
+            detached 0-d tensor: tensors stay on the device and are read back once per round
+            (no host synchronisation per step on a GPU).
         """
         raise NotImplementedError
+
+    def plan_epoch(self, steps: int, gen: torch.Generator) -> None:
+        """Called once per epoch after the batch order is drawn, with the epoch's number of steps.
+
+        A plug-in that draws per-step randomness from ``gen`` may draw all of it here instead, in
+        the same order (so the numbers are unchanged), and move it to the device in one copy (one
+        host-to-device transfer per epoch instead of one per step). Default: nothing.
+        """
 
     def after_step(self) -> None:
         """Called after each SGD step of the model (a method with its own parameters steps them here)."""
@@ -55,7 +65,7 @@ class CrossEntropy(LossPlugin):
 
     def loss(self, model, x, y, gen):  # noqa: D102 - documented on the base class
         ce = F.cross_entropy(model.private_logits(x), y)
-        return ce, {"ce": float(ce.detach())}
+        return ce, {"ce": ce.detach()}
 
 
 def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConfig, plugin: LossPlugin,
@@ -87,7 +97,9 @@ def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConf
     n = int(task.x_train.shape[0])
     if n == 0:
         raise ValueError("the node has no training samples (x_train is empty)")
-    sums: dict[str, float] = {"grad-norm": 0.0}
+    dev = task.x_train.device
+    on_cpu = dev.type == "cpu"
+    values: dict[str, list] = {"grad-norm": []}
     steps = 0
     clip = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
     for epoch in range(cfg.local_epochs):
@@ -96,21 +108,46 @@ def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConf
         nb = max(1, n // cfg.batch_size)  # drop_last, at least one batch
         if cfg.max_steps_per_epoch > 0:
             nb = min(nb, cfg.max_steps_per_epoch)
+        plugin.plan_epoch(nb, gen)
+        perm = perm[: nb * cfg.batch_size].to(dev)  # one host-to-device copy per epoch
+        finite = None
         for b in range(nb):
             idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             model.train()
             loss, parts = plugin.loss(model, task.x_train[idx], task.y_train[idx], gen)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss {float(loss)} at server round {server_round}")
+            if on_cpu:  # no device to wait for: check every step, before the step is taken
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite loss {float(loss)} at server round {server_round}")
+            else:  # accumulate on the device; checked once per epoch (state is committed only after)
+                ok = torch.isfinite(loss.detach())
+                finite = ok if finite is None else finite & ok
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            sums["grad-norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            values["grad-norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
             opt.step()
             plugin.after_step()
             for name, v in parts.items():
-                sums[name] = sums.get(name, 0.0) + float(v)
+                values.setdefault(name, []).append(v)
             steps += 1
-    out = {k: v / max(steps, 1) for k, v in sums.items()}
+        if finite is not None and not bool(finite):
+            raise FloatingPointError(f"non-finite loss at server round {server_round}, local epoch {epoch} "
+                                     "(checked once per epoch on an accelerator)")
+    out = {k: _mean(v, steps) for k, v in values.items()}
     out["steps"] = steps
     out.update(plugin.metrics(steps))
     return out
+
+
+def _mean(values: list, steps: int) -> float:
+    """Sequential float64 mean of per-step values (floats or 0-d tensors), read back in one transfer.
+
+    The sum runs in Python in step order, exactly as ``sum(float(v) for v in values)``, so the
+    numbers do not depend on whether a plug-in returned floats or tensors.
+    """
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    host = iter(torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).cpu().tolist()
+                if tensors else [])
+    total = 0.0
+    for v in values:
+        total += next(host) if isinstance(v, torch.Tensor) else float(v)
+    return total / max(steps, 1)

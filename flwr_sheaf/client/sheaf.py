@@ -43,7 +43,8 @@ from ..protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIB
                         PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
                         STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, index_digest, pack_arrays,
                         unpack_neighbour_pilots, unpack_pilot_selection)
-from ..sheaf import EdgeTerm, check_pilots, local_gluing_penalty
+from ..sheaf import EdgeTerm, check_pilots
+from ..sheaf.gluing import gluing_penalty_terms
 from ..sheaf.pilots import PilotSelection, apply_selection, group_means, parseval, public_pilot_features
 from ..sheaf.procrustes import SvdCounter
 from ..sheaf.variants import PRIVACY_MODES, Received, edge_dim, edge_terms, init_map, outgoing_pilots
@@ -90,6 +91,7 @@ class SheafGluing(LossPlugin):
             (:attr:`maps`) stay the epoch fits on all pilots.
 
     Attributes:
+        residual: per neighbour, the summed per-step mean squared residual (a property).
         maps: the node's current maps (updated each epoch; what :meth:`SheafClient.after_train` transports with).
         svds: SVDs computed for the maps this round.
 
@@ -125,7 +127,8 @@ class SheafGluing(LossPlugin):
         self.terms: list[EdgeTerm] = []
         self.maps: dict[int, torch.Tensor] = dict(maps or {})
         self.svds = 0
-        self.residual = {j: 0.0 for j, _, _ in self.active}
+        self._residual_steps: dict[int, list[tuple[torch.Tensor, int]]] = {j: [] for j, _, _ in self.active}
+        self._plan: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
 
     def begin_epoch(self, model: nn.Module, epoch: int) -> None:
         """Refit the maps this node owns on the current pilots (Eq. 18; Alg. 2 lines 8-10; P2c/P2d)."""
@@ -141,23 +144,48 @@ class SheafGluing(LossPlugin):
         self.svds += c.n
         self.maps.update({j: m.detach().double().cpu() for j, m in fitted.items()})
 
-    def loss(self, model, x, y, gen):
-        """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
-        drawn from ``gen`` (encoder in eval mode, whitening in train mode; docs/stability.md)."""
-        ce = F.cross_entropy(model.private_logits(x), y)
-        parts = {"ce": float(ce.detach()), "gluing": 0.0}
+    def plan_epoch(self, steps: int, gen: torch.Generator) -> None:
+        """Draw the epoch's pilot minibatches from ``gen`` (one ``randperm`` per step, in step order, as
+        :meth:`loss` would) and move them to the pilots' device in one copy."""
+        self._plan = []
         if not self.terms:
-            return ce, parts
+            return
         sel = self.selection
         m = self.task.x_pilot.shape[0] if sel is None else int(sel.indices.size)
-        pidx = torch.randperm(m, generator=gen)[: self.batch]
+        pidx = torch.stack([torch.randperm(m, generator=gen)[: self.batch] for _ in range(steps)])
         rows = pidx if sel is None else torch.as_tensor(sel.indices)[pidx]
+        groups = None if sel is None or sel.groups is None else torch.as_tensor(sel.groups)[pidx]
+        dev = self.task.x_pilot.device
+        both = torch.stack([pidx, rows]).to(dev)  # one host-to-device copy per epoch
+        self._plan = [(both[0, s], both[1, s], None if groups is None else groups[s]) for s in range(steps)]
+        self._plan.reverse()  # popped in step order
+
+    def loss(self, model, x, y, gen):
+        """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
+        drawn from ``gen`` (encoder in eval mode, whitening in train mode; docs/stability.md).
+
+        The minibatch comes from :meth:`plan_epoch` when the loop called it (the same draws, made
+        once per epoch); parts are detached tensors (no host synchronisation per step)."""
+        ce = F.cross_entropy(model.private_logits(x), y)
+        parts = {"ce": ce.detach(), "gluing": 0.0}
+        if not self.terms:
+            return ce, parts
+        dev = self.task.x_pilot.device
+        if self._plan:
+            pidx, rows, g = self._plan.pop()
+        else:  # called outside train_local's epoch plan: draw this step's rows now
+            sel = self.selection
+            m = self.task.x_pilot.shape[0] if sel is None else int(sel.indices.size)
+            pidx = torch.randperm(m, generator=gen)[: self.batch]
+            rows = pidx if sel is None else torch.as_tensor(sel.indices)[pidx]
+            g = None if sel is None or sel.groups is None else torch.as_tensor(sel.groups)[pidx]
+            pidx, rows = pidx.to(dev), rows.to(dev)
         model.eval()  # dropout-free, BatchNorm running statistics ...
         model.whitening.train()  # ... but differentiable batch whitening of the pilots
-        a_i = model.whitening(model.latent(self.task.x_pilot[rows.to(self.task.x_pilot.device)]))
+        with model.whitening.finite_checks(dev.type == "cpu"):  # on a GPU: the loop's per-epoch check
+            a_i = model.whitening(model.latent(self.task.x_pilot[rows]))
         nrows = pidx
-        if sel is not None and sel.groups is not None:  # prototypes: minibatch means of the groups present
-            g = torch.as_tensor(sel.groups)[pidx]
+        if g is not None:  # prototypes: minibatch means of the groups present
             present, inv = torch.unique(g, return_inverse=True)
             a_i = group_means(a_i, inv, int(present.numel()))
             nrows = present
@@ -169,18 +197,38 @@ class SheafGluing(LossPlugin):
                                                      for t in terms], self.variant, self.privacy,
                                       parseval if self.normalisation == "parseval" else None)
             self.svds += c.n
-        pen, per_edge = local_gluing_penalty(a_i, terms, self.lam)
+        pen, per_edge = gluing_penalty_terms(a_i, terms, self.lam, check_finite=dev.type == "cpu")
         model.train()
-        for j, r in per_edge.items():
-            self.residual[j] += r
-        parts["gluing"] = float(pen.detach())
+        for j, sq in per_edge.items():
+            self._residual_steps[j].append((sq, int(a_i.shape[0])))
+        parts["gluing"] = pen.detach()
         return ce + pen, parts
+
+    @property
+    def residual(self) -> dict[int, float]:
+        """Per neighbour partition-id: the sum over this round's steps of the mean squared residual
+        ``||.||_F^2 / K_step`` (read back from the device when asked; kept there during training)."""
+        return {j: _residual_sum(v) for j, v in self._residual_steps.items()}
 
     def metrics(self, steps: int) -> dict:
         """Per-edge mean squared residuals (``edge-neighbour``, ``edge-residual``, aligned lists) and ``svds``."""
         return {"edge-neighbour": [j for j, _, _ in self.active],
-                "edge-residual": [self.residual[j] / max(steps, 1) for j, _, _ in self.active],
+                "edge-residual": [_residual_sum(self._residual_steps[j]) / max(steps, 1)
+                                  for j, _, _ in self.active],
                 SVDS: int(self.svds)}
+
+
+def _residual_sum(steps_sq: list[tuple[torch.Tensor, int]]) -> float:
+    """Sum over steps of the per-step mean squared residual ``||.||_F^2 / K_step``, from the detached
+    squared norms of :func:`~flwr_sheaf.sheaf.gluing.gluing_penalty_terms` (read back in one transfer,
+    summed in step order in float64: the same numbers as adding ``float(sq) / K_step`` step by step)."""
+    if not steps_sq:
+        return 0.0
+    host = torch.stack([sq.to(torch.float64) for sq, _ in steps_sq]).cpu().tolist()
+    total = 0.0
+    for sq, (_, rows) in zip(host, steps_sq):
+        total += sq / rows
+    return total
 
 
 def _maps_key(action: str) -> str:

@@ -10,7 +10,7 @@ import torch
 
 from .validation import check_pilots
 
-__all__ = ["EdgeTerm", "local_gluing_penalty"]
+__all__ = ["EdgeTerm", "local_gluing_penalty", "gluing_penalty_terms"]
 
 
 @dataclass
@@ -59,15 +59,40 @@ def local_gluing_penalty(
         ValueError: negative lambda, shape mismatch (K or d), wrong map shape, NaN/inf pilots,
             a negative or non-finite edge weight.
     """
+    penalty, sq = gluing_penalty_terms(a_i, edges, lam)
+    k = a_i.shape[0]
+    return penalty, {j: float(v) / k for j, v in sq.items()}
+
+
+def gluing_penalty_terms(
+    a_i: torch.Tensor, edges: Sequence[EdgeTerm], lam: float, check_finite: bool = True
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """:func:`local_gluing_penalty` without host synchronisation: per-edge values stay on the device.
+
+    Args:
+        a_i, edges, lam: as for :func:`local_gluing_penalty` (paper Eq. 16).
+        check_finite: check every pilot matrix for NaN/inf (one device synchronisation per matrix).
+            The training loop passes False on an accelerator: the neighbours' pilots were checked
+            when the message arrived, and a non-finite ``a_i`` makes the loss non-finite, which the
+            loop catches before the node's state is committed.
+
+    Returns:
+        ``(penalty, sq)``: the scalar penalty and, per neighbour partition-id, the detached 0-d
+        squared residual ``||.||_F^2`` (no lambda, no weight; divide by ``K`` for the mean).
+
+    Raises:
+        ValueError: as :func:`local_gluing_penalty` (non-finite entries only with ``check_finite``).
+    """
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
-    check_pilots(a_i, "own pilots")
+    check = check_pilots if check_finite else _check_shape
+    check(a_i, "own pilots")
     k, d_i = a_i.shape
     total = a_i.new_zeros(())
-    per_edge: dict[int, float] = {}
+    per_edge: dict[int, torch.Tensor] = {}
     for e in edges:
         a_j = e.pilots.to(a_i.dtype).detach()
-        check_pilots(a_j, f"pilots of neighbour {e.neighbour}", k=k)
+        check(a_j, f"pilots of neighbour {e.neighbour}", k=k)
         d_j = a_j.shape[1]
         expect = (d_i, d_j) if e.i_is_head else (d_j, d_i)
         if tuple(e.v.shape) != expect:
@@ -80,6 +105,14 @@ def local_gluing_penalty(
         v = e.v.to(a_i.dtype).detach()
         resid = (a_i - a_j @ v.T) if e.i_is_head else (a_j - a_i @ v.T)
         sq = (resid**2).sum()
-        per_edge[e.neighbour] = float(sq.detach()) / k
+        per_edge[e.neighbour] = sq.detach()
         total = total + (sq if w == 1.0 else w * sq)
     return (lam / d_i) / (2 * k) * total, per_edge
+
+
+def _check_shape(a: torch.Tensor, name: str, d: int | None = None, k: int | None = None) -> None:
+    """:func:`check_pilots` without its finiteness check (no device synchronisation)."""
+    if a.ndim != 2:
+        raise ValueError(f"{name}: expected a (K, d) matrix, got shape {tuple(a.shape)}")
+    if k is not None and a.shape[0] != k:
+        raise ValueError(f"{name}: expected K={k} pilot rows, got shape {tuple(a.shape)}")

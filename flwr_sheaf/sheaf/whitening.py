@@ -39,6 +39,7 @@ module's dtype (float32 by default) and outputs have the input's dtype.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -238,6 +239,20 @@ class Whitening(nn.Module):
         return mu, chol
 
     # ------------------------------------------------------------------ public API
+    @contextlib.contextmanager
+    def finite_checks(self, enabled: bool):
+        """Temporarily turn the NaN/inf input checks (and the Cholesky failure check) on or off.
+
+        Off, a forward pass does no device synchronisation; a failure then yields NaNs, which the
+        caller must catch (the training loop checks the loss once per epoch on an accelerator).
+        """
+        before = self.check_finite
+        self.check_finite = bool(enabled) and before
+        try:
+            yield self
+        finally:
+            self.check_finite = before
+
     def forward(self, z: Tensor) -> Tensor:
         """Whiten latents.
 
