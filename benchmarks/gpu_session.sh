@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # One GPU session, prepared to run once within ~10 minutes (docs/devices.md, "The recorded GPU run").
 # Run from the repository root on a CUDA machine whose python3 has torch; flwr and the other
-# pure-Python dependencies come as wheels in .whl/ (pip download, see docs/devices.md) and
-# Fashion-MNIST in $FLWR_SHEAF_DATA/fashion-mnist. Everything it measures goes to $OUT (default
-# results/gpu_session): the log, the GPU tests' report, per-epoch timings, the study slice.
+# pure-Python dependencies come in the device bundle .bundle/ (and .bundle-data/ when the data
+# travels in a second run; scripts/device_bundle.py, docs/devices.md "The device bundle") or as
+# wheels in .whl/, and Fashion-MNIST in $FLWR_SHEAF_DATA/fashion-mnist. Everything it measures
+# goes to $OUT (default results/gpu_session): the log, the GPU tests' report, per-epoch timings,
+# the study slice.
 #   SMOKE=1 bash benchmarks/gpu_session.sh   # the same steps, tiny, on CPU (checks the script)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-results/gpu_session}"; mkdir -p "$OUT"
 exec > >(tee "$OUT/session.log") 2>&1
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
+for b in .bundle .bundle-data; do
+  if [ -f "$b/manifest.json" ] && [ -z "${SMOKE:-}" ]; then
+    python3 scripts/device_bundle.py install "$b" --target /tmp/site --data-dir .gpudata || exit 1
+    export PYTHONPATH="/tmp/site:$PWD" PATH="/tmp/site/bin:$PATH"
+  fi
+done
 if [ -d .whl ] && [ -z "${SMOKE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/site:$PWD"
