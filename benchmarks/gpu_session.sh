@@ -21,7 +21,7 @@ WORK="${WORK:-$(mktemp -d /tmp/gpu_session.XXXXXX)}"; mkdir -p "$WORK"
 exec > >(tee -a "$OUT/session.log") 2>&1
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 BUDGET="${BUDGET:-540}"; left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-STEPS=" ${STEPS:-a b c d e} "; want() { [[ "$STEPS" == *" $1 "* ]]; }
+STEPS=" ${STEPS-a b c d e} "; want() { [[ "$STEPS" == *" $1 "* ]]; }
 note() { echo "$1" >> "$OUT/summary.jsonl"; }
 snapshot() { tar czf "$OUT/runs.tgz.part" -C "$WORK" --exclude='*.log' --exclude='*.pkl' --exclude='*.png' --exclude='node-state' . 2>/dev/null && mv "$OUT/runs.tgz.part" "$OUT/runs.tgz"; }
 ( while sleep 20; do snapshot; done ) & SNAP=$!
