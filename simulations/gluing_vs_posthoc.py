@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import statistics
 import time
 from pathlib import Path
 
 from inprocess import run_inprocess
+from progress import map_with_progress
 
 KEYS = ("private_accuracy_mean", "communication_accuracy_degree_weighted", "val_private_accuracy_mean",
         "val_communication_accuracy_degree_weighted", "low_variance_fraction_mean")
@@ -64,8 +64,7 @@ def main() -> None:
                        "evaluate-every": args.rounds, "results-dir": str(out / tag), **parse_overrides(args.extra)}
                 jobs.append({"config": cfg, "meta": {"shift": s, "seed": seed, "lambda": lam}})
     t0 = time.monotonic()
-    with mp.get_context("spawn").Pool(args.workers) as pool:
-        rows = pool.map(_one, jobs, chunksize=1)
+    rows = map_with_progress(_one, jobs, args.workers, label=lambda j: Path(j["config"]["results-dir"]).name)
     table = []
     for s in args.shifts:
         for seed in args.seeds:

@@ -37,12 +37,12 @@ import argparse
 import csv
 import json
 import math
-import multiprocessing as mp
 import statistics
 import time
 from pathlib import Path
 
 from inprocess import parse_overrides, run_inprocess
+from progress import map_with_progress
 
 from flwr_sheaf.config import DEFAULTS
 
@@ -92,8 +92,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 def run_jobs(jobs: list[dict], workers: int, out: Path) -> list[dict]:
     """Run (or read back) every job in ``workers`` spawned processes; writes ``<out>/runs.csv``; returns the rows."""
     print(f"{len(jobs)} runs, {workers} at a time -> {out}", flush=True)
-    with mp.get_context("spawn").Pool(workers) as pool:
-        rows = pool.map(_run, jobs, chunksize=1)
+    rows = map_with_progress(_run, jobs, workers, label=lambda j: Path(j["config"]["results-dir"]).name)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "runs.csv", rows)
     return rows

@@ -70,3 +70,19 @@ def test_paired_difference_uses_the_validation_chosen_lambda_against_lambda_zero
     assert p["comm_ci95"] == pytest.approx(12.7062 * 0.02, rel=1e-4)
     assert p["private_diff"] == 0.0
     assert "| 0.5 | 1 | 0.1 | 0.640 | 0.900 | -0.260 |" in text
+
+
+def test_sweep_progress_keeps_order_and_reports_done_total_and_eta():
+    import io
+
+    from progress import eta_seconds, map_with_progress
+
+    assert eta_seconds(30.0, 3, 10) == pytest.approx(70.0)  # 10 s per run so far, 7 left
+    assert eta_seconds(5.0, 0, 4) != eta_seconds(5.0, 0, 4)  # NaN before the first run
+    log = io.StringIO()  # not a terminal: one line per finished run
+    jobs = [-3, 1, -2, 4]
+    assert map_with_progress(abs, jobs, workers=2, label=lambda j: f"job{j}", stream=log) == [3, 1, 2, 4]
+    lines = log.getvalue().splitlines()
+    assert [ln.split("]")[0] for ln in lines] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert all("ETA" in ln for ln in lines) and lines[-1].endswith("ETA 0m00s")
+    assert sorted(ln.split("] ")[1].split(" (")[0] for ln in lines) == sorted(f"job{j}" for j in jobs)
