@@ -72,7 +72,8 @@ def main() -> None:
     tag = f"{args.method}-{args.device.replace(':', '')}"
     rc = {"preset": "paper", "method": args.method, "zoo": args.zoo, "dataset": args.dataset, "device": args.device,
           "num-server-rounds": args.rounds, "local-epochs": 1, "evaluate-every": args.rounds,
-          "torch-threads": args.threads, "results-dir": str(out / tag), **parse_overrides(args.extra)}
+          "torch-threads": args.threads, "results-dir": str(out / tag), "overwrite": True,
+          **parse_overrides(args.extra)}
     t0 = time.monotonic()
     cfg = RunConfig.from_run_config(rc)
     torch.set_num_threads(max(1, cfg.train.torch_threads))

@@ -221,7 +221,8 @@ def main() -> None:
     rc = {"preset": "paper", "method": "sheaf-frl", "zoo": args.zoo, "dataset": args.dataset, "device": args.device,
           "num-server-rounds": 3 if args.profile else 2, "local-epochs": 1, "evaluate-every": 3 if args.profile else 2,
           "sheaf-variant": "heterogeneous",
-          "torch-threads": args.threads, "results-dir": str(out / f"product-{tag}"), **parse_overrides(args.extra)}
+          "torch-threads": args.threads, "results-dir": str(out / f"product-{tag}"), "overwrite": True,
+          **parse_overrides(args.extra)}
     torch.set_num_threads(max(1, args.threads))
     prod = product_epochs(rc, out / f"profile-{tag}.txt" if args.profile else None)
     flo = floor_epochs(rc, prod["results"], dev)

@@ -254,6 +254,9 @@ _KEY_LIST = [
     Key("node-state-dir", "", _str(),
         "root of the nodes' state directories (`<dir>/partition-<id>`) when a SuperNode has no `state-dir` node config "
         "(simulation; docs/resume.md)"),
+    Key("overwrite", False, _bool,
+        "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
+        "(replaced; refused otherwise, docs/reliability.md)"),
     # scenario
     Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
     Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
@@ -631,7 +634,7 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "preset",
-         "checkpoint-every", "resume", "resume-from", "node-state-dir")
+         "checkpoint-every", "resume", "resume-from", "node-state-dir", "overwrite")
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
@@ -725,7 +728,7 @@ class RunConfig(Section):
 #: key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
     {"num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "checkpoint-every", "resume", "resume-from",
-     "node-state-dir", "device", "torch-threads"})
+     "node-state-dir", "device", "torch-threads", "overwrite"})
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -22,6 +22,7 @@ No Flower imports: strategies and simulations both use it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -44,8 +45,13 @@ def _range(text: str) -> tuple[float, float]:
 
 
 def _values(text: str) -> list[float]:
+    items = text.split(",")
+    empty = [i for i, v in enumerate(items) if not v.strip()]
+    if empty and len(items) > 1:
+        raise ValueError(f"participation spec {text!r}: entry {empty[0]} (0-based, partition-id {empty[0]}) is empty; "
+                         f"give one probability per partition-id, e.g. '0.9,0.5,0.2'")
     try:
-        vals = [float(v) for v in text.split(",") if v.strip()]
+        vals = [float(v) for v in items]
     except ValueError:
         raise ValueError(f"participation spec {text!r} is neither a number, a comma-separated list, "
                          f"'uniform:<a>-<b>' nor 'uniform[:<seed>]'") from None
@@ -64,9 +70,9 @@ def check_participation_spec(spec: str) -> None:
         return
     if text.startswith("uniform:") and "-" in text:
         _range(text)
-    elif text.startswith("uniform"):
-        _, _, seed = text.partition(":")
-        if seed and not seed.isdigit():
+    elif text == "uniform" or text.startswith("uniform:"):
+        _, sep, seed = text.partition(":")
+        if sep and not re.fullmatch(r"[0-9]+", seed):
             raise ValueError(f"participation spec {text!r}: 'uniform:<seed>' needs a non-negative integer seed")
     else:
         _values(text)
@@ -95,6 +101,10 @@ def parse_participation(spec: str | float | Sequence[float] | Mapping[int, float
         missing = sorted(set(range(num_nodes)) - {int(k) for k in spec})
         if missing:
             raise ValueError(f"participation has no probability for partition-id(s) {missing}")
+        outside = sorted({int(k) for k in spec} - set(range(num_nodes)))
+        if outside:
+            raise ValueError(f"participation names partition-id(s) {outside} outside [0, {num_nodes}) (N={num_nodes} "
+                             f"nodes); give one probability per partition-id 0..{num_nodes - 1}")
         return check_probabilities([spec[k] for k in sorted(spec, key=int)][:num_nodes], "participation")
     if not isinstance(spec, (str, int, float)):
         vals = list(spec)

@@ -30,7 +30,29 @@ __all__ = [
 GRAPH_SPECS = ("class-overlap", "class-overlap:<density in (0,1]>", "class-overlap-knn:<k>[:<seed>]",
                "random-regular:<k>[:<seed>]", "ring", "complete", "<edge list, e.g. 0-1,1-2>")
 
-_EDGE_LIST_RE = re.compile(r"\s*\d+\s*-\s*\d+\s*(,\s*\d+\s*-\s*\d+\s*)*")
+_EDGE_LIST_RE = re.compile(r"\s*[0-9]+\s*-\s*[0-9]+\s*(,\s*[0-9]+\s*-\s*[0-9]+\s*)*")
+_EDGE_CHARS_RE = re.compile(r"[0-9\s,-]*-[0-9\s,-]*")
+_NUMBER_RE = re.compile(r"[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?|\.[0-9]+([eE][-+]?[0-9]+)?")
+
+
+def _strict_edge_list(spec: str, text: str) -> None:
+    """Refuse an edge list with an empty or malformed entry, naming it (``'0-1,,1-2'``, ``'0-1,'``)."""
+    for i, token in enumerate(text.split(",")):
+        if not token.strip():
+            raise ValueError(f"graph spec {spec!r}: edge {i} (0-based) of the edge list is empty (two commas in a row "
+                             f"or a comma at an end); write edges as 'i-j,k-l'")
+        if not re.fullmatch(r"\s*[0-9]+\s*-\s*[0-9]+\s*", token):
+            raise ValueError(f"graph spec {spec!r}: malformed edge {token.strip()!r} (edge {i}); expected 'i-j'")
+
+
+def _density(spec: str, raw: str) -> float:
+    """The density of ``class-overlap:<density>``: a plain decimal number in (0, 1]."""
+    if not _NUMBER_RE.fullmatch(raw):
+        raise ValueError(f"graph spec {spec!r}: density {raw!r} is not a number")
+    density = float(raw)
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"graph spec {spec!r}: density {raw!r} must be in (0, 1]")
+    return density
 
 
 def _check_num_nodes(n: int) -> int:
@@ -79,7 +101,8 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     if budget < n - 1:
         raise ValueError(
             f"edge budget floor({density} * {num_pairs}) = {budget} is below N - 1 = {n - 1}; "
-            "a connected graph needs a larger density"
+            f"a connected graph needs a larger density: for {n} agents use graph='ring' or graph='complete'"
+            + (f" (or class-overlap:<density> with density >= {(n - 1) / num_pairs:.3g})" if num_pairs else "")
         )
 
     full = nx.Graph()
@@ -208,10 +231,9 @@ def _degree_and_seed(spec: str, text: str) -> tuple[int, int]:
     parts = text.split(":")[1:]
     if not 1 <= len(parts) <= 2:
         raise ValueError(f"graph spec {spec!r}: expected '<name>:<k>' or '<name>:<k>:<seed>'")
-    try:
-        vals = [int(p.strip()) for p in parts]
-    except ValueError:
-        raise ValueError(f"graph spec {spec!r}: degree/seed {parts} are not integers") from None
+    if not all(re.fullmatch(r"[0-9]+", p.strip()) for p in parts):
+        raise ValueError(f"graph spec {spec!r}: degree/seed {parts} are not integers (digits only, >= 0)")
+    vals = [int(p.strip()) for p in parts]
     return vals[0], (vals[1] if len(vals) == 2 else 0)
 
 
@@ -297,13 +319,7 @@ def build_graph(spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] |
             raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
         if len(class_sets) != n:
             raise ValueError(f"graph spec {spec!r}: {len(class_sets)} class sets for {n} nodes")
-        density = 0.4
-        if ":" in text:
-            raw = text.split(":", 1)[1].strip()
-            try:
-                density = float(raw)
-            except ValueError:
-                raise ValueError(f"graph spec {spec!r}: density {raw!r} is not a number") from None
+        density = _density(spec, text.split(":", 1)[1].strip()) if ":" in text else 0.4
         graph = class_overlap_graph(class_sets, density)
     elif text == "ring":
         graph = ring_graph(n)
@@ -311,6 +327,9 @@ def build_graph(spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] |
         graph = complete_graph(n)
     elif _EDGE_LIST_RE.fullmatch(text):
         graph = edge_list_graph(text, n)
+    elif _EDGE_CHARS_RE.fullmatch(text):
+        _strict_edge_list(spec, text)
+        raise ValueError(f"graph spec {spec!r} is not a valid edge list")  # (not reached)
     else:
         raise ValueError(f"unknown graph spec {spec!r}; valid forms: {', '.join(GRAPH_SPECS)}")
     validate_graph(graph, range(n))
@@ -330,12 +349,10 @@ def check_graph_spec(spec: str) -> None:
         _degree_and_seed(spec, text)
         return
     if text.startswith("class-overlap:"):
-        raw = text.split(":", 1)[1].strip()
-        try:
-            float(raw)
-        except ValueError:
-            raise ValueError(f"graph spec {spec!r}: density {raw!r} is not a number") from None
+        _density(spec, text.split(":", 1)[1].strip())
         return
+    if _EDGE_CHARS_RE.fullmatch(text):
+        _strict_edge_list(spec, text)
     raise ValueError(f"unknown graph spec {spec!r}; valid forms: {', '.join(GRAPH_SPECS)}")
 
 

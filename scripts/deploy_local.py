@@ -608,7 +608,7 @@ def check_run_config(run_config: str, num_supernodes: int) -> dict:
         The parsed overrides (``{key: int | float | bool | str}``).
 
     Raises:
-        ValueError: the string does not parse, a key or value is refused by
+        ValueError: ``num_supernodes < 1`` (before the run config is read), the string does not parse, a key or value is refused by
             ``flwr_sheaf.config.RunConfig`` (named), or the zoo's number of agents differs from
             ``num_supernodes`` (each SuperNode serves one partition-id of the zoo).
     """
@@ -617,6 +617,10 @@ def check_run_config(run_config: str, num_supernodes: int) -> dict:
     from flwr_sheaf.config import RunConfig
     from flwr_sheaf.models.zoo import zoo_specs
 
+    if isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) or num_supernodes < 1:
+        raise ValueError(f"--num-supernodes {num_supernodes!r}: must be an integer >= 1 (each SuperNode serves one "
+                         f"agent, i.e. one partition-id, of the zoo); e.g. --num-supernodes 3 --run-config "
+                         f"\"zoo='tiny-3' graph='ring'\"")
     try:
         parsed = parse_config_args([run_config]) if run_config.strip() else {}
     except Exception as exc:  # flwr raises ValueError / TOML errors with its own text
@@ -625,8 +629,9 @@ def check_run_config(run_config: str, num_supernodes: int) -> dict:
     cfg.check()
     agents = len(zoo_specs(cfg.scenario.zoo))
     if agents != num_supernodes:
+        tiny = f"zoo='tiny-{num_supernodes}'" + (" graph='ring'" if num_supernodes < 5 else "")  # class-overlap needs N >= 5
         raise ValueError(f"zoo={cfg.scenario.zoo!r} has {agents} agents but --num-supernodes is {num_supernodes}: "
-                         f"start {agents} SuperNodes or pass --run-config \"zoo='tiny-{num_supernodes}' ...\"")
+                         f"start {agents} SuperNodes or pass --run-config \"{tiny} ...\"")
     return parsed
 
 

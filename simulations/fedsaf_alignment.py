@@ -58,7 +58,7 @@ def run(cfg: dict) -> dict:
         old = json.loads(done.read_text())
         if all(old.get("config", {}).get(k) == v for k, v in cfg.items() if k != "results-dir"):
             return old
-    return run_inprocess(cfg)
+    return run_inprocess({**cfg, "overwrite": True})  # a different or unfinished run there: replaced
 
 
 def plot(table: list[dict], alphas: list[float], path: Path, title: str) -> None:

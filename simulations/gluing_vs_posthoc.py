@@ -34,7 +34,7 @@ def _one(job: dict) -> dict:
     if done.exists() and json.loads(done.read_text()).get("config", {}).get("lambda") == job["config"]["lambda"]:
         res = json.loads(done.read_text())  # resume: this run finished in an earlier invocation
     else:
-        res = run_inprocess(job["config"])
+        res = run_inprocess({**job["config"], "overwrite": True})  # a different or unfinished run there: replaced
     last = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None][-1]
     return {**job["meta"], **{k: last.get(k) for k in KEYS}, "wall_seconds": time.monotonic() - t}
 

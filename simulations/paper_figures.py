@@ -71,7 +71,7 @@ def _run(job: dict) -> dict:
     error = ""
     if res is None:
         try:
-            res = run_inprocess(cfg)
+            res = run_inprocess({**cfg, "overwrite": True})  # a different or unfinished run there: replaced
         except Exception as exc:  # one failed run is a row with its error, not a lost sweep
             error, res = f"{type(exc).__name__}: {exc}", {"rounds": []}
             print(f"run {cfg['results-dir']} failed: {error}", flush=True)

@@ -11,6 +11,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..config import RunConfig
+from ..preflight import preflight
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
 from .methods import build_strategy
@@ -35,6 +36,9 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         ConfigError: an unknown key, a bad value or an unknown method (named); resuming with a
             different run config (keys named) or past ``num-server-rounds``.
         FileNotFoundError: resuming without a checkpoint.
+        ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
+            written, a results-dir holding another run's results (without resume / overwrite) or in use
+            by another run (its lock named).
     """
     if not log.handlers:  # our own progress lines only; leave the root logger to the host app
         handler = logging.StreamHandler()
@@ -44,6 +48,12 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.propagate = False
     config = RunConfig.from_run_config(run_config)
     strategy = build_strategy(config)
+    with preflight(config):  # directories writable, results-dir free and locked: before any message
+        return _run(grid, config, strategy)
+
+
+def _run(grid: Grid, config: RunConfig, strategy) -> Path:
+    """:func:`run_server` after the preflight."""
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)

@@ -38,12 +38,8 @@ nodes' models would silently restart from initialisation.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +49,7 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from ..config import DEFAULTS, RESUME_MUTABLE_KEYS, config_differences
+from ..integrity import SealedFileError, read_sealed, write_sealed
 from ..protocol import CONFIG, SERVER_ROUND
 
 __all__ = ["STATE_DIR", "META_KEY", "StateFileError", "persist_state", "state_files", "read_state", "write_state",
@@ -71,7 +68,7 @@ FORMAT = 1
 _NAME = re.compile(r"^round-(\d+)\.state$")
 
 
-class StateFileError(ValueError):
+class StateFileError(SealedFileError):
     """A state file that must not be loaded (other node, run, run config; corrupted; pruned round)."""
 
 
@@ -126,19 +123,7 @@ def state_files(directory: Path) -> dict[int, Path]:
 
 
 def _read(path: Path, payload: bool) -> tuple[dict, bytes | None]:
-    with open(path, "rb") as fh:
-        if fh.readline() != MAGIC:
-            raise StateFileError(f"{path}: not a flwr-sheaf node state file (bad header)")
-        try:
-            meta = json.loads(fh.readline())
-        except json.JSONDecodeError as exc:
-            raise StateFileError(f"{path}: corrupted metadata ({exc})") from None
-        if meta.get("format") != FORMAT:
-            raise StateFileError(f"{path}: format {meta.get('format')!r}, this version reads {FORMAT}")
-        data = fh.read() if payload else None
-    if data is not None and (len(data) != meta["payload-bytes"] or hashlib.sha256(data).hexdigest() != meta["sha256"]):
-        raise StateFileError(f"{path}: payload is truncated or corrupted (size or SHA-256 differs from its header)")
-    return meta, data
+    return read_sealed(path, MAGIC, FORMAT, payload=payload, what="flwr-sheaf node state file", error=StateFileError)
 
 
 def read_state(path: Path) -> tuple[dict, RecordDict]:
@@ -160,21 +145,7 @@ def write_state(directory: Path, state: RecordDict, meta: Mapping[str, Any]) -> 
     Raises:
         OSError: the directory cannot be created or written.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    data = serialize_state(state)
-    head = {"format": FORMAT, **meta, "payload-bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    path = directory / f"round-{int(meta['round'])}.state"
-    fd, tmp = tempfile.mkstemp(prefix=".round-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(MAGIC + json.dumps(head, sort_keys=True).encode() + b"\n" + data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_sealed(directory / f"round-{int(meta['round'])}.state", MAGIC, meta, serialize_state(state), FORMAT)
 
 
 def _check(meta: dict, path: Path, context: Context) -> None:

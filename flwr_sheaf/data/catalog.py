@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["NAMED_DATASETS", "data_dirs", "find_installed", "install", "install_hint", "verify", "main"]
+__all__ = ["NAMED_DATASETS", "check_installed", "data_dirs", "find_installed", "install", "install_hint", "verify", "main"]
 
 #: name -> {file name: SHA-256 of the file as Debian's ``dataset-fashion-mnist`` 0.0~git20200523.55506a9-1 ships it}.
 NAMED_DATASETS: dict[str, dict[str, str]] = {
@@ -60,6 +60,40 @@ def verify(directory: Path, name: str) -> list[str]:
         elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
             problems.append(f"{path} has the wrong SHA-256 (corrupt or another version)")
     return problems
+
+
+#: ``{(path, size, mtime_ns): SHA-256}`` of the files hashed by :func:`check_installed` in this process.
+_HASHED: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256_cached(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
+
+
+def check_installed(directory: Path, name: str) -> None:
+    """Refuse an installed named dataset whose files differ from the published ones (checked at every load).
+
+    Each file is hashed once per process and ``(path, size, mtime)``: loading again is free, and a file
+    modified after the install (new size or mtime) is hashed again.
+
+    Raises:
+        ValueError: a missing file or a SHA-256 mismatch (the file named, with the reinstall command).
+    """
+    for fname, digest in NAMED_DATASETS[name].items():
+        path = Path(directory) / fname
+        if not path.is_file():
+            raise ValueError(f"dataset={name!r}: {path} is missing; re-run `{install_hint(name)}`")
+        if _sha256_cached(path) != digest:
+            raise ValueError(f"dataset={name!r}: {path} has the wrong SHA-256 (modified, truncated or another version "
+                             f"since it was installed); re-run `{install_hint(name)}` to reinstall it")
 
 
 def find_installed(name: str) -> Path:

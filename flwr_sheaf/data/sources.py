@@ -23,17 +23,14 @@ Supported specs (see :func:`load_source`):
 from __future__ import annotations
 
 import functools
-import gzip
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .catalog import NAMED_DATASETS, find_installed, install_hint
+from .catalog import NAMED_DATASETS, check_installed, find_installed, install_hint
+from .idx import read_idx_file
 
 __all__ = ["load_source", "clear_source_cache", "SOURCE_FORMS"]
 
@@ -84,7 +81,9 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
     if spec == "mnist-bundled":
         return _load_bundled()
     if spec in NAMED_DATASETS:
-        return _load_idx_dir(str(find_installed(spec).resolve()))
+        directory = find_installed(spec).resolve()
+        check_installed(directory, spec)  # SHA-256 per file, hashed once per process and (path, size, mtime)
+        return _load_idx_dir(str(directory))
     if spec.startswith("idx:") and spec[4:].strip():
         return _load_idx_dir(str(Path(spec[4:].strip()).expanduser().resolve()))
     if spec.startswith("hf:") and spec[3:].strip():
@@ -144,20 +143,21 @@ def _find_idx_file(directory: Path, part: str, kind: str) -> Path | None:
 
 
 def _read_idx(path: Path, kind: str) -> torch.Tensor:
-    """Read one idx file with torchvision's readers (which need a plain file: gunzip to a tmp)."""
-    from torchvision.datasets.mnist import read_image_file, read_label_file
+    """Read one idx file (plain or ``.gz``), validated by :func:`flwr_sheaf.data.idx.read_idx_bytes`.
 
-    reader = read_image_file if kind == "images" else read_label_file
-    try:
-        if path.suffix != ".gz":
-            return reader(str(path))
-        with tempfile.TemporaryDirectory() as tmp:
-            plain = os.path.join(tmp, path.stem)
-            with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            return reader(plain).clone()
-    except (AssertionError, TypeError, RuntimeError, OSError) as err:  # torchvision asserts on bad headers
-        raise ValueError(f"{path} is not a valid uint8 idx {kind} file: {err!r}") from err
+    Raises:
+        ValueError: an empty, truncated or corrupt file, a truncated ``.gz`` archive, a wrong magic number
+            or size (the file, what is wrong and the fix named).
+    """
+    return torch.from_numpy(read_idx_file(path, kind, hint=_hint_for(path)))
+
+
+def _hint_for(path: Path) -> str:
+    """The fix for a broken idx file: reinstall a named dataset, else replace the file."""
+    for name, files in NAMED_DATASETS.items():
+        if path.name in files:
+            return f"re-run `{install_hint(name)}` (or replace {path} with a good copy)"
+    return f"replace {path} with a good copy of the dataset"
 
 
 @functools.lru_cache(maxsize=None)

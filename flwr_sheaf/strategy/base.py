@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..config import DEFAULTS, KEYS
+from ..hints import handler_hint
 from ..participation import ParticipationSampler
 from ..protocol import CONFIG, INFO, QUERY, NodeInfo, ProtocolError, message_type, reply_problem
 from .checkpoint import Checkpointer
@@ -235,7 +236,7 @@ class PeerStrategy(Strategy):
                 msgs = [Message(RecordDict({CONFIG: ConfigRecord(self.query_config())}), dst_node_id=n,
                                 message_type=message_type(QUERY, self.action)) for n in new]
                 for r in grid.send_and_receive(msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))):
-                    problem = r.error.reason if r.has_error() else reply_problem(r.content, {INFO: ()})
+                    problem = r.error.reason + handler_hint(r.error.reason) if r.has_error() else reply_problem(r.content, {INFO: ()})
                     info = None
                     if problem is None:
                         try:

@@ -18,15 +18,15 @@ estimates, and the last evaluation's per-node and per-edge results, without a li
 that could fall out of date. Random draws need no state: the participation sampler and every
 node draw derive from (seed, partition-id, server round).
 
-The file is a Python pickle: load only checkpoints your own runs wrote.
+The file is a header line, a JSON line with the payload's size and SHA-256, then a Python pickle
+(:mod:`flwr_sheaf.integrity`): a truncated, overwritten or modified file is refused
+before unpickling. Load only checkpoints your own runs wrote.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -38,6 +38,7 @@ from flwr.app import ArrayRecord
 
 from ..config import ConfigError, config_differences
 from ..protocol import pack_arrays
+from ..integrity import read_checkpoint_file, write_checkpoint_file
 
 __all__ = ["CHECKPOINT_NAME", "REBUILT", "Checkpointer", "checkpoint_path", "load_checkpoint"]
 
@@ -64,16 +65,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no checkpoint at ``path`` (named).
-        ConfigError: not a flwr-sheaf checkpoint, or another format version.
+        ConfigError: not a flwr-sheaf checkpoint, another format version, or a truncated or modified
+            file (header + SHA-256, :mod:`flwr_sheaf.integrity`; the file and the fix named).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: nothing to resume (run without resume first)")
-    with open(path, "rb") as fh:
-        ckpt = pickle.load(fh)  # noqa: S301 - the run's own file (module docstring)
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise ConfigError(f"{path} is not a flwr-sheaf checkpoint of format {FORMAT}")
-    return ckpt
+    return read_checkpoint_file(path, FORMAT)
 
 
 class Checkpointer:
@@ -183,15 +181,5 @@ class Checkpointer:
                 "arrays": {k: np.array(v.numpy()) for k, v in (arrays or {}).items()},
                 "state": state, "written_at": time.time()}
         data = pickle.dumps(ckpt, protocol=pickle.HIGHEST_PROTOCOL)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_checkpoint_file(self.path, data, FORMAT, int(server_round))
         return self.path

@@ -37,6 +37,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
+from ..hints import pilot_count_error
 from ..participation import EVALUATE_STREAM, ParticipationSampler
 from ..protocol import (PILOT_READING, PILOT_READING_ARRAYS, COMM_ACCURACY_PILOT_WHITENING,
                         VAL_COMM_ACCURACY_PILOT_WHITENING)
@@ -140,7 +141,7 @@ class GraphStrategy(PeerStrategy):
                              f"'class-overlap:<density>')") from None
         ks = {n.info.num_pilots for n in self.nodes.values()}
         if len(ks) > 1:
-            raise ValueError(f"nodes report different pilot counts {sorted(ks)}: pilots must be shared")
+            raise ValueError(pilot_count_error({p: n.info.num_pilots for p, n in self.nodes.items()}))
         groups: dict[int, list[int]] = {}
         for p in sorted(self.nodes):
             if self.nodes[p].info.pilot_digest:

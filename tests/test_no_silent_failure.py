@@ -1,0 +1,337 @@
+"""No silent failure (issue 20, items 2, 3, 5, 7, 9, 10 and the preflight): each input of the issue is
+refused with an error naming the key / partition-id / file and the fix, before any training message
+(LocalGrid records every delivered message). docs/reliability.md lists these rows.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.apps.server_app import run_server
+from flwr_sheaf.config import ConfigError, RunConfig
+from flwr_sheaf.preflight import LOCK_NAME, RunLock
+from flwr_sheaf.strategy.checkpoint import load_checkpoint
+from flwr_sheaf.testing import LocalGrid
+
+torch.set_num_threads(1)
+logging.getLogger("flwr_sheaf").setLevel(logging.WARNING)
+
+TINY = {"zoo": "tiny-3", "graph": "ring", "num-pilots": 64, "max-steps-per-epoch": 2, "local-epochs": 1,
+        "num-server-rounds": 1, "evaluate-every": 0}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _refused(rc: dict, match: str, exc=ConfigError, grid=None) -> LocalGrid:
+    """Run ``rc`` in-process; assert the refusal and that no message at all (or only discovery) was sent."""
+    grid = grid or LocalGrid(cnn_client_app, 3, run_config=rc)
+    with pytest.raises(exc, match=match):
+        run_server(grid, rc)
+    assert not [m for m in grid.delivered if not m.metadata.message_type.startswith("query.")]  # nothing trained
+    return grid
+
+
+def _run(rc: dict) -> dict:
+    grid = LocalGrid(cnn_client_app, 3, run_config=rc)
+    return json.loads(run_server(grid, rc).read_text())
+
+
+# ------------------------------------------------------------------------- item 2 + preflight
+@pytest.mark.parametrize("every", [1, 0])
+def test_an_unwritable_results_dir_is_refused_before_any_message(tmp_path, every):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc = {**TINY, "results-dir": str(afile / "out"), "checkpoint-every": every}
+    grid = _refused(rc, rf"results-dir='{afile}/out': {afile} is a file, not a directory.*set results-dir to a "
+                        rf"directory you can write")
+    assert grid.delivered == []
+    rc = {**TINY, "results-dir": str(afile)}
+    _refused(rc, rf"results-dir='{afile}': {afile} exists and is not a directory")
+
+
+def test_an_unwritable_node_state_dir_is_refused_before_any_message(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc = {**TINY, "results-dir": str(tmp_path / "r"), "node-state-dir": str(afile / "state")}
+    grid = _refused(rc, rf"node-state-dir='{afile}/state': {afile} is a file, not a directory")
+    assert grid.delivered == [] and not (tmp_path / "r" / LOCK_NAME).exists()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes everywhere")
+def test_a_read_only_results_dir_is_refused(tmp_path):  # pragma: no cover - not as root
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        _refused({**TINY, "results-dir": str(ro)}, "is not writable")
+    finally:
+        ro.chmod(0o700)
+
+
+# ------------------------------------------------------------------------- item 5
+def test_a_results_dir_of_another_run_is_refused_unless_resume_or_overwrite(tmp_path):
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out)}
+    first = _run(rc)
+    before = (out / "results.json").read_bytes()
+    _refused(rc, r"already holds another run's results \(results.json, checkpoint.pkl\).*resume=true.*overwrite=true")
+    assert (out / "results.json").read_bytes() == before and not (out / LOCK_NAME).exists()
+    (out / "results.json").unlink()  # a stopped run: its checkpoint alone counts too
+    _refused({**rc, "lr": 0.1}, r"already holds another run's results \(checkpoint.pkl\)")
+    second = _run({**rc, "overwrite": True})  # explicit: replaced
+    assert second["config"]["overwrite"] is True and first["config"]["overwrite"] is False
+    assert load_checkpoint(out / "checkpoint.pkl")["round"] == 1 and not (out / LOCK_NAME).exists()
+
+
+def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(tmp_path, caplog):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": 0,
+                                             "started": "then", "token": "other"}))
+    rc = {**TINY, "results-dir": str(out)}
+    grid = _refused(rc, rf"in use by another run: process {os.getpid()} on this host holds .*{LOCK_NAME}")
+    assert grid.delivered == [] and (out / LOCK_NAME).exists()  # not ours: left alone
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "time": 0, "token": "x"}))
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(caplog.handler)
+    try:
+        lock = RunLock(out).acquire()
+    finally:
+        log.removeHandler(caplog.handler)
+    assert f"taking over the stale lock {out / LOCK_NAME} of process {dead.pid}" in caplog.text
+    assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
+    with pytest.raises(ConfigError, match=f"process {os.getpid()}"):
+        RunLock(out).acquire()  # a second run while the first holds it
+    lock.release()
+    assert not (out / LOCK_NAME).exists()
+    _run(rc)  # runs, and leaves no lock behind
+    assert not (out / LOCK_NAME).exists()
+
+
+# ------------------------------------------------------------------------- item 3
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "overwritten":
+        path.write_text('{"not": "a checkpoint"}')
+    elif how == "modified":  # one byte of the payload (the pickled pilot bank, history, ...) changed
+        b = bytearray(data)
+        b[-40] ^= 0x01
+        path.write_bytes(bytes(b))
+    elif how == "old-format":  # the bare pickle of the format before the header
+        path.write_bytes(pickle.dumps(load_checkpoint(path), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+@pytest.mark.parametrize("how,match", [
+    ("truncated", r"payload is truncated or corrupted"),
+    ("empty", r"is empty \(0 bytes"),
+    ("overwritten", r"is not a flwr-sheaf server checkpoint \(bad header"),
+    ("modified", r"payload is truncated or corrupted .*SHA-256"),
+    ("old-format", r"has the old format \(a bare pickle"),
+])
+def test_a_damaged_checkpoint_is_refused_naming_the_file_before_any_message(tmp_path, how, match):
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out)}
+    _run(rc)
+    ckpt = out / "checkpoint.pkl"
+    assert ckpt.read_bytes().startswith(b"flwr-sheaf server checkpoint v1\n")
+    _damage(ckpt, how)
+    grid = _refused({**rc, "resume": True, "num-server-rounds": 2}, rf"checkpoint {ckpt}.*{match}")
+    assert grid.delivered == []
+    with pytest.raises(ConfigError, match="results-dir|resume-from|afresh"):
+        load_checkpoint(ckpt)
+
+
+# ------------------------------------------------------------------------- item 7
+def test_different_pilot_counts_name_each_partition_id_and_its_count(tmp_path):
+    import dataclasses
+
+    from flwr.clientapp import ClientApp
+
+    from flwr_sheaf.apps.methods import register_all_handlers
+    from flwr_sheaf.apps.scenario import cnn_task_factory
+
+    def factory(context):
+        task = cnn_task_factory(context)
+        if int(context.node_config["partition-id"]) == 1:
+            return dataclasses.replace(task, x_pilot=task.x_pilot[:50])
+        return task
+
+    rc = {**TINY, "results-dir": str(tmp_path)}
+    grid = LocalGrid(register_all_handlers(ClientApp(), factory), 3, run_config=rc)
+    _refused(rc, r"different pilot counts \[50, 64\] \(partition-id 0: 64, partition-id 1: 50, partition-id 2: 64\)",
+             exc=ValueError, grid=grid)
+
+
+def test_missing_client_handlers_name_the_register_function(tmp_path):
+    from flwr.clientapp import ClientApp
+
+    from flwr_sheaf import register_sheaf_handlers
+    from flwr_sheaf.apps.scenario import cnn_task_factory
+
+    rc = {**TINY, "method": "fedproto", "results-dir": str(tmp_path)}
+    grid = LocalGrid(register_sheaf_handlers(ClientApp(), cnn_task_factory), 3, run_config=rc)
+    _refused(rc, r"No query function registered with name 'fedproto'.*call flwr_sheaf\.register_fedproto_handlers"
+                 r"\(app, factory\)", exc=RuntimeError, grid=grid)
+
+
+def test_deploy_local_refuses_zero_supernodes():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from deploy_local import check_run_config, main
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    with pytest.raises(ValueError, match=r"--num-supernodes 0: must be an integer >= 1") as err:
+        check_run_config("zoo='tiny-3' graph='ring'", 0)
+    assert "tiny-0" not in str(err.value)
+    assert main(["--num-supernodes", "0"]) == 2
+    with pytest.raises(ValueError, match=r"zoo='tiny-2' graph='ring'"):
+        check_run_config("", 2)
+
+
+@pytest.mark.parametrize("zoo", ["two-agent:16", "tiny-2", "tiny-3", "tiny-4"])
+def test_the_default_graph_on_few_agents_suggests_ring_or_complete(zoo):
+    with pytest.raises(ConfigError, match=r"graph='class-overlap' on zoo=.*use graph='ring' or graph='complete'"):
+        RunConfig.from_run_config({"zoo": zoo})
+    RunConfig.from_run_config({"zoo": zoo, "graph": "ring"})
+
+
+# ------------------------------------------------------------------------- item 9
+def _idx(array: np.ndarray) -> bytes:
+    import struct
+
+    return bytes([0, 0, 0x08, array.ndim]) + struct.pack(">" + "i" * array.ndim, *array.shape) + \
+        array.astype(np.uint8).tobytes()
+
+
+def _idx_dir(d: Path, images: bytes | None = None, labels: bytes | None = None, gz: bool = False) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    x = np.random.default_rng(0).integers(0, 256, size=(20, 28, 28))
+    for name, data in (("train-images-idx3-ubyte", images if images is not None else _idx(x)),
+                       ("train-labels-idx1-ubyte", labels if labels is not None else _idx(np.arange(20) % 10))):
+        if gz:
+            (d / (name + ".gz")).write_bytes(gzip.compress(data))
+        else:
+            (d / name).write_bytes(data)
+    return d
+
+
+@pytest.mark.parametrize("labels,match", [
+    (b"", r"train-labels-idx1-ubyte is empty \(0 bytes\)"),
+    (b"\x00\x00\x08", r"train-labels-idx1-ubyte is truncated: 3 bytes, shorter than the 8-byte idx header"),
+    (_idx(np.arange(20) % 10)[:-5], r"train-labels-idx1-ubyte is truncated: its header says 20 = 20 bytes of data, "
+                                    r"the file has 15"),
+    (_idx(np.zeros((20, 28, 28))), r"magic number 0x00000803, expected 0x00000801"),
+])
+def test_broken_idx_files_are_named(tmp_path, labels, match):
+    from flwr_sheaf.data.sources import load_source
+
+    d = _idx_dir(tmp_path / "data", labels=labels)
+    with pytest.raises(ValueError, match=match):
+        load_source(f"idx:{d}")
+
+
+def test_a_truncated_gz_is_named_and_an_empty_named_file_says_how_to_reinstall(tmp_path):
+    from flwr_sheaf.data.sources import load_source
+
+    d = _idx_dir(tmp_path / "gz", gz=True)
+    gzfile = d / "train-images-idx3-ubyte.gz"
+    gzfile.write_bytes(gzfile.read_bytes()[:200])
+    with pytest.raises(ValueError, match=rf"{gzfile}: the gzip archive is truncated"):
+        load_source(f"idx:{d}")
+    d = tmp_path / "fm"
+    d.mkdir()
+    (d / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")
+    (d / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(_idx(np.zeros((1, 28, 28)))))
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte.gz is empty.*bash scripts/get_data.sh fashion-mnist"):
+        load_source(f"idx:{d}")
+
+
+def test_the_idx_reader_gives_the_same_arrays_as_before(tmp_path):
+    """The validating reader returns what torchvision's readers returned (images uint8, labels as ints)."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
+    from flwr_sheaf.data.idx import read_idx_file
+
+    d = _idx_dir(tmp_path / "same")
+    np.testing.assert_array_equal(read_idx_file(d / "train-images-idx3-ubyte", "images"),
+                                  read_image_file(str(d / "train-images-idx3-ubyte")).numpy())
+    np.testing.assert_array_equal(read_idx_file(d / "train-labels-idx1-ubyte", "labels"),
+                                  read_label_file(str(d / "train-labels-idx1-ubyte")).numpy())
+
+
+def test_a_named_dataset_modified_after_install_is_refused_at_load(tmp_path, monkeypatch):
+    from flwr_sheaf.data import catalog
+    from flwr_sheaf.data.sources import clear_source_cache, load_source
+
+    d = tmp_path / "fashion-mnist"
+    d.mkdir()
+    for name in catalog.NAMED_DATASETS["fashion-mnist"]:
+        (d / name).write_bytes(b"not the file")
+    monkeypatch.setattr(catalog, "data_dirs", lambda name: [d])
+    clear_source_cache()
+    with pytest.raises(ValueError, match=r"fashion-mnist.*has the wrong SHA-256 \(modified, truncated or another version"
+                                         r".*re-run `bash scripts/get_data.sh fashion-mnist`"):
+        load_source("fashion-mnist")
+    clear_source_cache()
+
+
+def test_checksums_are_hashed_once_per_file_version(tmp_path, monkeypatch):
+    from flwr_sheaf.data import catalog
+
+    f = tmp_path / "a"
+    f.write_bytes(b"one")
+    calls = []
+    real = catalog.hashlib.sha256
+    monkeypatch.setattr(catalog.hashlib, "sha256", lambda *a: calls.append(1) or real(*a))
+    h1 = catalog._sha256_cached(f)
+    assert catalog._sha256_cached(f) == h1 and len(calls) == 1
+    f.write_bytes(b"two!")  # another size: hashed again
+    assert catalog._sha256_cached(f) != h1 and len(calls) == 2
+
+
+# ------------------------------------------------------------------------- item 10
+@pytest.mark.parametrize("rc,match", [
+    ({"participation": "0.9,,0.2,0.5"}, r"participation='0.9,,0.2,0.5': participation spec .*entry 1 .*is empty"),
+    ({"participation": "0.9,0.2,0.5,"}, r"entry 3 .*is empty"),
+    ({"participation": "uniformly"}, r"participation='uniformly'"),
+    ({"participation": "uniform:"}, r"'uniform:<seed>' needs a non-negative integer seed"),
+    ({"graph": "0-1,,1-2"}, r"graph='0-1,,1-2': graph spec '0-1,,1-2': edge 1 \(0-based\) of the edge list is empty"),
+    ({"graph": "0-1,1-2,"}, r"edge 2 \(0-based\) of the edge list is empty"),
+    ({"graph": "random-regular:2_0"}, r"degree/seed \['2_0'\] are not integers"),
+    ({"graph": "class-overlap:nan"}, r"density 'nan' is not a number"),
+    ({"graph": "class-overlap:1_0"}, r"density '1_0' is not a number"),
+    ({"graph": "class-overlap:1.5"}, r"density '1.5' must be in \(0, 1\]"),
+])
+def test_lenient_specs_are_refused_before_any_message(tmp_path, rc, match):
+    rc = {**TINY, **rc, "results-dir": str(tmp_path)}
+    grid = _refused(rc, match)
+    assert grid.delivered == []
+
+
+def test_a_participation_mapping_outside_the_nodes_is_refused_naming_it():
+    from flwr_sheaf.participation import parse_participation
+    from flwr_sheaf.strategy.rfedags import RFedAGS
+
+    with pytest.raises(ValueError, match=r"partition-id\(s\) \[7\] outside \[0, 3\) \(N=3 nodes\)"):
+        parse_participation({0: 0.5, 1: 0.5, 2: 0.5, 7: 0.9}, 3)
+    with pytest.raises(ValueError, match=r"\[7\] outside \[0, 3\)"):
+        RFedAGS(3, {0: 0.5, 1: 0.5, 2: 0.5, 7: 0.9})  # at construction: before any message
+    assert parse_participation({2: 0.1, 0: 0.5, 1: 0.3}, 3).tolist() == [0.5, 0.3, 0.1]
