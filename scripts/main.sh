@@ -8,6 +8,15 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 OUT="${RESULTS_DIR:-$PWD/results/default}"
+# A results-dir holding an earlier run is refused by the ServerApp unless resume/overwrite is asked
+# for; the main job keeps the earlier run instead of failing: it is moved aside, and said so.
+if [ -e "$OUT/results.json" ] || [ -e "$OUT/checkpoint.pkl" ]; then
+  case "${1:-}" in
+    *resume=true*|*overwrite=true*) ;;
+    *) KEPT="$OUT.$(date +%Y%m%d-%H%M%S)"; mv "$OUT" "$KEPT"
+       echo "main.sh: $OUT held an earlier run; moved to $KEPT (pass \"overwrite=true\" to replace it instead)" ;;
+  esac
+fi
 python scripts/run_flwr.py --num-supernodes 15 --cpus-per-client 1 \
   --run-config "results-dir='$OUT' ${1:-}"
 python -m flwr_sheaf.report "$OUT/results.json"
