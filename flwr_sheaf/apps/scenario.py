@@ -12,7 +12,8 @@ from flwr.app import Context
 
 from ..client.task import LocalTask
 from ..config import ScenarioConfig, apply_preset
-from ..data.partition import load_agent_data
+from ..data.sources import register_derived_cache
+from ..data.partition import AgentData, PreparedSplit, agent_data, prepare_split
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
 
@@ -38,23 +39,33 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     specs = agent_specs(scenario)
     if not 0 <= partition_id < len(specs):
         raise ValueError(f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}")
-    data = _agent_data(scenario.dataset, tuple(tuple(s.classes) for s in specs), scenario.shift, scenario.seed,
-                       partition_id, scenario.num_pilots or None, scenario.partitioner)
+    data = _agent_data(scenario.dataset, scenario.zoo, scenario.shift, scenario.seed, scenario.num_pilots or None,
+                       scenario.partitioner, partition_id)
     model = build_agent(specs[partition_id], seed=scenario.seed * 1000 + partition_id,
                         shrinkage=scenario.whitening_shrinkage, eps=scenario.whitening_eps)
     return LocalTask(model, data.x_train, data.y_train, data.x_val, data.y_val, data.x_test, data.y_test,
                      data.x_pilot, tuple(data.classes), y_pilot=data.y_pilot)
 
 
+@functools.lru_cache(maxsize=8)
+def _prepared(dataset: str, zoo: str, shift: float, seed: int, num_pilots: int | None,
+              partitioner: str) -> PreparedSplit:
+    """The zoo's shared data step (split and pilots), once per process: set-up is O(N) in all, not per node."""
+    return prepare_split(dataset, [s.classes for s in zoo_specs(zoo)], shift, seed, num_pilots, partitioner)
+
+
 @functools.lru_cache(maxsize=4096)
-def _agent_data(dataset: str, class_sets: tuple[tuple[int, ...], ...], shift: float, seed: int, partition_id: int,
-                num_pilots: int | None, partitioner: str):
+def _agent_data(dataset: str, zoo: str, shift: float, seed: int, num_pilots: int | None, partitioner: str,
+                partition_id: int) -> AgentData:
     """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, built once per process and shared by every
     message of that node (read-only: the handlers never write into a task's tensors). Returning the same
     tensor objects lets :func:`flwr_sheaf.client.common.to_device` keep the node's data resident on its
     GPU across messages instead of copying it for each one."""
-    return load_agent_data(dataset, class_sets, shift, seed, partition_id, num_pilots=num_pilots,
-                           partitioner=partitioner)
+    return agent_data(_prepared(dataset, zoo, shift, seed, num_pilots, partitioner), partition_id)
+
+
+register_derived_cache(_prepared.cache_clear)
+register_derived_cache(_agent_data.cache_clear)
 
 
 def cnn_task_factory(context: Context) -> LocalTask:

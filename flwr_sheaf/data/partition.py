@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flwr_sheaf.data.sources import load_source
+from flwr_sheaf.data.sources import load_source, register_derived_cache
 from flwr_sheaf.paper import NUM_CLASSES
 
 __all__ = [
@@ -46,6 +46,9 @@ __all__ = [
     "make_federated_split",
     "AgentData",
     "load_agent_data",
+    "prepare_split",
+    "agent_data",
+    "PreparedSplit",
     "LabelShiftPartitioner",
     "PARTITIONER_FORMS",
     "parse_partitioner",
@@ -58,7 +61,24 @@ _PARTS = ("train", "val", "test", "pool")
 
 # ----------------------------------------------------------------------------------- validation
 def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
-    """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets``; raises ValueError on bad input."""
+    """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets``; raises ValueError on bad input.
+
+    A tuple of tuples (what the scenario passes for every node) is normalised once per process
+    (cached): N nodes each normalising all N sets would make set-up quadratic in N."""
+    if isinstance(class_sets, tuple) and all(isinstance(cs, tuple) for cs in class_sets):
+        try:
+            return _normalise_cached(class_sets, num_classes)
+        except TypeError:  # unhashable members: validate uncached (the error names them)
+            pass
+    return _normalise_uncached(class_sets, num_classes)
+
+
+@functools.lru_cache(maxsize=16)
+def _normalise_cached(class_sets: tuple[tuple[int, ...], ...], num_classes: int) -> tuple[tuple[int, ...], ...]:
+    return _normalise_uncached(class_sets, num_classes)
+
+
+def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
     if isinstance(class_sets, (str, bytes)) or not isinstance(class_sets, Sequence) or len(class_sets) == 0:
@@ -468,10 +488,10 @@ def make_dirichlet_split(
 # ----------------------------------------------------------------------------------- tensors
 @dataclass(frozen=True)
 class AgentData:
-    """One agent's tensors (fresh copies gathered from the cached source).
+    """One agent's tensors (copies gathered from the cached source; read-only by convention).
 
     Images are float32 ``(n, 1, 28, 28)`` in [0, 1]; labels int64 ``(n,)``. The pilot tensors
-    are identical for every agent of one split.
+    are the same objects for every agent of one :class:`PreparedSplit` (one copy per process).
 
     Attributes:
         x_train, y_train, x_val, y_val, x_test, y_test: the agent's 80/10/10 split.
@@ -503,6 +523,88 @@ def _cached_split(
     if alpha is not None:
         return make_dirichlet_split(labels, len(class_sets), alpha, seed, num_pilots=num_pilots)
     return make_federated_split(labels, class_sets, shift, seed, num_pilots=num_pilots)
+
+
+@dataclass(frozen=True)
+class PreparedSplit:
+    """The shared, per-process part of every agent's data (:func:`prepare_split`).
+
+    Attributes:
+        dataset: the source spec.
+        split: the index split (:class:`FederatedSplit`).
+        class_sets: the agents' target classes ``C_i`` (after a Dirichlet split: what each received).
+        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` float32 / ``(K,)`` int64, one tensor pair
+            for all agents (read-only).
+    """
+
+    dataset: str
+    split: FederatedSplit
+    class_sets: tuple[tuple[int, ...], ...]
+    x_pilot: torch.Tensor
+    y_pilot: torch.Tensor
+
+
+def _gather(dataset: str, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images and labels of ``idx`` (copies). numpy fancy indexing: torch's indexing of a few rows of a
+    large tensor goes through its thread pool and cost ~15 ms a call on a loaded 2-core machine."""
+    images, labels = load_source(dataset)
+    t = np.asarray(idx, dtype=np.int64)
+    return torch.from_numpy(images.numpy()[t]), torch.from_numpy(labels.numpy()[t])
+
+
+def prepare_split(dataset: str, class_sets: ClassSets, shift: float, seed: int, num_pilots: int | None = None,
+                  partitioner: str = "label-shift") -> PreparedSplit:
+    """The O(N) step shared by all N agents: checks, the index split and the pilots (cached split).
+
+    Call once per process and pass the result to :func:`agent_data` for each agent, so that setting
+    up N agents costs O(N) in all (:func:`load_agent_data` does both for one agent).
+
+    Raises:
+        ValueError: bad class sets, shift, seed or partitioner (named); every error of
+            :func:`load_source` and :func:`make_federated_split`.
+    """
+    sets = _normalise_class_sets(class_sets, NUM_CLASSES)
+    alpha = parse_partitioner(partitioner)
+    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha)
+    if alpha is not None:
+        sets = split.class_sets
+    x_pi, y_pi = _gather(dataset, split.pilot_idx)
+    return PreparedSplit(dataset, split, sets, x_pi, y_pi)
+
+
+def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:
+    """Agent ``partition_id``'s tensors from a :func:`prepare_split` result (cost: the agent's own samples).
+
+    Raises:
+        ValueError: ``partition_id`` outside ``[0, N)``; an empty train, validation or test split, or a
+            target class without any sample in the agent's data (each names the partition-id).
+    """
+    sets, split, dataset = prepared.class_sets, prepared.split, prepared.dataset
+    _check_partition_id(partition_id, len(sets))
+    i = int(partition_id)
+    x_tr, y_tr = _gather(dataset, split.train_idx[i])
+    x_va, y_va = _gather(dataset, split.val_idx[i])
+    x_te, y_te = _gather(dataset, split.test_idx[i])
+    _, labels = load_source(dataset)
+    sizes = {"training": y_tr.numel(), "validation": y_va.numel(), "test": y_te.numel()}
+    if min(sizes.values()) == 0:
+        raise ValueError(f"partition-id {i} (classes {list(sets[i])}) gets {sizes['training']} training, "
+                         f"{sizes['validation']} validation and {sizes['test']} test samples of dataset {dataset!r} "
+                         f"({labels.numel()} samples for N={len(sets)} agents): every split must be non-empty; use "
+                         f"fewer agents (zoo) or a larger dataset")
+    own = torch.cat([y_tr, y_va, y_te])
+    absent = [c for c in sets[i] if not bool((own == c).any())]
+    if absent:
+        in_source = {c: int((labels == c).sum()) for c in absent}
+        why = ("use a dataset with every class of the zoo" if not any(in_source.values())
+               else f"they are spread over N={len(sets)} agents: use fewer agents")
+        raise ValueError(f"partition-id {i}: target class(es) {absent} of its class set {list(sets[i])} have no sample "
+                         f"in its data (samples of those classes in dataset {dataset!r}: {in_source}); {why}")
+    return AgentData(x_tr, y_tr, x_va, y_va, x_te, y_te, prepared.x_pilot, prepared.y_pilot, split.pilot_idx, i,
+                     sets[i])
+
+
+register_derived_cache(_cached_split.cache_clear)
 
 
 def load_agent_data(
@@ -541,38 +643,9 @@ def load_agent_data(
             error of :func:`load_source` and :func:`make_federated_split`.
         FileNotFoundError: from :func:`load_source` for a missing ``idx:`` directory.
     """
-    sets = _normalise_class_sets(class_sets, NUM_CLASSES)
-    _check_partition_id(partition_id, len(sets))
-    alpha = parse_partitioner(partitioner)
-    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha)
-    images, labels = load_source(dataset)
-    i = int(partition_id)
-    if alpha is not None:
-        sets = split.class_sets
-
-    def gather(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        t = torch.from_numpy(np.array(idx, dtype=np.int64))
-        return images[t], labels[t]
-
-    x_tr, y_tr = gather(split.train_idx[i])
-    x_va, y_va = gather(split.val_idx[i])
-    x_te, y_te = gather(split.test_idx[i])
-    sizes = {"training": y_tr.numel(), "validation": y_va.numel(), "test": y_te.numel()}
-    if min(sizes.values()) == 0:
-        raise ValueError(f"partition-id {i} (classes {list(sets[i])}) gets {sizes['training']} training, "
-                         f"{sizes['validation']} validation and {sizes['test']} test samples of dataset {dataset!r} "
-                         f"({labels.numel()} samples for N={len(sets)} agents): every split must be non-empty; use "
-                         f"fewer agents (zoo) or a larger dataset")
-    own = torch.cat([y_tr, y_va, y_te])
-    absent = [c for c in sets[i] if not bool((own == c).any())]
-    if absent:
-        in_source = {c: int((labels == c).sum()) for c in absent}
-        why = ("use a dataset with every class of the zoo" if not any(in_source.values())
-               else f"they are spread over N={len(sets)} agents: use fewer agents")
-        raise ValueError(f"partition-id {i}: target class(es) {absent} of its class set {list(sets[i])} have no sample "
-                         f"in its data (samples of those classes in dataset {dataset!r}: {in_source}); {why}")
-    x_pi, y_pi = gather(split.pilot_idx)
-    return AgentData(x_tr, y_tr, x_va, y_va, x_te, y_te, x_pi, y_pi, split.pilot_idx, i, sets[i])
+    _normalise_class_sets(class_sets, NUM_CLASSES)
+    _check_partition_id(partition_id, len(class_sets))
+    return agent_data(prepare_split(dataset, class_sets, shift, seed, num_pilots, partitioner), partition_id)
 
 
 # ----------------------------------------------------------------------------------- flwr-datasets

@@ -91,11 +91,23 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
     raise ValueError(f"unknown dataset spec {spec!r}; valid forms: {', '.join(SOURCE_FORMS)}")
 
 
+#: ``cache_clear`` functions of caches derived from the sources (splits, per-agent data), cleared with them.
+_DERIVED: list = []
+
+
+def register_derived_cache(cache_clear) -> None:
+    """Have :func:`clear_source_cache` also call ``cache_clear`` (a cache built from loaded sources)."""
+    _DERIVED.append(cache_clear)
+
+
 def clear_source_cache() -> None:
-    """Forget every cached source (the next :func:`load_source` call reads from disk again)."""
+    """Forget every cached source and everything derived from one (the next :func:`load_source` call reads
+    from disk again)."""
     _load_bundled.cache_clear()
     _load_idx_dir.cache_clear()
     _load_hf.cache_clear()
+    for clear in _DERIVED:
+        clear()
 
 
 def _to_tensors(images: np.ndarray, labels: np.ndarray, origin: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ Zoo names accepted by :func:`zoo_specs`:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -55,6 +56,9 @@ def _tiny_spec(i: int) -> AgentSpec:
 def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
     """Agent specs of a named zoo (see the module docstring for the names).
 
+    Built once per process and name (the specs are frozen): every node of a process asks for the
+    whole zoo, so building it per call would make set-up quadratic in the number of agents.
+
     Args:
         name: ``"paper-15"``, ``"two-agent:<d>"`` or ``"tiny-<N>"``.
 
@@ -67,7 +71,12 @@ def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
     """
     if not isinstance(name, str):
         raise ValueError(f"zoo name must be a string, got {name!r}; valid names: {VALID_ZOO_NAMES}")
-    key = name.strip()
+    return _zoo_specs(name.strip())
+
+
+@functools.lru_cache(maxsize=64)
+def _zoo_specs(key: str) -> tuple[AgentSpec, ...]:
+    name = key
     if key == "paper-15":
         return PAPER_ZOO_15
     m = re.fullmatch(r"two-agent:(\d+)", key)
