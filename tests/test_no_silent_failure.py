@@ -335,3 +335,32 @@ def test_a_participation_mapping_outside_the_nodes_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"\[7\] outside \[0, 3\)"):
         RFedAGS(3, {0: 0.5, 1: 0.5, 2: 0.5, 7: 0.9})  # at construction: before any message
     assert parse_participation({2: 0.1, 0: 0.5, 1: 0.3}, 3).tolist() == [0.5, 0.3, 0.1]
+
+
+# ---------------------------------------------------------------- item 6: discovery checks the model
+def test_model_reporting_the_wrong_latent_size_fails_discovery_naming_d_and_the_width(tmp_path):
+    """A model whose ``d`` says 3 more than ``latent()`` gives: discovery fails on that node, naming its
+    partition-id, ``model.d`` and the width, and nothing is trained."""
+    from flwr.clientapp import ClientApp
+
+    from flwr_sheaf import register_sheaf_handlers
+    from flwr_sheaf.apps.scenario import cnn_task_factory
+
+    widths = {}
+
+    def factory(context):
+        task = cnn_task_factory(context)
+        if int(context.node_config["partition-id"]) == 1:
+            widths["real"] = int(task.model.d)
+            task.model.d = widths["real"] + 3
+        return task
+
+    app = ClientApp()
+    register_sheaf_handlers(app, factory)
+    grid = LocalGrid(app, 3, run_config=dict(TINY))
+    with pytest.raises(RuntimeError, match="discovery failed") as err:
+        run_server(grid, {**TINY, "results-dir": str(tmp_path / "out")})
+    real = widths["real"]
+    assert f"partition-id 1: model.latent() returned shape (2, {real})" in str(err.value)
+    assert f"model.d = {real + 3}" in str(err.value)
+    assert {m.metadata.message_type.split(".")[0] for m in grid.delivered} == {"query"}

@@ -103,6 +103,36 @@ class ClientMethod:
         return {}
 
 
+def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> None:
+    """Discovery's check of the node's model (issue "no silent failure", item 6): ``rows`` pilots through
+    ``model.latent`` (eval mode, no gradient) must give ``(rows, model.d)``, and ``model.whitening`` must
+    be ``d``-dimensional; else the node's discovery fails, naming the partition-id, ``model.d`` and the
+    width ``latent()`` returned, before any training.
+
+    Raises:
+        ValueError: ``model.d`` not a positive int, ``latent()`` of the wrong shape, or a whitening of
+            another dimension.
+    """
+    model = task.model
+    d = getattr(model, "d", None)
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"partition-id {partition_id}: model.d = {d!r}; the stalk protocol needs a positive int "
+                         "(the latent size, docs: flwr_sheaf.client.task)")
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        z = model.latent(task.x_pilot[:rows])
+    model.train(was_training)
+    if tuple(z.shape) != (min(rows, int(task.x_pilot.shape[0])), d):
+        raise ValueError(f"partition-id {partition_id}: model.latent() returned shape {tuple(z.shape)} for "
+                         f"{min(rows, int(task.x_pilot.shape[0]))} pilots, but model.d = {d}: latent() must give "
+                         f"(batch, model.d); fix model.d or latent()")
+    wd = getattr(getattr(model, "whitening", None), "d", None)
+    if wd != d:
+        raise ValueError(f"partition-id {partition_id}: model.whitening has d = {wd!r}, model.d = {d}: the "
+                         f"whitening must be Whitening(model.d)")
+
+
 def _pilots_for_evaluation(task: LocalTask, model: nn.Module, context: Context, action: str, fit: str
                            ) -> tuple[torch.Tensor, float]:
     """Whitened pilots ``(K, d_i)`` and the collapse diagnostic, whitening fitted as ``fit`` says."""
@@ -146,6 +176,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
         resolve_device(str(required(cfg, DEVICE, mt)))  # a device this machine lacks fails discovery, before training
         task = factory(context)
+        check_stalk_protocol(task, int(context.node_config["partition-id"]))
         info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
                         int(task.model.d), tuple(int(c) for c in task.classes), int(task.x_pilot.shape[0]),
                         int(task.x_train.shape[0]), pilot_digest(to_numpy(task.x_pilot)))
