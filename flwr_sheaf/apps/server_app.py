@@ -10,10 +10,10 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ..config import RunConfig
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
-from .methods import build_strategy
+from ..methods import parse_run_config
+from .methods import num_nodes
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -32,7 +32,7 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         Path of the written ``results.json``.
 
     Raises:
-        ConfigError: an unknown key, a bad value or an unknown method (named); resuming with a
+        ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
             different run config (keys named) or past ``num-server-rounds``.
         FileNotFoundError: resuming without a checkpoint.
     """
@@ -42,8 +42,8 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    config = RunConfig.from_run_config(run_config)
-    strategy = build_strategy(config)
+    config, method = parse_run_config(run_config)  # imports method-module first
+    strategy = method.strategy(config, num_nodes(config, method))
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)

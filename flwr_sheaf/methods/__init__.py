@@ -1,0 +1,13 @@
+"""Every method of the app, one unit each, found through one registry (:mod:`.registry`).
+
+Built-in units: ``sheaf_frl``, ``noncooperative``, ``fedproto``, ``fedsaf``, ``fedmuscle``,
+``comfed``, ``sheaf_fmtl``, ``rfedags``. Each holds its ``ACTION`` (shared by its strategy and its
+handlers), its strategy, its client plug-in and handlers, and the :class:`~.registry.Method` entry
+it registers. A researcher's own method is the same shape in one file (README "Adding a method").
+"""
+
+from .registry import METHODS, Method, get_method, graph_args, import_method_modules, parse_run_config, register
+
+from . import sheaf_frl, noncooperative, fedproto, fedsaf, fedmuscle, comfed, sheaf_fmtl, rfedags  # noqa: E402,F401
+
+__all__ = ["METHODS", "Method", "get_method", "graph_args", "import_method_modules", "parse_run_config", "register"]
