@@ -49,7 +49,9 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)
     ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
     t0 = time.monotonic()
-    strategy.start(grid=grid, num_rounds=config.num_server_rounds, timeout=config.round_timeout)
+    initial = method.initial_arrays(config) if method.initial_arrays is not None else None
+    strategy.start(grid=grid, initial_arrays=initial, num_rounds=config.num_server_rounds,
+                   timeout=config.round_timeout)
     wall = time.monotonic() - t0
     extra = strategy.results_extra()
     if ckpt.restored_round:

@@ -8,6 +8,11 @@ it registers. A researcher's own method is the same shape in one file (README "A
 
 from .registry import METHODS, Method, get_method, graph_args, import_method_modules, parse_run_config, register
 
-from . import sheaf_frl, noncooperative, fedproto, fedsaf, fedmuscle, comfed, sheaf_fmtl, rfedags  # noqa: E402,F401
+import importlib as _importlib  # noqa: E402
+import pkgutil as _pkgutil  # noqa: E402
+
+# every unit of this package registers itself on import (a new unit edits nothing here)
+for _unit in sorted(m.name for m in _pkgutil.iter_modules(__path__) if m.ispkg):
+    _importlib.import_module(f"{__name__}.{_unit}")
 
 __all__ = ["METHODS", "Method", "get_method", "graph_args", "import_method_modules", "parse_run_config", "register"]

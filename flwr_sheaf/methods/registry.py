@@ -49,6 +49,8 @@ class Method:
         num_nodes: ``num_nodes(config) -> N`` agents of the run (None: the CNN zoo's agents).
         task_factory: ``task_factory() -> factory`` of what its handlers compute on (None: the
             app's CNN-zoo :func:`~flwr_sheaf.apps.scenario.cnn_task_factory`).
+        initial_arrays: ``initial_arrays(config) -> ArrayRecord`` of a method with a global
+            parameter (RFedAGS's ``x_0``); None = no global model.
     """
 
     name: str
@@ -58,6 +60,7 @@ class Method:
     config: type[Section] | None = None
     num_nodes: Callable[[RunConfig], int] | None = None
     task_factory: Callable[[], Any] | None = None
+    initial_arrays: Callable[[RunConfig], Any] | None = None
 
 
 _METHODS: dict[str, Method] = {}

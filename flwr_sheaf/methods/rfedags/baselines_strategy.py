@@ -203,6 +203,8 @@ class RFedBaseline(RFedAGS):
         }
         if self.mode != "uncorrected":
             metrics["estimate_min"] = float(np.min(est))
+        if self.round_metrics is not None:
+            metrics.update(self.round_metrics(x_new))
         self.current.num_trained = len(uploads)
         self.current.train.update(metrics)
         self.current.train.update({"drawn": list(self.current.sampled), "responders": sorted(uploads),

@@ -26,7 +26,7 @@ Server part of RFedAGS on Flower's Message API (docs/baselines.md, "RFedAGS"). P
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -71,6 +71,8 @@ class RFedAGS(PeerStrategy):
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
         seed: participation and mini-batch seed.
         action: message action name (default ``"rfedags"``).
+        round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
+            (e.g. the planted problem's optimality gap and distance to the optimum).
         discovery_timeout: see :class:`~flwr_sheaf.strategy.base.PeerStrategy`.
 
     Raises:
@@ -96,6 +98,7 @@ class RFedAGS(PeerStrategy):
         seed: int = DEFAULTS["seed"],
         action: str = ACTION,
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
     ) -> None:
         p = parse_participation(participation, num_nodes, seed)
         p = np.ones(num_nodes) if p is None else p
@@ -124,6 +127,7 @@ class RFedAGS(PeerStrategy):
         self.minibatch_size = int(minibatch_size)
         self.server: RFedAGSServer | None = None
         self._x_t: np.ndarray | None = None
+        self.round_metrics = round_metrics
 
     # ------------------------------------------------------------------ helpers
     def _init_server(self, arrays: ArrayRecord) -> None:
@@ -202,6 +206,8 @@ class RFedAGS(PeerStrategy):
         }
         if self.mode != "uncorrected":
             metrics["estimate_min"] = float(np.min(res.estimates))
+        if self.round_metrics is not None:
+            metrics.update(self.round_metrics(res.x))
         self.current.num_trained = len(zetas)
         self.current.train.update(metrics)
         self.current.train.update({"drawn": list(self.current.sampled), "responders": sorted(zetas),
