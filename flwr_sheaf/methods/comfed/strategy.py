@@ -21,18 +21,23 @@ from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...protocol import (COMFED_ROUTED, COMFED_TARGETS, FEATURE_DIM, NUM_CLASSES, UPLOAD, ProtocolError,
                         pack_prototypes, unpack_prototypes)
 from ...strategy.base import positive_int
-from ..fedproto.strategy import common_dimension
-from ..noncooperative.strategy import NonCooperative
+from ...strategy.prototypes import common_dimension
+from ...strategy.evaluation import GraphEvaluation
+from ...strategy.graph import GraphStrategy
 from . import ACTION
 
 __all__ = ["ComFed"]
 
+#: per-edge phase-2 metrics of ComFed's learned maps (besides the post-hoc reading)
+EDGE_METRICS = ("comfed-communication-accuracy", "val-comfed-communication-accuracy")
 
-class ComFed(NonCooperative):
+
+class ComFed(GraphStrategy):
     """ComFed on Flower messages (module docstring).
 
     Args:
-        num_nodes, federation, train, graph, discovery_timeout: as :class:`NonCooperative`.
+        num_nodes, federation, train, graph, discovery_timeout: as
+            :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         comfed: alignment weight and shared dimension.
         num_classes: label-space size (the paper's 10).
         action: message action (pair with :func:`flwr_sheaf.client.comfed.register_comfed_handlers`).
@@ -40,9 +45,6 @@ class ComFed(NonCooperative):
     Raises:
         ValueError: bad config values (named); at discovery, ``comfed-dim = none`` with different d_i.
     """
-
-    routed_arrays = COMFED_ROUTED
-    edge_metric_names = ("comfed-communication-accuracy", "val-comfed-communication-accuracy")
 
     def __init__(
         self,
@@ -56,8 +58,10 @@ class ComFed(NonCooperative):
         action: str = ACTION,
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
     ) -> None:
-        super().__init__(num_nodes, federation=federation, train=train, graph=graph, action=action,
-                         discovery_timeout=discovery_timeout)
+        federation = federation or FederationConfig()
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=GraphEvaluation.posthoc(federation, routed_arrays=COMFED_ROUTED,
+                                                            edge_metric_names=EDGE_METRICS), discovery_timeout=discovery_timeout)
         self.comfed = comfed or ComFedConfig()
         self.num_classes = positive_int("num_classes", num_classes)
         self.r: int | None = None

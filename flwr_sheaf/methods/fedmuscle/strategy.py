@@ -26,8 +26,9 @@ from flwr.app import Message
 from ...baselines.fedmuscle import is_contrastive_epoch, leave_one_out_means
 from ...config import DEFAULTS, FederationConfig, FedMuscleConfig, LocalTrainConfig
 from ...protocol import FEATURE_DIM, MUSCLE_TARGETS, PILOT_REPS, TARGET_ALL, TARGET_OTHERS, UPLOAD, pack_arrays
-from ..fedproto.strategy import common_dimension
-from ..noncooperative.strategy import NonCooperative
+from ...strategy.prototypes import common_dimension
+from ...strategy.evaluation import GraphEvaluation
+from ...strategy.graph import GraphStrategy
 from . import ACTION
 
 __all__ = ["FedMuscle"]
@@ -35,7 +36,7 @@ __all__ = ["FedMuscle"]
 log = logging.getLogger("flwr_sheaf")
 
 
-class FedMuscle(NonCooperative):
+class FedMuscle(GraphStrategy):
     """FedMuscle on Flower messages (module docstring).
 
     Args:
@@ -56,8 +57,9 @@ class FedMuscle(NonCooperative):
                  train: LocalTrainConfig | None = None, fedmuscle: FedMuscleConfig | None = None,
                  graph: nx.Graph | None = None, action: str = ACTION,
                  discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
-        super().__init__(num_nodes, federation=federation, train=train, graph=graph, action=action,
-                         discovery_timeout=discovery_timeout)
+        federation = federation or FederationConfig()
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=GraphEvaluation.posthoc(federation), discovery_timeout=discovery_timeout)
         self.fedmuscle = fedmuscle or FedMuscleConfig()
         self.common_dim: int | None = None
         self.reps: dict[int, np.ndarray] = {}

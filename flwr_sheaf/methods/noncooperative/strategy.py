@@ -11,6 +11,7 @@ from __future__ import annotations
 import networkx as nx
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
+from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from . import ACTION
 
@@ -33,15 +34,9 @@ class NonCooperative(GraphStrategy):
         ValueError: as :class:`~flwr_sheaf.strategy.graph.GraphStrategy`.
     """
 
-    whitening_fit = "train"
-
     def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
                  train: LocalTrainConfig | None = None, graph: nx.Graph | None = None,
                  action: str = ACTION, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
-        super().__init__(num_nodes, action=action, federation=federation or FederationConfig(),
-                         train=train or LocalTrainConfig(), graph=graph, discovery_timeout=discovery_timeout)
-
-    def results_extra(self) -> dict:  # noqa: D102 - PeerStrategy hook
-        out = super().results_extra()
-        out["evaluation"]["protocol"] = "post-hoc alignment"
-        return out
+        federation = federation or FederationConfig()
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=GraphEvaluation.posthoc(federation), discovery_timeout=discovery_timeout)

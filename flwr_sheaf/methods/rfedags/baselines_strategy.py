@@ -42,12 +42,13 @@ from ...protocol import (ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, LO
 from ...rfedags.baselines import (BASELINES, average_ambient, average_endpoints, full_gradient, projection_correction,
                                  require_projection)
 from ...strategy.base import weight_problem
-from .strategy import RFedAGS
+from ...strategy.graph import GraphStrategy
+from .strategy import RFEDAGS_DEFAULTS, init_server, log_rfed_round, round_prologue, setup_riemannian
 
 __all__ = ["RFedBaseline"]
 
 
-class RFedBaseline(RFedAGS):
+class RFedBaseline(GraphStrategy):
     """RFedAvg / RFedSVRG / RFedProj under arbitrary participation (module docstring).
 
     Args:
@@ -69,7 +70,11 @@ class RFedBaseline(RFedAGS):
             raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
         if "action" in kwargs:
             raise ValueError("RFedBaseline's action is its method name; do not pass action=")
-        super().__init__(num_nodes, participation, mode=mode, action=method, **kwargs)
+        settings = {**RFEDAGS_DEFAULTS, **kwargs}
+        unknown = sorted(set(kwargs) - set(RFEDAGS_DEFAULTS))
+        if unknown:
+            raise TypeError(f"RFedBaseline got unexpected keyword arguments {unknown}")
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **settings)
         self.method = method
         self._timeout = 3600.0
         self._x_mid: np.ndarray | None = None
@@ -85,8 +90,14 @@ class RFedBaseline(RFedAGS):
         self._timeout = float(timeout)
         return super().start(grid, initial_arrays, num_rounds, timeout=timeout, **kwargs)
 
+    def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
+        return round_prologue(self, server_round, arrays)
+
+    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
+        log_rfed_round(rec)
+
     def _init_server(self, arrays: ArrayRecord) -> None:
-        super()._init_server(arrays)
+        init_server(self, arrays)
         if self.method == "rfedproj":
             require_projection(self.manifold)
         self._x_mid = self.server.x.copy()

@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from typing import Any
+
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -40,15 +42,110 @@ from ...rfedags.aggregation import MODES, RFedAGSServer
 from ...rfedags.client import step_size_schedule
 from ...rfedags.manifolds import Manifold, Sphere, Stiefel
 from ...rfedags.participation import DEFAULT_Q_MIN, ESTIMATORS
-from ...strategy.base import PeerStrategy, weight_problem
+from ...strategy.base import weight_problem
+from ...strategy.graph import GraphStrategy
 from . import ACTION
 
-__all__ = ["RFedAGS"]
+__all__ = ["RFEDAGS_DEFAULTS", "RFedAGS", "init_server", "log_rfed_round", "round_prologue", "setup_riemannian"]
 
 log = logging.getLogger("flwr_sheaf")
 
 
-class RFedAGS(PeerStrategy):
+def setup_riemannian(s: Any, num_nodes: int,
+                     participation: Mapping[int, float] | Sequence[float] | str | None, *, mode: str,
+                     local_steps: int, step_size: float, decay_rounds: float, global_step: float, q_min: float,
+                     estimate_includes_current: bool, estimator: str, manifold: Manifold | None,
+                     minibatch_size: int, seed: int, action: str, discovery_timeout: float,
+                     round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None) -> None:
+    """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
+    shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
+    (arguments as :class:`RFedAGS`).
+
+    Raises:
+        ValueError: invalid mode, probabilities, K, step sizes, estimator or mini-batch size.
+    """
+    p = parse_participation(participation, num_nodes, seed)
+    p = np.ones(num_nodes) if p is None else p
+    GraphStrategy.__init__(s, num_nodes, action=action,
+                           sampler=ParticipationSampler(num_nodes, probabilities=p, seed=seed),
+                           discovery_timeout=discovery_timeout)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(f"local_steps (K) must be a positive integer, got {local_steps!r}")
+    if not (np.isfinite(global_step) and global_step > 0):
+        raise ValueError(f"global_step (varpi) must be positive, got {global_step!r}")
+    if int(minibatch_size) != minibatch_size or minibatch_size < 0:
+        raise ValueError(f"minibatch_size must be a non-negative integer (0 = exact gradients), got {minibatch_size!r}")
+    s.alpha = step_size_schedule(step_size, decay_rounds)  # validates step_size, decay_rounds
+    s.p = p
+    s.mode = mode
+    s.local_steps = int(local_steps)
+    s.step_size, s.decay_rounds = float(step_size), float(decay_rounds)
+    s.global_step = float(global_step)
+    s.q_min = float(q_min)
+    s.estimate_includes_current = bool(estimate_includes_current)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    s.estimator = estimator
+    s.manifold = manifold
+    s.minibatch_size = int(minibatch_size)
+    s.server = None  # RFedAGSServer, built from the initial point (init_server)
+    s._x_t = None  # (d, r) or (d,) point of the running round
+    s.round_metrics = round_metrics
+
+
+def init_server(s: Any, arrays: ArrayRecord) -> None:
+    """Build ``s.server`` (and infer ``s.manifold``) from the initial point (RFedAGS and the baselines).
+
+    Raises:
+        ValueError: no key ``"x"``, an unsupported rank, or a point off the manifold.
+    """
+    if POINT not in arrays:
+        raise ValueError(f"initial_arrays must hold the global parameter under key {POINT!r}")
+    x0 = np.array(arrays[POINT].numpy(), dtype=np.float64)
+    if s.manifold is None:
+        if x0.ndim == 2:
+            s.manifold = Stiefel(*x0.shape)
+        elif x0.ndim == 1:
+            s.manifold = Sphere(x0.shape[0])
+        else:
+            raise ValueError(f"cannot infer a manifold for a parameter of shape {x0.shape}")
+    s.manifold.check_point(x0, atol=1e-8)
+    s.server = RFedAGSServer(
+        s.manifold, x0, s.num_nodes, mode=s.mode, p=s.p, q_min=s.q_min,
+        global_step=s.global_step, estimate_includes_current=s.estimate_includes_current,
+        estimator_kind=s.estimator,
+    )
+
+
+def round_prologue(s: Any, server_round: int, arrays: ArrayRecord) -> float:
+    """Round prologue shared with the baselines: the server (first round), ``x_t``, the Bernoulli
+    draw of this round and the step size ``alpha_t`` (returned and recorded)."""
+    if s.server is None:
+        s._init_server(arrays)
+    s._x_t = s.server.x.copy()
+    s.current.sampled = s.sampler.sample(server_round)
+    alpha_t = s.alpha(server_round - 1)
+    s.current.train["step_size"] = alpha_t
+    return alpha_t
+
+
+def log_rfed_round(rec: Any) -> None:
+    """One progress line per round of the RFedAGS family (drawn, responders, direction norm)."""
+    t = rec.train
+    log.info("round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s", rec.round, t.get("num_drawn", 0),
+             t.get("num_responders", 0), t.get("direction_norm", 0.0), rec.wall_seconds)
+
+
+#: keyword defaults of :func:`setup_riemannian` besides participation and mode (as :class:`RFedAGS`).
+RFEDAGS_DEFAULTS: dict[str, Any] = {
+    "local_steps": 5, "step_size": 0.02, "decay_rounds": 0.0, "global_step": 1.0, "q_min": DEFAULT_Q_MIN,
+    "estimate_includes_current": False, "estimator": "plus-one", "manifold": None, "minibatch_size": 0,
+    "seed": DEFAULTS["seed"], "discovery_timeout": DEFAULTS["discovery-timeout"], "round_metrics": None}
+
+
+class RFedAGS(GraphStrategy):
     """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines.md, s5) as a Flower strategy.
 
     Args:
@@ -100,65 +197,19 @@ class RFedAGS(PeerStrategy):
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
         round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
     ) -> None:
-        p = parse_participation(participation, num_nodes, seed)
-        p = np.ones(num_nodes) if p is None else p
-        super().__init__(num_nodes, action=action, sampler=ParticipationSampler(num_nodes, probabilities=p, seed=seed),
-                         discovery_timeout=discovery_timeout)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if int(local_steps) != local_steps or local_steps < 1:
-            raise ValueError(f"local_steps (K) must be a positive integer, got {local_steps!r}")
-        if not (np.isfinite(global_step) and global_step > 0):
-            raise ValueError(f"global_step (varpi) must be positive, got {global_step!r}")
-        if int(minibatch_size) != minibatch_size or minibatch_size < 0:
-            raise ValueError(f"minibatch_size must be a non-negative integer (0 = exact gradients), got {minibatch_size!r}")
-        self.alpha = step_size_schedule(step_size, decay_rounds)  # validates step_size, decay_rounds
-        self.p = p
-        self.mode = mode
-        self.local_steps = int(local_steps)
-        self.step_size, self.decay_rounds = float(step_size), float(decay_rounds)
-        self.global_step = float(global_step)
-        self.q_min = float(q_min)
-        self.estimate_includes_current = bool(estimate_includes_current)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        self.estimator = estimator
-        self.manifold = manifold
-        self.minibatch_size = int(minibatch_size)
-        self.server: RFedAGSServer | None = None
-        self._x_t: np.ndarray | None = None
-        self.round_metrics = round_metrics
+        setup_riemannian(self, num_nodes, participation, mode=mode, local_steps=local_steps, step_size=step_size,
+                         decay_rounds=decay_rounds, global_step=global_step, q_min=q_min,
+                         estimate_includes_current=estimate_includes_current, estimator=estimator,
+                         manifold=manifold, minibatch_size=minibatch_size, seed=seed, action=action,
+                         discovery_timeout=discovery_timeout, round_metrics=round_metrics)
 
     # ------------------------------------------------------------------ helpers
     def _init_server(self, arrays: ArrayRecord) -> None:
-        if POINT not in arrays:
-            raise ValueError(f"initial_arrays must hold the global parameter under key {POINT!r}")
-        x0 = np.array(arrays[POINT].numpy(), dtype=np.float64)
-        if self.manifold is None:
-            if x0.ndim == 2:
-                self.manifold = Stiefel(*x0.shape)
-            elif x0.ndim == 1:
-                self.manifold = Sphere(x0.shape[0])
-            else:
-                raise ValueError(f"cannot infer a manifold for a parameter of shape {x0.shape}")
-        self.manifold.check_point(x0, atol=1e-8)
-        self.server = RFedAGSServer(
-            self.manifold, x0, self.num_nodes, mode=self.mode, p=self.p, q_min=self.q_min,
-            global_step=self.global_step, estimate_includes_current=self.estimate_includes_current,
-            estimator_kind=self.estimator,
-        )
+        init_server(self, arrays)
 
     # ------------------------------------------------------------------ train
     def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
-        """Round prologue shared with the baselines: the server (first round), ``x_t``, the Bernoulli
-        draw of this round and the step size ``alpha_t`` (returned and recorded)."""
-        if self.server is None:
-            self._init_server(arrays)
-        self._x_t = self.server.x.copy()
-        self.current.sampled = self.sampler.sample(server_round)
-        alpha_t = self.alpha(server_round - 1)
-        self.current.train["step_size"] = alpha_t
-        return alpha_t
+        return round_prologue(self, server_round, arrays)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
                         ) -> Iterable[Message]:
@@ -230,10 +281,8 @@ class RFedAGS(PeerStrategy):
         """No client-side evaluation: None."""
         return None
 
-    def log_round(self, rec) -> None:  # noqa: D102 - PeerStrategy hook
-        t = rec.train
-        log.info("round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s", rec.round, t.get("num_drawn", 0),
-                 t.get("num_responders", 0), t.get("direction_norm", 0.0), rec.wall_seconds)
+    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
+        log_rfed_round(rec)
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
         log.info("RFedAGS(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)", self.mode,

@@ -24,7 +24,8 @@ from ...baselines.sheaf_fmtl import GIB, check_map_budget, edge_dim, map_bytes_p
 from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig, SheafFMTLConfig
 from ...protocol import (SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS, SHEAF_FMTL_PROJECTIONS, UPLOAD,
                         pack_arrays)
-from ..noncooperative.strategy import NonCooperative
+from ...strategy.evaluation import GraphEvaluation
+from ...strategy.graph import GraphStrategy
 from . import ACTION
 
 __all__ = ["SheafFMTL", "sheaf_fmtl_budget"]
@@ -56,14 +57,15 @@ def sheaf_fmtl_budget(num_params: Mapping[int, int], graph: nx.Graph, cfg: Sheaf
     return per_node
 
 
-class SheafFMTL(NonCooperative):
+class SheafFMTL(GraphStrategy):
     """Sheaf-FMTL on Flower messages (module docstring).
 
     Args:
         num_nodes: agents.
         num_params: ``{partition-id: n_i}`` trainable parameters of every agent (the node checks its own).
         sheaf_fmtl: lambda, gamma, eta and the map budget.
-        federation, train, graph, discovery_timeout: as :class:`NonCooperative`.
+        federation, train, graph, discovery_timeout: as
+            :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         action: message action (pair with :func:`flwr_sheaf.client.sheaf_fmtl.register_sheaf_fmtl_handlers`).
 
     Raises:
@@ -75,8 +77,9 @@ class SheafFMTL(NonCooperative):
                  federation: FederationConfig | None = None, train: LocalTrainConfig | None = None,
                  graph: nx.Graph | None = None, action: str = ACTION,
                  discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
-        super().__init__(num_nodes, federation=federation, train=train, graph=graph, action=action,
-                         discovery_timeout=discovery_timeout)
+        federation = federation or FederationConfig()
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=GraphEvaluation.posthoc(federation), discovery_timeout=discovery_timeout)
         counts = {int(p): int(n) for p, n in num_params.items()}
         if sorted(counts) != list(range(num_nodes)) or min(counts.values(), default=0) < 1:
             raise ValueError(f"num_params must give a positive count for partition-ids 0..{num_nodes - 1}, got {counts}")

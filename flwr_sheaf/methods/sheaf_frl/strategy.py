@@ -56,19 +56,18 @@ import logging
 import networkx as nx
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
-from ...protocol import (ARRAYS, CONFIG, EVAL_REPLY, EVALUATE, LOW_VARIANCE_FRACTION, METRICS, OWN_PILOTS,
-                        PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS, PILOT_PUBLIC,
-                        PILOT_SELECTION, PILOTS, PRIVATE_ACCURACY, SEED, STALK_DIM, STRINGENT_EVAL_ARRAYS,
-                        STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, VAL_PRIVATE_ACCURACY, comm_action, index_digest,
-                        pack_arrays, pack_neighbour_pilots, pack_pilot_selection)
+from ...protocol import (METRICS, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS,
+                        PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, SVDS, TRANSPORTED,
+                        index_digest, pack_neighbour_pilots, pack_pilot_selection)
 from ...sheaf.network import orient_edge
 from ...sheaf.pilots import PilotSampler, PilotSelection, apply_selection, parse_pilot_strategy, pilot_mismatch
 from ...sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
 from ...rfedags.participation import FrequencyEstimator
 from ...strategy.base import nanmean, record_bytes
+from ...strategy.evaluation import GraphEvaluation, TransportedEvaluation
 from ...strategy.graph import GraphStrategy
 from . import ACTION
 
@@ -99,9 +98,14 @@ class SheafFRL(GraphStrategy):
     def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
                  train: LocalTrainConfig | None = None, sheaf: SheafConfig | None = None,
                  graph: nx.Graph | None = None, action: str = ACTION, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
-        super().__init__(num_nodes, action=action, federation=federation or FederationConfig(),
-                         train=train or LocalTrainConfig(), graph=graph, discovery_timeout=discovery_timeout)
-        self.sheaf = sheaf or SheafConfig()
+        federation = federation or FederationConfig()
+        sheaf = sheaf or SheafConfig()
+        #: stringent privacy: evaluation arrays transported by each node's own map, no raw pilots held
+        #: at the server (no multi-hop / diagnostics, the reason recorded).
+        evaluation = (TransportedEvaluation if sheaf.privacy == "stringent" else GraphEvaluation)(federation)
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=evaluation, discovery_timeout=discovery_timeout)
+        self.sheaf = sheaf
         self.bank: dict[int, np.ndarray] = {}
         self.bank_round: dict[int, int] = {}
         #: arrival frequency of each node's pilots (``drop-reweighted``); the estimate used in round t
@@ -117,9 +121,6 @@ class SheafFRL(GraphStrategy):
         #: ``{(sender j, receiver i): (K, d_e)}`` transported pilots j produced for i, and the round.
         self.edge_bank: dict[tuple[int, int], np.ndarray] = {}
         self.edge_bank_round: dict[tuple[int, int], int] = {}
-        self.eval_transported = self.sheaf.privacy == "stringent"
-        #: no raw pilots reach the server under stringent privacy: no multi-hop / diagnostics (reason recorded).
-        self.holds_raw_pilots = not self.eval_transported
         self._relayed_bytes = 0
         self._train_bytes = [0, 0]
         #: pilot selection (paper App. B): the parsed strategy, its sampler (built once the pilots'
@@ -386,65 +387,3 @@ class SheafFRL(GraphStrategy):
         if self.sheaf.privacy != "stringent":
             return {}, {"privacy": self.sheaf.privacy}
         return {}, {"privacy": self.sheaf.privacy, SEED: self.seed, **self.edge_config(pid).to_config()}
-
-    def route_evaluate(self, server_round: int, replies: list[Message]) -> list[Message]:
-        """Standard: :meth:`GraphStrategy.route_evaluate`. Stringent: node i gets, from each answering
-        neighbour j, what j transported toward i (``"<j>/pilots"`` etc., width d_e) and j's labels; a
-        malformed reply (:meth:`_stringent_phase1_problem`) is that node's failure."""
-        if not self.eval_transported:
-            return super().route_evaluate(server_round, replies)
-        required = {ARRAYS: STRINGENT_EVAL_LABELS, METRICS: EVAL_REPLY[METRICS]}
-        self._phase1 = self.split_replies(server_round, "evaluate", replies, self._evaluators, required)
-        for pid in sorted(self._phase1):
-            why = self._stringent_phase1_problem(pid, self._phase1[pid])
-            if why is not None:
-                self.record_failure(server_round, "evaluate", pid, f"bad evaluation reply: {why}")
-                del self._phase1[pid]
-        self.sheaf_diagnostics(server_round)  # records why multi-hop and the diagnostics are skipped
-        msgs, self._routed_src = [], {}
-        for pid in sorted(self._phase1):
-            edges = self.edge_config(pid).keep(self._phase1)
-            self._routed_src[pid] = tuple(edges.neighbours)
-            arrays = {}
-            for j in edges.neighbours:
-                rec = self._phase1[j].content[ARRAYS]
-                arrays.update({f"{j}/{n}": rec[f"{pid}/{n}"].numpy() for n in STRINGENT_EVAL_ARRAYS})
-                arrays.update({f"{j}/{n}": rec[n].numpy() for n in STRINGENT_EVAL_LABELS})
-            cfg = self.merge_extra({**self._eval_config(server_round), **edges.to_config()}, self._extra_eval,
-                                   "evaluate_config")
-            content = RecordDict({ARRAYS: pack_arrays(arrays), CONFIG: ConfigRecord(cfg)})
-            msgs.append(self.message(pid, content, EVALUATE, server_round, action=comm_action(self.action)))
-        self._receivers = [self.pid_of_node[m.metadata.dst_node_id] for m in msgs]
-        return msgs
-
-    def _stringent_phase1_problem(self, pid: int, reply: Message) -> str | None:
-        """Why a stringent phase-1 reply cannot be used (or None): the metric checks of
-        :meth:`GraphStrategy._phase1_problem`, raw ``pilots`` present, or per neighbour j transported
-        pilots not ``(K, d_e)`` / latents not ``(M, d_e)`` matching the labels / NaN or inf."""
-        m, a = reply.content[METRICS], reply.content[ARRAYS]
-        d = self.nodes[pid].d
-        if m[STALK_DIM] != d:
-            return f"{STALK_DIM} = {m[STALK_DIM]!r}, but the node reported d={d} at discovery"
-        for key in (PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY, LOW_VARIANCE_FRACTION):
-            v = m[key]
-            if not isinstance(v, (int, float)) or not (np.isnan(v) or 0.0 <= v <= 1.0):
-                return f"{key} = {v!r} is not in [0, 1] (or NaN)"
-        if "pilots" in a:
-            return "raw pilots in a reply under privacy='stringent'"
-        for j in sorted(self.graph.neighbors(pid)):
-            width = edge_dim(d, self.nodes[j].d)
-            shapes = {"pilots": (self.num_pilots, width)}
-            for split in ("test", "val"):
-                y = a[f"{split}-labels"].numpy()
-                shapes[f"{split}-latents"] = (y.shape[0] if y.ndim == 1 else -1, width)
-            for name, shape in shapes.items():
-                key = f"{j}/{name}"
-                if key not in a:
-                    return f"no {key!r}"
-                x = a[key].numpy()
-                if x.shape != shape:
-                    return f"{key} of shape {x.shape}, expected {shape}"
-                if not np.isfinite(x).all():
-                    return f"NaN/inf in {key}"
-        return None
-
