@@ -6,34 +6,36 @@ The public API in one import::
 
 Layers (dependencies point one way): maths (``sheaf``, ``baselines``, ``rfedags``, ``models``,
 ``data``, ``topology``; no Flower) <- ``config``, ``protocol``, ``participation`` <- ``client`` and
-``strategy`` (never each other) <- ``apps`` (the ``flwr run`` app and the method registry).
+``strategy`` (never each other) <- ``methods`` (one unit per method: its action, strategy,
+client plug-in and handlers, and its registry entry) <- ``apps`` (the ``flwr run`` app).
 """
 
-from .client.comfed import register_comfed_handlers
-from .client.fedmuscle import register_fedmuscle_handlers
-from .client.sheaf_fmtl import register_sheaf_fmtl_handlers
-from .client.fedproto import register_fedproto_handlers
-from .client.fedsaf import register_fedsaf_handlers
+from .methods.comfed.client import register_comfed_handlers
+from .methods.fedmuscle.client import register_fedmuscle_handlers
+from .methods.sheaf_fmtl.client import register_sheaf_fmtl_handlers
+from .methods.fedproto.client import register_fedproto_handlers
+from .methods.fedsaf.client import register_fedsaf_handlers
 from .client.handlers import ClientMethod, register_method_handlers
 from .client.loop import CrossEntropy, LossPlugin, train_local
-from .client.noncooperative import register_noncooperative_handlers
-from .client.rfedags import register_rfedags_handlers
-from .client.sheaf import register_sheaf_handlers
+from .methods.noncooperative.client import register_noncooperative_handlers
+from .methods.rfedags.client import register_rfedags_handlers
+from .methods.sheaf_frl.client import register_sheaf_handlers
 from .client.task import LocalTask, TaskFactory
 from .config import (ComFedConfig, SheafFMTLConfig, ConfigError, FederationConfig, FedMuscleConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig, RunConfig,
                      ScenarioConfig, SheafConfig)
 from .participation import ParticipationSampler, parse_participation
 from .sheaf.whitening import Colouring, Whitening
 from .strategy.base import PeerStrategy, RoundRecord
-from .strategy.comfed import ComFed
-from .strategy.sheaf_fmtl import SheafFMTL
-from .strategy.fedmuscle import FedMuscle
-from .strategy.fedproto import FedProto
-from .strategy.fedsaf import FedSAF
+from .methods.comfed.strategy import ComFed
+from .methods.sheaf_fmtl.strategy import SheafFMTL
+from .methods.fedmuscle.strategy import FedMuscle
+from .methods.fedproto.strategy import FedProto
+from .methods.fedsaf.strategy import FedSAF
 from .strategy.graph import GraphStrategy
-from .strategy.noncooperative import NonCooperative
-from .strategy.rfedags import RFedAGS
-from .strategy.sheaf_frl import SheafFRL
+from .methods.noncooperative.strategy import NonCooperative
+from .methods.rfedags.strategy import RFedAGS
+from .methods.sheaf_frl.strategy import SheafFRL
+from .methods import METHODS, Method, get_method, register
 from .testing import LocalGrid
 
 __all__ = [
@@ -43,4 +45,5 @@ __all__ = [
     "LossPlugin", "CrossEntropy", "train_local", "LocalTask", "TaskFactory", "Whitening", "Colouring",
     "RunConfig", "ScenarioConfig", "FederationConfig", "LocalTrainConfig", "SheafConfig", "FedProtoConfig",
     "FedSAFConfig", "FedMuscleConfig", "ComFedConfig", "SheafFMTLConfig", "ConfigError", "ParticipationSampler", "parse_participation", "LocalGrid",
+    "Method", "METHODS", "register", "get_method",
 ]

@@ -70,6 +70,10 @@ __all__ = [
     "apply_preset",
     "RESUME_MUTABLE_KEYS",
     "config_differences",
+    "parse_int",
+    "parse_float",
+    "parse_bool",
+    "parse_str",
 ]
 
 
@@ -237,6 +241,9 @@ class Key:
 _KEY_LIST = [
     Key("method", "sheaf-frl", _str(nonempty=True),
         "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed`, `sheaf-fmtl` (README, method table)"),
+    Key("method-module", "", _str(),
+        "comma-separated Python modules imported before `method` is looked up: a researcher's own method "
+        "registers itself there (README \"Adding a method\"); empty = the built-in methods only"),
     Key("num-server-rounds", 10, _int(1), "server rounds"),
     Key("round-timeout", 3600.0, _float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed"),
@@ -359,18 +366,48 @@ def _attr(key: str, prefix: str) -> str:
     return "lam" if name == "lambda" else name
 
 
-def section(*keys: str, prefix: str = ""):
+#: Run-config keys that methods own (declared by a method's config section, :func:`section` with
+#: :class:`Key` objects), by name. They are not in :data:`KEYS` (the app's own table).
+METHOD_KEYS: dict[str, Key] = {}
+
+parse_int, parse_float, parse_bool, parse_str = _int, _float, _bool, _str
+
+
+def lookup_key(name: str) -> Key:
+    """The :class:`Key` called ``name`` (the app's or a method's).
+
+    Raises:
+        KeyError: an unknown key.
+    """
+    return KEYS[name] if name in KEYS else METHOD_KEYS[name]
+
+
+def section(*keys: str | Key, prefix: str = ""):
     """Class decorator: make a frozen dataclass whose fields are the run-config ``keys``.
 
     Field names are the keys without ``prefix``, ``-`` written ``_`` (``lambda`` -> ``lam``);
-    annotations and defaults come from :data:`KEYS` (the one definition of each default).
+    annotations and defaults come from :data:`KEYS` (the one definition of each default). A method
+    declares its own keys by passing :class:`Key` objects (kept in :data:`METHOD_KEYS`).
+
+    Raises:
+        ValueError: a method key that redefines one of the app's keys or another method's key.
     """
+    names = []
+    for k in keys:
+        if isinstance(k, Key):
+            old = KEYS.get(k.name) or METHOD_KEYS.get(k.name)
+            if old is not None and (old.default, old.doc) != (k.default, k.doc):
+                raise ValueError(f"run-config key {k.name!r} is already defined")
+            METHOD_KEYS[k.name] = k
+            names.append(k.name)
+        else:
+            names.append(k)
 
     def wrap(cls):
         ann = dict(cls.__dict__.get("__annotations__", {}))
-        for key in keys:
+        for key in names:
             name = _attr(key, prefix)
-            default = KEYS[key].default
+            default = lookup_key(key).default
             ann[name] = "str | int" if key.endswith("-dim") else type(default).__name__
             setattr(cls, name, field(default=default, metadata={"key": key}))
         # fields from the keys first, then any declared in the class body (sections of RunConfig)
@@ -397,7 +434,7 @@ class Section:
         for f in fields(self):
             key = f.metadata.get("key")
             if key is not None:
-                object.__setattr__(self, f.name, KEYS[key](getattr(self, f.name)))
+                object.__setattr__(self, f.name, lookup_key(key)(getattr(self, f.name)))
         self.check()
 
     def check(self) -> None:
@@ -633,13 +670,14 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@section("method", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "preset",
+@section("method", "method-module", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "preset",
          "checkpoint-every", "resume", "resume-from", "node-state-dir", "overwrite")
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
     Attributes:
         method: method name (checked against the method registry when the strategy is built).
+        method_module: modules imported before ``method`` is looked up (a user's own methods).
         num_server_rounds: server rounds (>= 1).
         round_timeout: seconds each round trip waits for replies.
         discovery_timeout: seconds to wait for SuperNodes at the start.
@@ -662,27 +700,38 @@ class RunConfig(Section):
     fedmuscle: FedMuscleConfig = field(default_factory=FedMuscleConfig)
     comfed: ComFedConfig = field(default_factory=ComFedConfig)
     sheaf_fmtl: SheafFMTLConfig = field(default_factory=SheafFMTLConfig)
+    #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
+    method_section: Section | None = None
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> "RunConfig":
+    def from_run_config(cls, run_config: Mapping[str, Any], method_section: type[Section] | None = None
+                        ) -> "RunConfig":
         """Parse a Flower run config (``context.run_config``); missing keys take the defaults, then
         ``preset`` (:func:`apply_preset`) replaces keys left at their default.
+
+        Args:
+            run_config: ``{key: value}``.
+            method_section: the selected method's own config section (its keys parsed into
+                :attr:`method_section`); keys of other registered methods (:data:`METHOD_KEYS`)
+                are accepted and ignored.
 
         Raises:
             ConfigError: an unknown key (named, with the closest known key) or a bad value
                 (key and value named).
         """
-        unknown = sorted(set(run_config) - set(KEYS))
+        known = set(KEYS) | set(METHOD_KEYS)
+        unknown = sorted(set(run_config) - known)
         if unknown:
-            hints = {k: difflib.get_close_matches(k, KEYS, n=1) for k in unknown}
+            hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
             text = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
-            raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(KEYS)}")
+            raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(known)}")
         run_config = apply_preset(run_config)
         types = {f.name: f.type for f in fields(cls)}
         sections = {name: globals()[types[name]].from_mapping(run_config) for name in cls.SECTIONS}
         top = {f.name: run_config[f.metadata["key"]] for f in fields(cls)
                if "key" in f.metadata and f.metadata["key"] in run_config}
-        return cls(**top, **sections)
+        own = method_section.from_mapping(run_config) if method_section is not None else None
+        return cls(**top, **sections, method_section=own)
 
     def check(self) -> None:
         """Build the graph and the participation probabilities on the zoo's agents now, so a bad
@@ -721,7 +770,8 @@ class RunConfig(Section):
         out = super().to_dict()
         for name in self.SECTIONS:
             out.update(getattr(self, name).to_dict())
-        return {k: out[k] for k in KEYS}
+        own = self.method_section.to_dict() if self.method_section is not None else {}
+        return {**{k: out[k] for k in KEYS}, **own}
 
 
 #: Run-config keys a resumed run may change (docs/resume.md): they do not enter any result. Every other

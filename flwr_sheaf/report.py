@@ -25,7 +25,7 @@ def summary_lines(results: dict) -> list[str]:
     """
     rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
     if not rounds:
-        return ["no evaluated round in results"]
+        return _global_model_lines(results) or ["no evaluated round in results"]
     last = rounds[-1]
     cfg = results.get("config", {})
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
@@ -55,6 +55,18 @@ def summary_lines(results: dict) -> list[str]:
         f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
         f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
     ]
+
+
+def _global_model_lines(results: dict) -> list[str]:
+    """Lines of a run of the RFedAGS family (``method = rfedags | rfedavg | rfedsvrg | rfedproj``):
+    no client evaluation, the planted problem's ``gap`` and ``distance_to_optimum`` per round."""
+    done = [r for r in results["rounds"] if r.get("gap") is not None]
+    if not done:
+        return []
+    last, cfg = done[-1], results.get("config", {})
+    return [f"method {cfg.get('method', '?')} | problem {cfg.get('rfedags-problem', '?')}",
+            f"final round {last['round']}: optimality gap {last['gap']:.3e} | distance to the optimum "
+            f"{last.get('distance_to_optimum', float('nan')):.3e} | responders {last.get('num_responders', '?')}"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,8 +132,7 @@ def test_rotated_twin_communication_accuracy_equals_private_accuracy():
     grid = LocalGrid(app, 2)
     s = SheafFRL(num_nodes=2, federation=FederationConfig(graph="0-1"))
     _step(s, grid, 1)
-    replies = grid.send_and_receive(list(s.configure_evaluate(1, None, {}, grid)))
-    s.aggregate_evaluate(1, grid.send_and_receive(s.route_evaluate(1, replies)))
+    s.evaluate_round(1, None, {}, grid, timeout=60.0)
     priv = s.node_results[0]["private_accuracy"]
     assert s.node_results[1]["private_accuracy"] == pytest.approx(priv)
     for e in s.edge_results:

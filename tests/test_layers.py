@@ -1,7 +1,9 @@
 """The layering the README promises, checked on the source: imports point one way, defaults live once.
 
 - ``strategy/`` never imports ``client/`` and ``client/`` never imports ``strategy/`` (both import
-  ``protocol``);
+  ``protocol``); in a method's unit (``methods/<name>/``) its server side (``strategy.py``) never
+  imports client code and its client side (``client.py``) never imports server code; shared layers
+  never import ``methods/`` or ``apps/`` (the old module paths kept as deprecated aliases excepted);
 - the maths packages import nothing of Flower;
 - no file under ``strategy/`` or ``client/`` defines a default value for a run-config key (no
   ``x.get("<key>", default)``, no parameter named after a key with a literal default).
@@ -41,16 +43,46 @@ def _files(sub: str) -> list[Path]:
     return sorted((PKG / sub).rglob("*.py")) if (PKG / sub).is_dir() else [PKG / f"{sub}.py"]
 
 
-@pytest.mark.parametrize("src, forbidden", [("strategy", "flwr_sheaf.client"), ("client", "flwr_sheaf.strategy")])
-def test_strategy_and_client_never_import_each_other(src, forbidden):
-    bad = {str(f.relative_to(PKG)): sorted(m for m in _imports(f) if m == forbidden or m.startswith(forbidden + "."))
-           for f in _files(src)}
+def _is_alias(path: Path) -> bool:
+    """A deprecated alias module (old path of a moved module: ``sys.modules[__name__] = _unit``)."""
+    return "sys.modules[__name__] = _unit" in path.read_text()
+
+
+def _hits(mods: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in mods if any(m == f or m.startswith(f + ".") for f in forbidden))
+
+
+@pytest.mark.parametrize("src, forbidden", [
+    ("strategy", ("flwr_sheaf.client", "flwr_sheaf.methods", "flwr_sheaf.apps")),
+    ("client", ("flwr_sheaf.strategy", "flwr_sheaf.methods", "flwr_sheaf.apps")),
+    ("protocol", ("flwr_sheaf.methods", "flwr_sheaf.apps")), ("config", ("flwr_sheaf.methods", "flwr_sheaf.apps")),
+    ("methods", ("flwr_sheaf.apps",))])
+def test_shared_layers_import_no_layer_above_them(src, forbidden):
+    bad = {str(f.relative_to(PKG)): _hits(_imports(f), forbidden) for f in _files(src) if not _is_alias(f)}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+UNITS = sorted(d for d in (PKG / "methods").iterdir() if (d / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda d: d.name)
+def test_a_units_server_and_client_sides_never_import_each_other(unit):
+    units = [f"flwr_sheaf.methods.{u.name}" for u in UNITS]
+    server = [f for f in unit.glob("*.py") if "strategy" in f.stem]
+    client = [f for f in unit.glob("*.py") if "client" in f.stem]
+    assert server and client
+    bad = {str(f.relative_to(PKG)): _hits(_imports(f), ("flwr_sheaf.client", *(f"{u}.client" for u in units)))
+           for f in server}
+    bad.update({str(f.relative_to(PKG)): _hits(_imports(f), ("flwr_sheaf.strategy",
+                                                                *(f"{u}.{s}" for u in units for s in ("strategy",
+                                                                                                       "baselines_strategy"))))
+                for f in client})
     assert {k: v for k, v in bad.items() if v} == {}
 
 
 def test_the_walker_sees_relative_imports():
-    # oracle for the walker itself: client/sheaf.py imports ..protocol and .handlers
-    mods = _imports(PKG / "client" / "sheaf.py")
+    # oracle for the walker itself: methods/sheaf_frl/client.py imports ...protocol and ...client.handlers
+    mods = _imports(PKG / "methods" / "sheaf_frl" / "client.py")
     assert "flwr_sheaf.protocol" in mods and "flwr_sheaf.client.handlers" in mods
 
 
@@ -80,7 +112,7 @@ def _defaults_of_run_config_keys(path: Path) -> list[str]:
 
 
 def test_no_run_config_default_outside_config_py():
-    found = [x for sub in ("strategy", "client") for f in _files(sub) for x in _defaults_of_run_config_keys(f)]
+    found = [x for sub in ("strategy", "client", "methods") for f in _files(sub) for x in _defaults_of_run_config_keys(f)]
     assert found == []
 
 

@@ -227,7 +227,7 @@ def test_noncooperative_trains_without_traffic_and_evaluates_post_hoc():
     assert all(list(r.content.keys()) == ["metrics"] for r in replies)
     ev = list(s.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
     assert all(m.content["config"]["whitening-fit"] == "train" for m in ev)
-    s.aggregate_evaluate(1, grid.send_and_receive(s.route_evaluate(1, grid.send_and_receive(ev))))
+    s.evaluate_round(1, ArrayRecord(), ConfigRecord(), grid, timeout=60.0)
     assert len(s.edge_results) == 8 and s.current.num_trained == 4
 
 

@@ -57,17 +57,16 @@ def test_paper_only_reading_sends_no_pilot_whitened_arrays(tmp_path):
 
 def test_evaluation_config_carries_the_flag_and_a_reply_without_the_strong_reading_is_a_failure_reason():
     s = NonCooperative(4, federation=FederationConfig(graph="ring", seed=3), train=LocalTrainConfig(local_epochs=1))
-    assert s.pilot_reading and s.evaluation_array_names[-3:] == ("pw-pilots", "pw-test-latents", "pw-val-latents")
-    assert s._eval_config(1)["pilot-reading"] == 1
+    ev = s.evaluation
+    assert ev.pilot_reading and ev.array_names[-3:] == ("pw-pilots", "pw-test-latents", "pw-val-latents")
+    assert ev.config(s, 1)["pilot-reading"] == 1
     paper = NonCooperative(4, federation=FederationConfig(graph="ring", posthoc_readings="paper"))
-    assert paper._eval_config(1)["pilot-reading"] == 0 and "pw-pilots" not in paper.evaluation_array_names
-    assert not SheafFRL(4, federation=FederationConfig(graph="ring")).pilot_reading  # its reading is already pilots
-    s._routed_src = {0: (1, 3)}
+    assert paper.evaluation.config(paper, 1)["pilot-reading"] == 0 and "pw-pilots" not in paper.evaluation.array_names
+    assert not SheafFRL(4, federation=FederationConfig(graph="ring")).evaluation.pilot_reading  # its reading is already pilots
     edge = {"src": [1, 3], "communication-accuracy": [0.5, 0.5], "val-communication-accuracy": [0.5, 0.5]}
     strong = {"communication-accuracy-pilot-whitening": [0.4, 0.6], "val-communication-accuracy-pilot-whitening": [0.4, 0.6]}
     reply = lambda m: SimpleNamespace(content={"metrics": m})  # noqa: E731
-    assert s._comm_problem(0, reply({**edge, **strong})) is None
-    assert "lacks ['communication-accuracy-pilot-whitening'" in s._comm_problem(0, reply(edge))
-    assert "not in [0, 1]" in s._comm_problem(0, reply({**edge, **strong, "communication-accuracy-pilot-whitening": [1.5, 0]}))
-    assert "different lengths" in s._comm_problem(
-        0, reply({**edge, **strong, "val-communication-accuracy-pilot-whitening": [0.4]}))
+    assert ev.comm_problem(reply({**edge, **strong}), (1, 3)) is None
+    assert "lacks ['communication-accuracy-pilot-whitening'" in ev.comm_problem(reply(edge), (1, 3))
+    assert "not in [0, 1]" in ev.comm_problem(reply({**edge, **strong, "communication-accuracy-pilot-whitening": [1.5, 0]}), (1, 3))
+    assert "different lengths" in ev.comm_problem(reply({**edge, **strong, "val-communication-accuracy-pilot-whitening": [0.4]}), (1, 3))

@@ -259,7 +259,7 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
     assert resumed["failures"] == straight["failures"] == []
     assert resumed["resumed"]["after_round"] == stop_round - 1
     if method == "fedproto":
-        a, b = (load_checkpoint(tmp_path / d / "checkpoint.pkl")["state"]["global_protos"] for d in ("straight", "resumed"))
+        a, b = (load_checkpoint(tmp_path / d / "checkpoint.pkl")["state"]["prototypes"].global_protos for d in ("straight", "resumed"))
         assert sorted(a) == sorted(b) == resumed["prototypes"]["classes"] != []
         for c in a:
             torch.testing.assert_close(a[c], b[c], rtol=0, atol=0)

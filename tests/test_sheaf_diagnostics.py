@@ -270,21 +270,21 @@ def test_without_raw_pilots_multi_hop_and_diagnostics_are_skipped_with_a_reason(
     from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 
     s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring", non_edge_pairs=5))
-    s.holds_raw_pilots = False
+    s.evaluation.holds_raw_pilots = False
     s.begin_round(1)
-    s.sheaf_diagnostics(1)
+    plan = s.evaluation.sheaf_diagnostics(s, 1, {})
     assert "raw pilots" in s.current.evaluate["non_edges_skipped"]
     assert "raw pilots" in s.current.evaluate["sheaf_diagnostics_skipped"]
-    assert s._non_edge_plan == {} and "sheaf_edge_tv" not in s.current.evaluate
+    assert plan == {} and "sheaf_edge_tv" not in s.current.evaluate
     # a strategy that holds pilots, but a phase-1 reply without them (a privacy variant's reply layout)
     from types import SimpleNamespace
 
-    s.holds_raw_pilots = True
+    s.evaluation.holds_raw_pilots = True
     s.begin_round(2)
-    s._phase1 = {0: SimpleNamespace(content={"arrays": {"test-latents": None}})}
-    s.sheaf_diagnostics(2)
+    phase1 = {0: SimpleNamespace(content={"arrays": {"test-latents": None}})}
+    plan = s.evaluation.sheaf_diagnostics(s, 2, phase1)
     assert "partition-ids [0] carry no pilots" in s.current.evaluate["non_edges_skipped"]
-    assert s._non_edge_plan == {} and "sheaf_edge_tv" not in s.current.evaluate
+    assert plan == {} and "sheaf_edge_tv" not in s.current.evaluate
 
 
 def test_a_phase2_reply_with_bad_non_edge_entries_is_that_nodes_failure_reason():
@@ -294,19 +294,18 @@ def test_a_phase2_reply_with_bad_non_edge_entries_is_that_nodes_failure_reason()
     from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 
     s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring"))
-    s._routed_src = {0: (1, 3)}
-    s._non_edge_plan = {0: [(2, np.eye(3), [2, 1, 0])]}
+    plan = [(2, np.eye(3), [2, 1, 0])]
+    check = lambda r, p=plan: s.evaluation.comm_problem(r, (1, 3), p)  # noqa: E731
     edge = {"src": [1, 3], "communication-accuracy": [0.5, 0.5], "val-communication-accuracy": [0.5, 0.5]}
     good = {"non-edge-src": [2], "non-edge-communication-accuracy": [0.4], "val-non-edge-communication-accuracy": [0.4],
             "non-edge-direct-communication-accuracy": [0.5], "val-non-edge-direct-communication-accuracy": [0.5]}
     reply = lambda extra: SimpleNamespace(content={"metrics": {**edge, **extra}})  # noqa: E731
-    assert s._comm_problem(0, reply(good)) is None
-    assert "lacks ['non-edge-src'" in s._comm_problem(0, reply({}))
-    assert "non-edge sources [3], but [2] were routed" in s._comm_problem(0, reply({**good, "non-edge-src": [3]}))
-    assert "not in [0, 1]" in s._comm_problem(0, reply({**good, "non-edge-communication-accuracy": [1.5]}))
-    assert "one length" in s._comm_problem(0, reply({**good, "non-edge-direct-communication-accuracy": [0.5, 0.1]}))
-    s._non_edge_plan = {}
-    assert s._comm_problem(0, reply({})) is None  # nothing routed: nothing required
+    assert check(reply(good)) is None
+    assert "lacks ['non-edge-src'" in check(reply({}))
+    assert "non-edge sources [3], but [2] were routed" in check(reply({**good, "non-edge-src": [3]}))
+    assert "not in [0, 1]" in check(reply({**good, "non-edge-communication-accuracy": [1.5]}))
+    assert "one length" in check(reply({**good, "non-edge-direct-communication-accuracy": [0.5, 0.1]}))
+    assert check(reply({}), []) is None  # nothing routed: nothing required
 
 
 @pytest.mark.parametrize("override, text", [({"non-edge-pairs": -1}, "non-edge-pairs=-1: must be >= 0"),

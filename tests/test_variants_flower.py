@@ -158,7 +158,7 @@ def test_stringent_with_partial_participation_uses_cached_transported_pilots(tmp
     assert s.edge_bank and all(a.shape[0] == RC["num-pilots"] for a in s.edge_bank.values())
     path = Checkpointer(tmp_path, {}, every=1).save(s, 3, None, 1.0)
     state = load_checkpoint(path)["state"]
-    assert state["variant"] == "heterogeneous" and state["eval_transported"] is True
+    assert state["variant"] == "heterogeneous" and state["evaluation"].transported is True
     assert set(state["edge_bank"]) == set(s.edge_bank) and state["edge_bank_round"] == s.edge_bank_round
 
 

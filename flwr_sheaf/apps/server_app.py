@@ -14,7 +14,8 @@ from ..config import RunConfig
 from ..preflight import preflight
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
-from .methods import build_strategy
+from ..methods import parse_run_config
+from .methods import num_nodes
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -33,7 +34,7 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         Path of the written ``results.json``.
 
     Raises:
-        ConfigError: an unknown key, a bad value or an unknown method (named); resuming with a
+        ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
             different run config (keys named) or past ``num-server-rounds``.
         FileNotFoundError: resuming without a checkpoint.
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
@@ -46,20 +47,22 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    config = RunConfig.from_run_config(run_config)
-    strategy = build_strategy(config)
+    config, method = parse_run_config(run_config)  # imports method-module first
+    strategy = method.strategy(config, num_nodes(config, method))
     with preflight(config):  # directories writable, results-dir free and locked: before any message
-        return _run(grid, config, strategy)
+        return _run(grid, config, method, strategy)
 
 
-def _run(grid: Grid, config: RunConfig, strategy) -> Path:
+def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     """:func:`run_server` after the preflight."""
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)
     ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
     t0 = time.monotonic()
-    strategy.start(grid=grid, num_rounds=config.num_server_rounds, timeout=config.round_timeout)
+    initial = method.initial_arrays(config) if method.initial_arrays is not None else None
+    strategy.start(grid=grid, initial_arrays=initial, num_rounds=config.num_server_rounds,
+                   timeout=config.round_timeout)
     wall = time.monotonic() - t0
     extra = strategy.results_extra()
     if ckpt.restored_round:

@@ -1,20 +1,7 @@
-"""Non-cooperative agents on the client: cross-entropy only, no traffic during training.
+"""Deprecated alias of :mod:`flwr_sheaf.methods.noncooperative.client` (the method's unit; kept so old imports work)."""
 
-The paper's lower bound: communication accuracy comes from the shared evaluation with post-hoc
-alignment (whitening fitted on the private training latents, Procrustes on the final pilots), as
-:class:`flwr_sheaf.strategy.noncooperative.NonCooperative` requests (docs/baselines.md).
-"""
+import sys
 
-from __future__ import annotations
+from ..methods.noncooperative import client as _unit
 
-from flwr.clientapp import ClientApp
-
-from .handlers import ClientMethod, register_method_handlers
-from .task import TaskFactory
-
-__all__ = ["register_noncooperative_handlers"]
-
-
-def register_noncooperative_handlers(app: ClientApp, factory: TaskFactory, action: str = "noncooperative") -> ClientApp:
-    """Add the non-cooperative handlers (:class:`~flwr_sheaf.client.handlers.ClientMethod` defaults) under ``action``."""
-    return register_method_handlers(app, factory, ClientMethod(action))
+sys.modules[__name__] = _unit

@@ -48,10 +48,10 @@ CHECKPOINT_NAME = "checkpoint.pkl"
 FORMAT = 1
 
 #: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``,
-#: ``pid_of_node``), per call of ``start`` (``extra_*_config``, ``_t0``) or per round (``current``,
-#: the phase-1 replies and receivers of the running evaluation), and the checkpointer itself.
+#: ``pid_of_node``), per call of ``start`` (``extra_*_config``, ``_t0``) or per round (``current``),
+#: and the checkpointer itself. (Evaluation keeps no state between its phases: nothing to skip.)
 REBUILT = frozenset({"nodes", "pid_of_node", "current", "_t0", "_dst_of_message", "extra_train_config", "extra_evaluate_config",
-                     "_phase1", "_receivers", "_extra_eval", "alpha", "discovery_timeout", "checkpointer"})
+                     "alpha", "discovery_timeout", "checkpointer"})
 
 
 def checkpoint_path(location: str | Path) -> Path:

@@ -1,54 +1,7 @@
-"""FedSAF strategy: structural alignment on FedProto's global prototypes (docs/baselines.md).
+"""Deprecated alias of :mod:`flwr_sheaf.methods.fedsaf.strategy` (the method's unit; kept so old imports work)."""
 
-The server side is FedProto's (prototype exchange, validation, aggregation, evaluation); only the
-nodes' objective differs, chosen by ``fedsaf.structure``: ``gcsa`` / ``rcsa`` (FedSAF), or the
-coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype level) and
-``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.client.fedsaf.register_fedsaf_handlers`.
-"""
+import sys
 
-from __future__ import annotations
+from ..methods.fedsaf import strategy as _unit
 
-import networkx as nx
-
-from ..config import DEFAULTS, FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig
-from ..paper import NUM_CLASSES as PAPER_NUM_CLASSES
-from .fedproto import FedProto
-
-__all__ = ["FedSAF"]
-
-
-class FedSAF(FedProto):
-    """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol.
-
-    Args:
-        fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
-            ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
-        num_nodes, federation, train, fedproto, num_classes, graph, discovery_timeout: as :class:`FedProto`.
-        action: message action (default ``"fedsaf"``).
-
-    Raises:
-        ValueError: an empty structure (named), and :class:`FedProto`'s errors.
-    """
-
-    def __init__(self, num_nodes: int, *, fedsaf: FedSAFConfig, federation: FederationConfig | None = None,
-                 train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
-                 num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = "fedsaf",
-                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
-        if not fedsaf.structure:
-            raise ValueError("fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')")
-        super().__init__(num_nodes, federation=federation, train=train, fedproto=fedproto, num_classes=num_classes,
-                         graph=graph, action=action, discovery_timeout=discovery_timeout)
-        self.fedsaf = fedsaf
-
-    @property
-    def structure(self) -> str:
-        """The structure term in use."""
-        return self.fedsaf.structure
-
-    def method_config(self, server_round: int) -> dict:
-        """FedProto's entries plus :class:`FedSAFConfig`."""
-        return {**super().method_config(server_round), **self.fedsaf.to_dict()}
-
-    def results_extra(self) -> dict:
-        """FedProto's extras plus the structure and weights."""
-        return {**super().results_extra(), "fedsaf": self.fedsaf.to_dict()}
+sys.modules[__name__] = _unit

@@ -1,0 +1,18 @@
+"""Every method of the app, one unit each, found through one registry (:mod:`.registry`).
+
+Built-in units: ``sheaf_frl``, ``noncooperative``, ``fedproto``, ``fedsaf``, ``fedmuscle``,
+``comfed``, ``sheaf_fmtl``, ``rfedags``. Each holds its ``ACTION`` (shared by its strategy and its
+handlers), its strategy, its client plug-in and handlers, and the :class:`~.registry.Method` entry
+it registers. A researcher's own method is the same shape in one file (README "Adding a method").
+"""
+
+from .registry import METHODS, Method, get_method, graph_args, import_method_modules, parse_run_config, register
+
+import importlib as _importlib  # noqa: E402
+import pkgutil as _pkgutil  # noqa: E402
+
+# every unit of this package registers itself on import (a new unit edits nothing here)
+for _unit in sorted(m.name for m in _pkgutil.iter_modules(__path__) if m.ispkg):
+    _importlib.import_module(f"{__name__}.{_unit}")
+
+__all__ = ["METHODS", "Method", "get_method", "graph_args", "import_method_modules", "parse_run_config", "register"]

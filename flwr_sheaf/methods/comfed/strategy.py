@@ -1,0 +1,112 @@
+"""ComFed strategy: relays the neighbours' projected class prototypes (docs/baselines.md, s7).
+
+Per server round: discovery resolves the shared dimension r (``comfed-dim``: ``auto`` = smallest
+stalk dimension). Each sampled node gets :class:`~flwr_sheaf.config.ComFedConfig`, ``feature-dim``
+= r, ``num-classes`` and, once neighbours have uploaded, ``comfed-targets``: per class, the mean of
+its graph neighbours' latest projected prototypes (classes no neighbour has are absent). Uploads
+(projected prototypes ``(n, r)`` with counts) are validated on their own; a bad one is that node's
+recorded failure. Evaluation: both readings of communication accuracy, post hoc
+(``communication_accuracy_*``, whitening fitted on private training latents) and with ComFed's
+learned maps (``comfed_communication_accuracy`` per edge and ``..._degree_weighted`` per round).
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+from flwr.app import Message
+
+from ...config import DEFAULTS, ComFedConfig, FederationConfig, LocalTrainConfig
+from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
+from ...protocol import (COMFED_ROUTED, COMFED_TARGETS, FEATURE_DIM, NUM_CLASSES, UPLOAD, ProtocolError,
+                        pack_prototypes, unpack_prototypes)
+from ...strategy.base import positive_int
+from ...strategy.prototypes import common_dimension
+from ...strategy.evaluation import GraphEvaluation
+from ...strategy.graph import GraphStrategy
+from . import ACTION
+
+__all__ = ["ComFed"]
+
+#: per-edge phase-2 metrics of ComFed's learned maps (besides the post-hoc reading)
+EDGE_METRICS = ("comfed-communication-accuracy", "val-comfed-communication-accuracy")
+
+
+class ComFed(GraphStrategy):
+    """ComFed on Flower messages (module docstring).
+
+    Args:
+        num_nodes, federation, train, graph, discovery_timeout: as
+            :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        comfed: alignment weight and shared dimension.
+        num_classes: label-space size (the paper's 10).
+        action: message action (pair with :func:`flwr_sheaf.client.comfed.register_comfed_handlers`).
+
+    Raises:
+        ValueError: bad config values (named); at discovery, ``comfed-dim = none`` with different d_i.
+    """
+
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        comfed: ComFedConfig | None = None,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        num_classes: int = PAPER_NUM_CLASSES,
+        graph: nx.Graph | None = None,
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
+        federation = federation or FederationConfig()
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=GraphEvaluation.posthoc(federation, routed_arrays=COMFED_ROUTED,
+                                                            edge_metric_names=EDGE_METRICS), discovery_timeout=discovery_timeout)
+        self.comfed = comfed or ComFedConfig()
+        self.num_classes = positive_int("num_classes", num_classes)
+        self.r: int | None = None
+        self.bank: dict[int, dict[int, np.ndarray]] = {}
+
+    def on_discovered(self) -> None:
+        """Validate the graph, then resolve the shared dimension r."""
+        super().on_discovered()
+        self.r = common_dimension(self.comfed.dim, {p: n.d for p, n in self.nodes.items()}, "comfed-dim")
+
+    def method_config(self, server_round: int) -> dict:
+        """:class:`ComFedConfig`, r and the label-space size."""
+        return {**self.comfed.to_dict(), FEATURE_DIM: self.r, NUM_CLASSES: self.num_classes}
+
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """Per class, the mean of the neighbours' latest projected prototypes (none before any upload)."""
+        per_class: dict[int, list[np.ndarray]] = {}
+        for j in self.graph.neighbors(pid):
+            for m, v in self.bank.get(j, {}).items():
+                per_class.setdefault(m, []).append(v)
+        if not per_class:
+            return {}, {}
+        means = {m: np.mean(vs, axis=0).astype(np.float32) for m, vs in per_class.items()}
+        return {COMFED_TARGETS: pack_prototypes(means, dim=self.r)}, {}
+
+    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+        """Store each node's projected prototypes ``{class: (r,)}`` (bad uploads are recorded failures)."""
+        accepted = {}
+        for pid, r in ok.items():
+            try:
+                if UPLOAD not in r.content:
+                    raise ProtocolError("reply carries no projected prototypes")
+                protos, _ = unpack_prototypes(r.content[UPLOAD], f"partition-id {pid}")
+                bad = [m for m, v in protos.items() if v.shape != (self.r,) or not np.isfinite(v).all()
+                       or not 0 <= m < self.num_classes]
+                if bad:
+                    raise ProtocolError(f"projected prototypes of classes {bad} have the wrong dimension (r={self.r}), "
+                                        f"NaN/inf or a class outside [0, {self.num_classes})")
+            except ProtocolError as exc:
+                self.record_failure(server_round, "train", pid, str(exc))
+                continue
+            self.bank[pid] = protos
+            accepted[pid] = r
+        return accepted, {}
+
+    def results_extra(self) -> dict:
+        """ComFed's settings and the resolved r."""
+        return {**super().results_extra(), "comfed": {**self.comfed.to_dict(), "r": self.r}}

@@ -1,0 +1,10 @@
+"""FedMuscle: contrastive alignment of representations on the shared pilots (docs/baselines.md, s6)."""
+
+ACTION = "fedmuscle"
+
+from ..registry import Method, graph_args, register  # noqa: E402
+from .client import register_fedmuscle_handlers  # noqa: E402
+from .strategy import FedMuscle  # noqa: E402
+
+METHOD = register(Method("fedmuscle", ACTION, lambda c, n: FedMuscle(n, fedmuscle=c.fedmuscle, **graph_args(c)),
+                         register_fedmuscle_handlers))

@@ -1,0 +1,115 @@
+"""FedProto strategy (Tan et al., AAAI 2022; docs/baselines.md).
+
+Per server round:
+
+1. Discovery fixes the common prototype dimension D (``fedproto-dim``): ``auto`` = the smallest
+   stalk dimension, ``none`` = all d_i must agree (else ``ValueError`` naming every d and
+   partition-id), or an explicit D. Each node pools its latents to D with the parameter-free
+   :class:`~flwr_sheaf.baselines.fedproto.PoolingAdapter`. Every sampled node gets the global
+   prototypes (record ``global-prototypes``) and the config (:class:`~flwr_sheaf.config.FedProtoConfig`,
+   ``feature-dim``, ``num-classes``, local training).
+2. ``accept_train``: each upload is validated on its own; one with NaN/inf, a class id outside
+   ``[0, num_classes)``, a wrong dimension or a malformed layout is rejected (a recorded failure
+   with its partition-id; the node's training still counts). The valid ones are aggregated
+   (count-weighted or unweighted mean per class; a class nobody uploaded is carried or dropped).
+3. Evaluation: the post-hoc protocol (:class:`NonCooperative`), plus the global prototypes in the
+   phase-1 messages so each node also reports nearest-global-prototype accuracy
+   (``prototype_accuracy`` per node, ``prototype_accuracy_mean`` per round).
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import torch
+from flwr.app import Message
+
+from ...config import DEFAULTS, FederationConfig, FedProtoConfig, LocalTrainConfig
+from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
+from ...strategy.evaluation import GraphEvaluation
+from ...strategy.graph import GraphStrategy
+from ...strategy.prototypes import PrototypeAggregator, common_dimension
+from . import ACTION
+
+__all__ = ["FedProto", "common_dimension", "prototype_evaluation"]
+
+
+def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
+    """The post-hoc protocol plus each node's nearest-global-prototype accuracy (FedProto, FedSAF)."""
+    return GraphEvaluation.posthoc(federation, node_metric_names=("prototype-accuracy", "val-prototype-accuracy"))
+
+
+class FedProto(GraphStrategy):
+    """FedProto on Flower messages (module docstring); the prototypes live in a
+    :class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator` (:attr:`prototypes`).
+
+    Args:
+        num_nodes: agents.
+        federation: graph of the communication-accuracy evaluation, participation, evaluation period.
+        train: local SGD settings.
+        fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
+        num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
+        graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
+        action: message action (pair with :func:`flwr_sheaf.client.fedproto.register_fedproto_handlers`).
+        discovery_timeout: seconds to wait for SuperNodes.
+
+    Raises:
+        ValueError: bad config values (named); at discovery, ``fedproto-dim = none`` with different
+            stalk dimensions (each d and its partition-ids named).
+    """
+
+    def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
+                 train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
+                 num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = ACTION,
+                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+        federation = federation or FederationConfig()
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=prototype_evaluation(federation), discovery_timeout=discovery_timeout)
+        self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
+
+    @property
+    def fedproto(self) -> FedProtoConfig:
+        """The FedProto section in use."""
+        return self.prototypes.config
+
+    @property
+    def num_classes(self) -> int:  # noqa: D102 - the aggregator's
+        return self.prototypes.num_classes
+
+    @property
+    def common_dim(self) -> int | None:
+        """The resolved prototype dimension D (None before discovery)."""
+        return self.prototypes.common_dim
+
+    @property
+    def global_protos(self) -> dict[int, torch.Tensor]:
+        """The current global prototypes ``{class: (D,)}``."""
+        return self.prototypes.global_protos
+
+    def on_discovered(self) -> None:
+        """Validate the graph, then resolve the common prototype dimension D (docs/baselines.md, s3.5).
+
+        Raises:
+            ValueError: ``fedproto-dim = none`` and the nodes report different stalk dimensions.
+        """
+        super().on_discovered()
+        self.prototypes.resolve_dim({p: n.d for p, n in self.nodes.items()}, type(self).__name__)
+
+    def method_config(self, server_round: int) -> dict:
+        """FedProto's section plus the resolved dimension and the label-space size."""
+        return self.prototypes.method_config()
+
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """The current global prototypes (none before the first aggregation)."""
+        return self.prototypes.record(), {}
+
+    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
+        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
+        return self.prototypes.record(), self.prototypes.shared()
+
+    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+        """:meth:`PrototypeAggregator.accept`; the node's training still counts when its upload is refused."""
+        return ok, self.prototypes.accept(self, server_round, ok)
+
+    def results_extra(self) -> dict:
+        """Prototype settings, the resolved dimension and the final global prototypes' classes."""
+        return {**super().results_extra(), "prototypes": self.prototypes.describe()}

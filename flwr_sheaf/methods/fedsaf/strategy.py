@@ -1,0 +1,100 @@
+"""FedSAF strategy: structural alignment on FedProto's global prototypes (docs/baselines.md).
+
+The server side is FedProto's (prototype exchange, validation, aggregation, evaluation), held as
+the same components (:class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator`); only the
+nodes' objective differs, chosen by ``fedsaf.structure``: ``gcsa`` / ``rcsa`` (FedSAF), or the
+coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype level) and
+``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.client.fedsaf.register_fedsaf_handlers`.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import torch
+from flwr.app import Message
+
+from ...config import DEFAULTS, FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig
+from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
+from ...strategy.graph import GraphStrategy
+from ...strategy.prototypes import PrototypeAggregator
+from ..fedproto.strategy import prototype_evaluation
+from . import ACTION
+
+__all__ = ["FedSAF"]
+
+
+class FedSAF(GraphStrategy):
+    """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol (a held
+    :class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator`, :attr:`prototypes`).
+
+    Args:
+        fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
+            ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
+        num_nodes, federation, train, fedproto, num_classes, graph, discovery_timeout: as
+            :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        action: message action (default ``"fedsaf"``).
+
+    Raises:
+        ValueError: an empty structure (named), and FedProto's errors.
+    """
+
+    def __init__(self, num_nodes: int, *, fedsaf: FedSAFConfig, federation: FederationConfig | None = None,
+                 train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
+                 num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = ACTION,
+                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+        if not fedsaf.structure:
+            raise ValueError("fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')")
+        federation = federation or FederationConfig()
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=prototype_evaluation(federation), discovery_timeout=discovery_timeout)
+        self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
+        self.fedsaf = fedsaf
+
+    @property
+    def structure(self) -> str:
+        """The structure term in use."""
+        return self.fedsaf.structure
+
+    @property
+    def fedproto(self) -> FedProtoConfig:
+        """The FedProto section in use."""
+        return self.prototypes.config
+
+    @property
+    def num_classes(self) -> int:  # noqa: D102 - the aggregator's
+        return self.prototypes.num_classes
+
+    @property
+    def common_dim(self) -> int | None:
+        """The resolved prototype dimension D (None before discovery)."""
+        return self.prototypes.common_dim
+
+    @property
+    def global_protos(self) -> dict[int, torch.Tensor]:
+        """The current global prototypes ``{class: (D,)}``."""
+        return self.prototypes.global_protos
+
+    def on_discovered(self) -> None:
+        """Validate the graph, then resolve the common prototype dimension D."""
+        super().on_discovered()
+        self.prototypes.resolve_dim({p: n.d for p, n in self.nodes.items()}, type(self).__name__)
+
+    def method_config(self, server_round: int) -> dict:
+        """FedProto's entries plus :class:`FedSAFConfig`."""
+        return {**self.prototypes.method_config(), **self.fedsaf.to_dict()}
+
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """The current global prototypes (none before the first aggregation)."""
+        return self.prototypes.record(), {}
+
+    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
+        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
+        return self.prototypes.record(), self.prototypes.shared()
+
+    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+        """Aggregate the valid prototype uploads (:meth:`PrototypeAggregator.accept`)."""
+        return ok, self.prototypes.accept(self, server_round, ok)
+
+    def results_extra(self) -> dict:
+        """Prototype settings, the structure and weights."""
+        return {**super().results_extra(), "prototypes": self.prototypes.describe(), "fedsaf": self.fedsaf.to_dict()}

@@ -1,0 +1,129 @@
+"""RFedAGS and its baselines (RFedAvg, RFedSVRG, RFedProj) as methods of the app (docs/baselines.md, s5).
+
+``method = rfedags | rfedavg | rfedsvrg | rfedproj`` on a planted problem picked by
+``rfedags-problem`` (``pca``: planted PCA on the Stiefel manifold, ``spd``: SPD Fréchet mean,
+``poincare``: Poincaré-ball Fréchet mean). Participation: the run-config ``participation`` spec, or
+(empty) the planted problem's own heterogeneous probabilities. Each round records the problem's
+optimality ``gap`` and ``distance_to_optimum`` in ``results.json``. The numpy loop
+:func:`flwr_sheaf.rfedags.runner.run_federated` is kept as the test oracle of these strategies.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context
+
+ACTION = "rfedags"
+
+from ...config import DEFAULTS, KEYS, Key, RunConfig, Section, parse_float, parse_int, parse_str, section  # noqa: E402
+from ...protocol import POINT, pack_arrays  # noqa: E402
+from ...rfedags.baselines import BASELINES  # noqa: E402
+from ...rfedags.frechet import commuting_spd_problem, symmetric_poincare_problem  # noqa: E402
+from ...rfedags.pca import planted_pca_problem, subspace_distance  # noqa: E402
+from ..registry import Method, register  # noqa: E402
+from .baselines_strategy import RFedBaseline  # noqa: E402
+from .client import (ProblemClient, register_rfedags_baseline_handlers,  # noqa: E402,F401
+                     register_rfedags_handlers)
+from .strategy import RFedAGS  # noqa: E402
+
+PROBLEMS = ("pca", "spd", "poincare")
+
+
+@section(Key("rfedags-problem", "pca", parse_str(PROBLEMS),
+             "RFedAGS family: `pca` (planted PCA, Stiefel), `spd` (SPD Fréchet mean), `poincare` (Poincaré ball)"),
+         Key("rfedags-mode", "corrected", parse_str(("corrected", "known-p", "uncorrected")),
+             "RFedAGS aggregation weights (the baselines average uniformly over responders)"),
+         Key("rfedags-local-steps", 5, parse_int(1), "RFedAGS family: local Riemannian SGD steps K"),
+         Key("rfedags-step-size", 0.02, parse_float(0.0, lo_open=True), "RFedAGS family: step size alpha_0"),
+         Key("rfedags-decay-rounds", 0.0, parse_float(0.0),
+             "RFedAGS family: alpha_t = alpha_0 / (1 + t / decay) (0 = fixed)"),
+         Key("rfedags-minibatch-size", 0, parse_int(0), "RFedAGS family: local mini-batch (0 = exact gradients)"),
+         prefix="rfedags-")
+class RFedAGSConfig(Section):
+    """The RFedAGS family's run-config keys (its own section)."""
+
+    problem: str
+    mode: str
+    local_steps: int
+    step_size: float
+    decay_rounds: float
+    minibatch_size: int
+
+
+@functools.lru_cache(maxsize=8)
+def planted_problem(name: str, seed: int) -> tuple[Any, np.ndarray]:
+    """``(problem, p)``: the planted problem ``name`` of ``seed`` and its participation probabilities."""
+    if name == "pca":
+        return planted_pca_problem(seed=seed)
+    if name == "spd":
+        return commuting_spd_problem(seed=seed)
+    return symmetric_poincare_problem(seed=seed)
+
+
+def _problem(c: RunConfig) -> tuple[Any, np.ndarray]:
+    return planted_problem(c.method_section.problem, c.federation.seed)
+
+
+class PlantedMetrics:
+    """``x -> {"gap": F(x) - F(x*), "distance_to_optimum": dist(x, x*)}`` of a planted problem
+    (a picklable callable: server checkpoints hold the strategy)."""
+
+    def __init__(self, problem: Any) -> None:
+        self.problem = problem
+
+    def __call__(self, x: np.ndarray) -> dict[str, float]:
+        """The round's metrics at the new server point ``x``."""
+        pr = self.problem
+        dist = (pr.distance_to_optimum(x) if hasattr(pr, "distance_to_optimum")
+                else subspace_distance(x, pr.optimum()[0]))
+        return {"gap": float(pr.gap(x)), "distance_to_optimum": float(dist)}
+
+
+def _build(method: str) -> Callable[[RunConfig, int], RFedAGS]:
+    def build(c: RunConfig, n: int) -> RFedAGS:
+        cfg, (problem, p) = c.method_section, _problem(c)
+        part = c.federation.participation or p
+        kw = dict(local_steps=cfg.local_steps, step_size=cfg.step_size, decay_rounds=cfg.decay_rounds,
+                  manifold=problem.manifold, minibatch_size=cfg.minibatch_size, seed=c.federation.seed,
+                  discovery_timeout=c.discovery_timeout, round_metrics=PlantedMetrics(problem))
+        if method == "rfedags":
+            return RFedAGS(n, part, mode=cfg.mode, **kw)
+        return RFedBaseline(n, part, method=method, **kw)
+
+    return build
+
+
+def initial_arrays(c: RunConfig) -> ArrayRecord:
+    """The initial point ``x_0`` (the reference loop's default: a random point seeded by ``[seed, 2]``)."""
+    problem, _ = _problem(c)
+    return pack_arrays({POINT: problem.manifold.random_point(np.random.default_rng([c.federation.seed, 2]))})
+
+
+def problem_task_factory() -> Callable[[Context], ProblemClient]:
+    """``factory(context)``: the node's client of the run's planted problem (from ``context.run_config``)."""
+
+    def factory(context: Context) -> ProblemClient:
+        rc = context.run_config
+        cfg = RFedAGSConfig.from_mapping(rc)
+        seed = KEYS["seed"](rc["seed"]) if "seed" in rc else DEFAULTS["seed"]
+        return ProblemClient(planted_problem(cfg.problem, seed)[0], int(context.node_config["partition-id"]))
+
+    return factory
+
+
+def _num_nodes(c: RunConfig) -> int:
+    return int(_problem(c)[0].num_clients)
+
+
+def _method(name: str, action: str, handlers: Callable[..., Any]) -> Method:
+    return register(Method(name, action, _build(name), handlers, config=RFedAGSConfig, num_nodes=_num_nodes,
+                           task_factory=problem_task_factory, initial_arrays=initial_arrays))
+
+
+METHOD = _method("rfedags", ACTION, register_rfedags_handlers)
+BASELINE_METHODS = tuple(
+    _method(b, b, functools.partial(register_rfedags_baseline_handlers, methods=(b,))) for b in BASELINES)

@@ -1,0 +1,230 @@
+"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines.md, s5).
+
+:class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.strategy.rfedags.RFedAGS` except the
+round's messages and the server step: discovery, the shared Bernoulli(p_i) sampler
+(:class:`flwr_sheaf.participation.ParticipationSampler`, so all four methods train the same nodes in the
+same rounds), the weights of ``mode`` (default ``"uncorrected"``, the papers' mean over responders;
+``"known-p"`` / ``"corrected"`` apply RFedAGS's correction to the baseline), failure handling, metrics.
+The maths are :mod:`flwr_sheaf.rfedags.baselines`, the same functions
+:func:`~flwr_sheaf.rfedags.runner.run_federated` calls; the ClientApp side is
+:func:`flwr_sheaf.client.rfedags.register_rfedags_baseline_handlers`.
+
+Per server round ``t`` (action ``a`` = the method name):
+
+- ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points; server
+  ``x_{t+1} = R_{x_t}(sum_i w_i R^{-1}_{x_t}(x_i))``.
+- ``rfedsvrg``: first a ``train.a`` round trip in phase ``"gradient"`` (inside ``configure_train``,
+  bounded by the round timeout of ``start``): ``g_t = sum_i w_i grad f_i(x_t)`` over the nodes that
+  answered it (weights of that set); then phase ``"local"`` with ``x_t`` and ``g_t`` to those nodes;
+  server as RFedAvg over the end points that arrive.
+- ``rfedproj``: ``train.a`` with the server's ambient point ``x^mid`` and the node's correction ``c_i``
+  (nonzero when the node's upload arrived in the previous round); replies: ambient end points and mean
+  gradients; server ``x^mid_{t+1} = P(x^mid_t) + sum_i w_i (z^_i - P(x^mid_t))``, model ``P(x^mid_{t+1})``.
+  A manifold RFedProj refuses (SPD, Poincaré ball) fails at the first round with a ``ValueError``
+  naming it.
+
+An upload that is malformed, non-finite, off the manifold (RFedAvg/RFedSVRG end points, tolerance
+1e-8) or unreachable by the inverse retraction is that node's recorded failure; it is a non-responder
+of the round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from ...protocol import (ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, LOCAL_STEPS, MEAN_GRADIENT, METRICS,
+                        MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED, SERVER_ROUND,
+                        STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
+from ...rfedags.baselines import (BASELINES, average_ambient, average_endpoints, full_gradient, projection_correction,
+                                 require_projection)
+from ...strategy.base import weight_problem
+from ...strategy.graph import GraphStrategy
+from .strategy import RFEDAGS_DEFAULTS, init_server, log_rfed_round, round_prologue, setup_riemannian
+
+__all__ = ["RFedBaseline"]
+
+
+class RFedBaseline(GraphStrategy):
+    """RFedAvg / RFedSVRG / RFedProj under arbitrary participation (module docstring).
+
+    Args:
+        num_nodes, participation: as :class:`~flwr_sheaf.strategy.rfedags.RFedAGS`.
+        method: one of :data:`~flwr_sheaf.rfedags.baselines.BASELINES` (also the message action).
+        mode: aggregation weights (default ``"uncorrected"``: ``1/|S_t|``).
+        **kwargs: the other keyword arguments of :class:`~flwr_sheaf.strategy.rfedags.RFedAGS`
+            (``local_steps``, ``step_size``, ``decay_rounds``, ``global_step`` (varpi / eta_g),
+            ``q_min``, ``estimator``, ``manifold``, ``minibatch_size``, ``seed``, ``discovery_timeout``).
+
+    Raises:
+        ValueError: an unknown method; the arguments RFedAGS refuses; (first round) RFedProj on a
+            manifold that is not compact and embedded.
+    """
+
+    def __init__(self, num_nodes: int, participation: Mapping[int, float] | Sequence[float] | str | None = None, *,
+                 method: str, mode: str = "uncorrected", **kwargs) -> None:
+        if method not in BASELINES:
+            raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
+        if "action" in kwargs:
+            raise ValueError("RFedBaseline's action is its method name; do not pass action=")
+        settings = {**RFEDAGS_DEFAULTS, **kwargs}
+        unknown = sorted(set(kwargs) - set(RFEDAGS_DEFAULTS))
+        if unknown:
+            raise TypeError(f"RFedBaseline got unexpected keyword arguments {unknown}")
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **settings)
+        self.method = method
+        self._timeout = 3600.0
+        self._x_mid: np.ndarray | None = None
+        self._x_mid_prev: np.ndarray | None = None
+        self._zeta_prev: dict[int, np.ndarray] = {}
+        self._prev_responders: set[int] = set()
+        self._recipients: list[int] = []
+        self._g_t: np.ndarray | None = None  # RFedSVRG's server gradient of the current round
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+              timeout: float = 3600, **kwargs):
+        """:meth:`PeerStrategy.start`; remembers ``timeout`` for RFedSVRG's gradient round trip."""
+        self._timeout = float(timeout)
+        return super().start(grid, initial_arrays, num_rounds, timeout=timeout, **kwargs)
+
+    def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
+        return round_prologue(self, server_round, arrays)
+
+    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
+        log_rfed_round(rec)
+
+    def _init_server(self, arrays: ArrayRecord) -> None:
+        init_server(self, arrays)
+        if self.method == "rfedproj":
+            require_projection(self.manifold)
+        self._x_mid = self.server.x.copy()
+        self._x_mid_prev = self._x_mid.copy()
+
+    def _cfg(self, server_round: int, alpha_t: float, phase: str, config: ConfigRecord) -> ConfigRecord:
+        cfg = self.merge_extra({SERVER_ROUND: server_round, LOCAL_STEPS: self.local_steps, STEP_SIZE: alpha_t,
+                                MINIBATCH_SIZE: self.minibatch_size, SEED: self.seed, PHASE: phase},
+                               config, "train_config")
+        return ConfigRecord(dict(cfg))
+
+    def _gradient_phase(self, server_round: int, alpha_t: float, config: ConfigRecord, grid: Grid) -> list[int]:
+        """RFedSVRG phase 1: gradients at ``x_t`` from the drawn nodes; sets ``g_t``; returns who answered."""
+        shape = tuple(self.server.x.shape)
+        msgs = [self.message(pid, RecordDict({ARRAYS: pack_arrays({POINT: self._x_t}),
+                                              CONFIG: self._cfg(server_round, alpha_t, PHASE_GRADIENT, config)}),
+                             TRAIN, server_round) for pid in self.current.sampled]
+        ok = self.split_replies(server_round, "gradient", self._round_trip(grid, msgs, self._timeout),
+                                self.current.sampled, {STREAM_RECORD: (STREAM,)})
+        grads: dict[int, np.ndarray] = {}
+        for pid, r in ok.items():
+            g = np.array(r.content[STREAM_RECORD][STREAM].numpy(), dtype=np.float64)
+            if g.shape != shape or not np.all(np.isfinite(g)):
+                self.record_failure(server_round, "gradient", pid, f"unusable gradient of shape {g.shape}")
+                continue
+            grads[pid] = g
+        mask = np.zeros(self.num_nodes, dtype=bool)
+        mask[list(grads)] = True
+        w, _ = self.server.weights(mask)
+        self._g_t = full_gradient(grads, w, shape)
+        return sorted(grads)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                        ) -> Iterable[Message]:
+        """The method's ``train.<method>`` messages to the drawn nodes (RFedSVRG: after its gradient phase)."""
+        alpha_t = self._round_prologue(server_round, arrays)
+        self._recipients = list(self.current.sampled)
+        cfg = self._cfg(server_round, alpha_t, PHASE_LOCAL, config)
+        msgs = []
+        if self.method == "rfedsvrg" and self._recipients:
+            self._recipients = self._gradient_phase(server_round, alpha_t, config, grid)
+        for pid in self._recipients:
+            if self.method == "rfedproj":
+                c = np.zeros_like(self._x_mid)
+                if pid in self._prev_responders and pid in self._zeta_prev:
+                    c = projection_correction(self.manifold, self._x_mid_prev, self._x_mid, self._zeta_prev[pid],
+                                              self.local_steps, alpha_t, self.global_step)
+                payload = {POINT: self._x_mid, CORRECTION: c}
+            elif self.method == "rfedsvrg":
+                payload = {POINT: self._x_t, FULL_GRADIENT: self._g_t}
+            else:
+                payload = {POINT: self._x_t}
+            msgs.append(self.message(pid, RecordDict({ARRAYS: pack_arrays(payload), CONFIG: cfg}), TRAIN, server_round))
+        return msgs
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Check the uploads, weight them (``mode``), run the method's server step; new point + round metrics."""
+        keys = (ENDPOINT, MEAN_GRADIENT) if self.method == "rfedproj" else (ENDPOINT,)
+        ok = self.split_replies(server_round, "train", replies, self._recipients,
+                                {STREAM_RECORD: keys, METRICS: (NUM_EXAMPLES,)})
+        shape = tuple(self.server.x.shape)
+        uploads: dict[int, np.ndarray] = {}
+        zetas: dict[int, np.ndarray] = {}
+        num_examples = np.ones(self.num_nodes)
+        for pid, r in ok.items():
+            z = np.array(r.content[STREAM_RECORD][ENDPOINT].numpy(), dtype=np.float64)
+            n_i = r.content[METRICS][NUM_EXAMPLES]
+            reason = weight_problem(NUM_EXAMPLES, n_i)
+            if reason is None and (z.shape != shape or not np.all(np.isfinite(z))):
+                reason = f"unusable end point of shape {z.shape} (expected {shape}, finite)"
+            if reason is None and self.method == "rfedproj":
+                zeta = np.array(r.content[STREAM_RECORD][MEAN_GRADIENT].numpy(), dtype=np.float64)
+                if zeta.shape != shape or not np.all(np.isfinite(zeta)):
+                    reason = f"unusable mean gradient of shape {zeta.shape}"
+                else:
+                    zetas[pid] = zeta
+            elif reason is None:
+                feas = float(np.max(self.manifold.feasibility(z)))
+                if not feas <= 1e-8:
+                    reason = f"end point off {self.manifold!r} (constraint violation {feas:.3e})"
+                else:
+                    try:
+                        self.manifold.invretr(self._x_t, z)
+                    except ValueError as exc:
+                        reason = str(exc)
+            if reason is not None:
+                self.record_failure(server_round, "train", pid, reason)
+                zetas.pop(pid, None)
+                continue
+            uploads[pid] = z
+            num_examples[pid] = float(n_i)
+        mask = np.zeros(self.num_nodes, dtype=bool)
+        mask[list(uploads)] = True
+        w, est = self.server.weights(mask, num_examples if self.mode == "uncorrected" else None)
+        if self.method == "rfedproj":
+            x_mid_new, x_new = average_ambient(self.manifold, self._x_mid, uploads, w, self.global_step)
+            self._x_mid_prev, self._x_mid = self._x_mid, x_mid_new
+            self._zeta_prev.update(zetas)
+            self._prev_responders = set(uploads)
+            direction = x_new - self._x_t
+        else:
+            x_new, direction = average_endpoints(self.manifold, self._x_t, uploads, w, self.global_step)
+        self.server.x = x_new
+        self.server.estimator.observe(mask)
+        self.server.round += 1
+        metrics = {
+            "num_drawn": len(self.current.sampled),
+            "num_responders": int(mask.sum()),
+            "weight_sum": float(w.sum()),
+            "step_size": float(self.current.train["step_size"]),
+            "direction_norm": float(np.linalg.norm(direction)),
+            "feasibility": float(np.max(self.manifold.feasibility(x_new))),
+        }
+        if self.mode != "uncorrected":
+            metrics["estimate_min"] = float(np.min(est))
+        if self.round_metrics is not None:
+            metrics.update(self.round_metrics(x_new))
+        self.current.num_trained = len(uploads)
+        self.current.train.update(metrics)
+        self.current.train.update({"drawn": list(self.current.sampled), "responders": sorted(uploads),
+                                   "weights": w.tolist()})
+        return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
+
+    def summary(self) -> None:  # noqa: D102 - Strategy API
+        import logging
+
+        logging.getLogger("flwr_sheaf").info(
+            "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, global step=%g)", self.method, self.mode, self.num_nodes,
+            self.local_steps, self.step_size, self.decay_rounds, self.global_step)

@@ -1,0 +1,341 @@
+"""RFedAGS ClientApp handlers: K local Riemannian SGD steps, upload the transported gradient stream.
+
+``register_rfedags_handlers(app, problem_factory)`` adds, under their own action names so they sit
+beside a user's default ``train``/``evaluate``:
+
+- ``query.rfedags``: discovery reply (partition-id, num-partitions, point size, num-examples);
+- ``train.rfedags``: receive the server point ``x_t`` (record ``arrays``, key
+  :data:`flwr_sheaf.protocol.POINT`, float64) and a ``ConfigRecord`` (``server-round``,
+  ``local-steps`` K, ``step-size`` alpha_t, ``minibatch-size``, ``seed``; all required), run the
+  RFedAGS client loop (docs/baselines.md, "RFedAGS") (:func:`flwr_sheaf.rfedags.client.local_gradient_stream`)
+  and reply with the gradient stream ``zeta in T_{x_t} M`` (record ``stream``, key
+  :data:`flwr_sheaf.protocol.STREAM`, float64, same shape as ``x``) and a ``MetricRecord``
+  (``num-examples``, ``tangent-error``, ``local-cost-start``).
+
+The client never uploads its end point. It keeps no module-level state: the only per-node state is a
+small ``MetricRecord`` ``"rfedags.meta"`` in ``context.state`` (rounds trained, last round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ...protocol import (ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
+                        METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED,
+                        SERVER_ROUND, STEP_SIZE, STREAM, STREAM_RECORD, NodeInfo, ProtocolError, pack_arrays)
+from ...rfedags.baselines import BASELINES, projection_local_steps, svrg_local_steps
+from ...rfedags.client import local_gradient_stream
+from ...rfedags.manifolds import Manifold
+from ...rfedags.pca import PCAProblem, batch_indices
+from . import ACTION
+
+__all__ = [
+    "RFedAGSLocalProblem",
+    "PCAClientProblem",
+    "ProblemClient",
+    "pca_problem_factory",
+    "problem_factory",
+    "register_rfedags_handlers",
+    "register_rfedags_baseline_handlers",
+    "STATE_KEY",
+]
+
+STATE_KEY = "rfedags.meta"
+
+
+class RFedAGSLocalProblem(Protocol):
+    """What a node brings to the RFedAGS handlers.
+
+    Attributes:
+        manifold: the manifold of the global parameter (``proj``/``retr``/``transp``/``egrad2rgrad``).
+        num_examples: local sample count ``n_i`` (reported; used by the uncorrected mean).
+
+    Methods:
+        gradient_oracle(server_round, num_steps, config) -> ``egrad(x, k)``: Euclidean (mini-batch)
+            gradient of ``f_i`` at local step ``k`` of this round; must be deterministic in
+            ``(config, server_round)`` for reproducibility.
+        local_cost(x) -> float: ``f_i(x)`` (diagnostics).
+    """
+
+    manifold: Manifold
+    num_examples: int
+
+    def gradient_oracle(self, server_round: int, num_steps: int, config: Mapping
+                        ) -> Callable[[np.ndarray, int], np.ndarray]: ...
+
+    def local_cost(self, x: np.ndarray) -> float: ...
+
+
+@dataclass
+class PCAClientProblem:
+    """Client ``client`` of a :class:`~flwr_sheaf.rfedags.pca.PCAProblem` (``f_i(X) = -tr(X^T A_i X)``).
+
+    Config keys read by :meth:`gradient_oracle` (both required): ``minibatch-size`` (0 = exact
+    gradient ``-2 A_i X``) and ``seed`` (mini-batch seed); batches come from
+    :func:`~flwr_sheaf.rfedags.pca.batch_indices` so they match :func:`~flwr_sheaf.rfedags.pca.run_pca_reference`.
+    """
+
+    problem: PCAProblem
+    client: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.client < self.problem.num_clients:
+            raise ValueError(
+                f"partition-id {self.client} has no PCA data (problem has {self.problem.num_clients} clients)"
+            )
+        self.manifold = self.problem.manifold
+        s = self.problem.samples
+        self.num_examples = int(s.shape[1]) if s is not None else 1
+
+    def gradient_oracle(self, server_round: int, num_steps: int, config: Mapping
+                        ) -> Callable[[np.ndarray, int], np.ndarray]:
+        """``egrad(X, k)`` for one round: exact ``-2 A_i X`` or mini-batch ``-(2/B) Z_b^T Z_b X``.
+
+        Raises:
+            ValueError: ``minibatch-size`` > 0 on a problem without samples, or out of range.
+        """
+        b = int(config[MINIBATCH_SIZE])
+        c = [self.client]
+        if b <= 0:
+            return lambda x, k: self.problem.local_egrads(x, c)[0]
+        if self.problem.samples is None:
+            raise ValueError(f"minibatch-size={b} requested but the PCA problem has no samples")
+        idx = batch_indices(int(config[SEED]), server_round, self.client, num_steps,
+                            self.problem.samples.shape[1], b)
+        return lambda x, k: self.problem.minibatch_egrads(x, c, idx[k : k + 1])[0]
+
+    def local_cost(self, x: np.ndarray) -> float:
+        """``f_i(X) = -tr(X^T A_i X)``."""
+        a = self.problem.covariances[self.client]
+        return float(-np.sum(x * (a @ x)))
+
+
+@dataclass
+class ProblemClient:
+    """Client ``client`` of any federated problem of :mod:`flwr_sheaf.rfedags.runner` (PCA, Fréchet means).
+
+    Reads the same config keys as :class:`PCAClientProblem` (``minibatch-size``, ``seed``) and draws the
+    same batches (:func:`~flwr_sheaf.rfedags.pca.batch_indices`), so a Flower run equals
+    :func:`~flwr_sheaf.rfedags.runner.run_federated` on the same inputs.
+
+    Raises:
+        ValueError: a partition-id without data.
+    """
+
+    problem: object
+    client: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.client < self.problem.num_clients:
+            raise ValueError(f"partition-id {self.client} has no data (problem has {self.problem.num_clients} clients)")
+        self.manifold = self.problem.manifold
+        s = getattr(self.problem, "samples", None)
+        self.num_examples = int(s.shape[1]) if s is not None else 1
+
+    def gradient_oracle(self, server_round: int, num_steps: int, config: Mapping
+                        ) -> Callable[[np.ndarray, int], np.ndarray]:
+        """``egrad(x, k)``: exact local gradient (``minibatch-size`` 0) or the mini-batch of step ``k``.
+
+        Raises:
+            ValueError: a mini-batch requested on a problem without samples.
+        """
+        b = int(config[MINIBATCH_SIZE])
+        c = [self.client]
+        if b <= 0:
+            return lambda x, k: self.problem.local_egrads(x, c)[0]
+        if getattr(self.problem, "samples", None) is None:
+            raise ValueError(f"minibatch-size={b} requested but the problem has no samples")
+        idx = batch_indices(int(config[SEED]), server_round, self.client, num_steps, self.problem.samples.shape[1], b)
+        return lambda x, k: self.problem.minibatch_egrads(x, c, idx[k : k + 1])[0]
+
+    def local_cost(self, x: np.ndarray) -> float:
+        """``f_i(x)`` (float)."""
+        return float(self.problem.local_costs(x)[self.client])
+
+
+def problem_factory(problem) -> Callable[[Context], ProblemClient]:
+    """``factory(context)`` giving each node the :class:`ProblemClient` of its ``partition-id``."""
+
+    def factory(context: Context) -> ProblemClient:
+        return ProblemClient(problem, int(context.node_config["partition-id"]))
+
+    return factory
+
+
+def pca_problem_factory(problem: PCAProblem) -> Callable[[Context], PCAClientProblem]:
+    """``factory(context)`` giving each node the PCA client of its ``partition-id`` (shared read-only data)."""
+
+    def factory(context: Context) -> PCAClientProblem:
+        return PCAClientProblem(problem, int(context.node_config["partition-id"]))
+
+    return factory
+
+
+def _register_query(app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str) -> None:
+    """``query.<action>``: discovery reply (partition-id, num-partitions, point size, num-examples)."""
+
+    @app.query(action)
+    def _query(msg: Message, context: Context) -> Message:
+        prob = problem_factory(context)
+        info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
+                        int(np.prod(prob.manifold.point_shape)), num_examples=int(prob.num_examples))
+        return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
+
+
+def register_rfedags_handlers(
+    app: ClientApp,
+    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    action: str = ACTION,
+) -> ClientApp:
+    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (client loop, docs/baselines.md).
+
+    Args:
+        app: the ClientApp to extend; its own handlers are untouched.
+        problem_factory: builds the node's :class:`RFedAGSLocalProblem` from its ``Context`` (called
+            per message; cache heavy data outside the node state, read-only).
+        action: action name; ``query.<action>`` and ``train.<action>`` are routed here.
+
+    Returns:
+        ``app`` (for chaining).
+
+    The train handler raises (-> Flower error reply, state rolled back) on: a missing ``"x"`` array,
+    a point of the wrong shape or off the manifold (``||X^T X - I|| > 1e-8``), missing/invalid
+    ``local-steps`` / ``step-size``, or non-finite gradients.
+    """
+
+    _register_query(app, problem_factory, action)
+
+    @app.train(action)
+    def _train(msg: Message, context: Context) -> Message:
+        prob = problem_factory(context)
+        if ARRAYS not in msg.content or POINT not in msg.content[ARRAYS]:
+            raise ProtocolError(f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {POINT!r}")
+        x = np.array(msg.content[ARRAYS][POINT].numpy(), dtype=np.float64)
+        man = prob.manifold
+        if x.shape != tuple(man.point_shape):
+            raise ValueError(f"server point has shape {x.shape}, expected {tuple(man.point_shape)}")
+        man.check_point(x, atol=1e-8)
+        cfg = msg.content[CONFIG] if CONFIG in msg.content else {}
+        for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED):
+            if key not in cfg:
+                raise ProtocolError(f"train.{action} config lacks {key!r}")
+        k_steps, alpha, rnd = int(cfg[LOCAL_STEPS]), float(cfg[STEP_SIZE]), int(cfg[SERVER_ROUND])
+        oracle = prob.gradient_oracle(rnd, k_steps, cfg)
+        stream = local_gradient_stream(man, x, oracle, k_steps, alpha)
+        zeta = stream.zeta
+        meta = context.state[STATE_KEY] if STATE_KEY in context.state else MetricRecord(
+            {"rounds-trained": 0, "last-round": 0})
+        context.state[STATE_KEY] = MetricRecord({
+            "rounds-trained": int(meta["rounds-trained"]) + 1, "last-round": rnd})
+        reply = RecordDict({
+            STREAM_RECORD: pack_arrays({STREAM: zeta}),
+            METRICS: MetricRecord({
+                NUM_EXAMPLES: int(prob.num_examples),
+                "tangent-error": float(np.max(man.tangent_error(x, zeta))),
+                "local-cost-start": float(prob.local_cost(x)),
+            }),
+        })
+        return Message(reply, reply_to=msg)
+
+    return app
+
+
+def register_rfedags_baseline_handlers(
+    app: ClientApp,
+    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    methods: tuple[str, ...] = BASELINES,
+) -> ClientApp:
+    """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines.md, s5).
+
+    ``train.<m>`` reads the config of RFedAGS (``server-round``, ``local-steps``, ``step-size``,
+    ``minibatch-size``, ``seed``) plus ``phase``, and the point ``x`` (:data:`~flwr_sheaf.protocol.POINT`):
+
+    - ``rfedavg``: K local Riemannian SGD steps from ``x`` (:func:`~flwr_sheaf.rfedags.client.local_gradient_stream`);
+      reply: the end point (:data:`~flwr_sheaf.protocol.ENDPOINT`).
+    - ``rfedsvrg``, phase ``"gradient"``: reply the Riemannian gradient of ``f_i`` at ``x`` on the full
+      local data (:data:`~flwr_sheaf.protocol.STREAM`); phase ``"local"``: with the server gradient
+      :data:`~flwr_sheaf.protocol.FULL_GRADIENT`, K variance-reduced steps
+      (:func:`~flwr_sheaf.rfedags.baselines.svrg_local_steps`); reply: the end point.
+    - ``rfedproj``: ``x`` is the server's ambient point; with the correction
+      :data:`~flwr_sheaf.protocol.CORRECTION`, K projected steps
+      (:func:`~flwr_sheaf.rfedags.baselines.projection_local_steps`); reply: ambient end point and mean
+      gradient (:data:`~flwr_sheaf.protocol.MEAN_GRADIENT`).
+
+    Every reply's ``metrics`` has ``num-examples``. The handlers raise (-> Flower error reply, the
+    server records that node's failure) on a missing array or config key, a wrong shape, a point off
+    the manifold (not checked for RFedProj's ambient point), an unknown phase, RFedProj on a manifold
+    it refuses, or non-finite gradients. No per-node state is kept.
+
+    Args:
+        app: the ClientApp to extend.
+        problem_factory: as :func:`register_rfedags_handlers`.
+        methods: subset of :data:`~flwr_sheaf.rfedags.baselines.BASELINES`.
+
+    Returns:
+        ``app``.
+
+    Raises:
+        ValueError: an unknown method name.
+    """
+    for m in methods:
+        if m not in BASELINES:
+            raise ValueError(f"unknown RFedAGS baseline {m!r}; choose from {BASELINES}")
+        _register_query(app, problem_factory, m)
+        _register_baseline_train(app, problem_factory, m)
+    return app
+
+
+def _array(msg: Message, key: str, shape: tuple[int, ...], action: str) -> np.ndarray:
+    if ARRAYS not in msg.content or key not in msg.content[ARRAYS]:
+        raise ProtocolError(f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {key!r}")
+    a = np.array(msg.content[ARRAYS][key].numpy(), dtype=np.float64)
+    if a.shape != shape:
+        raise ValueError(f"train.{action}: array {key!r} has shape {a.shape}, expected {shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"train.{action}: array {key!r} has NaN/inf entries")
+    return a
+
+
+def _register_baseline_train(app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem],
+                             action: str) -> None:
+    @app.train(action)
+    def _train(msg: Message, context: Context) -> Message:
+        prob = problem_factory(context)
+        man = prob.manifold
+        shape = tuple(man.point_shape)
+        cfg = msg.content[CONFIG] if CONFIG in msg.content else {}
+        for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED, PHASE):
+            if key not in cfg:
+                raise ProtocolError(f"train.{action} config lacks {key!r}")
+        phase = str(cfg[PHASE])
+        if phase not in (PHASE_GRADIENT, PHASE_LOCAL) or (phase == PHASE_GRADIENT and action != "rfedsvrg"):
+            raise ProtocolError(f"train.{action}: unknown phase {phase!r}")
+        x = _array(msg, POINT, shape, action)
+        if action != "rfedproj":
+            man.check_point(x, atol=1e-8)
+        k_steps, alpha, rnd = int(cfg[LOCAL_STEPS]), float(cfg[STEP_SIZE]), int(cfg[SERVER_ROUND])
+        upload: dict[str, np.ndarray] = {}
+        if phase == PHASE_GRADIENT:
+            exact = prob.gradient_oracle(rnd, 1, {MINIBATCH_SIZE: 0, SEED: cfg[SEED]})
+            upload[STREAM] = man.egrad2rgrad(x, exact(x, 0))
+        else:
+            oracle = prob.gradient_oracle(rnd, k_steps, cfg)
+            if action == "rfedavg":
+                upload[ENDPOINT] = local_gradient_stream(man, x, oracle, k_steps, alpha).endpoint
+            elif action == "rfedsvrg":
+                g = _array(msg, FULL_GRADIENT, shape, action)
+                upload[ENDPOINT] = svrg_local_steps(man, x, g, oracle, k_steps, alpha)
+            else:
+                c = _array(msg, CORRECTION, shape, action)
+                upload[ENDPOINT], upload[MEAN_GRADIENT] = projection_local_steps(man, x, c, oracle, k_steps, alpha)
+        reply = RecordDict({
+            STREAM_RECORD: pack_arrays(upload),
+            METRICS: MetricRecord({NUM_EXAMPLES: int(prob.num_examples)}),
+        })
+        return Message(reply, reply_to=msg)

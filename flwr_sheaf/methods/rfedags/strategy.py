@@ -1,0 +1,289 @@
+"""RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
+
+Server part of RFedAGS on Flower's Message API (docs/baselines.md, "RFedAGS"). Per server round ``t``:
+
+1. ``configure_train``: discovery once (``query.rfedags``: node id <-> partition-id), then the
+   responding set ``S_t`` is drawn per partition-id as independent Bernoulli(p_i)
+   (the shared :class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``;
+   Flower's own sampling is uniform, i.e. the paper's Scheme I, so it is not used). Each drawn node
+   gets ``x_t`` (record ``arrays``, key :data:`flwr_sheaf.protocol.POINT`, float64) and a
+   ``ConfigRecord`` with ``server-round``, ``local-steps`` (K), ``step-size`` (alpha_t),
+   ``minibatch-size`` and ``seed``.
+2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
+   finite ``num-examples > 0``; anything else is that node's recorded failure) are
+   combined by :class:`flwr_sheaf.rfedags.aggregation.RFedAGSServer` with weights
+   ``1/(q_i^t N)`` (``"corrected"``), ``1/(p_i N)`` (``"known-p"``) or the mean over responders
+   (``"uncorrected"``), followed by ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
+   arrived count as participation (a drawn node that failed or stayed silent is a non-responder for
+   the frequency estimate). A round without any stream keeps ``x_t`` exactly.
+3. No client-side evaluation: rounds are never evaluated by nodes; use ``start(...,
+   evaluate_fn=...)`` for server-side metrics (optimality gap etc.). Per-round bookkeeping (drawn,
+   responders, weights, estimates, bytes, wall time) is appended to ``history``.
+
+``N`` in the weights is the number of partitions (graph nodes) of the scenario.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from ...config import DEFAULTS
+from ...participation import ParticipationSampler, parse_participation
+from ...protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, POINT, SEED, SERVER_ROUND,
+                        STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
+from ...rfedags.aggregation import MODES, RFedAGSServer
+from ...rfedags.client import step_size_schedule
+from ...rfedags.manifolds import Manifold, Sphere, Stiefel
+from ...rfedags.participation import DEFAULT_Q_MIN, ESTIMATORS
+from ...strategy.base import weight_problem
+from ...strategy.graph import GraphStrategy
+from . import ACTION
+
+__all__ = ["RFEDAGS_DEFAULTS", "RFedAGS", "init_server", "log_rfed_round", "round_prologue", "setup_riemannian"]
+
+log = logging.getLogger("flwr_sheaf")
+
+
+def setup_riemannian(s: Any, num_nodes: int,
+                     participation: Mapping[int, float] | Sequence[float] | str | None, *, mode: str,
+                     local_steps: int, step_size: float, decay_rounds: float, global_step: float, q_min: float,
+                     estimate_includes_current: bool, estimator: str, manifold: Manifold | None,
+                     minibatch_size: int, seed: int, action: str, discovery_timeout: float,
+                     round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None) -> None:
+    """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
+    shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
+    (arguments as :class:`RFedAGS`).
+
+    Raises:
+        ValueError: invalid mode, probabilities, K, step sizes, estimator or mini-batch size.
+    """
+    p = parse_participation(participation, num_nodes, seed)
+    p = np.ones(num_nodes) if p is None else p
+    GraphStrategy.__init__(s, num_nodes, action=action,
+                           sampler=ParticipationSampler(num_nodes, probabilities=p, seed=seed),
+                           discovery_timeout=discovery_timeout)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(f"local_steps (K) must be a positive integer, got {local_steps!r}")
+    if not (np.isfinite(global_step) and global_step > 0):
+        raise ValueError(f"global_step (varpi) must be positive, got {global_step!r}")
+    if int(minibatch_size) != minibatch_size or minibatch_size < 0:
+        raise ValueError(f"minibatch_size must be a non-negative integer (0 = exact gradients), got {minibatch_size!r}")
+    s.alpha = step_size_schedule(step_size, decay_rounds)  # validates step_size, decay_rounds
+    s.p = p
+    s.mode = mode
+    s.local_steps = int(local_steps)
+    s.step_size, s.decay_rounds = float(step_size), float(decay_rounds)
+    s.global_step = float(global_step)
+    s.q_min = float(q_min)
+    s.estimate_includes_current = bool(estimate_includes_current)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    s.estimator = estimator
+    s.manifold = manifold
+    s.minibatch_size = int(minibatch_size)
+    s.server = None  # RFedAGSServer, built from the initial point (init_server)
+    s._x_t = None  # (d, r) or (d,) point of the running round
+    s.round_metrics = round_metrics
+
+
+def init_server(s: Any, arrays: ArrayRecord) -> None:
+    """Build ``s.server`` (and infer ``s.manifold``) from the initial point (RFedAGS and the baselines).
+
+    Raises:
+        ValueError: no key ``"x"``, an unsupported rank, or a point off the manifold.
+    """
+    if POINT not in arrays:
+        raise ValueError(f"initial_arrays must hold the global parameter under key {POINT!r}")
+    x0 = np.array(arrays[POINT].numpy(), dtype=np.float64)
+    if s.manifold is None:
+        if x0.ndim == 2:
+            s.manifold = Stiefel(*x0.shape)
+        elif x0.ndim == 1:
+            s.manifold = Sphere(x0.shape[0])
+        else:
+            raise ValueError(f"cannot infer a manifold for a parameter of shape {x0.shape}")
+    s.manifold.check_point(x0, atol=1e-8)
+    s.server = RFedAGSServer(
+        s.manifold, x0, s.num_nodes, mode=s.mode, p=s.p, q_min=s.q_min,
+        global_step=s.global_step, estimate_includes_current=s.estimate_includes_current,
+        estimator_kind=s.estimator,
+    )
+
+
+def round_prologue(s: Any, server_round: int, arrays: ArrayRecord) -> float:
+    """Round prologue shared with the baselines: the server (first round), ``x_t``, the Bernoulli
+    draw of this round and the step size ``alpha_t`` (returned and recorded)."""
+    if s.server is None:
+        s._init_server(arrays)
+    s._x_t = s.server.x.copy()
+    s.current.sampled = s.sampler.sample(server_round)
+    alpha_t = s.alpha(server_round - 1)
+    s.current.train["step_size"] = alpha_t
+    return alpha_t
+
+
+def log_rfed_round(rec: Any) -> None:
+    """One progress line per round of the RFedAGS family (drawn, responders, direction norm)."""
+    t = rec.train
+    log.info("round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s", rec.round, t.get("num_drawn", 0),
+             t.get("num_responders", 0), t.get("direction_norm", 0.0), rec.wall_seconds)
+
+
+#: keyword defaults of :func:`setup_riemannian` besides participation and mode (as :class:`RFedAGS`).
+RFEDAGS_DEFAULTS: dict[str, Any] = {
+    "local_steps": 5, "step_size": 0.02, "decay_rounds": 0.0, "global_step": 1.0, "q_min": DEFAULT_Q_MIN,
+    "estimate_includes_current": False, "estimator": "plus-one", "manifold": None, "minibatch_size": 0,
+    "seed": DEFAULTS["seed"], "discovery_timeout": DEFAULTS["discovery-timeout"], "round_metrics": None}
+
+
+class RFedAGS(GraphStrategy):
+    """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines.md, s5) as a Flower strategy.
+
+    Args:
+        num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
+        participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec string of
+            :func:`flwr_sheaf.participation.parse_participation`; None = full participation).
+            ``p_i = 0`` is allowed (the node never trains).
+        mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
+        local_steps: ``K >= 1``.
+        step_size: ``alpha_0 > 0``; ``alpha_t = alpha_0 / (1 + t/decay_rounds)`` with ``t = round - 1``.
+        decay_rounds: ``>= 0`` (0 = fixed step).
+        global_step: ``varpi > 0`` (paper and code: 1).
+        q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`).
+        estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
+        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
+            expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
+            :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator` and docs/participation.md, s4.1.
+        manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
+            -> :class:`~flwr_sheaf.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.rfedags.manifolds.Sphere`.
+        minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
+        seed: participation and mini-batch seed.
+        action: message action name (default ``"rfedags"``).
+        round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
+            (e.g. the planted problem's optimality gap and distance to the optimum).
+        discovery_timeout: see :class:`~flwr_sheaf.strategy.base.PeerStrategy`.
+
+    Raises:
+        ValueError: invalid mode, probabilities, K, step sizes; (in ``configure_train``) an initial
+            array without key ``"x"``, of unsupported rank, or off the manifold.
+    """
+
+    def __init__(
+        self,
+        num_nodes: int,
+        participation: Mapping[int, float] | Sequence[float] | str | None = None,
+        *,
+        mode: str = "corrected",
+        local_steps: int = 5,
+        step_size: float = 0.02,
+        decay_rounds: float = 0.0,
+        global_step: float = 1.0,
+        q_min: float = DEFAULT_Q_MIN,
+        estimate_includes_current: bool = False,
+        estimator: str = "plus-one",
+        manifold: Manifold | None = None,
+        minibatch_size: int = 0,
+        seed: int = DEFAULTS["seed"],
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
+    ) -> None:
+        setup_riemannian(self, num_nodes, participation, mode=mode, local_steps=local_steps, step_size=step_size,
+                         decay_rounds=decay_rounds, global_step=global_step, q_min=q_min,
+                         estimate_includes_current=estimate_includes_current, estimator=estimator,
+                         manifold=manifold, minibatch_size=minibatch_size, seed=seed, action=action,
+                         discovery_timeout=discovery_timeout, round_metrics=round_metrics)
+
+    # ------------------------------------------------------------------ helpers
+    def _init_server(self, arrays: ArrayRecord) -> None:
+        init_server(self, arrays)
+
+    # ------------------------------------------------------------------ train
+    def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
+        return round_prologue(self, server_round, arrays)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                        ) -> Iterable[Message]:
+        """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
+        alpha_t = self._round_prologue(server_round, arrays)
+        cfg = self.merge_extra({SERVER_ROUND: server_round, LOCAL_STEPS: self.local_steps, STEP_SIZE: alpha_t,
+                                MINIBATCH_SIZE: self.minibatch_size, SEED: self.seed}, config, "train_config")
+        return [self.message(pid, RecordDict({ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}),
+                             TRAIN, server_round) for pid in self.current.sampled]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Weight the arrived streams, average, retract; returns the new ``x`` and round metrics."""
+        ok = self.split_replies(server_round, "train", replies, self.current.sampled,
+                                {STREAM_RECORD: (STREAM,), METRICS: (NUM_EXAMPLES,)})
+        shape = tuple(self.server.x.shape)
+        zetas: dict[int, np.ndarray] = {}
+        num_examples = np.ones(self.num_nodes)
+        tangent = []
+        for pid, r in ok.items():
+            z = np.array(r.content[STREAM_RECORD][STREAM].numpy(), dtype=np.float64)
+            n_i = r.content[METRICS][NUM_EXAMPLES]
+            reason = weight_problem(NUM_EXAMPLES, n_i)
+            if reason is None and z.shape != shape:
+                reason = f"stream of shape {z.shape}, expected {shape}"
+            elif reason is None and not np.all(np.isfinite(z)):
+                reason = "NaN/inf stream"
+            if reason is not None:
+                self.record_failure(server_round, "train", pid, reason)
+                continue
+            zetas[pid] = z
+            num_examples[pid] = float(n_i)
+            tangent.append(float(np.max(self.manifold.tangent_error(self._x_t, z))))
+        mask = np.zeros(self.num_nodes, dtype=bool)
+        mask[list(zetas)] = True
+        res = self.server.step(mask, zetas, num_examples=num_examples if self.mode == "uncorrected" else None)
+        metrics = {
+            "num_drawn": len(self.current.sampled),
+            "num_responders": res.num_responders,
+            "weight_sum": float(res.weights.sum()),
+            "step_size": float(self.current.train["step_size"]),
+            "direction_norm": float(np.linalg.norm(res.direction)),
+            "tangent_error_max": max(tangent) if tangent else 0.0,
+            "feasibility": float(np.max(self.manifold.feasibility(res.x))),
+        }
+        if self.mode != "uncorrected":
+            metrics["estimate_min"] = float(np.min(res.estimates))
+        if self.round_metrics is not None:
+            metrics.update(self.round_metrics(res.x))
+        self.current.num_trained = len(zetas)
+        self.current.train.update(metrics)
+        self.current.train.update({"drawn": list(self.current.sampled), "responders": sorted(zetas),
+                                   "weights": res.weights.tolist(),
+                                   "estimates": [None if np.isnan(e) else float(e) for e in res.estimates]})
+        return (pack_arrays({POINT: res.x}),
+                MetricRecord({k: float(v) for k, v in metrics.items()}))
+
+    # ------------------------------------------------------------------ evaluate (none)
+    def evaluates(self, server_round: int, num_rounds: int) -> bool:
+        """Never: RFedAGS has no client-side evaluation (use ``start(evaluate_fn=...)``)."""
+        return False
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                           ) -> Iterable[Message]:
+        """No client-side evaluation: no messages."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """No client-side evaluation: None."""
+        return None
+
+    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
+        log_rfed_round(rec)
+
+    def summary(self) -> None:  # noqa: D102 - Strategy API
+        log.info("RFedAGS(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)", self.mode,
+                 self.num_nodes, self.local_steps, self.step_size, self.decay_rounds, self.global_step, self.q_min)

@@ -1,0 +1,137 @@
+"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines.md, s8).
+
+Per ``train.sheaf_fmtl`` message the node, with theta_i its trainable parameters flattened in
+``model.parameters()`` order (n_i of them, checked against the server's ``sheaf-fmtl-num-params``):
+
+1. restores its maps ``P_ij (d_ij, n_i)`` from ``context.state["<action>.maps"]`` (float16 at rest),
+   or draws them in its first round (:func:`flwr_sheaf.baselines.sheaf_fmtl.init_map`, from
+   (seed, partition-id, neighbour) only);
+2. map step (F2) for every neighbour j whose ``y_j = P_ji theta_j`` came in record
+   ``sheaf-fmtl-projections``: ``P_ij <- P_ij - eta lambda (P_ij theta_i - y_j) theta_i^T``, with
+   theta_i the parameters the node uploaded from last time (the map step of the previous iteration,
+   deferred to this message because y_j arrives only now; docs/deviations.md);
+3. the shared loop's task training (cross-entropy, ``local-epochs``);
+4. parameter step (F1): ``theta_i <- theta_i - lr lambda sum_j P_ij^T (P_ij theta_i - y_j)``;
+5. stores the maps (float16) and uploads ``P_ij theta_i`` per neighbour (record ``upload``, key
+   ``str(j)``, shape ``(d_ij,)``): never the parameters themselves.
+
+Maps are rounded to float16 right after each map step, so the maps used for the uploads are exactly
+the stored ones; all products run in float32. Evaluation is the shared post-hoc protocol.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from ...baselines.sheaf_fmtl import init_map, map_step, parameter_step
+from ...config import LocalTrainConfig, SheafFMTLConfig
+from ...protocol import (CONFIG, SEED, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS,
+                        SHEAF_FMTL_PROJECTIONS, TRAIN, UPLOAD, ProtocolError, message_type, pack_arrays)
+from ...client.common import from_numpy, task_device, to_numpy
+from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.loop import CrossEntropy, LossPlugin
+from ...client.task import LocalTask, TaskFactory
+from . import ACTION
+
+__all__ = ["SheafFMTLLoss", "SheafFMTLClient", "register_sheaf_fmtl_handlers", "trainable_vector"]
+
+
+def trainable_vector(model: torch.nn.Module) -> torch.Tensor:
+    """theta_i: the trainable parameters flattened in ``model.parameters()`` order, ``(n_i,)`` float32 (a copy)."""
+    return parameters_to_vector([p for p in model.parameters() if p.requires_grad]).detach().clone()
+
+
+class SheafFMTLLoss(CrossEntropy):
+    """The task loss (cross-entropy) plus the node's maps and received projections for the steps around it.
+
+    Args:
+        maps: ``{j: (d_ij, n_i)}`` float16 (after this message's map step).
+        received: ``{j: (d_ij,)}`` float32 neighbours' ``P_ji theta_j`` (may be empty).
+        cfg: lambda, eta; lr: the parameter step's alpha (the run's SGD lr).
+        map_change: ``sum_j ||P_ij(new) - P_ij(old)||_F`` of this message's map step (a metric).
+    """
+
+    def __init__(self, maps: dict[int, torch.Tensor], received: dict[int, torch.Tensor], cfg: SheafFMTLConfig,
+                 lr: float, map_change: float) -> None:
+        self.maps, self.received, self.cfg, self.lr, self.map_change = maps, received, cfg, float(lr), float(map_change)
+
+
+class SheafFMTLClient(ClientMethod):
+    """Sheaf-FMTL's hooks: map step and restore before training, parameter step and projections after it."""
+
+    def _maps_key(self) -> str:
+        return f"{self.action}.maps"
+
+    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
+        """Restore or draw the maps, apply the map step (F2) with the received projections.
+
+        Raises:
+            ProtocolError: a missing key, a parameter count other than the server's, neighbours and
+                dimensions of different lengths, projections from a non-neighbour or a stored map of
+                another shape (all named).
+            ValueError: a projection of the wrong length or with NaN/inf (the neighbour named).
+        """
+        cfg = msg.content[CONFIG]
+        mt = message_type(TRAIN, self.action)
+        fm, train = SheafFMTLConfig.from_record(cfg), LocalTrainConfig.from_record(cfg)
+        nbrs = [int(j) for j in required(cfg, SHEAF_FMTL_NEIGHBOURS, mt)]
+        dims = [int(d) for d in required(cfg, SHEAF_FMTL_DIMS, mt)]
+        n_server, seed = int(required(cfg, SHEAF_FMTL_NUM_PARAMS, mt)), int(required(cfg, SEED, mt))
+        pid = int(context.node_config["partition-id"])
+        theta = trainable_vector(task.model)
+        n_i = int(theta.numel())
+        if n_i != n_server:
+            raise ProtocolError(f"{mt}: partition-id {pid} has {n_i} trainable parameters, the server assumed {n_server}")
+        if len(nbrs) != len(dims):
+            raise ProtocolError(f"{mt}: {len(nbrs)} neighbours but {len(dims)} edge dimensions")
+        dev = task_device(task)
+        stored = context.state[self._maps_key()] if self._maps_key() in context.state else None
+        maps: dict[int, torch.Tensor] = {}
+        for j, d in zip(nbrs, dims):
+            if stored is not None and str(j) in stored:
+                p = from_numpy(stored[str(j)].numpy(), dev)
+                if tuple(p.shape) != (d, n_i):
+                    raise ProtocolError(f"{mt}: stored map for neighbour {j} has shape {tuple(p.shape)}, expected {(d, n_i)}")
+            else:
+                p = init_map(d, n_i, seed, pid, j).to(device=dev, dtype=torch.float16)
+            maps[j] = p
+        received: dict[int, torch.Tensor] = {}
+        if SHEAF_FMTL_PROJECTIONS in msg.content:
+            rec = msg.content[SHEAF_FMTL_PROJECTIONS]
+            for k in rec:
+                if int(k) not in maps:
+                    raise ProtocolError(f"{mt}: projection from partition-id {k}, not a neighbour of {pid} ({nbrs})")
+                received[int(k)] = from_numpy(rec[k].numpy(), dev, torch.float32)
+        theta = theta.to(dev)
+        change = 0.0
+        for j, y in received.items():  # (F2), deferred from the previous iteration
+            old = maps[j].float()
+            new = map_step(old, theta, y, fm.eta, fm.lam, j).to(torch.float16)
+            change += float(torch.linalg.norm(new.float() - old))
+            maps[j] = new
+        return SheafFMTLLoss(maps, received, fm, train.lr, change)
+
+    @torch.no_grad()
+    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+        """Parameter step (F1), store the maps (float16), upload ``P_ij theta_i`` per neighbour."""
+        params = [p for p in task.model.parameters() if p.requires_grad]
+        theta = trainable_vector(task.model)
+        if plugin.received:
+            theta = parameter_step(theta, {j: plugin.maps[j] for j in plugin.received}, plugin.received, plugin.lr,
+                                   plugin.cfg.lam)
+            vector_to_parameters(theta, params)
+        proj = {j: p.float() @ theta for j, p in plugin.maps.items()}
+        residual = sum(float(((proj[j] - y) ** 2).sum()) for j, y in plugin.received.items())
+        context.state[self._maps_key()] = ArrayRecord({str(j): p.cpu() for j, p in plugin.maps.items()}, keep_input=True)
+        metrics = {"sheaf-fmtl-residual": residual, "sheaf-fmtl-map-change": plugin.map_change,
+                   "sheaf-fmtl-received": len(plugin.received)}
+        return {UPLOAD: pack_arrays({str(j): to_numpy(v) for j, v in proj.items()})}, metrics
+
+
+def register_sheaf_fmtl_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+    """Add Sheaf-FMTL's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.sheaf_fmtl.SheafFMTL`)."""
+    return register_method_handlers(app, factory, SheafFMTLClient(action))
+

@@ -1,0 +1,411 @@
+"""Sheaf-FRL on the client (paper Alg. 1): the gluing loss plug-in and its handlers.
+
+Per ``train.sheaf`` message a node receives its neighbours' latest whitened pilot matrices
+``(K, d_j)`` (record ``pilots``), its incident edges (:class:`flwr_sheaf.protocol.EdgeConfig`) and
+lambda for this round, then for every local epoch (i) refits every incident restriction map by
+Procrustes (Eq. 18) on the current pilots and (ii) trains on CE + the local gluing penalty
+(Eq. 16, neighbours' pilots constant, gradient Eq. 19). Afterwards it re-fits the whitening on its
+pilot latents and replies with its new whitened pilot matrix ``(K, d_i)``, also cached in
+``context.state`` (the next round's first maps and the evaluation reuse it). In round 1 no node has
+pilots of its neighbours yet, so it trains on CE only.
+
+Stable formulation (docs/stability.md): the penalty uses *dropout-free* pilot passes (encoder in
+eval mode) whitened with *differentiable batch statistics* (whitening layer in train mode), so the
+encoder cannot lower it by shrinking its latents or by dropout noise; maps are refitted every
+local epoch; the loop clips the gradient norm per agent.
+
+Variants (docs/variants.md; run-config ``sheaf-variant`` and ``privacy``, sent resolved in the
+config): ``homogeneous`` (Alg. 2) has only the tail of each edge fit an ``O(d)`` map, and the tail
+uploads its pilots transported by it (record ``transported``) for the head; ``stringent`` (Alg.
+3/4) uploads only per-neighbour transported pilots, never ``A_i``, and keeps the node's own
+outgoing maps in ``context.state`` (key ``<action>.maps``), refitted by P2c/P2d
+(:func:`flwr_sheaf.sheaf.variants.edge_terms`). Before a map has been fitted (round 1, or a
+neighbour that has not trained yet) it is the paper's initialisation: the identity for Alg. 2,
+and for Alg. 3/4 a Haar-random map keyed by (seed, partition-id, neighbour, node secret), the
+secret being 63 random bits drawn once per node from the OS (or the node-config key
+``privacy-secret``) and kept in ``context.state``: a key known to the neighbours would let them
+undo the round-1 transport.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from ...config import DEFAULTS, SheafConfig
+from ...protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
+                        PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
+                        STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, index_digest, pack_arrays,
+                        unpack_neighbour_pilots, unpack_pilot_selection)
+from ...sheaf import EdgeTerm, check_pilots
+from ...sheaf.gluing import gluing_penalty_terms
+from ...sheaf.pilots import PilotSelection, apply_selection, group_means, parseval, public_pilot_features
+from ...sheaf.procrustes import SvdCounter
+from ...sheaf.variants import PRIVACY_MODES, Received, edge_dim, edge_terms, init_map, outgoing_pilots
+from ...client.common import cached_pilots, from_numpy, store_pilots, task_device, to_numpy, whitened_pilots
+from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.loop import LossPlugin
+from ...client.task import LocalTask, TaskFactory
+from . import ACTION
+
+__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers", "load_maps", "save_maps", "node_secret",
+           "received_selection", "describe_pilots"]
+
+
+class SheafGluing(LossPlugin):
+    """CE + the local gluing penalty of paper Eq. 16 (or its variants, docs/variants.md) on a pilot minibatch.
+
+    Args:
+        task: the node's task (its ``x_pilot (K, ...)``).
+        lam: lambda >= 0 of this round (lambda_i = lambda / d_i inside the penalty).
+        pilot_batch_size: pilot rows per step (the same rows of every neighbour's matrix).
+        edges: the node's incident edges (neighbours, d_j, orientation, optional weights).
+        neighbour_pilots: ``{j: (K, d_j) or (K, d_e)}`` float32: what each neighbour that reported
+            any sent toward this node (raw whitened pilots, or transported ones, per the mode); a
+            neighbour without an entry contributes no term this round.
+        own_pilots: this node's cached whitened pilots ``(K, d_i)`` (exact for the current weights),
+            used for the first epoch's maps instead of a new pilot pass; None = compute them.
+        variant: ``heterogeneous`` or ``homogeneous`` (resolved by the strategy).
+        privacy: ``standard`` or ``stringent``.
+        maps: the node's maps from earlier rounds ``{j: tensor}`` (kept for the upload when not refitted).
+        selection: this round's pilot selection (paper App. B; None = every pilot): neighbours'
+            matrices then have ``selection.num_rows`` rows (the selected pilots, or one group mean per
+            group for prototypes) and this node reduces its own pilots the same way
+            (:func:`flwr_sheaf.sheaf.pilots.apply_selection`).
+        normalisation: ``"none"`` or ``"parseval"``: maps fitted on the polar factors of both pilot
+            matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
+            pilots (docs/variants.md).
+        map_refit: ``"epoch"``: the penalty uses the maps fitted at the start of the epoch on all
+            pilots; ``"step"``: each step refits the maps this node owns (Eq. 18, one SVD per fitted
+            map, same variant and normalisation, via :func:`~flwr_sheaf.sheaf.variants.edge_terms`) on
+            the step's minibatch rows of the node's batch-whitened pilots (detached) and of the received
+            matrices, as paper Alg. 1 line 11 refits at every iteration. What the node does not fit
+            stays as in the epoch: a homogeneous head keeps the identity on the received ``O A_t``, and a
+            received transported matrix still carries its sender's map. A step with fewer than two
+            rows (prototype groups) keeps the epoch maps. The maps a node keeps and transports with
+            (:attr:`maps`) stay the epoch fits on all pilots.
+
+    Attributes:
+        residual: per neighbour, the summed per-step mean squared residual (a property).
+        maps: the node's current maps (updated each epoch; what :meth:`SheafClient.after_train` transports with).
+        svds: SVDs computed for the maps this round.
+
+    Raises:
+        ProtocolError: pilots from a partition-id that is not a neighbour.
+        ValueError: a neighbour's matrix with the wrong K or width, or NaN/inf entries (named).
+    """
+
+    def __init__(self, task: LocalTask, lam: float, pilot_batch_size: int, edges: EdgeConfig,
+                 neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None,
+                 variant: str, privacy: str, maps: dict[int, torch.Tensor] | None = None,
+                 selection: PilotSelection | None = None, normalisation: str = "none",
+                 map_refit: str = DEFAULTS["map-refit"]) -> None:
+        unknown = sorted(set(neighbour_pilots) - set(edges.neighbours))
+        if unknown:
+            raise ProtocolError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
+        if normalisation not in ("none", "parseval"):
+            raise ValueError(f"pilot-normalisation={normalisation!r}: must be 'none' or 'parseval'")
+        if map_refit not in ("epoch", "step"):
+            raise ValueError(f"map-refit={map_refit!r}: must be 'epoch' or 'step'")
+        self.selection, self.normalisation, self.map_refit = selection, normalisation, map_refit
+        k = task.x_pilot.shape[0] if selection is None else selection.num_rows
+        d_i = int(task.model.d)
+        weights = edges.weights or (1.0,) * len(edges.neighbours)
+        self.active = [(j, hd, w) for j, hd, w in zip(edges.neighbours, edges.heads, weights) if j in neighbour_pilots]
+        for j, dj in zip(edges.neighbours, edges.dims):
+            if j in neighbour_pilots:
+                width = edge_dim(d_i, dj) if privacy == "stringent" else dj
+                check_pilots(neighbour_pilots[j], f"pilots of neighbour partition-id {j}", d=width, k=k)
+        self.task, self.lam, self.batch = task, float(lam), int(pilot_batch_size)
+        self.pilots, self.own = neighbour_pilots, own_pilots
+        self.variant, self.privacy = variant, privacy
+        self.terms: list[EdgeTerm] = []
+        self.maps: dict[int, torch.Tensor] = dict(maps or {})
+        self.svds = 0
+        self._residual_steps: dict[int, list[tuple[torch.Tensor, int]]] = {j: [] for j, _, _ in self.active}
+        self._plan: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+
+    def begin_epoch(self, model: nn.Module, epoch: int) -> None:
+        """Refit the maps this node owns on the current pilots (Eq. 18; Alg. 2 lines 8-10; P2c/P2d)."""
+        self.terms = []
+        if not self.active or self.lam <= 0:
+            return
+        own = self.own if (epoch == 0 and self.own is not None) else whitened_pilots(model, self.task.x_pilot)[1]
+        own = apply_selection(own, self.selection)
+        received = [Received(j, self.pilots[j], hd, float(w)) for j, hd, w in self.active]
+        with SvdCounter() as c:
+            self.terms, fitted = edge_terms(own, received, self.variant, self.privacy,
+                                            parseval if self.normalisation == "parseval" else None)
+        self.svds += c.n
+        self.maps.update({j: m.detach().double().cpu() for j, m in fitted.items()})
+
+    def plan_epoch(self, steps: int, gen: torch.Generator) -> None:
+        """Draw the epoch's pilot minibatches from ``gen`` (one ``randperm`` per step, in step order, as
+        :meth:`loss` would) and move them to the pilots' device in one copy."""
+        self._plan = []
+        if not self.terms:
+            return
+        sel = self.selection
+        m = self.task.x_pilot.shape[0] if sel is None else int(sel.indices.size)
+        pidx = torch.stack([torch.randperm(m, generator=gen)[: self.batch] for _ in range(steps)])
+        rows = pidx if sel is None else torch.as_tensor(sel.indices)[pidx]
+        groups = None if sel is None or sel.groups is None else torch.as_tensor(sel.groups)[pidx]
+        dev = self.task.x_pilot.device
+        both = torch.stack([pidx, rows]).to(dev)  # one host-to-device copy per epoch
+        self._plan = [(both[0, s], both[1, s], None if groups is None else groups[s]) for s in range(steps)]
+        self._plan.reverse()  # popped in step order
+
+    def loss(self, model, x, y, gen):
+        """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
+        drawn from ``gen`` (encoder in eval mode, whitening in train mode; docs/stability.md).
+
+        The minibatch comes from :meth:`plan_epoch` when the loop called it (the same draws, made
+        once per epoch); parts are detached tensors (no host synchronisation per step)."""
+        ce = F.cross_entropy(model.private_logits(x), y)
+        parts = {"ce": ce.detach(), "gluing": 0.0}
+        if not self.terms:
+            return ce, parts
+        dev = self.task.x_pilot.device
+        if self._plan:
+            pidx, rows, g = self._plan.pop()
+        else:  # called outside train_local's epoch plan: draw this step's rows now
+            sel = self.selection
+            m = self.task.x_pilot.shape[0] if sel is None else int(sel.indices.size)
+            pidx = torch.randperm(m, generator=gen)[: self.batch]
+            rows = pidx if sel is None else torch.as_tensor(sel.indices)[pidx]
+            g = None if sel is None or sel.groups is None else torch.as_tensor(sel.groups)[pidx]
+            pidx, rows = pidx.to(dev), rows.to(dev)
+        model.eval()  # dropout-free, BatchNorm running statistics ...
+        model.whitening.train()  # ... but differentiable batch whitening of the pilots
+        with model.whitening.finite_checks(dev.type == "cpu"):  # on a GPU: the loop's per-epoch check
+            a_i = model.whitening(model.latent(self.task.x_pilot[rows]))
+        nrows = pidx
+        if g is not None:  # prototypes: minibatch means of the groups present
+            present, inv = torch.unique(g, return_inverse=True)
+            a_i = group_means(a_i, inv, int(present.numel()))
+            nrows = present
+        terms = [EdgeTerm(t.neighbour, t.pilots[nrows.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
+                 for t in self.terms]
+        if self.map_refit == "step" and a_i.shape[0] >= 2:  # Alg. 1 line 11: maps of the current pilots
+            with SvdCounter() as c:
+                terms, _ = edge_terms(a_i.detach(), [Received(t.neighbour, t.pilots, t.i_is_head, t.weight)
+                                                     for t in terms], self.variant, self.privacy,
+                                      parseval if self.normalisation == "parseval" else None)
+            self.svds += c.n
+        pen, per_edge = gluing_penalty_terms(a_i, terms, self.lam, check_finite=dev.type == "cpu")
+        model.train()
+        for j, sq in per_edge.items():
+            self._residual_steps[j].append((sq, int(a_i.shape[0])))
+        parts["gluing"] = pen.detach()
+        return ce + pen, parts
+
+    @property
+    def residual(self) -> dict[int, float]:
+        """Per neighbour partition-id: the sum over this round's steps of the mean squared residual
+        ``||.||_F^2 / K_step`` (read back from the device when asked; kept there during training)."""
+        return {j: _residual_sum(v) for j, v in self._residual_steps.items()}
+
+    def metrics(self, steps: int) -> dict:
+        """Per-edge mean squared residuals (``edge-neighbour``, ``edge-residual``, aligned lists) and ``svds``."""
+        return {"edge-neighbour": [j for j, _, _ in self.active],
+                "edge-residual": [_residual_sum(self._residual_steps[j]) / max(steps, 1)
+                                  for j, _, _ in self.active],
+                SVDS: int(self.svds)}
+
+
+def _residual_sum(steps_sq: list[tuple[torch.Tensor, int]]) -> float:
+    """Sum over steps of the per-step mean squared residual ``||.||_F^2 / K_step``, from the detached
+    squared norms of :func:`~flwr_sheaf.sheaf.gluing.gluing_penalty_terms` (read back in one transfer,
+    summed in step order in float64: the same numbers as adding ``float(sq) / K_step`` step by step)."""
+    if not steps_sq:
+        return 0.0
+    host = torch.stack([sq.to(torch.float64) for sq, _ in steps_sq]).cpu().tolist()
+    total = 0.0
+    for sq, (_, rows) in zip(host, steps_sq):
+        total += sq / rows
+    return total
+
+
+def _maps_key(action: str) -> str:
+    return f"{action}.maps"
+
+
+def load_maps(context: Context, action: str) -> dict[int, torch.Tensor]:
+    """The node's maps kept in ``context.state`` (``{j: float64 (rows, d_i)}``; empty if none)."""
+    key = _maps_key(action)
+    if key not in context.state:
+        return {}
+    rec = context.state[key]
+    return {int(k): from_numpy(rec[k].numpy().copy()) for k in rec.keys() if k.isdigit()}
+
+
+def save_maps(context: Context, action: str, maps: dict[int, torch.Tensor]) -> None:
+    """Keep the node's maps ``{j: (rows, d_i)}`` in ``context.state`` (float64; the state mod persists them)."""
+    context.state[_maps_key(action)] = pack_arrays({str(int(j)): to_numpy(m.double()) for j, m in maps.items()})
+
+
+def node_secret(context: Context, action: str) -> int:
+    """The node's 63-bit map-initialisation secret (module docstring): node-config ``privacy-secret`` if
+    given, else drawn once from the OS (``secrets``) and kept in ``context.state``."""
+    if "privacy-secret" in context.node_config:
+        return int(context.node_config["privacy-secret"]) & (2**63 - 1)
+    key = f"{action}.privacy-secret"
+    if key not in context.state:
+        context.state[key] = pack_arrays({"secret": np.array([secrets.randbits(63)], dtype=np.int64)})
+    return int(context.state[key]["secret"].numpy()[0])
+
+
+def _upload_maps(context: Context, action: str, maps: dict[int, torch.Tensor], edges: EdgeConfig, d_i: int,
+                 variant: str, privacy: str, seed: int) -> dict[int, torch.Tensor]:
+    """``maps`` completed with the initial map of every edge the node transports on but has not fitted yet:
+    the identity (Alg. 2, ``O_ji^0 = I``) or the keyed Haar map (Alg. 3/4 line 1)."""
+    out = dict(maps)
+    pid = int(context.node_config["partition-id"])
+    for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
+        rows = edge_dim(d_i, dj) if privacy == "stringent" else dj
+        if j in out and tuple(out[j].shape) == (rows, d_i):
+            continue
+        if privacy == "stringent":
+            out[j] = init_map(rows, d_i, (seed, pid, j, node_secret(context, action)))
+        elif variant == "homogeneous" and not i_head:
+            out[j] = torch.eye(d_i, dtype=torch.float64)
+    return out
+
+
+class SheafClient(ClientMethod):
+    """Sheaf-FRL's hooks: gluing plug-in in; whitened pilots (or transported pilots) out (module docstring)."""
+
+    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
+        """:class:`SheafGluing` from the message: :class:`~flwr_sheaf.config.SheafConfig` (lambda of the
+        round, resolved variant, privacy), the edges and what the neighbours sent (paper Alg. 1 line 3,
+        Alg. 2-4 line 6).
+
+        Raises:
+            ConfigError / ProtocolError: a missing key, malformed edges, pilots of a non-neighbour,
+                ``auto`` not resolved, raw pilots in a stringent message.
+            ValueError: neighbour pilots with the wrong K or width, or NaN/inf (named).
+        """
+        cfg = msg.content[CONFIG]
+        sheaf = SheafConfig.from_record(cfg)
+        if sheaf.sheaf_variant == "auto":
+            raise ProtocolError("train message has sheaf-variant='auto': the strategy must resolve it at discovery")
+        if sheaf.privacy == "stringent" and PILOTS in msg.content:
+            raise ProtocolError("privacy='stringent' but the train message carries raw neighbour pilots")
+        received = unpack_neighbour_pilots(msg.content[PILOTS]) if PILOTS in msg.content else {}
+        moved = unpack_neighbour_pilots(msg.content[TRANSPORTED]) if TRANSPORTED in msg.content else {}
+        both = sorted(set(received) & set(moved))
+        if both:
+            raise ProtocolError(f"neighbour(s) {both} sent both raw and transported pilots")
+        received.update(moved)
+        dev = task_device(task)
+        cached = cached_pilots(context, self.action, dev)
+        return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
+                           {j: from_numpy(a, dev) for j, a in received.items()}, None if cached is None else cached[0],
+                           sheaf.sheaf_variant, sheaf.privacy, load_maps(context, self.action),
+                           selection=received_selection(msg, int(task.x_pilot.shape[0])),
+                           normalisation=sheaf.pilot_normalisation, map_refit=sheaf.map_refit)
+
+    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+        """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
+        (paper Alg. 1 line 13) and/or the per-edge transported pilots (Alg. 2-4 line 6); keep the maps.
+        The metric ``low-variance-fraction`` is the collapse diagnostic, ``svds`` the SVD count."""
+        cfg = msg.content[CONFIG]
+        sheaf = SheafConfig.from_record(cfg)
+        edges = EdgeConfig.from_config(cfg)
+        z, a = whitened_pilots(task.model, task.x_pilot)
+        lvf = store_pilots(context, self.action, z, a)
+        d_i = int(task.model.d)
+        maps = _upload_maps(context, self.action, plugin.maps, edges, d_i, sheaf.sheaf_variant, sheaf.privacy,
+                            int(cfg[SEED]))
+        send_raw, moved = outgoing_pilots(a.double().cpu(), maps, edges.neighbours, edges.heads,
+                                          sheaf.sheaf_variant, sheaf.privacy)
+        if sheaf.privacy == "stringent" or sheaf.sheaf_variant == "homogeneous":
+            save_maps(context, self.action, maps)  # the maps this node transports with (Alg. 1 keeps none)
+        records = {}
+        if send_raw:
+            records[PILOTS] = pack_arrays({OWN_PILOTS: to_numpy(a)})
+        if moved:
+            records[TRANSPORTED] = pack_arrays({str(j): to_numpy(m.float()) for j, m in moved.items()})
+        metrics = {LOW_VARIANCE_FRACTION: lvf, SVDS: int(plugin.svds)}
+        sel = getattr(plugin, "selection", None)
+        if sel is not None:  # echo the selection this node used: the strategy refuses a mismatch
+            metrics[PILOT_INDEX_DIGEST] = index_digest(sel.indices, sel.groups)
+        if PILOT_DESCRIBE in cfg:
+            records[PILOT_PUBLIC] = describe_pilots(task, str(cfg[PILOT_DESCRIBE]))
+        return records, metrics
+
+    def evaluation_reply(self, msg: Message, context: Context, task: LocalTask, arrays: dict[str, np.ndarray]
+                         ) -> dict[str, np.ndarray]:
+        """Under ``privacy = stringent`` (config ``privacy``): the phase-1 arrays moved by the node's own map
+        toward each neighbour j (``"<j>/pilots"``, ``"<j>/test-latents"``, ``"<j>/val-latents"``, width
+        d_e) plus the labels; the raw pilots and latents are not sent. Otherwise ``arrays`` unchanged.
+
+        Raises:
+            ProtocolError: no or an unknown ``privacy`` value; stringent without the edge config or ``seed``.
+        """
+        cfg = msg.content[CONFIG]
+        privacy = str(required(cfg, "privacy", "evaluate." + self.action))
+        if privacy not in PRIVACY_MODES:
+            raise ProtocolError(f"evaluation config privacy={privacy!r}: must be one of {PRIVACY_MODES}")
+        if privacy == "standard":
+            return arrays
+        edges = EdgeConfig.from_config(cfg)
+        d_i = int(task.model.d)
+        maps = _upload_maps(context, self.action, load_maps(context, self.action), edges, d_i, "heterogeneous",
+                            "stringent", int(required(cfg, SEED, "evaluate." + self.action)))
+        out = {name: arrays[name] for name in STRINGENT_EVAL_LABELS}
+        for j in edges.neighbours:
+            x = to_numpy(maps[j])
+            for name in STRINGENT_EVAL_ARRAYS:
+                out[f"{j}/{name}"] = (arrays[name].astype(np.float64) @ x.T).astype(np.float32)
+        save_maps(context, self.action, maps)
+        return out
+
+
+def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
+    """The pilot selection of a ``train.sheaf`` message (None when it carries none: every pilot).
+
+    Raises:
+        ProtocolError: a selection record without the config's :data:`~flwr_sheaf.protocol.PILOT_INDEX_DIGEST`
+            (or the reverse), or indices whose digest differs from it (both keys named).
+    """
+    cfg = msg.content[CONFIG]
+    has_rec, has_digest = PILOT_SELECTION in msg.content, PILOT_INDEX_DIGEST in cfg
+    if has_rec != has_digest:
+        raise ProtocolError(f"train message has {'record ' + repr(PILOT_SELECTION) if has_rec else 'config key ' + repr(PILOT_INDEX_DIGEST)}"
+                            f" without {'config key ' + repr(PILOT_INDEX_DIGEST) if has_rec else 'record ' + repr(PILOT_SELECTION)}")
+    if not has_rec:
+        return None
+    idx, grp = unpack_pilot_selection(msg.content[PILOT_SELECTION], int(cfg[PILOT_INDEX_DIGEST]), num_pilots)
+    return PilotSelection(idx, grp)
+
+
+def describe_pilots(task: LocalTask, what: str):
+    """Record :data:`~flwr_sheaf.protocol.PILOT_PUBLIC`: the shared pilots' labels (``what="class"``) or
+    public features (``"cluster"``: :func:`flwr_sheaf.sheaf.pilots.public_pilot_features` of the raw inputs).
+
+    Raises:
+        ProtocolError: an unknown ``what``; ``"class"`` with a task whose ``y_pilot`` is None.
+    """
+    if what == "class":
+        if task.y_pilot is None:
+            raise ProtocolError("pilot-strategy *-class needs the pilots' labels: this node's LocalTask has y_pilot=None")
+        return pack_arrays({PILOT_LABELS: to_numpy(task.y_pilot).astype("int64")})
+    if what == "cluster":
+        return pack_arrays({PILOT_FEATURES: public_pilot_features(to_numpy(task.x_pilot)).astype("float32")})
+    raise ProtocolError(f"{PILOT_DESCRIBE}={what!r}: must be 'class' or 'cluster'")
+
+
+def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+    """Add Sheaf-FRL's ``query``/``train``/``evaluate``/``evaluate_comm`` handlers under ``action``.
+
+    Pair with :class:`flwr_sheaf.strategy.sheaf_frl.SheafFRL` (same ``action``). ``factory(context)``
+    returns the node's :class:`~flwr_sheaf.client.task.LocalTask`.
+    """
+    return register_method_handlers(app, factory, SheafClient(action))

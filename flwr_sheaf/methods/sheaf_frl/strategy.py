@@ -1,0 +1,389 @@
+"""Sheaf-FRL peer-routing strategy: relays each node only its graph neighbours' pilots (paper Alg. 1).
+
+No global model exists: the server emulates decentralised exchange. Per server round:
+
+1. ``configure_train`` (:class:`GraphStrategy`): each sampled node gets its neighbours' latest
+   whitened pilot matrices ``(K, d_j)`` (record ``pilots``), its incident edges (neighbours, d_j,
+   orientation; :class:`flwr_sheaf.protocol.EdgeConfig`), the local-training config and
+   :class:`flwr_sheaf.config.SheafConfig` with this round's lambda (warm-up applied).
+2. ``aggregate_train``: each reply's pilots are validated (shape ``(K, d_i)``, finite) and stored;
+   a bad matrix is that node's recorded failure and its cached pilots stay. Pilot age is tracked.
+3. Evaluation: :class:`GraphStrategy`'s two phases, whitening fitted on the pilots.
+
+Partial participation (docs/participation.md): who trains is the shared sampler's draw. What a
+sampled node gets of a neighbour j that did not train in the previous round is the
+*absent-neighbour policy*:
+
+- ``cached`` (default): j's last pilots. They are exact (j's encoder has not changed since), so
+  partial participation is block-coordinate descent with the full-participation stationary points;
+  their age (rounds since j produced them) is reported.
+- ``drop``: only pilots produced in the previous round are relayed; the expected penalty then weights
+  edge (i, j) by j's participation probability (a biased objective).
+- ``drop-reweighted``: as ``drop``, with each relayed edge term scaled by ``w_ij = 1/q_j``, q_j the
+  frequency with which j's pilots arrived in rounds ``1..t-2`` (floored at ``reweight-q-min``), so
+  ``E[1{j present}/q_j] = 1``; the weights travel in the edge config.
+
+Pilot selection (paper App. B, run-config ``pilot-strategy``; docs/variants.md): the strategy holds
+every node's full pilot matrix ``(M, d_j)`` and each round decides one
+:class:`~flwr_sheaf.sheaf.pilots.PilotSelection` (:class:`~flwr_sheaf.sheaf.pilots.PilotSampler`:
+from ``(seed, server round)``; ``adaptive`` from the per-pilot mismatch of the matrices it holds). Every
+trained node gets the same selection (record ``pilot-selection``, its digest in the config) and its
+neighbours' matrices reduced by it, so a cached matrix from an older round is reduced with *this*
+round's indices: rows always correspond. A reply echoing another digest is refused (recorded failure).
+``*-class`` / ``*-cluster`` need the pilots' labels / public features: the first train round asks the
+nodes for them (``pilot-describe``); until a node has answered, no pilots are relayed.
+
+A round in which nobody is sampled sends no train message: every node keeps its weights and the
+relay its pilots. A node with p_i = 0 never trains: its neighbours get no pilots of it.
+
+Variants (docs/variants.md): ``sheaf-variant`` is resolved at discovery (``auto`` -> homogeneous iff
+every d_i is equal; ``homogeneous`` with unequal d_i is a ``ValueError`` naming them) and sent
+resolved. Per directed edge (j -> i) the relay forwards either j's raw pilots (record ``pilots``)
+or the matrix j transported toward i (record ``transported``, stored per edge in
+:attr:`SheafFRL.edge_bank`): Alg. 2 sends raw pilots head -> tail and transported ones tail -> head;
+``privacy = stringent`` (Alg. 3/4) only transported ones, and a reply carrying raw pilots is
+discarded and recorded as that node's failure, so the strategy never holds an ``A_i``; its
+evaluation routes each node's per-neighbour transported pilots and latents. The same absent
+policy applies to each edge's message. Per round the train metrics record the uploaded pilot
+bytes by kind (raw; transported toward heads, i.e. to N(i)^+, width d_j; toward tails, N(i)^-,
+width d_i; paper Tab. 1), the relayed bytes and the SVDs the nodes computed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import networkx as nx
+import numpy as np
+import torch
+from flwr.app import Message
+
+from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
+from ...protocol import (METRICS, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS,
+                        PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, SVDS, TRANSPORTED,
+                        index_digest, pack_neighbour_pilots, pack_pilot_selection)
+from ...sheaf.network import orient_edge
+from ...sheaf.pilots import PilotSampler, PilotSelection, apply_selection, parse_pilot_strategy, pilot_mismatch
+from ...sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
+from ...rfedags.participation import FrequencyEstimator
+from ...strategy.base import nanmean, record_bytes
+from ...strategy.evaluation import GraphEvaluation, TransportedEvaluation
+from ...strategy.graph import GraphStrategy
+from . import ACTION
+
+__all__ = ["SheafFRL"]
+
+log = logging.getLogger("flwr_sheaf")
+
+
+class SheafFRL(GraphStrategy):
+    """Sheaf-FRL relay strategy (paper Alg. 1 over Flower messages; module docstring).
+
+    Args:
+        num_nodes: agents (partition-ids ``0..num_nodes-1``).
+        federation: graph spec, participation (fraction or Bernoulli), evaluation period, seed.
+        train: local SGD settings of every node.
+        sheaf: lambda, warm-up, pilot batch, absent-neighbour policy and its q floor.
+        graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
+        action: message action (pair with :func:`flwr_sheaf.client.sheaf.register_sheaf_handlers`).
+        discovery_timeout: seconds to wait for SuperNodes.
+
+    Every config defaults to :mod:`flwr_sheaf.config`'s defaults.
+
+    Raises:
+        ValueError: bad config values (named); (at discovery) a disconnected graph, a graph naming
+            a missing partition-id, nodes with different pilot counts.
+    """
+
+    def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
+                 train: LocalTrainConfig | None = None, sheaf: SheafConfig | None = None,
+                 graph: nx.Graph | None = None, action: str = ACTION, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+        federation = federation or FederationConfig()
+        sheaf = sheaf or SheafConfig()
+        #: stringent privacy: evaluation arrays transported by each node's own map, no raw pilots held
+        #: at the server (no multi-hop / diagnostics, the reason recorded).
+        evaluation = (TransportedEvaluation if sheaf.privacy == "stringent" else GraphEvaluation)(federation)
+        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
+                         evaluation=evaluation, discovery_timeout=discovery_timeout)
+        self.sheaf = sheaf
+        self.bank: dict[int, np.ndarray] = {}
+        self.bank_round: dict[int, int] = {}
+        #: arrival frequency of each node's pilots (``drop-reweighted``); the estimate used in round t
+        #: is computed in round t-1 before observing it.
+        #: (the plain ``c/t`` estimate of docs/participation.md, s3.3, not RFedAGS's Laplace default)
+        self.frequency = FrequencyEstimator(num_nodes, q_min=self.sheaf.reweight_q_min, estimator="empirical")
+        self._q_for_next = self.frequency.estimate()
+        #: ``{(receiver i, neighbour j): (age, weight)}`` of the pilots relayed in the last train round.
+        self.relayed: dict[tuple[int, int], tuple[int, float]] = {}
+        self._withheld = 0
+        #: the resolved ``sheaf-variant`` (set at discovery).
+        self.variant: str | None = None
+        #: ``{(sender j, receiver i): (K, d_e)}`` transported pilots j produced for i, and the round.
+        self.edge_bank: dict[tuple[int, int], np.ndarray] = {}
+        self.edge_bank_round: dict[tuple[int, int], int] = {}
+        self._relayed_bytes = 0
+        self._train_bytes = [0, 0]
+        #: pilot selection (paper App. B): the parsed strategy, its sampler (built once the pilots'
+        #: count and, if needed, their labels / public features are known) and this round's selection.
+        self.pilot_spec = parse_pilot_strategy(self.sheaf.pilot_strategy)
+        self.pilot_sampler: PilotSampler | None = None
+        self.pilot_public: np.ndarray | None = None
+        self.selection: PilotSelection | None = None
+        self._selection_digest = 0
+
+    def _select(self, server_round: int) -> None:
+        """This round's selection (None under ``all`` or while the pilot description is missing)."""
+        self.selection, self._selection_digest = None, 0
+        self._reduced_cache: dict[int, np.ndarray] = {}
+        if self.pilot_sampler is None:
+            return
+        mismatch = None
+        if self.pilot_spec.kind == "adaptive":
+            mismatch = pilot_mismatch(self.bank, self.oriented_edges())
+        self.selection = self.pilot_sampler.select(server_round, mismatch)
+        if self.selection is not None:
+            self._selection_digest = index_digest(self.selection.indices, self.selection.groups)
+
+    # ------------------------------------------------------------------ train hooks
+    def configure_train(self, server_round, arrays, config, grid):
+        """:meth:`GraphStrategy.configure_train` after resetting this round's relay statistics (paper Alg. 1 line 3).
+
+        Raises:
+            ValueError: ``config`` names a key the strategy sends.
+        """
+        self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
+        self._select(server_round)
+        msgs = list(super().configure_train(server_round, arrays, config, grid))
+        self._reduced_cache = {}  # only valid while this round's messages are built (not checkpointed)
+        self._train_bytes = [sum(record_bytes(m.content) for m in msgs), 0]
+        return msgs
+
+    def aggregate_train(self, server_round, replies):
+        """:meth:`GraphStrategy.aggregate_train`, after counting the train replies' payload bytes
+        (``train_bytes_received``; with ``train_bytes_sent``: the train phase alone, evaluation excluded)."""
+        replies = list(replies)
+        self._train_bytes[1] = sum(record_bytes(r.content) for r in replies if r.has_content())
+        return super().aggregate_train(server_round, replies)
+
+    def on_discovered(self) -> None:
+        """:meth:`GraphStrategy.on_discovered`, then resolve ``sheaf-variant`` from the nodes' d_i and build
+        the pilot sampler when it needs no pilot description.
+
+        ``pilot-strategy = adaptive:K`` ranks pilots by the Procrustes residual of the raw pilot matrices
+        the strategy holds, which exist only under Alg. 1 (``privacy = standard``, heterogeneous variant):
+        with it ``sheaf-variant = auto`` resolves to ``heterogeneous`` (Alg. 1 is exact for equal d_i too).
+
+        Raises:
+            ValueError: (besides the graph's) ``sheaf-variant='homogeneous'`` with unequal d_i (named);
+                ``pilot-strategy``'s budget exceeds the shared pilots; ``adaptive`` with
+                ``privacy='stringent'`` or ``sheaf-variant='homogeneous'`` (both keys named).
+        """
+        super().on_discovered()
+        spec = self.pilot_spec
+        variant = self.sheaf.sheaf_variant
+        if spec.kind == "adaptive":
+            if self.sheaf.privacy == "stringent" or variant == "homogeneous":
+                bad = "privacy='stringent'" if self.sheaf.privacy == "stringent" else "sheaf-variant='homogeneous'"
+                raise ValueError(f"pilot-strategy={self.sheaf.pilot_strategy!r} ranks pilots by the raw pilot matrices "
+                                 f"the strategy holds, which {bad} never sends: use another pilot-strategy")
+            variant = "heterogeneous" if variant == "auto" else variant
+        self.variant = resolve_variant(variant, {p: n.d for p, n in self.nodes.items()})
+        log.info("Sheaf-FRL variant %s, privacy %s, pilot-strategy %s", self.variant, self.sheaf.privacy,
+                 self.sheaf.pilot_strategy)
+        if spec.kind != "prototype-class" and spec.k > self.num_pilots and spec.kind != "all":
+            raise ValueError(f"pilot-strategy={self.sheaf.pilot_strategy!r}: budget {spec.k} exceeds the "
+                             f"{self.num_pilots} shared pilots (num-pilots)")
+        if spec.groups is None:
+            self.pilot_sampler = PilotSampler(spec, self.num_pilots, self.seed)
+
+    def method_config(self, server_round: int) -> dict:
+        """:class:`SheafConfig` with this round's lambda and the resolved variant (+ the selection digest,
+        or the request for the pilots' description while the sampler waits for it)."""
+        out = {**self.sheaf.to_dict(), "lambda": self.sheaf.lam_at(server_round), "sheaf-variant": self.variant}
+        if self.selection is not None:
+            out[PILOT_INDEX_DIGEST] = self._selection_digest
+        if self.pilot_spec.groups is not None and self.pilot_sampler is None:
+            out[PILOT_DESCRIBE] = self.pilot_spec.groups
+        return out
+
+    def _is_head(self, a: int, b: int) -> bool:
+        """Whether ``a`` is the head of edge (a, b)."""
+        return orient_edge(a, self.nodes[a].d, b, self.nodes[b].d)[0] == a
+
+    def _sends_raw(self, sender: int, receiver: int) -> bool:
+        return receiver_sends_raw(self.variant, self.sheaf.privacy, self._is_head(sender, receiver))
+
+    def _width(self, sender: int, receiver: int) -> int:
+        """Width of what ``sender`` sends toward ``receiver``: d_sender raw (or homogeneous), d_e stringent."""
+        d_s, d_r = self.nodes[sender].d, self.nodes[receiver].d
+        return edge_dim(d_s, d_r) if self.sheaf.privacy == "stringent" else d_s
+
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """What each neighbour sent toward ``pid`` under the absent policy (raw pilots in record ``pilots``,
+        transported ones in ``transported``), and the edges (with ``1/q_j`` weights for ``drop-reweighted``).
+
+        Records ``(age, weight)`` per relayed edge in :attr:`relayed`; age = rounds since the
+        neighbour produced the matrix (1 = the previous round). A neighbour without one gets weight 0.
+        Under ``privacy = stringent`` no ``pilots`` record is sent.
+        """
+        policy = self.sheaf.absent_policy
+        nbrs = sorted(self.graph.neighbors(pid))
+        waiting = self.pilot_spec.kind != "all" and self.selection is None  # no description of the pilots yet
+        raw, moved, weights = {}, {}, []
+        for j in nbrs:
+            is_raw = self._sends_raw(j, pid)
+            arr = self.bank.get(j) if is_raw else self.edge_bank.get((j, pid))
+            rj = self.bank_round.get(j) if is_raw else self.edge_bank_round.get((j, pid))
+            if arr is None or waiting or (policy != "cached" and rj != server_round - 1):
+                self._withheld += arr is not None  # the neighbour had pilots, the policy withheld them
+                weights.append(0.0)
+                continue
+            w = 1.0 / float(self._q_for_next[j]) if policy == "drop-reweighted" else 1.0
+            arr = self._reduced(arr)
+            (raw if is_raw else moved)[j] = arr
+            self._relayed_bytes += int(arr.nbytes)
+            weights.append(w)
+            self.relayed[(pid, j)] = (server_round - rj, w)
+        edges = self.edge_config(pid, weights if policy == "drop-reweighted" else None)
+        records = {} if self.sheaf.privacy == "stringent" else {PILOTS: pack_neighbour_pilots(raw)}
+        if moved or self.sheaf.privacy == "stringent":
+            records[TRANSPORTED] = pack_neighbour_pilots(moved)
+        if self.selection is not None:
+            records[PILOT_SELECTION] = pack_pilot_selection(self.selection.indices, self.selection.groups)
+        return records, edges.to_config()
+
+    def _reduced(self, arr: np.ndarray) -> np.ndarray:
+        """A held pilot matrix ``(M, w)`` (raw or transported) reduced by this round's selection
+        (``(rows, w)`` float32; unchanged under ``all``)."""
+        if self.selection is None:
+            return arr
+        key = id(arr)  # a held matrix is relayed to each of its sender's neighbours: reduce it once a round
+        if key not in self._reduced_cache:
+            self._reduced_cache[key] = apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
+        return self._reduced_cache[key]
+
+    def _check_upload(self, pid: int, r: Message) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
+        """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
+        k, d = self.num_pilots, self.nodes[pid].d
+        nbrs = sorted(self.graph.neighbors(pid))
+        want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (not nbrs and self.sheaf.privacy == "standard")
+        want_moved = {j: self._width(pid, j) for j in nbrs if not self._sends_raw(pid, j)}
+        has_raw = PILOTS in r.content and OWN_PILOTS in r.content[PILOTS]
+        if has_raw and self.sheaf.privacy == "stringent":
+            return "raw pilots in a reply under privacy='stringent' (discarded, never stored)", None, {}
+        a = r.content[PILOTS][OWN_PILOTS].numpy() if has_raw else None
+        if want_raw and (a is None or a.shape != (k, d)):
+            return f"pilot matrix shape {None if a is None else a.shape}, expected ({k}, {d})", None, {}
+        if a is not None and not np.isfinite(a).all():
+            return "NaN/inf pilots (cached pilots kept)", None, {}
+        rec = r.content[TRANSPORTED] if TRANSPORTED in r.content else {}
+        keys = sorted(rec.keys())
+        if keys != sorted(str(j) for j in want_moved):
+            return f"transported pilots for {keys}, expected for neighbours {sorted(want_moved)}", None, {}
+        moved = {}
+        for j, width in want_moved.items():
+            m = rec[str(j)].numpy()
+            if m.shape != (k, width):
+                return f"transported pilots toward {j} of shape {m.shape}, expected ({k}, {width})", None, {}
+            if not np.isfinite(m).all():
+                return f"NaN/inf transported pilots toward {j}", None, {}
+            moved[j] = m
+        return None, (a if want_raw else None), moved
+
+    def _accept_description(self, server_round: int, pid: int, r: Message) -> bool:
+        """Build the sampler from a node's pilot description (record ``pilot-public``); False (and a
+        recorded failure) when it is missing, malformed, or differs from the one already accepted."""
+        what = self.pilot_spec.groups
+        key = PILOT_LABELS if what == "class" else PILOT_FEATURES
+        rec = r.content[PILOT_PUBLIC] if PILOT_PUBLIC in r.content else None
+        arr = rec[key].numpy() if rec is not None and key in rec else None
+        if arr is None or arr.shape[0] != self.num_pilots:
+            self.record_failure(server_round, "train", pid, f"reply lacks {PILOT_PUBLIC}/{key} with {self.num_pilots} "
+                                f"rows (asked by {PILOT_DESCRIBE}={what!r})")
+            return False
+        if self.pilot_public is not None:
+            if not np.array_equal(arr, self.pilot_public):
+                self.record_failure(server_round, "train", pid, f"{PILOT_PUBLIC}/{key} differs from the other nodes'")
+                return False
+            return True
+        self.pilot_public = arr
+        labels, feats = (arr, None) if what == "class" else (None, arr)
+        self.pilot_sampler = PilotSampler(self.pilot_spec, self.num_pilots, self.seed, labels=labels, features=feats)
+        log.info("pilot-strategy %s: %d groups from partition-id %d's pilot description", self.sheaf.pilot_strategy,
+                 self.pilot_sampler.num_groups, pid)
+        return True
+
+    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+        """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
+
+        A reply whose pilot matrix has the wrong shape or NaN/inf entries is that node's recorded
+        failure and its cached pilots stay (docs/participation.md, s3); the frequency estimate used
+        in round t+1 counts rounds 1..t-1 only (s3.3).
+        """
+        accepted = {}
+        up = {"raw": 0, "to_heads": 0, "to_tails": 0}
+        svds = 0
+        describe = self.pilot_spec.groups is not None and self.pilot_sampler is None
+        for pid, r in ok.items():
+            if self.selection is not None:
+                used = r.content[METRICS].get(PILOT_INDEX_DIGEST) if PILOT_INDEX_DIGEST in r.content[METRICS] else None
+                if used is None or int(used) != self._selection_digest:
+                    self.record_failure(server_round, "train", pid, f"pilot index mismatch: reply metric "
+                                        f"{PILOT_INDEX_DIGEST!r} = {used}, but this round's {PILOT_SELECTION!r} has "
+                                        f"digest {self._selection_digest} (reply refused, cached pilots kept)")
+                    continue
+                del r.content[METRICS][PILOT_INDEX_DIGEST]  # checked; not a metric to average
+            if describe and (self.pilot_public is None or PILOT_PUBLIC in r.content):
+                if not self._accept_description(server_round, pid, r):
+                    continue
+            why, a, moved = self._check_upload(pid, r)
+            if why is not None:
+                self.record_failure(server_round, "train", pid, why)
+                continue
+            if a is not None:
+                self.bank[pid] = a
+                up["raw"] += int(a.nbytes)
+            self.bank_round[pid] = server_round
+            for j, m in moved.items():
+                self.edge_bank[(pid, j)], self.edge_bank_round[(pid, j)] = m, server_round
+                up["to_tails" if self._is_head(pid, j) else "to_heads"] += int(m.nbytes)
+            v = r.content[METRICS][SVDS] if SVDS in r.content[METRICS] else 0
+            svds += int(v) if isinstance(v, (int, float)) and np.isfinite(v) else 0
+            accepted[pid] = r
+        arrived = np.zeros(self.num_nodes, dtype=bool)
+        arrived[list(accepted)] = True
+        self._q_for_next = self.frequency.estimate()  # rounds 1..t-1: independent of round t's arrivals
+        self.frequency.observe(arrived)
+        ages = [server_round - r for r in self.bank_round.values()]
+        relayed_ages = [a for a, _ in self.relayed.values()]
+        ws = [w for _, w in self.relayed.values()]
+        return accepted, {
+            "lambda": self.sheaf.lam_at(server_round),
+            "pilot_age_mean": nanmean(ages), "pilot_age_max": max(ages) if ages else 0,
+            "never_trained": self.num_nodes - len(self.bank_round),
+            "edges_relayed": len(self.relayed), "edges_dropped": self._withheld,
+            "relayed_pilot_age_mean": nanmean(relayed_ages), "relayed_pilot_age_max": max(relayed_ages) if relayed_ages else 0,
+            "edge_weight_mean": nanmean(ws), "edge_weight_max": max(ws) if ws else float("nan"),
+            "pilot_bytes_raw_up": up["raw"], "pilot_bytes_to_heads_up": up["to_heads"],
+            "pilot_bytes_to_tails_up": up["to_tails"], "pilot_bytes_up": sum(up.values()),
+            "pilot_bytes_relayed": self._relayed_bytes, "svds_total": svds,
+            "train_bytes_sent": self._train_bytes[0], "train_bytes_received": self._train_bytes[1],
+            "pilot_rows": self.selection.num_rows if self.selection is not None else
+            (self.num_pilots if self.pilot_spec.kind == "all" else 0),
+        }
+
+    def results_extra(self) -> dict:
+        """Graph, participation and evaluation extras plus the :class:`SheafConfig` in use (and the resolved variant)."""
+        pilots = {"strategy": self.sheaf.pilot_strategy, "normalisation": self.sheaf.pilot_normalisation,
+                  "num_pilots": self.num_pilots,
+                  "num_groups": self.pilot_sampler.num_groups if self.pilot_sampler is not None else 0}
+        return {**super().results_extra(), "sheaf": {**self.sheaf.to_dict(), "sheaf-variant-resolved": self.variant},
+                "pilot_selection": pilots}
+
+    # ------------------------------------------------------------------ evaluation under stringent privacy
+    def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """``privacy`` for every node; under ``stringent`` also its edges and the seed (it transports its
+        evaluation arrays toward each neighbour with its own map)."""
+        if self.sheaf.privacy != "stringent":
+            return {}, {"privacy": self.sheaf.privacy}
+        return {}, {"privacy": self.sheaf.privacy, SEED: self.seed, **self.edge_config(pid).to_config()}

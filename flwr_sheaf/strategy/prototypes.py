@@ -1,0 +1,169 @@
+"""Prototype aggregation as a component (FedProto and FedSAF hold one; docs/baselines.md, s3).
+
+:class:`PrototypeAggregator` owns what FedProto's server does with prototypes: the common
+prototype dimension D (``fedproto-dim``), the global prototypes, each upload's validation on its
+own (a bad upload is that node's recorded failure, phase ``prototypes``; its training still
+counts) and the count-weighted or unweighted mean per class of the valid ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from flwr.app import Message
+
+from ..baselines.fedproto import aggregate_prototypes, check_common_dim
+from ..config import FedProtoConfig
+from ..protocol import (
+    FEATURE_DIM,
+    GLOBAL_PROTOTYPES,
+    NUM_CLASSES,
+    UPLOAD,
+    pack_prototypes,
+    unpack_prototypes,
+)
+from .base import positive_int
+
+if TYPE_CHECKING:
+    from .graph import GraphStrategy
+
+__all__ = ["PrototypeAggregator", "common_dimension"]
+
+log = logging.getLogger("flwr_sheaf")
+
+
+def common_dimension(spec: str | int, dims: dict[int, int], key: str) -> int:
+    """The common dimension D of a ``<method>-dim`` setting (docs/baselines.md, s3.5).
+
+    Args:
+        spec: ``"auto"`` (the smallest stalk dimension), ``"none"`` (all d_i must agree) or an int D.
+        dims: ``{partition-id: d_i}`` as discovered.
+        key: the run-config key, for messages.
+
+    Raises:
+        ValueError: ``"none"`` with different stalk dimensions (each d and its partition-ids named).
+    """
+    if spec == "auto":
+        return min(dims.values())
+    if spec == "none":
+        try:
+            return check_common_dim(dims, adapter=False)
+        except ValueError as exc:
+            raise ValueError(f"{exc} ({key}='none'; use 'auto' or an integer D)") from None
+    return int(spec)
+
+
+class PrototypeAggregator:
+    """FedProto's server-side prototype state and aggregation.
+
+    Args:
+        config: prototype dimension, weight, reduction, aggregation, missing-class policy.
+        num_classes: size of the label space (class ids ``0..num_classes-1``).
+
+    Raises:
+        ValueError: ``num_classes`` is not a positive integer.
+    """
+
+    def __init__(self, config: FedProtoConfig, num_classes: int) -> None:
+        self.config = config
+        self.num_classes = positive_int("num_classes", num_classes)
+        self.common_dim: int | None = None
+        self.global_protos: dict[int, torch.Tensor] = {}
+
+    def resolve_dim(self, dims: dict[int, int], owner: str) -> int:
+        """Fix D from the discovered ``{partition-id: d_i}`` (``fedproto-dim``).
+
+        Raises:
+            ValueError: ``fedproto-dim = none`` with different stalk dimensions (each d named).
+        """
+        self.common_dim = common_dimension(self.config.dim, dims, "fedproto-dim")
+        log.info(
+            "%s: common prototype dimension D = %d (fedproto-dim=%r)",
+            owner,
+            self.common_dim,
+            self.config.dim,
+        )
+        return self.common_dim
+
+    def shared(self) -> dict[str, Any]:
+        """Config entries of train and evaluation messages: D and the label-space size."""
+        return {FEATURE_DIM: self.common_dim, NUM_CLASSES: self.num_classes}
+
+    def method_config(self) -> dict[str, Any]:
+        """The FedProto section plus :meth:`shared`."""
+        return {**self.config.to_dict(), **self.shared()}
+
+    def record(self) -> dict[str, Any]:
+        """``{GLOBAL_PROTOTYPES: record}`` (empty before the first aggregation)."""
+        protos = {c: p.numpy() for c, p in self.global_protos.items()}
+        return {GLOBAL_PROTOTYPES: pack_prototypes(protos, dim=self.common_dim)} if protos else {}
+
+    def _upload(
+        self, pid: int, reply: Message, weighted: bool
+    ) -> tuple[dict[int, torch.Tensor], dict[int, float] | None]:
+        """One node's prototypes and counts, validated on their own.
+
+        Raises:
+            ValueError: no upload, a wrong dimension, missing counts under weighted aggregation,
+                NaN/inf or a class outside ``[0, num_classes)`` (partition-id named).
+        """
+        src = f"partition-id {pid}"
+        if UPLOAD not in reply.content:
+            raise ValueError(f"{src}: reply carries no prototypes")
+        raw, counts = unpack_prototypes(reply.content[UPLOAD], src)
+        protos = {c: torch.from_numpy(p) for c, p in raw.items()}
+        dims = {p.shape[0] for p in protos.values()}
+        if dims and dims != {self.common_dim}:
+            raise ValueError(
+                f"{src}: prototypes have d={sorted(dims)}, expected the common dimension "
+                f"d={self.common_dim}"
+            )
+        if weighted and counts is None:
+            raise ValueError(f"{src}: weighted aggregation needs counts")
+        # Validate this upload alone (NaN, class range, counts) so one bad node cannot sink the round.
+        aggregate_prototypes(
+            [(protos, counts)], weighted=weighted, num_classes=self.num_classes, sources=[src]
+        )
+        return protos, counts
+
+    def accept(self, s: GraphStrategy, server_round: int, ok: dict[int, Message]) -> dict[str, Any]:
+        """Validate each upload on its own, then aggregate the valid ones into the global prototypes
+        (count-weighted or unweighted mean per class, docs/baselines.md s3.3); returns round metrics.
+
+        A malformed upload is that node's recorded failure (phase ``prototypes``) on ``s``.
+        """
+        uploads, sources, rejected = [], [], []
+        weighted = self.config.aggregation == "weighted"
+        for pid, r in sorted(ok.items()):
+            try:
+                uploads.append(self._upload(pid, r, weighted))
+            except ValueError as exc:
+                rejected.append(pid)
+                s.record_failure(server_round, "prototypes", pid, str(exc))
+                continue
+            sources.append(f"partition-id {pid}")
+        before = set(self.global_protos)
+        self.global_protos = aggregate_prototypes(
+            uploads,
+            weighted=weighted,
+            previous=self.global_protos,
+            missing=self.config.missing,
+            num_classes=self.num_classes,
+            sources=sources,
+        )
+        return {
+            "prototypes_rejected": rejected,
+            "num_global_prototypes": len(self.global_protos),
+            "new_global_classes": sorted(set(self.global_protos) - before),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """``results.json``'s ``prototypes`` entry."""
+        return {
+            **self.config.to_dict(),
+            "feature_dim": self.common_dim,
+            "num_classes": self.num_classes,
+            "classes": sorted(self.global_protos),
+        }

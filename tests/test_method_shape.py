@@ -1,0 +1,83 @@
+"""Every registered method is one small unit: its strategy is one level below flwr-sheaf's one base,
+and evaluation keeps no state on the strategy between its phases (issue #19, design.md s3)."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp.strategy import Strategy
+
+from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.apps.methods import build_strategy
+from flwr_sheaf.config import FederationConfig, LocalTrainConfig, RunConfig
+from flwr_sheaf.methods.registry import METHODS
+from flwr_sheaf.strategy.graph import GraphStrategy
+from flwr_sheaf.strategy.noncooperative import NonCooperative
+from flwr_sheaf.testing import LocalGrid
+
+RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "seed": 3, "graph": "ring"}
+#: attribute names the two-phase evaluation used to keep between hooks
+OLD_EVALUATION_STATE = (
+    "_phase1",
+    "_receivers",
+    "_routed_src",
+    "_non_edge_plan",
+    "_evaluators",
+    "_extra_eval",
+)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_registered_strategy_is_at_most_two_levels_below_flowers_strategy(name):
+    config = RunConfig.from_run_config({**RC, "method": name}, METHODS[name].config)
+    strategy = build_strategy(config)
+    mro = type(strategy).__mro__
+    below = mro[: mro.index(Strategy)]  # the strategy class and its bases of ours
+    assert len(below) <= 2, (
+        f"{name}: {[c.__name__ for c in below]} (compose shared behaviour instead)"
+    )
+    assert below[-1] is GraphStrategy, (
+        f"{name}: the one base is GraphStrategy, got {below[-1].__name__}"
+    )
+
+
+def _holds_messages(value) -> bool:
+    if isinstance(value, Message):
+        return True
+    if isinstance(value, dict):
+        return any(isinstance(v, Message) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, Message) for v in value)
+    return False
+
+
+def test_no_evaluation_state_stays_on_the_strategy_after_an_evaluated_round():
+    s = NonCooperative(
+        4, federation=FederationConfig(graph="ring", seed=3), train=LocalTrainConfig(local_epochs=1)
+    )
+    grid = LocalGrid(cnn_client_app, 4, run_config=RC)
+    s.start(grid, num_rounds=1, timeout=60.0)
+    assert s.rounds[-1].evaluation is not None and len(s.edge_results) == 8
+    attrs = vars(s)
+    assert not [a for a in OLD_EVALUATION_STATE if a in attrs]
+    assert not [a for a, v in attrs.items() if _holds_messages(v)], "replies kept on the strategy"
+    assert not [a for a, v in vars(s.evaluation).items() if _holds_messages(v)], (
+        "the component is stateless"
+    )
+
+
+def test_the_evaluation_round_is_a_value_returned_by_the_component():
+    s = NonCooperative(
+        4, federation=FederationConfig(graph="ring", seed=3), train=LocalTrainConfig(local_epochs=1)
+    )
+    grid = LocalGrid(cnn_client_app, 4, run_config=RC)
+    s.discover(grid, 60.0)
+    s.begin_round(1)
+    result = s.evaluation.run(s, 1, ConfigRecord(), grid, 60.0)
+    assert len(result.edges) == 8 and sorted(result.nodes) == [0, 1, 2, 3]
+    assert s.last_evaluation.edges == []  # the strategy records it only through evaluate_round
+    metrics = s.evaluate_round(1, ArrayRecord(), ConfigRecord(), grid, 60.0)
+    assert (
+        metrics["communication_accuracy_degree_weighted"]
+        == s.last_evaluation.summary.communication_accuracy_degree_weighted
+    )
