@@ -24,7 +24,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, RFedAGS, SheafConfig, SheafFRL
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.apps.methods import METHODS
+from flwr_sheaf.apps.methods import zoo_methods
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.config import KEYS, RunConfig
 from flwr_sheaf.testing import set_task_identity
@@ -48,7 +48,7 @@ def test_every_method_trains_the_same_nodes_in_every_round(spec, tmp_path):
     rounds, seed, n = 4, 7, 4
     rc = {**TINY, **spec, "seed": seed, "num-server-rounds": rounds, "evaluate-every": 0}
     sets = {}
-    for method in sorted(METHODS):
+    for method in zoo_methods():
         grid = LocalGrid(cnn_client_app, n, run_config=rc)
         run_server(grid, {**rc, "method": method, "results-dir": str(tmp_path / method)})
         sets[method] = _trained_per_round(grid, rounds)
@@ -184,7 +184,7 @@ def test_the_same_seed_gives_the_same_numbers_in_fresh_processes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", zoo_methods())
 def test_every_method_trains_on_the_default_scenario_with_its_own_defaults(method, tmp_path):
     # the default zoo (paper-15) has stalk dimensions 64..256: FedProto/FedSAF must pick D themselves
     rc = {"method": method, "num-server-rounds": 1, "local-epochs": 1, "max-steps-per-epoch": 1, "evaluate-every": 0,

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.clientapp import ClientApp
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.apps.methods import METHODS, build_strategy
+from flwr_sheaf.apps.methods import build_strategy, zoo_methods
 from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
 from flwr_sheaf.baselines.fedproto import PoolingAdapter
 from flwr_sheaf.client.fedproto import FedProtoLoss
@@ -235,7 +235,7 @@ def test_method_switch_builds_each_strategy_and_rejects_unknown():
     def build(**kw):
         return build_strategy(RunConfig.from_run_config({**RC, **kw}))
 
-    kinds = {m: type(build(method=m)).__name__ for m in METHODS}
+    kinds = {m: type(build(method=m)).__name__ for m in zoo_methods()}
     assert kinds == {"sheaf-frl": "SheafFRL", "fedproto": "FedProto", "fedsaf-gcsa": "FedSAF",
                      "fedsaf-rcsa": "FedSAF", "non-cooperative": "NonCooperative", "fedmuscle": "FedMuscle",
                      "comfed": "ComFed", "sheaf-fmtl": "SheafFMTL"}
@@ -255,7 +255,7 @@ ROUND_KEYS = {"round", "private_accuracy_mean", "communication_accuracy_mean", "
               "gluing_loss", "bytes_sent", "bytes_received", "wall_seconds", "ce", "num_trained"}
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", zoo_methods())
 def test_each_method_runs_end_to_end_and_writes_the_common_schema(method, tmp_path):
     res = run_inprocess({**RC, "method": method, "num-server-rounds": 1, "results-dir": str(tmp_path)})
     assert json.loads((tmp_path / "results.json").read_text()) == res

@@ -16,8 +16,14 @@ from ..methods.sheaf_fmtl import zoo_parameter_counts
 from ..strategy.base import PeerStrategy
 from .scenario import agent_specs
 
-__all__ = ["Method", "METHODS", "build_strategy", "num_nodes", "register_all_handlers", "register_handlers",
+__all__ = ["Method", "METHODS", "zoo_methods", "build_strategy", "num_nodes", "register_all_handlers", "register_handlers",
            "zoo_parameter_counts"]
+
+
+def zoo_methods() -> list[str]:
+    """Names of the registered methods that run on the CNN-zoo scenario (no task factory of their own),
+    sorted: the graph methods of the papers and any user method of that kind (not the RFedAGS family)."""
+    return sorted(name for name, m in METHODS.items() if m.task_factory is None)
 
 
 def num_nodes(config: RunConfig, method: Method | None = None) -> int:
