@@ -34,7 +34,10 @@ def table(rows: list[dict], metric: str) -> str:
     xs = sorted({float(r["x"]) for r in rows})
     methods = sorted({r["method"] for r in rows}, key=_rank)
     cell = {(r["method"], float(r["x"])): r for r in rows}
-    fmt = (lambda x: f"{x:g}")
+
+    def fmt(x):
+        return f"{x:g}"
+
     lines = ["| method | " + " | ".join(fmt(x) for x in xs) + " |", "|---|" + "---|" * len(xs)]
     for m in methods:
         out = []

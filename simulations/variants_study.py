@@ -89,7 +89,7 @@ def table(done: list[dict], order: list[str]) -> str:
         rs = [r for r in done if r["row"] == tag]
         if not rs:
             continue
-        f = lambda k: [float(r[k]) for r in rs if r[k] not in ("", "None", "nan")]  # noqa: E731
+        f = lambda k: [float(r[k]) for r in rs if r[k] not in ("", "None", "nan")]  # noqa: E731, B023 - this iteration only
         paired = [float(r[comm]) - ref[r["seed"]] for r in rs if r["seed"] in ref]  # same seed: same data and init
         lines.append(f"| `{rs[0]['strategy']}` | {rs[0]['normalisation']} | {len(rs)} | {rs[0]['pilot_rows']} | "
                      f"{_ms(f('private_accuracy_mean'))} | {_ms(f(comm))} | {_ms(paired)} | "

@@ -318,7 +318,7 @@ def test_drop_reweighted_sends_inverse_frequency_weights():
     for t, per_node in msgs.items():
         arrived = np.array([[j in produced.get(r, {}) for j in range(6)] for r in range(1, t - 1)], dtype=bool).reshape(-1, 6)
         q = np.maximum(arrived.mean(0), 0.1) if len(arrived) else np.ones(6)
-        for i, m in per_node.items():
+        for _i, m in per_node.items():
             cfg = m.content["config"]
             fresh = {j for j in cfg["neighbours"] if j in produced.get(t - 1, {})}
             assert {int(k) for k in m.content["pilots"].keys()} == fresh

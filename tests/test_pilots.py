@@ -284,7 +284,7 @@ def test_relayed_pilots_are_the_held_matrices_reduced_by_the_round_selection(pil
         digests = {index_digest(x.indices, x.groups) for x in sels.values()}
         assert len(digests) == 1  # identical indices, order and groups on every node of the round
         sel = next(iter(sels.values()))
-        for i, m in per_node.items():
+        for _i, m in per_node.items():
             for key in m.content["pilots"].keys():
                 j = int(key)
                 last = max(r for r in produced if r < t and j in produced[r])

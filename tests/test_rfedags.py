@@ -66,7 +66,7 @@ def p_tilde_quad(p):
     out = []
     for i in range(p.size):
         others = np.delete(p, i)
-        val, _ = integrate.quad(lambda t: np.prod(1 - others + others * t), 0.0, 1.0,
+        val, _ = integrate.quad(lambda t, o=others: np.prod(1 - o + o * t), 0.0, 1.0,
                                 epsabs=1e-14, epsrel=1e-13)
         out.append(p[i] * val)
     return np.array(out)

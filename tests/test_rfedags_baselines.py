@@ -126,7 +126,7 @@ def test_svrg_full_participation_k1_is_centralised_rgd():
 
 def test_rfedproj_run_equals_numpy_loop_with_corrections():
     prob, p = planted_pca_problem(seed=7)
-    n, k_steps, alpha, rounds = prob.num_clients, 3, 0.04, 5
+    k_steps, alpha, rounds = 3, 0.04, 5
     x0 = prob.manifold.random_point(np.random.default_rng(8))
     polar = lambda z: sla.polar(z)[0]  # noqa: E731
     proj = lambda x, v: v - x @ (0.5 * (x.T @ v + v.T @ x))  # noqa: E731

@@ -82,7 +82,7 @@ def test_stringent_no_pilot_matrix_leaves_a_node_and_bytes_follow_tab1():
     for m in grid.delivered:
         held.setdefault(grid.partition_of(m.metadata.dst_node_id), []).extend(x for _, _, x in _arrays(m.content))
     k = RC["num-pilots"]
-    for p, raw, white in rec.pilots:  # a receiver also holds its own pilot matrices
+    for p, _raw, white in rec.pilots:  # a receiver also holds its own pilot matrices
         held.setdefault(p, []).append(white)
     for r in grid.replies:
         src = grid.partition_of(r.metadata.src_node_id)

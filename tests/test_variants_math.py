@@ -108,7 +108,7 @@ def test_eq42_gradient_equals_standard_gradient(dims, i):
     with SvdCounter() as c:
         terms, maps = edge_terms(pilots[i], rec, "heterogeneous", "stringent")
     assert c.n == len(rec)
-    for j, hd in roles[i]:
+    for j, _hd in roles[i]:
         x = maps[j]
         assert x.shape == (max(dims[i], dims[j]), dims[i])
         assert torch.allclose(x.T @ x, torch.eye(dims[i], dtype=torch.float64), atol=1e-12)

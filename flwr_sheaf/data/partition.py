@@ -49,7 +49,7 @@ __all__ = [
     "prepare_split",
     "agent_data",
     "PreparedSplit",
-    "LabelShiftPartitioner",
+    "LabelShiftPartitioner",  # noqa: F822 - defined lazily by the module __getattr__
     "PARTITIONER_FORMS",
     "parse_partitioner",
     "make_dirichlet_split",

@@ -189,10 +189,10 @@ def commuting_spd_problem(seed: int = 0, n: int = 3, num_frequent: int = 5, num_
     q = q * np.where(np.diag(r) < 0, -1.0, 1.0)
     mu = spread * np.linspace(1.0, -1.0, n)
     groups = np.array([1.0] * num_frequent + [-1.0] * num_rare)
-    l = groups[:, None, None] * mu + noise * rng.standard_normal((groups.size, samples_per_client, n))
-    pts = np.einsum("ab,nsb,cb->nsac", q, np.exp(l), q)
+    logs = groups[:, None, None] * mu + noise * rng.standard_normal((groups.size, samples_per_client, n))
+    pts = np.einsum("ab,nsb,cb->nsac", q, np.exp(logs), q)
     pts = 0.5 * (pts + np.swapaxes(pts, -1, -2))
-    lspec = l.mean(axis=1)  # (N, n)
+    lspec = logs.mean(axis=1)  # (N, n)
     x_star = (q * np.exp(lspec.mean(axis=0))) @ q.T
     p = np.array([p_frequent] * num_frequent + [p_rare] * num_rare)
     return FrechetMeanProblem(SPD(n), pts, optimum=x_star, log_spectra=(q, lspec)), p

@@ -15,7 +15,8 @@ from flwr.app import ArrayRecord, RecordDict
 
 from ..protocol import NodeInfo
 
-__all__ = ["PeerStrategy", "RoundRecord", "EvaluationSummary", "Node", "record_bytes", "nanmean", "positive_int",
+__all__ = ["PeerStrategy",  # noqa: F822 - PeerStrategy comes from the module __getattr__ (an alias)
+           "RoundRecord", "EvaluationSummary", "Node", "record_bytes", "nanmean", "positive_int",
            "weight_problem"]
 
 log = logging.getLogger("flwr_sheaf")
