@@ -364,3 +364,26 @@ def test_model_reporting_the_wrong_latent_size_fails_discovery_naming_d_and_the_
     assert f"partition-id 1: model.latent() returned shape (2, {real})" in str(err.value)
     assert f"model.d = {real + 3}" in str(err.value)
     assert {m.metadata.message_type.split(".")[0] for m in grid.delivered} == {"query"}
+
+
+# ------------------------------------------- issue 22: infeasible splits refused before any message
+@pytest.mark.parametrize("zoo, dataset", [("tiny-2000", "mnist-bundled"), ("tiny-10000", "fashion-mnist")])
+def test_scenario_whose_splits_cannot_be_non_empty_is_refused_in_seconds_before_any_message(zoo, dataset, tmp_path):
+    import time
+
+    from flwr_sheaf.data.catalog import find_installed
+
+    if dataset == "fashion-mnist":
+        try:
+            find_installed("fashion-mnist")
+        except FileNotFoundError:
+            pytest.skip("fashion-mnist not installed (bash scripts/get_data.sh fashion-mnist)")
+    n = int(zoo.split("-")[1])
+    rc = {"zoo": zoo, "dataset": dataset, "graph": "ring", "num-pilots": 100, "results-dir": str(tmp_path / "r")}
+    grid = LocalGrid(cnn_client_app, n, run_config=rc)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"of N={n} agents get an empty training, validation or test split.*"
+                                          r"partition-id 0: \d+ training, \d+ validation, \d+ test.*use fewer agents"):
+        run_server(grid, rc)
+    assert time.monotonic() - t0 < 5.0 + 3.0  # + loading the dataset the first time in this process
+    assert grid.delivered == []  # not even discovery

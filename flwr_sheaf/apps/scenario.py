@@ -11,13 +11,13 @@ import functools
 from flwr.app import Context
 
 from ..client.task import LocalTask
-from ..config import ScenarioConfig, apply_preset
+from ..config import ConfigError, ScenarioConfig, apply_preset
 from ..data.sources import register_derived_cache
-from ..data.partition import AgentData, PreparedSplit, agent_data, prepare_split
+from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_agents, prepare_split
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
 
-__all__ = ["agent_specs", "scenario_task", "cnn_task_factory"]
+__all__ = ["agent_specs", "scenario_task", "cnn_task_factory", "check_scenario"]
 
 
 def agent_specs(scenario: ScenarioConfig) -> tuple[AgentSpec, ...]:
@@ -66,6 +66,30 @@ def _agent_data(dataset: str, zoo: str, shift: float, seed: int, num_pilots: int
 
 register_derived_cache(_prepared.cache_clear)
 register_derived_cache(_agent_data.cache_clear)
+
+
+def check_scenario(scenario: ScenarioConfig) -> None:
+    """The CNN-zoo scenario's data checked for every agent on this machine, before any message
+    (:func:`~flwr_sheaf.data.partition.check_all_agents`). Where the dataset is not on this machine
+    (a deployment whose ServerApp host holds no data) the nodes check their own share at discovery.
+
+    Raises:
+        ConfigError: agents with an empty split or a target class without samples (named, with the remedy).
+    """
+    if scenario.dataset.startswith("hf:"):
+        return  # a hub download on the ServerApp's host is not wanted: the nodes check at discovery
+    try:
+        prepared = _prepared(scenario.dataset, scenario.zoo, scenario.shift, scenario.seed, scenario.num_pilots or None,
+                             scenario.partitioner)
+    except (FileNotFoundError, ImportError, OSError):
+        return  # not on this machine: the nodes' discovery checks it
+    except ValueError as exc:
+        raise ConfigError(f"scenario zoo={scenario.zoo!r} dataset={scenario.dataset!r}: {exc}") from None
+    try:
+        check_all_agents(prepared)
+    except ValueError as exc:
+        raise ConfigError(f"scenario zoo={scenario.zoo!r} dataset={scenario.dataset!r} shift={scenario.shift}: "
+                          f"{exc}") from None
 
 
 def cnn_task_factory(context: Context) -> LocalTask:

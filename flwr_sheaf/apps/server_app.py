@@ -16,6 +16,7 @@ from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
 from ..methods import parse_run_config
 from .methods import num_nodes
+from .scenario import check_scenario
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -49,6 +50,8 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.propagate = False
     config, method = parse_run_config(run_config)  # imports method-module first
     strategy = method.strategy(config, num_nodes(config, method))
+    if method.task_factory is None:  # the CNN-zoo scenario: every agent's data checked before any message
+        check_scenario(config.scenario)
     with preflight(config):  # directories writable, results-dir free and locked: before any message
         return _run(grid, config, method, strategy)
 

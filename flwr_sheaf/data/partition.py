@@ -49,6 +49,7 @@ __all__ = [
     "prepare_split",
     "agent_data",
     "PreparedSplit",
+    "check_all_agents",
     "LabelShiftPartitioner",  # noqa: F822 - defined lazily by the module __getattr__
     "PARTITIONER_FORMS",
     "parse_partitioner",
@@ -605,6 +606,41 @@ def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:
 
 
 register_derived_cache(_cached_split.cache_clear)
+
+
+def check_all_agents(prepared: PreparedSplit, max_named: int = 5) -> None:
+    """Every agent's split non-empty and every target class present, checked for all N agents at once
+    (the same conditions :func:`agent_data` checks per agent), so that a scenario that cannot work is
+    refused before any message, in about a second at N = 10,000.
+
+    Raises:
+        ValueError: naming how many agents fail, the first ``max_named`` partition-ids with their split
+            sizes or missing classes, and the remedy.
+    """
+    split, sets = prepared.split, prepared.class_sets
+    _, labels = load_source(prepared.dataset)
+    lab = labels.numpy()
+    empty, missing = [], []
+    for i in range(len(sets)):
+        sizes = (len(split.train_idx[i]), len(split.val_idx[i]), len(split.test_idx[i]))
+        if min(sizes) == 0:
+            empty.append(f"partition-id {i}: {sizes[0]} training, {sizes[1]} validation, {sizes[2]} test")
+            continue
+        own = set(np.unique(lab[np.concatenate([split.train_idx[i], split.val_idx[i], split.test_idx[i]])]).tolist())
+        absent = [c for c in sets[i] if c not in own]
+        if absent:
+            missing.append(f"partition-id {i}: class(es) {absent} of {list(sets[i])}")
+    n = len(sets)
+    if empty:
+        raise ValueError(f"{len(empty)} of N={n} agents get an empty training, validation or test split of dataset "
+                         f"{prepared.dataset!r} ({lab.size} samples): {'; '.join(empty[:max_named])}"
+                         f"{'; ...' if len(empty) > max_named else ''}. Every split must be non-empty: use fewer "
+                         f"agents (zoo) or a larger dataset")
+    if missing:
+        raise ValueError(f"{len(missing)} of N={n} agents have target classes without any sample in their data "
+                         f"(dataset {prepared.dataset!r}): {'; '.join(missing[:max_named])}"
+                         f"{'; ...' if len(missing) > max_named else ''}. Use fewer agents (zoo) or a dataset with "
+                         f"every class of the zoo")
 
 
 def load_agent_data(
