@@ -61,6 +61,10 @@ def _check_num_nodes(n: int) -> int:
     return int(n)
 
 
+#: Largest N for which the dense class-overlap graph is built (17,940 edges at 300 agents and density 0.4).
+CLASS_OVERLAP_MAX_NODES = 300
+
+
 def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.4) -> nx.Graph:
     """The paper's class-overlap graph: maximum spanning tree + heaviest extra edges.
 
@@ -82,8 +86,9 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
 
     Raises:
         ValueError: if ``class_sets`` is empty, a class set is empty (names the agent), ``density``
-            is outside (0, 1] (names it), or the edge budget is below ``N - 1`` (a spanning tree
-            would not fit; names both numbers).
+            is outside (0, 1] (names it), the edge budget is below ``N - 1`` (a spanning tree
+            would not fit; names both numbers), or ``N > CLASS_OVERLAP_MAX_NODES`` (300; the sparse
+            graphs are named).
     """
     if isinstance(class_sets, (str, bytes)) or len(class_sets) == 0:
         raise ValueError(f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}")
@@ -96,6 +101,12 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     if isinstance(density, bool) or not isinstance(density, numbers.Real) or not 0.0 < density <= 1.0:
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     n = len(sets)
+    if n > CLASS_OVERLAP_MAX_NODES:
+        raise ValueError(
+            f"graph='class-overlap' on N={n} agents: its edge budget grows as density * N (N-1) / 2 "
+            f"({math.floor(density * n * (n - 1) / 2 + 1e-9)} edges here) and building it scans all pairs; it is "
+            f"refused above N={CLASS_OVERLAP_MAX_NODES}. Use a sparse graph: graph='class-overlap-knn:4' (each agent "
+            f"linked to its 4 best-overlapping peers), graph='random-regular:4' or graph='ring'")
     num_pairs = n * (n - 1) // 2
     budget = math.floor(density * num_pairs + 1e-9)  # guard float noise, e.g. 0.4 * 105
     if budget < n - 1:
@@ -157,8 +168,10 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     random with a seeded generator, so the graph is not a union of cliques. The union of these
     choices is made undirected (degrees are therefore ``>= k``). If the result is disconnected, each
     further component (in order of its smallest node) is joined to the component of node 0 by its
-    best-overlap pair (ties: smallest ``(i, j)``), so the graph is always connected. Cost
-    ``O(N^2)`` time in vectorised rows and ``O(N)`` memory per row (fine for thousands of agents).
+    best-overlap pair (ties: smallest ``(i, j)``), so the graph is always connected. Cost: the
+    overlaps of the S distinct class sets once (``S x S``), then per agent an ``O(N)`` row gathered
+    from them, a draw of N tie-breaking numbers and a partial sort: vectorised ``O(N^2)`` with a small
+    constant (about 2 s at N = 10,000 on one core).
 
     Args:
         class_sets: ``N`` non-empty class sets (agent ``i`` = node ``i``).
@@ -179,8 +192,13 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
         return graph
     k = _check_degree(k, n, "class-overlap-knn")
     rng = np.random.default_rng([int(seed), 7])
+    # agents sharing a class set have the same overlap row: overlaps between the S distinct sets,
+    # gathered per row (O(N) a row instead of an O(N C) product; the same integers)
+    distinct, set_id = np.unique(m, axis=0, return_inverse=True)
+    set_id = set_id.reshape(-1)
+    overlap = distinct @ distinct.T  # (S, S)
     for i in range(n):
-        w = m @ m[i]  # (N,) overlaps with agent i
+        w = overlap[set_id[i]][set_id]  # (N,) overlaps with agent i
         score = w + 0.5 * rng.random(n)  # jitter < 1 only reorders ties among integer overlaps
         score[i] = -np.inf
         for j in np.argpartition(-score, k - 1)[:k]:

@@ -94,3 +94,41 @@ def test_sparse_graph_build_is_fast_at_one_thousand_agents():
     build_graph("class-overlap-knn:6", 1000, class_sets=cs)
     build_graph("random-regular:6", 1000)
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_dense_class_overlap_graph_is_refused_for_many_agents_with_the_sparse_ones_named():
+    from flwr_sheaf.topology import CLASS_OVERLAP_MAX_NODES, build_graph
+
+    n = CLASS_OVERLAP_MAX_NODES + 1
+    cs = [s.classes for s in zoo_specs(f"tiny-{n}")]
+    with pytest.raises(ValueError, match=rf"N={n} agents.*refused above N={CLASS_OVERLAP_MAX_NODES}.*"
+                                         r"class-overlap-knn:4.*random-regular:4.*ring"):
+        build_graph("class-overlap", n, cs)
+    assert build_graph("class-overlap", CLASS_OVERLAP_MAX_NODES, cs[:-1]).number_of_nodes() == CLASS_OVERLAP_MAX_NODES
+
+
+def test_knn_graph_from_distinct_class_sets_equals_the_row_by_row_definition():
+    """The grouped computation gives the graph of the definition: each agent's k best overlaps (ties
+    broken by the seeded jitter), recomputed here with the plain (N, C) product per row."""
+    import networkx as nx
+    import numpy as np
+
+    from flwr_sheaf.topology import class_overlap_knn_graph
+
+    cs = [s.classes for s in zoo_specs("tiny-60")]
+    m = np.zeros((60, 10), dtype=np.int64)
+    for i, c in enumerate(cs):
+        m[i, list(c)] = 1
+    rng = np.random.default_rng([3, 7])
+    ref = nx.Graph()
+    ref.add_nodes_from(range(60))
+    for i in range(60):
+        w = m @ m[i]
+        score = w + 0.5 * rng.random(60)
+        score[i] = -np.inf
+        for j in np.argpartition(-score, 3)[:4]:
+            ref.add_edge(i, int(j), weight=int(w[j]))
+    g = class_overlap_knn_graph(cs, 4, seed=3)
+    assert set(ref.edges(data="weight")) <= set(g.edges(data="weight"))
+    # beyond the k-NN picks only the edges joining the components (one per extra component)
+    assert g.number_of_edges() - ref.number_of_edges() == nx.number_connected_components(ref) - 1
