@@ -274,8 +274,10 @@ _KEY_LIST = [
     Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),
     Key("whitening-eps", 1e-3, _float(0.0, lo_open=True), "relative eigenvalue floor of the whitening covariance"),
     Key("partitioner", "label-shift", _spec(_check_partitioner),
-        "`label-shift` (Eq. 23, the zoo's class sets and `shift`) or `dirichlet:<alpha>` (flwr-datasets' "
-        "DirichletPartitioner, every agent on all classes; `shift` ignored)"),
+        "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
+        "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
+        "per-agent splits of at least one validation and one test sample, class sets = classes received: "
+        "a handful of samples per agent, docs/performance.md)"),
     # federation
     Key("graph", "class-overlap", _spec(_check_graph),
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`"),

@@ -346,3 +346,29 @@ def test_fashion_mnist_when_installed_is_the_full_balanced_set():
     assert tuple(x.shape) == (70_000, 1, 28, 28)
     assert torch.bincount(y).tolist() == [7000] * 10
     assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+
+
+def test_cross_device_partitioner_gives_every_agent_non_empty_disjoint_splits_with_a_handful_of_samples():
+    """partitioner=cross-device on the 5,000 bundled digits with 500 agents (about 9 samples each): the
+    per-class 80/10/10 rule leaves validation and test empty, the per-agent rule gives every agent at
+    least one of each, disjoint from each other and from the pilots, and its classes are what it received."""
+    import numpy as np
+
+    from flwr_sheaf.data.partition import check_all_agents, prepare_split
+    from flwr_sheaf.data.sources import load_source
+    from flwr_sheaf.models.zoo import zoo_specs
+
+    sets = [s.classes for s in zoo_specs("tiny-500")]
+    with pytest.raises(ValueError, match="of N=500 agents get an empty training, validation or test split"):
+        check_all_agents(prepare_split("mnist-bundled", sets, 0.7, 0, 100, "label-shift"))
+    prep = prepare_split("mnist-bundled", sets, 0.7, 0, 100, "cross-device")
+    check_all_agents(prep)
+    _, labels = load_source("mnist-bundled")
+    seen = set(prep.split.pilot_idx.tolist())
+    for i in range(500):
+        tr, va, te = prep.split.train_idx[i], prep.split.val_idx[i], prep.split.test_idx[i]
+        assert len(tr) >= 1 and len(va) >= 1 and len(te) >= 1
+        own = np.concatenate([tr, va, te]).tolist()
+        assert not seen & set(own) and len(set(own)) == len(own)
+        seen.update(own)
+        assert prep.class_sets[i] == tuple(sorted(set(labels[own].tolist())))

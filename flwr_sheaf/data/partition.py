@@ -50,6 +50,7 @@ __all__ = [
     "agent_data",
     "PreparedSplit",
     "check_all_agents",
+    "split_floor",
     "LabelShiftPartitioner",  # noqa: F822 - defined lazily by the module __getattr__
     "PARTITIONER_FORMS",
     "parse_partitioner",
@@ -289,6 +290,7 @@ def make_federated_split(
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     num_classes: int = NUM_CLASSES,
+    min_per_split: int = 0,
 ) -> FederatedSplit:
     """Hold out the shared pilots, then split the rest across agents by Eq. 23 (module docstring).
 
@@ -304,6 +306,13 @@ def make_federated_split(
         val_fraction, test_fraction: per-agent, per-class shares for validation and test, each in
             [0, 1) with sum < 1 (paper: 0.1 each).
         num_classes: size of the label space ``C``.
+        min_per_split: 0 (default): the paper's per-class 80/10/10 split of each agent's data. ``m >= 1``:
+            the cross-device rule (partitioner ``cross-device``): per agent, its samples shuffled (seeded
+            by ``(seed, i)``), ``max(m, round(val_fraction * n))`` for validation, as many for test (by
+            ``test_fraction``), the rest for training, so a handful of samples per agent still gives
+            non-empty splits (an agent with fewer than ``2 m + 1`` samples keeps them all for training
+            and is refused by :func:`check_all_agents`); the agents' class sets are then the classes
+            they received.
 
     Returns:
         A :class:`FederatedSplit`; pilots, and every agent's train/val/test are pairwise
@@ -360,7 +369,12 @@ def make_federated_split(
         for i in range(n_agents):
             per_agent[i].append(members[bounds[i] : bounds[i + 1]])
 
-    train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
+    if min_per_split:
+        train, val, test = _train_val_test_per_agent(per_agent, val_fraction, test_fraction, int(min_per_split), seed)
+        sets = tuple(tuple(sorted({int(c) for c in np.unique(lab[np.concatenate([train[i], val[i], test[i]])])}))
+                     for i in range(n_agents))
+    else:
+        train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
     return FederatedSplit(
         pilot_idx=_frozen(pilots),
         train_idx=train,
@@ -394,12 +408,40 @@ def _train_val_test(per_agent: list[list[np.ndarray]], val_fraction: float, test
     return train, val, test
 
 
-#: Partitioners of :func:`load_agent_data`: the paper's Eq. 23 label shift or a Dirichlet label shift.
-PARTITIONER_FORMS = ("label-shift", "dirichlet:<alpha>")
+def _train_val_test_per_agent(per_agent: list[list[np.ndarray]], val_fraction: float, test_fraction: float,
+                              floor: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """The cross-device rule (:func:`make_federated_split`, ``min_per_split``): per agent, not per class."""
+    train, val, test = [], [], []
+    empty = np.empty(0, dtype=np.int64)
+    for i, chunks in enumerate(per_agent):
+        own = np.concatenate(chunks) if chunks else empty
+        own = own[np.random.default_rng([seed, i, 23]).permutation(own.size)]
+        n = own.size
+        n_val = max(floor, math.floor(val_fraction * n + 0.5))
+        n_test = max(floor, math.floor(test_fraction * n + 0.5))
+        if n < n_val + n_test + 1:  # too few: all for training (refused later, with the sizes)
+            n_val = n_test = 0
+        n_train = n - n_val - n_test
+        train.append(_frozen(np.sort(own[:n_train])))
+        val.append(_frozen(np.sort(own[n_train : n_train + n_val])))
+        test.append(_frozen(np.sort(own[n_train + n_val :])))
+    return train, val, test
+
+
+#: Partitioners of :func:`load_agent_data`: the paper's Eq. 23 label shift, a Dirichlet label shift, or
+#: the Eq. 23 label shift with the cross-device split rule (at least one validation and one test sample
+#: per agent; class sets = the classes received).
+PARTITIONER_FORMS = ("label-shift", "dirichlet:<alpha>", "cross-device")
+
+
+def split_floor(spec: str) -> int:
+    """Minimum validation / test samples per agent of a partitioner: 1 for ``cross-device``, else 0."""
+    return 1 if isinstance(spec, str) and spec.strip() == "cross-device" else 0
 
 
 def parse_partitioner(spec: str) -> float | None:
-    """``"label-shift"`` -> None (paper Eq. 23); ``"dirichlet:<alpha>"`` -> ``alpha > 0`` (float).
+    """``"label-shift"`` and ``"cross-device"`` -> None (paper Eq. 23; :func:`split_floor` tells them apart);
+    ``"dirichlet:<alpha>"`` -> ``alpha > 0`` (float).
 
     Raises:
         ValueError: any other spec, or a non-positive / non-finite alpha (the spec is named).
@@ -407,7 +449,7 @@ def parse_partitioner(spec: str) -> float | None:
     if not isinstance(spec, str):
         raise ValueError(f"partitioner must be a string, got {spec!r}; valid forms: {PARTITIONER_FORMS}")
     key = spec.strip()
-    if key == "label-shift":
+    if key in ("label-shift", "cross-device"):
         return None
     if key.startswith("dirichlet:"):
         try:
@@ -518,12 +560,12 @@ class AgentData:
 @functools.lru_cache(maxsize=16)
 def _cached_split(
     dataset: str, class_sets: tuple[tuple[int, ...], ...], shift: float, seed: int, num_pilots: int | None,
-    alpha: float | None = None,
+    alpha: float | None = None, floor: int = 0,
 ) -> FederatedSplit:
     _, labels = load_source(dataset)
     if alpha is not None:
         return make_dirichlet_split(labels, len(class_sets), alpha, seed, num_pilots=num_pilots)
-    return make_federated_split(labels, class_sets, shift, seed, num_pilots=num_pilots)
+    return make_federated_split(labels, class_sets, shift, seed, num_pilots=num_pilots, min_per_split=floor)
 
 
 @dataclass(frozen=True)
@@ -566,8 +608,9 @@ def prepare_split(dataset: str, class_sets: ClassSets, shift: float, seed: int, 
     """
     sets = _normalise_class_sets(class_sets, NUM_CLASSES)
     alpha = parse_partitioner(partitioner)
-    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha)
-    if alpha is not None:
+    floor = split_floor(partitioner)
+    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha, floor)
+    if alpha is not None or floor:
         sets = split.class_sets
     x_pi, y_pi = _gather(dataset, split.pilot_idx)
     return PreparedSplit(dataset, split, sets, x_pi, y_pi)
