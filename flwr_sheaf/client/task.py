@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -25,8 +25,14 @@ from torch import nn
 __all__ = ["LocalTask", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
 
 
-_LOCAL_TASK_DOC = """A node's model and data (CPU tensors): ``LocalTask(model, x_train, y_train, x_val, y_val,
-x_test, y_test, x_pilot, classes)``.
+#: Tensor fields of :class:`LocalTask`, in constructor order.
+TASK_TENSORS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "x_pilot")
+
+
+@dataclass
+class LocalTask:
+    """A node's model and data (CPU tensors): ``LocalTask(model, x_train, y_train, x_val, y_val,
+    x_test, y_test, x_pilot, classes)``.
 
     Attributes:
         model: ``nn.Module`` with the stalk protocol (module docstring).
@@ -41,13 +47,16 @@ x_test, y_test, x_pilot, classes)``.
             labelled public hold-out); only ``pilot-strategy=*-class`` needs them (default None).
     """
 
-#: Tensor fields of :class:`LocalTask`, in constructor order.
-TASK_TENSORS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "x_pilot")
-
-LocalTask = make_dataclass(
-    "LocalTask", [("model", nn.Module), *[(name, torch.Tensor) for name in TASK_TENSORS], ("classes", tuple),
-                  ("y_pilot", object, field(default=None))],
-    namespace={"__doc__": _LOCAL_TASK_DOC, "__module__": __name__})
+    model: nn.Module
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    x_pilot: torch.Tensor
+    classes: tuple[int, ...]
+    y_pilot: torch.Tensor | None = None
 
 
 #: ``factory(context) -> LocalTask``; called for **every message**. It must rebuild the model
