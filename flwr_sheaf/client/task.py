@@ -17,12 +17,32 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from torch import nn
 
-__all__ = ["LocalTask", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
+__all__ = ["LocalTask", "StalkModel", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
+
+
+if TYPE_CHECKING:
+    from ..sheaf.whitening import Whitening
+
+    class StalkModel(nn.Module):
+        """The stalk protocol (module docstring) as type checkers see ``LocalTask.model``; at run time
+        it is ``nn.Module`` (any module with these members works, none has to subclass this)."""
+
+        d: int
+        whitening: Whitening
+
+        def private_logits(self, x: torch.Tensor) -> torch.Tensor: ...
+
+        def latent(self, x: torch.Tensor) -> torch.Tensor: ...
+
+        def classify_whitened(self, zhat: torch.Tensor) -> torch.Tensor: ...
+else:
+    StalkModel = nn.Module
 
 
 #: Tensor fields of :class:`LocalTask`, in constructor order.
@@ -47,7 +67,7 @@ class LocalTask:
             labelled public hold-out); only ``pilot-strategy=*-class`` needs them (default None).
     """
 
-    model: nn.Module
+    model: StalkModel
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_val: torch.Tensor
