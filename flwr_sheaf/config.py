@@ -29,8 +29,10 @@ section              keys                                                       
 :class:`SheafFMTLConfig` ``sheaf-fmtl-*``                                          Sheaf-FMTL
 ==================== ============================================================ ==========
 
-A section is a frozen dataclass: constructing one validates every field (``ValueError`` naming
-the run-config key and the value). ``from_mapping`` fills missing keys with the defaults (for a
+A section is a frozen dataclass whose fields are written out (``lr: float = key_field("lr")``: the
+default comes from :data:`KEYS`, so type checkers see the fields while each key keeps one definition;
+``tests/test_config.py`` checks names, annotations and defaults). Constructing one validates every
+field (``ValueError`` naming the run-config key and the value). ``from_mapping`` fills missing keys with the defaults (for a
 run config); ``from_record`` requires every key (for a received message: a key missing from a
 message is an error, never a silent client-side default). ``to_record`` gives the ``ConfigRecord``
 that travels in messages.
@@ -43,7 +45,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self, SupportsInt, TypeVar, cast
 
 from flwr.app import ConfigRecord
 
@@ -88,7 +90,7 @@ def _int(lo: int | None = None) -> Callable[[str, Any], int]:
             raise ConfigError(f"{key}={v!r}: expected an integer")
         if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
             raise ConfigError(f"{key}={v!r}: expected an integer (a fractional value would be truncated)")
-        out = int(v)
+        out = int(cast(SupportsInt, v))
         if lo is not None and out < lo:
             raise ConfigError(f"{key}={v!r}: must be >= {lo}")
         return out
@@ -384,28 +386,49 @@ def lookup_key(name: str) -> Key:
     return KEYS[name] if name in KEYS else METHOD_KEYS[name]
 
 
-def section(*keys: str | Key, prefix: str = ""):
+def key_field(name: str) -> Any:
+    """Dataclass field bound to the run-config key ``name``: its default is the key's (:data:`KEYS` or
+    :data:`METHOD_KEYS`, the one definition), ``metadata["key"]`` names it for parsing and errors.
+
+    Typed ``Any`` so a type checker sees ``lr: float = key_field("lr")`` as a field with a default;
+    ``tests/test_config.py`` checks every section's field names, annotations and defaults against its keys.
+    """
+    return field(default=lookup_key(name).default, metadata={"key": name})
+
+
+def method_keys(*keys: Key) -> tuple[str, ...]:
+    """Declare a method's own run-config keys (kept in :data:`METHOD_KEYS`); returns their names.
+
+    Raises:
+        ValueError: a key that redefines one of the app's keys or another method's key.
+    """
+    for k in keys:
+        old = KEYS.get(k.name) or METHOD_KEYS.get(k.name)
+        if old is not None and (old.default, old.doc) != (k.default, k.doc):
+            raise ValueError(f"run-config key {k.name!r} is already defined")
+        METHOD_KEYS[k.name] = k
+    return tuple(k.name for k in keys)
+
+
+S = TypeVar("S", bound="Section")
+
+
+def section(*keys: str | Key, prefix: str = "") -> Callable[[type[S]], type[S]]:
     """Class decorator: make a frozen dataclass whose fields are the run-config ``keys``.
 
     Field names are the keys without ``prefix``, ``-`` written ``_`` (``lambda`` -> ``lam``);
     annotations and defaults come from :data:`KEYS` (the one definition of each default). A method
     declares its own keys by passing :class:`Key` objects (kept in :data:`METHOD_KEYS`).
 
+    The app's own sections are written out instead (``x: int = key_field("x")``), so type checkers
+    see their fields; a method may do the same with :func:`method_keys` and :func:`key_field`.
+
     Raises:
         ValueError: a method key that redefines one of the app's keys or another method's key.
     """
-    names = []
-    for k in keys:
-        if isinstance(k, Key):
-            old = KEYS.get(k.name) or METHOD_KEYS.get(k.name)
-            if old is not None and (old.default, old.doc) != (k.default, k.doc):
-                raise ValueError(f"run-config key {k.name!r} is already defined")
-            METHOD_KEYS[k.name] = k
-            names.append(k.name)
-        else:
-            names.append(k)
+    names = [method_keys(k)[0] if isinstance(k, Key) else k for k in keys]
 
-    def wrap(cls):
+    def wrap(cls: type[S]) -> type[S]:
         ann = dict(cls.__dict__.get("__annotations__", {}))
         for key in names:
             name = _attr(key, prefix)
@@ -448,7 +471,7 @@ class Section:
         return tuple(f.metadata["key"] for f in fields(cls) if "key" in f.metadata)
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], *, strict: bool = False):
+    def from_mapping(cls, values: Mapping[str, Any], *, strict: bool = False) -> Self:
         """Section from a run config or message config (other keys are ignored).
 
         Args:
@@ -458,7 +481,7 @@ class Section:
         Raises:
             ConfigError: a missing key (strict) or a bad value, named.
         """
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for f in fields(cls):
             key = f.metadata.get("key")
             if key is None:
@@ -470,7 +493,7 @@ class Section:
         return cls(**kwargs)
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]):
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
         """Section from a received ``ConfigRecord`` (every key required).
 
         Raises:
@@ -487,7 +510,7 @@ class Section:
         return ConfigRecord(self.to_dict())
 
 
-@section("zoo", "dataset", "shift", "seed", "num-pilots", "whitening-shrinkage", "whitening-eps", "partitioner")
+@dataclass(frozen=True)
 class ScenarioConfig(Section):
     """Agents, data and partition (read by the task factory on each node).
 
@@ -501,9 +524,17 @@ class ScenarioConfig(Section):
         partitioner: ``"label-shift"`` or ``"dirichlet:<alpha>"`` (:func:`flwr_sheaf.data.partition.make_dirichlet_split`).
     """
 
+    zoo: str = key_field("zoo")
+    dataset: str = key_field("dataset")
+    shift: float = key_field("shift")
+    seed: int = key_field("seed")
+    num_pilots: int = key_field("num-pilots")
+    whitening_shrinkage: float = key_field("whitening-shrinkage")
+    whitening_eps: float = key_field("whitening-eps")
+    partitioner: str = key_field("partitioner")
 
-@section("graph", "fraction-train", "participation", "evaluate-every", "seed", "fraction-evaluate",
-         "non-edge-pairs", "diagnostics-eigenvalues", "posthoc-readings")
+
+@dataclass(frozen=True)
 class FederationConfig(Section):
     """Graph, who trains when, and how often to evaluate (read by every strategy).
 
@@ -526,9 +557,18 @@ class FederationConfig(Section):
             the whitening fitted on the pilots (the strong reading; docs/baselines.md).
     """
 
+    graph: str = key_field("graph")
+    fraction_train: float = key_field("fraction-train")
+    participation: str = key_field("participation")
+    evaluate_every: int = key_field("evaluate-every")
+    seed: int = key_field("seed")
+    fraction_evaluate: float = key_field("fraction-evaluate")
+    non_edge_pairs: int = key_field("non-edge-pairs")
+    diagnostics_eigenvalues: int = key_field("diagnostics-eigenvalues")
+    posthoc_readings: str = key_field("posthoc-readings")
 
-@section("local-epochs", "lr", "momentum", "weight-decay", "batch-size", "clip-norm", "max-steps-per-epoch", "torch-threads",
-         "device")
+
+@dataclass(frozen=True)
 class LocalTrainConfig(Section):
     """Local SGD of every method (one loop: :func:`flwr_sheaf.client.loop.train_local`).
 
@@ -543,9 +583,18 @@ class LocalTrainConfig(Section):
             machine (:func:`flwr_sheaf.devices.resolve_device`).
     """
 
+    local_epochs: int = key_field("local-epochs")
+    lr: float = key_field("lr")
+    momentum: float = key_field("momentum")
+    weight_decay: float = key_field("weight-decay")
+    batch_size: int = key_field("batch-size")
+    clip_norm: float = key_field("clip-norm")
+    max_steps_per_epoch: int = key_field("max-steps-per-epoch")
+    torch_threads: int = key_field("torch-threads")
+    device: str = key_field("device")
 
-@section("lambda", "lambda-warmup-rounds", "pilot-batch-size", "absent-policy", "reweight-q-min", "sheaf-variant",
-         "privacy", "pilot-strategy", "pilot-normalisation", "map-refit")
+
+@dataclass(frozen=True)
 class SheafConfig(Section):
     """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
 
@@ -565,13 +614,24 @@ class SheafConfig(Section):
             pilot minibatch, paper Alg. 1 line 11; docs/stability.md).
     """
 
+    lam: float = key_field("lambda")
+    lambda_warmup_rounds: int = key_field("lambda-warmup-rounds")
+    pilot_batch_size: int = key_field("pilot-batch-size")
+    absent_policy: str = key_field("absent-policy")
+    reweight_q_min: float = key_field("reweight-q-min")
+    sheaf_variant: str = key_field("sheaf-variant")
+    privacy: str = key_field("privacy")
+    pilot_strategy: str = key_field("pilot-strategy")
+    pilot_normalisation: str = key_field("pilot-normalisation")
+    map_refit: str = key_field("map-refit")
+
     def lam_at(self, server_round: int) -> float:
         """Lambda of Eq. 16 used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``, docs/stability.md)."""
         w = self.lambda_warmup_rounds
         return self.lam * min(1.0, server_round / w) if w > 0 else self.lam
 
 
-@section("fedproto-dim", "fedproto-lambda", "fedproto-reduction", "fedproto-aggregation", "fedproto-missing", prefix="fedproto-")
+@dataclass(frozen=True)
 class FedProtoConfig(Section):
     """FedProto (Tan et al. 2022) settings, shared by FedSAF (docs/baselines.md).
 
@@ -584,9 +644,14 @@ class FedProtoConfig(Section):
         missing: ``"carry"`` or ``"drop"`` a class nobody uploaded.
     """
 
+    dim: str | int = key_field("fedproto-dim")
+    lam: float = key_field("fedproto-lambda")
+    reduction: str = key_field("fedproto-reduction")
+    aggregation: str = key_field("fedproto-aggregation")
+    missing: str = key_field("fedproto-missing")
 
-@section("fedmuscle-lambda", "fedmuscle-task-epochs", "fedmuscle-temperature", "fedmuscle-dim", "pilot-batch-size",
-         prefix="fedmuscle-")
+
+@dataclass(frozen=True)
 class FedMuscleConfig(Section):
     """FedMuscle's contrastive alignment on the shared pilots (docs/baselines.md, s6).
 
@@ -598,8 +663,14 @@ class FedMuscleConfig(Section):
         pilot_batch_size: pilot rows per contrastive step (>= 2).
     """
 
+    lam: float = key_field("fedmuscle-lambda")
+    task_epochs: int = key_field("fedmuscle-task-epochs")
+    temperature: float = key_field("fedmuscle-temperature")
+    dim: str | int = key_field("fedmuscle-dim")
+    pilot_batch_size: int = key_field("pilot-batch-size")
 
-@section("comfed-lambda", "comfed-dim", prefix="comfed-")
+
+@dataclass(frozen=True)
 class ComFedConfig(Section):
     """ComFed's learned projections into a shared space (docs/baselines.md, s7).
 
@@ -608,8 +679,11 @@ class ComFedConfig(Section):
         dim: shared dimension r: ``"auto"`` (smallest stalk dimension), ``"none"`` (all d_i equal: r = d) or an int.
     """
 
+    lam: float = key_field("comfed-lambda")
+    dim: str | int = key_field("comfed-dim")
 
-@section("sheaf-fmtl-lambda", "sheaf-fmtl-gamma", "sheaf-fmtl-eta", "sheaf-fmtl-max-gib", prefix="sheaf-fmtl-")
+
+@dataclass(frozen=True)
 class SheafFMTLConfig(Section):
     """Sheaf-FMTL's parameter-space restriction maps (docs/baselines.md, s8).
 
@@ -620,8 +694,13 @@ class SheafFMTLConfig(Section):
         max_gib: budget > 0 for the largest node's float16 maps (checked before any node is contacted).
     """
 
+    lam: float = key_field("sheaf-fmtl-lambda")
+    gamma: float = key_field("sheaf-fmtl-gamma")
+    eta: float = key_field("sheaf-fmtl-eta")
+    max_gib: float = key_field("sheaf-fmtl-max-gib")
 
-@section("fedsaf-lambda", "fedsaf-gamma", "fedsaf-structure", prefix="fedsaf-")
+
+@dataclass(frozen=True)
 class FedSAFConfig(Section):
     """FedSAF's structural alignment weights and structure (docs/baselines.md).
 
@@ -631,6 +710,10 @@ class FedSAFConfig(Section):
             ``"cosine"`` (the coordinate ablations). The app refuses a structure that contradicts the
             method (``method=fedsaf-gcsa`` with ``rcsa``).
     """
+
+    lam: float = key_field("fedsaf-lambda")
+    gamma: float = key_field("fedsaf-gamma")
+    structure: str = key_field("fedsaf-structure")
 
 
 #: The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo: SGD lr 1e-2, momentum
@@ -672,8 +755,7 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@section("method", "method-module", "num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "preset",
-         "checkpoint-every", "resume", "resume-from", "node-state-dir", "overwrite")
+@dataclass(frozen=True)
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
@@ -690,6 +772,19 @@ class RunConfig(Section):
         scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle, comfed, sheaf_fmtl: the sections.
     """
 
+    method: str = key_field("method")
+    method_module: str = key_field("method-module")
+    num_server_rounds: int = key_field("num-server-rounds")
+    round_timeout: float = key_field("round-timeout")
+    discovery_timeout: float = key_field("discovery-timeout")
+    results_dir: str = key_field("results-dir")
+    preset: str = key_field("preset")
+    checkpoint_every: int = key_field("checkpoint-every")
+    resume: bool = key_field("resume")
+    resume_from: str = key_field("resume-from")
+    node_state_dir: str = key_field("node-state-dir")
+    overwrite: bool = key_field("overwrite")
+
     SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed",
                                           "sheaf_fmtl")
 
@@ -704,6 +799,17 @@ class RunConfig(Section):
     sheaf_fmtl: SheafFMTLConfig = field(default_factory=SheafFMTLConfig)
     #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
     method_section: Section | None = None
+
+    def own(self, cls: type[S]) -> S:
+        """The method's own section, checked to be a ``cls`` (what the method's builder reads).
+
+        Raises:
+            ConfigError: the run config was parsed without (or with another) method section.
+        """
+        if not isinstance(self.method_section, cls):
+            raise ConfigError(f"method={self.method!r}: expected its {cls.__name__} section, "
+                              f"got {type(self.method_section).__name__}")
+        return self.method_section
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any], method_section: type[Section] | None = None
@@ -729,7 +835,7 @@ class RunConfig(Section):
             raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(known)}")
         run_config = apply_preset(run_config)
         types = {f.name: f.type for f in fields(cls)}
-        sections = {name: globals()[types[name]].from_mapping(run_config) for name in cls.SECTIONS}
+        sections = {name: globals()[str(types[name])].from_mapping(run_config) for name in cls.SECTIONS}
         top = {f.name: run_config[f.metadata["key"]] for f in fields(cls)
                if "key" in f.metadata and f.metadata["key"] in run_config}
         own = method_section.from_mapping(run_config) if method_section is not None else None

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 
 __all__ = [
     "QUERY", "TRAIN", "EVALUATE", "message_type", "comm_action",
@@ -69,11 +69,69 @@ __all__ = [
     "TRANSPORTED", "EVAL_TRANSPORTED", "SVDS", "STRINGENT_EVAL_ARRAYS", "STRINGENT_EVAL_LABELS",
     "PILOT_SELECTION", "PILOT_INDICES", "PILOT_GROUPS", "PILOT_INDEX_DIGEST", "PILOT_DESCRIBE", "PILOT_PUBLIC",
     "PILOT_LABELS", "PILOT_FEATURES", "index_digest", "pack_pilot_selection", "unpack_pilot_selection",
+    "array_record", "config_record", "metric_record", "as_array", "as_int", "as_float", "as_str",
 ]
 
 
 class ProtocolError(ValueError):
     """A message does not follow the protocol (missing record or key, wrong shape or layout)."""
+
+
+# ------------------------------------------------------------------------------ typed accessors
+# Flower types ``content[key]`` (a RecordDict or ``context.state``) as ``ArrayRecord | MetricRecord |
+# ConfigRecord`` and a config value as ``Array | int | float | str | bytes | list[...]``. These
+# accessors check the type once, at the boundary, and raise ProtocolError naming the key; a missing
+# key still raises the KeyError of ``content[key]``.
+def array_record(content: Mapping[str, object], key: str) -> ArrayRecord:
+    """``content[key]``, checked to be an ``ArrayRecord``."""
+    rec = content[key]
+    if not isinstance(rec, ArrayRecord):
+        raise ProtocolError(f"record {key!r}: expected an ArrayRecord, got {type(rec).__name__}")
+    return rec
+
+
+def config_record(content: Mapping[str, object], key: str) -> ConfigRecord:
+    """``content[key]``, checked to be a ``ConfigRecord``."""
+    rec = content[key]
+    if not isinstance(rec, ConfigRecord):
+        raise ProtocolError(f"record {key!r}: expected a ConfigRecord, got {type(rec).__name__}")
+    return rec
+
+
+def metric_record(content: Mapping[str, object], key: str) -> MetricRecord:
+    """``content[key]``, checked to be a ``MetricRecord``."""
+    rec = content[key]
+    if not isinstance(rec, MetricRecord):
+        raise ProtocolError(f"record {key!r}: expected a MetricRecord, got {type(rec).__name__}")
+    return rec
+
+
+def as_array(value: object, key: str) -> np.ndarray:
+    """``value.numpy()`` of an ``Array`` record entry ``key``."""
+    if not isinstance(value, Array):
+        raise ProtocolError(f"{key!r}: expected an Array, got {type(value).__name__}")
+    return value.numpy()
+
+
+def as_int(value: object, key: str) -> int:
+    """``int(value)`` of a record entry ``key`` (an int or a float, as ``int()`` took it)."""
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ProtocolError(f"{key!r}: expected a number, got {type(value).__name__}")
+    return int(value)
+
+
+def as_float(value: object, key: str) -> float:
+    """``float(value)`` of a record entry ``key`` (an int or a float)."""
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ProtocolError(f"{key!r}: expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def as_str(value: object, key: str) -> str:
+    """A string record entry ``key``."""
+    if not isinstance(value, str):
+        raise ProtocolError(f"{key!r}: expected a string, got {type(value).__name__}")
+    return value
 
 
 # ------------------------------------------------------------------------------ message types

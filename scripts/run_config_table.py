@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Print the run-config keys of flwr_sheaf.config.KEYS as pyproject TOML and as the README's markdown table.
+"""Print the run-config keys as pyproject TOML and as the README's markdown table.
 
-``python scripts/run_config_table.py --write`` rewrites both places (pyproject.toml's
+The keys are the app's (flwr_sheaf.config.KEYS) followed by the own keys of each built-in method
+unit (flwr_sheaf/methods/<name>: its config section's keys, in METHOD_KEYS). ``python
+scripts/run_config_table.py --write`` rewrites both places (pyproject.toml's
 ``[tool.flwr.app.config]`` and the README's "Run config" table); ``tests/test_config.py`` checks
-that they agree with KEYS.
+that they agree with these keys.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from flwr_sheaf.config import KEYS
+from flwr_sheaf.config import KEYS, METHOD_KEYS, Key
+from flwr_sheaf.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = ["[tool.flwr.app.config]",
@@ -27,15 +30,33 @@ def literal(v) -> str:
     return json.dumps(v) if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
 
 
+def method_sections() -> dict[str, list[Key]]:
+    """``{package path of a built-in method unit: its own keys}``, in registry order (a section
+    shared by several methods, like the RFedAGS family's, once)."""
+    out: dict[str, list[Key]] = {}
+    for m in METHODS.values():
+        cls = m.config
+        if cls is None or not cls.__module__.startswith("flwr_sheaf."):
+            continue
+        path = cls.__module__.replace(".", "/")
+        if path not in out:
+            out[path] = [METHOD_KEYS[k] for k in cls.keys()]
+    return out
+
+
 def toml() -> str:
     """The ``[tool.flwr.app.config]`` table."""
-    return "\n".join(HEAD + [f"{k.name} = {literal(k.default)}" for k in KEYS.values()]) + "\n"
+    lines = HEAD + [f"{k.name} = {literal(k.default)}" for k in KEYS.values()]
+    for path, keys in method_sections().items():
+        lines += [f"# the method's own section ({path})"] + [f"{k.name} = {literal(k.default)}" for k in keys]
+    return "\n".join(lines) + "\n"
 
 
 def markdown() -> str:
     """The README table."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
-    return "\n".join(rows + [f"| `{k.name}` | `{literal(k.default)}` | {k.doc} |" for k in KEYS.values()]) + "\n"
+    keys = [*KEYS.values(), *(k for ks in method_sections().values() for k in ks)]
+    return "\n".join(rows + [f"| `{k.name}` | `{literal(k.default)}` | {k.doc} |" for k in keys]) + "\n"
 
 
 def write() -> None:

@@ -102,3 +102,41 @@ def test_valid_values_parse_to_their_types():
     assert c.num_server_rounds == 3 and isinstance(c.num_server_rounds, int)
     assert c.federation.participation == "0.3" and c.fedproto.dim == 64 and c.sheaf.lam == 1.0
     assert c.to_dict()["lambda"] == 1.0 and set(c.to_dict()) == set(KEYS)
+
+
+def test_section_fields_equal_their_keys():
+    """Each section is a plain dataclass (fields written out for type checkers): its field names,
+    annotations and defaults must equal its keys' (KEYS / METHOD_KEYS, the one definition)."""
+    import dataclasses
+
+    from flwr_sheaf.config import Section, lookup_key
+    from flwr_sheaf.methods import METHODS
+
+    def attr(key: str, prefix: str) -> str:
+        name = key.removeprefix(prefix).replace("-", "_")
+        return "lam" if name == "lambda" else name
+
+    prefixes = {"FedProtoConfig": "fedproto-", "FedMuscleConfig": "fedmuscle-", "ComFedConfig": "comfed-",
+                "SheafFMTLConfig": "sheaf-fmtl-", "FedSAFConfig": "fedsaf-", "RFedAGSConfig": "rfedags-"}
+    sections: set[type[Section]] = {RunConfig, *(type(getattr(RunConfig(), n)) for n in RunConfig.SECTIONS),
+                                    *(m.config for m in METHODS.values() if m.config is not None
+                                      and m.config.__module__.startswith("flwr_sheaf."))}
+    for cls in sections:
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
+        for f in dataclasses.fields(cls):
+            if "key" not in f.metadata:
+                continue
+            key = lookup_key(f.metadata["key"])
+            assert f.name == attr(key.name, prefixes.get(cls.__name__, "")), (cls.__name__, f.name, key.name)
+            assert f.default == key.default and type(f.default) is type(key.default), (cls.__name__, key.name)
+            want = "str | int" if key.name.endswith("-dim") else type(key.default).__name__
+            assert f.type == want, (cls.__name__, f.name, f.type, want)
+        assert cls.keys() == tuple(f.metadata["key"] for f in dataclasses.fields(cls) if "key" in f.metadata)
+
+
+def test_sections_take_keyword_arguments_and_validate():
+    s = SheafConfig(pilot_batch_size=8, lam=0.5)
+    assert (s.pilot_batch_size, s.lam) == (8, 0.5) and s.to_dict()["pilot-batch-size"] == 8
+    with pytest.raises(ConfigError, match="pilot-batch-size=1"):
+        SheafConfig(pilot_batch_size=1)
+    assert RunConfig.from_run_config({"num-server-rounds": 4}).num_server_rounds == 4

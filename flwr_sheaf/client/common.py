@@ -12,9 +12,9 @@ from torch import nn
 
 from ..config import LocalTrainConfig
 from ..devices import resolve_device
-from ..protocol import pack_arrays
+from ..protocol import array_record, pack_arrays
 from ..sheaf.whitening import low_variance_fraction
-from .task import TASK_TENSORS, LocalTask, TaskFactory, load_module_state, set_torch_threads
+from .task import TASK_TENSORS, LocalTask, StalkModel, TaskFactory, load_module_state, set_torch_threads
 
 __all__ = ["accuracy", "transport", "eval_latents", "eval_logits", "build", "whitened_pilots",
            "cached_pilots", "store_pilots", "model_key", "round_generator", "to_device", "to_numpy",
@@ -98,7 +98,7 @@ def transport(z_src: torch.Tensor, v: torch.Tensor, receiver_is_head: bool) -> t
 
 
 @torch.no_grad()
-def eval_latents(model: nn.Module, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+def eval_latents(model: StalkModel, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
     """Raw eval-mode latents ``(M, d)`` float32 of inputs ``(M, ...)`` (batched, no gradient).
 
     ``batch`` defaults to :func:`inference_batch` (512 on the CPU, larger on an accelerator)."""
@@ -110,7 +110,7 @@ def eval_latents(model: nn.Module, x: torch.Tensor, batch: int | None = None) ->
 
 
 @torch.no_grad()
-def eval_logits(model: nn.Module, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+def eval_logits(model: StalkModel, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
     """Eval-mode private logits ``(M, C)`` of inputs ``(M, ...)`` (``batch`` as :func:`eval_latents`)."""
     batch = batch or inference_batch(x)
     model.eval()
@@ -165,7 +165,7 @@ def build(factory: TaskFactory, context: Context, action: str, threads: int,
     return task, task.model, opt
 
 
-def whitened_pilots(model: nn.Module, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def whitened_pilots(model: StalkModel, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them (docs/stability.md)."""
     z = eval_latents(model, x_pilot)
     model.whitening.fit(z)
@@ -194,5 +194,5 @@ def cached_pilots(context: Context, action: str, on: torch.device | str = "cpu")
     key = _pilots_key(action)
     if key not in context.state:
         return None
-    rec = context.state[key]
+    rec = array_record(context.state, key)
     return from_numpy(rec["pilots"].numpy().copy(), on), float(rec["low-variance-fraction"].numpy()[0])

@@ -27,10 +27,9 @@ from collections.abc import Mapping
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from torch import nn
 
 from ..config import LocalTrainConfig
-from ..protocol import (ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
+from ..protocol import (array_record, ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
                         DEVICE, NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS,
                         TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
                         NodeInfo, ProtocolError, comm_action, message_type, pack_arrays, pilot_digest, EVAL_TRANSPORTED,
@@ -45,7 +44,7 @@ from ..devices import resolve_device
 from .common import (accuracy, build, cached_pilots, eval_latents, eval_logits, from_numpy, model_key,
                      round_generator, task_device, to_numpy, transport, whitened_pilots)
 from .loop import CrossEntropy, LossPlugin, train_local
-from .task import LocalTask, TaskFactory, save_module_state, set_torch_threads
+from .task import LocalTask, StalkModel, TaskFactory, save_module_state, set_torch_threads
 
 __all__ = ["ClientMethod", "register_method_handlers", "required"]
 
@@ -133,7 +132,7 @@ def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> N
                          f"whitening must be Whitening(model.d)")
 
 
-def _pilots_for_evaluation(task: LocalTask, model: nn.Module, context: Context, action: str, fit: str
+def _pilots_for_evaluation(task: LocalTask, model: StalkModel, context: Context, action: str, fit: str
                            ) -> tuple[torch.Tensor, float]:
     """Whitened pilots ``(K, d_i)`` and the collapse diagnostic, whitening fitted as ``fit`` says."""
     if fit not in WHITENING_FITS:
@@ -238,7 +237,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         # d_e); this node fits its own map onto them (P2c/P2d) and reads them as a tail would
         moved = bool(int(required(cfg, EVAL_TRANSPORTED, mt)))
         for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
-            arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + method.routed_arrays)
+            arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + method.routed_arrays)
             a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
             if moved:
                 dj, i_head = max(dj, int(model.d)), False
@@ -271,7 +270,7 @@ def _pilot_reading(cfg, mt: str) -> bool:
     return bool(int(required(cfg, PILOT_READING, mt)))
 
 
-def _pilot_whitened_arrays(model: nn.Module, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
+def _pilot_whitened_arrays(model: StalkModel, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The strong post-hoc reading's phase-1 arrays (docs/baselines.md): pilots ``(K, d_i)`` and the
     test / validation latents ``raw_test``, ``raw_val`` ``(M, d_i)`` (eval-mode, already computed for
@@ -282,7 +281,7 @@ def _pilot_whitened_arrays(model: nn.Module, task: LocalTask, raw_test: torch.Te
         return a, model.whitening(raw_test), model.whitening(raw_val)
 
 
-def _pilot_whitened_accuracies(msg: Message, model: nn.Module, task: LocalTask, edges: EdgeConfig,
+def _pilot_whitened_accuracies(msg: Message, model: StalkModel, task: LocalTask, edges: EdgeConfig,
                                dev: torch.device) -> dict[str, list[float]]:
     """Communication accuracy per incoming edge under the strong post-hoc reading (docs/baselines.md).
 
@@ -303,7 +302,7 @@ def _pilot_whitened_accuracies(msg: Message, model: nn.Module, task: LocalTask, 
     model.eval()
     out: dict[str, list[float]] = {COMM_ACCURACY_PILOT_WHITENING: [], VAL_COMM_ACCURACY_PILOT_WHITENING: []}
     for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
-        arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + PILOT_READING_ARRAYS)
+        arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + PILOT_READING_ARRAYS)
         a_j = from_numpy(arr["pw-pilots"], dev, torch.float32)
         check_pilots(a_j, f"pilot-whitened pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
         v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
@@ -316,7 +315,7 @@ def _pilot_whitened_accuracies(msg: Message, model: nn.Module, task: LocalTask, 
     return out
 
 
-def _non_edge_accuracies(msg: Message, model: nn.Module, own: torch.Tensor, dev: torch.device) -> dict[str, list]:
+def _non_edge_accuracies(msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device) -> dict[str, list]:
     """Communication accuracy from each non-edge source j of the phase-2 message (docs/variants.md).
 
     For source j (arrays ``"<j>/pilots"``, ``"<j>/<split>-latents"``, ``"<j>/<split>-labels"`` and
@@ -339,7 +338,7 @@ def _non_edge_accuracies(msg: Message, model: nn.Module, own: torch.Tensor, dev:
                                             NON_EDGE_DIRECT_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY)}
     d_i = own.shape[1]
     for j, dj, i_head in zip(ne.sources, ne.dims, ne.heads):
-        arr = unpack_routed(msg.content[ARRAYS], j, EVAL_ARRAYS + (PATH_MAP,))
+        arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + (PATH_MAP,))
         a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
         check_pilots(a_j, f"pilots of non-edge source partition-id {j}", d=dj, k=own.shape[0])
         t = from_numpy(arr[PATH_MAP], dev, torch.float32)

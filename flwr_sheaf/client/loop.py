@@ -13,10 +13,9 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..config import LocalTrainConfig
-from .task import LocalTask
+from .task import LocalTask, StalkModel
 
 __all__ = ["LossPlugin", "CrossEntropy", "train_local"]
 
@@ -29,10 +28,10 @@ class LossPlugin:
     :meth:`metrics` (values other than per-step means, e.g. per-edge lists).
     """
 
-    def begin_epoch(self, model: nn.Module, epoch: int) -> None:
+    def begin_epoch(self, model: StalkModel, epoch: int) -> None:
         """Called before each local epoch (``epoch = 0, 1, ...``) with the current weights."""
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+    def loss(self, model: StalkModel, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
              ) -> tuple[torch.Tensor, Mapping[str, float]]:
         """Loss of one private batch ``x (B, ...)``, ``y (B,)`` (model in train mode on entry).
 

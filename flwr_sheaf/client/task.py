@@ -16,17 +16,43 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from torch import nn
 
-__all__ = ["LocalTask", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
+__all__ = ["LocalTask", "StalkModel", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
 
 
-_LOCAL_TASK_DOC = """A node's model and data (CPU tensors): ``LocalTask(model, x_train, y_train, x_val, y_val,
-x_test, y_test, x_pilot, classes)``.
+if TYPE_CHECKING:
+    from ..sheaf.whitening import Whitening
+
+    class StalkModel(nn.Module):
+        """The stalk protocol (module docstring) as type checkers see ``LocalTask.model``; at run time
+        it is ``nn.Module`` (any module with these members works, none has to subclass this)."""
+
+        d: int
+        whitening: Whitening
+
+        def private_logits(self, x: torch.Tensor) -> torch.Tensor: ...
+
+        def latent(self, x: torch.Tensor) -> torch.Tensor: ...
+
+        def classify_whitened(self, zhat: torch.Tensor) -> torch.Tensor: ...
+else:
+    StalkModel = nn.Module
+
+
+#: Tensor fields of :class:`LocalTask`, in constructor order.
+TASK_TENSORS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "x_pilot")
+
+
+@dataclass
+class LocalTask:
+    """A node's model and data (CPU tensors): ``LocalTask(model, x_train, y_train, x_val, y_val,
+    x_test, y_test, x_pilot, classes)``.
 
     Attributes:
         model: ``nn.Module`` with the stalk protocol (module docstring).
@@ -41,13 +67,16 @@ x_test, y_test, x_pilot, classes)``.
             labelled public hold-out); only ``pilot-strategy=*-class`` needs them (default None).
     """
 
-#: Tensor fields of :class:`LocalTask`, in constructor order.
-TASK_TENSORS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "x_pilot")
-
-LocalTask = make_dataclass(
-    "LocalTask", [("model", nn.Module), *[(name, torch.Tensor) for name in TASK_TENSORS], ("classes", tuple),
-                  ("y_pilot", object, field(default=None))],
-    namespace={"__doc__": _LOCAL_TASK_DOC, "__module__": __name__})
+    model: StalkModel
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    x_pilot: torch.Tensor
+    classes: tuple[int, ...]
+    y_pilot: torch.Tensor | None = None
 
 
 #: ``factory(context) -> LocalTask``; called for **every message**. It must rebuild the model

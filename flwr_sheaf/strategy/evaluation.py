@@ -34,7 +34,7 @@ import torch
 from flwr.app import Array, ConfigRecord, Message, RecordDict
 
 from ..config import FederationConfig
-from ..protocol import (
+from ..protocol import (array_record, metric_record,
     ARRAYS,
     COMM_ACCURACY,
     COMM_ACCURACY_PILOT_WHITENING,
@@ -362,7 +362,7 @@ class GraphEvaluation:
     def phase1_problem(self, s: GraphStrategy, pid: int, reply: Message) -> str | None:
         """Why a phase-1 reply cannot be used (or None): :meth:`phase1_metrics_problem`, pilots not
         ``(K, d_i)``, latents not ``(M, d_i)`` with ``(M,)`` integer labels, or NaN/inf in them."""
-        m, a = reply.content[METRICS], reply.content[ARRAYS]
+        m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         why = self.phase1_metrics_problem(s, pid, m)
         if why is not None:
             return why
@@ -501,7 +501,7 @@ class GraphEvaluation:
             return {}
         pilots = {
             p: torch.from_numpy(
-                np.asarray(phase1[p].content[ARRAYS]["pilots"].numpy(), dtype=np.float64)
+                np.asarray(array_record(phase1[p].content, ARRAYS)["pilots"].numpy(), dtype=np.float64)
             )
             for p in present
         }
@@ -708,7 +708,7 @@ class TransportedEvaluation(GraphEvaluation):
         """What each answering neighbour j transported toward ``pid``, and j's labels."""
         arrays = {}
         for j in neighbours:
-            rec = phase1[j].content[ARRAYS]
+            rec = array_record(phase1[j].content, ARRAYS)
             arrays.update({f"{j}/{n}": rec[f"{pid}/{n}"].numpy() for n in STRINGENT_EVAL_ARRAYS})
             arrays.update({f"{j}/{n}": rec[n].numpy() for n in STRINGENT_EVAL_LABELS})
         return pack_arrays(arrays), {}
@@ -716,7 +716,7 @@ class TransportedEvaluation(GraphEvaluation):
     def phase1_problem(self, s: GraphStrategy, pid: int, reply: Message) -> str | None:
         """:meth:`GraphEvaluation.phase1_metrics_problem`, raw ``pilots`` present, or per neighbour j
         transported pilots not ``(K, d_e)`` / latents not ``(M, d_e)`` matching the labels / NaN or inf."""
-        m, a = reply.content[METRICS], reply.content[ARRAYS]
+        m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         why = self.phase1_metrics_problem(s, pid, m)
         if why is not None:
             return why

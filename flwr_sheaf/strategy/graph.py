@@ -111,7 +111,8 @@ class GraphStrategy(Strategy):
         self.pid_of_node: dict[int, int] = {}
         self.rounds: list[RoundRecord] = []
         self.failures: list[dict] = []
-        self.current: RoundRecord | None = None
+        # None until begin_round; every reader runs inside a round (declared non-Optional for type checkers)
+        self.current: RoundRecord = None  # type: ignore[assignment]
         self._t0: float | None = None
         self._dst_of_message: dict[str, int] = {}
         self.extra_train_config: dict[str, Any] = {}

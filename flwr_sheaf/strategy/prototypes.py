@@ -16,7 +16,7 @@ from flwr.app import Message
 
 from ..baselines.fedproto import aggregate_prototypes, check_common_dim
 from ..config import FedProtoConfig
-from ..protocol import (
+from ..protocol import (array_record, 
     FEATURE_DIM,
     GLOBAL_PROTOTYPES,
     NUM_CLASSES,
@@ -112,7 +112,7 @@ class PrototypeAggregator:
         src = f"partition-id {pid}"
         if UPLOAD not in reply.content:
             raise ValueError(f"{src}: reply carries no prototypes")
-        raw, counts = unpack_prototypes(reply.content[UPLOAD], src)
+        raw, counts = unpack_prototypes(array_record(reply.content, UPLOAD), src)
         protos = {c: torch.from_numpy(p) for c, p in raw.items()}
         dims = {p.shape[0] for p in protos.values()}
         if dims and dims != {self.common_dim}:

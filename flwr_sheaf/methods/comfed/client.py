@@ -25,7 +25,7 @@ from torch import nn
 from ...baselines.comfed import comfed_alignment_loss, comfed_message, xavier_projection
 from ...baselines.fedproto import class_prototypes
 from ...config import ComFedConfig, LocalTrainConfig
-from ...protocol import (COMFED_ROUTED, COMFED_TARGETS, CONFIG, FEATURE_DIM, NUM_CLASSES, SEED, TRAIN, UPLOAD,
+from ...protocol import (array_record, COMFED_ROUTED, COMFED_TARGETS, CONFIG, FEATURE_DIM, NUM_CLASSES, SEED, TRAIN, UPLOAD,
                         message_type, pack_prototypes, unpack_prototypes)
 from ...client.common import accuracy, eval_latents, from_numpy, task_device, to_numpy
 from ..fedproto.client import latent_and_logits
@@ -105,7 +105,7 @@ class ComFedClient(ClientMethod):
         load_module_state(context, self._key(), proj, opt)
         targets = {}
         if COMFED_TARGETS in msg.content:
-            raw, _ = unpack_prototypes(msg.content[COMFED_TARGETS], f"{mt} targets")
+            raw, _ = unpack_prototypes(array_record(msg.content, COMFED_TARGETS), f"{mt} targets")
             targets = {m: from_numpy(v, task_device(task)) for m, v in raw.items()}
         return ComFedLoss(proj, opt, train.clip_norm, targets, int(required(cfg, NUM_CLASSES, mt)), comfed.lam)
 
@@ -132,7 +132,7 @@ class ComFedClient(ClientMethod):
         key = self._key()
         if key not in context.state:  # never trained: no learned map, report NaN accuracies downstream
             return torch.full((1, int(task.model.d)), float("nan"), device=task_device(task))
-        return from_numpy(context.state[key]["p"].numpy().copy(), task_device(task))
+        return from_numpy(array_record(context.state, key)["p"].numpy().copy(), task_device(task))
 
     @torch.no_grad()
     def edge_metrics(self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict) -> dict[str, float]:

@@ -18,7 +18,7 @@ from flwr.app import Message
 
 from ...config import DEFAULTS, ComFedConfig, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
-from ...protocol import (COMFED_ROUTED, COMFED_TARGETS, FEATURE_DIM, NUM_CLASSES, UPLOAD, ProtocolError,
+from ...protocol import (array_record, COMFED_ROUTED, COMFED_TARGETS, FEATURE_DIM, NUM_CLASSES, UPLOAD, ProtocolError,
                         pack_prototypes, unpack_prototypes)
 from ...strategy.base import positive_int
 from ...strategy.prototypes import common_dimension
@@ -94,7 +94,7 @@ class ComFed(GraphStrategy):
             try:
                 if UPLOAD not in r.content:
                     raise ProtocolError("reply carries no projected prototypes")
-                protos, _ = unpack_prototypes(r.content[UPLOAD], f"partition-id {pid}")
+                protos, _ = unpack_prototypes(array_record(r.content, UPLOAD), f"partition-id {pid}")
                 bad = [m for m, v in protos.items() if v.shape != (self.r,) or not np.isfinite(v).all()
                        or not 0 <= m < self.num_classes]
                 if bad:

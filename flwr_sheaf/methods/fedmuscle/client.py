@@ -18,18 +18,17 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
-from torch import nn
 
 from ...baselines.fedmuscle import is_contrastive_epoch, muscle_loss
 from ...baselines.fedproto import PoolingAdapter
 from ...config import FedMuscleConfig, LocalTrainConfig
-from ...protocol import (CONFIG, MUSCLE_TARGETS, PILOT_REPS, SERVER_ROUND, TARGET_ALL, TARGET_OTHERS, TRAIN, UPLOAD,
+from ...protocol import (array_record, CONFIG, MUSCLE_TARGETS, PILOT_REPS, SERVER_ROUND, TARGET_ALL, TARGET_OTHERS, TRAIN, UPLOAD,
                         ProtocolError, message_type, pack_arrays)
 from ...client.common import eval_latents, from_numpy, task_device, to_numpy
 from ..fedproto.client import feature_pool, latent_and_logits
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
-from ...client.task import LocalTask, TaskFactory
+from ...client.task import LocalTask, StalkModel, TaskFactory
 from . import ACTION
 
 __all__ = ["FedMuscleLoss", "FedMuscleClient", "register_fedmuscle_handlers"]
@@ -53,7 +52,7 @@ class FedMuscleLoss(LossPlugin):
         self.active = False
         self.epochs_contrastive = 0
 
-    def begin_epoch(self, model: nn.Module, epoch: int) -> None:
+    def begin_epoch(self, model: StalkModel, epoch: int) -> None:
         """Switch the contrastive term on for the contrastive epochs of the cycle (when targets exist)."""
         self.active = self.targets is not None and epoch in self.contrastive and self.lam > 0
         self.epochs_contrastive += self.active
@@ -95,7 +94,7 @@ class FedMuscleClient(ClientMethod):
         contrastive = {e for e in range(local_epochs) if is_contrastive_epoch(first + e, muscle.task_epochs)}
         targets = None
         if MUSCLE_TARGETS in msg.content:
-            rec = msg.content[MUSCLE_TARGETS]
+            rec = array_record(msg.content, MUSCLE_TARGETS)
             shape = (int(task.x_pilot.shape[0]), pool.d_common)
             pair = []
             for key in (TARGET_OTHERS, TARGET_ALL):

@@ -25,7 +25,7 @@ from flwr.app import Message
 
 from ...baselines.fedmuscle import is_contrastive_epoch, leave_one_out_means
 from ...config import DEFAULTS, FederationConfig, FedMuscleConfig, LocalTrainConfig
-from ...protocol import FEATURE_DIM, MUSCLE_TARGETS, PILOT_REPS, TARGET_ALL, TARGET_OTHERS, UPLOAD, pack_arrays
+from ...protocol import array_record, FEATURE_DIM, MUSCLE_TARGETS, PILOT_REPS, TARGET_ALL, TARGET_OTHERS, UPLOAD, pack_arrays
 from ...strategy.prototypes import common_dimension
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
@@ -96,7 +96,7 @@ class FedMuscle(GraphStrategy):
         shape = (self.num_pilots, self.common_dim)
         accepted = {}
         for pid, r in ok.items():
-            rec = r.content[UPLOAD] if UPLOAD in r.content else None
+            rec = array_record(r.content, UPLOAD) if UPLOAD in r.content else None
             a = rec[PILOT_REPS].numpy() if rec is not None and PILOT_REPS in rec else None
             if a is None or a.shape != shape or not np.isfinite(a).all():
                 why = "no pilot representations" if a is None else f"pilot representations of shape {a.shape} " \

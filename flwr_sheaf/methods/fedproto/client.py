@@ -22,16 +22,15 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
-from torch import nn
 
 from ...baselines.fedproto import PoolingAdapter, class_prototypes, fedproto_loss, nearest_prototype_predict
 from ...config import FedProtoConfig
-from ...protocol import (CONFIG, EVALUATE, FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, TRAIN, UPLOAD, message_type,
+from ...protocol import (array_record, CONFIG, EVALUATE, FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, TRAIN, UPLOAD, message_type,
                         pack_prototypes, unpack_prototypes)
 from ...client.common import eval_latents, from_numpy, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
-from ...client.task import LocalTask, TaskFactory
+from ...client.task import LocalTask, StalkModel, TaskFactory
 from . import ACTION
 
 __all__ = ["FedProtoLoss", "FedProtoClient", "register_fedproto_handlers", "received_prototypes",
@@ -42,11 +41,11 @@ def received_prototypes(msg: Message) -> dict[int, torch.Tensor]:
     """Global prototypes ``{class: (D,)}`` carried by a train/evaluate message (empty before the first aggregation)."""
     if GLOBAL_PROTOTYPES not in msg.content:
         return {}
-    protos, _ = unpack_prototypes(msg.content[GLOBAL_PROTOTYPES], "global prototypes")
+    protos, _ = unpack_prototypes(array_record(msg.content, GLOBAL_PROTOTYPES), "global prototypes")
     return {c: from_numpy(p) for c, p in protos.items()}  # CPU; the losses cast to the latents' device
 
 
-def latent_and_logits(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def latent_and_logits(model: StalkModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw latents ``(B, d)`` and private logits ``(B, C)`` of one forward pass.
 
     Uses ``model.head.mlp`` on the latents when the model has it (the CNN zoo: ``private_logits =
@@ -58,7 +57,7 @@ def latent_and_logits(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
     return z, (mlp(z) if mlp is not None else model.private_logits(x))
 
 
-def feature_pool(model: nn.Module, cfg: Mapping, where: str) -> PoolingAdapter:
+def feature_pool(model: StalkModel, cfg: Mapping, where: str) -> PoolingAdapter:
     """Pooling adapter ``(B, d_i) -> (B, D)`` from ``model.d`` to the message's ``feature-dim`` D (docs/baselines.md, s3.5).
 
     Raises:

@@ -65,7 +65,7 @@ def planted_problem(name: str, seed: int) -> tuple[Any, np.ndarray]:
 
 
 def _problem(c: RunConfig) -> tuple[Any, np.ndarray]:
-    return planted_problem(c.method_section.problem, c.federation.seed)
+    return planted_problem(c.own(RFedAGSConfig).problem, c.federation.seed)
 
 
 class PlantedMetrics:
@@ -85,7 +85,7 @@ class PlantedMetrics:
 
 def _build(method: str) -> Callable[[RunConfig, int], RFedAGS]:
     def build(c: RunConfig, n: int) -> RFedAGS:
-        cfg, (problem, p) = c.method_section, _problem(c)
+        cfg, (problem, p) = c.own(RFedAGSConfig), _problem(c)
         part = c.federation.participation or p
         kw = dict(local_steps=cfg.local_steps, step_size=cfg.step_size, decay_rounds=cfg.decay_rounds,
                   manifold=problem.manifold, minibatch_size=cfg.minibatch_size, seed=c.federation.seed,

@@ -36,19 +36,20 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from ...protocol import (ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, LOCAL_STEPS, MEAN_GRADIENT, METRICS,
+from ...protocol import (array_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, LOCAL_STEPS, MEAN_GRADIENT, METRICS,
                         MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED, SERVER_ROUND,
                         STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
 from ...rfedags.baselines import (BASELINES, average_ambient, average_endpoints, full_gradient, projection_correction,
                                  require_projection)
 from ...strategy.base import weight_problem
 from ...strategy.graph import GraphStrategy
-from .strategy import RFEDAGS_DEFAULTS, init_server, log_rfed_round, round_prologue, setup_riemannian
+from .strategy import (RFEDAGS_DEFAULTS, RiemannianState, init_server, log_rfed_round, round_prologue,
+                       setup_riemannian)
 
 __all__ = ["RFedBaseline"]
 
 
-class RFedBaseline(GraphStrategy):
+class RFedBaseline(GraphStrategy, RiemannianState):
     """RFedAvg / RFedSVRG / RFedProj under arbitrary participation (module docstring).
 
     Args:
@@ -119,7 +120,7 @@ class RFedBaseline(GraphStrategy):
                                 self.current.sampled, {STREAM_RECORD: (STREAM,)})
         grads: dict[int, np.ndarray] = {}
         for pid, r in ok.items():
-            g = np.array(r.content[STREAM_RECORD][STREAM].numpy(), dtype=np.float64)
+            g = np.array(array_record(r.content, STREAM_RECORD)[STREAM].numpy(), dtype=np.float64)
             if g.shape != shape or not np.all(np.isfinite(g)):
                 self.record_failure(server_round, "gradient", pid, f"unusable gradient of shape {g.shape}")
                 continue
@@ -164,13 +165,13 @@ class RFedBaseline(GraphStrategy):
         zetas: dict[int, np.ndarray] = {}
         num_examples = np.ones(self.num_nodes)
         for pid, r in ok.items():
-            z = np.array(r.content[STREAM_RECORD][ENDPOINT].numpy(), dtype=np.float64)
+            z = np.array(array_record(r.content, STREAM_RECORD)[ENDPOINT].numpy(), dtype=np.float64)
             n_i = r.content[METRICS][NUM_EXAMPLES]
             reason = weight_problem(NUM_EXAMPLES, n_i)
             if reason is None and (z.shape != shape or not np.all(np.isfinite(z))):
                 reason = f"unusable end point of shape {z.shape} (expected {shape}, finite)"
             if reason is None and self.method == "rfedproj":
-                zeta = np.array(r.content[STREAM_RECORD][MEAN_GRADIENT].numpy(), dtype=np.float64)
+                zeta = np.array(array_record(r.content, STREAM_RECORD)[MEAN_GRADIENT].numpy(), dtype=np.float64)
                 if zeta.shape != shape or not np.all(np.isfinite(zeta)):
                     reason = f"unusable mean gradient of shape {zeta.shape}"
                 else:

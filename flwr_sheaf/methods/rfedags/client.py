@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ...protocol import (ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
+from ...protocol import (array_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
                         METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED,
                         SERVER_ROUND, STEP_SIZE, STREAM, STREAM_RECORD, NodeInfo, ProtocolError, pack_arrays)
 from ...rfedags.baselines import BASELINES, projection_local_steps, svrg_local_steps
@@ -216,7 +216,7 @@ def register_rfedags_handlers(
         prob = problem_factory(context)
         if ARRAYS not in msg.content or POINT not in msg.content[ARRAYS]:
             raise ProtocolError(f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {POINT!r}")
-        x = np.array(msg.content[ARRAYS][POINT].numpy(), dtype=np.float64)
+        x = np.array(array_record(msg.content, ARRAYS)[POINT].numpy(), dtype=np.float64)
         man = prob.manifold
         if x.shape != tuple(man.point_shape):
             raise ValueError(f"server point has shape {x.shape}, expected {tuple(man.point_shape)}")
@@ -294,7 +294,7 @@ def register_rfedags_baseline_handlers(
 def _array(msg: Message, key: str, shape: tuple[int, ...], action: str) -> np.ndarray:
     if ARRAYS not in msg.content or key not in msg.content[ARRAYS]:
         raise ProtocolError(f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {key!r}")
-    a = np.array(msg.content[ARRAYS][key].numpy(), dtype=np.float64)
+    a = np.array(array_record(msg.content, ARRAYS)[key].numpy(), dtype=np.float64)
     if a.shape != shape:
         raise ValueError(f"train.{action}: array {key!r} has shape {a.shape}, expected {shape}")
     if not np.all(np.isfinite(a)):

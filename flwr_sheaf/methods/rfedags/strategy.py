@@ -36,7 +36,7 @@ from flwr.serverapp import Grid
 
 from ...config import DEFAULTS
 from ...participation import ParticipationSampler, parse_participation
-from ...protocol import (ARRAYS, CONFIG, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, POINT, SEED, SERVER_ROUND,
+from ...protocol import (array_record, ARRAYS, CONFIG, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, POINT, SEED, SERVER_ROUND,
                         STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
 from ...rfedags.aggregation import MODES, RFedAGSServer
 from ...rfedags.client import step_size_schedule
@@ -49,6 +49,29 @@ from . import ACTION
 __all__ = ["RFEDAGS_DEFAULTS", "RFedAGS", "init_server", "log_rfed_round", "round_prologue", "setup_riemannian"]
 
 log = logging.getLogger("flwr_sheaf")
+
+
+class RiemannianState:
+    """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
+    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`, declared
+    for type checkers (``manifold`` may be None and ``server`` / ``_x_t`` are None until the first round
+    builds them; every reader runs inside a round)."""
+
+    alpha: Callable[[int], float]
+    p: np.ndarray
+    mode: str
+    local_steps: int
+    step_size: float
+    decay_rounds: float
+    global_step: float
+    q_min: float
+    estimate_includes_current: bool
+    estimator: str
+    manifold: Manifold
+    minibatch_size: int
+    server: RFedAGSServer
+    _x_t: np.ndarray
+    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None
 
 
 def setup_riemannian(s: Any, num_nodes: int,
@@ -145,7 +168,7 @@ RFEDAGS_DEFAULTS: dict[str, Any] = {
     "seed": DEFAULTS["seed"], "discovery_timeout": DEFAULTS["discovery-timeout"], "round_metrics": None}
 
 
-class RFedAGS(GraphStrategy):
+class RFedAGS(GraphStrategy, RiemannianState):
     """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines.md, s5) as a Flower strategy.
 
     Args:
@@ -230,7 +253,7 @@ class RFedAGS(GraphStrategy):
         num_examples = np.ones(self.num_nodes)
         tangent = []
         for pid, r in ok.items():
-            z = np.array(r.content[STREAM_RECORD][STREAM].numpy(), dtype=np.float64)
+            z = np.array(array_record(r.content, STREAM_RECORD)[STREAM].numpy(), dtype=np.float64)
             n_i = r.content[METRICS][NUM_EXAMPLES]
             reason = weight_problem(NUM_EXAMPLES, n_i)
             if reason is None and z.shape != shape:

@@ -28,7 +28,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from ...baselines.sheaf_fmtl import init_map, map_step, parameter_step
 from ...config import LocalTrainConfig, SheafFMTLConfig
-from ...protocol import (CONFIG, SEED, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS,
+from ...protocol import (array_record, CONFIG, SEED, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS,
                         SHEAF_FMTL_PROJECTIONS, TRAIN, UPLOAD, ProtocolError, message_type, pack_arrays)
 from ...client.common import from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
@@ -88,7 +88,7 @@ class SheafFMTLClient(ClientMethod):
         if len(nbrs) != len(dims):
             raise ProtocolError(f"{mt}: {len(nbrs)} neighbours but {len(dims)} edge dimensions")
         dev = task_device(task)
-        stored = context.state[self._maps_key()] if self._maps_key() in context.state else None
+        stored = array_record(context.state, self._maps_key()) if self._maps_key() in context.state else None
         maps: dict[int, torch.Tensor] = {}
         for j, d in zip(nbrs, dims):
             if stored is not None and str(j) in stored:
@@ -100,7 +100,7 @@ class SheafFMTLClient(ClientMethod):
             maps[j] = p
         received: dict[int, torch.Tensor] = {}
         if SHEAF_FMTL_PROJECTIONS in msg.content:
-            rec = msg.content[SHEAF_FMTL_PROJECTIONS]
+            rec = array_record(msg.content, SHEAF_FMTL_PROJECTIONS)
             for k in rec:
                 if int(k) not in maps:
                     raise ProtocolError(f"{mt}: projection from partition-id {k}, not a neighbour of {pid} ({nbrs})")

@@ -22,7 +22,7 @@ from flwr.app import Message
 
 from ...baselines.sheaf_fmtl import GIB, check_map_budget, edge_dim, map_bytes_per_node
 from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig, SheafFMTLConfig
-from ...protocol import (SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS, SHEAF_FMTL_PROJECTIONS, UPLOAD,
+from ...protocol import (array_record, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS, SHEAF_FMTL_PROJECTIONS, UPLOAD,
                         pack_arrays)
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
@@ -114,7 +114,7 @@ class SheafFMTL(GraphStrategy):
         accepted, sent = {}, 0
         for pid, r in ok.items():
             nbrs = sorted(self.graph.neighbors(pid))
-            rec = r.content[UPLOAD] if UPLOAD in r.content else None
+            rec = array_record(r.content, UPLOAD) if UPLOAD in r.content else None
             got = {k: np.asarray(rec[k].numpy()) for k in rec} if rec is not None else {}
             bad = [] if rec is not None else ["no upload"]
             if rec is not None and sorted(got) != sorted(str(j) for j in nbrs):

@@ -36,10 +36,9 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
-from torch import nn
 
 from ...config import DEFAULTS, SheafConfig
-from ...protocol import (CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
+from ...protocol import (array_record, CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
                         PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
                         STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, index_digest, pack_arrays,
                         unpack_neighbour_pilots, unpack_pilot_selection)
@@ -51,7 +50,7 @@ from ...sheaf.variants import PRIVACY_MODES, Received, edge_dim, edge_terms, ini
 from ...client.common import cached_pilots, from_numpy, store_pilots, task_device, to_numpy, whitened_pilots
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
-from ...client.task import LocalTask, TaskFactory
+from ...client.task import LocalTask, StalkModel, TaskFactory
 from . import ACTION
 
 __all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers", "load_maps", "save_maps", "node_secret",
@@ -131,7 +130,7 @@ class SheafGluing(LossPlugin):
         self._residual_steps: dict[int, list[tuple[torch.Tensor, int]]] = {j: [] for j, _, _ in self.active}
         self._plan: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
 
-    def begin_epoch(self, model: nn.Module, epoch: int) -> None:
+    def begin_epoch(self, model: StalkModel, epoch: int) -> None:
         """Refit the maps this node owns on the current pilots (Eq. 18; Alg. 2 lines 8-10; P2c/P2d)."""
         self.terms = []
         if not self.active or self.lam <= 0:
@@ -241,7 +240,7 @@ def load_maps(context: Context, action: str) -> dict[int, torch.Tensor]:
     key = _maps_key(action)
     if key not in context.state:
         return {}
-    rec = context.state[key]
+    rec = array_record(context.state, key)
     return {int(k): from_numpy(rec[k].numpy().copy()) for k in rec.keys() if k.isdigit()}
 
 
@@ -258,7 +257,7 @@ def node_secret(context: Context, action: str) -> int:
     key = f"{action}.privacy-secret"
     if key not in context.state:
         context.state[key] = pack_arrays({"secret": np.array([secrets.randbits(63)], dtype=np.int64)})
-    return int(context.state[key]["secret"].numpy()[0])
+    return int(array_record(context.state, key)["secret"].numpy()[0])
 
 
 def _upload_maps(context: Context, action: str, maps: dict[int, torch.Tensor], edges: EdgeConfig, d_i: int,
@@ -297,8 +296,8 @@ class SheafClient(ClientMethod):
             raise ProtocolError("train message has sheaf-variant='auto': the strategy must resolve it at discovery")
         if sheaf.privacy == "stringent" and PILOTS in msg.content:
             raise ProtocolError("privacy='stringent' but the train message carries raw neighbour pilots")
-        received = unpack_neighbour_pilots(msg.content[PILOTS]) if PILOTS in msg.content else {}
-        moved = unpack_neighbour_pilots(msg.content[TRANSPORTED]) if TRANSPORTED in msg.content else {}
+        received = unpack_neighbour_pilots(array_record(msg.content, PILOTS)) if PILOTS in msg.content else {}
+        moved = unpack_neighbour_pilots(array_record(msg.content, TRANSPORTED)) if TRANSPORTED in msg.content else {}
         both = sorted(set(received) & set(moved))
         if both:
             raise ProtocolError(f"neighbour(s) {both} sent both raw and transported pilots")

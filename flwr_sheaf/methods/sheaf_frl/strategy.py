@@ -56,10 +56,10 @@ import logging
 import networkx as nx
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
-from ...protocol import (METRICS, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS,
+from ...protocol import (array_record, METRICS, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS,
                         PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, SVDS, TRANSPORTED,
                         index_digest, pack_neighbour_pilots, pack_pilot_selection)
 from ...sheaf.network import orient_edge
@@ -271,12 +271,12 @@ class SheafFRL(GraphStrategy):
         has_raw = PILOTS in r.content and OWN_PILOTS in r.content[PILOTS]
         if has_raw and self.sheaf.privacy == "stringent":
             return "raw pilots in a reply under privacy='stringent' (discarded, never stored)", None, {}
-        a = r.content[PILOTS][OWN_PILOTS].numpy() if has_raw else None
+        a = array_record(r.content, PILOTS)[OWN_PILOTS].numpy() if has_raw else None
         if want_raw and (a is None or a.shape != (k, d)):
             return f"pilot matrix shape {None if a is None else a.shape}, expected ({k}, {d})", None, {}
         if a is not None and not np.isfinite(a).all():
             return "NaN/inf pilots (cached pilots kept)", None, {}
-        rec = r.content[TRANSPORTED] if TRANSPORTED in r.content else {}
+        rec = array_record(r.content, TRANSPORTED) if TRANSPORTED in r.content else ArrayRecord()
         keys = sorted(rec.keys())
         if keys != sorted(str(j) for j in want_moved):
             return f"transported pilots for {keys}, expected for neighbours {sorted(want_moved)}", None, {}
@@ -295,7 +295,7 @@ class SheafFRL(GraphStrategy):
         recorded failure) when it is missing, malformed, or differs from the one already accepted."""
         what = self.pilot_spec.groups
         key = PILOT_LABELS if what == "class" else PILOT_FEATURES
-        rec = r.content[PILOT_PUBLIC] if PILOT_PUBLIC in r.content else None
+        rec = array_record(r.content, PILOT_PUBLIC) if PILOT_PUBLIC in r.content else None
         arr = rec[key].numpy() if rec is not None and key in rec else None
         if arr is None or arr.shape[0] != self.num_pilots:
             self.record_failure(server_round, "train", pid, f"reply lacks {PILOT_PUBLIC}/{key} with {self.num_pilots} "
