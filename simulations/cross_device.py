@@ -150,6 +150,7 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
         "absent-policy": args.absent_policy,
         "seed": args.seed,
         "results-dir": str(out),
+        "overwrite": True,  # a rerun of this N replaces its own earlier run
     }
     if args.participation:
         rc["participation"] = args.participation
@@ -157,6 +158,10 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
         rc["fraction-train"] = args.fraction
     if args.max_steps_per_epoch:
         rc["max-steps-per-epoch"] = args.max_steps_per_epoch
+    if args.partitioner:
+        rc["partitioner"] = args.partitioner
+    if args.fraction_evaluate:
+        rc["fraction-evaluate"] = args.fraction_evaluate
     return rc
 
 
@@ -258,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps-per-epoch", type=int, default=0)
     ap.add_argument("--num-pilots", type=int, default=200)
     ap.add_argument("--absent-policy", default="cached")
+    ap.add_argument("--partitioner", default="", help="e.g. cross-device (a handful of samples per agent)")
+    ap.add_argument("--fraction-evaluate", type=float, default=0.0, help="0 = the package default (all nodes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
     ap.add_argument("--port", type=int, default=39691)
