@@ -364,3 +364,83 @@ def test_model_reporting_the_wrong_latent_size_fails_discovery_naming_d_and_the_
     assert f"partition-id 1: model.latent() returned shape (2, {real})" in str(err.value)
     assert f"model.d = {real + 3}" in str(err.value)
     assert {m.metadata.message_type.split(".")[0] for m in grid.delivered} == {"query"}
+
+
+# ------------------------------------------------------------------------- item 4: degraded runs, node-side rollback
+def _failing_app(fails):
+    """The CNN ClientApp whose train handler raises when ``fails(round, partition-id)``."""
+    def app(msg, ctx):
+        rnd, pid = int(msg.metadata.group_id or 0), int(ctx.node_config["partition-id"])
+        if msg.metadata.message_type.startswith("train.") and fails(rnd, pid):
+            raise OSError(f"injected: cannot write the state of partition-id {pid}")
+        return cnn_client_app(msg, ctx)
+    return app
+
+
+def _logged(caplog, fn):
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(caplog.handler)
+    try:
+        return fn()
+    finally:
+        log.removeHandler(caplog.handler)
+
+
+def test_a_run_in_which_nobody_trains_ends_failed_after_writing_results_naming_nodes_and_reasons(tmp_path, caplog):
+    from flwr_sheaf.strategy.graph import RunFailedError
+
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r")}
+    grid = LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc)
+    with pytest.raises(RunFailedError, match=r"6 of 6 sampled train replies failed \(100% > max-failed-fraction=0.5\)"
+                                             r".*round\(s\) \[1, 2\] trained nobody.*partition-id 0: .*cannot write the "
+                                             r"state of partition-id 0.*max-failed-fraction") as err:
+        _logged(caplog, lambda: run_server(grid, rc))
+    assert all(f"partition-id {p}" in str(err.value) for p in range(3))
+    res = json.loads((tmp_path / "r" / "results.json").read_text())  # written before the run fails
+    deg = res["degradation"]
+    assert res["status"] == deg["status"] == "failed" and deg["all_rounds_trained_nobody"] is True
+    assert deg["rounds_without_training"] == [1, 2] and deg["nodes_failed_every_round"] == [0, 1, 2]
+    assert deg["nodes"]["1"]["train_failed_rounds"] == [1, 2] and "cannot write" in deg["nodes"]["1"]["reasons"][0]
+    assert "the run FAILED" in caplog.text and not (tmp_path / "r" / LOCK_NAME).exists()
+    # max-failed-fraction = 1: report only (status degraded, no exception)
+    rc1 = {**rc, "results-dir": str(tmp_path / "r1"), "max-failed-fraction": 1.0}
+    res1 = json.loads(run_server(LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc1), rc1).read_text())
+    assert res1["status"] == "degraded" and res1["degradation"]["all_rounds_trained_nobody"] is True
+
+
+def test_a_run_with_one_node_failing_once_completes_flagged_degraded(tmp_path, caplog):
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r")}
+    grid = LocalGrid(_failing_app(lambda rnd, pid: (rnd, pid) == (1, 1)), 3, run_config=rc)
+    res = json.loads(_logged(caplog, lambda: run_server(grid, rc)).read_text())
+    deg = res["degradation"]
+    assert res["status"] == "degraded" and deg["reasons"] == [] and deg["train_failed"] == 1
+    assert deg["train_sampled"] == 6 and deg["rounds_without_training"] == [] and deg["nodes_failed_every_round"] == []
+    assert list(deg["nodes"]) == ["1"] and deg["nodes"]["1"]["train_failed_rounds"] == [1]
+    assert "the run is DEGRADED, not clean" in caplog.text and "partition-id 1" in caplog.text
+    clean = _run({**TINY, "results-dir": str(tmp_path / "c")})
+    assert clean["status"] == "completed" and clean["degradation"]["train_failed"] == 0
+
+
+def test_a_reply_the_server_refuses_is_never_committed_by_the_node(tmp_path):
+    """lambda=1e30: round 2's train replies carry an infinite grad-norm; the node raises instead of
+    replying, so its stored model after the refused round is byte-identical to before it."""
+    from flwr_sheaf.client.common import model_key
+
+    rc = {**TINY, "num-server-rounds": 2, "lambda": 1e30, "max-failed-fraction": 1.0, "results-dir": str(tmp_path)}
+    grid = LocalGrid(cnn_client_app, 3, run_config=rc)
+    before = {}
+
+    def app(msg, ctx):
+        if msg.metadata.message_type == "train.sheaf" and msg.metadata.group_id == "2":
+            pid = ctx.node_config["partition-id"]
+            before[pid] = {k: v.numpy().tobytes() for k, v in ctx.state[model_key("sheaf")].items()}
+        return cnn_client_app(msg, ctx)
+
+    grid.app = app
+    res = json.loads(run_server(grid, rc).read_text())
+    refused = [f for f in res["failures"] if f["round"] == 2]
+    assert [f["partition-id"] for f in refused] == [0, 1, 2] and res["rounds"][0]["num_trained"] == 3
+    assert all("RefusedReplyError" in f["reason"] and "is infinite" in f["reason"] for f in refused)
+    for nid, ctx in grid.contexts.items():
+        after = {k: v.numpy().tobytes() for k, v in ctx.state[model_key("sheaf")].items()}
+        assert after == before[grid.partition_of(nid)]  # byte-identical: nothing committed

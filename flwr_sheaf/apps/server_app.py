@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..preflight import preflight
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
+from ..strategy.graph import RunFailedError
 from ..methods import parse_run_config
 from .methods import num_nodes
 
@@ -37,6 +38,9 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
             different run config (keys named) or past ``num-server-rounds``.
         FileNotFoundError: resuming without a checkpoint.
+        RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
+            ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
+            message names the partition-ids, rounds and reasons (docs/reliability.md).
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
             written, a results-dir holding another run's results (without resume / overwrite) or in use
             by another run (its lock named).
@@ -68,10 +72,34 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     if ckpt.restored_round:
         extra["resumed"] = {"checkpoint": str(ckpt.resume_from), "after_round": ckpt.restored_round,
                             "wall_seconds_before": ckpt.previous_wall_seconds}
+    status = strategy.run_status(config.max_failed_fraction)
     path = write_results(out, config.to_dict(), strategy.history, strategy.node_results, strategy.edge_results,
-                         failures=strategy.failures, total_wall_seconds=wall, **extra)
-    log.info("results written to %s (%.1f s)", path, wall)
-    return path
+                         failures=strategy.failures, total_wall_seconds=wall, status=status["status"],
+                         degradation=status, **extra)
+    if status["status"] == "completed":
+        log.info("results written to %s (%.1f s)", path, wall)
+        return path
+    summary = _failure_summary(status)
+    if status["status"] == "degraded":
+        log.warning("results written to %s (%.1f s); the run is DEGRADED, not clean: %s", path, wall, summary)
+        return path
+    log.error("results written to %s (%.1f s); the run FAILED: %s", path, wall, summary)
+    raise RunFailedError(f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
+                         f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
+                         f"{config.max_failed_fraction}; 1 = report only)")
+
+
+def _failure_summary(status: dict) -> str:
+    """One line naming the failing partition-ids, their failed rounds and reasons (``results.json``'s ``degradation``)."""
+    parts = [f"{status['train_failed']} of {status['train_sampled']} sampled train replies failed"]
+    if status["rounds_without_training"]:
+        parts.append(f"rounds that trained nobody: {status['rounds_without_training']}")
+    if status["nodes_failed_every_round"]:
+        parts.append(f"partition-ids that failed every round they were sampled in: {status['nodes_failed_every_round']}")
+    for pid, row in status["nodes"].items():
+        parts.append(f"partition-id {pid}: {row['failures']} in rounds {row['train_failed_rounds'] or '-'} "
+                     f"({' | '.join(x[-200:] for x in row['reasons'])})")
+    return "; ".join(parts)
 
 
 @app.main()
