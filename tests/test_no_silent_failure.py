@@ -444,3 +444,16 @@ def test_a_reply_the_server_refuses_is_never_committed_by_the_node(tmp_path):
     for nid, ctx in grid.contexts.items():
         after = {k: v.numpy().tobytes() for k, v in ctx.state[model_key("sheaf")].items()}
         assert after == before[grid.partition_of(nid)]  # byte-identical: nothing committed
+
+
+# ------------------------------------------------------------------------- item 8
+def test_an_evaluation_that_measures_no_edge_says_why_in_the_round_and_the_log(tmp_path, caplog):
+    rc = {**TINY, "evaluate-every": 1, "fraction-evaluate": 0.2, "results-dir": str(tmp_path)}
+    res = json.loads(_logged(caplog, lambda: _run(rc) and (tmp_path / "results.json")).read_text())
+    r = res["rounds"][0]
+    assert len(r["evaluated"]) == 1 and res["edges"] == []
+    assert r["communication_accuracy_mean"] is None and r["communication_accuracy_degree_weighted"] is None
+    assert r["communication_accuracy_reason"].startswith(f"no edge has both ends evaluated: fraction-evaluate=0.2 "
+                                                          f"drew partition-ids {r['evaluated']} of 3")
+    assert "communication accuracy not measured (null): no edge has both ends evaluated" in caplog.text
+    assert r["private_accuracy_mean"] is not None and res["status"] == "completed"
