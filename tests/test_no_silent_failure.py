@@ -457,3 +457,45 @@ def test_an_evaluation_that_measures_no_edge_says_why_in_the_round_and_the_log(t
                                                           f"drew partition-ids {r['evaluated']} of 3")
     assert "communication accuracy not measured (null): no edge has both ends evaluated" in caplog.text
     assert r["private_accuracy_mean"] is not None and res["status"] == "completed"
+
+
+# ------------------------------------------------------------------------- item 1
+def test_resume_with_lost_node_state_is_refused_naming_the_partition_and_the_opt_in(tmp_path):
+    import shutil
+
+    state, empty = tmp_path / "S", tmp_path / "S2"
+    empty.mkdir()
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r"), "node-state-dir": str(state)}
+    _run(rc)
+    typo = {**rc, "resume": True, "num-server-rounds": 3, "node-state-dir": str(empty)}
+    _refused(typo, rf"partition-id 0 trained up to round 2 \(server checkpoint, resumed after round 2\) but "
+                   rf"{empty}/partition-0 has no state files; .*resume-fresh-nodes=true", RuntimeError,
+             LocalGrid(cnn_client_app, 3, run_config=typo, run_id=2))
+    lost = tmp_path / "lost"
+    shutil.copytree(state, lost)
+    shutil.rmtree(lost / "partition-1")
+    one = {**typo, "node-state-dir": str(lost)}
+    _refused(one, r"partition-id 1 trained up to round 2 .* has no state files; .*restart partition-id 1 from "
+                  r"initialisation", RuntimeError, LocalGrid(cnn_client_app, 3, run_config=one, run_id=2))
+    fresh = {**typo, "resume-fresh-nodes": True}  # explicit opt-in: runs, and results.json says so
+    res = json.loads(run_server(LocalGrid(cnn_client_app, 3, run_config=fresh, run_id=2), fresh).read_text())
+    assert [r["round"] for r in res["rounds"]] == [1, 2, 3] and res["status"] == "completed"
+    assert res["config"]["resume-fresh-nodes"] is True and res["resumed"]["resume_fresh_nodes"] is True
+    assert res["resumed"]["nodes_trained_before"] == {"0": 2, "1": 2, "2": 2}
+    stale = {**typo, "node-state-dir": str(state)}  # the checkpoint is now at round 3, S holds rounds 1-2 only
+    _refused(stale, r"partition-id 0 trained up to round 3 .* has state files of rounds \[1, 2\] only",
+             RuntimeError, LocalGrid(cnn_client_app, 3, run_config=stale, run_id=3))
+
+
+# ------------------------------------------------------------------------- item 11
+def test_resume_that_adds_the_default_seed_explicitly_is_the_same_config(tmp_path):
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r"), "node-state-dir": str(tmp_path / "S")}
+    assert "seed" not in rc
+    first = _run(rc)
+    again = {**rc, "resume": True, "num-server-rounds": 3, "seed": 0}
+    res = json.loads(run_server(LocalGrid(cnn_client_app, 3, run_config=again, run_id=2), again).read_text())
+    assert res["failures"] == [] and [r["num_trained"] for r in res["rounds"]] == [3, 3, 3]
+    assert res["resumed"]["after_round"] == 2 and res["rounds"][:2] == first["rounds"][:2]
+    other = {**again, "seed": 1}  # a different effective value is still refused before any message
+    _refused(other, r"seed=0 in the checkpoint, 1 now", ConfigError,
+             LocalGrid(cnn_client_app, 3, run_config=other, run_id=3))

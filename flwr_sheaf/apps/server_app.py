@@ -62,7 +62,12 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)
-    ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
+    checked = ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
+    trained_before = {}
+    if checked is not None:  # which nodes trained up to which round: each must find its state (client/state.py)
+        trained_before = _last_trained(checked["state"].get("rounds", []), strategy.num_nodes)
+        strategy.resume_check = {"resume-state-rounds": [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
+                                 "resume-round": int(checked["round"]), "resume-fresh-nodes": config.resume_fresh_nodes}
     t0 = time.monotonic()
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
     strategy.start(grid=grid, initial_arrays=initial, num_rounds=config.num_server_rounds,
@@ -71,7 +76,9 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     extra = strategy.results_extra()
     if ckpt.restored_round:
         extra["resumed"] = {"checkpoint": str(ckpt.resume_from), "after_round": ckpt.restored_round,
-                            "wall_seconds_before": ckpt.previous_wall_seconds}
+                            "wall_seconds_before": ckpt.previous_wall_seconds,
+                            "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
+                            "resume_fresh_nodes": config.resume_fresh_nodes}
     status = strategy.run_status(config.max_failed_fraction)
     path = write_results(out, config.to_dict(), strategy.history, strategy.node_results, strategy.edge_results,
                          failures=strategy.failures, total_wall_seconds=wall, status=status["status"],
@@ -87,6 +94,18 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     raise RunFailedError(f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
                          f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
                          f"{config.max_failed_fraction}; 1 = report only)")
+
+
+def _last_trained(rounds, num_nodes: int) -> dict[int, int]:
+    """``{partition-id: last round whose train reply was accepted}`` of a checkpoint's round records."""
+    out = {}
+    for r in rounds:
+        if r.num_trained == 0:
+            continue
+        for pid in set(r.sampled) - set(r.failed.get("train", [])):
+            if pid < num_nodes:
+                out[pid] = max(out.get(pid, 0), int(r.round))
+    return out
 
 
 def _failure_summary(status: dict) -> str:

@@ -121,6 +121,9 @@ class GraphStrategy(Strategy):
         self._dst_of_message: dict[str, int] = {}
         self.extra_train_config: dict[str, Any] = {}
         self.extra_evaluate_config: dict[str, Any] = {}
+        #: entries added to the discovery config of a resumed run (the ServerApp sets them from the
+        #: checkpoint: which partition-ids trained up to which round; client/state.py checks them).
+        self.resume_check: dict[str, Any] = {}
         #: writes checkpoints and restores one (:class:`flwr_sheaf.strategy.checkpoint.Checkpointer`;
         #: the ServerApp sets it; None = no checkpoints).
         self.checkpointer: Checkpointer | None = None
@@ -246,7 +249,7 @@ class GraphStrategy(Strategy):
             new = [n for n in grid.get_node_ids() if n not in asked]
             if new:
                 asked.update(new)
-                msgs = [Message(RecordDict({CONFIG: ConfigRecord(self.query_config())}), dst_node_id=n,
+                msgs = [Message(RecordDict({CONFIG: ConfigRecord({**self.query_config(), **self.resume_check})}), dst_node_id=n,
                                 message_type=message_type(QUERY, self.action)) for n in new]
                 for r in grid.send_and_receive(msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))):
                     problem = r.error.reason + handler_hint(r.error.reason) if r.has_error() else reply_problem(r.content, {INFO: ()})
@@ -257,7 +260,7 @@ class GraphStrategy(Strategy):
                         except ProtocolError as exc:
                             problem = str(exc)
                     if info is None:
-                        errors.append(f"node {r.metadata.src_node_id}: {problem[-300:]}")
+                        errors.append(f"node {r.metadata.src_node_id}: {problem[-600:]}")
                         if len(asked) <= self.num_nodes:  # no spare SuperNode can stand in
                             raise RuntimeError(f"discovery failed on {errors[-1]}")
                         log.warning("discovery: %s (idle)", errors[-1])
