@@ -572,7 +572,7 @@ class GraphStrategy(Strategy):
         (direct Procrustes) and their ``val_`` counterparts (docs/variants.md)."""
         return self.last_evaluation.non_edges
 
-    def run_status(self, max_failed_fraction: float = 1.0) -> dict[str, Any]:
+    def run_status(self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]) -> dict[str, Any]:
         """Whether the run so far (restored rounds included) is clean, degraded or failed (docs/reliability.md).
 
         A train reply fails when its node errs, does not answer, or the reply is refused. The run is
