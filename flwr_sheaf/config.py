@@ -9,7 +9,8 @@ section              keys                                                       
 ==================== ============================================================ ==========
 :class:`RunConfig`   ``method``, ``num-server-rounds``, ``round-timeout``,          the ServerApp
                      ``results-dir``, ``checkpoint-every``, ``resume``,
-                     ``resume-from``, ``node-state-dir`` + the sections
+                     ``resume-from``, ``node-state-dir``, ``overwrite``,
+                     ``max-failed-fraction``, ``resume-fresh-nodes`` + the sections
 :class:`ScenarioConfig` ``zoo``, ``dataset``, ``shift``, ``seed``, ``num-pilots``,    task factory (client)
                      ``whitening-shrinkage``, ``whitening-eps``
 :class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
@@ -266,6 +267,12 @@ _KEY_LIST = [
     Key("overwrite", False, _bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(replaced; refused otherwise, docs/reliability.md)"),
+    Key("max-failed-fraction", 0.5, _float(0.0, 1.0),
+        "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
+        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability.md)"),
+    Key("resume-fresh-nodes", False, _bool,
+        "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
+        "recorded in `results.json`; refused otherwise, docs/reliability.md)"),
     # scenario
     Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
     Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
@@ -769,6 +776,9 @@ class RunConfig(Section):
         preset: ``""`` or ``"paper"`` (already applied to the sections by :meth:`from_run_config`).
         checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
         node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
+        max_failed_fraction: the share of failed train replies past which the run ends failed
+            (docs/reliability.md, "Degraded runs").
+        resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
         scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle, comfed, sheaf_fmtl: the sections.
     """
 
@@ -784,6 +794,8 @@ class RunConfig(Section):
     resume_from: str = key_field("resume-from")
     node_state_dir: str = key_field("node-state-dir")
     overwrite: bool = key_field("overwrite")
+    max_failed_fraction: float = key_field("max-failed-fraction")
+    resume_fresh_nodes: bool = key_field("resume-fresh-nodes")
 
     SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed",
                                           "sheaf_fmtl")
@@ -886,14 +898,35 @@ class RunConfig(Section):
 #: key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
     {"num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "checkpoint-every", "resume", "resume-from",
-     "node-state-dir", "device", "torch-threads", "overwrite"})
+     "node-state-dir", "device", "torch-threads", "overwrite", "max-failed-fraction", "resume-fresh-nodes"})
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (saved value, current value)}`` of the keys outside :data:`RESUME_MUTABLE_KEYS` that differ
-    (a key missing on one side counts as ``None`` there); empty when a resume may go on."""
+    """``{key: (saved value, current value)}`` of the keys outside :data:`RESUME_MUTABLE_KEYS` whose
+    effective values differ (:func:`effective_values`: a key missing on one side counts as its default
+    there, so an explicit ``seed=0`` equals an absent one; the values named are as given, ``None``
+    when absent); empty when a resume may go on."""
     keys = (set(saved) | set(current)) - RESUME_MUTABLE_KEYS
-    return {k: (saved.get(k), current.get(k)) for k in sorted(keys) if saved.get(k) != current.get(k)}
+    a, b = effective_values(saved), effective_values(current)
+    return {k: (saved.get(k), current.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}
+
+
+def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Every known key's effective value under ``run_config`` (absent keys: their default, then ``preset``;
+    values normalised by their key's parser where it accepts them); unknown keys are kept as given."""
+    known = {**METHOD_KEYS, **KEYS}
+    full = {**{k: key.default for k, key in known.items()}, **run_config}
+    try:
+        full = apply_preset(full)
+    except ConfigError:
+        pass
+    for k, v in full.items():
+        if k in known:
+            try:
+                full[k] = known[k](v)
+            except (ConfigError, ValueError, TypeError):
+                pass
+    return full
 
 
 def _check_defaults() -> None:

@@ -673,3 +673,40 @@ def route_non_edges(phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.nda
         out.update({f"{j}/{name}": phase1[j][name].numpy() for name in EVAL_ARRAYS})
         out[f"{j}/{PATH_MAP}"] = np.ascontiguousarray(t, dtype=np.float64)
     return out
+
+
+# ------------------------------------------------------------------------------ train-reply values
+__all__ += ["train_reply_problem"]
+
+
+def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
+    """Why a train reply's values are refused, or None (the one check of both sides).
+
+    The server (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses a reply whose
+    ``num-examples`` is not a finite number > 0 or that has an infinite metric (NaN means "not
+    measured"); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
+    same check, with ``arrays=True`` also to every array (NaN/inf entries), and raises before its state
+    is committed: what the server refuses, the node never commits (docs/reliability.md).
+
+    Args:
+        content: the reply's ``RecordDict`` (its ``metrics`` record must hold ``num-examples``).
+        arrays: also check every float array of every ``ArrayRecord`` for NaN/inf entries.
+    """
+    m = content[METRICS]
+    v = m[NUM_EXAMPLES]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"{NUM_EXAMPLES} = {v!r} is not a number"
+    if not (np.isfinite(v) and v > 0):
+        return f"{NUM_EXAMPLES} = {v!r} must be a finite number > 0"
+    infinite = [k for k, x in m.items() if isinstance(x, float) and np.isinf(x)]
+    if infinite:  # NaN means "not measured" (skipped by the means); inf is never valid
+        return f"metric {infinite[0]} = {m[infinite[0]]} is infinite"
+    if arrays:
+        for name, rec in content.items():
+            if not isinstance(rec, ArrayRecord):
+                continue
+            for key in rec.keys():
+                a = rec[key].numpy()
+                if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all():
+                    return f"array {name}/{key} of shape {a.shape} has {int((~np.isfinite(a)).sum())} NaN/inf entries"
+    return None

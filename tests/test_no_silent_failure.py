@@ -387,3 +387,138 @@ def test_scenario_whose_splits_cannot_be_non_empty_is_refused_in_seconds_before_
         run_server(grid, rc)
     assert time.monotonic() - t0 < 5.0 + 3.0  # + loading the dataset the first time in this process
     assert grid.delivered == []  # not even discovery
+
+
+# ------------------------------------------------------------------------- item 4: degraded runs, node-side rollback
+def _failing_app(fails):
+    """The CNN ClientApp whose train handler raises when ``fails(round, partition-id)``."""
+    def app(msg, ctx):
+        rnd, pid = int(msg.metadata.group_id or 0), int(ctx.node_config["partition-id"])
+        if msg.metadata.message_type.startswith("train.") and fails(rnd, pid):
+            raise OSError(f"injected: cannot write the state of partition-id {pid}")
+        return cnn_client_app(msg, ctx)
+    return app
+
+
+def _logged(caplog, fn):
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(caplog.handler)
+    try:
+        return fn()
+    finally:
+        log.removeHandler(caplog.handler)
+
+
+def test_a_run_in_which_nobody_trains_ends_failed_after_writing_results_naming_nodes_and_reasons(tmp_path, caplog):
+    from flwr_sheaf.strategy.graph import RunFailedError
+
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r")}
+    grid = LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc)
+    with pytest.raises(RunFailedError, match=r"6 of 6 sampled train replies failed \(100% > max-failed-fraction=0.5\)"
+                                             r".*round\(s\) \[1, 2\] trained nobody.*partition-id 0: .*cannot write the "
+                                             r"state of partition-id 0.*max-failed-fraction") as err:
+        _logged(caplog, lambda: run_server(grid, rc))
+    assert all(f"partition-id {p}" in str(err.value) for p in range(3))
+    res = json.loads((tmp_path / "r" / "results.json").read_text())  # written before the run fails
+    deg = res["degradation"]
+    assert res["status"] == deg["status"] == "failed" and deg["all_rounds_trained_nobody"] is True
+    assert deg["rounds_without_training"] == [1, 2] and deg["nodes_failed_every_round"] == [0, 1, 2]
+    assert deg["nodes"]["1"]["train_failed_rounds"] == [1, 2] and "cannot write" in deg["nodes"]["1"]["reasons"][0]
+    assert "the run FAILED" in caplog.text and not (tmp_path / "r" / LOCK_NAME).exists()
+    # max-failed-fraction = 1: report only (status degraded, no exception)
+    rc1 = {**rc, "results-dir": str(tmp_path / "r1"), "max-failed-fraction": 1.0}
+    res1 = json.loads(run_server(LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc1), rc1).read_text())
+    assert res1["status"] == "degraded" and res1["degradation"]["all_rounds_trained_nobody"] is True
+
+
+def test_a_run_with_one_node_failing_once_completes_flagged_degraded(tmp_path, caplog):
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r")}
+    grid = LocalGrid(_failing_app(lambda rnd, pid: (rnd, pid) == (1, 1)), 3, run_config=rc)
+    res = json.loads(_logged(caplog, lambda: run_server(grid, rc)).read_text())
+    deg = res["degradation"]
+    assert res["status"] == "degraded" and deg["reasons"] == [] and deg["train_failed"] == 1
+    assert deg["train_sampled"] == 6 and deg["rounds_without_training"] == [] and deg["nodes_failed_every_round"] == []
+    assert list(deg["nodes"]) == ["1"] and deg["nodes"]["1"]["train_failed_rounds"] == [1]
+    assert "the run is DEGRADED, not clean" in caplog.text and "partition-id 1" in caplog.text
+    clean = _run({**TINY, "results-dir": str(tmp_path / "c")})
+    assert clean["status"] == "completed" and clean["degradation"]["train_failed"] == 0
+
+
+def test_a_reply_the_server_refuses_is_never_committed_by_the_node(tmp_path):
+    """lambda=1e30: round 2's train replies carry an infinite grad-norm; the node raises instead of
+    replying, so its stored model after the refused round is byte-identical to before it."""
+    from flwr_sheaf.client.common import model_key
+
+    rc = {**TINY, "num-server-rounds": 2, "lambda": 1e30, "max-failed-fraction": 1.0, "results-dir": str(tmp_path)}
+    grid = LocalGrid(cnn_client_app, 3, run_config=rc)
+    before = {}
+
+    def app(msg, ctx):
+        if msg.metadata.message_type == "train.sheaf" and msg.metadata.group_id == "2":
+            pid = ctx.node_config["partition-id"]
+            before[pid] = {k: v.numpy().tobytes() for k, v in ctx.state[model_key("sheaf")].items()}
+        return cnn_client_app(msg, ctx)
+
+    grid.app = app
+    res = json.loads(run_server(grid, rc).read_text())
+    refused = [f for f in res["failures"] if f["round"] == 2]
+    assert [f["partition-id"] for f in refused] == [0, 1, 2] and res["rounds"][0]["num_trained"] == 3
+    assert all("RefusedReplyError" in f["reason"] and "is infinite" in f["reason"] for f in refused)
+    for nid, ctx in grid.contexts.items():
+        after = {k: v.numpy().tobytes() for k, v in ctx.state[model_key("sheaf")].items()}
+        assert after == before[grid.partition_of(nid)]  # byte-identical: nothing committed
+
+
+# ------------------------------------------------------------------------- item 8
+def test_an_evaluation_that_measures_no_edge_says_why_in_the_round_and_the_log(tmp_path, caplog):
+    rc = {**TINY, "evaluate-every": 1, "fraction-evaluate": 0.2, "results-dir": str(tmp_path)}
+    res = json.loads(_logged(caplog, lambda: _run(rc) and (tmp_path / "results.json")).read_text())
+    r = res["rounds"][0]
+    assert len(r["evaluated"]) == 1 and res["edges"] == []
+    assert r["communication_accuracy_mean"] is None and r["communication_accuracy_degree_weighted"] is None
+    assert r["communication_accuracy_reason"].startswith(f"no edge has both ends evaluated: fraction-evaluate=0.2 "
+                                                          f"drew partition-ids {r['evaluated']} of 3")
+    assert "communication accuracy not measured (null): no edge has both ends evaluated" in caplog.text
+    assert r["private_accuracy_mean"] is not None and res["status"] == "completed"
+
+
+# ------------------------------------------------------------------------- item 1
+def test_resume_with_lost_node_state_is_refused_naming_the_partition_and_the_opt_in(tmp_path):
+    import shutil
+
+    state, empty = tmp_path / "S", tmp_path / "S2"
+    empty.mkdir()
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r"), "node-state-dir": str(state)}
+    _run(rc)
+    typo = {**rc, "resume": True, "num-server-rounds": 3, "node-state-dir": str(empty)}
+    _refused(typo, rf"partition-id 0 trained up to round 2 \(server checkpoint, resumed after round 2\) but "
+                   rf"{empty}/partition-0 has no state files; .*resume-fresh-nodes=true", RuntimeError,
+             LocalGrid(cnn_client_app, 3, run_config=typo, run_id=2))
+    lost = tmp_path / "lost"
+    shutil.copytree(state, lost)
+    shutil.rmtree(lost / "partition-1")
+    one = {**typo, "node-state-dir": str(lost)}
+    _refused(one, r"partition-id 1 trained up to round 2 .* has no state files; .*restart partition-id 1 from "
+                  r"initialisation", RuntimeError, LocalGrid(cnn_client_app, 3, run_config=one, run_id=2))
+    fresh = {**typo, "resume-fresh-nodes": True}  # explicit opt-in: runs, and results.json says so
+    res = json.loads(run_server(LocalGrid(cnn_client_app, 3, run_config=fresh, run_id=2), fresh).read_text())
+    assert [r["round"] for r in res["rounds"]] == [1, 2, 3] and res["status"] == "completed"
+    assert res["config"]["resume-fresh-nodes"] is True and res["resumed"]["resume_fresh_nodes"] is True
+    assert res["resumed"]["nodes_trained_before"] == {"0": 2, "1": 2, "2": 2}
+    stale = {**typo, "node-state-dir": str(state)}  # the checkpoint is now at round 3, S holds rounds 1-2 only
+    _refused(stale, r"partition-id 0 trained up to round 3 .* has state files of rounds \[1, 2\] only",
+             RuntimeError, LocalGrid(cnn_client_app, 3, run_config=stale, run_id=3))
+
+
+# ------------------------------------------------------------------------- item 11
+def test_resume_that_adds_the_default_seed_explicitly_is_the_same_config(tmp_path):
+    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r"), "node-state-dir": str(tmp_path / "S")}
+    assert "seed" not in rc
+    first = _run(rc)
+    again = {**rc, "resume": True, "num-server-rounds": 3, "seed": 0}
+    res = json.loads(run_server(LocalGrid(cnn_client_app, 3, run_config=again, run_id=2), again).read_text())
+    assert res["failures"] == [] and [r["num_trained"] for r in res["rounds"]] == [3, 3, 3]
+    assert res["resumed"]["after_round"] == 2 and res["rounds"][:2] == first["rounds"][:2]
+    other = {**again, "seed": 1}  # a different effective value is still refused before any message
+    _refused(other, r"seed=0 in the checkpoint, 1 now", ConfigError,
+             LocalGrid(cnn_client_app, 3, run_config=other, run_id=3))

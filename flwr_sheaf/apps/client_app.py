@@ -5,7 +5,8 @@ so one ClientApp serves whatever the run config's ``method`` picks on the server
 researcher's own module (run-config ``method-module``) are imported and registered on the first
 message that names them. The :func:`~flwr_sheaf.client.state.persist_state` mod makes node state
 durable when the SuperNode's node config names a ``state-dir`` (docs/resume.md); without it, it
-does nothing.
+does nothing. The :func:`~flwr_sheaf.client.checks.refuse_what_the_server_refuses` mod (inside it) raises
+instead of returning a train reply the server would refuse, so that state is never committed (nor persisted).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from ..client.checks import refuse_what_the_server_refuses
 from ..client.state import persist_state
 from ..methods import METHODS, import_method_modules
 from .methods import register_all_handlers, register_handlers
@@ -34,5 +36,5 @@ class MethodClientApp(ClientApp):
         return super().__call__(message, context)
 
 
-app = MethodClientApp(mods=[persist_state])
+app = MethodClientApp(mods=[persist_state, refuse_what_the_server_refuses])
 register_all_handlers(app, cnn_task_factory)

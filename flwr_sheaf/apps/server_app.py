@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..preflight import preflight
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
+from ..strategy.graph import RunFailedError
 from ..methods import parse_run_config
 from .methods import num_nodes
 from .scenario import check_scenario
@@ -38,6 +39,9 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
             different run config (keys named) or past ``num-server-rounds``.
         FileNotFoundError: resuming without a checkpoint.
+        RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
+            ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
+            message names the partition-ids, rounds and reasons (docs/reliability.md).
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
             written, a results-dir holding another run's results (without resume / overwrite) or in use
             by another run (its lock named).
@@ -61,7 +65,12 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)
-    ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
+    checked = ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
+    trained_before = {}
+    if checked is not None:  # which nodes trained up to which round: each must find its state (client/state.py)
+        trained_before = _last_trained(checked["state"].get("rounds", []), strategy.num_nodes)
+        strategy.resume_check = {"resume-state-rounds": [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
+                                 "resume-round": int(checked["round"]), "resume-fresh-nodes": config.resume_fresh_nodes}
     t0 = time.monotonic()
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
     strategy.start(grid=grid, initial_arrays=initial, num_rounds=config.num_server_rounds,
@@ -70,11 +79,49 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     extra = strategy.results_extra()
     if ckpt.restored_round:
         extra["resumed"] = {"checkpoint": str(ckpt.resume_from), "after_round": ckpt.restored_round,
-                            "wall_seconds_before": ckpt.previous_wall_seconds}
+                            "wall_seconds_before": ckpt.previous_wall_seconds,
+                            "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
+                            "resume_fresh_nodes": config.resume_fresh_nodes}
+    status = strategy.run_status(config.max_failed_fraction)
     path = write_results(out, config.to_dict(), strategy.history, strategy.node_results, strategy.edge_results,
-                         failures=strategy.failures, total_wall_seconds=wall, **extra)
-    log.info("results written to %s (%.1f s)", path, wall)
-    return path
+                         failures=strategy.failures, total_wall_seconds=wall, status=status["status"],
+                         degradation=status, **extra)
+    if status["status"] == "completed":
+        log.info("results written to %s (%.1f s)", path, wall)
+        return path
+    summary = _failure_summary(status)
+    if status["status"] == "degraded":
+        log.warning("results written to %s (%.1f s); the run is DEGRADED, not clean: %s", path, wall, summary)
+        return path
+    log.error("results written to %s (%.1f s); the run FAILED: %s", path, wall, summary)
+    raise RunFailedError(f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
+                         f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
+                         f"{config.max_failed_fraction}; 1 = report only)")
+
+
+def _last_trained(rounds, num_nodes: int) -> dict[int, int]:
+    """``{partition-id: last round whose train reply was accepted}`` of a checkpoint's round records."""
+    out = {}
+    for r in rounds:
+        if r.num_trained == 0:
+            continue
+        for pid in set(r.sampled) - set(r.failed.get("train", [])):
+            if pid < num_nodes:
+                out[pid] = max(out.get(pid, 0), int(r.round))
+    return out
+
+
+def _failure_summary(status: dict) -> str:
+    """One line naming the failing partition-ids, their failed rounds and reasons (``results.json``'s ``degradation``)."""
+    parts = [f"{status['train_failed']} of {status['train_sampled']} sampled train replies failed"]
+    if status["rounds_without_training"]:
+        parts.append(f"rounds that trained nobody: {status['rounds_without_training']}")
+    if status["nodes_failed_every_round"]:
+        parts.append(f"partition-ids that failed every round they were sampled in: {status['nodes_failed_every_round']}")
+    for pid, row in status["nodes"].items():
+        parts.append(f"partition-id {pid}: {row['failures']} in rounds {row['train_failed_rounds'] or '-'} "
+                     f"({' | '.join(x[-200:] for x in row['reasons'])})")
+    return "; ".join(parts)
 
 
 @app.main()

@@ -14,6 +14,9 @@ the ClientApp mod :func:`persist_state` makes it durable:
   Flower run that resumes a stopped one) and state files exist, the newest one that the message's
   server round may see is loaded first (``train`` of round R: a file of round < R; other messages:
   also round R when written in this Flower run);
+- **resume check** (at discovery of a resumed run): a node that trained before (the server's checkpoint
+  names its last accepted training round) and finds no state file of that round or later is refused,
+  unless the run config has ``resume-fresh-nodes = true`` (then it restarts from initialisation);
 - **refuse** (:class:`StateFileError`, i.e. that node's error reply, nothing loaded): a file of
   another partition-id or ``num-partitions``, of a run config that differs in any key outside
   :data:`flwr_sheaf.config.RESUME_MUTABLE_KEYS` (the keys and both values are named), of another
@@ -63,6 +66,12 @@ STATE_DIR = "state-dir"
 RUN_STATE_DIR = "node-state-dir"
 #: ``context.state`` entry the mod maintains: ``round`` and ``previous-round`` of the state it holds.
 META_KEY = "flwr-sheaf.persisted"
+#: Keys of a resumed run's discovery (``query``) config, read (and removed) by :func:`persist_state`:
+#: per partition-id the last round the server's checkpoint accepted its training (0 = never), the
+#: checkpointed round, and the run-config ``resume-fresh-nodes``.
+RESUME_STATE_ROUNDS = "resume-state-rounds"
+RESUME_ROUND = "resume-round"
+RESUME_FRESH = "resume-fresh-nodes"
 MAGIC = b"flwr-sheaf node state v1\n"
 FORMAT = 1
 _NAME = re.compile(r"^round-(\d+)\.state$")
@@ -217,6 +226,33 @@ def _save(context: Context, directory: Path, server_round: int) -> None:
             path.unlink(missing_ok=True)
 
 
+def _check_resumed(context: Context, directory: Path, state_rounds: list[int], restored: int, fresh: bool) -> None:
+    """At a resumed run's discovery: a node that trained before (the server's checkpoint says up to round
+    ``state_rounds[partition-id]``) must find its state of a round in ``[that round, restored]``.
+
+    Raises:
+        StateFileError: it finds none (or a file of another node / run config), unless ``fresh``
+            (run-config ``resume-fresh-nodes``), which only logs a warning.
+    """
+    pid = int(context.node_config["partition-id"])
+    need = state_rounds[pid] if pid < len(state_rounds) else 0
+    if need <= 0:
+        return
+    files = state_files(directory)
+    usable = [r for r in files if need <= r <= restored]
+    if usable:
+        meta, _ = _read(files[max(usable)], payload=False)
+        _check(meta, files[max(usable)], context)  # another node's or run config's state is refused by name
+        return
+    what = "no state files" if not files else f"state files of rounds {sorted(files)} only"
+    text = (f"resume: partition-id {pid} trained up to round {need} (server checkpoint, resumed after round {restored}) "
+            f"but {directory} has {what}; point node-state-dir (or the node config {STATE_DIR}) at the stopped run's "
+            f"node state, or set resume-fresh-nodes=true to restart partition-id {pid} from initialisation")
+    if not fresh:
+        raise StateFileError(text)
+    log.warning("%s: restarting it from initialisation (resume-fresh-nodes=true)", text.split("; point")[0])
+
+
 def persist_state(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Flower ClientApp mod (``ClientApp(mods=[persist_state])``): reload and write ``context.state`` (module docstring).
 
@@ -236,6 +272,14 @@ def persist_state(msg: Message, context: Context, call_next: Callable[[Message, 
         raise StateFileError(f"the run config resumes a stopped run, but this SuperNode keeps no state (neither the "
                              f"node config {STATE_DIR} nor the run config {RUN_STATE_DIR} is set): its models would "
                              f"restart from initialisation")
+    if category == "query" and CONFIG in content and RESUME_STATE_ROUNDS in content[CONFIG]:
+        cfg = content[CONFIG]
+        if directory is not None:
+            _check_resumed(context, directory, [int(r) for r in cfg[RESUME_STATE_ROUNDS]], int(cfg[RESUME_ROUND]),
+                           bool(cfg[RESUME_FRESH]))
+        for key in (RESUME_STATE_ROUNDS, RESUME_ROUND, RESUME_FRESH):  # the mod's keys, not the handler's
+            if key in cfg:
+                del cfg[key]
     if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:
         return call_next(msg, context)
     server_round = int(content[CONFIG][SERVER_ROUND])

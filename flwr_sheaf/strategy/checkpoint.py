@@ -51,7 +51,7 @@ FORMAT = 1
 #: ``pid_of_node``), per call of ``start`` (``extra_*_config``, ``_t0``) or per round (``current``),
 #: and the checkpointer itself. (Evaluation keeps no state between its phases: nothing to skip.)
 REBUILT = frozenset({"nodes", "pid_of_node", "current", "_t0", "_dst_of_message", "extra_train_config", "extra_evaluate_config",
-                     "alpha", "discovery_timeout", "checkpointer"})
+                     "alpha", "discovery_timeout", "checkpointer", "resume_check"})
 
 
 def checkpoint_path(location: str | Path) -> Path:

@@ -620,7 +620,23 @@ class GraphEvaluation:
                 extra[name] = nanmean(e[key] for e in non_edges)
             extra["non_edge_pairs_measured"] = len(non_edges)
             extra["non_edge_hops_mean"] = nanmean(e["hops"] for e in non_edges)
+        if not edges and s.graph is not None and s.graph.number_of_edges():  # null accuracies say why
+            why = self._unmeasured_reason(s, server_round, phase)
+            extra["communication_accuracy_reason"] = why
+            log.warning("round %d: communication accuracy not measured (null): %s", server_round, why)
         return EvaluationResult(summarise_accuracies(nodes, edges), extra, nodes, edges, non_edges)
+
+    def _unmeasured_reason(self, s: GraphStrategy, server_round: int, phase: PhaseTwo) -> str:
+        """Why no edge was measured in ``server_round`` (the round's ``communication_accuracy_reason``)."""
+        evaluated = sorted(phase.phase1)
+        if not any(a in phase.phase1 and b in phase.phase1 for a, b in s.graph.edges):
+            asked = s.current.evaluate.get("evaluated", evaluated)
+            return (f"no edge has both ends evaluated: fraction-evaluate={self.federation.fraction_evaluate} drew "
+                    f"partition-ids {asked} of {s.num_nodes}, usable replies from {evaluated} (failed: "
+                    f"{s.current.failed.get('evaluate', [])}); raise fraction-evaluate so that neighbours are "
+                    f"evaluated together")
+        return (f"no receiver's communication-accuracy reply was usable (evaluate_comm failed: "
+                f"{s.current.failed.get('evaluate_comm', [])}; see failures)")
 
     def _node_rows(self, phase1: Mapping[int, Message]) -> dict[int, dict]:
         nodes = {}

@@ -32,7 +32,6 @@ It knows nothing of CNNs, of the sheaf maths or of ``flwr_sheaf.client``, and no
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
@@ -46,16 +45,22 @@ from ..config import DEFAULTS, KEYS, FederationConfig, LocalTrainConfig
 from ..hints import handler_hint, pilot_count_error
 from ..participation import EVALUATE_STREAM, ParticipationSampler
 from ..protocol import (CONFIG, DEVICE, INFO, METRICS, NUM_EXAMPLES, QUERY, SEED, SERVER_ROUND, TORCH_THREADS, TRAIN,
-                        TRAIN_REPLY, EdgeConfig, NodeInfo, ProtocolError, message_type, reply_problem)
+                        TRAIN_REPLY, EdgeConfig, NodeInfo, ProtocolError, message_type, reply_problem,
+                        train_reply_problem)
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
-from .base import Node, RoundRecord, _numeric, nanmean, record_bytes, weight_problem
+from .base import Node, RoundRecord, _numeric, nanmean, record_bytes
 from .checkpoint import Checkpointer
 from .evaluation import EvaluationResult, GraphEvaluation, summarise_accuracies
 
-__all__ = ["GraphStrategy", "PeerStrategy", "summarise_accuracies"]
+__all__ = ["GraphStrategy", "PeerStrategy", "RunFailedError", "summarise_accuracies"]
 
 log = logging.getLogger("flwr_sheaf")
+
+
+class RunFailedError(RuntimeError):
+    """A run past its ``max-failed-fraction`` (:meth:`GraphStrategy.run_status`): the ServerApp raises it
+    after ``results.json`` is written, so Flower records the run as failed (docs/reliability.md)."""
 
 
 class GraphStrategy(Strategy):
@@ -117,6 +122,9 @@ class GraphStrategy(Strategy):
         self._dst_of_message: dict[str, int] = {}
         self.extra_train_config: dict[str, Any] = {}
         self.extra_evaluate_config: dict[str, Any] = {}
+        #: entries added to the discovery config of a resumed run (the ServerApp sets them from the
+        #: checkpoint: which partition-ids trained up to which round; client/state.py checks them).
+        self.resume_check: dict[str, Any] = {}
         #: writes checkpoints and restores one (:class:`flwr_sheaf.strategy.checkpoint.Checkpointer`;
         #: the ServerApp sets it; None = no checkpoints).
         self.checkpointer: Checkpointer | None = None
@@ -242,7 +250,7 @@ class GraphStrategy(Strategy):
             new = [n for n in grid.get_node_ids() if n not in asked]
             if new:
                 asked.update(new)
-                msgs = [Message(RecordDict({CONFIG: ConfigRecord(self.query_config())}), dst_node_id=n,
+                msgs = [Message(RecordDict({CONFIG: ConfigRecord({**self.query_config(), **self.resume_check})}), dst_node_id=n,
                                 message_type=message_type(QUERY, self.action)) for n in new]
                 for r in grid.send_and_receive(msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))):
                     problem = r.error.reason + handler_hint(r.error.reason) if r.has_error() else reply_problem(r.content, {INFO: ()})
@@ -253,7 +261,7 @@ class GraphStrategy(Strategy):
                         except ProtocolError as exc:
                             problem = str(exc)
                     if info is None:
-                        errors.append(f"node {r.metadata.src_node_id}: {problem[-300:]}")
+                        errors.append(f"node {r.metadata.src_node_id}: {problem[-600:]}")
                         if len(asked) <= self.num_nodes:  # no spare SuperNode can stand in
                             raise RuntimeError(f"discovery failed on {errors[-1]}")
                         log.warning("discovery: %s (idle)", errors[-1])
@@ -339,6 +347,9 @@ class GraphStrategy(Strategy):
             self.begin_round(rnd)
             msgs = list(self.configure_train(rnd, arrays, ConfigRecord(self.extra_train_config), grid))
             new_arrays, train_metrics = self.aggregate_train(rnd, self._round_trip(grid, msgs, timeout))
+            if self.current.sampled and self.current.num_trained == 0:
+                log.warning("round %d: none of the %d sampled node(s) trained (failed: %s)", rnd,
+                            len(self.current.sampled), self.current.failed.get("train", []))
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if train_metrics is not None:
@@ -474,11 +485,7 @@ class GraphStrategy(Strategy):
         (not passed to :meth:`accept_train`)."""
         ok = self.split_replies(server_round, "train", replies, self.current.sampled, TRAIN_REPLY)
         for pid in sorted(ok):  # a reply claiming no (or NaN) training examples is that node's failure
-            m = ok[pid].content[METRICS]
-            why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])
-            infinite = [k for k, v in m.items() if isinstance(v, float) and math.isinf(v)]
-            if why is None and infinite:  # NaN means "not measured" (skipped by the means); inf is never valid
-                why = f"metric {infinite[0]} = {m[infinite[0]]} is infinite"
+            why = train_reply_problem(ok[pid].content)  # the node applies it too (client/checks.py)
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
@@ -565,6 +572,61 @@ class GraphStrategy(Strategy):
         ``path`` (source first), ``communication_accuracy`` (multi-hop), ``communication_accuracy_direct``
         (direct Procrustes) and their ``val_`` counterparts (docs/variants.md)."""
         return self.last_evaluation.non_edges
+
+    def run_status(self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]) -> dict[str, Any]:
+        """Whether the run so far (restored rounds included) is clean, degraded or failed (docs/reliability.md).
+
+        A train reply fails when its node errs, does not answer, or the reply is refused. The run is
+        ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
+        ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody;
+        ``degraded`` when anything failed (any phase) short of that; ``completed`` otherwise.
+
+        Returns:
+            ``status``; ``reasons`` (why failed, empty otherwise); the counts (``train_sampled``,
+            ``train_failed``, ``failed_fraction``, ``max_failed_fraction``, ``failures_by_phase``);
+            ``rounds_without_training`` (rounds whose sampled nodes all failed) and
+            ``all_rounds_trained_nobody``; ``nodes_failed_every_round`` (partition-ids that failed every
+            round they were sampled in); ``nodes`` (per failing partition-id: rounds sampled, failed
+            train rounds, failures by phase, up to three distinct reasons).
+        """
+        sampled = failed = 0
+        idle, per_node = [], {}
+        for r in self.rounds:
+            bad = set(r.failed.get("train", [])) & set(r.sampled)
+            n_failed = max(len(bad), len(r.sampled) - r.num_trained)
+            sampled, failed = sampled + len(r.sampled), failed + n_failed
+            if r.sampled and r.num_trained == 0:
+                idle.append(r.round)
+            for pid in r.sampled:
+                row = per_node.setdefault(pid, {"rounds_sampled": 0, "train_failed_rounds": []})
+                row["rounds_sampled"] += 1
+                if pid in bad or (r.num_trained == 0 and not bad):
+                    row["train_failed_rounds"].append(r.round)
+        by_phase: dict[str, int] = {}
+        nodes: dict[int, dict] = {}
+        for f in self.failures:
+            by_phase[f["phase"]] = by_phase.get(f["phase"], 0) + 1
+            row = nodes.setdefault(f["partition-id"], {"failures": {}, "reasons": []})
+            row["failures"][f["phase"]] = row["failures"].get(f["phase"], 0) + 1
+            if f["reason"] not in row["reasons"] and len(row["reasons"]) < 3:
+                row["reasons"].append(f["reason"])
+        for pid, row in nodes.items():
+            row.update(per_node.get(pid, {"rounds_sampled": 0, "train_failed_rounds": []}))
+        every = sorted(p for p, row in per_node.items() if row["train_failed_rounds"]
+                       and len(row["train_failed_rounds"]) == row["rounds_sampled"])
+        fraction = failed / sampled if sampled else 0.0
+        reasons = []
+        if fraction > max_failed_fraction:
+            reasons.append(f"{failed} of {sampled} sampled train replies failed ({fraction:.0%} > max-failed-fraction="
+                           f"{max_failed_fraction})")
+        if idle and max_failed_fraction < 1.0:
+            reasons.append(f"round(s) {idle} trained nobody (every sampled node failed)")
+        status = "failed" if reasons else ("degraded" if self.failures or failed else "completed")
+        return {"status": status, "reasons": reasons, "max_failed_fraction": float(max_failed_fraction),
+                "train_sampled": sampled, "train_failed": failed, "failed_fraction": fraction,
+                "failures_by_phase": by_phase, "rounds_without_training": idle,
+                "all_rounds_trained_nobody": bool(idle) and len(idle) == sum(1 for r in self.rounds if r.sampled),
+                "nodes_failed_every_round": every, "nodes": {p: nodes[p] for p in sorted(nodes)}}
 
     def results_extra(self) -> dict:
         """Participation and action; with a graph also the evaluation protocol, the graph's edges and the
