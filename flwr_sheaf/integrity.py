@@ -67,7 +67,7 @@ def read_sealed(path: Path, magic: bytes, fmt: int, *, payload: bool = True, wha
             raise error(f"{path}: not a {what} (bad header){tail}")
         try:
             meta = json.loads(fh.readline())
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError of non-UTF-8 bytes
             raise error(f"{path}: corrupted metadata ({exc}){tail}") from None
         if not isinstance(meta, dict) or meta.get("format") != fmt:
             got = meta.get("format") if isinstance(meta, dict) else None

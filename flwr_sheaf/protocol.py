@@ -710,3 +710,12 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
                 if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all():
                     return f"array {name}/{key} of shape {a.shape} has {int((~np.isfinite(a)).sum())} NaN/inf entries"
     return None
+
+
+#: Keys of a resumed run's discovery (``query``) config, sent by the ServerApp and read (and removed)
+#: by :func:`flwr_sheaf.client.state.persist_state`: per partition-id the last round the server's
+#: checkpoint accepted its training (0 = never), the checkpointed round, and the run-config
+#: ``resume-fresh-nodes``.
+RESUME_STATE_ROUNDS = "resume-state-rounds"
+RESUME_ROUND = "resume-round"
+RESUME_FRESH = "resume-fresh-nodes"

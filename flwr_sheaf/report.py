@@ -23,9 +23,10 @@ def summary_lines(results: dict) -> list[str]:
     Raises:
         KeyError: ``results`` lacks ``rounds`` or an evaluated round lacks a mandatory key.
     """
+    status = _status_lines(results)
     rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
     if not rounds:
-        return _global_model_lines(results) or ["no evaluated round in results"]
+        return status + (_global_model_lines(results) or ["no evaluated round in results"])
     last = rounds[-1]
     cfg = results.get("config", {})
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
@@ -34,7 +35,7 @@ def summary_lines(results: dict) -> list[str]:
                "comfed": ("comfed-lambda",),
                "fedsaf-gcsa": ("fedsaf-lambda", "fedsaf-gamma"), "fedsaf-rcsa": ("fedsaf-lambda", "fedsaf-gamma")}
     weight = " | ".join(f"{k} {cfg.get(k, '?')}" for k in weights.get(method, ()))
-    return [
+    return status + [
         f"method {method}{' | ' + weight if weight else ''} | shift {cfg.get('shift', '?')} | "
         f"zoo {cfg.get('zoo', '?')} | dataset {cfg.get('dataset', '?')}",
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
@@ -55,6 +56,17 @@ def summary_lines(results: dict) -> list[str]:
         f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
         f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
     ]
+
+
+def _status_lines(results: dict) -> list[str]:
+    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/reliability.md):
+    the status, the failure counts and the nodes that failed, so a degraded run is never read as a clean one."""
+    status = results.get("status", "completed")
+    if status == "completed":
+        return []
+    deg = results.get("degradation") or {}
+    detail = "; ".join(f"{k}: {v}" for k, v in deg.items() if not isinstance(v, (dict, list)) or v)
+    return [f"RUN {str(status).upper()}: {detail[:600] or 'see failures in results.json'}"]
 
 
 def _global_model_lines(results: dict) -> list[str]:

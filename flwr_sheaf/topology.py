@@ -171,7 +171,7 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     best-overlap pair (ties: smallest ``(i, j)``), so the graph is always connected. Cost: the
     overlaps of the S distinct class sets once (``S x S``), then per agent an ``O(N)`` row gathered
     from them, a draw of N tie-breaking numbers and a partial sort: vectorised ``O(N^2)`` with a small
-    constant (about 2 s at N = 10,000 on one core).
+    constant (docs/performance.md, "Cross-device").
 
     Args:
         class_sets: ``N`` non-empty class sets (agent ``i`` = node ``i``).

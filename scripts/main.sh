@@ -10,7 +10,7 @@ bash scripts/setup.sh
 OUT="${RESULTS_DIR:-$PWD/results/default}"
 # A results-dir holding an earlier run is refused by the ServerApp unless resume/overwrite is asked
 # for; the main job keeps the earlier run instead of failing: it is moved aside, and said so.
-if [ -e "$OUT/results.json" ] || [ -e "$OUT/checkpoint.pkl" ]; then
+if { [ -e "$OUT/results.json" ] || [ -e "$OUT/checkpoint.pkl" ]; } && [ ! -e "$OUT/.lock" ]; then  # a live run's lock: leave it to the preflight
   case "${1:-}" in
     *resume=true*|*overwrite=true*) ;;
     *) KEPT="$OUT.$(date +%Y%m%d-%H%M%S)"; mv "$OUT" "$KEPT"

@@ -59,7 +59,11 @@ def run_inprocess(run_config: dict) -> dict:
     torch.set_num_threads(max(1, cfg.train.torch_threads))
     grid = LocalGrid(client_app, len(agent_specs(cfg.scenario)), run_config=run_config)
     path = run_server(grid, run_config)
-    return json.loads(Path(path).read_text())
+    res = json.loads(Path(path).read_text())
+    if res.get("status", "completed") != "completed":  # degraded (failed runs raise in run_server)
+        print(f"[flwr-sheaf] warning: run {run_config.get('results-dir')} is {res['status']}: "
+              f"{res.get('degradation')}", file=sys.stderr, flush=True)
+    return res
 
 
 if __name__ == "__main__":

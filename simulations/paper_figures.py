@@ -75,6 +75,8 @@ def _run(job: dict) -> dict:
         except Exception as exc:  # one failed run is a row with its error, not a lost sweep
             error, res = f"{type(exc).__name__}: {exc}", {"rounds": []}
             print(f"run {cfg['results-dir']} failed: {error}", flush=True)
+    if not error and res.get("status", "completed") != "completed":  # a degraded run is not a figure's point
+        error = f"run {res['status']}: {res.get('degradation')}"
     evaluated = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None]
     last = evaluated[-1] if evaluated else {}
     return {**job["meta"], **{k: last.get(k) for k in METRICS}, "wall_seconds": round(time.monotonic() - t, 1),

@@ -15,6 +15,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord
 
+from flwr_sheaf.config import ConfigError
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.protocol import ARRAYS, METRICS, NUM_EXAMPLES, UPLOAD
@@ -349,13 +350,23 @@ def test_a_node_without_training_data_is_refused_at_discovery_naming_its_partiti
     with pytest.raises(ValueError, match=r"partition-id 999 \(classes \[.*\]\) gets \d+ training, 0 validation and "
                                          r"0 test samples of dataset 'mnist-bundled' \(5000 samples for N=1000 agents\)"):
         load_agent_data("mnist-bundled", sets, 0.7, 0, 999)
-    # through the ServerApp: a dataset too small for 3 agents fails discovery with the node's reason
+    # through the ServerApp: a dataset too small for 3 agents is refused before any message (the
+    # ServerApp checks every agent's split where the data is on its machine), naming the partition-ids
     spec = _write_idx_dataset(tmp_path / "small", np.repeat(np.arange(10), 4))
     rc = {**TINY, "zoo": "tiny-3", "dataset": spec, "num-pilots": 4, "num-server-rounds": 1,
           "results-dir": str(tmp_path / "out")}
-    with pytest.raises(RuntimeError, match=r"discovery failed on node \d+: .*partition-id \d \(classes .*\) gets \d+ "
-                                           r"training, \d+ validation and \d+ test samples"):
-        run_server(LocalGrid(cnn_client_app, 3, run_config=rc), rc)
+    grid = LocalGrid(cnn_client_app, 3, run_config=rc)
+    with pytest.raises(ConfigError, match=r"of N=3 agents get an empty training, validation or test split.*"
+                                          r"partition-id \d: \d+ training, \d+ validation, \d+ test"):
+        run_server(grid, rc)
+    assert grid.delivered == []
+    # where the ServerApp's machine lacks the data, the nodes refuse at discovery with the same reason
+    from flwr_sheaf.data.partition import agent_data, prepare_split
+
+    with pytest.raises(ValueError, match=r"partition-id \d \(classes .*\) gets \d+ training, \d+ validation and \d+ test"):
+        prep = prepare_split(spec, [s.classes for s in zoo_specs("tiny-3")], TINY.get("shift", 0.7), 0, 4)
+        for pid in range(3):
+            agent_data(prep, pid)
 
 
 BAD_RUN_CONFIG = [  # (override, text the error must contain)

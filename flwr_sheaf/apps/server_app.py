@@ -12,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..config import RunConfig
 from ..preflight import preflight
+from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
@@ -69,8 +70,8 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     trained_before = {}
     if checked is not None:  # which nodes trained up to which round: each must find its state (client/state.py)
         trained_before = _last_trained(checked["state"].get("rounds", []), strategy.num_nodes)
-        strategy.resume_check = {"resume-state-rounds": [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
-                                 "resume-round": int(checked["round"]), "resume-fresh-nodes": config.resume_fresh_nodes}
+        strategy.resume_check = {RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
+                                 RESUME_ROUND: int(checked["round"]), RESUME_FRESH: config.resume_fresh_nodes}
     t0 = time.monotonic()
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
     strategy.start(grid=grid, initial_arrays=initial, num_rounds=config.num_server_rounds,

@@ -66,12 +66,8 @@ STATE_DIR = "state-dir"
 RUN_STATE_DIR = "node-state-dir"
 #: ``context.state`` entry the mod maintains: ``round`` and ``previous-round`` of the state it holds.
 META_KEY = "flwr-sheaf.persisted"
-#: Keys of a resumed run's discovery (``query``) config, read (and removed) by :func:`persist_state`:
-#: per partition-id the last round the server's checkpoint accepted its training (0 = never), the
-#: checkpointed round, and the run-config ``resume-fresh-nodes``.
-RESUME_STATE_ROUNDS = "resume-state-rounds"
-RESUME_ROUND = "resume-round"
-RESUME_FRESH = "resume-fresh-nodes"
+# Keys of a resumed run's discovery config (defined once, in flwr_sheaf.protocol).
+from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS  # noqa: E402
 MAGIC = b"flwr-sheaf node state v1\n"
 FORMAT = 1
 _NAME = re.compile(r"^round-(\d+)\.state$")

@@ -68,12 +68,25 @@ _METHODS: dict[str, Method] = {}
 METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
 
 
+def _origin(method: Method) -> str:
+    """The (last component of the) module that defines a method's handlers: a re-import of the same
+    file under another package path keeps it."""
+    return str(getattr(method.handlers, "__module__", "?")).rsplit(".", 1)[-1]
+
+
 def register(method: Method) -> Method:
-    """Add ``method`` to the registry (re-registering a name replaces its entry: a re-imported module).
+    """Add ``method`` to the registry (re-registering a name from the same module replaces its entry:
+    a re-imported module).
 
     Raises:
-        ValueError: another registered method already uses ``method.action`` with other handlers.
+        ValueError: another registered method already uses ``method.action`` with other handlers, or
+            ``method.name`` is already registered from another module (a built-in is never replaced
+            silently; pick another name).
     """
+    old = _METHODS.get(method.name)
+    if old is not None and _origin(old) != _origin(method):
+        raise ValueError(f"method {method.name!r} is already registered (handlers from {_origin(old)!r}); "
+                         f"a method from {_origin(method)!r} cannot replace it: give it another name")
     for other in _METHODS.values():
         if other.name != method.name and other.action == method.action and other.handlers != method.handlers:
             raise ValueError(f"method {method.name!r}: action {method.action!r} is already used by "
@@ -91,8 +104,10 @@ def get_method(name: str) -> Method:
     if name not in _METHODS:
         load_entry_points()
     if name not in _METHODS:
+        broken = "".join(f"; entry point {k!r} of {ENTRY_POINT_GROUP} failed to load: {v}"
+                         for k, v in _entry_point_errors.items())
         raise ConfigError(f"method={name!r}: must be one of {sorted(_METHODS)} (a method of your own: "
-                          f"name its module in the run-config key method-module)")
+                          f"name its module in the run-config key method-module){broken}")
     return _METHODS[name]
 
 
@@ -113,6 +128,8 @@ def import_method_modules(spec: str) -> list[str]:
 
 
 _entry_points_loaded = False
+#: ``entry point name: error`` of the plug-ins that failed to load (named by :func:`get_method`).
+_entry_point_errors: dict[str, str] = {}
 
 
 def load_entry_points() -> None:
@@ -125,6 +142,7 @@ def load_entry_points() -> None:
         try:
             ep.load()
         except Exception as exc:  # a broken third-party plug-in must not take the app down
+            _entry_point_errors[ep.name] = f"{type(exc).__name__}: {exc}"
             log.warning("entry point %s of %s failed to load: %s", ep.name, ENTRY_POINT_GROUP, exc)
 
 

@@ -243,7 +243,8 @@ class Whitening(nn.Module):
     def finite_checks(self, enabled: bool):
         """Temporarily turn the NaN/inf input checks (and the Cholesky failure check) on or off.
 
-        Off, a forward pass does no device synchronisation; a failure then yields NaNs, which the
+        Off, a forward pass does no device synchronisation; a failed factorisation is then not raised
+        here (in practice only NaN/inf input can fail after regularisation, and it propagates), which the
         caller must catch (the training loop checks the loss once per epoch on an accelerator).
         """
         before = self.check_finite
@@ -378,7 +379,7 @@ class Whitening(nn.Module):
 
 def _cholesky(mat: Tensor, check: bool = True) -> Tensor:
     """Cholesky factor; ValueError (not a LinAlgError) if the matrix is not positive definite.
-    ``check=False`` skips the (device-syncing) failure check; a failure then yields NaNs."""
+    ``check=False`` skips the (device-syncing) failure check (only NaN/inf input fails after regularisation)."""
     chol, info = torch.linalg.cholesky_ex(mat)
     if check and bool((info != 0).any()):
         raise ValueError(
