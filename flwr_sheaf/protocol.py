@@ -134,6 +134,13 @@ def as_list(value: object, key: str) -> list[float]:
     return value
 
 
+def as_bytes(value: object, key: str) -> bytes:
+    """A bytes record entry ``key``."""
+    if not isinstance(value, bytes):
+        raise ProtocolError(f"{key!r}: expected bytes, got {type(value).__name__}")
+    return value
+
+
 def as_str(value: object, key: str) -> str:
     """A string record entry ``key``."""
     if not isinstance(value, str):
