@@ -35,7 +35,7 @@ DEFAULT_Q_MIN = 0.01
 ESTIMATORS = ("plus-one", "empirical")
 
 
-def check_probabilities(p: np.ndarray | list[float], name: str = "p") -> np.ndarray:
+def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.ndarray:
     """Validate a vector of participation probabilities.
 
     Args:

@@ -472,7 +472,8 @@ class GraphStrategy(Strategy):
             log.info("round %d: no node sampled (nothing trains)", server_round)
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s); no arrays
         (there is no global model). Error, silent and malformed replies, and replies whose
         ``num-examples`` is not a finite number > 0 or with an infinite metric, are recorded failures
