@@ -14,6 +14,8 @@ of the first ``k`` clients is a prefix of the mask of all of them (docs/particip
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 __all__ = [

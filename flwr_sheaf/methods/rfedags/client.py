@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ...protocol import (array_record, as_float, as_int, as_str, config_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
+from ...protocol import (array_record, as_float, as_int, config_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
                         METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED,
                         SERVER_ROUND, STEP_SIZE, STREAM, STREAM_RECORD, NodeInfo, ProtocolError, pack_arrays)
 from ...rfedags.baselines import BASELINES, projection_local_steps, svrg_local_steps
