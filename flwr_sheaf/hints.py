@@ -22,7 +22,7 @@ HANDLER_FUNCTIONS: dict[str, str] = {
 _MISSING = re.compile(r"No (\w+) function registered with name '([^']*)'")
 
 
-def handler_hint(reason: str) -> str:
+def handler_hint(reason: str | None) -> str:
     """``"; <what to call>"`` when ``reason`` is Flower's missing-handler error, else ``""``."""
     m = _MISSING.search(reason or "")
     if m is None:

@@ -78,7 +78,7 @@ def check_participation_spec(spec: str) -> None:
         _values(text)
 
 
-def parse_participation(spec: str | float | Sequence[float] | Mapping[int, float] | None, num_nodes: int,
+def parse_participation(spec: str | float | Sequence[float] | np.ndarray | Mapping[int, float] | None, num_nodes: int,
                         seed: int = 0) -> np.ndarray | None:
     """Per-node participation probabilities from a spec.
 
@@ -154,7 +154,7 @@ class ParticipationSampler:
             probabilities with a stream other than 0.
     """
 
-    def __init__(self, num_nodes: int, fraction: float = 1.0, probabilities: Sequence[float] | None = None,
+    def __init__(self, num_nodes: int, fraction: float = 1.0, probabilities: Sequence[float] | np.ndarray | None = None,
                  seed: int = 0, *, stream: int = TRAIN_STREAM, key: str = "fraction-train") -> None:
         if int(num_nodes) != num_nodes or num_nodes < 1:
             raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")

@@ -46,7 +46,7 @@ RFedProj the server's ambient point).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,6 +125,20 @@ def as_float(value: object, key: str) -> float:
     if not isinstance(value, (int, float, np.integer, np.floating)):
         raise ProtocolError(f"{key!r}: expected a number, got {type(value).__name__}")
     return float(value)
+
+
+def as_list(value: object, key: str) -> list[float]:
+    """A list record entry ``key`` (a MetricRecord's ``list[int] | list[float]``; ints pass as floats)."""
+    if not isinstance(value, list):
+        raise ProtocolError(f"{key!r}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def as_bytes(value: object, key: str) -> bytes:
+    """A bytes record entry ``key``."""
+    if not isinstance(value, bytes):
+        raise ProtocolError(f"{key!r}: expected bytes, got {type(value).__name__}")
+    return value
 
 
 def as_str(value: object, key: str) -> str:
@@ -341,8 +355,9 @@ class EdgeConfig:
 
     def to_config(self) -> dict:
         """Config-record entries (lists of int/float)."""
-        out = {"neighbours": [int(j) for j in self.neighbours], "neighbour-dims": [int(d) for d in self.dims],
-               "i-is-head": [int(h) for h in self.heads]}
+        out: dict[str, list[int] | list[float]] = {
+            "neighbours": [int(j) for j in self.neighbours], "neighbour-dims": [int(d) for d in self.dims],
+            "i-is-head": [int(h) for h in self.heads]}
         if self.weights is not None:
             out["edge-weights"] = [float(w) for w in self.weights]
         return out
@@ -361,7 +376,7 @@ class EdgeConfig:
         return cls(tuple(int(j) for j in cfg["neighbours"]), tuple(int(d) for d in cfg["neighbour-dims"]),
                    tuple(bool(int(h)) for h in cfg["i-is-head"]), None if w is None else tuple(float(x) for x in w))
 
-    def keep(self, present: set[int] | Sequence[int]) -> "EdgeConfig":
+    def keep(self, present: Iterable[int]) -> "EdgeConfig":
         """The edges to neighbours in ``present`` only."""
         idx = [i for i, j in enumerate(self.neighbours) if j in set(present)]
         pick = lambda xs: tuple(xs[i] for i in idx)  # noqa: E731
@@ -370,7 +385,7 @@ class EdgeConfig:
 
 
 # ------------------------------------------------------------------------------ pilots
-def reply_problem(content: Mapping, required: Mapping[str, Sequence[str]]) -> str | None:
+def reply_problem(content: Mapping, required: Mapping[str, Iterable[str]]) -> str | None:
     """What a reply lacks, or None: ``required`` maps record names to the keys each must hold.
 
     The strategies call it on every reply (:meth:`flwr_sheaf.strategy.base.PeerStrategy.split_replies`),
@@ -466,7 +481,7 @@ def pack_prototypes(protos: Mapping[int, np.ndarray], counts: Mapping[int, int] 
         mat = np.stack([np.asarray(protos[c], dtype=np.float32) for c in classes])
     else:
         mat = np.zeros((0, int(dim)), np.float32)
-    out = {"classes": np.asarray(classes, dtype=np.int64), "prototypes": mat}
+    out: dict[str, np.ndarray] = {"classes": np.asarray(classes, dtype=np.int64), "prototypes": mat}
     if counts is not None:
         out["counts"] = np.asarray([int(counts[c]) for c in classes], dtype=np.int64)
     return pack_arrays(out)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -93,8 +94,7 @@ def _check_latents(z: torch.Tensor, name: str = "z", rows: str = "B") -> None:
 
 
 def _check_num_classes(num_classes: object) -> int:
-    ok = isinstance(num_classes, numbers.Integral) and not isinstance(num_classes, bool)
-    if not ok or num_classes < 1:
+    if not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     return int(num_classes)
 
@@ -405,6 +405,7 @@ def aggregate_prototypes(
 
     out: dict[int, torch.Tensor] = {}
     for c, items in per_class.items():
+        assert dim is not None  # set by the first prototype of any class
         num = torch.zeros(dim, dtype=torch.float64, device=device)
         den = 0.0
         for p, w in items:
@@ -472,6 +473,10 @@ class PoolingAdapter(nn.Module):
         return f"d_in={self.d_in}, d_common={self.d_common}"
 
 
+@overload
+def check_common_dim(dims: Mapping[int, int], adapter: Literal[False]) -> int: ...
+@overload
+def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None: ...
 def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
     """Check that FedProto clients can average prototypes coordinate-wise.
 

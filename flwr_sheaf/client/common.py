@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Context
-from torch import nn
 
 from ..config import LocalTrainConfig
 from ..devices import resolve_device
@@ -48,7 +48,8 @@ def to_device(task: LocalTask, device: torch.device) -> LocalTask:
     task.model.to(device)
     if all(getattr(task, name).device == device for name in TASK_TENSORS):
         return task
-    return dataclasses.replace(task, **{name: resident(getattr(task, name), device) for name in TASK_TENSORS})
+    moved: dict[str, Any] = {name: resident(getattr(task, name), device) for name in TASK_TENSORS}
+    return dataclasses.replace(task, **moved)
 
 
 #: ``(id(cpu_tensor), device) -> device copy``; an entry is dropped when its CPU tensor is freed.
@@ -137,7 +138,7 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
 
 def build(factory: TaskFactory, context: Context, action: str, threads: int,
           train: LocalTrainConfig | None = None, device_spec: str | None = None
-          ) -> tuple[LocalTask, nn.Module, torch.optim.Optimizer | None]:
+          ) -> tuple[LocalTask, StalkModel, torch.optim.Optimizer | None]:
     """Build the node's task on ``device`` and restore its weights (and SGD state when ``train`` is given).
 
     Args:

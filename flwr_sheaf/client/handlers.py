@@ -188,6 +188,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         train = LocalTrainConfig.from_record(cfg)
         rnd, seed = int(required(cfg, SERVER_ROUND, mt)), int(required(cfg, SEED, mt))
         task, model, opt = build(factory, context, action, train.torch_threads, train)
+        assert opt is not None  # build() with a train config makes the optimizer
         gen = round_generator(seed, int(context.node_config["partition-id"]), rnd)
         plugin = method.plugin(msg, context, task)
         metrics = train_local(task, opt, train, plugin, gen, rnd)
@@ -219,8 +220,8 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         })
         if _pilot_reading(cfg, mt):  # after every other use of the model: it refits the (unsaved) whitening
             arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, _pilot_whitened_arrays(model, task, raw_test, raw_val))))
-        arrays = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # sees the final arrays
-        return Message(RecordDict({ARRAYS: arrays, METRICS: metrics}), reply_to=msg)
+        packed = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # sees the final arrays
+        return Message(RecordDict({ARRAYS: packed, METRICS: metrics}), reply_to=msg)
 
     @app.evaluate(comm_action(action))
     def _evaluate_comm(msg: Message, context: Context) -> Message:
@@ -231,6 +232,7 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         dev = task_device(task)
         own, _ = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
         model.eval()
+        extra: dict[str, list[float]]
         src, acc_test, acc_val, extra = [], [], [], {}
         edges = EdgeConfig.from_config(cfg)
         # transported arrays (stringent privacy): j's own map moved them into the edge stalk (width

@@ -53,7 +53,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from ..config import DEFAULTS, RESUME_MUTABLE_KEYS, config_differences
 from ..integrity import SealedFileError, read_sealed, write_sealed
-from ..protocol import CONFIG, SERVER_ROUND
+from ..protocol import CONFIG, SERVER_ROUND, as_int, config_record
 
 __all__ = ["STATE_DIR", "META_KEY", "StateFileError", "persist_state", "state_files", "read_state", "write_state",
            "serialize_state"]
@@ -201,15 +201,16 @@ def _restore(context: Context, directory: Path, server_round: int, category: str
 
 
 def _save(context: Context, directory: Path, server_round: int) -> None:
-    held = context.state[META_KEY] if META_KEY in context.state else None
+    held = config_record(context.state, META_KEY) if META_KEY in context.state else None
     if held is None:
         previous = 0
-    elif int(held["round"]) < server_round:
-        previous = int(held["round"])
-    elif int(held["round"]) == server_round:
-        previous = int(held["previous-round"])
+    elif as_int(held["round"], "round") < server_round:
+        previous = as_int(held["round"], "round")
+    elif as_int(held["round"], "round") == server_round:
+        previous = as_int(held["previous-round"], "previous-round")
     else:
-        raise StateFileError(f"message of server round {server_round} after state of round {int(held['round'])}")
+        raise StateFileError(f"message of server round {server_round} after state of round "
+                             f"{as_int(held['round'], 'round')}")
     context.state[META_KEY] = ConfigRecord({"round": server_round, "previous-round": previous})
     write_state(directory, context.state, {
         "partition-id": int(context.node_config["partition-id"]),
@@ -278,7 +279,7 @@ def persist_state(msg: Message, context: Context, call_next: Callable[[Message, 
                 del cfg[key]
     if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:
         return call_next(msg, context)
-    server_round = int(content[CONFIG][SERVER_ROUND])
+    server_round = as_int(config_record(content, CONFIG)[SERVER_ROUND], SERVER_ROUND)
     if len(context.state) == 0:
         _restore(context, directory, server_round, category)
     before = None if category == "train" else serialize_state(context.state)

@@ -23,6 +23,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from torch import nn
 
+from ..protocol import array_record, as_bytes, config_record
+
 __all__ = ["LocalTask", "StalkModel", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
 
 
@@ -107,10 +109,11 @@ def load_module_state(context: Context, key: str, module: nn.Module, optimizer: 
     """
     if key not in context.state:
         return False
-    module.load_state_dict(context.state[key].to_torch_state_dict())
+    module.load_state_dict(array_record(context.state, key).to_torch_state_dict())
     okey = f"{key}.optim"
     if optimizer is not None and okey in context.state:
-        optimizer.load_state_dict(torch.load(io.BytesIO(context.state[okey]["blob"]), map_location="cpu", weights_only=False))
+        blob = as_bytes(config_record(context.state, okey)["blob"], f"{okey}/blob")
+        optimizer.load_state_dict(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False))
     return True
 
 

@@ -14,6 +14,8 @@ of the first ``k`` clients is a prefix of the mask of all of them (docs/particip
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 __all__ = [
@@ -35,7 +37,7 @@ DEFAULT_Q_MIN = 0.01
 ESTIMATORS = ("plus-one", "empirical")
 
 
-def check_probabilities(p: np.ndarray | list[float], name: str = "p") -> np.ndarray:
+def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.ndarray:
     """Validate a vector of participation probabilities.
 
     Args:

@@ -141,7 +141,11 @@ class RoundRecord:
                 "wall_seconds": self.wall_seconds, "elapsed_seconds": self.elapsed_seconds}
 
 
-def _numeric(d: Mapping[str, Any]) -> dict[str, float]:
+#: What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted).
+MetricValues = dict[str, int | float | list[int] | list[float]]
+
+
+def _numeric(d: Mapping[str, Any]) -> MetricValues:
     return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 

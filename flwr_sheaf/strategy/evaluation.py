@@ -34,7 +34,7 @@ import torch
 from flwr.app import Array, ConfigRecord, Message, RecordDict
 
 from ..config import FederationConfig
-from ..protocol import (array_record, metric_record,
+from ..protocol import (array_record, as_float, as_int, as_list, metric_record,
     ARRAYS,
     COMM_ACCURACY,
     COMM_ACCURACY_PILOT_WHITENING,
@@ -333,7 +333,7 @@ class GraphEvaluation:
     ) -> tuple[Any, dict[str, Any]]:
         """``(ArrayRecord, config entries)`` routed to receiver ``pid``: its neighbours' arrays and its
         non-edge sources' arrays transported by the composed maps."""
-        arrays = {p: r.content[ARRAYS] for p, r in phase1.items()}
+        arrays = {p: array_record(r.content, ARRAYS) for p, r in phase1.items()}
         routed = route_evaluation(arrays, neighbours, self.array_names)
         for key, value in route_non_edges(arrays, {j: t for j, t, _ in plan}).items():
             routed[key] = Array(np.ascontiguousarray(value))
@@ -505,6 +505,7 @@ class GraphEvaluation:
             )
             for p in present
         }
+        assert s.graph is not None  # built before any evaluation
         sub = s.graph.subgraph(present)
         sheaf = NetworkSheaf(sub, {p: s.nodes[p].d for p in present})
         sheaf.fit_maps(pilots)
@@ -641,23 +642,27 @@ class GraphEvaluation:
     def _node_rows(self, phase1: Mapping[int, Message]) -> dict[int, dict]:
         nodes = {}
         for pid, r in phase1.items():
-            m = r.content[METRICS]
+            m = metric_record(r.content, METRICS)
             nodes[pid] = {
-                "d": int(m[STALK_DIM]),
-                "private_accuracy": float(m[PRIVATE_ACCURACY]),
-                "val_private_accuracy": float(m[VAL_PRIVATE_ACCURACY]),
-                "low_variance_fraction": float(m[LOW_VARIANCE_FRACTION]),
+                "d": as_int(m[STALK_DIM], STALK_DIM),
+                "private_accuracy": as_float(m[PRIVATE_ACCURACY], PRIVATE_ACCURACY),
+                "val_private_accuracy": as_float(m[VAL_PRIVATE_ACCURACY], VAL_PRIVATE_ACCURACY),
+                "low_variance_fraction": as_float(m[LOW_VARIANCE_FRACTION], LOW_VARIANCE_FRACTION),
             }
             for name in self.node_metric_names:
-                nodes[pid][name.replace("-", "_")] = float(m[name]) if name in m else float("nan")
+                nodes[pid][name.replace("-", "_")] = as_float(m[name], name) if name in m else float("nan")
         return nodes
 
     def _edge_rows(self, ok: Mapping[int, Message]) -> list[dict]:
         edges = []
         for dst, r in ok.items():
-            m = r.content[METRICS]
+            m = metric_record(r.content, METRICS)
             for k, (src, acc, vacc) in enumerate(
-                zip(m[COMM_SRC], m[COMM_ACCURACY], m[VAL_COMM_ACCURACY])
+                zip(
+                    as_list(m[COMM_SRC], COMM_SRC),
+                    as_list(m[COMM_ACCURACY], COMM_ACCURACY),
+                    as_list(m[VAL_COMM_ACCURACY], VAL_COMM_ACCURACY),
+                )
             ):
                 edges.append(
                     {
@@ -666,7 +671,7 @@ class GraphEvaluation:
                         "communication_accuracy": float(acc),
                         "val_communication_accuracy": float(vacc),
                         **{
-                            n.replace("-", "_"): float(m[n][k]) if n in m else float("nan")
+                            n.replace("-", "_"): float(as_list(m[n], n)[k]) if n in m else float("nan")
                             for n in self.edge_metric_keys
                         },
                     }
@@ -680,8 +685,10 @@ class GraphEvaluation:
             plan = {j: path for j, _, path in plan_of.get(dst, [])}
             if not plan:
                 continue
-            m = ok[dst].content[METRICS]
-            for k, src in enumerate(m[NON_EDGE_SRC]):
+            m = metric_record(ok[dst].content, METRICS)
+            col = {key: as_list(m[key], key) for key in (NON_EDGE_ACCURACY, VAL_NON_EDGE_ACCURACY,
+                                                           NON_EDGE_DIRECT_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY)}
+            for k, src in enumerate(as_list(m[NON_EDGE_SRC], NON_EDGE_SRC)):
                 path = plan[int(src)]
                 non_edges.append(
                     {
@@ -689,11 +696,11 @@ class GraphEvaluation:
                         "dst": int(dst),
                         "hops": len(path) - 1,
                         "path": list(path),
-                        "communication_accuracy": float(m[NON_EDGE_ACCURACY][k]),
-                        "val_communication_accuracy": float(m[VAL_NON_EDGE_ACCURACY][k]),
-                        "communication_accuracy_direct": float(m[NON_EDGE_DIRECT_ACCURACY][k]),
+                        "communication_accuracy": float(col[NON_EDGE_ACCURACY][k]),
+                        "val_communication_accuracy": float(col[VAL_NON_EDGE_ACCURACY][k]),
+                        "communication_accuracy_direct": float(col[NON_EDGE_DIRECT_ACCURACY][k]),
                         "val_communication_accuracy_direct": float(
-                            m[VAL_NON_EDGE_DIRECT_ACCURACY][k]
+                            col[VAL_NON_EDGE_DIRECT_ACCURACY][k]
                         ),
                     }
                 )
@@ -739,6 +746,7 @@ class TransportedEvaluation(GraphEvaluation):
         if "pilots" in a:
             return "raw pilots in a reply under privacy='stringent'"
         d = s.nodes[pid].d
+        assert s.graph is not None  # built before any evaluation
         for j in sorted(s.graph.neighbors(pid)):
             width = edge_dim(d, s.nodes[j].d)
             shapes = {"pilots": (s.num_pilots, width)}

@@ -45,11 +45,10 @@ from ..config import DEFAULTS, KEYS, FederationConfig, LocalTrainConfig
 from ..hints import handler_hint, pilot_count_error
 from ..participation import EVALUATE_STREAM, ParticipationSampler
 from ..protocol import (CONFIG, DEVICE, INFO, METRICS, NUM_EXAMPLES, QUERY, SEED, SERVER_ROUND, TORCH_THREADS, TRAIN,
-                        TRAIN_REPLY, EdgeConfig, NodeInfo, ProtocolError, message_type, reply_problem,
-                        train_reply_problem)
+                        TRAIN_REPLY, EdgeConfig, NodeInfo, ProtocolError, as_float, message_type, reply_problem, train_reply_problem)
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
-from .base import Node, RoundRecord, _numeric, nanmean, record_bytes
+from .base import MetricValues, Node, RoundRecord, _numeric, nanmean, record_bytes
 from .checkpoint import Checkpointer
 from .evaluation import EvaluationResult, GraphEvaluation, summarise_accuracies
 
@@ -187,10 +186,12 @@ class GraphStrategy(Strategy):
 
     def oriented_edges(self) -> list[tuple[int, int]]:
         """All edges as (head, tail) pairs (larger d is head; ties: larger partition-id)."""
+        assert self.graph is not None, "graph is built in on_discovered"
         return sorted(orient_edge(a, self.nodes[a].d, b, self.nodes[b].d) for a, b in self.graph.edges)
 
     def edge_config(self, pid: int, weights: list[float] | None = None) -> EdgeConfig:
         """Node ``pid``'s incident edges (neighbours sorted) with their orientation."""
+        assert self.graph is not None, "graph is built in on_discovered"
         nbrs = tuple(sorted(self.graph.neighbors(pid)))
         d = self.nodes[pid].d
         heads = tuple(orient_edge(pid, d, j, self.nodes[j].d)[0] == pid for j in nbrs)
@@ -253,7 +254,7 @@ class GraphStrategy(Strategy):
                 msgs = [Message(RecordDict({CONFIG: ConfigRecord({**self.query_config(), **self.resume_check})}), dst_node_id=n,
                                 message_type=message_type(QUERY, self.action)) for n in new]
                 for r in grid.send_and_receive(msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))):
-                    problem = r.error.reason + handler_hint(r.error.reason) if r.has_error() else reply_problem(r.content, {INFO: ()})
+                    problem = (r.error.reason or "") + handler_hint(r.error.reason) if r.has_error() else reply_problem(r.content, {INFO: ()})
                     info = None
                     if problem is None:
                         try:
@@ -261,6 +262,7 @@ class GraphStrategy(Strategy):
                         except ProtocolError as exc:
                             problem = str(exc)
                     if info is None:
+                        assert problem is not None  # no info means a problem was found
                         errors.append(f"node {r.metadata.src_node_id}: {problem[-600:]}")
                         if len(asked) <= self.num_nodes:  # no spare SuperNode can stand in
                             raise RuntimeError(f"discovery failed on {errors[-1]}")
@@ -427,11 +429,12 @@ class GraphStrategy(Strategy):
         for r in replies:
             pid = self.pid_of_node.get(r.metadata.src_node_id)
             if pid is None:  # e.g. the SuperLink's "node unavailable" error reply: map it by what it answers
-                pid = self.pid_of_node.get(self._dst_of_message.get(r.metadata.reply_to_message_id))
+                dst = self._dst_of_message.get(r.metadata.reply_to_message_id)
+                pid = None if dst is None else self.pid_of_node.get(dst)
             if pid is None:
                 continue
             if r.has_error():
-                self.record_failure(server_round, phase, pid, r.error.reason)
+                self.record_failure(server_round, phase, pid, r.error.reason or "")
                 continue
             self.current.bytes_received += record_bytes(r.content)
             problem = reply_problem(r.content, required or {})
@@ -456,7 +459,7 @@ class GraphStrategy(Strategy):
                  self.sampler.describe()["mode"])
 
     @staticmethod
-    def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    def numeric(metrics: Mapping[str, Any]) -> MetricValues:
         """The int/float entries of a metrics mapping, as floats (for MetricRecords)."""
         return _numeric(metrics)
     # ------------------------------------------------------------------ train
@@ -478,7 +481,8 @@ class GraphStrategy(Strategy):
             log.info("round %d: no node sampled (nothing trains)", server_round)
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[None, MetricRecord]:
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s); no arrays
         (there is no global model). Error, silent and malformed replies, and replies whose
         ``num-examples`` is not a finite number > 0 or with an infinite metric, are recorded failures
@@ -492,7 +496,7 @@ class GraphStrategy(Strategy):
         accepted, extra = self.accept_train(server_round, ok)
         names = sorted({k for r in accepted.values() for k, v in r.content[METRICS].items()
                         if isinstance(v, (int, float)) and k != NUM_EXAMPLES})
-        metrics = {k.replace("-", "_"): nanmean(r.content[METRICS][k] for r in accepted.values()
+        metrics = {k.replace("-", "_"): nanmean(as_float(r.content[METRICS][k], k) for r in accepted.values()
                                                  if k in r.content[METRICS]) for k in names}
         for name, column in self.train_metric_columns.items():
             metrics[column] = metrics.pop(name, float("nan"))

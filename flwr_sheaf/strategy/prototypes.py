@@ -98,11 +98,14 @@ class PrototypeAggregator:
     def record(self) -> dict[str, Any]:
         """``{GLOBAL_PROTOTYPES: record}`` (empty before the first aggregation)."""
         protos = {c: p.numpy() for c, p in self.global_protos.items()}
-        return {GLOBAL_PROTOTYPES: pack_prototypes(protos, dim=self.common_dim)} if protos else {}
+        if not protos:
+            return {}
+        assert self.common_dim is not None  # set in on_discovered, before any aggregation
+        return {GLOBAL_PROTOTYPES: pack_prototypes(protos, dim=self.common_dim)}
 
     def _upload(
         self, pid: int, reply: Message, weighted: bool
-    ) -> tuple[dict[int, torch.Tensor], dict[int, float] | None]:
+    ) -> tuple[dict[int, torch.Tensor], dict[int, int] | None]:
         """One node's prototypes and counts, validated on their own.
 
         Raises:

@@ -112,6 +112,7 @@ class ComFedClient(ClientMethod):
     @torch.no_grad()
     def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Save the projection; upload ``P_i vbar_m`` over the whole training set (eval mode) with counts."""
+        assert isinstance(plugin, ComFedLoss)  # made by self.plugin
         save_module_state(context, self._key(), plugin.proj, plugin.opt)
         means, counts = class_prototypes(eval_latents(task.model, task.x_train), task.y_train, plugin.num_classes)
         protos = {m: to_numpy(plugin.proj.p @ v) for m, v in means.items()}

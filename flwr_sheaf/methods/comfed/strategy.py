@@ -79,12 +79,14 @@ class ComFed(GraphStrategy):
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """Per class, the mean of the neighbours' latest projected prototypes (none before any upload)."""
         per_class: dict[int, list[np.ndarray]] = {}
+        assert self.graph is not None  # built in on_discovered
         for j in self.graph.neighbors(pid):
             for m, v in self.bank.get(j, {}).items():
                 per_class.setdefault(m, []).append(v)
         if not per_class:
             return {}, {}
         means = {m: np.mean(vs, axis=0).astype(np.float32) for m, vs in per_class.items()}
+        assert self.r is not None  # set in on_discovered
         return {COMFED_TARGETS: pack_prototypes(means, dim=self.r)}, {}
 
     def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:

@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 from ...baselines.fedmuscle import is_contrastive_epoch, muscle_loss
 from ...baselines.fedproto import PoolingAdapter
 from ...config import FedMuscleConfig, LocalTrainConfig
-from ...protocol import (array_record, CONFIG, MUSCLE_TARGETS, PILOT_REPS, SERVER_ROUND, TARGET_ALL, TARGET_OTHERS, TRAIN, UPLOAD,
+from ...protocol import (array_record, as_int, CONFIG, MUSCLE_TARGETS, PILOT_REPS, SERVER_ROUND, TARGET_ALL, TARGET_OTHERS, TRAIN, UPLOAD,
                         ProtocolError, message_type, pack_arrays)
 from ...client.common import eval_latents, from_numpy, task_device, to_numpy
 from ..fedproto.client import feature_pool, latent_and_logits
@@ -90,7 +90,7 @@ class FedMuscleClient(ClientMethod):
         muscle = FedMuscleConfig.from_record(cfg)
         local_epochs = LocalTrainConfig.from_record(cfg).local_epochs
         pool = feature_pool(task.model, cfg, mt)
-        first = (int(cfg[SERVER_ROUND]) - 1) * local_epochs
+        first = (as_int(cfg[SERVER_ROUND], SERVER_ROUND) - 1) * local_epochs
         contrastive = {e for e in range(local_epochs) if is_contrastive_epoch(first + e, muscle.task_epochs)}
         targets = None
         if MUSCLE_TARGETS in msg.content:

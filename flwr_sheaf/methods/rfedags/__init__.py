@@ -83,8 +83,8 @@ class PlantedMetrics:
         return {"gap": float(pr.gap(x)), "distance_to_optimum": float(dist)}
 
 
-def _build(method: str) -> Callable[[RunConfig, int], RFedAGS]:
-    def build(c: RunConfig, n: int) -> RFedAGS:
+def _build(method: str) -> Callable[[RunConfig, int], RFedAGS | RFedBaseline]:
+    def build(c: RunConfig, n: int) -> RFedAGS | RFedBaseline:
         cfg, (problem, p) = c.own(RFedAGSConfig), _problem(c)
         part = c.federation.participation or p
         kw = dict(local_steps=cfg.local_steps, step_size=cfg.step_size, decay_rounds=cfg.decay_rounds,

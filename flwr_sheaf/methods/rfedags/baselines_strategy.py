@@ -30,13 +30,14 @@ of the round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 
-from ...protocol import (array_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, LOCAL_STEPS, MEAN_GRADIENT, METRICS,
+from ...protocol import (array_record, as_float, metric_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, LOCAL_STEPS, MEAN_GRADIENT, METRICS,
                         MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED, SERVER_ROUND,
                         STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
 from ...rfedags.baselines import (BASELINES, average_ambient, average_endpoints, full_gradient, projection_correction,
@@ -65,7 +66,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             manifold that is not compact and embedded.
     """
 
-    def __init__(self, num_nodes: int, participation: Mapping[int, float] | Sequence[float] | str | None = None, *,
+    def __init__(self, num_nodes: int, participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None = None, *,
                  method: str, mode: str = "uncorrected", **kwargs) -> None:
         if method not in BASELINES:
             raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
@@ -86,10 +87,13 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._g_t: np.ndarray | None = None  # RFedSVRG's server gradient of the current round
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
-              timeout: float = 3600, **kwargs):
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
         """:meth:`PeerStrategy.start`; remembers ``timeout`` for RFedSVRG's gradient round trip."""
         self._timeout = float(timeout)
-        return super().start(grid, initial_arrays, num_rounds, timeout=timeout, **kwargs)
+        return super().start(grid, initial_arrays, num_rounds, timeout=timeout, train_config=train_config,
+                             evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
 
     def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
         return round_prologue(self, server_round, arrays)
@@ -142,12 +146,14 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             self._recipients = self._gradient_phase(server_round, alpha_t, config, grid)
         for pid in self._recipients:
             if self.method == "rfedproj":
+                assert self._x_mid is not None and self._x_mid_prev is not None  # set in _init_server
                 c = np.zeros_like(self._x_mid)
                 if pid in self._prev_responders and pid in self._zeta_prev:
                     c = projection_correction(self.manifold, self._x_mid_prev, self._x_mid, self._zeta_prev[pid],
                                               self.local_steps, alpha_t, self.global_step)
                 payload = {POINT: self._x_mid, CORRECTION: c}
             elif self.method == "rfedsvrg":
+                assert self._g_t is not None  # set by _gradient_phase
                 payload = {POINT: self._x_t, FULL_GRADIENT: self._g_t}
             else:
                 payload = {POINT: self._x_t}
@@ -166,7 +172,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         num_examples = np.ones(self.num_nodes)
         for pid, r in ok.items():
             z = np.array(array_record(r.content, STREAM_RECORD)[ENDPOINT].numpy(), dtype=np.float64)
-            n_i = r.content[METRICS][NUM_EXAMPLES]
+            n_i = metric_record(r.content, METRICS)[NUM_EXAMPLES]
             reason = weight_problem(NUM_EXAMPLES, n_i)
             if reason is None and (z.shape != shape or not np.all(np.isfinite(z))):
                 reason = f"unusable end point of shape {z.shape} (expected {shape}, finite)"
@@ -190,11 +196,12 @@ class RFedBaseline(GraphStrategy, RiemannianState):
                 zetas.pop(pid, None)
                 continue
             uploads[pid] = z
-            num_examples[pid] = float(n_i)
+            num_examples[pid] = as_float(n_i, NUM_EXAMPLES)
         mask = np.zeros(self.num_nodes, dtype=bool)
         mask[list(uploads)] = True
         w, est = self.server.weights(mask, num_examples if self.mode == "uncorrected" else None)
         if self.method == "rfedproj":
+            assert self._x_mid is not None  # set in _init_server
             x_mid_new, x_new = average_ambient(self.manifold, self._x_mid, uploads, w, self.global_step)
             self._x_mid_prev, self._x_mid = self._x_mid, x_mid_new
             self._zeta_prev.update(zetas)

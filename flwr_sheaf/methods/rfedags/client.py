@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ...protocol import (array_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
+from ...protocol import (array_record, as_float, as_int, config_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
                         METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED,
                         SERVER_ROUND, STEP_SIZE, STREAM, STREAM_RECORD, NodeInfo, ProtocolError, pack_arrays)
 from ...rfedags.baselines import BASELINES, projection_local_steps, svrg_local_steps
@@ -70,6 +70,23 @@ class RFedAGSLocalProblem(Protocol):
                         ) -> Callable[[np.ndarray, int], np.ndarray]: ...
 
     def local_cost(self, x: np.ndarray) -> float: ...
+
+
+class FederatedProblem(Protocol):
+    """A federated problem of :mod:`flwr_sheaf.rfedags.runner` as :class:`ProblemClient` reads it
+    (``PCAProblem``, ``FrechetMeanProblem``; an optional ``samples (N, S, ...)`` array enables mini-batches)."""
+
+    @property
+    def num_clients(self) -> int: ...
+
+    @property
+    def manifold(self) -> Manifold: ...
+
+    def local_egrads(self, x: np.ndarray, clients: list[int]) -> np.ndarray: ...
+
+    def minibatch_egrads(self, x: np.ndarray, clients: list[int], batch: np.ndarray) -> np.ndarray: ...
+
+    def local_costs(self, x: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -128,7 +145,7 @@ class ProblemClient:
         ValueError: a partition-id without data.
     """
 
-    problem: object
+    problem: FederatedProblem
     client: int
 
     def __post_init__(self) -> None:
@@ -149,9 +166,10 @@ class ProblemClient:
         c = [self.client]
         if b <= 0:
             return lambda x, k: self.problem.local_egrads(x, c)[0]
-        if getattr(self.problem, "samples", None) is None:
+        samples = getattr(self.problem, "samples", None)
+        if samples is None:
             raise ValueError(f"minibatch-size={b} requested but the problem has no samples")
-        idx = batch_indices(int(config[SEED]), server_round, self.client, num_steps, self.problem.samples.shape[1], b)
+        idx = batch_indices(int(config[SEED]), server_round, self.client, num_steps, samples.shape[1], b)
         return lambda x, k: self.problem.minibatch_egrads(x, c, idx[k : k + 1])[0]
 
     def local_cost(self, x: np.ndarray) -> float:
@@ -221,18 +239,19 @@ def register_rfedags_handlers(
         if x.shape != tuple(man.point_shape):
             raise ValueError(f"server point has shape {x.shape}, expected {tuple(man.point_shape)}")
         man.check_point(x, atol=1e-8)
-        cfg = msg.content[CONFIG] if CONFIG in msg.content else {}
+        cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
         for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED):
             if key not in cfg:
                 raise ProtocolError(f"train.{action} config lacks {key!r}")
-        k_steps, alpha, rnd = int(cfg[LOCAL_STEPS]), float(cfg[STEP_SIZE]), int(cfg[SERVER_ROUND])
+        k_steps, alpha, rnd = (as_int(cfg[LOCAL_STEPS], LOCAL_STEPS), as_float(cfg[STEP_SIZE], STEP_SIZE),
+                               as_int(cfg[SERVER_ROUND], SERVER_ROUND))
         oracle = prob.gradient_oracle(rnd, k_steps, cfg)
         stream = local_gradient_stream(man, x, oracle, k_steps, alpha)
         zeta = stream.zeta
         meta = context.state[STATE_KEY] if STATE_KEY in context.state else MetricRecord(
             {"rounds-trained": 0, "last-round": 0})
         context.state[STATE_KEY] = MetricRecord({
-            "rounds-trained": int(meta["rounds-trained"]) + 1, "last-round": rnd})
+            "rounds-trained": as_int(meta["rounds-trained"], "rounds-trained") + 1, "last-round": rnd})
         reply = RecordDict({
             STREAM_RECORD: pack_arrays({STREAM: zeta}),
             METRICS: MetricRecord({
@@ -309,7 +328,7 @@ def _register_baseline_train(app: ClientApp, problem_factory: Callable[[Context]
         prob = problem_factory(context)
         man = prob.manifold
         shape = tuple(man.point_shape)
-        cfg = msg.content[CONFIG] if CONFIG in msg.content else {}
+        cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
         for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED, PHASE):
             if key not in cfg:
                 raise ProtocolError(f"train.{action} config lacks {key!r}")
@@ -319,7 +338,8 @@ def _register_baseline_train(app: ClientApp, problem_factory: Callable[[Context]
         x = _array(msg, POINT, shape, action)
         if action != "rfedproj":
             man.check_point(x, atol=1e-8)
-        k_steps, alpha, rnd = int(cfg[LOCAL_STEPS]), float(cfg[STEP_SIZE]), int(cfg[SERVER_ROUND])
+        k_steps, alpha, rnd = (as_int(cfg[LOCAL_STEPS], LOCAL_STEPS), as_float(cfg[STEP_SIZE], STEP_SIZE),
+                               as_int(cfg[SERVER_ROUND], SERVER_ROUND))
         upload: dict[str, np.ndarray] = {}
         if phase == PHASE_GRADIENT:
             exact = prob.gradient_oracle(rnd, 1, {MINIBATCH_SIZE: 0, SEED: cfg[SEED]})

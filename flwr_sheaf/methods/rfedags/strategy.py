@@ -36,7 +36,7 @@ from flwr.serverapp import Grid
 
 from ...config import DEFAULTS
 from ...participation import ParticipationSampler, parse_participation
-from ...protocol import (array_record, ARRAYS, CONFIG, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, POINT, SEED, SERVER_ROUND,
+from ...protocol import (array_record, as_float, metric_record, ARRAYS, CONFIG, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, POINT, SEED, SERVER_ROUND,
                         STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
 from ...rfedags.aggregation import MODES, RFedAGSServer
 from ...rfedags.client import step_size_schedule
@@ -75,7 +75,7 @@ class RiemannianState:
 
 
 def setup_riemannian(s: Any, num_nodes: int,
-                     participation: Mapping[int, float] | Sequence[float] | str | None, *, mode: str,
+                     participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None, *, mode: str,
                      local_steps: int, step_size: float, decay_rounds: float, global_step: float, q_min: float,
                      estimate_includes_current: bool, estimator: str, manifold: Manifold | None,
                      minibatch_size: int, seed: int, action: str, discovery_timeout: float,
@@ -203,7 +203,7 @@ class RFedAGS(GraphStrategy, RiemannianState):
     def __init__(
         self,
         num_nodes: int,
-        participation: Mapping[int, float] | Sequence[float] | str | None = None,
+        participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None = None,
         *,
         mode: str = "corrected",
         local_steps: int = 5,
@@ -254,7 +254,7 @@ class RFedAGS(GraphStrategy, RiemannianState):
         tangent = []
         for pid, r in ok.items():
             z = np.array(array_record(r.content, STREAM_RECORD)[STREAM].numpy(), dtype=np.float64)
-            n_i = r.content[METRICS][NUM_EXAMPLES]
+            n_i = metric_record(r.content, METRICS)[NUM_EXAMPLES]
             reason = weight_problem(NUM_EXAMPLES, n_i)
             if reason is None and z.shape != shape:
                 reason = f"stream of shape {z.shape}, expected {shape}"
@@ -264,7 +264,7 @@ class RFedAGS(GraphStrategy, RiemannianState):
                 self.record_failure(server_round, "train", pid, reason)
                 continue
             zetas[pid] = z
-            num_examples[pid] = float(n_i)
+            num_examples[pid] = as_float(n_i, NUM_EXAMPLES)
             tangent.append(float(np.max(self.manifold.tangent_error(self._x_t, z))))
         mask = np.zeros(self.num_nodes, dtype=bool)
         mask[list(zetas)] = True

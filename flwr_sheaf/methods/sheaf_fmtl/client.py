@@ -117,6 +117,7 @@ class SheafFMTLClient(ClientMethod):
     @torch.no_grad()
     def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
         """Parameter step (F1), store the maps (float16), upload ``P_ij theta_i`` per neighbour."""
+        assert isinstance(plugin, SheafFMTLLoss)  # made by self.plugin
         params = [p for p in task.model.parameters() if p.requires_grad]
         theta = trainable_vector(task.model)
         if plugin.received:

@@ -92,6 +92,7 @@ class SheafFMTL(GraphStrategy):
     def on_discovered(self) -> None:
         """Validate the graph, fix every d_ij (F0) and check the map budget on it."""
         super().on_discovered()
+        assert self.graph is not None  # built by super().on_discovered()
         self.map_bytes = sheaf_fmtl_budget(self.num_params, self.graph, self.sheaf_fmtl)
         for a, b in self.graph.edges:
             d = edge_dim(self.num_params[a], self.num_params[b], self.sheaf_fmtl.gamma)
@@ -103,6 +104,7 @@ class SheafFMTL(GraphStrategy):
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """The neighbours' latest ``P_ji theta_j`` (record) and the node's edges, d_ij and n_i (config)."""
+        assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
         cfg = {SHEAF_FMTL_NEIGHBOURS: nbrs, SHEAF_FMTL_DIMS: [self.dims[(pid, j)] for j in nbrs],
                SHEAF_FMTL_NUM_PARAMS: self.num_params[pid]}
@@ -112,6 +114,7 @@ class SheafFMTL(GraphStrategy):
     def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
         """Store each node's projections ``{j: (d_ij,)}`` (wrong keys, lengths or NaN/inf: recorded failure)."""
         accepted, sent = {}, 0
+        assert self.graph is not None  # built in on_discovered
         for pid, r in ok.items():
             nbrs = sorted(self.graph.neighbors(pid))
             rec = array_record(r.content, UPLOAD) if UPLOAD in r.content else None

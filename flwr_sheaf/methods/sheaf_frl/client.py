@@ -38,7 +38,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ...config import DEFAULTS, SheafConfig
-from ...protocol import (array_record, CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
+from ...protocol import (array_record, as_int, CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
                         PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
                         STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, index_digest, pack_arrays,
                         unpack_neighbour_pilots, unpack_pilot_selection)
@@ -314,6 +314,7 @@ class SheafClient(ClientMethod):
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
         (paper Alg. 1 line 13) and/or the per-edge transported pilots (Alg. 2-4 line 6); keep the maps.
         The metric ``low-variance-fraction`` is the collapse diagnostic, ``svds`` the SVD count."""
+        assert isinstance(plugin, SheafGluing)  # made by self.plugin
         cfg = msg.content[CONFIG]
         sheaf = SheafConfig.from_record(cfg)
         edges = EdgeConfig.from_config(cfg)
@@ -321,7 +322,7 @@ class SheafClient(ClientMethod):
         lvf = store_pilots(context, self.action, z, a)
         d_i = int(task.model.d)
         maps = _upload_maps(context, self.action, plugin.maps, edges, d_i, sheaf.sheaf_variant, sheaf.privacy,
-                            int(cfg[SEED]))
+                            as_int(cfg[SEED], SEED))
         send_raw, moved = outgoing_pilots(a.double().cpu(), maps, edges.neighbours, edges.heads,
                                           sheaf.sheaf_variant, sheaf.privacy)
         if sheaf.privacy == "stringent" or sheaf.sheaf_variant == "homogeneous":
@@ -381,7 +382,8 @@ def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
                             f" without {'config key ' + repr(PILOT_INDEX_DIGEST) if has_rec else 'record ' + repr(PILOT_SELECTION)}")
     if not has_rec:
         return None
-    idx, grp = unpack_pilot_selection(msg.content[PILOT_SELECTION], int(cfg[PILOT_INDEX_DIGEST]), num_pilots)
+    idx, grp = unpack_pilot_selection(array_record(msg.content, PILOT_SELECTION),
+                                      as_int(cfg[PILOT_INDEX_DIGEST], PILOT_INDEX_DIGEST), num_pilots)
     return PilotSelection(idx, grp)
 
 

@@ -59,7 +59,7 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
-from ...protocol import (array_record, METRICS, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS,
+from ...protocol import (array_record, as_int, metric_record, METRICS, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS,
                         PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, SVDS, TRANSPORTED,
                         index_digest, pack_neighbour_pilots, pack_pilot_selection)
 from ...sheaf.network import orient_edge
@@ -211,6 +211,7 @@ class SheafFRL(GraphStrategy):
         return orient_edge(a, self.nodes[a].d, b, self.nodes[b].d)[0] == a
 
     def _sends_raw(self, sender: int, receiver: int) -> bool:
+        assert self.variant is not None, "the variant is resolved in on_discovered"
         return receiver_sends_raw(self.variant, self.sheaf.privacy, self._is_head(sender, receiver))
 
     def _width(self, sender: int, receiver: int) -> int:
@@ -227,8 +228,11 @@ class SheafFRL(GraphStrategy):
         Under ``privacy = stringent`` no ``pilots`` record is sent.
         """
         policy = self.sheaf.absent_policy
+        assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
         waiting = self.pilot_spec.kind != "all" and self.selection is None  # no description of the pilots yet
+        raw: dict[int, np.ndarray]
+        moved: dict[int, np.ndarray]
         raw, moved, weights = {}, {}, []
         for j in nbrs:
             is_raw = self._sends_raw(j, pid)
@@ -243,6 +247,7 @@ class SheafFRL(GraphStrategy):
             (raw if is_raw else moved)[j] = arr
             self._relayed_bytes += int(arr.nbytes)
             weights.append(w)
+            assert rj is not None  # held with arr
             self.relayed[(pid, j)] = (server_round - rj, w)
         edges = self.edge_config(pid, weights if policy == "drop-reweighted" else None)
         records = {} if self.sheaf.privacy == "stringent" else {PILOTS: pack_neighbour_pilots(raw)}
@@ -265,6 +270,7 @@ class SheafFRL(GraphStrategy):
     def _check_upload(self, pid: int, r: Message) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
         """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
         k, d = self.num_pilots, self.nodes[pid].d
+        assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
         want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (not nbrs and self.sheaf.privacy == "standard")
         want_moved = {j: self._width(pid, j) for j in nbrs if not self._sends_raw(pid, j)}
@@ -326,8 +332,9 @@ class SheafFRL(GraphStrategy):
         describe = self.pilot_spec.groups is not None and self.pilot_sampler is None
         for pid, r in ok.items():
             if self.selection is not None:
-                used = r.content[METRICS].get(PILOT_INDEX_DIGEST) if PILOT_INDEX_DIGEST in r.content[METRICS] else None
-                if used is None or int(used) != self._selection_digest:
+                metrics = metric_record(r.content, METRICS)
+                used = metrics.get(PILOT_INDEX_DIGEST) if PILOT_INDEX_DIGEST in metrics else None
+                if used is None or as_int(used, PILOT_INDEX_DIGEST) != self._selection_digest:
                     self.record_failure(server_round, "train", pid, f"pilot index mismatch: reply metric "
                                         f"{PILOT_INDEX_DIGEST!r} = {used}, but this round's {PILOT_SELECTION!r} has "
                                         f"digest {self._selection_digest} (reply refused, cached pilots kept)")
