@@ -38,12 +38,32 @@ def run_k(k: int, args: argparse.Namespace, out: Path) -> dict:
     t0 = time.monotonic()
     for w in range(k):
         d = out / f"k{k}" / f"w{w}"
-        cmd = [sys.executable, str(HERE / "epoch_time.py"), "--device", args.device, "--dataset", args.dataset,
-               "--zoo", args.zoo, "--rounds", str(args.rounds), "--out", str(d),
-               "--extra", f"seed={w}", *args.extra]
+        cmd = [
+            sys.executable,
+            str(HERE / "epoch_time.py"),
+            "--device",
+            args.device,
+            "--dataset",
+            args.dataset,
+            "--zoo",
+            args.zoo,
+            "--rounds",
+            str(args.rounds),
+            "--out",
+            str(d),
+            "--extra",
+            f"seed={w}",
+            *args.extra,
+        ]
         d.parent.mkdir(parents=True, exist_ok=True)
         log = open(d.parent / f"w{w}.log", "w")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()), d, log))
+        procs.append(
+            (
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()),
+                d,
+                log,
+            )
+        )
     per_epoch, failed = [], 0
     for p, d, log in procs:
         try:
@@ -58,8 +78,14 @@ def run_k(k: int, args: argparse.Namespace, out: Path) -> dict:
         else:
             failed += 1
     mean = sum(per_epoch) / len(per_epoch) if per_epoch else float("nan")
-    return {"k": k, "seconds_per_epoch": per_epoch, "failed": failed, "wall_seconds": time.monotonic() - t0,
-            "mean_seconds_per_epoch": mean, "throughput_epochs_per_second": len(per_epoch) / mean if per_epoch else 0.0}
+    return {
+        "k": k,
+        "seconds_per_epoch": per_epoch,
+        "failed": failed,
+        "wall_seconds": time.monotonic() - t0,
+        "mean_seconds_per_epoch": mean,
+        "throughput_epochs_per_second": len(per_epoch) / mean if per_epoch else 0.0,
+    }
 
 
 def main() -> None:
@@ -81,14 +107,22 @@ def main() -> None:
         row = run_k(k, args, out)
         rows.append(row)
         with open(out / "concurrency.jsonl", "a") as f:
-            f.write(json.dumps({**row, "device": args.device, "zoo": args.zoo, "dataset": args.dataset}) + "\n")
-        print(f"k={k}: {row['mean_seconds_per_epoch']:.2f} s per epoch, "
-              f"{row['throughput_epochs_per_second']:.3f} epochs/s in all, {row['failed']} failed", flush=True)
+            f.write(
+                json.dumps({**row, "device": args.device, "zoo": args.zoo, "dataset": args.dataset})
+                + "\n"
+            )
+        print(
+            f"k={k}: {row['mean_seconds_per_epoch']:.2f} s per epoch, "
+            f"{row['throughput_epochs_per_second']:.3f} epochs/s in all, {row['failed']} failed",
+            flush=True,
+        )
     base = rows[0]["throughput_epochs_per_second"] or float("nan")
     print(f"{'k':>3}{'s/epoch':>10}{'epochs/s':>10}{'speed-up':>10}")
     for r in rows:
-        print(f"{r['k']:>3}{r['mean_seconds_per_epoch']:>10.2f}{r['throughput_epochs_per_second']:>10.3f}"
-              f"{r['throughput_epochs_per_second'] / base:>10.2f}")
+        print(
+            f"{r['k']:>3}{r['mean_seconds_per_epoch']:>10.2f}{r['throughput_epochs_per_second']:>10.3f}"
+            f"{r['throughput_epochs_per_second'] / base:>10.2f}"
+        )
     if any(r["failed"] for r in rows):
         sys.exit(1)
 

@@ -38,7 +38,9 @@ def main() -> None:
     g = build_graph("random-regular:4", n)
     dims = {i: (16, 24, 24, 32, 32)[i % 5] for i in range(n)}
     gen = torch.Generator().manual_seed(0)
-    pilots = {i: torch.randn(args.pilots, d, generator=gen, dtype=torch.float64) for i, d in dims.items()}
+    pilots = {
+        i: torch.randn(args.pilots, d, generator=gen, dtype=torch.float64) for i, d in dims.items()
+    }
     t0 = time.perf_counter()
     sheaf = NetworkSheaf(g, dims)
     sheaf.fit_maps(pilots)
@@ -53,10 +55,12 @@ def main() -> None:
     t3 = time.perf_counter()
     spec = laplacian_spectrum(sheaf.maps, sheaf.dims, sheaf.edges, args.eigenvalues)
     t4 = time.perf_counter()
-    print(f"agents {n} edges {g.number_of_edges()} n {spec.n}: refit {t1 - t0:.1f} s, TV {t2 - t1:.1f} s, "
-          f"{len(pairs)} non-edge pairs {t3 - t2:.2f} s, spectrum {t4 - t3:.1f} s ({spec.solver}, residual "
-          f"{spec.max_residual:.1e}); eigenvalues {[round(e, 4) for e in spec.eigenvalues]}, "
-          f"near-kernel {spec.near_kernel_dim} (exact: {spec.near_kernel_exact})")
+    print(
+        f"agents {n} edges {g.number_of_edges()} n {spec.n}: refit {t1 - t0:.1f} s, TV {t2 - t1:.1f} s, "
+        f"{len(pairs)} non-edge pairs {t3 - t2:.2f} s, spectrum {t4 - t3:.1f} s ({spec.solver}, residual "
+        f"{spec.max_residual:.1e}); eigenvalues {[round(e, 4) for e in spec.eigenvalues]}, "
+        f"near-kernel {spec.near_kernel_dim} (exact: {spec.near_kernel_exact})"
+    )
 
 
 if __name__ == "__main__":

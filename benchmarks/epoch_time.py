@@ -64,16 +64,28 @@ def main() -> None:
     ap.add_argument("--zoo", default="paper-15")
     ap.add_argument("--method", default="sheaf-frl")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (run-config torch-threads)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (run-config torch-threads)"
+    )
     ap.add_argument("--extra", nargs="*", default=[], help="more run-config overrides key=value")
     ap.add_argument("--out", default="results/epoch_time")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     tag = f"{args.method}-{args.device.replace(':', '')}"
-    rc = {"preset": "paper", "method": args.method, "zoo": args.zoo, "dataset": args.dataset, "device": args.device,
-          "num-server-rounds": args.rounds, "local-epochs": 1, "evaluate-every": args.rounds,
-          "torch-threads": args.threads, "results-dir": str(out / tag), "overwrite": True,
-          **parse_overrides(args.extra)}
+    rc = {
+        "preset": "paper",
+        "method": args.method,
+        "zoo": args.zoo,
+        "dataset": args.dataset,
+        "device": args.device,
+        "num-server-rounds": args.rounds,
+        "local-epochs": 1,
+        "evaluate-every": args.rounds,
+        "torch-threads": args.threads,
+        "results-dir": str(out / tag),
+        "overwrite": True,
+        **parse_overrides(args.extra),
+    }
     t0 = time.monotonic()
     cfg = RunConfig.from_run_config(rc)
     torch.set_num_threads(max(1, cfg.train.torch_threads))
@@ -85,19 +97,37 @@ def main() -> None:
     train_only = walls[1:-1] or walls[:1]
     rec = {
         "device": args.device,
-        "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() and args.device != "cpu" else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "threads": args.threads, "dataset": args.dataset, "zoo": args.zoo,
-        "method": args.method, "rounds": args.rounds,
+        "device_name": torch.cuda.get_device_name(0)
+        if torch.cuda.is_available() and args.device != "cpu"
+        else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "dataset": args.dataset,
+        "zoo": args.zoo,
+        "method": args.method,
+        "rounds": args.rounds,
         "round_wall_seconds": walls,
         "seconds_per_epoch": sum(train_only) / len(train_only),
         "train_cpu_seconds_per_round": train_cpu,
-        "cpu_seconds_per_epoch": (sum(train_cpu[1:]) / len(train_cpu[1:])) if len(train_cpu) > 1 else train_cpu[0],
+        "cpu_seconds_per_epoch": (sum(train_cpu[1:]) / len(train_cpu[1:]))
+        if len(train_cpu) > 1
+        else train_cpu[0],
         "last_round_with_evaluation_seconds": walls[-1],
         "total_seconds_incl_data_load": total,
-        "final": {k: res["rounds"][-1].get(k) for k in ("private_accuracy_mean", "communication_accuracy_degree_weighted",
-                                                          "gluing_loss", "ce")},
+        "final": {
+            k: res["rounds"][-1].get(k)
+            for k in (
+                "private_accuracy_mean",
+                "communication_accuracy_degree_weighted",
+                "gluing_loss",
+                "ce",
+            )
+        },
         "steps_per_round_total": res["rounds"][-1].get("steps"),
-        "config": {k: res["config"][k] for k in ("lr", "batch-size", "num-pilots", "pilot-batch-size", "clip-norm")},
+        "config": {
+            k: res["config"][k]
+            for k in ("lr", "batch-size", "num-pilots", "pilot-batch-size", "clip-norm")
+        },
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"epoch_time-{tag}.json").write_text(json.dumps(rec, indent=1))

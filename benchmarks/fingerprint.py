@@ -20,8 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simulations"))
 
-METHODS = ("sheaf-frl", "non-cooperative", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "fedmuscle", "comfed",
-           "sheaf-fmtl")
+METHODS = (
+    "sheaf-frl",
+    "non-cooperative",
+    "fedproto",
+    "fedsaf-gcsa",
+    "fedsaf-rcsa",
+    "fedmuscle",
+    "comfed",
+    "sheaf-fmtl",
+)
 WALL = {"elapsed_seconds", "wall_seconds", "total_wall_seconds", "bytes_sent", "bytes_received"}
 
 
@@ -32,11 +40,25 @@ def dump(path: str, methods: list[str]) -> None:
     out = {}
     for m in methods:
         with tempfile.TemporaryDirectory() as d:
-            res = run_inprocess({"method": m, "zoo": "tiny-4", "graph": "ring", "num-pilots": 64,
-                                 "max-steps-per-epoch": 4, "num-server-rounds": 3, "evaluate-every": 1, "seed": 3,
-                                 "results-dir": d})
-        out[m] = {"rounds": [{k: v for k, v in r.items() if k not in WALL} for r in res["rounds"]],
-                  "nodes": res.get("nodes"), "edges": res.get("edges"), "failures": res.get("failures")}
+            res = run_inprocess(
+                {
+                    "method": m,
+                    "zoo": "tiny-4",
+                    "graph": "ring",
+                    "num-pilots": 64,
+                    "max-steps-per-epoch": 4,
+                    "num-server-rounds": 3,
+                    "evaluate-every": 1,
+                    "seed": 3,
+                    "results-dir": d,
+                }
+            )
+        out[m] = {
+            "rounds": [{k: v for k, v in r.items() if k not in WALL} for r in res["rounds"]],
+            "nodes": res.get("nodes"),
+            "edges": res.get("edges"),
+            "failures": res.get("failures"),
+        }
     Path(path).write_text(json.dumps(out, indent=1, sort_keys=True, default=str))
 
 
@@ -58,7 +80,9 @@ if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "dump":
         dump(sys.argv[2], sys.argv[3:] or list(METHODS))
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        diff = differences(json.loads(Path(sys.argv[2]).read_text()), json.loads(Path(sys.argv[3]).read_text()))
+        diff = differences(
+            json.loads(Path(sys.argv[2]).read_text()), json.loads(Path(sys.argv[3]).read_text())
+        )
         print("\n".join(diff[:50]) or "identical")
         sys.exit(1 if diff else 0)
     else:

@@ -84,8 +84,12 @@ def product_epochs(rc: dict, profile_to: Path | None = None) -> dict:
     grid = TimedGrid(client_app, len(agent_specs(cfg.scenario)), run_config=rc)
     dev = resolve_device(str(rc.get("device", "auto")))
     prof = None
-    if profile_to is not None:  # profile a third (glued) round's train round trip, after the two timed ones
-        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    if (
+        profile_to is not None
+    ):  # profile a third (glued) round's train round trip, after the two timed ones
+        acts = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else []
+        )
         prof = torch.profiler.profile(activities=acts)
         orig = grid.send_and_receive
 
@@ -99,6 +103,7 @@ def product_epochs(rc: dict, profile_to: Path | None = None) -> dict:
                         torch.cuda.synchronize(dev)
                 return out
             return orig(msgs, timeout=timeout)
+
         grid.send_and_receive = send_and_receive
     res = json.loads(Path(run_server(grid, rc)).read_text())
     train = [(c, w) for kind, c, w in grid.timings if kind == "train"]
@@ -108,12 +113,26 @@ def product_epochs(rc: dict, profile_to: Path | None = None) -> dict:
         sort = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
         table = events.table(sort_by=sort, row_limit=30)
         wall = [w for kind, _, w in grid.timings if kind == "train"][2]
-        if dev.type == "cuda":  # device busy time: the kernels' self time (us) over the round's wall time
-            busy = sum(getattr(e, "self_device_time_total", 0.0) or getattr(e, "self_cuda_time_total", 0.0)
-                       for e in events) / 1e6
-            out["profile"] = {"wall_s": wall, "device_busy_s": busy, "device_idle_fraction": max(0.0, 1 - busy / wall)}
-            table += (f"\nprofiled glued round: {wall:.3f} s wall, device busy {busy:.3f} s "
-                      f"({100 * busy / wall:.1f}%), idle {100 * max(0.0, 1 - busy / wall):.1f}%\n")
+        if (
+            dev.type == "cuda"
+        ):  # device busy time: the kernels' self time (us) over the round's wall time
+            busy = (
+                sum(
+                    getattr(e, "self_device_time_total", 0.0)
+                    or getattr(e, "self_cuda_time_total", 0.0)
+                    for e in events
+                )
+                / 1e6
+            )
+            out["profile"] = {
+                "wall_s": wall,
+                "device_busy_s": busy,
+                "device_idle_fraction": max(0.0, 1 - busy / wall),
+            }
+            table += (
+                f"\nprofiled glued round: {wall:.3f} s wall, device busy {busy:.3f} s "
+                f"({100 * busy / wall:.1f}%), idle {100 * max(0.0, 1 - busy / wall):.1f}%\n"
+            )
         profile_to.write_text(table)
     return out
 
@@ -136,8 +155,15 @@ def floor_epochs(rc: dict, results: dict, device: torch.device) -> dict:
     tasks = [scenario_task(cfg.scenario, i) for i in range(n)]
     models = [t.model.to(device) for t in tasks]
     data = [(t.x_train.to(device), t.y_train.to(device), t.x_pilot.to(device)) for t in tasks]
-    opts = [torch.optim.SGD(m.parameters(), lr=float(conf["lr"]), momentum=float(conf["momentum"]),
-                            weight_decay=float(conf["weight-decay"])) for m in models]
+    opts = [
+        torch.optim.SGD(
+            m.parameters(),
+            lr=float(conf["lr"]),
+            momentum=float(conf["momentum"]),
+            weight_decay=float(conf["weight-decay"]),
+        )
+        for m in models
+    ]
     nbrs: dict[int, list[int]] = {i: [] for i in range(n)}
     for a, b in results["graph"]["edges"]:
         nbrs[a].append(b)
@@ -147,13 +173,18 @@ def floor_epochs(rc: dict, results: dict, device: torch.device) -> dict:
     clip = float(conf["clip-norm"]) if float(conf["clip-norm"]) > 0 else math.inf
     lam = float(conf["lambda"])
     gen = torch.Generator().manual_seed(0)
-    steps = [max(1, d[0].shape[0] // bs) if cap <= 0 else min(cap, max(1, d[0].shape[0] // bs)) for d in data]
+    steps = [
+        max(1, d[0].shape[0] // bs) if cap <= 0 else min(cap, max(1, d[0].shape[0] // bs))
+        for d in data
+    ]
 
     def pilots(i: int) -> torch.Tensor:
         m = models[i]
         m.eval()
         with torch.no_grad():
-            z = torch.cat([m.latent(x) for x in data[i][2].split(8192 if device.type != "cpu" else 512)])
+            z = torch.cat(
+                [m.latent(x) for x in data[i][2].split(8192 if device.type != "cpu" else 512)]
+            )
             m.whitening.fit(z)
             return m.whitening(z)
 
@@ -167,13 +198,17 @@ def floor_epochs(rc: dict, results: dict, device: torch.device) -> dict:
             if glue:
                 own = held[i]
                 for j in nbrs[i]:
-                    head = own.shape[1] > held[j].shape[1] or (own.shape[1] == held[j].shape[1] and i > j)
+                    head = own.shape[1] > held[j].shape[1] or (
+                        own.shape[1] == held[j].shape[1] and i > j
+                    )
                     v = _procrustes(own, held[j]) if head else _procrustes(held[j], own)
                     terms.append((held[j], v, head))
             perm = torch.randperm(x.shape[0], generator=gen).to(device)
-            pidx = torch.stack([torch.randperm(xp.shape[0], generator=gen)[:pbs] for _ in range(steps[i])]).to(device)
+            pidx = torch.stack(
+                [torch.randperm(xp.shape[0], generator=gen)[:pbs] for _ in range(steps[i])]
+            ).to(device)
             for s in range(steps[i]):
-                idx = perm[s * bs:(s + 1) * bs]
+                idx = perm[s * bs : (s + 1) * bs]
                 m.train()
                 loss = F.cross_entropy(m.private_logits(x[idx]), y[idx])
                 if terms:
@@ -184,7 +219,7 @@ def floor_epochs(rc: dict, results: dict, device: torch.device) -> dict:
                     total = a.new_zeros(())
                     for a_j, v, head in terms:
                         r = (a - a_j[pidx[s]] @ v.T) if head else (a_j[pidx[s]] - a @ v.T)
-                        total = total + (r ** 2).sum()
+                        total = total + (r**2).sum()
                     loss = loss + (lam / a.shape[1]) / (2 * a.shape[0]) * total
                     m.train()
                 opt.zero_grad(set_to_none=True)
@@ -209,33 +244,54 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dataset", default="fashion-mnist")
     ap.add_argument("--zoo", default="paper-15")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (run-config torch-threads)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (run-config torch-threads)"
+    )
     ap.add_argument("--extra", nargs="*", default=[], help="more run-config overrides key=value")
-    ap.add_argument("--profile", action="store_true", help="torch.profiler table of the product's glued epoch")
+    ap.add_argument(
+        "--profile", action="store_true", help="torch.profiler table of the product's glued epoch"
+    )
     ap.add_argument("--out", default="results/floor")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(args.device)
     tag = str(dev).replace(":", "")
-    rc = {"preset": "paper", "method": "sheaf-frl", "zoo": args.zoo, "dataset": args.dataset, "device": args.device,
-          "num-server-rounds": 3 if args.profile else 2, "local-epochs": 1, "evaluate-every": 3 if args.profile else 2,
-          "sheaf-variant": "heterogeneous",
-          "torch-threads": args.threads, "results-dir": str(out / f"product-{tag}"), "overwrite": True,
-          **parse_overrides(args.extra)}
+    rc = {
+        "preset": "paper",
+        "method": "sheaf-frl",
+        "zoo": args.zoo,
+        "dataset": args.dataset,
+        "device": args.device,
+        "num-server-rounds": 3 if args.profile else 2,
+        "local-epochs": 1,
+        "evaluate-every": 3 if args.profile else 2,
+        "sheaf-variant": "heterogeneous",
+        "torch-threads": args.threads,
+        "results-dir": str(out / f"product-{tag}"),
+        "overwrite": True,
+        **parse_overrides(args.extra),
+    }
     torch.set_num_threads(max(1, args.threads))
     prod = product_epochs(rc, out / f"profile-{tag}.txt" if args.profile else None)
     flo = floor_epochs(rc, prod["results"], dev)
     rec = {
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "zoo": args.zoo, "dataset": args.dataset,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "zoo": args.zoo,
+        "dataset": args.dataset,
         "steps_per_epoch_all_agents": flo["steps"],
         "num_pilots": prod["results"]["config"]["num-pilots"],
-        "product": {"ce_epoch": dict(zip(("cpu_s", "wall_s"), prod["ce"])),
-                    "glued_epoch": dict(zip(("cpu_s", "wall_s"), prod["glued"]))},
-        "floor": {"ce_epoch": dict(zip(("cpu_s", "wall_s"), flo["ce"])),
-                  "glued_epoch": dict(zip(("cpu_s", "wall_s"), flo["glued"]))},
+        "product": {
+            "ce_epoch": dict(zip(("cpu_s", "wall_s"), prod["ce"])),
+            "glued_epoch": dict(zip(("cpu_s", "wall_s"), prod["glued"])),
+        },
+        "floor": {
+            "ce_epoch": dict(zip(("cpu_s", "wall_s"), flo["ce"])),
+            "glued_epoch": dict(zip(("cpu_s", "wall_s"), flo["glued"])),
+        },
         "ratio_glued_cpu": prod["glued"][0] / flo["glued"][0],
         "ratio_glued_wall": prod["glued"][1] / flo["glued"][1],
         "ratio_ce_cpu": prod["ce"][0] / flo["ce"][0],
@@ -244,10 +300,14 @@ def main() -> None:
         "profile": prod.get("profile"),
     }
     (out / f"floor-{tag}.json").write_text(json.dumps(rec, indent=1))
-    print(f"{'epoch':<8}{'product cpu-s':>15}{'floor cpu-s':>13}{'ratio':>7}{'product wall-s':>16}{'floor wall-s':>14}{'ratio':>7}")
+    print(
+        f"{'epoch':<8}{'product cpu-s':>15}{'floor cpu-s':>13}{'ratio':>7}{'product wall-s':>16}{'floor wall-s':>14}{'ratio':>7}"
+    )
     for name in ("ce", "glued"):
         p, f = prod[name], flo[name]
-        print(f"{name:<8}{p[0]:>15.2f}{f[0]:>13.2f}{p[0] / f[0]:>7.2f}{p[1]:>16.2f}{f[1]:>14.2f}{p[1] / f[1]:>7.2f}")
+        print(
+            f"{name:<8}{p[0]:>15.2f}{f[0]:>13.2f}{p[0] / f[0]:>7.2f}{p[1]:>16.2f}{f[1]:>14.2f}{p[1] / f[1]:>7.2f}"
+        )
     print(json.dumps(rec, indent=1))
 
 

@@ -35,9 +35,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ["non-cooperative", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "fedmuscle", "comfed", "sheaf-fmtl", "sheaf-frl"]
+METHODS = [
+    "non-cooperative",
+    "fedproto",
+    "fedsaf-gcsa",
+    "fedsaf-rcsa",
+    "fedmuscle",
+    "comfed",
+    "sheaf-fmtl",
+    "sheaf-frl",
+]
 #: the 15-agent zoo needs a common dimension for the prototype / contrastive baselines (as the notebook).
-COMMON = ["zoo=paper-15", "shift=0.7", "seed=0", "fedproto-dim=64", "fedmuscle-dim=64", "torch-threads=1"]
+COMMON = [
+    "zoo=paper-15",
+    "shift=0.7",
+    "seed=0",
+    "fedproto-dim=64",
+    "fedmuscle-dim=64",
+    "torch-threads=1",
+]
 
 
 def _rss_mib() -> float:
@@ -59,9 +75,17 @@ def child(method: str, overrides: list[str], out: Path) -> None:
     import_rss = _rss_mib()
     t0 = time.monotonic()
     res = run_inprocess(rc)
-    rec = {"method": method, "num_agents": n, "import_rss_mib": import_rss, "peak_rss_mib": _rss_mib(),
-           "wall_s": time.monotonic() - t0, "failures": len(res["failures"]),
-           "cuda_peak_mib": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None}
+    rec = {
+        "method": method,
+        "num_agents": n,
+        "import_rss_mib": import_rss,
+        "peak_rss_mib": _rss_mib(),
+        "wall_s": time.monotonic() - t0,
+        "failures": len(res["failures"]),
+        "cuda_peak_mib": torch.cuda.max_memory_allocated() / 2**20
+        if torch.cuda.is_available()
+        else None,
+    }
     rec["per_agent_mib"] = (rec["peak_rss_mib"] - import_rss) / n
     out.write_text(json.dumps(rec))
 
@@ -70,15 +94,28 @@ def main() -> None:
     """Parse arguments; one fresh process per method; print the table."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--methods", nargs="+", default=METHODS)
-    ap.add_argument("--rounds", type=int, default=2, help="server rounds (>= 2: round 1 has no neighbour payloads)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="server rounds (>= 2: round 1 has no neighbour payloads)",
+    )
     ap.add_argument("--steps", type=int, default=5, help="max SGD steps per local epoch")
     ap.add_argument("--extra", nargs="*", default=[], help="more run-config overrides key=value")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "method_memory")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    overrides = COMMON + [f"num-server-rounds={args.rounds}", "local-epochs=1", f"max-steps-per-epoch={args.steps}",
-                          f"evaluate-every={args.rounds}"] + list(args.extra)
+    overrides = (
+        COMMON
+        + [
+            f"num-server-rounds={args.rounds}",
+            "local-epochs=1",
+            f"max-steps-per-epoch={args.steps}",
+            f"evaluate-every={args.rounds}",
+        ]
+        + list(args.extra)
+    )
     if args.child:
         child(args.child, overrides, args.child_out)
         return
@@ -86,19 +123,41 @@ def main() -> None:
     rows = []
     for m in args.methods:
         tmp = args.out / f"{m}.json"
-        cmd = [sys.executable, __file__, "--child", m, "--child-out", str(tmp), "--rounds", str(args.rounds),
-               "--steps", str(args.steps), "--extra", *args.extra, f"results-dir={args.out / m}"]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            m,
+            "--child-out",
+            str(tmp),
+            "--rounds",
+            str(args.rounds),
+            "--steps",
+            str(args.steps),
+            "--extra",
+            *args.extra,
+            f"results-dir={args.out / m}",
+        ]
         subprocess.run(cmd, check=True, cwd=ROOT)
         rows.append(json.loads(tmp.read_text()))
         r = rows[-1]
-        print(f"{m:>16}: peak {r['peak_rss_mib']:.0f} MiB (import {r['import_rss_mib']:.0f}), "
-              f"{r['per_agent_mib']:.1f} MiB / agent, {r['wall_s']:.0f} s", flush=True)
-    (args.out / "method_memory.json").write_text(json.dumps({"overrides": overrides, "rows": rows}, indent=1))
-    print("\n| method | peak RSS, 15 agents + server (MiB) | after imports (MiB) | per agent (MiB) | CUDA peak (MiB) |")
+        print(
+            f"{m:>16}: peak {r['peak_rss_mib']:.0f} MiB (import {r['import_rss_mib']:.0f}), "
+            f"{r['per_agent_mib']:.1f} MiB / agent, {r['wall_s']:.0f} s",
+            flush=True,
+        )
+    (args.out / "method_memory.json").write_text(
+        json.dumps({"overrides": overrides, "rows": rows}, indent=1)
+    )
+    print(
+        "\n| method | peak RSS, 15 agents + server (MiB) | after imports (MiB) | per agent (MiB) | CUDA peak (MiB) |"
+    )
     print("|---|---|---|---|---|")
     for r in rows:
         cuda = "-" if r["cuda_peak_mib"] is None else f"{r['cuda_peak_mib']:.0f}"
-        print(f"| {r['method']} | {r['peak_rss_mib']:.0f} | {r['import_rss_mib']:.0f} | {r['per_agent_mib']:.1f} | {cuda} |")
+        print(
+            f"| {r['method']} | {r['peak_rss_mib']:.0f} | {r['import_rss_mib']:.0f} | {r['per_agent_mib']:.1f} | {cuda} |"
+        )
 
 
 if __name__ == "__main__":

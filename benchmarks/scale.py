@@ -56,7 +56,8 @@ def table(rows: list[dict], participants: int, engine: str, dataset: str) -> str
             f"{fmt(r.get('setup_seconds'))} | {fmt(r.get('wall_seconds'), '{:.0f}')} | "
             f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | {fmt(r['peak_pss_bytes'] / 2**30 if r.get('peak_pss_bytes') else None, '{:.2f}')} | "
             f"{r.get('peak_rss_processes', '-')} | "
-            f"{'yes' if r.get('completed') else 'NO'} |")
+            f"{'yes' if r.get('completed') else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -72,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-pilots", type=int, default=200)
     ap.add_argument("--port", type=int, default=39791)
     ap.add_argument("--timeout", type=float, default=900.0)
-    ap.add_argument("--partitioner", default="", help="e.g. cross-device: a handful of samples per agent")
-    ap.add_argument("--evaluated", type=int, default=0, help="nodes evaluated in the last round (0 = all N)")
+    ap.add_argument(
+        "--partitioner", default="", help="e.g. cross-device: a handful of samples per agent"
+    )
+    ap.add_argument(
+        "--evaluated", type=int, default=0, help="nodes evaluated in the last round (0 = all N)"
+    )
     ap.add_argument("--out", default="results/benchmarks/scale")
     args = ap.parse_args(argv)
     args.dataset = args.dataset or cd.default_dataset()
@@ -81,16 +86,41 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows, status = [], 0
     for n in [int(x) for x in args.agents.split(",")]:
-        status |= cd.main([
-            "--agents", str(n), "--fraction", str(min(1.0, (args.participants + 0.5) / n)),
-            "--rounds", str(args.rounds), "--evaluate-every", str(args.rounds), "--dataset", args.dataset,
-            "--num-pilots", str(args.num_pilots), "--max-steps-per-epoch", "1", "--engine", args.engine,
-            "--port", str(args.port), "--timeout", str(args.timeout), "--out", str(out),
-            "--partitioner", args.partitioner,
-            "--fraction-evaluate", str(min(1.0, (args.evaluated + 0.5) / n) if args.evaluated else 0.0)])
+        status |= cd.main(
+            [
+                "--agents",
+                str(n),
+                "--fraction",
+                str(min(1.0, (args.participants + 0.5) / n)),
+                "--rounds",
+                str(args.rounds),
+                "--evaluate-every",
+                str(args.rounds),
+                "--dataset",
+                args.dataset,
+                "--num-pilots",
+                str(args.num_pilots),
+                "--max-steps-per-epoch",
+                "1",
+                "--engine",
+                args.engine,
+                "--port",
+                str(args.port),
+                "--timeout",
+                str(args.timeout),
+                "--out",
+                str(out),
+                "--partitioner",
+                args.partitioner,
+                "--fraction-evaluate",
+                str(min(1.0, (args.evaluated + 0.5) / n) if args.evaluated else 0.0),
+            ]
+        )
         summary = json.loads((out / "summary.json").read_text())
         rows.append(summary[f"N{n}"])
-        (out / "table.md").write_text(table(rows, args.participants, args.engine, args.dataset) + "\n")
+        (out / "table.md").write_text(
+            table(rows, args.participants, args.engine, args.dataset) + "\n"
+        )
     text = table(rows, args.participants, args.engine, args.dataset)
     print(text)
     (out / "table.md").write_text(text + "\n")

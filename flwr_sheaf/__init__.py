@@ -10,40 +10,90 @@ Layers (dependencies point one way): maths (``sheaf``, ``baselines``, ``rfedags`
 client plug-in and handlers, and its registry entry) <- ``apps`` (the ``flwr run`` app).
 """
 
-from .methods.comfed.client import register_comfed_handlers
-from .methods.fedmuscle.client import register_fedmuscle_handlers
-from .methods.sheaf_fmtl.client import register_sheaf_fmtl_handlers
-from .methods.fedproto.client import register_fedproto_handlers
-from .methods.fedsaf.client import register_fedsaf_handlers
 from .client.handlers import ClientMethod, register_method_handlers
 from .client.loop import CrossEntropy, LossPlugin, train_local
-from .methods.noncooperative.client import register_noncooperative_handlers
-from .methods.rfedags.client import register_rfedags_handlers
-from .methods.sheaf_frl.client import register_sheaf_handlers
 from .client.task import LocalTask, TaskFactory
-from .config import (ComFedConfig, SheafFMTLConfig, ConfigError, FederationConfig, FedMuscleConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig, RunConfig,
-                     ScenarioConfig, SheafConfig)
+from .config import (
+    ComFedConfig,
+    ConfigError,
+    FederationConfig,
+    FedMuscleConfig,
+    FedProtoConfig,
+    FedSAFConfig,
+    LocalTrainConfig,
+    RunConfig,
+    ScenarioConfig,
+    SheafConfig,
+    SheafFMTLConfig,
+)
+from .methods import METHODS, Method, get_method, register
+from .methods.comfed.client import register_comfed_handlers
+from .methods.comfed.strategy import ComFed
+from .methods.fedmuscle.client import register_fedmuscle_handlers
+from .methods.fedmuscle.strategy import FedMuscle
+from .methods.fedproto.client import register_fedproto_handlers
+from .methods.fedproto.strategy import FedProto
+from .methods.fedsaf.client import register_fedsaf_handlers
+from .methods.fedsaf.strategy import FedSAF
+from .methods.noncooperative.client import register_noncooperative_handlers
+from .methods.noncooperative.strategy import NonCooperative
+from .methods.rfedags.client import register_rfedags_handlers
+from .methods.rfedags.strategy import RFedAGS
+from .methods.sheaf_fmtl.client import register_sheaf_fmtl_handlers
+from .methods.sheaf_fmtl.strategy import SheafFMTL
+from .methods.sheaf_frl.client import register_sheaf_handlers
+from .methods.sheaf_frl.strategy import SheafFRL
 from .participation import ParticipationSampler, parse_participation
 from .sheaf.whitening import Colouring, Whitening
 from .strategy.base import PeerStrategy, RoundRecord
-from .methods.comfed.strategy import ComFed
-from .methods.sheaf_fmtl.strategy import SheafFMTL
-from .methods.fedmuscle.strategy import FedMuscle
-from .methods.fedproto.strategy import FedProto
-from .methods.fedsaf.strategy import FedSAF
 from .strategy.graph import GraphStrategy
-from .methods.noncooperative.strategy import NonCooperative
-from .methods.rfedags.strategy import RFedAGS
-from .methods.sheaf_frl.strategy import SheafFRL
-from .methods import METHODS, Method, get_method, register
 from .testing import LocalGrid
 
 __all__ = [
-    "SheafFRL", "NonCooperative", "FedProto", "FedSAF", "FedMuscle", "ComFed", "SheafFMTL", "RFedAGS", "GraphStrategy", "PeerStrategy", "RoundRecord",
-    "register_sheaf_handlers", "register_noncooperative_handlers", "register_fedproto_handlers",
-    "register_fedsaf_handlers", "register_fedmuscle_handlers", "register_comfed_handlers", "register_sheaf_fmtl_handlers", "register_rfedags_handlers", "register_method_handlers", "ClientMethod",
-    "LossPlugin", "CrossEntropy", "train_local", "LocalTask", "TaskFactory", "Whitening", "Colouring",
-    "RunConfig", "ScenarioConfig", "FederationConfig", "LocalTrainConfig", "SheafConfig", "FedProtoConfig",
-    "FedSAFConfig", "FedMuscleConfig", "ComFedConfig", "SheafFMTLConfig", "ConfigError", "ParticipationSampler", "parse_participation", "LocalGrid",
-    "Method", "METHODS", "register", "get_method",
+    "SheafFRL",
+    "NonCooperative",
+    "FedProto",
+    "FedSAF",
+    "FedMuscle",
+    "ComFed",
+    "SheafFMTL",
+    "RFedAGS",
+    "GraphStrategy",
+    "PeerStrategy",
+    "RoundRecord",
+    "register_sheaf_handlers",
+    "register_noncooperative_handlers",
+    "register_fedproto_handlers",
+    "register_fedsaf_handlers",
+    "register_fedmuscle_handlers",
+    "register_comfed_handlers",
+    "register_sheaf_fmtl_handlers",
+    "register_rfedags_handlers",
+    "register_method_handlers",
+    "ClientMethod",
+    "LossPlugin",
+    "CrossEntropy",
+    "train_local",
+    "LocalTask",
+    "TaskFactory",
+    "Whitening",
+    "Colouring",
+    "RunConfig",
+    "ScenarioConfig",
+    "FederationConfig",
+    "LocalTrainConfig",
+    "SheafConfig",
+    "FedProtoConfig",
+    "FedSAFConfig",
+    "FedMuscleConfig",
+    "ComFedConfig",
+    "SheafFMTLConfig",
+    "ConfigError",
+    "ParticipationSampler",
+    "parse_participation",
+    "LocalGrid",
+    "Method",
+    "METHODS",
+    "register",
+    "get_method",
 ]

@@ -90,7 +90,9 @@ def _int(lo: int | None = None) -> Callable[[str, Any], int]:
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise ConfigError(f"{key}={v!r}: expected an integer")
         if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
-            raise ConfigError(f"{key}={v!r}: expected an integer (a fractional value would be truncated)")
+            raise ConfigError(
+                f"{key}={v!r}: expected an integer (a fractional value would be truncated)"
+            )
         out = int(cast(SupportsInt, v))
         if lo is not None and out < lo:
             raise ConfigError(f"{key}={v!r}: must be >= {lo}")
@@ -99,8 +101,9 @@ def _int(lo: int | None = None) -> Callable[[str, Any], int]:
     return parse
 
 
-def _float(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
-           ) -> Callable[[str, Any], float]:
+def _float(
+    lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+) -> Callable[[str, Any], float]:
     def parse(key: str, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise ConfigError(f"{key}={v!r}: expected a number")
@@ -122,7 +125,9 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
-def _str(choices: tuple[str, ...] | None = None, nonempty: bool = False) -> Callable[[str, Any], str]:
+def _str(
+    choices: tuple[str, ...] | None = None, nonempty: bool = False
+) -> Callable[[str, Any], str]:
     def parse(key: str, v: Any) -> str:
         if not isinstance(v, str):
             raise ConfigError(f"{key}={v!r}: expected a string")
@@ -182,14 +187,21 @@ def _check_partitioner(text: str) -> None:
 def _num_pilots(key: str, v: Any) -> int:
     k = _int(0)(key, v)
     if k == 1:
-        raise ConfigError(f"{key}={v!r}: must be 0 (all) or >= 2 (whitening and Procrustes need two pilot rows)")
+        raise ConfigError(
+            f"{key}={v!r}: must be 0 (all) or >= 2 (whitening and Procrustes need two pilot rows)"
+        )
     return k
 
 
 def _participation(key: str, v: Any) -> str:
     # Flower parses ``--run-config "participation=0.3"`` as a float: keep the spec a string.
-    text = ("" if v is None else repr(float(v)) if isinstance(v, numbers.Real) and not isinstance(v, bool)
-            else v)
+    text = (
+        ""
+        if v is None
+        else repr(float(v))
+        if isinstance(v, numbers.Real) and not isinstance(v, bool)
+        else v
+    )
     if not isinstance(text, str):
         raise ConfigError(f"{key}={v!r}: expected a string spec")
     try:
@@ -206,7 +218,9 @@ def _dim_or_auto(key: str, v: Any) -> str | int:
         try:
             v = int(v)
         except ValueError:
-            raise ConfigError(f"{key}={v!r}: expected 'auto', 'none' or a positive integer") from None
+            raise ConfigError(
+                f"{key}={v!r}: expected 'auto', 'none' or a positive integer"
+            ) from None
     return _int(1)(key, v)
 
 
@@ -214,7 +228,11 @@ def _dataset(key: str, v: Any) -> str:
     from .data.sources import SOURCE_FORMS
 
     text = _str(nonempty=True)(key, v).strip()
-    if text in ("mnist-bundled", "fashion-mnist") or (text[:4] == "idx:" and text[4:].strip()) or (text[:3] == "hf:" and text[3:].strip()):
+    if (
+        text in ("mnist-bundled", "fashion-mnist")
+        or (text[:4] == "idx:" and text[4:].strip())
+        or (text[:3] == "hf:" and text[3:].strip())
+    ):
         return text
     raise ConfigError(f"{key}={v!r}: unknown dataset spec; valid forms: {', '.join(SOURCE_FORMS)}")
 
@@ -242,71 +260,183 @@ class Key:
 
 
 _KEY_LIST = [
-    Key("method", "sheaf-frl", _str(nonempty=True),
-        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed`, `sheaf-fmtl` (README, method table)"),
-    Key("method-module", "", _str(),
+    Key(
+        "method",
+        "sheaf-frl",
+        _str(nonempty=True),
+        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed`, `sheaf-fmtl` (README, method table)",
+    ),
+    Key(
+        "method-module",
+        "",
+        _str(),
         "comma-separated Python modules imported before `method` is looked up: a researcher's own method "
-        "registers itself there (README \"Adding a method\"); empty = the built-in methods only"),
+        'registers itself there (README "Adding a method"); empty = the built-in methods only',
+    ),
     Key("num-server-rounds", 10, _int(1), "server rounds"),
-    Key("round-timeout", 3600.0, _float(0.0, lo_open=True),
-        "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed"),
-    Key("discovery-timeout", 300.0, _float(0.0, lo_open=True),
-        "seconds the ServerApp waits for enough SuperNodes to register"),
-    Key("results-dir", "results/default", _str(nonempty=True),
-        "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)"),
-    Key("preset", "", _str(("", "paper")),
-        "`paper` = the paper's App. G hyper-parameters for every key left at its default (docs/presets.md); empty = none"),
-    Key("checkpoint-every", 1, _int(0),
-        "write `checkpoint.pkl` to `results-dir` every this many rounds and after the last one (0 = never; docs/resume.md)"),
-    Key("resume", False, _bool, "continue the run checkpointed in `results-dir` from its last completed round (docs/resume.md)"),
-    Key("resume-from", "", _str(),
-        "continue the run checkpointed in this directory (or `checkpoint.pkl` file) instead; non-empty implies `resume`"),
-    Key("node-state-dir", "", _str(),
+    Key(
+        "round-timeout",
+        3600.0,
+        _float(0.0, lo_open=True),
+        "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed",
+    ),
+    Key(
+        "discovery-timeout",
+        300.0,
+        _float(0.0, lo_open=True),
+        "seconds the ServerApp waits for enough SuperNodes to register",
+    ),
+    Key(
+        "results-dir",
+        "results/default",
+        _str(nonempty=True),
+        "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)",
+    ),
+    Key(
+        "preset",
+        "",
+        _str(("", "paper")),
+        "`paper` = the paper's App. G hyper-parameters for every key left at its default (docs/presets.md); empty = none",
+    ),
+    Key(
+        "checkpoint-every",
+        1,
+        _int(0),
+        "write `checkpoint.pkl` to `results-dir` every this many rounds and after the last one (0 = never; docs/resume.md)",
+    ),
+    Key(
+        "resume",
+        False,
+        _bool,
+        "continue the run checkpointed in `results-dir` from its last completed round (docs/resume.md)",
+    ),
+    Key(
+        "resume-from",
+        "",
+        _str(),
+        "continue the run checkpointed in this directory (or `checkpoint.pkl` file) instead; non-empty implies `resume`",
+    ),
+    Key(
+        "node-state-dir",
+        "",
+        _str(),
         "root of the nodes' state directories (`<dir>/partition-<id>`) when a SuperNode has no `state-dir` node config "
-        "(simulation; docs/resume.md)"),
-    Key("overwrite", False, _bool,
+        "(simulation; docs/resume.md)",
+    ),
+    Key(
+        "overwrite",
+        False,
+        _bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
-        "(replaced; refused otherwise, docs/reliability.md)"),
-    Key("max-failed-fraction", 0.5, _float(0.0, 1.0),
+        "(replaced; refused otherwise, docs/reliability.md)",
+    ),
+    Key(
+        "max-failed-fraction",
+        0.5,
+        _float(0.0, 1.0),
         "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
-        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability.md)"),
-    Key("resume-fresh-nodes", False, _bool,
+        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability.md)",
+    ),
+    Key(
+        "resume-fresh-nodes",
+        False,
+        _bool,
         "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
-        "recorded in `results.json`; refused otherwise, docs/reliability.md)"),
+        "recorded in `results.json`; refused otherwise, docs/reliability.md)",
+    ),
     # scenario
-    Key("seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"),
-    Key("zoo", "paper-15", _spec(_check_zoo), "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)"),
-    Key("dataset", "mnist-bundled", _dataset,
-        "`mnist-bundled` (offline), `fashion-mnist` (70,000 images; `bash scripts/get_data.sh fashion-mnist`), `idx:<dir>`, `hf:<name>` (online)"),
+    Key(
+        "seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"
+    ),
+    Key(
+        "zoo",
+        "paper-15",
+        _spec(_check_zoo),
+        "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
+    ),
+    Key(
+        "dataset",
+        "mnist-bundled",
+        _dataset,
+        "`mnist-bundled` (offline), `fashion-mnist` (70,000 images; `bash scripts/get_data.sh fashion-mnist`), `idx:<dir>`, `hf:<name>` (online)",
+    ),
     Key("shift", 0.7, _float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
     Key("num-pilots", 500, _num_pilots, "shared pilots K >= 2 (0 = all of the 10% hold-out)"),
-    Key("whitening-shrinkage", 0.0, _float(0.0, 1.0), "diagonal shrinkage a of the whitening covariance"),
-    Key("whitening-eps", 1e-3, _float(0.0, lo_open=True), "relative eigenvalue floor of the whitening covariance"),
-    Key("partitioner", "label-shift", _spec(_check_partitioner),
+    Key(
+        "whitening-shrinkage",
+        0.0,
+        _float(0.0, 1.0),
+        "diagonal shrinkage a of the whitening covariance",
+    ),
+    Key(
+        "whitening-eps",
+        1e-3,
+        _float(0.0, lo_open=True),
+        "relative eigenvalue floor of the whitening covariance",
+    ),
+    Key(
+        "partitioner",
+        "label-shift",
+        _spec(_check_partitioner),
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
-        "a handful of samples per agent, docs/performance.md)"),
+        "a handful of samples per agent, docs/performance.md)",
+    ),
     # federation
-    Key("graph", "class-overlap", _spec(_check_graph),
-        "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`"),
-    Key("fraction-train", 1.0, _float(0.0, 1.0, lo_open=True), "fraction of nodes that train per round (seeded per round)"),
-    Key("participation", "", _participation,
-        "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list"),
-    Key("evaluate-every", 1, _int(0), "evaluate every this many rounds and always the last one (0 = never)"),
-    Key("fraction-evaluate", 1.0, _float(0.0, 1.0, lo_open=True),
+    Key(
+        "graph",
+        "class-overlap",
+        _spec(_check_graph),
+        "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`",
+    ),
+    Key(
+        "fraction-train",
+        1.0,
+        _float(0.0, 1.0, lo_open=True),
+        "fraction of nodes that train per round (seeded per round)",
+    ),
+    Key(
+        "participation",
+        "",
+        _participation,
+        "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list",
+    ),
+    Key(
+        "evaluate-every",
+        1,
+        _int(0),
+        "evaluate every this many rounds and always the last one (0 = never)",
+    ),
+    Key(
+        "fraction-evaluate",
+        1.0,
+        _float(0.0, 1.0, lo_open=True),
         "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
-        "with both ends sampled)"),
-    Key("non-edge-pairs", 20, _int(0),
+        "with both ends sampled)",
+    ),
+    Key(
+        "non-edge-pairs",
+        20,
+        _int(0),
         "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
-        "(seeded per round; 0 = off; docs/variants.md)"),
-    Key("posthoc-readings", "both", _str(("both", "paper")),
+        "(seeded per round; 0 = off; docs/variants.md)",
+    ),
+    Key(
+        "posthoc-readings",
+        "both",
+        _str(("both", "paper")),
         "post-hoc methods (non-cooperative and the baselines): `both` = communication accuracy with the whitening "
         "fitted on private training latents (the paper's) and on the pilots (the strong reading), `paper` = the first "
-        "only (docs/baselines.md; Sheaf-FRL ignores it)"),
-    Key("diagnostics-eigenvalues", 6, _int(0),
+        "only (docs/baselines.md; Sheaf-FRL ignores it)",
+    ),
+    Key(
+        "diagnostics-eigenvalues",
+        6,
+        _int(0),
         "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
-        "(0 = no spectrum; docs/variants.md)"),
+        "(0 = no spectrum; docs/variants.md)",
+    ),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
     Key("lr", 0.05, _float(0.0, lo_open=True), "SGD learning rate"),
@@ -315,55 +445,152 @@ _KEY_LIST = [
     Key("batch-size", 32, _int(1), "private training batch size"),
     Key("clip-norm", 5.0, _float(0.0), "per-agent gradient-norm clipping (0 = off)"),
     Key("max-steps-per-epoch", 0, _int(0), "cap on SGD steps per local epoch (0 = every batch)"),
-    Key("torch-threads", 1, _int(0), "torch threads per ClientApp (0 = torch's default; >1 was 30x slower on a loaded 2-core box)"),
-    Key("device", "auto", _spec(_check_device),
-        "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)"),
+    Key(
+        "torch-threads",
+        1,
+        _int(0),
+        "torch threads per ClientApp (0 = torch's default; >1 was 30x slower on a loaded 2-core box)",
+    ),
+    Key(
+        "device",
+        "auto",
+        _spec(_check_device),
+        "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)",
+    ),
     # Sheaf-FRL
     Key("lambda", 0.1, _float(0.0), "gluing weight; lambda_i = lambda / d_i (Eq. 16)"),
-    Key("lambda-warmup-rounds", 0, _int(0), "lambda ramps linearly over the first W rounds (0 = off)"),
+    Key(
+        "lambda-warmup-rounds",
+        0,
+        _int(0),
+        "lambda ramps linearly over the first W rounds (0 = off)",
+    ),
     Key("pilot-batch-size", 64, _int(2), "pilot rows per gluing step"),
-    Key("absent-policy", "cached", _str(("cached", "drop", "drop-reweighted")),
-        "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)"),
-    Key("reweight-q-min", 0.05, _float(0.0, 1.0, lo_open=True), "floor of q_j for `drop-reweighted` (weights <= 1/q_min)"),
-    Key("sheaf-variant", "auto", _str(("auto", "heterogeneous", "homogeneous")),
+    Key(
+        "absent-policy",
+        "cached",
+        _str(("cached", "drop", "drop-reweighted")),
+        "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)",
+    ),
+    Key(
+        "reweight-q-min",
+        0.05,
+        _float(0.0, 1.0, lo_open=True),
+        "floor of q_j for `drop-reweighted` (weights <= 1/q_min)",
+    ),
+    Key(
+        "sheaf-variant",
+        "auto",
+        _str(("auto", "heterogeneous", "homogeneous")),
         "`heterogeneous` (Alg. 1), `homogeneous` (Alg. 2: O(d) maps, one SVD per edge; all d_i equal) or `auto` "
-        "(homogeneous iff all d_i are equal) (docs/variants.md)"),
-    Key("privacy", "standard", _str(("standard", "stringent")),
-        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants.md)"),
-    Key("pilot-strategy", "all", _spec(_check_pilot_strategy),
+        "(homogeneous iff all d_i are equal) (docs/variants.md)",
+    ),
+    Key(
+        "privacy",
+        "standard",
+        _str(("standard", "stringent")),
+        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants.md)",
+    ),
+    Key(
+        "pilot-strategy",
+        "all",
+        _spec(_check_pilot_strategy),
         "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
-        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)"),
-    Key("pilot-normalisation", "none", _str(("none", "parseval")),
-        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)"),
-    Key("map-refit", "epoch", _str(("epoch", "step")),
+        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)",
+    ),
+    Key(
+        "pilot-normalisation",
+        "none",
+        _str(("none", "parseval")),
+        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)",
+    ),
+    Key(
+        "map-refit",
+        "epoch",
+        _str(("epoch", "step")),
         "when a node refits its restriction maps: `epoch` (on all pilots, each local epoch) or `step` (also on each "
-        "step's pilot minibatch, Alg. 1 line 11; docs/stability.md)"),
+        "step's pilot minibatch, Alg. 1 line 11; docs/stability.md)",
+    ),
     # FedProto / FedSAF
-    Key("fedproto-dim", "auto", _dim_or_auto,
-        "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D"),
+    Key(
+        "fedproto-dim",
+        "auto",
+        _dim_or_auto,
+        "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D",
+    ),
     Key("fedproto-lambda", 1.0, _float(0.0), "weight of FedProto's prototype distance"),
-    Key("fedproto-reduction", "mse", _str(("mse", "per_sample")), "`mse` (official code) or `per_sample`"),
-    Key("fedproto-aggregation", "weighted", _str(("weighted", "unweighted")), "prototype aggregation"),
+    Key(
+        "fedproto-reduction",
+        "mse",
+        _str(("mse", "per_sample")),
+        "`mse` (official code) or `per_sample`",
+    ),
+    Key(
+        "fedproto-aggregation",
+        "weighted",
+        _str(("weighted", "unweighted")),
+        "prototype aggregation",
+    ),
     Key("fedproto-missing", "carry", _str(("carry", "drop")), "a class nobody uploaded this round"),
     Key("fedmuscle-lambda", 1.0, _float(0.0), "weight of FedMuscle's contrastive pilot loss"),
-    Key("fedmuscle-task-epochs", 4, _int(0), "FedMuscle cycle: this many task-only local epochs, then one contrastive epoch"),
-    Key("fedmuscle-temperature", 0.1, _float(0.0, lo_open=True), "temperature tau of FedMuscle's contrastive loss"),
-    Key("fedmuscle-dim", "auto", _dim_or_auto,
-        "FedMuscle's common representation dimension: `auto` (smallest stalk dimension), `none` or D"),
+    Key(
+        "fedmuscle-task-epochs",
+        4,
+        _int(0),
+        "FedMuscle cycle: this many task-only local epochs, then one contrastive epoch",
+    ),
+    Key(
+        "fedmuscle-temperature",
+        0.1,
+        _float(0.0, lo_open=True),
+        "temperature tau of FedMuscle's contrastive loss",
+    ),
+    Key(
+        "fedmuscle-dim",
+        "auto",
+        _dim_or_auto,
+        "FedMuscle's common representation dimension: `auto` (smallest stalk dimension), `none` or D",
+    ),
     Key("comfed-lambda", 0.1, _float(0.0), "weight of ComFed's projected-prototype alignment"),
-    Key("comfed-dim", "auto", _dim_or_auto,
-        "ComFed's shared space dimension r: `auto` (smallest stalk dimension: 64 on `paper-15`, d on `two-agent:<d>`) or r"),
+    Key(
+        "comfed-dim",
+        "auto",
+        _dim_or_auto,
+        "ComFed's shared space dimension r: `auto` (smallest stalk dimension: 64 on `paper-15`, d on `two-agent:<d>`) or r",
+    ),
     Key("fedsaf-lambda", 1.0, _float(0.0), "FedSAF prototype-level weight"),
     Key("fedsaf-gamma", 1.0, _float(0.0), "FedSAF instance-level weight"),
-    Key("fedsaf-structure", "", _str(("", "gcsa", "rcsa", "mse", "cosine")),
-        "empty = the method's own (`fedsaf-gcsa`: GCSA, `fedsaf-rcsa`: RCSA); `mse` / `cosine` = coordinate-alignment ablation"),
+    Key(
+        "fedsaf-structure",
+        "",
+        _str(("", "gcsa", "rcsa", "mse", "cosine")),
+        "empty = the method's own (`fedsaf-gcsa`: GCSA, `fedsaf-rcsa`: RCSA); `mse` / `cosine` = coordinate-alignment ablation",
+    ),
     # Sheaf-FMTL
-    Key("sheaf-fmtl-lambda", 0.01, _float(0.0), "weight lambda of Sheaf-FMTL's parameter-space sheaf Laplacian term (docs/baselines.md, s8)"),
-    Key("sheaf-fmtl-gamma", 1e-4, _float(0.0, 1.0, lo_open=True),
-        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; docs/deviations.md)"),
-    Key("sheaf-fmtl-eta", 0.01, _float(0.0), "Sheaf-FMTL personalisation rate eta of the restriction-map step"),
-    Key("sheaf-fmtl-max-gib", 1.0, _float(0.0, lo_open=True),
-        "refuse a run whose largest node's float16 Sheaf-FMTL maps exceed this many GiB (checked before any node is contacted)"),
+    Key(
+        "sheaf-fmtl-lambda",
+        0.01,
+        _float(0.0),
+        "weight lambda of Sheaf-FMTL's parameter-space sheaf Laplacian term (docs/baselines.md, s8)",
+    ),
+    Key(
+        "sheaf-fmtl-gamma",
+        1e-4,
+        _float(0.0, 1.0, lo_open=True),
+        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; docs/deviations.md)",
+    ),
+    Key(
+        "sheaf-fmtl-eta",
+        0.01,
+        _float(0.0),
+        "Sheaf-FMTL personalisation rate eta of the restriction-map step",
+    ),
+    Key(
+        "sheaf-fmtl-max-gib",
+        1.0,
+        _float(0.0, lo_open=True),
+        "refuse a run whose largest node's float16 Sheaf-FMTL maps exceed this many GiB (checked before any node is contacted)",
+    ),
 ]
 
 #: Every run-config key, by name (the single definition of each default).
@@ -443,8 +670,10 @@ def section(*keys: str | Key, prefix: str = "") -> Callable[[type[S]], type[S]]:
             ann[name] = "str | int" if key.endswith("-dim") else type(default).__name__
             setattr(cls, name, field(default=default, metadata={"key": key}))
         # fields from the keys first, then any declared in the class body (sections of RunConfig)
-        cls.__annotations__ = {**{k: v for k, v in ann.items() if k not in cls.__dict__.get("__annotations__", {})},
-                               **cls.__dict__.get("__annotations__", {})}
+        cls.__annotations__ = {
+            **{k: v for k, v in ann.items() if k not in cls.__dict__.get("__annotations__", {})},
+            **cls.__dict__.get("__annotations__", {}),
+        }
         return dataclass(frozen=True)(cls)
 
     return wrap
@@ -510,7 +739,9 @@ class Section:
 
     def to_dict(self) -> dict[str, Any]:
         """``{run-config key: value}`` of this section."""
-        return {f.metadata["key"]: getattr(self, f.name) for f in fields(self) if "key" in f.metadata}
+        return {
+            f.metadata["key"]: getattr(self, f.name) for f in fields(self) if "key" in f.metadata
+        }
 
     def to_record(self) -> ConfigRecord:
         """The ``ConfigRecord`` form (what travels in messages)."""
@@ -728,8 +959,15 @@ class FedSAFConfig(Section):
 #: server rounds of one local epoch), pilots = the whole 10% hold-out. docs/presets.md lists where
 #: the package defaults differ and why.
 PAPER_PRESET: dict[str, Any] = {
-    "lr": 0.01, "momentum": 0.9, "weight-decay": 5e-4, "batch-size": 64, "pilot-batch-size": 64,
-    "clip-norm": 1.0, "local-epochs": 1, "num-server-rounds": 100, "num-pilots": 0,
+    "lr": 0.01,
+    "momentum": 0.9,
+    "weight-decay": 5e-4,
+    "batch-size": 64,
+    "pilot-batch-size": 64,
+    "clip-norm": 1.0,
+    "local-epochs": 1,
+    "num-server-rounds": 100,
+    "num-pilots": 0,
 }
 #: ``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs.
 PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num-server-rounds": 20}
@@ -797,8 +1035,17 @@ class RunConfig(Section):
     max_failed_fraction: float = key_field("max-failed-fraction")
     resume_fresh_nodes: bool = key_field("resume-fresh-nodes")
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("scenario", "federation", "train", "sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed",
-                                          "sheaf_fmtl")
+    SECTIONS: ClassVar[tuple[str, ...]] = (
+        "scenario",
+        "federation",
+        "train",
+        "sheaf",
+        "fedproto",
+        "fedsaf",
+        "fedmuscle",
+        "comfed",
+        "sheaf_fmtl",
+    )
 
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
@@ -819,13 +1066,16 @@ class RunConfig(Section):
             ConfigError: the run config was parsed without (or with another) method section.
         """
         if not isinstance(self.method_section, cls):
-            raise ConfigError(f"method={self.method!r}: expected its {cls.__name__} section, "
-                              f"got {type(self.method_section).__name__}")
+            raise ConfigError(
+                f"method={self.method!r}: expected its {cls.__name__} section, "
+                f"got {type(self.method_section).__name__}"
+            )
         return self.method_section
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any], method_section: type[Section] | None = None
-                        ) -> "RunConfig":
+    def from_run_config(
+        cls, run_config: Mapping[str, Any], method_section: type[Section] | None = None
+    ) -> RunConfig:
         """Parse a Flower run config (``context.run_config``); missing keys take the defaults, then
         ``preset`` (:func:`apply_preset`) replaces keys left at their default.
 
@@ -843,13 +1093,20 @@ class RunConfig(Section):
         unknown = sorted(set(run_config) - known)
         if unknown:
             hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
-            text = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+            text = ", ".join(
+                f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items()
+            )
             raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(known)}")
         run_config = apply_preset(run_config)
         types = {f.name: f.type for f in fields(cls)}
-        sections = {name: globals()[str(types[name])].from_mapping(run_config) for name in cls.SECTIONS}
-        top = {f.name: run_config[f.metadata["key"]] for f in fields(cls)
-               if "key" in f.metadata and f.metadata["key"] in run_config}
+        sections = {
+            name: globals()[str(types[name])].from_mapping(run_config) for name in cls.SECTIONS
+        }
+        top = {
+            f.name: run_config[f.metadata["key"]]
+            for f in fields(cls)
+            if "key" in f.metadata and f.metadata["key"] in run_config
+        }
         own = method_section.from_mapping(run_config) if method_section is not None else None
         return cls(**top, **sections, method_section=own)
 
@@ -870,20 +1127,31 @@ class RunConfig(Section):
         try:
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
         except ValueError as exc:
-            raise ConfigError(f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}") from None
+            raise ConfigError(
+                f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}"
+            ) from None
         part = self.federation.participation
         try:
             p = parse_participation(part, len(specs), self.federation.seed)
         except ValueError as exc:
-            raise ConfigError(f"participation={part!r} on zoo={self.scenario.zoo!r}: {exc}") from None
+            raise ConfigError(
+                f"participation={part!r} on zoo={self.scenario.zoo!r}: {exc}"
+            ) from None
         if p is not None and p.max() == 0.0:  # (the Python API allows it: an evaluation-only run)
-            raise ConfigError(f"participation={part!r}: every node has probability 0, so no node would ever train")
+            raise ConfigError(
+                f"participation={part!r}: every node has probability 0, so no node would ever train"
+            )
         dims = sorted({int(s.d) for s in specs})
-        for key, dim in (("fedproto-dim", self.fedproto.dim), ("fedmuscle-dim", self.fedmuscle.dim),
-                         ("comfed-dim", self.comfed.dim)):
+        for key, dim in (
+            ("fedproto-dim", self.fedproto.dim),
+            ("fedmuscle-dim", self.fedmuscle.dim),
+            ("comfed-dim", self.comfed.dim),
+        ):
             if dim == "none" and len(dims) > 1:
-                raise ConfigError(f"{key}='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
-                                  f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer")
+                raise ConfigError(
+                    f"{key}='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
+                    f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         """Every run-config key with its effective value (what ``results.json`` records)."""
@@ -897,11 +1165,27 @@ class RunConfig(Section):
 #: Run-config keys a resumed run may change (docs/resume.md): they do not enter any result. Every other
 #: key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
-    {"num-server-rounds", "round-timeout", "discovery-timeout", "results-dir", "checkpoint-every", "resume", "resume-from",
-     "node-state-dir", "device", "torch-threads", "overwrite", "max-failed-fraction", "resume-fresh-nodes"})
+    {
+        "num-server-rounds",
+        "round-timeout",
+        "discovery-timeout",
+        "results-dir",
+        "checkpoint-every",
+        "resume",
+        "resume-from",
+        "node-state-dir",
+        "device",
+        "torch-threads",
+        "overwrite",
+        "max-failed-fraction",
+        "resume-fresh-nodes",
+    }
+)
 
 
-def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+def config_differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved value, current value)}`` of the keys outside :data:`RESUME_MUTABLE_KEYS` whose
     effective values differ (:func:`effective_values`: a key missing on one side counts as its default
     there, so an explicit ``seed=0`` equals an absent one; the values named are as given, ``None``
@@ -933,8 +1217,17 @@ def _check_defaults() -> None:
     """Import-time guard: every default passes its own check and every field names a known key."""
     for k in _KEY_LIST:
         k(k.default)
-    for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig, SheafConfig, FedProtoConfig, FedSAFConfig,
-                FedMuscleConfig, ComFedConfig, SheafFMTLConfig):
+    for cls in (
+        ScenarioConfig,
+        FederationConfig,
+        LocalTrainConfig,
+        SheafConfig,
+        FedProtoConfig,
+        FedSAFConfig,
+        FedMuscleConfig,
+        ComFedConfig,
+        SheafFMTLConfig,
+    ):
         for f in fields(cls):
             assert f.metadata["key"] in KEYS and f.default is not MISSING
 

@@ -78,10 +78,13 @@ def resolve_device(spec: str) -> torch.device:
         raise DeviceUnavailableError(
             f"device={text!r}: this machine has no usable CUDA device (torch {torch.__version__}, built for "
             f"CUDA {torch.version.cuda or 'none'}; torch.cuda.is_available() is False); use device=auto or device=cpu "
-            f"(under Flower's Ray simulation engine a ClientApp sees a GPU only with client-resources-num-gpus > 0)")
+            f"(under Flower's Ray simulation engine a ClientApp sees a GPU only with client-resources-num-gpus > 0)"
+        )
     count = torch.cuda.device_count()
     m = _CUDA_INDEX.fullmatch(text)
     if m and int(m.group(1)) >= count:
-        raise DeviceUnavailableError(f"device={text!r}: this machine has {count} visible CUDA device(s) "
-                                     f"(indices 0..{count - 1}; CUDA_VISIBLE_DEVICES may hide others)")
+        raise DeviceUnavailableError(
+            f"device={text!r}: this machine has {count} visible CUDA device(s) "
+            f"(indices 0..{count - 1}; CUDA_VISIBLE_DEVICES may hide others)"
+        )
     return torch.device(text)

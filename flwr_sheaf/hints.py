@@ -14,10 +14,14 @@ __all__ = ["HANDLER_FUNCTIONS", "handler_hint", "pilot_count_error"]
 
 #: message action -> the function of the ``flwr_sheaf`` package that registers its ClientApp handlers.
 HANDLER_FUNCTIONS: dict[str, str] = {
-    "sheaf": "register_sheaf_handlers", "noncooperative": "register_noncooperative_handlers",
-    "fedproto": "register_fedproto_handlers", "fedsaf": "register_fedsaf_handlers",
-    "fedmuscle": "register_fedmuscle_handlers", "comfed": "register_comfed_handlers",
-    "sheaf_fmtl": "register_sheaf_fmtl_handlers", "rfedags": "register_rfedags_handlers",
+    "sheaf": "register_sheaf_handlers",
+    "noncooperative": "register_noncooperative_handlers",
+    "fedproto": "register_fedproto_handlers",
+    "fedsaf": "register_fedsaf_handlers",
+    "fedmuscle": "register_fedmuscle_handlers",
+    "comfed": "register_comfed_handlers",
+    "sheaf_fmtl": "register_sheaf_fmtl_handlers",
+    "rfedags": "register_rfedags_handlers",
 }
 _MISSING = re.compile(r"No (\w+) function registered with name '([^']*)'")
 
@@ -34,10 +38,13 @@ def handler_hint(reason: str | None) -> str:
     fn = f"flwr_sheaf.{fn}" if fn else None
     if action in BASELINES:  # RFedAGS baselines: the action is the method name
         fn = "flwr_sheaf.client.rfedags.register_rfedags_baseline_handlers"
-    call = (f"call {fn}(app, factory) on the ClientApp (or flwr_sheaf.apps.methods.register_all_handlers"
-            f"(app, factory) for every method of the app)" if fn else
-            f"register the method's handlers for '{category}.{action}' on the ClientApp "
-            f"(flwr_sheaf.register_method_handlers(app, factory, ClientMethod(...)) with action '{action}')")
+    call = (
+        f"call {fn}(app, factory) on the ClientApp (or flwr_sheaf.apps.methods.register_all_handlers"
+        f"(app, factory) for every method of the app)"
+        if fn
+        else f"register the method's handlers for '{category}.{action}' on the ClientApp "
+        f"(flwr_sheaf.register_method_handlers(app, factory, ClientMethod(...)) with action '{action}')"
+    )
     return f" [the ClientApp has no '{category}.{action}' handler: {call}]"
 
 
@@ -45,6 +52,8 @@ def pilot_count_error(counts: Mapping[int, int]) -> str:
     """The error text for nodes (``{partition-id: pilot count}``) that report different pilot counts."""
     values = sorted(set(counts.values()))
     each = ", ".join(f"partition-id {p}: {k}" for p, k in sorted(counts.items()))
-    return (f"nodes report different pilot counts {values} ({each}): pilots must be shared, i.e. every node needs "
-            f"the same dataset, seed, shift and num-pilots (check the run config and the data of the nodes whose "
-            f"count differs)")
+    return (
+        f"nodes report different pilot counts {values} ({each}): pilots must be shared, i.e. every node needs "
+        f"the same dataset, seed, shift and num-pilots (check the run config and the data of the nodes whose "
+        f"count differs)"
+    )

@@ -35,7 +35,12 @@ def write_sealed(path: Path, magic: bytes, meta: Mapping[str, Any], data: bytes,
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    head = {"format": fmt, **meta, "payload-bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    head = {
+        "format": fmt,
+        **meta,
+        "payload-bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -49,8 +54,16 @@ def write_sealed(path: Path, magic: bytes, meta: Mapping[str, Any], data: bytes,
     return path
 
 
-def read_sealed(path: Path, magic: bytes, fmt: int, *, payload: bool = True, what: str = "file",
-                error: type[ValueError] = SealedFileError, fix: str = "") -> tuple[dict, bytes | None]:
+def read_sealed(
+    path: Path,
+    magic: bytes,
+    fmt: int,
+    *,
+    payload: bool = True,
+    what: str = "file",
+    error: type[ValueError] = SealedFileError,
+    fix: str = "",
+) -> tuple[dict, bytes | None]:
     """``(metadata, payload or None)`` of a file written by :func:`write_sealed` (checksum verified).
 
     Args:
@@ -73,9 +86,14 @@ def read_sealed(path: Path, magic: bytes, fmt: int, *, payload: bool = True, wha
             got = meta.get("format") if isinstance(meta, dict) else None
             raise error(f"{path}: format {got!r}, this version reads {fmt}{tail}")
         data = fh.read() if payload else None
-    if data is not None and (len(data) != meta.get("payload-bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256")):
-        raise error(f"{path}: payload is truncated or corrupted ({len(data)} bytes, the header says "
-                    f"{meta.get('payload-bytes')}; or the SHA-256 differs from its header){tail}")
+    if data is not None and (
+        len(data) != meta.get("payload-bytes")
+        or hashlib.sha256(data).hexdigest() != meta.get("sha256")
+    ):
+        raise error(
+            f"{path}: payload is truncated or corrupted ({len(data)} bytes, the header says "
+            f"{meta.get('payload-bytes')}; or the SHA-256 differs from its header){tail}"
+        )
     return meta, data
 
 
@@ -83,8 +101,10 @@ def read_sealed(path: Path, magic: bytes, fmt: int, *, payload: bool = True, wha
 #: First line of a server checkpoint (flwr_sheaf.strategy.checkpoint). Files of the old format (a bare
 #: pickle, before the header existed) start with the pickle protocol byte ``0x80`` instead.
 CHECKPOINT_MAGIC = b"flwr-sheaf server checkpoint v1\n"
-_CHECKPOINT_FIX = ("restore the file from a backup, resume from another checkpoint (resume-from), or start the "
-                   "run afresh in a new results-dir (or with overwrite=true)")
+_CHECKPOINT_FIX = (
+    "restore the file from a backup, resume from another checkpoint (resume-from), or start the "
+    "run afresh in a new results-dir (or with overwrite=true)"
+)
 
 
 def write_checkpoint_file(path: Path, data: bytes, fmt: int, server_round: int) -> Path:
@@ -93,7 +113,9 @@ def write_checkpoint_file(path: Path, data: bytes, fmt: int, server_round: int) 
     Raises:
         OSError: the directory cannot be written.
     """
-    return write_sealed(path, CHECKPOINT_MAGIC, {"round": int(server_round), "payload": "pickle"}, data, fmt)
+    return write_sealed(
+        path, CHECKPOINT_MAGIC, {"round": int(server_round), "payload": "pickle"}, data, fmt
+    )
 
 
 def read_checkpoint_file(path: Path, fmt: int) -> dict[str, Any]:
@@ -115,21 +137,39 @@ def read_checkpoint_file(path: Path, fmt: int) -> dict[str, Any]:
         head = fh.read(len(CHECKPOINT_MAGIC))
     if head != CHECKPOINT_MAGIC:
         if not head:
-            raise ConfigError(f"checkpoint {path} is empty (0 bytes: truncated, e.g. a full disk or a killed copy); "
-                              f"{_CHECKPOINT_FIX}")
+            raise ConfigError(
+                f"checkpoint {path} is empty (0 bytes: truncated, e.g. a full disk or a killed copy); "
+                f"{_CHECKPOINT_FIX}"
+            )
         if head[:1] == b"\x80":
-            raise ConfigError(f"checkpoint {path} has the old format (a bare pickle without header and SHA-256, written "
-                              f"before flwr-sheaf checked checkpoint integrity): it cannot be verified, so it is not "
-                              f"resumed; finish that run with the flwr-sheaf version that wrote it, or start afresh in "
-                              f"a new results-dir (or with overwrite=true)")
-        raise ConfigError(f"checkpoint {path} is not a flwr-sheaf server checkpoint (bad header: it was overwritten "
-                          f"by another file); {_CHECKPOINT_FIX}")
+            raise ConfigError(
+                f"checkpoint {path} has the old format (a bare pickle without header and SHA-256, written "
+                f"before flwr-sheaf checked checkpoint integrity): it cannot be verified, so it is not "
+                f"resumed; finish that run with the flwr-sheaf version that wrote it, or start afresh in "
+                f"a new results-dir (or with overwrite=true)"
+            )
+        raise ConfigError(
+            f"checkpoint {path} is not a flwr-sheaf server checkpoint (bad header: it was overwritten "
+            f"by another file); {_CHECKPOINT_FIX}"
+        )
     try:
-        meta, data = read_sealed(path, CHECKPOINT_MAGIC, fmt, what="flwr-sheaf server checkpoint",
-                                 error=ConfigError, fix=_CHECKPOINT_FIX)
+        meta, data = read_sealed(
+            path,
+            CHECKPOINT_MAGIC,
+            fmt,
+            what="flwr-sheaf server checkpoint",
+            error=ConfigError,
+            fix=_CHECKPOINT_FIX,
+        )
     except ConfigError as exc:
         raise ConfigError(f"checkpoint {exc}") from None
     ckpt = pickle.loads(data)  # noqa: S301 - verified against its own SHA-256; the run's own file
-    if not isinstance(ckpt, dict) or ckpt.get("format") != fmt or ckpt.get("round") != meta.get("round"):
-        raise ConfigError(f"checkpoint {path} is not a flwr-sheaf checkpoint of format {fmt}; {_CHECKPOINT_FIX}")
+    if (
+        not isinstance(ckpt, dict)
+        or ckpt.get("format") != fmt
+        or ckpt.get("round") != meta.get("round")
+    ):
+        raise ConfigError(
+            f"checkpoint {path} is not a flwr-sheaf checkpoint of format {fmt}; {_CHECKPOINT_FIX}"
+        )
     return ckpt

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AgentSpec", "PAPER_ZOO_15", "PAPER_CLASS_SETS_15", "NUM_CLASSES", "two_agent_bottleneck"]
+__all__ = [
+    "AgentSpec",
+    "PAPER_ZOO_15",
+    "PAPER_CLASS_SETS_15",
+    "NUM_CLASSES",
+    "two_agent_bottleneck",
+]
 
 NUM_CLASSES = 10
 

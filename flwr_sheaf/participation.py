@@ -29,8 +29,13 @@ import numpy as np
 
 from .rfedags.participation import bernoulli_participation, check_probabilities
 
-__all__ = ["check_participation_spec", "parse_participation", "ParticipationSampler", "TRAIN_STREAM",
-           "EVALUATE_STREAM"]
+__all__ = [
+    "check_participation_spec",
+    "parse_participation",
+    "ParticipationSampler",
+    "TRAIN_STREAM",
+    "EVALUATE_STREAM",
+]
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -38,7 +43,9 @@ def _range(text: str) -> tuple[float, float]:
     try:
         a, b = (float(x) for x in raw.split("-"))
     except ValueError:
-        raise ValueError(f"participation spec {text!r}: expected 'uniform:<a>-<b>' with numbers") from None
+        raise ValueError(
+            f"participation spec {text!r}: expected 'uniform:<a>-<b>' with numbers"
+        ) from None
     if not 0.0 <= a <= b <= 1.0:
         raise ValueError(f"participation spec {text!r}: need 0 <= a <= b <= 1")
     return a, b
@@ -48,13 +55,17 @@ def _values(text: str) -> list[float]:
     items = text.split(",")
     empty = [i for i, v in enumerate(items) if not v.strip()]
     if empty and len(items) > 1:
-        raise ValueError(f"participation spec {text!r}: entry {empty[0]} (0-based, partition-id {empty[0]}) is empty; "
-                         f"give one probability per partition-id, e.g. '0.9,0.5,0.2'")
+        raise ValueError(
+            f"participation spec {text!r}: entry {empty[0]} (0-based, partition-id {empty[0]}) is empty; "
+            f"give one probability per partition-id, e.g. '0.9,0.5,0.2'"
+        )
     try:
         vals = [float(v) for v in items]
     except ValueError:
-        raise ValueError(f"participation spec {text!r} is neither a number, a comma-separated list, "
-                         f"'uniform:<a>-<b>' nor 'uniform[:<seed>]'") from None
+        raise ValueError(
+            f"participation spec {text!r} is neither a number, a comma-separated list, "
+            f"'uniform:<a>-<b>' nor 'uniform[:<seed>]'"
+        ) from None
     check_probabilities(vals, "participation")
     return vals
 
@@ -73,13 +84,18 @@ def check_participation_spec(spec: str) -> None:
     elif text == "uniform" or text.startswith("uniform:"):
         _, sep, seed = text.partition(":")
         if sep and not re.fullmatch(r"[0-9]+", seed):
-            raise ValueError(f"participation spec {text!r}: 'uniform:<seed>' needs a non-negative integer seed")
+            raise ValueError(
+                f"participation spec {text!r}: 'uniform:<seed>' needs a non-negative integer seed"
+            )
     else:
         _values(text)
 
 
-def parse_participation(spec: str | float | Sequence[float] | np.ndarray | Mapping[int, float] | None, num_nodes: int,
-                        seed: int = 0) -> np.ndarray | None:
+def parse_participation(
+    spec: str | float | Sequence[float] | np.ndarray | Mapping[int, float] | None,
+    num_nodes: int,
+    seed: int = 0,
+) -> np.ndarray | None:
     """Per-node participation probabilities from a spec.
 
     Forms: ``""`` / None (no Bernoulli: use the fraction); a number ``"0.3"`` (every node); a comma
@@ -103,13 +119,19 @@ def parse_participation(spec: str | float | Sequence[float] | np.ndarray | Mappi
             raise ValueError(f"participation has no probability for partition-id(s) {missing}")
         outside = sorted({int(k) for k in spec} - set(range(num_nodes)))
         if outside:
-            raise ValueError(f"participation names partition-id(s) {outside} outside [0, {num_nodes}) (N={num_nodes} "
-                             f"nodes); give one probability per partition-id 0..{num_nodes - 1}")
-        return check_probabilities([spec[k] for k in sorted(spec, key=int)][:num_nodes], "participation")
+            raise ValueError(
+                f"participation names partition-id(s) {outside} outside [0, {num_nodes}) (N={num_nodes} "
+                f"nodes); give one probability per partition-id 0..{num_nodes - 1}"
+            )
+        return check_probabilities(
+            [spec[k] for k in sorted(spec, key=int)][:num_nodes], "participation"
+        )
     if not isinstance(spec, (str, int, float)):
         vals = list(spec)
         if len(vals) != num_nodes:
-            raise ValueError(f"participation has {len(vals)} entries, expected num_nodes={num_nodes}")
+            raise ValueError(
+                f"participation has {len(vals)} entries, expected num_nodes={num_nodes}"
+            )
         return check_probabilities(vals, "participation")
     text = str(spec).strip()
     if not text:
@@ -127,7 +149,9 @@ def parse_participation(spec: str | float | Sequence[float] | np.ndarray | Mappi
     if len(vals) == 1:
         vals = vals * num_nodes
     if len(vals) != num_nodes:
-        raise ValueError(f"participation spec {text!r} has {len(vals)} values, expected {num_nodes}")
+        raise ValueError(
+            f"participation spec {text!r} has {len(vals)} values, expected {num_nodes}"
+        )
     return check_probabilities(vals, "participation")
 
 
@@ -154,8 +178,16 @@ class ParticipationSampler:
             probabilities with a stream other than 0.
     """
 
-    def __init__(self, num_nodes: int, fraction: float = 1.0, probabilities: Sequence[float] | np.ndarray | None = None,
-                 seed: int = 0, *, stream: int = TRAIN_STREAM, key: str = "fraction-train") -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        fraction: float = 1.0,
+        probabilities: Sequence[float] | np.ndarray | None = None,
+        seed: int = 0,
+        *,
+        stream: int = TRAIN_STREAM,
+        key: str = "fraction-train",
+    ) -> None:
         if int(num_nodes) != num_nodes or num_nodes < 1:
             raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
         if not 0.0 < float(fraction) <= 1.0:
@@ -172,22 +204,35 @@ class ParticipationSampler:
         if probabilities is not None:
             p = check_probabilities(probabilities, "participation")
             if p.size != self.num_nodes:
-                raise ValueError(f"participation has {p.size} entries, expected num_nodes={self.num_nodes}")
+                raise ValueError(
+                    f"participation has {p.size} entries, expected num_nodes={self.num_nodes}"
+                )
             self.probabilities = p
 
     @classmethod
-    def from_spec(cls, num_nodes: int, fraction_train: float, participation: str, seed: int) -> "ParticipationSampler":
+    def from_spec(
+        cls, num_nodes: int, fraction_train: float, participation: str, seed: int
+    ) -> ParticipationSampler:
         """Sampler from the run-config values ``fraction-train`` and ``participation`` (see the module docstring)."""
-        return cls(num_nodes, fraction_train, parse_participation(participation, num_nodes, seed), seed)
+        return cls(
+            num_nodes, fraction_train, parse_participation(participation, num_nodes, seed), seed
+        )
 
     def uniforms(self, server_round: int) -> np.ndarray:
         """``(N,)`` float64 uniforms ``u_i(seed, server_round)`` of this sampler's stream, shared by both modes."""
-        return np.random.default_rng([self.seed, self.stream, int(server_round)]).random(self.num_nodes)
+        return np.random.default_rng([self.seed, self.stream, int(server_round)]).random(
+            self.num_nodes
+        )
 
     def sample(self, server_round: int) -> list[int]:
         """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli; docs/participation.md, s1)."""
         if self.probabilities is not None:
-            return [int(i) for i in np.flatnonzero(bernoulli_participation(self.probabilities, server_round, self.seed))]
+            return [
+                int(i)
+                for i in np.flatnonzero(
+                    bernoulli_participation(self.probabilities, server_round, self.seed)
+                )
+            ]
         n = max(1, int(self.num_nodes * self.fraction))
         if n >= self.num_nodes:
             return list(range(self.num_nodes))
@@ -196,5 +241,9 @@ class ParticipationSampler:
     def describe(self) -> dict:
         """Mode and parameters (for ``results.json``)."""
         if self.probabilities is not None:
-            return {"mode": "bernoulli", "seed": self.seed, "probabilities": [float(p) for p in self.probabilities]}
+            return {
+                "mode": "bernoulli",
+                "seed": self.seed,
+                "probabilities": [float(p) for p in self.probabilities],
+            }
         return {"mode": "fraction", "seed": self.seed, "fraction": self.fraction}

@@ -56,12 +56,16 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{key}={str(path)!r}: {probe} is a file, not a directory, so {p} cannot be created; {fix}")
+        raise ConfigError(
+            f"{key}={str(path)!r}: {probe} is a file, not a directory, so {p} cannot be created; {fix}"
+        )
     if create:
         try:
             p.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"{key}={str(path)!r}: cannot create {p} ({exc.strerror or exc}); {fix}") from None
+            raise ConfigError(
+                f"{key}={str(path)!r}: cannot create {p} ({exc.strerror or exc}); {fix}"
+            ) from None
         probe = p
     try:  # os.access is wrong for root and some file systems: really write a file
         fd, tmp = tempfile.mkstemp(prefix=".flwr-sheaf-probe-", dir=probe)
@@ -69,7 +73,9 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
         os.unlink(tmp)
     except OSError as exc:
         where = "" if probe == p else f" (its nearest existing parent {probe})"
-        raise ConfigError(f"{key}={str(path)!r}: {probe}{where} is not writable ({exc.strerror or exc}); {fix}") from None
+        raise ConfigError(
+            f"{key}={str(path)!r}: {probe}{where} is not writable ({exc.strerror or exc}); {fix}"
+        ) from None
     return p
 
 
@@ -104,12 +110,20 @@ class RunLock:
         except FileExistsError:
             return False
         with os.fdopen(fd, "w") as fh:
-            json.dump({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
-                       "started": time.strftime("%Y-%m-%d %H:%M:%S"), "token": self.token}, fh)
+            json.dump(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "time": time.time(),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "token": self.token,
+                },
+                fh,
+            )
         self.held = True
         return True
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Create the lock file, taking over a stale one of a dead process on this host (warning)."""
         if self._create():
             return self
@@ -117,20 +131,31 @@ class RunLock:
             info = json.loads(self.path.read_text())
             pid, host = int(info["pid"]), str(info["host"])
         except (OSError, ValueError, KeyError, TypeError):
-            raise ConfigError(f"results-dir lock {self.path} exists but is unreadable: another run may be writing this "
-                              f"results-dir; if none is, remove {self.path}") from None
+            raise ConfigError(
+                f"results-dir lock {self.path} exists but is unreadable: another run may be writing this "
+                f"results-dir; if none is, remove {self.path}"
+            ) from None
         started = info.get("started", "?")
         if host == socket.gethostname() and not _pid_alive(pid):
-            log.warning("taking over the stale lock %s of process %d (host %s, started %s), which no longer runs",
-                        self.path, pid, host, started)
+            log.warning(
+                "taking over the stale lock %s of process %d (host %s, started %s), which no longer runs",
+                self.path,
+                pid,
+                host,
+                started,
+            )
             self.path.unlink(missing_ok=True)
             if self._create():
                 return self
-            raise ConfigError(f"results-dir {self.path.parent}: another run took the lock {self.path} first")
+            raise ConfigError(
+                f"results-dir {self.path.parent}: another run took the lock {self.path} first"
+            )
         where = "this host" if host == socket.gethostname() else f"host {host}"
-        raise ConfigError(f"results-dir {self.path.parent} is in use by another run: process {pid} on {where} holds "
-                          f"{self.path} (since {started}); wait for it to end or use another results-dir (remove "
-                          f"the lock file only if that process is not a flwr-sheaf run)")
+        raise ConfigError(
+            f"results-dir {self.path.parent} is in use by another run: process {pid} on {where} holds "
+            f"{self.path} (since {started}); wait for it to end or use another results-dir (remove "
+            f"the lock file only if that process is not a flwr-sheaf run)"
+        )
 
     def release(self) -> None:
         """Remove the lock file if this run still holds it."""
@@ -143,7 +168,7 @@ class RunLock:
         except (OSError, ValueError, AttributeError):
             pass
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -172,7 +197,8 @@ def preflight(config: RunConfig) -> RunLock:
                 raise ConfigError(
                     f"results-dir={config.results_dir!r}: {out} already holds another run's results "
                     f"({', '.join(p.name for p in old)}); a fresh run would replace them. Use another results-dir, "
-                    f"resume=true to continue that run, or overwrite=true to replace them")
+                    f"resume=true to continue that run, or overwrite=true to replace them"
+                )
             for p in old + [out / "accuracy.png"]:
                 if p.exists():
                     log.warning("overwrite=true: removing %s of an earlier run", p)

@@ -53,23 +53,103 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 
 __all__ = [
-    "QUERY", "TRAIN", "EVALUATE", "message_type", "comm_action",
-    "CONFIG", "INFO", "METRICS", "PILOTS", "ARRAYS", "UPLOAD", "GLOBAL_PROTOTYPES", "STREAM_RECORD", "MUSCLE_TARGETS", "COMFED_TARGETS", "COMFED_ROUTED",
-    "SHEAF_FMTL_PROJECTIONS", "SHEAF_FMTL_NEIGHBOURS", "SHEAF_FMTL_DIMS", "SHEAF_FMTL_NUM_PARAMS",
-    "PILOT_REPS", "TARGET_OTHERS", "TARGET_ALL",
-    "SERVER_ROUND", "SEED", "TORCH_THREADS", "DEVICE", "WHITENING_FIT", "WHITENING_FITS", "NUM_CLASSES", "FEATURE_DIM",
-    "LOCAL_STEPS", "STEP_SIZE", "MINIBATCH_SIZE", "POINT", "STREAM", "OWN_PILOTS", "NUM_EXAMPLES",
-    "PHASE", "PHASE_GRADIENT", "PHASE_LOCAL", "ENDPOINT", "FULL_GRADIENT", "CORRECTION", "MEAN_GRADIENT",
-    "EVAL_ARRAYS", "STALK_DIM", "PRIVATE_ACCURACY", "VAL_PRIVATE_ACCURACY", "NUM_TEST", "LOW_VARIANCE_FRACTION",
-    "COMM_SRC", "COMM_ACCURACY", "VAL_COMM_ACCURACY", "PILOT_READING", "PILOT_READING_ARRAYS",
-    "COMM_ACCURACY_PILOT_WHITENING", "VAL_COMM_ACCURACY_PILOT_WHITENING",
-    "NodeInfo", "EdgeConfig", "pack_arrays", "pack_neighbour_pilots", "unpack_neighbour_pilots",
-    "route_evaluation", "unpack_routed", "pack_prototypes", "unpack_prototypes", "ProtocolError",
-    "pack_evaluation", "reply_problem", "pilot_digest", "EVAL_REPLY", "COMM_REPLY", "TRAIN_REPLY",
-    "TRANSPORTED", "EVAL_TRANSPORTED", "SVDS", "STRINGENT_EVAL_ARRAYS", "STRINGENT_EVAL_LABELS",
-    "PILOT_SELECTION", "PILOT_INDICES", "PILOT_GROUPS", "PILOT_INDEX_DIGEST", "PILOT_DESCRIBE", "PILOT_PUBLIC",
-    "PILOT_LABELS", "PILOT_FEATURES", "index_digest", "pack_pilot_selection", "unpack_pilot_selection",
-    "array_record", "config_record", "metric_record", "as_array", "as_int", "as_float", "as_str",
+    "QUERY",
+    "TRAIN",
+    "EVALUATE",
+    "message_type",
+    "comm_action",
+    "CONFIG",
+    "INFO",
+    "METRICS",
+    "PILOTS",
+    "ARRAYS",
+    "UPLOAD",
+    "GLOBAL_PROTOTYPES",
+    "STREAM_RECORD",
+    "MUSCLE_TARGETS",
+    "COMFED_TARGETS",
+    "COMFED_ROUTED",
+    "SHEAF_FMTL_PROJECTIONS",
+    "SHEAF_FMTL_NEIGHBOURS",
+    "SHEAF_FMTL_DIMS",
+    "SHEAF_FMTL_NUM_PARAMS",
+    "PILOT_REPS",
+    "TARGET_OTHERS",
+    "TARGET_ALL",
+    "SERVER_ROUND",
+    "SEED",
+    "TORCH_THREADS",
+    "DEVICE",
+    "WHITENING_FIT",
+    "WHITENING_FITS",
+    "NUM_CLASSES",
+    "FEATURE_DIM",
+    "LOCAL_STEPS",
+    "STEP_SIZE",
+    "MINIBATCH_SIZE",
+    "POINT",
+    "STREAM",
+    "OWN_PILOTS",
+    "NUM_EXAMPLES",
+    "PHASE",
+    "PHASE_GRADIENT",
+    "PHASE_LOCAL",
+    "ENDPOINT",
+    "FULL_GRADIENT",
+    "CORRECTION",
+    "MEAN_GRADIENT",
+    "EVAL_ARRAYS",
+    "STALK_DIM",
+    "PRIVATE_ACCURACY",
+    "VAL_PRIVATE_ACCURACY",
+    "NUM_TEST",
+    "LOW_VARIANCE_FRACTION",
+    "COMM_SRC",
+    "COMM_ACCURACY",
+    "VAL_COMM_ACCURACY",
+    "PILOT_READING",
+    "PILOT_READING_ARRAYS",
+    "COMM_ACCURACY_PILOT_WHITENING",
+    "VAL_COMM_ACCURACY_PILOT_WHITENING",
+    "NodeInfo",
+    "EdgeConfig",
+    "pack_arrays",
+    "pack_neighbour_pilots",
+    "unpack_neighbour_pilots",
+    "route_evaluation",
+    "unpack_routed",
+    "pack_prototypes",
+    "unpack_prototypes",
+    "ProtocolError",
+    "pack_evaluation",
+    "reply_problem",
+    "pilot_digest",
+    "EVAL_REPLY",
+    "COMM_REPLY",
+    "TRAIN_REPLY",
+    "TRANSPORTED",
+    "EVAL_TRANSPORTED",
+    "SVDS",
+    "STRINGENT_EVAL_ARRAYS",
+    "STRINGENT_EVAL_LABELS",
+    "PILOT_SELECTION",
+    "PILOT_INDICES",
+    "PILOT_GROUPS",
+    "PILOT_INDEX_DIGEST",
+    "PILOT_DESCRIBE",
+    "PILOT_PUBLIC",
+    "PILOT_LABELS",
+    "PILOT_FEATURES",
+    "index_digest",
+    "pack_pilot_selection",
+    "unpack_pilot_selection",
+    "array_record",
+    "config_record",
+    "metric_record",
+    "as_array",
+    "as_int",
+    "as_float",
+    "as_str",
 ]
 
 
@@ -292,21 +372,35 @@ class NodeInfo:
 
     def to_record(self) -> MetricRecord:
         """``MetricRecord`` form of the reply."""
-        return MetricRecord({"partition-id": self.partition_id, "num-partitions": self.num_partitions, "d": self.d,
-                             "classes": [int(c) for c in self.classes], "num-pilots": self.num_pilots,
-                             NUM_EXAMPLES: self.num_examples, "pilot-digest": self.pilot_digest})
+        return MetricRecord(
+            {
+                "partition-id": self.partition_id,
+                "num-partitions": self.num_partitions,
+                "d": self.d,
+                "classes": [int(c) for c in self.classes],
+                "num-pilots": self.num_pilots,
+                NUM_EXAMPLES: self.num_examples,
+                "pilot-digest": self.pilot_digest,
+            }
+        )
 
     @classmethod
-    def from_record(cls, rec: Mapping) -> "NodeInfo":
+    def from_record(cls, rec: Mapping) -> NodeInfo:
         """Inverse of :meth:`to_record`.
 
         Raises:
             ProtocolError: a missing key (named).
         """
         try:
-            return cls(int(rec["partition-id"]), int(rec["num-partitions"]), int(rec["d"]),
-                       tuple(int(c) for c in rec["classes"]), int(rec["num-pilots"]), int(rec[NUM_EXAMPLES]),
-                       int(rec["pilot-digest"]) if "pilot-digest" in rec else 0)
+            return cls(
+                int(rec["partition-id"]),
+                int(rec["num-partitions"]),
+                int(rec["d"]),
+                tuple(int(c) for c in rec["classes"]),
+                int(rec["num-pilots"]),
+                int(rec[NUM_EXAMPLES]),
+                int(rec["pilot-digest"]) if "pilot-digest" in rec else 0,
+            )
         except KeyError as exc:
             raise ProtocolError(f"discovery reply lacks key {exc.args[0]!r}") from None
 
@@ -346,24 +440,34 @@ class EdgeConfig:
 
     def __post_init__(self) -> None:
         n = len(self.neighbours)
-        if len(self.dims) != n or len(self.heads) != n or (self.weights is not None and len(self.weights) != n):
-            raise ProtocolError(f"malformed edge config: {n} neighbours, {len(self.dims)} dims, {len(self.heads)} "
-                                f"roles, {None if self.weights is None else len(self.weights)} weights")
+        if (
+            len(self.dims) != n
+            or len(self.heads) != n
+            or (self.weights is not None and len(self.weights) != n)
+        ):
+            raise ProtocolError(
+                f"malformed edge config: {n} neighbours, {len(self.dims)} dims, {len(self.heads)} "
+                f"roles, {None if self.weights is None else len(self.weights)} weights"
+            )
         for j, w in zip(self.neighbours, self.weights or ()):
             if not (np.isfinite(w) and w >= 0.0):
-                raise ProtocolError(f"edge weight of neighbour partition-id {j} must be finite and >= 0, got {w}")
+                raise ProtocolError(
+                    f"edge weight of neighbour partition-id {j} must be finite and >= 0, got {w}"
+                )
 
     def to_config(self) -> dict:
         """Config-record entries (lists of int/float)."""
         out: dict[str, list[int] | list[float]] = {
-            "neighbours": [int(j) for j in self.neighbours], "neighbour-dims": [int(d) for d in self.dims],
-            "i-is-head": [int(h) for h in self.heads]}
+            "neighbours": [int(j) for j in self.neighbours],
+            "neighbour-dims": [int(d) for d in self.dims],
+            "i-is-head": [int(h) for h in self.heads],
+        }
         if self.weights is not None:
             out["edge-weights"] = [float(w) for w in self.weights]
         return out
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> "EdgeConfig":
+    def from_config(cls, cfg: Mapping) -> EdgeConfig:
         """Inverse of :meth:`to_config`.
 
         Raises:
@@ -373,15 +477,23 @@ class EdgeConfig:
         if missing:
             raise ProtocolError(f"edge config lacks {missing}")
         w = cfg["edge-weights"] if "edge-weights" in cfg else None
-        return cls(tuple(int(j) for j in cfg["neighbours"]), tuple(int(d) for d in cfg["neighbour-dims"]),
-                   tuple(bool(int(h)) for h in cfg["i-is-head"]), None if w is None else tuple(float(x) for x in w))
+        return cls(
+            tuple(int(j) for j in cfg["neighbours"]),
+            tuple(int(d) for d in cfg["neighbour-dims"]),
+            tuple(bool(int(h)) for h in cfg["i-is-head"]),
+            None if w is None else tuple(float(x) for x in w),
+        )
 
-    def keep(self, present: Iterable[int]) -> "EdgeConfig":
+    def keep(self, present: Iterable[int]) -> EdgeConfig:
         """The edges to neighbours in ``present`` only."""
         idx = [i for i, j in enumerate(self.neighbours) if j in set(present)]
         pick = lambda xs: tuple(xs[i] for i in idx)  # noqa: E731
-        return EdgeConfig(pick(self.neighbours), pick(self.dims), pick(self.heads),
-                          None if self.weights is None else pick(self.weights))
+        return EdgeConfig(
+            pick(self.neighbours),
+            pick(self.dims),
+            pick(self.heads),
+            None if self.weights is None else pick(self.weights),
+        )
 
 
 # ------------------------------------------------------------------------------ pilots
@@ -403,13 +515,22 @@ def reply_problem(content: Mapping, required: Mapping[str, Iterable[str]]) -> st
 #: What a train reply of a graph method must hold.
 TRAIN_REPLY = {METRICS: (NUM_EXAMPLES,)}
 #: What a phase-1 evaluation reply must hold.
-EVAL_REPLY = {ARRAYS: EVAL_ARRAYS, METRICS: (STALK_DIM, PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY, LOW_VARIANCE_FRACTION)}
+EVAL_REPLY = {
+    ARRAYS: EVAL_ARRAYS,
+    METRICS: (STALK_DIM, PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY, LOW_VARIANCE_FRACTION),
+}
 #: What a phase-2 (communication accuracy) reply must hold.
 COMM_REPLY = {METRICS: (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)}
 
 
-def pack_evaluation(pilots: np.ndarray, test_latents: np.ndarray, test_labels: np.ndarray, val_latents: np.ndarray,
-                    val_labels: np.ndarray, extra: Mapping[str, np.ndarray] | None = None) -> ArrayRecord:
+def pack_evaluation(
+    pilots: np.ndarray,
+    test_latents: np.ndarray,
+    test_labels: np.ndarray,
+    val_latents: np.ndarray,
+    val_labels: np.ndarray,
+    extra: Mapping[str, np.ndarray] | None = None,
+) -> ArrayRecord:
     """A node's phase-1 evaluation arrays (names of :data:`EVAL_ARRAYS`, plus a method's ``extra``).
 
     Args:
@@ -441,18 +562,23 @@ def unpack_neighbour_pilots(rec: ArrayRecord) -> dict[int, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------ evaluation routing
-def route_evaluation(phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int],
-                     names: Sequence[str] = EVAL_ARRAYS) -> ArrayRecord:
+def route_evaluation(
+    phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int], names: Sequence[str] = EVAL_ARRAYS
+) -> ArrayRecord:
     """Phase-2 payload of one receiver: each neighbour j's arrays ``names`` keyed ``"<j>/<name>"``.
 
     Raises:
         KeyError: a neighbour without phase-1 arrays (callers route only answering neighbours,
             whose replies passed :data:`EVAL_REPLY`).
     """
-    return pack_arrays({f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in names})
+    return pack_arrays(
+        {f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in names}
+    )
 
 
-def unpack_routed(rec: ArrayRecord, j: int, names: Sequence[str] = EVAL_ARRAYS) -> dict[str, np.ndarray]:
+def unpack_routed(
+    rec: ArrayRecord, j: int, names: Sequence[str] = EVAL_ARRAYS
+) -> dict[str, np.ndarray]:
     """Neighbour j's arrays ``names`` from a :func:`route_evaluation` record.
 
     Raises:
@@ -468,8 +594,9 @@ def unpack_routed(rec: ArrayRecord, j: int, names: Sequence[str] = EVAL_ARRAYS) 
 
 
 # ------------------------------------------------------------------------------ prototypes
-def pack_prototypes(protos: Mapping[int, np.ndarray], counts: Mapping[int, int] | None = None,
-                    dim: int = 0) -> ArrayRecord:
+def pack_prototypes(
+    protos: Mapping[int, np.ndarray], counts: Mapping[int, int] | None = None, dim: int = 0
+) -> ArrayRecord:
     """Prototypes ``{class: (D,)}`` -> arrays ``classes (n,)`` int64, ``prototypes (n, D)`` float32
     [, ``counts (n,)`` int64]; ``dim`` gives D for an empty dict.
 
@@ -487,7 +614,9 @@ def pack_prototypes(protos: Mapping[int, np.ndarray], counts: Mapping[int, int] 
     return pack_arrays(out)
 
 
-def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarray], dict[int, int] | None]:
+def unpack_prototypes(
+    rec: ArrayRecord, where: str
+) -> tuple[dict[int, np.ndarray], dict[int, int] | None]:
     """Inverse of :func:`pack_prototypes` (keys are Python ints: class ids never become numpy scalars).
 
     Only the layout (ranks, lengths, integral unique class ids) and the counts (integers >= 1: they
@@ -504,16 +633,24 @@ def unpack_prototypes(rec: ArrayRecord, where: str) -> tuple[dict[int, np.ndarra
     protos = rec["prototypes"].numpy()
     counts = rec["counts"].numpy() if "counts" in rec else None
     if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
-        raise ProtocolError(f"{where}: class ids must be a 1-D integer array, got {classes.dtype} {classes.shape}")
+        raise ProtocolError(
+            f"{where}: class ids must be a 1-D integer array, got {classes.dtype} {classes.shape}"
+        )
     if protos.ndim != 2 or protos.shape[0] != classes.shape[0]:
-        raise ProtocolError(f"{where}: prototypes have shape {protos.shape}, expected ({classes.shape[0]}, D)")
+        raise ProtocolError(
+            f"{where}: prototypes have shape {protos.shape}, expected ({classes.shape[0]}, D)"
+        )
     if counts is not None and counts.shape != classes.shape:
         raise ProtocolError(f"{where}: counts have shape {counts.shape}, expected {classes.shape}")
     if counts is not None and not np.issubdtype(counts.dtype, np.integer):
-        raise ProtocolError(f"{where}: counts must be integers, got dtype {counts.dtype} ({counts.tolist()[:10]})")
+        raise ProtocolError(
+            f"{where}: counts must be integers, got dtype {counts.dtype} ({counts.tolist()[:10]})"
+        )
     if counts is not None and counts.size and counts.min() < 1:
         bad = {int(c): int(n) for c, n in zip(classes.tolist(), counts.tolist()) if n < 1}
-        raise ProtocolError(f"{where}: counts must be >= 1 (a prototype averages at least one sample), got {bad}")
+        raise ProtocolError(
+            f"{where}: counts must be >= 1 (a prototype averages at least one sample), got {bad}"
+        )
     ids = [int(c) for c in classes.tolist()]
     if len(set(ids)) != len(ids):
         raise ProtocolError(f"{where}: class ids {ids} repeat")
@@ -549,7 +686,14 @@ def index_digest(indices: np.ndarray, groups: np.ndarray | None = None) -> int:
     import hashlib
 
     h = hashlib.sha256(np.ascontiguousarray(np.asarray(indices, dtype=np.int64)).tobytes())
-    h.update(b"|groups|" + (b"none" if groups is None else np.ascontiguousarray(np.asarray(groups, np.int64)).tobytes()))
+    h.update(
+        b"|groups|"
+        + (
+            b"none"
+            if groups is None
+            else np.ascontiguousarray(np.asarray(groups, np.int64)).tobytes()
+        )
+    )
     return int.from_bytes(h.digest()[:8], "big") >> 1 or 1
 
 
@@ -561,8 +705,9 @@ def pack_pilot_selection(indices: np.ndarray, groups: np.ndarray | None = None) 
     return pack_arrays(out)
 
 
-def unpack_pilot_selection(rec: ArrayRecord, expected_digest: int, num_pilots: int
-                           ) -> tuple[np.ndarray, np.ndarray | None]:
+def unpack_pilot_selection(
+    rec: ArrayRecord, expected_digest: int, num_pilots: int
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Inverse of :func:`pack_pilot_selection`, checked against the digest the config carries.
 
     Args:
@@ -583,19 +728,29 @@ def unpack_pilot_selection(rec: ArrayRecord, expected_digest: int, num_pilots: i
     idx = rec[PILOT_INDICES].numpy()
     grp = rec[PILOT_GROUPS].numpy() if PILOT_GROUPS in rec else None
     if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
-        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_INDICES} must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+        raise ProtocolError(
+            f"{PILOT_SELECTION}/{PILOT_INDICES} must be a 1-D integer array, got {idx.dtype} {idx.shape}"
+        )
     if idx.size and (idx.min() < 0 or idx.max() >= num_pilots):
-        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_INDICES} outside [0, {num_pilots}): [{idx.min()}, {idx.max()}]")
+        raise ProtocolError(
+            f"{PILOT_SELECTION}/{PILOT_INDICES} outside [0, {num_pilots}): [{idx.min()}, {idx.max()}]"
+        )
     if np.unique(idx).size != idx.size:
         raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_INDICES} repeat a pilot")
     if grp is not None and grp.shape != idx.shape:
-        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_GROUPS} has shape {grp.shape}, expected {idx.shape}")
+        raise ProtocolError(
+            f"{PILOT_SELECTION}/{PILOT_GROUPS} has shape {grp.shape}, expected {idx.shape}"
+        )
     got = index_digest(idx, grp)
     if got != int(expected_digest):
-        raise ProtocolError(f"pilot index mismatch: {PILOT_SELECTION}/{PILOT_INDICES} has digest {got} but config "
-                            f"{PILOT_INDEX_DIGEST!r} = {int(expected_digest)} (other pilots, another order or other "
-                            f"groups than the neighbours' matrices were reduced with)")
+        raise ProtocolError(
+            f"pilot index mismatch: {PILOT_SELECTION}/{PILOT_INDICES} has digest {got} but config "
+            f"{PILOT_INDEX_DIGEST!r} = {int(expected_digest)} (other pilots, another order or other "
+            f"groups than the neighbours' matrices were reduced with)"
+        )
     return idx.astype(np.int64), None if grp is None else grp.astype(np.int64)
+
+
 # ------------------------------------------------------------------------------ non-edge transport (multi-hop)
 #: routed array of a non-edge source j in ``evaluate.<action>_comm``: the composed map ``(d_i, d_j)``
 #: (float64) along a shortest path, key ``"<j>/path-map"`` beside j's :data:`EVAL_ARRAYS`.
@@ -608,11 +763,27 @@ VAL_NON_EDGE_ACCURACY = "val-non-edge-communication-accuracy"
 NON_EDGE_DIRECT_ACCURACY = "non-edge-direct-communication-accuracy"
 VAL_NON_EDGE_DIRECT_ACCURACY = "val-non-edge-direct-communication-accuracy"
 #: what a phase-2 reply must hold when non-edge sources were routed to it.
-NON_EDGE_REPLY = {METRICS: (NON_EDGE_SRC, NON_EDGE_ACCURACY, VAL_NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY,
-                            VAL_NON_EDGE_DIRECT_ACCURACY)}
+NON_EDGE_REPLY = {
+    METRICS: (
+        NON_EDGE_SRC,
+        NON_EDGE_ACCURACY,
+        VAL_NON_EDGE_ACCURACY,
+        NON_EDGE_DIRECT_ACCURACY,
+        VAL_NON_EDGE_DIRECT_ACCURACY,
+    )
+}
 
-__all__ += ["PATH_MAP", "NON_EDGE_SRC", "NON_EDGE_ACCURACY", "VAL_NON_EDGE_ACCURACY", "NON_EDGE_DIRECT_ACCURACY",
-            "VAL_NON_EDGE_DIRECT_ACCURACY", "NON_EDGE_REPLY", "NonEdgeConfig", "route_non_edges"]
+__all__ += [
+    "PATH_MAP",
+    "NON_EDGE_SRC",
+    "NON_EDGE_ACCURACY",
+    "VAL_NON_EDGE_ACCURACY",
+    "NON_EDGE_DIRECT_ACCURACY",
+    "VAL_NON_EDGE_DIRECT_ACCURACY",
+    "NON_EDGE_REPLY",
+    "NonEdgeConfig",
+    "route_non_edges",
+]
 
 
 @dataclass(frozen=True)
@@ -642,18 +813,29 @@ class NonEdgeConfig:
     def __post_init__(self) -> None:
         n = len(self.sources)
         if len(self.dims) != n or len(self.heads) != n or len(self.hops) != n:
-            raise ProtocolError(f"malformed non-edge config: {n} sources, {len(self.dims)} dims, {len(self.heads)} "
-                                f"roles, {len(self.hops)} hop counts")
+            raise ProtocolError(
+                f"malformed non-edge config: {n} sources, {len(self.dims)} dims, {len(self.heads)} "
+                f"roles, {len(self.hops)} hop counts"
+            )
 
     def to_config(self) -> dict:
         """Config-record entries (empty when there are no sources: the keys are then left out)."""
         if not self.sources:
             return {}
-        return dict(zip(self.KEYS, ([int(j) for j in self.sources], [int(d) for d in self.dims],
-                                    [int(h) for h in self.heads], [int(h) for h in self.hops])))
+        return dict(
+            zip(
+                self.KEYS,
+                (
+                    [int(j) for j in self.sources],
+                    [int(d) for d in self.dims],
+                    [int(h) for h in self.heads],
+                    [int(h) for h in self.hops],
+                ),
+            )
+        )
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> "NonEdgeConfig":
+    def from_config(cls, cfg: Mapping) -> NonEdgeConfig:
         """Inverse of :meth:`to_config` (no keys = no non-edge sources).
 
         Raises:
@@ -663,13 +845,21 @@ class NonEdgeConfig:
         if not present:
             return cls()
         if len(present) != len(cls.KEYS):
-            raise ProtocolError(f"non-edge config has {present} but lacks {[k for k in cls.KEYS if k not in cfg]}")
+            raise ProtocolError(
+                f"non-edge config has {present} but lacks {[k for k in cls.KEYS if k not in cfg]}"
+            )
         s, d, h, n = (cfg[k] for k in cls.KEYS)
-        return cls(tuple(int(j) for j in s), tuple(int(x) for x in d), tuple(bool(int(x)) for x in h),
-                   tuple(int(x) for x in n))
+        return cls(
+            tuple(int(j) for j in s),
+            tuple(int(x) for x in d),
+            tuple(bool(int(x)) for x in h),
+            tuple(int(x) for x in n),
+        )
 
 
-def route_non_edges(phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.ndarray]) -> dict[str, np.ndarray]:
+def route_non_edges(
+    phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Phase-2 arrays of one receiver's non-edge sources: j's :data:`EVAL_ARRAYS` and the composed map.
 
     Args:

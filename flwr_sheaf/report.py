@@ -31,9 +31,14 @@ def summary_lines(results: dict) -> list[str]:
     cfg = results.get("config", {})
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     method = str(cfg.get("method", "?"))
-    weights = {"sheaf-frl": ("lambda",), "fedproto": ("fedproto-lambda",), "fedmuscle": ("fedmuscle-lambda",),
-               "comfed": ("comfed-lambda",),
-               "fedsaf-gcsa": ("fedsaf-lambda", "fedsaf-gamma"), "fedsaf-rcsa": ("fedsaf-lambda", "fedsaf-gamma")}
+    weights = {
+        "sheaf-frl": ("lambda",),
+        "fedproto": ("fedproto-lambda",),
+        "fedmuscle": ("fedmuscle-lambda",),
+        "comfed": ("comfed-lambda",),
+        "fedsaf-gcsa": ("fedsaf-lambda", "fedsaf-gamma"),
+        "fedsaf-rcsa": ("fedsaf-lambda", "fedsaf-gamma"),
+    }
     weight = " | ".join(f"{k} {cfg.get(k, '?')}" for k in weights.get(method, ()))
     return status + [
         f"method {method}{' | ' + weight if weight else ''} | shift {cfg.get('shift', '?')} | "
@@ -41,18 +46,33 @@ def summary_lines(results: dict) -> list[str]:
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
         f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "
         f"(mean over receivers {fmt(last['communication_accuracy_mean'])})",
-        *([f"communication accuracy with ComFed's learned maps (degree-weighted): "
-           f"{fmt(last['comfed_communication_accuracy_degree_weighted'])}"]
-          if "comfed_communication_accuracy_degree_weighted" in last else []),
-        *([f"non-edges ({last.get('non_edge_pairs_measured')} directed pairs): communication accuracy after "
-           f"multi-hop transport {fmt(last['communication_accuracy_non_edges'])} | direct Procrustes "
-           f"{fmt(last.get('communication_accuracy_non_edges_direct'))}"]
-          if last.get("communication_accuracy_non_edges") is not None else []),
-        *([f"sheaf Laplacian: near-kernel {last['sheaf_near_kernel_dim']} of at most "
-           f"{last.get('sheaf_kernel_dim_bound')} global sections | smallest eigenvalues "
-           f"{', '.join(f'{e:.1e}' for e in last.get('sheaf_laplacian_eigenvalues') or [])} | pilot TV per edge "
-           f"{fmt(last.get('sheaf_tv_mean'))}"]
-          if last.get("sheaf_near_kernel_dim") is not None else []),
+        *(
+            [
+                f"communication accuracy with ComFed's learned maps (degree-weighted): "
+                f"{fmt(last['comfed_communication_accuracy_degree_weighted'])}"
+            ]
+            if "comfed_communication_accuracy_degree_weighted" in last
+            else []
+        ),
+        *(
+            [
+                f"non-edges ({last.get('non_edge_pairs_measured')} directed pairs): communication accuracy after "
+                f"multi-hop transport {fmt(last['communication_accuracy_non_edges'])} | direct Procrustes "
+                f"{fmt(last.get('communication_accuracy_non_edges_direct'))}"
+            ]
+            if last.get("communication_accuracy_non_edges") is not None
+            else []
+        ),
+        *(
+            [
+                f"sheaf Laplacian: near-kernel {last['sheaf_near_kernel_dim']} of at most "
+                f"{last.get('sheaf_kernel_dim_bound')} global sections | smallest eigenvalues "
+                f"{', '.join(f'{e:.1e}' for e in last.get('sheaf_laplacian_eigenvalues') or [])} | pilot TV per edge "
+                f"{fmt(last.get('sheaf_tv_mean'))}"
+            ]
+            if last.get("sheaf_near_kernel_dim") is not None
+            else []
+        ),
         f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
         f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
     ]
@@ -76,9 +96,11 @@ def _global_model_lines(results: dict) -> list[str]:
     if not done:
         return []
     last, cfg = done[-1], results.get("config", {})
-    return [f"method {cfg.get('method', '?')} | problem {cfg.get('rfedags-problem', '?')}",
-            f"final round {last['round']}: optimality gap {last['gap']:.3e} | distance to the optimum "
-            f"{last.get('distance_to_optimum', float('nan')):.3e} | responders {last.get('num_responders', '?')}"]
+    return [
+        f"method {cfg.get('method', '?')} | problem {cfg.get('rfedags-problem', '?')}",
+        f"final round {last['round']}: optimality gap {last['gap']:.3e} | distance to the optimum "
+        f"{last.get('distance_to_optimum', float('nan')):.3e} | responders {last.get('num_responders', '?')}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,14 @@ def _clean(x):
     return x
 
 
-def write_results(results_dir: str | Path, config: Mapping, rounds: Sequence[Mapping], nodes: Mapping[int, Mapping],
-                  edges: Sequence[Mapping], **extra) -> Path:
+def write_results(
+    results_dir: str | Path,
+    config: Mapping,
+    rounds: Sequence[Mapping],
+    nodes: Mapping[int, Mapping],
+    edges: Sequence[Mapping],
+    **extra,
+) -> Path:
     """Write ``results.json`` (+ ``accuracy.png``) under ``results_dir`` and return the JSON path.
 
     Schema: ``config`` (the run config), ``rounds`` (one entry per server round with at least
@@ -50,8 +56,13 @@ def write_results(results_dir: str | Path, config: Mapping, rounds: Sequence[Map
     """
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"config": dict(config), "rounds": list(rounds), "nodes": {str(k): v for k, v in sorted(nodes.items())},
-               "edges": list(edges), **extra}
+    payload = {
+        "config": dict(config),
+        "rounds": list(rounds),
+        "nodes": {str(k): v for k, v in sorted(nodes.items())},
+        "edges": list(edges),
+        **extra,
+    }
     path = out / "results.json"
     path.write_text(json.dumps(_clean(payload), indent=1))
     plot_rounds(rounds, out / "accuracy.png", title=str(config.get("method", "")))
@@ -77,12 +88,16 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
 
     fig, ax = plt.subplots(figsize=(6, 4))
     r = [x["round"] for x in rounds]
-    for key, label in [("private_accuracy_mean", "private (mean)"),
-                       ("communication_accuracy_degree_weighted", "communication (degree-weighted)"),
-                       ("communication_accuracy_mean", "communication (mean over receivers)")]:
+    for key, label in [
+        ("private_accuracy_mean", "private (mean)"),
+        ("communication_accuracy_degree_weighted", "communication (degree-weighted)"),
+        ("communication_accuracy_mean", "communication (mean over receivers)"),
+    ]:
         ys = [x.get(key) for x in rounds]
         if any(y is not None and not (isinstance(y, float) and math.isnan(y)) for y in ys):
-            ax.plot(r, [float("nan") if y is None else y for y in ys], marker="o", ms=3, label=label)
+            ax.plot(
+                r, [float("nan") if y is None else y for y in ys], marker="o", ms=3, label=label
+            )
     ax.set_xlabel("server round")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)

@@ -98,9 +98,17 @@ class LocalGrid(Grid):
         """
         extra = self._extra_node_config
         extra = extra(partition_id) if callable(extra) else extra
-        return Context(run_id=self.run_id, node_id=self.node_ids[partition_id],
-                       node_config={"partition-id": partition_id, "num-partitions": len(self.node_ids), **(extra or {})},
-                       state=RecordDict(), run_config=dict(self.run_config))
+        return Context(
+            run_id=self.run_id,
+            node_id=self.node_ids[partition_id],
+            node_config={
+                "partition-id": partition_id,
+                "num-partitions": len(self.node_ids),
+                **(extra or {}),
+            },
+            state=RecordDict(),
+            run_config=dict(self.run_config),
+        )
 
     def partition_of(self, node_id: int) -> int:
         """Partition-id of a node id (test convenience)."""
@@ -146,7 +154,9 @@ class LocalGrid(Grid):
                 reply = self.app(msg, ctx)
                 self.contexts[dst] = ctx  # commit on success only, as Flower does
             except Exception as exc:  # noqa: BLE001 - emulate the engine's error reply
-                reply = Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=repr(exc)), reply_to=msg)
+                reply = Message(
+                    Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=repr(exc)), reply_to=msg
+                )
             self._replies[mid] = reply
         return ids
 
@@ -167,8 +177,10 @@ class LocalGrid(Grid):
         out = self.pull_messages(ids)
         if len(out) < len(ids):
             if timeout is None:
-                raise RuntimeError(f"{len(ids) - len(out)} message(s) unanswered and send_and_receive has no "
-                                   f"timeout: Flower's grid would wait forever")
+                raise RuntimeError(
+                    f"{len(ids) - len(out)} message(s) unanswered and send_and_receive has no "
+                    f"timeout: Flower's grid would wait forever"
+                )
             self.waits.append(float(timeout))
             time.sleep(min(float(timeout), self.wait_cap))
         return out

@@ -27,8 +27,15 @@ __all__ = [
 ]
 
 #: Accepted ``spec`` forms of :func:`build_graph` (used in error messages).
-GRAPH_SPECS = ("class-overlap", "class-overlap:<density in (0,1]>", "class-overlap-knn:<k>[:<seed>]",
-               "random-regular:<k>[:<seed>]", "ring", "complete", "<edge list, e.g. 0-1,1-2>")
+GRAPH_SPECS = (
+    "class-overlap",
+    "class-overlap:<density in (0,1]>",
+    "class-overlap-knn:<k>[:<seed>]",
+    "random-regular:<k>[:<seed>]",
+    "ring",
+    "complete",
+    "<edge list, e.g. 0-1,1-2>",
+)
 
 _EDGE_LIST_RE = re.compile(r"\s*[0-9]+\s*-\s*[0-9]+\s*(,\s*[0-9]+\s*-\s*[0-9]+\s*)*")
 _EDGE_CHARS_RE = re.compile(r"[0-9\s,-]*-[0-9\s,-]*")
@@ -39,10 +46,14 @@ def _strict_edge_list(spec: str, text: str) -> None:
     """Refuse an edge list with an empty or malformed entry, naming it (``'0-1,,1-2'``, ``'0-1,'``)."""
     for i, token in enumerate(text.split(",")):
         if not token.strip():
-            raise ValueError(f"graph spec {spec!r}: edge {i} (0-based) of the edge list is empty (two commas in a row "
-                             f"or a comma at an end); write edges as 'i-j,k-l'")
+            raise ValueError(
+                f"graph spec {spec!r}: edge {i} (0-based) of the edge list is empty (two commas in a row "
+                f"or a comma at an end); write edges as 'i-j,k-l'"
+            )
         if not re.fullmatch(r"\s*[0-9]+\s*-\s*[0-9]+\s*", token):
-            raise ValueError(f"graph spec {spec!r}: malformed edge {token.strip()!r} (edge {i}); expected 'i-j'")
+            raise ValueError(
+                f"graph spec {spec!r}: malformed edge {token.strip()!r} (edge {i}); expected 'i-j'"
+            )
 
 
 def _density(spec: str, raw: str) -> float:
@@ -91,14 +102,20 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
             graphs are named).
     """
     if isinstance(class_sets, (str, bytes)) or len(class_sets) == 0:
-        raise ValueError(f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}")
+        raise ValueError(
+            f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}"
+        )
     sets = []
     for i, cs in enumerate(class_sets):
         members = set(cs)
         if not members:
             raise ValueError(f"class set of agent {i} is empty")
         sets.append(members)
-    if isinstance(density, bool) or not isinstance(density, numbers.Real) or not 0.0 < density <= 1.0:
+    if (
+        isinstance(density, bool)
+        or not isinstance(density, numbers.Real)
+        or not 0.0 < density <= 1.0
+    ):
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     n = len(sets)
     if n > CLASS_OVERLAP_MAX_NODES:
@@ -106,14 +123,19 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
             f"graph='class-overlap' on N={n} agents: its edge budget grows as density * N (N-1) / 2 "
             f"({math.floor(density * n * (n - 1) / 2 + 1e-9)} edges here) and building it scans all pairs; it is "
             f"refused above N={CLASS_OVERLAP_MAX_NODES}. Use a sparse graph: graph='class-overlap-knn:4' (each agent "
-            f"linked to its 4 best-overlapping peers), graph='random-regular:4' or graph='ring'")
+            f"linked to its 4 best-overlapping peers), graph='random-regular:4' or graph='ring'"
+        )
     num_pairs = n * (n - 1) // 2
     budget = math.floor(density * num_pairs + 1e-9)  # guard float noise, e.g. 0.4 * 105
     if budget < n - 1:
         raise ValueError(
             f"edge budget floor({density} * {num_pairs}) = {budget} is below N - 1 = {n - 1}; "
             f"a connected graph needs a larger density: for {n} agents use graph='ring' or graph='complete'"
-            + (f" (or class-overlap:<density> with density >= {(n - 1) / num_pairs:.3g})" if num_pairs else "")
+            + (
+                f" (or class-overlap:<density> with density >= {(n - 1) / num_pairs:.3g})"
+                if num_pairs
+                else ""
+            )
         )
 
     full = nx.Graph()
@@ -124,7 +146,9 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
 
     graph = nx.Graph()
     graph.add_nodes_from(range(n))
-    graph.add_edges_from(nx.maximum_spanning_tree(full, weight="weight", algorithm="kruskal").edges(data=True))
+    graph.add_edges_from(
+        nx.maximum_spanning_tree(full, weight="weight", algorithm="kruskal").edges(data=True)
+    )
     extra = sorted(
         ((d["weight"], i, j) for i, j, d in full.edges(data=True) if not graph.has_edge(i, j)),
         key=lambda t: (-t[0], min(t[1], t[2]), max(t[1], t[2])),
@@ -137,7 +161,9 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
 def _class_matrix(class_sets: Sequence[Iterable[int]]) -> np.ndarray:
     """``(N, C)`` 0/1 membership matrix of non-empty class sets (C = 1 + largest class id)."""
     if isinstance(class_sets, (str, bytes)) or len(class_sets) == 0:
-        raise ValueError(f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}")
+        raise ValueError(
+            f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}"
+        )
     sets = []
     for i, cs in enumerate(class_sets):
         members = {int(c) for c in cs}
@@ -234,7 +260,9 @@ def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) ->
     if (n * k) % 2:
         raise ValueError(f"random-regular: N * k must be even, got N={n}, k={k}")
     if k == 1 and n > 2:
-        raise ValueError(f"random-regular: k=1 gives a perfect matching, never connected for N={n} > 2")
+        raise ValueError(
+            f"random-regular: k=1 gives a perfect matching, never connected for N={n} > 2"
+        )
     for attempt in range(max_tries):
         graph = nx.random_regular_graph(k, n, seed=int(seed) * 1_000_003 + attempt)
         if nx.is_connected(graph):
@@ -242,7 +270,9 @@ def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) ->
             out.add_nodes_from(range(n))
             out.add_edges_from(sorted(tuple(sorted(e)) for e in graph.edges))
             return out
-    raise ValueError(f"random-regular: no connected {k}-regular graph on {n} nodes in {max_tries} draws; use k >= 3")
+    raise ValueError(
+        f"random-regular: no connected {k}-regular graph on {n} nodes in {max_tries} draws; use k >= 3"
+    )
 
 
 def _degree_and_seed(spec: str, text: str) -> tuple[int, int]:
@@ -250,7 +280,9 @@ def _degree_and_seed(spec: str, text: str) -> tuple[int, int]:
     if not 1 <= len(parts) <= 2:
         raise ValueError(f"graph spec {spec!r}: expected '<name>:<k>' or '<name>:<k>:<seed>'")
     if not all(re.fullmatch(r"[0-9]+", p.strip()) for p in parts):
-        raise ValueError(f"graph spec {spec!r}: degree/seed {parts} are not integers (digits only, >= 0)")
+        raise ValueError(
+            f"graph spec {spec!r}: degree/seed {parts} are not integers (digits only, >= 0)"
+        )
     vals = [int(p.strip()) for p in parts]
     return vals[0], (vals[1] if len(vals) == 2 else 0)
 
@@ -301,7 +333,9 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
     return graph
 
 
-def build_graph(spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] | None = None) -> nx.Graph:
+def build_graph(
+    spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] | None = None
+) -> nx.Graph:
     """Build and validate a topology from a run-config string.
 
     Args:
@@ -387,7 +421,9 @@ def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
             not connected (the components are listed).
     """
     if graph.is_directed() or graph.is_multigraph():
-        raise ValueError(f"topology must be an undirected simple nx.Graph, got {type(graph).__name__}")
+        raise ValueError(
+            f"topology must be an undirected simple nx.Graph, got {type(graph).__name__}"
+        )
     ids = set(partition_ids)
     loops = sorted(u for u, _ in nx.selfloop_edges(graph))
     if loops:
@@ -402,4 +438,6 @@ def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
         raise ValueError("graph has no nodes")
     components = [sorted(c) for c in nx.connected_components(graph)]
     if len(components) > 1:
-        raise ValueError(f"graph is not connected: {len(components)} components {sorted(components)}")
+        raise ValueError(
+            f"graph is not connected: {len(components)} components {sorted(components)}"
+        )

@@ -45,7 +45,6 @@ import argparse
 import datetime
 import ipaddress
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -56,9 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flwr_cli import find_flwr, flwr_env, list_runs, stop_processes  # noqa: E402
-
 import psutil  # noqa: E402
+from flwr_cli import find_flwr, flwr_env, list_runs, stop_processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONNECTION = "deploy"
@@ -71,6 +69,7 @@ class DeployError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------- keys
+
 
 def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]:
     """Create a CA and a SuperLink server certificate signed by it (EC P-384, SHA-384).
@@ -99,19 +98,39 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
     if not hosts:
         raise ValueError("make_tls: hosts must name at least one host")
     out_dir.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-sheaf deployment CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA384()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA384())
+    )
 
     sans: list[x509.GeneralName] = []
     for h in hosts:
@@ -120,23 +139,36 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
         except ValueError:
             sans.append(x509.DNSName(h))
     key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA384()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA384())
+    )
 
-    paths = {"ca": out_dir / "ca.pem", "ca_key": out_dir / "ca.key", "cert": out_dir / "server.pem",
-             "key": out_dir / "server.key"}
+    paths = {
+        "ca": out_dir / "ca.pem",
+        "ca_key": out_dir / "ca.key",
+        "cert": out_dir / "server.pem",
+        "key": out_dir / "server.key",
+    }
     pem = serialization.Encoding.PEM
     paths["ca"].write_bytes(ca.public_bytes(pem))
     paths["cert"].write_bytes(cert.public_bytes(pem))
     for k, p in ((ca_key, paths["ca_key"]), (key, paths["key"])):
-        p.write_bytes(k.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        p.write_bytes(
+            k.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
         p.chmod(0o600)
     return paths
 
@@ -155,15 +187,25 @@ def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     priv, pub = out_dir / name, out_dir / f"{name}.pub"
-    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                       serialization.NoEncryption()))
+    priv.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    )
     priv.chmod(0o600)
-    pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                  serialization.PublicFormat.OpenSSH) + f" {name}\n".encode())
+    pub.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        + f" {name}\n".encode()
+    )
     return priv, pub
 
 
 # ---------------------------------------------------------------------------------------- processes
+
 
 def _json_out(text: str) -> dict:
     """The JSON object the ``flwr`` CLI printed with ``--format json`` (it may follow other lines).
@@ -171,7 +213,7 @@ def _json_out(text: str) -> dict:
     Raises:
         ValueError: no JSON object in ``text``.
     """
-    return json.loads(text[text.index("{"):])
+    return json.loads(text[text.index("{") :])
 
 
 @dataclass
@@ -234,7 +276,7 @@ class LocalDeployment:
     nodes: list[SuperNodeProc] = field(default_factory=list, init=False)
     superlink: subprocess.Popen | None = field(default=None, init=False)
     started: list[subprocess.Popen] = field(default_factory=list, init=False)
-    seen: dict[int, "psutil.Process"] = field(default_factory=dict, init=False)
+    seen: dict[int, psutil.Process] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.num_supernodes < 1:
@@ -242,24 +284,30 @@ class LocalDeployment:
         if self.unregistered < 0:
             raise ValueError(f"--unregistered must be >= 0, got {self.unregistered}")
         if self.insecure and self.unregistered:
-            raise ValueError(f"--unregistered {self.unregistered} with --insecure: SuperNode authentication needs TLS "
-                             "(Flower 1.42 refuses --enable-supernode-auth without it), so nothing would be refused")
+            raise ValueError(
+                f"--unregistered {self.unregistered} with --insecure: SuperNode authentication needs TLS "
+                "(Flower 1.42 refuses --enable-supernode-auth without it), so nothing would be refused"
+            )
         last = self.port + self.num_supernodes + self.unregistered
         if not (1024 <= self.port and last <= 65535):
-            raise ValueError(f"--port {self.port}: ports {self.port}..{last} must lie in 1024..65535")
+            raise ValueError(
+                f"--port {self.port}: ports {self.port}..{last} must lie in 1024..65535"
+            )
         self.workdir = Path(self.workdir).resolve()
         self.home = self.workdir / "flwr-home"
         self.logs = self.workdir / "logs"
         self.state_dir = Path(self.state_dir or self.workdir / "state").expanduser().resolve()
         if "'" in str(self.state_dir):
-            raise ValueError(f"--state-dir {str(self.state_dir)!r}: a node-config string value cannot contain '")
+            raise ValueError(
+                f"--state-dir {str(self.state_dir)!r}: a node-config string value cannot contain '"
+            )
         for d in (self.home, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         self.env = flwr_env(self.home)
         self.flwr = find_flwr(self.env)
 
     # -- context manager
-    def __enter__(self) -> "LocalDeployment":
+    def __enter__(self) -> LocalDeployment:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -282,13 +330,22 @@ class LocalDeployment:
     def _spawn(self, cmd: list[str], log: Path) -> subprocess.Popen:
         """Start ``cmd`` in its own process group/session, stdout+stderr to ``log``; remember it."""
         with open(log, "ab") as fh:
-            p = subprocess.Popen(cmd, env=self.env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=self.workdir)
+            p = subprocess.Popen(
+                cmd,
+                env=self.env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.workdir,
+            )
         self.started.append(p)
         return p
 
     def _cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        return subprocess.run([self.flwr, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [self.flwr, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
     @property
     def address(self) -> str:
@@ -309,10 +366,23 @@ class LocalDeployment:
             k = i if registered else i - self.num_supernodes
             name = f"site-{i}" if registered else f"intruder-{k}"
             priv, pub = make_node_key(self.workdir / "keys", name)
-            self.nodes.append(SuperNodeProc(index=i if registered else k, partition_id=i if registered else k % self.num_supernodes,
-                                            registered=registered, port=self.port + 1 + i, key=priv, pub=pub,
-                                            log=self.logs / f"{name}.log", state_dir=self.state_dir / name))
-        conn = [f'[superlink]\ndefault = "{CONNECTION}"\n', f"[superlink.{CONNECTION}]", f'address = "{self.address}"']
+            self.nodes.append(
+                SuperNodeProc(
+                    index=i if registered else k,
+                    partition_id=i if registered else k % self.num_supernodes,
+                    registered=registered,
+                    port=self.port + 1 + i,
+                    key=priv,
+                    pub=pub,
+                    log=self.logs / f"{name}.log",
+                    state_dir=self.state_dir / name,
+                )
+            )
+        conn = [
+            f'[superlink]\ndefault = "{CONNECTION}"\n',
+            f"[superlink.{CONNECTION}]",
+            f'address = "{self.address}"',
+        ]
         if self.insecure:
             conn.append("insecure = true")
         else:
@@ -325,12 +395,31 @@ class LocalDeployment:
         Raises:
             DeployError: it exited or did not answer within ``timeout`` s (names its log).
         """
-        cmd = [find_flwr(self.env, "flower-superlink"), "--isolation", "subprocess",
-               "--host", self.host, "--port", str(self.port), "--database", str(self.workdir / "superlink.db"),
-               "--disable-runtime-dependency-installation"]
-        cmd += ["--insecure"] if self.insecure else ["--enable-supernode-auth", "--ssl-ca-certfile", str(self.tls["ca"]),
-                                                     "--ssl-certfile", str(self.tls["cert"]), "--ssl-keyfile",
-                                                     str(self.tls["key"])]
+        cmd = [
+            find_flwr(self.env, "flower-superlink"),
+            "--isolation",
+            "subprocess",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--database",
+            str(self.workdir / "superlink.db"),
+            "--disable-runtime-dependency-installation",
+        ]
+        cmd += (
+            ["--insecure"]
+            if self.insecure
+            else [
+                "--enable-supernode-auth",
+                "--ssl-ca-certfile",
+                str(self.tls["ca"]),
+                "--ssl-certfile",
+                str(self.tls["cert"]),
+                "--ssl-keyfile",
+                str(self.tls["key"]),
+            ]
+        )
         log = self.logs / "superlink.log"
         print("+", shlex.join(cmd), flush=True)
         self.superlink = self._spawn(cmd, log)
@@ -343,14 +432,18 @@ class LocalDeployment:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.superlink.poll() is not None:
-                raise DeployError(f"flower-superlink exited with code {self.superlink.returncode}; see {log}")
+                raise DeployError(
+                    f"flower-superlink exited with code {self.superlink.returncode}; see {log}"
+                )
             try:
                 if httpx.get(url, verify=verify, timeout=2.0).is_success:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise DeployError(f"flower-superlink did not answer on {url} within {timeout:.0f} s; see {log}")
+        raise DeployError(
+            f"flower-superlink did not answer on {url} within {timeout:.0f} s; see {log}"
+        )
 
     def register_keys(self) -> None:
         """``flwr supernode register keys/site-<i>.pub deploy`` for every registered SuperNode.
@@ -363,21 +456,53 @@ class LocalDeployment:
         for n in self.nodes:
             if not n.registered:
                 continue
-            r = self._cli("supernode", "register", str(n.pub), CONNECTION, "--name", n.name, "--format", "json")
+            r = self._cli(
+                "supernode",
+                "register",
+                str(n.pub),
+                CONNECTION,
+                "--name",
+                n.name,
+                "--format",
+                "json",
+            )
             try:
                 n.node_id = str(_json_out(r.stdout)["node-id"])
             except (ValueError, KeyError, TypeError):
-                raise DeployError(f"flwr supernode register {n.pub} failed: {(r.stdout + r.stderr)[-1500:]}") from None
+                raise DeployError(
+                    f"flwr supernode register {n.pub} failed: {(r.stdout + r.stderr)[-1500:]}"
+                ) from None
 
     def start_supernode(self, n: SuperNodeProc) -> None:
         """Start one ``flower-supernode`` process for ``n`` (log: ``logs/<name>.log``)."""
-        cmd = [find_flwr(self.env, "flower-supernode"), "--superlink", self.address,
-               "--node-config", f"partition-id={n.partition_id} num-partitions={self.num_supernodes} "
-                                f"state-dir='{n.state_dir}'",
-               "--isolation", "subprocess",
-               "--host", "127.0.0.1", "--port", str(n.port), "--max-retries", "3", "--max-wait-time", "30"]
-        cmd += ["--insecure"] if self.insecure else ["--root-certificates", str(self.tls["ca"]),
-                                                     "--auth-supernode-private-key", str(n.key)]
+        cmd = [
+            find_flwr(self.env, "flower-supernode"),
+            "--superlink",
+            self.address,
+            "--node-config",
+            f"partition-id={n.partition_id} num-partitions={self.num_supernodes} "
+            f"state-dir='{n.state_dir}'",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(n.port),
+            "--max-retries",
+            "3",
+            "--max-wait-time",
+            "30",
+        ]
+        cmd += (
+            ["--insecure"]
+            if self.insecure
+            else [
+                "--root-certificates",
+                str(self.tls["ca"]),
+                "--auth-supernode-private-key",
+                str(n.key),
+            ]
+        )
         n.proc = self._spawn(cmd, n.log)
 
     def kill_supernode(self, n: SuperNodeProc) -> None:
@@ -394,7 +519,9 @@ class LocalDeployment:
                 pass
         n.proc.wait(timeout=10)
 
-    def restart_supernode(self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0) -> int:
+    def restart_supernode(
+        self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
+    ) -> int:
         """Start SuperNode ``n`` again after a crash (same key, node config and ``state-dir``) until
         the SuperLink accepts it, as a supervisor with ``Restart=on-failure`` would.
 
@@ -430,18 +557,26 @@ class LocalDeployment:
                 if "SuperNode ID: " in new:
                     got = new.split("SuperNode ID: ", 1)[1].split()[0]
                     if n.node_id is not None and got != n.node_id:
-                        raise DeployError(f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}")
+                        raise DeployError(
+                            f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}"
+                        )
                     return attempts
                 if n.proc.poll() is not None:
                     break
                 if time.monotonic() > deadline:
-                    raise DeployError(f"{n.name} not accepted within {timeout:.0f} s after {attempts} attempt(s); "
-                                      f"see {n.log}")
+                    raise DeployError(
+                        f"{n.name} not accepted within {timeout:.0f} s after {attempts} attempt(s); "
+                        f"see {n.log}"
+                    )
                 time.sleep(0.2)
             if "Failed to activate SuperNode" not in new:
-                raise DeployError(f"{n.name} restart exited with code {n.proc.returncode}: {new[-1500:]}")
+                raise DeployError(
+                    f"{n.name} restart exited with code {n.proc.returncode}: {new[-1500:]}"
+                )
             if time.monotonic() + retry_every > deadline:
-                raise DeployError(f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}")
+                raise DeployError(
+                    f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}"
+                )
             time.sleep(retry_every)
 
     def online_until(self, n: SuperNodeProc) -> float | None:
@@ -455,9 +590,13 @@ class LocalDeployment:
         nid = int(n.node_id)
         nid = nid - (1 << 64) if nid >= 1 << 63 else nid  # Flower stores the uint64 id as sint64
         try:
-            con = sqlite3.connect(f"file:{self.workdir / 'superlink.db'}?mode=ro", uri=True, timeout=5.0)
+            con = sqlite3.connect(
+                f"file:{self.workdir / 'superlink.db'}?mode=ro", uri=True, timeout=5.0
+            )
             try:
-                row = con.execute("SELECT online_until FROM node WHERE node_id = ?", (nid,)).fetchone()
+                row = con.execute(
+                    "SELECT online_until FROM node WHERE node_id = ?", (nid,)
+                ).fetchone()
             finally:
                 con.close()
         except sqlite3.Error:
@@ -519,7 +658,9 @@ class LocalDeployment:
         try:
             return int(_json_out(r.stdout)["run-id"])
         except (ValueError, KeyError, TypeError):
-            raise DeployError(f"flwr run was not accepted: {(r.stdout + r.stderr)[-2000:]}") from None
+            raise DeployError(
+                f"flwr run was not accepted: {(r.stdout + r.stderr)[-2000:]}"
+            ) from None
 
     def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
         """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
@@ -529,13 +670,24 @@ class LocalDeployment:
             p = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
         else:
             with open(log, "ab") as fh:
-                p = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True, stdin=subprocess.DEVNULL)
+                p = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                )
         self.started.append(p)
         return p
 
-    def wait_run(self, run_id: int, timeout: float, follower: subprocess.Popen | None = None,
-                 every: float = 10.0) -> str:
+    def wait_run(
+        self,
+        run_id: int,
+        timeout: float,
+        follower: subprocess.Popen | None = None,
+        every: float = 10.0,
+    ) -> str:
         """Wait until run ``run_id`` is finished; return its status from ``flwr ls --run-id ID --format json``.
 
         The status is read when the log ``follower`` exits (``flwr log --stream`` ends with the
@@ -562,7 +714,9 @@ class LocalDeployment:
         self._cli("stop", str(run_id), CONNECTION, timeout=60)
         return "timeout"
 
-    def run(self, run_config: str = "", timeout: float = 1800.0, log: Path | None = None) -> tuple[int, str]:
+    def run(
+        self, run_config: str = "", timeout: float = 1800.0, log: Path | None = None
+    ) -> tuple[int, str]:
         """Submit the app, follow its log, wait for the end; returns ``(run_id, status)``."""
         run_id = self.submit(run_config)
         follower = self.follow_log(run_id, log)
@@ -588,15 +742,18 @@ class LocalDeployment:
 
 # ----------------------------------------------------------------------------------------------- CLI
 
+
 def to_run_config(values: dict) -> str:
     """Format ``{key: value}`` as a ``flwr run --run-config`` string (TOML values: strings as basic
     strings, booleans as ``true``/``false``)."""
+
     def fmt(v):
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, str):
             return json.dumps(v)
         return repr(v)
+
     return " ".join(f"{k}={fmt(v)}" for k, v in values.items())
 
 
@@ -617,10 +774,16 @@ def check_run_config(run_config: str, num_supernodes: int) -> dict:
     from flwr_sheaf.config import RunConfig
     from flwr_sheaf.models.zoo import zoo_specs
 
-    if isinstance(num_supernodes, bool) or not isinstance(num_supernodes, int) or num_supernodes < 1:
-        raise ValueError(f"--num-supernodes {num_supernodes!r}: must be an integer >= 1 (each SuperNode serves one "
-                         f"agent, i.e. one partition-id, of the zoo); e.g. --num-supernodes 3 --run-config "
-                         f"\"zoo='tiny-3' graph='ring'\"")
+    if (
+        isinstance(num_supernodes, bool)
+        or not isinstance(num_supernodes, int)
+        or num_supernodes < 1
+    ):
+        raise ValueError(
+            f"--num-supernodes {num_supernodes!r}: must be an integer >= 1 (each SuperNode serves one "
+            f"agent, i.e. one partition-id, of the zoo); e.g. --num-supernodes 3 --run-config "
+            f"\"zoo='tiny-3' graph='ring'\""
+        )
     try:
         parsed = parse_config_args([run_config]) if run_config.strip() else {}
     except Exception as exc:  # flwr raises ValueError / TOML errors with its own text
@@ -629,29 +792,59 @@ def check_run_config(run_config: str, num_supernodes: int) -> dict:
     cfg.check()
     agents = len(zoo_specs(cfg.scenario.zoo))
     if agents != num_supernodes:
-        tiny = f"zoo='tiny-{num_supernodes}'" + (" graph='ring'" if num_supernodes < 5 else "")  # class-overlap needs N >= 5
-        raise ValueError(f"zoo={cfg.scenario.zoo!r} has {agents} agents but --num-supernodes is {num_supernodes}: "
-                         f"start {agents} SuperNodes or pass --run-config \"{tiny} ...\"")
+        tiny = f"zoo='tiny-{num_supernodes}'" + (
+            " graph='ring'" if num_supernodes < 5 else ""
+        )  # class-overlap needs N >= 5
+        raise ValueError(
+            f"zoo={cfg.scenario.zoo!r} has {agents} agents but --num-supernodes is {num_supernodes}: "
+            f'start {agents} SuperNodes or pass --run-config "{tiny} ..."'
+        )
     return parsed
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-supernodes", type=int, default=3, help="registered SuperNodes N (partition-ids 0..N-1)")
-    ap.add_argument("--run-config", default="", help='run-config overrides, e.g. "zoo=\'tiny-3\' graph=\'ring\'"')
-    ap.add_argument("--insecure", action="store_true",
-                    help="no TLS and hence no SuperNode authentication (debugging only)")
-    ap.add_argument("--keep-running", action="store_true",
-                    help="leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)")
-    ap.add_argument("--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered")
-    ap.add_argument("--port", type=int, default=29700, help="SuperLink port; SuperNode i uses port+1+i")
+    ap.add_argument(
+        "--num-supernodes",
+        type=int,
+        default=3,
+        help="registered SuperNodes N (partition-ids 0..N-1)",
+    )
+    ap.add_argument(
+        "--run-config", default="", help="run-config overrides, e.g. \"zoo='tiny-3' graph='ring'\""
+    )
+    ap.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS and hence no SuperNode authentication (debugging only)",
+    )
+    ap.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)",
+    )
+    ap.add_argument(
+        "--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered"
+    )
+    ap.add_argument(
+        "--port", type=int, default=29700, help="SuperLink port; SuperNode i uses port+1+i"
+    )
     ap.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
-    ap.add_argument("--san", action="append", default=[], help="extra host name/IP for the server certificate")
-    ap.add_argument("--workdir", default=None, help="default: a new directory under the system temp dir")
-    ap.add_argument("--app", default=str(ROOT), help="app directory for flwr run (default: this repository)")
-    ap.add_argument("--state-dir", default=None,
-                    help="root of the SuperNodes' node state (SuperNode <name> uses <root>/<name>; default: <workdir>/state)")
+    ap.add_argument(
+        "--san", action="append", default=[], help="extra host name/IP for the server certificate"
+    )
+    ap.add_argument(
+        "--workdir", default=None, help="default: a new directory under the system temp dir"
+    )
+    ap.add_argument(
+        "--app", default=str(ROOT), help="app directory for flwr run (default: this repository)"
+    )
+    ap.add_argument(
+        "--state-dir",
+        default=None,
+        help="root of the SuperNodes' node state (SuperNode <name> uses <root>/<name>; default: <workdir>/state)",
+    )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
     args = ap.parse_args(argv)
 
@@ -668,14 +861,26 @@ def main(argv: list[str] | None = None) -> int:
 
     def _interrupt(signum, frame):  # noqa: ARG001 - signal API
         raise KeyboardInterrupt
-    for sig in (signal.SIGINT, signal.SIGTERM):  # also when started in the background (SIGINT ignored there)
+
+    for sig in (
+        signal.SIGINT,
+        signal.SIGTERM,
+    ):  # also when started in the background (SIGINT ignored there)
         signal.signal(sig, _interrupt)
 
     t0 = time.monotonic()
     try:
-        dep = LocalDeployment(workdir, num_supernodes=args.num_supernodes, port=args.port, insecure=args.insecure,
-                              unregistered=args.unregistered, host=args.host, sans=args.san, app=Path(args.app),
-                              state_dir=Path(args.state_dir) if args.state_dir else None)
+        dep = LocalDeployment(
+            workdir,
+            num_supernodes=args.num_supernodes,
+            port=args.port,
+            insecure=args.insecure,
+            unregistered=args.unregistered,
+            host=args.host,
+            sans=args.san,
+            app=Path(args.app),
+            state_dir=Path(args.state_dir) if args.state_dir else None,
+        )
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -687,21 +892,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         up = time.monotonic() - t0
-        print(f"federation up in {up:.1f} s: SuperLink {dep.address} ({'insecure' if args.insecure else 'TLS'}), "
-              f"{args.num_supernodes} SuperNode(s) online, {args.unregistered} unregistered; logs in {dep.logs}",
-              flush=True)
+        print(
+            f"federation up in {up:.1f} s: SuperLink {dep.address} ({'insecure' if args.insecure else 'TLS'}), "
+            f"{args.num_supernodes} SuperNode(s) online, {args.unregistered} unregistered; logs in {dep.logs}",
+            flush=True,
+        )
         t1 = time.monotonic()
         run_id, status = dep.run(run_config, timeout=args.timeout)
-        print(f"run {run_id}: status {status}; run wall time {time.monotonic() - t1:.1f} s "
-              f"(total {time.monotonic() - t0:.1f} s)", flush=True)
+        print(
+            f"run {run_id}: status {status}; run wall time {time.monotonic() - t1:.1f} s "
+            f"(total {time.monotonic() - t0:.1f} s)",
+            flush=True,
+        )
         code = 0 if status == "finished:completed" else 1
         if (results / "results.json").exists():
             print(f"results: {results / 'results.json'}", flush=True)
         else:
             print(f"no results.json under {results}; see {dep.logs}", flush=True)
         if args.keep_running:
-            print(f"--keep-running: SuperLink {dep.address} and SuperNodes stay up; Ctrl-C stops them "
-                  f"(connection '{CONNECTION}' in FLWR_HOME={dep.home})", flush=True)
+            print(
+                f"--keep-running: SuperLink {dep.address} and SuperNodes stay up; Ctrl-C stops them "
+                f"(connection '{CONNECTION}' in FLWR_HOME={dep.home})",
+                flush=True,
+            )
             while dep.superlink is not None and dep.superlink.poll() is None:
                 time.sleep(1.0)
     except KeyboardInterrupt:

@@ -56,23 +56,42 @@ LIMIT_BYTES = 60 * 2**20
 
 #: The GPU machine's interpreter and platform, for ``pip download`` and for evaluating markers.
 PIP_PLATFORM_ARGS = (
-    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64",
-    "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
-    "--platform", "manylinux1_x86_64",
+    "--only-binary=:all:",
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_27_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "manylinux1_x86_64",
 )
 MARKER_ENV = {
-    "python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
-    "implementation_version": "3.12.3", "platform_python_implementation": "CPython",
-    "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-    "os_name": "posix", "platform_release": "", "platform_version": "",
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "implementation_name": "cpython",
+    "implementation_version": "3.12.3",
+    "platform_python_implementation": "CPython",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "platform_release": "",
+    "platform_version": "",
 }
 
 #: Python packages already on the GPU machine (the device notes' "Python packages already there"
 #: for the nvidia-h200 kind, image 'cuda', as read on a machine running it on 2026-11-17: the
 #: workplace's KINDS.md). Not bundled unless listed in :data:`ALWAYS_CARRY`. Not in it, so bundled
 #: when needed: cryptography, cffi, pycparser, pydantic, tomli, ...
-ON_DEVICE = frozenset("""
+ON_DEVICE = frozenset(
+    """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch
 build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage
 cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops
@@ -96,7 +115,8 @@ tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm tokeniz
 torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton
 typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray
 xxhash yarl zipp
-""".split())
+""".split()
+)
 
 #: On the GPU machine but bundled anyway (small, and flwr pins a range the machine's copy may miss;
 #: the recorded H200 session of 2026-11-30 imported typer from the carried wheels).
@@ -105,16 +125,21 @@ ALWAYS_CARRY = {"typer": "flwr 1.42 requires typer>=0.13,<0.21"}
 #: Required by a wheel's metadata but never imported by what runs on the GPU machine; not bundled.
 NOT_NEEDED = {
     "uv": "flwr runs `python -m uv sync` only to install a Flower app's dependencies when runtime "
-          "dependency installation is on (flwr/supercore/superexec/dependency_installer.py); "
-          "an offline machine cannot install anything, and the in-process runner never gets there",
+    "dependency installation is on (flwr/supercore/superexec/dependency_installer.py); "
+    "an offline machine cannot install anything, and the in-process runner never gets there",
 }
 
 #: Members dropped from Ray's wheel (prefixes of zip member names): nothing under them is imported
 #: by Flower's simulation engine (``ray``, ``ray.util.actor_pool``, ``ray.util.scheduling_strategies``).
 RAY_DROP = (
-    "ray/jars/",                      # Java workers (~32 MB)
-    "ray/dashboard/client/build/",    # the dashboard's web front end
-    "ray/rllib/", "ray/data/", "ray/serve/", "ray/tune/", "ray/train/", "ray/llm/",
+    "ray/jars/",  # Java workers (~32 MB)
+    "ray/dashboard/client/build/",  # the dashboard's web front end
+    "ray/rllib/",
+    "ray/data/",
+    "ray/serve/",
+    "ray/tune/",
+    "ray/train/",
+    "ray/llm/",
 )
 TRIM = {"ray": RAY_DROP}
 #: Members a trimmed Ray wheel must keep (checked after trimming).
@@ -124,8 +149,10 @@ RAY_KEEP = ("ray/_raylet.so", "ray/core/src/ray/raylet/raylet", "ray/core/src/ra
 DATASET = "fashion-mnist"
 XZ_PRESET = 9 | lzma.PRESET_EXTREME
 
-PIP_INSTALL = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
-               "--upgrade --target {target} {dir}/*.whl")
+PIP_INSTALL = (
+    "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
+    "--upgrade --target {target} {dir}/*.whl"
+)
 
 
 class BundleError(RuntimeError):
@@ -133,6 +160,7 @@ class BundleError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------- helpers
+
 
 def normalize(name: str) -> str:
     """A distribution name in PEP 503 normal form (``Typing_Extensions`` -> ``typing-extensions``)."""
@@ -163,7 +191,7 @@ def wheel_name_version(filename: str) -> tuple[str, str]:
     Raises:
         BundleError: not a wheel file name.
     """
-    parts = Path(filename).name[:-len(".whl")].split("-") if filename.endswith(".whl") else []
+    parts = Path(filename).name[: -len(".whl")].split("-") if filename.endswith(".whl") else []
     if len(parts) not in (5, 6):
         raise BundleError(f"not a wheel file name: {filename}")
     return normalize(parts[0]), parts[1]
@@ -171,7 +199,10 @@ def wheel_name_version(filename: str) -> tuple[str, str]:
 
 # -------------------------------------------------------------------------------------- trimming
 
-def trim_wheel(src: str | os.PathLike, dst: str | os.PathLike, drop_prefixes: tuple[str, ...] | list[str]) -> dict:
+
+def trim_wheel(
+    src: str | os.PathLike, dst: str | os.PathLike, drop_prefixes: tuple[str, ...] | list[str]
+) -> dict:
     """Rewrite the wheel ``src`` as ``dst`` without the members under ``drop_prefixes``.
 
     Kept members keep their bytes, timestamps and permission bits (the native executables stay
@@ -190,14 +221,18 @@ def trim_wheel(src: str | os.PathLike, dst: str | os.PathLike, drop_prefixes: tu
     prefixes = tuple(drop_prefixes)
     with zipfile.ZipFile(src) as zin:
         infos = zin.infolist()
-        records = [i.filename for i in infos if re.fullmatch(r"[^/]+\.dist-info/RECORD", i.filename)]
+        records = [
+            i.filename for i in infos if re.fullmatch(r"[^/]+\.dist-info/RECORD", i.filename)
+        ]
         if len(records) != 1:
             raise BundleError(f"{src.name}: expected one *.dist-info/RECORD, found {records}")
         record_name = records[0]
         dist_info = record_name.rsplit("/", 1)[0] + "/"
         bad = [p for p in prefixes if dist_info.startswith(p) or p.startswith(dist_info)]
         if bad:
-            raise BundleError(f"{src.name}: drop prefixes {bad} would remove the wheel's {dist_info}")
+            raise BundleError(
+                f"{src.name}: drop prefixes {bad} would remove the wheel's {dist_info}"
+            )
         matched: set[str] = set()
         dropped, dropped_bytes, rows = 0, 0, []
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -226,24 +261,34 @@ def trim_wheel(src: str | os.PathLike, dst: str | os.PathLike, drop_prefixes: tu
             rec_info = zin.getinfo(record_name)
             out = zipfile.ZipInfo(record_name, date_time=rec_info.date_time)
             out.external_attr, out.create_system = rec_info.external_attr, rec_info.create_system
-            zout.writestr(out, buf.getvalue().encode(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+            zout.writestr(
+                out, buf.getvalue().encode(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9
+            )
         os.replace(tmp, dst)
     return {
-        "src_bytes": src.stat().st_size, "dst_bytes": dst.stat().st_size, "kept_members": len(rows) + 1,
-        "dropped_members": dropped, "dropped_uncompressed_bytes": dropped_bytes,
+        "src_bytes": src.stat().st_size,
+        "dst_bytes": dst.stat().st_size,
+        "kept_members": len(rows) + 1,
+        "dropped_members": dropped,
+        "dropped_uncompressed_bytes": dropped_bytes,
         "unmatched_prefixes": [p for p in prefixes if p not in matched],
     }
 
 
 # ---------------------------------------------------------------------------------------- budget
 
+
 def folder_files(directory: str | os.PathLike) -> list[tuple[str, int]]:
     """(path relative to ``directory``, bytes) of every file under it, sorted by path."""
     root = Path(directory)
-    return sorted((p.relative_to(root).as_posix(), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+    return sorted(
+        (p.relative_to(root).as_posix(), p.stat().st_size) for p in root.rglob("*") if p.is_file()
+    )
 
 
-def check_budget(directory: str | os.PathLike, limit_bytes: int = LIMIT_BYTES, label: str | None = None) -> int:
+def check_budget(
+    directory: str | os.PathLike, limit_bytes: int = LIMIT_BYTES, label: str | None = None
+) -> int:
     """The total bytes of the files under ``directory``, refused when over ``limit_bytes``.
 
     ``label`` names the folder in the message (default: ``directory``).
@@ -262,13 +307,17 @@ def check_budget(directory: str | os.PathLike, limit_bytes: int = LIMIT_BYTES, l
             f"{label or directory}: {_mib(total)} ({total} bytes) is over the budget of {_mib(limit_bytes)} "
             f"({limit_bytes} bytes); largest files: {names}. Fix: build two bundles for two "
             f"back-to-back runs with --part packages and --part data (a single part over budget needs fewer or "
-            f"smaller packages: TRIM, NOT_NEEDED in scripts/device_bundle.py)")
+            f"smaller packages: TRIM, NOT_NEEDED in scripts/device_bundle.py)"
+        )
     return total
 
 
 # ------------------------------------------------------------------------------------------ data
 
-def compress_data(files: list[str | os.PathLike], out_dir: str | os.PathLike, preset: int = XZ_PRESET) -> list[dict]:
+
+def compress_data(
+    files: list[str | os.PathLike], out_dir: str | os.PathLike, preset: int = XZ_PRESET
+) -> list[dict]:
     """xz-compress each file into ``out_dir/<name>.xz``.
 
     Returns:
@@ -283,13 +332,22 @@ def compress_data(files: list[str | os.PathLike], out_dir: str | os.PathLike, pr
         arc = out / (f.name + ".xz")
         with open(f, "rb") as src, lzma.open(arc, "wb", preset=preset) as dst:
             shutil.copyfileobj(src, dst, 2**20)
-        entries.append({"file": f.name, "bytes": f.stat().st_size, "sha256": sha256_file(f),
-                        "archive": arc.name, "archive_bytes": arc.stat().st_size,
-                        "archive_sha256": sha256_file(arc)})
+        entries.append(
+            {
+                "file": f.name,
+                "bytes": f.stat().st_size,
+                "sha256": sha256_file(f),
+                "archive": arc.name,
+                "archive_bytes": arc.stat().st_size,
+                "archive_sha256": sha256_file(arc),
+            }
+        )
     return entries
 
 
-def restore_data(entries: list[dict], archive_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
+def restore_data(
+    entries: list[dict], archive_dir: str | os.PathLike, dest: str | os.PathLike
+) -> Path:
     """Decompress the archives listed in ``entries`` (from :func:`compress_data`) into ``dest``.
 
     Each archive's SHA-256 is checked before it is opened and each restored file's after; a file
@@ -309,7 +367,9 @@ def restore_data(entries: list[dict], archive_dir: str | os.PathLike, dest: str 
         if not arc.is_file():
             raise BundleError(f"missing data archive {arc}")
         if sha256_file(arc) != e["archive_sha256"]:
-            raise BundleError(f"data archive {arc} has the wrong SHA-256 (corrupt or truncated copy)")
+            raise BundleError(
+                f"data archive {arc} has the wrong SHA-256 (corrupt or truncated copy)"
+            )
         out = dest / e["file"]
         tmp = out.with_name(out.name + ".part")
         try:
@@ -320,20 +380,25 @@ def restore_data(entries: list[dict], archive_dir: str | os.PathLike, dest: str 
             raise BundleError(f"data archive {arc} is not a valid xz file: {err}") from err
         if sha256_file(tmp) != e["sha256"]:
             tmp.unlink(missing_ok=True)
-            raise BundleError(f"{arc} restored to {out.name} with the wrong SHA-256 (expected {e['sha256']})")
+            raise BundleError(
+                f"{arc} restored to {out.name} with the wrong SHA-256 (expected {e['sha256']})"
+            )
         os.replace(tmp, out)
     return dest
 
 
 def _catalog():
     """``flwr_sheaf/data/catalog.py`` loaded on its own (stdlib only; no torch import)."""
-    spec = importlib.util.spec_from_file_location("_flwr_sheaf_catalog", REPO / "flwr_sheaf" / "data" / "catalog.py")
+    spec = importlib.util.spec_from_file_location(
+        "_flwr_sheaf_catalog", REPO / "flwr_sheaf" / "data" / "catalog.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 # ------------------------------------------------------------------------------------ resolution
+
 
 def _packaging():
     try:
@@ -353,7 +418,11 @@ def wheel_requirements(wheel: str | os.PathLike) -> list[str]:
         meta = next(n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n))
         text = z.read(meta).decode("utf-8")
     head = text.split("\n\n", 1)[0]
-    return [line.split(":", 1)[1].strip() for line in head.splitlines() if line.startswith("Requires-Dist:")]
+    return [
+        line.split(":", 1)[1].strip()
+        for line in head.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
 
 
 def pip_download(spec: str, cache: Path) -> Path:
@@ -363,11 +432,23 @@ def pip_download(spec: str, cache: Path) -> Path:
         BundleError: pip failed (its last output lines are in the message).
     """
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *PIP_PLATFORM_ARGS, "-d", str(cache), spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        *PIP_PLATFORM_ARGS,
+        "-d",
+        str(cache),
+        spec,
+    ]
     got = subprocess.run(cmd, capture_output=True, text=True)
     if got.returncode != 0:
-        raise BundleError(f"`pip download {spec}` failed (no network or no cp312 manylinux wheel?):\n"
-                          + "\n".join((got.stdout + got.stderr).strip().splitlines()[-8:]))
+        raise BundleError(
+            f"`pip download {spec}` failed (no network or no cp312 manylinux wheel?):\n"
+            + "\n".join((got.stdout + got.stderr).strip().splitlines()[-8:])
+        )
     Requirement, _, Version = _packaging()
     req = Requirement(spec)
     hits = []
@@ -383,10 +464,12 @@ def pip_download(spec: str, cache: Path) -> Path:
 def project_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
     """``[project.dependencies]`` of the project, flwr pinned to the version installed here if any."""
     import tomllib
+
     deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     Requirement, _, _ = _packaging()
     try:
         from importlib.metadata import PackageNotFoundError, version
+
         have = version("flwr")
     except PackageNotFoundError:
         have = None
@@ -426,27 +509,38 @@ def resolve(roots: list[str], cache: Path, log=print) -> tuple[dict[str, Path], 
         if name in ON_DEVICE and name not in ALWAYS_CARRY:
             skipped[name] = "on the GPU machine"
             continue
-        spec = SpecifierSet(",".join(s for s in (str(specs.get(name, "")), str(req.specifier)) if s))
+        spec = SpecifierSet(
+            ",".join(s for s in (str(specs.get(name, "")), str(req.specifier)) if s)
+        )
         specs[name] = spec
         new_extras = set(req.extras) - extras.get(name, set())
         extras.setdefault(name, set()).update(req.extras)
-        if name in wheels and spec.contains(wheel_name_version(wheels[name].name)[1], prereleases=True) \
-                and not new_extras:
+        if (
+            name in wheels
+            and spec.contains(wheel_name_version(wheels[name].name)[1], prereleases=True)
+            and not new_extras
+        ):
             continue
         wheels[name] = pip_download(f"{name}{spec}", cache)
         log(f"  {wheels[name].name}")
         for line in wheel_requirements(wheels[name]):
             sub = Requirement(line)
-            if sub.marker is None or any(sub.marker.evaluate({**MARKER_ENV, "extra": e})
-                                         for e in [""] + sorted(extras[name])):
+            if sub.marker is None or any(
+                sub.marker.evaluate({**MARKER_ENV, "extra": e}) for e in [""] + sorted(extras[name])
+            ):
                 queue.append(sub)
     return wheels, skipped
 
 
 # ----------------------------------------------------------------------------------------- build
 
-def install_commands(part: str = "all", bundle: str = ".bundle", target: str = "/tmp/site",
-                     data_dir: str = ".gpudata") -> dict:
+
+def install_commands(
+    part: str = "all",
+    bundle: str = ".bundle",
+    target: str = "/tmp/site",
+    data_dir: str = ".gpudata",
+) -> dict:
     """The install commands written into the manifest of a ``part`` bundle in the folder ``bundle``
     (relative to the repository root), with and without this script."""
     env = f"export PYTHONPATH={target}:$PWD PATH={target}/bin:$PATH FLWR_SHEAF_DATA=$PWD/{data_dir}"
@@ -454,16 +548,25 @@ def install_commands(part: str = "all", bundle: str = ".bundle", target: str = "
     if part in ("all", "packages"):
         by_hand.append(PIP_INSTALL.format(target=target, dir=bundle))
     if part in ("all", "data"):
-        by_hand.append(f"mkdir -p {data_dir}/{DATASET} && for f in {bundle}/data/{DATASET}/*.xz; do "
-                       f"xz -dc \"$f\" > {data_dir}/{DATASET}/$(basename \"$f\" .xz); done")
+        by_hand.append(
+            f"mkdir -p {data_dir}/{DATASET} && for f in {bundle}/data/{DATASET}/*.xz; do "
+            f'xz -dc "$f" > {data_dir}/{DATASET}/$(basename "$f" .xz); done'
+        )
     return {
-        "with_script": [f"python3 scripts/device_bundle.py install {bundle} --target {target} --data-dir {data_dir}", env],
+        "with_script": [
+            f"python3 scripts/device_bundle.py install {bundle} --target {target} --data-dir {data_dir}",
+            env,
+        ],
         "by_hand": by_hand + [env],
     }
 
 
-def finish_bundle(directory: str | os.PathLike, manifest: dict, limit_bytes: int = LIMIT_BYTES,
-                  label: str | None = None) -> dict:
+def finish_bundle(
+    directory: str | os.PathLike,
+    manifest: dict,
+    limit_bytes: int = LIMIT_BYTES,
+    label: str | None = None,
+) -> dict:
     """Write ``SHA256SUMS`` and ``manifest.json`` into ``directory`` and check its budget.
 
     Adds to ``manifest``: ``install`` (:func:`install_commands`), ``files`` (every file but the
@@ -478,12 +581,20 @@ def finish_bundle(directory: str | os.PathLike, manifest: dict, limit_bytes: int
     directory = Path(directory)
     manifest.setdefault("limit_bytes", limit_bytes)
     manifest.setdefault("data", {})
-    manifest["install"] = install_commands(manifest.get("part", "all"), manifest.get("bundle", ".bundle"))
-    sums = [(rel, sha256_file(directory / rel)) for rel, _ in folder_files(directory)
-            if rel not in ("SHA256SUMS", "manifest.json")]
+    manifest["install"] = install_commands(
+        manifest.get("part", "all"), manifest.get("bundle", ".bundle")
+    )
+    sums = [
+        (rel, sha256_file(directory / rel))
+        for rel, _ in folder_files(directory)
+        if rel not in ("SHA256SUMS", "manifest.json")
+    ]
     (directory / "SHA256SUMS").write_text("".join(f"{h}  {rel}\n" for rel, h in sums))
-    manifest["files"] = [{"path": rel, "bytes": n, "sha256": sha256_file(directory / rel)}
-                         for rel, n in folder_files(directory) if rel != "manifest.json"]
+    manifest["files"] = [
+        {"path": rel, "bytes": n, "sha256": sha256_file(directory / rel)}
+        for rel, n in folder_files(directory)
+        if rel != "manifest.json"
+    ]
     manifest["total_bytes"] = sum(f["bytes"] for f in manifest["files"])
     text = json.dumps(manifest, indent=1)
     (directory / "manifest.json").write_text(text)
@@ -504,8 +615,16 @@ def build(out: Path, part: str, cache: Path, limit_bytes: int = LIMIT_BYTES, log
     stage = out.with_name(out.name + ".tmp")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
-    manifest: dict = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "part": part, "bundle": out.name,
-                      "limit_bytes": limit_bytes, "packages": [], "skipped": {}, "trimmed": {}, "data": {}}
+    manifest: dict = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "part": part,
+        "bundle": out.name,
+        "limit_bytes": limit_bytes,
+        "packages": [],
+        "skipped": {},
+        "trimmed": {},
+        "data": {},
+    }
     try:
         if part in ("all", "packages"):
             roots = project_requirements()
@@ -520,11 +639,15 @@ def build(out: Path, part: str, cache: Path, limit_bytes: int = LIMIT_BYTES, log
                     if lost:
                         raise BundleError(f"trimmed {whl.name} lacks {lost}")
                     manifest["trimmed"][whl.name] = stats
-                    log(f"trimmed {whl.name}: {_mib(stats['src_bytes'])} -> {_mib(stats['dst_bytes'])} "
-                        f"({stats['dropped_members']} members dropped)")
+                    log(
+                        f"trimmed {whl.name}: {_mib(stats['src_bytes'])} -> {_mib(stats['dst_bytes'])} "
+                        f"({stats['dropped_members']} members dropped)"
+                    )
                 else:
                     shutil.copyfile(whl, dst)
-                manifest["packages"].append({"name": name, "version": wheel_name_version(whl.name)[1], "file": whl.name})
+                manifest["packages"].append(
+                    {"name": name, "version": wheel_name_version(whl.name)[1], "file": whl.name}
+                )
         if part in ("all", "data"):
             catalog = _catalog()
             try:
@@ -548,6 +671,7 @@ def build(out: Path, part: str, cache: Path, limit_bytes: int = LIMIT_BYTES, log
 
 # --------------------------------------------------------------------------------------- install
 
+
 def verify_bundle(bundle: str | os.PathLike) -> dict:
     """The bundle's manifest, after checking every listed file's size and SHA-256.
 
@@ -557,19 +681,27 @@ def verify_bundle(bundle: str | os.PathLike) -> dict:
     bundle = Path(bundle)
     path = bundle / "manifest.json"
     if not path.is_file():
-        raise BundleError(f"{path} not found: not a device bundle (build one with scripts/device_bundle.py)")
+        raise BundleError(
+            f"{path} not found: not a device bundle (build one with scripts/device_bundle.py)"
+        )
     manifest = json.loads(path.read_text())
     for f in manifest["files"]:
         p = bundle / f["path"]
         if not p.is_file():
             raise BundleError(f"bundle file missing: {p}")
         if p.stat().st_size != f["bytes"] or sha256_file(p) != f["sha256"]:
-            raise BundleError(f"bundle file {p} has the wrong size or SHA-256 (corrupt or truncated copy)")
+            raise BundleError(
+                f"bundle file {p} has the wrong size or SHA-256 (corrupt or truncated copy)"
+            )
     return manifest
 
 
-def install(bundle: str | os.PathLike, target: str | os.PathLike = "/tmp/site",
-            data_dir: str | os.PathLike = ".gpudata", log=print) -> None:
+def install(
+    bundle: str | os.PathLike,
+    target: str | os.PathLike = "/tmp/site",
+    data_dir: str | os.PathLike = ".gpudata",
+    log=print,
+) -> None:
     """On the GPU machine: verify ``bundle``, pip-install its wheels into ``target``, restore its data.
 
     The data of ``fashion-mnist`` goes to ``data_dir/fashion-mnist`` (the layout
@@ -583,11 +715,26 @@ def install(bundle: str | os.PathLike, target: str | os.PathLike = "/tmp/site",
     log(f"{bundle}: {len(manifest['files'])} files verified ({_mib(manifest['total_bytes'])})")
     wheels = sorted(str(p) for p in bundle.glob("*.whl"))
     if wheels:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--no-cache-dir", "--upgrade", "--target", str(target), *wheels]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            str(target),
+            *wheels,
+        ]
         got = subprocess.run(cmd, capture_output=True, text=True)
         if got.returncode != 0:
-            raise BundleError(f"pip install into {target} failed:\n{(got.stdout + got.stderr).strip()[-2000:]}")
+            raise BundleError(
+                f"pip install into {target} failed:\n{(got.stdout + got.stderr).strip()[-2000:]}"
+            )
         log(f"installed {len(wheels)} wheels into {target}")
     for name, entries in manifest.get("data", {}).items():
         dest = restore_data(entries, bundle / "data" / name, Path(data_dir) / name)
@@ -599,26 +746,36 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["install"]:
-            p = argparse.ArgumentParser(prog="device_bundle.py install", description=install.__doc__)
+            p = argparse.ArgumentParser(
+                prog="device_bundle.py install", description=install.__doc__
+            )
             p.add_argument("bundle", nargs="?", default=".bundle")
             p.add_argument("--target", default="/tmp/site")
             p.add_argument("--data-dir", default=".gpudata")
             a = p.parse_args(argv[1:])
             install(a.bundle, a.target, a.data_dir)
             target, data = os.path.abspath(a.target), os.path.abspath(a.data_dir)
-            print(f"next: export PYTHONPATH={target}:$PWD PATH={target}/bin:$PATH FLWR_SHEAF_DATA={data}")
+            print(
+                f"next: export PYTHONPATH={target}:$PWD PATH={target}/bin:$PATH FLWR_SHEAF_DATA={data}"
+            )
             return 0
-        p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = argparse.ArgumentParser(
+            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         p.add_argument("--out", type=Path, default=REPO / ".bundle")
         p.add_argument("--part", choices=("all", "packages", "data"), default="all")
-        p.add_argument("--cache", type=Path, default=REPO / ".bundle-cache", help="downloaded wheels (kept)")
+        p.add_argument(
+            "--cache", type=Path, default=REPO / ".bundle-cache", help="downloaded wheels (kept)"
+        )
         p.add_argument("--limit-mib", type=float, default=LIMIT_BYTES / 2**20)
         a = p.parse_args(argv)
         m = build(a.out, a.part, a.cache, int(a.limit_mib * 2**20))
         for name, s in m["trimmed"].items():
             print(f"{name}: {_mib(s['src_bytes'])} untrimmed, {_mib(s['dst_bytes'])} trimmed")
-        print(f"{a.out}: {len(m['files']) + 1} files, {_mib(m['total_bytes_with_manifest'])} "
-              f"({m['total_bytes_with_manifest']} bytes) of {_mib(m['limit_bytes'])}; install on the GPU machine with:")
+        print(
+            f"{a.out}: {len(m['files']) + 1} files, {_mib(m['total_bytes_with_manifest'])} "
+            f"({m['total_bytes_with_manifest']} bytes) of {_mib(m['limit_bytes'])}; install on the GPU machine with:"
+        )
         print("  " + "\n  ".join(m["install"]["with_script"]))
         return 0
     except BundleError as err:

@@ -44,17 +44,21 @@ def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str,
         by name).
     """
     env = dict(os.environ)
-    env.update({
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "RAY_DEDUP_LOGS": "0",
-        # named datasets (dataset=fashion-mnist): `flwr run` may import the app from its FAB copy,
-        # whose location says nothing about this checkout's data/ folder
-        "FLWR_SHEAF_DATA": os.environ.get("FLWR_SHEAF_DATA", str(Path(__file__).resolve().parents[1] / "data")),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-    })
+    env.update(
+        {
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "RAY_DEDUP_LOGS": "0",
+            # named datasets (dataset=fashion-mnist): `flwr run` may import the app from its FAB copy,
+            # whose location says nothing about this checkout's data/ folder
+            "FLWR_SHEAF_DATA": os.environ.get(
+                "FLWR_SHEAF_DATA", str(Path(__file__).resolve().parents[1] / "data")
+            ),
+            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -71,8 +75,13 @@ def find_flwr(env: dict[str, str], name: str = "flwr") -> str:
     return exe
 
 
-def list_runs(flwr: str, env: dict[str, str], connection: str | None = None, run_id: int | None = None,
-              timeout: float = 120.0) -> list[dict]:
+def list_runs(
+    flwr: str,
+    env: dict[str, str],
+    connection: str | None = None,
+    run_id: int | None = None,
+    timeout: float = 120.0,
+) -> list[dict]:
     """Runs known to the SuperLink, from ``flwr ls [connection] [--run-id ID] --format json``.
 
     Returns:
@@ -91,15 +100,22 @@ def list_runs(flwr: str, env: dict[str, str], connection: str | None = None, run
         return []
 
 
-def run_status(flwr: str, env: dict[str, str], connection: str | None = None, run_id: int | None = None,
-               timeout: float = 120.0) -> str:
+def run_status(
+    flwr: str,
+    env: dict[str, str],
+    connection: str | None = None,
+    run_id: int | None = None,
+    timeout: float = 120.0,
+) -> str:
     """Status of run ``run_id`` (default: the last run listed), e.g. ``"finished:completed"``;
     ``"no run found"`` when the SuperLink lists none."""
     runs = list_runs(flwr, env, connection, run_id, timeout)
     return str(runs[-1].get("status")) if runs else "no run found"
 
 
-def stop_processes(procs: Iterable[psutil.Process | subprocess.Popen | int], timeout: float = 10.0) -> int:
+def stop_processes(
+    procs: Iterable[psutil.Process | subprocess.Popen | int], timeout: float = 10.0
+) -> int:
     """Stop exactly ``procs`` and their descendants: SIGTERM, wait up to ``timeout`` s, then SIGKILL.
 
     A ``psutil.Process`` remembered earlier is only signalled if it is still the same process
@@ -116,7 +132,11 @@ def stop_processes(procs: Iterable[psutil.Process | subprocess.Popen | int], tim
     victims: dict[int, psutil.Process] = {}
     for p in procs:
         try:
-            root = p if isinstance(p, psutil.Process) else psutil.Process(p.pid if hasattr(p, "pid") else int(p))
+            root = (
+                p
+                if isinstance(p, psutil.Process)
+                else psutil.Process(p.pid if hasattr(p, "pid") else int(p))
+            )
             if not root.is_running():  # a remembered process whose pid was reused: not ours
                 continue
             for q in [root] + root.children(recursive=True):

@@ -18,9 +18,11 @@ from flwr_sheaf.config import KEYS, METHOD_KEYS, Key
 from flwr_sheaf.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAD = ["[tool.flwr.app.config]",
-        "# Every key with its default, as defined once in flwr_sheaf/config.py (KEYS); tests/test_config.py",
-        "# keeps this table, that module and the README's run-config table equal. Override with --run-config."]
+HEAD = [
+    "[tool.flwr.app.config]",
+    "# Every key with its default, as defined once in flwr_sheaf/config.py (KEYS); tests/test_config.py",
+    "# keeps this table, that module and the README's run-config table equal. Override with --run-config.",
+]
 
 
 def literal(v) -> str:
@@ -48,7 +50,9 @@ def toml() -> str:
     """The ``[tool.flwr.app.config]`` table."""
     lines = HEAD + [f"{k.name} = {literal(k.default)}" for k in KEYS.values()]
     for path, keys in method_sections().items():
-        lines += [f"# the method's own section ({path})"] + [f"{k.name} = {literal(k.default)}" for k in keys]
+        lines += [f"# the method's own section ({path})"] + [
+            f"{k.name} = {literal(k.default)}" for k in keys
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -56,7 +60,10 @@ def markdown() -> str:
     """The README table."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     keys = [*KEYS.values(), *(k for ks in method_sections().values() for k in ks)]
-    return "\n".join(rows + [f"| `{k.name}` | `{literal(k.default)}` | {k.doc} |" for k in keys]) + "\n"
+    return (
+        "\n".join(rows + [f"| `{k.name}` | `{literal(k.default)}` | {k.doc} |" for k in keys])
+        + "\n"
+    )
 
 
 def write() -> None:

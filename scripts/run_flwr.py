@@ -35,7 +35,9 @@ def stop_superlink(port: int) -> int:
     victims = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
-        if ("flower-superlink" in cmd or "flower-superexec" in cmd or "flwr-simulation" in cmd) and any(t in cmd for t in (f":{port}", f"--port {port}", f":{port + 2}")):
+        if (
+            "flower-superlink" in cmd or "flower-superexec" in cmd or "flwr-simulation" in cmd
+        ) and any(t in cmd for t in (f":{port}", f"--port {port}", f":{port + 2}")):
             victims.append(p)
     for p in victims:
         try:
@@ -51,20 +53,35 @@ def stop_superlink(port: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--app", default=".")
-    ap.add_argument("--num-supernodes", type=int, default=15,
-                    help="0 = pass no --federation-config (Flower's default local simulation: 2 SuperNodes)")
+    ap.add_argument(
+        "--num-supernodes",
+        type=int,
+        default=15,
+        help="0 = pass no --federation-config (Flower's default local simulation: 2 SuperNodes)",
+    )
     ap.add_argument("--cpus-per-client", type=int, default=1)
-    ap.add_argument("--gpus-per-client", type=float, default=0.0,
-                    help="Ray GPU share per ClientApp (e.g. 0.1: ten ClientApps share one GPU; docs/devices.md)")
-    ap.add_argument("--port", type=int, default=29291, help="SuperLink HTTP port (control = port + 2)")
+    ap.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="Ray GPU share per ClientApp (e.g. 0.1: ten ClientApps share one GPU; docs/devices.md)",
+    )
+    ap.add_argument(
+        "--port", type=int, default=29291, help="SuperLink HTTP port (control = port + 2)"
+    )
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--run-config", default="")
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
     args = ap.parse_args(argv)
 
     home = Path(args.flwr_home) if args.flwr_home else Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    env = flwr_env(home, {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
-                          "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2)})
+    env = flwr_env(
+        home,
+        {
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
+        },
+    )
     try:
         flwr = find_flwr(env)
     except FileNotFoundError as exc:
@@ -74,12 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # Ray would fail with "ActorPool is empty" and flwr run would still exit 0
 
         if not torch.cuda.is_available():
-            print(f"--gpus-per-client={args.gpus_per_client}: torch sees no CUDA device on this machine; "
-                  "use --gpus-per-client 0 (device=auto then runs on the CPU)", file=sys.stderr)
+            print(
+                f"--gpus-per-client={args.gpus_per_client}: torch sees no CUDA device on this machine; "
+                "use --gpus-per-client 0 (device=auto then runs on the CPU)",
+                file=sys.stderr,
+            )
             return 2
     cmd = [flwr, "run", args.app, "--stream"]
     if args.num_supernodes > 0:
-        fed = f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"
+        fed = (
+            f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"
+        )
         if args.gpus_per_client > 0:
             fed += f" client-resources-num-gpus={args.gpus_per_client}"
         cmd += ["--federation-config", fed]

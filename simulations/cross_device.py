@@ -125,7 +125,7 @@ class TreeMemoryMonitor:
             self.sample()
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "TreeMemoryMonitor":
+    def __enter__(self) -> TreeMemoryMonitor:
         self._thread.start()
         return self
 
@@ -172,24 +172,45 @@ def _toml_value(v) -> str:
 def run_ray(n: int, rc: dict, log_path: Path, port: int, timeout: float) -> dict:
     """``flwr run`` with ``n`` SuperNodes; returns exit status, wall time and peak tree RSS."""
     overrides = " ".join(f"{k}={_toml_value(v)}" for k, v in rc.items())
-    cmd = [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(ROOT), "--num-supernodes", str(n),
-           "--cpus-per-client", "1", "--port", str(port), "--timeout", str(timeout), "--run-config", overrides]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "run_flwr.py"),
+        "--app",
+        str(ROOT),
+        "--num-supernodes",
+        str(n),
+        "--cpus-per-client",
+        "1",
+        "--port",
+        str(port),
+        "--timeout",
+        str(timeout),
+        "--run-config",
+        overrides,
+    ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         log.write("+ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
+        )
         with TreeMemoryMonitor(proc.pid) as mon:
             try:
                 code = proc.wait(timeout=timeout + 120)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 code = -9
-    return {"exit_code": code, "wall_seconds": time.monotonic() - t0, "peak_rss_bytes": mon.peak_bytes,
-            "peak_pss_bytes": mon.peak_pss_bytes, "peak_rss_processes": mon.peak_procs,
-            "peak_rss_breakdown": mon.peak_breakdown,
-            "memory_samples": mon.samples[:: max(1, len(mon.samples) // 200)]}
+    return {
+        "exit_code": code,
+        "wall_seconds": time.monotonic() - t0,
+        "peak_rss_bytes": mon.peak_bytes,
+        "peak_pss_bytes": mon.peak_pss_bytes,
+        "peak_rss_processes": mon.peak_procs,
+        "peak_rss_breakdown": mon.peak_breakdown,
+        "memory_samples": mon.samples[:: max(1, len(mon.samples) // 200)],
+    }
 
 
 def run_inprocess_measured(rc: dict) -> dict:
@@ -201,14 +222,22 @@ def run_inprocess_measured(rc: dict) -> dict:
 
     t0 = time.monotonic()
     run_inprocess(rc)
-    return {"exit_code": 0, "wall_seconds": time.monotonic() - t0,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_rss_processes": 1}
+    return {
+        "exit_code": 0,
+        "wall_seconds": time.monotonic() - t0,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_processes": 1,
+    }
 
 
 def round_stats(results: dict) -> dict:
     """Per-round wall times: training rounds (no evaluation) vs the evaluation round(s)."""
     rounds = results["rounds"]
-    train = [r["wall_seconds"] for r in rounds if r.get("private_accuracy_mean") is None and r["round"] > 1]
+    train = [
+        r["wall_seconds"]
+        for r in rounds
+        if r.get("private_accuracy_mean") is None and r["round"] > 1
+    ]
     evals = [r["wall_seconds"] for r in rounds if r.get("private_accuracy_mean") is not None]
     first = rounds[0]["wall_seconds"] if rounds else None
     train_sorted = sorted(train)
@@ -216,14 +245,18 @@ def round_stats(results: dict) -> dict:
     return {
         "rounds": len(rounds),
         "round1_seconds": first,
-        "train_round_seconds_median": train_sorted[len(train_sorted) // 2] if train_sorted else None,
+        "train_round_seconds_median": train_sorted[len(train_sorted) // 2]
+        if train_sorted
+        else None,
         "train_round_seconds_mean": sum(train) / len(train) if train else None,
         "train_round_seconds": train,
         "eval_round_seconds": evals,
         "trained_per_round": sum(r.get("num_trained", 0) for r in rounds) / max(len(rounds), 1),
-        "edges_relayed_per_round": sum(r.get("edges_relayed", 0) for r in rounds) / max(len(rounds), 1),
+        "edges_relayed_per_round": sum(r.get("edges_relayed", 0) for r in rounds)
+        / max(len(rounds), 1),
         "server_seconds_total": results.get("total_wall_seconds"),
-        "setup_seconds": (results.get("total_wall_seconds") or 0) - sum(r["wall_seconds"] for r in rounds),
+        "setup_seconds": (results.get("total_wall_seconds") or 0)
+        - sum(r["wall_seconds"] for r in rounds),
         "private_accuracy": last.get("private_accuracy_mean"),
         "communication_accuracy": last.get("communication_accuracy_degree_weighted"),
         "failures": len(results.get("failures", [])),
@@ -233,9 +266,11 @@ def round_stats(results: dict) -> dict:
 def table(summary: dict) -> str:
     """Markdown table of the runs in ``summary`` (``summary.json``'s content)."""
     fmt = lambda x, f="{:.1f}": "-" if x is None else f.format(x)  # noqa: E731
-    lines = ["| agents N | engine | trained/round | relayed edges/round | train round s (median) | eval round s (all N) "
-             "| setup s | total wall s | peak RSS GiB (sum) | peak PSS GiB | private acc | comm acc (deg.-w.) | completed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| agents N | engine | trained/round | relayed edges/round | train round s (median) | eval round s (all N) "
+        "| setup s | total wall s | peak RSS GiB (sum) | peak PSS GiB | private acc | comm acc (deg.-w.) | completed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(summary.values(), key=lambda r: r["n"]):
         lines.append(
             f"| {r['n']} | {r['engine']} | {fmt(r.get('trained_per_round'))} | {fmt(r.get('edges_relayed_per_round'))} | "
@@ -244,7 +279,8 @@ def table(summary: dict) -> str:
             f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | "
             f"{fmt(r['peak_pss_bytes'] / 2**30 if r.get('peak_pss_bytes') else None, '{:.2f}')} | "
             f"{fmt(r.get('private_accuracy'), '{:.3f}')} | {fmt(r.get('communication_accuracy'), '{:.3f}')} | "
-            f"{'yes' if r.get('completed') else 'NO'} |")
+            f"{'yes' if r.get('completed') else 'NO'} |"
+        )
     return "\n".join(lines)
 
 
@@ -252,8 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this script (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", default="100,300,1000", help="comma-separated population sizes N")
-    ap.add_argument("--fraction", type=float, default=0.15, help="fraction-train per round (uniform)")
-    ap.add_argument("--participation", default="", help="per-node Bernoulli spec instead of --fraction, e.g. uniform:0.1-0.2")
+    ap.add_argument(
+        "--fraction", type=float, default=0.15, help="fraction-train per round (uniform)"
+    )
+    ap.add_argument(
+        "--participation",
+        default="",
+        help="per-node Bernoulli spec instead of --fraction, e.g. uniform:0.1-0.2",
+    )
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--evaluate-every", type=int, default=0, help="0 = only at the last round")
     ap.add_argument("--graph", default="class-overlap-knn:4")
@@ -263,8 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps-per-epoch", type=int, default=0)
     ap.add_argument("--num-pilots", type=int, default=200)
     ap.add_argument("--absent-policy", default="cached")
-    ap.add_argument("--partitioner", default="", help="e.g. cross-device (a handful of samples per agent)")
-    ap.add_argument("--fraction-evaluate", type=float, default=0.0, help="0 = the package default (all nodes)")
+    ap.add_argument(
+        "--partitioner", default="", help="e.g. cross-device (a handful of samples per agent)"
+    )
+    ap.add_argument(
+        "--fraction-evaluate", type=float, default=0.0, help="0 = the package default (all nodes)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
     ap.add_argument("--port", type=int, default=39691)
@@ -302,11 +348,19 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"N{n}"] = rec
         summary_path.write_text(json.dumps(summary, indent=1))
         (out / "table.md").write_text(table(summary) + "\n")
-        print(f"   N={n}: completed={ok} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
-              f" (PSS {meas.get('peak_pss_bytes', 0) / 2**30:.2f} GiB)"
-              + (f", train round median {rec['train_round_seconds_median']:.1f} s, private {rec['private_accuracy']:.3f},"
-                 f" comm {rec['communication_accuracy']:.3f}" if ok and rec.get("train_round_seconds_median") is not None
-                 and rec.get("private_accuracy") is not None else ""), flush=True)
+        print(
+            f"   N={n}: completed={ok} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
+            f" (PSS {meas.get('peak_pss_bytes', 0) / 2**30:.2f} GiB)"
+            + (
+                f", train round median {rec['train_round_seconds_median']:.1f} s, private {rec['private_accuracy']:.3f},"
+                f" comm {rec['communication_accuracy']:.3f}"
+                if ok
+                and rec.get("train_round_seconds_median") is not None
+                and rec.get("private_accuracy") is not None
+                else ""
+            ),
+            flush=True,
+        )
     return status
 
 

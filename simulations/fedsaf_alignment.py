@@ -31,7 +31,12 @@ from pathlib import Path
 from inprocess import parse_overrides, run_inprocess
 
 #: structure -> method value (mse/cosine/gcsa ride on fedsaf-gcsa with fedsaf-structure set)
-STRUCTURES = {"mse": "fedsaf-gcsa", "cosine": "fedsaf-gcsa", "gcsa": "fedsaf-gcsa", "rcsa": "fedsaf-rcsa"}
+STRUCTURES = {
+    "mse": "fedsaf-gcsa",
+    "cosine": "fedsaf-gcsa",
+    "gcsa": "fedsaf-gcsa",
+    "rcsa": "fedsaf-rcsa",
+}
 KIND = {"mse": "coordinate", "cosine": "coordinate", "gcsa": "structural", "rcsa": "structural"}
 
 
@@ -39,8 +44,11 @@ def ci95(vals: list[float]) -> float:
     """Half-width of the 95% Student-t interval of the mean (NaN for fewer than two values)."""
     from scipy.stats import t
 
-    return float(t.ppf(0.975, len(vals) - 1)) * statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 \
+    return (
+        float(t.ppf(0.975, len(vals) - 1)) * statistics.stdev(vals) / math.sqrt(len(vals))
+        if len(vals) > 1
         else float("nan")
+    )
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -58,7 +66,9 @@ def run(cfg: dict) -> dict:
         old = json.loads(done.read_text())
         if all(old.get("config", {}).get(k) == v for k, v in cfg.items() if k != "results-dir"):
             return old
-    return run_inprocess({**cfg, "overwrite": True})  # a different or unfinished run there: replaced
+    return run_inprocess(
+        {**cfg, "overwrite": True}
+    )  # a different or unfinished run there: replaced
 
 
 def plot(table: list[dict], alphas: list[float], path: Path, title: str) -> None:
@@ -75,7 +85,14 @@ def plot(table: list[dict], alphas: list[float], path: Path, title: str) -> None
         xs = [i + (j - 1.5) * width for i in range(len(alphas))]
         ys = [rows[a]["test_accuracy_mean"] if a in rows else float("nan") for a in alphas]
         es = [rows[a]["test_accuracy_ci95"] if a in rows else 0.0 for a in alphas]
-        ax.bar(xs, ys, width, yerr=[0 if math.isnan(e) else e for e in es], capsize=2, label=f"{s} ({KIND[s]})")
+        ax.bar(
+            xs,
+            ys,
+            width,
+            yerr=[0 if math.isnan(e) else e for e in es],
+            capsize=2,
+            label=f"{s} ({KIND[s]})",
+        )
     ax.set_xticks(range(len(alphas)), [f"alpha={a:g}" for a in alphas])
     ax.set_ylabel("test accuracy (own head, mean over agents)")
     ax.legend(fontsize=8)
@@ -94,8 +111,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--zoo", default="tiny-4")
     ap.add_argument("--structures", default=",".join(STRUCTURES))
-    ap.add_argument("--extra", nargs="*", default=["local-epochs=1", "max-steps-per-epoch=30"],
-                    help="further run-config overrides")
+    ap.add_argument(
+        "--extra",
+        nargs="*",
+        default=["local-epochs=1", "max-steps-per-epoch=30"],
+        help="further run-config overrides",
+    )
     args = ap.parse_args()
     alphas = [float(a) for a in args.alphas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -106,18 +127,37 @@ def main() -> None:
         for seed in seeds:
             for s in structures:
                 tag = f"{s}_a{alpha:g}_s{seed}"
-                cfg = {"method": STRUCTURES[s], "fedsaf-structure": s, "zoo": args.zoo, "graph": "complete",
-                       "dataset": args.dataset, "partitioner": f"dirichlet:{alpha:g}", "seed": seed,
-                       "num-server-rounds": args.rounds, "evaluate-every": args.rounds,
-                       "results-dir": str(out / "runs" / tag), **parse_overrides(args.extra)}
+                cfg = {
+                    "method": STRUCTURES[s],
+                    "fedsaf-structure": s,
+                    "zoo": args.zoo,
+                    "graph": "complete",
+                    "dataset": args.dataset,
+                    "partitioner": f"dirichlet:{alpha:g}",
+                    "seed": seed,
+                    "num-server-rounds": args.rounds,
+                    "evaluate-every": args.rounds,
+                    "results-dir": str(out / "runs" / tag),
+                    **parse_overrides(args.extra),
+                }
                 t0 = time.monotonic()
                 res = run(cfg)
                 last = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None][-1]
-                rows.append({"structure": s, "kind": KIND[s], "alpha": alpha, "seed": seed,
-                             "test_accuracy": last["private_accuracy_mean"],
-                             "val_accuracy": last["val_private_accuracy_mean"]})
-                print(f"{tag:22s} test {rows[-1]['test_accuracy']:.4f} val {rows[-1]['val_accuracy']:.4f} "
-                      f"({time.monotonic() - t0:.0f} s)", flush=True)
+                rows.append(
+                    {
+                        "structure": s,
+                        "kind": KIND[s],
+                        "alpha": alpha,
+                        "seed": seed,
+                        "test_accuracy": last["private_accuracy_mean"],
+                        "val_accuracy": last["val_private_accuracy_mean"],
+                    }
+                )
+                print(
+                    f"{tag:22s} test {rows[-1]['test_accuracy']:.4f} val {rows[-1]['val_accuracy']:.4f} "
+                    f"({time.monotonic() - t0:.0f} s)",
+                    flush=True,
+                )
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "runs.csv", rows)
     table = []
@@ -125,16 +165,30 @@ def main() -> None:
         for s in structures:
             acc = [r["test_accuracy"] for r in rows if r["structure"] == s and r["alpha"] == alpha]
             val = [r["val_accuracy"] for r in rows if r["structure"] == s and r["alpha"] == alpha]
-            table.append({"structure": s, "kind": KIND[s], "alpha": alpha, "seeds": len(acc),
-                          "test_accuracy_mean": statistics.mean(acc), "test_accuracy_ci95": ci95(acc),
-                          "val_accuracy_mean": statistics.mean(val)})
+            table.append(
+                {
+                    "structure": s,
+                    "kind": KIND[s],
+                    "alpha": alpha,
+                    "seeds": len(acc),
+                    "test_accuracy_mean": statistics.mean(acc),
+                    "test_accuracy_ci95": ci95(acc),
+                    "val_accuracy_mean": statistics.mean(val),
+                }
+            )
     write_csv(out / "table.csv", table)
-    plot(table, alphas, out / "fedsaf_alignment.png",
-         f"FedSAF alignment, {args.dataset}, zoo {args.zoo}, {args.rounds} rounds, {len(seeds)} seeds")
+    plot(
+        table,
+        alphas,
+        out / "fedsaf_alignment.png",
+        f"FedSAF alignment, {args.dataset}, zoo {args.zoo}, {args.rounds} rounds, {len(seeds)} seeds",
+    )
     print(f"{'structure':10s} {'alpha':>5s} {'test acc':>18s} {'val acc':>8s}")
     for r in table:
-        print(f"{r['structure']:10s} {r['alpha']:5g} {r['test_accuracy_mean']:8.4f} +- {r['test_accuracy_ci95']:6.4f} "
-              f"{r['val_accuracy_mean']:8.4f}")
+        print(
+            f"{r['structure']:10s} {r['alpha']:5g} {r['test_accuracy_mean']:8.4f} +- {r['test_accuracy_ci95']:6.4f} "
+            f"{r['val_accuracy_mean']:8.4f}"
+        )
 
 
 if __name__ == "__main__":

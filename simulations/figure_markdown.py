@@ -16,13 +16,25 @@ import argparse
 import csv
 import math
 
-ORDER = ("sheaf-frl", "posthoc-pilots", "posthoc-train", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "fedmuscle",
-         "comfed", "sheaf-fmtl")
+ORDER = (
+    "sheaf-frl",
+    "posthoc-pilots",
+    "posthoc-train",
+    "fedproto",
+    "fedsaf-gcsa",
+    "fedsaf-rcsa",
+    "fedmuscle",
+    "comfed",
+    "sheaf-fmtl",
+)
 
 
 def _rank(method: str) -> tuple[int, int]:
     base = method.removesuffix("-pilots") if method != "posthoc-pilots" else method
-    return (ORDER.index(base) if base in ORDER else len(ORDER), method.endswith("-pilots") and method != "posthoc-pilots")
+    return (
+        ORDER.index(base) if base in ORDER else len(ORDER),
+        method.endswith("-pilots") and method != "posthoc-pilots",
+    )
 
 
 def table(rows: list[dict], metric: str) -> str:
@@ -67,10 +79,16 @@ def paired(runs: list[dict]) -> tuple[str, dict]:
     """
     from paper_figures import ci95
 
-    comm, vcomm = "communication_accuracy_degree_weighted", "val_communication_accuracy_degree_weighted"
+    comm, vcomm = (
+        "communication_accuracy_degree_weighted",
+        "val_communication_accuracy_degree_weighted",
+    )
     priv, vpriv = "private_accuracy_mean", "val_private_accuracy_mean"
-    lines = ["| point | seed | lambda* | comm Sheaf-FRL | comm lambda = 0 | difference | private Sheaf-FRL | "
-             "private lambda = 0 |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| point | seed | lambda* | comm Sheaf-FRL | comm lambda = 0 | difference | private Sheaf-FRL | "
+        "private lambda = 0 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     dc, dp = [], []
     sf = [r for r in runs if r["method"] == "sheaf-frl"]
     for x in sorted({r["x"] for r in sf}, key=float):
@@ -83,11 +101,18 @@ def paired(runs: list[dict]) -> tuple[str, dict]:
             g, b = max(glued, key=lambda r: (_num(r[vcomm]), _num(r[vpriv]))), base[0]
             dc.append(_num(g[comm]) - _num(b[comm]))
             dp.append(_num(g[priv]) - _num(b[priv]))
-            lines.append(f"| {float(x):g} | {seed} | {_num(g['weight']):g} | {_num(g[comm]):.3f} | {_num(b[comm]):.3f} | "
-                         f"{dc[-1]:+.3f} | {_num(g[priv]):.3f} | {_num(b[priv]):.3f} |")
-    pooled = {"n": len(dc), "comm_diff": sum(dc) / len(dc) if dc else float("nan"), "comm_ci95": ci95(dc),
-              "private_diff": sum(dp) / len(dp) if dp else float("nan"), "private_ci95": ci95(dp),
-              "comm_wins": sum(d > 0 for d in dc)}
+            lines.append(
+                f"| {float(x):g} | {seed} | {_num(g['weight']):g} | {_num(g[comm]):.3f} | {_num(b[comm]):.3f} | "
+                f"{dc[-1]:+.3f} | {_num(g[priv]):.3f} | {_num(b[priv]):.3f} |"
+            )
+    pooled = {
+        "n": len(dc),
+        "comm_diff": sum(dc) / len(dc) if dc else float("nan"),
+        "comm_ci95": ci95(dc),
+        "private_diff": sum(dp) / len(dp) if dp else float("nan"),
+        "private_ci95": ci95(dp),
+        "comm_wins": sum(d > 0 for d in dc),
+    }
     return "\n".join(lines), pooled
 
 
@@ -96,16 +121,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
     ap.add_argument("--metric", choices=("comm", "private"), default="comm")
-    ap.add_argument("--paired", action="store_true",
-                    help="the CSV is a runs.csv: Sheaf-FRL minus its lambda = 0 run per point and seed")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="the CSV is a runs.csv: Sheaf-FRL minus its lambda = 0 run per point and seed",
+    )
     args = ap.parse_args()
     with open(args.csv, newline="") as f:
         rows = list(csv.DictReader(f))
     if args.paired:
         text, p = paired(rows)
         print(text)
-        print(f"\npooled over {p['n']} (point, seed) pairs: communication {p['comm_diff']:+.4f} ± {p['comm_ci95']:.4f}, "
-              f"private {p['private_diff']:+.4f} ± {p['private_ci95']:.4f}; Sheaf-FRL higher in {p['comm_wins']} of {p['n']}")
+        print(
+            f"\npooled over {p['n']} (point, seed) pairs: communication {p['comm_diff']:+.4f} ± {p['comm_ci95']:.4f}, "
+            f"private {p['private_diff']:+.4f} ± {p['private_ci95']:.4f}; Sheaf-FRL higher in {p['comm_wins']} of {p['n']}"
+        )
     else:
         print(table(rows, args.metric))
 

@@ -24,17 +24,27 @@ from pathlib import Path
 from inprocess import run_inprocess
 from progress import map_with_progress
 
-KEYS = ("private_accuracy_mean", "communication_accuracy_degree_weighted", "val_private_accuracy_mean",
-        "val_communication_accuracy_degree_weighted", "low_variance_fraction_mean")
+KEYS = (
+    "private_accuracy_mean",
+    "communication_accuracy_degree_weighted",
+    "val_private_accuracy_mean",
+    "val_communication_accuracy_degree_weighted",
+    "low_variance_fraction_mean",
+)
 
 
 def _one(job: dict) -> dict:
     t = time.monotonic()
     done = Path(job["config"]["results-dir"]) / "results.json"
-    if done.exists() and json.loads(done.read_text()).get("config", {}).get("lambda") == job["config"]["lambda"]:
+    if (
+        done.exists()
+        and json.loads(done.read_text()).get("config", {}).get("lambda") == job["config"]["lambda"]
+    ):
         res = json.loads(done.read_text())  # resume: this run finished in an earlier invocation
     else:
-        res = run_inprocess({**job["config"], "overwrite": True})  # a different or unfinished run there: replaced
+        res = run_inprocess(
+            {**job["config"], "overwrite": True}
+        )  # a different or unfinished run there: replaced
     last = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None][-1]
     return {**job["meta"], **{k: last.get(k) for k in KEYS}, "wall_seconds": time.monotonic() - t}
 
@@ -60,39 +70,70 @@ def main() -> None:
         for seed in args.seeds:
             for lam in [0.0, *args.lambdas]:
                 tag = f"s{s}-seed{seed}-lam{lam}"
-                cfg = {"shift": s, "seed": seed, "lambda": lam, "num-server-rounds": args.rounds, "zoo": args.zoo,
-                       "evaluate-every": args.rounds, "results-dir": str(out / tag), **parse_overrides(args.extra)}
+                cfg = {
+                    "shift": s,
+                    "seed": seed,
+                    "lambda": lam,
+                    "num-server-rounds": args.rounds,
+                    "zoo": args.zoo,
+                    "evaluate-every": args.rounds,
+                    "results-dir": str(out / tag),
+                    **parse_overrides(args.extra),
+                }
                 jobs.append({"config": cfg, "meta": {"shift": s, "seed": seed, "lambda": lam}})
     t0 = time.monotonic()
-    rows = map_with_progress(_one, jobs, args.workers, label=lambda j: Path(j["config"]["results-dir"]).name)
+    rows = map_with_progress(
+        _one, jobs, args.workers, label=lambda j: Path(j["config"]["results-dir"]).name
+    )
     table = []
     for s in args.shifts:
         for seed in args.seeds:
             runs = [r for r in rows if r["shift"] == s and r["seed"] == seed]
             base = next(r for r in runs if r["lambda"] == 0.0)
-            glued = max((r for r in runs if r["lambda"] > 0),
-                        key=lambda r: (r["val_communication_accuracy_degree_weighted"], r["val_private_accuracy_mean"]))
-            table.append({"shift": s, "seed": seed, "chosen_lambda": glued["lambda"],
-                          "sheaf_private": glued["private_accuracy_mean"],
-                          "sheaf_comm": glued["communication_accuracy_degree_weighted"],
-                          "posthoc_private": base["private_accuracy_mean"],
-                          "posthoc_comm": base["communication_accuracy_degree_weighted"],
-                          "sheaf_low_var_frac": glued["low_variance_fraction_mean"]})
-    print(f"\nSheaf-FRL (lambda chosen on validation) vs lambda = 0 (post-hoc alignment); {args.rounds} rounds; "
-          f"total {time.monotonic() - t0:.0f} s")
-    print(f"{'s':>4} {'seed':>4} {'lambda*':>8} | {'priv SFRL':>9} {'priv l=0':>8} | {'comm SFRL':>9} {'comm l=0':>8}")
+            glued = max(
+                (r for r in runs if r["lambda"] > 0),
+                key=lambda r: (
+                    r["val_communication_accuracy_degree_weighted"],
+                    r["val_private_accuracy_mean"],
+                ),
+            )
+            table.append(
+                {
+                    "shift": s,
+                    "seed": seed,
+                    "chosen_lambda": glued["lambda"],
+                    "sheaf_private": glued["private_accuracy_mean"],
+                    "sheaf_comm": glued["communication_accuracy_degree_weighted"],
+                    "posthoc_private": base["private_accuracy_mean"],
+                    "posthoc_comm": base["communication_accuracy_degree_weighted"],
+                    "sheaf_low_var_frac": glued["low_variance_fraction_mean"],
+                }
+            )
+    print(
+        f"\nSheaf-FRL (lambda chosen on validation) vs lambda = 0 (post-hoc alignment); {args.rounds} rounds; "
+        f"total {time.monotonic() - t0:.0f} s"
+    )
+    print(
+        f"{'s':>4} {'seed':>4} {'lambda*':>8} | {'priv SFRL':>9} {'priv l=0':>8} | {'comm SFRL':>9} {'comm l=0':>8}"
+    )
     for r in table:
-        print(f"{r['shift']:>4} {r['seed']:>4} {r['chosen_lambda']:>8} | {r['sheaf_private']:>9.3f} {r['posthoc_private']:>8.3f} | "
-              f"{r['sheaf_comm']:>9.3f} {r['posthoc_comm']:>8.3f}")
+        print(
+            f"{r['shift']:>4} {r['seed']:>4} {r['chosen_lambda']:>8} | {r['sheaf_private']:>9.3f} {r['posthoc_private']:>8.3f} | "
+            f"{r['sheaf_comm']:>9.3f} {r['posthoc_comm']:>8.3f}"
+        )
     for s in args.shifts:
         rs = [r for r in table if r["shift"] == s]
         m = lambda k: statistics.mean(r[k] for r in rs)  # noqa: E731, B023 - used in this iteration only
         sd = lambda k: statistics.pstdev(r[k] for r in rs)  # noqa: E731, B023 - used in this iteration only
-        print(f"s={s}: mean over {len(rs)} seeds | private SFRL {m('sheaf_private'):.3f}±{sd('sheaf_private'):.3f} "
-              f"vs {m('posthoc_private'):.3f}±{sd('posthoc_private'):.3f} | comm SFRL {m('sheaf_comm'):.3f}±{sd('sheaf_comm'):.3f} "
-              f"vs {m('posthoc_comm'):.3f}±{sd('posthoc_comm'):.3f}")
+        print(
+            f"s={s}: mean over {len(rs)} seeds | private SFRL {m('sheaf_private'):.3f}±{sd('sheaf_private'):.3f} "
+            f"vs {m('posthoc_private'):.3f}±{sd('posthoc_private'):.3f} | comm SFRL {m('sheaf_comm'):.3f}±{sd('sheaf_comm'):.3f} "
+            f"vs {m('posthoc_comm'):.3f}±{sd('posthoc_comm'):.3f}"
+        )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"args": vars(args), "runs": rows, "table": table}, indent=1))
+    (out / "summary.json").write_text(
+        json.dumps({"args": vars(args), "runs": rows, "table": table}, indent=1)
+    )
     print(f"written {out / 'summary.json'}")
 
 

@@ -61,14 +61,31 @@ def run_inprocess(run_config: dict) -> dict:
     path = run_server(grid, run_config)
     res = json.loads(Path(path).read_text())
     if res.get("status", "completed") != "completed":  # degraded (failed runs raise in run_server)
-        print(f"[flwr-sheaf] warning: run {run_config.get('results-dir')} is {res['status']}: "
-              f"{res.get('degradation')}", file=sys.stderr, flush=True)
+        print(
+            f"[flwr-sheaf] warning: run {run_config.get('results-dir')} is {res['status']}: "
+            f"{res.get('degradation')}",
+            file=sys.stderr,
+            flush=True,
+        )
     return res
 
 
 if __name__ == "__main__":
     res = run_inprocess(parse_overrides(sys.argv[1:]))
     last = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None][-1]
-    print(json.dumps({k: last.get(k) for k in ("round", "private_accuracy_mean", "communication_accuracy_degree_weighted",
-                                               "val_private_accuracy_mean", "val_communication_accuracy_degree_weighted",
-                                               "low_variance_fraction_mean")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: last.get(k)
+                for k in (
+                    "round",
+                    "private_accuracy_mean",
+                    "communication_accuracy_degree_weighted",
+                    "val_private_accuracy_mean",
+                    "val_communication_accuracy_degree_weighted",
+                    "low_variance_fraction_mean",
+                )
+            },
+            indent=1,
+        )
+    )

@@ -53,7 +53,9 @@ def summarise(res: dict) -> dict:
     rounds = res["rounds"]
     evals = [r for r in rounds if r.get("private_accuracy_mean") is not None]
     last = evals[-1] if evals else {}
-    ages = [r["relayed_pilot_age_mean"] for r in rounds if r.get("relayed_pilot_age_mean") is not None]
+    ages = [
+        r["relayed_pilot_age_mean"] for r in rounds if r.get("relayed_pilot_age_mean") is not None
+    ]
     ws = [r["edge_weight_mean"] for r in rounds if r.get("edge_weight_mean") is not None]
     return {
         "final_round": last.get("round"),
@@ -61,7 +63,14 @@ def summarise(res: dict) -> dict:
         "communication_accuracy": last.get("communication_accuracy_degree_weighted"),
         "val_private_accuracy": last.get("val_private_accuracy_mean"),
         "val_communication_accuracy": last.get("val_communication_accuracy_degree_weighted"),
-        "curve": [(r["round"], r.get("private_accuracy_mean"), r.get("communication_accuracy_degree_weighted")) for r in evals],
+        "curve": [
+            (
+                r["round"],
+                r.get("private_accuracy_mean"),
+                r.get("communication_accuracy_degree_weighted"),
+            )
+            for r in evals
+        ],
         "trained_per_round": float(np.mean([r.get("num_trained", 0) for r in rounds])),
         "edges_relayed_per_round": float(np.mean([r.get("edges_relayed", 0) for r in rounds])),
         "relayed_pilot_age_mean": float(np.mean(ages)) if ages else None,
@@ -102,31 +111,54 @@ def main(argv: list[str] | None = None) -> int:
             label = "full" if level >= 1.0 else f"p{level:.1f}-{policy}"
             rdir = out / label
             if not (rdir / "results.json").exists():
-                rc = {"zoo": args.zoo, "num-server-rounds": args.rounds, "local-epochs": args.local_epochs,
-                      "participation": spec, "absent-policy": policy, "evaluate-every": args.evaluate_every,
-                      "seed": args.seed, "num-pilots": args.num_pilots, "results-dir": str(rdir)}
+                rc = {
+                    "zoo": args.zoo,
+                    "num-server-rounds": args.rounds,
+                    "local-epochs": args.local_epochs,
+                    "participation": spec,
+                    "absent-policy": policy,
+                    "evaluate-every": args.evaluate_every,
+                    "seed": args.seed,
+                    "num-pilots": args.num_pilots,
+                    "results-dir": str(rdir),
+                }
                 t0 = time.monotonic()
-                print(f"== {label}: p mean {np.mean([float(x) for x in spec.split(',')]) if spec else 1.0:.3f}", flush=True)
+                print(
+                    f"== {label}: p mean {np.mean([float(x) for x in spec.split(',')]) if spec else 1.0:.3f}",
+                    flush=True,
+                )
                 run_inprocess(rc)
                 print(f"   done in {time.monotonic() - t0:.0f} s", flush=True)
             res = json.loads((rdir / "results.json").read_text())
             s = summarise(res)
-            s.update({"level": level, "policy": "all (full participation)" if level >= 1.0 else policy,
-                      "p_mean": float(np.mean([float(x) for x in spec.split(",")])) if spec else 1.0})
+            s.update(
+                {
+                    "level": level,
+                    "policy": "all (full participation)" if level >= 1.0 else policy,
+                    "p_mean": float(np.mean([float(x) for x in spec.split(",")])) if spec else 1.0,
+                }
+            )
             summary[label] = s
-            (out / "summary.json").write_text(json.dumps({"args": vars(args), "runs": summary}, indent=1))
-    lines = [f"Sheaf-FRL, zoo {args.zoo}, bundled digits, {args.rounds} rounds x {args.local_epochs} local epochs, "
-             f"Bernoulli p_i ~ U(m-{args.spread}, m+{args.spread}), seed {args.seed}", "",
-             "| level m | policy | realised p | trained/round | private acc | comm acc (deg.-w.) | val private | val comm "
-             "| relayed edges/round | relayed age mean / max | edge weight mean | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            (out / "summary.json").write_text(
+                json.dumps({"args": vars(args), "runs": summary}, indent=1)
+            )
+    lines = [
+        f"Sheaf-FRL, zoo {args.zoo}, bundled digits, {args.rounds} rounds x {args.local_epochs} local epochs, "
+        f"Bernoulli p_i ~ U(m-{args.spread}, m+{args.spread}), seed {args.seed}",
+        "",
+        "| level m | policy | realised p | trained/round | private acc | comm acc (deg.-w.) | val private | val comm "
+        "| relayed edges/round | relayed age mean / max | edge weight mean | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     fmt = lambda x, f="{:.3f}": "-" if x is None else f.format(x)  # noqa: E731
     for s in summary.values():
-        lines.append(f"| {s['level']:.1f} | {s['policy']} | {s['p_mean']:.3f} | {s['trained_per_round']:.1f} | "
-                     f"{fmt(s['private_accuracy'])} | {fmt(s['communication_accuracy'])} | {fmt(s['val_private_accuracy'])} | "
-                     f"{fmt(s['val_communication_accuracy'])} | {s['edges_relayed_per_round']:.1f} | "
-                     f"{fmt(s['relayed_pilot_age_mean'], '{:.2f}')} / {s['relayed_pilot_age_max']} | "
-                     f"{fmt(s['edge_weight_mean'], '{:.2f}')} | {fmt(s['wall_seconds'], '{:.0f}')} |")
+        lines.append(
+            f"| {s['level']:.1f} | {s['policy']} | {s['p_mean']:.3f} | {s['trained_per_round']:.1f} | "
+            f"{fmt(s['private_accuracy'])} | {fmt(s['communication_accuracy'])} | {fmt(s['val_private_accuracy'])} | "
+            f"{fmt(s['val_communication_accuracy'])} | {s['edges_relayed_per_round']:.1f} | "
+            f"{fmt(s['relayed_pilot_age_mean'], '{:.2f}')} / {s['relayed_pilot_age_max']} | "
+            f"{fmt(s['edge_weight_mean'], '{:.2f}')} | {fmt(s['wall_seconds'], '{:.0f}')} |"
+        )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

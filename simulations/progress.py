@@ -38,8 +38,14 @@ def _indexed(args: tuple[Callable[[Any], Any], int, Any]) -> tuple[int, Any, flo
     return i, fn(job), time.monotonic() - t
 
 
-def map_with_progress(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: int, label: Callable[[Any], str] = str,
-                      desc: str = "runs", stream=None) -> list[Any]:
+def map_with_progress(
+    fn: Callable[[Any], Any],
+    jobs: Sequence[Any],
+    workers: int,
+    label: Callable[[Any], str] = str,
+    desc: str = "runs",
+    stream=None,
+) -> list[Any]:
     """``[fn(job) for job in jobs]`` in ``workers`` spawned processes (in order), reporting progress.
 
     Args:
@@ -61,10 +67,23 @@ def map_with_progress(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: in
         results = pool.imap_unordered(_indexed, tasks, chunksize=1)
         if getattr(stream, "isatty", lambda: False)():
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
-            with Progress(TextColumn(desc), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TimeRemainingColumn(), console=Console(file=stream)) as bar:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            with Progress(
+                TextColumn(desc),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=stream),
+            ) as bar:
                 task = bar.add_task(desc, total=total)
                 for i, res, _ in results:
                     out[i] = res
@@ -73,6 +92,10 @@ def map_with_progress(fn: Callable[[Any], Any], jobs: Sequence[Any], workers: in
             for done, (i, res, took) in enumerate(results, start=1):
                 out[i] = res
                 elapsed = time.monotonic() - t0
-                print(f"[{done}/{total}] {label(jobs[i])} ({took:.0f} s); elapsed {_fmt(elapsed)}, "
-                      f"ETA {_fmt(eta_seconds(elapsed, done, total))}", file=stream, flush=True)
+                print(
+                    f"[{done}/{total}] {label(jobs[i])} ({took:.0f} s); elapsed {_fmt(elapsed)}, "
+                    f"ETA {_fmt(eta_seconds(elapsed, done, total))}",
+                    file=stream,
+                    flush=True,
+                )
     return out

@@ -68,19 +68,35 @@ def _slug(label: str) -> str:
 def run_one(prob: PCAProblem, p: np.ndarray, label: str, seed: int, args) -> list[dict]:
     """One (method, seed) run; rows ``method, seed, round, gap, cpu_seconds``."""
     method, mode = METHODS[label]
-    x0 = prob.manifold.random_point(np.random.default_rng([seed, 9]))  # same x0 for every method of a seed
-    h = run_federated(prob, p, method=method, mode=mode, num_rounds=args.rounds, local_steps=args.local_steps,
-                      step_size=args.step_size, x0=x0, seed=seed, batch_size=args.batch_size,
-                      record_every=args.record_every)
+    x0 = prob.manifold.random_point(
+        np.random.default_rng([seed, 9])
+    )  # same x0 for every method of a seed
+    h = run_federated(
+        prob,
+        p,
+        method=method,
+        mode=mode,
+        num_rounds=args.rounds,
+        local_steps=args.local_steps,
+        step_size=args.step_size,
+        x0=x0,
+        seed=seed,
+        batch_size=args.batch_size,
+        record_every=args.record_every,
+    )
     assert h["max_feasibility"] < 1e-10, (label, h["max_feasibility"])
-    return [{"method": label, "seed": seed, "round": t, "gap": g, "cpu_seconds": c}
-            for t, g, c in zip(h["rounds"], h["gap"], h["cpu_seconds"])]
+    return [
+        {"method": label, "seed": seed, "round": t, "gap": g, "cpu_seconds": c}
+        for t, g, c in zip(h["rounds"], h["gap"], h["cpu_seconds"])
+    ]
 
 
 def read_csv(path: Path) -> list[dict]:
     """Rows of a CSV written by this script, numbers parsed."""
     with open(path) as f:
-        return [{k: (v if k == "method" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+        return [
+            {k: (v if k == "method" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)
+        ]
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -95,8 +111,11 @@ def ci95(vals: list[float]) -> float:
     """Half-width of the 95% t interval of the mean (NaN for fewer than two values)."""
     from scipy.stats import t
 
-    return float(t.ppf(0.975, len(vals) - 1)) * statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 \
+    return (
+        float(t.ppf(0.975, len(vals) - 1)) * statistics.stdev(vals) / math.sqrt(len(vals))
+        if len(vals) > 1
         else float("nan")
+    )
 
 
 def summarise(rows: list[dict], labels: list[str]) -> list[dict]:
@@ -110,9 +129,17 @@ def summarise(rows: list[dict], labels: list[str]) -> list[dict]:
         fin = [r for r in mine if r["round"] == last]
         gaps, cpus = [r["gap"] for r in fin], [r["cpu_seconds"] for r in fin]
         gap0 = statistics.mean(r["gap"] for r in mine if r["round"] == 0)
-        out.append({"method": label, "rounds": int(last), "seeds": len(fin), "gap_round0": gap0,
-                    "gap_final_mean": statistics.mean(gaps), "gap_final_ci95": ci95(gaps),
-                    "cpu_seconds_mean": statistics.mean(cpus)})
+        out.append(
+            {
+                "method": label,
+                "rounds": int(last),
+                "seeds": len(fin),
+                "gap_round0": gap0,
+                "gap_final_mean": statistics.mean(gaps),
+                "gap_final_ci95": ci95(gaps),
+                "cpu_seconds_mean": statistics.mean(cpus),
+            }
+        )
     return out
 
 
@@ -154,7 +181,9 @@ def hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
         return False
 
 
-def cifar10_problem(num_clients: int = 50, samples_per_client: int = 1000, r: int = 4) -> PCAProblem:
+def cifar10_problem(
+    num_clients: int = 50, samples_per_client: int = 1000, r: int = 4
+) -> PCAProblem:
     """The paper's CIFAR-10 PCA variant from ``hf:uoft-cs/cifar10``: flattened ``3 x 32 x 32`` images in [0, 1],
     centred; client ``i`` takes ``S`` consecutive images of the label-sorted training set (non-IID).
 
@@ -165,7 +194,9 @@ def cifar10_problem(num_clients: int = 50, samples_per_client: int = 1000, r: in
 
     ds = load_dataset("uoft-cs/cifar10", split="train")
     order = np.argsort(np.asarray(ds["label"]), kind="stable")[: num_clients * samples_per_client]
-    imgs = np.stack([np.asarray(ds[int(i)]["img"], dtype=np.float64).reshape(-1) / 255.0 for i in order])
+    imgs = np.stack(
+        [np.asarray(ds[int(i)]["img"], dtype=np.float64).reshape(-1) / 255.0 for i in order]
+    )
     imgs -= imgs.mean(axis=0)
     z = imgs.reshape(num_clients, samples_per_client, -1)
     cov = np.einsum("nsd,nse->nde", z, z) / samples_per_client
@@ -181,8 +212,12 @@ def main() -> None:
     ap.add_argument("--local-steps", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=50)
     ap.add_argument("--record-every", type=int, default=10)
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated labels of METHODS")
-    ap.add_argument("--cifar10", action="store_true", help="also run the CIFAR-10 variant (needs the HF hub)")
+    ap.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated labels of METHODS"
+    )
+    ap.add_argument(
+        "--cifar10", action="store_true", help="also run the CIFAR-10 variant (needs the HF hub)"
+    )
     args = ap.parse_args()
     labels = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in labels:
@@ -200,23 +235,33 @@ def main() -> None:
             if not path.exists():
                 part = run_one(prob, p, label, seed, args)
                 write_csv(path, part)
-                print(f"seed {seed} {label:24s} final gap {part[-1]['gap']:.4g}  cpu {part[-1]['cpu_seconds']:.1f} s",
-                      flush=True)
+                print(
+                    f"seed {seed} {label:24s} final gap {part[-1]['gap']:.4g}  cpu {part[-1]['cpu_seconds']:.1f} s",
+                    flush=True,
+                )
             rows += read_csv(path)
     write_csv(out / "curves.csv", rows)
     summary = summarise(rows, labels)
     write_csv(out / "summary.csv", summary)
-    plot(rows, labels, out / "rfedags_compare.png",
-         f"synthetic PCA (r, d) = (5, 100), N = 40, S = 100, p_i ~ U(0,1), K = 5, alpha = {args.step_size:g}, "
-         f"{len(seeds)} seeds")
+    plot(
+        rows,
+        labels,
+        out / "rfedags_compare.png",
+        f"synthetic PCA (r, d) = (5, 100), N = 40, S = 100, p_i ~ U(0,1), K = 5, alpha = {args.step_size:g}, "
+        f"{len(seeds)} seeds",
+    )
     print(f"{'method':24s} {'gap(0)':>8s} {'final gap':>22s} {'cpu s':>7s}")
     for s in summary:
-        print(f"{s['method']:24s} {s['gap_round0']:8.4f} {s['gap_final_mean']:10.4f} +- {s['gap_final_ci95']:8.4f} "
-              f"{s['cpu_seconds_mean']:7.1f}")
+        print(
+            f"{s['method']:24s} {s['gap_round0']:8.4f} {s['gap_final_mean']:10.4f} +- {s['gap_final_ci95']:8.4f} "
+            f"{s['cpu_seconds_mean']:7.1f}"
+        )
     if args.cifar10:
         if not hub_reachable():
-            print("CIFAR-10 PCA skipped: the Hugging Face hub (huggingface.co:443) is not reachable from this "
-                  "machine (offline); rerun with --cifar10 where it is.")
+            print(
+                "CIFAR-10 PCA skipped: the Hugging Face hub (huggingface.co:443) is not reachable from this "
+                "machine (offline); rerun with --cifar10 where it is."
+            )
         else:
             prob = cifar10_problem()
             p = paper_participation(prob.num_clients, seed=seeds[0])
@@ -225,7 +270,12 @@ def main() -> None:
             for label in labels:
                 crow += run_one(prob, p, label, seeds[0], args)
             write_csv(out / "cifar10_curves.csv", crow)
-            plot(crow, labels, out / "rfedags_compare_cifar10.png", "CIFAR-10 PCA (r, d) = (4, 3072), N = 50")
+            plot(
+                crow,
+                labels,
+                out / "rfedags_compare_cifar10.png",
+                "CIFAR-10 PCA (r, d) = (4, 3072), N = 50",
+            )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,20 @@ from pathlib import Path
 
 from flwr_sheaf.rfedags.aggregation import effective_weights_uncorrected
 from flwr_sheaf.rfedags.client import step_size_schedule
-from flwr_sheaf.rfedags.frechet import centralised_frechet_mean, commuting_spd_problem, symmetric_poincare_problem
+from flwr_sheaf.rfedags.frechet import (
+    centralised_frechet_mean,
+    commuting_spd_problem,
+    symmetric_poincare_problem,
+)
 from flwr_sheaf.rfedags.runner import run_federated
 
-RUNS = {"RFedAGS (estimated p)": ("rfedags", "corrected"), "RFedAGS (known p)": ("rfedags", "known-p"),
-        "RFedAGS (uncorrected)": ("rfedags", "uncorrected"), "RFedAvg": ("rfedavg", "uncorrected"),
-        "RFedSVRG": ("rfedsvrg", "uncorrected")}
+RUNS = {
+    "RFedAGS (estimated p)": ("rfedags", "corrected"),
+    "RFedAGS (known p)": ("rfedags", "known-p"),
+    "RFedAGS (uncorrected)": ("rfedags", "uncorrected"),
+    "RFedAvg": ("rfedavg", "uncorrected"),
+    "RFedSVRG": ("rfedsvrg", "uncorrected"),
+}
 
 
 def main() -> None:
@@ -42,32 +50,58 @@ def main() -> None:
             man = prob.manifold
             x_star = prob.optimum()[0]
             pt = effective_weights_uncorrected(p)
-            x_tilde = prob.weighted_optimum(pt) if prob.log_spectra is not None else \
-                centralised_frechet_mean(man, prob.samples, weights=pt)
+            x_tilde = (
+                prob.weighted_optimum(pt)
+                if prob.log_spectra is not None
+                else centralised_frechet_mean(man, prob.samples, weights=pt)
+            )
             for label, (method, mode) in RUNS.items():
-                h = run_federated(prob, p, method=method, mode=mode, num_rounds=args.rounds, local_steps=3,
-                                  step_size=step_size_schedule(0.3, 5), seed=seed, record_every=args.rounds)
-                rows.append({"problem": repr(man), "method": label, "seed": seed,
-                             "dist_to_mean": float(man.dist(h["x"], x_star)),
-                             "dist_to_reweighted_mean": float(man.dist(h["x"], x_tilde)),
-                             "mean_to_reweighted": float(man.dist(x_star, x_tilde)),
-                             "max_feasibility": h["max_feasibility"], "cpu_seconds": h["cpu_seconds"][-1]})
-                print(f"{rows[-1]['problem']:40s} seed {seed} {label:22s} d(x, x*) {rows[-1]['dist_to_mean']:.4f} "
-                      f"d(x, x~) {rows[-1]['dist_to_reweighted_mean']:.4f}", flush=True)
+                h = run_federated(
+                    prob,
+                    p,
+                    method=method,
+                    mode=mode,
+                    num_rounds=args.rounds,
+                    local_steps=3,
+                    step_size=step_size_schedule(0.3, 5),
+                    seed=seed,
+                    record_every=args.rounds,
+                )
+                rows.append(
+                    {
+                        "problem": repr(man),
+                        "method": label,
+                        "seed": seed,
+                        "dist_to_mean": float(man.dist(h["x"], x_star)),
+                        "dist_to_reweighted_mean": float(man.dist(h["x"], x_tilde)),
+                        "mean_to_reweighted": float(man.dist(x_star, x_tilde)),
+                        "max_feasibility": h["max_feasibility"],
+                        "cpu_seconds": h["cpu_seconds"][-1],
+                    }
+                )
+                print(
+                    f"{rows[-1]['problem']:40s} seed {seed} {label:22s} d(x, x*) {rows[-1]['dist_to_mean']:.4f} "
+                    f"d(x, x~) {rows[-1]['dist_to_reweighted_mean']:.4f}",
+                    flush=True,
+                )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "frechet.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"\n{'problem':40s} {'method':22s} {'d(x,x*)':>8s} {'d(x,x~)':>8s} {'d(x*,x~)':>8s} {'max viol.':>9s}")
+    print(
+        f"\n{'problem':40s} {'method':22s} {'d(x,x*)':>8s} {'d(x,x~)':>8s} {'d(x*,x~)':>8s} {'max viol.':>9s}"
+    )
     for prob_name in dict.fromkeys(r["problem"] for r in rows):
         for label in RUNS:
             mine = [r for r in rows if r["problem"] == prob_name and r["method"] == label]
-            print(f"{prob_name:40s} {label:22s} {statistics.mean(r['dist_to_mean'] for r in mine):8.4f} "
-                  f"{statistics.mean(r['dist_to_reweighted_mean'] for r in mine):8.4f} "
-                  f"{statistics.mean(r['mean_to_reweighted'] for r in mine):8.4f} "
-                  f"{max(r['max_feasibility'] for r in mine):9.2e}")
+            print(
+                f"{prob_name:40s} {label:22s} {statistics.mean(r['dist_to_mean'] for r in mine):8.4f} "
+                f"{statistics.mean(r['dist_to_reweighted_mean'] for r in mine):8.4f} "
+                f"{statistics.mean(r['mean_to_reweighted'] for r in mine):8.4f} "
+                f"{max(r['max_feasibility'] for r in mine):9.2e}"
+            )
 
 
 if __name__ == "__main__":

@@ -56,21 +56,45 @@ from flwr_sheaf.testing import LocalGrid
 MODES = ("corrected", "known-p", "uncorrected")
 
 
-def run_one(prob: PCAProblem, p: np.ndarray, mode: str, rounds: int, x0: np.ndarray, *, local_steps: int,
-            alpha0: float, decay_rounds: float, seed: int, batch_size: int, estimator: str = "plus-one") -> dict:
+def run_one(
+    prob: PCAProblem,
+    p: np.ndarray,
+    mode: str,
+    rounds: int,
+    x0: np.ndarray,
+    *,
+    local_steps: int,
+    alpha0: float,
+    decay_rounds: float,
+    seed: int,
+    batch_size: int,
+    estimator: str = "plus-one",
+) -> dict:
     """One Flower run; returns per-round gap / distances and timing (``estimator``: of the corrected mode)."""
     app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients)
-    strat = RFedAGS(prob.num_clients, p, mode=mode, local_steps=local_steps, step_size=alpha0,
-                    decay_rounds=decay_rounds, seed=seed, minibatch_size=batch_size, estimator=estimator)
+    strat = RFedAGS(
+        prob.num_clients,
+        p,
+        mode=mode,
+        local_steps=local_steps,
+        step_size=alpha0,
+        decay_rounds=decay_rounds,
+        seed=seed,
+        minibatch_size=batch_size,
+        estimator=estimator,
+    )
     u_star, _ = prob.optimum()
     u_tilde = prob.reweighted_optimum(effective_weights_uncorrected(p))
     hist = {"round": [], "gap": [], "dist": [], "dist_reweighted": []}
 
     def evaluate(rnd: int, arrays: ArrayRecord) -> MetricRecord:
         x = arrays["x"].numpy()
-        vals = {"gap": prob.gap(x), "dist": subspace_distance(x, u_star),
-                "dist_reweighted": subspace_distance(x, u_tilde)}
+        vals = {
+            "gap": prob.gap(x),
+            "dist": subspace_distance(x, u_star),
+            "dist_reweighted": subspace_distance(x, u_tilde),
+        }
         hist["round"].append(rnd)
         for k, v in vals.items():
             hist[k].append(v)
@@ -82,7 +106,9 @@ def run_one(prob: PCAProblem, p: np.ndarray, mode: str, rounds: int, x0: np.ndar
     x = res.arrays["x"].numpy()
     responders = [r["num_responders"] for r in strat.history]
     return {
-        **hist, "x": x, "wall_seconds": wall,
+        **hist,
+        "x": x,
+        "wall_seconds": wall,
         "mean_responders": float(np.mean(responders)),
         "empty_rounds": int(sum(r == 0 for r in responders)),
         "max_feasibility": float(max(r["feasibility"] for r in strat.history)),
@@ -90,17 +116,36 @@ def run_one(prob: PCAProblem, p: np.ndarray, mode: str, rounds: int, x0: np.ndar
     }
 
 
-def run_numpy(prob: PCAProblem, p: np.ndarray, mode: str, s: dict, x0: np.ndarray, seed: int, estimator: str) -> dict:
+def run_numpy(
+    prob: PCAProblem, p: np.ndarray, mode: str, s: dict, x0: np.ndarray, seed: int, estimator: str
+) -> dict:
     """The pure-numpy reference run (:func:`~flwr_sheaf.rfedags.pca.run_pca_reference`) in :func:`run_one`'s format."""
     t0 = time.perf_counter()
-    ref = run_pca_reference(prob, p, mode=mode, num_rounds=s["rounds"], local_steps=s["local_steps"],
-                            step_size=step_size_schedule(s["alpha0"], s["decay_rounds"]), x0=x0, seed=seed,
-                            batch_size=s["batch_size"] or None, estimator=estimator)
+    ref = run_pca_reference(
+        prob,
+        p,
+        mode=mode,
+        num_rounds=s["rounds"],
+        local_steps=s["local_steps"],
+        step_size=step_size_schedule(s["alpha0"], s["decay_rounds"]),
+        x0=x0,
+        seed=seed,
+        batch_size=s["batch_size"] or None,
+        estimator=estimator,
+    )
     responders = ref["num_responders"][1:]
-    return {"round": ref["rounds"], "gap": ref["gap"], "dist": ref["dist"], "dist_reweighted": ref["dist_reweighted"],
-            "x": ref["x"], "wall_seconds": time.perf_counter() - t0, "mean_responders": float(np.mean(responders)),
-            "empty_rounds": int(ref["empty_rounds"]), "max_feasibility": float(ref["max_feasibility"]),
-            "final_q": np.asarray(ref["q"]).tolist()}
+    return {
+        "round": ref["rounds"],
+        "gap": ref["gap"],
+        "dist": ref["dist"],
+        "dist_reweighted": ref["dist_reweighted"],
+        "x": ref["x"],
+        "wall_seconds": time.perf_counter() - t0,
+        "mean_responders": float(np.mean(responders)),
+        "empty_rounds": int(ref["empty_rounds"]),
+        "max_feasibility": float(ref["max_feasibility"]),
+        "final_q": np.asarray(ref["q"]).tolist(),
+    }
 
 
 def problem_setups(args: argparse.Namespace) -> dict:
@@ -115,10 +160,24 @@ def problem_setups(args: argparse.Namespace) -> dict:
     p_syn = paper_participation(syn.num_clients, seed=args.seed + 1)
     planted, p_pl = planted_pca_problem(seed=args.seed)
     return {
-        "synthetic": dict(prob=syn, p=p_syn, rounds=args.synthetic_rounds, local_steps=5, alpha0=args.alpha,
-                          decay_rounds=0.0, batch_size=50),
-        "planted": dict(prob=planted, p=p_pl, rounds=args.planted_rounds, local_steps=5, alpha0=0.05,
-                        decay_rounds=200.0, batch_size=0),
+        "synthetic": dict(
+            prob=syn,
+            p=p_syn,
+            rounds=args.synthetic_rounds,
+            local_steps=5,
+            alpha0=args.alpha,
+            decay_rounds=0.0,
+            batch_size=50,
+        ),
+        "planted": dict(
+            prob=planted,
+            p=p_pl,
+            rounds=args.planted_rounds,
+            local_steps=5,
+            alpha0=0.05,
+            decay_rounds=200.0,
+            batch_size=0,
+        ),
     }
 
 
@@ -131,18 +190,31 @@ def plot(results: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(len(results), 2, figsize=(11, 4 * len(results)), squeeze=False)
     for row, (name, res) in enumerate(results.items()):
-        for col, key, label in ((0, "gap", "F(x_t) - F*"), (1, "dist", "||x x^T - U U^T||_F / sqrt 2")):
+        for col, key, label in (
+            (0, "gap", "F(x_t) - F*"),
+            (1, "dist", "||x x^T - U U^T||_F / sqrt 2"),
+        ):
             ax = axes[row][col]
             for mode, h in res["runs"].items():
                 ys = np.maximum(np.array(h[key]), 1e-16)
                 ax.plot(h["round"], ys, label=mode)
             if key == "gap" and res.get("bias_floor") is not None:
-                ax.axhline(res["bias_floor"], color="grey", ls="--", lw=1, label="F(U~) - F* (uncorrected floor)")
+                ax.axhline(
+                    res["bias_floor"],
+                    color="grey",
+                    ls="--",
+                    lw=1,
+                    label="F(U~) - F* (uncorrected floor)",
+                )
             if key == "dist":
                 if "uncorrected" in res["runs"]:
-                    ax.plot(res["runs"]["uncorrected"]["round"],
-                            np.maximum(res["runs"]["uncorrected"]["dist_reweighted"], 1e-16),
-                            color="C2", ls=":", label="uncorrected: dist to U~")
+                    ax.plot(
+                        res["runs"]["uncorrected"]["round"],
+                        np.maximum(res["runs"]["uncorrected"]["dist_reweighted"], 1e-16),
+                        color="C2",
+                        ls=":",
+                        label="uncorrected: dist to U~",
+                    )
             ax.set_yscale("log")
             ax.set_xlabel("server round")
             ax.set_ylabel(label)
@@ -156,25 +228,39 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run every (problem, mode) pair; write JSON + PNG; print the table. Returns the results dict."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default="results/rfedags_pca")
     ap.add_argument("--synthetic-rounds", type=int, default=500)
     ap.add_argument("--planted-rounds", type=int, default=1500)
-    ap.add_argument("--alpha", type=float, default=2e-2, help="fixed local step of the synthetic problem")
+    ap.add_argument(
+        "--alpha", type=float, default=2e-2, help="fixed local step of the synthetic problem"
+    )
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--check", action="store_true", help="compare with the pure-numpy reference loop")
+    ap.add_argument(
+        "--check", action="store_true", help="compare with the pure-numpy reference loop"
+    )
     ap.add_argument("--modes", default=",".join(MODES), help="comma list of modes to run")
-    ap.add_argument("--estimators", default="plus-one",
-                    help="comma list of frequency estimators of the corrected mode (plus-one, empirical)")
-    ap.add_argument("--numpy", action="store_true",
-                    help="run the pure-numpy reference loop instead of Flower (same maths, checked by --check and "
-                         "tests/test_rfedags_flower.py; much faster)")
+    ap.add_argument(
+        "--estimators",
+        default="plus-one",
+        help="comma list of frequency estimators of the corrected mode (plus-one, empirical)",
+    )
+    ap.add_argument(
+        "--numpy",
+        action="store_true",
+        help="run the pure-numpy reference loop instead of Flower (same maths, checked by --check and "
+        "tests/test_rfedags_flower.py; much faster)",
+    )
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
     bad = [m for m in modes if m not in MODES] + [e for e in estimators if e not in ESTIMATORS]
     if bad or not modes or not estimators:
-        ap.error(f"unknown or empty --modes/--estimators {bad}: modes {MODES}, estimators {ESTIMATORS}")
+        ap.error(
+            f"unknown or empty --modes/--estimators {bad}: modes {MODES}, estimators {ESTIMATORS}"
+        )
     runs = [(m, e) for m in modes for e in (estimators if m == "corrected" else ["plus-one"])]
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("flwr_sheaf").setLevel(logging.WARNING)
@@ -188,23 +274,47 @@ def main(argv: list[str] | None = None) -> dict:
         p_tilde = effective_weights_uncorrected(p)
         u_tilde = prob.reweighted_optimum(p_tilde)
         entry = {
-            "config": {k: v for k, v in s.items() if k not in ("prob", "p")} | {
-                "N": prob.num_clients, "d": prob.d, "r": prob.r, "seed": args.seed},
-            "p": p.tolist(), "p_tilde": p_tilde.tolist(), "F_star": prob.optimum()[1],
-            "eigengap": prob.eigengap, "bias_floor": prob.gap(u_tilde), "runs": {},
+            "config": {k: v for k, v in s.items() if k not in ("prob", "p")}
+            | {"N": prob.num_clients, "d": prob.d, "r": prob.r, "seed": args.seed},
+            "p": p.tolist(),
+            "p_tilde": p_tilde.tolist(),
+            "F_star": prob.optimum()[1],
+            "eigengap": prob.eigengap,
+            "bias_floor": prob.gap(u_tilde),
+            "runs": {},
         }
         for mode, est in runs:
             label = mode if est == "plus-one" else f"{mode}[{est}]"
             if args.numpy:
                 h = run_numpy(prob, p, mode, s, x0, args.seed, est)
             else:
-                h = run_one(prob, p, mode, s["rounds"], x0, local_steps=s["local_steps"], alpha0=s["alpha0"],
-                            decay_rounds=s["decay_rounds"], seed=args.seed, batch_size=s["batch_size"], estimator=est)
+                h = run_one(
+                    prob,
+                    p,
+                    mode,
+                    s["rounds"],
+                    x0,
+                    local_steps=s["local_steps"],
+                    alpha0=s["alpha0"],
+                    decay_rounds=s["decay_rounds"],
+                    seed=args.seed,
+                    batch_size=s["batch_size"],
+                    estimator=est,
+                )
             if args.check and not args.numpy:
-                ref = run_pca_reference(prob, p, mode=mode, num_rounds=s["rounds"], local_steps=s["local_steps"],
-                                        step_size=step_size_schedule(s["alpha0"], s["decay_rounds"]), x0=x0,
-                                        seed=args.seed, batch_size=s["batch_size"] or None, record_every=s["rounds"],
-                                        estimator=est)
+                ref = run_pca_reference(
+                    prob,
+                    p,
+                    mode=mode,
+                    num_rounds=s["rounds"],
+                    local_steps=s["local_steps"],
+                    step_size=step_size_schedule(s["alpha0"], s["decay_rounds"]),
+                    x0=x0,
+                    seed=args.seed,
+                    batch_size=s["batch_size"] or None,
+                    record_every=s["rounds"],
+                    estimator=est,
+                )
                 h["max_abs_diff_to_reference"] = float(np.abs(h["x"] - ref["x"]).max())
             h["x"] = h["x"].tolist()
             entry["runs"][label] = h
@@ -214,28 +324,36 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     plot(results, out / "rfedags_pca.png")
 
-    head = f"{'problem':9s} {'mode':21s} {'rounds':>6s} {'gap_0':>9s} {'gap_T':>10s} {'dist_T':>8s} " \
-           f"{'dist~_T':>8s} {'|S|':>5s} {'empty':>5s} {'wall s':>7s}"
+    head = (
+        f"{'problem':9s} {'mode':21s} {'rounds':>6s} {'gap_0':>9s} {'gap_T':>10s} {'dist_T':>8s} "
+        f"{'dist~_T':>8s} {'|S|':>5s} {'empty':>5s} {'wall s':>7s}"
+    )
     if args.check:
         head += f" {'|x-ref|':>9s}"
     print(head)
     for name, entry in results.items():
         for mode, h in entry["runs"].items():
-            line = (f"{name:9s} {mode:21s} {h['round'][-1]:6d} {h['gap'][0]:9.3e} {h['gap'][-1]:10.3e} "
-                    f"{h['dist'][-1]:8.4f} {h['dist_reweighted'][-1]:8.4f} {h['mean_responders']:5.1f} "
-                    f"{h['empty_rounds']:5d} {h['wall_seconds']:7.1f}")
+            line = (
+                f"{name:9s} {mode:21s} {h['round'][-1]:6d} {h['gap'][0]:9.3e} {h['gap'][-1]:10.3e} "
+                f"{h['dist'][-1]:8.4f} {h['dist_reweighted'][-1]:8.4f} {h['mean_responders']:5.1f} "
+                f"{h['empty_rounds']:5d} {h['wall_seconds']:7.1f}"
+            )
             if args.check:
                 line += f" {h['max_abs_diff_to_reference']:9.2e}"
             print(line)
-        print(f"{name:9s} F* = {entry['F_star']:.6f}, eigengap = {entry['eigengap']:.3e}, "
-              f"uncorrected bias floor F(U~) - F* = {entry['bias_floor']:.3e}")
+        print(
+            f"{name:9s} F* = {entry['F_star']:.6f}, eigengap = {entry['eigengap']:.3e}, "
+            f"uncorrected bias floor F(U~) - F* = {entry['bias_floor']:.3e}"
+        )
     for name, entry in results.items():  # gap curves: F(x_t) - F* at a few rounds
         last = entry["runs"][next(iter(entry["runs"]))]["round"][-1]
         marks = [t for t in (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000, 1500, 2000) if t <= last]
         print(f"{name}: gap F(x_t) - F* at round t")
         print(f"  {'run':21s} " + " ".join(f"{t:>9d}" for t in marks))
         for label, h in entry["runs"].items():
-            print(f"  {label:21s} " + " ".join(f"{h['gap'][h['round'].index(t)]:9.2e}" for t in marks))
+            print(
+                f"  {label:21s} " + " ".join(f"{h['gap'][h['round'].index(t)]:9.2e}" for t in marks)
+            )
     print(f"wrote {out / 'results.json'} and {out / 'rfedags_pca.png'}")
     return results
 

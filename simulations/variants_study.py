@@ -34,18 +34,55 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inprocess import run_inprocess  # noqa: E402
 
-BASE = {"method": "sheaf-frl", "zoo": "tiny-6", "shift": 0.7, "num-server-rounds": 3, "local-epochs": 1}
-STRATEGIES = ["all", "uniform:50", "uniform:100", "stratified-class:50", "stratified-class:100",
-              "stratified-cluster:50", "stratified-cluster:100", "prototype-class", "prototype-cluster:50",
-              "prototype-cluster:100", "dynamic:25+25", "dynamic:50+50", "adaptive:50", "adaptive:100"]
-FIELDS = ["row", "strategy", "normalisation", "seed", "private_accuracy_mean", "communication_accuracy_degree_weighted",
-          "train_bytes", "bytes_round", "pilot_rows", "num_groups", "wall_seconds", "failures"]
+BASE = {
+    "method": "sheaf-frl",
+    "zoo": "tiny-6",
+    "shift": 0.7,
+    "num-server-rounds": 3,
+    "local-epochs": 1,
+}
+STRATEGIES = [
+    "all",
+    "uniform:50",
+    "uniform:100",
+    "stratified-class:50",
+    "stratified-class:100",
+    "stratified-cluster:50",
+    "stratified-cluster:100",
+    "prototype-class",
+    "prototype-cluster:50",
+    "prototype-cluster:100",
+    "dynamic:25+25",
+    "dynamic:50+50",
+    "adaptive:50",
+    "adaptive:100",
+]
+FIELDS = [
+    "row",
+    "strategy",
+    "normalisation",
+    "seed",
+    "private_accuracy_mean",
+    "communication_accuracy_degree_weighted",
+    "train_bytes",
+    "bytes_round",
+    "pilot_rows",
+    "num_groups",
+    "wall_seconds",
+    "failures",
+]
 
 
 def rows(strategies: list[str], normalisations: list[str]) -> list[tuple[str, dict]]:
     """``[(tag, switches)]`` for every strategy x normalisation."""
-    return [(f"{s.replace(':', '-').replace('+', 'p')}_{n}", {"pilot-strategy": s, "pilot-normalisation": n})
-            for s in strategies for n in normalisations]
+    return [
+        (
+            f"{s.replace(':', '-').replace('+', 'p')}_{n}",
+            {"pilot-strategy": s, "pilot-normalisation": n},
+        )
+        for s in strategies
+        for n in normalisations
+    ]
 
 
 def read_done(path: Path) -> list[dict]:
@@ -63,38 +100,60 @@ def run_one(tag: str, switches: dict, seed: int, out: Path) -> dict:
     res = run_inprocess(cfg)
     wall = time.monotonic() - t
     last = res["rounds"][-1]
-    return {"row": tag, "strategy": switches["pilot-strategy"], "normalisation": switches["pilot-normalisation"],
-            "seed": seed, "private_accuracy_mean": last.get("private_accuracy_mean"),
-            "communication_accuracy_degree_weighted": last.get("communication_accuracy_degree_weighted"),
-            "train_bytes": last.get("train_bytes_sent", 0) + last.get("train_bytes_received", 0),
-            "bytes_round": last["bytes_sent"] + last["bytes_received"], "pilot_rows": last.get("pilot_rows"),
-            "num_groups": res.get("pilot_selection", {}).get("num_groups"), "wall_seconds": round(wall, 1),
-            "failures": len(res.get("failures", []))}
+    return {
+        "row": tag,
+        "strategy": switches["pilot-strategy"],
+        "normalisation": switches["pilot-normalisation"],
+        "seed": seed,
+        "private_accuracy_mean": last.get("private_accuracy_mean"),
+        "communication_accuracy_degree_weighted": last.get(
+            "communication_accuracy_degree_weighted"
+        ),
+        "train_bytes": last.get("train_bytes_sent", 0) + last.get("train_bytes_received", 0),
+        "bytes_round": last["bytes_sent"] + last["bytes_received"],
+        "pilot_rows": last.get("pilot_rows"),
+        "num_groups": res.get("pilot_selection", {}).get("num_groups"),
+        "wall_seconds": round(wall, 1),
+        "failures": len(res.get("failures", [])),
+    }
 
 
 def _ms(vals: list[float]) -> str:
     """``mean +- std`` (sample std) of ``vals``, 3 decimals."""
-    return f"{statistics.mean(vals):.3f} +- {statistics.stdev(vals):.3f}" if len(vals) > 1 else \
-        (f"{vals[0]:.3f}" if vals else "n/a")
+    return (
+        f"{statistics.mean(vals):.3f} +- {statistics.stdev(vals):.3f}"
+        if len(vals) > 1
+        else (f"{vals[0]:.3f}" if vals else "n/a")
+    )
 
 
 def table(done: list[dict], order: list[str]) -> str:
     """Markdown table, one line per row tag in ``order`` that has runs."""
-    lines = ["| pilot-strategy | normalisation | seeds | rows/matrix | private acc. | comm. acc. (deg.-w.) | "
-             "comm. minus `all`/none, paired | train bytes/round | all bytes/round | wall s/run |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| pilot-strategy | normalisation | seeds | rows/matrix | private acc. | comm. acc. (deg.-w.) | "
+        "comm. minus `all`/none, paired | train bytes/round | all bytes/round | wall s/run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     comm = "communication_accuracy_degree_weighted"
-    ref = {r["seed"]: float(r[comm]) for r in done if r["strategy"] == "all" and r["normalisation"] == "none"}
+    ref = {
+        r["seed"]: float(r[comm])
+        for r in done
+        if r["strategy"] == "all" and r["normalisation"] == "none"
+    }
     for tag in order:
         rs = [r for r in done if r["row"] == tag]
         if not rs:
             continue
         f = lambda k: [float(r[k]) for r in rs if r[k] not in ("", "None", "nan")]  # noqa: E731, B023 - this iteration only
-        paired = [float(r[comm]) - ref[r["seed"]] for r in rs if r["seed"] in ref]  # same seed: same data and init
-        lines.append(f"| `{rs[0]['strategy']}` | {rs[0]['normalisation']} | {len(rs)} | {rs[0]['pilot_rows']} | "
-                     f"{_ms(f('private_accuracy_mean'))} | {_ms(f(comm))} | {_ms(paired)} | "
-                     f"{statistics.mean(f('train_bytes')):,.0f} | {statistics.mean(f('bytes_round')):,.0f} | "
-                     f"{statistics.mean(f('wall_seconds')):.1f} |")
+        paired = [
+            float(r[comm]) - ref[r["seed"]] for r in rs if r["seed"] in ref
+        ]  # same seed: same data and init
+        lines.append(
+            f"| `{rs[0]['strategy']}` | {rs[0]['normalisation']} | {len(rs)} | {rs[0]['pilot_rows']} | "
+            f"{_ms(f('private_accuracy_mean'))} | {_ms(f(comm))} | {_ms(paired)} | "
+            f"{statistics.mean(f('train_bytes')):,.0f} | {statistics.mean(f('bytes_round')):,.0f} | "
+            f"{statistics.mean(f('wall_seconds')):.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -106,16 +165,23 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+", default=STRATEGIES)
     ap.add_argument("--normalisations", nargs="+", default=["none", "parseval"])
     ap.add_argument("--table-only", action="store_true")
-    ap.add_argument("--seed-major", action="store_true", help="every row's first seed before any second seed "
-                    "(default: row by row, so a cut leaves complete rows)")
+    ap.add_argument(
+        "--seed-major",
+        action="store_true",
+        help="every row's first seed before any second seed "
+        "(default: row by row, so a cut leaves complete rows)",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "runs.csv"
     grid = rows(args.strategies, args.normalisations)
     if not args.table_only:
-        order = [(tag, sw, seed) for seed in args.seeds for tag, sw in grid] if args.seed_major else \
-            [(tag, sw, seed) for tag, sw in grid for seed in args.seeds]
+        order = (
+            [(tag, sw, seed) for seed in args.seeds for tag, sw in grid]
+            if args.seed_major
+            else [(tag, sw, seed) for tag, sw in grid for seed in args.seeds]
+        )
         for tag, sw, seed in order:
             if any(r["row"] == tag and int(r["seed"]) == seed for r in read_done(csv_path)):
                 continue

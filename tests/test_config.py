@@ -14,7 +14,16 @@ import pytest
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
-from flwr_sheaf.config import DEFAULTS, KEYS, METHOD_KEYS, ConfigError, LocalTrainConfig, RunConfig, ScenarioConfig, SheafConfig
+from flwr_sheaf.config import (
+    DEFAULTS,
+    KEYS,
+    METHOD_KEYS,
+    ConfigError,
+    LocalTrainConfig,
+    RunConfig,
+    ScenarioConfig,
+    SheafConfig,
+)
 from flwr_sheaf.testing import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +33,12 @@ def _builtin_defaults() -> dict[str, object]:
     """The app's keys and the built-in method units' own keys (flwr_sheaf/methods/<name>), with defaults."""
     from flwr_sheaf.methods import METHODS
 
-    own = {k: METHOD_KEYS[k].default for m in METHODS.values() if m.config is not None
-           and m.config.__module__.startswith("flwr_sheaf.") for k in m.config.keys()}
+    own = {
+        k: METHOD_KEYS[k].default
+        for m in METHODS.values()
+        if m.config is not None and m.config.__module__.startswith("flwr_sheaf.")
+        for k in m.config.keys()
+    }
     return {**DEFAULTS, **own}
 
 
@@ -53,7 +66,11 @@ def test_every_section_field_is_a_key_and_every_key_is_read_somewhere():
     sections = (RunConfig, *(type(getattr(RunConfig(), name)) for name in RunConfig.SECTIONS))
     covered = {k for cls in sections for k in cls.keys()}
     assert covered == set(KEYS)
-    assert {type(getattr(RunConfig(), n)) for n in RunConfig.SECTIONS} >= {ScenarioConfig, SheafConfig, LocalTrainConfig}
+    assert {type(getattr(RunConfig(), n)) for n in RunConfig.SECTIONS} >= {
+        ScenarioConfig,
+        SheafConfig,
+        LocalTrainConfig,
+    }
 
 
 def test_a_message_config_missing_a_key_is_an_error_not_a_default():
@@ -83,12 +100,17 @@ BAD = [  # (override, text the error must contain: key and value)
     ({"lr": "fast"}, "lr='fast'"),
     ({"lamda": 0.1}, "did you mean 'lambda'"),
     ({"num-pilots": 1}, "num-pilots=1"),
-    ({"method": "fedsaf-gcsa", "fedsaf-structure": "rcsa"}, "fedsaf-structure='rcsa' contradicts method='fedsaf-gcsa'"),
+    (
+        {"method": "fedsaf-gcsa", "fedsaf-structure": "rcsa"},
+        "fedsaf-structure='rcsa' contradicts method='fedsaf-gcsa'",
+    ),
     ({"round-timeout": 0.0}, "round-timeout=0.0"),
 ]
 
 
-@pytest.mark.parametrize("override, text", BAD, ids=[next(iter(o)) + "-" + str(i) for i, (o, _) in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "override, text", BAD, ids=[next(iter(o)) + "-" + str(i) for i, (o, _) in enumerate(BAD)]
+)
 def test_bad_run_config_is_refused_before_any_message_is_sent(override, text, tmp_path):
     grid = LocalGrid(cnn_client_app, 15)
     with pytest.raises(ValueError) as info:
@@ -98,7 +120,9 @@ def test_bad_run_config_is_refused_before_any_message_is_sent(override, text, tm
 
 
 def test_valid_values_parse_to_their_types():
-    c = RunConfig.from_run_config({"num-server-rounds": 3.0, "participation": 0.3, "fedproto-dim": "64", "lambda": 1})
+    c = RunConfig.from_run_config(
+        {"num-server-rounds": 3.0, "participation": 0.3, "fedproto-dim": "64", "lambda": 1}
+    )
     assert c.num_server_rounds == 3 and isinstance(c.num_server_rounds, int)
     assert c.federation.participation == "0.3" and c.fedproto.dim == 64 and c.sheaf.lam == 1.0
     assert c.to_dict()["lambda"] == 1.0 and set(c.to_dict()) == set(KEYS)
@@ -116,22 +140,43 @@ def test_section_fields_equal_their_keys():
         name = key.removeprefix(prefix).replace("-", "_")
         return "lam" if name == "lambda" else name
 
-    prefixes = {"FedProtoConfig": "fedproto-", "FedMuscleConfig": "fedmuscle-", "ComFedConfig": "comfed-",
-                "SheafFMTLConfig": "sheaf-fmtl-", "FedSAFConfig": "fedsaf-", "RFedAGSConfig": "rfedags-"}
-    sections: set[type[Section]] = {RunConfig, *(type(getattr(RunConfig(), n)) for n in RunConfig.SECTIONS),
-                                    *(m.config for m in METHODS.values() if m.config is not None
-                                      and m.config.__module__.startswith("flwr_sheaf."))}
+    prefixes = {
+        "FedProtoConfig": "fedproto-",
+        "FedMuscleConfig": "fedmuscle-",
+        "ComFedConfig": "comfed-",
+        "SheafFMTLConfig": "sheaf-fmtl-",
+        "FedSAFConfig": "fedsaf-",
+        "RFedAGSConfig": "rfedags-",
+    }
+    sections: set[type[Section]] = {
+        RunConfig,
+        *(type(getattr(RunConfig(), n)) for n in RunConfig.SECTIONS),
+        *(
+            m.config
+            for m in METHODS.values()
+            if m.config is not None and m.config.__module__.startswith("flwr_sheaf.")
+        ),
+    }
     for cls in sections:
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
         for f in dataclasses.fields(cls):
             if "key" not in f.metadata:
                 continue
             key = lookup_key(f.metadata["key"])
-            assert f.name == attr(key.name, prefixes.get(cls.__name__, "")), (cls.__name__, f.name, key.name)
-            assert f.default == key.default and type(f.default) is type(key.default), (cls.__name__, key.name)
+            assert f.name == attr(key.name, prefixes.get(cls.__name__, "")), (
+                cls.__name__,
+                f.name,
+                key.name,
+            )
+            assert f.default == key.default and type(f.default) is type(key.default), (
+                cls.__name__,
+                key.name,
+            )
             want = "str | int" if key.name.endswith("-dim") else type(key.default).__name__
             assert f.type == want, (cls.__name__, f.name, f.type, want)
-        assert cls.keys() == tuple(f.metadata["key"] for f in dataclasses.fields(cls) if "key" in f.metadata)
+        assert cls.keys() == tuple(
+            f.metadata["key"] for f in dataclasses.fields(cls) if "key" in f.metadata
+        )
 
 
 def test_sections_take_keyword_arguments_and_validate():

@@ -36,7 +36,9 @@ def test_theta_paper_agent0_at_s07():
 
 def test_theta_extremes():
     np.testing.assert_allclose(label_shift_proportions([(1, 2)], 0.0), np.full((1, 10), 0.1))
-    np.testing.assert_allclose(label_shift_proportions([(1, 2)], 1.0)[0], [0, 0.5, 0.5, 0, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_allclose(
+        label_shift_proportions([(1, 2)], 1.0)[0], [0, 0.5, 0.5, 0, 0, 0, 0, 0, 0, 0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -78,7 +80,11 @@ def test_pilots_are_ten_percent_and_disjoint(split07):
 
 
 def test_splits_disjoint_and_cover_pool(split07):
-    parts = [a for i in range(15) for a in (split07.train_idx[i], split07.val_idx[i], split07.test_idx[i])]
+    parts = [
+        a
+        for i in range(15)
+        for a in (split07.train_idx[i], split07.val_idx[i], split07.test_idx[i])
+    ]
     everything = np.concatenate(parts)
     assert everything.dtype == np.int64
     assert len(everything) == len(set(everything.tolist())) == M - 700
@@ -312,12 +318,17 @@ def test_fashion_mnist_missing_names_the_paths_and_the_install_command(tmp_path,
     from flwr_sheaf.data import catalog
     from flwr_sheaf.data.sources import clear_source_cache, load_source
 
-    monkeypatch.setattr(catalog, "data_dirs", lambda name: [tmp_path / "a" / name, tmp_path / "b" / name])
+    monkeypatch.setattr(
+        catalog, "data_dirs", lambda name: [tmp_path / "a" / name, tmp_path / "b" / name]
+    )
     clear_source_cache()
     with pytest.raises(FileNotFoundError) as err:
         load_source("fashion-mnist")
     text = str(err.value)
-    assert str(tmp_path / "a" / "fashion-mnist") in text and str(tmp_path / "b" / "fashion-mnist") in text
+    assert (
+        str(tmp_path / "a" / "fashion-mnist") in text
+        and str(tmp_path / "b" / "fashion-mnist") in text
+    )
     assert "bash scripts/get_data.sh fashion-mnist" in text
 
 
@@ -359,7 +370,9 @@ def test_cross_device_partitioner_gives_every_agent_non_empty_disjoint_splits_wi
     from flwr_sheaf.models.zoo import zoo_specs
 
     sets = [s.classes for s in zoo_specs("tiny-500")]
-    with pytest.raises(ValueError, match="of N=500 agents get an empty training, validation or test split"):
+    with pytest.raises(
+        ValueError, match="of N=500 agents get an empty training, validation or test split"
+    ):
         check_all_agents(prepare_split("mnist-bundled", sets, 0.7, 0, 100, "label-shift"))
     prep = prepare_split("mnist-bundled", sets, 0.7, 0, 100, "cross-device")
     check_all_agents(prep)

@@ -34,6 +34,7 @@ SMALL = "zoo='tiny-3' graph='ring' num-pilots=32 local-epochs=1 max-steps-per-ep
 
 # ------------------------------------------------------------------ fast checks (no processes)
 
+
 def test_generated_certificates_chain_to_the_ca_and_name_the_hosts(tmp_path):
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -70,6 +71,7 @@ def test_run_config_is_checked_against_the_federation_before_anything_starts():
     parsed = check_run_config("zoo='tiny-3' graph='ring' lambda=0.5 results-dir='a b'", 3)
     assert parsed == {"zoo": "tiny-3", "graph": "ring", "lambda": 0.5, "results-dir": "a b"}
     from flwr.common.config import parse_config_args
+
     assert parse_config_args([to_run_config(parsed)]) == parsed  # round trip through flwr's parser
     with pytest.raises(ValueError, match=r"zoo='paper-15' has 15 agents but --num-supernodes is 3"):
         check_run_config("", 3)
@@ -81,10 +83,13 @@ def test_run_config_is_checked_against_the_federation_before_anything_starts():
 
 # ------------------------------------------------------------------ engine: one shared deployment
 
+
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory):
     """A running TLS + authenticated federation: 3 registered SuperNodes, 1 intruder."""
-    d = LocalDeployment(tmp_path_factory.mktemp("deploy"), num_supernodes=N, port=29720, unregistered=1)
+    d = LocalDeployment(
+        tmp_path_factory.mktemp("deploy"), num_supernodes=N, port=29720, unregistered=1
+    )
     try:
         t0 = time.monotonic()
         d.start(online_timeout=240)
@@ -102,7 +107,9 @@ def _results(dep, name: str) -> dict:
 def test_superlink_speaks_tls_with_the_generated_ca_only(dep):
     # TLS is really on: the SuperLink's certificate verifies against the generated CA only.
     url = f"https://{dep.address}/health"
-    with urllib.request.urlopen(url, context=ssl.create_default_context(cafile=str(dep.tls["ca"])), timeout=10) as r:
+    with urllib.request.urlopen(
+        url, context=ssl.create_default_context(cafile=str(dep.tls["ca"])), timeout=10
+    ) as r:
         assert r.status == 200
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         urllib.request.urlopen(url, context=ssl.create_default_context(), timeout=10)
@@ -116,7 +123,9 @@ def test_supernode_with_unregistered_key_is_refused(dep):
         time.sleep(0.5)
     log = intruder.log.read_text()
     assert intruder.proc.returncode != 0, log[-2000:]
-    assert "Exit Code: 305" in log and "Failed to activate SuperNode" in log, log[-2000:]  # Flower: activation refused
+    assert "Exit Code: 305" in log and "Failed to activate SuperNode" in log, log[
+        -2000:
+    ]  # Flower: activation refused
     # Only the registered keys are known to the SuperLink, and all of them are online.
     status = dep.nodes_status()
     assert status == {n.node_id: "online" for n in dep.nodes if n.registered}, status
@@ -124,11 +133,14 @@ def test_supernode_with_unregistered_key_is_refused(dep):
 
 def _state_meta(path: Path) -> dict:
     from flwr_sheaf.client.state import read_state
+
     return read_state(path)[0]
 
 
 def _without_wall_times(rounds: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in ("wall_seconds", "elapsed_seconds")} for r in rounds]
+    return [
+        {k: v for k, v in r.items() if k not in ("wall_seconds", "elapsed_seconds")} for r in rounds
+    ]
 
 
 @pytest.mark.engine
@@ -166,13 +178,17 @@ def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep)
     vdir = victim.state_dir / f"partition-{victim.partition_id}"
     assert sorted(p.name for p in vdir.glob("round-*.state")) == ["round-1.state"]
     t_kill = time.monotonic()
-    attempts = dep.restart_supernode(victim, timeout=240)  # same key: same registered node id (checked)
+    attempts = dep.restart_supernode(
+        victim, timeout=240
+    )  # same key: same registered node id (checked)
     restart_seconds = time.monotonic() - t_kill
     status = dep.wait_run(run_id, timeout=900, follower=follower)
     follower.kill()
     assert status == "finished:completed", (dep.logs / "run-c.log").read_text()[-3000:]
-    assert killed_log.count("Sending: train.") == killed_log.count("Receiving: train.") - 1  # no round-2 reply
-    restarted_log = victim.log.read_text()[len(killed_log):]
+    assert (
+        killed_log.count("Sending: train.") == killed_log.count("Receiving: train.") - 1
+    )  # no round-2 reply
+    restarted_log = victim.log.read_text()[len(killed_log) :]
     assert f"SuperNode ID: {victim.node_id}" in restarted_log
     print(f"victim accepted again {restart_seconds:.1f} s after the kill, attempt {attempts}")
     assert attempts >= 1  # one when started once the SuperLink held it offline (docs/deployment.md)
@@ -185,17 +201,23 @@ def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep)
     assert rounds[1]["ce"] is not None and math.isfinite(rounds[1]["ce"]) and rounds[1]["ce"] > 0
     # round 1 has no pilots yet; in round 2 every directed ring edge (6 on 3 nodes) carried its pilots
     assert rounds[1]["edges_relayed"] == 0 and rounds[2]["edges_relayed"] == 2 * N
-    assert rounds[2]["failed"]["train"] == [victim.partition_id] and rounds[2]["num_trained"] == N - 1
+    assert (
+        rounds[2]["failed"]["train"] == [victim.partition_id] and rounds[2]["num_trained"] == N - 1
+    )
     # The victim is back for good from round `back` on (3, or 4 when Flower marked it offline only
     # after round 3's messages had gone out): absent in between, on every node afterwards.
     back = next((r for r in range(3, R + 1) if rounds[r]["num_trained"] == N), None)
-    assert back is not None, f"the restarted victim never trained again in rounds 3..{R}: {res['failures']}"
+    assert back is not None, (
+        f"the restarted victim never trained again in rounds 3..{R}: {res['failures']}"
+    )
     for rnd in range(3, back):
         assert rounds[rnd]["failed"]["train"] == [victim.partition_id]
     for rnd in range(back, R + 1):
         assert rounds[rnd]["failed"].get("train", []) == [] and rounds[rnd]["num_trained"] == N
     failed = {(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]}
-    assert failed == {(r, "train", victim.partition_id) for r in range(2, back)}  # the others never failed
+    assert failed == {
+        (r, "train", victim.partition_id) for r in range(2, back)
+    }  # the others never failed
     # It reloaded its round-1 state: the state it wrote in round `back` continues round 1 of this
     # Flower run (from initialisation it would say previous-round 0, after a round-2 reply 2).
     meta = _state_meta(vdir / f"round-{back}.state")
@@ -210,14 +232,18 @@ def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep)
 
     # Second flwr run: resume the finished run from its round-R checkpoint for one more round.
     t0 = time.monotonic()
-    run2, status2 = dep.run(f"{rc} num-server-rounds={R + 1} resume=true", timeout=600, log=dep.logs / "run-d.log")
+    run2, status2 = dep.run(
+        f"{rc} num-server-rounds={R + 1} resume=true", timeout=600, log=dep.logs / "run-d.log"
+    )
     print(f"resumed run: {time.monotonic() - t0:.1f} s")
     assert status2 == "finished:completed", (dep.logs / "run-d.log").read_text()[-3000:]
     res2 = _results(dep, "run-c")
     assert [r["round"] for r in res2["rounds"]] == list(range(1, R + 2))
     assert res2["resumed"]["after_round"] == R
     assert _without_wall_times(res2["rounds"][:R]) == _without_wall_times(res["rounds"])
-    assert res2["rounds"][R]["num_trained"] == N and res2["rounds"][R]["failed"].get("train", []) == []
+    assert (
+        res2["rounds"][R]["num_trained"] == N and res2["rounds"][R]["failed"].get("train", []) == []
+    )
     assert res2["failures"] == res["failures"]
     for n in dep.nodes:  # every node continued its round-R state in the new Flower run
         if n.registered:

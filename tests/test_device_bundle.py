@@ -31,8 +31,13 @@ WHEEL = "ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl"
 DIST_INFO = "ray-2.55.1.dist-info"
 EXECUTABLES = ("ray/core/src/ray/raylet/raylet", "ray/core/src/ray/gcs/gcs_server")
 KEPT = ("ray/__init__.py", "ray/_raylet.so", *EXECUTABLES, "ray/util/actor_pool.py")
-DROPPED = ("ray/jars/ray_dist.jar", "ray/dashboard/client/build/index.html", "ray/rllib/__init__.py",
-           "ray/serve/x.py", "ray/tune/tests/test_x.py")
+DROPPED = (
+    "ray/jars/ray_dist.jar",
+    "ray/dashboard/client/build/index.html",
+    "ray/rllib/__init__.py",
+    "ray/serve/x.py",
+    "ray/tune/tests/test_x.py",
+)
 
 
 def _b64_sha256(data: bytes) -> str:
@@ -54,7 +59,7 @@ def _members() -> dict[str, bytes]:
         "ray/tune/tests/test_x.py": b"def test(): pass\n",
         f"{DIST_INFO}/METADATA": b"Metadata-Version: 2.1\nName: ray\nVersion: 2.55.1\n",
         f"{DIST_INFO}/WHEEL": b"Wheel-Version: 1.0\nGenerator: bdist_wheel\nRoot-Is-Purelib: false\n"
-                              b"Tag: cp312-cp312-manylinux2014_x86_64\n",
+        b"Tag: cp312-cp312-manylinux2014_x86_64\n",
         f"{DIST_INFO}/top_level.txt": b"ray\n",
     }
 
@@ -130,7 +135,10 @@ def test_trim_refuses_a_wheel_without_record_and_a_prefix_dropping_the_dist_info
 
 
 def _has_pip() -> bool:
-    return subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0
+    return (
+        subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode
+        == 0
+    )
 
 
 @pytest.mark.skipif(not _has_pip(), reason="pip is not available to this interpreter")
@@ -138,9 +146,25 @@ def test_pip_installs_the_trimmed_wheel(trimmed, tmp_path):
     _, dst, members, _ = trimmed
     target = tmp_path / "site"
     # the GPU machine's interpreter and platform, whatever runs the test
-    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
-                          "--disable-pip-version-check", *db.PIP_PLATFORM_ARGS, "--target", str(target), str(dst)],
-                         capture_output=True, text=True)
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "--disable-pip-version-check",
+            *db.PIP_PLATFORM_ARGS,
+            "--target",
+            str(target),
+            str(dst),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert got.returncode == 0, got.stdout + got.stderr
     for name in KEPT:
         assert (target / name).read_bytes() == members[name], name
@@ -160,7 +184,9 @@ def test_budget_refuses_over_the_limit_naming_the_largest_file(tmp_path):
     with pytest.raises(db.BundleError) as err:
         db.check_budget(tmp_path, 1024)
     msg = str(err.value)
-    assert "sub/big.xz" in msg and "1500 bytes" in msg and "1024 bytes" in msg and "1600 bytes" in msg
+    assert (
+        "sub/big.xz" in msg and "1500 bytes" in msg and "1024 bytes" in msg and "1600 bytes" in msg
+    )
     assert "--part" in msg
     assert db.check_budget(tmp_path, 2048) == 1600
     assert db.check_budget(tmp_path, 1600) == 1600
@@ -202,7 +228,9 @@ def test_data_round_trip_and_corruption(tmp_path):
         db.restore_data(bad, tmp_path / "bundle", tmp_path / "again")
     arc.write_bytes(lzma.compress(b"other bytes"))
     bad = [dict(entries[0], archive_sha256=hashlib.sha256(arc.read_bytes()).hexdigest())]
-    with pytest.raises(db.BundleError, match="restored to t10k-images-idx3-ubyte with the wrong SHA-256"):
+    with pytest.raises(
+        db.BundleError, match="restored to t10k-images-idx3-ubyte with the wrong SHA-256"
+    ):
         db.restore_data(bad, tmp_path / "bundle", tmp_path / "again")
     assert not list((tmp_path / "again").iterdir())
 
@@ -215,17 +243,37 @@ def test_data_only_bundle_installs_and_a_corrupt_file_is_refused(tmp_path):
     entries = db.compress_data([src / "train-images-idx3-ubyte"], bundle / "data" / db.DATASET)
     manifest = db.finish_bundle(bundle, {"part": "data", "data": {db.DATASET: entries}}, 2**20)
     on_disk = json.loads((bundle / "manifest.json").read_text())
-    assert {f["path"] for f in on_disk["files"]} == {"SHA256SUMS", f"data/{db.DATASET}/train-images-idx3-ubyte.xz"}
-    assert on_disk["total_bytes"] == manifest["total_bytes"] == sum(f["bytes"] for f in on_disk["files"])
+    assert {f["path"] for f in on_disk["files"]} == {
+        "SHA256SUMS",
+        f"data/{db.DATASET}/train-images-idx3-ubyte.xz",
+    }
+    assert (
+        on_disk["total_bytes"]
+        == manifest["total_bytes"]
+        == sum(f["bytes"] for f in on_disk["files"])
+    )
     assert any("device_bundle.py install" in c for c in on_disk["install"]["with_script"])
 
-    assert db.main(["install", str(bundle), "--target", str(tmp_path / "site"),
-                    "--data-dir", str(tmp_path / "gpudata")]) == 0
+    assert (
+        db.main(
+            [
+                "install",
+                str(bundle),
+                "--target",
+                str(tmp_path / "site"),
+                "--data-dir",
+                str(tmp_path / "gpudata"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "gpudata" / db.DATASET / "train-images-idx3-ubyte").read_bytes() == data
 
     xz = bundle / "data" / db.DATASET / "train-images-idx3-ubyte.xz"
     xz.write_bytes(xz.read_bytes()[:-4])
-    with pytest.raises(db.BundleError, match="train-images-idx3-ubyte.xz has the wrong size or SHA-256"):
+    with pytest.raises(
+        db.BundleError, match="train-images-idx3-ubyte.xz has the wrong size or SHA-256"
+    ):
         db.install(bundle, tmp_path / "site", tmp_path / "gpudata2")
     assert not (tmp_path / "gpudata2").exists()
 

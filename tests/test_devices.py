@@ -25,8 +25,16 @@ from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"zoo": "tiny-3", "graph": "ring", "num-pilots": 24, "local-epochs": 1, "max-steps-per-epoch": 2,
-        "batch-size": 16, "num-server-rounds": 2, "seed": 3}
+TINY = {
+    "zoo": "tiny-3",
+    "graph": "ring",
+    "num-pilots": 24,
+    "local-epochs": 1,
+    "max-steps-per-epoch": 2,
+    "batch-size": 16,
+    "num-server-rounds": 2,
+    "seed": 3,
+}
 HAS_CUDA = torch.cuda.is_available()
 
 
@@ -50,11 +58,15 @@ def test_auto_and_cpu_resolve_here():
 
 @pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA")
 def test_cuda_without_cuda_fails_at_discovery_before_any_training(tmp_path):
-    with pytest.raises(DeviceUnavailableError, match="no usable CUDA device.*use device=auto or device=cpu"):
+    with pytest.raises(
+        DeviceUnavailableError, match="no usable CUDA device.*use device=auto or device=cpu"
+    ):
         resolve_device("cuda")
     rc = {**TINY, "device": "cuda"}
     grid = LocalGrid(cnn_client_app, 3, run_config=rc)
-    with pytest.raises(RuntimeError, match="discovery failed.*device='cuda'.*no usable CUDA device"):
+    with pytest.raises(
+        RuntimeError, match="discovery failed.*device='cuda'.*no usable CUDA device"
+    ):
         run_server(grid, {**rc, "results-dir": str(tmp_path)})
     kinds = {m.metadata.message_type.split(".")[0] for m in grid.delivered}
     assert kinds == {"query"}  # nothing was trained or evaluated
@@ -73,10 +85,17 @@ def test_build_places_model_and_every_tensor_on_the_resolved_device(monkeypatch)
     from flwr_sheaf.apps.scenario import cnn_task_factory
 
     monkeypatch.setattr(common, "resolve_device", lambda spec: torch.device("meta"))
-    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 1, "num-partitions": 3}, state=RecordDict(),
-                  run_config=dict(TINY))
+    ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config={"partition-id": 1, "num-partitions": 3},
+        state=RecordDict(),
+        run_config=dict(TINY),
+    )
     cpu_task = cnn_task_factory(ctx)
-    task, model, opt = common.build(cnn_task_factory, ctx, "sheaf", 1, LocalTrainConfig(device="cuda:0"))
+    task, model, opt = common.build(
+        cnn_task_factory, ctx, "sheaf", 1, LocalTrainConfig(device="cuda:0")
+    )
     assert {p.device.type for p in model.parameters()} == {"meta"}
     assert {b.device.type for b in model.buffers()} == {"meta"}
     for name in TASK_TENSORS:
@@ -103,7 +122,9 @@ def test_client_code_converts_arrays_only_through_the_device_helpers():
                 if node.func.attr == "numpy" and not node.args:
                     # record.numpy() on a received ArrayRecord entry is fine; a tensor's .numpy() is not
                     src = ast.unparse(node.func.value)
-                    if not src.startswith(("rec[", "msg.content", "context.state", "arrays[", "stored[")):
+                    if not src.startswith(
+                        ("rec[", "msg.content", "context.state", "arrays[", "stored[")
+                    ):
                         offenders.append(f"{path.name}:{node.lineno} {src}.numpy()")
     assert not offenders, offenders
 
@@ -119,8 +140,18 @@ def test_cpu_numbers_unchanged_by_device_auto(tmp_path):
     out = {}
     for spec in ("cpu", "auto", "cpu") if not HAS_CUDA else ("cpu", "cpu"):
         grid = LocalGrid(cnn_client_app, 3, run_config={**TINY, "device": spec})
-        out.setdefault(spec, []).append(_final_metrics(
-            run_server(grid, {**TINY, "device": spec, "results-dir": str(tmp_path / f"{spec}{len(out.get(spec, []))}")})))
+        out.setdefault(spec, []).append(
+            _final_metrics(
+                run_server(
+                    grid,
+                    {
+                        **TINY,
+                        "device": spec,
+                        "results-dir": str(tmp_path / f"{spec}{len(out.get(spec, []))}"),
+                    },
+                )
+            )
+        )
     runs = [r for v in out.values() for r in v]
     assert all(r == runs[0] for r in runs[1:])
     assert runs[0][-1]["private_accuracy_mean"] is not None
@@ -129,7 +160,12 @@ def test_cpu_numbers_unchanged_by_device_auto(tmp_path):
 def test_preset_paper_fills_only_keys_at_their_default():
     cfg = RunConfig.from_run_config({"preset": "paper", "lr": 0.03})
     assert cfg.train.lr == 0.03  # the user's choice stands
-    assert (cfg.train.momentum, cfg.train.weight_decay, cfg.train.batch_size, cfg.train.clip_norm) == (0.9, 5e-4, 64, 1.0)
+    assert (
+        cfg.train.momentum,
+        cfg.train.weight_decay,
+        cfg.train.batch_size,
+        cfg.train.clip_norm,
+    ) == (0.9, 5e-4, 64, 1.0)
     assert (cfg.num_server_rounds, cfg.train.local_epochs, cfg.scenario.num_pilots) == (100, 1, 0)
     two = RunConfig.from_run_config({"preset": "paper", "zoo": "two-agent:64", "graph": "complete"})
     assert (two.train.clip_norm, two.num_server_rounds, two.train.lr) == (0.0, 20, 0.01)

@@ -18,8 +18,18 @@ TINY = "zoo='tiny-4' num-pilots=64 local-epochs=1"
 
 
 def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4):
-    cmd = [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(app), "--num-supernodes",
-           str(num_supernodes), "--port", str(port), "--timeout", "600"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "run_flwr.py"),
+        "--app",
+        str(app),
+        "--num-supernodes",
+        str(num_supernodes),
+        "--port",
+        str(port),
+        "--timeout",
+        "600",
+    ]
     if run_config:
         cmd += ["--run-config", run_config]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
@@ -41,7 +51,9 @@ def test_flwr_run_completes_and_writes_results(tmp_path):
 @pytest.mark.engine
 def test_flwr_run_failure_is_detected(tmp_path):
     # A disconnected graph makes the ServerApp raise: flwr run still exits 0, the wrapper must not.
-    proc = _run(tmp_path, f"{TINY} num-server-rounds=1 graph='0-1,2-3' results-dir='{tmp_path}'", 29491)
+    proc = _run(
+        tmp_path, f"{TINY} num-server-rounds=1 graph='0-1,2-3' results-dir='{tmp_path}'", 29491
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "finished:failed" in proc.stdout
 
@@ -55,11 +67,21 @@ def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(
     wall = time.monotonic() - t0
     assert proc.returncode == 1 and "finished:failed" in proc.stdout, proc.stdout[-3000:]
     assert 'flwr run . --stream --federation-config "num-supernodes=15"' in proc.stdout
-    assert wall < 120, wall  # SuperLink + Ray start included; the ServerApp itself stops within seconds
+    assert wall < 120, (
+        wall
+    )  # SuperLink + Ray start included; the ServerApp itself stops within seconds
 
 
 @pytest.mark.engine
 def test_dropin_app_runs_under_flwr_run(tmp_path):
-    proc = _run(tmp_path, "num-server-rounds=2", 29991, app=ROOT / "examples" / "dropin_app", num_supernodes=4)
-    assert proc.returncode == 0 and "finished:completed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    proc = _run(
+        tmp_path,
+        "num-server-rounds=2",
+        29991,
+        app=ROOT / "examples" / "dropin_app",
+        num_supernodes=4,
+    )
+    assert proc.returncode == 0 and "finished:completed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-2000:]
+    )
     assert "communication accuracy" in proc.stdout

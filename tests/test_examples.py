@@ -18,7 +18,16 @@ torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-METHODS = ["non-cooperative", "fedproto", "fedsaf-gcsa", "fedsaf-rcsa", "fedmuscle", "comfed", "sheaf-fmtl", "sheaf-frl"]
+METHODS = [
+    "non-cooperative",
+    "fedproto",
+    "fedsaf-gcsa",
+    "fedsaf-rcsa",
+    "fedmuscle",
+    "comfed",
+    "sheaf-fmtl",
+    "sheaf-frl",
+]
 
 
 @pytest.mark.slow
@@ -28,11 +37,16 @@ def test_compare_methods_notebook_runs_in_quick_mode(tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_SHEAF_QUICK", "1")
     monkeypatch.setenv("FLWR_SHEAF_RESULTS", str(tmp_path))
     nb = nbformat.read(EXAMPLES / "compare_methods.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(EXAMPLES)}}).execute()
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}}
+    ).execute()
+    text = "\n".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+    )
     assert "quick mode" in text and "notebook wall time" in text
-    assert "ValueError: fedproto-dim='none' needs equal stalk dimensions" in text  # the no-adapter demonstration
+    assert (
+        "ValueError: fedproto-dim='none' needs equal stalk dimensions" in text
+    )  # the no-adapter demonstration
     for setting in ("two-agent:16", "tiny-4"):
         for method in METHODS:
             res = json.loads((tmp_path / setting / method / "results.json").read_text())
@@ -48,17 +62,27 @@ def dropin(monkeypatch):
     from dropin_app.client_app import app as client_app
     from dropin_app.server_app import main
 
-    rc = tomllib.loads((EXAMPLES / "dropin_app" / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    rc = tomllib.loads((EXAMPLES / "dropin_app" / "pyproject.toml").read_text())["tool"]["flwr"][
+        "app"
+    ]["config"]
     return client_app, main, rc
 
 
 def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin):
     client_app, main, rc = dropin
     toml = tomllib.loads((EXAMPLES / "dropin_app" / "pyproject.toml").read_text())
-    assert toml["tool"]["flwr"]["app"]["components"] == {"serverapp": "dropin_app.server_app:app",
-                                                         "clientapp": "dropin_app.client_app:app"}
-    assert {"train.default", "evaluate.default", "query.sheaf", "train.sheaf", "evaluate.sheaf",
-            "evaluate.sheaf_comm"} <= set(client_app._registered_funcs)
+    assert toml["tool"]["flwr"]["app"]["components"] == {
+        "serverapp": "dropin_app.server_app:app",
+        "clientapp": "dropin_app.client_app:app",
+    }
+    assert {
+        "train.default",
+        "evaluate.default",
+        "query.sheaf",
+        "train.sheaf",
+        "evaluate.sheaf",
+        "evaluate.sheaf_comm",
+    } <= set(client_app._registered_funcs)
 
     def server_context(cfg):
         return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg)
@@ -66,7 +90,10 @@ def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin
     # the app's own FedAvg pipeline still works next to the sheaf handlers
     cfg = {**rc, "strategy": "fedavg", "num-server-rounds": 1}
     result = main(LocalGrid(client_app, 4, run_config=cfg), server_context(cfg))
-    assert 1 in result.evaluate_metrics_clientapp and "eval_acc" in result.evaluate_metrics_clientapp[1]
+    assert (
+        1 in result.evaluate_metrics_clientapp
+        and "eval_acc" in result.evaluate_metrics_clientapp[1]
+    )
 
     # Sheaf-FRL on the same SuperNodes: personalised models, pilots relayed, comm accuracy per edge
     cfg = {**rc, "strategy": "sheaf-frl", "num-server-rounds": 2}

@@ -230,9 +230,16 @@ def test_fedsaf_objective_hand_composition():
     out = fedsaf_objective(ce, p_hand, q_hand, zi, zg, lam=2.0, gamma=3.0, structure="gcsa")
     assert out.proto_applied and out.inst_applied
     assert math.isclose(out.total.item(), 2.0 + 2.0 * 0.75 + 3.0 * 0.0, abs_tol=1e-12)
-    r_out = fedsaf_objective(ce, t([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]),
-                             t([1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]), None, None,
-                             lam=6.0, gamma=1.0, structure="rcsa")
+    r_out = fedsaf_objective(
+        ce,
+        t([1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]),
+        t([1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]),
+        None,
+        None,
+        lam=6.0,
+        gamma=1.0,
+        structure="rcsa",
+    )
     assert math.isclose(r_out.total.item(), 2.0 + 6.0 / 6.0, abs_tol=1e-12)  # RCSA 1/6
     assert not r_out.inst_applied
     m_out = fedsaf_objective(ce, p_hand, q_hand, None, None, lam=1.0, gamma=0.0, structure="mse")
@@ -252,8 +259,16 @@ def test_fedsaf_objective_skips_small_terms_and_validates():
     with pytest.raises(ValueError, match="both"):
         fedsaf_objective(ce, two, None, None, None, lam=1.0, gamma=0.0)
     with pytest.raises(ValueError, match="d=2.*d=3"):
-        fedsaf_objective(ce, torch.zeros(3, 2, dtype=D64), torch.zeros(3, 3, dtype=D64),
-                         None, None, lam=1.0, gamma=0.0, structure="mse")
+        fedsaf_objective(
+            ce,
+            torch.zeros(3, 2, dtype=D64),
+            torch.zeros(3, 3, dtype=D64),
+            None,
+            None,
+            lam=1.0,
+            gamma=0.0,
+            structure="mse",
+        )
 
 
 @pytest.mark.parametrize("structure", ["gcsa", "rcsa", "mse", "cosine"])
@@ -264,8 +279,16 @@ def test_fedsaf_gradients_reach_encoder(structure):
     y = torch.tensor([0, 1, 2, 3] * 3)
     gp = {c: torch.randn(4, dtype=D64) for c in range(4)}
     s = structure_alignment_inputs(enc(x), y, gp, num_classes=4)
-    out = fedsaf_objective(torch.zeros((), dtype=D64), s.p_local, s.q_global, s.z_inst,
-                           s.z_global_inst, lam=1.0, gamma=1.0, structure=structure)
+    out = fedsaf_objective(
+        torch.zeros((), dtype=D64),
+        s.p_local,
+        s.q_global,
+        s.z_inst,
+        s.z_global_inst,
+        lam=1.0,
+        gamma=1.0,
+        structure=structure,
+    )
     assert out.proto_applied and out.inst_applied
     out.total.backward()
     assert enc.weight.grad.abs().sum().item() > 0

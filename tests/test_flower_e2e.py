@@ -8,14 +8,19 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from flwr.app import Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.scenario import scenario_task
 from flwr_sheaf.client.sheaf import register_sheaf_handlers
-from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, ScenarioConfig, SheafConfig
+from flwr_sheaf.config import (
+    ConfigError,
+    FederationConfig,
+    LocalTrainConfig,
+    ScenarioConfig,
+    SheafConfig,
+)
 from flwr_sheaf.protocol import pack_arrays
 from flwr_sheaf.sheaf.network import orient_edge
 from flwr_sheaf.sheaf.whitening import Colouring, Whitening
@@ -27,12 +32,17 @@ torch.set_num_threads(1)
 RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "lambda": 0.5, "seed": 3}
 
 
-
 def _strategy(graph="ring", **kw):
     nx_graph = graph if isinstance(graph, nx.Graph) else None
     fed = FederationConfig(graph=graph if nx_graph is None else "ring", seed=RC["seed"])
-    return SheafFRL(num_nodes=4, federation=fed, train=LocalTrainConfig(local_epochs=RC["local-epochs"]),
-                    sheaf=SheafConfig(lam=RC["lambda"]), graph=nx_graph, **kw)
+    return SheafFRL(
+        num_nodes=4,
+        federation=fed,
+        train=LocalTrainConfig(local_epochs=RC["local-epochs"]),
+        sheaf=SheafConfig(lam=RC["lambda"]),
+        graph=nx_graph,
+        **kw,
+    )
 
 
 def _run(strategy, grid, rounds=2):
@@ -55,7 +65,9 @@ def test_each_node_receives_exactly_its_neighbours_latest_pilots():
     for r in grid.replies:
         if r.metadata.message_type == "train.sheaf":
             rnd = int(r.metadata.group_id)
-            sent_pilots[(rnd, grid.partition_of(r.metadata.src_node_id))] = r.content["pilots"]["pilots"].numpy()
+            sent_pilots[(rnd, grid.partition_of(r.metadata.src_node_id))] = r.content["pilots"][
+                "pilots"
+            ].numpy()
     train_msgs = [m for m in grid.delivered if m.metadata.message_type == "train.sheaf"]
     assert len(train_msgs) == 8
     for m in train_msgs:
@@ -71,14 +83,18 @@ def test_each_node_receives_exactly_its_neighbours_latest_pilots():
         cfg = m.content["config"]
         d = {p: s.nodes[p].d for p in range(4)}
         assert list(cfg["neighbours"]) == sorted(ring.neighbors(pid))
-        assert [bool(x) for x in cfg["i-is-head"]] == [orient_edge(pid, d[pid], j, d[j])[0] == pid for j in cfg["neighbours"]]
+        assert [bool(x) for x in cfg["i-is-head"]] == [
+            orient_edge(pid, d[pid], j, d[j])[0] == pid for j in cfg["neighbours"]
+        ]
 
 
 def test_communication_accuracy_is_per_directed_edge_and_averages_are_consistent():
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _run(_strategy(graph="0-1,1-2,2-3,1-3"), grid, rounds=1)
     edges = {(e["src"], e["dst"]) for e in s.edge_results}
-    expected = {(a, b) for a, b in [(0, 1), (1, 2), (2, 3), (1, 3)]} | {(b, a) for a, b in [(0, 1), (1, 2), (2, 3), (1, 3)]}
+    expected = {(a, b) for a, b in [(0, 1), (1, 2), (2, 3), (1, 3)]} | {
+        (b, a) for a, b in [(0, 1), (1, 2), (2, 3), (1, 3)]
+    }
     assert edges == expected and len(s.edge_results) == 8
     last = s.history[-1]
     accs = [e["communication_accuracy"] for e in s.edge_results]
@@ -86,7 +102,9 @@ def test_communication_accuracy_is_per_directed_edge_and_averages_are_consistent
     per_recv = {}
     for e in s.edge_results:
         per_recv.setdefault(e["dst"], []).append(e["communication_accuracy"])
-    assert last["communication_accuracy_mean"] == pytest.approx(np.mean([np.mean(v) for v in per_recv.values()]))
+    assert last["communication_accuracy_mean"] == pytest.approx(
+        np.mean([np.mean(v) for v in per_recv.values()])
+    )
     # degree-weighted mean of receiver means == mean over directed edges (paper Fig. 2)
     deg = {k: len(v) for k, v in per_recv.items()}
     dw = sum(deg[k] * np.mean(v) for k, v in per_recv.items()) / sum(deg.values())
@@ -123,7 +141,9 @@ def test_rotated_twin_communication_accuracy_equals_private_accuracy():
 
     def factory(context):
         pid = int(context.node_config["partition-id"])
-        task = scenario_task(sc, 0)  # both nodes hold agent 0's data; node 1's model is the rotated twin
+        task = scenario_task(
+            sc, 0
+        )  # both nodes hold agent 0's data; node 1's model is the rotated twin
         task.model = base if pid == 0 else RotatedAgent(base, q)
         return task
 
@@ -157,7 +177,11 @@ def test_failed_node_keeps_state_cached_pilots_are_relayed_and_run_continues():
     orig = grid.app
 
     def flaky(msg, ctx):
-        if msg.metadata.message_type == "train.sheaf" and msg.metadata.group_id == "2" and ctx.node_config["partition-id"] == 1:
+        if (
+            msg.metadata.message_type == "train.sheaf"
+            and msg.metadata.group_id == "2"
+            and ctx.node_config["partition-id"] == 1
+        ):
             calls["n"] += 1
             raise RuntimeError("injected failure")
         return orig(msg, ctx)
@@ -165,14 +189,30 @@ def test_failed_node_keeps_state_cached_pilots_are_relayed_and_run_continues():
     grid.app = flaky
     s = _run(_strategy(), grid, rounds=3)
     assert calls["n"] == 1
-    assert any(f["round"] == 2 and f["partition-id"] == 1 and "injected" in f["reason"] for f in s.failures)
+    assert any(
+        f["round"] == 2 and f["partition-id"] == 1 and "injected" in f["reason"] for f in s.failures
+    )
     assert len(s.history) == 3 and s.history[-1]["num_trained"] == 4
     assert s.history[1]["pilot_age_max"] == 1
     # round 3: neighbours of 1 received node 1's round-1 pilots (its last successful ones)
-    r1 = [r for r in grid.replies if r.metadata.message_type == "train.sheaf" and r.metadata.group_id == "1"
-          and grid.partition_of(r.metadata.src_node_id) == 1][0].content["pilots"]["pilots"].numpy()
-    m3 = [m for m in grid.delivered if m.metadata.message_type == "train.sheaf" and m.metadata.group_id == "3"
-          and grid.partition_of(m.metadata.dst_node_id) == 0][0]
+    r1 = (
+        [
+            r
+            for r in grid.replies
+            if r.metadata.message_type == "train.sheaf"
+            and r.metadata.group_id == "1"
+            and grid.partition_of(r.metadata.src_node_id) == 1
+        ][0]
+        .content["pilots"]["pilots"]
+        .numpy()
+    )
+    m3 = [
+        m
+        for m in grid.delivered
+        if m.metadata.message_type == "train.sheaf"
+        and m.metadata.group_id == "3"
+        and grid.partition_of(m.metadata.dst_node_id) == 0
+    ][0]
     np.testing.assert_array_equal(m3.content["pilots"]["1"].numpy(), r1)
 
 
@@ -180,7 +220,11 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="not connected"):
         _run(_strategy(graph="0-1,2-3"), LocalGrid(cnn_client_app, 4, run_config=RC), rounds=1)
     with pytest.raises(ValueError, match="node 7"):
-        _run(_strategy(graph="0-1,1-2,2-3,3-7"), LocalGrid(cnn_client_app, 4, run_config=RC), rounds=1)
+        _run(
+            _strategy(graph="0-1,1-2,2-3,3-7"),
+            LocalGrid(cnn_client_app, 4, run_config=RC),
+            rounds=1,
+        )
     s = _strategy()
     s.discovery_timeout = 0.5
     with pytest.raises(RuntimeError, match="num-supernodes=4"):
@@ -199,13 +243,21 @@ def test_neighbour_pilots_with_wrong_stalk_dimension_or_nan_are_rejected_by_the_
     m = msgs[0]
     pid = grid.partition_of(m.metadata.dst_node_id)
     j = sorted(nx.cycle_graph(4).neighbors(pid))[0]
-    for bad, pattern in [(np.zeros((64, s.nodes[j].d + 1), np.float32), "stalk dimension mismatch"),
-                         (np.full((64, s.nodes[j].d), np.nan, np.float32), "NaN")]:
+    for bad, pattern in [
+        (np.zeros((64, s.nodes[j].d + 1), np.float32), "stalk dimension mismatch"),
+        (np.full((64, s.nodes[j].d), np.nan, np.float32), "NaN"),
+    ]:
         m.content["pilots"] = pack_arrays({str(j): bad})
         before = dict(grid.contexts[m.metadata.dst_node_id].state)
         (reply,) = grid.send_and_receive([m])
-        assert reply.has_error() and pattern in reply.error.reason and f"partition-id {j}" in reply.error.reason
-        assert dict(grid.contexts[m.metadata.dst_node_id].state).keys() == before.keys()  # nothing committed
+        assert (
+            reply.has_error()
+            and pattern in reply.error.reason
+            and f"partition-id {j}" in reply.error.reason
+        )
+        assert (
+            dict(grid.contexts[m.metadata.dst_node_id].state).keys() == before.keys()
+        )  # nothing committed
 
 
 def test_server_rejects_nan_or_misshaped_pilots_and_keeps_cache():
@@ -220,9 +272,13 @@ def test_server_rejects_nan_or_misshaped_pilots_and_keeps_cache():
     for r in replies:
         pid = grid.partition_of(r.metadata.src_node_id)
         if pid == 2:
-            r.content["pilots"]["pilots"] = __import__("flwr").app.Array(np.full((64, s.nodes[2].d), np.nan, np.float32))
+            r.content["pilots"]["pilots"] = __import__("flwr").app.Array(
+                np.full((64, s.nodes[2].d), np.nan, np.float32)
+            )
         if pid == 3:
-            r.content["pilots"]["pilots"] = __import__("flwr").app.Array(np.zeros((64, s.nodes[3].d + 2), np.float32))
+            r.content["pilots"]["pilots"] = __import__("flwr").app.Array(
+                np.zeros((64, s.nodes[3].d + 2), np.float32)
+            )
     s.aggregate_train(2, replies)
     np.testing.assert_array_equal(s.bank[2], good[2])
     np.testing.assert_array_equal(s.bank[3], good[3])

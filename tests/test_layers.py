@@ -52,13 +52,22 @@ def _hits(mods: set[str], forbidden: tuple[str, ...]) -> list[str]:
     return sorted(m for m in mods if any(m == f or m.startswith(f + ".") for f in forbidden))
 
 
-@pytest.mark.parametrize("src, forbidden", [
-    ("strategy", ("flwr_sheaf.client", "flwr_sheaf.methods", "flwr_sheaf.apps")),
-    ("client", ("flwr_sheaf.strategy", "flwr_sheaf.methods", "flwr_sheaf.apps")),
-    ("protocol", ("flwr_sheaf.methods", "flwr_sheaf.apps")), ("config", ("flwr_sheaf.methods", "flwr_sheaf.apps")),
-    ("methods", ("flwr_sheaf.apps",))])
+@pytest.mark.parametrize(
+    "src, forbidden",
+    [
+        ("strategy", ("flwr_sheaf.client", "flwr_sheaf.methods", "flwr_sheaf.apps")),
+        ("client", ("flwr_sheaf.strategy", "flwr_sheaf.methods", "flwr_sheaf.apps")),
+        ("protocol", ("flwr_sheaf.methods", "flwr_sheaf.apps")),
+        ("config", ("flwr_sheaf.methods", "flwr_sheaf.apps")),
+        ("methods", ("flwr_sheaf.apps",)),
+    ],
+)
 def test_shared_layers_import_no_layer_above_them(src, forbidden):
-    bad = {str(f.relative_to(PKG)): _hits(_imports(f), forbidden) for f in _files(src) if not _is_alias(f)}
+    bad = {
+        str(f.relative_to(PKG)): _hits(_imports(f), forbidden)
+        for f in _files(src)
+        if not _is_alias(f)
+    }
     assert {k: v for k, v in bad.items() if v} == {}
 
 
@@ -71,12 +80,24 @@ def test_a_units_server_and_client_sides_never_import_each_other(unit):
     server = [f for f in unit.glob("*.py") if "strategy" in f.stem]
     client = [f for f in unit.glob("*.py") if "client" in f.stem]
     assert server and client
-    bad = {str(f.relative_to(PKG)): _hits(_imports(f), ("flwr_sheaf.client", *(f"{u}.client" for u in units)))
-           for f in server}
-    bad.update({str(f.relative_to(PKG)): _hits(_imports(f), ("flwr_sheaf.strategy",
-                                                                *(f"{u}.{s}" for u in units for s in ("strategy",
-                                                                                                       "baselines_strategy"))))
-                for f in client})
+    bad = {
+        str(f.relative_to(PKG)): _hits(
+            _imports(f), ("flwr_sheaf.client", *(f"{u}.client" for u in units))
+        )
+        for f in server
+    }
+    bad.update(
+        {
+            str(f.relative_to(PKG)): _hits(
+                _imports(f),
+                (
+                    "flwr_sheaf.strategy",
+                    *(f"{u}.{s}" for u in units for s in ("strategy", "baselines_strategy")),
+                ),
+            )
+            for f in client
+        }
+    )
     assert {k: v for k, v in bad.items() if v} == {}
 
 
@@ -88,8 +109,12 @@ def test_the_walker_sees_relative_imports():
 
 @pytest.mark.parametrize("sub", MATHS + ("topology", "paper", "participation"))
 def test_maths_layers_import_nothing_of_flower(sub):
-    bad = {str(f.relative_to(PKG)): sorted(m for m in _imports(f) if m == "flwr" or m.startswith("flwr."))
-           for f in _files(sub)}
+    bad = {
+        str(f.relative_to(PKG)): sorted(
+            m for m in _imports(f) if m == "flwr" or m.startswith("flwr.")
+        )
+        for f in _files(sub)
+    }
     assert {k: v for k, v in bad.items() if v} == {}
 
 
@@ -97,22 +122,40 @@ def _defaults_of_run_config_keys(path: Path) -> list[str]:
     tree = ast.parse(path.read_text())
     found = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) and node.args[0].value in KEYS):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and len(node.args) == 2
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in KEYS
+        ):
             found.append(f"{path.name}:{node.lineno} .get({node.args[0].value!r}, ...)")
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             args = node.args.args + node.args.kwonlyargs
-            defaults = [None] * (len(node.args.args) - len(node.args.defaults)) + list(node.args.defaults) + \
-                list(node.args.kw_defaults)
+            defaults = (
+                [None] * (len(node.args.args) - len(node.args.defaults))
+                + list(node.args.defaults)
+                + list(node.args.kw_defaults)
+            )
             for a, d in zip(args, defaults):
                 key = a.arg.replace("_", "-")
-                if (key in KEYS or (key == "lam" and "lambda" in KEYS)) and isinstance(d, ast.Constant) and d.value is not None:
+                if (
+                    (key in KEYS or (key == "lam" and "lambda" in KEYS))
+                    and isinstance(d, ast.Constant)
+                    and d.value is not None
+                ):
                     found.append(f"{path.name}:{node.lineno} {node.name}({a.arg}={d.value!r})")
     return found
 
 
 def test_no_run_config_default_outside_config_py():
-    found = [x for sub in ("strategy", "client", "methods") for f in _files(sub) for x in _defaults_of_run_config_keys(f)]
+    found = [
+        x
+        for sub in ("strategy", "client", "methods")
+        for f in _files(sub)
+        for x in _defaults_of_run_config_keys(f)
+    ]
     assert found == []
 
 

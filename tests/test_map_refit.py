@@ -24,7 +24,9 @@ def _plugin(task, refit: str, nb: dict[int, torch.Tensor], edges: EdgeConfig) ->
 
 
 def test_step_refit_residual_is_the_procrustes_minimum_on_the_steps_rows():
-    task = scenario_task(ScenarioConfig.from_mapping({"zoo": "tiny-4", "num-pilots": 64, "seed": 1}), 0)
+    task = scenario_task(
+        ScenarioConfig.from_mapping({"zoo": "tiny-4", "num-pilots": 64, "seed": 1}), 0
+    )
     model, d_i, k = task.model, int(task.model.d), int(task.x_pilot.shape[0])
     g = torch.Generator().manual_seed(0)
     dims = (d_i - 3, d_i + 5)  # one edge where this node is the head, one where it is the tail
@@ -46,9 +48,15 @@ def test_step_refit_residual_is_the_procrustes_minimum_on_the_steps_rows():
     model.train()
     for j in (1, 2):
         a_j = nb[j][rows].double()
-        best = (a_i.square().sum() + a_j.square().sum() - 2 * torch.linalg.matrix_norm(a_i.T @ a_j, "nuc")) / 16
+        best = (
+            a_i.square().sum()
+            + a_j.square().sum()
+            - 2 * torch.linalg.matrix_norm(a_i.T @ a_j, "nuc")
+        ) / 16
         assert out["step"][0][j] == pytest.approx(float(best), rel=1e-4, abs=1e-5)
-        assert out["epoch"][0][j] >= out["step"][0][j] - 1e-6  # all-K maps are not optimal on these rows
+        assert (
+            out["epoch"][0][j] >= out["step"][0][j] - 1e-6
+        )  # all-K maps are not optimal on these rows
     assert out["epoch"][1] == 0 and out["step"][1] == 2  # one SVD per edge per step
 
 
@@ -58,4 +66,14 @@ def test_map_refit_key_is_checked_and_reaches_the_plugin():
         SheafConfig.from_mapping({"map-refit": "iteration"})
     task = scenario_task(ScenarioConfig.from_mapping({"zoo": "tiny-4", "num-pilots": 64}), 0)
     with pytest.raises(ValueError, match="map-refit='sometimes'"):
-        SheafGluing(task, 0.1, 16, EdgeConfig((), (), ()), {}, None, "heterogeneous", "standard", map_refit="sometimes")
+        SheafGluing(
+            task,
+            0.1,
+            16,
+            EdgeConfig((), (), ()),
+            {},
+            None,
+            "heterogeneous",
+            "standard",
+            map_refit="sometimes",
+        )

@@ -27,8 +27,20 @@ TWO = "zoo='two-agent:8' graph='0-1' num-pilots=64 local-epochs=1 num-server-rou
 @pytest.mark.parametrize("i, method", list(enumerate(["fedmuscle", "comfed"])))
 def test_flwr_run_each_comparison_method(tmp_path, i, method):
     out = tmp_path / "res"
-    cmd = [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(ROOT), "--num-supernodes", "2",
-           "--port", str(29591 + 100 * i), "--timeout", "600", "--run-config", f"{TWO} method='{method}' results-dir='{out}'"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "run_flwr.py"),
+        "--app",
+        str(ROOT),
+        "--num-supernodes",
+        "2",
+        "--port",
+        str(29591 + 100 * i),
+        "--timeout",
+        "600",
+        "--run-config",
+        f"{TWO} method='{method}' results-dir='{out}'",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())

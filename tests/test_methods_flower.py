@@ -22,13 +22,20 @@ from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
 from flwr_sheaf.baselines.fedproto import PoolingAdapter
 from flwr_sheaf.client.fedproto import FedProtoLoss
 from flwr_sheaf.client.fedsaf import FedSAFLoss
-from flwr_sheaf.config import (ConfigError, FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig, RunConfig,
-                               ScenarioConfig)
+from flwr_sheaf.config import (
+    ConfigError,
+    FederationConfig,
+    FedProtoConfig,
+    FedSAFConfig,
+    LocalTrainConfig,
+    RunConfig,
+    ScenarioConfig,
+)
 from flwr_sheaf.protocol import GLOBAL_PROTOTYPES, NodeInfo, pack_arrays
 from flwr_sheaf.strategy.fedproto import FedProto
 from flwr_sheaf.strategy.fedsaf import FedSAF
 from flwr_sheaf.strategy.noncooperative import NonCooperative
-from flwr_sheaf.testing import LocalGrid, set_task_identity
+from flwr_sheaf.testing import LocalGrid
 from simulations.inprocess import run_inprocess
 
 torch.set_num_threads(1)
@@ -47,7 +54,9 @@ def _train_round(s, grid, rnd):
     if rnd == 1:
         s.discover(grid, timeout=5)
     s.begin_round(rnd)
-    replies = list(grid.send_and_receive(list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))))
+    replies = list(
+        grid.send_and_receive(list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid)))
+    )
     s.aggregate_train(rnd, replies)
     return replies
 
@@ -60,15 +69,29 @@ def _stub_app(upload_fn):
     def _query(msg, context):
         pid = int(context.node_config["partition-id"])
         task = cnn_task_factory(context)
-        info = NodeInfo(pid, 4, int(task.model.d), tuple(task.classes), int(task.x_pilot.shape[0]), len(task.y_train))
+        info = NodeInfo(
+            pid,
+            4,
+            int(task.model.d),
+            tuple(task.classes),
+            int(task.x_pilot.shape[0]),
+            len(task.y_train),
+        )
         return Message(RecordDict({"info": info.to_record()}), reply_to=msg)
 
     @app.train("fedproto")
     def _train(msg, context):
         pid = int(context.node_config["partition-id"])
         arrays = upload_fn(int(msg.content["config"]["server-round"]), pid)
-        return Message(RecordDict({"upload": pack_arrays(arrays),
-                                   "metrics": MetricRecord({"num-examples": 1, "ce": 0.5})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {
+                    "upload": pack_arrays(arrays),
+                    "metrics": MetricRecord({"num-examples": 1, "ce": 0.5}),
+                }
+            ),
+            reply_to=msg,
+        )
 
     return app
 
@@ -98,12 +121,20 @@ def test_server_aggregation_equals_hand_computed_weighted_mean_of_what_nodes_sen
         pid = grid.partition_of(r.metadata.src_node_id)
         y = scenario_task(SC, pid).y_train.numpy()
         up = r.content["upload"]
-        assert dict(zip(up["classes"].numpy().tolist(), up["counts"].numpy().tolist())) == \
-            {int(c): int((y == c).sum()) for c in np.unique(y)}
-    assert s.current.train["num_global_prototypes"] == len(num) and s.current.train["prototypes_rejected"] == []
+        assert dict(zip(up["classes"].numpy().tolist(), up["counts"].numpy().tolist())) == {
+            int(c): int((y == c).sum()) for c in np.unique(y)
+        }
+    assert (
+        s.current.train["num_global_prototypes"] == len(num)
+        and s.current.train["prototypes_rejected"] == []
+    )
     # round 2 messages carry exactly the count-weighted means
     _train_round(s, grid, 2)
-    m2 = [m for m in grid.delivered if m.metadata.message_type == "train.fedproto" and m.metadata.group_id == "2"]
+    m2 = [
+        m
+        for m in grid.delivered
+        if m.metadata.message_type == "train.fedproto" and m.metadata.group_id == "2"
+    ]
     assert len(m2) == 4
     for m in m2:
         g = m.content[GLOBAL_PROTOTYPES]
@@ -113,7 +144,10 @@ def test_server_aggregation_equals_hand_computed_weighted_mean_of_what_nodes_sen
 
 
 def test_unweighted_aggregation_and_missing_class_policies():
-    p = {0: [[1, 0], [0, 2]], 1: [[3, 0], [0, 4]]}  # classes (0, 1) of pid 0 / (0, 1) of pid 1 in round 1
+    p = {
+        0: [[1, 0], [0, 2]],
+        1: [[3, 0], [0, 4]],
+    }  # classes (0, 1) of pid 0 / (0, 1) of pid 1 in round 1
 
     def upload(rnd, pid):
         if rnd == 1:
@@ -159,7 +193,11 @@ def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated(
     assert "partition-id 3" in reasons[3] and "d=[3]" in reasons[3] and "d=2" in reasons[3]
     assert sorted(s.global_protos) == [0, 3]
     np.testing.assert_allclose(s.global_protos[0].numpy(), [4.0, 4.0])
-    assert s.history == [] and s.current.train["prototypes_rejected"] == [1, 2, 3] and s.current.num_trained == 4
+    assert (
+        s.history == []
+        and s.current.train["prototypes_rejected"] == [1, 2, 3]
+        and s.current.num_trained == 4
+    )
     assert s.current.failed["prototypes"] == [1, 2, 3]
 
 
@@ -188,7 +226,9 @@ def test_fedproto_objective_sends_gradient_into_the_encoder():
         plugin = FedProtoLoss(PoolingAdapter(model.d, model.d), protos, lam, "mse")
         loss, parts = plugin.loss(model, x, y, gen)
         loss.backward()
-        grads[lam] = torch.cat([p.grad.flatten() for p in model.encoder.parameters() if p.grad is not None])
+        grads[lam] = torch.cat(
+            [p.grad.flatten() for p in model.encoder.parameters() if p.grad is not None]
+        )
         assert parts["proto-covered"] == 1.0 and float(parts["proto-loss"]) > 0
     assert float((grads[1.0] - grads[0.0]).norm()) > 1e-6
 
@@ -211,7 +251,9 @@ def test_fedsaf_structure_terms_are_skipped_below_three_rows_and_applied_from_th
             assert loss.item() == pytest.approx(float(expect), abs=1e-6)
         # instance level: only 2 covered samples -> both terms skipped, loss = CE
         two = torch.nonzero(y == present[0]).flatten()[:2]
-        loss, parts = FedSAFLoss(pool, protos, 10, 1.0, 1.0, structure).loss(model, x[two], y[two], None)
+        loss, parts = FedSAFLoss(pool, protos, 10, 1.0, 1.0, structure).loss(
+            model, x[two], y[two], None
+        )
         assert parts["proto-applied"] == 0.0 and parts["inst-applied"] == 0.0
         assert loss.item() == pytest.approx(float(parts["ce"]), abs=1e-6)
 
@@ -236,9 +278,16 @@ def test_method_switch_builds_each_strategy_and_rejects_unknown():
         return build_strategy(RunConfig.from_run_config({**RC, **kw}))
 
     kinds = {m: type(build(method=m)).__name__ for m in zoo_methods()}
-    assert kinds == {"sheaf-frl": "SheafFRL", "fedproto": "FedProto", "fedsaf-gcsa": "FedSAF",
-                     "fedsaf-rcsa": "FedSAF", "non-cooperative": "NonCooperative", "fedmuscle": "FedMuscle",
-                     "comfed": "ComFed", "sheaf-fmtl": "SheafFMTL"}
+    assert kinds == {
+        "sheaf-frl": "SheafFRL",
+        "fedproto": "FedProto",
+        "fedsaf-gcsa": "FedSAF",
+        "fedsaf-rcsa": "FedSAF",
+        "non-cooperative": "NonCooperative",
+        "fedmuscle": "FedMuscle",
+        "comfed": "ComFed",
+        "sheaf-fmtl": "SheafFMTL",
+    }
     assert build(method="fedsaf-rcsa").structure == "rcsa"
     assert build(method="fedsaf-gcsa", **{"fedsaf-structure": "cosine"}).structure == "cosine"
     with pytest.raises(ConfigError, match="method='fedavg'"):
@@ -251,18 +300,33 @@ def test_method_switch_builds_each_strategy_and_rejects_unknown():
         FedSAF(2, fedsaf=FedSAFConfig())
 
 
-ROUND_KEYS = {"round", "private_accuracy_mean", "communication_accuracy_mean", "communication_accuracy_degree_weighted",
-              "gluing_loss", "bytes_sent", "bytes_received", "wall_seconds", "ce", "num_trained"}
+ROUND_KEYS = {
+    "round",
+    "private_accuracy_mean",
+    "communication_accuracy_mean",
+    "communication_accuracy_degree_weighted",
+    "gluing_loss",
+    "bytes_sent",
+    "bytes_received",
+    "wall_seconds",
+    "ce",
+    "num_trained",
+}
 
 
 @pytest.mark.parametrize("method", zoo_methods())
 def test_each_method_runs_end_to_end_and_writes_the_common_schema(method, tmp_path):
-    res = run_inprocess({**RC, "method": method, "num-server-rounds": 1, "results-dir": str(tmp_path)})
+    res = run_inprocess(
+        {**RC, "method": method, "num-server-rounds": 1, "results-dir": str(tmp_path)}
+    )
     assert json.loads((tmp_path / "results.json").read_text()) == res
     assert res["config"]["method"] == method and res["failures"] == []
     (last,) = res["rounds"]
     assert ROUND_KEYS <= set(last)
-    assert 0.0 <= last["private_accuracy_mean"] <= 1.0 and 0.0 <= last["communication_accuracy_degree_weighted"] <= 1.0
+    assert (
+        0.0 <= last["private_accuracy_mean"] <= 1.0
+        and 0.0 <= last["communication_accuracy_degree_weighted"] <= 1.0
+    )
     assert sorted(res["nodes"]) == ["0", "1", "2", "3"] and len(res["edges"]) == 8
     for n in res["nodes"].values():
         assert {"d", "private_accuracy", "val_private_accuracy"} <= set(n)
@@ -273,7 +337,9 @@ def test_each_method_runs_end_to_end_and_writes_the_common_schema(method, tmp_pa
         assert not math.isnan(last["prototype_accuracy_mean"])
         # fedproto-dim = auto resolves to the smallest stalk dimension of the zoo, recorded
         smallest = min(scenario_task(SC, p).model.d for p in range(4))
-        assert res["config"]["fedproto-dim"] == "auto" and res["prototypes"]["feature_dim"] == smallest
+        assert (
+            res["config"]["fedproto-dim"] == "auto" and res["prototypes"]["feature_dim"] == smallest
+        )
         assert res["prototypes"]["classes"]
     if method != "sheaf-frl":
         assert res["evaluation"]["whitening-fit"] == "train"

@@ -101,7 +101,9 @@ def test_state_dict_round_trip_keeps_colour_whiten_identity():
     assert dst.head.colouring.whitening is dst.encoder.whitening
     with torch.no_grad():
         z = dst.latent(x)
-        torch.testing.assert_close(dst.head.colouring(dst.encoder.whitening(z)), z, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            dst.head.colouring(dst.encoder.whitening(z)), z, atol=1e-5, rtol=1e-5
+        )
         torch.testing.assert_close(dst.whitened(x), src.whitened(x))
         torch.testing.assert_close(dst.private_logits(x), src.private_logits(x))
         # statistics are not the initial (0, I) ones

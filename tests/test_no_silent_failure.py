@@ -29,8 +29,15 @@ from flwr_sheaf.testing import LocalGrid
 torch.set_num_threads(1)
 logging.getLogger("flwr_sheaf").setLevel(logging.WARNING)
 
-TINY = {"zoo": "tiny-3", "graph": "ring", "num-pilots": 64, "max-steps-per-epoch": 2, "local-epochs": 1,
-        "num-server-rounds": 1, "evaluate-every": 0}
+TINY = {
+    "zoo": "tiny-3",
+    "graph": "ring",
+    "num-pilots": 64,
+    "max-steps-per-epoch": 2,
+    "local-epochs": 1,
+    "num-server-rounds": 1,
+    "evaluate-every": 0,
+}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -39,7 +46,9 @@ def _refused(rc: dict, match: str, exc=ConfigError, grid=None) -> LocalGrid:
     grid = grid or LocalGrid(cnn_client_app, 3, run_config=rc)
     with pytest.raises(exc, match=match):
         run_server(grid, rc)
-    assert not [m for m in grid.delivered if not m.metadata.message_type.startswith("query.")]  # nothing trained
+    assert not [
+        m for m in grid.delivered if not m.metadata.message_type.startswith("query.")
+    ]  # nothing trained
     return grid
 
 
@@ -54,8 +63,11 @@ def test_an_unwritable_results_dir_is_refused_before_any_message(tmp_path, every
     afile = tmp_path / "afile"
     afile.write_text("x")
     rc = {**TINY, "results-dir": str(afile / "out"), "checkpoint-every": every}
-    grid = _refused(rc, rf"results-dir='{afile}/out': {afile} is a file, not a directory.*set results-dir to a "
-                        rf"directory you can write")
+    grid = _refused(
+        rc,
+        rf"results-dir='{afile}/out': {afile} is a file, not a directory.*set results-dir to a "
+        rf"directory you can write",
+    )
     assert grid.delivered == []
     rc = {**TINY, "results-dir": str(afile)}
     _refused(rc, rf"results-dir='{afile}': {afile} exists and is not a directory")
@@ -86,7 +98,10 @@ def test_a_results_dir_of_another_run_is_refused_unless_resume_or_overwrite(tmp_
     rc = {**TINY, "results-dir": str(out)}
     first = _run(rc)
     before = (out / "results.json").read_bytes()
-    _refused(rc, r"already holds another run's results \(results.json, checkpoint.pkl\).*resume=true.*overwrite=true")
+    _refused(
+        rc,
+        r"already holds another run's results \(results.json, checkpoint.pkl\).*resume=true.*overwrite=true",
+    )
     assert (out / "results.json").read_bytes() == before and not (out / LOCK_NAME).exists()
     (out / "results.json").unlink()  # a stopped run: its checkpoint alone counts too
     _refused({**rc, "lr": 0.1}, r"already holds another run's results \(checkpoint.pkl\)")
@@ -98,14 +113,27 @@ def test_a_results_dir_of_another_run_is_refused_unless_resume_or_overwrite(tmp_
 def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(tmp_path, caplog):
     out = tmp_path / "r"
     out.mkdir()
-    (out / LOCK_NAME).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": 0,
-                                             "started": "then", "token": "other"}))
+    (out / LOCK_NAME).write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "time": 0,
+                "started": "then",
+                "token": "other",
+            }
+        )
+    )
     rc = {**TINY, "results-dir": str(out)}
-    grid = _refused(rc, rf"in use by another run: process {os.getpid()} on this host holds .*{LOCK_NAME}")
+    grid = _refused(
+        rc, rf"in use by another run: process {os.getpid()} on this host holds .*{LOCK_NAME}"
+    )
     assert grid.delivered == [] and (out / LOCK_NAME).exists()  # not ours: left alone
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (out / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "time": 0, "token": "x"}))
+    (out / LOCK_NAME).write_text(
+        json.dumps({"pid": dead.pid, "host": socket.gethostname(), "time": 0, "token": "x"})
+    )
     log = logging.getLogger("flwr_sheaf")
     log.addHandler(caplog.handler)
     try:
@@ -131,7 +159,9 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(b"")
     elif how == "overwritten":
         path.write_text('{"not": "a checkpoint"}')
-    elif how == "modified":  # one byte of the payload (the pickled pilot bank, history, ...) changed
+    elif (
+        how == "modified"
+    ):  # one byte of the payload (the pickled pilot bank, history, ...) changed
         b = bytearray(data)
         b[-40] ^= 0x01
         path.write_bytes(bytes(b))
@@ -139,13 +169,16 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(pickle.dumps(load_checkpoint(path), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-@pytest.mark.parametrize("how,match", [
-    ("truncated", r"payload is truncated or corrupted"),
-    ("empty", r"is empty \(0 bytes"),
-    ("overwritten", r"is not a flwr-sheaf server checkpoint \(bad header"),
-    ("modified", r"payload is truncated or corrupted .*SHA-256"),
-    ("old-format", r"has the old format \(a bare pickle"),
-])
+@pytest.mark.parametrize(
+    "how,match",
+    [
+        ("truncated", r"payload is truncated or corrupted"),
+        ("empty", r"is empty \(0 bytes"),
+        ("overwritten", r"is not a flwr-sheaf server checkpoint \(bad header"),
+        ("modified", r"payload is truncated or corrupted .*SHA-256"),
+        ("old-format", r"has the old format \(a bare pickle"),
+    ],
+)
 def test_a_damaged_checkpoint_is_refused_naming_the_file_before_any_message(tmp_path, how, match):
     out = tmp_path / "r"
     rc = {**TINY, "results-dir": str(out)}
@@ -176,8 +209,12 @@ def test_different_pilot_counts_name_each_partition_id_and_its_count(tmp_path):
 
     rc = {**TINY, "results-dir": str(tmp_path)}
     grid = LocalGrid(register_all_handlers(ClientApp(), factory), 3, run_config=rc)
-    _refused(rc, r"different pilot counts \[50, 64\] \(partition-id 0: 64, partition-id 1: 50, partition-id 2: 64\)",
-             exc=ValueError, grid=grid)
+    _refused(
+        rc,
+        r"different pilot counts \[50, 64\] \(partition-id 0: 64, partition-id 1: 50, partition-id 2: 64\)",
+        exc=ValueError,
+        grid=grid,
+    )
 
 
 def test_missing_client_handlers_name_the_register_function(tmp_path):
@@ -188,8 +225,13 @@ def test_missing_client_handlers_name_the_register_function(tmp_path):
 
     rc = {**TINY, "method": "fedproto", "results-dir": str(tmp_path)}
     grid = LocalGrid(register_sheaf_handlers(ClientApp(), cnn_task_factory), 3, run_config=rc)
-    _refused(rc, r"No query function registered with name 'fedproto'.*call flwr_sheaf\.register_fedproto_handlers"
-                 r"\(app, factory\)", exc=RuntimeError, grid=grid)
+    _refused(
+        rc,
+        r"No query function registered with name 'fedproto'.*call flwr_sheaf\.register_fedproto_handlers"
+        r"\(app, factory\)",
+        exc=RuntimeError,
+        grid=grid,
+    )
 
 
 def test_deploy_local_refuses_zero_supernodes():
@@ -208,7 +250,9 @@ def test_deploy_local_refuses_zero_supernodes():
 
 @pytest.mark.parametrize("zoo", ["two-agent:16", "tiny-2", "tiny-3", "tiny-4"])
 def test_the_default_graph_on_few_agents_suggests_ring_or_complete(zoo):
-    with pytest.raises(ConfigError, match=r"graph='class-overlap' on zoo=.*use graph='ring' or graph='complete'"):
+    with pytest.raises(
+        ConfigError, match=r"graph='class-overlap' on zoo=.*use graph='ring' or graph='complete'"
+    ):
         RunConfig.from_run_config({"zoo": zoo})
     RunConfig.from_run_config({"zoo": zoo, "graph": "ring"})
 
@@ -217,15 +261,22 @@ def test_the_default_graph_on_few_agents_suggests_ring_or_complete(zoo):
 def _idx(array: np.ndarray) -> bytes:
     import struct
 
-    return bytes([0, 0, 0x08, array.ndim]) + struct.pack(">" + "i" * array.ndim, *array.shape) + \
-        array.astype(np.uint8).tobytes()
+    return (
+        bytes([0, 0, 0x08, array.ndim])
+        + struct.pack(">" + "i" * array.ndim, *array.shape)
+        + array.astype(np.uint8).tobytes()
+    )
 
 
-def _idx_dir(d: Path, images: bytes | None = None, labels: bytes | None = None, gz: bool = False) -> Path:
+def _idx_dir(
+    d: Path, images: bytes | None = None, labels: bytes | None = None, gz: bool = False
+) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     x = np.random.default_rng(0).integers(0, 256, size=(20, 28, 28))
-    for name, data in (("train-images-idx3-ubyte", images if images is not None else _idx(x)),
-                       ("train-labels-idx1-ubyte", labels if labels is not None else _idx(np.arange(20) % 10))):
+    for name, data in (
+        ("train-images-idx3-ubyte", images if images is not None else _idx(x)),
+        ("train-labels-idx1-ubyte", labels if labels is not None else _idx(np.arange(20) % 10)),
+    ):
         if gz:
             (d / (name + ".gz")).write_bytes(gzip.compress(data))
         else:
@@ -233,13 +284,22 @@ def _idx_dir(d: Path, images: bytes | None = None, labels: bytes | None = None, 
     return d
 
 
-@pytest.mark.parametrize("labels,match", [
-    (b"", r"train-labels-idx1-ubyte is empty \(0 bytes\)"),
-    (b"\x00\x00\x08", r"train-labels-idx1-ubyte is truncated: 3 bytes, shorter than the 8-byte idx header"),
-    (_idx(np.arange(20) % 10)[:-5], r"train-labels-idx1-ubyte is truncated: its header says 20 = 20 bytes of data, "
-                                    r"the file has 15"),
-    (_idx(np.zeros((20, 28, 28))), r"magic number 0x00000803, expected 0x00000801"),
-])
+@pytest.mark.parametrize(
+    "labels,match",
+    [
+        (b"", r"train-labels-idx1-ubyte is empty \(0 bytes\)"),
+        (
+            b"\x00\x00\x08",
+            r"train-labels-idx1-ubyte is truncated: 3 bytes, shorter than the 8-byte idx header",
+        ),
+        (
+            _idx(np.arange(20) % 10)[:-5],
+            r"train-labels-idx1-ubyte is truncated: its header says 20 = 20 bytes of data, "
+            r"the file has 15",
+        ),
+        (_idx(np.zeros((20, 28, 28))), r"magic number 0x00000803, expected 0x00000801"),
+    ],
+)
 def test_broken_idx_files_are_named(tmp_path, labels, match):
     from flwr_sheaf.data.sources import load_source
 
@@ -260,7 +320,10 @@ def test_a_truncated_gz_is_named_and_an_empty_named_file_says_how_to_reinstall(t
     d.mkdir()
     (d / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")
     (d / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(_idx(np.zeros((1, 28, 28)))))
-    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte.gz is empty.*bash scripts/get_data.sh fashion-mnist"):
+    with pytest.raises(
+        ValueError,
+        match=r"t10k-labels-idx1-ubyte.gz is empty.*bash scripts/get_data.sh fashion-mnist",
+    ):
         load_source(f"idx:{d}")
 
 
@@ -271,10 +334,14 @@ def test_the_idx_reader_gives_the_same_arrays_as_before(tmp_path):
     from flwr_sheaf.data.idx import read_idx_file
 
     d = _idx_dir(tmp_path / "same")
-    np.testing.assert_array_equal(read_idx_file(d / "train-images-idx3-ubyte", "images"),
-                                  read_image_file(str(d / "train-images-idx3-ubyte")).numpy())
-    np.testing.assert_array_equal(read_idx_file(d / "train-labels-idx1-ubyte", "labels"),
-                                  read_label_file(str(d / "train-labels-idx1-ubyte")).numpy())
+    np.testing.assert_array_equal(
+        read_idx_file(d / "train-images-idx3-ubyte", "images"),
+        read_image_file(str(d / "train-images-idx3-ubyte")).numpy(),
+    )
+    np.testing.assert_array_equal(
+        read_idx_file(d / "train-labels-idx1-ubyte", "labels"),
+        read_label_file(str(d / "train-labels-idx1-ubyte")).numpy(),
+    )
 
 
 def test_a_named_dataset_modified_after_install_is_refused_at_load(tmp_path, monkeypatch):
@@ -287,8 +354,11 @@ def test_a_named_dataset_modified_after_install_is_refused_at_load(tmp_path, mon
         (d / name).write_bytes(b"not the file")
     monkeypatch.setattr(catalog, "data_dirs", lambda name: [d])
     clear_source_cache()
-    with pytest.raises(ValueError, match=r"fashion-mnist.*has the wrong SHA-256 \(modified, truncated or another version"
-                                         r".*re-run `bash scripts/get_data.sh fashion-mnist`"):
+    with pytest.raises(
+        ValueError,
+        match=r"fashion-mnist.*has the wrong SHA-256 \(modified, truncated or another version"
+        r".*re-run `bash scripts/get_data.sh fashion-mnist`",
+    ):
         load_source("fashion-mnist")
     clear_source_cache()
 
@@ -308,18 +378,27 @@ def test_checksums_are_hashed_once_per_file_version(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------- item 10
-@pytest.mark.parametrize("rc,match", [
-    ({"participation": "0.9,,0.2,0.5"}, r"participation='0.9,,0.2,0.5': participation spec .*entry 1 .*is empty"),
-    ({"participation": "0.9,0.2,0.5,"}, r"entry 3 .*is empty"),
-    ({"participation": "uniformly"}, r"participation='uniformly'"),
-    ({"participation": "uniform:"}, r"'uniform:<seed>' needs a non-negative integer seed"),
-    ({"graph": "0-1,,1-2"}, r"graph='0-1,,1-2': graph spec '0-1,,1-2': edge 1 \(0-based\) of the edge list is empty"),
-    ({"graph": "0-1,1-2,"}, r"edge 2 \(0-based\) of the edge list is empty"),
-    ({"graph": "random-regular:2_0"}, r"degree/seed \['2_0'\] are not integers"),
-    ({"graph": "class-overlap:nan"}, r"density 'nan' is not a number"),
-    ({"graph": "class-overlap:1_0"}, r"density '1_0' is not a number"),
-    ({"graph": "class-overlap:1.5"}, r"density '1.5' must be in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "rc,match",
+    [
+        (
+            {"participation": "0.9,,0.2,0.5"},
+            r"participation='0.9,,0.2,0.5': participation spec .*entry 1 .*is empty",
+        ),
+        ({"participation": "0.9,0.2,0.5,"}, r"entry 3 .*is empty"),
+        ({"participation": "uniformly"}, r"participation='uniformly'"),
+        ({"participation": "uniform:"}, r"'uniform:<seed>' needs a non-negative integer seed"),
+        (
+            {"graph": "0-1,,1-2"},
+            r"graph='0-1,,1-2': graph spec '0-1,,1-2': edge 1 \(0-based\) of the edge list is empty",
+        ),
+        ({"graph": "0-1,1-2,"}, r"edge 2 \(0-based\) of the edge list is empty"),
+        ({"graph": "random-regular:2_0"}, r"degree/seed \['2_0'\] are not integers"),
+        ({"graph": "class-overlap:nan"}, r"density 'nan' is not a number"),
+        ({"graph": "class-overlap:1_0"}, r"density '1_0' is not a number"),
+        ({"graph": "class-overlap:1.5"}, r"density '1.5' must be in \(0, 1\]"),
+    ],
+)
 def test_lenient_specs_are_refused_before_any_message(tmp_path, rc, match):
     rc = {**TINY, **rc, "results-dir": str(tmp_path)}
     grid = _refused(rc, match)
@@ -367,8 +446,12 @@ def test_model_reporting_the_wrong_latent_size_fails_discovery_naming_d_and_the_
 
 
 # ------------------------------------------- issue 22: infeasible splits refused before any message
-@pytest.mark.parametrize("zoo, dataset", [("tiny-2000", "mnist-bundled"), ("tiny-10000", "fashion-mnist")])
-def test_scenario_whose_splits_cannot_be_non_empty_is_refused_in_seconds_before_any_message(zoo, dataset, tmp_path):
+@pytest.mark.parametrize(
+    "zoo, dataset", [("tiny-2000", "mnist-bundled"), ("tiny-10000", "fashion-mnist")]
+)
+def test_scenario_whose_splits_cannot_be_non_empty_is_refused_in_seconds_before_any_message(
+    zoo, dataset, tmp_path
+):
     import time
 
     from flwr_sheaf.data.catalog import find_installed
@@ -379,11 +462,20 @@ def test_scenario_whose_splits_cannot_be_non_empty_is_refused_in_seconds_before_
         except FileNotFoundError:
             pytest.skip("fashion-mnist not installed (bash scripts/get_data.sh fashion-mnist)")
     n = int(zoo.split("-")[1])
-    rc = {"zoo": zoo, "dataset": dataset, "graph": "ring", "num-pilots": 100, "results-dir": str(tmp_path / "r")}
+    rc = {
+        "zoo": zoo,
+        "dataset": dataset,
+        "graph": "ring",
+        "num-pilots": 100,
+        "results-dir": str(tmp_path / "r"),
+    }
     grid = LocalGrid(cnn_client_app, n, run_config=rc)
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"of N={n} agents get an empty training, validation or test split.*"
-                                          r"partition-id 0: \d+ training, \d+ validation, \d+ test.*use fewer agents"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"of N={n} agents get an empty training, validation or test split.*"
+        r"partition-id 0: \d+ training, \d+ validation, \d+ test.*use fewer agents",
+    ):
         run_server(grid, rc)
     assert time.monotonic() - t0 < 5.0 + 3.0  # + loading the dataset the first time in this process
     assert grid.delivered == []  # not even discovery
@@ -392,11 +484,13 @@ def test_scenario_whose_splits_cannot_be_non_empty_is_refused_in_seconds_before_
 # ------------------------------------------------------------------------- item 4: degraded runs, node-side rollback
 def _failing_app(fails):
     """The CNN ClientApp whose train handler raises when ``fails(round, partition-id)``."""
+
     def app(msg, ctx):
         rnd, pid = int(msg.metadata.group_id or 0), int(ctx.node_config["partition-id"])
         if msg.metadata.message_type.startswith("train.") and fails(rnd, pid):
             raise OSError(f"injected: cannot write the state of partition-id {pid}")
         return cnn_client_app(msg, ctx)
+
     return app
 
 
@@ -409,25 +503,37 @@ def _logged(caplog, fn):
         log.removeHandler(caplog.handler)
 
 
-def test_a_run_in_which_nobody_trains_ends_failed_after_writing_results_naming_nodes_and_reasons(tmp_path, caplog):
+def test_a_run_in_which_nobody_trains_ends_failed_after_writing_results_naming_nodes_and_reasons(
+    tmp_path, caplog
+):
     from flwr_sheaf.strategy.graph import RunFailedError
 
     rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r")}
     grid = LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc)
-    with pytest.raises(RunFailedError, match=r"6 of 6 sampled train replies failed \(100% > max-failed-fraction=0.5\)"
-                                             r".*round\(s\) \[1, 2\] trained nobody.*partition-id 0: .*cannot write the "
-                                             r"state of partition-id 0.*max-failed-fraction") as err:
+    with pytest.raises(
+        RunFailedError,
+        match=r"6 of 6 sampled train replies failed \(100% > max-failed-fraction=0.5\)"
+        r".*round\(s\) \[1, 2\] trained nobody.*partition-id 0: .*cannot write the "
+        r"state of partition-id 0.*max-failed-fraction",
+    ) as err:
         _logged(caplog, lambda: run_server(grid, rc))
     assert all(f"partition-id {p}" in str(err.value) for p in range(3))
     res = json.loads((tmp_path / "r" / "results.json").read_text())  # written before the run fails
     deg = res["degradation"]
     assert res["status"] == deg["status"] == "failed" and deg["all_rounds_trained_nobody"] is True
     assert deg["rounds_without_training"] == [1, 2] and deg["nodes_failed_every_round"] == [0, 1, 2]
-    assert deg["nodes"]["1"]["train_failed_rounds"] == [1, 2] and "cannot write" in deg["nodes"]["1"]["reasons"][0]
+    assert (
+        deg["nodes"]["1"]["train_failed_rounds"] == [1, 2]
+        and "cannot write" in deg["nodes"]["1"]["reasons"][0]
+    )
     assert "the run FAILED" in caplog.text and not (tmp_path / "r" / LOCK_NAME).exists()
     # max-failed-fraction = 1: report only (status degraded, no exception)
     rc1 = {**rc, "results-dir": str(tmp_path / "r1"), "max-failed-fraction": 1.0}
-    res1 = json.loads(run_server(LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc1), rc1).read_text())
+    res1 = json.loads(
+        run_server(
+            LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc1), rc1
+        ).read_text()
+    )
     assert res1["status"] == "degraded" and res1["degradation"]["all_rounds_trained_nobody"] is True
 
 
@@ -437,7 +543,11 @@ def test_a_run_with_one_node_failing_once_completes_flagged_degraded(tmp_path, c
     res = json.loads(_logged(caplog, lambda: run_server(grid, rc)).read_text())
     deg = res["degradation"]
     assert res["status"] == "degraded" and deg["reasons"] == [] and deg["train_failed"] == 1
-    assert deg["train_sampled"] == 6 and deg["rounds_without_training"] == [] and deg["nodes_failed_every_round"] == []
+    assert (
+        deg["train_sampled"] == 6
+        and deg["rounds_without_training"] == []
+        and deg["nodes_failed_every_round"] == []
+    )
     assert list(deg["nodes"]) == ["1"] and deg["nodes"]["1"]["train_failed_rounds"] == [1]
     assert "the run is DEGRADED, not clean" in caplog.text and "partition-id 1" in caplog.text
     clean = _run({**TINY, "results-dir": str(tmp_path / "c")})
@@ -449,7 +559,13 @@ def test_a_reply_the_server_refuses_is_never_committed_by_the_node(tmp_path):
     replying, so its stored model after the refused round is byte-identical to before it."""
     from flwr_sheaf.client.common import model_key
 
-    rc = {**TINY, "num-server-rounds": 2, "lambda": 1e30, "max-failed-fraction": 1.0, "results-dir": str(tmp_path)}
+    rc = {
+        **TINY,
+        "num-server-rounds": 2,
+        "lambda": 1e30,
+        "max-failed-fraction": 1.0,
+        "results-dir": str(tmp_path),
+    }
     grid = LocalGrid(cnn_client_app, 3, run_config=rc)
     before = {}
 
@@ -462,7 +578,9 @@ def test_a_reply_the_server_refuses_is_never_committed_by_the_node(tmp_path):
     grid.app = app
     res = json.loads(run_server(grid, rc).read_text())
     refused = [f for f in res["failures"] if f["round"] == 2]
-    assert [f["partition-id"] for f in refused] == [0, 1, 2] and res["rounds"][0]["num_trained"] == 3
+    assert [f["partition-id"] for f in refused] == [0, 1, 2] and res["rounds"][0][
+        "num_trained"
+    ] == 3
     assert all("RefusedReplyError" in f["reason"] and "is infinite" in f["reason"] for f in refused)
     for nid, ctx in grid.contexts.items():
         after = {k: v.numpy().tobytes() for k, v in ctx.state[model_key("sheaf")].items()}
@@ -475,10 +593,17 @@ def test_an_evaluation_that_measures_no_edge_says_why_in_the_round_and_the_log(t
     res = json.loads(_logged(caplog, lambda: _run(rc) and (tmp_path / "results.json")).read_text())
     r = res["rounds"][0]
     assert len(r["evaluated"]) == 1 and res["edges"] == []
-    assert r["communication_accuracy_mean"] is None and r["communication_accuracy_degree_weighted"] is None
-    assert r["communication_accuracy_reason"].startswith(f"no edge has both ends evaluated: fraction-evaluate=0.2 "
-                                                          f"drew partition-ids {r['evaluated']} of 3")
-    assert "communication accuracy not measured (null): no edge has both ends evaluated" in caplog.text
+    assert (
+        r["communication_accuracy_mean"] is None
+        and r["communication_accuracy_degree_weighted"] is None
+    )
+    assert r["communication_accuracy_reason"].startswith(
+        f"no edge has both ends evaluated: fraction-evaluate=0.2 "
+        f"drew partition-ids {r['evaluated']} of 3"
+    )
+    assert (
+        "communication accuracy not measured (null): no edge has both ends evaluated" in caplog.text
+    )
     assert r["private_accuracy_mean"] is not None and res["status"] == "completed"
 
 
@@ -488,37 +613,73 @@ def test_resume_with_lost_node_state_is_refused_naming_the_partition_and_the_opt
 
     state, empty = tmp_path / "S", tmp_path / "S2"
     empty.mkdir()
-    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r"), "node-state-dir": str(state)}
+    rc = {
+        **TINY,
+        "num-server-rounds": 2,
+        "results-dir": str(tmp_path / "r"),
+        "node-state-dir": str(state),
+    }
     _run(rc)
     typo = {**rc, "resume": True, "num-server-rounds": 3, "node-state-dir": str(empty)}
-    _refused(typo, rf"partition-id 0 trained up to round 2 \(server checkpoint, resumed after round 2\) but "
-                   rf"{empty}/partition-0 has no state files; .*resume-fresh-nodes=true", RuntimeError,
-             LocalGrid(cnn_client_app, 3, run_config=typo, run_id=2))
+    _refused(
+        typo,
+        rf"partition-id 0 trained up to round 2 \(server checkpoint, resumed after round 2\) but "
+        rf"{empty}/partition-0 has no state files; .*resume-fresh-nodes=true",
+        RuntimeError,
+        LocalGrid(cnn_client_app, 3, run_config=typo, run_id=2),
+    )
     lost = tmp_path / "lost"
     shutil.copytree(state, lost)
     shutil.rmtree(lost / "partition-1")
     one = {**typo, "node-state-dir": str(lost)}
-    _refused(one, r"partition-id 1 trained up to round 2 .* has no state files; .*restart partition-id 1 from "
-                  r"initialisation", RuntimeError, LocalGrid(cnn_client_app, 3, run_config=one, run_id=2))
+    _refused(
+        one,
+        r"partition-id 1 trained up to round 2 .* has no state files; .*restart partition-id 1 from "
+        r"initialisation",
+        RuntimeError,
+        LocalGrid(cnn_client_app, 3, run_config=one, run_id=2),
+    )
     fresh = {**typo, "resume-fresh-nodes": True}  # explicit opt-in: runs, and results.json says so
-    res = json.loads(run_server(LocalGrid(cnn_client_app, 3, run_config=fresh, run_id=2), fresh).read_text())
+    res = json.loads(
+        run_server(LocalGrid(cnn_client_app, 3, run_config=fresh, run_id=2), fresh).read_text()
+    )
     assert [r["round"] for r in res["rounds"]] == [1, 2, 3] and res["status"] == "completed"
-    assert res["config"]["resume-fresh-nodes"] is True and res["resumed"]["resume_fresh_nodes"] is True
+    assert (
+        res["config"]["resume-fresh-nodes"] is True and res["resumed"]["resume_fresh_nodes"] is True
+    )
     assert res["resumed"]["nodes_trained_before"] == {"0": 2, "1": 2, "2": 2}
-    stale = {**typo, "node-state-dir": str(state)}  # the checkpoint is now at round 3, S holds rounds 1-2 only
-    _refused(stale, r"partition-id 0 trained up to round 3 .* has state files of rounds \[1, 2\] only",
-             RuntimeError, LocalGrid(cnn_client_app, 3, run_config=stale, run_id=3))
+    stale = {
+        **typo,
+        "node-state-dir": str(state),
+    }  # the checkpoint is now at round 3, S holds rounds 1-2 only
+    _refused(
+        stale,
+        r"partition-id 0 trained up to round 3 .* has state files of rounds \[1, 2\] only",
+        RuntimeError,
+        LocalGrid(cnn_client_app, 3, run_config=stale, run_id=3),
+    )
 
 
 # ------------------------------------------------------------------------- item 11
 def test_resume_that_adds_the_default_seed_explicitly_is_the_same_config(tmp_path):
-    rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r"), "node-state-dir": str(tmp_path / "S")}
+    rc = {
+        **TINY,
+        "num-server-rounds": 2,
+        "results-dir": str(tmp_path / "r"),
+        "node-state-dir": str(tmp_path / "S"),
+    }
     assert "seed" not in rc
     first = _run(rc)
     again = {**rc, "resume": True, "num-server-rounds": 3, "seed": 0}
-    res = json.loads(run_server(LocalGrid(cnn_client_app, 3, run_config=again, run_id=2), again).read_text())
+    res = json.loads(
+        run_server(LocalGrid(cnn_client_app, 3, run_config=again, run_id=2), again).read_text()
+    )
     assert res["failures"] == [] and [r["num_trained"] for r in res["rounds"]] == [3, 3, 3]
     assert res["resumed"]["after_round"] == 2 and res["rounds"][:2] == first["rounds"][:2]
     other = {**again, "seed": 1}  # a different effective value is still refused before any message
-    _refused(other, r"seed=0 in the checkpoint, 1 now", ConfigError,
-             LocalGrid(cnn_client_app, 3, run_config=other, run_id=3))
+    _refused(
+        other,
+        r"seed=0 in the checkpoint, 1 now",
+        ConfigError,
+        LocalGrid(cnn_client_app, 3, run_config=other, run_id=3),
+    )

@@ -41,8 +41,8 @@ from flwr_sheaf.testing import LocalGrid
 torch.set_num_threads(1)
 
 # ---------------------------------------------------------------------------------------- toy sheaf
-N_TOY, D, KP = 6, 3, 2          # agents, stalk dimension, pilot rows
-MU = 1.0                        # penalty weight per edge: lambda / (d K) in Eq. 16
+N_TOY, D, KP = 6, 3, 2  # agents, stalk dimension, pilot rows
+MU = 1.0  # penalty weight per edge: lambda / (d K) in Eq. 16
 LAM = MU * D * KP
 P_TOY = [0.9, 0.9, 0.9, 0.2, 0.2, 0.2]
 Q_MIN = 0.05
@@ -65,7 +65,9 @@ GRAPH, MAPS, B = _toy_problem()
 
 
 def _optimum() -> np.ndarray:
-    sheaf = NetworkSheaf(GRAPH, {i: D for i in range(N_TOY)}, {e: torch.from_numpy(v) for e, v in MAPS.items()})
+    sheaf = NetworkSheaf(
+        GRAPH, {i: D for i in range(N_TOY)}, {e: torch.from_numpy(v) for e, v in MAPS.items()}
+    )
     lap = sheaf.laplacian().numpy()
     rhs = B.transpose(0, 2, 1).reshape(N_TOY * D, KP)  # node blocks stacked, one column per pilot
     x = np.linalg.solve(np.eye(N_TOY * D) + MU * lap, rhs)
@@ -85,8 +87,14 @@ def toy_client_app(local_steps: int, step_size: float) -> ClientApp:
 
     @app.query("sheaf")
     def _query(msg: Message, context) -> Message:
-        info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]),
-                        D, (0,), KP, 1)
+        info = NodeInfo(
+            int(context.node_config["partition-id"]),
+            int(context.node_config["num-partitions"]),
+            D,
+            (0,),
+            KP,
+            1,
+        )
         return Message(RecordDict({"info": info.to_record()}), reply_to=msg)
 
     @app.train("sheaf")
@@ -97,10 +105,19 @@ def toy_client_app(local_steps: int, step_size: float) -> ClientApp:
         weights = dict(zip(edges.neighbours, edges.weights or ()))
         rec = msg.content["pilots"]
         nb = {int(k): torch.from_numpy(rec[k].numpy().copy()) for k in rec.keys()}
-        x = torch.from_numpy(context.state["x"]["x"].numpy().copy()) if "x" in context.state else torch.zeros(KP, D, dtype=torch.float64)
+        x = (
+            torch.from_numpy(context.state["x"]["x"].numpy().copy())
+            if "x" in context.state
+            else torch.zeros(KP, D, dtype=torch.float64)
+        )
         b = torch.from_numpy(B[i])
-        terms = [EdgeTerm(j, nb[j], torch.from_numpy(MAPS[(i, j) if hd else (j, i)]), hd, weights.get(j, 1.0))
-                 for j, hd in zip(edges.neighbours, edges.heads) if j in nb]
+        terms = [
+            EdgeTerm(
+                j, nb[j], torch.from_numpy(MAPS[(i, j) if hd else (j, i)]), hd, weights.get(j, 1.0)
+            )
+            for j, hd in zip(edges.neighbours, edges.heads)
+            if j in nb
+        ]
         for _ in range(local_steps):
             x = x.detach().requires_grad_(True)
             pen, _ = local_gluing_penalty(x, terms, float(cfg["lambda"]))
@@ -108,15 +125,29 @@ def toy_client_app(local_steps: int, step_size: float) -> ClientApp:
             (g,) = torch.autograd.grad(loss, x)
             x = x.detach() - step_size * g
         context.state["x"] = pack_arrays({"x": x.numpy()})
-        return Message(RecordDict({"pilots": pack_arrays({"pilots": x.numpy()}),
-                                   "metrics": MetricRecord({"num-examples": 1, "ce": 0.0, "gluing": float(pen.detach()),
-                                                            "low-variance-fraction": 0.0})}),
-                       reply_to=msg)
+        return Message(
+            RecordDict(
+                {
+                    "pilots": pack_arrays({"pilots": x.numpy()}),
+                    "metrics": MetricRecord(
+                        {
+                            "num-examples": 1,
+                            "ce": 0.0,
+                            "gluing": float(pen.detach()),
+                            "low-variance-fraction": 0.0,
+                        }
+                    ),
+                }
+            ),
+            reply_to=msg,
+        )
 
     return app
 
 
-def toy_reference(policy: str, rounds: int, local_steps: int, alpha, seed: int = 1) -> tuple[np.ndarray, list[dict]]:
+def toy_reference(
+    policy: str, rounds: int, local_steps: int, alpha, seed: int = 1
+) -> tuple[np.ndarray, list[dict]]:
     """Independent numpy model of the same dynamics (the strategy's policy semantics, written out).
 
     Returns the final iterates and, per round, ``{(i, j): weight}`` of the edge terms used.
@@ -144,7 +175,7 @@ def toy_reference(policy: str, rounds: int, local_steps: int, alpha, seed: int =
                 for j, w in terms:
                     if i > j:  # i is the head: residual x_i - x_j V^T
                         g = g + MU * w * (xi - bank[j] @ MAPS[(i, j)].T)
-                    else:      # i is the tail: residual x_j - x_i V^T
+                    else:  # i is the tail: residual x_j - x_i V^T
                         g = g - MU * w * (bank[j] - xi @ MAPS[(j, i)].T) @ MAPS[(j, i)]
                 xi = xi - a_t * g
             new[int(i)] = xi
@@ -159,9 +190,14 @@ def toy_reference(policy: str, rounds: int, local_steps: int, alpha, seed: int =
 
 def _toy_strategy(policy: str) -> SheafFRL:
     fed = FederationConfig(participation=",".join(map(str, P_TOY)), seed=1, evaluate_every=0)
-    return SheafFRL(num_nodes=N_TOY, graph=GRAPH, federation=fed,
-                    sheaf=SheafConfig(lam=LAM, absent_policy=policy, reweight_q_min=Q_MIN,
-                                      sheaf_variant="heterogeneous"))  # the toy client runs Alg. 1
+    return SheafFRL(
+        num_nodes=N_TOY,
+        graph=GRAPH,
+        federation=fed,
+        sheaf=SheafConfig(
+            lam=LAM, absent_policy=policy, reweight_q_min=Q_MIN, sheaf_variant="heterogeneous"
+        ),
+    )  # the toy client runs Alg. 1
 
 
 def _run_toy(policy: str, rounds: int, local_steps: int = 5, step_size: float = 0.05):
@@ -179,8 +215,15 @@ def test_toy_laplacian_optimum_is_the_stationary_point_of_the_local_objectives()
     """Sanity of the oracle: at x*, every agent's full local gradient (all edges, weight 1) vanishes."""
     for i in range(N_TOY):
         x = torch.from_numpy(X_STAR[i]).requires_grad_(True)
-        terms = [EdgeTerm(j, torch.from_numpy(X_STAR[j]), torch.from_numpy(MAPS[(max(i, j), min(i, j))]), i > j)
-                 for j in GRAPH.neighbors(i)]
+        terms = [
+            EdgeTerm(
+                j,
+                torch.from_numpy(X_STAR[j]),
+                torch.from_numpy(MAPS[(max(i, j), min(i, j))]),
+                i > j,
+            )
+            for j in GRAPH.neighbors(i)
+        ]
         pen, _ = local_gluing_penalty(x, terms, LAM)
         (g,) = torch.autograd.grad(0.5 * ((x - torch.from_numpy(B[i])) ** 2).sum() + pen, x)
         assert float(g.abs().max()) < 1e-12
@@ -195,7 +238,11 @@ def test_toy_flower_run_matches_the_numpy_reference(policy):
     np.testing.assert_allclose(x_flower, x_ref, rtol=0, atol=1e-10)
     # the last round's relayed edges and weights equal the reference's
     assert {e: w for e, (_, w) in strategy.relayed.items()} == pytest.approx(used[-1], rel=1e-12)
-    last = [m for m in grid.delivered if m.metadata.message_type == "train.sheaf" and m.metadata.group_id == str(rounds)]
+    last = [
+        m
+        for m in grid.delivered
+        if m.metadata.message_type == "train.sheaf" and m.metadata.group_id == str(rounds)
+    ]
     for m in last:
         i = grid.partition_of(m.metadata.dst_node_id)
         cfg = m.content["config"]
@@ -232,16 +279,30 @@ def test_toy_check_reweighting_removes_the_drop_bias_with_one_local_step():
 
 
 # ------------------------------------------------------------------------------ CNN ClientApp tests
-RC = {"zoo": "tiny-6", "num-pilots": 32, "local-epochs": 1, "lambda": 0.5, "seed": 3, "batch-size": 64}
-
+RC = {
+    "zoo": "tiny-6",
+    "num-pilots": 32,
+    "local-epochs": 1,
+    "lambda": 0.5,
+    "seed": 3,
+    "batch-size": 64,
+}
 
 
 def _cnn_run(policy: str, participation, rounds: int, seed: int = 5, evaluate: bool = False):
     grid = LocalGrid(cnn_client_app, 6, run_config=RC)
-    fed = FederationConfig(graph="ring", participation=",".join(map(str, participation)), seed=seed,
-                           evaluate_every=10**9 if evaluate else 0)
-    s = SheafFRL(num_nodes=6, federation=fed, train=LocalTrainConfig(local_epochs=1, batch_size=64),
-                 sheaf=SheafConfig(lam=0.5, absent_policy=policy, reweight_q_min=0.1))
+    fed = FederationConfig(
+        graph="ring",
+        participation=",".join(map(str, participation)),
+        seed=seed,
+        evaluate_every=10**9 if evaluate else 0,
+    )
+    s = SheafFRL(
+        num_nodes=6,
+        federation=fed,
+        train=LocalTrainConfig(local_epochs=1, batch_size=64),
+        sheaf=SheafConfig(lam=0.5, absent_policy=policy, reweight_q_min=0.1),
+    )
     s.start(grid=grid, num_rounds=rounds)
     return s, grid
 
@@ -251,12 +312,15 @@ def _replay(grid: LocalGrid):
     produced: dict[int, dict[int, np.ndarray]] = {}
     for r in grid.replies:
         if r.metadata.message_type == "train.sheaf" and not r.has_error():
-            produced.setdefault(int(r.metadata.group_id), {})[grid.partition_of(r.metadata.src_node_id)] = \
-                r.content["pilots"]["pilots"].numpy()
+            produced.setdefault(int(r.metadata.group_id), {})[
+                grid.partition_of(r.metadata.src_node_id)
+            ] = r.content["pilots"]["pilots"].numpy()
     msgs: dict[int, dict[int, Message]] = {}
     for m in grid.delivered:
         if m.metadata.message_type == "train.sheaf":
-            msgs.setdefault(int(m.metadata.group_id), {})[grid.partition_of(m.metadata.dst_node_id)] = m
+            msgs.setdefault(int(m.metadata.group_id), {})[
+                grid.partition_of(m.metadata.dst_node_id)
+            ] = m
     return produced, msgs
 
 
@@ -265,7 +329,7 @@ def _last_produced(produced, j: int, before: int):
     return (max(rounds), produced[max(rounds)][j]) if rounds else (None, None)
 
 
-P_CNN = [1.0, 0.6, 0.5, 0.3, 0.4, 0.0]   # node 5 never trains
+P_CNN = [1.0, 0.6, 0.5, 0.3, 0.4, 0.0]  # node 5 never trains
 ROUNDS_CNN = 5
 
 
@@ -289,8 +353,11 @@ def test_cached_policy_relays_every_known_neighbour_with_its_last_pilots_and_age
             assert "edge-weights" not in m.content["config"]
         if t == ROUNDS_CNN:
             assert {e: a for e, (a, _) in s.relayed.items()} == {
-                (i, j): t - _last_produced(produced, j, t)[0] for i in per_node for j in ring.neighbors(i)
-                if _last_produced(produced, j, t)[0] is not None}
+                (i, j): t - _last_produced(produced, j, t)[0]
+                for i in per_node
+                for j in ring.neighbors(i)
+                if _last_produced(produced, j, t)[0] is not None
+            }
     assert stale > 0  # the scenario did exercise stale (exact) pilots
     assert 5 not in {i for per_node in msgs.values() for i in per_node}  # p = 0: never trained
     assert s.history[-1]["never_trained"] == 1
@@ -316,7 +383,9 @@ def test_drop_reweighted_sends_inverse_frequency_weights():
     produced, msgs = _replay(grid)
     n_checked = 0
     for t, per_node in msgs.items():
-        arrived = np.array([[j in produced.get(r, {}) for j in range(6)] for r in range(1, t - 1)], dtype=bool).reshape(-1, 6)
+        arrived = np.array(
+            [[j in produced.get(r, {}) for j in range(6)] for r in range(1, t - 1)], dtype=bool
+        ).reshape(-1, 6)
         q = np.maximum(arrived.mean(0), 0.1) if len(arrived) else np.ones(6)
         for _i, m in per_node.items():
             cfg = m.content["config"]
@@ -332,18 +401,37 @@ def test_drop_reweighted_sends_inverse_frequency_weights():
 def test_zero_probability_nodes_and_empty_rounds_are_handled_without_nan():
     # find a seed whose round 2 samples nobody while rounds 1 and 3 sample someone
     p = [0.5, 0.3, 0.0, 0.3, 0.2, 0.0]
-    seed = next(sd for sd in range(1000) if not bernoulli_participation(p, 2, sd).any()
-                and bernoulli_participation(p, 1, sd).any() and bernoulli_participation(p, 3, sd).any())
+    seed = next(
+        sd
+        for sd in range(1000)
+        if not bernoulli_participation(p, 2, sd).any()
+        and bernoulli_participation(p, 1, sd).any()
+        and bernoulli_participation(p, 3, sd).any()
+    )
     s, grid = _cnn_run("drop-reweighted", p, 3, seed=seed, evaluate=True)
     assert s.history[1]["num_sampled"] == 0 and s.history[1]["num_trained"] == 0
-    assert not [m for m in grid.delivered if m.metadata.message_type == "train.sheaf" and m.metadata.group_id == "2"]
-    trained = {grid.partition_of(m.metadata.dst_node_id) for m in grid.delivered if m.metadata.message_type == "train.sheaf"}
+    assert not [
+        m
+        for m in grid.delivered
+        if m.metadata.message_type == "train.sheaf" and m.metadata.group_id == "2"
+    ]
+    trained = {
+        grid.partition_of(m.metadata.dst_node_id)
+        for m in grid.delivered
+        if m.metadata.message_type == "train.sheaf"
+    }
     assert not trained & {2, 5}
     assert not s.failures
     last = s.history[-1]
-    for key in ("private_accuracy_mean", "communication_accuracy_degree_weighted", "communication_accuracy_mean"):
+    for key in (
+        "private_accuracy_mean",
+        "communication_accuracy_degree_weighted",
+        "communication_accuracy_mean",
+    ):
         assert math.isfinite(last[key]), key
-    assert len(s.node_results) == 6 and all(math.isfinite(n["private_accuracy"]) for n in s.node_results.values())
+    assert len(s.node_results) == 6 and all(
+        math.isfinite(n["private_accuracy"]) for n in s.node_results.values()
+    )
     assert np.isfinite(s._q_for_next).all() and (s._q_for_next > 0).all()
     # nobody at all: every round empty, evaluation still runs on the untrained models
     s0, _ = _cnn_run("cached", [0.0] * 6, 2, evaluate=True)
@@ -361,7 +449,12 @@ def test_parse_participation_forms():
     np.testing.assert_array_equal(p, parse_participation("uniform:0.1-0.5", 200, seed=4))
     assert not np.array_equal(p, parse_participation("uniform:0.1-0.5", 200, seed=5))
     assert len(parse_participation("uniform", 7)) == 7
-    for bad, match in [("1.5", r"\[0, 1\]"), ("0.1,0.2", "expected 3"), ("uniform:0.6-0.2", "a <= b"), ("often", "neither")]:
+    for bad, match in [
+        ("1.5", r"\[0, 1\]"),
+        ("0.1,0.2", "expected 3"),
+        ("uniform:0.6-0.2", "a <= b"),
+        ("often", "neither"),
+    ]:
         with pytest.raises(ValueError, match=match):
             parse_participation(bad, 3)
     with pytest.raises(ConfigError, match="absent-policy='reweighted'"):
@@ -377,7 +470,9 @@ def test_fraction_train_samples_a_fixed_number_per_round():
     draws = [sampler.sample(t) for t in range(1, 6)]
     assert all(len(d) == 3 for d in draws) and len({tuple(d) for d in draws}) > 1
     # the draw of round t is a function of (seed, t) only: a fresh sampler, other order, same sets
-    assert [ParticipationSampler(10, fraction=0.3, seed=2).sample(t) for t in (5, 4, 3, 2, 1)] == draws[::-1]
+    assert [
+        ParticipationSampler(10, fraction=0.3, seed=2).sample(t) for t in (5, 4, 3, 2, 1)
+    ] == draws[::-1]
     # the 3 partition-ids with the smallest per-round uniforms (independent oracle: numpy directly)
     u = np.random.default_rng([2, 0, 4]).random(10)
     assert draws[3] == sorted(np.argsort(u)[:3].tolist())
@@ -385,11 +480,17 @@ def test_fraction_train_samples_a_fixed_number_per_round():
 
 def test_edge_weight_scales_the_term_and_leaves_procrustes_unchanged():
     torch.manual_seed(0)
-    a_i, a_j, v = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64), torch.linalg.qr(torch.randn(3, 2, dtype=torch.float64))[0]
+    a_i, a_j, v = (
+        torch.randn(8, 3, dtype=torch.float64),
+        torch.randn(8, 2, dtype=torch.float64),
+        torch.linalg.qr(torch.randn(3, 2, dtype=torch.float64))[0],
+    )
     one, _ = local_gluing_penalty(a_i, [EdgeTerm(1, a_j, v, True)], 0.7)
     w, per = local_gluing_penalty(a_i, [EdgeTerm(1, a_j, v, True, 3.5)], 0.7)
     assert float(w) == pytest.approx(3.5 * float(one), rel=1e-14)
-    assert per[1] == pytest.approx(float(((a_i - a_j @ v.T) ** 2).sum()) / 8)  # logged residual is un-weighted
+    assert per[1] == pytest.approx(
+        float(((a_i - a_j @ v.T) ** 2).sum()) / 8
+    )  # logged residual is un-weighted
     zero, _ = local_gluing_penalty(a_i, [EdgeTerm(1, a_j, v, True, 0.0)], 0.7)
     assert float(zero) == 0.0
     for bad in (-1.0, float("nan"), float("inf")):

@@ -25,11 +25,20 @@ def test_split_is_disjoint_covering_and_is_the_flwr_datasets_assignment():
     assert sp.pilot_idx.size == 200
     # the agents' pools are exactly DirichletPartitioner's partitions of the non-pilot rows
     rest = np.sort(np.setdiff1d(np.arange(lab.size), sp.pilot_idx))
-    ref = DirichletPartitioner(num_partitions=5, partition_by="label", alpha=0.3, min_partition_size=10,
-                               self_balancing=False, shuffle=True, seed=4)
+    ref = DirichletPartitioner(
+        num_partitions=5,
+        partition_by="label",
+        alpha=0.3,
+        min_partition_size=10,
+        self_balancing=False,
+        shuffle=True,
+        seed=4,
+    )
     ref.dataset = Dataset.from_dict({"label": lab[rest].tolist(), "row": list(range(rest.size))})
     for i in range(5):
-        np.testing.assert_array_equal(sp.pool_idx(i), np.sort(rest[np.asarray(ref.load_partition(i)["row"])]))
+        np.testing.assert_array_equal(
+            sp.pool_idx(i), np.sort(rest[np.asarray(ref.load_partition(i)["row"])])
+        )
         counts = np.bincount(lab[sp.pool_idx(i)], minlength=10)
         assert sp.class_sets[i] == tuple(np.flatnonzero(counts))
 
@@ -50,7 +59,10 @@ def test_partitioner_key_is_parsed_and_refused_by_name():
     for bad in ("dirichlet:0", "dirichlet:-1", "dirichlet:x", "iid"):
         with pytest.raises(ValueError, match="partitioner="):
             parse_partitioner(bad)
-    assert RunConfig.from_run_config({"partitioner": "dirichlet:0.1"}).scenario.partitioner == "dirichlet:0.1"
+    assert (
+        RunConfig.from_run_config({"partitioner": "dirichlet:0.1"}).scenario.partitioner
+        == "dirichlet:0.1"
+    )
     with pytest.raises(ConfigError, match="partitioner='dirichlet:0'"):
         RunConfig.from_run_config({"partitioner": "dirichlet:0"})
     with pytest.raises(ValueError, match="alpha"):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig
 from flwr_sheaf.strategy.noncooperative import NonCooperative
 from flwr_sheaf.strategy.sheaf_frl import SheafFRL
@@ -19,8 +20,15 @@ from simulations.inprocess import run_inprocess
 
 torch.set_num_threads(1)
 
-RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "seed": 3, "graph": "ring", "num-server-rounds": 1,
-      "non-edge-pairs": 0}
+RC = {
+    "zoo": "tiny-4",
+    "num-pilots": 64,
+    "local-epochs": 1,
+    "seed": 3,
+    "graph": "ring",
+    "num-server-rounds": 1,
+    "non-edge-pairs": 0,
+}
 PW = "communication_accuracy_pilot_whitening"
 
 
@@ -30,43 +38,86 @@ def _edges(res: dict, key: str) -> dict[tuple[int, int], float]:
 
 def test_strong_reading_of_a_post_hoc_method_equals_sheaf_frl_at_lambda_zero(tmp_path):
     nc = run_inprocess({**RC, "method": "non-cooperative", "results-dir": str(tmp_path / "nc")})
-    sf = run_inprocess({**RC, "method": "sheaf-frl", "lambda": 0.0, "results-dir": str(tmp_path / "sf")})
+    sf = run_inprocess(
+        {**RC, "method": "sheaf-frl", "lambda": 0.0, "results-dir": str(tmp_path / "sf")}
+    )
     (a,), (b,) = nc["rounds"], sf["rounds"]
     assert a["private_accuracy_mean"] == b["private_accuracy_mean"]  # the same training
     assert _edges(nc, PW) == _edges(sf, "communication_accuracy")
     assert _edges(nc, "val_" + PW) == _edges(sf, "val_communication_accuracy")
     assert a[f"{PW}_degree_weighted"] == b["communication_accuracy_degree_weighted"]
     assert a[f"val_{PW}_degree_weighted"] == b["val_communication_accuracy_degree_weighted"]
-    assert nc["evaluation"]["pilot-whitening-reading"] is True and sf["evaluation"]["pilot-whitening-reading"] is False
+    assert (
+        nc["evaluation"]["pilot-whitening-reading"] is True
+        and sf["evaluation"]["pilot-whitening-reading"] is False
+    )
     # the paper's reading (whitening on private training latents) is another number on some edge
     assert _edges(nc, "communication_accuracy") != _edges(nc, PW)
 
 
 def test_paper_only_reading_sends_no_pilot_whitened_arrays(tmp_path):
     both = run_inprocess({**RC, "method": "fedproto", "results-dir": str(tmp_path / "b")})
-    paper = run_inprocess({**RC, "method": "fedproto", "posthoc-readings": "paper", "results-dir": str(tmp_path / "p")})
+    paper = run_inprocess(
+        {
+            **RC,
+            "method": "fedproto",
+            "posthoc-readings": "paper",
+            "results-dir": str(tmp_path / "p"),
+        }
+    )
     (rb,), (rp,) = both["rounds"], paper["rounds"]
     assert f"{PW}_degree_weighted" not in rp and all(PW not in e for e in paper["edges"])
-    assert rp["communication_accuracy_degree_weighted"] == rb["communication_accuracy_degree_weighted"]
+    assert (
+        rp["communication_accuracy_degree_weighted"] == rb["communication_accuracy_degree_weighted"]
+    )
     assert rp["private_accuracy_mean"] == rb["private_accuracy_mean"]
     assert 0.0 <= rb[f"{PW}_degree_weighted"] <= 1.0
     assert rb["bytes_received"] > rp["bytes_received"]  # three more arrays per evaluated node
     with pytest.raises(ConfigError, match="posthoc-readings='strong'"):
-        run_inprocess({**RC, "method": "fedproto", "posthoc-readings": "strong", "results-dir": str(tmp_path / "x")})
+        run_inprocess(
+            {
+                **RC,
+                "method": "fedproto",
+                "posthoc-readings": "strong",
+                "results-dir": str(tmp_path / "x"),
+            }
+        )
 
 
 def test_evaluation_config_carries_the_flag_and_a_reply_without_the_strong_reading_is_a_failure_reason():
-    s = NonCooperative(4, federation=FederationConfig(graph="ring", seed=3), train=LocalTrainConfig(local_epochs=1))
+    s = NonCooperative(
+        4, federation=FederationConfig(graph="ring", seed=3), train=LocalTrainConfig(local_epochs=1)
+    )
     ev = s.evaluation
-    assert ev.pilot_reading and ev.array_names[-3:] == ("pw-pilots", "pw-test-latents", "pw-val-latents")
+    assert ev.pilot_reading and ev.array_names[-3:] == (
+        "pw-pilots",
+        "pw-test-latents",
+        "pw-val-latents",
+    )
     assert ev.config(s, 1)["pilot-reading"] == 1
     paper = NonCooperative(4, federation=FederationConfig(graph="ring", posthoc_readings="paper"))
-    assert paper.evaluation.config(paper, 1)["pilot-reading"] == 0 and "pw-pilots" not in paper.evaluation.array_names
-    assert not SheafFRL(4, federation=FederationConfig(graph="ring")).evaluation.pilot_reading  # its reading is already pilots
-    edge = {"src": [1, 3], "communication-accuracy": [0.5, 0.5], "val-communication-accuracy": [0.5, 0.5]}
-    strong = {"communication-accuracy-pilot-whitening": [0.4, 0.6], "val-communication-accuracy-pilot-whitening": [0.4, 0.6]}
+    assert (
+        paper.evaluation.config(paper, 1)["pilot-reading"] == 0
+        and "pw-pilots" not in paper.evaluation.array_names
+    )
+    assert not SheafFRL(
+        4, federation=FederationConfig(graph="ring")
+    ).evaluation.pilot_reading  # its reading is already pilots
+    edge = {
+        "src": [1, 3],
+        "communication-accuracy": [0.5, 0.5],
+        "val-communication-accuracy": [0.5, 0.5],
+    }
+    strong = {
+        "communication-accuracy-pilot-whitening": [0.4, 0.6],
+        "val-communication-accuracy-pilot-whitening": [0.4, 0.6],
+    }
     reply = lambda m: SimpleNamespace(content={"metrics": m})  # noqa: E731
     assert ev.comm_problem(reply({**edge, **strong}), (1, 3)) is None
     assert "lacks ['communication-accuracy-pilot-whitening'" in ev.comm_problem(reply(edge), (1, 3))
-    assert "not in [0, 1]" in ev.comm_problem(reply({**edge, **strong, "communication-accuracy-pilot-whitening": [1.5, 0]}), (1, 3))
-    assert "different lengths" in ev.comm_problem(reply({**edge, **strong, "val-communication-accuracy-pilot-whitening": [0.4]}), (1, 3))
+    assert "not in [0, 1]" in ev.comm_problem(
+        reply({**edge, **strong, "communication-accuracy-pilot-whitening": [1.5, 0]}), (1, 3)
+    )
+    assert "different lengths" in ev.comm_problem(
+        reply({**edge, **strong, "val-communication-accuracy-pilot-whitening": [0.4]}), (1, 3)
+    )

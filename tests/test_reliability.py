@@ -15,15 +15,21 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord
 
-from flwr_sheaf.config import ConfigError
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
+from flwr_sheaf.config import ConfigError
 from flwr_sheaf.protocol import ARRAYS, METRICS, NUM_EXAMPLES, UPLOAD
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)
-TINY = {"zoo": "tiny-4", "graph": "ring", "num-pilots": 32, "local-epochs": 1, "max-steps-per-epoch": 1,
-        "batch-size": 16}
+TINY = {
+    "zoo": "tiny-4",
+    "graph": "ring",
+    "num-pilots": 32,
+    "local-epochs": 1,
+    "max-steps-per-epoch": 1,
+    "batch-size": 16,
+}
 
 
 def _corrupting_grid(n: int, rc: dict, corrupt) -> tuple[LocalGrid, list]:
@@ -49,36 +55,71 @@ def _set_metric(reply, key, value):
     return reply
 
 
-@pytest.mark.parametrize("method,value", [("sheaf-frl", 0), ("non-cooperative", -5), ("fedproto", float("nan")),
-                                          ("fedmuscle", float("inf")), ("comfed", 0.0)])
+@pytest.mark.parametrize(
+    "method,value",
+    [
+        ("sheaf-frl", 0),
+        ("non-cooperative", -5),
+        ("fedproto", float("nan")),
+        ("fedmuscle", float("inf")),
+        ("comfed", 0.0),
+    ],
+)
 def test_a_train_reply_with_an_unusable_weight_is_that_nodes_failure(method, value, tmp_path):
     def corrupt(msg, pid, reply):
         if msg.metadata.message_type.startswith("train.") and pid == 1:
             return _set_metric(reply, NUM_EXAMPLES, value)
         return reply
 
-    rc = {**TINY, "method": method, "num-server-rounds": 2, "evaluate-every": 0, "results-dir": str(tmp_path)}
+    rc = {
+        **TINY,
+        "method": method,
+        "num-server-rounds": 2,
+        "evaluate-every": 0,
+        "results-dir": str(tmp_path),
+    }
     grid, _ = _corrupting_grid(4, rc, corrupt)
     res = json.loads(run_server(grid, rc).read_text())
-    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [(1, "train", 1), (2, "train", 1)]
-    assert all(f"num-examples = {value!r} must be a finite number > 0" in f["reason"] for f in res["failures"])
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
+        (1, "train", 1),
+        (2, "train", 1),
+    ]
+    assert all(
+        f"num-examples = {value!r} must be a finite number > 0" in f["reason"]
+        for f in res["failures"]
+    )
     assert [r["num_trained"] for r in res["rounds"]] == [3, 3]
     assert all(r["failed"]["train"] == [1] for r in res["rounds"])
 
 
-def test_a_train_reply_with_an_infinite_metric_is_that_nodes_failure_and_the_mean_stays_finite(tmp_path):
+def test_a_train_reply_with_an_infinite_metric_is_that_nodes_failure_and_the_mean_stays_finite(
+    tmp_path,
+):
     def corrupt(msg, pid, reply):
         if msg.metadata.message_type == "train.sheaf" and pid == 2:
             return _set_metric(reply, "ce", float("inf"))
         return reply
 
-    rc = {**TINY, "method": "sheaf-frl", "num-server-rounds": 1, "evaluate-every": 0, "results-dir": str(tmp_path)}
+    rc = {
+        **TINY,
+        "method": "sheaf-frl",
+        "num-server-rounds": 1,
+        "evaluate-every": 0,
+        "results-dir": str(tmp_path),
+    }
     grid, seen = _corrupting_grid(4, rc, corrupt)
     res = json.loads(run_server(grid, rc).read_text())
-    assert [(f["phase"], f["partition-id"], f["reason"]) for f in res["failures"]] == \
-        [("train", 2, "metric ce = inf is infinite")]
-    others = [float(r.content[METRICS]["ce"]) for mt, _, pid, r in seen if mt == "train.sheaf" and pid != 2]
-    assert res["rounds"][0]["num_trained"] == 3 and math.isclose(res["rounds"][0]["ce"], np.mean(others), rel_tol=1e-12)
+    assert [(f["phase"], f["partition-id"], f["reason"]) for f in res["failures"]] == [
+        ("train", 2, "metric ce = inf is infinite")
+    ]
+    others = [
+        float(r.content[METRICS]["ce"])
+        for mt, _, pid, r in seen
+        if mt == "train.sheaf" and pid != 2
+    ]
+    assert res["rounds"][0]["num_trained"] == 3 and math.isclose(
+        res["rounds"][0]["ce"], np.mean(others), rel_tol=1e-12
+    )
 
 
 def _global_prototypes(seen, rnd, skip):
@@ -101,15 +142,19 @@ def test_fedproto_counts_zero_or_non_integer_are_that_nodes_failure(bad_counts, 
             up = reply.content[UPLOAD]
             counts = up["counts"].numpy()
             new = np.zeros_like(counts) if bad_counts == "zero" else counts.astype(np.float64) + 0.5
-            reply.content[UPLOAD] = ArrayRecord({"classes": up["classes"], "prototypes": up["prototypes"],
-                                                 "counts": Array(new)})
+            reply.content[UPLOAD] = ArrayRecord(
+                {"classes": up["classes"], "prototypes": up["prototypes"], "counts": Array(new)}
+            )
         return reply
 
     from flwr_sheaf import FederationConfig, FedProto, LocalTrainConfig
 
     grid, seen = _corrupting_grid(4, TINY, corrupt)
-    s = FedProto(4, federation=FederationConfig(graph="ring", evaluate_every=0),
-                 train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1, batch_size=16))
+    s = FedProto(
+        4,
+        federation=FederationConfig(graph="ring", evaluate_every=0),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1, batch_size=16),
+    )
     s.start(grid=grid, num_rounds=1)
     assert [(f["phase"], f["partition-id"]) for f in s.failures] == [("prototypes", 2)]
     assert "counts must be" in s.failures[0]["reason"]
@@ -123,18 +168,34 @@ def test_comfed_non_integer_counts_are_that_nodes_failure_not_a_crash(tmp_path):
     def corrupt(msg, pid, reply):
         if msg.metadata.message_type == "train.comfed" and pid == 0:
             up = reply.content[UPLOAD]
-            reply.content[UPLOAD] = ArrayRecord({"classes": up["classes"], "prototypes": up["prototypes"],
-                                                 "counts": Array(np.full(up["counts"].numpy().shape, np.nan))})
+            reply.content[UPLOAD] = ArrayRecord(
+                {
+                    "classes": up["classes"],
+                    "prototypes": up["prototypes"],
+                    "counts": Array(np.full(up["counts"].numpy().shape, np.nan)),
+                }
+            )
         return reply
 
-    rc = {**TINY, "method": "comfed", "num-server-rounds": 1, "evaluate-every": 0, "results-dir": str(tmp_path)}
+    rc = {
+        **TINY,
+        "method": "comfed",
+        "num-server-rounds": 1,
+        "evaluate-every": 0,
+        "results-dir": str(tmp_path),
+    }
     grid, _ = _corrupting_grid(4, rc, corrupt)
     res = json.loads(run_server(grid, rc).read_text())
     assert [(f["phase"], f["partition-id"]) for f in res["failures"]] == [("train", 0)]
-    assert "counts must be integers" in res["failures"][0]["reason"] and res["rounds"][0]["num_trained"] == 3
+    assert (
+        "counts must be integers" in res["failures"][0]["reason"]
+        and res["rounds"][0]["num_trained"] == 3
+    )
 
 
-def test_unusable_evaluation_replies_are_those_nodes_failures_and_their_edges_are_not_measured(tmp_path):
+def test_unusable_evaluation_replies_are_those_nodes_failures_and_their_edges_are_not_measured(
+    tmp_path,
+):
     """Phase 1: node 0 reports another d, node 1 NaN test latents, node 2 an accuracy of 1.5;
     phase 2: node 3 names a source it was not routed, node 4 sends per-edge lists of different lengths."""
 
@@ -151,16 +212,31 @@ def test_unusable_evaluation_replies_are_those_nodes_failures_and_their_edges_ar
         if mt == "evaluate.sheaf_comm" and pid == 3:
             return _set_metric(reply, "src", [0 for _ in reply.content[METRICS]["src"]])
         if mt == "evaluate.sheaf_comm" and pid == 4:
-            return _set_metric(reply, "communication-accuracy", list(reply.content[METRICS]["communication-accuracy"])[:-1])
+            return _set_metric(
+                reply,
+                "communication-accuracy",
+                list(reply.content[METRICS]["communication-accuracy"])[:-1],
+            )
         return reply
 
-    rc = {**TINY, "zoo": "tiny-6", "graph": "complete", "method": "sheaf-frl", "num-server-rounds": 1,
-          "results-dir": str(tmp_path)}
+    rc = {
+        **TINY,
+        "zoo": "tiny-6",
+        "graph": "complete",
+        "method": "sheaf-frl",
+        "num-server-rounds": 1,
+        "results-dir": str(tmp_path),
+    }
     grid, _ = _corrupting_grid(6, rc, corrupt)
     res = json.loads(run_server(grid, rc).read_text())
     got = {(f["phase"], f["partition-id"]): f["reason"] for f in res["failures"]}
-    assert sorted(got) == [("evaluate", 0), ("evaluate", 1), ("evaluate", 2), ("evaluate_comm", 3),
-                           ("evaluate_comm", 4)]
+    assert sorted(got) == [
+        ("evaluate", 0),
+        ("evaluate", 1),
+        ("evaluate", 2),
+        ("evaluate_comm", 3),
+        ("evaluate_comm", 4),
+    ]
     assert "but the node reported d=" in got[("evaluate", 0)]
     assert "NaN/inf test latents" in got[("evaluate", 1)]
     assert "private-accuracy = 1.5 is not in [0, 1]" in got[("evaluate", 2)]
@@ -170,13 +246,19 @@ def test_unusable_evaluation_replies_are_those_nodes_failures_and_their_edges_ar
     assert sorted((e["src"], e["dst"]) for e in res["edges"]) == [(3, 5), (4, 5)]
     assert all(0 <= e["communication_accuracy"] <= 1 for e in res["edges"])
     acc = np.mean([e["communication_accuracy"] for e in res["edges"]])
-    assert math.isclose(res["rounds"][0]["communication_accuracy_degree_weighted"], acc, rel_tol=1e-12)
+    assert math.isclose(
+        res["rounds"][0]["communication_accuracy_degree_weighted"], acc, rel_tol=1e-12
+    )
 
 
 def test_a_comfed_reply_without_its_routed_arrays_is_that_nodes_failure(tmp_path):
     def corrupt(msg, pid, reply):
         if msg.metadata.message_type == "evaluate.comfed" and pid == 3:
-            arrs = {k: reply.content[ARRAYS][k] for k in reply.content[ARRAYS].keys() if k != "comfed-proj"}
+            arrs = {
+                k: reply.content[ARRAYS][k]
+                for k in reply.content[ARRAYS].keys()
+                if k != "comfed-proj"
+            }
             reply.content[ARRAYS] = ArrayRecord(arrs)
         return reply
 
@@ -204,7 +286,10 @@ def test_evaluator_sampler_equals_an_independent_numpy_draw_on_its_own_stream():
     ev = ParticipationSampler(n, 0.02, seed=seed, stream=EVALUATE_STREAM, key="fraction-evaluate")
     tr = ParticipationSampler(n, 0.02, seed=seed)
     for rnd in (1, 2, 50):
-        assert ev.sample(rnd) == _numpy_fraction_draw(seed, 1, rnd, n, 0.02) and len(ev.sample(rnd)) == 20
+        assert (
+            ev.sample(rnd) == _numpy_fraction_draw(seed, 1, rnd, n, 0.02)
+            and len(ev.sample(rnd)) == 20
+        )
         assert ev.sample(rnd) != tr.sample(rnd)  # distinct streams: evaluators are not the trainers
     with pytest.raises(ValueError, match=r"fraction-evaluate=0.0: must be in \(0, 1\]"):
         ParticipationSampler(n, 0.0, stream=EVALUATE_STREAM, key="fraction-evaluate")
@@ -214,23 +299,37 @@ def test_evaluator_sampler_equals_an_independent_numpy_draw_on_its_own_stream():
 
 def test_fraction_evaluate_visits_only_the_sampled_nodes_and_measures_only_their_edges(tmp_path):
     n, seed, rounds = 6, 5, 2
-    rc = {**TINY, "zoo": f"tiny-{n}", "graph": "complete", "method": "sheaf-frl", "num-server-rounds": rounds,
-          "fraction-evaluate": 0.5, "seed": seed, "results-dir": str(tmp_path)}
+    rc = {
+        **TINY,
+        "zoo": f"tiny-{n}",
+        "graph": "complete",
+        "method": "sheaf-frl",
+        "num-server-rounds": rounds,
+        "fraction-evaluate": 0.5,
+        "seed": seed,
+        "results-dir": str(tmp_path),
+    }
     grid, _ = _corrupting_grid(n, rc, lambda msg, pid, reply: reply)
     res = json.loads(run_server(grid, rc).read_text())
     expected = [_numpy_fraction_draw(seed, 1, r, n, 0.5) for r in range(1, rounds + 1)]
     assert [r["evaluated"] for r in res["rounds"]] == expected and expected[0] != expected[1]
     for r, ev in zip(range(1, rounds + 1), expected):  # no evaluation message reached another node
-        got = {grid.partition_of(m.metadata.dst_node_id) for m in grid.delivered
-               if m.metadata.message_type.startswith("evaluate.") and int(m.metadata.group_id) == r}
+        got = {
+            grid.partition_of(m.metadata.dst_node_id)
+            for m in grid.delivered
+            if m.metadata.message_type.startswith("evaluate.") and int(m.metadata.group_id) == r
+        }
         assert got == set(ev)
     assert res["failures"] == [] and [r["num_trained"] for r in res["rounds"]] == [n, n]
     assert sorted(map(int, res["nodes"])) == expected[-1]
     # complete graph: every ordered pair of evaluated nodes, and no edge with an unsampled end
-    assert sorted((e["src"], e["dst"]) for e in res["edges"]) == [(a, b) for a in expected[-1] for b in expected[-1]
-                                                                  if a != b]
+    assert sorted((e["src"], e["dst"]) for e in res["edges"]) == [
+        (a, b) for a in expected[-1] for b in expected[-1] if a != b
+    ]
     acc = np.mean([e["communication_accuracy"] for e in res["edges"]])
-    assert math.isclose(res["rounds"][-1]["communication_accuracy_degree_weighted"], acc, rel_tol=1e-12)
+    assert math.isclose(
+        res["rounds"][-1]["communication_accuracy_degree_weighted"], acc, rel_tol=1e-12
+    )
     assert res["evaluation"]["fraction-evaluate"] == 0.5
 
 
@@ -250,19 +349,32 @@ def _model_hash(ctx, key: str = "sheaf.model") -> str:
 
 
 @pytest.mark.slow
-def test_fifty_rounds_with_twenty_percent_injected_faults_complete_with_exact_failure_counts(tmp_path):
+def test_fifty_rounds_with_twenty_percent_injected_faults_complete_with_exact_failure_counts(
+    tmp_path,
+):
     """Each node fails each train / evaluate / evaluate_comm message independently with probability 0.2
     (half raise inside the handler after it ran, half never reply), decided by a seeded RNG."""
     n, rounds, p_fail = 3, 50, 0.2
-    phase_of = {"train.sheaf": "train", "evaluate.sheaf": "evaluate", "evaluate.sheaf_comm": "evaluate_comm"}
+    phase_of = {
+        "train.sheaf": "train",
+        "evaluate.sheaf": "evaluate",
+        "evaluate.sheaf_comm": "evaluate_comm",
+    }
     code = {"train": 0, "evaluate": 1, "evaluate_comm": 2}
 
     def fate(rnd: int, pid: int, phase: str) -> str:
         u = np.random.default_rng([2024, rnd, pid, code[phase]]).random(2)
         return "ok" if u[0] >= p_fail else ("raise" if u[1] < 0.5 else "silent")
 
-    rc = {**TINY, "zoo": f"tiny-{n}", "method": "sheaf-frl", "num-server-rounds": rounds, "seed": 1,
-          "results-dir": str(tmp_path), "round-timeout": 5.0}
+    rc = {
+        **TINY,
+        "zoo": f"tiny-{n}",
+        "method": "sheaf-frl",
+        "num-server-rounds": rounds,
+        "seed": 1,
+        "results-dir": str(tmp_path),
+        "round-timeout": 5.0,
+    }
     grid = LocalGrid(cnn_client_app, n, run_config=rc)
     real, injected, before = grid.app, [], {}
 
@@ -272,7 +384,9 @@ def test_fifty_rounds_with_twenty_percent_injected_faults_complete_with_exact_fa
             return None
         rnd, pid = int(msg.metadata.group_id), grid.partition_of(msg.metadata.dst_node_id)
         if rnd not in before:  # committed model state of every node at the start of the round
-            before[rnd] = {grid.partition_of(nid): _model_hash(c) for nid, c in grid.contexts.items()}
+            before[rnd] = {
+                grid.partition_of(nid): _model_hash(c) for nid, c in grid.contexts.items()
+            }
         return rnd, pid, phase_of[mt]
 
     def drop(msg):
@@ -292,27 +406,39 @@ def test_fifty_rounds_with_twenty_percent_injected_faults_complete_with_exact_fa
 
     grid.app, grid.drop = app, drop
     res = json.loads(run_server(grid, rc).read_text())
-    after = {**{r: before[r + 1] for r in range(1, rounds)},
-             rounds: {grid.partition_of(nid): _model_hash(c) for nid, c in grid.contexts.items()}}
+    after = {
+        **{r: before[r + 1] for r in range(1, rounds)},
+        rounds: {grid.partition_of(nid): _model_hash(c) for nid, c in grid.contexts.items()},
+    }
 
     assert len(res["rounds"]) == rounds
     got = sorted((f["round"], f["phase"], f["partition-id"]) for f in res["failures"])
-    assert got == sorted((r, ph, pid) for r, ph, pid, _ in injected)  # exactly the injected faults, nothing else
+    assert got == sorted(
+        (r, ph, pid) for r, ph, pid, _ in injected
+    )  # exactly the injected faults, nothing else
     kinds = {k for *_, k in injected}
     assert kinds == {"raise", "silent"} and 0.1 < len(injected) / (rounds * n * 3) < 0.3
     for f in res["failures"]:
-        kind = next(k for r, ph, pid, k in injected if (r, ph, pid) == (f["round"], f["phase"], f["partition-id"]))
+        kind = next(
+            k
+            for r, ph, pid, k in injected
+            if (r, ph, pid) == (f["round"], f["phase"], f["partition-id"])
+        )
         assert ("injected fault" in f["reason"]) == (kind == "raise")
         assert (f["reason"] == "no reply within the timeout") == (kind == "silent")
     for rec in res["rounds"]:
         r = rec["round"]
         failed_train = {pid for rr, ph, pid, _ in injected if rr == r and ph == "train"}
-        assert rec["failed"]["train"] == sorted(failed_train) and rec["num_trained"] == n - len(failed_train)
+        assert rec["failed"]["train"] == sorted(failed_train) and rec["num_trained"] == n - len(
+            failed_train
+        )
         if rec["num_trained"]:
             assert math.isfinite(rec["ce"])
         evaluated = n - len(rec["failed"].get("evaluate", []))
         assert math.isfinite(rec["private_accuracy_mean"]) == (evaluated > 0)
-        for pid in range(n):  # a failed train leaves the model exactly as it was; a successful one changes it
+        for pid in range(
+            n
+        ):  # a failed train leaves the model exactly as it was; a successful one changes it
             assert (after[r][pid] == before[r][pid]) == (pid in failed_train), (r, pid)
 
 
@@ -325,7 +451,10 @@ def _write_idx_dataset(root, labels: np.ndarray) -> str:
 
     root.mkdir(parents=True, exist_ok=True)
     images = np.random.default_rng(0).integers(0, 256, size=(labels.size, 28, 28), dtype=np.uint8)
-    for name, arr in (("train-images-idx3-ubyte", images), ("train-labels-idx1-ubyte", labels.astype(np.uint8))):
+    for name, arr in (
+        ("train-images-idx3-ubyte", images),
+        ("train-labels-idx1-ubyte", labels.astype(np.uint8)),
+    ):
         header = bytes([0, 0, 0x08, arr.ndim]) + struct.pack(">" + "i" * arr.ndim, *arr.shape)
         (root / name).write_bytes(header + arr.tobytes())
     return f"idx:{root}"
@@ -336,41 +465,68 @@ def test_an_agent_whose_only_class_is_absent_from_the_data_is_a_clear_error(tmp_
 
     labels = np.repeat(np.arange(9), 40)  # classes 0..8 only: no 9
     spec = _write_idx_dataset(tmp_path / "no-nine", labels)
-    with pytest.raises(ValueError, match=r"partition-id 1: target class\(es\) \[9\] of its class set \[9\] have no "
-                                         r"sample in its data \(samples of those classes in dataset .*: \{9: 0\}\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"partition-id 1: target class\(es\) \[9\] of its class set \[9\] have no "
+        r"sample in its data \(samples of those classes in dataset .*: \{9: 0\}\)",
+    ):
         load_agent_data(spec, [(0, 1), (9,)], 0.7, 0, 1)
-    assert load_agent_data(spec, [(0, 1), (9,)], 0.7, 0, 0).y_train.numel() > 0  # the other agent is fine
+    assert (
+        load_agent_data(spec, [(0, 1), (9,)], 0.7, 0, 0).y_train.numel() > 0
+    )  # the other agent is fine
 
 
 def test_a_node_without_training_data_is_refused_at_discovery_naming_its_partition_id(tmp_path):
     from flwr_sheaf.data.partition import load_agent_data
     from flwr_sheaf.models.zoo import zoo_specs
 
-    sets = [s.classes for s in zoo_specs("tiny-1000")]  # the issue's case: 1000 agents on the 5000 bundled digits
-    with pytest.raises(ValueError, match=r"partition-id 999 \(classes \[.*\]\) gets \d+ training, 0 validation and "
-                                         r"0 test samples of dataset 'mnist-bundled' \(5000 samples for N=1000 agents\)"):
+    sets = [
+        s.classes for s in zoo_specs("tiny-1000")
+    ]  # the issue's case: 1000 agents on the 5000 bundled digits
+    with pytest.raises(
+        ValueError,
+        match=r"partition-id 999 \(classes \[.*\]\) gets \d+ training, 0 validation and "
+        r"0 test samples of dataset 'mnist-bundled' \(5000 samples for N=1000 agents\)",
+    ):
         load_agent_data("mnist-bundled", sets, 0.7, 0, 999)
     # through the ServerApp: a dataset too small for 3 agents is refused before any message (the
     # ServerApp checks every agent's split where the data is on its machine), naming the partition-ids
     spec = _write_idx_dataset(tmp_path / "small", np.repeat(np.arange(10), 4))
-    rc = {**TINY, "zoo": "tiny-3", "dataset": spec, "num-pilots": 4, "num-server-rounds": 1,
-          "results-dir": str(tmp_path / "out")}
+    rc = {
+        **TINY,
+        "zoo": "tiny-3",
+        "dataset": spec,
+        "num-pilots": 4,
+        "num-server-rounds": 1,
+        "results-dir": str(tmp_path / "out"),
+    }
     grid = LocalGrid(cnn_client_app, 3, run_config=rc)
-    with pytest.raises(ConfigError, match=r"of N=3 agents get an empty training, validation or test split.*"
-                                          r"partition-id \d: \d+ training, \d+ validation, \d+ test"):
+    with pytest.raises(
+        ConfigError,
+        match=r"of N=3 agents get an empty training, validation or test split.*"
+        r"partition-id \d: \d+ training, \d+ validation, \d+ test",
+    ):
         run_server(grid, rc)
     assert grid.delivered == []
     # where the ServerApp's machine lacks the data, the nodes refuse at discovery with the same reason
     from flwr_sheaf.data.partition import agent_data, prepare_split
 
-    with pytest.raises(ValueError, match=r"partition-id \d \(classes .*\) gets \d+ training, \d+ validation and \d+ test"):
-        prep = prepare_split(spec, [s.classes for s in zoo_specs("tiny-3")], TINY.get("shift", 0.7), 0, 4)
+    with pytest.raises(
+        ValueError,
+        match=r"partition-id \d \(classes .*\) gets \d+ training, \d+ validation and \d+ test",
+    ):
+        prep = prepare_split(
+            spec, [s.classes for s in zoo_specs("tiny-3")], TINY.get("shift", 0.7), 0, 4
+        )
         for pid in range(3):
             agent_data(prep, pid)
 
 
 BAD_RUN_CONFIG = [  # (override, text the error must contain)
-    ({"participation": "0"}, "participation='0': every node has probability 0, so no node would ever train"),
+    (
+        {"participation": "0"},
+        "participation='0': every node has probability 0, so no node would ever train",
+    ),
     ({"participation": "uniform:0-0"}, "participation='uniform:0-0': every node has probability 0"),
     ({"reweight-q-min": 0.0}, "reweight-q-min=0.0"),
     ({"fraction-evaluate": 0.0}, "fraction-evaluate=0.0"),
@@ -379,13 +535,19 @@ BAD_RUN_CONFIG = [  # (override, text the error must contain)
     ({"zoo": "tiny-3", "graph": "0-1,1-7"}, "node 7"),
     ({"zoo": "tiny-3", "graph": "0-1"}, "graph='0-1'"),
     ({"shift": float("nan")}, "shift=nan"),
-    ({"zoo": "tiny-3", "graph": "ring", "participation": "0.5,0.5"}, "participation='0.5,0.5' on zoo='tiny-3': participation spec "
-                                                     "'0.5,0.5' has 2 values, expected 3"),
+    (
+        {"zoo": "tiny-3", "graph": "ring", "participation": "0.5,0.5"},
+        "participation='0.5,0.5' on zoo='tiny-3': participation spec "
+        "'0.5,0.5' has 2 values, expected 3",
+    ),
 ]
 
 
-@pytest.mark.parametrize("override, text", BAD_RUN_CONFIG, ids=[f"{next(iter(o))}-{i}" for i, (o, _) in
-                                                                enumerate(BAD_RUN_CONFIG)])
+@pytest.mark.parametrize(
+    "override, text",
+    BAD_RUN_CONFIG,
+    ids=[f"{next(iter(o))}-{i}" for i, (o, _) in enumerate(BAD_RUN_CONFIG)],
+)
 def test_more_bad_run_config_is_refused_before_any_message_is_sent(override, text, tmp_path):
     grid = LocalGrid(cnn_client_app, 3)
     with pytest.raises(ValueError) as info:
@@ -395,17 +557,30 @@ def test_more_bad_run_config_is_refused_before_any_message_is_sent(override, tex
 
 
 def test_a_missing_dataset_path_fails_discovery_with_the_path(tmp_path):
-    rc = {**TINY, "zoo": "tiny-2", "dataset": f"idx:{tmp_path / 'nowhere'}", "num-server-rounds": 1,
-          "results-dir": str(tmp_path / "out")}
-    with pytest.raises(RuntimeError, match=r"discovery failed on node \d+: .*idx dataset directory not found: .*nowhere"):
+    rc = {
+        **TINY,
+        "zoo": "tiny-2",
+        "dataset": f"idx:{tmp_path / 'nowhere'}",
+        "num-server-rounds": 1,
+        "results-dir": str(tmp_path / "out"),
+    }
+    with pytest.raises(
+        RuntimeError,
+        match=r"discovery failed on node \d+: .*idx dataset directory not found: .*nowhere",
+    ):
         run_server(LocalGrid(cnn_client_app, 2, run_config=rc), rc)
 
 
 def test_an_unknown_partition_id_fails_discovery_naming_it(tmp_path):
     rc = {**TINY, "zoo": "tiny-3", "num-server-rounds": 1, "results-dir": str(tmp_path)}
     grid = LocalGrid(cnn_client_app, 3, run_config=rc)
-    grid.contexts[grid.node_ids[2]].node_config["partition-id"] = 5  # a SuperNode started with a wrong partition-id
-    with pytest.raises(RuntimeError, match=r"discovery failed on node \d+: .*partition-id 5 is outside \[0, 3\) for zoo 'tiny-3'"):
+    grid.contexts[grid.node_ids[2]].node_config["partition-id"] = (
+        5  # a SuperNode started with a wrong partition-id
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"discovery failed on node \d+: .*partition-id 5 is outside \[0, 3\) for zoo 'tiny-3'",
+    ):
         run_server(grid, rc)
 
 
@@ -425,8 +600,11 @@ def test_pilots_in_a_different_order_on_one_node_are_refused_at_discovery(tmp_pa
 
     rc = {**TINY, "zoo": "tiny-3", "num-server-rounds": 1, "results-dir": str(tmp_path)}
     grid = LocalGrid(register_all_handlers(ClientApp(), factory), 3, run_config=rc)
-    with pytest.raises(ValueError, match=r"nodes hold different pilots \(partition-ids \[0, 2\] agree; \[\[1\]\] "
-                                         r"differ\): the pilots must be the same samples in the same order"):
+    with pytest.raises(
+        ValueError,
+        match=r"nodes hold different pilots \(partition-ids \[0, 2\] agree; \[\[1\]\] "
+        r"differ\): the pilots must be the same samples in the same order",
+    ):
         run_server(grid, rc)
     assert not [m for m in grid.delivered if not m.metadata.message_type.startswith("query.")]
 
@@ -439,13 +617,21 @@ def test_an_error_reply_written_by_the_superlink_is_recorded_with_its_reason(tmp
     superlink_id = 1  # not a node id of the grid
 
     def corrupt(msg, pid, reply):
-        if msg.metadata.message_type.startswith("train.") and pid == 2 and int(msg.metadata.group_id) == 2:
-            reply = Message(Error(code=3, reason="node unavailable (emulated SuperLink reply)"), reply_to=msg)
+        if (
+            msg.metadata.message_type.startswith("train.")
+            and pid == 2
+            and int(msg.metadata.group_id) == 2
+        ):
+            reply = Message(
+                Error(code=3, reason="node unavailable (emulated SuperLink reply)"), reply_to=msg
+            )
             reply.metadata.__dict__["_src_node_id"] = superlink_id
         return reply
 
     rc = {**TINY, "num-server-rounds": 2, "evaluate-every": 0, "results-dir": str(tmp_path)}
     grid, _ = _corrupting_grid(4, rc, corrupt)
     res = json.loads(run_server(grid, rc).read_text())
-    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [(2, "train", 2)]
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
+        (2, "train", 2)
+    ]
     assert "node unavailable (emulated SuperLink reply)" in res["failures"][0]["reason"]

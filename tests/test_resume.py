@@ -20,7 +20,14 @@ from flwr.clientapp import ClientApp
 from flwr_sheaf.apps.client_app import app as cnn_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.client.rfedags import pca_problem_factory, register_rfedags_handlers
-from flwr_sheaf.client.state import META_KEY, StateFileError, persist_state, read_state, serialize_state, state_files
+from flwr_sheaf.client.state import (
+    META_KEY,
+    StateFileError,
+    persist_state,
+    read_state,
+    serialize_state,
+    state_files,
+)
 from flwr_sheaf.config import ConfigError
 from flwr_sheaf.rfedags.pca import synthetic_pca_problem
 from flwr_sheaf.strategy.checkpoint import Checkpointer, load_checkpoint
@@ -30,7 +37,14 @@ from flwr_sheaf.testing import LocalGrid, set_task_identity
 torch.set_num_threads(1)
 logging.getLogger("flwr_sheaf").setLevel(logging.WARNING)
 
-RC = {"zoo": "tiny-4", "num-pilots": 32, "local-epochs": 1, "max-steps-per-epoch": 2, "seed": 3, "graph": "ring"}
+RC = {
+    "zoo": "tiny-4",
+    "num-pilots": 32,
+    "local-epochs": 1,
+    "max-steps-per-epoch": 2,
+    "seed": 3,
+    "graph": "ring",
+}
 VOLATILE = ("wall_seconds", "elapsed_seconds")
 
 
@@ -58,7 +72,10 @@ class EventGrid(LocalGrid):
 
 
 def _batch_is(messages, category: str, rnd: int) -> bool:
-    return any(m.metadata.message_type.startswith(category + ".") and m.metadata.group_id == str(rnd) for m in messages)
+    return any(
+        m.metadata.message_type.startswith(category + ".") and m.metadata.group_id == str(rnd)
+        for m in messages
+    )
 
 
 # ---------------------------------------------------------------------------------- the mod, by hand
@@ -71,25 +88,37 @@ def _counting_app() -> ClientApp:
 
     @app.train("t")
     def _train(msg, context):
-        context.state["w"] = ConfigRecord({"seen": seen(context) + [int(msg.content["config"]["server-round"])]})
+        context.state["w"] = ConfigRecord(
+            {"seen": seen(context) + [int(msg.content["config"]["server-round"])]}
+        )
         return Message(RecordDict({"m": MetricRecord({"n": len(seen(context))})}), reply_to=msg)
 
     @app.evaluate("t")
     def _evaluate(msg, context):
-        return Message(RecordDict({"m": MetricRecord({"seen": [float(x) for x in seen(context)]})}), reply_to=msg)
+        return Message(
+            RecordDict({"m": MetricRecord({"seen": [float(x) for x in seen(context)]})}),
+            reply_to=msg,
+        )
 
     return app
 
 
 def _ctx(state_dir, run_id=1, pid=0, **rc) -> Context:
-    return Context(run_id=run_id, node_id=7, node_config={"partition-id": pid, "num-partitions": 2,
-                                                          "state-dir": str(state_dir)},
-                   state=RecordDict(), run_config={"lr": 0.05, "num-server-rounds": 9, **rc})
+    return Context(
+        run_id=run_id,
+        node_id=7,
+        node_config={"partition-id": pid, "num-partitions": 2, "state-dir": str(state_dir)},
+        state=RecordDict(),
+        run_config={"lr": 0.05, "num-server-rounds": 9, **rc},
+    )
 
 
 def _send(app, ctx, category, rnd) -> Message:
-    msg = Message(RecordDict({"config": ConfigRecord({"server-round": rnd})}), dst_node_id=7,
-                  message_type=f"{category}.t")
+    msg = Message(
+        RecordDict({"config": ConfigRecord({"server-round": rnd})}),
+        dst_node_id=7,
+        message_type=f"{category}.t",
+    )
     msg.metadata.__dict__["_message_id"] = f"m{rnd}{category}"
     return app(msg, ctx)
 
@@ -106,8 +135,16 @@ def test_state_files_lineage_restart_resume_and_pruning(tmp_path):
         _send(app, ctx, "train", rnd)
     assert sorted(state_files(d)) == [2, 3]  # checkpoint-every = 1 -> the last two rounds are kept
     meta, state = read_state(state_files(d)[3])
-    assert (meta["round"], meta["previous-round"], meta["run-id"], meta["partition-id"]) == (3, 2, 1, 0)
-    assert serialize_state(state) == serialize_state(ctx.state) and "num-server-rounds" not in meta["run-config"]
+    assert (meta["round"], meta["previous-round"], meta["run-id"], meta["partition-id"]) == (
+        3,
+        2,
+        1,
+        0,
+    )
+    assert (
+        serialize_state(state) == serialize_state(ctx.state)
+        and "num-server-rounds" not in meta["run-config"]
+    )
 
     # SuperNode restart inside the same Flower run: evaluate of round 3 sees round 3's state
     ctx = _ctx(tmp_path)
@@ -130,7 +167,9 @@ def test_state_files_lineage_restart_resume_and_pruning(tmp_path):
     assert int(ctx.state[META_KEY]["round"]) == 7
 
 
-def test_a_node_without_state_before_the_resumed_round_starts_afresh_and_a_pruned_round_is_refused(tmp_path):
+def test_a_node_without_state_before_the_resumed_round_starts_afresh_and_a_pruned_round_is_refused(
+    tmp_path,
+):
     set_task_identity()
     app = _counting_app()
     _send(app, _ctx(tmp_path / "a"), "train", 5)  # first trained in round 5 of the stopped run
@@ -161,7 +200,9 @@ def test_foreign_or_broken_state_files_are_refused_by_name(tmp_path):
     assert _seen(ctx) == [1, 2]
     # another partition's file
     (tmp_path / "partition-1").mkdir()
-    shutil.copy(tmp_path / "partition-0" / "round-2.state", tmp_path / "partition-1" / "round-2.state")
+    shutil.copy(
+        tmp_path / "partition-0" / "round-2.state", tmp_path / "partition-1" / "round-2.state"
+    )
     with pytest.raises(StateFileError, match="partition-id 0 .* this node is partition-id 1"):
         _send(app, _ctx(tmp_path, pid=1), "train", 3)
     # a corrupted payload
@@ -172,8 +213,13 @@ def test_foreign_or_broken_state_files_are_refused_by_name(tmp_path):
     with pytest.raises(StateFileError, match="corrupted"):
         _send(app, _ctx(tmp_path, run_id=2, resume=True), "evaluate", 3)
     # without state-dir nothing is read or written
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 2}, state=RecordDict(),
-                  run_config={})
+    ctx = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 0, "num-partitions": 2},
+        state=RecordDict(),
+        run_config={},
+    )
     _send(app, ctx, "train", 4)
     assert _seen(ctx) == [4] and META_KEY not in ctx.state
 
@@ -194,8 +240,11 @@ def test_a_restarted_node_continues_from_its_last_round(tmp_path):
     def run(name, hook=None, state=True):
         cfg = {**rc, "results-dir": str(tmp_path / name)}
         nc = (lambda i: {"state-dir": str(tmp_path / f"state-{name}")}) if state else None
-        grid = (EventGrid(cnn_app, 4, run_config=cfg, node_config=nc, hook=hook) if hook
-                else LocalGrid(cnn_app, 4, run_config=cfg, node_config=nc))
+        grid = (
+            EventGrid(cnn_app, 4, run_config=cfg, node_config=nc, hook=hook)
+            if hook
+            else LocalGrid(cnn_app, 4, run_config=cfg, node_config=nc)
+        )
         return json.loads(run_server(grid, cfg).read_text()), grid
 
     straight, g0 = run("straight")
@@ -206,7 +255,9 @@ def test_a_restarted_node_continues_from_its_last_round(tmp_path):
     assert _rounds(restarted) == _rounds(straight) and restarted["nodes"] == straight["nodes"]
     model = "sheaf.model"
     for k, v in g0.contexts[g0.node_ids[1]].state[model].items():
-        np.testing.assert_array_equal(g1.contexts[g1.node_ids[1]].state[model][k].numpy(), v.numpy())
+        np.testing.assert_array_equal(
+            g1.contexts[g1.node_ids[1]].state[model][k].numpy(), v.numpy()
+        )
     before.clear()
     amnesiac, g2 = run("amnesiac", restart, state=False)
     assert _rounds(amnesiac)[1]["ce"] != _rounds(straight)[1]["ce"]
@@ -215,7 +266,9 @@ def test_a_restarted_node_continues_from_its_last_round(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- exact server resume
-@pytest.mark.parametrize("method, rounds, evaluate_every", [("sheaf-frl", 4, 2), ("fedproto", 3, 0)])
+@pytest.mark.parametrize(
+    "method, rounds, evaluate_every", [("sheaf-frl", 4, 2), ("fedproto", 3, 0)]
+)
 def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every, tmp_path):
     """``rounds`` straight vs. a run stopped in round ``rounds - 1`` (the nodes have trained it, the server
     has not aggregated it) and resumed from the checkpoint of the round before, with new SuperNode
@@ -225,7 +278,9 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
     stop_round = rounds - 1
 
     def grid(name, cfg, run_id=1, hook=None):
-        if method == "fedproto":  # one root for every node in the run config (as under Flower's simulation engine)
+        if (
+            method == "fedproto"
+        ):  # one root for every node in the run config (as under Flower's simulation engine)
             cfg, nc = {**cfg, "node-state-dir": str(tmp_path / f"state-{name}")}, None
         else:  # each SuperNode's own node config
             nc = lambda i: {"state-dir": str(tmp_path / f"state-{name}")}  # noqa: E731
@@ -249,7 +304,9 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
         run_server(g, g.run_config)
     assert load_checkpoint(tmp_path / "resumed" / "checkpoint.pkl")["round"] == stop_round - 1
     assert not (tmp_path / "resumed" / "results.json").exists()
-    assert stop_round in state_files(tmp_path / "state-resumed" / "partition-0")  # the stopped run's last training
+    assert stop_round in state_files(
+        tmp_path / "state-resumed" / "partition-0"
+    )  # the stopped run's last training
 
     cfg = {**cfg, "resume": True}
     resumed = run("resumed", cfg, run_id=2)
@@ -259,7 +316,10 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
     assert resumed["failures"] == straight["failures"] == []
     assert resumed["resumed"]["after_round"] == stop_round - 1
     if method == "fedproto":
-        a, b = (load_checkpoint(tmp_path / d / "checkpoint.pkl")["state"]["prototypes"].global_protos for d in ("straight", "resumed"))
+        a, b = (
+            load_checkpoint(tmp_path / d / "checkpoint.pkl")["state"]["prototypes"].global_protos
+            for d in ("straight", "resumed")
+        )
         assert sorted(a) == sorted(b) == resumed["prototypes"]["classes"] != []
         for c in a:
             torch.testing.assert_close(a[c], b[c], rtol=0, atol=0)
@@ -268,11 +328,20 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
 
 
 def test_resume_refuses_a_changed_run_config_and_a_missing_checkpoint(tmp_path):
-    cfg = {**RC, "method": "non-cooperative", "num-server-rounds": 1, "results-dir": str(tmp_path / "r")}
+    cfg = {
+        **RC,
+        "method": "non-cooperative",
+        "num-server-rounds": 1,
+        "results-dir": str(tmp_path / "r"),
+    }
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_server(LocalGrid(cnn_app, 4, run_config=cfg), {**cfg, "resume": True})
     run_server(LocalGrid(cnn_app, 4, run_config=cfg), cfg)
-    longer = {**cfg, "resume": True, "num-server-rounds": 2}  # the nodes keep no state: refused at discovery
+    longer = {
+        **cfg,
+        "resume": True,
+        "num-server-rounds": 2,
+    }  # the nodes keep no state: refused at discovery
     with pytest.raises(RuntimeError, match="discovery failed .* keeps no state"):
         run_server(LocalGrid(cnn_app, 4, run_config=longer), longer)
     changed = {**cfg, "resume": True, "lr": 0.2, "num-server-rounds": 2}
@@ -302,6 +371,7 @@ def test_rfedags_checkpoint_restores_point_estimates_and_history(tmp_path):
     run(3, Checkpointer(d, {"method": "rfedags"}))
     resumed, x_resumed = run(6, Checkpointer(d, {"method": "rfedags"}, resume_from=d))
     np.testing.assert_array_equal(x_resumed, x_straight)
-    assert [{k: v for k, v in r.items() if k not in VOLATILE} for r in resumed.history] == \
-        [{k: v for k, v in r.items() if k not in VOLATILE} for r in straight.history]
+    assert [{k: v for k, v in r.items() if k not in VOLATILE} for r in resumed.history] == [
+        {k: v for k, v in r.items() if k not in VOLATILE} for r in straight.history
+    ]
     np.testing.assert_array_equal(resumed.server.x, straight.server.x)

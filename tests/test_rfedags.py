@@ -66,8 +66,9 @@ def p_tilde_quad(p):
     out = []
     for i in range(p.size):
         others = np.delete(p, i)
-        val, _ = integrate.quad(lambda t, o=others: np.prod(1 - o + o * t), 0.0, 1.0,
-                                epsabs=1e-14, epsrel=1e-13)
+        val, _ = integrate.quad(
+            lambda t, o=others: np.prod(1 - o + o * t), 0.0, 1.0, epsabs=1e-14, epsrel=1e-13
+        )
         out.append(p[i] * val)
     return np.array(out)
 
@@ -162,8 +163,15 @@ def test_r1_full_participation_k1_equals_centralised_rgd():
         expected.append(x)
     for mode in ("corrected", "known-p", "uncorrected"):
         for t_stop in (1, t_rounds):
-            h = run_pca_reference(prob, np.ones(prob.num_clients), mode=mode, num_rounds=t_stop,
-                                  local_steps=1, step_size=alpha, x0=x0)
+            h = run_pca_reference(
+                prob,
+                np.ones(prob.num_clients),
+                mode=mode,
+                num_rounds=t_stop,
+                local_steps=1,
+                step_size=alpha,
+                x0=x0,
+            )
             np.testing.assert_allclose(h["x"], expected[t_stop - 1], atol=1e-12, err_msg=mode)
             assert h["max_feasibility"] < 1e-10
 
@@ -250,7 +258,9 @@ def test_r2_corrected_unbiased_uncorrected_matches_p_tilde():
             assert abs(s.mean() - np.sum(v * truth)) < 3 * se
     # the bias of the uncorrected mean is far outside the Monte-Carlo error
     s = np.tensordot(unc, target_corr - target_unc, axes=2)
-    assert abs(s.mean() - np.sum((target_corr - target_unc) * target_corr)) > 10 * s.std() / np.sqrt(draws)
+    assert abs(
+        s.mean() - np.sum((target_corr - target_unc) * target_corr)
+    ) > 10 * s.std() / np.sqrt(draws)
     # all aggregates are tangent at x
     assert man.tangent_error(x, corr[:50]).max() < 1e-12
 
@@ -261,7 +271,8 @@ def test_weights_closed_forms_and_errors():
     np.testing.assert_allclose(participation_weights(mask, "known-p", p=p), [0.5, 0, 1.0, 0.25])
     np.testing.assert_allclose(participation_weights(mask, "uncorrected"), [1 / 3, 0, 1 / 3, 1 / 3])
     np.testing.assert_allclose(
-        participation_weights(mask, "uncorrected", num_examples=[10, 5, 30, 60]), [0.1, 0, 0.3, 0.6])
+        participation_weights(mask, "uncorrected", num_examples=[10, 5, 30, 60]), [0.1, 0, 0.3, 0.6]
+    )
     assert not participation_weights(np.zeros(4, bool), "corrected", q=np.full(4, 0.5)).any()
     with pytest.raises(ValueError, match=r"client 1 responded but p\[1\] = 0.0"):
         participation_weights(np.array([1, 1, 0, 0], bool), "known-p", p=p)
@@ -281,8 +292,16 @@ def planted_runs():
     prob, p = planted_pca_problem(seed=0)
     sched = step_size_schedule(0.05, 200)
     runs = {
-        mode: run_pca_reference(prob, p, mode=mode, num_rounds=1500, local_steps=5, step_size=sched,
-                                seed=0, record_every=1500)
+        mode: run_pca_reference(
+            prob,
+            p,
+            mode=mode,
+            num_rounds=1500,
+            local_steps=5,
+            step_size=sched,
+            seed=0,
+            record_every=1500,
+        )
         for mode in ("corrected", "known-p", "uncorrected")
     }
     return prob, p, runs
@@ -301,7 +320,10 @@ def test_r3_planted_problem_setup(planted_runs):
     u, f_star = prob.optimum()
     assert f_star == pytest.approx(-lam[-2:].sum(), abs=1e-13)
     assert subspace_distance(u, vec[:, -2:]) < 1e-12
-    assert subspace_distance(prob.reweighted_optimum(effective_weights_uncorrected(p)), vec_t[:, -2:]) < 1e-12
+    assert (
+        subspace_distance(prob.reweighted_optimum(effective_weights_uncorrected(p)), vec_t[:, -2:])
+        < 1e-12
+    )
 
 
 def test_r3_corrected_reaches_truth_uncorrected_biased(planted_runs):
@@ -368,13 +390,15 @@ def test_plus_one_estimator_closed_form():
     np.testing.assert_allclose(est.estimate(include=np.array([0, 0, 1])), [4 / 5, 3 / 5, 2 / 5])
 
 
-def _expected_corrected_weight(p: float, n: int, t: int, estimator: str, q_min: float = 0.01) -> float:
+def _expected_corrected_weight(
+    p: float, n: int, t: int, estimator: str, q_min: float = 0.01
+) -> float:
     """E[1{i in S_{t+1}} / (q_i N)] after t observed rounds, by exact enumeration of C ~ Binomial(t, p)."""
     from math import comb
 
     total = 0.0
     for c in range(t + 1):
-        pmf = comb(t, c) * p ** c * (1 - p) ** (t - c)
+        pmf = comb(t, c) * p**c * (1 - p) ** (t - c)
         if estimator == "plus-one":
             q = max((c + 1) / (t + 1), q_min)
         else:
@@ -388,10 +412,15 @@ def test_round2_weights_within_factor_two_monte_carlo():
     p, n, seeds = np.array([0.3, 0.9]), 2, 4_000
     man = Sphere(3)
     w2 = {"plus-one": np.empty((seeds, n)), "empirical": np.empty((seeds, n))}
-    masks = [(bernoulli_participation(p, 1, seed=s), bernoulli_participation(p, 2, seed=s)) for s in range(seeds)]
+    masks = [
+        (bernoulli_participation(p, 1, seed=s), bernoulli_participation(p, 2, seed=s))
+        for s in range(seeds)
+    ]
     for kind, out in w2.items():
         srv = RFedAGSServer(man, np.eye(3)[0], n, mode="corrected", estimator_kind=kind)
-        for s, (m1, m2) in enumerate(masks):  # the server's weights in round 2 after observing round 1
+        for s, (m1, m2) in enumerate(
+            masks
+        ):  # the server's weights in round 2 after observing round 1
             srv.estimator.counts, srv.estimator.rounds = m1.astype(np.int64), 1
             out[s] = srv.weights(m2)[0]
     for kind, out in w2.items():
@@ -399,15 +428,25 @@ def test_round2_weights_within_factor_two_monte_carlo():
         exact = [_expected_corrected_weight(pi, n, 1, kind) for pi in p]
         assert np.all(np.abs(mean - exact) < 4 * se), (kind, mean, exact)
     exact = np.array([_expected_corrected_weight(pi, n, 1, "plus-one") for pi in p])
-    np.testing.assert_allclose(exact, (1 - (1 - p) ** 2) / n, rtol=1e-12)  # docs closed form: 0.255, 0.495
-    assert np.all((exact > 0.5 / 2) & (exact < 0.5 * 2)), exact  # within a factor 2 of 1/N (the MC mean agrees)
+    np.testing.assert_allclose(
+        exact, (1 - (1 - p) ** 2) / n, rtol=1e-12
+    )  # docs closed form: 0.255, 0.495
+    assert np.all((exact > 0.5 / 2) & (exact < 0.5 * 2)), (
+        exact
+    )  # within a factor 2 of 1/N (the MC mean agrees)
     assert w2["plus-one"].max() <= 2 / n  # a single round-2 weight is at most (t + 1)/N
     emp = w2["empirical"].mean(axis=0)
-    assert emp[0] > 9 and emp[1] > 4 and w2["empirical"].max() == 50  # the issue's inflation (exact 10.545, 4.905)
+    assert (
+        emp[0] > 9 and emp[1] > 4 and w2["empirical"].max() == 50
+    )  # the issue's inflation (exact 10.545, 4.905)
     # every round: the expected weight is (1 - (1 - p)^(t+1))/N <= 1/N and tends to 1/N
     for pi in (0.05, 0.3, 0.9, 1.0):
-        ws = [_expected_corrected_weight(pi, n, t, "plus-one") for t in range(0, 99)]  # floor inactive: 1/(t+1) >= 0.01
-        np.testing.assert_allclose(ws, [(1 - (1 - pi) ** (t + 1)) / n for t in range(0, 99)], rtol=1e-10)
+        ws = [
+            _expected_corrected_weight(pi, n, t, "plus-one") for t in range(0, 99)
+        ]  # floor inactive: 1/(t+1) >= 0.01
+        np.testing.assert_allclose(
+            ws, [(1 - (1 - pi) ** (t + 1)) / n for t in range(0, 99)], rtol=1e-10
+        )
         assert max(ws) <= 1 / n + 1e-12 and abs(ws[-1] - 1 / n) < 0.01
 
 
@@ -417,8 +456,15 @@ def test_server_estimate_order_paper_vs_code():
     z = np.stack([proj_oracle(x0, np.eye(4)[:, [i]]) for i in (1, 2)])  # e1, e2: tangent at e0
     masks = [np.array([True, False]), np.array([True, True])]
     paper = RFedAGSServer(man, x0, 2, mode="corrected", q_min=0.05, estimator_kind="empirical")
-    code = RFedAGSServer(man, x0, 2, mode="corrected", q_min=0.05, estimate_includes_current=True,
-                         estimator_kind="empirical")
+    code = RFedAGSServer(
+        man,
+        x0,
+        2,
+        mode="corrected",
+        q_min=0.05,
+        estimate_includes_current=True,
+        estimator_kind="empirical",
+    )
     w_paper = [paper.step(m, z).weights for m in masks]
     w_code = [code.step(m, z).weights for m in masks]
     # paper: q from previous rounds (prior 1 in round 1, then [1, floor 0.05])
@@ -487,9 +533,18 @@ def test_zero_probability_clients_no_nan():
         for mode in ("corrected", "known-p", "uncorrected"):
             h = run_pca_reference(prob, p, mode=mode, num_rounds=30, local_steps=2, step_size=0.02)
             assert np.all(np.isfinite(h["gap"])) and h["max_feasibility"] < 1e-10
-            assert h["q"][0] == 1 / 31 and np.isfinite(h["q"]).all()  # never seen in 30 rounds: (0 + 1)/(30 + 1)
-        h = run_pca_reference(prob, np.zeros(prob.num_clients), mode="corrected", num_rounds=5,
-                              local_steps=2, step_size=0.02, seed=4)
+            assert (
+                h["q"][0] == 1 / 31 and np.isfinite(h["q"]).all()
+            )  # never seen in 30 rounds: (0 + 1)/(30 + 1)
+        h = run_pca_reference(
+            prob,
+            np.zeros(prob.num_clients),
+            mode="corrected",
+            num_rounds=5,
+            local_steps=2,
+            step_size=0.02,
+            seed=4,
+        )
     assert h["empty_rounds"] == 5 and h["gap"][0] == h["gap"][-1]
 
 
@@ -502,9 +557,10 @@ def test_r4_paper_setup_corrected_beats_uncorrected(seed):
     prob = synthetic_pca_problem(seed=seed)
     p = paper_participation(prob.num_clients, seed=seed + 1)
     lam = np.linalg.eigvalsh(prob.covariances.mean(axis=0))
-    f_star = -lam[-prob.r:].sum()
-    kw = dict(num_rounds=2000, local_steps=5, step_size=2e-2, seed=seed, batch_size=50,
-              record_every=2000)
+    f_star = -lam[-prob.r :].sum()
+    kw = dict(
+        num_rounds=2000, local_steps=5, step_size=2e-2, seed=seed, batch_size=50, record_every=2000
+    )
     hc = run_pca_reference(prob, p, mode="corrected", **kw)
     hu = run_pca_reference(prob, p, mode="uncorrected", **kw)
     cost = lambda x: -np.trace(x.T @ prob.covariances.mean(axis=0) @ x)  # noqa: E731

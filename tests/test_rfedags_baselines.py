@@ -17,8 +17,13 @@ from scipy import linalg as sla
 
 from flwr_sheaf.client.rfedags import problem_factory, register_rfedags_baseline_handlers
 from flwr_sheaf.rfedags.aggregation import participation_weights
-from flwr_sheaf.rfedags.baselines import (average_ambient, average_endpoints, full_gradient, projection_local_steps,
-                                          svrg_local_steps)
+from flwr_sheaf.rfedags.baselines import (
+    average_ambient,
+    average_endpoints,
+    full_gradient,
+    projection_local_steps,
+    svrg_local_steps,
+)
 from flwr_sheaf.rfedags.client import local_gradient_stream
 from flwr_sheaf.rfedags.frechet import commuting_spd_problem, symmetric_poincare_problem
 from flwr_sheaf.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
@@ -45,7 +50,10 @@ def test_rfedavg_average_on_sphere_and_spd_equals_numpy_reference():
     x = unit(rng.standard_normal(4))
     ends = np.stack([unit(x + 0.3 * rng.standard_normal(4)) for _ in range(5)])
     mask = np.array([1, 0, 1, 1, 0], bool)
-    for w in (participation_weights(mask, "uncorrected"), participation_weights(mask, "known-p", p=np.full(5, 0.6))):
+    for w in (
+        participation_weights(mask, "uncorrected"),
+        participation_weights(mask, "known-p", p=np.full(5, 0.6)),
+    ):
         # normalisation retraction: R^{-1}_x(y) = y/<x, y> - x, R_x(u) = (x + u)/||x + u||
         ref = unit(x + sum(w[i] * (ends[i] / (x @ ends[i]) - x) for i in np.flatnonzero(mask)))
         np.testing.assert_allclose(average_endpoints(sph, x, ends, w)[0], ref, atol=1e-14)
@@ -58,7 +66,9 @@ def test_rfedavg_average_on_sphere_and_spd_equals_numpy_reference():
     tangent = sum(w[i] * s @ sla.logm(si @ ends[i] @ si).real @ s for i in (0, 1, 3))  # Log_x
     ref = s @ sla.expm(si @ tangent @ si) @ s  # Exp_x
     np.testing.assert_allclose(average_endpoints(spd, x, ends, w)[0], ref, atol=1e-10)
-    np.testing.assert_array_equal(average_endpoints(spd, x, np.full((4, 3, 3), np.nan), np.zeros(4))[0], x)
+    np.testing.assert_array_equal(
+        average_endpoints(spd, x, np.full((4, 3, 3), np.nan), np.zeros(4))[0], x
+    )
 
 
 def test_rfedavg_with_one_local_step_equals_rfedags():
@@ -108,16 +118,27 @@ def test_svrg_local_steps_equal_numpy_loop_on_the_sphere():
         x = unit(x - alpha * eta)
     got = svrg_local_steps(Sphere(d), x0, g, lambda y, k: -2 * a[0] @ y, k_steps, alpha)
     np.testing.assert_allclose(got, x, atol=1e-14)
-    np.testing.assert_allclose(full_gradient(np.stack([rgrad(i, x0) for i in range(3)]), np.full(3, 1 / 3), (d,)), g,
-                               atol=1e-15)
+    np.testing.assert_allclose(
+        full_gradient(np.stack([rgrad(i, x0) for i in range(3)]), np.full(3, 1 / 3), (d,)),
+        g,
+        atol=1e-15,
+    )
 
 
 def test_svrg_full_participation_k1_is_centralised_rgd():
     """With g_t the exact mean gradient and K = 1 every client's step is R_x(-alpha grad F)."""
     prob, _ = planted_pca_problem(seed=5)
     x0 = prob.manifold.random_point(np.random.default_rng(6))
-    h = run_federated(prob, np.ones(prob.num_clients), method="rfedsvrg", mode="uncorrected", num_rounds=1,
-                      local_steps=1, step_size=0.05, x0=x0)
+    h = run_federated(
+        prob,
+        np.ones(prob.num_clients),
+        method="rfedsvrg",
+        mode="uncorrected",
+        num_rounds=1,
+        local_steps=1,
+        step_size=0.05,
+        x0=x0,
+    )
     a = prob.covariances.mean(axis=0)
     gf = -2 * a @ x0
     q, r = np.linalg.qr(x0 - 0.05 * (gf - x0 @ (0.5 * (x0.T @ gf + gf.T @ x0))))
@@ -149,11 +170,22 @@ def test_rfedproj_run_equals_numpy_loop_with_corrections():
         if resp:
             x_mid = np.mean(zs, axis=0)
         prev = set(resp)
-    h = run_federated(prob, p, method="rfedproj", mode="uncorrected", num_rounds=rounds, local_steps=k_steps,
-                      step_size=alpha, x0=x0, seed=0)
+    h = run_federated(
+        prob,
+        p,
+        method="rfedproj",
+        mode="uncorrected",
+        num_rounds=rounds,
+        local_steps=k_steps,
+        step_size=alpha,
+        x0=x0,
+        seed=0,
+    )
     np.testing.assert_allclose(h["x"], polar(x_mid), atol=1e-11)
     assert h["max_feasibility"] < 1e-12
-    z_hat, zeta0 = projection_local_steps(prob.manifold, x0, 0.0, lambda y, k: prob.local_egrads(y, [0])[0], 1, alpha)
+    z_hat, zeta0 = projection_local_steps(
+        prob.manifold, x0, 0.0, lambda y, k: prob.local_egrads(y, [0])[0], 1, alpha
+    )
     np.testing.assert_allclose(zeta0, proj(x0, -2 * prob.covariances[0] @ x0), atol=1e-14)
 
 
@@ -162,17 +194,31 @@ def test_generic_loop_equals_the_pca_reference():
     p = np.array([0.9, 0.2, 0.6, 1.0, 0.4])
     x0 = prob.manifold.random_point(np.random.default_rng(1))
     for mode, batch in (("corrected", 4), ("uncorrected", None)):
-        kw = dict(mode=mode, num_rounds=8, local_steps=3, step_size=0.03, x0=x0, seed=4, batch_size=batch)
-        np.testing.assert_allclose(run_federated(prob, p, method="rfedags", **kw)["x"],
-                                   run_pca_reference(prob, p, **kw)["x"], atol=1e-13)
+        kw = dict(
+            mode=mode, num_rounds=8, local_steps=3, step_size=0.03, x0=x0, seed=4, batch_size=batch
+        )
+        np.testing.assert_allclose(
+            run_federated(prob, p, method="rfedags", **kw)["x"],
+            run_pca_reference(prob, p, **kw)["x"],
+            atol=1e-13,
+        )
 
 
 @pytest.mark.parametrize("method", ["rfedavg", "rfedsvrg"])
 def test_baselines_stay_feasible_on_spd_and_poincare(method):
     for make in (commuting_spd_problem, symmetric_poincare_problem):
         prob, p = make(seed=1)
-        h = run_federated(prob, p, method=method, mode="uncorrected", num_rounds=15, local_steps=3, step_size=0.2,
-                          seed=1, record_every=15)
+        h = run_federated(
+            prob,
+            p,
+            method=method,
+            mode="uncorrected",
+            num_rounds=15,
+            local_steps=3,
+            step_size=0.2,
+            seed=1,
+            record_every=15,
+        )
         assert h["max_feasibility"] < 1e-12
         assert h["gap"][-1] < 0.5 * h["gap"][0]
 
@@ -184,8 +230,12 @@ def run_flower(prob, p, method, rounds, x0, manifold=None, drop=None, **kw):
     app = register_rfedags_baseline_handlers(ClientApp(), problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients, drop=drop)
     strat = RFedBaseline(prob.num_clients, p, method=method, manifold=manifold, **kw)
-    res = strat.start(grid, ArrayRecord({"x": Array(x0)}), num_rounds=rounds,
-                      evaluate_fn=lambda r, a: MetricRecord({"gap": prob.gap(a["x"].numpy())}))
+    res = strat.start(
+        grid,
+        ArrayRecord({"x": Array(x0)}),
+        num_rounds=rounds,
+        evaluate_fn=lambda r, a: MetricRecord({"gap": prob.gap(a["x"].numpy())}),
+    )
     return res, strat
 
 
@@ -194,21 +244,46 @@ def test_flower_rounds_equal_the_maths_loop(method):
     prob = synthetic_pca_problem(num_clients=5, d=8, r=2, samples_per_client=10, seed=3)
     p = np.array([0.9, 0.5, 0.7, 1.0, 0.3])
     x0 = prob.manifold.random_point(np.random.default_rng(5))
-    res, strat = run_flower(prob, p, method, 5, x0, local_steps=2, step_size=0.05, minibatch_size=4, seed=6)
-    ref = run_federated(prob, p, method=method, mode="uncorrected", num_rounds=5, local_steps=2, step_size=0.05,
-                        x0=x0, seed=6, batch_size=4)
+    res, strat = run_flower(
+        prob, p, method, 5, x0, local_steps=2, step_size=0.05, minibatch_size=4, seed=6
+    )
+    ref = run_federated(
+        prob,
+        p,
+        method=method,
+        mode="uncorrected",
+        num_rounds=5,
+        local_steps=2,
+        step_size=0.05,
+        x0=x0,
+        seed=6,
+        batch_size=4,
+    )
     np.testing.assert_allclose(res.arrays["x"].numpy(), ref["x"], atol=1e-12)
     for rec in strat.history:  # the shared Bernoulli sampler, by partition-id
-        assert rec["responders"] == list(np.flatnonzero(bernoulli_participation(p, rec["round"], 6)))
+        assert rec["responders"] == list(
+            np.flatnonzero(bernoulli_participation(p, rec["round"], 6))
+        )
         assert rec["feasibility"] < 1e-10
 
 
 def test_flower_spd_rfedsvrg_and_refused_rfedproj():
     prob, p = commuting_spd_problem(seed=2, num_frequent=2, num_rare=2)
     x0 = np.eye(3)
-    res, _ = run_flower(prob, p, "rfedsvrg", 3, x0, manifold=prob.manifold, local_steps=2, step_size=0.2, seed=1)
-    ref = run_federated(prob, p, method="rfedsvrg", mode="uncorrected", num_rounds=3, local_steps=2, step_size=0.2,
-                        x0=x0, seed=1)
+    res, _ = run_flower(
+        prob, p, "rfedsvrg", 3, x0, manifold=prob.manifold, local_steps=2, step_size=0.2, seed=1
+    )
+    ref = run_federated(
+        prob,
+        p,
+        method="rfedsvrg",
+        mode="uncorrected",
+        num_rounds=3,
+        local_steps=2,
+        step_size=0.2,
+        x0=x0,
+        seed=1,
+    )
     np.testing.assert_allclose(res.arrays["x"].numpy(), ref["x"], atol=1e-12)
     with pytest.raises(ValueError, match="RFedProj needs a compact embedded.*SPD"):
         run_flower(prob, p, "rfedproj", 1, x0, manifold=prob.manifold)
@@ -221,7 +296,10 @@ def test_flower_a_dropped_node_is_a_recorded_non_responder():
     app = register_rfedags_baseline_handlers(ClientApp(), problem_factory(prob))
     grid = LocalGrid(app, 4)
     # LocalGrid's drop= predicate: train messages to partition 2 are lost (no reply) in every round
-    grid.drop = lambda m: m.metadata.message_type.startswith("train") and grid.partition_of(m.metadata.dst_node_id) == 2
+    grid.drop = lambda m: (
+        m.metadata.message_type.startswith("train")
+        and grid.partition_of(m.metadata.dst_node_id) == 2
+    )
     strat = RFedBaseline(4, p, method="rfedavg", local_steps=2, step_size=0.05)
     res = strat.start(grid, ArrayRecord({"x": Array(x0)}), num_rounds=2, timeout=5)
     for rec in strat.history:
@@ -229,8 +307,12 @@ def test_flower_a_dropped_node_is_a_recorded_non_responder():
     # the survivors' plain mean: x_{t+1} = R_x(mean_{0,1,3} R^{-1}_x(x_i))
     x = x0
     for _ in range(2):
-        ends = [local_gradient_stream(prob.manifold, x, lambda y, k, i=i: prob.local_egrads(y, [i])[0], 2,
-                                      0.05).endpoint for i in (0, 1, 3)]
+        ends = [
+            local_gradient_stream(
+                prob.manifold, x, lambda y, k, i=i: prob.local_egrads(y, [i])[0], 2, 0.05
+            ).endpoint
+            for i in (0, 1, 3)
+        ]
         x = prob.manifold.retr(x, np.mean([prob.manifold.invretr(x, e) for e in ends], axis=0))
     np.testing.assert_allclose(res.arrays["x"].numpy(), x, atol=1e-12)
 
@@ -241,14 +323,30 @@ def test_rfedags_strategy_runs_unchanged_on_spd_and_poincare(make):
     from flwr_sheaf.client.rfedags import register_rfedags_handlers
     from flwr_sheaf.strategy.rfedags import RFedAGS
 
-    prob, p = make(seed=3, num_pairs=2) if make is symmetric_poincare_problem else make(seed=3, num_frequent=2,
-                                                                                         num_rare=2)
+    prob, p = (
+        make(seed=3, num_pairs=2)
+        if make is symmetric_poincare_problem
+        else make(seed=3, num_frequent=2, num_rare=2)
+    )
     man = prob.manifold
     x0 = np.eye(3) if isinstance(man, SPD) else np.array([0.1, -0.2])
     app = register_rfedags_handlers(ClientApp(), problem_factory(prob))
-    strat = RFedAGS(prob.num_clients, p, mode="corrected", manifold=man, local_steps=2, step_size=0.2, seed=2)
+    strat = RFedAGS(
+        prob.num_clients, p, mode="corrected", manifold=man, local_steps=2, step_size=0.2, seed=2
+    )
     res = strat.start(LocalGrid(app, prob.num_clients), ArrayRecord({"x": Array(x0)}), num_rounds=4)
-    ref = run_federated(prob, p, method="rfedags", mode="corrected", num_rounds=4, local_steps=2, step_size=0.2,
-                        x0=x0, seed=2)
+    ref = run_federated(
+        prob,
+        p,
+        method="rfedags",
+        mode="corrected",
+        num_rounds=4,
+        local_steps=2,
+        step_size=0.2,
+        x0=x0,
+        seed=2,
+    )
     np.testing.assert_allclose(res.arrays["x"].numpy(), ref["x"], atol=1e-12)
-    assert all(rec["feasibility"] == 0.0 and rec["tangent_error_max"] < 1e-12 for rec in strat.history)
+    assert all(
+        rec["feasibility"] == 0.0 and rec["tangent_error_max"] < 1e-12 for rec in strat.history
+    )

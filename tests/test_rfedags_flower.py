@@ -20,6 +20,7 @@ from flwr_sheaf.client.rfedags import (
     pca_problem_factory,
     register_rfedags_handlers,
 )
+from flwr_sheaf.participation import parse_participation
 from flwr_sheaf.rfedags.client import local_gradient_stream
 from flwr_sheaf.rfedags.participation import bernoulli_participation
 from flwr_sheaf.rfedags.pca import (
@@ -28,7 +29,6 @@ from flwr_sheaf.rfedags.pca import (
     run_pca_reference,
     synthetic_pca_problem,
 )
-from flwr_sheaf.participation import parse_participation
 from flwr_sheaf.strategy.rfedags import RFedAGS
 from flwr_sheaf.testing import LocalGrid
 
@@ -68,9 +68,14 @@ def manual_rounds(prob, p, mode, rounds, x0, alpha, k_steps, seed, skip=lambda t
         q = np.maximum((counts + 1) / t, 0.01)
         direction = np.zeros_like(x)
         for i in resp:
-            zeta = local_gradient_stream(prob.manifold, x, lambda xk, k, i=i: -2 * prob.covariances[i] @ xk,
-                                         k_steps, alpha).zeta
-            w = {"corrected": 1 / (q[i] * n), "known-p": 1 / (p[i] * n), "uncorrected": 1 / len(resp)}[mode]
+            zeta = local_gradient_stream(
+                prob.manifold, x, lambda xk, k, i=i: -2 * prob.covariances[i] @ xk, k_steps, alpha
+            ).zeta
+            w = {
+                "corrected": 1 / (q[i] * n),
+                "known-p": 1 / (p[i] * n),
+                "uncorrected": 1 / len(resp),
+            }[mode]
             direction = direction + w * zeta
         if resp:
             x = qr_retr_oracle(x, direction)
@@ -111,8 +116,17 @@ def test_minibatch_run_equals_reference_run():
     kw = dict(local_steps=4, step_size=0.03, decay_rounds=10.0, seed=5)
     for mode in ("corrected", "uncorrected"):
         res, _, _, _ = run_flower(prob, p, mode, 25, x0, minibatch_size=8, **kw)
-        ref = run_pca_reference(prob, p, mode=mode, num_rounds=25, local_steps=4,
-                                step_size=lambda t: 0.03 / (1 + t / 10.0), x0=x0, seed=5, batch_size=8)
+        ref = run_pca_reference(
+            prob,
+            p,
+            mode=mode,
+            num_rounds=25,
+            local_steps=4,
+            step_size=lambda t: 0.03 / (1 + t / 10.0),
+            x0=x0,
+            seed=5,
+            batch_size=8,
+        )
         np.testing.assert_allclose(res.arrays["x"].numpy(), ref["x"], atol=1e-12)
     # the batches really are mini-batches without replacement
     b = batch_indices(5, 3, 2, 4, 20, 8)
@@ -154,7 +168,9 @@ def test_silent_and_failing_nodes_are_non_responders():
     strat = RFedAGS(prob.num_clients, p, mode="corrected", local_steps=2, step_size=0.05, seed=1)
     res = strat.start(grid, ArrayRecord({"x": Array(x0)}), num_rounds=4)
     lost = silent | failing
-    expected = manual_rounds(prob, p, "corrected", 4, x0, 0.05, 2, seed=1, skip=lambda t, i: (t, i) in lost)
+    expected = manual_rounds(
+        prob, p, "corrected", 4, x0, 0.05, 2, seed=1, skip=lambda t, i: (t, i) in lost
+    )
     np.testing.assert_allclose(res.arrays["x"].numpy(), expected[4], atol=1e-12)
     drawn = {(r["round"], i) for r in strat.history for i in r["drawn"]}
     assert lost & drawn and silent & drawn and failing & drawn  # the scenario exercises both kinds
@@ -171,9 +187,17 @@ def test_silent_and_failing_nodes_are_non_responders():
     np.testing.assert_array_equal(strat.server.estimator.counts, arrived)
 
 
-@pytest.mark.parametrize("mode,bad", [("uncorrected", 0), ("uncorrected", -2.0), ("corrected", float("nan")),
-                                      ("known-p", float("inf")), ("corrected", "nan-stream"),
-                                      ("uncorrected", "misshaped-stream")])
+@pytest.mark.parametrize(
+    "mode,bad",
+    [
+        ("uncorrected", 0),
+        ("uncorrected", -2.0),
+        ("corrected", float("nan")),
+        ("known-p", float("inf")),
+        ("corrected", "nan-stream"),
+        ("uncorrected", "misshaped-stream"),
+    ],
+)
 def test_an_unusable_reply_is_that_nodes_failure_and_the_others_are_aggregated(mode, bad):
     prob, p = planted_pca_problem(seed=3)
     x0 = prob.manifold.random_point(np.random.default_rng(1))
@@ -203,11 +227,15 @@ def test_an_unusable_reply_is_that_nodes_failure_and_the_others_are_aggregated(m
     grid.app = corrupting
     strat = RFedAGS(prob.num_clients, p, mode=mode, local_steps=2, step_size=0.05, seed=1)
     res = strat.start(grid, ArrayRecord({"x": Array(x0)}), num_rounds=4)
-    expected = manual_rounds(prob, p, mode, 4, x0, 0.05, 2, seed=1, skip=lambda t, i: (t, i) in corrupted)
+    expected = manual_rounds(
+        prob, p, mode, 4, x0, 0.05, 2, seed=1, skip=lambda t, i: (t, i) in corrupted
+    )
     np.testing.assert_allclose(res.arrays["x"].numpy(), expected[4], atol=1e-12)
     assert corrupted and {(f["round"], f["partition-id"]) for f in strat.failures} == corrupted
-    reason = {"nan-stream": "NaN/inf stream", "misshaped-stream": f"stream of shape ({prob.d + 1}, 2), expected"}.get(
-        bad, f"num-examples = {bad!r} must be a finite number > 0")
+    reason = {
+        "nan-stream": "NaN/inf stream",
+        "misshaped-stream": f"stream of shape ({prob.d + 1}, 2), expected",
+    }.get(bad, f"num-examples = {bad!r} must be a finite number > 0")
     assert all(reason in f["reason"] for f in strat.failures)
     assert all(not set(r["responders"]) & {0, 3} for r in strat.history)
 
@@ -217,7 +245,9 @@ def test_empty_rounds_keep_the_parameter():
     p = np.zeros(prob.num_clients)
     p[0] = 0.3
     x0 = prob.manifold.random_point(np.random.default_rng(0))
-    res, traj, strat, _ = run_flower(prob, p, "known-p", 6, x0, local_steps=2, step_size=0.05, seed=0)
+    res, traj, strat, _ = run_flower(
+        prob, p, "known-p", 6, x0, local_steps=2, step_size=0.05, seed=0
+    )
     for rec in strat.history:
         t = rec["round"]
         if rec["num_responders"] == 0:

@@ -29,18 +29,33 @@ def _run(tmp_path, **rc):
     return json.loads(Path(run_server(grid, rc)).read_text())
 
 
-@pytest.mark.parametrize("method, problem", [("rfedags", "pca"), ("rfedavg", "spd"), ("rfedsvrg", "poincare"),
-                                             ("rfedproj", "pca")])
+@pytest.mark.parametrize(
+    "method, problem",
+    [("rfedags", "pca"), ("rfedavg", "spd"), ("rfedsvrg", "poincare"), ("rfedproj", "pca")],
+)
 def test_app_run_equals_the_numpy_reference_loop(tmp_path, method, problem):
     res = _run(tmp_path, method=method, **{"rfedags-problem": problem})
     prob, p = planted_problem(problem, 1)
     x0 = prob.manifold.random_point(np.random.default_rng([1, 2]))
-    ref = run_federated(prob, p, method=method, mode="corrected" if method == "rfedags" else "uncorrected",
-                        num_rounds=4, local_steps=5, step_size=0.02, x0=x0, seed=1)
-    np.testing.assert_allclose([r["gap"] for r in res["rounds"]], ref["gap"][1:], rtol=1e-9, atol=1e-12)
+    ref = run_federated(
+        prob,
+        p,
+        method=method,
+        mode="corrected" if method == "rfedags" else "uncorrected",
+        num_rounds=4,
+        local_steps=5,
+        step_size=0.02,
+        x0=x0,
+        seed=1,
+    )
+    np.testing.assert_allclose(
+        [r["gap"] for r in res["rounds"]], ref["gap"][1:], rtol=1e-9, atol=1e-12
+    )
     assert [r["num_trained"] for r in res["rounds"]] == ref["num_responders"][1:]
-    assert all({"round", "sampled", "num_sampled", "failed", "gap", "distance_to_optimum"} <= set(r)
-               for r in res["rounds"])
+    assert all(
+        {"round", "sampled", "num_sampled", "failed", "gap", "distance_to_optimum"} <= set(r)
+        for r in res["rounds"]
+    )
     assert res["config"]["method"] == method and res["action"] == method
 
 
@@ -53,11 +68,24 @@ def test_participation_comes_from_the_sampler_key(tmp_path):
 @pytest.mark.parametrize("method, port", [("rfedags", 29791), ("rfedavg", 29891)])
 def test_flwr_run_selects_the_rfedags_family_and_writes_results(tmp_path, method, port):
     out = tmp_path / "res"
-    cmd = [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(ROOT), "--num-supernodes", "10",
-           "--port", str(port), "--timeout", "600", "--run-config",
-           f"method='{method}' rfedags-problem='spd' num-server-rounds=3 results-dir='{out}'"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "run_flwr.py"),
+        "--app",
+        str(ROOT),
+        "--num-supernodes",
+        "10",
+        "--port",
+        str(port),
+        "--timeout",
+        "600",
+        "--run-config",
+        f"method='{method}' rfedags-problem='spd' num-server-rounds=3 results-dir='{out}'",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
-    assert proc.returncode == 0 and "finished:completed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "finished:completed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-2000:]
+    )
     res = json.loads((out / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
     assert res["rounds"][-1]["gap"] < res["rounds"][0]["gap"]

@@ -16,11 +16,23 @@ import numpy as np
 import pytest
 import torch
 
-from flwr_sheaf.sheaf.diagnostics import (NEAR_KERNEL_RTOL, graph_algebraic_connectivity, laplacian_spectrum,
-                                          sample_non_edges)
-from flwr_sheaf.sheaf.network import NetworkSheaf, coboundary, orient_edge, path_map, sheaf_laplacian
+from flwr_sheaf.sheaf.diagnostics import (
+    NEAR_KERNEL_RTOL,
+    graph_algebraic_connectivity,
+    laplacian_spectrum,
+    sample_non_edges,
+)
+from flwr_sheaf.sheaf.network import (
+    NetworkSheaf,
+    coboundary,
+    orient_edge,
+    path_map,
+    sheaf_laplacian,
+)
 
-torch.set_num_threads(1)  # as tests/test_flower_e2e.py: small products oversubscribe a loaded 2-core box (100x slower)
+torch.set_num_threads(
+    1
+)  # as tests/test_flower_e2e.py: small products oversubscribe a loaded 2-core box (100x slower)
 
 
 def _stiefel(m: int, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -28,7 +40,9 @@ def _stiefel(m: int, n: int, gen: torch.Generator) -> torch.Tensor:
     return q
 
 
-def _frames_sheaf(graph: nx.Graph, dims: dict[int, int], gen: torch.Generator) -> tuple[NetworkSheaf, dict]:
+def _frames_sheaf(
+    graph: nx.Graph, dims: dict[int, int], gen: torch.Generator
+) -> tuple[NetworkSheaf, dict]:
     """A consistent sheaf: node frames U_i in O(d_i), map of (h, t) = U_h[:, :d_t] U_t^T (Stiefel).
 
     Every ``z_i = U_i[:, :d_min] x`` is a global section, so ``dim ker L = min d_i`` on a connected graph.
@@ -47,22 +61,26 @@ def test_composed_map_recovers_a_planted_chain_with_mixed_orientations():
     gen = torch.Generator().manual_seed(0)
     dims = {0: 3, 1: 6, 2: 4, 3: 5}
     g = nx.path_graph(4)
-    v12 = _stiefel(6, 4, gen)                 # edge (1, 2)
+    v12 = _stiefel(6, 4, gen)  # edge (1, 2)
     w = _stiefel(4, 3, gen)
-    v10 = v12 @ w                             # edge (1, 0): Im V_10 inside Im V_12, so node 2 is consistent
-    v32 = _stiefel(5, 4, gen)                 # edge (3, 2)
+    v10 = v12 @ w  # edge (1, 0): Im V_10 inside Im V_12, so node 2 is consistent
+    v32 = _stiefel(5, 4, gen)  # edge (3, 2)
     x = torch.randn(50, 3, generator=gen, dtype=torch.float64)
     pilots = {0: x, 1: x @ v10.T, 2: x @ w.T, 3: x @ w.T @ v32.T}
     assert [orient_edge(a, dims[a], b, dims[b]) for a, b in g.edges] == [(1, 0), (1, 2), (3, 2)]
     sheaf = NetworkSheaf(g, dims)
-    sheaf.fit_maps(pilots)  # Procrustes recovers the planted maps on the data (rank 3 = d_min everywhere)
+    sheaf.fit_maps(
+        pilots
+    )  # Procrustes recovers the planted maps on the data (rank 3 = d_min everywhere)
     for (h, t), planted in {(1, 0): v10, (1, 2): v12, (3, 2): v32}.items():
-        torch.testing.assert_close(pilots[t] @ sheaf.maps[(h, t)].T, pilots[t] @ planted.T, atol=1e-10, rtol=0)
+        torch.testing.assert_close(
+            pilots[t] @ sheaf.maps[(h, t)].T, pilots[t] @ planted.T, atol=1e-10, rtol=0
+        )
     t_fwd = sheaf.transport_map([0, 1, 2, 3])
     t_back = sheaf.transport_map([3, 2, 1, 0])
-    torch.testing.assert_close(t_fwd, v32 @ w, atol=1e-10, rtol=0)        # hand composition V32 V12^T V10
+    torch.testing.assert_close(t_fwd, v32 @ w, atol=1e-10, rtol=0)  # hand composition V32 V12^T V10
     assert t_fwd.shape == (5, 3) and t_back.shape == (3, 5)
-    z0 = torch.randn(20, 3, generator=gen, dtype=torch.float64)           # held-out latents of the section
+    z0 = torch.randn(20, 3, generator=gen, dtype=torch.float64)  # held-out latents of the section
     z3 = z0 @ w.T @ v32.T
     torch.testing.assert_close(z0 @ t_fwd.T, z3, atol=1e-10, rtol=0)
     torch.testing.assert_close(z3 @ t_back.T, z0, atol=1e-10, rtol=0)
@@ -97,12 +115,18 @@ def test_laplacian_is_delta_t_delta_psd_and_sparse_matches_dense():
     assert delta.shape == (sum(dims[h] for h, _ in sheaf.edges), 14)
     torch.testing.assert_close(lap, delta.T @ delta, atol=0, rtol=0)
     torch.testing.assert_close(lap, sheaf.laplacian(), atol=0, rtol=0)
-    torch.testing.assert_close(coboundary(sheaf.maps, sheaf.dims, sheaf.edges, sparse=True).to_dense(), delta)
-    torch.testing.assert_close(sheaf_laplacian(sheaf.maps, sheaf.dims, sheaf.edges, sparse=True).to_dense(), lap)
+    torch.testing.assert_close(
+        coboundary(sheaf.maps, sheaf.dims, sheaf.edges, sparse=True).to_dense(), delta
+    )
+    torch.testing.assert_close(
+        sheaf_laplacian(sheaf.maps, sheaf.dims, sheaf.edges, sparse=True).to_dense(), lap
+    )
     assert torch.linalg.eigvalsh(lap).min() > -1e-12
     # diagonal block of node i is deg_i I for Stiefel maps
-    torch.testing.assert_close(torch.diagonal(lap), torch.tensor([2.0] * 2 + [2.0] * 5 + [3.0] * 3 + [1.0] * 4,
-                                                                 dtype=torch.float64))
+    torch.testing.assert_close(
+        torch.diagonal(lap),
+        torch.tensor([2.0] * 2 + [2.0] * 5 + [3.0] * 3 + [1.0] * 4, dtype=torch.float64),
+    )
     with pytest.raises(ValueError, match="map of edge"):
         coboundary({**sheaf.maps, sheaf.edges[0]: torch.zeros(1, 1)}, sheaf.dims, sheaf.edges)
 
@@ -121,12 +145,16 @@ def test_consistent_sheaf_has_min_d_global_sections(dims):
     assert all(abs(x) < 1e-10 for x in spec.eigenvalues[:d_min])
     assert spec.eigenvalues == sorted(spec.eigenvalues) and min(spec.eigenvalues) >= 0.0
     # trace(L) = sum_e (d_h + ||V||_F^2) = sum_e (d_h + d_t) for Stiefel maps
-    assert spec.tolerance == pytest.approx(NEAR_KERNEL_RTOL * sum(dims[a] + dims[b] for a, b in g.edges) / spec.n)
-    if len(set(dims.values())) == 1:  # equal d: L ~ L_graph (x) I_d, so the next d eigenvalues are the Fiedler value
+    assert spec.tolerance == pytest.approx(
+        NEAR_KERNEL_RTOL * sum(dims[a] + dims[b] for a, b in g.edges) / spec.n
+    )
+    if (
+        len(set(dims.values())) == 1
+    ):  # equal d: L ~ L_graph (x) I_d, so the next d eigenvalues are the Fiedler value
         fiedler = graph_algebraic_connectivity(g)
         a = nx.to_numpy_array(g, nodelist=sorted(g.nodes))
         assert fiedler == pytest.approx(np.linalg.eigvalsh(np.diag(a.sum(1)) - a)[1], rel=1e-12)
-        assert spec.eigenvalues[d_min: 2 * d_min] == pytest.approx([fiedler] * d_min, rel=1e-9)
+        assert spec.eigenvalues[d_min : 2 * d_min] == pytest.approx([fiedler] * d_min, rel=1e-9)
 
 
 def test_one_twisted_edge_on_a_cycle_leaves_the_holonomy_fixed_space():
@@ -145,7 +173,9 @@ def test_one_twisted_edge_on_a_cycle_leaves_the_holonomy_fixed_space():
     assert after.near_kernel_dim == 1
     assert after.eigenvalues[0] < 1e-10
     # the rotated plane sees the twisted cycle spectrum 2 - 2 cos((2 pi m + theta) / n): m = 0 gives the next two
-    assert after.eigenvalues[1:3] == pytest.approx([2 - 2 * math.cos(math.pi / 2 / 4)] * 2, rel=1e-9)
+    assert after.eigenvalues[1:3] == pytest.approx(
+        [2 - 2 * math.cos(math.pi / 2 / 4)] * 2, rel=1e-9
+    )
 
 
 def test_sparse_eigensolver_matches_dense():
@@ -155,7 +185,9 @@ def test_sparse_eigensolver_matches_dense():
     dims = {i: 4 + (i % 3) for i in range(10)}
     sheaf, _ = _frames_sheaf(g, dims, gen)
     e = sheaf.edges[3]
-    sheaf.maps[e] = sheaf.maps[e] @ _stiefel(dims[e[1]], dims[e[1]], gen)  # inconsistent: a smaller kernel
+    sheaf.maps[e] = sheaf.maps[e] @ _stiefel(
+        dims[e[1]], dims[e[1]], gen
+    )  # inconsistent: a smaller kernel
     dense = laplacian_spectrum(sheaf.maps, sheaf.dims, sheaf.edges, 6)
     sparse = laplacian_spectrum(sheaf.maps, sheaf.dims, sheaf.edges, 6, dense_max=0, seed=1)
     assert sparse.solver == "lobpcg" and dense.solver == "dense"
@@ -179,7 +211,9 @@ def test_edge_total_variation_equals_the_procrustes_closed_form():
     assert set(tv) == {(1, 0), (2, 1)}
     for (h, t), value in tv.items():
         ah, at = pilots[h].numpy(), pilots[t].numpy()
-        closed = ((ah**2).sum() + (at**2).sum() - 2 * np.linalg.svd(ah.T @ at, compute_uv=False).sum()) / k
+        closed = (
+            (ah**2).sum() + (at**2).sum() - 2 * np.linalg.svd(ah.T @ at, compute_uv=False).sum()
+        ) / k
         assert value == pytest.approx(closed, rel=1e-10)
     assert sum(tv.values()) * k == pytest.approx(float(sheaf.total_variation(pilots)), rel=1e-12)
 
@@ -192,7 +226,9 @@ def test_non_edge_draw_is_deterministic_and_only_non_adjacent_connected_pairs():
     assert draw == sample_non_edges(g, list(range(8))[::-1], 5, seed=3, server_round=2)
     assert len(draw) == 5 and set(draw) <= every and draw == sorted(draw)
     assert len({tuple(sample_non_edges(g, range(8), 5, 3, r)) for r in range(1, 6)}) > 1
-    assert set(sample_non_edges(g, range(8), 100, 3, 2)) == every          # fewer candidates than asked: all
+    assert (
+        set(sample_non_edges(g, range(8), 100, 3, 2)) == every
+    )  # fewer candidates than asked: all
     assert sample_non_edges(g, range(8), 0, 3, 2) == []
     assert sample_non_edges(nx.complete_graph(5), range(5), 4, 0, 1) == []
     # nodes 0, 1, 3, 4 only: 1 and 3 are in different components of the induced subgraph (2 is absent)
@@ -219,22 +255,36 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
     rc = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "lambda": 0.5, "seed": 0}
     grid = LocalGrid(cnn_client_app, 4, run_config=rc)
     fed = FederationConfig(graph="ring", seed=0, non_edge_pairs=20, diagnostics_eigenvalues=6)
-    s = SheafFRL(num_nodes=4, federation=fed, train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=5),
-                 sheaf=SheafConfig(lam=0.5))
+    s = SheafFRL(
+        num_nodes=4,
+        federation=fed,
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=5),
+        sheaf=SheafConfig(lam=0.5),
+    )
     s.start(grid=grid, num_rounds=1)
     rnd = s.history[-1]
     # ring 0-1-2-3-0: the non-edges are {0, 2} and {1, 3}, each measured both ways over 2 hops
     assert {(e["src"], e["dst"]) for e in s.non_edge_results} == {(0, 2), (2, 0), (1, 3), (3, 1)}
     assert rnd["non_edge_pairs_measured"] == 4 and rnd["non_edge_hops_mean"] == 2
-    for key in ("communication_accuracy_non_edges", "communication_accuracy_non_edges_direct",
-                "val_communication_accuracy_non_edges", "val_communication_accuracy_non_edges_direct"):
+    for key in (
+        "communication_accuracy_non_edges",
+        "communication_accuracy_non_edges_direct",
+        "val_communication_accuracy_non_edges",
+        "val_communication_accuracy_non_edges_direct",
+    ):
         assert 0.0 <= rnd[key] <= 1.0, key
     assert rnd["communication_accuracy_non_edges"] == pytest.approx(
-        np.mean([e["communication_accuracy"] for e in s.non_edge_results]))
+        np.mean([e["communication_accuracy"] for e in s.non_edge_results])
+    )
     assert s.results_extra()["non_edges"] == s.non_edge_results
     # independent recomputation from the phase-1 pilots the nodes sent: numpy polar factors
-    pilots = {grid.partition_of(r.metadata.src_node_id): r.content["arrays"]["pilots"].numpy().astype(np.float64)
-              for r in grid.replies if r.metadata.message_type == "evaluate.sheaf"}
+    pilots = {
+        grid.partition_of(r.metadata.src_node_id): r.content["arrays"]["pilots"]
+        .numpy()
+        .astype(np.float64)
+        for r in grid.replies
+        if r.metadata.message_type == "evaluate.sheaf"
+    }
     d = {p: s.nodes[p].d for p in range(4)}
     maps = {}
     for a, b in nx.cycle_graph(4).edges:
@@ -243,14 +293,21 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
         sv = np.linalg.svd(c, compute_uv=False)
         # precondition (seed 0): full-rank cross-covariances, so every Procrustes map is unique (a dead
         # latent unit would leave one direction free and the composition would not be comparable)
-        assert sv.min() > 1e-6 * sv.max(), f"edge {h}->{t}: rank-deficient cross-covariance, pick another seed"
+        assert sv.min() > 1e-6 * sv.max(), (
+            f"edge {h}->{t}: rank-deficient cross-covariance, pick another seed"
+        )
         maps[(h, t)] = _polar(c)
     tv = {(h, t): v for h, t, v in rnd["sheaf_edge_tv"]}
     assert set(tv) == set(maps)
     for (h, t), v in maps.items():
-        assert tv[(h, t)] == pytest.approx(((pilots[h] - pilots[t] @ v.T) ** 2).sum() / 64, rel=1e-5)
-    comm = {grid.partition_of(m.metadata.dst_node_id): m for m in grid.delivered
-            if m.metadata.message_type == "evaluate.sheaf_comm"}
+        assert tv[(h, t)] == pytest.approx(
+            ((pilots[h] - pilots[t] @ v.T) ** 2).sum() / 64, rel=1e-5
+        )
+    comm = {
+        grid.partition_of(m.metadata.dst_node_id): m
+        for m in grid.delivered
+        if m.metadata.message_type == "evaluate.sheaf_comm"
+    }
     for e in s.non_edge_results:
         t = np.eye(d[e["src"]])
         for u, w in zip(e["path"][:-1], e["path"][1:]):
@@ -260,7 +317,9 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
         assert len(e["path"]) == 3 and e["path"][0] == e["src"] and e["path"][-1] == e["dst"]
     ev = rnd["sheaf_laplacian_eigenvalues"]
     assert len(ev) == 6 and ev == sorted(ev) and ev[0] >= 0.0
-    assert rnd["sheaf_kernel_dim_bound"] == min(d.values()) and 0 <= rnd["sheaf_near_kernel_dim"] <= min(d.values())
+    assert rnd["sheaf_kernel_dim_bound"] == min(d.values()) and 0 <= rnd[
+        "sheaf_near_kernel_dim"
+    ] <= min(d.values())
     assert rnd["sheaf_laplacian_size"] == sum(d.values()) and rnd["sheaf_eigensolver"] == "dense"
     assert rnd["graph_algebraic_connectivity"] == pytest.approx(2.0)  # 4-cycle: 2 - 2 cos(pi / 2)
 
@@ -296,20 +355,38 @@ def test_a_phase2_reply_with_bad_non_edge_entries_is_that_nodes_failure_reason()
     s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring"))
     plan = [(2, np.eye(3), [2, 1, 0])]
     check = lambda r, p=plan: s.evaluation.comm_problem(r, (1, 3), p)  # noqa: E731
-    edge = {"src": [1, 3], "communication-accuracy": [0.5, 0.5], "val-communication-accuracy": [0.5, 0.5]}
-    good = {"non-edge-src": [2], "non-edge-communication-accuracy": [0.4], "val-non-edge-communication-accuracy": [0.4],
-            "non-edge-direct-communication-accuracy": [0.5], "val-non-edge-direct-communication-accuracy": [0.5]}
+    edge = {
+        "src": [1, 3],
+        "communication-accuracy": [0.5, 0.5],
+        "val-communication-accuracy": [0.5, 0.5],
+    }
+    good = {
+        "non-edge-src": [2],
+        "non-edge-communication-accuracy": [0.4],
+        "val-non-edge-communication-accuracy": [0.4],
+        "non-edge-direct-communication-accuracy": [0.5],
+        "val-non-edge-direct-communication-accuracy": [0.5],
+    }
     reply = lambda extra: SimpleNamespace(content={"metrics": {**edge, **extra}})  # noqa: E731
     assert check(reply(good)) is None
     assert "lacks ['non-edge-src'" in check(reply({}))
-    assert "non-edge sources [3], but [2] were routed" in check(reply({**good, "non-edge-src": [3]}))
+    assert "non-edge sources [3], but [2] were routed" in check(
+        reply({**good, "non-edge-src": [3]})
+    )
     assert "not in [0, 1]" in check(reply({**good, "non-edge-communication-accuracy": [1.5]}))
-    assert "one length" in check(reply({**good, "non-edge-direct-communication-accuracy": [0.5, 0.1]}))
+    assert "one length" in check(
+        reply({**good, "non-edge-direct-communication-accuracy": [0.5, 0.1]})
+    )
     assert check(reply({}), []) is None  # nothing routed: nothing required
 
 
-@pytest.mark.parametrize("override, text", [({"non-edge-pairs": -1}, "non-edge-pairs=-1: must be >= 0"),
-                                            ({"diagnostics-eigenvalues": 1.5}, "diagnostics-eigenvalues=1.5: expected an integer")])
+@pytest.mark.parametrize(
+    "override, text",
+    [
+        ({"non-edge-pairs": -1}, "non-edge-pairs=-1: must be >= 0"),
+        ({"diagnostics-eigenvalues": 1.5}, "diagnostics-eigenvalues=1.5: expected an integer"),
+    ],
+)
 def test_bad_diagnostics_keys_are_refused_naming_key_and_value(override, text):
     from flwr_sheaf.config import ConfigError, RunConfig
 
@@ -321,15 +398,29 @@ def test_bad_diagnostics_keys_are_refused_naming_key_and_value(override, text):
 def test_report_prints_the_non_edge_and_laplacian_lines_only_when_recorded():
     from flwr_sheaf.report import summary_lines
 
-    base = {"round": 3, "private_accuracy_mean": 0.5, "communication_accuracy_degree_weighted": 0.4,
-            "communication_accuracy_mean": 0.4}
-    extra = {"communication_accuracy_non_edges": 0.25, "communication_accuracy_non_edges_direct": 0.375,
-             "non_edge_pairs_measured": 18, "sheaf_near_kernel_dim": 8, "sheaf_kernel_dim_bound": 16,
-             "sheaf_laplacian_eigenvalues": [1e-4, 2e-3], "sheaf_tv_mean": 22.5}
+    base = {
+        "round": 3,
+        "private_accuracy_mean": 0.5,
+        "communication_accuracy_degree_weighted": 0.4,
+        "communication_accuracy_mean": 0.4,
+    }
+    extra = {
+        "communication_accuracy_non_edges": 0.25,
+        "communication_accuracy_non_edges_direct": 0.375,
+        "non_edge_pairs_measured": 18,
+        "sheaf_near_kernel_dim": 8,
+        "sheaf_kernel_dim_bound": 16,
+        "sheaf_laplacian_eigenvalues": [1e-4, 2e-3],
+        "sheaf_tv_mean": 22.5,
+    }
     lines = summary_lines({"rounds": [{**base, **extra}], "config": {"method": "sheaf-frl"}})
-    assert ("non-edges (18 directed pairs): communication accuracy after multi-hop transport 0.250 | "
-            "direct Procrustes 0.375") in lines
-    assert ("sheaf Laplacian: near-kernel 8 of at most 16 global sections | smallest eigenvalues 1.0e-04, 2.0e-03 | "
-            "pilot TV per edge 22.500") in lines
+    assert (
+        "non-edges (18 directed pairs): communication accuracy after multi-hop transport 0.250 | "
+        "direct Procrustes 0.375"
+    ) in lines
+    assert (
+        "sheaf Laplacian: near-kernel 8 of at most 16 global sections | smallest eigenvalues 1.0e-04, 2.0e-03 | "
+        "pilot TV per edge 22.500"
+    ) in lines
     plain = summary_lines({"rounds": [base], "config": {"method": "fedproto"}})
     assert not any("non-edges" in x or "sheaf Laplacian" in x for x in plain)

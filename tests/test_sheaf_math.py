@@ -57,8 +57,6 @@ def test_orientation_rule_and_paper_orientations():
         assert orient_edge(t, dims[t], h, dims[h]) == (h, t)
 
 
-
-
 def test_total_variation_zero_on_global_section_and_grows_by_known_amount():
     gen = torch.Generator().manual_seed(2)
     g = nx.path_graph(4)  # 0-1-2-3, equal dims: every map orthogonal, propagation is exact
@@ -77,7 +75,9 @@ def test_total_variation_zero_on_global_section_and_grows_by_known_amount():
         zp = dict(z)
         zp[node] = z[node] + delta
         # orthogonal maps preserve norms, so each incident edge grows by ||delta||^2
-        assert float(sheaf.total_variation(zp)) == pytest.approx(deg * float(delta @ delta), rel=1e-10)
+        assert float(sheaf.total_variation(zp)) == pytest.approx(
+            deg * float(delta @ delta), rel=1e-10
+        )
 
 
 def test_laplacian_symmetric_psd_with_expected_kernel_on_tree():
@@ -106,7 +106,9 @@ def test_laplacian_kernel_with_stiefel_maps_on_tree():
     dims = {0: 2, 1: 4, 2: 3}
     sheaf = NetworkSheaf(g, dims)
     for h, t in sheaf.edges:
-        sheaf.maps[(h, t)], _ = torch.linalg.qr(torch.randn(dims[h], dims[t], generator=gen, dtype=torch.float64))
+        sheaf.maps[(h, t)], _ = torch.linalg.qr(
+            torch.randn(dims[h], dims[t], generator=gen, dtype=torch.float64)
+        )
     ev = torch.linalg.eigvalsh(sheaf.laplacian())
     assert int((ev.abs() < 1e-9).sum()) == 2
 
@@ -142,7 +144,9 @@ def test_local_penalty_gradient_only_to_own_pilots_and_errors():
     with pytest.raises(ValueError, match="map shape"):
         local_gluing_penalty(a_i, [EdgeTerm(1, torch.randn(5, 2), torch.eye(2), True)], 1.0)
     with pytest.raises(ValueError, match="NaN"):
-        local_gluing_penalty(a_i, [EdgeTerm(1, torch.full((5, 3), float("inf")), torch.eye(3), True)], 1.0)
+        local_gluing_penalty(
+            a_i, [EdgeTerm(1, torch.full((5, 3), float("inf")), torch.eye(3), True)], 1.0
+        )
 
 
 def test_paper_graph_orientations_match_the_reference_list():

@@ -101,17 +101,22 @@ def test_dense_class_overlap_graph_is_refused_for_many_agents_with_the_sparse_on
 
     n = CLASS_OVERLAP_MAX_NODES + 1
     cs = [s.classes for s in zoo_specs(f"tiny-{n}")]
-    with pytest.raises(ValueError, match=rf"N={n} agents.*refused above N={CLASS_OVERLAP_MAX_NODES}.*"
-                                         r"class-overlap-knn:4.*random-regular:4.*ring"):
+    with pytest.raises(
+        ValueError,
+        match=rf"N={n} agents.*refused above N={CLASS_OVERLAP_MAX_NODES}.*"
+        r"class-overlap-knn:4.*random-regular:4.*ring",
+    ):
         build_graph("class-overlap", n, cs)
-    assert build_graph("class-overlap", CLASS_OVERLAP_MAX_NODES, cs[:-1]).number_of_nodes() == CLASS_OVERLAP_MAX_NODES
+    assert (
+        build_graph("class-overlap", CLASS_OVERLAP_MAX_NODES, cs[:-1]).number_of_nodes()
+        == CLASS_OVERLAP_MAX_NODES
+    )
 
 
 def test_knn_graph_from_distinct_class_sets_equals_the_row_by_row_definition():
     """The grouped computation gives the graph of the definition: each agent's k best overlaps (ties
     broken by the seeded jitter), recomputed here with the plain (N, C) product per row."""
     import networkx as nx
-    import numpy as np
 
     from flwr_sheaf.topology import class_overlap_knn_graph
 

@@ -25,8 +25,16 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, Context, Message
 
-from flwr_sheaf import (ClientMethod, GraphStrategy, LocalGrid, LocalTask, LossPlugin, Method, register,
-                        register_method_handlers)
+from flwr_sheaf import (
+    ClientMethod,
+    GraphStrategy,
+    LocalGrid,
+    LocalTask,
+    LossPlugin,
+    Method,
+    register,
+    register_method_handlers,
+)
 from flwr_sheaf.config import Key, Section, parse_float, parse_int, section
 from flwr_sheaf.methods import graph_args
 
@@ -34,9 +42,11 @@ ACTION = "relalign"
 RECORD = "relalign"
 
 
-@section(Key("relalign-lambda", 1.0, parse_float(0.0), "weight of the relational alignment term"),
-         Key("relalign-pilots", 16, parse_int(2), "pilots P whose Gram matrix is aligned"),
-         prefix="relalign-")
+@section(
+    Key("relalign-lambda", 1.0, parse_float(0.0), "weight of the relational alignment term"),
+    Key("relalign-pilots", 16, parse_int(2), "pilots P whose Gram matrix is aligned"),
+    prefix="relalign-",
+)
 class RelAlignConfig(Section):
     """Relational alignment's run-config keys (``relalign-lambda``, ``relalign-pilots``)."""
 
@@ -72,7 +82,9 @@ class RelAlignClient(ClientMethod):
         pilots = task.x_pilot[: int(cfg["relalign-pilots"])]
         target = None
         if RECORD in msg.content.array_records:
-            target = torch.from_numpy(msg.content[RECORD]["target"].numpy()).to(pilots.device, torch.float32)
+            target = torch.from_numpy(msg.content[RECORD]["target"].numpy()).to(
+                pilots.device, torch.float32
+            )
         return RelAlignLoss(pilots, target, float(cfg["relalign-lambda"]))
 
     def after_train(self, msg, context, task, plugin):  # noqa: D102
@@ -103,27 +115,60 @@ class RelAlign(GraphStrategy):
         accepted = {}
         p = self.cfg.pilots
         for pid, reply in ok.items():
-            gram = reply.content[RECORD]["gram"].numpy() if RECORD in reply.content.array_records else None
+            gram = (
+                reply.content[RECORD]["gram"].numpy()
+                if RECORD in reply.content.array_records
+                else None
+            )
             if gram is None or gram.shape != (p, p) or not np.isfinite(gram).all():
-                self.record_failure(server_round, "train", pid, f"bad Gram upload {getattr(gram, 'shape', None)}")
+                self.record_failure(
+                    server_round, "train", pid, f"bad Gram upload {getattr(gram, 'shape', None)}"
+                )
                 continue
             self.grams[pid] = gram
             accepted[pid] = reply
         return accepted, {"relalign_nodes": len(self.grams)}
 
 
-METHOD = register(Method(
-    "relalign", ACTION,
-    strategy=lambda c, n: RelAlign(n, relalign=c.method_section, **graph_args(c)),
-    handlers=lambda app, factory: register_method_handlers(app, factory, RelAlignClient(ACTION)),
-    config=RelAlignConfig))
+METHOD = register(
+    Method(
+        "relalign",
+        ACTION,
+        strategy=lambda c, n: RelAlign(n, relalign=c.method_section, **graph_args(c)),
+        handlers=lambda app, factory: register_method_handlers(
+            app, factory, RelAlignClient(ACTION)
+        ),
+        config=RelAlignConfig,
+    )
+)
 
 # ---------------------------------------------------------------------------------------- tests
-TINY = {"method": "relalign", "zoo": "tiny-4", "graph": "ring", "num-pilots": 64, "max-steps-per-epoch": 4,
-        "local-epochs": 1, "num-server-rounds": 3, "seed": 3, "relalign-lambda": 0.5}
-COMMON_ROUND_KEYS = {"round", "sampled", "num_sampled", "num_trained", "failed", "bytes_sent", "bytes_received",
-                     "private_accuracy_mean", "communication_accuracy_mean", "communication_accuracy_degree_weighted",
-                     "gluing_loss", "wall_seconds", "elapsed_seconds"}
+TINY = {
+    "method": "relalign",
+    "zoo": "tiny-4",
+    "graph": "ring",
+    "num-pilots": 64,
+    "max-steps-per-epoch": 4,
+    "local-epochs": 1,
+    "num-server-rounds": 3,
+    "seed": 3,
+    "relalign-lambda": 0.5,
+}
+COMMON_ROUND_KEYS = {
+    "round",
+    "sampled",
+    "num_sampled",
+    "num_trained",
+    "failed",
+    "bytes_sent",
+    "bytes_received",
+    "private_accuracy_mean",
+    "communication_accuracy_mean",
+    "communication_accuracy_degree_weighted",
+    "gluing_loss",
+    "wall_seconds",
+    "elapsed_seconds",
+}
 
 
 def _run_local(tmp_path: Path, drop=None, **over: Any) -> tuple[dict, LocalGrid]:
@@ -153,8 +198,15 @@ def test_user_method_runs_through_local_grid_with_the_common_results_schema(tmp_
     assert res["action"] == ACTION and len(res["edges"]) == 8 and len(res["nodes"]) == 4
     assert res["failures"] == []
     # round 1 trains on cross-entropy only; from round 2 every node gets its neighbours' mean Gram
-    assert np.isnan(res["rounds"][0].get("relalign") or float("nan")) and res["rounds"][1]["relalign"] > 0
-    targets = [m for m in grid.delivered if m.metadata.message_type == f"train.{ACTION}" and RECORD in m.content]
+    assert (
+        np.isnan(res["rounds"][0].get("relalign") or float("nan"))
+        and res["rounds"][1]["relalign"] > 0
+    )
+    targets = [
+        m
+        for m in grid.delivered
+        if m.metadata.message_type == f"train.{ACTION}" and RECORD in m.content
+    ]
     assert len(targets) == 8 and targets[0].content[RECORD]["target"].shape == (16, 16)
 
 
@@ -163,8 +215,11 @@ def test_user_method_samples_participants_and_records_a_lost_node_as_its_failure
 
     def drop(m: Message) -> bool:  # partition 1 never answers its train message of round 2
         g = grid_ref[0]
-        return (m.metadata.message_type == f"train.{ACTION}" and m.metadata.group_id == "2"
-                and g.partition_of(m.metadata.dst_node_id) == 1)
+        return (
+            m.metadata.message_type == f"train.{ACTION}"
+            and m.metadata.group_id == "2"
+            and g.partition_of(m.metadata.dst_node_id) == 1
+        )
 
     from flwr_sheaf.apps.client_app import app
     from flwr_sheaf.apps.server_app import run_server
@@ -176,7 +231,9 @@ def test_user_method_samples_participants_and_records_a_lost_node_as_its_failure
     sampled = [r["sampled"] for r in res["rounds"]]
     assert all({0, 1, 2} <= set(s) for s in sampled) and res["participation"]["mode"] == "bernoulli"
     assert res["rounds"][1]["failed"]["train"] == [1]
-    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [(2, "train", 1)]
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
+        (2, "train", 1)
+    ]
     assert res["rounds"][2]["num_trained"] == len(sampled[2])  # the run goes on
 
 
@@ -189,7 +246,12 @@ def test_user_method_runs_under_flwr_run(tmp_path):
     app.mkdir()
     shutil.copy(__file__, app / "user_relalign.py")
     out = tmp_path / "res"
-    config = {**TINY, "method-module": "user_relalign", "num-server-rounds": 2, "results-dir": str(out)}
+    config = {
+        **TINY,
+        "method-module": "user_relalign",
+        "num-server-rounds": 2,
+        "results-dir": str(out),
+    }
     toml = "\n".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
     (app / "pyproject.toml").write_text(f"""[build-system]
 requires = ["hatchling"]
@@ -213,11 +275,26 @@ clientapp = "flwr_sheaf.apps.client_app:app"
 [tool.flwr.app.config]
 {toml}
 """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, str(ROOT / "scripts" / "run_flwr.py"), "--app", str(app), "--num-supernodes", "4",
-           "--port", "29691", "--timeout", "600"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "run_flwr.py"),
+        "--app",
+        str(app),
+        "--num-supernodes",
+        "4",
+        "--port",
+        "29691",
+        "--timeout",
+        "600",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700, env=env)
-    assert proc.returncode == 0 and "finished:completed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0 and "finished:completed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-2000:]
+    )
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["method"] == "relalign" and res["config"]["relalign-lambda"] == 0.5
     assert [r["round"] for r in res["rounds"]] == [1, 2] and res["rounds"][1]["relalign"] > 0

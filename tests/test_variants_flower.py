@@ -23,8 +23,15 @@ TRAIN = LocalTrainConfig(local_epochs=1, max_steps_per_epoch=2, batch_size=16)
 
 
 def _strategy(n=4, graph="ring", fraction=1.0, evaluate_every=1, **sheaf):
-    fed = FederationConfig(graph=graph, seed=RC["seed"], fraction_train=fraction, evaluate_every=evaluate_every)
-    return SheafFRL(num_nodes=n, federation=fed, train=TRAIN, sheaf=SheafConfig(lam=0.5, pilot_batch_size=16, **sheaf))
+    fed = FederationConfig(
+        graph=graph, seed=RC["seed"], fraction_train=fraction, evaluate_every=evaluate_every
+    )
+    return SheafFRL(
+        num_nodes=n,
+        federation=fed,
+        train=TRAIN,
+        sheaf=SheafConfig(lam=0.5, pilot_batch_size=16, **sheaf),
+    )
 
 
 class Recorder:
@@ -49,7 +56,11 @@ class Recorder:
 
 
 def _arrays(content):
-    return [(name, key, rec[key].numpy()) for name, rec in content.array_records.items() for key in rec.keys()]
+    return [
+        (name, key, rec[key].numpy())
+        for name, rec in content.array_records.items()
+        for key in rec.keys()
+    ]
 
 
 def _recovers(x, a, holdings, width, src):
@@ -80,14 +91,22 @@ def test_stringent_no_pilot_matrix_leaves_a_node_and_bytes_follow_tab1():
     held = {}  # what each node has received so far (its holdings)
     checked = 0
     for m in grid.delivered:
-        held.setdefault(grid.partition_of(m.metadata.dst_node_id), []).extend(x for _, _, x in _arrays(m.content))
+        held.setdefault(grid.partition_of(m.metadata.dst_node_id), []).extend(
+            x for _, _, x in _arrays(m.content)
+        )
     k = RC["num-pilots"]
     for p, _raw, white in rec.pilots:  # a receiver also holds its own pilot matrices
         held.setdefault(p, []).append(white)
     for r in grid.replies:
         src = grid.partition_of(r.metadata.src_node_id)
         mine = rec.at_reply.get(id(r))
-        others = [h for p in range(4) if p != src for h in held.get(p, []) if h.ndim == 2 and h.shape[0] == k]
+        others = [
+            h
+            for p in range(4)
+            if p != src
+            for h in held.get(p, [])
+            if h.ndim == 2 and h.shape[0] == k
+        ]
         others = list({h.tobytes(): h for h in others}.values())
         for _, _, x in _arrays(r.content):
             if x.ndim != 2 or x.shape[0] != k:
@@ -99,16 +118,35 @@ def test_stringent_no_pilot_matrix_leaves_a_node_and_bytes_follow_tab1():
     # (c) Tab. 1: toward N(i)^+ (heads) the payload has width d_j, toward N(i)^- width d_i; no raw pilots
     f4 = 4
     ring = nx.cycle_graph(4)
-    heads = sum(k * d[j] * f4 for i in range(4) for j in ring.neighbors(i)
-                if orient_edge(i, d[i], j, d[j])[0] == j)
-    tails = sum(k * d[i] * f4 for i in range(4) for j in ring.neighbors(i)
-                if orient_edge(i, d[i], j, d[j])[0] == i)
+    heads = sum(
+        k * d[j] * f4
+        for i in range(4)
+        for j in ring.neighbors(i)
+        if orient_edge(i, d[i], j, d[j])[0] == j
+    )
+    tails = sum(
+        k * d[i] * f4
+        for i in range(4)
+        for j in ring.neighbors(i)
+        if orient_edge(i, d[i], j, d[j])[0] == i
+    )
     for h in s.history:
-        assert (h["pilot_bytes_raw_up"], h["pilot_bytes_to_heads_up"], h["pilot_bytes_to_tails_up"]) == (0, heads, tails)
-    sent = sum(x.nbytes for r in grid.replies if r.metadata.message_type == "train.sheaf"
-               for name, _, x in _arrays(r.content) if name == "transported")
+        assert (
+            h["pilot_bytes_raw_up"],
+            h["pilot_bytes_to_heads_up"],
+            h["pilot_bytes_to_tails_up"],
+        ) == (0, heads, tails)
+    sent = sum(
+        x.nbytes
+        for r in grid.replies
+        if r.metadata.message_type == "train.sheaf"
+        for name, _, x in _arrays(r.content)
+        if name == "transported"
+    )
     assert sent == 2 * (heads + tails)
-    assert s.history[-1]["svds_total"] == 2 * ring.number_of_edges()  # P2c + P2d: one per node per edge
+    assert (
+        s.history[-1]["svds_total"] == 2 * ring.number_of_edges()
+    )  # P2c + P2d: one per node per edge
     assert 0.0 <= s.history[-1]["communication_accuracy_degree_weighted"] <= 1.0
     assert s.results_extra()["sheaf"]["privacy"] == "stringent"
 
@@ -128,7 +166,11 @@ def test_homogeneous_halves_the_svds_and_relays_transported_pilots():
     assert [h["svds_total"] for h in hom.history] == [0, 1]
     # the tail (partition-id 0: tie -> the larger id is head) uploads O A_0 for the head, the head its raw A_1
     grid = out["auto"][1]
-    r2 = [r for r in grid.replies if r.metadata.message_type == "train.sheaf" and r.metadata.group_id == "2"]
+    r2 = [
+        r
+        for r in grid.replies
+        if r.metadata.message_type == "train.sheaf" and r.metadata.group_id == "2"
+    ]
     kinds = {grid.partition_of(r.metadata.src_node_id): sorted(r.content.array_records) for r in r2}
     assert kinds == {0: ["transported"], 1: ["pilots"]}
 
@@ -136,7 +178,10 @@ def test_homogeneous_halves_the_svds_and_relays_transported_pilots():
 def test_homogeneous_with_unequal_dims_is_a_named_error():
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _strategy(sheaf_variant="homogeneous")
-    with pytest.raises(ValueError, match=r"sheaf-variant='homogeneous' needs equal stalk dimensions.*\{0: 16, 1: 24"):
+    with pytest.raises(
+        ValueError,
+        match=r"sheaf-variant='homogeneous' needs equal stalk dimensions.*\{0: 16, 1: 24",
+    ):
         s.discover(grid, timeout=5)
 
 
@@ -153,13 +198,18 @@ def test_stringent_with_partial_participation_uses_cached_transported_pilots(tmp
     for p in trained:
         st = grid.contexts[grid.node_ids[p]].state
         assert "sheaf.maps" in st and "sheaf.privacy-secret" in st
-        assert sorted(int(k) for k in st["sheaf.maps"].keys()) == sorted(nx.cycle_graph(4).neighbors(p))
+        assert sorted(int(k) for k in st["sheaf.maps"].keys()) == sorted(
+            nx.cycle_graph(4).neighbors(p)
+        )
     # the strategy's new state is plain attributes: the checkpointer stores it
     assert s.edge_bank and all(a.shape[0] == RC["num-pilots"] for a in s.edge_bank.values())
     path = Checkpointer(tmp_path, {}, every=1).save(s, 3, None, 1.0)
     state = load_checkpoint(path)["state"]
     assert state["variant"] == "heterogeneous" and state["evaluation"].transported is True
-    assert set(state["edge_bank"]) == set(s.edge_bank) and state["edge_bank_round"] == s.edge_bank_round
+    assert (
+        set(state["edge_bank"]) == set(s.edge_bank)
+        and state["edge_bank_round"] == s.edge_bank_round
+    )
 
 
 def test_homogeneous_with_partial_participation_relays_cached_messages():
@@ -186,7 +236,9 @@ def _relayed_rows(grid, record):
             rec = m.content.array_records[record]
             if not list(rec.keys()):
                 continue  # round 1: an empty record (nothing to relay yet)
-            rows.setdefault(int(m.metadata.group_id), set()).update(rec[k].numpy().shape[0] for k in rec.keys())
+            rows.setdefault(int(m.metadata.group_id), set()).update(
+                rec[k].numpy().shape[0] for k in rec.keys()
+            )
     return rows
 
 
@@ -199,7 +251,9 @@ def test_stringent_with_a_uniform_pilot_subset_and_parseval_reduces_the_transpor
     # uploads keep all M rows (the relay serves any later selection); what is relayed has the K selected rows
     assert all(a.shape[0] == RC["num-pilots"] for a in s.edge_bank.values())
     assert _relayed_rows(grid, "transported") == {2: {12}, 3: {12}}
-    assert s.history[-1]["sheaf_diagnostics_skipped"].startswith("SheafFRL does not hold the nodes' raw pilots")
+    assert s.history[-1]["sheaf_diagnostics_skipped"].startswith(
+        "SheafFRL does not hold the nodes' raw pilots"
+    )
 
 
 def test_homogeneous_with_class_prototypes_relays_one_row_per_class():
@@ -211,7 +265,11 @@ def test_homogeneous_with_class_prototypes_relays_one_row_per_class():
     groups = s.pilot_sampler.num_groups
     assert 2 <= groups <= 10 and s.history[-1]["pilot_rows"] == groups
     # the tail's O A_0 and the head's raw A_1, each reduced to one mean per class
-    assert _relayed_rows(grid, "transported") == {2: {groups}, 3: {groups}} == _relayed_rows(grid, "pilots")
+    assert (
+        _relayed_rows(grid, "transported")
+        == {2: {groups}, 3: {groups}}
+        == _relayed_rows(grid, "pilots")
+    )
 
 
 def test_adaptive_pilots_need_the_raw_matrices_of_alg1():

@@ -4,8 +4,17 @@ import networkx as nx
 import pytest
 import torch
 
-from flwr_sheaf.sheaf import (Received, SvdCounter, edge_terms, init_map, local_gluing_penalty, orient_edge,
-                              outgoing_pilots, procrustes, resolve_variant)
+from flwr_sheaf.sheaf import (
+    Received,
+    SvdCounter,
+    edge_terms,
+    init_map,
+    local_gluing_penalty,
+    orient_edge,
+    outgoing_pilots,
+    procrustes,
+    resolve_variant,
+)
 
 K, LAM = 40, 0.7
 
@@ -37,22 +46,28 @@ def _standard(pilots, roles, variant):
     if variant == "heterogeneous":
         res = {}
         for i, nb in roles.items():
-            terms, _ = edge_terms(pilots[i], [Received(j, pilots[j], hd) for j, hd in nb], variant, "standard")
+            terms, _ = edge_terms(
+                pilots[i], [Received(j, pilots[j], hd) for j, hd in nb], variant, "standard"
+            )
             res[i] = _penalty_and_grad(pilots[i], terms)
         return res
     # homogeneous: each tail fits O on the head's raw pilots (its term) and transports its pilots with it
     tail_terms, sent = {}, {}
     for i, nb in roles.items():
-        tail_terms[i], maps = edge_terms(pilots[i], [Received(j, pilots[j], hd) for j, hd in nb if not hd],
-                                         variant, "standard")
-        send_raw, out = outgoing_pilots(pilots[i], maps, [j for j, _ in nb], [hd for _, hd in nb], variant, "standard")
+        tail_terms[i], maps = edge_terms(
+            pilots[i], [Received(j, pilots[j], hd) for j, hd in nb if not hd], variant, "standard"
+        )
+        send_raw, out = outgoing_pilots(
+            pilots[i], maps, [j for j, _ in nb], [hd for _, hd in nb], variant, "standard"
+        )
         assert send_raw == any(hd for _, hd in nb)
         sent.update({(i, j): m for j, m in out.items()})
     # ... and each head uses the tail's transported pilots with the identity (no SVD)
     res = {}
     for i, nb in roles.items():
-        head_terms, maps = edge_terms(pilots[i], [Received(j, sent[(j, i)], hd) for j, hd in nb if hd],
-                                      variant, "standard")
+        head_terms, maps = edge_terms(
+            pilots[i], [Received(j, sent[(j, i)], hd) for j, hd in nb if hd], variant, "standard"
+        )
         assert maps == {}
         res[i] = _penalty_and_grad(pilots[i], tail_terms[i] + head_terms)
     return res
@@ -88,8 +103,10 @@ def _stiefel(rows, cols, seed):
     return init_map(rows, cols, (seed, 99))
 
 
-@pytest.mark.parametrize("dims,i", [({0: 5, 1: 9, 2: 7, 3: 5}, 0), ({0: 5, 1: 9, 2: 7, 3: 5}, 1),
-                                     ({0: 6, 1: 6, 2: 6, 3: 6}, 0)])
+@pytest.mark.parametrize(
+    "dims,i",
+    [({0: 5, 1: 9, 2: 7, 3: 5}, 0), ({0: 5, 1: 9, 2: 7, 3: 5}, 1), ({0: 6, 1: 6, 2: 6, 3: 6}, 0)],
+)
 def test_eq42_gradient_equals_standard_gradient(dims, i):
     """App. F identity (a): with i's own map at its P2c/P2d optimum, Eq. 42 = Eq. 19 for any sender maps.
 
@@ -98,7 +115,9 @@ def test_eq42_gradient_equals_standard_gradient(dims, i):
     graph = nx.Graph([(0, 1), (0, 2), (0, 3), (1, 2)])
     pilots = _pilots(dims, 3)
     roles = _roles(graph, dims)
-    std_terms, _ = edge_terms(pilots[i], [Received(j, pilots[j], hd) for j, hd in roles[i]], "heterogeneous", "standard")
+    std_terms, _ = edge_terms(
+        pilots[i], [Received(j, pilots[j], hd) for j, hd in roles[i]], "heterogeneous", "standard"
+    )
     std = _penalty_and_grad(pilots[i], std_terms)
     rec = []
     for j, hd in roles[i]:
@@ -150,7 +169,9 @@ def test_receiver_cannot_recover_pilots_by_procrustes():
     d = 8
     a_i = torch.randn(K, d, generator=gen, dtype=torch.float64)
     # a correlated neighbour in its own coordinates (R_j: j's basis, unrelated to i's)
-    a_j = (a_i + 0.3 * torch.randn(K, d, generator=gen, dtype=torch.float64)) @ init_map(d, d, (3, 3)).T
+    a_j = (a_i + 0.3 * torch.randn(K, d, generator=gen, dtype=torch.float64)) @ init_map(
+        d, d, (3, 3)
+    ).T
     x = init_map(d, d, (11, 0, 1, 12345))
     y = a_i @ x.T
     for ref in (a_j, y, torch.eye(K, d, dtype=torch.float64)):
@@ -176,6 +197,11 @@ def test_bad_modes_and_shapes_are_named():
     with pytest.raises(ValueError, match="must be resolved"):
         edge_terms(a, [], "auto", "standard")
     with pytest.raises(ValueError, match="neighbour 3 have d_e=2"):
-        edge_terms(a, [Received(3, torch.randn(K, 2, dtype=torch.float64), True)], "heterogeneous", "stringent")
+        edge_terms(
+            a,
+            [Received(3, torch.randn(K, 2, dtype=torch.float64), True)],
+            "heterogeneous",
+            "stringent",
+        )
     with pytest.raises(ValueError, match="no map toward neighbour partition-id 5"):
         outgoing_pilots(a, {}, [5], [True], "heterogeneous", "stringent")

@@ -186,7 +186,9 @@ def test_rotation_changes_output_only_by_an_orthogonal_matrix(mode):
     np.testing.assert_allclose(h1 @ h1.T, h2 @ h2.T, atol=1e-8)
     # covariances agree up to conjugation by that orthogonal matrix: same spectrum
     np.testing.assert_allclose(
-        np.linalg.eigvalsh(np.cov(h1, rowvar=False)), np.linalg.eigvalsh(np.cov(h2, rowvar=False)), atol=1e-10
+        np.linalg.eigvalsh(np.cov(h1, rowvar=False)),
+        np.linalg.eigvalsh(np.cov(h2, rowvar=False)),
+        atol=1e-10,
     )
     # the map h1 -> h2 is orthogonal
     r, *_ = np.linalg.lstsq(h1, h2, rcond=None)
@@ -310,7 +312,12 @@ def test_train_mode_shrinks_rank_deficient_batches_towards_the_diagonal():
     out = layer(torch.tensor(z)).numpy()
     alpha = 1 - (b - 1) / d
     cov = np.cov(z, rowvar=False)
-    reg = (1 - alpha) * cov + alpha * np.diag(np.diag(cov)) + eps * np.trace(cov) / d * np.eye(d) + 1e-8 * np.eye(d)
+    reg = (
+        (1 - alpha) * cov
+        + alpha * np.diag(np.diag(cov))
+        + eps * np.trace(cov) / d * np.eye(d)
+        + 1e-8 * np.eye(d)
+    )
     chol = np.linalg.cholesky(reg)
     expected = np.linalg.solve(chol, (z - z.mean(0)).T).T
     np.testing.assert_allclose(out, expected, atol=1e-10)

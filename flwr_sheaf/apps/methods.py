@@ -16,8 +16,16 @@ from ..methods.sheaf_fmtl import zoo_parameter_counts
 from ..strategy.base import PeerStrategy
 from .scenario import agent_specs
 
-__all__ = ["Method", "METHODS", "zoo_methods", "build_strategy", "num_nodes", "register_all_handlers", "register_handlers",
-           "zoo_parameter_counts"]
+__all__ = [
+    "Method",
+    "METHODS",
+    "zoo_methods",
+    "build_strategy",
+    "num_nodes",
+    "register_all_handlers",
+    "register_handlers",
+    "zoo_parameter_counts",
+]
 
 
 def zoo_methods() -> list[str]:
@@ -29,7 +37,11 @@ def zoo_methods() -> list[str]:
 def num_nodes(config: RunConfig, method: Method | None = None) -> int:
     """Agents of the run: the method's own count (e.g. RFedAGS's problem) or the CNN zoo's."""
     method = method or get_method(config.method)
-    return method.num_nodes(config) if method.num_nodes is not None else len(agent_specs(config.scenario))
+    return (
+        method.num_nodes(config)
+        if method.num_nodes is not None
+        else len(agent_specs(config.scenario))
+    )
 
 
 def build_strategy(config: RunConfig) -> PeerStrategy:

@@ -12,8 +12,8 @@ from flwr.app import Context
 
 from ..client.task import LocalTask
 from ..config import ConfigError, ScenarioConfig, apply_preset
-from ..data.sources import register_derived_cache
 from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_agents, prepare_split
+from ..data.sources import register_derived_cache
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
 
@@ -38,25 +38,58 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     """
     specs = agent_specs(scenario)
     if not 0 <= partition_id < len(specs):
-        raise ValueError(f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}")
-    data = _agent_data(scenario.dataset, scenario.zoo, scenario.shift, scenario.seed, scenario.num_pilots or None,
-                       scenario.partitioner, partition_id)
-    model = build_agent(specs[partition_id], seed=scenario.seed * 1000 + partition_id,
-                        shrinkage=scenario.whitening_shrinkage, eps=scenario.whitening_eps)
-    return LocalTask(model, data.x_train, data.y_train, data.x_val, data.y_val, data.x_test, data.y_test,
-                     data.x_pilot, tuple(data.classes), y_pilot=data.y_pilot)
+        raise ValueError(
+            f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
+        )
+    data = _agent_data(
+        scenario.dataset,
+        scenario.zoo,
+        scenario.shift,
+        scenario.seed,
+        scenario.num_pilots or None,
+        scenario.partitioner,
+        partition_id,
+    )
+    model = build_agent(
+        specs[partition_id],
+        seed=scenario.seed * 1000 + partition_id,
+        shrinkage=scenario.whitening_shrinkage,
+        eps=scenario.whitening_eps,
+    )
+    return LocalTask(
+        model,
+        data.x_train,
+        data.y_train,
+        data.x_val,
+        data.y_val,
+        data.x_test,
+        data.y_test,
+        data.x_pilot,
+        tuple(data.classes),
+        y_pilot=data.y_pilot,
+    )
 
 
 @functools.lru_cache(maxsize=8)
-def _prepared(dataset: str, zoo: str, shift: float, seed: int, num_pilots: int | None,
-              partitioner: str) -> PreparedSplit:
+def _prepared(
+    dataset: str, zoo: str, shift: float, seed: int, num_pilots: int | None, partitioner: str
+) -> PreparedSplit:
     """The zoo's shared data step (split and pilots), once per process: set-up is O(N) in all, not per node."""
-    return prepare_split(dataset, [s.classes for s in zoo_specs(zoo)], shift, seed, num_pilots, partitioner)
+    return prepare_split(
+        dataset, [s.classes for s in zoo_specs(zoo)], shift, seed, num_pilots, partitioner
+    )
 
 
 @functools.lru_cache(maxsize=4096)
-def _agent_data(dataset: str, zoo: str, shift: float, seed: int, num_pilots: int | None, partitioner: str,
-                partition_id: int) -> AgentData:
+def _agent_data(
+    dataset: str,
+    zoo: str,
+    shift: float,
+    seed: int,
+    num_pilots: int | None,
+    partitioner: str,
+    partition_id: int,
+) -> AgentData:
     """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, built once per process and shared by every
     message of that node (read-only: the handlers never write into a task's tensors). Returning the same
     tensor objects lets :func:`flwr_sheaf.client.common.to_device` keep the node's data resident on its
@@ -79,17 +112,27 @@ def check_scenario(scenario: ScenarioConfig) -> None:
     if scenario.dataset.startswith("hf:"):
         return  # a hub download on the ServerApp's host is not wanted: the nodes check at discovery
     try:
-        prepared = _prepared(scenario.dataset, scenario.zoo, scenario.shift, scenario.seed, scenario.num_pilots or None,
-                             scenario.partitioner)
+        prepared = _prepared(
+            scenario.dataset,
+            scenario.zoo,
+            scenario.shift,
+            scenario.seed,
+            scenario.num_pilots or None,
+            scenario.partitioner,
+        )
     except (FileNotFoundError, ImportError, OSError):
         return  # not on this machine: the nodes' discovery checks it
     except ValueError as exc:
-        raise ConfigError(f"scenario zoo={scenario.zoo!r} dataset={scenario.dataset!r}: {exc}") from None
+        raise ConfigError(
+            f"scenario zoo={scenario.zoo!r} dataset={scenario.dataset!r}: {exc}"
+        ) from None
     try:
         check_all_agents(prepared)
     except ValueError as exc:
-        raise ConfigError(f"scenario zoo={scenario.zoo!r} dataset={scenario.dataset!r} shift={scenario.shift}: "
-                          f"{exc}") from None
+        raise ConfigError(
+            f"scenario zoo={scenario.zoo!r} dataset={scenario.dataset!r} shift={scenario.shift}: "
+            f"{exc}"
+        ) from None
 
 
 def cnn_task_factory(context: Context) -> LocalTask:
@@ -99,5 +142,7 @@ def cnn_task_factory(context: Context) -> LocalTask:
         ConfigError: a bad scenario value in the run config (named; the ServerApp has already
             rejected unknown keys before any message was sent).
     """
-    return scenario_task(ScenarioConfig.from_mapping(apply_preset(context.run_config)),
-                         int(context.node_config["partition-id"]))
+    return scenario_task(
+        ScenarioConfig.from_mapping(apply_preset(context.run_config)),
+        int(context.node_config["partition-id"]),
+    )

@@ -11,12 +11,12 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..config import RunConfig
+from ..methods import parse_run_config
 from ..preflight import preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
-from ..methods import parse_run_config
 from .methods import num_nodes
 from .scenario import check_scenario
 
@@ -55,7 +55,9 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.propagate = False
     config, method = parse_run_config(run_config)  # imports method-module first
     strategy = method.strategy(config, num_nodes(config, method))
-    if method.task_factory is None:  # the CNN-zoo scenario: every agent's data checked before any message
+    if (
+        method.task_factory is None
+    ):  # the CNN-zoo scenario: every agent's data checked before any message
         check_scenario(config.scenario)
     with preflight(config):  # directories writable, results-dir free and locked: before any message
         return _run(grid, config, method, strategy)
@@ -65,39 +67,69 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     """:func:`run_server` after the preflight."""
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
-    ckpt = strategy.checkpointer = Checkpointer(out, config.to_dict(), config.checkpoint_every, resume_from)
+    ckpt = strategy.checkpointer = Checkpointer(
+        out, config.to_dict(), config.checkpoint_every, resume_from
+    )
     checked = ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
     trained_before = {}
-    if checked is not None:  # which nodes trained up to which round: each must find its state (client/state.py)
+    if (
+        checked is not None
+    ):  # which nodes trained up to which round: each must find its state (client/state.py)
         trained_before = _last_trained(checked["state"].get("rounds", []), strategy.num_nodes)
-        strategy.resume_check = {RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
-                                 RESUME_ROUND: int(checked["round"]), RESUME_FRESH: config.resume_fresh_nodes}
+        strategy.resume_check = {
+            RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
+            RESUME_ROUND: int(checked["round"]),
+            RESUME_FRESH: config.resume_fresh_nodes,
+        }
     t0 = time.monotonic()
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
-    strategy.start(grid=grid, initial_arrays=initial, num_rounds=config.num_server_rounds,
-                   timeout=config.round_timeout)
+    strategy.start(
+        grid=grid,
+        initial_arrays=initial,
+        num_rounds=config.num_server_rounds,
+        timeout=config.round_timeout,
+    )
     wall = time.monotonic() - t0
     extra = strategy.results_extra()
     if ckpt.restored_round:
-        extra["resumed"] = {"checkpoint": str(ckpt.resume_from), "after_round": ckpt.restored_round,
-                            "wall_seconds_before": ckpt.previous_wall_seconds,
-                            "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
-                            "resume_fresh_nodes": config.resume_fresh_nodes}
+        extra["resumed"] = {
+            "checkpoint": str(ckpt.resume_from),
+            "after_round": ckpt.restored_round,
+            "wall_seconds_before": ckpt.previous_wall_seconds,
+            "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
+            "resume_fresh_nodes": config.resume_fresh_nodes,
+        }
     status = strategy.run_status(config.max_failed_fraction)
-    path = write_results(out, config.to_dict(), strategy.history, strategy.node_results, strategy.edge_results,
-                         failures=strategy.failures, total_wall_seconds=wall, status=status["status"],
-                         degradation=status, **extra)
+    path = write_results(
+        out,
+        config.to_dict(),
+        strategy.history,
+        strategy.node_results,
+        strategy.edge_results,
+        failures=strategy.failures,
+        total_wall_seconds=wall,
+        status=status["status"],
+        degradation=status,
+        **extra,
+    )
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
         return path
     summary = _failure_summary(status)
     if status["status"] == "degraded":
-        log.warning("results written to %s (%.1f s); the run is DEGRADED, not clean: %s", path, wall, summary)
+        log.warning(
+            "results written to %s (%.1f s); the run is DEGRADED, not clean: %s",
+            path,
+            wall,
+            summary,
+        )
         return path
     log.error("results written to %s (%.1f s); the run FAILED: %s", path, wall, summary)
-    raise RunFailedError(f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
-                         f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
-                         f"{config.max_failed_fraction}; 1 = report only)")
+    raise RunFailedError(
+        f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
+        f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
+        f"{config.max_failed_fraction}; 1 = report only)"
+    )
 
 
 def _last_trained(rounds, num_nodes: int) -> dict[int, int]:
@@ -118,10 +150,14 @@ def _failure_summary(status: dict) -> str:
     if status["rounds_without_training"]:
         parts.append(f"rounds that trained nobody: {status['rounds_without_training']}")
     if status["nodes_failed_every_round"]:
-        parts.append(f"partition-ids that failed every round they were sampled in: {status['nodes_failed_every_round']}")
+        parts.append(
+            f"partition-ids that failed every round they were sampled in: {status['nodes_failed_every_round']}"
+        )
     for pid, row in status["nodes"].items():
-        parts.append(f"partition-id {pid}: {row['failures']} in rounds {row['train_failed_rounds'] or '-'} "
-                     f"({' | '.join(x[-200:] for x in row['reasons'])})")
+        parts.append(
+            f"partition-id {pid}: {row['failures']} in rounds {row['train_failed_rounds'] or '-'} "
+            f"({' | '.join(x[-200:] for x in row['reasons'])})"
+        )
     return "; ".join(parts)
 
 

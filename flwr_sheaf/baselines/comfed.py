@@ -25,7 +25,9 @@ import torch
 __all__ = ["comfed_alignment_loss", "comfed_message", "xavier_projection"]
 
 
-def comfed_alignment_loss(projected: Mapping[int, torch.Tensor], targets: Mapping[int, torch.Tensor]) -> torch.Tensor:
+def comfed_alignment_loss(
+    projected: Mapping[int, torch.Tensor], targets: Mapping[int, torch.Tensor]
+) -> torch.Tensor:
     """``mean_m ||projected[m] - targets[m]||^2`` over the classes present in both (0 when none).
 
     Args:
@@ -44,10 +46,14 @@ def comfed_alignment_loss(projected: Mapping[int, torch.Tensor], targets: Mappin
         return ref.sum() * 0.0
     for m in common:
         if targets[m].shape != projected[m].shape:
-            raise ValueError(f"class {m}: target of shape {tuple(targets[m].shape)}, expected {tuple(projected[m].shape)}")
+            raise ValueError(
+                f"class {m}: target of shape {tuple(targets[m].shape)}, expected {tuple(projected[m].shape)}"
+            )
         if not torch.isfinite(targets[m]).all():
             raise ValueError(f"class {m}: NaN/inf target")
-    return torch.stack([((projected[m] - targets[m].to(projected[m].dtype)) ** 2).sum() for m in common]).mean()
+    return torch.stack(
+        [((projected[m] - targets[m].to(projected[m].dtype)) ** 2).sum() for m in common]
+    ).mean()
 
 
 def comfed_message(z_j: torch.Tensor, p_j: torch.Tensor, p_i: torch.Tensor) -> torch.Tensor:
@@ -64,10 +70,12 @@ def comfed_message(z_j: torch.Tensor, p_j: torch.Tensor, p_i: torch.Tensor) -> t
         ValueError: mismatched shapes (the r of both projections, or d_j).
     """
     if p_i.ndim != 2 or p_j.ndim != 2 or p_i.shape[0] != p_j.shape[0]:
-        raise ValueError(f"projections must share r: P_i {tuple(p_i.shape)}, P_j {tuple(p_j.shape)}")
+        raise ValueError(
+            f"projections must share r: P_i {tuple(p_i.shape)}, P_j {tuple(p_j.shape)}"
+        )
     if z_j.ndim != 2 or z_j.shape[1] != p_j.shape[1]:
         raise ValueError(f"latents of shape {tuple(z_j.shape)} do not match P_j {tuple(p_j.shape)}")
-    pinv = torch.linalg.pinv(p_i.double())                     # (d_i, r)
+    pinv = torch.linalg.pinv(p_i.double())  # (d_i, r)
     return (z_j.double() @ p_j.double().T @ pinv.T).to(z_j.dtype)
 
 

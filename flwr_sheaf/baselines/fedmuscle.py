@@ -35,7 +35,9 @@ def _check(name: str, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> 
         raise ValueError(f"{name}: NaN/inf entries")
 
 
-def muscle_loss(z: torch.Tensor, others_mean: torch.Tensor, all_mean: torch.Tensor, temperature: float) -> torch.Tensor:
+def muscle_loss(
+    z: torch.Tensor, others_mean: torch.Tensor, all_mean: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """FedMuscle's contrastive loss of one agent on a pilot minibatch (module docstring).
 
     Args:
@@ -54,18 +56,22 @@ def muscle_loss(z: torch.Tensor, others_mean: torch.Tensor, all_mean: torch.Tens
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
     _check("z", z)
     if z.shape[0] < 2:
-        raise ValueError(f"muscle_loss needs at least 2 pilots (negatives are the other pilots), got {z.shape[0]}")
+        raise ValueError(
+            f"muscle_loss needs at least 2 pilots (negatives are the other pilots), got {z.shape[0]}"
+        )
     _check("others_mean", others_mean, tuple(z.shape))
     _check("all_mean", all_mean, tuple(z.shape))
     zn = F.normalize(z, dim=1)
-    pos = (zn * F.normalize(others_mean, dim=1)).sum(1)                       # (B,)
-    sim = zn @ F.normalize(all_mean, dim=1).T                                  # (B, B): cos(z_i, zbar_i')
+    pos = (zn * F.normalize(others_mean, dim=1)).sum(1)  # (B,)
+    sim = zn @ F.normalize(all_mean, dim=1).T  # (B, B): cos(z_i, zbar_i')
     b = z.shape[0]
-    neg = (sim.sum(1) - sim.diagonal()) / (b - 1)                              # mean over i' != i
+    neg = (sim.sum(1) - sim.diagonal()) / (b - 1)  # mean over i' != i
     return F.softplus((neg - pos) / temperature).mean()
 
 
-def leave_one_out_means(reps: Mapping[int, torch.Tensor]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+def leave_one_out_means(
+    reps: Mapping[int, torch.Tensor],
+) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """Server side: per agent the mean of the *other* agents' pilot representations, and the mean of all.
 
     Args:
@@ -78,7 +84,9 @@ def leave_one_out_means(reps: Mapping[int, torch.Tensor]) -> tuple[dict[int, tor
         ValueError: fewer than two agents, mismatched shapes or NaN/inf (the partition-id is named).
     """
     if len(reps) < 2:
-        raise ValueError(f"FedMuscle needs the representations of at least two agents, got {len(reps)}")
+        raise ValueError(
+            f"FedMuscle needs the representations of at least two agents, got {len(reps)}"
+        )
     shape = tuple(next(iter(reps.values())).shape)
     for k, r in reps.items():
         _check(f"pilot representations of partition-id {k}", r, shape)

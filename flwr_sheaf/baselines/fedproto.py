@@ -94,7 +94,11 @@ def _check_latents(z: torch.Tensor, name: str = "z", rows: str = "B") -> None:
 
 
 def _check_num_classes(num_classes: object) -> int:
-    if not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) or num_classes < 1:
+    if (
+        not isinstance(num_classes, numbers.Integral)
+        or isinstance(num_classes, bool)
+        or num_classes < 1
+    ):
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     return int(num_classes)
 
@@ -513,4 +517,3 @@ def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
         f"FedProto needs a common feature dim but clients have dims {distinct} ({groups}); "
         "set a PoolingAdapter to a common d"
     )
-

@@ -526,7 +526,12 @@ def fedsaf_objective(
         if a is None or b is None:
             return ce * 0.0, False
         _check_pair(
-            a, b, f"fedsaf_objective: {name}", same_dim=False, need_rows=0, names=("local", "global")
+            a,
+            b,
+            f"fedsaf_objective: {name}",
+            same_dim=False,
+            need_rows=0,
+            names=("local", "global"),
         )
         if a.shape[0] < need:
             return a.sum() * 0.0 + ce * 0.0, False

@@ -28,12 +28,20 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import torch
 
-__all__ = ["edge_dim", "map_bytes_per_node", "check_map_budget", "init_map", "parameter_step", "map_step",
-           "MAP_INIT_STD", "GIB"]
+__all__ = [
+    "edge_dim",
+    "map_bytes_per_node",
+    "check_map_budget",
+    "init_map",
+    "parameter_step",
+    "map_step",
+    "MAP_INIT_STD",
+    "GIB",
+]
 
 #: standard deviation of the maps' Gaussian initialisation (the reference implementation's 0.01).
 MAP_INIT_STD = 0.01
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def edge_dim(n_i: int, n_j: int, gamma: float) -> int:
@@ -43,12 +51,18 @@ def edge_dim(n_i: int, n_j: int, gamma: float) -> int:
         ValueError: a non-positive parameter count or ``gamma <= 0``.
     """
     if n_i < 1 or n_j < 1 or not gamma > 0:
-        raise ValueError(f"edge_dim needs n_i, n_j >= 1 and gamma > 0, got n_i={n_i}, n_j={n_j}, gamma={gamma}")
+        raise ValueError(
+            f"edge_dim needs n_i, n_j >= 1 and gamma > 0, got n_i={n_i}, n_j={n_j}, gamma={gamma}"
+        )
     return max(1, math.floor(gamma * min(int(n_i), int(n_j))))
 
 
-def map_bytes_per_node(num_params: Mapping[int, int], edges: Iterable[tuple[int, int]], gamma: float,
-                       bytes_per_entry: int = 2) -> dict[int, int]:
+def map_bytes_per_node(
+    num_params: Mapping[int, int],
+    edges: Iterable[tuple[int, int]],
+    gamma: float,
+    bytes_per_entry: int = 2,
+) -> dict[int, int]:
     """Bytes of the maps each node owns: ``sum_{j in N(i)} d_ij * n_i * bytes_per_entry`` (float16: 2).
 
     Args:
@@ -80,7 +94,8 @@ def check_map_budget(per_node: Mapping[int, int], max_gib: float, gamma: float) 
         raise ValueError(
             f"sheaf-fmtl-gamma={gamma:g}: the float16 restriction maps of partition-id {worst} need "
             f"{per_node[worst] / GIB:.3f} GiB (all nodes: {sum(per_node.values()) / GIB:.3f} GiB), more than "
-            f"sheaf-fmtl-max-gib={max_gib:g}; lower sheaf-fmtl-gamma or raise sheaf-fmtl-max-gib")
+            f"sheaf-fmtl-max-gib={max_gib:g}; lower sheaf-fmtl-gamma or raise sheaf-fmtl-max-gib"
+        )
 
 
 def init_map(d_ij: int, n_i: int, seed: int, partition_id: int, neighbour: int) -> torch.Tensor:
@@ -89,13 +104,22 @@ def init_map(d_ij: int, n_i: int, seed: int, partition_id: int, neighbour: int) 
     The generator is seeded with ``SeedSequence([seed, partition_id, neighbour, 8])`` (8: Sheaf-FMTL's
     stream tag), so the map of a directed edge does not depend on rounds, order or other edges.
     """
-    s = int(np.random.SeedSequence([int(seed), int(partition_id), int(neighbour), 8]).generate_state(1)[0])
+    s = int(
+        np.random.SeedSequence([int(seed), int(partition_id), int(neighbour), 8]).generate_state(1)[
+            0
+        ]
+    )
     gen = torch.Generator().manual_seed(s)
     return torch.randn(int(d_ij), int(n_i), generator=gen) * MAP_INIT_STD
 
 
-def parameter_step(theta: torch.Tensor, maps: Mapping[int, torch.Tensor], received: Mapping[int, torch.Tensor],
-                   lr: float, lam: float) -> torch.Tensor:
+def parameter_step(
+    theta: torch.Tensor,
+    maps: Mapping[int, torch.Tensor],
+    received: Mapping[int, torch.Tensor],
+    lr: float,
+    lam: float,
+) -> torch.Tensor:
     """(F1): ``theta - lr * lam * sum_j P_ij^T (P_ij theta - y_j)``, ``y_j = P_ji theta_j`` received.
 
     Args:
@@ -117,7 +141,9 @@ def parameter_step(theta: torch.Tensor, maps: Mapping[int, torch.Tensor], receiv
     return theta - lr * lam * grad
 
 
-def map_step(p: torch.Tensor, theta: torch.Tensor, y: torch.Tensor, eta: float, lam: float, j: int = -1) -> torch.Tensor:
+def map_step(
+    p: torch.Tensor, theta: torch.Tensor, y: torch.Tensor, eta: float, lam: float, j: int = -1
+) -> torch.Tensor:
     """(F2): ``P - eta * lam * (P theta - y) theta^T`` for one edge (a new ``(d_ij, n_i)`` tensor).
 
     Args:
@@ -134,6 +160,8 @@ def map_step(p: torch.Tensor, theta: torch.Tensor, y: torch.Tensor, eta: float, 
 
 def _check_projection(y: torch.Tensor, d: int, j: int) -> None:
     if y.ndim != 1 or y.shape[0] != d:
-        raise ValueError(f"projection from neighbour partition-id {j} has shape {tuple(y.shape)}, expected ({d},)")
+        raise ValueError(
+            f"projection from neighbour partition-id {j} has shape {tuple(y.shape)}, expected ({d},)"
+        )
     if not torch.isfinite(y).all():
         raise ValueError(f"projection from neighbour partition-id {j} has NaN/inf")

@@ -14,11 +14,33 @@ from ..config import LocalTrainConfig
 from ..devices import resolve_device
 from ..protocol import array_record, pack_arrays
 from ..sheaf.whitening import low_variance_fraction
-from .task import TASK_TENSORS, LocalTask, StalkModel, TaskFactory, load_module_state, set_torch_threads
+from .task import (
+    TASK_TENSORS,
+    LocalTask,
+    StalkModel,
+    TaskFactory,
+    load_module_state,
+    set_torch_threads,
+)
 
-__all__ = ["accuracy", "transport", "eval_latents", "eval_logits", "build", "whitened_pilots",
-           "cached_pilots", "store_pilots", "model_key", "round_generator", "to_device", "to_numpy",
-           "from_numpy", "task_device", "resident", "inference_batch"]
+__all__ = [
+    "accuracy",
+    "transport",
+    "eval_latents",
+    "eval_logits",
+    "build",
+    "whitened_pilots",
+    "cached_pilots",
+    "store_pilots",
+    "model_key",
+    "round_generator",
+    "to_device",
+    "to_numpy",
+    "from_numpy",
+    "task_device",
+    "resident",
+    "inference_batch",
+]
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -131,14 +153,23 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
     fresh process on CPU (README, "Design notes"); returns a CPU ``torch.Generator`` for batch order
     and pilot minibatches. Side effect: a host app sharing the process sees torch's global RNG reseeded.
     """
-    s = int(np.random.SeedSequence([int(seed), int(partition_id), int(server_round)]).generate_state(1)[0])
+    s = int(
+        np.random.SeedSequence([int(seed), int(partition_id), int(server_round)]).generate_state(1)[
+            0
+        ]
+    )
     torch.manual_seed(s)
     return torch.Generator().manual_seed(s)
 
 
-def build(factory: TaskFactory, context: Context, action: str, threads: int,
-          train: LocalTrainConfig | None = None, device_spec: str | None = None
-          ) -> tuple[LocalTask, StalkModel, torch.optim.Optimizer | None]:
+def build(
+    factory: TaskFactory,
+    context: Context,
+    action: str,
+    threads: int,
+    train: LocalTrainConfig | None = None,
+    device_spec: str | None = None,
+) -> tuple[LocalTask, StalkModel, torch.optim.Optimizer | None]:
     """Build the node's task on ``device`` and restore its weights (and SGD state when ``train`` is given).
 
     Args:
@@ -160,8 +191,12 @@ def build(factory: TaskFactory, context: Context, action: str, threads: int,
     task = to_device(factory(context), resolve_device(spec))
     opt = None
     if train is not None:
-        opt = torch.optim.SGD(task.model.parameters(), lr=train.lr, momentum=train.momentum,
-                              weight_decay=train.weight_decay)
+        opt = torch.optim.SGD(
+            task.model.parameters(),
+            lr=train.lr,
+            momentum=train.momentum,
+            weight_decay=train.weight_decay,
+        )
     load_module_state(context, model_key(action), task.model, opt)
     return task, task.model, opt
 
@@ -175,18 +210,24 @@ def whitened_pilots(model: StalkModel, x_pilot: torch.Tensor) -> tuple[torch.Ten
         return z, model.whitening(z)
 
 
-def store_pilots(context: Context, action: str, latents: torch.Tensor, pilots: torch.Tensor) -> float:
+def store_pilots(
+    context: Context, action: str, latents: torch.Tensor, pilots: torch.Tensor
+) -> float:
     """Cache the node's whitened pilots ``(K, d_i)`` and the collapse diagnostic of its raw latents.
 
     Returns:
         the low-variance fraction of ``latents`` (share of dimensions with variance < 1e-3).
     """
     lvf = low_variance_fraction(latents)
-    context.state[_pilots_key(action)] = pack_arrays({"pilots": to_numpy(pilots), "low-variance-fraction": np.array([lvf])})
+    context.state[_pilots_key(action)] = pack_arrays(
+        {"pilots": to_numpy(pilots), "low-variance-fraction": np.array([lvf])}
+    )
     return lvf
 
 
-def cached_pilots(context: Context, action: str, on: torch.device | str = "cpu") -> tuple[torch.Tensor, float] | None:
+def cached_pilots(
+    context: Context, action: str, on: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, float] | None:
     """This node's whitened pilots ``(K, d_i)`` on device ``on`` and low-variance fraction from its last
     training round, if any.
 
@@ -196,4 +237,6 @@ def cached_pilots(context: Context, action: str, on: torch.device | str = "cpu")
     if key not in context.state:
         return None
     rec = array_record(context.state, key)
-    return from_numpy(rec["pilots"].numpy().copy(), on), float(rec["low-variance-fraction"].numpy()[0])
+    return from_numpy(rec["pilots"].numpy().copy(), on), float(
+        rec["low-variance-fraction"].numpy()[0]
+    )

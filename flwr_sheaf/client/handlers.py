@@ -29,20 +29,69 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ..config import LocalTrainConfig
-from ..protocol import (array_record, ARRAYS, EVAL_ARRAYS, COMM_ACCURACY, COMM_SRC, CONFIG, EVALUATE, INFO, LOW_VARIANCE_FRACTION, METRICS,
-                        DEVICE, NUM_EXAMPLES, NUM_TEST, PRIVATE_ACCURACY, QUERY, SEED, SERVER_ROUND, STALK_DIM, TORCH_THREADS,
-                        TRAIN, VAL_COMM_ACCURACY, VAL_PRIVATE_ACCURACY, WHITENING_FIT, WHITENING_FITS, EdgeConfig,
-                        NodeInfo, ProtocolError, comm_action, message_type, pack_arrays, pilot_digest, EVAL_TRANSPORTED,
-                        unpack_routed)
-from ..protocol import (COMM_ACCURACY_PILOT_WHITENING, PILOT_READING, PILOT_READING_ARRAYS,
-                        VAL_COMM_ACCURACY_PILOT_WHITENING)
-from ..protocol import (NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY, NON_EDGE_SRC, PATH_MAP, VAL_NON_EDGE_ACCURACY,
-                        VAL_NON_EDGE_DIRECT_ACCURACY, NonEdgeConfig)
+from ..devices import resolve_device
+from ..protocol import (
+    ARRAYS,
+    COMM_ACCURACY,
+    COMM_ACCURACY_PILOT_WHITENING,
+    COMM_SRC,
+    CONFIG,
+    DEVICE,
+    EVAL_ARRAYS,
+    EVAL_TRANSPORTED,
+    EVALUATE,
+    INFO,
+    LOW_VARIANCE_FRACTION,
+    METRICS,
+    NON_EDGE_ACCURACY,
+    NON_EDGE_DIRECT_ACCURACY,
+    NON_EDGE_SRC,
+    NUM_EXAMPLES,
+    NUM_TEST,
+    PATH_MAP,
+    PILOT_READING,
+    PILOT_READING_ARRAYS,
+    PRIVATE_ACCURACY,
+    QUERY,
+    SEED,
+    SERVER_ROUND,
+    STALK_DIM,
+    TORCH_THREADS,
+    TRAIN,
+    VAL_COMM_ACCURACY,
+    VAL_COMM_ACCURACY_PILOT_WHITENING,
+    VAL_NON_EDGE_ACCURACY,
+    VAL_NON_EDGE_DIRECT_ACCURACY,
+    VAL_PRIVATE_ACCURACY,
+    WHITENING_FIT,
+    WHITENING_FITS,
+    EdgeConfig,
+    NodeInfo,
+    NonEdgeConfig,
+    ProtocolError,
+    array_record,
+    comm_action,
+    message_type,
+    pack_arrays,
+    pilot_digest,
+    unpack_routed,
+)
 from ..sheaf import check_pilots, procrustes
 from ..sheaf.whitening import low_variance_fraction
-from ..devices import resolve_device
-from .common import (accuracy, build, cached_pilots, eval_latents, eval_logits, from_numpy, model_key,
-                     round_generator, task_device, to_numpy, transport, whitened_pilots)
+from .common import (
+    accuracy,
+    build,
+    cached_pilots,
+    eval_latents,
+    eval_logits,
+    from_numpy,
+    model_key,
+    round_generator,
+    task_device,
+    to_numpy,
+    transport,
+    whitened_pilots,
+)
 from .loop import CrossEntropy, LossPlugin, train_local
 from .task import LocalTask, StalkModel, TaskFactory, save_module_state, set_torch_threads
 
@@ -74,7 +123,9 @@ class ClientMethod:
         """The loss plug-in of one ``train`` message (default: cross-entropy)."""
         return CrossEntropy()
 
-    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+    def after_train(
+        self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
+    ) -> tuple[dict, dict]:
         """Records and metrics added to the train reply after training (default: none); ``plugin`` is
         this round's trained loss plug-in (a method with its own parameters saves them here)."""
         return {}, {}
@@ -90,14 +141,18 @@ class ClientMethod:
         """Extra arrays of the ``evaluate`` reply (names in :attr:`routed_arrays`; default none)."""
         return {}
 
-    def evaluation_reply(self, msg: Message, context: Context, task: LocalTask, arrays: dict) -> dict:
+    def evaluation_reply(
+        self, msg: Message, context: Context, task: LocalTask, arrays: dict
+    ) -> dict:
         """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
         :meth:`evaluation_arrays` and, with the strong post-hoc reading, :data:`PILOT_READING_ARRAYS`;
         numpy; the model's whitening is then the pilot-fitted one); default: unchanged (Sheaf-FRL's stringent privacy sends
         per-neighbour transported arrays instead, docs/variants.md)."""
         return arrays
 
-    def edge_metrics(self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict) -> dict[str, float]:
+    def edge_metrics(
+        self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict
+    ) -> dict[str, float]:
         """Extra per-incoming-edge metrics of ``evaluate_comm`` from neighbour j's routed ``arrays`` (default none)."""
         return {}
 
@@ -115,25 +170,32 @@ def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> N
     model = task.model
     d = getattr(model, "d", None)
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"partition-id {partition_id}: model.d = {d!r}; the stalk protocol needs a positive int "
-                         "(the latent size, docs: flwr_sheaf.client.task)")
+        raise ValueError(
+            f"partition-id {partition_id}: model.d = {d!r}; the stalk protocol needs a positive int "
+            "(the latent size, docs: flwr_sheaf.client.task)"
+        )
     was_training = model.training
     model.eval()
     with torch.no_grad():
         z = model.latent(task.x_pilot[:rows])
     model.train(was_training)
     if tuple(z.shape) != (min(rows, int(task.x_pilot.shape[0])), d):
-        raise ValueError(f"partition-id {partition_id}: model.latent() returned shape {tuple(z.shape)} for "
-                         f"{min(rows, int(task.x_pilot.shape[0]))} pilots, but model.d = {d}: latent() must give "
-                         f"(batch, model.d); fix model.d or latent()")
+        raise ValueError(
+            f"partition-id {partition_id}: model.latent() returned shape {tuple(z.shape)} for "
+            f"{min(rows, int(task.x_pilot.shape[0]))} pilots, but model.d = {d}: latent() must give "
+            f"(batch, model.d); fix model.d or latent()"
+        )
     wd = getattr(getattr(model, "whitening", None), "d", None)
     if wd != d:
-        raise ValueError(f"partition-id {partition_id}: model.whitening has d = {wd!r}, model.d = {d}: the "
-                         f"whitening must be Whitening(model.d)")
+        raise ValueError(
+            f"partition-id {partition_id}: model.whitening has d = {wd!r}, model.d = {d}: the "
+            f"whitening must be Whitening(model.d)"
+        )
 
 
-def _pilots_for_evaluation(task: LocalTask, model: StalkModel, context: Context, action: str, fit: str
-                           ) -> tuple[torch.Tensor, float]:
+def _pilots_for_evaluation(
+    task: LocalTask, model: StalkModel, context: Context, action: str, fit: str
+) -> tuple[torch.Tensor, float]:
     """Whitened pilots ``(K, d_i)`` and the collapse diagnostic, whitening fitted as ``fit`` says."""
     if fit not in WHITENING_FITS:
         raise ProtocolError(f"{WHITENING_FIT}={fit!r}: must be one of {WHITENING_FITS}")
@@ -150,7 +212,9 @@ def _pilots_for_evaluation(task: LocalTask, model: StalkModel, context: Context,
         return model.whitening(z), low_variance_fraction(z)
 
 
-def register_method_handlers(app: ClientApp, factory: TaskFactory, method: ClientMethod) -> ClientApp:
+def register_method_handlers(
+    app: ClientApp, factory: TaskFactory, method: ClientMethod
+) -> ClientApp:
     """Register ``query``/``train``/``evaluate``/``evaluate_comm`` handlers of ``method`` on ``app``.
 
     Args:
@@ -173,12 +237,20 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
     def _query(msg: Message, context: Context) -> Message:
         cfg, mt = msg.content[CONFIG], message_type(QUERY, action)
         set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
-        resolve_device(str(required(cfg, DEVICE, mt)))  # a device this machine lacks fails discovery, before training
+        resolve_device(
+            str(required(cfg, DEVICE, mt))
+        )  # a device this machine lacks fails discovery, before training
         task = factory(context)
         check_stalk_protocol(task, int(context.node_config["partition-id"]))
-        info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
-                        int(task.model.d), tuple(int(c) for c in task.classes), int(task.x_pilot.shape[0]),
-                        int(task.x_train.shape[0]), pilot_digest(to_numpy(task.x_pilot)))
+        info = NodeInfo(
+            int(context.node_config["partition-id"]),
+            int(context.node_config.get("num-partitions", 0)),
+            int(task.model.d),
+            tuple(int(c) for c in task.classes),
+            int(task.x_pilot.shape[0]),
+            int(task.x_train.shape[0]),
+            pilot_digest(to_numpy(task.x_pilot)),
+        )
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
     @app.train(action)
@@ -192,7 +264,9 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         gen = round_generator(seed, int(context.node_config["partition-id"]), rnd)
         plugin = method.plugin(msg, context, task)
         metrics = train_local(task, opt, train, plugin, gen, rnd)
-        records, more = method.after_train(msg, context, task, plugin)  # may refit the whitening: save after it
+        records, more = method.after_train(
+            msg, context, task, plugin
+        )  # may refit the whitening: save after it
         save_module_state(context, model_key(action), model, opt)
         metrics = {NUM_EXAMPLES: int(task.x_train.shape[0]), **metrics, **more}
         return Message(RecordDict({**records, METRICS: MetricRecord(metrics)}), reply_to=msg)
@@ -201,36 +275,71 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
     def _evaluate(msg: Message, context: Context) -> Message:
         cfg = msg.content[CONFIG]
         mt = message_type(EVALUATE, action)
-        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)),
-                               device_spec=str(required(cfg, DEVICE, mt)))
-        a, lvf = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
+        task, model, _ = build(
+            factory,
+            context,
+            action,
+            int(required(cfg, TORCH_THREADS, mt)),
+            device_spec=str(required(cfg, DEVICE, mt)),
+        )
+        a, lvf = _pilots_for_evaluation(
+            task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
+        )
         with torch.no_grad():
             raw_test, raw_val = eval_latents(model, task.x_test), eval_latents(model, task.x_val)
             zt, zv = model.whitening(raw_test), model.whitening(raw_val)
-        arrays = dict(zip(EVAL_ARRAYS, (to_numpy(a), to_numpy(zt), to_numpy(task.y_test), to_numpy(zv),
-                                        to_numpy(task.y_val))))
+        arrays = dict(
+            zip(
+                EVAL_ARRAYS,
+                (
+                    to_numpy(a),
+                    to_numpy(zt),
+                    to_numpy(task.y_test),
+                    to_numpy(zv),
+                    to_numpy(task.y_val),
+                ),
+            )
+        )
         arrays.update(method.evaluation_arrays(msg, context, task))
-        metrics = MetricRecord({
-            PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
-            VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
-            NUM_TEST: int(task.y_test.numel()),
-            LOW_VARIANCE_FRACTION: lvf,
-            STALK_DIM: int(model.d),
-            **method.evaluation_metrics(msg, task),
-        })
-        if _pilot_reading(cfg, mt):  # after every other use of the model: it refits the (unsaved) whitening
-            arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, _pilot_whitened_arrays(model, task, raw_test, raw_val))))
-        packed = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # sees the final arrays
+        metrics = MetricRecord(
+            {
+                PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
+                VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
+                NUM_TEST: int(task.y_test.numel()),
+                LOW_VARIANCE_FRACTION: lvf,
+                STALK_DIM: int(model.d),
+                **method.evaluation_metrics(msg, task),
+            }
+        )
+        if _pilot_reading(
+            cfg, mt
+        ):  # after every other use of the model: it refits the (unsaved) whitening
+            arrays.update(
+                zip(
+                    PILOT_READING_ARRAYS,
+                    map(to_numpy, _pilot_whitened_arrays(model, task, raw_test, raw_val)),
+                )
+            )
+        packed = pack_arrays(
+            method.evaluation_reply(msg, context, task, arrays)
+        )  # sees the final arrays
         return Message(RecordDict({ARRAYS: packed, METRICS: metrics}), reply_to=msg)
 
     @app.evaluate(comm_action(action))
     def _evaluate_comm(msg: Message, context: Context) -> Message:
         cfg = msg.content[CONFIG]
         mt = message_type(EVALUATE, comm_action(action))
-        task, model, _ = build(factory, context, action, int(required(cfg, TORCH_THREADS, mt)),
-                               device_spec=str(required(cfg, DEVICE, mt)))
+        task, model, _ = build(
+            factory,
+            context,
+            action,
+            int(required(cfg, TORCH_THREADS, mt)),
+            device_spec=str(required(cfg, DEVICE, mt)),
+        )
         dev = task_device(task)
-        own, _ = _pilots_for_evaluation(task, model, context, action, str(required(cfg, WHITENING_FIT, mt)))
+        own, _ = _pilots_for_evaluation(
+            task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
+        )
         model.eval()
         extra: dict[str, list[float]]
         src, acc_test, acc_val, extra = [], [], [], {}
@@ -239,7 +348,9 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         # d_e); this node fits its own map onto them (P2c/P2d) and reads them as a tail would
         moved = bool(int(required(cfg, EVAL_TRANSPORTED, mt)))
         for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
-            arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + method.routed_arrays)
+            arr = unpack_routed(
+                array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + method.routed_arrays
+            )
             a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
             if moved:
                 dj, i_head = max(dj, int(model.d)), False
@@ -250,8 +361,12 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
                 z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
                 check_pilots(z, f"{split} latents of neighbour partition-id {j}", d=dj)
                 with torch.no_grad():
-                    res.append(accuracy(model.classify_whitened(transport(z, v, i_head)),
-                                        from_numpy(arr[f"{split}-labels"], dev, torch.int64)))
+                    res.append(
+                        accuracy(
+                            model.classify_whitened(transport(z, v, i_head)),
+                            from_numpy(arr[f"{split}-labels"], dev, torch.int64),
+                        )
+                    )
             src.append(j)
             acc_test.append(res[0])
             acc_val.append(res[1])
@@ -260,8 +375,15 @@ def register_method_handlers(app: ClientApp, factory: TaskFactory, method: Clien
         non_edges = _non_edge_accuracies(msg, model, own, dev)
         if _pilot_reading(cfg, mt):  # last: it refits the (unsaved) whitening on the pilots
             extra.update(_pilot_whitened_accuracies(msg, model, task, edges, dev))
-        metrics = MetricRecord({COMM_SRC: src, COMM_ACCURACY: acc_test, VAL_COMM_ACCURACY: acc_val, **extra,
-                                **non_edges})
+        metrics = MetricRecord(
+            {
+                COMM_SRC: src,
+                COMM_ACCURACY: acc_test,
+                VAL_COMM_ACCURACY: acc_val,
+                **extra,
+                **non_edges,
+            }
+        )
         return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
     return app
@@ -272,8 +394,9 @@ def _pilot_reading(cfg, mt: str) -> bool:
     return bool(int(required(cfg, PILOT_READING, mt)))
 
 
-def _pilot_whitened_arrays(model: StalkModel, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pilot_whitened_arrays(
+    model: StalkModel, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The strong post-hoc reading's phase-1 arrays (docs/baselines.md): pilots ``(K, d_i)`` and the
     test / validation latents ``raw_test``, ``raw_val`` ``(M, d_i)`` (eval-mode, already computed for
     the paper's reading), all whitened with statistics fitted on the node's eval-mode pilot latents
@@ -283,8 +406,9 @@ def _pilot_whitened_arrays(model: StalkModel, task: LocalTask, raw_test: torch.T
         return a, model.whitening(raw_test), model.whitening(raw_val)
 
 
-def _pilot_whitened_accuracies(msg: Message, model: StalkModel, task: LocalTask, edges: EdgeConfig,
-                               dev: torch.device) -> dict[str, list[float]]:
+def _pilot_whitened_accuracies(
+    msg: Message, model: StalkModel, task: LocalTask, edges: EdgeConfig, dev: torch.device
+) -> dict[str, list[float]]:
     """Communication accuracy per incoming edge under the strong post-hoc reading (docs/baselines.md).
 
     Both ends' whitening is fitted on their own pilots (not on private training latents); neighbour
@@ -302,22 +426,38 @@ def _pilot_whitened_accuracies(msg: Message, model: StalkModel, task: LocalTask,
     """
     _, own = whitened_pilots(model, task.x_pilot)  # refits the (unsaved) whitening on the pilots
     model.eval()
-    out: dict[str, list[float]] = {COMM_ACCURACY_PILOT_WHITENING: [], VAL_COMM_ACCURACY_PILOT_WHITENING: []}
+    out: dict[str, list[float]] = {
+        COMM_ACCURACY_PILOT_WHITENING: [],
+        VAL_COMM_ACCURACY_PILOT_WHITENING: [],
+    }
     for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
-        arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + PILOT_READING_ARRAYS)
+        arr = unpack_routed(
+            array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + PILOT_READING_ARRAYS
+        )
         a_j = from_numpy(arr["pw-pilots"], dev, torch.float32)
-        check_pilots(a_j, f"pilot-whitened pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
+        check_pilots(
+            a_j, f"pilot-whitened pilots of neighbour partition-id {j}", d=dj, k=own.shape[0]
+        )
         v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
-        for split, key in (("test", COMM_ACCURACY_PILOT_WHITENING), ("val", VAL_COMM_ACCURACY_PILOT_WHITENING)):
+        for split, key in (
+            ("test", COMM_ACCURACY_PILOT_WHITENING),
+            ("val", VAL_COMM_ACCURACY_PILOT_WHITENING),
+        ):
             z = from_numpy(arr[f"pw-{split}-latents"], dev, torch.float32)
             check_pilots(z, f"pilot-whitened {split} latents of neighbour partition-id {j}", d=dj)
             with torch.no_grad():
-                out[key].append(accuracy(model.classify_whitened(transport(z, v, i_head)),
-                                         from_numpy(arr[f"{split}-labels"], dev, torch.int64)))
+                out[key].append(
+                    accuracy(
+                        model.classify_whitened(transport(z, v, i_head)),
+                        from_numpy(arr[f"{split}-labels"], dev, torch.int64),
+                    )
+                )
     return out
 
 
-def _non_edge_accuracies(msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device) -> dict[str, list]:
+def _non_edge_accuracies(
+    msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device
+) -> dict[str, list]:
     """Communication accuracy from each non-edge source j of the phase-2 message (docs/variants.md).
 
     For source j (arrays ``"<j>/pilots"``, ``"<j>/<split>-latents"``, ``"<j>/<split>-labels"`` and
@@ -336,8 +476,16 @@ def _non_edge_accuracies(msg: Message, model: StalkModel, own: torch.Tensor, dev
         ValueError: pilots, latents or composed map of j of the wrong shape or with NaN/inf (j named).
     """
     ne = NonEdgeConfig.from_config(msg.content[CONFIG])
-    out: dict[str, list] = {k: [] for k in (NON_EDGE_SRC, NON_EDGE_ACCURACY, VAL_NON_EDGE_ACCURACY,
-                                            NON_EDGE_DIRECT_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY)}
+    out: dict[str, list] = {
+        k: []
+        for k in (
+            NON_EDGE_SRC,
+            NON_EDGE_ACCURACY,
+            VAL_NON_EDGE_ACCURACY,
+            NON_EDGE_DIRECT_ACCURACY,
+            VAL_NON_EDGE_DIRECT_ACCURACY,
+        )
+    }
     d_i = own.shape[1]
     for j, dj, i_head in zip(ne.sources, ne.dims, ne.heads):
         arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + (PATH_MAP,))
@@ -345,16 +493,22 @@ def _non_edge_accuracies(msg: Message, model: StalkModel, own: torch.Tensor, dev
         check_pilots(a_j, f"pilots of non-edge source partition-id {j}", d=dj, k=own.shape[0])
         t = from_numpy(arr[PATH_MAP], dev, torch.float32)
         if tuple(t.shape) != (d_i, dj) or not torch.isfinite(t).all():
-            raise ValueError(f"composed map of non-edge source partition-id {j}: shape {tuple(t.shape)} (expected "
-                             f"({d_i}, {dj})) or NaN/inf entries")
+            raise ValueError(
+                f"composed map of non-edge source partition-id {j}: shape {tuple(t.shape)} (expected "
+                f"({d_i}, {dj})) or NaN/inf entries"
+            )
         v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
-        for split, multi_key, direct_key in (("test", NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY),
-                                             ("val", VAL_NON_EDGE_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY)):
+        for split, multi_key, direct_key in (
+            ("test", NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY),
+            ("val", VAL_NON_EDGE_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY),
+        ):
             z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
             check_pilots(z, f"{split} latents of non-edge source partition-id {j}", d=dj)
             y = from_numpy(arr[f"{split}-labels"], dev, torch.int64)
             with torch.no_grad():
                 out[multi_key].append(accuracy(model.classify_whitened(transport(z, t, True)), y))
-                out[direct_key].append(accuracy(model.classify_whitened(transport(z, v, i_head)), y))
+                out[direct_key].append(
+                    accuracy(model.classify_whitened(transport(z, v, i_head)), y)
+                )
         out[NON_EDGE_SRC].append(int(j))
     return out

@@ -31,8 +31,9 @@ class LossPlugin:
     def begin_epoch(self, model: StalkModel, epoch: int) -> None:
         """Called before each local epoch (``epoch = 0, 1, ...``) with the current weights."""
 
-    def loss(self, model: StalkModel, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
-             ) -> tuple[torch.Tensor, Mapping[str, float]]:
+    def loss(
+        self, model: StalkModel, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
+    ) -> tuple[torch.Tensor, Mapping[str, float]]:
         """Loss of one private batch ``x (B, ...)``, ``y (B,)`` (model in train mode on entry).
 
         Returns:
@@ -67,8 +68,14 @@ class CrossEntropy(LossPlugin):
         return ce, {"ce": ce.detach()}
 
 
-def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConfig, plugin: LossPlugin,
-                gen: torch.Generator, server_round: int) -> dict:
+def train_local(
+    task: LocalTask,
+    opt: torch.optim.Optimizer,
+    cfg: LocalTrainConfig,
+    plugin: LossPlugin,
+    gen: torch.Generator,
+    server_round: int,
+) -> dict:
     """Train ``task.model`` for ``cfg.local_epochs`` epochs on the plug-in's objective (paper Alg. 1 lines 4-12).
 
     Per epoch: ``plugin.begin_epoch``; then ``max(1, M // batch_size)`` batches (capped at
@@ -116,7 +123,9 @@ def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConf
             loss, parts = plugin.loss(model, task.x_train[idx], task.y_train[idx], gen)
             if on_cpu:  # no device to wait for: check every step, before the step is taken
                 if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite loss {float(loss)} at server round {server_round}")
+                    raise FloatingPointError(
+                        f"non-finite loss {float(loss)} at server round {server_round}"
+                    )
             else:  # accumulate on the device; checked once per epoch (state is committed only after)
                 ok = torch.isfinite(loss.detach())
                 finite = ok if finite is None else finite & ok
@@ -129,8 +138,10 @@ def train_local(task: LocalTask, opt: torch.optim.Optimizer, cfg: LocalTrainConf
                 values.setdefault(name, []).append(v)
             steps += 1
         if finite is not None and not bool(finite):
-            raise FloatingPointError(f"non-finite loss at server round {server_round}, local epoch {epoch} "
-                                     "(checked once per epoch on an accelerator)")
+            raise FloatingPointError(
+                f"non-finite loss at server round {server_round}, local epoch {epoch} "
+                "(checked once per epoch on an accelerator)"
+            )
     out = {k: _mean(v, steps) for k, v in values.items()}
     out["steps"] = steps
     out.update(plugin.metrics(steps))
@@ -144,8 +155,11 @@ def _mean(values: list, steps: int) -> float:
     numbers do not depend on whether a plug-in returned floats or tensors.
     """
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    host = iter(torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).cpu().tolist()
-                if tensors else [])
+    host = iter(
+        torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).cpu().tolist()
+        if tensors
+        else []
+    )
     total = 0.0
     for v in values:
         total += next(host) if isinstance(v, torch.Tensor) else float(v)

@@ -55,8 +55,16 @@ from ..config import DEFAULTS, RESUME_MUTABLE_KEYS, config_differences
 from ..integrity import SealedFileError, read_sealed, write_sealed
 from ..protocol import CONFIG, SERVER_ROUND, as_int, config_record
 
-__all__ = ["STATE_DIR", "META_KEY", "StateFileError", "persist_state", "state_files", "read_state", "write_state",
-           "serialize_state"]
+__all__ = [
+    "STATE_DIR",
+    "META_KEY",
+    "StateFileError",
+    "persist_state",
+    "state_files",
+    "read_state",
+    "write_state",
+    "serialize_state",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -68,6 +76,7 @@ RUN_STATE_DIR = "node-state-dir"
 META_KEY = "flwr-sheaf.persisted"
 # Keys of a resumed run's discovery config (defined once, in flwr_sheaf.protocol).
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS  # noqa: E402
+
 MAGIC = b"flwr-sheaf node state v1\n"
 FORMAT = 1
 _NAME = re.compile(r"^round-(\d+)\.state$")
@@ -91,7 +100,11 @@ def _resuming(run_config: Mapping[str, Any]) -> bool:
 
 
 def _keep(run_config: Mapping[str, Any]) -> int:
-    every = run_config["checkpoint-every"] if "checkpoint-every" in run_config else DEFAULTS["checkpoint-every"]
+    every = (
+        run_config["checkpoint-every"]
+        if "checkpoint-every" in run_config
+        else DEFAULTS["checkpoint-every"]
+    )
     return max(2, int(every) + 1) if isinstance(every, int) and not isinstance(every, bool) else 2
 
 
@@ -104,8 +117,10 @@ def node_dir(context: Context) -> Path | None:
     Raises:
         StateFileError: the value is not a string (key named).
     """
-    for where, cfg, key in (("node config", context.node_config, STATE_DIR),
-                            ("run config", context.run_config, RUN_STATE_DIR)):
+    for where, cfg, key in (
+        ("node config", context.node_config, STATE_DIR),
+        ("run config", context.run_config, RUN_STATE_DIR),
+    ):
         root = cfg[key] if key in cfg else None
         if root is None or root == "":
             continue
@@ -128,7 +143,14 @@ def state_files(directory: Path) -> dict[int, Path]:
 
 
 def _read(path: Path, payload: bool) -> tuple[dict, bytes | None]:
-    return read_sealed(path, MAGIC, FORMAT, payload=payload, what="flwr-sheaf node state file", error=StateFileError)
+    return read_sealed(
+        path,
+        MAGIC,
+        FORMAT,
+        payload=payload,
+        what="flwr-sheaf node state file",
+        error=StateFileError,
+    )
 
 
 def read_state(path: Path) -> tuple[dict, RecordDict]:
@@ -150,24 +172,33 @@ def write_state(directory: Path, state: RecordDict, meta: Mapping[str, Any]) -> 
     Raises:
         OSError: the directory cannot be created or written.
     """
-    return write_sealed(directory / f"round-{int(meta['round'])}.state", MAGIC, meta, serialize_state(state), FORMAT)
+    return write_sealed(
+        directory / f"round-{int(meta['round'])}.state", MAGIC, meta, serialize_state(state), FORMAT
+    )
 
 
 def _check(meta: dict, path: Path, context: Context) -> None:
-    pid, n = int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0))
+    pid, n = (
+        int(context.node_config["partition-id"]),
+        int(context.node_config.get("num-partitions", 0)),
+    )
     if (meta["partition-id"], meta["num-partitions"]) != (pid, n):
         raise StateFileError(
             f"{path} holds the state of partition-id {meta['partition-id']} (num-partitions {meta['num-partitions']}), "
-            f"this node is partition-id {pid} (num-partitions {n}): give every SuperNode its own {STATE_DIR}")
+            f"this node is partition-id {pid} (num-partitions {n}): give every SuperNode its own {STATE_DIR}"
+        )
     diff = config_differences(meta["run-config"], _fingerprint(context.run_config))
     if diff:
         text = ", ".join(f"{k}: {a!r} in the file, {b!r} now" for k, (a, b) in diff.items())
-        raise StateFileError(f"{path} was written under a different run config ({text}); use another "
-                             f"{STATE_DIR} or remove this one to start afresh")
+        raise StateFileError(
+            f"{path} was written under a different run config ({text}); use another "
+            f"{STATE_DIR} or remove this one to start afresh"
+        )
     if meta["run-id"] != context.run_id and not _resuming(context.run_config):
         raise StateFileError(
             f"{path} holds round {meta['round']} of an earlier Flower run ({meta['run-id']}); set the run config "
-            f"resume=true (or resume-from) to continue that run, or remove {path.parent} to start afresh")
+            f"resume=true (or resume-from) to continue that run, or remove {path.parent} to start afresh"
+        )
 
 
 def _restore(context: Context, directory: Path, server_round: int, category: str) -> None:
@@ -175,29 +206,43 @@ def _restore(context: Context, directory: Path, server_round: int, category: str
     files = state_files(directory)
     if not files:
         if server_round > 1 and _resuming(context.run_config):
-            log.warning("partition-id %s: no state files in %s; starting round %d from initialisation (right only "
-                        "if this node never trained before)", context.node_config["partition-id"], directory,
-                        server_round)
+            log.warning(
+                "partition-id %s: no state files in %s; starting round %d from initialisation (right only "
+                "if this node never trained before)",
+                context.node_config["partition-id"],
+                directory,
+                server_round,
+            )
         return
     metas = {}
     for r, path in files.items():
         metas[r], _ = _read(path, payload=False)
         _check(metas[r], path, context)
-    ok = [r for r, m in metas.items()
-          if r < server_round or (r == server_round and category != "train" and m["run-id"] == context.run_id)]
+    ok = [
+        r
+        for r, m in metas.items()
+        if r < server_round
+        or (r == server_round and category != "train" and m["run-id"] == context.run_id)
+    ]
     if not ok:
         oldest = min(metas)
         if metas[oldest]["previous-round"] == 0:
             return  # the files left by a stopped run start after this round: the node had no state yet
-        raise StateFileError(f"{directory} has state for rounds {sorted(files)} (the oldest continues round "
-                             f"{metas[oldest]['previous-round']}, which was pruned) but round {server_round} needs "
-                             f"the state before it; the server resumed from an older checkpoint than the node kept")
+        raise StateFileError(
+            f"{directory} has state for rounds {sorted(files)} (the oldest continues round "
+            f"{metas[oldest]['previous-round']}, which was pruned) but round {server_round} needs "
+            f"the state before it; the server resumed from an older checkpoint than the node kept"
+        )
     meta, state = read_state(files[max(ok)])
     _check(meta, files[max(ok)], context)
     for key, record in state.items():
         context.state[key] = record
-    log.info("partition-id %s: state of round %d reloaded from %s", context.node_config["partition-id"], meta["round"],
-             files[max(ok)])
+    log.info(
+        "partition-id %s: state of round %d reloaded from %s",
+        context.node_config["partition-id"],
+        meta["round"],
+        files[max(ok)],
+    )
 
 
 def _save(context: Context, directory: Path, server_round: int) -> None:
@@ -209,21 +254,36 @@ def _save(context: Context, directory: Path, server_round: int) -> None:
     elif as_int(held["round"], "round") == server_round:
         previous = as_int(held["previous-round"], "previous-round")
     else:
-        raise StateFileError(f"message of server round {server_round} after state of round "
-                             f"{as_int(held['round'], 'round')}")
+        raise StateFileError(
+            f"message of server round {server_round} after state of round "
+            f"{as_int(held['round'], 'round')}"
+        )
     context.state[META_KEY] = ConfigRecord({"round": server_round, "previous-round": previous})
-    write_state(directory, context.state, {
-        "partition-id": int(context.node_config["partition-id"]),
-        "num-partitions": int(context.node_config.get("num-partitions", 0)), "run-id": int(context.run_id),
-        "round": server_round, "previous-round": previous, "run-config": _fingerprint(context.run_config)})
+    write_state(
+        directory,
+        context.state,
+        {
+            "partition-id": int(context.node_config["partition-id"]),
+            "num-partitions": int(context.node_config.get("num-partitions", 0)),
+            "run-id": int(context.run_id),
+            "round": server_round,
+            "previous-round": previous,
+            "run-config": _fingerprint(context.run_config),
+        },
+    )
     files = state_files(directory)
     older = [r for r in files if r <= server_round]
-    for r, path in files.items():  # later rounds of a stopped run are superseded; keep the newest few
-        if r > server_round or r in older[:-_keep(context.run_config)]:
+    for (
+        r,
+        path,
+    ) in files.items():  # later rounds of a stopped run are superseded; keep the newest few
+        if r > server_round or r in older[: -_keep(context.run_config)]:
             path.unlink(missing_ok=True)
 
 
-def _check_resumed(context: Context, directory: Path, state_rounds: list[int], restored: int, fresh: bool) -> None:
+def _check_resumed(
+    context: Context, directory: Path, state_rounds: list[int], restored: int, fresh: bool
+) -> None:
     """At a resumed run's discovery: a node that trained before (the server's checkpoint says up to round
     ``state_rounds[partition-id]``) must find its state of a round in ``[that round, restored]``.
 
@@ -239,18 +299,26 @@ def _check_resumed(context: Context, directory: Path, state_rounds: list[int], r
     usable = [r for r in files if need <= r <= restored]
     if usable:
         meta, _ = _read(files[max(usable)], payload=False)
-        _check(meta, files[max(usable)], context)  # another node's or run config's state is refused by name
+        _check(
+            meta, files[max(usable)], context
+        )  # another node's or run config's state is refused by name
         return
     what = "no state files" if not files else f"state files of rounds {sorted(files)} only"
-    text = (f"resume: partition-id {pid} trained up to round {need} (server checkpoint, resumed after round {restored}) "
-            f"but {directory} has {what}; point node-state-dir (or the node config {STATE_DIR}) at the stopped run's "
-            f"node state, or set resume-fresh-nodes=true to restart partition-id {pid} from initialisation")
+    text = (
+        f"resume: partition-id {pid} trained up to round {need} (server checkpoint, resumed after round {restored}) "
+        f"but {directory} has {what}; point node-state-dir (or the node config {STATE_DIR}) at the stopped run's "
+        f"node state, or set resume-fresh-nodes=true to restart partition-id {pid} from initialisation"
+    )
     if not fresh:
         raise StateFileError(text)
-    log.warning("%s: restarting it from initialisation (resume-fresh-nodes=true)", text.split("; point")[0])
+    log.warning(
+        "%s: restarting it from initialisation (resume-fresh-nodes=true)", text.split("; point")[0]
+    )
 
 
-def persist_state(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+def persist_state(
+    msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
+) -> Message:
     """Flower ClientApp mod (``ClientApp(mods=[persist_state])``): reload and write ``context.state`` (module docstring).
 
     Acts only with a state directory (node config ``state-dir`` or run config ``node-state-dir``) and
@@ -266,15 +334,26 @@ def persist_state(msg: Message, context: Context, call_next: Callable[[Message, 
     content = msg.content
     category = msg.metadata.message_type.split(".", 1)[0]
     if directory is None and category == "query" and _resuming(context.run_config):
-        raise StateFileError(f"the run config resumes a stopped run, but this SuperNode keeps no state (neither the "
-                             f"node config {STATE_DIR} nor the run config {RUN_STATE_DIR} is set): its models would "
-                             f"restart from initialisation")
+        raise StateFileError(
+            f"the run config resumes a stopped run, but this SuperNode keeps no state (neither the "
+            f"node config {STATE_DIR} nor the run config {RUN_STATE_DIR} is set): its models would "
+            f"restart from initialisation"
+        )
     if category == "query" and CONFIG in content and RESUME_STATE_ROUNDS in content[CONFIG]:
         cfg = content[CONFIG]
         if directory is not None:
-            _check_resumed(context, directory, [int(r) for r in cfg[RESUME_STATE_ROUNDS]], int(cfg[RESUME_ROUND]),
-                           bool(cfg[RESUME_FRESH]))
-        for key in (RESUME_STATE_ROUNDS, RESUME_ROUND, RESUME_FRESH):  # the mod's keys, not the handler's
+            _check_resumed(
+                context,
+                directory,
+                [int(r) for r in cfg[RESUME_STATE_ROUNDS]],
+                int(cfg[RESUME_ROUND]),
+                bool(cfg[RESUME_FRESH]),
+            )
+        for key in (
+            RESUME_STATE_ROUNDS,
+            RESUME_ROUND,
+            RESUME_FRESH,
+        ):  # the mod's keys, not the handler's
             if key in cfg:
                 del cfg[key]
     if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:

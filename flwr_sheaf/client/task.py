@@ -25,7 +25,14 @@ from torch import nn
 
 from ..protocol import array_record, as_bytes, config_record
 
-__all__ = ["LocalTask", "StalkModel", "TaskFactory", "set_torch_threads", "load_module_state", "save_module_state"]
+__all__ = [
+    "LocalTask",
+    "StalkModel",
+    "TaskFactory",
+    "set_torch_threads",
+    "load_module_state",
+    "save_module_state",
+]
 
 
 if TYPE_CHECKING:
@@ -87,20 +94,26 @@ class LocalTask:
 TaskFactory = Callable[[Context], LocalTask]
 
 
-def save_module_state(context: Context, key: str, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+def save_module_state(
+    context: Context, key: str, module: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> None:
     """Store a module's ``state_dict`` (parameters and buffers) and optionally its optimizer in ``context.state``.
 
     ``context.state[key]`` is an ``ArrayRecord``; the optimizer goes to ``context.state[key + ".optim"]``
     as ``torch.save`` bytes in a ``ConfigRecord``.
     """
-    context.state[key] = ArrayRecord({k: v.detach().cpu() for k, v in module.state_dict().items()}, keep_input=True)
+    context.state[key] = ArrayRecord(
+        {k: v.detach().cpu() for k, v in module.state_dict().items()}, keep_input=True
+    )
     if optimizer is not None:
         buf = io.BytesIO()
         torch.save(optimizer.state_dict(), buf)
         context.state[f"{key}.optim"] = ConfigRecord({"blob": buf.getvalue()})
 
 
-def load_module_state(context: Context, key: str, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> bool:
+def load_module_state(
+    context: Context, key: str, module: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> bool:
     """Restore what :func:`save_module_state` stored; returns False when nothing was stored yet.
 
     Raises:
@@ -113,7 +126,9 @@ def load_module_state(context: Context, key: str, module: nn.Module, optimizer: 
     okey = f"{key}.optim"
     if optimizer is not None and okey in context.state:
         blob = as_bytes(config_record(context.state, okey)["blob"], f"{okey}/blob")
-        optimizer.load_state_dict(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False))
+        optimizer.load_state_dict(
+            torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+        )
     return True
 
 

@@ -21,7 +21,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["NAMED_DATASETS", "check_installed", "data_dirs", "find_installed", "install", "install_hint", "verify", "main"]
+__all__ = [
+    "NAMED_DATASETS",
+    "check_installed",
+    "data_dirs",
+    "find_installed",
+    "install",
+    "install_hint",
+    "verify",
+    "main",
+]
 
 #: name -> {file name: SHA-256 of the file as Debian's ``dataset-fashion-mnist`` 0.0~git20200523.55506a9-1 ships it}.
 NAMED_DATASETS: dict[str, dict[str, str]] = {
@@ -92,8 +101,10 @@ def check_installed(directory: Path, name: str) -> None:
         if not path.is_file():
             raise ValueError(f"dataset={name!r}: {path} is missing; re-run `{install_hint(name)}`")
         if _sha256_cached(path) != digest:
-            raise ValueError(f"dataset={name!r}: {path} has the wrong SHA-256 (modified, truncated or another version "
-                             f"since it was installed); re-run `{install_hint(name)}` to reinstall it")
+            raise ValueError(
+                f"dataset={name!r}: {path} has the wrong SHA-256 (modified, truncated or another version "
+                f"since it was installed); re-run `{install_hint(name)}` to reinstall it"
+            )
 
 
 def find_installed(name: str) -> Path:
@@ -110,8 +121,10 @@ def find_installed(name: str) -> Path:
         if all((d / f).is_file() for f in NAMED_DATASETS[name]):
             return d
     looked = ", ".join(str(d) for d in data_dirs(name))
-    raise FileNotFoundError(f"dataset={name!r}: its files are not installed (looked in: {looked}); "
-                            f"install them with: {install_hint(name)}")
+    raise FileNotFoundError(
+        f"dataset={name!r}: its files are not installed (looked in: {looked}); "
+        f"install them with: {install_hint(name)}"
+    )
 
 
 def _run(cmd: list[str], cwd: str) -> subprocess.CompletedProcess:
@@ -148,12 +161,16 @@ def install(name: str, dest: Path | None = None) -> Path:
                 _run(["apt-get", "update", "-qq"], tmp)  # fresh machine: no package lists yet
                 got = _run(["apt-get", "download", pkg], tmp)
             if got.returncode != 0:
-                raise RuntimeError(f"`apt-get download {pkg}` failed ({got.stderr.strip()[-400:]}); on Debian/Ubuntu run "
-                                   f"`sudo apt-get update` and retry, or install it with `sudo apt-get install {pkg}`")
+                raise RuntimeError(
+                    f"`apt-get download {pkg}` failed ({got.stderr.strip()[-400:]}); on Debian/Ubuntu run "
+                    f"`sudo apt-get update` and retry, or install it with `sudo apt-get install {pkg}`"
+                )
             deb = next(Path(tmp).glob("*.deb"))
             unpack = _run(["dpkg-deb", "-x", str(deb), "root"], tmp)
             if unpack.returncode != 0:
-                raise RuntimeError(f"`dpkg-deb -x {deb.name}` failed: {unpack.stderr.strip()[-400:]}")
+                raise RuntimeError(
+                    f"`dpkg-deb -x {deb.name}` failed: {unpack.stderr.strip()[-400:]}"
+                )
             src = Path(tmp) / "root" / "usr" / "share" / "datasets" / name
         dest.mkdir(parents=True, exist_ok=True)
         for fname in NAMED_DATASETS[name]:

@@ -69,7 +69,9 @@ class LabelShiftPartitioner(_PartitionerBase):
         num_classes: int = NUM_CLASSES,
     ) -> None:
         if not _HAVE_FLWR_DATASETS:
-            raise ImportError("LabelShiftPartitioner needs flwr-datasets: `pip install flwr-sheaf[hf]`")
+            raise ImportError(
+                "LabelShiftPartitioner needs flwr-datasets: `pip install flwr-sheaf[hf]`"
+            )
         super().__init__()
         label_shift_proportions(class_sets, shift, num_classes)  # validate early
         self._class_sets = _normalise_class_sets(class_sets, num_classes)

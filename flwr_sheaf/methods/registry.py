@@ -23,9 +23,17 @@ from flwr.serverapp.strategy import Strategy
 
 from ..config import ConfigError, RunConfig, Section
 
-__all__ = ["Method", "register", "get_method", "METHODS", "import_method_modules", "load_entry_points", "graph_args",
-           "parse_run_config",
-           "ENTRY_POINT_GROUP"]
+__all__ = [
+    "Method",
+    "register",
+    "get_method",
+    "METHODS",
+    "import_method_modules",
+    "load_entry_points",
+    "graph_args",
+    "parse_run_config",
+    "ENTRY_POINT_GROUP",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -85,12 +93,20 @@ def register(method: Method) -> Method:
     """
     old = _METHODS.get(method.name)
     if old is not None and _origin(old) != _origin(method):
-        raise ValueError(f"method {method.name!r} is already registered (handlers from {_origin(old)!r}); "
-                         f"a method from {_origin(method)!r} cannot replace it: give it another name")
+        raise ValueError(
+            f"method {method.name!r} is already registered (handlers from {_origin(old)!r}); "
+            f"a method from {_origin(method)!r} cannot replace it: give it another name"
+        )
     for other in _METHODS.values():
-        if other.name != method.name and other.action == method.action and other.handlers != method.handlers:
-            raise ValueError(f"method {method.name!r}: action {method.action!r} is already used by "
-                             f"{other.name!r}")
+        if (
+            other.name != method.name
+            and other.action == method.action
+            and other.handlers != method.handlers
+        ):
+            raise ValueError(
+                f"method {method.name!r}: action {method.action!r} is already used by "
+                f"{other.name!r}"
+            )
     _METHODS[method.name] = method
     return method
 
@@ -104,10 +120,14 @@ def get_method(name: str) -> Method:
     if name not in _METHODS:
         load_entry_points()
     if name not in _METHODS:
-        broken = "".join(f"; entry point {k!r} of {ENTRY_POINT_GROUP} failed to load: {v}"
-                         for k, v in _entry_point_errors.items())
-        raise ConfigError(f"method={name!r}: must be one of {sorted(_METHODS)} (a method of your own: "
-                          f"name its module in the run-config key method-module){broken}")
+        broken = "".join(
+            f"; entry point {k!r} of {ENTRY_POINT_GROUP} failed to load: {v}"
+            for k, v in _entry_point_errors.items()
+        )
+        raise ConfigError(
+            f"method={name!r}: must be one of {sorted(_METHODS)} (a method of your own: "
+            f"name its module in the run-config key method-module){broken}"
+        )
     return _METHODS[name]
 
 
@@ -161,4 +181,8 @@ def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
 
 def graph_args(config: RunConfig) -> dict[str, Any]:
     """Constructor arguments every graph strategy takes from the run config."""
-    return {"federation": config.federation, "train": config.train, "discovery_timeout": config.discovery_timeout}
+    return {
+        "federation": config.federation,
+        "train": config.train,
+        "discovery_timeout": config.discovery_timeout,
+    }

@@ -206,7 +206,10 @@ class SheafAgent(nn.Module):
         super().__init__()
         if head.d != encoder.d:
             raise ValueError(f"head expects d={head.d} but the encoder produces d={encoder.d}")
-        if isinstance(head.colouring, Colouring) and head.colouring.whitening is not encoder.whitening:
+        if (
+            isinstance(head.colouring, Colouring)
+            and head.colouring.whitening is not encoder.whitening
+        ):
             raise ValueError("head.colouring must reference encoder.whitening (the same object)")
         self.encoder = encoder
         self.head = head

@@ -38,9 +38,7 @@ TINY_FAMILY: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
 )
 TINY_DROPOUT = 0.1
 
-VALID_ZOO_NAMES = (
-    "'paper-15', 'two-agent:<d>' (d a positive multiple of 4), 'tiny-<N>' (N >= 1)"
-)
+VALID_ZOO_NAMES = "'paper-15', 'two-agent:<d>' (d a positive multiple of 4), 'tiny-<N>' (N >= 1)"
 
 
 def _tiny_spec(i: int) -> AgentSpec:

@@ -23,8 +23,8 @@ random client in (which is available as ``force_one_if_empty`` in the participat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 
@@ -188,7 +188,9 @@ def server_update(
         ValueError: non-positive or non-finite ``global_step``, NaN/inf direction.
     """
     if not (np.isfinite(global_step) and global_step > 0):
-        raise ValueError(f"global_step (varpi) must be a positive finite number, got {global_step!r}")
+        raise ValueError(
+            f"global_step (varpi) must be a positive finite number, got {global_step!r}"
+        )
     d = np.asarray(direction, dtype=np.float64)
     if not np.all(np.isfinite(d)):
         raise ValueError("aggregated direction has NaN/inf entries")
@@ -291,12 +293,17 @@ class RFedAGSServer:
                 raise ValueError("mode 'known-p' needs p")
             self.p = check_probabilities(self.p)
             if self.p.size != self.num_clients:
-                raise ValueError(f"p has {self.p.size} entries, expected num_clients={self.num_clients}")
+                raise ValueError(
+                    f"p has {self.p.size} entries, expected num_clients={self.num_clients}"
+                )
         self.x = np.array(self.x, dtype=np.float64, copy=True)
-        self.estimator = FrequencyEstimator(self.num_clients, q_min=self.q_min, estimator=self.estimator_kind)
+        self.estimator = FrequencyEstimator(
+            self.num_clients, q_min=self.q_min, estimator=self.estimator_kind
+        )
 
-    def weights(self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+    def weights(
+        self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Weights for the current round *without* changing state (docs/baselines.md, s5.3).
 
         Args:

@@ -53,8 +53,12 @@ __all__ = [
 BASELINES = ("rfedavg", "rfedsvrg", "rfedproj")
 
 
-def _used(vectors: np.ndarray | Mapping[int, np.ndarray], weights: np.ndarray, shape: tuple[int, ...],
-          what: str) -> list[tuple[int, float, np.ndarray]]:
+def _used(
+    vectors: np.ndarray | Mapping[int, np.ndarray],
+    weights: np.ndarray,
+    shape: tuple[int, ...],
+    what: str,
+) -> list[tuple[int, float, np.ndarray]]:
     """``(i, w_i, v_i)`` for the clients with ``w_i != 0``; checks presence, shape and finiteness."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1:
@@ -79,14 +83,22 @@ def _used(vectors: np.ndarray | Mapping[int, np.ndarray], weights: np.ndarray, s
 def require_projection(manifold: Manifold) -> None:
     """Raise ``ValueError`` unless ``manifold`` is a compact embedded submanifold with a metric
     projection (RFedProj's requirement; Stiefel and sphere qualify, SPD and the Poincaré ball do not)."""
-    if not getattr(manifold, "compact_embedded", False) or not hasattr(manifold, "ambient_projection"):
+    if not getattr(manifold, "compact_embedded", False) or not hasattr(
+        manifold, "ambient_projection"
+    ):
         raise ValueError(
             f"RFedProj needs a compact embedded submanifold with a metric projection (Stiefel, sphere); "
-            f"{manifold!r} is not one: use rfedags, rfedavg or rfedsvrg on it")
+            f"{manifold!r} is not one: use rfedags, rfedavg or rfedsvrg on it"
+        )
 
 
-def average_endpoints(manifold: Manifold, x: np.ndarray, endpoints: np.ndarray | Mapping[int, np.ndarray],
-                      weights: np.ndarray, global_step: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def average_endpoints(
+    manifold: Manifold,
+    x: np.ndarray,
+    endpoints: np.ndarray | Mapping[int, np.ndarray],
+    weights: np.ndarray,
+    global_step: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """RFedAvg / RFedSVRG server step ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))`` (module docstring).
 
     Args:
@@ -114,8 +126,9 @@ def average_endpoints(manifold: Manifold, x: np.ndarray, endpoints: np.ndarray |
     return server_update(manifold, x, direction, global_step), direction
 
 
-def full_gradient(rgrads: np.ndarray | Mapping[int, np.ndarray], weights: np.ndarray,
-                  point_shape: tuple[int, ...]) -> np.ndarray:
+def full_gradient(
+    rgrads: np.ndarray | Mapping[int, np.ndarray], weights: np.ndarray, point_shape: tuple[int, ...]
+) -> np.ndarray:
     """RFedSVRG's server gradient ``g_t = sum_i w_i grad f_i(x_t)`` (``T_{x_t} M``); float64 ``point_shape``.
 
     Raises:
@@ -127,8 +140,14 @@ def full_gradient(rgrads: np.ndarray | Mapping[int, np.ndarray], weights: np.nda
     return out
 
 
-def svrg_local_steps(manifold: Manifold, x: np.ndarray, full_grad: np.ndarray,
-                     egrad_fn: Callable[[np.ndarray, int], np.ndarray], num_steps: int, step_size: float) -> np.ndarray:
+def svrg_local_steps(
+    manifold: Manifold,
+    x: np.ndarray,
+    full_grad: np.ndarray,
+    egrad_fn: Callable[[np.ndarray, int], np.ndarray],
+    num_steps: int,
+    step_size: float,
+) -> np.ndarray:
     """RFedSVRG client: ``K`` variance-reduced steps from ``x_t`` (``localSVRG`` of ``RFedSVRG_.m``).
 
     ``eta_k = grad f_i(x_k; B_k) - T_{x_t -> x_k}(grad f_i(x_t; B_k) - g_t)``, ``x_{k+1} = R_{x_k}(-alpha eta_k)``
@@ -156,17 +175,27 @@ def svrg_local_steps(manifold: Manifold, x: np.ndarray, full_grad: np.ndarray,
     g_t = np.asarray(full_grad, dtype=np.float64)
     xk = x_t
     for k in range(int(num_steps)):
-        e1, e0 = np.asarray(egrad_fn(xk, k), dtype=np.float64), np.asarray(egrad_fn(x_t, k), dtype=np.float64)
+        e1, e0 = (
+            np.asarray(egrad_fn(xk, k), dtype=np.float64),
+            np.asarray(egrad_fn(x_t, k), dtype=np.float64),
+        )
         if not (np.all(np.isfinite(e1)) and np.all(np.isfinite(e0))):
             raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
-        eta = manifold.egrad2rgrad(xk, e1) - manifold.transp(x_t, xk, manifold.egrad2rgrad(x_t, e0) - g_t)
+        eta = manifold.egrad2rgrad(xk, e1) - manifold.transp(
+            x_t, xk, manifold.egrad2rgrad(x_t, e0) - g_t
+        )
         xk = manifold.retr(xk, -step_size * eta)
     return np.asarray(xk)
 
 
-def projection_local_steps(manifold: Manifold, x_mid: np.ndarray, correction: np.ndarray | float,
-                           egrad_fn: Callable[[np.ndarray, int], np.ndarray], num_steps: int,
-                           step_size: float) -> tuple[np.ndarray, np.ndarray]:
+def projection_local_steps(
+    manifold: Manifold,
+    x_mid: np.ndarray,
+    correction: np.ndarray | float,
+    egrad_fn: Callable[[np.ndarray, int], np.ndarray],
+    num_steps: int,
+    step_size: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """RFedProj client: ``K`` projected steps from ``P_M(x^mid)`` (``localUpdate`` of ``RFedProj_.m``).
 
     ``z^_0 = z_0 = P_M(x^mid)``; ``eta_k = grad f_i(z_k; B_k)``; ``z^_{k+1} = z^_k - alpha (eta_k + c)``;
@@ -203,8 +232,15 @@ def projection_local_steps(manifold: Manifold, x_mid: np.ndarray, correction: np
     return np.asarray(z_hat), np.asarray(zeta) / int(num_steps)
 
 
-def projection_correction(manifold: Manifold, x_mid_prev: np.ndarray, x_mid: np.ndarray, zeta_prev: np.ndarray,
-                          num_steps: int, step_size: float, global_step: float = 1.0) -> np.ndarray:
+def projection_correction(
+    manifold: Manifold,
+    x_mid_prev: np.ndarray,
+    x_mid: np.ndarray,
+    zeta_prev: np.ndarray,
+    num_steps: int,
+    step_size: float,
+    global_step: float = 1.0,
+) -> np.ndarray:
     """RFedProj's correction ``c_i = (P_M(x^mid_{t-1}) - x^mid_t)/(K alpha eta_g) - zeta_i^{t-1}`` for a client
     that responded in the previous round (others use 0); float64, shape of ``zeta_prev``.
 
@@ -213,14 +249,22 @@ def projection_correction(manifold: Manifold, x_mid_prev: np.ndarray, x_mid: np.
     """
     require_projection(manifold)
     if not (num_steps >= 1 and step_size > 0 and global_step > 0):
-        raise ValueError(f"need K >= 1, alpha > 0, eta_g > 0; got {num_steps!r}, {step_size!r}, {global_step!r}")
+        raise ValueError(
+            f"need K >= 1, alpha > 0, eta_g > 0; got {num_steps!r}, {step_size!r}, {global_step!r}"
+        )
     common = (manifold.ambient_projection(x_mid_prev) - np.asarray(x_mid, dtype=np.float64)) / (
-        num_steps * step_size * global_step)
+        num_steps * step_size * global_step
+    )
     return common - np.asarray(zeta_prev, dtype=np.float64)
 
 
-def average_ambient(manifold: Manifold, x_mid: np.ndarray, z_hats: np.ndarray | Mapping[int, np.ndarray],
-                    weights: np.ndarray, global_step: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def average_ambient(
+    manifold: Manifold,
+    x_mid: np.ndarray,
+    z_hats: np.ndarray | Mapping[int, np.ndarray],
+    weights: np.ndarray,
+    global_step: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """RFedProj server step ``x^mid_{t+1} = P_M(x^mid_t) + eta_g sum_i w_i (z^_i - P_M(x^mid_t))``.
 
     Args:

@@ -15,8 +15,8 @@ negative vectors and the server adds. Both give the same ``x_{t+1}``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -86,8 +86,10 @@ def local_gradient_stream(
     batch_shape: tuple[int, ...] | None = None
     for k in range(int(num_steps)):
         g = np.asarray(egrad_fn(xk, k), dtype=np.float64)
-        if g.shape[len(g.shape) - len(pshape):] != pshape:
-            raise ValueError(f"egrad_fn returned shape {g.shape} at step {k}; expected (..., {pshape})")
+        if g.shape[len(g.shape) - len(pshape) :] != pshape:
+            raise ValueError(
+                f"egrad_fn returned shape {g.shape} at step {k}; expected (..., {pshape})"
+            )
         if batch_shape is None:
             batch_shape = g.shape[: g.ndim - len(pshape)]
         elif g.shape != batch_shape + pshape:

@@ -28,11 +28,11 @@ Planted problems with an independent optimum:
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from .manifolds import Manifold, PoincareBall, SPD
+from .manifolds import SPD, Manifold, PoincareBall
 
 __all__ = [
     "FrechetMeanProblem",
@@ -58,14 +58,23 @@ class FrechetMeanProblem:
         ValueError: a manifold without ``log``/``dist``; bad shapes; a point off the manifold.
     """
 
-    def __init__(self, manifold: Manifold, points: np.ndarray, optimum: np.ndarray | None = None,
-                 log_spectra: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        manifold: Manifold,
+        points: np.ndarray,
+        optimum: np.ndarray | None = None,
+        log_spectra: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         if not (hasattr(manifold, "log") and hasattr(manifold, "dist")):
-            raise ValueError(f"FrechetMeanProblem needs a manifold with log and dist, got {manifold!r}")
+            raise ValueError(
+                f"FrechetMeanProblem needs a manifold with log and dist, got {manifold!r}"
+            )
         a = np.asarray(points, dtype=np.float64)
         k = len(manifold.point_shape)
         if a.ndim != 2 + k or a.shape[2:] != tuple(manifold.point_shape):
-            raise ValueError(f"points must have shape (N, S, {', '.join(map(str, manifold.point_shape))}), got {a.shape}")
+            raise ValueError(
+                f"points must have shape (N, S, {', '.join(map(str, manifold.point_shape))}), got {a.shape}"
+            )
         manifold.check_point(a.reshape(-1, *manifold.point_shape))
         self.manifold = manifold
         self.samples = a
@@ -98,7 +107,9 @@ class FrechetMeanProblem:
         rgrad = -np.mean(self.manifold.log(xb, pts), axis=1)
         return self.manifold.rgrad2egrad(x, rgrad)
 
-    def local_egrads(self, x: np.ndarray, clients: np.ndarray | Sequence[int] | None = None) -> np.ndarray:
+    def local_egrads(
+        self, x: np.ndarray, clients: np.ndarray | Sequence[int] | None = None
+    ) -> np.ndarray:
         """Euclidean gradients of ``f_i`` (from ``grad f_i = -mean_s Log_x(a_{i,s})``).
 
         Args:
@@ -111,7 +122,9 @@ class FrechetMeanProblem:
         idx = np.arange(self.num_clients) if clients is None else np.asarray(clients, dtype=int)
         return self._egrads(x, self.samples[idx])
 
-    def minibatch_egrads(self, x: np.ndarray, clients: np.ndarray | Sequence[int], batch: np.ndarray) -> np.ndarray:
+    def minibatch_egrads(
+        self, x: np.ndarray, clients: np.ndarray | Sequence[int], batch: np.ndarray
+    ) -> np.ndarray:
         """Mini-batch gradients over the points ``batch (m, B)`` of each listed client; ``(m, *point_shape)``.
 
         Raises:
@@ -132,7 +145,9 @@ class FrechetMeanProblem:
     def optimum(self) -> tuple[np.ndarray, float]:
         """``(x*, F(x*))``. Raises ValueError if no optimum is known."""
         if self._opt is None:
-            raise ValueError("this FrechetMeanProblem has no known optimum; call set_optimum(centralised_frechet_mean(...))")
+            raise ValueError(
+                "this FrechetMeanProblem has no known optimum; call set_optimum(centralised_frechet_mean(...))"
+            )
         return self._opt
 
     def gap(self, x: np.ndarray) -> float:
@@ -154,14 +169,24 @@ class FrechetMeanProblem:
             raise ValueError("weighted_optimum needs a commuting SPD problem (log_spectra)")
         w = np.asarray(weights, dtype=np.float64)
         if w.shape != (self.num_clients,) or np.any(w < 0) or not w.sum() > 0:
-            raise ValueError(f"weights must be ({self.num_clients},), non-negative, with a positive sum")
+            raise ValueError(
+                f"weights must be ({self.num_clients},), non-negative, with a positive sum"
+            )
         q, lspec = self.log_spectra
         return (q * np.exp(w @ lspec / w.sum())) @ q.T
 
 
-def commuting_spd_problem(seed: int = 0, n: int = 3, num_frequent: int = 5, num_rare: int = 5,
-                          samples_per_client: int = 3, p_frequent: float = 0.9, p_rare: float = 0.4,
-                          spread: float = 1.0, noise: float = 0.3) -> tuple[FrechetMeanProblem, np.ndarray]:
+def commuting_spd_problem(
+    seed: int = 0,
+    n: int = 3,
+    num_frequent: int = 5,
+    num_rare: int = 5,
+    samples_per_client: int = 3,
+    p_frequent: float = 0.9,
+    p_rare: float = 0.4,
+    spread: float = 1.0,
+    noise: float = 0.3,
+) -> tuple[FrechetMeanProblem, np.ndarray]:
     """Planted SPD Fréchet-mean problem with commuting matrices (closed-form optimum, module docstring).
 
     Client ``i`` holds ``A_{i,s} = Q diag(exp(l_{i,s})) Q^T`` with ``l_{i,s} = mu_g + noise * N(0, I_n)``,
@@ -181,7 +206,11 @@ def commuting_spd_problem(seed: int = 0, n: int = 3, num_frequent: int = 5, num_
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, v in (("n", n), ("samples_per_client", samples_per_client), ("num_frequent", num_frequent)):
+    for name, v in (
+        ("n", n),
+        ("samples_per_client", samples_per_client),
+        ("num_frequent", num_frequent),
+    ):
         if int(v) != v or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     rng = np.random.default_rng([int(seed), 6])
@@ -189,7 +218,9 @@ def commuting_spd_problem(seed: int = 0, n: int = 3, num_frequent: int = 5, num_
     q = q * np.where(np.diag(r) < 0, -1.0, 1.0)
     mu = spread * np.linspace(1.0, -1.0, n)
     groups = np.array([1.0] * num_frequent + [-1.0] * num_rare)
-    logs = groups[:, None, None] * mu + noise * rng.standard_normal((groups.size, samples_per_client, n))
+    logs = groups[:, None, None] * mu + noise * rng.standard_normal(
+        (groups.size, samples_per_client, n)
+    )
     pts = np.einsum("ab,nsb,cb->nsac", q, np.exp(logs), q)
     pts = 0.5 * (pts + np.swapaxes(pts, -1, -2))
     lspec = logs.mean(axis=1)  # (N, n)
@@ -198,9 +229,16 @@ def commuting_spd_problem(seed: int = 0, n: int = 3, num_frequent: int = 5, num_
     return FrechetMeanProblem(SPD(n), pts, optimum=x_star, log_spectra=(q, lspec)), p
 
 
-def symmetric_poincare_problem(seed: int = 0, n: int = 2, num_pairs: int = 5, samples_per_client: int = 3,
-                               p_frequent: float = 0.9, p_rare: float = 0.4, centre: float = 0.5,
-                               noise: float = 0.15) -> tuple[FrechetMeanProblem, np.ndarray]:
+def symmetric_poincare_problem(
+    seed: int = 0,
+    n: int = 2,
+    num_pairs: int = 5,
+    samples_per_client: int = 3,
+    p_frequent: float = 0.9,
+    p_rare: float = 0.4,
+    centre: float = 0.5,
+    noise: float = 0.15,
+) -> tuple[FrechetMeanProblem, np.ndarray]:
     """Planted hyperbolic Fréchet-mean problem whose optimum is the origin (module docstring).
 
     Clients ``0..P-1`` (frequent) hold ``S`` points ``Exp_0(centre e_0 + noise N(0, I))``; client ``i + P``
@@ -232,8 +270,14 @@ def symmetric_poincare_problem(seed: int = 0, n: int = 2, num_pairs: int = 5, sa
     return FrechetMeanProblem(ball, pts, optimum=np.zeros(n)), p
 
 
-def centralised_frechet_mean(manifold: Manifold, points: np.ndarray, weights: np.ndarray | None = None,
-                             steps: int = 100, lr: float = 0.5, x0: np.ndarray | None = None) -> np.ndarray:
+def centralised_frechet_mean(
+    manifold: Manifold,
+    points: np.ndarray,
+    weights: np.ndarray | None = None,
+    steps: int = 100,
+    lr: float = 0.5,
+    x0: np.ndarray | None = None,
+) -> np.ndarray:
     """Weighted Fréchet mean of ``points (N, S, *shape)`` by the centralised Karcher flow in geoopt (the reference).
 
     Iterates ``x <- Exp_x(lr * sum_i w_i (1/S) sum_s Log_x(a_{i,s}))`` (Riemannian gradient descent on
@@ -261,7 +305,9 @@ def centralised_frechet_mean(manifold: Manifold, points: np.ndarray, weights: np
 
     geo = getattr(manifold, "_geo", None)
     if geo is None:
-        raise ValueError(f"centralised_frechet_mean needs a geoopt-backed manifold, got {manifold!r}")
+        raise ValueError(
+            f"centralised_frechet_mean needs a geoopt-backed manifold, got {manifold!r}"
+        )
     a = np.asarray(points, dtype=np.float64)
     n_cl = a.shape[0]
     w = np.ones(n_cl) if weights is None else np.asarray(weights, dtype=np.float64)

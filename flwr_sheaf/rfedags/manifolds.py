@@ -36,8 +36,9 @@ gradient (``grad f = P_x(nabla f)``, standard for embedded submanifolds; docs/ba
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -164,7 +165,9 @@ class _GeooptEmbedded:
         out = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
         k = len(self.point_shape)
         if out.shape[-k:] != self.point_shape:
-            raise ValueError(f"{name}: expected shape (..., {', '.join(map(str, self.point_shape))}) on {self!r}, got {out.shape}")
+            raise ValueError(
+                f"{name}: expected shape (..., {', '.join(map(str, self.point_shape))}) on {self!r}, got {out.shape}"
+            )
         return out
 
     def _proju(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -212,7 +215,9 @@ class _GeooptEmbedded:
             raise ValueError(f"point x on {self!r} has NaN/inf entries")
         err = float(np.max(self.feasibility(x)))
         if err > atol:
-            raise ValueError(f"point x is off {self!r}: {self._constraint} = {err:.3e} > atol={atol}")
+            raise ValueError(
+                f"point x is off {self!r}: {self._constraint} = {err:.3e} > atol={atol}"
+            )
 
 
 class Stiefel(_GeooptEmbedded):
@@ -285,20 +290,28 @@ class Stiefel(_GeooptEmbedded):
         r = self.r
         ys = y.reshape(-1, self.d, r)
         m = np.swapaxes(x, -1, -2) @ ys  # (B, r, r)
-        ia, ib = np.triu_indices(r)  # equation (a, b), a <= b; unknown R[i, j], i <= j (same ordering)
+        ia, ib = np.triu_indices(
+            r
+        )  # equation (a, b), a <= b; unknown R[i, j], i <= j (same ordering)
         ii, jj = ia, ib
         # (M E_ij + E_ij^T M^T)[a, b] = M[a, i] [b = j] + [a = j] M[b, i]
-        a = (m[:, ia[:, None], ii[None, :]] * (ib[:, None] == jj[None, :])
-             + (ia[:, None] == jj[None, :]) * m[:, ib[:, None], ii[None, :]])
+        a = (
+            m[:, ia[:, None], ii[None, :]] * (ib[:, None] == jj[None, :])
+            + (ia[:, None] == jj[None, :]) * m[:, ib[:, None], ii[None, :]]
+        )
         rhs = np.broadcast_to(2.0 * (ia == ib).astype(np.float64), (ys.shape[0], ia.size))
         try:
             sol = np.linalg.solve(a, rhs[..., None])[..., 0]
         except np.linalg.LinAlgError:
-            raise ValueError(f"invretr on {self!r}: Y is not reachable from X by the QR retraction (singular X^T Y)") from None
+            raise ValueError(
+                f"invretr on {self!r}: Y is not reachable from X by the QR retraction (singular X^T Y)"
+            ) from None
         rr = np.zeros((ys.shape[0], r, r))
         rr[:, ia, ib] = sol
         if np.any(np.diagonal(rr, axis1=-2, axis2=-1) <= 0) or not np.all(np.isfinite(rr)):
-            raise ValueError(f"invretr on {self!r}: Y is not reachable from X by the QR retraction (diag(R) <= 0)")
+            raise ValueError(
+                f"invretr on {self!r}: Y is not reachable from X by the QR retraction (diag(R) <= 0)"
+            )
         return (ys @ rr - x).reshape(y.shape)
 
     #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines.md, s5.4).
@@ -357,7 +370,9 @@ class Sphere(_GeooptEmbedded):
     Points and vectors have shape ``(..., n)``; all outputs are float64 numpy arrays.
     """
 
-    def __init__(self, n: int, retraction: str = "normalize", transport: str = "projection") -> None:
+    def __init__(
+        self, n: int, retraction: str = "normalize", transport: str = "projection"
+    ) -> None:
         if int(n) != n or n < 2:
             raise ValueError(f"Sphere(n) needs an integer n >= 2, got n={n}")
         if retraction not in ("normalize", "exp"):
@@ -428,7 +443,9 @@ class Sphere(_GeooptEmbedded):
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         c = np.sum(x * y, axis=-1, keepdims=True)
         if np.any(c <= 0):
-            raise ValueError(f"invretr on {self!r}: <x, y> <= 0, y is not reachable by the normalisation retraction")
+            raise ValueError(
+                f"invretr on {self!r}: <x, y> <= 0, y is not reachable by the normalisation retraction"
+            )
         return y / c - x
 
     #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines.md, s5.4).
@@ -510,7 +527,9 @@ class SPD(_GeooptEmbedded):
             raise ValueError(f"SPD(n) needs an integer n >= 1, got n={n}")
         self.n = int(n)
         self.point_shape = (self.n, self.n)
-        self._geo = geoopt.SymmetricPositiveDefinite("AIM")  # the reference (tests, centralised solver)
+        self._geo = geoopt.SymmetricPositiveDefinite(
+            "AIM"
+        )  # the reference (tests, centralised solver)
         self._constraint = "||X - X^T||_F (inf if not positive definite)"
 
     def __repr__(self) -> str:

@@ -174,8 +174,13 @@ class FrequencyEstimator:
         ValueError: invalid ``num_clients``, ``q_min``, ``prior`` or ``estimator`` (named).
     """
 
-    def __init__(self, num_clients: int, q_min: float = DEFAULT_Q_MIN, prior: float = 1.0,
-                 estimator: str = "plus-one") -> None:
+    def __init__(
+        self,
+        num_clients: int,
+        q_min: float = DEFAULT_Q_MIN,
+        prior: float = 1.0,
+        estimator: str = "plus-one",
+    ) -> None:
         if int(num_clients) != num_clients or num_clients < 1:
             raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
         if not (np.isfinite(q_min) and 0.0 < q_min <= 1.0):

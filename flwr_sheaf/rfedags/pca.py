@@ -26,7 +26,7 @@ step) that the Flower strategy is tested against.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -85,7 +85,9 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
     """
     x, u = np.asarray(x, dtype=np.float64), np.asarray(u, dtype=np.float64)
     if x.shape != u.shape or x.ndim != 2:
-        raise ValueError(f"subspace_distance needs two (d, r) matrices, got {x.shape} and {u.shape}")
+        raise ValueError(
+            f"subspace_distance needs two (d, r) matrices, got {x.shape} and {u.shape}"
+        )
     return float(np.linalg.norm(x @ x.T - u @ u.T) / np.sqrt(2.0))
 
 
@@ -148,7 +150,9 @@ class PCAProblem:
         """Riemannian gradient ``P_X(-2 A X)`` of ``F``; ``(d, r)`` float64."""
         return self.manifold.egrad2rgrad(x, self.egrad(x))
 
-    def local_egrads(self, x: np.ndarray, clients: np.ndarray | list[int] | None = None) -> np.ndarray:
+    def local_egrads(
+        self, x: np.ndarray, clients: np.ndarray | list[int] | None = None
+    ) -> np.ndarray:
         """Exact local Euclidean gradients ``-2 A_i X_i``.
 
         Args:
@@ -164,7 +168,9 @@ class PCAProblem:
         idx = np.arange(self.num_clients) if clients is None else np.asarray(clients, dtype=int)
         return -2.0 * (self.covariances[idx] @ np.asarray(x, dtype=np.float64))
 
-    def minibatch_egrads(self, x: np.ndarray, clients: np.ndarray | list[int], batch: np.ndarray) -> np.ndarray:
+    def minibatch_egrads(
+        self, x: np.ndarray, clients: np.ndarray | list[int], batch: np.ndarray
+    ) -> np.ndarray:
         """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (docs/baselines.md, s5.5; batch without replacement).
 
         Args:
@@ -185,7 +191,9 @@ class PCAProblem:
         if b.ndim != 2 or b.shape[0] != idx.size:
             raise ValueError(f"batch must have shape ({idx.size}, B), got {b.shape}")
         zb = self.samples[idx[:, None], b]  # (m, B, d)
-        return -(2.0 / b.shape[1]) * (np.swapaxes(zb, 1, 2) @ (zb @ np.asarray(x, dtype=np.float64)))
+        return -(2.0 / b.shape[1]) * (
+            np.swapaxes(zb, 1, 2) @ (zb @ np.asarray(x, dtype=np.float64))
+        )
 
     # --- optimum -------------------------------------------------------------------------------
     def optimum(self) -> tuple[np.ndarray, float]:
@@ -238,7 +246,11 @@ def synthetic_pca_problem(
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, v in (("num_clients", num_clients), ("d", d), ("samples_per_client", samples_per_client)):
+    for name, v in (
+        ("num_clients", num_clients),
+        ("d", d),
+        ("samples_per_client", samples_per_client),
+    ):
         if int(v) != v or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     rng = np.random.default_rng([int(seed), 3])
@@ -313,8 +325,9 @@ def planted_pca_problem(
     return PCAProblem(cov, 2), p
 
 
-def batch_indices(seed: int, server_round: int, client: int, num_steps: int, num_samples: int,
-                  batch_size: int) -> np.ndarray:
+def batch_indices(
+    seed: int, server_round: int, client: int, num_steps: int, num_samples: int, batch_size: int
+) -> np.ndarray:
     """Mini-batch indices of one client's local phase (without replacement within each step).
 
     Deterministic in ``(seed, server_round, client)`` (SeedSequence entropy ``[seed, 1, round, client]``)
@@ -403,8 +416,15 @@ def run_pca_reference(
         x0 = man.random_point(np.random.default_rng([int(seed), 2]))
     man.check_point(x0)
     server = RFedAGSServer(
-        man, x0, problem.num_clients, mode=mode, p=probs, q_min=q_min, global_step=global_step,
-        estimate_includes_current=estimate_includes_current, estimator_kind=estimator,
+        man,
+        x0,
+        problem.num_clients,
+        mode=mode,
+        p=probs,
+        q_min=q_min,
+        global_step=global_step,
+        estimate_includes_current=estimate_includes_current,
+        estimator_kind=estimator,
     )
     u_star, _ = problem.optimum()
     p_tilde = effective_weights_uncorrected(probs)
@@ -427,15 +447,18 @@ def run_pca_reference(
         if clients.size:
             a_t = alpha(t - 1)
             if batch_size is None:
+
                 def egrad(x, k, c=clients):
                     return problem.local_egrads(x, c)
             else:
                 s = problem.samples.shape[1] if problem.samples is not None else 0
-                bidx = np.stack([batch_indices(seed, t, int(c), local_steps, s, batch_size)
-                                 for c in clients])  # (m, K, B)
+                bidx = np.stack(
+                    [batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]
+                )  # (m, K, B)
 
                 def egrad(x, k, c=clients, b=bidx):
                     return problem.minibatch_egrads(x, c, b[:, k])
+
             stream = local_gradient_stream(man, server.x, egrad, local_steps, a_t)
             zetas[clients] = stream.zeta
         else:
@@ -444,6 +467,11 @@ def run_pca_reference(
         max_feas = max(max_feas, float(man.feasibility(server.x)))
         if t % record_every == 0 or t == num_rounds:
             record(t, int(clients.size))
-    hist.update(max_feasibility=max_feas, empty_rounds=empty, x=server.x.copy(),
-                q=server.estimator.estimate(), p_tilde=p_tilde)
+    hist.update(
+        max_feasibility=max_feas,
+        empty_rounds=empty,
+        x=server.x.copy(),
+        q=server.estimator.estimate(),
+        p_tilde=p_tilde,
+    )
     return hist

@@ -16,13 +16,21 @@ A problem provides ``manifold``, ``num_clients``, ``samples`` (``(N, S, ...)`` o
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from .aggregation import MODES, RFedAGSServer
-from .baselines import (BASELINES, average_ambient, average_endpoints, full_gradient, projection_correction,
-                        projection_local_steps, require_projection, svrg_local_steps)
+from .baselines import (
+    BASELINES,
+    average_ambient,
+    average_endpoints,
+    full_gradient,
+    projection_correction,
+    projection_local_steps,
+    require_projection,
+    svrg_local_steps,
+)
 from .client import local_gradient_stream
 from .participation import DEFAULT_Q_MIN, bernoulli_participation, check_probabilities
 from .pca import batch_indices
@@ -97,8 +105,16 @@ def run_federated(
     if x0 is None:
         x0 = man.random_point(np.random.default_rng([int(seed), 2]))
     man.check_point(x0)
-    server = RFedAGSServer(man, x0, n, mode=mode, p=probs, q_min=q_min, global_step=global_step,
-                           estimator_kind=estimator)
+    server = RFedAGSServer(
+        man,
+        x0,
+        n,
+        mode=mode,
+        p=probs,
+        q_min=q_min,
+        global_step=global_step,
+        estimator_kind=estimator,
+    )
     shape = tuple(man.point_shape)
     x_mid = server.x.copy()  # RFedProj's ambient server variable
     x_mid_prev = x_mid.copy()
@@ -123,26 +139,37 @@ def run_federated(
         clients = np.flatnonzero(mask)
         a_t = alpha(t - 1)
         if batch_size is None:
+
             def egrad(x, k, c=clients):
                 return problem.local_egrads(x, c)
         else:
             s = problem.samples.shape[1]
-            bidx = np.stack([batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]) \
-                if clients.size else np.zeros((0, local_steps, batch_size), int)
+            bidx = (
+                np.stack(
+                    [batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]
+                )
+                if clients.size
+                else np.zeros((0, local_steps, batch_size), int)
+            )
 
             def egrad(x, k, c=clients, b=bidx):
                 return problem.minibatch_egrads(x, c, b[:, k])
+
         w, _ = server.weights(mask)
         uploads = np.zeros((n, *shape))
         if not clients.size:
             empty += 1
         if method == "rfedags":
             if clients.size:
-                uploads[clients] = local_gradient_stream(man, server.x, egrad, local_steps, a_t).zeta
+                uploads[clients] = local_gradient_stream(
+                    man, server.x, egrad, local_steps, a_t
+                ).zeta
             server.step(mask, uploads)
         elif method == "rfedavg":
             if clients.size:
-                uploads[clients] = local_gradient_stream(man, server.x, egrad, local_steps, a_t).endpoint
+                uploads[clients] = local_gradient_stream(
+                    man, server.x, egrad, local_steps, a_t
+                ).endpoint
             server.x, _ = average_endpoints(man, server.x, uploads, w, global_step)
             server.estimator.observe(mask)
         elif method == "rfedsvrg":
@@ -159,8 +186,15 @@ def run_federated(
                 corr = np.zeros((clients.size, *shape))
                 again = prev_mask[clients]
                 if again.any():
-                    corr[again] = projection_correction(man, x_mid_prev, x_mid, zeta_prev[clients[again]],
-                                                        local_steps, a_t, global_step)
+                    corr[again] = projection_correction(
+                        man,
+                        x_mid_prev,
+                        x_mid,
+                        zeta_prev[clients[again]],
+                        local_steps,
+                        a_t,
+                        global_step,
+                    )
                 z_hat, zeta = projection_local_steps(man, x_mid, corr, egrad, local_steps, a_t)
                 uploads[clients] = z_hat
                 zeta_prev[clients] = zeta
@@ -172,5 +206,10 @@ def run_federated(
         max_feas = max(max_feas, float(np.max(man.feasibility(server.x))))
         if t % record_every == 0 or t == num_rounds:
             record(t, int(clients.size))
-    hist.update(max_feasibility=max_feas, empty_rounds=empty, x=server.x.copy(), q=server.estimator.estimate())
+    hist.update(
+        max_feasibility=max_feas,
+        empty_rounds=empty,
+        x=server.x.copy(),
+        q=server.estimator.estimate(),
+    )
     return hist

@@ -23,8 +23,8 @@ unconverged estimate is visible, never silent. No Flower here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -33,8 +33,16 @@ import torch
 
 from .network import sheaf_laplacian
 
-__all__ = ["NEAR_KERNEL_RTOL", "DENSE_MAX_DIM", "LOBPCG_ITERATIONS", "NON_EDGE_STREAM", "LaplacianSpectrum",
-           "laplacian_spectrum", "graph_algebraic_connectivity", "sample_non_edges"]
+__all__ = [
+    "NEAR_KERNEL_RTOL",
+    "DENSE_MAX_DIM",
+    "LOBPCG_ITERATIONS",
+    "NON_EDGE_STREAM",
+    "LaplacianSpectrum",
+    "laplacian_spectrum",
+    "graph_algebraic_connectivity",
+    "sample_non_edges",
+]
 
 #: near-kernel threshold, relative to ``trace(L) / sum_i d_i`` (eigenvalue < tol counts as a global section).
 NEAR_KERNEL_RTOL = 1e-2
@@ -77,9 +85,16 @@ class LaplacianSpectrum:
     max_residual: float = 0.0
 
 
-def laplacian_spectrum(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
-                       edges: Sequence[tuple[int, int]], k: int, *, dense_max: int = DENSE_MAX_DIM,
-                       iterations: int = LOBPCG_ITERATIONS, seed: int = 0) -> LaplacianSpectrum:
+def laplacian_spectrum(
+    maps: Mapping[tuple[int, int], torch.Tensor],
+    dims: Mapping[int, int],
+    edges: Sequence[tuple[int, int]],
+    k: int,
+    *,
+    dense_max: int = DENSE_MAX_DIM,
+    iterations: int = LOBPCG_ITERATIONS,
+    seed: int = 0,
+) -> LaplacianSpectrum:
     """The ``k`` smallest eigenvalues and the near-kernel dimension of ``L = Delta^T Delta`` (Eq. 6).
 
     Args:
@@ -112,7 +127,9 @@ def laplacian_spectrum(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mappi
         scale = float(torch.diagonal(lap).sum()) / n
         ev = torch.linalg.eigvalsh(lap)
         tol = NEAR_KERNEL_RTOL * scale
-        return LaplacianSpectrum(_clip(ev[:k], scale), int((ev < tol).sum()), True, tol, scale, n, bound, "dense", 0.0)
+        return LaplacianSpectrum(
+            _clip(ev[:k], scale), int((ev < tol).sum()), True, tol, scale, n, bound, "dense", 0.0
+        )
     lap = sheaf_laplacian(maps, dims, edges, sparse=True)
     idx, vals = lap.indices(), lap.values()
     scale = float(vals[idx[0] == idx[1]].sum()) / n
@@ -128,7 +145,9 @@ def laplacian_spectrum(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mappi
         resid = torch.linalg.vector_norm(csr @ vec - vec * ev, dim=0)
     tol = NEAR_KERNEL_RTOL * scale
     count = int((ev < tol).sum())
-    return LaplacianSpectrum(_clip(ev, scale), count, count < m, tol, scale, n, bound, "lobpcg", float(resid.max()))
+    return LaplacianSpectrum(
+        _clip(ev, scale), count, count < m, tol, scale, n, bound, "lobpcg", float(resid.max())
+    )
 
 
 def _clip(ev: torch.Tensor, scale: float) -> list[float]:
@@ -171,8 +190,14 @@ def _dense_graph_laplacian(graph: nx.Graph) -> np.ndarray:
     return lap
 
 
-def sample_non_edges(graph: nx.Graph, nodes: Sequence[int], k: int, seed: int, server_round: int,
-                     enumerate_max: int = 100_000) -> list[tuple[int, int]]:
+def sample_non_edges(
+    graph: nx.Graph,
+    nodes: Sequence[int],
+    k: int,
+    seed: int,
+    server_round: int,
+    enumerate_max: int = 100_000,
+) -> list[tuple[int, int]]:
     """A deterministic draw of up to ``k`` unordered non-adjacent pairs joined by a path through ``nodes``.
 
     Candidates are pairs ``a < b`` of ``nodes`` that are not adjacent in ``graph`` and lie in the
@@ -207,8 +232,12 @@ def sample_non_edges(graph: nx.Graph, nodes: Sequence[int], k: int, seed: int, s
     comp = {v: i for i, c in enumerate(nx.connected_components(sub)) for v in c}
     rng = np.random.default_rng([int(seed), NON_EDGE_STREAM, int(server_round)])
     if len(nodes) * (len(nodes) - 1) // 2 <= enumerate_max:
-        cands = [(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:]
-                 if not graph.has_edge(a, b) and comp[a] == comp[b]]
+        cands = [
+            (a, b)
+            for i, a in enumerate(nodes)
+            for b in nodes[i + 1 :]
+            if not graph.has_edge(a, b) and comp[a] == comp[b]
+        ]
         if len(cands) <= k:
             return cands
         pick = rng.choice(len(cands), size=int(k), replace=False)

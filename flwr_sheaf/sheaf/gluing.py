@@ -101,7 +101,9 @@ def gluing_penalty_terms(
             )
         w = float(e.weight)
         if not (math.isfinite(w) and w >= 0.0):
-            raise ValueError(f"edge with neighbour {e.neighbour}: weight must be finite and >= 0, got {e.weight!r}")
+            raise ValueError(
+                f"edge with neighbour {e.neighbour}: weight must be finite and >= 0, got {e.weight!r}"
+            )
         v = e.v.to(a_i.dtype).detach()
         resid = (a_i - a_j @ v.T) if e.i_is_head else (a_j - a_i @ v.T)
         sq = (resid**2).sum()

@@ -21,7 +21,14 @@ import torch
 from .procrustes import procrustes
 from .validation import check_pilots
 
-__all__ = ["orient_edge", "NetworkSheaf", "coboundary", "sheaf_laplacian", "stalk_offsets", "path_map"]
+__all__ = [
+    "orient_edge",
+    "NetworkSheaf",
+    "coboundary",
+    "sheaf_laplacian",
+    "stalk_offsets",
+    "path_map",
+]
 
 
 def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
@@ -64,22 +71,34 @@ def stalk_offsets(dims: Mapping[int, int]) -> dict[int, int]:
     return off
 
 
-def _check_maps(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
-                edges: Sequence[tuple[int, int]]) -> None:
+def _check_maps(
+    maps: Mapping[tuple[int, int], torch.Tensor],
+    dims: Mapping[int, int],
+    edges: Sequence[tuple[int, int]],
+) -> None:
     for h, t in edges:
         if h not in dims or t not in dims:
-            raise ValueError(f"edge {h}->{t}: node {h if h not in dims else t} has no stalk dimension")
+            raise ValueError(
+                f"edge {h}->{t}: node {h if h not in dims else t} has no stalk dimension"
+            )
         if (h, t) not in maps:
             raise ValueError(f"no restriction map for oriented edge {h}->{t}")
         v = maps[(h, t)]
         if tuple(v.shape) != (dims[h], dims[t]):
-            raise ValueError(f"map of edge {h}->{t} must be ({dims[h]}, {dims[t]}), got {tuple(v.shape)}")
+            raise ValueError(
+                f"map of edge {h}->{t} must be ({dims[h]}, {dims[t]}), got {tuple(v.shape)}"
+            )
         if not torch.isfinite(v).all():
             raise ValueError(f"map of edge {h}->{t} has NaN/inf entries")
 
 
-def coboundary(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
-               edges: Sequence[tuple[int, int]], *, sparse: bool = False) -> torch.Tensor:
+def coboundary(
+    maps: Mapping[tuple[int, int], torch.Tensor],
+    dims: Mapping[int, int],
+    edges: Sequence[tuple[int, int]],
+    *,
+    sparse: bool = False,
+) -> torch.Tensor:
     """Coboundary ``Delta`` of a network sheaf (paper Eq. 5, re-parameterised as Eq. 10/11).
 
     Args:
@@ -124,14 +143,25 @@ def coboundary(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, 
         vals.append(-maps[(h, t)].detach().double().cpu().reshape(-1))
         row += dh
     if not rows:
-        return torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
-                                       (n_rows, n_cols), check_invariants=True).coalesce()
+        return torch.sparse_coo_tensor(
+            torch.zeros(2, 0, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.float64),
+            (n_rows, n_cols),
+            check_invariants=True,
+        ).coalesce()
     idx = torch.stack([torch.cat(rows), torch.cat(cols)])
-    return torch.sparse_coo_tensor(idx, torch.cat(vals), (n_rows, n_cols), check_invariants=True).coalesce()
+    return torch.sparse_coo_tensor(
+        idx, torch.cat(vals), (n_rows, n_cols), check_invariants=True
+    ).coalesce()
 
 
-def sheaf_laplacian(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[int, int],
-                    edges: Sequence[tuple[int, int]], *, sparse: bool = False) -> torch.Tensor:
+def sheaf_laplacian(
+    maps: Mapping[tuple[int, int], torch.Tensor],
+    dims: Mapping[int, int],
+    edges: Sequence[tuple[int, int]],
+    *,
+    sparse: bool = False,
+) -> torch.Tensor:
     """Sheaf Laplacian ``L = Delta^T Delta`` (paper Eq. 6) of :func:`coboundary`'s ``Delta``.
 
     Args:
@@ -149,7 +179,9 @@ def sheaf_laplacian(maps: Mapping[tuple[int, int], torch.Tensor], dims: Mapping[
     delta = coboundary(maps, dims, edges, sparse=sparse)
     if not sparse:
         return delta.T @ delta
-    with warnings.catch_warnings():  # torch notes that its sparse CSR kernels (used inside) are "beta"
+    with (
+        warnings.catch_warnings()
+    ):  # torch notes that its sparse CSR kernels (used inside) are "beta"
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse.mm(delta.t().coalesce(), delta).coalesce()
 
@@ -183,10 +215,14 @@ def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) 
         elif (u, w) in maps:
             m = maps[(u, w)].detach().double().cpu().T
         else:
-            raise ValueError(f"path {list(path)}: no restriction map for hop {u}->{w} (edge not in the sheaf)")
+            raise ValueError(
+                f"path {list(path)}: no restriction map for hop {u}->{w} (edge not in the sheaf)"
+            )
         if t is not None and m.shape[1] != t.shape[0]:
-            raise ValueError(f"path {list(path)}: hop {u}->{w} map {tuple(m.shape)} does not chain with "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"path {list(path)}: hop {u}->{w} map {tuple(m.shape)} does not chain with "
+                f"{tuple(t.shape)}"
+            )
         t = m if t is None else m @ t
     return t
 
@@ -262,7 +298,9 @@ class NetworkSheaf:
         """
         return path_map(path, self.maps)
 
-    def edge_total_variation(self, pilots: Mapping[int, torch.Tensor]) -> dict[tuple[int, int], float]:
+    def edge_total_variation(
+        self, pilots: Mapping[int, torch.Tensor]
+    ) -> dict[tuple[int, int], float]:
         """Per oriented edge ``||A_h - V A_t||_F^2 / K`` on row-wise pilots (the Eq. 9 terms per pilot).
 
         Args:

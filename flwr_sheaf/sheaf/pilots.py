@@ -41,17 +41,46 @@ import torch
 
 from .procrustes import polar_factor, procrustes
 
-__all__ = ["PILOT_STRATEGY_FORMS", "PilotStrategySpec", "parse_pilot_strategy", "PilotSelection", "PilotSampler",
-           "round_rng", "uniform_indices", "stratified_indices", "dynamic_indices", "adaptive_indices",
-           "cluster_pilots", "public_pilot_features", "pilot_mismatch", "apply_selection", "group_means",
-           "parseval", "PILOT_NORMALISATIONS"]
+__all__ = [
+    "PILOT_STRATEGY_FORMS",
+    "PilotStrategySpec",
+    "parse_pilot_strategy",
+    "PilotSelection",
+    "PilotSampler",
+    "round_rng",
+    "uniform_indices",
+    "stratified_indices",
+    "dynamic_indices",
+    "adaptive_indices",
+    "cluster_pilots",
+    "public_pilot_features",
+    "pilot_mismatch",
+    "apply_selection",
+    "group_means",
+    "parseval",
+    "PILOT_NORMALISATIONS",
+]
 
-PILOT_STRATEGY_FORMS = ("all", "uniform:K", "stratified-class:K", "stratified-cluster:K", "prototype-class",
-                        "prototype-cluster:K", "dynamic:P+R", "adaptive:K")
+PILOT_STRATEGY_FORMS = (
+    "all",
+    "uniform:K",
+    "stratified-class:K",
+    "stratified-cluster:K",
+    "prototype-class",
+    "prototype-cluster:K",
+    "dynamic:P+R",
+    "adaptive:K",
+)
 PILOT_NORMALISATIONS = ("none", "parseval")
 #: stream ids of the selection's random draws (kept apart from every other stream of the run).
-_STREAM = {"uniform": 11, "stratified": 12, "dynamic-persistent": 13, "dynamic-refresh": 14, "adaptive": 15,
-           "quota": 16}
+_STREAM = {
+    "uniform": 11,
+    "stratified": 12,
+    "dynamic-persistent": 13,
+    "dynamic-refresh": 14,
+    "adaptive": 15,
+    "quota": 16,
+}
 
 
 @dataclass(frozen=True)
@@ -96,7 +125,9 @@ def parse_pilot_strategy(text: str) -> PilotStrategySpec:
     t = str(text).strip()
     if t in ("all", "prototype-class"):
         return PilotStrategySpec(t)
-    m = re.fullmatch(r"(uniform|stratified-class|stratified-cluster|prototype-cluster|adaptive):(\d+)", t)
+    m = re.fullmatch(
+        r"(uniform|stratified-class|stratified-cluster|prototype-cluster|adaptive):(\d+)", t
+    )
     if m:
         k = int(m.group(2))
         if k < 2:
@@ -108,7 +139,9 @@ def parse_pilot_strategy(text: str) -> PilotStrategySpec:
         if p + r < 2 or r < 1:
             raise ValueError(f"pilot-strategy {t!r}: need R >= 1 and P + R >= 2")
         return PilotStrategySpec("dynamic", p + r, p, r)
-    raise ValueError(f"pilot-strategy {t!r}: expected one of {', '.join(PILOT_STRATEGY_FORMS)} (K, P, R integers)")
+    raise ValueError(
+        f"pilot-strategy {t!r}: expected one of {', '.join(PILOT_STRATEGY_FORMS)} (K, P, R integers)"
+    )
 
 
 @dataclass(frozen=True)
@@ -132,13 +165,17 @@ class PilotSelection:
 
 def round_rng(seed: int, server_round: int, stream: str) -> np.random.Generator:
     """numpy generator of one selection draw, derived from ``(seed, server round, stream)`` only."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), int(server_round), _STREAM[stream]]))
+    return np.random.default_rng(
+        np.random.SeedSequence([int(seed), int(server_round), _STREAM[stream]])
+    )
 
 
 def uniform_indices(num_pilots: int, k: int, seed: int, server_round: int) -> np.ndarray:
     """``min(k, M)`` of ``M = num_pilots`` indices uniformly without replacement, sorted; int64."""
     k = min(int(k), int(num_pilots))
-    return np.sort(round_rng(seed, server_round, "uniform").choice(num_pilots, size=k, replace=False)).astype(np.int64)
+    return np.sort(
+        round_rng(seed, server_round, "uniform").choice(num_pilots, size=k, replace=False)
+    ).astype(np.int64)
 
 
 def stratified_indices(groups: np.ndarray, k: int, seed: int, server_round: int) -> np.ndarray:
@@ -168,7 +205,9 @@ def stratified_indices(groups: np.ndarray, k: int, seed: int, server_round: int)
     return np.sort(picked).astype(np.int64)
 
 
-def dynamic_indices(num_pilots: int, persistent: int, refresh: int, seed: int, server_round: int) -> np.ndarray:
+def dynamic_indices(
+    num_pilots: int, persistent: int, refresh: int, seed: int, server_round: int
+) -> np.ndarray:
     """P persistent indices (drawn once from ``seed``, the same every round) plus R drawn each round
     from the others (from ``(seed, server round)``), sorted; int64; ``min(P + R, M)`` in all."""
     p = min(int(persistent), int(num_pilots))
@@ -250,7 +289,10 @@ def pilot_mismatch(bank: Mapping[int, np.ndarray], edges: Sequence[tuple[int, in
     for h, t in edges:
         if h not in bank or t not in bank:
             continue
-        ah, at = torch.from_numpy(np.asarray(bank[h], np.float64)), torch.from_numpy(np.asarray(bank[t], np.float64))
+        ah, at = (
+            torch.from_numpy(np.asarray(bank[h], np.float64)),
+            torch.from_numpy(np.asarray(bank[t], np.float64)),
+        )
         v = procrustes(ah, at)
         r = ((ah - at @ v.T) ** 2).sum(1).numpy()
         total = r if total is None else total + r
@@ -275,18 +317,28 @@ class PilotSampler:
         ValueError: the grouping the spec needs is missing or has the wrong length (named).
     """
 
-    def __init__(self, spec: PilotStrategySpec, num_pilots: int, seed: int, labels: np.ndarray | None = None,
-                 features: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        spec: PilotStrategySpec,
+        num_pilots: int,
+        seed: int,
+        labels: np.ndarray | None = None,
+        features: np.ndarray | None = None,
+    ) -> None:
         self.spec, self.num_pilots, self.seed = spec, int(num_pilots), int(seed)
         self.groups: np.ndarray | None = None
         if spec.groups == "class":
             if labels is None or np.asarray(labels).shape != (self.num_pilots,):
-                raise ValueError(f"pilot-strategy={spec.kind}: needs ({self.num_pilots},) pilot labels, got "
-                                 f"{None if labels is None else np.asarray(labels).shape}")
+                raise ValueError(
+                    f"pilot-strategy={spec.kind}: needs ({self.num_pilots},) pilot labels, got "
+                    f"{None if labels is None else np.asarray(labels).shape}"
+                )
             self.groups = _contiguous(labels)
         elif spec.groups == "cluster":
             if features is None or np.asarray(features).shape[0] != self.num_pilots:
-                raise ValueError(f"pilot-strategy={spec.kind}: needs public pilot features with {self.num_pilots} rows")
+                raise ValueError(
+                    f"pilot-strategy={spec.kind}: needs public pilot features with {self.num_pilots} rows"
+                )
             n = spec.k if spec.prototype else max(2, int(round(np.sqrt(spec.k))))
             self.groups = cluster_pilots(features, n, self.seed)
 
@@ -295,7 +347,9 @@ class PilotSampler:
         """Groups of the partition (0 without one)."""
         return 0 if self.groups is None else int(self.groups.max()) + 1
 
-    def select(self, server_round: int, mismatch: np.ndarray | None = None) -> PilotSelection | None:
+    def select(
+        self, server_round: int, mismatch: np.ndarray | None = None
+    ) -> PilotSelection | None:
         """This round's selection (None for ``all``).
 
         Args:
@@ -311,7 +365,9 @@ class PilotSampler:
         if s.kind.startswith("stratified-"):
             return PilotSelection(stratified_indices(self.groups, s.k, self.seed, server_round))
         if s.kind == "dynamic":
-            return PilotSelection(dynamic_indices(m, s.persistent, s.refresh, self.seed, server_round))
+            return PilotSelection(
+                dynamic_indices(m, s.persistent, s.refresh, self.seed, server_round)
+            )
         if s.kind == "adaptive":
             if mismatch is None or not np.isfinite(mismatch).any():
                 return PilotSelection(uniform_indices(m, s.k, self.seed, server_round))
@@ -348,7 +404,9 @@ def apply_selection(a: torch.Tensor, sel: PilotSelection | None) -> torch.Tensor
         return a
     idx = torch.as_tensor(sel.indices, dtype=torch.long, device=a.device)
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= a.shape[0]):
-        raise ValueError(f"pilot indices outside [0, {a.shape[0]}): min {int(idx.min())}, max {int(idx.max())}")
+        raise ValueError(
+            f"pilot indices outside [0, {a.shape[0]}): min {int(idx.min())}, max {int(idx.max())}"
+        )
     rows = a[idx]
     if sel.groups is None:
         return rows

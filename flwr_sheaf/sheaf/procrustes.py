@@ -35,7 +35,7 @@ class SvdCounter:
     Example: ``with SvdCounter() as c: procrustes(a, b)`` leaves ``c.n == 1``.
     """
 
-    def __enter__(self) -> "SvdCounter":
+    def __enter__(self) -> SvdCounter:
         self._start, self.n = _SVDS, 0
         return self
 

@@ -34,8 +34,17 @@ from .gluing import EdgeTerm
 from .procrustes import procrustes
 from .validation import check_pilots
 
-__all__ = ["VARIANTS", "PRIVACY_MODES", "Received", "resolve_variant", "edge_dim", "edge_terms", "outgoing_pilots",
-           "init_map", "receiver_sends_raw"]
+__all__ = [
+    "VARIANTS",
+    "PRIVACY_MODES",
+    "Received",
+    "resolve_variant",
+    "edge_dim",
+    "edge_terms",
+    "outgoing_pilots",
+    "init_map",
+    "receiver_sends_raw",
+]
 
 VARIANTS = ("auto", "heterogeneous", "homogeneous")
 PRIVACY_MODES = ("standard", "stringent")
@@ -58,8 +67,10 @@ def resolve_variant(variant: str, dims: Mapping[int, int]) -> str:
         raise ValueError(f"sheaf-variant={variant!r}: must be one of {VARIANTS}")
     equal = len(set(dims.values())) <= 1
     if variant == "homogeneous" and not equal:
-        raise ValueError(f"sheaf-variant='homogeneous' needs equal stalk dimensions, got d = "
-                         f"{dict(sorted(dims.items()))} (use 'heterogeneous' or 'auto')")
+        raise ValueError(
+            f"sheaf-variant='homogeneous' needs equal stalk dimensions, got d = "
+            f"{dict(sorted(dims.items()))} (use 'heterogeneous' or 'auto')"
+        )
     if variant == "auto":
         return "homogeneous" if equal else "heterogeneous"
     return variant
@@ -105,9 +116,13 @@ class Received:
     weight: float = 1.0
 
 
-def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, privacy: str,
-               normalise: Callable[[torch.Tensor], torch.Tensor] | None = None
-               ) -> tuple[list[EdgeTerm], dict[int, torch.Tensor]]:
+def edge_terms(
+    own: torch.Tensor,
+    received: Sequence[Received],
+    variant: str,
+    privacy: str,
+    normalise: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[list[EdgeTerm], dict[int, torch.Tensor]]:
     """Agent i's incident gluing terms and the maps it fitted (module docstring for the modes).
 
     Args:
@@ -140,15 +155,25 @@ def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, pr
         check_pilots(m, f"pilots received from neighbour partition-id {r.neighbour}", k=k)
         if privacy == "stringent":
             if m.shape[1] < d_i:
-                raise ValueError(f"transported pilots of neighbour {r.neighbour} have d_e={m.shape[1]} < d_i={d_i}")
-            x = procrustes(nz(m), own_fit)  # P2c (i head: d_e = d_i, O(d_i)) or P2d (i tail: St(d_e, d_i))
+                raise ValueError(
+                    f"transported pilots of neighbour {r.neighbour} have d_e={m.shape[1]} < d_i={d_i}"
+                )
+            x = procrustes(
+                nz(m), own_fit
+            )  # P2c (i head: d_e = d_i, O(d_i)) or P2d (i tail: St(d_e, d_i))
             maps[r.neighbour] = x
-            terms.append(EdgeTerm(r.neighbour, m, x, False, float(r.weight)))  # ||Y - A_i X^T||, Eq. 42
+            terms.append(
+                EdgeTerm(r.neighbour, m, x, False, float(r.weight))
+            )  # ||Y - A_i X^T||, Eq. 42
         elif variant == "homogeneous" and r.i_is_head:
             if m.shape[1] != d_i:
-                raise ValueError(f"homogeneous: pilots of neighbour {r.neighbour} have d={m.shape[1]}, own d={d_i}")
+                raise ValueError(
+                    f"homogeneous: pilots of neighbour {r.neighbour} have d={m.shape[1]}, own d={d_i}"
+                )
             eye = torch.eye(d_i, dtype=m.dtype, device=m.device)
-            terms.append(EdgeTerm(r.neighbour, m, eye, True, float(r.weight)))  # ||A_h - O A_t||, O A_t received
+            terms.append(
+                EdgeTerm(r.neighbour, m, eye, True, float(r.weight))
+            )  # ||A_h - O A_t||, O A_t received
         else:
             v = procrustes(own_fit, nz(m)) if r.i_is_head else procrustes(nz(m), own_fit)
             maps[r.neighbour] = v
@@ -156,8 +181,14 @@ def edge_terms(own: torch.Tensor, received: Sequence[Received], variant: str, pr
     return terms, maps
 
 
-def outgoing_pilots(own: torch.Tensor, maps: Mapping[int, torch.Tensor], neighbours: Sequence[int],
-                    heads: Sequence[bool], variant: str, privacy: str) -> tuple[bool, dict[int, torch.Tensor]]:
+def outgoing_pilots(
+    own: torch.Tensor,
+    maps: Mapping[int, torch.Tensor],
+    neighbours: Sequence[int],
+    heads: Sequence[bool],
+    variant: str,
+    privacy: str,
+) -> tuple[bool, dict[int, torch.Tensor]]:
     """What agent i uploads after training: its raw pilots or not, and per-edge transported pilots.
 
     Args:
@@ -182,10 +213,14 @@ def outgoing_pilots(own: torch.Tensor, maps: Mapping[int, torch.Tensor], neighbo
             send_raw = True
             continue
         if j not in maps:
-            raise ValueError(f"no map toward neighbour partition-id {j} to transport the pilots with")
+            raise ValueError(
+                f"no map toward neighbour partition-id {j} to transport the pilots with"
+            )
         x = maps[j].to(own.dtype)
         if x.ndim != 2 or x.shape[1] != d_i or x.shape[0] < d_i:
-            raise ValueError(f"map toward neighbour {j} has shape {tuple(x.shape)}, expected (d_e >= {d_i}, {d_i})")
+            raise ValueError(
+                f"map toward neighbour {j} has shape {tuple(x.shape)}, expected (d_e >= {d_i}, {d_i})"
+            )
         out[j] = own @ x.T
     return send_raw, out
 

@@ -276,8 +276,12 @@ class Whitening(nn.Module):
             )
             with torch.no_grad():
                 m = self.momentum
-                self.running_mean.mul_(1.0 - m).add_(mu.detach().to(self.running_mean.dtype), alpha=m)
-                self.running_cov.mul_(1.0 - m).add_(cov.detach().to(self.running_cov.dtype), alpha=m)
+                self.running_mean.mul_(1.0 - m).add_(
+                    mu.detach().to(self.running_mean.dtype), alpha=m
+                )
+                self.running_cov.mul_(1.0 - m).add_(
+                    cov.detach().to(self.running_cov.dtype), alpha=m
+                )
             self.invalidate_cache()
         else:
             self._validate(z, "z", min_rows=0)
@@ -308,7 +312,7 @@ class Whitening(nn.Module):
         return max(self.shrinkage, min(1.0, max(0.0, 1.0 - (batch_size - 1) / self.d)))
 
     @torch.no_grad()
-    def fit(self, z: Tensor) -> "Whitening":
+    def fit(self, z: Tensor) -> Whitening:
         """Set the running statistics exactly from a sample (no EMA, no grad), e.g. from the
         eval-mode pilot latents at the end of a round (paper App. G).
 

@@ -15,9 +15,16 @@ from flwr.app import ArrayRecord, RecordDict
 
 from ..protocol import NodeInfo
 
-__all__ = ["PeerStrategy",  # noqa: F822 - PeerStrategy comes from the module __getattr__ (an alias)
-           "RoundRecord", "EvaluationSummary", "Node", "record_bytes", "nanmean", "positive_int",
-           "weight_problem"]
+__all__ = [
+    "PeerStrategy",  # noqa: F822 - PeerStrategy comes from the module __getattr__ (an alias)
+    "RoundRecord",
+    "EvaluationSummary",
+    "Node",
+    "record_bytes",
+    "nanmean",
+    "positive_int",
+    "weight_problem",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -134,11 +141,20 @@ class RoundRecord:
 
     def as_dict(self) -> dict[str, Any]:
         """Flat dict (the per-round entry of ``results.json``)."""
-        return {"round": self.round, "sampled": list(self.sampled), "num_sampled": len(self.sampled),
-                "num_trained": self.num_trained, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-                "failed": {k: list(v) for k, v in self.failed.items()}, **self.train,
-                **(asdict(self.evaluation) if self.evaluation is not None else {}), **self.evaluate,
-                "wall_seconds": self.wall_seconds, "elapsed_seconds": self.elapsed_seconds}
+        return {
+            "round": self.round,
+            "sampled": list(self.sampled),
+            "num_sampled": len(self.sampled),
+            "num_trained": self.num_trained,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "failed": {k: list(v) for k, v in self.failed.items()},
+            **self.train,
+            **(asdict(self.evaluation) if self.evaluation is not None else {}),
+            **self.evaluate,
+            "wall_seconds": self.wall_seconds,
+            "elapsed_seconds": self.elapsed_seconds,
+        }
 
 
 #: What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted).
@@ -146,7 +162,9 @@ MetricValues = dict[str, int | float | list[int] | list[float]]
 
 
 def _numeric(d: Mapping[str, Any]) -> MetricValues:
-    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def __getattr__(name: str) -> Any:

@@ -37,8 +37,8 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ..config import ConfigError, config_differences
-from ..protocol import pack_arrays
 from ..integrity import read_checkpoint_file, write_checkpoint_file
+from ..protocol import pack_arrays
 
 __all__ = ["CHECKPOINT_NAME", "REBUILT", "Checkpointer", "checkpoint_path", "load_checkpoint"]
 
@@ -50,8 +50,21 @@ FORMAT = 1
 #: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``,
 #: ``pid_of_node``), per call of ``start`` (``extra_*_config``, ``_t0``) or per round (``current``),
 #: and the checkpointer itself. (Evaluation keeps no state between its phases: nothing to skip.)
-REBUILT = frozenset({"nodes", "pid_of_node", "current", "_t0", "_dst_of_message", "extra_train_config", "extra_evaluate_config",
-                     "alpha", "discovery_timeout", "checkpointer", "resume_check"})
+REBUILT = frozenset(
+    {
+        "nodes",
+        "pid_of_node",
+        "current",
+        "_t0",
+        "_dst_of_message",
+        "extra_train_config",
+        "extra_evaluate_config",
+        "alpha",
+        "discovery_timeout",
+        "checkpointer",
+        "resume_check",
+    }
+)
 
 
 def checkpoint_path(location: str | Path) -> Path:
@@ -70,7 +83,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: nothing to resume (run without resume first)")
+        raise FileNotFoundError(
+            f"no checkpoint at {path}: nothing to resume (run without resume first)"
+        )
     return read_checkpoint_file(path, FORMAT)
 
 
@@ -87,8 +102,13 @@ class Checkpointer:
         ValueError: ``every < 0``.
     """
 
-    def __init__(self, directory: str | Path, config: Mapping[str, Any], every: int = 1,
-                 resume_from: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        config: Mapping[str, Any],
+        every: int = 1,
+        resume_from: str | Path | None = None,
+    ) -> None:
         if int(every) != every or every < 0:
             raise ValueError(f"checkpoint-every must be an integer >= 0, got {every!r}")
         self.path = Path(directory).expanduser() / CHECKPOINT_NAME
@@ -116,15 +136,23 @@ class Checkpointer:
         ckpt = load_checkpoint(self.resume_from)
         diff = config_differences(ckpt["config"], self.config)
         if diff:
-            text = ", ".join(f"{k}={a!r} in the checkpoint, {b!r} now" for k, (a, b) in diff.items())
-            raise ConfigError(f"resume from {self.resume_from}: the run config differs ({text}); only "
-                              f"num-server-rounds, timeouts, results-dir and checkpoint settings may change")
+            text = ", ".join(
+                f"{k}={a!r} in the checkpoint, {b!r} now" for k, (a, b) in diff.items()
+            )
+            raise ConfigError(
+                f"resume from {self.resume_from}: the run config differs ({text}); only "
+                f"num-server-rounds, timeouts, results-dir and checkpoint settings may change"
+            )
         cls = f"{type(strategy).__module__}.{type(strategy).__qualname__}"
         if ckpt["strategy"] != cls:
-            raise ConfigError(f"{self.resume_from} is a {ckpt['strategy']} run, this run builds {cls}")
+            raise ConfigError(
+                f"{self.resume_from} is a {ckpt['strategy']} run, this run builds {cls}"
+            )
         if ckpt["round"] > num_rounds:
-            raise ConfigError(f"num-server-rounds={num_rounds}: the checkpoint {self.resume_from} is already at "
-                              f"round {ckpt['round']}")
+            raise ConfigError(
+                f"num-server-rounds={num_rounds}: the checkpoint {self.resume_from} is already at "
+                f"round {ckpt['round']}"
+            )
         self._checked = ckpt
         return ckpt
 
@@ -141,12 +169,16 @@ class Checkpointer:
         if ckpt is None:
             return 1, None
         for pid, saved in ckpt["nodes"].items():
-            now = {k: v for k, v in asdict(strategy.nodes[pid].info).items() if k != "num_partitions"}
+            now = {
+                k: v for k, v in asdict(strategy.nodes[pid].info).items() if k != "num_partitions"
+            }
             then = {k: v for k, v in saved.items() if k != "num_partitions"}
             if now != then:
                 bad = {k: (then[k], now[k]) for k in now if now[k] != then[k]}
-                raise RuntimeError(f"resume: partition-id {pid} reports {bad} (checkpointed, now); the SuperNodes "
-                                   f"must serve the same zoo and data as the stopped run")
+                raise RuntimeError(
+                    f"resume: partition-id {pid} reports {bad} (checkpointed, now); the SuperNodes "
+                    f"must serve the same zoo and data as the stopped run"
+                )
         for name, value in ckpt["state"].items():
             setattr(strategy, name, value)
         self.restored_round = int(ckpt["round"])
@@ -160,7 +192,9 @@ class Checkpointer:
         """Whether a checkpoint is written after ``server_round``."""
         return self.every > 0 and (server_round % self.every == 0 or server_round == num_rounds)
 
-    def save(self, strategy, server_round: int, arrays: ArrayRecord | None, wall_seconds: float) -> Path:
+    def save(
+        self, strategy, server_round: int, arrays: ArrayRecord | None, wall_seconds: float
+    ) -> Path:
         """Write the checkpoint of completed round ``server_round`` atomically; returns its path.
 
         Args:
@@ -175,11 +209,17 @@ class Checkpointer:
             OSError: the directory cannot be written.
         """
         state = {k: v for k, v in vars(strategy).items() if k not in REBUILT}
-        ckpt = {"format": FORMAT, "config": self.config, "round": int(server_round), "wall_seconds": float(wall_seconds),
-                "strategy": f"{type(strategy).__module__}.{type(strategy).__qualname__}",
-                "nodes": {pid: asdict(n.info) for pid, n in strategy.nodes.items()},
-                "arrays": {k: np.array(v.numpy()) for k, v in (arrays or {}).items()},
-                "state": state, "written_at": time.time()}
+        ckpt = {
+            "format": FORMAT,
+            "config": self.config,
+            "round": int(server_round),
+            "wall_seconds": float(wall_seconds),
+            "strategy": f"{type(strategy).__module__}.{type(strategy).__qualname__}",
+            "nodes": {pid: asdict(n.info) for pid, n in strategy.nodes.items()},
+            "arrays": {k: np.array(v.numpy()) for k, v in (arrays or {}).items()},
+            "state": state,
+            "written_at": time.time(),
+        }
         data = pickle.dumps(ckpt, protocol=pickle.HIGHEST_PROTOCOL)
         write_checkpoint_file(self.path, data, FORMAT, int(server_round))
         return self.path

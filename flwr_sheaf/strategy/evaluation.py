@@ -34,7 +34,7 @@ import torch
 from flwr.app import Array, ConfigRecord, Message, RecordDict
 
 from ..config import FederationConfig
-from ..protocol import (array_record, as_float, as_int, as_list, metric_record,
+from ..protocol import (
     ARRAYS,
     COMM_ACCURACY,
     COMM_ACCURACY_PILOT_WHITENING,
@@ -67,7 +67,12 @@ from ..protocol import (array_record, as_float, as_int, as_list, metric_record,
     VAL_PRIVATE_ACCURACY,
     WHITENING_FIT,
     NonEdgeConfig,
+    array_record,
+    as_float,
+    as_int,
+    as_list,
     comm_action,
+    metric_record,
     pack_arrays,
     route_evaluation,
     route_non_edges,
@@ -501,7 +506,9 @@ class GraphEvaluation:
             return {}
         pilots = {
             p: torch.from_numpy(
-                np.asarray(array_record(phase1[p].content, ARRAYS)["pilots"].numpy(), dtype=np.float64)
+                np.asarray(
+                    array_record(phase1[p].content, ARRAYS)["pilots"].numpy(), dtype=np.float64
+                )
             )
             for p in present
         }
@@ -621,10 +628,14 @@ class GraphEvaluation:
                 extra[name] = nanmean(e[key] for e in non_edges)
             extra["non_edge_pairs_measured"] = len(non_edges)
             extra["non_edge_hops_mean"] = nanmean(e["hops"] for e in non_edges)
-        if not edges and s.graph is not None and s.graph.number_of_edges():  # null accuracies say why
+        if (
+            not edges and s.graph is not None and s.graph.number_of_edges()
+        ):  # null accuracies say why
             why = self._unmeasured_reason(s, server_round, phase)
             extra["communication_accuracy_reason"] = why
-            log.warning("round %d: communication accuracy not measured (null): %s", server_round, why)
+            log.warning(
+                "round %d: communication accuracy not measured (null): %s", server_round, why
+            )
         return EvaluationResult(summarise_accuracies(nodes, edges), extra, nodes, edges, non_edges)
 
     def _unmeasured_reason(self, s: GraphStrategy, server_round: int, phase: PhaseTwo) -> str:
@@ -632,12 +643,16 @@ class GraphEvaluation:
         evaluated = sorted(phase.phase1)
         if not any(a in phase.phase1 and b in phase.phase1 for a, b in s.graph.edges):
             asked = s.current.evaluate.get("evaluated", evaluated)
-            return (f"no edge has both ends evaluated: fraction-evaluate={self.federation.fraction_evaluate} drew "
-                    f"partition-ids {asked} of {s.num_nodes}, usable replies from {evaluated} (failed: "
-                    f"{s.current.failed.get('evaluate', [])}); raise fraction-evaluate so that neighbours are "
-                    f"evaluated together")
-        return (f"no receiver's communication-accuracy reply was usable (evaluate_comm failed: "
-                f"{s.current.failed.get('evaluate_comm', [])}; see failures)")
+            return (
+                f"no edge has both ends evaluated: fraction-evaluate={self.federation.fraction_evaluate} drew "
+                f"partition-ids {asked} of {s.num_nodes}, usable replies from {evaluated} (failed: "
+                f"{s.current.failed.get('evaluate', [])}); raise fraction-evaluate so that neighbours are "
+                f"evaluated together"
+            )
+        return (
+            f"no receiver's communication-accuracy reply was usable (evaluate_comm failed: "
+            f"{s.current.failed.get('evaluate_comm', [])}; see failures)"
+        )
 
     def _node_rows(self, phase1: Mapping[int, Message]) -> dict[int, dict]:
         nodes = {}
@@ -650,7 +665,9 @@ class GraphEvaluation:
                 "low_variance_fraction": as_float(m[LOW_VARIANCE_FRACTION], LOW_VARIANCE_FRACTION),
             }
             for name in self.node_metric_names:
-                nodes[pid][name.replace("-", "_")] = as_float(m[name], name) if name in m else float("nan")
+                nodes[pid][name.replace("-", "_")] = (
+                    as_float(m[name], name) if name in m else float("nan")
+                )
         return nodes
 
     def _edge_rows(self, ok: Mapping[int, Message]) -> list[dict]:
@@ -671,7 +688,9 @@ class GraphEvaluation:
                         "communication_accuracy": float(acc),
                         "val_communication_accuracy": float(vacc),
                         **{
-                            n.replace("-", "_"): float(as_list(m[n], n)[k]) if n in m else float("nan")
+                            n.replace("-", "_"): float(as_list(m[n], n)[k])
+                            if n in m
+                            else float("nan")
                             for n in self.edge_metric_keys
                         },
                     }
@@ -686,8 +705,15 @@ class GraphEvaluation:
             if not plan:
                 continue
             m = metric_record(ok[dst].content, METRICS)
-            col = {key: as_list(m[key], key) for key in (NON_EDGE_ACCURACY, VAL_NON_EDGE_ACCURACY,
-                                                           NON_EDGE_DIRECT_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY)}
+            col = {
+                key: as_list(m[key], key)
+                for key in (
+                    NON_EDGE_ACCURACY,
+                    VAL_NON_EDGE_ACCURACY,
+                    NON_EDGE_DIRECT_ACCURACY,
+                    VAL_NON_EDGE_DIRECT_ACCURACY,
+                )
+            }
             for k, src in enumerate(as_list(m[NON_EDGE_SRC], NON_EDGE_SRC)):
                 path = plan[int(src)]
                 non_edges.append(

@@ -44,8 +44,26 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..config import DEFAULTS, KEYS, FederationConfig, LocalTrainConfig
 from ..hints import handler_hint, pilot_count_error
 from ..participation import EVALUATE_STREAM, ParticipationSampler
-from ..protocol import (CONFIG, DEVICE, INFO, METRICS, NUM_EXAMPLES, QUERY, SEED, SERVER_ROUND, TORCH_THREADS, TRAIN,
-                        TRAIN_REPLY, EdgeConfig, NodeInfo, ProtocolError, as_float, message_type, reply_problem, train_reply_problem)
+from ..protocol import (
+    CONFIG,
+    DEVICE,
+    INFO,
+    METRICS,
+    NUM_EXAMPLES,
+    QUERY,
+    SEED,
+    SERVER_ROUND,
+    TORCH_THREADS,
+    TRAIN,
+    TRAIN_REPLY,
+    EdgeConfig,
+    NodeInfo,
+    ProtocolError,
+    as_float,
+    message_type,
+    reply_problem,
+    train_reply_problem,
+)
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
 from .base import MetricValues, Node, RoundRecord, _numeric, nanmean, record_bytes
@@ -91,19 +109,30 @@ class GraphStrategy(Strategy):
 
     train_metric_columns: ClassVar[Mapping[str, str]] = {"gluing": "gluing_loss"}
 
-    def __init__(self, num_nodes: int, *, action: str, federation: FederationConfig | None = None,
-                 train: LocalTrainConfig | None = None, graph: nx.Graph | None = None,
-                 evaluation: GraphEvaluation | None = None, sampler: ParticipationSampler | None = None,
-                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        action: str,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        graph: nx.Graph | None = None,
+        evaluation: GraphEvaluation | None = None,
+        sampler: ParticipationSampler | None = None,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
         if int(num_nodes) != num_nodes or num_nodes < 1:
             raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
         if sampler is None:
             if federation is None:
                 raise ValueError("a strategy needs a federation config or a participation sampler")
-            sampler = ParticipationSampler.from_spec(num_nodes, federation.fraction_train, federation.participation,
-                                                     federation.seed)
+            sampler = ParticipationSampler.from_spec(
+                num_nodes, federation.fraction_train, federation.participation, federation.seed
+            )
         if sampler.num_nodes != num_nodes:
-            raise ValueError(f"the participation sampler is for {sampler.num_nodes} nodes, the strategy for {num_nodes}")
+            raise ValueError(
+                f"the participation sampler is for {sampler.num_nodes} nodes, the strategy for {num_nodes}"
+            )
         if not discovery_timeout > 0:
             raise ValueError(f"discovery_timeout must be > 0 seconds, got {discovery_timeout!r}")
         self.num_nodes = int(num_nodes)
@@ -134,10 +163,16 @@ class GraphStrategy(Strategy):
         #: the per-round evaluation component (None: nothing is evaluated).
         self.evaluation = evaluation
         #: who is evaluated in an evaluated round (``fraction-evaluate``; its own uniform stream)
-        self.eval_sampler = ParticipationSampler(num_nodes, 1.0 if federation is None else federation.fraction_evaluate,
-                                                 seed=self.seed, stream=EVALUATE_STREAM, key="fraction-evaluate")
-        self.graph_spec: nx.Graph | str | None = graph if graph is not None else (
-            None if federation is None else federation.graph)
+        self.eval_sampler = ParticipationSampler(
+            num_nodes,
+            1.0 if federation is None else federation.fraction_evaluate,
+            seed=self.seed,
+            stream=EVALUATE_STREAM,
+            key="fraction-evaluate",
+        )
+        self.graph_spec: nx.Graph | str | None = (
+            graph if graph is not None else (None if federation is None else federation.graph)
+        )
         self.graph: nx.Graph | None = None
         self.num_pilots = -1
         #: the last evaluated round's result (``node_results``, ``edge_results``, ``non_edge_results``).
@@ -165,29 +200,45 @@ class GraphStrategy(Strategy):
                 self.graph = self.graph_spec
             validate_graph(self.graph, range(self.num_nodes))
         except ValueError as exc:
-            name = f"graph={self.graph_spec!r}" if isinstance(self.graph_spec, str) else "graph (networkx.Graph)"
-            raise ValueError(f"{name} on {self.num_nodes} nodes: {exc} (for a few nodes use 'ring' or "
-                             f"'class-overlap:<density>')") from None
+            name = (
+                f"graph={self.graph_spec!r}"
+                if isinstance(self.graph_spec, str)
+                else "graph (networkx.Graph)"
+            )
+            raise ValueError(
+                f"{name} on {self.num_nodes} nodes: {exc} (for a few nodes use 'ring' or "
+                f"'class-overlap:<density>')"
+            ) from None
         ks = {n.info.num_pilots for n in self.nodes.values()}
         if len(ks) > 1:
-            raise ValueError(pilot_count_error({p: n.info.num_pilots for p, n in self.nodes.items()}))
+            raise ValueError(
+                pilot_count_error({p: n.info.num_pilots for p, n in self.nodes.items()})
+            )
         groups: dict[int, list[int]] = {}
         for p in sorted(self.nodes):
             if self.nodes[p].info.pilot_digest:
                 groups.setdefault(self.nodes[p].info.pilot_digest, []).append(p)
         if len(groups) > 1:
             parts = sorted(groups.values(), key=len, reverse=True)
-            raise ValueError(f"nodes hold different pilots (partition-ids {parts[0]} agree; {parts[1:]} differ): the "
-                             f"pilots must be the same samples in the same order on every node (same dataset, seed, "
-                             f"shift and num-pilots)")
+            raise ValueError(
+                f"nodes hold different pilots (partition-ids {parts[0]} agree; {parts[1:]} differ): the "
+                f"pilots must be the same samples in the same order on every node (same dataset, seed, "
+                f"shift and num-pilots)"
+            )
         self.num_pilots = ks.pop()
-        log.info("%s graph: %d nodes, %d edges", type(self).__name__, self.graph.number_of_nodes(),
-                 self.graph.number_of_edges())
+        log.info(
+            "%s graph: %d nodes, %d edges",
+            type(self).__name__,
+            self.graph.number_of_nodes(),
+            self.graph.number_of_edges(),
+        )
 
     def oriented_edges(self) -> list[tuple[int, int]]:
         """All edges as (head, tail) pairs (larger d is head; ties: larger partition-id)."""
         assert self.graph is not None, "graph is built in on_discovered"
-        return sorted(orient_edge(a, self.nodes[a].d, b, self.nodes[b].d) for a, b in self.graph.edges)
+        return sorted(
+            orient_edge(a, self.nodes[a].d, b, self.nodes[b].d) for a, b in self.graph.edges
+        )
 
     def edge_config(self, pid: int, weights: list[float] | None = None) -> EdgeConfig:
         """Node ``pid``'s incident edges (neighbours sorted) with their orientation."""
@@ -195,8 +246,12 @@ class GraphStrategy(Strategy):
         nbrs = tuple(sorted(self.graph.neighbors(pid)))
         d = self.nodes[pid].d
         heads = tuple(orient_edge(pid, d, j, self.nodes[j].d)[0] == pid for j in nbrs)
-        return EdgeConfig(nbrs, tuple(self.nodes[j].d for j in nbrs), heads,
-                          None if weights is None else tuple(weights))
+        return EdgeConfig(
+            nbrs,
+            tuple(self.nodes[j].d for j in nbrs),
+            heads,
+            None if weights is None else tuple(weights),
+        )
 
     # ------------------------------------------------------------------ hooks
     def method_config(self, server_round: int) -> dict:
@@ -212,7 +267,9 @@ class GraphStrategy(Strategy):
         Sheaf-FRL: its neighbours' pilots and its edges; README "Adding a method")."""
         return {}, {}
 
-    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
         """Consume the successful train replies ``{partition-id: reply}``; returns the accepted ones and
         extra round metrics (record a rejected reply with :meth:`record_failure`)."""
         return ok, {}
@@ -251,10 +308,24 @@ class GraphStrategy(Strategy):
             new = [n for n in grid.get_node_ids() if n not in asked]
             if new:
                 asked.update(new)
-                msgs = [Message(RecordDict({CONFIG: ConfigRecord({**self.query_config(), **self.resume_check})}), dst_node_id=n,
-                                message_type=message_type(QUERY, self.action)) for n in new]
-                for r in grid.send_and_receive(msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))):
-                    problem = (r.error.reason or "") + handler_hint(r.error.reason) if r.has_error() else reply_problem(r.content, {INFO: ()})
+                msgs = [
+                    Message(
+                        RecordDict(
+                            {CONFIG: ConfigRecord({**self.query_config(), **self.resume_check})}
+                        ),
+                        dst_node_id=n,
+                        message_type=message_type(QUERY, self.action),
+                    )
+                    for n in new
+                ]
+                for r in grid.send_and_receive(
+                    msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))
+                ):
+                    problem = (
+                        (r.error.reason or "") + handler_hint(r.error.reason)
+                        if r.has_error()
+                        else reply_problem(r.content, {INFO: ()})
+                    )
                     info = None
                     if problem is None:
                         try:
@@ -272,9 +343,12 @@ class GraphStrategy(Strategy):
                         raise RuntimeError(
                             f"this scenario has {self.num_nodes} agents but the federation has "
                             f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
-                            f"run: flwr run . --stream {fix} (in-process: LocalGrid(app, {self.num_nodes}))")
+                            f"run: flwr run . --stream {fix} (in-process: LocalGrid(app, {self.num_nodes}))"
+                        )
                     if info.partition_id in found:
-                        raise RuntimeError(f"partition-id {info.partition_id} reported by two nodes")
+                        raise RuntimeError(
+                            f"partition-id {info.partition_id} reported by two nodes"
+                        )
                     found[info.partition_id] = Node(r.metadata.src_node_id, info)
             if all(p in found for p in range(self.num_nodes)):
                 break
@@ -282,7 +356,8 @@ class GraphStrategy(Strategy):
                 missing = sorted(set(range(self.num_nodes)) - set(found))
                 raise RuntimeError(
                     f"the scenario has {self.num_nodes} agents but after {self.discovery_timeout:.0f} s no SuperNode "
-                    f"answered for partition-id(s) {missing} ({len(asked)} registered; failed: {errors}); run with {fix}")
+                    f"answered for partition-id(s) {missing} ({len(asked)} registered; failed: {errors}); run with {fix}"
+                )
             time.sleep(0.5)
         # Extra SuperNodes (partition-id >= num_nodes) stay idle.
         self.nodes = {p: n for p, n in found.items() if p < self.num_nodes}
@@ -290,10 +365,16 @@ class GraphStrategy(Strategy):
         self.on_discovered()
 
     # ------------------------------------------------------------------ the round loop
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
         """Run discovery and ``num_rounds`` server rounds; Flower's ``Strategy.start`` contract.
 
         Per round: ``configure_train`` -> one round trip -> ``aggregate_train``; then, in evaluated
@@ -325,8 +406,10 @@ class GraphStrategy(Strategy):
         for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
             owned = sorted(set(cfg or {}) & set(KEYS))
             if owned:
-                raise ValueError(f"{name} keys {owned} are run-config keys: set them on the strategy's config "
-                                 f"sections (flwr_sheaf.config), not per call")
+                raise ValueError(
+                    f"{name} keys {owned} are run-config keys: set them on the strategy's config "
+                    f"sections (flwr_sheaf.config), not per call"
+                )
         self.extra_train_config = dict(train_config or {})
         self.extra_evaluate_config = dict(evaluate_config or {})
         self.summary()
@@ -338,7 +421,9 @@ class GraphStrategy(Strategy):
                 result.evaluate_metrics_serverapp[0] = res
         self.discover(grid, timeout)
         first, wall0 = 1, 0.0
-        if self.checkpointer is not None:  # resume: the state after the checkpointed round (docs/resume.md)
+        if (
+            self.checkpointer is not None
+        ):  # resume: the state after the checkpointed round (docs/resume.md)
             first, restored = self.checkpointer.restore(self, int(num_rounds))
             wall0 = self.checkpointer.previous_wall_seconds
             if restored is not None:
@@ -347,17 +432,27 @@ class GraphStrategy(Strategy):
         for rnd in range(first, int(num_rounds) + 1):
             t_round = time.monotonic()
             self.begin_round(rnd)
-            msgs = list(self.configure_train(rnd, arrays, ConfigRecord(self.extra_train_config), grid))
-            new_arrays, train_metrics = self.aggregate_train(rnd, self._round_trip(grid, msgs, timeout))
+            msgs = list(
+                self.configure_train(rnd, arrays, ConfigRecord(self.extra_train_config), grid)
+            )
+            new_arrays, train_metrics = self.aggregate_train(
+                rnd, self._round_trip(grid, msgs, timeout)
+            )
             if self.current.sampled and self.current.num_trained == 0:
-                log.warning("round %d: none of the %d sampled node(s) trained (failed: %s)", rnd,
-                            len(self.current.sampled), self.current.failed.get("train", []))
+                log.warning(
+                    "round %d: none of the %d sampled node(s) trained (failed: %s)",
+                    rnd,
+                    len(self.current.sampled),
+                    self.current.failed.get("train", []),
+                )
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[rnd] = train_metrics
             if self.evaluates(rnd, int(num_rounds)):
-                metrics = self.evaluate_round(rnd, arrays, ConfigRecord(self.extra_evaluate_config), grid, timeout)
+                metrics = self.evaluate_round(
+                    rnd, arrays, ConfigRecord(self.extra_evaluate_config), grid, timeout
+                )
                 if metrics is not None:
                     result.evaluate_metrics_clientapp[rnd] = metrics
             if evaluate_fn is not None:
@@ -387,20 +482,32 @@ class GraphStrategy(Strategy):
         self._dst_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
         return replies
 
-
     # ------------------------------------------------------------------ messages and replies
-    def message(self, pid: int, content: RecordDict, category: str, server_round: int, action: str | None = None) -> Message:
+    def message(
+        self,
+        pid: int,
+        content: RecordDict,
+        category: str,
+        server_round: int,
+        action: str | None = None,
+    ) -> Message:
         """Instruction message ``<category>.<action>`` to partition ``pid``; its payload counts as sent.
 
         Raises:
             KeyError: ``pid`` was not discovered.
         """
         self.current.bytes_sent += record_bytes(content)
-        return Message(content, dst_node_id=self.nodes[pid].node_id,
-                       message_type=message_type(category, action or self.action), group_id=str(server_round))
+        return Message(
+            content,
+            dst_node_id=self.nodes[pid].node_id,
+            message_type=message_type(category, action or self.action),
+            group_id=str(server_round),
+        )
 
     @staticmethod
-    def merge_extra(owned: Mapping[str, Any], extra: Mapping[str, Any], name: str) -> dict[str, Any]:
+    def merge_extra(
+        owned: Mapping[str, Any], extra: Mapping[str, Any], name: str
+    ) -> dict[str, Any]:
         """``owned`` plus the caller's ``extra`` config entries (from ``start``), which may not override it.
 
         Raises:
@@ -408,27 +515,41 @@ class GraphStrategy(Strategy):
         """
         clash = sorted(set(extra) & set(owned))
         if clash:
-            raise ValueError(f"{name} keys {clash} are set by the strategy itself; pass other keys only")
+            raise ValueError(
+                f"{name} keys {clash} are set by the strategy itself; pass other keys only"
+            )
         return {**owned, **extra}
 
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
         """Record one node's failure in ``phase`` (its previous server-side state stays untouched)."""
-        self.failures.append({"round": server_round, "phase": phase, "partition-id": pid, "reason": reason[-500:]})
+        self.failures.append(
+            {"round": server_round, "phase": phase, "partition-id": pid, "reason": reason[-500:]}
+        )
         failed = self.current.failed.setdefault(phase, [])
         if pid not in failed:
             failed.append(pid)
             failed.sort()
-        log.warning("round %d %s: partition-id %d failed: %s", server_round, phase, pid, reason[-300:])
+        log.warning(
+            "round %d %s: partition-id %d failed: %s", server_round, phase, pid, reason[-300:]
+        )
 
-    def split_replies(self, server_round: int, phase: str, replies: Iterable[Message], expected: Iterable[int],
-                      required: Mapping[str, Iterable[str]] | None = None) -> dict[int, Message]:
+    def split_replies(
+        self,
+        server_round: int,
+        phase: str,
+        replies: Iterable[Message],
+        expected: Iterable[int],
+        required: Mapping[str, Iterable[str]] | None = None,
+    ) -> dict[int, Message]:
         """Successful replies keyed by partition-id; error replies, malformed replies (lacking a record or
         key of ``required``, :func:`flwr_sheaf.protocol.reply_problem`) and missing nodes are recorded
         as that node's failure in ``phase``."""
         ok: dict[int, Message] = {}
         for r in replies:
             pid = self.pid_of_node.get(r.metadata.src_node_id)
-            if pid is None:  # e.g. the SuperLink's "node unavailable" error reply: map it by what it answers
+            if (
+                pid is None
+            ):  # e.g. the SuperLink's "node unavailable" error reply: map it by what it answers
                 dst = self._dst_of_message.get(r.metadata.reply_to_message_id)
                 pid = None if dst is None else self.pid_of_node.get(dst)
             if pid is None:
@@ -455,15 +576,23 @@ class GraphStrategy(Strategy):
         return [r.as_dict() for r in self.rounds]
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
-        log.info("%s: %d nodes, action %r, participation %s", type(self).__name__, self.num_nodes, self.action,
-                 self.sampler.describe()["mode"])
+        log.info(
+            "%s: %d nodes, action %r, participation %s",
+            type(self).__name__,
+            self.num_nodes,
+            self.action,
+            self.sampler.describe()["mode"],
+        )
 
     @staticmethod
     def numeric(metrics: Mapping[str, Any]) -> MetricValues:
         """The int/float entries of a metrics mapping, as floats (for MetricRecords)."""
         return _numeric(metrics)
+
     # ------------------------------------------------------------------ train
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+    ) -> Iterable[Message]:
         """One ``train.<action>`` message per sampled node: local-training config, method config, node payload.
 
         Raises:
@@ -471,33 +600,57 @@ class GraphStrategy(Strategy):
         """
         sampled = self.sampler.sample(server_round)
         self.current.sampled = sampled
-        base = {**self.train.to_dict(), **self.method_config(server_round), SERVER_ROUND: server_round, SEED: self.seed}
+        base = {
+            **self.train.to_dict(),
+            **self.method_config(server_round),
+            SERVER_ROUND: server_round,
+            SEED: self.seed,
+        }
         msgs = []
         for pid in sampled:
             records, node_cfg = self.node_payload(server_round, pid)
             cfg = self.merge_extra({**base, **node_cfg}, config, "train_config")
-            msgs.append(self.message(pid, RecordDict({**records, CONFIG: ConfigRecord(cfg)}), TRAIN, server_round))
+            msgs.append(
+                self.message(
+                    pid, RecordDict({**records, CONFIG: ConfigRecord(cfg)}), TRAIN, server_round
+                )
+            )
         if not sampled:
             log.info("round %d: no node sampled (nothing trains)", server_round)
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s); no arrays
         (there is no global model). Error, silent and malformed replies, and replies whose
         ``num-examples`` is not a finite number > 0 or with an infinite metric, are recorded failures
         (not passed to :meth:`accept_train`)."""
         ok = self.split_replies(server_round, "train", replies, self.current.sampled, TRAIN_REPLY)
-        for pid in sorted(ok):  # a reply claiming no (or NaN) training examples is that node's failure
+        for pid in sorted(
+            ok
+        ):  # a reply claiming no (or NaN) training examples is that node's failure
             why = train_reply_problem(ok[pid].content)  # the node applies it too (client/checks.py)
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
         accepted, extra = self.accept_train(server_round, ok)
-        names = sorted({k for r in accepted.values() for k, v in r.content[METRICS].items()
-                        if isinstance(v, (int, float)) and k != NUM_EXAMPLES})
-        metrics = {k.replace("-", "_"): nanmean(as_float(r.content[METRICS][k], k) for r in accepted.values()
-                                                 if k in r.content[METRICS]) for k in names}
+        names = sorted(
+            {
+                k
+                for r in accepted.values()
+                for k, v in r.content[METRICS].items()
+                if isinstance(v, (int, float)) and k != NUM_EXAMPLES
+            }
+        )
+        metrics = {
+            k.replace("-", "_"): nanmean(
+                as_float(r.content[METRICS][k], k)
+                for r in accepted.values()
+                if k in r.content[METRICS]
+            )
+            for k in names
+        }
         for name, column in self.train_metric_columns.items():
             metrics[column] = metrics.pop(name, float("nan"))
         metrics.update(extra)
@@ -514,7 +667,9 @@ class GraphStrategy(Strategy):
         every = self.federation.evaluate_every
         return every > 0 and (server_round % every == 0 or server_round == num_rounds)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+    ) -> Iterable[Message]:
         """Phase 1 (``evaluate.<action>``) to this round's evaluators (Flower's ``Strategy`` API; the round
         loop runs both phases through :meth:`evaluate_round`). None without an evaluation component.
 
@@ -525,13 +680,21 @@ class GraphStrategy(Strategy):
             return []
         return self.evaluation.phase1_messages(self, server_round, config)[1]
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Flower's ``Strategy`` API: the graph evaluation has two phases and runs in :meth:`evaluate_round`;
         a one-phase evaluation of a subclass overrides this (default: None)."""
         return None
 
-    def evaluate_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
-                       timeout: float) -> MetricRecord | None:
+    def evaluate_round(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        timeout: float,
+    ) -> MetricRecord | None:
         """One evaluated round: the held :class:`GraphEvaluation` returns an :class:`EvaluationResult`, which is
         recorded in the round (and kept as :attr:`last_evaluation`); without one, Flower's one-phase
         ``configure_evaluate`` -> round trip -> ``aggregate_evaluate``.
@@ -552,12 +715,22 @@ class GraphStrategy(Strategy):
         """Progress line: private and communication accuracy of an evaluated round."""
         e = rec.evaluation
         if e is None:
-            log.info("round %3d | sampled %3d | failed %s | %.1f s", rec.round, len(rec.sampled), rec.failed,
-                     rec.wall_seconds)
+            log.info(
+                "round %3d | sampled %3d | failed %s | %.1f s",
+                rec.round,
+                len(rec.sampled),
+                rec.failed,
+                rec.wall_seconds,
+            )
             return
-        log.info("round %3d | private %.3f | comm (deg.-weighted) %.3f | comm (receivers) %.3f | %.1f s", rec.round,
-                 e.private_accuracy_mean, e.communication_accuracy_degree_weighted, e.communication_accuracy_mean,
-                 rec.wall_seconds)
+        log.info(
+            "round %3d | private %.3f | comm (deg.-weighted) %.3f | comm (receivers) %.3f | %.1f s",
+            rec.round,
+            e.private_accuracy_mean,
+            e.communication_accuracy_degree_weighted,
+            e.communication_accuracy_mean,
+            rec.wall_seconds,
+        )
 
     # ------------------------------------------------------------------ results
     @property
@@ -577,7 +750,9 @@ class GraphStrategy(Strategy):
         (direct Procrustes) and their ``val_`` counterparts (docs/variants.md)."""
         return self.last_evaluation.non_edges
 
-    def run_status(self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]) -> dict[str, Any]:
+    def run_status(
+        self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]
+    ) -> dict[str, Any]:
         """Whether the run so far (restored rounds included) is clean, degraded or failed (docs/reliability.md).
 
         A train reply fails when its node errs, does not answer, or the reply is refused. The run is
@@ -616,21 +791,36 @@ class GraphStrategy(Strategy):
                 row["reasons"].append(f["reason"])
         for pid, row in nodes.items():
             row.update(per_node.get(pid, {"rounds_sampled": 0, "train_failed_rounds": []}))
-        every = sorted(p for p, row in per_node.items() if row["train_failed_rounds"]
-                       and len(row["train_failed_rounds"]) == row["rounds_sampled"])
+        every = sorted(
+            p
+            for p, row in per_node.items()
+            if row["train_failed_rounds"]
+            and len(row["train_failed_rounds"]) == row["rounds_sampled"]
+        )
         fraction = failed / sampled if sampled else 0.0
         reasons = []
         if fraction > max_failed_fraction:
-            reasons.append(f"{failed} of {sampled} sampled train replies failed ({fraction:.0%} > max-failed-fraction="
-                           f"{max_failed_fraction})")
+            reasons.append(
+                f"{failed} of {sampled} sampled train replies failed ({fraction:.0%} > max-failed-fraction="
+                f"{max_failed_fraction})"
+            )
         if idle and max_failed_fraction < 1.0:
             reasons.append(f"round(s) {idle} trained nobody (every sampled node failed)")
         status = "failed" if reasons else ("degraded" if self.failures or failed else "completed")
-        return {"status": status, "reasons": reasons, "max_failed_fraction": float(max_failed_fraction),
-                "train_sampled": sampled, "train_failed": failed, "failed_fraction": fraction,
-                "failures_by_phase": by_phase, "rounds_without_training": idle,
-                "all_rounds_trained_nobody": bool(idle) and len(idle) == sum(1 for r in self.rounds if r.sampled),
-                "nodes_failed_every_round": every, "nodes": {p: nodes[p] for p in sorted(nodes)}}
+        return {
+            "status": status,
+            "reasons": reasons,
+            "max_failed_fraction": float(max_failed_fraction),
+            "train_sampled": sampled,
+            "train_failed": failed,
+            "failed_fraction": fraction,
+            "failures_by_phase": by_phase,
+            "rounds_without_training": idle,
+            "all_rounds_trained_nobody": bool(idle)
+            and len(idle) == sum(1 for r in self.rounds if r.sampled),
+            "nodes_failed_every_round": every,
+            "nodes": {p: nodes[p] for p in sorted(nodes)},
+        }
 
     def results_extra(self) -> dict:
         """Participation and action; with a graph also the evaluation protocol, the graph's edges and the
@@ -640,7 +830,9 @@ class GraphStrategy(Strategy):
             return out
         if self.evaluation is not None:
             out["evaluation"] = self.evaluation.describe(self)
-        out["graph"] = {"edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []}
+        out["graph"] = {
+            "edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []
+        }
         out["non_edges"] = self.last_evaluation.non_edges
         return out
 

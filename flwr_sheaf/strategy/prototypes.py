@@ -16,11 +16,12 @@ from flwr.app import Message
 
 from ..baselines.fedproto import aggregate_prototypes, check_common_dim
 from ..config import FedProtoConfig
-from ..protocol import (array_record, 
+from ..protocol import (
     FEATURE_DIM,
     GLOBAL_PROTOTYPES,
     NUM_CLASSES,
     UPLOAD,
+    array_record,
     pack_prototypes,
     unpack_prototypes,
 )

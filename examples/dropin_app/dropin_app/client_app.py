@@ -16,10 +16,16 @@ def train(msg: Message, context: Context):
     """Train the model on local data (the app's own FedAvg path)."""
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    trainloader, _ = load_data(context.node_config["partition-id"], context.node_config["num-partitions"])
-    train_loss = train_fn(model, trainloader, context.run_config["local-epochs"], msg.content["config"]["lr"])
+    trainloader, _ = load_data(
+        context.node_config["partition-id"], context.node_config["num-partitions"]
+    )
+    train_loss = train_fn(
+        model, trainloader, context.run_config["local-epochs"], msg.content["config"]["lr"]
+    )
     metrics = MetricRecord({"train_loss": train_loss, "num-examples": len(trainloader.dataset)})
-    return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
+    return Message(
+        RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg
+    )
 
 
 @app.evaluate()
@@ -27,16 +33,19 @@ def evaluate(msg: Message, context: Context):
     """Evaluate the model on local data."""
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    _, testloader = load_data(context.node_config["partition-id"], context.node_config["num-partitions"])
+    _, testloader = load_data(
+        context.node_config["partition-id"], context.node_config["num-partitions"]
+    )
     eval_loss, eval_acc = test_fn(model, testloader)
-    metrics = MetricRecord({"eval_loss": eval_loss, "eval_acc": eval_acc, "num-examples": len(testloader.dataset)})
+    metrics = MetricRecord(
+        {"eval_loss": eval_loss, "eval_acc": eval_acc, "num-examples": len(testloader.dataset)}
+    )
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
 
 
 # --- flwr-sheaf: two lines add query/train/evaluate handlers under the action "sheaf" -----------
-from flwr_sheaf import register_sheaf_handlers  # noqa: E402
-
 from dropin_app.task import sheaf_task  # noqa: E402
+from flwr_sheaf import register_sheaf_handlers  # noqa: E402
 
 torch.set_num_threads(1)
 register_sheaf_handlers(app, sheaf_task)

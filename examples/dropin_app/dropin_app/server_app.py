@@ -5,7 +5,6 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from dropin_app.task import Net
-
 from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafConfig, SheafFRL
 
 app = ServerApp()
@@ -18,15 +17,24 @@ def main(grid: Grid, context: Context):
     num_rounds = rc["num-server-rounds"]
     if rc["strategy"] == "fedavg":
         strategy = FedAvg(fraction_train=rc["fraction-train"])
-        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()),
-                                train_config=ConfigRecord({"lr": rc["lr"]}), num_rounds=num_rounds)
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(Net().state_dict()),
+            train_config=ConfigRecord({"lr": rc["lr"]}),
+            num_rounds=num_rounds,
+        )
         return result
     # --- flwr-sheaf: personalised models, only whitened pilot latents travel -----------------------
-    strategy = SheafFRL(num_nodes=rc["num-nodes"], federation=FederationConfig(graph="ring"),
-                        train=LocalTrainConfig(local_epochs=rc["local-epochs"], lr=rc["lr"]),
-                        sheaf=SheafConfig(lam=rc["lambda"]))
+    strategy = SheafFRL(
+        num_nodes=rc["num-nodes"],
+        federation=FederationConfig(graph="ring"),
+        train=LocalTrainConfig(local_epochs=rc["local-epochs"], lr=rc["lr"]),
+        sheaf=SheafConfig(lam=rc["lambda"]),
+    )
     strategy.start(grid=grid, num_rounds=num_rounds)
     last = strategy.history[-1]
-    print(f"private accuracy {last['private_accuracy_mean']:.3f}, "
-          f"communication accuracy {last['communication_accuracy_degree_weighted']:.3f}")
+    print(
+        f"private accuracy {last['private_accuracy_mean']:.3f}, "
+        f"communication accuracy {last['communication_accuracy_degree_weighted']:.3f}"
+    )
     return strategy

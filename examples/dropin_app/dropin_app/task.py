@@ -22,8 +22,12 @@ class Net(nn.Module):
     def __init__(self, latent_dim: int = 16) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-            nn.Linear(8 * 4 * 4, latent_dim), nn.ReLU(),
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(8 * 4 * 4, latent_dim),
+            nn.ReLU(),
         )
         self.classifier = nn.Linear(latent_dim, NUM_CLASSES)
 
@@ -33,7 +37,9 @@ class Net(nn.Module):
 
 def _digits() -> tuple[torch.Tensor, torch.Tensor]:
     x, y = load_digits(return_X_y=True)
-    return torch.tensor(x / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(y, dtype=torch.int64)
+    return torch.tensor(x / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(
+        y, dtype=torch.int64
+    )
 
 
 def classes_of(partition_id: int) -> tuple[int, ...]:
@@ -46,8 +52,12 @@ def partition(partition_id: int, num_partitions: int):
     proportional to 0.7 [c in classes_of(i)] / 6 + 0.3 / 10. Returns (train, test) tensor pairs."""
     x, y = _digits()
     x, y = x[NUM_PILOTS:], y[NUM_PILOTS:]
-    w = np.array([[0.7 * (c in classes_of(i)) / 6 + 0.3 / NUM_CLASSES for c in range(NUM_CLASSES)]
-                  for i in range(num_partitions)])
+    w = np.array(
+        [
+            [0.7 * (c in classes_of(i)) / 6 + 0.3 / NUM_CLASSES for c in range(NUM_CLASSES)]
+            for i in range(num_partitions)
+        ]
+    )
     w /= w.sum(0, keepdims=True)
     rng = np.random.default_rng(0)
     owner = np.array([rng.choice(num_partitions, p=w[:, c]) for c in y.tolist()])
@@ -61,8 +71,10 @@ def partition(partition_id: int, num_partitions: int):
 def load_data(partition_id: int, num_partitions: int):
     """Train and test DataLoaders of one partition."""
     (xt, yt), (xs, ys) = partition(partition_id, num_partitions)
-    return (DataLoader(TensorDataset(xt, yt), batch_size=32, shuffle=True),
-            DataLoader(TensorDataset(xs, ys), batch_size=64))
+    return (
+        DataLoader(TensorDataset(xt, yt), batch_size=32, shuffle=True),
+        DataLoader(TensorDataset(xs, ys), batch_size=64),
+    )
 
 
 def train(net: nn.Module, loader: DataLoader, epochs: int, lr: float) -> float:
@@ -127,4 +139,14 @@ def sheaf_task(context) -> LocalTask:
     torch.manual_seed(pid)
     x_pilot = _digits()[0][:NUM_PILOTS]
     half = len(ys) // 2  # the test split halves into validation and test
-    return LocalTask(SheafNet(Net()), xt, yt, xs[:half], ys[:half], xs[half:], ys[half:], x_pilot, classes_of(pid))
+    return LocalTask(
+        SheafNet(Net()),
+        xt,
+        yt,
+        xs[:half],
+        ys[:half],
+        xs[half:],
+        ys[half:],
+        x_pilot,
+        classes_of(pid),
+    )

@@ -24,14 +24,26 @@ from torch import nn
 
 from ...baselines.comfed import comfed_alignment_loss, comfed_message, xavier_projection
 from ...baselines.fedproto import class_prototypes
-from ...config import ComFedConfig, LocalTrainConfig
-from ...protocol import (array_record, COMFED_ROUTED, COMFED_TARGETS, CONFIG, FEATURE_DIM, NUM_CLASSES, SEED, TRAIN, UPLOAD,
-                        message_type, pack_prototypes, unpack_prototypes)
 from ...client.common import accuracy, eval_latents, from_numpy, task_device, to_numpy
-from ..fedproto.client import latent_and_logits
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory, load_module_state, save_module_state
+from ...config import ComFedConfig, LocalTrainConfig
+from ...protocol import (
+    COMFED_ROUTED,
+    COMFED_TARGETS,
+    CONFIG,
+    FEATURE_DIM,
+    NUM_CLASSES,
+    SEED,
+    TRAIN,
+    UPLOAD,
+    array_record,
+    message_type,
+    pack_prototypes,
+    unpack_prototypes,
+)
+from ..fedproto.client import latent_and_logits
 from . import ACTION
 
 __all__ = ["Projection", "ComFedLoss", "ComFedClient", "register_comfed_handlers"]
@@ -54,8 +66,15 @@ class ComFedLoss(LossPlugin):
         num_classes: label-space size; lam: weight >= 0.
     """
 
-    def __init__(self, proj: Projection, opt: torch.optim.Optimizer, clip: float, targets: dict[int, torch.Tensor],
-                 num_classes: int, lam: float) -> None:
+    def __init__(
+        self,
+        proj: Projection,
+        opt: torch.optim.Optimizer,
+        clip: float,
+        targets: dict[int, torch.Tensor],
+        num_classes: int,
+        lam: float,
+    ) -> None:
         self.proj, self.opt, self.clip, self.targets = proj, opt, float(clip), targets
         self.num_classes, self.lam = int(num_classes), float(lam)
 
@@ -66,7 +85,10 @@ class ComFedLoss(LossPlugin):
         ce = F.cross_entropy(logits, y)
         means, _ = class_prototypes(z, y, self.num_classes)
         align = comfed_alignment_loss({m: self.proj.p @ v for m, v in means.items()}, self.targets)
-        return ce + self.lam * align, {"ce": float(ce.detach()), "comfed-loss": float(align.detach())}
+        return ce + self.lam * align, {
+            "ce": float(ce.detach()),
+            "comfed-loss": float(align.detach()),
+        }
 
     def after_step(self) -> None:
         """Clip and step the projection (its gradient came from the same backward pass)."""
@@ -87,8 +109,13 @@ class ComFedClient(ClientMethod):
         cfg = msg.content[CONFIG]
         mt = message_type(TRAIN, self.action)
         r, seed = int(required(cfg, FEATURE_DIM, mt)), int(required(cfg, SEED, mt))
-        gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
-            [seed, int(context.node_config["partition-id"]), 7]).generate_state(1)[0]))
+        gen = torch.Generator().manual_seed(
+            int(
+                np.random.SeedSequence(
+                    [seed, int(context.node_config["partition-id"]), 7]
+                ).generate_state(1)[0]
+            )
+        )
         return Projection(xavier_projection(r, int(task.model.d), gen)).to(task_device(task))
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
@@ -107,14 +134,20 @@ class ComFedClient(ClientMethod):
         if COMFED_TARGETS in msg.content:
             raw, _ = unpack_prototypes(array_record(msg.content, COMFED_TARGETS), f"{mt} targets")
             targets = {m: from_numpy(v, task_device(task)) for m, v in raw.items()}
-        return ComFedLoss(proj, opt, train.clip_norm, targets, int(required(cfg, NUM_CLASSES, mt)), comfed.lam)
+        return ComFedLoss(
+            proj, opt, train.clip_norm, targets, int(required(cfg, NUM_CLASSES, mt)), comfed.lam
+        )
 
     @torch.no_grad()
-    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+    def after_train(
+        self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
+    ) -> tuple[dict, dict]:
         """Save the projection; upload ``P_i vbar_m`` over the whole training set (eval mode) with counts."""
         assert isinstance(plugin, ComFedLoss)  # made by self.plugin
         save_module_state(context, self._key(), plugin.proj, plugin.opt)
-        means, counts = class_prototypes(eval_latents(task.model, task.x_train), task.y_train, plugin.num_classes)
+        means, counts = class_prototypes(
+            eval_latents(task.model, task.x_train), task.y_train, plugin.num_classes
+        )
         protos = {m: to_numpy(plugin.proj.p @ v) for m, v in means.items()}
         return {UPLOAD: pack_prototypes(protos, counts, dim=plugin.proj.p.shape[0])}, {}
 
@@ -126,33 +159,54 @@ class ComFedClient(ClientMethod):
             ProtocolError: the node has no projection yet (it never trained).
         """
         proj = self._stored(context, task)
-        return dict(zip(COMFED_ROUTED, (to_numpy(proj), to_numpy(eval_latents(task.model, task.x_test)),
-                                        to_numpy(eval_latents(task.model, task.x_val)))))
+        return dict(
+            zip(
+                COMFED_ROUTED,
+                (
+                    to_numpy(proj),
+                    to_numpy(eval_latents(task.model, task.x_test)),
+                    to_numpy(eval_latents(task.model, task.x_val)),
+                ),
+            )
+        )
 
     def _stored(self, context: Context, task: LocalTask) -> torch.Tensor:
         key = self._key()
-        if key not in context.state:  # never trained: no learned map, report NaN accuracies downstream
+        if (
+            key not in context.state
+        ):  # never trained: no learned map, report NaN accuracies downstream
             return torch.full((1, int(task.model.d)), float("nan"), device=task_device(task))
         return from_numpy(array_record(context.state, key)["p"].numpy().copy(), task_device(task))
 
     @torch.no_grad()
-    def edge_metrics(self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict) -> dict[str, float]:
+    def edge_metrics(
+        self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict
+    ) -> dict[str, float]:
         """Accuracy of the receiver's head on ``P_i^+ P_j z_j`` (raw test / validation latents of j)."""
         dev = task_device(task)
         p_i, p_j = self._stored(context, task), from_numpy(arrays[COMFED_ROUTED[0]], dev)
         out = {}
         for prefix, split in (("", "test"), ("val-", "val")):
             name = f"{prefix}comfed-communication-accuracy"
-            if not (torch.isfinite(p_i).all() and torch.isfinite(p_j).all()) or p_i.shape[0] != p_j.shape[0]:
+            if (
+                not (torch.isfinite(p_i).all() and torch.isfinite(p_j).all())
+                or p_i.shape[0] != p_j.shape[0]
+            ):
                 out[name] = float("nan")
                 continue
-            zhat = comfed_message(from_numpy(arrays[f"raw-{split}-latents"], dev, torch.float32), p_j, p_i)
+            zhat = comfed_message(
+                from_numpy(arrays[f"raw-{split}-latents"], dev, torch.float32), p_j, p_i
+            )
             task.model.eval()
-            logits = task.model.classify_whitened(task.model.whitening(zhat))  # colouring o whitening = identity
+            logits = task.model.classify_whitened(
+                task.model.whitening(zhat)
+            )  # colouring o whitening = identity
             out[name] = accuracy(logits, from_numpy(arrays[f"{split}-labels"], dev, torch.int64))
         return out
 
 
-def register_comfed_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+def register_comfed_handlers(
+    app: ClientApp, factory: TaskFactory, action: str = ACTION
+) -> ClientApp:
     """Add ComFed's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.comfed.ComFed`)."""
     return register_method_handlers(app, factory, ComFedClient(action))

@@ -18,12 +18,21 @@ from flwr.app import Message
 
 from ...config import DEFAULTS, ComFedConfig, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
-from ...protocol import (array_record, COMFED_ROUTED, COMFED_TARGETS, FEATURE_DIM, NUM_CLASSES, UPLOAD, ProtocolError,
-                        pack_prototypes, unpack_prototypes)
+from ...protocol import (
+    COMFED_ROUTED,
+    COMFED_TARGETS,
+    FEATURE_DIM,
+    NUM_CLASSES,
+    UPLOAD,
+    ProtocolError,
+    array_record,
+    pack_prototypes,
+    unpack_prototypes,
+)
 from ...strategy.base import positive_int
-from ...strategy.prototypes import common_dimension
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
+from ...strategy.prototypes import common_dimension
 from . import ACTION
 
 __all__ = ["ComFed"]
@@ -59,9 +68,17 @@ class ComFed(GraphStrategy):
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
     ) -> None:
         federation = federation or FederationConfig()
-        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
-                         evaluation=GraphEvaluation.posthoc(federation, routed_arrays=COMFED_ROUTED,
-                                                            edge_metric_names=EDGE_METRICS), discovery_timeout=discovery_timeout)
+        super().__init__(
+            num_nodes,
+            action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=GraphEvaluation.posthoc(
+                federation, routed_arrays=COMFED_ROUTED, edge_metric_names=EDGE_METRICS
+            ),
+            discovery_timeout=discovery_timeout,
+        )
         self.comfed = comfed or ComFedConfig()
         self.num_classes = positive_int("num_classes", num_classes)
         self.r: int | None = None
@@ -70,7 +87,9 @@ class ComFed(GraphStrategy):
     def on_discovered(self) -> None:
         """Validate the graph, then resolve the shared dimension r."""
         super().on_discovered()
-        self.r = common_dimension(self.comfed.dim, {p: n.d for p, n in self.nodes.items()}, "comfed-dim")
+        self.r = common_dimension(
+            self.comfed.dim, {p: n.d for p, n in self.nodes.items()}, "comfed-dim"
+        )
 
     def method_config(self, server_round: int) -> dict:
         """:class:`ComFedConfig`, r and the label-space size."""
@@ -89,19 +108,30 @@ class ComFed(GraphStrategy):
         assert self.r is not None  # set in on_discovered
         return {COMFED_TARGETS: pack_prototypes(means, dim=self.r)}, {}
 
-    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
         """Store each node's projected prototypes ``{class: (r,)}`` (bad uploads are recorded failures)."""
         accepted = {}
         for pid, r in ok.items():
             try:
                 if UPLOAD not in r.content:
                     raise ProtocolError("reply carries no projected prototypes")
-                protos, _ = unpack_prototypes(array_record(r.content, UPLOAD), f"partition-id {pid}")
-                bad = [m for m, v in protos.items() if v.shape != (self.r,) or not np.isfinite(v).all()
-                       or not 0 <= m < self.num_classes]
+                protos, _ = unpack_prototypes(
+                    array_record(r.content, UPLOAD), f"partition-id {pid}"
+                )
+                bad = [
+                    m
+                    for m, v in protos.items()
+                    if v.shape != (self.r,)
+                    or not np.isfinite(v).all()
+                    or not 0 <= m < self.num_classes
+                ]
                 if bad:
-                    raise ProtocolError(f"projected prototypes of classes {bad} have the wrong dimension (r={self.r}), "
-                                        f"NaN/inf or a class outside [0, {self.num_classes})")
+                    raise ProtocolError(
+                        f"projected prototypes of classes {bad} have the wrong dimension (r={self.r}), "
+                        f"NaN/inf or a class outside [0, {self.num_classes})"
+                    )
             except ProtocolError as exc:
                 self.record_failure(server_round, "train", pid, str(exc))
                 continue

@@ -21,14 +21,27 @@ from flwr.clientapp import ClientApp
 
 from ...baselines.fedmuscle import is_contrastive_epoch, muscle_loss
 from ...baselines.fedproto import PoolingAdapter
-from ...config import FedMuscleConfig, LocalTrainConfig
-from ...protocol import (array_record, as_int, CONFIG, MUSCLE_TARGETS, PILOT_REPS, SERVER_ROUND, TARGET_ALL, TARGET_OTHERS, TRAIN, UPLOAD,
-                        ProtocolError, message_type, pack_arrays)
 from ...client.common import eval_latents, from_numpy, task_device, to_numpy
-from ..fedproto.client import feature_pool, latent_and_logits
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
+from ...config import FedMuscleConfig, LocalTrainConfig
+from ...protocol import (
+    CONFIG,
+    MUSCLE_TARGETS,
+    PILOT_REPS,
+    SERVER_ROUND,
+    TARGET_ALL,
+    TARGET_OTHERS,
+    TRAIN,
+    UPLOAD,
+    ProtocolError,
+    array_record,
+    as_int,
+    message_type,
+    pack_arrays,
+)
+from ..fedproto.client import feature_pool, latent_and_logits
 from . import ACTION
 
 __all__ = ["FedMuscleLoss", "FedMuscleClient", "register_fedmuscle_handlers"]
@@ -45,10 +58,23 @@ class FedMuscleLoss(LossPlugin):
         lam, temperature: loss weight and tau; pilot_batch_size: pilot rows per step.
     """
 
-    def __init__(self, pool: PoolingAdapter, x_pilot: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor] | None,
-                 contrastive: set[int], lam: float, temperature: float, pilot_batch_size: int) -> None:
+    def __init__(
+        self,
+        pool: PoolingAdapter,
+        x_pilot: torch.Tensor,
+        targets: tuple[torch.Tensor, torch.Tensor] | None,
+        contrastive: set[int],
+        lam: float,
+        temperature: float,
+        pilot_batch_size: int,
+    ) -> None:
         self.pool, self.x_pilot, self.targets = pool, x_pilot, targets
-        self.contrastive, self.lam, self.tau, self.batch = contrastive, float(lam), float(temperature), int(pilot_batch_size)
+        self.contrastive, self.lam, self.tau, self.batch = (
+            contrastive,
+            float(lam),
+            float(temperature),
+            int(pilot_batch_size),
+        )
         self.active = False
         self.epochs_contrastive = 0
 
@@ -91,7 +117,9 @@ class FedMuscleClient(ClientMethod):
         local_epochs = LocalTrainConfig.from_record(cfg).local_epochs
         pool = feature_pool(task.model, cfg, mt)
         first = (as_int(cfg[SERVER_ROUND], SERVER_ROUND) - 1) * local_epochs
-        contrastive = {e for e in range(local_epochs) if is_contrastive_epoch(first + e, muscle.task_epochs)}
+        contrastive = {
+            e for e in range(local_epochs) if is_contrastive_epoch(first + e, muscle.task_epochs)
+        }
         targets = None
         if MUSCLE_TARGETS in msg.content:
             rec = array_record(msg.content, MUSCLE_TARGETS)
@@ -100,20 +128,33 @@ class FedMuscleClient(ClientMethod):
             for key in (TARGET_OTHERS, TARGET_ALL):
                 a = np.asarray(rec[key].numpy(), dtype=np.float32) if key in rec else None
                 if a is None or a.shape != shape:
-                    raise ProtocolError(f"{mt}: target {key!r} has shape {None if a is None else a.shape}, expected {shape}")
+                    raise ProtocolError(
+                        f"{mt}: target {key!r} has shape {None if a is None else a.shape}, expected {shape}"
+                    )
                 pair.append(from_numpy(a, task_device(task)))
             targets = (pair[0], pair[1])
-        return FedMuscleLoss(pool, task.x_pilot, targets, contrastive, muscle.lam, muscle.temperature,
-                             muscle.pilot_batch_size)
+        return FedMuscleLoss(
+            pool,
+            task.x_pilot,
+            targets,
+            contrastive,
+            muscle.lam,
+            muscle.temperature,
+            muscle.pilot_batch_size,
+        )
 
     @torch.no_grad()
-    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+    def after_train(
+        self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
+    ) -> tuple[dict, dict]:
         """The node's pooled eval-mode pilot representations ``(K, D)`` float32 (for the network averages)."""
         pool = feature_pool(task.model, msg.content[CONFIG], message_type(TRAIN, self.action))
         reps = pool(eval_latents(task.model, task.x_pilot))
         return {UPLOAD: pack_arrays({PILOT_REPS: to_numpy(reps)})}, {}
 
 
-def register_fedmuscle_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+def register_fedmuscle_handlers(
+    app: ClientApp, factory: TaskFactory, action: str = ACTION
+) -> ClientApp:
     """Add FedMuscle's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.fedmuscle.FedMuscle`)."""
     return register_method_handlers(app, factory, FedMuscleClient(action))

@@ -25,10 +25,19 @@ from flwr.app import Message
 
 from ...baselines.fedmuscle import is_contrastive_epoch, leave_one_out_means
 from ...config import DEFAULTS, FederationConfig, FedMuscleConfig, LocalTrainConfig
-from ...protocol import array_record, FEATURE_DIM, MUSCLE_TARGETS, PILOT_REPS, TARGET_ALL, TARGET_OTHERS, UPLOAD, pack_arrays
-from ...strategy.prototypes import common_dimension
+from ...protocol import (
+    FEATURE_DIM,
+    MUSCLE_TARGETS,
+    PILOT_REPS,
+    TARGET_ALL,
+    TARGET_OTHERS,
+    UPLOAD,
+    array_record,
+    pack_arrays,
+)
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
+from ...strategy.prototypes import common_dimension
 from . import ACTION
 
 __all__ = ["FedMuscle"]
@@ -53,13 +62,27 @@ class FedMuscle(GraphStrategy):
             stalk dimensions.
     """
 
-    def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
-                 train: LocalTrainConfig | None = None, fedmuscle: FedMuscleConfig | None = None,
-                 graph: nx.Graph | None = None, action: str = ACTION,
-                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        fedmuscle: FedMuscleConfig | None = None,
+        graph: nx.Graph | None = None,
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
         federation = federation or FederationConfig()
-        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
-                         evaluation=GraphEvaluation.posthoc(federation), discovery_timeout=discovery_timeout)
+        super().__init__(
+            num_nodes,
+            action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=GraphEvaluation.posthoc(federation),
+            discovery_timeout=discovery_timeout,
+        )
         self.fedmuscle = fedmuscle or FedMuscleConfig()
         self.common_dim: int | None = None
         self.reps: dict[int, np.ndarray] = {}
@@ -68,19 +91,25 @@ class FedMuscle(GraphStrategy):
     def on_discovered(self) -> None:
         """Validate the graph, then resolve the common representation dimension D."""
         super().on_discovered()
-        self.common_dim = common_dimension(self.fedmuscle.dim, {p: n.d for p, n in self.nodes.items()},
-                                           "fedmuscle-dim")
+        self.common_dim = common_dimension(
+            self.fedmuscle.dim, {p: n.d for p, n in self.nodes.items()}, "fedmuscle-dim"
+        )
 
     def contrastive_round(self, server_round: int) -> bool:
         """Whether any local epoch of ``server_round`` is a contrastive epoch of the cycle."""
         e = self.train.local_epochs
-        return any(is_contrastive_epoch((server_round - 1) * e + k, self.fedmuscle.task_epochs) for k in range(e))
+        return any(
+            is_contrastive_epoch((server_round - 1) * e + k, self.fedmuscle.task_epochs)
+            for k in range(e)
+        )
 
     def method_config(self, server_round: int) -> dict:
         """:class:`FedMuscleConfig` and the resolved dimension; computes this round's targets once."""
         self._targets = None
         if self.contrastive_round(server_round) and len(self.reps) >= 2:
-            others, every = leave_one_out_means({p: torch.from_numpy(r) for p, r in self.reps.items()})
+            others, every = leave_one_out_means(
+                {p: torch.from_numpy(r) for p, r in self.reps.items()}
+            )
             self._targets = ({p: o.numpy() for p, o in others.items()}, every.numpy())
         return {**self.fedmuscle.to_dict(), FEATURE_DIM: self.common_dim}
 
@@ -89,9 +118,13 @@ class FedMuscle(GraphStrategy):
         if self._targets is None:
             return {}, {}
         others, every = self._targets
-        return {MUSCLE_TARGETS: pack_arrays({TARGET_OTHERS: others.get(pid, every), TARGET_ALL: every})}, {}
+        return {
+            MUSCLE_TARGETS: pack_arrays({TARGET_OTHERS: others.get(pid, every), TARGET_ALL: every})
+        }, {}
 
-    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
         """Store each node's pilot representations ``(K, D)`` (bad ones are recorded failures)."""
         shape = (self.num_pilots, self.common_dim)
         accepted = {}
@@ -99,8 +132,12 @@ class FedMuscle(GraphStrategy):
             rec = array_record(r.content, UPLOAD) if UPLOAD in r.content else None
             a = rec[PILOT_REPS].numpy() if rec is not None and PILOT_REPS in rec else None
             if a is None or a.shape != shape or not np.isfinite(a).all():
-                why = "no pilot representations" if a is None else f"pilot representations of shape {a.shape} " \
-                      f"(expected {shape}) or with NaN/inf"
+                why = (
+                    "no pilot representations"
+                    if a is None
+                    else f"pilot representations of shape {a.shape} "
+                    f"(expected {shape}) or with NaN/inf"
+                )
                 self.record_failure(server_round, "train", pid, why)
                 continue
             self.reps[pid] = np.asarray(a, dtype=np.float32)
@@ -109,4 +146,7 @@ class FedMuscle(GraphStrategy):
 
     def results_extra(self) -> dict:
         """FedMuscle's settings and the resolved dimension."""
-        return {**super().results_extra(), "fedmuscle": {**self.fedmuscle.to_dict(), "feature_dim": self.common_dim}}
+        return {
+            **super().results_extra(),
+            "fedmuscle": {**self.fedmuscle.to_dict(), "feature_dim": self.common_dim},
+        }

@@ -6,5 +6,11 @@ from ..registry import Method, graph_args, register  # noqa: E402
 from .client import register_fedproto_handlers  # noqa: E402
 from .strategy import FedProto  # noqa: E402
 
-METHOD = register(Method("fedproto", ACTION, lambda c, n: FedProto(n, fedproto=c.fedproto, **graph_args(c)),
-                         register_fedproto_handlers))
+METHOD = register(
+    Method(
+        "fedproto",
+        ACTION,
+        lambda c, n: FedProto(n, fedproto=c.fedproto, **graph_args(c)),
+        register_fedproto_handlers,
+    )
+)

@@ -23,18 +23,40 @@ import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ...baselines.fedproto import PoolingAdapter, class_prototypes, fedproto_loss, nearest_prototype_predict
-from ...config import FedProtoConfig
-from ...protocol import (array_record, CONFIG, EVALUATE, FEATURE_DIM, GLOBAL_PROTOTYPES, NUM_CLASSES, TRAIN, UPLOAD, message_type,
-                        pack_prototypes, unpack_prototypes)
+from ...baselines.fedproto import (
+    PoolingAdapter,
+    class_prototypes,
+    fedproto_loss,
+    nearest_prototype_predict,
+)
 from ...client.common import eval_latents, from_numpy, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
+from ...config import FedProtoConfig
+from ...protocol import (
+    CONFIG,
+    EVALUATE,
+    FEATURE_DIM,
+    GLOBAL_PROTOTYPES,
+    NUM_CLASSES,
+    TRAIN,
+    UPLOAD,
+    array_record,
+    message_type,
+    pack_prototypes,
+    unpack_prototypes,
+)
 from . import ACTION
 
-__all__ = ["FedProtoLoss", "FedProtoClient", "register_fedproto_handlers", "received_prototypes",
-           "latent_and_logits", "feature_pool"]
+__all__ = [
+    "FedProtoLoss",
+    "FedProtoClient",
+    "register_fedproto_handlers",
+    "received_prototypes",
+    "latent_and_logits",
+    "feature_pool",
+]
 
 
 def received_prototypes(msg: Message) -> dict[int, torch.Tensor]:
@@ -42,7 +64,9 @@ def received_prototypes(msg: Message) -> dict[int, torch.Tensor]:
     if GLOBAL_PROTOTYPES not in msg.content:
         return {}
     protos, _ = unpack_prototypes(array_record(msg.content, GLOBAL_PROTOTYPES), "global prototypes")
-    return {c: from_numpy(p) for c, p in protos.items()}  # CPU; the losses cast to the latents' device
+    return {
+        c: from_numpy(p) for c, p in protos.items()
+    }  # CPU; the losses cast to the latents' device
 
 
 def latent_and_logits(model: StalkModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +99,9 @@ class FedProtoLoss(LossPlugin):
         lam: weight >= 0; reduction: ``"mse"`` or ``"per_sample"``.
     """
 
-    def __init__(self, pool: PoolingAdapter, protos: Mapping[int, torch.Tensor], lam: float, reduction: str) -> None:
+    def __init__(
+        self, pool: PoolingAdapter, protos: Mapping[int, torch.Tensor], lam: float, reduction: str
+    ) -> None:
         self.pool, self.protos, self.lam, self.reduction = pool, protos, float(lam), reduction
 
     def loss(self, model, x, y, gen):
@@ -84,8 +110,11 @@ class FedProtoLoss(LossPlugin):
         z, logits = latent_and_logits(model, x)
         ce = F.cross_entropy(logits, y)
         reg, covered = fedproto_loss(self.pool(z), y, self.protos, reduction=self.reduction)
-        return ce + self.lam * reg, {"ce": float(ce.detach()), "proto-loss": float(reg.detach()),
-                                     "proto-covered": covered / max(len(y), 1)}
+        return ce + self.lam * reg, {
+            "ce": float(ce.detach()),
+            "proto-loss": float(reg.detach()),
+            "proto-covered": covered / max(len(y), 1),
+        }
 
 
 class FedProtoClient(ClientMethod):
@@ -100,15 +129,28 @@ class FedProtoClient(ClientMethod):
         """
         cfg = msg.content[CONFIG]
         proto = FedProtoConfig.from_record(cfg)
-        return FedProtoLoss(feature_pool(task.model, cfg, message_type(TRAIN, self.action)), received_prototypes(msg), proto.lam, proto.reduction)
+        return FedProtoLoss(
+            feature_pool(task.model, cfg, message_type(TRAIN, self.action)),
+            received_prototypes(msg),
+            proto.lam,
+            proto.reduction,
+        )
 
     @torch.no_grad()
-    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+    def after_train(
+        self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
+    ) -> tuple[dict, dict]:
         """Per-class means and counts of the pooled eval-mode latents of the node's training set."""
         cfg = msg.content[CONFIG]
-        feats = feature_pool(task.model, cfg, message_type(TRAIN, self.action))(eval_latents(task.model, task.x_train))
-        protos, counts = class_prototypes(feats, task.y_train, int(required(cfg, NUM_CLASSES, message_type(TRAIN, self.action))))
-        rec = pack_prototypes({c: to_numpy(p) for c, p in protos.items()}, counts, dim=feats.shape[1])
+        feats = feature_pool(task.model, cfg, message_type(TRAIN, self.action))(
+            eval_latents(task.model, task.x_train)
+        )
+        protos, counts = class_prototypes(
+            feats, task.y_train, int(required(cfg, NUM_CLASSES, message_type(TRAIN, self.action)))
+        )
+        rec = pack_prototypes(
+            {c: to_numpy(p) for c, p in protos.items()}, counts, dim=feats.shape[1]
+        )
         return {UPLOAD: rec}, {"num-prototypes": len(protos)}
 
     @torch.no_grad()
@@ -126,6 +168,8 @@ class FedProtoClient(ClientMethod):
         return out
 
 
-def register_fedproto_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+def register_fedproto_handlers(
+    app: ClientApp, factory: TaskFactory, action: str = ACTION
+) -> ClientApp:
     """Add FedProto's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.fedproto.FedProto`)."""
     return register_method_handlers(app, factory, FedProtoClient(action))

@@ -35,7 +35,9 @@ __all__ = ["FedProto", "common_dimension", "prototype_evaluation"]
 
 def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
     """The post-hoc protocol plus each node's nearest-global-prototype accuracy (FedProto, FedSAF)."""
-    return GraphEvaluation.posthoc(federation, node_metric_names=("prototype-accuracy", "val-prototype-accuracy"))
+    return GraphEvaluation.posthoc(
+        federation, node_metric_names=("prototype-accuracy", "val-prototype-accuracy")
+    )
 
 
 class FedProto(GraphStrategy):
@@ -57,13 +59,28 @@ class FedProto(GraphStrategy):
             stalk dimensions (each d and its partition-ids named).
     """
 
-    def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
-                 train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
-                 num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = ACTION,
-                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        fedproto: FedProtoConfig | None = None,
+        num_classes: int = PAPER_NUM_CLASSES,
+        graph: nx.Graph | None = None,
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
         federation = federation or FederationConfig()
-        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
-                         evaluation=prototype_evaluation(federation), discovery_timeout=discovery_timeout)
+        super().__init__(
+            num_nodes,
+            action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=prototype_evaluation(federation),
+            discovery_timeout=discovery_timeout,
+        )
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
 
     @property
@@ -106,7 +123,9 @@ class FedProto(GraphStrategy):
         """Global prototypes and the dimension, for the nearest-prototype accuracy."""
         return self.prototypes.record(), self.prototypes.shared()
 
-    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
         """:meth:`PrototypeAggregator.accept`; the node's training still counts when its upload is refused."""
         return ok, self.prototypes.accept(self, server_round, ok)
 

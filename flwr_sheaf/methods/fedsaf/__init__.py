@@ -15,8 +15,10 @@ def _build(structure: str) -> Callable[[RunConfig, int], FedSAF]:
     def build(c: RunConfig, n: int) -> FedSAF:
         other = {"gcsa": "rcsa", "rcsa": "gcsa"}[structure]
         if c.fedsaf.structure == other:
-            raise ConfigError(f"fedsaf-structure={other!r} contradicts method={c.method!r}; "
-                              f"use method='fedsaf-{other}'")
+            raise ConfigError(
+                f"fedsaf-structure={other!r} contradicts method={c.method!r}; "
+                f"use method='fedsaf-{other}'"
+            )
         saf = c.fedsaf if c.fedsaf.structure else replace(c.fedsaf, structure=structure)
         return FedSAF(n, fedproto=c.fedproto, fedsaf=saf, **graph_args(c))
 

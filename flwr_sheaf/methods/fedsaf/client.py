@@ -24,12 +24,12 @@ from flwr.clientapp import ClientApp
 
 from ...baselines.fedproto import PoolingAdapter
 from ...baselines.fedsaf import fedsaf_objective, structure_alignment_inputs
-from ...config import FedSAFConfig
-from ...protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type
-from ..fedproto.client import FedProtoClient, feature_pool, latent_and_logits, received_prototypes
 from ...client.handlers import register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory
+from ...config import FedSAFConfig
+from ...protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type
+from ..fedproto.client import FedProtoClient, feature_pool, latent_and_logits, received_prototypes
 from . import ACTION
 
 __all__ = ["FedSAFLoss", "FedSAFClient", "register_fedsaf_handlers"]
@@ -43,8 +43,15 @@ class FedSAFLoss(LossPlugin):
         num_classes: size of the label space; lam, gamma: weights; structure: ``gcsa``/``rcsa``/``mse``/``cosine``.
     """
 
-    def __init__(self, pool: PoolingAdapter, protos: Mapping[int, torch.Tensor], num_classes: int,
-                 lam: float, gamma: float, structure: str) -> None:
+    def __init__(
+        self,
+        pool: PoolingAdapter,
+        protos: Mapping[int, torch.Tensor],
+        num_classes: int,
+        lam: float,
+        gamma: float,
+        structure: str,
+    ) -> None:
         self.pool, self.protos, self.num_classes = pool, protos, int(num_classes)
         self.lam, self.gamma, self.structure = float(lam), float(gamma), structure
 
@@ -53,11 +60,23 @@ class FedSAFLoss(LossPlugin):
         z, logits = latent_and_logits(model, x)
         ce = F.cross_entropy(logits, y)
         inp = structure_alignment_inputs(self.pool(z), y, self.protos, self.num_classes)
-        t = fedsaf_objective(ce, inp.p_local, inp.q_global, inp.z_inst, inp.z_global_inst, self.lam, self.gamma,
-                             self.structure)
-        return t.total, {"ce": float(ce.detach()), "proto-loss": float(t.proto.detach()),
-                         "inst-loss": float(t.inst.detach()), "proto-applied": float(t.proto_applied),
-                         "inst-applied": float(t.inst_applied)}
+        t = fedsaf_objective(
+            ce,
+            inp.p_local,
+            inp.q_global,
+            inp.z_inst,
+            inp.z_global_inst,
+            self.lam,
+            self.gamma,
+            self.structure,
+        )
+        return t.total, {
+            "ce": float(ce.detach()),
+            "proto-loss": float(t.proto.detach()),
+            "inst-loss": float(t.inst.detach()),
+            "proto-applied": float(t.proto_applied),
+            "inst-applied": float(t.inst_applied),
+        }
 
 
 class FedSAFClient(FedProtoClient):
@@ -72,11 +91,21 @@ class FedSAFClient(FedProtoClient):
         cfg = msg.content[CONFIG]
         saf = FedSAFConfig.from_record(cfg)
         if not saf.structure:
-            raise ProtocolError("fedsaf-structure is empty in the train config: the server must resolve it")
-        return FedSAFLoss(feature_pool(task.model, cfg, message_type(TRAIN, self.action)), received_prototypes(msg),
-                          int(required(cfg, NUM_CLASSES, message_type(TRAIN, self.action))), saf.lam, saf.gamma, saf.structure)
+            raise ProtocolError(
+                "fedsaf-structure is empty in the train config: the server must resolve it"
+            )
+        return FedSAFLoss(
+            feature_pool(task.model, cfg, message_type(TRAIN, self.action)),
+            received_prototypes(msg),
+            int(required(cfg, NUM_CLASSES, message_type(TRAIN, self.action))),
+            saf.lam,
+            saf.gamma,
+            saf.structure,
+        )
 
 
-def register_fedsaf_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+def register_fedsaf_handlers(
+    app: ClientApp, factory: TaskFactory, action: str = ACTION
+) -> ClientApp:
     """Add FedSAF's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.fedsaf.FedSAF`)."""
     return register_method_handlers(app, factory, FedSAFClient(action))

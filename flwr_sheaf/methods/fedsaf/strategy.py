@@ -38,15 +38,33 @@ class FedSAF(GraphStrategy):
         ValueError: an empty structure (named), and FedProto's errors.
     """
 
-    def __init__(self, num_nodes: int, *, fedsaf: FedSAFConfig, federation: FederationConfig | None = None,
-                 train: LocalTrainConfig | None = None, fedproto: FedProtoConfig | None = None,
-                 num_classes: int = PAPER_NUM_CLASSES, graph: nx.Graph | None = None, action: str = ACTION,
-                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        fedsaf: FedSAFConfig,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        fedproto: FedProtoConfig | None = None,
+        num_classes: int = PAPER_NUM_CLASSES,
+        graph: nx.Graph | None = None,
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
         if not fedsaf.structure:
-            raise ValueError("fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')")
+            raise ValueError(
+                "fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')"
+            )
         federation = federation or FederationConfig()
-        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
-                         evaluation=prototype_evaluation(federation), discovery_timeout=discovery_timeout)
+        super().__init__(
+            num_nodes,
+            action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=prototype_evaluation(federation),
+            discovery_timeout=discovery_timeout,
+        )
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
         self.fedsaf = fedsaf
 
@@ -91,10 +109,16 @@ class FedSAF(GraphStrategy):
         """Global prototypes and the dimension, for the nearest-prototype accuracy."""
         return self.prototypes.record(), self.prototypes.shared()
 
-    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
         """Aggregate the valid prototype uploads (:meth:`PrototypeAggregator.accept`)."""
         return ok, self.prototypes.accept(self, server_round, ok)
 
     def results_extra(self) -> dict:
         """Prototype settings, the structure and weights."""
-        return {**super().results_extra(), "prototypes": self.prototypes.describe(), "fedsaf": self.fedsaf.to_dict()}
+        return {
+            **super().results_extra(),
+            "prototypes": self.prototypes.describe(),
+            "fedsaf": self.fedsaf.to_dict(),
+        }

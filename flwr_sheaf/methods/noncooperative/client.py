@@ -16,6 +16,8 @@ from . import ACTION
 __all__ = ["register_noncooperative_handlers"]
 
 
-def register_noncooperative_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+def register_noncooperative_handlers(
+    app: ClientApp, factory: TaskFactory, action: str = ACTION
+) -> ClientApp:
     """Add the non-cooperative handlers (:class:`~flwr_sheaf.client.handlers.ClientMethod` defaults) under ``action``."""
     return register_method_handlers(app, factory, ClientMethod(action))

@@ -34,9 +34,23 @@ class NonCooperative(GraphStrategy):
         ValueError: as :class:`~flwr_sheaf.strategy.graph.GraphStrategy`.
     """
 
-    def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
-                 train: LocalTrainConfig | None = None, graph: nx.Graph | None = None,
-                 action: str = ACTION, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        graph: nx.Graph | None = None,
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
         federation = federation or FederationConfig()
-        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
-                         evaluation=GraphEvaluation.posthoc(federation), discovery_timeout=discovery_timeout)
+        super().__init__(
+            num_nodes,
+            action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=GraphEvaluation.posthoc(federation),
+            discovery_timeout=discovery_timeout,
+        )

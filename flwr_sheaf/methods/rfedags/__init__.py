@@ -19,30 +19,63 @@ from flwr.app import ArrayRecord, Context
 
 ACTION = "rfedags"
 
-from ...config import DEFAULTS, KEYS, Key, RunConfig, Section, parse_float, parse_int, parse_str, section  # noqa: E402
+from ...config import (  # noqa: E402
+    DEFAULTS,
+    KEYS,
+    Key,
+    RunConfig,
+    Section,
+    parse_float,
+    parse_int,
+    parse_str,
+    section,
+)
 from ...protocol import POINT, pack_arrays  # noqa: E402
 from ...rfedags.baselines import BASELINES  # noqa: E402
 from ...rfedags.frechet import commuting_spd_problem, symmetric_poincare_problem  # noqa: E402
 from ...rfedags.pca import planted_pca_problem, subspace_distance  # noqa: E402
 from ..registry import Method, register  # noqa: E402
 from .baselines_strategy import RFedBaseline  # noqa: E402
-from .client import (ProblemClient, register_rfedags_baseline_handlers,  # noqa: E402,F401
-                     register_rfedags_handlers)
+from .client import ProblemClient, register_rfedags_baseline_handlers, register_rfedags_handlers  # noqa: E402,F401
 from .strategy import RFedAGS  # noqa: E402
 
 PROBLEMS = ("pca", "spd", "poincare")
 
 
-@section(Key("rfedags-problem", "pca", parse_str(PROBLEMS),
-             "RFedAGS family: `pca` (planted PCA, Stiefel), `spd` (SPD Fréchet mean), `poincare` (Poincaré ball)"),
-         Key("rfedags-mode", "corrected", parse_str(("corrected", "known-p", "uncorrected")),
-             "RFedAGS aggregation weights (the baselines average uniformly over responders)"),
-         Key("rfedags-local-steps", 5, parse_int(1), "RFedAGS family: local Riemannian SGD steps K"),
-         Key("rfedags-step-size", 0.02, parse_float(0.0, lo_open=True), "RFedAGS family: step size alpha_0"),
-         Key("rfedags-decay-rounds", 0.0, parse_float(0.0),
-             "RFedAGS family: alpha_t = alpha_0 / (1 + t / decay) (0 = fixed)"),
-         Key("rfedags-minibatch-size", 0, parse_int(0), "RFedAGS family: local mini-batch (0 = exact gradients)"),
-         prefix="rfedags-")
+@section(
+    Key(
+        "rfedags-problem",
+        "pca",
+        parse_str(PROBLEMS),
+        "RFedAGS family: `pca` (planted PCA, Stiefel), `spd` (SPD Fréchet mean), `poincare` (Poincaré ball)",
+    ),
+    Key(
+        "rfedags-mode",
+        "corrected",
+        parse_str(("corrected", "known-p", "uncorrected")),
+        "RFedAGS aggregation weights (the baselines average uniformly over responders)",
+    ),
+    Key("rfedags-local-steps", 5, parse_int(1), "RFedAGS family: local Riemannian SGD steps K"),
+    Key(
+        "rfedags-step-size",
+        0.02,
+        parse_float(0.0, lo_open=True),
+        "RFedAGS family: step size alpha_0",
+    ),
+    Key(
+        "rfedags-decay-rounds",
+        0.0,
+        parse_float(0.0),
+        "RFedAGS family: alpha_t = alpha_0 / (1 + t / decay) (0 = fixed)",
+    ),
+    Key(
+        "rfedags-minibatch-size",
+        0,
+        parse_int(0),
+        "RFedAGS family: local mini-batch (0 = exact gradients)",
+    ),
+    prefix="rfedags-",
+)
 class RFedAGSConfig(Section):
     """The RFedAGS family's run-config keys (its own section)."""
 
@@ -78,8 +111,11 @@ class PlantedMetrics:
     def __call__(self, x: np.ndarray) -> dict[str, float]:
         """The round's metrics at the new server point ``x``."""
         pr = self.problem
-        dist = (pr.distance_to_optimum(x) if hasattr(pr, "distance_to_optimum")
-                else subspace_distance(x, pr.optimum()[0]))
+        dist = (
+            pr.distance_to_optimum(x)
+            if hasattr(pr, "distance_to_optimum")
+            else subspace_distance(x, pr.optimum()[0])
+        )
         return {"gap": float(pr.gap(x)), "distance_to_optimum": float(dist)}
 
 
@@ -87,9 +123,16 @@ def _build(method: str) -> Callable[[RunConfig, int], RFedAGS | RFedBaseline]:
     def build(c: RunConfig, n: int) -> RFedAGS | RFedBaseline:
         cfg, (problem, p) = c.own(RFedAGSConfig), _problem(c)
         part = c.federation.participation or p
-        kw = dict(local_steps=cfg.local_steps, step_size=cfg.step_size, decay_rounds=cfg.decay_rounds,
-                  manifold=problem.manifold, minibatch_size=cfg.minibatch_size, seed=c.federation.seed,
-                  discovery_timeout=c.discovery_timeout, round_metrics=PlantedMetrics(problem))
+        kw = dict(
+            local_steps=cfg.local_steps,
+            step_size=cfg.step_size,
+            decay_rounds=cfg.decay_rounds,
+            manifold=problem.manifold,
+            minibatch_size=cfg.minibatch_size,
+            seed=c.federation.seed,
+            discovery_timeout=c.discovery_timeout,
+            round_metrics=PlantedMetrics(problem),
+        )
         if method == "rfedags":
             return RFedAGS(n, part, mode=cfg.mode, **kw)
         return RFedBaseline(n, part, method=method, **kw)
@@ -100,7 +143,9 @@ def _build(method: str) -> Callable[[RunConfig, int], RFedAGS | RFedBaseline]:
 def initial_arrays(c: RunConfig) -> ArrayRecord:
     """The initial point ``x_0`` (the reference loop's default: a random point seeded by ``[seed, 2]``)."""
     problem, _ = _problem(c)
-    return pack_arrays({POINT: problem.manifold.random_point(np.random.default_rng([c.federation.seed, 2]))})
+    return pack_arrays(
+        {POINT: problem.manifold.random_point(np.random.default_rng([c.federation.seed, 2]))}
+    )
 
 
 def problem_task_factory() -> Callable[[Context], ProblemClient]:
@@ -110,7 +155,9 @@ def problem_task_factory() -> Callable[[Context], ProblemClient]:
         rc = context.run_config
         cfg = RFedAGSConfig.from_mapping(rc)
         seed = KEYS["seed"](rc["seed"]) if "seed" in rc else DEFAULTS["seed"]
-        return ProblemClient(planted_problem(cfg.problem, seed)[0], int(context.node_config["partition-id"]))
+        return ProblemClient(
+            planted_problem(cfg.problem, seed)[0], int(context.node_config["partition-id"])
+        )
 
     return factory
 
@@ -120,10 +167,22 @@ def _num_nodes(c: RunConfig) -> int:
 
 
 def _method(name: str, action: str, handlers: Callable[..., Any]) -> Method:
-    return register(Method(name, action, _build(name), handlers, config=RFedAGSConfig, num_nodes=_num_nodes,
-                           task_factory=problem_task_factory, initial_arrays=initial_arrays))
+    return register(
+        Method(
+            name,
+            action,
+            _build(name),
+            handlers,
+            config=RFedAGSConfig,
+            num_nodes=_num_nodes,
+            task_factory=problem_task_factory,
+            initial_arrays=initial_arrays,
+        )
+    )
 
 
 METHOD = _method("rfedags", ACTION, register_rfedags_handlers)
 BASELINE_METHODS = tuple(
-    _method(b, b, functools.partial(register_rfedags_baseline_handlers, methods=(b,))) for b in BASELINES)
+    _method(b, b, functools.partial(register_rfedags_baseline_handlers, methods=(b,)))
+    for b in BASELINES
+)

@@ -37,15 +37,50 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from ...protocol import (array_record, as_float, metric_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, LOCAL_STEPS, MEAN_GRADIENT, METRICS,
-                        MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED, SERVER_ROUND,
-                        STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
-from ...rfedags.baselines import (BASELINES, average_ambient, average_endpoints, full_gradient, projection_correction,
-                                 require_projection)
+from ...protocol import (
+    ARRAYS,
+    CONFIG,
+    CORRECTION,
+    ENDPOINT,
+    FULL_GRADIENT,
+    LOCAL_STEPS,
+    MEAN_GRADIENT,
+    METRICS,
+    MINIBATCH_SIZE,
+    NUM_EXAMPLES,
+    PHASE,
+    PHASE_GRADIENT,
+    PHASE_LOCAL,
+    POINT,
+    SEED,
+    SERVER_ROUND,
+    STEP_SIZE,
+    STREAM,
+    STREAM_RECORD,
+    TRAIN,
+    array_record,
+    as_float,
+    metric_record,
+    pack_arrays,
+)
+from ...rfedags.baselines import (
+    BASELINES,
+    average_ambient,
+    average_endpoints,
+    full_gradient,
+    projection_correction,
+    require_projection,
+)
 from ...strategy.base import weight_problem
 from ...strategy.graph import GraphStrategy
-from .strategy import (RFEDAGS_DEFAULTS, RiemannianState, init_server, log_rfed_round, round_prologue,
-                       setup_riemannian)
+from .strategy import (
+    RFEDAGS_DEFAULTS,
+    RiemannianState,
+    init_server,
+    log_rfed_round,
+    round_prologue,
+    setup_riemannian,
+)
 
 __all__ = ["RFedBaseline"]
 
@@ -66,8 +101,15 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             manifold that is not compact and embedded.
     """
 
-    def __init__(self, num_nodes: int, participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None = None, *,
-                 method: str, mode: str = "uncorrected", **kwargs) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None = None,
+        *,
+        method: str,
+        mode: str = "uncorrected",
+        **kwargs,
+    ) -> None:
         if method not in BASELINES:
             raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
         if "action" in kwargs:
@@ -86,14 +128,27 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._recipients: list[int] = []
         self._g_t: np.ndarray | None = None  # RFedSVRG's server gradient of the current round
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
         """:meth:`PeerStrategy.start`; remembers ``timeout`` for RFedSVRG's gradient round trip."""
         self._timeout = float(timeout)
-        return super().start(grid, initial_arrays, num_rounds, timeout=timeout, train_config=train_config,
-                             evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+        return super().start(
+            grid,
+            initial_arrays,
+            num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=evaluate_fn,
+        )
 
     def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
         return round_prologue(self, server_round, arrays)
@@ -108,25 +163,56 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._x_mid = self.server.x.copy()
         self._x_mid_prev = self._x_mid.copy()
 
-    def _cfg(self, server_round: int, alpha_t: float, phase: str, config: ConfigRecord) -> ConfigRecord:
-        cfg = self.merge_extra({SERVER_ROUND: server_round, LOCAL_STEPS: self.local_steps, STEP_SIZE: alpha_t,
-                                MINIBATCH_SIZE: self.minibatch_size, SEED: self.seed, PHASE: phase},
-                               config, "train_config")
+    def _cfg(
+        self, server_round: int, alpha_t: float, phase: str, config: ConfigRecord
+    ) -> ConfigRecord:
+        cfg = self.merge_extra(
+            {
+                SERVER_ROUND: server_round,
+                LOCAL_STEPS: self.local_steps,
+                STEP_SIZE: alpha_t,
+                MINIBATCH_SIZE: self.minibatch_size,
+                SEED: self.seed,
+                PHASE: phase,
+            },
+            config,
+            "train_config",
+        )
         return ConfigRecord(dict(cfg))
 
-    def _gradient_phase(self, server_round: int, alpha_t: float, config: ConfigRecord, grid: Grid) -> list[int]:
+    def _gradient_phase(
+        self, server_round: int, alpha_t: float, config: ConfigRecord, grid: Grid
+    ) -> list[int]:
         """RFedSVRG phase 1: gradients at ``x_t`` from the drawn nodes; sets ``g_t``; returns who answered."""
         shape = tuple(self.server.x.shape)
-        msgs = [self.message(pid, RecordDict({ARRAYS: pack_arrays({POINT: self._x_t}),
-                                              CONFIG: self._cfg(server_round, alpha_t, PHASE_GRADIENT, config)}),
-                             TRAIN, server_round) for pid in self.current.sampled]
-        ok = self.split_replies(server_round, "gradient", self._round_trip(grid, msgs, self._timeout),
-                                self.current.sampled, {STREAM_RECORD: (STREAM,)})
+        msgs = [
+            self.message(
+                pid,
+                RecordDict(
+                    {
+                        ARRAYS: pack_arrays({POINT: self._x_t}),
+                        CONFIG: self._cfg(server_round, alpha_t, PHASE_GRADIENT, config),
+                    }
+                ),
+                TRAIN,
+                server_round,
+            )
+            for pid in self.current.sampled
+        ]
+        ok = self.split_replies(
+            server_round,
+            "gradient",
+            self._round_trip(grid, msgs, self._timeout),
+            self.current.sampled,
+            {STREAM_RECORD: (STREAM,)},
+        )
         grads: dict[int, np.ndarray] = {}
         for pid, r in ok.items():
             g = np.array(array_record(r.content, STREAM_RECORD)[STREAM].numpy(), dtype=np.float64)
             if g.shape != shape or not np.all(np.isfinite(g)):
-                self.record_failure(server_round, "gradient", pid, f"unusable gradient of shape {g.shape}")
+                self.record_failure(
+                    server_round, "gradient", pid, f"unusable gradient of shape {g.shape}"
+                )
                 continue
             grads[pid] = g
         mask = np.zeros(self.num_nodes, dtype=bool)
@@ -135,8 +221,9 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._g_t = full_gradient(grads, w, shape)
         return sorted(grads)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                        ) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The method's ``train.<method>`` messages to the drawn nodes (RFedSVRG: after its gradient phase)."""
         alpha_t = self._round_prologue(server_round, arrays)
         self._recipients = list(self.current.sampled)
@@ -146,26 +233,48 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             self._recipients = self._gradient_phase(server_round, alpha_t, config, grid)
         for pid in self._recipients:
             if self.method == "rfedproj":
-                assert self._x_mid is not None and self._x_mid_prev is not None  # set in _init_server
+                assert (
+                    self._x_mid is not None and self._x_mid_prev is not None
+                )  # set in _init_server
                 c = np.zeros_like(self._x_mid)
                 if pid in self._prev_responders and pid in self._zeta_prev:
-                    c = projection_correction(self.manifold, self._x_mid_prev, self._x_mid, self._zeta_prev[pid],
-                                              self.local_steps, alpha_t, self.global_step)
+                    c = projection_correction(
+                        self.manifold,
+                        self._x_mid_prev,
+                        self._x_mid,
+                        self._zeta_prev[pid],
+                        self.local_steps,
+                        alpha_t,
+                        self.global_step,
+                    )
                 payload = {POINT: self._x_mid, CORRECTION: c}
             elif self.method == "rfedsvrg":
                 assert self._g_t is not None  # set by _gradient_phase
                 payload = {POINT: self._x_t, FULL_GRADIENT: self._g_t}
             else:
                 payload = {POINT: self._x_t}
-            msgs.append(self.message(pid, RecordDict({ARRAYS: pack_arrays(payload), CONFIG: cfg}), TRAIN, server_round))
+            msgs.append(
+                self.message(
+                    pid,
+                    RecordDict({ARRAYS: pack_arrays(payload), CONFIG: cfg}),
+                    TRAIN,
+                    server_round,
+                )
+            )
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check the uploads, weight them (``mode``), run the method's server step; new point + round metrics."""
         keys = (ENDPOINT, MEAN_GRADIENT) if self.method == "rfedproj" else (ENDPOINT,)
-        ok = self.split_replies(server_round, "train", replies, self._recipients,
-                                {STREAM_RECORD: keys, METRICS: (NUM_EXAMPLES,)})
+        ok = self.split_replies(
+            server_round,
+            "train",
+            replies,
+            self._recipients,
+            {STREAM_RECORD: keys, METRICS: (NUM_EXAMPLES,)},
+        )
         shape = tuple(self.server.x.shape)
         uploads: dict[int, np.ndarray] = {}
         zetas: dict[int, np.ndarray] = {}
@@ -177,7 +286,9 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             if reason is None and (z.shape != shape or not np.all(np.isfinite(z))):
                 reason = f"unusable end point of shape {z.shape} (expected {shape}, finite)"
             if reason is None and self.method == "rfedproj":
-                zeta = np.array(array_record(r.content, STREAM_RECORD)[MEAN_GRADIENT].numpy(), dtype=np.float64)
+                zeta = np.array(
+                    array_record(r.content, STREAM_RECORD)[MEAN_GRADIENT].numpy(), dtype=np.float64
+                )
                 if zeta.shape != shape or not np.all(np.isfinite(zeta)):
                     reason = f"unusable mean gradient of shape {zeta.shape}"
                 else:
@@ -202,13 +313,17 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         w, est = self.server.weights(mask, num_examples if self.mode == "uncorrected" else None)
         if self.method == "rfedproj":
             assert self._x_mid is not None  # set in _init_server
-            x_mid_new, x_new = average_ambient(self.manifold, self._x_mid, uploads, w, self.global_step)
+            x_mid_new, x_new = average_ambient(
+                self.manifold, self._x_mid, uploads, w, self.global_step
+            )
             self._x_mid_prev, self._x_mid = self._x_mid, x_mid_new
             self._zeta_prev.update(zetas)
             self._prev_responders = set(uploads)
             direction = x_new - self._x_t
         else:
-            x_new, direction = average_endpoints(self.manifold, self._x_t, uploads, w, self.global_step)
+            x_new, direction = average_endpoints(
+                self.manifold, self._x_t, uploads, w, self.global_step
+            )
         self.server.x = x_new
         self.server.estimator.observe(mask)
         self.server.round += 1
@@ -226,13 +341,25 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             metrics.update(self.round_metrics(x_new))
         self.current.num_trained = len(uploads)
         self.current.train.update(metrics)
-        self.current.train.update({"drawn": list(self.current.sampled), "responders": sorted(uploads),
-                                   "weights": w.tolist()})
+        self.current.train.update(
+            {
+                "drawn": list(self.current.sampled),
+                "responders": sorted(uploads),
+                "weights": w.tolist(),
+            }
+        )
         return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
         import logging
 
         logging.getLogger("flwr_sheaf").info(
-            "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, global step=%g)", self.method, self.mode, self.num_nodes,
-            self.local_steps, self.step_size, self.decay_rounds, self.global_step)
+            "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, global step=%g)",
+            self.method,
+            self.mode,
+            self.num_nodes,
+            self.local_steps,
+            self.step_size,
+            self.decay_rounds,
+            self.global_step,
+        )

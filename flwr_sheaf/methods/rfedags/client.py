@@ -26,9 +26,35 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ...protocol import (array_record, as_float, as_int, config_record, ARRAYS, CONFIG, CORRECTION, ENDPOINT, FULL_GRADIENT, INFO, LOCAL_STEPS, MEAN_GRADIENT,
-                        METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, PHASE, PHASE_GRADIENT, PHASE_LOCAL, POINT, SEED,
-                        SERVER_ROUND, STEP_SIZE, STREAM, STREAM_RECORD, NodeInfo, ProtocolError, pack_arrays)
+from ...protocol import (
+    ARRAYS,
+    CONFIG,
+    CORRECTION,
+    ENDPOINT,
+    FULL_GRADIENT,
+    INFO,
+    LOCAL_STEPS,
+    MEAN_GRADIENT,
+    METRICS,
+    MINIBATCH_SIZE,
+    NUM_EXAMPLES,
+    PHASE,
+    PHASE_GRADIENT,
+    PHASE_LOCAL,
+    POINT,
+    SEED,
+    SERVER_ROUND,
+    STEP_SIZE,
+    STREAM,
+    STREAM_RECORD,
+    NodeInfo,
+    ProtocolError,
+    array_record,
+    as_float,
+    as_int,
+    config_record,
+    pack_arrays,
+)
 from ...rfedags.baselines import BASELINES, projection_local_steps, svrg_local_steps
 from ...rfedags.client import local_gradient_stream
 from ...rfedags.manifolds import Manifold
@@ -66,8 +92,9 @@ class RFedAGSLocalProblem(Protocol):
     manifold: Manifold
     num_examples: int
 
-    def gradient_oracle(self, server_round: int, num_steps: int, config: Mapping
-                        ) -> Callable[[np.ndarray, int], np.ndarray]: ...
+    def gradient_oracle(
+        self, server_round: int, num_steps: int, config: Mapping
+    ) -> Callable[[np.ndarray, int], np.ndarray]: ...
 
     def local_cost(self, x: np.ndarray) -> float: ...
 
@@ -84,7 +111,9 @@ class FederatedProblem(Protocol):
 
     def local_egrads(self, x: np.ndarray, clients: list[int]) -> np.ndarray: ...
 
-    def minibatch_egrads(self, x: np.ndarray, clients: list[int], batch: np.ndarray) -> np.ndarray: ...
+    def minibatch_egrads(
+        self, x: np.ndarray, clients: list[int], batch: np.ndarray
+    ) -> np.ndarray: ...
 
     def local_costs(self, x: np.ndarray) -> np.ndarray: ...
 
@@ -110,8 +139,9 @@ class PCAClientProblem:
         s = self.problem.samples
         self.num_examples = int(s.shape[1]) if s is not None else 1
 
-    def gradient_oracle(self, server_round: int, num_steps: int, config: Mapping
-                        ) -> Callable[[np.ndarray, int], np.ndarray]:
+    def gradient_oracle(
+        self, server_round: int, num_steps: int, config: Mapping
+    ) -> Callable[[np.ndarray, int], np.ndarray]:
         """``egrad(X, k)`` for one round: exact ``-2 A_i X`` or mini-batch ``-(2/B) Z_b^T Z_b X``.
 
         Raises:
@@ -123,8 +153,14 @@ class PCAClientProblem:
             return lambda x, k: self.problem.local_egrads(x, c)[0]
         if self.problem.samples is None:
             raise ValueError(f"minibatch-size={b} requested but the PCA problem has no samples")
-        idx = batch_indices(int(config[SEED]), server_round, self.client, num_steps,
-                            self.problem.samples.shape[1], b)
+        idx = batch_indices(
+            int(config[SEED]),
+            server_round,
+            self.client,
+            num_steps,
+            self.problem.samples.shape[1],
+            b,
+        )
         return lambda x, k: self.problem.minibatch_egrads(x, c, idx[k : k + 1])[0]
 
     def local_cost(self, x: np.ndarray) -> float:
@@ -150,13 +186,16 @@ class ProblemClient:
 
     def __post_init__(self) -> None:
         if not 0 <= self.client < self.problem.num_clients:
-            raise ValueError(f"partition-id {self.client} has no data (problem has {self.problem.num_clients} clients)")
+            raise ValueError(
+                f"partition-id {self.client} has no data (problem has {self.problem.num_clients} clients)"
+            )
         self.manifold = self.problem.manifold
         s = getattr(self.problem, "samples", None)
         self.num_examples = int(s.shape[1]) if s is not None else 1
 
-    def gradient_oracle(self, server_round: int, num_steps: int, config: Mapping
-                        ) -> Callable[[np.ndarray, int], np.ndarray]:
+    def gradient_oracle(
+        self, server_round: int, num_steps: int, config: Mapping
+    ) -> Callable[[np.ndarray, int], np.ndarray]:
         """``egrad(x, k)``: exact local gradient (``minibatch-size`` 0) or the mini-batch of step ``k``.
 
         Raises:
@@ -169,7 +208,9 @@ class ProblemClient:
         samples = getattr(self.problem, "samples", None)
         if samples is None:
             raise ValueError(f"minibatch-size={b} requested but the problem has no samples")
-        idx = batch_indices(int(config[SEED]), server_round, self.client, num_steps, samples.shape[1], b)
+        idx = batch_indices(
+            int(config[SEED]), server_round, self.client, num_steps, samples.shape[1], b
+        )
         return lambda x, k: self.problem.minibatch_egrads(x, c, idx[k : k + 1])[0]
 
     def local_cost(self, x: np.ndarray) -> float:
@@ -195,14 +236,20 @@ def pca_problem_factory(problem: PCAProblem) -> Callable[[Context], PCAClientPro
     return factory
 
 
-def _register_query(app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str) -> None:
+def _register_query(
+    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
+) -> None:
     """``query.<action>``: discovery reply (partition-id, num-partitions, point size, num-examples)."""
 
     @app.query(action)
     def _query(msg: Message, context: Context) -> Message:
         prob = problem_factory(context)
-        info = NodeInfo(int(context.node_config["partition-id"]), int(context.node_config.get("num-partitions", 0)),
-                        int(np.prod(prob.manifold.point_shape)), num_examples=int(prob.num_examples))
+        info = NodeInfo(
+            int(context.node_config["partition-id"]),
+            int(context.node_config.get("num-partitions", 0)),
+            int(np.prod(prob.manifold.point_shape)),
+            num_examples=int(prob.num_examples),
+        )
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
 
@@ -233,33 +280,51 @@ def register_rfedags_handlers(
     def _train(msg: Message, context: Context) -> Message:
         prob = problem_factory(context)
         if ARRAYS not in msg.content or POINT not in msg.content[ARRAYS]:
-            raise ProtocolError(f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {POINT!r}")
+            raise ProtocolError(
+                f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {POINT!r}"
+            )
         x = np.array(array_record(msg.content, ARRAYS)[POINT].numpy(), dtype=np.float64)
         man = prob.manifold
         if x.shape != tuple(man.point_shape):
             raise ValueError(f"server point has shape {x.shape}, expected {tuple(man.point_shape)}")
         man.check_point(x, atol=1e-8)
-        cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
+        cfg: Mapping[str, object] = (
+            config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
+        )
         for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED):
             if key not in cfg:
                 raise ProtocolError(f"train.{action} config lacks {key!r}")
-        k_steps, alpha, rnd = (as_int(cfg[LOCAL_STEPS], LOCAL_STEPS), as_float(cfg[STEP_SIZE], STEP_SIZE),
-                               as_int(cfg[SERVER_ROUND], SERVER_ROUND))
+        k_steps, alpha, rnd = (
+            as_int(cfg[LOCAL_STEPS], LOCAL_STEPS),
+            as_float(cfg[STEP_SIZE], STEP_SIZE),
+            as_int(cfg[SERVER_ROUND], SERVER_ROUND),
+        )
         oracle = prob.gradient_oracle(rnd, k_steps, cfg)
         stream = local_gradient_stream(man, x, oracle, k_steps, alpha)
         zeta = stream.zeta
-        meta = context.state[STATE_KEY] if STATE_KEY in context.state else MetricRecord(
-            {"rounds-trained": 0, "last-round": 0})
-        context.state[STATE_KEY] = MetricRecord({
-            "rounds-trained": as_int(meta["rounds-trained"], "rounds-trained") + 1, "last-round": rnd})
-        reply = RecordDict({
-            STREAM_RECORD: pack_arrays({STREAM: zeta}),
-            METRICS: MetricRecord({
-                NUM_EXAMPLES: int(prob.num_examples),
-                "tangent-error": float(np.max(man.tangent_error(x, zeta))),
-                "local-cost-start": float(prob.local_cost(x)),
-            }),
-        })
+        meta = (
+            context.state[STATE_KEY]
+            if STATE_KEY in context.state
+            else MetricRecord({"rounds-trained": 0, "last-round": 0})
+        )
+        context.state[STATE_KEY] = MetricRecord(
+            {
+                "rounds-trained": as_int(meta["rounds-trained"], "rounds-trained") + 1,
+                "last-round": rnd,
+            }
+        )
+        reply = RecordDict(
+            {
+                STREAM_RECORD: pack_arrays({STREAM: zeta}),
+                METRICS: MetricRecord(
+                    {
+                        NUM_EXAMPLES: int(prob.num_examples),
+                        "tangent-error": float(np.max(man.tangent_error(x, zeta))),
+                        "local-cost-start": float(prob.local_cost(x)),
+                    }
+                ),
+            }
+        )
         return Message(reply, reply_to=msg)
 
     return app
@@ -312,7 +377,9 @@ def register_rfedags_baseline_handlers(
 
 def _array(msg: Message, key: str, shape: tuple[int, ...], action: str) -> np.ndarray:
     if ARRAYS not in msg.content or key not in msg.content[ARRAYS]:
-        raise ProtocolError(f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {key!r}")
+        raise ProtocolError(
+            f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {key!r}"
+        )
     a = np.array(array_record(msg.content, ARRAYS)[key].numpy(), dtype=np.float64)
     if a.shape != shape:
         raise ValueError(f"train.{action}: array {key!r} has shape {a.shape}, expected {shape}")
@@ -321,25 +388,33 @@ def _array(msg: Message, key: str, shape: tuple[int, ...], action: str) -> np.nd
     return a
 
 
-def _register_baseline_train(app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem],
-                             action: str) -> None:
+def _register_baseline_train(
+    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
+) -> None:
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
         prob = problem_factory(context)
         man = prob.manifold
         shape = tuple(man.point_shape)
-        cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
+        cfg: Mapping[str, object] = (
+            config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
+        )
         for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED, PHASE):
             if key not in cfg:
                 raise ProtocolError(f"train.{action} config lacks {key!r}")
         phase = str(cfg[PHASE])
-        if phase not in (PHASE_GRADIENT, PHASE_LOCAL) or (phase == PHASE_GRADIENT and action != "rfedsvrg"):
+        if phase not in (PHASE_GRADIENT, PHASE_LOCAL) or (
+            phase == PHASE_GRADIENT and action != "rfedsvrg"
+        ):
             raise ProtocolError(f"train.{action}: unknown phase {phase!r}")
         x = _array(msg, POINT, shape, action)
         if action != "rfedproj":
             man.check_point(x, atol=1e-8)
-        k_steps, alpha, rnd = (as_int(cfg[LOCAL_STEPS], LOCAL_STEPS), as_float(cfg[STEP_SIZE], STEP_SIZE),
-                               as_int(cfg[SERVER_ROUND], SERVER_ROUND))
+        k_steps, alpha, rnd = (
+            as_int(cfg[LOCAL_STEPS], LOCAL_STEPS),
+            as_float(cfg[STEP_SIZE], STEP_SIZE),
+            as_int(cfg[SERVER_ROUND], SERVER_ROUND),
+        )
         upload: dict[str, np.ndarray] = {}
         if phase == PHASE_GRADIENT:
             exact = prob.gradient_oracle(rnd, 1, {MINIBATCH_SIZE: 0, SEED: cfg[SEED]})
@@ -353,9 +428,13 @@ def _register_baseline_train(app: ClientApp, problem_factory: Callable[[Context]
                 upload[ENDPOINT] = svrg_local_steps(man, x, g, oracle, k_steps, alpha)
             else:
                 c = _array(msg, CORRECTION, shape, action)
-                upload[ENDPOINT], upload[MEAN_GRADIENT] = projection_local_steps(man, x, c, oracle, k_steps, alpha)
-        reply = RecordDict({
-            STREAM_RECORD: pack_arrays(upload),
-            METRICS: MetricRecord({NUM_EXAMPLES: int(prob.num_examples)}),
-        })
+                upload[ENDPOINT], upload[MEAN_GRADIENT] = projection_local_steps(
+                    man, x, c, oracle, k_steps, alpha
+                )
+        reply = RecordDict(
+            {
+                STREAM_RECORD: pack_arrays(upload),
+                METRICS: MetricRecord({NUM_EXAMPLES: int(prob.num_examples)}),
+            }
+        )
         return Message(reply, reply_to=msg)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-
 from typing import Any
 
 import numpy as np
@@ -36,8 +35,25 @@ from flwr.serverapp import Grid
 
 from ...config import DEFAULTS
 from ...participation import ParticipationSampler, parse_participation
-from ...protocol import (array_record, as_float, metric_record, ARRAYS, CONFIG, LOCAL_STEPS, METRICS, MINIBATCH_SIZE, NUM_EXAMPLES, POINT, SEED, SERVER_ROUND,
-                        STEP_SIZE, STREAM, STREAM_RECORD, TRAIN, pack_arrays)
+from ...protocol import (
+    ARRAYS,
+    CONFIG,
+    LOCAL_STEPS,
+    METRICS,
+    MINIBATCH_SIZE,
+    NUM_EXAMPLES,
+    POINT,
+    SEED,
+    SERVER_ROUND,
+    STEP_SIZE,
+    STREAM,
+    STREAM_RECORD,
+    TRAIN,
+    array_record,
+    as_float,
+    metric_record,
+    pack_arrays,
+)
 from ...rfedags.aggregation import MODES, RFedAGSServer
 from ...rfedags.client import step_size_schedule
 from ...rfedags.manifolds import Manifold, Sphere, Stiefel
@@ -46,7 +62,14 @@ from ...strategy.base import weight_problem
 from ...strategy.graph import GraphStrategy
 from . import ACTION
 
-__all__ = ["RFEDAGS_DEFAULTS", "RFedAGS", "init_server", "log_rfed_round", "round_prologue", "setup_riemannian"]
+__all__ = [
+    "RFEDAGS_DEFAULTS",
+    "RFedAGS",
+    "init_server",
+    "log_rfed_round",
+    "round_prologue",
+    "setup_riemannian",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -74,12 +97,26 @@ class RiemannianState:
     round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None
 
 
-def setup_riemannian(s: Any, num_nodes: int,
-                     participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None, *, mode: str,
-                     local_steps: int, step_size: float, decay_rounds: float, global_step: float, q_min: float,
-                     estimate_includes_current: bool, estimator: str, manifold: Manifold | None,
-                     minibatch_size: int, seed: int, action: str, discovery_timeout: float,
-                     round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None) -> None:
+def setup_riemannian(
+    s: Any,
+    num_nodes: int,
+    participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None,
+    *,
+    mode: str,
+    local_steps: int,
+    step_size: float,
+    decay_rounds: float,
+    global_step: float,
+    q_min: float,
+    estimate_includes_current: bool,
+    estimator: str,
+    manifold: Manifold | None,
+    minibatch_size: int,
+    seed: int,
+    action: str,
+    discovery_timeout: float,
+    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None,
+) -> None:
     """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
     shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
     (arguments as :class:`RFedAGS`).
@@ -89,9 +126,13 @@ def setup_riemannian(s: Any, num_nodes: int,
     """
     p = parse_participation(participation, num_nodes, seed)
     p = np.ones(num_nodes) if p is None else p
-    GraphStrategy.__init__(s, num_nodes, action=action,
-                           sampler=ParticipationSampler(num_nodes, probabilities=p, seed=seed),
-                           discovery_timeout=discovery_timeout)
+    GraphStrategy.__init__(
+        s,
+        num_nodes,
+        action=action,
+        sampler=ParticipationSampler(num_nodes, probabilities=p, seed=seed),
+        discovery_timeout=discovery_timeout,
+    )
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if int(local_steps) != local_steps or local_steps < 1:
@@ -99,7 +140,9 @@ def setup_riemannian(s: Any, num_nodes: int,
     if not (np.isfinite(global_step) and global_step > 0):
         raise ValueError(f"global_step (varpi) must be positive, got {global_step!r}")
     if int(minibatch_size) != minibatch_size or minibatch_size < 0:
-        raise ValueError(f"minibatch_size must be a non-negative integer (0 = exact gradients), got {minibatch_size!r}")
+        raise ValueError(
+            f"minibatch_size must be a non-negative integer (0 = exact gradients), got {minibatch_size!r}"
+        )
     s.alpha = step_size_schedule(step_size, decay_rounds)  # validates step_size, decay_rounds
     s.p = p
     s.mode = mode
@@ -136,8 +179,14 @@ def init_server(s: Any, arrays: ArrayRecord) -> None:
             raise ValueError(f"cannot infer a manifold for a parameter of shape {x0.shape}")
     s.manifold.check_point(x0, atol=1e-8)
     s.server = RFedAGSServer(
-        s.manifold, x0, s.num_nodes, mode=s.mode, p=s.p, q_min=s.q_min,
-        global_step=s.global_step, estimate_includes_current=s.estimate_includes_current,
+        s.manifold,
+        x0,
+        s.num_nodes,
+        mode=s.mode,
+        p=s.p,
+        q_min=s.q_min,
+        global_step=s.global_step,
+        estimate_includes_current=s.estimate_includes_current,
         estimator_kind=s.estimator,
     )
 
@@ -157,15 +206,31 @@ def round_prologue(s: Any, server_round: int, arrays: ArrayRecord) -> float:
 def log_rfed_round(rec: Any) -> None:
     """One progress line per round of the RFedAGS family (drawn, responders, direction norm)."""
     t = rec.train
-    log.info("round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s", rec.round, t.get("num_drawn", 0),
-             t.get("num_responders", 0), t.get("direction_norm", 0.0), rec.wall_seconds)
+    log.info(
+        "round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s",
+        rec.round,
+        t.get("num_drawn", 0),
+        t.get("num_responders", 0),
+        t.get("direction_norm", 0.0),
+        rec.wall_seconds,
+    )
 
 
 #: keyword defaults of :func:`setup_riemannian` besides participation and mode (as :class:`RFedAGS`).
 RFEDAGS_DEFAULTS: dict[str, Any] = {
-    "local_steps": 5, "step_size": 0.02, "decay_rounds": 0.0, "global_step": 1.0, "q_min": DEFAULT_Q_MIN,
-    "estimate_includes_current": False, "estimator": "plus-one", "manifold": None, "minibatch_size": 0,
-    "seed": DEFAULTS["seed"], "discovery_timeout": DEFAULTS["discovery-timeout"], "round_metrics": None}
+    "local_steps": 5,
+    "step_size": 0.02,
+    "decay_rounds": 0.0,
+    "global_step": 1.0,
+    "q_min": DEFAULT_Q_MIN,
+    "estimate_includes_current": False,
+    "estimator": "plus-one",
+    "manifold": None,
+    "minibatch_size": 0,
+    "seed": DEFAULTS["seed"],
+    "discovery_timeout": DEFAULTS["discovery-timeout"],
+    "round_metrics": None,
+}
 
 
 class RFedAGS(GraphStrategy, RiemannianState):
@@ -220,11 +285,25 @@ class RFedAGS(GraphStrategy, RiemannianState):
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
         round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
     ) -> None:
-        setup_riemannian(self, num_nodes, participation, mode=mode, local_steps=local_steps, step_size=step_size,
-                         decay_rounds=decay_rounds, global_step=global_step, q_min=q_min,
-                         estimate_includes_current=estimate_includes_current, estimator=estimator,
-                         manifold=manifold, minibatch_size=minibatch_size, seed=seed, action=action,
-                         discovery_timeout=discovery_timeout, round_metrics=round_metrics)
+        setup_riemannian(
+            self,
+            num_nodes,
+            participation,
+            mode=mode,
+            local_steps=local_steps,
+            step_size=step_size,
+            decay_rounds=decay_rounds,
+            global_step=global_step,
+            q_min=q_min,
+            estimate_includes_current=estimate_includes_current,
+            estimator=estimator,
+            manifold=manifold,
+            minibatch_size=minibatch_size,
+            seed=seed,
+            action=action,
+            discovery_timeout=discovery_timeout,
+            round_metrics=round_metrics,
+        )
 
     # ------------------------------------------------------------------ helpers
     def _init_server(self, arrays: ArrayRecord) -> None:
@@ -234,20 +313,45 @@ class RFedAGS(GraphStrategy, RiemannianState):
     def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
         return round_prologue(self, server_round, arrays)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                        ) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
         alpha_t = self._round_prologue(server_round, arrays)
-        cfg = self.merge_extra({SERVER_ROUND: server_round, LOCAL_STEPS: self.local_steps, STEP_SIZE: alpha_t,
-                                MINIBATCH_SIZE: self.minibatch_size, SEED: self.seed}, config, "train_config")
-        return [self.message(pid, RecordDict({ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}),
-                             TRAIN, server_round) for pid in self.current.sampled]
+        cfg = self.merge_extra(
+            {
+                SERVER_ROUND: server_round,
+                LOCAL_STEPS: self.local_steps,
+                STEP_SIZE: alpha_t,
+                MINIBATCH_SIZE: self.minibatch_size,
+                SEED: self.seed,
+            },
+            config,
+            "train_config",
+        )
+        return [
+            self.message(
+                pid,
+                RecordDict(
+                    {ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}
+                ),
+                TRAIN,
+                server_round,
+            )
+            for pid in self.current.sampled
+        ]
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weight the arrived streams, average, retract; returns the new ``x`` and round metrics."""
-        ok = self.split_replies(server_round, "train", replies, self.current.sampled,
-                                {STREAM_RECORD: (STREAM,), METRICS: (NUM_EXAMPLES,)})
+        ok = self.split_replies(
+            server_round,
+            "train",
+            replies,
+            self.current.sampled,
+            {STREAM_RECORD: (STREAM,), METRICS: (NUM_EXAMPLES,)},
+        )
         shape = tuple(self.server.x.shape)
         zetas: dict[int, np.ndarray] = {}
         num_examples = np.ones(self.num_nodes)
@@ -268,7 +372,9 @@ class RFedAGS(GraphStrategy, RiemannianState):
             tangent.append(float(np.max(self.manifold.tangent_error(self._x_t, z))))
         mask = np.zeros(self.num_nodes, dtype=bool)
         mask[list(zetas)] = True
-        res = self.server.step(mask, zetas, num_examples=num_examples if self.mode == "uncorrected" else None)
+        res = self.server.step(
+            mask, zetas, num_examples=num_examples if self.mode == "uncorrected" else None
+        )
         metrics = {
             "num_drawn": len(self.current.sampled),
             "num_responders": res.num_responders,
@@ -284,23 +390,33 @@ class RFedAGS(GraphStrategy, RiemannianState):
             metrics.update(self.round_metrics(res.x))
         self.current.num_trained = len(zetas)
         self.current.train.update(metrics)
-        self.current.train.update({"drawn": list(self.current.sampled), "responders": sorted(zetas),
-                                   "weights": res.weights.tolist(),
-                                   "estimates": [None if np.isnan(e) else float(e) for e in res.estimates]})
-        return (pack_arrays({POINT: res.x}),
-                MetricRecord({k: float(v) for k, v in metrics.items()}))
+        self.current.train.update(
+            {
+                "drawn": list(self.current.sampled),
+                "responders": sorted(zetas),
+                "weights": res.weights.tolist(),
+                "estimates": [None if np.isnan(e) else float(e) for e in res.estimates],
+            }
+        )
+        return (
+            pack_arrays({POINT: res.x}),
+            MetricRecord({k: float(v) for k, v in metrics.items()}),
+        )
 
     # ------------------------------------------------------------------ evaluate (none)
     def evaluates(self, server_round: int, num_rounds: int) -> bool:
         """Never: RFedAGS has no client-side evaluation (use ``start(evaluate_fn=...)``)."""
         return False
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-                           ) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """No client-side evaluation: no messages."""
         return []
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """No client-side evaluation: None."""
         return None
 
@@ -308,5 +424,13 @@ class RFedAGS(GraphStrategy, RiemannianState):
         log_rfed_round(rec)
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
-        log.info("RFedAGS(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)", self.mode,
-                 self.num_nodes, self.local_steps, self.step_size, self.decay_rounds, self.global_step, self.q_min)
+        log.info(
+            "RFedAGS(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)",
+            self.mode,
+            self.num_nodes,
+            self.local_steps,
+            self.step_size,
+            self.decay_rounds,
+            self.global_step,
+            self.q_min,
+        )

@@ -32,8 +32,11 @@ def build(c: RunConfig, n: int) -> SheafFMTL:
     """
     counts = zoo_parameter_counts(c.scenario.zoo)
     specs = zoo_specs(c.scenario.zoo)
-    sheaf_fmtl_budget(counts, build_graph(c.federation.graph, len(specs), class_sets=[s.classes for s in specs]),
-                      c.sheaf_fmtl)
+    sheaf_fmtl_budget(
+        counts,
+        build_graph(c.federation.graph, len(specs), class_sets=[s.classes for s in specs]),
+        c.sheaf_fmtl,
+    )
     return SheafFMTL(n, num_params=counts, sheaf_fmtl=c.sheaf_fmtl, **graph_args(c))
 
 

@@ -27,13 +27,25 @@ from flwr.clientapp import ClientApp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from ...baselines.sheaf_fmtl import init_map, map_step, parameter_step
-from ...config import LocalTrainConfig, SheafFMTLConfig
-from ...protocol import (array_record, CONFIG, SEED, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS,
-                        SHEAF_FMTL_PROJECTIONS, TRAIN, UPLOAD, ProtocolError, message_type, pack_arrays)
 from ...client.common import from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import CrossEntropy, LossPlugin
 from ...client.task import LocalTask, TaskFactory
+from ...config import LocalTrainConfig, SheafFMTLConfig
+from ...protocol import (
+    CONFIG,
+    SEED,
+    SHEAF_FMTL_DIMS,
+    SHEAF_FMTL_NEIGHBOURS,
+    SHEAF_FMTL_NUM_PARAMS,
+    SHEAF_FMTL_PROJECTIONS,
+    TRAIN,
+    UPLOAD,
+    ProtocolError,
+    array_record,
+    message_type,
+    pack_arrays,
+)
 from . import ACTION
 
 __all__ = ["SheafFMTLLoss", "SheafFMTLClient", "register_sheaf_fmtl_handlers", "trainable_vector"]
@@ -54,9 +66,21 @@ class SheafFMTLLoss(CrossEntropy):
         map_change: ``sum_j ||P_ij(new) - P_ij(old)||_F`` of this message's map step (a metric).
     """
 
-    def __init__(self, maps: dict[int, torch.Tensor], received: dict[int, torch.Tensor], cfg: SheafFMTLConfig,
-                 lr: float, map_change: float) -> None:
-        self.maps, self.received, self.cfg, self.lr, self.map_change = maps, received, cfg, float(lr), float(map_change)
+    def __init__(
+        self,
+        maps: dict[int, torch.Tensor],
+        received: dict[int, torch.Tensor],
+        cfg: SheafFMTLConfig,
+        lr: float,
+        map_change: float,
+    ) -> None:
+        self.maps, self.received, self.cfg, self.lr, self.map_change = (
+            maps,
+            received,
+            cfg,
+            float(lr),
+            float(map_change),
+        )
 
 
 class SheafFMTLClient(ClientMethod):
@@ -84,17 +108,25 @@ class SheafFMTLClient(ClientMethod):
         theta = trainable_vector(task.model)
         n_i = int(theta.numel())
         if n_i != n_server:
-            raise ProtocolError(f"{mt}: partition-id {pid} has {n_i} trainable parameters, the server assumed {n_server}")
+            raise ProtocolError(
+                f"{mt}: partition-id {pid} has {n_i} trainable parameters, the server assumed {n_server}"
+            )
         if len(nbrs) != len(dims):
             raise ProtocolError(f"{mt}: {len(nbrs)} neighbours but {len(dims)} edge dimensions")
         dev = task_device(task)
-        stored = array_record(context.state, self._maps_key()) if self._maps_key() in context.state else None
+        stored = (
+            array_record(context.state, self._maps_key())
+            if self._maps_key() in context.state
+            else None
+        )
         maps: dict[int, torch.Tensor] = {}
         for j, d in zip(nbrs, dims):
             if stored is not None and str(j) in stored:
                 p = from_numpy(stored[str(j)].numpy(), dev)
                 if tuple(p.shape) != (d, n_i):
-                    raise ProtocolError(f"{mt}: stored map for neighbour {j} has shape {tuple(p.shape)}, expected {(d, n_i)}")
+                    raise ProtocolError(
+                        f"{mt}: stored map for neighbour {j} has shape {tuple(p.shape)}, expected {(d, n_i)}"
+                    )
             else:
                 p = init_map(d, n_i, seed, pid, j).to(device=dev, dtype=torch.float16)
             maps[j] = p
@@ -103,7 +135,9 @@ class SheafFMTLClient(ClientMethod):
             rec = array_record(msg.content, SHEAF_FMTL_PROJECTIONS)
             for k in rec:
                 if int(k) not in maps:
-                    raise ProtocolError(f"{mt}: projection from partition-id {k}, not a neighbour of {pid} ({nbrs})")
+                    raise ProtocolError(
+                        f"{mt}: projection from partition-id {k}, not a neighbour of {pid} ({nbrs})"
+                    )
                 received[int(k)] = from_numpy(rec[k].numpy(), dev, torch.float32)
         theta = theta.to(dev)
         change = 0.0
@@ -115,24 +149,37 @@ class SheafFMTLClient(ClientMethod):
         return SheafFMTLLoss(maps, received, fm, train.lr, change)
 
     @torch.no_grad()
-    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+    def after_train(
+        self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
+    ) -> tuple[dict, dict]:
         """Parameter step (F1), store the maps (float16), upload ``P_ij theta_i`` per neighbour."""
         assert isinstance(plugin, SheafFMTLLoss)  # made by self.plugin
         params = [p for p in task.model.parameters() if p.requires_grad]
         theta = trainable_vector(task.model)
         if plugin.received:
-            theta = parameter_step(theta, {j: plugin.maps[j] for j in plugin.received}, plugin.received, plugin.lr,
-                                   plugin.cfg.lam)
+            theta = parameter_step(
+                theta,
+                {j: plugin.maps[j] for j in plugin.received},
+                plugin.received,
+                plugin.lr,
+                plugin.cfg.lam,
+            )
             vector_to_parameters(theta, params)
         proj = {j: p.float() @ theta for j, p in plugin.maps.items()}
         residual = sum(float(((proj[j] - y) ** 2).sum()) for j, y in plugin.received.items())
-        context.state[self._maps_key()] = ArrayRecord({str(j): p.cpu() for j, p in plugin.maps.items()}, keep_input=True)
-        metrics = {"sheaf-fmtl-residual": residual, "sheaf-fmtl-map-change": plugin.map_change,
-                   "sheaf-fmtl-received": len(plugin.received)}
+        context.state[self._maps_key()] = ArrayRecord(
+            {str(j): p.cpu() for j, p in plugin.maps.items()}, keep_input=True
+        )
+        metrics = {
+            "sheaf-fmtl-residual": residual,
+            "sheaf-fmtl-map-change": plugin.map_change,
+            "sheaf-fmtl-received": len(plugin.received),
+        }
         return {UPLOAD: pack_arrays({str(j): to_numpy(v) for j, v in proj.items()})}, metrics
 
 
-def register_sheaf_fmtl_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+def register_sheaf_fmtl_handlers(
+    app: ClientApp, factory: TaskFactory, action: str = ACTION
+) -> ClientApp:
     """Add Sheaf-FMTL's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.sheaf_fmtl.SheafFMTL`)."""
     return register_method_handlers(app, factory, SheafFMTLClient(action))
-

@@ -22,8 +22,15 @@ from flwr.app import Message
 
 from ...baselines.sheaf_fmtl import GIB, check_map_budget, edge_dim, map_bytes_per_node
 from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig, SheafFMTLConfig
-from ...protocol import (array_record, SHEAF_FMTL_DIMS, SHEAF_FMTL_NEIGHBOURS, SHEAF_FMTL_NUM_PARAMS, SHEAF_FMTL_PROJECTIONS, UPLOAD,
-                        pack_arrays)
+from ...protocol import (
+    SHEAF_FMTL_DIMS,
+    SHEAF_FMTL_NEIGHBOURS,
+    SHEAF_FMTL_NUM_PARAMS,
+    SHEAF_FMTL_PROJECTIONS,
+    UPLOAD,
+    array_record,
+    pack_arrays,
+)
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from . import ACTION
@@ -33,7 +40,9 @@ __all__ = ["SheafFMTL", "sheaf_fmtl_budget"]
 log = logging.getLogger("flwr_sheaf")
 
 
-def sheaf_fmtl_budget(num_params: Mapping[int, int], graph: nx.Graph, cfg: SheafFMTLConfig) -> dict[int, int]:
+def sheaf_fmtl_budget(
+    num_params: Mapping[int, int], graph: nx.Graph, cfg: SheafFMTLConfig
+) -> dict[int, int]:
     """Per-node float16 map bytes ``sum_j d_ij n_i * 2``; logs them; refuses an over-budget config.
 
     Args:
@@ -47,9 +56,15 @@ def sheaf_fmtl_budget(num_params: Mapping[int, int], graph: nx.Graph, cfg: Sheaf
     """
     per_node = map_bytes_per_node(num_params, graph.edges, cfg.gamma)
     worst = max(per_node, key=lambda p: per_node[p])
-    log.info("Sheaf-FMTL maps (float16, gamma=%g): %s GiB per partition-id; max %.3f GiB (partition-id %d), "
-             "total %.3f GiB", cfg.gamma, {p: round(b / GIB, 4) for p, b in sorted(per_node.items())},
-             per_node[worst] / GIB, worst, sum(per_node.values()) / GIB)
+    log.info(
+        "Sheaf-FMTL maps (float16, gamma=%g): %s GiB per partition-id; max %.3f GiB (partition-id %d), "
+        "total %.3f GiB",
+        cfg.gamma,
+        {p: round(b / GIB, 4) for p, b in sorted(per_node.items())},
+        per_node[worst] / GIB,
+        worst,
+        sum(per_node.values()) / GIB,
+    )
     try:
         check_map_budget(per_node, cfg.max_gib, cfg.gamma)
     except ValueError as exc:
@@ -73,21 +88,40 @@ class SheafFMTL(GraphStrategy):
         ConfigError: (at discovery) the maps exceed ``sheaf-fmtl-max-gib`` on the built graph.
     """
 
-    def __init__(self, num_nodes: int, *, num_params: Mapping[int, int], sheaf_fmtl: SheafFMTLConfig | None = None,
-                 federation: FederationConfig | None = None, train: LocalTrainConfig | None = None,
-                 graph: nx.Graph | None = None, action: str = ACTION,
-                 discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        num_params: Mapping[int, int],
+        sheaf_fmtl: SheafFMTLConfig | None = None,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        graph: nx.Graph | None = None,
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
         federation = federation or FederationConfig()
-        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
-                         evaluation=GraphEvaluation.posthoc(federation), discovery_timeout=discovery_timeout)
+        super().__init__(
+            num_nodes,
+            action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=GraphEvaluation.posthoc(federation),
+            discovery_timeout=discovery_timeout,
+        )
         counts = {int(p): int(n) for p, n in num_params.items()}
         if sorted(counts) != list(range(num_nodes)) or min(counts.values(), default=0) < 1:
-            raise ValueError(f"num_params must give a positive count for partition-ids 0..{num_nodes - 1}, got {counts}")
+            raise ValueError(
+                f"num_params must give a positive count for partition-ids 0..{num_nodes - 1}, got {counts}"
+            )
         self.num_params = counts
         self.sheaf_fmtl = sheaf_fmtl or SheafFMTLConfig()
         self.dims: dict[tuple[int, int], int] = {}
         self.map_bytes: dict[int, int] = {}
-        self.projections: dict[int, dict[int, np.ndarray]] = {}  # sender -> {receiver: P_sr theta_s}
+        self.projections: dict[
+            int, dict[int, np.ndarray]
+        ] = {}  # sender -> {receiver: P_sr theta_s}
 
     def on_discovered(self) -> None:
         """Validate the graph, fix every d_ij (F0) and check the map budget on it."""
@@ -106,12 +140,17 @@ class SheafFMTL(GraphStrategy):
         """The neighbours' latest ``P_ji theta_j`` (record) and the node's edges, d_ij and n_i (config)."""
         assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
-        cfg = {SHEAF_FMTL_NEIGHBOURS: nbrs, SHEAF_FMTL_DIMS: [self.dims[(pid, j)] for j in nbrs],
-               SHEAF_FMTL_NUM_PARAMS: self.num_params[pid]}
+        cfg = {
+            SHEAF_FMTL_NEIGHBOURS: nbrs,
+            SHEAF_FMTL_DIMS: [self.dims[(pid, j)] for j in nbrs],
+            SHEAF_FMTL_NUM_PARAMS: self.num_params[pid],
+        }
         got = {str(j): self.projections[j][pid] for j in nbrs if pid in self.projections.get(j, {})}
         return ({SHEAF_FMTL_PROJECTIONS: pack_arrays(got)} if got else {}), cfg
 
-    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
         """Store each node's projections ``{j: (d_ij,)}`` (wrong keys, lengths or NaN/inf: recorded failure)."""
         accepted, sent = {}, 0
         assert self.graph is not None  # built in on_discovered
@@ -124,8 +163,12 @@ class SheafFMTL(GraphStrategy):
                 bad.append(f"keys {sorted(got)} instead of the neighbours {nbrs}")
             for j in nbrs:
                 v = got.get(str(j))
-                if v is not None and (v.shape != (self.dims[(pid, j)],) or not np.isfinite(v).all()):
-                    bad.append(f"projection for {j} of shape {v.shape} (expected ({self.dims[(pid, j)]},)) or NaN/inf")
+                if v is not None and (
+                    v.shape != (self.dims[(pid, j)],) or not np.isfinite(v).all()
+                ):
+                    bad.append(
+                        f"projection for {j} of shape {v.shape} (expected ({self.dims[(pid, j)]},)) or NaN/inf"
+                    )
             if bad:
                 self.record_failure(server_round, "train", pid, "; ".join(bad))
                 continue
@@ -136,10 +179,15 @@ class SheafFMTL(GraphStrategy):
 
     def results_extra(self) -> dict:
         """Sheaf-FMTL's settings, the edge dimensions and each node's map memory."""
-        return {**super().results_extra(), "sheaf_fmtl": {
-            **self.sheaf_fmtl.to_dict(), "num_params": {str(p): n for p, n in sorted(self.num_params.items())},
-            "edge_dims": sorted([a, b, d] for (a, b), d in self.dims.items() if a < b),
-            "map_gib": {str(p): b / GIB for p, b in sorted(self.map_bytes.items())}}}
+        return {
+            **super().results_extra(),
+            "sheaf_fmtl": {
+                **self.sheaf_fmtl.to_dict(),
+                "num_params": {str(p): n for p, n in sorted(self.num_params.items())},
+                "edge_dims": sorted([a, b, d] for (a, b), d in self.dims.items() if a < b),
+                "map_gib": {str(p): b / GIB for p, b in sorted(self.map_bytes.items())},
+            },
+        }
 
 
 def _main(argv: list[str]) -> None:
@@ -152,8 +200,12 @@ def _main(argv: list[str]) -> None:
     spec = argv[2] if len(argv) > 2 else DEFAULTS["graph"]
     specs = zoo_specs(zoo)
     counts = {i: count_parameters(build_agent(s, seed=0)) for i, s in enumerate(specs)}
-    per = map_bytes_per_node(counts, build_graph(spec, len(specs), class_sets=[s.classes for s in specs]).edges, gamma)
-    print(f"zoo={zoo} gamma={gamma:g} graph={spec}: float16 map GiB per partition-id (n_i parameters)")
+    per = map_bytes_per_node(
+        counts, build_graph(spec, len(specs), class_sets=[s.classes for s in specs]).edges, gamma
+    )
+    print(
+        f"zoo={zoo} gamma={gamma:g} graph={spec}: float16 map GiB per partition-id (n_i parameters)"
+    )
     for p in sorted(per):
         print(f"  {p:3d}  n_i={counts[p]:8d}  {per[p] / GIB:.4f}")
     print(f"  max {max(per.values()) / GIB:.4f}  total {sum(per.values()) / GIB:.4f}")

@@ -6,5 +6,11 @@ from ..registry import Method, graph_args, register  # noqa: E402
 from .client import SheafClient, SheafGluing, register_sheaf_handlers  # noqa: E402,F401
 from .strategy import SheafFRL  # noqa: E402
 
-METHOD = register(Method("sheaf-frl", ACTION, lambda c, n: SheafFRL(n, sheaf=c.sheaf, **graph_args(c)),
-                         register_sheaf_handlers))
+METHOD = register(
+    Method(
+        "sheaf-frl",
+        ACTION,
+        lambda c, n: SheafFRL(n, sheaf=c.sheaf, **graph_args(c)),
+        register_sheaf_handlers,
+    )
+)

@@ -37,24 +37,73 @@ import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ...config import DEFAULTS, SheafConfig
-from ...protocol import (array_record, as_int, CONFIG, LOW_VARIANCE_FRACTION, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST,
-                        PILOT_LABELS, PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, STRINGENT_EVAL_ARRAYS,
-                        STRINGENT_EVAL_LABELS, SVDS, TRANSPORTED, EdgeConfig, ProtocolError, index_digest, pack_arrays,
-                        unpack_neighbour_pilots, unpack_pilot_selection)
-from ...sheaf import EdgeTerm, check_pilots
-from ...sheaf.gluing import gluing_penalty_terms
-from ...sheaf.pilots import PilotSelection, apply_selection, group_means, parseval, public_pilot_features
-from ...sheaf.procrustes import SvdCounter
-from ...sheaf.variants import PRIVACY_MODES, Received, edge_dim, edge_terms, init_map, outgoing_pilots
-from ...client.common import cached_pilots, from_numpy, store_pilots, task_device, to_numpy, whitened_pilots
+from ...client.common import (
+    cached_pilots,
+    from_numpy,
+    store_pilots,
+    task_device,
+    to_numpy,
+    whitened_pilots,
+)
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
+from ...config import DEFAULTS, SheafConfig
+from ...protocol import (
+    CONFIG,
+    LOW_VARIANCE_FRACTION,
+    OWN_PILOTS,
+    PILOT_DESCRIBE,
+    PILOT_FEATURES,
+    PILOT_INDEX_DIGEST,
+    PILOT_LABELS,
+    PILOT_PUBLIC,
+    PILOT_SELECTION,
+    PILOTS,
+    SEED,
+    STRINGENT_EVAL_ARRAYS,
+    STRINGENT_EVAL_LABELS,
+    SVDS,
+    TRANSPORTED,
+    EdgeConfig,
+    ProtocolError,
+    array_record,
+    as_int,
+    index_digest,
+    pack_arrays,
+    unpack_neighbour_pilots,
+    unpack_pilot_selection,
+)
+from ...sheaf import EdgeTerm, check_pilots
+from ...sheaf.gluing import gluing_penalty_terms
+from ...sheaf.pilots import (
+    PilotSelection,
+    apply_selection,
+    group_means,
+    parseval,
+    public_pilot_features,
+)
+from ...sheaf.procrustes import SvdCounter
+from ...sheaf.variants import (
+    PRIVACY_MODES,
+    Received,
+    edge_dim,
+    edge_terms,
+    init_map,
+    outgoing_pilots,
+)
 from . import ACTION
 
-__all__ = ["SheafGluing", "SheafClient", "register_sheaf_handlers", "load_maps", "save_maps", "node_secret",
-           "received_selection", "describe_pilots"]
+__all__ = [
+    "SheafGluing",
+    "SheafClient",
+    "register_sheaf_handlers",
+    "load_maps",
+    "save_maps",
+    "node_secret",
+    "received_selection",
+    "describe_pilots",
+]
 
 
 class SheafGluing(LossPlugin):
@@ -100,14 +149,26 @@ class SheafGluing(LossPlugin):
         ValueError: a neighbour's matrix with the wrong K or width, or NaN/inf entries (named).
     """
 
-    def __init__(self, task: LocalTask, lam: float, pilot_batch_size: int, edges: EdgeConfig,
-                 neighbour_pilots: dict[int, torch.Tensor], own_pilots: torch.Tensor | None,
-                 variant: str, privacy: str, maps: dict[int, torch.Tensor] | None = None,
-                 selection: PilotSelection | None = None, normalisation: str = "none",
-                 map_refit: str = DEFAULTS["map-refit"]) -> None:
+    def __init__(
+        self,
+        task: LocalTask,
+        lam: float,
+        pilot_batch_size: int,
+        edges: EdgeConfig,
+        neighbour_pilots: dict[int, torch.Tensor],
+        own_pilots: torch.Tensor | None,
+        variant: str,
+        privacy: str,
+        maps: dict[int, torch.Tensor] | None = None,
+        selection: PilotSelection | None = None,
+        normalisation: str = "none",
+        map_refit: str = DEFAULTS["map-refit"],
+    ) -> None:
         unknown = sorted(set(neighbour_pilots) - set(edges.neighbours))
         if unknown:
-            raise ProtocolError(f"received pilots from partition-id(s) {unknown} that are not neighbours")
+            raise ProtocolError(
+                f"received pilots from partition-id(s) {unknown} that are not neighbours"
+            )
         if normalisation not in ("none", "parseval"):
             raise ValueError(f"pilot-normalisation={normalisation!r}: must be 'none' or 'parseval'")
         if map_refit not in ("epoch", "step"):
@@ -116,18 +177,26 @@ class SheafGluing(LossPlugin):
         k = task.x_pilot.shape[0] if selection is None else selection.num_rows
         d_i = int(task.model.d)
         weights = edges.weights or (1.0,) * len(edges.neighbours)
-        self.active = [(j, hd, w) for j, hd, w in zip(edges.neighbours, edges.heads, weights) if j in neighbour_pilots]
+        self.active = [
+            (j, hd, w)
+            for j, hd, w in zip(edges.neighbours, edges.heads, weights)
+            if j in neighbour_pilots
+        ]
         for j, dj in zip(edges.neighbours, edges.dims):
             if j in neighbour_pilots:
                 width = edge_dim(d_i, dj) if privacy == "stringent" else dj
-                check_pilots(neighbour_pilots[j], f"pilots of neighbour partition-id {j}", d=width, k=k)
+                check_pilots(
+                    neighbour_pilots[j], f"pilots of neighbour partition-id {j}", d=width, k=k
+                )
         self.task, self.lam, self.batch = task, float(lam), int(pilot_batch_size)
         self.pilots, self.own = neighbour_pilots, own_pilots
         self.variant, self.privacy = variant, privacy
         self.terms: list[EdgeTerm] = []
         self.maps: dict[int, torch.Tensor] = dict(maps or {})
         self.svds = 0
-        self._residual_steps: dict[int, list[tuple[torch.Tensor, int]]] = {j: [] for j, _, _ in self.active}
+        self._residual_steps: dict[int, list[tuple[torch.Tensor, int]]] = {
+            j: [] for j, _, _ in self.active
+        }
         self._plan: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
 
     def begin_epoch(self, model: StalkModel, epoch: int) -> None:
@@ -135,12 +204,21 @@ class SheafGluing(LossPlugin):
         self.terms = []
         if not self.active or self.lam <= 0:
             return
-        own = self.own if (epoch == 0 and self.own is not None) else whitened_pilots(model, self.task.x_pilot)[1]
+        own = (
+            self.own
+            if (epoch == 0 and self.own is not None)
+            else whitened_pilots(model, self.task.x_pilot)[1]
+        )
         own = apply_selection(own, self.selection)
         received = [Received(j, self.pilots[j], hd, float(w)) for j, hd, w in self.active]
         with SvdCounter() as c:
-            self.terms, fitted = edge_terms(own, received, self.variant, self.privacy,
-                                            parseval if self.normalisation == "parseval" else None)
+            self.terms, fitted = edge_terms(
+                own,
+                received,
+                self.variant,
+                self.privacy,
+                parseval if self.normalisation == "parseval" else None,
+            )
         self.svds += c.n
         self.maps.update({j: m.detach().double().cpu() for j, m in fitted.items()})
 
@@ -157,7 +235,9 @@ class SheafGluing(LossPlugin):
         groups = None if sel is None or sel.groups is None else torch.as_tensor(sel.groups)[pidx]
         dev = self.task.x_pilot.device
         both = torch.stack([pidx, rows]).to(dev)  # one host-to-device copy per epoch
-        self._plan = [(both[0, s], both[1, s], None if groups is None else groups[s]) for s in range(steps)]
+        self._plan = [
+            (both[0, s], both[1, s], None if groups is None else groups[s]) for s in range(steps)
+        ]
         self._plan.reverse()  # popped in step order
 
     def loss(self, model, x, y, gen):
@@ -182,20 +262,30 @@ class SheafGluing(LossPlugin):
             pidx, rows = pidx.to(dev), rows.to(dev)
         model.eval()  # dropout-free, BatchNorm running statistics ...
         model.whitening.train()  # ... but differentiable batch whitening of the pilots
-        with model.whitening.finite_checks(dev.type == "cpu"):  # on a GPU: the loop's per-epoch check
+        with model.whitening.finite_checks(
+            dev.type == "cpu"
+        ):  # on a GPU: the loop's per-epoch check
             a_i = model.whitening(model.latent(self.task.x_pilot[rows]))
         nrows = pidx
         if g is not None:  # prototypes: minibatch means of the groups present
             present, inv = torch.unique(g, return_inverse=True)
             a_i = group_means(a_i, inv, int(present.numel()))
             nrows = present
-        terms = [EdgeTerm(t.neighbour, t.pilots[nrows.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
-                 for t in self.terms]
-        if self.map_refit == "step" and a_i.shape[0] >= 2:  # Alg. 1 line 11: maps of the current pilots
+        terms = [
+            EdgeTerm(t.neighbour, t.pilots[nrows.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
+            for t in self.terms
+        ]
+        if (
+            self.map_refit == "step" and a_i.shape[0] >= 2
+        ):  # Alg. 1 line 11: maps of the current pilots
             with SvdCounter() as c:
-                terms, _ = edge_terms(a_i.detach(), [Received(t.neighbour, t.pilots, t.i_is_head, t.weight)
-                                                     for t in terms], self.variant, self.privacy,
-                                      parseval if self.normalisation == "parseval" else None)
+                terms, _ = edge_terms(
+                    a_i.detach(),
+                    [Received(t.neighbour, t.pilots, t.i_is_head, t.weight) for t in terms],
+                    self.variant,
+                    self.privacy,
+                    parseval if self.normalisation == "parseval" else None,
+                )
             self.svds += c.n
         pen, per_edge = gluing_penalty_terms(a_i, terms, self.lam, check_finite=dev.type == "cpu")
         model.train()
@@ -212,10 +302,13 @@ class SheafGluing(LossPlugin):
 
     def metrics(self, steps: int) -> dict:
         """Per-edge mean squared residuals (``edge-neighbour``, ``edge-residual``, aligned lists) and ``svds``."""
-        return {"edge-neighbour": [j for j, _, _ in self.active],
-                "edge-residual": [_residual_sum(self._residual_steps[j]) / max(steps, 1)
-                                  for j, _, _ in self.active],
-                SVDS: int(self.svds)}
+        return {
+            "edge-neighbour": [j for j, _, _ in self.active],
+            "edge-residual": [
+                _residual_sum(self._residual_steps[j]) / max(steps, 1) for j, _, _ in self.active
+            ],
+            SVDS: int(self.svds),
+        }
 
 
 def _residual_sum(steps_sq: list[tuple[torch.Tensor, int]]) -> float:
@@ -246,7 +339,9 @@ def load_maps(context: Context, action: str) -> dict[int, torch.Tensor]:
 
 def save_maps(context: Context, action: str, maps: dict[int, torch.Tensor]) -> None:
     """Keep the node's maps ``{j: (rows, d_i)}`` in ``context.state`` (float64; the state mod persists them)."""
-    context.state[_maps_key(action)] = pack_arrays({str(int(j)): to_numpy(m.double()) for j, m in maps.items()})
+    context.state[_maps_key(action)] = pack_arrays(
+        {str(int(j)): to_numpy(m.double()) for j, m in maps.items()}
+    )
 
 
 def node_secret(context: Context, action: str) -> int:
@@ -256,12 +351,22 @@ def node_secret(context: Context, action: str) -> int:
         return int(context.node_config["privacy-secret"]) & (2**63 - 1)
     key = f"{action}.privacy-secret"
     if key not in context.state:
-        context.state[key] = pack_arrays({"secret": np.array([secrets.randbits(63)], dtype=np.int64)})
+        context.state[key] = pack_arrays(
+            {"secret": np.array([secrets.randbits(63)], dtype=np.int64)}
+        )
     return int(array_record(context.state, key)["secret"].numpy()[0])
 
 
-def _upload_maps(context: Context, action: str, maps: dict[int, torch.Tensor], edges: EdgeConfig, d_i: int,
-                 variant: str, privacy: str, seed: int) -> dict[int, torch.Tensor]:
+def _upload_maps(
+    context: Context,
+    action: str,
+    maps: dict[int, torch.Tensor],
+    edges: EdgeConfig,
+    d_i: int,
+    variant: str,
+    privacy: str,
+    seed: int,
+) -> dict[int, torch.Tensor]:
     """``maps`` completed with the initial map of every edge the node transports on but has not fitted yet:
     the identity (Alg. 2, ``O_ji^0 = I``) or the keyed Haar map (Alg. 3/4 line 1)."""
     out = dict(maps)
@@ -293,24 +398,47 @@ class SheafClient(ClientMethod):
         cfg = msg.content[CONFIG]
         sheaf = SheafConfig.from_record(cfg)
         if sheaf.sheaf_variant == "auto":
-            raise ProtocolError("train message has sheaf-variant='auto': the strategy must resolve it at discovery")
+            raise ProtocolError(
+                "train message has sheaf-variant='auto': the strategy must resolve it at discovery"
+            )
         if sheaf.privacy == "stringent" and PILOTS in msg.content:
-            raise ProtocolError("privacy='stringent' but the train message carries raw neighbour pilots")
-        received = unpack_neighbour_pilots(array_record(msg.content, PILOTS)) if PILOTS in msg.content else {}
-        moved = unpack_neighbour_pilots(array_record(msg.content, TRANSPORTED)) if TRANSPORTED in msg.content else {}
+            raise ProtocolError(
+                "privacy='stringent' but the train message carries raw neighbour pilots"
+            )
+        received = (
+            unpack_neighbour_pilots(array_record(msg.content, PILOTS))
+            if PILOTS in msg.content
+            else {}
+        )
+        moved = (
+            unpack_neighbour_pilots(array_record(msg.content, TRANSPORTED))
+            if TRANSPORTED in msg.content
+            else {}
+        )
         both = sorted(set(received) & set(moved))
         if both:
             raise ProtocolError(f"neighbour(s) {both} sent both raw and transported pilots")
         received.update(moved)
         dev = task_device(task)
         cached = cached_pilots(context, self.action, dev)
-        return SheafGluing(task, sheaf.lam, sheaf.pilot_batch_size, EdgeConfig.from_config(cfg),
-                           {j: from_numpy(a, dev) for j, a in received.items()}, None if cached is None else cached[0],
-                           sheaf.sheaf_variant, sheaf.privacy, load_maps(context, self.action),
-                           selection=received_selection(msg, int(task.x_pilot.shape[0])),
-                           normalisation=sheaf.pilot_normalisation, map_refit=sheaf.map_refit)
+        return SheafGluing(
+            task,
+            sheaf.lam,
+            sheaf.pilot_batch_size,
+            EdgeConfig.from_config(cfg),
+            {j: from_numpy(a, dev) for j, a in received.items()},
+            None if cached is None else cached[0],
+            sheaf.sheaf_variant,
+            sheaf.privacy,
+            load_maps(context, self.action),
+            selection=received_selection(msg, int(task.x_pilot.shape[0])),
+            normalisation=sheaf.pilot_normalisation,
+            map_refit=sheaf.map_refit,
+        )
 
-    def after_train(self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin) -> tuple[dict, dict]:
+    def after_train(
+        self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
+    ) -> tuple[dict, dict]:
         """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
         (paper Alg. 1 line 13) and/or the per-edge transported pilots (Alg. 2-4 line 6); keep the maps.
         The metric ``low-variance-fraction`` is the collapse diagnostic, ``svds`` the SVD count."""
@@ -321,17 +449,35 @@ class SheafClient(ClientMethod):
         z, a = whitened_pilots(task.model, task.x_pilot)
         lvf = store_pilots(context, self.action, z, a)
         d_i = int(task.model.d)
-        maps = _upload_maps(context, self.action, plugin.maps, edges, d_i, sheaf.sheaf_variant, sheaf.privacy,
-                            as_int(cfg[SEED], SEED))
-        send_raw, moved = outgoing_pilots(a.double().cpu(), maps, edges.neighbours, edges.heads,
-                                          sheaf.sheaf_variant, sheaf.privacy)
+        maps = _upload_maps(
+            context,
+            self.action,
+            plugin.maps,
+            edges,
+            d_i,
+            sheaf.sheaf_variant,
+            sheaf.privacy,
+            as_int(cfg[SEED], SEED),
+        )
+        send_raw, moved = outgoing_pilots(
+            a.double().cpu(),
+            maps,
+            edges.neighbours,
+            edges.heads,
+            sheaf.sheaf_variant,
+            sheaf.privacy,
+        )
         if sheaf.privacy == "stringent" or sheaf.sheaf_variant == "homogeneous":
-            save_maps(context, self.action, maps)  # the maps this node transports with (Alg. 1 keeps none)
+            save_maps(
+                context, self.action, maps
+            )  # the maps this node transports with (Alg. 1 keeps none)
         records = {}
         if send_raw:
             records[PILOTS] = pack_arrays({OWN_PILOTS: to_numpy(a)})
         if moved:
-            records[TRANSPORTED] = pack_arrays({str(j): to_numpy(m.float()) for j, m in moved.items()})
+            records[TRANSPORTED] = pack_arrays(
+                {str(j): to_numpy(m.float()) for j, m in moved.items()}
+            )
         metrics = {LOW_VARIANCE_FRACTION: lvf, SVDS: int(plugin.svds)}
         sel = getattr(plugin, "selection", None)
         if sel is not None:  # echo the selection this node used: the strategy refuses a mismatch
@@ -340,8 +486,9 @@ class SheafClient(ClientMethod):
             records[PILOT_PUBLIC] = describe_pilots(task, str(cfg[PILOT_DESCRIBE]))
         return records, metrics
 
-    def evaluation_reply(self, msg: Message, context: Context, task: LocalTask, arrays: dict[str, np.ndarray]
-                         ) -> dict[str, np.ndarray]:
+    def evaluation_reply(
+        self, msg: Message, context: Context, task: LocalTask, arrays: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         """Under ``privacy = stringent`` (config ``privacy``): the phase-1 arrays moved by the node's own map
         toward each neighbour j (``"<j>/pilots"``, ``"<j>/test-latents"``, ``"<j>/val-latents"``, width
         d_e) plus the labels; the raw pilots and latents are not sent. Otherwise ``arrays`` unchanged.
@@ -352,13 +499,23 @@ class SheafClient(ClientMethod):
         cfg = msg.content[CONFIG]
         privacy = str(required(cfg, "privacy", "evaluate." + self.action))
         if privacy not in PRIVACY_MODES:
-            raise ProtocolError(f"evaluation config privacy={privacy!r}: must be one of {PRIVACY_MODES}")
+            raise ProtocolError(
+                f"evaluation config privacy={privacy!r}: must be one of {PRIVACY_MODES}"
+            )
         if privacy == "standard":
             return arrays
         edges = EdgeConfig.from_config(cfg)
         d_i = int(task.model.d)
-        maps = _upload_maps(context, self.action, load_maps(context, self.action), edges, d_i, "heterogeneous",
-                            "stringent", int(required(cfg, SEED, "evaluate." + self.action)))
+        maps = _upload_maps(
+            context,
+            self.action,
+            load_maps(context, self.action),
+            edges,
+            d_i,
+            "heterogeneous",
+            "stringent",
+            int(required(cfg, SEED, "evaluate." + self.action)),
+        )
         out = {name: arrays[name] for name in STRINGENT_EVAL_LABELS}
         for j in edges.neighbours:
             x = to_numpy(maps[j])
@@ -378,12 +535,17 @@ def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
     cfg = msg.content[CONFIG]
     has_rec, has_digest = PILOT_SELECTION in msg.content, PILOT_INDEX_DIGEST in cfg
     if has_rec != has_digest:
-        raise ProtocolError(f"train message has {'record ' + repr(PILOT_SELECTION) if has_rec else 'config key ' + repr(PILOT_INDEX_DIGEST)}"
-                            f" without {'config key ' + repr(PILOT_INDEX_DIGEST) if has_rec else 'record ' + repr(PILOT_SELECTION)}")
+        raise ProtocolError(
+            f"train message has {'record ' + repr(PILOT_SELECTION) if has_rec else 'config key ' + repr(PILOT_INDEX_DIGEST)}"
+            f" without {'config key ' + repr(PILOT_INDEX_DIGEST) if has_rec else 'record ' + repr(PILOT_SELECTION)}"
+        )
     if not has_rec:
         return None
-    idx, grp = unpack_pilot_selection(array_record(msg.content, PILOT_SELECTION),
-                                      as_int(cfg[PILOT_INDEX_DIGEST], PILOT_INDEX_DIGEST), num_pilots)
+    idx, grp = unpack_pilot_selection(
+        array_record(msg.content, PILOT_SELECTION),
+        as_int(cfg[PILOT_INDEX_DIGEST], PILOT_INDEX_DIGEST),
+        num_pilots,
+    )
     return PilotSelection(idx, grp)
 
 
@@ -396,14 +558,20 @@ def describe_pilots(task: LocalTask, what: str):
     """
     if what == "class":
         if task.y_pilot is None:
-            raise ProtocolError("pilot-strategy *-class needs the pilots' labels: this node's LocalTask has y_pilot=None")
+            raise ProtocolError(
+                "pilot-strategy *-class needs the pilots' labels: this node's LocalTask has y_pilot=None"
+            )
         return pack_arrays({PILOT_LABELS: to_numpy(task.y_pilot).astype("int64")})
     if what == "cluster":
-        return pack_arrays({PILOT_FEATURES: public_pilot_features(to_numpy(task.x_pilot)).astype("float32")})
+        return pack_arrays(
+            {PILOT_FEATURES: public_pilot_features(to_numpy(task.x_pilot)).astype("float32")}
+        )
     raise ProtocolError(f"{PILOT_DESCRIBE}={what!r}: must be 'class' or 'cluster'")
 
 
-def register_sheaf_handlers(app: ClientApp, factory: TaskFactory, action: str = ACTION) -> ClientApp:
+def register_sheaf_handlers(
+    app: ClientApp, factory: TaskFactory, action: str = ACTION
+) -> ClientApp:
     """Add Sheaf-FRL's ``query``/``train``/``evaluate``/``evaluate_comm`` handlers under ``action``.
 
     Pair with :class:`flwr_sheaf.strategy.sheaf_frl.SheafFRL` (same ``action``). ``factory(context)``

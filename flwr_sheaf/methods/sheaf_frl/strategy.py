@@ -59,13 +59,36 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
-from ...protocol import (array_record, as_int, metric_record, METRICS, OWN_PILOTS, PILOT_DESCRIBE, PILOT_FEATURES, PILOT_INDEX_DIGEST, PILOT_LABELS,
-                        PILOT_PUBLIC, PILOT_SELECTION, PILOTS, SEED, SVDS, TRANSPORTED,
-                        index_digest, pack_neighbour_pilots, pack_pilot_selection)
-from ...sheaf.network import orient_edge
-from ...sheaf.pilots import PilotSampler, PilotSelection, apply_selection, parse_pilot_strategy, pilot_mismatch
-from ...sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
+from ...protocol import (
+    METRICS,
+    OWN_PILOTS,
+    PILOT_DESCRIBE,
+    PILOT_FEATURES,
+    PILOT_INDEX_DIGEST,
+    PILOT_LABELS,
+    PILOT_PUBLIC,
+    PILOT_SELECTION,
+    PILOTS,
+    SEED,
+    SVDS,
+    TRANSPORTED,
+    array_record,
+    as_int,
+    index_digest,
+    metric_record,
+    pack_neighbour_pilots,
+    pack_pilot_selection,
+)
 from ...rfedags.participation import FrequencyEstimator
+from ...sheaf.network import orient_edge
+from ...sheaf.pilots import (
+    PilotSampler,
+    PilotSelection,
+    apply_selection,
+    parse_pilot_strategy,
+    pilot_mismatch,
+)
+from ...sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
 from ...strategy.base import nanmean, record_bytes
 from ...strategy.evaluation import GraphEvaluation, TransportedEvaluation
 from ...strategy.graph import GraphStrategy
@@ -95,23 +118,42 @@ class SheafFRL(GraphStrategy):
             a missing partition-id, nodes with different pilot counts.
     """
 
-    def __init__(self, num_nodes: int, *, federation: FederationConfig | None = None,
-                 train: LocalTrainConfig | None = None, sheaf: SheafConfig | None = None,
-                 graph: nx.Graph | None = None, action: str = ACTION, discovery_timeout: float = DEFAULTS["discovery-timeout"]) -> None:
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        federation: FederationConfig | None = None,
+        train: LocalTrainConfig | None = None,
+        sheaf: SheafConfig | None = None,
+        graph: nx.Graph | None = None,
+        action: str = ACTION,
+        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    ) -> None:
         federation = federation or FederationConfig()
         sheaf = sheaf or SheafConfig()
         #: stringent privacy: evaluation arrays transported by each node's own map, no raw pilots held
         #: at the server (no multi-hop / diagnostics, the reason recorded).
-        evaluation = (TransportedEvaluation if sheaf.privacy == "stringent" else GraphEvaluation)(federation)
-        super().__init__(num_nodes, action=action, federation=federation, train=train, graph=graph,
-                         evaluation=evaluation, discovery_timeout=discovery_timeout)
+        evaluation = (TransportedEvaluation if sheaf.privacy == "stringent" else GraphEvaluation)(
+            federation
+        )
+        super().__init__(
+            num_nodes,
+            action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=evaluation,
+            discovery_timeout=discovery_timeout,
+        )
         self.sheaf = sheaf
         self.bank: dict[int, np.ndarray] = {}
         self.bank_round: dict[int, int] = {}
         #: arrival frequency of each node's pilots (``drop-reweighted``); the estimate used in round t
         #: is computed in round t-1 before observing it.
         #: (the plain ``c/t`` estimate of docs/participation.md, s3.3, not RFedAGS's Laplace default)
-        self.frequency = FrequencyEstimator(num_nodes, q_min=self.sheaf.reweight_q_min, estimator="empirical")
+        self.frequency = FrequencyEstimator(
+            num_nodes, q_min=self.sheaf.reweight_q_min, estimator="empirical"
+        )
         self._q_for_next = self.frequency.estimate()
         #: ``{(receiver i, neighbour j): (age, weight)}`` of the pilots relayed in the last train round.
         self.relayed: dict[tuple[int, int], tuple[int, float]] = {}
@@ -183,23 +225,39 @@ class SheafFRL(GraphStrategy):
         variant = self.sheaf.sheaf_variant
         if spec.kind == "adaptive":
             if self.sheaf.privacy == "stringent" or variant == "homogeneous":
-                bad = "privacy='stringent'" if self.sheaf.privacy == "stringent" else "sheaf-variant='homogeneous'"
-                raise ValueError(f"pilot-strategy={self.sheaf.pilot_strategy!r} ranks pilots by the raw pilot matrices "
-                                 f"the strategy holds, which {bad} never sends: use another pilot-strategy")
+                bad = (
+                    "privacy='stringent'"
+                    if self.sheaf.privacy == "stringent"
+                    else "sheaf-variant='homogeneous'"
+                )
+                raise ValueError(
+                    f"pilot-strategy={self.sheaf.pilot_strategy!r} ranks pilots by the raw pilot matrices "
+                    f"the strategy holds, which {bad} never sends: use another pilot-strategy"
+                )
             variant = "heterogeneous" if variant == "auto" else variant
         self.variant = resolve_variant(variant, {p: n.d for p, n in self.nodes.items()})
-        log.info("Sheaf-FRL variant %s, privacy %s, pilot-strategy %s", self.variant, self.sheaf.privacy,
-                 self.sheaf.pilot_strategy)
+        log.info(
+            "Sheaf-FRL variant %s, privacy %s, pilot-strategy %s",
+            self.variant,
+            self.sheaf.privacy,
+            self.sheaf.pilot_strategy,
+        )
         if spec.kind != "prototype-class" and spec.k > self.num_pilots and spec.kind != "all":
-            raise ValueError(f"pilot-strategy={self.sheaf.pilot_strategy!r}: budget {spec.k} exceeds the "
-                             f"{self.num_pilots} shared pilots (num-pilots)")
+            raise ValueError(
+                f"pilot-strategy={self.sheaf.pilot_strategy!r}: budget {spec.k} exceeds the "
+                f"{self.num_pilots} shared pilots (num-pilots)"
+            )
         if spec.groups is None:
             self.pilot_sampler = PilotSampler(spec, self.num_pilots, self.seed)
 
     def method_config(self, server_round: int) -> dict:
         """:class:`SheafConfig` with this round's lambda and the resolved variant (+ the selection digest,
         or the request for the pilots' description while the sampler waits for it)."""
-        out = {**self.sheaf.to_dict(), "lambda": self.sheaf.lam_at(server_round), "sheaf-variant": self.variant}
+        out = {
+            **self.sheaf.to_dict(),
+            "lambda": self.sheaf.lam_at(server_round),
+            "sheaf-variant": self.variant,
+        }
         if self.selection is not None:
             out[PILOT_INDEX_DIGEST] = self._selection_digest
         if self.pilot_spec.groups is not None and self.pilot_sampler is None:
@@ -230,7 +288,9 @@ class SheafFRL(GraphStrategy):
         policy = self.sheaf.absent_policy
         assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
-        waiting = self.pilot_spec.kind != "all" and self.selection is None  # no description of the pilots yet
+        waiting = (
+            self.pilot_spec.kind != "all" and self.selection is None
+        )  # no description of the pilots yet
         raw: dict[int, np.ndarray]
         moved: dict[int, np.ndarray]
         raw, moved, weights = {}, {}, []
@@ -239,7 +299,9 @@ class SheafFRL(GraphStrategy):
             arr = self.bank.get(j) if is_raw else self.edge_bank.get((j, pid))
             rj = self.bank_round.get(j) if is_raw else self.edge_bank_round.get((j, pid))
             if arr is None or waiting or (policy != "cached" and rj != server_round - 1):
-                self._withheld += arr is not None  # the neighbour had pilots, the policy withheld them
+                self._withheld += (
+                    arr is not None
+                )  # the neighbour had pilots, the policy withheld them
                 weights.append(0.0)
                 continue
             w = 1.0 / float(self._q_for_next[j]) if policy == "drop-reweighted" else 1.0
@@ -254,7 +316,9 @@ class SheafFRL(GraphStrategy):
         if moved or self.sheaf.privacy == "stringent":
             records[TRANSPORTED] = pack_neighbour_pilots(moved)
         if self.selection is not None:
-            records[PILOT_SELECTION] = pack_pilot_selection(self.selection.indices, self.selection.groups)
+            records[PILOT_SELECTION] = pack_pilot_selection(
+                self.selection.indices, self.selection.groups
+            )
         return records, edges.to_config()
 
     def _reduced(self, arr: np.ndarray) -> np.ndarray:
@@ -262,35 +326,59 @@ class SheafFRL(GraphStrategy):
         (``(rows, w)`` float32; unchanged under ``all``)."""
         if self.selection is None:
             return arr
-        key = id(arr)  # a held matrix is relayed to each of its sender's neighbours: reduce it once a round
+        key = id(
+            arr
+        )  # a held matrix is relayed to each of its sender's neighbours: reduce it once a round
         if key not in self._reduced_cache:
-            self._reduced_cache[key] = apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
+            self._reduced_cache[key] = (
+                apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
+            )
         return self._reduced_cache[key]
 
-    def _check_upload(self, pid: int, r: Message) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
+    def _check_upload(
+        self, pid: int, r: Message
+    ) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
         """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
         k, d = self.num_pilots, self.nodes[pid].d
         assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
-        want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (not nbrs and self.sheaf.privacy == "standard")
+        want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (
+            not nbrs and self.sheaf.privacy == "standard"
+        )
         want_moved = {j: self._width(pid, j) for j in nbrs if not self._sends_raw(pid, j)}
         has_raw = PILOTS in r.content and OWN_PILOTS in r.content[PILOTS]
         if has_raw and self.sheaf.privacy == "stringent":
-            return "raw pilots in a reply under privacy='stringent' (discarded, never stored)", None, {}
+            return (
+                "raw pilots in a reply under privacy='stringent' (discarded, never stored)",
+                None,
+                {},
+            )
         a = array_record(r.content, PILOTS)[OWN_PILOTS].numpy() if has_raw else None
         if want_raw and (a is None or a.shape != (k, d)):
-            return f"pilot matrix shape {None if a is None else a.shape}, expected ({k}, {d})", None, {}
+            return (
+                f"pilot matrix shape {None if a is None else a.shape}, expected ({k}, {d})",
+                None,
+                {},
+            )
         if a is not None and not np.isfinite(a).all():
             return "NaN/inf pilots (cached pilots kept)", None, {}
         rec = array_record(r.content, TRANSPORTED) if TRANSPORTED in r.content else ArrayRecord()
         keys = sorted(rec.keys())
         if keys != sorted(str(j) for j in want_moved):
-            return f"transported pilots for {keys}, expected for neighbours {sorted(want_moved)}", None, {}
+            return (
+                f"transported pilots for {keys}, expected for neighbours {sorted(want_moved)}",
+                None,
+                {},
+            )
         moved = {}
         for j, width in want_moved.items():
             m = rec[str(j)].numpy()
             if m.shape != (k, width):
-                return f"transported pilots toward {j} of shape {m.shape}, expected ({k}, {width})", None, {}
+                return (
+                    f"transported pilots toward {j} of shape {m.shape}, expected ({k}, {width})",
+                    None,
+                    {},
+                )
             if not np.isfinite(m).all():
                 return f"NaN/inf transported pilots toward {j}", None, {}
             moved[j] = m
@@ -304,22 +392,40 @@ class SheafFRL(GraphStrategy):
         rec = array_record(r.content, PILOT_PUBLIC) if PILOT_PUBLIC in r.content else None
         arr = rec[key].numpy() if rec is not None and key in rec else None
         if arr is None or arr.shape[0] != self.num_pilots:
-            self.record_failure(server_round, "train", pid, f"reply lacks {PILOT_PUBLIC}/{key} with {self.num_pilots} "
-                                f"rows (asked by {PILOT_DESCRIBE}={what!r})")
+            self.record_failure(
+                server_round,
+                "train",
+                pid,
+                f"reply lacks {PILOT_PUBLIC}/{key} with {self.num_pilots} "
+                f"rows (asked by {PILOT_DESCRIBE}={what!r})",
+            )
             return False
         if self.pilot_public is not None:
             if not np.array_equal(arr, self.pilot_public):
-                self.record_failure(server_round, "train", pid, f"{PILOT_PUBLIC}/{key} differs from the other nodes'")
+                self.record_failure(
+                    server_round,
+                    "train",
+                    pid,
+                    f"{PILOT_PUBLIC}/{key} differs from the other nodes'",
+                )
                 return False
             return True
         self.pilot_public = arr
         labels, feats = (arr, None) if what == "class" else (None, arr)
-        self.pilot_sampler = PilotSampler(self.pilot_spec, self.num_pilots, self.seed, labels=labels, features=feats)
-        log.info("pilot-strategy %s: %d groups from partition-id %d's pilot description", self.sheaf.pilot_strategy,
-                 self.pilot_sampler.num_groups, pid)
+        self.pilot_sampler = PilotSampler(
+            self.pilot_spec, self.num_pilots, self.seed, labels=labels, features=feats
+        )
+        log.info(
+            "pilot-strategy %s: %d groups from partition-id %d's pilot description",
+            self.sheaf.pilot_strategy,
+            self.pilot_sampler.num_groups,
+            pid,
+        )
         return True
 
-    def accept_train(self, server_round: int, ok: dict[int, Message]) -> tuple[dict[int, Message], dict]:
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
         """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
 
         A reply whose pilot matrix has the wrong shape or NaN/inf entries is that node's recorded
@@ -335,9 +441,14 @@ class SheafFRL(GraphStrategy):
                 metrics = metric_record(r.content, METRICS)
                 used = metrics.get(PILOT_INDEX_DIGEST) if PILOT_INDEX_DIGEST in metrics else None
                 if used is None or as_int(used, PILOT_INDEX_DIGEST) != self._selection_digest:
-                    self.record_failure(server_round, "train", pid, f"pilot index mismatch: reply metric "
-                                        f"{PILOT_INDEX_DIGEST!r} = {used}, but this round's {PILOT_SELECTION!r} has "
-                                        f"digest {self._selection_digest} (reply refused, cached pilots kept)")
+                    self.record_failure(
+                        server_round,
+                        "train",
+                        pid,
+                        f"pilot index mismatch: reply metric "
+                        f"{PILOT_INDEX_DIGEST!r} = {used}, but this round's {PILOT_SELECTION!r} has "
+                        f"digest {self._selection_digest} (reply refused, cached pilots kept)",
+                    )
                     continue
                 del r.content[METRICS][PILOT_INDEX_DIGEST]  # checked; not a metric to average
             if describe and (self.pilot_public is None or PILOT_PUBLIC in r.content):
@@ -359,33 +470,50 @@ class SheafFRL(GraphStrategy):
             accepted[pid] = r
         arrived = np.zeros(self.num_nodes, dtype=bool)
         arrived[list(accepted)] = True
-        self._q_for_next = self.frequency.estimate()  # rounds 1..t-1: independent of round t's arrivals
+        self._q_for_next = (
+            self.frequency.estimate()
+        )  # rounds 1..t-1: independent of round t's arrivals
         self.frequency.observe(arrived)
         ages = [server_round - r for r in self.bank_round.values()]
         relayed_ages = [a for a, _ in self.relayed.values()]
         ws = [w for _, w in self.relayed.values()]
         return accepted, {
             "lambda": self.sheaf.lam_at(server_round),
-            "pilot_age_mean": nanmean(ages), "pilot_age_max": max(ages) if ages else 0,
+            "pilot_age_mean": nanmean(ages),
+            "pilot_age_max": max(ages) if ages else 0,
             "never_trained": self.num_nodes - len(self.bank_round),
-            "edges_relayed": len(self.relayed), "edges_dropped": self._withheld,
-            "relayed_pilot_age_mean": nanmean(relayed_ages), "relayed_pilot_age_max": max(relayed_ages) if relayed_ages else 0,
-            "edge_weight_mean": nanmean(ws), "edge_weight_max": max(ws) if ws else float("nan"),
-            "pilot_bytes_raw_up": up["raw"], "pilot_bytes_to_heads_up": up["to_heads"],
-            "pilot_bytes_to_tails_up": up["to_tails"], "pilot_bytes_up": sum(up.values()),
-            "pilot_bytes_relayed": self._relayed_bytes, "svds_total": svds,
-            "train_bytes_sent": self._train_bytes[0], "train_bytes_received": self._train_bytes[1],
-            "pilot_rows": self.selection.num_rows if self.selection is not None else
-            (self.num_pilots if self.pilot_spec.kind == "all" else 0),
+            "edges_relayed": len(self.relayed),
+            "edges_dropped": self._withheld,
+            "relayed_pilot_age_mean": nanmean(relayed_ages),
+            "relayed_pilot_age_max": max(relayed_ages) if relayed_ages else 0,
+            "edge_weight_mean": nanmean(ws),
+            "edge_weight_max": max(ws) if ws else float("nan"),
+            "pilot_bytes_raw_up": up["raw"],
+            "pilot_bytes_to_heads_up": up["to_heads"],
+            "pilot_bytes_to_tails_up": up["to_tails"],
+            "pilot_bytes_up": sum(up.values()),
+            "pilot_bytes_relayed": self._relayed_bytes,
+            "svds_total": svds,
+            "train_bytes_sent": self._train_bytes[0],
+            "train_bytes_received": self._train_bytes[1],
+            "pilot_rows": self.selection.num_rows
+            if self.selection is not None
+            else (self.num_pilots if self.pilot_spec.kind == "all" else 0),
         }
 
     def results_extra(self) -> dict:
         """Graph, participation and evaluation extras plus the :class:`SheafConfig` in use (and the resolved variant)."""
-        pilots = {"strategy": self.sheaf.pilot_strategy, "normalisation": self.sheaf.pilot_normalisation,
-                  "num_pilots": self.num_pilots,
-                  "num_groups": self.pilot_sampler.num_groups if self.pilot_sampler is not None else 0}
-        return {**super().results_extra(), "sheaf": {**self.sheaf.to_dict(), "sheaf-variant-resolved": self.variant},
-                "pilot_selection": pilots}
+        pilots = {
+            "strategy": self.sheaf.pilot_strategy,
+            "normalisation": self.sheaf.pilot_normalisation,
+            "num_pilots": self.num_pilots,
+            "num_groups": self.pilot_sampler.num_groups if self.pilot_sampler is not None else 0,
+        }
+        return {
+            **super().results_extra(),
+            "sheaf": {**self.sheaf.to_dict(), "sheaf-variant-resolved": self.variant},
+            "pilot_selection": pilots,
+        }
 
     # ------------------------------------------------------------------ evaluation under stringent privacy
     def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
@@ -393,4 +521,8 @@ class SheafFRL(GraphStrategy):
         evaluation arrays toward each neighbour with its own map)."""
         if self.sheaf.privacy != "stringent":
             return {}, {"privacy": self.sheaf.privacy}
-        return {}, {"privacy": self.sheaf.privacy, SEED: self.seed, **self.edge_config(pid).to_config()}
+        return {}, {
+            "privacy": self.sheaf.privacy,
+            SEED: self.seed,
+            **self.edge_config(pid).to_config(),
+        }
