@@ -85,3 +85,17 @@ def test_dropin_app_runs_under_flwr_run(tmp_path):
         proc.stdout[-3000:] + proc.stderr[-2000:]
     )
     assert "communication accuracy" in proc.stdout
+
+
+@pytest.mark.engine
+def test_a_run_in_which_nobody_trains_ends_failed_under_flwr_run(tmp_path):
+    """Issue "no silent failure", item 4, on the real engine: every node's loss diverges (lr 1e8, no
+    clipping), so no node trains; the ServerApp writes results.json with status failed and then fails,
+    so `flwr ls` says failed and the wrapper exits 1 (flwr run itself exits 0)."""
+    out = tmp_path / "res"
+    rc = f"{TINY} graph='ring' num-server-rounds=2 lr=1e8 clip-norm=0.0 results-dir='{out}'"
+    proc = _run(tmp_path, rc, 29792)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "finished:failed" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "failed" and res["degradation"]["all_rounds_trained_nobody"] is True
