@@ -163,6 +163,7 @@ def read_checkpoint_file(path: Path, fmt: int) -> dict[str, Any]:
         )
     except ConfigError as exc:
         raise ConfigError(f"checkpoint {exc}") from None
+    assert data is not None, "read_sealed returns the payload (payload=True by default)"
     ckpt = pickle.loads(data)  # noqa: S301 - verified against its own SHA-256; the run's own file
     if (
         not isinstance(ckpt, dict)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.app.user_config import UserConfigValue
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -68,10 +69,12 @@ class LocalGrid(Grid):
         self,
         client_app: ClientApp,
         num_nodes: int,
-        run_config: Mapping[str, object] | None = None,
+        run_config: Mapping[str, UserConfigValue] | None = None,
         drop: Callable[[Message], bool] | None = None,
         wait_cap: float = 0.0,
-        node_config: Mapping[str, object] | Callable[[int], Mapping[str, object]] | None = None,
+        node_config: Mapping[str, UserConfigValue]
+        | Callable[[int], Mapping[str, UserConfigValue]]
+        | None = None,
         run_id: int = 1,
     ) -> None:
         if num_nodes < 1:
@@ -115,9 +118,10 @@ class LocalGrid(Grid):
         return self.node_ids.index(node_id)
 
     # Grid API -----------------------------------------------------------------
-    def set_run(self, run_id: int) -> None:
-        """Grid API: use an empty run with ``run_id``."""
-        self._run = Run.create_empty(run_id)
+    def set_run(self, run: Run | int) -> None:
+        """Grid API: use ``run`` (a ``Run``, as flwr's ``Grid.set_run`` takes) or an empty run with
+        that run id (an ``int``)."""
+        self._run = run if isinstance(run, Run) else Run.create_empty(run)
 
     @property
     def run(self) -> Run:

@@ -134,7 +134,7 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
 
 def _last_trained(rounds, num_nodes: int) -> dict[int, int]:
     """``{partition-id: last round whose train reply was accepted}`` of a checkpoint's round records."""
-    out = {}
+    out: dict[int, int] = {}
     for r in rounds:
         if r.num_trained == 0:
             continue

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -340,7 +340,8 @@ def persist_state(
             f"restart from initialisation"
         )
     if category == "query" and CONFIG in content and RESUME_STATE_ROUNDS in content[CONFIG]:
-        cfg = content[CONFIG]
+        # the resume mod's keys: RESUME_STATE_ROUNDS list[int], RESUME_ROUND int, RESUME_FRESH bool
+        cfg: MutableMapping[str, Any] = content[CONFIG]
         if directory is not None:
             _check_resumed(
                 context,

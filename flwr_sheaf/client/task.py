@@ -43,7 +43,9 @@ if TYPE_CHECKING:
         it is ``nn.Module`` (any module with these members works, none has to subclass this)."""
 
         d: int
-        whitening: Whitening
+
+        @property
+        def whitening(self) -> Whitening: ...
 
         def private_logits(self, x: torch.Tensor) -> torch.Tensor: ...
 

@@ -12,11 +12,17 @@ Linear to the global label space (10 logits).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
 from flwr_sheaf.sheaf.whitening import Colouring, Whitening
+
+if TYPE_CHECKING:
+    # type checkers see the stalk protocol LocalTask.model is typed with; at run time nn.Module
+    from flwr_sheaf.client.task import StalkModel as _AgentBase
+else:
+    _AgentBase = nn.Module
 
 __all__ = ["CNNEncoder", "MLPHead", "SheafAgent"]
 
@@ -185,7 +191,7 @@ class MLPHead(nn.Module):
         return self.mlp(self.colouring(zhat))
 
 
-class SheafAgent(nn.Module):
+class SheafAgent(_AgentBase):
     """One Sheaf-FRL agent: encoder ``f_phi_i`` + head ``h_psi_i`` (paper Sec. 3, Sec. 6).
 
     Attributes:

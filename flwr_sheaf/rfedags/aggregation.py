@@ -153,8 +153,8 @@ def aggregate_streams(
         arr = np.asarray(zetas)
         if arr.shape != (w.size, *point_shape):
             raise ValueError(f"zetas must have shape {(w.size, *point_shape)}, got {arr.shape}")
-    for i in np.flatnonzero(w != 0.0):
-        i = int(i)
+    for i_np in np.flatnonzero(w != 0.0):
+        i = int(i_np)
         if arr is None:
             if i not in zetas:
                 raise ValueError(f"weight of client {i} is {float(w[i])} but its stream is missing")
@@ -321,6 +321,7 @@ class RFedAGSServer:
             q = self.estimator.estimate(mask if self.estimate_includes_current else None)
             return participation_weights(mask, "corrected", q=q), q
         if self.mode == "known-p":
+            assert self.p is not None, "__post_init__ rejects mode 'known-p' without p"
             return participation_weights(mask, "known-p", p=self.p), self.p.copy()
         return (
             participation_weights(mask, "uncorrected", num_examples=num_examples),

@@ -32,11 +32,12 @@ three papers and the authors' code use) or the RFedAGS corrections ``"known-p"``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import numpy as np
 
 from .aggregation import server_update
-from .manifolds import Manifold
+from .manifolds import Manifold, ProjectionManifold
 
 __all__ = [
     "BASELINES",
@@ -66,9 +67,9 @@ def _used(
     arr = None if isinstance(vectors, Mapping) else np.asarray(vectors)
     if arr is not None and arr.shape != (w.size, *shape):
         raise ValueError(f"{what}s must have shape {(w.size, *shape)}, got {arr.shape}")
-    out = []
-    for i in np.flatnonzero(w != 0.0):
-        i = int(i)
+    out: list[tuple[int, float, np.ndarray]] = []
+    for i_np in np.flatnonzero(w != 0.0):
+        i = int(i_np)
         if arr is None and i not in vectors:
             raise ValueError(f"weight of client {i} is {float(w[i])} but its {what} is missing")
         v = np.asarray(arr[i] if arr is not None else vectors[i], dtype=np.float64)
@@ -80,9 +81,10 @@ def _used(
     return out
 
 
-def require_projection(manifold: Manifold) -> None:
+def require_projection(manifold: Manifold) -> ProjectionManifold:
     """Raise ``ValueError`` unless ``manifold`` is a compact embedded submanifold with a metric
-    projection (RFedProj's requirement; Stiefel and sphere qualify, SPD and the Poincaré ball do not)."""
+    projection (RFedProj's requirement; Stiefel and sphere qualify, SPD and the Poincaré ball do not).
+    Returns ``manifold`` itself, typed as a :class:`ProjectionManifold`."""
     if not getattr(manifold, "compact_embedded", False) or not hasattr(
         manifold, "ambient_projection"
     ):
@@ -90,6 +92,8 @@ def require_projection(manifold: Manifold) -> None:
             f"RFedProj needs a compact embedded submanifold with a metric projection (Stiefel, sphere); "
             f"{manifold!r} is not one: use rfedags, rfedavg or rfedsvrg on it"
         )
+    # checked just above: it has ``ambient_projection``
+    return cast(ProjectionManifold, manifold)
 
 
 def average_endpoints(
@@ -213,21 +217,22 @@ def projection_local_steps(
     Raises:
         ValueError: a manifold RFedProj refuses (named), bad ``K``/``alpha``, non-finite gradients.
     """
-    require_projection(manifold)
+    proj_manifold = require_projection(manifold)
     if int(num_steps) != num_steps or num_steps < 1:
         raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
     if not (np.isfinite(step_size) and step_size > 0):
         raise ValueError(f"step_size (alpha) must be positive and finite, got {step_size!r}")
     c = np.asarray(correction, dtype=np.float64)
-    z = manifold.ambient_projection(np.asarray(x_mid, dtype=np.float64))
-    z_hat, zeta = z, 0.0
+    z = proj_manifold.ambient_projection(np.asarray(x_mid, dtype=np.float64))
+    z_hat = z
+    zeta: np.ndarray | float = 0.0
     for k in range(int(num_steps)):
         e = np.asarray(egrad_fn(z, k), dtype=np.float64)
         if not np.all(np.isfinite(e)):
             raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
         eta = manifold.egrad2rgrad(z, e)
         z_hat = z_hat - step_size * (eta + c)
-        z = manifold.ambient_projection(z_hat)
+        z = proj_manifold.ambient_projection(z_hat)
         zeta = zeta + eta
     return np.asarray(z_hat), np.asarray(zeta) / int(num_steps)
 
@@ -247,14 +252,14 @@ def projection_correction(
     Raises:
         ValueError: a manifold RFedProj refuses; non-positive ``K``, ``alpha`` or ``eta_g``.
     """
-    require_projection(manifold)
+    proj_manifold = require_projection(manifold)
     if not (num_steps >= 1 and step_size > 0 and global_step > 0):
         raise ValueError(
             f"need K >= 1, alpha > 0, eta_g > 0; got {num_steps!r}, {step_size!r}, {global_step!r}"
         )
-    common = (manifold.ambient_projection(x_mid_prev) - np.asarray(x_mid, dtype=np.float64)) / (
-        num_steps * step_size * global_step
-    )
+    common = (
+        proj_manifold.ambient_projection(x_mid_prev) - np.asarray(x_mid, dtype=np.float64)
+    ) / (num_steps * step_size * global_step)
     return common - np.asarray(zeta_prev, dtype=np.float64)
 
 
@@ -278,13 +283,13 @@ def average_ambient(
     Raises:
         ValueError: a manifold RFedProj refuses (named), bad uploads, bad ``global_step``.
     """
-    require_projection(manifold)
+    proj_manifold = require_projection(manifold)
     if not (np.isfinite(global_step) and global_step > 0):
         raise ValueError(f"global_step (eta_g) must be positive, got {global_step!r}")
     x_mid = np.asarray(x_mid, dtype=np.float64)
     used = _used(z_hats, weights, x_mid.shape, "ambient end point")
     if not used:
-        return x_mid.copy(), manifold.ambient_projection(x_mid)
-    base = manifold.ambient_projection(x_mid)
+        return x_mid.copy(), proj_manifold.ambient_projection(x_mid)
+    base = proj_manifold.ambient_projection(x_mid)
     new = base + global_step * sum(wi * (zi - base) for _, wi, zi in used)
-    return new, manifold.ambient_projection(new)
+    return new, proj_manifold.ambient_projection(new)

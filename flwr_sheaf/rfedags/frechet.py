@@ -79,7 +79,7 @@ class FrechetMeanProblem:
         self.manifold = manifold
         self.samples = a
         self.num_clients, self.num_samples = int(a.shape[0]), int(a.shape[1])
-        self._opt = None
+        self._opt: tuple[np.ndarray, float] | None = None
         if optimum is not None:
             self.set_optimum(optimum)
         self.log_spectra = log_spectra
@@ -257,9 +257,13 @@ def symmetric_poincare_problem(
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, v in (("n", n), ("num_pairs", num_pairs), ("samples_per_client", samples_per_client)):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    for name, size in (
+        ("n", n),
+        ("num_pairs", num_pairs),
+        ("samples_per_client", samples_per_client),
+    ):
+        if int(size) != size or size < 1:
+            raise ValueError(f"{name} must be a positive integer, got {size!r}")
     ball = PoincareBall(n)
     rng = np.random.default_rng([int(seed), 7])
     v = noise * rng.standard_normal((num_pairs, samples_per_client, n))

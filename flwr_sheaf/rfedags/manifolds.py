@@ -38,7 +38,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -149,6 +149,14 @@ class Manifold(Protocol):
         """Distance of ``u`` from ``T_x M`` per batch element (0 if tangent); float64 ``(...)``."""
 
 
+class ProjectionManifold(Manifold, Protocol):
+    """A :class:`Manifold` with a metric projection ``ambient_projection(z)`` of ambient points onto
+    ``M`` (RFedProj's requirement; Stiefel and sphere, see :func:`~.baselines.require_projection`)."""
+
+    def ambient_projection(self, z: np.ndarray) -> np.ndarray:
+        """Nearest point(s) of ``M`` to ambient ``z``; float64, shape ``(..., *point_shape)``."""
+
+
 class _GeooptEmbedded:
     """Shared plumbing of the embedded manifolds below (geoopt backend, numpy in/out).
 
@@ -159,6 +167,15 @@ class _GeooptEmbedded:
 
     point_shape: tuple[int, ...]
     _constraint: str
+    _geo: Any  # a geoopt manifold, set by each subclass
+
+    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Metric ``<u, v>_x`` per batch element (implemented by every subclass)."""
+        raise NotImplementedError
+
+    def feasibility(self, x: np.ndarray) -> np.ndarray:
+        """Distance of ``x`` from the constraint per batch element (implemented by every subclass)."""
+        raise NotImplementedError
 
     def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
         """float64 contiguous copy of ``a``; ValueError if its trailing shape is not ``point_shape``."""

@@ -208,6 +208,7 @@ class PCAProblem:
     def eigengap(self) -> float:
         """``lambda_r - lambda_{r+1}`` of ``A`` (``inf`` if ``r = d``): how well ``U`` is determined."""
         self.optimum()
+        assert self._opt is not None, "optimum() caches self._opt"
         lam = self._opt[2]
         return float("inf") if self.r == self.d else float(lam[self.r - 1] - lam[self.r])
 
@@ -448,7 +449,7 @@ def run_pca_reference(
             a_t = alpha(t - 1)
             if batch_size is None:
 
-                def egrad(x, k, c=clients):
+                def egrad(x, k, c=clients, b=None):  # b: same signature as the minibatch variant
                     return problem.local_egrads(x, c)
             else:
                 s = problem.samples.shape[1] if problem.samples is not None else 0

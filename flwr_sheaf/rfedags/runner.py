@@ -140,7 +140,7 @@ def run_federated(
         a_t = alpha(t - 1)
         if batch_size is None:
 
-            def egrad(x, k, c=clients):
+            def egrad(x, k, c=clients, b=None):  # b: same signature as the minibatch variant
                 return problem.local_egrads(x, c)
         else:
             s = problem.samples.shape[1]

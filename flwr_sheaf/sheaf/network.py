@@ -224,6 +224,7 @@ def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) 
                 f"{tuple(t.shape)}"
             )
         t = m if t is None else m @ t
+    assert t is not None, "a path of >= 2 nodes has at least one hop"
     return t
 
 

@@ -363,6 +363,7 @@ class PilotSampler:
         if s.kind == "uniform":
             return PilotSelection(uniform_indices(m, s.k, self.seed, server_round))
         if s.kind.startswith("stratified-"):
+            assert self.groups is not None, "__init__ sets groups for every stratified-* spec"
             return PilotSelection(stratified_indices(self.groups, s.k, self.seed, server_round))
         if s.kind == "dynamic":
             return PilotSelection(

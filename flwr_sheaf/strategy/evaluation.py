@@ -606,7 +606,7 @@ class GraphEvaluation:
         nodes = self._node_rows(phase.phase1)
         edges = self._edge_rows(ok)
         non_edges = self._non_edge_rows(ok, phase.non_edge_plan)
-        extra = {
+        extra: dict[str, Any] = {
             f"{name.replace('-', '_')}_mean": nanmean(
                 n[name.replace("-", "_")] for n in nodes.values()
             )
@@ -640,6 +640,7 @@ class GraphEvaluation:
 
     def _unmeasured_reason(self, s: GraphStrategy, server_round: int, phase: PhaseTwo) -> str:
         """Why no edge was measured in ``server_round`` (the round's ``communication_accuracy_reason``)."""
+        assert s.graph is not None, "called only when s.graph has edges (evaluate_round)"
         evaluated = sorted(phase.phase1)
         if not any(a in phase.phase1 and b in phase.phase1 for a, b in s.graph.edges):
             asked = s.current.evaluate.get("evaluated", evaluated)

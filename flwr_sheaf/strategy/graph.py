@@ -769,7 +769,8 @@ class GraphStrategy(Strategy):
             train rounds, failures by phase, up to three distinct reasons).
         """
         sampled = failed = 0
-        idle, per_node = [], {}
+        idle: list[int] = []
+        per_node: dict[int, dict[str, Any]] = {}
         for r in self.rounds:
             bad = set(r.failed.get("train", [])) & set(r.sampled)
             n_failed = max(len(bad), len(r.sampled) - r.num_trained)
