@@ -884,6 +884,20 @@ def route_non_edges(
 __all__ += ["train_reply_problem"]
 
 
+def weight_problem(name: str, value: object) -> str | None:
+    """Why a reply's weight (e.g. ``num-examples``) is unusable, or None when it is a finite number > 0.
+
+    Strategies call it on every reply value that weights or counts in an aggregate, and record a
+    non-None answer as that node's failure (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.record_failure`) instead of aborting
+    the ServerApp or averaging with a zero, negative or NaN weight.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{name} = {value!r} is not a number"
+    if not (np.isfinite(value) and value > 0):
+        return f"{name} = {value!r} must be a finite number > 0"
+    return None
+
+
 def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     """Why a train reply's values are refused, or None (the one check of both sides).
 
@@ -898,11 +912,9 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
         arrays: also check every float array of every ``ArrayRecord`` for NaN/inf entries.
     """
     m = content[METRICS]
-    v = m[NUM_EXAMPLES]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return f"{NUM_EXAMPLES} = {v!r} is not a number"
-    if not (np.isfinite(v) and v > 0):
-        return f"{NUM_EXAMPLES} = {v!r} must be a finite number > 0"
+    why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])
+    if why is not None:
+        return why
     infinite = [k for k, x in m.items() if isinstance(x, float) and np.isinf(x)]
     if infinite:  # NaN means "not measured" (skipped by the means); inf is never valid
         return f"metric {infinite[0]} = {m[infinite[0]]} is infinite"

@@ -13,7 +13,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, RecordDict
 
-from ..protocol import NodeInfo
+from ..protocol import NodeInfo, weight_problem
 
 __all__ = [
     "PeerStrategy",  # noqa: F822 - PeerStrategy comes from the module __getattr__ (an alias)
@@ -40,20 +40,6 @@ def positive_int(name: str, value: int) -> int:
     if int(value) != value or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
-
-
-def weight_problem(name: str, value: Any) -> str | None:
-    """Why a reply's weight (e.g. ``num-examples``) is unusable, or None when it is a finite number > 0.
-
-    Strategies call it on every reply value that weights or counts in an aggregate, and record a
-    non-None answer as that node's failure (:meth:`PeerStrategy.record_failure`) instead of aborting
-    the ServerApp or averaging with a zero, negative or NaN weight.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{name} = {value!r} is not a number"
-    if not (math.isfinite(value) and value > 0):
-        return f"{name} = {value!r} must be a finite number > 0"
-    return None
 
 
 def record_bytes(content: RecordDict) -> int:
