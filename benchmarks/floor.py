@@ -18,11 +18,14 @@ clipping and the SGD step. No messages, no metrics, no state, no checks.
 Both are timed in CPU seconds (``time.process_time``: all threads of this process; unlike wall time
 they do not grow when other programs share the machine) and, on CUDA, wall seconds after
 ``torch.cuda.synchronize()``. The ratio product / floor is what the benchmark is for; the absolute
-figures depend on the machine.
+figures depend on the machine. The floor runs twice, before and after the product, and the ratio
+uses the mean of the two (``--no-bracket``: once, after): on a shared machine the speed of a core
+drifts over a ten-minute run, and a floor measured only after the product once put a product that
+matches the floor step for step at 1.17x.
 
     python benchmarks/floor.py --device cpu --dataset fashion-mnist --threads 1     # paper-scale epoch, CPU
     python benchmarks/floor.py --device cuda --dataset fashion-mnist                # the same on a GPU
-    python benchmarks/floor.py --device cpu --zoo tiny-3 --dataset mnist-bundled --extra num-pilots=64 max-steps-per-epoch=2
+    python benchmarks/floor.py --device cpu --zoo tiny-3 --dataset mnist-bundled --extra graph=ring num-pilots=64 max-steps-per-epoch=2
 
 Writes ``<out>/floor-<device>.json``; with ``--profile`` the product runs a third, glued round under
 ``torch.profiler`` (CPU and CUDA activities; not part of the timed figures) and its top ops go to
@@ -51,6 +54,7 @@ from flwr_sheaf.apps.scenario import agent_specs, scenario_task  # noqa: E402
 from flwr_sheaf.apps.server_app import run_server  # noqa: E402
 from flwr_sheaf.config import RunConfig  # noqa: E402
 from flwr_sheaf.devices import resolve_device  # noqa: E402
+from flwr_sheaf.topology import build_graph  # noqa: E402
 
 
 class _Clock:
@@ -143,14 +147,36 @@ def _procrustes(a_head: torch.Tensor, a_tail: torch.Tensor) -> torch.Tensor:
     return (u @ vt).to(a_head.dtype)
 
 
-def floor_epochs(rc: dict, results: dict, device: torch.device) -> dict:
+def floor_setup(rc: dict) -> tuple[dict, list[list[int]]]:
+    """The product's resolved run config (``results.json``'s ``config``) and its graph's edges,
+    computed without running it, so a floor can run before the product.
+
+    The graph is built as the server builds it (:func:`flwr_sheaf.topology.build_graph` on the
+    agents' training class sets); :func:`main` checks it against the product's own ``results.json``.
+    """
+    cfg = RunConfig.from_run_config(rc)
+    n = len(agent_specs(cfg.scenario))
+    classes = [
+        sorted(int(c) for c in scenario_task(cfg.scenario, i).y_train.unique().tolist())
+        for i in range(n)
+    ]
+    graph = build_graph(cfg.federation.graph, n, class_sets=classes)
+    return cfg.to_dict(), sorted(sorted([int(a), int(b)]) for a, b in graph.edges())
+
+
+def floor_epochs(rc: dict, conf: dict, edges: list, device: torch.device) -> dict:
     """The plain loop (module docstring): CPU and wall seconds of a CE-only and of a glued epoch.
+
+    Args:
+        rc: the run config (scenario: zoo, dataset, data seed).
+        conf: the resolved config (:func:`floor_setup`; lr, momentum, batch sizes, lambda, ...).
+        edges: the graph's edges ``[[a, b], ...]``.
+        device: where to run.
 
     Returns:
         ``{"ce": (cpu, wall), "glued": (cpu, wall), "steps": total SGD steps per epoch}``.
     """
     cfg = RunConfig.from_run_config(rc)
-    conf = results["config"]
     n = len(agent_specs(cfg.scenario))
     tasks = [scenario_task(cfg.scenario, i) for i in range(n)]
     models = [t.model.to(device) for t in tasks]
@@ -165,7 +191,7 @@ def floor_epochs(rc: dict, results: dict, device: torch.device) -> dict:
         for m in models
     ]
     nbrs: dict[int, list[int]] = {i: [] for i in range(n)}
-    for a, b in results["graph"]["edges"]:
+    for a, b in edges:
         nbrs[a].append(b)
         nbrs[b].append(a)
     bs, pbs = int(conf["batch-size"]), int(conf["pilot-batch-size"])
@@ -251,6 +277,12 @@ def main() -> None:
     ap.add_argument(
         "--profile", action="store_true", help="torch.profiler table of the product's glued epoch"
     )
+    ap.add_argument(
+        "--no-bracket",
+        dest="bracket",
+        action="store_false",
+        help="run the floor once, after the product (default: before and after, ratio to the mean)",
+    )
     ap.add_argument("--out", default="results/floor")
     args = ap.parse_args()
     out = Path(args.out).resolve()
@@ -273,8 +305,20 @@ def main() -> None:
         **parse_overrides(args.extra),
     }
     torch.set_num_threads(max(1, args.threads))
+    conf, edges = floor_setup(rc)
+    # floor, product, floor: the floor brackets the product, so a machine that slows down or
+    # speeds up during the run moves both sides (the ratio uses the two floors' mean)
+    floors = [floor_epochs(rc, conf, edges, dev)] if args.bracket else []
     prod = product_epochs(rc, out / f"profile-{tag}.txt" if args.profile else None)
-    flo = floor_epochs(rc, prod["results"], dev)
+    got = sorted(sorted(e) for e in prod["results"]["graph"]["edges"])
+    if got != edges:
+        raise SystemExit(f"the floor's graph {edges} is not the product's {got}")
+    floors.append(floor_epochs(rc, conf, edges, dev))
+    flo = {
+        k: tuple(sum(f[k][i] for f in floors) / len(floors) for i in (0, 1))
+        for k in ("ce", "glued")
+    }
+    flo["steps"] = floors[0]["steps"]
     rec = {
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
@@ -292,6 +336,13 @@ def main() -> None:
             "ce_epoch": dict(zip(("cpu_s", "wall_s"), flo["ce"])),
             "glued_epoch": dict(zip(("cpu_s", "wall_s"), flo["glued"])),
         },
+        "floor_runs": [  # before and after the product (bracket), or after it only
+            {
+                "ce_epoch": dict(zip(("cpu_s", "wall_s"), f["ce"])),
+                "glued_epoch": dict(zip(("cpu_s", "wall_s"), f["glued"])),
+            }
+            for f in floors
+        ],
         "ratio_glued_cpu": prod["glued"][0] / flo["glued"][0],
         "ratio_glued_wall": prod["glued"][1] / flo["glued"][1],
         "ratio_ce_cpu": prod["ce"][0] / flo["ce"][0],
