@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 import weakref
 from typing import Any
@@ -158,8 +160,23 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
             0
         ]
     )
-    torch.manual_seed(s)
+    if _accelerator_present():
+        torch.manual_seed(s)
+    else:  # the same CPU stream without the accelerators' lazy seeding (a stack trace each, ~4 ms)
+        torch.default_generator.manual_seed(s)
     return torch.Generator().manual_seed(s)
+
+
+@functools.cache
+def _accelerator_present() -> bool:
+    """Whether torch sees an accelerator whose generator ``torch.manual_seed`` also seeds."""
+    mps = getattr(torch.backends, "mps", None)
+    return bool(
+        torch.cuda.is_available()
+        or (hasattr(torch, "xpu") and torch.xpu.is_available())
+        or (mps is not None and mps.is_available())
+        or (hasattr(torch, "mtia") and torch.mtia.is_available())
+    )
 
 
 def build(

@@ -677,6 +677,8 @@ class PreparedSplit:
         class_sets: the agents' target classes ``C_i`` (after a Dirichlet split: what each received).
         x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` float32 / ``(K,)`` int64, one tensor pair
             for all agents (read-only).
+        images, labels: the whole source (:func:`load_source`'s cached tensors, read-only), so an
+            agent's samples are gathered without looking the source up again.
     """
 
     dataset: str
@@ -684,12 +686,15 @@ class PreparedSplit:
     class_sets: tuple[tuple[int, ...], ...]
     x_pilot: torch.Tensor
     y_pilot: torch.Tensor
+    images: torch.Tensor
+    labels: torch.Tensor
 
 
-def _gather(dataset: str, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def _gather(
+    images: torch.Tensor, labels: torch.Tensor, idx: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Images and labels of ``idx`` (copies). numpy fancy indexing: torch's indexing of a few rows of a
     large tensor goes through its thread pool and cost ~15 ms a call on a loaded 2-core machine."""
-    images, labels = load_source(dataset)
     t = np.asarray(idx, dtype=np.int64)
     return torch.from_numpy(images.numpy()[t]), torch.from_numpy(labels.numpy()[t])
 
@@ -719,8 +724,9 @@ def prepare_split(
     )
     if alpha is not None or floor:
         sets = split.class_sets
-    x_pi, y_pi = _gather(dataset, split.pilot_idx)
-    return PreparedSplit(dataset, split, sets, x_pi, y_pi)
+    images, labels = load_source(dataset)
+    x_pi, y_pi = _gather(images, labels, split.pilot_idx)
+    return PreparedSplit(dataset, split, sets, x_pi, y_pi, images, labels)
 
 
 def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:
@@ -733,10 +739,10 @@ def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:
     sets, split, dataset = prepared.class_sets, prepared.split, prepared.dataset
     _check_partition_id(partition_id, len(sets))
     i = int(partition_id)
-    x_tr, y_tr = _gather(dataset, split.train_idx[i])
-    x_va, y_va = _gather(dataset, split.val_idx[i])
-    x_te, y_te = _gather(dataset, split.test_idx[i])
-    _, labels = load_source(dataset)
+    images, labels = prepared.images, prepared.labels
+    x_tr, y_tr = _gather(images, labels, split.train_idx[i])
+    x_va, y_va = _gather(images, labels, split.val_idx[i])
+    x_te, y_te = _gather(images, labels, split.test_idx[i])
     sizes = {"training": y_tr.numel(), "validation": y_va.numel(), "test": y_te.numel()}
     if min(sizes.values()) == 0:
         raise ValueError(
