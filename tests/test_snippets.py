@@ -108,7 +108,9 @@ def parse_blocks(path: Path, text: str | None = None) -> list[Block]:
         indent, fence, lang = m["indent"], m["fence"], m["lang"].lower()
         start, body = i, []
         i += 1
-        while i < len(lines) and not re.match(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[i]):
+        while i < len(lines) and not re.match(
+            rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[i]
+        ):
             line = lines[i]
             body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
             i += 1
@@ -167,7 +169,10 @@ def _signature(callee: Any, instance_method: bool) -> inspect.Signature | None:
         return None
     if instance_method:  # a function looked up on a class, called on an instance: drop `self`
         params = list(sig.parameters.values())
-        if params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        if params and params[0].kind in (
+            params[0].POSITIONAL_ONLY,
+            params[0].POSITIONAL_OR_KEYWORD,
+        ):
             sig = sig.replace(parameters=params[1:])
     return sig
 
@@ -238,7 +243,12 @@ class _Binder(ast.NodeVisitor):
                     targets.append((getattr(cls, callee[1]), False, f"{cls.__name__}.{callee[1]}"))
                 elif inspect.isfunction(static):
                     targets.append((static, True, f"{cls.__name__}.{callee[1]}"))
-        elif callee is not UNKNOWN and not isinstance(callee, tuple) and callable(callee) and _tracked(callee):
+        elif (
+            callee is not UNKNOWN
+            and not isinstance(callee, tuple)
+            and callable(callee)
+            and _tracked(callee)
+        ):
             targets.append((callee, False, getattr(callee, "__qualname__", ast.unparse(node.func))))
         for fn, drop_self, name in targets:
             sig = _signature(fn, drop_self)
@@ -307,7 +317,11 @@ def _bind(sig: inspect.Signature, call: ast.Call) -> str:
     names = [k.arg for k in call.keywords if k.arg is not None]
     params = sig.parameters
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        bad = [n for n in names if n not in params or params[n].kind == inspect.Parameter.POSITIONAL_ONLY]
+        bad = [
+            n
+            for n in names
+            if n not in params or params[n].kind == inspect.Parameter.POSITIONAL_ONLY
+        ]
         if bad:
             return f"unexpected keyword argument(s) {', '.join(map(repr, bad))}"
     if not starred:
@@ -377,11 +391,15 @@ def _check_imports(tree: ast.Module, label: str, ns: dict[str, Any], report: PyR
                     continue
                 scratch.pop("__builtins__", None)
                 ns.update(scratch)
-                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flwr_sheaf."):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "flwr_sheaf."
+                ):
                     # the file itself (an alias module replaces its own sys.modules entry)
                     base = Path(importlib.import_module("flwr_sheaf").__file__).parent.parent
                     origin = base / (node.module.replace(".", "/") + ".py")
-                    if origin.is_file() and origin.read_text().lstrip('"\' \n').startswith("Deprecated"):
+                    if origin.is_file() and origin.read_text().lstrip("\"' \n").startswith(
+                        "Deprecated"
+                    ):
                         report.problems.append(
                             f"{label}: line {node.lineno}: {node.module} is a deprecated alias: "
                             f"import {', '.join(a.name for a in node.names)} from flwr_sheaf"
@@ -395,7 +413,9 @@ def run_python(code: str, label: str, workdir: Path) -> list[str]:
     out = io.StringIO()
     try:
         with _dropin_importable(), contextlib.redirect_stdout(out):
-            exec(compile(code, label, "exec"), {"__name__": "__snippet__", "__builtins__": builtins})
+            exec(
+                compile(code, label, "exec"), {"__name__": "__snippet__", "__builtins__": builtins}
+            )
     except Exception as e:  # noqa: BLE001 - reported with file and line
         import traceback
 
@@ -417,7 +437,7 @@ OVERRIDE_FLAGS = {"--run-config", "--extra"}
 OVERRIDE_SCRIPTS = {"simulations/inprocess.py": "positional", "scripts/main.sh": "first"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _script_flags(path: Path) -> frozenset[str]:
     """Option strings of a python script (argparse ``add_argument`` literals, also in sibling
     modules it imports) plus every ``--literal`` in its source (scripts reading ``sys.argv``)."""
@@ -436,7 +456,7 @@ def _script_flags(path: Path) -> frozenset[str]:
     return frozenset(flags)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flwr_commands() -> Any:
     """Flower's ``flwr`` CLI as a click command tree (typer builds it; nothing is run)."""
     import typer
@@ -445,7 +465,7 @@ def _flwr_commands() -> Any:
     return typer.main.get_command(app)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module_flags(module: str, depth: int = 2) -> frozenset[str]:
     """``--literals`` in an installed module's source and (``depth``) in the modules it imports from
     the same top-level package (where argparse helpers live)."""
@@ -468,7 +488,7 @@ def _module_flags(module: str, depth: int = 2) -> frozenset[str]:
     return frozenset(flags)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _help_flags(argv: tuple[str, ...]) -> frozenset[str] | None:
     """Options of a Flower command: ``("flwr", "run")`` from the ``flwr`` CLI's click tree,
     ``("flower-superlink",)`` from its entry point module's argparse literals; None when unknown."""
@@ -481,7 +501,9 @@ def _help_flags(argv: tuple[str, ...]) -> frozenset[str] | None:
             cmd = sub
         if getattr(cmd, "commands", None):  # a group: its own options only
             pass
-        return frozenset(o for p in cmd.params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")) | {"--help"}
+        return frozenset(
+            o for p in cmd.params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")
+        ) | {"--help"}
     import importlib.metadata as md
 
     for ep in md.entry_points(group="console_scripts", name=argv[0]):
@@ -490,18 +512,20 @@ def _help_flags(argv: tuple[str, ...]) -> frozenset[str] | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse_overrides():
     """``simulations/inprocess.py``'s ``parse_overrides`` (types values as ``flwr run`` does and
     validates them with ``RunConfig.from_run_config``)."""
-    spec = importlib.util.spec_from_file_location("_snippet_inprocess", ROOT / "simulations" / "inprocess.py")
+    spec = importlib.util.spec_from_file_location(
+        "_snippet_inprocess", ROOT / "simulations" / "inprocess.py"
+    )
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.parse_overrides
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _app_keys(app: Path) -> frozenset[str] | None:
     try:
         cfg = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
@@ -524,7 +548,11 @@ def check_overrides(items: list[str], where: str, app: Path = ROOT) -> list[str]
         if keys is None:
             return [f"{where}: {app} has no [tool.flwr.app] in pyproject.toml"]
         bad = [i for i in items if i.partition("=")[0] not in keys]
-        return [f"{where}: run-config key(s) {bad} not in {app.relative_to(ROOT)}/pyproject.toml"] if bad else []
+        return (
+            [f"{where}: run-config key(s) {bad} not in {app.relative_to(ROOT)}/pyproject.toml"]
+            if bad
+            else []
+        )
     try:
         _parse_overrides()(items)
     except ValueError as e:
@@ -543,8 +571,8 @@ def _logical_lines(code: str) -> list[tuple[str, list[str]]]:
     """(command line, heredoc body lines) with ``\\`` continuations joined; console prompts kept
     only (``$ cmd``) when the block has any."""
     lines = code.splitlines()
-    if any(l.startswith("$ ") for l in lines):
-        lines = [l[2:] for l in lines if l.startswith("$ ")]
+    if any(x.startswith("$ ") for x in lines):
+        lines = [x[2:] for x in lines if x.startswith("$ ")]
     out: list[tuple[str, list[str]]] = []
     i = 0
     while i < len(lines):
@@ -636,7 +664,9 @@ def check_shell(code: str, label: str, cwd: Path = ROOT) -> ShellReport:
                 if not target or _placeholder(target):
                     cwd = ROOT  # `cd <worktree>`: the repository root
                 elif not (cwd / target).is_dir():
-                    rep.problems.append(f"{where}: no directory {target!r} (from {cwd.relative_to(ROOT) or '.'})")
+                    rep.problems.append(
+                        f"{where}: no directory {target!r} (from {cwd.relative_to(ROOT) or '.'})"
+                    )
                 else:
                     cwd = (cwd / target).resolve()
                 continue
@@ -656,11 +686,15 @@ def check_shell(code: str, label: str, cwd: Path = ROOT) -> ShellReport:
                 rep.commands += 1
                 for t in cmd[2:]:
                     if t.endswith(".ipynb") and not (cwd / t).exists():
-                        rep.problems.append(f"{where}: no notebook {t!r} (from {cwd.relative_to(ROOT) or '.'})")
+                        rep.problems.append(
+                            f"{where}: no notebook {t!r} (from {cwd.relative_to(ROOT) or '.'})"
+                        )
     return rep
 
 
-def _check_flags(args: list[str], known: frozenset[str] | None, where: str, what: str, rep: ShellReport) -> None:
+def _check_flags(
+    args: list[str], known: frozenset[str] | None, where: str, what: str, rep: ShellReport
+) -> None:
     if known is None:
         return
     for t in args:
@@ -706,13 +740,17 @@ def _check_script(args: list[str], cwd: Path, where: str, rep: ShellReport) -> N
     rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else ""
     mode = OVERRIDE_SCRIPTS.get(rel)
     if mode == "positional":
-        rep.problems += check_overrides([t for t in rest if "=" in t and not t.startswith("-")], where)
+        rep.problems += check_overrides(
+            [t for t in rest if "=" in t and not t.startswith("-")], where
+        )
     elif mode == "first" and rest and not rest[0].startswith("-"):
         rep.problems += check_overrides(_split_overrides(rest[0]), where)
     _overrides_after_flags(rest, where, rep)
 
 
-def _check_python_cmd(cmd: list[str], cwd: Path, where: str, heredoc: list[str], rep: ShellReport) -> None:
+def _check_python_cmd(
+    cmd: list[str], cwd: Path, where: str, heredoc: list[str], rep: ShellReport
+) -> None:
     args = cmd[1:]
     while args and args[0] in {"-u", "-B", "-O", "-X"}:
         args = args[1:]
@@ -763,7 +801,9 @@ def _check_flwr(cmd: list[str], cwd: Path, where: str, rep: ShellReport) -> None
         if not _placeholder(target):
             app = (cwd / target).resolve()
             if _app_keys(app) is None:
-                rep.problems.append(f"{where}: {target!r} is not a Flower app directory (from {cwd.relative_to(ROOT) or '.'})")
+                rep.problems.append(
+                    f"{where}: {target!r} is not a Flower app directory (from {cwd.relative_to(ROOT) or '.'})"
+                )
                 return
     _overrides_after_flags(rest, where, rep, app)
 
@@ -783,7 +823,10 @@ def check_block(block: Block, workdir: Path | None = None) -> Outcome:
     label = block.where
     if block.marker == "skip":
         if not block.reason:
-            return Outcome("skipped", [f"{label}: `snippet: skip` needs a reason: `<!-- snippet: skip (why) -->`"])
+            return Outcome(
+                "skipped",
+                [f"{label}: `snippet: skip` needs a reason: `<!-- snippet: skip (why) -->`"],
+            )
         return Outcome("skipped", [])
     if block.lang in PYTHON:
         rep = check_python(block.code, label)
@@ -813,7 +856,9 @@ def check_block(block: Block, workdir: Path | None = None) -> Outcome:
         return Outcome("text", [])
     return Outcome(
         "unknown",
-        [f"{label}: fence language {block.lang!r}: use bash, python, toml or text (or mark it skip)"],
+        [
+            f"{label}: fence language {block.lang!r}: use bash, python, toml or text (or mark it skip)"
+        ],
     )
 
 
@@ -869,9 +914,23 @@ def check_kind(b: Block) -> str:
         return "skipped"
     if b.lang in PYTHON:
         return "executed" if b.marker == "run" else "bound"
-    return {**dict.fromkeys(SHELL, "shell"), **dict.fromkeys(TOML, "toml"), **dict.fromkeys(TEXT, "text")}.get(
-        b.lang, "unknown"
-    )
+    return {
+        **dict.fromkeys(SHELL, "shell"),
+        **dict.fromkeys(TOML, "toml"),
+        **dict.fromkeys(TEXT, "text"),
+    }.get(b.lang, "unknown")
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_and_images_resolve(doc: Path):
+    """A moved page or a missing figure breaks a link: every relative link target exists."""
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)  # links in code are not links
+    missing = [
+        target
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text)
+        if not re.match(r"^[a-z]+:", target) and not (doc.parent / target).exists()
+    ]
+    assert not missing, f"{doc.relative_to(ROOT)}: links to missing files {missing}"
 
 
 # ------------------------------------------------------------------ the checker checks itself
@@ -931,7 +990,9 @@ def test_checker_accepts_correct_blocks(tmp_path):
 
 def test_an_untagged_fence_and_a_reasonless_skip_are_refused(tmp_path):
     assert "fence language ''" in _one("```\nls\n```\n", tmp_path).problems[0]
-    assert "needs a reason" in _one("<!-- snippet: skip -->\n```bash\nls\n```\n", tmp_path).problems[0]
+    assert (
+        "needs a reason" in _one("<!-- snippet: skip -->\n```bash\nls\n```\n", tmp_path).problems[0]
+    )
 
 
 if __name__ == "__main__":  # the inventory: python tests/test_snippets.py
@@ -951,5 +1012,7 @@ if __name__ == "__main__":  # the inventory: python tests/test_snippets.py
             print("FAIL", p)
         if b.marker == "skip":
             print(f"skipped {b.where}: {b.reason}")
-    print(f"{len(BLOCKS)} blocks in {len(doc_files())} files: {dict(counts)}; {bound} calls bound; "
-          f"{failed} failing; {time.time() - t0:.1f} s")
+    print(
+        f"{len(BLOCKS)} blocks in {len(doc_files())} files: {dict(counts)}; {bound} calls bound; "
+        f"{failed} failing; {time.time() - t0:.1f} s"
+    )
