@@ -933,6 +933,23 @@ def test_relative_links_and_images_resolve(doc: Path):
     assert not missing, f"{doc.relative_to(ROOT)}: links to missing files {missing}"
 
 
+def test_readme_is_an_entry_page_and_ci_runs_its_test_command():
+    """At most 12 KB; the own-app section linked from the first lines; every method of the
+    registry in its table; .ci/run calls the README's test command."""
+    from flwr_sheaf import METHODS
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 12_000, len(text.encode())
+    head = "\n".join(text.splitlines()[:5])
+    assert "(#use-it-in-your-own-flower-app)" in head and "## Use it in your own Flower app" in text
+    table = text.split("## About this baseline", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"`([a-z][a-z-]+)`", table)) >= set(METHODS)
+    shell = [b for b in parse_blocks(ROOT / "README.md") if b.lang in SHELL]
+    assert any("bash scripts/test.sh" in b.code for b in shell)
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert "bash scripts/test.sh" in ci
+
+
 # ------------------------------------------------------------------ the checker checks itself
 
 
