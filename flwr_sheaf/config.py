@@ -1,7 +1,7 @@
 """Every run-config key of flwr-sheaf: its one definition, type, default, check and meaning.
 
 This module is the **only** place where a run-config default lives. ``pyproject.toml``'s
-``[tool.flwr.app.config]`` and the README's run-config table are tested against :data:`KEYS`
+``[tool.flwr.app.config]`` and docs/run-config.md's table are tested against :data:`KEYS`
 (``tests/test_config.py``). Everything else reads typed sections:
 
 ==================== ============================================================ ==========
@@ -246,7 +246,7 @@ class Key:
         default: its default (the value ``pyproject.toml`` lists).
         parse: ``parse(name, value) -> value``: coerces and validates; raises :class:`ConfigError`
             naming the key and the value.
-        doc: one line for the README's run-config table.
+        doc: one line for the run-config table (docs/run-config.md).
     """
 
     name: str
@@ -264,14 +264,15 @@ _KEY_LIST = [
         "method",
         "sheaf-frl",
         _str(nonempty=True),
-        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed`, `sheaf-fmtl` (README, method table)",
+        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed`, "
+        "`sheaf-fmtl`, `rfedags`, `rfedavg`, `rfedsvrg`, `rfedproj` (the README's method table; docs/methods.md)",
     ),
     Key(
         "method-module",
         "",
         _str(),
         "comma-separated Python modules imported before `method` is looked up: a researcher's own method "
-        'registers itself there (README "Adding a method"); empty = the built-in methods only',
+        'registers itself there (docs/methods.md, "Adding a method"); empty = the built-in methods only',
     ),
     Key("num-server-rounds", 10, _int(1), "server rounds"),
     Key(

@@ -349,7 +349,7 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
 # ------------------------------------------------------------------------------ discovery
 @dataclass(frozen=True)
 class NodeInfo:
-    """What a node reports in its ``query.<action>`` reply (record ``info``; README "Using it in your own Flower project").
+    """What a node reports in its ``query.<action>`` reply (record ``info``; docs/own-app.md).
 
     Attributes:
         partition_id: the node's partition-id (``node_config["partition-id"]``).

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Print the run-config keys as pyproject TOML and as the README's markdown table.
+"""Print the run-config keys as pyproject TOML and as docs/run-config.md's markdown table.
 
 The keys are the app's (flwr_sheaf.config.KEYS) followed by the own keys of each built-in method
 unit (flwr_sheaf/methods/<name>: its config section's keys, in METHOD_KEYS). ``python
 scripts/run_config_table.py --write`` rewrites both places (pyproject.toml's
-``[tool.flwr.app.config]`` and the README's "Run config" table); ``tests/test_config.py`` checks
+``[tool.flwr.app.config]`` and the table in ``docs/run-config.md``); ``tests/test_config.py`` checks
 that they agree with these keys.
 """
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAD = [
     "[tool.flwr.app.config]",
     "# Every key with its default, as defined once in flwr_sheaf/config.py (KEYS); tests/test_config.py",
-    "# keeps this table, that module and the README's run-config table equal. Override with --run-config.",
+    "# keeps this table, that module and docs/run-config.md's table equal. Override with --run-config.",
 ]
 
 
@@ -57,7 +57,7 @@ def toml() -> str:
 
 
 def markdown() -> str:
-    """The README table."""
+    """The table of ``docs/run-config.md``."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     keys = [*KEYS.values(), *(k for ks in method_sections().values() for k in ks)]
     return (
@@ -72,7 +72,7 @@ def write() -> None:
     s = p.read_text()
     a, b = s.index("[tool.flwr.app.config]"), s.index("[tool.pytest.ini_options]")
     p.write_text(s[:a] + toml() + "\n" + s[b:])
-    r = ROOT / "README.md"
+    r = ROOT / "docs" / "run-config.md"
     s = r.read_text()
     a = s.index("| key | default | meaning |")
     b = s.index("\n\n", a) + 1

@@ -1,6 +1,6 @@
-"""Run-config keys: one definition (flwr_sheaf.config), pyproject and README agree with it, bad input refused.
+"""Run-config keys: one definition (flwr_sheaf.config), pyproject and docs/run-config.md agree with it, bad input refused.
 
-Every check here is against an independent source: the pyproject/README text, a hand-written
+Every check here is against an independent source: the pyproject/docs text, a hand-written
 list of bad values with the key they must name, and a grid that records whether any message left.
 """
 
@@ -47,9 +47,9 @@ def test_pyproject_run_config_lists_every_key_with_its_default():
     assert cfg == _builtin_defaults()
 
 
-def _readme_table() -> dict[str, object]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Run config", 1)[1].split("\n## ", 1)[0]
+def _docs_table() -> dict[str, object]:
+    text = (ROOT / "docs" / "run-config.md").read_text()
+    section = text.split("| key | default | meaning |", 1)[1].split("\n\n", 1)[0]
     rows = {}
     for line in section.splitlines():
         m = re.match(r"^\|\s*`([a-z0-9-]+)`\s*\|\s*`?(.*?)`?\s*\|", line)
@@ -58,8 +58,8 @@ def _readme_table() -> dict[str, object]:
     return rows
 
 
-def test_readme_run_config_table_lists_every_key_with_its_default():
-    assert _readme_table() == _builtin_defaults()
+def test_docs_run_config_table_lists_every_key_with_its_default():
+    assert _docs_table() == _builtin_defaults()
 
 
 def test_every_section_field_is_a_key_and_every_key_is_read_somewhere():

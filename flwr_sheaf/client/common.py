@@ -152,7 +152,7 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
     """The node's random stream for one server round, derived from (seed, partition-id, round) only.
 
     Seeds torch's global generator too (dropout masks), so a node's training is identical in a
-    fresh process on CPU (README, "Design notes"); returns a CPU ``torch.Generator`` for batch order
+    fresh process on CPU (docs/design.md, "Design notes"); returns a CPU ``torch.Generator`` for batch order
     and pilot minibatches. Side effect: a host app sharing the process sees torch's global RNG reseeded.
     """
     s = int(

@@ -110,7 +110,7 @@ class ClientMethod:
 
     Hooks (each may raise ``ConfigError`` / ``ProtocolError`` / ``ValueError`` on a bad message; the
     node then replies with an error and keeps its state): :meth:`plugin`, :meth:`after_train`,
-    :meth:`evaluation_metrics`. README "Adding a method" lists the files a method touches.
+    :meth:`evaluation_metrics`. docs/methods.md, "Adding a method", lists the files a method touches.
 
     Args:
         action: the message action (``train.<action>`` etc.); also the ``context.state`` prefix.

@@ -258,13 +258,13 @@ class GraphStrategy(Strategy):
         """The method's config entries for every train message of this round (default: none).
 
         Returns:
-            ``{key: value}`` merged into every ``train.<action>`` config (README, "Adding a method").
+            ``{key: value}`` merged into every ``train.<action>`` config (docs/methods.md, "Adding a method").
         """
         return {}
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """``(records, config entries)`` only node ``pid`` gets in its train message (default: none;
-        Sheaf-FRL: its neighbours' pilots and its edges; README "Adding a method")."""
+        Sheaf-FRL: its neighbours' pilots and its edges; docs/methods.md, "Adding a method")."""
         return {}, {}
 
     def accept_train(
