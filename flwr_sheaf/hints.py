@@ -10,19 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["HANDLER_FUNCTIONS", "handler_hint", "pilot_count_error"]
+__all__ = ["handler_hint", "pilot_count_error"]
 
-#: message action -> the function of the ``flwr_sheaf`` package that registers its ClientApp handlers.
-HANDLER_FUNCTIONS: dict[str, str] = {
-    "sheaf": "register_sheaf_handlers",
-    "noncooperative": "register_noncooperative_handlers",
-    "fedproto": "register_fedproto_handlers",
-    "fedsaf": "register_fedsaf_handlers",
-    "fedmuscle": "register_fedmuscle_handlers",
-    "comfed": "register_comfed_handlers",
-    "sheaf_fmtl": "register_sheaf_fmtl_handlers",
-    "rfedags": "register_rfedags_handlers",
-}
 _MISSING = re.compile(r"No (\w+) function registered with name '([^']*)'")
 
 
@@ -32,12 +21,7 @@ def handler_hint(reason: str | None) -> str:
     if m is None:
         return ""
     category, action = m.groups()
-    from .rfedags.baselines import BASELINES
-
-    fn = HANDLER_FUNCTIONS.get(action)
-    fn = f"flwr_sheaf.{fn}" if fn else None
-    if action in BASELINES:  # RFedAGS baselines: the action is the method name
-        fn = "flwr_sheaf.client.rfedags.register_rfedags_baseline_handlers"
+    fn = _registering_function(action)
     call = (
         f"call {fn}(app, factory) on the ClientApp (or flwr_sheaf.apps.methods.register_all_handlers"
         f"(app, factory) for every method of the app)"
@@ -46,6 +30,29 @@ def handler_hint(reason: str | None) -> str:
         f"(flwr_sheaf.register_method_handlers(app, factory, ClientMethod(...)) with action '{action}')"
     )
     return f" [the ClientApp has no '{category}.{action}' handler: {call}]"
+
+
+def _registering_function(action: str) -> str | None:
+    """The dotted name of the function that registers the handlers of the registered method(s) whose
+    message action is ``action`` (read from the method registry, so a researcher's own method is
+    named too); the top-level ``flwr_sheaf.<name>`` when the package exports it; None if no method
+    uses ``action``."""
+    import flwr_sheaf
+
+    from .methods.registry import METHODS  # the registry sits above this module's users
+
+    for method in METHODS.values():
+        if method.action != action:
+            continue
+        fn = method.handlers
+        fn = getattr(fn, "func", fn)  # functools.partial (the RFedAGS baselines)
+        name = getattr(fn, "__name__", None)
+        if name is None:
+            return None
+        if getattr(flwr_sheaf, name, None) is fn:
+            return f"flwr_sheaf.{name}"
+        return f"{fn.__module__}.{name}"
+    return None
 
 
 def pilot_count_error(counts: Mapping[int, int]) -> str:

@@ -71,3 +71,27 @@ def test_the_evaluation_round_is_a_value_returned_by_the_component():
         metrics["communication_accuracy_degree_weighted"]
         == s.last_evaluation.summary.communication_accuracy_degree_weighted
     )
+
+
+def test_handler_hint_names_each_registered_methods_own_function():
+    """The missing-handler hint is read from the registry: for every method's action it names an
+    importable function that is (or is wrapped by) that method's ``handlers``."""
+    import importlib
+    import re
+
+    from flwr_sheaf.hints import handler_hint
+    from flwr_sheaf.methods import METHODS
+
+    for name, method in METHODS.items():
+        hint = handler_hint(f"No train function registered with name '{method.action}'")
+        m = re.search(r"call ([\w.]+)\(app, factory\)", hint)
+        assert m is not None, (name, hint)
+        module, _, attr = m.group(1).rpartition(".")
+        fn = getattr(importlib.import_module(module), attr)
+        registered = getattr(method.handlers, "func", method.handlers)
+        assert fn is registered or any(
+            getattr(o.handlers, "func", o.handlers) is fn
+            for o in METHODS.values()
+            if o.action == method.action
+        ), (name, m.group(1))
+    assert "ClientMethod" in handler_hint("No query function registered with name 'not-a-method'")
