@@ -902,8 +902,8 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     """Why a train reply's values are refused, or None (the one check of both sides).
 
     The server (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses a reply whose
-    ``num-examples`` is not a finite number > 0 or that has an infinite metric (NaN means "not
-    measured"); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
+    ``num-examples`` is not a finite number > 0 or that has an infinite metric, or a list metric
+    (e.g. per-edge values) with an infinite entry (NaN means "not measured"); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
     same check, with ``arrays=True`` also to every array (NaN/inf entries), and raises before its state
     is committed: what the server refuses, the node never commits (docs/reliability.md).
 
@@ -915,9 +915,13 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])
     if why is not None:
         return why
-    infinite = [k for k, x in m.items() if isinstance(x, float) and np.isinf(x)]
-    if infinite:  # NaN means "not measured" (skipped by the means); inf is never valid
-        return f"metric {infinite[0]} = {m[infinite[0]]} is infinite"
+    for k, x in m.items():  # NaN means "not measured" (skipped by the means); inf is never valid
+        if isinstance(x, float) and np.isinf(x):
+            return f"metric {k} = {x} is infinite"
+        if isinstance(x, list):
+            bad = [i for i, v in enumerate(x) if isinstance(v, float) and np.isinf(v)]
+            if bad:
+                return f"metric {k} (a list of {len(x)}) entry {bad[0]} = {x[bad[0]]} is infinite"
     if arrays:
         for name, rec in content.items():
             if not isinstance(rec, ArrayRecord):

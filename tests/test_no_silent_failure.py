@@ -683,3 +683,18 @@ def test_resume_that_adds_the_default_seed_explicitly_is_the_same_config(tmp_pat
         ConfigError,
         LocalGrid(cnn_client_app, 3, run_config=other, run_id=3),
     )
+
+
+def test_train_reply_check_refuses_an_infinite_entry_of_a_list_metric():
+    """A list metric (per-edge values) with one infinite entry is refused like a scalar one, naming
+    the metric and the entry; NaN entries ("not measured") pass."""
+    from flwr.app import MetricRecord, RecordDict
+
+    from flwr_sheaf.protocol import METRICS, NUM_EXAMPLES, train_reply_problem
+
+    def reply(values):
+        return RecordDict({METRICS: MetricRecord({NUM_EXAMPLES: 10, "edge-tv": values})})
+
+    assert train_reply_problem(reply([1.0, float("nan"), 2.0])) is None
+    why = train_reply_problem(reply([1.0, 2.0, float("-inf")]))
+    assert why is not None and "edge-tv" in why and "entry 2" in why and "infinite" in why
