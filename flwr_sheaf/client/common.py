@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-
 import dataclasses
+import functools
 import weakref
 from typing import Any
 
