@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -90,7 +91,7 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         timeout=config.round_timeout,
     )
     wall = time.monotonic() - t0
-    extra = strategy.results_extra()
+    extra: dict[str, Any] = {}
     if ckpt.restored_round:
         extra["resumed"] = {
             "checkpoint": str(ckpt.resume_from),
@@ -99,19 +100,18 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
             "resume_fresh_nodes": config.resume_fresh_nodes,
         }
-    status = strategy.run_status(config.max_failed_fraction)
+    # overwrite=True: the preflight already refused another run's results in results-dir (without
+    # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
     path = write_results(
+        strategy,
         out,
-        config.to_dict(),
-        strategy.history,
-        strategy.node_results,
-        strategy.edge_results,
-        failures=strategy.failures,
-        total_wall_seconds=wall,
-        status=status["status"],
-        degradation=status,
-        **extra,
+        config=config.to_dict(),
+        overwrite=True,
+        max_failed_fraction=config.max_failed_fraction,
+        wall_seconds=wall,
+        extra=extra,
     )
+    status = strategy.run_status(config.max_failed_fraction)
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
         return path
