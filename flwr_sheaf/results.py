@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .strategy.graph import GraphStrategy
 
-__all__ = ["write_results", "plot_rounds", "strategy_config", "RESULTS_JSON", "ACCURACY_PNG"]
+__all__ = [
+    "write_results",
+    "check_results_dir",
+    "plot_rounds",
+    "strategy_config",
+    "RESULTS_JSON",
+    "ACCURACY_PNG",
+]
 
 #: File names :func:`write_results` writes in its directory.
 RESULTS_JSON = "results.json"
@@ -80,6 +87,35 @@ def _method_name(strategy: Any) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
+def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """``out_dir`` as a Path, after checking that :func:`write_results` may write there: call it before
+    ``strategy.start`` so a refusal comes before any training.
+
+    Args:
+        out_dir: the results directory (need not exist).
+        overwrite: allow replacing the ``results.json`` / ``accuracy.png`` already there.
+
+    Returns:
+        ``out_dir`` with ``~`` expanded (not created).
+
+    Raises:
+        FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
+            is False (the files named, with the fix).
+        NotADirectoryError: ``out_dir`` exists and is not a directory.
+    """
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
+    old = [p for p in (out / RESULTS_JSON, out / ACCURACY_PNG) if p.exists()]
+    if old and not overwrite:
+        raise FileExistsError(
+            f"out_dir {str(out_dir)!r} already holds another run's results "
+            f"({', '.join(p.name for p in old)}); use another directory, or pass overwrite=True to "
+            f"replace them"
+        )
+    return out
+
+
 def write_results(
     strategy: GraphStrategy,
     out_dir: str | Path,
@@ -117,7 +153,8 @@ def write_results(
         config: run-config values to record (the bundled app passes every key's effective value);
             recorded as given, before the strategy's own section keys.
         overwrite: replace the ``results.json`` / ``accuracy.png`` already in ``out_dir`` (refused
-            otherwise: nothing is overwritten silently).
+            otherwise: nothing is overwritten silently; :func:`check_results_dir` checks it before
+            a run starts).
         max_failed_fraction: the share of failed train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else the key's default 0.5;
             docs/reliability.md).
@@ -155,16 +192,7 @@ def write_results(
     clash = sorted(set(extra or {}) & set(_OWN_KEYS))
     if clash:
         raise ValueError(f"extra keys {clash} are written by write_results itself; rename them")
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
-    old = [p for p in (out / RESULTS_JSON, out / ACCURACY_PNG) if p.exists()]
-    if old and not overwrite:
-        raise FileExistsError(
-            f"out_dir {str(out_dir)!r} already holds another run's results "
-            f"({', '.join(p.name for p in old)}); use another directory, or pass overwrite=True to "
-            f"replace them"
-        )
+    out = check_results_dir(out_dir, overwrite=overwrite)
     cfg = dict(config or {})
     for key, value in strategy_config(strategy).items():
         cfg.setdefault(key, value)

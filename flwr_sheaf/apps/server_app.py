@@ -18,6 +18,7 @@ from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
+from ..tracking import Tracker, check_trackers
 from .methods import num_nodes
 from .scenario import check_scenario
 
@@ -32,14 +33,16 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     Every key and value is checked (and the graph built on the zoo's agents) before any message is
     sent; ``results.json`` records every key's effective value. A checkpoint goes to ``results-dir``
     after every ``checkpoint-every`` rounds; ``resume`` / ``resume-from`` continue a stopped run from
-    its checkpoint (docs/resume.md).
+    its checkpoint (docs/resume.md). With ``tracking`` set, every round's numbers also go to
+    TensorBoard and/or Weights & Biases (:class:`flwr_sheaf.tracking.Tracker`, docs/tracking.md).
 
     Returns:
         Path of the written ``results.json``.
 
     Raises:
         ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
-            different run config (keys named) or past ``num-server-rounds``.
+            different run config (keys named) or past ``num-server-rounds``; a ``tracking`` tracker
+            whose package is not installed (the pip extra named).
         FileNotFoundError: resuming without a checkpoint.
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
@@ -60,6 +63,7 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         method.task_factory is None
     ):  # the CNN-zoo scenario: every agent's data checked before any message
         check_scenario(config.scenario)
+    check_trackers(config.tracking)  # a tracker whose package is missing: before any message
     with preflight(config):  # directories writable, results-dir free and locked: before any message
         return _run(grid, config, method, strategy)
 
@@ -82,14 +86,21 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             RESUME_ROUND: int(checked["round"]),
             RESUME_FRESH: config.resume_fresh_nodes,
         }
+    tracker = Tracker.from_config(config)  # None unless `tracking` names a tracker
+    if tracker is not None:
+        strategy.round_callbacks.append(tracker.log_round)
     t0 = time.monotonic()
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
-    strategy.start(
-        grid=grid,
-        initial_arrays=initial,
-        num_rounds=config.num_server_rounds,
-        timeout=config.round_timeout,
-    )
+    try:
+        strategy.start(
+            grid=grid,
+            initial_arrays=initial,
+            num_rounds=config.num_server_rounds,
+            timeout=config.round_timeout,
+        )
+    finally:
+        if tracker is not None:
+            tracker.close()
     wall = time.monotonic() - t0
     extra: dict[str, Any] = {}
     if ckpt.restored_round:
@@ -100,6 +111,8 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
             "resume_fresh_nodes": config.resume_fresh_nodes,
         }
+    if tracker is not None:
+        extra["tracking"] = tracker.describe()
     # overwrite=True: the preflight already refused another run's results in results-dir (without
     # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
     path = write_results(
