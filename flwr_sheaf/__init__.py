@@ -2,7 +2,7 @@
 
 The public API in one import::
 
-    from flwr_sheaf import SheafFRL, register_sheaf_handlers, LocalTask, LocalGrid, SheafConfig
+    from flwr_sheaf import SheafFRL, register_sheaf_handlers, LocalTask, LocalGrid, SheafConfig, write_results
 
 Layers (dependencies point one way): maths (``sheaf``, ``baselines``, ``rfedags``, ``models``,
 ``data``, ``topology``; no Flower) <- ``config``, ``protocol``, ``participation`` <- ``client`` and
@@ -44,6 +44,7 @@ from .methods.sheaf_fmtl.strategy import SheafFMTL
 from .methods.sheaf_frl.client import register_sheaf_handlers
 from .methods.sheaf_frl.strategy import SheafFRL
 from .participation import ParticipationSampler, parse_participation
+from .results import write_results
 from .sheaf.whitening import Colouring, Whitening
 from .strategy.base import PeerStrategy, RoundRecord
 from .strategy.graph import GraphStrategy
@@ -92,6 +93,7 @@ __all__ = [
     "ParticipationSampler",
     "parse_participation",
     "LocalGrid",
+    "write_results",
     "Method",
     "METHODS",
     "register",

@@ -10,7 +10,9 @@ section              keys                                                       
 :class:`RunConfig`   ``method``, ``num-server-rounds``, ``round-timeout``,          the ServerApp
                      ``results-dir``, ``checkpoint-every``, ``resume``,
                      ``resume-from``, ``node-state-dir``, ``overwrite``,
-                     ``max-failed-fraction``, ``resume-fresh-nodes`` + the sections
+                     ``max-failed-fraction``, ``resume-fresh-nodes``,
+                     ``tracking``, ``tracking-dir``, ``wandb-project``,
+                     ``wandb-mode`` + the sections
 :class:`ScenarioConfig` ``zoo``, ``dataset``, ``shift``, ``seed``, ``num-pilots``,    task factory (client)
                      ``whitening-shrinkage``, ``whitening-eps``
 :class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
@@ -224,6 +226,16 @@ def _dim_or_auto(key: str, v: Any) -> str | int:
     return _int(1)(key, v)
 
 
+def _tracking(key: str, v: Any) -> str:
+    """A comma-separated list of trackers (:data:`flwr_sheaf.tracking.TRACKERS`); empty = off."""
+    text = _str()(key, v)
+    if text.strip():
+        from .tracking import parse_trackers
+
+        parse_trackers(text, key)
+    return text
+
+
 def _dataset(key: str, v: Any) -> str:
     from .data.sources import SOURCE_FORMS
 
@@ -344,6 +356,29 @@ _KEY_LIST = [
         _bool,
         "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
         "recorded in `results.json`; refused otherwise, docs/reliability.md)",
+    ),
+    Key(
+        "tracking",
+        "",
+        _tracking,
+        "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras `flwr-sheaf[tensorboard]`, "
+        "`flwr-sheaf[wandb]`; empty = off; docs/tracking.md)",
+    ),
+    Key(
+        "tracking-dir",
+        "",
+        _str(),
+        "where the trackers write (TensorBoard runs under `tensorboard/`, W&B under `wandb/`); empty = "
+        "`<results-dir>/tracking`",
+    ),
+    Key(
+        "wandb-project", "flwr-sheaf", _str(nonempty=True), "W&B project of a `wandb` tracking run"
+    ),
+    Key(
+        "wandb-mode",
+        "offline",
+        _str(("offline", "online")),
+        "`offline` (nothing is sent; upload later with `wandb sync`) or `online` (needs `wandb login`)",
     ),
     # scenario
     Key(
@@ -1018,6 +1053,8 @@ class RunConfig(Section):
         max_failed_fraction: the share of failed train replies past which the run ends failed
             (docs/reliability.md, "Degraded runs").
         resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
+        tracking, tracking_dir, wandb_project, wandb_mode: per-round experiment tracking
+            (:mod:`flwr_sheaf.tracking`, docs/tracking.md).
         scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle, comfed, sheaf_fmtl: the sections.
     """
 
@@ -1035,6 +1072,10 @@ class RunConfig(Section):
     overwrite: bool = key_field("overwrite")
     max_failed_fraction: float = key_field("max-failed-fraction")
     resume_fresh_nodes: bool = key_field("resume-fresh-nodes")
+    tracking: str = key_field("tracking")
+    tracking_dir: str = key_field("tracking-dir")
+    wandb_project: str = key_field("wandb-project")
+    wandb_mode: str = key_field("wandb-mode")
 
     SECTIONS: ClassVar[tuple[str, ...]] = (
         "scenario",
@@ -1180,6 +1221,10 @@ RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
         "overwrite",
         "max-failed-fraction",
         "resume-fresh-nodes",
+        "tracking",
+        "tracking-dir",
+        "wandb-project",
+        "wandb-mode",
     }
 )
 

@@ -5,7 +5,8 @@ is parsed) refuses, each time naming the run-config key, the path and the fix:
 
 - a directory the run will write that cannot be created or written: ``results-dir`` (``results.json``,
   ``accuracy.png`` and ``checkpoint.pkl``) and the run config's ``node-state-dir`` (the nodes' state
-  on this machine: simulation, in-process runs). Such a run used to fail only after training, after
+  on this machine: simulation, in-process runs) and, with ``tracking`` on, ``tracking-dir`` (default
+  ``<results-dir>/tracking``). Such a run used to fail only after training, after
   its first round or, with ``checkpoint-every=0``, after the last one;
 - a fresh run (neither ``resume`` nor ``resume-from``) into a ``results-dir`` that already holds
   another run's ``results.json`` or ``checkpoint.pkl``, unless ``overwrite = true`` (then those files
@@ -187,6 +188,10 @@ def preflight(config: RunConfig) -> RunLock:
     """
     if config.node_state_dir:
         check_writable_dir("node-state-dir", config.node_state_dir)
+    if config.tracking.strip():
+        from .tracking import tracking_dir
+
+        check_writable_dir("tracking-dir", config.tracking_dir or tracking_dir(config))
     out = check_writable_dir("results-dir", config.results_dir, create=True)
     lock = RunLock(out).acquire()
     try:

@@ -1,4 +1,9 @@
-"""Results files shared by every method: ``results.json`` and an accuracy-vs-round PNG."""
+"""The results files of a run: ``results.json`` and ``accuracy.png`` (schema: docs/results-schema.md).
+
+:func:`write_results` is the one way to write them, for the bundled app (``flwr run .``, whose
+ServerApp calls it after the last round) and for one's own Flower app (call it on the strategy after
+``strategy.start(...)`` returns). :func:`plot_rounds` draws the accuracy figure from per-round dicts.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,34 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["write_results", "plot_rounds"]
+if TYPE_CHECKING:
+    from .strategy.graph import GraphStrategy
+
+__all__ = [
+    "write_results",
+    "check_results_dir",
+    "plot_rounds",
+    "strategy_config",
+    "RESULTS_JSON",
+    "ACCURACY_PNG",
+]
+
+#: File names :func:`write_results` writes in its directory.
+RESULTS_JSON = "results.json"
+ACCURACY_PNG = "accuracy.png"
+#: Top-level keys of ``results.json`` that :func:`write_results` fills itself (``extra`` may not name them).
+_OWN_KEYS = (
+    "config",
+    "rounds",
+    "nodes",
+    "edges",
+    "failures",
+    "total_wall_seconds",
+    "status",
+    "degradation",
+)
 
 
 def _clean(x):
@@ -20,52 +51,178 @@ def _clean(x):
     return x
 
 
-def write_results(
-    results_dir: str | Path,
-    config: Mapping,
-    rounds: Sequence[Mapping],
-    nodes: Mapping[int, Mapping],
-    edges: Sequence[Mapping],
-    **extra,
-) -> Path:
-    """Write ``results.json`` (+ ``accuracy.png``) under ``results_dir`` and return the JSON path.
+def strategy_config(strategy: Any) -> dict[str, Any]:
+    """``{run-config key: value}`` of the config sections a strategy holds (its own attributes and
+    those of the components it holds, e.g. FedProto's prototype aggregator), in the order found;
+    where two sections share a key the first found wins.
 
-    Schema: ``config`` (the run config), ``rounds`` (one entry per server round with at least
-    ``round``, ``private_accuracy_mean``, ``communication_accuracy_mean``,
-    ``communication_accuracy_degree_weighted``, ``gluing_loss``, ``bytes_sent``, ``wall_seconds``),
-    ``nodes`` (per partition-id: ``d``, ``private_accuracy``, ...), ``edges`` (per directed edge:
-    ``src``, ``dst``, ``communication_accuracy``), plus method-specific keys (graph methods:
-    ``communication_accuracy_non_edges[_direct]`` and the ``sheaf_*`` diagnostics per evaluated
-    round, top-level ``non_edges``; docs/variants.md). NaN and inf become null; mapping keys become
-    strings. The two communication averages are those of paper Eq. 22 / Fig. 2 (docs/reference.md, s6).
+    This is what ``results.json``'s ``config`` records for a strategy built in one's own app (no
+    run config): e.g. ``graph``, ``fraction-train``, ``local-epochs``, ``lr``, ``lambda`` of a
+    :class:`~flwr_sheaf.SheafFRL`.
 
     Args:
-        results_dir: directory (created if missing).
-        config: JSON-serialisable run config.
-        rounds: per-round dicts (each with an int ``round``).
-        nodes: ``{partition-id: dict}``.
-        edges: per directed edge dicts.
-        **extra: further top-level keys (JSON-serialisable).
+        strategy: any object; only attributes that are :class:`~flwr_sheaf.config.Section`
+            instances count.
+
+    Returns:
+        dict (empty when the strategy holds no section, e.g. RFedAGS).
+    """
+    from .config import Section
+
+    out: dict[str, Any] = {}
+    owners = [strategy, *(v for v in vars(strategy).values() if hasattr(v, "__dict__"))]
+    for owner in owners:
+        for value in vars(owner).values():
+            if isinstance(value, Section):
+                for key, v in value.to_dict().items():
+                    out.setdefault(key, v)
+    return out
+
+
+def _method_name(strategy: Any) -> str | None:
+    """The registered ``method`` whose action is the strategy's, when exactly one is (else None)."""
+    from .methods import METHODS
+
+    names = [m.name for m in METHODS.values() if m.action == getattr(strategy, "action", None)]
+    return names[0] if len(names) == 1 else None
+
+
+def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """``out_dir`` as a Path, after checking that :func:`write_results` may write there: call it before
+    ``strategy.start`` so a refusal comes before any training.
+
+    Args:
+        out_dir: the results directory (need not exist).
+        overwrite: allow replacing the ``results.json`` / ``accuracy.png`` already there.
+
+    Returns:
+        ``out_dir`` with ``~`` expanded (not created).
+
+    Raises:
+        FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
+            is False (the files named, with the fix).
+        NotADirectoryError: ``out_dir`` exists and is not a directory.
+    """
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
+    old = [p for p in (out / RESULTS_JSON, out / ACCURACY_PNG) if p.exists()]
+    if old and not overwrite:
+        raise FileExistsError(
+            f"out_dir {str(out_dir)!r} already holds another run's results "
+            f"({', '.join(p.name for p in old)}); use another directory, or pass overwrite=True to "
+            f"replace them"
+        )
+    return out
+
+
+def write_results(
+    strategy: GraphStrategy,
+    out_dir: str | Path,
+    *,
+    config: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    max_failed_fraction: float | None = None,
+    wall_seconds: float | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
+
+    The same files as the bundled app (``flwr run .``), from any flwr-sheaf strategy that has run
+    (:class:`~flwr_sheaf.GraphStrategy` subclasses: SheafFRL, FedProto, FedSAF, FedMuscle, ComFed,
+    SheafFMTL, NonCooperative, and the RFedAGS family). Call it after ``strategy.start(...)`` returns
+    in one's own ServerApp.
+
+    Files (schema, every key: docs/results-schema.md):
+
+    - ``results.json``: ``config`` (``config`` given here, then every key of the strategy's config
+      sections not in it, :func:`strategy_config`; ``method`` from the registry when the strategy's
+      action names exactly one registered method), ``rounds`` (``strategy.history``: one dict per
+      server round), ``nodes`` (per partition-id, the last evaluation: ``d``, ``private_accuracy``,
+      ...), ``edges`` (per directed edge ``src`` -> receiver ``dst``: ``communication_accuracy``, ...),
+      ``failures`` (per failed node and phase: round, partition-id, reason), ``total_wall_seconds``,
+      ``status`` (``completed``, ``degraded`` or ``failed``) and ``degradation`` (its counts,
+      :meth:`~flwr_sheaf.GraphStrategy.run_status`), then the strategy's own keys
+      (``results_extra()``: ``participation``, ``action``, ``evaluation``, ``graph``, ``non_edges``,
+      method settings) and ``extra``. NaN and inf are written as null; mapping keys as strings.
+    - ``accuracy.png``: private and communication accuracy against server rounds (:func:`plot_rounds`).
+
+    Args:
+        strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
+        out_dir: directory (created with its parents if missing).
+        config: run-config values to record (the bundled app passes every key's effective value);
+            recorded as given, before the strategy's own section keys.
+        overwrite: replace the ``results.json`` / ``accuracy.png`` already in ``out_dir`` (refused
+            otherwise: nothing is overwritten silently; :func:`check_results_dir` checks it before
+            a run starts).
+        max_failed_fraction: the share of failed train replies past which ``status`` is ``failed``
+            (default: ``config``'s ``max-failed-fraction``, else the key's default 0.5;
+            docs/reliability.md).
+        wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``, the time
+            since the first round started).
+        extra: further top-level keys (JSON-serialisable), written last.
 
     Returns:
         Path of ``results.json``.
 
     Raises:
-        TypeError: a value that JSON cannot serialise.
+        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``), or a value
+            that JSON cannot serialise.
+        ValueError: the strategy has not run (no round in its history: call ``strategy.start``
+            first), or ``extra`` names a key written here (named).
+        FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png`` and
+            ``overwrite`` is False (the files named).
+        NotADirectoryError: ``out_dir`` exists and is not a directory.
         OSError: the directory or files cannot be written.
     """
-    out = Path(results_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from .config import DEFAULTS
+    from .strategy.graph import GraphStrategy
+
+    if not isinstance(strategy, GraphStrategy):
+        raise TypeError(
+            f"write_results needs a flwr-sheaf strategy (a flwr_sheaf.GraphStrategy such as SheafFRL "
+            f"or FedProto), got {type(strategy).__name__}"
+        )
+    name = type(strategy).__name__
+    if not strategy.rounds:
+        raise ValueError(
+            f"{name} has no completed round (its history is empty): run it first with "
+            f"strategy.start(grid=grid, num_rounds=...), then call write_results(strategy, out_dir)"
+        )
+    clash = sorted(set(extra or {}) & set(_OWN_KEYS))
+    if clash:
+        raise ValueError(f"extra keys {clash} are written by write_results itself; rename them")
+    out = check_results_dir(out_dir, overwrite=overwrite)
+    cfg = dict(config or {})
+    for key, value in strategy_config(strategy).items():
+        cfg.setdefault(key, value)
+    if "method" not in cfg and (method := _method_name(strategy)) is not None:
+        cfg = {"method": method, **cfg}
+    if max_failed_fraction is None:
+        max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
+    status = strategy.run_status(max_failed_fraction)
+    rounds = strategy.history
     payload = {
-        "config": dict(config),
-        "rounds": list(rounds),
-        "nodes": {str(k): v for k, v in sorted(nodes.items())},
-        "edges": list(edges),
-        **extra,
+        "config": cfg,
+        "rounds": rounds,
+        "nodes": {str(k): v for k, v in sorted(strategy.node_results.items())},
+        "edges": list(strategy.edge_results),
+        "failures": strategy.failures,
+        "total_wall_seconds": (
+            strategy.rounds[-1].elapsed_seconds if wall_seconds is None else float(wall_seconds)
+        ),
+        "status": status["status"],
+        "degradation": status,
+        **strategy.results_extra(),
+        **(extra or {}),
     }
-    path = out / "results.json"
-    path.write_text(json.dumps(_clean(payload), indent=1))
-    plot_rounds(rounds, out / "accuracy.png", title=str(config.get("method", "")))
+    text = json.dumps(
+        _clean(payload), indent=1
+    )  # before anything is written: a TypeError writes nothing
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS_JSON
+    path.write_text(text)
+    plot_rounds(rounds, out / ACCURACY_PNG, title=str(cfg.get("method", "")) or name)
     return path
 
 
@@ -74,7 +231,8 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
     Agg backend). Series that are missing or all NaN in ``rounds`` are left out.
 
     Args:
-        rounds: per-round dicts with ``round`` and the accuracy keys of :func:`write_results`.
+        rounds: per-round dicts with ``round`` and the accuracy keys of ``results.json``'s ``rounds``
+            (docs/results-schema.md).
         path: output file.
         title: figure title.
 

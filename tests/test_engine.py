@@ -74,9 +74,10 @@ def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(
 
 @pytest.mark.engine
 def test_dropin_app_runs_under_flwr_run(tmp_path):
+    out = tmp_path / "dropin"
     proc = _run(
         tmp_path,
-        "num-server-rounds=2",
+        f"num-server-rounds=2 results-dir='{out}'",
         29991,
         app=ROOT / "examples" / "dropin_app",
         num_supernodes=4,
@@ -85,6 +86,9 @@ def test_dropin_app_runs_under_flwr_run(tmp_path):
         proc.stdout[-3000:] + proc.stderr[-2000:]
     )
     assert "communication accuracy" in proc.stdout
+    res = json.loads((out / "results.json").read_text())  # flwr_sheaf.write_results in the example
+    assert [r["round"] for r in res["rounds"]] == [1, 2] and res["status"] == "completed"
+    assert (out / "accuracy.png").stat().st_size > 0
 
 
 @pytest.mark.engine

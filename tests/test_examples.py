@@ -8,6 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import Context, RecordDict
@@ -68,7 +69,7 @@ def dropin(monkeypatch):
     return client_app, main, rc
 
 
-def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin):
+def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin, tmp_path):
     client_app, main, rc = dropin
     toml = tomllib.loads((EXAMPLES / "dropin_app" / "pyproject.toml").read_text())
     assert toml["tool"]["flwr"]["app"]["components"] == {
@@ -96,7 +97,11 @@ def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin
     )
 
     # Sheaf-FRL on the same SuperNodes: personalised models, pilots relayed, comm accuracy per edge
-    cfg = {**rc, "strategy": "sheaf-frl", "num-server-rounds": 2}
+    out = tmp_path / "dropin"
+    cfg = {**rc, "strategy": "sheaf-frl", "num-server-rounds": 2, "results-dir": str(out)}
+    cfg["tracking"] = (
+        "tensorboard"  # the example's optional per-round tracking (flwr_sheaf.tracking)
+    )
     grid = LocalGrid(client_app, 4, run_config=cfg)
     s = main(grid, server_context(cfg))
     assert len(s.history) == 2 and s.failures == []
@@ -105,3 +110,33 @@ def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin
     assert last["private_accuracy_mean"] > 0.2 and last["gluing_loss"] > 0
     sheaf_types = {m.metadata.message_type for m in grid.delivered}
     assert sheaf_types == {"query.sheaf", "train.sheaf", "evaluate.sheaf", "evaluate.sheaf_comm"}
+
+    # its results, written by flwr_sheaf.write_results: they agree with the strategy's history
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "completed" and res["failures"] == []
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    for got, want in zip(res["rounds"], s.history, strict=True):
+        for key in ("private_accuracy_mean", "communication_accuracy_degree_weighted", "ce"):
+            assert got[key] == want[key]
+    assert res["nodes"] == {str(p): row for p, row in s.node_results.items()}
+    assert len(res["edges"]) == 8 and res["edges"] == json.loads(json.dumps(s.edge_results))
+    # config: the example's run config, then the strategy's sections; the method found by its action
+    assert res["config"]["method"] == "sheaf-frl" and res["config"]["graph"] == "ring"
+    assert res["config"]["lambda"] == rc["lambda"] and res["config"]["num-nodes"] == 4
+    png = (out / "accuracy.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    # the tracker's TensorBoard scalars are the history's (float32 in the event file)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tb_dir,) = (out / "tracking" / "tensorboard").iterdir()
+    ea = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    ea.Reload()
+    assert [(e.step, e.value) for e in ea.Scalars("private_accuracy_mean")] == [
+        (r["round"], float(np.float32(r["private_accuracy_mean"]))) for r in s.history
+    ]
+
+    # a second run into the same results-dir is refused before any message, unless overwrite
+    grid2 = LocalGrid(client_app, 4, run_config=cfg)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        main(grid2, server_context({**cfg, "tracking": ""}))
+    assert grid2.delivered == []

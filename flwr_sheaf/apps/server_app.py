@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -17,6 +18,7 @@ from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import write_results
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
+from ..tracking import Tracker, check_trackers
 from .methods import num_nodes
 from .scenario import check_scenario
 
@@ -31,14 +33,16 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     Every key and value is checked (and the graph built on the zoo's agents) before any message is
     sent; ``results.json`` records every key's effective value. A checkpoint goes to ``results-dir``
     after every ``checkpoint-every`` rounds; ``resume`` / ``resume-from`` continue a stopped run from
-    its checkpoint (docs/resume.md).
+    its checkpoint (docs/resume.md). With ``tracking`` set, every round's numbers also go to
+    TensorBoard and/or Weights & Biases (:class:`flwr_sheaf.tracking.Tracker`, docs/tracking.md).
 
     Returns:
         Path of the written ``results.json``.
 
     Raises:
         ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
-            different run config (keys named) or past ``num-server-rounds``.
+            different run config (keys named) or past ``num-server-rounds``; a ``tracking`` tracker
+            whose package is not installed (the pip extra named).
         FileNotFoundError: resuming without a checkpoint.
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
@@ -59,6 +63,7 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         method.task_factory is None
     ):  # the CNN-zoo scenario: every agent's data checked before any message
         check_scenario(config.scenario)
+    check_trackers(config.tracking)  # a tracker whose package is missing: before any message
     with preflight(config):  # directories writable, results-dir free and locked: before any message
         return _run(grid, config, method, strategy)
 
@@ -81,16 +86,23 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             RESUME_ROUND: int(checked["round"]),
             RESUME_FRESH: config.resume_fresh_nodes,
         }
+    tracker = Tracker.from_config(config)  # None unless `tracking` names a tracker
+    if tracker is not None:
+        strategy.round_callbacks.append(tracker.log_round)
     t0 = time.monotonic()
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
-    strategy.start(
-        grid=grid,
-        initial_arrays=initial,
-        num_rounds=config.num_server_rounds,
-        timeout=config.round_timeout,
-    )
+    try:
+        strategy.start(
+            grid=grid,
+            initial_arrays=initial,
+            num_rounds=config.num_server_rounds,
+            timeout=config.round_timeout,
+        )
+    finally:
+        if tracker is not None:
+            tracker.close()
     wall = time.monotonic() - t0
-    extra = strategy.results_extra()
+    extra: dict[str, Any] = {}
     if ckpt.restored_round:
         extra["resumed"] = {
             "checkpoint": str(ckpt.resume_from),
@@ -99,19 +111,20 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
             "resume_fresh_nodes": config.resume_fresh_nodes,
         }
-    status = strategy.run_status(config.max_failed_fraction)
+    if tracker is not None:
+        extra["tracking"] = tracker.describe()
+    # overwrite=True: the preflight already refused another run's results in results-dir (without
+    # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
     path = write_results(
+        strategy,
         out,
-        config.to_dict(),
-        strategy.history,
-        strategy.node_results,
-        strategy.edge_results,
-        failures=strategy.failures,
-        total_wall_seconds=wall,
-        status=status["status"],
-        degradation=status,
-        **extra,
+        config=config.to_dict(),
+        overwrite=True,
+        max_failed_fraction=config.max_failed_fraction,
+        wall_seconds=wall,
+        extra=extra,
     )
+    status = strategy.run_status(config.max_failed_fraction)
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
         return path

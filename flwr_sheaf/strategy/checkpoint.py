@@ -49,7 +49,7 @@ FORMAT = 1
 
 #: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``,
 #: ``pid_of_node``), per call of ``start`` (``extra_*_config``, ``_t0``) or per round (``current``),
-#: and the checkpointer itself. (Evaluation keeps no state between its phases: nothing to skip.)
+#: the checkpointer itself and the round callbacks (trackers: set by the app for each start). (Evaluation keeps no state between its phases: nothing to skip.)
 REBUILT = frozenset(
     {
         "nodes",
@@ -63,6 +63,7 @@ REBUILT = frozenset(
         "discovery_timeout",
         "checkpointer",
         "resume_check",
+        "round_callbacks",
     }
 )
 

@@ -156,6 +156,9 @@ class GraphStrategy(Strategy):
         #: writes checkpoints and restores one (:class:`flwr_sheaf.strategy.checkpoint.Checkpointer`;
         #: the ServerApp sets it; None = no checkpoints).
         self.checkpointer: Checkpointer | None = None
+        #: called after every completed server round with its record's ``as_dict()`` (the round's
+        #: ``results.json`` entry), e.g. :meth:`flwr_sheaf.tracking.Tracker.log_round`; not checkpointed.
+        self.round_callbacks: list[Callable[[dict[str, Any]], None]] = []
         self.federation = federation
         self.train = train or LocalTrainConfig()
         if federation is not None and evaluation is None:
@@ -383,7 +386,8 @@ class GraphStrategy(Strategy):
         most ``timeout`` seconds; nodes that did not answer are recorded as failed. With
         :attr:`checkpointer` set, a checkpoint is written after the rounds it is due and a resumed
         run puts the checkpointed state back after discovery and goes on with the next round
-        (docs/resume.md).
+        (docs/resume.md). After each round, every callable in :attr:`round_callbacks` gets the round's
+        ``results.json`` dict (experiment tracking, :class:`flwr_sheaf.tracking.Tracker`).
 
         Args:
             grid: Flower's Grid.
@@ -463,6 +467,8 @@ class GraphStrategy(Strategy):
             self.current.elapsed_seconds = time.monotonic() - self._t0
             self.rounds.append(self.current)
             self.log_round(self.current)
+            for callback in self.round_callbacks:
+                callback(self.current.as_dict())
             if self.checkpointer is not None and self.checkpointer.due(rnd, int(num_rounds)):
                 self.checkpointer.save(self, rnd, arrays, time.monotonic() - self._t0)
         return result

@@ -5,7 +5,9 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from dropin_app.task import Net
-from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafConfig, SheafFRL
+from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafConfig, SheafFRL, write_results
+from flwr_sheaf.results import check_results_dir
+from flwr_sheaf.tracking import Tracker
 
 app = ServerApp()
 
@@ -25,16 +27,28 @@ def main(grid: Grid, context: Context):
         )
         return result
     # --- flwr-sheaf: personalised models, only whitened pilot latents travel -----------------------
+    out = check_results_dir(rc["results-dir"], overwrite=rc["overwrite"])  # before any message
     strategy = SheafFRL(
         num_nodes=rc["num-nodes"],
         federation=FederationConfig(graph="ring"),
         train=LocalTrainConfig(local_epochs=rc["local-epochs"], lr=rc["lr"]),
         sheaf=SheafConfig(lam=rc["lambda"]),
     )
-    strategy.start(grid=grid, num_rounds=num_rounds)
+    # optional per-round tracking ("tensorboard", "wandb" or both; docs/tracking.md)
+    tracker = Tracker(rc["tracking"], out / "tracking", config=rc) if rc["tracking"] else None
+    if tracker is not None:
+        strategy.round_callbacks.append(tracker.log_round)
+    try:
+        strategy.start(grid=grid, num_rounds=num_rounds)
+    finally:
+        if tracker is not None:
+            tracker.close()
+    # results.json + accuracy.png, as `flwr run` of flwr-sheaf's own app writes them
+    path = write_results(strategy, out, config=rc, overwrite=rc["overwrite"])
     last = strategy.history[-1]
     print(
         f"private accuracy {last['private_accuracy_mean']:.3f}, "
-        f"communication accuracy {last['communication_accuracy_degree_weighted']:.3f}"
+        f"communication accuracy {last['communication_accuracy_degree_weighted']:.3f}; "
+        f"results in {path}"
     )
     return strategy

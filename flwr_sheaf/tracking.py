@@ -1,0 +1,285 @@
+"""Per-round experiment tracking to TensorBoard and Weights & Biases (optional extras; docs/tracking.md).
+
+:class:`Tracker` logs each finished server round's numbers (:func:`round_scalars` of the round's
+``results.json`` entry) to the trackers it was given. A strategy calls it through its one hook,
+``strategy.round_callbacks`` (:class:`~flwr_sheaf.GraphStrategy`): the bundled app does so when the
+run-config key ``tracking`` names a tracker; one's own app appends ``tracker.log_round`` itself::
+
+    with Tracker("tensorboard", "runs") as tracker:
+        strategy.round_callbacks.append(tracker.log_round)
+        strategy.start(grid=grid, num_rounds=3)
+
+The trackers need their packages: ``pip install 'flwr-sheaf[tensorboard]'`` (TensorBoard's
+``SummaryWriter`` from ``torch.utils.tensorboard``) and ``pip install 'flwr-sheaf[wandb]'``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import numbers
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from .config import ConfigError, RunConfig
+
+__all__ = [
+    "TRACKERS",
+    "Tracker",
+    "check_trackers",
+    "parse_trackers",
+    "round_scalars",
+    "tracking_dir",
+]
+
+log = logging.getLogger("flwr_sheaf")
+
+#: ``{tracker name: (module it imports, pip extra of flwr-sheaf that installs it)}``.
+TRACKERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+}
+
+
+def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
+    """Tracker names of a ``tracking`` value: comma-separated, spaces ignored, duplicates dropped.
+
+    Args:
+        spec: ``""`` (none), ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"`` or an iterable of names.
+        key: the run-config key named in errors.
+
+    Returns:
+        tuple of names, in the order given (empty: tracking off).
+
+    Raises:
+        ConfigError: a name that is not a tracker (key, value and the valid names given).
+    """
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    names: list[str] = []
+    for part in parts:
+        name = str(part).strip().lower()
+        if not name:
+            continue
+        if name not in TRACKERS:
+            raise ConfigError(
+                f"{key}={spec!r}: unknown tracker {name!r}; valid trackers: {sorted(TRACKERS)} "
+                f"(comma-separated, e.g. 'tensorboard,wandb'; empty = off)"
+            )
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
+    """:func:`parse_trackers`, then check that each tracker's package is installed (without importing it).
+
+    Raises:
+        ConfigError: an unknown tracker, or a tracker whose package is missing (the pip extra to
+            install named).
+    """
+    names = parse_trackers(spec, key)
+    for name in names:
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"{key}={spec!r}: the {name} tracker needs the {module!r} package, which is not "
+                f"installed: pip install 'flwr-sheaf[{extra}]'"
+            )
+    return names
+
+
+def tracking_dir(config: RunConfig) -> Path:
+    """Where a run's trackers write: ``tracking-dir``, or ``<results-dir>/tracking`` when it is empty."""
+    base = config.tracking_dir or str(Path(config.results_dir) / "tracking")
+    return Path(base).expanduser().resolve()
+
+
+def round_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
+    """What a tracker logs of one round: every finite int/float entry of its ``results.json`` dict
+    under its own name (``private_accuracy_mean``, ``communication_accuracy_degree_weighted``, ``ce``,
+    ``gluing_loss``, ``bytes_sent``, ``num_trained``, ``wall_seconds``, ...), and per phase of
+    ``failed`` the count of failed nodes as ``failed/<phase>`` (``failed/train``, ...).
+
+    Left out: ``round`` (it is the step), booleans, strings, lists, and NaN / inf / None (a value
+    not measured this round, ``null`` in ``results.json``).
+
+    Args:
+        record: one round's dict (``strategy.history[i]``; the round callbacks' argument).
+
+    Returns:
+        ``{name: value}`` (ints stay ints).
+    """
+    out: dict[str, int | float] = {}
+    for name, value in record.items():
+        if name == "round" or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        if isinstance(value, numbers.Integral):
+            out[name] = int(value)
+        elif math.isfinite(float(value)):
+            out[name] = float(value)
+    failed = record.get("failed")
+    if isinstance(failed, Mapping):
+        for phase, pids in failed.items():
+            out[f"failed/{phase}"] = len(pids)
+    return out
+
+
+class Tracker:
+    """Logs each round's :func:`round_scalars` to TensorBoard and/or Weights & Biases; a context manager.
+
+    - TensorBoard: ``torch.utils.tensorboard.SummaryWriter`` in ``<log_dir>/tensorboard/<run_name>``;
+      one scalar per name, step = server round; the config as text (tag ``config``). Flushed after
+      every round, so ``tensorboard --logdir <log_dir>/tensorboard`` shows a run as it goes.
+    - W&B: ``wandb.init(project=wandb_project, mode=wandb_mode, dir=log_dir, name=run_name,
+      config=config)``; one ``run.log(scalars, step=round)`` per round. ``"offline"`` (the default)
+      sends nothing: the run stays in ``<log_dir>/wandb/offline-run-*`` until ``wandb sync``.
+
+    A tracker that fails while logging is switched off with a warning (the run goes on); the error is
+    kept in :meth:`describe` (``results.json``'s ``tracking``).
+
+    Args:
+        trackers: names (:func:`parse_trackers`: ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"``).
+        log_dir: directory of the trackers' files (created if missing).
+        run_name: name of the TensorBoard run directory and of the W&B run (default
+            ``flwr-sheaf-<YYYYmmdd-HHMMSS>``).
+        config: JSON-serialisable mapping recorded with the run (the run config).
+        wandb_project: W&B project.
+        wandb_mode: ``"offline"`` (nothing sent) or ``"online"``.
+
+    Raises:
+        ConfigError: no tracker named, an unknown one, or one whose package is missing (the pip
+            extra named); a ``wandb_mode`` other than ``offline`` / ``online``.
+        OSError: ``log_dir`` cannot be created.
+    """
+
+    def __init__(
+        self,
+        trackers: str | Iterable[str],
+        log_dir: str | Path,
+        *,
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        wandb_project: str = "flwr-sheaf",
+        wandb_mode: str = "offline",
+    ) -> None:
+        self.names = check_trackers(trackers)
+        if not self.names:
+            raise ConfigError(
+                f"Tracker(trackers={trackers!r}): name at least one of {sorted(TRACKERS)}"
+            )
+        if wandb_mode not in ("offline", "online"):
+            raise ConfigError(f"wandb-mode={wandb_mode!r}: must be one of ['offline', 'online']")
+        self.log_dir = Path(log_dir).expanduser().resolve()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.run_name = run_name or f"flwr-sheaf-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.config = dict(config or {})
+        #: ``{tracker: error}`` of trackers switched off after an error.
+        self.errors: dict[str, str] = {}
+        self.rounds_logged = 0
+        self._writer: Any = None
+        self._run: Any = None
+        self.tensorboard_dir: Path | None = None
+        self.wandb_dir: Path | None = None
+        if "tensorboard" in self.names:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard_dir = self.log_dir / "tensorboard" / self.run_name
+            self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
+            text = json.dumps(self.config, indent=1, default=str)
+            self._writer.add_text("config", f"```\n{text}\n```", global_step=0)
+            self._writer.flush()
+        if "wandb" in self.names:
+            import wandb
+
+            mode: Literal["offline", "online"] = "online" if wandb_mode == "online" else "offline"
+            self._run = wandb.init(
+                project=wandb_project,
+                mode=mode,
+                dir=str(self.log_dir),
+                name=self.run_name,
+                config=self.config,
+                reinit="create_new",  # never finish a W&B run the host app has open
+                settings=wandb.Settings(console="off"),
+            )
+            self.wandb_dir = Path(self._run.dir).parent
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> Tracker | None:
+        """The tracker of a run config (keys ``tracking``, ``tracking-dir``, ``wandb-project``,
+        ``wandb-mode``; run name = the results-dir's name and the start time), None when
+        ``tracking`` is empty.
+
+        Raises:
+            ConfigError, OSError: see the class.
+        """
+        if not parse_trackers(config.tracking):
+            return None
+        name = Path(config.results_dir).expanduser().resolve().name or "run"
+        return cls(
+            config.tracking,
+            tracking_dir(config),
+            run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            config=config.to_dict(),
+            wandb_project=config.wandb_project,
+            wandb_mode=config.wandb_mode,
+        )
+
+    def log_round(self, record: Mapping[str, Any]) -> None:
+        """Log one finished round (``record``: its ``results.json`` dict, with an int ``round``).
+
+        A tracker that raises is switched off with a warning; the others go on.
+        """
+        step = int(record["round"])
+        scalars = round_scalars(record)
+        if self._writer is not None:
+            try:
+                for name, value in scalars.items():
+                    self._writer.add_scalar(name, value, global_step=step)
+                self._writer.flush()
+            except Exception as exc:  # tracking must not end a training run
+                self._fail("tensorboard", exc)
+        if self._run is not None:
+            try:
+                self._run.log(dict(scalars), step=step)
+            except Exception as exc:
+                self._fail("wandb", exc)
+        self.rounds_logged += 1
+
+    def _fail(self, name: str, exc: Exception) -> None:
+        self.errors[name] = f"{type(exc).__name__}: {exc}"[-500:]
+        log.warning("tracking: %s switched off after an error: %s", name, self.errors[name])
+        if name == "tensorboard":
+            self._writer = None
+        else:
+            self._run = None
+
+    def describe(self) -> dict[str, Any]:
+        """Where the trackers wrote (``results.json``'s ``tracking``): trackers, run name, directories,
+        rounds logged and errors."""
+        out: dict[str, Any] = {"trackers": list(self.names), "run_name": self.run_name}
+        if self.tensorboard_dir is not None:
+            out["tensorboard_dir"] = str(self.tensorboard_dir)
+        if self.wandb_dir is not None:
+            out["wandb_dir"] = str(self.wandb_dir)
+        out["rounds_logged"] = self.rounds_logged
+        out["errors"] = dict(self.errors)
+        return out
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard writer and finish the W&B run (idempotent)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

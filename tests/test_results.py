@@ -1,0 +1,107 @@
+"""flwr_sheaf.write_results from one's own app (docs/results-schema.md): any flwr-sheaf strategy that
+has run gets the bundled app's results.json + accuracy.png, with its status, config and failures;
+a strategy that has not run, a foreign strategy and another run's results are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from flwr.serverapp.strategy import FedAvg
+
+from flwr_sheaf import (
+    FederationConfig,
+    FedProto,
+    FedProtoConfig,
+    LocalGrid,
+    LocalTrainConfig,
+    SheafFRL,
+    write_results,
+)
+from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.results import check_results_dir, strategy_config
+
+torch.set_num_threads(1)
+
+RC = {"zoo": "tiny-3", "num-pilots": 64, "seed": 2}
+
+
+def test_a_strategy_that_has_not_run_or_is_not_flwr_sheafs_is_refused_naming_the_fix(tmp_path):
+    with pytest.raises(ValueError, match=r"SheafFRL has no completed round.*strategy\.start\("):
+        write_results(SheafFRL(3, federation=FederationConfig(graph="ring")), tmp_path)
+    with pytest.raises(TypeError, match="needs a flwr-sheaf strategy.*got FedAvg"):
+        write_results(FedAvg(), tmp_path)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_fedproto_in_an_own_app_gets_the_bundled_apps_results_with_status_and_failures(tmp_path):
+    # partition-id 2 goes silent in round 2's training: a degraded run, recorded as such
+    def drop(msg):
+        return (
+            msg.metadata.message_type == "train.fedproto"
+            and msg.metadata.group_id == "2"
+            and msg.metadata.dst_node_id == grid.node_ids[2]
+        )
+
+    grid = LocalGrid(cnn_client_app, 3, run_config=RC, drop=drop)
+    strategy = FedProto(
+        3,
+        federation=FederationConfig(graph="ring", seed=2),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=2),
+        fedproto=FedProtoConfig(lam=0.5),
+    )
+    out = check_results_dir(tmp_path / "run")  # a fresh directory passes
+    strategy.start(grid=grid, num_rounds=2, timeout=5)
+    path = write_results(strategy, out, config={"my-key": 7}, extra={"note": "own app"})
+    res = json.loads(path.read_text())
+
+    assert list(res)[:8] == [
+        "config",
+        "rounds",
+        "nodes",
+        "edges",
+        "failures",
+        "total_wall_seconds",
+        "status",
+        "degradation",
+    ]
+    assert res["note"] == "own app" and res["action"] == "fedproto" and "prototypes" in res
+    # config: the given mapping first, then the strategy's sections; the method from its action
+    cfg = res["config"]
+    assert list(cfg)[:2] == ["method", "my-key"] and cfg["method"] == "fedproto"
+    assert cfg["my-key"] == 7 and cfg["fedproto-lambda"] == 0.5 and cfg["graph"] == "ring"
+    assert cfg["max-steps-per-epoch"] == 2 and cfg["seed"] == 2
+    assert strategy_config(strategy)["fedproto-lambda"] == 0.5
+    # rounds, nodes, edges: the strategy's, NaN written as null
+    assert [r["round"] for r in res["rounds"]] == [1, 2]
+    assert [r["private_accuracy_mean"] for r in res["rounds"]] == [
+        r["private_accuracy_mean"] for r in strategy.history
+    ]
+    assert set(res["nodes"]) == {"0", "1", "2"} and len(res["edges"]) == 6
+    assert res["total_wall_seconds"] == strategy.rounds[-1].elapsed_seconds
+    # the silent node: a recorded failure and a degraded (not failed: 1 of 6 < 0.5) run
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
+        (2, "train", 2)
+    ]
+    assert res["status"] == "degraded" and res["degradation"]["train_failed"] == 1
+    assert res["rounds"][1]["failed"]["train"] == [2]
+    assert (out / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the same strategy, a stricter threshold: failed
+    again = write_results(strategy, tmp_path / "strict", max_failed_fraction=0.1)
+    assert json.loads(again.read_text())["status"] == "failed"
+
+    # another run's results are never replaced silently
+    before = path.read_text()
+    with pytest.raises(FileExistsError, match=r"results\.json, accuracy\.png.*overwrite=True"):
+        write_results(strategy, out)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        check_results_dir(out)
+    assert path.read_text() == before
+    assert write_results(strategy, out, overwrite=True, wall_seconds=1.5) == path
+    assert json.loads(path.read_text())["total_wall_seconds"] == 1.5
+    with pytest.raises(ValueError, match=r"extra keys \['status'\]"):
+        write_results(strategy, out, overwrite=True, extra={"status": "fine"})
+    with pytest.raises(NotADirectoryError):
+        write_results(strategy, path)
