@@ -125,6 +125,7 @@ def write_results(
     max_failed_fraction: float | None = None,
     wall_seconds: float | None = None,
     extra: Mapping[str, Any] | None = None,
+    problems: Sequence[str] = (),
 ) -> Path:
     """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
 
@@ -161,6 +162,9 @@ def write_results(
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``, the time
             since the first round started).
         extra: further top-level keys (JSON-serialisable), written last.
+        problems: what else did not go as asked outside the nodes' replies (e.g. a tracker switched
+            off after an error): a run otherwise ``completed`` is written ``degraded``, and each
+            problem is added to ``degradation["problems"]``.
 
     Returns:
         Path of ``results.json``.
@@ -200,7 +204,11 @@ def write_results(
         cfg = {"method": method, **cfg}
     if max_failed_fraction is None:
         max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
-    status = strategy.run_status(max_failed_fraction)
+    status = dict(strategy.run_status(max_failed_fraction))
+    if problems:
+        status["problems"] = list(problems)
+        if status["status"] == "completed":
+            status["status"] = "degraded"
     rounds = strategy.history
     payload = {
         "config": cfg,

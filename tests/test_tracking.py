@@ -176,3 +176,21 @@ def test_tensorboard_and_wandb_get_every_rounds_numbers_of_results_json(tmp_path
         item = {k: v for k, v in h["item"].items() if not k.startswith("_")}
         expected = want[int(h["step"]["num"])]
         assert item == expected
+
+
+def test_a_run_whose_tracker_failed_is_written_degraded_not_completed(tmp_path, monkeypatch):
+    """Tracking was asked for and stopped working: the run goes on, but results.json says
+    ``degraded`` and names the tracker and its error (never a clean-looking run)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    def broken(self, *a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", broken)
+    rc = {**TINY, "tracking": "tensorboard", "results-dir": str(tmp_path / "res")}
+    res = json.loads(Path(run_server(LocalGrid(cnn_client_app, 3, run_config=rc), rc)).read_text())
+    assert res["failures"] == [] and res["status"] == "degraded"
+    assert res["degradation"]["problems"] == [
+        "tracker tensorboard switched off after an error: OSError: disk full"
+    ]
+    assert res["tracking"]["errors"] == {"tensorboard": "OSError: disk full"}

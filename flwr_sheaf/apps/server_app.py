@@ -111,8 +111,13 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
             "resume_fresh_nodes": config.resume_fresh_nodes,
         }
+    problems: list[str] = []
     if tracker is not None:
         extra["tracking"] = tracker.describe()
+        problems = [
+            f"tracker {name} switched off after an error: {err}"
+            for name, err in tracker.errors.items()
+        ]
     # overwrite=True: the preflight already refused another run's results in results-dir (without
     # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
     path = write_results(
@@ -123,8 +128,13 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         max_failed_fraction=config.max_failed_fraction,
         wall_seconds=wall,
         extra=extra,
+        problems=problems,
     )
-    status = strategy.run_status(config.max_failed_fraction)
+    status = dict(strategy.run_status(config.max_failed_fraction))
+    if problems:
+        status["problems"] = problems
+        if status["status"] == "completed":
+            status["status"] = "degraded"
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
         return path
@@ -160,6 +170,7 @@ def _last_trained(rounds, num_nodes: int) -> dict[int, int]:
 def _failure_summary(status: dict) -> str:
     """One line naming the failing partition-ids, their failed rounds and reasons (``results.json``'s ``degradation``)."""
     parts = [f"{status['train_failed']} of {status['train_sampled']} sampled train replies failed"]
+    parts += status.get("problems", [])
     if status["rounds_without_training"]:
         parts.append(f"rounds that trained nobody: {status['rounds_without_training']}")
     if status["nodes_failed_every_round"]:
