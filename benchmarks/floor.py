@@ -152,14 +152,11 @@ def floor_setup(rc: dict) -> tuple[dict, list[list[int]]]:
     computed without running it, so a floor can run before the product.
 
     The graph is built as the server builds it (:func:`flwr_sheaf.topology.build_graph` on the
-    agents' training class sets); :func:`main` checks it against the product's own ``results.json``.
+    class sets the nodes report at discovery, ``LocalTask.classes``); :func:`main` checks it against the product's own ``results.json``.
     """
     cfg = RunConfig.from_run_config(rc)
     n = len(agent_specs(cfg.scenario))
-    classes = [
-        sorted(int(c) for c in scenario_task(cfg.scenario, i).y_train.unique().tolist())
-        for i in range(n)
-    ]
+    classes = [scenario_task(cfg.scenario, i).classes for i in range(n)]  # what each node reports
     graph = build_graph(cfg.federation.graph, n, class_sets=classes)
     return cfg.to_dict(), sorted(sorted([int(a), int(b)]) for a, b in graph.edges())
 
