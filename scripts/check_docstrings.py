@@ -98,7 +98,7 @@ def _class_members(cls: type, qual: str) -> Iterable[str]:
         if isinstance(raw, property):
             doc = inspect.getdoc(raw) or _inherited(cls, name)
         elif inspect.isfunction(raw):
-            doc = inspect.getdoc(getattr(cls, name))
+            doc = inspect.getdoc(raw) or _inherited(cls, name)
         elif hasattr(raw, "func") and hasattr(raw, "attrname"):  # functools.cached_property
             doc = inspect.getdoc(raw.func)
         else:
@@ -121,7 +121,7 @@ def _attribute_doc(module: str, name: str) -> str | None:
 
     top = module.split(".", 1)[0]
     if top not in _GRIFFE:
-        _GRIFFE[top] = griffe.load(top, search_paths=[str(REPO)], resolve_aliases=False)
+        _GRIFFE[top] = griffe.load(top, search_paths=[str(REPO), *sys.path], resolve_aliases=False)
     path = ".".join([*module.split(".")[1:], name])
     try:
         obj = _GRIFFE[top][path]

@@ -10,6 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 [ -x .venv/bin/python ] && . .venv/bin/activate
+if ! python -c "import mkdocs, mkdocstrings_handlers.python, material" 2>/dev/null; then
+  echo "docs: mkdocs, mkdocstrings[python] or mkdocs-material missing: run bash scripts/setup.sh (it installs the docs extra: pip install -e '.[dev,docs]')" >&2
+  exit 1
+fi
 export NO_MKDOCS_2_WARNING=1  # Material's banner about its successor, not a docs warning
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the API reference reads this checkout's package
 if [ "${1:-}" = "serve" ]; then

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from mkdocs.structure.files import File, Files, InclusionLevel
 
+# the repository: the folder of mkdocs.yml (set by on_config)
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_docstrings import directives, undocumented  # noqa: E402
@@ -37,6 +38,22 @@ COPY_PREFIX = "repo"
 # [text](target) and ![alt](target "title"); the target is group 2
 LINK = re.compile(r"(!?\[[^\]\n]*\]\()([^)\s]+)((?:\s+\"[^\"\n]*\")?\))")
 FENCE = re.compile(r"^\s*(```|~~~)")
+CODE_SPAN = re.compile(r"(`+)(?:.+?)\1")
+
+
+def _sub_outside_code(pattern: re.Pattern, repl, line: str) -> str:
+    """``pattern.sub(repl, line)`` for the matches that do not start inside an inline code span
+    (a link whose text holds a code span, ``[`x`](y)``, is still a link)."""
+    spans = [m.span() for m in CODE_SPAN.finditer(line)]
+
+    def sub(m: re.Match) -> str:
+        if any(a <= m.start() < b for a, b in spans):
+            return m.group(0)
+        return repl(m)
+
+    return pattern.sub(sub, line)
+
+
 ROLE = re.compile(
     r":(?:class|func|meth|mod|attr|data|exc|obj|const|ref|py:\w+):<code>(~?)\.*([^<]*)</code>"
 )
@@ -56,7 +73,8 @@ def _outside_targets(text: str, real: Path) -> list[tuple[str, Path]]:
 
 
 def _links(text: str) -> list[str]:
-    """Relative link targets of ``text`` outside fenced code blocks (no URL scheme, no pure anchor)."""
+    """Relative link targets of ``text`` outside code blocks and code spans (no URL scheme, no
+    pure anchor)."""
     found, fenced = [], False
     for line in text.splitlines():
         if FENCE.match(line):
@@ -64,10 +82,14 @@ def _links(text: str) -> list[str]:
             continue
         if fenced:
             continue
-        for m in LINK.finditer(line):
+
+        def keep(m: re.Match) -> str:
             t = m.group(2)
             if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", t) and not t.startswith(("#", "/")):
                 found.append(t)
+            return m.group(0)
+
+        _sub_outside_code(LINK, keep, line)
     return found
 
 
@@ -99,6 +121,13 @@ def _ignored(paths: list[Path]) -> set[Path]:
     except OSError:
         return set()
     return {Path(line) for line in res.stdout.splitlines() if line}
+
+
+def on_config(config):
+    """The repository root is the folder of the mkdocs.yml being built."""
+    global REPO
+    REPO = Path(config.config_file_path).resolve().parent
+    return config
 
 
 def on_files(files: Files, config) -> Files:
@@ -169,7 +198,8 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
         path = (real.parent / path_part).resolve()
         if real.is_relative_to(docs_dir) and path.is_relative_to(docs_dir):
             return m.group(0)  # an ordinary docs link: MkDocs validates it
-        site = _site_uri(path, docs_dir, home_is_readme) if path.exists() else None
+        exists = path.is_file() or (path / "README.md").is_file()
+        site = _site_uri(path, docs_dir, home_is_readme) if exists else None
         if site is None:
             return m.group(0)  # reported by on_files / MkDocs
         new = posixpath.relpath(site, here or ".") + (f"#{anchor}" if anchor else "")
@@ -179,7 +209,7 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
     for line in markdown.splitlines(keepends=True):
         if FENCE.match(line):
             fenced = not fenced
-        out.append(line if fenced or FENCE.match(line) else LINK.sub(rewrite, line))
+        out.append(line if fenced or FENCE.match(line) else _sub_outside_code(LINK, rewrite, line))
     return "".join(out)
 
 
