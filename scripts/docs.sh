@@ -18,7 +18,7 @@ export NO_MKDOCS_2_WARNING=1  # Material's banner about its successor, not a doc
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the API reference reads this checkout's package
 if [ "${1:-}" = "serve" ]; then
   shift
-  exec python -m mkdocs serve --strict "$@"
+  exec python -m mkdocs serve "$@"  # warnings are printed; the strict check is the build
 fi
 start=$(date +%s)
 python -m mkdocs build --strict --clean "$@"
