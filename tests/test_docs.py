@@ -85,7 +85,7 @@ def _small_site(tmp_path: Path) -> Path:
         f"INHERIT: {ROOT / 'mkdocs.yml'}\n"
         f"docs_dir: {tmp_path / 'docs'}\nsite_dir: {tmp_path / 'site'}\n"
         f"hooks: [{ROOT / 'scripts' / 'docs_hooks.py'}]\n"
-        "plugins: [search]\n"  # no mkdocstrings: the hook's docstring check does not need it
+        "plugins: [search]\nwatch: []\n"  # no mkdocstrings (the hook checks docstrings itself)
     )
     docs = tmp_path / "docs"
     docs.mkdir()
