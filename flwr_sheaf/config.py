@@ -87,7 +87,15 @@ class ConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------- checks
-def _int(lo: int | None = None) -> Callable[[str, Any], int]:
+def parse_int(lo: int | None = None) -> Callable[[str, Any], int]:
+    """A parser ``parse(key, value) -> int`` for a run-config value (a :class:`Key`'s ``parse``).
+
+    The parser accepts an integer, or a float with an integral value (TOML and ``--run-config``
+    may give ``3.0``), and with ``lo`` set refuses values below it. It raises
+    :class:`ConfigError` naming the key and the value: a bool, a non-number, a fractional float
+    (it would be truncated) or a value below ``lo``.
+    """
+
     def parse(key: str, v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise ConfigError(f"{key}={v!r}: expected an integer")
@@ -103,9 +111,19 @@ def _int(lo: int | None = None) -> Callable[[str, Any], int]:
     return parse
 
 
-def _float(
+_int = parse_int
+
+
+def parse_float(
     lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
 ) -> Callable[[str, Any], float]:
+    """A parser ``parse(key, value) -> float`` for a run-config value (a :class:`Key`'s ``parse``).
+
+    The parser accepts any finite real number (ints included, bools not) within the bounds:
+    ``lo``/``hi`` inclusive unless ``lo_open``/``hi_open``. It raises :class:`ConfigError` naming
+    the key, the value and the bound it breaks.
+    """
+
     def parse(key: str, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise ConfigError(f"{key}={v!r}: expected a number")
@@ -121,15 +139,32 @@ def _float(
     return parse
 
 
-def _bool(key: str, v: Any) -> bool:
+_float = parse_float
+
+
+def parse_bool(key: str, v: Any) -> bool:
+    """Parse the run-config value ``v`` of ``key`` as a bool (a :class:`Key`'s ``parse``).
+
+    Raises:
+        ConfigError: ``v`` is not a TOML/Python bool (``"true"``, ``1`` are refused), naming ``key``.
+    """
     if not isinstance(v, bool):
         raise ConfigError(f"{key}={v!r}: expected true or false")
     return v
 
 
-def _str(
+_bool = parse_bool
+
+
+def parse_str(
     choices: tuple[str, ...] | None = None, nonempty: bool = False
 ) -> Callable[[str, Any], str]:
+    """A parser ``parse(key, value) -> str`` for a run-config value (a :class:`Key`'s ``parse``).
+
+    The parser accepts a string, one of ``choices`` when given, and not blank when ``nonempty``.
+    It raises :class:`ConfigError` naming the key and the value (and the allowed choices).
+    """
+
     def parse(key: str, v: Any) -> str:
         if not isinstance(v, str):
             raise ConfigError(f"{key}={v!r}: expected a string")
@@ -140,6 +175,9 @@ def _str(
         return v
 
     return parse
+
+
+_str = parse_str
 
 
 def _spec(check: Callable[[str], object]) -> Callable[[str, Any], str]:
@@ -629,10 +667,10 @@ _KEY_LIST = [
     ),
 ]
 
-#: Every run-config key, by name (the single definition of each default).
 KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
-#: ``{name: default}`` (what ``pyproject.toml`` lists).
+"""Every run-config key, by name (the single definition of each default)."""
 DEFAULTS: dict[str, Any] = {k.name: k.default for k in _KEY_LIST}
+"""``{name: default}`` (what ``pyproject.toml`` lists)."""
 
 
 def _attr(key: str, prefix: str) -> str:
@@ -643,8 +681,6 @@ def _attr(key: str, prefix: str) -> str:
 #: Run-config keys that methods own (declared by a method's config section, :func:`section` with
 #: :class:`Key` objects), by name. They are not in :data:`KEYS` (the app's own table).
 METHOD_KEYS: dict[str, Key] = {}
-
-parse_int, parse_float, parse_bool, parse_str = _int, _float, _bool, _str
 
 
 def lookup_key(name: str) -> Key:
@@ -990,10 +1026,6 @@ class FedSAFConfig(Section):
     structure: str = key_field("fedsaf-structure")
 
 
-#: The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo: SGD lr 1e-2, momentum
-#: 0.9, weight decay 5e-4, batch 64 (private and pilot), gradient clipping 1.0, 100 epochs (= 100
-#: server rounds of one local epoch), pilots = the whole 10% hold-out. docs/presets.md lists where
-#: the package defaults differ and why.
 PAPER_PRESET: dict[str, Any] = {
     "lr": 0.01,
     "momentum": 0.9,
@@ -1005,8 +1037,13 @@ PAPER_PRESET: dict[str, Any] = {
     "num-server-rounds": 100,
     "num-pilots": 0,
 }
-#: ``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs.
+"""The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo: SGD lr 1e-2, momentum
+0.9, weight decay 5e-4, batch 64 (private and pilot), gradient clipping 1.0, 100 epochs (= 100
+server rounds of one local epoch), pilots = the whole 10% hold-out. docs/presets.md lists where the
+package defaults differ and why.
+"""
 PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num-server-rounds": 20}
+"""``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs."""
 
 
 def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -1204,8 +1241,6 @@ class RunConfig(Section):
         return {**{k: out[k] for k in KEYS}, **own}
 
 
-#: Run-config keys a resumed run may change (docs/resume.md): they do not enter any result. Every other
-#: key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
     {
         "num-server-rounds",
@@ -1227,6 +1262,9 @@ RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
         "wandb-mode",
     }
 )
+"""Run-config keys a resumed run may change (docs/resume.md): they do not enter any result. Every other
+key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
+"""
 
 
 def config_differences(

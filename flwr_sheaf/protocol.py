@@ -534,9 +534,12 @@ def pack_evaluation(
     """A node's phase-1 evaluation arrays (names of :data:`EVAL_ARRAYS`, plus a method's ``extra``).
 
     Args:
-        pilots: whitened pilots ``(K, d_i)`` float32; test_latents / val_latents: whitened latents
-        ``(M, d_i)`` float32; test_labels / val_labels: ``(M,)`` int64; extra: method arrays
-        (e.g. ComFed's projection and raw latents).
+        pilots: whitened pilots ``(K, d_i)`` float32.
+        test_latents: whitened test latents ``(M, d_i)`` float32.
+        test_labels: their labels ``(M,)`` int64.
+        val_latents: whitened validation latents ``(M', d_i)`` float32.
+        val_labels: their labels ``(M',)`` int64.
+        extra: a method's own arrays (e.g. ComFed's projection and raw latents), or None.
     """
     base = dict(zip(EVAL_ARRAYS, (pilots, test_latents, test_labels, val_latents, val_labels)))
     return pack_arrays({**base, **dict(extra or {})})

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install flwr-sheaf with its test extras. Idempotent.
+# Create .venv (if missing) and install flwr-sheaf with its test and docs extras (`dev`, `docs`:
+# scripts/docs.sh builds the docs site). Idempotent.
 # torch/torchvision are installed first with pip, pinned to builds pip can take from the local
 # wheel cache on this project's machines (x86_64: 2.14.1/0.29.1; aarch64: 2.9.1/0.24.1);
 # override with TORCH_SPEC="torch==X torchvision==Y". Do not use uv/poetry here: they ignore the
@@ -23,5 +24,5 @@ if ! python -c "import torch, torchvision" >/dev/null 2>&1; then
   # shellcheck disable=SC2086
   python -m pip install -q $TORCH_SPEC 2>&1 | grep -v "is ignored" || true
 fi
-python -m pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+python -m pip install -q -e ".[dev,docs]" 2>&1 | grep -v "is ignored" || true
 python -c "import flwr_sheaf, torch, torchvision, flwr; print('flwr-sheaf ready: torch', torch.__version__, '| flwr', flwr.__version__)"

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -53,6 +55,47 @@ def test_compare_methods_notebook_runs_in_quick_mode(tmp_path, monkeypatch):
             res = json.loads((tmp_path / setting / method / "results.json").read_text())
             assert res["config"]["method"] == method and res["failures"] == []
             assert res["rounds"][-1]["private_accuracy_mean"] is not None
+
+
+PLOT_CALL = re.compile(
+    r"\bplt\.(subplots|figure|plot|bar|scatter|imshow|hist)\(|\bfig\.|\bdisplay\(fig\)"
+)
+RUN_LINE = re.compile(r"^\s*(\S+)\s+(\S+): private (\d\.\d{3})  communication (\d\.\d{3})", re.M)
+
+
+def test_committed_notebook_shows_its_figures_and_no_errors():
+    """The notebook as committed (not re-run): every plot cell carries a PNG image, no cell an
+    error, and the closing note's table repeats the accuracies the run printed."""
+    nb = json.loads((EXAMPLES / "compare_methods.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    plot_cells = [c for c in code if PLOT_CALL.search("".join(c["source"]))]
+    assert len(plot_cells) >= 2
+    for cell in plot_cells:
+        pngs = [o["data"]["image/png"] for o in cell["outputs"] if "image/png" in o.get("data", {})]
+        assert pngs, f"plot cell without an image/png output: {''.join(cell['source'])[:80]!r}"
+        for png in pngs:
+            raw = base64.b64decode("".join(png) if isinstance(png, list) else png)
+            assert raw.startswith(b"\x89PNG\r\n\x1a\n") and len(raw) > 5000
+    for cell in code:
+        assert cell["execution_count"] is not None, "the notebook is saved unexecuted"
+        errors = [o for o in cell["outputs"] if o["output_type"] == "error"]
+        assert not errors, (
+            f"error output saved: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+        )
+    printed = {
+        (m[0], m[1]): (m[2], m[3])
+        for c in code
+        for o in c["outputs"]
+        if o["output_type"] == "stream"
+        for m in RUN_LINE.findall("".join(o["text"]))
+    }
+    assert len(printed) >= 24  # 8 methods x (two-agent:32, two-agent:64, paper-15)
+    note = "".join(nb["cells"][-1]["source"])
+    rows = {
+        (r[0], r[1]): (r[2], r[3])
+        for r in re.findall(r"^\| (\S+) \| (\S+) \| (\d\.\d{3}) \| (\d\.\d{3}) \|", note, re.M)
+    }
+    assert rows == printed, "the closing note's table differs from what the run printed"
 
 
 @pytest.fixture

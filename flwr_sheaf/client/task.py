@@ -90,10 +90,11 @@ class LocalTask:
     y_pilot: torch.Tensor | None = None
 
 
-#: ``factory(context) -> LocalTask``; called for **every message**. It must rebuild the model
-#: deterministically (same architecture from run config + partition-id); the handlers then restore
-#: its weights from ``context.state``. Data may come from a read-only cache shared by simulated nodes.
 TaskFactory = Callable[[Context], LocalTask]
+"""``factory(context) -> LocalTask``; called for **every message**. It must rebuild the model
+deterministically (same architecture from run config + partition-id); the handlers then restore its
+weights from ``context.state``. Data may come from a read-only cache shared by simulated nodes.
+"""
 
 
 def save_module_state(

@@ -72,8 +72,8 @@ class Method:
 
 
 _METHODS: dict[str, Method] = {}
-#: Read-only view of the registered methods, by name.
 METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
+"""Read-only view of the registered methods, by name."""
 
 
 def _origin(method: Method) -> str:

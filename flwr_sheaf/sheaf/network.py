@@ -35,8 +35,10 @@ def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
     """Orientation of an undirected edge by stalk dimension (paper Sec. 3, "embedding orientation").
 
     Args:
-        a, b: partition-ids of the endpoints (distinct).
-        d_a, d_b: their stalk dimensions.
+        a: partition-id of one endpoint.
+        d_a: its stalk dimension.
+        b: partition-id of the other endpoint (``b != a``).
+        d_b: its stalk dimension.
 
     Returns:
         ``(head, tail)``: the head has the larger stalk dimension; on a tie the larger
@@ -165,7 +167,9 @@ def sheaf_laplacian(
     """Sheaf Laplacian ``L = Delta^T Delta`` (paper Eq. 6) of :func:`coboundary`'s ``Delta``.
 
     Args:
-        maps, dims, edges: as :func:`coboundary`.
+        maps: as in :func:`coboundary`.
+        dims: as in :func:`coboundary`.
+        edges: as in :func:`coboundary`.
         sparse: build and multiply torch sparse COO matrices (memory ``O(sum_e d_h d_t)``
             instead of ``O((sum_i d_i)^2)``); the result is then sparse COO too.
 

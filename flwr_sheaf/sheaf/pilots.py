@@ -71,7 +71,9 @@ PILOT_STRATEGY_FORMS = (
     "dynamic:P+R",
     "adaptive:K",
 )
+"""Forms of the run-config key ``pilot-strategy`` (``K``, ``P``, ``R`` stand for integers)."""
 PILOT_NORMALISATIONS = ("none", "parseval")
+"""Values of the run-config key ``pilot-normalisation`` (``parseval``: paper App. B)."""
 #: stream ids of the selection's random draws (kept apart from every other stream of the run).
 _STREAM = {
     "uniform": 11,

@@ -195,8 +195,10 @@ def outgoing_pilots(
         own: i's final pilots ``(K, d_i)``.
         maps: i's maps keyed by neighbour (``standard``+``homogeneous``: ``O (d, d)`` where i is the
             tail; ``stringent``: i's own map ``X_ji (d_e, d_i)`` for every neighbour).
-        neighbours, heads: i's neighbours and whether i is the head of each edge.
-        variant, privacy: the resolved mode.
+        neighbours: i's neighbours.
+        heads: whether i is the head of the edge to each neighbour (same order).
+        variant: the resolved variant (:func:`resolve_variant`).
+        privacy: the resolved privacy mode.
 
     Returns:
         ``(send_raw, transported)``: ``send_raw`` is True when some neighbour gets ``A_i`` itself;
@@ -233,7 +235,8 @@ def init_map(d_e: int, d_i: int, key: Sequence[int]) -> torch.Tensor:
     ``numpy.random.SeedSequence(key)``.
 
     Args:
-        d_e, d_i: rows and columns, ``d_e >= d_i >= 1``.
+        d_e: rows (the edge stalk's dimension), ``d_e >= d_i``.
+        d_i: columns (agent i's stalk dimension), ``d_i >= 1``.
         key: non-negative integers (the client passes (seed, partition-id, neighbour, node secret)).
 
     Returns:

@@ -394,9 +394,9 @@ class GraphStrategy(Strategy):
             initial_arrays: the global parameter, for strategies that have one (RFedAGS); else None.
             num_rounds: server rounds (>= 1).
             timeout: seconds per round trip (also bounds discovery's round trips).
-            train_config, evaluate_config: extra values merged into every train/evaluate config;
-                keys that flwr-sheaf's typed configs own (run-config keys) are refused, so each
-                value has one channel.
+            train_config: extra values merged into every train config; keys that flwr-sheaf's
+                typed configs own (run-config keys) are refused, so each value has one channel.
+            evaluate_config: the same for every evaluate config.
             evaluate_fn: optional centralised evaluation ``(round, arrays) -> MetricRecord``.
 
         Returns:

@@ -45,8 +45,11 @@ class ComFed(GraphStrategy):
     """ComFed on Flower messages (module docstring).
 
     Args:
-        num_nodes, federation, train, graph, discovery_timeout: as
-            :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        num_nodes: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        federation: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        train: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        graph: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        discovery_timeout: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         comfed: alignment weight and shared dimension.
         num_classes: label-space size (the paper's 10).
         action: message action (pair with :func:`flwr_sheaf.client.comfed.register_comfed_handlers`).

@@ -89,7 +89,8 @@ class FedProto(GraphStrategy):
         return self.prototypes.config
 
     @property
-    def num_classes(self) -> int:  # noqa: D102 - the aggregator's
+    def num_classes(self) -> int:
+        """Size of the label space, class ids ``0..num_classes-1`` (the prototype aggregator's)."""
         return self.prototypes.num_classes
 
     @property

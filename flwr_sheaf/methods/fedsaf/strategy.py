@@ -30,8 +30,13 @@ class FedSAF(GraphStrategy):
     Args:
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
             ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
-        num_nodes, federation, train, fedproto, num_classes, graph, discovery_timeout: as
-            :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        num_nodes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        federation: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        train: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        fedproto: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        num_classes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        graph: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        discovery_timeout: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         action: message action (default ``"fedsaf"``).
 
     Raises:
@@ -79,7 +84,8 @@ class FedSAF(GraphStrategy):
         return self.prototypes.config
 
     @property
-    def num_classes(self) -> int:  # noqa: D102 - the aggregator's
+    def num_classes(self) -> int:
+        """Size of the label space, class ids ``0..num_classes-1`` (the prototype aggregator's)."""
         return self.prototypes.num_classes
 
     @property

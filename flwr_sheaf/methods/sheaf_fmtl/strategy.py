@@ -79,8 +79,10 @@ class SheafFMTL(GraphStrategy):
         num_nodes: agents.
         num_params: ``{partition-id: n_i}`` trainable parameters of every agent (the node checks its own).
         sheaf_fmtl: lambda, gamma, eta and the map budget.
-        federation, train, graph, discovery_timeout: as
-            :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        federation: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        train: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        graph: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
+        discovery_timeout: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         action: message action (pair with :func:`flwr_sheaf.client.sheaf_fmtl.register_sheaf_fmtl_handlers`).
 
     Raises:
