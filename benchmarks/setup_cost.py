@@ -6,6 +6,7 @@ graph, and, where the per-agent 80/10/10 splits cannot all be non-empty, the tim
 takes to refuse the run before any message.
 
     python benchmarks/setup_cost.py --agents 1000 10000 --dataset fashion-mnist
+    python benchmarks/setup_cost.py --agents 10000 --discovery   # + the ServerApp's discovery, timed
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def main() -> None:
     ap.add_argument("--dataset", default="fashion-mnist")
     ap.add_argument("--partitioner", default="cross-device")
     ap.add_argument("--nodes", type=int, default=200, help="nodes timed per N")
+    ap.add_argument(
+        "--discovery",
+        action="store_true",
+        help="also time the ServerApp's discovery through the in-process grid (every node answers "
+        "its query message: task built, stalk protocol checked) and stop after it",
+    )
     args = ap.parse_args()
     for n in args.agents:
         sc = ScenarioConfig.from_mapping(
@@ -61,6 +68,58 @@ def main() -> None:
             f"({args.partitioner}); class-overlap-knn:4 graph {knn:.1f} s; {refusal}",
             flush=True,
         )
+        if args.discovery:
+            discovery(n, args.dataset, args.partitioner)
+
+
+class _Discovered(Exception):
+    """Raised after discovery to stop the run there."""
+
+
+def discovery(n: int, dataset: str, partitioner: str) -> None:
+    """Run the ServerApp on ``LocalGrid(app, n)`` (cross-device run config, 1% participation) up to
+    the end of discovery; print its wall and CPU seconds and this process's peak RSS."""
+    import resource
+
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.strategy.graph import GraphStrategy
+    from flwr_sheaf.testing import LocalGrid
+
+    rc = {
+        "zoo": f"tiny-{n}",
+        "dataset": dataset,
+        "partitioner": partitioner,
+        "graph": "class-overlap-knn:4",
+        "num-pilots": 200,
+        "fraction-train": 0.01,
+        "num-server-rounds": 1,
+        "torch-threads": 1,
+        "results-dir": f"/tmp/setup-cost-discovery-{n}",
+        "overwrite": True,
+    }
+    orig = GraphStrategy.discover
+    took: list[float] = []
+
+    def timed(self, *a, **k):
+        cpu, wall = time.process_time(), time.perf_counter()
+        orig(self, *a, **k)
+        took[:] = [time.perf_counter() - wall, time.process_time() - cpu]
+        raise _Discovered
+
+    GraphStrategy.discover = timed  # type: ignore[method-assign]
+    try:
+        run_server(LocalGrid(app, n, run_config=rc), rc)
+    except _Discovered:
+        pass
+    finally:
+        GraphStrategy.discover = orig  # type: ignore[method-assign]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(
+        f"N={n}: discovery {took[0]:.1f} s wall, {took[1]:.1f} CPU-s "
+        f"({1000 * took[1] / n:.1f} ms per node); peak RSS {rss:.2f} GiB",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
