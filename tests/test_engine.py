@@ -67,9 +67,12 @@ def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(
     wall = time.monotonic() - t0
     assert proc.returncode == 1 and "finished:failed" in proc.stdout, proc.stdout[-3000:]
     assert 'flwr run . --stream --federation-config "num-supernodes=15"' in proc.stdout
-    assert wall < 120, (
-        wall
-    )  # SuperLink + Ray start included; the ServerApp itself stops within seconds
+    # Waiting for the 13 SuperNodes that never come would take the whole default discovery-timeout
+    # (300 s) after SuperLink + Ray start; stopping at once stays below it even on a loaded machine
+    # (a fixed bound such as 120 s measured the machine's load, not the fail-fast).
+    from flwr_sheaf.config import DEFAULTS
+
+    assert wall < float(DEFAULTS["discovery-timeout"]), wall
 
 
 @pytest.mark.engine
