@@ -44,7 +44,7 @@ from .methods.sheaf_fmtl.strategy import SheafFMTL
 from .methods.sheaf_frl.client import register_sheaf_handlers
 from .methods.sheaf_frl.strategy import SheafFRL
 from .participation import ParticipationSampler, parse_participation
-from .results import write_results
+from .results import check_results_dir, write_results
 from .sheaf.whitening import Colouring, Whitening
 from .strategy.base import PeerStrategy, RoundRecord
 from .strategy.graph import GraphStrategy
@@ -94,6 +94,7 @@ __all__ = [
     "parse_participation",
     "LocalGrid",
     "write_results",
+    "check_results_dir",
     "Method",
     "METHODS",
     "register",

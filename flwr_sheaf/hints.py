@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 
 __all__ = ["handler_hint", "pilot_count_error"]
@@ -51,7 +52,10 @@ def _registering_function(action: str) -> str | None:
             return None
         if getattr(flwr_sheaf, name, None) is fn:
             return f"flwr_sheaf.{name}"
-        return f"{fn.__module__}.{name}"
+        module = sys.modules.get(str(getattr(fn, "__module__", "")))
+        if getattr(module, name, None) is fn:  # importable by that name (not a lambda, not nested)
+            return f"{fn.__module__}.{name}"
+        return None
     return None
 
 

@@ -196,6 +196,13 @@ def write_results(
     clash = sorted(set(extra or {}) & set(_OWN_KEYS))
     if clash:
         raise ValueError(f"extra keys {clash} are written by write_results itself; rename them")
+    own_extra = strategy.results_extra()
+    clash = sorted(set(own_extra) & set(_OWN_KEYS))
+    if clash:
+        raise ValueError(
+            f"{type(strategy).__name__}.results_extra() returns keys {clash} that write_results "
+            "writes itself; rename them in the strategy"
+        )
     out = check_results_dir(out_dir, overwrite=overwrite)
     cfg = dict(config or {})
     for key, value in strategy_config(strategy).items():
@@ -221,7 +228,7 @@ def write_results(
         ),
         "status": status["status"],
         "degradation": status,
-        **strategy.results_extra(),
+        **own_extra,
         **(extra or {}),
     }
     text = json.dumps(

@@ -269,14 +269,34 @@ class Tracker:
         out["errors"] = dict(self.errors)
         return out
 
+    @property
+    def problems(self) -> list[str]:
+        """One line per tracker switched off after an error, for :func:`flwr_sheaf.write_results`'s
+        ``problems`` (a run whose tracking broke is written ``degraded``, not ``completed``)."""
+        return [
+            f"tracker {name} switched off after an error: {err}"
+            for name, err in self.errors.items()
+        ]
+
     def close(self) -> None:
-        """Flush and close the TensorBoard writer and finish the W&B run (idempotent)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._run is not None:
-            self._run.finish()
-            self._run = None
+        """Flush and close the TensorBoard writer and finish the W&B run (idempotent).
+
+        Never raises: a tracker that fails to close (a full disk, W&B's service gone) is recorded
+        like one that fails while logging (:attr:`errors`, :attr:`problems`), so the run's results
+        are still written.
+        """
+        writer, run = self._writer, self._run
+        self._writer = self._run = None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception as exc:  # tracking must not cost the run its results
+                self._fail("tensorboard", exc)
+        if run is not None:
+            try:
+                run.finish()
+            except Exception as exc:
+                self._fail("wandb", exc)
 
     def __enter__(self) -> Tracker:
         return self

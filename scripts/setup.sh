@@ -26,3 +26,7 @@ if ! python -c "import torch, torchvision" >/dev/null 2>&1; then
 fi
 python -m pip install -q -e ".[dev,docs]" 2>&1 | grep -v "is ignored" || true
 python -c "import flwr_sheaf, torch, torchvision, flwr; print('flwr-sheaf ready: torch', torch.__version__, '| flwr', flwr.__version__)"
+# the extras the tests and the docs build need (the pip lines above hide their own errors' noise,
+# so a failed install must show up here, naming what to install, not later as import errors)
+python -c "import pytest, xdist, nbclient, ruff, mypy, tensorboard, wandb, mkdocs, material, mkdocstrings_handlers.python" \
+  || { echo "setup: the dev/docs extras are incomplete: run python -m pip install -e '.[dev,docs]' in .venv and read its errors" >&2; exit 1; }

@@ -194,3 +194,22 @@ def test_a_run_whose_tracker_failed_is_written_degraded_not_completed(tmp_path, 
         "tracker tensorboard switched off after an error: OSError: disk full"
     ]
     assert res["tracking"]["errors"] == {"tensorboard": "OSError: disk full"}
+
+
+def test_a_tracker_that_fails_to_close_costs_the_run_nothing_but_its_clean_status(
+    tmp_path, monkeypatch
+):
+    """SummaryWriter.close raising after training (a full disk) must not lose the results: they are
+    written, ``degraded``, naming the tracker."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    def broken(self, *a, **k):
+        raise OSError("disk full at close")
+
+    monkeypatch.setattr(SummaryWriter, "close", broken)
+    rc = {**TINY, "tracking": "tensorboard", "results-dir": str(tmp_path / "res")}
+    res = json.loads(Path(run_server(LocalGrid(cnn_client_app, 3, run_config=rc), rc)).read_text())
+    assert res["status"] == "degraded" and res["tracking"]["rounds_logged"] == 2
+    assert res["degradation"]["problems"] == [
+        "tracker tensorboard switched off after an error: OSError: disk full at close"
+    ]

@@ -114,10 +114,7 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
     problems: list[str] = []
     if tracker is not None:
         extra["tracking"] = tracker.describe()
-        problems = [
-            f"tracker {name} switched off after an error: {err}"
-            for name, err in tracker.errors.items()
-        ]
+        problems = tracker.problems
     # overwrite=True: the preflight already refused another run's results in results-dir (without
     # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
     path = write_results(

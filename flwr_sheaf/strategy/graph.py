@@ -387,7 +387,8 @@ class GraphStrategy(Strategy):
         :attr:`checkpointer` set, a checkpoint is written after the rounds it is due and a resumed
         run puts the checkpointed state back after discovery and goes on with the next round
         (docs/resume.md). After each round, every callable in :attr:`round_callbacks` gets the round's
-        ``results.json`` dict (experiment tracking, :class:`flwr_sheaf.tracking.Tracker`).
+        ``results.json`` dict (experiment tracking, :class:`flwr_sheaf.tracking.Tracker`), after
+        the round's checkpoint; a callback that raises ends the run (the Tracker never raises).
 
         Args:
             grid: Flower's Grid.
@@ -467,10 +468,11 @@ class GraphStrategy(Strategy):
             self.current.elapsed_seconds = time.monotonic() - self._t0
             self.rounds.append(self.current)
             self.log_round(self.current)
-            for callback in self.round_callbacks:
-                callback(self.current.as_dict())
             if self.checkpointer is not None and self.checkpointer.due(rnd, int(num_rounds)):
                 self.checkpointer.save(self, rnd, arrays, time.monotonic() - self._t0)
+            # after the checkpoint: a callback that raises ends the run, with this round saved
+            for callback in self.round_callbacks:
+                callback(self.current.as_dict())
         return result
 
     def begin_round(self, server_round: int) -> RoundRecord:

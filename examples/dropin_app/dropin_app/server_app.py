@@ -44,7 +44,13 @@ def main(grid: Grid, context: Context):
         if tracker is not None:
             tracker.close()
     # results.json + accuracy.png, as `flwr run` of flwr-sheaf's own app writes them
-    path = write_results(strategy, out, config=rc, overwrite=rc["overwrite"])
+    path = write_results(
+        strategy,
+        out,
+        config=rc,
+        overwrite=rc["overwrite"],
+        problems=tracker.problems if tracker is not None else (),  # tracking broke: degraded
+    )
     last = strategy.history[-1]
     print(
         f"private accuracy {last['private_accuracy_mean']:.3f}, "
