@@ -166,6 +166,9 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
 
 
 def _toml_value(v) -> str:
+    """A run-config override value as ``flwr run --run-config`` parses it (TOML: ``true``, not ``True``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
     return f"'{v}'" if isinstance(v, str) else repr(v)
 
 

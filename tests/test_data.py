@@ -385,3 +385,23 @@ def test_cross_device_partitioner_gives_every_agent_non_empty_disjoint_splits_wi
         assert not seen & set(own) and len(set(own)) == len(own)
         seen.update(own)
         assert prep.class_sets[i] == tuple(sorted(set(labels[own].tolist())))
+
+
+def test_cross_device_ray_overrides_parse_as_flower_parses_run_config():
+    """simulations/cross_device.py hands its run config to `flwr run --run-config`: every value it
+    writes must parse back to the same value with Flower's own parser (a Python ``True`` does not)."""
+    import sys
+    from pathlib import Path
+
+    from flwr.common.config import parse_config_args
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simulations"))
+    import cross_device as cd
+
+    args = cd.build_parser().parse_args(
+        ["--partitioner", "cross-device", "--dataset", "mnist-bundled"]
+    )
+    rc = cd.run_config(1000, args, Path("/tmp/x"))
+    assert rc["overwrite"] is True
+    text = " ".join(f"{k}={cd._toml_value(v)}" for k, v in rc.items())
+    assert parse_config_args([text]) == rc
