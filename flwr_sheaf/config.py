@@ -399,8 +399,8 @@ _KEY_LIST = [
         "tracking",
         "",
         _tracking,
-        "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras `flwr-sheaf[tensorboard]`, "
-        "`flwr-sheaf[wandb]`; empty = off; docs/tracking.md)",
+        "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras `tensorboard`, `wandb`: "
+        "`pip install -e '.[tensorboard]'`; empty = off; docs/tracking.md)",
     ),
     Key(
         "tracking-dir",

@@ -243,7 +243,7 @@ def write_results(
 
 def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") -> None:
     """Plot private and communication accuracy against server rounds to ``path`` (PNG, matplotlib
-    Agg backend). Series that are missing or all NaN in ``rounds`` are left out.
+    object API, the caller's backend untouched). Series that are missing or all NaN in ``rounds`` are left out.
 
     Args:
         rounds: per-round dicts with ``round`` and the accuracy keys of ``results.json``'s ``rounds``
@@ -254,12 +254,12 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
     Raises:
         OSError: ``path`` cannot be written.
     """
-    import matplotlib
+    # matplotlib's object API, no pyplot: the caller's backend (a notebook's inline one) is left as it is
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     r = [x["round"] for x in rounds]
     for key, label in [
         ("private_accuracy_mean", "private (mean)"),
@@ -272,6 +272,7 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
                 r, [float("nan") if y is None else y for y in ys], marker="o", ms=3, label=label
             )
     ax.set_xlabel("server round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -280,4 +281,3 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

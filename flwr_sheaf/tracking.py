@@ -9,8 +9,8 @@ run-config key ``tracking`` names a tracker; one's own app appends ``tracker.log
         strategy.round_callbacks.append(tracker.log_round)
         strategy.start(grid=grid, num_rounds=3)
 
-The trackers need their packages: ``pip install 'flwr-sheaf[tensorboard]'`` (TensorBoard's
-``SummaryWriter`` from ``torch.utils.tensorboard``) and ``pip install 'flwr-sheaf[wandb]'``.
+The trackers need their packages: ``pip install -e '.[tensorboard]'`` in this repository (TensorBoard's
+``SummaryWriter`` from ``torch.utils.tensorboard``) and ``pip install -e '.[wandb]'``.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
         if importlib.util.find_spec(module) is None:
             raise ConfigError(
                 f"{key}={spec!r}: the {name} tracker needs the {module!r} package, which is not "
-                f"installed: pip install 'flwr-sheaf[{extra}]'"
+                f"installed: pip install -e '.[{extra}]'"
             )
     return names
 

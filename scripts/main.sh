@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: set up, then run the default scenario (15 agents, s = 0.7, bundled MNIST digits,
 # Sheaf-FRL) with `flwr run` on a private local SuperLink, offline, and print the final round.
-# Extra arguments are passed as run-config overrides, e.g.: bash scripts/main.sh "lambda=0.0"
+# Extra arguments are passed as run-config overrides, e.g.: bash scripts/main.sh "lambda=0.0".
+# The local SuperLink listens on port FLWR_SHEAF_PORT (default 29291) and FLWR_SHEAF_PORT + 2; ports
+# already in use are refused before anything starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,6 +19,6 @@ if { [ -e "$OUT/results.json" ] || [ -e "$OUT/checkpoint.pkl" ]; } && [ ! -e "$O
        echo "main.sh: $OUT held an earlier run; moved to $KEPT (pass \"overwrite=true\" to replace it instead)" ;;
   esac
 fi
-python scripts/run_flwr.py --num-supernodes 15 --cpus-per-client 1 \
+python scripts/run_flwr.py --num-supernodes 15 --cpus-per-client 1 --port "${FLWR_SHEAF_PORT:-29291}" \
   --run-config "results-dir='$OUT' ${1:-}"
 python -m flwr_sheaf.report "$OUT/results.json"

@@ -8,7 +8,8 @@ wrapper (used by the README's main job and the engine tests):
    installation, telemetry and update checks off (offline, no ``uv sync`` of torch);
 2. runs ``flwr run <app> --stream`` with the given run/federation config;
 3. reads ``flwr ls --format json`` and fails unless the run's status is ``finished:completed``;
-4. stops the SuperLink (and its SuperExec) that step 2 started.
+4. stops the SuperLink (and its SuperExec) that step 2 started. Ports already in use are refused
+   before anything starts, so the processes on them at the end are this run's own.
 
 Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
 [--port 29291] [--timeout 900] [--run-config "k=v k2=v2"]``
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,13 @@ def stop_superlink(port: int) -> int:
     return len(victims)
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--app", default=".")
@@ -74,6 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
     args = ap.parse_args(argv)
 
+    busy = [p for p in (args.port, args.port + 2) if listening(p)]
+    if busy:  # another SuperLink (perhaps another user's): never run on it, never stop it
+        print(
+            f"port(s) {busy} already in use on 127.0.0.1 (another SuperLink or flwr run?): pick "
+            f"free ports with --port N (SuperLink N, control N + 2; scripts/main.sh: "
+            f"FLWR_SHEAF_PORT=N bash scripts/main.sh)",
+            file=sys.stderr,
+        )
+        return 2
     home = Path(args.flwr_home) if args.flwr_home else Path(tempfile.mkdtemp(prefix="flwr-home-"))
     env = flwr_env(
         home,

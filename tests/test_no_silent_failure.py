@@ -698,3 +698,29 @@ def test_train_reply_check_refuses_an_infinite_entry_of_a_list_metric():
     assert train_reply_problem(reply([1.0, float("nan"), 2.0])) is None
     why = train_reply_problem(reply([1.0, 2.0, float("-inf")]))
     assert why is not None and "edge-tv" in why and "entry 2" in why and "infinite" in why
+
+
+def test_run_flwr_refuses_ports_in_use_before_starting_or_stopping_anything():
+    """scripts/run_flwr.py on a port something already listens on (another user's SuperLink) exits 2
+    naming the port and how to pick another, and leaves that listener alone."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        script = Path(__file__).resolve().parents[1] / "scripts" / "run_flwr.py"
+        r = subprocess.run(
+            [sys.executable, str(script), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 2 and f"[{port}] already in use" in r.stderr, r.stderr
+        assert "FLWR_SHEAF_PORT" in r.stderr and "+" not in r.stdout  # flwr run never started
+        s.settimeout(2)
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass  # the listener is still there

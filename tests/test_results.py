@@ -105,3 +105,21 @@ def test_fedproto_in_an_own_app_gets_the_bundled_apps_results_with_status_and_fa
         write_results(strategy, out, overwrite=True, extra={"status": "fine"})
     with pytest.raises(NotADirectoryError):
         write_results(strategy, path)
+
+
+def test_plot_rounds_leaves_the_callers_matplotlib_backend_alone(tmp_path):
+    """accuracy.png is drawn without pyplot, so a notebook's inline backend is not switched to Agg
+    (which made the notebook's own figures vanish); the PNG is still written, integer round ticks."""
+    import matplotlib
+
+    from flwr_sheaf.results import plot_rounds
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # a backend that is not Agg, as a notebook's inline one is not
+    try:
+        rounds = [{"round": r, "private_accuracy_mean": 0.1 * r} for r in (1, 2, 3)]
+        plot_rounds(rounds, tmp_path / "a.png", title="t")
+        assert matplotlib.get_backend().lower() == "svg"
+    finally:
+        matplotlib.use(before)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

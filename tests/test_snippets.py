@@ -414,7 +414,8 @@ def run_python(code: str, label: str, workdir: Path) -> list[str]:
     try:
         with _dropin_importable(), contextlib.redirect_stdout(out):
             exec(
-                compile(code, label, "exec"), {"__name__": "__snippet__", "__builtins__": builtins}
+                compile(code, label, "exec"),
+                {"__name__": "__main__", "__builtins__": builtins},  # as `python file.py` runs it
             )
     except Exception as e:  # noqa: BLE001 - reported with file and line
         import traceback
@@ -423,6 +424,8 @@ def run_python(code: str, label: str, workdir: Path) -> list[str]:
         return [f"{label}: raised {type(e).__name__}: {e}\n{tb}"]
     finally:
         os.chdir(old)
+    if not out.getvalue().strip():  # a run block shows its reader a result
+        return [f"{label}: ran but printed nothing (its main part did not run?)"]
     return []
 
 

@@ -100,7 +100,7 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_any_message(tmp_pa
     with pytest.raises(ConfigError) as err:
         run_server(grid, rc)
     assert "tracking='tensorboard,wandb'" in str(err.value)
-    assert "pip install 'flwr-sheaf[wandb]'" in str(err.value)
+    assert "pip install -e '.[wandb]'" in str(err.value)
     assert grid.delivered == [] and not (tmp_path / "res").exists()
 
 
