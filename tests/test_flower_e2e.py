@@ -284,3 +284,25 @@ def test_server_rejects_nan_or_misshaped_pilots_and_keeps_cache():
     np.testing.assert_array_equal(s.bank[3], good[3])
     reasons = {f["partition-id"]: f["reason"] for f in s.failures if f["round"] == 2}
     assert "NaN" in reasons[2] and "shape" in reasons[3]
+
+
+def test_discovery_of_registered_nodes_that_answer_too_slowly_names_the_timeout_to_set():
+    """Every SuperNode registered, none failed, some never answered within discovery-timeout (the
+    Ray engine with thousands of SuperNodes on two cores): the error says how many answered and the
+    discovery-timeout to set, not to start more SuperNodes."""
+    s = _strategy()
+    s.discovery_timeout = 0.5
+    grid = LocalGrid(
+        cnn_client_app,
+        4,
+        run_config=RC,
+        drop=lambda m: (
+            m.metadata.message_type.startswith("query")
+            and m.metadata.dst_node_id == grid.node_ids[3]
+        ),
+    )
+    with pytest.raises(RuntimeError) as err:
+        _run(s, grid, rounds=1)
+    text = str(err.value)
+    assert "answered 3 of 4 nodes" in text and "from partition-id 3" in text
+    assert "set discovery-timeout to at least" in text and "num-supernodes" not in text

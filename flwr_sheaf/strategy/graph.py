@@ -357,6 +357,18 @@ class GraphStrategy(Strategy):
                 break
             if time.monotonic() > deadline:
                 missing = sorted(set(range(self.num_nodes)) - set(found))
+                if len(asked) >= self.num_nodes and found and not errors:
+                    # every SuperNode registered and none failed: they answer too slowly, not too few
+                    rate = len(found) / self.discovery_timeout
+                    need = self.num_nodes / max(rate, 1e-9)
+                    raise RuntimeError(
+                        f"discovery answered {len(found)} of {self.num_nodes} nodes in "
+                        f"discovery-timeout={self.discovery_timeout:.0f} s ({rate:.1f} nodes/s; "
+                        f"{len(missing)} still missing, from partition-id {missing[0]}): every "
+                        f"SuperNode is registered and none failed, so they are slow (many nodes "
+                        f"on few cores: set discovery-timeout to at least {1.5 * need:.0f}, 1.5x the "
+                        f"{need:.0f} s this rate needs) or stuck (see those SuperNodes' logs)"
+                    )
                 raise RuntimeError(
                     f"the scenario has {self.num_nodes} agents but after {self.discovery_timeout:.0f} s no SuperNode "
                     f"answered for partition-id(s) {missing} ({len(asked)} registered; failed: {errors}); run with {fix}"
