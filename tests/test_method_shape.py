@@ -85,6 +85,13 @@ def test_handler_hint_names_each_registered_methods_own_function():
     for name, method in METHODS.items():
         hint = handler_hint(f"No train function registered with name '{method.action}'")
         m = re.search(r"call ([\w.]+)\(app, factory\)", hint)
+        fn = getattr(method.handlers, "func", method.handlers)
+        if not str(getattr(fn, "__module__", "")).startswith("flwr_sheaf."):
+            # a researcher's own method registered by another test: named if importable, else the
+            # generic hint (never a name that cannot be imported)
+            assert m is not None or "ClientMethod" in hint, (name, hint)
+            if m is None:
+                continue
         assert m is not None, (name, hint)
         module, _, attr = m.group(1).rpartition(".")
         fn = getattr(importlib.import_module(module), attr)
