@@ -71,7 +71,13 @@ def run_inprocess(run_config: dict) -> dict:
 
 
 if __name__ == "__main__":
-    res = run_inprocess(parse_overrides(sys.argv[1:]))
+    from flwr_sheaf.config import ConfigError
+
+    try:
+        res = run_inprocess(parse_overrides(sys.argv[1:]))
+    except ConfigError as exc:  # a bad key or value: one line naming it and the fix, no traceback
+        print(f"inprocess.py: {exc}", file=sys.stderr)
+        sys.exit(2)
     last = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None][-1]
     print(
         json.dumps(

@@ -724,3 +724,19 @@ def test_run_flwr_refuses_ports_in_use_before_starting_or_stopping_anything():
         s.settimeout(2)
         with socket.create_connection(("127.0.0.1", port), timeout=2):
             pass  # the listener is still there
+
+
+def test_inprocess_script_reports_a_bad_value_in_one_line_with_exit_code_2():
+    """`python simulations/inprocess.py graph=strar`: the ConfigError's line (key, value, valid forms),
+    exit code 2, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "simulations" / "inprocess.py"
+    r = subprocess.run(
+        [sys.executable, str(script), "graph=strar"], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "graph='strar'" in r.stderr and "valid forms" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -338,9 +338,8 @@ class GraphStrategy(Strategy):
                     if info is None:
                         assert problem is not None  # no info means a problem was found
                         errors.append(f"node {r.metadata.src_node_id}: {problem[-600:]}")
-                        if len(asked) <= self.num_nodes:  # no spare SuperNode can stand in
-                            raise RuntimeError(f"discovery failed on {errors[-1]}")
-                        log.warning("discovery: %s (idle)", errors[-1])
+                        if len(asked) > self.num_nodes:  # a spare SuperNode can stand in
+                            log.warning("discovery: %s (idle)", errors[-1])
                         continue
                     if 0 < info.num_partitions < self.num_nodes:
                         raise RuntimeError(
@@ -353,6 +352,16 @@ class GraphStrategy(Strategy):
                             f"partition-id {info.partition_id} reported by two nodes"
                         )
                     found[info.partition_id] = Node(r.metadata.src_node_id, info)
+                if errors and len(asked) <= self.num_nodes:  # no spare SuperNode can stand in
+                    more = (
+                        f" (and {len(errors) - 1} more of the {len(asked)} nodes: "
+                        + "; ".join(e[:160] for e in errors[1:4])
+                        + (" ..." if len(errors) > 4 else "")
+                        + ")"
+                        if len(errors) > 1
+                        else ""
+                    )
+                    raise RuntimeError(f"discovery failed on {errors[0]}{more}")
             if all(p in found for p in range(self.num_nodes)):
                 break
             if time.monotonic() > deadline:
