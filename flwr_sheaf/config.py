@@ -46,7 +46,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Self, SupportsInt, TypeVar, cast
 
@@ -156,6 +156,14 @@ def parse_bool(key: str, v: Any) -> bool:
 _bool = parse_bool
 
 
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the valid choice closest to a mistyped ``value`` (difflib), or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def parse_str(
     choices: tuple[str, ...] | None = None, nonempty: bool = False
 ) -> Callable[[str, Any], str]:
@@ -169,7 +177,9 @@ def parse_str(
         if not isinstance(v, str):
             raise ConfigError(f"{key}={v!r}: expected a string")
         if choices is not None and v not in choices:
-            raise ConfigError(f"{key}={v!r}: must be one of {list(choices)}")
+            raise ConfigError(
+                f"{key}={v!r}: must be one of {list(choices)}{did_you_mean(v, choices)}"
+            )
         if nonempty and not v.strip():
             raise ConfigError(f"{key}={v!r}: must not be empty")
         return v

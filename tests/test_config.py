@@ -185,3 +185,18 @@ def test_sections_take_keyword_arguments_and_validate():
     with pytest.raises(ConfigError, match="pilot-batch-size=1"):
         SheafConfig(pilot_batch_size=1)
     assert RunConfig.from_run_config({"num-server-rounds": 4}).num_server_rounds == 4
+
+
+def test_a_mistyped_choice_gets_the_closest_valid_value():
+    """A value one keystroke off a valid choice names it (difflib), for the method and for a
+    string key with choices; a value close to nothing gets no guess."""
+    from flwr_sheaf.config import ConfigError, RunConfig
+    from flwr_sheaf.methods import get_method
+
+    with pytest.raises(ConfigError, match=r"method='sheaf_frl'.*\(did you mean 'sheaf-frl'\?\)"):
+        get_method("sheaf_frl")
+    with pytest.raises(ConfigError, match=r"absent-policy='cahced'.*\(did you mean 'cached'\?\)"):
+        RunConfig.from_run_config({"absent-policy": "cahced"})
+    with pytest.raises(ConfigError) as err:
+        get_method("zzzzzz")
+    assert "did you mean" not in str(err.value)

@@ -21,7 +21,7 @@ from typing import Any
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
-from ..config import ConfigError, RunConfig, Section
+from ..config import ConfigError, RunConfig, Section, did_you_mean
 
 __all__ = [
     "Method",
@@ -125,7 +125,8 @@ def get_method(name: str) -> Method:
             for k, v in _entry_point_errors.items()
         )
         raise ConfigError(
-            f"method={name!r}: must be one of {sorted(_METHODS)} (a method of your own: "
+            f"method={name!r}: must be one of {sorted(_METHODS)}{did_you_mean(name, _METHODS)} "
+            f"(a method of your own: "
             f"name its module in the run-config key method-module){broken}"
         )
     return _METHODS[name]
