@@ -782,13 +782,19 @@ def _check_python_cmd(
     _check_script(args, cwd, where, rep)
 
 
-def _check_flwr(cmd: list[str], cwd: Path, where: str, rep: ShellReport) -> None:
-    sub = []
+def _flwr_words(cmd: list[str]) -> list[str]:
+    """The (at most two) subcommand words after ``flwr`` in ``cmd`` (``flwr supernode ls ...``)."""
+    sub: list[str] = []
     for t in cmd[1:]:
         if re.match(r"^[a-z][a-z-]*$", t) and len(sub) < 2:
             sub.append(t)
         else:
             break
+    return sub
+
+
+def _check_flwr(cmd: list[str], cwd: Path, where: str, rep: ShellReport) -> None:
+    sub = _flwr_words(cmd)
     # `flwr supernode ls deploy`: take the longest prefix that is a command
     known = None
     while sub:
@@ -877,12 +883,7 @@ def _prefetch_help() -> None:
                 if cmd and cmd[0].startswith("flower-"):
                     wanted.add((cmd[0],))
                 if cmd and cmd[0] == "flwr":
-                    sub = []
-                    for t in cmd[1:]:
-                        if re.match(r"^[a-z][a-z-]*$", t) and len(sub) < 2:
-                            sub.append(t)
-                        else:
-                            break
+                    sub = _flwr_words(cmd)
                     for k in range(1, len(sub) + 1):
                         wanted.add(("flwr", *sub[:k]))
     for argv in sorted(wanted):
