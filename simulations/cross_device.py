@@ -168,6 +168,11 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
     return rc
 
 
+def _fmt(x, spec: str) -> str:
+    """``x`` formatted with ``spec``, or ``n/a`` when not measured (None, e.g. no evaluated edge)."""
+    return "n/a" if x is None else format(x, spec)
+
+
 def _toml_value(v) -> str:
     """A run-config override value as ``flwr run --run-config`` parses it (TOML: ``true``, not ``True``)."""
     if isinstance(v, bool):
@@ -358,11 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             f"   N={n}: completed={ok} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
             f" (PSS {meas.get('peak_pss_bytes', 0) / 2**30:.2f} GiB)"
             + (
-                f", train round median {rec['train_round_seconds_median']:.1f} s, private {rec['private_accuracy']:.3f},"
-                f" comm {rec['communication_accuracy']:.3f}"
+                f", train round median {_fmt(rec.get('train_round_seconds_median'), '.1f')} s, "
+                f"private {_fmt(rec.get('private_accuracy'), '.3f')}, "
+                f"comm {_fmt(rec.get('communication_accuracy'), '.3f')}"
                 if ok
-                and rec.get("train_round_seconds_median") is not None
-                and rec.get("private_accuracy") is not None
                 else ""
             ),
             flush=True,
