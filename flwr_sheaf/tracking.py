@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import ConfigError, RunConfig
+from .config import DEFAULTS, ConfigError, RunConfig
 
 __all__ = [
     "TRACKERS",
@@ -163,8 +163,8 @@ class Tracker:
         *,
         run_name: str | None = None,
         config: Mapping[str, Any] | None = None,
-        wandb_project: str = "flwr-sheaf",
-        wandb_mode: str = "offline",
+        wandb_project: str = DEFAULTS["wandb-project"],
+        wandb_mode: str = DEFAULTS["wandb-mode"],
     ) -> None:
         self.names = check_trackers(trackers)
         if not self.names:
@@ -235,19 +235,23 @@ class Tracker:
         """
         step = int(record["round"])
         scalars = round_scalars(record)
+        logged = False  # by at least one tracker (none left after every one failed)
         if self._writer is not None:
             try:
                 for name, value in scalars.items():
                     self._writer.add_scalar(name, value, global_step=step)
                 self._writer.flush()
+                logged = True
             except Exception as exc:  # tracking must not end a training run
                 self._fail("tensorboard", exc)
         if self._run is not None:
             try:
                 self._run.log(dict(scalars), step=step)
+                logged = True
             except Exception as exc:
                 self._fail("wandb", exc)
-        self.rounds_logged += 1
+        if logged:
+            self.rounds_logged += 1
 
     def _fail(self, name: str, exc: Exception) -> None:
         self.errors[name] = f"{type(exc).__name__}: {exc}"[-500:]

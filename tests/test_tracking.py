@@ -134,6 +134,7 @@ def test_a_failing_tracker_is_switched_off_and_the_run_goes_on(tmp_path, caplog)
         t.log_round({"round": 2, "ce": 0.5, "failed": {}})  # no second error: switched off
     assert t.errors == {"tensorboard": "OSError: disk full"}
     assert t.describe()["errors"] == {"tensorboard": "OSError: disk full"}
+    assert t.rounds_logged == 0  # no tracker took either round
     assert [r.message for r in caplog.records if "switched off" in r.message] == [
         "tracking: tensorboard switched off after an error: OSError: disk full"
     ]
