@@ -211,11 +211,7 @@ def write_results(
         cfg = {"method": method, **cfg}
     if max_failed_fraction is None:
         max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
-    status = dict(strategy.run_status(max_failed_fraction))
-    if problems:
-        status["problems"] = list(problems)
-        if status["status"] == "completed":
-            status["status"] = "degraded"
+    status = run_status(strategy, max_failed_fraction, problems)
     rounds = strategy.history
     payload = {
         "config": cfg,
@@ -239,6 +235,20 @@ def write_results(
     path.write_text(text)
     plot_rounds(rounds, out / ACCURACY_PNG, title=str(cfg.get("method", "")) or name)
     return path
+
+
+def run_status(
+    strategy: GraphStrategy, max_failed_fraction: float, problems: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The run's ``status`` and ``degradation`` as :func:`write_results` writes them: the strategy's
+    :meth:`~flwr_sheaf.GraphStrategy.run_status`, made ``degraded`` (if it was ``completed``) by
+    ``problems`` outside the nodes' replies, which are listed under ``"problems"``."""
+    status = dict(strategy.run_status(max_failed_fraction))
+    if problems:
+        status["problems"] = list(problems)
+        if status["status"] == "completed":
+            status["status"] = "degraded"
+    return status
 
 
 def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") -> None:

@@ -15,7 +15,7 @@ from ..config import RunConfig
 from ..methods import parse_run_config
 from ..preflight import preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
-from ..results import write_results
+from ..results import run_status, write_results
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
 from ..tracking import Tracker, check_trackers
@@ -127,11 +127,7 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         extra=extra,
         problems=problems,
     )
-    status = dict(strategy.run_status(config.max_failed_fraction))
-    if problems:
-        status["problems"] = problems
-        if status["status"] == "completed":
-            status["status"] = "degraded"
+    status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
         return path
