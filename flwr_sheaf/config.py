@@ -73,6 +73,9 @@ __all__ = [
     "PAPER_PRESET",
     "PAPER_PRESET_TWO_AGENT",
     "apply_preset",
+    "METHOD_TRAIN_DEFAULTS",
+    "apply_method_train_defaults",
+    "method_train_changes",
     "RESUME_MUTABLE_KEYS",
     "config_differences",
     "parse_int",
@@ -360,6 +363,13 @@ _KEY_LIST = [
         "`paper` = the paper's App. G hyper-parameters for every key left at its default (docs/presets.md); empty = none",
     ),
     Key(
+        "train-defaults",
+        "method",
+        _str(("method", "shared")),
+        "`method` = a method's own optimizer settings (its authors', e.g. FedProto's SGD lr 0.01, momentum 0.5) for "
+        "every training key left at its default (docs/baselines.md, s0); `shared` = the package's defaults for every method",
+    ),
+    Key(
         "checkpoint-every",
         1,
         _int(0),
@@ -523,9 +533,24 @@ _KEY_LIST = [
     ),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
-    Key("lr", 0.05, _float(0.0, lo_open=True), "SGD learning rate"),
-    Key("momentum", 0.9, _float(0.0, 1.0, hi_open=True), "SGD momentum"),
-    Key("weight-decay", 5e-4, _float(0.0), "SGD weight decay"),
+    Key(
+        "lr",
+        0.05,
+        _float(0.0, lo_open=True),
+        "SGD learning rate (FedProto has its own: `train-defaults`)",
+    ),
+    Key(
+        "momentum",
+        0.9,
+        _float(0.0, 1.0, hi_open=True),
+        "SGD momentum (FedProto has its own: `train-defaults`)",
+    ),
+    Key(
+        "weight-decay",
+        5e-4,
+        _float(0.0),
+        "SGD weight decay (FedProto has its own: `train-defaults`)",
+    ),
     Key("batch-size", 32, _int(1), "private training batch size"),
     Key("clip-norm", 5.0, _float(0.0), "per-agent gradient-norm clipping (0 = off)"),
     Key("max-steps-per-epoch", 0, _int(0), "cap on SGD steps per local epoch (0 = every batch)"),
@@ -1083,6 +1108,65 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+METHOD_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    # Tan et al. 2022, official code (yuetan031/FedProto, lib/update.py): SGD lr 0.01, momentum 0.5, no
+    # weight decay. Under the shared optimizer (momentum 0.9, lr 0.05) its latents collapse
+    # (docs/baselines.md, s0).
+    "fedproto": {"lr": 0.01, "momentum": 0.5, "weight-decay": 0.0},
+}
+"""A method's own training settings (``train-defaults = method``, the default): for the method named,
+each key here that the run config leaves at its package default takes this value. Methods not
+listed use the package defaults. docs/baselines.md, s0 gives the source of each value.
+"""
+
+
+def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config with the method's own training settings (:data:`METHOD_TRAIN_DEFAULTS`) applied
+    to every training key left at its package default.
+
+    A key whose value differs from :data:`DEFAULTS` is the user's choice and is kept; a key at its
+    default (absent, or equal to it: ``flwr run`` fills every default in) takes the method's value.
+    Nothing changes with ``train-defaults = shared``, or when a ``preset`` is set (the preset's
+    hyper-parameters are one protocol for every method, docs/presets.md).
+
+    Args:
+        run_config: ``{key: value}`` (e.g. ``context.run_config``).
+
+    Returns:
+        a new dict.
+
+    Raises:
+        ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
+    """
+    out = dict(run_config)
+    mode = KEYS["train-defaults"](out.get("train-defaults", DEFAULTS["train-defaults"]))
+    preset = KEYS["preset"](out.get("preset", DEFAULTS["preset"]))
+    values = METHOD_TRAIN_DEFAULTS.get(str(out.get("method", DEFAULTS["method"])), {})
+    if mode != "method" or preset:
+        return out
+    for key, value in values.items():
+        if out.get(key, DEFAULTS[key]) == DEFAULTS[key]:
+            out[key] = value
+    return out
+
+
+def method_train_changes(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (package default, the method's value)}`` of the training keys that
+    :func:`apply_method_train_defaults` changes in ``run_config`` (what the ServerApp logs at start,
+    so the method's settings are never taken silently); empty when none.
+
+    Raises:
+        ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
+    """
+    before = apply_preset(run_config)
+    after = apply_method_train_defaults(before)
+    return {
+        k: (before.get(k, DEFAULTS[k]), after[k])
+        for k in sorted(after)
+        if k in DEFAULTS and after[k] != before.get(k, DEFAULTS[k])
+    }
+
+
 @dataclass(frozen=True)
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
@@ -1095,6 +1179,8 @@ class RunConfig(Section):
         discovery_timeout: seconds to wait for SuperNodes at the start.
         results_dir: output directory.
         preset: ``""`` or ``"paper"`` (already applied to the sections by :meth:`from_run_config`).
+        train_defaults: ``"method"`` (the method's own training settings, :data:`METHOD_TRAIN_DEFAULTS`,
+            already applied to ``train`` by :meth:`from_run_config`) or ``"shared"``.
         checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
         node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
         max_failed_fraction: the share of failed train replies past which the run ends failed
@@ -1112,6 +1198,7 @@ class RunConfig(Section):
     discovery_timeout: float = key_field("discovery-timeout")
     results_dir: str = key_field("results-dir")
     preset: str = key_field("preset")
+    train_defaults: str = key_field("train-defaults")
     checkpoint_every: int = key_field("checkpoint-every")
     resume: bool = key_field("resume")
     resume_from: str = key_field("resume-from")
@@ -1166,7 +1253,8 @@ class RunConfig(Section):
         cls, run_config: Mapping[str, Any], method_section: type[Section] | None = None
     ) -> RunConfig:
         """Parse a Flower run config (``context.run_config``); missing keys take the defaults, then
-        ``preset`` (:func:`apply_preset`) replaces keys left at their default.
+        ``preset`` (:func:`apply_preset`), else the method's own training settings
+        (:func:`apply_method_train_defaults`), replace keys left at their default.
 
         Args:
             run_config: ``{key: value}``.
@@ -1186,7 +1274,7 @@ class RunConfig(Section):
                 f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items()
             )
             raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(known)}")
-        run_config = apply_preset(run_config)
+        run_config = apply_method_train_defaults(apply_preset(run_config))
         types = {f.name: f.type for f in fields(cls)}
         sections = {
             name: globals()[str(types[name])].from_mapping(run_config) for name in cls.SECTIONS
@@ -1295,7 +1383,7 @@ def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
     known = {**METHOD_KEYS, **KEYS}
     full = {**{k: key.default for k, key in known.items()}, **run_config}
     try:
-        full = apply_preset(full)
+        full = apply_method_train_defaults(apply_preset(full))
     except ConfigError:
         pass
     for k, v in full.items():

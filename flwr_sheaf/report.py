@@ -1,4 +1,6 @@
-"""Print the headline numbers of a ``results.json``: ``python -m flwr_sheaf.report PATH``."""
+"""Print the headline numbers of a ``results.json``: ``python -m flwr_sheaf.report PATH`` (the file or
+its results directory), and for a run of the main job's scenario whether it lies inside the expected
+band (:mod:`flwr_sheaf.expected`, README.md "Expected results")."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ def summary_lines(results: dict) -> list[str]:
     :func:`flwr_sheaf.results.write_results`): method, final evaluated round, private and
     communication accuracy (degree-weighted and mean over receivers, paper Eq. 22), the
     non-edge (multi-hop vs direct) accuracy and sheaf-Laplacian near-kernel when recorded
-    (docs/variants.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time.
+    (docs/variants.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time, and the
+    verdict against the main job's expected band (:func:`flwr_sheaf.expected.band_lines`: inside,
+    outside, or no reference for this config). A run's ``warnings`` (latent collapse) come first.
 
     Args:
         results: the parsed JSON dict.
@@ -23,7 +27,9 @@ def summary_lines(results: dict) -> list[str]:
     Raises:
         KeyError: ``results`` lacks ``rounds`` or an evaluated round lacks a mandatory key.
     """
-    status = _status_lines(results)
+    status = _status_lines(results) + [
+        f"WARNING: {w.get('message', w.get('kind', '?'))}" for w in results.get("warnings") or []
+    ]
     rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
     if not rounds:
         return status + (_global_model_lines(results) or ["no evaluated round in results"])
@@ -104,19 +110,29 @@ def _global_model_lines(results: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: ``python -m flwr_sheaf.report RESULTS_JSON`` prints :func:`summary_lines`.
+    """CLI entry point: ``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR`` prints :func:`summary_lines`.
 
     Args:
-        argv: arguments without the program name (default ``sys.argv[1:]``).
+        argv: arguments without the program name (default ``sys.argv[1:]``): a ``results.json`` or
+            the results directory holding one.
 
     Returns:
-        exit status: 0, or 2 on a usage error (message on stderr).
+        exit status: 0, or 2 on a usage error or a missing file (message on stderr).
     """
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m flwr_sheaf.report RESULTS_JSON", file=sys.stderr)
+        print("usage: python -m flwr_sheaf.report RESULTS_JSON_OR_DIR", file=sys.stderr)
         return 2
-    print("\n".join(summary_lines(json.loads(Path(argv[0]).read_text()))))
+    path = Path(argv[0])
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        print(
+            f"flwr_sheaf.report: {path} does not exist (give a results.json or its results-dir)",
+            file=sys.stderr,
+        )
+        return 2
+    print("\n".join(summary_lines(json.loads(path.read_text()))))
     return 0
 
 

@@ -148,7 +148,13 @@ def test_results_record_every_effective_value_and_auto_dimension(tmp_path):
     assert res["config"] == RunConfig.from_run_config(rc).to_dict() and set(res["config"]) == set(
         KEYS
     )
-    assert res["config"]["lambda"] == 0.25 and res["config"]["lr"] == KEYS["lr"].default
+    assert res["config"]["lambda"] == 0.25
+    # FedProto's own optimizer settings (config.METHOD_TRAIN_DEFAULTS, docs/baselines.md s0)
+    assert (res["config"]["lr"], res["config"]["momentum"], res["config"]["weight-decay"]) == (
+        0.01,
+        0.5,
+        0.0,
+    )
     dims = {n["d"] for n in res["nodes"].values()}
     assert len(dims) > 1 and res["prototypes"]["feature_dim"] == min(dims)
     assert res["participation"] == {"mode": "fraction", "seed": 0, "fraction": 1.0}

@@ -11,7 +11,8 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ..config import RunConfig
+from ..collapse import collapse_warnings
+from ..config import RunConfig, method_train_changes
 from ..methods import parse_run_config
 from ..preflight import preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
@@ -58,6 +59,14 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.setLevel(logging.INFO)
         log.propagate = False
     config, method = parse_run_config(run_config)  # imports method-module first
+    changed = method_train_changes(run_config)
+    if changed:  # the method's own optimizer settings (docs/baselines.md s0): said, never silent
+        log.info(
+            "%s trains with its own settings (train-defaults='method'): %s; a value you set other than "
+            "the package default is kept, train-defaults='shared' gives the package's",
+            config.method,
+            ", ".join(f"{k} {new} (package default {old})" for k, (old, new) in changed.items()),
+        )
     strategy = method.strategy(config, num_nodes(config, method))
     if (
         method.task_factory is None
@@ -128,6 +137,8 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         problems=problems,
     )
     status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
+    for w in collapse_warnings(strategy.node_results):  # what write_results wrote under "warnings"
+        log.warning("%s", w["message"])
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
         return path

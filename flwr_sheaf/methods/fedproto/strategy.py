@@ -23,7 +23,7 @@ import networkx as nx
 import torch
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, FedProtoConfig, LocalTrainConfig
+from ...config import DEFAULTS, FederationConfig, FedProtoConfig, LocalTrainConfig, RunConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
@@ -47,7 +47,8 @@ class FedProto(GraphStrategy):
     Args:
         num_nodes: agents.
         federation: graph of the communication-accuracy evaluation, participation, evaluation period.
-        train: local SGD settings.
+        train: local SGD settings (default: FedProto's authors', SGD lr 0.01, momentum 0.5, no
+            weight decay; docs/baselines.md s0); a section passed is used as given.
         fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
         num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
         graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
@@ -72,6 +73,8 @@ class FedProto(GraphStrategy):
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
     ) -> None:
         federation = federation or FederationConfig()
+        if train is None:  # its authors' SGD (config.METHOD_TRAIN_DEFAULTS, docs/baselines.md s0)
+            train = RunConfig.from_run_config({"method": "fedproto"}).train
         super().__init__(
             num_nodes,
             action=action,
