@@ -185,8 +185,8 @@ class DirLock:
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
-                        info = self._read(fd) or {}
-                        raise self._busy(info) from None
+                        live = self._read(fd) or {}
+                        raise self._busy(live) from None
                     try:  # the holder we waited on may have removed the file: lock the one at the path
                         same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
                     except FileNotFoundError:
