@@ -397,6 +397,34 @@ def test_a_full_disk_at_a_checkpoint_names_the_file_keeps_the_last_one_and_write
     assert any("cannot write the checkpoint" in r for r in res["degradation"]["reasons"])
 
 
+def test_a_full_disk_at_a_node_state_write_names_the_file_and_keeps_the_one_there(
+    tmp_path, monkeypatch
+):
+    from flwr.app import ConfigRecord, RecordDict
+
+    from flwr_sheaf.client.state import read_state, write_state
+
+    meta = {"partition-id": 0, "num-partitions": 1, "run-id": 1, "round": 1, "previous-round": 0}
+    meta["run-config"] = {}
+    path = write_state(tmp_path, RecordDict({"a": ConfigRecord({"x": 1})}), meta)
+    before = path.read_bytes()
+
+    def full(src, dst, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError) as err:
+        write_state(tmp_path, RecordDict({"a": ConfigRecord({"x": 2})}), meta)
+    assert err.value.errno == errno.ENOSPC
+    assert str(err.value) == (
+        f"[Errno 28] cannot write the node state file {path}: No space left on device; free space "
+        f"there or set the node config state-dir (run config node-state-dir) to a writable directory"
+    )
+    monkeypatch.undo()
+    assert path.read_bytes() == before and read_state(path)[1]["a"]["x"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+
+
 @pytest.mark.parametrize("key", ["results-dir", "node-state-dir"])
 def test_a_symlink_loop_is_named_by_its_key(tmp_path, key):
     (tmp_path / "a").symlink_to(tmp_path / "b")
