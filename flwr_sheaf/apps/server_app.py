@@ -44,13 +44,19 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
             different run config (keys named) or past ``num-server-rounds``; a ``tracking`` tracker
             whose package is not installed (the pip extra named).
-        FileNotFoundError: resuming without a checkpoint.
+        NoCheckpointError: resuming without a checkpoint (a ``ConfigError`` and a ``FileNotFoundError``;
+            a finished ``checkpoint-every=0`` run named as such).
+        Exception: whatever ``strategy.start`` raised (a node-independent error, e.g. a
+            :class:`~flwr_sheaf.strategy.checkpoint.CheckpointWriteError`), re-raised after the completed
+            rounds' ``results.json`` is written with ``status: failed`` (a note on the exception names
+            the file; docs/reliability.md, "Cases of issue #28").
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
             message names the partition-ids, rounds and reasons (docs/reliability.md).
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
-            written, a results-dir holding another run's results (without resume / overwrite) or in use
-            by another run (its lock named).
+            written (or a symbolic-link loop), ``overwrite`` with ``resume``, a results-dir holding another
+            run's results (without resume / overwrite), a node-state-dir holding another run's node
+            state, or either in use by another run (its lock named).
     """
     if not log.handlers:  # our own progress lines only; leave the root logger to the host app
         handler = logging.StreamHandler()
