@@ -184,10 +184,11 @@ def preflight(config: RunConfig) -> Preflight:
     if config.node_state_dir:
         state_root = check_writable_dir("node-state-dir", config.node_state_dir)
     if config.tracking.strip():
-        from .tracking import tracking_dir
-
         resolve_dir("results-dir", config.results_dir)  # a link loop named by its key first
-        check_writable_dir("tracking-dir", config.tracking_dir or tracking_dir(config))
+        # tracking.tracking_dir's default, unresolved: a link loop is then named by check_writable_dir
+        check_writable_dir(
+            "tracking-dir", config.tracking_dir or str(Path(config.results_dir) / "tracking")
+        )
     out = check_writable_dir("results-dir", config.results_dir, create=True)
     pre = Preflight()
     try:

@@ -425,11 +425,13 @@ def test_a_full_disk_at_a_node_state_write_names_the_file_and_keeps_the_one_ther
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
 
 
-@pytest.mark.parametrize("key", ["results-dir", "node-state-dir"])
+@pytest.mark.parametrize("key", ["results-dir", "node-state-dir", "tracking-dir"])
 def test_a_symlink_loop_is_named_by_its_key(tmp_path, key):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     rc = {**TINY, "results-dir": str(tmp_path / "r"), key: str(tmp_path / "a" / "out")}
+    if key == "tracking-dir":
+        rc["tracking"] = "tensorboard"
     grid = _refused(
         rc,
         rf"{key}='{tmp_path}/a/out': {tmp_path}/a/out runs into a symbolic-link loop .*replace the "
