@@ -2,8 +2,7 @@
 
 Every method's strategy subclasses :class:`GraphStrategy` directly (one level below Flower's
 ``Strategy``) and fills in hooks; what methods share comes from components they hold, not from
-parents (prototype aggregation: :class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator`;
-evaluation: :class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`; checkpoints:
+parents (e.g. the prototype aggregation of ``flwr_sheaf/methods/_shared/``; evaluation: :class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`; checkpoints:
 :class:`~flwr_sheaf.strategy.checkpoint.Checkpointer`).
 
 - **discovery**: a ``query.<action>`` round trip maps Flower's opaque node ids to partition-ids
@@ -159,6 +158,9 @@ class GraphStrategy(Strategy):
         #: called after every completed server round with its record's ``as_dict()`` (the round's
         #: ``results.json`` entry), e.g. :meth:`flwr_sheaf.tracking.Tracker.log_round`; not checkpointed.
         self.round_callbacks: list[Callable[[dict[str, Any]], None]] = []
+        #: ``num_rounds`` of the last :meth:`start` (None before): results with fewer rounds are
+        #: ``failed`` (:func:`flwr_sheaf.results.run_status`); not checkpointed.
+        self.requested_rounds: int | None = None
         self.federation = federation
         self.train = train or LocalTrainConfig()
         if federation is not None and evaluation is None:
@@ -438,6 +440,7 @@ class GraphStrategy(Strategy):
                 )
         self.extra_train_config = dict(train_config or {})
         self.extra_evaluate_config = dict(evaluate_config or {})
+        self.requested_rounds = int(num_rounds)  # a run whose rounds fall short of it is failed
         self.summary()
         arrays = initial_arrays if initial_arrays is not None else ArrayRecord()
         result = Result(arrays=arrays)
