@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from .expected import band_lines
+
 
 def summary_lines(results: dict) -> list[str]:
     """Human-readable lines of a parsed ``results.json`` (schema of
@@ -81,6 +83,7 @@ def summary_lines(results: dict) -> list[str]:
         ),
         f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
         f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
+        *band_lines(results),
     ]
 
 

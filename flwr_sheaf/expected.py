@@ -1,0 +1,134 @@
+"""What the main job should give: the expected band of its final round, and a run's verdict against it.
+
+The band is data measured here (``flwr_sheaf/expected_results.json``, written by
+``scripts/expected_band.py`` from in-process runs of the main job's scenario over several seeds,
+plus the same seed under other CPU kernels). README.md, "Expected results", quotes it;
+``python -m flwr_sheaf.report <results-dir>`` prints the verdict (:func:`band_lines`).
+
+A run is *inside* the band when each of its final-round headline numbers lies in
+``[min - tolerance, max + tolerance]`` over the seeds, ``tolerance`` being the largest difference
+measured between two CPU kernel choices for one seed (digits differ between CPUs: summation order
+in the convolutions changes the last bits, and 20 epochs of SGD amplify them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REFERENCE_PATH", "METRICS", "load_reference", "reference_mismatch", "band_lines"]
+
+#: The stored reference (package data).
+REFERENCE_PATH = Path(__file__).with_name("expected_results.json")
+#: The headline numbers compared: ``results.json``'s final-round keys and how the report names them.
+METRICS = {
+    "private_accuracy_mean": "private",
+    "communication_accuracy_degree_weighted": "communication (degree-weighted)",
+    "communication_accuracy_mean": "communication (receivers)",
+}
+#: Keys that may differ from the reference's and still be the main job's scenario: those that do not
+#: enter any result (RESUME_MUTABLE_KEYS, e.g. results-dir, torch-threads, checkpoint-every), the seed
+#: (the band is over seeds) and ``train-defaults`` (no effect on Sheaf-FRL: its effective ``lr``,
+#: ``momentum``, ``weight-decay`` are compared).
+_FREE = frozenset({"seed", "train-defaults"})
+
+
+@lru_cache(maxsize=1)
+def load_reference() -> dict[str, Any]:
+    """The stored reference: ``command``, ``measured``, ``config`` (the effective run config of the
+    reference runs, without the keys that may differ), ``per_seed`` (``{seed: {metric: [value per
+    round]}}``), ``final_round``, ``band`` (``{metric: {"mean", "min", "max"}}`` of the final round
+    over the seeds), ``cpu_variants`` and ``tolerance``.
+
+    Raises:
+        FileNotFoundError: the package data file is missing (a broken install).
+    """
+    return json.loads(REFERENCE_PATH.read_text())
+
+
+def reference_mismatch(
+    config: Mapping[str, Any], reference: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Why a run's ``config`` (``results.json``'s) is not the reference scenario: one string per key
+    that differs (``"lambda = 0.3 (reference: 0.1)"``), then one for the keys it does not record
+    (``"2 key(s) not recorded: seed, zoo"``); ``[]`` when it is.
+
+    Keys are compared by effective value (:func:`flwr_sheaf.config.effective_values`); keys that do
+    not enter results, ``seed`` and ``train-defaults`` are not compared; a key the reference does not
+    record (added to the package later) must be at its default.
+    """
+    from .config import DEFAULTS, RESUME_MUTABLE_KEYS, effective_values
+
+    ref = dict((reference or load_reference())["config"])
+    skip = RESUME_MUTABLE_KEYS | _FREE
+    given = {k: v for k, v in config.items()}
+    eff = effective_values(given)
+    ref_eff = effective_values(ref)
+    out, missing = [], []
+    for k in sorted(ref):
+        if k in skip:
+            continue
+        if k not in given:
+            missing.append(k)
+        elif eff.get(k) != ref_eff.get(k):
+            out.append(f"{k} = {given[k]!r} (reference: {ref[k]!r})")
+    for k in sorted(set(given) - set(ref) - skip):
+        if k in DEFAULTS and eff.get(k) != effective_values({}).get(k):
+            out.append(f"{k} = {given[k]!r} (reference: the default {DEFAULTS[k]!r})")
+    if missing:
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        out.append(f"{len(missing)} key(s) not recorded: {shown}")
+    return out
+
+
+def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None = None) -> list[str]:
+    """The report's lines on the expected band: the verdict of a run of the main job's scenario, or
+    why no reference exists for this run's config.
+
+    Args:
+        results: a parsed ``results.json``.
+        reference: the reference (default :func:`load_reference`).
+
+    Returns:
+        list of str: ``"expected band (...): INSIDE"`` / ``"... OUTSIDE"`` with one line per metric, or
+        one line ``"expected band: no reference for this config (...)"``.
+    """
+    try:
+        ref = reference or load_reference()
+    except FileNotFoundError:
+        return [
+            f"expected band: {REFERENCE_PATH} is missing: a broken install (reinstall: bash scripts/setup.sh)"
+        ]
+    why = reference_mismatch(results.get("config") or {}, ref)
+    if why:
+        shown = "; ".join(why[:4]) + (f"; and {len(why) - 4} more" if len(why) > 4 else "")
+        return [
+            f"expected band: no reference for this config ({shown}); it exists for the main job only"
+        ]
+    final = int(ref["final_round"])
+    last = [r for r in results.get("rounds", []) if r.get("round") == final]
+    if not last or last[0].get("private_accuracy_mean") is None:
+        return [
+            f"expected band: no evaluated round {final} in results (the band is for round {final})"
+        ]
+    tol = float(ref["tolerance"])
+    seeds = len(ref["per_seed"])
+    lines, inside = [], True
+    for key, name in METRICS.items():
+        b, v = ref["band"][key], last[0].get(key)
+        ok = v is not None and b["min"] - tol <= v <= b["max"] + tol
+        inside &= ok
+        shown = "n/a" if v is None else f"{v:.3f}"
+        lines.append(
+            f"  {name} {shown}: {'inside' if ok else 'OUTSIDE'} [{b['min'] - tol:.3f}, {b['max'] + tol:.3f}] "
+            f"(mean {b['mean']:.3f}, range {b['min']:.3f}-{b['max']:.3f} over {seeds} seeds, +- {tol:.3f} between CPUs)"
+        )
+    head = f"expected band (main job, round {final}): " + (
+        "INSIDE: this install reproduces the reference"
+        if inside
+        else "OUTSIDE: not explained by seed or CPU differences; check the install (bash scripts/setup.sh) and the code version"
+    )
+    return [head, *lines]
