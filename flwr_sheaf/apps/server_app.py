@@ -98,6 +98,10 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             num_rounds=config.num_server_rounds,
             timeout=config.round_timeout,
         )
+    except Exception as exc:
+        if strategy.current is not None:  # a round had begun: the run's record says it failed
+            _write_crashed_results(out, config, strategy, exc, time.monotonic() - t0)
+        raise
     finally:
         if tracker is not None:
             tracker.close()
@@ -146,6 +150,38 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
         f"{config.max_failed_fraction}; 1 = report only)"
     )
+
+
+def _write_crashed_results(
+    out: Path, config: RunConfig, strategy, exc: BaseException, wall: float
+) -> None:
+    """``results.json`` with ``status: failed`` for a run whose ServerApp stopped in a round (e.g. a
+    strategy raising in ``configure_train``): the rounds completed so far, the failures, the error.
+
+    Nothing of another run is replaced: the preflight holds ``results-dir``'s lock and refused
+    another run's results there (without ``overwrite``/``resume``).
+    """
+    import json
+
+    from ..results import RESULTS_JSON, _clean
+
+    stopped = int(strategy.current.round)
+    reason = f"the ServerApp stopped in round {stopped}: {type(exc).__name__}: {exc}"
+    payload = {
+        "config": config.to_dict(),
+        "rounds": strategy.history,
+        "failures": strategy.failures,
+        "total_wall_seconds": wall,
+        "status": "failed",
+        "degradation": {"status": "failed", "reasons": [reason], "stopped_in_round": stopped},
+    }
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / RESULTS_JSON).write_text(json.dumps(_clean(payload), indent=1, default=str))
+    except OSError as err:  # the original error is what the user must see; say this one too
+        log.error("could not write %s: %s", out / RESULTS_JSON, err)
+        return
+    log.error("the run FAILED (%s); results (status 'failed') in %s", reason, out / RESULTS_JSON)
 
 
 def _last_trained(rounds, num_nodes: int) -> dict[int, int]:

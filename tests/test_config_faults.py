@@ -1,0 +1,150 @@
+"""Issue #28, cases 2, 8, 10 and 11: the method registry and the run config answer early and clearly.
+
+Each test reproduces one case of the issue (it failed before the fix) and checks the message the
+user now sees (quoted in docs/reliability.md, "Cases of issue #28: config and registry").
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from flwr_sheaf.config import ConfigError
+from flwr_sheaf.methods import (
+    METHODS,
+    Method,
+    import_method_modules,
+    parse_run_config,
+    register,
+    registry,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def user_modules(tmp_path, monkeypatch):
+    """A directory on ``sys.path`` for a test's own method modules; every method and module they
+    register is removed afterwards (the registry is process-wide)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before_methods, before_mods = set(METHODS), set(sys.modules)
+    yield tmp_path
+    for name in set(METHODS) - before_methods:
+        registry._METHODS.pop(name, None)
+        registry._ORIGINS.pop(name, None)
+    for mod in set(sys.modules) - before_mods:
+        if str(getattr(sys.modules[mod], "__file__", "") or "").startswith(str(tmp_path)):
+            del sys.modules[mod]
+
+
+USER_METHOD = """
+from flwr_sheaf.methods import Method, graph_args, register
+from flwr_sheaf.methods.noncooperative.client import register_noncooperative_handlers
+from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
+
+register(Method({name!r}, {action!r}, lambda c, n: NonCooperative(n, **graph_args(c)),
+                register_noncooperative_handlers))
+"""
+
+
+# ------------------------------------------------------------------- case 2: the method registry
+
+
+def test_a_user_module_named_client_cannot_replace_a_builtin_method(user_modules):
+    # before: the registry compared only the last name part of the handlers' module ("client"), so a
+    # user's client.py registering "non-cooperative" silently replaced the built-in
+    (user_modules / "client.py").write_text(USER_METHOD.format(name="non-cooperative", action="x"))
+    builtin = METHODS["non-cooperative"]
+    with pytest.raises(ConfigError) as err:
+        import_method_modules("client")
+    msg = str(err.value)
+    assert "method 'non-cooperative' is already registered by module" in msg
+    assert "'flwr_sheaf.methods.noncooperative'" in msg and "(a built-in method)" in msg
+    assert str(user_modules / "client.py") in msg and "give your method another name" in msg
+    assert METHODS["non-cooperative"] is builtin
+
+
+def test_two_user_modules_registering_one_name_are_refused_naming_both(user_modules):
+    (user_modules / "first_method.py").write_text(USER_METHOD.format(name="twin", action="twin1"))
+    (user_modules / "second_method.py").write_text(
+        USER_METHOD.format(name="twin", action="twin2").replace("\n", "\n# another file\n", 1)
+    )
+    import_method_modules("first_method")
+    first = METHODS["twin"]
+    with pytest.raises(ConfigError) as err:
+        import_method_modules("first_method,second_method")
+    msg = str(err.value)
+    assert "module 'first_method'" in msg and "module 'second_method'" in msg
+    assert str(user_modules / "second_method.py") in msg and METHODS["twin"] is first
+
+
+def test_reimporting_the_same_method_file_is_not_a_conflict(user_modules):
+    # the same file imported again (e.g. a ServerApp and a ClientApp in one process) keeps its name
+    src = USER_METHOD.format(name="again", action="again")
+    (user_modules / "again_method.py").write_text(src)
+    import_method_modules("again_method")
+    del sys.modules["again_method"]
+    import_method_modules("again_method")
+    assert METHODS["again"].action == "again"
+
+
+def test_a_syntax_error_in_the_method_module_names_its_file_and_line(user_modules):
+    (user_modules / "broken_method.py").write_text("x = 1\ndef f(:\n    pass\n")
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"method-module": "broken_method"})
+    msg = str(err.value)
+    assert f"syntax error in 'broken_method' at {user_modules / 'broken_method.py'}, line 2" in msg
+    assert "def f(:" in msg
+
+
+def test_a_module_whose_import_raises_names_its_file_and_line(user_modules):
+    (user_modules / "raising_method.py").write_text("import os\n\nos.environ['NOPE_NOT_SET_X']\n")
+    with pytest.raises(ConfigError, match=r"raising_method.py, line 3: KeyError"):
+        import_method_modules("raising_method")
+
+
+def test_a_strategy_raising_in_configure_train_leaves_results_json_with_status_failed(
+    user_modules, tmp_path
+):
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.methods import graph_args
+    from flwr_sheaf.methods.noncooperative.client import register_noncooperative_handlers
+    from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
+    from flwr_sheaf.testing import LocalGrid
+
+    class Breaks(NonCooperative):
+        def configure_train(self, server_round, arrays, config, grid):
+            if server_round == 2:
+                raise RuntimeError("my strategy broke in round 2")
+            return super().configure_train(server_round, arrays, config, grid)
+
+    register(
+        Method(
+            "breaks-in-round-2",
+            "breaks",
+            lambda c, n: Breaks(n, action="breaks", **graph_args(c)),
+            lambda app, factory: register_noncooperative_handlers(app, factory, action="breaks"),
+        )
+    )
+    out = tmp_path / "res"
+    rc = {
+        "method": "breaks-in-round-2",
+        "zoo": "tiny-3",
+        "graph": "complete",
+        "num-pilots": 32,
+        "max-steps-per-epoch": 2,
+        "num-server-rounds": 3,
+        "results-dir": str(out),
+    }
+    with pytest.raises(RuntimeError, match="broke in round 2"):
+        run_server(LocalGrid(app, 3, run_config=rc), rc)
+    res = json.loads((out / "results.json").read_text())  # before: only checkpoint.pkl was left
+    assert res["status"] == "failed" and [r["round"] for r in res["rounds"]] == [1]
+    assert res["degradation"]["reasons"] == [
+        "the ServerApp stopped in round 2: RuntimeError: my strategy broke in round 2"
+    ]
+    assert res["config"]["method"] == "breaks-in-round-2"
