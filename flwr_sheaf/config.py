@@ -190,15 +190,51 @@ def parse_str(
 _str = parse_str
 
 
-def _spec(check: Callable[[str], object]) -> Callable[[str, Any], str]:
-    """Parser of a non-empty string spec that ``check(text)`` accepts (its ``ValueError`` becomes a named ConfigError)."""
+def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], object]) -> str:
+    """``" (did you mean 'x'?)"`` for a mistyped spec ``value`` of a parameterised key, or ``""``.
+
+    ``forms`` are the key's documented forms (``"tiny-<N>"``, ``"uniform:K"``, ``"all"``): the
+    value's leading name (``"tiny"`` of ``"tiny3"``, ``"unifrom"`` of ``"unifrom:50"``) is matched
+    against the forms' names (difflib), its parameter is kept (``"tiny-3"``, ``"uniform:50"``), and
+    a candidate is offered only if ``check`` accepts it (no ``ValueError``).
+    """
+    import difflib
+    import re
+
+    heads: dict[str, str] = {}  # name -> separator before its parameter ("" = none)
+    for form in forms:
+        m = re.match(r"([a-z]+(?:-[a-z]+)*)([-:]?)", str(form))
+        if m:
+            heads.setdefault(m.group(1), m.group(2))
+    m = re.match(r"\s*([A-Za-z]+(?:[-_][A-Za-z]+)*)(.*)", str(value))
+    if not m:
+        return ""
+    head, rest = m.group(1).lower().replace("_", "-"), m.group(2).strip().lstrip("-_: ")
+    for close in difflib.get_close_matches(head, list(heads), n=3, cutoff=0.6):
+        candidate = close + heads[close] + rest if rest and heads[close] else close
+        if candidate == value:
+            continue
+        try:
+            check(candidate)
+        except (ValueError, TypeError):
+            continue
+        return f" (did you mean {candidate!r}?)"
+    return ""
+
+
+def _spec(
+    check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
+) -> Callable[[str, Any], str]:
+    """Parser of a non-empty string spec that ``check(text)`` accepts (its ``ValueError`` becomes a
+    named ConfigError, with the closest valid spec of ``forms()``, :func:`spec_suggestion`)."""
 
     def parse(key: str, v: Any) -> str:
         text = _str(nonempty=True)(key, v)
         try:
             check(text)
         except ValueError as exc:
-            raise ConfigError(f"{key}={v!r}: {exc}") from None
+            hint = spec_suggestion(text, forms(), check) if forms is not None else ""
+            raise ConfigError(f"{key}={v!r}: {exc}{hint}") from None
         return text
 
     return parse
@@ -208,6 +244,24 @@ def _check_pilot_strategy(text: str) -> None:
     from .sheaf.pilots import parse_pilot_strategy
 
     parse_pilot_strategy(text)
+
+
+def _pilot_forms() -> tuple[str, ...]:
+    from .sheaf.pilots import PILOT_STRATEGY_FORMS
+
+    return PILOT_STRATEGY_FORMS
+
+
+def _partitioner_forms() -> tuple[str, ...]:
+    from .data.partition import PARTITIONER_FORMS
+
+    return PARTITIONER_FORMS
+
+
+def _device_forms() -> tuple[str, ...]:
+    from .devices import DEVICE_FORMS
+
+    return DEVICE_FORMS
 
 
 def _check_graph(text: str) -> None:
@@ -435,7 +489,7 @@ _KEY_LIST = [
     Key(
         "zoo",
         "paper-15",
-        _spec(_check_zoo),
+        _spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
@@ -461,7 +515,7 @@ _KEY_LIST = [
     Key(
         "partitioner",
         "label-shift",
-        _spec(_check_partitioner),
+        _spec(_check_partitioner, _partitioner_forms),
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
@@ -538,7 +592,7 @@ _KEY_LIST = [
     Key(
         "device",
         "auto",
-        _spec(_check_device),
+        _spec(_check_device, _device_forms),
         "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)",
     ),
     # Sheaf-FRL
@@ -578,7 +632,7 @@ _KEY_LIST = [
     Key(
         "pilot-strategy",
         "all",
-        _spec(_check_pilot_strategy),
+        _spec(_check_pilot_strategy, _pilot_forms),
         "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
         "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)",
     ),

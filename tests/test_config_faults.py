@@ -148,3 +148,91 @@ def test_a_strategy_raising_in_configure_train_leaves_results_json_with_status_f
         "the ServerApp stopped in round 2: RuntimeError: my strategy broke in round 2"
     ]
     assert res["config"]["method"] == "breaks-in-round-2"
+
+
+# ------------------------------------------------------------------- case 10: typos and ignored keys
+
+
+@pytest.mark.parametrize(
+    "key, typo, meant",
+    [
+        ("zoo", "tiny3", "tiny-3"),
+        ("zoo", "two_agent32", "two-agent:32"),
+        ("pilot-strategy", "unifrom:50", "uniform:50"),
+        ("partitioner", "dirichlet0.3", "dirichlet:0.3"),
+        ("tracking", "tensorbord", "tensorboard"),
+    ],
+)
+def test_a_mistyped_spec_gets_the_closest_valid_one(key, typo, meant):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({key: typo})
+    assert f"(did you mean {meant!r}?)" in str(err.value)
+    parse_run_config({key: meant, "graph": "complete"})  # the suggestion itself is accepted
+
+
+def test_no_suggestion_for_a_value_close_to_nothing():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"zoo": "bogus"})
+    assert "did you mean" not in str(err.value)
+
+
+def _pyproject_defaults() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def _warnings(**over) -> list[str]:
+    from flwr_sheaf.apps.methods import num_nodes
+    from flwr_sheaf.apps.run_warnings import run_config_warnings
+
+    rc = {**_pyproject_defaults(), **over}  # as flwr run passes it: every declared key
+    cfg, method = parse_run_config(rc)
+    n = num_nodes(cfg, method)
+    return run_config_warnings(rc, cfg, method, method.strategy(cfg, n), n)
+
+
+def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named():
+    assert _warnings(method="fedproto", **{"fedmuscle-lambda": 0.3}) == [
+        "fedmuscle-lambda=0.3 (default 1.0) is not read by method='fedproto': it is ignored (a key "
+        "of another method? set method= to the method it belongs to)"
+    ]
+    assert _warnings(**{"tracking-dir": "/tmp/tb"}) == [
+        "tracking-dir='/tmp/tb' is ignored: tracking is off (tracking=''); set "
+        "tracking='tensorboard' (or 'wandb') to track the run there"
+    ]
+    # the same keys where they are read: no warning; a preset's own values never warn
+    assert _warnings(method="fedmuscle", **{"fedmuscle-lambda": 0.3}) == []
+    assert _warnings(**{"tracking-dir": "/tmp/tb", "tracking": "tensorboard"}) == []
+    assert _warnings(method="fedproto", preset="paper") == []
+
+
+def test_the_default_graph_on_five_agents_is_named_with_its_degrees():
+    (w,) = _warnings(zoo="tiny-5")
+    assert w.startswith(
+        "graph not set: the default graph='class-overlap' (density 0.4) on 5 agents"
+    )
+    assert "degrees [1, 1, 2, 2, 2]" in w
+    assert _warnings(zoo="tiny-5", graph="ring") == [] and _warnings() == []
+
+
+def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(tmp_path, caplog):
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.testing import LocalGrid
+
+    rc = {
+        "method": "non-cooperative",
+        "zoo": "tiny-3",
+        "graph": "complete",
+        "num-pilots": 32,
+        "max-steps-per-epoch": 2,
+        "num-server-rounds": 1,
+        "results-dir": str(tmp_path / "res"),
+        "lambda": 0.5,
+    }
+    res = json.loads(Path(run_server(LocalGrid(app, 3, run_config=rc), rc)).read_text())
+    assert res["warnings"] == [
+        "lambda=0.5 (default 0.1) is not read by method='non-cooperative': it is ignored (a key "
+        "of another method? set method= to the method it belongs to)"
+    ]

@@ -20,6 +20,7 @@ from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
 from ..tracking import Tracker, check_trackers
 from .methods import num_nodes
+from .run_warnings import run_config_warnings
 from .scenario import check_scenario
 
 log = logging.getLogger("flwr_sheaf")
@@ -58,17 +59,21 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.setLevel(logging.INFO)
         log.propagate = False
     config, method = parse_run_config(run_config)  # imports method-module first
-    strategy = method.strategy(config, num_nodes(config, method))
+    n = num_nodes(config, method)
+    strategy = method.strategy(config, n)
+    warnings = run_config_warnings(run_config, config, method, strategy, n)
+    for line in warnings:
+        log.warning("%s", line)
     if (
         method.task_factory is None
     ):  # the CNN-zoo scenario: every agent's data checked before any message
         check_scenario(config.scenario)
     check_trackers(config.tracking)  # a tracker whose package is missing: before any message
     with preflight(config):  # directories writable, results-dir free and locked: before any message
-        return _run(grid, config, method, strategy)
+        return _run(grid, config, method, strategy, warnings)
 
 
-def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
+def _run(grid: Grid, config: RunConfig, method, strategy, warnings: list[str]) -> Path:
     """:func:`run_server` after the preflight."""
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
@@ -106,7 +111,7 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         if tracker is not None:
             tracker.close()
     wall = time.monotonic() - t0
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
     if ckpt.restored_round:
         extra["resumed"] = {
             "checkpoint": str(ckpt.resume_from),
