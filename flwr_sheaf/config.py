@@ -277,9 +277,9 @@ def _check_device(text: str) -> None:
 
 
 def _check_zoo(text: str) -> None:
-    from .models.zoo import zoo_specs
+    from .models.zoo import zoo_size
 
-    zoo_specs(text)
+    zoo_size(text)  # the name checked, nothing built (tiny-<N> of any N costs nothing)
 
 
 def _check_partitioner(text: str) -> None:
@@ -1263,9 +1263,15 @@ class RunConfig(Section):
                 every node probability 0; or ``fedproto-dim = none`` on a zoo with different
                 stalk dimensions.
         """
-        from .models.zoo import zoo_specs
-        from .topology import build_graph
+        from .models.zoo import zoo_size, zoo_specs
+        from .topology import build_graph, check_graph_scale
 
+        try:  # config-level facts first: nothing of the zoo's size is built before they pass
+            check_graph_scale(self.federation.graph, zoo_size(self.scenario.zoo))
+        except ValueError as exc:
+            raise ConfigError(
+                f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}"
+            ) from None
         specs = zoo_specs(self.scenario.zoo)
         try:
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])

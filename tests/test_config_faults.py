@@ -236,3 +236,46 @@ def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(tmp_p
         "lambda=0.5 (default 0.1) is not read by method='non-cooperative': it is ignored (a key "
         "of another method? set method= to the method it belongs to)"
     ]
+
+
+# ------------------------------------------------------------------- case 11: scale refusals
+
+
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        ("class-overlap", "it is refused above N=300"),
+        (
+            "complete",
+            "has N (N-1) / 2 = 4999950000 edges, each evaluated both ways; it is refused ",
+        ),
+    ],
+)
+def test_a_graph_too_large_for_the_zoo_is_refused_before_anything_of_its_size_is_built(
+    monkeypatch, graph, expected
+):
+    # before: zoo=tiny-100000 built 100,000 agent specs first (22-39 s, 1.1 GB), and graph=complete
+    # then tried to build 5e9 edges (no answer). Nothing of the zoo's size may be built now.
+    import networkx as nx
+
+    from flwr_sheaf.models import zoo
+
+    def built(*a, **k):
+        raise AssertionError("something of the zoo's size was built before the refusal")
+
+    monkeypatch.setattr(zoo, "_tiny_spec", built)
+    monkeypatch.setattr(nx, "complete_graph", built)
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"zoo": "tiny-100000", "graph": graph})
+    msg = str(err.value)
+    assert msg.startswith(f"graph={graph!r} on zoo='tiny-100000': ") and expected in msg
+    assert "graph='class-overlap-knn:4'" in msg and "graph='ring'" in msg
+
+
+def test_complete_stays_allowed_up_to_its_cap():
+    from flwr_sheaf.topology import COMPLETE_MAX_NODES, build_graph, check_graph_scale
+
+    check_graph_scale("complete", COMPLETE_MAX_NODES)
+    assert build_graph("complete", 40).number_of_edges() == 40 * 39 // 2
+    with pytest.raises(ValueError, match="refused above N=1000"):
+        check_graph_scale("complete", COMPLETE_MAX_NODES + 1)
