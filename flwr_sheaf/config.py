@@ -1201,6 +1201,10 @@ class RunConfig(Section):
     sheaf_fmtl: SheafFMTLConfig = field(default_factory=SheafFMTLConfig)
     #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
     method_section: Section | None = None
+    #: agents of a method that brings its own problem instead of the CNN zoo (RFedAGS's planted
+    #: problem, ``Method.num_nodes``): ``participation`` is checked against them and the zoo's graph
+    #: is not built; None = the zoo's agents; 0 = not known yet (agent-dependent checks wait)
+    agents: int | None = field(default=None, compare=False)
 
     def own(self, cls: type[S]) -> S:
         """The method's own section, checked to be a ``cls`` (what the method's builder reads).
@@ -1217,7 +1221,10 @@ class RunConfig(Section):
 
     @classmethod
     def from_run_config(
-        cls, run_config: Mapping[str, Any], method_section: type[Section] | None = None
+        cls,
+        run_config: Mapping[str, Any],
+        method_section: type[Section] | None = None,
+        agents: int | None = None,
     ) -> RunConfig:
         """Parse a Flower run config (``context.run_config``); missing keys take the defaults, then
         ``preset`` (:func:`apply_preset`) replaces keys left at their default.
@@ -1227,6 +1234,7 @@ class RunConfig(Section):
             method_section: the selected method's own config section (its keys parsed into
                 :attr:`method_section`); keys of other registered methods (:data:`METHOD_KEYS`)
                 are accepted and ignored.
+            agents: the agents of a method with its own problem (:attr:`agents`; None = the zoo's).
 
         Raises:
             ConfigError: an unknown key (named, with the closest known key) or a bad value
@@ -1251,7 +1259,7 @@ class RunConfig(Section):
             if "key" in f.metadata and f.metadata["key"] in run_config
         }
         own = method_section.from_mapping(run_config) if method_section is not None else None
-        return cls(**top, **sections, method_section=own)
+        return cls(**top, **sections, method_section=own, agents=agents)
 
     def check(self) -> None:
         """Build the graph and the participation probabilities on the zoo's agents now, so a bad
@@ -1259,13 +1267,17 @@ class RunConfig(Section):
 
         Raises:
             ConfigError: the graph spec is unknown, names a node outside the zoo, is not
-                connected; ``participation`` has another count than the zoo's agents or gives
-                every node probability 0; or ``fedproto-dim = none`` on a zoo with different
-                stalk dimensions.
+                connected, or is too large for the zoo (checked from ``N`` before anything is
+                built); ``participation`` has another count than the run's agents (the zoo's, or
+                :attr:`agents` of a method with its own problem) or gives every node probability 0;
+                or ``fedproto-dim = none`` on a zoo with different stalk dimensions.
         """
         from .models.zoo import zoo_size, zoo_specs
         from .topology import build_graph, check_graph_scale
 
+        if self.agents is not None:  # the method's own problem: no zoo, no graph
+            self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
+            return
         try:  # config-level facts first: nothing of the zoo's size is built before they pass
             check_graph_scale(self.federation.graph, zoo_size(self.scenario.zoo))
         except ValueError as exc:
@@ -1279,17 +1291,7 @@ class RunConfig(Section):
             raise ConfigError(
                 f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}"
             ) from None
-        part = self.federation.participation
-        try:
-            p = parse_participation(part, len(specs), self.federation.seed)
-        except ValueError as exc:
-            raise ConfigError(
-                f"participation={part!r} on zoo={self.scenario.zoo!r}: {exc}"
-            ) from None
-        if p is not None and p.max() == 0.0:  # (the Python API allows it: an evaluation-only run)
-            raise ConfigError(
-                f"participation={part!r}: every node has probability 0, so no node would ever train"
-            )
+        self._check_participation(len(specs), f"zoo={self.scenario.zoo!r}")
         dims = sorted({int(s.d) for s in specs})
         for key, dim in (
             ("fedproto-dim", self.fedproto.dim),
@@ -1301,6 +1303,21 @@ class RunConfig(Section):
                     f"{key}='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
                     f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer"
                 )
+
+    def _check_participation(self, agents: int, on: str) -> None:
+        """``participation`` has one value per agent (of ``agents``; 0 = not known yet) and lets some
+        node train; ``on`` names what the count comes from."""
+        part = self.federation.participation
+        if agents == 0:
+            return
+        try:
+            p = parse_participation(part, agents, self.federation.seed)
+        except ValueError as exc:
+            raise ConfigError(f"participation={part!r} on {on}: {exc}") from None
+        if p is not None and p.max() == 0.0:  # (the Python API allows it: an evaluation-only run)
+            raise ConfigError(
+                f"participation={part!r}: every node has probability 0, so no node would ever train"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Every run-config key with its effective value (what ``results.json`` records)."""

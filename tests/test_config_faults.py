@@ -7,6 +7,7 @@ user now sees (quoted in docs/reliability.md, "Cases of issue #28: config and re
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -279,3 +280,67 @@ def test_complete_stays_allowed_up_to_its_cap():
     assert build_graph("complete", 40).number_of_edges() == 40 * 39 // 2
     with pytest.raises(ValueError, match="refused above N=1000"):
         check_graph_scale("complete", COMPLETE_MAX_NODES + 1)
+
+
+# ------------------------------------------------------------------- case 8: RFedAGS's run config
+
+TEN = ",".join(["0.5"] * 10)  # one probability per node of the planted problems (N = 10)
+
+
+def test_rfedags_takes_a_participation_list_of_its_problems_node_count():
+    from flwr_sheaf.apps.methods import num_nodes
+
+    # before: 10 values were refused "on zoo='paper-15' ... expected 15" (the CNN zoo's count)
+    cfg, method = parse_run_config({"method": "rfedags", "participation": TEN})
+    n = num_nodes(cfg, method)
+    assert n == cfg.agents == 10
+    strategy = method.strategy(cfg, n)
+    assert strategy.results_extra()["participation"]["mode"] == "bernoulli"
+    # before: 15 values passed the config check and were refused later by the strategy
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"method": "rfedavg", "participation": ",".join(["0.5"] * 15)})
+    assert str(err.value).startswith("participation='0.5,") and (
+        "on method='rfedavg' (10 agents): participation spec" in str(err.value)
+    )
+    assert str(err.value).endswith("has 15 values, expected 10")
+
+
+def test_rfedags_minibatch_on_a_problem_without_samples_is_refused_before_any_message():
+    from flwr_sheaf.apps.methods import build_strategy
+
+    cfg, _ = parse_run_config({"method": "rfedags", "rfedags-minibatch-size": 8})
+    with pytest.raises(ConfigError) as err:  # before: every node failed every round
+        build_strategy(cfg)
+    assert str(err.value) == (
+        "rfedags-minibatch-size=8: rfedags-problem='pca' has no per-client samples, only exact "
+        "gradients; use rfedags-minibatch-size=0, or a problem with samples ('spd', 'poincare')"
+    )
+    spd = {"method": "rfedags", "rfedags-problem": "spd"}
+    build_strategy(parse_run_config({**spd, "rfedags-minibatch-size": 3})[0])  # S = 3: allowed
+    with pytest.raises(ConfigError, match="has S=3 samples per client; use 1..3"):
+        build_strategy(parse_run_config({**spd, "rfedags-minibatch-size": 4})[0])
+
+
+def test_inprocess_script_runs_rfedags_and_prints_its_gap(tmp_path):
+    out = tmp_path / "res"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "simulations" / "inprocess.py"),
+            "method=rfedags",
+            "num-server-rounds=2",
+            f"participation='{TEN}'",
+            f"results-dir={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]  # before: IndexError after a valid run
+    printed = json.loads(proc.stdout[proc.stdout.index("{") :])
+    res = json.loads((out / "results.json").read_text())
+    assert (
+        printed == {k: res["rounds"][-1][k] for k in ("round", "gap", "distance_to_optimum")}
+        and printed["round"] == 2
+    )

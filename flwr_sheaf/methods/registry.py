@@ -10,6 +10,7 @@ point group ``flwr_sheaf.methods``).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -230,7 +231,8 @@ def load_entry_points() -> None:
 
 
 def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
-    """Import ``method-module``, look ``method`` up and parse the run config with its section.
+    """Import ``method-module``, look ``method`` up and parse the run config with its section (and,
+    for a method with its own problem, its agent count: :attr:`RunConfig.agents`).
 
     Raises:
         ConfigError: an unknown key, method or module, or a bad value (named).
@@ -239,7 +241,12 @@ def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
     import_method_modules(str(spec))
     name = run_config["method"] if "method" in run_config else RunConfig().method
     method = get_method(str(name))
-    return RunConfig.from_run_config(run_config, method.config), method
+    if method.num_nodes is None:
+        return RunConfig.from_run_config(run_config, method.config), method
+    # a method with its own problem (RFedAGS): its agent count comes from the parsed config, then
+    # the agent-dependent checks (participation) run against it, not against the CNN zoo
+    config = RunConfig.from_run_config(run_config, method.config, agents=0)
+    return dataclasses.replace(config, agents=int(method.num_nodes(config))), method
 
 
 def graph_args(config: RunConfig) -> dict[str, Any]:
