@@ -70,6 +70,14 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         check_scenario(config.scenario)
     check_trackers(config.tracking)  # a tracker whose package is missing: before any message
     with preflight(config):  # directories writable, results-dir free and locked: before any message
+        if not Path(config.results_dir).expanduser().is_absolute():
+            log.info(
+                "results-dir=%r is relative: results go to %s (the ServerApp's working directory; "
+                "under flwr run, where the local SuperLink was first started: give an absolute path "
+                "to choose)",
+                config.results_dir,
+                Path(config.results_dir).expanduser().resolve(),
+            )
         return _run(grid, config, method, strategy, warnings)
 
 
