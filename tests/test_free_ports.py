@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import re
 import socket
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from flwr_sheaf.tools.flwr_cli import free_port_block
 
-from flwr_cli import free_port_block  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 #: what starts Flower processes from a test: the run script, the deployment tool, the GPU session
 STARTERS = ("run_flwr.py", "LocalDeployment", "gpu_session.sh")

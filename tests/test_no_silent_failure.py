@@ -235,11 +235,8 @@ def test_missing_client_handlers_name_the_register_function(tmp_path):
 
 
 def test_deploy_local_refuses_zero_supernodes():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from deploy_local import check_run_config, main
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from flwr_sheaf.tools.deploy_local import check_run_config, main
+
     with pytest.raises(ValueError, match=r"--num-supernodes 0: must be an integer >= 1") as err:
         check_run_config("zoo='tiny-3' graph='ring'", 0)
     assert "tiny-0" not in str(err.value)
@@ -406,8 +403,8 @@ def test_lenient_specs_are_refused_before_any_message(tmp_path, rc, match):
 
 
 def test_a_participation_mapping_outside_the_nodes_is_refused_naming_it():
+    from flwr_sheaf.methods.rfedags.strategy import RFedAGS
     from flwr_sheaf.participation import parse_participation
-    from flwr_sheaf.strategy.rfedags import RFedAGS
 
     with pytest.raises(ValueError, match=r"partition-id\(s\) \[7\] outside \[0, 3\) \(N=3 nodes\)"):
         parse_participation({0: 0.5, 1: 0.5, 2: 0.5, 7: 0.9}, 3)
