@@ -217,11 +217,16 @@ def test_the_default_graph_on_five_agents_is_named_with_its_degrees():
     assert _warnings(zoo="tiny-5", graph="ring") == [] and _warnings() == []
 
 
-def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(tmp_path, caplog):
+def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(
+    tmp_path, caplog, monkeypatch
+):
+    import logging
+
     from flwr_sheaf.apps.client_app import app
     from flwr_sheaf.apps.server_app import run_server
     from flwr_sheaf.testing import LocalGrid
 
+    monkeypatch.chdir(tmp_path)
     rc = {
         "method": "non-cooperative",
         "zoo": "tiny-3",
@@ -229,14 +234,27 @@ def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(tmp_p
         "num-pilots": 32,
         "max-steps-per-epoch": 2,
         "num-server-rounds": 1,
-        "results-dir": str(tmp_path / "res"),
+        "results-dir": "res",  # relative: its absolute path is logged (issue #28, seen on the way)
         "lambda": 0.5,
     }
-    res = json.loads(Path(run_server(LocalGrid(app, 3, run_config=rc), rc)).read_text())
-    assert res["warnings"] == [
+    log = logging.getLogger("flwr_sheaf")  # it does not propagate once the ServerApp set it up
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="flwr_sheaf"):
+            path = run_server(LocalGrid(app, 3, run_config=rc), rc)
+    finally:
+        log.removeHandler(caplog.handler)
+    res = json.loads(Path(path).read_text())
+    warning = (
         "lambda=0.5 (default 0.1) is not read by method='non-cooperative': it is ignored (a key "
         "of another method? set method= to the method it belongs to)"
-    ]
+    )
+    assert res["warnings"] == [warning] and warning in caplog.messages
+    assert (
+        f"results-dir='res' is relative: results go to {tmp_path.resolve() / 'res'} (the "
+        "ServerApp's working directory; under flwr run, where the local SuperLink was first "
+        "started: give an absolute path to choose)"
+    ) in caplog.messages
 
 
 # ------------------------------------------------------------------- case 11: scale refusals
