@@ -303,7 +303,10 @@ def test_stop_and_resume_equals_the_straight_run(method, rounds, evaluate_every,
         g = grid("resumed", cfg, hook=stop)
         run_server(g, g.run_config)
     assert load_checkpoint(tmp_path / "resumed" / "checkpoint.pkl")["round"] == stop_round - 1
-    assert not (tmp_path / "resumed" / "results.json").exists()
+    # the stop raised inside a round: results.json says failed, with the rounds completed (issue #28)
+    stopped = json.loads((tmp_path / "resumed" / "results.json").read_text())
+    assert stopped["status"] == "failed"
+    assert [r["round"] for r in stopped["rounds"]] == list(range(1, stop_round))
     assert stop_round in state_files(
         tmp_path / "state-resumed" / "partition-0"
     )  # the stopped run's last training
