@@ -88,7 +88,7 @@ def test_the_pickled_app_works_in_a_fresh_process(tmp_path):
     """The ~100 bytes sent to a fresh process (as to a Ray actor) become a ClientApp that answers
     discovery for every node with the same NodeInfo as this process's app."""
     from flwr_sheaf.config import FederationConfig
-    from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+    from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
     from flwr_sheaf.testing import LocalGrid
 
     rc = {"zoo": "tiny-4", "num-pilots": 64, "seed": 3}
@@ -101,7 +101,7 @@ def test_the_pickled_app_works_in_a_fresh_process(tmp_path):
         from flwr_sheaf.apps import client_app
         assert app is client_app.app
         from flwr_sheaf.config import FederationConfig
-        from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+        from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
         from flwr_sheaf.testing import LocalGrid
         s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring"))
         s.discover(LocalGrid(app, 4, run_config={rc!r}), timeout=5)
