@@ -50,19 +50,23 @@ import os, time, psutil
 
 def tree_cpu():
     me = psutil.Process(os.getpid())
-    total = 0.0
+    out = {}
     for p in [me, *me.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            name = "simulation" if p.pid == me.pid else p.name()
         except psutil.Error:
-            pass
-    return total
+            continue
+        name = "actors" if "Actor" in name or name.startswith("ray::") else name
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
 
 def timed(fn):
     c0, t0 = tree_cpu(), time.monotonic()
     out = fn()
-    return out, time.monotonic() - t0, tree_cpu() - c0
+    c1 = tree_cpu()
+    parts = {k: round(c1[k] - c0.get(k, 0.0), 2) for k in c1}
+    return out, time.monotonic() - t0, sum(parts.values()), parts
 """
 
 TRIVIAL_CLIENT = """
@@ -106,8 +110,8 @@ def main(grid, context):
         time.sleep(0.2)
     out["registered_s"] = time.monotonic() - t0
     out["first"], out["repeat"] = FIRST(grid, nodes, context), None
-    _, wall, cpu = timed(lambda: query_round(grid, nodes, REPEAT_TYPE, REPEAT_CONFIG(context)))
-    out["repeat"] = {"wall_s": wall, "cpu_s": cpu}
+    _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, REPEAT_TYPE, REPEAT_CONFIG(context)))
+    out["repeat"] = {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
     with open(context.run_config["bench-out"], "w") as f:
         json.dump(out, f)
 """
@@ -121,8 +125,8 @@ REPEAT_CONFIG = lambda context: {"x": 1}
 
 
 def FIRST(grid, nodes, context):
-    _, wall, cpu = timed(lambda: query_round(grid, nodes, "query", {"x": 1}))
-    return {"wall_s": wall, "cpu_s": cpu}
+    _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, "query", {"x": 1}))
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
 """
 )
 
@@ -147,9 +151,9 @@ def FIRST(grid, nodes, context):
     config, method = parse_run_config(rc)
     s = STRATEGY["s"] = method.strategy(config, num_nodes(config, method))
     s.discovery_timeout = TIMEOUT
-    _, wall, cpu = timed(lambda: s.discover(grid, TIMEOUT))
+    _, wall, cpu, parts = timed(lambda: s.discover(grid, TIMEOUT))
     assert len(s.nodes) == len(nodes), (len(s.nodes), len(nodes))
-    return {"wall_s": wall, "cpu_s": cpu}
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
 """
 )
 
@@ -291,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for actors in [int(a) for a in args.actors.split(",")]:
         res = {m: run_one(apps[m], m, n, actors, args, work) for m in ("trivial", "flwr-sheaf")}
+        for m, r in res.items():
+            print(
+                f"{m}: CPU-s by process, first {r['first']['cpu_by_process']}, repeat {r['repeat']['cpu_by_process']}"
+            )
         for m, r in res.items():
             print(
                 f"| {actors} | {m} | {1e3 * r['first']['cpu_s'] / n:.1f} | "
