@@ -18,6 +18,7 @@ Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import socket
 import subprocess
@@ -28,8 +29,15 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flwr_cli import find_flwr, flwr_env, run_status  # noqa: E402
+# the package's flwr CLI helpers, loaded by path: importing flwr_sheaf would import torch and flwr
+# (seconds), which a run refused for a busy port should not wait for
+_spec = importlib.util.spec_from_file_location(
+    "_flwr_sheaf_flwr_cli", Path(__file__).resolve().parents[1] / "flwr_sheaf/tools/flwr_cli.py"
+)
+assert _spec is not None and _spec.loader is not None
+_flwr_cli = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_flwr_cli)
+find_flwr, flwr_env, run_status = _flwr_cli.find_flwr, _flwr_cli.flwr_env, _flwr_cli.run_status
 
 
 def stop_superlink(port: int) -> int:

@@ -5,7 +5,7 @@
 ``poincare``: Poincaré-ball Fréchet mean). Participation: the run-config ``participation`` spec, or
 (empty) the planted problem's own heterogeneous probabilities. Each round records the problem's
 optimality ``gap`` and ``distance_to_optimum`` in ``results.json``. The numpy loop
-:func:`flwr_sheaf.rfedags.runner.run_federated` is kept as the test oracle of these strategies.
+``run_federated`` of ``tests/oracles/rfedags_runner.py`` is kept as the test oracle of these strategies.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from ...config import (  # noqa: E402
     section,
 )
 from ...protocol import POINT, pack_arrays  # noqa: E402
-from ...rfedags.baselines import BASELINES  # noqa: E402
-from ...rfedags.frechet import commuting_spd_problem, symmetric_poincare_problem  # noqa: E402
-from ...rfedags.pca import planted_pca_problem, subspace_distance  # noqa: E402
 from ..registry import Method, register  # noqa: E402
+from .baselines import BASELINES  # noqa: E402
 from .baselines_strategy import RFedBaseline  # noqa: E402
 from .client import ProblemClient, register_rfedags_baseline_handlers, register_rfedags_handlers  # noqa: E402,F401
+from .frechet import commuting_spd_problem, symmetric_poincare_problem  # noqa: E402
+from .pca import planted_pca_problem, subspace_distance  # noqa: E402
 from .strategy import RFedAGS  # noqa: E402
 
 PROBLEMS = ("pca", "spd", "poincare")
