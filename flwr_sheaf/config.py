@@ -56,6 +56,8 @@ from .participation import check_participation_spec, parse_participation
 
 __all__ = [
     "Key",
+    "register_check",
+    "registered_check",
     "KEYS",
     "DEFAULTS",
     "ConfigError",
@@ -328,13 +330,38 @@ def _dim_or_auto(key: str, v: Any) -> str | int:
     return _int(1)(key, v)
 
 
-def _tracking(key: str, v: Any) -> str:
-    """A comma-separated list of trackers (:data:`flwr_sheaf.tracking.TRACKERS`); empty = off."""
+#: ``{key: check(value, key)}``: checks of string keys registered by the module that owns their
+#: values (:func:`register_check`), so this module imports none of them.
+VALUE_CHECKS: dict[str, Callable[[str, str], object]] = {}
+
+
+def register_check(key: str, check: Callable[[str, str], object]) -> None:
+    """Register the check of ``key``'s values; the module that owns them calls it on import
+    (:mod:`flwr_sheaf.tracking` for ``tracking``, imported with the package).
+
+    Args:
+        key: a run-config key whose :class:`Key` parses with :func:`registered_check`.
+        check: ``check(value, key)``; raises :class:`ConfigError` naming key and value.
+    """
+    VALUE_CHECKS[key] = check
+
+
+def registered_check(key: str, v: Any) -> str:
+    """A string value checked by the check registered for ``key`` (:func:`register_check`); empty
+    strings are not checked (off).
+
+    Raises:
+        ConfigError: a non-string value, a value the check refuses, or no check registered.
+    """
     text = _str()(key, v)
     if text.strip():
-        from .tracking import parse_trackers
-
-        parse_trackers(text, key)
+        check = VALUE_CHECKS.get(key)
+        if check is None:
+            raise ConfigError(
+                f"{key}={text!r}: no check of {key!r} values is registered "
+                f"(its module registers it when flwr_sheaf is imported)"
+            )
+        check(text, key)
     return text
 
 
@@ -463,7 +490,7 @@ _KEY_LIST = [
     Key(
         "tracking",
         "",
-        _tracking,
+        registered_check,
         "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras `tensorboard`, `wandb`: "
         "`pip install -e '.[tensorboard]'`; empty = off; docs/tracking.md)",
     ),

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import DEFAULTS, ConfigError, RunConfig, did_you_mean
+from .config import DEFAULTS, ConfigError, RunConfig, did_you_mean, register_check
 
 __all__ = [
     "TRACKERS",
@@ -72,6 +72,10 @@ def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
         if name not in names:
             names.append(name)
     return tuple(names)
+
+
+#: the ``tracking`` key's values are this module's to check (config imports nothing of it)
+register_check("tracking", parse_trackers)
 
 
 def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
