@@ -1,4 +1,4 @@
-"""Latent-collapse warnings of a run (``results.json``'s ``warnings``; docs/results-schema.md).
+"""Latent-collapse warning of a run (``results.json``'s ``latent_collapse``; docs/results-schema.md).
 
 Each evaluated node reports ``low_variance_fraction``: the share of its latent dimensions whose
 variance over its pilots is below ``1e-3`` (:func:`flwr_sheaf.sheaf.whitening.low_variance_fraction`,

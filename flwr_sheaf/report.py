@@ -18,7 +18,7 @@ def summary_lines(results: dict) -> list[str]:
     non-edge (multi-hop vs direct) accuracy and sheaf-Laplacian near-kernel when recorded
     (docs/variants.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time, and the
     verdict against the main job's expected band (:func:`flwr_sheaf.expected.band_lines`: inside,
-    outside, or no reference for this config). A run's ``warnings`` (latent collapse) come first.
+    outside, or no reference for this config). A run's ``latent_collapse`` warning comes first.
 
     Args:
         results: the parsed JSON dict.
@@ -29,9 +29,12 @@ def summary_lines(results: dict) -> list[str]:
     Raises:
         KeyError: ``results`` lacks ``rounds`` or an evaluated round lacks a mandatory key.
     """
-    status = _status_lines(results) + [
-        f"WARNING: {w.get('message', w.get('kind', '?'))}" for w in results.get("warnings") or []
-    ]
+    collapse = results.get("latent_collapse")
+    status = _status_lines(results) + (
+        [f"WARNING: {collapse.get('message', 'latent collapse')}"]
+        if isinstance(collapse, dict)
+        else []
+    )
     rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
     if not rounds:
         return status + (_global_model_lines(results) or ["no evaluated round in results"])

@@ -41,7 +41,7 @@ _OWN_KEYS = (
     "total_wall_seconds",
     "status",
     "degradation",
-    "warnings",
+    "latent_collapse",
 )
 
 
@@ -148,9 +148,8 @@ def write_results(
       ...), ``edges`` (per directed edge ``src`` -> receiver ``dst``: ``communication_accuracy``, ...),
       ``failures`` (per failed node and phase: round, partition-id, reason), ``total_wall_seconds``,
       ``status`` (``completed``, ``degraded`` or ``failed``) and ``degradation`` (its counts,
-      :meth:`~flwr_sheaf.GraphStrategy.run_status`), ``warnings`` (what completed but should not be
-      read at face value: ``latent-collapse`` naming the nodes whose latents collapsed,
-      :func:`flwr_sheaf.collapse.collapse_warnings`; empty list when none), then the strategy's own keys
+      :meth:`~flwr_sheaf.GraphStrategy.run_status`), ``latent_collapse`` (null, or the nodes whose latents collapsed with their fractions:
+      :func:`flwr_sheaf.collapse.collapse_warnings`), then the strategy's own keys
       (``results_extra()``: ``participation``, ``action``, ``evaluation``, ``graph``, ``non_edges``,
       method settings) and ``extra``. NaN and inf are written as null; mapping keys as strings.
     - ``accuracy.png``: private and communication accuracy against server rounds (:func:`plot_rounds`).
@@ -250,7 +249,7 @@ def write_results(
         ),
         "status": status["status"],
         "degradation": status,
-        "warnings": collapse_warnings(strategy.node_results),
+        "latent_collapse": next(iter(collapse_warnings(strategy.node_results)), None),
         **own_extra,
         **(extra or {}),
     }

@@ -46,7 +46,7 @@ def _results(values: dict[str, float], **overrides) -> dict:
     cfg = RunConfig.from_run_config({"results-dir": "/tmp/x", **overrides}).to_dict()
     rounds = [{"round": r, **{k: 0.1 for k in METRICS}} for r in range(1, FINAL)]
     rounds.append({"round": FINAL, **values, "low_variance_fraction_mean": 0.01})
-    return {"config": cfg, "rounds": rounds, "status": "completed", "warnings": []}
+    return {"config": cfg, "rounds": rounds, "status": "completed", "latent_collapse": None}
 
 
 def test_a_run_inside_the_band_is_said_to_be_inside():

@@ -151,7 +151,7 @@ def test_results_json_of_a_collapsed_run_carries_the_warning(tmp_path):
         for p, n in res["nodes"].items()
         if n["low_variance_fraction"] is not None and n["low_variance_fraction"] > 0.25
     }
-    (w,) = res["warnings"]
+    w = res["latent_collapse"]
     assert w["kind"] == "latent-collapse" and w["nodes"] == expected and "1" in w["nodes"]
     assert res["status"] == "completed"  # a warning, not a degraded run
     assert any(line.startswith("WARNING: latent collapse on") for line in summary_lines(res))

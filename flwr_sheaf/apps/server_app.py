@@ -173,7 +173,9 @@ def _run(
         problems=problems,
     )
     status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
-    for w in collapse_warnings(strategy.node_results):  # what write_results wrote under "warnings"
+    for w in collapse_warnings(
+        strategy.node_results
+    ):  # what write_results wrote under "latent_collapse"
         log.warning("%s", w["message"])
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
