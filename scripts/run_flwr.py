@@ -11,8 +11,16 @@ wrapper (used by the README's main job and the engine tests):
 4. stops the SuperLink (and its SuperExec) that step 2 started. Ports already in use are refused
    before anything starts, so the processes on them at the end are this run's own.
 
+The Ray cluster is chosen explicitly (scripts/ray_cluster.py): ``--ray-address host:port`` runs the
+ClientApps on that existing cluster (its GCS must answer; ``init-args-num-cpus/-gpus`` in
+``--federation-config`` are refused: each node declares its resources with ``ray start``);
+without it the run gets a private local Ray instance (``RAY_ADDRESS=local``) even where a
+``ray start`` left its address file (said so), and a ``RAY_ADDRESS`` set in the environment is
+refused. Across machines: docs/running.md, "A Ray cluster".
+
 Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
-[--port 29291] [--timeout 900] [--run-config "k=v k2=v2"]``
+[--port 29291] [--timeout 900] [--run-config "k=v k2=v2"] [--federation-config "k=v"]
+[--ray-address host:port]``
 """
 
 from __future__ import annotations
@@ -30,6 +38,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flwr_cli import find_flwr, flwr_env, run_status  # noqa: E402
+from ray_cluster import (  # noqa: E402
+    RayClusterError,
+    check_federation_for_cluster,
+    check_reachable,
+    ray_environment,
+)
 
 
 def stop_superlink(port: int) -> int:
@@ -59,6 +73,23 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def parse_federation(text: str) -> dict[str, str]:
+    """``--federation-config`` items ``"k=v k2=v2"`` as ``{key: value}`` (values kept as written).
+
+    Raises:
+        RayClusterError: an item without ``=`` (named).
+    """
+    out: dict[str, str] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RayClusterError(
+                f"--federation-config item {item!r}: expected key=value (e.g. init-args-num-cpus=2)"
+            )
+        out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--app", default=".")
@@ -66,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "--num-supernodes",
         type=int,
         default=15,
-        help="0 = pass no --federation-config (Flower's default local simulation: 2 SuperNodes)",
+        help="0 = set neither num-supernodes nor client-resources-* (Flower's default local simulation: 2 SuperNodes)",
     )
     ap.add_argument("--cpus-per-client", type=int, default=1)
     ap.add_argument(
@@ -80,9 +111,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--run-config", default="")
+    ap.add_argument(
+        "--federation-config",
+        default="",
+        help="further Flower federation settings 'k=v k2=v2' (e.g. init-args-num-cpus=2, verbose=true); "
+        "num-supernodes and client-resources-* come from the options above",
+    )
+    ap.add_argument(
+        "--ray-address",
+        default=None,
+        help="run the ClientApps on this existing Ray cluster (host:port of its head's GCS, the "
+        "--port of `ray start --head`); default: a private local Ray instance (docs/running.md)",
+    )
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
     args = ap.parse_args(argv)
 
+    try:
+        federation = parse_federation(args.federation_config)
+        ray_vars, note = ray_environment(args.ray_address)
+        if args.ray_address is not None:
+            check_federation_for_cluster(federation, args.ray_address)
+            check_reachable(args.ray_address)
+    except RayClusterError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if note:
+        print(note, flush=True)
     busy = [p for p in (args.port, args.port + 2) if listening(p)]
     if busy:  # another SuperLink (perhaps another user's): never run on it, never stop it
         print(
@@ -98,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
             "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
+            **ray_vars,
         },
     )
     try:
@@ -105,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if args.gpus_per_client > 0:
+    if args.gpus_per_client > 0 and args.ray_address is None:  # a cluster's GPUs are on its nodes
         import torch  # Ray would fail with "ActorPool is empty" and flwr run would still exit 0
 
         if not torch.cuda.is_available():
@@ -117,14 +172,24 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     cmd = [flwr, "run", args.app, "--stream"]
     if args.num_supernodes > 0:
-        fed = (
-            f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"
-        )
-        if args.gpus_per_client > 0:
-            fed += f" client-resources-num-gpus={args.gpus_per_client}"
-        cmd += ["--federation-config", fed]
+        federation = {
+            "num-supernodes": str(args.num_supernodes),
+            "client-resources-num-cpus": str(args.cpus_per_client),
+            **(
+                {"client-resources-num-gpus": str(args.gpus_per_client)}
+                if args.gpus_per_client > 0
+                else {}
+            ),
+            **federation,
+        }
+    if federation:
+        cmd += ["--federation-config", " ".join(f"{k}={v}" for k, v in federation.items())]
     if args.run_config:
         cmd += ["--run-config", args.run_config]
+    where = (
+        f"Ray cluster {args.ray_address}" if args.ray_address else "a private local Ray instance"
+    )
+    print(f"+ RAY_ADDRESS={ray_vars['RAY_ADDRESS']} ({where})", flush=True)
     print("+", " ".join(cmd), flush=True)
     t0 = time.monotonic()
     try:
