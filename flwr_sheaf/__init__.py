@@ -46,7 +46,7 @@ from .methods.sheaf_frl.strategy import SheafFRL
 from .participation import ParticipationSampler, parse_participation
 from .results import check_results_dir, write_results
 from .sheaf.whitening import Colouring, Whitening
-from .strategy.base import PeerStrategy, RoundRecord
+from .strategy.base import RoundRecord
 from .strategy.graph import GraphStrategy
 from .testing import LocalGrid
 
@@ -60,7 +60,6 @@ __all__ = [
     "SheafFMTL",
     "RFedAGS",
     "GraphStrategy",
-    "PeerStrategy",
     "RoundRecord",
     "register_sheaf_handlers",
     "register_noncooperative_handlers",

@@ -3,7 +3,7 @@
 Runs the paper's 15-agent zoo on the bundled digits (in-process, :class:`flwr_sheaf.testing.LocalGrid`;
 the same ServerApp/ClientApp code as ``flwr run``) at several mean participation levels, each under
 the absent-neighbour policies ``cached``, ``drop`` and ``drop-reweighted``
-(:mod:`flwr_sheaf.strategy.sheaf_frl`), plus full participation (where the policies coincide).
+(:mod:`flwr_sheaf.methods.sheaf_frl.strategy`), plus full participation (where the policies coincide).
 
 Participation is per-node Bernoulli(p_i) with uneven probabilities ``p_i ~ U(m - spread, m + spread)``
 (seeded, clipped to [0.02, 1]) around the mean level ``m``, so that dropping absent neighbours biases

@@ -38,7 +38,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.clientapp import ClientApp
 
-from flwr_sheaf.client.rfedags import pca_problem_factory, register_rfedags_handlers
+from flwr_sheaf.methods.rfedags.client import pca_problem_factory, register_rfedags_handlers
+from flwr_sheaf.methods.rfedags.strategy import RFedAGS
 from flwr_sheaf.rfedags.aggregation import effective_weights_uncorrected
 from flwr_sheaf.rfedags.client import step_size_schedule
 from flwr_sheaf.rfedags.participation import ESTIMATORS
@@ -50,7 +51,6 @@ from flwr_sheaf.rfedags.pca import (
     subspace_distance,
     synthetic_pca_problem,
 )
-from flwr_sheaf.strategy.rfedags import RFedAGS
 from flwr_sheaf.testing import LocalGrid
 
 MODES = ("corrected", "known-p", "uncorrected")

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from flwr_sheaf.data import (
-    LabelShiftPartitioner,
     clear_source_cache,
     label_shift_proportions,
     load_agent_data,
     load_source,
     make_federated_split,
 )
+from flwr_sheaf.data.hf import LabelShiftPartitioner
 from flwr_sheaf.paper import PAPER_CLASS_SETS_15
 
 torch.set_num_threads(1)

@@ -230,5 +230,4 @@ def test_the_docs_site_builds_strictly_with_every_page_and_public_name(tmp_path)
 
     api = (site / "api" / "index.html").read_text()
     ids = set(re.findall(r'id="flwr_sheaf\.(\w+)"', api))
-    # PeerStrategy is GraphStrategy's old name (a module __getattr__ alias griffe cannot see)
-    assert set(flwr_sheaf.__all__) - ids == {"PeerStrategy"}
+    assert set(flwr_sheaf.__all__) - ids == set()

@@ -17,7 +17,7 @@ from flwr_sheaf import FederationConfig, FedMuscle, FedMuscleConfig, LocalGrid, 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.baselines.fedmuscle import is_contrastive_epoch, leave_one_out_means, muscle_loss
 from flwr_sheaf.baselines.fedproto import PoolingAdapter
-from flwr_sheaf.client.fedmuscle import FedMuscleLoss
+from flwr_sheaf.methods.fedmuscle.client import FedMuscleLoss
 
 torch.set_num_threads(1)
 

@@ -13,7 +13,6 @@ from torch import nn
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.scenario import scenario_task
-from flwr_sheaf.client.sheaf import register_sheaf_handlers
 from flwr_sheaf.config import (
     ConfigError,
     FederationConfig,
@@ -21,10 +20,11 @@ from flwr_sheaf.config import (
     ScenarioConfig,
     SheafConfig,
 )
+from flwr_sheaf.methods.sheaf_frl.client import register_sheaf_handlers
+from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.protocol import pack_arrays
 from flwr_sheaf.sheaf.network import orient_edge
 from flwr_sheaf.sheaf.whitening import Colouring, Whitening
-from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 - ``strategy/`` never imports ``client/`` and ``client/`` never imports ``strategy/`` (both import
   ``protocol``); in a method's unit (``methods/<name>/``) its server side (``strategy.py``) never
   imports client code and its client side (``client.py``) never imports server code; shared layers
-  never import ``methods/`` or ``apps/`` (the old module paths kept as deprecated aliases excepted);
+  never import ``methods/`` or ``apps/``;
 - the maths packages import nothing of Flower;
 - no file under ``strategy/`` or ``client/`` defines a default value for a run-config key (no
   ``x.get("<key>", default)``, no parameter named after a key with a literal default).
@@ -43,11 +43,6 @@ def _files(sub: str) -> list[Path]:
     return sorted((PKG / sub).rglob("*.py")) if (PKG / sub).is_dir() else [PKG / f"{sub}.py"]
 
 
-def _is_alias(path: Path) -> bool:
-    """A deprecated alias module (old path of a moved module: ``sys.modules[__name__] = _unit``)."""
-    return "sys.modules[__name__] = _unit" in path.read_text()
-
-
 def _hits(mods: set[str], forbidden: tuple[str, ...]) -> list[str]:
     return sorted(m for m in mods if any(m == f or m.startswith(f + ".") for f in forbidden))
 
@@ -63,11 +58,7 @@ def _hits(mods: set[str], forbidden: tuple[str, ...]) -> list[str]:
     ],
 )
 def test_shared_layers_import_no_layer_above_them(src, forbidden):
-    bad = {
-        str(f.relative_to(PKG)): _hits(_imports(f), forbidden)
-        for f in _files(src)
-        if not _is_alias(f)
-    }
+    bad = {str(f.relative_to(PKG)): _hits(_imports(f), forbidden) for f in _files(src)}
     assert {k: v for k, v in bad.items() if v} == {}
 
 

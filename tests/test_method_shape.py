@@ -10,9 +10,9 @@ from flwr.serverapp.strategy import Strategy
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.methods import build_strategy
 from flwr_sheaf.config import FederationConfig, LocalTrainConfig, RunConfig
+from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
 from flwr_sheaf.methods.registry import METHODS
 from flwr_sheaf.strategy.graph import GraphStrategy
-from flwr_sheaf.strategy.noncooperative import NonCooperative
 from flwr_sheaf.testing import LocalGrid
 
 RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "seed": 3, "graph": "ring"}

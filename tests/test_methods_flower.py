@@ -20,8 +20,6 @@ from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.methods import build_strategy, zoo_methods
 from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
 from flwr_sheaf.baselines.fedproto import PoolingAdapter
-from flwr_sheaf.client.fedproto import FedProtoLoss
-from flwr_sheaf.client.fedsaf import FedSAFLoss
 from flwr_sheaf.config import (
     ConfigError,
     FederationConfig,
@@ -31,10 +29,12 @@ from flwr_sheaf.config import (
     RunConfig,
     ScenarioConfig,
 )
+from flwr_sheaf.methods.fedproto.client import FedProtoLoss
+from flwr_sheaf.methods.fedproto.strategy import FedProto
+from flwr_sheaf.methods.fedsaf.client import FedSAFLoss
+from flwr_sheaf.methods.fedsaf.strategy import FedSAF
+from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
 from flwr_sheaf.protocol import GLOBAL_PROTOTYPES, NodeInfo, pack_arrays
-from flwr_sheaf.strategy.fedproto import FedProto
-from flwr_sheaf.strategy.fedsaf import FedSAF
-from flwr_sheaf.strategy.noncooperative import NonCooperative
 from flwr_sheaf.testing import LocalGrid
 from simulations.inprocess import run_inprocess
 

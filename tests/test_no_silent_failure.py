@@ -406,8 +406,8 @@ def test_lenient_specs_are_refused_before_any_message(tmp_path, rc, match):
 
 
 def test_a_participation_mapping_outside_the_nodes_is_refused_naming_it():
+    from flwr_sheaf.methods.rfedags.strategy import RFedAGS
     from flwr_sheaf.participation import parse_participation
-    from flwr_sheaf.strategy.rfedags import RFedAGS
 
     with pytest.raises(ValueError, match=r"partition-id\(s\) \[7\] outside \[0, 3\) \(N=3 nodes\)"):
         parse_participation({0: 0.5, 1: 0.5, 2: 0.5, 7: 0.9}, 3)

@@ -7,7 +7,7 @@ Two kinds of tests:
   ``||x_i - b_i||^2 / 2`` plus the gluing penalty, a few local gradient steps, uneven Bernoulli
   participation p = [.9, .9, .9, .2, .2, .2]). Its full-participation optimum solves
   ``(I + mu L) x = b`` with the sheaf Laplacian ``L`` of :class:`flwr_sheaf.sheaf.NetworkSheaf`.
-  A small ClientApp runs it through the real :class:`~flwr_sheaf.strategy.sheaf_frl.SheafFRL` on a
+  A small ClientApp runs it through the real :class:`~flwr_sheaf.methods.sheaf_frl.strategy.SheafFRL` on a
   :class:`~flwr_sheaf.testing.LocalGrid` (its gradient is the package's
   :func:`~flwr_sheaf.sheaf.local_gluing_penalty`, edge weights included), and an independent numpy
   reference of the same dynamics must agree with it to rounding error. ``cached`` reaches the optimum
@@ -31,11 +31,11 @@ from flwr.clientapp import ClientApp
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, SheafConfig
+from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.participation import ParticipationSampler, parse_participation
 from flwr_sheaf.protocol import EdgeConfig, NodeInfo, ProtocolError, pack_arrays
 from flwr_sheaf.rfedags.participation import bernoulli_participation
 from flwr_sheaf.sheaf import EdgeTerm, NetworkSheaf, local_gluing_penalty, procrustes
-from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)

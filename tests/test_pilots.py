@@ -3,7 +3,7 @@
 Unit tests of :mod:`flwr_sheaf.sheaf.pilots` (determinism from (seed, round), budgets, per-group
 counts, dynamic persistence, adaptive on a planted toy, Parseval identities and the exact
 invariance it gives the Procrustes fit), the selection message and its digest check, and in-process
-runs of the real :class:`~flwr_sheaf.strategy.sheaf_frl.SheafFRL` with the CNN ClientApp (tiny zoo):
+runs of the real :class:`~flwr_sheaf.methods.sheaf_frl.strategy.SheafFRL` with the CNN ClientApp (tiny zoo):
 what is relayed equals the held matrices reduced by the round's selection (also under partial
 participation, with cached matrices from older rounds), and a node given indices in another order
 than its neighbours' matrices fails with a recorded error instead of fitting a wrong map.
@@ -19,8 +19,9 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.client.sheaf import received_selection
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, SheafConfig
+from flwr_sheaf.methods.sheaf_frl.client import received_selection
+from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.protocol import (
     CONFIG,
     PILOT_INDEX_DIGEST,
@@ -45,7 +46,6 @@ from flwr_sheaf.sheaf.pilots import (
     stratified_indices,
     uniform_indices,
 )
-from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 from flwr_sheaf.testing import LocalGrid
 
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig
-from flwr_sheaf.strategy.noncooperative import NonCooperative
-from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
+from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from simulations.inprocess import run_inprocess
 
 torch.set_num_threads(1)

@@ -19,7 +19,6 @@ from flwr.clientapp import ClientApp
 
 from flwr_sheaf.apps.client_app import app as cnn_app
 from flwr_sheaf.apps.server_app import run_server
-from flwr_sheaf.client.rfedags import pca_problem_factory, register_rfedags_handlers
 from flwr_sheaf.client.state import (
     META_KEY,
     StateFileError,
@@ -29,9 +28,10 @@ from flwr_sheaf.client.state import (
     state_files,
 )
 from flwr_sheaf.config import ConfigError
+from flwr_sheaf.methods.rfedags.client import pca_problem_factory, register_rfedags_handlers
+from flwr_sheaf.methods.rfedags.strategy import RFedAGS
 from flwr_sheaf.rfedags.pca import synthetic_pca_problem
 from flwr_sheaf.strategy.checkpoint import Checkpointer, load_checkpoint
-from flwr_sheaf.strategy.rfedags import RFedAGS
 from flwr_sheaf.testing import LocalGrid, set_task_identity
 
 torch.set_num_threads(1)

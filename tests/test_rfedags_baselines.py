@@ -15,7 +15,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.clientapp import ClientApp
 from scipy import linalg as sla
 
-from flwr_sheaf.client.rfedags import problem_factory, register_rfedags_baseline_handlers
+from flwr_sheaf.methods.rfedags.baselines_strategy import RFedBaseline
+from flwr_sheaf.methods.rfedags.client import problem_factory, register_rfedags_baseline_handlers
 from flwr_sheaf.rfedags.aggregation import participation_weights
 from flwr_sheaf.rfedags.baselines import (
     average_ambient,
@@ -30,7 +31,6 @@ from flwr_sheaf.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
 from flwr_sheaf.rfedags.participation import bernoulli_participation
 from flwr_sheaf.rfedags.pca import planted_pca_problem, run_pca_reference, synthetic_pca_problem
 from flwr_sheaf.rfedags.runner import run_federated
-from flwr_sheaf.strategy.rfedags_baselines import RFedBaseline
 from flwr_sheaf.testing import LocalGrid
 
 logging.getLogger("flwr").setLevel(logging.WARNING)
@@ -320,8 +320,8 @@ def test_flower_a_dropped_node_is_a_recorded_non_responder():
 @pytest.mark.parametrize("make", [commuting_spd_problem, symmetric_poincare_problem])
 def test_rfedags_strategy_runs_unchanged_on_spd_and_poincare(make):
     """The RFedAGS strategy and ClientApp handlers, given the manifold, equal the maths loop."""
-    from flwr_sheaf.client.rfedags import register_rfedags_handlers
-    from flwr_sheaf.strategy.rfedags import RFedAGS
+    from flwr_sheaf.methods.rfedags.client import register_rfedags_handlers
+    from flwr_sheaf.methods.rfedags.strategy import RFedAGS
 
     prob, p = (
         make(seed=3, num_pairs=2)

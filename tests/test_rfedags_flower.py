@@ -14,12 +14,13 @@ import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
-from flwr_sheaf.client.rfedags import (
+from flwr_sheaf.methods.rfedags.client import (
     STATE_KEY,
     PCAClientProblem,
     pca_problem_factory,
     register_rfedags_handlers,
 )
+from flwr_sheaf.methods.rfedags.strategy import RFedAGS
 from flwr_sheaf.participation import parse_participation
 from flwr_sheaf.rfedags.client import local_gradient_stream
 from flwr_sheaf.rfedags.participation import bernoulli_participation
@@ -29,7 +30,6 @@ from flwr_sheaf.rfedags.pca import (
     run_pca_reference,
     synthetic_pca_problem,
 )
-from flwr_sheaf.strategy.rfedags import RFedAGS
 from flwr_sheaf.testing import LocalGrid
 
 logging.getLogger("flwr").setLevel(logging.WARNING)

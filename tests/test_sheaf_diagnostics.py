@@ -249,7 +249,7 @@ def _polar(c: np.ndarray) -> np.ndarray:
 def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
     from flwr_sheaf.apps.client_app import app as cnn_client_app
     from flwr_sheaf.config import FederationConfig, LocalTrainConfig, SheafConfig
-    from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+    from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
     from flwr_sheaf.testing import LocalGrid
 
     rc = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "lambda": 0.5, "seed": 0}
@@ -326,7 +326,7 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
 
 def test_without_raw_pilots_multi_hop_and_diagnostics_are_skipped_with_a_reason():
     from flwr_sheaf.config import FederationConfig
-    from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+    from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 
     s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring", non_edge_pairs=5))
     s.evaluation.holds_raw_pilots = False
@@ -350,7 +350,7 @@ def test_a_phase2_reply_with_bad_non_edge_entries_is_that_nodes_failure_reason()
     from types import SimpleNamespace
 
     from flwr_sheaf.config import FederationConfig
-    from flwr_sheaf.strategy.sheaf_frl import SheafFRL
+    from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 
     s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring"))
     plan = [(2, np.eye(3), [2, 1, 0])]

@@ -29,8 +29,8 @@ from flwr_sheaf.baselines.sheaf_fmtl import (
     parameter_step,
 )
 from flwr_sheaf.client.common import model_key
-from flwr_sheaf.client.sheaf_fmtl import SheafFMTLClient, trainable_vector
 from flwr_sheaf.config import ConfigError, RunConfig, ScenarioConfig
+from flwr_sheaf.methods.sheaf_fmtl.client import SheafFMTLClient, trainable_vector
 from flwr_sheaf.models.zoo import zoo_specs
 from flwr_sheaf.protocol import (
     CONFIG,

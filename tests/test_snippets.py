@@ -392,19 +392,6 @@ def _check_imports(tree: ast.Module, label: str, ns: dict[str, Any], report: PyR
                     continue
                 scratch.pop("__builtins__", None)
                 ns.update(scratch)
-                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                    "flwr_sheaf."
-                ):
-                    # the file itself (an alias module replaces its own sys.modules entry)
-                    base = Path(importlib.import_module("flwr_sheaf").__file__).parent.parent
-                    origin = base / (node.module.replace(".", "/") + ".py")
-                    if origin.is_file() and origin.read_text().lstrip("\"' \n").startswith(
-                        "Deprecated"
-                    ):
-                        report.problems.append(
-                            f"{label}: line {node.lineno}: {node.module} is a deprecated alias: "
-                            f"import {', '.join(a.name for a in node.names)} from flwr_sheaf"
-                        )
 
 
 def run_python(code: str, label: str, workdir: Path) -> list[str]:

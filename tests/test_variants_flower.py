@@ -11,9 +11,9 @@ from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.scenario import cnn_task_factory
 from flwr_sheaf.client.common import build, eval_latents
 from flwr_sheaf.config import FederationConfig, LocalTrainConfig, SheafConfig
+from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.sheaf import init_map, orient_edge, procrustes
 from flwr_sheaf.strategy.checkpoint import Checkpointer, load_checkpoint
-from flwr_sheaf.strategy.sheaf_frl import SheafFRL
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)

@@ -8,12 +8,12 @@ own module named in ``method-module``) that registers a :class:`~flwr_sheaf.meth
 from __future__ import annotations
 
 from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import Strategy
 
 from ..client.task import TaskFactory
 from ..config import RunConfig
 from ..methods import METHODS, Method, get_method
 from ..methods.sheaf_fmtl import zoo_parameter_counts
-from ..strategy.base import PeerStrategy
 from .scenario import agent_specs
 
 __all__ = [
@@ -44,7 +44,7 @@ def num_nodes(config: RunConfig, method: Method | None = None) -> int:
     )
 
 
-def build_strategy(config: RunConfig) -> PeerStrategy:
+def build_strategy(config: RunConfig) -> Strategy:
     """The strategy of ``config.method`` on the run's agents (nothing is sent yet).
 
     Raises:

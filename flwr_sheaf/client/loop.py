@@ -3,8 +3,8 @@
 :func:`train_local` owns batching (drop-last, reshuffled each epoch from the round's generator),
 SGD, per-agent gradient clipping, the step cap and the non-finite-loss guard. A method's objective
 is a :class:`LossPlugin`: cross-entropy (:class:`CrossEntropy`, the non-cooperative baseline),
-Sheaf-FRL's gluing (:class:`flwr_sheaf.client.sheaf.SheafGluing`), FedProto's and FedSAF's
-prototype terms (:mod:`flwr_sheaf.client.fedproto`, :mod:`flwr_sheaf.client.fedsaf`).
+Sheaf-FRL's gluing (:class:`flwr_sheaf.methods.sheaf_frl.client.SheafGluing`), FedProto's and FedSAF's
+prototype terms (:mod:`flwr_sheaf.methods.fedproto.client`, :mod:`flwr_sheaf.methods.fedsaf.client`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from flwr_sheaf.data.sources import SOURCE_FORMS, clear_source_cache, load_sourc
 __all__ = [
     "AgentData",
     "FederatedSplit",
-    "LabelShiftPartitioner",
     "SOURCE_FORMS",
     "clear_source_cache",
     "label_shift_proportions",
@@ -20,12 +19,3 @@ __all__ = [
     "load_source",
     "make_federated_split",
 ]
-
-
-def __getattr__(name: str):
-    """``LabelShiftPartitioner`` is imported on first use (flwr-datasets is slow to import)."""
-    if name == "LabelShiftPartitioner":
-        from flwr_sheaf.data.hf import LabelShiftPartitioner
-
-        return LabelShiftPartitioner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

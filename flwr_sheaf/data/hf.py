@@ -1,8 +1,8 @@
 """flwr-datasets integration ("hf" extra): the paper's partition as a flwr-datasets ``Partitioner``.
 
 Kept out of :mod:`flwr_sheaf.data.partition` so that importing the package does not import
-flwr-datasets (seconds per process); ``flwr_sheaf.data.LabelShiftPartitioner`` and
-``flwr_sheaf.data.partition.LabelShiftPartitioner`` load this module on first use.
+flwr-datasets (seconds per process): import it from here,
+``from flwr_sheaf.data.hf import LabelShiftPartitioner``.
 """
 
 from __future__ import annotations

@@ -51,7 +51,6 @@ __all__ = [
     "PreparedSplit",
     "check_all_agents",
     "split_floor",
-    "LabelShiftPartitioner",  # noqa: F822 - defined lazily by the module __getattr__
     "PARTITIONER_FORMS",
     "parse_partitioner",
     "make_dirichlet_split",
@@ -868,15 +867,3 @@ def load_agent_data(
     return agent_data(
         prepare_split(dataset, class_sets, shift, seed, num_pilots, partitioner), partition_id
     )
-
-
-# ----------------------------------------------------------------------------------- flwr-datasets
-def __getattr__(name: str):
-    """``LabelShiftPartitioner`` is defined in :mod:`flwr_sheaf.data.hf` and imported on first use:
-    importing flwr-datasets costs seconds (it pulls in ``datasets``, pandas, seaborn), which every
-    ClientApp process of the deployment engine would otherwise pay per message."""
-    if name == "LabelShiftPartitioner":
-        from flwr_sheaf.data.hf import LabelShiftPartitioner
-
-        return LabelShiftPartitioner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

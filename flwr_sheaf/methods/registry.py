@@ -48,7 +48,7 @@ class Method:
     Attributes:
         name: the run-config value (``method = "<name>"``).
         action: the message action both sides use (``train.<action>``, ...); one constant per unit.
-        strategy: ``strategy(config, num_nodes) -> Strategy`` (a strategy with the ``PeerStrategy``
+        strategy: ``strategy(config, num_nodes) -> Strategy`` (a strategy with the ``GraphStrategy``
             results interface: ``history``, ``node_results``, ``edge_results``, ``failures``,
             ``results_extra()``, ``checkpointer``).
         handlers: ``handlers(app, factory) -> app`` registering its ClientApp handlers.

@@ -1,9 +1,9 @@
 """Pilot selection strategies and Parseval normalisation (paper App. B; docs/variants.md).
 
-No Flower here: the strategy (:mod:`flwr_sheaf.strategy.sheaf_frl`) decides each server round's
+No Flower here: the strategy (:mod:`flwr_sheaf.methods.sheaf_frl.strategy`) decides each server round's
 :class:`PilotSelection` with a :class:`PilotSampler`, sends it to every trained node, and relays the
 neighbours' pilot matrices reduced by :func:`apply_selection`; the node reduces its own pilots the
-same way (:mod:`flwr_sheaf.client.sheaf`). Row convention throughout: a pilot matrix is ``(K, d)``
+same way (:mod:`flwr_sheaf.methods.sheaf_frl.client`). Row convention throughout: a pilot matrix is ``(K, d)``
 (rows = pilot samples), the paper's ``A_i`` is its transpose ``(d, K)``.
 
 Strategies (run-config key ``pilot-strategy``):

@@ -16,7 +16,6 @@ from flwr.app import ArrayRecord, RecordDict
 from ..protocol import NodeInfo, weight_problem
 
 __all__ = [
-    "PeerStrategy",  # noqa: F822 - PeerStrategy comes from the module __getattr__ (an alias)
     "RoundRecord",
     "EvaluationSummary",
     "Node",
@@ -151,12 +150,3 @@ def _numeric(d: Mapping[str, Any]) -> MetricValues:
     return {
         k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
-
-
-def __getattr__(name: str) -> Any:
-    """``PeerStrategy``: the old name of the one strategy base, :class:`~flwr_sheaf.strategy.graph.GraphStrategy`."""
-    if name == "PeerStrategy":
-        from .graph import GraphStrategy
-
-        return GraphStrategy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

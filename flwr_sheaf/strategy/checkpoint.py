@@ -1,6 +1,6 @@
 """Server checkpoints and exact resume of a stopped run (docs/resume.md).
 
-:class:`Checkpointer` is the hook :meth:`flwr_sheaf.strategy.base.PeerStrategy.start` calls:
+:class:`Checkpointer` is the hook :meth:`flwr_sheaf.strategy.graph.GraphStrategy.start` calls:
 
 - after discovery, :meth:`Checkpointer.restore` (only when resuming) checks the checkpoint against
   the run config and the rediscovered nodes and puts the strategy's state back; ``start`` then

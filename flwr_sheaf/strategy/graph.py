@@ -70,7 +70,7 @@ from .base import MetricValues, Node, RoundRecord, _numeric, nanmean, record_byt
 from .checkpoint import Checkpointer
 from .evaluation import EvaluationResult, GraphEvaluation, summarise_accuracies
 
-__all__ = ["GraphStrategy", "PeerStrategy", "RunFailedError", "summarise_accuracies"]
+__all__ = ["GraphStrategy", "RunFailedError", "summarise_accuracies"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -865,7 +865,3 @@ class GraphStrategy(Strategy):
         }
         out["non_edges"] = self.last_evaluation.non_edges
         return out
-
-
-#: the old name of the one base (``flwr_sheaf.strategy.base.PeerStrategy`` still resolves to it).
-PeerStrategy = GraphStrategy

@@ -208,5 +208,5 @@ class ComFedClient(ClientMethod):
 def register_comfed_handlers(
     app: ClientApp, factory: TaskFactory, action: str = ACTION
 ) -> ClientApp:
-    """Add ComFed's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.comfed.ComFed`)."""
+    """Add ComFed's handlers under ``action`` (pair with :class:`flwr_sheaf.methods.comfed.strategy.ComFed`)."""
     return register_method_handlers(app, factory, ComFedClient(action))

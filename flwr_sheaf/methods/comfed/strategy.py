@@ -52,7 +52,7 @@ class ComFed(GraphStrategy):
         discovery_timeout: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         comfed: alignment weight and shared dimension.
         num_classes: label-space size (the paper's 10).
-        action: message action (pair with :func:`flwr_sheaf.client.comfed.register_comfed_handlers`).
+        action: message action (pair with :func:`flwr_sheaf.methods.comfed.client.register_comfed_handlers`).
 
     Raises:
         ValueError: bad config values (named); at discovery, ``comfed-dim = none`` with different d_i.

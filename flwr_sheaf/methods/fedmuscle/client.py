@@ -156,5 +156,5 @@ class FedMuscleClient(ClientMethod):
 def register_fedmuscle_handlers(
     app: ClientApp, factory: TaskFactory, action: str = ACTION
 ) -> ClientApp:
-    """Add FedMuscle's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.fedmuscle.FedMuscle`)."""
+    """Add FedMuscle's handlers under ``action`` (pair with :class:`flwr_sheaf.methods.fedmuscle.strategy.FedMuscle`)."""
     return register_method_handlers(app, factory, FedMuscleClient(action))

@@ -54,7 +54,7 @@ class FedMuscle(GraphStrategy):
         train: local SGD settings.
         fedmuscle: weight, cycle length, temperature, common dimension, pilot batch.
         graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
-        action: message action (pair with :func:`flwr_sheaf.client.fedmuscle.register_fedmuscle_handlers`).
+        action: message action (pair with :func:`flwr_sheaf.methods.fedmuscle.client.register_fedmuscle_handlers`).
         discovery_timeout: seconds to wait for SuperNodes.
 
     Raises:

@@ -171,5 +171,5 @@ class FedProtoClient(ClientMethod):
 def register_fedproto_handlers(
     app: ClientApp, factory: TaskFactory, action: str = ACTION
 ) -> ClientApp:
-    """Add FedProto's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.fedproto.FedProto`)."""
+    """Add FedProto's handlers under ``action`` (pair with :class:`flwr_sheaf.methods.fedproto.strategy.FedProto`)."""
     return register_method_handlers(app, factory, FedProtoClient(action))

@@ -51,7 +51,7 @@ class FedProto(GraphStrategy):
         fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
         num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
         graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
-        action: message action (pair with :func:`flwr_sheaf.client.fedproto.register_fedproto_handlers`).
+        action: message action (pair with :func:`flwr_sheaf.methods.fedproto.client.register_fedproto_handlers`).
         discovery_timeout: seconds to wait for SuperNodes.
 
     Raises:

@@ -107,5 +107,5 @@ class FedSAFClient(FedProtoClient):
 def register_fedsaf_handlers(
     app: ClientApp, factory: TaskFactory, action: str = ACTION
 ) -> ClientApp:
-    """Add FedSAF's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.fedsaf.FedSAF`)."""
+    """Add FedSAF's handlers under ``action`` (pair with :class:`flwr_sheaf.methods.fedsaf.strategy.FedSAF`)."""
     return register_method_handlers(app, factory, FedSAFClient(action))

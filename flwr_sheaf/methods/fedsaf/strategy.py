@@ -4,7 +4,7 @@ The server side is FedProto's (prototype exchange, validation, aggregation, eval
 the same components (:class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator`); only the
 nodes' objective differs, chosen by ``fedsaf.structure``: ``gcsa`` / ``rcsa`` (FedSAF), or the
 coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype level) and
-``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.client.fedsaf.register_fedsaf_handlers`.
+``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.methods.fedsaf.client.register_fedsaf_handlers`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class NonCooperative(GraphStrategy):
         train: local SGD settings.
         graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
         action: message action (pair with
-            :func:`flwr_sheaf.client.noncooperative.register_noncooperative_handlers`).
+            :func:`flwr_sheaf.methods.noncooperative.client.register_noncooperative_handlers`).
         discovery_timeout: seconds to wait for SuperNodes.
 
     Raises:

@@ -1,13 +1,13 @@
 """RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines.md, s5).
 
-:class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.strategy.rfedags.RFedAGS` except the
+:class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` except the
 round's messages and the server step: discovery, the shared Bernoulli(p_i) sampler
 (:class:`flwr_sheaf.participation.ParticipationSampler`, so all four methods train the same nodes in the
 same rounds), the weights of ``mode`` (default ``"uncorrected"``, the papers' mean over responders;
 ``"known-p"`` / ``"corrected"`` apply RFedAGS's correction to the baseline), failure handling, metrics.
 The maths are :mod:`flwr_sheaf.rfedags.baselines`, the same functions
 :func:`~flwr_sheaf.rfedags.runner.run_federated` calls; the ClientApp side is
-:func:`flwr_sheaf.client.rfedags.register_rfedags_baseline_handlers`.
+:func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
 Per server round ``t`` (action ``a`` = the method name):
 
@@ -89,10 +89,10 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     """RFedAvg / RFedSVRG / RFedProj under arbitrary participation (module docstring).
 
     Args:
-        num_nodes, participation: as :class:`~flwr_sheaf.strategy.rfedags.RFedAGS`.
+        num_nodes, participation: as :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`.
         method: one of :data:`~flwr_sheaf.rfedags.baselines.BASELINES` (also the message action).
         mode: aggregation weights (default ``"uncorrected"``: ``1/|S_t|``).
-        **kwargs: the other keyword arguments of :class:`~flwr_sheaf.strategy.rfedags.RFedAGS`
+        **kwargs: the other keyword arguments of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`
             (``local_steps``, ``step_size``, ``decay_rounds``, ``global_step`` (varpi / eta_g),
             ``q_min``, ``estimator``, ``manifold``, ``minibatch_size``, ``seed``, ``discovery_timeout``).
 
@@ -138,7 +138,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """:meth:`PeerStrategy.start`; remembers ``timeout`` for RFedSVRG's gradient round trip."""
+        """:meth:`GraphStrategy.start`; remembers ``timeout`` for RFedSVRG's gradient round trip."""
         self._timeout = float(timeout)
         return super().start(
             grid,

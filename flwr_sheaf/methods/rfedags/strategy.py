@@ -258,7 +258,7 @@ class RFedAGS(GraphStrategy, RiemannianState):
         action: message action name (default ``"rfedags"``).
         round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
             (e.g. the planted problem's optimality gap and distance to the optimum).
-        discovery_timeout: see :class:`~flwr_sheaf.strategy.base.PeerStrategy`.
+        discovery_timeout: see :class:`~flwr_sheaf.strategy.graph.GraphStrategy`.
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes; (in ``configure_train``) an initial

@@ -181,5 +181,5 @@ class SheafFMTLClient(ClientMethod):
 def register_sheaf_fmtl_handlers(
     app: ClientApp, factory: TaskFactory, action: str = ACTION
 ) -> ClientApp:
-    """Add Sheaf-FMTL's handlers under ``action`` (pair with :class:`flwr_sheaf.strategy.sheaf_fmtl.SheafFMTL`)."""
+    """Add Sheaf-FMTL's handlers under ``action`` (pair with :class:`flwr_sheaf.methods.sheaf_fmtl.strategy.SheafFMTL`)."""
     return register_method_handlers(app, factory, SheafFMTLClient(action))

@@ -83,7 +83,7 @@ class SheafFMTL(GraphStrategy):
         train: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         graph: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         discovery_timeout: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        action: message action (pair with :func:`flwr_sheaf.client.sheaf_fmtl.register_sheaf_fmtl_handlers`).
+        action: message action (pair with :func:`flwr_sheaf.methods.sheaf_fmtl.client.register_sheaf_fmtl_handlers`).
 
     Raises:
         ValueError: ``num_params`` does not cover ``0..num_nodes-1`` with positive counts.
@@ -193,7 +193,7 @@ class SheafFMTL(GraphStrategy):
 
 
 def _main(argv: list[str]) -> None:
-    """``python -m flwr_sheaf.strategy.sheaf_fmtl [zoo] [gamma] [graph]``: print the per-node map memory."""
+    """``python -m flwr_sheaf.methods.sheaf_fmtl.strategy [zoo] [gamma] [graph]``: print the per-node map memory."""
     from ...models.zoo import build_agent, count_parameters, zoo_specs
     from ...topology import build_graph
 

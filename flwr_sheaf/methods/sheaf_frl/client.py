@@ -574,7 +574,7 @@ def register_sheaf_handlers(
 ) -> ClientApp:
     """Add Sheaf-FRL's ``query``/``train``/``evaluate``/``evaluate_comm`` handlers under ``action``.
 
-    Pair with :class:`flwr_sheaf.strategy.sheaf_frl.SheafFRL` (same ``action``). ``factory(context)``
+    Pair with :class:`flwr_sheaf.methods.sheaf_frl.strategy.SheafFRL` (same ``action``). ``factory(context)``
     returns the node's :class:`~flwr_sheaf.client.task.LocalTask`.
     """
     return register_method_handlers(app, factory, SheafClient(action))

@@ -108,7 +108,7 @@ class SheafFRL(GraphStrategy):
         train: local SGD settings of every node.
         sheaf: lambda, warm-up, pilot batch, absent-neighbour policy and its q floor.
         graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
-        action: message action (pair with :func:`flwr_sheaf.client.sheaf.register_sheaf_handlers`).
+        action: message action (pair with :func:`flwr_sheaf.methods.sheaf_frl.client.register_sheaf_handlers`).
         discovery_timeout: seconds to wait for SuperNodes.
 
     Every config defaults to :mod:`flwr_sheaf.config`'s defaults.

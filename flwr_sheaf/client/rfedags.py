@@ -1,7 +1,0 @@
-"""Deprecated alias of :mod:`flwr_sheaf.methods.rfedags.client` (the method's unit; kept so old imports work)."""
-
-import sys
-
-from ..methods.rfedags import client as _unit
-
-sys.modules[__name__] = _unit
