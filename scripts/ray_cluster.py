@@ -29,9 +29,20 @@ How to run on a cluster across machines: docs/running.md, "A Ray cluster".
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from pathlib import Path
+
+# one definition of Ray's address-file rule: flwr_sheaf/engine.py (the ServerApp reports with it),
+# loaded by path so that this script does not import the package (torch) to start a run
+_spec = importlib.util.spec_from_file_location(
+    "_flwr_sheaf_engine", Path(__file__).resolve().parents[1] / "flwr_sheaf" / "engine.py"
+)
+assert _spec is not None and _spec.loader is not None
+_engine = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_engine)
+ray_address_file = _engine.ray_address_file
 
 __all__ = [
     "CLUSTER_CONFLICTS",
@@ -53,21 +64,6 @@ CLUSTER_CONFLICTS = {
 
 class RayClusterError(ValueError):
     """A run's Ray cluster settings that cannot work; the message names the setting and the fix."""
-
-
-def ray_address_file(env: dict[str, str] | None = None) -> Path:
-    """Where ``ray start`` records the cluster that a plain ``ray.init()`` on this machine joins.
-
-    Ray 2.55 (``ray._common.utils.get_default_ray_temp_dir``): ``$RAY_TMPDIR/ray``, else
-    ``$TMPDIR/ray`` (Linux), else ``/tmp/ray``; the file is ``ray_current_cluster`` in it, holding
-    ``host:port`` of the cluster's GCS.
-
-    Args:
-        env: the environment the simulation will see (default: ``os.environ``).
-    """
-    env = os.environ if env is None else env
-    root = env.get("RAY_TMPDIR") or env.get("TMPDIR") or "/tmp"
-    return Path(root) / "ray" / "ray_current_cluster"
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -4,7 +4,9 @@
   ``run_flwr.py`` sets (a forgotten ``ray start`` captures a plain run; ``RAY_ADDRESS=local`` does
   not), and the settings refused before anything starts (a ``RAY_ADDRESS`` nobody passed,
   ``init-args-num-cpus`` on a cluster, an address where no cluster answers, a ``ray://`` address).
-- Engine test: a two-node Ray cluster on this host (its own temp dirs, free ports, one CPU per
+- Engine tests: a stale ``ray_current_cluster`` file (what a forgotten ``ray start`` leaves) does
+  not capture a ``run_flwr.py`` run without ``--ray-address`` (a plain ``flwr run`` would try to
+  join the dead address and fail); a two-node Ray cluster on this host (its own temp dirs, free ports, one CPU per
   node), ``flwr run`` through ``run_flwr.py --ray-address``, then Ray's task timeline read from the
   cluster's GCS: ``ClientAppActor.run`` executed by a worker of each node (a worker's node is the
   node whose temp dir holds its log file). Exactly the processes of the two ``ray start`` sessions
@@ -126,6 +128,28 @@ def test_resources_ray_refuses_on_a_cluster_are_refused_naming_ray_start(key):
     assert f"{key}=2" in msg and f"ray start --num-{key.rsplit('-', 1)[1]} N" in msg
     assert "verbose" not in msg
     check_federation_for_cluster({"verbose": "true", "init-args-logging-level": "INFO"}, "x:1")
+
+
+def test_the_serverapp_warns_about_a_cluster_nobody_named(caplog):
+    from flwr_sheaf.engine import describe_ray, warn_if_unasked
+
+    if "ray" not in sys.modules:  # Ray not started in this process: nothing to describe
+        assert describe_ray() is None
+    info = {
+        "ray_address": "10.0.0.5:6379",
+        "ray_nodes": 3,
+        "existing_cluster": True,
+        "joined_through": "/tmp/ray/ray_current_cluster",
+    }
+    with caplog.at_level("INFO", logger="flwr_sheaf"):
+        warn_if_unasked(info)
+        warn_if_unasked({**info, "joined_through": "RAY_ADDRESS"})
+        warn_if_unasked({**info, "existing_cluster": False})
+    warn, named = caplog.records
+    assert warn.levelname == "WARNING" and "nobody named" in warn.getMessage()
+    assert "/tmp/ray/ray_current_cluster" in warn.getMessage()
+    assert "--ray-address 10.0.0.5:6379" in warn.getMessage()
+    assert named.levelname == "INFO" and "named by RAY_ADDRESS" in named.getMessage()
 
 
 def _run_flwr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -329,6 +353,11 @@ def test_flwr_run_on_a_two_node_ray_cluster_runs_clientapps_on_both_nodes(tmp_pa
         assert f"RAY_ADDRESS={cluster.address}" in proc.stdout
         res = json.loads((out / "results.json").read_text())
         assert [r["round"] for r in res["rounds"]] == [1] and len(res["nodes"]) == 4
+        # the ServerApp says where its ClientApps ran (results.json `engine`)
+        assert res["engine"]["existing_cluster"] is True and res["engine"]["ray_nodes"] == 2
+        assert res["engine"]["joined_through"] == "RAY_ADDRESS"
+        assert res["engine"]["ray_address"].endswith(":" + cluster.address.rsplit(":", 1)[1])
+        assert res["engine"]["ray_cpus"] == 2.0
         tl = subprocess.run(
             [sys.executable, "-c", TIMELINE, cluster.address],
             capture_output=True,
@@ -355,3 +384,48 @@ def test_flwr_run_on_a_two_node_ray_cluster_runs_clientapps_on_both_nodes(tmp_pa
             shutil.rmtree(root, ignore_errors=True)
     assert not left, f"processes of the test's Ray cluster still alive: {left}"
     assert cluster.sessions, cluster.log
+
+
+@pytest.mark.engine
+def test_a_forgotten_ray_start_does_not_capture_a_run_without_ray_address(tmp_path):
+    """The file names a cluster that is gone (nothing listens there): joined, the run would fail.
+    run_flwr.py gives the run its own Ray instance, completes it and names the file."""
+    root = Path(tempfile.mkdtemp(prefix="fs-raytmp-", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        (dead,) = _free_ports(1)
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env.update(_record_cluster(root, f"127.0.0.1:{dead}"))
+        out = tmp_path / "res"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                RUN_FLWR,
+                "--num-supernodes",
+                "4",
+                "--port",
+                str(_free_superlink_port()),
+                "--timeout",
+                "600",
+                "--run-config",
+                f"zoo='tiny-4' num-pilots=64 local-epochs=1 graph='ring' num-server-rounds=1 "
+                f"results-dir='{out}'",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=700,
+            env=env,
+        )
+        assert proc.returncode == 0 and "finished:completed" in proc.stdout, (
+            proc.stdout[-3000:] + proc.stderr[-3000:]
+        )
+        assert str(root / "ray" / "ray_current_cluster") in proc.stdout
+        assert f"--ray-address 127.0.0.1:{dead}" in proc.stdout
+        assert "RAY_ADDRESS=local (a private local Ray instance)" in proc.stdout
+        res = json.loads((out / "results.json").read_text())
+        assert res["rounds"][0]["round"] == 1
+        # a private instance: started by the simulation itself, one node
+        assert res["engine"]["existing_cluster"] is False and res["engine"]["ray_nodes"] == 1
+        assert res["engine"]["joined_through"] is None
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

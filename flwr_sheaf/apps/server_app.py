@@ -12,6 +12,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..config import RunConfig
+from ..engine import describe_ray, warn_if_unasked
 from ..methods import parse_run_config
 from ..preflight import preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
@@ -103,6 +104,10 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             tracker.close()
     wall = time.monotonic() - t0
     extra: dict[str, Any] = {}
+    engine = describe_ray()  # the Ray cluster the ClientApps ran on (None without Ray)
+    warn_if_unasked(engine)
+    if engine is not None:
+        extra["engine"] = engine
     if ckpt.restored_round:
         extra["resumed"] = {
             "checkpoint": str(ckpt.resume_from),
