@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU session (issue "GPUs for real"; docs/devices.md, "The prepared GPU session").
 # Run from the repository root on a CUDA machine whose python3 has torch. flwr, Ray (trimmed) and the
-# other missing packages come from the device bundle in .bundle/ (scripts/device_bundle.py), the
+# other missing packages come from the device bundle in .bundle/ (tools/device_bundle.py), the
 # data from .bundle-data/ (or $FLWR_SHEAF_DATA). Everything it measures goes to $OUT as soon as it
 # exists (a run stopped at its limit still returns what it measured); at most 8 files:
 #   session.log, summary.jsonl (one line per finished step), gpu_tests.xml, floor.json,
@@ -28,12 +28,12 @@ snapshot() { tar czf "$OUT/runs.tgz.part" -C "$WORK" --exclude='*.log' --exclude
 trap 'kill $SNAP 2>/dev/null; snapshot; el "done (work in $WORK)"' EXIT
 
 PY="${PY:-python3}"
-# The device bundle (scripts/device_bundle.py): packages in .bundle/, data in .bundle-data/ (two
+# The device bundle (tools/device_bundle.py): packages in .bundle/, data in .bundle-data/ (two
 # back-to-back runs when both do not fit one carry: docs/devices.md); /tmp/site lasts while warm.
 for b in .bundle .bundle-data; do
   if [ -z "${SMOKE:-}" ] && [ -f "$b/manifest.json" ]; then
     el "installing $b"
-    $PY scripts/device_bundle.py install "$b" --target /tmp/site --data-dir .gpudata \
+    $PY tools/device_bundle.py install "$b" --target /tmp/site --data-dir .gpudata \
       || { note "{\"step\": \"install $b\", \"ok\": false}"; exit 1; }
   fi
 done

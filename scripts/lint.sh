@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
 # shellcheck disable=SC1091
 . .venv/bin/activate
-PATHS=(flwr_sheaf scripts benchmarks simulations tests examples/dropin_app)
+PATHS=(flwr_sheaf scripts tools benchmarks simulations tests examples/dropin_app)
 if [ "${1:-}" = "--fix" ]; then
   ruff check --fix "${PATHS[@]}" || true
   ruff format "${PATHS[@]}"

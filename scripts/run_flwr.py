@@ -11,7 +11,7 @@ wrapper (used by the README's main job and the engine tests):
 4. stops the SuperLink (and its SuperExec) that step 2 started. Ports already in use are refused
    before anything starts, so the processes on them at the end are this run's own.
 
-The Ray cluster is chosen explicitly (scripts/ray_cluster.py): ``--ray-address host:port`` runs the
+The Ray cluster is chosen explicitly (flwr_sheaf/tools/ray_cluster.py): ``--ray-address host:port`` runs the
 ClientApps on that existing cluster (its GCS must answer; ``init-args-num-cpus/-gpus`` in
 ``--federation-config`` are refused: each node declares its resources with ``ray start``);
 without it the run gets a private local Ray instance (``RAY_ADDRESS=local``) even where a
@@ -26,6 +26,7 @@ Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import socket
 import subprocess
@@ -36,14 +37,28 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flwr_cli import find_flwr, flwr_env, run_status  # noqa: E402
-from ray_cluster import (  # noqa: E402
-    RayClusterError,
-    check_federation_for_cluster,
-    check_reachable,
-    ray_environment,
+# the package's flwr CLI helpers, loaded by path: importing flwr_sheaf would import torch and flwr
+# (seconds), which a run refused for a busy port should not wait for
+_spec = importlib.util.spec_from_file_location(
+    "_flwr_sheaf_flwr_cli", Path(__file__).resolve().parents[1] / "flwr_sheaf/tools/flwr_cli.py"
 )
+assert _spec is not None and _spec.loader is not None
+_flwr_cli = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_flwr_cli)
+find_flwr, flwr_env, run_status = _flwr_cli.find_flwr, _flwr_cli.flwr_env, _flwr_cli.run_status
+
+# which Ray cluster the run gets (loaded by path for the same reason)
+_spec = importlib.util.spec_from_file_location(
+    "_flwr_sheaf_ray_cluster",
+    Path(__file__).resolve().parents[1] / "flwr_sheaf/tools/ray_cluster.py",
+)
+assert _spec is not None and _spec.loader is not None
+_ray_cluster = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ray_cluster)
+RayClusterError = _ray_cluster.RayClusterError
+check_federation_for_cluster = _ray_cluster.check_federation_for_cluster
+check_reachable = _ray_cluster.check_reachable
+ray_environment = _ray_cluster.ray_environment
 
 
 def stop_superlink(port: int) -> int:

@@ -5,7 +5,7 @@ Setup (RFedAGS paper, synthetic PCA; the authors' ``PCAStief_Syn_40.m``; docs/ba
 ``(i/N) N(0, I_d)``), participation ``p_i ~ U(0, 1)`` (Bernoulli per round), ``K = 5`` local steps,
 mini-batch ``50`` without replacement, fixed step ``alpha = 6e-3`` (the authors'), ``1000`` rounds.
 
-Methods (each a ``(method, mode)`` of :func:`flwr_sheaf.rfedags.runner.run_federated`, the loop whose
+Methods (each a ``(method, mode)`` of ``run_federated`` of ``tests/oracles/rfedags_runner.py``, the loop whose
 client and server functions the Flower strategies call; the maths layer is used directly because 40
 Flower clients x 1000 rounds x 18 runs would take hours on this 2-core machine):
 
@@ -43,12 +43,16 @@ import csv  # noqa: E402
 import math  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from flwr_sheaf.rfedags.pca import PCAProblem, paper_participation, synthetic_pca_problem  # noqa: E402
-from flwr_sheaf.rfedags.runner import run_federated  # noqa: E402
+
+# the numpy loop is the tests' oracle of the Flower strategies (tests/oracles/), not package code
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracles.rfedags_runner import run_federated  # noqa: E402
 
 #: label -> (method, mode) of run_federated
 METHODS = {

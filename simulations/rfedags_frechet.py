@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
+import sys
 from pathlib import Path
 
 from flwr_sheaf.rfedags.aggregation import effective_weights_uncorrected
@@ -26,7 +27,10 @@ from flwr_sheaf.rfedags.frechet import (
     commuting_spd_problem,
     symmetric_poincare_problem,
 )
-from flwr_sheaf.rfedags.runner import run_federated
+
+# the numpy loop is the tests' oracle of the Flower strategies (tests/oracles/), not package code
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracles.rfedags_runner import run_federated  # noqa: E402
 
 RUNS = {
     "RFedAGS (estimated p)": ("rfedags", "corrected"),

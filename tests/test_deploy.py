@@ -1,4 +1,4 @@
-"""Deployment-engine tests: one SuperLink + SuperNodes as separate OS processes (scripts/deploy_local.py).
+"""Deployment-engine tests: one SuperLink + SuperNodes as separate OS processes (flwr_sheaf.tools.deploy_local).
 
 Marked ``engine`` (CI runs them; skip locally with ``-m "not engine"``). One module-scoped
 deployment (TLS, SuperNode authentication, 3 registered SuperNodes + 1 whose key is not
@@ -14,19 +14,25 @@ one local step per round, evaluation only in the last round.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import ssl
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from deploy_local import LocalDeployment, check_run_config, make_node_key, make_tls, to_run_config  # noqa: E402
+from flwr_sheaf.tools.deploy_local import (
+    LocalDeployment,
+    check_run_config,
+    make_node_key,
+    make_tls,
+    to_run_config,
+)
 
 N = 3
 SMALL = "zoo='tiny-3' graph='ring' num-pilots=32 local-epochs=1 max-steps-per-epoch=1 discovery-timeout=180"
@@ -53,6 +59,48 @@ def test_generated_certificates_chain_to_the_ca_and_name_the_hosts(tmp_path):
     other = make_tls(tmp_path / "other", ["127.0.0.1"])
     with pytest.raises(Exception):  # noqa: B017 - cryptography raises several types; a different CA does not vouch for this certificate
         cert.verify_directly_issued_by(x509.load_pem_x509_certificate(other["ca"].read_bytes()))
+
+
+def test_the_package_installs_the_tool_with_its_extra():
+    """pyproject: the console entry point resolves to the tool's ``main``; its dependencies are the
+    ``deploy`` extra (also in ``dev``), not hard dependencies of the package."""
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())[
+        "project"
+    ]
+    module, _, attr = project["scripts"]["flwr-sheaf-deploy"].partition(":")
+    entry = getattr(importlib.import_module(module), attr)
+    assert entry.__module__ == "flwr_sheaf.tools.deploy_local" and entry.__name__ == "main"
+    names = {
+        extra: {r.split(">")[0].split("=")[0].strip() for r in reqs}
+        for extra, reqs in project["optional-dependencies"].items()
+    }
+    assert {"cryptography", "psutil"} <= names["deploy"] & names["dev"]
+    hard = {r.split(">")[0].split("=")[0].split("[")[0].strip() for r in project["dependencies"]}
+    assert not hard & {"cryptography", "psutil"}
+    with pytest.raises(SystemExit) as ex:
+        entry(["--help"])
+    assert ex.value.code == 0
+
+
+def test_a_missing_dependency_names_the_deploy_extra(monkeypatch, tmp_path):
+    # None in sys.modules makes `import psutil` raise ImportError, as on a machine without it
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    for mod in ("flwr_sheaf.tools.deploy_local", "flwr_sheaf.tools.flwr_cli"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    for mod in ("flwr_sheaf.tools.flwr_cli", "flwr_sheaf.tools.deploy_local"):
+        with pytest.raises(
+            ImportError, match=r"needs 'psutil'.*pip install 'flwr-sheaf\[deploy\]'"
+        ):
+            importlib.import_module(mod)
+    # every cryptography module, also those already imported (a cached submodule would be found)
+    for name in [m for m in sys.modules if m.split(".")[0] == "cryptography"] + ["cryptography"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(
+        ImportError, match=r"needs 'cryptography'.*pip install 'flwr-sheaf\[deploy\]'"
+    ):
+        make_tls(tmp_path, ["127.0.0.1"])
+    with pytest.raises(ImportError, match=r"needs 'cryptography'.*flwr-sheaf\[deploy\]"):
+        make_node_key(tmp_path, "site-0")
 
 
 def test_node_keys_are_what_flower_reads(tmp_path):

@@ -1,4 +1,4 @@
-"""scripts/device_bundle.py: wheel trimming, the budget check, the data round trip, install's checks.
+"""tools/device_bundle.py: wheel trimming, the budget check, the data round trip, install's checks.
 
 No network: a fake Ray wheel is built with zipfile (a correct RECORD, as real wheels have), trimmed,
 checked member by member against hashes recomputed here, and installed with pip (``--no-index``,
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tools"))
 import device_bundle as db  # noqa: E402
 
 WHEEL = "ray-2.55.1-cp312-cp312-manylinux2014_x86_64.whl"

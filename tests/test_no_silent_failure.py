@@ -235,11 +235,8 @@ def test_missing_client_handlers_name_the_register_function(tmp_path):
 
 
 def test_deploy_local_refuses_zero_supernodes():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from deploy_local import check_run_config, main
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from flwr_sheaf.tools.deploy_local import check_run_config, main
+
     with pytest.raises(ValueError, match=r"--num-supernodes 0: must be an integer >= 1") as err:
         check_run_config("zoo='tiny-3' graph='ring'", 0)
     assert "tiny-0" not in str(err.value)

@@ -1,4 +1,5 @@
-"""The simulation on a Ray cluster, chosen explicitly (scripts/ray_cluster.py, scripts/run_flwr.py).
+"""The simulation on a Ray cluster, chosen explicitly (flwr_sheaf/tools/ray_cluster.py,
+scripts/run_flwr.py).
 
 - Fast tests: which cluster Ray's own resolver picks with and without the ``RAY_ADDRESS`` that
   ``run_flwr.py`` sets (a forgotten ``ray start`` captures a plain run; ``RAY_ADDRESS=local`` does
@@ -29,8 +30,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from ray_cluster import (  # noqa: E402
+from flwr_sheaf.tools.ray_cluster import (
     RayClusterError,
     check_federation_for_cluster,
     ray_address_file,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.clientapp import ClientApp
+from oracles.rfedags_runner import run_federated
 from scipy import linalg as sla
 
 from flwr_sheaf.methods.rfedags.baselines_strategy import RFedBaseline
@@ -30,7 +31,6 @@ from flwr_sheaf.rfedags.frechet import commuting_spd_problem, symmetric_poincare
 from flwr_sheaf.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
 from flwr_sheaf.rfedags.participation import bernoulli_participation
 from flwr_sheaf.rfedags.pca import planted_pca_problem, run_pca_reference, synthetic_pca_problem
-from flwr_sheaf.rfedags.runner import run_federated
 from flwr_sheaf.testing import LocalGrid
 
 logging.getLogger("flwr").setLevel(logging.WARNING)

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from oracles.rfedags_runner import run_federated
 
 from flwr_sheaf.rfedags.aggregation import (
     aggregate_streams,
@@ -27,7 +28,6 @@ from flwr_sheaf.rfedags.frechet import (
 )
 from flwr_sheaf.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
 from flwr_sheaf.rfedags.participation import simulate_participation
-from flwr_sheaf.rfedags.runner import run_federated
 
 T = torch.from_numpy
 

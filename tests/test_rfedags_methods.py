@@ -1,5 +1,5 @@
 """The RFedAGS family as methods of the app: selectable by ``method``, on the planted problems, with
-the numpy loop (:func:`flwr_sheaf.rfedags.runner.run_federated`) as the oracle."""
+the numpy loop (``run_federated`` of ``tests/oracles/rfedags_runner.py``) as the oracle."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracles.rfedags_runner import run_federated
 
 from flwr_sheaf.apps.client_app import app
 from flwr_sheaf.apps.methods import num_nodes
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.methods import parse_run_config
 from flwr_sheaf.methods.rfedags import planted_problem
-from flwr_sheaf.rfedags.runner import run_federated
 from flwr_sheaf.testing import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]

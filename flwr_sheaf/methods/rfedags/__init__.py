@@ -5,7 +5,7 @@
 ``poincare``: Poincaré-ball Fréchet mean). Participation: the run-config ``participation`` spec, or
 (empty) the planted problem's own heterogeneous probabilities. Each round records the problem's
 optimality ``gap`` and ``distance_to_optimum`` in ``results.json``. The numpy loop
-:func:`flwr_sheaf.rfedags.runner.run_federated` is kept as the test oracle of these strategies.
+``run_federated`` of ``tests/oracles/rfedags_runner.py`` is kept as the test oracle of these strategies.
 """
 
 from __future__ import annotations

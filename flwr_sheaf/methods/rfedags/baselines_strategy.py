@@ -6,7 +6,7 @@ round's messages and the server step: discovery, the shared Bernoulli(p_i) sampl
 same rounds), the weights of ``mode`` (default ``"uncorrected"``, the papers' mean over responders;
 ``"known-p"`` / ``"corrected"`` apply RFedAGS's correction to the baseline), failure handling, metrics.
 The maths are :mod:`flwr_sheaf.rfedags.baselines`, the same functions
-:func:`~flwr_sheaf.rfedags.runner.run_federated` calls; the ClientApp side is
+``run_federated`` of ``tests/oracles/rfedags_runner.py`` calls; the ClientApp side is
 :func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
 Per server round ``t`` (action ``a`` = the method name):

@@ -100,7 +100,7 @@ class RFedAGSLocalProblem(Protocol):
 
 
 class FederatedProblem(Protocol):
-    """A federated problem of :mod:`flwr_sheaf.rfedags.runner` as :class:`ProblemClient` reads it
+    """A federated problem of ``tests/oracles/rfedags_runner.py`` as :class:`ProblemClient` reads it
     (``PCAProblem``, ``FrechetMeanProblem``; an optional ``samples (N, S, ...)`` array enables mini-batches)."""
 
     @property
@@ -171,11 +171,11 @@ class PCAClientProblem:
 
 @dataclass
 class ProblemClient:
-    """Client ``client`` of any federated problem of :mod:`flwr_sheaf.rfedags.runner` (PCA, Fréchet means).
+    """Client ``client`` of any federated problem of ``tests/oracles/rfedags_runner.py`` (PCA, Fréchet means).
 
     Reads the same config keys as :class:`PCAClientProblem` (``minibatch-size``, ``seed``) and draws the
     same batches (:func:`~flwr_sheaf.rfedags.pca.batch_indices`), so a Flower run equals
-    :func:`~flwr_sheaf.rfedags.runner.run_federated` on the same inputs.
+    ``run_federated`` of ``tests/oracles/rfedags_runner.py`` on the same inputs.
 
     Raises:
         ValueError: a partition-id without data.

@@ -18,12 +18,12 @@ holding:
 Build (here; ``--part packages`` / ``--part data`` split it into two bundles for two back-to-back
 GPU runs when the whole does not fit)::
 
-    python scripts/device_bundle.py --out .bundle
+    python tools/device_bundle.py --out .bundle
 
 Install (on the GPU machine; checks every SHA-256 first, then pip-installs the wheels into
 ``/tmp/site`` and restores the data into ``.gpudata/fashion-mnist``)::
 
-    python3 scripts/device_bundle.py install .bundle
+    python3 tools/device_bundle.py install .bundle
     export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH FLWR_SHEAF_DATA=$PWD/.gpudata
 
 The install side and the functions the tests call (:func:`trim_wheel`, :func:`check_budget`,
@@ -307,7 +307,7 @@ def check_budget(
             f"{label or directory}: {_mib(total)} ({total} bytes) is over the budget of {_mib(limit_bytes)} "
             f"({limit_bytes} bytes); largest files: {names}. Fix: build two bundles for two "
             f"back-to-back runs with --part packages and --part data (a single part over budget needs fewer or "
-            f"smaller packages: TRIM, NOT_NEEDED in scripts/device_bundle.py)"
+            f"smaller packages: TRIM, NOT_NEEDED in tools/device_bundle.py)"
         )
     return total
 
@@ -554,7 +554,7 @@ def install_commands(
         )
     return {
         "with_script": [
-            f"python3 scripts/device_bundle.py install {bundle} --target {target} --data-dir {data_dir}",
+            f"python3 tools/device_bundle.py install {bundle} --target {target} --data-dir {data_dir}",
             env,
         ],
         "by_hand": by_hand + [env],
@@ -682,7 +682,7 @@ def verify_bundle(bundle: str | os.PathLike) -> dict:
     path = bundle / "manifest.json"
     if not path.is_file():
         raise BundleError(
-            f"{path} not found: not a device bundle (build one with scripts/device_bundle.py)"
+            f"{path} not found: not a device bundle (build one with tools/device_bundle.py)"
         )
     manifest = json.loads(path.read_text())
     for f in manifest["files"]:

@@ -1,11 +1,15 @@
-"""One pure-numpy loop for RFedAGS and its baselines on any federated manifold problem.
+"""Test oracle: one pure-numpy loop for RFedAGS and its baselines on any federated manifold problem.
+
+Kept in the tests (not the package) as the reference the Flower strategies are checked against
+(tests/test_rfedags_methods.py, tests/test_rfedags_baselines.py, tests/test_rfedags_manifolds.py);
+simulations/rfedags_compare.py and simulations/rfedags_frechet.py import it from here too.
 
 ``run_federated(problem, p, method=...)`` runs round ``t = 1..T``: responders
 ``S_t = bernoulli_participation(p, t, seed)`` (the participation model of docs/participation.md, s1),
 the method's client phase for every responder (batched in one call: identical maths, faster), then
 its server step with the weights of ``mode`` (:func:`~flwr_sheaf.rfedags.aggregation.participation_weights`).
 The client and server functions are the ones the Flower strategies and ClientApp handlers call
-(:mod:`~flwr_sheaf.strategy.rfedags`, :mod:`~flwr_sheaf.client.rfedags`); the loop never branches on
+(:mod:`~flwr_sheaf.methods.rfedags.strategy`, :mod:`~flwr_sheaf.methods.rfedags.client`); the loop never branches on
 the manifold, only on the method.
 
 A problem provides ``manifold``, ``num_clients``, ``samples`` (``(N, S, ...)`` or None),
@@ -20,8 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .aggregation import MODES, RFedAGSServer
-from .baselines import (
+from flwr_sheaf.rfedags.aggregation import MODES, RFedAGSServer
+from flwr_sheaf.rfedags.baselines import (
     BASELINES,
     average_ambient,
     average_endpoints,
@@ -31,9 +35,13 @@ from .baselines import (
     require_projection,
     svrg_local_steps,
 )
-from .client import local_gradient_stream
-from .participation import DEFAULT_Q_MIN, bernoulli_participation, check_probabilities
-from .pca import batch_indices
+from flwr_sheaf.rfedags.client import local_gradient_stream
+from flwr_sheaf.rfedags.participation import (
+    DEFAULT_Q_MIN,
+    bernoulli_participation,
+    check_probabilities,
+)
+from flwr_sheaf.rfedags.pca import batch_indices
 
 __all__ = ["METHODS", "run_federated"]
 

@@ -1,4 +1,9 @@
-"""Shared helpers for the scripts that drive Flower 1.42's ``flwr`` CLI (run_flwr.py, deploy_local.py).
+"""Shared helpers for the tools that drive Flower 1.42's ``flwr`` CLI (``scripts/run_flwr.py``,
+:mod:`flwr_sheaf.tools.deploy_local`).
+
+Standard library and ``psutil`` only, no import of the package: ``scripts/run_flwr.py`` loads this
+file by its path, so a wrapper that may only refuse a busy port does not pay for importing torch
+and flwr (seconds).
 
 - :func:`flwr_env`: the environment every Flower process of a script gets (private ``FLWR_HOME``,
   telemetry, update check and runtime dependency installation off, this interpreter's scripts first
@@ -24,9 +29,44 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-import psutil
+#: the optional-dependency group of pyproject.toml that the tools need
+EXTRA = "deploy"
 
-__all__ = ["flwr_env", "find_flwr", "list_runs", "run_status", "stop_processes"]
+
+def missing(package: str) -> str:
+    """The message of the ``ImportError`` a tool raises when ``package`` of the extra is absent.
+
+    Args:
+        package: the missing distribution, e.g. ``"psutil"`` or ``"cryptography"``.
+
+    Returns:
+        A sentence naming ``package`` and the command that installs it
+        (``pip install 'flwr-sheaf[deploy]'``).
+    """
+    return (
+        f"flwr_sheaf.tools needs {package!r}, which is not installed: "
+        f"pip install 'flwr-sheaf[{EXTRA}]' (the optional {EXTRA!r} extra: cryptography, psutil)"
+    )
+
+
+try:
+    import psutil
+except ImportError as e:  # the optional deploy extra
+    raise ImportError(missing("psutil")) from e
+
+__all__ = [
+    "CHECKOUT",
+    "EXTRA",
+    "missing",
+    "flwr_env",
+    "find_flwr",
+    "list_runs",
+    "run_status",
+    "stop_processes",
+]
+
+#: the repository this package was imported from (``flwr_sheaf/tools/`` is two levels below it)
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -39,7 +79,7 @@ def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str,
     Returns:
         A copy of ``os.environ`` with ``FLWR_HOME``, ``FLWR_TELEMETRY_ENABLED=0``,
         ``FLWR_DISABLE_UPDATE_CHECK=1``, ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``
-        (no ``uv sync`` of torch at every run), ``RAY_DEDUP_LOGS=0``, ``FLWR_SHEAF_DATA`` (this checkout's ``data/`` unless set) and this interpreter's
+        (no ``uv sync`` of torch at every run), ``RAY_DEDUP_LOGS=0``, ``FLWR_SHEAF_DATA`` (:data:`CHECKOUT`'s ``data/`` unless set) and this interpreter's
         ``bin`` directory first on ``PATH`` (Flower spawns ``flower-superlink``/``flower-superexec``
         by name).
     """
@@ -53,9 +93,7 @@ def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str,
             "RAY_DEDUP_LOGS": "0",
             # named datasets (dataset=fashion-mnist): `flwr run` may import the app from its FAB copy,
             # whose location says nothing about this checkout's data/ folder
-            "FLWR_SHEAF_DATA": os.environ.get(
-                "FLWR_SHEAF_DATA", str(Path(__file__).resolve().parents[1] / "data")
-            ),
+            "FLWR_SHEAF_DATA": os.environ.get("FLWR_SHEAF_DATA", str(CHECKOUT / "data")),
             "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         }
     )

@@ -14,7 +14,7 @@ So one forgotten ``ray start`` silently captures every later simulation on the m
 meant for a cluster cannot pass ``init-args-num-cpus``/``init-args-num-gpus`` (Ray raises
 ``ValueError: When connecting to an existing cluster, num_cpus and num_gpus must not be
 provided`` after the SuperLink has started, and ``flwr run`` still exits 0). This module decides
-up front, for ``scripts/run_flwr.py``:
+up front, for ``scripts/run_flwr.py`` (which loads this file by path):
 
 - :func:`ray_environment`: the ``RAY_ADDRESS`` the run gets (the cluster asked for with
   ``--ray-address``, or ``local``: a private instance, even when a ``ray start`` left its address
@@ -34,15 +34,17 @@ import os
 import socket
 from pathlib import Path
 
-# one definition of Ray's address-file rule: flwr_sheaf/engine.py (the ServerApp reports with it),
-# loaded by path so that this script does not import the package (torch) to start a run
-_spec = importlib.util.spec_from_file_location(
-    "_flwr_sheaf_engine", Path(__file__).resolve().parents[1] / "flwr_sheaf" / "engine.py"
-)
-assert _spec is not None and _spec.loader is not None
-_engine = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_engine)
-ray_address_file = _engine.ray_address_file
+if __package__:  # imported as flwr_sheaf.tools.ray_cluster
+    from ..engine import ray_address_file
+else:  # loaded by path (scripts/run_flwr.py): Ray's address-file rule from flwr_sheaf/engine.py,
+    # without importing the package (torch, flwr) to start a run
+    _spec = importlib.util.spec_from_file_location(
+        "_flwr_sheaf_engine", Path(__file__).resolve().parents[1] / "engine.py"
+    )
+    assert _spec is not None and _spec.loader is not None
+    _engine = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_engine)
+    ray_address_file = _engine.ray_address_file
 
 __all__ = [
     "CLUSTER_CONFLICTS",

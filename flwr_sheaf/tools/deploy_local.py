@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Deploy the app on Flower's deployment engine on this machine: one SuperLink, N SuperNodes, ``flwr run``.
 
 Every Flower component runs as its own OS process on the loopback interface, as it would on
@@ -31,8 +30,10 @@ separate hosts (docs/deployment.md):
 ``--insecure`` drops TLS and with it SuperNode authentication (Flower 1.42 refuses
 ``--enable-supernode-auth`` without TLS): steps 1 (certificates) and 3 (registration) are skipped.
 
-Usage: ``python scripts/deploy_local.py [--num-supernodes 3] [--run-config "k=v ..."] [--insecure]
+Usage: ``flwr-sheaf-deploy [--num-supernodes 3] [--run-config "k=v ..."] [--insecure]
 [--keep-running] [--unregistered K] [--port 29700] [--workdir DIR] [--state-dir DIR] [--timeout 1800]``
+(the console entry point of the package; ``python -m flwr_sheaf.tools.deploy_local ...`` is the
+same). Needs the ``deploy`` extra: ``pip install 'flwr-sheaf[deploy]'`` (``cryptography``, ``psutil``).
 
 Exit status: 0 when the run finished with ``finished:completed``, 1 when it failed or timed out,
 2 when the run config was refused or the federation could not be brought up (named in the
@@ -54,11 +55,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import psutil  # noqa: E402
-from flwr_cli import find_flwr, flwr_env, list_runs, stop_processes  # noqa: E402
+from .flwr_cli import CHECKOUT, find_flwr, flwr_env, list_runs, missing, stop_processes
 
-ROOT = Path(__file__).resolve().parents[1]
+try:
+    import psutil
+except ImportError as e:  # the optional deploy extra
+    raise ImportError(missing("psutil")) from e
+
 CONNECTION = "deploy"
 
 __all__ = ["LocalDeployment", "SuperNodeProc", "make_tls", "make_node_key", "main"]
@@ -89,11 +92,15 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
 
     Raises:
         ValueError: ``hosts`` is empty.
+        ImportError: ``cryptography`` is not installed (names ``pip install 'flwr-sheaf[deploy]'``).
     """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    except ImportError as e:  # the optional deploy extra
+        raise ImportError(missing("cryptography")) from e
 
     if not hosts:
         raise ValueError("make_tls: hosts must name at least one host")
@@ -180,9 +187,15 @@ def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
         ``(private_key_path, public_key_path)``: ``<name>`` (mode 0600, for
         ``flower-supernode --auth-supernode-private-key``) and ``<name>.pub`` (for
         ``flwr supernode register``).
+
+    Raises:
+        ImportError: ``cryptography`` is not installed (names ``pip install 'flwr-sheaf[deploy]'``).
     """
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError as e:  # the optional deploy extra
+        raise ImportError(missing("cryptography")) from e
 
     out_dir.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
@@ -231,6 +244,16 @@ class SuperNodeProc:
     node_id: str | None = None  # SuperLink's node id, from `flwr supernode register`
     state_dir: Path | None = None  # its node-config `state-dir` (docs/resume.md)
 
+    def started(self) -> subprocess.Popen:
+        """Its process (set by :meth:`LocalDeployment.start_supernode`).
+
+        Raises:
+            DeployError: it was never started.
+        """
+        if self.proc is None:
+            raise DeployError(f"{self.name} was never started")
+        return self.proc
+
     @property
     def name(self) -> str:
         """``site-<index>`` (registered) or ``intruder-<k>``."""
@@ -271,7 +294,7 @@ class LocalDeployment:
     unregistered: int = 0
     host: str = "127.0.0.1"
     sans: list[str] = field(default_factory=list)
-    app: Path = ROOT
+    app: Path = CHECKOUT
     state_dir: Path | None = None
     nodes: list[SuperNodeProc] = field(default_factory=list, init=False)
     superlink: subprocess.Popen | None = field(default=None, init=False)
@@ -375,7 +398,7 @@ class LocalDeployment:
                     key=priv,
                     pub=pub,
                     log=self.logs / f"{name}.log",
-                    state_dir=self.state_dir / name,
+                    state_dir=(self.state_dir or self.workdir / "state") / name,
                 )
             )
         conn = [
@@ -507,7 +530,7 @@ class LocalDeployment:
 
     def kill_supernode(self, n: SuperNodeProc) -> None:
         """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
-        victims = [psutil.Process(n.proc.pid)]
+        victims = [psutil.Process(n.started().pid)]
         try:
             victims += victims[0].children(recursive=True)
         except psutil.NoSuchProcess:
@@ -517,7 +540,7 @@ class LocalDeployment:
                 q.kill()
             except psutil.NoSuchProcess:
                 pass
-        n.proc.wait(timeout=10)
+        n.started().wait(timeout=10)
 
     def restart_supernode(
         self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
@@ -561,7 +584,7 @@ class LocalDeployment:
                             f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}"
                         )
                     return attempts
-                if n.proc.poll() is not None:
+                if n.started().poll() is not None:
                     break
                 if time.monotonic() > deadline:
                     raise DeployError(
@@ -571,7 +594,7 @@ class LocalDeployment:
                 time.sleep(0.2)
             if "Failed to activate SuperNode" not in new:
                 raise DeployError(
-                    f"{n.name} restart exited with code {n.proc.returncode}: {new[-1500:]}"
+                    f"{n.name} restart exited with code {n.started().returncode}: {new[-1500:]}"
                 )
             if time.monotonic() + retry_every > deadline:
                 raise DeployError(
@@ -617,7 +640,7 @@ class LocalDeployment:
         Raises:
             DeployError: a registered SuperNode exited or is not online after ``timeout`` s.
         """
-        want = {n.node_id for n in self.nodes if n.registered}
+        want = {n.node_id for n in self.nodes if n.registered and n.node_id is not None}
         deadline = time.monotonic() + timeout
         status: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -838,7 +861,9 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", default=None, help="default: a new directory under the system temp dir"
     )
     ap.add_argument(
-        "--app", default=str(ROOT), help="app directory for flwr run (default: this repository)"
+        "--app",
+        default=str(CHECKOUT),
+        help="app directory for flwr run (default: the flwr-sheaf checkout this package runs from)",
     )
     ap.add_argument(
         "--state-dir",
@@ -922,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
         code = 130
     finally:
         n = dep.stop()
-        print(f"stopped {n} process(es) started by this script", flush=True)
+        print(f"stopped {n} process(es) started by this tool", flush=True)
     return code
 
 
