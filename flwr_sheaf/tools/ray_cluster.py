@@ -152,7 +152,7 @@ def ray_environment(
         RayClusterError: ``RAY_ADDRESS`` is set in ``env`` (to something other than ``local``) but
             ``ray_address`` was not given, or differs from it: which cluster to use is ambiguous.
     """
-    env = os.environ if env is None else env
+    env = dict(os.environ) if env is None else env
     inherited = env.get("RAY_ADDRESS", "")
     if ray_address is not None:
         parse_address(ray_address)
