@@ -9,7 +9,7 @@ Two modes (docs/participation.md):
 
 Both read the same per-round uniforms ``u_i(seed, r)`` (entry i of
 ``numpy.random.default_rng([seed, 0, r]).random(N)``, as
-:func:`flwr_sheaf.rfedags.participation.bernoulli_participation`): Bernoulli takes ``u_i < p_i``,
+:func:`flwr_sheaf.participation.bernoulli_participation`): Bernoulli takes ``u_i < p_i``,
 fraction takes the ``n`` partition-ids with the smallest ``u_i``. A Bernoulli draw therefore
 depends only on (seed, server round, partition-id), a fraction draw only on (seed, server round)
 and the partition-ids — never on earlier calls, on the method, or on which strategy asks — so
@@ -18,6 +18,18 @@ loop draws the same masks (docs/participation.md, s1.2). The evaluators of ``fra
 a fraction draw from the separate uniforms ``default_rng([seed, 1, r])`` (s1.4).
 
 No Flower imports: strategies and simulations both use it.
+
+Bernoulli draws and frequency estimates (:func:`bernoulli_participation`,
+:class:`FrequencyEstimator`). Participation model (the paper's "arbitrary participation with time-invariant statistics"; the
+authors' code ``RFedAGSP.m`` option 2): in every round each client ``i`` responds independently with
+probability ``p_i``. Flower's own client sampling is uniform without replacement (the paper's
+"Scheme I"), so the RFedAGS strategy draws these Bernoulli masks itself with :func:`bernoulli_participation`.
+
+Reproducibility: the draw of round ``t`` depends only on ``(seed, t)`` (numpy ``SeedSequence``
+entropy ``[seed, 0, t]``), never on earlier calls, so the Flower strategy and the pure-numpy
+reference produce identical masks. Client ``i`` (the partition-id / position in ``p``) uses the
+``i``-th uniform of that stream, so its draw depends only on ``(seed, t, i)`` and ``p_i``: the mask
+of the first ``k`` clients is a prefix of the mask of all of them (docs/participation.md, s1.2).
 """
 
 from __future__ import annotations
@@ -27,15 +39,241 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .rfedags.participation import bernoulli_participation, check_probabilities
-
 __all__ = [
+    "check_probabilities",
+    "bernoulli_participation",
+    "simulate_participation",
+    "FrequencyEstimator",
+    "DEFAULT_Q_MIN",
+    "ESTIMATORS",
     "check_participation_spec",
     "parse_participation",
     "ParticipationSampler",
     "TRAIN_STREAM",
     "EVALUATE_STREAM",
 ]
+
+# ------------------------------------------------- Bernoulli draws and frequency estimates (RFedAGS)
+#: Default floor of the frequency estimate. Caps a responder's weight at ``1/(q_min N)`` (= 100/N).
+#: Clients with true ``p_i < q_min`` are then under-weighted by ``p_i/q_min`` (a documented bias that
+#: trades against unbounded variance; paper Assumption 3.8 needs ``q`` bounded away from 0).
+DEFAULT_Q_MIN = 0.01
+
+#: Frequency estimators of :class:`FrequencyEstimator`: ``"plus-one"`` (default; one pseudo-response,
+#: ``q = (c + 1)/(t + 1)``) and ``"empirical"`` (the paper's ``q = c/t``).
+ESTIMATORS = ("plus-one", "empirical")
+
+
+def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.ndarray:
+    """Validate a vector of participation probabilities.
+
+    Args:
+        p: ``(N,)`` probabilities, each in ``[0, 1]``; ``N >= 1``.
+        name: label for error messages.
+
+    Returns:
+        ``(N,)`` float64 copy.
+
+    Raises:
+        ValueError: not 1-D, empty, NaN/inf, or an entry outside ``[0, 1]`` (the offending index and
+            value are named).
+    """
+    arr = np.array(p, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D vector, got shape {arr.shape}")
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0.0) | (arr > 1.0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}[{i}] = {float(arr[i])} is not a probability in [0, 1]")
+    return arr
+
+
+def _check_seed(seed: int, server_round: int) -> None:
+    if int(seed) != seed or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if int(server_round) != server_round or server_round < 0:
+        raise ValueError(f"server_round must be a non-negative integer, got {server_round!r}")
+
+
+def bernoulli_participation(
+    p: np.ndarray | list[float],
+    server_round: int,
+    seed: int = 0,
+    force_one_if_empty: bool = False,
+) -> np.ndarray:
+    """Draw which clients respond in one round: ``1{i in S_t} ~ Bernoulli(p_i)`` independently.
+
+    Implements the paper's participation model / ``RFedAGSP.m`` option 2 (docs/participation.md, s1) (client ``i``
+    responds iff ``u_i < p_i`` with ``u_i ~ U[0, 1)``; so ``p_i = 0`` never and ``p_i = 1`` always responds).
+
+    Args:
+        p: ``(N,)`` participation probabilities in ``[0, 1]``.
+        server_round: round index ``t >= 0`` (Flower rounds start at 1).
+        seed: non-negative integer; the draw depends only on ``(seed, server_round)``.
+        force_one_if_empty: if True and nobody responded, one uniformly random client with
+            ``p_i > 0`` is forced in (the authors' option-2 fallback; it changes the statistics:
+            ``P(i in S) > p_i``). Default False: an empty round is returned as such and the server keeps
+            its iterate (:mod:`flwr_sheaf.methods.rfedags.aggregation`).
+
+    Returns:
+        ``(N,)`` bool mask, True = responds.
+
+    Raises:
+        ValueError: invalid ``p``, ``seed`` or ``server_round``.
+    """
+    probs = check_probabilities(p)
+    _check_seed(seed, server_round)
+    rng = np.random.default_rng([int(seed), 0, int(server_round)])
+    mask = rng.random(probs.size) < probs
+    if force_one_if_empty and not mask.any():
+        candidates = np.flatnonzero(probs > 0.0)
+        if candidates.size:
+            mask[int(rng.choice(candidates))] = True
+    return mask
+
+
+def simulate_participation(
+    p: np.ndarray | list[float],
+    num_rounds: int,
+    seed: int = 0,
+    first_round: int = 1,
+    force_one_if_empty: bool = False,
+) -> np.ndarray:
+    """Participation masks of ``num_rounds`` consecutive rounds.
+
+    Args:
+        p: ``(N,)`` participation probabilities.
+        num_rounds: ``T >= 0``.
+        seed: see :func:`bernoulli_participation`.
+        first_round: index of the first round (default 1, as in Flower).
+        force_one_if_empty: see :func:`bernoulli_participation`.
+
+    Returns:
+        ``(T, N)`` bool array; row ``k`` equals ``bernoulli_participation(p, first_round + k, seed)``.
+
+    Raises:
+        ValueError: invalid arguments.
+    """
+    if int(num_rounds) != num_rounds or num_rounds < 0:
+        raise ValueError(f"num_rounds must be a non-negative integer, got {num_rounds!r}")
+    probs = check_probabilities(p)
+    rows = [
+        bernoulli_participation(probs, first_round + k, seed, force_one_if_empty)
+        for k in range(int(num_rounds))
+    ]
+    return np.array(rows, dtype=bool).reshape(int(num_rounds), probs.size)
+
+
+class FrequencyEstimator:
+    """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8; docs/participation.md, s2 and s4).
+
+    ``c_i`` counts the rounds (of ``t`` observed) in which client ``i`` responded. Two estimators:
+
+    * ``"plus-one"`` (default): ``q_i = max((c_i + 1)/(t + 1), q_min)``, i.e. one pseudo-response
+      added to the counts (the posterior mean of ``p_i`` under the improper Beta(1, 0) prior: every
+      client is presumed present until seen missing; before any round ``q_i = 1``, as the empirical
+      estimate's ``prior``). With ``C ~ Binomial(t, p)``, ``E[1/(C+1)] = (1 - (1-p)^{t+1}) / ((t+1) p)``,
+      so a client's expected corrected weight in the round after ``t`` observed rounds is exactly
+      ``E[1{i in S}/(q_i N)] = (1 - (1-p)^{t+1}) / N`` (while ``1/(t+1) >= q_min``; the floor only
+      lowers it): never above ``1/N`` (no early inflation; a single weight is at most ``(t+1)/N``),
+      exactly ``1/N`` for ``p = 1`` (full participation stays centralised gradient descent), and the
+      deficit ``(1-p)^{t+1}`` (the chance the client was never seen) vanishes geometrically, so
+      ``q_i -> p_i`` and the asymptotic unbiasedness of RFedAGS is kept (docs/participation.md, s4.1).
+    * ``"empirical"``: ``q_i = max(c_i / t, q_min)`` (the paper's estimate); before any round every
+      ``q_i = prior`` (default 1). A client that missed round 1 gets the floor in round 2: with
+      ``N = 2``, ``p = (0.3, 0.9)`` the expected round-2 weights are about 10.5 and 4.9 instead of 0.5.
+
+    Ordering (documented choice): the paper computes ``q_i^t`` from the *previous* rounds only
+    (independent of ``S_t``); the authors' code counts round ``t`` first. Callers choose by calling
+    :meth:`estimate` before or after :meth:`observe` for the current round
+    (:class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` defaults to the paper's order).
+
+    Never-seen clients and ``p_i = 0``: ``q_i >= q_min > 0``, so a first-time responder gets a finite
+    weight; no division by zero or NaN can occur.
+
+    Args:
+        num_clients: ``N >= 1``.
+        q_min: floor in ``(0, 1]`` (default :data:`DEFAULT_Q_MIN` = 0.01).
+        prior: ``"empirical"`` estimate before any round, in ``(0, 1]`` (unused by ``"plus-one"``).
+        estimator: one of :data:`ESTIMATORS`.
+
+    Raises:
+        ValueError: invalid ``num_clients``, ``q_min``, ``prior`` or ``estimator`` (named).
+    """
+
+    def __init__(
+        self,
+        num_clients: int,
+        q_min: float = DEFAULT_Q_MIN,
+        prior: float = 1.0,
+        estimator: str = "plus-one",
+    ) -> None:
+        if int(num_clients) != num_clients or num_clients < 1:
+            raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
+        if not (np.isfinite(q_min) and 0.0 < q_min <= 1.0):
+            raise ValueError(f"q_min must be in (0, 1], got {q_min!r}")
+        if not (np.isfinite(prior) and 0.0 < prior <= 1.0):
+            raise ValueError(f"prior must be in (0, 1], got {prior!r}")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        self.num_clients = int(num_clients)
+        self.q_min = float(q_min)
+        self.prior = float(prior)
+        self.estimator = estimator
+        self.counts = np.zeros(self.num_clients, dtype=np.int64)
+        self.rounds = 0
+
+    def observe(self, responded: np.ndarray | list[bool]) -> None:
+        """Record one round.
+
+        Args:
+            responded: ``(N,)`` bool mask of the clients whose upload arrived this round.
+
+        Raises:
+            ValueError: wrong shape or non-boolean entries.
+        """
+        mask = np.asarray(responded)
+        if mask.shape != (self.num_clients,):
+            raise ValueError(
+                f"responded mask must have shape ({self.num_clients},), got {mask.shape}"
+            )
+        if mask.dtype != bool:
+            if not np.all((mask == 0) | (mask == 1)):
+                raise ValueError("responded mask must be boolean (or 0/1)")
+            mask = mask.astype(bool)
+        self.counts += mask
+        self.rounds += 1
+
+    def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
+        """Current estimates ``q`` (``q_i^t`` = past response frequency, floored; docs/participation.md, s2 and s4).
+
+        Args:
+            include: optional ``(N,)`` mask of a round to count *without* recording it (the authors'
+                code order: the current round is included in its own estimate).
+
+        Returns:
+            ``(N,)`` float64 vector in ``[q_min, 1]``; with no round counted: all ``prior``
+            (``"empirical"``) or 1 (``"plus-one"``).
+
+        Raises:
+            ValueError: ill-shaped ``include``.
+        """
+        counts, rounds = self.counts, self.rounds
+        if include is not None:
+            mask = np.asarray(include)
+            if mask.shape != (self.num_clients,):
+                raise ValueError(
+                    f"include mask must have shape ({self.num_clients},), got {mask.shape}"
+                )
+            counts, rounds = counts + mask.astype(bool), rounds + 1
+        if self.estimator == "plus-one":
+            return np.maximum((counts + 1.0) / (rounds + 1.0), self.q_min)
+        if rounds == 0:
+            return np.full(self.num_clients, self.prior)
+        return np.maximum(counts / rounds, self.q_min)
+
+
+# ------------------------------------------------------------------------- run-config specs, sampler
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -101,7 +339,7 @@ def parse_participation(
     Forms: ``""`` / None (no Bernoulli: use the fraction); a number ``"0.3"`` (every node); a comma
     list ``"0.9,0.9,0.2"`` (one per partition-id); ``"uniform:<a>-<b>"`` (``p_i ~ U(a, b)`` i.i.d.,
     from ``default_rng([seed, 11])``); ``"uniform"`` / ``"uniform:<s>"`` (``p_i ~ U(0, 1)``, the
-    RFedAGS paper's PCA setting, :func:`flwr_sheaf.rfedags.pca.paper_participation` with seed s);
+    RFedAGS paper's PCA setting, :func:`flwr_sheaf.methods.rfedags.pca.paper_participation` with seed s);
     or an explicit sequence / ``{partition-id: p}`` mapping.
 
     Returns:
@@ -141,7 +379,7 @@ def parse_participation(
         a, b = _range(text)
         return a + (b - a) * np.random.default_rng([int(seed), 11]).random(num_nodes)
     if text.startswith("uniform"):
-        from .rfedags.pca import paper_participation
+        from .methods.rfedags.pca import paper_participation
 
         _, _, s = text.partition(":")
         return paper_participation(num_nodes, seed=int(s) if s else 0)
@@ -156,7 +394,7 @@ def parse_participation(
 
 
 #: Uniform streams of :class:`ParticipationSampler`: training draws (``[seed, 0, r]``, shared with
-#: :func:`~flwr_sheaf.rfedags.participation.bernoulli_participation`) and evaluator draws (``[seed, 1, r]``).
+#: :func:`~flwr_sheaf.participation.bernoulli_participation`) and evaluator draws (``[seed, 1, r]``).
 TRAIN_STREAM, EVALUATE_STREAM = 0, 1
 
 

@@ -624,7 +624,7 @@ def unpack_prototypes(
 
     Only the layout (ranks, lengths, integral unique class ids) and the counts (integers >= 1: they
     weight the aggregate) are checked here; the other values (NaN, class range) are checked by
-    :func:`flwr_sheaf.baselines.fedproto.aggregate_prototypes`.
+    :func:`flwr_sheaf.methods._shared.prototypes.aggregate_prototypes`.
 
     Raises:
         ProtocolError: malformed record; the message starts with ``where`` (e.g. ``"partition-id 3"``).

@@ -1,6 +1,6 @@
 """RFedAGS and its baselines on the planted Fréchet-mean problems (SPD, Poincaré ball): distance to the truth.
 
-Problems (:mod:`flwr_sheaf.rfedags.frechet`; docs/baselines.md, s5.7): commuting SPD matrices (closed-form
+Problems (:mod:`flwr_sheaf.methods.rfedags.frechet`; docs/baselines.md, s5.7): commuting SPD matrices (closed-form
 mean ``exp(mean log)``) and a symmetric Poincaré-ball configuration (mean = origin), each with 5 frequent
 (``p = 0.9``) and 5 rare (``p = 0.4``) clients holding different data. Every method runs ``--rounds``
 rounds with ``K = 3`` exact local steps and ``alpha_t = 0.3/(1 + t/5)`` under the same Bernoulli
@@ -20,13 +20,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from flwr_sheaf.rfedags.aggregation import effective_weights_uncorrected
-from flwr_sheaf.rfedags.client import step_size_schedule
-from flwr_sheaf.rfedags.frechet import (
+from flwr_sheaf.methods.rfedags.aggregation import effective_weights_uncorrected
+from flwr_sheaf.methods.rfedags.frechet import (
     centralised_frechet_mean,
     commuting_spd_problem,
     symmetric_poincare_problem,
 )
+from flwr_sheaf.methods.rfedags.local import step_size_schedule
 
 # the numpy loop is the tests' oracle of the Flower strategies (tests/oracles/), not package code
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -38,12 +38,10 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.clientapp import ClientApp
 
+from flwr_sheaf.methods.rfedags.aggregation import effective_weights_uncorrected
 from flwr_sheaf.methods.rfedags.client import pca_problem_factory, register_rfedags_handlers
-from flwr_sheaf.methods.rfedags.strategy import RFedAGS
-from flwr_sheaf.rfedags.aggregation import effective_weights_uncorrected
-from flwr_sheaf.rfedags.client import step_size_schedule
-from flwr_sheaf.rfedags.participation import ESTIMATORS
-from flwr_sheaf.rfedags.pca import (
+from flwr_sheaf.methods.rfedags.local import step_size_schedule
+from flwr_sheaf.methods.rfedags.pca import (
     PCAProblem,
     paper_participation,
     planted_pca_problem,
@@ -51,6 +49,8 @@ from flwr_sheaf.rfedags.pca import (
     subspace_distance,
     synthetic_pca_problem,
 )
+from flwr_sheaf.methods.rfedags.strategy import RFedAGS
+from flwr_sheaf.participation import ESTIMATORS
 from flwr_sheaf.testing import LocalGrid
 
 MODES = ("corrected", "known-p", "uncorrected")
@@ -119,7 +119,7 @@ def run_one(
 def run_numpy(
     prob: PCAProblem, p: np.ndarray, mode: str, s: dict, x0: np.ndarray, seed: int, estimator: str
 ) -> dict:
-    """The pure-numpy reference run (:func:`~flwr_sheaf.rfedags.pca.run_pca_reference`) in :func:`run_one`'s format."""
+    """The pure-numpy reference run (:func:`~flwr_sheaf.methods.rfedags.pca.run_pca_reference`) in :func:`run_one`'s format."""
     t0 = time.perf_counter()
     ref = run_pca_reference(
         prob,

@@ -15,7 +15,7 @@ import torch
 
 from flwr_sheaf import ComFed, ComFedConfig, FederationConfig, LocalGrid, LocalTrainConfig
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.baselines.comfed import comfed_alignment_loss, comfed_message
+from flwr_sheaf.methods.comfed.maths import comfed_alignment_loss, comfed_message
 
 torch.set_num_threads(1)
 
@@ -90,7 +90,7 @@ def test_what_travels_and_both_readings_of_communication_accuracy():
         for c in got:
             np.testing.assert_allclose(got[c], np.mean(expect[c], 0), rtol=1e-5, atol=1e-6)
     # the projection is a trained parameter: it moved away from its Xavier initialisation ...
-    from flwr_sheaf.baselines.comfed import xavier_projection
+    from flwr_sheaf.methods.comfed.maths import xavier_projection
 
     state = grid.contexts[grid.node_ids[0]].state["comfed.projection"]["p"].numpy()
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence([4, 0, 7]).generate_state(1)[0]))

@@ -15,9 +15,13 @@ from torch import nn
 
 from flwr_sheaf import FederationConfig, FedMuscle, FedMuscleConfig, LocalGrid, LocalTrainConfig
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.baselines.fedmuscle import is_contrastive_epoch, leave_one_out_means, muscle_loss
-from flwr_sheaf.baselines.fedproto import PoolingAdapter
+from flwr_sheaf.methods._shared.prototypes import PoolingAdapter
 from flwr_sheaf.methods.fedmuscle.client import FedMuscleLoss
+from flwr_sheaf.methods.fedmuscle.maths import (
+    is_contrastive_epoch,
+    leave_one_out_means,
+    muscle_loss,
+)
 
 torch.set_num_threads(1)
 

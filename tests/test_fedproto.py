@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from flwr_sheaf.baselines.fedproto import (
+from flwr_sheaf.methods._shared.prototypes import (
     PoolingAdapter,
     aggregate_prototypes,
     check_common_dim,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from flwr_sheaf.baselines.fedsaf import (
+from flwr_sheaf.methods.fedsaf.maths import (
     MIN_ROWS,
     centered_gram,
     coordinate_decomposition,

@@ -19,7 +19,6 @@ from flwr.clientapp import ClientApp
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.methods import build_strategy, zoo_methods
 from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
-from flwr_sheaf.baselines.fedproto import PoolingAdapter
 from flwr_sheaf.config import (
     ConfigError,
     FederationConfig,
@@ -29,6 +28,7 @@ from flwr_sheaf.config import (
     RunConfig,
     ScenarioConfig,
 )
+from flwr_sheaf.methods._shared.prototypes import PoolingAdapter
 from flwr_sheaf.methods.fedproto.client import FedProtoLoss
 from flwr_sheaf.methods.fedproto.strategy import FedProto
 from flwr_sheaf.methods.fedsaf.client import FedSAFLoss

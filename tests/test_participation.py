@@ -32,9 +32,12 @@ from flwr.clientapp import ClientApp
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, SheafConfig
 from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
-from flwr_sheaf.participation import ParticipationSampler, parse_participation
+from flwr_sheaf.participation import (
+    ParticipationSampler,
+    bernoulli_participation,
+    parse_participation,
+)
 from flwr_sheaf.protocol import EdgeConfig, NodeInfo, ProtocolError, pack_arrays
-from flwr_sheaf.rfedags.participation import bernoulli_participation
 from flwr_sheaf.sheaf import EdgeTerm, NetworkSheaf, local_gluing_penalty, procrustes
 from flwr_sheaf.testing import LocalGrid
 

@@ -14,28 +14,28 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from flwr_sheaf.rfedags.aggregation import (
+from flwr_sheaf.methods.rfedags.aggregation import (
     RFedAGSServer,
     aggregate_streams,
     effective_weights_uncorrected,
     participation_weights,
     server_update,
 )
-from flwr_sheaf.rfedags.client import local_gradient_stream, step_size_schedule
-from flwr_sheaf.rfedags.manifolds import Sphere, Stiefel
-from flwr_sheaf.rfedags.participation import (
-    FrequencyEstimator,
-    bernoulli_participation,
-    check_probabilities,
-    simulate_participation,
-)
-from flwr_sheaf.rfedags.pca import (
+from flwr_sheaf.methods.rfedags.local import local_gradient_stream, step_size_schedule
+from flwr_sheaf.methods.rfedags.manifolds import Sphere, Stiefel
+from flwr_sheaf.methods.rfedags.pca import (
     PCAProblem,
     paper_participation,
     planted_pca_problem,
     run_pca_reference,
     subspace_distance,
     synthetic_pca_problem,
+)
+from flwr_sheaf.participation import (
+    FrequencyEstimator,
+    bernoulli_participation,
+    check_probabilities,
+    simulate_participation,
 )
 
 # ------------------------------------------------------------------------------ numpy oracles

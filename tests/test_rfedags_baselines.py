@@ -16,21 +16,25 @@ from flwr.clientapp import ClientApp
 from oracles.rfedags_runner import run_federated
 from scipy import linalg as sla
 
-from flwr_sheaf.methods.rfedags.baselines_strategy import RFedBaseline
-from flwr_sheaf.methods.rfedags.client import problem_factory, register_rfedags_baseline_handlers
-from flwr_sheaf.rfedags.aggregation import participation_weights
-from flwr_sheaf.rfedags.baselines import (
+from flwr_sheaf.methods.rfedags.aggregation import participation_weights
+from flwr_sheaf.methods.rfedags.baselines import (
     average_ambient,
     average_endpoints,
     full_gradient,
     projection_local_steps,
     svrg_local_steps,
 )
-from flwr_sheaf.rfedags.client import local_gradient_stream
-from flwr_sheaf.rfedags.frechet import commuting_spd_problem, symmetric_poincare_problem
-from flwr_sheaf.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
-from flwr_sheaf.rfedags.participation import bernoulli_participation
-from flwr_sheaf.rfedags.pca import planted_pca_problem, run_pca_reference, synthetic_pca_problem
+from flwr_sheaf.methods.rfedags.baselines_strategy import RFedBaseline
+from flwr_sheaf.methods.rfedags.client import problem_factory, register_rfedags_baseline_handlers
+from flwr_sheaf.methods.rfedags.frechet import commuting_spd_problem, symmetric_poincare_problem
+from flwr_sheaf.methods.rfedags.local import local_gradient_stream
+from flwr_sheaf.methods.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
+from flwr_sheaf.methods.rfedags.pca import (
+    planted_pca_problem,
+    run_pca_reference,
+    synthetic_pca_problem,
+)
+from flwr_sheaf.participation import bernoulli_participation
 from flwr_sheaf.testing import LocalGrid
 
 logging.getLogger("flwr").setLevel(logging.WARNING)

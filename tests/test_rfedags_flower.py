@@ -20,16 +20,15 @@ from flwr_sheaf.methods.rfedags.client import (
     pca_problem_factory,
     register_rfedags_handlers,
 )
-from flwr_sheaf.methods.rfedags.strategy import RFedAGS
-from flwr_sheaf.participation import parse_participation
-from flwr_sheaf.rfedags.client import local_gradient_stream
-from flwr_sheaf.rfedags.participation import bernoulli_participation
-from flwr_sheaf.rfedags.pca import (
+from flwr_sheaf.methods.rfedags.local import local_gradient_stream
+from flwr_sheaf.methods.rfedags.pca import (
     batch_indices,
     planted_pca_problem,
     run_pca_reference,
     synthetic_pca_problem,
 )
+from flwr_sheaf.methods.rfedags.strategy import RFedAGS
+from flwr_sheaf.participation import bernoulli_participation, parse_participation
 from flwr_sheaf.testing import LocalGrid
 
 logging.getLogger("flwr").setLevel(logging.WARNING)

@@ -14,20 +14,20 @@ import pytest
 import torch
 from oracles.rfedags_runner import run_federated
 
-from flwr_sheaf.rfedags.aggregation import (
+from flwr_sheaf.methods.rfedags.aggregation import (
     aggregate_streams,
     effective_weights_uncorrected,
     participation_weights,
 )
-from flwr_sheaf.rfedags.client import step_size_schedule
-from flwr_sheaf.rfedags.frechet import (
+from flwr_sheaf.methods.rfedags.frechet import (
     FrechetMeanProblem,
     centralised_frechet_mean,
     commuting_spd_problem,
     symmetric_poincare_problem,
 )
-from flwr_sheaf.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
-from flwr_sheaf.rfedags.participation import simulate_participation
+from flwr_sheaf.methods.rfedags.local import step_size_schedule
+from flwr_sheaf.methods.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
+from flwr_sheaf.participation import simulate_participation
 
 T = torch.from_numpy
 

@@ -19,18 +19,19 @@ from flwr.clientapp import ClientApp
 
 from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, SheafFMTL, SheafFMTLConfig
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.apps.methods import build_strategy, zoo_parameter_counts
+from flwr_sheaf.apps.methods import build_strategy
 from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
-from flwr_sheaf.baselines.sheaf_fmtl import (
+from flwr_sheaf.client.common import model_key
+from flwr_sheaf.config import ConfigError, RunConfig, ScenarioConfig
+from flwr_sheaf.methods.sheaf_fmtl import zoo_parameter_counts
+from flwr_sheaf.methods.sheaf_fmtl.client import SheafFMTLClient, trainable_vector
+from flwr_sheaf.methods.sheaf_fmtl.maths import (
     edge_dim,
     init_map,
     map_bytes_per_node,
     map_step,
     parameter_step,
 )
-from flwr_sheaf.client.common import model_key
-from flwr_sheaf.config import ConfigError, RunConfig, ScenarioConfig
-from flwr_sheaf.methods.sheaf_fmtl.client import SheafFMTLClient, trainable_vector
 from flwr_sheaf.models.zoo import zoo_specs
 from flwr_sheaf.protocol import (
     CONFIG,

@@ -13,7 +13,6 @@ from flwr.serverapp.strategy import Strategy
 from ..client.task import TaskFactory
 from ..config import RunConfig
 from ..methods import METHODS, Method, get_method
-from ..methods.sheaf_fmtl import zoo_parameter_counts
 from .scenario import agent_specs
 
 __all__ = [
@@ -24,7 +23,6 @@ __all__ = [
     "num_nodes",
     "register_all_handlers",
     "register_handlers",
-    "zoo_parameter_counts",
 ]
 
 

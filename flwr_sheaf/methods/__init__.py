@@ -20,7 +20,10 @@ from .registry import (
 )
 
 # every unit of this package registers itself on import (a new unit edits nothing here)
-for _unit in sorted(m.name for m in _pkgutil.iter_modules(__path__) if m.ispkg):
+# every unit (a sub-package); ``_shared`` holds components, not a method
+for _unit in sorted(
+    m.name for m in _pkgutil.iter_modules(__path__) if m.ispkg and not m.name.startswith("_")
+):
     _importlib.import_module(f"{__name__}.{_unit}")
 
 __all__ = [

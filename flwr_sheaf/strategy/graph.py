@@ -2,8 +2,7 @@
 
 Every method's strategy subclasses :class:`GraphStrategy` directly (one level below Flower's
 ``Strategy``) and fills in hooks; what methods share comes from components they hold, not from
-parents (prototype aggregation: :class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator`;
-evaluation: :class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`; checkpoints:
+parents (e.g. the prototype aggregation of ``flwr_sheaf/methods/_shared/``; evaluation: :class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`; checkpoints:
 :class:`~flwr_sheaf.strategy.checkpoint.Checkpointer`).
 
 - **discovery**: a ``query.<action>`` round trip maps Flower's opaque node ids to partition-ids

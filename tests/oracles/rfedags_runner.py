@@ -7,14 +7,14 @@ simulations/rfedags_compare.py and simulations/rfedags_frechet.py import it from
 ``run_federated(problem, p, method=...)`` runs round ``t = 1..T``: responders
 ``S_t = bernoulli_participation(p, t, seed)`` (the participation model of docs/participation.md, s1),
 the method's client phase for every responder (batched in one call: identical maths, faster), then
-its server step with the weights of ``mode`` (:func:`~flwr_sheaf.rfedags.aggregation.participation_weights`).
+its server step with the weights of ``mode`` (:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights`).
 The client and server functions are the ones the Flower strategies and ClientApp handlers call
 (:mod:`~flwr_sheaf.methods.rfedags.strategy`, :mod:`~flwr_sheaf.methods.rfedags.client`); the loop never branches on
 the manifold, only on the method.
 
 A problem provides ``manifold``, ``num_clients``, ``samples`` (``(N, S, ...)`` or None),
 ``local_egrads(x, clients)``, ``minibatch_egrads(x, clients, batch)`` and ``gap(x)``
-(:class:`~flwr_sheaf.rfedags.pca.PCAProblem`, :class:`~flwr_sheaf.rfedags.frechet.FrechetMeanProblem`).
+(:class:`~flwr_sheaf.methods.rfedags.pca.PCAProblem`, :class:`~flwr_sheaf.methods.rfedags.frechet.FrechetMeanProblem`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from flwr_sheaf.rfedags.aggregation import MODES, RFedAGSServer
-from flwr_sheaf.rfedags.baselines import (
+from flwr_sheaf.methods.rfedags.aggregation import MODES, RFedAGSServer
+from flwr_sheaf.methods.rfedags.baselines import (
     BASELINES,
     average_ambient,
     average_endpoints,
@@ -35,13 +35,13 @@ from flwr_sheaf.rfedags.baselines import (
     require_projection,
     svrg_local_steps,
 )
-from flwr_sheaf.rfedags.client import local_gradient_stream
-from flwr_sheaf.rfedags.participation import (
+from flwr_sheaf.methods.rfedags.local import local_gradient_stream
+from flwr_sheaf.methods.rfedags.pca import batch_indices
+from flwr_sheaf.participation import (
     DEFAULT_Q_MIN,
     bernoulli_participation,
     check_probabilities,
 )
-from flwr_sheaf.rfedags.pca import batch_indices
 
 __all__ = ["METHODS", "run_federated"]
 
@@ -73,12 +73,12 @@ def run_federated(
         problem: the federated problem (module docstring).
         p: ``(N,)`` participation probabilities.
         method: one of :data:`METHODS`.
-        mode: aggregation weights, one of :data:`~flwr_sheaf.rfedags.aggregation.MODES`.
+        mode: aggregation weights, one of :data:`~flwr_sheaf.methods.rfedags.aggregation.MODES`.
         num_rounds: ``T >= 1``; local_steps: ``K >= 1``.
         step_size: fixed ``alpha`` or ``t -> alpha_t`` (``t = round - 1``).
         x0: initial point (default: ``problem.manifold.random_point`` seeded by ``[seed, 2]``).
         seed: participation, mini-batch and default-``x0`` seed (batches from
-            :func:`~flwr_sheaf.rfedags.pca.batch_indices`, as the Flower clients draw them).
+            :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`, as the Flower clients draw them).
         batch_size: mini-batch size (needs ``problem.samples``), None = exact local gradients.
         q_min, estimator: the frequency estimator of ``"corrected"``.
         global_step: ``varpi`` / ``eta_g``.

@@ -2,7 +2,7 @@
 
 Per ``train.comfed`` message the node restores its projection ``P_i (r, d_i)`` (Xavier-initialised
 from (seed, partition-id) in its first round) and trains ``CE + comfed-lambda * mean_m ||P_i vbar_m -
-t_m||^2`` (:func:`flwr_sheaf.baselines.comfed.comfed_alignment_loss`), ``vbar_m`` the batch's class
+t_m||^2`` (:func:`flwr_sheaf.methods.comfed.maths.comfed_alignment_loss`), ``vbar_m`` the batch's class
 means of the raw latents and ``t_m`` the mean of its neighbours' projected class prototypes (record
 ``comfed-targets``, constants). P_i has its own SGD optimizer (same lr and momentum), stepped after
 every model step and clipped at ``clip-norm``. After training the node uploads its projected class
@@ -22,8 +22,6 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from ...baselines.comfed import comfed_alignment_loss, comfed_message, xavier_projection
-from ...baselines.fedproto import class_prototypes
 from ...client.common import accuracy, eval_latents, from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
@@ -43,8 +41,10 @@ from ...protocol import (
     pack_prototypes,
     unpack_prototypes,
 )
+from .._shared.prototypes import class_prototypes
 from ..fedproto.client import latent_and_logits
 from . import ACTION
+from .maths import comfed_alignment_loss, comfed_message, xavier_projection
 
 __all__ = ["Projection", "ComFedLoss", "ComFedClient", "register_comfed_handlers"]
 

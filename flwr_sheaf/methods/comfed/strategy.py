@@ -32,7 +32,7 @@ from ...protocol import (
 from ...strategy.base import positive_int
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
-from ...strategy.prototypes import common_dimension
+from .._shared.prototype_aggregation import common_dimension
 from . import ACTION
 
 __all__ = ["ComFed"]

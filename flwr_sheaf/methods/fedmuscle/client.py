@@ -2,7 +2,7 @@
 
 Per ``train.fedmuscle`` message a node trains ``local-epochs`` epochs; global local epoch
 ``e = (server_round - 1) * local_epochs + epoch`` is contrastive when
-:func:`flwr_sheaf.baselines.fedmuscle.is_contrastive_epoch` says so (cycles of
+:func:`flwr_sheaf.methods.fedmuscle.maths.is_contrastive_epoch` says so (cycles of
 ``fedmuscle-task-epochs`` task-only epochs and one epoch of ``CE + fedmuscle-lambda * L_muscle``)
 and the message carries targets (record ``muscle-targets``: ``others (K, D)`` = mean of the other
 agents' representations of each pilot, ``all (K, D)`` = mean of all agents'). The loss pairs row
@@ -19,8 +19,6 @@ import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ...baselines.fedmuscle import is_contrastive_epoch, muscle_loss
-from ...baselines.fedproto import PoolingAdapter
 from ...client.common import eval_latents, from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
@@ -41,8 +39,10 @@ from ...protocol import (
     message_type,
     pack_arrays,
 )
+from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import feature_pool, latent_and_logits
 from . import ACTION
+from .maths import is_contrastive_epoch, muscle_loss
 
 __all__ = ["FedMuscleLoss", "FedMuscleClient", "register_fedmuscle_handlers"]
 

@@ -7,7 +7,7 @@ Per server round:
    ``feature-dim``, local training) and, in rounds that contain a contrastive epoch of the cycle
    and once two agents have uploaded, its targets: ``others (K, D)`` = mean over the *other* agents'
    latest pilot representations, ``all (K, D)`` = mean over all of them
-   (:func:`flwr_sheaf.baselines.fedmuscle.leave_one_out_means`). FedMuscle is centralised: the
+   (:func:`flwr_sheaf.methods.fedmuscle.maths.leave_one_out_means`). FedMuscle is centralised: the
    averages run over all agents, not graph neighbours.
 2. ``accept_train``: each upload ``pilot-reps (K, D)`` is checked (shape, finite); a bad one is that
    node's recorded failure and its previous representations stay.
@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from flwr.app import Message
 
-from ...baselines.fedmuscle import is_contrastive_epoch, leave_one_out_means
 from ...config import DEFAULTS, FederationConfig, FedMuscleConfig, LocalTrainConfig
 from ...protocol import (
     FEATURE_DIM,
@@ -37,8 +36,9 @@ from ...protocol import (
 )
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
-from ...strategy.prototypes import common_dimension
+from .._shared.prototype_aggregation import common_dimension
 from . import ACTION
+from .maths import is_contrastive_epoch, leave_one_out_means
 
 __all__ = ["FedMuscle"]
 

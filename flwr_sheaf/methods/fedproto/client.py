@@ -6,8 +6,8 @@ Per ``train.fedproto`` message a node receives the global prototypes (record ``g
 
     CE(h_i(f_i(x)), y) + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)
 
-(:func:`flwr_sheaf.baselines.fedproto.fedproto_loss`). ``pool`` is the parameter-free
-:class:`~flwr_sheaf.baselines.fedproto.PoolingAdapter` from ``d_i`` to the common dimension D the
+(:func:`flwr_sheaf.methods._shared.prototypes.fedproto_loss`). ``pool`` is the parameter-free
+:class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter` from ``d_i`` to the common dimension D the
 server resolved (``feature-dim`` in the config; the identity when ``d_i = D``). After training it
 uploads its local prototypes: per-class means of the pooled eval-mode latents of its whole
 training set, with class counts (record ``upload``). Evaluation adds nearest-global-prototype
@@ -23,12 +23,6 @@ import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ...baselines.fedproto import (
-    PoolingAdapter,
-    class_prototypes,
-    fedproto_loss,
-    nearest_prototype_predict,
-)
 from ...client.common import eval_latents, from_numpy, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
@@ -46,6 +40,12 @@ from ...protocol import (
     message_type,
     pack_prototypes,
     unpack_prototypes,
+)
+from .._shared.prototypes import (
+    PoolingAdapter,
+    class_prototypes,
+    fedproto_loss,
+    nearest_prototype_predict,
 )
 from . import ACTION
 

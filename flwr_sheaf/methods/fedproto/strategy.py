@@ -5,7 +5,7 @@ Per server round:
 1. Discovery fixes the common prototype dimension D (``fedproto-dim``): ``auto`` = the smallest
    stalk dimension, ``none`` = all d_i must agree (else ``ValueError`` naming every d and
    partition-id), or an explicit D. Each node pools its latents to D with the parameter-free
-   :class:`~flwr_sheaf.baselines.fedproto.PoolingAdapter`. Every sampled node gets the global
+   :class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter`. Every sampled node gets the global
    prototypes (record ``global-prototypes``) and the config (:class:`~flwr_sheaf.config.FedProtoConfig`,
    ``feature-dim``, ``num-classes``, local training).
 2. ``accept_train``: each upload is validated on its own; one with NaN/inf, a class id outside
@@ -27,7 +27,7 @@ from ...config import DEFAULTS, FederationConfig, FedProtoConfig, LocalTrainConf
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
-from ...strategy.prototypes import PrototypeAggregator, common_dimension
+from .._shared.prototype_aggregation import PrototypeAggregator, common_dimension
 from . import ACTION
 
 __all__ = ["FedProto", "common_dimension", "prototype_evaluation"]
@@ -42,7 +42,7 @@ def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
 
 class FedProto(GraphStrategy):
     """FedProto on Flower messages (module docstring); the prototypes live in a
-    :class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator` (:attr:`prototypes`).
+    :class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator` (:attr:`prototypes`).
 
     Args:
         num_nodes: agents.

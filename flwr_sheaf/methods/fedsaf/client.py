@@ -22,15 +22,15 @@ import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ...baselines.fedproto import PoolingAdapter
-from ...baselines.fedsaf import fedsaf_objective, structure_alignment_inputs
 from ...client.handlers import register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory
 from ...config import FedSAFConfig
 from ...protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type
+from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import FedProtoClient, feature_pool, latent_and_logits, received_prototypes
 from . import ACTION
+from .maths import fedsaf_objective, structure_alignment_inputs
 
 __all__ = ["FedSAFLoss", "FedSAFClient", "register_fedsaf_handlers"]
 

@@ -1,7 +1,7 @@
 """FedSAF strategy: structural alignment on FedProto's global prototypes (docs/baselines.md).
 
 The server side is FedProto's (prototype exchange, validation, aggregation, evaluation), held as
-the same components (:class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator`); only the
+the same components (:class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`); only the
 nodes' objective differs, chosen by ``fedsaf.structure``: ``gcsa`` / ``rcsa`` (FedSAF), or the
 coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype level) and
 ``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.methods.fedsaf.client.register_fedsaf_handlers`.
@@ -16,7 +16,7 @@ from flwr.app import Message
 from ...config import DEFAULTS, FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.graph import GraphStrategy
-from ...strategy.prototypes import PrototypeAggregator
+from .._shared.prototype_aggregation import PrototypeAggregator
 from ..fedproto.strategy import prototype_evaluation
 from . import ACTION
 
@@ -25,7 +25,7 @@ __all__ = ["FedSAF"]
 
 class FedSAF(GraphStrategy):
     """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol (a held
-    :class:`~flwr_sheaf.strategy.prototypes.PrototypeAggregator`, :attr:`prototypes`).
+    :class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`, :attr:`prototypes`).
 
     Args:
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or

@@ -5,7 +5,7 @@ round's messages and the server step: discovery, the shared Bernoulli(p_i) sampl
 (:class:`flwr_sheaf.participation.ParticipationSampler`, so all four methods train the same nodes in the
 same rounds), the weights of ``mode`` (default ``"uncorrected"``, the papers' mean over responders;
 ``"known-p"`` / ``"corrected"`` apply RFedAGS's correction to the baseline), failure handling, metrics.
-The maths are :mod:`flwr_sheaf.rfedags.baselines`, the same functions
+The maths are :mod:`flwr_sheaf.methods.rfedags.baselines`, the same functions
 ``run_federated`` of ``tests/oracles/rfedags_runner.py`` calls; the ClientApp side is
 :func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
@@ -63,7 +63,9 @@ from ...protocol import (
     metric_record,
     pack_arrays,
 )
-from ...rfedags.baselines import (
+from ...strategy.base import weight_problem
+from ...strategy.graph import GraphStrategy
+from .baselines import (
     BASELINES,
     average_ambient,
     average_endpoints,
@@ -71,8 +73,6 @@ from ...rfedags.baselines import (
     projection_correction,
     require_projection,
 )
-from ...strategy.base import weight_problem
-from ...strategy.graph import GraphStrategy
 from .strategy import (
     RFEDAGS_DEFAULTS,
     RiemannianState,
@@ -90,7 +90,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
 
     Args:
         num_nodes, participation: as :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`.
-        method: one of :data:`~flwr_sheaf.rfedags.baselines.BASELINES` (also the message action).
+        method: one of :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES` (also the message action).
         mode: aggregation weights (default ``"uncorrected"``: ``1/|S_t|``).
         **kwargs: the other keyword arguments of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`
             (``local_steps``, ``step_size``, ``decay_rounds``, ``global_step`` (varpi / eta_g),

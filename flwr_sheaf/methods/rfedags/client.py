@@ -7,7 +7,7 @@ beside a user's default ``train``/``evaluate``:
 - ``train.rfedags``: receive the server point ``x_t`` (record ``arrays``, key
   :data:`flwr_sheaf.protocol.POINT`, float64) and a ``ConfigRecord`` (``server-round``,
   ``local-steps`` K, ``step-size`` alpha_t, ``minibatch-size``, ``seed``; all required), run the
-  RFedAGS client loop (docs/baselines.md, "RFedAGS") (:func:`flwr_sheaf.rfedags.client.local_gradient_stream`)
+  RFedAGS client loop (docs/baselines.md, "RFedAGS") (:func:`flwr_sheaf.methods.rfedags.local.local_gradient_stream`)
   and reply with the gradient stream ``zeta in T_{x_t} M`` (record ``stream``, key
   :data:`flwr_sheaf.protocol.STREAM`, float64, same shape as ``x``) and a ``MetricRecord``
   (``num-examples``, ``tangent-error``, ``local-cost-start``).
@@ -55,11 +55,11 @@ from ...protocol import (
     config_record,
     pack_arrays,
 )
-from ...rfedags.baselines import BASELINES, projection_local_steps, svrg_local_steps
-from ...rfedags.client import local_gradient_stream
-from ...rfedags.manifolds import Manifold
-from ...rfedags.pca import PCAProblem, batch_indices
 from . import ACTION
+from .baselines import BASELINES, projection_local_steps, svrg_local_steps
+from .local import local_gradient_stream
+from .manifolds import Manifold
+from .pca import PCAProblem, batch_indices
 
 __all__ = [
     "RFedAGSLocalProblem",
@@ -120,11 +120,11 @@ class FederatedProblem(Protocol):
 
 @dataclass
 class PCAClientProblem:
-    """Client ``client`` of a :class:`~flwr_sheaf.rfedags.pca.PCAProblem` (``f_i(X) = -tr(X^T A_i X)``).
+    """Client ``client`` of a :class:`~flwr_sheaf.methods.rfedags.pca.PCAProblem` (``f_i(X) = -tr(X^T A_i X)``).
 
     Config keys read by :meth:`gradient_oracle` (both required): ``minibatch-size`` (0 = exact
     gradient ``-2 A_i X``) and ``seed`` (mini-batch seed); batches come from
-    :func:`~flwr_sheaf.rfedags.pca.batch_indices` so they match :func:`~flwr_sheaf.rfedags.pca.run_pca_reference`.
+    :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices` so they match :func:`~flwr_sheaf.methods.rfedags.pca.run_pca_reference`.
     """
 
     problem: PCAProblem
@@ -174,7 +174,7 @@ class ProblemClient:
     """Client ``client`` of any federated problem of ``tests/oracles/rfedags_runner.py`` (PCA, Fréchet means).
 
     Reads the same config keys as :class:`PCAClientProblem` (``minibatch-size``, ``seed``) and draws the
-    same batches (:func:`~flwr_sheaf.rfedags.pca.batch_indices`), so a Flower run equals
+    same batches (:func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`), so a Flower run equals
     ``run_federated`` of ``tests/oracles/rfedags_runner.py`` on the same inputs.
 
     Raises:
@@ -340,15 +340,15 @@ def register_rfedags_baseline_handlers(
     ``train.<m>`` reads the config of RFedAGS (``server-round``, ``local-steps``, ``step-size``,
     ``minibatch-size``, ``seed``) plus ``phase``, and the point ``x`` (:data:`~flwr_sheaf.protocol.POINT`):
 
-    - ``rfedavg``: K local Riemannian SGD steps from ``x`` (:func:`~flwr_sheaf.rfedags.client.local_gradient_stream`);
+    - ``rfedavg``: K local Riemannian SGD steps from ``x`` (:func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`);
       reply: the end point (:data:`~flwr_sheaf.protocol.ENDPOINT`).
     - ``rfedsvrg``, phase ``"gradient"``: reply the Riemannian gradient of ``f_i`` at ``x`` on the full
       local data (:data:`~flwr_sheaf.protocol.STREAM`); phase ``"local"``: with the server gradient
       :data:`~flwr_sheaf.protocol.FULL_GRADIENT`, K variance-reduced steps
-      (:func:`~flwr_sheaf.rfedags.baselines.svrg_local_steps`); reply: the end point.
+      (:func:`~flwr_sheaf.methods.rfedags.baselines.svrg_local_steps`); reply: the end point.
     - ``rfedproj``: ``x`` is the server's ambient point; with the correction
       :data:`~flwr_sheaf.protocol.CORRECTION`, K projected steps
-      (:func:`~flwr_sheaf.rfedags.baselines.projection_local_steps`); reply: ambient end point and mean
+      (:func:`~flwr_sheaf.methods.rfedags.baselines.projection_local_steps`); reply: ambient end point and mean
       gradient (:data:`~flwr_sheaf.protocol.MEAN_GRADIENT`).
 
     Every reply's ``metrics`` has ``num-examples``. The handlers raise (-> Flower error reply, the
@@ -359,7 +359,7 @@ def register_rfedags_baseline_handlers(
     Args:
         app: the ClientApp to extend.
         problem_factory: as :func:`register_rfedags_handlers`.
-        methods: subset of :data:`~flwr_sheaf.rfedags.baselines.BASELINES`.
+        methods: subset of :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES`.
 
     Returns:
         ``app``.

@@ -11,7 +11,7 @@ Server part of RFedAGS on Flower's Message API (docs/baselines.md, "RFedAGS"). P
    ``minibatch-size`` and ``seed``.
 2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
    finite ``num-examples > 0``; anything else is that node's recorded failure) are
-   combined by :class:`flwr_sheaf.rfedags.aggregation.RFedAGSServer` with weights
+   combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with weights
    ``1/(q_i^t N)`` (``"corrected"``), ``1/(p_i N)`` (``"known-p"``) or the mean over responders
    (``"uncorrected"``), followed by ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
    arrived count as participation (a drawn node that failed or stayed silent is a non-responder for
@@ -34,7 +34,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from ...config import DEFAULTS
-from ...participation import ParticipationSampler, parse_participation
+from ...participation import DEFAULT_Q_MIN, ESTIMATORS, ParticipationSampler, parse_participation
 from ...protocol import (
     ARRAYS,
     CONFIG,
@@ -54,13 +54,12 @@ from ...protocol import (
     metric_record,
     pack_arrays,
 )
-from ...rfedags.aggregation import MODES, RFedAGSServer
-from ...rfedags.client import step_size_schedule
-from ...rfedags.manifolds import Manifold, Sphere, Stiefel
-from ...rfedags.participation import DEFAULT_Q_MIN, ESTIMATORS
 from ...strategy.base import weight_problem
 from ...strategy.graph import GraphStrategy
 from . import ACTION
+from .aggregation import MODES, RFedAGSServer
+from .local import step_size_schedule
+from .manifolds import Manifold, Sphere, Stiefel
 
 __all__ = [
     "RFEDAGS_DEFAULTS",
@@ -246,13 +245,13 @@ class RFedAGS(GraphStrategy, RiemannianState):
         step_size: ``alpha_0 > 0``; ``alpha_t = alpha_0 / (1 + t/decay_rounds)`` with ``t = round - 1``.
         decay_rounds: ``>= 0`` (0 = fixed step).
         global_step: ``varpi > 0`` (paper and code: 1).
-        q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`).
+        q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.participation.FrequencyEstimator`).
         estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
         estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
             expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
-            :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator` and docs/participation.md, s4.1.
+            :class:`~flwr_sheaf.participation.FrequencyEstimator` and docs/participation.md, s4.1.
         manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
-            -> :class:`~flwr_sheaf.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.rfedags.manifolds.Sphere`.
+            -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
         seed: participation and mini-batch seed.
         action: message action name (default ``"rfedags"``).

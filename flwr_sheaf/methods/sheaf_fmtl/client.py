@@ -4,7 +4,7 @@ Per ``train.sheaf_fmtl`` message the node, with theta_i its trainable parameters
 ``model.parameters()`` order (n_i of them, checked against the server's ``sheaf-fmtl-num-params``):
 
 1. restores its maps ``P_ij (d_ij, n_i)`` from ``context.state["<action>.maps"]`` (float16 at rest),
-   or draws them in its first round (:func:`flwr_sheaf.baselines.sheaf_fmtl.init_map`, from
+   or draws them in its first round (:func:`flwr_sheaf.methods.sheaf_fmtl.maths.init_map`, from
    (seed, partition-id, neighbour) only);
 2. map step (F2) for every neighbour j whose ``y_j = P_ji theta_j`` came in record
    ``sheaf-fmtl-projections``: ``P_ij <- P_ij - eta lambda (P_ij theta_i - y_j) theta_i^T``, with
@@ -26,7 +26,6 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from ...baselines.sheaf_fmtl import init_map, map_step, parameter_step
 from ...client.common import from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import CrossEntropy, LossPlugin
@@ -47,6 +46,7 @@ from ...protocol import (
     pack_arrays,
 )
 from . import ACTION
+from .maths import init_map, map_step, parameter_step
 
 __all__ = ["SheafFMTLLoss", "SheafFMTLClient", "register_sheaf_fmtl_handlers", "trainable_vector"]
 

@@ -20,7 +20,6 @@ import networkx as nx
 import numpy as np
 from flwr.app import Message
 
-from ...baselines.sheaf_fmtl import GIB, check_map_budget, edge_dim, map_bytes_per_node
 from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig, SheafFMTLConfig
 from ...protocol import (
     SHEAF_FMTL_DIMS,
@@ -34,6 +33,7 @@ from ...protocol import (
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from . import ACTION
+from .maths import GIB, check_map_budget, edge_dim, map_bytes_per_node
 
 __all__ = ["SheafFMTL", "sheaf_fmtl_budget"]
 

@@ -59,6 +59,7 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
+from ...participation import FrequencyEstimator
 from ...protocol import (
     METRICS,
     OWN_PILOTS,
@@ -79,7 +80,6 @@ from ...protocol import (
     pack_neighbour_pilots,
     pack_pilot_selection,
 )
-from ...rfedags.participation import FrequencyEstimator
 from ...sheaf.network import orient_edge
 from ...sheaf.pilots import (
     PilotSampler,

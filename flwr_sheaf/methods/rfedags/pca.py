@@ -30,10 +30,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .aggregation import MODES, RFedAGSServer, effective_weights_uncorrected
-from .client import local_gradient_stream
+from ...participation import DEFAULT_Q_MIN, bernoulli_participation, check_probabilities
+from .aggregation import (
+    MODES,
+    RFedAGSServer,
+    effective_weights_uncorrected,
+)
+from .local import local_gradient_stream
 from .manifolds import Stiefel
-from .participation import DEFAULT_Q_MIN, bernoulli_participation, check_probabilities
 
 __all__ = [
     "PCAProblem",
@@ -220,7 +224,7 @@ class PCAProblem:
     def reweighted_optimum(self, weights: np.ndarray) -> np.ndarray:
         """Minimiser ``U~ (d, r)`` of ``F~ = sum_i w_i f_i`` (top-r eigenvectors of ``sum_i w_i A_i``).
 
-        With ``w = p~`` (:func:`~flwr_sheaf.rfedags.aggregation.effective_weights_uncorrected`) this is
+        With ``w = p~`` (:func:`~flwr_sheaf.methods.rfedags.aggregation.effective_weights_uncorrected`) this is
         where the uncorrected method converges (paper Theorem 2.1).
 
         Raises:
@@ -373,9 +377,9 @@ def run_pca_reference(
     """Pure-numpy RFedAGS run on a PCA problem (docs/baselines.md, s5, with the Bernoulli(p_i) participation of docs/participation.md, s1).
 
     Round ``t = 1..T``: ``S_t = bernoulli_participation(p, t, seed)``; every responder runs
-    :func:`~flwr_sheaf.rfedags.client.local_gradient_stream` from ``x_t`` with ``alpha_{t-1}`` (exact local
+    :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` from ``x_t`` with ``alpha_{t-1}`` (exact local
     gradients if ``batch_size`` is None, else mini-batches from :func:`batch_indices`); the server
-    (:class:`~flwr_sheaf.rfedags.aggregation.RFedAGSServer`) aggregates with the ``mode`` weights.
+    (:class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`) aggregates with the ``mode`` weights.
     Responders' local phases are batched into one call (identical maths, faster).
 
     Args:
@@ -390,7 +394,7 @@ def run_pca_reference(
         batch_size: mini-batch size ``B`` (requires ``problem.samples``), None = exact gradients.
         q_min, global_step, estimate_includes_current: see ``RFedAGSServer``.
         estimator: ``"plus-one"`` or ``"empirical"`` (``RFedAGSServer``'s ``estimator_kind``).
-        force_one_if_empty: see :func:`~flwr_sheaf.rfedags.participation.bernoulli_participation`.
+        force_one_if_empty: see :func:`~flwr_sheaf.participation.bernoulli_participation`.
         record_every: record metrics at round 0, every ``record_every`` rounds and at ``T``.
 
     Returns:

@@ -5,10 +5,10 @@ RFedAGS server update (docs/baselines.md, s5.3; authors' sign convention)::
     x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
 
 where ``zeta_i in T_{x_t} M`` is client ``i``'s gradient stream (sum of its ``K`` transported, *negative*
-step-scaled local gradients, see :mod:`flwr_sheaf.rfedags.client`) and the weights are
+step-scaled local gradients, see :mod:`flwr_sheaf.methods.rfedags.local`) and the weights are
 
 * ``"corrected"`` (RFedAGS with unknown p: frequency estimates, paper Assumption 3.8): ``w_i = 1/(q_i^t N)`` with the frequency
-  estimate ``q_i^t`` of :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`;
+  estimate ``q_i^t`` of :class:`~flwr_sheaf.participation.FrequencyEstimator`;
 * ``"known-p"`` (the paper's update with true probabilities; docs/participation.md, s2): ``w_i = 1/(p_i N)``; since
   ``E[1{i in S_t}/(p_i N)] = 1/N`` the aggregate is unbiased for ``(1/N) sum_i zeta_i``;
 * ``"uncorrected"`` (the "AGS-RS" baseline, ``RFedAGSP__.m``): ``w_i = n_i / sum_{j in S_t} n_j``
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...participation import DEFAULT_Q_MIN, FrequencyEstimator, check_probabilities
 from .manifolds import Manifold
-from .participation import DEFAULT_Q_MIN, FrequencyEstimator, check_probabilities
 
 __all__ = [
     "MODES",
@@ -175,7 +175,7 @@ def server_update(
     """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (docs/baselines.md, s5.3; authors use ``varpi = 1``).
 
     Args:
-        manifold: manifold object (e.g. :class:`~flwr_sheaf.rfedags.manifolds.Stiefel`).
+        manifold: manifold object (e.g. :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`).
         x: current point ``(*point_shape)``.
         direction: aggregated tangent vector at ``x`` (already carries the minus sign and local steps).
         global_step: ``varpi > 0``.
@@ -267,7 +267,7 @@ class RFedAGSServer:
             round ``t`` is counted before the weights are formed.
         estimator_kind: frequency estimator of ``"corrected"``: ``"plus-one"`` (default, ``(c+1)/(t+1)``:
             expected weights never above ``1/N``) or ``"empirical"`` (the paper's ``c/t``); see
-            :class:`~flwr_sheaf.rfedags.participation.FrequencyEstimator`.
+            :class:`~flwr_sheaf.participation.FrequencyEstimator`.
 
     Raises:
         ValueError: invalid mode, missing ``p`` for ``"known-p"``, size mismatch.

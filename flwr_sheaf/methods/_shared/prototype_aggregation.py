@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from flwr.app import Message
 
-from ..baselines.fedproto import aggregate_prototypes, check_common_dim
-from ..config import FedProtoConfig
-from ..protocol import (
+from ...config import FedProtoConfig
+from ...protocol import (
     FEATURE_DIM,
     GLOBAL_PROTOTYPES,
     NUM_CLASSES,
@@ -25,10 +24,11 @@ from ..protocol import (
     pack_prototypes,
     unpack_prototypes,
 )
-from .base import positive_int
+from ...strategy.base import positive_int
+from .prototypes import aggregate_prototypes, check_common_dim
 
 if TYPE_CHECKING:
-    from .graph import GraphStrategy
+    from ...strategy.graph import GraphStrategy
 
 __all__ = ["PrototypeAggregator", "common_dimension"]
 

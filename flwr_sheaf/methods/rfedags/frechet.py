@@ -46,8 +46,8 @@ class FrechetMeanProblem:
     """Federated Fréchet mean ``min_x (1/N) sum_i (1/(2S)) sum_s d(x, a_{i,s})^2`` (module docstring).
 
     Args:
-        manifold: a manifold with ``log`` and ``dist`` (:class:`~flwr_sheaf.rfedags.manifolds.SPD`,
-            :class:`~flwr_sheaf.rfedags.manifolds.PoincareBall`, :class:`~flwr_sheaf.rfedags.manifolds.Sphere`).
+        manifold: a manifold with ``log`` and ``dist`` (:class:`~flwr_sheaf.methods.rfedags.manifolds.SPD`,
+            :class:`~flwr_sheaf.methods.rfedags.manifolds.PoincareBall`, :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`).
         points: ``(N, S, *point_shape)`` float array, every entry on the manifold.
         optimum: the minimiser ``x*`` if known (closed form); else :meth:`optimum` raises until
             :meth:`set_optimum` is called (e.g. with :func:`centralised_frechet_mean`).
@@ -292,8 +292,8 @@ def centralised_frechet_mean(
     there to ``||grad|| < 1e-15`` in 50 steps.
 
     Args:
-        manifold: a manifold with a geoopt reference ``_geo`` (:class:`~flwr_sheaf.rfedags.manifolds.SPD`,
-            :class:`~flwr_sheaf.rfedags.manifolds.PoincareBall`).
+        manifold: a manifold with a geoopt reference ``_geo`` (:class:`~flwr_sheaf.methods.rfedags.manifolds.SPD`,
+            :class:`~flwr_sheaf.methods.rfedags.manifolds.PoincareBall`).
         points: ``(N, S, *point_shape)``.
         weights: ``(N,)`` non-negative client weights (default equal).
         steps, lr: iterations and step.

@@ -1,14 +1,14 @@
 """RFedAGS's comparison methods: RFedAvg, RFedSVRG and RFedProj (maths only, manifold-generic).
 
 Faithful to the RFedAGS authors' baseline code (``RFedAvg_.m``, ``RFedSVRG_.m``, ``RFedProj_.m``;
-docs/baselines.md, s5.4); every function only calls :class:`~flwr_sheaf.rfedags.manifolds.Manifold`
+docs/baselines.md, s5.4); every function only calls :class:`~flwr_sheaf.methods.rfedags.manifolds.Manifold`
 operations. Arbitrary participation: each round's responders ``S_t`` come from the same Bernoulli
 sampler as RFedAGS, and every aggregation takes the weights ``w_i`` of
-:func:`~flwr_sheaf.rfedags.aggregation.participation_weights`: ``"uncorrected"`` (``1/|S_t|``, what the
+:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights`: ``"uncorrected"`` (``1/|S_t|``, what the
 three papers and the authors' code use) or the RFedAGS corrections ``"known-p"`` / ``"corrected"``.
 
 * **RFedAvg** (Li & Ma 2023): client ``i`` runs ``K`` local Riemannian SGD steps from ``x_t`` (the same
-  loop as RFedAGS, :func:`~flwr_sheaf.rfedags.client.local_gradient_stream`) and uploads its end point
+  loop as RFedAGS, :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`) and uploads its end point
   ``x_i``; the server maps end points to ``T_{x_t} M`` by the inverse retraction (the logarithm where
   the retraction is the exponential map) and retracts the weighted sum:
   ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))`` (:func:`average_endpoints`).
@@ -50,7 +50,7 @@ __all__ = [
     "average_ambient",
 ]
 
-#: Baseline method names (``rfedags`` itself lives in :mod:`~flwr_sheaf.rfedags.aggregation`).
+#: Baseline method names (``rfedags`` itself lives in :mod:`~flwr_sheaf.methods.rfedags.aggregation`).
 BASELINES = ("rfedavg", "rfedsvrg", "rfedproj")
 
 
@@ -110,7 +110,7 @@ def average_endpoints(
         x: server point ``x_t``, ``point_shape``.
         endpoints: ``(N, *point_shape)`` array or ``{client: point}``; rows of clients with ``w_i = 0``
             are ignored.
-        weights: ``(N,)`` weights of :func:`~flwr_sheaf.rfedags.aggregation.participation_weights`.
+        weights: ``(N,)`` weights of :func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights`.
         global_step: ``varpi > 0``.
 
     Returns:
@@ -161,7 +161,7 @@ def svrg_local_steps(
         manifold: the manifold.
         x: server point ``x_t``.
         full_grad: ``g_t in T_{x_t} M`` (:func:`full_gradient`).
-        egrad_fn: ``egrad_fn(point, k)`` as in :func:`~flwr_sheaf.rfedags.client.local_gradient_stream`
+        egrad_fn: ``egrad_fn(point, k)`` as in :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`
             (may return a ``(B, *point_shape)`` stack for ``B`` clients).
         num_steps: ``K >= 1``; step_size: ``alpha > 0``.
 

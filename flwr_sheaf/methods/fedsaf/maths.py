@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .fedproto import (
+from .._shared.prototypes import (
     LOSS_REDUCTIONS,
     _check_labels,
     _check_latents,

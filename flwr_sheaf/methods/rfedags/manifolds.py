@@ -1,8 +1,8 @@
 """Manifolds for RFedAGS and its baselines: Stiefel ``St(d, r)``, the unit sphere ``S^{n-1}``, the SPD
 cone ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c`` (numpy, float64).
 
-The algorithms (:mod:`~flwr_sheaf.rfedags.client`, :mod:`~flwr_sheaf.rfedags.aggregation`,
-:mod:`~flwr_sheaf.rfedags.baselines`) only call the operations of :class:`Manifold` and never branch on
+The algorithms (:mod:`~flwr_sheaf.methods.rfedags.local`, :mod:`~flwr_sheaf.methods.rfedags.aggregation`,
+:mod:`~flwr_sheaf.methods.rfedags.baselines`) only call the operations of :class:`Manifold` and never branch on
 which manifold they run on. SPD and the Poincaré ball are the RFedAGS paper's Fréchet-mean and
 hyperbolic problems (docs/baselines.md, s5.4: Manopt ``sympositivedefinitefactory`` / ``hyperbolicfactory``
 with the exponential map as retraction, its inverse the logarithm, parallel transport); both are
