@@ -389,7 +389,8 @@ _KEY_LIST = [
         False,
         _bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
-        "(replaced; refused otherwise, docs/reliability.md)",
+        "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
+        "`resume`; docs/reliability.md)",
     ),
     Key(
         "max-failed-fraction",

@@ -51,15 +51,22 @@ def describe_ray() -> dict[str, Any] | None:
         ``{"ray_address": "host:port" (the GCS), "ray_nodes": int (alive nodes),
         "ray_cpus": float, "ray_gpus": float (the cluster's totals), "existing_cluster": bool
         (joined rather than started by this process), "joined_through": "RAY_ADDRESS", the address
-        file's path, or None}``. None in the in-process engine, the deployment engine (no Ray) or
-        before the Ray backend started.
+        file's path, or None}``. None in the in-process engine, the deployment engine (no Ray),
+        before the Ray backend started, or when Ray does not answer (logged as a warning: the run's
+        results are written regardless).
     """
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return None
-    gcs = str(ray.get_runtime_context().gcs_address)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    total = ray.cluster_resources()
+    try:
+        gcs = str(ray.get_runtime_context().gcs_address)
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        total = ray.cluster_resources()
+    except Exception as exc:  # noqa: BLE001 - a report must never cost the run its results
+        log.warning(
+            "could not describe the Ray cluster of this run: %s: %s", type(exc).__name__, exc
+        )
+        return None
     existing = not _gcs_started_here()
     how = None
     if existing:

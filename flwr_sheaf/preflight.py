@@ -8,34 +8,59 @@ is parsed) refuses, each time naming the run-config key, the path and the fix:
   on this machine: simulation, in-process runs) and, with ``tracking`` on, ``tracking-dir`` (default
   ``<results-dir>/tracking``). Such a run used to fail only after training, after
   its first round or, with ``checkpoint-every=0``, after the last one;
+- ``overwrite = true`` together with ``resume = true`` or ``resume-from`` (one starts afresh, the
+  other continues: both keys named);
+- resuming without a checkpoint (:class:`~flwr_sheaf.strategy.checkpoint.NoCheckpointError`, one line;
+  a finished run written with ``checkpoint-every = 0`` is named as such, with what works instead);
 - a fresh run (neither ``resume`` nor ``resume-from``) into a ``results-dir`` that already holds
-  another run's ``results.json`` or ``checkpoint.pkl``, unless ``overwrite = true`` (then those files
-  are removed first, with a warning: a checkpoint of the old run must never be resumed as this one's);
-- a second run writing the same ``results-dir``: the first one holds ``<results-dir>/.lock`` (created
-  exclusively; pid, host and start time inside) until it ends. A lock left by a process that no longer
-  runs on this host is taken over with a warning; any other is refused, naming the pid and host.
+  another run's ``results.json`` or ``checkpoint.pkl``, unless ``overwrite = true``. Then those files
+  (and ``accuracy.png``) are **moved** into ``<results-dir>/previous-<UTC time>/`` (warning; recorded in
+  ``results.json``'s ``previous_run``), never deleted: a new run that then fails loses nothing, and a
+  checkpoint of the old run is never resumed as this one's (:func:`flwr_sheaf.rundir.move_aside`);
+- a ``node-state-dir`` holding another run's node state (a fresh run over it; a resumed run over the
+  node state of another run config), checked before any file is moved
+  (:func:`flwr_sheaf.rundir.check_node_state_dir`);
+- a second run writing the same ``results-dir`` or ``node-state-dir``: the first one holds
+  ``<dir>/.lock`` until it ends (:class:`flwr_sheaf.locks.DirLock`: the kernel's ``flock``, released
+  when its process dies; a stale lock is taken over atomically, with a warning; a lock whose holder
+  cannot be shown dead, e.g. one in another PID namespace, is refused naming its pid and host).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import socket
 import tempfile
-import time
-import uuid
 from pathlib import Path
 
 from .config import ConfigError, RunConfig
+from .locks import LOCK_NAME, DirLock
+from .rundir import (
+    check_node_state_dir,
+    claim_node_state_dir,
+    move_aside,
+    path_error,
+    resolve_dir,
+)
 
-__all__ = ["LOCK_NAME", "RESULT_FILES", "RunLock", "check_writable_dir", "preflight"]
+__all__ = [
+    "LOCK_NAME",
+    "RESULT_FILES",
+    "MOVED_FILES",
+    "Preflight",
+    "RunLock",
+    "check_writable_dir",
+    "preflight",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
-LOCK_NAME = ".lock"
 #: Files whose presence means that ``results-dir`` holds another run's results.
 RESULT_FILES = ("results.json", "checkpoint.pkl")
+#: Files ``overwrite = true`` moves into ``previous-<UTC time>/``.
+MOVED_FILES = ("results.json", "checkpoint.pkl", "accuracy.png")
+#: The results-dir lock (the name kept for callers of earlier versions).
+RunLock = DirLock
 
 
 def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> Path:
@@ -49,8 +74,12 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
         ConfigError: a path component is a regular file, the directory (or its nearest existing parent)
             is not writable, or it cannot be created (key, path and fix named).
     """
-    p = Path(path).expanduser().resolve()
+    p = resolve_dir(key, path)
     fix = f"set {key} to a directory you can write"
+    try:
+        p.exists()
+    except OSError as exc:  # ELOOP of a link loop below a resolved prefix, EACCES, ...
+        raise path_error(key, path, exc) from None
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{key}={str(path)!r}: {p} exists and is not a directory; {fix}")
     probe = p
@@ -80,135 +109,127 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
     return p
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    except OSError:
-        return True
-    return True
+class Preflight:
+    """What :func:`preflight` holds for the run; a context manager that releases the locks.
 
-
-class RunLock:
-    """The exclusive lock file ``<results-dir>/.lock`` of one run (module docstring); a context manager.
-
-    Raises:
-        ConfigError: (``acquire``) a live run holds the lock (its pid, host and start time named), or
-            the lock file is unreadable (named, with what to do).
+    Attributes:
+        locks: the held :class:`~flwr_sheaf.locks.DirLock` of ``results-dir`` (and of ``node-state-dir``).
+        previous_run: where ``overwrite = true`` moved the earlier run's files, ``{"moved_to": path,
+            "files": [names]}`` (``results.json``'s ``previous_run``), or None.
     """
 
-    def __init__(self, directory: Path) -> None:
-        self.path = Path(directory) / LOCK_NAME
-        self.token = uuid.uuid4().hex
-        self.held = False
-
-    def _create(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as fh:
-            json.dump(
-                {
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "time": time.time(),
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "token": self.token,
-                },
-                fh,
-            )
-        self.held = True
-        return True
-
-    def acquire(self) -> RunLock:
-        """Create the lock file, taking over a stale one of a dead process on this host (warning)."""
-        if self._create():
-            return self
-        try:
-            info = json.loads(self.path.read_text())
-            pid, host = int(info["pid"]), str(info["host"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise ConfigError(
-                f"results-dir lock {self.path} exists but is unreadable: another run may be writing this "
-                f"results-dir; if none is, remove {self.path}"
-            ) from None
-        started = info.get("started", "?")
-        if host == socket.gethostname() and not _pid_alive(pid):
-            log.warning(
-                "taking over the stale lock %s of process %d (host %s, started %s), which no longer runs",
-                self.path,
-                pid,
-                host,
-                started,
-            )
-            self.path.unlink(missing_ok=True)
-            if self._create():
-                return self
-            raise ConfigError(
-                f"results-dir {self.path.parent}: another run took the lock {self.path} first"
-            )
-        where = "this host" if host == socket.gethostname() else f"host {host}"
-        raise ConfigError(
-            f"results-dir {self.path.parent} is in use by another run: process {pid} on {where} holds "
-            f"{self.path} (since {started}); wait for it to end or use another results-dir (remove "
-            f"the lock file only if that process is not a flwr-sheaf run)"
-        )
+    def __init__(self) -> None:
+        self.locks: list[DirLock] = []
+        self.previous_run: dict | None = None
 
     def release(self) -> None:
-        """Remove the lock file if this run still holds it."""
-        if not self.held:
-            return
-        self.held = False
-        try:
-            if json.loads(self.path.read_text()).get("token") == self.token:
-                self.path.unlink()
-        except (OSError, ValueError, AttributeError):
-            pass
+        """Release every lock (the node-state-dir's first)."""
+        for lock in reversed(self.locks):
+            lock.release()
+        self.locks = []
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> Preflight:
         return self
 
     def __exit__(self, *exc) -> None:
         self.release()
 
 
-def preflight(config: RunConfig) -> RunLock:
-    """Check every directory the run writes and take the results-dir lock (module docstring).
+def _no_checkpoint(config: RunConfig, out: Path) -> None:
+    """Refuse resuming without a checkpoint, in one line naming what works instead."""
+    from .strategy.checkpoint import NoCheckpointError, checkpoint_path
+
+    path = checkpoint_path(config.resume_from or out)
+    if path.is_file():
+        return
+    key = f"resume-from={config.resume_from!r}" if config.resume_from else "resume=true"
+    if (path.parent / "results.json").is_file():
+        raise NoCheckpointError(
+            f"{key}: {path.parent} holds a finished run's results.json but no checkpoint.pkl (that run "
+            f"had checkpoint-every=0, or ended before its first checkpoint), so it cannot be extended. "
+            f"Run afresh with the rounds you want in another results-dir (or with overwrite=true, which "
+            f"moves its files into {path.parent}/previous-<time>/); set checkpoint-every >= 1 for a "
+            f"run you may extend later"
+        )
+    raise NoCheckpointError(
+        f"{key}: no checkpoint at {path}: nothing to resume (run without resume first, or point "
+        f"resume-from at the stopped run's checkpoint.pkl)"
+    )
+
+
+def preflight(config: RunConfig) -> Preflight:
+    """Check every directory the run writes, take its locks and move an overwritten run's files
+    aside (module docstring).
 
     Returns:
-        the held :class:`RunLock` (release it when the run ends: ``with preflight(config): ...``).
+        the :class:`Preflight` holding the locks (release them when the run ends:
+        ``with preflight(config) as pre: ...``).
 
     Raises:
-        ConfigError: an unwritable directory, another run's results in ``results-dir`` without
-            ``resume`` / ``overwrite``, or a live run holding the lock (key, path and fix named).
+        ConfigError: an unwritable directory (or a symbolic-link loop), ``overwrite`` with ``resume``
+            / ``resume-from``, resuming without a checkpoint, another run's results in ``results-dir``
+            without ``resume`` / ``overwrite``, another run's node state in ``node-state-dir``, or a
+            live run holding a lock (key, path and fix named).
+        OSError: an earlier run's files cannot be moved aside (nothing deleted).
     """
+    resuming = config.resume or bool(config.resume_from)
+    if config.overwrite and resuming:
+        which = "resume=true" if config.resume else f"resume-from={config.resume_from!r}"
+        raise ConfigError(
+            f"overwrite=true and {which} contradict each other: overwrite starts a fresh run (moving "
+            f"the earlier run's files aside), {which.split('=')[0]} continues the checkpointed run; set "
+            f"only one of them"
+        )
+    state_root = None
     if config.node_state_dir:
-        check_writable_dir("node-state-dir", config.node_state_dir)
+        state_root = check_writable_dir("node-state-dir", config.node_state_dir)
     if config.tracking.strip():
-        from .tracking import tracking_dir
-
-        check_writable_dir("tracking-dir", config.tracking_dir or tracking_dir(config))
+        resolve_dir("results-dir", config.results_dir)  # a link loop named by its key first
+        # tracking.tracking_dir's default, unresolved: a link loop is then named by check_writable_dir
+        check_writable_dir(
+            "tracking-dir", config.tracking_dir or str(Path(config.results_dir) / "tracking")
+        )
     out = check_writable_dir("results-dir", config.results_dir, create=True)
-    lock = RunLock(out).acquire()
+    pre = Preflight()
     try:
-        resuming = config.resume or bool(config.resume_from)
+        pre.locks.append(DirLock(out, "results-dir").acquire())
+        if resuming:
+            _no_checkpoint(config, out)
         old = [out / f for f in RESULT_FILES if (out / f).exists()]
-        if old and not resuming:
-            if not config.overwrite:
-                raise ConfigError(
-                    f"results-dir={config.results_dir!r}: {out} already holds another run's results "
-                    f"({', '.join(p.name for p in old)}); a fresh run would replace them. Use another results-dir, "
-                    f"resume=true to continue that run, or overwrite=true to replace them"
+        if old and not resuming and not config.overwrite:
+            how = (
+                "resume=true to continue that run, or overwrite=true to move its files into "
+                f"{out}/previous-<time>/ and start afresh"
+                if (out / "checkpoint.pkl").exists()
+                else f"or overwrite=true to move its files into {out}/previous-<time>/ and start "
+                f"afresh (it has no checkpoint.pkl, so resume=true cannot continue it)"
+            )
+            raise ConfigError(
+                f"results-dir={config.results_dir!r}: {out} already holds another run's results "
+                f"({', '.join(p.name for p in old)}); a fresh run would replace them. Use another "
+                f"results-dir, {how}"
+            )
+        if (
+            state_root is not None
+        ):  # before anything is moved: a refusal leaves results-dir as it was
+            state_root.mkdir(parents=True, exist_ok=True)
+            pre.locks.append(DirLock(state_root, "node-state-dir").acquire())
+            if not resuming:  # a resumed run's: after its checkpoint check (server_app)
+                check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), False)
+        if old and not resuming:  # overwrite=true: moved aside, never deleted
+            moved = move_aside(out, MOVED_FILES)
+            if moved is not None:
+                folder, names = moved
+                pre.previous_run = {"moved_to": str(folder), "files": names}
+                log.warning(
+                    "overwrite=true: moved the earlier run's %s from %s into %s (nothing deleted)",
+                    ", ".join(names),
+                    out,
+                    folder,
                 )
-            for p in old + [out / "accuracy.png"]:
-                if p.exists():
-                    log.warning("overwrite=true: removing %s of an earlier run", p)
-                    p.unlink()
+        if state_root is not None and not resuming:
+            claim_node_state_dir(state_root, config.to_dict(), out)
     except BaseException:
-        lock.release()
+        pre.release()
         raise
-    return lock
+    return pre

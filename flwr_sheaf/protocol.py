@@ -905,8 +905,9 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     """Why a train reply's values are refused, or None (the one check of both sides).
 
     The server (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses a reply whose
-    ``num-examples`` is not a finite number > 0 or that has an infinite metric, or a list metric
-    (e.g. per-edge values) with an infinite entry (NaN means "not measured"); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
+    ``num-examples`` is not a finite number > 0, that has a NaN or infinite scalar metric, or a list
+    metric (e.g. per-edge values) with an infinite entry (a NaN entry of a list means "not measured"
+    for that edge); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
     same check, with ``arrays=True`` also to every array (NaN/inf entries), and raises before its state
     is committed: what the server refuses, the node never commits (docs/reliability.md).
 
@@ -918,9 +919,14 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])
     if why is not None:
         return why
-    for k, x in m.items():  # NaN means "not measured" (skipped by the means); inf is never valid
+    for k, x in m.items():  # a scalar must be finite; NaN entries of a list mean "not measured"
         if isinstance(x, float) and np.isinf(x):
             return f"metric {k} = {x} is infinite"
+        if isinstance(x, float) and np.isnan(x):
+            return (
+                f"metric {k} = nan is not a number (a diverged loss or a broken metric; a metric a "
+                f"node does not measure is left out of its reply, not sent as NaN)"
+            )
         if isinstance(x, list):
             bad = [i for i, v in enumerate(x) if isinstance(v, float) and np.isinf(v)]
             if bad:

@@ -8,6 +8,7 @@ ServerApp calls it after the last round) and for one's own Flower app (call it o
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .strategy.graph import GraphStrategy
+
+log = logging.getLogger("flwr_sheaf")
 
 __all__ = [
     "write_results",
@@ -126,6 +129,7 @@ def write_results(
     wall_seconds: float | None = None,
     extra: Mapping[str, Any] | None = None,
     problems: Sequence[str] = (),
+    errors: Sequence[str] = (),
 ) -> Path:
     """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
 
@@ -165,6 +169,16 @@ def write_results(
         problems: what else did not go as asked outside the nodes' replies (e.g. a tracker switched
             off after an error): a run otherwise ``completed`` is written ``degraded``, and each
             problem is added to ``degradation["problems"]``.
+        errors: what ended the run early, when the caller knows it (e.g. the exception ``start``
+            raised): the run is written ``failed`` with each error among ``degradation["reasons"]``.
+            A run whose last round is short of the ``num_rounds`` its ``start`` was given is
+            ``failed`` in any case (:func:`run_status`).
+
+    Who else is in ``out_dir`` is checked before anything is written: another run's
+    ``checkpoint.pkl`` (not the strategy's own checkpointer's) is refused unless ``overwrite``, which
+    moves it into ``previous-<UTC time>/`` (results.json beside it would be read, and resumed, as that
+    run's); a directory another live run has locked (``.lock``, :class:`flwr_sheaf.locks.DirLock`) is
+    refused; otherwise the lock is held while the files are written.
 
     Returns:
         Path of ``results.json``.
@@ -174,9 +188,10 @@ def write_results(
             that JSON cannot serialise.
         ValueError: the strategy has not run (no round in its history: call ``strategy.start``
             first), or ``extra`` names a key written here (named).
-        FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png`` and
-            ``overwrite`` is False (the files named).
+        FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
+            run's ``checkpoint.pkl``, and ``overwrite`` is False (the files named).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
+        flwr_sheaf.locks.LockedError: another live run holds ``out_dir``'s lock (its pid and host named).
         OSError: the directory or files cannot be written.
     """
     from .config import DEFAULTS
@@ -204,6 +219,13 @@ def write_results(
             "writes itself; rename them in the strategy"
         )
     out = check_results_dir(out_dir, overwrite=overwrite)
+    foreign = _foreign_checkpoint(strategy, out)
+    if foreign is not None and not overwrite:
+        raise FileExistsError(
+            f"out_dir {str(out_dir)!r} holds another run's checkpoint ({foreign}): results.json beside "
+            f"it would be read, and resume=true would continue it, as that run's. Use another out_dir, "
+            f"or pass overwrite=True to move it into {out}/previous-<time>/"
+        )
     cfg = dict(config or {})
     for key, value in strategy_config(strategy).items():
         cfg.setdefault(key, value)
@@ -211,7 +233,7 @@ def write_results(
         cfg = {"method": method, **cfg}
     if max_failed_fraction is None:
         max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
-    status = run_status(strategy, max_failed_fraction, problems)
+    status = run_status(strategy, max_failed_fraction, problems, errors)
     rounds = strategy.history
     payload = {
         "config": cfg,
@@ -231,19 +253,65 @@ def write_results(
         _clean(payload), indent=1
     )  # before anything is written: a TypeError writes nothing
     out.mkdir(parents=True, exist_ok=True)
-    path = out / RESULTS_JSON
-    path.write_text(text)
-    plot_rounds(rounds, out / ACCURACY_PNG, title=str(cfg.get("method", "")) or name)
+    from .locks import DirLock, held_by_this_process
+
+    lock = None if held_by_this_process(out) else DirLock(out, "out_dir").acquire()
+    try:
+        if foreign is not None:
+            from .rundir import move_aside
+
+            moved = move_aside(out, [foreign.name])
+            if moved is not None:
+                log.warning(
+                    "overwrite=True: moved another run's %s into %s", foreign.name, moved[0]
+                )
+        path = out / RESULTS_JSON
+        path.write_text(text)
+        plot_rounds(rounds, out / ACCURACY_PNG, title=str(cfg.get("method", "")) or name)
+    finally:
+        if lock is not None:
+            lock.release()
     return path
 
 
+def _foreign_checkpoint(strategy: GraphStrategy, out: Path) -> Path | None:
+    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file."""
+    from .strategy.checkpoint import CHECKPOINT_NAME
+
+    ckpt = out / CHECKPOINT_NAME
+    if not ckpt.exists():
+        return None
+    own = getattr(strategy, "checkpointer", None)
+    if own is not None and Path(own.path).expanduser().resolve() == ckpt.resolve():
+        return None
+    return ckpt
+
+
 def run_status(
-    strategy: GraphStrategy, max_failed_fraction: float, problems: Sequence[str] = ()
+    strategy: GraphStrategy,
+    max_failed_fraction: float,
+    problems: Sequence[str] = (),
+    errors: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The run's ``status`` and ``degradation`` as :func:`write_results` writes them: the strategy's
     :meth:`~flwr_sheaf.GraphStrategy.run_status`, made ``degraded`` (if it was ``completed``) by
-    ``problems`` outside the nodes' replies, which are listed under ``"problems"``."""
+    ``problems`` outside the nodes' replies, which are listed under ``"problems"``; made ``failed``
+    by ``errors`` (what ended the run early) and by rounds short of the ``num_rounds`` the strategy's
+    last ``start`` was given (``rounds_requested``, ``rounds_completed``), each among ``"reasons"``."""
     status = dict(strategy.run_status(max_failed_fraction))
+    status["reasons"] = list(status.get("reasons", []))
+    requested = getattr(strategy, "requested_rounds", None)
+    if requested is not None:
+        last = strategy.rounds[-1].round if strategy.rounds else 0
+        status["rounds_requested"], status["rounds_completed"] = int(requested), int(last)
+        if last < requested:
+            status["reasons"].append(
+                f"the run stopped after server round {last} of {requested} (strategy.start did not "
+                f"finish)"
+            )
+    status["reasons"] += [str(e) for e in errors]
+    if status["reasons"]:
+        status["status"] = "failed"
     if problems:
         status["problems"] = list(problems)
         if status["status"] == "completed":

@@ -78,7 +78,23 @@ if __name__ == "__main__":
     except ConfigError as exc:  # a bad key or value: one line naming it and the fix, no traceback
         print(f"inprocess.py: {exc}", file=sys.stderr)
         sys.exit(2)
-    last = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None][-1]
+    evaluated = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None]
+    if not evaluated:  # evaluate-every=0 ("never"): the last round's training, said so
+        last = res["rounds"][-1]
+        print(
+            json.dumps(
+                {
+                    "round": last.get("round"),
+                    "num_trained": last.get("num_trained"),
+                    "ce": last.get("ce"),
+                    "status": res.get("status"),
+                    "evaluated": "no round was evaluated (evaluate-every=0 means never)",
+                },
+                indent=1,
+            )
+        )
+        sys.exit(0)
+    last = evaluated[-1]
     print(
         json.dumps(
             {

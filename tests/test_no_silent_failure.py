@@ -113,22 +113,13 @@ def test_a_results_dir_of_another_run_is_refused_unless_resume_or_overwrite(tmp_
 def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(tmp_path, caplog):
     out = tmp_path / "r"
     out.mkdir()
-    (out / LOCK_NAME).write_text(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "time": 0,
-                "started": "then",
-                "token": "other",
-            }
-        )
-    )
+    other = RunLock(out).acquire()  # another run (here: in this process) holds the lock
     rc = {**TINY, "results-dir": str(out)}
     grid = _refused(
         rc, rf"in use by another run: process {os.getpid()} on this host holds .*{LOCK_NAME}"
     )
     assert grid.delivered == [] and (out / LOCK_NAME).exists()  # not ours: left alone
+    other.release()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (out / LOCK_NAME).write_text(

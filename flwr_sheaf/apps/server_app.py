@@ -17,6 +17,7 @@ from ..methods import parse_run_config
 from ..preflight import preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import run_status, write_results
+from ..rundir import check_node_state_dir, claim_node_state_dir
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
 from ..tracking import Tracker, check_trackers
@@ -44,13 +45,19 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
             different run config (keys named) or past ``num-server-rounds``; a ``tracking`` tracker
             whose package is not installed (the pip extra named).
-        FileNotFoundError: resuming without a checkpoint.
+        NoCheckpointError: resuming without a checkpoint (a ``ConfigError`` and a ``FileNotFoundError``;
+            a finished ``checkpoint-every=0`` run named as such).
+        Exception: whatever ``strategy.start`` raised (a node-independent error, e.g. a
+            :class:`~flwr_sheaf.strategy.checkpoint.CheckpointWriteError`), re-raised after the completed
+            rounds' ``results.json`` is written with ``status: failed`` (a note on the exception names
+            the file; docs/reliability.md, "Cases of issue #28").
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
             message names the partition-ids, rounds and reasons (docs/reliability.md).
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
-            written, a results-dir holding another run's results (without resume / overwrite) or in use
-            by another run (its lock named).
+            written (or a symbolic-link loop), ``overwrite`` with ``resume``, a results-dir holding another
+            run's results (without resume / overwrite), a node-state-dir holding another run's node
+            state, or either in use by another run (its lock named).
     """
     if not log.handlers:  # our own progress lines only; leave the root logger to the host app
         handler = logging.StreamHandler()
@@ -65,11 +72,13 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     ):  # the CNN-zoo scenario: every agent's data checked before any message
         check_scenario(config.scenario)
     check_trackers(config.tracking)  # a tracker whose package is missing: before any message
-    with preflight(config):  # directories writable, results-dir free and locked: before any message
-        return _run(grid, config, method, strategy)
+    # directories writable, results-dir free and locked, an overwritten run's files moved aside:
+    # before any message
+    with preflight(config) as pre:
+        return _run(grid, config, method, strategy, pre.previous_run)
 
 
-def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
+def _run(grid: Grid, config: RunConfig, method, strategy, previous_run=None) -> Path:
     """:func:`run_server` after the preflight."""
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
@@ -77,6 +86,10 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         out, config.to_dict(), config.checkpoint_every, resume_from
     )
     checked = ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
+    if checked is not None and config.node_state_dir:  # the node state is this run's (rundir.py)
+        state_root = Path(config.node_state_dir).expanduser().resolve()
+        check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
+        claim_node_state_dir(state_root, config.to_dict(), out)
     trained_before = {}
     if (
         checked is not None
@@ -92,6 +105,7 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         strategy.round_callbacks.append(tracker.log_round)
     t0 = time.monotonic()
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
+    stopped: Exception | None = None
     try:
         strategy.start(
             grid=grid,
@@ -99,15 +113,15 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             num_rounds=config.num_server_rounds,
             timeout=config.round_timeout,
         )
+    except Exception as exc:  # the rounds done so far are still written, with status failed
+        stopped = exc
     finally:
         if tracker is not None:
             tracker.close()
     wall = time.monotonic() - t0
     extra: dict[str, Any] = {}
-    engine = describe_ray()  # the Ray cluster the ClientApps ran on (None without Ray)
-    warn_if_unasked(engine)
-    if engine is not None:
-        extra["engine"] = engine
+    if previous_run is not None:
+        extra["previous_run"] = previous_run
     if ckpt.restored_round:
         extra["resumed"] = {
             "checkpoint": str(ckpt.resume_from),
@@ -117,9 +131,16 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
             "resume_fresh_nodes": config.resume_fresh_nodes,
         }
     problems: list[str] = []
+    engine = describe_ray()  # the Ray cluster the ClientApps ran on (None without Ray)
+    warn_if_unasked(engine)
+    if engine is not None:
+        extra["engine"] = engine
     if tracker is not None:
         extra["tracking"] = tracker.describe()
         problems = tracker.problems
+    if stopped is not None:
+        _write_stopped(strategy, out, config, wall, extra, problems, stopped)
+        raise stopped
     # overwrite=True: the preflight already refused another run's results in results-dir (without
     # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
     path = write_results(
@@ -151,6 +172,43 @@ def _run(grid: Grid, config: RunConfig, method, strategy) -> Path:
         f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
         f"{config.max_failed_fraction}; 1 = report only)"
     )
+
+
+def _write_stopped(strategy, out: Path, config: RunConfig, wall, extra, problems, exc) -> None:
+    """After ``start`` raised: write the completed rounds' ``results.json`` (status ``failed``, the
+    error among its reasons) where possible, and say where in the error's notes; then the caller
+    re-raises ``exc``."""
+    done = strategy.rounds[-1].round if strategy.rounds else 0
+    error = f"{type(exc).__name__}: {exc}"
+    if not strategy.rounds:
+        exc.add_note(f"flwr-sheaf: no server round completed; nothing written to {out}")
+        return
+    try:
+        path = write_results(
+            strategy,
+            out,
+            config=config.to_dict(),
+            overwrite=True,
+            max_failed_fraction=config.max_failed_fraction,
+            wall_seconds=wall,
+            extra=extra,
+            problems=problems,
+            errors=[error],
+        )
+    except Exception as werr:  # noqa: BLE001 - e.g. the same full disk: the first error is raised
+        log.error(
+            "the run stopped (%s) and its results could not be written either: %s", error, werr
+        )
+        exc.add_note(f"flwr-sheaf: the results of rounds 1-{done} could not be written: {werr}")
+        return
+    log.error(
+        "the run FAILED after server round %d: %s; results of rounds 1-%d (status 'failed') written to %s",
+        done,
+        error,
+        done,
+        path,
+    )
+    exc.add_note(f"flwr-sheaf: results of rounds 1-{done} (status 'failed') written to {path}")
 
 
 def _last_trained(rounds, num_nodes: int) -> dict[int, int]:

@@ -170,11 +170,18 @@ def write_state(directory: Path, state: RecordDict, meta: Mapping[str, Any]) -> 
         the file's path.
 
     Raises:
-        OSError: the directory cannot be created or written.
+        OSError: the directory cannot be created or written (the file, the reason and the fix named;
+            a state file already there is left as it was).
     """
-    return write_sealed(
-        directory / f"round-{int(meta['round'])}.state", MAGIC, meta, serialize_state(state), FORMAT
-    )
+    path = directory / f"round-{int(meta['round'])}.state"
+    try:
+        return write_sealed(path, MAGIC, meta, serialize_state(state), FORMAT)
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"cannot write the node state file {path}: {exc.strerror or exc}; free space there or set "
+            f"the node config {STATE_DIR} (run config {RUN_STATE_DIR}) to a writable directory",
+        ) from exc
 
 
 def _check(meta: dict, path: Path, context: Context) -> None:

@@ -25,6 +25,7 @@ before unpickling. Load only checkpoints your own runs wrote.
 
 from __future__ import annotations
 
+import errno
 import logging
 import pickle
 import time
@@ -40,7 +41,15 @@ from ..config import ConfigError, config_differences
 from ..integrity import read_checkpoint_file, write_checkpoint_file
 from ..protocol import pack_arrays
 
-__all__ = ["CHECKPOINT_NAME", "REBUILT", "Checkpointer", "checkpoint_path", "load_checkpoint"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "REBUILT",
+    "Checkpointer",
+    "CheckpointWriteError",
+    "NoCheckpointError",
+    "checkpoint_path",
+    "load_checkpoint",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -64,8 +73,19 @@ REBUILT = frozenset(
         "checkpointer",
         "resume_check",
         "round_callbacks",
+        "requested_rounds",
     }
 )
+
+
+class NoCheckpointError(ConfigError, FileNotFoundError):
+    """Resuming without a checkpoint: a :class:`~flwr_sheaf.config.ConfigError` (one line, no traceback,
+    in the in-process runner too) that is also a ``FileNotFoundError``."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written (full disk, permissions, ...): the file, the server round,
+    the OS reason and the fix named; the checkpoint already there (if any) is unchanged (atomic write)."""
 
 
 def checkpoint_path(location: str | Path) -> Path:
@@ -78,13 +98,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint written by :meth:`Checkpointer.save`.
 
     Raises:
-        FileNotFoundError: no checkpoint at ``path`` (named).
+        NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).
         ConfigError: not a flwr-sheaf checkpoint, another format version, or a truncated or modified
             file (header + SHA-256, :mod:`flwr_sheaf.integrity`; the file and the fix named).
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise NoCheckpointError(
             f"no checkpoint at {path}: nothing to resume (run without resume first)"
         )
     return read_checkpoint_file(path, FORMAT)
@@ -207,7 +227,8 @@ class Checkpointer:
         Raises:
             pickle.PicklingError / TypeError / AttributeError: a strategy attribute that cannot be
                 pickled (add it to :data:`REBUILT` if it is rebuilt from the config).
-            OSError: the directory cannot be written.
+            CheckpointWriteError: the file cannot be written (an ``OSError`` naming the file, the
+                round, the reason and the fix; the previous checkpoint is left as it was).
         """
         state = {k: v for k, v in vars(strategy).items() if k not in REBUILT}
         ckpt = {
@@ -222,5 +243,22 @@ class Checkpointer:
             "written_at": time.time(),
         }
         data = pickle.dumps(ckpt, protocol=pickle.HIGHEST_PROTOCOL)
-        write_checkpoint_file(self.path, data, FORMAT, int(server_round))
+        try:
+            write_checkpoint_file(self.path, data, FORMAT, int(server_round))
+        except OSError as exc:
+            kept = (
+                f"the previous checkpoint {self.path} is unchanged (resume=true continues from it)"
+                if self.path.is_file()
+                else "no earlier checkpoint exists"
+            )
+            fix = (
+                "free space on that file system, or set results-dir to another one"
+                if exc.errno == errno.ENOSPC
+                else "make results-dir writable, or set it to another directory"
+            )
+            raise CheckpointWriteError(
+                exc.errno,
+                f"cannot write the checkpoint of server round {server_round} to {self.path}: "
+                f"{exc.strerror or exc}; {kept}; {fix}",
+            ) from exc
         return self.path

@@ -355,13 +355,21 @@ class GraphEvaluation:
     def phase1_metrics_problem(
         self, s: GraphStrategy, pid: int, m: Mapping[str, Any]
     ) -> str | None:
-        """A stalk dimension other than the discovered d_i, or an accuracy/fraction neither NaN nor in [0, 1]."""
+        """A stalk dimension other than the discovered d_i, a private accuracy that is NaN or outside
+        [0, 1], or a low-variance fraction neither NaN nor in [0, 1]."""
         d = s.nodes[pid].d
         if not _number(m[STALK_DIM]) or m[STALK_DIM] != d:
             return f"{STALK_DIM} = {m[STALK_DIM]!r}, but the node reported d={d} at discovery"
-        for key in (PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY, LOW_VARIANCE_FRACTION):
-            if not _fraction(m[key]):
-                return f"{key} = {m[key]!r} is not in [0, 1] (or NaN)"
+        for key in (PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY):  # measured on non-empty splits
+            if not _fraction(m[key]) or math.isnan(m[key]):
+                return (
+                    f"{key} = {m[key]!r} is not in [0, 1] (NaN: the node's test and validation "
+                    f"splits are non-empty, so its accuracy is always measured)"
+                )
+        if not _fraction(m[LOW_VARIANCE_FRACTION]):
+            return (
+                f"{LOW_VARIANCE_FRACTION} = {m[LOW_VARIANCE_FRACTION]!r} is not in [0, 1] (or NaN)"
+            )
         return None
 
     def phase1_problem(self, s: GraphStrategy, pid: int, reply: Message) -> str | None:

@@ -158,6 +158,9 @@ class GraphStrategy(Strategy):
         #: called after every completed server round with its record's ``as_dict()`` (the round's
         #: ``results.json`` entry), e.g. :meth:`flwr_sheaf.tracking.Tracker.log_round`; not checkpointed.
         self.round_callbacks: list[Callable[[dict[str, Any]], None]] = []
+        #: ``num_rounds`` of the last :meth:`start` (None before): results with fewer rounds are
+        #: ``failed`` (:func:`flwr_sheaf.results.run_status`); not checkpointed.
+        self.requested_rounds: int | None = None
         self.federation = federation
         self.train = train or LocalTrainConfig()
         if federation is not None and evaluation is None:
@@ -437,6 +440,7 @@ class GraphStrategy(Strategy):
                 )
         self.extra_train_config = dict(train_config or {})
         self.extra_evaluate_config = dict(evaluate_config or {})
+        self.requested_rounds = int(num_rounds)  # a run whose rounds fall short of it is failed
         self.summary()
         arrays = initial_arrays if initial_arrays is not None else ArrayRecord()
         result = Result(arrays=arrays)

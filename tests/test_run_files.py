@@ -1,0 +1,522 @@
+"""Issue #28, cases 1, 3, 4, 5, 6, 7 and 9: nothing lost on overwrite, locks, write_results, bad
+numbers, OS errors, shared node state and the in-process runner (docs/reliability.md, "Cases of
+issue #28"). In-process runs (LocalGrid) on ``zoo=tiny-3``, ``graph=ring``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import MetricRecord
+
+from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.apps.server_app import run_server
+from flwr_sheaf.config import ConfigError
+from flwr_sheaf.locks import LOCK_NAME, DirLock, LockedError
+from flwr_sheaf.strategy.checkpoint import CheckpointWriteError, load_checkpoint
+from flwr_sheaf.testing import LocalGrid
+
+torch.set_num_threads(1)
+logging.getLogger("flwr_sheaf").setLevel(logging.WARNING)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {
+    "zoo": "tiny-3",
+    "graph": "ring",
+    "num-pilots": 64,
+    "max-steps-per-epoch": 2,
+    "local-epochs": 1,
+    "num-server-rounds": 1,
+    "evaluate-every": 0,
+}
+
+
+def _run(rc: dict, grid: LocalGrid | None = None) -> dict:
+    grid = grid or LocalGrid(cnn_client_app, 3, run_config=rc)
+    return json.loads(run_server(grid, rc).read_text())
+
+
+def _refused(rc: dict, match: str, exc=ConfigError, grid=None) -> LocalGrid:
+    """``rc`` is refused with ``match`` and no training message was sent."""
+    grid = grid or LocalGrid(cnn_client_app, 3, run_config=rc)
+    with pytest.raises(exc, match=match):
+        run_server(grid, rc)
+    assert not [m for m in grid.delivered if not m.metadata.message_type.startswith("query.")]
+    return grid
+
+
+def _logged(caplog):
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(caplog.handler)
+    caplog.handler.setLevel(logging.WARNING)
+    return log
+
+
+class HookGrid(LocalGrid):
+    """LocalGrid calling ``hook(grid, messages)`` before delivering each batch, and ``edit(reply)`` on
+    every reply (a node that sends what the test wants)."""
+
+    def __init__(self, *args, hook=None, edit=None, **kw):
+        super().__init__(*args, **kw)
+        self.hook, self.edit = hook, edit
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if self.hook is not None:
+            self.hook(self, messages)
+        ids = super().push_messages(messages)
+        if self.edit is not None:
+            for mid in ids:
+                if mid in self._replies:
+                    self.edit(self._replies[mid])
+        return ids
+
+
+def _is(messages, category: str, rnd: int) -> bool:
+    return any(
+        m.metadata.message_type.startswith(category + ".") and m.metadata.group_id == str(rnd)
+        for m in messages
+    )
+
+
+# ------------------------------------------------------------------------- case 1: overwrite
+def test_overwrite_moves_the_earlier_run_aside_and_a_new_run_dying_at_discovery_loses_nothing(
+    tmp_path, caplog
+):
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out)}
+    _run(rc)
+    before = {n: (out / n).read_bytes() for n in ("results.json", "checkpoint.pkl")}
+    again = {**rc, "overwrite": True, "discovery-timeout": 1}
+    silent = LocalGrid(cnn_client_app, 3, run_config=again, drop=lambda m: True)
+    _logged(caplog)
+    with pytest.raises(RuntimeError, match="no SuperNode answered"):
+        run_server(silent, again)  # every node silent: the new run dies at discovery
+    [prev] = sorted(out.glob("previous-*"))
+    assert {n: (prev / n).read_bytes() for n in before} == before  # nothing lost
+    assert "overwrite=true: moved the earlier run's results.json, checkpoint.pkl" in caplog.text
+    assert str(prev) in caplog.text and "nothing deleted" in caplog.text
+    res = _run({**rc, "overwrite": True})  # nothing left to move: the first run is aside already
+    assert "previous_run" not in res
+    res = _run({**rc, "overwrite": True})
+    assert Path(res["previous_run"]["moved_to"]).parent == out
+    assert res["previous_run"]["files"] == ["results.json", "checkpoint.pkl", "accuracy.png"]
+    assert len(list(out.glob("previous-*"))) == 2 and not (out / LOCK_NAME).exists()
+
+
+def test_resume_with_overwrite_is_refused_naming_both_keys(tmp_path):
+    rc = {**TINY, "results-dir": str(tmp_path / "r"), "checkpoint-every": 1}
+    _run(rc)
+    _refused(
+        {**rc, "resume": True, "overwrite": True, "num-server-rounds": 2},
+        r"overwrite=true and resume=true contradict each other.*set only one of them",
+    )
+    _refused(
+        {**rc, "resume-from": str(tmp_path / "r"), "overwrite": True, "num-server-rounds": 2},
+        r"overwrite=true and resume-from='.*' contradict each other",
+    )
+    assert load_checkpoint(tmp_path / "r" / "checkpoint.pkl")["round"] == 1  # untouched
+
+
+def test_extending_a_run_without_checkpoint_gets_one_answer_naming_what_works(tmp_path):
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out), "checkpoint-every": 0}
+    _run(rc)
+    assert not (out / "checkpoint.pkl").exists()
+    longer = {**rc, "num-server-rounds": 2}
+    resumed = _refused(
+        {**longer, "resume": True},
+        r"resume=true: .* holds a finished run's results.json but no checkpoint.pkl .*cannot be "
+        r"extended. Run afresh .* in another results-dir \(or with overwrite=true",
+    )
+    assert resumed.delivered == []
+    with pytest.raises(ConfigError) as fresh:
+        run_server(LocalGrid(cnn_client_app, 3, run_config=longer), longer)
+    text = str(fresh.value)
+    assert "another results-dir" in text and "overwrite=true" in text
+    assert "resume=true cannot continue it" in text and "resume=true to continue" not in text
+
+
+def test_overwrite_with_the_earlier_runs_node_state_dir_is_refused_and_moves_nothing(tmp_path):
+    out, state = tmp_path / "r", tmp_path / "S"
+    rc = {**TINY, "results-dir": str(out), "node-state-dir": str(state)}
+    _run(rc)
+    before = (out / "results.json").read_bytes()
+    _refused(
+        {**rc, "overwrite": True},
+        rf"node-state-dir='{state}': {state} holds the node state of another run \(recorded in "
+        rf"{state}/run.json: the run of results-dir '{out}'.*\), state files of partition-0, "
+        rf"partition-1, partition-2; a fresh run must not start from it.*Use another node-state-dir",
+    )
+    assert (out / "results.json").read_bytes() == before and not list(out.glob("previous-*"))
+
+
+# ------------------------------------------------------------------------- case 3: write_results
+def test_a_run_whose_start_raised_in_round_2_of_3_is_written_failed_with_its_rounds(tmp_path):
+    class Crash(Exception):
+        pass
+
+    def crash(grid, messages):
+        if _is(messages, "train", 2):
+            raise Crash("the grid went away")
+
+    rc = {**TINY, "num-server-rounds": 3, "results-dir": str(tmp_path / "r")}
+    with pytest.raises(Crash) as err:
+        run_server(HookGrid(cnn_client_app, 3, run_config=rc, hook=crash), rc)
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert [r["round"] for r in res["rounds"]] == [1] and res["status"] == "failed"
+    assert res["degradation"]["rounds_requested"] == 3
+    assert res["degradation"]["rounds_completed"] == 1
+    reasons = res["degradation"]["reasons"]
+    assert "the run stopped after server round 1 of 3 (strategy.start did not finish)" in reasons
+    assert "Crash: the grid went away" in reasons
+    assert any("(status 'failed') written to" in n for n in err.value.__notes__)
+
+
+def _own_strategy(tmp_path, crash_round=None):
+    """An own app's SheafFRL run for 3 rounds; the grid raises in ``crash_round``'s training."""
+    from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafFRL
+
+    def crash(grid, messages):
+        if crash_round is not None and _is(messages, "train", crash_round):
+            raise RuntimeError("killed")
+
+    rc = {"zoo": "tiny-3", "num-pilots": 64}
+    grid = HookGrid(cnn_client_app, 3, run_config=rc, hook=crash)
+    s = SheafFRL(
+        3,
+        federation=FederationConfig(graph="ring", evaluate_every=0),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=2),
+    )
+    try:
+        s.start(grid=grid, num_rounds=3, timeout=5)
+    except RuntimeError:
+        pass
+    return s
+
+
+def test_write_results_of_a_crashed_own_run_is_failed_and_refuses_other_runs_files(tmp_path):
+    from flwr_sheaf import write_results
+
+    crashed = _own_strategy(tmp_path, crash_round=2)
+    res = json.loads(write_results(crashed, tmp_path / "a").read_text())
+    assert res["status"] == "failed" and [r["round"] for r in res["rounds"]] == [1]
+    assert res["degradation"]["reasons"] == [
+        "the run stopped after server round 1 of 3 (strategy.start did not finish)"
+    ]
+    # beside another run's checkpoint.pkl: refused; overwrite=True moves it aside
+    other = tmp_path / "b"
+    _run({**TINY, "results-dir": str(other)})
+    (other / "results.json").unlink()
+    (other / "accuracy.png").unlink()
+    ckpt = (other / "checkpoint.pkl").read_bytes()
+    with pytest.raises(FileExistsError, match=r"holds another run's checkpoint .*checkpoint.pkl"):
+        write_results(crashed, other)
+    assert not (other / "results.json").exists()
+    write_results(crashed, other, overwrite=True)
+    [prev] = other.glob("previous-*")
+    assert (prev / "checkpoint.pkl").read_bytes() == ckpt and not (
+        other / "checkpoint.pkl"
+    ).exists()
+
+
+def test_write_results_into_a_directory_locked_by_a_live_run_is_refused(tmp_path):
+    from flwr_sheaf import write_results
+
+    done = _own_strategy(tmp_path)
+    assert json.loads(write_results(done, tmp_path / "ok").read_text())["status"] == "completed"
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with _holder(locked) as pid:
+        with pytest.raises(
+            LockedError, match=rf"in use by another run: process {pid} on this host"
+        ):
+            write_results(done, locked)
+    assert not (locked / "results.json").exists()
+
+
+# ------------------------------------------------------------------------- case 4: NaN
+def test_a_nan_train_metric_or_private_accuracy_is_that_nodes_recorded_failure(tmp_path):
+    pid_of = {}
+
+    def edit(reply):
+        pid = pid_of[reply.metadata.src_node_id]
+        kind = reply.metadata.message_type
+        if reply.has_error() or pid != 1 or not kind.startswith(("train.", "evaluate.sheaf")):
+            return
+        m = reply.content["metrics"]
+        if kind.startswith("train.") and reply.metadata.group_id == "1":
+            reply.content["metrics"] = MetricRecord({**dict(m), "ce": math.nan})
+        if kind == "evaluate.sheaf" and reply.metadata.group_id == "2":
+            reply.content["metrics"] = MetricRecord({**dict(m), "private-accuracy": math.nan})
+
+    rc = {**TINY, "num-server-rounds": 2, "evaluate-every": 1, "results-dir": str(tmp_path / "r")}
+    grid = HookGrid(cnn_client_app, 3, run_config=rc, edit=edit)
+    pid_of.update({n: i for i, n in enumerate(grid.node_ids)})
+    res = _run(rc, grid)
+    got = {(f["round"], f["phase"], f["partition-id"]): f["reason"] for f in res["failures"]}
+    assert set(got) == {(1, "train", 1), (2, "evaluate", 1)}
+    assert got[(1, "train", 1)].startswith("metric ce = nan is not a number")
+    assert got[(2, "evaluate", 1)].startswith("bad evaluation reply: private-accuracy = nan")
+    assert res["status"] == "degraded" and res["rounds"][0]["num_trained"] == 2
+    assert "1" not in res["nodes"] or res["nodes"]["1"]["private_accuracy"] is None
+    finite = [x for x in (res["rounds"][1]["private_accuracy_mean"],) if x is not None]
+    assert finite and all(math.isfinite(x) for x in finite)
+
+
+# ------------------------------------------------------------------------- case 5: locks
+def test_two_contenders_taking_over_one_stale_lock_have_one_winner(tmp_path, monkeypatch):
+    import flwr_sheaf.locks as locks
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = DirLock(tmp_path)._mine() | {"pid": dead.pid, "token": "dead"}
+    (tmp_path / LOCK_NAME).write_text(json.dumps(stale))
+    first, second = DirLock(tmp_path), DirLock(tmp_path)
+    outcome = {}
+
+    def contender(lock):  # the second contender runs entirely inside the first one's window
+        if lock is first and not outcome:
+            outcome["second"] = "running"
+            try:
+                second.acquire()
+                outcome["second"] = "won"
+            except LockedError as exc:
+                outcome["second"] = str(exc)
+
+    monkeypatch.setattr(locks, "_after_check", contender)
+    first.acquire()
+    assert outcome["second"] != "won" and "in use by another run" in outcome["second"]
+    assert first.held and not second.held
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == first.token
+    first.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+class _holder:
+    """A subprocess holding ``DirLock(directory)`` until the context ends; yields its pid."""
+
+    def __init__(self, directory: Path, key: str = "results-dir"):
+        self.directory, self.key = directory, key
+
+    def __enter__(self) -> int:
+        code = textwrap.dedent(
+            f"""
+            import sys
+            from flwr_sheaf.locks import DirLock
+            DirLock({str(self.directory)!r}, {self.key!r}).acquire()
+            print("held", flush=True)
+            sys.stdin.read()
+            """
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "held"
+        return self.proc.pid
+
+    def __exit__(self, *exc) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def test_a_live_lock_of_a_process_in_another_pid_namespace_is_not_taken_over(tmp_path):
+    with _holder(tmp_path):
+        # what a run in another container (PID namespace) on this host writes: a pid that does not
+        # exist here, another namespace's inode; its flock is live
+        info = json.loads((tmp_path / LOCK_NAME).read_text())
+        info.update(pid=999_999_9, pidns=1)
+        (tmp_path / LOCK_NAME).write_text(json.dumps(info))
+        with pytest.raises(
+            LockedError,
+            match=r"in use by another run: process 9999999 on this host \(in another PID "
+            r"namespace, e.g. another container\) holds",
+        ):
+            DirLock(tmp_path).acquire()
+    lock = DirLock(tmp_path).acquire()  # the holder ended: its kernel lock went with it
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == lock.token
+    lock.release()
+
+
+def test_a_lock_written_on_another_kernel_is_not_taken_over(tmp_path):
+    (tmp_path / LOCK_NAME).write_text(
+        json.dumps({"pid": 12, "host": "other-machine", "boot_id": "x", "time": 4e9})
+    )
+    with pytest.raises(LockedError, match=r"process 12 on host other-machine .*cannot be shown"):
+        DirLock(tmp_path).acquire()
+
+
+# ------------------------------------------------------------------------- case 6: OS errors
+@pytest.mark.parametrize("fail_round", [1, 2])
+def test_a_full_disk_at_a_checkpoint_names_the_file_keeps_the_last_one_and_writes_the_rounds(
+    tmp_path, monkeypatch, fail_round
+):
+    out = tmp_path / "r"
+    real = os.replace
+
+    def replace(src, dst, *a, **kw):
+        name = Path(dst).name
+        if name == "checkpoint.pkl" and (out / "checkpoint.pkl").exists() == (fail_round > 1):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    rc = {**TINY, "num-server-rounds": 3, "results-dir": str(out)}
+    with pytest.raises(CheckpointWriteError) as err:
+        _run(rc)
+    msg = str(err.value)
+    assert err.value.errno == errno.ENOSPC
+    assert (
+        f"cannot write the checkpoint of server round {fail_round} to {out}/checkpoint.pkl" in msg
+    )
+    assert "No space left on device" in msg and "free space on that file system" in msg
+    if fail_round == 1:
+        assert "no earlier checkpoint exists" in msg and not (out / "checkpoint.pkl").exists()
+    else:
+        assert "the previous checkpoint" in msg and "is unchanged" in msg
+        assert load_checkpoint(out / "checkpoint.pkl")["round"] == 1
+    assert not list(out.glob(".checkpoint-*"))  # no temp file left
+    res = json.loads((out / "results.json").read_text())
+    assert [r["round"] for r in res["rounds"]] == list(range(1, fail_round + 1))
+    assert res["status"] == "failed"
+    assert any("cannot write the checkpoint" in r for r in res["degradation"]["reasons"])
+
+
+def test_a_full_disk_at_a_node_state_write_names_the_file_and_keeps_the_one_there(
+    tmp_path, monkeypatch
+):
+    from flwr.app import ConfigRecord, RecordDict
+
+    from flwr_sheaf.client.state import read_state, write_state
+
+    meta = {"partition-id": 0, "num-partitions": 1, "run-id": 1, "round": 1, "previous-round": 0}
+    meta["run-config"] = {}
+    path = write_state(tmp_path, RecordDict({"a": ConfigRecord({"x": 1})}), meta)
+    before = path.read_bytes()
+
+    def full(src, dst, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError) as err:
+        write_state(tmp_path, RecordDict({"a": ConfigRecord({"x": 2})}), meta)
+    assert err.value.errno == errno.ENOSPC
+    assert str(err.value) == (
+        f"[Errno 28] cannot write the node state file {path}: No space left on device; free space "
+        f"there or set the node config state-dir (run config node-state-dir) to a writable directory"
+    )
+    monkeypatch.undo()
+    assert path.read_bytes() == before and read_state(path)[1]["a"]["x"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left
+
+
+@pytest.mark.parametrize("key", ["results-dir", "node-state-dir", "tracking-dir"])
+def test_a_symlink_loop_is_named_by_its_key(tmp_path, key):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    rc = {**TINY, "results-dir": str(tmp_path / "r"), key: str(tmp_path / "a" / "out")}
+    if key == "tracking-dir":
+        rc["tracking"] = "tensorboard"
+    grid = _refused(
+        rc,
+        rf"{key}='{tmp_path}/a/out': {tmp_path}/a/out runs into a symbolic-link loop .*replace the "
+        rf"link with a real directory or set {key} to another path",
+    )
+    assert grid.delivered == []
+
+
+# ------------------------------------------------------------------------- case 7: node state
+def test_a_fresh_run_over_another_runs_node_state_dir_is_refused_before_training(tmp_path):
+    state = tmp_path / "S"
+    _run({**TINY, "results-dir": str(tmp_path / "r0"), "node-state-dir": str(state)})
+    grid = _refused(
+        {**TINY, "seed": 1, "results-dir": str(tmp_path / "r1"), "node-state-dir": str(state)},
+        rf"node-state-dir='{state}': .* holds the node state of another run \(.*seed 0\).*a fresh "
+        rf"run must not start from it",
+    )
+    assert grid.delivered == []
+    # a seed-1 run of its own, resumed (its checkpoint agrees) over the seed-0 run's node state:
+    # refused before any message, naming the key and both values
+    own = {
+        **TINY,
+        "seed": 1,
+        "results-dir": str(tmp_path / "r1"),
+        "node-state-dir": str(tmp_path / "S1"),
+    }
+    _run(own)
+    _refused(
+        {**own, "resume": True, "num-server-rounds": 2, "node-state-dir": str(state)},
+        rf"node-state-dir='{state}': .* holds the node state of another run config \(seed=0 there, "
+        r"1 now\)",
+    )
+
+
+def test_two_runs_at_once_on_one_node_state_dir_the_second_is_refused(tmp_path):
+    state = tmp_path / "S"
+    second = {**TINY, "results-dir": str(tmp_path / "r2"), "node-state-dir": str(state)}
+    refused = []
+
+    def start_second(grid, messages):
+        if _is(messages, "train", 1) and not refused:
+            with pytest.raises(
+                LockedError,
+                match=rf"node-state-dir {state} is in use by another run: process "
+                rf"{os.getpid()} on this host",
+            ):
+                run_server(LocalGrid(cnn_client_app, 3, run_config=second), second)
+            refused.append(True)
+
+    first = {
+        **TINY,
+        "num-server-rounds": 2,
+        "results-dir": str(tmp_path / "r1"),
+        "node-state-dir": str(state),
+    }
+    res = _run(first, HookGrid(cnn_client_app, 3, run_config=first, hook=start_second))
+    assert refused and res["status"] == "completed" and res["failures"] == []
+    assert [r["num_trained"] for r in res["rounds"]] == [3, 3]
+    assert not (tmp_path / "r2" / "results.json").exists() and not (state / LOCK_NAME).exists()
+
+
+# ------------------------------------------------------------------------- case 9: inprocess.py
+def _inprocess(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "simulations" / "inprocess.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_inprocess_runner_evaluate_every_0_and_resume_without_checkpoint(tmp_path):
+    args = [f"{k}={v}" for k, v in {**TINY, "results-dir": str(tmp_path / "r")}.items()]
+    r = _inprocess(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no round was evaluated (evaluate-every=0 means never)" in r.stdout
+    r = _inprocess(
+        *[a for a in args if not a.startswith("results-dir")],
+        f"results-dir={tmp_path / 'none'}",
+        "resume=true",
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1:] == [
+        f"inprocess.py: resume=true: no checkpoint at {tmp_path / 'none'}/checkpoint.pkl: nothing "
+        f"to resume (run without resume first, or point resume-from at the stopped run's "
+        f"checkpoint.pkl)"
+    ]
