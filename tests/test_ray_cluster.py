@@ -152,6 +152,27 @@ def test_the_serverapp_warns_about_a_cluster_nobody_named(caplog):
     assert named.levelname == "INFO" and "named by RAY_ADDRESS" in named.getMessage()
 
 
+def test_describing_the_cluster_never_costs_the_run_its_results(monkeypatch, caplog):
+    """A Ray that fails to answer (e.g. its GCS gone at the end of a run) is logged, not raised."""
+    import types
+
+    from flwr_sheaf.engine import describe_ray
+
+    def gone():
+        raise ConnectionError("GCS unreachable")
+
+    fake = types.SimpleNamespace(
+        is_initialized=lambda: True,
+        get_runtime_context=lambda: types.SimpleNamespace(gcs_address="10.0.0.5:6379"),
+        nodes=gone,
+        cluster_resources=dict,
+    )
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with caplog.at_level("WARNING", logger="flwr_sheaf"):
+        assert describe_ray() is None
+    assert "GCS unreachable" in caplog.text
+
+
 def _run_flwr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, RUN_FLWR, "--port", str(_free_superlink_port()), *args],
