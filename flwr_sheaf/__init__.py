@@ -4,12 +4,14 @@ The public API in one import::
 
     from flwr_sheaf import SheafFRL, register_sheaf_handlers, LocalTask, LocalGrid, SheafConfig, write_results
 
-Layers (dependencies point one way): maths (``sheaf``, ``baselines``, ``rfedags``, ``models``,
-``data``, ``topology``; no Flower) <- ``config``, ``protocol``, ``participation`` <- ``client`` and
-``strategy`` (never each other) <- ``methods`` (one unit per method: its action, strategy,
-client plug-in and handlers, and its registry entry) <- ``apps`` (the ``flwr run`` app).
+Layers (dependencies point one way; docs/design.md, ``tests/test_layers.py``): maths (``sheaf``,
+``models``, ``data``, ``topology``; no Flower) <- core (``config``, ``protocol``, ``participation``,
+``client`` and ``strategy`` (never each other); no method named) <- ``methods`` (one unit per
+method: its action, strategy, client plug-in, maths and registry entry) <- ``apps`` (the
+``flwr run`` app) <- ``tools``.
 """
 
+from . import tracking  # noqa: F401 - registers the check of the `tracking` key's values
 from .client.handlers import ClientMethod, register_method_handlers
 from .client.loop import CrossEntropy, LossPlugin, train_local
 from .client.task import LocalTask, TaskFactory

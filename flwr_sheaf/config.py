@@ -56,6 +56,8 @@ from .participation import check_participation_spec, parse_participation
 
 __all__ = [
     "Key",
+    "register_check",
+    "registered_check",
     "KEYS",
     "DEFAULTS",
     "ConfigError",
@@ -190,15 +192,51 @@ def parse_str(
 _str = parse_str
 
 
-def _spec(check: Callable[[str], object]) -> Callable[[str, Any], str]:
-    """Parser of a non-empty string spec that ``check(text)`` accepts (its ``ValueError`` becomes a named ConfigError)."""
+def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], object]) -> str:
+    """``" (did you mean 'x'?)"`` for a mistyped spec ``value`` of a parameterised key, or ``""``.
+
+    ``forms`` are the key's documented forms (``"tiny-<N>"``, ``"uniform:K"``, ``"all"``): the
+    value's leading name (``"tiny"`` of ``"tiny3"``, ``"unifrom"`` of ``"unifrom:50"``) is matched
+    against the forms' names (difflib), its parameter is kept (``"tiny-3"``, ``"uniform:50"``), and
+    a candidate is offered only if ``check`` accepts it (no ``ValueError``).
+    """
+    import difflib
+    import re
+
+    heads: dict[str, str] = {}  # name -> separator before its parameter ("" = none)
+    for form in forms:
+        m = re.match(r"([a-z]+(?:-[a-z]+)*)([-:]?)", str(form))
+        if m:
+            heads.setdefault(m.group(1), m.group(2))
+    m = re.match(r"\s*([A-Za-z]+(?:[-_][A-Za-z]+)*)(.*)", str(value))
+    if not m:
+        return ""
+    head, rest = m.group(1).lower().replace("_", "-"), m.group(2).strip().lstrip("-_: ")
+    for close in difflib.get_close_matches(head, list(heads), n=3, cutoff=0.6):
+        candidate = close + heads[close] + rest if rest and heads[close] else close
+        if candidate == value:
+            continue
+        try:
+            check(candidate)
+        except (ValueError, TypeError):
+            continue
+        return f" (did you mean {candidate!r}?)"
+    return ""
+
+
+def _spec(
+    check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
+) -> Callable[[str, Any], str]:
+    """Parser of a non-empty string spec that ``check(text)`` accepts (its ``ValueError`` becomes a
+    named ConfigError, with the closest valid spec of ``forms()``, :func:`spec_suggestion`)."""
 
     def parse(key: str, v: Any) -> str:
         text = _str(nonempty=True)(key, v)
         try:
             check(text)
         except ValueError as exc:
-            raise ConfigError(f"{key}={v!r}: {exc}") from None
+            hint = spec_suggestion(text, forms(), check) if forms is not None else ""
+            raise ConfigError(f"{key}={v!r}: {exc}{hint}") from None
         return text
 
     return parse
@@ -208,6 +246,24 @@ def _check_pilot_strategy(text: str) -> None:
     from .sheaf.pilots import parse_pilot_strategy
 
     parse_pilot_strategy(text)
+
+
+def _pilot_forms() -> tuple[str, ...]:
+    from .sheaf.pilots import PILOT_STRATEGY_FORMS
+
+    return PILOT_STRATEGY_FORMS
+
+
+def _partitioner_forms() -> tuple[str, ...]:
+    from .data.partition import PARTITIONER_FORMS
+
+    return PARTITIONER_FORMS
+
+
+def _device_forms() -> tuple[str, ...]:
+    from .devices import DEVICE_FORMS
+
+    return DEVICE_FORMS
 
 
 def _check_graph(text: str) -> None:
@@ -223,9 +279,9 @@ def _check_device(text: str) -> None:
 
 
 def _check_zoo(text: str) -> None:
-    from .models.zoo import zoo_specs
+    from .models.zoo import zoo_size
 
-    zoo_specs(text)
+    zoo_size(text)  # the name checked, nothing built (tiny-<N> of any N costs nothing)
 
 
 def _check_partitioner(text: str) -> None:
@@ -274,13 +330,38 @@ def _dim_or_auto(key: str, v: Any) -> str | int:
     return _int(1)(key, v)
 
 
-def _tracking(key: str, v: Any) -> str:
-    """A comma-separated list of trackers (:data:`flwr_sheaf.tracking.TRACKERS`); empty = off."""
+#: ``{key: check(value, key)}``: checks of string keys registered by the module that owns their
+#: values (:func:`register_check`), so this module imports none of them.
+VALUE_CHECKS: dict[str, Callable[[str, str], object]] = {}
+
+
+def register_check(key: str, check: Callable[[str, str], object]) -> None:
+    """Register the check of ``key``'s values; the module that owns them calls it on import
+    (:mod:`flwr_sheaf.tracking` for ``tracking``, imported with the package).
+
+    Args:
+        key: a run-config key whose :class:`Key` parses with :func:`registered_check`.
+        check: ``check(value, key)``; raises :class:`ConfigError` naming key and value.
+    """
+    VALUE_CHECKS[key] = check
+
+
+def registered_check(key: str, v: Any) -> str:
+    """A string value checked by the check registered for ``key`` (:func:`register_check`); empty
+    strings are not checked (off).
+
+    Raises:
+        ConfigError: a non-string value, a value the check refuses, or no check registered.
+    """
     text = _str()(key, v)
     if text.strip():
-        from .tracking import parse_trackers
-
-        parse_trackers(text, key)
+        check = VALUE_CHECKS.get(key)
+        if check is None:
+            raise ConfigError(
+                f"{key}={text!r}: no check of {key!r} values is registered "
+                f"(its module registers it when flwr_sheaf is imported)"
+            )
+        check(text, key)
     return text
 
 
@@ -409,7 +490,7 @@ _KEY_LIST = [
     Key(
         "tracking",
         "",
-        _tracking,
+        registered_check,
         "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras `tensorboard`, `wandb`: "
         "`pip install -e '.[tensorboard]'`; empty = off; docs/tracking.md)",
     ),
@@ -436,7 +517,7 @@ _KEY_LIST = [
     Key(
         "zoo",
         "paper-15",
-        _spec(_check_zoo),
+        _spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
@@ -462,7 +543,7 @@ _KEY_LIST = [
     Key(
         "partitioner",
         "label-shift",
-        _spec(_check_partitioner),
+        _spec(_check_partitioner, _partitioner_forms),
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
@@ -539,7 +620,7 @@ _KEY_LIST = [
     Key(
         "device",
         "auto",
-        _spec(_check_device),
+        _spec(_check_device, _device_forms),
         "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)",
     ),
     # Sheaf-FRL
@@ -579,7 +660,7 @@ _KEY_LIST = [
     Key(
         "pilot-strategy",
         "all",
-        _spec(_check_pilot_strategy),
+        _spec(_check_pilot_strategy, _pilot_forms),
         "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
         "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)",
     ),
@@ -1148,6 +1229,10 @@ class RunConfig(Section):
     sheaf_fmtl: SheafFMTLConfig = field(default_factory=SheafFMTLConfig)
     #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
     method_section: Section | None = None
+    #: agents of a method that brings its own problem instead of the CNN zoo (RFedAGS's planted
+    #: problem, ``Method.num_nodes``): ``participation`` is checked against them and the zoo's graph
+    #: is not built; None = the zoo's agents; 0 = not known yet (agent-dependent checks wait)
+    agents: int | None = field(default=None, compare=False)
 
     def own(self, cls: type[S]) -> S:
         """The method's own section, checked to be a ``cls`` (what the method's builder reads).
@@ -1164,7 +1249,10 @@ class RunConfig(Section):
 
     @classmethod
     def from_run_config(
-        cls, run_config: Mapping[str, Any], method_section: type[Section] | None = None
+        cls,
+        run_config: Mapping[str, Any],
+        method_section: type[Section] | None = None,
+        agents: int | None = None,
     ) -> RunConfig:
         """Parse a Flower run config (``context.run_config``); missing keys take the defaults, then
         ``preset`` (:func:`apply_preset`) replaces keys left at their default.
@@ -1174,6 +1262,7 @@ class RunConfig(Section):
             method_section: the selected method's own config section (its keys parsed into
                 :attr:`method_section`); keys of other registered methods (:data:`METHOD_KEYS`)
                 are accepted and ignored.
+            agents: the agents of a method with its own problem (:attr:`agents`; None = the zoo's).
 
         Raises:
             ConfigError: an unknown key (named, with the closest known key) or a bad value
@@ -1198,7 +1287,7 @@ class RunConfig(Section):
             if "key" in f.metadata and f.metadata["key"] in run_config
         }
         own = method_section.from_mapping(run_config) if method_section is not None else None
-        return cls(**top, **sections, method_section=own)
+        return cls(**top, **sections, method_section=own, agents=agents)
 
     def check(self) -> None:
         """Build the graph and the participation probabilities on the zoo's agents now, so a bad
@@ -1206,13 +1295,23 @@ class RunConfig(Section):
 
         Raises:
             ConfigError: the graph spec is unknown, names a node outside the zoo, is not
-                connected; ``participation`` has another count than the zoo's agents or gives
-                every node probability 0; or ``fedproto-dim = none`` on a zoo with different
-                stalk dimensions.
+                connected, or is too large for the zoo (checked from ``N`` before anything is
+                built); ``participation`` has another count than the run's agents (the zoo's, or
+                :attr:`agents` of a method with its own problem) or gives every node probability 0;
+                or ``fedproto-dim = none`` on a zoo with different stalk dimensions.
         """
-        from .models.zoo import zoo_specs
-        from .topology import build_graph
+        from .models.zoo import zoo_size, zoo_specs
+        from .topology import build_graph, check_graph_scale
 
+        if self.agents is not None:  # the method's own problem: no zoo, no graph
+            self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
+            return
+        try:  # config-level facts first: nothing of the zoo's size is built before they pass
+            check_graph_scale(self.federation.graph, zoo_size(self.scenario.zoo))
+        except ValueError as exc:
+            raise ConfigError(
+                f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}"
+            ) from None
         specs = zoo_specs(self.scenario.zoo)
         try:
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
@@ -1220,17 +1319,7 @@ class RunConfig(Section):
             raise ConfigError(
                 f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}"
             ) from None
-        part = self.federation.participation
-        try:
-            p = parse_participation(part, len(specs), self.federation.seed)
-        except ValueError as exc:
-            raise ConfigError(
-                f"participation={part!r} on zoo={self.scenario.zoo!r}: {exc}"
-            ) from None
-        if p is not None and p.max() == 0.0:  # (the Python API allows it: an evaluation-only run)
-            raise ConfigError(
-                f"participation={part!r}: every node has probability 0, so no node would ever train"
-            )
+        self._check_participation(len(specs), f"zoo={self.scenario.zoo!r}")
         dims = sorted({int(s.d) for s in specs})
         for key, dim in (
             ("fedproto-dim", self.fedproto.dim),
@@ -1242,6 +1331,21 @@ class RunConfig(Section):
                     f"{key}='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
                     f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer"
                 )
+
+    def _check_participation(self, agents: int, on: str) -> None:
+        """``participation`` has one value per agent (of ``agents``; 0 = not known yet) and lets some
+        node train; ``on`` names what the count comes from."""
+        part = self.federation.participation
+        if agents == 0:
+            return
+        try:
+            p = parse_participation(part, agents, self.federation.seed)
+        except ValueError as exc:
+            raise ConfigError(f"participation={part!r} on {on}: {exc}") from None
+        if p is not None and p.max() == 0.0:  # (the Python API allows it: an evaluation-only run)
+            raise ConfigError(
+                f"participation={part!r}: every node has probability 0, so no node would ever train"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Every run-config key with its effective value (what ``results.json`` records)."""

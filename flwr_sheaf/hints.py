@@ -38,9 +38,11 @@ def _registering_function(action: str) -> str | None:
     message action is ``action`` (read from the method registry, so a researcher's own method is
     named too); the top-level ``flwr_sheaf.<name>`` when the package exports it; None if no method
     uses ``action``."""
-    import flwr_sheaf
-
     from .methods.registry import METHODS  # the registry sits above this module's users
+
+    # the public facade (apps layer), read, not imported: Python imports ``flwr_sheaf/__init__``
+    # before any of its modules, so it is loaded whenever this runs
+    facade = sys.modules["flwr_sheaf"]
 
     for method in METHODS.values():
         if method.action != action:
@@ -50,7 +52,7 @@ def _registering_function(action: str) -> str | None:
         name = getattr(fn, "__name__", None)
         if name is None:
             return None
-        if getattr(flwr_sheaf, name, None) is fn:
+        if getattr(facade, name, None) is fn:
             return f"flwr_sheaf.{name}"
         module = sys.modules.get(str(getattr(fn, "__module__", "")))
         if getattr(module, name, None) is fn:  # importable by that name (not a lambda, not nested)

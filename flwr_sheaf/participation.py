@@ -46,6 +46,7 @@ __all__ = [
     "FrequencyEstimator",
     "DEFAULT_Q_MIN",
     "ESTIMATORS",
+    "paper_participation",
     "check_participation_spec",
     "parse_participation",
     "ParticipationSampler",
@@ -273,6 +274,24 @@ class FrequencyEstimator:
         return np.maximum(counts / rounds, self.q_min)
 
 
+def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
+    """Participation probabilities ``p_i ~ U(0, 1)`` i.i.d. (paper's PCA experiment, docs/baselines.md, s5.5).
+
+    Args:
+        num_clients: ``N >= 1``.
+        seed: numpy seed (entropy ``[seed, 4]``).
+
+    Returns:
+        ``(N,)`` float64 probabilities.
+
+    Raises:
+        ValueError: ``num_clients`` not a positive integer.
+    """
+    if int(num_clients) != num_clients or num_clients < 1:
+        raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
+    return np.random.default_rng([int(seed), 4]).random(num_clients)
+
+
 # ------------------------------------------------------------------------- run-config specs, sampler
 
 
@@ -339,7 +358,7 @@ def parse_participation(
     Forms: ``""`` / None (no Bernoulli: use the fraction); a number ``"0.3"`` (every node); a comma
     list ``"0.9,0.9,0.2"`` (one per partition-id); ``"uniform:<a>-<b>"`` (``p_i ~ U(a, b)`` i.i.d.,
     from ``default_rng([seed, 11])``); ``"uniform"`` / ``"uniform:<s>"`` (``p_i ~ U(0, 1)``, the
-    RFedAGS paper's PCA setting, :func:`flwr_sheaf.methods.rfedags.pca.paper_participation` with seed s);
+    RFedAGS paper's PCA setting, :func:`paper_participation` with seed s);
     or an explicit sequence / ``{partition-id: p}`` mapping.
 
     Returns:
@@ -379,8 +398,6 @@ def parse_participation(
         a, b = _range(text)
         return a + (b - a) * np.random.default_rng([int(seed), 11]).random(num_nodes)
     if text.startswith("uniform"):
-        from .methods.rfedags.pca import paper_participation
-
         _, _, s = text.partition(":")
         return paper_participation(num_nodes, seed=int(s) if s else 0)
     vals = _values(text)

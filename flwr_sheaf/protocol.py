@@ -23,7 +23,7 @@ message                                content (server -> node) / reply (node ->
                                       whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`) and/or
                                       :data:`TRANSPORTED`; ``upload``
                                       (local prototypes; FedMuscle: :data:`PILOT_REPS`);
-                                      FedMuscle's train message may carry :data:`MUSCLE_TARGETS`
+                                      FedMuscle's train message may carry its targets
 ``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
                                       :data:`TORCH_THREADS`, :data:`DEVICE`, :data:`EVAL_TRANSPORTED`,
                                       :data:`PILOT_READING` (+ method keys) / :data:`EVAL_REPLY`
@@ -66,13 +66,6 @@ __all__ = [
     "UPLOAD",
     "GLOBAL_PROTOTYPES",
     "STREAM_RECORD",
-    "MUSCLE_TARGETS",
-    "COMFED_TARGETS",
-    "COMFED_ROUTED",
-    "SHEAF_FMTL_PROJECTIONS",
-    "SHEAF_FMTL_NEIGHBOURS",
-    "SHEAF_FMTL_DIMS",
-    "SHEAF_FMTL_NUM_PARAMS",
     "PILOT_REPS",
     "TARGET_OTHERS",
     "TARGET_ALL",
@@ -250,21 +243,7 @@ PILOTS = "pilots"
 ARRAYS = "arrays"
 UPLOAD = "upload"
 GLOBAL_PROTOTYPES = "global-prototypes"
-#: FedMuscle: the network averages a node pulls its pilot representations toward (keys below).
-MUSCLE_TARGETS = "muscle-targets"
-#: ComFed: the mean of the neighbours' projected class prototypes (:func:`pack_prototypes` layout).
-COMFED_TARGETS = "comfed-targets"
-#: ComFed's evaluation arrays routed to neighbours: the projection ``(r, d_i)`` and raw latents ``(M, d_i)``.
-COMFED_ROUTED = ("comfed-proj", "raw-test-latents", "raw-val-latents")
 STREAM_RECORD = "stream"
-#: Sheaf-FMTL: the neighbours' projected parameters ``P_ji theta_j`` (key ``str(j)``, shape ``(d_ij,)``)
-#: in a train message; a train reply's :data:`UPLOAD` holds the node's own ``P_ij theta_i`` the same way.
-SHEAF_FMTL_PROJECTIONS = "sheaf-fmtl-projections"
-#: Sheaf-FMTL config entries: the node's neighbours, the edge dimensions d_ij (same order) and the
-#: trainable-parameter count n_i the server assumed (the node checks it against its model).
-SHEAF_FMTL_NEIGHBOURS = "sheaf-fmtl-neighbours"
-SHEAF_FMTL_DIMS = "sheaf-fmtl-dims"
-SHEAF_FMTL_NUM_PARAMS = "sheaf-fmtl-num-params"
 
 #: Sheaf-FRL variants (docs/variants.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
 #: In a train reply: the node's pilots moved by its own map toward each neighbour j (``(K, d_e)``,

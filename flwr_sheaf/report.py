@@ -39,10 +39,10 @@ def summary_lines(results: dict) -> list[str]:
         "fedsaf-gcsa": ("fedsaf-lambda", "fedsaf-gamma"),
         "fedsaf-rcsa": ("fedsaf-lambda", "fedsaf-gamma"),
     }
-    weight = " | ".join(f"{k} {cfg.get(k, '?')}" for k in weights.get(method, ()))
+    # only what the results record (one's own app writes the keys of its strategy's sections only)
+    known = [k for k in ("method", *weights.get(method, ()), "shift", "zoo", "dataset") if k in cfg]
     return status + [
-        f"method {method}{' | ' + weight if weight else ''} | shift {cfg.get('shift', '?')} | "
-        f"zoo {cfg.get('zoo', '?')} | dataset {cfg.get('dataset', '?')}",
+        *([" | ".join(f"{k} {cfg[k]}" for k in known)] if known else []),
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
         f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "
         f"(mean over receivers {fmt(last['communication_accuracy_mean'])})",

@@ -84,7 +84,7 @@ def strategy_config(strategy: Any) -> dict[str, Any]:
 
 def _method_name(strategy: Any) -> str | None:
     """The registered ``method`` whose action is the strategy's, when exactly one is (else None)."""
-    from .methods import METHODS
+    from .methods.registry import METHODS
 
     names = [m.name for m in METHODS.values() if m.action == getattr(strategy, "action", None)]
     return names[0] if len(names) == 1 else None

@@ -74,6 +74,9 @@ def _check_num_nodes(n: int) -> int:
 
 #: Largest N for which the dense class-overlap graph is built (17,940 edges at 300 agents and density 0.4).
 CLASS_OVERLAP_MAX_NODES = 300
+#: Most agents of ``graph="complete"``: 1,000 agents are 499,500 edges (0.25 s, ~100 MB in networkx;
+#: every directed edge is then evaluated); above, :func:`check_graph_scale` refuses it up front.
+COMPLETE_MAX_NODES = 1000
 
 
 def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.4) -> nx.Graph:
@@ -356,6 +359,7 @@ def build_graph(
     """
     n = _check_num_nodes(num_nodes)
     text = str(spec).strip()
+    check_graph_scale(text, n)  # before anything is built
     if text.startswith("class-overlap-knn:"):
         if class_sets is None:
             raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
@@ -386,6 +390,35 @@ def build_graph(
         raise ValueError(f"unknown graph spec {spec!r}; valid forms: {', '.join(GRAPH_SPECS)}")
     validate_graph(graph, range(n))
     return graph
+
+
+def check_graph_scale(spec: str, num_nodes: int) -> None:
+    """Refuse, from the spec and ``N`` alone (nothing built), a graph too large to build or evaluate:
+    ``complete`` above :data:`COMPLETE_MAX_NODES` agents, ``class-overlap[:density]`` above
+    :data:`CLASS_OVERLAP_MAX_NODES` (it scans all pairs).
+
+    Raises:
+        ValueError: the spec, ``N``, its edge count and the sparse graphs to use instead named.
+    """
+    text, n = str(spec).strip(), int(num_nodes)
+    sparse = (
+        "Use a sparse graph: graph='class-overlap-knn:4' (each agent linked to its 4 "
+        "best-overlapping peers), graph='random-regular:4' or graph='ring'"
+    )
+    if text == "complete" and n > COMPLETE_MAX_NODES:
+        raise ValueError(
+            f"graph='complete' on N={n} agents has N (N-1) / 2 = {n * (n - 1) // 2} edges, each "
+            f"evaluated both ways; it is refused above N={COMPLETE_MAX_NODES}. {sparse}"
+        )
+    if (
+        text == "class-overlap" or text.startswith("class-overlap:")
+    ) and n > CLASS_OVERLAP_MAX_NODES:
+        density = 0.4 if ":" not in text else _density(spec, text.split(":", 1)[1].strip())
+        raise ValueError(
+            f"graph={text!r} on N={n} agents: its edge budget grows as density * N (N-1) / 2 "
+            f"({math.floor(density * n * (n - 1) / 2 + 1e-9)} edges here) and building it scans "
+            f"all pairs; it is refused above N={CLASS_OVERLAP_MAX_NODES}. {sparse}"
+        )
 
 
 def check_graph_spec(spec: str) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import DEFAULTS, ConfigError, RunConfig
+from .config import DEFAULTS, ConfigError, RunConfig, did_you_mean, register_check
 
 __all__ = [
     "TRACKERS",
@@ -66,12 +66,16 @@ def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
             continue
         if name not in TRACKERS:
             raise ConfigError(
-                f"{key}={spec!r}: unknown tracker {name!r}; valid trackers: {sorted(TRACKERS)} "
-                f"(comma-separated, e.g. 'tensorboard,wandb'; empty = off)"
+                f"{key}={spec!r}: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}; valid "
+                f"trackers: {sorted(TRACKERS)} (comma-separated, e.g. 'tensorboard,wandb'; empty = off)"
             )
         if name not in names:
             names.append(name)
     return tuple(names)
+
+
+#: the ``tracking`` key's values are this module's to check (config imports nothing of it)
+register_check("tracking", parse_trackers)
 
 
 def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:

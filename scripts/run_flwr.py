@@ -9,7 +9,12 @@ wrapper (used by the README's main job and the engine tests):
 2. runs ``flwr run <app> --stream`` with the given run/federation config;
 3. reads ``flwr ls --format json`` and fails unless the run's status is ``finished:completed``;
 4. stops the SuperLink (and its SuperExec) that step 2 started. Ports already in use are refused
-   before anything starts, so the processes on them at the end are this run's own.
+   before anything starts, so the processes on them at the end are this run's own (``--port 0``
+   picks free ones: what the tests use).
+
+Before anything starts, every ``--run-config`` key must be declared in the app's ``pyproject.toml``
+(``[tool.flwr.app.config]``): an undeclared key is named, with the closest declared one (Flower
+itself refuses such a run with ``[code: 15] Invalid run configuration.``, naming no key).
 
 The Ray cluster is chosen explicitly (flwr_sheaf/tools/ray_cluster.py): ``--ray-address host:port`` runs the
 ClientApps on that existing cluster (its GCS must answer; ``init-args-num-cpus/-gpus`` in
@@ -19,7 +24,7 @@ without it the run gets a private local Ray instance (``RAY_ADDRESS=local``) eve
 refused. Across machines: docs/running.md, "A Ray cluster".
 
 Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
-[--port 29291] [--timeout 900] [--run-config "k=v k2=v2"] [--federation-config "k=v"]
+[--port 29291 | --port 0] [--timeout 900] [--run-config "k=v k2=v2"] [--federation-config "k=v"]
 [--ray-address host:port]``
 """
 
@@ -46,6 +51,7 @@ assert _spec is not None and _spec.loader is not None
 _flwr_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_flwr_cli)
 find_flwr, flwr_env, run_status = _flwr_cli.find_flwr, _flwr_cli.flwr_env, _flwr_cli.run_status
+free_port_block, undeclared_keys = _flwr_cli.free_port_block, _flwr_cli.undeclared_keys
 
 # which Ray cluster the run gets (loaded by path for the same reason)
 _spec = importlib.util.spec_from_file_location(
@@ -122,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         help="Ray GPU share per ClientApp (e.g. 0.1: ten ClientApps share one GPU; docs/devices.md)",
     )
     ap.add_argument(
-        "--port", type=int, default=29291, help="SuperLink HTTP port (control = port + 2)"
+        "--port",
+        type=int,
+        default=29291,
+        help="SuperLink HTTP port (control = port + 2); 0 = pick free ports",
     )
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--run-config", default="")
@@ -152,6 +161,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if note:
         print(note, flush=True)
+    try:  # keys the app does not declare: Flower's refusal would name none of them
+        bad = undeclared_keys(args.app, args.run_config)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if bad:
+        print("\n".join(bad), file=sys.stderr)
+        return 2
+    if args.port == 0:
+        args.port = free_port_block(3)
+        print(
+            f"picked free ports {args.port} (SuperLink) and {args.port + 2} (control)", flush=True
+        )
     busy = [p for p in (args.port, args.port + 2) if listening(p)]
     if busy:  # another SuperLink (perhaps another user's): never run on it, never stop it
         print(

@@ -152,8 +152,8 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
         "seed": args.seed,
         "results-dir": str(out),
         "overwrite": True,  # a rerun of this N replaces its own earlier run
-        # discovery answers about 7 nodes/s through Ray on 2 cores (3,000 SuperNodes: 2,132 within
-        # the default 300 s, docs/performance.md): allow 0.5 s a node, 300 s at least
+        # discovery through Ray on 2 loaded cores: 10,000 SuperNodes in 953 s (Flower's in-memory
+        # LinkState polling, docs/performance.md, "The Ray scale curve"): allow 0.5 s a node, 300 s at least
         "discovery-timeout": max(300.0, 0.5 * n),
     }
     if args.participation:

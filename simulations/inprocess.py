@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from flwr_sheaf.apps.client_app import app as client_app
-from flwr_sheaf.apps.scenario import agent_specs
+from flwr_sheaf.apps.methods import num_nodes
 from flwr_sheaf.apps.server_app import run_server
-from flwr_sheaf.config import ConfigError, RunConfig
+from flwr_sheaf.config import ConfigError
+from flwr_sheaf.methods import parse_run_config
 from flwr_sheaf.testing import LocalGrid
 
 
@@ -49,15 +50,16 @@ def parse_overrides(items: list[str]) -> dict:
                 out[k] = float(v)
             except ValueError:
                 out[k] = v
-    RunConfig.from_run_config(out)
+    parse_run_config(out)  # the method's own keys and agent count too (RFedAGS: its problem's)
     return out
 
 
 def run_inprocess(run_config: dict) -> dict:
-    """Run ``run_config`` through :class:`flwr_sheaf.testing.LocalGrid`; returns the results dict."""
-    cfg = RunConfig.from_run_config(run_config)
+    """Run ``run_config`` through :class:`flwr_sheaf.testing.LocalGrid` (one node per agent of the
+    run: the zoo's, or the method's own problem's); returns the results dict."""
+    cfg, method = parse_run_config(run_config)
     torch.set_num_threads(max(1, cfg.train.torch_threads))
-    grid = LocalGrid(client_app, len(agent_specs(cfg.scenario)), run_config=run_config)
+    grid = LocalGrid(client_app, num_nodes(cfg, method), run_config=run_config)
     path = run_server(grid, run_config)
     res = json.loads(Path(path).read_text())
     if res.get("status", "completed") != "completed":  # degraded (failed runs raise in run_server)
@@ -70,6 +72,29 @@ def run_inprocess(run_config: dict) -> dict:
     return res
 
 
+#: The headline numbers :func:`summary` prints, where the run has them.
+SUMMARY_KEYS = (
+    "round",
+    "private_accuracy_mean",
+    "communication_accuracy_degree_weighted",
+    "val_private_accuracy_mean",
+    "val_communication_accuracy_degree_weighted",
+    "low_variance_fraction_mean",
+    "gap",
+    "distance_to_optimum",
+)
+
+
+def summary(res: dict) -> dict:
+    """The headline numbers of a run's ``results.json`` dict: those of its last evaluated round, or
+    of its last round when no round has accuracies (the RFedAGS family's ``gap`` and
+    ``distance_to_optimum``; ``evaluate-every=0``)."""
+    rounds = res.get("rounds") or []
+    evaluated = [r for r in rounds if r.get("private_accuracy_mean") is not None]
+    last = (evaluated or rounds or [{}])[-1]
+    return {k: last[k] for k in SUMMARY_KEYS if k in last}
+
+
 if __name__ == "__main__":
     from flwr_sheaf.config import ConfigError
 
@@ -78,36 +103,9 @@ if __name__ == "__main__":
     except ConfigError as exc:  # a bad key or value: one line naming it and the fix, no traceback
         print(f"inprocess.py: {exc}", file=sys.stderr)
         sys.exit(2)
-    evaluated = [r for r in res["rounds"] if r.get("private_accuracy_mean") is not None]
-    if not evaluated:  # evaluate-every=0 ("never"): the last round's training, said so
-        last = res["rounds"][-1]
-        print(
-            json.dumps(
-                {
-                    "round": last.get("round"),
-                    "num_trained": last.get("num_trained"),
-                    "ce": last.get("ce"),
-                    "status": res.get("status"),
-                    "evaluated": "no round was evaluated (evaluate-every=0 means never)",
-                },
-                indent=1,
-            )
-        )
-        sys.exit(0)
-    last = evaluated[-1]
-    print(
-        json.dumps(
-            {
-                k: last.get(k)
-                for k in (
-                    "round",
-                    "private_accuracy_mean",
-                    "communication_accuracy_degree_weighted",
-                    "val_private_accuracy_mean",
-                    "val_communication_accuracy_degree_weighted",
-                    "low_variance_fraction_mean",
-                )
-            },
-            indent=1,
-        )
-    )
+    out = summary(res)
+    if not any(r.get("private_accuracy_mean") is not None for r in res.get("rounds") or []) and (
+        "gap" not in out
+    ):  # evaluate-every=0 ("never"): the last round's training, said so
+        out["evaluated"] = "no round was evaluated (evaluate-every=0 means never)"
+    print(json.dumps(out, indent=1))

@@ -48,7 +48,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from flwr_sheaf.methods.rfedags.pca import PCAProblem, paper_participation, synthetic_pca_problem  # noqa: E402
+from flwr_sheaf.methods.rfedags.pca import PCAProblem, synthetic_pca_problem  # noqa: E402
+from flwr_sheaf.participation import paper_participation  # noqa: E402
 
 # the numpy loop is the tests' oracle of the Flower strategies (tests/oracles/), not package code
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

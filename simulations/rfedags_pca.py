@@ -43,14 +43,13 @@ from flwr_sheaf.methods.rfedags.client import pca_problem_factory, register_rfed
 from flwr_sheaf.methods.rfedags.local import step_size_schedule
 from flwr_sheaf.methods.rfedags.pca import (
     PCAProblem,
-    paper_participation,
     planted_pca_problem,
     run_pca_reference,
     subspace_distance,
     synthetic_pca_problem,
 )
 from flwr_sheaf.methods.rfedags.strategy import RFedAGS
-from flwr_sheaf.participation import ESTIMATORS
+from flwr_sheaf.participation import ESTIMATORS, paper_participation
 from flwr_sheaf.testing import LocalGrid
 
 MODES = ("corrected", "known-p", "uncorrected")

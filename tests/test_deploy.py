@@ -135,9 +135,7 @@ def test_run_config_is_checked_against_the_federation_before_anything_starts():
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory):
     """A running TLS + authenticated federation: 3 registered SuperNodes, 1 intruder."""
-    d = LocalDeployment(
-        tmp_path_factory.mktemp("deploy"), num_supernodes=N, port=29720, unregistered=1
-    )
+    d = LocalDeployment(tmp_path_factory.mktemp("deploy"), num_supernodes=N, port=0, unregistered=1)
     try:
         t0 = time.monotonic()
         d.start(online_timeout=240)

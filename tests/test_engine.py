@@ -38,7 +38,7 @@ def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4):
 @pytest.mark.engine
 def test_flwr_run_completes_and_writes_results(tmp_path):
     out = tmp_path / "res"
-    proc = _run(tmp_path, f"{TINY} graph='ring' num-server-rounds=2 results-dir='{out}'", 29391)
+    proc = _run(tmp_path, f"{TINY} graph='ring' num-server-rounds=2 results-dir='{out}'", 0)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "finished:completed" in proc.stdout
     res = json.loads((out / "results.json").read_text())
@@ -51,9 +51,7 @@ def test_flwr_run_completes_and_writes_results(tmp_path):
 @pytest.mark.engine
 def test_flwr_run_failure_is_detected(tmp_path):
     # A disconnected graph makes the ServerApp raise: flwr run still exits 0, the wrapper must not.
-    proc = _run(
-        tmp_path, f"{TINY} num-server-rounds=1 graph='0-1,2-3' results-dir='{tmp_path}'", 29491
-    )
+    proc = _run(tmp_path, f"{TINY} num-server-rounds=1 graph='0-1,2-3' results-dir='{tmp_path}'", 0)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "finished:failed" in proc.stdout
 
@@ -63,7 +61,7 @@ def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(
     # `flwr run . --stream` with no --federation-config: Flower 1.42 starts 2 SuperNodes, the default
     # scenario has 15 agents. The ServerApp must stop at discovery, not wait for nodes that never come.
     t0 = time.monotonic()
-    proc = _run(tmp_path, "", 29891, num_supernodes=0)
+    proc = _run(tmp_path, "", 0, num_supernodes=0)
     wall = time.monotonic() - t0
     assert proc.returncode == 1 and "finished:failed" in proc.stdout, proc.stdout[-3000:]
     assert 'flwr run . --stream --federation-config "num-supernodes=15"' in proc.stdout
@@ -81,7 +79,7 @@ def test_dropin_app_runs_under_flwr_run(tmp_path):
     proc = _run(
         tmp_path,
         f"num-server-rounds=2 results-dir='{out}'",
-        29991,
+        0,
         app=ROOT / "examples" / "dropin_app",
         num_supernodes=4,
     )
@@ -101,7 +99,7 @@ def test_a_run_in_which_nobody_trains_ends_failed_under_flwr_run(tmp_path):
     so `flwr ls` says failed and the wrapper exits 1 (flwr run itself exits 0)."""
     out = tmp_path / "res"
     rc = f"{TINY} graph='ring' num-server-rounds=2 lr=1e8 clip-norm=0.0 results-dir='{out}'"
-    proc = _run(tmp_path, rc, 29792)
+    proc = _run(tmp_path, rc, 0)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "finished:failed" in proc.stdout
     res = json.loads((out / "results.json").read_text())

@@ -24,7 +24,7 @@ def test_smoke_session_runs_every_step_and_returns_what_the_device_tool_can_carr
         "SMOKE": "1",
         "OUT": str(out),
         "WORK": str(tmp_path / "work"),
-        "PORT": "29591",
+        "PORT": "0",
         "PY": os.environ.get("PYTHON", "python"),
     }
     venv_bin = str(Path(os.sys.executable).parent)

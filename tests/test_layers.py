@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,185 @@ def test_the_default_detector_detects(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f(cfg, seed=0, lam=0.1):\n    return cfg.get('lambda', 0.1)\n")
     assert len(_defaults_of_run_config_keys(probe)) == 3
+
+
+# --------------------------------------------------- the layer order, import circles, method names
+# Layers, lowest first (docs/design.md): a module imports its own layer and those below, never one
+# above. Every import counts (module level and inside functions; not ``if TYPE_CHECKING:`` blocks).
+LAYERS = ("maths", "core", "methods", "apps", "tools")
+MATHS_TOP = ("sheaf", "models", "data", "topology", "devices", "paper")
+
+#: the method names the core must not contain in code (identifiers and string values): every
+#: registered method's name, its unit's folder name, and the words of its class names
+METHOD_WORDS = re.compile(
+    r"fedproto|fedsaf|fedmuscle|comfed|sheaf[-_ ]?fmtl|rfedags|rfedavg|rfedsvrg|rfedproj"
+    r"|non[-_ ]?cooperative|sheaf[-_]?frl",
+    re.IGNORECASE,
+)
+
+#: Core files that still name methods in code, each with the reason; the test below fails when an
+#: entry is no longer needed, so the list only shrinks.
+NAMES_METHODS = {
+    "config.py": "the six built-in methods' config sections and keys (issue 27: to move into "
+    "methods/<name>/ and register like methods/rfedags registers its section)",
+    "report.py": "the per-method table of the swept lambda keys and ComFed's extra reading "
+    "(a method should declare them on its Method entry)",
+}
+
+#: Import circles still present, each with the reason (the test fails when one disappears).
+CIRCLES: dict[tuple[str, ...], str] = {}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in PKG.rglob("*.py")}
+
+
+def _all_imports(path: Path, name: str | None = None) -> set[str]:
+    """Package modules ``path`` (module ``name``) imports anywhere but under ``if TYPE_CHECKING:``
+    (relative imports resolved; ``from pkg import sub`` counts as ``pkg.sub``)."""
+    tree = ast.parse(path.read_text())
+    name = name or _module(path)
+    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = (
+                ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+                if node.level
+                else node.module or ""
+            )
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES)
+    out = set()
+    for m in found:
+        while m and m not in MODULES:
+            m = m.rpartition(".")[0]
+        # a module reading its own package's constants (``from . import ACTION`` in a method's
+        # unit) is not an edge; the facade ``flwr_sheaf`` (apps layer) always is
+        own_package = m == name.rpartition(".")[0] and m != "flwr_sheaf"
+        if m and m != name and not own_package:
+            out.add(m)
+    return out
+
+
+def _layer(mod: str) -> str:
+    if mod == "flwr_sheaf":
+        return "apps"  # the facade: re-exports the public names of every layer
+    top = mod.split(".")[1]
+    if top in MATHS_TOP:
+        return "maths"
+    if top == "methods":
+        return "core" if mod == "flwr_sheaf.methods.registry" else "methods"
+    if top in ("apps", "tools"):
+        return top
+    return "core"
+
+
+def _graph() -> dict[str, set[str]]:
+    return {m: _all_imports(p) for m, p in MODULES.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    import networkx as nx
+
+    g = nx.DiGraph([(a, b) for a, bs in graph.items() for b in bs])
+    # each circle once, starting at its smallest module name
+    out = set()
+    for c in nx.simple_cycles(g):
+        i = c.index(min(c))
+        out.add(tuple(c[i:] + c[:i]))
+    return sorted(out)
+
+
+def _against_the_order(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} ({_layer(a)}) imports {b} ({_layer(b)})"
+        for a, bs in graph.items()
+        for b in bs
+        if LAYERS.index(_layer(b)) > LAYERS.index(_layer(a))
+    )
+
+
+def _code_words(path: Path) -> list[str]:
+    """Method names in ``path``'s code: identifiers and string values, not docstrings or comments
+    (a docstring may name a method as an example; code that names one depends on it)."""
+    import io
+    import tokenize
+
+    toks = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+    hits = []
+    for i, t in enumerate(toks):
+        docstring = t.type == tokenize.STRING and (
+            i == 0
+            or toks[i - 1].type in (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE, tokenize.NL)
+        )
+        if t.type in (tokenize.NAME, tokenize.STRING) and not docstring:
+            hits += [f"{path.name}:{t.start[0]} {w}" for w in METHOD_WORDS.findall(t.string)]
+    return hits
+
+
+def _core_files() -> list[Path]:
+    return sorted(p for m, p in MODULES.items() if m != "flwr_sheaf" and _layer(m) == "core")
+
+
+def test_no_import_circle():
+    assert {c: CIRCLES.get(c, "not listed") for c in _circles(_graph())} == CIRCLES
+
+
+def test_no_import_against_the_layer_order():
+    assert _against_the_order(_graph()) == []
+
+
+def test_the_core_imports_no_method():
+    bad = {
+        m: sorted(b for b in bs if _layer(b) == "methods")
+        for m, bs in _graph().items()
+        if _layer(m) == "core"
+    }
+    assert {m: v for m, v in bad.items() if v} == {}
+
+
+def test_the_core_names_no_method_in_code():
+    found = {str(p.relative_to(PKG)): _code_words(p) for p in _core_files()}
+    found = {k: v for k, v in found.items() if v}
+    assert sorted(set(found) - set(NAMES_METHODS)) == [], found
+    assert sorted(set(NAMES_METHODS) - set(found)) == []  # an entry no longer needed: remove it
+
+
+def test_the_layer_checks_catch_a_planted_violation(tmp_path):
+    """Oracle for the checks themselves: a circle, an upward import and a method name, planted."""
+    graph = _graph()
+    graph["flwr_sheaf.topology"] = graph["flwr_sheaf.topology"] | {"flwr_sheaf.config"}
+    graph["flwr_sheaf.config"] = graph["flwr_sheaf.config"] | {"flwr_sheaf.topology"}
+    graph["flwr_sheaf.protocol"] = graph["flwr_sheaf.protocol"] | {"flwr_sheaf.methods.fedproto"}
+    assert ("flwr_sheaf.config", "flwr_sheaf.topology") in _circles(graph)
+    assert "flwr_sheaf.topology (maths) imports flwr_sheaf.config (core)" in _against_the_order(
+        graph
+    )
+    assert any("flwr_sheaf.methods.fedproto (methods)" in v for v in _against_the_order(graph))
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""FedProto in a docstring is fine."""\n\nSTEP = "fedproto-lambda"  # ok\n')
+    assert _code_words(probe) == ["probe.py:3 fedproto"]
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flwr_sheaf import apps\n"
+        "def f():\n    from flwr_sheaf.methods import fedproto\n"
+    )
+    assert _all_imports(lazy, "flwr_sheaf.lazy") == {
+        "flwr_sheaf.methods",
+        "flwr_sheaf.methods.fedproto",
+    }

@@ -14,3 +14,21 @@ def test_the_report_of_a_global_model_run_prints_its_gap_instead_of_refusing():
     )
     assert lines[0] == "method rfedags | problem pca" and "optimality gap 1.000e-03" in lines[1]
     assert summary_lines({"rounds": [{"round": 1}]}) == ["no evaluated round in results"]
+
+
+def test_the_report_prints_only_the_settings_the_results_record():
+    # issue #28: one's own app's results printed "shift ? | zoo ? | dataset ?"
+    from flwr_sheaf.report import summary_lines
+
+    row = {
+        "round": 2,
+        "private_accuracy_mean": 0.5,
+        "communication_accuracy_degree_weighted": 0.25,
+        "communication_accuracy_mean": 0.25,
+    }
+    lines = summary_lines({"rounds": [row], "config": {"method": "my-method", "zoo": "tiny-4"}})
+    assert lines[0] == "method my-method | zoo tiny-4" and "?" not in "".join(lines)
+    full = {"method": "sheaf-frl", "lambda": 0.1, "shift": 0.7, "zoo": "paper-15", "dataset": "d"}
+    lines = summary_lines({"rounds": [row], "config": full})
+    assert lines[0] == "method sheaf-frl | lambda 0.1 | shift 0.7 | zoo paper-15 | dataset d"
+    assert summary_lines({"rounds": [row]})[0].startswith("final round 2: private accuracy 0.500")

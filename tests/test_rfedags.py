@@ -25,7 +25,6 @@ from flwr_sheaf.methods.rfedags.local import local_gradient_stream, step_size_sc
 from flwr_sheaf.methods.rfedags.manifolds import Sphere, Stiefel
 from flwr_sheaf.methods.rfedags.pca import (
     PCAProblem,
-    paper_participation,
     planted_pca_problem,
     run_pca_reference,
     subspace_distance,
@@ -35,6 +34,7 @@ from flwr_sheaf.participation import (
     FrequencyEstimator,
     bernoulli_participation,
     check_probabilities,
+    paper_participation,
     simulate_participation,
 )
 

@@ -65,8 +65,8 @@ def test_participation_comes_from_the_sampler_key(tmp_path):
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("method, port", [("rfedags", 29791), ("rfedavg", 29891)])
-def test_flwr_run_selects_the_rfedags_family_and_writes_results(tmp_path, method, port):
+@pytest.mark.parametrize("method", ["rfedags", "rfedavg"])
+def test_flwr_run_selects_the_rfedags_family_and_writes_results(tmp_path, method):
     out = tmp_path / "res"
     cmd = [
         sys.executable,
@@ -76,7 +76,7 @@ def test_flwr_run_selects_the_rfedags_family_and_writes_results(tmp_path, method
         "--num-supernodes",
         "10",
         "--port",
-        str(port),
+        "0",
         "--timeout",
         "600",
         "--run-config",

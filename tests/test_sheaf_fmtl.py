@@ -23,7 +23,13 @@ from flwr_sheaf.apps.methods import build_strategy
 from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
 from flwr_sheaf.client.common import model_key
 from flwr_sheaf.config import ConfigError, RunConfig, ScenarioConfig
-from flwr_sheaf.methods.sheaf_fmtl import zoo_parameter_counts
+from flwr_sheaf.methods.sheaf_fmtl import (
+    SHEAF_FMTL_DIMS,
+    SHEAF_FMTL_NEIGHBOURS,
+    SHEAF_FMTL_NUM_PARAMS,
+    SHEAF_FMTL_PROJECTIONS,
+    zoo_parameter_counts,
+)
 from flwr_sheaf.methods.sheaf_fmtl.client import SheafFMTLClient, trainable_vector
 from flwr_sheaf.methods.sheaf_fmtl.maths import (
     edge_dim,
@@ -36,10 +42,6 @@ from flwr_sheaf.models.zoo import zoo_specs
 from flwr_sheaf.protocol import (
     CONFIG,
     SEED,
-    SHEAF_FMTL_DIMS,
-    SHEAF_FMTL_NEIGHBOURS,
-    SHEAF_FMTL_NUM_PARAMS,
-    SHEAF_FMTL_PROJECTIONS,
     UPLOAD,
     NodeInfo,
     pack_arrays,

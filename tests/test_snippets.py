@@ -756,7 +756,10 @@ def _check_script(args: list[str], cwd: Path, where: str, rep: ShellReport) -> N
         )
     elif mode == "first" and rest and not rest[0].startswith("-"):
         rep.problems += check_overrides(_split_overrides(rest[0]), where)
-    _overrides_after_flags(rest, where, rep)
+    app = ROOT  # run_flwr.py --app DIR: the keys are that app's (its pyproject.toml)
+    if "--app" in rest and rest.index("--app") + 1 < len(rest):
+        app = (cwd / rest[rest.index("--app") + 1]).resolve()
+    _overrides_after_flags(rest, where, rep, app)
 
 
 def _check_python_cmd(

@@ -287,7 +287,7 @@ clientapp = "flwr_sheaf.apps.client_app:app"
         "--num-supernodes",
         "4",
         "--port",
-        "29691",
+        "0",
         "--timeout",
         "600",
     ]

@@ -22,6 +22,7 @@ from ..strategy.checkpoint import Checkpointer
 from ..strategy.graph import RunFailedError
 from ..tracking import Tracker, check_trackers
 from .methods import num_nodes
+from .run_warnings import run_config_warnings
 from .scenario import check_scenario
 
 log = logging.getLogger("flwr_sheaf")
@@ -66,7 +67,11 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.setLevel(logging.INFO)
         log.propagate = False
     config, method = parse_run_config(run_config)  # imports method-module first
-    strategy = method.strategy(config, num_nodes(config, method))
+    n = num_nodes(config, method)
+    strategy = method.strategy(config, n)
+    warnings = run_config_warnings(run_config, config, method, strategy, n)
+    for line in warnings:
+        log.warning("%s", line)
     if (
         method.task_factory is None
     ):  # the CNN-zoo scenario: every agent's data checked before any message
@@ -75,10 +80,20 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     # directories writable, results-dir free and locked, an overwritten run's files moved aside:
     # before any message
     with preflight(config) as pre:
-        return _run(grid, config, method, strategy, pre.previous_run)
+        if not Path(config.results_dir).expanduser().is_absolute():
+            log.info(
+                "results-dir=%r is relative: results go to %s (the ServerApp's working directory; "
+                "under flwr run, where the local SuperLink was first started: give an absolute path "
+                "to choose)",
+                config.results_dir,
+                Path(config.results_dir).expanduser().resolve(),
+            )
+        return _run(grid, config, method, strategy, warnings, pre.previous_run)
 
 
-def _run(grid: Grid, config: RunConfig, method, strategy, previous_run=None) -> Path:
+def _run(
+    grid: Grid, config: RunConfig, method, strategy, warnings: list[str], previous_run=None
+) -> Path:
     """:func:`run_server` after the preflight."""
     out = Path(config.results_dir).expanduser().resolve()
     resume_from = config.resume_from or (out if config.resume else None)
@@ -119,7 +134,7 @@ def _run(grid: Grid, config: RunConfig, method, strategy, previous_run=None) -> 
         if tracker is not None:
             tracker.close()
     wall = time.monotonic() - t0
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
     if previous_run is not None:
         extra["previous_run"] = previous_run
     if ckpt.restored_round:

@@ -13,7 +13,7 @@ from flwr.app import Context
 
 from ..config import LocalTrainConfig
 from ..devices import resolve_device
-from ..protocol import array_record, pack_arrays
+from ..protocol import array_record, pack_arrays, pilot_digest
 from ..sheaf.whitening import low_variance_fraction
 from .task import (
     TASK_TENSORS,
@@ -41,6 +41,7 @@ __all__ = [
     "task_device",
     "resident",
     "inference_batch",
+    "shared_pilot_digest",
 ]
 
 
@@ -256,3 +257,23 @@ def cached_pilots(
     return from_numpy(rec["pilots"].numpy().copy(), on), float(
         rec["low-variance-fraction"].numpy()[0]
     )
+
+
+#: ``id(pilot tensor) -> (tensor version, digest)``; an entry is dropped when its tensor is freed.
+_DIGESTS: dict[int, tuple[int, int]] = {}
+
+
+def shared_pilot_digest(x_pilot: torch.Tensor) -> int:
+    """:func:`~flwr_sheaf.protocol.pilot_digest` of ``x_pilot`` ``(K, ...)``, computed once per process
+    and tensor object (the CNN-zoo nodes of a process share one pilot tensor: 627 KB hashed once, not
+    per node). The entry is dropped when the tensor is freed and recomputed if it was modified in
+    place since (torch's version counter), so the digest is always that of the current values."""
+    key, version = id(x_pilot), x_pilot._version
+    hit = _DIGESTS.get(key)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    digest = pilot_digest(to_numpy(x_pilot))
+    if hit is None:
+        weakref.finalize(x_pilot, _DIGESTS.pop, key, None)
+    _DIGESTS[key] = (version, digest)
+    return digest

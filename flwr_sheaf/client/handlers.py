@@ -73,7 +73,6 @@ from ..protocol import (
     comm_action,
     message_type,
     pack_arrays,
-    pilot_digest,
     unpack_routed,
 )
 from ..sheaf import check_pilots, procrustes
@@ -87,15 +86,17 @@ from .common import (
     from_numpy,
     model_key,
     round_generator,
+    shared_pilot_digest,
     task_device,
     to_numpy,
     transport,
     whitened_pilots,
 )
 from .loop import CrossEntropy, LossPlugin, train_local
+from .reference import travel_by_reference
 from .task import LocalTask, StalkModel, TaskFactory, save_module_state, set_torch_threads
 
-__all__ = ["ClientMethod", "register_method_handlers", "required"]
+__all__ = ["ClientMethod", "register_method_handlers", "required", "check_stalk_protocol_once"]
 
 
 def required(cfg: Mapping, key: str, msg_type: str):
@@ -193,6 +194,43 @@ def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> N
         )
 
 
+#: architectures that passed :func:`check_stalk_protocol` in this process (:func:`_architecture`).
+_STALK_CHECKED: set[tuple] = set()
+
+
+def _architecture(task: LocalTask) -> tuple:
+    """What decides the outcome of :func:`check_stalk_protocol`: the model's class, its modules and
+    hyper-parameters (``repr``), its public instance attributes (``repr``: a method patched on the
+    instance, whose repr names its address, makes its own key), every parameter's and buffer's name,
+    shape and dtype, ``model.d``, the whitening's ``d``, and the pilots' shape, dtype and device (not
+    the weights' values)."""
+    model = task.model
+    return (
+        type(model),
+        repr(model),
+        tuple(sorted((k, repr(v)) for k, v in vars(model).items() if not k.startswith("_"))),
+        tuple((k, tuple(v.shape), v.dtype) for k, v in model.state_dict().items()),
+        repr(getattr(model, "d", None)),
+        repr(getattr(getattr(model, "whitening", None), "d", None)),
+        tuple(task.x_pilot.shape),
+        task.x_pilot.dtype,
+        task.x_pilot.device,
+    )
+
+
+def check_stalk_protocol_once(task: LocalTask, partition_id: int) -> None:
+    """:func:`check_stalk_protocol`, run once per process for each architecture (:func:`_architecture`):
+    the nodes of a zoo share a handful of architectures, so discovery checks each once, not per node.
+
+    Raises:
+        ValueError: as :func:`check_stalk_protocol` (a failing architecture is checked again each time).
+    """
+    key = _architecture(task)
+    if key not in _STALK_CHECKED:
+        check_stalk_protocol(task, partition_id)
+        _STALK_CHECKED.add(key)
+
+
 def _pilots_for_evaluation(
     task: LocalTask, model: StalkModel, context: Context, action: str, fit: str
 ) -> tuple[torch.Tensor, float]:
@@ -230,7 +268,11 @@ def register_method_handlers(
     type named), malformed edges or routed arrays, neighbour pilots or latents of the wrong shape or
     with NaN/inf (``ValueError`` naming the neighbour's partition-id), a non-finite loss
     (``FloatingPointError`` with the round) and an empty training set.
+
+    ``app`` then pickles as its import path (:func:`~flwr_sheaf.client.reference.travel_by_reference`:
+    Flower's Ray engine pickles the ClientApp with every message).
     """
+    travel_by_reference(app)
     action = method.action
 
     @app.query(action)
@@ -241,7 +283,7 @@ def register_method_handlers(
             str(required(cfg, DEVICE, mt))
         )  # a device this machine lacks fails discovery, before training
         task = factory(context)
-        check_stalk_protocol(task, int(context.node_config["partition-id"]))
+        check_stalk_protocol_once(task, int(context.node_config["partition-id"]))
         info = NodeInfo(
             int(context.node_config["partition-id"]),
             int(context.node_config.get("num-partitions", 0)),
@@ -249,7 +291,7 @@ def register_method_handlers(
             tuple(int(c) for c in task.classes),
             int(task.x_pilot.shape[0]),
             int(task.x_train.shape[0]),
-            pilot_digest(to_numpy(task.x_pilot)),
+            shared_pilot_digest(task.x_pilot),
         )
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 

@@ -10,11 +10,16 @@ point group ``flwr_sheaf.methods``).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import importlib.util
 import logging
+import sys
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -76,26 +81,56 @@ METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
 """Read-only view of the registered methods, by name."""
 
 
-def _origin(method: Method) -> str:
-    """The (last component of the) module that defines a method's handlers: a re-import of the same
-    file under another package path keeps it."""
-    return str(getattr(method.handlers, "__module__", "?")).rsplit(".", 1)[-1]
+#: ``name: (module, file)`` that registered each method (a module's identity is its file: a re-import
+#: of the same file under another package path keeps it, another file with the same last name part
+#: does not).
+_ORIGINS: dict[str, tuple[str, str]] = {}
+
+
+def _caller_origin(depth: int = 2) -> tuple[str, str]:
+    """``(module name, resolved file)`` of the module calling :func:`register` (``depth`` frames up)."""
+    frame = sys._getframe(depth)
+    name = str(frame.f_globals.get("__name__", "?"))
+    file = frame.f_globals.get("__file__") or frame.f_code.co_filename
+    try:
+        file = str(Path(file).resolve())
+    except (OSError, RuntimeError):
+        file = str(file)
+    return name, file
+
+
+def _same_source(a: str, b: str) -> bool:
+    """Whether two files hold the same source (the same method file copied, e.g. into a Flower app)."""
+    try:
+        return Path(a).read_bytes() == Path(b).read_bytes()
+    except OSError:
+        return False
 
 
 def register(method: Method) -> Method:
-    """Add ``method`` to the registry (re-registering a name from the same module replaces its entry:
-    a re-imported module).
+    """Add ``method`` to the registry; it is keyed by the module (file) that registers it.
+
+    Re-registering a name from the same file replaces its entry (a re-imported module, also under
+    another package path, or a copy of the same file).
 
     Raises:
-        ValueError: another registered method already uses ``method.action`` with other handlers, or
-            ``method.name`` is already registered from another module (a built-in is never replaced
-            silently; pick another name).
+        ValueError: ``method.name`` is already registered by another module (a built-in is never
+            replaced; both modules are named, with the fix: another name), or another registered
+            method already uses ``method.action`` with other handlers.
     """
-    old = _METHODS.get(method.name)
-    if old is not None and _origin(old) != _origin(method):
+    origin = _caller_origin()
+    old = _ORIGINS.get(method.name)
+    if (
+        method.name in _METHODS
+        and old is not None
+        and old[1] != origin[1]
+        and not _same_source(old[1], origin[1])
+    ):
+        builtin = old[0].startswith(f"{__package__}.")
         raise ValueError(
-            f"method {method.name!r} is already registered (handlers from {_origin(old)!r}); "
-            f"a method from {_origin(method)!r} cannot replace it: give it another name"
+            f"method {method.name!r} is already registered by module {old[0]!r} ({old[1]})"
+            f"{' (a built-in method)' if builtin else ''}; module {origin[0]!r} ({origin[1]}) "
+            f"cannot register it again: give your method another name"
         )
     for other in _METHODS.values():
         if (
@@ -108,6 +143,7 @@ def register(method: Method) -> Method:
                 f"{other.name!r}"
             )
     _METHODS[method.name] = method
+    _ORIGINS[method.name] = origin
     return method
 
 
@@ -132,19 +168,46 @@ def get_method(name: str) -> Method:
     return _METHODS[name]
 
 
+def _module_file(name: str) -> str | None:
+    """The file of module ``name`` (None if it cannot be found)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
+
+
 def import_method_modules(spec: str) -> list[str]:
     """Import the comma-separated modules of ``spec`` (run-config ``method-module``); each registers
     its methods on import. Returns the module names.
 
     Raises:
-        ConfigError: a module that cannot be imported (named, with the error).
+        ConfigError: a module that cannot be imported (named, with the error); a syntax error in it
+            (its file, line and the offending text named); a module whose import raises (the file
+            and line named, e.g. :func:`register` refusing a name another module registered).
     """
     names = [s.strip() for s in str(spec).split(",") if s.strip()]
     for name in names:
         try:
             importlib.import_module(name)
+        except SyntaxError as exc:
+            text = (exc.text or "").strip()
+            raise ConfigError(
+                f"method-module={spec!r}: syntax error in {name!r} at {exc.filename}, line "
+                f"{exc.lineno}: {exc.msg}" + (f": {text!r}" if text else "")
+            ) from None
         except ImportError as exc:
             raise ConfigError(f"method-module={spec!r}: cannot import {name!r}: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"method-module={spec!r}: importing {name!r}: {exc}") from None
+        except Exception as exc:  # the module's own code raised while it was imported
+            frames = traceback.extract_tb(exc.__traceback__)
+            own = _module_file(name)
+            where = next((f for f in reversed(frames) if f.filename == own), frames[-1])
+            raise ConfigError(
+                f"method-module={spec!r}: importing {name!r} raised at {where.filename}, line "
+                f"{where.lineno}: {type(exc).__name__}: {exc}"
+            ) from None
     return names
 
 
@@ -168,7 +231,8 @@ def load_entry_points() -> None:
 
 
 def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
-    """Import ``method-module``, look ``method`` up and parse the run config with its section.
+    """Import ``method-module``, look ``method`` up and parse the run config with its section (and,
+    for a method with its own problem, its agent count: :attr:`RunConfig.agents`).
 
     Raises:
         ConfigError: an unknown key, method or module, or a bad value (named).
@@ -177,7 +241,12 @@ def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
     import_method_modules(str(spec))
     name = run_config["method"] if "method" in run_config else RunConfig().method
     method = get_method(str(name))
-    return RunConfig.from_run_config(run_config, method.config), method
+    if method.num_nodes is None:
+        return RunConfig.from_run_config(run_config, method.config), method
+    # a method with its own problem (RFedAGS): its agent count comes from the parsed config, then
+    # the agent-dependent checks (participation) run against it, not against the CNN zoo
+    config = RunConfig.from_run_config(run_config, method.config, agents=0)
+    return dataclasses.replace(config, agents=int(method.num_nodes(config))), method
 
 
 def graph_args(config: RunConfig) -> dict[str, Any]:

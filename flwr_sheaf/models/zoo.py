@@ -26,7 +26,14 @@ from flwr_sheaf.models.cnn import CNNEncoder, MLPHead, SheafAgent
 from flwr_sheaf.paper import NUM_CLASSES, PAPER_ZOO_15, AgentSpec, two_agent_bottleneck
 from flwr_sheaf.sheaf.whitening import Colouring
 
-__all__ = ["build_agent", "zoo_specs", "count_parameters", "TINY_FAMILY", "VALID_ZOO_NAMES"]
+__all__ = [
+    "build_agent",
+    "zoo_specs",
+    "zoo_size",
+    "count_parameters",
+    "TINY_FAMILY",
+    "VALID_ZOO_NAMES",
+]
 
 #: (encoder channels, head hidden widths) of the tiny family, cycled over agents.
 TINY_FAMILY: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
@@ -70,6 +77,22 @@ def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
     if not isinstance(name, str):
         raise ValueError(f"zoo name must be a string, got {name!r}; valid names: {VALID_ZOO_NAMES}")
     return _zoo_specs(name.strip())
+
+
+def zoo_size(name: str) -> int:
+    """Number of agents of a named zoo, read from the name (nothing is built: ``tiny-100000`` costs
+    nothing).
+
+    Raises:
+        ValueError: as :func:`zoo_specs` (unknown name, ``N < 1``, a bad ``d``).
+    """
+    key = str(name).strip()
+    if key == "paper-15":
+        return len(PAPER_ZOO_15)
+    m = re.fullmatch(r"tiny-(\d+)", key)
+    if m and int(m.group(1)) >= 1:
+        return int(m.group(1))
+    return len(zoo_specs(name))  # two-agent:<d> (2 agents, d checked) and the errors
 
 
 @functools.lru_cache(maxsize=64)

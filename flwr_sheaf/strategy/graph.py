@@ -42,6 +42,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..config import DEFAULTS, KEYS, FederationConfig, LocalTrainConfig
 from ..hints import handler_hint, pilot_count_error
+from ..logs import default_progress_handler
 from ..participation import EVALUATE_STREAM, ParticipationSampler
 from ..protocol import (
     CONFIG,
@@ -441,6 +442,7 @@ class GraphStrategy(Strategy):
         self.extra_train_config = dict(train_config or {})
         self.extra_evaluate_config = dict(evaluate_config or {})
         self.requested_rounds = int(num_rounds)  # a run whose rounds fall short of it is failed
+        default_progress_handler()  # progress lines of one's own app, unless logging is configured
         self.summary()
         arrays = initial_arrays if initial_arrays is not None else ArrayRecord()
         result = Result(arrays=arrays)

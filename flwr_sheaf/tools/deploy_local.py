@@ -55,7 +55,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .flwr_cli import CHECKOUT, find_flwr, flwr_env, list_runs, missing, stop_processes
+from .flwr_cli import (
+    CHECKOUT,
+    find_flwr,
+    flwr_env,
+    free_port_block,
+    list_runs,
+    missing,
+    stop_processes,
+)
 
 try:
     import psutil
@@ -273,7 +281,7 @@ class LocalDeployment:
         workdir: directory for all files (created).
         num_supernodes: N, the registered SuperNodes (partition-ids 0..N-1).
         port: SuperLink HTTP(S) port; SuperNode i's ClientAppIo port is ``port + 1 + i``
-            (intruders follow).
+            (intruders follow); 0 = a block of free ports (:func:`flwr_sheaf.tools.flwr_cli.free_port_block`).
         insecure: no TLS and hence no SuperNode authentication (Flower 1.42 refuses
             ``--enable-supernode-auth`` without TLS; SuperNodes then register themselves).
         unregistered: K extra SuperNodes with keys that are never registered.
@@ -311,6 +319,8 @@ class LocalDeployment:
                 f"--unregistered {self.unregistered} with --insecure: SuperNode authentication needs TLS "
                 "(Flower 1.42 refuses --enable-supernode-auth without it), so nothing would be refused"
             )
+        if self.port == 0:  # pick a free block: port, port + 1 .. port + N + K
+            self.port = free_port_block(1 + self.num_supernodes + self.unregistered, self.host)
         last = self.port + self.num_supernodes + self.unregistered
         if not (1024 <= self.port and last <= 65535):
             raise ValueError(
@@ -851,7 +861,10 @@ def main(argv: list[str] | None = None) -> int:
         "--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered"
     )
     ap.add_argument(
-        "--port", type=int, default=29700, help="SuperLink port; SuperNode i uses port+1+i"
+        "--port",
+        type=int,
+        default=29700,
+        help="SuperLink port; SuperNode i uses port+1+i; 0 = pick a free block",
     )
     ap.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
     ap.add_argument(

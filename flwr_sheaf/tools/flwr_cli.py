@@ -60,9 +60,11 @@ __all__ = [
     "missing",
     "flwr_env",
     "find_flwr",
+    "free_port_block",
     "list_runs",
     "run_status",
     "stop_processes",
+    "undeclared_keys",
 ]
 
 #: the repository this package was imported from (``flwr_sheaf/tools/`` is two levels below it)
@@ -99,6 +101,79 @@ def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str,
     )
     env.update(extra or {})
     return env
+
+
+def free_port_block(width: int, host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A port ``P`` such that ``P .. P + width - 1`` are all free on ``host`` now (each bound once
+    and released), drawn from the OS's ephemeral range: what ``--port 0`` of run_flwr.py and
+    deploy_local.py picks, so runs side by side (tests, other users' SuperLinks) never collide on a
+    fixed port.
+
+    Raises:
+        RuntimeError: no such block found in ``tries`` draws.
+    """
+    import socket
+
+    for _ in range(tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+        if base + width - 1 > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + width):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.bind((host, port))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return base
+    raise RuntimeError(f"no block of {width} free ports found on {host} in {tries} tries")
+
+
+def undeclared_keys(app: str | Path, run_config: str) -> list[str]:
+    """One line per ``--run-config`` key that the app's ``pyproject.toml`` does not declare in
+    ``[tool.flwr.app.config]``, naming the key, the closest declared key and the fix (Flower 1.42
+    refuses such a run with ``[code: 15] Invalid run configuration.`` naming no key: the key is only
+    in the SuperLink's log). Empty when every key is declared, or when the app has no pyproject.toml
+    (Flower then says what is wrong).
+
+    Raises:
+        ValueError: ``run_config`` does not parse (Flower's own parser, its text kept).
+    """
+    import difflib
+    import tomllib
+
+    from flwr.common.config import flatten_dict, parse_config_args
+
+    toml = Path(app).expanduser() / "pyproject.toml"
+    if not run_config.strip() or not toml.is_file():
+        return []
+    try:
+        given = parse_config_args([run_config])
+    except Exception as exc:  # click / TOML errors with Flower's text
+        raise ValueError(f"--run-config {run_config!r} does not parse: {exc}") from None
+    declared = flatten_dict(
+        tomllib.loads(toml.read_text())
+        .get("tool", {})
+        .get("flwr", {})
+        .get("app", {})
+        .get("config", {})
+    )
+    out = []
+    for key in sorted(set(given) - set(declared)):
+        close = difflib.get_close_matches(key, list(declared), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        out.append(
+            f"--run-config key {key!r}{hint} is not declared in {toml} [tool.flwr.app.config]: "
+            f"Flower would refuse the run ('Invalid run configuration', naming no key); declare it "
+            f"there with its default (e.g. {key} = ...) or fix its name"
+        )
+    return out
 
 
 def find_flwr(env: dict[str, str], name: str = "flwr") -> str:

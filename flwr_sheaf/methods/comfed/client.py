@@ -28,8 +28,6 @@ from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory, load_module_state, save_module_state
 from ...config import ComFedConfig, LocalTrainConfig
 from ...protocol import (
-    COMFED_ROUTED,
-    COMFED_TARGETS,
     CONFIG,
     FEATURE_DIM,
     NUM_CLASSES,
@@ -43,7 +41,7 @@ from ...protocol import (
 )
 from .._shared.prototypes import class_prototypes
 from ..fedproto.client import latent_and_logits
-from . import ACTION
+from . import ACTION, COMFED_ROUTED, COMFED_TARGETS
 from .maths import comfed_alignment_loss, comfed_message, xavier_projection
 
 __all__ = ["Projection", "ComFedLoss", "ComFedClient", "register_comfed_handlers"]

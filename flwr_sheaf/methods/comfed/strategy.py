@@ -19,8 +19,6 @@ from flwr.app import Message
 from ...config import DEFAULTS, ComFedConfig, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...protocol import (
-    COMFED_ROUTED,
-    COMFED_TARGETS,
     FEATURE_DIM,
     NUM_CLASSES,
     UPLOAD,
@@ -33,7 +31,7 @@ from ...strategy.base import positive_int
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import common_dimension
-from . import ACTION
+from . import ACTION, COMFED_ROUTED, COMFED_TARGETS
 
 __all__ = ["ComFed"]
 

@@ -2,6 +2,10 @@
 
 ACTION = "fedmuscle"
 
+# its message vocabulary (record and config-entry names; the shared ones are in flwr_sheaf.protocol)
+#: FedMuscle: the network averages a node pulls its pilot representations toward (keys below).
+MUSCLE_TARGETS = "muscle-targets"
+
 from ..registry import Method, graph_args, register  # noqa: E402
 from .client import register_fedmuscle_handlers  # noqa: E402
 from .strategy import FedMuscle  # noqa: E402

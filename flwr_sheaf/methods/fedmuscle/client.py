@@ -26,7 +26,6 @@ from ...client.task import LocalTask, StalkModel, TaskFactory
 from ...config import FedMuscleConfig, LocalTrainConfig
 from ...protocol import (
     CONFIG,
-    MUSCLE_TARGETS,
     PILOT_REPS,
     SERVER_ROUND,
     TARGET_ALL,
@@ -41,7 +40,7 @@ from ...protocol import (
 )
 from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import feature_pool, latent_and_logits
-from . import ACTION
+from . import ACTION, MUSCLE_TARGETS
 from .maths import is_contrastive_epoch, muscle_loss
 
 __all__ = ["FedMuscleLoss", "FedMuscleClient", "register_fedmuscle_handlers"]

@@ -26,7 +26,6 @@ from flwr.app import Message
 from ...config import DEFAULTS, FederationConfig, FedMuscleConfig, LocalTrainConfig
 from ...protocol import (
     FEATURE_DIM,
-    MUSCLE_TARGETS,
     PILOT_REPS,
     TARGET_ALL,
     TARGET_OTHERS,
@@ -37,7 +36,7 @@ from ...protocol import (
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import common_dimension
-from . import ACTION
+from . import ACTION, MUSCLE_TARGETS
 from .maths import is_contrastive_epoch, leave_one_out_means
 
 __all__ = ["FedMuscle"]

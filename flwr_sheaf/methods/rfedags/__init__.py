@@ -22,6 +22,7 @@ ACTION = "rfedags"
 from ...config import (  # noqa: E402
     DEFAULTS,
     KEYS,
+    ConfigError,
     Key,
     RunConfig,
     Section,
@@ -119,9 +120,36 @@ class PlantedMetrics:
         return {"gap": float(pr.gap(x)), "distance_to_optimum": float(dist)}
 
 
+def check_minibatch(cfg: RFedAGSConfig, problem: Any) -> None:
+    """Refuse ``rfedags-minibatch-size`` that the planted problem cannot serve, before any message
+    (each node would otherwise fail every round).
+
+    Raises:
+        ConfigError: a mini-batch on a problem without per-client samples (``pca``), or larger than
+            the clients' sample count ``S`` (key, value, problem and the valid range named).
+    """
+    b = cfg.minibatch_size
+    if b == 0:
+        return
+    samples = getattr(problem, "samples", None)
+    if samples is None:
+        raise ConfigError(
+            f"rfedags-minibatch-size={b}: rfedags-problem={cfg.problem!r} has no per-client "
+            f"samples, only exact gradients; use rfedags-minibatch-size=0, or a problem with samples "
+            f"({', '.join(repr(p) for p in PROBLEMS if p != 'pca')})"
+        )
+    s = int(samples.shape[1])
+    if b > s:
+        raise ConfigError(
+            f"rfedags-minibatch-size={b}: rfedags-problem={cfg.problem!r} has S={s} samples per "
+            f"client; use 1..{s} (or 0 = exact gradients)"
+        )
+
+
 def _build(method: str) -> Callable[[RunConfig, int], RFedAGS | RFedBaseline]:
     def build(c: RunConfig, n: int) -> RFedAGS | RFedBaseline:
         cfg, (problem, p) = c.own(RFedAGSConfig), _problem(c)
+        check_minibatch(cfg, problem)
         part = c.federation.participation or p
         kw = dict(
             local_steps=cfg.local_steps,

@@ -26,6 +26,7 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from ...client.reference import travel_by_reference
 from ...protocol import (
     ARRAYS,
     CONFIG,
@@ -240,6 +241,7 @@ def _register_query(
     app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
 ) -> None:
     """``query.<action>``: discovery reply (partition-id, num-partitions, point size, num-examples)."""
+    travel_by_reference(app)  # pickled as its import path by Ray (flwr_sheaf.client.reference)
 
     @app.query(action)
     def _query(msg: Message, context: Context) -> Message:

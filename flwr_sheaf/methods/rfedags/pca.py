@@ -45,7 +45,6 @@ __all__ = [
     "top_eigenvectors",
     "synthetic_pca_problem",
     "planted_pca_problem",
-    "paper_participation",
     "batch_indices",
     "run_pca_reference",
 ]
@@ -263,24 +262,6 @@ def synthetic_pca_problem(
     z = scale * rng.standard_normal((num_clients, samples_per_client, d))
     cov = np.swapaxes(z, 1, 2) @ z / samples_per_client
     return PCAProblem(cov, r, samples=z)
-
-
-def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
-    """Participation probabilities ``p_i ~ U(0, 1)`` i.i.d. (paper's PCA experiment, docs/baselines.md, s5.5).
-
-    Args:
-        num_clients: ``N >= 1``.
-        seed: numpy seed (entropy ``[seed, 4]``).
-
-    Returns:
-        ``(N,)`` float64 probabilities.
-
-    Raises:
-        ValueError: ``num_clients`` not a positive integer.
-    """
-    if int(num_clients) != num_clients or num_clients < 1:
-        raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
-    return np.random.default_rng([int(seed), 4]).random(num_clients)
 
 
 def planted_pca_problem(

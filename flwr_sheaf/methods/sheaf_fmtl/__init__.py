@@ -2,6 +2,16 @@
 
 ACTION = "sheaf_fmtl"
 
+# its message vocabulary (record and config-entry names; the shared ones are in flwr_sheaf.protocol)
+#: Sheaf-FMTL: the neighbours' projected parameters ``P_ji theta_j`` (key ``str(j)``, shape ``(d_ij,)``)
+#: in a train message; a train reply's :data:`~flwr_sheaf.protocol.UPLOAD` holds the node's own ``P_ij theta_i`` the same way.
+SHEAF_FMTL_PROJECTIONS = "sheaf-fmtl-projections"
+#: Sheaf-FMTL config entries: the node's neighbours, the edge dimensions d_ij (same order) and the
+#: trainable-parameter count n_i the server assumed (the node checks it against its model).
+SHEAF_FMTL_NEIGHBOURS = "sheaf-fmtl-neighbours"
+SHEAF_FMTL_DIMS = "sheaf-fmtl-dims"
+SHEAF_FMTL_NUM_PARAMS = "sheaf-fmtl-num-params"
+
 from ...config import ConfigError, RunConfig  # noqa: E402
 from ...models.zoo import build_agent, count_parameters, zoo_specs  # noqa: E402
 from ...topology import build_graph  # noqa: E402

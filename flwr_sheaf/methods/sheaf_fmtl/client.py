@@ -34,10 +34,6 @@ from ...config import LocalTrainConfig, SheafFMTLConfig
 from ...protocol import (
     CONFIG,
     SEED,
-    SHEAF_FMTL_DIMS,
-    SHEAF_FMTL_NEIGHBOURS,
-    SHEAF_FMTL_NUM_PARAMS,
-    SHEAF_FMTL_PROJECTIONS,
     TRAIN,
     UPLOAD,
     ProtocolError,
@@ -45,7 +41,13 @@ from ...protocol import (
     message_type,
     pack_arrays,
 )
-from . import ACTION
+from . import (
+    ACTION,
+    SHEAF_FMTL_DIMS,
+    SHEAF_FMTL_NEIGHBOURS,
+    SHEAF_FMTL_NUM_PARAMS,
+    SHEAF_FMTL_PROJECTIONS,
+)
 from .maths import init_map, map_step, parameter_step
 
 __all__ = ["SheafFMTLLoss", "SheafFMTLClient", "register_sheaf_fmtl_handlers", "trainable_vector"]

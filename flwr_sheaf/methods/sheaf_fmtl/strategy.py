@@ -22,17 +22,19 @@ from flwr.app import Message
 
 from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig, SheafFMTLConfig
 from ...protocol import (
-    SHEAF_FMTL_DIMS,
-    SHEAF_FMTL_NEIGHBOURS,
-    SHEAF_FMTL_NUM_PARAMS,
-    SHEAF_FMTL_PROJECTIONS,
     UPLOAD,
     array_record,
     pack_arrays,
 )
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
-from . import ACTION
+from . import (
+    ACTION,
+    SHEAF_FMTL_DIMS,
+    SHEAF_FMTL_NEIGHBOURS,
+    SHEAF_FMTL_NUM_PARAMS,
+    SHEAF_FMTL_PROJECTIONS,
+)
 from .maths import GIB, check_map_budget, edge_dim, map_bytes_per_node
 
 __all__ = ["SheafFMTL", "sheaf_fmtl_budget"]

@@ -1,0 +1,326 @@
+"""Per-message cost of flwr-sheaf's discovery on Flower's Ray engine against a trivial Flower app.
+
+One run of this script runs, through ``flwr run`` on a private local SuperLink (``--num-supernodes
+N``, ``client-resources-num-cpus=1``, ``init-args-num-cpus=<actors>``: that many ClientApp actors):
+
+- **trivial**: a Flower 1.42 app written by this script into a temporary directory: its ServerApp
+  sends one small query (a one-entry ConfigRecord) to every node, twice; its ClientApp
+  (``@app.query()``) replies with a one-entry MetricRecord. This is Flower's own floor.
+- **flwr-sheaf**: the same ServerApp shape, but its first round is the package's discovery
+  (``SheafFRL.discover``: ``query.sheaf`` to every node, the bundled ClientApp building each node's
+  task, checking its stalk protocol and fingerprinting its pilots; then the graph is built and the
+  replies checked) and its second round repeats the same query messages.
+
+For each round it prints the wall time and the CPU-seconds of the whole simulation process tree
+(the ``flwr-simulation`` process, which runs the ServerApp, the simulation engine and the Ray
+driver, and all its descendants: Ray's GCS, raylet and ClientApp actors; psutil), each per message,
+and the ratio flwr-sheaf / trivial. CPU-seconds are what counts on a shared machine; wall time
+follows the machine's load.
+
+Usage::
+
+    python benchmarks/ray_message_cost.py [--supernodes 1000] [--actors 2] [--port 39901]
+        [--num-pilots 200] [--timeout 1800]
+
+``--actors 1,2,4`` runs both apps for each actor count. The target (issue 26): the ratio of the
+repeat rounds' CPU per message within 1.5 at 1,000 SuperNodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from flwr_cli import find_flwr, flwr_env, run_status  # noqa: E402
+from run_flwr import listening, stop_superlink  # noqa: E402
+
+#: shared by both ServerApps: CPU-seconds of this process and all its descendants.
+_TREE_CPU = """
+import os, time, psutil
+
+def tree_cpu():
+    me = psutil.Process(os.getpid())
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            name = "simulation" if p.pid == me.pid else p.name()
+        except psutil.Error:
+            continue
+        name = "actors" if "Actor" in name or name.startswith("ray::") else name
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
+
+def timed(fn):
+    c0, t0 = tree_cpu(), time.monotonic()
+    out = fn()
+    c1 = tree_cpu()
+    parts = {k: round(c1[k] - c0.get(k, 0.0), 2) for k in c1}
+    return out, time.monotonic() - t0, sum(parts.values()), parts
+"""
+
+TRIVIAL_CLIENT = """
+from flwr.app import Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+app = ClientApp()
+
+
+@app.query()
+def query(msg, context):
+    return Message(RecordDict({"m": MetricRecord({"pid": int(context.node_config["partition-id"])})}), reply_to=msg)
+"""
+
+SERVER = (
+    _TREE_CPU
+    + """
+import json
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import ServerApp
+
+app = ServerApp()
+
+
+def query_round(grid, nodes, message_type, config):
+    msgs = [Message(RecordDict({"config": ConfigRecord(config)}), dst_node_id=n, message_type=message_type) for n in nodes]
+    replies = list(grid.send_and_receive(msgs, timeout=TIMEOUT))
+    bad = [r for r in replies if r.has_error()]
+    if len(replies) != len(nodes) or bad:
+        raise RuntimeError(f"{len(replies)} replies of {len(nodes)}; {len(bad)} errors: {bad[:1]}")
+
+
+@app.main()
+def main(grid, context):
+    n = int(context.run_config["bench-supernodes"])
+    out = {"mode": MODE, "n": n}
+    t0 = time.monotonic()
+    while len(nodes := list(grid.get_node_ids())) < n:
+        if time.monotonic() - t0 > TIMEOUT:
+            raise RuntimeError(f"{len(nodes)} of {n} SuperNodes registered")
+        time.sleep(0.2)
+    out["registered_s"] = time.monotonic() - t0
+    out["first"], out["repeat"] = FIRST(grid, nodes, context), None
+    _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, REPEAT_TYPE, REPEAT_CONFIG(context)))
+    out["repeat"] = {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+    with open(context.run_config["bench-out"], "w") as f:
+        json.dump(out, f)
+"""
+)
+
+TRIVIAL_SERVER = (
+    SERVER
+    + """
+MODE, REPEAT_TYPE, TIMEOUT = "trivial", "query", 3600.0
+REPEAT_CONFIG = lambda context: {"x": 1}
+
+
+def FIRST(grid, nodes, context):
+    _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, "query", {"x": 1}))
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+"""
+)
+
+SHEAF_SERVER = (
+    SERVER
+    + """
+from flwr_sheaf.apps.methods import num_nodes
+from flwr_sheaf.methods import parse_run_config
+from flwr_sheaf.protocol import QUERY, message_type
+
+MODE, REPEAT_TYPE, TIMEOUT = "flwr-sheaf", message_type(QUERY, "sheaf"), 3600.0
+STRATEGY = {}
+
+
+def REPEAT_CONFIG(context):
+    s = STRATEGY["s"]
+    return {**s.query_config(), **s.resume_check}
+
+
+def FIRST(grid, nodes, context):
+    rc = {k: v for k, v in context.run_config.items() if not k.startswith("bench-")}
+    config, method = parse_run_config(rc)
+    s = STRATEGY["s"] = method.strategy(config, num_nodes(config, method))
+    s.discovery_timeout = TIMEOUT
+    _, wall, cpu, parts = timed(lambda: s.discover(grid, TIMEOUT))
+    assert len(s.nodes) == len(nodes), (len(s.nodes), len(nodes))
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+"""
+)
+
+
+def write_app(root: Path, mode: str) -> Path:
+    """The benchmark's Flower app of ``mode`` (``trivial`` / ``flwr-sheaf``) in ``root/<mode>``."""
+    app = root / mode.replace("-", "_")
+    pkg = app / "bench_app"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server.py").write_text(TRIVIAL_SERVER if mode == "trivial" else SHEAF_SERVER)
+    clientapp = "bench_app.client:app"
+    if mode == "trivial":
+        (pkg / "client.py").write_text(TRIVIAL_CLIENT)
+    else:
+        clientapp = "flwr_sheaf.apps.client_app:app"
+    # the package's run-config keys and defaults (its ClientApp's task factory reads them)
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    cfg = {**cfg, "bench-supernodes": 0, "bench-out": ""}
+    lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.items())
+    (app / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            [build-system]
+            requires = ["hatchling"]
+            build-backend = "hatchling.build"
+
+            [project]
+            name = "bench-app"
+            version = "1.0.0"
+            dependencies = []
+
+            [tool.hatch.build.targets.wheel]
+            packages = ["."]
+
+            [tool.flwr.app]
+            publisher = "flwr-sheaf-benchmarks"
+
+            [tool.flwr.app.components]
+            serverapp = "bench_app.server:app"
+            clientapp = "{clientapp}"
+
+            [tool.flwr.app.config]
+            """
+        )
+        + lines
+        + "\n"
+    )
+    return app
+
+
+def run_one(app: Path, mode: str, n: int, actors: int, args, work: Path) -> dict:
+    """``flwr run`` of one app; returns the ServerApp's measurements (raises if the run failed)."""
+    out = work / f"{mode}-{n}-{actors}.json"
+    home = Path(tempfile.mkdtemp(prefix="flwr-home-", dir=work))
+    env = flwr_env(
+        home,
+        {
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
+    flwr = find_flwr(env)
+    rc = {"bench-supernodes": n, "bench-out": str(out)}
+    if mode == "flwr-sheaf":
+        rc.update(
+            {
+                "zoo": f"tiny-{n}",
+                "dataset": args.dataset,
+                "num-pilots": args.num_pilots,
+                "partitioner": "cross-device",
+                "graph": "class-overlap-knn:4",
+                "discovery-timeout": float(args.timeout),
+            }
+        )
+    cmd = [
+        flwr,
+        "run",
+        str(app),
+        "--stream",
+        "--federation-config",
+        f"num-supernodes={n} client-resources-num-cpus=1 init-args-num-cpus={actors}",
+        "--run-config",
+        " ".join(f"{k}={json.dumps(v)}" for k, v in rc.items()),
+    ]
+    log = work / f"{mode}-{n}-{actors}.log"
+    t0 = time.monotonic()
+    try:
+        with open(log, "w") as f:
+            subprocess.run(
+                cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout, check=False
+            )
+        status = run_status(flwr, env)
+    finally:
+        stop_superlink(args.port)
+        shutil.rmtree(home, ignore_errors=True)
+    if status != "finished:completed" or not out.exists():
+        raise RuntimeError(f"{mode} N={n} actors={actors}: run status {status}; log {log}")
+    res = json.loads(out.read_text())
+    res["total_wall_s"] = time.monotonic() - t0
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both apps for each actor count; print per-message CPU and wall, and the ratio."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--supernodes", type=int, default=1000)
+    ap.add_argument("--actors", default="2", help="comma-separated ClientApp actor counts")
+    ap.add_argument("--port", type=int, default=39901, help="SuperLink port (control: +2)")
+    ap.add_argument("--num-pilots", type=int, default=200)
+    ap.add_argument(
+        "--dataset", default="fashion-mnist", help="bash scripts/get_data.sh fashion-mnist"
+    )
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument(
+        "--keep", default=None, help="directory for the apps, logs and JSON (default: temp)"
+    )
+    args = ap.parse_args(argv)
+    busy = [p for p in (args.port, args.port + 2) if listening(p)]
+    if busy:
+        print(f"port(s) {busy} in use: pick free ones with --port", file=sys.stderr)
+        return 2
+    work = Path(args.keep or tempfile.mkdtemp(prefix="ray-message-cost-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    apps = {m: write_app(work / "apps", m) for m in ("trivial", "flwr-sheaf")}
+    n = args.supernodes
+    rows = []
+    print(
+        f"N = {n} SuperNodes, client-resources-num-cpus=1, dataset {args.dataset}, "
+        f"{args.num_pilots} pilots (work dir {work})"
+    )
+    print(
+        "| actors | app | first round: CPU ms / msg | wall ms / msg | repeat round: CPU ms / msg "
+        "| wall ms / msg | total wall s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for actors in [int(a) for a in args.actors.split(",")]:
+        res = {m: run_one(apps[m], m, n, actors, args, work) for m in ("trivial", "flwr-sheaf")}
+        for m, r in res.items():
+            print(
+                f"{m}: CPU-s by process, first {r['first']['cpu_by_process']}, repeat {r['repeat']['cpu_by_process']}"
+            )
+        for m, r in res.items():
+            print(
+                f"| {actors} | {m} | {1e3 * r['first']['cpu_s'] / n:.1f} | "
+                f"{1e3 * r['first']['wall_s'] / n:.1f} | {1e3 * r['repeat']['cpu_s'] / n:.1f} | "
+                f"{1e3 * r['repeat']['wall_s'] / n:.1f} | {r['total_wall_s']:.0f} |",
+                flush=True,
+            )
+        ratio = {
+            k: res["flwr-sheaf"][k]["cpu_s"] / res["trivial"][k]["cpu_s"]
+            for k in ("first", "repeat")
+        }
+        rows.append({"actors": actors, **res, "ratio": ratio})
+        print(
+            f"|   | ratio flwr-sheaf / trivial (CPU) | {ratio['first']:.2f} |   | "
+            f"{ratio['repeat']:.2f} |   |   |",
+            flush=True,
+        )
+    (work / "summary.json").write_text(json.dumps(rows, indent=1))
+    worst = max(r["ratio"]["repeat"] for r in rows)
+    print(f"worst repeat-round CPU ratio {worst:.2f} (target <= 1.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

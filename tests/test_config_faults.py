@@ -1,0 +1,365 @@
+"""Issue #28, cases 2, 8, 10 and 11: the method registry and the run config answer early and clearly.
+
+Each test reproduces one case of the issue (it failed before the fix) and checks the message the
+user now sees (quoted in docs/reliability.md, "Cases of issue #28: config and registry").
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flwr_sheaf.config import ConfigError
+from flwr_sheaf.methods import (
+    METHODS,
+    Method,
+    import_method_modules,
+    parse_run_config,
+    register,
+    registry,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def user_modules(tmp_path, monkeypatch):
+    """A directory on ``sys.path`` for a test's own method modules; every method and module they
+    register is removed afterwards (the registry is process-wide)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before_methods, before_mods = set(METHODS), set(sys.modules)
+    yield tmp_path
+    for name in set(METHODS) - before_methods:
+        registry._METHODS.pop(name, None)
+        registry._ORIGINS.pop(name, None)
+    for mod in set(sys.modules) - before_mods:
+        if str(getattr(sys.modules[mod], "__file__", "") or "").startswith(str(tmp_path)):
+            del sys.modules[mod]
+
+
+USER_METHOD = """
+from flwr_sheaf.methods import Method, graph_args, register
+from flwr_sheaf.methods.noncooperative.client import register_noncooperative_handlers
+from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
+
+register(Method({name!r}, {action!r}, lambda c, n: NonCooperative(n, **graph_args(c)),
+                register_noncooperative_handlers))
+"""
+
+
+# ------------------------------------------------------------------- case 2: the method registry
+
+
+def test_a_user_module_named_client_cannot_replace_a_builtin_method(user_modules):
+    # before: the registry compared only the last name part of the handlers' module ("client"), so a
+    # user's client.py registering "non-cooperative" silently replaced the built-in
+    (user_modules / "client.py").write_text(USER_METHOD.format(name="non-cooperative", action="x"))
+    builtin = METHODS["non-cooperative"]
+    with pytest.raises(ConfigError) as err:
+        import_method_modules("client")
+    msg = str(err.value)
+    assert "method 'non-cooperative' is already registered by module" in msg
+    assert "'flwr_sheaf.methods.noncooperative'" in msg and "(a built-in method)" in msg
+    assert str(user_modules / "client.py") in msg and "give your method another name" in msg
+    assert METHODS["non-cooperative"] is builtin
+
+
+def test_two_user_modules_registering_one_name_are_refused_naming_both(user_modules):
+    (user_modules / "first_method.py").write_text(USER_METHOD.format(name="twin", action="twin1"))
+    (user_modules / "second_method.py").write_text(
+        USER_METHOD.format(name="twin", action="twin2").replace("\n", "\n# another file\n", 1)
+    )
+    import_method_modules("first_method")
+    first = METHODS["twin"]
+    with pytest.raises(ConfigError) as err:
+        import_method_modules("first_method,second_method")
+    msg = str(err.value)
+    assert "module 'first_method'" in msg and "module 'second_method'" in msg
+    assert str(user_modules / "second_method.py") in msg and METHODS["twin"] is first
+
+
+def test_reimporting_the_same_method_file_is_not_a_conflict(user_modules):
+    # the same file imported again (e.g. a ServerApp and a ClientApp in one process) keeps its name
+    src = USER_METHOD.format(name="again", action="again")
+    (user_modules / "again_method.py").write_text(src)
+    import_method_modules("again_method")
+    del sys.modules["again_method"]
+    import_method_modules("again_method")
+    assert METHODS["again"].action == "again"
+
+
+def test_a_syntax_error_in_the_method_module_names_its_file_and_line(user_modules):
+    (user_modules / "broken_method.py").write_text("x = 1\ndef f(:\n    pass\n")
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"method-module": "broken_method"})
+    msg = str(err.value)
+    assert f"syntax error in 'broken_method' at {user_modules / 'broken_method.py'}, line 2" in msg
+    assert "def f(:" in msg
+
+
+def test_a_module_whose_import_raises_names_its_file_and_line(user_modules):
+    (user_modules / "raising_method.py").write_text("import os\n\nos.environ['NOPE_NOT_SET_X']\n")
+    with pytest.raises(ConfigError, match=r"raising_method.py, line 3: KeyError"):
+        import_method_modules("raising_method")
+
+
+def test_a_strategy_raising_in_configure_train_leaves_results_json_with_status_failed(
+    user_modules, tmp_path
+):
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.methods import graph_args
+    from flwr_sheaf.methods.noncooperative.client import register_noncooperative_handlers
+    from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
+    from flwr_sheaf.testing import LocalGrid
+
+    class Breaks(NonCooperative):
+        def configure_train(self, server_round, arrays, config, grid):
+            if server_round == 2:
+                raise RuntimeError("my strategy broke in round 2")
+            return super().configure_train(server_round, arrays, config, grid)
+
+    register(
+        Method(
+            "breaks-in-round-2",
+            "breaks",
+            lambda c, n: Breaks(n, action="breaks", **graph_args(c)),
+            lambda app, factory: register_noncooperative_handlers(app, factory, action="breaks"),
+        )
+    )
+    out = tmp_path / "res"
+    rc = {
+        "method": "breaks-in-round-2",
+        "zoo": "tiny-3",
+        "graph": "complete",
+        "num-pilots": 32,
+        "max-steps-per-epoch": 2,
+        "num-server-rounds": 3,
+        "results-dir": str(out),
+    }
+    with pytest.raises(RuntimeError, match="broke in round 2"):
+        run_server(LocalGrid(app, 3, run_config=rc), rc)
+    res = json.loads((out / "results.json").read_text())  # before: only checkpoint.pkl was left
+    assert res["status"] == "failed" and [r["round"] for r in res["rounds"]] == [1]
+    assert res["degradation"]["reasons"] == [
+        "the run stopped after server round 1 of 3 (strategy.start did not finish)",
+        "RuntimeError: my strategy broke in round 2",
+    ]
+    assert res["config"]["method"] == "breaks-in-round-2"
+
+
+# ------------------------------------------------------------------- case 10: typos and ignored keys
+
+
+@pytest.mark.parametrize(
+    "key, typo, meant",
+    [
+        ("zoo", "tiny3", "tiny-3"),
+        ("zoo", "two_agent32", "two-agent:32"),
+        ("pilot-strategy", "unifrom:50", "uniform:50"),
+        ("partitioner", "dirichlet0.3", "dirichlet:0.3"),
+        ("tracking", "tensorbord", "tensorboard"),
+    ],
+)
+def test_a_mistyped_spec_gets_the_closest_valid_one(key, typo, meant):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({key: typo})
+    assert f"(did you mean {meant!r}?)" in str(err.value)
+    parse_run_config({key: meant, "graph": "complete"})  # the suggestion itself is accepted
+
+
+def test_no_suggestion_for_a_value_close_to_nothing():
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"zoo": "bogus"})
+    assert "did you mean" not in str(err.value)
+
+
+def _pyproject_defaults() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def _warnings(**over) -> list[str]:
+    from flwr_sheaf.apps.methods import num_nodes
+    from flwr_sheaf.apps.run_warnings import run_config_warnings
+
+    rc = {**_pyproject_defaults(), **over}  # as flwr run passes it: every declared key
+    cfg, method = parse_run_config(rc)
+    n = num_nodes(cfg, method)
+    return run_config_warnings(rc, cfg, method, method.strategy(cfg, n), n)
+
+
+def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named():
+    assert _warnings(method="fedproto", **{"fedmuscle-lambda": 0.3}) == [
+        "fedmuscle-lambda=0.3 (default 1.0) is not read by method='fedproto': it is ignored (a key "
+        "of another method? set method= to the method it belongs to)"
+    ]
+    assert _warnings(**{"tracking-dir": "/tmp/tb"}) == [
+        "tracking-dir='/tmp/tb' is ignored: tracking is off (tracking=''); set "
+        "tracking='tensorboard' (or 'wandb') to track the run there"
+    ]
+    # the same keys where they are read: no warning; a preset's own values never warn
+    assert _warnings(method="fedmuscle", **{"fedmuscle-lambda": 0.3}) == []
+    assert _warnings(**{"tracking-dir": "/tmp/tb", "tracking": "tensorboard"}) == []
+    assert _warnings(method="fedproto", preset="paper") == []
+
+
+def test_the_default_graph_on_five_agents_is_named_with_its_degrees():
+    (w,) = _warnings(zoo="tiny-5")
+    assert w.startswith(
+        "graph not set: the default graph='class-overlap' (density 0.4) on 5 agents"
+    )
+    assert "degrees [1, 1, 2, 2, 2]" in w
+    assert _warnings(zoo="tiny-5", graph="ring") == [] and _warnings() == []
+
+
+def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(
+    tmp_path, caplog, monkeypatch
+):
+    import logging
+
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.testing import LocalGrid
+
+    monkeypatch.chdir(tmp_path)
+    rc = {
+        "method": "non-cooperative",
+        "zoo": "tiny-3",
+        "graph": "complete",
+        "num-pilots": 32,
+        "max-steps-per-epoch": 2,
+        "num-server-rounds": 1,
+        "results-dir": "res",  # relative: its absolute path is logged (issue #28, seen on the way)
+        "lambda": 0.5,
+    }
+    log = logging.getLogger("flwr_sheaf")  # it does not propagate once the ServerApp set it up
+    log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="flwr_sheaf"):
+            path = run_server(LocalGrid(app, 3, run_config=rc), rc)
+    finally:
+        log.removeHandler(caplog.handler)
+    res = json.loads(Path(path).read_text())
+    warning = (
+        "lambda=0.5 (default 0.1) is not read by method='non-cooperative': it is ignored (a key "
+        "of another method? set method= to the method it belongs to)"
+    )
+    assert res["warnings"] == [warning] and warning in caplog.messages
+    assert (
+        f"results-dir='res' is relative: results go to {tmp_path.resolve() / 'res'} (the "
+        "ServerApp's working directory; under flwr run, where the local SuperLink was first "
+        "started: give an absolute path to choose)"
+    ) in caplog.messages
+
+
+# ------------------------------------------------------------------- case 11: scale refusals
+
+
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        ("class-overlap", "it is refused above N=300"),
+        (
+            "complete",
+            "has N (N-1) / 2 = 4999950000 edges, each evaluated both ways; it is refused ",
+        ),
+    ],
+)
+def test_a_graph_too_large_for_the_zoo_is_refused_before_anything_of_its_size_is_built(
+    monkeypatch, graph, expected
+):
+    # before: zoo=tiny-100000 built 100,000 agent specs first (22-39 s, 1.1 GB), and graph=complete
+    # then tried to build 5e9 edges (no answer). Nothing of the zoo's size may be built now.
+    import networkx as nx
+
+    from flwr_sheaf.models import zoo
+
+    def built(*a, **k):
+        raise AssertionError("something of the zoo's size was built before the refusal")
+
+    monkeypatch.setattr(zoo, "_tiny_spec", built)
+    monkeypatch.setattr(nx, "complete_graph", built)
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"zoo": "tiny-100000", "graph": graph})
+    msg = str(err.value)
+    assert msg.startswith(f"graph={graph!r} on zoo='tiny-100000': ") and expected in msg
+    assert "graph='class-overlap-knn:4'" in msg and "graph='ring'" in msg
+
+
+def test_complete_stays_allowed_up_to_its_cap():
+    from flwr_sheaf.topology import COMPLETE_MAX_NODES, build_graph, check_graph_scale
+
+    check_graph_scale("complete", COMPLETE_MAX_NODES)
+    assert build_graph("complete", 40).number_of_edges() == 40 * 39 // 2
+    with pytest.raises(ValueError, match="refused above N=1000"):
+        check_graph_scale("complete", COMPLETE_MAX_NODES + 1)
+
+
+# ------------------------------------------------------------------- case 8: RFedAGS's run config
+
+TEN = ",".join(["0.5"] * 10)  # one probability per node of the planted problems (N = 10)
+
+
+def test_rfedags_takes_a_participation_list_of_its_problems_node_count():
+    from flwr_sheaf.apps.methods import num_nodes
+
+    # before: 10 values were refused "on zoo='paper-15' ... expected 15" (the CNN zoo's count)
+    cfg, method = parse_run_config({"method": "rfedags", "participation": TEN})
+    n = num_nodes(cfg, method)
+    assert n == cfg.agents == 10
+    strategy = method.strategy(cfg, n)
+    assert strategy.results_extra()["participation"]["mode"] == "bernoulli"
+    # before: 15 values passed the config check and were refused later by the strategy
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"method": "rfedavg", "participation": ",".join(["0.5"] * 15)})
+    assert str(err.value).startswith("participation='0.5,") and (
+        "on method='rfedavg' (10 agents): participation spec" in str(err.value)
+    )
+    assert str(err.value).endswith("has 15 values, expected 10")
+
+
+def test_rfedags_minibatch_on_a_problem_without_samples_is_refused_before_any_message():
+    from flwr_sheaf.apps.methods import build_strategy
+
+    cfg, _ = parse_run_config({"method": "rfedags", "rfedags-minibatch-size": 8})
+    with pytest.raises(ConfigError) as err:  # before: every node failed every round
+        build_strategy(cfg)
+    assert str(err.value) == (
+        "rfedags-minibatch-size=8: rfedags-problem='pca' has no per-client samples, only exact "
+        "gradients; use rfedags-minibatch-size=0, or a problem with samples ('spd', 'poincare')"
+    )
+    spd = {"method": "rfedags", "rfedags-problem": "spd"}
+    build_strategy(parse_run_config({**spd, "rfedags-minibatch-size": 3})[0])  # S = 3: allowed
+    with pytest.raises(ConfigError, match="has S=3 samples per client; use 1..3"):
+        build_strategy(parse_run_config({**spd, "rfedags-minibatch-size": 4})[0])
+
+
+def test_inprocess_script_runs_rfedags_and_prints_its_gap(tmp_path):
+    out = tmp_path / "res"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "simulations" / "inprocess.py"),
+            "method=rfedags",
+            "num-server-rounds=2",
+            f"participation='{TEN}'",
+            f"results-dir={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]  # before: IndexError after a valid run
+    printed = json.loads(proc.stdout[proc.stdout.index("{") :])
+    res = json.loads((out / "results.json").read_text())
+    assert (
+        printed == {k: res["rounds"][-1][k] for k in ("round", "gap", "distance_to_optimum")}
+        and printed["round"] == 2
+    )

@@ -1,0 +1,161 @@
+"""The own-method template of docs/own-method.md is the code that runs: the page shows the files of
+``examples/own_method_app/`` unchanged, the method keeps its trained parameter across rounds
+in-process, and the app runs under ``flwr run`` (engine). An undeclared run-config key is named
+before Flower starts (issue #28: Flower's own refusal names no key)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "examples" / "own_method_app"
+DOC = ROOT / "docs" / "own-method.md"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", DOC.read_text(), re.S | re.M)
+
+
+def _app_config() -> dict:
+    return tomllib.loads((APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def test_the_page_shows_the_app_files_unchanged():
+    assert _blocks("toml") == [(APP / "pyproject.toml").read_text()]
+    assert _blocks("python") == [(APP / "my_method.py").read_text()]
+    assert "..." not in (APP / "my_method.py").read_text()  # no body left to the reader
+
+
+@pytest.fixture
+def my_method(monkeypatch):
+    monkeypatch.syspath_prepend(str(APP))
+    import my_method
+
+    return my_method
+
+
+def test_the_method_keeps_each_nodes_trained_projection_across_rounds(my_method, tmp_path):
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.testing import LocalGrid
+
+    starts: dict[tuple[int, int], np.ndarray] = {}  # (partition-id, round) -> W_i at round start
+    saved: dict[tuple[int, int], np.ndarray] = {}  # ... and as saved after training
+    plugin, after = my_method.MyClient.plugin, my_method.MyClient.after_train
+
+    def spy_plugin(self, msg, context, task):
+        p = plugin(self, msg, context, task)
+        key = (int(context.node_config["partition-id"]), int(msg.content["config"]["server-round"]))
+        starts[key] = p.w.detach().numpy().copy()
+        return p
+
+    def spy_after(self, msg, context, task, p):
+        out = after(self, msg, context, task, p)
+        key = (int(context.node_config["partition-id"]), int(msg.content["config"]["server-round"]))
+        saved[key] = context.state[my_method.STATE]["w"].numpy().copy()
+        return out
+
+    my_method.MyClient.plugin, my_method.MyClient.after_train = spy_plugin, spy_after
+    try:
+        rc = {**_app_config(), "num-server-rounds": 3, "results-dir": str(tmp_path / "res")}
+        res = json.loads(Path(run_server(LocalGrid(app, 4, run_config=rc), rc)).read_text())
+    finally:
+        my_method.MyClient.plugin, my_method.MyClient.after_train = plugin, after
+    assert res["status"] == "completed" and [r["round"] for r in res["rounds"]] == [1, 2, 3]
+    for pid in range(4):
+        for rnd in (1, 2):  # next round starts from what this round trained and saved
+            np.testing.assert_array_equal(starts[(pid, rnd + 1)], saved[(pid, rnd)])
+        assert not np.allclose(saved[(pid, 2)], starts[(pid, 2)])  # trained in round 2
+    assert res["rounds"][0].get("anchor") is None and res["rounds"][2]["anchor"] > 0
+    assert res["rounds"][2]["mymethod_nodes"] == 4 and res["config"]["mymethod-dim"] == 8
+
+
+def test_run_flwr_names_an_undeclared_key_before_starting_flower():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_flwr.py"),
+            "--app",
+            str(APP),
+            "--port",
+            "0",
+            "--run-config",
+            "mymethod-lamda=0.5 num-server-rounds=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "+ " not in proc.stdout  # flwr run never started
+    assert proc.stderr.strip() == (
+        f"--run-config key 'mymethod-lamda' (did you mean 'mymethod-lambda'?) is not declared in "
+        f"{APP / 'pyproject.toml'} [tool.flwr.app.config]: Flower would refuse the run ('Invalid "
+        f"run configuration', naming no key); declare it there with its default (e.g. "
+        f"mymethod-lamda = ...) or fix its name"
+    )
+
+
+@pytest.mark.engine
+def test_the_template_app_runs_under_flwr_run(tmp_path):
+    app = tmp_path / "my_app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    out = tmp_path / "res"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_flwr.py"),
+            "--app",
+            str(app),
+            "--num-supernodes",
+            "4",
+            "--port",
+            "0",
+            "--timeout",
+            "600",
+            "--run-config",
+            f"mymethod-lambda=0.5 num-server-rounds=2 results-dir='{out}'",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=700,
+    )
+    assert proc.returncode == 0 and "finished:completed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-2000:]
+    )
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["method"] == "my-method" and res["config"]["mymethod-lambda"] == 0.5
+    assert [r["round"] for r in res["rounds"]] == [1, 2] and res["rounds"][1]["anchor"] > 0
+    assert res["failures"] == [] and len(res["nodes"]) == 4
+
+
+OWN_APP_PROGRESS = """
+from flwr_sheaf import LocalGrid, NonCooperative
+from flwr_sheaf.apps.client_app import app
+from flwr_sheaf.config import FederationConfig
+
+rc = {"zoo": "tiny-3", "num-pilots": 32, "max-steps-per-epoch": 2}
+strategy = NonCooperative(3, federation=FederationConfig(graph="complete"))
+strategy.start(grid=LocalGrid(app, 3, run_config=rc), num_rounds=1, timeout=60)
+"""
+
+
+def test_progress_of_ones_own_server_app_is_printed_without_configuring_logging():
+    # issue #28: a GraphStrategy in one's own ServerApp ran silently unless the flwr_sheaf logger
+    # was configured; logging configured by the app is left alone (then the root handler prints)
+    run = [sys.executable, "-c"]
+    proc = subprocess.run(run + [OWN_APP_PROGRESS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[flwr-sheaf] round   1 | private" in proc.stderr
+    configured = "import logging; logging.basicConfig(level=logging.WARNING)\n" + OWN_APP_PROGRESS
+    proc = subprocess.run(run + [configured], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "round   1" not in proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,181 @@
+"""A ClientApp with flwr-sheaf handlers travels by reference when pickled (Flower's Ray engine
+pickles the ClientApp with every message; docs/performance.md, "The Ray engine")."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import cloudpickle
+import pytest
+from flwr.clientapp import ClientApp
+
+from flwr_sheaf.apps.client_app import app as bundled_app
+from flwr_sheaf.methods.sheaf_frl.client import register_sheaf_handlers
+
+ROOT = Path(__file__).resolve().parents[1]
+#: a one-handler Flower app pickles to about 800 B by value; the bundled app was 74 KB by value.
+SMALL = 400
+
+
+def test_bundled_client_app_pickles_as_its_import_path():
+    blob = cloudpickle.dumps(bundled_app)
+    assert len(blob) < SMALL, f"{len(blob)} B: the ClientApp travels by value"
+    assert b"flwr_sheaf.apps.client_app" in blob
+    assert cloudpickle.loads(blob) is bundled_app
+    assert pickle.loads(pickle.dumps(bundled_app)) is bundled_app
+    import ray.cloudpickle  # what Flower's Ray backend uses to submit a message
+
+    assert ray.cloudpickle.loads(ray.cloudpickle.dumps(bundled_app)) is bundled_app
+
+
+def test_a_researchers_app_built_with_the_handler_helpers_pickles_by_reference(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "my_sheaf_app.py").write_text(
+        textwrap.dedent(
+            """
+            from flwr.clientapp import ClientApp
+            from flwr_sheaf.apps.scenario import cnn_task_factory
+            from flwr_sheaf.methods.fedproto.client import register_fedproto_handlers
+            from flwr_sheaf.methods.sheaf_frl.client import register_sheaf_handlers
+
+            app = ClientApp()
+
+            @app.train()
+            def train(msg, context):
+                return msg
+
+            register_sheaf_handlers(app, cnn_task_factory)
+            register_fedproto_handlers(app, cnn_task_factory)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_sheaf_app
+
+    blob = cloudpickle.dumps(my_sheaf_app.app)
+    assert len(blob) < SMALL
+    assert cloudpickle.loads(blob) is my_sheaf_app.app
+    # a plain Flower ClientApp without flwr-sheaf handlers is left alone (by value, a new object)
+    plain = ClientApp()
+    my_sheaf_app.plain = plain
+    assert cloudpickle.loads(cloudpickle.dumps(plain)) is not plain
+
+
+def test_an_app_that_is_no_module_global_goes_by_value_with_one_warning(caplog):
+    def make():
+        app = ClientApp()
+        register_sheaf_handlers(app, lambda context: None)
+        return app
+
+    app = make()
+    with caplog.at_level(logging.WARNING, logger="flwr_sheaf"):
+        blob = cloudpickle.dumps(app)
+        cloudpickle.dumps(app)
+    assert len(blob) > 10 * SMALL  # its handlers by value, as Flower's default
+    copy = cloudpickle.loads(blob)
+    assert copy is not app and sorted(copy._registered_funcs) == sorted(app._registered_funcs)
+    warnings = [r.getMessage() for r in caplog.records if "module-level" in r.getMessage()]
+    assert len(warnings) == 1 and "pickles it by value with every message" in warnings[0]
+
+
+def test_the_pickled_app_works_in_a_fresh_process(tmp_path):
+    """The ~100 bytes sent to a fresh process (as to a Ray actor) become a ClientApp that answers
+    discovery for every node with the same NodeInfo as this process's app."""
+    from flwr_sheaf.config import FederationConfig
+    from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+    from flwr_sheaf.testing import LocalGrid
+
+    rc = {"zoo": "tiny-4", "num-pilots": 64, "seed": 3}
+    (tmp_path / "app.pkl").write_bytes(cloudpickle.dumps(bundled_app))
+    script = textwrap.dedent(
+        f"""
+        import sys, cloudpickle
+        assert "flwr_sheaf.apps.client_app" not in sys.modules
+        app = cloudpickle.loads(open({str(tmp_path / "app.pkl")!r}, "rb").read())
+        from flwr_sheaf.apps import client_app
+        assert app is client_app.app
+        from flwr_sheaf.config import FederationConfig
+        from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+        from flwr_sheaf.testing import LocalGrid
+        s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring"))
+        s.discover(LocalGrid(app, 4, run_config={rc!r}), timeout=5)
+        print(repr(sorted((p, n.info) for p, n in s.nodes.items())))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    here = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring"))
+    here.discover(LocalGrid(bundled_app, 4, run_config=rc), timeout=5)
+    assert out.stdout.strip().splitlines()[-1] == repr(
+        sorted((p, n.info) for p, n in here.nodes.items())
+    )
+
+
+@pytest.mark.parametrize("module", ["flwr_sheaf.apps.client_app"])
+def test_unpickling_names_a_missing_attribute(module):
+    from flwr_sheaf.client.reference import load_global
+
+    with pytest.raises(AttributeError, match="no attribute 'no_such_app'.*same app code"):
+        load_global(module, "no_such_app")
+
+
+def _tasks(*pids):
+    from flwr_sheaf.apps.scenario import scenario_task
+    from flwr_sheaf.config import ScenarioConfig
+
+    sc = ScenarioConfig.from_mapping({"zoo": "tiny-8", "num-pilots": 64, "seed": 3})
+    return [scenario_task(sc, p) for p in pids]
+
+
+def test_the_pilot_digest_is_hashed_once_per_tensor_and_follows_in_place_changes(monkeypatch):
+    from flwr_sheaf.client import common
+    from flwr_sheaf.protocol import pilot_digest
+
+    a, b = _tasks(0, 1)
+    assert a.x_pilot is b.x_pilot  # the zoo's nodes share one pilot tensor
+    calls = []
+    monkeypatch.setattr(common, "pilot_digest", lambda x: calls.append(1) or pilot_digest(x))
+    x = a.x_pilot.clone()
+    d1, d2 = common.shared_pilot_digest(x), common.shared_pilot_digest(x)
+    assert d1 == d2 == pilot_digest(x.numpy()) and len(calls) == 1
+    x[0, 0, 0, 0] += 1.0  # modified in place: the digest is that of the new values
+    assert common.shared_pilot_digest(x) == pilot_digest(x.numpy()) != d1
+    assert len(calls) == 2
+
+
+def test_the_stalk_check_runs_once_per_architecture_and_still_refuses_a_wrong_width(monkeypatch):
+    from flwr_sheaf.client import handlers
+
+    monkeypatch.setattr(handlers, "_STALK_CHECKED", set())
+    calls = []
+    real = handlers.check_stalk_protocol
+    monkeypatch.setattr(
+        handlers, "check_stalk_protocol", lambda t, p: calls.append(p) or real(t, p)
+    )
+    zoo = _tasks(*range(8))
+    archs = {handlers._architecture(t) for t in zoo}
+    for p, t in enumerate(zoo):
+        handlers.check_stalk_protocol_once(t, p)
+    assert len(calls) == len(archs) < len(zoo)
+    bad = _tasks(0)[0]
+    bad.model.d = bad.model.d + 3  # the same modules, a wrong declared width: its own key, refused
+    with pytest.raises(ValueError, match=r"partition-id 0: model.latent\(\) returned shape"):
+        handlers.check_stalk_protocol_once(bad, 0)
+    patched = _tasks(1)[0]
+    patched.model.latent = lambda x: real_latent(x)[:, :-1]  # a patched method: checked again
+    real_latent = type(patched.model).latent.__get__(patched.model)
+    with pytest.raises(ValueError, match="partition-id 1"):
+        handlers.check_stalk_protocol_once(patched, 1)
