@@ -3,7 +3,9 @@
 # Sheaf-FRL) with `flwr run` on a private local SuperLink, offline, and print the final round.
 # Extra arguments are passed as run-config overrides, e.g.: bash scripts/main.sh "lambda=0.0".
 # The local SuperLink listens on port FLWR_SHEAF_PORT (default 29291) and FLWR_SHEAF_PORT + 2; ports
-# already in use are refused before anything starts.
+# already in use are refused before anything starts. FLWR_SHEAF_RAY_ADDRESS=host:port runs the
+# ClientApps on that existing Ray cluster (docs/running.md, "A Ray cluster"); unset, the run gets a
+# private local Ray instance even where a `ray start` is running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -20,5 +22,5 @@ if { [ -e "$OUT/results.json" ] || [ -e "$OUT/checkpoint.pkl" ]; } && [ ! -e "$O
   esac
 fi
 python scripts/run_flwr.py --num-supernodes 15 --cpus-per-client 1 --port "${FLWR_SHEAF_PORT:-29291}" \
-  --run-config "results-dir='$OUT' ${1:-}"
+  ${FLWR_SHEAF_RAY_ADDRESS:+--ray-address "$FLWR_SHEAF_RAY_ADDRESS"} --run-config "results-dir='$OUT' ${1:-}"
 python -m flwr_sheaf.report "$OUT/results.json"

@@ -16,8 +16,16 @@ Before anything starts, every ``--run-config`` key must be declared in the app's
 (``[tool.flwr.app.config]``): an undeclared key is named, with the closest declared one (Flower
 itself refuses such a run with ``[code: 15] Invalid run configuration.``, naming no key).
 
+The Ray cluster is chosen explicitly (flwr_sheaf/tools/ray_cluster.py): ``--ray-address host:port`` runs the
+ClientApps on that existing cluster (its GCS must answer; ``init-args-num-cpus/-gpus`` in
+``--federation-config`` are refused: each node declares its resources with ``ray start``);
+without it the run gets a private local Ray instance (``RAY_ADDRESS=local``) even where a
+``ray start`` left its address file (said so), and a ``RAY_ADDRESS`` set in the environment is
+refused. Across machines: docs/running.md, "A Ray cluster".
+
 Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
-[--port 29291 | --port 0] [--timeout 900] [--run-config "k=v k2=v2"]``
+[--port 29291 | --port 0] [--timeout 900] [--run-config "k=v k2=v2"] [--federation-config "k=v"]
+[--ray-address host:port]``
 """
 
 from __future__ import annotations
@@ -44,6 +52,19 @@ _flwr_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_flwr_cli)
 find_flwr, flwr_env, run_status = _flwr_cli.find_flwr, _flwr_cli.flwr_env, _flwr_cli.run_status
 free_port_block, undeclared_keys = _flwr_cli.free_port_block, _flwr_cli.undeclared_keys
+
+# which Ray cluster the run gets (loaded by path for the same reason)
+_spec = importlib.util.spec_from_file_location(
+    "_flwr_sheaf_ray_cluster",
+    Path(__file__).resolve().parents[1] / "flwr_sheaf/tools/ray_cluster.py",
+)
+assert _spec is not None and _spec.loader is not None
+_ray_cluster = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ray_cluster)
+RayClusterError = _ray_cluster.RayClusterError
+check_federation_for_cluster = _ray_cluster.check_federation_for_cluster
+check_reachable = _ray_cluster.check_reachable
+ray_environment = _ray_cluster.ray_environment
 
 
 def stop_superlink(port: int) -> int:
@@ -73,6 +94,23 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def parse_federation(text: str) -> dict[str, str]:
+    """``--federation-config`` items ``"k=v k2=v2"`` as ``{key: value}`` (values kept as written).
+
+    Raises:
+        RayClusterError: an item without ``=`` (named).
+    """
+    out: dict[str, str] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RayClusterError(
+                f"--federation-config item {item!r}: expected key=value (e.g. init-args-num-cpus=2)"
+            )
+        out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--app", default=".")
@@ -80,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "--num-supernodes",
         type=int,
         default=15,
-        help="0 = pass no --federation-config (Flower's default local simulation: 2 SuperNodes)",
+        help="0 = set neither num-supernodes nor client-resources-* (Flower's default local simulation: 2 SuperNodes)",
     )
     ap.add_argument("--cpus-per-client", type=int, default=1)
     ap.add_argument(
@@ -97,9 +135,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--run-config", default="")
+    ap.add_argument(
+        "--federation-config",
+        default="",
+        help="further Flower federation settings 'k=v k2=v2' (e.g. init-args-num-cpus=2, verbose=true); "
+        "num-supernodes and client-resources-* come from the options above",
+    )
+    ap.add_argument(
+        "--ray-address",
+        default=None,
+        help="run the ClientApps on this existing Ray cluster (host:port of its head's GCS, the "
+        "--port of `ray start --head`); default: a private local Ray instance (docs/running.md)",
+    )
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
     args = ap.parse_args(argv)
 
+    try:
+        federation = parse_federation(args.federation_config)
+        ray_vars, note = ray_environment(args.ray_address)
+        if args.ray_address is not None:
+            check_federation_for_cluster(federation, args.ray_address)
+            check_reachable(args.ray_address)
+    except RayClusterError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if note:
+        print(note, flush=True)
     try:  # keys the app does not declare: Flower's refusal would name none of them
         bad = undeclared_keys(args.app, args.run_config)
     except ValueError as exc:
@@ -128,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(args.port),
             "FLWR_LOCAL_CONTROL_API_PORT": str(args.port + 2),
+            **ray_vars,
         },
     )
     try:
@@ -135,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if args.gpus_per_client > 0:
+    if args.gpus_per_client > 0 and args.ray_address is None:  # a cluster's GPUs are on its nodes
         import torch  # Ray would fail with "ActorPool is empty" and flwr run would still exit 0
 
         if not torch.cuda.is_available():
@@ -147,14 +209,24 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     cmd = [flwr, "run", args.app, "--stream"]
     if args.num_supernodes > 0:
-        fed = (
-            f"num-supernodes={args.num_supernodes} client-resources-num-cpus={args.cpus_per_client}"
-        )
-        if args.gpus_per_client > 0:
-            fed += f" client-resources-num-gpus={args.gpus_per_client}"
-        cmd += ["--federation-config", fed]
+        federation = {
+            "num-supernodes": str(args.num_supernodes),
+            "client-resources-num-cpus": str(args.cpus_per_client),
+            **(
+                {"client-resources-num-gpus": str(args.gpus_per_client)}
+                if args.gpus_per_client > 0
+                else {}
+            ),
+            **federation,
+        }
+    if federation:
+        cmd += ["--federation-config", " ".join(f"{k}={v}" for k, v in federation.items())]
     if args.run_config:
         cmd += ["--run-config", args.run_config]
+    where = (
+        f"Ray cluster {args.ray_address}" if args.ray_address else "a private local Ray instance"
+    )
+    print(f"+ RAY_ADDRESS={ray_vars['RAY_ADDRESS']} ({where})", flush=True)
     print("+", " ".join(cmd), flush=True)
     t0 = time.monotonic()
     try:

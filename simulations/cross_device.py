@@ -30,6 +30,7 @@ Usage::
 
     python simulations/cross_device.py --agents 100,300,1000 [--fraction 0.15] [--rounds 5]
         [--graph class-overlap-knn:4] [--engine ray] [--out results/cross_device]
+        [--ray-address HEAD:PORT]   # an existing Ray cluster (docs/running.md, "A Ray cluster")
 """
 
 from __future__ import annotations
@@ -180,8 +181,13 @@ def _toml_value(v) -> str:
     return f"'{v}'" if isinstance(v, str) else repr(v)
 
 
-def run_ray(n: int, rc: dict, log_path: Path, port: int, timeout: float) -> dict:
-    """``flwr run`` with ``n`` SuperNodes; returns exit status, wall time and peak tree RSS."""
+def run_ray(
+    n: int, rc: dict, log_path: Path, port: int, timeout: float, ray_address: str | None = None
+) -> dict:
+    """``flwr run`` with ``n`` SuperNodes; returns exit status, wall time and peak tree RSS.
+
+    ``ray_address``: an existing Ray cluster (``host:port``, ``run_flwr.py --ray-address``); the
+    memory figures then cover only this machine's process tree, not the other Ray nodes."""
     overrides = " ".join(f"{k}={_toml_value(v)}" for k, v in rc.items())
     cmd = [
         sys.executable,
@@ -199,6 +205,8 @@ def run_ray(n: int, rc: dict, log_path: Path, port: int, timeout: float) -> dict
         "--run-config",
         overrides,
     ]
+    if ray_address:
+        cmd += ["--ray-address", ray_address]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log_path, "w") as log:
@@ -325,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
     ap.add_argument("--port", type=int, default=39691)
+    ap.add_argument(
+        "--ray-address",
+        default=None,
+        help="engine ray: run on this existing Ray cluster (host:port of its head; docs/running.md); "
+        "peak memory then covers only this machine",
+    )
     ap.add_argument("--timeout", type=float, default=1500.0, help="per run, seconds")
     ap.add_argument("--out", default="results/cross_device")
     return ap
@@ -347,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         if (rdir / "results.json").exists():
             (rdir / "results.json").unlink()
         if args.engine == "ray":
-            meas = run_ray(n, rc, rdir / "flwr.log", args.port, args.timeout)
+            meas = run_ray(n, rc, rdir / "flwr.log", args.port, args.timeout, args.ray_address)
         else:
             meas = run_inprocess_measured(rc)
         ok = meas["exit_code"] == 0 and (rdir / "results.json").exists()

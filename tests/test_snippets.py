@@ -19,7 +19,8 @@ What each block gets (by its fence's language):
   (``simulations/inprocess.py key=value``, ``--run-config "k=v ..."``, ``--extra k=v``,
   ``scripts/main.sh "k=v"``) are typed and validated by the app's own parser
   (``flwr_sheaf.config.RunConfig.from_run_config``: unknown keys and bad values fail); ``flwr``
-  and ``flower-*`` flags are checked against their ``--help``; ``flwr run <app>`` needs an app
+  and ``flower-*`` flags are checked against their ``--help``, ``ray <command>`` flags against
+  Ray's own CLI (``ray start --num-gpus``: the command must exist, and each flag in it); ``flwr run <app>`` needs an app
   directory, and ``--run-config`` keys of another app (``examples/dropin_app``) must be in its
   ``pyproject.toml``. Values holding shell variables or ``<placeholders>`` are not checked.
 - ``toml``: parsed. ``text``: output or a file listing, not code (counted).
@@ -479,6 +480,20 @@ def _module_flags(module: str, depth: int = 2) -> frozenset[str]:
 
 
 @functools.cache
+def _ray_flags(command: str) -> frozenset[str] | None:
+    """Options of ``ray <command>`` from Ray's click CLI (``ray.scripts.scripts.cli``); None when
+    Ray has no such command."""
+    from ray.scripts.scripts import cli
+
+    cmd = cli.commands.get(command)
+    if cmd is None:
+        return None
+    return frozenset(
+        o for p in cmd.params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")
+    ) | {"--help"}
+
+
+@functools.cache
 def _help_flags(argv: tuple[str, ...]) -> frozenset[str] | None:
     """Options of a Flower command: ``("flwr", "run")`` from the ``flwr`` CLI's click tree,
     ``("flower-superlink",)`` from its entry point module's argparse literals; None when unknown."""
@@ -669,6 +684,12 @@ def check_shell(code: str, label: str, cwd: Path = ROOT) -> ShellReport:
             elif exe == "flwr":
                 rep.commands += 1
                 _check_flwr(cmd, cwd, where, rep)
+            elif exe == "ray" and len(cmd) > 1 and not cmd[1].startswith("-"):
+                rep.commands += 1
+                known = _ray_flags(cmd[1])
+                if known is None:
+                    rep.problems.append(f"{where}: ray has no command {cmd[1]!r}")
+                _check_flags(cmd[2:], known, where, f"ray {cmd[1]}", rep)
             elif exe.startswith("flower-"):
                 rep.commands += 1
                 _check_flags(cmd[1:], _help_flags((exe,)), where, exe, rep)
@@ -1005,6 +1026,17 @@ def test_checker_accepts_correct_blocks(tmp_path):
         tmp_path,
     )
     assert ok.problems == [] and ok.kind == "shell"
+
+
+def test_checker_checks_ray_commands_against_rays_cli(tmp_path):
+    bad = _one(
+        "```bash\nray start --head --port 6379 --num-gpu 4\nray begin --head\n"
+        "ray start --address=10.0.0.5:6379 --num-gpus 1 --resources '{\"a\": 1}'\n```\n",
+        tmp_path,
+    ).problems
+    text = "\n".join(bad)
+    assert "ray start has no option --num-gpu" in text and "ray has no command 'begin'" in text
+    assert len(bad) == 2
 
 
 def test_an_untagged_fence_and_a_reasonless_skip_are_refused(tmp_path):

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..collapse import collapse_warnings
 from ..config import RunConfig, method_train_changes
+from ..engine import describe_ray, warn_if_unasked
 from ..methods import parse_run_config
 from ..preflight import preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
@@ -154,6 +155,10 @@ def _run(
             "resume_fresh_nodes": config.resume_fresh_nodes,
         }
     problems: list[str] = []
+    engine = describe_ray()  # the Ray cluster the ClientApps ran on (None without Ray)
+    warn_if_unasked(engine)
+    if engine is not None:
+        extra["engine"] = engine
     if tracker is not None:
         extra["tracking"] = tracker.describe()
         problems = tracker.problems

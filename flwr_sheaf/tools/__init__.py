@@ -5,7 +5,10 @@
   ``flwr-sheaf-deploy`` (docs/deployment.md);
 - :mod:`flwr_sheaf.tools.flwr_cli`: helpers for driving Flower's ``flwr`` CLI (private
   ``FLWR_HOME``, run status, stopping exactly the processes a tool started).
+- :mod:`flwr_sheaf.tools.ray_cluster`: which Ray cluster a ``flwr run`` simulation gets (an existing
+  one only when named with ``scripts/run_flwr.py --ray-address``; docs/running.md, "A Ray cluster";
+  standard library only).
 
-Both need the optional ``deploy`` extra (``pip install 'flwr-sheaf[deploy]'``: ``cryptography``,
+The first two need the optional ``deploy`` extra (``pip install 'flwr-sheaf[deploy]'``: ``cryptography``,
 ``psutil``); a missing one is named with that command (:func:`flwr_cli.missing`).
 """
