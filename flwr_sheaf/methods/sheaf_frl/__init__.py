@@ -12,5 +12,6 @@ METHOD = register(
         ACTION,
         lambda c, n: SheafFRL(n, sheaf=c.sheaf, **graph_args(c)),
         register_sheaf_handlers,
+        report_keys=("lambda",),
     )
 )
