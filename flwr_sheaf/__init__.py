@@ -15,14 +15,7 @@ from . import tracking  # noqa: F401 - registers the check of the `tracking` key
 from .client.handlers import ClientMethod, register_method_handlers
 from .client.loop import CrossEntropy, LossPlugin, train_local
 from .client.task import LocalTask, TaskFactory
-from .config import (
-    ConfigError,
-    FederationConfig,
-    LocalTrainConfig,
-    RunConfig,
-    ScenarioConfig,
-    SheafConfig,
-)
+from .config import ConfigError, FederationConfig, LocalTrainConfig, RunConfig, ScenarioConfig
 from .methods import METHODS, Method, get_method, register
 from .methods.comfed.client import register_comfed_handlers
 from .methods.comfed.config import ComFedConfig
@@ -44,6 +37,7 @@ from .methods.sheaf_fmtl.client import register_sheaf_fmtl_handlers
 from .methods.sheaf_fmtl.config import SheafFMTLConfig
 from .methods.sheaf_fmtl.strategy import SheafFMTL
 from .methods.sheaf_frl.client import register_sheaf_handlers
+from .methods.sheaf_frl.config import SheafConfig
 from .methods.sheaf_frl.strategy import SheafFRL
 from .participation import ParticipationSampler, parse_participation
 from .results import check_results_dir, write_results

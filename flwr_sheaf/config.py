@@ -22,9 +22,7 @@ section              keys                                                       
 :class:`LocalTrainConfig` ``local-epochs``, ``lr``, ``momentum``, ``weight-decay``,   local-training loop
                      ``batch-size``, ``clip-norm``, ``max-steps-per-epoch``,
                      ``torch-threads``
-:class:`SheafConfig` ``lambda``, ``lambda-warmup-rounds``, ``pilot-batch-size``,     Sheaf-FRL
-                     ``absent-policy``, ``reweight-q-min``, ``sheaf-variant``,
-                     ``privacy``
+(shared)             ``pilot-batch-size`` (read by two methods' sections)
 a method's section   its keys (``methods/<name>/config.py``, :func:`register_keys`)  that method
 ==================== ============================================================ ==========
 
@@ -67,11 +65,11 @@ __all__ = [
     "ScenarioConfig",
     "FederationConfig",
     "LocalTrainConfig",
-    "SheafConfig",
     "RunConfig",
     "register_keys",
     "register_section",
     "parse_dim_or_auto",
+    "parse_spec",
     "check_common_dim",
     "PAPER_PRESET",
     "PAPER_PRESET_TWO_AGENT",
@@ -225,11 +223,16 @@ def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], obj
     return ""
 
 
-def _spec(
+def parse_spec(
     check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
 ) -> Callable[[str, Any], str]:
-    """Parser of a non-empty string spec that ``check(text)`` accepts (its ``ValueError`` becomes a
-    named ConfigError, with the closest valid spec of ``forms()``, :func:`spec_suggestion`)."""
+    """A parser ``parse(key, value) -> str`` of a non-empty string spec that ``check(text)`` accepts
+    (a :class:`Key`'s ``parse``).
+
+    Raises (from the parser):
+        ConfigError: naming key and value: ``check``'s ``ValueError`` message, with the closest
+            valid spec of ``forms()`` (:func:`spec_suggestion`).
+    """
 
     def parse(key: str, v: Any) -> str:
         text = _str(nonempty=True)(key, v)
@@ -241,18 +244,6 @@ def _spec(
         return text
 
     return parse
-
-
-def _check_pilot_strategy(text: str) -> None:
-    from .sheaf.pilots import parse_pilot_strategy
-
-    parse_pilot_strategy(text)
-
-
-def _pilot_forms() -> tuple[str, ...]:
-    from .sheaf.pilots import PILOT_STRATEGY_FORMS
-
-    return PILOT_STRATEGY_FORMS
 
 
 def _partitioner_forms() -> tuple[str, ...]:
@@ -537,7 +528,7 @@ _KEY_LIST = [
     Key(
         "zoo",
         "paper-15",
-        _spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
+        parse_spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
@@ -563,7 +554,7 @@ _KEY_LIST = [
     Key(
         "partitioner",
         "label-shift",
-        _spec(_check_partitioner, _partitioner_forms),
+        parse_spec(_check_partitioner, _partitioner_forms),
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
@@ -573,7 +564,7 @@ _KEY_LIST = [
     Key(
         "graph",
         "class-overlap",
-        _spec(_check_graph),
+        parse_spec(_check_graph),
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`",
     ),
     Key(
@@ -640,63 +631,11 @@ _KEY_LIST = [
     Key(
         "device",
         "auto",
-        _spec(_check_device, _device_forms),
+        parse_spec(_check_device, _device_forms),
         "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)",
     ),
-    # Sheaf-FRL
-    Key("lambda", 0.1, _float(0.0), "gluing weight; lambda_i = lambda / d_i (Eq. 16)"),
-    Key(
-        "lambda-warmup-rounds",
-        0,
-        _int(0),
-        "lambda ramps linearly over the first W rounds (0 = off)",
-    ),
+    # shared by Sheaf-FRL and FedMuscle
     Key("pilot-batch-size", 64, _int(2), "pilot rows per gluing step"),
-    Key(
-        "absent-policy",
-        "cached",
-        _str(("cached", "drop", "drop-reweighted")),
-        "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)",
-    ),
-    Key(
-        "reweight-q-min",
-        0.05,
-        _float(0.0, 1.0, lo_open=True),
-        "floor of q_j for `drop-reweighted` (weights <= 1/q_min)",
-    ),
-    Key(
-        "sheaf-variant",
-        "auto",
-        _str(("auto", "heterogeneous", "homogeneous")),
-        "`heterogeneous` (Alg. 1), `homogeneous` (Alg. 2: O(d) maps, one SVD per edge; all d_i equal) or `auto` "
-        "(homogeneous iff all d_i are equal) (docs/variants.md)",
-    ),
-    Key(
-        "privacy",
-        "standard",
-        _str(("standard", "stringent")),
-        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants.md)",
-    ),
-    Key(
-        "pilot-strategy",
-        "all",
-        _spec(_check_pilot_strategy, _pilot_forms),
-        "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
-        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)",
-    ),
-    Key(
-        "pilot-normalisation",
-        "none",
-        _str(("none", "parseval")),
-        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)",
-    ),
-    Key(
-        "map-refit",
-        "epoch",
-        _str(("epoch", "step")),
-        "when a node refits its restriction maps: `epoch` (on all pilots, each local epoch) or `step` (also on each "
-        "step's pilot minibatch, Alg. 1 line 11; docs/stability.md)",
-    ),
 ]
 
 KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
@@ -958,43 +897,6 @@ class LocalTrainConfig(Section):
     device: str = key_field("device")
 
 
-@dataclass(frozen=True)
-class SheafConfig(Section):
-    """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
-
-    Attributes:
-        lam: lambda >= 0 (``lambda_i = lambda / d_i``).
-        lambda_warmup_rounds: linear warm-up length W (0 = none).
-        pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
-        absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (docs/participation.md).
-        reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
-        sheaf_variant: ``"auto"``, ``"heterogeneous"`` (Alg. 1) or ``"homogeneous"`` (Alg. 2, Eq. 24);
-            the strategy resolves ``auto`` at discovery and sends the resolved value (docs/variants.md).
-        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants.md).
-        pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
-        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants.md).
-        map_refit: ``"epoch"`` (maps refitted on all pilots at the start of each local epoch) or
-            ``"step"`` (the penalty of each step also uses maps refitted by Procrustes on that step's
-            pilot minibatch, paper Alg. 1 line 11; docs/stability.md).
-    """
-
-    lam: float = key_field("lambda")
-    lambda_warmup_rounds: int = key_field("lambda-warmup-rounds")
-    pilot_batch_size: int = key_field("pilot-batch-size")
-    absent_policy: str = key_field("absent-policy")
-    reweight_q_min: float = key_field("reweight-q-min")
-    sheaf_variant: str = key_field("sheaf-variant")
-    privacy: str = key_field("privacy")
-    pilot_strategy: str = key_field("pilot-strategy")
-    pilot_normalisation: str = key_field("pilot-normalisation")
-    map_refit: str = key_field("map-refit")
-
-    def lam_at(self, server_round: int) -> float:
-        """Lambda of Eq. 16 used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``, docs/stability.md)."""
-        w = self.lambda_warmup_rounds
-        return self.lam * min(1.0, server_round / w) if w > 0 else self.lam
-
-
 PAPER_PRESET: dict[str, Any] = {
     "lr": 0.01,
     "momentum": 0.9,
@@ -1061,7 +963,7 @@ class RunConfig(Section):
         resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
         tracking, tracking_dir, wandb_project, wandb_mode: per-round experiment tracking
             (:mod:`flwr_sheaf.tracking`, docs/tracking.md).
-        scenario, federation, train, sheaf: the app's sections.
+        scenario, federation, train: the app's sections.
         sections: the sections methods registered (:func:`register_section`), read as attributes
             (``config.<name>``) or typed (:meth:`section`); ``RunConfig(<name>=...)`` sets one.
     """
@@ -1085,14 +987,13 @@ class RunConfig(Section):
     wandb_project: str = key_field("wandb-project")
     wandb_mode: str = key_field("wandb-mode")
 
-    #: every section every run parses, by attribute name: the app's four, then those the built-in
+    #: every section every run parses, by attribute name: the app's three, then those the built-in
     #: methods register (:func:`register_section`)
     SECTIONS: ClassVar[dict[str, type[Section]]] = {}
 
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     train: LocalTrainConfig = field(default_factory=LocalTrainConfig)
-    sheaf: SheafConfig = field(default_factory=SheafConfig)
     #: the registered sections (:func:`register_section`) by name; missing ones take their defaults
     sections: Mapping[str, Section] = field(default_factory=dict)
     #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
@@ -1309,7 +1210,6 @@ def _check_defaults() -> None:
         ScenarioConfig,
         FederationConfig,
         LocalTrainConfig,
-        SheafConfig,
     ):
         for f in fields(cls):
             assert f.metadata["key"] in KEYS and f.default is not MISSING
@@ -1319,9 +1219,9 @@ _check_defaults()
 
 
 #: the sections that are written-out fields of :class:`RunConfig` (the app's own)
-_FIELD_SECTIONS = ("scenario", "federation", "train", "sheaf")
+_FIELD_SECTIONS = ("scenario", "federation", "train")
 RunConfig.SECTIONS.update(
-    scenario=ScenarioConfig, federation=FederationConfig, train=LocalTrainConfig, sheaf=SheafConfig
+    scenario=ScenarioConfig, federation=FederationConfig, train=LocalTrainConfig
 )
 _run_config_init = RunConfig.__init__
 
