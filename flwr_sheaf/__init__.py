@@ -15,35 +15,29 @@ from . import tracking  # noqa: F401 - registers the check of the `tracking` key
 from .client.handlers import ClientMethod, register_method_handlers
 from .client.loop import CrossEntropy, LossPlugin, train_local
 from .client.task import LocalTask, TaskFactory
-from .config import (
-    ComFedConfig,
-    ConfigError,
-    FederationConfig,
-    FedMuscleConfig,
-    FedProtoConfig,
-    FedSAFConfig,
-    LocalTrainConfig,
-    RunConfig,
-    ScenarioConfig,
-    SheafConfig,
-    SheafFMTLConfig,
-)
+from .config import ConfigError, FederationConfig, LocalTrainConfig, RunConfig, ScenarioConfig
 from .methods import METHODS, Method, get_method, register
 from .methods.comfed.client import register_comfed_handlers
+from .methods.comfed.config import ComFedConfig
 from .methods.comfed.strategy import ComFed
 from .methods.fedmuscle.client import register_fedmuscle_handlers
+from .methods.fedmuscle.config import FedMuscleConfig
 from .methods.fedmuscle.strategy import FedMuscle
 from .methods.fedproto.client import register_fedproto_handlers
+from .methods.fedproto.config import FedProtoConfig
 from .methods.fedproto.strategy import FedProto
 from .methods.fedsaf.client import register_fedsaf_handlers
+from .methods.fedsaf.config import FedSAFConfig
 from .methods.fedsaf.strategy import FedSAF
 from .methods.noncooperative.client import register_noncooperative_handlers
 from .methods.noncooperative.strategy import NonCooperative
 from .methods.rfedags.client import register_rfedags_handlers
 from .methods.rfedags.strategy import RFedAGS
 from .methods.sheaf_fmtl.client import register_sheaf_fmtl_handlers
+from .methods.sheaf_fmtl.config import SheafFMTLConfig
 from .methods.sheaf_fmtl.strategy import SheafFMTL
 from .methods.sheaf_frl.client import register_sheaf_handlers
+from .methods.sheaf_frl.config import SheafConfig
 from .methods.sheaf_frl.strategy import SheafFRL
 from .participation import ParticipationSampler, parse_participation
 from .results import check_results_dir, write_results

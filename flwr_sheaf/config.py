@@ -22,15 +22,15 @@ section              keys                                                       
 :class:`LocalTrainConfig` ``local-epochs``, ``lr``, ``momentum``, ``weight-decay``,   local-training loop
                      ``batch-size``, ``clip-norm``, ``max-steps-per-epoch``,
                      ``torch-threads``
-:class:`SheafConfig` ``lambda``, ``lambda-warmup-rounds``, ``pilot-batch-size``,     Sheaf-FRL
-                     ``absent-policy``, ``reweight-q-min``, ``sheaf-variant``,
-                     ``privacy``
-:class:`FedProtoConfig` ``fedproto-*``                                              FedProto, FedSAF
-:class:`FedSAFConfig` ``fedsaf-*``                                                  FedSAF
-:class:`FedMuscleConfig` ``fedmuscle-*``, ``pilot-batch-size``                       FedMuscle
-:class:`ComFedConfig` ``comfed-*``                                                  ComFed
-:class:`SheafFMTLConfig` ``sheaf-fmtl-*``                                          Sheaf-FMTL
+(shared)             ``pilot-batch-size`` (read by two methods' sections)
+a method's section   its keys (``methods/<name>/config.py``, :func:`register_keys`)  that method
 ==================== ============================================================ ==========
+
+A built-in method's section lives in its own unit (``flwr_sheaf/methods/<name>/config.py``): it
+declares its keys with :func:`register_keys` (they join :data:`KEYS`, so ``pyproject.toml`` and the
+table list them) and its section with :func:`register_section` (every run parses it; it is read as
+``config.<name>`` or ``config.section(<Name>Config)``). A researcher's method declares a section of
+keys that only its runs parse (:func:`section` with :class:`Key` objects, :data:`METHOD_KEYS`).
 
 A section is a frozen dataclass whose fields are written out (``lr: float = key_field("lr")``: the
 default comes from :data:`KEYS`, so type checkers see the fields while each key keeps one definition;
@@ -65,17 +65,17 @@ __all__ = [
     "ScenarioConfig",
     "FederationConfig",
     "LocalTrainConfig",
-    "SheafConfig",
-    "FedProtoConfig",
-    "FedSAFConfig",
-    "FedMuscleConfig",
-    "ComFedConfig",
-    "SheafFMTLConfig",
     "RunConfig",
+    "register_keys",
+    "register_section",
+    "parse_dim_or_auto",
+    "parse_spec",
+    "check_common_dim",
     "PAPER_PRESET",
     "PAPER_PRESET_TWO_AGENT",
     "apply_preset",
     "METHOD_TRAIN_DEFAULTS",
+    "register_train_defaults",
     "apply_method_train_defaults",
     "method_train_changes",
     "RESUME_MUTABLE_KEYS",
@@ -227,11 +227,16 @@ def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], obj
     return ""
 
 
-def _spec(
+def parse_spec(
     check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
 ) -> Callable[[str, Any], str]:
-    """Parser of a non-empty string spec that ``check(text)`` accepts (its ``ValueError`` becomes a
-    named ConfigError, with the closest valid spec of ``forms()``, :func:`spec_suggestion`)."""
+    """A parser ``parse(key, value) -> str`` of a non-empty string spec that ``check(text)`` accepts
+    (a :class:`Key`'s ``parse``).
+
+    Raises (from the parser):
+        ConfigError: naming key and value: ``check``'s ``ValueError`` message, with the closest
+            valid spec of ``forms()`` (:func:`spec_suggestion`).
+    """
 
     def parse(key: str, v: Any) -> str:
         text = _str(nonempty=True)(key, v)
@@ -243,18 +248,6 @@ def _spec(
         return text
 
     return parse
-
-
-def _check_pilot_strategy(text: str) -> None:
-    from .sheaf.pilots import parse_pilot_strategy
-
-    parse_pilot_strategy(text)
-
-
-def _pilot_forms() -> tuple[str, ...]:
-    from .sheaf.pilots import PILOT_STRATEGY_FORMS
-
-    return PILOT_STRATEGY_FORMS
 
 
 def _partitioner_forms() -> tuple[str, ...]:
@@ -320,7 +313,12 @@ def _participation(key: str, v: Any) -> str:
     return text
 
 
-def _dim_or_auto(key: str, v: Any) -> str | int:
+def parse_dim_or_auto(key: str, v: Any) -> str | int:
+    """Parse a common-dimension value (a :class:`Key`'s ``parse``): ``"auto"``, ``"none"`` or an int >= 1.
+
+    Raises:
+        ConfigError: any other value, naming the key and the value.
+    """
     if isinstance(v, str) and v in ("auto", "none"):
         return v
     if isinstance(v, str):
@@ -331,6 +329,20 @@ def _dim_or_auto(key: str, v: Any) -> str | int:
                 f"{key}={v!r}: expected 'auto', 'none' or a positive integer"
             ) from None
     return _int(1)(key, v)
+
+
+def check_common_dim(key: str, dim: str | int, dims: list[int], zoo: str) -> None:
+    """Refuse ``<key> = none`` (no adapter) on a zoo whose stalk dimensions ``dims`` differ (a
+    section's :meth:`Section.check_dims`).
+
+    Raises:
+        ConfigError: naming the key, the zoo, its dimensions and the fix.
+    """
+    if dim == "none" and len(dims) > 1:
+        raise ConfigError(
+            f"{key}='none' needs equal stalk dimensions, but zoo={zoo!r} "
+            f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer"
+        )
 
 
 #: ``{key: check(value, key)}``: checks of string keys registered by the module that owns their
@@ -527,7 +539,7 @@ _KEY_LIST = [
     Key(
         "zoo",
         "paper-15",
-        _spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
+        parse_spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
@@ -553,7 +565,7 @@ _KEY_LIST = [
     Key(
         "partitioner",
         "label-shift",
-        _spec(_check_partitioner, _partitioner_forms),
+        parse_spec(_check_partitioner, _partitioner_forms),
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
@@ -563,7 +575,7 @@ _KEY_LIST = [
     Key(
         "graph",
         "class-overlap",
-        _spec(_check_graph),
+        parse_spec(_check_graph),
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`",
     ),
     Key(
@@ -645,149 +657,35 @@ _KEY_LIST = [
     Key(
         "device",
         "auto",
-        _spec(_check_device, _device_forms),
+        parse_spec(_check_device, _device_forms),
         "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)",
     ),
-    # Sheaf-FRL
-    Key("lambda", 0.1, _float(0.0), "gluing weight; lambda_i = lambda / d_i (Eq. 16)"),
-    Key(
-        "lambda-warmup-rounds",
-        0,
-        _int(0),
-        "lambda ramps linearly over the first W rounds (0 = off)",
-    ),
+    # shared by Sheaf-FRL and FedMuscle
     Key("pilot-batch-size", 64, _int(2), "pilot rows per gluing step"),
-    Key(
-        "absent-policy",
-        "cached",
-        _str(("cached", "drop", "drop-reweighted")),
-        "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)",
-    ),
-    Key(
-        "reweight-q-min",
-        0.05,
-        _float(0.0, 1.0, lo_open=True),
-        "floor of q_j for `drop-reweighted` (weights <= 1/q_min)",
-    ),
-    Key(
-        "sheaf-variant",
-        "auto",
-        _str(("auto", "heterogeneous", "homogeneous")),
-        "`heterogeneous` (Alg. 1), `homogeneous` (Alg. 2: O(d) maps, one SVD per edge; all d_i equal) or `auto` "
-        "(homogeneous iff all d_i are equal) (docs/variants.md)",
-    ),
-    Key(
-        "privacy",
-        "standard",
-        _str(("standard", "stringent")),
-        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants.md)",
-    ),
-    Key(
-        "pilot-strategy",
-        "all",
-        _spec(_check_pilot_strategy, _pilot_forms),
-        "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
-        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)",
-    ),
-    Key(
-        "pilot-normalisation",
-        "none",
-        _str(("none", "parseval")),
-        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)",
-    ),
-    Key(
-        "map-refit",
-        "epoch",
-        _str(("epoch", "step")),
-        "when a node refits its restriction maps: `epoch` (on all pilots, each local epoch) or `step` (also on each "
-        "step's pilot minibatch, Alg. 1 line 11; docs/stability.md)",
-    ),
-    # FedProto / FedSAF
-    Key(
-        "fedproto-dim",
-        "auto",
-        _dim_or_auto,
-        "common prototype dimension: `auto` (smallest stalk dimension), `none` (all d_i must agree) or D",
-    ),
-    Key("fedproto-lambda", 1.0, _float(0.0), "weight of FedProto's prototype distance"),
-    Key(
-        "fedproto-reduction",
-        "mse",
-        _str(("mse", "per_sample")),
-        "`mse` (official code) or `per_sample`",
-    ),
-    Key(
-        "fedproto-aggregation",
-        "weighted",
-        _str(("weighted", "unweighted")),
-        "prototype aggregation",
-    ),
-    Key("fedproto-missing", "carry", _str(("carry", "drop")), "a class nobody uploaded this round"),
-    Key("fedmuscle-lambda", 1.0, _float(0.0), "weight of FedMuscle's contrastive pilot loss"),
-    Key(
-        "fedmuscle-task-epochs",
-        4,
-        _int(0),
-        "FedMuscle cycle: this many task-only local epochs, then one contrastive epoch",
-    ),
-    Key(
-        "fedmuscle-temperature",
-        0.1,
-        _float(0.0, lo_open=True),
-        "temperature tau of FedMuscle's contrastive loss",
-    ),
-    Key(
-        "fedmuscle-dim",
-        "auto",
-        _dim_or_auto,
-        "FedMuscle's common representation dimension: `auto` (smallest stalk dimension), `none` or D",
-    ),
-    Key("comfed-lambda", 0.1, _float(0.0), "weight of ComFed's projected-prototype alignment"),
-    Key(
-        "comfed-dim",
-        "auto",
-        _dim_or_auto,
-        "ComFed's shared space dimension r: `auto` (smallest stalk dimension: 64 on `paper-15`, d on `two-agent:<d>`) or r",
-    ),
-    Key("fedsaf-lambda", 1.0, _float(0.0), "FedSAF prototype-level weight"),
-    Key("fedsaf-gamma", 1.0, _float(0.0), "FedSAF instance-level weight"),
-    Key(
-        "fedsaf-structure",
-        "",
-        _str(("", "gcsa", "rcsa", "mse", "cosine")),
-        "empty = the method's own (`fedsaf-gcsa`: GCSA, `fedsaf-rcsa`: RCSA); `mse` / `cosine` = coordinate-alignment ablation",
-    ),
-    # Sheaf-FMTL
-    Key(
-        "sheaf-fmtl-lambda",
-        0.01,
-        _float(0.0),
-        "weight lambda of Sheaf-FMTL's parameter-space sheaf Laplacian term (docs/baselines.md, s8)",
-    ),
-    Key(
-        "sheaf-fmtl-gamma",
-        1e-4,
-        _float(0.0, 1.0, lo_open=True),
-        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; docs/deviations.md)",
-    ),
-    Key(
-        "sheaf-fmtl-eta",
-        0.01,
-        _float(0.0),
-        "Sheaf-FMTL personalisation rate eta of the restriction-map step",
-    ),
-    Key(
-        "sheaf-fmtl-max-gib",
-        1.0,
-        _float(0.0, lo_open=True),
-        "refuse a run whose largest node's float16 Sheaf-FMTL maps exceed this many GiB (checked before any node is contacted)",
-    ),
 ]
 
 KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
 """Every run-config key, by name (the single definition of each default)."""
 DEFAULTS: dict[str, Any] = {k.name: k.default for k in _KEY_LIST}
 """``{name: default}`` (what ``pyproject.toml`` lists)."""
+
+
+def register_keys(*keys: Key) -> tuple[str, ...]:
+    """Add a built-in method's run-config keys to :data:`KEYS` / :data:`DEFAULTS` (the module that
+    owns them calls it on import, before declaring its section); returns their names.
+
+    Raises:
+        ValueError: a key that redefines another key (of the app or of another method), or a
+            default its own parser refuses.
+    """
+    for k in keys:
+        old = KEYS.get(k.name) or METHOD_KEYS.get(k.name)
+        if old is not None and (old.default, old.doc) != (k.default, k.doc):
+            raise ValueError(f"run-config key {k.name!r} is already defined")
+        k(k.default)
+        KEYS[k.name] = k
+        DEFAULTS[k.name] = k.default
+    return tuple(k.name for k in keys)
 
 
 def _attr(key: str, prefix: str) -> str:
@@ -889,6 +787,10 @@ class Section:
 
     def check(self) -> None:
         """Cross-field validation (none by default)."""
+
+    def check_dims(self, dims: list[int], zoo: str) -> None:
+        """Check against the zoo's sorted distinct stalk dimensions ``dims`` (:meth:`RunConfig.check`;
+        none by default). Raises :class:`ConfigError` naming the key."""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -1021,128 +923,6 @@ class LocalTrainConfig(Section):
     device: str = key_field("device")
 
 
-@dataclass(frozen=True)
-class SheafConfig(Section):
-    """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
-
-    Attributes:
-        lam: lambda >= 0 (``lambda_i = lambda / d_i``).
-        lambda_warmup_rounds: linear warm-up length W (0 = none).
-        pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
-        absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (docs/participation.md).
-        reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
-        sheaf_variant: ``"auto"``, ``"heterogeneous"`` (Alg. 1) or ``"homogeneous"`` (Alg. 2, Eq. 24);
-            the strategy resolves ``auto`` at discovery and sends the resolved value (docs/variants.md).
-        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants.md).
-        pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
-        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants.md).
-        map_refit: ``"epoch"`` (maps refitted on all pilots at the start of each local epoch) or
-            ``"step"`` (the penalty of each step also uses maps refitted by Procrustes on that step's
-            pilot minibatch, paper Alg. 1 line 11; docs/stability.md).
-    """
-
-    lam: float = key_field("lambda")
-    lambda_warmup_rounds: int = key_field("lambda-warmup-rounds")
-    pilot_batch_size: int = key_field("pilot-batch-size")
-    absent_policy: str = key_field("absent-policy")
-    reweight_q_min: float = key_field("reweight-q-min")
-    sheaf_variant: str = key_field("sheaf-variant")
-    privacy: str = key_field("privacy")
-    pilot_strategy: str = key_field("pilot-strategy")
-    pilot_normalisation: str = key_field("pilot-normalisation")
-    map_refit: str = key_field("map-refit")
-
-    def lam_at(self, server_round: int) -> float:
-        """Lambda of Eq. 16 used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``, docs/stability.md)."""
-        w = self.lambda_warmup_rounds
-        return self.lam * min(1.0, server_round / w) if w > 0 else self.lam
-
-
-@dataclass(frozen=True)
-class FedProtoConfig(Section):
-    """FedProto (Tan et al. 2022) settings, shared by FedSAF (docs/baselines.md).
-
-    Attributes:
-        dim: common prototype dimension: ``"auto"`` (smallest stalk dimension, resolved at
-            discovery), ``"none"`` (no adapter: every d_i must agree) or a positive int D.
-        lam: weight of the prototype distance.
-        reduction: ``"mse"`` or ``"per_sample"``.
-        aggregation: ``"weighted"`` (by class counts) or ``"unweighted"``.
-        missing: ``"carry"`` or ``"drop"`` a class nobody uploaded.
-    """
-
-    dim: str | int = key_field("fedproto-dim")
-    lam: float = key_field("fedproto-lambda")
-    reduction: str = key_field("fedproto-reduction")
-    aggregation: str = key_field("fedproto-aggregation")
-    missing: str = key_field("fedproto-missing")
-
-
-@dataclass(frozen=True)
-class FedMuscleConfig(Section):
-    """FedMuscle's contrastive alignment on the shared pilots (docs/baselines.md, s6).
-
-    Attributes:
-        lam: weight of the contrastive loss (>= 0).
-        task_epochs: task-only local epochs per cycle (the paper: 4); the next epoch adds the loss.
-        temperature: tau > 0 (the paper: 0.1).
-        dim: common representation dimension (``"auto"``, ``"none"`` or an int D), as ``fedproto-dim``.
-        pilot_batch_size: pilot rows per contrastive step (>= 2).
-    """
-
-    lam: float = key_field("fedmuscle-lambda")
-    task_epochs: int = key_field("fedmuscle-task-epochs")
-    temperature: float = key_field("fedmuscle-temperature")
-    dim: str | int = key_field("fedmuscle-dim")
-    pilot_batch_size: int = key_field("pilot-batch-size")
-
-
-@dataclass(frozen=True)
-class ComFedConfig(Section):
-    """ComFed's learned projections into a shared space (docs/baselines.md, s7).
-
-    Attributes:
-        lam: weight of the alignment of projected class prototypes (>= 0).
-        dim: shared dimension r: ``"auto"`` (smallest stalk dimension), ``"none"`` (all d_i equal: r = d) or an int.
-    """
-
-    lam: float = key_field("comfed-lambda")
-    dim: str | int = key_field("comfed-dim")
-
-
-@dataclass(frozen=True)
-class SheafFMTLConfig(Section):
-    """Sheaf-FMTL's parameter-space restriction maps (docs/baselines.md, s8).
-
-    Attributes:
-        lam: lambda >= 0 of the sheaf Laplacian term (F1, F2).
-        gamma: in (0, 1]: ``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0).
-        eta: personalisation rate >= 0 of the map step (F2).
-        max_gib: budget > 0 for the largest node's float16 maps (checked before any node is contacted).
-    """
-
-    lam: float = key_field("sheaf-fmtl-lambda")
-    gamma: float = key_field("sheaf-fmtl-gamma")
-    eta: float = key_field("sheaf-fmtl-eta")
-    max_gib: float = key_field("sheaf-fmtl-max-gib")
-
-
-@dataclass(frozen=True)
-class FedSAFConfig(Section):
-    """FedSAF's structural alignment weights and structure (docs/baselines.md).
-
-    Attributes:
-        lam, gamma: prototype-level and instance-level weights (>= 0).
-        structure: ``""`` (the method's own: GCSA or RCSA), ``"gcsa"``, ``"rcsa"``, ``"mse"`` or
-            ``"cosine"`` (the coordinate ablations). The app refuses a structure that contradicts the
-            method (``method=fedsaf-gcsa`` with ``rcsa``).
-    """
-
-    lam: float = key_field("fedsaf-lambda")
-    gamma: float = key_field("fedsaf-gamma")
-    structure: str = key_field("fedsaf-structure")
-
-
 PAPER_PRESET: dict[str, Any] = {
     "lr": 0.01,
     "momentum": 0.9,
@@ -1190,16 +970,30 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-METHOD_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
-    # Tan et al. 2022, official code (yuetan031/FedProto, lib/update.py): SGD lr 0.01, momentum 0.5, no
-    # weight decay. Under the shared optimizer (momentum 0.9, lr 0.05) its latents collapse
-    # (docs/baselines.md, s0).
-    "fedproto": {"lr": 0.01, "momentum": 0.5, "weight-decay": 0.0},
-}
+METHOD_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
 """A method's own training settings (``train-defaults = method``, the default): for the method named,
 each key here that the run config leaves at its package default takes this value. Methods not
-listed use the package defaults. docs/baselines.md, s0 gives the source of each value.
+listed use the package defaults. docs/baselines.md, s0 gives the source of each value. Filled by
+the method's own unit with :func:`register_train_defaults`.
 """
+
+
+def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
+    """Declare ``method``'s own training settings (:data:`METHOD_TRAIN_DEFAULTS`).
+
+    Args:
+        method: the method's name (run-config ``method``).
+        values: training keys (``lr``, ``momentum``, ...) and their values for that method.
+
+    Raises:
+        ConfigError: a key that is not a run-config key.
+    """
+    for key in values:
+        if key not in KEYS:
+            raise ConfigError(
+                f"register_train_defaults({method!r}): {key!r} is not a run-config key"
+            )
+    METHOD_TRAIN_DEFAULTS[method] = dict(values)
 
 
 def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -1270,7 +1064,9 @@ class RunConfig(Section):
         resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
         tracking, tracking_dir, wandb_project, wandb_mode: per-round experiment tracking
             (:mod:`flwr_sheaf.tracking`, docs/tracking.md).
-        scenario, federation, train, sheaf, fedproto, fedsaf, fedmuscle, comfed, sheaf_fmtl: the sections.
+        scenario, federation, train: the app's sections.
+        sections: the sections methods registered (:func:`register_section`), read as attributes
+            (``config.<name>``) or typed (:meth:`section`); ``RunConfig(<name>=...)`` sets one.
     """
 
     method: str = key_field("method")
@@ -1293,33 +1089,52 @@ class RunConfig(Section):
     wandb_project: str = key_field("wandb-project")
     wandb_mode: str = key_field("wandb-mode")
 
-    SECTIONS: ClassVar[tuple[str, ...]] = (
-        "scenario",
-        "federation",
-        "train",
-        "sheaf",
-        "fedproto",
-        "fedsaf",
-        "fedmuscle",
-        "comfed",
-        "sheaf_fmtl",
-    )
+    #: every section every run parses, by attribute name: the app's three, then those the built-in
+    #: methods register (:func:`register_section`)
+    SECTIONS: ClassVar[dict[str, type[Section]]] = {}
 
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     train: LocalTrainConfig = field(default_factory=LocalTrainConfig)
-    sheaf: SheafConfig = field(default_factory=SheafConfig)
-    fedproto: FedProtoConfig = field(default_factory=FedProtoConfig)
-    fedsaf: FedSAFConfig = field(default_factory=FedSAFConfig)
-    fedmuscle: FedMuscleConfig = field(default_factory=FedMuscleConfig)
-    comfed: ComFedConfig = field(default_factory=ComFedConfig)
-    sheaf_fmtl: SheafFMTLConfig = field(default_factory=SheafFMTLConfig)
+    #: the registered sections (:func:`register_section`) by name; missing ones take their defaults
+    sections: Mapping[str, Section] = field(default_factory=dict)
     #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
     method_section: Section | None = None
     #: agents of a method that brings its own problem instead of the CNN zoo (RFedAGS's planted
     #: problem, ``Method.num_nodes``): ``participation`` is checked against them and the zoo's graph
     #: is not built; None = the zoo's agents; 0 = not known yet (agent-dependent checks wait)
     agents: int | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        own = dict(self.sections)
+        unknown = sorted(set(own) - set(self.SECTIONS))
+        if unknown:
+            raise ConfigError(
+                f"unknown config section(s) {unknown}; known: {sorted(self.SECTIONS)}"
+            )
+        for name, cls in self.SECTIONS.items():
+            if name not in _FIELD_SECTIONS and name not in own:
+                own[name] = cls()
+        object.__setattr__(self, "sections", own)
+        super().__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered section (:attr:`sections`) read as an attribute (``config.fedproto``)."""
+        sections = self.__dict__.get("sections")
+        if sections is None or name not in sections:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return sections[name]
+
+    def section(self, cls: type[S]) -> S:
+        """The registered section of type ``cls`` (typed access for a method's builder).
+
+        Raises:
+            ConfigError: no section of that type is registered.
+        """
+        for s in self.sections.values():
+            if type(s) is cls:
+                return s
+        raise ConfigError(f"no registered config section {cls.__name__}")
 
     def own(self, cls: type[S]) -> S:
         """The method's own section, checked to be a ``cls`` (what the method's builder reads).
@@ -1365,17 +1180,15 @@ class RunConfig(Section):
             )
             raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(known)}")
         run_config = apply_method_train_defaults(apply_preset(run_config))
-        types = {f.name: f.type for f in fields(cls)}
-        sections = {
-            name: globals()[str(types[name])].from_mapping(run_config) for name in cls.SECTIONS
-        }
+        sections = {name: sec.from_mapping(run_config) for name, sec in cls.SECTIONS.items()}
         top = {
             f.name: run_config[f.metadata["key"]]
             for f in fields(cls)
             if "key" in f.metadata and f.metadata["key"] in run_config
         }
         own = method_section.from_mapping(run_config) if method_section is not None else None
-        return cls(**top, **sections, method_section=own, agents=agents)
+        kwargs: dict[str, Any] = {**top, **sections}  # registered sections join ``sections``
+        return cls(**kwargs, method_section=own, agents=agents)
 
     def check(self) -> None:
         """Build the graph and the participation probabilities on the zoo's agents now, so a bad
@@ -1386,7 +1199,7 @@ class RunConfig(Section):
                 connected, or is too large for the zoo (checked from ``N`` before anything is
                 built); ``participation`` has another count than the run's agents (the zoo's, or
                 :attr:`agents` of a method with its own problem) or gives every node probability 0;
-                or ``fedproto-dim = none`` on a zoo with different stalk dimensions.
+                or a section's :meth:`Section.check_dims` refuses the zoo's stalk dimensions.
         """
         from .models.zoo import zoo_size, zoo_specs
         from .topology import build_graph, check_graph_scale
@@ -1409,16 +1222,8 @@ class RunConfig(Section):
             ) from None
         self._check_participation(len(specs), f"zoo={self.scenario.zoo!r}")
         dims = sorted({int(s.d) for s in specs})
-        for key, dim in (
-            ("fedproto-dim", self.fedproto.dim),
-            ("fedmuscle-dim", self.fedmuscle.dim),
-            ("comfed-dim", self.comfed.dim),
-        ):
-            if dim == "none" and len(dims) > 1:
-                raise ConfigError(
-                    f"{key}='none' needs equal stalk dimensions, but zoo={self.scenario.zoo!r} "
-                    f"has d in {dims}; use {key}='auto' (= {dims[0]}) or an integer"
-                )
+        for name in self.SECTIONS:
+            getattr(self, name).check_dims(dims, self.scenario.zoo)
 
     def _check_participation(self, agents: int, on: str) -> None:
         """``participation`` has one value per agent (of ``agents``; 0 = not known yet) and lets some
@@ -1508,15 +1313,52 @@ def _check_defaults() -> None:
         ScenarioConfig,
         FederationConfig,
         LocalTrainConfig,
-        SheafConfig,
-        FedProtoConfig,
-        FedSAFConfig,
-        FedMuscleConfig,
-        ComFedConfig,
-        SheafFMTLConfig,
     ):
         for f in fields(cls):
             assert f.metadata["key"] in KEYS and f.default is not MISSING
 
 
 _check_defaults()
+
+
+#: the sections that are written-out fields of :class:`RunConfig` (the app's own)
+_FIELD_SECTIONS = ("scenario", "federation", "train")
+RunConfig.SECTIONS.update(
+    scenario=ScenarioConfig, federation=FederationConfig, train=LocalTrainConfig
+)
+_run_config_init = RunConfig.__init__
+
+
+def _init_with_sections(self: RunConfig, **kwargs: Any) -> None:
+    """``RunConfig(<registered section name>=..., ...)``: registered sections given by name join
+    :attr:`RunConfig.sections` (the dataclass's own ``__init__`` does the rest)."""
+    named = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RUN_CONFIG_FIELDS}
+    if named:
+        kwargs["sections"] = {**kwargs.get("sections", {}), **named}
+    _run_config_init(self, **kwargs)
+
+
+_RUN_CONFIG_FIELDS = frozenset(f.name for f in fields(RunConfig))
+RunConfig.__init__ = _init_with_sections  # type: ignore[method-assign,assignment]
+
+
+def register_section(name: str, cls: type[Section]) -> type[Section]:
+    """Add a built-in method's section to every run's config: parsed by
+    :meth:`RunConfig.from_run_config`, recorded by :meth:`RunConfig.to_dict`, read as
+    ``config.<name>``; the module that declares it calls this on import (its keys declared first
+    with :func:`register_keys`). Returns ``cls``.
+
+    Raises:
+        ValueError: ``name`` is taken by another section or a field of :class:`RunConfig`, or a
+            field of ``cls`` names no key of :data:`KEYS`.
+    """
+    old = RunConfig.SECTIONS.get(name)
+    if (old is not None and old.__qualname__ != cls.__qualname__) or (
+        old is None and name in _RUN_CONFIG_FIELDS
+    ):
+        raise ValueError(f"config section {name!r} is already registered ({old})")
+    for f in fields(cls):
+        if f.metadata.get("key") not in KEYS or f.default is MISSING:
+            raise ValueError(f"{cls.__name__}.{f.name}: not bound to a key of KEYS (register_keys)")
+    RunConfig.SECTIONS[name] = cls
+    return cls

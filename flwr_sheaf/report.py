@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 from .expected import band_lines
+from .methods.registry import METHODS
 
 
 def summary_lines(results: dict) -> list[str]:
     """Human-readable lines of a parsed ``results.json`` (schema of
     :func:`flwr_sheaf.results.write_results`): method, final evaluated round, private and
     communication accuracy (degree-weighted and mean over receivers, paper Eq. 22), the
+    lines of the method's own (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`), the
     non-edge (multi-hop vs direct) accuracy and sheaf-Laplacian near-kernel when recorded
     (docs/variants.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time, and the
     verdict against the main job's expected band (:func:`flwr_sheaf.expected.band_lines`: inside,
@@ -36,35 +38,24 @@ def summary_lines(results: dict) -> list[str]:
         else []
     )
     rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
-    if not rounds:
-        return status + (_global_model_lines(results) or ["no evaluated round in results"])
-    last = rounds[-1]
     cfg = results.get("config", {})
+    entry = METHODS.get(str(cfg.get("method", "?")))  # the method's own keys and lines, if known
+    own_lines = entry.report_lines if entry is not None and entry.report_lines else None
+    if not rounds:
+        return status + (
+            (own_lines(results, None) if own_lines else []) or ["no evaluated round in results"]
+        )
+    last = rounds[-1]
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    method = str(cfg.get("method", "?"))
-    weights = {
-        "sheaf-frl": ("lambda",),
-        "fedproto": ("fedproto-lambda",),
-        "fedmuscle": ("fedmuscle-lambda",),
-        "comfed": ("comfed-lambda",),
-        "fedsaf-gcsa": ("fedsaf-lambda", "fedsaf-gamma"),
-        "fedsaf-rcsa": ("fedsaf-lambda", "fedsaf-gamma"),
-    }
+    weights = entry.report_keys if entry is not None else ()
     # only what the results record (one's own app writes the keys of its strategy's sections only)
-    known = [k for k in ("method", *weights.get(method, ()), "shift", "zoo", "dataset") if k in cfg]
+    known = [k for k in ("method", *weights, "shift", "zoo", "dataset") if k in cfg]
     return status + [
         *([" | ".join(f"{k} {cfg[k]}" for k in known)] if known else []),
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
         f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "
         f"(mean over receivers {fmt(last['communication_accuracy_mean'])})",
-        *(
-            [
-                f"communication accuracy with ComFed's learned maps (degree-weighted): "
-                f"{fmt(last['comfed_communication_accuracy_degree_weighted'])}"
-            ]
-            if "comfed_communication_accuracy_degree_weighted" in last
-            else []
-        ),
+        *(own_lines(results, last) if own_lines else []),
         *(
             [
                 f"non-edges ({last.get('non_edge_pairs_measured')} directed pairs): communication accuracy after "
@@ -99,20 +90,6 @@ def _status_lines(results: dict) -> list[str]:
     deg = results.get("degradation") or {}
     detail = "; ".join(f"{k}: {v}" for k, v in deg.items() if not isinstance(v, (dict, list)) or v)
     return [f"RUN {str(status).upper()}: {detail[:600] or 'see failures in results.json'}"]
-
-
-def _global_model_lines(results: dict) -> list[str]:
-    """Lines of a run of the RFedAGS family (``method = rfedags | rfedavg | rfedsvrg | rfedproj``):
-    no client evaluation, the planted problem's ``gap`` and ``distance_to_optimum`` per round."""
-    done = [r for r in results["rounds"] if r.get("gap") is not None]
-    if not done:
-        return []
-    last, cfg = done[-1], results.get("config", {})
-    return [
-        f"method {cfg.get('method', '?')} | problem {cfg.get('rfedags-problem', '?')}",
-        f"final round {last['round']}: optimality gap {last['gap']:.3e} | distance to the optimum "
-        f"{last.get('distance_to_optimum', float('nan')):.3e} | responders {last.get('num_responders', '?')}",
-    ]
 
 
 def main(argv: list[str] | None = None) -> int:

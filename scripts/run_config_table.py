@@ -20,7 +20,8 @@ from flwr_sheaf.methods import METHODS
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = [
     "[tool.flwr.app.config]",
-    "# Every key with its default, as defined once in flwr_sheaf/config.py (KEYS); tests/test_config.py",
+    "# Every key with its default, as defined once in flwr_sheaf/config.py (KEYS, with the built-in methods'",
+    "# keys from flwr_sheaf/methods/<name>/config.py); tests/test_config.py",
     "# keeps this table, that module and docs/run-config.md's table equal. Override with --run-config.",
 ]
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from flwr_sheaf import ComFed, ComFedConfig, FederationConfig, LocalGrid, LocalTrainConfig
+from flwr_sheaf import ComFed, FederationConfig, LocalGrid, LocalTrainConfig
 from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.methods.comfed.config import ComFedConfig
 from flwr_sheaf.methods.comfed.maths import comfed_alignment_loss, comfed_message
 
 torch.set_num_threads(1)

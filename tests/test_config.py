@@ -22,8 +22,8 @@ from flwr_sheaf.config import (
     LocalTrainConfig,
     RunConfig,
     ScenarioConfig,
-    SheafConfig,
 )
+from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.testing import LocalGrid
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,10 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from flwr_sheaf import FederationConfig, FedMuscle, FedMuscleConfig, LocalGrid, LocalTrainConfig
+from flwr_sheaf import FederationConfig, FedMuscle, LocalGrid, LocalTrainConfig
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.methods._shared.prototypes import PoolingAdapter
 from flwr_sheaf.methods.fedmuscle.client import FedMuscleLoss
+from flwr_sheaf.methods.fedmuscle.config import FedMuscleConfig
 from flwr_sheaf.methods.fedmuscle.maths import (
     is_contrastive_epoch,
     leave_one_out_means,

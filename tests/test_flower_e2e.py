@@ -13,14 +13,9 @@ from torch import nn
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.scenario import scenario_task
-from flwr_sheaf.config import (
-    ConfigError,
-    FederationConfig,
-    LocalTrainConfig,
-    ScenarioConfig,
-    SheafConfig,
-)
+from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, ScenarioConfig
 from flwr_sheaf.methods.sheaf_frl.client import register_sheaf_handlers
+from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.protocol import pack_arrays
 from flwr_sheaf.sheaf.network import orient_edge

@@ -191,12 +191,7 @@ METHOD_WORDS = re.compile(
 
 #: Core files that still name methods in code, each with the reason; the test below fails when an
 #: entry is no longer needed, so the list only shrinks.
-NAMES_METHODS = {
-    "config.py": "the six built-in methods' config sections and keys (issue 27: to move into "
-    "methods/<name>/ and register like methods/rfedags registers its section)",
-    "report.py": "the per-method table of the swept lambda keys and ComFed's extra reading "
-    "(a method should declare them on its Method entry)",
-}
+NAMES_METHODS: dict[str, str] = {}
 
 #: Import circles still present, each with the reason (the test fails when one disappears).
 CIRCLES: dict[tuple[str, ...], str] = {}

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from flwr_sheaf.apps.scenario import scenario_task
-from flwr_sheaf.config import ConfigError, ScenarioConfig, SheafConfig
+from flwr_sheaf.config import ConfigError, ScenarioConfig
 from flwr_sheaf.methods.sheaf_frl.client import SheafGluing
+from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.protocol import EdgeConfig
 
 torch.set_num_threads(1)

@@ -22,16 +22,16 @@ from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
 from flwr_sheaf.config import (
     ConfigError,
     FederationConfig,
-    FedProtoConfig,
-    FedSAFConfig,
     LocalTrainConfig,
     RunConfig,
     ScenarioConfig,
 )
 from flwr_sheaf.methods._shared.prototypes import PoolingAdapter
 from flwr_sheaf.methods.fedproto.client import FedProtoLoss
+from flwr_sheaf.methods.fedproto.config import FedProtoConfig
 from flwr_sheaf.methods.fedproto.strategy import FedProto
 from flwr_sheaf.methods.fedsaf.client import FedSAFLoss
+from flwr_sheaf.methods.fedsaf.config import FedSAFConfig
 from flwr_sheaf.methods.fedsaf.strategy import FedSAF
 from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
 from flwr_sheaf.protocol import GLOBAL_PROTOTYPES, NodeInfo, pack_arrays

@@ -30,7 +30,8 @@ from flwr.app import Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, SheafConfig
+from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig
+from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.participation import (
     ParticipationSampler,

@@ -19,8 +19,9 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig, SheafConfig
+from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig
 from flwr_sheaf.methods.sheaf_frl.client import received_selection
+from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.protocol import (
     CONFIG,

@@ -13,13 +13,13 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_sheaf import (
     FederationConfig,
     FedProto,
-    FedProtoConfig,
     LocalGrid,
     LocalTrainConfig,
     SheafFRL,
     write_results,
 )
 from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.methods.fedproto.config import FedProtoConfig
 from flwr_sheaf.results import check_results_dir, strategy_config
 
 torch.set_num_threads(1)

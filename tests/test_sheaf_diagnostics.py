@@ -248,7 +248,8 @@ def _polar(c: np.ndarray) -> np.ndarray:
 
 def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
     from flwr_sheaf.apps.client_app import app as cnn_client_app
-    from flwr_sheaf.config import FederationConfig, LocalTrainConfig, SheafConfig
+    from flwr_sheaf.config import FederationConfig, LocalTrainConfig
+    from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
     from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
     from flwr_sheaf.testing import LocalGrid
 

@@ -17,7 +17,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, SheafFMTL, SheafFMTLConfig
+from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, SheafFMTL
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.methods import build_strategy
 from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
@@ -31,6 +31,7 @@ from flwr_sheaf.methods.sheaf_fmtl import (
     zoo_parameter_counts,
 )
 from flwr_sheaf.methods.sheaf_fmtl.client import SheafFMTLClient, trainable_vector
+from flwr_sheaf.methods.sheaf_fmtl.config import SheafFMTLConfig
 from flwr_sheaf.methods.sheaf_fmtl.maths import (
     edge_dim,
     init_map,

@@ -10,7 +10,8 @@ import torch
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.scenario import cnn_task_factory
 from flwr_sheaf.client.common import build, eval_latents
-from flwr_sheaf.config import FederationConfig, LocalTrainConfig, SheafConfig
+from flwr_sheaf.config import FederationConfig, LocalTrainConfig
+from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
 from flwr_sheaf.sheaf import init_map, orient_edge, procrustes
 from flwr_sheaf.strategy.checkpoint import Checkpointer, load_checkpoint

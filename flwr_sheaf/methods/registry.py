@@ -64,6 +64,11 @@ class Method:
             app's CNN-zoo :func:`~flwr_sheaf.apps.scenario.cnn_task_factory`).
         initial_arrays: ``initial_arrays(config) -> ArrayRecord`` of a method with a global
             parameter (RFedAGS's ``x_0``); None = no global model.
+        report_keys: run-config keys the summary of its results prints after ``method`` (its
+            swept weights; :func:`flwr_sheaf.report.summary_lines`).
+        report_lines: ``report_lines(results, last) -> lines`` the summary adds after the final
+            round's accuracies (``last``: the last evaluated round of the parsed ``results.json``;
+            None when no round was evaluated, e.g. a global-model run); None = no lines of its own.
     """
 
     name: str
@@ -74,6 +79,8 @@ class Method:
     num_nodes: Callable[[RunConfig], int] | None = None
     task_factory: Callable[[], Any] | None = None
     initial_arrays: Callable[[RunConfig], Any] | None = None
+    report_keys: tuple[str, ...] = ()
+    report_lines: Callable[[Mapping[str, Any], Mapping[str, Any] | None], list[str]] | None = None
 
 
 _METHODS: dict[str, Method] = {}

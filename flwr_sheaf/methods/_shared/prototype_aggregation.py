@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from flwr.app import Message
 
-from ...config import FedProtoConfig
 from ...protocol import (
     FEATURE_DIM,
     GLOBAL_PROTOTYPES,
@@ -25,6 +24,7 @@ from ...protocol import (
     unpack_prototypes,
 )
 from ...strategy.base import positive_int
+from ..fedproto.config import FedProtoConfig
 from .prototypes import aggregate_prototypes, check_common_dim
 
 if TYPE_CHECKING:

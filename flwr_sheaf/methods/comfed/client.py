@@ -26,7 +26,7 @@ from ...client.common import accuracy, eval_latents, from_numpy, task_device, to
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory, load_module_state, save_module_state
-from ...config import ComFedConfig, LocalTrainConfig
+from ...config import LocalTrainConfig
 from ...protocol import (
     CONFIG,
     FEATURE_DIM,
@@ -42,6 +42,7 @@ from ...protocol import (
 from .._shared.prototypes import class_prototypes
 from ..fedproto.client import latent_and_logits
 from . import ACTION, COMFED_ROUTED, COMFED_TARGETS
+from .config import ComFedConfig
 from .maths import comfed_alignment_loss, comfed_message, xavier_projection
 
 __all__ = ["Projection", "ComFedLoss", "ComFedClient", "register_comfed_handlers"]

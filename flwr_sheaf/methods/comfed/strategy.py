@@ -1,7 +1,7 @@
 """ComFed strategy: relays the neighbours' projected class prototypes (docs/baselines.md, s7).
 
 Per server round: discovery resolves the shared dimension r (``comfed-dim``: ``auto`` = smallest
-stalk dimension). Each sampled node gets :class:`~flwr_sheaf.config.ComFedConfig`, ``feature-dim``
+stalk dimension). Each sampled node gets :class:`~flwr_sheaf.methods.comfed.config.ComFedConfig`, ``feature-dim``
 = r, ``num-classes`` and, once neighbours have uploaded, ``comfed-targets``: per class, the mean of
 its graph neighbours' latest projected prototypes (classes no neighbour has are absent). Uploads
 (projected prototypes ``(n, r)`` with counts) are validated on their own; a bad one is that node's
@@ -16,7 +16,7 @@ import networkx as nx
 import numpy as np
 from flwr.app import Message
 
-from ...config import DEFAULTS, ComFedConfig, FederationConfig, LocalTrainConfig
+from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...protocol import (
     FEATURE_DIM,
@@ -32,6 +32,7 @@ from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import common_dimension
 from . import ACTION, COMFED_ROUTED, COMFED_TARGETS
+from .config import ComFedConfig
 
 __all__ = ["ComFed"]
 

@@ -8,13 +8,15 @@ MUSCLE_TARGETS = "muscle-targets"
 
 from ..registry import Method, graph_args, register  # noqa: E402
 from .client import register_fedmuscle_handlers  # noqa: E402
+from .config import FedMuscleConfig  # noqa: E402
 from .strategy import FedMuscle  # noqa: E402
 
 METHOD = register(
     Method(
         "fedmuscle",
         ACTION,
-        lambda c, n: FedMuscle(n, fedmuscle=c.fedmuscle, **graph_args(c)),
+        lambda c, n: FedMuscle(n, fedmuscle=c.section(FedMuscleConfig), **graph_args(c)),
         register_fedmuscle_handlers,
+        report_keys=("fedmuscle-lambda",),
     )
 )

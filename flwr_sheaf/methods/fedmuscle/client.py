@@ -23,7 +23,7 @@ from ...client.common import eval_latents, from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
-from ...config import FedMuscleConfig, LocalTrainConfig
+from ...config import LocalTrainConfig
 from ...protocol import (
     CONFIG,
     PILOT_REPS,
@@ -41,6 +41,7 @@ from ...protocol import (
 from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import feature_pool, latent_and_logits
 from . import ACTION, MUSCLE_TARGETS
+from .config import FedMuscleConfig
 from .maths import is_contrastive_epoch, muscle_loss
 
 __all__ = ["FedMuscleLoss", "FedMuscleClient", "register_fedmuscle_handlers"]
@@ -105,7 +106,7 @@ class FedMuscleClient(ClientMethod):
     """FedMuscle's hooks: contrastive plug-in in, pooled pilot representations out."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """:class:`FedMuscleLoss` from :class:`~flwr_sheaf.config.FedMuscleConfig`, ``feature-dim`` and the targets.
+        """:class:`FedMuscleLoss` from :class:`~flwr_sheaf.methods.fedmuscle.config.FedMuscleConfig`, ``feature-dim`` and the targets.
 
         Raises:
             ConfigError / ProtocolError: a missing key, or targets whose shape is not ``(K, D)`` (named).

@@ -3,7 +3,7 @@
 Per server round:
 
 1. Discovery fixes the common dimension D (``fedmuscle-dim``: ``auto`` = the smallest stalk
-   dimension). Every sampled node gets the config (:class:`~flwr_sheaf.config.FedMuscleConfig`,
+   dimension). Every sampled node gets the config (:class:`~flwr_sheaf.methods.fedmuscle.config.FedMuscleConfig`,
    ``feature-dim``, local training) and, in rounds that contain a contrastive epoch of the cycle
    and once two agents have uploaded, its targets: ``others (K, D)`` = mean over the *other* agents'
    latest pilot representations, ``all (K, D)`` = mean over all of them
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, FedMuscleConfig, LocalTrainConfig
+from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...protocol import (
     FEATURE_DIM,
     PILOT_REPS,
@@ -37,6 +37,7 @@ from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import common_dimension
 from . import ACTION, MUSCLE_TARGETS
+from .config import FedMuscleConfig
 from .maths import is_contrastive_epoch, leave_one_out_means
 
 __all__ = ["FedMuscle"]

@@ -27,7 +27,6 @@ from ...client.common import eval_latents, from_numpy, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
-from ...config import FedProtoConfig
 from ...protocol import (
     CONFIG,
     EVALUATE,
@@ -48,6 +47,7 @@ from .._shared.prototypes import (
     nearest_prototype_predict,
 )
 from . import ACTION
+from .config import FedProtoConfig
 
 __all__ = [
     "FedProtoLoss",
@@ -121,7 +121,7 @@ class FedProtoClient(ClientMethod):
     """FedProto's hooks: prototype plug-in, local-prototype upload, nearest-prototype accuracy."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """:class:`FedProtoLoss` from the message's :class:`~flwr_sheaf.config.FedProtoConfig`, ``feature-dim``
+        """:class:`FedProtoLoss` from the message's :class:`~flwr_sheaf.methods.fedproto.config.FedProtoConfig`, ``feature-dim``
         and global prototypes (FedProto's local objective, docs/baselines.md s3.1).
 
         Raises:

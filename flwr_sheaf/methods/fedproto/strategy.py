@@ -6,7 +6,7 @@ Per server round:
    stalk dimension, ``none`` = all d_i must agree (else ``ValueError`` naming every d and
    partition-id), or an explicit D. Each node pools its latents to D with the parameter-free
    :class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter`. Every sampled node gets the global
-   prototypes (record ``global-prototypes``) and the config (:class:`~flwr_sheaf.config.FedProtoConfig`,
+   prototypes (record ``global-prototypes``) and the config (:class:`~flwr_sheaf.methods.fedproto.config.FedProtoConfig`,
    ``feature-dim``, ``num-classes``, local training).
 2. ``accept_train``: each upload is validated on its own; one with NaN/inf, a class id outside
    ``[0, num_classes)``, a wrong dimension or a malformed layout is rejected (a recorded failure
@@ -23,12 +23,13 @@ import networkx as nx
 import torch
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, FedProtoConfig, LocalTrainConfig, RunConfig
+from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, RunConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import PrototypeAggregator, common_dimension
 from . import ACTION
+from .config import FedProtoConfig
 
 __all__ = ["FedProto", "common_dimension", "prototype_evaluation"]
 

@@ -25,11 +25,11 @@ from flwr.clientapp import ClientApp
 from ...client.handlers import register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory
-from ...config import FedSAFConfig
 from ...protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type
 from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import FedProtoClient, feature_pool, latent_and_logits, received_prototypes
 from . import ACTION
+from .config import FedSAFConfig
 from .maths import fedsaf_objective, structure_alignment_inputs
 
 __all__ = ["FedSAFLoss", "FedSAFClient", "register_fedsaf_handlers"]
@@ -83,7 +83,7 @@ class FedSAFClient(FedProtoClient):
     """FedSAF's hooks: FedProto's upload and evaluation, FedSAF's loss plug-in."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """:class:`FedSAFLoss` from the message's :class:`~flwr_sheaf.config.FedSAFConfig` (FedSAF Eq. 19).
+        """:class:`FedSAFLoss` from the message's :class:`~flwr_sheaf.methods.fedsaf.config.FedSAFConfig` (FedSAF Eq. 19).
 
         Raises:
             ConfigError / ProtocolError: a missing key or an unresolved (empty) structure (named).

@@ -13,12 +13,14 @@ import networkx as nx
 import torch
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, FedProtoConfig, FedSAFConfig, LocalTrainConfig
+from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import PrototypeAggregator
+from ..fedproto.config import FedProtoConfig
 from ..fedproto.strategy import prototype_evaluation
 from . import ACTION
+from .config import FedSAFConfig
 
 __all__ = ["FedSAF"]
 

@@ -11,7 +11,7 @@ optimality ``gap`` and ``distance_to_optimum`` in ``results.json``. The numpy lo
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -190,6 +190,24 @@ def problem_task_factory() -> Callable[[Context], ProblemClient]:
     return factory
 
 
+def report_lines(results: Mapping[str, Any], last: Mapping[str, Any] | None) -> list[str]:
+    """Lines of a run of the RFedAGS family (``method = rfedags | rfedavg | rfedsvrg | rfedproj``):
+    no client evaluation, the planted problem's ``gap`` and ``distance_to_optimum`` per round
+    (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`, called with ``config.method`` set; only
+    when no round was evaluated)."""
+    if last is not None:
+        return []
+    done = [r for r in results["rounds"] if r.get("gap") is not None]
+    if not done:
+        return []
+    final, cfg = done[-1], results.get("config", {})
+    return [
+        f"method {cfg['method']} | problem {cfg.get('rfedags-problem', '?')}",
+        f"final round {final['round']}: optimality gap {final['gap']:.3e} | distance to the optimum "
+        f"{final.get('distance_to_optimum', float('nan')):.3e} | responders {final.get('num_responders', '?')}",
+    ]
+
+
 def _num_nodes(c: RunConfig) -> int:
     return int(_problem(c)[0].num_clients)
 
@@ -205,6 +223,7 @@ def _method(name: str, action: str, handlers: Callable[..., Any]) -> Method:
             num_nodes=_num_nodes,
             task_factory=problem_task_factory,
             initial_arrays=initial_arrays,
+            report_lines=report_lines,
         )
     )
 

@@ -17,6 +17,7 @@ from ...models.zoo import build_agent, count_parameters, zoo_specs  # noqa: E402
 from ...topology import build_graph  # noqa: E402
 from ..registry import Method, graph_args, register  # noqa: E402
 from .client import register_sheaf_fmtl_handlers  # noqa: E402
+from .config import SheafFMTLConfig  # noqa: E402
 from .strategy import SheafFMTL, sheaf_fmtl_budget  # noqa: E402
 
 
@@ -45,9 +46,9 @@ def build(c: RunConfig, n: int) -> SheafFMTL:
     sheaf_fmtl_budget(
         counts,
         build_graph(c.federation.graph, len(specs), class_sets=[s.classes for s in specs]),
-        c.sheaf_fmtl,
+        c.section(SheafFMTLConfig),
     )
-    return SheafFMTL(n, num_params=counts, sheaf_fmtl=c.sheaf_fmtl, **graph_args(c))
+    return SheafFMTL(n, num_params=counts, sheaf_fmtl=c.section(SheafFMTLConfig), **graph_args(c))
 
 
 METHOD = register(Method("sheaf-fmtl", ACTION, build, register_sheaf_fmtl_handlers))

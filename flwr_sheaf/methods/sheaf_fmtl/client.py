@@ -30,7 +30,7 @@ from ...client.common import from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import CrossEntropy, LossPlugin
 from ...client.task import LocalTask, TaskFactory
-from ...config import LocalTrainConfig, SheafFMTLConfig
+from ...config import LocalTrainConfig
 from ...protocol import (
     CONFIG,
     SEED,
@@ -48,6 +48,7 @@ from . import (
     SHEAF_FMTL_NUM_PARAMS,
     SHEAF_FMTL_PROJECTIONS,
 )
+from .config import SheafFMTLConfig
 from .maths import init_map, map_step, parameter_step
 
 __all__ = ["SheafFMTLLoss", "SheafFMTLClient", "register_sheaf_fmtl_handlers", "trainable_vector"]

@@ -4,7 +4,7 @@ The server holds no maps and no parameters. It knows each node's trainable-param
 (``num_params``, computed from the zoo before any node is contacted, :func:`sheaf_fmtl_budget`),
 so after discovery it fixes every edge dimension ``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0)
 and checks the map budget again on the real graph. Per server round each sampled node gets
-:class:`~flwr_sheaf.config.SheafFMTLConfig`, its neighbours, their d_ij and its own n_i, and record
+:class:`~flwr_sheaf.methods.sheaf_fmtl.config.SheafFMTLConfig`, its neighbours, their d_ij and its own n_i, and record
 ``sheaf-fmtl-projections``: for every neighbour j that has uploaded, j's latest ``P_ji theta_j``
 (length d_ij; absent before j's first upload). Uploads (one ``(d_ij,)`` vector per neighbour,
 nothing else) are checked on their own; a bad one is that node's recorded failure and its previous
@@ -20,7 +20,7 @@ import networkx as nx
 import numpy as np
 from flwr.app import Message
 
-from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig, SheafFMTLConfig
+from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig
 from ...protocol import (
     UPLOAD,
     array_record,
@@ -35,6 +35,7 @@ from . import (
     SHEAF_FMTL_NUM_PARAMS,
     SHEAF_FMTL_PROJECTIONS,
 )
+from .config import SheafFMTLConfig
 from .maths import GIB, check_map_budget, edge_dim, map_bytes_per_node
 
 __all__ = ["SheafFMTL", "sheaf_fmtl_budget"]

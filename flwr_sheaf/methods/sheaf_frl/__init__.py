@@ -4,13 +4,15 @@ ACTION = "sheaf"
 
 from ..registry import Method, graph_args, register  # noqa: E402
 from .client import SheafClient, SheafGluing, register_sheaf_handlers  # noqa: E402,F401
+from .config import SheafConfig  # noqa: E402
 from .strategy import SheafFRL  # noqa: E402
 
 METHOD = register(
     Method(
         "sheaf-frl",
         ACTION,
-        lambda c, n: SheafFRL(n, sheaf=c.sheaf, **graph_args(c)),
+        lambda c, n: SheafFRL(n, sheaf=c.section(SheafConfig), **graph_args(c)),
         register_sheaf_handlers,
+        report_keys=("lambda",),
     )
 )

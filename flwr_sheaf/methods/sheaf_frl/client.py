@@ -48,7 +48,7 @@ from ...client.common import (
 from ...client.handlers import ClientMethod, register_method_handlers, required
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
-from ...config import DEFAULTS, SheafConfig
+from ...config import DEFAULTS
 from ...protocol import (
     CONFIG,
     LOW_VARIANCE_FRACTION,
@@ -93,6 +93,7 @@ from ...sheaf.variants import (
     outgoing_pilots,
 )
 from . import ACTION
+from .config import SheafConfig
 
 __all__ = [
     "SheafGluing",

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, SheafConfig
+from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...participation import FrequencyEstimator
 from ...protocol import (
     METRICS,
@@ -93,6 +93,7 @@ from ...strategy.base import nanmean, record_bytes
 from ...strategy.evaluation import GraphEvaluation, TransportedEvaluation
 from ...strategy.graph import GraphStrategy
 from . import ACTION
+from .config import SheafConfig
 
 __all__ = ["SheafFRL"]
 
