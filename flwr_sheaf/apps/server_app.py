@@ -167,16 +167,7 @@ def _run(
         raise stopped
     # overwrite=True: the preflight already refused another run's results in results-dir (without
     # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
-    path = write_results(
-        strategy,
-        out,
-        config=config.to_dict(),
-        overwrite=True,
-        max_failed_fraction=config.max_failed_fraction,
-        wall_seconds=wall,
-        extra=extra,
-        problems=problems,
-    )
+    path = _write(strategy, out, config, wall, extra, problems)
     status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
     for w in collapse_warnings(
         strategy.node_results
@@ -202,6 +193,25 @@ def _run(
     )
 
 
+def _write(strategy, out: Path, config: RunConfig, wall, extra, problems, errors=()) -> Path:
+    """:func:`~flwr_sheaf.results.write_results` of the bundled app's run (completed or stopped).
+
+    ``overwrite=True``: the preflight already refused another run's results in results-dir (without
+    resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's).
+    """
+    return write_results(
+        strategy,
+        out,
+        config=config.to_dict(),
+        overwrite=True,
+        max_failed_fraction=config.max_failed_fraction,
+        wall_seconds=wall,
+        extra=extra,
+        problems=problems,
+        errors=errors,
+    )
+
+
 def _write_stopped(strategy, out: Path, config: RunConfig, wall, extra, problems, exc) -> None:
     """After ``start`` raised: write the completed rounds' ``results.json`` (status ``failed``, the
     error among its reasons) where possible, and say where in the error's notes; then the caller
@@ -212,17 +222,7 @@ def _write_stopped(strategy, out: Path, config: RunConfig, wall, extra, problems
         exc.add_note(f"flwr-sheaf: no server round completed; nothing written to {out}")
         return
     try:
-        path = write_results(
-            strategy,
-            out,
-            config=config.to_dict(),
-            overwrite=True,
-            max_failed_fraction=config.max_failed_fraction,
-            wall_seconds=wall,
-            extra=extra,
-            problems=problems,
-            errors=[error],
-        )
+        path = _write(strategy, out, config, wall, extra, problems, errors=[error])
     except Exception as werr:  # noqa: BLE001 - e.g. the same full disk: the first error is raised
         log.error(
             "the run stopped (%s) and its results could not be written either: %s", error, werr
