@@ -66,6 +66,7 @@ from ..protocol import (
 )
 from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
+from . import messaging
 from .base import MetricValues, Node, RoundRecord, _numeric, nanmean, record_bytes
 from .checkpoint import Checkpointer
 from .evaluation import EvaluationResult, GraphEvaluation, summarise_accuracies
@@ -324,8 +325,11 @@ class GraphStrategy(Strategy):
                     )
                     for n in new
                 ]
-                for r in grid.send_and_receive(
-                    msgs, timeout=max(1.0, min(timeout, deadline - time.monotonic()))
+                for r in messaging.send_and_receive(
+                    grid,
+                    msgs,
+                    max(1.0, min(timeout, deadline - time.monotonic())),
+                    messaging.in_flight_limit(grid),
                 ):
                     problem = (
                         (r.error.reason or "") + handler_hint(r.error.reason)
@@ -512,7 +516,7 @@ class GraphStrategy(Strategy):
         node it considers gone (its sender is not that node) still names the right node."""
         if not msgs:
             return []
-        replies = list(grid.send_and_receive(msgs, timeout=timeout))
+        replies = messaging.send_and_receive(grid, msgs, timeout, messaging.in_flight_limit(grid))
         self._dst_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in msgs}
         return replies
 

@@ -1,0 +1,133 @@
+"""Server <-> node round trips with a bound on the messages in flight on Flower's simulation engine.
+
+Why (measured, docs/performance.md "Against Flower's floor"): Flower 1.42's simulation engine
+polls its in-memory LinkState every 0.1 s by asking, for every registered SuperNode, for that
+node's next message (``vce_api.add_messages_to_queue`` -> ``InMemoryLinkState.get_message_ins``),
+and each such question walks the stored instruction messages (3-4 us each on this machine,
+``benchmarks/flower_polling.py``). A message stays stored from the push until its reply is pulled,
+also while it waits in a Ray actor's queue. Pushing all N messages of a round at once (what
+``Grid.send_and_receive`` does) keeps them stored for many polling passes while two actors work
+through the queue, and every pass costs ``N x stored`` checks, so Flower's own process spends
+``N x c x (passes a message stays stored)`` per message, more the slower the nodes. Keeping at
+most ``window`` messages in flight (push ``window``, pull replies, push one more per reply) keeps
+the store small and a message's stay close to one pass.
+
+:func:`send_and_receive` is the one round trip every server <-> node exchange of the package uses
+(:meth:`~flwr_sheaf.strategy.graph.GraphStrategy._round_trip` and discovery);
+:func:`in_flight_limit` decides the window of a grid: only Flower's simulation grid
+(``InMemoryGrid``) is throttled. On the deployment engine real SuperNodes pull their own messages
+from a SuperLink that does not poll every node, and in-process (:class:`flwr_sheaf.testing.LocalGrid`)
+a push answers at once, so both keep Flower's plain ``send_and_receive`` (and their results are
+unchanged).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+log = logging.getLogger(__name__)
+
+#: messages in flight at once on Flower's simulation engine (docs/performance.md, "Against
+#: Flower's floor": measured with ``benchmarks/ray_message_cost.py``).
+SIMULATION_WINDOW = 16
+
+#: a message unanswered for ``STALE_FACTOR`` times the longest reply time seen so far in the
+#: exchange (at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply, which covers the Ray
+#: actors' start-up) stops holding a slot: its reply is still taken until the timeout, and a node
+#: that never answers cannot keep the other nodes' messages from being sent.
+STALE_FACTOR, MIN_STALE_S, FIRST_REPLY_S = 3.0, 1.0, 60.0
+
+#: seconds between two pulls of the replies while messages are in flight (Flower's grid: 0.1 s);
+#: a pull asks about at most ``window`` message ids, so it is cheap.
+PULL_INTERVAL = 0.02
+
+
+def in_flight_limit(grid: Grid) -> int | None:
+    """The bound on messages in flight for ``grid``: :data:`SIMULATION_WINDOW` on Flower's simulation
+    engine (its ``InMemoryGrid``), ``None`` (all at once, Flower's ``send_and_receive``) otherwise."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid  # Flower internal (1.42 pin)
+
+    return SIMULATION_WINDOW if isinstance(grid, InMemoryGrid) else None
+
+
+def send_and_receive(
+    grid: Grid,
+    msgs: Sequence[Message],
+    timeout: float,
+    window: int | None = None,
+    pull_interval: float = PULL_INTERVAL,
+) -> list[Message]:
+    """Send ``msgs`` and collect their replies within ``timeout`` seconds, at most ``window`` in flight.
+
+    With ``window`` None, or at least ``len(msgs)``, this is the grid's own
+    ``send_and_receive(msgs, timeout=timeout)`` (its replies, in its order). Otherwise the first
+    ``window`` messages are pushed (``grid.push_messages``), replies are pulled
+    (``grid.pull_messages``) every ``pull_interval`` seconds, and each reply frees a slot for the
+    next message, in the order of ``msgs``; a message unanswered for long (``STALE_FACTOR`` times
+    the longest reply time seen, at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply)
+    stops holding its slot, so silent nodes delay the others at most that long. Every message that was stored gets at most one reply
+    returned; a message the grid refused to store (no message id back) gets none, like Flower's.
+    When ``timeout`` runs out, the messages not yet answered get no reply, and those not yet sent
+    are not sent (logged): the caller records both as it records a node that did not answer in time.
+
+    Args:
+        grid: Flower's ``Grid`` (``push_messages`` sets each message's ``metadata.message_id``).
+        msgs: instruction messages, one per destination node.
+        timeout: seconds for the whole exchange (Flower's ``send_and_receive`` semantics).
+        window: at most this many messages pushed and not yet answered; None: no bound.
+        pull_interval: seconds between pulls while replies are awaited.
+
+    Returns:
+        The windowed exchange's replies ordered as their messages in ``msgs`` (deterministic, not
+        arrival order); the unbounded one's as the grid returns them.
+
+    Raises:
+        ValueError: ``window`` < 1.
+    """
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 message in flight, got {window}")
+    if window is None or len(msgs) <= window:
+        return list(grid.send_and_receive(msgs, timeout=timeout))
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    pending: dict[str, tuple[int, float]] = {}  # message id -> (index in msgs, push time)
+    replies: dict[int, Message] = {}
+    longest = -1.0  # the longest push-to-reply time seen so far (-1: no reply yet)
+    sent = 0
+    while True:
+        now = time.monotonic()
+        stale = FIRST_REPLY_S if longest < 0 else max(MIN_STALE_S, STALE_FACTOR * longest)
+        busy = sum(1 for _, t in pending.values() if now - t < stale)
+        if sent < len(msgs) and busy < window:
+            batch = msgs[sent : sent + window - busy]
+            stored = set(grid.push_messages(batch))
+            for i, m in enumerate(batch, start=sent):
+                if m.metadata.message_id in stored:
+                    pending[m.metadata.message_id] = (i, now)
+            sent += len(batch)
+            busy += len(batch)
+        if pending:
+            for r in grid.pull_messages(list(pending)):
+                slot = pending.pop(r.metadata.reply_to_message_id, None)
+                if slot is not None:
+                    replies[slot[0]] = r
+                    longest = max(longest, time.monotonic() - slot[1])
+                    busy -= 1
+        if (not pending and sent == len(msgs)) or time.monotonic() >= deadline:
+            break
+        if busy >= window or sent == len(msgs):
+            time.sleep(pull_interval)
+    if sent < len(msgs):
+        log.warning(
+            "%d of %d messages not sent: the %.1f s timeout ran out with %d in flight",
+            len(msgs) - sent,
+            len(msgs),
+            timeout,
+            len(pending),
+        )
+    return [replies[i] for i in sorted(replies)]
