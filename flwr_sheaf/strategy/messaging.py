@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 #: messages in flight at once on Flower's simulation engine (docs/performance.md, "Against
 #: Flower's floor": measured with ``benchmarks/ray_message_cost.py``).
-SIMULATION_WINDOW = 16
+SIMULATION_WINDOW = 48
 
 #: a message unanswered for ``STALE_FACTOR`` times the longest reply time seen so far in the
 #: exchange (at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply, which covers the Ray
