@@ -493,21 +493,21 @@ _KEY_LIST = [
         _bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
-        "`resume`; docs/reliability.md)",
+        "`resume`; docs/reliability-run-files.md)",
     ),
     Key(
         "max-failed-fraction",
         0.5,
         _float(0.0, 1.0),
         "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
-        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability.md)",
+        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability-failures.md)",
     ),
     Key(
         "resume-fresh-nodes",
         False,
         _bool,
         "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
-        "recorded in `results.json`; refused otherwise, docs/reliability.md)",
+        "recorded in `results.json`; refused otherwise, docs/reliability-failures.md)",
     ),
     Key(
         "tracking",
@@ -1060,7 +1060,7 @@ class RunConfig(Section):
         checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
         node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
         max_failed_fraction: the share of failed train replies past which the run ends failed
-            (docs/reliability.md, "Degraded runs").
+            (docs/reliability-failures.md, "Degraded runs").
         resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
         tracking, tracking_dir, wandb_project, wandb_mode: per-round experiment tracking
             (:mod:`flwr_sheaf.tracking`, docs/tracking.md).

@@ -888,7 +888,7 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     metric (e.g. per-edge values) with an infinite entry (a NaN entry of a list means "not measured"
     for that edge); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
     same check, with ``arrays=True`` also to every array (NaN/inf entries), and raises before its state
-    is committed: what the server refuses, the node never commits (docs/reliability.md).
+    is committed: what the server refuses, the node never commits (docs/reliability-failures.md).
 
     Args:
         content: the reply's ``RecordDict`` (its ``metrics`` record must hold ``num-examples``).

@@ -82,7 +82,7 @@ def summary_lines(results: dict) -> list[str]:
 
 
 def _status_lines(results: dict) -> list[str]:
-    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/reliability.md):
+    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/reliability-failures.md):
     the status, the failure counts and the nodes that failed, so a degraded run is never read as a clean one."""
     status = results.get("status", "completed")
     if status == "completed":
