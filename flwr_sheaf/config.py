@@ -608,7 +608,7 @@ _KEY_LIST = [
         20,
         _int(0),
         "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
-        "(seeded per round; 0 = off; docs/variants.md)",
+        "(seeded per round; 0 = off; docs/variants-diagnostics.md)",
     ),
     Key(
         "posthoc-readings",
@@ -623,7 +623,7 @@ _KEY_LIST = [
         6,
         _int(0),
         "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
-        "(0 = no spectrum; docs/variants.md)",
+        "(0 = no spectrum; docs/variants-diagnostics.md)",
     ),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
@@ -878,9 +878,9 @@ class FederationConfig(Section):
             drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.4).
         non_edge_pairs: unordered non-adjacent pairs of evaluated nodes whose communication accuracy
             is measured in both directions after multi-hop transport and after direct Procrustes
-            (drawn per evaluated round from (seed, round); 0 = off; docs/variants.md).
+            (drawn per evaluated round from (seed, round); 0 = off; docs/variants-diagnostics.md).
         diagnostics_eigenvalues: smallest sheaf-Laplacian eigenvalues reported per evaluated round
-            (0 = no spectrum; the per-edge total variation is always reported; docs/variants.md).
+            (0 = no spectrum; the per-edge total variation is always reported; docs/variants-diagnostics.md).
         posthoc_readings: ``"both"`` or ``"paper"``: whether a post-hoc method (whitening fitted on
             private training latents, the paper's protocol) also reports communication accuracy with
             the whitening fitted on the pilots (the strong reading; docs/baselines.md).
