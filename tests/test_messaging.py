@@ -78,6 +78,19 @@ class FakeGrid:
         return self.pull_messages(ids)
 
 
+class FakeClock:
+    """``time`` for the windowed exchange: advances only when it sleeps (LocalGrid answers at once)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 1e-3)
+
+
 def _msg(i: int) -> Message:
     return Message(
         RecordDict({"config": ConfigRecord({"i": i})}), dst_node_id=100 + i, message_type="query.x"
@@ -173,6 +186,9 @@ def test_only_flowers_simulation_grid_is_throttled():
 def _faulty_run(tmp_path, window, monkeypatch) -> dict:
     """A 6-node Sheaf-FRL run, 3 rounds, a seeded set of nodes raising or silent per round."""
     monkeypatch.setattr(messaging, "in_flight_limit", lambda grid: window)
+    monkeypatch.setattr(
+        messaging, "time", FakeClock()
+    )  # deadlines in pulls, not in load-bound seconds
     monkeypatch.setattr(messaging, "FIRST_REPLY_S", 0.05)  # silent nodes: slots freed in 0.05 s
     monkeypatch.setattr(messaging, "MIN_STALE_S", 0.05)
     n = 6
@@ -187,7 +203,7 @@ def _faulty_run(tmp_path, window, monkeypatch) -> dict:
         "num-server-rounds": 3,
         "seed": 3,
         "results-dir": str(tmp_path / str(window)),
-        "round-timeout": 2.0,  # the windowed exchange waits it out for silent nodes; a push trains
+        "round-timeout": 2.0,
     }
     grid = LocalGrid(cnn_client_app, n, run_config=rc)
     real = grid.app
