@@ -1,5 +1,5 @@
 """A ClientApp with flwr-sheaf handlers travels by reference when pickled (Flower's Ray engine
-pickles the ClientApp with every message; docs/performance.md, "The Ray engine")."""
+pickles the ClientApp with every message; docs/performance-ray.md, "Where a message's time went")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Server <-> node round trips with a bound on the messages in flight on Flower's simulation engine.
 
-Why (measured, docs/performance.md "Against Flower's floor"): Flower 1.42's simulation engine
+Why (measured, docs/performance-ray.md, "Flower's own polling"): Flower 1.42's simulation engine
 polls its in-memory LinkState every 0.1 s by asking, for every registered SuperNode, for that
 node's next message (``vce_api.add_messages_to_queue`` -> ``InMemoryLinkState.get_message_ins``),
 and each such question walks the stored instruction messages (3-4 us each on this machine,
@@ -32,8 +32,8 @@ from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-#: messages in flight at once on Flower's simulation engine (docs/performance.md, "Against
-#: Flower's floor": measured with ``benchmarks/ray_message_cost.py``).
+#: messages in flight at once on Flower's simulation engine (docs/performance-ray.md, "Bounded
+#: messages in flight": chosen with ``benchmarks/ray_message_cost.py --supernodes 1000``).
 SIMULATION_WINDOW = 48
 
 #: a message unanswered for ``STALE_FACTOR`` times the longest reply time seen so far in the
