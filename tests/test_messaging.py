@@ -239,3 +239,34 @@ def test_a_windowed_run_records_the_same_results_and_failures_as_an_unbounded_on
     reasons = {f["reason"] for f in plain["failures"]}
     assert any("injected" in r for r in reasons) and "no reply within the timeout" in reasons
     assert windowed == plain
+
+
+def test_flowers_polling_pass_checks_every_stored_message_for_every_node(monkeypatch):
+    """The model behind the window (docs/performance-ray.md): with messages delivered and awaiting
+    their replies, one pass of Flower's simulation polling checks each stored message once per
+    registered node (N x stored checks), on Flower's own in-memory LinkState."""
+    import importlib.util
+    from pathlib import Path
+    from queue import Queue
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "flower_polling.py"
+    spec = importlib.util.spec_from_file_location("flower_polling", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    n, stored = 30, 5
+    state, grid, nodes = bench.make_state(n)
+    msgs = [_msg(i) for i in range(stored)]
+    for m, nid in zip(msgs, nodes):
+        m.metadata.__dict__["_dst_node_id"] = nid
+    grid.push_messages(msgs)
+    queue: Queue = Queue()
+    bench.one_pass(state, nodes, queue)  # delivers the stored messages
+    assert queue.qsize() == stored
+    checks = []
+    real = state._check_stored_messages
+    monkeypatch.setattr(
+        state, "_check_stored_messages", lambda ids, *a: (checks.append(len(ids)), real(ids, *a))
+    )
+    bench.one_pass(state, nodes, queue)
+    assert sum(checks) == n * stored and queue.qsize() == stored
