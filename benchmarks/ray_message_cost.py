@@ -23,10 +23,11 @@ follows the machine's load.
 Usage::
 
     python benchmarks/ray_message_cost.py [--supernodes 1000] [--actors 2] [--port 39901]
-        [--num-pilots 200] [--timeout 1800]
+        [--num-pilots 200] [--timeout 1800] [--apps trivial,flwr-sheaf]
 
 ``--actors 1,2,4`` runs both apps for each actor count. The target (issue 26): the ratio of the
-repeat rounds' CPU per message within 1.5 at 1,000 SuperNodes.
+repeat rounds' CPU per message within 1.5 at 1,000 SuperNodes. ``--apps trivial`` runs Flower's
+trivial app alone (its own scale curve, docs/performance-ray.md).
 """
 
 from __future__ import annotations
