@@ -19,8 +19,6 @@ _SPLIT = "not split yet (issue 27, small parts)"
 EXCEPTIONS = {
     "strategy/graph.py:GraphStrategy": "discovery, round loop, sampling, messaging, failure records "
     "and run status in one class: " + _SPLIT,
-    "strategy/graph.py:discover": "discovery as one function (a helper on branch ray-cost rewrites "
-    "discovery into its own module): " + _SPLIT,
     "strategy/graph.py:start": "the round loop with checkpoints and run status: " + _SPLIT,
     "strategy/evaluation.py:GraphEvaluation": "evaluation receives the whole strategy: " + _SPLIT,
     "methods/sheaf_frl/strategy.py:SheafFRL": "pilot selection, variants and the absent-node "
