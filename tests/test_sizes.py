@@ -25,7 +25,6 @@ EXCEPTIONS = {
     "strategy/evaluation.py:GraphEvaluation": "evaluation receives the whole strategy: " + _SPLIT,
     "methods/sheaf_frl/strategy.py:SheafFRL": "pilot selection, variants and the absent-node "
     "policy in the strategy: " + _SPLIT,
-    "client/handlers.py:register_method_handlers": "4 nested handlers in one factory: " + _SPLIT,
     "apps/server_app.py:_run": "the ServerApp's run with its locks and the stopped-run record "
     "(landed with the run-files work): " + _SPLIT,
     "results.py:write_results": "results.json, accuracy.png and the run status in one function: "
