@@ -494,21 +494,21 @@ _KEY_LIST = [
         _bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
-        "`resume`; docs/reliability.md)",
+        "`resume`; docs/reliability-run-files.md)",
     ),
     Key(
         "max-failed-fraction",
         0.5,
         _float(0.0, 1.0),
         "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
-        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability.md)",
+        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability-failures.md)",
     ),
     Key(
         "resume-fresh-nodes",
         False,
         _bool,
         "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
-        "recorded in `results.json`; refused otherwise, docs/reliability.md)",
+        "recorded in `results.json`; refused otherwise, docs/reliability-failures.md)",
     ),
     Key(
         "tracking",
@@ -609,7 +609,7 @@ _KEY_LIST = [
         20,
         _int(0),
         "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
-        "(seeded per round; 0 = off; docs/variants.md)",
+        "(seeded per round; 0 = off; docs/variants-diagnostics.md)",
     ),
     Key(
         "posthoc-readings",
@@ -624,7 +624,7 @@ _KEY_LIST = [
         6,
         _int(0),
         "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
-        "(0 = no spectrum; docs/variants.md)",
+        "(0 = no spectrum; docs/variants-diagnostics.md)",
     ),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
@@ -897,9 +897,9 @@ class FederationConfig(Section):
             drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.4).
         non_edge_pairs: unordered non-adjacent pairs of evaluated nodes whose communication accuracy
             is measured in both directions after multi-hop transport and after direct Procrustes
-            (drawn per evaluated round from (seed, round); 0 = off; docs/variants.md).
+            (drawn per evaluated round from (seed, round); 0 = off; docs/variants-diagnostics.md).
         diagnostics_eigenvalues: smallest sheaf-Laplacian eigenvalues reported per evaluated round
-            (0 = no spectrum; the per-edge total variation is always reported; docs/variants.md).
+            (0 = no spectrum; the per-edge total variation is always reported; docs/variants-diagnostics.md).
         posthoc_readings: ``"both"`` or ``"paper"``: whether a post-hoc method (whitening fitted on
             private training latents, the paper's protocol) also reports communication accuracy with
             the whitening fitted on the pilots (the strong reading; docs/baselines.md).
@@ -1079,7 +1079,7 @@ class RunConfig(Section):
         checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
         node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
         max_failed_fraction: the share of failed train replies past which the run ends failed
-            (docs/reliability.md, "Degraded runs").
+            (docs/reliability-failures.md, "Degraded runs").
         resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
         tracking, tracking_dir, wandb_project, wandb_mode: per-round experiment tracking
             (:mod:`flwr_sheaf.tracking`, docs/tracking.md).

@@ -157,7 +157,7 @@ def write_results(
             the files are written.
         max_failed_fraction: the share of failed train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else the key's default 0.5;
-            docs/reliability.md).
+            docs/reliability-failures.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``, the time
             since the first round started).
         extra: further top-level keys (JSON-serialisable), written last.

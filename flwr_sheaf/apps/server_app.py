@@ -52,10 +52,10 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         Exception: whatever ``strategy.start`` raised (a node-independent error, e.g. a
             :class:`~flwr_sheaf.strategy.checkpoint.CheckpointWriteError`), re-raised after the completed
             rounds' ``results.json`` is written with ``status: failed`` (a note on the exception names
-            the file; docs/reliability.md, "Cases of issue #28").
+            the file; docs/reliability-run-files.md, "Cases of issue #28").
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
-            message names the partition-ids, rounds and reasons (docs/reliability.md).
+            message names the partition-ids, rounds and reasons (docs/reliability-failures.md).
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
             written (or a symbolic-link loop), ``overwrite`` with ``resume``, a results-dir holding another
             run's results (without resume / overwrite), a node-state-dir holding another run's node

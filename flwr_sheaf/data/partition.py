@@ -562,7 +562,7 @@ def make_dirichlet_split(
     min_partition_size: int = 10,
 ) -> FederatedSplit:
     """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
-    (FedSAF's heterogeneity protocol; docs/baselines.md, s4.6), then the per-class 80/10/10 split.
+    (FedSAF's heterogeneity protocol; docs/baselines-prototypes.md, s4.6), then the per-class 80/10/10 split.
 
     (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every class
     is eligible: every agent has the full label space), capped at ``num_pilots``; (b) the other samples

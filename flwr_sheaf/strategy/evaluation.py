@@ -8,7 +8,7 @@ the non-edge plan) travels as a :class:`PhaseTwo` value, never as strategy attri
 - phase 1 (``evaluate.<action>``): each evaluator's private accuracy, whitened pilots and
   validation/test latents (:meth:`GraphEvaluation.phase1_messages`);
 - between the phases: the sheaf diagnostics and the non-edge plan
-  (:meth:`GraphEvaluation.sheaf_diagnostics`, docs/variants.md);
+  (:meth:`GraphEvaluation.sheaf_diagnostics`, docs/variants-diagnostics.md);
 - phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays
   (and its non-edge sources' arrays transported along a shortest path); the per-edge accuracies
   become the mean over receivers and the degree-weighted mean (:meth:`GraphEvaluation.aggregate`).
@@ -465,7 +465,7 @@ class GraphEvaluation:
     def sheaf_diagnostics(
         self, s: GraphStrategy, server_round: int, phase1: Mapping[int, Message]
     ) -> NonEdgePlan:
-        """Sheaf diagnostics of this evaluated round; returns the non-edge plan (docs/variants.md).
+        """Sheaf diagnostics of this evaluated round; returns the non-edge plan (docs/variants-diagnostics.md).
 
         On the subgraph induced by the accepted phase-1 nodes every edge's map is refitted by
         Procrustes on their pilots (Eq. 18). Recorded in the round: ``sheaf_edge_tv`` (per oriented

@@ -77,7 +77,7 @@ log = logging.getLogger("flwr_sheaf")
 
 class RunFailedError(RuntimeError):
     """A run past its ``max-failed-fraction`` (:meth:`GraphStrategy.run_status`): the ServerApp raises it
-    after ``results.json`` is written, so Flower records the run as failed (docs/reliability.md)."""
+    after ``results.json`` is written, so Flower records the run as failed (docs/reliability-failures.md)."""
 
 
 class GraphStrategy(Strategy):
@@ -286,7 +286,7 @@ class GraphStrategy(Strategy):
 
     def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """``(records, config entries)`` only node ``pid`` gets in its phase-1 evaluation message (default:
-        none; Sheaf-FRL under stringent privacy: its edges, docs/variants.md)."""
+        none; Sheaf-FRL under stringent privacy: its edges, docs/variants-privacy.md)."""
         return {}, {}
 
     # ------------------------------------------------------------------ discovery
@@ -781,13 +781,13 @@ class GraphStrategy(Strategy):
     def non_edge_results(self) -> list[dict]:
         """Per directed non-edge pair of the last evaluation: ``src``, ``dst`` (receiver), ``hops``,
         ``path`` (source first), ``communication_accuracy`` (multi-hop), ``communication_accuracy_direct``
-        (direct Procrustes) and their ``val_`` counterparts (docs/variants.md)."""
+        (direct Procrustes) and their ``val_`` counterparts (docs/variants-diagnostics.md)."""
         return self.last_evaluation.non_edges
 
     def run_status(
         self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]
     ) -> dict[str, Any]:
-        """Whether the run so far (restored rounds included) is clean, degraded or failed (docs/reliability.md).
+        """Whether the run so far (restored rounds included) is clean, degraded or failed (docs/reliability-failures.md).
 
         A train reply fails when its node errs, does not answer, or the reply is refused. The run is
         ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for

@@ -3,7 +3,7 @@ Clients", AAAI 2022) in pure torch: local class prototypes, server aggregation, 
 regulariser, nearest-prototype inference, and the parameter-free pooling adapter that gives
 heterogeneous encoders a common feature dimension.
 
-Conventions (docs/baselines.md, s3):
+Conventions (docs/baselines-prototypes.md, s3):
 
 * A prototype set is a ``dict[int, Tensor]`` mapping a **Python int** class id to a ``(d,)``
   tensor. Keying by tensors (e.g. the elements of ``torch.unique(y)``) makes look-ups with ints
@@ -186,7 +186,7 @@ def class_prototypes(
     if y.numel() == 0:
         return protos, counts
     y = y.to(z.device)
-    for c in torch.unique(y).tolist():  # .tolist() -> Python ints (docs/baselines.md, s3.6)
+    for c in torch.unique(y).tolist():  # -> Python ints (docs/baselines-prototypes.md, s3.6)
         mask = y == c
         protos[int(c)] = z[mask].mean(dim=0)
         counts[int(c)] = int(mask.sum())
@@ -262,7 +262,7 @@ def fedproto_loss(
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
     """Prototype inference: ``argmin_c ||z_j - P_g^c||_2`` over the classes with a prototype.
 
-    FedProto's inference rule (docs/baselines.md, s3.4). Distances are computed pairwise without the
+    FedProto's inference rule (docs/baselines-prototypes.md, s3.4). Distances are computed pairwise without the
     ``||a||^2 - 2ab + ||b||^2`` expansion (no cancellation); ties go to the smallest class id.
 
     Args:
@@ -475,7 +475,7 @@ class PoolingAdapter(nn.Module):
     """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common``.
 
     HtFLlib replaces each backbone's classifier with ``nn.AdaptiveAvgPool1d(feature_dim)`` so that
-    heterogeneous encoders emit the same dimension (docs/baselines.md, s3.5); this is the same operation
+    heterogeneous encoders emit the same dimension (docs/baselines-prototypes.md, s3.5); this is the same operation
     (``torch.nn.functional.adaptive_avg_pool1d`` over the last axis). Output entry ``k`` averages
     input entries ``[floor(k*d_in/d_common), ceil((k+1)*d_in/d_common))``: with ``2048 -> 512``
     each output averages 4 consecutive inputs; with ``64 -> 512`` each input is repeated 8 times
@@ -529,7 +529,7 @@ def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None: ...
 def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
     """Check that FedProto clients can average prototypes coordinate-wise.
 
-    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (docs/baselines.md, s3.5).
+    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (docs/baselines-prototypes.md, s3.5).
 
     Args:
         dims: client id -> native feature dim (positive ints), non-empty.

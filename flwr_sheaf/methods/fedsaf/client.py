@@ -1,4 +1,4 @@
-"""FedSAF on the client: structural alignment on FedProto's global prototypes (docs/baselines.md).
+"""FedSAF on the client: structural alignment on FedProto's global prototypes (docs/baselines-prototypes.md).
 
 Same protocol as FedProto (global prototypes in, local prototypes and counts out, pooled to the
 common dimension, nearest-prototype accuracy reported); only the loss plug-in differs (FedSAF

@@ -1,4 +1,4 @@
-"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines.md, s5).
+"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines-rfedags.md, s5).
 
 :class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` except the
 round's messages and the server step: discovery, the shared Bernoulli(p_i) sampler

@@ -1,21 +1,21 @@
 """Federated PCA on the Stiefel manifold: the RFedAGS paper's synthetic problem and a planted bias problem.
 
-Cost convention (authors' code ``ConstructRFLPCAProb_St_.m``; docs/baselines.md, s5.5)::
+Cost convention (authors' code ``ConstructRFLPCAProb_St_.m``; docs/baselines-rfedags.md, s5.5)::
 
     f_i(X) = -tr(X^T A_i X),   A_i = (1/S) sum_s z_s z_s^T,   F(X) = (1/N) sum_i f_i(X),   X in St(d, r)
 
-(no factor 1/2: the paper's step sizes 6e-3 / 2e-2 and the gap thresholds of check R4, docs/baselines.md, s5.6, are in this
+(no factor 1/2: the paper's step sizes 6e-3 / 2e-2 and the gap thresholds of check R4, docs/baselines-rfedags.md, s5.6, are in this
 convention). Euclidean gradient ``-2 A_i X`` (mini-batch: ``-(2/B) Z_b^T Z_b X``), Riemannian gradient
 its tangent projection. ``F* = -(sum of the top-r eigenvalues of A = mean_i A_i)``, attained by the
 top-r eigenvectors ``U``.
 
 Problems:
 
-* :func:`synthetic_pca_problem`: the paper's synthetic PCA experiment / ``PCAStief_Syn_40.m`` (docs/baselines.md, s5.5): client ``i = 1..N`` holds ``S``
+* :func:`synthetic_pca_problem`: the paper's synthetic PCA experiment / ``PCAStief_Syn_40.m`` (docs/baselines-rfedags.md, s5.5): client ``i = 1..N`` holds ``S``
   samples ``z ~ (i/N) N(0, I_d)``; ``(d, r, N, S) = (100, 5, 40, 100)``; ``p_i ~ U(0, 1)``.
   The pooled covariance is near-isotropic (top-r eigengap ~ 4e-3), so use the optimality gap, not the
   subspace distance, on this problem.
-* :func:`planted_pca_problem`: check R3 of docs/baselines.md, s5.5-s5.6 (the participation bias): 5 frequent
+* :func:`planted_pca_problem`: check R3 of docs/baselines-rfedags.md, s5.5-s5.6 (the participation bias): 5 frequent
   clients (``p = 0.9``) with a spike 2.0 on ``e0, e1`` and 5 rare clients (``p = 0.2``) with a spike 3.0 on
   ``e2, e3``. ``F`` is minimised by ``span(e2, e3)``; the uncorrected mean over responders minimises
   ``F~ = sum_i p~_i f_i`` whose minimiser is ``span(e0, e1)`` (subspace distance sqrt(2) apart).
@@ -95,7 +95,7 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
 
 
 class PCAProblem:
-    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (docs/baselines.md, s5.5).
+    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (docs/baselines-rfedags.md, s5.5).
 
     Args:
         covariances: ``(N, d, d)`` symmetric matrices ``A_i``.
@@ -174,7 +174,7 @@ class PCAProblem:
     def minibatch_egrads(
         self, x: np.ndarray, clients: np.ndarray | list[int], batch: np.ndarray
     ) -> np.ndarray:
-        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (docs/baselines.md, s5.5; batch without replacement).
+        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (docs/baselines-rfedags.md, s5.5; batch without replacement).
 
         Args:
             x: ``(d, r)`` or ``(m, d, r)``.
@@ -217,7 +217,7 @@ class PCAProblem:
 
     def gap(self, x: np.ndarray) -> float:
         """Optimality gap ``F(X) - F* >= 0`` (float) of a point ``X (d, r)``: the metric of
-        docs/baselines.md, s5.5."""
+        docs/baselines-rfedags.md, s5.5."""
         return self.cost(x) - self.optimum()[1]
 
     def reweighted_optimum(self, weights: np.ndarray) -> np.ndarray:
@@ -238,7 +238,7 @@ class PCAProblem:
 def synthetic_pca_problem(
     num_clients: int = 40, d: int = 100, r: int = 5, samples_per_client: int = 100, seed: int = 0
 ) -> PCAProblem:
-    """The paper's synthetic PCA data (docs/baselines.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
+    """The paper's synthetic PCA data (docs/baselines-rfedags.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
 
     Args:
         num_clients, d, r, samples_per_client: ``N, d, r, S`` (paper: 40, 100, 5, 100).
@@ -276,7 +276,7 @@ def planted_pca_problem(
     base: float = 0.1,
     noise: float = 0.005,
 ) -> tuple[PCAProblem, np.ndarray]:
-    """Planted two-group PCA problem that exposes the participation bias (docs/baselines.md, s5.5-s5.6, check R3).
+    """Planted two-group PCA problem that exposes the participation bias (docs/baselines-rfedags.md, s5.5-s5.6, check R3).
 
     ``A_i = base * I + noise * sym(G_i) + spike_g (e_a e_a^T + e_b e_b^T)`` with ``(a, b) = (0, 1)`` for the
     frequent group and ``(2, 3)`` for the rare group; ``r = 2``. With the defaults the true optimum is
@@ -355,7 +355,7 @@ def run_pca_reference(
     force_one_if_empty: bool = False,
     record_every: int = 1,
 ) -> dict:
-    """Pure-numpy RFedAGS run on a PCA problem (docs/baselines.md, s5, with the Bernoulli(p_i) participation of docs/participation.md, s1).
+    """Pure-numpy RFedAGS run on a PCA problem (docs/baselines-rfedags.md, s5, with the Bernoulli(p_i) participation of docs/participation.md, s1).
 
     Round ``t = 1..T``: ``S_t = bernoulli_participation(p, t, seed)``; every responder runs
     :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` from ``x_t`` with ``alpha_{t-1}`` (exact local

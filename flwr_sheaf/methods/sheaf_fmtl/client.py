@@ -1,4 +1,4 @@
-"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines.md, s8).
+"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines-sheaf-fmtl.md, s8).
 
 Per ``train.sheaf_fmtl`` message the node, with theta_i its trainable parameters flattened in
 ``model.parameters()`` order (n_i of them, checked against the server's ``sheaf-fmtl-num-params``):
