@@ -131,7 +131,9 @@ def evaluate_comm_handler(
     Args:
         msg: the phase-2 message: the routed arrays of each neighbour (``arrays``) and a config as
             phase 1 plus the :class:`~flwr_sheaf.protocol.EdgeConfig` (and non-edge sources).
-        context, factory, method: as :func:`evaluate_handler`.
+        context: the node's context (its trained model in ``context.state``).
+        factory: builds the node's :class:`~flwr_sheaf.client.task.LocalTask`.
+        method: the method's hooks (its routed arrays and per-edge metrics).
 
     Returns:
         the reply's ``metrics``: :data:`~flwr_sheaf.protocol.COMM_SRC` (neighbours' partition-ids),
