@@ -126,7 +126,7 @@ def evaluate_comm_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
     """``evaluate.<action>_comm``: communication accuracy per incoming edge (paper Eq. 22), and from
-    each non-edge source (docs/variants.md).
+    each non-edge source (docs/variants-diagnostics.md).
 
     Args:
         msg: the phase-2 message: the routed arrays of each neighbour (``arrays``) and a config as
@@ -343,7 +343,7 @@ def _pilot_whitened_accuracies(
 def _non_edge_accuracies(
     msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device
 ) -> dict[str, list]:
-    """Communication accuracy from each non-edge source j of the phase-2 message (docs/variants.md).
+    """Communication accuracy from each non-edge source j of the phase-2 message (docs/variants-diagnostics.md).
 
     For source j (arrays ``"<j>/pilots"``, ``"<j>/<split>-latents"``, ``"<j>/<split>-labels"`` and
     the server's composed map ``"<j>/path-map"`` of shape ``(d_i, d_j)``): j's whitened latents are

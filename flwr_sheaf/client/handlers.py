@@ -100,7 +100,7 @@ class ClientMethod:
         """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
         :meth:`evaluation_arrays` and, with the strong post-hoc reading, :data:`PILOT_READING_ARRAYS`;
         numpy; the model's whitening is then the pilot-fitted one); default: unchanged (Sheaf-FRL's stringent privacy sends
-        per-neighbour transported arrays instead, docs/variants.md)."""
+        per-neighbour transported arrays instead, docs/variants-privacy.md)."""
         return arrays
 
     def edge_metrics(
