@@ -58,6 +58,7 @@ __all__ = [
     "EVALUATE",
     "message_type",
     "comm_action",
+    "required",
     "CONFIG",
     "INFO",
     "METRICS",
@@ -233,6 +234,14 @@ def message_type(category: str, action: str) -> str:
 def comm_action(action: str) -> str:
     """Action of the second evaluation phase (communication accuracy): ``"<action>_comm"``."""
     return f"{action}_comm"
+
+
+def required(cfg: Mapping, key: str, msg_type: str):
+    """``cfg[key]`` of a message config, or a :class:`ProtocolError` naming the key and the message
+    type ``msg_type`` (:func:`message_type`): every value a handler needs comes in the message."""
+    if key not in cfg:
+        raise ProtocolError(f"{msg_type} message config lacks {key!r}")
+    return cfg[key]
 
 
 # ------------------------------------------------------------------------------ record names

@@ -19,31 +19,10 @@ _SPLIT = "not split yet (issue 27, small parts)"
 EXCEPTIONS = {
     "strategy/graph.py:GraphStrategy": "discovery, round loop, sampling, messaging, failure records "
     "and run status in one class: " + _SPLIT,
-    "strategy/graph.py:discover": "discovery as one function (a helper on branch ray-cost rewrites "
-    "discovery into its own module): " + _SPLIT,
     "strategy/graph.py:start": "the round loop with checkpoints and run status: " + _SPLIT,
     "strategy/evaluation.py:GraphEvaluation": "evaluation receives the whole strategy: " + _SPLIT,
     "methods/sheaf_frl/strategy.py:SheafFRL": "pilot selection, variants and the absent-node "
     "policy in the strategy: " + _SPLIT,
-    "client/handlers.py:register_method_handlers": "4 nested handlers in one factory: " + _SPLIT,
-    "apps/server_app.py:_run": "the ServerApp's run with its locks and the stopped-run record "
-    "(landed with the run-files work): " + _SPLIT,
-    "results.py:write_results": "results.json, accuracy.png and the run status in one function: "
-    + _SPLIT,
-    "data/partition.py:make_federated_split": "the Eq. 23 split with its per-agent checks: "
-    + _SPLIT,
-    "data/partition.py:make_dirichlet_split": "the Dirichlet split with its per-agent checks: "
-    + _SPLIT,
-    "methods/_shared/prototypes.py:aggregate_prototypes": "per-upload validation and both "
-    "weightings in one function: " + _SPLIT,
-    "methods/rfedags/baselines_strategy.py:aggregate_train": "the three baselines' server steps: "
-    + _SPLIT,
-    "methods/rfedags/pca.py:run_pca_reference": "the numpy PCA reference loop: " + _SPLIT,
-    "tools/deploy_local.py:LocalDeployment": "keys, SuperLink, SuperNodes, run and restart in one "
-    "class: " + _SPLIT,
-    "tools/deploy_local.py:make_tls": "CA and server certificate, builder calls written out: "
-    + _SPLIT,
-    "tools/deploy_local.py:main": "argument parsing, bring-up, run and report: " + _SPLIT,
 }
 
 

@@ -5,10 +5,9 @@ Every method's strategy subclasses :class:`GraphStrategy` directly (one level be
 parents (e.g. the prototype aggregation of ``flwr_sheaf/methods/_shared/``; evaluation: :class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`; checkpoints:
 :class:`~flwr_sheaf.strategy.checkpoint.Checkpointer`).
 
-- **discovery**: a ``query.<action>`` round trip maps Flower's opaque node ids to partition-ids
-  and collects each node's :class:`~flwr_sheaf.protocol.NodeInfo`. Nodes are queried as they
-  register, so a federation that is too small (nodes report ``num-partitions`` < N) fails at once
-  with the ``--federation-config`` to pass, instead of waiting;
+- **discovery** (:class:`~flwr_sheaf.strategy.discovery.Discovery`): a ``query.<action>`` round
+  trip maps Flower's opaque node ids to partition-ids and collects each node's
+  :class:`~flwr_sheaf.protocol.NodeInfo`; the strategy then builds its graph (:meth:`GraphStrategy.on_discovered`);
 - **sampling**: :class:`~flwr_sheaf.participation.ParticipationSampler` (a node's draw depends only
   on (seed, server round, partition-id), identically for every method);
 - **the round loop** :meth:`GraphStrategy.start` (Flower's ``Strategy.start`` contract, returns
@@ -41,24 +40,20 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..config import DEFAULTS, KEYS, FederationConfig, LocalTrainConfig
-from ..hints import handler_hint, pilot_count_error
+from ..hints import pilot_count_error
 from ..logs import default_progress_handler
 from ..participation import EVALUATE_STREAM, ParticipationSampler
 from ..protocol import (
     CONFIG,
     DEVICE,
-    INFO,
     METRICS,
     NUM_EXAMPLES,
-    QUERY,
     SEED,
     SERVER_ROUND,
     TORCH_THREADS,
     TRAIN,
     TRAIN_REPLY,
     EdgeConfig,
-    NodeInfo,
-    ProtocolError,
     as_float,
     message_type,
     reply_problem,
@@ -69,6 +64,7 @@ from ..topology import build_graph, validate_graph
 from . import messaging
 from .base import MetricValues, Node, RoundRecord, _numeric, nanmean, record_bytes
 from .checkpoint import Checkpointer
+from .discovery import Discovery
 from .evaluation import EvaluationResult, GraphEvaluation, summarise_accuracies
 
 __all__ = ["GraphStrategy", "RunFailedError", "summarise_accuracies"]
@@ -292,106 +288,21 @@ class GraphStrategy(Strategy):
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, timeout: float) -> None:
-        """Map node ids to partition-ids (``query.<action>``), querying nodes as they register.
-
-        SuperNodes beyond the scenario (partition-id >= ``num_nodes``, or whose discovery handler
-        failed while more SuperNodes than agents registered) stay idle.
+        """Map node ids to partition-ids (:class:`~flwr_sheaf.strategy.discovery.Discovery`, queried
+        with :meth:`query_config` and :attr:`resume_check`), then :meth:`on_discovered`; nothing
+        when the nodes are known already.
 
         Raises:
-            RuntimeError: the SuperNodes report ``num-partitions`` smaller than ``num_nodes`` (at
-                once, naming the ``--federation-config`` to pass), a discovery handler failed and
-                no spare SuperNode exists (its reason quoted), duplicate partition-ids, or
-                partition-ids still missing after ``discovery_timeout`` (named, with the reasons
-                of failed nodes).
+            RuntimeError: see :meth:`flwr_sheaf.strategy.discovery.Discovery.run` (too few
+                SuperNodes, a failed discovery handler, partition-ids missing after
+                ``discovery_timeout``).
         """
         if len(self.nodes) == self.num_nodes:
             return
-        fix = f'--federation-config "num-supernodes={self.num_nodes}"'
-        deadline = time.monotonic() + self.discovery_timeout
-        found: dict[int, Node] = {}
-        asked: set[int] = set()
-        errors: list[str] = []
-        while True:
-            new = [n for n in grid.get_node_ids() if n not in asked]
-            if new:
-                asked.update(new)
-                msgs = [
-                    Message(
-                        RecordDict(
-                            {CONFIG: ConfigRecord({**self.query_config(), **self.resume_check})}
-                        ),
-                        dst_node_id=n,
-                        message_type=message_type(QUERY, self.action),
-                    )
-                    for n in new
-                ]
-                for r in messaging.send_and_receive(
-                    grid,
-                    msgs,
-                    max(1.0, min(timeout, deadline - time.monotonic())),
-                    messaging.in_flight_limit(grid),
-                ):
-                    problem = (
-                        (r.error.reason or "") + handler_hint(r.error.reason)
-                        if r.has_error()
-                        else reply_problem(r.content, {INFO: ()})
-                    )
-                    info = None
-                    if problem is None:
-                        try:
-                            info = NodeInfo.from_record(r.content[INFO])
-                        except ProtocolError as exc:
-                            problem = str(exc)
-                    if info is None:
-                        assert problem is not None  # no info means a problem was found
-                        errors.append(f"node {r.metadata.src_node_id}: {problem[-600:]}")
-                        if len(asked) > self.num_nodes:  # a spare SuperNode can stand in
-                            log.warning("discovery: %s (idle)", errors[-1])
-                        continue
-                    if 0 < info.num_partitions < self.num_nodes:
-                        raise RuntimeError(
-                            f"this scenario has {self.num_nodes} agents but the federation has "
-                            f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
-                            f"run: flwr run . --stream {fix} (in-process: LocalGrid(app, {self.num_nodes}))"
-                        )
-                    if info.partition_id in found:
-                        raise RuntimeError(
-                            f"partition-id {info.partition_id} reported by two nodes"
-                        )
-                    found[info.partition_id] = Node(r.metadata.src_node_id, info)
-                if errors and len(asked) <= self.num_nodes:  # no spare SuperNode can stand in
-                    more = (
-                        f" (and {len(errors) - 1} more of the {len(asked)} nodes: "
-                        + "; ".join(e[:160] for e in errors[1:4])
-                        + (" ..." if len(errors) > 4 else "")
-                        + ")"
-                        if len(errors) > 1
-                        else ""
-                    )
-                    raise RuntimeError(f"discovery failed on {errors[0]}{more}")
-            if all(p in found for p in range(self.num_nodes)):
-                break
-            if time.monotonic() > deadline:
-                missing = sorted(set(range(self.num_nodes)) - set(found))
-                if len(asked) >= self.num_nodes and found and not errors:
-                    # every SuperNode registered and none failed: they answer too slowly, not too few
-                    rate = len(found) / self.discovery_timeout
-                    need = self.num_nodes / max(rate, 1e-9)
-                    raise RuntimeError(
-                        f"discovery answered {len(found)} of {self.num_nodes} nodes in "
-                        f"discovery-timeout={self.discovery_timeout:.0f} s ({rate:.1f} nodes/s; "
-                        f"{len(missing)} still missing, from partition-id {missing[0]}): every "
-                        f"SuperNode is registered and none failed, so they are slow (many nodes "
-                        f"on few cores: set discovery-timeout to at least {1.5 * need:.0f}, 1.5x the "
-                        f"{need:.0f} s this rate needs) or stuck (see those SuperNodes' logs)"
-                    )
-                raise RuntimeError(
-                    f"the scenario has {self.num_nodes} agents but after {self.discovery_timeout:.0f} s no SuperNode "
-                    f"answered for partition-id(s) {missing} ({len(asked)} registered; failed: {errors}); run with {fix}"
-                )
-            time.sleep(0.5)
-        # Extra SuperNodes (partition-id >= num_nodes) stay idle.
-        self.nodes = {p: n for p, n in found.items() if p < self.num_nodes}
+        config = {**self.query_config(), **self.resume_check}
+        self.nodes = Discovery(self.num_nodes, self.action, config, self.discovery_timeout).run(
+            grid, timeout
+        )
         self.pid_of_node = {n.node_id: p for p, n in self.nodes.items()}
         self.on_discovered()
 

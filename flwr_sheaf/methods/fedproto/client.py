@@ -24,7 +24,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ...client.common import eval_latents, from_numpy, to_numpy
-from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
 from ...protocol import (
@@ -38,6 +38,7 @@ from ...protocol import (
     array_record,
     message_type,
     pack_prototypes,
+    required,
     unpack_prototypes,
 )
 from .._shared.prototypes import (

@@ -387,21 +387,61 @@ def run_pca_reference(
     Raises:
         ValueError: invalid arguments (mode, sizes, probabilities, step sizes).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    probs = check_probabilities(p)
-    if probs.size != problem.num_clients:
-        raise ValueError(f"p has {probs.size} entries, problem has {problem.num_clients} clients")
-    if int(num_rounds) != num_rounds or num_rounds < 1:
-        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
-    if int(record_every) != record_every or record_every < 1:
-        raise ValueError(f"record_every must be a positive integer, got {record_every!r}")
+    probs = _check_reference_args(problem, p, mode, num_rounds, record_every)
     alpha = step_size if callable(step_size) else (lambda t, a=float(step_size): a)
+    man = problem.manifold
+    server = _reference_server(
+        problem, probs, x0, seed, mode, q_min, global_step, estimate_includes_current, estimator
+    )
+    u_star, u_tilde, p_tilde = _targets(problem, probs)
+    hist: dict = {"rounds": [], "gap": [], "dist": [], "dist_reweighted": [], "num_responders": []}
+    _record(hist, problem, server.x, u_star, u_tilde, 0, 0)
+    max_feas, empty = float(man.feasibility(server.x)), 0
+    for t in range(1, int(num_rounds) + 1):
+        mask = bernoulli_participation(probs, t, seed, force_one_if_empty)
+        clients = np.flatnonzero(mask)
+        zetas = np.zeros((problem.num_clients, problem.d, problem.r))
+        if clients.size:
+            zetas[clients] = _local_phase(
+                problem, server.x, clients, t, alpha(t - 1), local_steps, seed, batch_size
+            )
+        else:
+            empty += 1
+        server.step(mask, zetas)
+        max_feas = max(max_feas, float(man.feasibility(server.x)))
+        if t % record_every == 0 or t == num_rounds:
+            _record(hist, problem, server.x, u_star, u_tilde, t, int(clients.size))
+    final = {"x": server.x.copy(), "q": server.estimator.estimate(), "p_tilde": p_tilde}
+    return {**hist, "max_feasibility": max_feas, "empty_rounds": empty, **final}
+
+
+def _targets(problem: PCAProblem, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distances' targets: the optimum ``U`` ``(d, r)``, the ``p~``-reweighted optimum ``U~``
+    (``U`` when every ``p~`` is 0) and ``p~`` ``(N,)`` (uncorrected aggregation's effective weights)."""
+    u_star, _ = problem.optimum()
+    p_tilde = effective_weights_uncorrected(probs)
+    u_tilde = problem.reweighted_optimum(p_tilde) if p_tilde.sum() > 0 else u_star
+    return u_star, u_tilde, p_tilde
+
+
+def _reference_server(
+    problem: PCAProblem,
+    probs: np.ndarray,
+    x0: np.ndarray | None,
+    seed: int,
+    mode: str,
+    q_min: float,
+    global_step: float,
+    estimate_includes_current: bool,
+    estimator: str,
+) -> RFedAGSServer:
+    """The reference run's server at ``x0`` (checked on the manifold; default a random Stiefel
+    point seeded by ``(seed, 2)``), with the arguments of :func:`run_pca_reference`."""
     man = problem.manifold
     if x0 is None:
         x0 = man.random_point(np.random.default_rng([int(seed), 2]))
     man.check_point(x0)
-    server = RFedAGSServer(
+    return RFedAGSServer(
         man,
         x0,
         problem.num_clients,
@@ -412,52 +452,70 @@ def run_pca_reference(
         estimate_includes_current=estimate_includes_current,
         estimator_kind=estimator,
     )
-    u_star, _ = problem.optimum()
-    p_tilde = effective_weights_uncorrected(probs)
-    u_tilde = problem.reweighted_optimum(p_tilde) if p_tilde.sum() > 0 else u_star
-    hist: dict = {"rounds": [], "gap": [], "dist": [], "dist_reweighted": [], "num_responders": []}
 
-    def record(t: int, m: int) -> None:
-        hist["rounds"].append(t)
-        hist["gap"].append(problem.gap(server.x))
-        hist["dist"].append(subspace_distance(server.x, u_star))
-        hist["dist_reweighted"].append(subspace_distance(server.x, u_tilde))
-        hist["num_responders"].append(m)
 
-    record(0, 0)
-    max_feas, empty = float(man.feasibility(server.x)), 0
-    for t in range(1, int(num_rounds) + 1):
-        mask = bernoulli_participation(probs, t, seed, force_one_if_empty)
-        clients = np.flatnonzero(mask)
-        zetas = np.zeros((problem.num_clients, problem.d, problem.r))
-        if clients.size:
-            a_t = alpha(t - 1)
-            if batch_size is None:
+def _check_reference_args(
+    problem: PCAProblem, p: np.ndarray, mode: str, num_rounds: int, record_every: int
+) -> np.ndarray:
+    """The checked participation probabilities ``(N,)`` of :func:`run_pca_reference`.
 
-                def egrad(x, k, c=clients, b=None):  # b: same signature as the minibatch variant
-                    return problem.local_egrads(x, c)
-            else:
-                s = problem.samples.shape[1] if problem.samples is not None else 0
-                bidx = np.stack(
-                    [batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]
-                )  # (m, K, B)
+    Raises:
+        ValueError: an unknown ``mode``, bad probabilities or not one per client, or
+            ``num_rounds`` / ``record_every`` not a positive integer (value named).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    probs = check_probabilities(p)
+    if probs.size != problem.num_clients:
+        raise ValueError(f"p has {probs.size} entries, problem has {problem.num_clients} clients")
+    if int(num_rounds) != num_rounds or num_rounds < 1:
+        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
+    if int(record_every) != record_every or record_every < 1:
+        raise ValueError(f"record_every must be a positive integer, got {record_every!r}")
+    return probs
 
-                def egrad(x, k, c=clients, b=bidx):
-                    return problem.minibatch_egrads(x, c, b[:, k])
 
-            stream = local_gradient_stream(man, server.x, egrad, local_steps, a_t)
-            zetas[clients] = stream.zeta
-        else:
-            empty += 1
-        server.step(mask, zetas)
-        max_feas = max(max_feas, float(man.feasibility(server.x)))
-        if t % record_every == 0 or t == num_rounds:
-            record(t, int(clients.size))
-    hist.update(
-        max_feasibility=max_feas,
-        empty_rounds=empty,
-        x=server.x.copy(),
-        q=server.estimator.estimate(),
-        p_tilde=p_tilde,
-    )
-    return hist
+def _local_phase(
+    problem: PCAProblem,
+    x: np.ndarray,
+    clients: np.ndarray,
+    t: int,
+    a_t: float,
+    local_steps: int,
+    seed: int,
+    batch_size: int | None,
+) -> np.ndarray:
+    """The responders' ``clients`` local phases of round ``t`` from ``x`` with step ``a_t``, batched
+    into one :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` call (exact local
+    gradients, or mini-batches from :func:`batch_indices`); returns their ``zeta`` ``(m, d, r)``."""
+    if batch_size is None:
+
+        def egrad(x, k, c=clients, b=None):  # b: same signature as the minibatch variant
+            return problem.local_egrads(x, c)
+    else:
+        s = problem.samples.shape[1] if problem.samples is not None else 0
+        bidx = np.stack(
+            [batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]
+        )  # (m, K, B)
+
+        def egrad(x, k, c=clients, b=bidx):
+            return problem.minibatch_egrads(x, c, b[:, k])
+
+    return local_gradient_stream(problem.manifold, x, egrad, local_steps, a_t).zeta
+
+
+def _record(
+    hist: dict,
+    problem: PCAProblem,
+    x: np.ndarray,
+    u_star: np.ndarray,
+    u_tilde: np.ndarray,
+    t: int,
+    m: int,
+) -> None:
+    """Append round ``t``'s gap, distances to ``U`` and ``U~`` and responder count ``m`` to ``hist``."""
+    hist["rounds"].append(t)
+    hist["gap"].append(problem.gap(x))
+    hist["dist"].append(subspace_distance(x, u_star))
+    hist["dist_reweighted"].append(subspace_distance(x, u_tilde))
+    hist["num_responders"].append(m)

@@ -27,7 +27,7 @@ from flwr.clientapp import ClientApp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from ...client.common import from_numpy, task_device, to_numpy
-from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import CrossEntropy, LossPlugin
 from ...client.task import LocalTask, TaskFactory
 from ...config import LocalTrainConfig
@@ -40,6 +40,7 @@ from ...protocol import (
     array_record,
     message_type,
     pack_arrays,
+    required,
 )
 from . import (
     ACTION,

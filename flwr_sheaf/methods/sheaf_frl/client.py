@@ -45,7 +45,7 @@ from ...client.common import (
     to_numpy,
     whitened_pilots,
 )
-from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
 from ...config import DEFAULTS
@@ -71,6 +71,7 @@ from ...protocol import (
     as_int,
     index_digest,
     pack_arrays,
+    required,
     unpack_neighbour_pilots,
     unpack_pilot_selection,
 )
