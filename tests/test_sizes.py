@@ -17,12 +17,6 @@ MAX_CLASS_LINES, MAX_CLASS_METHODS, MAX_FUNCTION_LINES = 400, 20, 80
 _SPLIT = "not split yet (issue 27, small parts)"
 #: ``"<file>:<name>"`` -> why it is still over its limit
 EXCEPTIONS = {
-    "strategy/graph.py:GraphStrategy": "discovery, round loop, sampling, messaging, failure records "
-    "and run status in one class: " + _SPLIT,
-    "strategy/graph.py:start": "the round loop with checkpoints and run status: " + _SPLIT,
-    "strategy/evaluation.py:GraphEvaluation": "evaluation receives the whole strategy: " + _SPLIT,
-    "methods/sheaf_frl/strategy.py:SheafFRL": "pilot selection, variants and the absent-node "
-    "policy in the strategy: " + _SPLIT,
     "client/handlers.py:register_method_handlers": "4 nested handlers in one factory: " + _SPLIT,
     "apps/server_app.py:_run": "the ServerApp's run with its locks and the stopped-run record "
     "(landed with the run-files work): " + _SPLIT,
