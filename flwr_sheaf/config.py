@@ -47,7 +47,7 @@ import difflib
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar, Self, SupportsInt, TypeVar, cast
 
 from flwr.app import ConfigRecord
@@ -67,6 +67,7 @@ __all__ = [
     "LocalTrainConfig",
     "RunConfig",
     "register_keys",
+    "declare_default_method",
     "register_section",
     "parse_dim_or_auto",
     "parse_spec",
@@ -418,10 +419,10 @@ class Key:
 _KEY_LIST = [
     Key(
         "method",
-        "sheaf-frl",
+        "",  # declared by the default method's own unit (declare_default_method)
         _str(nonempty=True),
-        "`sheaf-frl`, `non-cooperative`, `fedproto`, `fedsaf-gcsa`, `fedsaf-rcsa`, `fedmuscle`, `comfed`, "
-        "`sheaf-fmtl`, `rfedags`, `rfedavg`, `rfedsvrg`, `rfedproj` (the README's method table; docs/methods.md)",
+        "the method to run: a registered method's name (`flwr_sheaf.methods.METHODS`; the README's method "
+        "table, docs/methods.md)",
     ),
     Key(
         "method-module",
@@ -459,8 +460,8 @@ _KEY_LIST = [
         "train-defaults",
         "method",
         _str(("method", "shared")),
-        "`method` = a method's own optimizer settings (its authors', e.g. FedProto's SGD lr 0.01, momentum 0.5) for "
-        "every training key left at its default (docs/baselines.md, s0); `shared` = the package's defaults for every method",
+        "`method` = a method's own optimizer settings (its authors', declared by its unit) for every training key "
+        "left at its default (docs/baselines.md, s0); `shared` = the package's defaults for every method",
     ),
     Key(
         "checkpoint-every",
@@ -493,21 +494,21 @@ _KEY_LIST = [
         _bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
-        "`resume`; docs/reliability.md)",
+        "`resume`; docs/reliability-run-files.md)",
     ),
     Key(
         "max-failed-fraction",
         0.5,
         _float(0.0, 1.0),
         "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
-        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability.md)",
+        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability-failures.md)",
     ),
     Key(
         "resume-fresh-nodes",
         False,
         _bool,
         "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
-        "recorded in `results.json`; refused otherwise, docs/reliability.md)",
+        "recorded in `results.json`; refused otherwise, docs/reliability-failures.md)",
     ),
     Key(
         "tracking",
@@ -608,22 +609,22 @@ _KEY_LIST = [
         20,
         _int(0),
         "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
-        "(seeded per round; 0 = off; docs/variants.md)",
+        "(seeded per round; 0 = off; docs/variants-diagnostics.md)",
     ),
     Key(
         "posthoc-readings",
         "both",
         _str(("both", "paper")),
-        "post-hoc methods (non-cooperative and the baselines): `both` = communication accuracy with the whitening "
-        "fitted on private training latents (the paper's) and on the pilots (the strong reading), `paper` = the first "
-        "only (docs/baselines.md; Sheaf-FRL ignores it)",
+        "post-hoc methods (no alignment in training, and the baselines): `both` = communication accuracy with the "
+        "whitening fitted on private training latents (the paper's) and on the pilots (the strong reading), `paper` = "
+        "the first only (docs/baselines.md; a method that aligns its stalks in training ignores it)",
     ),
     Key(
         "diagnostics-eigenvalues",
         6,
         _int(0),
         "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
-        "(0 = no spectrum; docs/variants.md)",
+        "(0 = no spectrum; docs/variants-diagnostics.md)",
     ),
     # local training
     Key("local-epochs", 2, _int(1), "local epochs per round"),
@@ -631,19 +632,19 @@ _KEY_LIST = [
         "lr",
         0.05,
         _float(0.0, lo_open=True),
-        "SGD learning rate (FedProto has its own: `train-defaults`)",
+        "SGD learning rate (a method may have its own: `train-defaults`)",
     ),
     Key(
         "momentum",
         0.9,
         _float(0.0, 1.0, hi_open=True),
-        "SGD momentum (FedProto has its own: `train-defaults`)",
+        "SGD momentum (a method may have its own: `train-defaults`)",
     ),
     Key(
         "weight-decay",
         5e-4,
         _float(0.0),
-        "SGD weight decay (FedProto has its own: `train-defaults`)",
+        "SGD weight decay (a method may have its own: `train-defaults`)",
     ),
     Key("batch-size", 32, _int(1), "private training batch size"),
     Key("clip-norm", 5.0, _float(0.0), "per-agent gradient-norm clipping (0 = off)"),
@@ -686,6 +687,24 @@ def register_keys(*keys: Key) -> tuple[str, ...]:
         KEYS[k.name] = k
         DEFAULTS[k.name] = k.default
     return tuple(k.name for k in keys)
+
+
+def declare_default_method(name: str) -> None:
+    """Make ``name`` the ``method`` key's default: called on import by the unit of the method that
+    runs when the run config names none (the core names no method; ``pyproject.toml`` and
+    docs/run-config.md list the declared value).
+
+    Raises:
+        ValueError: another unit already declared a different default (both named), or ``name``
+            is refused by the key's own check.
+    """
+    old = KEYS["method"].default
+    if old and old != name:
+        raise ValueError(f"the default method is already {old!r}; {name!r} cannot be declared too")
+    key = replace(KEYS["method"], default=name)
+    key(name)
+    KEYS["method"] = key
+    DEFAULTS["method"] = name
 
 
 def _attr(key: str, prefix: str) -> str:
@@ -878,9 +897,9 @@ class FederationConfig(Section):
             drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.4).
         non_edge_pairs: unordered non-adjacent pairs of evaluated nodes whose communication accuracy
             is measured in both directions after multi-hop transport and after direct Procrustes
-            (drawn per evaluated round from (seed, round); 0 = off; docs/variants.md).
+            (drawn per evaluated round from (seed, round); 0 = off; docs/variants-diagnostics.md).
         diagnostics_eigenvalues: smallest sheaf-Laplacian eigenvalues reported per evaluated round
-            (0 = no spectrum; the per-edge total variation is always reported; docs/variants.md).
+            (0 = no spectrum; the per-edge total variation is always reported; docs/variants-diagnostics.md).
         posthoc_readings: ``"both"`` or ``"paper"``: whether a post-hoc method (whitening fitted on
             private training latents, the paper's protocol) also reports communication accuracy with
             the whitening fitted on the pilots (the strong reading; docs/baselines.md).
@@ -1060,7 +1079,7 @@ class RunConfig(Section):
         checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
         node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
         max_failed_fraction: the share of failed train replies past which the run ends failed
-            (docs/reliability.md, "Degraded runs").
+            (docs/reliability-failures.md, "Degraded runs").
         resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
         tracking, tracking_dir, wandb_project, wandb_mode: per-round experiment tracking
             (:mod:`flwr_sheaf.tracking`, docs/tracking.md).
@@ -1069,7 +1088,9 @@ class RunConfig(Section):
             (``config.<name>``) or typed (:meth:`section`); ``RunConfig(<name>=...)`` sets one.
     """
 
-    method: str = key_field("method")
+    method: str = field(  # declared by a unit on import (declare_default_method): read then
+        default_factory=lambda: DEFAULTS["method"], metadata={"key": "method"}
+    )
     method_module: str = key_field("method-module")
     num_server_rounds: int = key_field("num-server-rounds")
     round_timeout: float = key_field("round-timeout")
@@ -1306,9 +1327,11 @@ def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_defaults() -> None:
-    """Import-time guard: every default passes its own check and every field names a known key."""
+    """Import-time guard: every default passes its own check (``method``'s once a unit declares it,
+    :func:`declare_default_method`) and every field names a known key."""
     for k in _KEY_LIST:
-        k(k.default)
+        if k.name != "method":
+            k(k.default)
     for cls in (
         ScenarioConfig,
         FederationConfig,

@@ -1,4 +1,4 @@
-"""Directory locks of a live run: ``<results-dir>/.lock`` and ``<node-state-dir>/.lock`` (docs/reliability.md).
+"""Directory locks of a live run: ``<results-dir>/.lock`` and ``<node-state-dir>/.lock`` (docs/reliability-run-files.md).
 
 A :class:`DirLock` is held with the kernel's ``fcntl.flock`` on the lock file, for as long as the run
 lives: the kernel releases it when the process dies (also ``kill -9``), whatever PID namespace the

@@ -275,7 +275,7 @@ class FrequencyEstimator:
 
 
 def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
-    """Participation probabilities ``p_i ~ U(0, 1)`` i.i.d. (paper's PCA experiment, docs/baselines.md, s5.5).
+    """Participation probabilities ``p_i ~ U(0, 1)`` i.i.d. (paper's PCA experiment, docs/baselines-rfedags.md, s5.5).
 
     Args:
         num_clients: ``N >= 1``.

@@ -15,7 +15,7 @@ message                                content (server -> node) / reply (node ->
                                       :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
                                       ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL) and/or
                                       :data:`TRANSPORTED` (per-edge transported pilots, Sheaf-FRL
-                                      variants, docs/variants.md);
+                                      variants, docs/variants-privacy.md);
                                       ``pilot-selection`` (:func:`pack_pilot_selection`, Sheaf-FRL
                                       with a ``pilot-strategy`` other than ``all``);
                                       ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
@@ -58,6 +58,7 @@ __all__ = [
     "EVALUATE",
     "message_type",
     "comm_action",
+    "required",
     "CONFIG",
     "INFO",
     "METRICS",
@@ -235,6 +236,14 @@ def comm_action(action: str) -> str:
     return f"{action}_comm"
 
 
+def required(cfg: Mapping, key: str, msg_type: str):
+    """``cfg[key]`` of a message config, or a :class:`ProtocolError` naming the key and the message
+    type ``msg_type`` (:func:`message_type`): every value a handler needs comes in the message."""
+    if key not in cfg:
+        raise ProtocolError(f"{msg_type} message config lacks {key!r}")
+    return cfg[key]
+
+
 # ------------------------------------------------------------------------------ record names
 CONFIG = "config"
 INFO = "info"
@@ -245,7 +254,7 @@ UPLOAD = "upload"
 GLOBAL_PROTOTYPES = "global-prototypes"
 STREAM_RECORD = "stream"
 
-#: Sheaf-FRL variants (docs/variants.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
+#: Sheaf-FRL variants (docs/variants-privacy.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
 #: In a train reply: the node's pilots moved by its own map toward each neighbour j (``(K, d_e)``,
 #: ``d_e = max(d_i, d_j)``; homogeneous standard: only toward heads, ``(K, d)``). In a train message:
 #: what each neighbour j sent toward this node (same keys). Under ``privacy = stringent`` it replaces
@@ -309,7 +318,7 @@ PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"
 NUM_TEST = "num-test"
 LOW_VARIANCE_FRACTION = "low-variance-fraction"
-#: Sheaf-FRL train metric: SVDs the node computed for its maps this round (docs/variants.md).
+#: Sheaf-FRL train metric: SVDs the node computed for its maps this round (docs/variants-privacy.md).
 SVDS = "svds"
 #: a stringent phase-1 evaluation reply: ``"<j>/<name>"`` per neighbour j for these names (moved by
 #: the node's map toward j, ``(., d_e)``), and the labels once, unkeyed.
@@ -772,7 +781,7 @@ __all__ += [
 class NonEdgeConfig:
     """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by index).
 
-    Multi-hop transport (docs/variants.md): the server composes the restriction maps along a
+    Multi-hop transport (docs/variants-diagnostics.md): the server composes the restriction maps along a
     shortest path from source j to receiver i and routes j's arrays with the composed map
     (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map between the two pilot
     matrices (the reference a direct pilot exchange reaches).
@@ -888,7 +897,7 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     metric (e.g. per-edge values) with an infinite entry (a NaN entry of a list means "not measured"
     for that edge); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
     same check, with ``arrays=True`` also to every array (NaN/inf entries), and raises before its state
-    is committed: what the server refuses, the node never commits (docs/reliability.md).
+    is committed: what the server refuses, the node never commits (docs/reliability-failures.md).
 
     Args:
         content: the reply's ``RecordDict`` (its ``metrics`` record must hold ``num-examples``).

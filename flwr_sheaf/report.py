@@ -18,7 +18,7 @@ def summary_lines(results: dict) -> list[str]:
     communication accuracy (degree-weighted and mean over receivers, paper Eq. 22), the
     lines of the method's own (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`), the
     non-edge (multi-hop vs direct) accuracy and sheaf-Laplacian near-kernel when recorded
-    (docs/variants.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time, and the
+    (docs/variants-diagnostics.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time, and the
     verdict against the main job's expected band (:func:`flwr_sheaf.expected.band_lines`: inside,
     outside, or no reference for this config). A run's ``latent_collapse`` warning comes first.
 
@@ -82,7 +82,7 @@ def summary_lines(results: dict) -> list[str]:
 
 
 def _status_lines(results: dict) -> list[str]:
-    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/reliability.md):
+    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/reliability-failures.md):
     the status, the failure counts and the nodes that failed, so a degraded run is never read as a clean one."""
     status = results.get("status", "completed")
     if status == "completed":

@@ -135,36 +135,29 @@ def write_results(
     """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
 
     The same files as the bundled app (``flwr run .``), from any flwr-sheaf strategy that has run
-    (:class:`~flwr_sheaf.GraphStrategy` subclasses: SheafFRL, FedProto, FedSAF, FedMuscle, ComFed,
-    SheafFMTL, NonCooperative, and the RFedAGS family). Call it after ``strategy.start(...)`` returns
-    in one's own ServerApp.
+    (:class:`~flwr_sheaf.GraphStrategy` subclasses: every registered method's strategy). Call it
+    after ``strategy.start(...)`` returns in one's own ServerApp.
 
-    Files (schema, every key: docs/results-schema.md):
-
-    - ``results.json``: ``config`` (``config`` given here, then every key of the strategy's config
-      sections not in it, :func:`strategy_config`; ``method`` from the registry when the strategy's
-      action names exactly one registered method), ``rounds`` (``strategy.history``: one dict per
-      server round), ``nodes`` (per partition-id, the last evaluation: ``d``, ``private_accuracy``,
-      ...), ``edges`` (per directed edge ``src`` -> receiver ``dst``: ``communication_accuracy``, ...),
-      ``failures`` (per failed node and phase: round, partition-id, reason), ``total_wall_seconds``,
-      ``status`` (``completed``, ``degraded`` or ``failed``) and ``degradation`` (its counts,
-      :meth:`~flwr_sheaf.strategy.ledger.RunLedger.run_status`), ``latent_collapse`` (null, or the nodes whose latents collapsed with their fractions:
-      :func:`flwr_sheaf.collapse.collapse_warnings`), then the strategy's own keys
-      (``results_extra()``: ``participation``, ``action``, ``evaluation``, ``graph``, ``non_edges``,
-      method settings) and ``extra``. NaN and inf are written as null; mapping keys as strings.
-    - ``accuracy.png``: private and communication accuracy against server rounds (:func:`plot_rounds`).
+    Files (schema, every key: docs/results-schema.md): ``results.json`` (config,
+    rounds, nodes, edges, failures, wall time, status and degradation, latent collapse, then the
+    strategy's ``results_extra()`` and ``extra``; NaN and inf as null, mapping keys as strings) and
+    ``accuracy.png`` (private and communication accuracy against server rounds, :func:`plot_rounds`).
 
     Args:
         strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
         out_dir: directory (created with its parents if missing).
         config: run-config values to record (the bundled app passes every key's effective value);
-            recorded as given, before the strategy's own section keys.
+            recorded as given, before the strategy's own section keys;
+            ``method`` from the registry when absent and the strategy's action names one method.
         overwrite: replace the ``results.json`` / ``accuracy.png`` already in ``out_dir`` (refused
             otherwise: nothing is overwritten silently; :func:`check_results_dir` checks it before
-            a run starts).
+            a run starts), and move another run's ``checkpoint.pkl`` into ``previous-<UTC time>/``
+            (refused otherwise: results.json beside it would be read, and resumed, as that run's).
+            A directory another live run has locked is refused; otherwise its lock is held while
+            the files are written.
         max_failed_fraction: the share of failed train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else the key's default 0.5;
-            docs/reliability.md).
+            docs/reliability-failures.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``, the time
             since the first round started).
         extra: further top-level keys (JSON-serialisable), written last.
@@ -176,18 +169,12 @@ def write_results(
             A run whose last round is short of the ``num_rounds`` its ``start`` was given is
             ``failed`` in any case (:func:`run_status`).
 
-    Who else is in ``out_dir`` is checked before anything is written: another run's
-    ``checkpoint.pkl`` (not the strategy's own checkpointer's) is refused unless ``overwrite``, which
-    moves it into ``previous-<UTC time>/`` (results.json beside it would be read, and resumed, as that
-    run's); a directory another live run has locked (``.lock``, :class:`flwr_sheaf.locks.DirLock`) is
-    refused; otherwise the lock is held while the files are written.
-
     Returns:
         Path of ``results.json``.
 
     Raises:
         TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``), or a value
-            that JSON cannot serialise.
+            that JSON cannot serialise (nothing is written then).
         ValueError: the strategy has not run (no round in its history: call ``strategy.start``
             first), or ``extra`` names a key written here (named).
         FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
@@ -196,14 +183,38 @@ def write_results(
         flwr_sheaf.locks.LockedError: another live run holds ``out_dir``'s lock (its pid and host named).
         OSError: the directory or files cannot be written.
     """
-    from .collapse import collapse_warnings
     from .config import DEFAULTS
+
+    own_extra = _check_writable(strategy, extra)
+    out = check_results_dir(out_dir, overwrite=overwrite)
+    foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
+    cfg = _recorded_config(strategy, config)
+    if max_failed_fraction is None:
+        max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
+    status = run_status(strategy, max_failed_fraction, problems, errors)
+    payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
+    text = json.dumps(
+        _clean(payload), indent=1
+    )  # before anything is written: a TypeError writes nothing
+    title = str(cfg.get("method", "")) or type(strategy).__name__
+    return _write_files(out, foreign, text, payload["rounds"], title)
+
+
+def _check_writable(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The strategy's own ``results_extra()``, after checking that ``strategy`` is a flwr-sheaf
+    strategy that has run and that neither ``extra`` nor ``results_extra()`` names a key
+    :func:`write_results` writes itself.
+
+    Raises:
+        TypeError: not a :class:`~flwr_sheaf.GraphStrategy`. ValueError: no completed round, or a
+            clashing key (named, with where to rename it).
+    """
     from .strategy.graph import GraphStrategy
 
     if not isinstance(strategy, GraphStrategy):
         raise TypeError(
-            f"write_results needs a flwr-sheaf strategy (a flwr_sheaf.GraphStrategy such as SheafFRL "
-            f"or FedProto), got {type(strategy).__name__}"
+            f"write_results needs a flwr-sheaf strategy (a flwr_sheaf.GraphStrategy: a registered "
+            f"method's strategy), got {type(strategy).__name__}"
         )
     name = type(strategy).__name__
     if not strategy.ledger.rounds:
@@ -218,10 +229,21 @@ def write_results(
     clash = sorted(set(own_extra) & set(_OWN_KEYS))
     if clash:
         raise ValueError(
-            f"{type(strategy).__name__}.results_extra() returns keys {clash} that write_results "
+            f"{name}.results_extra() returns keys {clash} that write_results "
             "writes itself; rename them in the strategy"
         )
-    out = check_results_dir(out_dir, overwrite=overwrite)
+    return own_extra
+
+
+def _check_foreign_checkpoint(
+    strategy: GraphStrategy, out: Path, out_dir: str | Path, overwrite: bool
+) -> Path | None:
+    """Another run's ``checkpoint.pkl`` in ``out`` (:func:`_foreign_checkpoint`), or None.
+
+    Raises:
+        FileExistsError: there is one and ``overwrite`` is False (results.json beside it would be
+            read, and resumed, as that run's).
+    """
     foreign = _foreign_checkpoint(strategy, out)
     if foreign is not None and not overwrite:
         raise FileExistsError(
@@ -229,18 +251,42 @@ def write_results(
             f"it would be read, and resume=true would continue it, as that run's. Use another out_dir, "
             f"or pass overwrite=True to move it into {out}/previous-<time>/"
         )
+    return foreign
+
+
+def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """results.json's ``config``: ``config`` as given, then every key of the strategy's config
+    sections not in it (:func:`strategy_config`); ``method`` first, from the registry, when absent
+    and the strategy's action names exactly one registered method."""
     cfg = dict(config or {})
     for key, value in strategy_config(strategy).items():
         cfg.setdefault(key, value)
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
-    if max_failed_fraction is None:
-        max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
-    status = run_status(strategy, max_failed_fraction, problems, errors)
-    rounds = strategy.history
-    payload = {
+    return cfg
+
+
+def _payload(
+    strategy: GraphStrategy,
+    cfg: dict[str, Any],
+    status: dict[str, Any],
+    wall_seconds: float | None,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """results.json's content (docs/results-schema.md): ``config`` (``cfg``), ``rounds``
+    (``strategy.history``: one dict per server round), ``nodes`` (per partition-id, the last
+    evaluation: ``d``, ``private_accuracy``, ...), ``edges`` (per directed edge ``src`` -> receiver
+    ``dst``: ``communication_accuracy``, ...), ``failures`` (per failed node and phase),
+    ``total_wall_seconds`` (``wall_seconds``, default the last round's ``elapsed_seconds``),
+    ``status`` and ``degradation`` (``status``, :func:`run_status`), ``latent_collapse`` (null, or
+    the nodes whose latents collapsed: :func:`flwr_sheaf.collapse.collapse_warnings`), then
+    ``extra`` (the strategy's ``results_extra()``: ``participation``, ``action``, ``evaluation``,
+    ``graph``, ``non_edges``, method settings; then the caller's)."""
+    from .collapse import collapse_warnings
+
+    return {
         "config": cfg,
-        "rounds": rounds,
+        "rounds": strategy.history,
         "nodes": {str(k): v for k, v in sorted(strategy.ledger.node_results.items())},
         "edges": list(strategy.ledger.edge_results),
         "failures": strategy.ledger.failures,
@@ -252,15 +298,25 @@ def write_results(
         "status": status["status"],
         "degradation": status,
         "latent_collapse": next(iter(collapse_warnings(strategy.ledger.node_results)), None),
-        **own_extra,
-        **(extra or {}),
+        **extra,
     }
-    text = json.dumps(
-        _clean(payload), indent=1
-    )  # before anything is written: a TypeError writes nothing
-    out.mkdir(parents=True, exist_ok=True)
+
+
+def _write_files(
+    out: Path, foreign: Path | None, text: str, rounds: Sequence[Mapping], title: str
+) -> Path:
+    """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``.
+
+    Holds ``out``'s lock (``.lock``, :class:`flwr_sheaf.locks.DirLock`) while writing, unless this
+    process holds it already; another run's ``foreign`` checkpoint is first moved into
+    ``previous-<UTC time>/`` (logged).
+
+    Raises:
+        flwr_sheaf.locks.LockedError: another live run holds the lock. OSError: a write failed.
+    """
     from .locks import DirLock, held_by_this_process
 
+    out.mkdir(parents=True, exist_ok=True)
     lock = None if held_by_this_process(out) else DirLock(out, "out_dir").acquire()
     try:
         if foreign is not None:
@@ -273,7 +329,7 @@ def write_results(
                 )
         path = out / RESULTS_JSON
         path.write_text(text)
-        plot_rounds(rounds, out / ACCURACY_PNG, title=str(cfg.get("method", "")) or name)
+        plot_rounds(rounds, out / ACCURACY_PNG, title=title)
     finally:
         if lock is not None:
             lock.release()

@@ -11,7 +11,7 @@
   over another run's node state, and a resumed run over a node state of another run config, are
   refused before any message, naming ``node-state-dir`` and the fix.
 
-docs/reliability.md ("Cases of issue #28") lists what the user sees.
+docs/reliability-run-files.md ("Cases of issue #28") lists what the user sees.
 """
 
 from __future__ import annotations

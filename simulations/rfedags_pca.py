@@ -1,6 +1,6 @@
 """RFedAGS on federated PCA through Flower (in-process LocalGrid): corrected vs known-p vs uncorrected.
 
-Two problems (docs/baselines.md, s5.5-s5.6):
+Two problems (docs/baselines-rfedags.md, s5.5-s5.6):
 
 - ``synthetic``: the paper's setup, ``(d, r, N, S) = (100, 5, 40, 100)``, client i's samples
   ``(i/N) N(0, I)``, ``p_i ~ U(0, 1)``, K = 5 local steps, mini-batch 50 without replacement, fixed

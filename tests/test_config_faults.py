@@ -1,7 +1,7 @@
 """Issue #28, cases 2, 8, 10 and 11: the method registry and the run config answer early and clearly.
 
 Each test reproduces one case of the issue (it failed before the fix) and checks the message the
-user now sees (quoted in docs/reliability.md, "Cases of issue #28: config and registry").
+user now sees (quoted in docs/reliability-config.md, "Cases of issue #28: config and registry").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A small site built with the project's mkdocs.yml and hooks fails strictly on eac
 (unknown page, unknown anchor, missing or git-ignored repository file, folder without README, public
 name without a docstring) and, once fixed, builds with repository files copied and links
 rewritten; the real site builds strictly with every docs page in its navigation and every public
-name of ``flwr_sheaf`` in the API reference.
+name of ``flwr_sheaf`` in the API reference; no docs page is over 20,000 bytes.
 """
 
 from __future__ import annotations
@@ -205,6 +205,21 @@ def test_docstring_check_walks_the_api_pages(monkeypatch):
         "fake_api.Child.extra",
         "fake_api.helper",
     ]
+
+
+#: The most bytes one docs page may hold (issue #27: a page per topic, none over about 20 KB;
+#: docs/contributing-docs.md, "A new page").
+MAX_PAGE_BYTES = 20_000
+
+
+def test_no_docs_page_is_over_the_size_limit():
+    sizes = {
+        page.relative_to(ROOT).as_posix(): page.stat().st_size
+        for page in sorted((ROOT / "docs").rglob("*.md"))
+    }
+    assert "docs/reliability.md" in sizes and len(sizes) > 30  # the walk found the pages
+    over = {name: size for name, size in sizes.items() if size > MAX_PAGE_BYTES}
+    assert not over, f"pages over {MAX_PAGE_BYTES:,} bytes, split them by topic: {over}"
 
 
 @pytest.mark.slow

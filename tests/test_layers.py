@@ -281,22 +281,55 @@ def _against_the_order(graph: dict[str, set[str]]) -> list[str]:
     )
 
 
-def _code_words(path: Path) -> list[str]:
-    """Method names in ``path``'s code: identifiers and string values, not docstrings or comments
-    (a docstring may name a method as an example; code that names one depends on it)."""
-    import io
-    import tokenize
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id`` of every docstring node of ``tree``: the first statement of a module, class or
+    function when it is a string constant (what ``ast.get_docstring`` reads)."""
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+        and isinstance(node.body[0].value.value, str)
+    }
 
-    toks = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+
+def _names(node: ast.AST) -> list[str]:
+    """The identifiers ``node`` itself introduces or uses (not those of its children)."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, ast.keyword):
+        return [node.arg] if node.arg else []
+    if isinstance(node, ast.alias):
+        return [node.name] + ([node.asname] if node.asname else [])
+    if isinstance(node, ast.ImportFrom):
+        return [node.module] if node.module else []
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names)
+    return []
+
+
+def _code_words(path: Path) -> list[str]:
+    """Method names in ``path``'s code: identifiers and string values (f-string parts included),
+    not docstrings (the first string statement of a module, class or function) or comments: a
+    docstring may name a method as an example; code that names one depends on it."""
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
     hits = []
-    for i, t in enumerate(toks):
-        docstring = t.type == tokenize.STRING and (
-            i == 0
-            or toks[i - 1].type in (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE, tokenize.NL)
-        )
-        if t.type in (tokenize.NAME, tokenize.STRING) and not docstring:
-            hits += [f"{path.name}:{t.start[0]} {w}" for w in METHOD_WORDS.findall(t.string)]
-    return hits
+    for node in ast.walk(tree):
+        words = _names(node)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            words.append(node.value)
+        line = getattr(node, "lineno", 0)
+        hits += [(line, w) for text in words for w in METHOD_WORDS.findall(text)]
+    return [f"{path.name}:{line} {w}" for line, w in sorted(hits)]
 
 
 def _core_files() -> list[Path]:
@@ -350,3 +383,39 @@ def test_the_layer_checks_catch_a_planted_violation(tmp_path):
         "flwr_sheaf.methods",
         "flwr_sheaf.methods.fedproto",
     }
+
+
+def test_only_real_docstrings_are_skipped(tmp_path):
+    """Oracle for the name check: a string at the start of a continuation line (an argument, a
+    parenthesised help text, an f-string) is code; a module's, class's or function's first string
+    statement is its docstring and is skipped, as are comments."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        '"""Module docstring: FedProto."""\n'
+        "\n"
+        "\n"
+        "class C:\n"
+        '    """Class docstring: ComFed."""\n'
+        "\n"
+        "    def f(self, x):\n"
+        '        """Function docstring: RFedAGS."""\n'
+        "        return g(\n"
+        '            "sheaf-frl",  # comment: fedsaf\n'
+        "            x,\n"
+        "        )\n"
+        "\n"
+        "\n"
+        "HELP = (\n"
+        '    "a help text naming "\n'
+        '    "FedProto\'s own settings"\n'
+        ")\n"
+        'MSG = f"{HELP}: use "\n'
+        "(\n"
+        '    "fedmuscle"\n'
+        ")\n"
+    )
+    assert _code_words(probe) == [
+        "probe.py:10 sheaf-frl",
+        "probe.py:16 FedProto",
+        "probe.py:21 fedmuscle",
+    ]

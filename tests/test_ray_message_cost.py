@@ -77,7 +77,9 @@ def test_an_app_that_is_no_module_global_goes_by_value_with_one_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr_sheaf"):
         blob = cloudpickle.dumps(app)
         cloudpickle.dumps(app)
-    assert len(blob) > 10 * SMALL  # its handlers by value, as Flower's default
+    # by value, as Flower's default: the app with its bound handlers (the handler functions are
+    # module-level, so they travel as names: about 1.3 KB, was 74 KB with nested handlers)
+    assert len(blob) > SMALL and b"evaluate_comm_handler" in blob
     copy = cloudpickle.loads(blob)
     assert copy is not app and sorted(copy._registered_funcs) == sorted(app._registered_funcs)
     warnings = [r.getMessage() for r in caplog.records if "module-level" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""RFedAGS maths (no Flower): checks R1, R2, R3, R5 (+ R4 slow) of docs/baselines.md, s5.6.
+"""RFedAGS maths (no Flower): checks R1, R2, R3, R5 (+ R4 slow) of docs/baselines-rfedags.md, s5.6.
 
 Every expected value is derived independently of the code under test: numpy QR/projection oracles
 for the geometry, exact subset enumeration and scipy quadrature for p~, ``numpy.linalg.eigh`` for

@@ -1,5 +1,5 @@
 """Issue #28, cases 1, 3, 4, 5, 6, 7 and 9: nothing lost on overwrite, locks, write_results, bad
-numbers, OS errors, shared node state and the in-process runner (docs/reliability.md, "Cases of
+numbers, OS errors, shared node state and the in-process runner (docs/reliability-run-files.md, "Cases of
 issue #28"). In-process runs (LocalGrid) on ``zoo=tiny-3``, ``graph=ring``.
 """
 

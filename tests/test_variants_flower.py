@@ -1,4 +1,4 @@
-"""Homogeneous (Alg. 2) and stringent-privacy (Alg. 3/4) Sheaf-FRL through the in-process grid (docs/variants.md)."""
+"""Homogeneous (Alg. 2) and stringent-privacy (Alg. 3/4) Sheaf-FRL through the in-process grid (docs/variants-privacy.md)."""
 
 from __future__ import annotations
 

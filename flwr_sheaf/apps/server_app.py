@@ -52,10 +52,10 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         Exception: whatever ``strategy.start`` raised (a node-independent error, e.g. a
             :class:`~flwr_sheaf.strategy.checkpoint.CheckpointWriteError`), re-raised after the completed
             rounds' ``results.json`` is written with ``status: failed`` (a note on the exception names
-            the file; docs/reliability.md, "Cases of issue #28").
+            the file; docs/reliability-run-files.md, "Cases of issue #28").
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
-            message names the partition-ids, rounds and reasons (docs/reliability.md).
+            message names the partition-ids, rounds and reasons (docs/reliability-failures.md).
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
             written (or a symbolic-link loop), ``overwrite`` with ``resume``, a results-dir holding another
             run's results (without resume / overwrite), a node-state-dir holding another run's node
@@ -103,33 +103,61 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
 def _run(
     grid: Grid, config: RunConfig, method, strategy, warnings: list[str], previous_run=None
 ) -> Path:
-    """:func:`run_server` after the preflight."""
+    """:func:`run_server` after the preflight: resume checks, the rounds, results.json, the status."""
     out = Path(config.results_dir).expanduser().resolve()
-    resume_from = config.resume_from or (out if config.resume else None)
-    ckpt = strategy.checkpointer = Checkpointer(
-        out, config.to_dict(), config.checkpoint_every, resume_from
-    )
-    checked = ckpt.check(strategy, config.num_server_rounds)  # before any message is sent
-    if checked is not None and config.node_state_dir:  # the node state is this run's (rundir.py)
-        state_root = Path(config.node_state_dir).expanduser().resolve()
-        check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
-        claim_node_state_dir(state_root, config.to_dict(), out)
-    trained_before = {}
-    if (
-        checked is not None
-    ):  # which nodes trained up to which round: each must find its state (client/state.py)
-        trained_before = _last_trained(checked["state"]["ledger"].rounds, strategy.num_nodes)
-        strategy.resume_check = {
-            RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
-            RESUME_ROUND: int(checked["round"]),
-            RESUME_FRESH: config.resume_fresh_nodes,
-        }
+    ckpt, trained_before = _prepare_resume(config, strategy, out)  # before any message is sent
     tracker = Tracker.from_config(config)  # None unless `tracking` names a tracker
     if tracker is not None:
         strategy.round_callbacks.append(tracker.log_round)
     t0 = time.monotonic()
+    stopped = _start(grid, config, method, strategy, tracker)
+    wall = time.monotonic() - t0
+    extra = _extra_results(config, ckpt, trained_before, warnings, previous_run)
+    problems: list[str] = []
+    if tracker is not None:
+        extra["tracking"] = tracker.describe()
+        problems = tracker.problems
+    if stopped is not None:
+        _write_stopped(strategy, out, config, wall, extra, problems, stopped)
+        raise stopped
+    path = _write(strategy, out, config, wall, extra, problems)
+    return _report(strategy, config, problems, path, wall)
+
+
+def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointer, dict[int, int]]:
+    """The run's :class:`~flwr_sheaf.strategy.checkpoint.Checkpointer` (set on ``strategy``) and,
+    when resuming, ``{partition-id: last round it trained}`` of the checkpoint; the node state
+    directory is checked and claimed for this run, and ``strategy.resume_check`` set so that every
+    node finds its state (client/state.py).
+
+    Raises:
+        ConfigError / NoCheckpointError: as :meth:`Checkpointer.check` and
+            :func:`~flwr_sheaf.rundir.check_node_state_dir` (another run's node state).
+    """
+    resume_from = config.resume_from or (out if config.resume else None)
+    ckpt = strategy.checkpointer = Checkpointer(
+        out, config.to_dict(), config.checkpoint_every, resume_from
+    )
+    checked = ckpt.check(strategy, config.num_server_rounds)
+    if checked is None:
+        return ckpt, {}
+    if config.node_state_dir:  # the node state is this run's (rundir.py)
+        state_root = Path(config.node_state_dir).expanduser().resolve()
+        check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
+        claim_node_state_dir(state_root, config.to_dict(), out)
+    trained_before = _last_trained(checked["state"]["ledger"].rounds, strategy.num_nodes)
+    strategy.resume_check = {
+        RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
+        RESUME_ROUND: int(checked["round"]),
+        RESUME_FRESH: config.resume_fresh_nodes,
+    }
+    return ckpt, trained_before
+
+
+def _start(grid: Grid, config: RunConfig, method, strategy, tracker) -> Exception | None:
+    """Run the rounds; the exception ``strategy.start`` raised (the rounds done so far are still
+    written, with status failed), or None. The tracker is closed either way."""
     initial = method.initial_arrays(config) if method.initial_arrays is not None else None
-    stopped: Exception | None = None
     try:
         strategy.start(
             grid=grid,
@@ -137,12 +165,19 @@ def _run(
             num_rounds=config.num_server_rounds,
             timeout=config.round_timeout,
         )
-    except Exception as exc:  # the rounds done so far are still written, with status failed
-        stopped = exc
+    except Exception as exc:
+        return exc
     finally:
         if tracker is not None:
             tracker.close()
-    wall = time.monotonic() - t0
+    return None
+
+
+def _extra_results(
+    config: RunConfig, ckpt: Checkpointer, trained_before, warnings, previous_run
+) -> dict[str, Any]:
+    """What results.json records besides the rounds: the run's warnings, the moved-aside previous
+    run, the resumed part (checkpoint, round, nodes trained before) and the Ray cluster used."""
     extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
     if previous_run is not None:
         extra["previous_run"] = previous_run
@@ -154,24 +189,21 @@ def _run(
             "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
             "resume_fresh_nodes": config.resume_fresh_nodes,
         }
-    problems: list[str] = []
     engine = describe_ray()  # the Ray cluster the ClientApps ran on (None without Ray)
     warn_if_unasked(engine)
     if engine is not None:
         extra["engine"] = engine
-    if tracker is not None:
-        extra["tracking"] = tracker.describe()
-        problems = tracker.problems
-    if stopped is not None:
-        _write_stopped(strategy, out, config, wall, extra, problems, stopped)
-        raise stopped
-    # overwrite=True: the preflight already refused another run's results in results-dir (without
-    # resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's)
-    path = _write(strategy, out, config, wall, extra, problems)
+    return extra
+
+
+def _report(strategy, config: RunConfig, problems: list[str], path: Path, wall: float) -> Path:
+    """Log the written run's status (and its latent-collapse warnings) and return ``path``.
+
+    Raises:
+        RunFailedError: the run's status is failed (reasons and failed nodes named).
+    """
     status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
-    for w in collapse_warnings(
-        strategy.ledger.node_results
-    ):  # what write_results wrote under "latent_collapse"
+    for w in collapse_warnings(strategy.ledger.node_results):  # results.json's "latent_collapse"
         log.warning("%s", w["message"])
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)

@@ -6,7 +6,7 @@ check of train replies (:func:`flwr_sheaf.protocol.train_reply_problem`, plus Na
 to every successful ``train`` reply before it leaves, and raises :class:`RefusedReplyError` instead:
 a reply the server would refuse (``lambda=1e30``: an infinite ``grad-norm``) never leaves the node
 with a new state committed, so the node's model stays that of its last accepted round and the
-pilots the server relays for it stay exact (docs/reliability.md).
+pilots the server relays for it stay exact (docs/reliability-run-files.md).
 """
 
 from __future__ import annotations

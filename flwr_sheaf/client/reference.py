@@ -2,10 +2,13 @@
 
 Flower's Ray engine submits every message as ``actor.run.remote(app_fn, message, cid, context)``,
 where ``app_fn`` returns the ClientApp already loaded in the simulation process, so Ray pickles the
-ClientApp (cloudpickle) with **every message**. A ClientApp's handlers are nested functions, which
-cloudpickle serialises by value, each with a scan of all loaded modules: the bundled app (every
-method's handlers) was 74 KB and about 40-100 ms of one process's CPU a message (docs/performance.md,
-"The Ray engine"), against under 1 KB and 0.4 ms for a one-handler app.
+ClientApp (cloudpickle) with **every message**. A ClientApp's handlers, when nested functions,
+are serialised by value, each with a scan of all loaded modules: the bundled app (every method's
+handlers, then nested) was 74 KB and about 40-100 ms of one process's CPU a message
+(docs/performance.md, "The Ray engine"), against under 1 KB and 0.4 ms for a one-handler app.
+flwr-sheaf's handlers are now module-level functions bound with ``functools.partial``
+(:mod:`flwr_sheaf.client.handlers`): one method's app is about 1.3 KB by value; a host app's own
+handlers are often nested.
 
 A ClientApp is a module-level object (Flower loads it as ``module:attribute``), so it can travel as
 its import path instead: :func:`travel_by_reference` (called by every ``register_*_handlers``)
@@ -124,8 +127,8 @@ def reduce_app(app: Any) -> tuple:
             _WARNED.add(app)
             log.warning(
                 "this ClientApp is not a module-level object (defined in __main__ or inside a "
-                "function), so Flower's Ray engine pickles it by value with every message (tens of "
-                "KB, tens of ms each): define it at module level (e.g. `app = ClientApp()` in "
+                "function), so Flower's Ray engine pickles it by value with every message (every "
+                "handler, and what the handlers hold, each time): define it at module level (e.g. `app = ClientApp()` in "
                 "client_app.py), as `flwr run` loads it"
             )
     reduced: tuple = app.__reduce_ex__(4)  # by value, as without this module

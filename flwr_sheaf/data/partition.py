@@ -374,60 +374,15 @@ def make_federated_split(
         pilot_fraction, val_fraction, test_fraction
     )
     lab = _as_label_array(labels, num_classes)
-    m, n_agents = lab.size, len(sets)
-
-    # (a) pilots: first round(pilot_fraction * M) of a seeded permutation, restricted to classes
-    # every agent observes.
-    perm = np.random.default_rng(seed).permutation(m)
-    n_hold = int(round(pilot_fraction * m))
-    observed_by_all = theta.min(axis=0) > 0.0  # (C,)
-    hold = perm[:n_hold]
-    pilots = hold[observed_by_all[lab[hold]]]
-    if pilots.size == 0:
-        raise ValueError(
-            f"no eligible pilots: classes observed by every agent = {np.flatnonzero(observed_by_all).tolist()} "
-            f"(s={s}), hold-out size {n_hold} of {m}; use s < 1, overlapping class sets or more data"
-        )
-    if num_pilots is not None:
-        if (
-            isinstance(num_pilots, bool)
-            or not isinstance(num_pilots, numbers.Integral)
-            or num_pilots < 1
-        ):
-            raise ValueError(f"num_pilots must be a positive integer or None, got {num_pilots!r}")
-        if num_pilots > pilots.size:
-            raise ValueError(
-                f"num_pilots={num_pilots} exceeds the {pilots.size} eligible pilots "
-                f"(pilot_fraction={pilot_fraction} of {m} samples); lower num_pilots or raise pilot_fraction"
-            )
-        pilots = pilots[:num_pilots]
-
-    # (b) per class, deterministic largest-remainder counts, consecutive chunks of the permutation.
-    rest = perm[n_hold:]
-    rest_labels = lab[rest]
-    per_agent: list[list[np.ndarray]] = [[] for _ in range(n_agents)]  # per agent, per class chunk
-    for k in range(num_classes):
-        members = rest[rest_labels == k]
-        col = theta[:, k]
-        if col.sum() <= 0.0 or members.size == 0:
-            continue  # nobody observes class k (s = 1): dropped
-        counts = _largest_remainder(members.size, col / col.sum())
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        for i in range(n_agents):
-            per_agent[i].append(members[bounds[i] : bounds[i + 1]])
-
+    perm = np.random.default_rng(seed).permutation(lab.size)
+    n_hold = int(round(pilot_fraction * lab.size))
+    pilots = _eq23_pilots(lab, perm[:n_hold], theta, s, num_pilots, pilot_fraction)
+    per_agent = _eq23_chunks(lab, perm[n_hold:], theta)
     if min_per_split:
         train, val, test = _train_val_test_per_agent(
             per_agent, val_fraction, test_fraction, int(min_per_split), seed
         )
-        sets = tuple(
-            tuple(
-                sorted(
-                    {int(c) for c in np.unique(lab[np.concatenate([train[i], val[i], test[i]])])}
-                )
-            )
-            for i in range(n_agents)
-        )
+        sets = _received_classes(lab, train, val, test)
     else:
         train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
     return FederatedSplit(
@@ -439,6 +394,74 @@ def make_federated_split(
         shift=s,
         seed=seed,
         num_classes=num_classes,
+    )
+
+
+def _eq23_pilots(
+    lab: np.ndarray,
+    hold: np.ndarray,
+    theta: np.ndarray,
+    s: float,
+    num_pilots: int | None,
+    pilot_fraction: float,
+) -> np.ndarray:
+    """Step (a): the hold-out ``hold`` (first ``round(pilot_fraction * M)`` of the seeded
+    permutation) restricted to classes every agent observes (``theta (N, C)`` > 0 in every row),
+    the first ``num_pilots`` of them when given.
+
+    Raises:
+        ValueError: no eligible pilot (the observed-by-all classes and the hold-out size named), or
+            ``num_pilots`` not a positive integer or above the eligible pilots.
+    """
+    m = lab.size
+    observed_by_all = theta.min(axis=0) > 0.0  # (C,)
+    pilots = hold[observed_by_all[lab[hold]]]
+    if pilots.size == 0:
+        raise ValueError(
+            f"no eligible pilots: classes observed by every agent = {np.flatnonzero(observed_by_all).tolist()} "
+            f"(s={s}), hold-out size {hold.size} of {m}; use s < 1, overlapping class sets or more data"
+        )
+    if num_pilots is None:
+        return pilots
+    if (
+        isinstance(num_pilots, bool)
+        or not isinstance(num_pilots, numbers.Integral)
+        or num_pilots < 1
+    ):
+        raise ValueError(f"num_pilots must be a positive integer or None, got {num_pilots!r}")
+    if num_pilots > pilots.size:
+        raise ValueError(
+            f"num_pilots={num_pilots} exceeds the {pilots.size} eligible pilots "
+            f"(pilot_fraction={pilot_fraction} of {m} samples); lower num_pilots or raise pilot_fraction"
+        )
+    return pilots[:num_pilots]
+
+
+def _eq23_chunks(lab: np.ndarray, rest: np.ndarray, theta: np.ndarray) -> list[list[np.ndarray]]:
+    """Step (b): per class k, the samples of ``rest`` (the permutation after the hold-out) of class
+    k cut into consecutive chunks by deterministic largest-remainder counts of ``theta[:, k]``
+    (Eq. 23); a class nobody observes (``s = 1``) is dropped. Returns per agent, per class, a chunk."""
+    rest_labels = lab[rest]
+    per_agent: list[list[np.ndarray]] = [[] for _ in range(theta.shape[0])]
+    for k in range(theta.shape[1]):
+        members = rest[rest_labels == k]
+        col = theta[:, k]
+        if col.sum() <= 0.0 or members.size == 0:
+            continue  # nobody observes class k (s = 1): dropped
+        counts = _largest_remainder(members.size, col / col.sum())
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        for i in range(theta.shape[0]):
+            per_agent[i].append(members[bounds[i] : bounds[i + 1]])
+    return per_agent
+
+
+def _received_classes(
+    lab: np.ndarray, train: list[np.ndarray], val: list[np.ndarray], test: list[np.ndarray]
+) -> tuple[tuple[int, ...], ...]:
+    """Each agent's class set as the sorted classes of the samples it received (cross-device rule)."""
+    return tuple(
+        tuple(sorted({int(c) for c in np.unique(lab[np.concatenate([tr, va, te])])}))
+        for tr, va, te in zip(train, val, test)
     )
 
 
@@ -539,7 +562,7 @@ def make_dirichlet_split(
     min_partition_size: int = 10,
 ) -> FederatedSplit:
     """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
-    (FedSAF's heterogeneity protocol; docs/baselines.md, s4.6), then the per-class 80/10/10 split.
+    (FedSAF's heterogeneity protocol; docs/baselines-prototypes.md, s4.6), then the per-class 80/10/10 split.
 
     (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every class
     is eligible: every agent has the full label space), capped at ``num_pilots``; (b) the other samples
@@ -560,9 +583,6 @@ def make_dirichlet_split(
     Raises:
         ValueError: bad arguments (named); ImportError: flwr-datasets missing.
     """
-    from datasets import Dataset
-    from flwr_datasets.partitioner import DirichletPartitioner
-
     if (
         isinstance(num_agents, bool)
         or not isinstance(num_agents, numbers.Integral)
@@ -589,11 +609,51 @@ def make_dirichlet_split(
                 f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}"
             )
         pilots = pilots[:num_pilots]
-    rest = np.sort(perm[n_hold:])
+    per_agent, sets = _dirichlet_chunks(
+        lab,
+        np.sort(perm[n_hold:]),
+        int(num_agents),
+        float(alpha),
+        min_partition_size,
+        seed,
+        num_classes,
+    )
+    train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
+    return FederatedSplit(
+        pilot_idx=_frozen(pilots),
+        train_idx=train,
+        val_idx=val,
+        test_idx=test,
+        class_sets=sets,
+        shift=0.0,
+        seed=seed,
+        num_classes=num_classes,
+    )
+
+
+def _dirichlet_chunks(
+    lab: np.ndarray,
+    rest: np.ndarray,
+    num_agents: int,
+    alpha: float,
+    min_partition_size: int,
+    seed: int,
+    num_classes: int,
+) -> tuple[list[list[np.ndarray]], tuple[tuple[int, ...], ...]]:
+    """Step (b) of :func:`make_dirichlet_split`: the sorted samples ``rest`` through flwr-datasets'
+    ``DirichletPartitioner`` (module docstring of the caller); returns per agent, per class it
+    received, a chunk of indices, and each agent's received classes.
+
+    Raises:
+        ImportError: flwr-datasets missing; ValueError: as the partitioner.
+    """
+    from datasets import Dataset
+    from flwr_datasets.partitioner import DirichletPartitioner
+
     part = DirichletPartitioner(
-        num_partitions=int(num_agents),
+        num_partitions=num_agents,
         partition_by="label",
-        alpha=float(alpha),
+        alpha=alpha,
         min_partition_size=int(min_partition_size),
         self_balancing=False,
         shuffle=True,
@@ -601,22 +661,12 @@ def make_dirichlet_split(
     )
     part.dataset = Dataset.from_dict({"label": lab[rest].tolist(), "idx": rest.tolist()})
     per_agent, sets = [], []
-    for i in range(int(num_agents)):
+    for i in range(num_agents):
         idx = np.asarray(part.load_partition(i)["idx"], dtype=np.int64)
         chunks = [idx[lab[idx] == k] for k in range(num_classes)]
         per_agent.append([c for c in chunks if c.size])
         sets.append(tuple(k for k in range(num_classes) if chunks[k].size))
-    train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(
-        pilot_idx=_frozen(pilots),
-        train_idx=train,
-        val_idx=val,
-        test_idx=test,
-        class_sets=tuple(sets),
-        shift=0.0,
-        seed=seed,
-        num_classes=num_classes,
-    )
+    return per_agent, tuple(sets)
 
 
 # ----------------------------------------------------------------------------------- tensors

@@ -1,4 +1,4 @@
-"""Pilot selection strategies and Parseval normalisation (paper App. B; docs/variants.md).
+"""Pilot selection strategies and Parseval normalisation (paper App. B; docs/variants-pilots.md).
 
 No Flower here: the strategy (:mod:`flwr_sheaf.methods.sheaf_frl.strategy`) decides each server round's
 :class:`PilotSelection` with a :class:`PilotSampler`, sends it to every trained node, and relays the

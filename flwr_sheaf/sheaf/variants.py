@@ -3,7 +3,7 @@
 One function, :func:`edge_terms`, builds agent i's incident :class:`~flwr_sheaf.sheaf.gluing.EdgeTerm`
 list from what it received, for every (variant, privacy) pair, so the client and the tests share
 the code. Matrices are stored row-wise (``(K, d)``; the paper's ``A_i`` is ``d x K``). What agent i
-receives from neighbour j, per mode (``docs/variants.md``):
+receives from neighbour j, per mode (``docs/variants-privacy.md``):
 
 ``standard`` + ``heterogeneous`` (Alg. 1)
     j's whitened pilots ``A_j (K, d_j)``. i fits the edge's map itself (Eq. 18, one thin SVD per

@@ -11,7 +11,7 @@ a :class:`PhaseTwo` value:
   validation/test latents (:meth:`GraphEvaluation.phase1_messages`; replies checked by
   :mod:`~flwr_sheaf.strategy.evaluation_checks`);
 - between the phases: the sheaf diagnostics and the non-edge plan
-  (:func:`~flwr_sheaf.strategy.evaluation_diagnostics.sheaf_diagnostics`, docs/variants.md);
+  (:func:`~flwr_sheaf.strategy.evaluation_diagnostics.sheaf_diagnostics`, docs/variants-diagnostics.md);
 - phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays
   (and its non-edge sources' arrays transported along a shortest path); the per-edge accuracies
   become the mean over receivers and the degree-weighted mean (:meth:`GraphEvaluation.aggregate`,

@@ -1,4 +1,4 @@
-"""The sheaf diagnostics between the two evaluation phases, and the non-edge plan (docs/variants.md).
+"""The sheaf diagnostics between the two evaluation phases, and the non-edge plan (docs/variants-diagnostics.md).
 
 :func:`sheaf_diagnostics` refits every edge's map by Procrustes on the accepted phase-1 pilots
 (Eq. 18), records the per-edge sheaf total variation, optionally the smallest eigenvalues of the
@@ -36,7 +36,7 @@ def sheaf_diagnostics(
     phase1: Mapping[int, Message],
     holds_raw_pilots: bool = True,
 ) -> NonEdgePlan:
-    """Sheaf diagnostics of ``view``'s evaluated round; returns the non-edge plan (docs/variants.md).
+    """Sheaf diagnostics of ``view``'s evaluated round; returns the non-edge plan (docs/variants-diagnostics.md).
 
     On the subgraph induced by the accepted phase-1 nodes every edge's map is refitted by
     Procrustes on their pilots (Eq. 18). Recorded in the round: ``sheaf_edge_tv`` (per oriented

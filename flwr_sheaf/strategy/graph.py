@@ -245,7 +245,7 @@ class GraphStrategy(Strategy):
 
     def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """``(records, config entries)`` only node ``pid`` gets in its phase-1 evaluation message (default:
-        none; Sheaf-FRL under stringent privacy: its edges, docs/variants.md)."""
+        none; Sheaf-FRL under stringent privacy: its edges, docs/variants-privacy.md)."""
         return {}, {}
 
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:

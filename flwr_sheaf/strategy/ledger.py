@@ -9,7 +9,7 @@ read:
 - **failures**: one entry per node and phase that failed (:meth:`RunLedger.record_failure`;
   ``results.json``'s ``failures``), also listed in the round's ``failed``;
 - **status**: :meth:`RunLedger.run_status`, whether the run so far is clean, degraded or failed
-  (docs/reliability.md);
+  (docs/reliability-failures.md);
 - **results**: the last evaluated round's per-node, per-edge and non-edge rows
   (:attr:`RunLedger.last_evaluation`).
 
@@ -32,7 +32,7 @@ log = logging.getLogger("flwr_sheaf")
 
 class RunFailedError(RuntimeError):
     """A run past its ``max-failed-fraction`` (:meth:`RunLedger.run_status`): the ServerApp raises it
-    after ``results.json`` is written, so Flower records the run as failed (docs/reliability.md)."""
+    after ``results.json`` is written, so Flower records the run as failed (docs/reliability-failures.md)."""
 
 
 class RunLedger:
@@ -102,7 +102,7 @@ class RunLedger:
     def non_edge_results(self) -> list[dict]:
         """Per directed non-edge pair of the last evaluation: ``src``, ``dst`` (receiver), ``hops``,
         ``path`` (source first), ``communication_accuracy`` (multi-hop), ``communication_accuracy_direct``
-        (direct Procrustes) and their ``val_`` counterparts (docs/variants.md)."""
+        (direct Procrustes) and their ``val_`` counterparts (docs/variants-diagnostics.md)."""
         return self.last_evaluation.non_edges
 
     def run_status(
@@ -153,7 +153,7 @@ def run_status(
     failures: list[dict],
     max_failed_fraction: float = DEFAULTS["max-failed-fraction"],
 ) -> dict[str, Any]:
-    """Whether a run (restored rounds included) is clean, degraded or failed (docs/reliability.md).
+    """Whether a run (restored rounds included) is clean, degraded or failed (docs/reliability-failures.md).
 
     A train reply fails when its node errs, does not answer, or the reply is refused. The run is
     ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for

@@ -54,6 +54,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .flwr_cli import (
     CHECKOUT,
@@ -103,10 +104,7 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
         ImportError: ``cryptography`` is not installed (names ``pip install 'flwr-sheaf[deploy]'``).
     """
     try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     except ImportError as e:  # the optional deploy extra
         raise ImportError(missing("cryptography")) from e
 
@@ -115,37 +113,95 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
-
     ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-sheaf deployment CA")])
-    ca = (
+    ca = _ca_certificate(ca_key, start, end)
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = _server_certificate(key, ca, ca_key, hosts, start, end)
+    paths = {
+        "ca": out_dir / "ca.pem",
+        "ca_key": out_dir / "ca.key",
+        "cert": out_dir / "server.pem",
+        "key": out_dir / "server.key",
+    }
+    _write_certificate(ca, paths["ca"])
+    _write_certificate(cert, paths["cert"])
+    _write_private_key(ca_key, paths["ca_key"])
+    _write_private_key(key, paths["key"])
+    return paths
+
+
+def _ca_certificate(ca_key, start: datetime.datetime, end: datetime.datetime):
+    """The self-signed CA certificate of ``ca_key`` (EC P-384), valid from ``start`` to ``end``:
+    ``BasicConstraints(ca, path_length=0)``, key usage for signing certificates and CRLs, SHA-384."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    key_usage = x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    subject_key_id = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
+        .subject_name(_ca_name())
+        .issuer_name(_ca_name())
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA384())
+        .add_extension(key_usage, critical=True)
+        .add_extension(subject_key_id, critical=False)
     )
+    return builder.sign(ca_key, hashes.SHA384())
+
+
+def _ca_name():
+    """The CA's subject and issuer name: ``CN=flwr-sheaf deployment CA`` (built on demand:
+    cryptography is an optional extra)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-sheaf deployment CA")])
+
+
+def _server_certificate(
+    key, ca, ca_key, hosts: list[str], start: datetime.datetime, end: datetime.datetime
+):
+    """The SuperLink's certificate for ``key``, signed by ``ca`` / ``ca_key`` (SHA-384): subject
+    ``CN=hosts[0]``, every host as a subject alternative name (:func:`_subject_alt_names`), not a
+    CA, extended key usage server authentication."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    authority_key_id = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(_subject_alt_names(hosts), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(authority_key_id, critical=False)
+    )
+    return builder.sign(ca_key, hashes.SHA384())
+
+
+def _subject_alt_names(hosts: list[str]):
+    """``hosts`` as a ``SubjectAlternativeName``: IP addresses as ``IPAddress``, names as ``DNSName``."""
+    from cryptography import x509
 
     sans: list[x509.GeneralName] = []
     for h in hosts:
@@ -153,39 +209,27 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    key = ec.generate_private_key(ec.SECP384R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA384())
-    )
+    return x509.SubjectAlternativeName(sans)
 
-    paths = {
-        "ca": out_dir / "ca.pem",
-        "ca_key": out_dir / "ca.key",
-        "cert": out_dir / "server.pem",
-        "key": out_dir / "server.key",
-    }
-    pem = serialization.Encoding.PEM
-    paths["ca"].write_bytes(ca.public_bytes(pem))
-    paths["cert"].write_bytes(cert.public_bytes(pem))
-    for k, p in ((ca_key, paths["ca_key"]), (key, paths["key"])):
-        p.write_bytes(
-            k.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        )
-        p.chmod(0o600)
-    return paths
+
+def _write_certificate(cert, path: Path) -> None:
+    """Write ``cert`` to ``path`` in PEM."""
+    from cryptography.hazmat.primitives import serialization
+
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _write_private_key(key, path: Path) -> None:
+    """Write ``key`` to ``path`` as unencrypted PKCS#8 PEM, mode 0600."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.write_bytes(pem)
+    path.chmod(0o600)
 
 
 def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
@@ -268,8 +312,219 @@ class SuperNodeProc:
         return f"site-{self.index}" if self.registered else f"intruder-{self.index}"
 
 
+class _SiteCrashes:
+    """:class:`LocalDeployment`'s site crash and recovery: SIGKILL a SuperNode, restart it with the
+    same key, node config and ``state-dir`` until the SuperLink accepts it again (docs/resume.md)."""
+
+    if TYPE_CHECKING:  # provided by LocalDeployment
+        workdir: Path
+
+        def track(self) -> None: ...
+
+        def start_supernode(self, n: SuperNodeProc) -> None: ...
+
+    def kill_supernode(self, n: SuperNodeProc) -> None:
+        """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
+        victims = [psutil.Process(n.started().pid)]
+        try:
+            victims += victims[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        for q in victims:
+            try:
+                q.kill()
+            except psutil.NoSuchProcess:
+                pass
+        n.started().wait(timeout=10)
+
+    def restart_supernode(
+        self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
+    ) -> int:
+        """Start SuperNode ``n`` again after a crash (same key, node config and ``state-dir``) until
+        the SuperLink accepts it, as a supervisor with ``Restart=on-failure`` would.
+
+        Flower 1.42 activates a node only while the SuperLink holds it ``offline``: after a SIGKILL
+        that is up to 2 heartbeat intervals (2 x 30 s) after its last heartbeat, and until then a
+        restarted SuperNode is refused with "Failed to activate SuperNode" (exit code 305). Such an
+        attempt is retried every ``retry_every`` s. Success is the SuperNode's own log line
+        ``SuperNode ID: <id>`` with the node id its key was registered under (the restarted process
+        is the same registered node). The first attempt waits until the node's ``online_until`` in
+        the SuperLink database (:meth:`online_until`) has passed, so it is normally accepted at once.
+
+        Returns:
+            The number of attempts (1 = accepted at once).
+
+        Raises:
+            DeployError: an attempt failed for another reason, it came back under another node id,
+                or it was not accepted within ``timeout`` s (the log is named).
+        """
+        deadline = time.monotonic() + timeout
+        until = self.online_until(n)
+        if until is not None:  # first attempt when the SuperLink will hold the node offline
+            time.sleep(max(0.0, min(until + 0.5 - time.time(), deadline - time.monotonic())))
+        attempts = 0
+        while True:
+            attempts += 1
+            start = n.log.stat().st_size if n.log.exists() else 0
+            self.start_supernode(n)
+            while True:
+                self.track()
+                with open(n.log, "rb") as fh:
+                    fh.seek(start)
+                    new = fh.read().decode(errors="replace")
+                if "SuperNode ID: " in new:
+                    got = new.split("SuperNode ID: ", 1)[1].split()[0]
+                    if n.node_id is not None and got != n.node_id:
+                        raise DeployError(
+                            f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}"
+                        )
+                    return attempts
+                if n.started().poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise DeployError(
+                        f"{n.name} not accepted within {timeout:.0f} s after {attempts} attempt(s); "
+                        f"see {n.log}"
+                    )
+                time.sleep(0.2)
+            if "Failed to activate SuperNode" not in new:
+                raise DeployError(
+                    f"{n.name} restart exited with code {n.started().returncode}: {new[-1500:]}"
+                )
+            if time.monotonic() + retry_every > deadline:
+                raise DeployError(
+                    f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}"
+                )
+            time.sleep(retry_every)
+
+    def online_until(self, n: SuperNodeProc) -> float | None:
+        """Unix time until which the SuperLink holds SuperNode ``n`` online (its last heartbeat plus
+        2 heartbeat intervals), read from ``superlink.db`` (table ``node`` of Flower 1.42's SQLite
+        schema, read-only); None when unknown (no node id, another schema, a locked database)."""
+        import sqlite3
+
+        if n.node_id is None:
+            return None
+        nid = int(n.node_id)
+        nid = nid - (1 << 64) if nid >= 1 << 63 else nid  # Flower stores the uint64 id as sint64
+        try:
+            con = sqlite3.connect(
+                f"file:{self.workdir / 'superlink.db'}?mode=ro", uri=True, timeout=5.0
+            )
+            try:
+                row = con.execute(
+                    "SELECT online_until FROM node WHERE node_id = ?", (nid,)
+                ).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return None
+        return float(row[0]) if row and row[0] is not None else None
+
+
+class _Runs:
+    """:class:`LocalDeployment`'s runs: submit the app, follow its log, wait for its status."""
+
+    if TYPE_CHECKING:  # provided by LocalDeployment
+        app: Path
+        flwr: str
+        env: dict[str, str]
+        started: list[subprocess.Popen]
+        superlink: subprocess.Popen | None
+
+        def track(self) -> None: ...
+
+        def _cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess: ...
+
+    def submit(self, run_config: str = "") -> int:
+        """``flwr run <app> deploy --format json [--run-config ...]``; returns the run id.
+
+        Raises:
+            DeployError: the SuperLink did not accept the run (the CLI's output is quoted).
+        """
+        cmd = ["run", str(self.app), CONNECTION, "--format", "json"]
+        if run_config:
+            cmd += ["--run-config", run_config]
+        print("+ flwr", shlex.join(cmd), flush=True)
+        r = self._cli(*cmd, timeout=300)
+        try:
+            return int(_json_out(r.stdout)["run-id"])
+        except (ValueError, KeyError, TypeError):
+            raise DeployError(
+                f"flwr run was not accepted: {(r.stdout + r.stderr)[-2000:]}"
+            ) from None
+
+    def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
+        """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
+        cmd = [self.flwr, "log", str(run_id), CONNECTION, "--stream"]
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}  # lines as they come, also into a file or pipe
+        if log is None:
+            p = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        else:
+            with open(log, "ab") as fh:
+                p = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                )
+        self.started.append(p)
+        return p
+
+    def wait_run(
+        self,
+        run_id: int,
+        timeout: float,
+        follower: subprocess.Popen | None = None,
+        every: float = 10.0,
+    ) -> str:
+        """Wait until run ``run_id`` is finished; return its status from ``flwr ls --run-id ID --format json``.
+
+        The status is read when the log ``follower`` exits (``flwr log --stream`` ends with the
+        run) and otherwise every ``every`` s (each ``flwr`` call is a new Python process). On
+        timeout the run is stopped (``flwr stop``) and ``"timeout"`` returned; if the SuperLink
+        died, ``"superlink exited (<code>)"``.
+        """
+        deadline = time.monotonic() + timeout
+        next_check = time.monotonic() + every
+        while time.monotonic() < deadline:
+            self.track()
+            if self.superlink is not None and self.superlink.poll() is not None:
+                return f"superlink exited ({self.superlink.returncode})"
+            ended = follower is not None and follower.poll() is not None
+            if ended or time.monotonic() >= next_check:
+                runs = list_runs(self.flwr, self.env, CONNECTION, run_id)
+                status = str(runs[-1].get("status")) if runs else "no run found"
+                if status.startswith("finished"):
+                    return status
+                if ended:
+                    follower = None
+                next_check = time.monotonic() + every
+            time.sleep(0.5)
+        self._cli("stop", str(run_id), CONNECTION, timeout=60)
+        return "timeout"
+
+    def run(
+        self,
+        run_config: str = "",
+        timeout: float = 1800.0,
+        log: Path | None = None,
+    ) -> tuple[int, str]:
+        """Submit the app, follow its log, wait for the end; returns ``(run_id, status)``."""
+        run_id = self.submit(run_config)
+        follower = self.follow_log(run_id, log)
+        try:
+            status = self.wait_run(run_id, timeout, follower)
+            time.sleep(1.0)  # let the log follower print the last lines
+        finally:
+            stop_processes([follower], timeout=5)
+        return run_id, status
+
+
 @dataclass
-class LocalDeployment:
+class LocalDeployment(_SiteCrashes, _Runs):
     """A SuperLink and N SuperNodes as separate OS processes on this machine (see module docstring).
 
     Use as a context manager (``with LocalDeployment(...) as d: d.start(); d.run(...)``): leaving
@@ -538,104 +793,6 @@ class LocalDeployment:
         )
         n.proc = self._spawn(cmd, n.log)
 
-    def kill_supernode(self, n: SuperNodeProc) -> None:
-        """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
-        victims = [psutil.Process(n.started().pid)]
-        try:
-            victims += victims[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        for q in victims:
-            try:
-                q.kill()
-            except psutil.NoSuchProcess:
-                pass
-        n.started().wait(timeout=10)
-
-    def restart_supernode(
-        self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
-    ) -> int:
-        """Start SuperNode ``n`` again after a crash (same key, node config and ``state-dir``) until
-        the SuperLink accepts it, as a supervisor with ``Restart=on-failure`` would.
-
-        Flower 1.42 activates a node only while the SuperLink holds it ``offline``: after a SIGKILL
-        that is up to 2 heartbeat intervals (2 x 30 s) after its last heartbeat, and until then a
-        restarted SuperNode is refused with "Failed to activate SuperNode" (exit code 305). Such an
-        attempt is retried every ``retry_every`` s. Success is the SuperNode's own log line
-        ``SuperNode ID: <id>`` with the node id its key was registered under (the restarted process
-        is the same registered node). The first attempt waits until the node's ``online_until`` in
-        the SuperLink database (:meth:`online_until`) has passed, so it is normally accepted at once.
-
-        Returns:
-            The number of attempts (1 = accepted at once).
-
-        Raises:
-            DeployError: an attempt failed for another reason, it came back under another node id,
-                or it was not accepted within ``timeout`` s (the log is named).
-        """
-        deadline = time.monotonic() + timeout
-        until = self.online_until(n)
-        if until is not None:  # first attempt when the SuperLink will hold the node offline
-            time.sleep(max(0.0, min(until + 0.5 - time.time(), deadline - time.monotonic())))
-        attempts = 0
-        while True:
-            attempts += 1
-            start = n.log.stat().st_size if n.log.exists() else 0
-            self.start_supernode(n)
-            while True:
-                self.track()
-                with open(n.log, "rb") as fh:
-                    fh.seek(start)
-                    new = fh.read().decode(errors="replace")
-                if "SuperNode ID: " in new:
-                    got = new.split("SuperNode ID: ", 1)[1].split()[0]
-                    if n.node_id is not None and got != n.node_id:
-                        raise DeployError(
-                            f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}"
-                        )
-                    return attempts
-                if n.started().poll() is not None:
-                    break
-                if time.monotonic() > deadline:
-                    raise DeployError(
-                        f"{n.name} not accepted within {timeout:.0f} s after {attempts} attempt(s); "
-                        f"see {n.log}"
-                    )
-                time.sleep(0.2)
-            if "Failed to activate SuperNode" not in new:
-                raise DeployError(
-                    f"{n.name} restart exited with code {n.started().returncode}: {new[-1500:]}"
-                )
-            if time.monotonic() + retry_every > deadline:
-                raise DeployError(
-                    f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}"
-                )
-            time.sleep(retry_every)
-
-    def online_until(self, n: SuperNodeProc) -> float | None:
-        """Unix time until which the SuperLink holds SuperNode ``n`` online (its last heartbeat plus
-        2 heartbeat intervals), read from ``superlink.db`` (table ``node`` of Flower 1.42's SQLite
-        schema, read-only); None when unknown (no node id, another schema, a locked database)."""
-        import sqlite3
-
-        if n.node_id is None:
-            return None
-        nid = int(n.node_id)
-        nid = nid - (1 << 64) if nid >= 1 << 63 else nid  # Flower stores the uint64 id as sint64
-        try:
-            con = sqlite3.connect(
-                f"file:{self.workdir / 'superlink.db'}?mode=ro", uri=True, timeout=5.0
-            )
-            try:
-                row = con.execute(
-                    "SELECT online_until FROM node WHERE node_id = ?", (nid,)
-                ).fetchone()
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return None
-        return float(row[0]) if row and row[0] is not None else None
-
     def nodes_status(self) -> dict[str, str]:
         """``{node-id: status}`` from ``flwr supernode ls deploy --format json`` (empty on error)."""
         r = self._cli("supernode", "ls", CONNECTION, "--format", "json")
@@ -676,89 +833,6 @@ class LocalDeployment:
         for n in self.nodes:
             self.start_supernode(n)
         self.wait_online(online_timeout)
-
-    def submit(self, run_config: str = "") -> int:
-        """``flwr run <app> deploy --format json [--run-config ...]``; returns the run id.
-
-        Raises:
-            DeployError: the SuperLink did not accept the run (the CLI's output is quoted).
-        """
-        cmd = ["run", str(self.app), CONNECTION, "--format", "json"]
-        if run_config:
-            cmd += ["--run-config", run_config]
-        print("+ flwr", shlex.join(cmd), flush=True)
-        r = self._cli(*cmd, timeout=300)
-        try:
-            return int(_json_out(r.stdout)["run-id"])
-        except (ValueError, KeyError, TypeError):
-            raise DeployError(
-                f"flwr run was not accepted: {(r.stdout + r.stderr)[-2000:]}"
-            ) from None
-
-    def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
-        """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
-        cmd = [self.flwr, "log", str(run_id), CONNECTION, "--stream"]
-        env = {**self.env, "PYTHONUNBUFFERED": "1"}  # lines as they come, also into a file or pipe
-        if log is None:
-            p = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
-        else:
-            with open(log, "ab") as fh:
-                p = subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    stdin=subprocess.DEVNULL,
-                )
-        self.started.append(p)
-        return p
-
-    def wait_run(
-        self,
-        run_id: int,
-        timeout: float,
-        follower: subprocess.Popen | None = None,
-        every: float = 10.0,
-    ) -> str:
-        """Wait until run ``run_id`` is finished; return its status from ``flwr ls --run-id ID --format json``.
-
-        The status is read when the log ``follower`` exits (``flwr log --stream`` ends with the
-        run) and otherwise every ``every`` s (each ``flwr`` call is a new Python process). On
-        timeout the run is stopped (``flwr stop``) and ``"timeout"`` returned; if the SuperLink
-        died, ``"superlink exited (<code>)"``.
-        """
-        deadline = time.monotonic() + timeout
-        next_check = time.monotonic() + every
-        while time.monotonic() < deadline:
-            self.track()
-            if self.superlink is not None and self.superlink.poll() is not None:
-                return f"superlink exited ({self.superlink.returncode})"
-            ended = follower is not None and follower.poll() is not None
-            if ended or time.monotonic() >= next_check:
-                runs = list_runs(self.flwr, self.env, CONNECTION, run_id)
-                status = str(runs[-1].get("status")) if runs else "no run found"
-                if status.startswith("finished"):
-                    return status
-                if ended:
-                    follower = None
-                next_check = time.monotonic() + every
-            time.sleep(0.5)
-        self._cli("stop", str(run_id), CONNECTION, timeout=60)
-        return "timeout"
-
-    def run(
-        self, run_config: str = "", timeout: float = 1800.0, log: Path | None = None
-    ) -> tuple[int, str]:
-        """Submit the app, follow its log, wait for the end; returns ``(run_id, status)``."""
-        run_id = self.submit(run_config)
-        follower = self.follow_log(run_id, log)
-        try:
-            status = self.wait_run(run_id, timeout, follower)
-            time.sleep(1.0)  # let the log follower print the last lines
-        finally:
-            stop_processes([follower], timeout=5)
-        return run_id, status
 
     def stop(self) -> int:
         """Stop exactly the processes this deployment started (and their descendants); idempotent.
@@ -837,6 +911,45 @@ def check_run_config(run_config: str, num_supernodes: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        parsed = check_run_config(args.run_config, args.num_supernodes)
+    except ValueError as exc:  # ConfigError is a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flwr-deploy-")).resolve()
+    # results-dir made absolute here: the ServerApp process runs in another working directory
+    results = Path(str(parsed.get("results-dir", workdir / "results"))).expanduser().resolve()
+    parsed["results-dir"] = str(results)
+    _raise_keyboard_interrupt_on_signals()
+    t0 = time.monotonic()
+    try:
+        dep = LocalDeployment(
+            workdir,
+            num_supernodes=args.num_supernodes,
+            port=args.port,
+            insecure=args.insecure,
+            unregistered=args.unregistered,
+            host=args.host,
+            sans=args.san,
+            app=Path(args.app),
+            state_dir=Path(args.state_dir) if args.state_dir else None,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _bring_up_and_run(dep, args, to_run_config(parsed), results, t0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        n = dep.stop()
+        print(f"stopped {n} process(es) started by this tool", flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main` (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--num-supernodes",
@@ -884,84 +997,57 @@ def main(argv: list[str] | None = None) -> int:
         help="root of the SuperNodes' node state (SuperNode <name> uses <root>/<name>; default: <workdir>/state)",
     )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
-    args = ap.parse_args(argv)
+    return ap
 
-    try:
-        parsed = check_run_config(args.run_config, args.num_supernodes)
-    except ValueError as exc:  # ConfigError is a ValueError
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="flwr-deploy-")).resolve()
-    # results-dir made absolute here: the ServerApp process runs in another working directory
-    results = Path(str(parsed.get("results-dir", workdir / "results"))).expanduser().resolve()
-    parsed["results-dir"] = str(results)
-    run_config = to_run_config(parsed)
+
+def _raise_keyboard_interrupt_on_signals() -> None:
+    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` (also when started in the background, where
+    SIGINT is ignored), so that :func:`main` stops what it started."""
 
     def _interrupt(signum, frame):  # noqa: ARG001 - signal API
         raise KeyboardInterrupt
 
-    for sig in (
-        signal.SIGINT,
-        signal.SIGTERM,
-    ):  # also when started in the background (SIGINT ignored there)
+    for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
 
-    t0 = time.monotonic()
+
+def _bring_up_and_run(
+    dep: LocalDeployment, args: argparse.Namespace, run_config: str, results: Path, t0: float
+) -> int:
+    """Start the federation, run the app and report (main's exit status: 0 completed, 1 failed or
+    timed out, 2 the federation did not come up); with ``--keep-running`` wait until the SuperLink
+    exits or Ctrl-C."""
     try:
-        dep = LocalDeployment(
-            workdir,
-            num_supernodes=args.num_supernodes,
-            port=args.port,
-            insecure=args.insecure,
-            unregistered=args.unregistered,
-            host=args.host,
-            sans=args.san,
-            app=Path(args.app),
-            state_dir=Path(args.state_dir) if args.state_dir else None,
-        )
-    except (ValueError, FileNotFoundError) as exc:
+        dep.start()
+    except DeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    code = 1
-    try:
-        try:
-            dep.start()
-        except DeployError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        up = time.monotonic() - t0
+    up = time.monotonic() - t0
+    print(
+        f"federation up in {up:.1f} s: SuperLink {dep.address} ({'insecure' if args.insecure else 'TLS'}), "
+        f"{args.num_supernodes} SuperNode(s) online, {args.unregistered} unregistered; logs in {dep.logs}",
+        flush=True,
+    )
+    t1 = time.monotonic()
+    run_id, status = dep.run(run_config, timeout=args.timeout)
+    print(
+        f"run {run_id}: status {status}; run wall time {time.monotonic() - t1:.1f} s "
+        f"(total {time.monotonic() - t0:.1f} s)",
+        flush=True,
+    )
+    if (results / "results.json").exists():
+        print(f"results: {results / 'results.json'}", flush=True)
+    else:
+        print(f"no results.json under {results}; see {dep.logs}", flush=True)
+    if args.keep_running:
         print(
-            f"federation up in {up:.1f} s: SuperLink {dep.address} ({'insecure' if args.insecure else 'TLS'}), "
-            f"{args.num_supernodes} SuperNode(s) online, {args.unregistered} unregistered; logs in {dep.logs}",
+            f"--keep-running: SuperLink {dep.address} and SuperNodes stay up; Ctrl-C stops them "
+            f"(connection '{CONNECTION}' in FLWR_HOME={dep.home})",
             flush=True,
         )
-        t1 = time.monotonic()
-        run_id, status = dep.run(run_config, timeout=args.timeout)
-        print(
-            f"run {run_id}: status {status}; run wall time {time.monotonic() - t1:.1f} s "
-            f"(total {time.monotonic() - t0:.1f} s)",
-            flush=True,
-        )
-        code = 0 if status == "finished:completed" else 1
-        if (results / "results.json").exists():
-            print(f"results: {results / 'results.json'}", flush=True)
-        else:
-            print(f"no results.json under {results}; see {dep.logs}", flush=True)
-        if args.keep_running:
-            print(
-                f"--keep-running: SuperLink {dep.address} and SuperNodes stay up; Ctrl-C stops them "
-                f"(connection '{CONNECTION}' in FLWR_HOME={dep.home})",
-                flush=True,
-            )
-            while dep.superlink is not None and dep.superlink.poll() is None:
-                time.sleep(1.0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        code = 130
-    finally:
-        n = dep.stop()
-        print(f"stopped {n} process(es) started by this tool", flush=True)
-    return code
+        while dep.superlink is not None and dep.superlink.poll() is None:
+            time.sleep(1.0)
+    return 0 if status == "finished:completed" else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ Clients", AAAI 2022) in pure torch: local class prototypes, server aggregation, 
 regulariser, nearest-prototype inference, and the parameter-free pooling adapter that gives
 heterogeneous encoders a common feature dimension.
 
-Conventions (docs/baselines.md, s3):
+Conventions (docs/baselines-prototypes.md, s3):
 
 * A prototype set is a ``dict[int, Tensor]`` mapping a **Python int** class id to a ``(d,)``
   tensor. Keying by tensors (e.g. the elements of ``torch.unique(y)``) makes look-ups with ints
@@ -186,7 +186,7 @@ def class_prototypes(
     if y.numel() == 0:
         return protos, counts
     y = y.to(z.device)
-    for c in torch.unique(y).tolist():  # .tolist() -> Python ints (docs/baselines.md, s3.6)
+    for c in torch.unique(y).tolist():  # -> Python ints (docs/baselines-prototypes.md, s3.6)
         mask = y == c
         protos[int(c)] = z[mask].mean(dim=0)
         counts[int(c)] = int(mask.sum())
@@ -262,7 +262,7 @@ def fedproto_loss(
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
     """Prototype inference: ``argmin_c ||z_j - P_g^c||_2`` over the classes with a prototype.
 
-    FedProto's inference rule (docs/baselines.md, s3.4). Distances are computed pairwise without the
+    FedProto's inference rule (docs/baselines-prototypes.md, s3.4). Distances are computed pairwise without the
     ``||a||^2 - 2ab + ||b||^2`` expansion (no cancellation); ties go to the smallest class id.
 
     Args:
@@ -346,58 +346,8 @@ def aggregate_prototypes(
     if num_classes is not None:
         num_classes = _check_num_classes(num_classes)
     uploads = list(uploads)
-    if sources is None:
-        sources = [f"upload {i}" for i in range(len(uploads))]
-    else:
-        sources = [str(s) for s in sources]
-        if len(sources) != len(uploads):
-            raise ValueError(f"got {len(sources)} source labels for {len(uploads)} uploads")
-
-    dim: int | None = None
-    dim_src = ""
-    dtype: torch.dtype | None = None
-    device = None
-    per_class: dict[int, list[tuple[torch.Tensor, float]]] = {}
-    for up, src in zip(uploads, sources):
-        if not isinstance(up, (tuple, list)) or len(up) != 2:
-            raise ValueError(f"{src}: each upload must be a (protos, counts) pair")
-        protos_raw, counts_raw = up
-        protos = _normalise_protos(protos_raw, src, num_classes)
-        counts: dict[int, int] = {}
-        if counts_raw is not None:
-            if not isinstance(counts_raw, Mapping):
-                raise ValueError(
-                    f"{src}: counts must be a dict[int, int], got {type(counts_raw).__name__}"
-                )
-            for k, v in counts_raw.items():
-                c = _class_id(k, src)
-                if isinstance(v, torch.Tensor):
-                    v = v.item()
-                if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                    raise ValueError(f"{src}: count of class {c} must be an int, got {v!r}")
-                counts[c] = int(v)
-        elif weighted:
-            raise ValueError(f"{src}: counts are required for weighted aggregation")
-        for c, p in protos.items():
-            if dim is None:
-                dim, dim_src = p.shape[0], src
-            elif p.shape[0] != dim:
-                raise ValueError(
-                    f"prototype dimension mismatch: {dim_src} has d={dim}, {src} has "
-                    f"d={p.shape[0]} (class {c})"
-                )
-            dtype = p.dtype if dtype is None else torch.promote_types(dtype, p.dtype)
-            device = p.device if device is None else device
-            if weighted:
-                if c not in counts:
-                    raise ValueError(f"{src}: no count for class {c}")
-                if counts[c] <= 0:
-                    raise ValueError(f"{src}: count of class {c} is {counts[c]}, must be > 0")
-                w = float(counts[c])
-            else:
-                w = 1.0
-            per_class.setdefault(c, []).append((p, w))
-
+    labels = _source_labels(sources, len(uploads))
+    per_class, dim, dim_src = _collect_uploads(uploads, labels, weighted, num_classes)
     prev = _normalise_protos(previous, "previous", num_classes) if previous is not None else {}
     if prev and dim is not None:
         pdim = next(iter(prev.values())).shape[0]
@@ -406,21 +356,116 @@ def aggregate_prototypes(
                 f"prototype dimension mismatch: previous global prototypes have d={pdim}, "
                 f"{dim_src} has d={dim}"
             )
-
-    out: dict[int, torch.Tensor] = {}
-    for c, items in per_class.items():
-        assert dim is not None  # set by the first prototype of any class
-        num = torch.zeros(dim, dtype=torch.float64, device=device)
-        den = 0.0
-        for p, w in items:
-            num = num + w * p.detach().to(device=device, dtype=torch.float64)
-            den += w
-        out[c] = (num / den).to(dtype)
+    out = _weighted_means(per_class)
     if missing == "carry":
         for c, p in prev.items():
             if c not in out:
                 out[c] = p.detach().clone()
     return {c: out[c] for c in sorted(out)}
+
+
+def _source_labels(sources: Sequence[str] | None, n: int) -> list[str]:
+    """One label per upload for error messages: ``sources`` as strings, or ``"upload <index>"``.
+
+    Raises:
+        ValueError: ``sources`` of another length than the ``n`` uploads.
+    """
+    if sources is None:
+        return [f"upload {i}" for i in range(n)]
+    labels = [str(s) for s in sources]
+    if len(labels) != n:
+        raise ValueError(f"got {len(labels)} source labels for {n} uploads")
+    return labels
+
+
+def _collect_uploads(
+    uploads: list, sources: list[str], weighted: bool, num_classes: int | None
+) -> tuple[dict[int, list[tuple[torch.Tensor, float]]], int | None, str]:
+    """Every upload's prototypes checked and grouped by class with their weights (the class count
+    when ``weighted``, else 1), with the common dimension ``d`` and the source that set it.
+
+    Raises:
+        ValueError: an upload that is not a ``(protos, counts)`` pair, bad prototypes or counts
+            (:func:`_upload_counts`, :func:`_weight`), or dimensions differing (both sources named).
+    """
+    dim: int | None = None
+    dim_src = ""
+    per_class: dict[int, list[tuple[torch.Tensor, float]]] = {}
+    for up, src in zip(uploads, sources):
+        if not isinstance(up, (tuple, list)) or len(up) != 2:
+            raise ValueError(f"{src}: each upload must be a (protos, counts) pair")
+        protos = _normalise_protos(up[0], src, num_classes)
+        counts = _upload_counts(up[1], src, weighted)
+        for c, p in protos.items():
+            if dim is None:
+                dim, dim_src = p.shape[0], src
+            elif p.shape[0] != dim:
+                raise ValueError(
+                    f"prototype dimension mismatch: {dim_src} has d={dim}, {src} has "
+                    f"d={p.shape[0]} (class {c})"
+                )
+            per_class.setdefault(c, []).append((p, _weight(counts, c, src, weighted)))
+    return per_class, dim, dim_src
+
+
+def _upload_counts(counts_raw, src: str, weighted: bool) -> dict[int, int]:
+    """An upload's per-class sample counts as ``{int: int}`` (empty when ``None`` and unweighted).
+
+    Raises:
+        ValueError: counts not a mapping, a non-integer key or count, or missing when ``weighted``.
+    """
+    if counts_raw is None:
+        if weighted:
+            raise ValueError(f"{src}: counts are required for weighted aggregation")
+        return {}
+    if not isinstance(counts_raw, Mapping):
+        raise ValueError(f"{src}: counts must be a dict[int, int], got {type(counts_raw).__name__}")
+    counts: dict[int, int] = {}
+    for k, v in counts_raw.items():
+        c = _class_id(k, src)
+        if isinstance(v, torch.Tensor):
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ValueError(f"{src}: count of class {c} must be an int, got {v!r}")
+        counts[c] = int(v)
+    return counts
+
+
+def _weight(counts: dict[int, int], c: int, src: str, weighted: bool) -> float:
+    """Class ``c``'s weight in its mean: its positive count ``n_i^c`` (weighted), else 1.
+
+    Raises:
+        ValueError: ``weighted`` and no count, or a count <= 0, for class ``c`` (source named).
+    """
+    if not weighted:
+        return 1.0
+    if c not in counts:
+        raise ValueError(f"{src}: no count for class {c}")
+    if counts[c] <= 0:
+        raise ValueError(f"{src}: count of class {c} is {counts[c]}, must be > 0")
+    return float(counts[c])
+
+
+def _weighted_means(
+    per_class: dict[int, list[tuple[torch.Tensor, float]]],
+) -> dict[int, torch.Tensor]:
+    """Per class, ``sum_i w_i P_i / sum_i w_i`` accumulated in float64 on the device of the first
+    prototype uploaded, returned in the promoted dtype of all uploaded prototypes."""
+    items = [p for group in per_class.values() for p, _ in group]
+    if not items:
+        return {}
+    dtype, device = items[0].dtype, items[0].device
+    for p in items[1:]:
+        dtype = torch.promote_types(dtype, p.dtype)
+    out: dict[int, torch.Tensor] = {}
+    for c, group in per_class.items():
+        num = torch.zeros(items[0].shape[0], dtype=torch.float64, device=device)
+        den = 0.0
+        for p, w in group:
+            num = num + w * p.detach().to(device=device, dtype=torch.float64)
+            den += w
+        out[c] = (num / den).to(dtype)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,7 +475,7 @@ class PoolingAdapter(nn.Module):
     """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common``.
 
     HtFLlib replaces each backbone's classifier with ``nn.AdaptiveAvgPool1d(feature_dim)`` so that
-    heterogeneous encoders emit the same dimension (docs/baselines.md, s3.5); this is the same operation
+    heterogeneous encoders emit the same dimension (docs/baselines-prototypes.md, s3.5); this is the same operation
     (``torch.nn.functional.adaptive_avg_pool1d`` over the last axis). Output entry ``k`` averages
     input entries ``[floor(k*d_in/d_common), ceil((k+1)*d_in/d_common))``: with ``2048 -> 512``
     each output averages 4 consecutive inputs; with ``64 -> 512`` each input is repeated 8 times
@@ -484,7 +529,7 @@ def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None: ...
 def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
     """Check that FedProto clients can average prototypes coordinate-wise.
 
-    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (docs/baselines.md, s3.5).
+    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (docs/baselines-prototypes.md, s3.5).
 
     Args:
         dims: client id -> native feature dim (positive ints), non-empty.

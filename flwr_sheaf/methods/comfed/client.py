@@ -1,4 +1,4 @@
-"""ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (docs/baselines.md, s7).
+"""ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (docs/baselines-alignment.md, s7).
 
 Per ``train.comfed`` message the node restores its projection ``P_i (r, d_i)`` (Xavier-initialised
 from (seed, partition-id) in its first round) and trains ``CE + comfed-lambda * mean_m ||P_i vbar_m -
@@ -23,7 +23,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from ...client.common import accuracy, eval_latents, from_numpy, task_device, to_numpy
-from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory, load_module_state, save_module_state
 from ...config import LocalTrainConfig
@@ -37,6 +37,7 @@ from ...protocol import (
     array_record,
     message_type,
     pack_prototypes,
+    required,
     unpack_prototypes,
 )
 from .._shared.prototypes import class_prototypes

@@ -13,7 +13,7 @@ prototypes held constant. A message from j to i is decoded with the learned maps
 
 the least-squares solution of ``P_i zhat = P_j z_j`` (minimum norm when r < d_i), on **raw**
 latents; the receiver classifies ``zhat_i`` with its own head. No Flower imports
-(docs/baselines.md, s7).
+(docs/baselines-alignment.md, s7).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ComFed strategy: relays the neighbours' projected class prototypes (docs/baselines.md, s7).
+"""ComFed strategy: relays the neighbours' projected class prototypes (docs/baselines-alignment.md, s7).
 
 Per server round: discovery resolves the shared dimension r (``comfed-dim``: ``auto`` = smallest
 stalk dimension). Each sampled node gets :class:`~flwr_sheaf.methods.comfed.config.ComFedConfig`, ``feature-dim``

@@ -1,4 +1,4 @@
-"""FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (docs/baselines.md, s6).
+"""FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (docs/baselines-alignment.md, s6).
 
 Per ``train.fedmuscle`` message a node trains ``local-epochs`` epochs; global local epoch
 ``e = (server_round - 1) * local_epochs + epoch`` is contrastive when

@@ -12,7 +12,7 @@ The positive pair of pilot i is pilot i on the other agents: the reference imple
 up a record key that did not exist under shared pilots and silently used each agent's private
 batch instead (docs/deviations.md); here the pilot index is the only pairing. Representations of
 different widths d_k are compared after the parameter-free pooling adapter to a common D
-(:class:`flwr_sheaf.methods._shared.prototypes.PoolingAdapter`, docs/baselines.md s3.5), so the network
+(:class:`flwr_sheaf.methods._shared.prototypes.PoolingAdapter`, docs/baselines-prototypes.md s3.5), so the network
 averages are coordinate-wise means of D-dimensional vectors. No Flower imports.
 """
 

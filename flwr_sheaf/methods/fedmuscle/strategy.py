@@ -1,4 +1,4 @@
-"""FedMuscle strategy: network averages of the agents' pilot representations (docs/baselines.md, s6).
+"""FedMuscle strategy: network averages of the agents' pilot representations (docs/baselines-alignment.md, s6).
 
 Per server round:
 

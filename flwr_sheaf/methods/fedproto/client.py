@@ -1,4 +1,4 @@
-"""FedProto on the client (Tan et al., AAAI 2022; docs/baselines.md): prototype loss plug-in and handlers.
+"""FedProto on the client (Tan et al., AAAI 2022; docs/baselines-prototypes.md): prototype loss plug-in and handlers.
 
 Per ``train.fedproto`` message a node receives the global prototypes (record ``global-prototypes``,
 :func:`flwr_sheaf.protocol.pack_prototypes`; absent before the first aggregation) and trains
@@ -24,7 +24,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ...client.common import eval_latents, from_numpy, to_numpy
-from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
 from ...protocol import (
@@ -38,6 +38,7 @@ from ...protocol import (
     array_record,
     message_type,
     pack_prototypes,
+    required,
     unpack_prototypes,
 )
 from .._shared.prototypes import (
@@ -82,7 +83,7 @@ def latent_and_logits(model: StalkModel, x: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def feature_pool(model: StalkModel, cfg: Mapping, where: str) -> PoolingAdapter:
-    """Pooling adapter ``(B, d_i) -> (B, D)`` from ``model.d`` to the message's ``feature-dim`` D (docs/baselines.md, s3.5).
+    """Pooling adapter ``(B, d_i) -> (B, D)`` from ``model.d`` to the message's ``feature-dim`` D (docs/baselines-prototypes.md, s3.5).
 
     Raises:
         ProtocolError: the config lacks ``feature-dim`` (``where`` names the message type).
@@ -122,7 +123,7 @@ class FedProtoClient(ClientMethod):
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
         """:class:`FedProtoLoss` from the message's :class:`~flwr_sheaf.methods.fedproto.config.FedProtoConfig`, ``feature-dim``
-        and global prototypes (FedProto's local objective, docs/baselines.md s3.1).
+        and global prototypes (FedProto's local objective, docs/baselines-prototypes.md s3.1).
 
         Raises:
             ConfigError / ProtocolError: a key missing from the config, malformed prototypes (named).

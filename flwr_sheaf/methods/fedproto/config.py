@@ -60,7 +60,7 @@ register_keys(
 
 @dataclass(frozen=True)
 class FedProtoConfig(Section):
-    """FedProto (Tan et al. 2022) settings, shared by FedSAF (docs/baselines.md).
+    """FedProto (Tan et al. 2022) settings, shared by FedSAF (docs/baselines-prototypes.md).
 
     Attributes:
         dim: common prototype dimension: ``"auto"`` (smallest stalk dimension, resolved at

@@ -1,4 +1,4 @@
-"""FedProto strategy (Tan et al., AAAI 2022; docs/baselines.md).
+"""FedProto strategy (Tan et al., AAAI 2022; docs/baselines-prototypes.md).
 
 Per server round:
 
@@ -108,7 +108,7 @@ class FedProto(GraphStrategy):
         return self.prototypes.global_protos
 
     def on_discovered(self) -> None:
-        """Validate the graph, then resolve the common prototype dimension D (docs/baselines.md, s3.5).
+        """Validate the graph, then resolve the common prototype dimension D (docs/baselines-prototypes.md, s3.5).
 
         Raises:
             ValueError: ``fedproto-dim = none`` and the nodes report different stalk dimensions.

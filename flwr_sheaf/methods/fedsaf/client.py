@@ -1,4 +1,4 @@
-"""FedSAF on the client: structural alignment on FedProto's global prototypes (docs/baselines.md).
+"""FedSAF on the client: structural alignment on FedProto's global prototypes (docs/baselines-prototypes.md).
 
 Same protocol as FedProto (global prototypes in, local prototypes and counts out, pooled to the
 common dimension, nearest-prototype accuracy reported); only the loss plug-in differs (FedSAF
@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ...client.handlers import register_method_handlers, required
+from ...client.handlers import register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory
-from ...protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type
+from ...protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type, required
 from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import FedProtoClient, feature_pool, latent_and_logits, received_prototypes
 from . import ACTION

@@ -1,7 +1,7 @@
 """FedSAF mathematics (Wu et al., "FedSAF: Federated Structural Alignment Framework for
 heterogeneous FL", arXiv 2605.05959) in pure torch.
 
-Equation numbers refer to that paper (summary: docs/baselines.md, s4):
+Equation numbers refer to that paper (summary: docs/baselines-prototypes.md, s4):
 
 * Eq. (6): coordinate alignment ``L_coord(z, P_g^y) = D_coord(z, P_g^y)`` with ``D_coord`` the
   squared L2 distance or a cosine loss -> :func:`mse_alignment`, :func:`cosine_alignment`.
@@ -18,7 +18,7 @@ Equation numbers refer to that paper (summary: docs/baselines.md, s4):
   ``L_local = L_sup + lambda L_proto + gamma L_inst`` -> :func:`structure_alignment_inputs`,
   :func:`fedsaf_objective`.
 
-Decisions the paper leaves open (ours, docs/baselines.md, s4.4-s4.5): structure losses need ``n >= MIN_ROWS = 3``
+Decisions the paper leaves open (ours, docs/baselines-prototypes.md, s4.4-s4.5): structure losses need ``n >= MIN_ROWS = 3``
 rows — at ``n = 2`` both GCSA and RCSA are identically 0 (two centred rows are ``+-(p1-p2)/2`` so
 both Gram matrices are multiples of ``[[1,-1],[-1,1]]``; the RDM has a single entry) and at
 ``n = 1`` they are undefined — so :func:`gcsa_loss` / :func:`rcsa_loss` raise and
@@ -408,7 +408,7 @@ def structure_alignment_inputs(
     """Build the prototype-level and instance-level pairs of FedSAF Eqs. (15)-(18).
 
     ``C_i`` = classes present in the batch **that also have a global prototype** (our choice for
-    classes the server has not seen yet, docs/baselines.md, s4.4; before the first aggregation ``C_i`` is empty).
+    classes the server has not seen yet, docs/baselines-prototypes.md, s4.4; before the first aggregation ``C_i`` is empty).
     ``P_i^c`` = batch mean of ``z_j`` over ``y_j = c`` (Eq. (15)), stacked in ascending class
     order with ``P_g^c`` in the same order (Eq. (16)). Instance level: the ``B'`` covered samples
     ``z_j`` paired with ``z~_j = P_g^{y_j}`` (Eq. (18)); uncovered samples are left out.

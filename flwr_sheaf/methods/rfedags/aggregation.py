@@ -1,6 +1,6 @@
 """Server side of RFedAGS: weighting and averaging uploaded gradient streams, global step, retraction.
 
-RFedAGS server update (docs/baselines.md, s5.3; authors' sign convention)::
+RFedAGS server update (docs/baselines-rfedags.md, s5.3; authors' sign convention)::
 
     x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
 
@@ -64,7 +64,7 @@ def participation_weights(
     p: np.ndarray | None = None,
     num_examples: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Aggregation weights ``w_i`` of one round (RFedAGS server step; docs/baselines.md, s5.3).
+    """Aggregation weights ``w_i`` of one round (RFedAGS server step; docs/baselines-rfedags.md, s5.3).
 
     Args:
         responded: ``(N,)`` bool mask of the responders ``S_t``.
@@ -129,7 +129,7 @@ def aggregate_streams(
     weights: np.ndarray,
     point_shape: tuple[int, ...],
 ) -> np.ndarray:
-    """Weighted sum ``sum_i w_i zeta_i`` of gradient streams in ``T_{x_t} M`` (docs/baselines.md, s5.2-s5.3).
+    """Weighted sum ``sum_i w_i zeta_i`` of gradient streams in ``T_{x_t} M`` (docs/baselines-rfedags.md, s5.2-s5.3).
 
     Args:
         zetas: either an ``(N, *point_shape)`` array (rows of clients with ``w_i = 0`` are ignored and
@@ -172,7 +172,7 @@ def aggregate_streams(
 def server_update(
     manifold: Manifold, x: np.ndarray, direction: np.ndarray, global_step: float = 1.0
 ) -> np.ndarray:
-    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (docs/baselines.md, s5.3; authors use ``varpi = 1``).
+    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (docs/baselines-rfedags.md, s5.3; authors use ``varpi = 1``).
 
     Args:
         manifold: manifold object (e.g. :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`).
@@ -252,7 +252,7 @@ class RoundResult:
 class RFedAGSServer:
     """Stateful RFedAGS server: current iterate, frequency counts, one :meth:`step` per round.
 
-    Implements the RFedAGS server update (docs/baselines.md, s5.3) with the weights of :func:`participation_weights`.
+    Implements the RFedAGS server update (docs/baselines-rfedags.md, s5.3) with the weights of :func:`participation_weights`.
     Client indices ``0..N-1`` (partition ids).
 
     Args:
@@ -304,7 +304,7 @@ class RFedAGSServer:
     def weights(
         self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Weights for the current round *without* changing state (docs/baselines.md, s5.3).
+        """Weights for the current round *without* changing state (docs/baselines-rfedags.md, s5.3).
 
         Args:
             responded: ``(N,)`` bool (or 0/1) mask of the clients whose stream arrived.

@@ -1,4 +1,4 @@
-"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines.md, s5).
+"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines-rfedags.md, s5).
 
 :class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` except the
 round's messages and the server step: discovery, the shared Bernoulli(p_i) sampler
@@ -276,55 +276,23 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             self._recipients,
             {STREAM_RECORD: keys, METRICS: (NUM_EXAMPLES,)},
         )
-        shape = tuple(self.server.x.shape)
         uploads: dict[int, np.ndarray] = {}
         zetas: dict[int, np.ndarray] = {}
         num_examples = np.ones(self.num_nodes)
         for pid, r in ok.items():
-            z = np.array(array_record(r.content, STREAM_RECORD)[ENDPOINT].numpy(), dtype=np.float64)
+            z, zeta, reason = self._check_upload(r)
             n_i = metric_record(r.content, METRICS)[NUM_EXAMPLES]
-            reason = weight_problem(NUM_EXAMPLES, n_i)
-            if reason is None and (z.shape != shape or not np.all(np.isfinite(z))):
-                reason = f"unusable end point of shape {z.shape} (expected {shape}, finite)"
-            if reason is None and self.method == "rfedproj":
-                zeta = np.array(
-                    array_record(r.content, STREAM_RECORD)[MEAN_GRADIENT].numpy(), dtype=np.float64
-                )
-                if zeta.shape != shape or not np.all(np.isfinite(zeta)):
-                    reason = f"unusable mean gradient of shape {zeta.shape}"
-                else:
-                    zetas[pid] = zeta
-            elif reason is None:
-                feas = float(np.max(self.manifold.feasibility(z)))
-                if not feas <= 1e-8:
-                    reason = f"end point off {self.manifold!r} (constraint violation {feas:.3e})"
-                else:
-                    try:
-                        self.manifold.invretr(self._x_t, z)
-                    except ValueError as exc:
-                        reason = str(exc)
             if reason is not None:
                 self.record_failure(server_round, "train", pid, reason)
-                zetas.pop(pid, None)
                 continue
+            if zeta is not None:
+                zetas[pid] = zeta
             uploads[pid] = z
             num_examples[pid] = as_float(n_i, NUM_EXAMPLES)
         mask = np.zeros(self.num_nodes, dtype=bool)
         mask[list(uploads)] = True
         w, est = self.server.weights(mask, num_examples if self.mode == "uncorrected" else None)
-        if self.method == "rfedproj":
-            assert self._x_mid is not None  # set in _init_server
-            x_mid_new, x_new = average_ambient(
-                self.manifold, self._x_mid, uploads, w, self.global_step
-            )
-            self._x_mid_prev, self._x_mid = self._x_mid, x_mid_new
-            self._zeta_prev.update(zetas)
-            self._prev_responders = set(uploads)
-            direction = x_new - self._x_t
-        else:
-            x_new, direction = average_endpoints(
-                self.manifold, self._x_t, uploads, w, self.global_step
-            )
+        x_new, direction = self._server_step(uploads, zetas, w)
         self.server.x = x_new
         self.server.estimator.observe(mask)
         self.server.round += 1
@@ -350,6 +318,49 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             }
         )
         return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
+
+    def _check_upload(self, reply: Message) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+        """One train reply's end point ``(n, p)`` float64, RFedProj's mean gradient (same shape;
+        None for the others) and why the upload is unusable (None when usable): a bad
+        ``num-examples``, a wrong shape or NaN/inf, or (RFedAvg/RFedSVRG) an end point off the
+        manifold (constraint violation above 1e-8) or without an inverse retraction."""
+        shape = tuple(self.server.x.shape)
+        stream = array_record(reply.content, STREAM_RECORD)
+        z = np.array(stream[ENDPOINT].numpy(), dtype=np.float64)
+        reason = weight_problem(NUM_EXAMPLES, metric_record(reply.content, METRICS)[NUM_EXAMPLES])
+        if reason is None and (z.shape != shape or not np.all(np.isfinite(z))):
+            reason = f"unusable end point of shape {z.shape} (expected {shape}, finite)"
+        if reason is not None:
+            return z, None, reason
+        if self.method == "rfedproj":
+            zeta = np.array(stream[MEAN_GRADIENT].numpy(), dtype=np.float64)
+            if zeta.shape != shape or not np.all(np.isfinite(zeta)):
+                return z, None, f"unusable mean gradient of shape {zeta.shape}"
+            return z, zeta, None
+        feas = float(np.max(self.manifold.feasibility(z)))
+        if not feas <= 1e-8:
+            return z, None, f"end point off {self.manifold!r} (constraint violation {feas:.3e})"
+        try:
+            self.manifold.invretr(self._x_t, z)
+        except ValueError as exc:
+            return z, None, str(exc)
+        return z, None, None
+
+    def _server_step(
+        self, uploads: dict[int, np.ndarray], zetas: dict[int, np.ndarray], w: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The method's server step from the usable end points with weights ``w`` ``(N,)``: the new
+        point and the direction moved (RFedProj: ambient average and projection, keeping its
+        mid-point, mean gradients and responders for the next round; else the tangent average of
+        the end points)."""
+        if self.method != "rfedproj":
+            return average_endpoints(self.manifold, self._x_t, uploads, w, self.global_step)
+        assert self._x_mid is not None  # set in _init_server
+        x_mid_new, x_new = average_ambient(self.manifold, self._x_mid, uploads, w, self.global_step)
+        self._x_mid_prev, self._x_mid = self._x_mid, x_mid_new
+        self._zeta_prev.update(zetas)
+        self._prev_responders = set(uploads)
+        return x_new, x_new - self._x_t
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
         import logging

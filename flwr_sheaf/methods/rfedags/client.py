@@ -7,7 +7,7 @@ beside a user's default ``train``/``evaluate``:
 - ``train.rfedags``: receive the server point ``x_t`` (record ``arrays``, key
   :data:`flwr_sheaf.protocol.POINT`, float64) and a ``ConfigRecord`` (``server-round``,
   ``local-steps`` K, ``step-size`` alpha_t, ``minibatch-size``, ``seed``; all required), run the
-  RFedAGS client loop (docs/baselines.md, "RFedAGS") (:func:`flwr_sheaf.methods.rfedags.local.local_gradient_stream`)
+  RFedAGS client loop (docs/baselines-rfedags.md) (:func:`flwr_sheaf.methods.rfedags.local.local_gradient_stream`)
   and reply with the gradient stream ``zeta in T_{x_t} M`` (record ``stream``, key
   :data:`flwr_sheaf.protocol.STREAM`, float64, same shape as ``x``) and a ``MetricRecord``
   (``num-examples``, ``tangent-error``, ``local-cost-start``).
@@ -260,7 +260,7 @@ def register_rfedags_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = ACTION,
 ) -> ClientApp:
-    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (client loop, docs/baselines.md).
+    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (client loop, docs/baselines-rfedags.md).
 
     Args:
         app: the ClientApp to extend; its own handlers are untouched.
@@ -337,7 +337,7 @@ def register_rfedags_baseline_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     methods: tuple[str, ...] = BASELINES,
 ) -> ClientApp:
-    """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines.md, s5).
+    """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines-rfedags.md, s5).
 
     ``train.<m>`` reads the config of RFedAGS (``server-round``, ``local-steps``, ``step-size``,
     ``minibatch-size``, ``seed``) plus ``phase``, and the point ``x`` (:data:`~flwr_sheaf.protocol.POINT`):

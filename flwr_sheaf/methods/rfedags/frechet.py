@@ -1,6 +1,6 @@
 """Federated Fréchet (Karcher) means on SPD matrices and in the Poincaré ball: RFedAGS's other problems.
 
-Problem (RFedAGS paper, FMC on SPD / hyperbolic experiments; docs/baselines.md, s5.4)::
+Problem (RFedAGS paper, FMC on SPD / hyperbolic experiments; docs/baselines-rfedags.md, s5.4)::
 
     f_i(x) = (1/(2S)) sum_s d(x, a_{i,s})^2,   F(x) = (1/N) sum_i f_i(x),   x in M,
 

@@ -1,6 +1,6 @@
 """Client side of RFedAGS: K local Riemannian SGD steps and the transported gradient stream.
 
-RFedAGS client loop (docs/baselines.md, s5.2), in the authors' code convention (``RFedAGSP.m``):
+RFedAGS client loop (docs/baselines-rfedags.md, s5.2), in the authors' code convention (``RFedAGSP.m``):
 starting from the server point ``x_t = x_{t,0}``, for ``k = 0..K-1``
 
     eta_k     = grad f_j(x_{t,k}; batch_k)               (Riemannian = projected Euclidean gradient)
@@ -41,7 +41,7 @@ class GradientStream:
 
     @property
     def zeta(self) -> np.ndarray:
-        """Gradient stream ``zeta = sum_k steps[k]`` (docs/baselines.md, s5.2), shape ``(*batch, *point_shape)``."""
+        """Gradient stream ``zeta = sum_k steps[k]`` (docs/baselines-rfedags.md, s5.2), shape ``(*batch, *point_shape)``."""
         return self.steps.sum(axis=0)
 
 
@@ -54,7 +54,7 @@ def local_gradient_stream(
 ) -> GradientStream:
     """Run ``K`` local Riemannian SGD steps from the server point and return the gradient stream.
 
-    Implements the RFedAGS client loop (docs/baselines.md, s5.2; see the module docstring).
+    Implements the RFedAGS client loop (docs/baselines-rfedags.md, s5.2; see the module docstring).
 
     Args:
         manifold: manifold object with ``egrad2rgrad``, ``retr``, ``transp``.
@@ -109,7 +109,7 @@ def step_size_schedule(alpha0: float, decay_rounds: float = 0.0) -> Callable[[in
 
     ``decay_rounds = 0`` gives the fixed step of the paper's main PCA runs; ``decay_rounds > 0`` is
     the ``alpha_t = alpha0/(beta + t)^p`` family of the paper's decaying-step theorem with ``p = 1`` (convergence to a
-    stationary point instead of a neighbourhood; docs/baselines.md, s5.2 and check R3 of s5.6).
+    stationary point instead of a neighbourhood; docs/baselines-rfedags.md, s5.2 and check R3 of s5.6).
 
     Args:
         alpha0: initial step, positive.

@@ -4,13 +4,13 @@ cone ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c`` (nump
 The algorithms (:mod:`~flwr_sheaf.methods.rfedags.local`, :mod:`~flwr_sheaf.methods.rfedags.aggregation`,
 :mod:`~flwr_sheaf.methods.rfedags.baselines`) only call the operations of :class:`Manifold` and never branch on
 which manifold they run on. SPD and the Poincaré ball are the RFedAGS paper's Fréchet-mean and
-hyperbolic problems (docs/baselines.md, s5.4: Manopt ``sympositivedefinitefactory`` / ``hyperbolicfactory``
+hyperbolic problems (docs/baselines-rfedags.md, s5.4: Manopt ``sympositivedefinitefactory`` / ``hyperbolicfactory``
 with the exponential map as retraction, its inverse the logarithm, parallel transport); both are
 geoopt's operators (``SymmetricPositiveDefinite("AIM")``, ``PoincareBall``) evaluated as numpy closed
 forms for speed and tested against geoopt itself.
 
 The geometry is delegated to ``geoopt`` (a maintained library) after checking that it matches the
-operators of the RFedAGS authors' code (Manopt defaults; docs/baselines.md, s5.4):
+operators of the RFedAGS authors' code (Manopt defaults; docs/baselines-rfedags.md, s5.4):
 
 * Stiefel: ``geoopt.EuclideanStiefel`` (NOT ``geoopt.Stiefel()``, which defaults to the canonical
   metric and the Cayley retraction). Its tangent projection is ``U - X sym(X^T U)``, its retraction
@@ -30,7 +30,7 @@ the local steps of many clients at once. Points are never re-validated inside th
 
 Sign and metric conventions: the metric is the Euclidean one inherited from the embedding space
 (``<U, V> = tr(U^T V)``), so the Riemannian gradient is the tangent projection of the Euclidean
-gradient (``grad f = P_x(nabla f)``, standard for embedded submanifolds; docs/baselines.md, s5.2).
+gradient (``grad f = P_x(nabla f)``, standard for embedded submanifolds; docs/baselines-rfedags.md, s5.2).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _t(a: np.ndarray) -> torch.Tensor:
 
 
 class Manifold(Protocol):
-    """The operations RFedAGS needs from a manifold (docs/baselines.md, s5.2 and s5.4).
+    """The operations RFedAGS needs from a manifold (docs/baselines-rfedags.md, s5.2 and s5.4).
 
     ``proj(x, u)``: orthogonal projection of an ambient vector onto ``T_x M``.
     ``egrad2rgrad(x, g)``: Riemannian gradient from the Euclidean gradient (= ``proj`` for the
@@ -209,7 +209,7 @@ class _GeooptEmbedded:
 
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64, shape of ``g``
-        (docs/baselines.md, s5.2). Raises ValueError like :meth:`proj`."""
+        (docs/baselines-rfedags.md, s5.2). Raises ValueError like :meth:`proj`."""
         return self.proj(x, g)
 
     def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -240,7 +240,7 @@ class _GeooptEmbedded:
 class Stiefel(_GeooptEmbedded):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric.
 
-    Implements the operators of docs/baselines.md, s5.4 for Stiefel problems (PCA):
+    Implements the operators of docs/baselines-rfedags.md, s5.4 for Stiefel problems (PCA):
     projection ``P_X(U) = U - X sym(X^T U)``, QR retraction with sign fix, projection transport.
 
     Args:
@@ -289,7 +289,7 @@ class Stiefel(_GeooptEmbedded):
         ``X + U = Y R`` with ``R`` upper triangular; tangency ``X^T U + U^T X = 0`` gives the linear
         system ``M R + R^T M^T = 2 I`` (``M = X^T Y``) in the ``r(r+1)/2`` entries of ``R``, solved
         directly; then ``U = Y R - X``. Used by RFedAvg / RFedSVRG to map local end points to
-        ``T_{x_t} St`` (docs/baselines.md, s5.4: the authors' ``RFedAvg_.m`` uses ``invretr``).
+        ``T_{x_t} St`` (docs/baselines-rfedags.md, s5.4: the authors' ``RFedAvg_.m`` uses ``invretr``).
 
         Args:
             x: base point ``(d, r)``; y: point ``(d, r)`` or a stack ``(m, d, r)``.
@@ -331,7 +331,7 @@ class Stiefel(_GeooptEmbedded):
             )
         return (ys @ rr - x).reshape(y.shape)
 
-    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines.md, s5.4).
+    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
     compact_embedded = True
 
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
@@ -465,7 +465,7 @@ class Sphere(_GeooptEmbedded):
             )
         return y / c - x
 
-    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines.md, s5.4).
+    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
     compact_embedded = True
 
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
@@ -517,7 +517,7 @@ def _eigfun(a: np.ndarray, *fs) -> list[np.ndarray]:
 class SPD(_GeooptEmbedded):
     """Symmetric positive definite ``n x n`` matrices with the affine-invariant metric
     ``<U, V>_X = tr(X^{-1} U X^{-1} V)`` (Manopt ``sympositivedefinitefactory``, the RFedAGS paper's
-    Fréchet-mean problem; docs/baselines.md, s5.4).
+    Fréchet-mean problem; docs/baselines-rfedags.md, s5.4).
 
     Operators (closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")``, which the tests use as
     the oracle): ``T_X SPD`` = symmetric matrices, ``proj(X, U) = sym(U)``; ``egrad2rgrad(X, G) =

@@ -1,21 +1,21 @@
 """Federated PCA on the Stiefel manifold: the RFedAGS paper's synthetic problem and a planted bias problem.
 
-Cost convention (authors' code ``ConstructRFLPCAProb_St_.m``; docs/baselines.md, s5.5)::
+Cost convention (authors' code ``ConstructRFLPCAProb_St_.m``; docs/baselines-rfedags.md, s5.5)::
 
     f_i(X) = -tr(X^T A_i X),   A_i = (1/S) sum_s z_s z_s^T,   F(X) = (1/N) sum_i f_i(X),   X in St(d, r)
 
-(no factor 1/2: the paper's step sizes 6e-3 / 2e-2 and the gap thresholds of check R4, docs/baselines.md, s5.6, are in this
+(no factor 1/2: the paper's step sizes 6e-3 / 2e-2 and the gap thresholds of check R4, docs/baselines-rfedags.md, s5.6, are in this
 convention). Euclidean gradient ``-2 A_i X`` (mini-batch: ``-(2/B) Z_b^T Z_b X``), Riemannian gradient
 its tangent projection. ``F* = -(sum of the top-r eigenvalues of A = mean_i A_i)``, attained by the
 top-r eigenvectors ``U``.
 
 Problems:
 
-* :func:`synthetic_pca_problem`: the paper's synthetic PCA experiment / ``PCAStief_Syn_40.m`` (docs/baselines.md, s5.5): client ``i = 1..N`` holds ``S``
+* :func:`synthetic_pca_problem`: the paper's synthetic PCA experiment / ``PCAStief_Syn_40.m`` (docs/baselines-rfedags.md, s5.5): client ``i = 1..N`` holds ``S``
   samples ``z ~ (i/N) N(0, I_d)``; ``(d, r, N, S) = (100, 5, 40, 100)``; ``p_i ~ U(0, 1)``.
   The pooled covariance is near-isotropic (top-r eigengap ~ 4e-3), so use the optimality gap, not the
   subspace distance, on this problem.
-* :func:`planted_pca_problem`: check R3 of docs/baselines.md, s5.5-s5.6 (the participation bias): 5 frequent
+* :func:`planted_pca_problem`: check R3 of docs/baselines-rfedags.md, s5.5-s5.6 (the participation bias): 5 frequent
   clients (``p = 0.9``) with a spike 2.0 on ``e0, e1`` and 5 rare clients (``p = 0.2``) with a spike 3.0 on
   ``e2, e3``. ``F`` is minimised by ``span(e2, e3)``; the uncorrected mean over responders minimises
   ``F~ = sum_i p~_i f_i`` whose minimiser is ``span(e0, e1)`` (subspace distance sqrt(2) apart).
@@ -95,7 +95,7 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
 
 
 class PCAProblem:
-    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (docs/baselines.md, s5.5).
+    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (docs/baselines-rfedags.md, s5.5).
 
     Args:
         covariances: ``(N, d, d)`` symmetric matrices ``A_i``.
@@ -174,7 +174,7 @@ class PCAProblem:
     def minibatch_egrads(
         self, x: np.ndarray, clients: np.ndarray | list[int], batch: np.ndarray
     ) -> np.ndarray:
-        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (docs/baselines.md, s5.5; batch without replacement).
+        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (docs/baselines-rfedags.md, s5.5; batch without replacement).
 
         Args:
             x: ``(d, r)`` or ``(m, d, r)``.
@@ -217,7 +217,7 @@ class PCAProblem:
 
     def gap(self, x: np.ndarray) -> float:
         """Optimality gap ``F(X) - F* >= 0`` (float) of a point ``X (d, r)``: the metric of
-        docs/baselines.md, s5.5."""
+        docs/baselines-rfedags.md, s5.5."""
         return self.cost(x) - self.optimum()[1]
 
     def reweighted_optimum(self, weights: np.ndarray) -> np.ndarray:
@@ -238,7 +238,7 @@ class PCAProblem:
 def synthetic_pca_problem(
     num_clients: int = 40, d: int = 100, r: int = 5, samples_per_client: int = 100, seed: int = 0
 ) -> PCAProblem:
-    """The paper's synthetic PCA data (docs/baselines.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
+    """The paper's synthetic PCA data (docs/baselines-rfedags.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
 
     Args:
         num_clients, d, r, samples_per_client: ``N, d, r, S`` (paper: 40, 100, 5, 100).
@@ -276,7 +276,7 @@ def planted_pca_problem(
     base: float = 0.1,
     noise: float = 0.005,
 ) -> tuple[PCAProblem, np.ndarray]:
-    """Planted two-group PCA problem that exposes the participation bias (docs/baselines.md, s5.5-s5.6, check R3).
+    """Planted two-group PCA problem that exposes the participation bias (docs/baselines-rfedags.md, s5.5-s5.6, check R3).
 
     ``A_i = base * I + noise * sym(G_i) + spike_g (e_a e_a^T + e_b e_b^T)`` with ``(a, b) = (0, 1)`` for the
     frequent group and ``(2, 3)`` for the rare group; ``r = 2``. With the defaults the true optimum is
@@ -355,7 +355,7 @@ def run_pca_reference(
     force_one_if_empty: bool = False,
     record_every: int = 1,
 ) -> dict:
-    """Pure-numpy RFedAGS run on a PCA problem (docs/baselines.md, s5, with the Bernoulli(p_i) participation of docs/participation.md, s1).
+    """Pure-numpy RFedAGS run on a PCA problem (docs/baselines-rfedags.md, s5, with the Bernoulli(p_i) participation of docs/participation.md, s1).
 
     Round ``t = 1..T``: ``S_t = bernoulli_participation(p, t, seed)``; every responder runs
     :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` from ``x_t`` with ``alpha_{t-1}`` (exact local
@@ -387,21 +387,61 @@ def run_pca_reference(
     Raises:
         ValueError: invalid arguments (mode, sizes, probabilities, step sizes).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    probs = check_probabilities(p)
-    if probs.size != problem.num_clients:
-        raise ValueError(f"p has {probs.size} entries, problem has {problem.num_clients} clients")
-    if int(num_rounds) != num_rounds or num_rounds < 1:
-        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
-    if int(record_every) != record_every or record_every < 1:
-        raise ValueError(f"record_every must be a positive integer, got {record_every!r}")
+    probs = _check_reference_args(problem, p, mode, num_rounds, record_every)
     alpha = step_size if callable(step_size) else (lambda t, a=float(step_size): a)
+    man = problem.manifold
+    server = _reference_server(
+        problem, probs, x0, seed, mode, q_min, global_step, estimate_includes_current, estimator
+    )
+    u_star, u_tilde, p_tilde = _targets(problem, probs)
+    hist: dict = {"rounds": [], "gap": [], "dist": [], "dist_reweighted": [], "num_responders": []}
+    _record(hist, problem, server.x, u_star, u_tilde, 0, 0)
+    max_feas, empty = float(man.feasibility(server.x)), 0
+    for t in range(1, int(num_rounds) + 1):
+        mask = bernoulli_participation(probs, t, seed, force_one_if_empty)
+        clients = np.flatnonzero(mask)
+        zetas = np.zeros((problem.num_clients, problem.d, problem.r))
+        if clients.size:
+            zetas[clients] = _local_phase(
+                problem, server.x, clients, t, alpha(t - 1), local_steps, seed, batch_size
+            )
+        else:
+            empty += 1
+        server.step(mask, zetas)
+        max_feas = max(max_feas, float(man.feasibility(server.x)))
+        if t % record_every == 0 or t == num_rounds:
+            _record(hist, problem, server.x, u_star, u_tilde, t, int(clients.size))
+    final = {"x": server.x.copy(), "q": server.estimator.estimate(), "p_tilde": p_tilde}
+    return {**hist, "max_feasibility": max_feas, "empty_rounds": empty, **final}
+
+
+def _targets(problem: PCAProblem, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distances' targets: the optimum ``U`` ``(d, r)``, the ``p~``-reweighted optimum ``U~``
+    (``U`` when every ``p~`` is 0) and ``p~`` ``(N,)`` (uncorrected aggregation's effective weights)."""
+    u_star, _ = problem.optimum()
+    p_tilde = effective_weights_uncorrected(probs)
+    u_tilde = problem.reweighted_optimum(p_tilde) if p_tilde.sum() > 0 else u_star
+    return u_star, u_tilde, p_tilde
+
+
+def _reference_server(
+    problem: PCAProblem,
+    probs: np.ndarray,
+    x0: np.ndarray | None,
+    seed: int,
+    mode: str,
+    q_min: float,
+    global_step: float,
+    estimate_includes_current: bool,
+    estimator: str,
+) -> RFedAGSServer:
+    """The reference run's server at ``x0`` (checked on the manifold; default a random Stiefel
+    point seeded by ``(seed, 2)``), with the arguments of :func:`run_pca_reference`."""
     man = problem.manifold
     if x0 is None:
         x0 = man.random_point(np.random.default_rng([int(seed), 2]))
     man.check_point(x0)
-    server = RFedAGSServer(
+    return RFedAGSServer(
         man,
         x0,
         problem.num_clients,
@@ -412,52 +452,70 @@ def run_pca_reference(
         estimate_includes_current=estimate_includes_current,
         estimator_kind=estimator,
     )
-    u_star, _ = problem.optimum()
-    p_tilde = effective_weights_uncorrected(probs)
-    u_tilde = problem.reweighted_optimum(p_tilde) if p_tilde.sum() > 0 else u_star
-    hist: dict = {"rounds": [], "gap": [], "dist": [], "dist_reweighted": [], "num_responders": []}
 
-    def record(t: int, m: int) -> None:
-        hist["rounds"].append(t)
-        hist["gap"].append(problem.gap(server.x))
-        hist["dist"].append(subspace_distance(server.x, u_star))
-        hist["dist_reweighted"].append(subspace_distance(server.x, u_tilde))
-        hist["num_responders"].append(m)
 
-    record(0, 0)
-    max_feas, empty = float(man.feasibility(server.x)), 0
-    for t in range(1, int(num_rounds) + 1):
-        mask = bernoulli_participation(probs, t, seed, force_one_if_empty)
-        clients = np.flatnonzero(mask)
-        zetas = np.zeros((problem.num_clients, problem.d, problem.r))
-        if clients.size:
-            a_t = alpha(t - 1)
-            if batch_size is None:
+def _check_reference_args(
+    problem: PCAProblem, p: np.ndarray, mode: str, num_rounds: int, record_every: int
+) -> np.ndarray:
+    """The checked participation probabilities ``(N,)`` of :func:`run_pca_reference`.
 
-                def egrad(x, k, c=clients, b=None):  # b: same signature as the minibatch variant
-                    return problem.local_egrads(x, c)
-            else:
-                s = problem.samples.shape[1] if problem.samples is not None else 0
-                bidx = np.stack(
-                    [batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]
-                )  # (m, K, B)
+    Raises:
+        ValueError: an unknown ``mode``, bad probabilities or not one per client, or
+            ``num_rounds`` / ``record_every`` not a positive integer (value named).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    probs = check_probabilities(p)
+    if probs.size != problem.num_clients:
+        raise ValueError(f"p has {probs.size} entries, problem has {problem.num_clients} clients")
+    if int(num_rounds) != num_rounds or num_rounds < 1:
+        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
+    if int(record_every) != record_every or record_every < 1:
+        raise ValueError(f"record_every must be a positive integer, got {record_every!r}")
+    return probs
 
-                def egrad(x, k, c=clients, b=bidx):
-                    return problem.minibatch_egrads(x, c, b[:, k])
 
-            stream = local_gradient_stream(man, server.x, egrad, local_steps, a_t)
-            zetas[clients] = stream.zeta
-        else:
-            empty += 1
-        server.step(mask, zetas)
-        max_feas = max(max_feas, float(man.feasibility(server.x)))
-        if t % record_every == 0 or t == num_rounds:
-            record(t, int(clients.size))
-    hist.update(
-        max_feasibility=max_feas,
-        empty_rounds=empty,
-        x=server.x.copy(),
-        q=server.estimator.estimate(),
-        p_tilde=p_tilde,
-    )
-    return hist
+def _local_phase(
+    problem: PCAProblem,
+    x: np.ndarray,
+    clients: np.ndarray,
+    t: int,
+    a_t: float,
+    local_steps: int,
+    seed: int,
+    batch_size: int | None,
+) -> np.ndarray:
+    """The responders' ``clients`` local phases of round ``t`` from ``x`` with step ``a_t``, batched
+    into one :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` call (exact local
+    gradients, or mini-batches from :func:`batch_indices`); returns their ``zeta`` ``(m, d, r)``."""
+    if batch_size is None:
+
+        def egrad(x, k, c=clients, b=None):  # b: same signature as the minibatch variant
+            return problem.local_egrads(x, c)
+    else:
+        s = problem.samples.shape[1] if problem.samples is not None else 0
+        bidx = np.stack(
+            [batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]
+        )  # (m, K, B)
+
+        def egrad(x, k, c=clients, b=bidx):
+            return problem.minibatch_egrads(x, c, b[:, k])
+
+    return local_gradient_stream(problem.manifold, x, egrad, local_steps, a_t).zeta
+
+
+def _record(
+    hist: dict,
+    problem: PCAProblem,
+    x: np.ndarray,
+    u_star: np.ndarray,
+    u_tilde: np.ndarray,
+    t: int,
+    m: int,
+) -> None:
+    """Append round ``t``'s gap, distances to ``U`` and ``U~`` and responder count ``m`` to ``hist``."""
+    hist["rounds"].append(t)
+    hist["gap"].append(problem.gap(x))
+    hist["dist"].append(subspace_distance(x, u_star))
+    hist["dist_reweighted"].append(subspace_distance(x, u_tilde))
+    hist["num_responders"].append(m)

@@ -1,6 +1,6 @@
 """RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
 
-Server part of RFedAGS on Flower's Message API (docs/baselines.md, "RFedAGS"). Per server round ``t``:
+Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md). Per server round ``t``:
 
 1. ``configure_train``: discovery once (``query.rfedags``: node id <-> partition-id), then the
    responding set ``S_t`` is drawn per partition-id as independent Bernoulli(p_i)
@@ -234,7 +234,7 @@ RFEDAGS_DEFAULTS: dict[str, Any] = {
 
 
 class RFedAGS(GraphStrategy, RiemannianState):
-    """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines.md, s5) as a Flower strategy.
+    """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines-rfedags.md, s5) as a Flower strategy.
 
     Args:
         num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).

@@ -1,4 +1,4 @@
-"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines.md, s8).
+"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines-sheaf-fmtl.md, s8).
 
 Per ``train.sheaf_fmtl`` message the node, with theta_i its trainable parameters flattened in
 ``model.parameters()`` order (n_i of them, checked against the server's ``sheaf-fmtl-num-params``):
@@ -27,7 +27,7 @@ from flwr.clientapp import ClientApp
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from ...client.common import from_numpy, task_device, to_numpy
-from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import CrossEntropy, LossPlugin
 from ...client.task import LocalTask, TaskFactory
 from ...config import LocalTrainConfig
@@ -40,6 +40,7 @@ from ...protocol import (
     array_record,
     message_type,
     pack_arrays,
+    required,
 )
 from . import (
     ACTION,

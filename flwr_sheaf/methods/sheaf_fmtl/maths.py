@@ -17,7 +17,7 @@ the reference implementations apply (F1) then (F2) at each epoch end). ``alpha``
 ``eta`` = ``sheaf-fmtl-eta`` (the paper's "personalisation rate", 1e-2), ``lambda`` =
 ``sheaf-fmtl-lambda``. Only the projections ``P_ji theta_j`` (length d_ij) travel. Maps are
 initialised ``N(0, 0.01^2)`` (the reference code) and stored in float16 at rest (the paper's Fig. 4
-storage), float32 when used. docs/baselines.md s8 has the federated schedule; no Flower imports.
+storage), float32 when used. docs/baselines-sheaf-fmtl.md s8 has the federated schedule; no Flower imports.
 """
 
 from __future__ import annotations

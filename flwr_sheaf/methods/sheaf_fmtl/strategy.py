@@ -1,4 +1,4 @@
-"""Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (docs/baselines.md, s8).
+"""Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (docs/baselines-sheaf-fmtl.md, s8).
 
 The server holds no maps and no parameters. It knows each node's trainable-parameter count n_i
 (``num_params``, computed from the zoo before any node is contacted, :func:`sheaf_fmtl_budget`),

@@ -2,6 +2,7 @@
 
 ACTION = "sheaf"
 
+from ...config import declare_default_method  # noqa: E402
 from ..registry import Method, graph_args, register  # noqa: E402
 from .client import SheafClient, SheafGluing, register_sheaf_handlers  # noqa: E402,F401
 from .config import SheafConfig  # noqa: E402
@@ -16,3 +17,5 @@ METHOD = register(
         report_keys=("lambda",),
     )
 )
+# the method a run config that names none runs (the `method` key's default; the core names none)
+declare_default_method(METHOD.name)

@@ -14,7 +14,7 @@ eval mode) whitened with *differentiable batch statistics* (whitening layer in t
 encoder cannot lower it by shrinking its latents or by dropout noise; maps are refitted every
 local epoch; the loop clips the gradient norm per agent.
 
-Variants (docs/variants.md; run-config ``sheaf-variant`` and ``privacy``, sent resolved in the
+Variants (docs/variants-privacy.md; run-config ``sheaf-variant`` and ``privacy``, sent resolved in the
 config): ``homogeneous`` (Alg. 2) has only the tail of each edge fit an ``O(d)`` map, and the tail
 uploads its pilots transported by it (record ``transported``) for the head; ``stringent`` (Alg.
 3/4) uploads only per-neighbour transported pilots, never ``A_i``, and keeps the node's own
@@ -45,7 +45,7 @@ from ...client.common import (
     to_numpy,
     whitened_pilots,
 )
-from ...client.handlers import ClientMethod, register_method_handlers, required
+from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
 from ...config import DEFAULTS
@@ -71,6 +71,7 @@ from ...protocol import (
     as_int,
     index_digest,
     pack_arrays,
+    required,
     unpack_neighbour_pilots,
     unpack_pilot_selection,
 )
@@ -108,7 +109,7 @@ __all__ = [
 
 
 class SheafGluing(LossPlugin):
-    """CE + the local gluing penalty of paper Eq. 16 (or its variants, docs/variants.md) on a pilot minibatch.
+    """CE + the local gluing penalty of paper Eq. 16 (or its variants, docs/variants-privacy.md) on a pilot minibatch.
 
     Args:
         task: the node's task (its ``x_pilot (K, ...)``).
@@ -129,7 +130,7 @@ class SheafGluing(LossPlugin):
             (:func:`flwr_sheaf.sheaf.pilots.apply_selection`).
         normalisation: ``"none"`` or ``"parseval"``: maps fitted on the polar factors of both pilot
             matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
-            pilots (docs/variants.md).
+            pilots (docs/variants-pilots.md).
         map_refit: ``"epoch"``: the penalty uses the maps fitted at the start of the epoch on all
             pilots; ``"step"``: each step refits the maps this node owns (Eq. 18, one SVD per fitted
             map, same variant and normalisation, via :func:`~flwr_sheaf.sheaf.variants.edge_terms`) on

@@ -62,26 +62,26 @@ register_keys(
         "auto",
         parse_str(("auto", "heterogeneous", "homogeneous")),
         "`heterogeneous` (Alg. 1), `homogeneous` (Alg. 2: O(d) maps, one SVD per edge; all d_i equal) or `auto` "
-        "(homogeneous iff all d_i are equal) (docs/variants.md)",
+        "(homogeneous iff all d_i are equal) (docs/variants-privacy.md)",
     ),
     Key(
         "privacy",
         "standard",
         parse_str(("standard", "stringent")),
-        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants.md)",
+        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants-privacy.md)",
     ),
     Key(
         "pilot-strategy",
         "all",
         parse_spec(_check_pilot_strategy, _pilot_forms),
         "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
-        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants.md)",
+        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants-pilots.md)",
     ),
     Key(
         "pilot-normalisation",
         "none",
         parse_str(("none", "parseval")),
-        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants.md)",
+        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants-pilots.md)",
     ),
     Key(
         "map-refit",
@@ -104,10 +104,10 @@ class SheafConfig(Section):
         absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (docs/participation.md).
         reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
         sheaf_variant: ``"auto"``, ``"heterogeneous"`` (Alg. 1) or ``"homogeneous"`` (Alg. 2, Eq. 24);
-            the strategy resolves ``auto`` at discovery and sends the resolved value (docs/variants.md).
-        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants.md).
+            the strategy resolves ``auto`` at discovery and sends the resolved value (docs/variants-privacy.md).
+        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants-privacy.md).
         pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
-        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants.md).
+        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants-pilots.md).
         map_refit: ``"epoch"`` (maps refitted on all pilots at the start of each local epoch) or
             ``"step"`` (the penalty of each step also uses maps refitted by Procrustes on that step's
             pilot minibatch, paper Alg. 1 line 11; docs/stability.md).

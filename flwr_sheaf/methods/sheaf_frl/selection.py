@@ -1,4 +1,4 @@
-"""Sheaf-FRL's pilot selection at the server (paper App. B, run-config ``pilot-strategy``; docs/variants.md).
+"""Sheaf-FRL's pilot selection at the server (paper App. B, run-config ``pilot-strategy``; docs/variants-pilots.md).
 
 :class:`PilotSelector` is the component :class:`~flwr_sheaf.methods.sheaf_frl.strategy.SheafFRL`
 holds (``strategy.pilots``): the parsed ``pilot-strategy``, its

@@ -23,7 +23,7 @@ sampled node gets of a neighbour j that did not train in the previous round is t
   frequency with which j's pilots arrived in rounds ``1..t-2`` (floored at ``reweight-q-min``), so
   ``E[1{j present}/q_j] = 1``; the weights travel in the edge config.
 
-Pilot selection (paper App. B, run-config ``pilot-strategy``; docs/variants.md; the component
+Pilot selection (paper App. B, run-config ``pilot-strategy``; docs/variants-pilots.md; the component
 :class:`~flwr_sheaf.methods.sheaf_frl.selection.PilotSelector`, ``strategy.pilots``): the strategy holds
 every node's full pilot matrix ``(M, d_j)`` and each round decides one
 :class:`~flwr_sheaf.sheaf.pilots.PilotSelection` (:class:`~flwr_sheaf.sheaf.pilots.PilotSampler`:
@@ -37,7 +37,7 @@ nodes for them (``pilot-describe``); until a node has answered, no pilots are re
 A round in which nobody is sampled sends no train message: every node keeps its weights and the
 relay its pilots. A node with p_i = 0 never trains: its neighbours get no pilots of it.
 
-Variants (docs/variants.md): ``sheaf-variant`` is resolved at discovery (``auto`` -> homogeneous iff
+Variants (docs/variants-privacy.md): ``sheaf-variant`` is resolved at discovery (``auto`` -> homogeneous iff
 every d_i is equal; ``homogeneous`` with unequal d_i is a ``ValueError`` naming them) and sent
 resolved. Per directed edge (j -> i) the relay forwards either j's raw pilots (record ``pilots``)
 or the matrix j transported toward i (record ``transported``, stored per edge in

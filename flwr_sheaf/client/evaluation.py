@@ -1,0 +1,399 @@
+"""The two evaluation handlers every graph method shares (registered by
+:func:`flwr_sheaf.client.handlers.register_method_handlers`).
+
+- :func:`evaluate_handler` (``evaluate.<action>``): private accuracy on the test and validation
+  splits, and the whitened pilots and validation/test latents for the server to route (whitening
+  fitted on the pilots, or on the private training latents when the config says
+  ``whitening-fit = "train"``: the paper's post-hoc protocol, docs/baselines.md);
+- :func:`evaluate_comm_handler` (``evaluate.<action>_comm``): communication accuracy per incoming
+  edge (paper Eq. 22): neighbour j's whitened latents are moved into this stalk by the Procrustes
+  map fitted on both nodes' final pilots (Eq. 18), coloured and classified by this node's head.
+  Refitting on the final pilots makes lambda = 0 exactly post-hoc alignment.
+
+Evaluation never saves the model: the whitening refits below change only this message's copy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+
+from ..protocol import (
+    ARRAYS,
+    COMM_ACCURACY,
+    COMM_ACCURACY_PILOT_WHITENING,
+    COMM_SRC,
+    CONFIG,
+    DEVICE,
+    EVAL_ARRAYS,
+    EVAL_TRANSPORTED,
+    EVALUATE,
+    LOW_VARIANCE_FRACTION,
+    METRICS,
+    NON_EDGE_ACCURACY,
+    NON_EDGE_DIRECT_ACCURACY,
+    NON_EDGE_SRC,
+    NUM_TEST,
+    PATH_MAP,
+    PILOT_READING,
+    PILOT_READING_ARRAYS,
+    PRIVATE_ACCURACY,
+    STALK_DIM,
+    TORCH_THREADS,
+    VAL_COMM_ACCURACY,
+    VAL_COMM_ACCURACY_PILOT_WHITENING,
+    VAL_NON_EDGE_ACCURACY,
+    VAL_NON_EDGE_DIRECT_ACCURACY,
+    VAL_PRIVATE_ACCURACY,
+    WHITENING_FIT,
+    WHITENING_FITS,
+    EdgeConfig,
+    NonEdgeConfig,
+    ProtocolError,
+    array_record,
+    comm_action,
+    message_type,
+    pack_arrays,
+    required,
+    unpack_routed,
+)
+from ..sheaf import check_pilots, procrustes
+from ..sheaf.whitening import low_variance_fraction
+from .common import (
+    accuracy,
+    build,
+    cached_pilots,
+    eval_latents,
+    eval_logits,
+    from_numpy,
+    task_device,
+    to_numpy,
+    transport,
+    whitened_pilots,
+)
+from .task import LocalTask, StalkModel, TaskFactory
+
+if TYPE_CHECKING:  # the hooks' class; handlers.py imports this module to register its handlers
+    from .handlers import ClientMethod
+
+__all__ = ["evaluate_handler", "evaluate_comm_handler"]
+
+
+def evaluate_handler(
+    msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
+) -> Message:
+    """``evaluate.<action>``: private accuracies, and the arrays the server routes to neighbours.
+
+    Args:
+        msg: the phase-1 evaluation message (config :data:`~flwr_sheaf.protocol.TORCH_THREADS`,
+            :data:`~flwr_sheaf.protocol.DEVICE`, :data:`~flwr_sheaf.protocol.WHITENING_FIT`,
+            :data:`~flwr_sheaf.protocol.PILOT_READING` + the method's keys).
+        context: the node's context (its trained model in ``context.state``).
+        factory: builds the node's :class:`~flwr_sheaf.client.task.LocalTask`.
+        method: the method's hooks (extra metrics and arrays, the reply's final arrays).
+
+    Returns:
+        the reply: ``arrays`` (whitened pilots ``(K, d_i)``, test / validation latents ``(M, d_i)``
+        float32 and labels ``(M,)`` int64, :data:`~flwr_sheaf.protocol.EVAL_ARRAYS`, plus the
+        method's and the strong post-hoc reading's) and ``metrics`` (private accuracies, test size,
+        low-variance fraction, stalk dimension).
+
+    Raises:
+        ProtocolError: a config key missing (named with the message type) or an unknown whitening fit.
+    """
+    cfg, action = msg.content[CONFIG], method.action
+    mt = message_type(EVALUATE, action)
+    task, model = _restore(factory, context, action, cfg, mt)
+    a, lvf = _pilots_for_evaluation(
+        task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
+    )
+    with torch.no_grad():
+        raw_test, raw_val = eval_latents(model, task.x_test), eval_latents(model, task.x_val)
+        zt, zv = model.whitening(raw_test), model.whitening(raw_val)
+    arrays = dict(zip(EVAL_ARRAYS, map(to_numpy, (a, zt, task.y_test, zv, task.y_val))))
+    arrays.update(method.evaluation_arrays(msg, context, task))
+    metrics = _private_metrics(msg, task, model, lvf, method)
+    if _pilot_reading(cfg, mt):  # after every other use of the model: it refits the whitening
+        pilot_whitened = _pilot_whitened_arrays(model, task, raw_test, raw_val)
+        arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, pilot_whitened)))
+    packed = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # the final arrays
+    return Message(RecordDict({ARRAYS: packed, METRICS: metrics}), reply_to=msg)
+
+
+def evaluate_comm_handler(
+    msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
+) -> Message:
+    """``evaluate.<action>_comm``: communication accuracy per incoming edge (paper Eq. 22), and from
+    each non-edge source (docs/variants-diagnostics.md).
+
+    Args:
+        msg: the phase-2 message: the routed arrays of each neighbour (``arrays``) and a config as
+            phase 1 plus the :class:`~flwr_sheaf.protocol.EdgeConfig` (and non-edge sources).
+        context: the node's context (its trained model in ``context.state``).
+        factory: builds the node's :class:`~flwr_sheaf.client.task.LocalTask`.
+        method: the method's hooks (its routed arrays and per-edge metrics).
+
+    Returns:
+        the reply's ``metrics``: :data:`~flwr_sheaf.protocol.COMM_SRC` (neighbours' partition-ids),
+        test / validation communication accuracy per edge in that order, the method's per-edge
+        metrics, the non-edge accuracies and, with the strong post-hoc reading, its accuracies.
+
+    Raises:
+        ProtocolError: a config key or routed array missing; ValueError: a neighbour's pilots or
+            latents of the wrong shape or with NaN/inf (its partition-id named).
+    """
+    cfg, action = msg.content[CONFIG], method.action
+    mt = message_type(EVALUATE, comm_action(action))
+    task, model = _restore(factory, context, action, cfg, mt)
+    dev = task_device(task)
+    own, _ = _pilots_for_evaluation(
+        task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
+    )
+    model.eval()
+    edges = EdgeConfig.from_config(cfg)
+    # transported arrays (stringent privacy): j's own map moved them into the edge stalk (width
+    # d_e); this node fits its own map onto them (P2c/P2d) and reads them as a tail would
+    moved = bool(int(required(cfg, EVAL_TRANSPORTED, mt)))
+    per_edge, extra = _edge_accuracies(msg, context, task, method, own, edges, moved)
+    non_edges = _non_edge_accuracies(msg, model, own, dev)
+    if _pilot_reading(cfg, mt):  # last: it refits the (unsaved) whitening on the pilots
+        extra.update(_pilot_whitened_accuracies(msg, model, task, edges, dev))
+    metrics = MetricRecord({**per_edge, **extra, **non_edges})
+    return Message(RecordDict({METRICS: metrics}), reply_to=msg)
+
+
+def _restore(
+    factory: TaskFactory, context: Context, action: str, cfg, mt: str
+) -> tuple[LocalTask, StalkModel]:
+    """The node's task with its trained weights, on the message's device and thread count."""
+    threads = int(required(cfg, TORCH_THREADS, mt))
+    task, model, _ = build(
+        factory, context, action, threads, device_spec=str(required(cfg, DEVICE, mt))
+    )
+    return task, model
+
+
+def _private_metrics(
+    msg: Message, task: LocalTask, model: StalkModel, lvf: float, method: ClientMethod
+) -> MetricRecord:
+    """Phase 1's metrics: private test / validation accuracy (this node's own head), the test size,
+    the low-variance fraction ``lvf`` of the pilot latents, ``model.d`` and the method's own."""
+    return MetricRecord(
+        {
+            PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
+            VAL_PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_val), task.y_val),
+            NUM_TEST: int(task.y_test.numel()),
+            LOW_VARIANCE_FRACTION: lvf,
+            STALK_DIM: int(model.d),
+            **method.evaluation_metrics(msg, task),
+        }
+    )
+
+
+def _edge_accuracies(
+    msg: Message,
+    context: Context,
+    task: LocalTask,
+    method: ClientMethod,
+    own: torch.Tensor,
+    edges: EdgeConfig,
+    moved: bool,
+) -> tuple[dict[str, list], dict[str, list[float]]]:
+    """Test / validation communication accuracy of each incoming edge (paper Eq. 22), with this
+    node's whitened pilots ``own (K, d_i)``; ``moved``: the arrays came transported (stringent
+    privacy). Returns ``({COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY: lists in edge order}, the
+    method's per-edge metrics as lists)``."""
+    model, dev = task.model, task_device(task)
+    out: dict[str, list] = {COMM_SRC: [], COMM_ACCURACY: [], VAL_COMM_ACCURACY: []}
+    extra: dict[str, list[float]] = {}
+    for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
+        arr = unpack_routed(
+            array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + method.routed_arrays
+        )
+        if moved:
+            dj, i_head = max(dj, int(model.d)), False
+        test, val = _edge_accuracy(model, own, arr, j, dj, i_head, dev)
+        out[COMM_SRC].append(j)
+        out[COMM_ACCURACY].append(test)
+        out[VAL_COMM_ACCURACY].append(val)
+        for name, value in method.edge_metrics(msg, context, task, j, arr).items():
+            extra.setdefault(name, []).append(float(value))
+    return out, extra
+
+
+def _edge_accuracy(
+    model: StalkModel,
+    own: torch.Tensor,
+    arr: dict,
+    j: int,
+    dj: int,
+    i_head: bool,
+    dev: torch.device,
+) -> tuple[float, float]:
+    """Test and validation accuracy of neighbour j's whitened latents ``(M, dj)`` moved into this
+    stalk by the Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``.
+
+    Raises:
+        ValueError: j's pilots or latents of the wrong shape or with NaN/inf (j named).
+    """
+    a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
+    check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
+    v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+    res = []
+    for split in ("test", "val"):
+        z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
+        check_pilots(z, f"{split} latents of neighbour partition-id {j}", d=dj)
+        with torch.no_grad():
+            res.append(
+                accuracy(
+                    model.classify_whitened(transport(z, v, i_head)),
+                    from_numpy(arr[f"{split}-labels"], dev, torch.int64),
+                )
+            )
+    return res[0], res[1]
+
+
+def _pilots_for_evaluation(
+    task: LocalTask, model: StalkModel, context: Context, action: str, fit: str
+) -> tuple[torch.Tensor, float]:
+    """Whitened pilots ``(K, d_i)`` and the collapse diagnostic, whitening fitted as ``fit`` says."""
+    if fit not in WHITENING_FITS:
+        raise ProtocolError(f"{WHITENING_FIT}={fit!r}: must be one of {WHITENING_FITS}")
+    cached = cached_pilots(context, action, task_device(task))
+    if fit == "pilots" and cached is not None:
+        return cached
+    if fit == "pilots":
+        z, a = whitened_pilots(model, task.x_pilot)
+        return a, low_variance_fraction(z)
+    z = eval_latents(model, task.x_pilot)
+    model.whitening.fit(eval_latents(model, task.x_train))
+    model.whitening.eval()
+    with torch.no_grad():
+        return model.whitening(z), low_variance_fraction(z)
+
+
+def _pilot_reading(cfg, mt: str) -> bool:
+    """Whether the evaluation config asks for the strong post-hoc reading (key :data:`PILOT_READING`)."""
+    return bool(int(required(cfg, PILOT_READING, mt)))
+
+
+def _pilot_whitened_arrays(
+    model: StalkModel, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The strong post-hoc reading's phase-1 arrays (docs/baselines.md): pilots ``(K, d_i)`` and the
+    test / validation latents ``raw_test``, ``raw_val`` ``(M, d_i)`` (eval-mode, already computed for
+    the paper's reading), all whitened with statistics fitted on the node's eval-mode pilot latents
+    (side effect: ``model.whitening`` is refitted; evaluation never saves the model)."""
+    _, a = whitened_pilots(model, task.x_pilot)
+    with torch.no_grad():
+        return a, model.whitening(raw_test), model.whitening(raw_val)
+
+
+def _pilot_whitened_accuracies(
+    msg: Message, model: StalkModel, task: LocalTask, edges: EdgeConfig, dev: torch.device
+) -> dict[str, list[float]]:
+    """Communication accuracy per incoming edge under the strong post-hoc reading (docs/baselines.md).
+
+    Both ends' whitening is fitted on their own pilots (not on private training latents); neighbour
+    j's pilot-whitened test / validation latents (:data:`PILOT_READING_ARRAYS`) are moved into this
+    stalk by the Procrustes map fitted on both nodes' pilot-whitened pilots (paper Eq. 18) and
+    classified by this node's head, coloured with its pilot-fitted statistics. This is exactly the
+    reading Sheaf-FRL's lambda = 0 run gets.
+
+    Returns:
+        ``{COMM_ACCURACY_PILOT_WHITENING: [...], VAL_COMM_ACCURACY_PILOT_WHITENING: [...]}`` in
+        ``edges.neighbours`` order.
+
+    Raises:
+        ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
+    """
+    _, own = whitened_pilots(model, task.x_pilot)  # refits the (unsaved) whitening on the pilots
+    model.eval()
+    out: dict[str, list[float]] = {
+        COMM_ACCURACY_PILOT_WHITENING: [],
+        VAL_COMM_ACCURACY_PILOT_WHITENING: [],
+    }
+    for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
+        arr = unpack_routed(
+            array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + PILOT_READING_ARRAYS
+        )
+        a_j = from_numpy(arr["pw-pilots"], dev, torch.float32)
+        check_pilots(
+            a_j, f"pilot-whitened pilots of neighbour partition-id {j}", d=dj, k=own.shape[0]
+        )
+        v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+        for split, key in (
+            ("test", COMM_ACCURACY_PILOT_WHITENING),
+            ("val", VAL_COMM_ACCURACY_PILOT_WHITENING),
+        ):
+            z = from_numpy(arr[f"pw-{split}-latents"], dev, torch.float32)
+            check_pilots(z, f"pilot-whitened {split} latents of neighbour partition-id {j}", d=dj)
+            with torch.no_grad():
+                out[key].append(
+                    accuracy(
+                        model.classify_whitened(transport(z, v, i_head)),
+                        from_numpy(arr[f"{split}-labels"], dev, torch.int64),
+                    )
+                )
+    return out
+
+
+def _non_edge_accuracies(
+    msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device
+) -> dict[str, list]:
+    """Communication accuracy from each non-edge source j of the phase-2 message (docs/variants-diagnostics.md).
+
+    For source j (arrays ``"<j>/pilots"``, ``"<j>/<split>-latents"``, ``"<j>/<split>-labels"`` and
+    the server's composed map ``"<j>/path-map"`` of shape ``(d_i, d_j)``): j's whitened latents are
+    moved by the composed map (``Z T^T``, multi-hop) and, for reference, by the direct Procrustes map
+    between this node's pilots ``own (K, d_i)`` and j's pilots (Eq. 18, orientation from the
+    config), then classified by this node's head.
+
+    Returns:
+        ``{NON_EDGE_SRC: [j...], NON_EDGE_ACCURACY: [...], VAL_NON_EDGE_ACCURACY: [...],
+        NON_EDGE_DIRECT_ACCURACY: [...], VAL_NON_EDGE_DIRECT_ACCURACY: [...]}`` (empty lists without
+        non-edge sources).
+
+    Raises:
+        ProtocolError: a malformed non-edge config or a routed array missing.
+        ValueError: pilots, latents or composed map of j of the wrong shape or with NaN/inf (j named).
+    """
+    ne = NonEdgeConfig.from_config(msg.content[CONFIG])
+    out: dict[str, list] = {
+        k: []
+        for k in (
+            NON_EDGE_SRC,
+            NON_EDGE_ACCURACY,
+            VAL_NON_EDGE_ACCURACY,
+            NON_EDGE_DIRECT_ACCURACY,
+            VAL_NON_EDGE_DIRECT_ACCURACY,
+        )
+    }
+    d_i = own.shape[1]
+    for j, dj, i_head in zip(ne.sources, ne.dims, ne.heads):
+        arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + (PATH_MAP,))
+        a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
+        check_pilots(a_j, f"pilots of non-edge source partition-id {j}", d=dj, k=own.shape[0])
+        t = from_numpy(arr[PATH_MAP], dev, torch.float32)
+        if tuple(t.shape) != (d_i, dj) or not torch.isfinite(t).all():
+            raise ValueError(
+                f"composed map of non-edge source partition-id {j}: shape {tuple(t.shape)} (expected "
+                f"({d_i}, {dj})) or NaN/inf entries"
+            )
+        v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
+        for split, multi_key, direct_key in (
+            ("test", NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY),
+            ("val", VAL_NON_EDGE_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY),
+        ):
+            z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
+            check_pilots(z, f"{split} latents of non-edge source partition-id {j}", d=dj)
+            y = from_numpy(arr[f"{split}-labels"], dev, torch.int64)
+            with torch.no_grad():
+                out[multi_key].append(accuracy(model.classify_whitened(transport(z, t, True)), y))
+                out[direct_key].append(
+                    accuracy(model.classify_whitened(transport(z, v, i_head)), y)
+                )
+        out[NON_EDGE_SRC].append(int(j))
+    return out
