@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -41,6 +41,9 @@ from ..config import ConfigError, config_differences
 from ..integrity import read_checkpoint_file, write_checkpoint_file
 from ..protocol import pack_arrays
 from .ledger import RunLedger
+
+if TYPE_CHECKING:
+    from .graph import GraphStrategy
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -146,7 +149,7 @@ class Checkpointer:
         self.previous_wall_seconds = 0.0
         self._checked: dict[str, Any] | None = None
 
-    def check(self, strategy, num_rounds: int) -> dict[str, Any] | None:
+    def check(self, strategy: GraphStrategy, num_rounds: int) -> dict[str, Any] | None:
         """Load and check the checkpoint to resume from against the run, before any message is sent
         (:meth:`restore` calls it when the caller did not). Returns the checkpoint, None for a fresh run.
 
@@ -181,7 +184,7 @@ class Checkpointer:
         self._checked = ckpt
         return ckpt
 
-    def restore(self, strategy, num_rounds: int) -> tuple[int, ArrayRecord | None]:
+    def restore(self, strategy: GraphStrategy, num_rounds: int) -> tuple[int, ArrayRecord | None]:
         """Put the checkpointed state back into ``strategy`` (after its discovery); returns
         ``(next server round, global arrays or None)``. A fresh run returns ``(1, None)``.
 
@@ -222,7 +225,11 @@ class Checkpointer:
         return self.every > 0 and (server_round % self.every == 0 or server_round == num_rounds)
 
     def save(
-        self, strategy, server_round: int, arrays: ArrayRecord | None, wall_seconds: float
+        self,
+        strategy: GraphStrategy,
+        server_round: int,
+        arrays: ArrayRecord | None,
+        wall_seconds: float,
     ) -> Path:
         """Write the checkpoint of completed round ``server_round`` atomically; returns its path.
 
