@@ -704,7 +704,22 @@ def declare_default_method(name: str) -> None:
     key = replace(KEYS["method"], default=name)
     key(name)
     KEYS["method"] = key
+    _KEY_LIST[[k.name for k in _KEY_LIST].index("method")] = key
     DEFAULTS["method"] = name
+
+
+def _default_method() -> str:
+    """The declared default of ``method`` (:func:`declare_default_method`).
+
+    Raises:
+        ConfigError: no unit declared one (``flwr_sheaf.methods`` not imported): set ``method``.
+    """
+    if not DEFAULTS["method"]:
+        raise ConfigError(
+            "method: no default method is declared (import flwr_sheaf.methods, whose built-in "
+            'units declare it) and the run config sets none: set method = "<name>"'
+        )
+    return str(DEFAULTS["method"])
 
 
 def _attr(key: str, prefix: str) -> str:
@@ -1089,7 +1104,7 @@ class RunConfig(Section):
     """
 
     method: str = field(  # declared by a unit on import (declare_default_method): read then
-        default_factory=lambda: DEFAULTS["method"], metadata={"key": "method"}
+        default_factory=lambda: _default_method(), metadata={"key": "method"}
     )
     method_module: str = key_field("method-module")
     num_server_rounds: int = key_field("num-server-rounds")

@@ -185,7 +185,7 @@ def write_results(
     """
     from .config import DEFAULTS
 
-    own_extra = _check_writable(strategy, extra)
+    own_extra = _checked_own_extra(strategy, extra)
     out = check_results_dir(out_dir, overwrite=overwrite)
     foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
     cfg = _recorded_config(strategy, config)
@@ -200,7 +200,7 @@ def write_results(
     return _write_files(out, foreign, text, payload["rounds"], title)
 
 
-def _check_writable(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
     """The strategy's own ``results_extra()``, after checking that ``strategy`` is a flwr-sheaf
     strategy that has run and that neither ``extra`` nor ``results_extra()`` names a key
     :func:`write_results` writes itself.

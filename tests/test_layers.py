@@ -313,6 +313,10 @@ def _names(node: ast.AST) -> list[str]:
         return [node.module] if node.module else []
     if isinstance(node, (ast.Global, ast.Nonlocal)):
         return list(node.names)
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return [node.name] if node.name else []
+    if isinstance(node, ast.MatchMapping):
+        return [node.rest] if node.rest else []
     return []
 
 
@@ -327,6 +331,8 @@ def _code_words(path: Path) -> list[str]:
         words = _names(node)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
             words.append(node.value)
+        if isinstance(node, ast.Constant) and isinstance(node.value, bytes):
+            words.append(node.value.decode("utf-8", "replace"))
         line = getattr(node, "lineno", 0)
         hits += [(line, w) for text in words for w in METHOD_WORDS.findall(text)]
     return [f"{path.name}:{line} {w}" for line, w in sorted(hits)]
@@ -418,4 +424,29 @@ def test_only_real_docstrings_are_skipped(tmp_path):
         "probe.py:10 sheaf-frl",
         "probe.py:16 FedProto",
         "probe.py:21 fedmuscle",
+    ]
+
+
+def test_names_bound_by_except_and_match_and_bytes_are_code(tmp_path):
+    """Oracle: the names an ``except ... as`` or a ``match`` pattern binds, and bytes literals, are
+    code too (the tokenizer-based check before the ``ast`` one saw them)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "try:\n"
+        "    pass\n"
+        "except ValueError as fedproto:\n"
+        "    pass\n"
+        "match {}:\n"
+        '    case {"k": comfed, **fedsaf}:\n'
+        "        pass\n"
+        "    case [*rfedags]:\n"
+        "        pass\n"
+        'X = b"sheaf-fmtl"\n'
+    )
+    assert _code_words(probe) == [
+        "probe.py:3 fedproto",
+        "probe.py:6 comfed",
+        "probe.py:6 fedsaf",
+        "probe.py:8 rfedags",
+        "probe.py:10 sheaf-fmtl",
     ]

@@ -8,7 +8,8 @@ to ``factory`` and ``method``:
   (:class:`flwr_sheaf.protocol.NodeInfo`);
 - ``train.<action>``: :func:`train_handler`: restore the model, build the method's loss plug-in
   from the message, run the one local-training loop (:func:`flwr_sheaf.client.loop.train_local`),
-  save the model, then let the method add its upload (e.g. whitened pilots or local prototypes);
+  let the method add its upload (e.g. local prototypes, or whitened pilots: it may refit the
+  whitening), then save the model;
 - ``evaluate.<action>`` and ``evaluate.<action>_comm``:
   :func:`~flwr_sheaf.client.evaluation.evaluate_handler` and
   :func:`~flwr_sheaf.client.evaluation.evaluate_comm_handler` (private and communication accuracy).

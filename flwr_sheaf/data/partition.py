@@ -583,6 +583,9 @@ def make_dirichlet_split(
     Raises:
         ValueError: bad arguments (named); ImportError: flwr-datasets missing.
     """
+    import datasets  # noqa: F401 - flwr-datasets missing: ImportError before any argument check
+    import flwr_datasets.partitioner  # noqa: F401
+
     if (
         isinstance(num_agents, bool)
         or not isinstance(num_agents, numbers.Integral)
