@@ -10,7 +10,7 @@ N``, ``client-resources-num-cpus=1``, ``init-args-num-cpus=<actors>``: that many
   (``SheafFRL.discover``: ``query.sheaf`` to every node, the bundled ClientApp building each node's
   task, checking its stalk protocol and fingerprinting its pilots; then the graph is built and the
   replies checked) and its second round repeats the same query messages through the package's
-  own round trip (``GraphStrategy._round_trip``: ``flwr_sheaf/strategy/messaging.py``, at most
+  own round trip (``GraphStrategy.exchange.round_trip``: ``flwr_sheaf/strategy/messaging.py``, at most
   ``SIMULATION_WINDOW`` messages in flight on Flower's simulation engine). The trivial app pushes
   all N messages at once (Flower's ``Grid.send_and_receive``), as a Flower app does by default.
 
@@ -146,8 +146,8 @@ STRATEGY = {}
 
 
 def SEND(grid, msgs):
-    # the package's own round trip (flwr_sheaf.strategy.messaging via GraphStrategy._round_trip)
-    return STRATEGY["s"]._round_trip(grid, msgs, TIMEOUT)
+    # the package's own round trip (flwr_sheaf.strategy.messaging via GraphStrategy.exchange.round_trip)
+    return STRATEGY["s"].exchange.round_trip(grid, msgs, TIMEOUT)
 
 
 def REPEAT_CONFIG(context):

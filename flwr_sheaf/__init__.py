@@ -42,8 +42,8 @@ from .methods.sheaf_frl.strategy import SheafFRL
 from .participation import ParticipationSampler, parse_participation
 from .results import check_results_dir, write_results
 from .sheaf.whitening import Colouring, Whitening
-from .strategy.base import RoundRecord
 from .strategy.graph import GraphStrategy
+from .strategy.records import RoundRecord
 from .testing import LocalGrid
 
 __all__ = [

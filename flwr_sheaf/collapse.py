@@ -30,7 +30,7 @@ def collapse_warnings(
     nodes: Mapping[Any, Mapping[str, Any]], threshold: float = COLLAPSE_WARN_FRACTION
 ) -> list[dict[str, Any]]:
     """The ``latent-collapse`` warning of a run whose nodes' latents collapsed, from the last
-    evaluation's per-node results (``strategy.node_results`` / ``results.json``'s ``nodes``).
+    evaluation's per-node results (``strategy.ledger.node_results`` / ``results.json``'s ``nodes``).
 
     Args:
         nodes: ``{partition-id: {"low_variance_fraction": float in [0, 1], ...}}``; nodes without the

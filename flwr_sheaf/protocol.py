@@ -488,7 +488,7 @@ class EdgeConfig:
 def reply_problem(content: Mapping, required: Mapping[str, Iterable[str]]) -> str | None:
     """What a reply lacks, or None: ``required`` maps record names to the keys each must hold.
 
-    The strategies call it on every reply (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.split_replies`),
+    The strategies call it on every reply (:meth:`flwr_sheaf.strategy.exchange.Exchange.split_replies`),
     so a malformed reply becomes that node's recorded failure instead of a server crash.
     """
     for name, keys in required.items():

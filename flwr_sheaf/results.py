@@ -217,7 +217,7 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
             f"method's strategy), got {type(strategy).__name__}"
         )
     name = type(strategy).__name__
-    if not strategy.rounds:
+    if not strategy.ledger.rounds:
         raise ValueError(
             f"{name} has no completed round (its history is empty): run it first with "
             f"strategy.start(grid=grid, num_rounds=...), then call write_results(strategy, out_dir)"
@@ -287,15 +287,17 @@ def _payload(
     return {
         "config": cfg,
         "rounds": strategy.history,
-        "nodes": {str(k): v for k, v in sorted(strategy.node_results.items())},
-        "edges": list(strategy.edge_results),
-        "failures": strategy.failures,
+        "nodes": {str(k): v for k, v in sorted(strategy.ledger.node_results.items())},
+        "edges": list(strategy.ledger.edge_results),
+        "failures": strategy.ledger.failures,
         "total_wall_seconds": (
-            strategy.rounds[-1].elapsed_seconds if wall_seconds is None else float(wall_seconds)
+            strategy.ledger.rounds[-1].elapsed_seconds
+            if wall_seconds is None
+            else float(wall_seconds)
         ),
         "status": status["status"],
         "degradation": status,
-        "latent_collapse": next(iter(collapse_warnings(strategy.node_results)), None),
+        "latent_collapse": next(iter(collapse_warnings(strategy.ledger.node_results)), None),
         **extra,
     }
 
@@ -354,15 +356,15 @@ def run_status(
     errors: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The run's ``status`` and ``degradation`` as :func:`write_results` writes them: the strategy's
-    :meth:`~flwr_sheaf.GraphStrategy.run_status`, made ``degraded`` (if it was ``completed``) by
+    :meth:`~flwr_sheaf.strategy.ledger.RunLedger.run_status`, made ``degraded`` (if it was ``completed``) by
     ``problems`` outside the nodes' replies, which are listed under ``"problems"``; made ``failed``
     by ``errors`` (what ended the run early) and by rounds short of the ``num_rounds`` the strategy's
     last ``start`` was given (``rounds_requested``, ``rounds_completed``), each among ``"reasons"``."""
-    status = dict(strategy.run_status(max_failed_fraction))
+    status = dict(strategy.ledger.run_status(max_failed_fraction))
     status["reasons"] = list(status.get("reasons", []))
     requested = getattr(strategy, "requested_rounds", None)
     if requested is not None:
-        last = strategy.rounds[-1].round if strategy.rounds else 0
+        last = strategy.ledger.rounds[-1].round if strategy.ledger.rounds else 0
         status["rounds_requested"], status["rounds_completed"] = int(requested), int(last)
         if last < requested:
             status["reasons"].append(

@@ -64,7 +64,7 @@ def test_what_travels_and_both_readings_of_communication_accuracy():
         comfed=ComFedConfig(lam=0.5),
     )
     s.start(grid=grid, num_rounds=3)
-    assert s.failures == [] and s.r == min(n.d for n in s.nodes.values())
+    assert s.ledger.failures == [] and s.r == min(n.d for n in s.nodes.values())
     ring = nx.cycle_graph(4)
     uploads = {}
     for r in grid.replies:
@@ -105,7 +105,7 @@ def test_what_travels_and_both_readings_of_communication_accuracy():
         for j in m.content["config"]["neighbours"]
     )
     last = s.history[-1]
-    edges = s.edge_results
+    edges = s.ledger.edge_results
     assert len(edges) == 8 and all(0.0 <= e["comfed_communication_accuracy"] <= 1.0 for e in edges)
     assert last["comfed_communication_accuracy_degree_weighted"] == pytest.approx(
         np.mean([e["comfed_communication_accuracy"] for e in edges])

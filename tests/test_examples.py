@@ -147,8 +147,10 @@ def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin
     )
     grid = LocalGrid(client_app, 4, run_config=cfg)
     s = main(grid, server_context(cfg))
-    assert len(s.history) == 2 and s.failures == []
-    assert len(s.edge_results) == 8 and {n["d"] for n in s.node_results.values()} == {16}
+    assert len(s.history) == 2 and s.ledger.failures == []
+    assert len(s.ledger.edge_results) == 8 and {n["d"] for n in s.ledger.node_results.values()} == {
+        16
+    }
     last = s.history[-1]
     assert last["private_accuracy_mean"] > 0.2 and last["gluing_loss"] > 0
     sheaf_types = {m.metadata.message_type for m in grid.delivered}
@@ -161,8 +163,8 @@ def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin
     for got, want in zip(res["rounds"], s.history, strict=True):
         for key in ("private_accuracy_mean", "communication_accuracy_degree_weighted", "ce"):
             assert got[key] == want[key]
-    assert res["nodes"] == {str(p): row for p, row in s.node_results.items()}
-    assert len(res["edges"]) == 8 and res["edges"] == json.loads(json.dumps(s.edge_results))
+    assert res["nodes"] == {str(p): row for p, row in s.ledger.node_results.items()}
+    assert len(res["edges"]) == 8 and res["edges"] == json.loads(json.dumps(s.ledger.edge_results))
     # config: the example's run config, then the strategy's sections; the method found by its action
     assert res["config"]["method"] == "sheaf-frl" and res["config"]["graph"] == "ring"
     assert res["config"]["lambda"] == rc["lambda"] and res["config"]["num-nodes"] == 4

@@ -147,7 +147,7 @@ def test_what_travels_in_a_flower_run():
         fedmuscle=FedMuscleConfig(task_epochs=1, pilot_batch_size=16),
     )
     s.start(grid=grid, num_rounds=4)
-    assert s.failures == [] and s.common_dim == min(n.d for n in s.nodes.values())
+    assert s.ledger.failures == [] and s.common_dim == min(n.d for n in s.nodes.values())
     uploads = {}  # round -> {pid: (K, D)} from the replies the nodes sent
     for r in grid.replies:
         if r.metadata.message_type == "train.fedmuscle":

@@ -49,7 +49,7 @@ def _step(strategy, grid, rnd):
     """Discover (round 1) and open round ``rnd`` by hand, for tests that send messages themselves."""
     if rnd == 1:
         strategy.discover(grid, timeout=5)
-    strategy.begin_round(rnd)
+    strategy.ledger.begin_round(rnd)
 
 
 def test_each_node_receives_exactly_its_neighbours_latest_pilots():
@@ -86,16 +86,16 @@ def test_each_node_receives_exactly_its_neighbours_latest_pilots():
 def test_communication_accuracy_is_per_directed_edge_and_averages_are_consistent():
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _run(_strategy(graph="0-1,1-2,2-3,1-3"), grid, rounds=1)
-    edges = {(e["src"], e["dst"]) for e in s.edge_results}
+    edges = {(e["src"], e["dst"]) for e in s.ledger.edge_results}
     expected = {(a, b) for a, b in [(0, 1), (1, 2), (2, 3), (1, 3)]} | {
         (b, a) for a, b in [(0, 1), (1, 2), (2, 3), (1, 3)]
     }
-    assert edges == expected and len(s.edge_results) == 8
+    assert edges == expected and len(s.ledger.edge_results) == 8
     last = s.history[-1]
-    accs = [e["communication_accuracy"] for e in s.edge_results]
+    accs = [e["communication_accuracy"] for e in s.ledger.edge_results]
     assert last["communication_accuracy_degree_weighted"] == pytest.approx(np.mean(accs))
     per_recv = {}
-    for e in s.edge_results:
+    for e in s.ledger.edge_results:
         per_recv.setdefault(e["dst"], []).append(e["communication_accuracy"])
     assert last["communication_accuracy_mean"] == pytest.approx(
         np.mean([np.mean(v) for v in per_recv.values()])
@@ -148,9 +148,9 @@ def test_rotated_twin_communication_accuracy_equals_private_accuracy():
     s = SheafFRL(num_nodes=2, federation=FederationConfig(graph="0-1"))
     _step(s, grid, 1)
     s.evaluate_round(1, None, {}, grid, timeout=60.0)
-    priv = s.node_results[0]["private_accuracy"]
-    assert s.node_results[1]["private_accuracy"] == pytest.approx(priv)
-    for e in s.edge_results:
+    priv = s.ledger.node_results[0]["private_accuracy"]
+    assert s.ledger.node_results[1]["private_accuracy"] == pytest.approx(priv)
+    for e in s.ledger.edge_results:
         assert e["communication_accuracy"] == pytest.approx(priv, abs=1e-9), e
 
 
@@ -185,7 +185,8 @@ def test_failed_node_keeps_state_cached_pilots_are_relayed_and_run_continues():
     s = _run(_strategy(), grid, rounds=3)
     assert calls["n"] == 1
     assert any(
-        f["round"] == 2 and f["partition-id"] == 1 and "injected" in f["reason"] for f in s.failures
+        f["round"] == 2 and f["partition-id"] == 1 and "injected" in f["reason"]
+        for f in s.ledger.failures
     )
     assert len(s.history) == 3 and s.history[-1]["num_trained"] == 4
     assert s.history[1]["pilot_age_max"] == 1
@@ -277,7 +278,7 @@ def test_server_rejects_nan_or_misshaped_pilots_and_keeps_cache():
     s.aggregate_train(2, replies)
     np.testing.assert_array_equal(s.bank[2], good[2])
     np.testing.assert_array_equal(s.bank[3], good[3])
-    reasons = {f["partition-id"]: f["reason"] for f in s.failures if f["round"] == 2}
+    reasons = {f["partition-id"]: f["reason"] for f in s.ledger.failures if f["round"] == 2}
     assert "NaN" in reasons[2] and "shape" in reasons[3]
 
 

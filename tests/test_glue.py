@@ -102,15 +102,20 @@ def test_a_node_silent_in_an_evaluation_phase_is_recorded_and_the_round_complete
     (rec,) = s.history
     failed_phase = "evaluate" if phase == "evaluate.sheaf" else "evaluate_comm"
     assert rec["failed"][failed_phase] == [2] and rec["failed"]["train"] == []
-    assert [(f["phase"], f["partition-id"], f["reason"]) for f in s.failures] == [
+    assert [(f["phase"], f["partition-id"], f["reason"]) for f in s.ledger.failures] == [
         (failed_phase, 2, "no reply within the timeout")
     ]
     assert rec["wall_seconds"] >= 0.5
-    edges = {(e["src"], e["dst"]) for e in s.edge_results}
+    edges = {(e["src"], e["dst"]) for e in s.ledger.edge_results}
     if failed_phase == "evaluate":  # node 2 has no latents: its edges are not measured at all
-        assert sorted(s.node_results) == [0, 1, 3] and edges == {(0, 1), (1, 0), (0, 3), (3, 0)}
+        assert sorted(s.ledger.node_results) == [0, 1, 3] and edges == {
+            (0, 1),
+            (1, 0),
+            (0, 3),
+            (3, 0),
+        }
     else:  # node 2 evaluated privately, but measured no incoming edge
-        assert sorted(s.node_results) == [0, 1, 2, 3] and edges == {
+        assert sorted(s.ledger.node_results) == [0, 1, 2, 3] and edges == {
             (1, 0),
             (3, 0),
             (0, 1),
@@ -118,8 +123,8 @@ def test_a_node_silent_in_an_evaluation_phase_is_recorded_and_the_round_complete
             (2, 3),
             (0, 3),
         }
-    assert all(math.isfinite(n["private_accuracy"]) for n in s.node_results.values())
-    assert all(math.isfinite(e["communication_accuracy"]) for e in s.edge_results)
+    assert all(math.isfinite(n["private_accuracy"]) for n in s.ledger.node_results.values())
+    assert all(math.isfinite(e["communication_accuracy"]) for e in s.ledger.edge_results)
     assert math.isfinite(rec["communication_accuracy_degree_weighted"])
 
 
@@ -194,7 +199,7 @@ def test_spare_supernodes_stay_idle():
         4, federation=FederationConfig(graph="ring"), train=LocalTrainConfig(local_epochs=1)
     )
     s.start(grid=grid, num_rounds=1)
-    assert sorted(s.nodes) == [0, 1, 2, 3] and s.failures == []
+    assert sorted(s.nodes) == [0, 1, 2, 3] and s.ledger.failures == []
     spare = {grid.node_ids[4], grid.node_ids[5]}
     assert {m.metadata.message_type for m in grid.delivered if m.metadata.dst_node_id in spare} == {
         "query.sheaf"
@@ -216,8 +221,10 @@ def test_a_malformed_reply_is_that_nodes_failure_not_a_server_crash():
         4, federation=FederationConfig(graph="ring"), train=LocalTrainConfig(local_epochs=1)
     )
     s.start(grid=grid, num_rounds=1)
-    assert [(f["phase"], f["partition-id"]) for f in s.failures] == [("evaluate", 1)]
-    assert "lacks record 'metrics'" in s.failures[0]["reason"] and sorted(s.node_results) == [
+    assert [(f["phase"], f["partition-id"]) for f in s.ledger.failures] == [("evaluate", 1)]
+    assert "lacks record 'metrics'" in s.ledger.failures[0]["reason"] and sorted(
+        s.ledger.node_results
+    ) == [
         0,
         2,
         3,

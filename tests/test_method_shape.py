@@ -12,7 +12,7 @@ from flwr_sheaf.apps.methods import build_strategy
 from flwr_sheaf.config import FederationConfig, LocalTrainConfig, RunConfig
 from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
 from flwr_sheaf.methods.registry import METHODS
-from flwr_sheaf.strategy.graph import GraphStrategy
+from flwr_sheaf.strategy.graph import GraphStrategy, evaluation_view
 from flwr_sheaf.testing import LocalGrid
 
 RC = {"zoo": "tiny-4", "num-pilots": 64, "local-epochs": 1, "seed": 3, "graph": "ring"}
@@ -48,7 +48,7 @@ def test_no_evaluation_state_stays_on_the_strategy_after_an_evaluated_round():
     )
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s.start(grid, num_rounds=1, timeout=60.0)
-    assert s.rounds[-1].evaluation is not None and len(s.edge_results) == 8
+    assert s.ledger.rounds[-1].evaluation is not None and len(s.ledger.edge_results) == 8
     attrs = vars(s)
     assert not [a for a, v in attrs.items() if _holds_messages(v)], "replies kept on the strategy"
     assert not [a for a, v in vars(s.evaluation).items() if _holds_messages(v)], (
@@ -62,14 +62,16 @@ def test_the_evaluation_round_is_a_value_returned_by_the_component():
     )
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s.discover(grid, 60.0)
-    s.begin_round(1)
-    result = s.evaluation.run(s, 1, ConfigRecord(), grid, 60.0)
+    s.ledger.begin_round(1)
+    result = s.evaluation.run(evaluation_view(s, 1), ConfigRecord(), grid, 60.0)
     assert len(result.edges) == 8 and sorted(result.nodes) == [0, 1, 2, 3]
-    assert s.last_evaluation.edges == []  # the strategy records it only through evaluate_round
+    assert (
+        s.ledger.last_evaluation.edges == []
+    )  # the strategy records it only through evaluate_round
     metrics = s.evaluate_round(1, ArrayRecord(), ConfigRecord(), grid, 60.0)
     assert (
         metrics["communication_accuracy_degree_weighted"]
-        == s.last_evaluation.summary.communication_accuracy_degree_weighted
+        == s.ledger.last_evaluation.summary.communication_accuracy_degree_weighted
     )
 
 

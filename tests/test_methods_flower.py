@@ -53,7 +53,7 @@ def _fedproto(dim=12, **kw):
 def _train_round(s, grid, rnd):
     if rnd == 1:
         s.discover(grid, timeout=5)
-    s.begin_round(rnd)
+    s.ledger.begin_round(rnd)
     replies = list(
         grid.send_and_receive(list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid)))
     )
@@ -125,8 +125,8 @@ def test_server_aggregation_equals_hand_computed_weighted_mean_of_what_nodes_sen
             int(c): int((y == c).sum()) for c in np.unique(y)
         }
     assert (
-        s.current.train["num_global_prototypes"] == len(num)
-        and s.current.train["prototypes_rejected"] == []
+        s.ledger.current.train["num_global_prototypes"] == len(num)
+        and s.ledger.current.train["prototypes_rejected"] == []
     )
     # round 2 messages carry exactly the count-weighted means
     _train_round(s, grid, 2)
@@ -186,7 +186,9 @@ def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated(
     grid = LocalGrid(_stub_app(upload), 4, run_config=RC)
     s = _fedproto(2)
     _train_round(s, grid, 1)
-    reasons = {f["partition-id"]: f["reason"] for f in s.failures if f["phase"] == "prototypes"}
+    reasons = {
+        f["partition-id"]: f["reason"] for f in s.ledger.failures if f["phase"] == "prototypes"
+    }
     assert set(reasons) == {1, 2, 3}
     assert "partition-id 1" in reasons[1] and "NaN" in reasons[1]
     assert "partition-id 2" in reasons[2] and "12" in reasons[2]
@@ -195,10 +197,10 @@ def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated(
     np.testing.assert_allclose(s.global_protos[0].numpy(), [4.0, 4.0])
     assert (
         s.history == []
-        and s.current.train["prototypes_rejected"] == [1, 2, 3]
-        and s.current.num_trained == 4
+        and s.ledger.current.train["prototypes_rejected"] == [1, 2, 3]
+        and s.ledger.current.num_trained == 4
     )
-    assert s.current.failed["prototypes"] == [1, 2, 3]
+    assert s.ledger.current.failed["prototypes"] == [1, 2, 3]
 
 
 def test_dimension_mismatch_without_adapter_names_the_dims():
@@ -270,7 +272,7 @@ def test_noncooperative_trains_without_traffic_and_evaluates_post_hoc():
     ev = list(s.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
     assert all(m.content["config"]["whitening-fit"] == "train" for m in ev)
     s.evaluate_round(1, ArrayRecord(), ConfigRecord(), grid, timeout=60.0)
-    assert len(s.edge_results) == 8 and s.current.num_trained == 4
+    assert len(s.ledger.edge_results) == 8 and s.ledger.current.num_trained == 4
 
 
 def test_method_switch_builds_each_strategy_and_rejects_unknown():

@@ -496,7 +496,7 @@ def _logged(caplog, fn):
 def test_a_run_in_which_nobody_trains_ends_failed_after_writing_results_naming_nodes_and_reasons(
     tmp_path, caplog
 ):
-    from flwr_sheaf.strategy.graph import RunFailedError
+    from flwr_sheaf.strategy.ledger import RunFailedError
 
     rc = {**TINY, "num-server-rounds": 2, "results-dir": str(tmp_path / "r")}
     grid = LocalGrid(_failing_app(lambda rnd, pid: True), 3, run_config=rc)

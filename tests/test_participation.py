@@ -425,7 +425,7 @@ def test_zero_probability_nodes_and_empty_rounds_are_handled_without_nan():
         if m.metadata.message_type == "train.sheaf"
     }
     assert not trained & {2, 5}
-    assert not s.failures
+    assert not s.ledger.failures
     last = s.history[-1]
     for key in (
         "private_accuracy_mean",
@@ -433,8 +433,8 @@ def test_zero_probability_nodes_and_empty_rounds_are_handled_without_nan():
         "communication_accuracy_mean",
     ):
         assert math.isfinite(last[key]), key
-    assert len(s.node_results) == 6 and all(
-        math.isfinite(n["private_accuracy"]) for n in s.node_results.values()
+    assert len(s.ledger.node_results) == 6 and all(
+        math.isfinite(n["private_accuracy"]) for n in s.ledger.node_results.values()
     )
     assert np.isfinite(s._q_for_next).all() and (s._q_for_next > 0).all()
     # nobody at all: every round empty, evaluation still runs on the untrained models

@@ -47,6 +47,7 @@ from flwr_sheaf.sheaf.pilots import (
     stratified_indices,
     uniform_indices,
 )
+from flwr_sheaf.strategy.agents import oriented_edges
 from flwr_sheaf.testing import LocalGrid
 
 
@@ -366,7 +367,7 @@ def test_relayed_pilots_are_the_held_matrices_reduced_by_the_round_selection(
 ):
     s, grid = _run(SheafFRL, pilot_strategy, participation, rounds=3, normalisation=normalisation)
     produced, msgs = _log(grid)
-    assert not s.failures
+    assert not s.ledger.failures
     stale = 0
     for t, per_node in msgs.items():
         sels = {i: received_selection(m, 40) for i, m in per_node.items()}
@@ -403,12 +404,14 @@ def test_relayed_pilots_are_the_held_matrices_reduced_by_the_round_selection(
                 for j in range(4)
             }
             score = np.zeros(40)
-            for h, tl in s.oriented_edges():
+            for h, tl in oriented_edges(s.graph, s.nodes):
                 u, _, wt = np.linalg.svd(held[h].T @ held[tl], full_matrices=False)
-                score += ((held[h] - held[tl] @ (u @ wt).T) ** 2).sum(1) / len(s.oriented_edges())
+                score += ((held[h] - held[tl] @ (u @ wt).T) ** 2).sum(1) / len(
+                    oriented_edges(s.graph, s.nodes)
+                )
             assert np.array_equal(sel.indices, np.sort(np.argsort(-score)[:12]))
     if pilot_strategy.startswith("prototype"):
-        assert sel.num_rows == s.pilot_sampler.num_groups > 1
+        assert sel.num_rows == s.pilots.sampler.num_groups > 1
         assert s.history[-1]["pilot_rows"] == sel.num_rows
     else:
         assert sel.indices.size == 12 and s.history[-1]["pilot_rows"] == 12
@@ -423,40 +426,43 @@ class _ReversingStrategy(SheafFRL):
     def node_payload(self, server_round, pid):
         records, cfg = super().node_payload(server_round, pid)
         if pid == 2 and PILOT_SELECTION in records:
-            idx = self.selection.indices[::-1].copy()
+            idx = self.pilots.selection.indices[::-1].copy()
             records[PILOT_SELECTION] = pack_pilot_selection(idx)
         return records, cfg
 
 
 def test_a_node_given_indices_in_another_order_fails_with_a_named_error():
     s, grid = _run(_ReversingStrategy, "uniform:10", rounds=2)
-    fails = [f for f in s.failures if f["partition-id"] == 2]
-    assert len(fails) == 2 and [f["round"] for f in fails] == [1, 2], s.failures
+    fails = [f for f in s.ledger.failures if f["partition-id"] == 2]
+    assert len(fails) == 2 and [f["round"] for f in fails] == [1, 2], s.ledger.failures
     assert all(
         "pilot index mismatch" in f["reason"] and PILOT_INDEX_DIGEST in f["reason"] for f in fails
     )
-    assert {f["partition-id"] for f in s.failures} == {2}
+    assert {f["partition-id"] for f in s.ledger.failures} == {2}
     assert 2 not in s.bank  # its pilots were never stored
 
 
 def test_strategy_groups_once_from_the_first_description_and_refuses_a_different_one():
     s = SheafFRL(num_nodes=3, sheaf=SheafConfig(pilot_strategy="prototype-class"))
     s.num_pilots = 6
-    s.begin_round(1)
+    s.ledger.begin_round(1)
     labels = np.array([3, 1, 3, 1, 7, 7], dtype=np.int64)
 
     def reply(lab):
         return SimpleNamespace(content=RecordDict({"pilot-public": pack_arrays({"labels": lab})}))
 
     assert s._accept_description(1, 0, reply(labels))
-    assert s.pilot_sampler.num_groups == 3
+    assert s.pilots.sampler.num_groups == 3
     np.testing.assert_array_equal(
-        s.pilot_sampler.groups, [1, 0, 1, 0, 2, 2]
+        s.pilots.sampler.groups, [1, 0, 1, 0, 2, 2]
     )  # classes 1, 3, 7 -> 0, 1, 2
     assert s._accept_description(1, 1, reply(labels.copy()))  # the same description: accepted
     assert not s._accept_description(
         1, 2, reply(labels[::-1].copy())
     )  # another order: refused, recorded
     assert not s._accept_description(1, 2, SimpleNamespace(content=RecordDict({})))
-    assert [f["partition-id"] for f in s.failures] == [2, 2]
-    assert "differs" in s.failures[0]["reason"] and "pilot-public/labels" in s.failures[1]["reason"]
+    assert [f["partition-id"] for f in s.ledger.failures] == [2, 2]
+    assert (
+        "differs" in s.ledger.failures[0]["reason"]
+        and "pilot-public/labels" in s.ledger.failures[1]["reason"]
+    )

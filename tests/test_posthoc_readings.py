@@ -94,10 +94,10 @@ def test_evaluation_config_carries_the_flag_and_a_reply_without_the_strong_readi
         "pw-test-latents",
         "pw-val-latents",
     )
-    assert ev.config(s, 1)["pilot-reading"] == 1
+    assert ev.config(1, s.train)["pilot-reading"] == 1
     paper = NonCooperative(4, federation=FederationConfig(graph="ring", posthoc_readings="paper"))
     assert (
-        paper.evaluation.config(paper, 1)["pilot-reading"] == 0
+        paper.evaluation.config(1, paper.train)["pilot-reading"] == 0
         and "pw-pilots" not in paper.evaluation.array_names
     )
     assert not SheafFRL(

@@ -156,8 +156,8 @@ def test_fedproto_counts_zero_or_non_integer_are_that_nodes_failure(bad_counts, 
         train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1, batch_size=16),
     )
     s.start(grid=grid, num_rounds=1)
-    assert [(f["phase"], f["partition-id"]) for f in s.failures] == [("prototypes", 2)]
-    assert "counts must be" in s.failures[0]["reason"]
+    assert [(f["phase"], f["partition-id"]) for f in s.ledger.failures] == [("prototypes", 2)]
+    assert "counts must be" in s.ledger.failures[0]["reason"]
     expected = _global_prototypes(seen, 1, skip=2)
     assert sorted(s.global_protos) == sorted(expected)
     for c, p in expected.items():

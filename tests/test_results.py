@@ -79,7 +79,7 @@ def test_fedproto_in_an_own_app_gets_the_bundled_apps_results_with_status_and_fa
         r["private_accuracy_mean"] for r in strategy.history
     ]
     assert set(res["nodes"]) == {"0", "1", "2"} and len(res["edges"]) == 6
-    assert res["total_wall_seconds"] == strategy.rounds[-1].elapsed_seconds
+    assert res["total_wall_seconds"] == strategy.ledger.rounds[-1].elapsed_seconds
     # the silent node: a recorded failure and a degraded (not failed: 1 of 6 < 0.5) run
     assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
         (2, "train", 2)

@@ -173,7 +173,7 @@ def test_silent_and_failing_nodes_are_non_responders():
     np.testing.assert_allclose(res.arrays["x"].numpy(), expected[4], atol=1e-12)
     drawn = {(r["round"], i) for r in strat.history for i in r["drawn"]}
     assert lost & drawn and silent & drawn and failing & drawn  # the scenario exercises both kinds
-    recorded = {(f["round"], f["partition-id"]): f["reason"] for f in strat.failures}
+    recorded = {(f["round"], f["partition-id"]): f["reason"] for f in strat.ledger.failures}
     assert set(recorded) == lost & drawn
     for key in failing & drawn:
         assert "injected failure" in recorded[key]
@@ -230,12 +230,14 @@ def test_an_unusable_reply_is_that_nodes_failure_and_the_others_are_aggregated(m
         prob, p, mode, 4, x0, 0.05, 2, seed=1, skip=lambda t, i: (t, i) in corrupted
     )
     np.testing.assert_allclose(res.arrays["x"].numpy(), expected[4], atol=1e-12)
-    assert corrupted and {(f["round"], f["partition-id"]) for f in strat.failures} == corrupted
+    assert (
+        corrupted and {(f["round"], f["partition-id"]) for f in strat.ledger.failures} == corrupted
+    )
     reason = {
         "nan-stream": "NaN/inf stream",
         "misshaped-stream": f"stream of shape ({prob.d + 1}, 2), expected",
     }.get(bad, f"num-examples = {bad!r} must be a finite number > 0")
-    assert all(reason in f["reason"] for f in strat.failures)
+    assert all(reason in f["reason"] for f in strat.ledger.failures)
     assert all(not set(r["responders"]) & {0, 3} for r in strat.history)
 
 

@@ -265,7 +265,12 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
     s.start(grid=grid, num_rounds=1)
     rnd = s.history[-1]
     # ring 0-1-2-3-0: the non-edges are {0, 2} and {1, 3}, each measured both ways over 2 hops
-    assert {(e["src"], e["dst"]) for e in s.non_edge_results} == {(0, 2), (2, 0), (1, 3), (3, 1)}
+    assert {(e["src"], e["dst"]) for e in s.ledger.non_edge_results} == {
+        (0, 2),
+        (2, 0),
+        (1, 3),
+        (3, 1),
+    }
     assert rnd["non_edge_pairs_measured"] == 4 and rnd["non_edge_hops_mean"] == 2
     for key in (
         "communication_accuracy_non_edges",
@@ -275,9 +280,9 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
     ):
         assert 0.0 <= rnd[key] <= 1.0, key
     assert rnd["communication_accuracy_non_edges"] == pytest.approx(
-        np.mean([e["communication_accuracy"] for e in s.non_edge_results])
+        np.mean([e["communication_accuracy"] for e in s.ledger.non_edge_results])
     )
-    assert s.results_extra()["non_edges"] == s.non_edge_results
+    assert s.results_extra()["non_edges"] == s.ledger.non_edge_results
     # independent recomputation from the phase-1 pilots the nodes sent: numpy polar factors
     pilots = {
         grid.partition_of(r.metadata.src_node_id): r.content["arrays"]["pilots"]
@@ -309,7 +314,7 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
         for m in grid.delivered
         if m.metadata.message_type == "evaluate.sheaf_comm"
     }
-    for e in s.non_edge_results:
+    for e in s.ledger.non_edge_results:
         t = np.eye(d[e["src"]])
         for u, w in zip(e["path"][:-1], e["path"][1:]):
             t = (maps[(w, u)] if (w, u) in maps else maps[(u, w)].T) @ t
@@ -328,23 +333,24 @@ def test_inprocess_round_reports_non_edge_transport_and_diagnostics():
 def test_without_raw_pilots_multi_hop_and_diagnostics_are_skipped_with_a_reason():
     from flwr_sheaf.config import FederationConfig
     from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+    from flwr_sheaf.strategy.graph import evaluation_view
 
     s = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring", non_edge_pairs=5))
     s.evaluation.holds_raw_pilots = False
-    s.begin_round(1)
-    plan = s.evaluation.sheaf_diagnostics(s, 1, {})
-    assert "raw pilots" in s.current.evaluate["non_edges_skipped"]
-    assert "raw pilots" in s.current.evaluate["sheaf_diagnostics_skipped"]
-    assert plan == {} and "sheaf_edge_tv" not in s.current.evaluate
+    s.ledger.begin_round(1)
+    plan = s.evaluation.sheaf_diagnostics(evaluation_view(s, 1), {})
+    assert "raw pilots" in s.ledger.current.evaluate["non_edges_skipped"]
+    assert "raw pilots" in s.ledger.current.evaluate["sheaf_diagnostics_skipped"]
+    assert plan == {} and "sheaf_edge_tv" not in s.ledger.current.evaluate
     # a strategy that holds pilots, but a phase-1 reply without them (a privacy variant's reply layout)
     from types import SimpleNamespace
 
     s.evaluation.holds_raw_pilots = True
-    s.begin_round(2)
+    s.ledger.begin_round(2)
     phase1 = {0: SimpleNamespace(content={"arrays": {"test-latents": None}})}
-    plan = s.evaluation.sheaf_diagnostics(s, 2, phase1)
-    assert "partition-ids [0] carry no pilots" in s.current.evaluate["non_edges_skipped"]
-    assert plan == {} and "sheaf_edge_tv" not in s.current.evaluate
+    plan = s.evaluation.sheaf_diagnostics(evaluation_view(s, 2), phase1)
+    assert "partition-ids [0] carry no pilots" in s.ledger.current.evaluate["non_edges_skipped"]
+    assert plan == {} and "sheaf_edge_tv" not in s.ledger.current.evaluate
 
 
 def test_a_phase2_reply_with_bad_non_edge_entries_is_that_nodes_failure_reason():

@@ -240,7 +240,7 @@ def test_only_projections_travel_and_they_are_the_senders_p_theta():
         train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1),
     )
     s.start(grid=grid, num_rounds=rounds)
-    assert s.failures == []
+    assert s.ledger.failures == []
     ring = nx.cycle_graph(n)
     dims = {
         (a, b): edge_dim(counts[a], counts[b], 2e-3) for a in range(n) for b in ring.neighbors(a)
@@ -356,7 +356,7 @@ def test_bad_uploads_are_that_nodes_failure_and_never_relayed():
     )
     s.discover(grid, timeout=5)
     for rnd in (1, 2):
-        s.begin_round(rnd)
+        s.ledger.begin_round(rnd)
         msgs = list(s.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid))
         if (
             rnd == 2
@@ -370,7 +370,7 @@ def test_bad_uploads_are_that_nodes_failure_and_never_relayed():
                 )
             break
         s.aggregate_train(rnd, list(grid.send_and_receive(msgs)))
-    reasons = {f["partition-id"]: f["reason"] for f in s.failures}
+    reasons = {f["partition-id"]: f["reason"] for f in s.ledger.failures}
     assert set(reasons) == {1, 2, 3}
     assert (
         "NaN" in reasons[1]

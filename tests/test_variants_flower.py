@@ -85,7 +85,7 @@ def test_stringent_no_pilot_matrix_leaves_a_node_and_bytes_follow_tab1():
     grid = LocalGrid(rec, 4, run_config=RC)
     s = _strategy(privacy="stringent", evaluate_every=2)
     s.start(grid=grid, num_rounds=2)
-    assert not s.bank and not s.failures
+    assert not s.bank and not s.ledger.failures
     d = {p: s.nodes[p].d for p in range(4)}
     assert len(set(d.values())) > 1  # heterogeneous: some d_e > d_i
     # (a) nothing a node sends is (a fixed or receiver-computable transform of) its pilot matrices
@@ -159,7 +159,7 @@ def test_homogeneous_halves_the_svds_and_relays_transported_pilots():
         grid = LocalGrid(cnn_client_app, 2, run_config=rc)
         s = _strategy(n=2, graph="0-1", sheaf_variant=variant)
         s.start(grid=grid, num_rounds=2)
-        assert not s.failures
+        assert not s.ledger.failures
         out[variant] = (s, grid)
     het, hom = out["heterogeneous"][0], out["auto"][0]
     assert (het.variant, hom.variant) == ("heterogeneous", "homogeneous")
@@ -190,7 +190,7 @@ def test_stringent_with_partial_participation_uses_cached_transported_pilots(tmp
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _strategy(fraction=0.5, privacy="stringent", absent_policy="cached")
     s.start(grid=grid, num_rounds=3)
-    assert not s.failures and not s.bank
+    assert not s.ledger.failures and not s.bank
     assert [h["num_trained"] for h in s.history] == [2, 2, 2]
     assert max(h["relayed_pilot_age_max"] for h in s.history) >= 1
     assert any(h["edges_relayed"] > 0 for h in s.history[1:])
@@ -218,7 +218,7 @@ def test_homogeneous_with_partial_participation_relays_cached_messages():
     grid = LocalGrid(cnn_client_app, 2, run_config=rc)
     s = _strategy(n=2, graph="0-1", fraction=0.5, evaluate_every=4, sheaf_variant="homogeneous")
     s.start(grid=grid, num_rounds=4)
-    assert not s.failures and s.variant == "homogeneous"
+    assert not s.ledger.failures and s.variant == "homogeneous"
     assert [h["num_trained"] for h in s.history] == [1, 1, 1, 1]
     # each trained node used what the other sent in an earlier round (cached): ages >= 1
     relayed = [h for h in s.history if h["edges_relayed"]]
@@ -247,7 +247,7 @@ def test_stringent_with_a_uniform_pilot_subset_and_parseval_reduces_the_transpor
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _strategy(privacy="stringent", pilot_strategy="uniform:12", pilot_normalisation="parseval")
     s.start(grid=grid, num_rounds=3)
-    assert not s.failures and not s.bank  # digests agreed on every node; no raw pilots held
+    assert not s.ledger.failures and not s.bank  # digests agreed on every node; no raw pilots held
     assert [h["pilot_rows"] for h in s.history] == [12, 12, 12]
     # uploads keep all M rows (the relay serves any later selection); what is relayed has the K selected rows
     assert all(a.shape[0] == RC["num-pilots"] for a in s.edge_bank.values())
@@ -262,8 +262,8 @@ def test_homogeneous_with_class_prototypes_relays_one_row_per_class():
     grid = LocalGrid(cnn_client_app, 2, run_config=rc)
     s = _strategy(n=2, graph="0-1", pilot_strategy="prototype-class")
     s.start(grid=grid, num_rounds=3)
-    assert not s.failures and s.variant == "homogeneous"
-    groups = s.pilot_sampler.num_groups
+    assert not s.ledger.failures and s.variant == "homogeneous"
+    groups = s.pilots.sampler.num_groups
     assert 2 <= groups <= 10 and s.history[-1]["pilot_rows"] == groups
     # the tail's O A_0 and the head's raw A_1, each reduced to one mean per class
     assert (
@@ -288,7 +288,7 @@ def test_stringent_with_drop_policies_relays_only_previous_round_transported_pil
     grid = LocalGrid(cnn_client_app, 4, run_config=RC)
     s = _strategy(fraction=0.5, privacy="stringent", absent_policy=policy)
     s.start(grid=grid, num_rounds=4)
-    assert not s.failures and not s.bank
+    assert not s.ledger.failures and not s.bank
     relayed = [h for h in s.history if h["edges_relayed"]]
     assert relayed, "no transported pilots were ever relayed"
     # drop policies relay only what a neighbour produced in the previous round (age 1) ...

@@ -20,7 +20,7 @@ from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import run_status, write_results
 from ..rundir import check_node_state_dir, claim_node_state_dir
 from ..strategy.checkpoint import Checkpointer
-from ..strategy.graph import RunFailedError
+from ..strategy.ledger import RunFailedError
 from ..tracking import Tracker, check_trackers
 from .methods import num_nodes
 from .run_warnings import run_config_warnings
@@ -145,7 +145,7 @@ def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointe
         state_root = Path(config.node_state_dir).expanduser().resolve()
         check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
         claim_node_state_dir(state_root, config.to_dict(), out)
-    trained_before = _last_trained(checked["state"].get("rounds", []), strategy.num_nodes)
+    trained_before = _last_trained(checked["state"]["ledger"].rounds, strategy.num_nodes)
     strategy.resume_check = {
         RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
         RESUME_ROUND: int(checked["round"]),
@@ -203,7 +203,7 @@ def _report(strategy, config: RunConfig, problems: list[str], path: Path, wall: 
         RunFailedError: the run's status is failed (reasons and failed nodes named).
     """
     status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
-    for w in collapse_warnings(strategy.node_results):  # results.json's "latent_collapse"
+    for w in collapse_warnings(strategy.ledger.node_results):  # results.json's "latent_collapse"
         log.warning("%s", w["message"])
     if status["status"] == "completed":
         log.info("results written to %s (%.1f s)", path, wall)
@@ -248,9 +248,9 @@ def _write_stopped(strategy, out: Path, config: RunConfig, wall, extra, problems
     """After ``start`` raised: write the completed rounds' ``results.json`` (status ``failed``, the
     error among its reasons) where possible, and say where in the error's notes; then the caller
     re-raises ``exc``."""
-    done = strategy.rounds[-1].round if strategy.rounds else 0
+    done = strategy.ledger.rounds[-1].round if strategy.ledger.rounds else 0
     error = f"{type(exc).__name__}: {exc}"
-    if not strategy.rounds:
+    if not strategy.ledger.rounds:
         exc.add_note(f"flwr-sheaf: no server round completed; nothing written to {out}")
         return
     try:

@@ -583,8 +583,7 @@ def make_dirichlet_split(
     Raises:
         ValueError: bad arguments (named); ImportError: flwr-datasets missing.
     """
-    import datasets  # noqa: F401 - flwr-datasets missing: ImportError before any argument check
-    import flwr_datasets.partitioner  # noqa: F401
+    import flwr_datasets.partitioner  # noqa: F401 - missing: ImportError before the checks
 
     if (
         isinstance(num_agents, bool)
@@ -612,14 +611,9 @@ def make_dirichlet_split(
                 f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}"
             )
         pilots = pilots[:num_pilots]
+    rest = np.sort(perm[n_hold:])
     per_agent, sets = _dirichlet_chunks(
-        lab,
-        np.sort(perm[n_hold:]),
-        int(num_agents),
-        float(alpha),
-        min_partition_size,
-        seed,
-        num_classes,
+        lab, rest, int(num_agents), float(alpha), min_partition_size, seed, num_classes
     )
     train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
     return FederatedSplit(

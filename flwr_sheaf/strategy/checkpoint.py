@@ -1,6 +1,6 @@
 """Server checkpoints and exact resume of a stopped run (docs/resume.md).
 
-:class:`Checkpointer` is the hook :meth:`flwr_sheaf.strategy.graph.GraphStrategy.start` calls:
+:class:`Checkpointer` is the hook :func:`flwr_sheaf.strategy.rounds.run_rounds` (behind ``GraphStrategy.start``) calls:
 
 - after discovery, :meth:`Checkpointer.restore` (only when resuming) checks the checkpoint against
   the run config and the rediscovered nodes and puts the strategy's state back; ``start`` then
@@ -11,10 +11,10 @@
 What a checkpoint holds: the run config, the last completed server round, the strategy's class,
 the discovered nodes' :class:`~flwr_sheaf.protocol.NodeInfo`, the global arrays (RFedAGS's point)
 and **every attribute of the strategy** except those :data:`REBUILT` from the config or by
-discovery. That covers the history (:class:`~flwr_sheaf.strategy.base.RoundRecord` list),
-failures, Sheaf-FRL's pilot bank and arrival frequencies, FedProto/FedSAF global prototypes,
+discovery. That covers the ledger (:class:`~flwr_sheaf.strategy.ledger.RunLedger`: the
+:class:`~flwr_sheaf.strategy.records.RoundRecord` list, failures, the last evaluation), Sheaf-FRL's pilot bank and arrival frequencies, FedProto/FedSAF global prototypes,
 ComFed's prototype bank, FedMuscle's pilot representations, RFedAGS's point and frequency
-estimates, and the last evaluation's per-node and per-edge results, without a list per method
+estimates, without a list per method
 that could fall out of date. Random draws need no state: the participation sampler and every
 node draw derive from (seed, partition-id, server round).
 
@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -40,6 +40,10 @@ from flwr.app import ArrayRecord
 from ..config import ConfigError, config_differences
 from ..integrity import read_checkpoint_file, write_checkpoint_file
 from ..protocol import pack_arrays
+from .ledger import RunLedger
+
+if TYPE_CHECKING:
+    from .graph import GraphStrategy
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -54,18 +58,20 @@ __all__ = [
 log = logging.getLogger("flwr_sheaf")
 
 CHECKPOINT_NAME = "checkpoint.pkl"
-FORMAT = 1
+"""The checkpoint's file name in ``results-dir``."""
+#: 2: the strategy's rounds and failures live in its ``ledger`` (format 1 held them as ``rounds`` and
+#: ``failures``; such a checkpoint is refused naming both formats rather than resumed without its history)
+FORMAT = 2
 
-#: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``,
-#: ``pid_of_node``), per call of ``start`` (``extra_*_config``, ``_t0``) or per round (``current``),
-#: the checkpointer itself and the round callbacks (trackers: set by the app for each start). (Evaluation keeps no state between its phases: nothing to skip.)
+#: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``;
+#: the ``exchange`` addresses them), per call of ``start`` (``extra_*_config``), the checkpointer
+#: itself and the round callbacks (trackers: set by the app for each start). The ledger is stored
+#: without its round being built (:meth:`~flwr_sheaf.strategy.ledger.RunLedger.__getstate__`).
+#: (Evaluation keeps no state between its phases: nothing to skip.)
 REBUILT = frozenset(
     {
         "nodes",
-        "pid_of_node",
-        "current",
-        "_t0",
-        "_dst_of_message",
+        "exchange",
         "extra_train_config",
         "extra_evaluate_config",
         "alpha",
@@ -76,6 +82,7 @@ REBUILT = frozenset(
         "requested_rounds",
     }
 )
+"""Strategy attributes a checkpoint does not store (the comment above says why each is rebuilt)."""
 
 
 class NoCheckpointError(ConfigError, FileNotFoundError):
@@ -142,7 +149,7 @@ class Checkpointer:
         self.previous_wall_seconds = 0.0
         self._checked: dict[str, Any] | None = None
 
-    def check(self, strategy, num_rounds: int) -> dict[str, Any] | None:
+    def check(self, strategy: GraphStrategy, num_rounds: int) -> dict[str, Any] | None:
         """Load and check the checkpoint to resume from against the run, before any message is sent
         (:meth:`restore` calls it when the caller did not). Returns the checkpoint, None for a fresh run.
 
@@ -177,7 +184,7 @@ class Checkpointer:
         self._checked = ckpt
         return ckpt
 
-    def restore(self, strategy, num_rounds: int) -> tuple[int, ArrayRecord | None]:
+    def restore(self, strategy: GraphStrategy, num_rounds: int) -> tuple[int, ArrayRecord | None]:
         """Put the checkpointed state back into ``strategy`` (after its discovery); returns
         ``(next server round, global arrays or None)``. A fresh run returns ``(1, None)``.
 
@@ -201,7 +208,11 @@ class Checkpointer:
                     f"must serve the same zoo and data as the stopped run"
                 )
         for name, value in ckpt["state"].items():
-            setattr(strategy, name, value)
+            held = getattr(strategy, name, None)
+            if isinstance(held, RunLedger):  # in place: the exchange records into this ledger
+                vars(held).update(vars(value))
+            else:
+                setattr(strategy, name, value)
         self.restored_round = int(ckpt["round"])
         self.previous_wall_seconds = float(ckpt["wall_seconds"])
         self._checked = None
@@ -214,7 +225,11 @@ class Checkpointer:
         return self.every > 0 and (server_round % self.every == 0 or server_round == num_rounds)
 
     def save(
-        self, strategy, server_round: int, arrays: ArrayRecord | None, wall_seconds: float
+        self,
+        strategy: GraphStrategy,
+        server_round: int,
+        arrays: ArrayRecord | None,
+        wall_seconds: float,
     ) -> Path:
         """Write the checkpoint of completed round ``server_round`` atomically; returns its path.
 

@@ -2,7 +2,7 @@
 
 :class:`Discovery` asks every SuperNode as it registers, checks each reply once (an error reply or
 a malformed :class:`~flwr_sheaf.protocol.NodeInfo` is that node's failure) and returns the
-discovered :class:`~flwr_sheaf.strategy.base.Node` per partition-id. The strategy calls it from
+discovered :class:`~flwr_sheaf.strategy.records.Node` per partition-id. The strategy calls it from
 :meth:`flwr_sheaf.strategy.graph.GraphStrategy.discover` and then builds its graph
 (``on_discovered``); discovery itself knows nothing of graphs or methods.
 
@@ -33,7 +33,7 @@ from flwr.serverapp import Grid
 from ..hints import handler_hint
 from ..protocol import CONFIG, INFO, QUERY, NodeInfo, ProtocolError, message_type, reply_problem
 from . import messaging
-from .base import Node
+from .records import Node
 
 __all__ = ["Discovery"]
 

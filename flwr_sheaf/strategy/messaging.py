@@ -13,7 +13,7 @@ most ``window`` messages in flight (push ``window``, pull replies, push one more
 the store small and a message's stay close to one pass.
 
 :func:`send_and_receive` is the one round trip every server <-> node exchange of the package uses
-(:meth:`~flwr_sheaf.strategy.graph.GraphStrategy._round_trip` and
+(:meth:`~flwr_sheaf.strategy.exchange.Exchange.round_trip` and
 :meth:`~flwr_sheaf.strategy.discovery.Discovery.run`);
 :func:`in_flight_limit` decides the window of a grid: only Flower's simulation grid
 (``InMemoryGrid``) is throttled. On the deployment engine real SuperNodes pull their own messages

@@ -23,7 +23,7 @@ from ...protocol import (
     pack_prototypes,
     unpack_prototypes,
 )
-from ...strategy.base import positive_int
+from ...strategy.records import positive_int
 from ..fedproto.config import FedProtoConfig
 from .prototypes import aggregate_prototypes, check_common_dim
 

@@ -27,9 +27,9 @@ from ...protocol import (
     pack_prototypes,
     unpack_prototypes,
 )
-from ...strategy.base import positive_int
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
+from ...strategy.records import positive_int
 from .._shared.prototype_aggregation import common_dimension
 from . import ACTION, COMFED_ROUTED, COMFED_TARGETS
 from .config import ComFedConfig

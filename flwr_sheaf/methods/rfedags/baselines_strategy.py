@@ -62,8 +62,9 @@ from ...protocol import (
     as_float,
     metric_record,
     pack_arrays,
+    weight_problem,
 )
-from ...strategy.base import weight_problem
+from ...strategy.exchange import merge_extra
 from ...strategy.graph import GraphStrategy
 from .baselines import (
     BASELINES,
@@ -166,7 +167,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     def _cfg(
         self, server_round: int, alpha_t: float, phase: str, config: ConfigRecord
     ) -> ConfigRecord:
-        cfg = self.merge_extra(
+        cfg = merge_extra(
             {
                 SERVER_ROUND: server_round,
                 LOCAL_STEPS: self.local_steps,
@@ -186,7 +187,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         """RFedSVRG phase 1: gradients at ``x_t`` from the drawn nodes; sets ``g_t``; returns who answered."""
         shape = tuple(self.server.x.shape)
         msgs = [
-            self.message(
+            self.exchange.message(
                 pid,
                 RecordDict(
                     {
@@ -197,13 +198,13 @@ class RFedBaseline(GraphStrategy, RiemannianState):
                 TRAIN,
                 server_round,
             )
-            for pid in self.current.sampled
+            for pid in self.ledger.current.sampled
         ]
-        ok = self.split_replies(
+        ok = self.exchange.split_replies(
             server_round,
             "gradient",
-            self._round_trip(grid, msgs, self._timeout),
-            self.current.sampled,
+            self.exchange.round_trip(grid, msgs, self._timeout),
+            self.ledger.current.sampled,
             {STREAM_RECORD: (STREAM,)},
         )
         grads: dict[int, np.ndarray] = {}
@@ -226,7 +227,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     ) -> Iterable[Message]:
         """The method's ``train.<method>`` messages to the drawn nodes (RFedSVRG: after its gradient phase)."""
         alpha_t = self._round_prologue(server_round, arrays)
-        self._recipients = list(self.current.sampled)
+        self._recipients = list(self.ledger.current.sampled)
         cfg = self._cfg(server_round, alpha_t, PHASE_LOCAL, config)
         msgs = []
         if self.method == "rfedsvrg" and self._recipients:
@@ -254,7 +255,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             else:
                 payload = {POINT: self._x_t}
             msgs.append(
-                self.message(
+                self.exchange.message(
                     pid,
                     RecordDict({ARRAYS: pack_arrays(payload), CONFIG: cfg}),
                     TRAIN,
@@ -268,7 +269,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check the uploads, weight them (``mode``), run the method's server step; new point + round metrics."""
         keys = (ENDPOINT, MEAN_GRADIENT) if self.method == "rfedproj" else (ENDPOINT,)
-        ok = self.split_replies(
+        ok = self.exchange.split_replies(
             server_round,
             "train",
             replies,
@@ -296,10 +297,10 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self.server.estimator.observe(mask)
         self.server.round += 1
         metrics = {
-            "num_drawn": len(self.current.sampled),
+            "num_drawn": len(self.ledger.current.sampled),
             "num_responders": int(mask.sum()),
             "weight_sum": float(w.sum()),
-            "step_size": float(self.current.train["step_size"]),
+            "step_size": float(self.ledger.current.train["step_size"]),
             "direction_norm": float(np.linalg.norm(direction)),
             "feasibility": float(np.max(self.manifold.feasibility(x_new))),
         }
@@ -307,11 +308,11 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             metrics["estimate_min"] = float(np.min(est))
         if self.round_metrics is not None:
             metrics.update(self.round_metrics(x_new))
-        self.current.num_trained = len(uploads)
-        self.current.train.update(metrics)
-        self.current.train.update(
+        self.ledger.current.num_trained = len(uploads)
+        self.ledger.current.train.update(metrics)
+        self.ledger.current.train.update(
             {
-                "drawn": list(self.current.sampled),
+                "drawn": list(self.ledger.current.sampled),
                 "responders": sorted(uploads),
                 "weights": w.tolist(),
             }

@@ -53,8 +53,9 @@ from ...protocol import (
     as_float,
     metric_record,
     pack_arrays,
+    weight_problem,
 )
-from ...strategy.base import weight_problem
+from ...strategy.exchange import merge_extra
 from ...strategy.graph import GraphStrategy
 from . import ACTION
 from .aggregation import MODES, RFedAGSServer
@@ -196,9 +197,9 @@ def round_prologue(s: Any, server_round: int, arrays: ArrayRecord) -> float:
     if s.server is None:
         s._init_server(arrays)
     s._x_t = s.server.x.copy()
-    s.current.sampled = s.sampler.sample(server_round)
+    s.ledger.current.sampled = s.sampler.sample(server_round)
     alpha_t = s.alpha(server_round - 1)
-    s.current.train["step_size"] = alpha_t
+    s.ledger.current.train["step_size"] = alpha_t
     return alpha_t
 
 
@@ -317,7 +318,7 @@ class RFedAGS(GraphStrategy, RiemannianState):
     ) -> Iterable[Message]:
         """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
         alpha_t = self._round_prologue(server_round, arrays)
-        cfg = self.merge_extra(
+        cfg = merge_extra(
             {
                 SERVER_ROUND: server_round,
                 LOCAL_STEPS: self.local_steps,
@@ -329,7 +330,7 @@ class RFedAGS(GraphStrategy, RiemannianState):
             "train_config",
         )
         return [
-            self.message(
+            self.exchange.message(
                 pid,
                 RecordDict(
                     {ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}
@@ -337,18 +338,18 @@ class RFedAGS(GraphStrategy, RiemannianState):
                 TRAIN,
                 server_round,
             )
-            for pid in self.current.sampled
+            for pid in self.ledger.current.sampled
         ]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weight the arrived streams, average, retract; returns the new ``x`` and round metrics."""
-        ok = self.split_replies(
+        ok = self.exchange.split_replies(
             server_round,
             "train",
             replies,
-            self.current.sampled,
+            self.ledger.current.sampled,
             {STREAM_RECORD: (STREAM,), METRICS: (NUM_EXAMPLES,)},
         )
         shape = tuple(self.server.x.shape)
@@ -375,10 +376,10 @@ class RFedAGS(GraphStrategy, RiemannianState):
             mask, zetas, num_examples=num_examples if self.mode == "uncorrected" else None
         )
         metrics = {
-            "num_drawn": len(self.current.sampled),
+            "num_drawn": len(self.ledger.current.sampled),
             "num_responders": res.num_responders,
             "weight_sum": float(res.weights.sum()),
-            "step_size": float(self.current.train["step_size"]),
+            "step_size": float(self.ledger.current.train["step_size"]),
             "direction_norm": float(np.linalg.norm(res.direction)),
             "tangent_error_max": max(tangent) if tangent else 0.0,
             "feasibility": float(np.max(self.manifold.feasibility(res.x))),
@@ -387,11 +388,11 @@ class RFedAGS(GraphStrategy, RiemannianState):
             metrics["estimate_min"] = float(np.min(res.estimates))
         if self.round_metrics is not None:
             metrics.update(self.round_metrics(res.x))
-        self.current.num_trained = len(zetas)
-        self.current.train.update(metrics)
-        self.current.train.update(
+        self.ledger.current.num_trained = len(zetas)
+        self.ledger.current.train.update(metrics)
+        self.ledger.current.train.update(
             {
-                "drawn": list(self.current.sampled),
+                "drawn": list(self.ledger.current.sampled),
                 "responders": sorted(zetas),
                 "weights": res.weights.tolist(),
                 "estimates": [None if np.isnan(e) else float(e) for e in res.estimates],
@@ -403,10 +404,6 @@ class RFedAGS(GraphStrategy, RiemannianState):
         )
 
     # ------------------------------------------------------------------ evaluate (none)
-    def evaluates(self, server_round: int, num_rounds: int) -> bool:
-        """Never: RFedAGS has no client-side evaluation (use ``start(evaluate_fn=...)``)."""
-        return False
-
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:

@@ -23,7 +23,8 @@ sampled node gets of a neighbour j that did not train in the previous round is t
   frequency with which j's pilots arrived in rounds ``1..t-2`` (floored at ``reweight-q-min``), so
   ``E[1{j present}/q_j] = 1``; the weights travel in the edge config.
 
-Pilot selection (paper App. B, run-config ``pilot-strategy``; docs/variants-pilots.md): the strategy holds
+Pilot selection (paper App. B, run-config ``pilot-strategy``; docs/variants-pilots.md; the component
+:class:`~flwr_sheaf.methods.sheaf_frl.selection.PilotSelector`, ``strategy.pilots``): the strategy holds
 every node's full pilot matrix ``(M, d_j)`` and each round decides one
 :class:`~flwr_sheaf.sheaf.pilots.PilotSelection` (:class:`~flwr_sheaf.sheaf.pilots.PilotSampler`:
 from ``(seed, server round)``; ``adaptive`` from the per-pilot mismatch of the matrices it holds). Every
@@ -55,45 +56,32 @@ import logging
 
 import networkx as nx
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...participation import FrequencyEstimator
 from ...protocol import (
     METRICS,
-    OWN_PILOTS,
     PILOT_DESCRIBE,
-    PILOT_FEATURES,
     PILOT_INDEX_DIGEST,
-    PILOT_LABELS,
     PILOT_PUBLIC,
     PILOT_SELECTION,
     PILOTS,
     SEED,
     SVDS,
     TRANSPORTED,
-    array_record,
-    as_int,
-    index_digest,
-    metric_record,
     pack_neighbour_pilots,
     pack_pilot_selection,
 )
 from ...sheaf.network import orient_edge
-from ...sheaf.pilots import (
-    PilotSampler,
-    PilotSelection,
-    apply_selection,
-    parse_pilot_strategy,
-    pilot_mismatch,
-)
 from ...sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
-from ...strategy.base import nanmean, record_bytes
+from ...strategy.agents import edge_config, oriented_edges
 from ...strategy.evaluation import GraphEvaluation, TransportedEvaluation
 from ...strategy.graph import GraphStrategy
+from ...strategy.records import nanmean, record_bytes
 from . import ACTION
 from .config import SheafConfig
+from .selection import PilotSelector, upload_problem
 
 __all__ = ["SheafFRL"]
 
@@ -168,24 +156,7 @@ class SheafFRL(GraphStrategy):
         self._train_bytes = [0, 0]
         #: pilot selection (paper App. B): the parsed strategy, its sampler (built once the pilots'
         #: count and, if needed, their labels / public features are known) and this round's selection.
-        self.pilot_spec = parse_pilot_strategy(self.sheaf.pilot_strategy)
-        self.pilot_sampler: PilotSampler | None = None
-        self.pilot_public: np.ndarray | None = None
-        self.selection: PilotSelection | None = None
-        self._selection_digest = 0
-
-    def _select(self, server_round: int) -> None:
-        """This round's selection (None under ``all`` or while the pilot description is missing)."""
-        self.selection, self._selection_digest = None, 0
-        self._reduced_cache: dict[int, np.ndarray] = {}
-        if self.pilot_sampler is None:
-            return
-        mismatch = None
-        if self.pilot_spec.kind == "adaptive":
-            mismatch = pilot_mismatch(self.bank, self.oriented_edges())
-        self.selection = self.pilot_sampler.select(server_round, mismatch)
-        if self.selection is not None:
-            self._selection_digest = index_digest(self.selection.indices, self.selection.groups)
+        self.pilots = PilotSelector(self.sheaf.pilot_strategy, self.seed)
 
     # ------------------------------------------------------------------ train hooks
     def configure_train(self, server_round, arrays, config, grid):
@@ -195,9 +166,13 @@ class SheafFRL(GraphStrategy):
             ValueError: ``config`` names a key the strategy sends.
         """
         self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
-        self._select(server_round)
+        adaptive = (
+            self.pilots.spec.kind == "adaptive"
+        )  # ranks pilots by the held matrices' mismatch
+        edges = oriented_edges(self.graph, self.nodes) if adaptive and self.graph else []
+        self.pilots.select(server_round, self.bank, edges)
         msgs = list(super().configure_train(server_round, arrays, config, grid))
-        self._reduced_cache = {}  # only valid while this round's messages are built (not checkpointed)
+        self.pilots.end_messages()
         self._train_bytes = [sum(record_bytes(m.content) for m in msgs), 0]
         return msgs
 
@@ -222,7 +197,7 @@ class SheafFRL(GraphStrategy):
                 ``privacy='stringent'`` or ``sheaf-variant='homogeneous'`` (both keys named).
         """
         super().on_discovered()
-        spec = self.pilot_spec
+        spec = self.pilots.spec
         variant = self.sheaf.sheaf_variant
         if spec.kind == "adaptive":
             if self.sheaf.privacy == "stringent" or variant == "homogeneous":
@@ -243,13 +218,7 @@ class SheafFRL(GraphStrategy):
             self.sheaf.privacy,
             self.sheaf.pilot_strategy,
         )
-        if spec.kind != "prototype-class" and spec.k > self.num_pilots and spec.kind != "all":
-            raise ValueError(
-                f"pilot-strategy={self.sheaf.pilot_strategy!r}: budget {spec.k} exceeds the "
-                f"{self.num_pilots} shared pilots (num-pilots)"
-            )
-        if spec.groups is None:
-            self.pilot_sampler = PilotSampler(spec, self.num_pilots, self.seed)
+        self.pilots.on_discovered(self.num_pilots)
 
     def method_config(self, server_round: int) -> dict:
         """:class:`SheafConfig` with this round's lambda and the resolved variant (+ the selection digest,
@@ -259,10 +228,10 @@ class SheafFRL(GraphStrategy):
             "lambda": self.sheaf.lam_at(server_round),
             "sheaf-variant": self.variant,
         }
-        if self.selection is not None:
-            out[PILOT_INDEX_DIGEST] = self._selection_digest
-        if self.pilot_spec.groups is not None and self.pilot_sampler is None:
-            out[PILOT_DESCRIBE] = self.pilot_spec.groups
+        if self.pilots.selection is not None:
+            out[PILOT_INDEX_DIGEST] = self.pilots.digest
+        if self.pilots.asks_description:
+            out[PILOT_DESCRIBE] = self.pilots.spec.groups
         return out
 
     def _is_head(self, a: int, b: int) -> bool:
@@ -289,9 +258,7 @@ class SheafFRL(GraphStrategy):
         policy = self.sheaf.absent_policy
         assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
-        waiting = (
-            self.pilot_spec.kind != "all" and self.selection is None
-        )  # no description of the pilots yet
+        waiting = self.pilots.waiting  # no description of the pilots yet
         raw: dict[int, np.ndarray]
         moved: dict[int, np.ndarray]
         raw, moved, weights = {}, {}, []
@@ -306,122 +273,54 @@ class SheafFRL(GraphStrategy):
                 weights.append(0.0)
                 continue
             w = 1.0 / float(self._q_for_next[j]) if policy == "drop-reweighted" else 1.0
-            arr = self._reduced(arr)
+            arr = self.pilots.reduced(arr)
             (raw if is_raw else moved)[j] = arr
             self._relayed_bytes += int(arr.nbytes)
             weights.append(w)
             assert rj is not None  # held with arr
             self.relayed[(pid, j)] = (server_round - rj, w)
-        edges = self.edge_config(pid, weights if policy == "drop-reweighted" else None)
+        edges = edge_config(
+            self.graph, self.nodes, pid, weights if policy == "drop-reweighted" else None
+        )
         records = {} if self.sheaf.privacy == "stringent" else {PILOTS: pack_neighbour_pilots(raw)}
         if moved or self.sheaf.privacy == "stringent":
             records[TRANSPORTED] = pack_neighbour_pilots(moved)
-        if self.selection is not None:
-            records[PILOT_SELECTION] = pack_pilot_selection(
-                self.selection.indices, self.selection.groups
-            )
+        selection = self.pilots.selection
+        if selection is not None:
+            records[PILOT_SELECTION] = pack_pilot_selection(selection.indices, selection.groups)
         return records, edges.to_config()
-
-    def _reduced(self, arr: np.ndarray) -> np.ndarray:
-        """A held pilot matrix ``(M, w)`` (raw or transported) reduced by this round's selection
-        (``(rows, w)`` float32; unchanged under ``all``)."""
-        if self.selection is None:
-            return arr
-        key = id(
-            arr
-        )  # a held matrix is relayed to each of its sender's neighbours: reduce it once a round
-        if key not in self._reduced_cache:
-            self._reduced_cache[key] = (
-                apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
-            )
-        return self._reduced_cache[key]
 
     def _check_upload(
         self, pid: int, r: Message
     ) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
-        """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
-        k, d = self.num_pilots, self.nodes[pid].d
+        """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply
+        (:func:`~flwr_sheaf.methods.sheaf_frl.selection.upload_problem` with what the variant asks)."""
         assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
         want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (
             not nbrs and self.sheaf.privacy == "standard"
         )
         want_moved = {j: self._width(pid, j) for j in nbrs if not self._sends_raw(pid, j)}
-        has_raw = PILOTS in r.content and OWN_PILOTS in r.content[PILOTS]
-        if has_raw and self.sheaf.privacy == "stringent":
-            return (
-                "raw pilots in a reply under privacy='stringent' (discarded, never stored)",
-                None,
-                {},
-            )
-        a = array_record(r.content, PILOTS)[OWN_PILOTS].numpy() if has_raw else None
-        if want_raw and (a is None or a.shape != (k, d)):
-            return (
-                f"pilot matrix shape {None if a is None else a.shape}, expected ({k}, {d})",
-                None,
-                {},
-            )
-        if a is not None and not np.isfinite(a).all():
-            return "NaN/inf pilots (cached pilots kept)", None, {}
-        rec = array_record(r.content, TRANSPORTED) if TRANSPORTED in r.content else ArrayRecord()
-        keys = sorted(rec.keys())
-        if keys != sorted(str(j) for j in want_moved):
-            return (
-                f"transported pilots for {keys}, expected for neighbours {sorted(want_moved)}",
-                None,
-                {},
-            )
-        moved = {}
-        for j, width in want_moved.items():
-            m = rec[str(j)].numpy()
-            if m.shape != (k, width):
-                return (
-                    f"transported pilots toward {j} of shape {m.shape}, expected ({k}, {width})",
-                    None,
-                    {},
-                )
-            if not np.isfinite(m).all():
-                return f"NaN/inf transported pilots toward {j}", None, {}
-            moved[j] = m
-        return None, (a if want_raw else None), moved
+        stringent = self.sheaf.privacy == "stringent"
+        return upload_problem(
+            r, self.num_pilots, self.nodes[pid].d, want_raw, want_moved, stringent
+        )
 
     def _accept_description(self, server_round: int, pid: int, r: Message) -> bool:
         """Build the sampler from a node's pilot description (record ``pilot-public``); False (and a
         recorded failure) when it is missing, malformed, or differs from the one already accepted."""
-        what = self.pilot_spec.groups
-        key = PILOT_LABELS if what == "class" else PILOT_FEATURES
-        rec = array_record(r.content, PILOT_PUBLIC) if PILOT_PUBLIC in r.content else None
-        arr = rec[key].numpy() if rec is not None and key in rec else None
-        if arr is None or arr.shape[0] != self.num_pilots:
-            self.record_failure(
-                server_round,
-                "train",
-                pid,
-                f"reply lacks {PILOT_PUBLIC}/{key} with {self.num_pilots} "
-                f"rows (asked by {PILOT_DESCRIBE}={what!r})",
-            )
+        why, built = self.pilots.description_problem(r, self.num_pilots)
+        if why is not None:
+            self.record_failure(server_round, "train", pid, why)
             return False
-        if self.pilot_public is not None:
-            if not np.array_equal(arr, self.pilot_public):
-                self.record_failure(
-                    server_round,
-                    "train",
-                    pid,
-                    f"{PILOT_PUBLIC}/{key} differs from the other nodes'",
-                )
-                return False
-            return True
-        self.pilot_public = arr
-        labels, feats = (arr, None) if what == "class" else (None, arr)
-        self.pilot_sampler = PilotSampler(
-            self.pilot_spec, self.num_pilots, self.seed, labels=labels, features=feats
-        )
-        log.info(
-            "pilot-strategy %s: %d groups from partition-id %d's pilot description",
-            self.sheaf.pilot_strategy,
-            self.pilot_sampler.num_groups,
-            pid,
-        )
+        if built:
+            assert self.pilots.sampler is not None  # built from this description
+            log.info(
+                "pilot-strategy %s: %d groups from partition-id %d's pilot description",
+                self.sheaf.pilot_strategy,
+                self.pilots.sampler.num_groups,
+                pid,
+            )
         return True
 
     def accept_train(
@@ -436,23 +335,13 @@ class SheafFRL(GraphStrategy):
         accepted = {}
         up = {"raw": 0, "to_heads": 0, "to_tails": 0}
         svds = 0
-        describe = self.pilot_spec.groups is not None and self.pilot_sampler is None
+        describe = self.pilots.asks_description
         for pid, r in ok.items():
-            if self.selection is not None:
-                metrics = metric_record(r.content, METRICS)
-                used = metrics.get(PILOT_INDEX_DIGEST) if PILOT_INDEX_DIGEST in metrics else None
-                if used is None or as_int(used, PILOT_INDEX_DIGEST) != self._selection_digest:
-                    self.record_failure(
-                        server_round,
-                        "train",
-                        pid,
-                        f"pilot index mismatch: reply metric "
-                        f"{PILOT_INDEX_DIGEST!r} = {used}, but this round's {PILOT_SELECTION!r} has "
-                        f"digest {self._selection_digest} (reply refused, cached pilots kept)",
-                    )
-                    continue
-                del r.content[METRICS][PILOT_INDEX_DIGEST]  # checked; not a metric to average
-            if describe and (self.pilot_public is None or PILOT_PUBLIC in r.content):
+            why = self.pilots.digest_problem(r)  # removes the checked digest metric from the reply
+            if why is not None:
+                self.record_failure(server_round, "train", pid, why)
+                continue
+            if describe and (self.pilots.public is None or PILOT_PUBLIC in r.content):
                 if not self._accept_description(server_round, pid, r):
                     continue
             why, a, moved = self._check_upload(pid, r)
@@ -497,9 +386,7 @@ class SheafFRL(GraphStrategy):
             "svds_total": svds,
             "train_bytes_sent": self._train_bytes[0],
             "train_bytes_received": self._train_bytes[1],
-            "pilot_rows": self.selection.num_rows
-            if self.selection is not None
-            else (self.num_pilots if self.pilot_spec.kind == "all" else 0),
+            "pilot_rows": self.pilots.rows(self.num_pilots),
         }
 
     def results_extra(self) -> dict:
@@ -508,7 +395,7 @@ class SheafFRL(GraphStrategy):
             "strategy": self.sheaf.pilot_strategy,
             "normalisation": self.sheaf.pilot_normalisation,
             "num_pilots": self.num_pilots,
-            "num_groups": self.pilot_sampler.num_groups if self.pilot_sampler is not None else 0,
+            "num_groups": self.pilots.sampler.num_groups if self.pilots.sampler is not None else 0,
         }
         return {
             **super().results_extra(),
@@ -525,5 +412,5 @@ class SheafFRL(GraphStrategy):
         return {}, {
             "privacy": self.sheaf.privacy,
             SEED: self.seed,
-            **self.edge_config(pid).to_config(),
+            **edge_config(self.graph, self.nodes, pid).to_config(),
         }

@@ -1,11 +1,15 @@
-"""Values and helpers shared by the strategies: round records, nodes, reply checks (the base is GraphStrategy).
+"""The server's record types and the small helpers that fill them: discovered nodes, round records,
+evaluation results, payload bytes.
 
-It knows nothing of CNNs or of the sheaf maths, and nothing of ``flwr_sheaf.client``.
+:class:`Node` (what discovery found), :class:`RoundRecord` (one server round, ``results.json``'s
+per-round entry), :class:`EvaluationSummary` and :class:`EvaluationResult` (one evaluated round);
+:func:`record_bytes` (payload bytes of a message), :func:`nanmean`, :func:`numeric_metrics`,
+:func:`positive_int`. Plain values: it knows nothing of Flower's Grid, of graphs, methods or
+``flwr_sheaf.client``.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -13,19 +17,19 @@ from typing import Any
 
 from flwr.app import ArrayRecord, RecordDict
 
-from ..protocol import NodeInfo, weight_problem
+from ..protocol import NodeInfo
 
 __all__ = [
     "RoundRecord",
     "EvaluationSummary",
+    "EvaluationResult",
+    "MetricValues",
+    "numeric_metrics",
     "Node",
     "record_bytes",
     "nanmean",
     "positive_int",
-    "weight_problem",
 ]
-
-log = logging.getLogger("flwr_sheaf")
 
 
 def nanmean(xs: Iterable[float | None]) -> float:
@@ -97,6 +101,27 @@ class EvaluationSummary:
 
 
 @dataclass
+class EvaluationResult:
+    """One evaluated round's outcome (what :class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation` returns).
+
+    Attributes:
+        summary: the accuracies (:class:`EvaluationSummary`).
+        extra: the method's extra round metrics (``prototype_accuracy_mean``, non-edge means, ...).
+        nodes: per partition-id results; edges: per directed edge; non_edges: per non-edge pair.
+    """
+
+    summary: EvaluationSummary = field(default_factory=EvaluationSummary)
+    extra: dict[str, Any] = field(default_factory=dict)
+    nodes: dict[int, dict] = field(default_factory=dict)
+    edges: list[dict] = field(default_factory=list)
+    non_edges: list[dict] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, Any]:
+        """Summary and extra metrics in one flat dict (the round's evaluate MetricRecord before filtering)."""
+        return {**vars(self.summary), **self.extra}
+
+
+@dataclass
 class RoundRecord:
     """What happened in one server round (typed; :meth:`as_dict` is the ``results.json`` entry).
 
@@ -144,9 +169,11 @@ class RoundRecord:
 
 #: What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted).
 MetricValues = dict[str, int | float | list[int] | list[float]]
+"""What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted)."""
 
 
-def _numeric(d: Mapping[str, Any]) -> MetricValues:
+def numeric_metrics(d: Mapping[str, Any]) -> MetricValues:
+    """The int/float entries of a metrics mapping, as floats (for Flower's ``MetricRecord``; bools dropped)."""
     return {
         k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
     }

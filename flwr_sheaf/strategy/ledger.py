@@ -1,0 +1,206 @@
+"""The run ledger: what happened in each server round, which node failed where, and the run's status.
+
+:class:`RunLedger` is the part of a strategy (``strategy.ledger``) that the round loop, the
+messages and the evaluation write into and that ``results.json``, the checkpoint and the ServerApp
+read:
+
+- **records**: one typed :class:`~flwr_sheaf.strategy.records.RoundRecord` per completed server
+  round (:attr:`RunLedger.rounds`; the round being built is :attr:`RunLedger.current`);
+- **failures**: one entry per node and phase that failed (:meth:`RunLedger.record_failure`;
+  ``results.json``'s ``failures``), also listed in the round's ``failed``;
+- **status**: :meth:`RunLedger.run_status`, whether the run so far is clean, degraded or failed
+  (docs/reliability-failures.md);
+- **results**: the last evaluated round's per-node, per-edge and non-edge rows
+  (:attr:`RunLedger.last_evaluation`).
+
+It holds no Flower object and knows nothing of graphs or methods. A checkpoint stores it whole
+except the round being built (:meth:`RunLedger.__getstate__`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..config import DEFAULTS
+from .records import EvaluationResult, RoundRecord
+
+__all__ = ["RunFailedError", "RunLedger", "run_status"]
+
+log = logging.getLogger("flwr_sheaf")
+
+
+class RunFailedError(RuntimeError):
+    """A run past its ``max-failed-fraction`` (:meth:`RunLedger.run_status`): the ServerApp raises it
+    after ``results.json`` is written, so Flower records the run as failed (docs/reliability-failures.md)."""
+
+
+class RunLedger:
+    """Records, failures, status and last results of one run (module docstring).
+
+    Attributes:
+        rounds: the completed rounds' records, restored ones included.
+        failures: ``{"round", "phase", "partition-id", "reason"}`` per recorded failure.
+        current: the record of the round being built (None before the first
+            :meth:`begin_round`; every writer runs inside a round).
+        last_evaluation: the last evaluated round's result (``nodes``, ``edges``, ``non_edges``).
+    """
+
+    def __init__(self) -> None:
+        self.rounds: list[RoundRecord] = []
+        self.failures: list[dict] = []
+        # None until begin_round; every writer runs inside a round (declared non-Optional for type checkers)
+        self.current: RoundRecord = None  # type: ignore[assignment]
+        self.last_evaluation = EvaluationResult()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a checkpoint stores: everything but the round being built (rebuilt per round)."""
+        return {k: v for k, v in vars(self).items() if k != "current"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a checkpointed ledger; no round is being built."""
+        vars(self).update(state)
+        self.current = None  # type: ignore[assignment]
+
+    def begin_round(self, server_round: int) -> RoundRecord:
+        """Open the record of ``server_round`` (the round loop does it; tests that step rounds by hand too)."""
+        self.current = RoundRecord(round=server_round)
+        return self.current
+
+    def end_round(self, wall_seconds: float, elapsed_seconds: float) -> RoundRecord:
+        """Close the current round: its wall time and the run's elapsed time, appended to :attr:`rounds`."""
+        self.current.wall_seconds = wall_seconds
+        self.current.elapsed_seconds = elapsed_seconds
+        self.rounds.append(self.current)
+        return self.current
+
+    def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
+        """Record one node's failure in ``phase`` (the last 500 characters of ``reason``), also in the
+        current round's ``failed[phase]`` (sorted, once per node)."""
+        self.failures.append(
+            {"round": server_round, "phase": phase, "partition-id": pid, "reason": reason[-500:]}
+        )
+        failed = self.current.failed.setdefault(phase, [])
+        if pid not in failed:
+            failed.append(pid)
+            failed.sort()
+        log.warning(
+            "round %d %s: partition-id %d failed: %s", server_round, phase, pid, reason[-300:]
+        )
+
+    @property
+    def node_results(self) -> dict[int, dict]:
+        """Per partition-id results of the last evaluation (``d``, private accuracy, ...)."""
+        return self.last_evaluation.nodes
+
+    @property
+    def edge_results(self) -> list[dict]:
+        """Per directed edge (``src`` -> ``dst`` receiver) communication accuracy of the last evaluation."""
+        return self.last_evaluation.edges
+
+    @property
+    def non_edge_results(self) -> list[dict]:
+        """Per directed non-edge pair of the last evaluation: ``src``, ``dst`` (receiver), ``hops``,
+        ``path`` (source first), ``communication_accuracy`` (multi-hop), ``communication_accuracy_direct``
+        (direct Procrustes) and their ``val_`` counterparts (docs/variants-diagnostics.md)."""
+        return self.last_evaluation.non_edges
+
+    def run_status(
+        self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]
+    ) -> dict[str, Any]:
+        """:func:`run_status` of this ledger's rounds and failures."""
+        return run_status(self.rounds, self.failures, max_failed_fraction)
+
+
+def _train_counts(rounds: list[RoundRecord]) -> tuple[int, int, list[int], dict[int, dict]]:
+    """``(sampled, failed, rounds that trained nobody, per sampled node's rounds)`` of the train phase."""
+    sampled = failed = 0
+    idle: list[int] = []
+    per_node: dict[int, dict[str, Any]] = {}
+    for r in rounds:
+        bad = set(r.failed.get("train", [])) & set(r.sampled)
+        n_failed = max(len(bad), len(r.sampled) - r.num_trained)
+        sampled, failed = sampled + len(r.sampled), failed + n_failed
+        if r.sampled and r.num_trained == 0:
+            idle.append(r.round)
+        for pid in r.sampled:
+            row = per_node.setdefault(pid, {"rounds_sampled": 0, "train_failed_rounds": []})
+            row["rounds_sampled"] += 1
+            if pid in bad or (r.num_trained == 0 and not bad):
+                row["train_failed_rounds"].append(r.round)
+    return sampled, failed, idle, per_node
+
+
+def _failure_rows(
+    failures: list[dict], per_node: dict[int, dict]
+) -> tuple[dict[str, int], dict[int, dict]]:
+    """``(failures by phase, per failing partition-id: counts by phase, up to 3 reasons, its rounds)``."""
+    by_phase: dict[str, int] = {}
+    nodes: dict[int, dict] = {}
+    for f in failures:
+        by_phase[f["phase"]] = by_phase.get(f["phase"], 0) + 1
+        row = nodes.setdefault(f["partition-id"], {"failures": {}, "reasons": []})
+        row["failures"][f["phase"]] = row["failures"].get(f["phase"], 0) + 1
+        if f["reason"] not in row["reasons"] and len(row["reasons"]) < 3:
+            row["reasons"].append(f["reason"])
+    for pid, row in nodes.items():
+        row.update(per_node.get(pid, {"rounds_sampled": 0, "train_failed_rounds": []}))
+    return by_phase, nodes
+
+
+def run_status(
+    rounds: list[RoundRecord],
+    failures: list[dict],
+    max_failed_fraction: float = DEFAULTS["max-failed-fraction"],
+) -> dict[str, Any]:
+    """Whether a run (restored rounds included) is clean, degraded or failed (docs/reliability-failures.md).
+
+    A train reply fails when its node errs, does not answer, or the reply is refused. The run is
+    ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
+    ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody;
+    ``degraded`` when anything failed (any phase) short of that; ``completed`` otherwise.
+
+    Args:
+        rounds: the completed rounds' records.
+        failures: the recorded failures (:meth:`RunLedger.record_failure`).
+        max_failed_fraction: run-config ``max-failed-fraction``.
+
+    Returns:
+        ``status``; ``reasons`` (why failed, empty otherwise); the counts (``train_sampled``,
+        ``train_failed``, ``failed_fraction``, ``max_failed_fraction``, ``failures_by_phase``);
+        ``rounds_without_training`` (rounds whose sampled nodes all failed) and
+        ``all_rounds_trained_nobody``; ``nodes_failed_every_round`` (partition-ids that failed every
+        round they were sampled in); ``nodes`` (per failing partition-id: rounds sampled, failed
+        train rounds, failures by phase, up to three distinct reasons).
+    """
+    sampled, failed, idle, per_node = _train_counts(rounds)
+    by_phase, nodes = _failure_rows(failures, per_node)
+    every = sorted(
+        p
+        for p, row in per_node.items()
+        if row["train_failed_rounds"] and len(row["train_failed_rounds"]) == row["rounds_sampled"]
+    )
+    fraction = failed / sampled if sampled else 0.0
+    reasons = []
+    if fraction > max_failed_fraction:
+        reasons.append(
+            f"{failed} of {sampled} sampled train replies failed ({fraction:.0%} > max-failed-fraction="
+            f"{max_failed_fraction})"
+        )
+    if idle and max_failed_fraction < 1.0:
+        reasons.append(f"round(s) {idle} trained nobody (every sampled node failed)")
+    status = "failed" if reasons else ("degraded" if failures or failed else "completed")
+    return {
+        "status": status,
+        "reasons": reasons,
+        "max_failed_fraction": float(max_failed_fraction),
+        "train_sampled": sampled,
+        "train_failed": failed,
+        "failed_fraction": fraction,
+        "failures_by_phase": by_phase,
+        "rounds_without_training": idle,
+        "all_rounds_trained_nobody": bool(idle)
+        and len(idle) == sum(1 for r in rounds if r.sampled),
+        "nodes_failed_every_round": every,
+        "nodes": {p: nodes[p] for p in sorted(nodes)},
+    }

@@ -1,0 +1,165 @@
+"""The round loop behind :meth:`flwr_sheaf.strategy.graph.GraphStrategy.start` (Flower's ``Strategy.start``).
+
+:func:`run_rounds` runs discovery, puts a checkpointed run's state back (docs/resume.md), then per
+server round: :func:`train_round` (``configure_train`` -> one round trip -> ``aggregate_train``),
+in evaluated rounds (:func:`evaluates`) the strategy's ``evaluate_round``, the ServerApp-side
+``evaluate_fn``, and :func:`close_round` (timing, the round's record, progress line, checkpoint,
+round callbacks). Every round trip waits at most ``timeout`` seconds; nodes that did not answer are
+recorded as failed in the strategy's :class:`~flwr_sheaf.strategy.ledger.RunLedger`.
+
+The loop calls the strategy's hooks and components and keeps no state of its own between calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from ..config import KEYS
+from ..logs import default_progress_handler
+
+if TYPE_CHECKING:
+    from .graph import GraphStrategy
+
+__all__ = ["check_start", "close_round", "evaluates", "run_rounds", "train_round"]
+
+log = logging.getLogger("flwr_sheaf")
+
+#: ``(server round, global arrays) -> MetricRecord | None``: Flower's ServerApp-side evaluation
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def check_start(
+    num_rounds: int, train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None
+) -> int:
+    """``num_rounds`` as an int, after checking ``start``'s arguments.
+
+    Raises:
+        ValueError: ``num_rounds < 1`` (or not an integer); ``train_config`` / ``evaluate_config``
+            naming run-config keys (named: they belong on the strategy's config sections).
+    """
+    if int(num_rounds) != num_rounds or num_rounds < 1:
+        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
+    for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
+        owned = sorted(set(cfg or {}) & set(KEYS))
+        if owned:
+            raise ValueError(
+                f"{name} keys {owned} are run-config keys: set them on the strategy's config "
+                f"sections (flwr_sheaf.config), not per call"
+            )
+    return int(num_rounds)
+
+
+def evaluates(s: GraphStrategy, server_round: int, num_rounds: int) -> bool:
+    """Every ``evaluate-every`` rounds and always the last one (``evaluate-every = 0``, no
+    federation or no evaluation component: never)."""
+    if s.evaluation is None or s.federation is None:
+        return False
+    every = s.federation.evaluate_every
+    return every > 0 and (server_round % every == 0 or server_round == num_rounds)
+
+
+def _serverapp_evaluate(evaluate_fn: EvaluateFn | None, server_round: int, result: Result) -> None:
+    if evaluate_fn is not None:
+        res = evaluate_fn(server_round, result.arrays)
+        if res is not None:
+            result.evaluate_metrics_serverapp[server_round] = res
+
+
+def run_rounds(
+    s: GraphStrategy,
+    grid: Grid,
+    initial_arrays: ArrayRecord | None,
+    num_rounds: int,
+    timeout: float,
+    train_config: ConfigRecord | None,
+    evaluate_config: ConfigRecord | None,
+    evaluate_fn: EvaluateFn | None,
+) -> Result:
+    """Discovery and ``num_rounds`` server rounds of ``s`` (arguments and errors: ``GraphStrategy.start``).
+
+    Returns:
+        Flower's ``Result``: the final arrays and per-round train/evaluate MetricRecords.
+    """
+    n = check_start(num_rounds, train_config, evaluate_config)
+    s.extra_train_config = dict(train_config or {})
+    s.extra_evaluate_config = dict(evaluate_config or {})
+    s.requested_rounds = n  # a run whose rounds fall short of it is failed
+    default_progress_handler()  # progress lines of one's own app, unless logging is configured
+    s.summary()
+    result = Result(arrays=initial_arrays if initial_arrays is not None else ArrayRecord())
+    _serverapp_evaluate(evaluate_fn, 0, result)
+    s.discover(grid, timeout)
+    first, wall0 = 1, 0.0
+    if (
+        s.checkpointer is not None
+    ):  # resume: the state after the checkpointed round (docs/resume.md)
+        first, restored = s.checkpointer.restore(s, n)
+        wall0 = s.checkpointer.previous_wall_seconds
+        if restored is not None:
+            result.arrays = restored
+    t0 = time.monotonic() - wall0
+    for rnd in range(first, n + 1):
+        t_round = time.monotonic()
+        s.ledger.begin_round(rnd)
+        train_round(s, grid, rnd, result, timeout)
+        if evaluates(s, rnd, n):
+            metrics = s.evaluate_round(
+                rnd, result.arrays, ConfigRecord(s.extra_evaluate_config), grid, timeout
+            )
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[rnd] = metrics
+        _serverapp_evaluate(evaluate_fn, rnd, result)
+        close_round(s, rnd, n, result.arrays, t_round, t0)
+    return result
+
+
+def train_round(
+    s: GraphStrategy, grid: Grid, server_round: int, result: Result, timeout: float
+) -> None:
+    """``configure_train`` -> one round trip -> ``aggregate_train``; the new arrays and the train
+    metrics go into ``result`` (a round in which no sampled node trained is logged)."""
+    msgs = list(
+        s.configure_train(server_round, result.arrays, ConfigRecord(s.extra_train_config), grid)
+    )
+    new_arrays, train_metrics = s.aggregate_train(
+        server_round, s.exchange.round_trip(grid, msgs, timeout)
+    )
+    rec = s.ledger.current
+    if rec.sampled and rec.num_trained == 0:
+        log.warning(
+            "round %d: none of the %d sampled node(s) trained (failed: %s)",
+            server_round,
+            len(rec.sampled),
+            rec.failed.get("train", []),
+        )
+    if new_arrays is not None:
+        result.arrays = new_arrays
+    if train_metrics is not None:
+        result.train_metrics_clientapp[server_round] = train_metrics
+
+
+def close_round(
+    s: GraphStrategy,
+    server_round: int,
+    num_rounds: int,
+    arrays: ArrayRecord,
+    t_round: float,
+    t0: float,
+) -> None:
+    """Time and append the round's record, log it, write the checkpoint when due (with the run's wall
+    time since ``t0``), then call the round callbacks (a callback that raises ends the run, with
+    this round saved)."""
+    now = time.monotonic()
+    rec = s.ledger.end_round(now - t_round, now - t0)
+    s.log_round(rec)
+    if s.checkpointer is not None and s.checkpointer.due(server_round, num_rounds):
+        s.checkpointer.save(s, server_round, arrays, time.monotonic() - t0)
+    for callback in s.round_callbacks:
+        callback(rec.as_dict())
