@@ -1,10 +1,13 @@
-"""The flwr-sheaf message protocol: every message type, record name and key, with pack/unpack helpers.
+"""The flwr-sheaf core message protocol: the message types, record names and keys every method's
+messages share, with pack/unpack helpers and the reply checks.
 
 Both sides import this module; ``strategy/`` never imports ``client/`` and vice versa
 (``tests/test_layers.py`` walks the imports). Payloads are numpy arrays here (no torch), so the
-server needs no model code.
+server needs no model code. This module names no method: each method's own records and keys live in
+its unit, and those several methods share in :mod:`flwr_sheaf.methods._shared.protocol`
+(``tests/test_layers.py`` checks that every name listed here is used by the core).
 
-Message types (``<category>.<action>``; the action is a handler's name, e.g. ``"sheaf"``):
+Message types (``<category>.<action>``; the action is a method's handler name):
 
 ===================================== ================================================================
 message                                content (server -> node) / reply (node -> server)
@@ -12,36 +15,35 @@ message                                content (server -> node) / reply (node ->
 ``query.<action>``                    ``config``: :data:`TORCH_THREADS`, :data:`DEVICE` (graph methods) / ``info``
                                       (:class:`NodeInfo`)
 ``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
-                                      :data:`SEED` (+ :class:`EdgeConfig` for Sheaf-FRL);
-                                      ``pilots`` (:func:`pack_neighbour_pilots`, Sheaf-FRL) and/or
-                                      :data:`TRANSPORTED` (per-edge transported pilots, Sheaf-FRL
-                                      variants, docs/variants-privacy.md);
-                                      ``pilot-selection`` (:func:`pack_pilot_selection`, Sheaf-FRL
-                                      with a ``pilot-strategy`` other than ``all``);
-                                      ``global-prototypes`` (:func:`pack_prototypes`, FedProto/FedSAF)
-                                      / ``metrics`` (``num-examples``, losses); ``pilots`` (own
-                                      whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`) and/or
-                                      :data:`TRANSPORTED`; ``upload``
-                                      (local prototypes; FedMuscle: :data:`PILOT_REPS`);
-                                      FedMuscle's train message may carry its targets
+                                      :data:`SEED` (+ :class:`EdgeConfig` for a method with maps on
+                                      the edges) + the method's own records / ``metrics``
+                                      (:data:`NUM_EXAMPLES`, losses; :data:`TRAIN_REPLY`, checked by
+                                      :func:`train_reply_problem`) + the method's own records
 ``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
                                       :data:`TORCH_THREADS`, :data:`DEVICE`, :data:`EVAL_TRANSPORTED`,
                                       :data:`PILOT_READING` (+ method keys) / :data:`EVAL_REPLY`
-                                      (:func:`pack_evaluation`; with :data:`PILOT_READING` = 1 also
-                                      :data:`PILOT_READING_ARRAYS`)
-``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation`; ``config``: as phase 1 plus
-                                      the :class:`EdgeConfig` / :data:`COMM_REPLY` (per incoming edge;
-                                      with :data:`PILOT_READING` = 1 also
-                                      :data:`COMM_ACCURACY_PILOT_WHITENING` and its ``val-`` twin)
+                                      (:data:`EVAL_ARRAYS`, or per neighbour
+                                      :data:`STRINGENT_EVAL_ARRAYS`; with :data:`PILOT_READING` = 1
+                                      also :data:`PILOT_READING_ARRAYS`)
+``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation` (and :func:`route_non_edges`);
+                                      ``config``: as phase 1 plus the :class:`EdgeConfig` (and
+                                      :class:`NonEdgeConfig`) / :data:`COMM_REPLY` (per incoming
+                                      edge; with :data:`PILOT_READING` = 1 also
+                                      :data:`COMM_ACCURACY_PILOT_WHITENING` and its ``val-`` twin;
+                                      with non-edge sources :data:`NON_EDGE_REPLY`)
 ===================================== ================================================================
 
-RFedAGS uses ``train.rfedags`` with ``arrays`` = the point (key :data:`POINT`) and replies with
-``stream`` (key :data:`STREAM`). Its baselines use ``train.rfedavg`` / ``train.rfedsvrg`` /
-``train.rfedproj``: the config carries :data:`PHASE`; the reply's ``stream`` record holds the end point
-(:data:`ENDPOINT`; RFedProj also :data:`MEAN_GRADIENT`) or, in RFedSVRG's ``"gradient"`` phase, the
-Riemannian gradient at the server point (:data:`STREAM`); RFedSVRG's local phase receives
-:data:`FULL_GRADIENT` and RFedProj's its correction :data:`CORRECTION` beside :data:`POINT` (for
-RFedProj the server's ambient point).
+Each method's own messages (docs/methods.md lists the methods):
+
+- Sheaf-FRL (``train.sheaf``): the neighbours' and own pilots, transported pilots and the pilot
+  selection, :mod:`flwr_sheaf.methods.sheaf_frl.protocol`;
+- FedProto, FedSAF (global prototypes in, ``upload`` out) and the ``upload`` record of ComFed,
+  FedMuscle and Sheaf-FMTL: :mod:`flwr_sheaf.methods._shared.protocol`;
+- FedMuscle's targets and pilot representations: :mod:`flwr_sheaf.methods.fedmuscle`;
+- ComFed's targets and routed arrays: :mod:`flwr_sheaf.methods.comfed`;
+- Sheaf-FMTL's projections and edge config: :mod:`flwr_sheaf.methods.sheaf_fmtl`;
+- RFedAGS and its baselines (``train.rfedags`` / ``train.rfedavg`` / ``train.rfedsvrg`` /
+  ``train.rfedproj``: the point, the stream, the phases): :mod:`flwr_sheaf.methods.rfedags.protocol`.
 """
 
 from __future__ import annotations
@@ -62,36 +64,14 @@ __all__ = [
     "CONFIG",
     "INFO",
     "METRICS",
-    "PILOTS",
     "ARRAYS",
-    "UPLOAD",
-    "GLOBAL_PROTOTYPES",
-    "STREAM_RECORD",
-    "PILOT_REPS",
-    "TARGET_OTHERS",
-    "TARGET_ALL",
     "SERVER_ROUND",
     "SEED",
     "TORCH_THREADS",
     "DEVICE",
     "WHITENING_FIT",
     "WHITENING_FITS",
-    "NUM_CLASSES",
-    "FEATURE_DIM",
-    "LOCAL_STEPS",
-    "STEP_SIZE",
-    "MINIBATCH_SIZE",
-    "POINT",
-    "STREAM",
-    "OWN_PILOTS",
     "NUM_EXAMPLES",
-    "PHASE",
-    "PHASE_GRADIENT",
-    "PHASE_LOCAL",
-    "ENDPOINT",
-    "FULL_GRADIENT",
-    "CORRECTION",
-    "MEAN_GRADIENT",
     "EVAL_ARRAYS",
     "STALK_DIM",
     "PRIVATE_ACCURACY",
@@ -108,42 +88,22 @@ __all__ = [
     "NodeInfo",
     "EdgeConfig",
     "pack_arrays",
-    "pack_neighbour_pilots",
-    "unpack_neighbour_pilots",
     "route_evaluation",
     "unpack_routed",
-    "pack_prototypes",
-    "unpack_prototypes",
     "ProtocolError",
-    "pack_evaluation",
     "reply_problem",
     "pilot_digest",
     "EVAL_REPLY",
     "COMM_REPLY",
     "TRAIN_REPLY",
-    "TRANSPORTED",
     "EVAL_TRANSPORTED",
-    "SVDS",
     "STRINGENT_EVAL_ARRAYS",
     "STRINGENT_EVAL_LABELS",
-    "PILOT_SELECTION",
-    "PILOT_INDICES",
-    "PILOT_GROUPS",
-    "PILOT_INDEX_DIGEST",
-    "PILOT_DESCRIBE",
-    "PILOT_PUBLIC",
-    "PILOT_LABELS",
-    "PILOT_FEATURES",
-    "index_digest",
-    "pack_pilot_selection",
-    "unpack_pilot_selection",
     "array_record",
     "config_record",
     "metric_record",
-    "as_array",
     "as_int",
     "as_float",
-    "as_str",
 ]
 
 
@@ -180,13 +140,6 @@ def metric_record(content: Mapping[str, object], key: str) -> MetricRecord:
     return rec
 
 
-def as_array(value: object, key: str) -> np.ndarray:
-    """``value.numpy()`` of an ``Array`` record entry ``key``."""
-    if not isinstance(value, Array):
-        raise ProtocolError(f"{key!r}: expected an Array, got {type(value).__name__}")
-    return value.numpy()
-
-
 def as_int(value: object, key: str) -> int:
     """``int(value)`` of a record entry ``key`` (an int or a float, as ``int()`` took it)."""
     if not isinstance(value, (int, float, np.integer, np.floating)):
@@ -212,13 +165,6 @@ def as_bytes(value: object, key: str) -> bytes:
     """A bytes record entry ``key``."""
     if not isinstance(value, bytes):
         raise ProtocolError(f"{key!r}: expected bytes, got {type(value).__name__}")
-    return value
-
-
-def as_str(value: object, key: str) -> str:
-    """A string record entry ``key``."""
-    if not isinstance(value, str):
-        raise ProtocolError(f"{key!r}: expected a string, got {type(value).__name__}")
     return value
 
 
@@ -248,18 +194,7 @@ def required(cfg: Mapping, key: str, msg_type: str):
 CONFIG = "config"
 INFO = "info"
 METRICS = "metrics"
-PILOTS = "pilots"
 ARRAYS = "arrays"
-UPLOAD = "upload"
-GLOBAL_PROTOTYPES = "global-prototypes"
-STREAM_RECORD = "stream"
-
-#: Sheaf-FRL variants (docs/variants-privacy.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
-#: In a train reply: the node's pilots moved by its own map toward each neighbour j (``(K, d_e)``,
-#: ``d_e = max(d_i, d_j)``; homogeneous standard: only toward heads, ``(K, d)``). In a train message:
-#: what each neighbour j sent toward this node (same keys). Under ``privacy = stringent`` it replaces
-#: the ``pilots`` record both ways: raw pilots never leave the node.
-TRANSPORTED = "transported"
 
 # ------------------------------------------------------------------------------ config keys (not run-config keys)
 SERVER_ROUND = "server-round"
@@ -279,30 +214,8 @@ EVAL_TRANSPORTED = "eval-transported"
 #: the *strong* post-hoc reading, with the whitening fitted on the pilots (run-config key
 #: ``posthoc-readings = both``; docs/baselines.md); 0 otherwise.
 PILOT_READING = "pilot-reading"
-NUM_CLASSES = "num-classes"
-FEATURE_DIM = "feature-dim"
-LOCAL_STEPS = "local-steps"
-STEP_SIZE = "step-size"
-MINIBATCH_SIZE = "minibatch-size"
-#: RFedAGS baselines: which part of a round a ``train.<baseline>`` message asks for.
-PHASE = "phase"
-PHASE_GRADIENT, PHASE_LOCAL = "gradient", "local"
 
 # ------------------------------------------------------------------------------ array and metric keys
-POINT = "x"
-STREAM = "zeta"
-#: RFedAGS baselines: a local end point (RFedProj: ambient ``z^_K``), the server gradient ``g_t`` (RFedSVRG),
-#: a client's correction ``c_i`` and mean local gradient ``zeta_i`` (RFedProj).
-ENDPOINT = "x-end"
-FULL_GRADIENT = "g"
-CORRECTION = "c"
-MEAN_GRADIENT = "zeta-mean"
-OWN_PILOTS = "pilots"
-#: FedMuscle: a node's pooled pilot representations ``(K, D)`` (in its ``upload``) and the targets
-#: ``(K, D)`` it receives: the mean of the other agents' and of all agents' representations.
-PILOT_REPS = "pilot-reps"
-TARGET_OTHERS = "others"
-TARGET_ALL = "all"
 NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
@@ -318,8 +231,6 @@ PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"
 NUM_TEST = "num-test"
 LOW_VARIANCE_FRACTION = "low-variance-fraction"
-#: Sheaf-FRL train metric: SVDs the node computed for its maps this round (docs/variants-privacy.md).
-SVDS = "svds"
 #: a stringent phase-1 evaluation reply: ``"<j>/<name>"`` per neighbour j for these names (moved by
 #: the node's map toward j, ``(., d_e)``), and the labels once, unkeyed.
 STRINGENT_EVAL_ARRAYS = ("pilots", "test-latents", "val-latents")
@@ -484,7 +395,7 @@ class EdgeConfig:
         )
 
 
-# ------------------------------------------------------------------------------ pilots
+# ------------------------------------------------------------------------------ reply checks
 def reply_problem(content: Mapping, required: Mapping[str, Iterable[str]]) -> str | None:
     """What a reply lacks, or None: ``required`` maps record names to the keys each must hold.
 
@@ -509,47 +420,6 @@ EVAL_REPLY = {
 }
 #: What a phase-2 (communication accuracy) reply must hold.
 COMM_REPLY = {METRICS: (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)}
-
-
-def pack_evaluation(
-    pilots: np.ndarray,
-    test_latents: np.ndarray,
-    test_labels: np.ndarray,
-    val_latents: np.ndarray,
-    val_labels: np.ndarray,
-    extra: Mapping[str, np.ndarray] | None = None,
-) -> ArrayRecord:
-    """A node's phase-1 evaluation arrays (names of :data:`EVAL_ARRAYS`, plus a method's ``extra``).
-
-    Args:
-        pilots: whitened pilots ``(K, d_i)`` float32.
-        test_latents: whitened test latents ``(M, d_i)`` float32.
-        test_labels: their labels ``(M,)`` int64.
-        val_latents: whitened validation latents ``(M', d_i)`` float32.
-        val_labels: their labels ``(M',)`` int64.
-        extra: a method's own arrays (e.g. ComFed's projection and raw latents), or None.
-    """
-    base = dict(zip(EVAL_ARRAYS, (pilots, test_latents, test_labels, val_latents, val_labels)))
-    return pack_arrays({**base, **dict(extra or {})})
-
-
-def pack_neighbour_pilots(pilots: Mapping[int, np.ndarray]) -> ArrayRecord:
-    """Neighbours' whitened pilot matrices ``{j: (K, d_j)}`` float32 -> ``ArrayRecord`` keyed ``str(j)``."""
-    return pack_arrays({str(int(j)): a for j, a in pilots.items()})
-
-
-def unpack_neighbour_pilots(rec: ArrayRecord) -> dict[int, np.ndarray]:
-    """Inverse of :func:`pack_neighbour_pilots`: ``{j: (K, d_j)}`` float32 arrays.
-
-    Raises:
-        ProtocolError: a key that is not a partition-id.
-    """
-    out = {}
-    for key in rec.keys():
-        if not key.isdigit():
-            raise ProtocolError(f"pilot record key {key!r} is not a partition-id")
-        out[int(key)] = np.asarray(rec[key].numpy(), dtype=np.float32)
-    return out
 
 
 # ------------------------------------------------------------------------------ evaluation routing
@@ -582,164 +452,6 @@ def unpack_routed(
             raise ProtocolError(f"evaluation routing lacks {key!r}")
         out[name] = rec[key].numpy()
     return out
-
-
-# ------------------------------------------------------------------------------ prototypes
-def pack_prototypes(
-    protos: Mapping[int, np.ndarray], counts: Mapping[int, int] | None = None, dim: int = 0
-) -> ArrayRecord:
-    """Prototypes ``{class: (D,)}`` -> arrays ``classes (n,)`` int64, ``prototypes (n, D)`` float32
-    [, ``counts (n,)`` int64]; ``dim`` gives D for an empty dict.
-
-    Raises:
-        KeyError: ``counts`` without an entry for a class of ``protos``.
-    """
-    classes = sorted(int(c) for c in protos)
-    if classes:
-        mat = np.stack([np.asarray(protos[c], dtype=np.float32) for c in classes])
-    else:
-        mat = np.zeros((0, int(dim)), np.float32)
-    out: dict[str, np.ndarray] = {"classes": np.asarray(classes, dtype=np.int64), "prototypes": mat}
-    if counts is not None:
-        out["counts"] = np.asarray([int(counts[c]) for c in classes], dtype=np.int64)
-    return pack_arrays(out)
-
-
-def unpack_prototypes(
-    rec: ArrayRecord, where: str
-) -> tuple[dict[int, np.ndarray], dict[int, int] | None]:
-    """Inverse of :func:`pack_prototypes` (keys are Python ints: class ids never become numpy scalars).
-
-    Only the layout (ranks, lengths, integral unique class ids) and the counts (integers >= 1: they
-    weight the aggregate) are checked here; the other values (NaN, class range) are checked by
-    :func:`flwr_sheaf.methods._shared.prototypes.aggregate_prototypes`.
-
-    Raises:
-        ProtocolError: malformed record; the message starts with ``where`` (e.g. ``"partition-id 3"``).
-    """
-    missing = {"classes", "prototypes"} - set(rec.keys())
-    if missing:
-        raise ProtocolError(f"{where}: prototype record lacks {sorted(missing)}")
-    classes = rec["classes"].numpy()
-    protos = rec["prototypes"].numpy()
-    counts = rec["counts"].numpy() if "counts" in rec else None
-    if classes.ndim != 1 or not np.issubdtype(classes.dtype, np.integer):
-        raise ProtocolError(
-            f"{where}: class ids must be a 1-D integer array, got {classes.dtype} {classes.shape}"
-        )
-    if protos.ndim != 2 or protos.shape[0] != classes.shape[0]:
-        raise ProtocolError(
-            f"{where}: prototypes have shape {protos.shape}, expected ({classes.shape[0]}, D)"
-        )
-    if counts is not None and counts.shape != classes.shape:
-        raise ProtocolError(f"{where}: counts have shape {counts.shape}, expected {classes.shape}")
-    if counts is not None and not np.issubdtype(counts.dtype, np.integer):
-        raise ProtocolError(
-            f"{where}: counts must be integers, got dtype {counts.dtype} ({counts.tolist()[:10]})"
-        )
-    if counts is not None and counts.size and counts.min() < 1:
-        bad = {int(c): int(n) for c, n in zip(classes.tolist(), counts.tolist()) if n < 1}
-        raise ProtocolError(
-            f"{where}: counts must be >= 1 (a prototype averages at least one sample), got {bad}"
-        )
-    ids = [int(c) for c in classes.tolist()]
-    if len(set(ids)) != len(ids):
-        raise ProtocolError(f"{where}: class ids {ids} repeat")
-    out = {c: protos[i].copy() for i, c in enumerate(ids)}
-    return out, ({c: int(counts[i]) for i, c in enumerate(ids)} if counts is not None else None)
-
-
-# ------------------------------------------------------------------------------ pilot selection (paper App. B)
-#: Record of a ``train.sheaf`` message holding this round's pilot selection (:func:`pack_pilot_selection`);
-#: absent under ``pilot-strategy=all``.
-PILOT_SELECTION = "pilot-selection"
-PILOT_INDICES = "indices"
-PILOT_GROUPS = "groups"
-#: Config key of ``train.sheaf`` (the :func:`index_digest` of the selection sent) and metric of the reply
-#: (the digest of the selection the node used); the strategy refuses a reply whose digest differs.
-PILOT_INDEX_DIGEST = "pilot-index-digest"
-#: Config key of ``train.sheaf``: ``"class"`` or ``"cluster"`` asks the node to add :data:`PILOT_PUBLIC`
-#: to its reply (the pilots' labels / public features, sent once so the strategy can group the pilots).
-PILOT_DESCRIBE = "pilot-describe"
-#: Reply record: ``labels`` ``(M,)`` int64 and/or ``features`` ``(M, p)`` float32 of the shared pilots.
-PILOT_PUBLIC = "pilot-public"
-PILOT_LABELS = "labels"
-PILOT_FEATURES = "features"
-
-
-def index_digest(indices: np.ndarray, groups: np.ndarray | None = None) -> int:
-    """A 63-bit fingerprint of a pilot selection: SHA-256 of the int64 indices in order and the group
-    ids (or a marker for none), first 8 bytes, as a positive int (fits a ``ConfigRecord``/``MetricRecord``).
-
-    Two selections have the same digest iff (up to hash collisions) they name the same pilots in the
-    same order with the same grouping.
-    """
-    import hashlib
-
-    h = hashlib.sha256(np.ascontiguousarray(np.asarray(indices, dtype=np.int64)).tobytes())
-    h.update(
-        b"|groups|"
-        + (
-            b"none"
-            if groups is None
-            else np.ascontiguousarray(np.asarray(groups, np.int64)).tobytes()
-        )
-    )
-    return int.from_bytes(h.digest()[:8], "big") >> 1 or 1
-
-
-def pack_pilot_selection(indices: np.ndarray, groups: np.ndarray | None = None) -> ArrayRecord:
-    """Record :data:`PILOT_SELECTION`: ``indices (m,)`` int64 [and ``groups (m,)`` int64]."""
-    out = {PILOT_INDICES: np.asarray(indices, dtype=np.int64)}
-    if groups is not None:
-        out[PILOT_GROUPS] = np.asarray(groups, dtype=np.int64)
-    return pack_arrays(out)
-
-
-def unpack_pilot_selection(
-    rec: ArrayRecord, expected_digest: int, num_pilots: int
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Inverse of :func:`pack_pilot_selection`, checked against the digest the config carries.
-
-    Args:
-        rec: the :data:`PILOT_SELECTION` record.
-        expected_digest: the config's :data:`PILOT_INDEX_DIGEST`.
-        num_pilots: M, the pilots this node holds.
-
-    Returns:
-        ``(indices (m,), groups (m,) or None)`` int64.
-
-    Raises:
-        ProtocolError: missing indices, not 1-D int, out of ``[0, M)``, repeated, groups of another
-            length, or a digest that differs from ``expected_digest`` (the indices or their order
-            were changed: both keys named).
-    """
-    if PILOT_INDICES not in rec:
-        raise ProtocolError(f"record {PILOT_SELECTION!r} lacks {PILOT_INDICES!r}")
-    idx = rec[PILOT_INDICES].numpy()
-    grp = rec[PILOT_GROUPS].numpy() if PILOT_GROUPS in rec else None
-    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
-        raise ProtocolError(
-            f"{PILOT_SELECTION}/{PILOT_INDICES} must be a 1-D integer array, got {idx.dtype} {idx.shape}"
-        )
-    if idx.size and (idx.min() < 0 or idx.max() >= num_pilots):
-        raise ProtocolError(
-            f"{PILOT_SELECTION}/{PILOT_INDICES} outside [0, {num_pilots}): [{idx.min()}, {idx.max()}]"
-        )
-    if np.unique(idx).size != idx.size:
-        raise ProtocolError(f"{PILOT_SELECTION}/{PILOT_INDICES} repeat a pilot")
-    if grp is not None and grp.shape != idx.shape:
-        raise ProtocolError(
-            f"{PILOT_SELECTION}/{PILOT_GROUPS} has shape {grp.shape}, expected {idx.shape}"
-        )
-    got = index_digest(idx, grp)
-    if got != int(expected_digest):
-        raise ProtocolError(
-            f"pilot index mismatch: {PILOT_SELECTION}/{PILOT_INDICES} has digest {got} but config "
-            f"{PILOT_INDEX_DIGEST!r} = {int(expected_digest)} (other pilots, another order or other "
-            f"groups than the neighbours' matrices were reduced with)"
-        )
-    return idx.astype(np.int64), None if grp is None else grp.astype(np.int64)
 
 
 # ------------------------------------------------------------------------------ non-edge transport (multi-hop)

@@ -450,3 +450,73 @@ def test_names_bound_by_except_and_match_and_bytes_are_code(tmp_path):
         "probe.py:8 rfedags",
         "probe.py:10 sheaf-fmtl",
     ]
+
+
+# --------------------------------------------------- the core protocol holds the core's vocabulary
+def _protocol_names_used(path: Path, name: str | None = None) -> set[str]:
+    """Names of ``flwr_sheaf.protocol`` that ``path`` (module ``name``) uses: imported from it
+    (``from flwr_sheaf.protocol import X``, relative forms too) or read as an attribute of it
+    (``import flwr_sheaf.protocol as P; P.X``, ``from flwr_sheaf import protocol; protocol.X``)."""
+    tree = ast.parse(path.read_text())
+    name = name or _module(path)
+    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    used, aliases = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "flwr_sheaf.protocol" and a.asname:
+                    aliases.add(a.asname)
+        elif isinstance(node, ast.ImportFrom):
+            base = (
+                ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+                if node.level
+                else node.module or ""
+            )
+            for a in node.names:
+                if base == "flwr_sheaf.protocol":
+                    used.add(a.name)
+                elif base == "flwr_sheaf" and a.name == "protocol":
+                    aliases.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            used.add(node.attr)
+    return used
+
+
+def test_every_public_name_of_the_core_protocol_is_used_by_the_core():
+    """``flwr_sheaf/protocol.py`` holds the core's message vocabulary: a name of its ``__all__`` that
+    no module outside ``methods/`` uses (only methods, tests or docs) belongs to the method's unit
+    (``methods/<name>/``) or, when several methods use it, to ``methods/_shared/``."""
+    from flwr_sheaf import protocol
+
+    core = [
+        (m, p)
+        for m, p in MODULES.items()
+        if _layer(m) != "methods" and m not in ("flwr_sheaf", "flwr_sheaf.protocol")
+    ]
+    used = set().union(*(_protocol_names_used(p, m) for m, p in core))
+    assert sorted(set(protocol.__all__) - used) == []
+
+
+def test_the_protocol_use_detector_detects(tmp_path):
+    """Oracle for the check above: absolute, relative and attribute uses are seen, other modules not."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import flwr_sheaf.protocol as P\n"
+        "from flwr_sheaf import protocol\n"
+        "from ..protocol import CONFIG, METRICS as M\n"
+        "from flwr_sheaf.protocol import SEED\n"
+        "from ..config import KEYS\n"
+        "x = P.TRAIN, protocol.QUERY, KEYS.POINT\n"
+    )
+    assert _protocol_names_used(probe, "flwr_sheaf.strategy.probe") == {
+        "CONFIG",
+        "METRICS",
+        "SEED",
+        "TRAIN",
+        "QUERY",
+    }

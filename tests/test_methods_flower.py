@@ -26,6 +26,7 @@ from flwr_sheaf.config import (
     RunConfig,
     ScenarioConfig,
 )
+from flwr_sheaf.methods._shared.protocol import GLOBAL_PROTOTYPES
 from flwr_sheaf.methods._shared.prototypes import PoolingAdapter
 from flwr_sheaf.methods.fedproto.client import FedProtoLoss
 from flwr_sheaf.methods.fedproto.config import FedProtoConfig
@@ -34,7 +35,7 @@ from flwr_sheaf.methods.fedsaf.client import FedSAFLoss
 from flwr_sheaf.methods.fedsaf.config import FedSAFConfig
 from flwr_sheaf.methods.fedsaf.strategy import FedSAF
 from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
-from flwr_sheaf.protocol import GLOBAL_PROTOTYPES, NodeInfo, pack_arrays
+from flwr_sheaf.protocol import NodeInfo, pack_arrays
 from flwr_sheaf.testing import LocalGrid
 from simulations.inprocess import run_inprocess
 

@@ -22,17 +22,15 @@ from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig
 from flwr_sheaf.methods.sheaf_frl.client import received_selection
 from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
-from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
-from flwr_sheaf.protocol import (
-    CONFIG,
+from flwr_sheaf.methods.sheaf_frl.protocol import (
     PILOT_INDEX_DIGEST,
     PILOT_SELECTION,
-    ProtocolError,
     index_digest,
-    pack_arrays,
     pack_pilot_selection,
     unpack_pilot_selection,
 )
+from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+from flwr_sheaf.protocol import CONFIG, ProtocolError, pack_arrays
 from flwr_sheaf.sheaf import procrustes
 from flwr_sheaf.sheaf.pilots import (
     PilotSampler,

@@ -18,7 +18,8 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.config import ConfigError
-from flwr_sheaf.protocol import ARRAYS, METRICS, NUM_EXAMPLES, UPLOAD
+from flwr_sheaf.methods._shared.protocol import UPLOAD
+from flwr_sheaf.protocol import ARRAYS, METRICS, NUM_EXAMPLES
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)

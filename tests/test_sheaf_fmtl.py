@@ -23,6 +23,7 @@ from flwr_sheaf.apps.methods import build_strategy
 from flwr_sheaf.apps.scenario import cnn_task_factory, scenario_task
 from flwr_sheaf.client.common import model_key
 from flwr_sheaf.config import ConfigError, RunConfig, ScenarioConfig
+from flwr_sheaf.methods._shared.protocol import UPLOAD
 from flwr_sheaf.methods.sheaf_fmtl import (
     SHEAF_FMTL_DIMS,
     SHEAF_FMTL_NEIGHBOURS,
@@ -40,13 +41,7 @@ from flwr_sheaf.methods.sheaf_fmtl.maths import (
     parameter_step,
 )
 from flwr_sheaf.models.zoo import zoo_specs
-from flwr_sheaf.protocol import (
-    CONFIG,
-    SEED,
-    UPLOAD,
-    NodeInfo,
-    pack_arrays,
-)
+from flwr_sheaf.protocol import CONFIG, SEED, NodeInfo, pack_arrays
 from flwr_sheaf.topology import build_graph
 
 torch.set_num_threads(1)

@@ -27,7 +27,7 @@ Strategies (run-config key ``pilot-strategy``):
 
 Indices are always sorted ascending (prototype rows by group id), so "identical indices in
 identical order" is a property of the selection, fingerprinted by
-:func:`flwr_sheaf.protocol.index_digest`.
+:func:`flwr_sheaf.methods.sheaf_frl.protocol.index_digest`.
 """
 
 from __future__ import annotations

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from flwr.app import Message
 
-from ...protocol import (
+from ...protocol import array_record
+from ...strategy.records import positive_int
+from ..fedproto.config import FedProtoConfig
+from .protocol import (
     FEATURE_DIM,
     GLOBAL_PROTOTYPES,
     NUM_CLASSES,
     UPLOAD,
-    array_record,
     pack_prototypes,
     unpack_prototypes,
 )
-from ...strategy.records import positive_int
-from ..fedproto.config import FedProtoConfig
 from .prototypes import aggregate_prototypes, check_common_dim
 
 if TYPE_CHECKING:

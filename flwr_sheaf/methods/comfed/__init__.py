@@ -2,8 +2,9 @@
 
 ACTION = "comfed"
 
-# its message vocabulary (record and config-entry names; the shared ones are in flwr_sheaf.protocol)
-#: ComFed: the mean of the neighbours' projected class prototypes (:func:`~flwr_sheaf.protocol.pack_prototypes` layout).
+# its message vocabulary (record and config-entry names; the core's are in flwr_sheaf.protocol,
+# those several methods share in flwr_sheaf.methods._shared.protocol)
+#: ComFed: the mean of the neighbours' projected class prototypes (:func:`~flwr_sheaf.methods._shared.protocol.pack_prototypes` layout).
 COMFED_TARGETS = "comfed-targets"
 #: ComFed's evaluation arrays routed to neighbours: the projection ``(r, d_i)`` and raw latents ``(M, d_i)``.
 COMFED_ROUTED: tuple[str, ...] = ("comfed-proj", "raw-test-latents", "raw-val-latents")

@@ -27,19 +27,8 @@ from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory, load_module_state, save_module_state
 from ...config import LocalTrainConfig
-from ...protocol import (
-    CONFIG,
-    FEATURE_DIM,
-    NUM_CLASSES,
-    SEED,
-    TRAIN,
-    UPLOAD,
-    array_record,
-    message_type,
-    pack_prototypes,
-    required,
-    unpack_prototypes,
-)
+from ...protocol import CONFIG, SEED, TRAIN, array_record, message_type, required
+from .._shared.protocol import FEATURE_DIM, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
 from .._shared.prototypes import class_prototypes
 from ..fedproto.client import latent_and_logits
 from . import ACTION, COMFED_ROUTED, COMFED_TARGETS

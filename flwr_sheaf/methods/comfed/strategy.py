@@ -18,18 +18,11 @@ from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
-from ...protocol import (
-    FEATURE_DIM,
-    NUM_CLASSES,
-    UPLOAD,
-    ProtocolError,
-    array_record,
-    pack_prototypes,
-    unpack_prototypes,
-)
+from ...protocol import ProtocolError, array_record
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from ...strategy.records import positive_int
+from .._shared.protocol import FEATURE_DIM, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
 from .._shared.prototype_aggregation import common_dimension
 from . import ACTION, COMFED_ROUTED, COMFED_TARGETS
 from .config import ComFedConfig

@@ -2,9 +2,15 @@
 
 ACTION = "fedmuscle"
 
-# its message vocabulary (record and config-entry names; the shared ones are in flwr_sheaf.protocol)
+# its message vocabulary (record and config-entry names; the core's are in flwr_sheaf.protocol,
+# those several methods share in flwr_sheaf.methods._shared.protocol)
 #: FedMuscle: the network averages a node pulls its pilot representations toward (keys below).
 MUSCLE_TARGETS = "muscle-targets"
+#: a node's pooled pilot representations ``(K, D)`` (in its ``upload``) and the targets ``(K, D)`` it
+#: receives in :data:`MUSCLE_TARGETS`: the mean of the other agents' and of all agents' representations.
+PILOT_REPS = "pilot-reps"
+TARGET_OTHERS = "others"
+TARGET_ALL = "all"
 
 from ..registry import Method, graph_args, register  # noqa: E402
 from .client import register_fedmuscle_handlers  # noqa: E402

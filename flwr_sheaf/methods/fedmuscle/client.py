@@ -26,21 +26,18 @@ from ...client.task import LocalTask, StalkModel, TaskFactory
 from ...config import LocalTrainConfig
 from ...protocol import (
     CONFIG,
-    PILOT_REPS,
     SERVER_ROUND,
-    TARGET_ALL,
-    TARGET_OTHERS,
     TRAIN,
-    UPLOAD,
     ProtocolError,
     array_record,
     as_int,
     message_type,
     pack_arrays,
 )
+from .._shared.protocol import UPLOAD
 from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import feature_pool, latent_and_logits
-from . import ACTION, MUSCLE_TARGETS
+from . import ACTION, MUSCLE_TARGETS, PILOT_REPS, TARGET_ALL, TARGET_OTHERS
 from .config import FedMuscleConfig
 from .maths import is_contrastive_epoch, muscle_loss
 

@@ -24,19 +24,12 @@ import torch
 from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
-from ...protocol import (
-    FEATURE_DIM,
-    PILOT_REPS,
-    TARGET_ALL,
-    TARGET_OTHERS,
-    UPLOAD,
-    array_record,
-    pack_arrays,
-)
+from ...protocol import array_record, pack_arrays
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
+from .._shared.protocol import FEATURE_DIM, UPLOAD
 from .._shared.prototype_aggregation import common_dimension
-from . import ACTION, MUSCLE_TARGETS
+from . import ACTION, MUSCLE_TARGETS, PILOT_REPS, TARGET_ALL, TARGET_OTHERS
 from .config import FedMuscleConfig
 from .maths import is_contrastive_epoch, leave_one_out_means
 

@@ -1,7 +1,7 @@
 """FedProto on the client (Tan et al., AAAI 2022; docs/baselines-prototypes.md): prototype loss plug-in and handlers.
 
 Per ``train.fedproto`` message a node receives the global prototypes (record ``global-prototypes``,
-:func:`flwr_sheaf.protocol.pack_prototypes`; absent before the first aggregation) and trains
+:func:`flwr_sheaf.methods._shared.protocol.pack_prototypes`; absent before the first aggregation) and trains
 ``local-epochs`` epochs of
 
     CE(h_i(f_i(x)), y) + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)
@@ -27,18 +27,13 @@ from ...client.common import eval_latents, from_numpy, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
-from ...protocol import (
-    CONFIG,
-    EVALUATE,
+from ...protocol import CONFIG, EVALUATE, TRAIN, array_record, message_type, required
+from .._shared.protocol import (
     FEATURE_DIM,
     GLOBAL_PROTOTYPES,
     NUM_CLASSES,
-    TRAIN,
     UPLOAD,
-    array_record,
-    message_type,
     pack_prototypes,
-    required,
     unpack_prototypes,
 )
 from .._shared.prototypes import (

@@ -25,7 +25,8 @@ from flwr.clientapp import ClientApp
 from ...client.handlers import register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory
-from ...protocol import CONFIG, NUM_CLASSES, TRAIN, ProtocolError, message_type, required
+from ...protocol import CONFIG, TRAIN, ProtocolError, message_type, required
+from .._shared.protocol import NUM_CLASSES
 from .._shared.prototypes import PoolingAdapter
 from ..fedproto.client import FedProtoClient, feature_pool, latent_and_logits, received_prototypes
 from . import ACTION

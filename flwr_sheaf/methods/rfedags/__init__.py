@@ -31,13 +31,14 @@ from ...config import (  # noqa: E402
     parse_str,
     section,
 )
-from ...protocol import POINT, pack_arrays  # noqa: E402
+from ...protocol import pack_arrays  # noqa: E402
 from ..registry import Method, register  # noqa: E402
 from .baselines import BASELINES  # noqa: E402
 from .baselines_strategy import RFedBaseline  # noqa: E402
 from .client import ProblemClient, register_rfedags_baseline_handlers, register_rfedags_handlers  # noqa: E402,F401
 from .frechet import commuting_spd_problem, symmetric_poincare_problem  # noqa: E402
 from .pca import planted_pca_problem, subspace_distance  # noqa: E402
+from .protocol import POINT  # noqa: E402
 from .strategy import RFedAGS  # noqa: E402
 
 PROBLEMS = ("pca", "spd", "poincare")

@@ -5,11 +5,11 @@ beside a user's default ``train``/``evaluate``:
 
 - ``query.rfedags``: discovery reply (partition-id, num-partitions, point size, num-examples);
 - ``train.rfedags``: receive the server point ``x_t`` (record ``arrays``, key
-  :data:`flwr_sheaf.protocol.POINT`, float64) and a ``ConfigRecord`` (``server-round``,
+  :data:`flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and a ``ConfigRecord`` (``server-round``,
   ``local-steps`` K, ``step-size`` alpha_t, ``minibatch-size``, ``seed``; all required), run the
   RFedAGS client loop (docs/baselines-rfedags.md) (:func:`flwr_sheaf.methods.rfedags.local.local_gradient_stream`)
   and reply with the gradient stream ``zeta in T_{x_t} M`` (record ``stream``, key
-  :data:`flwr_sheaf.protocol.STREAM`, float64, same shape as ``x``) and a ``MetricRecord``
+  :data:`flwr_sheaf.methods.rfedags.protocol.STREAM`, float64, same shape as ``x``) and a ``MetricRecord``
   (``num-examples``, ``tangent-error``, ``local-cost-start``).
 
 The client never uploads its end point. It keeps no module-level state: the only per-node state is a
@@ -30,24 +30,11 @@ from ...client.reference import travel_by_reference
 from ...protocol import (
     ARRAYS,
     CONFIG,
-    CORRECTION,
-    ENDPOINT,
-    FULL_GRADIENT,
     INFO,
-    LOCAL_STEPS,
-    MEAN_GRADIENT,
     METRICS,
-    MINIBATCH_SIZE,
     NUM_EXAMPLES,
-    PHASE,
-    PHASE_GRADIENT,
-    PHASE_LOCAL,
-    POINT,
     SEED,
     SERVER_ROUND,
-    STEP_SIZE,
-    STREAM,
-    STREAM_RECORD,
     NodeInfo,
     ProtocolError,
     array_record,
@@ -61,6 +48,21 @@ from .baselines import BASELINES, projection_local_steps, svrg_local_steps
 from .local import local_gradient_stream
 from .manifolds import Manifold
 from .pca import PCAProblem, batch_indices
+from .protocol import (
+    CORRECTION,
+    ENDPOINT,
+    FULL_GRADIENT,
+    LOCAL_STEPS,
+    MEAN_GRADIENT,
+    MINIBATCH_SIZE,
+    PHASE,
+    PHASE_GRADIENT,
+    PHASE_LOCAL,
+    POINT,
+    STEP_SIZE,
+    STREAM,
+    STREAM_RECORD,
+)
 
 __all__ = [
     "RFedAGSLocalProblem",
@@ -340,18 +342,18 @@ def register_rfedags_baseline_handlers(
     """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines-rfedags.md, s5).
 
     ``train.<m>`` reads the config of RFedAGS (``server-round``, ``local-steps``, ``step-size``,
-    ``minibatch-size``, ``seed``) plus ``phase``, and the point ``x`` (:data:`~flwr_sheaf.protocol.POINT`):
+    ``minibatch-size``, ``seed``) plus ``phase``, and the point ``x`` (:data:`~flwr_sheaf.methods.rfedags.protocol.POINT`):
 
     - ``rfedavg``: K local Riemannian SGD steps from ``x`` (:func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`);
-      reply: the end point (:data:`~flwr_sheaf.protocol.ENDPOINT`).
+      reply: the end point (:data:`~flwr_sheaf.methods.rfedags.protocol.ENDPOINT`).
     - ``rfedsvrg``, phase ``"gradient"``: reply the Riemannian gradient of ``f_i`` at ``x`` on the full
-      local data (:data:`~flwr_sheaf.protocol.STREAM`); phase ``"local"``: with the server gradient
-      :data:`~flwr_sheaf.protocol.FULL_GRADIENT`, K variance-reduced steps
+      local data (:data:`~flwr_sheaf.methods.rfedags.protocol.STREAM`); phase ``"local"``: with the server gradient
+      :data:`~flwr_sheaf.methods.rfedags.protocol.FULL_GRADIENT`, K variance-reduced steps
       (:func:`~flwr_sheaf.methods.rfedags.baselines.svrg_local_steps`); reply: the end point.
     - ``rfedproj``: ``x`` is the server's ambient point; with the correction
-      :data:`~flwr_sheaf.protocol.CORRECTION`, K projected steps
+      :data:`~flwr_sheaf.methods.rfedags.protocol.CORRECTION`, K projected steps
       (:func:`~flwr_sheaf.methods.rfedags.baselines.projection_local_steps`); reply: ambient end point and mean
-      gradient (:data:`~flwr_sheaf.protocol.MEAN_GRADIENT`).
+      gradient (:data:`~flwr_sheaf.methods.rfedags.protocol.MEAN_GRADIENT`).
 
     Every reply's ``metrics`` has ``num-examples``. The handlers raise (-> Flower error reply, the
     server records that node's failure) on a missing array or config key, a wrong shape, a point off

@@ -6,7 +6,7 @@ Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md). Per 
    responding set ``S_t`` is drawn per partition-id as independent Bernoulli(p_i)
    (the shared :class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``;
    Flower's own sampling is uniform, i.e. the paper's Scheme I, so it is not used). Each drawn node
-   gets ``x_t`` (record ``arrays``, key :data:`flwr_sheaf.protocol.POINT`, float64) and a
+   gets ``x_t`` (record ``arrays``, key :data:`flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and a
    ``ConfigRecord`` with ``server-round``, ``local-steps`` (K), ``step-size`` (alpha_t),
    ``minibatch-size`` and ``seed``.
 2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
@@ -38,16 +38,10 @@ from ...participation import DEFAULT_Q_MIN, ESTIMATORS, ParticipationSampler, pa
 from ...protocol import (
     ARRAYS,
     CONFIG,
-    LOCAL_STEPS,
     METRICS,
-    MINIBATCH_SIZE,
     NUM_EXAMPLES,
-    POINT,
     SEED,
     SERVER_ROUND,
-    STEP_SIZE,
-    STREAM,
-    STREAM_RECORD,
     TRAIN,
     array_record,
     as_float,
@@ -61,6 +55,7 @@ from . import ACTION
 from .aggregation import MODES, RFedAGSServer
 from .local import step_size_schedule
 from .manifolds import Manifold, Sphere, Stiefel
+from .protocol import LOCAL_STEPS, MINIBATCH_SIZE, POINT, STEP_SIZE, STREAM, STREAM_RECORD
 
 __all__ = [
     "RFEDAGS_DEFAULTS",

@@ -2,9 +2,10 @@
 
 ACTION = "sheaf_fmtl"
 
-# its message vocabulary (record and config-entry names; the shared ones are in flwr_sheaf.protocol)
+# its message vocabulary (record and config-entry names; the core's are in flwr_sheaf.protocol,
+# those several methods share in flwr_sheaf.methods._shared.protocol)
 #: Sheaf-FMTL: the neighbours' projected parameters ``P_ji theta_j`` (key ``str(j)``, shape ``(d_ij,)``)
-#: in a train message; a train reply's :data:`~flwr_sheaf.protocol.UPLOAD` holds the node's own ``P_ij theta_i`` the same way.
+#: in a train message; a train reply's :data:`~flwr_sheaf.methods._shared.protocol.UPLOAD` holds the node's own ``P_ij theta_i`` the same way.
 SHEAF_FMTL_PROJECTIONS = "sheaf-fmtl-projections"
 #: Sheaf-FMTL config entries: the node's neighbours, the edge dimensions d_ij (same order) and the
 #: trainable-parameter count n_i the server assumed (the node checks it against its model).

@@ -35,13 +35,13 @@ from ...protocol import (
     CONFIG,
     SEED,
     TRAIN,
-    UPLOAD,
     ProtocolError,
     array_record,
     message_type,
     pack_arrays,
     required,
 )
+from .._shared.protocol import UPLOAD
 from . import (
     ACTION,
     SHEAF_FMTL_DIMS,

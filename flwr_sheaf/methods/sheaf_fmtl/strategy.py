@@ -21,13 +21,10 @@ import numpy as np
 from flwr.app import Message
 
 from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig
-from ...protocol import (
-    UPLOAD,
-    array_record,
-    pack_arrays,
-)
+from ...protocol import array_record, pack_arrays
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
+from .._shared.protocol import UPLOAD
 from . import (
     ACTION,
     SHEAF_FMTL_DIMS,

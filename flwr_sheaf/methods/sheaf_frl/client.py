@@ -52,28 +52,15 @@ from ...config import DEFAULTS
 from ...protocol import (
     CONFIG,
     LOW_VARIANCE_FRACTION,
-    OWN_PILOTS,
-    PILOT_DESCRIBE,
-    PILOT_FEATURES,
-    PILOT_INDEX_DIGEST,
-    PILOT_LABELS,
-    PILOT_PUBLIC,
-    PILOT_SELECTION,
-    PILOTS,
     SEED,
     STRINGENT_EVAL_ARRAYS,
     STRINGENT_EVAL_LABELS,
-    SVDS,
-    TRANSPORTED,
     EdgeConfig,
     ProtocolError,
     array_record,
     as_int,
-    index_digest,
     pack_arrays,
     required,
-    unpack_neighbour_pilots,
-    unpack_pilot_selection,
 )
 from ...sheaf import EdgeTerm, check_pilots
 from ...sheaf.gluing import gluing_penalty_terms
@@ -95,6 +82,21 @@ from ...sheaf.variants import (
 )
 from . import ACTION
 from .config import SheafConfig
+from .protocol import (
+    OWN_PILOTS,
+    PILOT_DESCRIBE,
+    PILOT_FEATURES,
+    PILOT_INDEX_DIGEST,
+    PILOT_LABELS,
+    PILOT_PUBLIC,
+    PILOT_SELECTION,
+    PILOTS,
+    SVDS,
+    TRANSPORTED,
+    index_digest,
+    unpack_neighbour_pilots,
+    unpack_pilot_selection,
+)
 
 __all__ = [
     "SheafGluing",
@@ -531,7 +533,7 @@ def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
     """The pilot selection of a ``train.sheaf`` message (None when it carries none: every pilot).
 
     Raises:
-        ProtocolError: a selection record without the config's :data:`~flwr_sheaf.protocol.PILOT_INDEX_DIGEST`
+        ProtocolError: a selection record without the config's :data:`~flwr_sheaf.methods.sheaf_frl.protocol.PILOT_INDEX_DIGEST`
             (or the reverse), or indices whose digest differs from it (both keys named).
     """
     cfg = msg.content[CONFIG]
@@ -552,7 +554,7 @@ def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
 
 
 def describe_pilots(task: LocalTask, what: str):
-    """Record :data:`~flwr_sheaf.protocol.PILOT_PUBLIC`: the shared pilots' labels (``what="class"``) or
+    """Record :data:`~flwr_sheaf.methods.sheaf_frl.protocol.PILOT_PUBLIC`: the shared pilots' labels (``what="class"``) or
     public features (``"cluster"``: :func:`flwr_sheaf.sheaf.pilots.public_pilot_features` of the raw inputs).
 
     Raises:

@@ -21,8 +21,15 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from ...protocol import (
-    METRICS,
+from ...protocol import METRICS, array_record, as_int, metric_record
+from ...sheaf.pilots import (
+    PilotSampler,
+    PilotSelection,
+    apply_selection,
+    parse_pilot_strategy,
+    pilot_mismatch,
+)
+from .protocol import (
     OWN_PILOTS,
     PILOT_DESCRIBE,
     PILOT_FEATURES,
@@ -32,17 +39,7 @@ from ...protocol import (
     PILOT_SELECTION,
     PILOTS,
     TRANSPORTED,
-    array_record,
-    as_int,
     index_digest,
-    metric_record,
-)
-from ...sheaf.pilots import (
-    PilotSampler,
-    PilotSelection,
-    apply_selection,
-    parse_pilot_strategy,
-    pilot_mismatch,
 )
 
 __all__ = ["PilotSelector", "upload_problem"]
@@ -62,7 +59,7 @@ class PilotSelector:
         spec: the parsed strategy; sampler: its sampler (None until it can be built);
         public: the accepted pilot description (labels or public features), if any;
         selection: this round's selection (None under ``all`` or while the description is missing);
-        digest: its :func:`~flwr_sheaf.protocol.index_digest` (0 without a selection).
+        digest: its :func:`~flwr_sheaf.methods.sheaf_frl.protocol.index_digest` (0 without a selection).
     """
 
     def __init__(self, pilot_strategy: str, seed: int) -> None:

@@ -60,19 +60,7 @@ from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...participation import FrequencyEstimator
-from ...protocol import (
-    METRICS,
-    PILOT_DESCRIBE,
-    PILOT_INDEX_DIGEST,
-    PILOT_PUBLIC,
-    PILOT_SELECTION,
-    PILOTS,
-    SEED,
-    SVDS,
-    TRANSPORTED,
-    pack_neighbour_pilots,
-    pack_pilot_selection,
-)
+from ...protocol import METRICS, SEED
 from ...sheaf.network import orient_edge
 from ...sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
 from ...strategy.agents import edge_config, oriented_edges
@@ -81,6 +69,17 @@ from ...strategy.graph import GraphStrategy
 from ...strategy.records import nanmean, record_bytes
 from . import ACTION
 from .config import SheafConfig
+from .protocol import (
+    PILOT_DESCRIBE,
+    PILOT_INDEX_DIGEST,
+    PILOT_PUBLIC,
+    PILOT_SELECTION,
+    PILOTS,
+    SVDS,
+    TRANSPORTED,
+    pack_neighbour_pilots,
+    pack_pilot_selection,
+)
 from .selection import PilotSelector, upload_problem
 
 __all__ = ["SheafFRL"]
