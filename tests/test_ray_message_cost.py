@@ -181,3 +181,23 @@ def test_the_stalk_check_runs_once_per_architecture_and_still_refuses_a_wrong_wi
     real_latent = type(patched.model).latent.__get__(patched.model)
     with pytest.raises(ValueError, match="partition-id 1"):
         handlers.check_stalk_protocol_once(patched, 1)
+
+
+def test_a_discovery_query_leaves_the_nodes_context_as_it_found_it():
+    """Flower's Ray engine ships each node's ``Context`` (``state`` included) to the ClientApp actor
+    and back with every message: the discovery query stores nothing in it, so what travels is what a
+    fresh SuperNode's Context holds (run config and node config), not the node's model or pilots
+    (docs/performance-ray.md, "Against Flower's floor": 2.1 KB, of which 1.8 KB is the run config)."""
+    from flwr_sheaf.config import FederationConfig
+    from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+    from flwr_sheaf.testing import LocalGrid
+
+    rc = {"zoo": "tiny-4", "num-pilots": 64, "seed": 3}
+    grid = LocalGrid(bundled_app, 4, run_config=rc)
+    strategy = SheafFRL(num_nodes=4, federation=FederationConfig(graph="ring", seed=3))
+    strategy.discover(grid, timeout=5)
+    assert len(strategy.nodes) == 4  # every node answered its query
+    for i, node_id in enumerate(grid.node_ids):
+        context = grid.contexts[node_id]
+        assert dict(context.state) == {}, f"partition-id {i}: {list(context.state)}"
+        assert len(pickle.dumps(context)) == len(pickle.dumps(grid.fresh_context(i)))
