@@ -669,6 +669,7 @@ KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
 """Every run-config key, by name (the single definition of each default)."""
 DEFAULTS: dict[str, Any] = {k.name: k.default for k in _KEY_LIST}
 """``{name: default}`` (what ``pyproject.toml`` lists)."""
+del _KEY_LIST  # KEYS is the one key list (declare_default_method replaces an entry there)
 
 
 def register_keys(*keys: Key) -> tuple[str, ...]:
@@ -704,7 +705,6 @@ def declare_default_method(name: str) -> None:
     key = replace(KEYS["method"], default=name)
     key(name)
     KEYS["method"] = key
-    _KEY_LIST[[k.name for k in _KEY_LIST].index("method")] = key
     DEFAULTS["method"] = name
 
 
@@ -1344,7 +1344,7 @@ def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
 def _check_defaults() -> None:
     """Import-time guard: every default passes its own check (``method``'s once a unit declares it,
     :func:`declare_default_method`) and every field names a known key."""
-    for k in _KEY_LIST:
+    for k in KEYS.values():
         if k.name != "method":
             k(k.default)
     for cls in (

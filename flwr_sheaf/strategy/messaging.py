@@ -117,8 +117,8 @@ def send_and_receive(
                 slot = pending.pop(r.metadata.reply_to_message_id, None)
                 if slot is not None:
                     replies[slot[0]] = r
+                    busy -= now - slot[1] < stale  # a stale message no longer held a slot
                     longest = max(longest, time.monotonic() - slot[1])
-                    busy -= 1
         if (not pending and sent == len(msgs)) or time.monotonic() >= deadline:
             break
         if busy >= window or sent == len(msgs):
