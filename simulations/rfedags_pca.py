@@ -39,7 +39,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.clientapp import ClientApp
 
 from flwr_sheaf.methods.rfedags.aggregation import effective_weights_uncorrected
-from flwr_sheaf.methods.rfedags.client import pca_problem_factory, register_rfedags_handlers
+from flwr_sheaf.methods.rfedags.client import problem_factory, register_rfedags_handlers
 from flwr_sheaf.methods.rfedags.local import step_size_schedule
 from flwr_sheaf.methods.rfedags.pca import (
     PCAProblem,
@@ -70,7 +70,7 @@ def run_one(
     estimator: str = "plus-one",
 ) -> dict:
     """One Flower run; returns per-round gap / distances and timing (``estimator``: of the corrected mode)."""
-    app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
+    app = register_rfedags_handlers(ClientApp(), problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients)
     strat = RFedAGS(
         prob.num_clients,

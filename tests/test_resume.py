@@ -28,7 +28,7 @@ from flwr_sheaf.client.state import (
     state_files,
 )
 from flwr_sheaf.config import ConfigError
-from flwr_sheaf.methods.rfedags.client import pca_problem_factory, register_rfedags_handlers
+from flwr_sheaf.methods.rfedags.client import problem_factory, register_rfedags_handlers
 from flwr_sheaf.methods.rfedags.pca import synthetic_pca_problem
 from flwr_sheaf.methods.rfedags.strategy import RFedAGS
 from flwr_sheaf.strategy.checkpoint import Checkpointer, load_checkpoint
@@ -367,7 +367,7 @@ def test_rfedags_checkpoint_restores_point_estimates_and_history(tmp_path):
     p = [0.3, 0.9, 0.6, 0.5]
 
     def run(rounds, ckpt):
-        app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
+        app = register_rfedags_handlers(ClientApp(), problem_factory(prob))
         s = RFedAGS(4, p, mode="corrected", local_steps=2, step_size=0.05, seed=4)
         s.checkpointer = ckpt
         res = s.start(LocalGrid(app, 4), ArrayRecord({"x": Array(x0)}), num_rounds=rounds)

@@ -16,8 +16,8 @@ from flwr.clientapp import ClientApp
 
 from flwr_sheaf.methods.rfedags.client import (
     STATE_KEY,
-    PCAClientProblem,
-    pca_problem_factory,
+    ProblemClient,
+    problem_factory,
     register_rfedags_handlers,
 )
 from flwr_sheaf.methods.rfedags.local import local_gradient_stream
@@ -43,7 +43,7 @@ def qr_retr_oracle(x, u):
 
 
 def run_flower(prob, p, mode, rounds, x0, drop=None, **kw):
-    app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
+    app = register_rfedags_handlers(ClientApp(), problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients, drop=drop)
     strat = RFedAGS(prob.num_clients, p, mode=mode, **kw)
     traj = {}
@@ -132,7 +132,7 @@ def test_minibatch_run_equals_reference_run():
     assert b.shape == (4, 8) and all(len(set(row)) == 8 for row in b)
 
 
-class FailingPCAClient(PCAClientProblem):
+class FailingPCAClient(ProblemClient):
     """PCA client whose local phase raises in chosen (round, partition-id) pairs."""
 
     fail: frozenset = frozenset()
@@ -200,7 +200,7 @@ def test_silent_and_failing_nodes_are_non_responders():
 def test_an_unusable_reply_is_that_nodes_failure_and_the_others_are_aggregated(mode, bad):
     prob, p = planted_pca_problem(seed=3)
     x0 = prob.manifold.random_point(np.random.default_rng(1))
-    app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
+    app = register_rfedags_handlers(ClientApp(), problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients)
     real, corrupted = grid.app, set()
 
@@ -267,7 +267,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="expected num_nodes=3"):
         RFedAGS(3, [0.5, 0.5])
     # an off-manifold point: the strategy refuses to start
-    app = register_rfedags_handlers(ClientApp(), pca_problem_factory(prob))
+    app = register_rfedags_handlers(ClientApp(), problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients)
     strat = RFedAGS(prob.num_clients, p)
     with pytest.raises(ValueError, match="off Stiefel"):

@@ -1,20 +1,5 @@
-"""RFedAGS ClientApp handlers: K local Riemannian SGD steps, upload the transported gradient stream.
-
-``register_rfedags_handlers(app, problem_factory)`` adds, under their own action names so they sit
-beside a user's default ``train``/``evaluate``:
-
-- ``query.rfedags``: discovery reply (partition-id, num-partitions, point size, num-examples);
-- ``train.rfedags``: receive the server point ``x_t`` (record ``arrays``, key
-  :data:`flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and a ``ConfigRecord`` (``server-round``,
-  ``local-steps`` K, ``step-size`` alpha_t, ``minibatch-size``, ``seed``; all required), run the
-  RFedAGS client loop (docs/baselines-rfedags.md) (:func:`flwr_sheaf.methods.rfedags.local.local_gradient_stream`)
-  and reply with the gradient stream ``zeta in T_{x_t} M`` (record ``stream``, key
-  :data:`flwr_sheaf.methods.rfedags.protocol.STREAM`, float64, same shape as ``x``) and a ``MetricRecord``
-  (``num-examples``, ``tangent-error``, ``local-cost-start``).
-
-The client never uploads its end point. It keeps no module-level state: the only per-node state is a
-small ``MetricRecord`` ``"rfedags.meta"`` in ``context.state`` (rounds trained, last round).
-"""
+"""ClientApp handlers of the RFedAGS family (``query.<m>``, ``train.<m>``; docs/baselines-rfedags.md, s5)
+and the node-side view of a federated problem (:class:`ProblemClient`). No module-level state."""
 
 from __future__ import annotations
 
@@ -47,7 +32,7 @@ from . import ACTION
 from .baselines import BASELINES, projection_local_steps, svrg_local_steps
 from .local import local_gradient_stream
 from .manifolds import Manifold
-from .pca import PCAProblem, batch_indices
+from .pca import batch_indices
 from .protocol import (
     CORRECTION,
     ENDPOINT,
@@ -66,9 +51,7 @@ from .protocol import (
 
 __all__ = [
     "RFedAGSLocalProblem",
-    "PCAClientProblem",
     "ProblemClient",
-    "pca_problem_factory",
     "problem_factory",
     "register_rfedags_handlers",
     "register_rfedags_baseline_handlers",
@@ -122,62 +105,11 @@ class FederatedProblem(Protocol):
 
 
 @dataclass
-class PCAClientProblem:
-    """Client ``client`` of a :class:`~flwr_sheaf.methods.rfedags.pca.PCAProblem` (``f_i(X) = -tr(X^T A_i X)``).
-
-    Config keys read by :meth:`gradient_oracle` (both required): ``minibatch-size`` (0 = exact
-    gradient ``-2 A_i X``) and ``seed`` (mini-batch seed); batches come from
-    :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices` so they match :func:`~flwr_sheaf.methods.rfedags.pca.run_pca_reference`.
-    """
-
-    problem: PCAProblem
-    client: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.client < self.problem.num_clients:
-            raise ValueError(
-                f"partition-id {self.client} has no PCA data (problem has {self.problem.num_clients} clients)"
-            )
-        self.manifold = self.problem.manifold
-        s = self.problem.samples
-        self.num_examples = int(s.shape[1]) if s is not None else 1
-
-    def gradient_oracle(
-        self, server_round: int, num_steps: int, config: Mapping
-    ) -> Callable[[np.ndarray, int], np.ndarray]:
-        """``egrad(X, k)`` for one round: exact ``-2 A_i X`` or mini-batch ``-(2/B) Z_b^T Z_b X``.
-
-        Raises:
-            ValueError: ``minibatch-size`` > 0 on a problem without samples, or out of range.
-        """
-        b = int(config[MINIBATCH_SIZE])
-        c = [self.client]
-        if b <= 0:
-            return lambda x, k: self.problem.local_egrads(x, c)[0]
-        if self.problem.samples is None:
-            raise ValueError(f"minibatch-size={b} requested but the PCA problem has no samples")
-        idx = batch_indices(
-            int(config[SEED]),
-            server_round,
-            self.client,
-            num_steps,
-            self.problem.samples.shape[1],
-            b,
-        )
-        return lambda x, k: self.problem.minibatch_egrads(x, c, idx[k : k + 1])[0]
-
-    def local_cost(self, x: np.ndarray) -> float:
-        """``f_i(X) = -tr(X^T A_i X)``."""
-        a = self.problem.covariances[self.client]
-        return float(-np.sum(x * (a @ x)))
-
-
-@dataclass
 class ProblemClient:
     """Client ``client`` of any federated problem of ``tests/oracles/rfedags_runner.py`` (PCA, Fréchet means).
 
-    Reads the same config keys as :class:`PCAClientProblem` (``minibatch-size``, ``seed``) and draws the
-    same batches (:func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`), so a Flower run equals
+    Reads the config keys ``minibatch-size`` (0 = exact gradients) and ``seed``, and draws the
+    batches of :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`, so a Flower run equals
     ``run_federated`` of ``tests/oracles/rfedags_runner.py`` on the same inputs.
 
     Raises:
@@ -230,15 +162,6 @@ def problem_factory(problem) -> Callable[[Context], ProblemClient]:
     return factory
 
 
-def pca_problem_factory(problem: PCAProblem) -> Callable[[Context], PCAClientProblem]:
-    """``factory(context)`` giving each node the PCA client of its ``partition-id`` (shared read-only data)."""
-
-    def factory(context: Context) -> PCAClientProblem:
-        return PCAClientProblem(problem, int(context.node_config["partition-id"]))
-
-    return factory
-
-
 def _register_query(
     app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
 ) -> None:
@@ -257,25 +180,53 @@ def _register_query(
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
 
+def _round_inputs(
+    msg: Message, action: str, keys: tuple[str, ...]
+) -> tuple[Mapping[str, object], int, float, int]:
+    """The ``train`` message's config (``ProtocolError`` when one of ``keys`` is missing) and its
+    ``(local-steps K, step-size alpha_t, server-round)``."""
+    cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
+    for key in keys:
+        if key not in cfg:
+            raise ProtocolError(f"train.{action} config lacks {key!r}")
+    return (
+        cfg,
+        as_int(cfg[LOCAL_STEPS], LOCAL_STEPS),
+        as_float(cfg[STEP_SIZE], STEP_SIZE),
+        as_int(cfg[SERVER_ROUND], SERVER_ROUND),
+    )
+
+
+_KEYS = (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED)
+
+
 def register_rfedags_handlers(
     app: ClientApp,
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = ACTION,
 ) -> ClientApp:
-    """Register the RFedAGS handlers on a (possibly existing) ``ClientApp`` (client loop, docs/baselines-rfedags.md).
+    """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, docs/baselines-rfedags.md, s5)
+    on a (possibly existing) ``ClientApp``; its own handlers are untouched.
+
+    ``train.<action>`` reads the point ``x_t`` (:data:`~flwr_sheaf.methods.rfedags.protocol.POINT`,
+    float64) and the config ``server-round``, ``local-steps`` K, ``step-size`` alpha_t,
+    ``minibatch-size``, ``seed``; runs :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`
+    and replies with the stream ``zeta in T_{x_t} M`` (:data:`~flwr_sheaf.methods.rfedags.protocol.STREAM`,
+    shape of ``x``) and ``num-examples``, ``tangent-error``, ``local-cost-start``. The end point is never
+    uploaded; the node keeps only ``context.state[STATE_KEY]`` (rounds trained, last round).
 
     Args:
-        app: the ClientApp to extend; its own handlers are untouched.
+        app: the ClientApp to extend.
         problem_factory: builds the node's :class:`RFedAGSLocalProblem` from its ``Context`` (called
             per message; cache heavy data outside the node state, read-only).
-        action: action name; ``query.<action>`` and ``train.<action>`` are routed here.
+        action: action name.
 
     Returns:
         ``app`` (for chaining).
 
     The train handler raises (-> Flower error reply, state rolled back) on: a missing ``"x"`` array,
-    a point of the wrong shape or off the manifold (``||X^T X - I|| > 1e-8``), missing/invalid
-    ``local-steps`` / ``step-size``, or non-finite gradients.
+    a point of the wrong shape, non-finite or off the manifold (tolerance 1e-8), a missing/invalid
+    config entry, or non-finite gradients.
     """
 
     _register_query(app, problem_factory, action)
@@ -283,29 +234,12 @@ def register_rfedags_handlers(
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
         prob = problem_factory(context)
-        if ARRAYS not in msg.content or POINT not in msg.content[ARRAYS]:
-            raise ProtocolError(
-                f"train.{action} message has no ArrayRecord {ARRAYS!r} with key {POINT!r}"
-            )
-        x = np.array(array_record(msg.content, ARRAYS)[POINT].numpy(), dtype=np.float64)
         man = prob.manifold
-        if x.shape != tuple(man.point_shape):
-            raise ValueError(f"server point has shape {x.shape}, expected {tuple(man.point_shape)}")
+        x = _array(msg, POINT, tuple(man.point_shape), action)
         man.check_point(x, atol=1e-8)
-        cfg: Mapping[str, object] = (
-            config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
-        )
-        for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED):
-            if key not in cfg:
-                raise ProtocolError(f"train.{action} config lacks {key!r}")
-        k_steps, alpha, rnd = (
-            as_int(cfg[LOCAL_STEPS], LOCAL_STEPS),
-            as_float(cfg[STEP_SIZE], STEP_SIZE),
-            as_int(cfg[SERVER_ROUND], SERVER_ROUND),
-        )
+        cfg, k_steps, alpha, rnd = _round_inputs(msg, action, _KEYS)
         oracle = prob.gradient_oracle(rnd, k_steps, cfg)
-        stream = local_gradient_stream(man, x, oracle, k_steps, alpha)
-        zeta = stream.zeta
+        zeta = local_gradient_stream(man, x, oracle, k_steps, alpha).zeta
         meta = (
             context.state[STATE_KEY]
             if STATE_KEY in context.state
@@ -400,12 +334,7 @@ def _register_baseline_train(
         prob = problem_factory(context)
         man = prob.manifold
         shape = tuple(man.point_shape)
-        cfg: Mapping[str, object] = (
-            config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
-        )
-        for key in (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED, PHASE):
-            if key not in cfg:
-                raise ProtocolError(f"train.{action} config lacks {key!r}")
+        cfg, k_steps, alpha, rnd = _round_inputs(msg, action, (*_KEYS, PHASE))
         phase = str(cfg[PHASE])
         if phase not in (PHASE_GRADIENT, PHASE_LOCAL) or (
             phase == PHASE_GRADIENT and action != "rfedsvrg"
@@ -414,11 +343,6 @@ def _register_baseline_train(
         x = _array(msg, POINT, shape, action)
         if action != "rfedproj":
             man.check_point(x, atol=1e-8)
-        k_steps, alpha, rnd = (
-            as_int(cfg[LOCAL_STEPS], LOCAL_STEPS),
-            as_float(cfg[STEP_SIZE], STEP_SIZE),
-            as_int(cfg[SERVER_ROUND], SERVER_ROUND),
-        )
         upload: dict[str, np.ndarray] = {}
         if phase == PHASE_GRADIENT:
             exact = prob.gradient_oracle(rnd, 1, {MINIBATCH_SIZE: 0, SEED: cfg[SEED]})

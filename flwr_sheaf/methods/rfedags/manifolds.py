@@ -1,36 +1,15 @@
-"""Manifolds for RFedAGS and its baselines: Stiefel ``St(d, r)``, the unit sphere ``S^{n-1}``, the SPD
-cone ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c`` (numpy, float64).
+"""Manifolds for RFedAGS and its baselines (numpy in, float64 out): Stiefel ``St(d, r)``, the sphere
+``S^{n-1}``, ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c``.
 
-The algorithms (:mod:`~flwr_sheaf.methods.rfedags.local`, :mod:`~flwr_sheaf.methods.rfedags.aggregation`,
-:mod:`~flwr_sheaf.methods.rfedags.baselines`) only call the operations of :class:`Manifold` and never branch on
-which manifold they run on. SPD and the Poincaré ball are the RFedAGS paper's Fréchet-mean and
-hyperbolic problems (docs/baselines-rfedags.md, s5.4: Manopt ``sympositivedefinitefactory`` / ``hyperbolicfactory``
-with the exponential map as retraction, its inverse the logarithm, parallel transport); both are
-geoopt's operators (``SymmetricPositiveDefinite("AIM")``, ``PoincareBall``) evaluated as numpy closed
-forms for speed and tested against geoopt itself.
-
-The geometry is delegated to ``geoopt`` (a maintained library) after checking that it matches the
-operators of the RFedAGS authors' code (Manopt defaults; docs/baselines-rfedags.md, s5.4):
-
-* Stiefel: ``geoopt.EuclideanStiefel`` (NOT ``geoopt.Stiefel()``, which defaults to the canonical
-  metric and the Cayley retraction). Its tangent projection is ``U - X sym(X^T U)``, its retraction
-  is ``qf(X + U)`` with the columns of ``Q`` multiplied by ``sign(diag R)`` (``sign(0) := +1``) so that
-  ``R_X(0) = X``, and its vector transport is the projection onto the target tangent space:
-  identical to Manopt's ``stiefelfactory`` (``qr_unique`` retraction, projection ``transp``).
-* Sphere: ``geoopt.Sphere`` gives the normalisation retraction ``(x + u)/||x + u||`` and the
-  projection transport (Manopt ``spherefactory`` defaults). The authors' MNIST sphere experiment
-  overrode these with the exponential map and parallel transport; both are offered as options
-  (``retraction="exp"`` uses ``geoopt.Sphere.expmap``; ``transport="parallel"`` is a 3-line closed
-  form implemented here because geoopt has no sphere parallel transport).
-
-Arrays are numpy; every operation casts its inputs to float64 and returns float64. Leading batch
-axes broadcast (``(..., d, r)`` for Stiefel, ``(..., n)`` for the sphere), which lets one call run
-the local steps of many clients at once. Points are never re-validated inside the hot loop; use
-:meth:`Stiefel.check_point` / :meth:`Sphere.check_point` when a check is wanted.
-
-Sign and metric conventions: the metric is the Euclidean one inherited from the embedding space
-(``<U, V> = tr(U^T V)``), so the Riemannian gradient is the tangent projection of the Euclidean
-gradient (``grad f = P_x(nabla f)``, standard for embedded submanifolds; docs/baselines-rfedags.md, s5.2).
+The algorithms call only the operations of :class:`Manifold`. The operators are those of the RFedAGS
+authors' code (Manopt defaults; docs/baselines-rfedags.md, s5.4): Stiefel and sphere delegate to
+geoopt (``EuclideanStiefel``: projection ``U - X sym(X^T U)``, sign-fixed QR retraction, projection
+transport; ``Sphere``: normalisation retraction, projection transport, with the exponential map and
+parallel transport as options); SPD and the Poincaré ball are numpy closed forms of geoopt's
+``SymmetricPositiveDefinite("AIM")`` and ``PoincareBall``, which the tests use as oracles. The metric
+of the embedded manifolds is the Euclidean one, so ``grad f = P_x(nabla f)`` (s5.2). Leading batch
+axes broadcast (``(..., d, r)``, ``(..., n)``); points are not re-validated in the hot loop
+(``check_point`` does it on request).
 """
 
 from __future__ import annotations
@@ -98,17 +77,8 @@ def _t(a: np.ndarray) -> torch.Tensor:
 class Manifold(Protocol):
     """The operations RFedAGS needs from a manifold (docs/baselines-rfedags.md, s5.2 and s5.4).
 
-    ``proj(x, u)``: orthogonal projection of an ambient vector onto ``T_x M``.
-    ``egrad2rgrad(x, g)``: Riemannian gradient from the Euclidean gradient (= ``proj`` for the
-    embedded metric). ``retr(x, u)``: retraction ``R_x(u)``. ``transp(x, y, v)``: vector transport
-    of ``v in T_x M`` to ``T_y M``. ``inner(x, u, v)``: metric. ``point_shape``: shape of one point.
-    ``feasibility(x)`` / ``tangent_error(x, u)``: distance from the constraint / from ``T_x M``
-    (0 when satisfied); ``check_point`` raises ``ValueError`` when off the manifold.
-    ``invretr(x, y)``: inverse retraction (``retr(x, invretr(x, y)) = y``; the logarithm where the
-    retraction is the exponential map), used by RFedAvg / RFedSVRG. ``rgrad2egrad(x, v)``: a Euclidean
-    gradient whose Riemannian gradient is ``v``. ``compact_embedded``: whether RFedProj's ambient
-    averaging + ``ambient_projection`` applies (Stiefel, sphere). ``log`` / ``dist`` (optional): the
-    exact logarithm and distance (Fréchet-mean problems; the sphere, SPD, Poincaré ball).
+    ``compact_embedded``: whether RFedProj's ambient averaging + ``ambient_projection`` applies
+    (Stiefel, sphere). ``log`` / ``dist`` (optional): exact logarithm and distance (Fréchet means).
     """
 
     compact_embedded: bool
@@ -217,11 +187,6 @@ class _GeooptEmbedded:
         for the embedded metric (``proj(x, v) = v``); float64, shape of ``v``. Lets problems that know
         their Riemannian gradient (Fréchet means) feed the client loop, which takes Euclidean ones."""
         return self.proj(x, v)
-
-    def norm(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Norm ``sqrt(<u, u>)`` of tangent vector(s) ``u`` at ``x``; float64 of shape ``(...)``.
-        Raises ValueError like :meth:`proj`."""
-        return np.sqrt(self.inner(x, u, u))
 
     def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
         """Raise ``ValueError`` unless ``x`` has shape ``(..., *point_shape)``, is finite and lies on
