@@ -1,43 +1,13 @@
 """Deploy the app on Flower's deployment engine on this machine: one SuperLink, N SuperNodes, ``flwr run``.
 
-Every Flower component runs as its own OS process on the loopback interface, as it would on
-separate hosts (docs/deployment.md):
-
-0. checks ``--run-config`` with ``flwr_sheaf.config.RunConfig`` and that the zoo has
-   ``--num-supernodes`` agents, before any process starts;
-1. generates, under ``--workdir``, a CA and a SuperLink server certificate (``tls/``, with the
-   ``cryptography`` library; SANs: ``127.0.0.1``, ``localhost`` and every ``--san``) and one EC
-   P-384 key pair per SuperNode (``keys/site-<i>`` in OpenSSH format, the format
-   ``flower-supernode --auth-supernode-private-key`` and ``flwr supernode register`` read);
-2. starts ``flower-superlink`` with TLS and ``--enable-supernode-auth`` (only public keys
-   registered through the Control API may join) on ``--port`` (Fleet, Control and Runtime API
-   share this one HTTPS port in Flower 1.42);
-3. writes a SuperLink connection ``deploy`` (address + CA) into a private ``FLWR_HOME/config.toml``
-   and registers each SuperNode's public key with ``flwr supernode register``;
-4. starts N ``flower-supernode`` processes, SuperNode i with
-   ``--node-config "partition-id=i num-partitions=N"``, its own private key and its own
-   ClientAppIo (Runtime API) port ``port + 1 + i`` and its own node state directory
-   ``state-dir='<--state-dir>/site-<i>'`` (default ``<workdir>/state``; docs/resume.md: a SuperNode
-   restarted with the same key and node config reloads its state); ``--unregistered K`` adds K
-   SuperNodes whose keys were never registered (they impersonate partition-ids 0..K-1 and must be
-   refused);
-5. waits until the N registered SuperNodes are online, submits the app with
-   ``flwr run <app> deploy``, follows its log, polls ``flwr ls --run-id ID --format json`` until the
-   run is finished, and fails unless the status is ``finished:completed``;
-6. prints where ``results.json`` is and stops exactly the processes it started and their
-   descendants (also on error, Ctrl-C and SIGTERM), unless ``--keep-running``.
-
-``--insecure`` drops TLS and with it SuperNode authentication (Flower 1.42 refuses
-``--enable-supernode-auth`` without TLS): steps 1 (certificates) and 3 (registration) are skipped.
-
-Usage: ``flwr-sheaf-deploy [--num-supernodes 3] [--run-config "k=v ..."] [--insecure]
-[--keep-running] [--unregistered K] [--port 29700] [--workdir DIR] [--state-dir DIR] [--timeout 1800]``
-(the console entry point of the package; ``python -m flwr_sheaf.tools.deploy_local ...`` is the
-same). Needs the ``deploy`` extra: ``pip install 'flwr-sheaf[deploy]'`` (``cryptography``, ``psutil``).
-
-Exit status: 0 when the run finished with ``finished:completed``, 1 when it failed or timed out,
-2 when the run config was refused or the federation could not be brought up (named in the
-message), 130 when interrupted.
+Every component is its own OS process on the loopback interface, with the flags used across hosts:
+TLS and SuperNode authentication (each SuperNode's key registered with ``flwr supernode register``;
+``--insecure`` drops both), SuperNode i with ``--node-config "partition-id=i num-partitions=N
+state-dir=..."``, and ``--unregistered K`` intruders that must be refused. The steps, options and
+measured times are in docs/deployment.md. Console entry point ``flwr-sheaf-deploy`` (the same as
+``python -m flwr_sheaf.tools.deploy_local``); needs the ``deploy`` extra (``cryptography``, ``psutil``).
+Exit status: 0 ``finished:completed``, 1 failed or timed out, 2 run config refused or federation not
+up (the step and log named), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -86,9 +56,8 @@ class DeployError(RuntimeError):
 def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]:
     """Create a CA and a SuperLink server certificate signed by it (EC P-384, SHA-384).
 
-    The server certificate carries every entry of ``hosts`` as a subject alternative name (IP
-    addresses as ``IPAddress``, names as ``DNSName``); clients (SuperNodes, the ``flwr`` CLI,
-    the SuperLink's own SuperExec) verify the server against ``ca.pem``. Private keys are
+    Every entry of ``hosts`` is a subject alternative name of the server certificate (IP addresses
+    as ``IPAddress``, names as ``DNSName``); clients verify it against ``ca.pem``. Private keys are
     written with mode 0600.
 
     Args:
@@ -104,7 +73,10 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
         ImportError: ``cryptography`` is not installed (names ``pip install 'flwr-sheaf[deploy]'``).
     """
     try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     except ImportError as e:  # the optional deploy extra
         raise ImportError(missing("cryptography")) from e
 
@@ -113,30 +85,9 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
-    ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca = _ca_certificate(ca_key, start, end)
-    key = ec.generate_private_key(ec.SECP384R1())
-    cert = _server_certificate(key, ca, ca_key, hosts, start, end)
-    paths = {
-        "ca": out_dir / "ca.pem",
-        "ca_key": out_dir / "ca.key",
-        "cert": out_dir / "server.pem",
-        "key": out_dir / "server.key",
-    }
-    _write_certificate(ca, paths["ca"])
-    _write_certificate(cert, paths["cert"])
-    _write_private_key(ca_key, paths["ca_key"])
-    _write_private_key(key, paths["key"])
-    return paths
-
-
-def _ca_certificate(ca_key, start: datetime.datetime, end: datetime.datetime):
-    """The self-signed CA certificate of ``ca_key`` (EC P-384), valid from ``start`` to ``end``:
-    ``BasicConstraints(ca, path_length=0)``, key usage for signing certificates and CRLs, SHA-384."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-
-    key_usage = x509.KeyUsage(
+    ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-sheaf deployment CA")])
+    usage = x509.KeyUsage(
         digital_signature=True,
         key_cert_sign=True,
         crl_sign=True,
@@ -147,89 +98,56 @@ def _ca_certificate(ca_key, start: datetime.datetime, end: datetime.datetime):
         encipher_only=False,
         decipher_only=False,
     )
-    subject_key_id = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_ca_name())
-        .issuer_name(_ca_name())
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(key_usage, critical=True)
-        .add_extension(subject_key_id, critical=False)
-    )
-    return builder.sign(ca_key, hashes.SHA384())
-
-
-def _ca_name():
-    """The CA's subject and issuer name: ``CN=flwr-sheaf deployment CA`` (built on demand:
-    cryptography is an optional extra)."""
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-sheaf deployment CA")])
-
-
-def _server_certificate(
-    key, ca, ca_key, hosts: list[str], start: datetime.datetime, end: datetime.datetime
-):
-    """The SuperLink's certificate for ``key``, signed by ``ca`` / ``ca_key`` (SHA-384): subject
-    ``CN=hosts[0]``, every host as a subject alternative name (:func:`_subject_alt_names`), not a
-    CA, extended key usage server authentication."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    authority_key_id = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(_subject_alt_names(hosts), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(authority_key_id, critical=False)
-    )
-    return builder.sign(ca_key, hashes.SHA384())
-
-
-def _subject_alt_names(hosts: list[str]):
-    """``hosts`` as a ``SubjectAlternativeName``: IP addresses as ``IPAddress``, names as ``DNSName``."""
-    from cryptography import x509
-
+    ca_id = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_ext = [(x509.BasicConstraints(ca=True, path_length=0), True), (usage, True), (ca_id, False)]
+    ca = _signed(ca_name, ca_name, ca_key.public_key(), ca_key, (start, end), ca_ext)
     sans: list[x509.GeneralName] = []
     for h in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    return x509.SubjectAlternativeName(sans)
+    server_ext = [
+        (x509.SubjectAlternativeName(sans), False),
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+        (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
+    ]
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
+    cert = _signed(name, ca_name, key.public_key(), ca_key, (start, end), server_ext)
+    paths = {
+        "ca": out_dir / "ca.pem",
+        "ca_key": out_dir / "ca.key",
+        "cert": out_dir / "server.pem",
+        "key": out_dir / "server.key",
+    }
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    for k, pk in (("ca_key", ca_key), ("key", key)):
+        pem = serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        paths[k].write_bytes(pk.private_bytes(serialization.Encoding.PEM, *pem))
+        paths[k].chmod(0o600)
+    return paths
 
 
-def _write_certificate(cert, path: Path) -> None:
-    """Write ``cert`` to ``path`` in PEM."""
-    from cryptography.hazmat.primitives import serialization
+def _signed(subject, issuer, public_key, ca_key, validity, extensions):
+    """A certificate (SHA-384, random serial) for ``public_key`` signed by ``ca_key``, valid from
+    ``validity[0]`` to ``validity[1]``, with ``extensions`` as ``(extension, critical)`` pairs."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
 
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-
-def _write_private_key(key, path: Path) -> None:
-    """Write ``key`` to ``path`` as unencrypted PKCS#8 PEM, mode 0600."""
-    from cryptography.hazmat.primitives import serialization
-
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(validity[0])
+        .not_valid_after(validity[1])
     )
-    path.write_bytes(pem)
-    path.chmod(0o600)
+    for ext, critical in extensions:
+        builder = builder.add_extension(ext, critical=critical)
+    return builder.sign(ca_key, hashes.SHA384())
 
 
 def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
