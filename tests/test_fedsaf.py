@@ -15,7 +15,6 @@ from flwr_sheaf.methods.fedsaf.maths import (
     cosine_alignment,
     fedsaf_objective,
     gcsa_loss,
-    min_rows,
     mse_alignment,
     rcsa_loss,
     rdm_vector,
@@ -123,7 +122,7 @@ def test_range_symmetry_permutation(loss, seed):
 
 @pytest.mark.parametrize("loss", [gcsa_loss, rcsa_loss])
 def test_min_rows_guard(loss):
-    assert MIN_ROWS == min_rows == 3
+    assert MIN_ROWS == 3
     with pytest.raises(ValueError, match="MIN_ROWS=3"):
         loss(torch.randn(2, 3), torch.randn(2, 4))
     with pytest.raises(ValueError, match="n=4 and n=5"):

@@ -1,25 +1,10 @@
-"""FedProto mathematics (Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous
-Clients", AAAI 2022) in pure torch: local class prototypes, server aggregation, the prototype
-regulariser, nearest-prototype inference, and the parameter-free pooling adapter that gives
-heterogeneous encoders a common feature dimension.
+"""FedProto mathematics in torch (Tan et al., AAAI 2022; docs/baselines-prototypes.md, s3): local class
+prototypes, server aggregation, the prototype regulariser, nearest-prototype inference and the
+parameter-free pooling adapter to a common feature dimension.
 
-Conventions (docs/baselines-prototypes.md, s3):
-
-* A prototype set is a ``dict[int, Tensor]`` mapping a **Python int** class id to a ``(d,)``
-  tensor. Keying by tensors (e.g. the elements of ``torch.unique(y)``) makes look-ups with ints
-  miss silently and the prototype loss collapses to 0 (KarhouTam/FL-bench#76); every function here
-  converts keys and labels with ``int()`` and rejects keys that are not integral.
-* Counts are ``dict[int, int]`` (samples of that class behind the prototype).
-* Global prototypes are constants for the client loss (detached), as in the official code.
-
-Equations. FedProto's client objective is ``L_S(F_i(x), y) + lambda * L_R`` with ``L_R`` an L2
-distance between client embeddings and the global prototype of their class (FedSAF paper Eq. (2)
-and Eq. (6) restate it with ``R = ||z - P_g^y||_2^2``). The local prototype of class ``c`` is the
-mean embedding of the client's class-``c`` samples (FedSAF Eq. (15)); the server prototype is
-the sample-count-weighted average over clients owning the class (FedProto Eq. (6) without the
-extra ``1/|N_j|`` factor questioned in yuetan031/FedProto#6; FedSAF Eq. (3) with per-class
-weights). The official FedProto and HtFLlib code use an *unweighted* mean over clients
-(TsingZ0/HtFLlib#10): ``weighted=False`` reproduces it.
+A prototype set is a ``dict[int, Tensor(d)]`` keyed by **Python int** class ids (tensor keys make
+int look-ups miss silently, s3.6: every function converts keys with ``int()`` and rejects
+non-integral ones); counts are ``dict[int, int]``; global prototypes are detached constants.
 """
 
 from __future__ import annotations
@@ -158,21 +143,16 @@ def _stack_protos(
 def class_prototypes(
     z: torch.Tensor, y: torch.Tensor, num_classes: int
 ) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
-    """Per-class mean latents of a batch / dataset (local prototypes).
-
-    ``P^c = (1 / |{j : y_j = c}|) * sum_{j : y_j = c} z_j`` for every class ``c`` present in ``y``
-    (FedSAF Eq. (15); FedProto's local prototype ``C_i^(c)``).
+    """Local prototypes ``P^c = mean_{j : y_j = c} z_j`` of the classes present in ``y`` (FedSAF Eq. (15)).
 
     Args:
-        z: ``(B, d)`` floating latents (any float dtype; output keeps it). Gradients flow through
-            the means (FedSAF's prototype-level loss needs them); ``.detach()`` before uploading.
-        y: ``(B,)`` integer labels (int64 typical) in ``[0, num_classes)``.
-        num_classes: total number of classes ``C`` (positive int), used for validation.
+        z: ``(B, d)`` floating latents; gradients flow through the means (``.detach()`` to upload).
+        y: ``(B,)`` integer labels in ``[0, num_classes)``.
+        num_classes: number of classes ``C`` (positive int).
 
     Returns:
-        ``(protos, counts)``: ``protos[c]`` is a ``(d,)`` tensor (dtype/device of ``z``) and
-        ``counts[c]`` the Python-int number of samples of class ``c``; keys are Python ints, sorted
-        ascending, and only classes present in ``y`` appear (an empty batch gives two empty dicts).
+        ``(protos, counts)``: ``{c: (d,) tensor}`` (dtype/device of ``z``) and ``{c: samples}``,
+        Python-int keys in ascending order (an empty batch gives two empty dicts).
 
     Raises:
         ValueError: ``z`` not ``(B, d)`` floating; ``y`` not a 1-D integer tensor of length ``B``;
@@ -199,35 +179,25 @@ def fedproto_loss(
     global_protos: Mapping,
     reduction: str = "per_sample",
 ) -> tuple[torch.Tensor, int]:
-    """FedProto prototype regulariser ``L_R`` (client side; FedSAF Eq. (2)/(6) with an L2 ``R``).
+    """FedProto's prototype regulariser ``L_R`` (FedSAF Eq. (2)/(6) with an L2 ``R``; docs/baselines-prototypes.md, s3.1).
 
-    With ``S = {j : y_j has a global prototype}`` (the *covered* samples):
-
-    * ``reduction="per_sample"`` (default): ``(1/|S|) * sum_{j in S} ||z_j - P_g^{y_j}||_2^2`` —
-      mean over covered samples of the squared Euclidean distance (summed over the ``d`` dims).
-    * ``reduction="mse"``: the official FedProto / HtFLlib value ``nn.MSELoss()(target, z)`` where
-      ``target`` is ``z.detach()`` with covered rows replaced by their global prototype, i.e.
-      ``(1/(B*d)) * sum_{j in S} ||z_j - P_g^{y_j}||^2`` (uncovered rows count in the denominator
-      with zero error). Equals ``per_sample * |S| / (B * d)``.
-
-    Global prototypes are treated as constants (detached, cast to ``z``'s dtype/device).
+    Over the covered samples ``S = {j : y_j has a global prototype}``: ``"per_sample"``
+    ``(1/|S|) sum_{j in S} ||z_j - P_g^{y_j}||^2``; ``"mse"`` (official code, ``nn.MSELoss``)
+    ``(1/(B d)) sum_{j in S} ||z_j - P_g^{y_j}||^2``. The prototypes are detached constants.
 
     Args:
-        z: ``(B, d)`` floating latents of the batch (gradients flow into the encoder).
-        y: ``(B,)`` non-negative integer labels (LongTensor fine: matched by ``int`` value).
-        global_protos: ``dict[int, Tensor(d)]`` global prototypes (may be empty / partial).
-        reduction: ``"per_sample"`` or ``"mse"`` (see above).
+        z: ``(B, d)`` floating latents (gradients flow into the encoder).
+        y: ``(B,)`` non-negative integer labels.
+        global_protos: ``dict[int, Tensor(d)]`` (may be empty or partial).
+        reduction: ``"per_sample"`` or ``"mse"``.
 
     Returns:
-        ``(loss, n_covered)``: a 0-dim tensor in ``z``'s dtype and the Python-int number of
-        samples that had a global prototype. When ``n_covered == 0`` the loss is ``0 * z.sum()``:
-        exactly zero but attached to the graph (zero gradient), so callers can add it blindly and
-        still log that nothing was covered.
+        ``(loss, n_covered)``: a 0-dim tensor in ``z``'s dtype (``0 * z.sum()``, attached to the
+        graph, when nothing is covered) and the number of covered samples.
 
     Raises:
-        ValueError: bad shapes/dtypes of ``z`` or ``y``; a negative label; a prototype that is
-            not a finite 1-D float tensor; a non-integer/negative class key; prototype dim != ``d``
-            (message names both); unknown ``reduction``.
+        ValueError: bad shapes/dtypes of ``z`` or ``y``; a negative label; a prototype that is not a
+            finite 1-D float tensor or has a bad key; prototype dim != ``d``; unknown ``reduction``.
     """
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
@@ -260,10 +230,8 @@ def fedproto_loss(
 
 
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
-    """Prototype inference: ``argmin_c ||z_j - P_g^c||_2`` over the classes with a prototype.
-
-    FedProto's inference rule (docs/baselines-prototypes.md, s3.4). Distances are computed pairwise without the
-    ``||a||^2 - 2ab + ||b||^2`` expansion (no cancellation); ties go to the smallest class id.
+    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (docs/baselines-prototypes.md, s3.4); ties go
+    to the smallest class id (distances without the cancelling ``||a||^2 - 2ab + ||b||^2`` form).
 
     Args:
         z: ``(B, d)`` floating latents.
@@ -303,43 +271,28 @@ def aggregate_prototypes(
     num_classes: int | None = None,
     sources: Sequence[str] | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Server aggregation of client prototypes into global prototypes.
-
-    For each class ``c`` uploaded this round by the clients ``N_c``:
-
-    * ``weighted=True``: ``P_g^c = sum_{i in N_c} n_i^c P_i^c / sum_{i in N_c} n_i^c`` with
-      ``n_i^c = counts_i[c]`` (FedProto paper Eq. (6) as intended — count-weighted, without the
-      extra ``1/|N_c|`` factor, yuetan031/FedProto#6; FedSAF Eq. (3) with per-class weights).
-    * ``weighted=False``: ``P_g^c = (1/|N_c|) sum_{i in N_c} P_i^c`` (official FedProto / HtFLlib
-      code, TsingZ0/HtFLlib#10).
-
-    A class in ``previous`` that nobody uploaded this round is kept unchanged
-    (``missing="carry"``) or removed (``missing="drop"``, HtFLlib behaviour: the global set is
-    rebuilt from this round's uploads only).
+    """Global prototypes from the clients' (docs/baselines-prototypes.md, s3.3): per class ``c`` uploaded
+    by ``N_c``, ``P_g^c = sum_i n_i^c P_i^c / sum_i n_i^c`` (``weighted``; FedProto Eq. (6) as intended,
+    FedSAF Eq. (3)) or ``(1/|N_c|) sum_i P_i^c`` (official code). A class of ``previous`` nobody
+    uploaded is kept (``missing="carry"``) or removed (``"drop"``).
 
     Args:
-        uploads: sequence of ``(protos, counts)`` pairs, one per client; ``protos`` is
-            ``dict[int, Tensor(d)]``, ``counts`` ``dict[int, int]`` with a positive count for every
-            prototype class (``counts`` may be ``None`` when ``weighted=False``). Keys may be ints,
-            numpy integers or 0-dim integer tensors; they are converted with ``int()``.
-        weighted: count-weighted (default) or unweighted mean across clients.
-        previous: last round's global prototypes ``dict[int, Tensor(d)]`` or ``None``.
+        uploads: ``(protos, counts)`` pairs, one per client: ``dict[int, Tensor(d)]`` and
+            ``dict[int, int]`` with a positive count per class (``None`` allowed when unweighted).
+        weighted: count-weighted (default) or unweighted mean.
+        previous: last round's global prototypes, or None.
         missing: ``"carry"`` or ``"drop"``.
-        num_classes: if given, class ids must lie in ``[0, num_classes)``; otherwise only
-            negative ids are rejected.
-        sources: one label per upload used in error messages (e.g. ``"partition-id 3"``);
-            defaults to ``"upload <index>"``.
+        num_classes: if given, class ids must lie in ``[0, num_classes)``.
+        sources: one label per upload for error messages (default ``"upload <index>"``).
 
     Returns:
-        ``dict[int, Tensor(d)]`` keyed by Python ints in ascending order; new tensors (detached,
-        accumulated in float64 and returned in the promoted dtype of the uploads; on the device
-        of the first upload). Carried prototypes are detached clones of ``previous``'s.
+        ``dict[int, Tensor(d)]`` in ascending class order: new detached tensors accumulated in
+        float64, returned in the uploads' promoted dtype on the first upload's device.
 
     Raises:
-        ValueError: a NaN/inf prototype, a class id outside ``[0, num_classes)``, a non-integer
-            key, a missing/non-positive/non-integer count (messages include the ``source``);
-            prototype dims differing between uploads or from ``previous`` (message names both
-            dims and sources); bad ``missing``; ``sources`` length != number of uploads.
+        ValueError: a NaN/inf prototype, a bad class id or count (source named), dimensions that
+            differ between uploads or from ``previous`` (both named), bad ``missing``, ``sources``
+            of the wrong length.
     """
     if missing not in ("carry", "drop"):
         raise ValueError(f"missing must be 'carry' or 'drop', got {missing!r}")
@@ -472,14 +425,8 @@ def _weighted_means(
 # heterogeneous feature dims
 # --------------------------------------------------------------------------------------------
 class PoolingAdapter(nn.Module):
-    """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common``.
-
-    HtFLlib replaces each backbone's classifier with ``nn.AdaptiveAvgPool1d(feature_dim)`` so that
-    heterogeneous encoders emit the same dimension (docs/baselines-prototypes.md, s3.5); this is the same operation
-    (``torch.nn.functional.adaptive_avg_pool1d`` over the last axis). Output entry ``k`` averages
-    input entries ``[floor(k*d_in/d_common), ceil((k+1)*d_in/d_common))``: with ``2048 -> 512``
-    each output averages 4 consecutive inputs; with ``64 -> 512`` each input is repeated 8 times
-    (the effective rank stays 64). No parameters, gradients pass through.
+    """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common`` (HtFLlib's
+    ``nn.AdaptiveAvgPool1d``; docs/baselines-prototypes.md, s3.5).
 
     Args:
         d_in: input feature dim (positive int).
@@ -527,9 +474,7 @@ def check_common_dim(dims: Mapping[int, int], adapter: Literal[False]) -> int: .
 @overload
 def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None: ...
 def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
-    """Check that FedProto clients can average prototypes coordinate-wise.
-
-    FedProto's aggregation is coordinate-wise, so all clients need one feature dim (docs/baselines-prototypes.md, s3.5).
+    """Check that FedProto clients share one feature dim (coordinate-wise averaging; docs/baselines-prototypes.md, s3.5).
 
     Args:
         dims: client id -> native feature dim (positive ints), non-empty.

@@ -1,29 +1,8 @@
-"""FedSAF mathematics (Wu et al., "FedSAF: Federated Structural Alignment Framework for
-heterogeneous FL", arXiv 2605.05959) in pure torch.
-
-Equation numbers refer to that paper (summary: docs/baselines-prototypes.md, s4):
-
-* Eq. (6): coordinate alignment ``L_coord(z, P_g^y) = D_coord(z, P_g^y)`` with ``D_coord`` the
-  squared L2 distance or a cosine loss -> :func:`mse_alignment`, :func:`cosine_alignment`.
-* Prop. 1, Eqs. (7)-(9): on row-normalised ``Z^, P^``,
-  ``||Z^ - P^||_F^2 = min_{R in O(d)} ||Z^ - P^ R||_F^2 + 2(<Z^, P^ R*> - <Z^, P^>)``
-  (``L_shape + L_rigid``) -> :func:`coordinate_decomposition`.
-* Eq. (13): GCSA ``1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)``, ``K_P = P_c P_c^T``, ``P_c`` the
-  row-centred ``P`` (Prop. 2: zero for ``Q = alpha P R + 1 b^T``) -> :func:`gcsa_loss`.
-* Eq. (14): RCSA ``1 - cos(vec(RDM_P), vec(RDM_Q))``, ``RDM_P[i, j] = ||P~_i - P~_j||^2`` on the
-  row-normalised ``P~``, upper triangle ``i < j`` (Prop. 3: zero for ``Q = P R``) ->
-  :func:`rcsa_loss`.
-* Eqs. (15)-(19): batch local prototypes, ``L_proto = D(S(P_i^{C_i}), S(P_g^{C_i}))``,
-  ``L_inst = D(S(z), S(z~))`` with ``z~_j = P_g^{y_j}``, and
-  ``L_local = L_sup + lambda L_proto + gamma L_inst`` -> :func:`structure_alignment_inputs`,
-  :func:`fedsaf_objective`.
-
-Decisions the paper leaves open (ours, docs/baselines-prototypes.md, s4.4-s4.5): structure losses need ``n >= MIN_ROWS = 3``
-rows — at ``n = 2`` both GCSA and RCSA are identically 0 (two centred rows are ``+-(p1-p2)/2`` so
-both Gram matrices are multiples of ``[[1,-1],[-1,1]]``; the RDM has a single entry) and at
-``n = 1`` they are undefined — so :func:`gcsa_loss` / :func:`rcsa_loss` raise and
-:func:`fedsaf_objective` skips such a term; only classes that have a global prototype enter the
-terms; norms are clamped at ``eps`` so the losses and their gradients stay finite.
+"""FedSAF mathematics in torch (Wu et al., arXiv 2605.05959; equations of that paper, summarised in
+docs/baselines-prototypes.md, s4): the structure losses GCSA (Eq. (13)) and RCSA (Eq. (14)), the
+coordinate ablations (Eq. (6)) and Prop. 1's decomposition, and the two-level local objective
+(Eqs. (15)-(19)). Structure losses need ``n >= MIN_ROWS = 3`` rows (identically 0 at 2, undefined at
+1; s4.5); only classes with a global prototype enter the terms (s4.4); norms are clamped at ``eps``.
 """
 
 from __future__ import annotations
@@ -46,7 +25,6 @@ from .._shared.prototypes import (
 
 __all__ = [
     "MIN_ROWS",
-    "min_rows",
     "STRUCTURES",
     "centered_gram",
     "rdm_vector",
@@ -65,8 +43,6 @@ __all__ = [
 
 #: Fewest rows for which GCSA / RCSA carry information (identically 0 at 2 rows, undefined at 1).
 MIN_ROWS = 3
-#: Lower-case alias of :data:`MIN_ROWS` (public; imported by the tests).
-min_rows = MIN_ROWS
 #: Accepted ``structure`` values of :func:`structure_loss` / :func:`fedsaf_objective`.
 STRUCTURES = ("gcsa", "rcsa", "mse", "cosine")
 _EPS = 1e-12
@@ -156,10 +132,8 @@ def _structure_cosine_loss(
 # structure operators and structure losses
 # --------------------------------------------------------------------------------------------
 def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Centred Gram matrix ``K_P = P_c P_c^T`` of FedSAF Eq. (13), scaled to unit Frobenius norm.
-
-    ``P_c = P - 1 p_bar``, ``p_bar = (1/n) 1^T P``. The scaling by ``1/max(||P_c||_F^2, eps^2)``
-    does not change the GCSA cosine (scale-invariant) but keeps entries O(1) in float32.
+    """Centred Gram matrix ``K_P = P_c P_c^T`` of FedSAF Eq. (13), ``P_c = P - 1 p_bar``, divided by
+    ``max(||P_c||_F^2, eps^2)`` (the cosine is scale-invariant; entries stay O(1) in float32).
 
     Args:
         p: ``(n, d)`` floating matrix (rows = prototypes or instance features).
@@ -180,11 +154,8 @@ def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
 
 
 def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Upper-triangular squared-distance RDM of the row-normalised ``P`` (FedSAF Eq. (14)).
-
-    ``P~_i = P_i / max(||P_i||_2, eps)``; ``RDM[i, j] = ||P~_i - P~_j||_2^2`` for ``i < j``,
-    computed as ``|P~_i|^2 + |P~_j|^2 - 2 P~_i . P~_j`` and clamped at 0 against rounding. A zero
-    row stays zero (its distances to unit rows are 1).
+    """Upper triangle ``RDM[i, j] = ||P~_i - P~_j||_2^2``, ``i < j``, of the row-normalised
+    ``P~_i = P_i / max(||P_i||, eps)`` (FedSAF Eq. (14)), clamped at 0 against rounding.
 
     Args:
         p: ``(n, d)`` floating matrix.
@@ -209,16 +180,9 @@ def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
 
 
 def gcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Gram-Cosine Structural Alignment, FedSAF Eq. (13).
-
-    ``L_GCSA(P, Q) = 1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)`` with ``K_P = P_c P_c^T``,
-    ``P_c = P - 1 p_bar`` (row-centring). Invariant to ``Q = alpha P R + 1 b^T`` for
-    ``alpha > 0``, ``b`` any vector and ``R`` with ``R R^T = I_{d1}`` (orthogonal when
-    ``d2 = d1``, semi-orthogonal embedding when ``d2 > d1``) — Prop. 2 — but not to per-row
-    scaling. ``<K_P, K_Q> = ||P_c^T Q_c||_F^2 >= 0`` so the loss lies in ``[0, 1]`` (clamped
-    against rounding); it is symmetric in ``(P, Q)`` and invariant to a common row permutation.
-    Degenerate input (all rows of ``P`` or of ``Q`` equal) gives cosine 0, i.e. loss 1, with zero
-    gradient.
+    """Gram-Cosine Structural Alignment ``1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)``, FedSAF Eq. (13)
+    (:func:`centered_gram`), in ``[0, 1]``; zero for ``Q = alpha P R + 1 b^T`` (Prop. 2); loss 1 with
+    zero gradient when all rows of ``P`` or ``Q`` are equal.
 
     Args:
         p: ``(n, d1)`` floating matrix.
@@ -235,15 +199,9 @@ def gcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
 
 
 def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """RDM-Cosine Structural Alignment, FedSAF Eq. (14).
-
-    ``L_RCSA(P, Q) = 1 - <v_P, v_Q> / (||v_P||_2 ||v_Q||_2)``, ``v_P = vec_{i<j}(RDM_P)`` with
-    ``RDM_P[i, j] = ||P~_i - P~_j||_2^2`` on the row-normalised ``P~`` (see :func:`rdm_vector`).
-    Invariant to ``Q = D P R`` for ``D`` positive diagonal (row scaling, removed by the row
-    normalisation) and ``R R^T = I_{d1}`` (Prop. 3); NOT invariant to translation
-    ``Q = P + 1 b^T`` (GCSA is). RDM entries are ``>= 0`` so the loss lies in ``[0, 1]``
-    (clamped against rounding); symmetric in ``(P, Q)``. Degenerate input (all rows of ``P``
-    parallel, so ``v_P = 0``) gives loss 1 with zero gradient.
+    """RDM-Cosine Structural Alignment ``1 - cos(v_P, v_Q)``, ``v_P`` = :func:`rdm_vector` of ``P``,
+    FedSAF Eq. (14), in ``[0, 1]``; zero for ``Q = D P R`` (``D`` positive diagonal, Prop. 3), not
+    translation-invariant; loss 1 with zero gradient when all rows of ``P`` are parallel.
 
     Args:
         p: ``(n, d1)`` floating matrix.
@@ -263,12 +221,8 @@ def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
 # coordinate alignment (ablation baselines) and Prop. 1
 # --------------------------------------------------------------------------------------------
 def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> torch.Tensor:
-    """Coordinate alignment with the squared L2 distance, FedSAF Eq. (6) (``||z - P_g^y||_2^2``).
-
-    * ``reduction="mse"`` (default): ``(1/(n d)) * ||P - Q||_F^2`` — ``torch.nn.MSELoss`` as in
-      HtFLlib / official FedProto, on which the paper's baselines are built.
-    * ``reduction="per_sample"``: ``(1/n) * ||P - Q||_F^2`` (mean over rows of the squared
-      distance; ``d`` times the ``"mse"`` value).
+    """Squared-L2 coordinate alignment, FedSAF Eq. (6): ``||P - Q||_F^2 / (n d)`` (``"mse"``,
+    ``torch.nn.MSELoss`` as in the official code) or ``/ n`` (``"per_sample"``).
 
     Args:
         p: ``(n, d)`` floating matrix (e.g. features).
@@ -290,10 +244,8 @@ def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> t
 
 
 def cosine_alignment(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Cosine coordinate alignment, FedSAF Eq. (6) (cosine instance of ``D_coord``).
-
-    ``(1/n) * sum_j (1 - cos(p_j, q_j))`` with ``cos(a, b) = a.b / (max(|a|, eps) max(|b|, eps))``
-    (``torch.nn.functional.cosine_similarity`` convention). Range ``[0, 2]``.
+    """Cosine coordinate alignment ``(1/n) sum_j (1 - cos(p_j, q_j))``, FedSAF Eq. (6), in ``[0, 2]``
+    (``torch.nn.functional.cosine_similarity`` with norms clamped at ``eps``).
 
     Args:
         p: ``(n, d)`` floating matrix; q: ``(n, d)`` floating matrix, same shape.
@@ -323,19 +275,10 @@ class CoordinateDecomposition(NamedTuple):
 def coordinate_decomposition(
     z: torch.Tensor, p: torch.Tensor, normalize: bool = True, eps: float = _EPS
 ) -> CoordinateDecomposition:
-    """FedSAF Prop. 1: split the coordinate loss into shape matching and rigid basis matching.
-
-    With ``Z^, P^`` the row-normalised ``Z, P`` (``normalize=True``, as in Eq. (7)),
-    ``R* = U V^T`` from the SVD ``P^^T Z^ = U S V^T`` maximises ``<Z^, P^ R>`` over ``O(d)``
-    (Eq. (8)) and
-
-        ``L_coord = ||Z^ - P^||_F^2 = L_shape + L_rigid``,
-        ``L_shape = ||Z^ - P^ R*||_F^2``, ``L_rigid = 2 (<Z^, P^ R*> - <Z^, P^>) >= 0`` (Eq. (9)).
-
-    With ``normalize=False`` the same identity is returned for the raw sum of squared errors
-    ``||Z - P||_F^2`` (the proof only uses ``||P R||_F = ||P||_F``). Each term is computed from
-    its own formula (not by subtraction), so their sum checking against ``l_coord`` is a real test.
-    Diagnostic only: the SVD makes gradients unreliable at repeated singular values.
+    """FedSAF Prop. 1 (Eqs. (7)-(9)): ``||Z^ - P^||_F^2 = ||Z^ - P^ R*||_F^2 + 2(<Z^, P^ R*> - <Z^, P^>)``
+    with ``R* = U V^T`` from the SVD ``P^^T Z^ = U S V^T``, on the row-normalised ``Z^, P^`` (or the
+    raw matrices with ``normalize=False``). Each term from its own formula; a diagnostic (the SVD's
+    gradients are unreliable at repeated singular values).
 
     Args:
         z: ``(n, d)`` floating client representations (rows).
@@ -405,15 +348,9 @@ class StructureInputs(NamedTuple):
 def structure_alignment_inputs(
     z: torch.Tensor, y: torch.Tensor, global_protos: Mapping, num_classes: int
 ) -> StructureInputs:
-    """Build the prototype-level and instance-level pairs of FedSAF Eqs. (15)-(18).
-
-    ``C_i`` = classes present in the batch **that also have a global prototype** (our choice for
-    classes the server has not seen yet, docs/baselines-prototypes.md, s4.4; before the first aggregation ``C_i`` is empty).
-    ``P_i^c`` = batch mean of ``z_j`` over ``y_j = c`` (Eq. (15)), stacked in ascending class
-    order with ``P_g^c`` in the same order (Eq. (16)). Instance level: the ``B'`` covered samples
-    ``z_j`` paired with ``z~_j = P_g^{y_j}`` (Eq. (18)); uncovered samples are left out.
-    Global prototypes are detached and cast to ``z``'s dtype/device. ``d_g`` may differ from
-    ``d`` (structure losses do not need a common dim).
+    """The prototype-level and instance-level pairs of FedSAF Eqs. (15)-(18): the batch prototypes
+    ``P_i^c`` of the classes ``C_i`` present **and** with a global prototype (s4.4), ascending, beside
+    ``P_g^c``; the ``B'`` covered samples ``z_j`` beside ``z~_j = P_g^{y_j}`` (detached, ``z``'s dtype).
 
     Args:
         z: ``(B, d)`` floating features of the batch.
@@ -483,16 +420,10 @@ def fedsaf_objective(
     gamma: float,
     structure: str = "gcsa",
 ) -> FedSAFTerms:
-    """FedSAF client objective ``L_local = L_sup + lam * L_proto + gamma * L_inst`` (Eq. (19)).
-
-    ``L_proto = D(S(P_i^{C_i}), S(P_g^{C_i}))`` (Eq. (17)) on ``(P_local_protos, Q_global_protos)``
-    and ``L_inst = D(S(z), S(z~))`` (Eq. (18)) on ``(Z_inst, Zglobal_inst)`` where
-    ``z~_j = P_g^{y_j}``; build both pairs with :func:`structure_alignment_inputs`. ``D o S`` is
-    chosen by ``structure`` (GCSA Eq. (13), RCSA Eq. (14), or the coordinate ablations of
-    Eq. (6)). A term is skipped (value 0 attached to the graph, ``*_applied=False``) when its
-    inputs are ``None`` or have fewer than ``MIN_ROWS`` rows (GCSA/RCSA) or 0 rows (MSE/cosine);
-    a term with weight 0 is evaluated for logging but not added. The global-side matrices are
-    detached (global prototypes are constants for the client, Fig. 4).
+    """FedSAF client objective ``L_sup + lam L_proto + gamma L_inst`` (Eqs. (17)-(19)), ``D o S`` chosen
+    by ``structure``, pairs from :func:`structure_alignment_inputs`. A term whose inputs are None or
+    have too few rows (``MIN_ROWS`` for GCSA/RCSA, 1 otherwise) is skipped (0 attached to the graph,
+    ``*_applied=False``); a weight-0 term is evaluated but not added; the global side is detached.
 
     Args:
         ce: 0-dim supervised loss ``L_sup`` (client head's cross-entropy).

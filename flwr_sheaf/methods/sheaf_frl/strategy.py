@@ -1,53 +1,18 @@
 """Sheaf-FRL peer-routing strategy: relays each node only its graph neighbours' pilots (paper Alg. 1).
 
-No global model exists: the server emulates decentralised exchange. Per server round:
+No global model exists: the server emulates decentralised exchange. Per round each sampled node gets
+its neighbours' latest whitened pilot matrices ``(K, d_j)`` (record ``pilots``), its incident edges
+(:class:`flwr_sheaf.protocol.EdgeConfig`), the local-training config and
+:class:`flwr_sheaf.config.SheafConfig` with this round's lambda (warm-up applied); each reply's
+pilots are checked (shape ``(K, d_i)``, finite) and stored, a bad matrix being that node's recorded
+failure (its cached pilots stay). Evaluation: :class:`GraphStrategy`'s two phases. A round without
+sampled nodes sends nothing; a node with p_i = 0 never trains and its neighbours get no pilots of it.
 
-1. ``configure_train`` (:class:`GraphStrategy`): each sampled node gets its neighbours' latest
-   whitened pilot matrices ``(K, d_j)`` (record ``pilots``), its incident edges (neighbours, d_j,
-   orientation; :class:`flwr_sheaf.protocol.EdgeConfig`), the local-training config and
-   :class:`flwr_sheaf.config.SheafConfig` with this round's lambda (warm-up applied).
-2. ``aggregate_train``: each reply's pilots are validated (shape ``(K, d_i)``, finite) and stored;
-   a bad matrix is that node's recorded failure and its cached pilots stay. Pilot age is tracked.
-3. Evaluation: :class:`GraphStrategy`'s two phases, whitening fitted on the pilots.
-
-Partial participation (docs/participation.md): who trains is the shared sampler's draw. What a
-sampled node gets of a neighbour j that did not train in the previous round is the
-*absent-neighbour policy*:
-
-- ``cached`` (default): j's last pilots. They are exact (j's encoder has not changed since), so
-  partial participation is block-coordinate descent with the full-participation stationary points;
-  their age (rounds since j produced them) is reported.
-- ``drop``: only pilots produced in the previous round are relayed; the expected penalty then weights
-  edge (i, j) by j's participation probability (a biased objective).
-- ``drop-reweighted``: as ``drop``, with each relayed edge term scaled by ``w_ij = 1/q_j``, q_j the
-  frequency with which j's pilots arrived in rounds ``1..t-2`` (floored at ``reweight-q-min``), so
-  ``E[1{j present}/q_j] = 1``; the weights travel in the edge config.
-
-Pilot selection (paper App. B, run-config ``pilot-strategy``; docs/variants-pilots.md; the component
-:class:`~flwr_sheaf.methods.sheaf_frl.selection.PilotSelector`, ``strategy.pilots``): the strategy holds
-every node's full pilot matrix ``(M, d_j)`` and each round decides one
-:class:`~flwr_sheaf.sheaf.pilots.PilotSelection` (:class:`~flwr_sheaf.sheaf.pilots.PilotSampler`:
-from ``(seed, server round)``; ``adaptive`` from the per-pilot mismatch of the matrices it holds). Every
-trained node gets the same selection (record ``pilot-selection``, its digest in the config) and its
-neighbours' matrices reduced by it, so a cached matrix from an older round is reduced with *this*
-round's indices: rows always correspond. A reply echoing another digest is refused (recorded failure).
-``*-class`` / ``*-cluster`` need the pilots' labels / public features: the first train round asks the
-nodes for them (``pilot-describe``); until a node has answered, no pilots are relayed.
-
-A round in which nobody is sampled sends no train message: every node keeps its weights and the
-relay its pilots. A node with p_i = 0 never trains: its neighbours get no pilots of it.
-
-Variants (docs/variants-privacy.md): ``sheaf-variant`` is resolved at discovery (``auto`` -> homogeneous iff
-every d_i is equal; ``homogeneous`` with unequal d_i is a ``ValueError`` naming them) and sent
-resolved. Per directed edge (j -> i) the relay forwards either j's raw pilots (record ``pilots``)
-or the matrix j transported toward i (record ``transported``, stored per edge in
-:attr:`SheafFRL.edge_bank`): Alg. 2 sends raw pilots head -> tail and transported ones tail -> head;
-``privacy = stringent`` (Alg. 3/4) only transported ones, and a reply carrying raw pilots is
-discarded and recorded as that node's failure, so the strategy never holds an ``A_i``; its
-evaluation routes each node's per-neighbour transported pilots and latents. The same absent
-policy applies to each edge's message. Per round the train metrics record the uploaded pilot
-bytes by kind (raw; transported toward heads, i.e. to N(i)^+, width d_j; toward tails, N(i)^-,
-width d_i; paper Tab. 1), the relayed bytes and the SVDs the nodes computed.
+What a sampled node gets of a neighbour absent in the previous round (``cached`` / ``drop`` /
+``drop-reweighted``): docs/participation.md, s3. Pilot selection (``pilot-strategy``, one
+:class:`~flwr_sheaf.sheaf.pilots.PilotSelection` per round for every node, echoed by digest):
+docs/variants-pilots.md. Variants and stringent privacy (raw or transported pilots per directed
+edge, :attr:`SheafFRL.edge_bank`; the uploaded bytes by kind, paper Tab. 1): docs/variants-privacy.md.
 """
 
 from __future__ import annotations
