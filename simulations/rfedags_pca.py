@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -44,13 +45,16 @@ from flwr_sheaf.methods.rfedags.local import step_size_schedule
 from flwr_sheaf.methods.rfedags.pca import (
     PCAProblem,
     planted_pca_problem,
-    run_pca_reference,
     subspace_distance,
     synthetic_pca_problem,
 )
 from flwr_sheaf.methods.rfedags.strategy import RFedAGS
 from flwr_sheaf.participation import ESTIMATORS, paper_participation
 from flwr_sheaf.testing import LocalGrid
+
+# the numpy loop is the tests' oracle of the Flower strategies (tests/oracles/), not package code
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracles.rfedags_runner import run_federated  # noqa: E402
 
 MODES = ("corrected", "known-p", "uncorrected")
 
@@ -118,9 +122,13 @@ def run_one(
 def run_numpy(
     prob: PCAProblem, p: np.ndarray, mode: str, s: dict, x0: np.ndarray, seed: int, estimator: str
 ) -> dict:
-    """The pure-numpy reference run (:func:`~flwr_sheaf.methods.rfedags.pca.run_pca_reference`) in :func:`run_one`'s format."""
+    """The pure-numpy reference run (``run_federated`` of ``tests/oracles/rfedags_runner.py``) in
+    :func:`run_one`'s format."""
     t0 = time.perf_counter()
-    ref = run_pca_reference(
+    u_star = prob.optimum()[0]
+    p_tilde = effective_weights_uncorrected(p)
+    u_tilde = prob.reweighted_optimum(p_tilde) if p_tilde.sum() > 0 else u_star
+    ref = run_federated(
         prob,
         p,
         mode=mode,
@@ -131,6 +139,10 @@ def run_numpy(
         seed=seed,
         batch_size=s["batch_size"] or None,
         estimator=estimator,
+        metrics=lambda x: {
+            "dist": subspace_distance(x, u_star),
+            "dist_reweighted": subspace_distance(x, u_tilde),
+        },
     )
     responders = ref["num_responders"][1:]
     return {
@@ -301,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
                     estimator=est,
                 )
             if args.check and not args.numpy:
-                ref = run_pca_reference(
+                ref = run_federated(
                     prob,
                     p,
                     mode=mode,

@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from oracles.rfedags_runner import run_federated
 from scipy import integrate
 
 from flwr_sheaf.methods.rfedags.aggregation import (
@@ -26,7 +27,6 @@ from flwr_sheaf.methods.rfedags.manifolds import Sphere, Stiefel
 from flwr_sheaf.methods.rfedags.pca import (
     PCAProblem,
     planted_pca_problem,
-    run_pca_reference,
     subspace_distance,
     synthetic_pca_problem,
 )
@@ -163,7 +163,7 @@ def test_r1_full_participation_k1_equals_centralised_rgd():
         expected.append(x)
     for mode in ("corrected", "known-p", "uncorrected"):
         for t_stop in (1, t_rounds):
-            h = run_pca_reference(
+            h = run_federated(
                 prob,
                 np.ones(prob.num_clients),
                 mode=mode,
@@ -292,7 +292,7 @@ def planted_runs():
     prob, p = planted_pca_problem(seed=0)
     sched = step_size_schedule(0.05, 200)
     runs = {
-        mode: run_pca_reference(
+        mode: run_federated(
             prob,
             p,
             mode=mode,
@@ -531,12 +531,12 @@ def test_zero_probability_clients_no_nan():
     with warnings.catch_warnings(), np.errstate(all="raise"):
         warnings.simplefilter("error", RuntimeWarning)
         for mode in ("corrected", "known-p", "uncorrected"):
-            h = run_pca_reference(prob, p, mode=mode, num_rounds=30, local_steps=2, step_size=0.02)
+            h = run_federated(prob, p, mode=mode, num_rounds=30, local_steps=2, step_size=0.02)
             assert np.all(np.isfinite(h["gap"])) and h["max_feasibility"] < 1e-10
             assert (
                 h["q"][0] == 1 / 31 and np.isfinite(h["q"]).all()
             )  # never seen in 30 rounds: (0 + 1)/(30 + 1)
-        h = run_pca_reference(
+        h = run_federated(
             prob,
             np.zeros(prob.num_clients),
             mode="corrected",
@@ -561,8 +561,8 @@ def test_r4_paper_setup_corrected_beats_uncorrected(seed):
     kw = dict(
         num_rounds=2000, local_steps=5, step_size=2e-2, seed=seed, batch_size=50, record_every=2000
     )
-    hc = run_pca_reference(prob, p, mode="corrected", **kw)
-    hu = run_pca_reference(prob, p, mode="uncorrected", **kw)
+    hc = run_federated(prob, p, mode="corrected", **kw)
+    hu = run_federated(prob, p, mode="uncorrected", **kw)
     cost = lambda x: -np.trace(x.T @ prob.covariances.mean(axis=0) @ x)  # noqa: E731
     gap0, gc, gu = hc["gap"][0], cost(hc["x"]) - f_star, cost(hu["x"]) - f_star
     assert gc <= 0.1 * gap0 and gc <= 0.5 * gu, (gap0, gc, gu)

@@ -31,7 +31,6 @@ from flwr_sheaf.methods.rfedags.local import local_gradient_stream
 from flwr_sheaf.methods.rfedags.manifolds import SPD, PoincareBall, Sphere, Stiefel
 from flwr_sheaf.methods.rfedags.pca import (
     planted_pca_problem,
-    run_pca_reference,
     synthetic_pca_problem,
 )
 from flwr_sheaf.participation import bernoulli_participation
@@ -191,21 +190,6 @@ def test_rfedproj_run_equals_numpy_loop_with_corrections():
         prob.manifold, x0, 0.0, lambda y, k: prob.local_egrads(y, [0])[0], 1, alpha
     )
     np.testing.assert_allclose(zeta0, proj(x0, -2 * prob.covariances[0] @ x0), atol=1e-14)
-
-
-def test_generic_loop_equals_the_pca_reference():
-    prob = synthetic_pca_problem(num_clients=5, d=10, r=2, samples_per_client=12, seed=2)
-    p = np.array([0.9, 0.2, 0.6, 1.0, 0.4])
-    x0 = prob.manifold.random_point(np.random.default_rng(1))
-    for mode, batch in (("corrected", 4), ("uncorrected", None)):
-        kw = dict(
-            mode=mode, num_rounds=8, local_steps=3, step_size=0.03, x0=x0, seed=4, batch_size=batch
-        )
-        np.testing.assert_allclose(
-            run_federated(prob, p, method="rfedags", **kw)["x"],
-            run_pca_reference(prob, p, **kw)["x"],
-            atol=1e-13,
-        )
 
 
 @pytest.mark.parametrize("method", ["rfedavg", "rfedsvrg"])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.clientapp import ClientApp
+from oracles.rfedags_runner import run_federated
 
 from flwr_sheaf.methods.rfedags.client import (
     STATE_KEY,
@@ -24,7 +25,6 @@ from flwr_sheaf.methods.rfedags.local import local_gradient_stream
 from flwr_sheaf.methods.rfedags.pca import (
     batch_indices,
     planted_pca_problem,
-    run_pca_reference,
     synthetic_pca_problem,
 )
 from flwr_sheaf.methods.rfedags.strategy import RFedAGS
@@ -115,7 +115,7 @@ def test_minibatch_run_equals_reference_run():
     kw = dict(local_steps=4, step_size=0.03, decay_rounds=10.0, seed=5)
     for mode in ("corrected", "uncorrected"):
         res, _, _, _ = run_flower(prob, p, mode, 25, x0, minibatch_size=8, **kw)
-        ref = run_pca_reference(
+        ref = run_federated(
             prob,
             p,
             mode=mode,

@@ -1,42 +1,19 @@
-"""Federated PCA on the Stiefel manifold: the RFedAGS paper's synthetic problem and a planted bias problem.
+"""Federated PCA on the Stiefel manifold (docs/baselines-rfedags.md, s5.5): the RFedAGS paper's synthetic
+problem and a planted problem that exposes the participation bias (check R3, s5.6).
 
-Cost convention (authors' code ``ConstructRFLPCAProb_St_.m``; docs/baselines-rfedags.md, s5.5)::
+Cost convention of the authors' code (no factor 1/2; the paper's step sizes are in it)::
 
     f_i(X) = -tr(X^T A_i X),   A_i = (1/S) sum_s z_s z_s^T,   F(X) = (1/N) sum_i f_i(X),   X in St(d, r)
 
-(no factor 1/2: the paper's step sizes 6e-3 / 2e-2 and the gap thresholds of check R4, docs/baselines-rfedags.md, s5.6, are in this
-convention). Euclidean gradient ``-2 A_i X`` (mini-batch: ``-(2/B) Z_b^T Z_b X``), Riemannian gradient
-its tangent projection. ``F* = -(sum of the top-r eigenvalues of A = mean_i A_i)``, attained by the
-top-r eigenvectors ``U``.
-
-Problems:
-
-* :func:`synthetic_pca_problem`: the paper's synthetic PCA experiment / ``PCAStief_Syn_40.m`` (docs/baselines-rfedags.md, s5.5): client ``i = 1..N`` holds ``S``
-  samples ``z ~ (i/N) N(0, I_d)``; ``(d, r, N, S) = (100, 5, 40, 100)``; ``p_i ~ U(0, 1)``.
-  The pooled covariance is near-isotropic (top-r eigengap ~ 4e-3), so use the optimality gap, not the
-  subspace distance, on this problem.
-* :func:`planted_pca_problem`: check R3 of docs/baselines-rfedags.md, s5.5-s5.6 (the participation bias): 5 frequent
-  clients (``p = 0.9``) with a spike 2.0 on ``e0, e1`` and 5 rare clients (``p = 0.2``) with a spike 3.0 on
-  ``e2, e3``. ``F`` is minimised by ``span(e2, e3)``; the uncorrected mean over responders minimises
-  ``F~ = sum_i p~_i f_i`` whose minimiser is ``span(e0, e1)`` (subspace distance sqrt(2) apart).
-
-:func:`run_pca_reference` is the pure-numpy RFedAGS loop (participation -> K local steps -> server
-step) that the Flower strategy is tested against.
+Euclidean gradient ``-2 A_i X`` (mini-batch ``-(2/B) Z_b^T Z_b X``); ``F* = -(sum of the top-r
+eigenvalues of A = mean_i A_i)``, attained by the top-r eigenvectors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-from ...participation import DEFAULT_Q_MIN, bernoulli_participation, check_probabilities
-from .aggregation import (
-    MODES,
-    RFedAGSServer,
-    effective_weights_uncorrected,
-)
-from .local import local_gradient_stream
+from ...participation import check_probabilities
 from .manifolds import Stiefel
 
 __all__ = [
@@ -46,7 +23,6 @@ __all__ = [
     "synthetic_pca_problem",
     "planted_pca_problem",
     "batch_indices",
-    "run_pca_reference",
 ]
 
 
@@ -317,7 +293,7 @@ def batch_indices(
     """Mini-batch indices of one client's local phase (without replacement within each step).
 
     Deterministic in ``(seed, server_round, client)`` (SeedSequence entropy ``[seed, 1, round, client]``)
-    so the Flower client and :func:`run_pca_reference` draw the same batches.
+    so the Flower client and the tests' numpy loop draw the same batches.
 
     Args:
         seed, server_round, client: the three seed components (non-negative ints).
@@ -335,187 +311,3 @@ def batch_indices(
         raise ValueError(f"batch_size must be in [1, S={num_samples}], got {batch_size!r}")
     rng = np.random.default_rng([int(seed), 1, int(server_round), int(client)])
     return np.stack([rng.permutation(num_samples)[:batch_size] for _ in range(int(num_steps))])
-
-
-def run_pca_reference(
-    problem: PCAProblem,
-    p: np.ndarray,
-    *,
-    mode: str,
-    num_rounds: int,
-    local_steps: int,
-    step_size: float | Callable[[int], float],
-    x0: np.ndarray | None = None,
-    seed: int = 0,
-    batch_size: int | None = None,
-    q_min: float = DEFAULT_Q_MIN,
-    global_step: float = 1.0,
-    estimate_includes_current: bool = False,
-    estimator: str = "plus-one",
-    force_one_if_empty: bool = False,
-    record_every: int = 1,
-) -> dict:
-    """Pure-numpy RFedAGS run on a PCA problem (docs/baselines-rfedags.md, s5, with the Bernoulli(p_i) participation of docs/participation.md, s1).
-
-    Round ``t = 1..T``: ``S_t = bernoulli_participation(p, t, seed)``; every responder runs
-    :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` from ``x_t`` with ``alpha_{t-1}`` (exact local
-    gradients if ``batch_size`` is None, else mini-batches from :func:`batch_indices`); the server
-    (:class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`) aggregates with the ``mode`` weights.
-    Responders' local phases are batched into one call (identical maths, faster).
-
-    Args:
-        problem: the PCA problem.
-        p: ``(N,)`` participation probabilities.
-        mode: ``"corrected" | "known-p" | "uncorrected"``.
-        num_rounds: ``T >= 1``.
-        local_steps: ``K >= 1``.
-        step_size: fixed ``alpha`` or callable ``t -> alpha_t`` (``t = round - 1``).
-        x0: initial point ``(d, r)``; default a random Stiefel point seeded by ``seed``.
-        seed: participation, mini-batch and default-``x0`` seed.
-        batch_size: mini-batch size ``B`` (requires ``problem.samples``), None = exact gradients.
-        q_min, global_step, estimate_includes_current: see ``RFedAGSServer``.
-        estimator: ``"plus-one"`` or ``"empirical"`` (``RFedAGSServer``'s ``estimator_kind``).
-        force_one_if_empty: see :func:`~flwr_sheaf.participation.bernoulli_participation`.
-        record_every: record metrics at round 0, every ``record_every`` rounds and at ``T``.
-
-    Returns:
-        dict with lists ``rounds``, ``gap`` (``F(x_t) - F*``), ``dist`` (to ``U``), ``dist_reweighted`` (to the
-        ``p~``-optimum ``U~``), ``num_responders``; scalars ``max_feasibility`` (max over *all* rounds of
-        ``||X^T X - I||_F``), ``empty_rounds``; arrays ``x`` (final point), ``q`` (final frequency
-        estimates), ``p_tilde``.
-
-    Raises:
-        ValueError: invalid arguments (mode, sizes, probabilities, step sizes).
-    """
-    probs = _check_reference_args(problem, p, mode, num_rounds, record_every)
-    alpha = step_size if callable(step_size) else (lambda t, a=float(step_size): a)
-    man = problem.manifold
-    server = _reference_server(
-        problem, probs, x0, seed, mode, q_min, global_step, estimate_includes_current, estimator
-    )
-    u_star, u_tilde, p_tilde = _targets(problem, probs)
-    hist: dict = {"rounds": [], "gap": [], "dist": [], "dist_reweighted": [], "num_responders": []}
-    _record(hist, problem, server.x, u_star, u_tilde, 0, 0)
-    max_feas, empty = float(man.feasibility(server.x)), 0
-    for t in range(1, int(num_rounds) + 1):
-        mask = bernoulli_participation(probs, t, seed, force_one_if_empty)
-        clients = np.flatnonzero(mask)
-        zetas = np.zeros((problem.num_clients, problem.d, problem.r))
-        if clients.size:
-            zetas[clients] = _local_phase(
-                problem, server.x, clients, t, alpha(t - 1), local_steps, seed, batch_size
-            )
-        else:
-            empty += 1
-        server.step(mask, zetas)
-        max_feas = max(max_feas, float(man.feasibility(server.x)))
-        if t % record_every == 0 or t == num_rounds:
-            _record(hist, problem, server.x, u_star, u_tilde, t, int(clients.size))
-    final = {"x": server.x.copy(), "q": server.estimator.estimate(), "p_tilde": p_tilde}
-    return {**hist, "max_feasibility": max_feas, "empty_rounds": empty, **final}
-
-
-def _targets(problem: PCAProblem, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The distances' targets: the optimum ``U`` ``(d, r)``, the ``p~``-reweighted optimum ``U~``
-    (``U`` when every ``p~`` is 0) and ``p~`` ``(N,)`` (uncorrected aggregation's effective weights)."""
-    u_star, _ = problem.optimum()
-    p_tilde = effective_weights_uncorrected(probs)
-    u_tilde = problem.reweighted_optimum(p_tilde) if p_tilde.sum() > 0 else u_star
-    return u_star, u_tilde, p_tilde
-
-
-def _reference_server(
-    problem: PCAProblem,
-    probs: np.ndarray,
-    x0: np.ndarray | None,
-    seed: int,
-    mode: str,
-    q_min: float,
-    global_step: float,
-    estimate_includes_current: bool,
-    estimator: str,
-) -> RFedAGSServer:
-    """The reference run's server at ``x0`` (checked on the manifold; default a random Stiefel
-    point seeded by ``(seed, 2)``), with the arguments of :func:`run_pca_reference`."""
-    man = problem.manifold
-    if x0 is None:
-        x0 = man.random_point(np.random.default_rng([int(seed), 2]))
-    man.check_point(x0)
-    return RFedAGSServer(
-        man,
-        x0,
-        problem.num_clients,
-        mode=mode,
-        p=probs,
-        q_min=q_min,
-        global_step=global_step,
-        estimate_includes_current=estimate_includes_current,
-        estimator_kind=estimator,
-    )
-
-
-def _check_reference_args(
-    problem: PCAProblem, p: np.ndarray, mode: str, num_rounds: int, record_every: int
-) -> np.ndarray:
-    """The checked participation probabilities ``(N,)`` of :func:`run_pca_reference`.
-
-    Raises:
-        ValueError: an unknown ``mode``, bad probabilities or not one per client, or
-            ``num_rounds`` / ``record_every`` not a positive integer (value named).
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    probs = check_probabilities(p)
-    if probs.size != problem.num_clients:
-        raise ValueError(f"p has {probs.size} entries, problem has {problem.num_clients} clients")
-    if int(num_rounds) != num_rounds or num_rounds < 1:
-        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
-    if int(record_every) != record_every or record_every < 1:
-        raise ValueError(f"record_every must be a positive integer, got {record_every!r}")
-    return probs
-
-
-def _local_phase(
-    problem: PCAProblem,
-    x: np.ndarray,
-    clients: np.ndarray,
-    t: int,
-    a_t: float,
-    local_steps: int,
-    seed: int,
-    batch_size: int | None,
-) -> np.ndarray:
-    """The responders' ``clients`` local phases of round ``t`` from ``x`` with step ``a_t``, batched
-    into one :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` call (exact local
-    gradients, or mini-batches from :func:`batch_indices`); returns their ``zeta`` ``(m, d, r)``."""
-    if batch_size is None:
-
-        def egrad(x, k, c=clients, b=None):  # b: same signature as the minibatch variant
-            return problem.local_egrads(x, c)
-    else:
-        s = problem.samples.shape[1] if problem.samples is not None else 0
-        bidx = np.stack(
-            [batch_indices(seed, t, int(c), local_steps, s, batch_size) for c in clients]
-        )  # (m, K, B)
-
-        def egrad(x, k, c=clients, b=bidx):
-            return problem.minibatch_egrads(x, c, b[:, k])
-
-    return local_gradient_stream(problem.manifold, x, egrad, local_steps, a_t).zeta
-
-
-def _record(
-    hist: dict,
-    problem: PCAProblem,
-    x: np.ndarray,
-    u_star: np.ndarray,
-    u_tilde: np.ndarray,
-    t: int,
-    m: int,
-) -> None:
-    """Append round ``t``'s gap, distances to ``U`` and ``U~`` and responder count ``m`` to ``hist``."""
-    hist["rounds"].append(t)
-    hist["gap"].append(problem.gap(x))
-    hist["dist"].append(subspace_distance(x, u_star))
-    hist["dist_reweighted"].append(subspace_distance(x, u_tilde))
-    hist["num_responders"].append(m)
