@@ -271,15 +271,6 @@ class NetworkSheaf:
             self.maps[(h, t)] = v
 
     # ------------------------------------------------------------------ structure
-    def offsets(self) -> dict[int, int]:
-        """Start index of each node's block in the stacked 0-cochain (:func:`stalk_offsets`).
-
-        Returns:
-            ``{partition-id: int offset}``; blocks are laid out in ascending partition-id order
-            (the column order of :meth:`coboundary` and :meth:`laplacian`).
-        """
-        return stalk_offsets(self.dims)
-
     def coboundary(self, sparse: bool = False) -> torch.Tensor:
         """Coboundary ``Delta`` (Eq. 5, re-parameterised as Eq. 10/11; :func:`coboundary`).
 
@@ -317,14 +308,7 @@ class NetworkSheaf:
         Raises:
             ValueError: as :meth:`total_variation`.
         """
-        out = {}
-        for h, t in self.edges:
-            zh, zt = self._rows(pilots, h), self._rows(pilots, t)
-            if zh.shape[0] != zt.shape[0]:
-                raise ValueError(f"edge {h}->{t}: {zh.shape[0]} vs {zt.shape[0]} pilot rows")
-            v = self.maps[(h, t)].to(zh.dtype)
-            out[(h, t)] = float(((zh - zt @ v.T) ** 2).sum()) / zh.shape[0]
-        return out
+        return {e: float(term) / rows for e, term, rows in self._edge_terms(pilots)}
 
     # ------------------------------------------------------------------ signals
     def total_variation(self, z: Mapping[int, torch.Tensor]) -> torch.Tensor:
@@ -341,14 +325,18 @@ class NetworkSheaf:
             ValueError: a node is missing or has the wrong dimension / NaN entries.
         """
         total = None
+        for _, term, _ in self._edge_terms(z):
+            total = term if total is None else total + term
+        return total if total is not None else torch.zeros(())
+
+    def _edge_terms(self, z: Mapping[int, torch.Tensor]):
+        """``((h, t), ||z_h - V z_t||_F^2, rows)`` per oriented edge, in ``self.edges`` order."""
         for h, t in self.edges:
             zh, zt = self._rows(z, h), self._rows(z, t)
             if zh.shape[0] != zt.shape[0]:
                 raise ValueError(f"edge {h}->{t}: {zh.shape[0]} vs {zt.shape[0]} pilot rows")
             v = self.maps[(h, t)].to(zh.dtype)
-            term = ((zh - zt @ v.T) ** 2).sum()
-            total = term if total is None else total + term
-        return total if total is not None else torch.zeros(())
+            yield (h, t), ((zh - zt @ v.T) ** 2).sum(), zh.shape[0]
 
     def _rows(self, z: Mapping[int, torch.Tensor], n: int) -> torch.Tensor:
         if n not in z:

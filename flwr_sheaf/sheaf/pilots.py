@@ -1,33 +1,11 @@
-"""Pilot selection strategies and Parseval normalisation (paper App. B; docs/variants-pilots.md).
+"""Pilot selection strategies and Parseval normalisation (paper App. B; the strategies of the
+``pilot-strategy`` key and what travels: docs/variants-pilots.md).
 
-No Flower here: the strategy (:mod:`flwr_sheaf.methods.sheaf_frl.strategy`) decides each server round's
-:class:`PilotSelection` with a :class:`PilotSampler`, sends it to every trained node, and relays the
-neighbours' pilot matrices reduced by :func:`apply_selection`; the node reduces its own pilots the
-same way (:mod:`flwr_sheaf.methods.sheaf_frl.client`). Row convention throughout: a pilot matrix is ``(K, d)``
-(rows = pilot samples), the paper's ``A_i`` is its transpose ``(d, K)``.
-
-Strategies (run-config key ``pilot-strategy``):
-
-- ``all``: every shared pilot (the default; no selection message at all).
-- ``uniform:K``: K of the M shared pilots drawn uniformly without replacement, afresh each server
-  round from ``(seed, server round)`` (the unbiased Monte Carlo estimate of the alignment energy).
-- ``stratified-class:K``: a fixed number per pilot class (``K // C``, the remainder to a seeded
-  choice of classes; a class with too few pilots gives all it has and the shortfall is drawn
-  uniformly from the rest), redrawn each round. Needs the pilots' labels (public: the pilots are
-  a labelled public hold-out; nodes report them once).
-- ``stratified-cluster:K``: as ``stratified-class`` with the groups of :func:`cluster_pilots`
-  (scikit-learn ``KMeans`` with ``round(sqrt(K))`` clusters, capped at M, on
-  :func:`public_pilot_features`).
-- ``prototype-class`` / ``prototype-cluster:K``: every pilot, grouped (classes / K k-means
-  clusters); a node's pilot matrix is its per-group mean (one row per group, sorted by group id).
-- ``dynamic:P+R``: P persistent pilots drawn once from ``seed`` plus R drawn each round from the
-  others.
-- ``adaptive:K``: the K pilots with the largest current cross-node mismatch (:func:`pilot_mismatch`
-  on the matrices the strategy holds); ties and round 1 (nothing held yet) by a uniform draw.
-
-Indices are always sorted ascending (prototype rows by group id), so "identical indices in
-identical order" is a property of the selection, fingerprinted by
-:func:`flwr_sheaf.methods.sheaf_frl.protocol.index_digest`.
+No Flower here: the Sheaf-FRL strategy decides each round's :class:`PilotSelection` with a
+:class:`PilotSampler` and relays the neighbours' pilot matrices reduced by :func:`apply_selection`;
+the node reduces its own the same way. A pilot matrix is ``(K, d)`` (rows = pilots; the paper's
+``A_i`` is its transpose). Indices are sorted ascending (prototype rows by group id), so a selection
+is fingerprinted by :func:`flwr_sheaf.methods.sheaf_frl.protocol.index_digest`.
 """
 
 from __future__ import annotations

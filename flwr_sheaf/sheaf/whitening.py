@@ -1,40 +1,14 @@
 """Whitening and colouring layers for the node stalks (paper Sec. 3, "Heterogeneous latent space
-geometry", and App. G).
+geometry", and App. G; the design and its numbers: docs/stability.md, s2).
 
-The paper assumes every encoder ends in a whitening layer that maps its latents to zero mean and
-identity covariance, so that the latent spaces of different agents share a common Euclidean
-reference before orthogonal/Stiefel restriction maps compare them; the head starts with a
-colouring layer, the exact left inverse of that whitening, so the private task still sees the
-agent's own latent geometry. The statistics are estimated on the shared pilot set (App. G).
-
-This module implements a real (decorrelating) whitening, unlike the reference code, whose layer
-only standardises each coordinate (docs/deviations.md, s4):
-
-* Regularised covariance (shrinkage towards the diagonal plus a relative eigenvalue floor)::
-
-      Sigma_reg = (1 - shrinkage) * Sigma + shrinkage * diag(Sigma)
-                  + eps * (trace(Sigma) / d) * I + 1e-8 * I
-
-  ``shrinkage = 0`` is full decorrelation, ``shrinkage = 1`` per-dimension standardisation.
-  ``eps`` protects the near-dead directions that post-ReLU encoders have
-  (docs/stability.md, s1 and s2.2).
-* Cholesky whitening: ``L = cholesky(Sigma_reg)``, ``zhat = (z - mu) @ L^{-T}``.
-
-Estimator convention: ``Sigma`` is always the *unbiased* sample covariance (divisor ``B - 1``),
-in train mode, in the running statistics and in :meth:`Whitening.fit`; this matches
-``numpy.cov`` and ``torch.cov`` defaults, so a fitted layer maps its own fitting sample to an
-unbiased sample covariance equal to :meth:`Whitening.whitened_covariance_target` (the identity
-when ``shrinkage = 0`` and ``eps`` is negligible).
-
-Amplification bound: ``(1 - s) Sigma + s diag(Sigma)`` is positive semi-definite for
-``s in [0, 1]``, so ``lambda_min(Sigma_reg) >= eps * trace(Sigma) / d + 1e-8`` and, for any
-input, ``||whiten(z1) - whiten(z2)|| <= ||z1 - z2|| / sqrt(eps * trace(Sigma) / d + 1e-8)``
-(see :meth:`Whitening.max_gain`). A direction of variance ``v`` comes out with variance at most
-``v / (eps * trace(Sigma) / d + 1e-8)`` instead of being blown up to 1.
-
-Numerics: statistics, the factorisation and the triangular solves run in float64 (the
-regularised covariance may have condition number up to ``d / eps``); buffers are stored in the
-module's dtype (float32 by default) and outputs have the input's dtype.
+Every encoder ends in a whitening layer (zero mean, identity covariance, so that the agents' latent
+spaces share a Euclidean reference before orthogonal/Stiefel maps compare them) and the head starts
+with a colouring layer, its exact left inverse. Unlike the reference code, which only standardises
+each coordinate (docs/deviations.md, s4), the whitening decorrelates: Cholesky of the regularised
+covariance :func:`regularised_covariance` (shrinkage towards the diagonal plus a relative eigenvalue
+floor, so no direction is amplified by more than :meth:`Whitening.max_gain`), ``Sigma`` always the
+unbiased sample covariance. Statistics and solves run in float64; buffers are stored in the module's
+dtype and outputs have the input's dtype.
 """
 
 from __future__ import annotations
@@ -131,11 +105,8 @@ class Whitening(nn.Module):
     (paper Sec. 3 "heterogeneous latent space geometry"; App. G: fitted on pilot latents).
 
     ``zhat = (z - mu) @ L^{-T}`` with ``L = cholesky(Sigma_reg)`` and ``Sigma_reg`` as in
-    :func:`regularised_covariance`. Cholesky whitening differs from ZCA whitening
-    (``Sigma^{-1/2}``) by an orthogonal matrix: ``L^{-T} = Sigma_reg^{-1/2} R`` with ``R``
-    orthogonal. The restriction maps (Procrustes, paper Eq. 18) are orthogonal/Stiefel, so they
-    absorb that rotation; Cholesky is chosen because its backward is finite and stable, unlike
-    ``eigh`` with repeated eigenvalues (which every batch with ``B < d`` has).
+    :func:`regularised_covariance`; it differs from ZCA by a rotation the orthogonal restriction
+    maps absorb (why Cholesky: docs/stability.md, s2.3).
 
     Modes (like ``nn.BatchNorm1d``):
 
@@ -299,15 +270,7 @@ class Whitening(nn.Module):
             batch_size: number of rows ``B`` of the batch (int).
 
         Returns:
-            float in ``[shrinkage, 1]``.
-
-        A batch covariance has rank at most ``B - 1``; when ``B - 1 < d`` full decorrelation would
-        whiten a ``(B-1)``-dimensional subspace to unit variance and flatten the rest to the floor,
-        which does not match the running (eval) whitening fitted on many more pilot rows. Shrinking
-        towards the diagonal by at least the rank-deficient fraction keeps the batch transform
-        close to the eval one (per-dimension standardisation in the limit ``B << d``), while
-        batches with ``B > d`` decorrelate fully (``shrinkage`` permitting). Eval mode and
-        :meth:`fit` use ``shrinkage`` itself.
+            float in ``[shrinkage, 1]`` (eval mode and :meth:`fit` use ``shrinkage`` itself).
         """
         return max(self.shrinkage, min(1.0, max(0.0, 1.0 - (batch_size - 1) / self.d)))
 
@@ -332,37 +295,14 @@ class Whitening(nn.Module):
         self.invalidate_cache()
         return self
 
-    def regularised_running_covariance(self) -> Tensor:
-        """``Sigma_reg (d, d)`` of the running statistics (:func:`regularised_covariance` with this
-        layer's ``shrinkage`` and ``eps``), detached, in ``running_cov``'s dtype."""
-        cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
-        reg = regularised_covariance(0.5 * (cov + cov.mT), self.shrinkage, self.eps)
-        return reg.to(self.running_cov.dtype)
-
-    def cholesky_factor(self) -> Tensor:
-        """Lower-triangular ``L (d, d)`` with ``L L^T = Sigma_reg`` (running statistics), in
-        ``running_cov``'s dtype. Eval-mode whitening is ``(z - running_mean) @ L^{-T}``.
-
-        Raises:
-            ValueError: the running statistics contain NaN/inf (refit with :meth:`fit`)."""
-        return self._running_factor()[1].to(self.running_cov.dtype)
-
-    def whitening_matrix(self) -> Tensor:
-        """``W = L^{-T} (d, d)`` (``running_cov``'s dtype) so that eval-mode whitening is
-        ``(z - running_mean) @ W``. Raises ValueError like :meth:`cholesky_factor`."""
-        chol = self._running_factor()[1]
-        eye = torch.eye(self.d, dtype=chol.dtype, device=chol.device)
-        w = torch.linalg.solve_triangular(chol.mT, eye, upper=True)
-        return w.to(self.running_cov.dtype)
-
     def whitened_covariance_target(self) -> Tensor:
         """Exact covariance ``L^{-1} Sigma L^{-T} (d, d)`` that eval-mode whitened data has
         when its own covariance equals the running ``Sigma`` (e.g. the sample passed to
         :meth:`fit`, with the unbiased estimator). Equals ``I`` when ``shrinkage = 0`` and
         ``eps * trace/d + 1e-8`` is negligible against the eigenvalues of ``Sigma``; with
         ``shrinkage = 1`` and no floor it is the correlation matrix. Always ``<= I`` when
-        ``shrinkage = 0``. Returned in ``running_cov``'s dtype. Raises ValueError like
-        :meth:`cholesky_factor`."""
+        ``shrinkage = 0``. Returned in ``running_cov``'s dtype. Raises ValueError when the running
+        statistics contain NaN/inf (refit with :meth:`fit`)."""
         chol = self._running_factor()[1]
         cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
         half = torch.linalg.solve_triangular(chol, 0.5 * (cov + cov.mT), upper=False)  # L^{-1} S
