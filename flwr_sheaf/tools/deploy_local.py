@@ -31,8 +31,8 @@ from .flwr_cli import (
     find_flwr,
     flwr_env,
     free_port_block,
-    list_runs,
     missing,
+    run_status,
     stop_processes,
 )
 
@@ -413,8 +413,7 @@ class _Runs:
                 return f"superlink exited ({self.superlink.returncode})"
             ended = follower is not None and follower.poll() is not None
             if ended or time.monotonic() >= next_check:
-                runs = list_runs(self.flwr, self.env, CONNECTION, run_id)
-                status = str(runs[-1].get("status")) if runs else "no run found"
+                status = run_status(self.flwr, self.env, CONNECTION, run_id)
                 if status.startswith("finished"):
                     return status
                 if ended:

@@ -1,21 +1,8 @@
 """Shared helpers for the tools that drive Flower 1.42's ``flwr`` CLI (``scripts/run_flwr.py``,
-:mod:`flwr_sheaf.tools.deploy_local`).
-
-Standard library and ``psutil`` only, no import of the package: ``scripts/run_flwr.py`` loads this
-file by its path, so a wrapper that may only refuse a busy port does not pay for importing torch
-and flwr (seconds).
-
-- :func:`flwr_env`: the environment every Flower process of a script gets (private ``FLWR_HOME``,
-  telemetry, update check and runtime dependency installation off, this interpreter's scripts first
-  on ``PATH``);
-- :func:`find_flwr`: the ``flwr`` executable of this interpreter;
-- :func:`run_status`: a run's status read from ``flwr ls --format json`` (``flwr run`` exits 0 even
-  when the run failed, see docs/deployment.md);
-- :func:`stop_processes`: terminate (then kill) exactly the given processes and their descendants.
-
-Facts (Flower 1.42 source and runs, docs/deployment.md): ``flwr ls --format json`` answers
-``{"success": true, "runs": [{"run-id": int, "status": "finished:completed" | "finished:failed" |
-"running" | ..., ...}]}``.
+:mod:`flwr_sheaf.tools.deploy_local`): the environment of every Flower process, the executables,
+free ports, run status (``flwr run`` exits 0 even when the run failed; docs/deployment.md) and
+stopping exactly the processes a tool started. Standard library and ``psutil`` only, no import of
+the package: ``scripts/run_flwr.py`` loads this file by its path, so it does not pay for torch and flwr.
 """
 
 from __future__ import annotations

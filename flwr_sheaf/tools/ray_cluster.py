@@ -14,15 +14,9 @@ So one forgotten ``ray start`` silently captures every later simulation on the m
 meant for a cluster cannot pass ``init-args-num-cpus``/``init-args-num-gpus`` (Ray raises
 ``ValueError: When connecting to an existing cluster, num_cpus and num_gpus must not be
 provided`` after the SuperLink has started, and ``flwr run`` still exits 0). This module decides
-up front, for ``scripts/run_flwr.py`` (which loads this file by path):
-
-- :func:`ray_environment`: the ``RAY_ADDRESS`` the run gets (the cluster asked for with
-  ``--ray-address``, or ``local``: a private instance, even when a ``ray start`` left its address
-  file), with a note naming a cluster that was *not* used and how to use it; refuses a
-  ``RAY_ADDRESS`` set in the environment that nobody passed on the command line;
-- :func:`check_federation_for_cluster`: refuses federation settings that Ray refuses on an
-  existing cluster, naming the fix (declare resources per node with ``ray start``);
-- :func:`check_reachable`: the cluster's GCS answers on its address.
+up front, for ``scripts/run_flwr.py`` (which loads this file by path): the ``RAY_ADDRESS`` a run gets
+(the ``--ray-address`` cluster, or a private ``local`` instance), the federation settings Ray refuses
+on a cluster, and whether the cluster answers.
 
 How to run on a cluster across machines: docs/running.md, "A Ray cluster".
 """

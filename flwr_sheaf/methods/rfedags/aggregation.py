@@ -1,24 +1,12 @@
-"""Server side of RFedAGS: weighting and averaging uploaded gradient streams, global step, retraction.
-
-RFedAGS server update (docs/baselines-rfedags.md, s5.3; authors' sign convention)::
+"""Server side of RFedAGS (docs/baselines-rfedags.md, s5.3; authors' sign convention)::
 
     x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
 
-where ``zeta_i in T_{x_t} M`` is client ``i``'s gradient stream (sum of its ``K`` transported, *negative*
-step-scaled local gradients, see :mod:`flwr_sheaf.methods.rfedags.local`) and the weights are
-
-* ``"corrected"`` (RFedAGS with unknown p: frequency estimates, paper Assumption 3.8): ``w_i = 1/(q_i^t N)`` with the frequency
-  estimate ``q_i^t`` of :class:`~flwr_sheaf.participation.FrequencyEstimator`;
-* ``"known-p"`` (the paper's update with true probabilities; docs/participation.md, s2): ``w_i = 1/(p_i N)``; since
-  ``E[1{i in S_t}/(p_i N)] = 1/N`` the aggregate is unbiased for ``(1/N) sum_i zeta_i``;
-* ``"uncorrected"`` (the "AGS-RS" baseline, ``RFedAGSP__.m``): ``w_i = n_i / sum_{j in S_t} n_j``
-  (plain mean over responders for equal ``n_i``). Its expectation is ``sum_i p~_i zeta_i`` with
-  ``p~`` from :func:`effective_weights_uncorrected` (paper Theorem 2.1), i.e. it minimises the re-weighted
-  objective ``F~ = sum_i p~_i f_i``, not ``F``.
-
-Empty round (nobody responded): the direction is zero and the iterate is kept *exactly*
-(``x_{t+1} = x_t``, no retraction round-off). This replaces the authors' code fallback of forcing a
-random client in (which is available as ``force_one_if_empty`` in the participation sampler).
+``zeta_i in T_{x_t} M`` client ``i``'s gradient stream (:mod:`~flwr_sheaf.methods.rfedags.local`), the
+weights those of ``mode`` (:func:`participation_weights`): ``"corrected"`` ``1/(q_i^t N)`` (frequency
+estimates), ``"known-p"`` ``1/(p_i N)`` (unbiased for ``(1/N) sum_i zeta_i``), ``"uncorrected"``
+``n_i / sum_{S_t} n_j``, whose expectation re-weights the objective by :func:`effective_weights_uncorrected`
+(paper Theorem 2.1). An empty round keeps the iterate exactly (no retraction round-off).
 """
 
 from __future__ import annotations

@@ -1,32 +1,13 @@
 """RFedAGS's comparison methods: RFedAvg, RFedSVRG and RFedProj (maths only, manifold-generic).
 
 Faithful to the RFedAGS authors' baseline code (``RFedAvg_.m``, ``RFedSVRG_.m``, ``RFedProj_.m``;
-docs/baselines-rfedags.md, s5.4); every function only calls :class:`~flwr_sheaf.methods.rfedags.manifolds.Manifold`
-operations. Arbitrary participation: each round's responders ``S_t`` come from the same Bernoulli
-sampler as RFedAGS, and every aggregation takes the weights ``w_i`` of
-:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights`: ``"uncorrected"`` (``1/|S_t|``, what the
-three papers and the authors' code use) or the RFedAGS corrections ``"known-p"`` / ``"corrected"``.
-
-* **RFedAvg** (Li & Ma 2023): client ``i`` runs ``K`` local Riemannian SGD steps from ``x_t`` (the same
-  loop as RFedAGS, :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`) and uploads its end point
-  ``x_i``; the server maps end points to ``T_{x_t} M`` by the inverse retraction (the logarithm where
-  the retraction is the exponential map) and retracts the weighted sum:
-  ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))`` (:func:`average_endpoints`).
-* **RFedSVRG** (Li & Ma 2022): responders first send ``grad f_i(x_t)``; the server forms
-  ``g_t = sum_i w_i grad f_i(x_t)`` (:func:`full_gradient`; the authors' code divides the responders'
-  sum by ``N``, the uncorrected weights divide by ``|S_t|``) and sends it back; each responder runs
-  ``K`` variance-reduced steps ``eta = grad f_i(x; B_k) - T_{x_t -> x}(grad f_i(x_t; B_k) - g_t)``,
-  ``x <- R_x(-alpha eta)`` (:func:`svrg_local_steps`) and uploads its end point; the server averages as
-  RFedAvg.
-* **RFedProj** (Zhang, Hu, So, Johansson 2024): compact embedded submanifolds only (Stiefel, sphere).
-  The server keeps an ambient point ``x^mid``; client ``i`` starts from ``z = P_M(x^mid)`` and runs
-  ``K`` steps ``z^ <- z^ - alpha (grad f_i(z; B_k) + c_i)``, ``z = P_M(z^)`` (:func:`projection_local_steps`),
-  uploading ``z^_K`` and its mean gradient ``zeta_i``; ``c_i = (P_M(x^mid_{t-1}) - x^mid_t)/(K alpha eta_g)
-  - zeta_i^{t-1}`` if ``i`` responded in the previous round, else 0 (:func:`projection_correction`); the
-  server sets ``x^mid_{t+1} = P_M(x^mid_t) + eta_g sum_i w_i (z^_i - P_M(x^mid_t))``
-  (:func:`average_ambient`; equal to the authors' ``(1 - eta_g) P(x^mid) + eta_g mean z^`` for
-  ``w_i = 1/|S_t|``); the model is ``P_M(x^mid)``. A manifold that is not compact and embedded (SPD, the
-  Poincaré ball) is refused with a :class:`ValueError` naming it.
+docs/baselines-rfedags.md, s5.8); every function only calls
+:class:`~flwr_sheaf.methods.rfedags.manifolds.Manifold` operations. Each round's responders come from
+the same Bernoulli sampler as RFedAGS, and every aggregation takes the weights ``w_i`` of
+:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights` (``"uncorrected"`` ``1/|S_t|``,
+what the papers use, or RFedAGS's corrections). RFedAvg: :func:`average_endpoints`; RFedSVRG:
+:func:`full_gradient`, :func:`svrg_local_steps`; RFedProj (compact embedded manifolds only):
+:func:`projection_local_steps`, :func:`projection_correction`, :func:`average_ambient`.
 """
 
 from __future__ import annotations

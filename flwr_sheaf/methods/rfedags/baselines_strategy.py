@@ -1,4 +1,4 @@
-"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines-rfedags.md, s5).
+"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines-rfedags.md, s5.8).
 
 :class:`RFedBaseline` is :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` (discovery, the shared
 Bernoulli(p_i) sampler, so all four methods train the same nodes in the same rounds, weights of

@@ -1,28 +1,13 @@
-"""Federated Fréchet (Karcher) means on SPD matrices and in the Poincaré ball: RFedAGS's other problems.
+"""Federated Fréchet (Karcher) means on SPD matrices and in the Poincaré ball: RFedAGS's other problems
+(docs/baselines-rfedags.md, s5.7)::
 
-Problem (RFedAGS paper, FMC on SPD / hyperbolic experiments; docs/baselines-rfedags.md, s5.4)::
+    f_i(x) = (1/(2S)) sum_s d(x, a_{i,s})^2,   F(x) = (1/N) sum_i f_i(x),   x in M (Hadamard),
 
-    f_i(x) = (1/(2S)) sum_s d(x, a_{i,s})^2,   F(x) = (1/N) sum_i f_i(x),   x in M,
-
-with ``M`` a Hadamard manifold (SPD with the affine-invariant metric, the Poincaré ball): ``F`` is
-geodesically strongly convex, its minimiser (the Fréchet mean of the pooled points, every client
-weighted ``1/N``) is unique. Riemannian gradient ``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``; the
-client loop takes Euclidean gradients, obtained with the manifold's ``rgrad2egrad`` (so the loop never
-branches on the manifold).
-
-Planted problems with an independent optimum:
-
-* :func:`commuting_spd_problem`: all points share one eigenbasis ``Q``; for commuting SPD matrices
-  ``d(A, B) = ||log A - log B||_F``, so the weighted Fréchet mean is ``Q diag(exp(sum_i w_i l_i)) Q^T``
-  (``l_i`` the mean log-eigenvalues of client ``i``, ``w`` normalised weights) in closed form
-  (:meth:`FrechetMeanProblem.weighted_optimum`). A frequent and a rare group with different
-  log-spectra: the uncorrected RFedAGS mean converges to the ``p~``-weighted mean instead.
-* :func:`symmetric_poincare_problem`: client ``i + P`` holds the negatives of client ``i``'s points;
-  ``x -> -x`` is an isometry of the ball, so the unique Fréchet mean of the pooled points is the
-  origin (closed form by symmetry). Frequent clients hold one half, rare clients the mirror half.
-* :func:`centralised_frechet_mean`: independent reference for any configuration: the centralised
-  Karcher flow with geoopt's own (torch) exponential and logarithm maps, a code path independent of
-  the numpy operators and of the federated loop.
+so ``F`` has a unique minimiser; ``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``, fed to the client loop
+through the manifold's ``rgrad2egrad``. The planted problems have an independent optimum:
+:func:`commuting_spd_problem` (one shared eigenbasis: the weighted mean in closed form) and
+:func:`symmetric_poincare_problem` (mirrored clients: the mean is the origin), each with a frequent and
+a rare group; :func:`centralised_frechet_mean` is a reference for any configuration (geoopt's torch maps).
 """
 
 from __future__ import annotations

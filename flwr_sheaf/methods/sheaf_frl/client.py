@@ -1,30 +1,13 @@
 """Sheaf-FRL on the client (paper Alg. 1): the gluing loss plug-in and its handlers.
 
 Per ``train.sheaf`` message a node receives its neighbours' latest whitened pilot matrices
-``(K, d_j)`` (record ``pilots``), its incident edges (:class:`flwr_sheaf.protocol.EdgeConfig`) and
-lambda for this round, then for every local epoch (i) refits every incident restriction map by
-Procrustes (Eq. 18) on the current pilots and (ii) trains on CE + the local gluing penalty
-(Eq. 16, neighbours' pilots constant, gradient Eq. 19). Afterwards it re-fits the whitening on its
-pilot latents and replies with its new whitened pilot matrix ``(K, d_i)``, also cached in
-``context.state`` (the next round's first maps and the evaluation reuse it). In round 1 no node has
-pilots of its neighbours yet, so it trains on CE only.
-
-Stable formulation (docs/stability.md): the penalty uses *dropout-free* pilot passes (encoder in
-eval mode) whitened with *differentiable batch statistics* (whitening layer in train mode), so the
-encoder cannot lower it by shrinking its latents or by dropout noise; maps are refitted every
-local epoch; the loop clips the gradient norm per agent.
-
-Variants (docs/variants-privacy.md; run-config ``sheaf-variant`` and ``privacy``, sent resolved in the
-config): ``homogeneous`` (Alg. 2) has only the tail of each edge fit an ``O(d)`` map, and the tail
-uploads its pilots transported by it (record ``transported``) for the head; ``stringent`` (Alg.
-3/4) uploads only per-neighbour transported pilots, never ``A_i``, and keeps the node's own
-outgoing maps in ``context.state`` (key ``<action>.maps``), refitted by P2c/P2d
-(:func:`flwr_sheaf.sheaf.variants.edge_terms`). Before a map has been fitted (round 1, or a
-neighbour that has not trained yet) it is the paper's initialisation: the identity for Alg. 2,
-and for Alg. 3/4 a Haar-random map keyed by (seed, partition-id, neighbour, node secret), the
-secret being 63 random bits drawn once per node from the OS (or the node-config key
-``privacy-secret``) and kept in ``context.state``: a key known to the neighbours would let them
-undo the round-1 transport.
+``(K, d_j)``, its incident edges and this round's lambda; every local epoch it refits its incident
+restriction maps by Procrustes (Eq. 18) and trains on CE + the local gluing penalty (Eq. 16,
+neighbours' pilots constant); then it refits its whitening on its pilot latents and replies with
+its whitened pilots ``(K, d_i)``, cached in ``context.state``. Round 1 trains on CE only. The stable
+formulation (dropout-free pilot passes, differentiable batch whitening, maps refitted each epoch):
+docs/stability.md. The variants (Alg. 2-4: transported pilots, maps kept in ``context.state``,
+keyed random initial maps and the node secret): docs/variants-privacy.md.
 """
 
 from __future__ import annotations
@@ -134,14 +117,9 @@ class SheafGluing(LossPlugin):
             matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
             pilots (docs/variants-pilots.md).
         map_refit: ``"epoch"``: the penalty uses the maps fitted at the start of the epoch on all
-            pilots; ``"step"``: each step refits the maps this node owns (Eq. 18, one SVD per fitted
-            map, same variant and normalisation, via :func:`~flwr_sheaf.sheaf.variants.edge_terms`) on
-            the step's minibatch rows of the node's batch-whitened pilots (detached) and of the received
-            matrices, as paper Alg. 1 line 11 refits at every iteration. What the node does not fit
-            stays as in the epoch: a homogeneous head keeps the identity on the received ``O A_t``, and a
-            received transported matrix still carries its sender's map. A step with fewer than two
-            rows (prototype groups) keeps the epoch maps. The maps a node keeps and transports with
-            (:attr:`maps`) stay the epoch fits on all pilots.
+            pilots; ``"step"``: each step of at least two rows refits the maps this node owns on the
+            step's minibatch (paper Alg. 1 line 11); the maps it keeps and transports with
+            (:attr:`maps`) stay the epoch fits.
 
     Attributes:
         residual: per neighbour, the summed per-step mean squared residual (a property).
@@ -255,15 +233,9 @@ class SheafGluing(LossPlugin):
         if not self.terms:
             return ce, parts
         dev = self.task.x_pilot.device
-        if self._plan:
-            pidx, rows, g = self._plan.pop()
-        else:  # called outside train_local's epoch plan: draw this step's rows now
-            sel = self.selection
-            m = self.task.x_pilot.shape[0] if sel is None else int(sel.indices.size)
-            pidx = torch.randperm(m, generator=gen)[: self.batch]
-            rows = pidx if sel is None else torch.as_tensor(sel.indices)[pidx]
-            g = None if sel is None or sel.groups is None else torch.as_tensor(sel.groups)[pidx]
-            pidx, rows = pidx.to(dev), rows.to(dev)
+        if not self._plan:  # called outside train_local's epoch plan: draw this step's rows now
+            self.plan_epoch(1, gen)
+        pidx, rows, g = self._plan.pop()
         model.eval()  # dropout-free, BatchNorm running statistics ...
         model.whitening.train()  # ... but differentiable batch whitening of the pilots
         with model.whitening.finite_checks(
