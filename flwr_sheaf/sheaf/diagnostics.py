@@ -1,24 +1,13 @@
-"""Sheaf diagnostics of fitted restriction maps: Laplacian spectrum, near-kernel, non-edge sampling.
+"""Sheaf diagnostics of fitted restriction maps: Laplacian spectrum, near-kernel, non-edge sampling
+(what is measured and why: docs/variants-diagnostics.md).
 
-What a global section is (paper Eq. 6 and App. A, closing remark): ``z`` with ``Delta z = 0``,
-i.e. one assignment of latents to every stalk that every restriction map agrees with. The number of
-independent global sections is ``dim ker L`` of the sheaf Laplacian ``L = Delta^T Delta`` built
-from the maps; on a connected graph it is at most ``min_i d_i`` (a section is fixed by its value at
-any one node). Maps fitted by Procrustes on trained pilots are only approximately consistent
-around cycles, so the kernel becomes a *near-kernel*: eigenvalues below
-:data:`NEAR_KERNEL_RTOL` times ``trace(L) / sum_i d_i`` (for Stiefel maps that scale is the
-d-weighted mean degree, and every eigenvalue lies in ``[0, 2 max_i deg_i]``).
-
-Cost (documented bound): ``n = sum_i d_i``. Up to :data:`DENSE_MAX_DIM` the spectrum is exact
-(``torch.linalg.eigvalsh`` on the dense ``L``: ``O(n^3)``, measured 1.8 s at n = 2168 (the
-``paper-15`` zoo) and 9.6 s at n = 4096 on one loaded core)
-and so is the near-kernel count. Above it, ``L`` is built sparse (``O(sum_e d_h d_t)`` memory, CSR)
-and ``torch.lobpcg`` computes the ``k`` smallest eigenpairs in at most :data:`LOBPCG_ITERATIONS`
-iterations (hard stop; each iteration is one sparse product with an ``n x 3k`` block, so the cost
-is ``O(iterations * nnz(L) * k)``: 9 s on one loaded core for 1,000 tiny agents, n = 25,600,
-3.1 M non-zeros, k = 6; ``benchmarks/diagnostics_cost.py``); the near-kernel count is then a count among those k (flagged when all k
-are below the tolerance) and the largest residual ``||L x - mu x||`` is returned, so an
-unconverged estimate is visible, never silent. No Flower here.
+A global section is ``z`` with ``Delta z = 0`` (paper Eq. 6, App. A); maps fitted on trained pilots
+are only approximately consistent around cycles, so the kernel of ``L = Delta^T Delta`` becomes a
+near-kernel: eigenvalues below :data:`NEAR_KERNEL_RTOL` times ``trace(L) / sum_i d_i``. Up to
+:data:`DENSE_MAX_DIM` the spectrum is exact (dense ``eigvalsh``, ``O(n^3)``, ``n = sum_i d_i``);
+above it ``torch.lobpcg`` on the sparse ``L`` gives the ``k`` smallest eigenpairs in at most
+:data:`LOBPCG_ITERATIONS` iterations and returns the largest residual, so an unconverged estimate is
+visible (costs: ``benchmarks/diagnostics_cost.py``). No Flower here.
 """
 
 from __future__ import annotations

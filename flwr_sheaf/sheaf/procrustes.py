@@ -42,11 +42,6 @@ class SvdCounter:
     def __exit__(self, *exc) -> None:
         self.n = _SVDS - self._start
 
-    @property
-    def so_far(self) -> int:
-        """SVDs counted since the block was entered (readable inside the block)."""
-        return _SVDS - self._start
-
 
 def polar_factor(c: torch.Tensor) -> torch.Tensor:
     """Orthonormal polar factor of a ``(m, n)`` matrix with ``m >= n``.

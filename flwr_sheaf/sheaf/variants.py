@@ -1,25 +1,10 @@
 """Sheaf-FRL variants of the map step: homogeneous (paper Alg. 2, Eq. 24) and stringent privacy (Alg. 3/4, App. F).
 
-One function, :func:`edge_terms`, builds agent i's incident :class:`~flwr_sheaf.sheaf.gluing.EdgeTerm`
-list from what it received, for every (variant, privacy) pair, so the client and the tests share
-the code. Matrices are stored row-wise (``(K, d)``; the paper's ``A_i`` is ``d x K``). What agent i
-receives from neighbour j, per mode (``docs/variants-privacy.md``):
-
-``standard`` + ``heterogeneous`` (Alg. 1)
-    j's whitened pilots ``A_j (K, d_j)``. i fits the edge's map itself (Eq. 18, one thin SVD per
-    incident edge, so two per edge over the network).
-``standard`` + ``homogeneous`` (Alg. 2, Eq. 24; every d_i = d)
-    The tail t of edge (h, t) fits ``O in O(d)`` minimising ``||A_h - O A_t||`` (one SVD) and sends
-    ``O A_t`` (rows ``A_t O^T``) to h; the head sends its raw ``A_h`` (its map is ``O_th = I``).
-    The head's term ``||A_h - (O A_t)||`` needs no SVD: one SVD per edge over the network.
-``stringent`` (Alg. 3; Alg. 4 when every d_i is equal)
-    j's *transported* pilots ``Y_j = X_ij A_j (K, d_e)``, ``d_e = max(d_i, d_j)``, written with
-    j's own map ``X_ij`` (orthogonal ``O_ij`` when j is the head, Stiefel ``V_ij`` when j is the
-    tail). i fits its own map ``X_ji = argmin ||X A_i - Y_j||`` over ``O(d_i)`` when i is the head
-    (P2c, full SVD of a square matrix) or ``St(d_j, d_i)`` when i is the tail (P2d, thin SVD), and
-    its term is ``||X_ji A_i - Y_j||^2`` (Eq. 42). Since ``X_ji^T X_ij`` then ranges over the
-    whole Stiefel manifold, the minimum over ``X_ji`` equals Alg. 1's Procrustes minimum whatever
-    j's map is, and the gradient equals Eq. 19's (App. F, identity (a)).
+:func:`edge_terms` builds agent i's incident :class:`~flwr_sheaf.sheaf.gluing.EdgeTerm` list from what
+it received, for every (variant, privacy) pair, so the client and the tests share the code; what i
+receives from a neighbour and which maps it fits in each mode (raw pilots and Eq. 18; ``O A_t`` from
+the tail, Eq. 24; transported pilots ``X_ij A_j`` and i's own ``X_ji`` by P2c/P2d, Eq. 42) is in
+docs/variants-privacy.md, s1-s2. Matrices are row-wise ``(K, d)`` (the paper's ``A_i`` is ``d x K``).
 """
 
 from __future__ import annotations

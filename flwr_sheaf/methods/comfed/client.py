@@ -1,16 +1,11 @@
 """ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (docs/baselines-alignment.md, s7).
 
-Per ``train.comfed`` message the node restores its projection ``P_i (r, d_i)`` (Xavier-initialised
-from (seed, partition-id) in its first round) and trains ``CE + comfed-lambda * mean_m ||P_i vbar_m -
-t_m||^2`` (:func:`flwr_sheaf.methods.comfed.maths.comfed_alignment_loss`), ``vbar_m`` the batch's class
-means of the raw latents and ``t_m`` the mean of its neighbours' projected class prototypes (record
-``comfed-targets``, constants). P_i has its own SGD optimizer (same lr and momentum), stepped after
-every model step and clipped at ``clip-norm``. After training the node uploads its projected class
-prototypes over its whole training set (eval mode) with class counts.
-
-Evaluation reports both readings of communication accuracy: the post-hoc one (shared handlers)
-and ComFed's own, with the learned maps on raw latents: ``zhat_i = P_i^+ P_j z_j`` classified by
-the receiver's head (``comfed-communication-accuracy`` per incoming edge).
+Per ``train.comfed`` message the node restores ``P_i (r, d_i)`` (Xavier-initialised from (seed,
+partition-id) in its first round), trains ``CE + comfed-lambda * mean_m ||P_i vbar_m - t_m||^2``
+against its neighbours' projected class prototypes ``t_m`` (record ``comfed-targets``) with its own
+SGD optimizer for ``P_i``, and uploads its projected class prototypes with counts. Evaluation adds
+ComFed's own communication accuracy ``comfed-communication-accuracy`` (``P_i^+ P_j z_j`` classified by
+the receiver's head) to the post-hoc one.
 """
 
 from __future__ import annotations

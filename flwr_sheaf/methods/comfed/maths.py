@@ -1,19 +1,9 @@
-"""ComFed (Badi et al. 2026, as compared in the Sheaf-FRL paper): learned projections into a shared space.
-
-Every agent i learns, with its encoder, an unconstrained linear projection ``P_i`` (``(r, d_i)``)
-into a space of dimension r shared by all agents (``comfed-dim``; the paper: 64 on the 15-agent
-zoo, r = d in the two-agent sweep). Its loss adds
-
-    lambda * mean_m || P_i vbar_{i,m} - mean_{j in N(i)} P_j vbar_{j,m} ||^2     (m: classes both sides have)
-
-with ``vbar_{i,m}`` the mean latent of class m in agent i's batch and the neighbours' projected
-prototypes held constant. A message from j to i is decoded with the learned maps,
-
-    zhat_i = P_i^+ P_j z_j,     P_i^+ = V diag(1/s) U^T   (Moore-Penrose pseudo-inverse of P_i = U diag(s) V^T),
-
-the least-squares solution of ``P_i zhat = P_j z_j`` (minimum norm when r < d_i), on **raw**
-latents; the receiver classifies ``zhat_i`` with its own head. No Flower imports
-(docs/baselines-alignment.md, s7).
+"""ComFed's maths (Badi et al. 2026; docs/baselines-alignment.md, s7): each agent learns a projection
+``P_i (r, d_i)`` into a shared space, trained with
+``lambda * mean_m ||P_i vbar_{i,m} - mean_{j in N(i)} P_j vbar_{j,m}||^2`` (class means ``vbar``, the
+neighbours' side constant); a message from j to i is decoded on raw latents as
+``zhat_i = P_i^+ P_j z_j`` (Moore-Penrose pseudo-inverse: least squares, minimum norm when r < d_i).
+No Flower imports.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (docs/baselines-alignment.md, s6).
 
-Per ``train.fedmuscle`` message a node trains ``local-epochs`` epochs; global local epoch
-``e = (server_round - 1) * local_epochs + epoch`` is contrastive when
-:func:`flwr_sheaf.methods.fedmuscle.maths.is_contrastive_epoch` says so (cycles of
-``fedmuscle-task-epochs`` task-only epochs and one epoch of ``CE + fedmuscle-lambda * L_muscle``)
-and the message carries targets (record ``muscle-targets``: ``others (K, D)`` = mean of the other
-agents' representations of each pilot, ``all (K, D)`` = mean of all agents'). The loss pairs row
-k of the node's pooled pilot representations with row k of the targets: **the positive of pilot k
-is pilot k on every other agent**. After training the node uploads its pooled eval-mode pilot
-representations ``(K, D)`` (record ``upload``, key ``pilot-reps``).
+A local epoch is contrastive when :func:`flwr_sheaf.methods.fedmuscle.maths.is_contrastive_epoch`
+says so and the message carries targets (record ``muscle-targets``: ``others (K, D)`` and ``all (K,
+D)``); row k of the node's pooled pilot representations is paired with row k of the targets. After
+training the node uploads its pooled eval-mode pilot representations ``(K, D)`` (key ``pilot-reps``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""FedMuscle's contrastive alignment on shared pilots (Setayesh et al. 2026, as compared in the Sheaf-FRL paper).
+"""FedMuscle's contrastive alignment on shared pilots (Setayesh et al. 2026; docs/baselines-alignment.md, s6).
 
-Training is organised in cycles of ``task_epochs`` task-only epochs followed by one epoch of
-``task + lambda * L_muscle`` (the paper's App. G: 4 task epochs, temperature 0.1). For agent k and
-pilot i, with ``z_{k,i}`` agent k's representation of pilot i in the common dimension D:
-
-    pos_i = cos(z_{k,i}, zbar^{-k}_i),         zbar^{-k}_i = mean_{j != k} z_{j,i}   (the same pilot elsewhere)
-    neg_i = mean_{i' != i} cos(z_{k,i}, zbar_{i'}),  zbar_{i'} = mean_j z_{j,i'}       (other pilots, network average)
-    L_muscle = mean_i -log( e^{pos_i/tau} / (e^{pos_i/tau} + e^{neg_i/tau}) ) = mean_i softplus((neg_i - pos_i)/tau)
-
-The positive pair of pilot i is pilot i on the other agents: the reference implementation looked
-up a record key that did not exist under shared pilots and silently used each agent's private
-batch instead (docs/deviations.md); here the pilot index is the only pairing. Representations of
-different widths d_k are compared after the parameter-free pooling adapter to a common D
-(:class:`flwr_sheaf.methods._shared.prototypes.PoolingAdapter`, docs/baselines-prototypes.md s3.5), so the network
-averages are coordinate-wise means of D-dimensional vectors. No Flower imports.
+Cycles of ``task_epochs`` task-only epochs and one epoch of ``task + lambda L_muscle``, with
+``L_muscle = mean_i softplus((neg_i - pos_i)/tau)``: the positive of pilot i is pilot i on the other
+agents (``pos_i = cos(z_{k,i}, mean_{j != k} z_{j,i})``; not the reference code's private batch,
+docs/deviations.md), the negative the mean cosine to the other pilots' network averages. Widths are
+pooled to a common D first. No Flower imports.
 """
 
 from __future__ import annotations

@@ -203,10 +203,8 @@ class _GeooptEmbedded:
 
 
 class Stiefel(_GeooptEmbedded):
-    """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric.
-
-    Implements the operators of docs/baselines-rfedags.md, s5.4 for Stiefel problems (PCA):
-    projection ``P_X(U) = U - X sym(X^T U)``, QR retraction with sign fix, projection transport.
+    """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric
+    (docs/baselines-rfedags.md, s5.4: projection, sign-fixed QR retraction, projection transport).
 
     Args:
         d: ambient rows, ``d >= r >= 1``.
@@ -215,8 +213,7 @@ class Stiefel(_GeooptEmbedded):
     Raises:
         ValueError: if ``r < 1`` or ``d < r``.
 
-    All methods accept points/vectors of shape ``(..., d, r)`` (leading batch axes broadcast) as any
-    float array and return float64 numpy arrays of the broadcast shape.
+    Points/vectors have shape ``(..., d, r)`` (batch axes broadcast); outputs are float64.
     """
 
     def __init__(self, d: int, r: int) -> None:
@@ -251,10 +248,8 @@ class Stiefel(_GeooptEmbedded):
     def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Inverse of the QR retraction: the ``U in T_X St`` with ``qf(X + U) = Y`` (Manopt ``invretr_qr``).
 
-        ``X + U = Y R`` with ``R`` upper triangular; tangency ``X^T U + U^T X = 0`` gives the linear
-        system ``M R + R^T M^T = 2 I`` (``M = X^T Y``) in the ``r(r+1)/2`` entries of ``R``, solved
-        directly; then ``U = Y R - X``. Used by RFedAvg / RFedSVRG to map local end points to
-        ``T_{x_t} St`` (docs/baselines-rfedags.md, s5.4: the authors' ``RFedAvg_.m`` uses ``invretr``).
+        ``X + U = Y R``, ``R`` upper triangular: tangency gives ``M R + R^T M^T = 2 I`` (``M = X^T Y``),
+        solved for the ``r(r+1)/2`` entries of ``R``; ``U = Y R - X`` (RFedAvg's map of end points).
 
         Args:
             x: base point ``(d, r)``; y: point ``(d, r)`` or a stack ``(m, d, r)``.
@@ -484,14 +479,9 @@ class SPD(_GeooptEmbedded):
     ``<U, V>_X = tr(X^{-1} U X^{-1} V)`` (Manopt ``sympositivedefinitefactory``, the RFedAGS paper's
     Fréchet-mean problem; docs/baselines-rfedags.md, s5.4).
 
-    Operators (closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")``, which the tests use as
-    the oracle): ``T_X SPD`` = symmetric matrices, ``proj(X, U) = sym(U)``; ``egrad2rgrad(X, G) =
-    X sym(G) X``; ``retr`` = ``Exp_X(U) = X^{1/2} expm(X^{-1/2} U X^{-1/2}) X^{1/2}``; ``invretr = log =
-    Log_X(Y) = X^{1/2} logm(X^{-1/2} Y X^{-1/2}) X^{1/2}``; parallel transport
-    ``X^{1/2} M^{1/2} sym(X^{-1/2} V X^{-1/2}) M^{1/2} X^{1/2}``, ``M = X^{-1/2} Y X^{-1/2}``; distance
-    ``||logm(M)||_F``. They are evaluated with batched ``numpy.linalg.eigh``: geoopt's torch calls cost
-    1-7 ms each on 3 x 3 batches here (measured), 50x more, which made a 300-round federated run
-    take 24 s. Not compact: RFedProj refuses it.
+    Closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")`` (the tests' oracle; retraction =
+    exponential map, inverse = logarithm, parallel transport) with batched ``numpy.linalg.eigh``:
+    geoopt's torch calls cost 50x more on 3 x 3 batches (measured). Not compact: RFedProj refuses it.
 
     Args:
         n: matrix size ``>= 1``.
@@ -596,13 +586,11 @@ class PoincareBall(_GeooptEmbedded):
     """Poincaré ball ``{x in R^n: c ||x||^2 < 1}`` of curvature ``-c``: the RFedAGS paper's hyperbolic
     model (the authors used the isometric Lorentz model, Manopt ``hyperbolicfactory``).
 
-    Operators (closed forms of geoopt's ``PoincareBall(c)``, the tests' oracle; evaluated in numpy for
-    the speed reason given in :class:`SPD`): Möbius addition ``x (+) y``; metric ``lambda_x^2 <u, v>``,
-    ``lambda_x = 2/(1 - c||x||^2)``; ``egrad2rgrad(x, g) = g/lambda_x^2``; ``retr = Exp_x(u) = x (+)
-    tanh(sqrt(c) lambda_x ||u||/2) u/(sqrt(c)||u||)``, clipped like geoopt to ``sqrt(c)||x|| <= 1 - 1e-5``;
-    ``invretr = log = Log_x(y) = 2/(sqrt(c) lambda_x) artanh(sqrt(c)||w||) w/||w||``, ``w = (-x) (+) y``;
-    distance ``2/sqrt(c) artanh(sqrt(c)||w||)``; parallel transport ``gyr[y, -x] v lambda_x/lambda_y``.
-    Every vector of ``R^n`` is tangent. Not compact: RFedProj refuses it.
+    Numpy closed forms of geoopt's ``PoincareBall(c)`` (the tests' oracle; numpy for the speed
+    reason of :class:`SPD`): Möbius addition, metric ``lambda_x^2 <u, v>`` with
+    ``lambda_x = 2/(1 - c||x||^2)``, retraction = exponential map (clipped like geoopt to
+    ``sqrt(c)||x|| <= 1 - 1e-5``), its inverse the logarithm, parallel transport ``gyr[y, -x] v
+    lambda_x/lambda_y``. Every vector of ``R^n`` is tangent. Not compact: RFedProj refuses it.
 
     Args:
         n: dimension ``>= 1``.

@@ -1,22 +1,10 @@
 """Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines-sheaf-fmtl.md, s8).
 
-Per ``train.sheaf_fmtl`` message the node, with theta_i its trainable parameters flattened in
-``model.parameters()`` order (n_i of them, checked against the server's ``sheaf-fmtl-num-params``):
-
-1. restores its maps ``P_ij (d_ij, n_i)`` from ``context.state["<action>.maps"]`` (float16 at rest),
-   or draws them in its first round (:func:`flwr_sheaf.methods.sheaf_fmtl.maths.init_map`, from
-   (seed, partition-id, neighbour) only);
-2. map step (F2) for every neighbour j whose ``y_j = P_ji theta_j`` came in record
-   ``sheaf-fmtl-projections``: ``P_ij <- P_ij - eta lambda (P_ij theta_i - y_j) theta_i^T``, with
-   theta_i the parameters the node uploaded from last time (the map step of the previous iteration,
-   deferred to this message because y_j arrives only now; docs/deviations.md);
-3. the shared loop's task training (cross-entropy, ``local-epochs``);
-4. parameter step (F1): ``theta_i <- theta_i - lr lambda sum_j P_ij^T (P_ij theta_i - y_j)``;
-5. stores the maps (float16) and uploads ``P_ij theta_i`` per neighbour (record ``upload``, key
-   ``str(j)``, shape ``(d_ij,)``): never the parameters themselves.
-
-Maps are rounded to float16 right after each map step, so the maps used for the uploads are exactly
-the stored ones; all products run in float32. Evaluation is the shared post-hoc protocol.
+Per ``train.sheaf_fmtl`` message the node restores (or, in its first round, draws from (seed,
+partition-id, neighbour)) its maps ``P_ij (d_ij, n_i)``, applies the map step (F2) with the
+neighbours' projections ``y_j`` that arrived (deferred from the previous iteration; docs/deviations.md),
+trains on cross-entropy, applies the parameter step (F1), stores the maps (float16, so the uploads
+use exactly the stored maps) and uploads ``P_ij theta_i`` per neighbour, never the parameters.
 """
 
 from __future__ import annotations

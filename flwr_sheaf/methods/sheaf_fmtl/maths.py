@@ -1,23 +1,9 @@
-"""Sheaf-FMTL (Ben Issaid, Vepakomma and Bennis, TMLR 2025, as compared in the Sheaf-FRL paper, App. G).
-
-Restriction maps act on **parameter** space. Agent i has ``n_i`` trainable parameters
-``theta_i`` (flattened in ``model.parameters()`` order) and one map per directed edge
-
-    P_ij in R^{d_ij x n_i},   d_ij = max(1, floor(gamma * min(n_i, n_j)))              (F0)
-
-(``gamma``: ``sheaf-fmtl-gamma``; the paper: 1e-3). The objective is
-``sum_i f_i(theta_i) + lambda/2 sum_{(i,j)} ||P_ij theta_i - P_ji theta_j||^2`` and one iteration is
-
-    theta_i <- theta_i - alpha * lambda * sum_{j in N(i)} P_ij^T (P_ij theta_i - P_ji theta_j)     (F1)
-    P_ij    <- P_ij    - eta   * lambda * (P_ij theta_i - P_ji theta_j) theta_i^T                 (F2)
-
-after the local task steps ``theta_i <- theta_i - alpha grad f_i(theta_i)`` (the shared training
-loop); (F2) uses the theta of (F1)'s output on both sides (Algorithm 1 of Ben Issaid et al. 2025;
-the reference implementations apply (F1) then (F2) at each epoch end). ``alpha`` = ``lr``,
-``eta`` = ``sheaf-fmtl-eta`` (the paper's "personalisation rate", 1e-2), ``lambda`` =
-``sheaf-fmtl-lambda``. Only the projections ``P_ji theta_j`` (length d_ij) travel. Maps are
-initialised ``N(0, 0.01^2)`` (the reference code) and stored in float16 at rest (the paper's Fig. 4
-storage), float32 when used. docs/baselines-sheaf-fmtl.md s8 has the federated schedule; no Flower imports.
+"""Sheaf-FMTL maths (Ben Issaid, Vepakomma and Bennis, TMLR 2025; docs/baselines-sheaf-fmtl.md, s8):
+restriction maps ``P_ij (d_ij, n_i)`` on agent i's flattened trainable parameters ``theta_i``,
+``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0), the parameter step (F1)
+``theta_i -= alpha lambda sum_j P_ij^T (P_ij theta_i - P_ji theta_j)`` and the map step (F2)
+``P_ij -= eta lambda (P_ij theta_i - P_ji theta_j) theta_i^T``. Maps start ``N(0, 0.01^2)`` and are
+stored in float16 at rest, float32 when used. No Flower imports.
 """
 
 from __future__ import annotations

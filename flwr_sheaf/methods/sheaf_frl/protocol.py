@@ -1,22 +1,12 @@
-"""Sheaf-FRL's message vocabulary: the pilot records of its train messages and replies, its
-variants' transported pilots, and the pilot selection of paper App. B (the core's names are in
-:mod:`flwr_sheaf.protocol`).
+"""Sheaf-FRL's message vocabulary (the core's names are in :mod:`flwr_sheaf.protocol`).
 
-========================================= ==========================================================
-message                                   content (server -> node) / reply (node -> server)
-========================================= ==========================================================
-``train.sheaf``                           ``config``: the core's keys + :class:`~flwr_sheaf.protocol.EdgeConfig`;
-                                          :data:`PILOTS` (:func:`pack_neighbour_pilots`) and/or
-                                          :data:`TRANSPORTED` (per-edge transported pilots,
-                                          docs/variants-privacy.md); :data:`PILOT_SELECTION`
-                                          (:func:`pack_pilot_selection`, a ``pilot-strategy`` other
-                                          than ``all``) with :data:`PILOT_INDEX_DIGEST` and
-                                          :data:`PILOT_DESCRIBE` in the config
-                                          / ``metrics`` (``num-examples``, losses, :data:`SVDS`,
-                                          :data:`PILOT_INDEX_DIGEST`); :data:`PILOTS` (own whitened
-                                          pilots ``(K, d_i)``, key :data:`OWN_PILOTS`) and/or
-                                          :data:`TRANSPORTED`; :data:`PILOT_PUBLIC` when asked
-========================================= ==========================================================
+``train.sheaf`` carries the core's config plus :class:`~flwr_sheaf.protocol.EdgeConfig`, the neighbours'
+:data:`PILOTS` (:func:`pack_neighbour_pilots`) and/or :data:`TRANSPORTED` pilots
+(docs/variants-privacy.md), and, for a ``pilot-strategy`` other than ``all``, :data:`PILOT_SELECTION`
+(:func:`pack_pilot_selection`) with :data:`PILOT_INDEX_DIGEST` / :data:`PILOT_DESCRIBE` in the config.
+The reply carries the node's own :data:`PILOTS` (key :data:`OWN_PILOTS`, ``(K, d_i)``) and/or
+:data:`TRANSPORTED`, :data:`PILOT_PUBLIC` when asked, and :data:`SVDS` / :data:`PILOT_INDEX_DIGEST`
+in its metrics.
 """
 
 from __future__ import annotations
