@@ -159,19 +159,21 @@ def test_unweighted_aggregation_and_missing_class_policies():
         grid = LocalGrid(_stub_app(upload), 4, run_config=RC)
         s = _fedproto(2, aggregation="unweighted", missing=missing)
         _train_round(s, grid, 1)
-        np.testing.assert_allclose(s.global_protos[0].numpy(), [2.0, 0.0])  # plain mean of 1 and 3
-        np.testing.assert_allclose(s.global_protos[1].numpy(), [0.0, 3.0])
+        np.testing.assert_allclose(
+            s.prototypes.global_protos[0].numpy(), [2.0, 0.0]
+        )  # plain mean of 1 and 3
+        np.testing.assert_allclose(s.prototypes.global_protos[1].numpy(), [0.0, 3.0])
         _train_round(s, grid, 2)
-        np.testing.assert_allclose(s.global_protos[0].numpy(), [10.0, 10.0])
+        np.testing.assert_allclose(s.prototypes.global_protos[0].numpy(), [10.0, 10.0])
         if missing == "carry":
-            np.testing.assert_allclose(s.global_protos[1].numpy(), [0.0, 3.0])
+            np.testing.assert_allclose(s.prototypes.global_protos[1].numpy(), [0.0, 3.0])
         else:
-            assert 1 not in s.global_protos
+            assert 1 not in s.prototypes.global_protos
     # weighted: (1*1 + 3*3) / 4 = 2.5 on class 0's first coordinate
     grid = LocalGrid(_stub_app(upload), 4, run_config=RC)
     s = _fedproto(2)
     _train_round(s, grid, 1)
-    np.testing.assert_allclose(s.global_protos[0].numpy(), [(1 * 1 + 3 * 3) / 4, 0.0])
+    np.testing.assert_allclose(s.prototypes.global_protos[0].numpy(), [(1 * 1 + 3 * 3) / 4, 0.0])
 
 
 def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated():
@@ -194,8 +196,8 @@ def test_bad_uploads_are_rejected_with_the_partition_id_and_the_rest_aggregated(
     assert "partition-id 1" in reasons[1] and "NaN" in reasons[1]
     assert "partition-id 2" in reasons[2] and "12" in reasons[2]
     assert "partition-id 3" in reasons[3] and "d=[3]" in reasons[3] and "d=2" in reasons[3]
-    assert sorted(s.global_protos) == [0, 3]
-    np.testing.assert_allclose(s.global_protos[0].numpy(), [4.0, 4.0])
+    assert sorted(s.prototypes.global_protos) == [0, 3]
+    np.testing.assert_allclose(s.prototypes.global_protos[0].numpy(), [4.0, 4.0])
     assert (
         s.history == []
         and s.ledger.current.train["prototypes_rejected"] == [1, 2, 3]
@@ -293,8 +295,10 @@ def test_method_switch_builds_each_strategy_and_rejects_unknown():
     # the built-in zoo methods (a user method registered by another test file may be there too)
     assert set(expected) <= set(zoo_methods())
     assert {m: type(build(method=m)).__name__ for m in expected} == expected
-    assert build(method="fedsaf-rcsa").structure == "rcsa"
-    assert build(method="fedsaf-gcsa", **{"fedsaf-structure": "cosine"}).structure == "cosine"
+    assert build(method="fedsaf-rcsa").fedsaf.structure == "rcsa"
+    assert (
+        build(method="fedsaf-gcsa", **{"fedsaf-structure": "cosine"}).fedsaf.structure == "cosine"
+    )
     with pytest.raises(ConfigError, match="method='fedavg'"):
         build(method="fedavg")
     with pytest.raises(ConfigError, match="fedproto-aggregation='median'"):

@@ -160,9 +160,9 @@ def test_fedproto_counts_zero_or_non_integer_are_that_nodes_failure(bad_counts, 
     assert [(f["phase"], f["partition-id"]) for f in s.ledger.failures] == [("prototypes", 2)]
     assert "counts must be" in s.ledger.failures[0]["reason"]
     expected = _global_prototypes(seen, 1, skip=2)
-    assert sorted(s.global_protos) == sorted(expected)
+    assert sorted(s.prototypes.global_protos) == sorted(expected)
     for c, p in expected.items():
-        np.testing.assert_allclose(s.global_protos[c].numpy(), p, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(s.prototypes.global_protos[c].numpy(), p, rtol=1e-5, atol=1e-6)
 
 
 def test_comfed_non_integer_counts_are_that_nodes_failure_not_a_crash(tmp_path):

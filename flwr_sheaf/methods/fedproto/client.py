@@ -1,17 +1,11 @@
-"""FedProto on the client (Tan et al., AAAI 2022; docs/baselines-prototypes.md): prototype loss plug-in and handlers.
+"""FedProto on the client (Tan et al., AAAI 2022; docs/baselines-prototypes.md, s3): prototype loss plug-in and handlers.
 
-Per ``train.fedproto`` message a node receives the global prototypes (record ``global-prototypes``,
-:func:`flwr_sheaf.methods._shared.protocol.pack_prototypes`; absent before the first aggregation) and trains
-``local-epochs`` epochs of
-
-    CE(h_i(f_i(x)), y) + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)
-
-(:func:`flwr_sheaf.methods._shared.prototypes.fedproto_loss`). ``pool`` is the parameter-free
-:class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter` from ``d_i`` to the common dimension D the
-server resolved (``feature-dim`` in the config; the identity when ``d_i = D``). After training it
-uploads its local prototypes: per-class means of the pooled eval-mode latents of its whole
-training set, with class counts (record ``upload``). Evaluation adds nearest-global-prototype
-accuracy (``prototype-accuracy``) next to the head's accuracy.
+A node trains ``CE(h_i(f_i(x)), y) + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)``
+(:func:`flwr_sheaf.methods._shared.prototypes.fedproto_loss`) with the global prototypes of the
+message (none before the first aggregation), ``pool`` the
+:class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter` to the server's common dimension D
+(``feature-dim``); it uploads the per-class means and counts of its pooled eval-mode training latents
+and reports nearest-global-prototype accuracy (``prototype-accuracy``).
 """
 
 from __future__ import annotations

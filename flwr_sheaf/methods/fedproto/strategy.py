@@ -1,26 +1,16 @@
-"""FedProto strategy (Tan et al., AAAI 2022; docs/baselines-prototypes.md).
+"""FedProto strategy (Tan et al., AAAI 2022; docs/baselines-prototypes.md, s3).
 
-Per server round:
-
-1. Discovery fixes the common prototype dimension D (``fedproto-dim``): ``auto`` = the smallest
-   stalk dimension, ``none`` = all d_i must agree (else ``ValueError`` naming every d and
-   partition-id), or an explicit D. Each node pools its latents to D with the parameter-free
-   :class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter`. Every sampled node gets the global
-   prototypes (record ``global-prototypes``) and the config (:class:`~flwr_sheaf.methods.fedproto.config.FedProtoConfig`,
-   ``feature-dim``, ``num-classes``, local training).
-2. ``accept_train``: each upload is validated on its own; one with NaN/inf, a class id outside
-   ``[0, num_classes)``, a wrong dimension or a malformed layout is rejected (a recorded failure
-   with its partition-id; the node's training still counts). The valid ones are aggregated
-   (count-weighted or unweighted mean per class; a class nobody uploaded is carried or dropped).
-3. Evaluation: the post-hoc protocol (:class:`NonCooperative`), plus the global prototypes in the
-   phase-1 messages so each node also reports nearest-global-prototype accuracy
-   (``prototype_accuracy`` per node, ``prototype_accuracy_mean`` per round).
+Discovery fixes the common prototype dimension D (``fedproto-dim``: ``auto`` = the smallest stalk
+dimension, ``none`` = all d_i must agree, or an explicit D); every sampled node gets the global
+prototypes (record ``global-prototypes``) and the config; each upload is validated on its own (a bad
+one is that node's recorded failure, its training still counts) and the valid ones aggregated
+(:class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`). Evaluation: the
+post-hoc protocol plus each node's nearest-global-prototype accuracy (``prototype_accuracy``).
 """
 
 from __future__ import annotations
 
 import networkx as nx
-import torch
 from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, RunConfig
@@ -86,26 +76,6 @@ class FedProto(GraphStrategy):
             discovery_timeout=discovery_timeout,
         )
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
-
-    @property
-    def fedproto(self) -> FedProtoConfig:
-        """The FedProto section in use."""
-        return self.prototypes.config
-
-    @property
-    def num_classes(self) -> int:
-        """Size of the label space, class ids ``0..num_classes-1`` (the prototype aggregator's)."""
-        return self.prototypes.num_classes
-
-    @property
-    def common_dim(self) -> int | None:
-        """The resolved prototype dimension D (None before discovery)."""
-        return self.prototypes.common_dim
-
-    @property
-    def global_protos(self) -> dict[int, torch.Tensor]:
-        """The current global prototypes ``{class: (D,)}``."""
-        return self.prototypes.global_protos
 
     def on_discovered(self) -> None:
         """Validate the graph, then resolve the common prototype dimension D (docs/baselines-prototypes.md, s3.5).

@@ -1,16 +1,7 @@
-"""FedSAF on the client: structural alignment on FedProto's global prototypes (docs/baselines-prototypes.md).
-
-Same protocol as FedProto (global prototypes in, local prototypes and counts out, pooled to the
-common dimension, nearest-prototype accuracy reported); only the loss plug-in differs (FedSAF
-Eq. 19):
-
-    L_sup + fedsaf-lambda * L_proto + fedsaf-gamma * L_inst
-
-with ``L_proto = D(S(P_i^{C_i}), S(P_g^{C_i}))`` on the batch's local class means and
-``L_inst = D(S(z), S(z~))``, ``z~_j = P_g^{y_j}``. ``fedsaf-structure`` picks ``D o S``: ``gcsa``
-(Eq. 13), ``rcsa`` (Eq. 14), or the coordinate ablations ``mse`` / ``cosine`` (Eq. 6). A
-structure term with fewer than 3 rows is skipped (GCSA/RCSA vanish identically at 2 rows); the
-fraction of steps where each term applied is reported (``proto-applied``, ``inst-applied``).
+"""FedSAF on the client: FedProto's protocol with FedSAF's loss plug-in (Eq. 19; docs/baselines-prototypes.md, s4):
+``L_sup + fedsaf-lambda L_proto + fedsaf-gamma L_inst``, ``D o S`` picked by ``fedsaf-structure``;
+a structure term with fewer than 3 rows is skipped, and the share of steps each term applied is
+reported (``proto-applied``, ``inst-applied``).
 """
 
 from __future__ import annotations

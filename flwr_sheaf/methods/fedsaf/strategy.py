@@ -28,8 +28,12 @@ class FedSAF(FedProto):
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
             ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
         train: local SGD settings (default: :class:`~flwr_sheaf.config.LocalTrainConfig`'s).
-        num_nodes, federation, fedproto, num_classes, graph, discovery_timeout: as in
-            :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        num_nodes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        federation: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        fedproto: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        num_classes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        graph: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        discovery_timeout: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         action: message action (default ``"fedsaf"``).
 
     Raises:
@@ -64,11 +68,6 @@ class FedSAF(FedProto):
             discovery_timeout=discovery_timeout,
         )
         self.fedsaf = fedsaf
-
-    @property
-    def structure(self) -> str:
-        """The structure term in use."""
-        return self.fedsaf.structure
 
     def method_config(self, server_round: int) -> dict:
         """FedProto's entries plus :class:`FedSAFConfig`."""

@@ -1,16 +1,6 @@
-"""Client side of RFedAGS: K local Riemannian SGD steps and the transported gradient stream.
-
-RFedAGS client loop (docs/baselines-rfedags.md, s5.2), in the authors' code convention (``RFedAGSP.m``):
-starting from the server point ``x_t = x_{t,0}``, for ``k = 0..K-1``
-
-    eta_k     = grad f_j(x_{t,k}; batch_k)               (Riemannian = projected Euclidean gradient)
-    v_k       = -alpha_t * eta_k                         (negative, step-scaled)
-    x_{t,k+1} = R_{x_{t,k}}(v_k)
-    stream_k  = T_{x_{t,k} -> x_t}(v_k)                  (k = 0: v_0 itself, no transport)
-
-and the client uploads ``zeta = sum_k stream_k in T_{x_t} M`` (NOT its end point ``x_{t,K}``).
-The paper writes ``zeta = alpha_t sum_k T(grad)`` and subtracts on the server; the code stores the
-negative vectors and the server adds. Both give the same ``x_{t+1}``.
+"""Client side of RFedAGS (docs/baselines-rfedags.md, s5.2): ``K`` local Riemannian SGD steps from the
+server point and the transported gradient stream ``zeta = sum_k T_{x_{t,k} -> x_t}(-alpha_t eta_k)``
+in ``T_{x_t} M``, uploaded instead of the end point (the authors' sign convention: the server adds).
 """
 
 from __future__ import annotations
@@ -52,9 +42,8 @@ def local_gradient_stream(
     num_steps: int,
     step_size: float,
 ) -> GradientStream:
-    """Run ``K`` local Riemannian SGD steps from the server point and return the gradient stream.
-
-    Implements the RFedAGS client loop (docs/baselines-rfedags.md, s5.2; see the module docstring).
+    """Run ``K`` local Riemannian SGD steps from the server point and return the gradient stream
+    (the RFedAGS client loop, docs/baselines-rfedags.md, s5.2).
 
     Args:
         manifold: manifold object with ``egrad2rgrad``, ``retr``, ``transp``.
