@@ -183,9 +183,8 @@ def sheaf_laplacian(
     delta = coboundary(maps, dims, edges, sparse=sparse)
     if not sparse:
         return delta.T @ delta
-    with (
-        warnings.catch_warnings()
-    ):  # torch notes that its sparse CSR kernels (used inside) are "beta"
+    # torch notes that its sparse CSR kernels (used inside) are "beta"
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
         return torch.sparse.mm(delta.t().coalesce(), delta).coalesce()
 

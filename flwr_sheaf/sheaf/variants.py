@@ -143,22 +143,19 @@ def edge_terms(
                 raise ValueError(
                     f"transported pilots of neighbour {r.neighbour} have d_e={m.shape[1]} < d_i={d_i}"
                 )
-            x = procrustes(
-                nz(m), own_fit
-            )  # P2c (i head: d_e = d_i, O(d_i)) or P2d (i tail: St(d_e, d_i))
+            # P2c (i head: d_e = d_i, O(d_i)) or P2d (i tail: St(d_e, d_i))
+            x = procrustes(nz(m), own_fit)
             maps[r.neighbour] = x
-            terms.append(
-                EdgeTerm(r.neighbour, m, x, False, float(r.weight))
-            )  # ||Y - A_i X^T||, Eq. 42
+            # ||Y - A_i X^T||, Eq. 42
+            terms.append(EdgeTerm(r.neighbour, m, x, False, float(r.weight)))
         elif variant == "homogeneous" and r.i_is_head:
             if m.shape[1] != d_i:
                 raise ValueError(
                     f"homogeneous: pilots of neighbour {r.neighbour} have d={m.shape[1]}, own d={d_i}"
                 )
             eye = torch.eye(d_i, dtype=m.dtype, device=m.device)
-            terms.append(
-                EdgeTerm(r.neighbour, m, eye, True, float(r.weight))
-            )  # ||A_h - O A_t||, O A_t received
+            # ||A_h - O A_t||, O A_t received
+            terms.append(EdgeTerm(r.neighbour, m, eye, True, float(r.weight)))
         else:
             v = procrustes(own_fit, nz(m)) if r.i_is_head else procrustes(nz(m), own_fit)
             maps[r.neighbour] = v

@@ -34,8 +34,9 @@ ABS_FLOOR = 1e-8
 _COMPUTE_DTYPE = torch.float64
 
 
-def _check_matrix(z: Tensor, d: int | None, name: str, min_rows: int) -> None:
-    """Validate a row-wise sample matrix ``(M, d)``: float dtype, shape, enough rows, finite."""
+def _check_matrix(z: Tensor, d: int | None, name: str, min_rows: int, finite: bool = True) -> None:
+    """Validate a row-wise sample matrix ``(M, d)``: float dtype, shape, enough rows and (``finite``:
+    a device synchronisation) no NaN/inf."""
     if not isinstance(z, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(z).__name__}")
     if not z.is_floating_point():
@@ -51,7 +52,7 @@ def _check_matrix(z: Tensor, d: int | None, name: str, min_rows: int) -> None:
             f"{name} needs at least {min_rows} rows (an unbiased covariance needs B >= 2), "
             f"got B={z.shape[0]}"
         )
-    if not bool(torch.isfinite(z).all()):
+    if finite and not bool(torch.isfinite(z).all()):
         bad = int((~torch.isfinite(z)).sum())
         raise ValueError(f"{name} contains {bad} non-finite (NaN or inf) entries")
 
@@ -165,16 +166,7 @@ class Whitening(nn.Module):
 
     # ------------------------------------------------------------------ internals
     def _validate(self, z: Tensor, name: str, min_rows: int) -> None:
-        if self.check_finite:
-            _check_matrix(z, self.d, name, min_rows)
-            return
-        # Shape/dtype checks only (no device sync).
-        if not isinstance(z, Tensor) or not z.is_floating_point() or z.ndim != 2:
-            raise ValueError(f"{name} must be a floating 2-D tensor (B, d={self.d})")
-        if z.shape[1] != self.d:
-            raise ValueError(f"{name} must have shape (B, d={self.d}), got {tuple(z.shape)}")
-        if z.shape[0] < min_rows:
-            raise ValueError(f"{name} needs at least {min_rows} rows, got B={z.shape[0]}")
+        _check_matrix(z, self.d, name, min_rows, finite=self.check_finite)
 
     def _cache_key(self) -> tuple:
         rm, rc = self.running_mean, self.running_cov

@@ -816,9 +816,8 @@ def check_run_config(run_config: str, num_supernodes: int) -> dict:
     cfg.check()
     agents = len(zoo_specs(cfg.scenario.zoo))
     if agents != num_supernodes:
-        tiny = f"zoo='tiny-{num_supernodes}'" + (
-            " graph='ring'" if num_supernodes < 5 else ""
-        )  # class-overlap needs N >= 5
+        # class-overlap needs N >= 5
+        tiny = f"zoo='tiny-{num_supernodes}'" + (" graph='ring'" if num_supernodes < 5 else "")
         raise ValueError(
             f"zoo={cfg.scenario.zoo!r} has {agents} agents but --num-supernodes is {num_supernodes}: "
             f'start {agents} SuperNodes or pass --run-config "{tiny} ..."'

@@ -31,9 +31,7 @@ __all__ = [
 LOSS_REDUCTIONS = ("per_sample", "mse")
 
 
-# --------------------------------------------------------------------------------------------
-# validation helpers
-# --------------------------------------------------------------------------------------------
+# --- validation helpers
 def _class_id(key: object, where: str) -> int:
     """Convert a class key (int, numpy integer, 0-dim integer tensor) to a Python int."""
     if isinstance(key, bool):
@@ -137,9 +135,7 @@ def _stack_protos(
     return classes, mat
 
 
-# --------------------------------------------------------------------------------------------
-# client side
-# --------------------------------------------------------------------------------------------
+# --- client side
 def class_prototypes(
     z: torch.Tensor, y: torch.Tensor, num_classes: int
 ) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
@@ -259,9 +255,7 @@ def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.
     return ids[dist.argmin(dim=1)]
 
 
-# --------------------------------------------------------------------------------------------
-# server side
-# --------------------------------------------------------------------------------------------
+# --- server side
 def aggregate_prototypes(
     uploads: Sequence,
     weighted: bool = True,
@@ -421,9 +415,7 @@ def _weighted_means(
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# heterogeneous feature dims
-# --------------------------------------------------------------------------------------------
+# --- heterogeneous feature dims
 class PoolingAdapter(nn.Module):
     """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common`` (HtFLlib's
     ``nn.AdaptiveAvgPool1d``; docs/baselines-prototypes.md, s3.5).

@@ -156,9 +156,8 @@ class ComFedClient(ClientMethod):
 
     def _stored(self, context: Context, task: LocalTask) -> torch.Tensor:
         key = self._key()
-        if (
-            key not in context.state
-        ):  # never trained: no learned map, report NaN accuracies downstream
+        # never trained: no learned map, report NaN accuracies downstream
+        if key not in context.state:
             return torch.full((1, int(task.model.d)), float("nan"), device=task_device(task))
         return from_numpy(array_record(context.state, key)["p"].numpy().copy(), task_device(task))
 
@@ -182,9 +181,8 @@ class ComFedClient(ClientMethod):
                 from_numpy(arrays[f"raw-{split}-latents"], dev, torch.float32), p_j, p_i
             )
             task.model.eval()
-            logits = task.model.classify_whitened(
-                task.model.whitening(zhat)
-            )  # colouring o whitening = identity
+            # colouring o whitening = identity
+            logits = task.model.classify_whitened(task.model.whitening(zhat))
             out[name] = accuracy(logits, from_numpy(arrays[f"{split}-labels"], dev, torch.int64))
         return out
 

@@ -61,12 +61,8 @@ class FedMuscleLoss(LossPlugin):
         pilot_batch_size: int,
     ) -> None:
         self.pool, self.x_pilot, self.targets = pool, x_pilot, targets
-        self.contrastive, self.lam, self.tau, self.batch = (
-            contrastive,
-            float(lam),
-            float(temperature),
-            int(pilot_batch_size),
-        )
+        self.contrastive, self.lam, self.tau = contrastive, float(lam), float(temperature)
+        self.batch = int(pilot_batch_size)
         self.active = False
         self.epochs_contrastive = 0
 

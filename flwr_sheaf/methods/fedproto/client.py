@@ -54,9 +54,8 @@ def received_prototypes(msg: Message) -> dict[int, torch.Tensor]:
     if GLOBAL_PROTOTYPES not in msg.content:
         return {}
     protos, _ = unpack_prototypes(array_record(msg.content, GLOBAL_PROTOTYPES), "global prototypes")
-    return {
-        c: from_numpy(p) for c, p in protos.items()
-    }  # CPU; the losses cast to the latents' device
+    # CPU; the losses cast to the latents' device
+    return {c: from_numpy(p) for c, p in protos.items()}
 
 
 def latent_and_logits(model: StalkModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,9 +48,7 @@ STRUCTURES = ("gcsa", "rcsa", "mse", "cosine")
 _EPS = 1e-12
 
 
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
+# --- helpers
 def _check_matrix(x: torch.Tensor, name: str) -> None:
     """ValueError unless ``x`` is a floating 2-D tensor ``(n, d)``."""
     _check_latents(x, name, rows="n")
@@ -128,9 +126,7 @@ def _structure_cosine_loss(
     return _cosine_loss(structure(p, eps), structure(q, eps), eps)
 
 
-# --------------------------------------------------------------------------------------------
-# structure operators and structure losses
-# --------------------------------------------------------------------------------------------
+# --- structure operators and structure losses
 def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
     """Centred Gram matrix ``K_P = P_c P_c^T`` of FedSAF Eq. (13), ``P_c = P - 1 p_bar``, divided by
     ``max(||P_c||_F^2, eps^2)`` (the cosine is scale-invariant; entries stay O(1) in float32).
@@ -217,9 +213,7 @@ def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
     return _structure_cosine_loss(p, q, eps, rdm_vector, "rcsa_loss")
 
 
-# --------------------------------------------------------------------------------------------
-# coordinate alignment (ablation baselines) and Prop. 1
-# --------------------------------------------------------------------------------------------
+# --- coordinate alignment (ablation baselines) and Prop. 1
 def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> torch.Tensor:
     """Squared-L2 coordinate alignment, FedSAF Eq. (6): ``||P - Q||_F^2 / (n d)`` (``"mse"``,
     ``torch.nn.MSELoss`` as in the official code) or ``/ n`` (``"per_sample"``).
@@ -332,9 +326,7 @@ def structure_loss(p: torch.Tensor, q: torch.Tensor, structure: str = "gcsa") ->
     raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
 
 
-# --------------------------------------------------------------------------------------------
-# two-level local objective
-# --------------------------------------------------------------------------------------------
+# --- two-level local objective
 class StructureInputs(NamedTuple):
     """Row-paired matrices for FedSAF's two alignment terms (Eqs. (16)-(18))."""
 

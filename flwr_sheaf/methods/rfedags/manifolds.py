@@ -267,9 +267,8 @@ class Stiefel(_GeooptEmbedded):
         r = self.r
         ys = y.reshape(-1, self.d, r)
         m = np.swapaxes(x, -1, -2) @ ys  # (B, r, r)
-        ia, ib = np.triu_indices(
-            r
-        )  # equation (a, b), a <= b; unknown R[i, j], i <= j (same ordering)
+        # equation (a, b), a <= b; unknown R[i, j], i <= j (same ordering)
+        ia, ib = np.triu_indices(r)
         ii, jj = ia, ib
         # (M E_ij + E_ij^T M^T)[a, b] = M[a, i] [b = j] + [a = j] M[b, i]
         a = (
@@ -499,9 +498,8 @@ class SPD(_GeooptEmbedded):
             raise ValueError(f"SPD(n) needs an integer n >= 1, got n={n}")
         self.n = int(n)
         self.point_shape = (self.n, self.n)
-        self._geo = geoopt.SymmetricPositiveDefinite(
-            "AIM"
-        )  # the reference (tests, centralised solver)
+        # the reference (tests, centralised solver)
+        self._geo = geoopt.SymmetricPositiveDefinite("AIM")
         self._constraint = "||X - X^T||_F (inf if not positive definite)"
 
     def __repr__(self) -> str:

@@ -9,6 +9,8 @@ use exactly the stored maps) and uploads ``P_ij theta_i`` per neighbour, never t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
@@ -48,6 +50,7 @@ def trainable_vector(model: torch.nn.Module) -> torch.Tensor:
     return parameters_to_vector([p for p in model.parameters() if p.requires_grad]).detach().clone()
 
 
+@dataclass(eq=False)
 class SheafFMTLLoss(CrossEntropy):
     """The task loss (cross-entropy) plus the node's maps and received projections for the steps around it.
 
@@ -58,21 +61,11 @@ class SheafFMTLLoss(CrossEntropy):
         map_change: ``sum_j ||P_ij(new) - P_ij(old)||_F`` of this message's map step (a metric).
     """
 
-    def __init__(
-        self,
-        maps: dict[int, torch.Tensor],
-        received: dict[int, torch.Tensor],
-        cfg: SheafFMTLConfig,
-        lr: float,
-        map_change: float,
-    ) -> None:
-        self.maps, self.received, self.cfg, self.lr, self.map_change = (
-            maps,
-            received,
-            cfg,
-            float(lr),
-            float(map_change),
-        )
+    maps: dict[int, torch.Tensor]
+    received: dict[int, torch.Tensor]
+    cfg: SheafFMTLConfig
+    lr: float
+    map_change: float
 
 
 class SheafFMTLClient(ClientMethod):

@@ -238,9 +238,8 @@ class SheafGluing(LossPlugin):
         pidx, rows, g = self._plan.pop()
         model.eval()  # dropout-free, BatchNorm running statistics ...
         model.whitening.train()  # ... but differentiable batch whitening of the pilots
-        with model.whitening.finite_checks(
-            dev.type == "cpu"
-        ):  # on a GPU: the loop's per-epoch check
+        # on a GPU: the loop's per-epoch check
+        with model.whitening.finite_checks(dev.type == "cpu"):
             a_i = model.whitening(model.latent(self.task.x_pilot[rows]))
         nrows = pidx
         if g is not None:  # prototypes: minibatch means of the groups present
@@ -251,9 +250,8 @@ class SheafGluing(LossPlugin):
             EdgeTerm(t.neighbour, t.pilots[nrows.to(t.pilots.device)], t.v, t.i_is_head, t.weight)
             for t in self.terms
         ]
-        if (
-            self.map_refit == "step" and a_i.shape[0] >= 2
-        ):  # Alg. 1 line 11: maps of the current pilots
+        # Alg. 1 line 11: maps of the current pilots
+        if self.map_refit == "step" and a_i.shape[0] >= 2:
             with SvdCounter() as c:
                 terms, _ = edge_terms(
                     a_i.detach(),
@@ -444,9 +442,8 @@ class SheafClient(ClientMethod):
             sheaf.privacy,
         )
         if sheaf.privacy == "stringent" or sheaf.sheaf_variant == "homogeneous":
-            save_maps(
-                context, self.action, maps
-            )  # the maps this node transports with (Alg. 1 keeps none)
+            # the maps this node transports with (Alg. 1 keeps none)
+            save_maps(context, self.action, maps)
         records = {}
         if send_raw:
             records[PILOTS] = pack_arrays({OWN_PILOTS: to_numpy(a)})

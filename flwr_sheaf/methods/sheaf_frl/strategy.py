@@ -130,9 +130,8 @@ class SheafFRL(GraphStrategy):
             ValueError: ``config`` names a key the strategy sends.
         """
         self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
-        adaptive = (
-            self.pilots.spec.kind == "adaptive"
-        )  # ranks pilots by the held matrices' mismatch
+        # ranks pilots by the held matrices' mismatch
+        adaptive = self.pilots.spec.kind == "adaptive"
         edges = oriented_edges(self.graph, self.nodes) if adaptive and self.graph else []
         self.pilots.select(server_round, self.bank, edges)
         msgs = list(super().configure_train(server_round, arrays, config, grid))
@@ -231,9 +230,8 @@ class SheafFRL(GraphStrategy):
             arr = self.bank.get(j) if is_raw else self.edge_bank.get((j, pid))
             rj = self.bank_round.get(j) if is_raw else self.edge_bank_round.get((j, pid))
             if arr is None or waiting or (policy != "cached" and rj != server_round - 1):
-                self._withheld += (
-                    arr is not None
-                )  # the neighbour had pilots, the policy withheld them
+                # the neighbour had pilots, the policy withheld them
+                self._withheld += arr is not None
                 weights.append(0.0)
                 continue
             w = 1.0 / float(self._q_for_next[j]) if policy == "drop-reweighted" else 1.0
@@ -324,9 +322,8 @@ class SheafFRL(GraphStrategy):
             accepted[pid] = r
         arrived = np.zeros(self.num_nodes, dtype=bool)
         arrived[list(accepted)] = True
-        self._q_for_next = (
-            self.frequency.estimate()
-        )  # rounds 1..t-1: independent of round t's arrivals
+        # rounds 1..t-1: independent of round t's arrivals
+        self._q_for_next = self.frequency.estimate()
         self.frequency.observe(arrived)
         ages = [server_round - r for r in self.bank_round.values()]
         relayed_ages = [a for a, _ in self.relayed.values()]
