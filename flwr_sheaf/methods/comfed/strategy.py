@@ -1,13 +1,10 @@
 """ComFed strategy: relays the neighbours' projected class prototypes (docs/baselines-alignment.md, s7).
 
-Per server round: discovery resolves the shared dimension r (``comfed-dim``: ``auto`` = smallest
-stalk dimension). Each sampled node gets :class:`~flwr_sheaf.methods.comfed.config.ComFedConfig`, ``feature-dim``
-= r, ``num-classes`` and, once neighbours have uploaded, ``comfed-targets``: per class, the mean of
-its graph neighbours' latest projected prototypes (classes no neighbour has are absent). Uploads
-(projected prototypes ``(n, r)`` with counts) are validated on their own; a bad one is that node's
-recorded failure. Evaluation: both readings of communication accuracy, post hoc
-(``communication_accuracy_*``, whitening fitted on private training latents) and with ComFed's
-learned maps (``comfed_communication_accuracy`` per edge and ``..._degree_weighted`` per round).
+Discovery resolves the shared dimension r (``comfed-dim``); each sampled node gets, per class, the
+mean of its neighbours' latest projected prototypes (``comfed-targets``). Uploads (projected
+prototypes ``(n, r)`` with counts) are validated on their own; a bad one is that node's recorded
+failure. Evaluation: the post-hoc communication accuracy and ComFed's own with the learned maps
+(``comfed_communication_accuracy`` per edge, ``..._degree_weighted`` per round).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""FedMuscle strategy: network averages of the agents' pilot representations (docs/baselines-alignment.md, s6).
+"""FedMuscle strategy: network averages of the agents' pilot representations (docs/baselines-alignment.md, s6.2).
 
-Per server round:
-
-1. Discovery fixes the common dimension D (``fedmuscle-dim``: ``auto`` = the smallest stalk
-   dimension). Every sampled node gets the config (:class:`~flwr_sheaf.methods.fedmuscle.config.FedMuscleConfig`,
-   ``feature-dim``, local training) and, in rounds that contain a contrastive epoch of the cycle
-   and once two agents have uploaded, its targets: ``others (K, D)`` = mean over the *other* agents'
-   latest pilot representations, ``all (K, D)`` = mean over all of them
-   (:func:`flwr_sheaf.methods.fedmuscle.maths.leave_one_out_means`). FedMuscle is centralised: the
-   averages run over all agents, not graph neighbours.
-2. ``accept_train``: each upload ``pilot-reps (K, D)`` is checked (shape, finite); a bad one is that
-   node's recorded failure and its previous representations stay.
-3. Evaluation: the post-hoc protocol (:class:`NonCooperative`), as in the paper.
+Discovery fixes the common dimension D (``fedmuscle-dim``); in rounds with a contrastive epoch, once
+two agents have uploaded, each sampled node gets ``others (K, D)`` (leave-one-out mean over all
+agents: FedMuscle is centralised) and ``all (K, D)``
+(:func:`flwr_sheaf.methods.fedmuscle.maths.leave_one_out_means`). A bad upload ``pilot-reps (K, D)``
+is that node's recorded failure (its previous representations stay). Evaluation: post hoc.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The RFedAGS family's message vocabulary (record, config-entry and array names; the core's are in
-:mod:`flwr_sheaf.protocol`).
+"""The RFedAGS family's message vocabulary (the core's names are in :mod:`flwr_sheaf.protocol`).
 
-RFedAGS uses ``train.rfedags``: ``arrays`` holds the server point (key :data:`POINT`, float64) and
-``config`` the core's ``server-round`` and ``seed`` plus :data:`LOCAL_STEPS`, :data:`STEP_SIZE` and
-:data:`MINIBATCH_SIZE`; the reply's :data:`STREAM_RECORD` record holds the client's stream
-(:data:`STREAM`, same shape as the point). The baselines use ``train.rfedavg`` / ``train.rfedsvrg`` /
-``train.rfedproj``: the config also carries :data:`PHASE`; the reply's :data:`STREAM_RECORD` record
-holds the end point (:data:`ENDPOINT`; RFedProj also :data:`MEAN_GRADIENT`) or, in RFedSVRG's
-:data:`PHASE_GRADIENT` phase, the Riemannian gradient at the server point (:data:`STREAM`);
-RFedSVRG's :data:`PHASE_LOCAL` phase receives :data:`FULL_GRADIENT` and RFedProj's its correction
-:data:`CORRECTION` beside :data:`POINT` (for RFedProj the server's ambient point).
+``train.rfedags`` carries :data:`POINT` and the config :data:`LOCAL_STEPS`, :data:`STEP_SIZE`,
+:data:`MINIBATCH_SIZE`; its reply's :data:`STREAM_RECORD` holds :data:`STREAM`. The baselines'
+``train.<m>`` add :data:`PHASE` (and :data:`FULL_GRADIENT` / :data:`CORRECTION`); their replies hold
+:data:`ENDPOINT` (RFedProj also :data:`MEAN_GRADIENT`), or :data:`STREAM` in RFedSVRG's gradient phase.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (docs/baselines-sheaf-fmtl.md, s8).
 
-The server holds no maps and no parameters. It knows each node's trainable-parameter count n_i
-(``num_params``, computed from the zoo before any node is contacted, :func:`sheaf_fmtl_budget`),
-so after discovery it fixes every edge dimension ``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0)
-and checks the map budget again on the real graph. Per server round each sampled node gets
-:class:`~flwr_sheaf.methods.sheaf_fmtl.config.SheafFMTLConfig`, its neighbours, their d_ij and its own n_i, and record
-``sheaf-fmtl-projections``: for every neighbour j that has uploaded, j's latest ``P_ji theta_j``
-(length d_ij; absent before j's first upload). Uploads (one ``(d_ij,)`` vector per neighbour,
-nothing else) are checked on their own; a bad one is that node's recorded failure and its previous
-projections stay. Evaluation: the post-hoc protocol (:class:`NonCooperative`), as in the paper.
+The server holds no maps and no parameters; from each node's parameter count n_i (the zoo's,
+:func:`sheaf_fmtl_budget`) it fixes every ``d_ij`` (F0) after discovery and checks the map budget on
+the real graph. Each sampled node gets its neighbours, their d_ij, its n_i and their latest
+projections (record ``sheaf-fmtl-projections``); a bad upload is that node's recorded failure (its
+previous projections stay). Evaluation: post hoc, as in the paper.
 """
 
 from __future__ import annotations

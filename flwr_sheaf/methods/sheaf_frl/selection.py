@@ -1,15 +1,10 @@
-"""Sheaf-FRL's pilot selection at the server (paper App. B, run-config ``pilot-strategy``; docs/variants-pilots.md).
+"""Sheaf-FRL's pilot selection at the server (paper App. B, ``pilot-strategy``; docs/variants-pilots.md).
 
-:class:`PilotSelector` is the component :class:`~flwr_sheaf.methods.sheaf_frl.strategy.SheafFRL`
-holds (``strategy.pilots``): the parsed ``pilot-strategy``, its
-:class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (built once the pilots' count and, for ``*-class`` /
-``*-cluster``, the pilots' labels / public features are known) and this round's
-:class:`~flwr_sheaf.sheaf.pilots.PilotSelection` with its digest. Every trained node gets the same
-selection and its neighbours' held matrices reduced by it (:meth:`PilotSelector.reduced`), so a
-cached matrix from an older round is reduced with *this* round's indices: rows always correspond.
-
-:func:`upload_problem` checks one train reply's uploaded pilots (raw and transported) against what
-the variant asks of that node.
+:class:`PilotSelector` (``strategy.pilots``) holds the parsed strategy, its
+:class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (built once the pilots' count and, if needed, their
+labels or public features are known) and this round's selection with its digest; held matrices are
+reduced with *this* round's indices (:meth:`PilotSelector.reduced`), so rows always correspond.
+:func:`upload_problem` checks one reply's uploaded pilots against what the variant asks.
 """
 
 from __future__ import annotations
