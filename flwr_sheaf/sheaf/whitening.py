@@ -111,17 +111,10 @@ class Whitening(nn.Module):
 
     Modes (like ``nn.BatchNorm1d``):
 
-    * train: ``mu``/``Sigma`` are the batch's mean and unbiased covariance, differentiable;
-      the running buffers are updated by EMA with detached statistics:
-      ``running = (1 - momentum) * running + momentum * batch`` (PyTorch convention;
-      the reference code's 0.95/0.05 EMA is ``momentum = 0.05``). Requires ``B >= 2``.
-      The running covariance is the EMA of within-batch covariances (as BatchNorm's
-      running variance), regularised only when used.
-    * eval: uses the running statistics; the factor ``L`` is cached and recomputed whenever the
-      buffers change (in-place update, ``load_state_dict``, device/dtype move).
-
-    Buffers (no trainable parameters): ``running_mean (d,)`` initialised to 0 and
-    ``running_cov (d, d)`` initialised to ``I``, float32 by default.
+    * train: the batch's mean and unbiased covariance (differentiable, ``B >= 2``); the buffers
+      ``running_mean (d,)`` (init 0) and ``running_cov (d, d)`` (init ``I``) follow by EMA,
+      ``running = (1 - momentum) running + momentum batch`` (PyTorch convention).
+    * eval: the running statistics; ``L`` is cached until the buffers change.
 
     Args:
         d: stalk dimension (positive int).
@@ -333,10 +326,8 @@ class Colouring(nn.Module):
     the running statistics, whatever the train/eval mode: ``colour(whiten(z)) = z`` exactly
     (up to rounding) when the whitening is in eval mode, for any shrinkage/eps.
 
-    The whitening layer is held by reference, not registered as a submodule (it lives in a
-    plain list), so a model containing both stores the statistics once (under the whitening
-    layer's own key) and ``load_state_dict`` updates what the colouring uses. Device moves
-    must therefore be applied to the module owning the whitening layer (e.g. the whole agent).
+    The whitening layer is held by reference, not as a submodule: its statistics are stored once
+    (under its own key), and device moves apply to the module owning it (e.g. the whole agent).
 
     Args:
         whitening: the :class:`Whitening` layer to invert.

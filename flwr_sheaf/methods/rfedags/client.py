@@ -275,24 +275,12 @@ def register_rfedags_baseline_handlers(
 ) -> ClientApp:
     """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines-rfedags.md, s5).
 
-    ``train.<m>`` reads the config of RFedAGS (``server-round``, ``local-steps``, ``step-size``,
-    ``minibatch-size``, ``seed``) plus ``phase``, and the point ``x`` (:data:`~flwr_sheaf.methods.rfedags.protocol.POINT`):
-
-    - ``rfedavg``: K local Riemannian SGD steps from ``x`` (:func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`);
-      reply: the end point (:data:`~flwr_sheaf.methods.rfedags.protocol.ENDPOINT`).
-    - ``rfedsvrg``, phase ``"gradient"``: reply the Riemannian gradient of ``f_i`` at ``x`` on the full
-      local data (:data:`~flwr_sheaf.methods.rfedags.protocol.STREAM`); phase ``"local"``: with the server gradient
-      :data:`~flwr_sheaf.methods.rfedags.protocol.FULL_GRADIENT`, K variance-reduced steps
-      (:func:`~flwr_sheaf.methods.rfedags.baselines.svrg_local_steps`); reply: the end point.
-    - ``rfedproj``: ``x`` is the server's ambient point; with the correction
-      :data:`~flwr_sheaf.methods.rfedags.protocol.CORRECTION`, K projected steps
-      (:func:`~flwr_sheaf.methods.rfedags.baselines.projection_local_steps`); reply: ambient end point and mean
-      gradient (:data:`~flwr_sheaf.methods.rfedags.protocol.MEAN_GRADIENT`).
-
-    Every reply's ``metrics`` has ``num-examples``. The handlers raise (-> Flower error reply, the
-    server records that node's failure) on a missing array or config key, a wrong shape, a point off
-    the manifold (not checked for RFedProj's ambient point), an unknown phase, RFedProj on a manifold
-    it refuses, or non-finite gradients. No per-node state is kept.
+    ``train.<m>`` reads RFedAGS's config plus ``phase`` and runs the method's client step (the
+    protocol of :mod:`~flwr_sheaf.methods.rfedags.baselines_strategy`; the steps in
+    :mod:`~flwr_sheaf.methods.rfedags.baselines`); every reply's ``metrics`` has ``num-examples``. The
+    handlers raise (-> Flower error reply, that node's recorded failure) on a missing array or config
+    key, a wrong shape, a point off the manifold (not checked for RFedProj's ambient point), an unknown
+    phase, RFedProj on a manifold it refuses, or non-finite gradients. No per-node state is kept.
 
     Args:
         app: the ClientApp to extend.
