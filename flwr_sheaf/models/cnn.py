@@ -230,11 +230,8 @@ class SheafAgent(_AgentBase):
         """Private path ``head.mlp(encoder.latent(x))``: logits ``(B, num_classes)`` for images
         ``x (B, C, H, W)`` (paper Eq. 22, private accuracy; the CE training path).
 
-        Skips the whitening/colouring pair. In eval mode ``colour(whiten(z)) = z`` exactly (up
-        to float rounding) for any running statistics, shrinkage and eps, so this equals
-        ``classify_whitened(whitened(x))``. In train mode the pair would not cancel (whitening
-        uses batch statistics, colouring the running ones); the private path is defined
-        without it (docs/stability.md, s2.9).
+        Skips the whitening/colouring pair, which cancels exactly in eval mode but not in train mode
+        (docs/stability.md, s2.9).
 
         Raises:
             ValueError: ``x`` not 4-D with the encoder's input channels.

@@ -397,17 +397,10 @@ def apply_selection(a: torch.Tensor, sel: PilotSelection | None) -> torch.Tensor
 def parseval(a: torch.Tensor) -> torch.Tensor:
     """Parseval normalisation of a row-wise pilot matrix (paper App. B, end): its polar factor.
 
-    The paper writes ``A~ = A (A^T A)^{-1/2}`` for ``A = P^T`` ``(d, K)`` with ``K < d``; in rows this
-    is ``P~ = (P P^T)^{-1/2} P``. For any shape we return the polar factor ``U W^T`` of the thin SVD
-    ``P = U S W^T`` (float64 SVD, differentiable, returned in ``a``'s dtype), which is
-
-    - ``K <= d``: ``(P P^T)^{-1/2} P`` with orthonormal rows, ``P~ P~^T = I_K`` (the paper's
-      ``A~^T A~ = I_K``);
-    - ``K >= d`` (the K x K Gram is singular): ``P (P^T P)^{-1/2}`` with orthonormal columns,
-      ``P~^T P~ = I_d``: the K rows form a Parseval frame of ``R^d`` (``sum_k p_k p_k^T = I``).
-
-    Rank-deficient input: the polar factor is not unique on the null space; the SVD's choice is
-    returned (still a partial isometry with the stated identity only on the rank's subspace).
+    The polar factor ``U W^T`` of the thin SVD ``P = U S W^T`` (float64, differentiable, in ``a``'s
+    dtype): for ``K <= d`` the paper's ``(P P^T)^{-1/2} P`` (orthonormal rows), for ``K >= d``
+    ``P (P^T P)^{-1/2}`` (orthonormal columns: the rows form a Parseval frame of ``R^d``). On
+    rank-deficient input the SVD's choice on the null space is returned.
 
     Args:
         a: ``(K, d)`` float pilot matrix.

@@ -49,11 +49,6 @@ _EPS = 1e-12
 
 
 # --- helpers
-def _check_matrix(x: torch.Tensor, name: str) -> None:
-    """ValueError unless ``x`` is a floating 2-D tensor ``(n, d)``."""
-    _check_latents(x, name, rows="n")
-
-
 def _check_pair(
     p: torch.Tensor,
     q: torch.Tensor,
@@ -67,8 +62,8 @@ def _check_pair(
     have ``n >= need_rows`` and, if ``same_dim``, ``d1 == d2``. Messages start with ``fn`` and call
     the matrices ``names``."""
     a, b = names
-    _check_matrix(p, f"{fn}: {a}")
-    _check_matrix(q, f"{fn}: {b}")
+    _check_latents(p, f"{fn}: {a}", rows="n")
+    _check_latents(q, f"{fn}: {b}", rows="n")
     if p.shape[0] != q.shape[0]:
         raise ValueError(
             f"{fn}: {a} and {b} must have the same number of rows (paired samples/classes), "
@@ -142,7 +137,7 @@ def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
     """
-    _check_matrix(p, "centered_gram: P")
+    _check_latents(p, "centered_gram: P", rows="n")
     _check_eps(eps)
     pc = p - p.mean(dim=0, keepdim=True)
     pc = pc / _safe_norm(pc, eps)
@@ -164,7 +159,7 @@ def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
     """
-    _check_matrix(p, "rdm_vector: P")
+    _check_latents(p, "rdm_vector: P", rows="n")
     _check_eps(eps)
     pn = F.normalize(p, p=2.0, dim=1, eps=eps)
     g = pn @ pn.T
@@ -315,15 +310,15 @@ def structure_loss(p: torch.Tensor, q: torch.Tensor, structure: str = "gcsa") ->
     Raises:
         ValueError: unknown ``structure`` and everything the chosen loss raises.
     """
-    if structure == "gcsa":
-        return gcsa_loss(p, q)
-    if structure == "rcsa":
-        return rcsa_loss(p, q)
-    if structure == "mse":
-        return mse_alignment(p, q)
-    if structure == "cosine":
-        return cosine_alignment(p, q)
-    raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
+    losses = {
+        "gcsa": gcsa_loss,
+        "rcsa": rcsa_loss,
+        "mse": mse_alignment,
+        "cosine": cosine_alignment,
+    }
+    if structure not in losses:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
+    return losses[structure](p, q)
 
 
 # --- two-level local objective
