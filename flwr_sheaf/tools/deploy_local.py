@@ -13,6 +13,7 @@ up (the step and log named), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import ipaddress
 import json
@@ -354,6 +355,10 @@ class _Runs:
 
         def _cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess: ...
 
+        def _spawn(
+            self, cmd: list[str], log: Path | None, env: dict[str, str] | None = None
+        ) -> subprocess.Popen: ...
+
     def submit(self, run_config: str = "") -> int:
         """``flwr run <app> deploy --format json [--run-config ...]``; returns the run id.
 
@@ -374,22 +379,8 @@ class _Runs:
 
     def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
         """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
-        cmd = [self.flwr, "log", str(run_id), CONNECTION, "--stream"]
         env = {**self.env, "PYTHONUNBUFFERED": "1"}  # lines as they come, also into a file or pipe
-        if log is None:
-            p = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
-        else:
-            with open(log, "ab") as fh:
-                p = subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    stdin=subprocess.DEVNULL,
-                )
-        self.started.append(p)
-        return p
+        return self._spawn([self.flwr, "log", str(run_id), CONNECTION, "--stream"], log, env)
 
     def wait_run(
         self,
@@ -532,14 +523,17 @@ class LocalDeployment(_SiteCrashes, _Runs):
             except psutil.NoSuchProcess:
                 continue
 
-    def _spawn(self, cmd: list[str], log: Path) -> subprocess.Popen:
-        """Start ``cmd`` in its own process group/session, stdout+stderr to ``log``; remember it."""
-        with open(log, "ab") as fh:
+    def _spawn(
+        self, cmd: list[str], log: Path | None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Start ``cmd`` in its own process group/session with ``env`` (default the deployment's),
+        stdout+stderr to ``log`` (None: this stdout); remember it."""
+        with open(log, "ab") if log is not None else contextlib.nullcontext() as fh:
             p = subprocess.Popen(
                 cmd,
-                env=self.env,
+                env=env or self.env,
                 stdout=fh,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.STDOUT if fh is not None else None,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 cwd=self.workdir,
