@@ -310,15 +310,15 @@ def structure_loss(p: torch.Tensor, q: torch.Tensor, structure: str = "gcsa") ->
     Raises:
         ValueError: unknown ``structure`` and everything the chosen loss raises.
     """
-    losses = {
-        "gcsa": gcsa_loss,
-        "rcsa": rcsa_loss,
-        "mse": mse_alignment,
-        "cosine": cosine_alignment,
-    }
-    if structure not in losses:
-        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
-    return losses[structure](p, q)
+    if structure == "gcsa":
+        return gcsa_loss(p, q)
+    if structure == "rcsa":
+        return rcsa_loss(p, q)
+    if structure == "mse":
+        return mse_alignment(p, q)
+    if structure == "cosine":
+        return cosine_alignment(p, q)
+    raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
 
 
 # --- two-level local objective

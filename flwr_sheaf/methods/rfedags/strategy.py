@@ -65,9 +65,8 @@ class RFedAGS(GraphStrategy):
         global_step: ``varpi > 0`` (paper and code: 1).
         q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.participation.FrequencyEstimator`).
         estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
-        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
-            expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
-            :class:`~flwr_sheaf.participation.FrequencyEstimator` and docs/participation.md, s4.1.
+        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default, ``(c+1)/(t+1)``)
+            or ``"empirical"`` (paper, ``c/t``); docs/participation.md, s4.1.
         manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
             -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).

@@ -379,15 +379,9 @@ class SheafClient(ClientMethod):
             raise ProtocolError(
                 "privacy='stringent' but the train message carries raw neighbour pilots"
             )
-        received = (
-            unpack_neighbour_pilots(array_record(msg.content, PILOTS))
-            if PILOTS in msg.content
-            else {}
-        )
-        moved = (
-            unpack_neighbour_pilots(array_record(msg.content, TRANSPORTED))
-            if TRANSPORTED in msg.content
-            else {}
+        received, moved = (
+            unpack_neighbour_pilots(array_record(msg.content, k)) if k in msg.content else {}
+            for k in (PILOTS, TRANSPORTED)
         )
         both = sorted(set(received) & set(moved))
         if both:
