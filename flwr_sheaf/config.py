@@ -445,6 +445,15 @@ _KEY_LIST = [
         "seconds the ServerApp waits for enough SuperNodes to register",
     ),
     Key(
+        "discovery",
+        "all",
+        _str(("all", "sampled")),
+        "`all` = query every SuperNode before round 1 (checks every node up front; same numbers on every "
+        "engine); `sampled` = the ServerApp derives each agent's description from the CNN-zoo scenario and "
+        "queries a SuperNode only when it is first sampled (cross-device scale; on the Ray engine Flower's "
+        "random node ids make which partition-ids train differ between runs; docs/participation.md)",
+    ),
+    Key(
         "results-dir",
         "results/default",
         _str(nonempty=True),
@@ -1087,6 +1096,8 @@ class RunConfig(Section):
         num_server_rounds: server rounds (>= 1).
         round_timeout: seconds each round trip waits for replies.
         discovery_timeout: seconds to wait for SuperNodes at the start.
+        discovery: ``"all"`` (query every SuperNode up front) or ``"sampled"`` (describe nodes when
+            first sampled; docs/participation.md, "Sampled discovery").
         results_dir: output directory.
         preset: ``""`` or ``"paper"`` (already applied to the sections by :meth:`from_run_config`).
         train_defaults: ``"method"`` (the method's own training settings, :data:`METHOD_TRAIN_DEFAULTS`,
@@ -1110,6 +1121,7 @@ class RunConfig(Section):
     num_server_rounds: int = key_field("num-server-rounds")
     round_timeout: float = key_field("round-timeout")
     discovery_timeout: float = key_field("discovery-timeout")
+    discovery: str = key_field("discovery")
     results_dir: str = key_field("results-dir")
     preset: str = key_field("preset")
     train_defaults: str = key_field("train-defaults")
