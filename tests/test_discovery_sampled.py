@@ -207,11 +207,13 @@ def test_an_error_reply_names_the_node_and_degrades_the_run(tmp_path):
     assert all(1 not in r["sampled"] and r["num_trained"] == n - 1 for r in res["rounds"])
 
 
-def test_too_few_supernodes_names_the_federation_config(tmp_path):
-    rc = _rc(tmp_path, "few_nodes", 6, discovery="sampled", **{"discovery-timeout": 0.2})
+def test_too_few_supernodes_fails_at_once_naming_the_federation_config(tmp_path):
+    # 4 SuperNodes for 6 agents: one node's num-partitions says so, without waiting discovery-timeout
+    rc = _rc(tmp_path, "few_nodes", 6, discovery="sampled", **{"discovery-timeout": 3600.0})
     grid = LocalGrid(cnn_client_app, 4, run_config=rc)
     with pytest.raises(RuntimeError, match="num-supernodes=6"):
         run_server(grid, rc)
+    assert [m.metadata.message_type for m in grid.delivered] == ["query.sheaf"]
 
 
 @pytest.mark.parametrize(

@@ -140,14 +140,20 @@ class SampledDiscovery:
         Returns:
             ``{partition-id: Node}`` of the expected infos (node id 0: not yet described).
 
+        While fewer than N are registered, the first registered node is described (one query): a
+        federation too small for the scenario fails at once, as in full discovery.
+
         Raises:
-            RuntimeError: fewer than N SuperNodes registered after ``discovery_timeout`` (the
-                ``--federation-config`` to pass named).
+            RuntimeError: fewer than N SuperNodes registered after ``discovery_timeout``, or a node
+                reporting ``num-partitions`` < N (the ``--federation-config`` to pass named).
         """
         self._query = Discovery(self.num_nodes, action, config, discovery_timeout)
         self._grid, self._timeout = grid, float(timeout)
         deadline = time.monotonic() + discovery_timeout
         while len(ids := sorted(int(n) for n in grid.get_node_ids())) < self.num_nodes:
+            if ids and not self.described and not self.refused:
+                # one node's num-partitions tells a federation that is too small at once
+                self.rounds[0] = {"probe": self.describe(ids[:1])}
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the scenario has {self.num_nodes} agents but after {discovery_timeout:.0f} s "
