@@ -196,8 +196,17 @@ class SampledDiscovery:
             RuntimeError: a node reports ``num-partitions`` < N (the ``--federation-config`` named).
         """
         drawn, self._round = self.draw(sampler, server_round), server_round
+        t0 = time.monotonic()
         new = self.describe([n for n in drawn if n not in self.described and n not in self.refused])
         self.rounds.setdefault(server_round, {})[phase] = new
+        log.info(
+            "round %d %s: %d of %d drawn node(s) described now (%.1f s)",
+            server_round,
+            phase,
+            len(new),
+            len(drawn),
+            time.monotonic() - t0,
+        )
         exchange.connect(
             {p: Node(n, self.expected[p]) for n, p in self.described.items() if p < self.num_nodes}
         )
