@@ -68,11 +68,10 @@ def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
     ]
     if not diffs:
         return None
+    why = "a different run config, dataset or package version on that node"
     return (
-        f"partition-id {reported.partition_id} reports "
-        + ", ".join(diffs)
-        + ": the node's data or "
-        "model is not the scenario's (a different run config, dataset or package version on that node)"
+        f"partition-id {reported.partition_id} reports {', '.join(diffs)}: the node's data or model "
+        f"is not the scenario's ({why})"
     )
 
 
