@@ -6,7 +6,9 @@
 - only drawn nodes are queried, each at most once: the queried node ids equal the union of the
   draws, recomputed here from numpy's uniforms over the sorted node ids;
 - a node whose reply disagrees with the scenario is that partition-id's recorded failure (field
-  named), the others train; an error reply is a problem that makes the run degraded;
+  named), the others train; as in full discovery, an unusable reply without a spare SuperNode and a
+  partition-id reported twice fail the run; a spare SuperNode stays idle (the run completes), and
+  more unusable replies than spares make the run degraded;
 - the same seed twice gives the same numbers;
 - bad values and unsupported combinations are refused before any message, the key named.
 """
@@ -184,27 +186,74 @@ def test_other_pilots_are_named_too(tmp_path):
     )
 
 
-def test_an_error_reply_names_the_node_and_degrades_the_run(tmp_path):
-    n = 6
+def _broken(pid: int):
+    """A ClientApp wrapper: partition ``pid``'s query handler raises."""
 
     def wrap(grid, real):
         def app(msg, ctx):
             if msg.metadata.message_type.startswith("query.") and (
-                grid.partition_of(msg.metadata.dst_node_id) == 1
+                grid.partition_of(msg.metadata.dst_node_id) == pid
             ):
                 raise RuntimeError("broken node")
             return real(msg, ctx)
 
         return app
 
-    rc = _rc(tmp_path, "err", n, discovery="sampled")
-    res, grid = _run(rc, n, wrap)
-    failed = res["discovery"]["failed"]
-    assert len(failed) == 1 and failed[0]["node_id"] == grid.node_ids[1]
-    assert failed[0]["partition_id"] is None and "broken node" in failed[0]["reason"]
+    return wrap
+
+
+def test_an_error_reply_without_a_spare_fails_the_run_as_full_discovery_does(tmp_path):
+    n = 6
+    for mode in ("all", "sampled"):
+        rc = _rc(tmp_path, f"err_{mode}", n, discovery=mode)
+        grid = LocalGrid(cnn_client_app, n, run_config=rc)
+        grid.app = _broken(1)(grid, grid.app)
+        with pytest.raises(RuntimeError, match="discovery failed on node .*broken node"):
+            run_server(grid, rc)
+        assert not any(m.metadata.message_type.startswith("train.") for m in grid.delivered)
+
+
+def test_a_partition_id_reported_twice_fails_the_run_as_full_discovery_does(tmp_path):
+    n = 6
+    for mode in ("all", "sampled"):
+        rc = _rc(tmp_path, f"dup_{mode}", n, discovery=mode)
+        with pytest.raises(RuntimeError, match="partition-id 2 reported by two nodes"):
+            _run(rc, n, _lying(5, partition_id=2))
+
+
+def _spare_run(tmp_path, name: str, mode: str, wrap=None) -> tuple[dict, LocalGrid]:
+    # 7 SuperNodes for 6 agents: the bundled query handler refuses partition-id 6 (an error reply)
+    n = 6
+    rc = _rc(tmp_path, name, n, discovery=mode, **{"fraction-train": 1.0})
+    grid = LocalGrid(cnn_client_app, n + 1, run_config=rc)
+    if wrap is not None:
+        grid.app = wrap(grid, grid.app)
+    return json.loads(run_server(grid, rc).read_text()), grid
+
+
+def test_a_spare_supernode_stays_idle_and_the_run_completes(tmp_path):
+    full, _ = _spare_run(tmp_path, "spare_all", "all")
+    lazy, grid = _spare_run(tmp_path, "spare_sampled", "sampled")
+    assert full["status"] == lazy["status"] == "completed"
+    spare = grid.node_ids[6]
+    failed = lazy["discovery"]["failed"]
+    assert [f["node_id"] for f in failed] == [spare]  # the spare was drawn, answered an error
+    assert "outside" in failed[0]["reason"] and failed[0]["partition_id"] is None
+    # a round draws floor(f N) = 6 of the 7 node ids, so a round that drew the spare trained 5
+    for r in lazy["rounds"]:
+        assert r["num_trained"] == len(r["sampled"]) in (5, 6)
+    assert any(r["num_trained"] == 5 for r in lazy["rounds"])
+
+
+def test_more_unusable_replies_than_spares_degrade_the_run(tmp_path):
+    res, grid = _spare_run(tmp_path, "spare_broken", "sampled", _broken(1))
+    failed = {f["node_id"] for f in res["discovery"]["failed"]}
+    assert failed == {grid.node_ids[1], grid.node_ids[6]}  # the broken agent and the spare
     assert res["status"] == "degraded"
-    assert any("broken node" in p for p in res["degradation"]["problems"])
-    assert all(1 not in r["sampled"] and r["num_trained"] == n - 1 for r in res["rounds"])
+    assert any(
+        "only 1 SuperNode(s) are spares" in p and "at least 1 agent(s)" in p
+        for p in res["degradation"]["problems"]
+    )
 
 
 def test_too_few_supernodes_fails_at_once_naming_the_federation_config(tmp_path):
@@ -222,7 +271,7 @@ def test_too_few_supernodes_fails_at_once_naming_the_federation_config(tmp_path)
         ({"discovery": "some"}, "discovery"),
         ({"discovery": "sampled", "participation": "0.5"}, "participation"),
         ({"discovery": "sampled", "resume": True}, "resume"),
-        ({"discovery": "sampled", "method": "rfedags"}, "discovery='sampled'"),
+        ({"discovery": "sampled", "method": "rfedags"}, "task factory"),
         ({"discovery": "sampled", "dataset": "hf:some/dataset"}, "hf:some/dataset"),
     ],
 )

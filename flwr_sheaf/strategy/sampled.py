@@ -11,18 +11,21 @@ and per round:
    at least N registered), with the same fraction draw as
    :class:`~flwr_sheaf.participation.ParticipationSampler` over positions ``0..M-1`` (uniforms from
    ``(seed, stream, round)``; the evaluators from the evaluate stream);
-2. sends ``query.<action>`` to the drawn nodes not yet described (the same checks as full discovery:
-   an error reply or malformed info, ``num-partitions`` < N fails the run at once) and compares each
-   reply with ``expected[partition-id]`` (``d``, ``classes``, ``num-pilots``, ``num-examples``,
-   ``pilot-digest``);
+2. sends ``query.<action>`` to the drawn nodes not yet described, with the checks of full
+   discovery: ``num-partitions`` < N, a partition-id two nodes report, and an unusable reply (an
+   error, malformed info, no reply) while no spare SuperNode exists (M = N) fail the run at once;
+   then compares each reply with ``expected[partition-id]`` (``d``, ``classes``, ``num-pilots``,
+   ``num-examples``, ``pilot-digest``);
 3. returns the partition-ids of the drawn nodes; a node is queried at most once per run.
 
-Failures are the node's, never the run's crash: a reply that disagrees with the scenario is that
-partition-id's recorded failure in the round (the ledger's ``train`` / ``evaluate`` phase, so the run
-status counts it); an error reply, a malformed reply or a partition-id another node already
-described cannot be trusted for any partition-id, so it is listed in :attr:`SampledDiscovery.problems`
-(the ServerApp makes the run ``degraded`` with them) and in ``results.json``'s ``discovery``. A node
-reporting a partition-id >= N is idle (a spare SuperNode). A node never drawn is never messaged.
+A reply that disagrees with the scenario is that partition-id's recorded failure in the round (the
+ledger's ``train`` / ``evaluate`` phase, so the run status counts it). With spare SuperNodes
+(M > N) an unusable reply may come from a spare (the bundled query handler refuses a partition-id
+>= N), so it is logged as idle, as full discovery does; when more replies are unusable than there
+are spares, at least one agent failed and :attr:`SampledDiscovery.problems` says so (the ServerApp
+makes the run ``degraded``). Every failed description is in ``results.json``'s ``discovery``. A node
+never drawn is never messaged. A round draws ``max(1, floor(f N))`` of the M node ids, so spares
+take draw slots.
 
 Determinism: with node ids that sort like partition-ids (:class:`flwr_sheaf.testing.LocalGrid`) the
 drawn partition-ids equal those of ``discovery = "all"``; on the Ray engine Flower draws node ids at
@@ -36,6 +39,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from flwr.serverapp import Grid
 
 from ..participation import ParticipationSampler
@@ -86,7 +90,6 @@ class SampledDiscovery:
         described: ``{node id: partition-id}`` of the nodes that described themselves (idle spares
             with partition-id >= N included).
         refused: ``{node id: (partition-id or None, reason)}`` of the nodes whose description failed.
-        problems: one line per failed description that names no usable partition-id.
         rounds: ``{round: {"train": [...], "evaluate": [...]}}`` partition-ids described in that
             round (for ``results.json``).
 
@@ -102,13 +105,13 @@ class SampledDiscovery:
         self.node_ids: list[int] = []
         self.described: dict[int, int] = {}
         self.refused: dict[int, tuple[int | None, str]] = {}
-        self.problems: list[str] = []
         self.rounds: dict[int, dict[str, list[int]]] = {}
         self._query: Discovery | None = None
         self._grid: Grid | None = None
         self._timeout = 0.0
-        self._pids: set[int] = set()  # partition-ids of self.described
-        self._round = 0  # the round being sampled (named in problems)
+        self._pids: set[int] = set()  # partition-ids claimed by a reply (described or refused)
+        self._round = 0  # the round being sampled (named in failed descriptions)
+        self._deadline = 0.0  # end of discovery-timeout (bounds the probe's round trip)
 
     def __getstate__(self) -> dict[str, Any]:
         """What a checkpoint stores: the descriptions and records, not the run's grid and query."""
@@ -148,11 +151,12 @@ class SampledDiscovery:
         """
         self._query = Discovery(self.num_nodes, action, config, discovery_timeout)
         self._grid, self._timeout = grid, float(timeout)
-        deadline = time.monotonic() + discovery_timeout
+        self._deadline = deadline = time.monotonic() + discovery_timeout
         while len(ids := sorted(int(n) for n in grid.get_node_ids())) < self.num_nodes:
             if ids and not self.described and not self.refused:
                 # one node's num-partitions tells a federation that is too small at once
-                self.rounds[0] = {"probe": self.describe(ids[:1])}
+                wait = max(1.0, min(self._timeout, deadline - time.monotonic()))
+                self.rounds[0] = {"probe": self.describe(ids[:1], wait)}
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the scenario has {self.num_nodes} agents but after {discovery_timeout:.0f} s "
@@ -170,12 +174,39 @@ class SampledDiscovery:
         return {p: Node(0, info) for p, info in self.expected.items()}
 
     def draw(self, sampler: ParticipationSampler, server_round: int) -> list[int]:
-        """The node ids ``sampler``'s fraction draw picks among :attr:`node_ids` (its seed and stream,
-        positions in place of partition-ids) in ``server_round``."""
-        over = ParticipationSampler(
-            len(self.node_ids), sampler.fraction, seed=sampler.seed, stream=sampler.stream
+        """The ``max(1, floor(f N))`` node ids with the smallest of ``sampler``'s uniforms over the
+        positions of :attr:`node_ids` (its seed, stream and fraction ``f``) in ``server_round``: with
+        M = N registered nodes, the fraction draw of :class:`ParticipationSampler` over positions.
+
+        Raises:
+            ValueError: ``sampler`` draws Bernoulli participation (per partition-id, unknown here).
+        """
+        if sampler.probabilities is not None:
+            raise ValueError(
+                "discovery='sampled' draws over node ids: Bernoulli participation (per "
+                "partition-id) cannot be drawn before the nodes are described; use a fraction"
+            )
+        m = len(self.node_ids)
+        u = ParticipationSampler(m, 1.0, seed=sampler.seed, stream=sampler.stream).uniforms(
+            server_round
         )
-        return [self.node_ids[i] for i in over.sample(server_round)]
+        n = max(1, int(self.num_nodes * sampler.fraction))
+        picked = range(m) if n >= m else np.argsort(u, kind="stable")[:n]
+        return [self.node_ids[int(i)] for i in sorted(picked)]
+
+    @property
+    def problems(self) -> list[str]:
+        """Lines for the run status: empty unless more described nodes were unusable than there are
+        spare SuperNodes (M - N), so that at least one agent could not describe itself."""
+        unusable = [why for p, why in self.refused.values() if p is None]
+        spares = max(0, len(self.node_ids) - self.num_nodes)
+        if len(unusable) <= spares:
+            return []
+        return [
+            f"sampled discovery: {len(unusable)} node(s) gave no usable description but only "
+            f"{spares} SuperNode(s) are spares, so at least {len(unusable) - spares} agent(s) "
+            f"failed; first: {unusable[0]}"
+        ]
 
     def sample(
         self,
@@ -189,10 +220,12 @@ class SampledDiscovery:
         ``"evaluate"``), after describing the drawn nodes not yet described; ``exchange`` then
         addresses every described partition-id. A drawn node whose description disagrees with the
         scenario is in the list and already recorded failed in ``ledger`` for ``phase`` (send it
-        nothing); one that names no usable partition-id is left out (:attr:`problems`).
+        nothing); one that names no usable partition-id is left out (an idle spare, or counted in
+        :attr:`problems`).
 
         Raises:
-            RuntimeError: a node reports ``num-partitions`` < N (the ``--federation-config`` named).
+            RuntimeError: see :meth:`describe` (what full discovery refuses).
+            ValueError: see :meth:`draw`.
         """
         drawn, self._round = self.draw(sampler, server_round), server_round
         t0 = time.monotonic()
@@ -221,51 +254,58 @@ class SampledDiscovery:
             out.append(pid)
         return sorted(out)
 
-    def describe(self, node_ids: list[int]) -> list[int]:
-        """Query ``node_ids`` once and record each outcome (:attr:`described` / :attr:`refused`);
-        returns the partition-ids < N that described themselves correctly.
+    def describe(self, node_ids: list[int], timeout: float | None = None) -> list[int]:
+        """Query ``node_ids`` once (each round trip waits ``timeout``, default the round timeout) and
+        record each outcome (:attr:`described` / :attr:`refused`); returns the partition-ids < N that
+        described themselves correctly.
 
         Raises:
-            RuntimeError: a node reports ``num-partitions`` < N.
+            RuntimeError: a node reports ``num-partitions`` < N, a partition-id another node already
+                reported (or claimed with a description the scenario refused), or a reply is
+                unusable while no spare SuperNode exists (the reason quoted), as full discovery.
         """
         if not node_ids:
             return []
         assert self._query is not None and self._grid is not None  # set by run()
         msgs = [self._query.query(n) for n in node_ids]
+        wait = self._timeout if timeout is None else timeout
         replies = messaging.send_and_receive(
-            self._grid, msgs, self._timeout, messaging.in_flight_limit(self._grid)
+            self._grid, msgs, wait, messaging.in_flight_limit(self._grid)
         )
         answered = {int(r.metadata.src_node_id): r for r in replies}
-        new = []
+        new, unusable = [], []
         for n in node_ids:
             r = answered.get(n)
             info, why = (None, "no reply within the timeout") if r is None else parse_reply(r)
             if info is None:
-                self.refuse(n, None, f"node {n}: {str(why)[-500:]}")
+                unusable.append(f"node {n}: {str(why)[-500:]}")
+                self.refuse(n, None, unusable[-1])
                 continue
             too_small = federation_too_small(info, self.num_nodes)
             if too_small is not None:
                 raise too_small
             pid = info.partition_id
             if pid in self._pids:
-                self.refuse(
-                    n, None, f"node {n}: partition-id {pid} already described by another node"
+                raise RuntimeError(
+                    f"partition-id {pid} reported by two nodes (node {n} the second)"
                 )
-            elif pid < self.num_nodes and (why := info_mismatch(info, self.expected[pid])):
+            self._pids.add(pid)
+            if pid < self.num_nodes and (why := info_mismatch(info, self.expected[pid])):
                 self.refuse(n, pid, why)
             else:
                 self.described[n] = pid
-                self._pids.add(pid)
                 new += [pid] if pid < self.num_nodes else []
+        if unusable and len(self.node_ids) <= self.num_nodes:  # no spare SuperNode can stand in
+            more = f" (and {len(unusable) - 1} more)" if len(unusable) > 1 else ""
+            raise RuntimeError(f"discovery failed on {unusable[0]}{more}")
         return sorted(new)
 
     def refuse(self, node_id: int, pid: int | None, why: str) -> None:
-        """Record node ``node_id``'s failed description (``pid`` None: it names no usable partition-id,
-        a :attr:`problems` line)."""
-        self.refused[node_id] = (pid, why)
+        """Record node ``node_id``'s failed description (``pid`` None: it names no usable
+        partition-id; with spare SuperNodes it may be a spare, logged as idle)."""
+        self.refused[node_id] = (pid, why if pid is not None else f"round {self._round}: {why}")
         if pid is None:
-            self.problems.append(f"sampled discovery, round {self._round}: {why}")
-            log.warning("sampled discovery: %s", why)
+            log.warning("sampled discovery, round %d: %s (idle)", self._round, why)
 
     def describe_run(self) -> dict[str, Any]:
         """``results.json``'s ``discovery`` entry: the mode, SuperNodes registered, the partition-ids
