@@ -209,9 +209,8 @@ def preflight(config: RunConfig) -> Preflight:
                 f"({', '.join(p.name for p in old)}); a fresh run would replace them. Use another "
                 f"results-dir, {how}"
             )
-        if (
-            state_root is not None
-        ):  # before anything is moved: a refusal leaves results-dir as it was
+        # before anything is moved: a refusal leaves results-dir as it was
+        if state_root is not None:
             state_root.mkdir(parents=True, exist_ok=True)
             pre.locks.append(DirLock(state_root, "node-state-dir").acquire())
             if not resuming:  # a resumed run's: after its checkpoint check (server_app)

@@ -155,11 +155,8 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
     fresh process on CPU (docs/design.md, "Design notes"); returns a CPU ``torch.Generator`` for batch order
     and pilot minibatches. Side effect: a host app sharing the process sees torch's global RNG reseeded.
     """
-    s = int(
-        np.random.SeedSequence([int(seed), int(partition_id), int(server_round)]).generate_state(1)[
-            0
-        ]
-    )
+    entropy = [int(seed), int(partition_id), int(server_round)]
+    s = int(np.random.SeedSequence(entropy).generate_state(1)[0])
     if _accelerator_present():
         torch.manual_seed(s)
     else:  # the same CPU stream without the accelerators' lazy seeding (a stack trace each, ~4 ms)

@@ -84,9 +84,8 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
         return _load_bundled()
     if spec in NAMED_DATASETS:
         directory = find_installed(spec).resolve()
-        check_installed(
-            directory, spec
-        )  # SHA-256 per file, hashed once per process and (path, size, mtime)
+        # SHA-256 per file, hashed once per process and (path, size, mtime)
+        check_installed(directory, spec)
         return _load_idx_dir(str(directory))
     if spec.startswith("idx:") and spec[4:].strip():
         return _load_idx_dir(str(Path(spec[4:].strip()).expanduser().resolve()))

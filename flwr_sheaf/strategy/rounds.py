@@ -97,9 +97,8 @@ def run_rounds(
     _serverapp_evaluate(evaluate_fn, 0, result)
     s.discover(grid, timeout)
     first, wall0 = 1, 0.0
-    if (
-        s.checkpointer is not None
-    ):  # resume: the state after the checkpointed round (docs/resume.md)
+    # resume: the state after the checkpointed round (docs/resume.md)
+    if s.checkpointer is not None:
         first, restored = s.checkpointer.restore(s, n)
         wall0 = s.checkpointer.previous_wall_seconds
         if restored is not None:
