@@ -1,29 +1,13 @@
 """Preflight of the ServerApp: what a run will write is checked before any message is sent.
 
-:func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` right after the run config
-is parsed) refuses, each time naming the run-config key, the path and the fix:
-
-- a directory the run will write that cannot be created or written: ``results-dir`` (``results.json``,
-  ``accuracy.png`` and ``checkpoint.pkl``) and the run config's ``node-state-dir`` (the nodes' state
-  on this machine: simulation, in-process runs) and, with ``tracking`` on, ``tracking-dir`` (default
-  ``<results-dir>/tracking``). Such a run used to fail only after training, after
-  its first round or, with ``checkpoint-every=0``, after the last one;
-- ``overwrite = true`` together with ``resume = true`` or ``resume-from`` (one starts afresh, the
-  other continues: both keys named);
-- resuming without a checkpoint (:class:`~flwr_sheaf.strategy.checkpoint.NoCheckpointError`, one line;
-  a finished run written with ``checkpoint-every = 0`` is named as such, with what works instead);
-- a fresh run (neither ``resume`` nor ``resume-from``) into a ``results-dir`` that already holds
-  another run's ``results.json`` or ``checkpoint.pkl``, unless ``overwrite = true``. Then those files
-  (and ``accuracy.png``) are **moved** into ``<results-dir>/previous-<UTC time>/`` (warning; recorded in
-  ``results.json``'s ``previous_run``), never deleted: a new run that then fails loses nothing, and a
-  checkpoint of the old run is never resumed as this one's (:func:`flwr_sheaf.rundir.move_aside`);
-- a ``node-state-dir`` holding another run's node state (a fresh run over it; a resumed run over the
-  node state of another run config), checked before any file is moved
-  (:func:`flwr_sheaf.rundir.check_node_state_dir`);
-- a second run writing the same ``results-dir`` or ``node-state-dir``: the first one holds
-  ``<dir>/.lock`` until it ends (:class:`flwr_sheaf.locks.DirLock`: the kernel's ``flock``, released
-  when its process dies; a stale lock is taken over atomically, with a warning; a lock whose holder
-  cannot be shown dead, e.g. one in another PID namespace, is refused naming its pid and host).
+:func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` once the run config is
+parsed) refuses, naming the run-config key, the path and the fix: a directory the run will write
+(``results-dir``, ``node-state-dir``, ``tracking-dir``) that cannot be created or written;
+``overwrite`` with ``resume``; resuming without a checkpoint; a fresh run into a ``results-dir``
+holding another run's files unless ``overwrite = true`` (then they are moved into
+``previous-<UTC time>/``, never deleted: :func:`flwr_sheaf.rundir.move_aside`); a ``node-state-dir``
+of another run (:func:`flwr_sheaf.rundir.check_node_state_dir`); a second live run on the same
+directory (:class:`flwr_sheaf.locks.DirLock`). docs/reliability-run-files.md lists each case.
 """
 
 from __future__ import annotations

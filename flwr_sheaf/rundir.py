@@ -1,17 +1,8 @@
-"""What a run finds in the directories it writes, and how it leaves an earlier run's files there.
-
-- :func:`resolve_dir`: a directory path resolved, a symbolic-link loop refused by its key (Python's
-  ``Path.resolve`` raises a bare ``RuntimeError: Symlink loop``);
-- :func:`move_aside`: ``overwrite = true`` never deletes an earlier run's files: they are moved into
-  ``<results-dir>/previous-<UTC time>/`` (a rename inside the directory, so nothing is lost when the
-  new run then fails, e.g. at discovery);
-- :func:`check_node_state_dir` / :func:`claim_node_state_dir`: the run-config ``node-state-dir``
-  records the run it belongs to (``<node-state-dir>/run.json``: results-dir, the run config's
-  effective values outside :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS`, start time); a fresh run
-  over another run's node state, and a resumed run over a node state of another run config, are
-  refused before any message, naming ``node-state-dir`` and the fix.
-
-docs/reliability-run-files.md ("Cases of issue #28") lists what the user sees.
+"""What a run finds in the directories it writes, and how it leaves an earlier run's files there
+(docs/reliability-run-files.md): :func:`resolve_dir` (a symbolic-link loop refused by its key),
+:func:`move_aside` (an earlier run's files moved into ``previous-<UTC time>/``, never deleted) and
+:func:`check_node_state_dir` / :func:`claim_node_state_dir` (``<node-state-dir>/run.json`` records
+the run it belongs to; another run's node state is refused before any message).
 """
 
 from __future__ import annotations

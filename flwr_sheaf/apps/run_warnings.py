@@ -1,17 +1,9 @@
 """Run-config values the run will not use, or defaults that likely surprise: said before any message.
 
-:func:`run_config_warnings` (called by the ServerApp once the strategy is built) returns one line per
-
-- key of a method section (``fedmuscle-lambda``, ``lambda``, ``rfedags-...``) changed from its default
-  but read by no part of the selected method (e.g. ``fedmuscle-lambda`` with ``method=fedproto``);
-- tracker key set without its tracker (``tracking-dir`` without ``tracking``, ``wandb-*`` without
-  ``wandb``);
-- ``graph`` left at its default ``class-overlap`` on a federation of 4 to 6 agents, where the
-  density 0.4 leaves a spanning tree with leaves of degree 1 (docs/running.md, "Small federations").
-
-Values are compared with the keys' defaults as given in the run config (``flwr run`` passes every key
-declared in ``pyproject.toml``, at its default unless changed), before ``preset``, so a preset's own
-values never warn. The ServerApp logs each line and records them in ``results.json``'s ``warnings``.
+:func:`run_config_warnings` returns one line per method-section key changed but read by no part of
+the selected method, tracker key set without its tracker, and ``graph`` left at ``class-overlap``
+on 4 to 6 agents (docs/running.md, "Small federations"); values are compared before ``preset``, so
+a preset never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
 """
 
 from __future__ import annotations

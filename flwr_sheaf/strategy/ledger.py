@@ -1,20 +1,10 @@
 """The run ledger: what happened in each server round, which node failed where, and the run's status.
 
-:class:`RunLedger` is the part of a strategy (``strategy.ledger``) that the round loop, the
-messages and the evaluation write into and that ``results.json``, the checkpoint and the ServerApp
-read:
-
-- **records**: one typed :class:`~flwr_sheaf.strategy.records.RoundRecord` per completed server
-  round (:attr:`RunLedger.rounds`; the round being built is :attr:`RunLedger.current`);
-- **failures**: one entry per node and phase that failed (:meth:`RunLedger.record_failure`;
-  ``results.json``'s ``failures``), also listed in the round's ``failed``;
-- **status**: :meth:`RunLedger.run_status`, whether the run so far is clean, degraded or failed
-  (docs/reliability-failures.md);
-- **results**: the last evaluated round's per-node, per-edge and non-edge rows
-  (:attr:`RunLedger.last_evaluation`).
-
-It holds no Flower object and knows nothing of graphs or methods. A checkpoint stores it whole
-except the round being built (:meth:`RunLedger.__getstate__`).
+:class:`RunLedger` (``strategy.ledger``) is written by the round loop, the messages and the
+evaluation, and read by ``results.json``, the checkpoint and the ServerApp: one
+:class:`~flwr_sheaf.strategy.records.RoundRecord` per completed round, one failure entry per node
+and phase, the run's status (docs/reliability-failures.md) and the last evaluation's rows. It holds
+no Flower object and knows nothing of graphs or methods.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Server <-> node round trips with a bound on the messages in flight on Flower's simulation engine.
 
-Why (measured, docs/performance-ray.md, "Flower's own polling"): Flower 1.42's simulation engine
-polls its in-memory LinkState every 0.1 s by asking, for every registered SuperNode, for that
-node's next message (``vce_api.add_messages_to_queue`` -> ``InMemoryLinkState.get_message_ins``),
-and each such question walks the stored instruction messages (3-4 us each on this machine,
-``benchmarks/flower_polling.py``). A message stays stored from the push until its reply is pulled,
-also while it waits in a Ray actor's queue. Pushing all N messages of a round at once (what
-``Grid.send_and_receive`` does) keeps them stored for many polling passes while two actors work
-through the queue, and every pass costs ``N x stored`` checks, so Flower's own process spends
-``N x c x (passes a message stays stored)`` per message, more the slower the nodes. Keeping at
-most ``window`` messages in flight (push ``window``, pull replies, push one more per reply) keeps
-the store small and a message's stay close to one pass.
-
-:func:`send_and_receive` is the one round trip every server <-> node exchange of the package uses
-(:meth:`~flwr_sheaf.strategy.exchange.Exchange.round_trip` and
-:meth:`~flwr_sheaf.strategy.discovery.Discovery.run`);
-:func:`in_flight_limit` decides the window of a grid: only Flower's simulation grid
-(``InMemoryGrid``) is throttled. On the deployment engine real SuperNodes pull their own messages
-from a SuperLink that does not poll every node, and in-process (:class:`flwr_sheaf.testing.LocalGrid`)
-a push answers at once, so both keep Flower's plain ``send_and_receive`` (and their results are
-unchanged).
+Flower 1.42's simulation engine polls, every 0.1 s and for every registered SuperNode, all stored
+instruction messages, so a round that pushes all N messages at once costs ``N x stored`` checks a
+pass (docs/performance-ray.md, "Flower's own polling"). :func:`send_and_receive`, the one round
+trip of the package (:meth:`~flwr_sheaf.strategy.exchange.Exchange.round_trip`,
+:meth:`~flwr_sheaf.strategy.discovery.Discovery.run`), keeps at most ``window`` messages in flight;
+:func:`in_flight_limit` throttles only Flower's simulation grid (``InMemoryGrid``): the deployment
+engine and :class:`flwr_sheaf.testing.LocalGrid` keep Flower's plain ``send_and_receive``.
 """
 
 from __future__ import annotations
