@@ -22,7 +22,12 @@ from typing import Any, ClassVar, Self, SupportsInt, TypeVar, cast
 
 from flwr.app import ConfigRecord
 
+from .data.partition import PARTITIONER_FORMS, parse_partitioner
+from .data.sources import SOURCE_FORMS
+from .devices import DEVICE_FORMS, check_device_spec
+from .models.zoo import zoo_size, zoo_specs
 from .participation import check_participation_spec, parse_participation
+from .topology import build_graph, check_graph_scale, check_graph_spec
 
 __all__ = [
     "Key",
@@ -204,42 +209,6 @@ def parse_spec(
     return parse
 
 
-def _partitioner_forms() -> tuple[str, ...]:
-    from .data.partition import PARTITIONER_FORMS
-
-    return PARTITIONER_FORMS
-
-
-def _device_forms() -> tuple[str, ...]:
-    from .devices import DEVICE_FORMS
-
-    return DEVICE_FORMS
-
-
-def _check_graph(text: str) -> None:
-    from .topology import check_graph_spec
-
-    check_graph_spec(text)
-
-
-def _check_device(text: str) -> None:
-    from .devices import check_device_spec
-
-    check_device_spec(text)
-
-
-def _check_zoo(text: str) -> None:
-    from .models.zoo import zoo_size
-
-    zoo_size(text)  # the name checked, nothing built (tiny-<N> of any N costs nothing)
-
-
-def _check_partitioner(text: str) -> None:
-    from .data.partition import parse_partitioner
-
-    parse_partitioner(text)
-
-
 def _num_pilots(key: str, v: Any) -> int:
     k = parse_int(0)(key, v)
     if k == 1:
@@ -335,8 +304,6 @@ def registered_check(key: str, v: Any) -> str:
 
 
 def _dataset(key: str, v: Any) -> str:
-    from .data.sources import SOURCE_FORMS
-
     text = parse_str(nonempty=True)(key, v).strip()
     if (
         text in ("mnist-bundled", "fashion-mnist")
@@ -499,7 +466,7 @@ _KEY_LIST = [
     Key(
         "zoo",
         "paper-15",
-        parse_spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
+        parse_spec(zoo_size, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
@@ -525,7 +492,7 @@ _KEY_LIST = [
     Key(
         "partitioner",
         "label-shift",
-        parse_spec(_check_partitioner, _partitioner_forms),
+        parse_spec(parse_partitioner, lambda: PARTITIONER_FORMS),
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
@@ -535,7 +502,7 @@ _KEY_LIST = [
     Key(
         "graph",
         "class-overlap",
-        parse_spec(_check_graph),
+        parse_spec(check_graph_spec),
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`",
     ),
     Key(
@@ -619,7 +586,7 @@ _KEY_LIST = [
     Key(
         "device",
         "auto",
-        parse_spec(_check_device, _device_forms),
+        parse_spec(check_device_spec, lambda: DEVICE_FORMS),
         "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)",
     ),
     # shared by Sheaf-FRL and FedMuscle
@@ -902,16 +869,9 @@ PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num
 
 
 def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config with its ``preset`` applied to every key left at its package default.
-
-    A key whose value differs from :data:`DEFAULTS` is the user's choice and is kept; a key at its
-    default (absent, or equal to it: ``flwr run`` fills every default in) takes the preset's value.
-
-    Args:
-        run_config: ``{key: value}`` (e.g. ``context.run_config``).
-
-    Returns:
-        a new dict (unchanged copy when ``preset`` is empty or absent).
+    """A copy of ``run_config`` (``{key: value}``) with its ``preset`` applied to every key left at
+    its package default (absent, or equal to it: ``flwr run`` fills every default in); a key that
+    differs from :data:`DEFAULTS` is the user's choice and is kept.
 
     Raises:
         ConfigError: an unknown preset or zoo (named).
@@ -958,19 +918,10 @@ def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
 
 
 def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config with the method's own training settings (:data:`METHOD_TRAIN_DEFAULTS`) applied
-    to every training key left at its package default.
-
-    A key whose value differs from :data:`DEFAULTS` is the user's choice and is kept; a key at its
-    default (absent, or equal to it: ``flwr run`` fills every default in) takes the method's value.
-    Nothing changes with ``train-defaults = shared``, or when a ``preset`` is set (the preset's
-    hyper-parameters are one protocol for every method, docs/presets.md).
-
-    Args:
-        run_config: ``{key: value}`` (e.g. ``context.run_config``).
-
-    Returns:
-        a new dict.
+    """A copy of ``run_config`` with the method's own training settings
+    (:data:`METHOD_TRAIN_DEFAULTS`) applied to every key left at its package default, as
+    :func:`apply_preset`; nothing changes with ``train-defaults = shared`` or a ``preset`` (one
+    protocol for every method, docs/presets.md).
 
     Raises:
         ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
@@ -1106,12 +1057,8 @@ class RunConfig(Section):
         ``preset`` (:func:`apply_preset`), else the method's own training settings
         (:func:`apply_method_train_defaults`), replace keys left at their default.
 
-        Args:
-            run_config: ``{key: value}``.
-            method_section: the selected method's own config section (its keys parsed into
-                :attr:`method_section`); keys of other registered methods (:data:`METHOD_KEYS`)
-                are accepted and ignored.
-            agents: the agents of a method with its own problem (:attr:`agents`; None = the zoo's).
+        ``method_section``: the selected method's own section (parsed into :attr:`method_section`;
+        other methods' keys are accepted and ignored); ``agents``: :attr:`agents`.
 
         Raises:
             ConfigError: an unknown key (named, with the closest known key) or a bad value
@@ -1147,9 +1094,6 @@ class RunConfig(Section):
                 :attr:`agents` of a method with its own problem) or gives every node probability 0;
                 or a section's :meth:`Section.check_dims` refuses the zoo's stalk dimensions.
         """
-        from .models.zoo import zoo_size, zoo_specs
-        from .topology import build_graph, check_graph_scale
-
         if self.agents is not None:  # the method's own problem: no zoo, no graph
             self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
             return

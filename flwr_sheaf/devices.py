@@ -25,13 +25,8 @@ class DeviceUnavailableError(RuntimeError):
 
 
 def check_device_spec(spec: str) -> str:
-    """Validate the *form* of a device spec without looking at the hardware (the server side).
-
-    Args:
-        spec: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (N >= 0); surrounding blanks ignored.
-
-    Returns:
-        the stripped spec.
+    """The stripped ``spec`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``), its *form* checked
+    without looking at the hardware (the server side).
 
     Raises:
         ValueError: any other text (the valid forms are listed).
@@ -43,16 +38,8 @@ def check_device_spec(spec: str) -> str:
 
 
 def resolve_device(spec: str) -> torch.device:
-    """The ``torch.device`` a spec names on *this* machine.
-
-    ``auto`` is ``cuda`` (the current CUDA device, normally ``cuda:0``) when
-    ``torch.cuda.is_available()`` and ``cpu`` otherwise; ``cpu`` is always available.
-
-    Args:
-        spec: a device spec (:func:`check_device_spec`).
-
-    Returns:
-        ``torch.device``.
+    """The ``torch.device`` a spec (:func:`check_device_spec`) names on *this* machine: ``auto`` is
+    ``cuda`` (the current CUDA device) when ``torch.cuda.is_available()``, else ``cpu``.
 
     Raises:
         ValueError: a malformed spec.

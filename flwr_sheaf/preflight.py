@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from .config import ConfigError, RunConfig
-from .locks import LOCK_NAME, DirLock
+from .locks import DirLock
 from .rundir import (
     check_node_state_dir,
     claim_node_state_dir,
@@ -27,15 +27,7 @@ from .rundir import (
     resolve_dir,
 )
 
-__all__ = [
-    "LOCK_NAME",
-    "RESULT_FILES",
-    "MOVED_FILES",
-    "Preflight",
-    "RunLock",
-    "check_writable_dir",
-    "preflight",
-]
+__all__ = ["RESULT_FILES", "MOVED_FILES", "Preflight", "check_writable_dir", "preflight"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -43,8 +35,6 @@ log = logging.getLogger("flwr_sheaf")
 RESULT_FILES = ("results.json", "checkpoint.pkl")
 #: Files ``overwrite = true`` moves into ``previous-<UTC time>/``.
 MOVED_FILES = ("results.json", "checkpoint.pkl", "accuracy.png")
-#: The results-dir lock (the name kept for callers of earlier versions).
-RunLock = DirLock
 
 
 def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> Path:
@@ -143,17 +133,10 @@ def _no_checkpoint(config: RunConfig, out: Path) -> None:
 
 def preflight(config: RunConfig) -> Preflight:
     """Check every directory the run writes, take its locks and move an overwritten run's files
-    aside (module docstring).
-
-    Returns:
-        the :class:`Preflight` holding the locks (release them when the run ends:
-        ``with preflight(config) as pre: ...``).
+    aside; returns the :class:`Preflight` holding the locks (``with preflight(config) as pre:``).
 
     Raises:
-        ConfigError: an unwritable directory (or a symbolic-link loop), ``overwrite`` with ``resume``
-            / ``resume-from``, resuming without a checkpoint, another run's results in ``results-dir``
-            without ``resume`` / ``overwrite``, another run's node state in ``node-state-dir``, or a
-            live run holding a lock (key, path and fix named).
+        ConfigError: each refusal of the module docstring (key, path and fix named).
         OSError: an earlier run's files cannot be moved aside (nothing deleted).
     """
     resuming = config.resume or bool(config.resume_from)

@@ -85,6 +85,15 @@ def edge_rows(ok: Mapping[int, Message], edge_metric_keys: tuple[str, ...]) -> l
     return edges
 
 
+#: a phase-2 reply's non-edge lists -> the non-edge row's keys
+_NON_EDGE_COLUMNS = {
+    NON_EDGE_ACCURACY: "communication_accuracy",
+    VAL_NON_EDGE_ACCURACY: "val_communication_accuracy",
+    NON_EDGE_DIRECT_ACCURACY: "communication_accuracy_direct",
+    VAL_NON_EDGE_DIRECT_ACCURACY: "val_communication_accuracy_direct",
+}
+
+
 def non_edge_rows(
     ok: Mapping[int, Message], plan_of: Mapping[int, list[tuple[int, np.ndarray, list[int]]]]
 ) -> list[dict]:
@@ -96,30 +105,12 @@ def non_edge_rows(
         if not plan:
             continue
         m = metric_record(ok[dst].content, METRICS)
-        col = {
-            key: as_list(m[key], key)
-            for key in (
-                NON_EDGE_ACCURACY,
-                VAL_NON_EDGE_ACCURACY,
-                NON_EDGE_DIRECT_ACCURACY,
-                VAL_NON_EDGE_DIRECT_ACCURACY,
-            )
-        }
+        col = {key: as_list(m[key], key) for key in _NON_EDGE_COLUMNS}
         for k, src in enumerate(as_list(m[NON_EDGE_SRC], NON_EDGE_SRC)):
             path = plan[int(src)]
+            row = {"src": int(src), "dst": int(dst), "hops": len(path) - 1, "path": list(path)}
             non_edges.append(
-                {
-                    "src": int(src),
-                    "dst": int(dst),
-                    "hops": len(path) - 1,
-                    "path": list(path),
-                    "communication_accuracy": float(col[NON_EDGE_ACCURACY][k]),
-                    "val_communication_accuracy": float(col[VAL_NON_EDGE_ACCURACY][k]),
-                    "communication_accuracy_direct": float(col[NON_EDGE_DIRECT_ACCURACY][k]),
-                    "val_communication_accuracy_direct": float(
-                        col[VAL_NON_EDGE_DIRECT_ACCURACY][k]
-                    ),
-                }
+                {**row, **{name: float(col[key][k]) for key, name in _NON_EDGE_COLUMNS.items()}}
             )
     return non_edges
 

@@ -90,9 +90,8 @@ class RunLedger:
 
     @property
     def non_edge_results(self) -> list[dict]:
-        """Per directed non-edge pair of the last evaluation: ``src``, ``dst`` (receiver), ``hops``,
-        ``path`` (source first), ``communication_accuracy`` (multi-hop), ``communication_accuracy_direct``
-        (direct Procrustes) and their ``val_`` counterparts (docs/variants-diagnostics.md)."""
+        """Per directed non-edge pair of the last evaluation
+        (:func:`~flwr_sheaf.strategy.evaluation_rows.non_edge_rows`)."""
         return self.last_evaluation.non_edges
 
     def run_status(
@@ -150,18 +149,9 @@ def run_status(
     ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody;
     ``degraded`` when anything failed (any phase) short of that; ``completed`` otherwise.
 
-    Args:
-        rounds: the completed rounds' records.
-        failures: the recorded failures (:meth:`RunLedger.record_failure`).
-        max_failed_fraction: run-config ``max-failed-fraction``.
-
     Returns:
-        ``status``; ``reasons`` (why failed, empty otherwise); the counts (``train_sampled``,
-        ``train_failed``, ``failed_fraction``, ``max_failed_fraction``, ``failures_by_phase``);
-        ``rounds_without_training`` (rounds whose sampled nodes all failed) and
-        ``all_rounds_trained_nobody``; ``nodes_failed_every_round`` (partition-ids that failed every
-        round they were sampled in); ``nodes`` (per failing partition-id: rounds sampled, failed
-        train rounds, failures by phase, up to three distinct reasons).
+        ``status``, ``reasons`` (why failed) and the counts behind them, over the completed
+        ``rounds`` and the recorded ``failures`` (keys: docs/results-schema.md, ``degradation``).
     """
     sampled, failed, idle, per_node = _train_counts(rounds)
     by_phase, nodes = _failure_rows(failures, per_node)

@@ -167,7 +167,6 @@ class RoundRecord:
         }
 
 
-#: What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted).
 MetricValues = dict[str, int | float | list[int] | list[float]]
 """What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted)."""
 

@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import Result
 
 from ..config import KEYS
 from ..logs import default_progress_handler
+from .records import positive_int
 
 if TYPE_CHECKING:
     from .graph import GraphStrategy
@@ -44,8 +45,7 @@ def check_start(
         ValueError: ``num_rounds < 1`` (or not an integer); ``train_config`` / ``evaluate_config``
             naming run-config keys (named: they belong on the strategy's config sections).
     """
-    if int(num_rounds) != num_rounds or num_rounds < 1:
-        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
+    num_rounds = positive_int("num_rounds", num_rounds)
     for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
         owned = sorted(set(cfg or {}) & set(KEYS))
         if owned:
@@ -53,7 +53,7 @@ def check_start(
                 f"{name} keys {owned} are run-config keys: set them on the strategy's config "
                 f"sections (flwr_sheaf.config), not per call"
             )
-    return int(num_rounds)
+    return num_rounds
 
 
 def evaluates(s: GraphStrategy, server_round: int, num_rounds: int) -> bool:
