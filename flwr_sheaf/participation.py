@@ -44,18 +44,11 @@ ESTIMATORS = ("plus-one", "empirical")
 
 
 def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.ndarray:
-    """Validate a vector of participation probabilities.
-
-    Args:
-        p: ``(N,)`` probabilities, each in ``[0, 1]``; ``N >= 1``.
-        name: label for error messages.
-
-    Returns:
-        ``(N,)`` float64 copy.
+    """``(N,)`` float64 copy of the participation probabilities ``p`` (``N >= 1``, each in ``[0, 1]``).
 
     Raises:
-        ValueError: not 1-D, empty, NaN/inf, or an entry outside ``[0, 1]`` (the offending index and
-            value are named).
+        ValueError: not 1-D, empty, NaN/inf, or an entry outside ``[0, 1]`` (``name``, the index and
+            the value named).
     """
     arr = np.array(p, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
@@ -79,20 +72,12 @@ def bernoulli_participation(
     seed: int = 0,
     force_one_if_empty: bool = False,
 ) -> np.ndarray:
-    """Draw which clients respond in one round: ``1{i in S_t} ~ Bernoulli(p_i)`` independently
-    (``u_i < p_i``; the paper's participation model, ``RFedAGSP.m`` option 2).
+    """``(N,)`` bool mask of the clients that respond in round ``server_round``: ``1{i in S_t} ~
+    Bernoulli(p_i)`` independently (``u_i < p_i``; the paper's participation model, ``RFedAGSP.m``
+    option 2), a function of ``(seed, server_round)`` only.
 
-    Args:
-        p: ``(N,)`` participation probabilities in ``[0, 1]``.
-        server_round: round index ``t >= 0`` (Flower rounds start at 1).
-        seed: non-negative integer; the draw depends only on ``(seed, server_round)``.
-        force_one_if_empty: if True and nobody responded, one uniformly random client with
-            ``p_i > 0`` is forced in (the authors' option-2 fallback; it changes the statistics:
-            ``P(i in S) > p_i``). Default False: an empty round is returned as such and the server keeps
-            its iterate (:mod:`flwr_sheaf.methods.rfedags.aggregation`).
-
-    Returns:
-        ``(N,)`` bool mask, True = responds.
+    ``force_one_if_empty``: when nobody responded, force in one random client with ``p_i > 0`` (the
+    authors' fallback; it changes the statistics). Default False: an empty round stays empty.
 
     Raises:
         ValueError: invalid ``p``, ``seed`` or ``server_round``.
@@ -198,15 +183,9 @@ class FrequencyEstimator:
         self.rounds += 1
 
     def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
-        """Current estimates ``q`` (``q_i^t`` = past response frequency, floored; docs/participation.md, s2 and s4).
-
-        Args:
-            include: optional ``(N,)`` mask of a round to count *without* recording it (the authors'
-                code order: the current round is included in its own estimate).
-
-        Returns:
-            ``(N,)`` float64 vector in ``[q_min, 1]``; with no round counted: all ``prior``
-            (``"empirical"``) or 1 (``"plus-one"``).
+        """``(N,)`` float64 estimates ``q_i^t`` in ``[q_min, 1]`` (past response frequency, floored;
+        docs/participation.md, s2 and s4); before any round all ``prior`` (``"empirical"``) or 1.
+        ``include``: a ``(N,)`` mask of a round counted *without* recording it (the authors' order).
 
         Raises:
             ValueError: ill-shaped ``include``.
@@ -361,17 +340,12 @@ TRAIN_STREAM, EVALUATE_STREAM = 0, 1
 
 
 class ParticipationSampler:
-    """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring).
+    """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring):
+    ``fraction`` in (0, 1], or Bernoulli ``probabilities`` ``(N,)`` (:func:`parse_participation`).
 
-    Args:
-        num_nodes: N >= 1.
-        fraction: fraction in (0, 1] (used when ``probabilities`` is None).
-        probabilities: optional ``(N,)`` Bernoulli probabilities (see :func:`parse_participation`).
-        seed: non-negative integer.
-        stream: which uniforms ``numpy.random.default_rng([seed, stream, r])`` are read:
-            :data:`TRAIN_STREAM` (0) for training, :data:`EVALUATE_STREAM` (1) for the evaluators of
-            ``fraction-evaluate``, so the two sets are drawn independently. Bernoulli needs stream 0.
-        key: the run-config key named in errors (``fraction-train`` / ``fraction-evaluate``).
+    ``stream`` picks the uniforms ``default_rng([seed, stream, r])``: :data:`TRAIN_STREAM` (0) or
+    :data:`EVALUATE_STREAM` (1, the evaluators of ``fraction-evaluate``); Bernoulli needs stream 0.
+    ``key`` is the run-config key named in errors.
 
     Raises:
         ValueError: N < 1, a fraction outside (0, 1], probabilities of the wrong length or range,

@@ -538,15 +538,9 @@ class NonEdgeConfig:
 def route_non_edges(
     phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Phase-2 arrays of one receiver's non-edge sources: j's :data:`EVAL_ARRAYS` and the composed map.
-
-    Args:
-        phase1: phase-1 arrays per partition-id.
-        maps: ``{source j: composed map (d_receiver, d_j)}``.
-
-    Returns:
-        ``{"<j>/<name>": array}`` to add to the receiver's routed ``arrays`` record (read back with
-        :func:`unpack_routed` and names ``EVAL_ARRAYS + (PATH_MAP,)``).
+    """Phase-2 arrays ``{"<j>/<name>": array}`` of one receiver's non-edge sources: j's
+    :data:`EVAL_ARRAYS` from ``phase1`` and the composed map ``maps[j]`` ``(d_receiver, d_j)`` as
+    :data:`PATH_MAP` (read back with :func:`unpack_routed`).
 
     Raises:
         KeyError: a source without phase-1 arrays.
@@ -576,18 +570,12 @@ def weight_problem(name: str, value: object) -> str | None:
 
 
 def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
-    """Why a train reply's values are refused, or None (the one check of both sides).
-
-    The server (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses a reply whose
-    ``num-examples`` is not a finite number > 0, that has a NaN or infinite scalar metric, or a list
-    metric (e.g. per-edge values) with an infinite entry (a NaN entry of a list means "not measured"
-    for that edge); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
-    same check, with ``arrays=True`` also to every array (NaN/inf entries), and raises before its state
-    is committed: what the server refuses, the node never commits (docs/reliability-failures.md).
-
-    Args:
-        content: the reply's ``RecordDict`` (its ``metrics`` record must hold ``num-examples``).
-        arrays: also check every float array of every ``ArrayRecord`` for NaN/inf entries.
+    """Why a train reply's values are refused, or None (the one check of both sides,
+    docs/reliability-failures.md): ``num-examples`` not a finite number > 0, a NaN or infinite scalar
+    metric, or a list metric with an infinite entry (NaN in a list means "not measured"). The server
+    (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses such a reply; the node
+    (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`, with ``arrays=True`` also
+    checking every float array for NaN/inf) raises before its state is committed.
     """
     m = content[METRICS]
     why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])

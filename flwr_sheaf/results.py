@@ -80,15 +80,8 @@ def _method_name(strategy: Any) -> str | None:
 
 
 def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    """``out_dir`` as a Path, after checking that :func:`write_results` may write there: call it before
-    ``strategy.start`` so a refusal comes before any training.
-
-    Args:
-        out_dir: the results directory (need not exist).
-        overwrite: allow replacing the ``results.json`` / ``accuracy.png`` already there.
-
-    Returns:
-        ``out_dir`` with ``~`` expanded (not created).
+    """``out_dir`` with ``~`` expanded (not created), after checking that :func:`write_results` may
+    write there (call it before ``strategy.start``, so a refusal comes before any training).
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``

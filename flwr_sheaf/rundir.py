@@ -120,13 +120,8 @@ def _read_marker(root: Path) -> dict[str, Any] | None:
 def check_node_state_dir(
     root: Path, given: str, run_config: Mapping[str, Any], resuming: bool
 ) -> None:
-    """Refuse a ``node-state-dir`` that holds another run's node state (module docstring).
-
-    Args:
-        root: the resolved directory.
-        given: the run-config value as given (for messages).
-        run_config: the run config's ``{key: value}`` (``RunConfig.to_dict()``).
-        resuming: whether the run resumes a stopped one (``resume`` / ``resume-from``).
+    """Refuse a ``node-state-dir`` ``root`` (``given`` as in the run config) that holds another run's
+    node state; ``run_config``: ``RunConfig.to_dict()``; ``resuming``: ``resume`` / ``resume-from``.
 
     Raises:
         ConfigError: a fresh run over node state (state files or a ``run.json``) of another run; a

@@ -38,17 +38,12 @@ TRACKERS: dict[str, tuple[str, str]] = {
 
 
 def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
-    """Tracker names of a ``tracking`` value: comma-separated, spaces ignored, duplicates dropped.
-
-    Args:
-        spec: ``""`` (none), ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"`` or an iterable of names.
-        key: the run-config key named in errors.
-
-    Returns:
-        tuple of names, in the order given (empty: tracking off).
+    """Tracker names of a ``tracking`` value (``""``, ``"tensorboard"``, ``"wandb"``,
+    ``"tensorboard,wandb"`` or an iterable of names), in the order given, duplicates dropped (empty:
+    tracking off).
 
     Raises:
-        ConfigError: a name that is not a tracker (key, value and the valid names given).
+        ConfigError: a name that is not a tracker (``key``, value and the valid names given).
     """
     parts = spec.split(",") if isinstance(spec, str) else list(spec)
     names: list[str] = []

@@ -51,18 +51,9 @@ def _method_section_keys(config: RunConfig) -> set[str]:
 def run_config_warnings(
     run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any, num_nodes: int
 ) -> list[str]:
-    """The warnings of the module docstring for this run (empty when none apply).
-
-    Args:
-        run_config: the run config as given (``context.run_config``).
-        config: its parse (:meth:`RunConfig.from_run_config`).
-        method: the selected method.
-        strategy: the built strategy (the sections it holds are what it reads,
-            :func:`flwr_sheaf.results.strategy_config`).
-        num_nodes: agents of the run.
-
-    Returns:
-        list of one-line messages, each naming the key, its value and what to do.
+    """The warnings of the module docstring for this run, one line each naming the key, its value and
+    what to do (empty when none apply): ``run_config`` as given, ``config`` its parse, the selected
+    ``method``, the built ``strategy`` (the sections it holds are what it reads) and ``num_nodes``.
     """
     changed = changed_keys(run_config)
     out: list[str] = []

@@ -184,14 +184,8 @@ def build(
     train: LocalTrainConfig | None = None,
     device_spec: str | None = None,
 ) -> tuple[LocalTask, StalkModel, torch.optim.Optimizer | None]:
-    """Build the node's task on ``device`` and restore its weights (and SGD state when ``train`` is given).
-
-    Args:
-        device_spec: a device spec (run-config key ``device``), required without ``train``;
-            ``train.device`` is used when ``train`` is given.
-
-    Returns:
-        ``(task, task.model, optimizer_or_None)``, model and tensors on the resolved device.
+    """``(task, task.model, optimizer or None)``: the node's task on the device of ``train.device``
+    (else ``device_spec``) with its weights (and SGD state when ``train`` is given) restored.
 
     Raises:
         whatever the factory raises (e.g. ``ValueError`` for a partition-id outside the zoo),

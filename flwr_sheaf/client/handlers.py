@@ -232,16 +232,11 @@ def query_handler(
 def train_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
-    """``train.<action>``: one round of local training with the method's loss plug-in.
-
-    Restores the model and its optimizer state, draws the round's generator from (seed,
-    partition-id, server round), trains (:func:`~flwr_sheaf.client.loop.train_local`), lets the
-    method add its upload (:meth:`ClientMethod.after_train`, which may refit the whitening) and
-    saves the model after it.
-
-    Returns:
-        the reply: the method's records and ``metrics`` (``num-examples``, the loop's losses and
-        the method's metrics).
+    """``train.<action>``: one round of local training with the method's loss plug-in: restore the
+    model and its SGD state, draw the round's generator from (seed, partition-id, server round), train
+    (:func:`~flwr_sheaf.client.loop.train_local`), let the method add its upload
+    (:meth:`ClientMethod.after_train`) and save the model; replies with the method's records and
+    ``metrics`` (``num-examples``, the loop's losses, the method's metrics).
 
     Raises:
         ConfigError / ProtocolError: a config key missing (named); FloatingPointError: a non-finite

@@ -127,13 +127,9 @@ def _run(cmd: list[str], cwd: str) -> subprocess.CompletedProcess:
 
 
 def install(name: str, dest: Path | None = None) -> Path:
-    """Install ``name`` into ``dest`` (default: the repository's ``data/<name>``) from its Debian package.
-
-    Idempotent: a directory that already verifies is returned as is. Files from an existing Debian
-    install (``/usr/share/datasets/<name>``) are copied when they verify, without downloading.
-
-    Returns:
-        the directory with the verified files.
+    """Install ``name`` into ``dest`` (default: the repository's ``data/<name>``) from its Debian
+    package and return the directory; idempotent (a directory that verifies is returned as is; an
+    existing Debian install is copied when it verifies).
 
     Raises:
         ValueError: unknown name.

@@ -154,24 +154,16 @@ def _as_label_array(labels, num_classes: int) -> np.ndarray:
 def label_shift_proportions(
     class_sets: ClassSets, shift: float, num_classes: int = NUM_CLASSES
 ) -> np.ndarray:
-    """Per-agent label distributions of paper Eq. 23.
-
-    ``theta_i[k] = s * 1[k in C_i] / |C_i| + (1 - s) / C`` -- a mixture of the uniform law on
-    agent ``i``'s target classes ``C_i`` and the uniform law on all ``C`` classes.
-
-    Args:
-        class_sets: ``N`` non-empty collections of class ids in ``[0, num_classes)``
-            (duplicates are ignored), e.g. :data:`flwr_sheaf.paper.PAPER_CLASS_SETS_15`.
-        shift: the distribution-shift parameter ``s`` in [0, 1] (0 = IID, 1 = only own classes).
-        num_classes: ``C``, the size of the label space.
+    """Per-agent label distributions of paper Eq. 23: ``theta_i[k] = s * 1[k in C_i] / |C_i| + (1 - s)
+    / C``, for ``N`` non-empty class sets ``C_i`` in ``[0, C)`` (duplicates ignored) and the shift
+    ``s`` in [0, 1] (0 = IID, 1 = only own classes).
 
     Returns:
         float64 array ``(N, C)``; every row is a probability vector (sums to 1).
 
     Raises:
-        ValueError: if ``shift`` is outside [0, 1] (message names the value), a class set is
-            empty (names the agent index), or a class is outside ``[0, C)`` (names the class and
-            the agent).
+        ValueError: ``shift`` outside [0, 1], an empty class set (agent named) or a class outside
+            ``[0, C)`` (class and agent named).
     """
     s = _check_shift(shift)
     sets = _normalise_class_sets(class_sets, num_classes)
@@ -245,18 +237,12 @@ class FederatedSplit:
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
 
     def class_counts(self, labels, part: str = "pool") -> np.ndarray:
-        """Per-agent class histogram.
-
-        Args:
-            labels: the int labels ``(M,)`` (numpy or torch) the split was made from.
-            part: ``"train"``, ``"val"``, ``"test"`` or ``"pool"`` (all three).
-
-        Returns:
-            int64 array ``(N, C)``: entry ``[i, k]`` = number of agent ``i``'s samples of class
-            ``k`` in ``part``.
+        """Per-agent class histogram: int64 ``(N, C)``, entry ``[i, k]`` = agent ``i``'s samples of class
+        ``k`` in ``part`` (``"train"``, ``"val"``, ``"test"`` or ``"pool"``), from the labels ``(M,)``
+        the split was made from.
 
         Raises:
-            ValueError: for an unknown ``part`` or labels too short for the stored indices.
+            ValueError: an unknown ``part`` or labels too short for the stored indices.
         """
         if part not in _PARTS:
             raise ValueError(f"unknown part {part!r}; valid: {_PARTS}")
@@ -537,20 +523,13 @@ def make_dirichlet_split(
     min_partition_size: int = 10,
 ) -> FederatedSplit:
     """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
-    (FedSAF's heterogeneity protocol; docs/baselines-prototypes.md, s4.6), then the per-class 80/10/10 split.
+    (FedSAF's heterogeneity protocol; docs/baselines-prototypes.md, s4.6), then the per-class split.
 
-    (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every class
-    is eligible: every agent has the full label space), capped at ``num_pilots``; (b) the other samples
-    go through ``DirichletPartitioner(num_partitions=N, partition_by="label", alpha, min_partition_size,
-    self_balancing=False, shuffle=True, seed)`` (per class, agent shares ``~ Dir(alpha)``; it redraws until
-    every agent has ``min_partition_size`` samples); (c) as :func:`make_federated_split`. The returned
-    ``class_sets`` are the classes each agent received; ``shift`` is 0.
-
-    Args:
-        labels: int class ids ``(M,)``.
-        num_agents: ``N >= 1``; alpha: Dirichlet concentration ``> 0``; seed: non-negative int.
-        pilot_fraction, num_pilots, val_fraction, test_fraction, num_classes: as :func:`make_federated_split`.
-        min_partition_size: the partitioner's minimum samples per agent.
+    (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every
+    class eligible), capped at ``num_pilots``; (b) the rest through ``DirichletPartitioner(
+    num_partitions=N, partition_by="label", alpha, min_partition_size, self_balancing=False,
+    shuffle=True, seed)``; (c) as :func:`make_federated_split`. ``labels``: ``(M,)``; other arguments
+    as :func:`make_federated_split`; ``class_sets`` are the classes each agent received, ``shift`` 0.
 
     Returns:
         :class:`FederatedSplit` (disjoint, covering every non-hold-out sample).

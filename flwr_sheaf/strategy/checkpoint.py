@@ -219,13 +219,8 @@ class Checkpointer:
         arrays: ArrayRecord | None,
         wall_seconds: float,
     ) -> Path:
-        """Write the checkpoint of completed round ``server_round`` atomically; returns its path.
-
-        Args:
-            strategy: the strategy after the round (its record appended to ``rounds``).
-            server_round: the completed round.
-            arrays: the global arrays after the round (``start``'s ``arrays``), if any.
-            wall_seconds: wall time of the run so far, all resumed parts together.
+        """Write the checkpoint of completed round ``server_round`` (with the global ``arrays``, if any,
+        and the run's ``wall_seconds`` so far) atomically; returns its path.
 
         Raises:
             pickle.PicklingError / TypeError / AttributeError: a strategy attribute that cannot be

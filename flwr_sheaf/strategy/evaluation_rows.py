@@ -146,19 +146,11 @@ def extra_means(
 
 
 def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> EvaluationSummary:
-    """Round summary of private and communication accuracy (paper Eq. 22, Fig. 2).
-
-    Args:
-        nodes: per partition-id ``{"private_accuracy", "val_private_accuracy", "low_variance_fraction"}``.
-        edges: directed edges ``{"src", "dst", "communication_accuracy", "val_communication_accuracy"}``
-            (``dst`` is the receiver).
-
-    Returns:
-        :class:`~flwr_sheaf.strategy.records.EvaluationSummary`: ``private_accuracy_mean``;
-        ``communication_accuracy_mean`` (mean over receivers of their mean over incoming edges, the
-        reference code's average); ``communication_accuracy_degree_weighted`` (sum_i deg_i A_i /
-        sum_i deg_i = mean over directed edges, the paper's Fig. 2); the same for validation with a
-        ``val_`` prefix; ``low_variance_fraction_mean``.
+    """Round summary (paper Eq. 22, Fig. 2) of the ``nodes`` rows and the directed ``edges`` rows
+    (``dst`` = receiver): ``private_accuracy_mean``; ``communication_accuracy_mean`` (mean over
+    receivers of their mean over incoming edges, the reference code's); ``..._degree_weighted``
+    (``sum_i deg_i A_i / sum_i deg_i`` = mean over directed edges, the paper's Fig. 2); the same with
+    ``val_``; ``low_variance_fraction_mean``.
     """
     out = {
         "private_accuracy_mean": nanmean(n["private_accuracy"] for n in nodes.values()),

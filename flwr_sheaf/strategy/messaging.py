@@ -50,29 +50,18 @@ def send_and_receive(
     window: int | None = None,
     pull_interval: float = PULL_INTERVAL,
 ) -> list[Message]:
-    """Send ``msgs`` and collect their replies within ``timeout`` seconds, at most ``window`` in flight.
+    """Send ``msgs`` (one per node) and collect their replies within ``timeout`` seconds (the whole
+    exchange), at most ``window`` in flight (None: the grid's own ``send_and_receive``).
 
-    With ``window`` None, or at least ``len(msgs)``, this is the grid's own
-    ``send_and_receive(msgs, timeout=timeout)`` (its replies, in its order). Otherwise the first
-    ``window`` messages are pushed (``grid.push_messages``), replies are pulled
-    (``grid.pull_messages``) every ``pull_interval`` seconds, and each reply frees a slot for the
-    next message, in the order of ``msgs``; a message unanswered for long (``STALE_FACTOR`` times
-    the longest reply time seen, at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply)
-    stops holding its slot, so silent nodes delay the others at most that long. Every message that was stored gets at most one reply
-    returned; a message the grid refused to store (no message id back) gets none, like Flower's.
-    When ``timeout`` runs out, the messages not yet answered get no reply, and those not yet sent
-    are not sent (logged): the caller records both as it records a node that did not answer in time.
-
-    Args:
-        grid: Flower's ``Grid`` (``push_messages`` sets each message's ``metadata.message_id``).
-        msgs: instruction messages, one per destination node.
-        timeout: seconds for the whole exchange (Flower's ``send_and_receive`` semantics).
-        window: at most this many messages pushed and not yet answered; None: no bound.
-        pull_interval: seconds between pulls while replies are awaited.
+    Windowed: the first ``window`` messages are pushed, replies pulled every ``pull_interval`` seconds,
+    each reply frees a slot for the next message; a message unanswered for ``STALE_FACTOR`` times the
+    longest reply time seen (at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply) stops
+    holding its slot. A message the grid refused to store gets no reply, like Flower's; when
+    ``timeout`` runs out, unanswered messages get none and unsent ones are not sent (logged).
 
     Returns:
-        The windowed exchange's replies ordered as their messages in ``msgs`` (deterministic, not
-        arrival order); the unbounded one's as the grid returns them.
+        The windowed exchange's replies in the order of ``msgs`` (not arrival order); the unbounded
+        one's as the grid returns them.
 
     Raises:
         ValueError: ``window`` < 1.
