@@ -131,7 +131,8 @@ def write_results(
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/reliability-failures.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON-serialisable), written last.
-        problems, errors: what else went wrong / what ended the run early (:func:`run_status`).
+        problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
+        errors: what ended the run early (the run is written ``failed``).
 
     Returns:
         Path of ``results.json``.

@@ -51,11 +51,6 @@ CHECKPOINT_NAME = "checkpoint.pkl"
 #: ``failures``; such a checkpoint is refused naming both formats rather than resumed without its history)
 FORMAT = 2
 
-#: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``;
-#: the ``exchange`` addresses them), per call of ``start`` (``extra_*_config``), the checkpointer
-#: itself and the round callbacks (trackers: set by the app for each start). The ledger is stored
-#: without its round being built (:meth:`~flwr_sheaf.strategy.ledger.RunLedger.__getstate__`).
-#: (Evaluation keeps no state between its phases: nothing to skip.)
 REBUILT = frozenset(
     {
         "nodes",
@@ -70,7 +65,9 @@ REBUILT = frozenset(
         "requested_rounds",
     }
 )
-"""Strategy attributes a checkpoint does not store (the comment above says why each is rebuilt)."""
+"""Strategy attributes a checkpoint does not store: rebuilt from the run config (``alpha``), by
+discovery (``nodes``, the ``exchange``), per call of ``start`` (``extra_*_config``, round
+callbacks), or the checkpointer itself. The ledger is stored without its round being built."""
 
 
 class NoCheckpointError(ConfigError, FileNotFoundError):

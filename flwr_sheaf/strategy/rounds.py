@@ -1,13 +1,9 @@
 """The round loop behind :meth:`flwr_sheaf.strategy.graph.GraphStrategy.start` (Flower's ``Strategy.start``).
 
-:func:`run_rounds` runs discovery, puts a checkpointed run's state back (docs/resume.md), then per
-server round: :func:`train_round` (``configure_train`` -> one round trip -> ``aggregate_train``),
-in evaluated rounds (:func:`evaluates`) the strategy's ``evaluate_round``, the ServerApp-side
-``evaluate_fn``, and :func:`close_round` (timing, the round's record, progress line, checkpoint,
-round callbacks). Every round trip waits at most ``timeout`` seconds; nodes that did not answer are
-recorded as failed in the strategy's :class:`~flwr_sheaf.strategy.ledger.RunLedger`.
-
-The loop calls the strategy's hooks and components and keeps no state of its own between calls.
+:func:`run_rounds`: discovery, a checkpointed run's state put back (docs/resume.md), then per server
+round :func:`train_round`, in evaluated rounds (:func:`evaluates`) the strategy's ``evaluate_round``,
+the ServerApp-side ``evaluate_fn`` and :func:`close_round` (record, progress line, checkpoint, round
+callbacks). It keeps no state of its own between calls.
 """
 
 from __future__ import annotations
