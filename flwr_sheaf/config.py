@@ -961,7 +961,7 @@ class RunConfig(Section):
     Attributes:
         scenario, federation, train: the app's sections.
         sections: the sections methods registered (:func:`register_section`), read as attributes
-            (``config.<name>``) or typed (:meth:`section`); ``RunConfig(<name>=...)`` sets one.
+            (``config.<name>``) or typed (:meth:`section`); missing ones take their defaults.
     """
 
     method: str = field(  # declared by a unit on import (declare_default_method): read then
@@ -1080,8 +1080,8 @@ class RunConfig(Section):
             if "key" in f.metadata and f.metadata["key"] in run_config
         }
         own = method_section.from_mapping(run_config) if method_section is not None else None
-        kwargs: dict[str, Any] = {**top, **sections}  # registered sections join ``sections``
-        return cls(**kwargs, method_section=own, agents=agents)
+        app_sections: dict[str, Any] = {n: sections.pop(n) for n in _FIELD_SECTIONS}
+        return cls(**top, **app_sections, sections=sections, method_section=own, agents=agents)
 
     def check(self) -> None:
         """Build the graph and the participation probabilities on the zoo's agents now, so a bad
@@ -1218,20 +1218,7 @@ _FIELD_SECTIONS = ("scenario", "federation", "train")
 RunConfig.SECTIONS.update(
     scenario=ScenarioConfig, federation=FederationConfig, train=LocalTrainConfig
 )
-_run_config_init = RunConfig.__init__
-
-
-def _init_with_sections(self: RunConfig, **kwargs: Any) -> None:
-    """``RunConfig(<registered section name>=..., ...)``: registered sections given by name join
-    :attr:`RunConfig.sections` (the dataclass's own ``__init__`` does the rest)."""
-    named = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RUN_CONFIG_FIELDS}
-    if named:
-        kwargs["sections"] = {**kwargs.get("sections", {}), **named}
-    _run_config_init(self, **kwargs)
-
-
 _RUN_CONFIG_FIELDS = frozenset(f.name for f in fields(RunConfig))
-RunConfig.__init__ = _init_with_sections  # type: ignore[method-assign,assignment]
 
 
 def register_section(name: str, cls: type[Section]) -> type[Section]:
