@@ -41,11 +41,8 @@ def changed_keys(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _method_section_keys(config: RunConfig) -> set[str]:
-    """Keys of every method section: the built-in ones of :class:`RunConfig` and the methods' own."""
-    keys = set(METHOD_KEYS)
-    for name in ("sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed", "sheaf_fmtl"):
-        keys |= set(getattr(config, name).to_dict())
-    return keys
+    """Keys of every method section: the registered ones of :class:`RunConfig` and the methods' own."""
+    return set(METHOD_KEYS).union(*(s.to_dict() for s in config.sections.values()))
 
 
 def run_config_warnings(

@@ -350,9 +350,8 @@ class GraphStrategy(Strategy):
         (not passed to :meth:`accept_train`)."""
         rec = self.ledger.current
         ok = self.exchange.split_replies(server_round, "train", replies, rec.sampled, TRAIN_REPLY)
-        for pid in sorted(
-            ok
-        ):  # a reply claiming no (or NaN) training examples is that node's failure
+        # a reply claiming no (or NaN) training examples is that node's failure
+        for pid in sorted(ok):
             why = train_reply_problem(ok[pid].content)  # the node applies it too (client/checks.py)
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
