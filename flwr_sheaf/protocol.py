@@ -484,10 +484,8 @@ NON_EDGE_REPLY = {
 class NonEdgeConfig:
     """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by index).
 
-    Multi-hop transport (docs/variants-diagnostics.md): the server composes the restriction maps along a
-    shortest path from source j to receiver i and routes j's arrays with the composed map
-    (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map between the two pilot
-    matrices (the reference a direct pilot exchange reaches).
+    Multi-hop transport (docs/variants-diagnostics.md): j's arrays come with the maps composed along
+    a shortest path (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map for reference.
 
     Attributes:
         sources: source partition-ids j (not neighbours of the receiver).
