@@ -56,6 +56,7 @@ __all__ = [
     "method_train_changes",
     "RESUME_MUTABLE_KEYS",
     "config_differences",
+    "resume_identity",
     "parse_int",
     "parse_float",
     "parse_bool",
@@ -1175,6 +1176,12 @@ def config_differences(
     keys = (set(saved) | set(current)) - RESUME_MUTABLE_KEYS
     a, b = effective_values(saved), effective_values(current)
     return {k: (saved.get(k), current.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}
+
+
+def resume_identity(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_config`` without :data:`RESUME_MUTABLE_KEYS`, keys sorted: what a node state file and
+    ``<node-state-dir>/run.json`` record of their run."""
+    return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
 
 
 def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:

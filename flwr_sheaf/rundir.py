@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import RESUME_MUTABLE_KEYS, ConfigError, config_differences
+from .config import ConfigError, config_differences, resume_identity
 
 __all__ = [
     "NODE_STATE_MARKER",
@@ -91,10 +91,6 @@ def move_aside(directory: Path, names: Sequence[str]) -> tuple[Path, list[str]] 
 
 
 # ------------------------------------------------------------------------------ node-state-dir
-def _identity(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
-
-
 def _state_partitions(root: Path) -> list[str]:
     """Names of the ``partition-*`` folders of ``root`` holding state files."""
     if not root.is_dir():
@@ -148,7 +144,7 @@ def check_node_state_dir(
             f"to continue that run"
         )
     if marker:
-        diff = config_differences(marker.get("config", {}), _identity(run_config))
+        diff = config_differences(marker.get("config", {}), resume_identity(run_config))
         if diff:
             text = ", ".join(f"{k}={a!r} there, {b!r} now" for k, (a, b) in diff.items())
             raise ConfigError(
@@ -167,7 +163,7 @@ def claim_node_state_dir(root: Path, run_config: Mapping[str, Any], results_dir:
     data = {
         "results-dir": str(results_dir),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "config": _identity(run_config),
+        "config": resume_identity(run_config),
     }
     tmp = root / f".{NODE_STATE_MARKER}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=1, default=str))

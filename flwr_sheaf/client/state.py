@@ -22,7 +22,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from ..config import DEFAULTS, RESUME_MUTABLE_KEYS, config_differences
+from ..config import DEFAULTS, config_differences, resume_identity
 from ..integrity import SealedFileError, read_sealed, write_sealed
 from ..protocol import (
     CONFIG,
@@ -68,20 +68,12 @@ def serialize_state(state: RecordDict) -> bytes:
     return recorddict_to_proto(state).SerializeToString(deterministic=True)
 
 
-def _fingerprint(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
-
-
 def _resuming(run_config: Mapping[str, Any]) -> bool:
     return run_config.get("resume") is True or bool(run_config.get("resume-from"))
 
 
 def _keep(run_config: Mapping[str, Any]) -> int:
-    every = (
-        run_config["checkpoint-every"]
-        if "checkpoint-every" in run_config
-        else DEFAULTS["checkpoint-every"]
-    )
+    every = run_config.get("checkpoint-every", DEFAULTS["checkpoint-every"])
     return max(2, int(every) + 1) if isinstance(every, int) and not isinstance(every, bool) else 2
 
 
@@ -165,7 +157,7 @@ def _check(meta: dict, path: Path, context: Context) -> None:
             f"{path} holds the state of partition-id {meta['partition-id']} (num-partitions {meta['num-partitions']}), "
             f"this node is partition-id {pid} (num-partitions {n}): give every SuperNode its own {STATE_DIR}"
         )
-    diff = config_differences(meta["run-config"], _fingerprint(context.run_config))
+    diff = config_differences(meta["run-config"], resume_identity(context.run_config))
     if diff:
         text = ", ".join(f"{k}: {a!r} in the file, {b!r} now" for k, (a, b) in diff.items())
         raise StateFileError(
@@ -246,7 +238,7 @@ def _save(context: Context, directory: Path, server_round: int) -> None:
             "run-id": int(context.run_id),
             "round": server_round,
             "previous-round": previous,
-            "run-config": _fingerprint(context.run_config),
+            "run-config": resume_identity(context.run_config),
         },
     )
     files = state_files(directory)
