@@ -202,20 +202,26 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
 def _check_foreign_checkpoint(
     strategy: GraphStrategy, out: Path, out_dir: str | Path, overwrite: bool
 ) -> Path | None:
-    """Another run's ``checkpoint.pkl`` in ``out`` (:func:`_foreign_checkpoint`), or None.
+    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file, or None.
 
     Raises:
         FileExistsError: there is one and ``overwrite`` is False (results.json beside it would be
             read, and resumed, as that run's).
     """
-    foreign = _foreign_checkpoint(strategy, out)
-    if foreign is not None and not overwrite:
+    from .strategy.checkpoint import CHECKPOINT_NAME
+
+    ckpt, own = out / CHECKPOINT_NAME, getattr(strategy, "checkpointer", None)
+    if not ckpt.exists() or (
+        own is not None and Path(own.path).expanduser().resolve() == ckpt.resolve()
+    ):
+        return None
+    if not overwrite:
         raise FileExistsError(
-            f"out_dir {str(out_dir)!r} holds another run's checkpoint ({foreign}): results.json beside "
+            f"out_dir {str(out_dir)!r} holds another run's checkpoint ({ckpt}): results.json beside "
             f"it would be read, and resume=true would continue it, as that run's. Use another out_dir, "
             f"or pass overwrite=True to move it into {out}/previous-<time>/"
         )
-    return foreign
+    return ckpt
 
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -289,19 +295,6 @@ def _write_files(
         if lock is not None:
             lock.release()
     return path
-
-
-def _foreign_checkpoint(strategy: GraphStrategy, out: Path) -> Path | None:
-    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file."""
-    from .strategy.checkpoint import CHECKPOINT_NAME
-
-    ckpt = out / CHECKPOINT_NAME
-    if not ckpt.exists():
-        return None
-    own = getattr(strategy, "checkpointer", None)
-    if own is not None and Path(own.path).expanduser().resolve() == ckpt.resolve():
-        return None
-    return ckpt
 
 
 def run_status(
