@@ -366,6 +366,15 @@ _KEY_LIST = [
         "seconds the ServerApp waits for enough SuperNodes to register",
     ),
     Key(
+        "discovery",
+        "all",
+        parse_str(("all", "sampled")),
+        "`all` = query every SuperNode before round 1 (checks every node up front; same numbers on every "
+        "engine); `sampled` = the ServerApp derives each agent's description from the CNN-zoo scenario and "
+        "queries a SuperNode only when it is first sampled (cross-device scale; on the Ray engine Flower's "
+        "random node ids make which partition-ids train differ between runs; docs/participation.md)",
+    ),
+    Key(
         "results-dir",
         "results/default",
         parse_str(nonempty=True),
@@ -972,6 +981,7 @@ class RunConfig(Section):
     num_server_rounds: int = key_field("num-server-rounds")
     round_timeout: float = key_field("round-timeout")
     discovery_timeout: float = key_field("discovery-timeout")
+    discovery: str = key_field("discovery")
     results_dir: str = key_field("results-dir")
     preset: str = key_field("preset")
     train_defaults: str = key_field("train-defaults")

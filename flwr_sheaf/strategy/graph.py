@@ -52,6 +52,7 @@ from .exchange import Exchange, merge_extra
 from .ledger import RunLedger
 from .records import Node, RoundRecord, nanmean, numeric_metrics
 from .rounds import EvaluateFn, run_rounds
+from .sampled import SampledDiscovery, sample_phase
 
 __all__ = ["GraphStrategy", "evaluation_view"]
 
@@ -157,6 +158,8 @@ class GraphStrategy(Strategy):
         )
         self.graph: nx.Graph | None = None
         self.num_pilots = -1
+        #: ``discovery = "sampled"``: nodes describe themselves when first sampled (strategy/sampled.py)
+        self.sampled_discovery: SampledDiscovery | None = None
 
     # ------------------------------------------------------------------ discovery and the graph
     def query_config(self) -> dict:
@@ -178,10 +181,15 @@ class GraphStrategy(Strategy):
         if len(self.nodes) == self.num_nodes:
             return
         config = {**self.query_config(), **self.resume_check}
-        self.nodes = Discovery(self.num_nodes, self.action, config, self.discovery_timeout).run(
-            grid, timeout
-        )
-        self.exchange.connect(self.nodes)
+        if self.sampled_discovery is not None:  # nodes describe themselves when first sampled
+            self.nodes = self.sampled_discovery.run(
+                grid, self.action, config, self.discovery_timeout, timeout
+            )
+        else:
+            self.nodes = Discovery(self.num_nodes, self.action, config, self.discovery_timeout).run(
+                grid, timeout
+            )
+            self.exchange.connect(self.nodes)
         self.on_discovered()
 
     def on_discovered(self) -> None:
@@ -247,6 +255,8 @@ class GraphStrategy(Strategy):
             "edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []
         }
         out["non_edges"] = self.ledger.last_evaluation.non_edges
+        if self.sampled_discovery is not None:
+            out["discovery"] = self.sampled_discovery.describe_run()
         return out
 
     # ------------------------------------------------------------------ the round loop
@@ -323,7 +333,7 @@ class GraphStrategy(Strategy):
         Raises:
             ValueError: ``config`` (``start``'s ``train_config``) names a key the strategy sends.
         """
-        sampled = self.sampler.sample(server_round)
+        sampled = sample_phase(self, self.sampler, server_round, TRAIN)
         self.ledger.current.sampled = sampled
         base = {
             **self.train.to_dict(),
@@ -331,8 +341,8 @@ class GraphStrategy(Strategy):
             SERVER_ROUND: server_round,
             SEED: self.seed,
         }
-        msgs = []
-        for pid in sampled:
+        msgs, refused = [], set(self.ledger.current.failed.get(TRAIN, ()))
+        for pid in (p for p in sampled if p not in refused):
             records, node_cfg = self.node_payload(server_round, pid)
             cfg = merge_extra({**base, **node_cfg}, config, "train_config")
             content = RecordDict({**records, CONFIG: ConfigRecord(cfg)})
@@ -456,7 +466,9 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     the evaluation payloads (:meth:`GraphStrategy.evaluate_payload` now,
     :meth:`GraphStrategy.evaluate_node_payload` per node), the exchange and the ledger."""
     payload = s.evaluate_payload(server_round)
-    evaluators = [p for p in s.eval_sampler.sample(server_round) if p in s.nodes]
+    drawn = sample_phase(s, s.eval_sampler, server_round, "evaluate")
+    refused = s.ledger.current.failed.get("evaluate", ()) if s.sampled_discovery else ()
+    evaluators = [p for p in drawn if p in s.nodes and p not in refused]
     return EvaluationView(
         server_round=server_round,
         nodes=s.nodes,
