@@ -23,7 +23,7 @@ population, not from more local data per agent at small N.
 Usage::
 
     python benchmarks/scale.py [--agents 15,100,300,1000] [--participants 15] [--rounds 6]
-        [--engine ray|inprocess] [--out results/benchmarks/scale]
+        [--engine ray|inprocess] [--discovery all|sampled] [--out results/benchmarks/scale]
 """
 
 from __future__ import annotations
@@ -79,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--evaluated", type=int, default=0, help="nodes evaluated in the last round (0 = all N)"
     )
+    ap.add_argument(
+        "--discovery",
+        choices=("all", "sampled"),
+        default="all",
+        help="run-config discovery (sampled: nodes describe themselves when first sampled)",
+    )
     ap.add_argument("--out", default="results/benchmarks/scale")
     args = ap.parse_args(argv)
     args.dataset = args.dataset or cd.default_dataset()
@@ -114,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.partitioner,
                 "--fraction-evaluate",
                 str(min(1.0, (args.evaluated + 0.5) / n) if args.evaluated else 0.0),
+                "--discovery",
+                args.discovery,
             ]
         )
         summary = json.loads((out / "summary.json").read_text())

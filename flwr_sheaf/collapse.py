@@ -1,13 +1,8 @@
 """Latent-collapse warning of a run (``results.json``'s ``latent_collapse``; docs/results-schema.md).
 
-Each evaluated node reports ``low_variance_fraction``: the share of its latent dimensions whose
-variance over its pilots is below ``1e-3`` (:func:`flwr_sheaf.sheaf.whitening.low_variance_fraction`,
-docs/stability.md s3; the threshold equals the default ``whitening-eps``, so such a dimension is
-below what the whitening resolves and carries nothing across an edge). A node above
-:data:`COLLAPSE_WARN_FRACTION` has collapsed latents: its accuracies under-read the method
-(FedProto under the shared optimizer: 55% of dimensions by round 5 on ``two-agent:32``,
-docs/baselines.md s0). The run still completed as asked, so this is a warning, not a ``degraded``
-status.
+A node whose ``low_variance_fraction`` (share of latent dimensions with pilot variance below
+``1e-3``, docs/stability.md s3) exceeds :data:`COLLAPSE_WARN_FRACTION` has collapsed latents: its
+accuracies under-read the method. The run still completed as asked: a warning, not ``degraded``.
 """
 
 from __future__ import annotations
@@ -32,11 +27,8 @@ def collapse_warnings(
     """The ``latent-collapse`` warning of a run whose nodes' latents collapsed, from the last
     evaluation's per-node results (``strategy.ledger.node_results`` / ``results.json``'s ``nodes``).
 
-    Args:
-        nodes: ``{partition-id: {"low_variance_fraction": float in [0, 1], ...}}``; nodes without the
-            value, or with NaN / None (not measured), are skipped.
-        threshold: the fraction above which a node counts as collapsed (default
-            :data:`COLLAPSE_WARN_FRACTION`).
+    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], ...}}`` (a missing, NaN or
+    None value is skipped); a node above ``threshold`` counts as collapsed.
 
     Returns:
         ``[]``, or one dict ``{"kind": "latent-collapse", "nodes": {partition-id (str): fraction},

@@ -1,44 +1,13 @@
-"""Every run-config key of flwr-sheaf: its one definition, type, default, check and meaning.
+"""Every run-config key of flwr-sheaf: its one definition (:data:`KEYS`), default, check and meaning.
 
-This module is the **only** place where a run-config default lives. ``pyproject.toml``'s
-``[tool.flwr.app.config]`` and docs/run-config.md's table are tested against :data:`KEYS`
-(``tests/test_config.py``). Everything else reads typed sections:
-
-==================== ============================================================ ==========
-section              keys                                                         read by
-==================== ============================================================ ==========
-:class:`RunConfig`   ``method``, ``num-server-rounds``, ``round-timeout``,          the ServerApp
-                     ``results-dir``, ``checkpoint-every``, ``resume``,
-                     ``resume-from``, ``node-state-dir``, ``overwrite``,
-                     ``max-failed-fraction``, ``resume-fresh-nodes``,
-                     ``tracking``, ``tracking-dir``, ``wandb-project``,
-                     ``wandb-mode`` + the sections
-:class:`ScenarioConfig` ``zoo``, ``dataset``, ``shift``, ``seed``, ``num-pilots``,    task factory (client)
-                     ``whitening-shrinkage``, ``whitening-eps``
-:class:`FederationConfig` ``graph``, ``fraction-train``, ``participation``,          every strategy
-                     ``evaluate-every``, ``seed``, ``fraction-evaluate``,
-                     ``non-edge-pairs``, ``diagnostics-eigenvalues``,
-                     ``posthoc-readings``
-:class:`LocalTrainConfig` ``local-epochs``, ``lr``, ``momentum``, ``weight-decay``,   local-training loop
-                     ``batch-size``, ``clip-norm``, ``max-steps-per-epoch``,
-                     ``torch-threads``
-(shared)             ``pilot-batch-size`` (read by two methods' sections)
-a method's section   its keys (``methods/<name>/config.py``, :func:`register_keys`)  that method
-==================== ============================================================ ==========
-
-A built-in method's section lives in its own unit (``flwr_sheaf/methods/<name>/config.py``): it
-declares its keys with :func:`register_keys` (they join :data:`KEYS`, so ``pyproject.toml`` and the
-table list them) and its section with :func:`register_section` (every run parses it; it is read as
-``config.<name>`` or ``config.section(<Name>Config)``). A researcher's method declares a section of
-keys that only its runs parse (:func:`section` with :class:`Key` objects, :data:`METHOD_KEYS`).
-
-A section is a frozen dataclass whose fields are written out (``lr: float = key_field("lr")``: the
-default comes from :data:`KEYS`, so type checkers see the fields while each key keeps one definition;
-``tests/test_config.py`` checks names, annotations and defaults). Constructing one validates every
-field (``ValueError`` naming the run-config key and the value). ``from_mapping`` fills missing keys with the defaults (for a
-run config); ``from_record`` requires every key (for a received message: a key missing from a
-message is an error, never a silent client-side default). ``to_record`` gives the ``ConfigRecord``
-that travels in messages.
+``pyproject.toml``'s ``[tool.flwr.app.config]`` and docs/run-config.md's table are tested against
+:data:`KEYS`. Keys parse into typed sections (frozen dataclasses, fields bound with
+:func:`key_field`): :class:`RunConfig` (run-level keys), :class:`ScenarioConfig`,
+:class:`FederationConfig`, :class:`LocalTrainConfig`, and each built-in method's section
+(``methods/<name>/config.py``: :func:`register_keys`, :func:`register_section`; docs/design.md). A
+researcher's method declares keys only its runs parse (:func:`section`, :data:`METHOD_KEYS`).
+Constructing a section validates every field (:class:`ConfigError` naming key and value);
+``from_mapping`` fills defaults (run config), ``from_record`` requires every key (a received message).
 """
 
 from __future__ import annotations
@@ -46,13 +15,19 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar, Self, SupportsInt, TypeVar, cast
 
 from flwr.app import ConfigRecord
 
+from .data.partition import PARTITIONER_FORMS, parse_partitioner
+from .data.sources import SOURCE_FORMS
+from .devices import DEVICE_FORMS, check_device_spec
+from .models.zoo import zoo_size, zoo_specs
 from .participation import check_participation_spec, parse_participation
+from .topology import build_graph, check_graph_scale, check_graph_spec
 
 __all__ = [
     "Key",
@@ -81,6 +56,7 @@ __all__ = [
     "method_train_changes",
     "RESUME_MUTABLE_KEYS",
     "config_differences",
+    "resume_identity",
     "parse_int",
     "parse_float",
     "parse_bool",
@@ -117,9 +93,6 @@ def parse_int(lo: int | None = None) -> Callable[[str, Any], int]:
     return parse
 
 
-_int = parse_int
-
-
 def parse_float(
     lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
 ) -> Callable[[str, Any], float]:
@@ -145,9 +118,6 @@ def parse_float(
     return parse
 
 
-_float = parse_float
-
-
 def parse_bool(key: str, v: Any) -> bool:
     """Parse the run-config value ``v`` of ``key`` as a bool (a :class:`Key`'s ``parse``).
 
@@ -159,13 +129,8 @@ def parse_bool(key: str, v: Any) -> bool:
     return v
 
 
-_bool = parse_bool
-
-
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the valid choice closest to a mistyped ``value`` (difflib), or ``""``."""
-    import difflib
-
     close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -193,9 +158,6 @@ def parse_str(
     return parse
 
 
-_str = parse_str
-
-
 def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], object]) -> str:
     """``" (did you mean 'x'?)"`` for a mistyped spec ``value`` of a parameterised key, or ``""``.
 
@@ -204,9 +166,6 @@ def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], obj
     against the forms' names (difflib), its parameter is kept (``"tiny-3"``, ``"uniform:50"``), and
     a candidate is offered only if ``check`` accepts it (no ``ValueError``).
     """
-    import difflib
-    import re
-
     heads: dict[str, str] = {}  # name -> separator before its parameter ("" = none)
     for form in forms:
         m = re.match(r"([a-z]+(?:-[a-z]+)*)([-:]?)", str(form))
@@ -240,7 +199,7 @@ def parse_spec(
     """
 
     def parse(key: str, v: Any) -> str:
-        text = _str(nonempty=True)(key, v)
+        text = parse_str(nonempty=True)(key, v)
         try:
             check(text)
         except ValueError as exc:
@@ -251,44 +210,8 @@ def parse_spec(
     return parse
 
 
-def _partitioner_forms() -> tuple[str, ...]:
-    from .data.partition import PARTITIONER_FORMS
-
-    return PARTITIONER_FORMS
-
-
-def _device_forms() -> tuple[str, ...]:
-    from .devices import DEVICE_FORMS
-
-    return DEVICE_FORMS
-
-
-def _check_graph(text: str) -> None:
-    from .topology import check_graph_spec
-
-    check_graph_spec(text)
-
-
-def _check_device(text: str) -> None:
-    from .devices import check_device_spec
-
-    check_device_spec(text)
-
-
-def _check_zoo(text: str) -> None:
-    from .models.zoo import zoo_size
-
-    zoo_size(text)  # the name checked, nothing built (tiny-<N> of any N costs nothing)
-
-
-def _check_partitioner(text: str) -> None:
-    from .data.partition import parse_partitioner
-
-    parse_partitioner(text)
-
-
 def _num_pilots(key: str, v: Any) -> int:
-    k = _int(0)(key, v)
+    k = parse_int(0)(key, v)
     if k == 1:
         raise ConfigError(
             f"{key}={v!r}: must be 0 (all) or >= 2 (whitening and Procrustes need two pilot rows)"
@@ -329,7 +252,7 @@ def parse_dim_or_auto(key: str, v: Any) -> str | int:
             raise ConfigError(
                 f"{key}={v!r}: expected 'auto', 'none' or a positive integer"
             ) from None
-    return _int(1)(key, v)
+    return parse_int(1)(key, v)
 
 
 def check_common_dim(key: str, dim: str | int, dims: list[int], zoo: str) -> None:
@@ -369,7 +292,7 @@ def registered_check(key: str, v: Any) -> str:
     Raises:
         ConfigError: a non-string value, a value the check refuses, or no check registered.
     """
-    text = _str()(key, v)
+    text = parse_str()(key, v)
     if text.strip():
         check = VALUE_CHECKS.get(key)
         if check is None:
@@ -382,9 +305,7 @@ def registered_check(key: str, v: Any) -> str:
 
 
 def _dataset(key: str, v: Any) -> str:
-    from .data.sources import SOURCE_FORMS
-
-    text = _str(nonempty=True)(key, v).strip()
+    text = parse_str(nonempty=True)(key, v).strip()
     if (
         text in ("mnist-bundled", "fashion-mnist")
         or (text[:4] == "idx:" and text[4:].strip())
@@ -420,78 +341,87 @@ _KEY_LIST = [
     Key(
         "method",
         "",  # declared by the default method's own unit (declare_default_method)
-        _str(nonempty=True),
+        parse_str(nonempty=True),
         "the method to run: a registered method's name (`flwr_sheaf.methods.METHODS`; the README's method "
         "table, docs/methods.md)",
     ),
     Key(
         "method-module",
         "",
-        _str(),
+        parse_str(),
         "comma-separated Python modules imported before `method` is looked up: a researcher's own method "
         'registers itself there (docs/methods.md, "Adding a method"); empty = the built-in methods only',
     ),
-    Key("num-server-rounds", 10, _int(1), "server rounds"),
+    Key("num-server-rounds", 10, parse_int(1), "server rounds"),
     Key(
         "round-timeout",
         3600.0,
-        _float(0.0, lo_open=True),
+        parse_float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed",
     ),
     Key(
         "discovery-timeout",
         300.0,
-        _float(0.0, lo_open=True),
+        parse_float(0.0, lo_open=True),
         "seconds the ServerApp waits for enough SuperNodes to register",
+    ),
+    Key(
+        "discovery",
+        "all",
+        parse_str(("all", "sampled")),
+        "`all` = query every SuperNode before round 1 (checks every node up front; same numbers on every "
+        "engine); `sampled` = the ServerApp derives each agent's description from the CNN-zoo scenario and "
+        "queries a SuperNode only when it is first sampled (cross-device scale; on the Ray engine Flower's "
+        "random node ids make which partition-ids train differ between runs; docs/participation.md)",
     ),
     Key(
         "results-dir",
         "results/default",
-        _str(nonempty=True),
+        parse_str(nonempty=True),
         "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)",
     ),
     Key(
         "preset",
         "",
-        _str(("", "paper")),
+        parse_str(("", "paper")),
         "`paper` = the paper's App. G hyper-parameters for every key left at its default (docs/presets.md); empty = none",
     ),
     Key(
         "train-defaults",
         "method",
-        _str(("method", "shared")),
+        parse_str(("method", "shared")),
         "`method` = a method's own optimizer settings (its authors', declared by its unit) for every training key "
         "left at its default (docs/baselines.md, s0); `shared` = the package's defaults for every method",
     ),
     Key(
         "checkpoint-every",
         1,
-        _int(0),
+        parse_int(0),
         "write `checkpoint.pkl` to `results-dir` every this many rounds and after the last one (0 = never; docs/resume.md)",
     ),
     Key(
         "resume",
         False,
-        _bool,
+        parse_bool,
         "continue the run checkpointed in `results-dir` from its last completed round (docs/resume.md)",
     ),
     Key(
         "resume-from",
         "",
-        _str(),
+        parse_str(),
         "continue the run checkpointed in this directory (or `checkpoint.pkl` file) instead; non-empty implies `resume`",
     ),
     Key(
         "node-state-dir",
         "",
-        _str(),
+        parse_str(),
         "root of the nodes' state directories (`<dir>/partition-<id>`) when a SuperNode has no `state-dir` node config "
         "(simulation; docs/resume.md)",
     ),
     Key(
         "overwrite",
         False,
-        _bool,
+        parse_bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
         "`resume`; docs/reliability-run-files.md)",
@@ -499,14 +429,14 @@ _KEY_LIST = [
     Key(
         "max-failed-fraction",
         0.5,
-        _float(0.0, 1.0),
+        parse_float(0.0, 1.0),
         "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
         "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability-failures.md)",
     ),
     Key(
         "resume-fresh-nodes",
         False,
-        _bool,
+        parse_bool,
         "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
         "recorded in `results.json`; refused otherwise, docs/reliability-failures.md)",
     ),
@@ -520,27 +450,33 @@ _KEY_LIST = [
     Key(
         "tracking-dir",
         "",
-        _str(),
+        parse_str(),
         "where the trackers write (TensorBoard runs under `tensorboard/`, W&B under `wandb/`); empty = "
         "`<results-dir>/tracking`",
     ),
     Key(
-        "wandb-project", "flwr-sheaf", _str(nonempty=True), "W&B project of a `wandb` tracking run"
+        "wandb-project",
+        "flwr-sheaf",
+        parse_str(nonempty=True),
+        "W&B project of a `wandb` tracking run",
     ),
     Key(
         "wandb-mode",
         "offline",
-        _str(("offline", "online")),
+        parse_str(("offline", "online")),
         "`offline` (nothing is sent; upload later with `wandb sync`) or `online` (needs `wandb login`)",
     ),
     # scenario
     Key(
-        "seed", 0, _int(0), "seed of partition, initialisation, batch order and participation draws"
+        "seed",
+        0,
+        parse_int(0),
+        "seed of partition, initialisation, batch order and participation draws",
     ),
     Key(
         "zoo",
         "paper-15",
-        parse_spec(_check_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
+        parse_spec(zoo_size, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
@@ -549,24 +485,24 @@ _KEY_LIST = [
         _dataset,
         "`mnist-bundled` (offline), `fashion-mnist` (70,000 images; `bash scripts/get_data.sh fashion-mnist`), `idx:<dir>`, `hf:<name>` (online)",
     ),
-    Key("shift", 0.7, _float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
+    Key("shift", 0.7, parse_float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
     Key("num-pilots", 500, _num_pilots, "shared pilots K >= 2 (0 = all of the 10% hold-out)"),
     Key(
         "whitening-shrinkage",
         0.0,
-        _float(0.0, 1.0),
+        parse_float(0.0, 1.0),
         "diagonal shrinkage a of the whitening covariance",
     ),
     Key(
         "whitening-eps",
         1e-3,
-        _float(0.0, lo_open=True),
+        parse_float(0.0, lo_open=True),
         "relative eigenvalue floor of the whitening covariance",
     ),
     Key(
         "partitioner",
         "label-shift",
-        parse_spec(_check_partitioner, _partitioner_forms),
+        parse_spec(parse_partitioner, lambda: PARTITIONER_FORMS),
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
@@ -576,13 +512,13 @@ _KEY_LIST = [
     Key(
         "graph",
         "class-overlap",
-        parse_spec(_check_graph),
+        parse_spec(check_graph_spec),
         "`class-overlap[:density]`, `class-overlap-knn:k`, `random-regular:k`, `ring`, `complete`, or an edge list `0-1,1-2`",
     ),
     Key(
         "fraction-train",
         1.0,
-        _float(0.0, 1.0, lo_open=True),
+        parse_float(0.0, 1.0, lo_open=True),
         "fraction of nodes that train per round (seeded per round)",
     ),
     Key(
@@ -594,27 +530,27 @@ _KEY_LIST = [
     Key(
         "evaluate-every",
         1,
-        _int(0),
+        parse_int(0),
         "evaluate every this many rounds and always the last one (0 = never)",
     ),
     Key(
         "fraction-evaluate",
         1.0,
-        _float(0.0, 1.0, lo_open=True),
+        parse_float(0.0, 1.0, lo_open=True),
         "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
         "with both ends sampled)",
     ),
     Key(
         "non-edge-pairs",
         20,
-        _int(0),
+        parse_int(0),
         "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
         "(seeded per round; 0 = off; docs/variants-diagnostics.md)",
     ),
     Key(
         "posthoc-readings",
         "both",
-        _str(("both", "paper")),
+        parse_str(("both", "paper")),
         "post-hoc methods (no alignment in training, and the baselines): `both` = communication accuracy with the "
         "whitening fitted on private training latents (the paper's) and on the pilots (the strong reading), `paper` = "
         "the first only (docs/baselines.md; a method that aligns its stalks in training ignores it)",
@@ -622,47 +558,49 @@ _KEY_LIST = [
     Key(
         "diagnostics-eigenvalues",
         6,
-        _int(0),
+        parse_int(0),
         "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
         "(0 = no spectrum; docs/variants-diagnostics.md)",
     ),
     # local training
-    Key("local-epochs", 2, _int(1), "local epochs per round"),
+    Key("local-epochs", 2, parse_int(1), "local epochs per round"),
     Key(
         "lr",
         0.05,
-        _float(0.0, lo_open=True),
+        parse_float(0.0, lo_open=True),
         "SGD learning rate (a method may have its own: `train-defaults`)",
     ),
     Key(
         "momentum",
         0.9,
-        _float(0.0, 1.0, hi_open=True),
+        parse_float(0.0, 1.0, hi_open=True),
         "SGD momentum (a method may have its own: `train-defaults`)",
     ),
     Key(
         "weight-decay",
         5e-4,
-        _float(0.0),
+        parse_float(0.0),
         "SGD weight decay (a method may have its own: `train-defaults`)",
     ),
-    Key("batch-size", 32, _int(1), "private training batch size"),
-    Key("clip-norm", 5.0, _float(0.0), "per-agent gradient-norm clipping (0 = off)"),
-    Key("max-steps-per-epoch", 0, _int(0), "cap on SGD steps per local epoch (0 = every batch)"),
+    Key("batch-size", 32, parse_int(1), "private training batch size"),
+    Key("clip-norm", 5.0, parse_float(0.0), "per-agent gradient-norm clipping (0 = off)"),
+    Key(
+        "max-steps-per-epoch", 0, parse_int(0), "cap on SGD steps per local epoch (0 = every batch)"
+    ),
     Key(
         "torch-threads",
         1,
-        _int(0),
+        parse_int(0),
         "torch threads per ClientApp (0 = torch's default; >1 was 30x slower on a loaded 2-core box)",
     ),
     Key(
         "device",
         "auto",
-        parse_spec(_check_device, _device_forms),
+        parse_spec(check_device_spec, lambda: DEVICE_FORMS),
         "where each node computes: `auto` (CUDA when the node's machine has it, else CPU), `cpu`, `cuda`, `cuda:N` (docs/devices.md)",
     ),
     # shared by Sheaf-FRL and FedMuscle
-    Key("pilot-batch-size", 64, _int(2), "pilot rows per gluing step"),
+    Key("pilot-batch-size", 64, parse_int(2), "pilot rows per gluing step"),
 ]
 
 KEYS: dict[str, Key] = {k.name: k for k in _KEY_LIST}
@@ -681,9 +619,7 @@ def register_keys(*keys: Key) -> tuple[str, ...]:
             default its own parser refuses.
     """
     for k in keys:
-        old = KEYS.get(k.name) or METHOD_KEYS.get(k.name)
-        if old is not None and (old.default, old.doc) != (k.default, k.doc):
-            raise ValueError(f"run-config key {k.name!r} is already defined")
+        _check_new_key(k)
         k(k.default)
         KEYS[k.name] = k
         DEFAULTS[k.name] = k.default
@@ -706,6 +642,13 @@ def declare_default_method(name: str) -> None:
     key(name)
     KEYS["method"] = key
     DEFAULTS["method"] = name
+
+
+def _check_new_key(k: Key) -> None:
+    """Refuse ``k`` when another key of that name (the app's or a method's) differs from it."""
+    old = KEYS.get(k.name) or METHOD_KEYS.get(k.name)
+    if old is not None and (old.default, old.doc) != (k.default, k.doc):
+        raise ValueError(f"run-config key {k.name!r} is already defined")
 
 
 def _default_method() -> str:
@@ -758,9 +701,7 @@ def method_keys(*keys: Key) -> tuple[str, ...]:
         ValueError: a key that redefines one of the app's keys or another method's key.
     """
     for k in keys:
-        old = KEYS.get(k.name) or METHOD_KEYS.get(k.name)
-        if old is not None and (old.default, old.doc) != (k.default, k.doc):
-            raise ValueError(f"run-config key {k.name!r} is already defined")
+        _check_new_key(k)
         METHOD_KEYS[k.name] = k
     return tuple(k.name for k in keys)
 
@@ -875,17 +816,8 @@ class Section:
 
 @dataclass(frozen=True)
 class ScenarioConfig(Section):
-    """Agents, data and partition (read by the task factory on each node).
-
-    Attributes:
-        zoo: ``"paper-15"`` (paper Tab. 2), ``"two-agent:<d>"`` (Fig. 3), ``"tiny-<N>"``.
-        dataset: ``"mnist-bundled"``, ``"idx:<dir>"``, ``"hf:<name>"``.
-        shift: label-shift strength s in [0, 1] (Eq. 23).
-        seed: partition and initialisation seed.
-        num_pilots: pilots K (0 = all of the 10% hold-out).
-        whitening_shrinkage, whitening_eps: whitening-layer regularisation (docs/stability.md).
-        partitioner: ``"label-shift"`` or ``"dirichlet:<alpha>"`` (:func:`flwr_sheaf.data.partition.make_dirichlet_split`).
-    """
+    """Agents, data and partition (read by the task factory on each node); one field per key
+    (``-`` written ``_``; meanings: docs/run-config.md)."""
 
     zoo: str = key_field("zoo")
     dataset: str = key_field("dataset")
@@ -899,26 +831,8 @@ class ScenarioConfig(Section):
 
 @dataclass(frozen=True)
 class FederationConfig(Section):
-    """Graph, who trains when, and how often to evaluate (read by every strategy).
-
-    Attributes:
-        graph: graph spec (:func:`flwr_sheaf.topology.build_graph`).
-        fraction_train: fraction of nodes per round in (0, 1] (used when ``participation`` is empty).
-        participation: per-node Bernoulli spec (:func:`flwr_sheaf.participation.parse_participation`).
-        evaluate_every: evaluation period in server rounds (the last round is always evaluated;
-            0 = no evaluation at all).
-        seed: participation seed (draws depend only on (seed, server round, partition-id)).
-        fraction_evaluate: fraction of nodes evaluated per evaluated round, in (0, 1] (1 = every node);
-            drawn like ``fraction-train`` from a separate stream (docs/participation.md, s1.4).
-        non_edge_pairs: unordered non-adjacent pairs of evaluated nodes whose communication accuracy
-            is measured in both directions after multi-hop transport and after direct Procrustes
-            (drawn per evaluated round from (seed, round); 0 = off; docs/variants-diagnostics.md).
-        diagnostics_eigenvalues: smallest sheaf-Laplacian eigenvalues reported per evaluated round
-            (0 = no spectrum; the per-edge total variation is always reported; docs/variants-diagnostics.md).
-        posthoc_readings: ``"both"`` or ``"paper"``: whether a post-hoc method (whitening fitted on
-            private training latents, the paper's protocol) also reports communication accuracy with
-            the whitening fitted on the pilots (the strong reading; docs/baselines.md).
-    """
+    """Graph, who trains when, and how often to evaluate (read by every strategy); one field per
+    key (``-`` written ``_``; meanings: docs/run-config.md)."""
 
     graph: str = key_field("graph")
     fraction_train: float = key_field("fraction-train")
@@ -933,18 +847,8 @@ class FederationConfig(Section):
 
 @dataclass(frozen=True)
 class LocalTrainConfig(Section):
-    """Local SGD of every method (one loop: :func:`flwr_sheaf.client.loop.train_local`).
-
-    Attributes:
-        local_epochs: epochs per server round (>= 1).
-        lr, momentum, weight_decay: SGD hyper-parameters.
-        batch_size: private batch size (drop-last, at least one batch per epoch).
-        clip_norm: gradient-norm clipping per agent (0 = off).
-        max_steps_per_epoch: cap on steps per epoch (0 = no cap).
-        torch_threads: torch intra-op threads per ClientApp (0 = torch's default).
-        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; resolved by each node on its own
-            machine (:func:`flwr_sheaf.devices.resolve_device`).
-    """
+    """Local SGD of every method (one loop: :func:`flwr_sheaf.client.loop.train_local`); one field
+    per key (``-`` written ``_``; meanings: docs/run-config.md)."""
 
     local_epochs: int = key_field("local-epochs")
     lr: float = key_field("lr")
@@ -968,26 +872,16 @@ PAPER_PRESET: dict[str, Any] = {
     "num-server-rounds": 100,
     "num-pilots": 0,
 }
-"""The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo: SGD lr 1e-2, momentum
-0.9, weight decay 5e-4, batch 64 (private and pilot), gradient clipping 1.0, 100 epochs (= 100
-server rounds of one local epoch), pilots = the whole 10% hold-out. docs/presets.md lists where the
-package defaults differ and why.
-"""
+"""The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo (docs/presets.md
+says where the package defaults differ and why)."""
 PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num-server-rounds": 20}
 """``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs."""
 
 
 def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config with its ``preset`` applied to every key left at its package default.
-
-    A key whose value differs from :data:`DEFAULTS` is the user's choice and is kept; a key at its
-    default (absent, or equal to it: ``flwr run`` fills every default in) takes the preset's value.
-
-    Args:
-        run_config: ``{key: value}`` (e.g. ``context.run_config``).
-
-    Returns:
-        a new dict (unchanged copy when ``preset`` is empty or absent).
+    """A copy of ``run_config`` (``{key: value}``) with its ``preset`` applied to every key left at
+    its package default (absent, or equal to it: ``flwr run`` fills every default in); a key that
+    differs from :data:`DEFAULTS` is the user's choice and is kept.
 
     Raises:
         ConfigError: an unknown preset or zoo (named).
@@ -997,7 +891,13 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
     if not preset:
         return out
     zoo = KEYS["zoo"](out.get("zoo", DEFAULTS["zoo"]))
-    values = PAPER_PRESET_TWO_AGENT if zoo.startswith("two-agent") else PAPER_PRESET
+    return _fill_defaults(
+        out, PAPER_PRESET_TWO_AGENT if zoo.startswith("two-agent") else PAPER_PRESET
+    )
+
+
+def _fill_defaults(out: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``out`` with ``values`` set on every key ``out`` leaves at its default (absent or equal)."""
     for key, value in values.items():
         if out.get(key, DEFAULTS[key]) == DEFAULTS[key]:
             out[key] = value
@@ -1005,11 +905,8 @@ def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 METHOD_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
-"""A method's own training settings (``train-defaults = method``, the default): for the method named,
-each key here that the run config leaves at its package default takes this value. Methods not
-listed use the package defaults. docs/baselines.md, s0 gives the source of each value. Filled by
-the method's own unit with :func:`register_train_defaults`.
-"""
+"""``{method: {training key: value}}``: a method's own training settings, for keys left at their
+default under ``train-defaults = method`` (:func:`register_train_defaults`; docs/baselines.md, s0)."""
 
 
 def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
@@ -1031,19 +928,10 @@ def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
 
 
 def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config with the method's own training settings (:data:`METHOD_TRAIN_DEFAULTS`) applied
-    to every training key left at its package default.
-
-    A key whose value differs from :data:`DEFAULTS` is the user's choice and is kept; a key at its
-    default (absent, or equal to it: ``flwr run`` fills every default in) takes the method's value.
-    Nothing changes with ``train-defaults = shared``, or when a ``preset`` is set (the preset's
-    hyper-parameters are one protocol for every method, docs/presets.md).
-
-    Args:
-        run_config: ``{key: value}`` (e.g. ``context.run_config``).
-
-    Returns:
-        a new dict.
+    """A copy of ``run_config`` with the method's own training settings
+    (:data:`METHOD_TRAIN_DEFAULTS`) applied to every key left at its package default, as
+    :func:`apply_preset`; nothing changes with ``train-defaults = shared`` or a ``preset`` (one
+    protocol for every method, docs/presets.md).
 
     Raises:
         ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
@@ -1052,12 +940,7 @@ def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]
     mode = KEYS["train-defaults"](out.get("train-defaults", DEFAULTS["train-defaults"]))
     preset = KEYS["preset"](out.get("preset", DEFAULTS["preset"]))
     values = METHOD_TRAIN_DEFAULTS.get(str(out.get("method", DEFAULTS["method"])), {})
-    if mode != "method" or preset:
-        return out
-    for key, value in values.items():
-        if out.get(key, DEFAULTS[key]) == DEFAULTS[key]:
-            out[key] = value
-    return out
+    return out if mode != "method" or preset else _fill_defaults(out, values)
 
 
 def method_train_changes(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -1081,26 +964,14 @@ def method_train_changes(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, 
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
+    The run-level fields are the keys of the same name (``-`` written ``_``; meanings:
+    docs/run-config.md); ``method`` is checked against the method registry when the strategy is
+    built; ``preset`` and ``train_defaults`` are already applied by :meth:`from_run_config`.
+
     Attributes:
-        method: method name (checked against the method registry when the strategy is built).
-        method_module: modules imported before ``method`` is looked up (a user's own methods).
-        num_server_rounds: server rounds (>= 1).
-        round_timeout: seconds each round trip waits for replies.
-        discovery_timeout: seconds to wait for SuperNodes at the start.
-        results_dir: output directory.
-        preset: ``""`` or ``"paper"`` (already applied to the sections by :meth:`from_run_config`).
-        train_defaults: ``"method"`` (the method's own training settings, :data:`METHOD_TRAIN_DEFAULTS`,
-            already applied to ``train`` by :meth:`from_run_config`) or ``"shared"``.
-        checkpoint_every, resume, resume_from: server checkpoints and resuming a stopped run (docs/resume.md).
-        node_state_dir: where nodes without a ``state-dir`` node config keep their state (docs/resume.md).
-        max_failed_fraction: the share of failed train replies past which the run ends failed
-            (docs/reliability-failures.md, "Degraded runs").
-        resume_fresh_nodes: a resumed run may restart nodes that trained before but lost their state.
-        tracking, tracking_dir, wandb_project, wandb_mode: per-round experiment tracking
-            (:mod:`flwr_sheaf.tracking`, docs/tracking.md).
         scenario, federation, train: the app's sections.
         sections: the sections methods registered (:func:`register_section`), read as attributes
-            (``config.<name>``) or typed (:meth:`section`); ``RunConfig(<name>=...)`` sets one.
+            (``config.<name>``) or typed (:meth:`section`); missing ones take their defaults.
     """
 
     method: str = field(  # declared by a unit on import (declare_default_method): read then
@@ -1110,6 +981,7 @@ class RunConfig(Section):
     num_server_rounds: int = key_field("num-server-rounds")
     round_timeout: float = key_field("round-timeout")
     discovery_timeout: float = key_field("discovery-timeout")
+    discovery: str = key_field("discovery")
     results_dir: str = key_field("results-dir")
     preset: str = key_field("preset")
     train_defaults: str = key_field("train-defaults")
@@ -1196,12 +1068,8 @@ class RunConfig(Section):
         ``preset`` (:func:`apply_preset`), else the method's own training settings
         (:func:`apply_method_train_defaults`), replace keys left at their default.
 
-        Args:
-            run_config: ``{key: value}``.
-            method_section: the selected method's own config section (its keys parsed into
-                :attr:`method_section`); keys of other registered methods (:data:`METHOD_KEYS`)
-                are accepted and ignored.
-            agents: the agents of a method with its own problem (:attr:`agents`; None = the zoo's).
+        ``method_section``: the selected method's own section (parsed into :attr:`method_section`;
+        other methods' keys are accepted and ignored); ``agents``: :attr:`agents`.
 
         Raises:
             ConfigError: an unknown key (named, with the closest known key) or a bad value
@@ -1223,8 +1091,8 @@ class RunConfig(Section):
             if "key" in f.metadata and f.metadata["key"] in run_config
         }
         own = method_section.from_mapping(run_config) if method_section is not None else None
-        kwargs: dict[str, Any] = {**top, **sections}  # registered sections join ``sections``
-        return cls(**kwargs, method_section=own, agents=agents)
+        app_sections: dict[str, Any] = {n: sections.pop(n) for n in _FIELD_SECTIONS}
+        return cls(**top, **app_sections, sections=sections, method_section=own, agents=agents)
 
     def check(self) -> None:
         """Build the graph and the participation probabilities on the zoo's agents now, so a bad
@@ -1237,9 +1105,6 @@ class RunConfig(Section):
                 :attr:`agents` of a method with its own problem) or gives every node probability 0;
                 or a section's :meth:`Section.check_dims` refuses the zoo's stalk dimensions.
         """
-        from .models.zoo import zoo_size, zoo_specs
-        from .topology import build_graph, check_graph_scale
-
         if self.agents is not None:  # the method's own problem: no zoo, no graph
             self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
             return
@@ -1323,6 +1188,12 @@ def config_differences(
     return {k: (saved.get(k), current.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}
 
 
+def resume_identity(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``run_config`` without :data:`RESUME_MUTABLE_KEYS`, keys sorted: what a node state file and
+    ``<node-state-dir>/run.json`` record of their run."""
+    return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
+
+
 def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Every known key's effective value under ``run_config`` (absent keys: their default, then ``preset``;
     values normalised by their key's parser where it accepts them); unknown keys are kept as given."""
@@ -1364,20 +1235,7 @@ _FIELD_SECTIONS = ("scenario", "federation", "train")
 RunConfig.SECTIONS.update(
     scenario=ScenarioConfig, federation=FederationConfig, train=LocalTrainConfig
 )
-_run_config_init = RunConfig.__init__
-
-
-def _init_with_sections(self: RunConfig, **kwargs: Any) -> None:
-    """``RunConfig(<registered section name>=..., ...)``: registered sections given by name join
-    :attr:`RunConfig.sections` (the dataclass's own ``__init__`` does the rest)."""
-    named = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RUN_CONFIG_FIELDS}
-    if named:
-        kwargs["sections"] = {**kwargs.get("sections", {}), **named}
-    _run_config_init(self, **kwargs)
-
-
 _RUN_CONFIG_FIELDS = frozenset(f.name for f in fields(RunConfig))
-RunConfig.__init__ = _init_with_sections  # type: ignore[method-assign,assignment]
 
 
 def register_section(name: str, cls: type[Section]) -> type[Section]:

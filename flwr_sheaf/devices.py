@@ -1,17 +1,9 @@
 """Where a node computes: the ``device`` run-config key (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
 
-No Flower here. Every node resolves the spec on its own machine (a SuperNode may have a GPU that
-the ServerApp's machine lacks), at discovery (``query``) and in every handler, so a node without
-CUDA asked for ``device=cuda`` fails its discovery reply with the message below before any
-training (docs/devices.md).
-
-What runs on the device: the model, the node's images, labels and pilots, the gluing penalty and
-the whitening. What stays in float64 (on the same device): the Procrustes SVD
-(:func:`flwr_sheaf.sheaf.procrustes.procrustes`) and the whitening's Cholesky factorisation.
-Random draws (batch order, pilot minibatches) come from a CPU ``torch.Generator``, so the
-sequence of batches is the same on every device; dropout masks come from the device's own
-generator, seeded from the same (seed, partition-id, server round), so CUDA runs are repeatable
-on one GPU model but not bit-identical to CPU runs (docs/devices.md, "Determinism").
+Every node resolves the spec on its own machine, at discovery and in every handler, so a node
+without CUDA asked for ``device=cuda`` fails its discovery reply before any training. What runs on
+the device, what stays in float64 and why CUDA runs are repeatable but not bit-identical to CPU
+runs: docs/devices.md.
 """
 
 from __future__ import annotations
@@ -33,13 +25,8 @@ class DeviceUnavailableError(RuntimeError):
 
 
 def check_device_spec(spec: str) -> str:
-    """Validate the *form* of a device spec without looking at the hardware (the server side).
-
-    Args:
-        spec: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (N >= 0); surrounding blanks ignored.
-
-    Returns:
-        the stripped spec.
+    """The stripped ``spec`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``), its *form* checked
+    without looking at the hardware (the server side).
 
     Raises:
         ValueError: any other text (the valid forms are listed).
@@ -51,16 +38,8 @@ def check_device_spec(spec: str) -> str:
 
 
 def resolve_device(spec: str) -> torch.device:
-    """The ``torch.device`` a spec names on *this* machine.
-
-    ``auto`` is ``cuda`` (the current CUDA device, normally ``cuda:0``) when
-    ``torch.cuda.is_available()`` and ``cpu`` otherwise; ``cpu`` is always available.
-
-    Args:
-        spec: a device spec (:func:`check_device_spec`).
-
-    Returns:
-        ``torch.device``.
+    """The ``torch.device`` a spec (:func:`check_device_spec`) names on *this* machine: ``auto`` is
+    ``cuda`` (the current CUDA device) when ``torch.cuda.is_available()``, else ``cpu``.
 
     Raises:
         ValueError: a malformed spec.

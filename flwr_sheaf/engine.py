@@ -1,12 +1,9 @@
 """Which Ray cluster a simulation's ClientApps ran on, said by the ServerApp and kept in results.json.
 
-Flower 1.42's simulation runs the ServerApp and the Ray backend in one process; the backend calls
-``ray.init()`` without an address, so Ray 2.55 joins an *existing* cluster when ``RAY_ADDRESS`` is
-set, or else when a ``ray start`` on this machine left its address file (``ray_current_cluster`` in
-``$RAY_TMPDIR/ray``, ``$TMPDIR/ray`` or ``/tmp/ray``), and starts a private instance otherwise
-(docs/running.md, "A Ray cluster"). ``scripts/run_flwr.py`` chooses explicitly; a plain
-``flwr run`` does not, so :func:`describe_ray` lets the bundled ServerApp say where the run went:
-``results.json`` key ``engine`` and, for a cluster nobody named (the address file), a warning.
+Flower's Ray backend calls ``ray.init()`` without an address, so Ray joins an existing cluster when
+``RAY_ADDRESS`` is set or a ``ray start`` left its address file, and starts a private instance
+otherwise (docs/running.md, "A Ray cluster"). :func:`describe_ray` gives ``results.json``'s ``engine``
+and :func:`warn_if_unasked` warns of a cluster nobody named.
 """
 
 from __future__ import annotations
@@ -25,11 +22,8 @@ log = logging.getLogger("flwr_sheaf")
 
 
 def ray_address_file(env: dict[str, str] | None = None) -> Path:
-    """The file in which ``ray start`` records the cluster that ``ray.init()`` joins by default.
-
-    Ray 2.55 (``ray._common.utils.get_default_ray_temp_dir``): ``$RAY_TMPDIR/ray``, else
-    ``$TMPDIR/ray``, else ``/tmp/ray``; the file ``ray_current_cluster`` holds the GCS ``host:port``.
-    """
+    """The file in which ``ray start`` records the cluster that ``ray.init()`` joins by default:
+    ``ray_current_cluster`` in ``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray``, else ``/tmp/ray`` (Ray 2.55)."""
     env = dict(os.environ) if env is None else env
     root = env.get("RAY_TMPDIR") or env.get("TMPDIR") or "/tmp"
     return Path(root) / "ray" / "ray_current_cluster"

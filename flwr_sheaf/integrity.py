@@ -1,13 +1,10 @@
-"""Files with a header and a SHA-256: one format for node state files and server checkpoints.
+"""Files with a header and a SHA-256: one format for node state files (:mod:`flwr_sheaf.client.state`)
+and server checkpoints (:mod:`flwr_sheaf.strategy.checkpoint`).
 
-A file is ``<magic line>`` + one line of JSON metadata (``format``, the caller's fields,
-``payload-bytes`` and ``sha256`` of the payload) + the payload. :func:`write_sealed` writes it
-atomically (temp file in the same directory, ``fsync``, ``os.replace``: a reader sees the old or
-the new file, never half of one); :func:`read_sealed` refuses a wrong header, a wrong format, a
-truncated or modified payload, each with a :class:`SealedFileError` naming the file.
-
-Used by :mod:`flwr_sheaf.client.state` (node state, docs/resume.md) and
-:mod:`flwr_sheaf.strategy.checkpoint` (server checkpoints).
+A file is ``<magic line>`` + one JSON metadata line (``format``, the caller's fields,
+``payload-bytes``, ``sha256``) + the payload, written atomically by :func:`write_sealed` and read
+by :func:`read_sealed`, which refuses a wrong header or format and a truncated or modified payload
+(:class:`SealedFileError` naming the file).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Directory locks of a live run: ``<results-dir>/.lock`` and ``<node-state-dir>/.lock`` (docs/reliability-run-files.md).
 
-A :class:`DirLock` is held with the kernel's ``fcntl.flock`` on the lock file, for as long as the run
-lives: the kernel releases it when the process dies (also ``kill -9``), whatever PID namespace the
-process runs in, so a lock whose ``flock`` is free has no live holder on this kernel, and taking it
-over is one atomic system call (two contenders cannot both win). The file also holds who took it
-(``pid``, ``host``, the PID namespace's inode ``pidns``, the kernel's ``boot_id``, start time and a
-token), for messages and for the one case the kernel cannot decide: a lock file written on another
-kernel (another machine sharing the directory, whose ``flock`` this kernel may not see). Such a lock
-is refused unless it was written on this host before its last boot; an old lock file without
-``boot_id`` (written by flwr-sheaf before this module) likewise, as a live holder of it cannot be
-ruled out. Without ``fcntl`` (Windows) the lock falls back to the pid check on this host.
-
-A process never holds one directory's lock twice: a second :class:`DirLock` on a directory this
-process already holds is refused like any other live holder (two runs in one process).
+A :class:`DirLock` is held with the kernel's ``fcntl.flock`` for as long as the run lives (released
+when the process dies, in any PID namespace; taking over a free one is atomic). The file records
+who took it (``pid``, ``host``, ``pidns``, ``boot_id``, start time, token) for messages and for the
+one case the kernel cannot decide, a lock written on another kernel: refused unless written on this
+host before its last boot. Without ``fcntl`` (Windows) the lock falls back to the pid check. A
+process never holds one directory's lock twice.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""The ``flwr_sheaf`` logger's default output: progress lines on stderr when nobody configured logging.
-
-flwr-sheaf logs its progress (``[flwr-sheaf] round 1 | private 0.108 | ...``), discovery and
-failures on the ``flwr_sheaf`` logger. Python prints nothing below WARNING from an unconfigured
-logger, so one's own ServerApp built on :class:`~flwr_sheaf.GraphStrategy` used to run silently.
-:func:`default_progress_handler` (called by the bundled ServerApp and by ``GraphStrategy.start``)
-adds one stderr handler at INFO, only when neither the ``flwr_sheaf`` logger nor the root logger has
-a handler: an app that configures logging (``logging.basicConfig(...)``, or a handler on
-``flwr_sheaf``) keeps its own.
-"""
+"""The ``flwr_sheaf`` logger's default output: progress lines on stderr when nobody configured logging
+(:func:`default_progress_handler`; an app that configures logging keeps its own)."""
 
 from __future__ import annotations
 

@@ -1,35 +1,13 @@
-"""Who trains in server round r: the one participation sampler of every strategy.
+"""Who trains in server round r: the one participation sampler of every strategy (no Flower imports).
 
-Two modes (docs/participation.md):
-
-- **fraction** ``f`` in (0, 1]: ``n = max(1, floor(f N))`` nodes per round, uniformly without
-  replacement (Flower's FedAvg semantics);
-- **Bernoulli** ``p_i``: node i trains independently with probability ``p_i`` (RFedAGS's arbitrary
-  participation; ``p_i = 0`` never, ``p_i = 1`` always).
-
-Both read the same per-round uniforms ``u_i(seed, r)`` (entry i of
-``numpy.random.default_rng([seed, 0, r]).random(N)``, as
-:func:`flwr_sheaf.participation.bernoulli_participation`): Bernoulli takes ``u_i < p_i``,
-fraction takes the ``n`` partition-ids with the smallest ``u_i``. A Bernoulli draw therefore
-depends only on (seed, server round, partition-id), a fraction draw only on (seed, server round)
-and the partition-ids — never on earlier calls, on the method, or on which strategy asks — so
-every method run with the same spec trains the same nodes in every round, and a numpy reference
-loop draws the same masks (docs/participation.md, s1.2). The evaluators of ``fraction-evaluate`` are
-a fraction draw from the separate uniforms ``default_rng([seed, 1, r])`` (s1.4).
-
-No Flower imports: strategies and simulations both use it.
-
-Bernoulli draws and frequency estimates (:func:`bernoulli_participation`,
-:class:`FrequencyEstimator`). Participation model (the paper's "arbitrary participation with time-invariant statistics"; the
-authors' code ``RFedAGSP.m`` option 2): in every round each client ``i`` responds independently with
-probability ``p_i``. Flower's own client sampling is uniform without replacement (the paper's
-"Scheme I"), so the RFedAGS strategy draws these Bernoulli masks itself with :func:`bernoulli_participation`.
-
-Reproducibility: the draw of round ``t`` depends only on ``(seed, t)`` (numpy ``SeedSequence``
-entropy ``[seed, 0, t]``), never on earlier calls, so the Flower strategy and the pure-numpy
-reference produce identical masks. Client ``i`` (the partition-id / position in ``p``) uses the
-``i``-th uniform of that stream, so its draw depends only on ``(seed, t, i)`` and ``p_i``: the mask
-of the first ``k`` clients is a prefix of the mask of all of them (docs/participation.md, s1.2).
+Two modes (docs/participation.md, s1): **fraction** ``f``: ``n = max(1, floor(f N))`` nodes per
+round, uniformly without replacement (Flower's FedAvg semantics); **Bernoulli** ``p_i``: node i
+trains independently with probability ``p_i`` (RFedAGS's arbitrary participation, the authors'
+``RFedAGSP.m`` option 2). Both read the per-round uniforms ``u_i`` of
+``numpy.random.default_rng([seed, 0, r]).random(N)``: Bernoulli takes ``u_i < p_i``, fraction the
+``n`` smallest ``u_i``. A draw depends only on (seed, server round, partition-id), so every method
+and the numpy reference loops train the same nodes (s1.2); the evaluators of ``fraction-evaluate``
+read ``default_rng([seed, 1, r])`` (s1.4). Frequency estimates ``q_i``: :class:`FrequencyEstimator`.
 """
 
 from __future__ import annotations
@@ -66,18 +44,11 @@ ESTIMATORS = ("plus-one", "empirical")
 
 
 def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.ndarray:
-    """Validate a vector of participation probabilities.
-
-    Args:
-        p: ``(N,)`` probabilities, each in ``[0, 1]``; ``N >= 1``.
-        name: label for error messages.
-
-    Returns:
-        ``(N,)`` float64 copy.
+    """``(N,)`` float64 copy of the participation probabilities ``p`` (``N >= 1``, each in ``[0, 1]``).
 
     Raises:
-        ValueError: not 1-D, empty, NaN/inf, or an entry outside ``[0, 1]`` (the offending index and
-            value are named).
+        ValueError: not 1-D, empty, NaN/inf, or an entry outside ``[0, 1]`` (``name``, the index and
+            the value named).
     """
     arr = np.array(p, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
@@ -89,11 +60,10 @@ def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.
     return arr
 
 
-def _check_seed(seed: int, server_round: int) -> None:
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    if int(server_round) != server_round or server_round < 0:
-        raise ValueError(f"server_round must be a non-negative integer, got {server_round!r}")
+def _check_int(name: str, value: int, lo: int = 0) -> None:
+    if int(value) != value or value < lo:
+        kind = "positive" if lo == 1 else "non-negative"
+        raise ValueError(f"{name} must be a {kind} integer, got {value!r}")
 
 
 def bernoulli_participation(
@@ -102,28 +72,19 @@ def bernoulli_participation(
     seed: int = 0,
     force_one_if_empty: bool = False,
 ) -> np.ndarray:
-    """Draw which clients respond in one round: ``1{i in S_t} ~ Bernoulli(p_i)`` independently.
+    """``(N,)`` bool mask of the clients that respond in round ``server_round``: ``1{i in S_t} ~
+    Bernoulli(p_i)`` independently (``u_i < p_i``; the paper's participation model, ``RFedAGSP.m``
+    option 2), a function of ``(seed, server_round)`` only.
 
-    Implements the paper's participation model / ``RFedAGSP.m`` option 2 (docs/participation.md, s1) (client ``i``
-    responds iff ``u_i < p_i`` with ``u_i ~ U[0, 1)``; so ``p_i = 0`` never and ``p_i = 1`` always responds).
-
-    Args:
-        p: ``(N,)`` participation probabilities in ``[0, 1]``.
-        server_round: round index ``t >= 0`` (Flower rounds start at 1).
-        seed: non-negative integer; the draw depends only on ``(seed, server_round)``.
-        force_one_if_empty: if True and nobody responded, one uniformly random client with
-            ``p_i > 0`` is forced in (the authors' option-2 fallback; it changes the statistics:
-            ``P(i in S) > p_i``). Default False: an empty round is returned as such and the server keeps
-            its iterate (:mod:`flwr_sheaf.methods.rfedags.aggregation`).
-
-    Returns:
-        ``(N,)`` bool mask, True = responds.
+    ``force_one_if_empty``: when nobody responded, force in one random client with ``p_i > 0`` (the
+    authors' fallback; it changes the statistics). Default False: an empty round stays empty.
 
     Raises:
         ValueError: invalid ``p``, ``seed`` or ``server_round``.
     """
     probs = check_probabilities(p)
-    _check_seed(seed, server_round)
+    _check_int("seed", seed)
+    _check_int("server_round", server_round)
     rng = np.random.default_rng([int(seed), 0, int(server_round)])
     mask = rng.random(probs.size) < probs
     if force_one_if_empty and not mask.any():
@@ -140,14 +101,8 @@ def simulate_participation(
     first_round: int = 1,
     force_one_if_empty: bool = False,
 ) -> np.ndarray:
-    """Participation masks of ``num_rounds`` consecutive rounds.
-
-    Args:
-        p: ``(N,)`` participation probabilities.
-        num_rounds: ``T >= 0``.
-        seed: see :func:`bernoulli_participation`.
-        first_round: index of the first round (default 1, as in Flower).
-        force_one_if_empty: see :func:`bernoulli_participation`.
+    """Participation masks of ``num_rounds`` ``T >= 0`` consecutive rounds from ``first_round``
+    (arguments as :func:`bernoulli_participation`).
 
     Returns:
         ``(T, N)`` bool array; row ``k`` equals ``bernoulli_participation(p, first_round + k, seed)``.
@@ -155,8 +110,7 @@ def simulate_participation(
     Raises:
         ValueError: invalid arguments.
     """
-    if int(num_rounds) != num_rounds or num_rounds < 0:
-        raise ValueError(f"num_rounds must be a non-negative integer, got {num_rounds!r}")
+    _check_int("num_rounds", num_rounds)
     probs = check_probabilities(p)
     rows = [
         bernoulli_participation(probs, first_round + k, seed, force_one_if_empty)
@@ -168,29 +122,13 @@ def simulate_participation(
 class FrequencyEstimator:
     """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8; docs/participation.md, s2 and s4).
 
-    ``c_i`` counts the rounds (of ``t`` observed) in which client ``i`` responded. Two estimators:
-
-    * ``"plus-one"`` (default): ``q_i = max((c_i + 1)/(t + 1), q_min)``, i.e. one pseudo-response
-      added to the counts (the posterior mean of ``p_i`` under the improper Beta(1, 0) prior: every
-      client is presumed present until seen missing; before any round ``q_i = 1``, as the empirical
-      estimate's ``prior``). With ``C ~ Binomial(t, p)``, ``E[1/(C+1)] = (1 - (1-p)^{t+1}) / ((t+1) p)``,
-      so a client's expected corrected weight in the round after ``t`` observed rounds is exactly
-      ``E[1{i in S}/(q_i N)] = (1 - (1-p)^{t+1}) / N`` (while ``1/(t+1) >= q_min``; the floor only
-      lowers it): never above ``1/N`` (no early inflation; a single weight is at most ``(t+1)/N``),
-      exactly ``1/N`` for ``p = 1`` (full participation stays centralised gradient descent), and the
-      deficit ``(1-p)^{t+1}`` (the chance the client was never seen) vanishes geometrically, so
-      ``q_i -> p_i`` and the asymptotic unbiasedness of RFedAGS is kept (docs/participation.md, s4.1).
-    * ``"empirical"``: ``q_i = max(c_i / t, q_min)`` (the paper's estimate); before any round every
-      ``q_i = prior`` (default 1). A client that missed round 1 gets the floor in round 2: with
-      ``N = 2``, ``p = (0.3, 0.9)`` the expected round-2 weights are about 10.5 and 4.9 instead of 0.5.
-
-    Ordering (documented choice): the paper computes ``q_i^t`` from the *previous* rounds only
-    (independent of ``S_t``); the authors' code counts round ``t`` first. Callers choose by calling
-    :meth:`estimate` before or after :meth:`observe` for the current round
-    (:class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` defaults to the paper's order).
-
-    Never-seen clients and ``p_i = 0``: ``q_i >= q_min > 0``, so a first-time responder gets a finite
-    weight; no division by zero or NaN can occur.
+    ``c_i`` counts the rounds (of ``t`` observed) in which client ``i`` responded. Estimators:
+    ``"plus-one"`` (default): ``q_i = max((c_i + 1)/(t + 1), q_min)`` (one pseudo-response; 1 before
+    any round), whose expected corrected weight ``E[1{i in S}/(q_i N)] = (1 - (1-p)^{t+1}) / N`` is
+    never above ``1/N`` and tends to it (s4.1); ``"empirical"``: ``q_i = max(c_i / t, q_min)`` (the
+    paper's; ``prior`` before any round). The paper estimates from the previous rounds only, the
+    authors' code counts round ``t`` first: call :meth:`estimate` before or after :meth:`observe`
+    (or pass ``include``). ``q_i >= q_min > 0``: no division by zero for a never-seen client.
 
     Args:
         num_clients: ``N >= 1``.
@@ -209,8 +147,7 @@ class FrequencyEstimator:
         prior: float = 1.0,
         estimator: str = "plus-one",
     ) -> None:
-        if int(num_clients) != num_clients or num_clients < 1:
-            raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
+        _check_int("num_clients", num_clients, 1)
         if not (np.isfinite(q_min) and 0.0 < q_min <= 1.0):
             raise ValueError(f"q_min must be in (0, 1], got {q_min!r}")
         if not (np.isfinite(prior) and 0.0 < prior <= 1.0):
@@ -246,15 +183,9 @@ class FrequencyEstimator:
         self.rounds += 1
 
     def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
-        """Current estimates ``q`` (``q_i^t`` = past response frequency, floored; docs/participation.md, s2 and s4).
-
-        Args:
-            include: optional ``(N,)`` mask of a round to count *without* recording it (the authors'
-                code order: the current round is included in its own estimate).
-
-        Returns:
-            ``(N,)`` float64 vector in ``[q_min, 1]``; with no round counted: all ``prior``
-            (``"empirical"``) or 1 (``"plus-one"``).
+        """``(N,)`` float64 estimates ``q_i^t`` in ``[q_min, 1]`` (past response frequency, floored;
+        docs/participation.md, s2 and s4); before any round all ``prior`` (``"empirical"``) or 1.
+        ``include``: a ``(N,)`` mask of a round counted *without* recording it (the authors' order).
 
         Raises:
             ValueError: ill-shaped ``include``.
@@ -275,20 +206,13 @@ class FrequencyEstimator:
 
 
 def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
-    """Participation probabilities ``p_i ~ U(0, 1)`` i.i.d. (paper's PCA experiment, docs/baselines-rfedags.md, s5.5).
-
-    Args:
-        num_clients: ``N >= 1``.
-        seed: numpy seed (entropy ``[seed, 4]``).
-
-    Returns:
-        ``(N,)`` float64 probabilities.
+    """``(N,)`` float64 participation probabilities ``p_i ~ U(0, 1)`` i.i.d. from
+    ``default_rng([seed, 4])`` (paper's PCA experiment, docs/baselines-rfedags.md, s5.5).
 
     Raises:
         ValueError: ``num_clients`` not a positive integer.
     """
-    if int(num_clients) != num_clients or num_clients < 1:
-        raise ValueError(f"num_clients must be a positive integer, got {num_clients!r}")
+    _check_int("num_clients", num_clients, 1)
     return np.random.default_rng([int(seed), 4]).random(num_clients)
 
 
@@ -416,17 +340,12 @@ TRAIN_STREAM, EVALUATE_STREAM = 0, 1
 
 
 class ParticipationSampler:
-    """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring).
+    """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring):
+    ``fraction`` in (0, 1], or Bernoulli ``probabilities`` ``(N,)`` (:func:`parse_participation`).
 
-    Args:
-        num_nodes: N >= 1.
-        fraction: fraction in (0, 1] (used when ``probabilities`` is None).
-        probabilities: optional ``(N,)`` Bernoulli probabilities (see :func:`parse_participation`).
-        seed: non-negative integer.
-        stream: which uniforms ``numpy.random.default_rng([seed, stream, r])`` are read:
-            :data:`TRAIN_STREAM` (0) for training, :data:`EVALUATE_STREAM` (1) for the evaluators of
-            ``fraction-evaluate``, so the two sets are drawn independently. Bernoulli needs stream 0.
-        key: the run-config key named in errors (``fraction-train`` / ``fraction-evaluate``).
+    ``stream`` picks the uniforms ``default_rng([seed, stream, r])``: :data:`TRAIN_STREAM` (0) or
+    :data:`EVALUATE_STREAM` (1, the evaluators of ``fraction-evaluate``); Bernoulli needs stream 0.
+    ``key`` is the run-config key named in errors.
 
     Raises:
         ValueError: N < 1, a fraction outside (0, 1], probabilities of the wrong length or range,
@@ -443,12 +362,10 @@ class ParticipationSampler:
         stream: int = TRAIN_STREAM,
         key: str = "fraction-train",
     ) -> None:
-        if int(num_nodes) != num_nodes or num_nodes < 1:
-            raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+        _check_int("num_nodes", num_nodes, 1)
         if not 0.0 < float(fraction) <= 1.0:
             raise ValueError(f"{key}={fraction!r}: must be in (0, 1]")
-        if int(stream) != stream or stream < 0:
-            raise ValueError(f"stream must be a non-negative integer, got {stream!r}")
+        _check_int("stream", stream)
         if probabilities is not None and stream != TRAIN_STREAM:
             raise ValueError("Bernoulli participation draws from stream 0 only")
         self.num_nodes = int(num_nodes)

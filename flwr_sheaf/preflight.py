@@ -1,29 +1,13 @@
 """Preflight of the ServerApp: what a run will write is checked before any message is sent.
 
-:func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` right after the run config
-is parsed) refuses, each time naming the run-config key, the path and the fix:
-
-- a directory the run will write that cannot be created or written: ``results-dir`` (``results.json``,
-  ``accuracy.png`` and ``checkpoint.pkl``) and the run config's ``node-state-dir`` (the nodes' state
-  on this machine: simulation, in-process runs) and, with ``tracking`` on, ``tracking-dir`` (default
-  ``<results-dir>/tracking``). Such a run used to fail only after training, after
-  its first round or, with ``checkpoint-every=0``, after the last one;
-- ``overwrite = true`` together with ``resume = true`` or ``resume-from`` (one starts afresh, the
-  other continues: both keys named);
-- resuming without a checkpoint (:class:`~flwr_sheaf.strategy.checkpoint.NoCheckpointError`, one line;
-  a finished run written with ``checkpoint-every = 0`` is named as such, with what works instead);
-- a fresh run (neither ``resume`` nor ``resume-from``) into a ``results-dir`` that already holds
-  another run's ``results.json`` or ``checkpoint.pkl``, unless ``overwrite = true``. Then those files
-  (and ``accuracy.png``) are **moved** into ``<results-dir>/previous-<UTC time>/`` (warning; recorded in
-  ``results.json``'s ``previous_run``), never deleted: a new run that then fails loses nothing, and a
-  checkpoint of the old run is never resumed as this one's (:func:`flwr_sheaf.rundir.move_aside`);
-- a ``node-state-dir`` holding another run's node state (a fresh run over it; a resumed run over the
-  node state of another run config), checked before any file is moved
-  (:func:`flwr_sheaf.rundir.check_node_state_dir`);
-- a second run writing the same ``results-dir`` or ``node-state-dir``: the first one holds
-  ``<dir>/.lock`` until it ends (:class:`flwr_sheaf.locks.DirLock`: the kernel's ``flock``, released
-  when its process dies; a stale lock is taken over atomically, with a warning; a lock whose holder
-  cannot be shown dead, e.g. one in another PID namespace, is refused naming its pid and host).
+:func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` once the run config is
+parsed) refuses, naming the run-config key, the path and the fix: a directory the run will write
+(``results-dir``, ``node-state-dir``, ``tracking-dir``) that cannot be created or written;
+``overwrite`` with ``resume``; resuming without a checkpoint; a fresh run into a ``results-dir``
+holding another run's files unless ``overwrite = true`` (then they are moved into
+``previous-<UTC time>/``, never deleted: :func:`flwr_sheaf.rundir.move_aside`); a ``node-state-dir``
+of another run (:func:`flwr_sheaf.rundir.check_node_state_dir`); a second live run on the same
+directory (:class:`flwr_sheaf.locks.DirLock`). docs/reliability-run-files.md lists each case.
 """
 
 from __future__ import annotations
@@ -34,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from .config import ConfigError, RunConfig
-from .locks import LOCK_NAME, DirLock
+from .locks import DirLock
 from .rundir import (
     check_node_state_dir,
     claim_node_state_dir,
@@ -43,15 +27,7 @@ from .rundir import (
     resolve_dir,
 )
 
-__all__ = [
-    "LOCK_NAME",
-    "RESULT_FILES",
-    "MOVED_FILES",
-    "Preflight",
-    "RunLock",
-    "check_writable_dir",
-    "preflight",
-]
+__all__ = ["RESULT_FILES", "MOVED_FILES", "Preflight", "check_writable_dir", "preflight"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -59,8 +35,6 @@ log = logging.getLogger("flwr_sheaf")
 RESULT_FILES = ("results.json", "checkpoint.pkl")
 #: Files ``overwrite = true`` moves into ``previous-<UTC time>/``.
 MOVED_FILES = ("results.json", "checkpoint.pkl", "accuracy.png")
-#: The results-dir lock (the name kept for callers of earlier versions).
-RunLock = DirLock
 
 
 def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> Path:
@@ -159,17 +133,10 @@ def _no_checkpoint(config: RunConfig, out: Path) -> None:
 
 def preflight(config: RunConfig) -> Preflight:
     """Check every directory the run writes, take its locks and move an overwritten run's files
-    aside (module docstring).
-
-    Returns:
-        the :class:`Preflight` holding the locks (release them when the run ends:
-        ``with preflight(config) as pre: ...``).
+    aside; returns the :class:`Preflight` holding the locks (``with preflight(config) as pre:``).
 
     Raises:
-        ConfigError: an unwritable directory (or a symbolic-link loop), ``overwrite`` with ``resume``
-            / ``resume-from``, resuming without a checkpoint, another run's results in ``results-dir``
-            without ``resume`` / ``overwrite``, another run's node state in ``node-state-dir``, or a
-            live run holding a lock (key, path and fix named).
+        ConfigError: each refusal of the module docstring (key, path and fix named).
         OSError: an earlier run's files cannot be moved aside (nothing deleted).
     """
     resuming = config.resume or bool(config.resume_from)
@@ -209,9 +176,8 @@ def preflight(config: RunConfig) -> Preflight:
                 f"({', '.join(p.name for p in old)}); a fresh run would replace them. Use another "
                 f"results-dir, {how}"
             )
-        if (
-            state_root is not None
-        ):  # before anything is moved: a refusal leaves results-dir as it was
+        # before anything is moved: a refusal leaves results-dir as it was
+        if state_root is not None:
             state_root.mkdir(parents=True, exist_ok=True)
             pre.locks.append(DirLock(state_root, "node-state-dir").acquire())
             if not resuming:  # a resumed run's: after its checkpoint check (server_app)

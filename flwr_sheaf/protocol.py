@@ -33,23 +33,15 @@ message                                content (server -> node) / reply (node ->
                                       with non-edge sources :data:`NON_EDGE_REPLY`)
 ===================================== ================================================================
 
-Each method's own messages (docs/methods.md lists the methods):
-
-- Sheaf-FRL (``train.sheaf``): the neighbours' and own pilots, transported pilots and the pilot
-  selection, :mod:`flwr_sheaf.methods.sheaf_frl.protocol`;
-- FedProto, FedSAF (global prototypes in, ``upload`` out) and the ``upload`` record of ComFed,
-  FedMuscle and Sheaf-FMTL: :mod:`flwr_sheaf.methods._shared.protocol`;
-- FedMuscle's targets and pilot representations: :mod:`flwr_sheaf.methods.fedmuscle`;
-- ComFed's targets and routed arrays: :mod:`flwr_sheaf.methods.comfed`;
-- Sheaf-FMTL's projections and edge config: :mod:`flwr_sheaf.methods.sheaf_fmtl`;
-- RFedAGS and its baselines (``train.rfedags`` / ``train.rfedavg`` / ``train.rfedsvrg`` /
-  ``train.rfedproj``: the point, the stream, the phases): :mod:`flwr_sheaf.methods.rfedags.protocol`.
+Each method's own records and keys live in its unit (``methods/<name>/protocol.py`` or its
+:mod:`~flwr_sheaf.methods._shared.protocol`; docs/methods.md lists the methods).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
@@ -104,7 +96,20 @@ __all__ = [
     "metric_record",
     "as_int",
     "as_float",
+    "PATH_MAP",
+    "NON_EDGE_SRC",
+    "NON_EDGE_ACCURACY",
+    "VAL_NON_EDGE_ACCURACY",
+    "NON_EDGE_DIRECT_ACCURACY",
+    "VAL_NON_EDGE_DIRECT_ACCURACY",
+    "NON_EDGE_REPLY",
+    "NonEdgeConfig",
+    "route_non_edges",
+    "train_reply_problem",
 ]
+
+
+R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
 
 
 class ProtocolError(ValueError):
@@ -116,28 +121,26 @@ class ProtocolError(ValueError):
 # ConfigRecord`` and a config value as ``Array | int | float | str | bytes | list[...]``. These
 # accessors check the type once, at the boundary, and raise ProtocolError naming the key; a missing
 # key still raises the KeyError of ``content[key]``.
+def _record(content: Mapping[str, object], key: str, cls: type[R]) -> R:
+    rec = content[key]
+    if not isinstance(rec, cls):
+        raise ProtocolError(f"record {key!r}: expected {cls.__name__}, got {type(rec).__name__}")
+    return rec
+
+
 def array_record(content: Mapping[str, object], key: str) -> ArrayRecord:
     """``content[key]``, checked to be an ``ArrayRecord``."""
-    rec = content[key]
-    if not isinstance(rec, ArrayRecord):
-        raise ProtocolError(f"record {key!r}: expected an ArrayRecord, got {type(rec).__name__}")
-    return rec
+    return _record(content, key, ArrayRecord)
 
 
 def config_record(content: Mapping[str, object], key: str) -> ConfigRecord:
     """``content[key]``, checked to be a ``ConfigRecord``."""
-    rec = content[key]
-    if not isinstance(rec, ConfigRecord):
-        raise ProtocolError(f"record {key!r}: expected a ConfigRecord, got {type(rec).__name__}")
-    return rec
+    return _record(content, key, ConfigRecord)
 
 
 def metric_record(content: Mapping[str, object], key: str) -> MetricRecord:
     """``content[key]``, checked to be a ``MetricRecord``."""
-    rec = content[key]
-    if not isinstance(rec, MetricRecord):
-        raise ProtocolError(f"record {key!r}: expected a MetricRecord, got {type(rec).__name__}")
-    return rec
+    return _record(content, key, MetricRecord)
 
 
 def as_int(value: object, key: str) -> int:
@@ -476,27 +479,13 @@ NON_EDGE_REPLY = {
     )
 }
 
-__all__ += [
-    "PATH_MAP",
-    "NON_EDGE_SRC",
-    "NON_EDGE_ACCURACY",
-    "VAL_NON_EDGE_ACCURACY",
-    "NON_EDGE_DIRECT_ACCURACY",
-    "VAL_NON_EDGE_DIRECT_ACCURACY",
-    "NON_EDGE_REPLY",
-    "NonEdgeConfig",
-    "route_non_edges",
-]
-
 
 @dataclass(frozen=True)
 class NonEdgeConfig:
     """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by index).
 
-    Multi-hop transport (docs/variants-diagnostics.md): the server composes the restriction maps along a
-    shortest path from source j to receiver i and routes j's arrays with the composed map
-    (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map between the two pilot
-    matrices (the reference a direct pilot exchange reaches).
+    Multi-hop transport (docs/variants-diagnostics.md): j's arrays come with the maps composed along
+    a shortest path (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map for reference.
 
     Attributes:
         sources: source partition-ids j (not neighbours of the receiver).
@@ -523,19 +512,8 @@ class NonEdgeConfig:
 
     def to_config(self) -> dict:
         """Config-record entries (empty when there are no sources: the keys are then left out)."""
-        if not self.sources:
-            return {}
-        return dict(
-            zip(
-                self.KEYS,
-                (
-                    [int(j) for j in self.sources],
-                    [int(d) for d in self.dims],
-                    [int(h) for h in self.heads],
-                    [int(h) for h in self.hops],
-                ),
-            )
-        )
+        lists = (self.sources, self.dims, self.heads, self.hops)
+        return {k: [int(x) for x in v] for k, v in zip(self.KEYS, lists)} if self.sources else {}
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> NonEdgeConfig:
@@ -551,27 +529,16 @@ class NonEdgeConfig:
             raise ProtocolError(
                 f"non-edge config has {present} but lacks {[k for k in cls.KEYS if k not in cfg]}"
             )
-        s, d, h, n = (cfg[k] for k in cls.KEYS)
-        return cls(
-            tuple(int(j) for j in s),
-            tuple(int(x) for x in d),
-            tuple(bool(int(x)) for x in h),
-            tuple(int(x) for x in n),
-        )
+        s, d, h, n = (tuple(int(x) for x in cfg[k]) for k in cls.KEYS)
+        return cls(s, d, tuple(bool(x) for x in h), n)
 
 
 def route_non_edges(
     phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Phase-2 arrays of one receiver's non-edge sources: j's :data:`EVAL_ARRAYS` and the composed map.
-
-    Args:
-        phase1: phase-1 arrays per partition-id.
-        maps: ``{source j: composed map (d_receiver, d_j)}``.
-
-    Returns:
-        ``{"<j>/<name>": array}`` to add to the receiver's routed ``arrays`` record (read back with
-        :func:`unpack_routed` and names ``EVAL_ARRAYS + (PATH_MAP,)``).
+    """Phase-2 arrays ``{"<j>/<name>": array}`` of one receiver's non-edge sources: j's
+    :data:`EVAL_ARRAYS` from ``phase1`` and the composed map ``maps[j]`` ``(d_receiver, d_j)`` as
+    :data:`PATH_MAP` (read back with :func:`unpack_routed`).
 
     Raises:
         KeyError: a source without phase-1 arrays.
@@ -584,7 +551,6 @@ def route_non_edges(
 
 
 # ------------------------------------------------------------------------------ train-reply values
-__all__ += ["train_reply_problem"]
 
 
 def weight_problem(name: str, value: object) -> str | None:
@@ -602,18 +568,12 @@ def weight_problem(name: str, value: object) -> str | None:
 
 
 def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
-    """Why a train reply's values are refused, or None (the one check of both sides).
-
-    The server (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses a reply whose
-    ``num-examples`` is not a finite number > 0, that has a NaN or infinite scalar metric, or a list
-    metric (e.g. per-edge values) with an infinite entry (a NaN entry of a list means "not measured"
-    for that edge); the node (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`) applies the
-    same check, with ``arrays=True`` also to every array (NaN/inf entries), and raises before its state
-    is committed: what the server refuses, the node never commits (docs/reliability-failures.md).
-
-    Args:
-        content: the reply's ``RecordDict`` (its ``metrics`` record must hold ``num-examples``).
-        arrays: also check every float array of every ``ArrayRecord`` for NaN/inf entries.
+    """Why a train reply's values are refused, or None (the one check of both sides,
+    docs/reliability-failures.md): ``num-examples`` not a finite number > 0, a NaN or infinite scalar
+    metric, or a list metric with an infinite entry (NaN in a list means "not measured"). The server
+    (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses such a reply; the node
+    (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`, with ``arrays=True`` also
+    checking every float array for NaN/inf) raises before its state is committed.
     """
     m = content[METRICS]
     why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])

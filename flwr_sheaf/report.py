@@ -13,20 +13,13 @@ from .methods.registry import METHODS
 
 
 def summary_lines(results: dict) -> list[str]:
-    """Human-readable lines of a parsed ``results.json`` (schema of
-    :func:`flwr_sheaf.results.write_results`): method, final evaluated round, private and
-    communication accuracy (degree-weighted and mean over receivers, paper Eq. 22), the
-    lines of the method's own (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`), the
-    non-edge (multi-hop vs direct) accuracy and sheaf-Laplacian near-kernel when recorded
-    (docs/variants-diagnostics.md), the collapse diagnostic (docs/stability.md, s3), bytes and wall time, and the
-    verdict against the main job's expected band (:func:`flwr_sheaf.expected.band_lines`: inside,
-    outside, or no reference for this config). A run's ``latent_collapse`` warning comes first.
-
-    Args:
-        results: the parsed JSON dict.
-
-    Returns:
-        list of str (one line ``"no evaluated round in results"`` when nothing was evaluated).
+    """Human-readable lines of a parsed ``results.json``: a degraded or failed status and a
+    ``latent_collapse`` warning first, then the final evaluated round's private and communication
+    accuracy (paper Eq. 22), the method's own
+    :attr:`~flwr_sheaf.methods.registry.Method.report_lines`, the non-edge and sheaf-Laplacian
+    readings when recorded, the collapse diagnostic, bytes, wall time and the verdict against the
+    main job's expected band (:func:`flwr_sheaf.expected.band_lines`); ``"no evaluated round in
+    results"`` when nothing was evaluated.
 
     Raises:
         KeyError: ``results`` lacks ``rounds`` or an evaluated round lacks a mandatory key.
@@ -93,15 +86,8 @@ def _status_lines(results: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: ``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR`` prints :func:`summary_lines`.
-
-    Args:
-        argv: arguments without the program name (default ``sys.argv[1:]``): a ``results.json`` or
-            the results directory holding one.
-
-    Returns:
-        exit status: 0, or 2 on a usage error or a missing file (message on stderr).
-    """
+    """CLI entry point: ``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR`` prints :func:`summary_lines`
+    (``argv``: default ``sys.argv[1:]``); returns 0, or 2 on a usage error or a missing file."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m flwr_sheaf.report RESULTS_JSON_OR_DIR", file=sys.stderr)

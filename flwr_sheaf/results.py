@@ -56,21 +56,9 @@ def _clean(x):
 
 
 def strategy_config(strategy: Any) -> dict[str, Any]:
-    """``{run-config key: value}`` of the config sections a strategy holds (its own attributes and
-    those of the components it holds, e.g. FedProto's prototype aggregator), in the order found;
-    where two sections share a key the first found wins.
-
-    This is what ``results.json``'s ``config`` records for a strategy built in one's own app (no
-    run config): e.g. ``graph``, ``fraction-train``, ``local-epochs``, ``lr``, ``lambda`` of a
-    :class:`~flwr_sheaf.SheafFRL`.
-
-    Args:
-        strategy: any object; only attributes that are :class:`~flwr_sheaf.config.Section`
-            instances count.
-
-    Returns:
-        dict (empty when the strategy holds no section, e.g. RFedAGS).
-    """
+    """``{run-config key: value}`` of the :class:`~flwr_sheaf.config.Section` attributes of
+    ``strategy`` and of the components it holds, first found wins (empty when it holds none): what
+    ``results.json``'s ``config`` records for a strategy built in one's own app (no run config)."""
     from .config import Section
 
     out: dict[str, Any] = {}
@@ -92,15 +80,8 @@ def _method_name(strategy: Any) -> str | None:
 
 
 def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    """``out_dir`` as a Path, after checking that :func:`write_results` may write there: call it before
-    ``strategy.start`` so a refusal comes before any training.
-
-    Args:
-        out_dir: the results directory (need not exist).
-        overwrite: allow replacing the ``results.json`` / ``accuracy.png`` already there.
-
-    Returns:
-        ``out_dir`` with ``~`` expanded (not created).
+    """``out_dir`` with ``~`` expanded (not created), after checking that :func:`write_results` may
+    write there (call it before ``strategy.start``, so a refusal comes before any training).
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
@@ -134,40 +115,24 @@ def write_results(
 ) -> Path:
     """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
 
-    The same files as the bundled app (``flwr run .``), from any flwr-sheaf strategy that has run
-    (:class:`~flwr_sheaf.GraphStrategy` subclasses: every registered method's strategy). Call it
-    after ``strategy.start(...)`` returns in one's own ServerApp.
-
-    Files (schema, every key: docs/results-schema.md): ``results.json`` (config,
-    rounds, nodes, edges, failures, wall time, status and degradation, latent collapse, then the
-    strategy's ``results_extra()`` and ``extra``; NaN and inf as null, mapping keys as strings) and
-    ``accuracy.png`` (private and communication accuracy against server rounds, :func:`plot_rounds`).
+    The same files as the bundled app (``flwr run .``), from any :class:`~flwr_sheaf.GraphStrategy`
+    after ``strategy.start(...)`` returns: ``results.json`` (every key: docs/results-schema.md; NaN
+    and inf as null) and ``accuracy.png`` (:func:`plot_rounds`).
 
     Args:
         strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
         out_dir: directory (created with its parents if missing).
-        config: run-config values to record (the bundled app passes every key's effective value);
-            recorded as given, before the strategy's own section keys;
-            ``method`` from the registry when absent and the strategy's action names one method.
-        overwrite: replace the ``results.json`` / ``accuracy.png`` already in ``out_dir`` (refused
-            otherwise: nothing is overwritten silently; :func:`check_results_dir` checks it before
-            a run starts), and move another run's ``checkpoint.pkl`` into ``previous-<UTC time>/``
-            (refused otherwise: results.json beside it would be read, and resumed, as that run's).
-            A directory another live run has locked is refused; otherwise its lock is held while
-            the files are written.
-        max_failed_fraction: the share of failed train replies past which ``status`` is ``failed``
-            (default: ``config``'s ``max-failed-fraction``, else the key's default 0.5;
-            docs/reliability-failures.md).
-        wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``, the time
-            since the first round started).
+        config: run-config values recorded as given, then the strategy's section keys
+            (:func:`strategy_config`); ``method`` from the registry when absent.
+        overwrite: replace the files already in ``out_dir`` and move another run's
+            ``checkpoint.pkl`` into ``previous-<UTC time>/`` (both refused otherwise). The
+            directory's lock is held while writing.
+        max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
+            (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/reliability-failures.md).
+        wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON-serialisable), written last.
-        problems: what else did not go as asked outside the nodes' replies (e.g. a tracker switched
-            off after an error): a run otherwise ``completed`` is written ``degraded``, and each
-            problem is added to ``degradation["problems"]``.
-        errors: what ended the run early, when the caller knows it (e.g. the exception ``start``
-            raised): the run is written ``failed`` with each error among ``degradation["reasons"]``.
-            A run whose last round is short of the ``num_rounds`` its ``start`` was given is
-            ``failed`` in any case (:func:`run_status`).
+        problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
+        errors: what ended the run early (the run is written ``failed``).
 
     Returns:
         Path of ``results.json``.
@@ -193,9 +158,8 @@ def write_results(
         max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
     status = run_status(strategy, max_failed_fraction, problems, errors)
     payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
-    text = json.dumps(
-        _clean(payload), indent=1
-    )  # before anything is written: a TypeError writes nothing
+    # serialised before anything is written: a TypeError writes nothing
+    text = json.dumps(_clean(payload), indent=1)
     title = str(cfg.get("method", "")) or type(strategy).__name__
     return _write_files(out, foreign, text, payload["rounds"], title)
 
@@ -238,20 +202,26 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
 def _check_foreign_checkpoint(
     strategy: GraphStrategy, out: Path, out_dir: str | Path, overwrite: bool
 ) -> Path | None:
-    """Another run's ``checkpoint.pkl`` in ``out`` (:func:`_foreign_checkpoint`), or None.
+    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file, or None.
 
     Raises:
         FileExistsError: there is one and ``overwrite`` is False (results.json beside it would be
             read, and resumed, as that run's).
     """
-    foreign = _foreign_checkpoint(strategy, out)
-    if foreign is not None and not overwrite:
+    from .strategy.checkpoint import CHECKPOINT_NAME
+
+    ckpt, own = out / CHECKPOINT_NAME, getattr(strategy, "checkpointer", None)
+    if not ckpt.exists() or (
+        own is not None and Path(own.path).expanduser().resolve() == ckpt.resolve()
+    ):
+        return None
+    if not overwrite:
         raise FileExistsError(
-            f"out_dir {str(out_dir)!r} holds another run's checkpoint ({foreign}): results.json beside "
+            f"out_dir {str(out_dir)!r} holds another run's checkpoint ({ckpt}): results.json beside "
             f"it would be read, and resume=true would continue it, as that run's. Use another out_dir, "
             f"or pass overwrite=True to move it into {out}/previous-<time>/"
         )
-    return foreign
+    return ckpt
 
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -273,15 +243,8 @@ def _payload(
     wall_seconds: float | None,
     extra: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """results.json's content (docs/results-schema.md): ``config`` (``cfg``), ``rounds``
-    (``strategy.history``: one dict per server round), ``nodes`` (per partition-id, the last
-    evaluation: ``d``, ``private_accuracy``, ...), ``edges`` (per directed edge ``src`` -> receiver
-    ``dst``: ``communication_accuracy``, ...), ``failures`` (per failed node and phase),
-    ``total_wall_seconds`` (``wall_seconds``, default the last round's ``elapsed_seconds``),
-    ``status`` and ``degradation`` (``status``, :func:`run_status`), ``latent_collapse`` (null, or
-    the nodes whose latents collapsed: :func:`flwr_sheaf.collapse.collapse_warnings`), then
-    ``extra`` (the strategy's ``results_extra()``: ``participation``, ``action``, ``evaluation``,
-    ``graph``, ``non_edges``, method settings; then the caller's)."""
+    """results.json's content (every key: docs/results-schema.md): ``cfg``, the strategy's history
+    and ledger, ``status`` (:func:`run_status`), then ``extra``."""
     from .collapse import collapse_warnings
 
     return {
@@ -305,11 +268,9 @@ def _payload(
 def _write_files(
     out: Path, foreign: Path | None, text: str, rounds: Sequence[Mapping], title: str
 ) -> Path:
-    """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``.
-
-    Holds ``out``'s lock (``.lock``, :class:`flwr_sheaf.locks.DirLock`) while writing, unless this
-    process holds it already; another run's ``foreign`` checkpoint is first moved into
-    ``previous-<UTC time>/`` (logged).
+    """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``
+    under ``out``'s lock (:class:`flwr_sheaf.locks.DirLock`), after moving another run's ``foreign``
+    checkpoint into ``previous-<UTC time>/`` (logged).
 
     Raises:
         flwr_sheaf.locks.LockedError: another live run holds the lock. OSError: a write failed.
@@ -334,19 +295,6 @@ def _write_files(
         if lock is not None:
             lock.release()
     return path
-
-
-def _foreign_checkpoint(strategy: GraphStrategy, out: Path) -> Path | None:
-    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file."""
-    from .strategy.checkpoint import CHECKPOINT_NAME
-
-    ckpt = out / CHECKPOINT_NAME
-    if not ckpt.exists():
-        return None
-    own = getattr(strategy, "checkpointer", None)
-    if own is not None and Path(own.path).expanduser().resolve() == ckpt.resolve():
-        return None
-    return ckpt
 
 
 def run_status(
@@ -382,14 +330,8 @@ def run_status(
 
 
 def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") -> None:
-    """Plot private and communication accuracy against server rounds to ``path`` (PNG, matplotlib
-    object API, the caller's backend untouched). Series that are missing or all NaN in ``rounds`` are left out.
-
-    Args:
-        rounds: per-round dicts with ``round`` and the accuracy keys of ``results.json``'s ``rounds``
-            (docs/results-schema.md).
-        path: output file.
-        title: figure title.
+    """Plot private and communication accuracy of ``rounds`` (``results.json``'s ``rounds`` dicts)
+    against server rounds to the PNG ``path`` (series missing or all NaN are left out).
 
     Raises:
         OSError: ``path`` cannot be written.

@@ -1,17 +1,8 @@
-"""What a run finds in the directories it writes, and how it leaves an earlier run's files there.
-
-- :func:`resolve_dir`: a directory path resolved, a symbolic-link loop refused by its key (Python's
-  ``Path.resolve`` raises a bare ``RuntimeError: Symlink loop``);
-- :func:`move_aside`: ``overwrite = true`` never deletes an earlier run's files: they are moved into
-  ``<results-dir>/previous-<UTC time>/`` (a rename inside the directory, so nothing is lost when the
-  new run then fails, e.g. at discovery);
-- :func:`check_node_state_dir` / :func:`claim_node_state_dir`: the run-config ``node-state-dir``
-  records the run it belongs to (``<node-state-dir>/run.json``: results-dir, the run config's
-  effective values outside :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS`, start time); a fresh run
-  over another run's node state, and a resumed run over a node state of another run config, are
-  refused before any message, naming ``node-state-dir`` and the fix.
-
-docs/reliability-run-files.md ("Cases of issue #28") lists what the user sees.
+"""What a run finds in the directories it writes, and how it leaves an earlier run's files there
+(docs/reliability-run-files.md): :func:`resolve_dir` (a symbolic-link loop refused by its key),
+:func:`move_aside` (an earlier run's files moved into ``previous-<UTC time>/``, never deleted) and
+:func:`check_node_state_dir` / :func:`claim_node_state_dir` (``<node-state-dir>/run.json`` records
+the run it belongs to; another run's node state is refused before any message).
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import RESUME_MUTABLE_KEYS, ConfigError, config_differences
+from .config import ConfigError, config_differences, resume_identity
 
 __all__ = [
     "NODE_STATE_MARKER",
@@ -100,10 +91,6 @@ def move_aside(directory: Path, names: Sequence[str]) -> tuple[Path, list[str]] 
 
 
 # ------------------------------------------------------------------------------ node-state-dir
-def _identity(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
-
-
 def _state_partitions(root: Path) -> list[str]:
     """Names of the ``partition-*`` folders of ``root`` holding state files."""
     if not root.is_dir():
@@ -129,13 +116,8 @@ def _read_marker(root: Path) -> dict[str, Any] | None:
 def check_node_state_dir(
     root: Path, given: str, run_config: Mapping[str, Any], resuming: bool
 ) -> None:
-    """Refuse a ``node-state-dir`` that holds another run's node state (module docstring).
-
-    Args:
-        root: the resolved directory.
-        given: the run-config value as given (for messages).
-        run_config: the run config's ``{key: value}`` (``RunConfig.to_dict()``).
-        resuming: whether the run resumes a stopped one (``resume`` / ``resume-from``).
+    """Refuse a ``node-state-dir`` ``root`` (``given`` as in the run config) that holds another run's
+    node state; ``run_config``: ``RunConfig.to_dict()``; ``resuming``: ``resume`` / ``resume-from``.
 
     Raises:
         ConfigError: a fresh run over node state (state files or a ``run.json``) of another run; a
@@ -162,7 +144,7 @@ def check_node_state_dir(
             f"to continue that run"
         )
     if marker:
-        diff = config_differences(marker.get("config", {}), _identity(run_config))
+        diff = config_differences(marker.get("config", {}), resume_identity(run_config))
         if diff:
             text = ", ".join(f"{k}={a!r} there, {b!r} now" for k, (a, b) in diff.items())
             raise ConfigError(
@@ -181,7 +163,7 @@ def claim_node_state_dir(root: Path, run_config: Mapping[str, Any], results_dir:
     data = {
         "results-dir": str(results_dir),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "config": _identity(run_config),
+        "config": resume_identity(run_config),
     }
     tmp = root / f".{NODE_STATE_MARKER}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=1, default=str))

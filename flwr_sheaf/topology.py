@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -82,18 +83,11 @@ COMPLETE_MAX_NODES = 1000
 def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.4) -> nx.Graph:
     """The paper's class-overlap graph: maximum spanning tree + heaviest extra edges.
 
-    With ``w_ij = |C_i ∩ C_j|`` on the complete graph over ``N`` agents, take
-    ``networkx.maximum_spanning_tree`` (Kruskal; complete-graph edges are inserted in
-    lexicographic ``(i, j)`` order, which fixes tie-breaking as in the reference code), then add
-    the remaining pairs by descending ``w`` (ties by ``(min, max)`` index) until the graph has
-    ``floor(density * N (N-1) / 2)`` edges. Pairs with ``w = 0`` are eligible like any other (the
-    reference does the same), so a small budget never leaves the graph disconnected.
-
-    For the paper's 15 class sets and density 0.4 this gives 42 edges (docs/reference.md, s8).
-
-    Args:
-        class_sets: ``N`` non-empty collections of class ids (agent ``i`` = node ``i``).
-        density: target edge density in (0, 1] (paper: 0.4).
+    With ``w_ij = |C_i ∩ C_j|`` on the complete graph over the ``N`` class sets (agent ``i`` = node
+    ``i``), take ``networkx.maximum_spanning_tree`` (Kruskal, edges inserted in lexicographic
+    ``(i, j)`` order: the reference's tie-breaking), then add the other pairs (``w = 0`` included)
+    by descending ``w`` (ties by ``(min, max)``) up to ``floor(density * N (N-1) / 2)`` edges
+    (``density`` in (0, 1]; the paper's 0.4 gives 42 edges on its 15 sets: docs/reference.md, s8).
 
     Returns:
         ``nx.Graph`` with nodes ``0..N-1`` and an int ``weight`` attribute ``w_ij`` on every edge.
@@ -104,16 +98,7 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
             would not fit; names both numbers), or ``N > CLASS_OVERLAP_MAX_NODES`` (300; the sparse
             graphs are named).
     """
-    if isinstance(class_sets, (str, bytes)) or len(class_sets) == 0:
-        raise ValueError(
-            f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}"
-        )
-    sets = []
-    for i, cs in enumerate(class_sets):
-        members = set(cs)
-        if not members:
-            raise ValueError(f"class set of agent {i} is empty")
-        sets.append(members)
+    sets = _class_sets(class_sets, lambda c: c)
     if (
         isinstance(density, bool)
         or not isinstance(density, numbers.Real)
@@ -121,13 +106,7 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     ):
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     n = len(sets)
-    if n > CLASS_OVERLAP_MAX_NODES:
-        raise ValueError(
-            f"graph='class-overlap' on N={n} agents: its edge budget grows as density * N (N-1) / 2 "
-            f"({math.floor(density * n * (n - 1) / 2 + 1e-9)} edges here) and building it scans all pairs; it is "
-            f"refused above N={CLASS_OVERLAP_MAX_NODES}. Use a sparse graph: graph='class-overlap-knn:4' (each agent "
-            f"linked to its 4 best-overlapping peers), graph='random-regular:4' or graph='ring'"
-        )
+    check_graph_scale(f"class-overlap:{density}", n)
     num_pairs = n * (n - 1) // 2
     budget = math.floor(density * num_pairs + 1e-9)  # guard float noise, e.g. 0.4 * 105
     if budget < n - 1:
@@ -161,20 +140,25 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     return graph
 
 
-def _class_matrix(class_sets: Sequence[Iterable[int]]) -> np.ndarray:
-    """``(N, C)`` 0/1 membership matrix of non-empty class sets (C = 1 + largest class id)."""
+def _class_sets(class_sets: Sequence[Iterable[int]], cast: Callable[[Any], Any]) -> list[set]:
+    """The class sets as sets of ``cast(class)``, each checked non-empty (agent named)."""
     if isinstance(class_sets, (str, bytes)) or len(class_sets) == 0:
         raise ValueError(
             f"class_sets must be a non-empty sequence of class sets, got {class_sets!r}"
         )
-    sets = []
-    for i, cs in enumerate(class_sets):
-        members = {int(c) for c in cs}
+    sets = [{cast(c) for c in cs} for cs in class_sets]
+    for i, members in enumerate(sets):
         if not members:
             raise ValueError(f"class set of agent {i} is empty")
+    return sets
+
+
+def _class_matrix(class_sets: Sequence[Iterable[int]]) -> np.ndarray:
+    """``(N, C)`` 0/1 membership matrix of non-empty class sets (C = 1 + largest class id)."""
+    sets = _class_sets(class_sets, int)
+    for i, members in enumerate(sets):
         if min(members) < 0:
             raise ValueError(f"class set of agent {i} has a negative class id {min(members)}")
-        sets.append(members)
     m = np.zeros((len(sets), 1 + max(max(s) for s in sets)), dtype=np.int64)
     for i, members in enumerate(sets):
         m[i, sorted(members)] = 1
@@ -192,20 +176,11 @@ def _check_degree(k: int, n: int, name: str) -> int:
 def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: int = 0) -> nx.Graph:
     """Sparse class-overlap graph for many agents: each agent links to its ``k`` best-overlapping peers.
 
-    With ``w_ij = |C_i ∩ C_j|``, agent ``i`` picks the ``k`` agents ``j != i`` with the largest
-    ``w_ij``; ties (many agents share a class set in a large population) are broken uniformly at
-    random with a seeded generator, so the graph is not a union of cliques. The union of these
-    choices is made undirected (degrees are therefore ``>= k``). If the result is disconnected, each
-    further component (in order of its smallest node) is joined to the component of node 0 by its
-    best-overlap pair (ties: smallest ``(i, j)``), so the graph is always connected. Cost: the
-    overlaps of the S distinct class sets once (``S x S``), then per agent an ``O(N)`` row gathered
-    from them, a draw of N tie-breaking numbers and a partial sort: vectorised ``O(N^2)`` with a small
-    constant (docs/performance.md, "Cross-device").
-
-    Args:
-        class_sets: ``N`` non-empty class sets (agent ``i`` = node ``i``).
-        k: neighbours chosen per agent, ``1 <= k <= N - 1``.
-        seed: tie-breaking seed.
+    With ``w_ij = |C_i ∩ C_j|``, agent ``i`` (node ``i``) picks the ``k`` (``1 <= k <= N - 1``)
+    agents ``j != i`` with the largest ``w_ij``, ties broken at random (seeded by ``seed``), the
+    union made undirected (degrees ``>= k``); each further component (by smallest node) is joined to
+    node 0's by its best-overlap pair (ties: smallest ``(i, j)``). Vectorised ``O(N^2)``
+    (docs/performance.md, "Cross-device").
 
     Returns:
         Connected ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
@@ -339,16 +314,9 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
 def build_graph(
     spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] | None = None
 ) -> nx.Graph:
-    """Build and validate a topology from a run-config string.
-
-    Args:
-        spec: ``"class-overlap"`` (density 0.4), ``"class-overlap:<density>"``,
-            ``"class-overlap-knn:<k>[:<seed>]"`` (:func:`class_overlap_knn_graph`, for many agents),
-            ``"random-regular:<k>[:<seed>]"`` (:func:`random_regular_graph`), ``"ring"``,
-            ``"complete"`` or an edge list such as ``"0-1,1-2,2-3"``.
-        num_nodes: ``N``; nodes are ``0..N-1``.
-        class_sets: the agents' class sets, required by ``class-overlap`` and ``class-overlap-knn``
-            (length ``N``).
+    """Build and validate a topology on ``num_nodes`` nodes ``0..N-1`` from a run-config ``spec``
+    (:data:`GRAPH_SPECS`; ``class-overlap`` has density 0.4 and, with ``class-overlap-knn``, needs
+    the ``N`` agents' ``class_sets``).
 
     Returns:
         A connected, simple ``nx.Graph`` on ``0..N-1`` (checked by :func:`validate_graph`).
@@ -360,23 +328,24 @@ def build_graph(
     n = _check_num_nodes(num_nodes)
     text = str(spec).strip()
     check_graph_scale(text, n)  # before anything is built
-    if text.startswith("class-overlap-knn:"):
+    knn = text.startswith("class-overlap-knn:")
+    overlap = text == "class-overlap" or text.startswith("class-overlap:")
+    sets: Sequence[Iterable[int]] = ()
+    if knn or overlap:
         if class_sets is None:
             raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
         if len(class_sets) != n:
             raise ValueError(f"graph spec {spec!r}: {len(class_sets)} class sets for {n} nodes")
+        sets = class_sets
+    if knn:
         k, seed = _degree_and_seed(spec, text)
-        graph = class_overlap_knn_graph(class_sets, k, seed)
+        graph = class_overlap_knn_graph(sets, k, seed)
     elif text.startswith("random-regular:"):
         k, seed = _degree_and_seed(spec, text)
         graph = random_regular_graph(n, k, seed)
-    elif text == "class-overlap" or text.startswith("class-overlap:"):
-        if class_sets is None:
-            raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
-        if len(class_sets) != n:
-            raise ValueError(f"graph spec {spec!r}: {len(class_sets)} class sets for {n} nodes")
+    elif overlap:
         density = _density(spec, text.split(":", 1)[1].strip()) if ":" in text else 0.4
-        graph = class_overlap_graph(class_sets, density)
+        graph = class_overlap_graph(sets, density)
     elif text == "ring":
         graph = ring_graph(n)
     elif text == "complete":

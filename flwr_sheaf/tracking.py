@@ -1,16 +1,8 @@
 """Per-round experiment tracking to TensorBoard and Weights & Biases (optional extras; docs/tracking.md).
 
-:class:`Tracker` logs each finished server round's numbers (:func:`round_scalars` of the round's
-``results.json`` entry) to the trackers it was given. A strategy calls it through its one hook,
-``strategy.round_callbacks`` (:class:`~flwr_sheaf.GraphStrategy`): the bundled app does so when the
-run-config key ``tracking`` names a tracker; one's own app appends ``tracker.log_round`` itself::
-
-    with Tracker("tensorboard", "runs") as tracker:
-        strategy.round_callbacks.append(tracker.log_round)
-        strategy.start(grid=grid, num_rounds=3)
-
-The trackers need their packages: ``pip install -e '.[tensorboard]'`` in this repository (TensorBoard's
-``SummaryWriter`` from ``torch.utils.tensorboard``) and ``pip install -e '.[wandb]'``.
+:class:`Tracker` logs each finished server round's :func:`round_scalars`; a strategy calls its
+``log_round`` through ``strategy.round_callbacks`` (the bundled app does when the run-config key
+``tracking`` names a tracker; one's own app appends it: docs/tracking.md).
 """
 
 from __future__ import annotations
@@ -46,17 +38,12 @@ TRACKERS: dict[str, tuple[str, str]] = {
 
 
 def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
-    """Tracker names of a ``tracking`` value: comma-separated, spaces ignored, duplicates dropped.
-
-    Args:
-        spec: ``""`` (none), ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"`` or an iterable of names.
-        key: the run-config key named in errors.
-
-    Returns:
-        tuple of names, in the order given (empty: tracking off).
+    """Tracker names of a ``tracking`` value (``""``, ``"tensorboard"``, ``"wandb"``,
+    ``"tensorboard,wandb"`` or an iterable of names), in the order given, duplicates dropped (empty:
+    tracking off).
 
     Raises:
-        ConfigError: a name that is not a tracker (key, value and the valid names given).
+        ConfigError: a name that is not a tracker (``key``, value and the valid names given).
     """
     parts = spec.split(",") if isinstance(spec, str) else list(spec)
     names: list[str] = []
@@ -103,19 +90,10 @@ def tracking_dir(config: RunConfig) -> Path:
 
 
 def round_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
-    """What a tracker logs of one round: every finite int/float entry of its ``results.json`` dict
-    under its own name (``private_accuracy_mean``, ``communication_accuracy_degree_weighted``, ``ce``,
-    ``gluing_loss``, ``bytes_sent``, ``num_trained``, ``wall_seconds``, ...), and per phase of
-    ``failed`` the count of failed nodes as ``failed/<phase>`` (``failed/train``, ...).
-
-    Left out: ``round`` (it is the step), booleans, strings, lists, and NaN / inf / None (a value
-    not measured this round, ``null`` in ``results.json``).
-
-    Args:
-        record: one round's dict (``strategy.history[i]``; the round callbacks' argument).
-
-    Returns:
-        ``{name: value}`` (ints stay ints).
+    """What a tracker logs of one round's ``results.json`` dict ``record``: ``{name: value}`` of every
+    finite int/float entry but ``round`` (the step; ints stay ints), and per phase of ``failed`` the
+    count of failed nodes as ``failed/<phase>``; booleans, strings, lists and NaN / inf / None are
+    left out.
     """
     out: dict[str, int | float] = {}
     for name, value in record.items():
@@ -135,15 +113,11 @@ def round_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
 class Tracker:
     """Logs each round's :func:`round_scalars` to TensorBoard and/or Weights & Biases; a context manager.
 
-    - TensorBoard: ``torch.utils.tensorboard.SummaryWriter`` in ``<log_dir>/tensorboard/<run_name>``;
-      one scalar per name, step = server round; the config as text (tag ``config``). Flushed after
-      every round, so ``tensorboard --logdir <log_dir>/tensorboard`` shows a run as it goes.
-    - W&B: ``wandb.init(project=wandb_project, mode=wandb_mode, dir=log_dir, name=run_name,
-      config=config)``; one ``run.log(scalars, step=round)`` per round. ``"offline"`` (the default)
-      sends nothing: the run stays in ``<log_dir>/wandb/offline-run-*`` until ``wandb sync``.
-
-    A tracker that fails while logging is switched off with a warning (the run goes on); the error is
-    kept in :meth:`describe` (``results.json``'s ``tracking``).
+    TensorBoard: a ``SummaryWriter`` in ``<log_dir>/tensorboard/<run_name>``, step = server round,
+    the config as text, flushed every round. W&B: ``wandb.init(project=wandb_project,
+    mode=wandb_mode, dir=log_dir, name=run_name, config=config)``, one ``run.log`` per round
+    (``"offline"``, the default, sends nothing until ``wandb sync``). A tracker that fails while
+    logging is switched off with a warning (the run goes on; the error is kept in :meth:`describe`).
 
     Args:
         trackers: names (:func:`parse_trackers`: ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"``).

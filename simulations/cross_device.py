@@ -166,6 +166,8 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
         rc["partitioner"] = args.partitioner
     if args.fraction_evaluate:
         rc["fraction-evaluate"] = args.fraction_evaluate
+    if args.discovery != "all":
+        rc["discovery"] = args.discovery
     return rc
 
 
@@ -331,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fraction-evaluate", type=float, default=0.0, help="0 = the package default (all nodes)"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--discovery",
+        choices=("all", "sampled"),
+        default="all",
+        help="run-config discovery: sampled = nodes describe themselves when first sampled",
+    )
     ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
     ap.add_argument("--port", type=int, default=39691)
     ap.add_argument(

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.apps.methods import METHODS
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.client import common
 from flwr_sheaf.client.task import TASK_TENSORS
 from flwr_sheaf.config import ConfigError, LocalTrainConfig, RunConfig
 from flwr_sheaf.devices import DeviceUnavailableError, check_device_spec, resolve_device
+from flwr_sheaf.methods import METHODS
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)

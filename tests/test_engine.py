@@ -49,6 +49,27 @@ def test_flwr_run_completes_and_writes_results(tmp_path):
 
 
 @pytest.mark.engine
+def test_sampled_discovery_under_flwr_run_describes_only_the_drawn_nodes(tmp_path):
+    # discovery='sampled' on the Ray engine: Flower's random node ids, 2 of 4 nodes drawn per phase
+    out = tmp_path / "sampled"
+    rc = (
+        f"{TINY} graph='ring' num-server-rounds=2 fraction-train=0.5 fraction-evaluate=0.5 "
+        f"discovery='sampled' results-dir='{out}'"
+    )
+    proc = _run(tmp_path, rc, 0)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "finished:completed" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "completed" and res["discovery"]["registered"] == 4
+    assert [r["num_trained"] for r in res["rounds"]] == [2, 2]
+    drawn = {p for r in res["rounds"] for p in r["sampled"] + r.get("evaluated", [])}
+    described = {
+        p for phases in res["discovery"]["rounds"].values() for v in phases.values() for p in v
+    }
+    assert described == drawn and res["discovery"]["described"] == len(drawn)
+
+
+@pytest.mark.engine
 def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(tmp_path):
     # `flwr run . --stream` with no --federation-config: Flower 1.42 starts 2 SuperNodes, the default
     # scenario has 15 agents. The ServerApp must stop at discovery, not wait for nodes that never come.

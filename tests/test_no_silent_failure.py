@@ -22,7 +22,7 @@ import torch
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.config import ConfigError, RunConfig
-from flwr_sheaf.preflight import LOCK_NAME, RunLock
+from flwr_sheaf.locks import LOCK_NAME, DirLock
 from flwr_sheaf.strategy.checkpoint import load_checkpoint
 from flwr_sheaf.testing import LocalGrid
 
@@ -113,7 +113,7 @@ def test_a_results_dir_of_another_run_is_refused_unless_resume_or_overwrite(tmp_
 def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(tmp_path, caplog):
     out = tmp_path / "r"
     out.mkdir()
-    other = RunLock(out).acquire()  # another run (here: in this process) holds the lock
+    other = DirLock(out).acquire()  # another run (here: in this process) holds the lock
     rc = {**TINY, "results-dir": str(out)}
     grid = _refused(
         rc, rf"in use by another run: process {os.getpid()} on this host holds .*{LOCK_NAME}"
@@ -128,13 +128,13 @@ def test_a_live_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(tmp_path
     log = logging.getLogger("flwr_sheaf")
     log.addHandler(caplog.handler)
     try:
-        lock = RunLock(out).acquire()
+        lock = DirLock(out).acquire()
     finally:
         log.removeHandler(caplog.handler)
     assert f"taking over the stale lock {out / LOCK_NAME} of process {dead.pid}" in caplog.text
     assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
     with pytest.raises(ConfigError, match=f"process {os.getpid()}"):
-        RunLock(out).acquire()  # a second run while the first holds it
+        DirLock(out).acquire()  # a second run while the first holds it
     lock.release()
     assert not (out / LOCK_NAME).exists()
     _run(rc)  # runs, and leaves no lock behind

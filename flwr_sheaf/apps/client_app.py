@@ -1,12 +1,8 @@
-"""The ClientApp that ``flwr run`` loads: the CNN-zoo scenario with every method's handlers.
-
-Each method listens on its own action (``sheaf``, ``fedproto``, ``fedsaf``, ``noncooperative``, ...),
-so one ClientApp serves whatever the run config's ``method`` picks on the server. Methods of a
-researcher's own module (run-config ``method-module``) are imported and registered on the first
-message that names them. The :func:`~flwr_sheaf.client.state.persist_state` mod makes node state
-durable when the SuperNode's node config names a ``state-dir`` (docs/resume.md); without it, it
-does nothing. The :func:`~flwr_sheaf.client.checks.refuse_what_the_server_refuses` mod (inside it) raises
-instead of returning a train reply the server would refuse, so that state is never committed (nor persisted).
+"""The ClientApp that ``flwr run`` loads: the CNN-zoo scenario with every method's handlers (each on
+its own action), a researcher's ``method-module`` imported on the first message, and the mods
+:func:`~flwr_sheaf.client.state.persist_state` (node state under ``state-dir``, docs/resume.md) and
+:func:`~flwr_sheaf.client.checks.refuse_what_the_server_refuses` (a reply the server would refuse is
+never committed).
 """
 
 from __future__ import annotations

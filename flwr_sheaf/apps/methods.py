@@ -16,8 +16,6 @@ from ..methods import METHODS, Method, get_method
 from .scenario import agent_specs
 
 __all__ = [
-    "Method",
-    "METHODS",
     "zoo_methods",
     "build_strategy",
     "num_nodes",

@@ -1,17 +1,9 @@
 """Run-config values the run will not use, or defaults that likely surprise: said before any message.
 
-:func:`run_config_warnings` (called by the ServerApp once the strategy is built) returns one line per
-
-- key of a method section (``fedmuscle-lambda``, ``lambda``, ``rfedags-...``) changed from its default
-  but read by no part of the selected method (e.g. ``fedmuscle-lambda`` with ``method=fedproto``);
-- tracker key set without its tracker (``tracking-dir`` without ``tracking``, ``wandb-*`` without
-  ``wandb``);
-- ``graph`` left at its default ``class-overlap`` on a federation of 4 to 6 agents, where the
-  density 0.4 leaves a spanning tree with leaves of degree 1 (docs/running.md, "Small federations").
-
-Values are compared with the keys' defaults as given in the run config (``flwr run`` passes every key
-declared in ``pyproject.toml``, at its default unless changed), before ``preset``, so a preset's own
-values never warn. The ServerApp logs each line and records them in ``results.json``'s ``warnings``.
+:func:`run_config_warnings` returns one line per method-section key changed but read by no part of
+the selected method, tracker key set without its tracker, and ``graph`` left at ``class-overlap``
+on 4 to 6 agents (docs/running.md, "Small federations"); values are compared before ``preset``, so
+a preset never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
 """
 
 from __future__ import annotations
@@ -49,28 +41,16 @@ def changed_keys(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _method_section_keys(config: RunConfig) -> set[str]:
-    """Keys of every method section: the built-in ones of :class:`RunConfig` and the methods' own."""
-    keys = set(METHOD_KEYS)
-    for name in ("sheaf", "fedproto", "fedsaf", "fedmuscle", "comfed", "sheaf_fmtl"):
-        keys |= set(getattr(config, name).to_dict())
-    return keys
+    """Keys of every method section: the registered ones of :class:`RunConfig` and the methods' own."""
+    return set(METHOD_KEYS).union(*(s.to_dict() for s in config.sections.values()))
 
 
 def run_config_warnings(
     run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any, num_nodes: int
 ) -> list[str]:
-    """The warnings of the module docstring for this run (empty when none apply).
-
-    Args:
-        run_config: the run config as given (``context.run_config``).
-        config: its parse (:meth:`RunConfig.from_run_config`).
-        method: the selected method.
-        strategy: the built strategy (the sections it holds are what it reads,
-            :func:`flwr_sheaf.results.strategy_config`).
-        num_nodes: agents of the run.
-
-    Returns:
-        list of one-line messages, each naming the key, its value and what to do.
+    """The warnings of the module docstring for this run, one line each naming the key, its value and
+    what to do (empty when none apply): ``run_config`` as given, ``config`` its parse, the selected
+    ``method``, the built ``strategy`` (the sections it holds are what it reads) and ``num_nodes``.
     """
     changed = changed_keys(run_config)
     out: list[str] = []

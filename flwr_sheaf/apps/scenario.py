@@ -10,14 +10,24 @@ import functools
 
 from flwr.app import Context
 
+from ..client.common import shared_pilot_digest
 from ..client.task import LocalTask
-from ..config import ConfigError, ScenarioConfig, apply_preset
+from ..config import ConfigError, RunConfig, ScenarioConfig, apply_preset
 from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_agents, prepare_split
 from ..data.sources import register_derived_cache
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
+from ..protocol import NodeInfo
+from ..strategy.sampled import SampledDiscovery
 
-__all__ = ["agent_specs", "scenario_task", "cnn_task_factory", "check_scenario"]
+__all__ = [
+    "agent_specs",
+    "scenario_task",
+    "cnn_task_factory",
+    "check_scenario",
+    "scenario_node_infos",
+    "sampled_discovery",
+]
 
 
 def agent_specs(scenario: ScenarioConfig) -> tuple[AgentSpec, ...]:
@@ -146,3 +156,98 @@ def cnn_task_factory(context: Context) -> LocalTask:
         ScenarioConfig.from_mapping(apply_preset(context.run_config)),
         int(context.node_config["partition-id"]),
     )
+
+
+def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[int, NodeInfo]:
+    """What every agent of the CNN-zoo scenario reports at discovery, derived on the ServerApp from
+    the same definitions the nodes use (:func:`scenario_task`, the ``query`` handler): ``d`` of its
+    zoo spec (the encoder's last width), its class set, the shared pilots' count and
+    :func:`~flwr_sheaf.client.common.shared_pilot_digest`, its training-split size.
+
+    Args:
+        scenario: the run's scenario section.
+        num_partitions: N, the federation size every node reports.
+
+    Returns:
+        ``{partition-id: NodeInfo}`` for ``0..N-1`` (N = the zoo's agents).
+
+    Raises:
+        ConfigError: the scenario's data cannot be prepared on this machine (a hub dataset, a missing
+            file: ``discovery='all'`` lets the nodes describe themselves) or is invalid (named).
+    """
+    key = f"discovery='sampled' with dataset={scenario.dataset!r}"
+    if scenario.dataset.startswith("hf:"):
+        raise ConfigError(
+            f"{key}: the ServerApp derives every agent's description from the data, and a hub "
+            f"dataset is not downloaded on its host; use discovery='all'"
+        )
+    try:
+        prepared = _prepared(
+            scenario.dataset,
+            scenario.zoo,
+            scenario.shift,
+            scenario.seed,
+            scenario.num_pilots or None,
+            scenario.partitioner,
+        )
+    except (FileNotFoundError, ImportError, OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "
+            f"discovery='all' (the nodes then describe themselves)"
+        ) from None
+    specs, digest = agent_specs(scenario), shared_pilot_digest(prepared.x_pilot)
+    return {
+        i: NodeInfo(
+            i,
+            int(num_partitions),
+            int(spec.d),
+            tuple(int(c) for c in prepared.class_sets[i]),
+            int(prepared.x_pilot.shape[0]),
+            int(len(prepared.split.train_idx[i])),
+            digest,
+        )
+        for i, spec in enumerate(specs)
+    }
+
+
+def sampled_discovery(config: RunConfig, method, strategy, num_nodes: int) -> None:
+    """Set ``strategy.sampled_discovery`` for run-config ``discovery = "sampled"`` (nothing for
+    ``"all"``), with the expected nodes of :func:`scenario_node_infos`; before any message.
+
+    Raises:
+        ConfigError: naming ``discovery`` and the fix, when the run cannot describe nodes lazily: a
+            method with its own task factory (the ServerApp cannot derive its nodes), a strategy
+            without an agents' graph or with Bernoulli ``participation`` (drawn per partition-id),
+            ``resume`` / ``resume-from`` (node ids change between runs), or data the ServerApp
+            cannot prepare (:func:`scenario_node_infos`).
+    """
+    if config.discovery != "sampled":
+        return
+    fix = "use discovery='all'"
+    why = None
+    if method.task_factory is not None:
+        why = f"method {config.method!r} brings its own task factory, so the ServerApp cannot derive its nodes"
+    elif getattr(strategy, "federation", None) is None or not hasattr(
+        strategy, "sampled_discovery"
+    ):
+        why = f"method {config.method!r} has no agents' graph drawn by fraction-train"
+    elif config.federation.participation:
+        why = (
+            f"participation={config.federation.participation!r} draws per partition-id, which are "
+            f"unknown until a node is sampled"
+        )
+        fix = (
+            "leave participation empty (fraction-train draws over node ids) or use discovery='all'"
+        )
+    elif config.resume or config.resume_from:
+        why = "a resumed run would meet new node ids and node state keyed by partition-id"
+        fix = "resume with discovery='all' from a run started with it, or start a new run"
+    if why is not None:
+        raise ConfigError(f"discovery='sampled': {why}; {fix}")
+    expected = scenario_node_infos(config.scenario, num_nodes)
+    if len(expected) != num_nodes:
+        raise ConfigError(
+            f"discovery='sampled': the zoo {config.scenario.zoo!r} has {len(expected)} agents, the "
+            f"strategy {num_nodes}; {fix}"
+        )
+    strategy.sampled_discovery = SampledDiscovery(expected)

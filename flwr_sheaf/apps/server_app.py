@@ -24,7 +24,7 @@ from ..strategy.ledger import RunFailedError
 from ..tracking import Tracker, check_trackers
 from .methods import num_nodes
 from .run_warnings import run_config_warnings
-from .scenario import check_scenario
+from .scenario import check_scenario, sampled_discovery
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -85,6 +85,9 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         method.task_factory is None
     ):  # the CNN-zoo scenario: every agent's data checked before any message
         check_scenario(config.scenario)
+    sampled_discovery(
+        config, method, strategy, n
+    )  # discovery='sampled': refused or set, before any message
     check_trackers(config.tracking)  # a tracker whose package is missing: before any message
     # directories writable, results-dir free and locked, an overwritten run's files moved aside:
     # before any message
@@ -116,7 +119,9 @@ def _run(
     problems: list[str] = []
     if tracker is not None:
         extra["tracking"] = tracker.describe()
-        problems = tracker.problems
+        problems = list(tracker.problems)
+    if strategy.sampled_discovery is not None:  # nodes whose description named no partition-id
+        problems += strategy.sampled_discovery.problems
     if stopped is not None:
         _write_stopped(strategy, out, config, wall, extra, problems, stopped)
         raise stopped

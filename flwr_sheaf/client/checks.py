@@ -1,12 +1,9 @@
 """What the server refuses, the node never commits: the ClientApp mod :func:`refuse_what_the_server_refuses`.
 
-Flower commits a node's ``context.state`` only when its ClientApp returns normally; an exception
-becomes the node's error reply and the state is rolled back. This mod applies the server's own
-check of train replies (:func:`flwr_sheaf.protocol.train_reply_problem`, plus NaN/inf array entries)
-to every successful ``train`` reply before it leaves, and raises :class:`RefusedReplyError` instead:
-a reply the server would refuse (``lambda=1e30``: an infinite ``grad-norm``) never leaves the node
-with a new state committed, so the node's model stays that of its last accepted round and the
-pilots the server relays for it stay exact (docs/reliability-run-files.md).
+Flower commits ``context.state`` only when the ClientApp returns normally. This mod applies the
+server's check of train replies (:func:`flwr_sheaf.protocol.train_reply_problem`, plus NaN/inf array
+entries) to every successful ``train`` reply and raises :class:`RefusedReplyError` instead, so the
+node keeps its last accepted state (docs/reliability-run-files.md).
 """
 
 from __future__ import annotations

@@ -155,11 +155,8 @@ def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Ge
     fresh process on CPU (docs/design.md, "Design notes"); returns a CPU ``torch.Generator`` for batch order
     and pilot minibatches. Side effect: a host app sharing the process sees torch's global RNG reseeded.
     """
-    s = int(
-        np.random.SeedSequence([int(seed), int(partition_id), int(server_round)]).generate_state(1)[
-            0
-        ]
-    )
+    entropy = [int(seed), int(partition_id), int(server_round)]
+    s = int(np.random.SeedSequence(entropy).generate_state(1)[0])
     if _accelerator_present():
         torch.manual_seed(s)
     else:  # the same CPU stream without the accelerators' lazy seeding (a stack trace each, ~4 ms)
@@ -187,14 +184,8 @@ def build(
     train: LocalTrainConfig | None = None,
     device_spec: str | None = None,
 ) -> tuple[LocalTask, StalkModel, torch.optim.Optimizer | None]:
-    """Build the node's task on ``device`` and restore its weights (and SGD state when ``train`` is given).
-
-    Args:
-        device_spec: a device spec (run-config key ``device``), required without ``train``;
-            ``train.device`` is used when ``train`` is given.
-
-    Returns:
-        ``(task, task.model, optimizer_or_None)``, model and tensors on the resolved device.
+    """``(task, task.model, optimizer or None)``: the node's task on the device of ``train.device``
+    (else ``device_spec``) with its weights (and SGD state when ``train`` is given) restored.
 
     Raises:
         whatever the factory raises (e.g. ``ValueError`` for a partition-id outside the zoo),

@@ -1,16 +1,6 @@
-"""The two evaluation handlers every graph method shares (registered by
-:func:`flwr_sheaf.client.handlers.register_method_handlers`).
-
-- :func:`evaluate_handler` (``evaluate.<action>``): private accuracy on the test and validation
-  splits, and the whitened pilots and validation/test latents for the server to route (whitening
-  fitted on the pilots, or on the private training latents when the config says
-  ``whitening-fit = "train"``: the paper's post-hoc protocol, docs/baselines.md);
-- :func:`evaluate_comm_handler` (``evaluate.<action>_comm``): communication accuracy per incoming
-  edge (paper Eq. 22): neighbour j's whitened latents are moved into this stalk by the Procrustes
-  map fitted on both nodes' final pilots (Eq. 18), coloured and classified by this node's head.
-  Refitting on the final pilots makes lambda = 0 exactly post-hoc alignment.
-
-Evaluation never saves the model: the whitening refits below change only this message's copy.
+"""The two evaluation handlers every graph method shares (:func:`evaluate_handler`: private
+accuracy and the arrays to route; :func:`evaluate_comm_handler`: communication accuracy per incoming
+edge, paper Eq. 22). Evaluation never saves the model: whitening refits change only this message's copy.
 """
 
 from __future__ import annotations
@@ -34,6 +24,7 @@ from ..protocol import (
     METRICS,
     NON_EDGE_ACCURACY,
     NON_EDGE_DIRECT_ACCURACY,
+    NON_EDGE_REPLY,
     NON_EDGE_SRC,
     NUM_TEST,
     PATH_MAP,
@@ -86,13 +77,9 @@ def evaluate_handler(
 ) -> Message:
     """``evaluate.<action>``: private accuracies, and the arrays the server routes to neighbours.
 
-    Args:
-        msg: the phase-1 evaluation message (config :data:`~flwr_sheaf.protocol.TORCH_THREADS`,
-            :data:`~flwr_sheaf.protocol.DEVICE`, :data:`~flwr_sheaf.protocol.WHITENING_FIT`,
-            :data:`~flwr_sheaf.protocol.PILOT_READING` + the method's keys).
-        context: the node's context (its trained model in ``context.state``).
-        factory: builds the node's :class:`~flwr_sheaf.client.task.LocalTask`.
-        method: the method's hooks (extra metrics and arrays, the reply's final arrays).
+    The whitening is fitted on the pilots, or on the private training latents with ``whitening-fit =
+    "train"`` (the paper's post-hoc protocol, docs/baselines.md); ``method`` adds its hooks' arrays
+    and metrics.
 
     Returns:
         the reply: ``arrays`` (whitened pilots ``(K, d_i)``, test / validation latents ``(M, d_i)``
@@ -125,15 +112,10 @@ def evaluate_handler(
 def evaluate_comm_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
-    """``evaluate.<action>_comm``: communication accuracy per incoming edge (paper Eq. 22), and from
-    each non-edge source (docs/variants-diagnostics.md).
-
-    Args:
-        msg: the phase-2 message: the routed arrays of each neighbour (``arrays``) and a config as
-            phase 1 plus the :class:`~flwr_sheaf.protocol.EdgeConfig` (and non-edge sources).
-        context: the node's context (its trained model in ``context.state``).
-        factory: builds the node's :class:`~flwr_sheaf.client.task.LocalTask`.
-        method: the method's hooks (its routed arrays and per-edge metrics).
+    """``evaluate.<action>_comm``: communication accuracy per incoming edge (paper Eq. 22): neighbour
+    j's whitened latents moved into this stalk by the Procrustes map fitted on both nodes' final
+    pilots (Eq. 18; so lambda = 0 is exactly post-hoc alignment), classified by this node's head;
+    and from each non-edge source (docs/variants-diagnostics.md).
 
     Returns:
         the reply's ``metrics``: :data:`~flwr_sheaf.protocol.COMM_SRC` (neighbours' partition-ids),
@@ -231,20 +213,23 @@ def _edge_accuracy(
     dj: int,
     i_head: bool,
     dev: torch.device,
+    prefix: str = "",
 ) -> tuple[float, float]:
     """Test and validation accuracy of neighbour j's whitened latents ``(M, dj)`` moved into this
-    stalk by the Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``.
+    stalk by the Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``; ``prefix="pw-"``
+    reads the strong post-hoc reading's pilot-whitened arrays.
 
     Raises:
         ValueError: j's pilots or latents of the wrong shape or with NaN/inf (j named).
     """
-    a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
-    check_pilots(a_j, f"pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
+    what = "pilot-whitened " if prefix else ""
+    a_j = from_numpy(arr[f"{prefix}pilots"], dev, torch.float32)
+    check_pilots(a_j, f"{what}pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
     v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
     res = []
     for split in ("test", "val"):
-        z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
-        check_pilots(z, f"{split} latents of neighbour partition-id {j}", d=dj)
+        z = from_numpy(arr[f"{prefix}{split}-latents"], dev, torch.float32)
+        check_pilots(z, f"{what}{split} latents of neighbour partition-id {j}", d=dj)
         with torch.no_grad():
             res.append(
                 accuracy(
@@ -294,17 +279,9 @@ def _pilot_whitened_arrays(
 def _pilot_whitened_accuracies(
     msg: Message, model: StalkModel, task: LocalTask, edges: EdgeConfig, dev: torch.device
 ) -> dict[str, list[float]]:
-    """Communication accuracy per incoming edge under the strong post-hoc reading (docs/baselines.md).
-
-    Both ends' whitening is fitted on their own pilots (not on private training latents); neighbour
-    j's pilot-whitened test / validation latents (:data:`PILOT_READING_ARRAYS`) are moved into this
-    stalk by the Procrustes map fitted on both nodes' pilot-whitened pilots (paper Eq. 18) and
-    classified by this node's head, coloured with its pilot-fitted statistics. This is exactly the
-    reading Sheaf-FRL's lambda = 0 run gets.
-
-    Returns:
-        ``{COMM_ACCURACY_PILOT_WHITENING: [...], VAL_COMM_ACCURACY_PILOT_WHITENING: [...]}`` in
-        ``edges.neighbours`` order.
+    """Communication accuracy per incoming edge under the strong post-hoc reading (docs/baselines.md):
+    both ends' whitening fitted on their own pilots, then as :func:`_edge_accuracy` (the reading
+    Sheaf-FRL's lambda = 0 run gets). Returns the two lists in ``edges.neighbours`` order.
 
     Raises:
         ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
@@ -319,58 +296,29 @@ def _pilot_whitened_accuracies(
         arr = unpack_routed(
             array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + PILOT_READING_ARRAYS
         )
-        a_j = from_numpy(arr["pw-pilots"], dev, torch.float32)
-        check_pilots(
-            a_j, f"pilot-whitened pilots of neighbour partition-id {j}", d=dj, k=own.shape[0]
-        )
-        v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
-        for split, key in (
-            ("test", COMM_ACCURACY_PILOT_WHITENING),
-            ("val", VAL_COMM_ACCURACY_PILOT_WHITENING),
-        ):
-            z = from_numpy(arr[f"pw-{split}-latents"], dev, torch.float32)
-            check_pilots(z, f"pilot-whitened {split} latents of neighbour partition-id {j}", d=dj)
-            with torch.no_grad():
-                out[key].append(
-                    accuracy(
-                        model.classify_whitened(transport(z, v, i_head)),
-                        from_numpy(arr[f"{split}-labels"], dev, torch.int64),
-                    )
-                )
+        test, val = _edge_accuracy(model, own, arr, j, dj, i_head, dev, prefix="pw-")
+        out[COMM_ACCURACY_PILOT_WHITENING].append(test)
+        out[VAL_COMM_ACCURACY_PILOT_WHITENING].append(val)
     return out
 
 
 def _non_edge_accuracies(
     msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device
 ) -> dict[str, list]:
-    """Communication accuracy from each non-edge source j of the phase-2 message (docs/variants-diagnostics.md).
-
-    For source j (arrays ``"<j>/pilots"``, ``"<j>/<split>-latents"``, ``"<j>/<split>-labels"`` and
-    the server's composed map ``"<j>/path-map"`` of shape ``(d_i, d_j)``): j's whitened latents are
-    moved by the composed map (``Z T^T``, multi-hop) and, for reference, by the direct Procrustes map
-    between this node's pilots ``own (K, d_i)`` and j's pilots (Eq. 18, orientation from the
-    config), then classified by this node's head.
+    """Communication accuracy from each non-edge source j of the phase-2 message
+    (docs/variants-diagnostics.md): j's whitened latents moved by the server's composed map
+    ``"<j>/path-map"`` ``(d_i, d_j)`` (``Z T^T``, multi-hop) and, for reference, by the direct
+    Procrustes map between ``own (K, d_i)`` and j's pilots (Eq. 18), classified by this node's head.
 
     Returns:
-        ``{NON_EDGE_SRC: [j...], NON_EDGE_ACCURACY: [...], VAL_NON_EDGE_ACCURACY: [...],
-        NON_EDGE_DIRECT_ACCURACY: [...], VAL_NON_EDGE_DIRECT_ACCURACY: [...]}`` (empty lists without
-        non-edge sources).
+        the five non-edge lists of :data:`~flwr_sheaf.protocol.NON_EDGE_REPLY` (empty without sources).
 
     Raises:
         ProtocolError: a malformed non-edge config or a routed array missing.
         ValueError: pilots, latents or composed map of j of the wrong shape or with NaN/inf (j named).
     """
     ne = NonEdgeConfig.from_config(msg.content[CONFIG])
-    out: dict[str, list] = {
-        k: []
-        for k in (
-            NON_EDGE_SRC,
-            NON_EDGE_ACCURACY,
-            VAL_NON_EDGE_ACCURACY,
-            NON_EDGE_DIRECT_ACCURACY,
-            VAL_NON_EDGE_DIRECT_ACCURACY,
-        )
-    }
+    out: dict[str, list] = {k: [] for k in NON_EDGE_REPLY[METRICS]}
     d_i = own.shape[1]
     for j, dj, i_head in zip(ne.sources, ne.dims, ne.heads):
         arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + (PATH_MAP,))

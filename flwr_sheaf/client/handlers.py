@@ -1,21 +1,7 @@
-"""The four ClientApp handlers every graph method shares, parameterised by a :class:`ClientMethod`.
-
-``register_method_handlers(app, factory, method)`` adds, under the method's action (so they sit
-beside a host app's own ``@app.train()`` / ``@app.evaluate()``), four module-level functions bound
-to ``factory`` and ``method``:
-
-- ``query.<action>``: :func:`query_handler`, the discovery reply
-  (:class:`flwr_sheaf.protocol.NodeInfo`);
-- ``train.<action>``: :func:`train_handler`: restore the model, build the method's loss plug-in
-  from the message, run the one local-training loop (:func:`flwr_sheaf.client.loop.train_local`),
-  let the method add its upload (e.g. local prototypes, or whitened pilots: it may refit the
-  whitening), then save the model;
-- ``evaluate.<action>`` and ``evaluate.<action>_comm``:
-  :func:`~flwr_sheaf.client.evaluation.evaluate_handler` and
-  :func:`~flwr_sheaf.client.evaluation.evaluate_comm_handler` (private and communication accuracy).
-
-All per-node state lives in ``context.state`` (Flower commits it only when a handler returns).
-Every value a handler needs comes in the message; a missing key is an error, never a default.
+"""The four ClientApp handlers every graph method shares, parameterised by a :class:`ClientMethod`
+(:func:`register_method_handlers`). All per-node state lives in ``context.state`` (Flower commits it
+only when a handler returns); every value a handler needs comes in the message (a missing key is an
+error, never a default).
 """
 
 from __future__ import annotations
@@ -187,27 +173,18 @@ def check_stalk_protocol_once(task: LocalTask, partition_id: int) -> None:
 def register_method_handlers(
     app: ClientApp, factory: TaskFactory, method: ClientMethod
 ) -> ClientApp:
-    """Register ``query``/``train``/``evaluate``/``evaluate_comm`` handlers of ``method`` on ``app``.
+    """Register the handlers of ``method`` on ``app`` under ``method.action`` (beside a host app's own
+    handlers): :func:`query_handler`, :func:`train_handler`,
+    :func:`~flwr_sheaf.client.evaluation.evaluate_handler` and
+    :func:`~flwr_sheaf.client.evaluation.evaluate_comm_handler`, each bound to ``factory`` (builds the
+    node's :class:`~flwr_sheaf.client.task.LocalTask` per message); returns ``app``, which then
+    pickles as its import path (:func:`~flwr_sheaf.client.reference.travel_by_reference`: Flower's
+    Ray engine pickles the ClientApp with every message).
 
-    Args:
-        app: the ClientApp to extend (its other handlers are untouched).
-        factory: builds the node's :class:`~flwr_sheaf.client.task.LocalTask` (called per message).
-        method: the method's hooks; ``method.action`` names the messages.
-
-    Returns:
-        ``app`` (for chaining).
-
-    The handlers (:func:`query_handler`, :func:`train_handler`,
-    :func:`~flwr_sheaf.client.evaluation.evaluate_handler`,
-    :func:`~flwr_sheaf.client.evaluation.evaluate_comm_handler`, each bound to ``factory`` and
-    ``method``) raise (Flower turns it into that node's error reply and does not commit its state)
-    on: a key missing from a message config (``ConfigError`` / ``ProtocolError``, key and message
-    type named), malformed edges or routed arrays, neighbour pilots or latents of the wrong shape or
-    with NaN/inf (``ValueError`` naming the neighbour's partition-id), a non-finite loss
-    (``FloatingPointError`` with the round) and an empty training set.
-
-    ``app`` then pickles as its import path (:func:`~flwr_sheaf.client.reference.travel_by_reference`:
-    Flower's Ray engine pickles the ClientApp with every message).
+    A handler raises (Flower makes it the node's error reply and does not commit its state) on a key
+    missing from a message config (key and message type named), malformed edges or routed arrays,
+    neighbour arrays of the wrong shape or with NaN/inf (``ValueError`` naming the partition-id), a
+    non-finite loss (``FloatingPointError`` with the round) and an empty training set.
     """
     travel_by_reference(app)
     action = method.action
@@ -255,16 +232,11 @@ def query_handler(
 def train_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
-    """``train.<action>``: one round of local training with the method's loss plug-in.
-
-    Restores the model and its optimizer state, draws the round's generator from (seed,
-    partition-id, server round), trains (:func:`~flwr_sheaf.client.loop.train_local`), lets the
-    method add its upload (:meth:`ClientMethod.after_train`, which may refit the whitening) and
-    saves the model after it.
-
-    Returns:
-        the reply: the method's records and ``metrics`` (``num-examples``, the loop's losses and
-        the method's metrics).
+    """``train.<action>``: one round of local training with the method's loss plug-in: restore the
+    model and its SGD state, draw the round's generator from (seed, partition-id, server round), train
+    (:func:`~flwr_sheaf.client.loop.train_local`), let the method add its upload
+    (:meth:`ClientMethod.after_train`) and save the model; replies with the method's records and
+    ``metrics`` (``num-examples``, the loop's losses, the method's metrics).
 
     Raises:
         ConfigError / ProtocolError: a config key missing (named); FloatingPointError: a non-finite

@@ -76,27 +76,17 @@ def train_local(
     gen: torch.Generator,
     server_round: int,
 ) -> dict:
-    """Train ``task.model`` for ``cfg.local_epochs`` epochs on the plug-in's objective (paper Alg. 1 lines 4-12).
-
-    Per epoch: ``plugin.begin_epoch``; then ``max(1, M // batch_size)`` batches (capped at
-    ``max_steps_per_epoch`` when > 0) of a permutation drawn from ``gen``; per batch:
-    ``plugin.loss``, backward, gradient-norm clipping at ``clip_norm`` (0 = off), SGD step.
-
-    Args:
-        task: the node's model (weights restored) and data.
-        opt: the model's optimizer.
-        cfg: local-training settings.
-        plugin: the method's objective.
-        gen: the round's generator (:func:`flwr_sheaf.client.common.round_generator`).
-        server_round: for error messages.
+    """Train ``task.model`` for ``cfg.local_epochs`` epochs on ``plugin``'s objective (paper Alg. 1
+    lines 4-12): per epoch ``plugin.begin_epoch``, then ``max(1, M // batch_size)`` batches (capped
+    at ``max_steps_per_epoch`` when > 0) of a permutation drawn from the round's generator ``gen``;
+    per batch ``plugin.loss``, backward, gradient-norm clipping at ``clip_norm`` (0 = off), SGD step.
 
     Returns:
-        metrics: per-step means of the plug-in's parts and ``grad-norm``, ``steps``, plus
-        ``plugin.metrics(steps)``.
+        per-step means of the plug-in's parts and ``grad-norm``, ``steps``, plus ``plugin.metrics(steps)``.
 
     Raises:
-        FloatingPointError: a non-finite loss (the round number is named); Flower turns it into
-            this node's error reply and keeps its previous state.
+        FloatingPointError: a non-finite loss (``server_round`` named); Flower turns it into this
+            node's error reply and keeps its previous state.
         ValueError: an empty training set.
     """
     model = task.model

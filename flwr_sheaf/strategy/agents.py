@@ -1,13 +1,6 @@
-"""The agents' graph on the discovered nodes: built once after discovery, read by methods and evaluation.
-
-- :func:`build_agents_graph`: the graph from its spec (or an explicit ``networkx.Graph``) and the
-  nodes' reported class sets, validated on partition-ids ``0..N-1``, and the shared pilot count
-  (every node must hold the same pilots, :func:`~flwr_sheaf.protocol.pilot_digest`);
-- :func:`oriented_edges`, :func:`edge_config`: edges as (head, tail) pairs and one node's incident
-  edges as the protocol's :class:`~flwr_sheaf.protocol.EdgeConfig` (head = larger stalk dimension
-  d, ties to the larger partition-id; docs/reference.md).
-
-Functions of the nodes and the graph only: nothing here holds state or knows a method.
+"""The agents' graph on the discovered nodes (:func:`build_agents_graph`, once after discovery) and
+its oriented edges (head = larger stalk dimension d, ties to the larger partition-id;
+docs/reference.md). Functions of the nodes and the graph only: no state, no method.
 """
 
 from __future__ import annotations
@@ -28,16 +21,9 @@ __all__ = ["build_agents_graph", "edge_config", "oriented_edges"]
 def build_agents_graph(
     spec: nx.Graph | str, nodes: Mapping[int, Node], num_nodes: int
 ) -> tuple[nx.Graph, int]:
-    """The validated agents' graph and the shared pilot count K of the discovered ``nodes``.
-
-    Args:
-        spec: a graph spec (``"ring"``, ``"class-overlap:<density>"``, ...; built with the nodes'
-            class sets) or an explicit ``networkx.Graph`` on partition-ids.
-        nodes: ``{partition-id: Node}`` for ``0..num_nodes-1``.
-        num_nodes: N.
-
-    Returns:
-        ``(graph, K)``.
+    """``(graph, K)``: the validated agents' graph from ``spec`` (a graph spec, built with the
+    nodes' class sets, or an explicit ``networkx.Graph`` on partition-ids) and the shared pilot
+    count K of the discovered ``nodes`` ``{partition-id: Node}`` (``0..num_nodes-1``).
 
     Raises:
         ValueError: naming ``graph``: a graph that is not connected or names a missing

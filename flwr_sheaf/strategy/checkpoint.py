@@ -1,26 +1,14 @@
 """Server checkpoints and exact resume of a stopped run (docs/resume.md).
 
-:class:`Checkpointer` is the hook :func:`flwr_sheaf.strategy.rounds.run_rounds` (behind ``GraphStrategy.start``) calls:
-
-- after discovery, :meth:`Checkpointer.restore` (only when resuming) checks the checkpoint against
-  the run config and the rediscovered nodes and puts the strategy's state back; ``start`` then
-  continues with the next server round;
-- after every ``checkpoint-every``-th round and after the last one, :meth:`Checkpointer.save`
-  writes ``checkpoint.pkl`` atomically (temp file, ``fsync``, ``os.replace``).
-
-What a checkpoint holds: the run config, the last completed server round, the strategy's class,
-the discovered nodes' :class:`~flwr_sheaf.protocol.NodeInfo`, the global arrays (RFedAGS's point)
-and **every attribute of the strategy** except those :data:`REBUILT` from the config or by
-discovery. That covers the ledger (:class:`~flwr_sheaf.strategy.ledger.RunLedger`: the
-:class:`~flwr_sheaf.strategy.records.RoundRecord` list, failures, the last evaluation), Sheaf-FRL's pilot bank and arrival frequencies, FedProto/FedSAF global prototypes,
-ComFed's prototype bank, FedMuscle's pilot representations, RFedAGS's point and frequency
-estimates, without a list per method
-that could fall out of date. Random draws need no state: the participation sampler and every
-node draw derive from (seed, partition-id, server round).
-
-The file is a header line, a JSON line with the payload's size and SHA-256, then a Python pickle
-(:mod:`flwr_sheaf.integrity`): a truncated, overwritten or modified file is refused
-before unpickling. Load only checkpoints your own runs wrote.
+:class:`Checkpointer` is the hook :func:`flwr_sheaf.strategy.rounds.run_rounds` calls: after
+discovery :meth:`Checkpointer.restore` (only when resuming) checks the checkpoint against the run
+config and the rediscovered nodes and puts the strategy's state back; after every
+``checkpoint-every``-th round and the last one :meth:`Checkpointer.save` writes ``checkpoint.pkl``
+atomically. A checkpoint holds the run config, the last completed round, the strategy's class, the
+nodes' :class:`~flwr_sheaf.protocol.NodeInfo`, the global arrays and **every attribute of the
+strategy** except those :data:`REBUILT` (so no list per method can fall out of date); random draws
+need no state. The file is sealed (:mod:`flwr_sheaf.integrity`: a modified file is refused before
+unpickling); load only checkpoints your own runs wrote.
 """
 
 from __future__ import annotations
@@ -63,11 +51,6 @@ CHECKPOINT_NAME = "checkpoint.pkl"
 #: ``failures``; such a checkpoint is refused naming both formats rather than resumed without its history)
 FORMAT = 2
 
-#: Strategy attributes not stored: rebuilt from the run config (``alpha``), by discovery (``nodes``;
-#: the ``exchange`` addresses them), per call of ``start`` (``extra_*_config``), the checkpointer
-#: itself and the round callbacks (trackers: set by the app for each start). The ledger is stored
-#: without its round being built (:meth:`~flwr_sheaf.strategy.ledger.RunLedger.__getstate__`).
-#: (Evaluation keeps no state between its phases: nothing to skip.)
 REBUILT = frozenset(
     {
         "nodes",
@@ -82,7 +65,9 @@ REBUILT = frozenset(
         "requested_rounds",
     }
 )
-"""Strategy attributes a checkpoint does not store (the comment above says why each is rebuilt)."""
+"""Strategy attributes a checkpoint does not store: rebuilt from the run config (``alpha``), by
+discovery (``nodes``, the ``exchange``), per call of ``start`` (``extra_*_config``, round
+callbacks), or the checkpointer itself. The ledger is stored without its round being built."""
 
 
 class NoCheckpointError(ConfigError, FileNotFoundError):
@@ -231,13 +216,8 @@ class Checkpointer:
         arrays: ArrayRecord | None,
         wall_seconds: float,
     ) -> Path:
-        """Write the checkpoint of completed round ``server_round`` atomically; returns its path.
-
-        Args:
-            strategy: the strategy after the round (its record appended to ``rounds``).
-            server_round: the completed round.
-            arrays: the global arrays after the round (``start``'s ``arrays``), if any.
-            wall_seconds: wall time of the run so far, all resumed parts together.
+        """Write the checkpoint of completed round ``server_round`` (with the global ``arrays``, if any,
+        and the run's ``wall_seconds`` so far) atomically; returns its path.
 
         Raises:
             pickle.PicklingError / TypeError / AttributeError: a strategy attribute that cannot be

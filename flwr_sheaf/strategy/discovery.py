@@ -35,12 +35,44 @@ from ..protocol import CONFIG, INFO, QUERY, NodeInfo, ProtocolError, message_typ
 from . import messaging
 from .records import Node
 
-__all__ = ["Discovery"]
+__all__ = ["Discovery", "federation_fix", "federation_too_small", "parse_reply"]
 
 log = logging.getLogger("flwr_sheaf")
 
 #: seconds between two looks at the SuperLink's registered nodes while partition-ids are missing
 POLL_SECONDS = 0.5
+
+
+def federation_fix(num_nodes: int) -> str:
+    """The ``flwr run`` option that gives the federation ``num_nodes`` SuperNodes."""
+    return f'--federation-config "num-supernodes={num_nodes}"'
+
+
+def parse_reply(r: Message) -> tuple[NodeInfo | None, str | None]:
+    """``(NodeInfo, None)`` of a usable ``query.<action>`` reply, else ``(None, why)``: the error
+    reply's reason (with :func:`~flwr_sheaf.hints.handler_hint`), a missing ``info`` record, or a
+    malformed :class:`~flwr_sheaf.protocol.NodeInfo` (the missing key named)."""
+    if r.has_error():
+        return None, (r.error.reason or "") + handler_hint(r.error.reason)
+    problem = reply_problem(r.content, {INFO: ()})
+    if problem is not None:
+        return None, problem
+    try:
+        return NodeInfo.from_record(r.content[INFO]), None
+    except ProtocolError as exc:
+        return None, str(exc)
+
+
+def federation_too_small(info: NodeInfo, num_nodes: int) -> RuntimeError | None:
+    """The error when a node reports ``num-partitions`` smaller than the scenario's ``num_nodes``
+    agents (the federation has too few SuperNodes: the ``--federation-config`` to pass), else None."""
+    if not 0 < info.num_partitions < num_nodes:
+        return None
+    return RuntimeError(
+        f"this scenario has {num_nodes} agents but the federation has "
+        f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
+        f"run: flwr run . --stream {federation_fix(num_nodes)} (in-process: LocalGrid(app, {num_nodes}))"
+    )
 
 
 class Discovery:
@@ -76,7 +108,7 @@ class Discovery:
     @property
     def fix(self) -> str:
         """The ``flwr run`` option that gives the federation enough SuperNodes."""
-        return f'--federation-config "num-supernodes={self.num_nodes}"'
+        return federation_fix(self.num_nodes)
 
     def run(self, grid: Grid, timeout: float) -> dict[int, Node]:
         """Query nodes as they register until partition-ids ``0..num_nodes-1`` all answered.
@@ -130,29 +162,16 @@ class Discovery:
             RuntimeError: the node reports ``num-partitions`` < ``num_nodes``, or a partition-id
                 another node already reported.
         """
-        problem = (
-            (r.error.reason or "") + handler_hint(r.error.reason)
-            if r.has_error()
-            else reply_problem(r.content, {INFO: ()})
-        )
-        info = None
-        if problem is None:
-            try:
-                info = NodeInfo.from_record(r.content[INFO])
-            except ProtocolError as exc:
-                problem = str(exc)
+        info, problem = parse_reply(r)
         if info is None:
             assert problem is not None  # no info means a problem was found
             self.errors.append(f"node {r.metadata.src_node_id}: {problem[-600:]}")
             if len(self.asked) > self.num_nodes:  # a spare SuperNode can stand in
                 log.warning("discovery: %s (idle)", self.errors[-1])
             return
-        if 0 < info.num_partitions < self.num_nodes:
-            raise RuntimeError(
-                f"this scenario has {self.num_nodes} agents but the federation has "
-                f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
-                f"run: flwr run . --stream {self.fix} (in-process: LocalGrid(app, {self.num_nodes}))"
-            )
+        too_small = federation_too_small(info, self.num_nodes)
+        if too_small is not None:
+            raise too_small
         if info.partition_id in self.found:
             raise RuntimeError(f"partition-id {info.partition_id} reported by two nodes")
         self.found[info.partition_id] = Node(r.metadata.src_node_id, info)

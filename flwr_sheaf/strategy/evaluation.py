@@ -1,27 +1,14 @@
 """Per-round graph evaluation as a component that returns a value (paper Eq. 22, Fig. 2).
 
 :class:`GraphEvaluation` runs an evaluated round's two round trips on an
-:class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView` (the nodes, the graph, the pilots'
-count, this round's evaluators and payloads, the exchange and the ledger; never the strategy) and
-returns an :class:`~flwr_sheaf.strategy.records.EvaluationResult`; what one phase hands the next
-(the accepted phase-1 replies, the sources routed to each receiver, the non-edge plan) travels as
-a :class:`PhaseTwo` value:
-
-- phase 1 (``evaluate.<action>``): each evaluator's private accuracy, whitened pilots and
-  validation/test latents (:meth:`GraphEvaluation.phase1_messages`; replies checked by
-  :mod:`~flwr_sheaf.strategy.evaluation_checks`);
-- between the phases: the sheaf diagnostics and the non-edge plan
-  (:func:`~flwr_sheaf.strategy.evaluation_diagnostics.sheaf_diagnostics`, docs/variants-diagnostics.md);
-- phase 2 (``evaluate.<action>_comm``): each answering node gets its answering neighbours' arrays
-  (and its non-edge sources' arrays transported along a shortest path); the per-edge accuracies
-  become the mean over receivers and the degree-weighted mean (:meth:`GraphEvaluation.aggregate`,
-  rows and means in :mod:`~flwr_sheaf.strategy.evaluation_rows`).
-
-What differs between methods is set on the component: where nodes fit their whitening
-(``whitening_fit``; ``"train"`` = the post-hoc protocol of the baselines, with the strong pilot
-reading under ``posthoc-readings = both``), per-node and per-edge extra metrics, extra routed
-arrays. :class:`TransportedEvaluation` (Sheaf-FRL under stringent privacy) routes what each
-neighbour transported toward the receiver instead of raw arrays and never holds raw pilots.
+:class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView` (never the strategy) and returns an
+:class:`~flwr_sheaf.strategy.records.EvaluationResult`: phase 1 (``evaluate.<action>``) gathers
+private accuracies, whitened pilots and latents (checks: :mod:`~flwr_sheaf.strategy.evaluation_checks`);
+between the phases come the sheaf diagnostics and the non-edge plan
+(:mod:`~flwr_sheaf.strategy.evaluation_diagnostics`); phase 2 (``evaluate.<action>_comm``) routes
+each answering node its answering neighbours' arrays and averages the per-edge accuracies
+(:mod:`~flwr_sheaf.strategy.evaluation_rows`). What one phase hands the next is a :class:`PhaseTwo`.
+:class:`TransportedEvaluation` serves stringent privacy (no raw pilots reach the server).
 """
 
 from __future__ import annotations

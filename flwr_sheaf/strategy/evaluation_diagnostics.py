@@ -1,11 +1,5 @@
-"""The sheaf diagnostics between the two evaluation phases, and the non-edge plan (docs/variants-diagnostics.md).
-
-:func:`sheaf_diagnostics` refits every edge's map by Procrustes on the accepted phase-1 pilots
-(Eq. 18), records the per-edge sheaf total variation, optionally the smallest eigenvalues of the
-sheaf Laplacian (Eq. 6) and its near-kernel, and plans the non-edge pairs whose maps are composed
-along a shortest path. It reads the graph, the nodes' d_i, the seed and the round from an
-:class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView` and writes into the round's record.
-"""
+"""The sheaf diagnostics between the two evaluation phases, and the non-edge plan
+(:func:`sheaf_diagnostics`; docs/variants-diagnostics.md)."""
 
 from __future__ import annotations
 
@@ -46,15 +40,10 @@ def sheaf_diagnostics(
     up to P non-adjacent pairs, each planned in both directions with the maps composed along a
     shortest path (:meth:`~flwr_sheaf.sheaf.network.NetworkSheaf.transport_map`).
 
-    Without raw pilots (``holds_raw_pilots`` False, or a reply without ``pilots``) nothing is
-    computed and ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say why. The server
-    computes with ``torch-threads`` threads (when > 0; restored afterwards).
-
-    Args:
-        view: the evaluated round (graph, nodes, seed, round, its record).
-        federation: ``non-edge-pairs`` and ``diagnostics-eigenvalues``.
-        phase1: the accepted phase-1 replies ``{partition-id: reply}``.
-        holds_raw_pilots: whether phase-1 replies carry raw pilots (False under stringent privacy).
+    Without raw pilots (``holds_raw_pilots`` False under stringent privacy, or a reply without
+    ``pilots``) nothing is computed and ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say
+    why. ``phase1``: the accepted replies ``{partition-id: reply}``; the server computes with
+    ``torch-threads`` threads (when > 0; restored afterwards).
     """
     threads = torch.get_num_threads()
     if view.train.torch_threads > 0:
@@ -127,9 +116,8 @@ def _spectrum(
             k,
             seed=int(np.random.SeedSequence([view.seed, view.server_round]).generate_state(1)[0]),
         )
-    except (
-        torch.linalg.LinAlgError
-    ) as exc:  # a numerical failure is recorded, never a crashed server
+    # a numerical failure is recorded, never a crashed server
+    except torch.linalg.LinAlgError as exc:
         rec["sheaf_diagnostics_skipped"] = f"eigensolver failed: {exc}"
         return
     rec.update(

@@ -85,6 +85,15 @@ def edge_rows(ok: Mapping[int, Message], edge_metric_keys: tuple[str, ...]) -> l
     return edges
 
 
+#: a phase-2 reply's non-edge lists -> the non-edge row's keys
+_NON_EDGE_COLUMNS = {
+    NON_EDGE_ACCURACY: "communication_accuracy",
+    VAL_NON_EDGE_ACCURACY: "val_communication_accuracy",
+    NON_EDGE_DIRECT_ACCURACY: "communication_accuracy_direct",
+    VAL_NON_EDGE_DIRECT_ACCURACY: "val_communication_accuracy_direct",
+}
+
+
 def non_edge_rows(
     ok: Mapping[int, Message], plan_of: Mapping[int, list[tuple[int, np.ndarray, list[int]]]]
 ) -> list[dict]:
@@ -96,30 +105,12 @@ def non_edge_rows(
         if not plan:
             continue
         m = metric_record(ok[dst].content, METRICS)
-        col = {
-            key: as_list(m[key], key)
-            for key in (
-                NON_EDGE_ACCURACY,
-                VAL_NON_EDGE_ACCURACY,
-                NON_EDGE_DIRECT_ACCURACY,
-                VAL_NON_EDGE_DIRECT_ACCURACY,
-            )
-        }
+        col = {key: as_list(m[key], key) for key in _NON_EDGE_COLUMNS}
         for k, src in enumerate(as_list(m[NON_EDGE_SRC], NON_EDGE_SRC)):
             path = plan[int(src)]
+            row = {"src": int(src), "dst": int(dst), "hops": len(path) - 1, "path": list(path)}
             non_edges.append(
-                {
-                    "src": int(src),
-                    "dst": int(dst),
-                    "hops": len(path) - 1,
-                    "path": list(path),
-                    "communication_accuracy": float(col[NON_EDGE_ACCURACY][k]),
-                    "val_communication_accuracy": float(col[VAL_NON_EDGE_ACCURACY][k]),
-                    "communication_accuracy_direct": float(col[NON_EDGE_DIRECT_ACCURACY][k]),
-                    "val_communication_accuracy_direct": float(
-                        col[VAL_NON_EDGE_DIRECT_ACCURACY][k]
-                    ),
-                }
+                {**row, **{name: float(col[key][k]) for key, name in _NON_EDGE_COLUMNS.items()}}
             )
     return non_edges
 
@@ -155,19 +146,11 @@ def extra_means(
 
 
 def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> EvaluationSummary:
-    """Round summary of private and communication accuracy (paper Eq. 22, Fig. 2).
-
-    Args:
-        nodes: per partition-id ``{"private_accuracy", "val_private_accuracy", "low_variance_fraction"}``.
-        edges: directed edges ``{"src", "dst", "communication_accuracy", "val_communication_accuracy"}``
-            (``dst`` is the receiver).
-
-    Returns:
-        :class:`~flwr_sheaf.strategy.records.EvaluationSummary`: ``private_accuracy_mean``;
-        ``communication_accuracy_mean`` (mean over receivers of their mean over incoming edges, the
-        reference code's average); ``communication_accuracy_degree_weighted`` (sum_i deg_i A_i /
-        sum_i deg_i = mean over directed edges, the paper's Fig. 2); the same for validation with a
-        ``val_`` prefix; ``low_variance_fraction_mean``.
+    """Round summary (paper Eq. 22, Fig. 2) of the ``nodes`` rows and the directed ``edges`` rows
+    (``dst`` = receiver): ``private_accuracy_mean``; ``communication_accuracy_mean`` (mean over
+    receivers of their mean over incoming edges, the reference code's); ``..._degree_weighted``
+    (``sum_i deg_i A_i / sum_i deg_i`` = mean over directed edges, the paper's Fig. 2); the same with
+    ``val_``; ``low_variance_fraction_mean``.
     """
     out = {
         "private_accuracy_mean": nanmean(n["private_accuracy"] for n in nodes.values()),

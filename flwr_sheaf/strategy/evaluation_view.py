@@ -1,11 +1,6 @@
-"""What an evaluated round sees of the strategy: a narrow, read-only view.
-
-The evaluation (:class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation` and its helpers) never
-receives the strategy: it reads the discovered nodes, the agents' graph, the pilot count, the seed
-and this round's evaluators and payloads from an :class:`EvaluationView`, sends through the view's
-:class:`~flwr_sheaf.strategy.exchange.Exchange` and records into the view's
-:class:`~flwr_sheaf.strategy.ledger.RunLedger`. The strategy builds one per evaluated round
-(:func:`flwr_sheaf.strategy.graph.evaluation_view`).
+"""What an evaluated round sees of the strategy: a narrow, read-only :class:`EvaluationView` (built
+per evaluated round by :func:`flwr_sheaf.strategy.graph.evaluation_view`); the evaluation never
+receives the strategy itself.
 """
 
 from __future__ import annotations

@@ -106,9 +106,8 @@ class Exchange:
         ledger, ok = self.ledger, {}
         for r in replies:
             pid = self.pid_of_node.get(r.metadata.src_node_id)
-            if (
-                pid is None
-            ):  # e.g. the SuperLink's "node unavailable" error reply: map it by what it answers
+            # e.g. the SuperLink's "node unavailable" error reply: map it by what it answers
+            if pid is None:
                 dst = self._dst_of_message.get(r.metadata.reply_to_message_id)
                 pid = None if dst is None else self.pid_of_node.get(dst)
             if pid is None:

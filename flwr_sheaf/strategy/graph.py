@@ -1,38 +1,20 @@
-"""The one strategy base: the hooks a method fills in, and the parts it is made of.
+"""The one strategy base: the hooks a method fills in, and the parts it is made of (docs/design.md).
 
-Every method's strategy subclasses :class:`GraphStrategy` directly (one level below Flower's
-``Strategy``) and fills in hooks; what methods share comes from components they hold, not from
-parents (e.g. the prototype aggregation of ``flwr_sheaf/methods/_shared/``). The strategy is
-assembled from small parts, each in its own module:
-
-- **discovery** (:class:`~flwr_sheaf.strategy.discovery.Discovery`): a ``query.<action>`` round
-  trip maps Flower's opaque node ids to partition-ids and collects each node's
-  :class:`~flwr_sheaf.protocol.NodeInfo`; the strategy then builds its graph
-  (:meth:`GraphStrategy.on_discovered`, :func:`~flwr_sheaf.strategy.agents.build_agents_graph`);
-- **sampling**: :class:`~flwr_sheaf.participation.ParticipationSampler` (a node's draw depends only
-  on (seed, server round, partition-id), identically for every method);
-- **the round loop** (:func:`~flwr_sheaf.strategy.rounds.run_rounds`, behind
-  :meth:`GraphStrategy.start`, Flower's ``Strategy.start`` contract): discovery, then per round
-  train (one round trip) and, in evaluated rounds, :meth:`GraphStrategy.evaluate_round`. Every
-  round trip honours the one ``timeout``: a node that does not answer in time is recorded as
-  failed and the round goes on;
-- **messages** (:class:`~flwr_sheaf.strategy.exchange.Exchange`, ``strategy.exchange``): replies
-  split into ok / failed / missing by partition-id, bytes on the wire;
-- **the ledger** (:class:`~flwr_sheaf.strategy.ledger.RunLedger`, ``strategy.ledger``): one typed
-  :class:`~flwr_sheaf.strategy.records.RoundRecord` per server round, the failures, the run's
-  status and the last evaluation's rows;
-- **evaluation** (:class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`), on a narrow
-  :class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView` (:func:`evaluation_view`);
-  **checkpoints** (:class:`~flwr_sheaf.strategy.checkpoint.Checkpointer`);
-- **the shared local-training round**: a method fills in
-  :meth:`GraphStrategy.method_config` (its config section, sent to every trained node),
-  :meth:`GraphStrategy.node_payload` (per-node records and config: Sheaf-FRL's neighbour pilots
-  and edges), :meth:`GraphStrategy.accept_train` (consume the replies) and
-  :meth:`GraphStrategy.evaluate_payload` (extra evaluation records).
-
-A strategy without an agents' graph (the RFedAGS family) passes ``federation=None`` and its own
-``sampler``: no graph is built, nothing is evaluated, and it overrides the train hooks.
-It knows nothing of CNNs, of the sheaf maths or of ``flwr_sheaf.client``, and nothing of its subclasses.
+Every method's strategy subclasses :class:`GraphStrategy` directly and fills in hooks
+(:meth:`~GraphStrategy.method_config`, :meth:`~GraphStrategy.node_payload`,
+:meth:`~GraphStrategy.accept_train`, :meth:`~GraphStrategy.evaluate_payload`); what methods share
+comes from components they hold, not from parents. The parts, each in its own module: discovery
+(:class:`~flwr_sheaf.strategy.discovery.Discovery`, then the graph,
+:func:`~flwr_sheaf.strategy.agents.build_agents_graph`), sampling
+(:class:`~flwr_sheaf.participation.ParticipationSampler`), the round loop
+(:func:`~flwr_sheaf.strategy.rounds.run_rounds`, behind Flower's ``Strategy.start``; a node that
+does not answer within the one ``timeout`` is recorded as failed), messages
+(:class:`~flwr_sheaf.strategy.exchange.Exchange`), the ledger
+(:class:`~flwr_sheaf.strategy.ledger.RunLedger`), evaluation
+(:class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation` on an
+:class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView`) and checkpoints
+(:class:`~flwr_sheaf.strategy.checkpoint.Checkpointer`). A strategy without an agents' graph (the
+RFedAGS family) passes ``federation=None`` and its own ``sampler``.
 """
 
 from __future__ import annotations
@@ -70,6 +52,7 @@ from .exchange import Exchange, merge_extra
 from .ledger import RunLedger
 from .records import Node, RoundRecord, nanmean, numeric_metrics
 from .rounds import EvaluateFn, run_rounds
+from .sampled import SampledDiscovery, sample_phase
 
 __all__ = ["GraphStrategy", "evaluation_view"]
 
@@ -175,6 +158,8 @@ class GraphStrategy(Strategy):
         )
         self.graph: nx.Graph | None = None
         self.num_pilots = -1
+        #: ``discovery = "sampled"``: nodes describe themselves when first sampled (strategy/sampled.py)
+        self.sampled_discovery: SampledDiscovery | None = None
 
     # ------------------------------------------------------------------ discovery and the graph
     def query_config(self) -> dict:
@@ -196,10 +181,15 @@ class GraphStrategy(Strategy):
         if len(self.nodes) == self.num_nodes:
             return
         config = {**self.query_config(), **self.resume_check}
-        self.nodes = Discovery(self.num_nodes, self.action, config, self.discovery_timeout).run(
-            grid, timeout
-        )
-        self.exchange.connect(self.nodes)
+        if self.sampled_discovery is not None:  # nodes describe themselves when first sampled
+            self.nodes = self.sampled_discovery.run(
+                grid, self.action, config, self.discovery_timeout, timeout
+            )
+        else:
+            self.nodes = Discovery(self.num_nodes, self.action, config, self.discovery_timeout).run(
+                grid, timeout
+            )
+            self.exchange.connect(self.nodes)
         self.on_discovered()
 
     def on_discovered(self) -> None:
@@ -265,6 +255,8 @@ class GraphStrategy(Strategy):
             "edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []
         }
         out["non_edges"] = self.ledger.last_evaluation.non_edges
+        if self.sampled_discovery is not None:
+            out["discovery"] = self.sampled_discovery.describe_run()
         return out
 
     # ------------------------------------------------------------------ the round loop
@@ -341,7 +333,7 @@ class GraphStrategy(Strategy):
         Raises:
             ValueError: ``config`` (``start``'s ``train_config``) names a key the strategy sends.
         """
-        sampled = self.sampler.sample(server_round)
+        sampled = sample_phase(self, self.sampler, server_round, TRAIN)
         self.ledger.current.sampled = sampled
         base = {
             **self.train.to_dict(),
@@ -349,8 +341,8 @@ class GraphStrategy(Strategy):
             SERVER_ROUND: server_round,
             SEED: self.seed,
         }
-        msgs = []
-        for pid in sampled:
+        msgs, refused = [], set(self.ledger.current.failed.get(TRAIN, ()))
+        for pid in (p for p in sampled if p not in refused):
             records, node_cfg = self.node_payload(server_round, pid)
             cfg = merge_extra({**base, **node_cfg}, config, "train_config")
             content = RecordDict({**records, CONFIG: ConfigRecord(cfg)})
@@ -368,9 +360,8 @@ class GraphStrategy(Strategy):
         (not passed to :meth:`accept_train`)."""
         rec = self.ledger.current
         ok = self.exchange.split_replies(server_round, "train", replies, rec.sampled, TRAIN_REPLY)
-        for pid in sorted(
-            ok
-        ):  # a reply claiming no (or NaN) training examples is that node's failure
+        # a reply claiming no (or NaN) training examples is that node's failure
+        for pid in sorted(ok):
             why = train_reply_problem(ok[pid].content)  # the node applies it too (client/checks.py)
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
@@ -475,7 +466,9 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     the evaluation payloads (:meth:`GraphStrategy.evaluate_payload` now,
     :meth:`GraphStrategy.evaluate_node_payload` per node), the exchange and the ledger."""
     payload = s.evaluate_payload(server_round)
-    evaluators = [p for p in s.eval_sampler.sample(server_round) if p in s.nodes]
+    drawn = sample_phase(s, s.eval_sampler, server_round, "evaluate")
+    refused = s.ledger.current.failed.get("evaluate", ()) if s.sampled_discovery else ()
+    evaluators = [p for p in drawn if p in s.nodes and p not in refused]
     return EvaluationView(
         server_round=server_round,
         nodes=s.nodes,

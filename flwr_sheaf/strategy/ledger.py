@@ -1,20 +1,10 @@
 """The run ledger: what happened in each server round, which node failed where, and the run's status.
 
-:class:`RunLedger` is the part of a strategy (``strategy.ledger``) that the round loop, the
-messages and the evaluation write into and that ``results.json``, the checkpoint and the ServerApp
-read:
-
-- **records**: one typed :class:`~flwr_sheaf.strategy.records.RoundRecord` per completed server
-  round (:attr:`RunLedger.rounds`; the round being built is :attr:`RunLedger.current`);
-- **failures**: one entry per node and phase that failed (:meth:`RunLedger.record_failure`;
-  ``results.json``'s ``failures``), also listed in the round's ``failed``;
-- **status**: :meth:`RunLedger.run_status`, whether the run so far is clean, degraded or failed
-  (docs/reliability-failures.md);
-- **results**: the last evaluated round's per-node, per-edge and non-edge rows
-  (:attr:`RunLedger.last_evaluation`).
-
-It holds no Flower object and knows nothing of graphs or methods. A checkpoint stores it whole
-except the round being built (:meth:`RunLedger.__getstate__`).
+:class:`RunLedger` (``strategy.ledger``) is written by the round loop, the messages and the
+evaluation, and read by ``results.json``, the checkpoint and the ServerApp: one
+:class:`~flwr_sheaf.strategy.records.RoundRecord` per completed round, one failure entry per node
+and phase, the run's status (docs/reliability-failures.md) and the last evaluation's rows. It holds
+no Flower object and knows nothing of graphs or methods.
 """
 
 from __future__ import annotations
@@ -100,9 +90,8 @@ class RunLedger:
 
     @property
     def non_edge_results(self) -> list[dict]:
-        """Per directed non-edge pair of the last evaluation: ``src``, ``dst`` (receiver), ``hops``,
-        ``path`` (source first), ``communication_accuracy`` (multi-hop), ``communication_accuracy_direct``
-        (direct Procrustes) and their ``val_`` counterparts (docs/variants-diagnostics.md)."""
+        """Per directed non-edge pair of the last evaluation
+        (:func:`~flwr_sheaf.strategy.evaluation_rows.non_edge_rows`)."""
         return self.last_evaluation.non_edges
 
     def run_status(
@@ -160,18 +149,9 @@ def run_status(
     ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody;
     ``degraded`` when anything failed (any phase) short of that; ``completed`` otherwise.
 
-    Args:
-        rounds: the completed rounds' records.
-        failures: the recorded failures (:meth:`RunLedger.record_failure`).
-        max_failed_fraction: run-config ``max-failed-fraction``.
-
     Returns:
-        ``status``; ``reasons`` (why failed, empty otherwise); the counts (``train_sampled``,
-        ``train_failed``, ``failed_fraction``, ``max_failed_fraction``, ``failures_by_phase``);
-        ``rounds_without_training`` (rounds whose sampled nodes all failed) and
-        ``all_rounds_trained_nobody``; ``nodes_failed_every_round`` (partition-ids that failed every
-        round they were sampled in); ``nodes`` (per failing partition-id: rounds sampled, failed
-        train rounds, failures by phase, up to three distinct reasons).
+        ``status``, ``reasons`` (why failed) and the counts behind them, over the completed
+        ``rounds`` and the recorded ``failures`` (keys: docs/results-schema.md, ``degradation``).
     """
     sampled, failed, idle, per_node = _train_counts(rounds)
     by_phase, nodes = _failure_rows(failures, per_node)

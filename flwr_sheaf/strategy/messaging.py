@@ -1,25 +1,12 @@
 """Server <-> node round trips with a bound on the messages in flight on Flower's simulation engine.
 
-Why (measured, docs/performance-ray.md, "Flower's own polling"): Flower 1.42's simulation engine
-polls its in-memory LinkState every 0.1 s by asking, for every registered SuperNode, for that
-node's next message (``vce_api.add_messages_to_queue`` -> ``InMemoryLinkState.get_message_ins``),
-and each such question walks the stored instruction messages (3-4 us each on this machine,
-``benchmarks/flower_polling.py``). A message stays stored from the push until its reply is pulled,
-also while it waits in a Ray actor's queue. Pushing all N messages of a round at once (what
-``Grid.send_and_receive`` does) keeps them stored for many polling passes while two actors work
-through the queue, and every pass costs ``N x stored`` checks, so Flower's own process spends
-``N x c x (passes a message stays stored)`` per message, more the slower the nodes. Keeping at
-most ``window`` messages in flight (push ``window``, pull replies, push one more per reply) keeps
-the store small and a message's stay close to one pass.
-
-:func:`send_and_receive` is the one round trip every server <-> node exchange of the package uses
-(:meth:`~flwr_sheaf.strategy.exchange.Exchange.round_trip` and
-:meth:`~flwr_sheaf.strategy.discovery.Discovery.run`);
-:func:`in_flight_limit` decides the window of a grid: only Flower's simulation grid
-(``InMemoryGrid``) is throttled. On the deployment engine real SuperNodes pull their own messages
-from a SuperLink that does not poll every node, and in-process (:class:`flwr_sheaf.testing.LocalGrid`)
-a push answers at once, so both keep Flower's plain ``send_and_receive`` (and their results are
-unchanged).
+Flower 1.42's simulation engine polls, every 0.1 s and for every registered SuperNode, all stored
+instruction messages, so a round that pushes all N messages at once costs ``N x stored`` checks a
+pass (docs/performance-ray.md, "Flower's own polling"). :func:`send_and_receive`, the one round
+trip of the package (:meth:`~flwr_sheaf.strategy.exchange.Exchange.round_trip`,
+:meth:`~flwr_sheaf.strategy.discovery.Discovery.run`), keeps at most ``window`` messages in flight;
+:func:`in_flight_limit` throttles only Flower's simulation grid (``InMemoryGrid``): the deployment
+engine and :class:`flwr_sheaf.testing.LocalGrid` keep Flower's plain ``send_and_receive``.
 """
 
 from __future__ import annotations
@@ -63,29 +50,18 @@ def send_and_receive(
     window: int | None = None,
     pull_interval: float = PULL_INTERVAL,
 ) -> list[Message]:
-    """Send ``msgs`` and collect their replies within ``timeout`` seconds, at most ``window`` in flight.
+    """Send ``msgs`` (one per node) and collect their replies within ``timeout`` seconds (the whole
+    exchange), at most ``window`` in flight (None: the grid's own ``send_and_receive``).
 
-    With ``window`` None, or at least ``len(msgs)``, this is the grid's own
-    ``send_and_receive(msgs, timeout=timeout)`` (its replies, in its order). Otherwise the first
-    ``window`` messages are pushed (``grid.push_messages``), replies are pulled
-    (``grid.pull_messages``) every ``pull_interval`` seconds, and each reply frees a slot for the
-    next message, in the order of ``msgs``; a message unanswered for long (``STALE_FACTOR`` times
-    the longest reply time seen, at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply)
-    stops holding its slot, so silent nodes delay the others at most that long. Every message that was stored gets at most one reply
-    returned; a message the grid refused to store (no message id back) gets none, like Flower's.
-    When ``timeout`` runs out, the messages not yet answered get no reply, and those not yet sent
-    are not sent (logged): the caller records both as it records a node that did not answer in time.
-
-    Args:
-        grid: Flower's ``Grid`` (``push_messages`` sets each message's ``metadata.message_id``).
-        msgs: instruction messages, one per destination node.
-        timeout: seconds for the whole exchange (Flower's ``send_and_receive`` semantics).
-        window: at most this many messages pushed and not yet answered; None: no bound.
-        pull_interval: seconds between pulls while replies are awaited.
+    Windowed: the first ``window`` messages are pushed, replies pulled every ``pull_interval`` seconds,
+    each reply frees a slot for the next message; a message unanswered for ``STALE_FACTOR`` times the
+    longest reply time seen (at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply) stops
+    holding its slot. A message the grid refused to store gets no reply, like Flower's; when
+    ``timeout`` runs out, unanswered messages get none and unsent ones are not sent (logged).
 
     Returns:
-        The windowed exchange's replies ordered as their messages in ``msgs`` (deterministic, not
-        arrival order); the unbounded one's as the grid returns them.
+        The windowed exchange's replies in the order of ``msgs`` (not arrival order); the unbounded
+        one's as the grid returns them.
 
     Raises:
         ValueError: ``window`` < 1.

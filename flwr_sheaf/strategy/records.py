@@ -1,11 +1,6 @@
-"""The server's record types and the small helpers that fill them: discovered nodes, round records,
-evaluation results, payload bytes.
-
-:class:`Node` (what discovery found), :class:`RoundRecord` (one server round, ``results.json``'s
-per-round entry), :class:`EvaluationSummary` and :class:`EvaluationResult` (one evaluated round);
-:func:`record_bytes` (payload bytes of a message), :func:`nanmean`, :func:`numeric_metrics`,
-:func:`positive_int`. Plain values: it knows nothing of Flower's Grid, of graphs, methods or
-``flwr_sheaf.client``.
+"""The server's record types (:class:`Node`, :class:`RoundRecord`, :class:`EvaluationSummary`,
+:class:`EvaluationResult`) and the small helpers that fill them; plain values, no Flower Grid, graph,
+method or ``flwr_sheaf.client``.
 """
 
 from __future__ import annotations
@@ -167,7 +162,6 @@ class RoundRecord:
         }
 
 
-#: What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted).
 MetricValues = dict[str, int | float | list[int] | list[float]]
 """What ``MetricRecord(...)`` takes (``dict`` is invariant, so ``dict[str, float]`` is not accepted)."""
 

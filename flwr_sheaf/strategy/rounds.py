@@ -1,13 +1,9 @@
 """The round loop behind :meth:`flwr_sheaf.strategy.graph.GraphStrategy.start` (Flower's ``Strategy.start``).
 
-:func:`run_rounds` runs discovery, puts a checkpointed run's state back (docs/resume.md), then per
-server round: :func:`train_round` (``configure_train`` -> one round trip -> ``aggregate_train``),
-in evaluated rounds (:func:`evaluates`) the strategy's ``evaluate_round``, the ServerApp-side
-``evaluate_fn``, and :func:`close_round` (timing, the round's record, progress line, checkpoint,
-round callbacks). Every round trip waits at most ``timeout`` seconds; nodes that did not answer are
-recorded as failed in the strategy's :class:`~flwr_sheaf.strategy.ledger.RunLedger`.
-
-The loop calls the strategy's hooks and components and keeps no state of its own between calls.
+:func:`run_rounds`: discovery, a checkpointed run's state put back (docs/resume.md), then per server
+round :func:`train_round`, in evaluated rounds (:func:`evaluates`) the strategy's ``evaluate_round``,
+the ServerApp-side ``evaluate_fn`` and :func:`close_round` (record, progress line, checkpoint, round
+callbacks). It keeps no state of its own between calls.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from flwr.serverapp.strategy import Result
 
 from ..config import KEYS
 from ..logs import default_progress_handler
+from .records import positive_int
 
 if TYPE_CHECKING:
     from .graph import GraphStrategy
@@ -44,8 +41,7 @@ def check_start(
         ValueError: ``num_rounds < 1`` (or not an integer); ``train_config`` / ``evaluate_config``
             naming run-config keys (named: they belong on the strategy's config sections).
     """
-    if int(num_rounds) != num_rounds or num_rounds < 1:
-        raise ValueError(f"num_rounds must be a positive integer, got {num_rounds!r}")
+    num_rounds = positive_int("num_rounds", num_rounds)
     for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
         owned = sorted(set(cfg or {}) & set(KEYS))
         if owned:
@@ -53,7 +49,7 @@ def check_start(
                 f"{name} keys {owned} are run-config keys: set them on the strategy's config "
                 f"sections (flwr_sheaf.config), not per call"
             )
-    return int(num_rounds)
+    return num_rounds
 
 
 def evaluates(s: GraphStrategy, server_round: int, num_rounds: int) -> bool:
@@ -97,9 +93,8 @@ def run_rounds(
     _serverapp_evaluate(evaluate_fn, 0, result)
     s.discover(grid, timeout)
     first, wall0 = 1, 0.0
-    if (
-        s.checkpointer is not None
-    ):  # resume: the state after the checkpointed round (docs/resume.md)
+    # resume: the state after the checkpointed round (docs/resume.md)
+    if s.checkpointer is not None:
         first, restored = s.checkpointer.restore(s, n)
         wall0 = s.checkpointer.previous_wall_seconds
         if restored is not None:

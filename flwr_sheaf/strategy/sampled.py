@@ -1,0 +1,335 @@
+"""Sampled discovery (run-config ``discovery = "sampled"``): nodes describe themselves when first sampled.
+
+Full discovery (:class:`~flwr_sheaf.strategy.discovery.Discovery`) sends one ``query.<action>`` to
+every SuperNode before round 1, because Flower's node ids say nothing of partition-ids. At 10,000
+SuperNodes on the Ray engine that alone takes minutes (docs/performance-ray.md). Here the server
+already knows what every agent should report (the ``expected`` :class:`~flwr_sheaf.protocol.NodeInfo`
+per partition-id, derived from the scenario by the ServerApp), so it builds the graph from that,
+and per round:
+
+1. draws the round's participants over the **registered node ids** (sorted; the snapshot taken once
+   at least N registered), with the same fraction draw as
+   :class:`~flwr_sheaf.participation.ParticipationSampler` over positions ``0..M-1`` (uniforms from
+   ``(seed, stream, round)``; the evaluators from the evaluate stream);
+2. sends ``query.<action>`` to the drawn nodes not yet described, with the checks of full
+   discovery: ``num-partitions`` < N, a partition-id two nodes report, and an unusable reply (an
+   error, malformed info, no reply) while no spare SuperNode exists (M = N) fail the run at once;
+   then compares each reply with ``expected[partition-id]`` (``d``, ``classes``, ``num-pilots``,
+   ``num-examples``, ``pilot-digest``);
+3. returns the partition-ids of the drawn nodes; a node is queried at most once per run.
+
+A reply that disagrees with the scenario is that partition-id's recorded failure in the round (the
+ledger's ``train`` / ``evaluate`` phase, so the run status counts it). With spare SuperNodes
+(M > N) an unusable reply may come from a spare (the bundled query handler refuses a partition-id
+>= N), so it is logged as idle, as full discovery does; when more replies are unusable than there
+are spares, at least one agent failed and :attr:`SampledDiscovery.problems` says so (the ServerApp
+makes the run ``degraded``). Every failed description is in ``results.json``'s ``discovery``. A node
+never drawn is never messaged. A round draws ``max(1, floor(f N))`` of the M node ids, so spares
+take draw slots.
+
+Determinism: with node ids that sort like partition-ids (:class:`flwr_sheaf.testing.LocalGrid`) the
+drawn partition-ids equal those of ``discovery = "all"``; on the Ray engine Flower draws node ids at
+random, so which partition-ids train differs between runs (docs/participation.md, "Sampled discovery").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from ..participation import ParticipationSampler
+from ..protocol import NodeInfo
+from . import messaging
+from .discovery import POLL_SECONDS, Discovery, federation_fix, federation_too_small, parse_reply
+from .exchange import Exchange
+from .ledger import RunLedger
+from .records import Node
+
+if TYPE_CHECKING:
+    from .graph import GraphStrategy
+
+__all__ = ["SampledDiscovery", "info_mismatch", "sample_phase"]
+
+log = logging.getLogger("flwr_sheaf")
+
+#: NodeInfo fields a reply must share with the scenario's expectation (partition-id selects it;
+#: num-partitions is checked against N separately)
+CHECKED_FIELDS = ("d", "classes", "num_pilots", "num_examples", "pilot_digest")
+
+
+def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
+    """Why a node's reported :class:`~flwr_sheaf.protocol.NodeInfo` disagrees with the scenario's
+    expectation for its partition-id (each differing field named with both values), or None."""
+    diffs = [
+        f"{f.replace('_', '-')} {getattr(reported, f)!r} (the scenario gives {getattr(expected, f)!r})"
+        for f in CHECKED_FIELDS
+        if getattr(reported, f) != getattr(expected, f)
+    ]
+    if not diffs:
+        return None
+    why = "a different run config, dataset or package version on that node"
+    return (
+        f"partition-id {reported.partition_id} reports {', '.join(diffs)}: the node's data or model "
+        f"is not the scenario's ({why})"
+    )
+
+
+class SampledDiscovery:
+    """Describe nodes when first sampled (module docstring).
+
+    Args:
+        expected: ``{partition-id: NodeInfo}`` for ``0..N-1``, what each agent must report.
+
+    Attributes:
+        node_ids: the registered node ids the draws are over (sorted; set by :meth:`run`).
+        described: ``{node id: partition-id}`` of the nodes that described themselves (idle spares
+            with partition-id >= N included).
+        refused: ``{node id: (partition-id or None, reason)}`` of the nodes whose description failed.
+        rounds: ``{round: {"train": [...], "evaluate": [...]}}`` partition-ids described in that
+            round (for ``results.json``).
+
+    Raises:
+        ValueError: ``expected`` is not keyed by ``0..N-1``.
+    """
+
+    def __init__(self, expected: Mapping[int, NodeInfo]) -> None:
+        if sorted(expected) != list(range(len(expected))) or not expected:
+            raise ValueError("expected must hold one NodeInfo per partition-id 0..N-1")
+        self.expected = dict(expected)
+        self.num_nodes = len(self.expected)
+        self.node_ids: list[int] = []
+        self.described: dict[int, int] = {}
+        self.refused: dict[int, tuple[int | None, str]] = {}
+        self.rounds: dict[int, dict[str, list[int]]] = {}
+        self._query: Discovery | None = None
+        self._grid: Grid | None = None
+        self._timeout = 0.0
+        self._pids: set[int] = set()  # partition-ids claimed by a reply (described or refused)
+        self._round = 0  # the round being sampled (named in failed descriptions)
+        self._deadline = 0.0  # end of discovery-timeout (bounds the probe's round trip)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a checkpoint stores: the descriptions and records, not the run's grid and query."""
+        return {k: v for k, v in vars(self).items() if k not in ("_grid", "_query")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a checkpointed record; :meth:`run` sets the grid again."""
+        vars(self).update(state)
+        self._grid, self._query = None, None
+
+    def run(
+        self,
+        grid: Grid,
+        action: str,
+        config: Mapping[str, Any],
+        discovery_timeout: float,
+        timeout: float,
+    ) -> dict[int, Node]:
+        """Wait until at least N SuperNodes registered and take the sorted snapshot of their ids.
+
+        Args:
+            grid: Flower's Grid (kept for the round's queries).
+            action: message action of the ``query.<action>`` messages.
+            config: entries of every query's config record (the strategy's ``query_config()``).
+            discovery_timeout: seconds to wait for N SuperNodes.
+            timeout: seconds per query round trip (the strategy's round timeout).
+
+        Returns:
+            ``{partition-id: Node}`` of the expected infos (node id 0: not yet described).
+
+        While fewer than N are registered, the first registered node is described (one query): a
+        federation too small for the scenario fails at once, as in full discovery.
+
+        Raises:
+            RuntimeError: fewer than N SuperNodes registered after ``discovery_timeout``, or a node
+                reporting ``num-partitions`` < N (the ``--federation-config`` to pass named).
+        """
+        self._query = Discovery(self.num_nodes, action, config, discovery_timeout)
+        self._grid, self._timeout = grid, float(timeout)
+        self._deadline = deadline = time.monotonic() + discovery_timeout
+        while len(ids := sorted(int(n) for n in grid.get_node_ids())) < self.num_nodes:
+            if ids and not self.described and not self.refused:
+                # one node's num-partitions tells a federation that is too small at once
+                wait = max(1.0, min(self._timeout, deadline - time.monotonic()))
+                self.rounds[0] = {"probe": self.describe(ids[:1], wait)}
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the scenario has {self.num_nodes} agents but after {discovery_timeout:.0f} s "
+                    f"only {len(ids)} SuperNodes registered (discovery=sampled); run with "
+                    f"{federation_fix(self.num_nodes)}, or raise discovery-timeout"
+                )
+            time.sleep(POLL_SECONDS)
+        self.node_ids = ids
+        log.info(
+            "sampled discovery: %d SuperNodes registered for %d agents; nodes describe themselves "
+            "when first sampled",
+            len(ids),
+            self.num_nodes,
+        )
+        return {p: Node(0, info) for p, info in self.expected.items()}
+
+    def draw(self, sampler: ParticipationSampler, server_round: int) -> list[int]:
+        """The ``max(1, floor(f N))`` node ids with the smallest of ``sampler``'s uniforms over the
+        positions of :attr:`node_ids` (its seed, stream and fraction ``f``) in ``server_round``: with
+        M = N registered nodes, the fraction draw of :class:`ParticipationSampler` over positions.
+
+        Raises:
+            ValueError: ``sampler`` draws Bernoulli participation (per partition-id, unknown here).
+        """
+        if sampler.probabilities is not None:
+            raise ValueError(
+                "discovery='sampled' draws over node ids: Bernoulli participation (per "
+                "partition-id) cannot be drawn before the nodes are described; use a fraction"
+            )
+        m = len(self.node_ids)
+        u = ParticipationSampler(m, 1.0, seed=sampler.seed, stream=sampler.stream).uniforms(
+            server_round
+        )
+        n = max(1, int(self.num_nodes * sampler.fraction))
+        picked = range(m) if n >= m else np.argsort(u, kind="stable")[:n]
+        return [self.node_ids[int(i)] for i in sorted(picked)]
+
+    @property
+    def problems(self) -> list[str]:
+        """Lines for the run status: empty unless more described nodes were unusable than there are
+        spare SuperNodes (M - N), so that at least one agent could not describe itself."""
+        unusable = [why for p, why in self.refused.values() if p is None]
+        spares = max(0, len(self.node_ids) - self.num_nodes)
+        if len(unusable) <= spares:
+            return []
+        return [
+            f"sampled discovery: {len(unusable)} node(s) gave no usable description but only "
+            f"{spares} SuperNode(s) are spares, so at least {len(unusable) - spares} agent(s) "
+            f"failed; first: {unusable[0]}"
+        ]
+
+    def sample(
+        self,
+        sampler: ParticipationSampler,
+        server_round: int,
+        phase: str,
+        exchange: Exchange,
+        ledger: RunLedger,
+    ) -> list[int]:
+        """The partition-ids of ``server_round``'s drawn nodes in ``phase`` (``"train"`` /
+        ``"evaluate"``), after describing the drawn nodes not yet described; ``exchange`` then
+        addresses every described partition-id. A drawn node whose description disagrees with the
+        scenario is in the list and already recorded failed in ``ledger`` for ``phase`` (send it
+        nothing); one that names no usable partition-id is left out (an idle spare, or counted in
+        :attr:`problems`).
+
+        Raises:
+            RuntimeError: see :meth:`describe` (what full discovery refuses).
+            ValueError: see :meth:`draw`.
+        """
+        drawn, self._round = self.draw(sampler, server_round), server_round
+        t0 = time.monotonic()
+        new = self.describe([n for n in drawn if n not in self.described and n not in self.refused])
+        self.rounds.setdefault(server_round, {})[phase] = new
+        log.info(
+            "round %d %s: %d of %d drawn node(s) described now (%.1f s)",
+            server_round,
+            phase,
+            len(new),
+            len(drawn),
+            time.monotonic() - t0,
+        )
+        exchange.connect(
+            {p: Node(n, self.expected[p]) for n, p in self.described.items() if p < self.num_nodes}
+        )
+        out = []
+        for n in drawn:
+            pid, why = self.described.get(n), None
+            if pid is None:
+                pid, why = self.refused[n]
+            if pid is None or pid >= self.num_nodes:
+                continue
+            if why is not None:
+                ledger.record_failure(server_round, phase, pid, why)
+            out.append(pid)
+        return sorted(out)
+
+    def describe(self, node_ids: list[int], timeout: float | None = None) -> list[int]:
+        """Query ``node_ids`` once (each round trip waits ``timeout``, default the round timeout) and
+        record each outcome (:attr:`described` / :attr:`refused`); returns the partition-ids < N that
+        described themselves correctly.
+
+        Raises:
+            RuntimeError: a node reports ``num-partitions`` < N, a partition-id another node already
+                reported (or claimed with a description the scenario refused), or a reply is
+                unusable while no spare SuperNode exists (the reason quoted), as full discovery.
+        """
+        if not node_ids:
+            return []
+        assert self._query is not None and self._grid is not None  # set by run()
+        msgs = [self._query.query(n) for n in node_ids]
+        wait = self._timeout if timeout is None else timeout
+        replies = messaging.send_and_receive(
+            self._grid, msgs, wait, messaging.in_flight_limit(self._grid)
+        )
+        answered = {int(r.metadata.src_node_id): r for r in replies}
+        new, unusable = [], []
+        for n in node_ids:
+            r = answered.get(n)
+            info, why = (None, "no reply within the timeout") if r is None else parse_reply(r)
+            if info is None:
+                unusable.append(f"node {n}: {str(why)[-500:]}")
+                self.refuse(n, None, unusable[-1])
+                continue
+            too_small = federation_too_small(info, self.num_nodes)
+            if too_small is not None:
+                raise too_small
+            pid = info.partition_id
+            if pid in self._pids:
+                raise RuntimeError(
+                    f"partition-id {pid} reported by two nodes (node {n} the second)"
+                )
+            self._pids.add(pid)
+            if pid < self.num_nodes and (why := info_mismatch(info, self.expected[pid])):
+                self.refuse(n, pid, why)
+            else:
+                self.described[n] = pid
+                new += [pid] if pid < self.num_nodes else []
+        if unusable and len(self.node_ids) <= self.num_nodes:  # no spare SuperNode can stand in
+            more = f" (and {len(unusable) - 1} more)" if len(unusable) > 1 else ""
+            raise RuntimeError(f"discovery failed on {unusable[0]}{more}")
+        return sorted(new)
+
+    def refuse(self, node_id: int, pid: int | None, why: str) -> None:
+        """Record node ``node_id``'s failed description (``pid`` None: it names no usable
+        partition-id; with spare SuperNodes it may be a spare, logged as idle)."""
+        self.refused[node_id] = (pid, why if pid is not None else f"round {self._round}: {why}")
+        if pid is None:
+            log.warning("sampled discovery, round %d: %s (idle)", self._round, why)
+
+    def describe_run(self) -> dict[str, Any]:
+        """``results.json``'s ``discovery`` entry: the mode, SuperNodes registered, the partition-ids
+        described per round and phase, the idle spares and the failed descriptions."""
+        return {
+            "mode": "sampled",
+            "registered": len(self.node_ids),
+            "described": len([p for p in self.described.values() if p < self.num_nodes]),
+            "rounds": {str(r): v for r, v in sorted(self.rounds.items())},
+            "idle_node_ids": sorted(n for n, p in self.described.items() if p >= self.num_nodes),
+            "failed": [
+                {"node_id": n, "partition_id": p, "reason": why}
+                for n, (p, why) in sorted(self.refused.items())
+            ],
+        }
+
+
+def sample_phase(
+    s: GraphStrategy, sampler: ParticipationSampler, server_round: int, phase: str
+) -> list[int]:
+    """The partition-ids ``sampler`` picks for ``phase`` of ``server_round``: its own draw over
+    partition-ids under ``discovery = "all"``; with ``s.sampled_discovery`` set, its draw over the
+    registered node ids (:meth:`SampledDiscovery.sample`, which describes new nodes and records failed
+    descriptions in ``s.ledger``)."""
+    if s.sampled_discovery is None:
+        return sampler.sample(server_round)
+    return s.sampled_discovery.sample(sampler, server_round, phase, s.exchange, s.ledger)

@@ -1,0 +1,294 @@
+"""Sampled discovery (run-config ``discovery = "sampled"``, ``flwr_sheaf.strategy.sampled``), in-process.
+
+- invariance: with every node training and evaluated, a sampled run records exactly the numbers of
+  full discovery on the same seed (rounds, per-node and per-edge results), and the graph the ServerApp
+  builds from the scenario is the one full discovery builds from the replies (a class-overlap spec);
+- only drawn nodes are queried, each at most once: the queried node ids equal the union of the
+  draws, recomputed here from numpy's uniforms over the sorted node ids;
+- a node whose reply disagrees with the scenario is that partition-id's recorded failure (field
+  named), the others train; as in full discovery, an unusable reply without a spare SuperNode and a
+  partition-id reported twice fail the run; a spare SuperNode stays idle (the run completes), and
+  more unusable replies than spares make the run degraded;
+- the same seed twice gives the same numbers;
+- bad values and unsupported combinations are refused before any message, the key named.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.apps.scenario import scenario_node_infos
+from flwr_sheaf.apps.server_app import run_server
+from flwr_sheaf.config import ConfigError, ScenarioConfig
+from flwr_sheaf.protocol import INFO, NodeInfo
+from flwr_sheaf.testing import LocalGrid
+
+torch.set_num_threads(1)
+
+TIMING = ("time", "wall", "seconds", "_s")
+
+
+def _rc(tmp_path, name: str, n: int, **kw) -> dict:
+    return {
+        "zoo": f"tiny-{n}",
+        "graph": "class-overlap-knn:2",
+        "num-pilots": 32,
+        "local-epochs": 1,
+        "max-steps-per-epoch": 1,
+        "batch-size": 16,
+        "method": "sheaf-frl",
+        "num-server-rounds": 2,
+        "seed": 3,
+        "results-dir": str(tmp_path / name),
+        "round-timeout": 5.0,
+        **kw,
+    }
+
+
+def _run(rc: dict, n: int, wrap=None) -> tuple[dict, LocalGrid]:
+    grid = LocalGrid(cnn_client_app, n, run_config=rc)
+    if wrap is not None:
+        grid.app = wrap(grid, grid.app)
+    return json.loads(run_server(grid, rc).read_text()), grid
+
+
+def _numbers(res: dict) -> dict:
+    """What a run measured, without timings."""
+    return {
+        "rounds": [
+            {k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in res["rounds"]
+        ],
+        "nodes": res["nodes"],
+        "edges": res["edges"],
+        "graph": res["graph"],
+        "failures": res["failures"],
+        "status": res["status"],
+    }
+
+
+def test_every_node_sampled_gives_the_numbers_and_graph_of_full_discovery(tmp_path):
+    n = 6
+    full, _ = _run(_rc(tmp_path, "all", n), n)
+    lazy, grid = _run(_rc(tmp_path, "sampled", n, discovery="sampled"), n)
+    assert full["status"] == "completed" and full["graph"]["edges"]
+    assert _numbers(lazy) == _numbers(full)
+    # every node was described once, in round 1, by its train draw
+    queries = [m for m in grid.delivered if m.metadata.message_type.startswith("query.")]
+    assert len(queries) == n
+    assert lazy["discovery"]["rounds"]["1"]["train"] == list(range(n))
+    assert "discovery" not in full
+    # the same seed again: the same numbers
+    again, _ = _run(_rc(tmp_path, "sampled2", n, discovery="sampled"), n)
+    assert _numbers(again) == _numbers(lazy)
+
+
+def test_the_scenarios_infos_are_what_the_nodes_report(tmp_path):
+    n = 6
+    rc = _rc(tmp_path, "infos", n)
+    grid = LocalGrid(cnn_client_app, n, run_config=rc)
+    from flwr_sheaf.methods import parse_run_config
+    from flwr_sheaf.strategy.discovery import Discovery
+
+    config, _ = parse_run_config(rc)
+    reported = Discovery(n, "sheaf", {"torch-threads": 1, "device": "cpu"}, 10.0).run(grid, 5.0)
+    expected = scenario_node_infos(config.scenario, n)
+    assert {p: node.info for p, node in reported.items()} == expected
+
+
+def _draw(node_ids: list[int], fraction: float, seed: int, stream: int, rnd: int) -> set[int]:
+    """The fraction draw over positions of the sorted node ids, from numpy's uniforms directly."""
+    k = max(1, int(len(node_ids) * fraction))
+    u = np.random.default_rng([seed, stream, rnd]).random(len(node_ids))
+    return {sorted(node_ids)[i] for i in np.argsort(u, kind="stable")[:k]}
+
+
+def test_only_drawn_nodes_are_queried_and_each_once(tmp_path):
+    n, f = 40, 0.1
+    rc = _rc(
+        tmp_path,
+        "few",
+        n,
+        discovery="sampled",
+        partitioner="cross-device",
+        graph="class-overlap-knn:4",
+        **{"fraction-train": f, "fraction-evaluate": f, "evaluate-every": 2},
+    )
+    res, grid = _run(rc, n)
+    queried = [
+        m.metadata.dst_node_id
+        for m in grid.delivered
+        if m.metadata.message_type.startswith("query.")
+    ]
+    ids = grid.get_node_ids()
+    drawn = (
+        _draw(ids, f, 3, 0, 1) | _draw(ids, f, 3, 0, 2) | _draw(ids, f, 3, 1, 2)
+    )  # train r1, r2; evaluators r2
+    assert len(queried) == len(set(queried))  # never twice
+    assert set(queried) == drawn
+    assert len(drawn) < n  # the test means something: most nodes were never messaged
+    messaged = {m.metadata.dst_node_id for m in grid.delivered}
+    assert messaged == drawn
+    for r in res["rounds"]:
+        want = {grid.partition_of(i) for i in _draw(ids, f, 3, 0, r["round"])}
+        assert set(r["sampled"]) == want
+    assert res["status"] == "completed"
+
+
+def _lying(pid: int, **fields):
+    """A ClientApp wrapper: partition ``pid`` reports ``fields`` in its query reply."""
+
+    def wrap(grid, real):
+        def app(msg, ctx):
+            reply = real(msg, ctx)
+            if msg.metadata.message_type.startswith("query.") and (
+                grid.partition_of(msg.metadata.dst_node_id) == pid
+            ):
+                info = replace(NodeInfo.from_record(reply.content[INFO]), **fields)
+                reply.content[INFO] = info.to_record()
+            return reply
+
+        return app
+
+    return wrap
+
+
+def test_a_node_disagreeing_with_the_scenario_is_its_recorded_failure(tmp_path):
+    n = 6
+    rc = _rc(tmp_path, "bad", n, discovery="sampled", **{"max-failed-fraction": 0.5})
+    res, grid = _run(rc, n, _lying(2, d=999))
+    reasons = [f for f in res["failures"] if f["partition-id"] == 2]
+    assert reasons and all(
+        "partition-id 2" in f["reason"] and "d 999" in f["reason"] for f in reasons
+    )
+    assert {f["partition-id"] for f in res["failures"]} == {2}
+    assert {f["phase"] for f in reasons} == {"train", "evaluate"}
+    node2 = grid.node_ids[2]
+    assert [m.metadata.message_type for m in grid.delivered if m.metadata.dst_node_id == node2] == [
+        "query.sheaf"
+    ]  # queried once, sent nothing else
+    assert all(r["num_trained"] == n - 1 for r in res["rounds"])
+    assert res["status"] == "degraded"
+    assert res["discovery"]["failed"][0]["partition_id"] == 2
+
+
+def test_other_pilots_are_named_too(tmp_path):
+    n = 6
+    rc = _rc(tmp_path, "pilots", n, discovery="sampled", **{"max-failed-fraction": 0.5})
+    res, _ = _run(rc, n, _lying(4, pilot_digest=12345))
+    assert res["failures"] and all(
+        f["partition-id"] == 4 and "pilot-digest 12345" in f["reason"] for f in res["failures"]
+    )
+
+
+def _broken(pid: int):
+    """A ClientApp wrapper: partition ``pid``'s query handler raises."""
+
+    def wrap(grid, real):
+        def app(msg, ctx):
+            if msg.metadata.message_type.startswith("query.") and (
+                grid.partition_of(msg.metadata.dst_node_id) == pid
+            ):
+                raise RuntimeError("broken node")
+            return real(msg, ctx)
+
+        return app
+
+    return wrap
+
+
+def test_an_error_reply_without_a_spare_fails_the_run_as_full_discovery_does(tmp_path):
+    n = 6
+    for mode in ("all", "sampled"):
+        rc = _rc(tmp_path, f"err_{mode}", n, discovery=mode)
+        grid = LocalGrid(cnn_client_app, n, run_config=rc)
+        grid.app = _broken(1)(grid, grid.app)
+        with pytest.raises(RuntimeError, match="discovery failed on node .*broken node"):
+            run_server(grid, rc)
+        assert not any(m.metadata.message_type.startswith("train.") for m in grid.delivered)
+
+
+def test_a_partition_id_reported_twice_fails_the_run_as_full_discovery_does(tmp_path):
+    n = 6
+    for mode in ("all", "sampled"):
+        rc = _rc(tmp_path, f"dup_{mode}", n, discovery=mode)
+        with pytest.raises(RuntimeError, match="partition-id 2 reported by two nodes"):
+            _run(rc, n, _lying(5, partition_id=2))
+
+
+def _spare_run(tmp_path, name: str, mode: str, wrap=None) -> tuple[dict, LocalGrid]:
+    # 7 SuperNodes for 6 agents: the bundled query handler refuses partition-id 6 (an error reply)
+    n = 6
+    rc = _rc(tmp_path, name, n, discovery=mode, **{"fraction-train": 1.0})
+    grid = LocalGrid(cnn_client_app, n + 1, run_config=rc)
+    if wrap is not None:
+        grid.app = wrap(grid, grid.app)
+    return json.loads(run_server(grid, rc).read_text()), grid
+
+
+def test_a_spare_supernode_stays_idle_and_the_run_completes(tmp_path):
+    full, _ = _spare_run(tmp_path, "spare_all", "all")
+    lazy, grid = _spare_run(tmp_path, "spare_sampled", "sampled")
+    assert full["status"] == lazy["status"] == "completed"
+    spare = grid.node_ids[6]
+    failed = lazy["discovery"]["failed"]
+    assert [f["node_id"] for f in failed] == [spare]  # the spare was drawn, answered an error
+    assert "outside" in failed[0]["reason"] and failed[0]["partition_id"] is None
+    # a round draws floor(f N) = 6 of the 7 node ids, so a round that drew the spare trained 5
+    for r in lazy["rounds"]:
+        assert r["num_trained"] == len(r["sampled"]) in (5, 6)
+    assert any(r["num_trained"] == 5 for r in lazy["rounds"])
+
+
+def test_more_unusable_replies_than_spares_degrade_the_run(tmp_path):
+    res, grid = _spare_run(tmp_path, "spare_broken", "sampled", _broken(1))
+    failed = {f["node_id"] for f in res["discovery"]["failed"]}
+    assert failed == {grid.node_ids[1], grid.node_ids[6]}  # the broken agent and the spare
+    assert res["status"] == "degraded"
+    assert any(
+        "only 1 SuperNode(s) are spares" in p and "at least 1 agent(s)" in p
+        for p in res["degradation"]["problems"]
+    )
+
+
+def test_too_few_supernodes_fails_at_once_naming_the_federation_config(tmp_path):
+    # 4 SuperNodes for 6 agents: one node's num-partitions says so, without waiting discovery-timeout
+    rc = _rc(tmp_path, "few_nodes", 6, discovery="sampled", **{"discovery-timeout": 3600.0})
+    grid = LocalGrid(cnn_client_app, 4, run_config=rc)
+    with pytest.raises(RuntimeError, match="num-supernodes=6"):
+        run_server(grid, rc)
+    assert [m.metadata.message_type for m in grid.delivered] == ["query.sheaf"]
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ({"discovery": "some"}, "discovery"),
+        ({"discovery": "sampled", "participation": "0.5"}, "participation"),
+        ({"discovery": "sampled", "resume": True}, "resume"),
+        ({"discovery": "sampled", "method": "rfedags"}, "task factory"),
+        ({"discovery": "sampled", "dataset": "hf:some/dataset"}, "hf:some/dataset"),
+    ],
+)
+def test_bad_values_and_unsupported_combinations_are_refused_before_any_message(
+    tmp_path, extra, named
+):
+    rc = _rc(tmp_path, "refused", 6, **extra)
+    grid = LocalGrid(cnn_client_app, 6, run_config=rc)
+    with pytest.raises(ConfigError) as err:
+        run_server(grid, rc)
+    assert "discovery" in str(err.value) and named in str(err.value)
+    assert grid.delivered == []
+
+
+def test_infos_fail_on_a_missing_file(tmp_path):
+    scenario = ScenarioConfig.from_mapping(
+        {"zoo": "tiny-4", "dataset": f"idx:{tmp_path / 'missing'}"}
+    )
+    with pytest.raises(ConfigError, match="discovery='all'"):
+        scenario_node_infos(scenario, 4)
