@@ -111,6 +111,18 @@ register_derived_cache(_prepared.cache_clear)
 register_derived_cache(_agent_data.cache_clear)
 
 
+def _prepared_scenario(scenario: ScenarioConfig) -> PreparedSplit:
+    """The scenario's prepared split (cached; raises what :func:`prepare_split` raises)."""
+    return _prepared(
+        scenario.dataset,
+        scenario.zoo,
+        scenario.shift,
+        scenario.seed,
+        scenario.num_pilots or None,
+        scenario.partitioner,
+    )
+
+
 def check_scenario(scenario: ScenarioConfig) -> None:
     """The CNN-zoo scenario's data checked for every agent on this machine, before any message
     (:func:`~flwr_sheaf.data.partition.check_all_agents`). Where the dataset is not on this machine
@@ -122,14 +134,7 @@ def check_scenario(scenario: ScenarioConfig) -> None:
     if scenario.dataset.startswith("hf:"):
         return  # a hub download on the ServerApp's host is not wanted: the nodes check at discovery
     try:
-        prepared = _prepared(
-            scenario.dataset,
-            scenario.zoo,
-            scenario.shift,
-            scenario.seed,
-            scenario.num_pilots or None,
-            scenario.partitioner,
-        )
+        prepared = _prepared_scenario(scenario)
     except (FileNotFoundError, ImportError, OSError):
         return  # not on this machine: the nodes' discovery checks it
     except ValueError as exc:
@@ -182,14 +187,7 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
             f"dataset is not downloaded on its host; use discovery='all'"
         )
     try:
-        prepared = _prepared(
-            scenario.dataset,
-            scenario.zoo,
-            scenario.shift,
-            scenario.seed,
-            scenario.num_pilots or None,
-            scenario.partitioner,
-        )
+        prepared = _prepared_scenario(scenario)
     except (FileNotFoundError, ImportError, OSError, ValueError) as exc:
         raise ConfigError(
             f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "

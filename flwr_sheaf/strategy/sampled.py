@@ -2,7 +2,7 @@
 
 Full discovery (:class:`~flwr_sheaf.strategy.discovery.Discovery`) sends one ``query.<action>`` to
 every SuperNode before round 1, because Flower's node ids say nothing of partition-ids. At 10,000
-SuperNodes on the Ray engine that alone takes minutes (docs/performance-ray.md). Here the server
+SuperNodes on the Ray engine that alone takes minutes (docs/performance-ray-sampled.md). Here the server
 already knows what every agent should report (the ``expected`` :class:`~flwr_sheaf.protocol.NodeInfo`
 per partition-id, derived from the scenario by the ServerApp), so it builds the graph from that,
 and per round:
