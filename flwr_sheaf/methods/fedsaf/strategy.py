@@ -1,6 +1,7 @@
 """FedSAF strategy: structural alignment on FedProto's global prototypes (docs/baselines-prototypes.md).
 
-The server side is FedProto's (prototype exchange, validation, aggregation, evaluation); only the
+The server side is FedProto's (prototype exchange, validation, aggregation, evaluation), held as
+the same components (:class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`); only the
 nodes' objective differs, chosen by ``fedsaf.structure``: ``gcsa`` / ``rcsa`` (FedSAF), or the
 coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype level) and
 ``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.methods.fedsaf.client.register_fedsaf_handlers`.
@@ -9,27 +10,31 @@ coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype lev
 from __future__ import annotations
 
 import networkx as nx
+import torch
+from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
+from ...strategy.graph import GraphStrategy
+from .._shared.prototype_aggregation import PrototypeAggregator
 from ..fedproto.config import FedProtoConfig
-from ..fedproto.strategy import FedProto
+from ..fedproto.strategy import prototype_evaluation
 from . import ACTION
 from .config import FedSAFConfig
 
 __all__ = ["FedSAF"]
 
 
-class FedSAF(FedProto):
-    """FedSAF (``L_sup + lam L_proto + gamma L_inst``): FedProto's server with FedSAF's section in
-    the nodes' config.
+class FedSAF(GraphStrategy):
+    """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol (a held
+    :class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`, :attr:`prototypes`).
 
     Args:
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
             ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
-        train: local SGD settings (default: :class:`~flwr_sheaf.config.LocalTrainConfig`'s).
         num_nodes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         federation: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        train: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         fedproto: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         num_classes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         graph: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
@@ -57,22 +62,71 @@ class FedSAF(FedProto):
             raise ValueError(
                 "fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')"
             )
+        federation = federation or FederationConfig()
         super().__init__(
             num_nodes,
-            federation=federation,
-            train=train or LocalTrainConfig(),
-            fedproto=fedproto,
-            num_classes=num_classes,
-            graph=graph,
             action=action,
+            federation=federation,
+            train=train,
+            graph=graph,
+            evaluation=prototype_evaluation(federation),
             discovery_timeout=discovery_timeout,
         )
+        self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
         self.fedsaf = fedsaf
+
+    @property
+    def structure(self) -> str:
+        """The structure term in use."""
+        return self.fedsaf.structure
+
+    @property
+    def fedproto(self) -> FedProtoConfig:
+        """The FedProto section in use."""
+        return self.prototypes.config
+
+    @property
+    def num_classes(self) -> int:
+        """Size of the label space, class ids ``0..num_classes-1`` (the prototype aggregator's)."""
+        return self.prototypes.num_classes
+
+    @property
+    def common_dim(self) -> int | None:
+        """The resolved prototype dimension D (None before discovery)."""
+        return self.prototypes.common_dim
+
+    @property
+    def global_protos(self) -> dict[int, torch.Tensor]:
+        """The current global prototypes ``{class: (D,)}``."""
+        return self.prototypes.global_protos
+
+    def on_discovered(self) -> None:
+        """Validate the graph, then resolve the common prototype dimension D."""
+        super().on_discovered()
+        self.prototypes.resolve_dim({p: n.d for p, n in self.nodes.items()}, type(self).__name__)
 
     def method_config(self, server_round: int) -> dict:
         """FedProto's entries plus :class:`FedSAFConfig`."""
-        return {**super().method_config(server_round), **self.fedsaf.to_dict()}
+        return {**self.prototypes.method_config(), **self.fedsaf.to_dict()}
+
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """The current global prototypes (none before the first aggregation)."""
+        return self.prototypes.record(), {}
+
+    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
+        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
+        return self.prototypes.record(), self.prototypes.shared()
+
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
+        """Aggregate the valid prototype uploads (:meth:`PrototypeAggregator.accept`)."""
+        return ok, self.prototypes.accept(self, server_round, ok)
 
     def results_extra(self) -> dict:
-        """FedProto's, plus the structure and weights."""
-        return {**super().results_extra(), "fedsaf": self.fedsaf.to_dict()}
+        """Prototype settings, the structure and weights."""
+        return {
+            **super().results_extra(),
+            "prototypes": self.prototypes.describe(),
+            "fedsaf": self.fedsaf.to_dict(),
+        }

@@ -1,23 +1,31 @@
-"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines-rfedags.md, s5.8).
+"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines-rfedags.md, s5).
 
-:class:`RFedBaseline` is :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` (discovery, the shared
-Bernoulli(p_i) sampler, so all four methods train the same nodes in the same rounds, weights of
-``mode``, failure handling, metrics) with the method's own messages and server step; the maths are
-:mod:`flwr_sheaf.methods.rfedags.baselines`, the ClientApp side
-:func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`. Per server round ``t``
-(action = the method name):
+:class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` except the
+round's messages and the server step: discovery, the shared Bernoulli(p_i) sampler
+(:class:`flwr_sheaf.participation.ParticipationSampler`, so all four methods train the same nodes in the
+same rounds), the weights of ``mode`` (default ``"uncorrected"``, the papers' mean over responders;
+``"known-p"`` / ``"corrected"`` apply RFedAGS's correction to the baseline), failure handling, metrics.
+The maths are :mod:`flwr_sheaf.methods.rfedags.baselines`, the same functions
+``run_federated`` of ``tests/oracles/rfedags_runner.py`` calls; the ClientApp side is
+:func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
-- ``rfedavg``: ``x_t`` to the drawn nodes; replies: end points; ``x_{t+1} = R_{x_t}(sum_i w_i R^{-1}_{x_t}(x_i))``.
-- ``rfedsvrg``: a phase ``"gradient"`` round trip first (inside ``configure_train``, bounded by
-  ``start``'s timeout): ``g_t = sum_i w_i grad f_i(x_t)`` over the nodes that answered; then phase
-  ``"local"`` with ``x_t`` and ``g_t`` to those nodes; server as RFedAvg.
-- ``rfedproj``: the ambient point ``x^mid`` and the node's correction ``c_i`` (nonzero when its upload
-  arrived in the previous round); replies: ambient end points and mean gradients;
-  ``x^mid_{t+1} = P(x^mid_t) + sum_i w_i (z^_i - P(x^mid_t))``, model ``P(x^mid_{t+1})``. A manifold
-  RFedProj refuses (SPD, Poincaré ball) fails at the first round with a ``ValueError`` naming it.
+Per server round ``t`` (action ``a`` = the method name):
+
+- ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points; server
+  ``x_{t+1} = R_{x_t}(sum_i w_i R^{-1}_{x_t}(x_i))``.
+- ``rfedsvrg``: first a ``train.a`` round trip in phase ``"gradient"`` (inside ``configure_train``,
+  bounded by the round timeout of ``start``): ``g_t = sum_i w_i grad f_i(x_t)`` over the nodes that
+  answered it (weights of that set); then phase ``"local"`` with ``x_t`` and ``g_t`` to those nodes;
+  server as RFedAvg over the end points that arrive.
+- ``rfedproj``: ``train.a`` with the server's ambient point ``x^mid`` and the node's correction ``c_i``
+  (nonzero when the node's upload arrived in the previous round); replies: ambient end points and mean
+  gradients; server ``x^mid_{t+1} = P(x^mid_t) + sum_i w_i (z^_i - P(x^mid_t))``, model ``P(x^mid_{t+1})``.
+  A manifold RFedProj refuses (SPD, Poincaré ball) fails at the first round with a ``ValueError``
+  naming it.
 
 An upload that is malformed, non-finite, off the manifold (RFedAvg/RFedSVRG end points, tolerance
-1e-8) or unreachable by the inverse retraction is that node's recorded failure and a non-responder.
+1e-8) or unreachable by the inverse retraction is that node's recorded failure; it is a non-responder
+of the round.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from ...protocol import (
     CONFIG,
     METRICS,
     NUM_EXAMPLES,
+    SEED,
+    SERVER_ROUND,
     TRAIN,
     array_record,
     as_float,
@@ -41,6 +51,8 @@ from ...protocol import (
     pack_arrays,
     weight_problem,
 )
+from ...strategy.exchange import merge_extra
+from ...strategy.graph import GraphStrategy
 from .baselines import (
     BASELINES,
     average_ambient,
@@ -53,20 +65,30 @@ from .protocol import (
     CORRECTION,
     ENDPOINT,
     FULL_GRADIENT,
+    LOCAL_STEPS,
     MEAN_GRADIENT,
+    MINIBATCH_SIZE,
     PHASE,
     PHASE_GRADIENT,
     PHASE_LOCAL,
     POINT,
+    STEP_SIZE,
     STREAM,
     STREAM_RECORD,
 )
-from .strategy import RFedAGS
+from .strategy import (
+    RFEDAGS_DEFAULTS,
+    RiemannianState,
+    init_server,
+    log_rfed_round,
+    round_prologue,
+    setup_riemannian,
+)
 
 __all__ = ["RFedBaseline"]
 
 
-class RFedBaseline(RFedAGS):
+class RFedBaseline(GraphStrategy, RiemannianState):
     """RFedAvg / RFedSVRG / RFedProj under arbitrary participation (module docstring).
 
     Args:
@@ -74,12 +96,12 @@ class RFedBaseline(RFedAGS):
         method: one of :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES` (also the message action).
         mode: aggregation weights (default ``"uncorrected"``: ``1/|S_t|``).
         **kwargs: the other keyword arguments of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`
-            except ``action``.
+            (``local_steps``, ``step_size``, ``decay_rounds``, ``global_step`` (varpi / eta_g),
+            ``q_min``, ``estimator``, ``manifold``, ``minibatch_size``, ``seed``, ``discovery_timeout``).
 
     Raises:
-        ValueError: an unknown method, ``action=``; the arguments RFedAGS refuses; (first round)
-            RFedProj on a manifold that is not compact and embedded.
-        TypeError: a keyword argument RFedAGS does not take.
+        ValueError: an unknown method; the arguments RFedAGS refuses; (first round) RFedProj on a
+            manifold that is not compact and embedded.
     """
 
     def __init__(
@@ -95,7 +117,11 @@ class RFedBaseline(RFedAGS):
             raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
         if "action" in kwargs:
             raise ValueError("RFedBaseline's action is its method name; do not pass action=")
-        super().__init__(num_nodes, participation, mode=mode, action=method, **kwargs)
+        settings = {**RFEDAGS_DEFAULTS, **kwargs}
+        unknown = sorted(set(kwargs) - set(RFEDAGS_DEFAULTS))
+        if unknown:
+            raise TypeError(f"RFedBaseline got unexpected keyword arguments {unknown}")
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **settings)
         self.method = method
         self._timeout = 3600.0
         self._x_mid: np.ndarray | None = None
@@ -127,26 +153,53 @@ class RFedBaseline(RFedAGS):
             evaluate_fn=evaluate_fn,
         )
 
+    def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
+        return round_prologue(self, server_round, arrays)
+
+    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
+        log_rfed_round(rec)
+
     def _init_server(self, arrays: ArrayRecord) -> None:
-        super()._init_server(arrays)
+        init_server(self, arrays)
         if self.method == "rfedproj":
             require_projection(self.manifold)
         self._x_mid = self.server.x.copy()
         self._x_mid_prev = self._x_mid.copy()
 
-    def _message(self, pid: int, server_round: int, payload: dict, cfg: ConfigRecord) -> Message:
-        return self.exchange.message(
-            pid, RecordDict({ARRAYS: pack_arrays(payload), CONFIG: cfg}), TRAIN, server_round
+    def _cfg(
+        self, server_round: int, alpha_t: float, phase: str, config: ConfigRecord
+    ) -> ConfigRecord:
+        cfg = merge_extra(
+            {
+                SERVER_ROUND: server_round,
+                LOCAL_STEPS: self.local_steps,
+                STEP_SIZE: alpha_t,
+                MINIBATCH_SIZE: self.minibatch_size,
+                SEED: self.seed,
+                PHASE: phase,
+            },
+            config,
+            "train_config",
         )
+        return ConfigRecord(dict(cfg))
 
     def _gradient_phase(
         self, server_round: int, alpha_t: float, config: ConfigRecord, grid: Grid
     ) -> list[int]:
         """RFedSVRG phase 1: gradients at ``x_t`` from the drawn nodes; sets ``g_t``; returns who answered."""
         shape = tuple(self.server.x.shape)
-        cfg = self._train_config(server_round, alpha_t, config, **{PHASE: PHASE_GRADIENT})
         msgs = [
-            self._message(pid, server_round, {POINT: self._x_t}, cfg)
+            self.exchange.message(
+                pid,
+                RecordDict(
+                    {
+                        ARRAYS: pack_arrays({POINT: self._x_t}),
+                        CONFIG: self._cfg(server_round, alpha_t, PHASE_GRADIENT, config),
+                    }
+                ),
+                TRAIN,
+                server_round,
+            )
             for pid in self.ledger.current.sampled
         ]
         ok = self.exchange.split_replies(
@@ -177,13 +230,15 @@ class RFedBaseline(RFedAGS):
         """The method's ``train.<method>`` messages to the drawn nodes (RFedSVRG: after its gradient phase)."""
         alpha_t = self._round_prologue(server_round, arrays)
         self._recipients = list(self.ledger.current.sampled)
-        cfg = self._train_config(server_round, alpha_t, config, **{PHASE: PHASE_LOCAL})
+        cfg = self._cfg(server_round, alpha_t, PHASE_LOCAL, config)
         msgs = []
         if self.method == "rfedsvrg" and self._recipients:
             self._recipients = self._gradient_phase(server_round, alpha_t, config, grid)
         for pid in self._recipients:
             if self.method == "rfedproj":
-                assert self._x_mid is not None and self._x_mid_prev is not None  # _init_server
+                assert (
+                    self._x_mid is not None and self._x_mid_prev is not None
+                )  # set in _init_server
                 c = np.zeros_like(self._x_mid)
                 if pid in self._prev_responders and pid in self._zeta_prev:
                     c = projection_correction(
@@ -201,7 +256,14 @@ class RFedBaseline(RFedAGS):
                 payload = {POINT: self._x_t, FULL_GRADIENT: self._g_t}
             else:
                 payload = {POINT: self._x_t}
-            msgs.append(self._message(pid, server_round, payload, cfg))
+            msgs.append(
+                self.exchange.message(
+                    pid,
+                    RecordDict({ARRAYS: pack_arrays(payload), CONFIG: cfg}),
+                    TRAIN,
+                    server_round,
+                )
+            )
         return msgs
 
     def aggregate_train(
@@ -236,7 +298,28 @@ class RFedBaseline(RFedAGS):
         self.server.x = x_new
         self.server.estimator.observe(mask)
         self.server.round += 1
-        return self._record_round(x_new, direction, sorted(uploads), w, est, {}, {})
+        metrics = {
+            "num_drawn": len(self.ledger.current.sampled),
+            "num_responders": int(mask.sum()),
+            "weight_sum": float(w.sum()),
+            "step_size": float(self.ledger.current.train["step_size"]),
+            "direction_norm": float(np.linalg.norm(direction)),
+            "feasibility": float(np.max(self.manifold.feasibility(x_new))),
+        }
+        if self.mode != "uncorrected":
+            metrics["estimate_min"] = float(np.min(est))
+        if self.round_metrics is not None:
+            metrics.update(self.round_metrics(x_new))
+        self.ledger.current.num_trained = len(uploads)
+        self.ledger.current.train.update(metrics)
+        self.ledger.current.train.update(
+            {
+                "drawn": list(self.ledger.current.sampled),
+                "responders": sorted(uploads),
+                "weights": w.tolist(),
+            }
+        )
+        return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
 
     def _check_upload(self, reply: Message) -> tuple[np.ndarray, np.ndarray | None, str | None]:
         """One train reply's end point ``(n, p)`` float64, RFedProj's mean gradient (same shape;
@@ -280,3 +363,17 @@ class RFedBaseline(RFedAGS):
         self._zeta_prev.update(zetas)
         self._prev_responders = set(uploads)
         return x_new, x_new - self._x_t
+
+    def summary(self) -> None:  # noqa: D102 - Strategy API
+        import logging
+
+        logging.getLogger("flwr_sheaf").info(
+            "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, global step=%g)",
+            self.method,
+            self.mode,
+            self.num_nodes,
+            self.local_steps,
+            self.step_size,
+            self.decay_rounds,
+            self.global_step,
+        )

@@ -1,13 +1,26 @@
 """RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
 
-Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md, s5). Per server round ``t``:
-discovery once (``query.rfedags``), the responding set ``S_t`` drawn per partition-id as independent
-Bernoulli(p_i) (:class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``), one
-``train.rfedags`` message with ``x_t`` to each drawn node; the streams ``zeta_i in T_{x_t} M`` that
-arrive are weighted (``mode``) and retracted by
-:class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`. A reply that is malformed, non-finite or
-has a bad ``num-examples`` is that node's recorded failure and a non-responder; a round without any
-stream keeps ``x_t`` exactly. No client-side evaluation (use ``start(..., evaluate_fn=...)``).
+Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md). Per server round ``t``:
+
+1. ``configure_train``: discovery once (``query.rfedags``: node id <-> partition-id), then the
+   responding set ``S_t`` is drawn per partition-id as independent Bernoulli(p_i)
+   (the shared :class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``;
+   Flower's own sampling is uniform, i.e. the paper's Scheme I, so it is not used). Each drawn node
+   gets ``x_t`` (record ``arrays``, key :data:`flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and a
+   ``ConfigRecord`` with ``server-round``, ``local-steps`` (K), ``step-size`` (alpha_t),
+   ``minibatch-size`` and ``seed``.
+2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
+   finite ``num-examples > 0``; anything else is that node's recorded failure) are
+   combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with weights
+   ``1/(q_i^t N)`` (``"corrected"``), ``1/(p_i N)`` (``"known-p"``) or the mean over responders
+   (``"uncorrected"``), followed by ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
+   arrived count as participation (a drawn node that failed or stayed silent is a non-responder for
+   the frequency estimate). A round without any stream keeps ``x_t`` exactly.
+3. No client-side evaluation: rounds are never evaluated by nodes; use ``start(...,
+   evaluate_fn=...)`` for server-side metrics (optimality gap etc.). Per-round bookkeeping (drawn,
+   responders, weights, estimates, bytes, wall time) is appended to ``history``.
+
+``N`` in the weights is the number of partitions (graph nodes) of the scenario.
 """
 
 from __future__ import annotations
@@ -44,29 +57,195 @@ from .local import step_size_schedule
 from .manifolds import Manifold, Sphere, Stiefel
 from .protocol import LOCAL_STEPS, MINIBATCH_SIZE, POINT, STEP_SIZE, STREAM, STREAM_RECORD
 
-__all__ = ["RFedAGS"]
+__all__ = [
+    "RFEDAGS_DEFAULTS",
+    "RFedAGS",
+    "init_server",
+    "log_rfed_round",
+    "round_prologue",
+    "setup_riemannian",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
 
-class RFedAGS(GraphStrategy):
+class RiemannianState:
+    """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
+    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`, declared
+    for type checkers (``manifold`` may be None and ``server`` / ``_x_t`` are None until the first round
+    builds them; every reader runs inside a round)."""
+
+    alpha: Callable[[int], float]
+    p: np.ndarray
+    mode: str
+    local_steps: int
+    step_size: float
+    decay_rounds: float
+    global_step: float
+    q_min: float
+    estimate_includes_current: bool
+    estimator: str
+    manifold: Manifold
+    minibatch_size: int
+    server: RFedAGSServer
+    _x_t: np.ndarray
+    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None
+
+
+def setup_riemannian(
+    s: Any,
+    num_nodes: int,
+    participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None,
+    *,
+    mode: str,
+    local_steps: int,
+    step_size: float,
+    decay_rounds: float,
+    global_step: float,
+    q_min: float,
+    estimate_includes_current: bool,
+    estimator: str,
+    manifold: Manifold | None,
+    minibatch_size: int,
+    seed: int,
+    action: str,
+    discovery_timeout: float,
+    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None,
+) -> None:
+    """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
+    shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
+    (arguments as :class:`RFedAGS`).
+
+    Raises:
+        ValueError: invalid mode, probabilities, K, step sizes, estimator or mini-batch size.
+    """
+    p = parse_participation(participation, num_nodes, seed)
+    p = np.ones(num_nodes) if p is None else p
+    GraphStrategy.__init__(
+        s,
+        num_nodes,
+        action=action,
+        sampler=ParticipationSampler(num_nodes, probabilities=p, seed=seed),
+        discovery_timeout=discovery_timeout,
+    )
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if int(local_steps) != local_steps or local_steps < 1:
+        raise ValueError(f"local_steps (K) must be a positive integer, got {local_steps!r}")
+    if not (np.isfinite(global_step) and global_step > 0):
+        raise ValueError(f"global_step (varpi) must be positive, got {global_step!r}")
+    if int(minibatch_size) != minibatch_size or minibatch_size < 0:
+        raise ValueError(
+            f"minibatch_size must be a non-negative integer (0 = exact gradients), got {minibatch_size!r}"
+        )
+    s.alpha = step_size_schedule(step_size, decay_rounds)  # validates step_size, decay_rounds
+    s.p = p
+    s.mode = mode
+    s.local_steps = int(local_steps)
+    s.step_size, s.decay_rounds = float(step_size), float(decay_rounds)
+    s.global_step = float(global_step)
+    s.q_min = float(q_min)
+    s.estimate_includes_current = bool(estimate_includes_current)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    s.estimator = estimator
+    s.manifold = manifold
+    s.minibatch_size = int(minibatch_size)
+    s.server = None  # RFedAGSServer, built from the initial point (init_server)
+    s._x_t = None  # (d, r) or (d,) point of the running round
+    s.round_metrics = round_metrics
+
+
+def init_server(s: Any, arrays: ArrayRecord) -> None:
+    """Build ``s.server`` (and infer ``s.manifold``) from the initial point (RFedAGS and the baselines).
+
+    Raises:
+        ValueError: no key ``"x"``, an unsupported rank, or a point off the manifold.
+    """
+    if POINT not in arrays:
+        raise ValueError(f"initial_arrays must hold the global parameter under key {POINT!r}")
+    x0 = np.array(arrays[POINT].numpy(), dtype=np.float64)
+    if s.manifold is None:
+        if x0.ndim == 2:
+            s.manifold = Stiefel(*x0.shape)
+        elif x0.ndim == 1:
+            s.manifold = Sphere(x0.shape[0])
+        else:
+            raise ValueError(f"cannot infer a manifold for a parameter of shape {x0.shape}")
+    s.manifold.check_point(x0, atol=1e-8)
+    s.server = RFedAGSServer(
+        s.manifold,
+        x0,
+        s.num_nodes,
+        mode=s.mode,
+        p=s.p,
+        q_min=s.q_min,
+        global_step=s.global_step,
+        estimate_includes_current=s.estimate_includes_current,
+        estimator_kind=s.estimator,
+    )
+
+
+def round_prologue(s: Any, server_round: int, arrays: ArrayRecord) -> float:
+    """Round prologue shared with the baselines: the server (first round), ``x_t``, the Bernoulli
+    draw of this round and the step size ``alpha_t`` (returned and recorded)."""
+    if s.server is None:
+        s._init_server(arrays)
+    s._x_t = s.server.x.copy()
+    s.ledger.current.sampled = s.sampler.sample(server_round)
+    alpha_t = s.alpha(server_round - 1)
+    s.ledger.current.train["step_size"] = alpha_t
+    return alpha_t
+
+
+def log_rfed_round(rec: Any) -> None:
+    """One progress line per round of the RFedAGS family (drawn, responders, direction norm)."""
+    t = rec.train
+    log.info(
+        "round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s",
+        rec.round,
+        t.get("num_drawn", 0),
+        t.get("num_responders", 0),
+        t.get("direction_norm", 0.0),
+        rec.wall_seconds,
+    )
+
+
+#: keyword defaults of :func:`setup_riemannian` besides participation and mode (as :class:`RFedAGS`).
+RFEDAGS_DEFAULTS: dict[str, Any] = {
+    "local_steps": 5,
+    "step_size": 0.02,
+    "decay_rounds": 0.0,
+    "global_step": 1.0,
+    "q_min": DEFAULT_Q_MIN,
+    "estimate_includes_current": False,
+    "estimator": "plus-one",
+    "manifold": None,
+    "minibatch_size": 0,
+    "seed": DEFAULTS["seed"],
+    "discovery_timeout": DEFAULTS["discovery-timeout"],
+    "round_metrics": None,
+}
+
+
+class RFedAGS(GraphStrategy, RiemannianState):
     """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines-rfedags.md, s5) as a Flower strategy.
 
     Args:
-        num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``; the ``N`` of the weights).
+        num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
         participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec string of
             :func:`flwr_sheaf.participation.parse_participation`; None = full participation).
             ``p_i = 0`` is allowed (the node never trains).
-        mode: ``"corrected"`` (weights ``1/(q_i^t N)``), ``"known-p"`` (``1/(p_i N)``) or
-            ``"uncorrected"`` (mean over responders, weighted by ``num-examples``).
+        mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
         local_steps: ``K >= 1``.
         step_size: ``alpha_0 > 0``; ``alpha_t = alpha_0 / (1 + t/decay_rounds)`` with ``t = round - 1``.
         decay_rounds: ``>= 0`` (0 = fixed step).
         global_step: ``varpi > 0`` (paper and code: 1).
         q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.participation.FrequencyEstimator`).
         estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
-        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default, ``(c+1)/(t+1)``)
-            or ``"empirical"`` (paper, ``c/t``); docs/participation.md, s4.1.
+        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
+            expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
+            :class:`~flwr_sheaf.participation.FrequencyEstimator` and docs/participation.md, s4.1.
         manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
             -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
@@ -77,8 +256,8 @@ class RFedAGS(GraphStrategy):
         discovery_timeout: see :class:`~flwr_sheaf.strategy.graph.GraphStrategy`.
 
     Raises:
-        ValueError: invalid mode, probabilities, K, step sizes, estimator or mini-batch size; (in
-            ``configure_train``) an initial array without key ``"x"``, of unsupported rank, or off the manifold.
+        ValueError: invalid mode, probabilities, K, step sizes; (in ``configure_train``) an initial
+            array without key ``"x"``, of unsupported rank, or off the manifold.
     """
 
     def __init__(
@@ -101,86 +280,39 @@ class RFedAGS(GraphStrategy):
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
         round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
     ) -> None:
-        p = parse_participation(participation, num_nodes, seed)
-        p = np.ones(num_nodes) if p is None else p
-        super().__init__(
+        setup_riemannian(
+            self,
             num_nodes,
+            participation,
+            mode=mode,
+            local_steps=local_steps,
+            step_size=step_size,
+            decay_rounds=decay_rounds,
+            global_step=global_step,
+            q_min=q_min,
+            estimate_includes_current=estimate_includes_current,
+            estimator=estimator,
+            manifold=manifold,
+            minibatch_size=minibatch_size,
+            seed=seed,
             action=action,
-            sampler=ParticipationSampler(num_nodes, probabilities=p, seed=seed),
             discovery_timeout=discovery_timeout,
+            round_metrics=round_metrics,
         )
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if int(local_steps) != local_steps or local_steps < 1:
-            raise ValueError(f"local_steps (K) must be a positive integer, got {local_steps!r}")
-        if not (np.isfinite(global_step) and global_step > 0):
-            raise ValueError(f"global_step (varpi) must be positive, got {global_step!r}")
-        if int(minibatch_size) != minibatch_size or minibatch_size < 0:
-            raise ValueError(
-                f"minibatch_size must be a non-negative integer (0 = exact gradients), got {minibatch_size!r}"
-            )
-        self.alpha = step_size_schedule(step_size, decay_rounds)  # validates both
-        self.p = p
-        self.mode = mode
-        self.local_steps = int(local_steps)
-        self.step_size, self.decay_rounds = float(step_size), float(decay_rounds)
-        self.global_step = float(global_step)
-        self.q_min = float(q_min)
-        self.estimate_includes_current = bool(estimate_includes_current)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        self.estimator = estimator
-        self.manifold: Manifold = manifold  # type: ignore[assignment]  # inferred in _init_server
-        self.minibatch_size = int(minibatch_size)
-        self.server: RFedAGSServer = None  # type: ignore[assignment]  # built in the first round
-        self._x_t: np.ndarray = None  # type: ignore[assignment]  # the running round's point
-        self.round_metrics = round_metrics
 
+    # ------------------------------------------------------------------ helpers
     def _init_server(self, arrays: ArrayRecord) -> None:
-        """Build ``self.server`` (and infer ``self.manifold``) from the initial point.
+        init_server(self, arrays)
 
-        Raises:
-            ValueError: no key ``"x"``, an unsupported rank, or a point off the manifold.
-        """
-        if POINT not in arrays:
-            raise ValueError(f"initial_arrays must hold the global parameter under key {POINT!r}")
-        x0 = np.array(arrays[POINT].numpy(), dtype=np.float64)
-        if self.manifold is None:
-            if x0.ndim == 2:
-                self.manifold = Stiefel(*x0.shape)
-            elif x0.ndim == 1:
-                self.manifold = Sphere(x0.shape[0])
-            else:
-                raise ValueError(f"cannot infer a manifold for a parameter of shape {x0.shape}")
-        self.manifold.check_point(x0, atol=1e-8)
-        self.server = RFedAGSServer(
-            self.manifold,
-            x0,
-            self.num_nodes,
-            mode=self.mode,
-            p=self.p,
-            q_min=self.q_min,
-            global_step=self.global_step,
-            estimate_includes_current=self.estimate_includes_current,
-            estimator_kind=self.estimator,
-        )
-
+    # ------------------------------------------------------------------ train
     def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
-        """The server (first round), ``x_t``, this round's Bernoulli draw and the step size ``alpha_t``
-        (returned and recorded)."""
-        if self.server is None:
-            self._init_server(arrays)
-        self._x_t = self.server.x.copy()
-        self.ledger.current.sampled = self.sampler.sample(server_round)
-        alpha_t = self.alpha(server_round - 1)
-        self.ledger.current.train["step_size"] = alpha_t
-        return alpha_t
+        return round_prologue(self, server_round, arrays)
 
-    def _train_config(
-        self, server_round: int, alpha_t: float, config: ConfigRecord, **extra: Any
-    ) -> ConfigRecord:
-        """The ``train`` message's config: round, ``K``, ``alpha_t``, mini-batch size, seed, ``extra``,
-        then ``start``'s ``train_config`` (ValueError if it names one of these keys)."""
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
+        alpha_t = self._round_prologue(server_round, arrays)
         cfg = merge_extra(
             {
                 SERVER_ROUND: server_round,
@@ -188,22 +320,16 @@ class RFedAGS(GraphStrategy):
                 STEP_SIZE: alpha_t,
                 MINIBATCH_SIZE: self.minibatch_size,
                 SEED: self.seed,
-                **extra,
             },
             config,
             "train_config",
         )
-        return ConfigRecord(dict(cfg))
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
-        cfg = self._train_config(server_round, self._round_prologue(server_round, arrays), config)
         return [
             self.exchange.message(
                 pid,
-                RecordDict({ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: cfg}),
+                RecordDict(
+                    {ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}
+                ),
                 TRAIN,
                 server_round,
             )
@@ -244,65 +370,53 @@ class RFedAGS(GraphStrategy):
         res = self.server.step(
             mask, zetas, num_examples=num_examples if self.mode == "uncorrected" else None
         )
-        return self._record_round(
-            res.x,
-            res.direction,
-            sorted(zetas),
-            res.weights,
-            res.estimates,
-            {"tangent_error_max": max(tangent) if tangent else 0.0},
-            {"estimates": [None if np.isnan(e) else float(e) for e in res.estimates]},
-        )
-
-    def _record_round(
-        self,
-        x_new: np.ndarray,
-        direction: np.ndarray,
-        responders: list[int],
-        w: np.ndarray,
-        estimates: np.ndarray,
-        extra_metrics: Mapping[str, float],
-        extra_record: Mapping[str, Any],
-    ) -> tuple[ArrayRecord, MetricRecord]:
-        """Record the round (metrics, drawn, responders, weights ``(N,)``) in the ledger; returns the
-        new point ``x_{t+1}`` and the round's metrics."""
-        cur = self.ledger.current
         metrics = {
-            "num_drawn": len(cur.sampled),
-            "num_responders": len(responders),
-            "weight_sum": float(w.sum()),
-            "step_size": float(cur.train["step_size"]),
-            "direction_norm": float(np.linalg.norm(direction)),
-            **extra_metrics,
-            "feasibility": float(np.max(self.manifold.feasibility(x_new))),
+            "num_drawn": len(self.ledger.current.sampled),
+            "num_responders": res.num_responders,
+            "weight_sum": float(res.weights.sum()),
+            "step_size": float(self.ledger.current.train["step_size"]),
+            "direction_norm": float(np.linalg.norm(res.direction)),
+            "tangent_error_max": max(tangent) if tangent else 0.0,
+            "feasibility": float(np.max(self.manifold.feasibility(res.x))),
         }
         if self.mode != "uncorrected":
-            metrics["estimate_min"] = float(np.min(estimates))
+            metrics["estimate_min"] = float(np.min(res.estimates))
         if self.round_metrics is not None:
-            metrics.update(self.round_metrics(x_new))
-        cur.num_trained = len(responders)
-        cur.train.update(metrics)
-        cur.train.update(
-            {"drawn": list(cur.sampled), "responders": responders, "weights": w.tolist()}
+            metrics.update(self.round_metrics(res.x))
+        self.ledger.current.num_trained = len(zetas)
+        self.ledger.current.train.update(metrics)
+        self.ledger.current.train.update(
+            {
+                "drawn": list(self.ledger.current.sampled),
+                "responders": sorted(zetas),
+                "weights": res.weights.tolist(),
+                "estimates": [None if np.isnan(e) else float(e) for e in res.estimates],
+            }
         )
-        cur.train.update(extra_record)
-        return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
+        return (
+            pack_arrays({POINT: res.x}),
+            MetricRecord({k: float(v) for k, v in metrics.items()}),
+        )
+
+    # ------------------------------------------------------------------ evaluate (none)
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No client-side evaluation: no messages."""
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """No client-side evaluation: None."""
+        return None
 
     def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
-        t = rec.train
-        log.info(
-            "round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s",
-            rec.round,
-            t.get("num_drawn", 0),
-            t.get("num_responders", 0),
-            t.get("direction_norm", 0.0),
-            rec.wall_seconds,
-        )
+        log_rfed_round(rec)
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
         log.info(
-            "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)",
-            self.action,
+            "RFedAGS(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)",
             self.mode,
             self.num_nodes,
             self.local_steps,
