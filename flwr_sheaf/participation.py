@@ -28,6 +28,7 @@ __all__ = [
     "check_participation_spec",
     "parse_participation",
     "ParticipationSampler",
+    "smallest_uniforms",
     "TRAIN_STREAM",
     "EVALUATE_STREAM",
 ]
@@ -339,6 +340,14 @@ def parse_participation(
 TRAIN_STREAM, EVALUATE_STREAM = 0, 1
 
 
+def smallest_uniforms(uniforms: np.ndarray, n: int) -> list[int]:
+    """The fraction draw: sorted positions of the ``n`` smallest of ``uniforms`` ``(M,)`` (stable
+    ties; every position when ``n >= M``)."""
+    if n >= len(uniforms):
+        return list(range(len(uniforms)))
+    return sorted(int(i) for i in np.argsort(uniforms, kind="stable")[:n])
+
+
 class ParticipationSampler:
     """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring):
     ``fraction`` in (0, 1], or Bernoulli ``probabilities`` ``(N,)`` (:func:`parse_participation`).
@@ -405,10 +414,12 @@ class ParticipationSampler:
                     bernoulli_participation(self.probabilities, server_round, self.seed)
                 )
             ]
-        n = max(1, int(self.num_nodes * self.fraction))
-        if n >= self.num_nodes:
-            return list(range(self.num_nodes))
-        return sorted(int(i) for i in np.argsort(self.uniforms(server_round), kind="stable")[:n])
+        return smallest_uniforms(self.uniforms(server_round), self.num_drawn)
+
+    @property
+    def num_drawn(self) -> int:
+        """Nodes a fraction draw picks per round: ``max(1, floor(fraction * num_nodes))``."""
+        return max(1, int(self.num_nodes * self.fraction))
 
     def describe(self) -> dict:
         """Mode and parameters (for ``results.json``)."""

@@ -39,10 +39,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from flwr.serverapp import Grid
 
-from ..participation import ParticipationSampler
+from ..participation import ParticipationSampler, smallest_uniforms
 from ..protocol import NodeInfo
 from . import messaging
 from .discovery import POLL_SECONDS, Discovery, federation_fix, federation_too_small, parse_reply
@@ -186,13 +185,11 @@ class SampledDiscovery:
                 "discovery='sampled' draws over node ids: Bernoulli participation (per "
                 "partition-id) cannot be drawn before the nodes are described; use a fraction"
             )
-        m = len(self.node_ids)
-        u = ParticipationSampler(m, 1.0, seed=sampler.seed, stream=sampler.stream).uniforms(
-            server_round
+        over = ParticipationSampler(
+            len(self.node_ids), 1.0, seed=sampler.seed, stream=sampler.stream
         )
-        n = max(1, int(self.num_nodes * sampler.fraction))
-        picked = range(m) if n >= m else np.argsort(u, kind="stable")[:n]
-        return [self.node_ids[int(i)] for i in sorted(picked)]
+        picked = smallest_uniforms(over.uniforms(server_round), sampler.num_drawn)
+        return [self.node_ids[i] for i in picked]
 
     @property
     def problems(self) -> list[str]:
