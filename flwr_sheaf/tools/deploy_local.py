@@ -244,17 +244,7 @@ class _SiteCrashes:
 
     def kill_supernode(self, n: SuperNodeProc) -> None:
         """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
-        victims = [psutil.Process(n.started().pid)]
-        try:
-            victims += victims[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        for q in victims:
-            try:
-                q.kill()
-            except psutil.NoSuchProcess:
-                pass
-        n.started().wait(timeout=10)
+        stop_processes([n.started()], first=signal.SIGKILL)
 
     def restart_supernode(
         self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0

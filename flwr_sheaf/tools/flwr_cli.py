@@ -214,9 +214,12 @@ def run_status(
 
 
 def stop_processes(
-    procs: Iterable[psutil.Process | subprocess.Popen | int], timeout: float = 10.0
+    procs: Iterable[psutil.Process | subprocess.Popen | int],
+    timeout: float = 10.0,
+    first: signal.Signals = signal.SIGTERM,
 ) -> int:
-    """Stop exactly ``procs`` and their descendants: SIGTERM, wait up to ``timeout`` s, then SIGKILL.
+    """Stop exactly ``procs`` and their descendants: ``first`` (SIGTERM; SIGKILL for a crash with
+    no clean shutdown), wait up to ``timeout`` s, then SIGKILL.
 
     A ``psutil.Process`` remembered earlier is only signalled if it is still the same process
     (``is_running`` compares the creation time, so a reused pid is left alone).
@@ -246,7 +249,7 @@ def stop_processes(
     alive = []
     for q in victims.values():
         try:
-            q.send_signal(signal.SIGTERM)
+            q.send_signal(first)
             alive.append(q)
         except psutil.NoSuchProcess:
             pass

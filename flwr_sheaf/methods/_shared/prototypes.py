@@ -135,6 +135,18 @@ def _stack_protos(
     return classes, mat
 
 
+def _prototype_rows(y: torch.Tensor, classes: list[int]) -> torch.Tensor:
+    """Row of each label's class in ``classes`` (non-empty, ascending: the rows of the stacked
+    prototypes), -1 for a label without a prototype; ``y`` ``(B,)`` int64 non-negative -> ``(B,)``
+    int64 on ``y``'s device (a lookup table on the int values)."""
+    hi = max(max(classes), int(y.max()) if y.numel() else 0)
+    lut = torch.full((hi + 1,), -1, dtype=torch.long, device=y.device)
+    lut[torch.tensor(classes, dtype=torch.long, device=y.device)] = torch.arange(
+        len(classes), device=y.device
+    )
+    return lut[y]
+
+
 # --- client side
 def class_prototypes(
     z: torch.Tensor, y: torch.Tensor, num_classes: int
@@ -207,14 +219,7 @@ def fedproto_loss(
         )
     if not classes or z.shape[0] == 0:
         return z.sum() * 0.0, 0
-    # map label -> row of `mat` (-1 = no prototype) via a lookup table on int values
-    y_dev = y.to(z.device).long()
-    hi = max(max(classes), int(y_dev.max()) if y_dev.numel() else 0)
-    lut = torch.full((hi + 1,), -1, dtype=torch.long, device=z.device)
-    lut[torch.tensor(classes, dtype=torch.long, device=z.device)] = torch.arange(
-        len(classes), device=z.device
-    )
-    rows = lut[y_dev]
+    rows = _prototype_rows(y.to(z.device).long(), classes)
     covered = rows >= 0
     n_cov = int(covered.sum())
     if n_cov == 0:

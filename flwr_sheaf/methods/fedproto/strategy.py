@@ -17,11 +17,11 @@ from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, RunConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
-from .._shared.prototype_aggregation import PrototypeAggregator, common_dimension
+from .._shared.prototype_aggregation import PrototypeAggregator
 from . import ACTION
 from .config import FedProtoConfig
 
-__all__ = ["FedProto", "common_dimension", "prototype_evaluation"]
+__all__ = ["FedProto", "prototype_evaluation"]
 
 
 def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:

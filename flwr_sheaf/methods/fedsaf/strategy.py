@@ -10,7 +10,6 @@ coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype lev
 from __future__ import annotations
 
 import networkx as nx
-import torch
 from flwr.app import Message
 
 from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
@@ -74,31 +73,6 @@ class FedSAF(GraphStrategy):
         )
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
         self.fedsaf = fedsaf
-
-    @property
-    def structure(self) -> str:
-        """The structure term in use."""
-        return self.fedsaf.structure
-
-    @property
-    def fedproto(self) -> FedProtoConfig:
-        """The FedProto section in use."""
-        return self.prototypes.config
-
-    @property
-    def num_classes(self) -> int:
-        """Size of the label space, class ids ``0..num_classes-1`` (the prototype aggregator's)."""
-        return self.prototypes.num_classes
-
-    @property
-    def common_dim(self) -> int | None:
-        """The resolved prototype dimension D (None before discovery)."""
-        return self.prototypes.common_dim
-
-    @property
-    def global_protos(self) -> dict[int, torch.Tensor]:
-        """The current global prototypes ``{class: (D,)}``."""
-        return self.prototypes.global_protos
 
     def on_discovered(self) -> None:
         """Validate the graph, then resolve the common prototype dimension D."""
