@@ -9,15 +9,16 @@ coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype lev
 
 from __future__ import annotations
 
-import networkx as nx
+from typing import Unpack
+
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import PrototypeAggregator
 from ..fedproto.config import FedProtoConfig
 from ..fedproto.strategy import prototype_evaluation
+from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedSAFConfig
 
@@ -32,13 +33,10 @@ class FedSAF(GraphStrategy):
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
             ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
         num_nodes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        federation: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        train: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         fedproto: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         num_classes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        graph: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        discovery_timeout: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        action: message action (default ``"fedsaf"``).
+        **common: federation, train, graph, action (default ``"fedsaf"``), discovery_timeout
+            (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Raises:
         ValueError: an empty structure (named), and FedProto's errors.
@@ -49,28 +47,15 @@ class FedSAF(GraphStrategy):
         num_nodes: int,
         *,
         fedsaf: FedSAFConfig,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
         fedproto: FedProtoConfig | None = None,
         num_classes: int = PAPER_NUM_CLASSES,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        **common: Unpack[GraphArgs],
     ) -> None:
         if not fedsaf.structure:
             raise ValueError(
                 "fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')"
             )
-        federation = federation or FederationConfig()
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=prototype_evaluation(federation),
-            discovery_timeout=discovery_timeout,
-        )
+        super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
         self.fedsaf = fedsaf
 
