@@ -258,16 +258,6 @@ class NetworkSheaf:
             self.maps[(h, t)] = v
 
     # ------------------------------------------------------------------ structure
-    def coboundary(self, sparse: bool = False) -> torch.Tensor:
-        """Coboundary ``Delta`` (Eq. 5, re-parameterised as Eq. 10/11; :func:`coboundary`).
-
-        Returns:
-            float64 ``(sum_e d_head(e), sum_i d_i)`` matrix (sparse COO with ``sparse=True``); edge
-            blocks in ``self.edges`` order, node blocks sorted by partition-id; block row of edge
-            (h, t) is ``[I at h, -V at t]``.
-        """
-        return coboundary(self.maps, self.dims, self.edges, sparse=sparse)
-
     def laplacian(self, sparse: bool = False) -> torch.Tensor:
         """Sheaf Laplacian ``L = Delta^T Delta`` (Eq. 6; :func:`sheaf_laplacian`): float64, symmetric
         PSD, ``(sum d_i, sum d_i)`` (sparse COO with ``sparse=True``)."""

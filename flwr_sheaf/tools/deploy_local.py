@@ -753,16 +753,10 @@ class LocalDeployment(_SiteCrashes, _Runs):
 
 def to_run_config(values: dict) -> str:
     """Format ``{key: value}`` as a ``flwr run --run-config`` string (TOML values: strings as basic
-    strings, booleans as ``true``/``false``)."""
-
-    def fmt(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        return repr(v)
-
-    return " ".join(f"{k}={fmt(v)}" for k, v in values.items())
+    strings and booleans as ``true``/``false``, both as JSON writes them; numbers by ``repr``)."""
+    return " ".join(
+        f"{k}={json.dumps(v) if isinstance(v, (str, bool)) else repr(v)}" for k, v in values.items()
+    )
 
 
 def check_run_config(run_config: str, num_supernodes: int) -> dict:
