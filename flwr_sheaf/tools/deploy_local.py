@@ -236,11 +236,12 @@ class _SiteCrashes:
     same key, node config and ``state-dir`` until the SuperLink accepts it again (docs/resume.md)."""
 
     if TYPE_CHECKING:  # provided by LocalDeployment
-        workdir: Path
 
         def track(self) -> None: ...
 
         def start_supernode(self, n: SuperNodeProc) -> None: ...
+
+        def nodes_status(self) -> dict[str, str]: ...
 
     def kill_supernode(self, n: SuperNodeProc) -> None:
         """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
@@ -257,8 +258,9 @@ class _SiteCrashes:
         restarted SuperNode is refused with "Failed to activate SuperNode" (exit code 305). Such an
         attempt is retried every ``retry_every`` s. Success is the SuperNode's own log line
         ``SuperNode ID: <id>`` with the node id its key was registered under (the restarted process
-        is the same registered node). The first attempt waits until the node's ``online_until`` in
-        the SuperLink database (:meth:`online_until`) has passed, so it is normally accepted at once.
+        is the same registered node). The first attempt waits until ``flwr supernode ls`` no longer
+        lists the node ``online`` (Flower marks it ``offline`` once its ``online_until`` has
+        passed), so it is normally accepted at once.
 
         Returns:
             The number of attempts (1 = accepted at once).
@@ -268,9 +270,11 @@ class _SiteCrashes:
                 or it was not accepted within ``timeout`` s (the log is named).
         """
         deadline = time.monotonic() + timeout
-        until = self.online_until(n)
-        if until is not None:  # first attempt when the SuperLink will hold the node offline
-            time.sleep(max(0.0, min(until + 0.5 - time.time(), deadline - time.monotonic())))
+        # first attempt when the SuperLink holds the node offline (a node id is known under TLS)
+        while n.node_id is not None and time.monotonic() < deadline:
+            if self.nodes_status().get(n.node_id) != "online":
+                break
+            time.sleep(1.0)
         attempts = 0
         while True:
             attempts += 1
@@ -305,30 +309,6 @@ class _SiteCrashes:
                     f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}"
                 )
             time.sleep(retry_every)
-
-    def online_until(self, n: SuperNodeProc) -> float | None:
-        """Unix time until which the SuperLink holds SuperNode ``n`` online (its last heartbeat plus
-        2 heartbeat intervals), read from ``superlink.db`` (table ``node`` of Flower 1.42's SQLite
-        schema, read-only); None when unknown (no node id, another schema, a locked database)."""
-        import sqlite3
-
-        if n.node_id is None:
-            return None
-        nid = int(n.node_id)
-        nid = nid - (1 << 64) if nid >= 1 << 63 else nid  # Flower stores the uint64 id as sint64
-        try:
-            con = sqlite3.connect(
-                f"file:{self.workdir / 'superlink.db'}?mode=ro", uri=True, timeout=5.0
-            )
-            try:
-                row = con.execute(
-                    "SELECT online_until FROM node WHERE node_id = ?", (nid,)
-                ).fetchone()
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return None
-        return float(row[0]) if row and row[0] is not None else None
 
 
 class _Runs:
