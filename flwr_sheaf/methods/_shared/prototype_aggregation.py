@@ -130,9 +130,8 @@ class PrototypeAggregator:
                 f"{src}: prototypes have d={sorted(dims)}, expected the common dimension "
                 f"d={self.common_dim}"
             )
-        if weighted and counts is None:
-            raise ValueError(f"{src}: weighted aggregation needs counts")
-        # Validate this upload alone (NaN, class range, counts) so one bad node cannot sink the round.
+        # Validate this upload alone (NaN, class range, counts present when weighted) so one bad
+        # node cannot sink the round.
         aggregate_prototypes(
             [(protos, counts)], weighted=weighted, num_classes=self.num_classes, sources=[src]
         )
