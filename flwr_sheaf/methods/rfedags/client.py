@@ -180,21 +180,42 @@ def _register_query(
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
 
-def _round_inputs(
-    msg: Message, action: str, keys: tuple[str, ...]
-) -> tuple[Mapping[str, object], int, float, int]:
-    """The ``train`` message's config (``ProtocolError`` when one of ``keys`` is missing) and its
-    ``(local-steps K, step-size alpha_t, server-round)``."""
+def _inputs(
+    msg: Message,
+    context: Context,
+    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    action: str,
+    keys: tuple[str, ...],
+) -> tuple[RFedAGSLocalProblem, np.ndarray, Mapping[str, object], int, float, int]:
+    """A ``train.<action>`` message's inputs: the node's problem, the point ``x`` (float64, the
+    manifold's point shape, finite), the config (``ProtocolError`` when one of ``keys`` is missing)
+    and its ``(local-steps K, step-size alpha_t, server-round)``."""
+    prob = problem_factory(context)
     cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
     for key in keys:
         if key not in cfg:
             raise ProtocolError(f"train.{action} config lacks {key!r}")
     return (
+        prob,
+        _array(msg, POINT, tuple(prob.manifold.point_shape), action),
         cfg,
         as_int(cfg[LOCAL_STEPS], LOCAL_STEPS),
         as_float(cfg[STEP_SIZE], STEP_SIZE),
         as_int(cfg[SERVER_ROUND], SERVER_ROUND),
     )
+
+
+def _reply(
+    msg: Message, prob: RFedAGSLocalProblem, upload: dict[str, np.ndarray], **metrics: float
+) -> Message:
+    """The train reply: ``upload`` in record ``stream``; ``num-examples`` and ``metrics`` in ``metrics``."""
+    reply = RecordDict(
+        {
+            STREAM_RECORD: pack_arrays(upload),
+            METRICS: MetricRecord({NUM_EXAMPLES: int(prob.num_examples), **metrics}),
+        }
+    )
+    return Message(reply, reply_to=msg)
 
 
 _KEYS = (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED)
@@ -233,37 +254,22 @@ def register_rfedags_handlers(
 
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
-        prob = problem_factory(context)
+        prob, x, cfg, k_steps, alpha, rnd = _inputs(msg, context, problem_factory, action, _KEYS)
         man = prob.manifold
-        x = _array(msg, POINT, tuple(man.point_shape), action)
         man.check_point(x, atol=1e-8)
-        cfg, k_steps, alpha, rnd = _round_inputs(msg, action, _KEYS)
         oracle = prob.gradient_oracle(rnd, k_steps, cfg)
         zeta = local_gradient_stream(man, x, oracle, k_steps, alpha).zeta
-        meta = (
-            context.state[STATE_KEY]
+        done = (
+            as_int(context.state[STATE_KEY]["rounds-trained"], "rounds-trained")
             if STATE_KEY in context.state
-            else MetricRecord({"rounds-trained": 0, "last-round": 0})
+            else 0
         )
-        context.state[STATE_KEY] = MetricRecord(
-            {
-                "rounds-trained": as_int(meta["rounds-trained"], "rounds-trained") + 1,
-                "last-round": rnd,
-            }
-        )
-        reply = RecordDict(
-            {
-                STREAM_RECORD: pack_arrays({STREAM: zeta}),
-                METRICS: MetricRecord(
-                    {
-                        NUM_EXAMPLES: int(prob.num_examples),
-                        "tangent-error": float(np.max(man.tangent_error(x, zeta))),
-                        "local-cost-start": float(prob.local_cost(x)),
-                    }
-                ),
-            }
-        )
-        return Message(reply, reply_to=msg)
+        context.state[STATE_KEY] = MetricRecord({"rounds-trained": done + 1, "last-round": rnd})
+        metrics = {
+            "tangent-error": float(np.max(man.tangent_error(x, zeta))),
+            "local-cost-start": float(prob.local_cost(x)),
+        }
+        return _reply(msg, prob, {STREAM: zeta}, **metrics)
 
     return app
 
@@ -319,38 +325,29 @@ def _register_baseline_train(
 ) -> None:
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
-        prob = problem_factory(context)
+        prob, x, cfg, k_steps, alpha, rnd = _inputs(
+            msg, context, problem_factory, action, (*_KEYS, PHASE)
+        )
         man = prob.manifold
-        shape = tuple(man.point_shape)
-        cfg, k_steps, alpha, rnd = _round_inputs(msg, action, (*_KEYS, PHASE))
         phase = str(cfg[PHASE])
         if phase not in (PHASE_GRADIENT, PHASE_LOCAL) or (
             phase == PHASE_GRADIENT and action != "rfedsvrg"
         ):
             raise ProtocolError(f"train.{action}: unknown phase {phase!r}")
-        x = _array(msg, POINT, shape, action)
         if action != "rfedproj":
             man.check_point(x, atol=1e-8)
-        upload: dict[str, np.ndarray] = {}
         if phase == PHASE_GRADIENT:
             exact = prob.gradient_oracle(rnd, 1, {MINIBATCH_SIZE: 0, SEED: cfg[SEED]})
-            upload[STREAM] = man.egrad2rgrad(x, exact(x, 0))
-        else:
-            oracle = prob.gradient_oracle(rnd, k_steps, cfg)
-            if action == "rfedavg":
-                upload[ENDPOINT] = local_gradient_stream(man, x, oracle, k_steps, alpha).endpoint
-            elif action == "rfedsvrg":
-                g = _array(msg, FULL_GRADIENT, shape, action)
-                upload[ENDPOINT] = svrg_local_steps(man, x, g, oracle, k_steps, alpha)
-            else:
-                c = _array(msg, CORRECTION, shape, action)
-                upload[ENDPOINT], upload[MEAN_GRADIENT] = projection_local_steps(
-                    man, x, c, oracle, k_steps, alpha
-                )
-        reply = RecordDict(
-            {
-                STREAM_RECORD: pack_arrays(upload),
-                METRICS: MetricRecord({NUM_EXAMPLES: int(prob.num_examples)}),
-            }
-        )
-        return Message(reply, reply_to=msg)
+            return _reply(msg, prob, {STREAM: man.egrad2rgrad(x, exact(x, 0))})
+        oracle = prob.gradient_oracle(rnd, k_steps, cfg)
+        if action == "rfedavg":
+            end = local_gradient_stream(man, x, oracle, k_steps, alpha).endpoint
+            return _reply(msg, prob, {ENDPOINT: end})
+        if action == "rfedsvrg":
+            g = _array(msg, FULL_GRADIENT, x.shape, action)
+            return _reply(
+                msg, prob, {ENDPOINT: svrg_local_steps(man, x, g, oracle, k_steps, alpha)}
+            )
+        c = _array(msg, CORRECTION, x.shape, action)
+        end, mean_grad = projection_local_steps(man, x, c, oracle, k_steps, alpha)
+        return _reply(msg, prob, {ENDPOINT: end, MEAN_GRADIENT: mean_grad})

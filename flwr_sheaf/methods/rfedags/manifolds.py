@@ -27,26 +27,7 @@ with warnings.catch_warnings():
     import geoopt
     import torch
 
-__all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall", "as_float64"]
-
-
-def as_float64(a: np.ndarray | float, name: str = "array") -> np.ndarray:
-    """Return ``a`` as a C-contiguous float64 numpy array.
-
-    Args:
-        a: array-like (numpy array, list, torch tensor on CPU).
-        name: label for error messages.
-
-    Returns:
-        float64 ndarray with the same shape.
-
-    Raises:
-        ValueError: if ``a`` contains NaN or inf.
-    """
-    out = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
-    if not np.all(np.isfinite(out)):
-        raise ValueError(f"{name}: {int(np.size(out) - np.isfinite(out).sum())} NaN/inf entries")
-    return out
+__all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall"]
 
 
 @contextmanager
