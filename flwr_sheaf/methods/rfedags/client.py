@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -30,9 +29,9 @@ from ...protocol import (
 )
 from . import ACTION
 from .baselines import BASELINES, projection_local_steps, svrg_local_steps
+from .frechet import FrechetMeanProblem
 from .local import local_gradient_stream
-from .manifolds import Manifold
-from .pca import batch_indices
+from .pca import PCAProblem, batch_indices
 from .protocol import (
     CORRECTION,
     ENDPOINT,
@@ -50,7 +49,6 @@ from .protocol import (
 )
 
 __all__ = [
-    "RFedAGSLocalProblem",
     "ProblemClient",
     "problem_factory",
     "register_rfedags_handlers",
@@ -61,52 +59,11 @@ __all__ = [
 STATE_KEY = "rfedags.meta"
 
 
-class RFedAGSLocalProblem(Protocol):
-    """What a node brings to the RFedAGS handlers.
-
-    Attributes:
-        manifold: the manifold of the global parameter (``proj``/``retr``/``transp``/``egrad2rgrad``).
-        num_examples: local sample count ``n_i`` (reported; used by the uncorrected mean).
-
-    Methods:
-        gradient_oracle(server_round, num_steps, config) -> ``egrad(x, k)``: Euclidean (mini-batch)
-            gradient of ``f_i`` at local step ``k`` of this round; must be deterministic in
-            ``(config, server_round)`` for reproducibility.
-        local_cost(x) -> float: ``f_i(x)`` (diagnostics).
-    """
-
-    manifold: Manifold
-    num_examples: int
-
-    def gradient_oracle(
-        self, server_round: int, num_steps: int, config: Mapping
-    ) -> Callable[[np.ndarray, int], np.ndarray]: ...
-
-    def local_cost(self, x: np.ndarray) -> float: ...
-
-
-class FederatedProblem(Protocol):
-    """A federated problem of ``tests/oracles/rfedags_runner.py`` as :class:`ProblemClient` reads it
-    (``PCAProblem``, ``FrechetMeanProblem``; an optional ``samples (N, S, ...)`` array enables mini-batches)."""
-
-    @property
-    def num_clients(self) -> int: ...
-
-    @property
-    def manifold(self) -> Manifold: ...
-
-    def local_egrads(self, x: np.ndarray, clients: list[int]) -> np.ndarray: ...
-
-    def minibatch_egrads(
-        self, x: np.ndarray, clients: list[int], batch: np.ndarray
-    ) -> np.ndarray: ...
-
-    def local_costs(self, x: np.ndarray) -> np.ndarray: ...
-
-
 @dataclass
 class ProblemClient:
-    """Client ``client`` of any federated problem of ``tests/oracles/rfedags_runner.py`` (PCA, Fréchet means).
+    """Client ``client`` of a federated problem (PCA, Fréchet means): what a node brings to the
+    handlers of the RFedAGS family (``manifold``, ``num_examples`` ``n_i``, ``gradient_oracle``,
+    ``local_cost``).
 
     Reads the config keys ``minibatch-size`` (0 = exact gradients) and ``seed``, and draws the
     batches of :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`, so a Flower run equals
@@ -116,7 +73,7 @@ class ProblemClient:
         ValueError: a partition-id without data.
     """
 
-    problem: FederatedProblem
+    problem: PCAProblem | FrechetMeanProblem
     client: int
 
     def __post_init__(self) -> None:
@@ -163,7 +120,7 @@ def problem_factory(problem) -> Callable[[Context], ProblemClient]:
 
 
 def _register_query(
-    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
+    app: ClientApp, problem_factory: Callable[[Context], ProblemClient], action: str
 ) -> None:
     """``query.<action>``: discovery reply (partition-id, num-partitions, point size, num-examples)."""
     travel_by_reference(app)  # pickled as its import path by Ray (flwr_sheaf.client.reference)
@@ -183,10 +140,10 @@ def _register_query(
 def _inputs(
     msg: Message,
     context: Context,
-    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    problem_factory: Callable[[Context], ProblemClient],
     action: str,
     keys: tuple[str, ...],
-) -> tuple[RFedAGSLocalProblem, np.ndarray, Mapping[str, object], int, float, int]:
+) -> tuple[ProblemClient, np.ndarray, Mapping[str, object], int, float, int]:
     """A ``train.<action>`` message's inputs: the node's problem, the point ``x`` (float64, the
     manifold's point shape, finite), the config (``ProtocolError`` when one of ``keys`` is missing)
     and its ``(local-steps K, step-size alpha_t, server-round)``."""
@@ -206,7 +163,7 @@ def _inputs(
 
 
 def _reply(
-    msg: Message, prob: RFedAGSLocalProblem, upload: dict[str, np.ndarray], **metrics: float
+    msg: Message, prob: ProblemClient, upload: dict[str, np.ndarray], **metrics: float
 ) -> Message:
     """The train reply: ``upload`` in record ``stream``; ``num-examples`` and ``metrics`` in ``metrics``."""
     reply = RecordDict(
@@ -223,7 +180,7 @@ _KEYS = (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED)
 
 def register_rfedags_handlers(
     app: ClientApp,
-    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    problem_factory: Callable[[Context], ProblemClient],
     action: str = ACTION,
 ) -> ClientApp:
     """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, docs/baselines-rfedags.md, s5)
@@ -238,7 +195,7 @@ def register_rfedags_handlers(
 
     Args:
         app: the ClientApp to extend.
-        problem_factory: builds the node's :class:`RFedAGSLocalProblem` from its ``Context`` (called
+        problem_factory: builds the node's :class:`ProblemClient` from its ``Context`` (called
             per message; cache heavy data outside the node state, read-only).
         action: action name.
 
@@ -276,7 +233,7 @@ def register_rfedags_handlers(
 
 def register_rfedags_baseline_handlers(
     app: ClientApp,
-    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    problem_factory: Callable[[Context], ProblemClient],
     methods: tuple[str, ...] = BASELINES,
 ) -> ClientApp:
     """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines-rfedags.md, s5).
@@ -321,7 +278,7 @@ def _array(msg: Message, key: str, shape: tuple[int, ...], action: str) -> np.nd
 
 
 def _register_baseline_train(
-    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
+    app: ClientApp, problem_factory: Callable[[Context], ProblemClient], action: str
 ) -> None:
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:

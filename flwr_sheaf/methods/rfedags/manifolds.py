@@ -15,8 +15,7 @@ axes broadcast (``(..., d, r)``, ``(..., n)``); points are not re-validated in t
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,29 +29,24 @@ with warnings.catch_warnings():
 __all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall"]
 
 
-@contextmanager
-def _single_thread_torch() -> Iterator[None]:
-    """Run torch with one intra-op thread for the duration of a manifold call.
+def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
+    """``f(*tensors).numpy()`` (a geoopt map) on the float64 ``arrays``, run with one intra-op thread.
 
     The matrices here are tiny (``d x r``): multi-threading gains nothing, and on a loaded 2-core
     machine torch's OpenMP barriers made a 1500-round test 10-20x slower (measured 1.6 s with one
     thread vs 17-36 s with two). ``torch.set_num_threads`` is process-global and costs ~0.3 us; the
     previous value is restored on exit (not safe against *other threads* running torch meanwhile,
-    which would briefly see one intra-op thread).
+    which would briefly see one intra-op thread). ``torch.from_numpy`` shares memory, so read-only
+    inputs (e.g. from an ArrayRecord) are copied first.
     """
     n = torch.get_num_threads()
     if n != 1:
         torch.set_num_threads(1)
     try:
-        yield
+        return f(*(torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays)).numpy()
     finally:
         if n != 1:
             torch.set_num_threads(n)
-
-
-def _t(a: np.ndarray) -> torch.Tensor:
-    # torch.from_numpy shares memory; read-only inputs (e.g. from an ArrayRecord) are copied first.
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 class Manifold(Protocol):
@@ -119,14 +113,7 @@ class _GeooptEmbedded:
     point_shape: tuple[int, ...]
     _constraint: str
     _geo: Any  # a geoopt manifold, set by each subclass
-
-    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Metric ``<u, v>_x`` per batch element (implemented by every subclass)."""
-        raise NotImplementedError
-
-    def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """Distance of ``x`` from the constraint per batch element (implemented by every subclass)."""
-        raise NotImplementedError
+    feasibility: Callable[[np.ndarray], np.ndarray]  # a method of each subclass
 
     def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
         """float64 contiguous copy of ``a``; ValueError if its trailing shape is not ``point_shape``."""
@@ -137,11 +124,6 @@ class _GeooptEmbedded:
                 f"{name}: expected shape (..., {', '.join(map(str, self.point_shape))}) on {self!r}, got {out.shape}"
             )
         return out
-
-    def _proju(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """geoopt's tangent projection of already-validated float64 arrays."""
-        with _single_thread_torch():
-            return self._geo.proju(_t(x), _t(u)).numpy()
 
     def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Tangent projection at ``x`` (Stiefel: ``U - X sym(X^T U)``; sphere: ``u - <x, u> x``).
@@ -156,7 +138,7 @@ class _GeooptEmbedded:
         Raises:
             ValueError: a trailing shape other than ``point_shape``.
         """
-        return self._proju(self._arr(x, "point x"), self._arr(u, "vector u"))
+        return _torch(self._geo.proju, self._arr(x, "point x"), self._arr(u, "vector u"))
 
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64, shape of ``g``
@@ -217,14 +199,13 @@ class Stiefel(_GeooptEmbedded):
             ValueError: a trailing shape other than ``(d, r)``.
         """
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
-        with _single_thread_torch():
-            return self._geo.retr(_t(x), _t(u)).numpy()
+        return _torch(self._geo.retr, x, u)
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Projection vector transport ``T_{x->y}(v) = P_y(v)`` (Manopt ``transp``); float64,
         shape ``(..., d, r)``. Raises ValueError on a trailing shape other than ``(d, r)``."""
         self._arr(x, "point x")
-        return self._proju(self._arr(y, "point y"), self._arr(v, "vector v"))
+        return _torch(self._geo.proju, self._arr(y, "point y"), self._arr(v, "vector v"))
 
     def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Inverse of the QR retraction: the ``U in T_X St`` with ``qf(X + U) = Y`` (Manopt ``invretr_qr``).
@@ -350,8 +331,7 @@ class Sphere(_GeooptEmbedded):
         Raises ValueError on a trailing shape other than ``(n,)``."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         f = self._geo.expmap if self.retraction == "exp" else self._geo.retr
-        with _single_thread_torch():
-            return f(_t(x), _t(u)).numpy()
+        return _torch(f, x, u)
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Vector transport ``T_{x->y}(v)`` (projection or parallel, see class doc); float64.
@@ -361,7 +341,7 @@ class Sphere(_GeooptEmbedded):
         """
         x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
         if self.transport == "projection":
-            return self._proju(y, v)
+            return _torch(self._geo.proju, y, v)
         xy = np.sum(x * y, axis=-1, keepdims=True)
         if np.any(1.0 + xy < 1e-12):
             raise ValueError("parallel transport on the sphere is undefined for antipodal x, y")
@@ -518,9 +498,8 @@ class SPD(_GeooptEmbedded):
         s, si = self._roots(x)
         return _sym(s @ _eigfun(si @ y @ si, np.log)[0] @ s)
 
-    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`retr` = :meth:`log`."""
-        return self.log(x, y)
+    #: the retraction is the exponential map: its inverse is the logarithm
+    invretr = log
 
     def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Affine-invariant distance ``||logm(X^{-1/2} Y X^{-1/2})||_F`` per batch element; float64."""
@@ -644,9 +623,8 @@ class PoincareBall(_GeooptEmbedded):
         nw = np.maximum(np.linalg.norm(w, axis=-1, keepdims=True), 1e-15)
         return 2.0 / (sc * self._lam(x)) * np.arctanh(np.minimum(sc * nw, 1 - 1e-15)) * w / nw
 
-    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`retr` = :meth:`log`."""
-        return self.log(x, y)
+    #: the retraction is the exponential map: its inverse is the logarithm
+    invretr = log
 
     def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Hyperbolic distance ``2/sqrt(c) artanh(sqrt(c)||(-x) (+) y||)`` per batch element; float64."""

@@ -23,7 +23,25 @@ __all__ = [
     "synthetic_pca_problem",
     "planted_pca_problem",
     "batch_indices",
+    "check_sizes",
+    "client_weights",
 ]
+
+
+def check_sizes(**sizes: int) -> None:
+    """Raise ``ValueError`` naming the first of ``sizes`` (``name=value``) that is not a positive integer."""
+    for name, v in sizes.items():
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def client_weights(weights: np.ndarray, n: int) -> np.ndarray:
+    """``weights`` as float64 ``(n,)`` client weights. Raises ``ValueError`` unless of shape ``(n,)``,
+    non-negative, with a positive sum."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (n,) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError(f"weights must be ({n},), non-negative, with a positive sum")
+    return w
 
 
 def top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -205,9 +223,7 @@ class PCAProblem:
         Raises:
             ValueError: ``weights`` not ``(N,)`` or not non-negative with a positive sum.
         """
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != (self.num_clients,) or np.any(w < 0) or not w.sum() > 0:
-            raise ValueError(f"weights must be ({self.num_clients},), non-negative, positive sum")
+        w = client_weights(weights, self.num_clients)
         return top_eigenvectors(np.einsum("n,nde->de", w, self.covariances), self.r)[0]
 
 
@@ -226,13 +242,7 @@ def synthetic_pca_problem(
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, v in (
-        ("num_clients", num_clients),
-        ("d", d),
-        ("samples_per_client", samples_per_client),
-    ):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    check_sizes(num_clients=num_clients, d=d, samples_per_client=samples_per_client)
     rng = np.random.default_rng([int(seed), 3])
     scale = (np.arange(1, num_clients + 1) / num_clients)[:, None, None]
     z = scale * rng.standard_normal((num_clients, samples_per_client, d))
