@@ -9,19 +9,17 @@ The maths are :mod:`flwr_sheaf.methods.rfedags.baselines`, the same functions
 ``run_federated`` of ``tests/oracles/rfedags_runner.py`` calls; the ClientApp side is
 :func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
-Per server round ``t`` (action ``a`` = the method name):
+Per server round ``t`` (action ``a`` = the method name; the maths: the table of
+docs/baselines-rfedags.md, s5.8):
 
-- ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points; server
-  ``x_{t+1} = R_{x_t}(sum_i w_i R^{-1}_{x_t}(x_i))``.
+- ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points.
 - ``rfedsvrg``: first a ``train.a`` round trip in phase ``"gradient"`` (inside ``configure_train``,
-  bounded by the round timeout of ``start``): ``g_t = sum_i w_i grad f_i(x_t)`` over the nodes that
-  answered it (weights of that set); then phase ``"local"`` with ``x_t`` and ``g_t`` to those nodes;
-  server as RFedAvg over the end points that arrive.
+  bounded by the round timeout of ``start``) gives ``g_t`` over the nodes that answered it (weights
+  of that set); then phase ``"local"`` with ``x_t`` and ``g_t`` to those nodes; replies: end points.
 - ``rfedproj``: ``train.a`` with the server's ambient point ``x^mid`` and the node's correction ``c_i``
-  (nonzero when the node's upload arrived in the previous round); replies: ambient end points and mean
-  gradients; server ``x^mid_{t+1} = P(x^mid_t) + sum_i w_i (z^_i - P(x^mid_t))``, model ``P(x^mid_{t+1})``.
-  A manifold RFedProj refuses (SPD, Poincaré ball) fails at the first round with a ``ValueError``
-  naming it.
+  (nonzero when the node's upload arrived in the previous round); replies: ambient end points and
+  mean gradients. A manifold RFedProj refuses (SPD, Poincaré ball) fails at the first round with a
+  ``ValueError`` naming it.
 
 An upload that is malformed, non-finite, off the manifold (RFedAvg/RFedSVRG end points, tolerance
 1e-8) or unreachable by the inverse retraction is that node's recorded failure; it is a non-responder

@@ -19,7 +19,6 @@ from .manifolds import Stiefel
 __all__ = [
     "PCAProblem",
     "subspace_distance",
-    "top_eigenvectors",
     "synthetic_pca_problem",
     "planted_pca_problem",
     "batch_indices",
@@ -44,25 +43,10 @@ def client_weights(weights: np.ndarray, n: int) -> np.ndarray:
     return w
 
 
-def top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``r`` eigenpairs of a symmetric ``(d, d)`` matrix by ``numpy.linalg.eigh``.
-
-    Args:
-        a: ``(d, d)`` symmetric array-like (symmetrised as ``(a + a^T)/2`` first).
-        r: number of leading eigenvectors, ``1 <= r <= d``.
-
-    Returns:
-        ``(U (d, r), lam (d,))``: orthonormal eigenvectors of the ``r`` largest eigenvalues (descending)
-        and all eigenvalues in descending order, float64.
-
-    Raises:
-        ValueError: ``a`` not square or ``r`` not in ``[1, d]``.
-    """
-    a = np.asarray(a, dtype=np.float64)
-    if a.ndim != 2 or a.shape[0] != a.shape[1]:
-        raise ValueError(f"expected a square (d, d) matrix, got shape {a.shape}")
-    if not 1 <= r <= a.shape[0]:
-        raise ValueError(f"r must be in [1, {a.shape[0]}], got {r}")
+def _top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(U (d, r), lam (d,))``: orthonormal eigenvectors of the ``r`` largest eigenvalues of the
+    symmetric part of ``a`` (``(d, d)``, shape and ``r`` checked by :class:`PCAProblem`) and all
+    eigenvalues in descending order, float64 (``numpy.linalg.eigh``)."""
     lam, vec = np.linalg.eigh(0.5 * (a + a.T))
     order = np.argsort(lam)[::-1]
     return vec[:, order[:r]], lam[order]
@@ -197,7 +181,7 @@ class PCAProblem:
         """Exact minimiser and minimum: ``(U (d, r) float64, F* float)`` from ``eigh(A)``;
         ``F* = -sum of the top-r eigenvalues`` of ``A = mean_i A_i`` (cached)."""
         if self._opt is None:
-            u, lam = top_eigenvectors(self.mean_covariance, self.r)
+            u, lam = _top_eigenvectors(self.mean_covariance, self.r)
             self._opt = (u, float(-lam[: self.r].sum()), lam)
         return self._opt[0], self._opt[1]
 
@@ -224,7 +208,7 @@ class PCAProblem:
             ValueError: ``weights`` not ``(N,)`` or not non-negative with a positive sum.
         """
         w = client_weights(weights, self.num_clients)
-        return top_eigenvectors(np.einsum("n,nde->de", w, self.covariances), self.r)[0]
+        return _top_eigenvectors(np.einsum("n,nde->de", w, self.covariances), self.r)[0]
 
 
 def synthetic_pca_problem(

@@ -11,9 +11,8 @@ Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md). Per 
    ``minibatch-size`` and ``seed``.
 2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
    finite ``num-examples > 0``; anything else is that node's recorded failure) are
-   combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with weights
-   ``1/(q_i^t N)`` (``"corrected"``), ``1/(p_i N)`` (``"known-p"``) or the mean over responders
-   (``"uncorrected"``), followed by ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
+   combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with the weights of
+   ``mode`` (docs/baselines-rfedags.md, s5.3), then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
    arrived count as participation (a drawn node that failed or stayed silent is a non-responder for
    the frequency estimate). A round without any stream keeps ``x_t`` exactly.
 3. No client-side evaluation: rounds are never evaluated by nodes; use ``start(...,
