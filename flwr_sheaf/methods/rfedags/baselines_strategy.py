@@ -222,7 +222,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         w, est = self.server.weights(mask, num_examples if self.mode == "uncorrected" else None)
         x_new, direction = self._server_step(uploads, zetas, w)
         self.server.advance(mask, x_new)
-        return close_train(self, x_new, direction, w, est, uploads, {}, False)
+        return close_train(self, x_new, direction, w, est, uploads, {}, record_estimates=False)
 
     def _check_upload(
         self, stream: ArrayRecord

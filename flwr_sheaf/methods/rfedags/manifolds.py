@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -49,71 +49,37 @@ def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
             torch.set_num_threads(n)
 
 
-class Manifold(Protocol):
-    """The operations RFedAGS needs from a manifold (docs/baselines-rfedags.md, s5.2 and s5.4).
+class Manifold:
+    """The operations RFedAGS needs from a manifold (docs/baselines-rfedags.md, s5.2 and s5.4) and the
+    plumbing the four below share (numpy in, float64 out, leading batch axes broadcast).
 
-    ``compact_embedded``: whether RFedProj's ambient averaging + ``ambient_projection`` applies
-    (Stiefel, sphere). ``log`` / ``dist`` (optional): exact logarithm and distance (Fréchet means).
-    """
+    Each subclass sets ``point_shape`` (trailing shape of a point), ``_geo`` (a geoopt manifold: the
+    backend, or the tests' reference), ``_constraint`` (what :meth:`feasibility` measures, for error
+    messages) and ``compact_embedded`` (whether RFedProj's ambient averaging + ``ambient_projection``
+    applies: Stiefel, sphere), and implements the operations below (``log`` / ``dist`` optional:
+    exact logarithm and distance, for Fréchet means).
 
-    compact_embedded: bool
-
-    point_shape: tuple[int, ...]
-
-    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Projection of ambient ``u`` onto ``T_x M``; float64, shape ``(..., *point_shape)``."""
-
-    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Riemannian gradient at ``x`` from the Euclidean gradient ``g``; float64, shape of ``g``."""
-
-    def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Retraction ``R_x(u)`` of a tangent vector; float64 point(s), shape ``(..., *point_shape)``."""
-
-    def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Vector transport of ``v in T_x M`` to ``T_y M``; float64, shape of ``v``."""
-
-    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Metric ``<u, v>_x`` per batch element; float64 of shape ``(...)``."""
-
-    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse retraction at ``x`` of point(s) ``y``; float64 tangent vector(s), shape of ``y``."""
-
-    def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """A Euclidean gradient whose Riemannian gradient at ``x`` is ``v``; float64, shape of ``v``."""
-
-    def random_point(self, rng: np.random.Generator) -> np.ndarray:
-        """A random point of shape ``point_shape`` (float64) drawn with ``rng``."""
-
-    def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """Distance of ``x`` from the constraint per batch element (0 on ``M``); float64 ``(...)``."""
-
-    def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
-        """Raise ``ValueError`` unless ``x`` is finite, well-shaped and on ``M`` up to ``atol``."""
-
-    def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Distance of ``u`` from ``T_x M`` per batch element (0 if tangent); float64 ``(...)``."""
-
-
-class ProjectionManifold(Manifold, Protocol):
-    """A :class:`Manifold` with a metric projection ``ambient_projection(z)`` of ambient points onto
-    ``M`` (RFedProj's requirement; Stiefel and sphere, see :func:`~.baselines.require_projection`)."""
-
-    def ambient_projection(self, z: np.ndarray) -> np.ndarray:
-        """Nearest point(s) of ``M`` to ambient ``z``; float64, shape ``(..., *point_shape)``."""
-
-
-class _GeooptEmbedded:
-    """Shared plumbing of the embedded manifolds below (geoopt backend, numpy in/out).
-
-    Subclasses set ``point_shape`` (trailing shape of a point), ``_geo`` (a geoopt manifold),
-    ``_constraint`` (how :meth:`feasibility` measures the distance from the manifold, for error
-    messages) and implement ``inner``, ``feasibility`` and ``retr``.
+    Attributes:
+        retr: ``(x, u) ->`` the retraction ``R_x(u)`` of a tangent vector; point(s) ``(..., *point_shape)``.
+        transp: ``(x, y, v) ->`` the transport of ``v in T_x M`` to ``T_y M``; shape of ``v``.
+        inner: ``(x, u, v) ->`` the metric ``<u, v>_x`` per batch element; shape ``(...)``.
+        invretr: ``(x, y) ->`` the inverse retraction at ``x`` of point(s) ``y``; shape of ``y``.
+        random_point: ``(rng) ->`` a random point of shape ``point_shape`` drawn with ``rng``.
+        feasibility: ``(x) ->`` distance of ``x`` from the constraint per batch element (0 on ``M``).
+        tangent_error: ``(x, u) ->`` distance of ``u`` from ``T_x M`` per batch element (0 if tangent).
     """
 
     point_shape: tuple[int, ...]
+    compact_embedded = False
     _constraint: str
-    _geo: Any  # a geoopt manifold, set by each subclass
-    feasibility: Callable[[np.ndarray], np.ndarray]  # a method of each subclass
+    _geo: Any
+    retr: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    transp: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    inner: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    invretr: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    random_point: Callable[[np.random.Generator], np.ndarray]
+    feasibility: Callable[[np.ndarray], np.ndarray]
+    tangent_error: Callable[[np.ndarray, np.ndarray], np.ndarray]
 
     def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
         """float64 contiguous copy of ``a``; ValueError if its trailing shape is not ``point_shape``."""
@@ -165,7 +131,17 @@ class _GeooptEmbedded:
             )
 
 
-class Stiefel(_GeooptEmbedded):
+class ProjectionManifold(Manifold):
+    """A :class:`Manifold` with a metric projection ``ambient_projection(z)``: the nearest point(s) of
+    ``M`` to ambient ``z``, shape ``(..., *point_shape)`` (RFedProj's requirement; Stiefel and sphere,
+    see :func:`~.baselines.require_projection`)."""
+
+    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
+    compact_embedded = True
+    ambient_projection: Callable[[np.ndarray], np.ndarray]
+
+
+class Stiefel(ProjectionManifold):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric
     (docs/baselines-rfedags.md, s5.4: projection, sign-fixed QR retraction, projection transport).
 
@@ -252,9 +228,6 @@ class Stiefel(_GeooptEmbedded):
             )
         return (ys @ rr - x).reshape(y.shape)
 
-    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
-    compact_embedded = True
-
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
         """Metric projection of ambient ``Z (..., d, r)`` onto ``St(d, r)``: the polar factor ``U V^T``
         of ``Z = U S V^T`` (the authors' ``RFedProj_.m`` ``Proj``); float64, shape of ``z``.
@@ -291,7 +264,7 @@ class Stiefel(_GeooptEmbedded):
         return np.linalg.norm(0.5 * (xtu + np.swapaxes(xtu, -1, -2)), axis=(-2, -1))
 
 
-class Sphere(_GeooptEmbedded):
+class Sphere(ProjectionManifold):
     """Unit sphere ``S^{n-1} = {x in R^n: ||x|| = 1}`` with the embedded metric.
 
     Args:
@@ -385,9 +358,6 @@ class Sphere(_GeooptEmbedded):
             )
         return y / c - x
 
-    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
-    compact_embedded = True
-
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
         """Metric projection ``z/||z||`` of ambient ``z (..., n)`` onto the sphere; float64.
 
@@ -434,7 +404,7 @@ def _eigfun(a: np.ndarray, *fs) -> list[np.ndarray]:
     return [(vec * f(lam)[..., None, :]) @ vt for f in fs]
 
 
-class SPD(_GeooptEmbedded):
+class SPD(Manifold):
     """Symmetric positive definite ``n x n`` matrices with the affine-invariant metric
     ``<U, V>_X = tr(X^{-1} U X^{-1} V)`` (Manopt ``sympositivedefinitefactory``, the RFedAGS paper's
     Fréchet-mean problem; docs/baselines-rfedags.md, s5.4).
@@ -451,8 +421,6 @@ class SPD(_GeooptEmbedded):
 
     Points/vectors have shape ``(..., n, n)``; outputs are float64 numpy arrays.
     """
-
-    compact_embedded = False
 
     def __init__(self, n: int) -> None:
         if int(n) != n or n < 1:
@@ -540,7 +508,7 @@ class SPD(_GeooptEmbedded):
         return np.linalg.norm(0.5 * (u - np.swapaxes(u, -1, -2)), axis=(-2, -1))
 
 
-class PoincareBall(_GeooptEmbedded):
+class PoincareBall(Manifold):
     """Poincaré ball ``{x in R^n: c ||x||^2 < 1}`` of curvature ``-c``: the RFedAGS paper's hyperbolic
     model (the authors used the isometric Lorentz model, Manopt ``hyperbolicfactory``).
 
@@ -558,7 +526,6 @@ class PoincareBall(_GeooptEmbedded):
         ValueError: bad ``n`` or ``c``.
     """
 
-    compact_embedded = False
     #: geoopt's float64 boundary margin: its projection keeps ``sqrt(c)||x|| <= 1 - BALL_EPS``.
     BALL_EPS = 1e-5
 

@@ -315,6 +315,7 @@ def close_train(
     estimates: np.ndarray,
     responders: Iterable[int],
     extra: Mapping[str, float],
+    *,
     record_estimates: bool,
 ) -> tuple[ArrayRecord, MetricRecord]:
     """Record the round's train metrics (drawn and responders' counts, weight sum, step size,
@@ -421,9 +422,8 @@ class RFedAGS(GraphStrategy, RiemannianState):
             mask, zetas, num_examples=num_examples if self.mode == "uncorrected" else None
         )
         extra = {"tangent_error_max": max(tangent) if tangent else 0.0}
-        return close_train(
-            self, res.x, res.direction, res.weights, res.estimates, zetas, extra, True
-        )
+        args = (res.x, res.direction, res.weights, res.estimates, zetas, extra)
+        return close_train(self, *args, record_estimates=True)
 
     def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
         log_rfed_round(rec)
