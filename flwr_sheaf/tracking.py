@@ -17,52 +17,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import DEFAULTS, ConfigError, RunConfig, did_you_mean, register_check
+from .config import DEFAULTS, TRACKERS, ConfigError, RunConfig, parse_trackers
 
 __all__ = [
-    "TRACKERS",
     "Tracker",
     "check_trackers",
-    "parse_trackers",
     "round_scalars",
     "tracking_dir",
 ]
 
 log = logging.getLogger("flwr_sheaf")
-
-#: ``{tracker name: (module it imports, pip extra of flwr-sheaf that installs it)}``.
-TRACKERS: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb"),
-}
-
-
-def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
-    """Tracker names of a ``tracking`` value (``""``, ``"tensorboard"``, ``"wandb"``,
-    ``"tensorboard,wandb"`` or an iterable of names), in the order given, duplicates dropped (empty:
-    tracking off).
-
-    Raises:
-        ConfigError: a name that is not a tracker (``key``, value and the valid names given).
-    """
-    parts = spec.split(",") if isinstance(spec, str) else list(spec)
-    names: list[str] = []
-    for part in parts:
-        name = str(part).strip().lower()
-        if not name:
-            continue
-        if name not in TRACKERS:
-            raise ConfigError(
-                f"{key}={spec!r}: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}; valid "
-                f"trackers: {sorted(TRACKERS)} (comma-separated, e.g. 'tensorboard,wandb'; empty = off)"
-            )
-        if name not in names:
-            names.append(name)
-    return tuple(names)
-
-
-#: the ``tracking`` key's values are this module's to check (config imports nothing of it)
-register_check("tracking", parse_trackers)
 
 
 def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
