@@ -1086,10 +1086,7 @@ class RunConfig(Section):
         known = set(KEYS) | set(METHOD_KEYS)
         unknown = sorted(set(run_config) - known)
         if unknown:
-            hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
-            text = ", ".join(
-                f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items()
-            )
+            text = ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
             raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(known)}")
         run_config = apply_method_train_defaults(apply_preset(run_config))
         sections = {name: sec.from_mapping(run_config) for name, sec in cls.SECTIONS.items()}
