@@ -13,7 +13,7 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -177,31 +177,35 @@ class Tracker:
         """
         step = int(record["round"])
         scalars = round_scalars(record)
+        writer, run = self._writer, self._run
+
+        def tensorboard() -> None:
+            for name, value in scalars.items():
+                writer.add_scalar(name, value, global_step=step)
+            writer.flush()
+
         logged = False  # by at least one tracker (none left after every one failed)
-        if self._writer is not None:
-            try:
-                for name, value in scalars.items():
-                    self._writer.add_scalar(name, value, global_step=step)
-                self._writer.flush()
-                logged = True
-            except Exception as exc:  # tracking must not end a training run
-                self._fail("tensorboard", exc)
-        if self._run is not None:
-            try:
-                self._run.log(dict(scalars), step=step)
-                logged = True
-            except Exception as exc:
-                self._fail("wandb", exc)
+        if writer is not None:
+            logged = self._guarded("tensorboard", tensorboard)
+        if run is not None:
+            logged = self._guarded("wandb", lambda: run.log(dict(scalars), step=step)) or logged
         if logged:
             self.rounds_logged += 1
 
-    def _fail(self, name: str, exc: Exception) -> None:
-        self.errors[name] = f"{type(exc).__name__}: {exc}"[-500:]
-        log.warning("tracking: %s switched off after an error: %s", name, self.errors[name])
-        if name == "tensorboard":
-            self._writer = None
-        else:
-            self._run = None
+    def _guarded(self, name: str, action: Callable[[], object]) -> bool:
+        """Run one tracker's ``action``; one that raises is switched off with a warning (its error
+        kept in :attr:`errors`). Returns whether it succeeded."""
+        try:
+            action()
+        except Exception as exc:  # tracking must not end a training run nor cost it its results
+            self.errors[name] = f"{type(exc).__name__}: {exc}"[-500:]
+            log.warning("tracking: %s switched off after an error: %s", name, self.errors[name])
+            if name == "tensorboard":
+                self._writer = None
+            else:
+                self._run = None
+            return False
+        return True
 
     def describe(self) -> dict[str, Any]:
         """Where the trackers wrote (``results.json``'s ``tracking``): trackers, run name, directories,
@@ -234,15 +238,9 @@ class Tracker:
         writer, run = self._writer, self._run
         self._writer = self._run = None
         if writer is not None:
-            try:
-                writer.close()
-            except Exception as exc:  # tracking must not cost the run its results
-                self._fail("tensorboard", exc)
+            self._guarded("tensorboard", writer.close)
         if run is not None:
-            try:
-                run.finish()
-            except Exception as exc:
-                self._fail("wandb", exc)
+            self._guarded("wandb", run.finish)
 
     def __enter__(self) -> Tracker:
         return self
