@@ -108,6 +108,4 @@ class LabelShiftPartitioner(_PartitionerBase):
         Raises:
             ValueError: if ``partition_id`` is outside ``[0, N)`` (names it and ``N``).
         """
-        split = self.split
-        split._check_partition_id(partition_id)
-        return self.dataset.select(split.pool_idx(partition_id).tolist())
+        return self.dataset.select(self.split.pool_idx(partition_id).tolist())

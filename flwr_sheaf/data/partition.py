@@ -64,13 +64,6 @@ def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tupl
     return _normalise_uncached(class_sets, num_classes)
 
 
-@functools.lru_cache(maxsize=16)
-def _normalise_cached(
-    class_sets: tuple[tuple[int, ...], ...], num_classes: int
-) -> tuple[tuple[int, ...], ...]:
-    return _normalise_uncached(class_sets, num_classes)
-
-
 def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
     if not _is_int(num_classes, 1):
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
@@ -99,6 +92,9 @@ def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[
                 raise ValueError(f"class {k!r} of agent {i} is outside [0, {num_classes})")
         out.append(tuple(sorted({int(k) for k in members})))
     return tuple(out)
+
+
+_normalise_cached = functools.lru_cache(maxsize=16)(_normalise_uncached)
 
 
 def _check_shift(shift: float) -> float:
@@ -232,7 +228,7 @@ class FederatedSplit:
         Raises:
             ValueError: ``partition_id`` outside ``[0, N)``.
         """
-        self._check_partition_id(partition_id)
+        _check_partition_id(partition_id, self.num_agents)
         i = int(partition_id)
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
 
@@ -256,9 +252,6 @@ class FederatedSplit:
                 )
             out[i] = np.bincount(lab[idx], minlength=self.num_classes)
         return out
-
-    def _check_partition_id(self, partition_id: int) -> None:
-        _check_partition_id(partition_id, self.num_agents)
 
 
 def _hold_out(
