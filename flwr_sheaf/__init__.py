@@ -11,7 +11,6 @@ method: its action, strategy, client plug-in, maths and registry entry) <- ``app
 ``flwr run`` app) <- ``tools``.
 """
 
-from . import tracking  # noqa: F401 - registers the check of the `tracking` key's values
 from .client.handlers import ClientMethod, register_method_handlers
 from .client.loop import CrossEntropy, LossPlugin, train_local
 from .client.task import LocalTask, TaskFactory

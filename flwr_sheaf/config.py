@@ -31,8 +31,8 @@ from .topology import build_graph, check_graph_scale, check_graph_spec
 
 __all__ = [
     "Key",
-    "register_check",
-    "registered_check",
+    "TRACKERS",
+    "parse_trackers",
     "KEYS",
     "DEFAULTS",
     "ConfigError",
@@ -269,38 +269,41 @@ def check_common_dim(key: str, dim: str | int, dims: list[int], zoo: str) -> Non
         )
 
 
-#: ``{key: check(value, key)}``: checks of string keys registered by the module that owns their
-#: values (:func:`register_check`), so this module imports none of them.
-VALUE_CHECKS: dict[str, Callable[[str, str], object]] = {}
+TRACKERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+}
+"""``{tracker name: (module it imports, pip extra of flwr-sheaf that installs it)}``: the ``tracking``
+key's values (:mod:`flwr_sheaf.tracking` drives them)."""
 
 
-def register_check(key: str, check: Callable[[str, str], object]) -> None:
-    """Register the check of ``key``'s values; the module that owns them calls it on import
-    (:mod:`flwr_sheaf.tracking` for ``tracking``, imported with the package).
-
-    Args:
-        key: a run-config key whose :class:`Key` parses with :func:`registered_check`.
-        check: ``check(value, key)``; raises :class:`ConfigError` naming key and value.
-    """
-    VALUE_CHECKS[key] = check
-
-
-def registered_check(key: str, v: Any) -> str:
-    """A string value checked by the check registered for ``key`` (:func:`register_check`); empty
-    strings are not checked (off).
+def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
+    """Tracker names of a ``tracking`` value (``""``, ``"tensorboard"``, ``"wandb"``,
+    ``"tensorboard,wandb"`` or an iterable of names), in the order given, duplicates dropped (empty:
+    tracking off).
 
     Raises:
-        ConfigError: a non-string value, a value the check refuses, or no check registered.
+        ConfigError: a name that is not a tracker (``key``, value and the valid names given).
     """
-    text = parse_str()(key, v)
-    if text.strip():
-        check = VALUE_CHECKS.get(key)
-        if check is None:
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    names: list[str] = []
+    for part in parts:
+        name = str(part).strip().lower()
+        if not name:
+            continue
+        if name not in TRACKERS:
             raise ConfigError(
-                f"{key}={text!r}: no check of {key!r} values is registered "
-                f"(its module registers it when flwr_sheaf is imported)"
+                f"{key}={spec!r}: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}; valid "
+                f"trackers: {sorted(TRACKERS)} (comma-separated, e.g. 'tensorboard,wandb'; empty = off)"
             )
-        check(text, key)
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _tracking(key: str, v: Any) -> str:
+    text = parse_str()(key, v)
+    parse_trackers(text, key)
     return text
 
 
@@ -443,7 +446,7 @@ _KEY_LIST = [
     Key(
         "tracking",
         "",
-        registered_check,
+        _tracking,
         "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras `tensorboard`, `wandb`: "
         "`pip install -e '.[tensorboard]'`; empty = off; docs/tracking.md)",
     ),
@@ -783,6 +786,11 @@ class Section:
         Raises:
             ConfigError: a missing key (strict) or a bad value, named.
         """
+        return cls(**cls._given(values, strict))
+
+    @classmethod
+    def _given(cls, values: Mapping[str, Any], strict: bool = False) -> dict[str, Any]:
+        """``{field name: value}`` of this section's keys present in ``values`` (all, if ``strict``)."""
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             key = f.metadata.get("key")
@@ -792,7 +800,7 @@ class Section:
                 kwargs[f.name] = values[key]
             elif strict:
                 raise ConfigError(f"{cls.__name__}: key {key!r} missing from the message config")
-        return cls(**kwargs)
+        return kwargs
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Self:
@@ -1078,18 +1086,11 @@ class RunConfig(Section):
         known = set(KEYS) | set(METHOD_KEYS)
         unknown = sorted(set(run_config) - known)
         if unknown:
-            hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
-            text = ", ".join(
-                f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items()
-            )
+            text = ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
             raise ConfigError(f"unknown run-config key(s) {text}; known keys: {sorted(known)}")
         run_config = apply_method_train_defaults(apply_preset(run_config))
         sections = {name: sec.from_mapping(run_config) for name, sec in cls.SECTIONS.items()}
-        top = {
-            f.name: run_config[f.metadata["key"]]
-            for f in fields(cls)
-            if "key" in f.metadata and f.metadata["key"] in run_config
-        }
+        top = cls._given(run_config)
         own = method_section.from_mapping(run_config) if method_section is not None else None
         app_sections: dict[str, Any] = {n: sections.pop(n) for n in _FIELD_SECTIONS}
         return cls(**top, **app_sections, sections=sections, method_section=own, agents=agents)
@@ -1110,12 +1111,7 @@ class RunConfig(Section):
             return
         try:  # config-level facts first: nothing of the zoo's size is built before they pass
             check_graph_scale(self.federation.graph, zoo_size(self.scenario.zoo))
-        except ValueError as exc:
-            raise ConfigError(
-                f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}"
-            ) from None
-        specs = zoo_specs(self.scenario.zoo)
-        try:
+            specs = zoo_specs(self.scenario.zoo)
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
         except ValueError as exc:
             raise ConfigError(

@@ -40,7 +40,7 @@ Each method's own records and keys live in its unit (``methods/<name>/protocol.p
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TypeVar
 
 import numpy as np
@@ -273,38 +273,28 @@ class NodeInfo:
     pilot_digest: int = 0
 
     def to_record(self) -> MetricRecord:
-        """``MetricRecord`` form of the reply."""
-        return MetricRecord(
-            {
-                "partition-id": self.partition_id,
-                "num-partitions": self.num_partitions,
-                "d": self.d,
-                "classes": [int(c) for c in self.classes],
-                "num-pilots": self.num_pilots,
-                NUM_EXAMPLES: self.num_examples,
-                "pilot-digest": self.pilot_digest,
-            }
-        )
+        """``MetricRecord`` form of the reply: each field under its name with ``-`` for ``_``
+        (``num-examples`` is :data:`NUM_EXAMPLES`)."""
+        out = {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+        return MetricRecord({**out, "classes": [int(c) for c in self.classes]})
 
     @classmethod
     def from_record(cls, rec: Mapping) -> NodeInfo:
-        """Inverse of :meth:`to_record`.
+        """Inverse of :meth:`to_record` (``pilot-digest`` may be absent: 0).
 
         Raises:
             ProtocolError: a missing key (named).
         """
         try:
-            return cls(
-                int(rec["partition-id"]),
-                int(rec["num-partitions"]),
-                int(rec["d"]),
-                tuple(int(c) for c in rec["classes"]),
-                int(rec["num-pilots"]),
-                int(rec[NUM_EXAMPLES]),
-                int(rec["pilot-digest"]) if "pilot-digest" in rec else 0,
-            )
+            values = {
+                f.name: rec[f.name.replace("_", "-")]
+                for f in fields(cls)
+                if f.name != "pilot_digest" or "pilot-digest" in rec
+            }
         except KeyError as exc:
             raise ProtocolError(f"discovery reply lacks key {exc.args[0]!r}") from None
+        classes = tuple(int(c) for c in values.pop("classes"))
+        return cls(classes=classes, **{k: int(v) for k, v in values.items()})
 
 
 def pilot_digest(pilots: np.ndarray) -> int:
@@ -572,7 +562,7 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     docs/reliability-failures.md): ``num-examples`` not a finite number > 0, a NaN or infinite scalar
     metric, or a list metric with an infinite entry (NaN in a list means "not measured"). The server
     (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses such a reply; the node
-    (:func:`flwr_sheaf.client.checks.refuse_what_the_server_refuses`, with ``arrays=True`` also
+    (:func:`flwr_sheaf.client.state.refuse_what_the_server_refuses`, with ``arrays=True`` also
     checking every float array for NaN/inf) raises before its state is committed.
     """
     m = content[METRICS]

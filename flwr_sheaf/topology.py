@@ -328,35 +328,24 @@ def build_graph(
     n = _check_num_nodes(num_nodes)
     text = str(spec).strip()
     check_graph_scale(text, n)  # before anything is built
-    knn = text.startswith("class-overlap-knn:")
-    overlap = text == "class-overlap" or text.startswith("class-overlap:")
-    sets: Sequence[Iterable[int]] = ()
-    if knn or overlap:
+    if text == "class-overlap" or text.startswith(("class-overlap:", "class-overlap-knn:")):
         if class_sets is None:
             raise ValueError(f"graph spec {spec!r} needs the agents' class_sets")
         if len(class_sets) != n:
             raise ValueError(f"graph spec {spec!r}: {len(class_sets)} class sets for {n} nodes")
-        sets = class_sets
-    if knn:
-        k, seed = _degree_and_seed(spec, text)
-        graph = class_overlap_knn_graph(sets, k, seed)
-    elif text.startswith("random-regular:"):
-        k, seed = _degree_and_seed(spec, text)
-        graph = random_regular_graph(n, k, seed)
-    elif overlap:
-        density = _density(spec, text.split(":", 1)[1].strip()) if ":" in text else 0.4
-        graph = class_overlap_graph(sets, density)
-    elif text == "ring":
+    form, params = _parse_graph_spec(spec)
+    if form == "class-overlap-knn":
+        graph = class_overlap_knn_graph(class_sets or (), *params)
+    elif form == "random-regular":
+        graph = random_regular_graph(n, *params)
+    elif form == "class-overlap":
+        graph = class_overlap_graph(class_sets or (), *params)
+    elif form == "ring":
         graph = ring_graph(n)
-    elif text == "complete":
+    elif form == "complete":
         graph = complete_graph(n)
-    elif _EDGE_LIST_RE.fullmatch(text):
-        graph = edge_list_graph(text, n)
-    elif _EDGE_CHARS_RE.fullmatch(text):
-        _strict_edge_list(spec, text)
-        raise ValueError(f"graph spec {spec!r} is not a valid edge list")  # (not reached)
     else:
-        raise ValueError(f"unknown graph spec {spec!r}; valid forms: {', '.join(GRAPH_SPECS)}")
+        graph = edge_list_graph(text, n)
     validate_graph(graph, range(n))
     return graph
 
@@ -396,15 +385,25 @@ def check_graph_spec(spec: str) -> None:
     Raises:
         ValueError: an unknown form, or a degree / density / seed that is not a number (named).
     """
+    _parse_graph_spec(spec)
+
+
+def _parse_graph_spec(spec: str) -> tuple[str, tuple]:
+    """``(form, parameters)`` of a graph spec: ``("class-overlap", (density,))``,
+    ``("class-overlap-knn" | "random-regular", (k, seed))``, ``("ring" | "complete", ())`` or
+    ``("edges", ())``; raises as :func:`check_graph_spec`."""
     text = str(spec).strip()
-    if text in ("class-overlap", "ring", "complete") or _EDGE_LIST_RE.fullmatch(text):
-        return
-    if text.startswith("class-overlap-knn:") or text.startswith("random-regular:"):
-        _degree_and_seed(spec, text)
-        return
+    if text in ("ring", "complete"):
+        return text, ()
+    if text == "class-overlap":
+        return text, (0.4,)
     if text.startswith("class-overlap:"):
-        _density(spec, text.split(":", 1)[1].strip())
-        return
+        return "class-overlap", (_density(spec, text.split(":", 1)[1].strip()),)
+    for form in ("class-overlap-knn", "random-regular"):
+        if text.startswith(form + ":"):
+            return form, _degree_and_seed(spec, text)
+    if _EDGE_LIST_RE.fullmatch(text):
+        return "edges", ()
     if _EDGE_CHARS_RE.fullmatch(text):
         _strict_edge_list(spec, text)
     raise ValueError(f"unknown graph spec {spec!r}; valid forms: {', '.join(GRAPH_SPECS)}")

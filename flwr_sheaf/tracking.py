@@ -13,56 +13,20 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import DEFAULTS, ConfigError, RunConfig, did_you_mean, register_check
+from .config import DEFAULTS, TRACKERS, ConfigError, RunConfig, parse_trackers
 
 __all__ = [
-    "TRACKERS",
     "Tracker",
     "check_trackers",
-    "parse_trackers",
     "round_scalars",
     "tracking_dir",
 ]
 
 log = logging.getLogger("flwr_sheaf")
-
-#: ``{tracker name: (module it imports, pip extra of flwr-sheaf that installs it)}``.
-TRACKERS: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb"),
-}
-
-
-def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
-    """Tracker names of a ``tracking`` value (``""``, ``"tensorboard"``, ``"wandb"``,
-    ``"tensorboard,wandb"`` or an iterable of names), in the order given, duplicates dropped (empty:
-    tracking off).
-
-    Raises:
-        ConfigError: a name that is not a tracker (``key``, value and the valid names given).
-    """
-    parts = spec.split(",") if isinstance(spec, str) else list(spec)
-    names: list[str] = []
-    for part in parts:
-        name = str(part).strip().lower()
-        if not name:
-            continue
-        if name not in TRACKERS:
-            raise ConfigError(
-                f"{key}={spec!r}: unknown tracker {name!r}{did_you_mean(name, TRACKERS)}; valid "
-                f"trackers: {sorted(TRACKERS)} (comma-separated, e.g. 'tensorboard,wandb'; empty = off)"
-            )
-        if name not in names:
-            names.append(name)
-    return tuple(names)
-
-
-#: the ``tracking`` key's values are this module's to check (config imports nothing of it)
-register_check("tracking", parse_trackers)
 
 
 def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
@@ -213,31 +177,35 @@ class Tracker:
         """
         step = int(record["round"])
         scalars = round_scalars(record)
+        writer, run = self._writer, self._run
+
+        def tensorboard() -> None:
+            for name, value in scalars.items():
+                writer.add_scalar(name, value, global_step=step)
+            writer.flush()
+
         logged = False  # by at least one tracker (none left after every one failed)
-        if self._writer is not None:
-            try:
-                for name, value in scalars.items():
-                    self._writer.add_scalar(name, value, global_step=step)
-                self._writer.flush()
-                logged = True
-            except Exception as exc:  # tracking must not end a training run
-                self._fail("tensorboard", exc)
-        if self._run is not None:
-            try:
-                self._run.log(dict(scalars), step=step)
-                logged = True
-            except Exception as exc:
-                self._fail("wandb", exc)
+        if writer is not None:
+            logged = self._guarded("tensorboard", tensorboard)
+        if run is not None:
+            logged = self._guarded("wandb", lambda: run.log(dict(scalars), step=step)) or logged
         if logged:
             self.rounds_logged += 1
 
-    def _fail(self, name: str, exc: Exception) -> None:
-        self.errors[name] = f"{type(exc).__name__}: {exc}"[-500:]
-        log.warning("tracking: %s switched off after an error: %s", name, self.errors[name])
-        if name == "tensorboard":
-            self._writer = None
-        else:
-            self._run = None
+    def _guarded(self, name: str, action: Callable[[], object]) -> bool:
+        """Run one tracker's ``action``; one that raises is switched off with a warning (its error
+        kept in :attr:`errors`). Returns whether it succeeded."""
+        try:
+            action()
+        except Exception as exc:  # tracking must not end a training run nor cost it its results
+            self.errors[name] = f"{type(exc).__name__}: {exc}"[-500:]
+            log.warning("tracking: %s switched off after an error: %s", name, self.errors[name])
+            if name == "tensorboard":
+                self._writer = None
+            else:
+                self._run = None
+            return False
+        return True
 
     def describe(self) -> dict[str, Any]:
         """Where the trackers wrote (``results.json``'s ``tracking``): trackers, run name, directories,
@@ -270,15 +238,9 @@ class Tracker:
         writer, run = self._writer, self._run
         self._writer = self._run = None
         if writer is not None:
-            try:
-                writer.close()
-            except Exception as exc:  # tracking must not cost the run its results
-                self._fail("tensorboard", exc)
+            self._guarded("tensorboard", writer.close)
         if run is not None:
-            try:
-                run.finish()
-            except Exception as exc:
-                self._fail("wandb", exc)
+            self._guarded("wandb", run.finish)
 
     def __enter__(self) -> Tracker:
         return self

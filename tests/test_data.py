@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from flwr_sheaf.data import (
-    clear_source_cache,
+from flwr_sheaf.data.hf import LabelShiftPartitioner
+from flwr_sheaf.data.partition import (
     label_shift_proportions,
     load_agent_data,
-    load_source,
     make_federated_split,
 )
-from flwr_sheaf.data.hf import LabelShiftPartitioner
+from flwr_sheaf.data.sources import clear_source_cache, load_source
 from flwr_sheaf.paper import PAPER_CLASS_SETS_15
 
 torch.set_num_threads(1)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from flwr_sheaf.collapse import COLLAPSE_WARN_FRACTION, collapse_warnings
 from flwr_sheaf.config import DEFAULTS, RunConfig, config_differences, method_train_changes
 from flwr_sheaf.protocol import LOW_VARIANCE_FRACTION
+from flwr_sheaf.results import COLLAPSE_WARN_FRACTION, collapse_warnings
 from flwr_sheaf.sheaf.whitening import low_variance_fraction
 
 torch.set_num_threads(1)

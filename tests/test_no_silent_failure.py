@@ -319,7 +319,7 @@ def test_the_idx_reader_gives_the_same_arrays_as_before(tmp_path):
     """The validating reader returns what torchvision's readers returned (images uint8, labels as ints)."""
     from torchvision.datasets.mnist import read_image_file, read_label_file
 
-    from flwr_sheaf.data.idx import read_idx_file
+    from flwr_sheaf.data.sources import read_idx_file
 
     d = _idx_dir(tmp_path / "same")
     np.testing.assert_array_equal(

@@ -18,7 +18,7 @@ import torch
 from flwr_sheaf import tracking
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
-from flwr_sheaf.config import ConfigError, RunConfig
+from flwr_sheaf.config import ConfigError, RunConfig, parse_trackers
 from flwr_sheaf.testing import LocalGrid
 from flwr_sheaf.tracking import Tracker, round_scalars
 
@@ -84,7 +84,7 @@ def test_tracking_keys_refuse_bad_values_naming_key_value_and_choices():
     with pytest.raises(ConfigError, match=r"wandb-mode='cloud'.*\['offline', 'online'\]"):
         RunConfig.from_run_config({"wandb-mode": "cloud"})
     cfg = RunConfig.from_run_config({"tracking": " wandb, tensorboard ,wandb"})
-    assert tracking.parse_trackers(cfg.tracking) == ("wandb", "tensorboard")
+    assert parse_trackers(cfg.tracking) == ("wandb", "tensorboard")
     assert RunConfig().tracking == "" and Tracker.from_config(RunConfig()) is None  # off by default
 
 

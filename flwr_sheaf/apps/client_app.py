@@ -1,7 +1,7 @@
 """The ClientApp that ``flwr run`` loads: the CNN-zoo scenario with every method's handlers (each on
 its own action), a researcher's ``method-module`` imported on the first message, and the mods
 :func:`~flwr_sheaf.client.state.persist_state` (node state under ``state-dir``, docs/resume.md) and
-:func:`~flwr_sheaf.client.checks.refuse_what_the_server_refuses` (a reply the server would refuse is
+:func:`~flwr_sheaf.client.state.refuse_what_the_server_refuses` (a reply the server would refuse is
 never committed).
 """
 
@@ -10,8 +10,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ..client.checks import refuse_what_the_server_refuses
-from ..client.state import persist_state
+from ..client.state import persist_state, refuse_what_the_server_refuses
 from ..methods import METHODS, import_method_modules
 from .methods import register_all_handlers, register_handlers
 from .scenario import cnn_task_factory

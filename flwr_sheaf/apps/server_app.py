@@ -11,14 +11,12 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ..collapse import collapse_warnings
 from ..config import RunConfig, method_train_changes
 from ..engine import describe_ray, warn_if_unasked
 from ..methods import parse_run_config
-from ..preflight import preflight
+from ..preflight import check_node_state_dir, claim_node_state_dir, preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
-from ..results import run_status, write_results
-from ..rundir import check_node_state_dir, claim_node_state_dir
+from ..results import collapse_warnings, run_status, write_results
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.ledger import RunFailedError
 from ..tracking import Tracker, check_trackers
@@ -137,7 +135,7 @@ def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointe
 
     Raises:
         ConfigError / NoCheckpointError: as :meth:`Checkpointer.check` and
-            :func:`~flwr_sheaf.rundir.check_node_state_dir` (another run's node state).
+            :func:`~flwr_sheaf.preflight.check_node_state_dir` (another run's node state).
     """
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(
@@ -146,7 +144,7 @@ def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointe
     checked = ckpt.check(strategy, config.num_server_rounds)
     if checked is None:
         return ckpt, {}
-    if config.node_state_dir:  # the node state is this run's (rundir.py)
+    if config.node_state_dir:  # the node state is this run's (preflight.py)
         state_root = Path(config.node_state_dir).expanduser().resolve()
         check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
         claim_node_state_dir(state_root, config.to_dict(), out)

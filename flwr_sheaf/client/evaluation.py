@@ -214,30 +214,39 @@ def _edge_accuracy(
     i_head: bool,
     dev: torch.device,
     prefix: str = "",
-) -> tuple[float, float]:
-    """Test and validation accuracy of neighbour j's whitened latents ``(M, dj)`` moved into this
-    stalk by the Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``; ``prefix="pw-"``
-    reads the strong post-hoc reading's pilot-whitened arrays.
+    path_map: torch.Tensor | None = None,
+) -> list[float]:
+    """Test and validation accuracy of j's whitened latents ``(M, dj)`` moved into this stalk by the
+    Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``; ``prefix="pw-"`` reads the
+    strong post-hoc reading's pilot-whitened arrays. With ``path_map`` ``(d_i, dj)`` (j a non-edge
+    source, ``Z T^T``), each split's multi-hop accuracy comes first: ``[test multi-hop, test direct,
+    val multi-hop, val direct]``.
 
     Raises:
-        ValueError: j's pilots or latents of the wrong shape or with NaN/inf (j named).
+        ValueError: j's pilots, latents or path map of the wrong shape or with NaN/inf (j named).
     """
     what = "pilot-whitened " if prefix else ""
+    source = "neighbour" if path_map is None else "non-edge source"
     a_j = from_numpy(arr[f"{prefix}pilots"], dev, torch.float32)
-    check_pilots(a_j, f"{what}pilots of neighbour partition-id {j}", d=dj, k=own.shape[0])
+    check_pilots(a_j, f"{what}pilots of {source} partition-id {j}", d=dj, k=own.shape[0])
+    if path_map is not None and (
+        tuple(path_map.shape) != (own.shape[1], dj) or not torch.isfinite(path_map).all()
+    ):
+        raise ValueError(
+            f"composed map of non-edge source partition-id {j}: shape {tuple(path_map.shape)} "
+            f"(expected ({own.shape[1]}, {dj})) or NaN/inf entries"
+        )
     v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
     res = []
     for split in ("test", "val"):
         z = from_numpy(arr[f"{prefix}{split}-latents"], dev, torch.float32)
-        check_pilots(z, f"{what}{split} latents of neighbour partition-id {j}", d=dj)
+        check_pilots(z, f"{what}{split} latents of {source} partition-id {j}", d=dj)
+        y = from_numpy(arr[f"{split}-labels"], dev, torch.int64)
         with torch.no_grad():
-            res.append(
-                accuracy(
-                    model.classify_whitened(transport(z, v, i_head)),
-                    from_numpy(arr[f"{split}-labels"], dev, torch.int64),
-                )
-            )
-    return res[0], res[1]
+            if path_map is not None:
+                res.append(accuracy(model.classify_whitened(transport(z, path_map, True)), y))
+            res.append(accuracy(model.classify_whitened(transport(z, v, i_head)), y))
+    return res
 
 
 def _pilots_for_evaluation(
@@ -319,29 +328,16 @@ def _non_edge_accuracies(
     """
     ne = NonEdgeConfig.from_config(msg.content[CONFIG])
     out: dict[str, list] = {k: [] for k in NON_EDGE_REPLY[METRICS]}
-    d_i = own.shape[1]
+    order = (  # of _edge_accuracy's answer with a path map
+        NON_EDGE_ACCURACY,
+        NON_EDGE_DIRECT_ACCURACY,
+        VAL_NON_EDGE_ACCURACY,
+        VAL_NON_EDGE_DIRECT_ACCURACY,
+    )
     for j, dj, i_head in zip(ne.sources, ne.dims, ne.heads):
         arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + (PATH_MAP,))
-        a_j = from_numpy(arr[EVAL_ARRAYS[0]], dev, torch.float32)
-        check_pilots(a_j, f"pilots of non-edge source partition-id {j}", d=dj, k=own.shape[0])
         t = from_numpy(arr[PATH_MAP], dev, torch.float32)
-        if tuple(t.shape) != (d_i, dj) or not torch.isfinite(t).all():
-            raise ValueError(
-                f"composed map of non-edge source partition-id {j}: shape {tuple(t.shape)} (expected "
-                f"({d_i}, {dj})) or NaN/inf entries"
-            )
-        v = procrustes(own, a_j) if i_head else procrustes(a_j, own)
-        for split, multi_key, direct_key in (
-            ("test", NON_EDGE_ACCURACY, NON_EDGE_DIRECT_ACCURACY),
-            ("val", VAL_NON_EDGE_ACCURACY, VAL_NON_EDGE_DIRECT_ACCURACY),
-        ):
-            z = from_numpy(arr[f"{split}-latents"], dev, torch.float32)
-            check_pilots(z, f"{split} latents of non-edge source partition-id {j}", d=dj)
-            y = from_numpy(arr[f"{split}-labels"], dev, torch.int64)
-            with torch.no_grad():
-                out[multi_key].append(accuracy(model.classify_whitened(transport(z, t, True)), y))
-                out[direct_key].append(
-                    accuracy(model.classify_whitened(transport(z, v, i_head)), y)
-                )
+        for key, acc in zip(order, _edge_accuracy(model, own, arr, j, dj, i_head, dev, path_map=t)):
+            out[key].append(acc)
         out[NON_EDGE_SRC].append(int(j))
     return out

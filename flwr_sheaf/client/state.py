@@ -8,6 +8,11 @@ state), reloads the newest admissible file into an empty state, checks at a resu
 that a node that trained before finds its state, and refuses (:class:`StateFileError`) a file of
 another node, run or run config, a corrupted file or a pruned round. Retention (the last ``max(2,
 checkpoint-every + 1)`` rounds) and the file format: docs/resume.md.
+
+What the server refuses, the node never commits: the mod :func:`refuse_what_the_server_refuses`
+applies the server's check of train replies (:func:`flwr_sheaf.protocol.train_reply_problem`, plus
+NaN/inf array entries) to every successful ``train`` reply and raises :class:`RefusedReplyError`
+instead, so Flower rolls ``context.state`` back to the last accepted state (docs/reliability-run-files.md).
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from ..config import DEFAULTS, config_differences, resume_identity
 from ..integrity import SealedFileError, read_sealed, write_sealed
 from ..protocol import (
     CONFIG,
+    METRICS,
+    NUM_EXAMPLES,
     RESUME_FRESH,
     RESUME_ROUND,
     RESUME_STATE_ROUNDS,
     SERVER_ROUND,
     as_int,
     config_record,
+    train_reply_problem,
 )
 
 __all__ = [
@@ -43,6 +51,8 @@ __all__ = [
     "read_state",
     "write_state",
     "serialize_state",
+    "RefusedReplyError",
+    "refuse_what_the_server_refuses",
 ]
 
 log = logging.getLogger("flwr_sheaf")
@@ -332,4 +342,37 @@ def persist_state(
     reply = call_next(msg, context)
     if not reply.has_error() and (before is None or serialize_state(context.state) != before):
         _save(context, directory, server_round)
+    return reply
+
+
+class RefusedReplyError(RuntimeError):
+    """A train reply the server would refuse (its problem named); raised so the node's state is rolled back."""
+
+
+def refuse_what_the_server_refuses(
+    msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
+) -> Message:
+    """Flower ClientApp mod: raise instead of returning a train reply the server would refuse (module docstring).
+
+    Replies to other messages, error replies and replies without ``metrics/num-examples`` (the
+    server records those as malformed) pass unchanged.
+
+    Raises:
+        RefusedReplyError: the reply's problem, the partition-id and the server round named.
+    """
+    reply = call_next(msg, context)
+    if (
+        not msg.metadata.message_type.startswith("train.")
+        or reply.has_error()
+        or METRICS not in reply.content
+        or NUM_EXAMPLES not in reply.content[METRICS]
+    ):
+        return reply
+    problem = train_reply_problem(reply.content, arrays=True)
+    if problem is not None:
+        raise RefusedReplyError(
+            f"partition-id {context.node_config.get('partition-id')}, "
+            f"{msg.metadata.message_type} of round {msg.metadata.group_id}: {problem}; the server "
+            f"would refuse this reply, so this node keeps its state from before the round"
+        )
     return reply

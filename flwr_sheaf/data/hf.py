@@ -16,7 +16,6 @@ from flwr_sheaf.data.partition import (
     _check_seed,
     _check_shift,
     _normalise_class_sets,
-    label_shift_proportions,
     make_federated_split,
 )
 from flwr_sheaf.paper import NUM_CLASSES
@@ -64,9 +63,8 @@ class LabelShiftPartitioner(_PartitionerBase):
                 "LabelShiftPartitioner needs flwr-datasets: `pip install flwr-sheaf[hf]`"
             )
         super().__init__()
-        label_shift_proportions(class_sets, shift, num_classes)  # validate early
+        self._shift = _check_shift(shift)  # checked in label_shift_proportions' order
         self._class_sets = _normalise_class_sets(class_sets, num_classes)
-        self._shift = _check_shift(shift)
         self._seed = _check_seed(seed)
         self._partition_by = partition_by
         self._pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
@@ -110,6 +108,4 @@ class LabelShiftPartitioner(_PartitionerBase):
         Raises:
             ValueError: if ``partition_id`` is outside ``[0, N)`` (names it and ``N``).
         """
-        split = self.split
-        split._check_partition_id(partition_id)
-        return self.dataset.select(split.pool_idx(partition_id).tolist())
+        return self.dataset.select(self.split.pool_idx(partition_id).tolist())

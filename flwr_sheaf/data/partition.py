@@ -64,13 +64,6 @@ def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tupl
     return _normalise_uncached(class_sets, num_classes)
 
 
-@functools.lru_cache(maxsize=16)
-def _normalise_cached(
-    class_sets: tuple[tuple[int, ...], ...], num_classes: int
-) -> tuple[tuple[int, ...], ...]:
-    return _normalise_uncached(class_sets, num_classes)
-
-
 def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
     if not _is_int(num_classes, 1):
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
@@ -99,6 +92,9 @@ def _normalise_uncached(class_sets: ClassSets, num_classes: int) -> tuple[tuple[
                 raise ValueError(f"class {k!r} of agent {i} is outside [0, {num_classes})")
         out.append(tuple(sorted({int(k) for k in members})))
     return tuple(out)
+
+
+_normalise_cached = functools.lru_cache(maxsize=16)(_normalise_uncached)
 
 
 def _check_shift(shift: float) -> float:
@@ -232,7 +228,7 @@ class FederatedSplit:
         Raises:
             ValueError: ``partition_id`` outside ``[0, N)``.
         """
-        self._check_partition_id(partition_id)
+        _check_partition_id(partition_id, self.num_agents)
         i = int(partition_id)
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
 
@@ -257,18 +253,18 @@ class FederatedSplit:
             out[i] = np.bincount(lab[idx], minlength=self.num_classes)
         return out
 
-    def _check_partition_id(self, partition_id: int) -> None:
-        _check_partition_id(partition_id, self.num_agents)
 
-
-def _check_split_fractions(
-    pilot_fraction, val_fraction, test_fraction
-) -> tuple[float, float, float]:
-    """The three split fractions checked (pilot in (0, 1), val and test in [0, 1), val + test < 1).
+def _hold_out(
+    labels, seed, pilot_fraction, val_fraction, test_fraction, num_classes: int
+) -> tuple[int, tuple[float, float, float], np.ndarray, np.ndarray, int]:
+    """Step (a) of both splits, before the pilots are chosen: the checked seed and fractions (pilot in
+    (0, 1), val and test in [0, 1), val + test < 1), the labels ``(M,)`` int64, the seeded
+    permutation ``(M,)`` and the hold-out size ``round(pilot_fraction * M)``.
 
     Raises:
-        ValueError: a fraction out of range, or val + test >= 1 (values named).
+        ValueError: a bad seed or label, a fraction out of range, or val + test >= 1 (values named).
     """
+    seed = _check_seed(seed)
     pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
     val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
     test_fraction = _check_fraction("test_fraction", test_fraction, allow_zero=True)
@@ -276,7 +272,10 @@ def _check_split_fractions(
         raise ValueError(
             f"val_fraction + test_fraction must be < 1, got {val_fraction} + {test_fraction}"
         )
-    return pilot_fraction, val_fraction, test_fraction
+    lab = _as_label_array(labels, num_classes)
+    perm = np.random.default_rng(seed).permutation(lab.size)
+    n_hold = int(round(pilot_fraction * lab.size))
+    return seed, (pilot_fraction, val_fraction, test_fraction), lab, perm, n_hold
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -334,13 +333,9 @@ def make_federated_split(
     theta = label_shift_proportions(class_sets, shift, num_classes)
     sets = _normalise_class_sets(class_sets, num_classes)
     s = _check_shift(shift)
-    seed = _check_seed(seed)
-    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(
-        pilot_fraction, val_fraction, test_fraction
+    seed, (pilot_fraction, val_fraction, test_fraction), lab, perm, n_hold = _hold_out(
+        labels, seed, pilot_fraction, val_fraction, test_fraction, num_classes
     )
-    lab = _as_label_array(labels, num_classes)
-    perm = np.random.default_rng(seed).permutation(lab.size)
-    n_hold = int(round(pilot_fraction * lab.size))
     pilots = _eq23_pilots(lab, perm[:n_hold], theta, s, num_pilots, pilot_fraction)
     per_agent = _eq23_chunks(lab, perm[n_hold:], theta)
     if min_per_split:
@@ -350,16 +345,7 @@ def make_federated_split(
         sets = _received_classes(lab, train, val, test)
     else:
         train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(
-        pilot_idx=_frozen(pilots),
-        train_idx=train,
-        val_idx=val,
-        test_idx=test,
-        class_sets=sets,
-        shift=s,
-        seed=seed,
-        num_classes=num_classes,
-    )
+    return FederatedSplit(_frozen(pilots), train, val, test, sets, s, seed, num_classes)
 
 
 def _eq23_pilots(
@@ -543,13 +529,9 @@ def make_dirichlet_split(
         raise ValueError(f"num_agents must be a positive integer, got {num_agents!r}")
     if not (isinstance(alpha, numbers.Real) and math.isfinite(alpha) and alpha > 0):
         raise ValueError(f"Dirichlet alpha must be positive, got {alpha!r}")
-    seed = _check_seed(seed)
-    pilot_fraction, val_fraction, test_fraction = _check_split_fractions(
-        pilot_fraction, val_fraction, test_fraction
+    seed, (_, val_fraction, test_fraction), lab, perm, n_hold = _hold_out(
+        labels, seed, pilot_fraction, val_fraction, test_fraction, num_classes
     )
-    lab = _as_label_array(labels, num_classes)
-    perm = np.random.default_rng(seed).permutation(lab.size)
-    n_hold = int(round(pilot_fraction * lab.size))
     pilots = perm[:n_hold]
     if num_pilots is not None:
         if not _is_int(num_pilots, 1, n_hold + 1):
@@ -562,16 +544,7 @@ def make_dirichlet_split(
         lab, rest, int(num_agents), float(alpha), min_partition_size, seed, num_classes
     )
     train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(
-        pilot_idx=_frozen(pilots),
-        train_idx=train,
-        val_idx=val,
-        test_idx=test,
-        class_sets=sets,
-        shift=0.0,
-        seed=seed,
-        num_classes=num_classes,
-    )
+    return FederatedSplit(_frozen(pilots), train, val, test, sets, 0.0, seed, num_classes)
 
 
 def _dirichlet_chunks(

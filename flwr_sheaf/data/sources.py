@@ -6,21 +6,35 @@ docs/reference.md, s7); :mod:`flwr_sheaf.data.partition` splits it. Specs: ``"mn
 by ``bash scripts/get_data.sh fashion-mnist``, SHA-256 checked; :mod:`flwr_sheaf.data.catalog`),
 ``"idx:<dir>"`` (MNIST-format idx files, plain or ``.gz``) and ``"hf:<dataset-name>"`` (a Hugging
 Face dataset; the ``hf`` extra and network access the first time).
+
+The idx reader (:func:`read_idx_file`) refuses every way an idx file can be broken, with the file
+named, what is wrong and the fix: an empty file, a header shorter than its dimensions, a wrong magic
+number, a data size that differs from the header's (truncated or padded), and a truncated or corrupt
+``.gz`` archive (which used to surface as a bare ``EOFError``).
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import re
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .catalog import NAMED_DATASETS, check_installed, find_installed, install_hint
-from .idx import read_idx_file
 
-__all__ = ["load_source", "clear_source_cache", "SOURCE_FORMS"]
+__all__ = [
+    "load_source",
+    "clear_source_cache",
+    "SOURCE_FORMS",
+    "IDX_MAGIC",
+    "read_idx_bytes",
+    "read_idx_file",
+]
 
 #: Human-readable list of the accepted ``spec`` forms (used in error messages).
 SOURCE_FORMS = ("mnist-bundled", "fashion-mnist", "idx:<directory>", "hf:<dataset-name>")
@@ -135,22 +149,82 @@ def _find_idx_file(directory: Path, part: str, kind: str) -> Path | None:
     return hits[0] if hits else None  # plain file sorts before its .gz twin
 
 
-def _read_idx(path: Path, kind: str) -> torch.Tensor:
-    """Read one idx file (plain or ``.gz``), validated by :func:`flwr_sheaf.data.idx.read_idx_bytes`.
-
-    Raises:
-        ValueError: an empty, truncated or corrupt file, a truncated ``.gz`` archive, a wrong magic number
-            or size (the file, what is wrong and the fix named).
-    """
-    return torch.from_numpy(read_idx_file(path, kind, hint=_hint_for(path)))
-
-
 def _hint_for(path: Path) -> str:
     """The fix for a broken idx file: reinstall a named dataset, else replace the file."""
     for name, files in NAMED_DATASETS.items():
         if path.name in files:
             return f"re-run `{install_hint(name)}` (or replace {path} with a good copy)"
     return f"replace {path} with a good copy of the dataset"
+
+
+# ------------------------------------------------------------------------------ idx files
+# The idx format: two zero bytes, a type byte (``0x08`` = unsigned byte), the number of dimensions,
+# one big-endian int32 per dimension, then the data. Images are ``idx3`` (magic ``0x00000803``:
+# ``(N, rows, cols)``), labels ``idx1`` (magic ``0x00000801``: ``(N,)``).
+#: kind -> (magic number, number of dimensions).
+IDX_MAGIC = {"images": (0x00000803, 3), "labels": (0x00000801, 1)}
+
+
+def read_idx_bytes(
+    data: bytes, kind: str, origin: str, hint: str = "replace the file"
+) -> np.ndarray:
+    """The uint8 array of an idx file's bytes (``(N, rows, cols)`` images or ``(N,)`` labels).
+
+    Raises:
+        ValueError: empty, short header, wrong magic number, or a data size other than the header's.
+    """
+    magic, ndim = IDX_MAGIC[kind]
+    if not data:
+        raise ValueError(
+            f"{origin} is empty (0 bytes): the file is truncated or was never written; {hint}"
+        )
+    if len(data) < 4 + 4 * ndim:
+        raise ValueError(
+            f"{origin} is truncated: {len(data)} bytes, shorter than the {4 + 4 * ndim}-byte idx header "
+            f"of {kind}; {hint}"
+        )
+    got = struct.unpack(">I", data[:4])[0]
+    if got != magic:
+        raise ValueError(
+            f"{origin}: magic number 0x{got:08x}, expected 0x{magic:08x} for uint8 idx{ndim} {kind} "
+            f"(not an idx {kind} file, or the images and labels files are swapped); {hint}"
+        )
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    want = int(np.prod(dims, dtype=np.int64))
+    have = len(data) - 4 - 4 * ndim
+    if have != want:
+        what = "truncated" if have < want else "longer than its header says"
+        raise ValueError(
+            f"{origin} is {what}: its header says {' x '.join(map(str, dims))} = {want} bytes of data, the "
+            f"file has {have}; {hint}"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()
+
+
+def read_idx_file(path: str | Path, kind: str, hint: str = "replace the file") -> np.ndarray:
+    """:func:`read_idx_bytes` of a plain or ``.gz`` idx file.
+
+    Raises:
+        ValueError: a truncated or corrupt gzip archive, or any refusal of :func:`read_idx_bytes` (file named).
+        OSError: the file cannot be read.
+    """
+    path = Path(path)
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        if not raw:
+            raise ValueError(
+                f"{path} is empty (0 bytes): the gzip archive is truncated or was never written; {hint}"
+            )
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise ValueError(
+                f"{path}: the gzip archive is truncated (it ends before its end-of-stream marker); "
+                f"{hint}"
+            ) from None
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise ValueError(f"{path} is not a valid gzip archive ({exc}); {hint}") from None
+    return read_idx_bytes(raw, kind, str(path), hint)
 
 
 @functools.cache
@@ -179,10 +253,8 @@ def _load_idx_dir(directory: str) -> tuple[torch.Tensor, torch.Tensor]:
                 .replace("(\\.gz)?", "[.gz]")
             )
             raise FileNotFoundError(f"found {have} but no matching {missing} file {root / want}")
-        x = _read_idx(img, "images")
-        y = _read_idx(lab, "labels")
-        xs.append(x.numpy())
-        ys.append(y.numpy())
+        xs.append(read_idx_file(img, "images", hint=_hint_for(img)))
+        ys.append(read_idx_file(lab, "labels", hint=_hint_for(lab)))
     if not xs:
         raise FileNotFoundError(
             f"no idx files in {root}: expected train-images-idx3-ubyte[.gz] + train-labels-idx1-ubyte[.gz] "

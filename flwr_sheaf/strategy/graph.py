@@ -362,7 +362,7 @@ class GraphStrategy(Strategy):
         ok = self.exchange.split_replies(server_round, "train", replies, rec.sampled, TRAIN_REPLY)
         # a reply claiming no (or NaN) training examples is that node's failure
         for pid in sorted(ok):
-            why = train_reply_problem(ok[pid].content)  # the node applies it too (client/checks.py)
+            why = train_reply_problem(ok[pid].content)  # the node applies it too (client/state.py)
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]

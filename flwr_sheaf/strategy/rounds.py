@@ -18,7 +18,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from ..config import KEYS
-from ..logs import default_progress_handler
 from .records import positive_int
 
 if TYPE_CHECKING:
@@ -27,6 +26,22 @@ if TYPE_CHECKING:
 __all__ = ["check_start", "close_round", "evaluates", "run_rounds", "train_round"]
 
 log = logging.getLogger("flwr_sheaf")
+
+
+def default_progress_handler() -> bool:
+    """Give the ``flwr_sheaf`` logger a ``[flwr-sheaf] <message>`` stderr handler at INFO when
+    logging is not configured (no handler on it nor on the root logger; an app that configures
+    logging keeps its own). Returns whether one was added."""
+    if log.handlers or logging.getLogger().handlers:
+        return False
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[flwr-sheaf] %(message)s"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+    log.propagate = False
+    return True
+
 
 #: ``(server round, global arrays) -> MetricRecord | None``: Flower's ServerApp-side evaluation
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
