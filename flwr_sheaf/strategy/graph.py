@@ -5,14 +5,14 @@ Every method's strategy subclasses :class:`GraphStrategy` directly and fills in 
 :meth:`~GraphStrategy.accept_train`, :meth:`~GraphStrategy.evaluate_payload`); what methods share
 comes from components they hold, not from parents. The parts, each in its own module: discovery
 (:class:`~flwr_sheaf.strategy.discovery.Discovery`, then the graph,
-:func:`~flwr_sheaf.strategy.agents.build_agents_graph`), sampling
+:func:`~flwr_sheaf.strategy.discovery.build_agents_graph`), sampling
 (:class:`~flwr_sheaf.participation.ParticipationSampler`), the round loop
 (:func:`~flwr_sheaf.strategy.rounds.run_rounds`, behind Flower's ``Strategy.start``; a node that
 does not answer within the one ``timeout`` is recorded as failed), messages
 (:class:`~flwr_sheaf.strategy.exchange.Exchange`), the ledger
 (:class:`~flwr_sheaf.strategy.ledger.RunLedger`), evaluation
 (:class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation` on an
-:class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView`) and checkpoints
+:class:`~flwr_sheaf.strategy.evaluation.EvaluationView`) and checkpoints
 (:class:`~flwr_sheaf.strategy.checkpoint.Checkpointer`). A strategy without an agents' graph (the
 RFedAGS family) passes ``federation=None`` and its own ``sampler``.
 """
@@ -43,11 +43,9 @@ from ..protocol import (
     as_float,
     train_reply_problem,
 )
-from .agents import build_agents_graph
 from .checkpoint import Checkpointer
-from .discovery import Discovery
-from .evaluation import GraphEvaluation
-from .evaluation_view import EvaluationView
+from .discovery import Discovery, build_agents_graph
+from .evaluation import EvaluationView, GraphEvaluation
 from .exchange import Exchange, merge_extra
 from .ledger import RunLedger
 from .records import Node, RoundRecord, nanmean, numeric_metrics
@@ -194,7 +192,7 @@ class GraphStrategy(Strategy):
 
     def on_discovered(self) -> None:
         """Build (from a spec, with the reported class sets) and validate the graph; check the pilot
-        count (:func:`~flwr_sheaf.strategy.agents.build_agents_graph`). Without a federation (no
+        count (:func:`~flwr_sheaf.strategy.discovery.build_agents_graph`). Without a federation (no
         agents' graph) nothing is built."""
         if self.graph_spec is None:
             return
