@@ -175,13 +175,11 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     warnings = run_config_warnings(run_config, config, method, strategy, n)
     for line in warnings:
         log.warning("%s", line)
-    if (
-        method.task_factory is None
-    ):  # the CNN-zoo scenario: every agent's data checked before any message
+    # before any message: the CNN-zoo scenario's data checked for every agent, and
+    # discovery='sampled' refused or set
+    if method.task_factory is None:
         check_scenario(config.scenario)
-    sampled_discovery(
-        config, method, strategy, n
-    )  # discovery='sampled': refused or set, before any message
+    sampled_discovery(config, method, strategy, n)
     check_trackers(config.tracking)  # a tracker whose package is missing: before any message
     # directories writable, results-dir free and locked, an overwritten run's files moved aside:
     # before any message

@@ -8,18 +8,9 @@ discovered nodes (:func:`build_agents_graph`, in ``on_discovered``); :func:`orie
 :func:`edge_config` read its edges (head = larger stalk dimension d, ties to the larger
 partition-id; docs/reference.md). Discovery knows nothing of methods.
 
-Interface (what the strategy relies on; the protocol inside may change):
-
-- ``Discovery(num_nodes, action, config, discovery_timeout).run(grid, timeout)`` returns
-  ``{partition-id: Node}`` for exactly the partition-ids ``0..num_nodes-1``;
-- ``config`` is the ``ConfigRecord`` content of every query message (the strategy's
-  ``query_config()`` plus its ``resume_check``);
-- every failure is a ``RuntimeError`` whose message names the cause and the fix (the
-  ``--federation-config`` to pass, the failed node's reason, the missing partition-ids).
-
-A federation that is too small (nodes report ``num-partitions`` < N) fails at once instead of
-waiting. SuperNodes beyond the scenario (partition-id >= N, or whose discovery handler failed while
-more SuperNodes than agents registered) stay idle.
+Every failure is a ``RuntimeError`` naming the cause and the fix (:meth:`Discovery.run`); a
+federation that is too small fails at once. SuperNodes beyond the scenario (partition-id >= N, or
+whose discovery handler failed while more SuperNodes than agents registered) stay idle.
 """
 
 from __future__ import annotations
@@ -136,11 +127,6 @@ class Discovery:
         self.asked: set[int] = set()
         self.errors: list[str] = []
 
-    @property
-    def fix(self) -> str:
-        """The ``flwr run`` option that gives the federation enough SuperNodes."""
-        return federation_fix(self.num_nodes)
-
     def run(self, grid: Grid, timeout: float) -> dict[int, Node]:
         """Query nodes as they register until partition-ids ``0..num_nodes-1`` all answered.
 
@@ -240,7 +226,7 @@ class Discovery:
         return RuntimeError(
             f"the scenario has {self.num_nodes} agents but after {timeout:.0f} s no SuperNode "
             f"answered for partition-id(s) {missing} ({len(self.asked)} registered; failed: "
-            f"{self.errors}); run with {self.fix}"
+            f"{self.errors}); run with {federation_fix(self.num_nodes)}"
         )
 
 

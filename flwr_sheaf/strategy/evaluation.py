@@ -320,9 +320,8 @@ class GraphEvaluation:
     # ------------------------------------------------------------------ reply checks
     def phase1_problem(self, view: EvaluationView, pid: int, reply: Message) -> str | None:
         """Why a phase-1 reply cannot be used (or None):
-        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem` and
-        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_arrays_problem` (pilots not
-        ``(K, d_i)``, latents not ``(M, d_i)`` with ``(M,)`` integer labels, NaN/inf in them)."""
+        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem`, then
+        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_arrays_problem`."""
         m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         d = view.nodes[pid].d
         return steps.phase1_metrics_problem(m, d) or steps.phase1_arrays_problem(
@@ -335,10 +334,8 @@ class GraphEvaluation:
         routed: tuple[int, ...] = (),
         plan: Plan | None = None,
     ) -> str | None:
-        """Why a phase-2 reply cannot be used (or None): the strong reading missing, per-edge lists of
-        different lengths, sources other than the ``routed`` neighbours, an accuracy neither NaN nor in
-        [0, 1], or bad non-edge entries for the ``plan`` routed to it
-        (:func:`~flwr_sheaf.strategy.evaluation_steps.comm_problem`)."""
+        """Why a phase-2 reply cannot be used (or None), ``routed`` and ``plan`` having been routed to
+        it (:func:`~flwr_sheaf.strategy.evaluation_steps.comm_problem`)."""
         return steps.comm_problem(
             reply.content[METRICS], routed, plan or [], self.edge_metric_keys, self.pilot_reading
         )
@@ -432,10 +429,8 @@ class TransportedEvaluation(GraphEvaluation):
         return pack_arrays(arrays), {}
 
     def phase1_problem(self, view: EvaluationView, pid: int, reply: Message) -> str | None:
-        """:func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem` and
-        :func:`~flwr_sheaf.strategy.evaluation_steps.transported_arrays_problem` (raw ``pilots``
-        present, or per neighbour j transported pilots not ``(K, d_e)`` / latents not ``(M, d_e)``
-        matching the labels / NaN or inf)."""
+        """:func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem`, then
+        :func:`~flwr_sheaf.strategy.evaluation_steps.transported_arrays_problem`."""
         m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         d = view.nodes[pid].d
         assert view.graph is not None  # built before any evaluation
