@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from flwr_sheaf.methods._shared.prototype_aggregation import common_dimension
 from flwr_sheaf.methods._shared.prototypes import (
     PoolingAdapter,
     aggregate_prototypes,
-    check_common_dim,
     class_prototypes,
     fedproto_loss,
     nearest_prototype_predict,
@@ -249,11 +249,11 @@ def test_pooling_adapter_windows_by_hand():
         PoolingAdapter(5, 0)
 
 
-def test_check_common_dim_names_the_dims():
+def test_common_dimension_names_the_dims():
     with pytest.raises(ValueError) as e:
-        check_common_dim({0: 16, 1: 32, 2: 16}, adapter=False)
-    assert "16" in str(e.value) and "32" in str(e.value)
-    assert check_common_dim({0: 16, 1: 32}, adapter=True) is None
-    assert check_common_dim({0: 16, 1: 16}, adapter=False) == 16
-    with pytest.raises(ValueError, match="no client"):
-        check_common_dim({}, adapter=False)
+        common_dimension("none", {0: 16, 1: 32, 2: 16}, "fedproto-dim")
+    assert "d=16: partition-ids [0, 2]; d=32: partition-ids [1]" in str(e.value)
+    assert "fedproto-dim='none'" in str(e.value)
+    assert common_dimension("none", {0: 16, 1: 16}, "fedproto-dim") == 16
+    assert common_dimension("auto", {0: 16, 1: 32}, "fedproto-dim") == 16
+    assert common_dimension(24, {0: 16, 1: 32}, "fedproto-dim") == 24

@@ -16,11 +16,10 @@ from flwr.clientapp import ClientApp
 from oracles.rfedags_runner import run_federated
 from scipy import linalg as sla
 
-from flwr_sheaf.methods.rfedags.aggregation import participation_weights
+from flwr_sheaf.methods.rfedags.aggregation import aggregate_streams, participation_weights
 from flwr_sheaf.methods.rfedags.baselines import (
     average_ambient,
     average_endpoints,
-    full_gradient,
     projection_local_steps,
     svrg_local_steps,
 )
@@ -122,7 +121,7 @@ def test_svrg_local_steps_equal_numpy_loop_on_the_sphere():
     got = svrg_local_steps(Sphere(d), x0, g, lambda y, k: -2 * a[0] @ y, k_steps, alpha)
     np.testing.assert_allclose(got, x, atol=1e-14)
     np.testing.assert_allclose(
-        full_gradient(np.stack([rgrad(i, x0) for i in range(3)]), np.full(3, 1 / 3), (d,)),
+        aggregate_streams(np.stack([rgrad(i, x0) for i in range(3)]), np.full(3, 1 / 3), (d,)),
         g,
         atol=1e-15,
     )

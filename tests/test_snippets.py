@@ -46,6 +46,7 @@ import re
 import shlex
 import sys
 import tomllib
+import typing
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +169,19 @@ def _signature(callee: Any, instance_method: bool) -> inspect.Signature | None:
         sig = inspect.signature(callee)
     except (TypeError, ValueError):
         return None
+    params = list(sig.parameters.values())
+    if params and params[-1].kind is params[-1].VAR_KEYWORD:  # `**kw: Unpack[TypedDict]` (PEP 692)
+        try:
+            fn = callee.__init__ if inspect.isclass(callee) else callee
+            hint = typing.get_type_hints(fn, include_extras=True).get(params[-1].name)
+        except Exception:  # annotations that do not resolve at run time: keep `**kw` as it is
+            hint = None
+        if typing.get_origin(hint) is typing.Unpack:  # its keys are the only keywords accepted
+            keys = typing.get_args(hint)[0].__annotations__
+            kw_only = [
+                inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in keys
+            ]
+            sig = sig.replace(parameters=params[:-1] + kw_only)
     if instance_method:  # a function looked up on a class, called on an instance: drop `self`
         params = list(sig.parameters.values())
         if params and params[0].kind in (

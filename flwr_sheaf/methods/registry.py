@@ -21,12 +21,24 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
-from ..config import ConfigError, RunConfig, Section, did_you_mean
+from ..config import (
+    ConfigError,
+    FederationConfig,
+    LocalTrainConfig,
+    RunConfig,
+    Section,
+    did_you_mean,
+)
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+    from ..strategy.evaluation import GraphEvaluation
 
 __all__ = [
     "Method",
@@ -36,6 +48,8 @@ __all__ = [
     "import_method_modules",
     "load_entry_points",
     "graph_args",
+    "GraphArgs",
+    "strategy_args",
     "parse_run_config",
     "ENTRY_POINT_GROUP",
 ]
@@ -256,10 +270,46 @@ def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
     return dataclasses.replace(config, agents=int(method.num_nodes(config))), method
 
 
-def graph_args(config: RunConfig) -> dict[str, Any]:
+class GraphArgs(TypedDict, total=False):
+    """Keyword arguments every method strategy passes on to
+    :class:`~flwr_sheaf.strategy.graph.GraphStrategy` (the ``**common`` of its ``__init__``;
+    :func:`graph_args` reads them from a run config, :func:`strategy_args` completes them).
+
+    Attributes:
+        federation: graph spec, participation (fraction or Bernoulli), evaluation period, seed
+            (default ``FederationConfig()``).
+        train: local SGD settings (default: :class:`~flwr_sheaf.config.LocalTrainConfig`'s).
+        graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
+        action: message action (default: the method's ``ACTION``; pair it with its handlers).
+        discovery_timeout: seconds to wait for SuperNodes.
+    """
+
+    federation: FederationConfig | None
+    train: LocalTrainConfig | None
+    graph: nx.Graph | None
+    action: str
+    discovery_timeout: float
+
+
+def graph_args(config: RunConfig) -> GraphArgs:
     """Constructor arguments every graph strategy takes from the run config."""
     return {
         "federation": config.federation,
         "train": config.train,
         "discovery_timeout": config.discovery_timeout,
+    }
+
+
+def strategy_args(
+    action: str, common: GraphArgs, evaluation: Callable[[FederationConfig], GraphEvaluation]
+) -> dict[str, Any]:
+    """``GraphStrategy.__init__``'s keyword arguments for a method strategy: ``common`` with the
+    method's ``action`` as the default action, the federation defaulted to ``FederationConfig()``
+    and the evaluation component ``evaluation(federation)``."""
+    federation = common.get("federation") or FederationConfig()
+    return {
+        **common,
+        "action": common.get("action", action),
+        "federation": federation,
+        "evaluation": evaluation(federation),
     }

@@ -86,18 +86,14 @@ def zoo_size(name: str) -> int:
     Raises:
         ValueError: as :func:`zoo_specs` (unknown name, ``N < 1``, a bad ``d``).
     """
-    key = str(name).strip()
-    if key == "paper-15":
-        return len(PAPER_ZOO_15)
-    m = re.fullmatch(r"tiny-(\d+)", key)
+    m = re.fullmatch(r"tiny-(\d+)", str(name).strip())
     if m and int(m.group(1)) >= 1:
         return int(m.group(1))
-    return len(zoo_specs(name))  # two-agent:<d> (2 agents, d checked) and the errors
+    return len(zoo_specs(name))  # paper-15, two-agent:<d> (2 agents, d checked) and the errors
 
 
 @functools.lru_cache(maxsize=64)
 def _zoo_specs(key: str) -> tuple[AgentSpec, ...]:
-    name = key
     if key == "paper-15":
         return PAPER_ZOO_15
     m = re.fullmatch(r"two-agent:(\d+)", key)
@@ -107,9 +103,9 @@ def _zoo_specs(key: str) -> tuple[AgentSpec, ...]:
     if m:
         n = int(m.group(1))
         if n < 1:
-            raise ValueError(f"zoo {name!r}: tiny-<N> needs N >= 1, got N={n}")
+            raise ValueError(f"zoo {key!r}: tiny-<N> needs N >= 1, got N={n}")
         return tuple(_tiny_spec(i) for i in range(n))
-    raise ValueError(f"unknown zoo name {name!r}; valid names: {VALID_ZOO_NAMES}")
+    raise ValueError(f"unknown zoo name {key!r}; valid names: {VALID_ZOO_NAMES}")
 
 
 def build_agent(

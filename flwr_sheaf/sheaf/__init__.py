@@ -2,8 +2,7 @@
 
 from .gluing import EdgeTerm, local_gluing_penalty
 from .network import NetworkSheaf, coboundary, orient_edge, path_map, sheaf_laplacian
-from .procrustes import SvdCounter, polar_factor, procrustes, svd_count
-from .validation import check_pilots
+from .procrustes import SvdCounter, check_pilots, polar_factor, procrustes, svd_count
 from .variants import Received, edge_terms, init_map, outgoing_pilots, resolve_variant
 
 __all__ = [

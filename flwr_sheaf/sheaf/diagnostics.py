@@ -161,22 +161,9 @@ def graph_algebraic_connectivity(graph: nx.Graph, max_nodes: int = DENSE_MAX_DIM
     n = graph.number_of_nodes()
     if n < 2 or n > max_nodes:
         return float("nan")
-    lap = torch.as_tensor(_dense_graph_laplacian(graph), dtype=torch.float64)
-    return max(0.0, float(torch.linalg.eigvalsh(lap)[1]))
-
-
-def _dense_graph_laplacian(graph: nx.Graph) -> np.ndarray:
-    """``D - A`` as a dense array (networkx's own needs scipy, not a dependency here)."""
-    nodes = sorted(graph.nodes)
-    pos = {v: i for i, v in enumerate(nodes)}
-    lap = np.zeros((len(nodes), len(nodes)))
-    for a, b in graph.edges:
-        i, j = pos[a], pos[b]
-        lap[i, j] -= 1.0
-        lap[j, i] -= 1.0
-        lap[i, i] += 1.0
-        lap[j, j] += 1.0
-    return lap
+    # unweighted D - A (edge attributes ignored), nodes in ascending id order
+    lap = nx.laplacian_matrix(graph, nodelist=sorted(graph.nodes), weight=None).toarray()
+    return max(0.0, float(torch.linalg.eigvalsh(torch.as_tensor(lap, dtype=torch.float64))[1]))
 
 
 def sample_non_edges(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .validation import check_pilots
+from .procrustes import check_pilots
 
 __all__ = ["EdgeTerm", "local_gluing_penalty", "gluing_penalty_terms"]
 
@@ -85,14 +85,13 @@ def gluing_penalty_terms(
     """
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
-    check = check_pilots if check_finite else _check_shape
-    check(a_i, "own pilots")
+    check_pilots(a_i, "own pilots", finite=check_finite)
     k, d_i = a_i.shape
     total = a_i.new_zeros(())
     per_edge: dict[int, torch.Tensor] = {}
     for e in edges:
         a_j = e.pilots.to(a_i.dtype).detach()
-        check(a_j, f"pilots of neighbour {e.neighbour}", k=k)
+        check_pilots(a_j, f"pilots of neighbour {e.neighbour}", k=k, finite=check_finite)
         d_j = a_j.shape[1]
         expect = (d_i, d_j) if e.i_is_head else (d_j, d_i)
         if tuple(e.v.shape) != expect:
@@ -110,11 +109,3 @@ def gluing_penalty_terms(
         per_edge[e.neighbour] = sq.detach()
         total = total + (sq if w == 1.0 else w * sq)
     return (lam / d_i) / (2 * k) * total, per_edge
-
-
-def _check_shape(a: torch.Tensor, name: str, d: int | None = None, k: int | None = None) -> None:
-    """:func:`check_pilots` without its finiteness check (no device synchronisation)."""
-    if a.ndim != 2:
-        raise ValueError(f"{name}: expected a (K, d) matrix, got shape {tuple(a.shape)}")
-    if k is not None and a.shape[0] != k:
-        raise ValueError(f"{name}: expected K={k} pilot rows, got shape {tuple(a.shape)}")

@@ -18,8 +18,7 @@ from collections.abc import Mapping, Sequence
 import networkx as nx
 import torch
 
-from .procrustes import procrustes
-from .validation import check_pilots
+from .procrustes import check_pilots, procrustes
 
 __all__ = [
     "orient_edge",
@@ -122,16 +121,11 @@ def coboundary(
     off = stalk_offsets(dims)
     n_cols = sum(int(d) for d in dims.values())
     n_rows = sum(int(dims[h]) for h, _ in edges)
-    if not sparse:
-        delta = torch.zeros(n_rows, n_cols, dtype=torch.float64)
-        row = 0
-        for h, t in edges:
-            dh, dt = dims[h], dims[t]
-            delta[row : row + dh, off[h] : off[h] + dh] = torch.eye(dh, dtype=torch.float64)
-            delta[row : row + dh, off[t] : off[t] + dt] = -maps[(h, t)].detach().double().cpu()
-            row += dh
-        return delta
-    rows, cols, vals = [], [], []
+    # each entry is written once (the blocks of an edge row never overlap): the dense matrix is
+    # the sparse one densified
+    rows = [torch.zeros(0, dtype=torch.int64)]  # an empty block: no edges gives a 0-row matrix
+    cols = [torch.zeros(0, dtype=torch.int64)]
+    vals = [torch.zeros(0, dtype=torch.float64)]
     row = 0
     for h, t in edges:
         dh, dt = dims[h], dims[t]
@@ -144,17 +138,11 @@ def coboundary(
         cols.append(cc.reshape(-1))
         vals.append(-maps[(h, t)].detach().double().cpu().reshape(-1))
         row += dh
-    if not rows:
-        return torch.sparse_coo_tensor(
-            torch.zeros(2, 0, dtype=torch.int64),
-            torch.zeros(0, dtype=torch.float64),
-            (n_rows, n_cols),
-            check_invariants=True,
-        ).coalesce()
     idx = torch.stack([torch.cat(rows), torch.cat(cols)])
-    return torch.sparse_coo_tensor(
+    delta = torch.sparse_coo_tensor(
         idx, torch.cat(vals), (n_rows, n_cols), check_invariants=True
     ).coalesce()
+    return delta if sparse else delta.to_dense()
 
 
 def sheaf_laplacian(
@@ -270,16 +258,6 @@ class NetworkSheaf:
             self.maps[(h, t)] = v
 
     # ------------------------------------------------------------------ structure
-    def coboundary(self, sparse: bool = False) -> torch.Tensor:
-        """Coboundary ``Delta`` (Eq. 5, re-parameterised as Eq. 10/11; :func:`coboundary`).
-
-        Returns:
-            float64 ``(sum_e d_head(e), sum_i d_i)`` matrix (sparse COO with ``sparse=True``); edge
-            blocks in ``self.edges`` order, node blocks sorted by partition-id; block row of edge
-            (h, t) is ``[I at h, -V at t]``.
-        """
-        return coboundary(self.maps, self.dims, self.edges, sparse=sparse)
-
     def laplacian(self, sparse: bool = False) -> torch.Tensor:
         """Sheaf Laplacian ``L = Delta^T Delta`` (Eq. 6; :func:`sheaf_laplacian`): float64, symmetric
         PSD, ``(sum d_i, sum d_i)`` (sparse COO with ``sparse=True``)."""

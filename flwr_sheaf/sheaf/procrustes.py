@@ -12,9 +12,38 @@ from __future__ import annotations
 
 import torch
 
-from .validation import check_pilots
+__all__ = ["check_pilots", "procrustes", "polar_factor", "svd_count", "SvdCounter"]
 
-__all__ = ["procrustes", "polar_factor", "svd_count", "SvdCounter"]
+
+def check_pilots(
+    a: torch.Tensor, name: str, d: int | None = None, k: int | None = None, finite: bool = True
+) -> None:
+    """Validate a pilot matrix stored row-wise (shared by the sheaf maths: clear errors, never a
+    silent wrong number).
+
+    Args:
+        a: pilot matrix ``(K, d)`` (the paper's A_i is ``d x K``; rows are pilot samples).
+        name: label used in error messages, e.g. ``"pilots of partition-id 3"``.
+        d: expected stalk dimension, if known.
+        k: expected number of pilot rows, if known.
+        finite: check for NaN/inf entries (a device synchronisation; the gluing penalty skips it on
+            an accelerator).
+
+    Raises:
+        ValueError: not 2-D, wrong ``d`` or ``K``, or (``finite``) any NaN / inf entry.
+    """
+    if a.ndim != 2:
+        raise ValueError(f"{name}: expected a (K, d) matrix, got shape {tuple(a.shape)}")
+    if d is not None and a.shape[1] != d:
+        raise ValueError(
+            f"{name}: stalk dimension mismatch, expected d={d}, got shape {tuple(a.shape)}"
+        )
+    if k is not None and a.shape[0] != k:
+        raise ValueError(f"{name}: expected K={k} pilot rows, got shape {tuple(a.shape)}")
+    if finite and not torch.isfinite(a).all():
+        bad = int((~torch.isfinite(a)).sum())
+        raise ValueError(f"{name}: {bad} NaN/inf entries in pilot matrix of shape {tuple(a.shape)}")
+
 
 #: SVDs computed by :func:`polar_factor` in this process since import (read with :func:`svd_count`).
 _SVDS = 0

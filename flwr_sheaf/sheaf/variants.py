@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from .gluing import EdgeTerm
-from .procrustes import procrustes
-from .validation import check_pilots
+from .procrustes import check_pilots, procrustes
 
 __all__ = [
     "VARIANTS",

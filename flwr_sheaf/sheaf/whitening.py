@@ -176,10 +176,6 @@ class Whitening(nn.Module):
             torch.is_inference_mode_enabled(),
         )
 
-    def invalidate_cache(self) -> None:
-        """Drop the cached eval-mode Cholesky factor (done automatically on buffer changes)."""
-        self._cache = None
-
     def _running_factor(self) -> tuple[Tensor, Tensor]:
         """Cached ``(mu (d,), L (d, d))`` of the running statistics, float64, no grad."""
         key = self._cache_key()
@@ -238,7 +234,7 @@ class Whitening(nn.Module):
                 self.running_cov.mul_(1.0 - m).add_(
                     cov.detach().to(self.running_cov.dtype), alpha=m
                 )
-            self.invalidate_cache()
+            self._cache = None  # the eval-mode factor is stale
         else:
             self._validate(z, "z", min_rows=0)
             mu, chol = self._running_factor()
@@ -277,7 +273,7 @@ class Whitening(nn.Module):
         mu, cov = _mean_cov(z.detach())
         self.running_mean.copy_(mu.to(self.running_mean.dtype))
         self.running_cov.copy_(cov.to(self.running_cov.dtype))
-        self.invalidate_cache()
+        self._cache = None  # the eval-mode factor is stale
         return self
 
     def whitened_covariance_target(self) -> Tensor:

@@ -236,25 +236,16 @@ class _SiteCrashes:
     same key, node config and ``state-dir`` until the SuperLink accepts it again (docs/resume.md)."""
 
     if TYPE_CHECKING:  # provided by LocalDeployment
-        workdir: Path
 
         def track(self) -> None: ...
 
         def start_supernode(self, n: SuperNodeProc) -> None: ...
 
+        def nodes_status(self) -> dict[str, str]: ...
+
     def kill_supernode(self, n: SuperNodeProc) -> None:
         """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
-        victims = [psutil.Process(n.started().pid)]
-        try:
-            victims += victims[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        for q in victims:
-            try:
-                q.kill()
-            except psutil.NoSuchProcess:
-                pass
-        n.started().wait(timeout=10)
+        stop_processes([n.started()], first=signal.SIGKILL)
 
     def restart_supernode(
         self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
@@ -267,8 +258,9 @@ class _SiteCrashes:
         restarted SuperNode is refused with "Failed to activate SuperNode" (exit code 305). Such an
         attempt is retried every ``retry_every`` s. Success is the SuperNode's own log line
         ``SuperNode ID: <id>`` with the node id its key was registered under (the restarted process
-        is the same registered node). The first attempt waits until the node's ``online_until`` in
-        the SuperLink database (:meth:`online_until`) has passed, so it is normally accepted at once.
+        is the same registered node). The first attempt waits until ``flwr supernode ls`` no longer
+        lists the node ``online`` (Flower marks it ``offline`` once its ``online_until`` has
+        passed), so it is normally accepted at once.
 
         Returns:
             The number of attempts (1 = accepted at once).
@@ -278,9 +270,11 @@ class _SiteCrashes:
                 or it was not accepted within ``timeout`` s (the log is named).
         """
         deadline = time.monotonic() + timeout
-        until = self.online_until(n)
-        if until is not None:  # first attempt when the SuperLink will hold the node offline
-            time.sleep(max(0.0, min(until + 0.5 - time.time(), deadline - time.monotonic())))
+        # first attempt when the SuperLink holds the node offline (a node id is known under TLS)
+        while n.node_id is not None and time.monotonic() < deadline:
+            if self.nodes_status().get(n.node_id) != "online":
+                break
+            time.sleep(1.0)
         attempts = 0
         while True:
             attempts += 1
@@ -315,30 +309,6 @@ class _SiteCrashes:
                     f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}"
                 )
             time.sleep(retry_every)
-
-    def online_until(self, n: SuperNodeProc) -> float | None:
-        """Unix time until which the SuperLink holds SuperNode ``n`` online (its last heartbeat plus
-        2 heartbeat intervals), read from ``superlink.db`` (table ``node`` of Flower 1.42's SQLite
-        schema, read-only); None when unknown (no node id, another schema, a locked database)."""
-        import sqlite3
-
-        if n.node_id is None:
-            return None
-        nid = int(n.node_id)
-        nid = nid - (1 << 64) if nid >= 1 << 63 else nid  # Flower stores the uint64 id as sint64
-        try:
-            con = sqlite3.connect(
-                f"file:{self.workdir / 'superlink.db'}?mode=ro", uri=True, timeout=5.0
-            )
-            try:
-                row = con.execute(
-                    "SELECT online_until FROM node WHERE node_id = ?", (nid,)
-                ).fetchone()
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return None
-        return float(row[0]) if row and row[0] is not None else None
 
 
 class _Runs:
@@ -763,16 +733,10 @@ class LocalDeployment(_SiteCrashes, _Runs):
 
 def to_run_config(values: dict) -> str:
     """Format ``{key: value}`` as a ``flwr run --run-config`` string (TOML values: strings as basic
-    strings, booleans as ``true``/``false``)."""
-
-    def fmt(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        return repr(v)
-
-    return " ".join(f"{k}={fmt(v)}" for k, v in values.items())
+    strings and booleans as ``true``/``false``, both as JSON writes them; numbers by ``repr``)."""
+    return " ".join(
+        f"{k}={json.dumps(v) if isinstance(v, (str, bool)) else repr(v)}" for k, v in values.items()
+    )
 
 
 def check_run_config(run_config: str, num_supernodes: int) -> dict:

@@ -48,7 +48,6 @@ __all__ = [
     "flwr_env",
     "find_flwr",
     "free_port_block",
-    "list_runs",
     "run_status",
     "stop_processes",
     "undeclared_keys",
@@ -175,17 +174,16 @@ def find_flwr(env: dict[str, str], name: str = "flwr") -> str:
     return exe
 
 
-def list_runs(
+def run_status(
     flwr: str,
     env: dict[str, str],
     connection: str | None = None,
     run_id: int | None = None,
     timeout: float = 120.0,
-) -> list[dict]:
-    """Runs known to the SuperLink, from ``flwr ls [connection] [--run-id ID] --format json``.
-
-    Returns:
-        The ``runs`` list (empty when the command failed or printed no JSON).
+) -> str:
+    """Status of run ``run_id`` (default: the last run listed), e.g. ``"finished:completed"``, from
+    ``flwr ls [connection] [--run-id ID] --format json``; ``"no run found"`` when the SuperLink
+    lists none or the CLI printed no JSON.
 
     Raises:
         subprocess.TimeoutExpired: the CLI did not answer within ``timeout`` seconds.
@@ -195,28 +193,19 @@ def list_runs(
         cmd += ["--run-id", str(run_id)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout).stdout
     try:
-        return list(json.loads(out).get("runs", []))
+        runs = list(json.loads(out).get("runs", []))
     except (json.JSONDecodeError, AttributeError):
-        return []
-
-
-def run_status(
-    flwr: str,
-    env: dict[str, str],
-    connection: str | None = None,
-    run_id: int | None = None,
-    timeout: float = 120.0,
-) -> str:
-    """Status of run ``run_id`` (default: the last run listed), e.g. ``"finished:completed"``;
-    ``"no run found"`` when the SuperLink lists none."""
-    runs = list_runs(flwr, env, connection, run_id, timeout)
+        runs = []
     return str(runs[-1].get("status")) if runs else "no run found"
 
 
 def stop_processes(
-    procs: Iterable[psutil.Process | subprocess.Popen | int], timeout: float = 10.0
+    procs: Iterable[psutil.Process | subprocess.Popen | int],
+    timeout: float = 10.0,
+    first: signal.Signals = signal.SIGTERM,
 ) -> int:
-    """Stop exactly ``procs`` and their descendants: SIGTERM, wait up to ``timeout`` s, then SIGKILL.
+    """Stop exactly ``procs`` and their descendants: ``first`` (SIGTERM; SIGKILL for a crash with
+    no clean shutdown), wait up to ``timeout`` s, then SIGKILL.
 
     A ``psutil.Process`` remembered earlier is only signalled if it is still the same process
     (``is_running`` compares the creation time, so a reused pid is left alone).
@@ -246,7 +235,7 @@ def stop_processes(
     alive = []
     for q in victims.values():
         try:
-            q.send_signal(signal.SIGTERM)
+            q.send_signal(first)
             alive.append(q)
         except psutil.NoSuchProcess:
             pass

@@ -1,24 +1,14 @@
 """Which Ray cluster a ``flwr run`` simulation runs on: an existing one only when asked for.
 
-Flower 1.42's Ray backend calls ``ray.init()`` with no address in the simulation process (started
-by the local SuperLink that ``flwr run`` starts, whose environment it inherits). Ray 2.55 then
-decides (``ray._private.services.get_ray_address_from_environment``):
-
-1. ``RAY_ADDRESS`` set and not empty: connect to that cluster (``local``: start a new one);
-2. otherwise the file ``ray_current_cluster`` in Ray's default temp dir
-   (``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray``, else ``/tmp/ray``), which every ``ray start`` writes
-   and only ``ray stop`` removes: connect to the cluster it names;
-3. otherwise start a private local Ray instance.
-
-So one forgotten ``ray start`` silently captures every later simulation on the machine, and a run
-meant for a cluster cannot pass ``init-args-num-cpus``/``init-args-num-gpus`` (Ray raises
-``ValueError: When connecting to an existing cluster, num_cpus and num_gpus must not be
-provided`` after the SuperLink has started, and ``flwr run`` still exits 0). This module decides
-up front, for ``scripts/run_flwr.py`` (which loads this file by path): the ``RAY_ADDRESS`` a run gets
-(the ``--ray-address`` cluster, or a private ``local`` instance), the federation settings Ray refuses
-on a cluster, and whether the cluster answers.
-
-How to run on a cluster across machines: docs/running.md, "A Ray cluster".
+Flower 1.42 calls ``ray.init()`` without an address in the simulation process, so Ray 2.55 joins
+the cluster in ``RAY_ADDRESS`` (``local``: a new instance), else the one named by the file
+:func:`ray_address_file` that every ``ray start`` leaves, else starts a private instance: one
+forgotten ``ray start`` silently captures every later simulation, and a run on a cluster cannot pass
+``init-args-num-cpus``/``init-args-num-gpus`` (Ray refuses them after the SuperLink has started,
+and ``flwr run`` still exits 0; the pitfalls, measured: docs/running.md, "A Ray cluster"). This
+module decides up front, for ``scripts/run_flwr.py`` (which loads this file by path): the
+``RAY_ADDRESS`` a run gets (the ``--ray-address`` cluster, or a private ``local`` instance), the
+federation settings Ray refuses on a cluster, and whether the cluster answers.
 """
 
 from __future__ import annotations

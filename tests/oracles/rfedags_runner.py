@@ -24,12 +24,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from flwr_sheaf.methods.rfedags.aggregation import MODES, RFedAGSServer
+from flwr_sheaf.methods.rfedags.aggregation import MODES, RFedAGSServer, aggregate_streams
 from flwr_sheaf.methods.rfedags.baselines import (
     BASELINES,
     average_ambient,
     average_endpoints,
-    full_gradient,
     projection_correction,
     projection_local_steps,
     require_projection,
@@ -185,7 +184,7 @@ def run_federated(
                 # gradient phase: grad f_i(x_t) on the full local data (the authors' prob.grad)
                 grads = np.zeros((n, *shape))
                 grads[clients] = man.egrad2rgrad(server.x, problem.local_egrads(server.x, clients))
-                g_t = full_gradient(grads, w, shape)
+                g_t = aggregate_streams(grads, w, shape, "gradient")
                 uploads[clients] = svrg_local_steps(man, server.x, g_t, egrad, local_steps, a_t)
             server.x, _ = average_endpoints(man, server.x, uploads, w, global_step)
             server.estimator.observe(mask)

@@ -25,7 +25,7 @@ from .protocol import (
     pack_prototypes,
     unpack_prototypes,
 )
-from .prototypes import aggregate_prototypes, check_common_dim
+from .prototypes import aggregate_prototypes
 
 if TYPE_CHECKING:
     from ...strategy.graph import GraphStrategy
@@ -40,7 +40,7 @@ def common_dimension(spec: str | int, dims: dict[int, int], key: str) -> int:
 
     Args:
         spec: ``"auto"`` (the smallest stalk dimension), ``"none"`` (all d_i must agree) or an int D.
-        dims: ``{partition-id: d_i}`` as discovered.
+        dims: ``{partition-id: d_i}`` as discovered (non-empty).
         key: the run-config key, for messages.
 
     Raises:
@@ -48,12 +48,18 @@ def common_dimension(spec: str | int, dims: dict[int, int], key: str) -> int:
     """
     if spec == "auto":
         return min(dims.values())
-    if spec == "none":
-        try:
-            return check_common_dim(dims, adapter=False)
-        except ValueError as exc:
-            raise ValueError(f"{exc} ({key}='none'; use 'auto' or an integer D)") from None
-    return int(spec)
+    if spec != "none":
+        return int(spec)
+    distinct = sorted(set(dims.values()))
+    if len(distinct) > 1:
+        groups = "; ".join(
+            f"d={d}: partition-ids {sorted(p for p, v in dims.items() if v == d)}" for d in distinct
+        )
+        raise ValueError(
+            f"{key}='none' needs one feature dim but the nodes have dims {distinct} ({groups}); "
+            "use 'auto' or an integer D"
+        )
+    return distinct[0]
 
 
 class PrototypeAggregator:
@@ -124,9 +130,8 @@ class PrototypeAggregator:
                 f"{src}: prototypes have d={sorted(dims)}, expected the common dimension "
                 f"d={self.common_dim}"
             )
-        if weighted and counts is None:
-            raise ValueError(f"{src}: weighted aggregation needs counts")
-        # Validate this upload alone (NaN, class range, counts) so one bad node cannot sink the round.
+        # Validate this upload alone (NaN, class range, counts present when weighted) so one bad
+        # node cannot sink the round.
         aggregate_prototypes(
             [(protos, counts)], weighted=weighted, num_classes=self.num_classes, sources=[src]
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +22,6 @@ __all__ = [
     "fedproto_loss",
     "nearest_prototype_predict",
     "PoolingAdapter",
-    "check_common_dim",
     "LOSS_REDUCTIONS",
 ]
 
@@ -135,6 +133,18 @@ def _stack_protos(
     return classes, mat
 
 
+def _prototype_rows(y: torch.Tensor, classes: list[int]) -> torch.Tensor:
+    """Row of each label's class in ``classes`` (non-empty, ascending: the rows of the stacked
+    prototypes), -1 for a label without a prototype; ``y`` ``(B,)`` int64 non-negative -> ``(B,)``
+    int64 on ``y``'s device (a lookup table on the int values)."""
+    hi = max(max(classes), int(y.max()) if y.numel() else 0)
+    lut = torch.full((hi + 1,), -1, dtype=torch.long, device=y.device)
+    lut[torch.tensor(classes, dtype=torch.long, device=y.device)] = torch.arange(
+        len(classes), device=y.device
+    )
+    return lut[y]
+
+
 # --- client side
 def class_prototypes(
     z: torch.Tensor, y: torch.Tensor, num_classes: int
@@ -207,14 +217,7 @@ def fedproto_loss(
         )
     if not classes or z.shape[0] == 0:
         return z.sum() * 0.0, 0
-    # map label -> row of `mat` (-1 = no prototype) via a lookup table on int values
-    y_dev = y.to(z.device).long()
-    hi = max(max(classes), int(y_dev.max()) if y_dev.numel() else 0)
-    lut = torch.full((hi + 1,), -1, dtype=torch.long, device=z.device)
-    lut[torch.tensor(classes, dtype=torch.long, device=z.device)] = torch.arange(
-        len(classes), device=z.device
-    )
-    rows = lut[y_dev]
+    rows = _prototype_rows(y.to(z.device).long(), classes)
     covered = rows >= 0
     n_cov = int(covered.sum())
     if n_cov == 0:
@@ -459,43 +462,3 @@ class PoolingAdapter(nn.Module):
     def extra_repr(self) -> str:
         """``nn.Module`` repr details: ``d_in`` and ``d_common``."""
         return f"d_in={self.d_in}, d_common={self.d_common}"
-
-
-@overload
-def check_common_dim(dims: Mapping[int, int], adapter: Literal[False]) -> int: ...
-@overload
-def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None: ...
-def check_common_dim(dims: Mapping[int, int], adapter: bool) -> int | None:
-    """Check that FedProto clients share one feature dim (coordinate-wise averaging; docs/baselines-prototypes.md, s3.5).
-
-    Args:
-        dims: client id -> native feature dim (positive ints), non-empty.
-        adapter: whether a :class:`PoolingAdapter` (or another map to a common dim) is installed.
-
-    Returns:
-        The common dim when all dims agree; ``None`` when they differ but ``adapter`` is True (the
-        adapter's ``d_common`` then decides).
-
-    Raises:
-        ValueError: empty ``dims`` or a non-positive dim; dims differ and ``adapter`` is False
-            (the message lists every distinct dim with its clients).
-    """
-    if not dims:
-        raise ValueError("check_common_dim: no client dims given")
-    clean: dict[int, int] = {}
-    for cid, d in dims.items():
-        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
-            raise ValueError(f"check_common_dim: client {cid} has invalid feature dim {d!r}")
-        clean[cid] = int(d)
-    distinct = sorted(set(clean.values()))
-    if len(distinct) == 1:
-        return distinct[0]
-    if adapter:
-        return None
-    groups = "; ".join(
-        f"d={d}: clients {sorted(c for c, v in clean.items() if v == d)}" for d in distinct
-    )
-    raise ValueError(
-        f"FedProto needs a common feature dim but clients have dims {distinct} ({groups}); "
-        "set a PoolingAdapter to a common d"
-    )

@@ -9,11 +9,12 @@ failure. Evaluation: the post-hoc communication accuracy and ComFed's own with t
 
 from __future__ import annotations
 
-import networkx as nx
+from functools import partial
+from typing import Unpack
+
 import numpy as np
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...protocol import ProtocolError, array_record
 from ...strategy.evaluation import GraphEvaluation
@@ -21,6 +22,7 @@ from ...strategy.graph import GraphStrategy
 from ...strategy.records import positive_int
 from .._shared.protocol import FEATURE_DIM, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
 from .._shared.prototype_aggregation import common_dimension
+from ..registry import GraphArgs, strategy_args
 from . import ACTION, COMFED_ROUTED, COMFED_TARGETS
 from .config import ComFedConfig
 
@@ -35,13 +37,11 @@ class ComFed(GraphStrategy):
 
     Args:
         num_nodes: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        federation: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        train: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        graph: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        discovery_timeout: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
         comfed: alignment weight and shared dimension.
         num_classes: label-space size (the paper's 10).
-        action: message action (pair with :func:`flwr_sheaf.methods.comfed.client.register_comfed_handlers`).
+        **common: federation, train, graph, action (pair with
+            :func:`~flwr_sheaf.methods.comfed.client.register_comfed_handlers`), discovery_timeout
+            (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Raises:
         ValueError: bad config values (named); at discovery, ``comfed-dim = none`` with different d_i.
@@ -52,25 +52,13 @@ class ComFed(GraphStrategy):
         num_nodes: int,
         *,
         comfed: ComFedConfig | None = None,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
         num_classes: int = PAPER_NUM_CLASSES,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        **common: Unpack[GraphArgs],
     ) -> None:
-        federation = federation or FederationConfig()
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=GraphEvaluation.posthoc(
-                federation, routed_arrays=COMFED_ROUTED, edge_metric_names=EDGE_METRICS
-            ),
-            discovery_timeout=discovery_timeout,
+        evaluation = partial(
+            GraphEvaluation.posthoc, routed_arrays=COMFED_ROUTED, edge_metric_names=EDGE_METRICS
         )
+        super().__init__(num_nodes, **strategy_args(ACTION, common, evaluation))
         self.comfed = comfed or ComFedConfig()
         self.num_classes = positive_int("num_classes", num_classes)
         self.r: int | None = None

@@ -14,16 +14,9 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+from ...sheaf.procrustes import check_pilots
+
 __all__ = ["muscle_loss", "leave_one_out_means", "is_contrastive_epoch"]
-
-
-def _check(name: str, t: torch.Tensor, shape: tuple[int, ...] | None = None) -> None:
-    if t.ndim != 2:
-        raise ValueError(f"{name}: expected a (K, D) matrix, got shape {tuple(t.shape)}")
-    if shape is not None and tuple(t.shape) != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name}: NaN/inf entries")
 
 
 def muscle_loss(
@@ -45,13 +38,13 @@ def muscle_loss(
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    _check("z", z)
+    check_pilots(z, "z")
     if z.shape[0] < 2:
         raise ValueError(
             f"muscle_loss needs at least 2 pilots (negatives are the other pilots), got {z.shape[0]}"
         )
-    _check("others_mean", others_mean, tuple(z.shape))
-    _check("all_mean", all_mean, tuple(z.shape))
+    check_pilots(others_mean, "others_mean", d=z.shape[1], k=z.shape[0])
+    check_pilots(all_mean, "all_mean", d=z.shape[1], k=z.shape[0])
     zn = F.normalize(z, dim=1)
     pos = (zn * F.normalize(others_mean, dim=1)).sum(1)  # (B,)
     sim = zn @ F.normalize(all_mean, dim=1).T  # (B, B): cos(z_i, zbar_i')
@@ -78,9 +71,10 @@ def leave_one_out_means(
         raise ValueError(
             f"FedMuscle needs the representations of at least two agents, got {len(reps)}"
         )
-    shape = tuple(next(iter(reps.values())).shape)
+    first, ref = next(iter(reps.items()))
+    check_pilots(ref, f"pilot representations of partition-id {first}")
     for k, r in reps.items():
-        _check(f"pilot representations of partition-id {k}", r, shape)
+        check_pilots(r, f"pilot representations of partition-id {k}", ref.shape[1], ref.shape[0])
     total = torch.stack([r.double() for r in reps.values()]).sum(0)
     n = len(reps)
     others = {k: ((total - r.double()) / (n - 1)).float() for k, r in reps.items()}

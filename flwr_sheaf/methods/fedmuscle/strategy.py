@@ -10,18 +10,18 @@ is that node's recorded failure (its previous representations stay). Evaluation:
 from __future__ import annotations
 
 import logging
+from typing import Unpack
 
-import networkx as nx
 import numpy as np
 import torch
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...protocol import array_record, pack_arrays
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from .._shared.protocol import FEATURE_DIM, UPLOAD
 from .._shared.prototype_aggregation import common_dimension
+from ..registry import GraphArgs, strategy_args
 from . import ACTION, MUSCLE_TARGETS, PILOT_REPS, TARGET_ALL, TARGET_OTHERS
 from .config import FedMuscleConfig
 from .maths import is_contrastive_epoch, leave_one_out_means
@@ -36,12 +36,10 @@ class FedMuscle(GraphStrategy):
 
     Args:
         num_nodes: agents.
-        federation: graph of the communication-accuracy evaluation, participation, evaluation period.
-        train: local SGD settings.
         fedmuscle: weight, cycle length, temperature, common dimension, pilot batch.
-        graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
-        action: message action (pair with :func:`flwr_sheaf.methods.fedmuscle.client.register_fedmuscle_handlers`).
-        discovery_timeout: seconds to wait for SuperNodes.
+        **common: federation, train, graph, action (pair with
+            :func:`~flwr_sheaf.methods.fedmuscle.client.register_fedmuscle_handlers`),
+            discovery_timeout (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Raises:
         ValueError: bad config values (named); at discovery, ``fedmuscle-dim = none`` with different
@@ -52,23 +50,10 @@ class FedMuscle(GraphStrategy):
         self,
         num_nodes: int,
         *,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
         fedmuscle: FedMuscleConfig | None = None,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        **common: Unpack[GraphArgs],
     ) -> None:
-        federation = federation or FederationConfig()
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=GraphEvaluation.posthoc(federation),
-            discovery_timeout=discovery_timeout,
-        )
+        super().__init__(num_nodes, **strategy_args(ACTION, common, GraphEvaluation.posthoc))
         self.fedmuscle = fedmuscle or FedMuscleConfig()
         self.common_dim: int | None = None
         self.reps: dict[int, np.ndarray] = {}

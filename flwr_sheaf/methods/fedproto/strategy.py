@@ -10,18 +10,20 @@ post-hoc protocol plus each node's nearest-global-prototype accuracy (``prototyp
 
 from __future__ import annotations
 
-import networkx as nx
+from typing import Unpack
+
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig, RunConfig
+from ...config import FederationConfig, RunConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
-from .._shared.prototype_aggregation import PrototypeAggregator, common_dimension
+from .._shared.prototype_aggregation import PrototypeAggregator
+from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedProtoConfig
 
-__all__ = ["FedProto", "common_dimension", "prototype_evaluation"]
+__all__ = ["FedProto", "prototype_evaluation"]
 
 
 def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
@@ -37,14 +39,12 @@ class FedProto(GraphStrategy):
 
     Args:
         num_nodes: agents.
-        federation: graph of the communication-accuracy evaluation, participation, evaluation period.
-        train: local SGD settings (default: FedProto's authors', SGD lr 0.01, momentum 0.5, no
-            weight decay; docs/baselines.md s0); a section passed is used as given.
         fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
         num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
-        graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
-        action: message action (pair with :func:`flwr_sheaf.methods.fedproto.client.register_fedproto_handlers`).
-        discovery_timeout: seconds to wait for SuperNodes.
+        **common: federation, train (default: FedProto's authors', SGD lr 0.01, momentum 0.5, no
+            weight decay; docs/baselines.md s0; a section passed is used as given), graph, action
+            (pair with :func:`~flwr_sheaf.methods.fedproto.client.register_fedproto_handlers`),
+            discovery_timeout (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Raises:
         ValueError: bad config values (named); at discovery, ``fedproto-dim = none`` with different
@@ -55,26 +55,14 @@ class FedProto(GraphStrategy):
         self,
         num_nodes: int,
         *,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
         fedproto: FedProtoConfig | None = None,
         num_classes: int = PAPER_NUM_CLASSES,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        **common: Unpack[GraphArgs],
     ) -> None:
-        federation = federation or FederationConfig()
-        if train is None:  # its authors' SGD (config.METHOD_TRAIN_DEFAULTS, docs/baselines.md s0)
-            train = RunConfig.from_run_config({"method": "fedproto"}).train
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=prototype_evaluation(federation),
-            discovery_timeout=discovery_timeout,
-        )
+        # its authors' SGD by default (config.METHOD_TRAIN_DEFAULTS, docs/baselines.md s0)
+        if common.get("train") is None:
+            common["train"] = RunConfig.from_run_config({"method": "fedproto"}).train
+        super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
 
     def on_discovered(self) -> None:

@@ -19,6 +19,7 @@ from .._shared.prototypes import (
     LOSS_REDUCTIONS,
     _check_labels,
     _check_latents,
+    _prototype_rows,
     _stack_protos,
     class_prototypes,
 )
@@ -356,26 +357,20 @@ def structure_alignment_inputs(
     classes_g, mat = _stack_protos(global_protos, like=z)
     d_g = mat.shape[1] if classes_g else z.shape[1]
     y_dev = y.to(z.device).long()
-    if classes_g:
-        ids = torch.tensor(classes_g, dtype=torch.long, device=z.device)
-        covered = torch.isin(y_dev, ids)
-    else:
-        covered = torch.zeros_like(y_dev, dtype=torch.bool)
+    rows = _prototype_rows(y_dev, classes_g) if classes_g else torch.full_like(y_dev, -1)
+    covered = rows >= 0
     if not bool(covered.any()):
         empty = z.new_zeros((0, d_g))
         return StructureInputs(z[:0], empty, z[:0], empty, [])
     z_cov, y_cov = z[covered], y_dev[covered]
     protos, _ = class_prototypes(z_cov, y_cov, num_classes)
     classes = sorted(protos)
-    row_of = {c: i for i, c in enumerate(classes_g)}
-    q_rows = torch.tensor([row_of[c] for c in classes], dtype=torch.long, device=z.device)
-    lut = torch.full((max(classes_g) + 1,), -1, dtype=torch.long, device=z.device)
-    lut[ids] = torch.arange(len(classes_g), device=z.device)
+    q_rows = _prototype_rows(torch.tensor(classes, dtype=torch.long, device=z.device), classes_g)
     return StructureInputs(
         p_local=torch.stack([protos[c] for c in classes]),
         q_global=mat[q_rows],
         z_inst=z_cov,
-        z_global_inst=mat[lut[y_cov]],
+        z_global_inst=mat[rows[covered]],
         classes=classes,
     )
 

@@ -9,16 +9,14 @@ coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype lev
 
 from __future__ import annotations
 
-import networkx as nx
-import torch
-from flwr.app import Message
+from typing import Unpack
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import PrototypeAggregator
 from ..fedproto.config import FedProtoConfig
-from ..fedproto.strategy import prototype_evaluation
+from ..fedproto.strategy import FedProto, prototype_evaluation
+from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedSAFConfig
 
@@ -33,13 +31,10 @@ class FedSAF(GraphStrategy):
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
             ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
         num_nodes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        federation: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        train: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         fedproto: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         num_classes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        graph: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        discovery_timeout: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
-        action: message action (default ``"fedsaf"``).
+        **common: federation, train, graph, action (default ``"fedsaf"``), discovery_timeout
+            (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Raises:
         ValueError: an empty structure (named), and FedProto's errors.
@@ -50,55 +45,17 @@ class FedSAF(GraphStrategy):
         num_nodes: int,
         *,
         fedsaf: FedSAFConfig,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
         fedproto: FedProtoConfig | None = None,
         num_classes: int = PAPER_NUM_CLASSES,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        **common: Unpack[GraphArgs],
     ) -> None:
         if not fedsaf.structure:
             raise ValueError(
                 "fedsaf-structure='' : FedSAF needs a structure ('gcsa', 'rcsa', 'mse' or 'cosine')"
             )
-        federation = federation or FederationConfig()
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=prototype_evaluation(federation),
-            discovery_timeout=discovery_timeout,
-        )
+        super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
         self.fedsaf = fedsaf
-
-    @property
-    def structure(self) -> str:
-        """The structure term in use."""
-        return self.fedsaf.structure
-
-    @property
-    def fedproto(self) -> FedProtoConfig:
-        """The FedProto section in use."""
-        return self.prototypes.config
-
-    @property
-    def num_classes(self) -> int:
-        """Size of the label space, class ids ``0..num_classes-1`` (the prototype aggregator's)."""
-        return self.prototypes.num_classes
-
-    @property
-    def common_dim(self) -> int | None:
-        """The resolved prototype dimension D (None before discovery)."""
-        return self.prototypes.common_dim
-
-    @property
-    def global_protos(self) -> dict[int, torch.Tensor]:
-        """The current global prototypes ``{class: (D,)}``."""
-        return self.prototypes.global_protos
 
     def on_discovered(self) -> None:
         """Validate the graph, then resolve the common prototype dimension D."""
@@ -109,19 +66,10 @@ class FedSAF(GraphStrategy):
         """FedProto's entries plus :class:`FedSAFConfig`."""
         return {**self.prototypes.method_config(), **self.fedsaf.to_dict()}
 
-    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """The current global prototypes (none before the first aggregation)."""
-        return self.prototypes.record(), {}
-
-    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
-        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
-        return self.prototypes.record(), self.prototypes.shared()
-
-    def accept_train(
-        self, server_round: int, ok: dict[int, Message]
-    ) -> tuple[dict[int, Message], dict]:
-        """Aggregate the valid prototype uploads (:meth:`PrototypeAggregator.accept`)."""
-        return ok, self.prototypes.accept(self, server_round, ok)
+    # FedProto's server side, the same functions (shared, not inherited: tests/test_method_shape.py)
+    node_payload = FedProto.node_payload
+    evaluate_payload = FedProto.evaluate_payload
+    accept_train = FedProto.accept_train
 
     def results_extra(self) -> dict:
         """Prototype settings, the structure and weights."""

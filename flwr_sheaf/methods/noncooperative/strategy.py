@@ -8,11 +8,11 @@ pilots, and communication accuracy follows the same transport as Sheaf-FRL.
 
 from __future__ import annotations
 
-import networkx as nx
+from typing import Unpack
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
+from ..registry import GraphArgs, strategy_args
 from . import ACTION
 
 __all__ = ["NonCooperative"]
@@ -23,34 +23,13 @@ class NonCooperative(GraphStrategy):
 
     Args:
         num_nodes: agents (partition-ids ``0..num_nodes-1``).
-        federation: graph (on which communication accuracy is measured), participation, evaluation period.
-        train: local SGD settings.
-        graph: an explicit ``networkx.Graph`` (overrides ``federation.graph``).
-        action: message action (pair with
-            :func:`flwr_sheaf.methods.noncooperative.client.register_noncooperative_handlers`).
-        discovery_timeout: seconds to wait for SuperNodes.
+        **common: federation (its graph is where communication accuracy is measured), train, graph,
+            action (pair with :func:`~flwr_sheaf.methods.noncooperative.client.register_noncooperative_handlers`),
+            discovery_timeout (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Raises:
         ValueError: as :class:`~flwr_sheaf.strategy.graph.GraphStrategy`.
     """
 
-    def __init__(
-        self,
-        num_nodes: int,
-        *,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
-    ) -> None:
-        federation = federation or FederationConfig()
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=GraphEvaluation.posthoc(federation),
-            discovery_timeout=discovery_timeout,
-        )
+    def __init__(self, num_nodes: int, **common: Unpack[GraphArgs]) -> None:
+        super().__init__(num_nodes, **strategy_args(ACTION, common, GraphEvaluation.posthoc))

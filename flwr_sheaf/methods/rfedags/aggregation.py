@@ -23,6 +23,7 @@ __all__ = [
     "MODES",
     "participation_weights",
     "aggregate_streams",
+    "weighted_uploads",
     "server_update",
     "effective_weights_uncorrected",
     "RoundResult",
@@ -112,48 +113,68 @@ def participation_weights(
     return w
 
 
+def weighted_uploads(
+    vectors: np.ndarray | Mapping[int, np.ndarray],
+    weights: np.ndarray,
+    shape: tuple[int, ...],
+    what: str,
+) -> list[tuple[int, float, np.ndarray]]:
+    """``(i, w_i, v_i)`` (``v_i`` float64) for the clients with ``w_i != 0``, in client order.
+
+    Args:
+        vectors: an ``(N, *shape)`` array (rows of clients with ``w_i = 0`` are ignored and may hold
+            anything), or a mapping ``client index -> (*shape)`` array that must contain every
+            client with ``w_i != 0``.
+        weights: ``(N,)`` weights.
+        shape: shape of one vector; what: its name in error messages (``"stream"``, ...).
+
+    Raises:
+        ValueError: shape mismatch, a missing vector for a weighted client, or NaN/inf in a used one.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError(f"weights must be 1-D, got shape {w.shape}")
+    arr = None if isinstance(vectors, Mapping) else np.asarray(vectors)
+    if arr is not None and arr.shape != (w.size, *shape):
+        raise ValueError(f"{what}s must have shape {(w.size, *shape)}, got {arr.shape}")
+    out: list[tuple[int, float, np.ndarray]] = []
+    for i_np in np.flatnonzero(w != 0.0):
+        i = int(i_np)
+        if arr is None and i not in vectors:
+            raise ValueError(f"weight of client {i} is {float(w[i])} but its {what} is missing")
+        v = np.asarray(arr[i] if arr is not None else vectors[i], dtype=np.float64)
+        if v.shape != tuple(shape):
+            raise ValueError(f"{what} of client {i} has shape {v.shape}, expected {shape}")
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"{what} of client {i} has NaN/inf entries")
+        out.append((i, float(w[i]), v))
+    return out
+
+
 def aggregate_streams(
     zetas: np.ndarray | Mapping[int, np.ndarray],
     weights: np.ndarray,
     point_shape: tuple[int, ...],
+    what: str = "stream",
 ) -> np.ndarray:
-    """Weighted sum ``sum_i w_i zeta_i`` of gradient streams in ``T_{x_t} M`` (docs/baselines-rfedags.md, s5.2-s5.3).
+    """Weighted sum ``sum_i w_i zeta_i`` of tangent vectors in ``T_{x_t} M``: RFedAGS's gradient
+    streams (docs/baselines-rfedags.md, s5.2-s5.3) and RFedSVRG's server gradient
+    ``g_t = sum_i w_i grad f_i(x_t)`` (``what="gradient"``).
 
     Args:
-        zetas: either an ``(N, *point_shape)`` array (rows of clients with ``w_i = 0`` are ignored and
-            may hold anything finite or NaN), or a mapping ``client index -> (*point_shape)`` array that
-            must contain every client with ``w_i != 0``.
+        zetas: ``(N, *point_shape)`` array or ``{client: (*point_shape)}`` (:func:`weighted_uploads`).
         weights: ``(N,)`` weights from :func:`participation_weights`.
-        point_shape: shape of one tangent vector, e.g. ``(d, r)``.
+        point_shape: shape of one tangent vector, e.g. ``(d, r)``; what: name in error messages.
 
     Returns:
         ``(*point_shape)`` float64 direction (zeros if all weights vanish).
 
     Raises:
-        ValueError: shape mismatch, a missing stream for a weighted client, or NaN/inf in a used stream.
+        ValueError: see :func:`weighted_uploads`.
     """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1:
-        raise ValueError(f"weights must be 1-D, got shape {w.shape}")
     out = np.zeros(point_shape, dtype=np.float64)
-    arr = None
-    if not isinstance(zetas, Mapping):
-        arr = np.asarray(zetas)
-        if arr.shape != (w.size, *point_shape):
-            raise ValueError(f"zetas must have shape {(w.size, *point_shape)}, got {arr.shape}")
-    for i_np in np.flatnonzero(w != 0.0):
-        i = int(i_np)
-        if arr is None:
-            if i not in zetas:
-                raise ValueError(f"weight of client {i} is {float(w[i])} but its stream is missing")
-            z = np.asarray(zetas[i], dtype=np.float64)
-        else:
-            z = arr[i].astype(np.float64)
-        if z.shape != tuple(point_shape):
-            raise ValueError(f"stream of client {i} has shape {z.shape}, expected {point_shape}")
-        if not np.all(np.isfinite(z)):
-            raise ValueError(f"stream of client {i} has NaN/inf entries")
-        out += w[i] * z
+    for _, wi, z in weighted_uploads(zetas, weights, tuple(point_shape), what):
+        out += wi * z
     return out
 
 
@@ -339,7 +360,12 @@ class RFedAGSServer:
         w, est = self.weights(mask, num_examples)
         direction = aggregate_streams(zetas, w, tuple(self.x.shape))
         x_new = server_update(self.manifold, self.x, direction, self.global_step)
-        self.estimator.observe(mask)
+        self.advance(mask, x_new)
+        return RoundResult(x_new, direction, w, est, int(mask.sum()))
+
+    def advance(self, responded: np.ndarray, x_new: np.ndarray) -> None:
+        """End the round: the estimator observes the ``(N,)`` bool mask ``responded`` and the
+        iterate becomes ``x_new`` (a baseline's server step, or :meth:`step`'s)."""
+        self.estimator.observe(responded)
         self.x = x_new
         self.round += 1
-        return RoundResult(x_new, direction, w, est, int(mask.sum()))

@@ -6,7 +6,7 @@ docs/baselines-rfedags.md, s5.8); every function only calls
 the same Bernoulli sampler as RFedAGS, and every aggregation takes the weights ``w_i`` of
 :func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights` (``"uncorrected"`` ``1/|S_t|``,
 what the papers use, or RFedAGS's corrections). RFedAvg: :func:`average_endpoints`; RFedSVRG:
-:func:`full_gradient`, :func:`svrg_local_steps`; RFedProj (compact embedded manifolds only):
+:func:`~flwr_sheaf.methods.rfedags.aggregation.aggregate_streams` (``g_t``), :func:`svrg_local_steps`; RFedProj (compact embedded manifolds only):
 :func:`projection_local_steps`, :func:`projection_correction`, :func:`average_ambient`.
 """
 
@@ -17,14 +17,14 @@ from typing import cast
 
 import numpy as np
 
-from .aggregation import server_update
+from .aggregation import server_update, weighted_uploads
+from .local import check_local_steps
 from .manifolds import Manifold, ProjectionManifold
 
 __all__ = [
     "BASELINES",
     "require_projection",
     "average_endpoints",
-    "full_gradient",
     "svrg_local_steps",
     "projection_local_steps",
     "projection_correction",
@@ -33,33 +33,6 @@ __all__ = [
 
 #: Baseline method names (``rfedags`` itself lives in :mod:`~flwr_sheaf.methods.rfedags.aggregation`).
 BASELINES = ("rfedavg", "rfedsvrg", "rfedproj")
-
-
-def _used(
-    vectors: np.ndarray | Mapping[int, np.ndarray],
-    weights: np.ndarray,
-    shape: tuple[int, ...],
-    what: str,
-) -> list[tuple[int, float, np.ndarray]]:
-    """``(i, w_i, v_i)`` for the clients with ``w_i != 0``; checks presence, shape and finiteness."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1:
-        raise ValueError(f"weights must be 1-D, got shape {w.shape}")
-    arr = None if isinstance(vectors, Mapping) else np.asarray(vectors)
-    if arr is not None and arr.shape != (w.size, *shape):
-        raise ValueError(f"{what}s must have shape {(w.size, *shape)}, got {arr.shape}")
-    out: list[tuple[int, float, np.ndarray]] = []
-    for i_np in np.flatnonzero(w != 0.0):
-        i = int(i_np)
-        if arr is None and i not in vectors:
-            raise ValueError(f"weight of client {i} is {float(w[i])} but its {what} is missing")
-        v = np.asarray(arr[i] if arr is not None else vectors[i], dtype=np.float64)
-        if v.shape != tuple(shape):
-            raise ValueError(f"{what} of client {i} has shape {v.shape}, expected {shape}")
-        if not np.all(np.isfinite(v)):
-            raise ValueError(f"{what} of client {i} has NaN/inf entries")
-        out.append((i, float(w[i]), v))
-    return out
 
 
 def require_projection(manifold: Manifold) -> ProjectionManifold:
@@ -104,25 +77,19 @@ def average_endpoints(
     """
     x = np.asarray(x, dtype=np.float64)
     direction = np.zeros_like(x)
-    used = _used(endpoints, weights, x.shape, "end point")
+    used = weighted_uploads(endpoints, weights, x.shape, "end point")
     if used:  # one batched inverse retraction for all responders
         tangents = manifold.invretr(x, np.stack([xi for _, _, xi in used]))
         direction = np.tensordot(np.array([wi for _, wi, _ in used]), tangents, axes=1)
     return server_update(manifold, x, direction, global_step), direction
 
 
-def full_gradient(
-    rgrads: np.ndarray | Mapping[int, np.ndarray], weights: np.ndarray, point_shape: tuple[int, ...]
-) -> np.ndarray:
-    """RFedSVRG's server gradient ``g_t = sum_i w_i grad f_i(x_t)`` (``T_{x_t} M``); float64 ``point_shape``.
-
-    Raises:
-        ValueError: as :func:`average_endpoints` for the gradients.
-    """
-    out = np.zeros(point_shape, dtype=np.float64)
-    for _, wi, g in _used(rgrads, weights, tuple(point_shape), "gradient"):
-        out += wi * g
-    return out
+def _egrad(egrad_fn: Callable[[np.ndarray, int], np.ndarray], x: np.ndarray, k: int) -> np.ndarray:
+    """``egrad_fn(x, k)`` as float64; ValueError on NaN/inf entries."""
+    e = np.asarray(egrad_fn(x, k), dtype=np.float64)
+    if not np.all(np.isfinite(e)):
+        raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
+    return e
 
 
 def svrg_local_steps(
@@ -141,7 +108,7 @@ def svrg_local_steps(
     Args:
         manifold: the manifold.
         x: server point ``x_t``.
-        full_grad: ``g_t in T_{x_t} M`` (:func:`full_gradient`).
+        full_grad: ``g_t in T_{x_t} M`` (:func:`~flwr_sheaf.methods.rfedags.aggregation.aggregate_streams`).
         egrad_fn: ``egrad_fn(point, k)`` as in :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`
             (may return a ``(B, *point_shape)`` stack for ``B`` clients).
         num_steps: ``K >= 1``; step_size: ``alpha > 0``.
@@ -152,20 +119,12 @@ def svrg_local_steps(
     Raises:
         ValueError: bad ``K``/``alpha``, non-finite gradients.
     """
-    if int(num_steps) != num_steps or num_steps < 1:
-        raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
-    if not (np.isfinite(step_size) and step_size > 0):
-        raise ValueError(f"step_size (alpha) must be positive and finite, got {step_size!r}")
+    check_local_steps(num_steps, step_size)
     x_t = np.asarray(x, dtype=np.float64)
     g_t = np.asarray(full_grad, dtype=np.float64)
     xk = x_t
     for k in range(int(num_steps)):
-        e1, e0 = (
-            np.asarray(egrad_fn(xk, k), dtype=np.float64),
-            np.asarray(egrad_fn(x_t, k), dtype=np.float64),
-        )
-        if not (np.all(np.isfinite(e1)) and np.all(np.isfinite(e0))):
-            raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
+        e1, e0 = _egrad(egrad_fn, xk, k), _egrad(egrad_fn, x_t, k)
         eta = manifold.egrad2rgrad(xk, e1) - manifold.transp(
             x_t, xk, manifold.egrad2rgrad(x_t, e0) - g_t
         )
@@ -199,19 +158,13 @@ def projection_local_steps(
         ValueError: a manifold RFedProj refuses (named), bad ``K``/``alpha``, non-finite gradients.
     """
     proj_manifold = require_projection(manifold)
-    if int(num_steps) != num_steps or num_steps < 1:
-        raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
-    if not (np.isfinite(step_size) and step_size > 0):
-        raise ValueError(f"step_size (alpha) must be positive and finite, got {step_size!r}")
+    check_local_steps(num_steps, step_size)
     c = np.asarray(correction, dtype=np.float64)
     z = proj_manifold.ambient_projection(np.asarray(x_mid, dtype=np.float64))
     z_hat = z
     zeta: np.ndarray | float = 0.0
     for k in range(int(num_steps)):
-        e = np.asarray(egrad_fn(z, k), dtype=np.float64)
-        if not np.all(np.isfinite(e)):
-            raise ValueError(f"egrad_fn returned NaN/inf entries at step {k}")
-        eta = manifold.egrad2rgrad(z, e)
+        eta = manifold.egrad2rgrad(z, _egrad(egrad_fn, z, k))
         z_hat = z_hat - step_size * (eta + c)
         z = proj_manifold.ambient_projection(z_hat)
         zeta = zeta + eta
@@ -268,7 +221,7 @@ def average_ambient(
     if not (np.isfinite(global_step) and global_step > 0):
         raise ValueError(f"global_step (eta_g) must be positive, got {global_step!r}")
     x_mid = np.asarray(x_mid, dtype=np.float64)
-    used = _used(z_hats, weights, x_mid.shape, "ambient end point")
+    used = weighted_uploads(z_hats, weights, x_mid.shape, "ambient end point")
     if not used:
         return x_mid.copy(), proj_manifold.ambient_projection(x_mid)
     base = proj_manifold.ambient_projection(x_mid)

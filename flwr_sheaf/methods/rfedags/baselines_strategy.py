@@ -9,19 +9,17 @@ The maths are :mod:`flwr_sheaf.methods.rfedags.baselines`, the same functions
 ``run_federated`` of ``tests/oracles/rfedags_runner.py`` calls; the ClientApp side is
 :func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
-Per server round ``t`` (action ``a`` = the method name):
+Per server round ``t`` (action ``a`` = the method name; the maths: the table of
+docs/baselines-rfedags.md, s5.8):
 
-- ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points; server
-  ``x_{t+1} = R_{x_t}(sum_i w_i R^{-1}_{x_t}(x_i))``.
+- ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points.
 - ``rfedsvrg``: first a ``train.a`` round trip in phase ``"gradient"`` (inside ``configure_train``,
-  bounded by the round timeout of ``start``): ``g_t = sum_i w_i grad f_i(x_t)`` over the nodes that
-  answered it (weights of that set); then phase ``"local"`` with ``x_t`` and ``g_t`` to those nodes;
-  server as RFedAvg over the end points that arrive.
+  bounded by the round timeout of ``start``) gives ``g_t`` over the nodes that answered it (weights
+  of that set); then phase ``"local"`` with ``x_t`` and ``g_t`` to those nodes; replies: end points.
 - ``rfedproj``: ``train.a`` with the server's ambient point ``x^mid`` and the node's correction ``c_i``
-  (nonzero when the node's upload arrived in the previous round); replies: ambient end points and mean
-  gradients; server ``x^mid_{t+1} = P(x^mid_t) + sum_i w_i (z^_i - P(x^mid_t))``, model ``P(x^mid_{t+1})``.
-  A manifold RFedProj refuses (SPD, Poincaré ball) fails at the first round with a ``ValueError``
-  naming it.
+  (nonzero when the node's upload arrived in the previous round); replies: ambient end points and
+  mean gradients. A manifold RFedProj refuses (SPD, Poincaré ball) fails at the first round with a
+  ``ValueError`` naming it.
 
 An upload that is malformed, non-finite, off the manifold (RFedAvg/RFedSVRG end points, tolerance
 1e-8) or unreachable by the inverse retraction is that node's recorded failure; it is a non-responder
@@ -31,33 +29,20 @@ of the round.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from ...protocol import (
-    ARRAYS,
-    CONFIG,
-    METRICS,
-    NUM_EXAMPLES,
-    SEED,
-    SERVER_ROUND,
-    TRAIN,
-    array_record,
-    as_float,
-    metric_record,
-    pack_arrays,
-    weight_problem,
-)
-from ...strategy.exchange import merge_extra
+from ...protocol import array_record
 from ...strategy.graph import GraphStrategy
+from .aggregation import aggregate_streams
 from .baselines import (
     BASELINES,
     average_ambient,
     average_endpoints,
-    full_gradient,
     projection_correction,
     require_projection,
 )
@@ -65,24 +50,25 @@ from .protocol import (
     CORRECTION,
     ENDPOINT,
     FULL_GRADIENT,
-    LOCAL_STEPS,
     MEAN_GRADIENT,
-    MINIBATCH_SIZE,
     PHASE,
     PHASE_GRADIENT,
     PHASE_LOCAL,
     POINT,
-    STEP_SIZE,
     STREAM,
     STREAM_RECORD,
 )
 from .strategy import (
-    RFEDAGS_DEFAULTS,
     RiemannianState,
+    close_train,
     init_server,
+    log,
     log_rfed_round,
     round_prologue,
     setup_riemannian,
+    train_config,
+    train_messages,
+    usable_uploads,
 )
 
 __all__ = ["RFedBaseline"]
@@ -100,8 +86,9 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             ``q_min``, ``estimator``, ``manifold``, ``minibatch_size``, ``seed``, ``discovery_timeout``).
 
     Raises:
-        ValueError: an unknown method; the arguments RFedAGS refuses; (first round) RFedProj on a
-            manifold that is not compact and embedded.
+        ValueError: an unknown method; ``action=``; the arguments RFedAGS refuses; (first round)
+            RFedProj on a manifold that is not compact and embedded.
+        TypeError: an unknown keyword argument.
     """
 
     def __init__(
@@ -111,17 +98,13 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         *,
         method: str,
         mode: str = "uncorrected",
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         if method not in BASELINES:
             raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
         if "action" in kwargs:
             raise ValueError("RFedBaseline's action is its method name; do not pass action=")
-        settings = {**RFEDAGS_DEFAULTS, **kwargs}
-        unknown = sorted(set(kwargs) - set(RFEDAGS_DEFAULTS))
-        if unknown:
-            raise TypeError(f"RFedBaseline got unexpected keyword arguments {unknown}")
-        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **settings)
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **kwargs)
         self.method = method
         self._timeout = 3600.0
         self._x_mid: np.ndarray | None = None
@@ -153,9 +136,6 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             evaluate_fn=evaluate_fn,
         )
 
-    def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
-        return round_prologue(self, server_round, arrays)
-
     def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
         log_rfed_round(rec)
 
@@ -166,47 +146,19 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._x_mid = self.server.x.copy()
         self._x_mid_prev = self._x_mid.copy()
 
-    def _cfg(
-        self, server_round: int, alpha_t: float, phase: str, config: ConfigRecord
-    ) -> ConfigRecord:
-        cfg = merge_extra(
-            {
-                SERVER_ROUND: server_round,
-                LOCAL_STEPS: self.local_steps,
-                STEP_SIZE: alpha_t,
-                MINIBATCH_SIZE: self.minibatch_size,
-                SEED: self.seed,
-                PHASE: phase,
-            },
-            config,
-            "train_config",
-        )
-        return ConfigRecord(dict(cfg))
-
     def _gradient_phase(
         self, server_round: int, alpha_t: float, config: ConfigRecord, grid: Grid
     ) -> list[int]:
         """RFedSVRG phase 1: gradients at ``x_t`` from the drawn nodes; sets ``g_t``; returns who answered."""
         shape = tuple(self.server.x.shape)
-        msgs = [
-            self.exchange.message(
-                pid,
-                RecordDict(
-                    {
-                        ARRAYS: pack_arrays({POINT: self._x_t}),
-                        CONFIG: self._cfg(server_round, alpha_t, PHASE_GRADIENT, config),
-                    }
-                ),
-                TRAIN,
-                server_round,
-            )
-            for pid in self.ledger.current.sampled
-        ]
+        cfg = train_config(self, server_round, alpha_t, config, **{PHASE: PHASE_GRADIENT})
+        sampled = self.ledger.current.sampled
+        msgs = train_messages(self, server_round, cfg, {pid: {POINT: self._x_t} for pid in sampled})
         ok = self.exchange.split_replies(
             server_round,
             "gradient",
             self.exchange.round_trip(grid, msgs, self._timeout),
-            self.ledger.current.sampled,
+            sampled,
             {STREAM_RECORD: (STREAM,)},
         )
         grads: dict[int, np.ndarray] = {}
@@ -221,132 +173,81 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         mask = np.zeros(self.num_nodes, dtype=bool)
         mask[list(grads)] = True
         w, _ = self.server.weights(mask)
-        self._g_t = full_gradient(grads, w, shape)
+        self._g_t = aggregate_streams(grads, w, shape, "gradient")
         return sorted(grads)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The method's ``train.<method>`` messages to the drawn nodes (RFedSVRG: after its gradient phase)."""
-        alpha_t = self._round_prologue(server_round, arrays)
+        alpha_t, cfg = round_prologue(self, server_round, arrays, config, **{PHASE: PHASE_LOCAL})
         self._recipients = list(self.ledger.current.sampled)
-        cfg = self._cfg(server_round, alpha_t, PHASE_LOCAL, config)
-        msgs = []
         if self.method == "rfedsvrg" and self._recipients:
             self._recipients = self._gradient_phase(server_round, alpha_t, config, grid)
-        for pid in self._recipients:
-            if self.method == "rfedproj":
-                assert (
-                    self._x_mid is not None and self._x_mid_prev is not None
-                )  # set in _init_server
-                c = np.zeros_like(self._x_mid)
-                if pid in self._prev_responders and pid in self._zeta_prev:
-                    c = projection_correction(
-                        self.manifold,
-                        self._x_mid_prev,
-                        self._x_mid,
-                        self._zeta_prev[pid],
-                        self.local_steps,
-                        alpha_t,
-                        self.global_step,
-                    )
-                payload = {POINT: self._x_mid, CORRECTION: c}
-            elif self.method == "rfedsvrg":
-                assert self._g_t is not None  # set by _gradient_phase
-                payload = {POINT: self._x_t, FULL_GRADIENT: self._g_t}
-            else:
-                payload = {POINT: self._x_t}
-            msgs.append(
-                self.exchange.message(
-                    pid,
-                    RecordDict({ARRAYS: pack_arrays(payload), CONFIG: cfg}),
-                    TRAIN,
-                    server_round,
-                )
+        payloads = {pid: self._payload(pid, alpha_t) for pid in self._recipients}
+        return train_messages(self, server_round, cfg, payloads)
+
+    def _payload(self, pid: int, alpha_t: float) -> dict[str, np.ndarray]:
+        """Node ``pid``'s arrays: RFedProj ``x^mid`` and its correction ``c_i`` (0 unless its upload
+        arrived in the previous round), RFedSVRG ``x_t`` and ``g_t``, RFedAvg ``x_t``."""
+        if self.method == "rfedsvrg":
+            assert self._g_t is not None  # set by _gradient_phase
+            return {POINT: self._x_t, FULL_GRADIENT: self._g_t}
+        if self.method != "rfedproj":
+            return {POINT: self._x_t}
+        assert self._x_mid is not None and self._x_mid_prev is not None  # set in _init_server
+        c = np.zeros_like(self._x_mid)
+        if pid in self._prev_responders and pid in self._zeta_prev:
+            c = projection_correction(
+                self.manifold,
+                self._x_mid_prev,
+                self._x_mid,
+                self._zeta_prev[pid],
+                self.local_steps,
+                alpha_t,
+                self.global_step,
             )
-        return msgs
+        return {POINT: self._x_mid, CORRECTION: c}
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check the uploads, weight them (``mode``), run the method's server step; new point + round metrics."""
         keys = (ENDPOINT, MEAN_GRADIENT) if self.method == "rfedproj" else (ENDPOINT,)
-        ok = self.exchange.split_replies(
-            server_round,
-            "train",
-            replies,
-            self._recipients,
-            {STREAM_RECORD: keys, METRICS: (NUM_EXAMPLES,)},
+        used, num_examples, mask = usable_uploads(
+            self, server_round, replies, self._recipients, keys, self._check_upload
         )
-        uploads: dict[int, np.ndarray] = {}
-        zetas: dict[int, np.ndarray] = {}
-        num_examples = np.ones(self.num_nodes)
-        for pid, r in ok.items():
-            z, zeta, reason = self._check_upload(r)
-            n_i = metric_record(r.content, METRICS)[NUM_EXAMPLES]
-            if reason is not None:
-                self.record_failure(server_round, "train", pid, reason)
-                continue
-            if zeta is not None:
-                zetas[pid] = zeta
-            uploads[pid] = z
-            num_examples[pid] = as_float(n_i, NUM_EXAMPLES)
-        mask = np.zeros(self.num_nodes, dtype=bool)
-        mask[list(uploads)] = True
+        uploads = {pid: z for pid, (z, _) in used.items()}
+        zetas = {pid: zeta for pid, (_, zeta) in used.items() if zeta is not None}
         w, est = self.server.weights(mask, num_examples if self.mode == "uncorrected" else None)
         x_new, direction = self._server_step(uploads, zetas, w)
-        self.server.x = x_new
-        self.server.estimator.observe(mask)
-        self.server.round += 1
-        metrics = {
-            "num_drawn": len(self.ledger.current.sampled),
-            "num_responders": int(mask.sum()),
-            "weight_sum": float(w.sum()),
-            "step_size": float(self.ledger.current.train["step_size"]),
-            "direction_norm": float(np.linalg.norm(direction)),
-            "feasibility": float(np.max(self.manifold.feasibility(x_new))),
-        }
-        if self.mode != "uncorrected":
-            metrics["estimate_min"] = float(np.min(est))
-        if self.round_metrics is not None:
-            metrics.update(self.round_metrics(x_new))
-        self.ledger.current.num_trained = len(uploads)
-        self.ledger.current.train.update(metrics)
-        self.ledger.current.train.update(
-            {
-                "drawn": list(self.ledger.current.sampled),
-                "responders": sorted(uploads),
-                "weights": w.tolist(),
-            }
-        )
-        return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
+        self.server.advance(mask, x_new)
+        return close_train(self, x_new, direction, w, est, uploads, {}, record_estimates=False)
 
-    def _check_upload(self, reply: Message) -> tuple[np.ndarray, np.ndarray | None, str | None]:
-        """One train reply's end point ``(n, p)`` float64, RFedProj's mean gradient (same shape;
-        None for the others) and why the upload is unusable (None when usable): a bad
-        ``num-examples``, a wrong shape or NaN/inf, or (RFedAvg/RFedSVRG) an end point off the
-        manifold (constraint violation above 1e-8) or without an inverse retraction."""
+    def _check_upload(
+        self, stream: ArrayRecord
+    ) -> tuple[tuple[np.ndarray, np.ndarray | None], str | None]:
+        """A train reply's end point ``(n, p)`` float64 and RFedProj's mean gradient (same shape;
+        None for the others), and why the upload is unusable (None when usable): a wrong shape or
+        NaN/inf, or (RFedAvg/RFedSVRG) an end point off the manifold (constraint violation above
+        1e-8) or without an inverse retraction."""
         shape = tuple(self.server.x.shape)
-        stream = array_record(reply.content, STREAM_RECORD)
         z = np.array(stream[ENDPOINT].numpy(), dtype=np.float64)
-        reason = weight_problem(NUM_EXAMPLES, metric_record(reply.content, METRICS)[NUM_EXAMPLES])
-        if reason is None and (z.shape != shape or not np.all(np.isfinite(z))):
-            reason = f"unusable end point of shape {z.shape} (expected {shape}, finite)"
-        if reason is not None:
-            return z, None, reason
+        if z.shape != shape or not np.all(np.isfinite(z)):
+            return (z, None), f"unusable end point of shape {z.shape} (expected {shape}, finite)"
         if self.method == "rfedproj":
             zeta = np.array(stream[MEAN_GRADIENT].numpy(), dtype=np.float64)
             if zeta.shape != shape or not np.all(np.isfinite(zeta)):
-                return z, None, f"unusable mean gradient of shape {zeta.shape}"
-            return z, zeta, None
+                return (z, None), f"unusable mean gradient of shape {zeta.shape}"
+            return (z, zeta), None
         feas = float(np.max(self.manifold.feasibility(z)))
         if not feas <= 1e-8:
-            return z, None, f"end point off {self.manifold!r} (constraint violation {feas:.3e})"
+            return (z, None), f"end point off {self.manifold!r} (constraint violation {feas:.3e})"
         try:
             self.manifold.invretr(self._x_t, z)
         except ValueError as exc:
-            return z, None, str(exc)
-        return z, None, None
+            return (z, None), str(exc)
+        return (z, None), None
 
     def _server_step(
         self, uploads: dict[int, np.ndarray], zetas: dict[int, np.ndarray], w: np.ndarray
@@ -365,9 +266,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         return x_new, x_new - self._x_t
 
     def summary(self) -> None:  # noqa: D102 - Strategy API
-        import logging
-
-        logging.getLogger("flwr_sheaf").info(
+        log.info(
             "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, global step=%g)",
             self.method,
             self.mode,

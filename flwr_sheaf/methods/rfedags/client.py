@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -30,9 +29,9 @@ from ...protocol import (
 )
 from . import ACTION
 from .baselines import BASELINES, projection_local_steps, svrg_local_steps
+from .frechet import FrechetMeanProblem
 from .local import local_gradient_stream
-from .manifolds import Manifold
-from .pca import batch_indices
+from .pca import PCAProblem, batch_indices
 from .protocol import (
     CORRECTION,
     ENDPOINT,
@@ -50,7 +49,6 @@ from .protocol import (
 )
 
 __all__ = [
-    "RFedAGSLocalProblem",
     "ProblemClient",
     "problem_factory",
     "register_rfedags_handlers",
@@ -61,52 +59,11 @@ __all__ = [
 STATE_KEY = "rfedags.meta"
 
 
-class RFedAGSLocalProblem(Protocol):
-    """What a node brings to the RFedAGS handlers.
-
-    Attributes:
-        manifold: the manifold of the global parameter (``proj``/``retr``/``transp``/``egrad2rgrad``).
-        num_examples: local sample count ``n_i`` (reported; used by the uncorrected mean).
-
-    Methods:
-        gradient_oracle(server_round, num_steps, config) -> ``egrad(x, k)``: Euclidean (mini-batch)
-            gradient of ``f_i`` at local step ``k`` of this round; must be deterministic in
-            ``(config, server_round)`` for reproducibility.
-        local_cost(x) -> float: ``f_i(x)`` (diagnostics).
-    """
-
-    manifold: Manifold
-    num_examples: int
-
-    def gradient_oracle(
-        self, server_round: int, num_steps: int, config: Mapping
-    ) -> Callable[[np.ndarray, int], np.ndarray]: ...
-
-    def local_cost(self, x: np.ndarray) -> float: ...
-
-
-class FederatedProblem(Protocol):
-    """A federated problem of ``tests/oracles/rfedags_runner.py`` as :class:`ProblemClient` reads it
-    (``PCAProblem``, ``FrechetMeanProblem``; an optional ``samples (N, S, ...)`` array enables mini-batches)."""
-
-    @property
-    def num_clients(self) -> int: ...
-
-    @property
-    def manifold(self) -> Manifold: ...
-
-    def local_egrads(self, x: np.ndarray, clients: list[int]) -> np.ndarray: ...
-
-    def minibatch_egrads(
-        self, x: np.ndarray, clients: list[int], batch: np.ndarray
-    ) -> np.ndarray: ...
-
-    def local_costs(self, x: np.ndarray) -> np.ndarray: ...
-
-
 @dataclass
 class ProblemClient:
-    """Client ``client`` of any federated problem of ``tests/oracles/rfedags_runner.py`` (PCA, Fréchet means).
+    """Client ``client`` of a federated problem (PCA, Fréchet means): what a node brings to the
+    handlers of the RFedAGS family (``manifold``, ``num_examples`` ``n_i``, ``gradient_oracle``,
+    ``local_cost``).
 
     Reads the config keys ``minibatch-size`` (0 = exact gradients) and ``seed``, and draws the
     batches of :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`, so a Flower run equals
@@ -116,7 +73,7 @@ class ProblemClient:
         ValueError: a partition-id without data.
     """
 
-    problem: FederatedProblem
+    problem: PCAProblem | FrechetMeanProblem
     client: int
 
     def __post_init__(self) -> None:
@@ -163,7 +120,7 @@ def problem_factory(problem) -> Callable[[Context], ProblemClient]:
 
 
 def _register_query(
-    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
+    app: ClientApp, problem_factory: Callable[[Context], ProblemClient], action: str
 ) -> None:
     """``query.<action>``: discovery reply (partition-id, num-partitions, point size, num-examples)."""
     travel_by_reference(app)  # pickled as its import path by Ray (flwr_sheaf.client.reference)
@@ -180,16 +137,24 @@ def _register_query(
         return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
 
-def _round_inputs(
-    msg: Message, action: str, keys: tuple[str, ...]
-) -> tuple[Mapping[str, object], int, float, int]:
-    """The ``train`` message's config (``ProtocolError`` when one of ``keys`` is missing) and its
-    ``(local-steps K, step-size alpha_t, server-round)``."""
+def _inputs(
+    msg: Message,
+    context: Context,
+    problem_factory: Callable[[Context], ProblemClient],
+    action: str,
+    keys: tuple[str, ...],
+) -> tuple[ProblemClient, np.ndarray, Mapping[str, object], int, float, int]:
+    """A ``train.<action>`` message's inputs: the node's problem, the point ``x`` (float64, the
+    manifold's point shape, finite), the config (``ProtocolError`` when one of ``keys`` is missing)
+    and its ``(local-steps K, step-size alpha_t, server-round)``."""
+    prob = problem_factory(context)
     cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
     for key in keys:
         if key not in cfg:
             raise ProtocolError(f"train.{action} config lacks {key!r}")
     return (
+        prob,
+        _array(msg, POINT, tuple(prob.manifold.point_shape), action),
         cfg,
         as_int(cfg[LOCAL_STEPS], LOCAL_STEPS),
         as_float(cfg[STEP_SIZE], STEP_SIZE),
@@ -197,12 +162,25 @@ def _round_inputs(
     )
 
 
+def _reply(
+    msg: Message, prob: ProblemClient, upload: dict[str, np.ndarray], **metrics: float
+) -> Message:
+    """The train reply: ``upload`` in record ``stream``; ``num-examples`` and ``metrics`` in ``metrics``."""
+    reply = RecordDict(
+        {
+            STREAM_RECORD: pack_arrays(upload),
+            METRICS: MetricRecord({NUM_EXAMPLES: int(prob.num_examples), **metrics}),
+        }
+    )
+    return Message(reply, reply_to=msg)
+
+
 _KEYS = (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED)
 
 
 def register_rfedags_handlers(
     app: ClientApp,
-    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    problem_factory: Callable[[Context], ProblemClient],
     action: str = ACTION,
 ) -> ClientApp:
     """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, docs/baselines-rfedags.md, s5)
@@ -217,7 +195,7 @@ def register_rfedags_handlers(
 
     Args:
         app: the ClientApp to extend.
-        problem_factory: builds the node's :class:`RFedAGSLocalProblem` from its ``Context`` (called
+        problem_factory: builds the node's :class:`ProblemClient` from its ``Context`` (called
             per message; cache heavy data outside the node state, read-only).
         action: action name.
 
@@ -233,44 +211,29 @@ def register_rfedags_handlers(
 
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
-        prob = problem_factory(context)
+        prob, x, cfg, k_steps, alpha, rnd = _inputs(msg, context, problem_factory, action, _KEYS)
         man = prob.manifold
-        x = _array(msg, POINT, tuple(man.point_shape), action)
         man.check_point(x, atol=1e-8)
-        cfg, k_steps, alpha, rnd = _round_inputs(msg, action, _KEYS)
         oracle = prob.gradient_oracle(rnd, k_steps, cfg)
         zeta = local_gradient_stream(man, x, oracle, k_steps, alpha).zeta
-        meta = (
-            context.state[STATE_KEY]
+        done = (
+            as_int(context.state[STATE_KEY]["rounds-trained"], "rounds-trained")
             if STATE_KEY in context.state
-            else MetricRecord({"rounds-trained": 0, "last-round": 0})
+            else 0
         )
-        context.state[STATE_KEY] = MetricRecord(
-            {
-                "rounds-trained": as_int(meta["rounds-trained"], "rounds-trained") + 1,
-                "last-round": rnd,
-            }
-        )
-        reply = RecordDict(
-            {
-                STREAM_RECORD: pack_arrays({STREAM: zeta}),
-                METRICS: MetricRecord(
-                    {
-                        NUM_EXAMPLES: int(prob.num_examples),
-                        "tangent-error": float(np.max(man.tangent_error(x, zeta))),
-                        "local-cost-start": float(prob.local_cost(x)),
-                    }
-                ),
-            }
-        )
-        return Message(reply, reply_to=msg)
+        context.state[STATE_KEY] = MetricRecord({"rounds-trained": done + 1, "last-round": rnd})
+        metrics = {
+            "tangent-error": float(np.max(man.tangent_error(x, zeta))),
+            "local-cost-start": float(prob.local_cost(x)),
+        }
+        return _reply(msg, prob, {STREAM: zeta}, **metrics)
 
     return app
 
 
 def register_rfedags_baseline_handlers(
     app: ClientApp,
-    problem_factory: Callable[[Context], RFedAGSLocalProblem],
+    problem_factory: Callable[[Context], ProblemClient],
     methods: tuple[str, ...] = BASELINES,
 ) -> ClientApp:
     """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines-rfedags.md, s5).
@@ -315,42 +278,33 @@ def _array(msg: Message, key: str, shape: tuple[int, ...], action: str) -> np.nd
 
 
 def _register_baseline_train(
-    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
+    app: ClientApp, problem_factory: Callable[[Context], ProblemClient], action: str
 ) -> None:
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:
-        prob = problem_factory(context)
+        prob, x, cfg, k_steps, alpha, rnd = _inputs(
+            msg, context, problem_factory, action, (*_KEYS, PHASE)
+        )
         man = prob.manifold
-        shape = tuple(man.point_shape)
-        cfg, k_steps, alpha, rnd = _round_inputs(msg, action, (*_KEYS, PHASE))
         phase = str(cfg[PHASE])
         if phase not in (PHASE_GRADIENT, PHASE_LOCAL) or (
             phase == PHASE_GRADIENT and action != "rfedsvrg"
         ):
             raise ProtocolError(f"train.{action}: unknown phase {phase!r}")
-        x = _array(msg, POINT, shape, action)
         if action != "rfedproj":
             man.check_point(x, atol=1e-8)
-        upload: dict[str, np.ndarray] = {}
         if phase == PHASE_GRADIENT:
             exact = prob.gradient_oracle(rnd, 1, {MINIBATCH_SIZE: 0, SEED: cfg[SEED]})
-            upload[STREAM] = man.egrad2rgrad(x, exact(x, 0))
-        else:
-            oracle = prob.gradient_oracle(rnd, k_steps, cfg)
-            if action == "rfedavg":
-                upload[ENDPOINT] = local_gradient_stream(man, x, oracle, k_steps, alpha).endpoint
-            elif action == "rfedsvrg":
-                g = _array(msg, FULL_GRADIENT, shape, action)
-                upload[ENDPOINT] = svrg_local_steps(man, x, g, oracle, k_steps, alpha)
-            else:
-                c = _array(msg, CORRECTION, shape, action)
-                upload[ENDPOINT], upload[MEAN_GRADIENT] = projection_local_steps(
-                    man, x, c, oracle, k_steps, alpha
-                )
-        reply = RecordDict(
-            {
-                STREAM_RECORD: pack_arrays(upload),
-                METRICS: MetricRecord({NUM_EXAMPLES: int(prob.num_examples)}),
-            }
-        )
-        return Message(reply, reply_to=msg)
+            return _reply(msg, prob, {STREAM: man.egrad2rgrad(x, exact(x, 0))})
+        oracle = prob.gradient_oracle(rnd, k_steps, cfg)
+        if action == "rfedavg":
+            end = local_gradient_stream(man, x, oracle, k_steps, alpha).endpoint
+            return _reply(msg, prob, {ENDPOINT: end})
+        if action == "rfedsvrg":
+            g = _array(msg, FULL_GRADIENT, x.shape, action)
+            return _reply(
+                msg, prob, {ENDPOINT: svrg_local_steps(man, x, g, oracle, k_steps, alpha)}
+            )
+        c = _array(msg, CORRECTION, x.shape, action)
+        end, mean_grad = projection_local_steps(man, x, c, oracle, k_steps, alpha)
+        return _reply(msg, prob, {ENDPOINT: end, MEAN_GRADIENT: mean_grad})

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .manifolds import SPD, Manifold, PoincareBall
+from .pca import check_sizes, client_weights
 
 __all__ = [
     "FrechetMeanProblem",
@@ -152,11 +153,7 @@ class FrechetMeanProblem:
         """
         if self.log_spectra is None:
             raise ValueError("weighted_optimum needs a commuting SPD problem (log_spectra)")
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != (self.num_clients,) or np.any(w < 0) or not w.sum() > 0:
-            raise ValueError(
-                f"weights must be ({self.num_clients},), non-negative, with a positive sum"
-            )
+        w = client_weights(weights, self.num_clients)
         q, lspec = self.log_spectra
         return (q * np.exp(w @ lspec / w.sum())) @ q.T
 
@@ -191,13 +188,7 @@ def commuting_spd_problem(
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, v in (
-        ("n", n),
-        ("samples_per_client", samples_per_client),
-        ("num_frequent", num_frequent),
-    ):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    check_sizes(n=n, samples_per_client=samples_per_client, num_frequent=num_frequent)
     rng = np.random.default_rng([int(seed), 6])
     q, r = np.linalg.qr(rng.standard_normal((n, n)))
     q = q * np.where(np.diag(r) < 0, -1.0, 1.0)
@@ -242,13 +233,7 @@ def symmetric_poincare_problem(
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, size in (
-        ("n", n),
-        ("num_pairs", num_pairs),
-        ("samples_per_client", samples_per_client),
-    ):
-        if int(size) != size or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}")
+    check_sizes(n=n, num_pairs=num_pairs, samples_per_client=samples_per_client)
     ball = PoincareBall(n)
     rng = np.random.default_rng([int(seed), 7])
     v = noise * rng.standard_normal((num_pairs, samples_per_client, n))
@@ -296,9 +281,7 @@ def centralised_frechet_mean(
         )
     a = np.asarray(points, dtype=np.float64)
     n_cl = a.shape[0]
-    w = np.ones(n_cl) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != (n_cl,) or np.any(w < 0) or not w.sum() > 0:
-        raise ValueError(f"weights must be ({n_cl},), non-negative, with a positive sum")
+    w = client_weights(np.ones(n_cl) if weights is None else weights, n_cl)
     k = len(manifold.point_shape)
     wt = torch.from_numpy(w / w.sum()).reshape((n_cl,) + (1,) * k)
     pts = torch.from_numpy(a.copy())

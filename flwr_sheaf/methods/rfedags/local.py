@@ -12,7 +12,7 @@ import numpy as np
 
 from .manifolds import Manifold
 
-__all__ = ["GradientStream", "local_gradient_stream", "step_size_schedule"]
+__all__ = ["GradientStream", "check_local_steps", "local_gradient_stream", "step_size_schedule"]
 
 
 @dataclass
@@ -62,10 +62,7 @@ def local_gradient_stream(
         ValueError: ``K < 1``, non-positive/non-finite ``alpha_t``, a gradient of the wrong shape or with
             NaN/inf entries.
     """
-    if int(num_steps) != num_steps or num_steps < 1:
-        raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
-    if not (np.isfinite(step_size) and step_size > 0):
-        raise ValueError(f"step_size (alpha_t) must be positive and finite, got {step_size!r}")
+    check_local_steps(num_steps, step_size)
     x_t = np.array(x, dtype=np.float64, copy=True)
     pshape = tuple(manifold.point_shape)
     if x_t.shape != pshape:
@@ -91,6 +88,15 @@ def local_gradient_stream(
         steps.append(v if k == 0 else manifold.transp(xk, x_t, v))
         xk = manifold.retr(xk, v)
     return GradientStream(np.stack(steps), np.asarray(xk))
+
+
+def check_local_steps(num_steps: int, step_size: float) -> None:
+    """Raise ``ValueError`` unless ``K = num_steps`` is a positive integer and ``alpha_t = step_size``
+    is positive and finite (every client loop of the RFedAGS family)."""
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
+    if not (np.isfinite(step_size) and step_size > 0):
+        raise ValueError(f"step_size (alpha_t) must be positive and finite, got {step_size!r}")
 
 
 def step_size_schedule(alpha0: float, decay_rounds: float = 0.0) -> Callable[[int], float]:

@@ -15,9 +15,8 @@ axes broadcast (``(..., d, r)``, ``(..., n)``); points are not re-validated in t
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -27,125 +26,60 @@ with warnings.catch_warnings():
     import geoopt
     import torch
 
-__all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall", "as_float64"]
+__all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall"]
 
 
-def as_float64(a: np.ndarray | float, name: str = "array") -> np.ndarray:
-    """Return ``a`` as a C-contiguous float64 numpy array.
-
-    Args:
-        a: array-like (numpy array, list, torch tensor on CPU).
-        name: label for error messages.
-
-    Returns:
-        float64 ndarray with the same shape.
-
-    Raises:
-        ValueError: if ``a`` contains NaN or inf.
-    """
-    out = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
-    if not np.all(np.isfinite(out)):
-        raise ValueError(f"{name}: {int(np.size(out) - np.isfinite(out).sum())} NaN/inf entries")
-    return out
-
-
-@contextmanager
-def _single_thread_torch() -> Iterator[None]:
-    """Run torch with one intra-op thread for the duration of a manifold call.
+def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
+    """``f(*tensors).numpy()`` (a geoopt map) on the float64 ``arrays``, run with one intra-op thread.
 
     The matrices here are tiny (``d x r``): multi-threading gains nothing, and on a loaded 2-core
     machine torch's OpenMP barriers made a 1500-round test 10-20x slower (measured 1.6 s with one
     thread vs 17-36 s with two). ``torch.set_num_threads`` is process-global and costs ~0.3 us; the
     previous value is restored on exit (not safe against *other threads* running torch meanwhile,
-    which would briefly see one intra-op thread).
+    which would briefly see one intra-op thread). ``torch.from_numpy`` shares memory, so read-only
+    inputs (e.g. from an ArrayRecord) are copied first.
     """
     n = torch.get_num_threads()
     if n != 1:
         torch.set_num_threads(1)
     try:
-        yield
+        return f(*(torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays)).numpy()
     finally:
         if n != 1:
             torch.set_num_threads(n)
 
 
-def _t(a: np.ndarray) -> torch.Tensor:
-    # torch.from_numpy shares memory; read-only inputs (e.g. from an ArrayRecord) are copied first.
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
+class Manifold:
+    """The operations RFedAGS needs from a manifold (docs/baselines-rfedags.md, s5.2 and s5.4) and the
+    plumbing the four below share (numpy in, float64 out, leading batch axes broadcast).
 
+    Each subclass sets ``point_shape`` (trailing shape of a point), ``_geo`` (a geoopt manifold: the
+    backend, or the tests' reference), ``_constraint`` (what :meth:`feasibility` measures, for error
+    messages) and ``compact_embedded`` (whether RFedProj's ambient averaging + ``ambient_projection``
+    applies: Stiefel, sphere), and implements the operations below (``log`` / ``dist`` optional:
+    exact logarithm and distance, for Fréchet means).
 
-class Manifold(Protocol):
-    """The operations RFedAGS needs from a manifold (docs/baselines-rfedags.md, s5.2 and s5.4).
-
-    ``compact_embedded``: whether RFedProj's ambient averaging + ``ambient_projection`` applies
-    (Stiefel, sphere). ``log`` / ``dist`` (optional): exact logarithm and distance (Fréchet means).
-    """
-
-    compact_embedded: bool
-
-    point_shape: tuple[int, ...]
-
-    def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Projection of ambient ``u`` onto ``T_x M``; float64, shape ``(..., *point_shape)``."""
-
-    def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Riemannian gradient at ``x`` from the Euclidean gradient ``g``; float64, shape of ``g``."""
-
-    def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Retraction ``R_x(u)`` of a tangent vector; float64 point(s), shape ``(..., *point_shape)``."""
-
-    def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Vector transport of ``v in T_x M`` to ``T_y M``; float64, shape of ``v``."""
-
-    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Metric ``<u, v>_x`` per batch element; float64 of shape ``(...)``."""
-
-    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse retraction at ``x`` of point(s) ``y``; float64 tangent vector(s), shape of ``y``."""
-
-    def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """A Euclidean gradient whose Riemannian gradient at ``x`` is ``v``; float64, shape of ``v``."""
-
-    def random_point(self, rng: np.random.Generator) -> np.ndarray:
-        """A random point of shape ``point_shape`` (float64) drawn with ``rng``."""
-
-    def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """Distance of ``x`` from the constraint per batch element (0 on ``M``); float64 ``(...)``."""
-
-    def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
-        """Raise ``ValueError`` unless ``x`` is finite, well-shaped and on ``M`` up to ``atol``."""
-
-    def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Distance of ``u`` from ``T_x M`` per batch element (0 if tangent); float64 ``(...)``."""
-
-
-class ProjectionManifold(Manifold, Protocol):
-    """A :class:`Manifold` with a metric projection ``ambient_projection(z)`` of ambient points onto
-    ``M`` (RFedProj's requirement; Stiefel and sphere, see :func:`~.baselines.require_projection`)."""
-
-    def ambient_projection(self, z: np.ndarray) -> np.ndarray:
-        """Nearest point(s) of ``M`` to ambient ``z``; float64, shape ``(..., *point_shape)``."""
-
-
-class _GeooptEmbedded:
-    """Shared plumbing of the embedded manifolds below (geoopt backend, numpy in/out).
-
-    Subclasses set ``point_shape`` (trailing shape of a point), ``_geo`` (a geoopt manifold),
-    ``_constraint`` (how :meth:`feasibility` measures the distance from the manifold, for error
-    messages) and implement ``inner``, ``feasibility`` and ``retr``.
+    Attributes:
+        retr: ``(x, u) ->`` the retraction ``R_x(u)`` of a tangent vector; point(s) ``(..., *point_shape)``.
+        transp: ``(x, y, v) ->`` the transport of ``v in T_x M`` to ``T_y M``; shape of ``v``.
+        inner: ``(x, u, v) ->`` the metric ``<u, v>_x`` per batch element; shape ``(...)``.
+        invretr: ``(x, y) ->`` the inverse retraction at ``x`` of point(s) ``y``; shape of ``y``.
+        random_point: ``(rng) ->`` a random point of shape ``point_shape`` drawn with ``rng``.
+        feasibility: ``(x) ->`` distance of ``x`` from the constraint per batch element (0 on ``M``).
+        tangent_error: ``(x, u) ->`` distance of ``u`` from ``T_x M`` per batch element (0 if tangent).
     """
 
     point_shape: tuple[int, ...]
+    compact_embedded = False
     _constraint: str
-    _geo: Any  # a geoopt manifold, set by each subclass
-
-    def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Metric ``<u, v>_x`` per batch element (implemented by every subclass)."""
-        raise NotImplementedError
-
-    def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """Distance of ``x`` from the constraint per batch element (implemented by every subclass)."""
-        raise NotImplementedError
+    _geo: Any
+    retr: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    transp: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    inner: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    invretr: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    random_point: Callable[[np.random.Generator], np.ndarray]
+    feasibility: Callable[[np.ndarray], np.ndarray]
+    tangent_error: Callable[[np.ndarray, np.ndarray], np.ndarray]
 
     def _arr(self, a: np.ndarray, name: str) -> np.ndarray:
         """float64 contiguous copy of ``a``; ValueError if its trailing shape is not ``point_shape``."""
@@ -156,11 +90,6 @@ class _GeooptEmbedded:
                 f"{name}: expected shape (..., {', '.join(map(str, self.point_shape))}) on {self!r}, got {out.shape}"
             )
         return out
-
-    def _proju(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """geoopt's tangent projection of already-validated float64 arrays."""
-        with _single_thread_torch():
-            return self._geo.proju(_t(x), _t(u)).numpy()
 
     def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Tangent projection at ``x`` (Stiefel: ``U - X sym(X^T U)``; sphere: ``u - <x, u> x``).
@@ -175,7 +104,7 @@ class _GeooptEmbedded:
         Raises:
             ValueError: a trailing shape other than ``point_shape``.
         """
-        return self._proju(self._arr(x, "point x"), self._arr(u, "vector u"))
+        return _torch(self._geo.proju, self._arr(x, "point x"), self._arr(u, "vector u"))
 
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64, shape of ``g``
@@ -202,7 +131,17 @@ class _GeooptEmbedded:
             )
 
 
-class Stiefel(_GeooptEmbedded):
+class ProjectionManifold(Manifold):
+    """A :class:`Manifold` with a metric projection ``ambient_projection(z)``: the nearest point(s) of
+    ``M`` to ambient ``z``, shape ``(..., *point_shape)`` (RFedProj's requirement; Stiefel and sphere,
+    see :func:`~.baselines.require_projection`)."""
+
+    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
+    compact_embedded = True
+    ambient_projection: Callable[[np.ndarray], np.ndarray]
+
+
+class Stiefel(ProjectionManifold):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric
     (docs/baselines-rfedags.md, s5.4: projection, sign-fixed QR retraction, projection transport).
 
@@ -236,14 +175,13 @@ class Stiefel(_GeooptEmbedded):
             ValueError: a trailing shape other than ``(d, r)``.
         """
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
-        with _single_thread_torch():
-            return self._geo.retr(_t(x), _t(u)).numpy()
+        return _torch(self._geo.retr, x, u)
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Projection vector transport ``T_{x->y}(v) = P_y(v)`` (Manopt ``transp``); float64,
         shape ``(..., d, r)``. Raises ValueError on a trailing shape other than ``(d, r)``."""
         self._arr(x, "point x")
-        return self._proju(self._arr(y, "point y"), self._arr(v, "vector v"))
+        return _torch(self._geo.proju, self._arr(y, "point y"), self._arr(v, "vector v"))
 
     def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Inverse of the QR retraction: the ``U in T_X St`` with ``qf(X + U) = Y`` (Manopt ``invretr_qr``).
@@ -290,9 +228,6 @@ class Stiefel(_GeooptEmbedded):
             )
         return (ys @ rr - x).reshape(y.shape)
 
-    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
-    compact_embedded = True
-
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
         """Metric projection of ambient ``Z (..., d, r)`` onto ``St(d, r)``: the polar factor ``U V^T``
         of ``Z = U S V^T`` (the authors' ``RFedProj_.m`` ``Proj``); float64, shape of ``z``.
@@ -329,7 +264,7 @@ class Stiefel(_GeooptEmbedded):
         return np.linalg.norm(0.5 * (xtu + np.swapaxes(xtu, -1, -2)), axis=(-2, -1))
 
 
-class Sphere(_GeooptEmbedded):
+class Sphere(ProjectionManifold):
     """Unit sphere ``S^{n-1} = {x in R^n: ||x|| = 1}`` with the embedded metric.
 
     Args:
@@ -369,8 +304,7 @@ class Sphere(_GeooptEmbedded):
         Raises ValueError on a trailing shape other than ``(n,)``."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         f = self._geo.expmap if self.retraction == "exp" else self._geo.retr
-        with _single_thread_torch():
-            return f(_t(x), _t(u)).numpy()
+        return _torch(f, x, u)
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Vector transport ``T_{x->y}(v)`` (projection or parallel, see class doc); float64.
@@ -380,7 +314,7 @@ class Sphere(_GeooptEmbedded):
         """
         x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
         if self.transport == "projection":
-            return self._proju(y, v)
+            return _torch(self._geo.proju, y, v)
         xy = np.sum(x * y, axis=-1, keepdims=True)
         if np.any(1.0 + xy < 1e-12):
             raise ValueError("parallel transport on the sphere is undefined for antipodal x, y")
@@ -423,9 +357,6 @@ class Sphere(_GeooptEmbedded):
                 f"invretr on {self!r}: <x, y> <= 0, y is not reachable by the normalisation retraction"
             )
         return y / c - x
-
-    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
-    compact_embedded = True
 
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
         """Metric projection ``z/||z||`` of ambient ``z (..., n)`` onto the sphere; float64.
@@ -473,7 +404,7 @@ def _eigfun(a: np.ndarray, *fs) -> list[np.ndarray]:
     return [(vec * f(lam)[..., None, :]) @ vt for f in fs]
 
 
-class SPD(_GeooptEmbedded):
+class SPD(Manifold):
     """Symmetric positive definite ``n x n`` matrices with the affine-invariant metric
     ``<U, V>_X = tr(X^{-1} U X^{-1} V)`` (Manopt ``sympositivedefinitefactory``, the RFedAGS paper's
     Fréchet-mean problem; docs/baselines-rfedags.md, s5.4).
@@ -490,8 +421,6 @@ class SPD(_GeooptEmbedded):
 
     Points/vectors have shape ``(..., n, n)``; outputs are float64 numpy arrays.
     """
-
-    compact_embedded = False
 
     def __init__(self, n: int) -> None:
         if int(n) != n or n < 1:
@@ -537,9 +466,8 @@ class SPD(_GeooptEmbedded):
         s, si = self._roots(x)
         return _sym(s @ _eigfun(si @ y @ si, np.log)[0] @ s)
 
-    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`retr` = :meth:`log`."""
-        return self.log(x, y)
+    #: the retraction is the exponential map: its inverse is the logarithm
+    invretr = log
 
     def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Affine-invariant distance ``||logm(X^{-1/2} Y X^{-1/2})||_F`` per batch element; float64."""
@@ -580,7 +508,7 @@ class SPD(_GeooptEmbedded):
         return np.linalg.norm(0.5 * (u - np.swapaxes(u, -1, -2)), axis=(-2, -1))
 
 
-class PoincareBall(_GeooptEmbedded):
+class PoincareBall(Manifold):
     """Poincaré ball ``{x in R^n: c ||x||^2 < 1}`` of curvature ``-c``: the RFedAGS paper's hyperbolic
     model (the authors used the isometric Lorentz model, Manopt ``hyperbolicfactory``).
 
@@ -598,7 +526,6 @@ class PoincareBall(_GeooptEmbedded):
         ValueError: bad ``n`` or ``c``.
     """
 
-    compact_embedded = False
     #: geoopt's float64 boundary margin: its projection keeps ``sqrt(c)||x|| <= 1 - BALL_EPS``.
     BALL_EPS = 1e-5
 
@@ -663,9 +590,8 @@ class PoincareBall(_GeooptEmbedded):
         nw = np.maximum(np.linalg.norm(w, axis=-1, keepdims=True), 1e-15)
         return 2.0 / (sc * self._lam(x)) * np.arctanh(np.minimum(sc * nw, 1 - 1e-15)) * w / nw
 
-    def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`retr` = :meth:`log`."""
-        return self.log(x, y)
+    #: the retraction is the exponential map: its inverse is the logarithm
+    invretr = log
 
     def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Hyperbolic distance ``2/sqrt(c) artanh(sqrt(c)||(-x) (+) y||)`` per batch element; float64."""

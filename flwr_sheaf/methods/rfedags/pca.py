@@ -19,32 +19,34 @@ from .manifolds import Stiefel
 __all__ = [
     "PCAProblem",
     "subspace_distance",
-    "top_eigenvectors",
     "synthetic_pca_problem",
     "planted_pca_problem",
     "batch_indices",
+    "check_sizes",
+    "client_weights",
 ]
 
 
-def top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``r`` eigenpairs of a symmetric ``(d, d)`` matrix by ``numpy.linalg.eigh``.
+def check_sizes(**sizes: int) -> None:
+    """Raise ``ValueError`` naming the first of ``sizes`` (``name=value``) that is not a positive integer."""
+    for name, v in sizes.items():
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
-    Args:
-        a: ``(d, d)`` symmetric array-like (symmetrised as ``(a + a^T)/2`` first).
-        r: number of leading eigenvectors, ``1 <= r <= d``.
 
-    Returns:
-        ``(U (d, r), lam (d,))``: orthonormal eigenvectors of the ``r`` largest eigenvalues (descending)
-        and all eigenvalues in descending order, float64.
+def client_weights(weights: np.ndarray, n: int) -> np.ndarray:
+    """``weights`` as float64 ``(n,)`` client weights. Raises ``ValueError`` unless of shape ``(n,)``,
+    non-negative, with a positive sum."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (n,) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError(f"weights must be ({n},), non-negative, with a positive sum")
+    return w
 
-    Raises:
-        ValueError: ``a`` not square or ``r`` not in ``[1, d]``.
-    """
-    a = np.asarray(a, dtype=np.float64)
-    if a.ndim != 2 or a.shape[0] != a.shape[1]:
-        raise ValueError(f"expected a square (d, d) matrix, got shape {a.shape}")
-    if not 1 <= r <= a.shape[0]:
-        raise ValueError(f"r must be in [1, {a.shape[0]}], got {r}")
+
+def _top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(U (d, r), lam (d,))``: orthonormal eigenvectors of the ``r`` largest eigenvalues of the
+    symmetric part of ``a`` (``(d, d)``, shape and ``r`` checked by :class:`PCAProblem`) and all
+    eigenvalues in descending order, float64 (``numpy.linalg.eigh``)."""
     lam, vec = np.linalg.eigh(0.5 * (a + a.T))
     order = np.argsort(lam)[::-1]
     return vec[:, order[:r]], lam[order]
@@ -179,7 +181,7 @@ class PCAProblem:
         """Exact minimiser and minimum: ``(U (d, r) float64, F* float)`` from ``eigh(A)``;
         ``F* = -sum of the top-r eigenvalues`` of ``A = mean_i A_i`` (cached)."""
         if self._opt is None:
-            u, lam = top_eigenvectors(self.mean_covariance, self.r)
+            u, lam = _top_eigenvectors(self.mean_covariance, self.r)
             self._opt = (u, float(-lam[: self.r].sum()), lam)
         return self._opt[0], self._opt[1]
 
@@ -205,10 +207,8 @@ class PCAProblem:
         Raises:
             ValueError: ``weights`` not ``(N,)`` or not non-negative with a positive sum.
         """
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != (self.num_clients,) or np.any(w < 0) or not w.sum() > 0:
-            raise ValueError(f"weights must be ({self.num_clients},), non-negative, positive sum")
-        return top_eigenvectors(np.einsum("n,nde->de", w, self.covariances), self.r)[0]
+        w = client_weights(weights, self.num_clients)
+        return _top_eigenvectors(np.einsum("n,nde->de", w, self.covariances), self.r)[0]
 
 
 def synthetic_pca_problem(
@@ -226,13 +226,7 @@ def synthetic_pca_problem(
     Raises:
         ValueError: non-positive sizes.
     """
-    for name, v in (
-        ("num_clients", num_clients),
-        ("d", d),
-        ("samples_per_client", samples_per_client),
-    ):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    check_sizes(num_clients=num_clients, d=d, samples_per_client=samples_per_client)
     rng = np.random.default_rng([int(seed), 3])
     scale = (np.arange(1, num_clients + 1) / num_clients)[:, None, None]
     z = scale * rng.standard_normal((num_clients, samples_per_client, d))

@@ -11,9 +11,8 @@ Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md). Per 
    ``minibatch-size`` and ``seed``.
 2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
    finite ``num-examples > 0``; anything else is that node's recorded failure) are
-   combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with weights
-   ``1/(q_i^t N)`` (``"corrected"``), ``1/(p_i N)`` (``"known-p"``) or the mean over responders
-   (``"uncorrected"``), followed by ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
+   combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with the weights of
+   ``mode`` (docs/baselines-rfedags.md, s5.3), then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
    arrived count as participation (a drawn node that failed or stayed silent is a non-responder for
    the frequency estimate). A round without any stream keeps ``x_t`` exactly.
 3. No client-side evaluation: rounds are never evaluated by nodes; use ``start(...,
@@ -58,12 +57,15 @@ from .manifolds import Manifold, Sphere, Stiefel
 from .protocol import LOCAL_STEPS, MINIBATCH_SIZE, POINT, STEP_SIZE, STREAM, STREAM_RECORD
 
 __all__ = [
-    "RFEDAGS_DEFAULTS",
     "RFedAGS",
+    "close_train",
     "init_server",
     "log_rfed_round",
     "round_prologue",
     "setup_riemannian",
+    "train_config",
+    "train_messages",
+    "usable_uploads",
 ]
 
 log = logging.getLogger("flwr_sheaf")
@@ -71,9 +73,28 @@ log = logging.getLogger("flwr_sheaf")
 
 class RiemannianState:
     """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
-    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`, declared
-    for type checkers (``manifold`` may be None and ``server`` / ``_x_t`` are None until the first round
-    builds them; every reader runs inside a round)."""
+    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
+    (declared for type checkers; ``server`` / ``_x_t`` are None until the first round builds them).
+    The settings (keyword arguments of :func:`setup_riemannian` and of both strategies; defaults
+    in its signature, ``discovery_timeout`` as :class:`~flwr_sheaf.strategy.graph.GraphStrategy`):
+
+    Attributes:
+        local_steps: ``K >= 1``.
+        step_size: ``alpha_0 > 0``; ``alpha_t = alpha_0 / (1 + t/decay_rounds)`` with ``t = round - 1``.
+        decay_rounds: ``>= 0`` (0 = fixed step).
+        global_step: ``varpi > 0`` (paper and code: 1).
+        q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.participation.FrequencyEstimator`).
+        estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
+        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
+            expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
+            :class:`~flwr_sheaf.participation.FrequencyEstimator` and docs/participation.md, s4.1.
+        manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
+            -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
+        minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
+        seed: participation and mini-batch seed.
+        round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
+            (e.g. the planted problem's optimality gap and distance to the optimum).
+    """
 
     alpha: Callable[[int], float]
     p: np.ndarray
@@ -98,26 +119,36 @@ def setup_riemannian(
     participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None,
     *,
     mode: str,
-    local_steps: int,
-    step_size: float,
-    decay_rounds: float,
-    global_step: float,
-    q_min: float,
-    estimate_includes_current: bool,
-    estimator: str,
-    manifold: Manifold | None,
-    minibatch_size: int,
-    seed: int,
     action: str,
-    discovery_timeout: float,
-    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None,
+    local_steps: int = 5,
+    step_size: float = 0.02,
+    decay_rounds: float = 0.0,
+    global_step: float = 1.0,
+    q_min: float = DEFAULT_Q_MIN,
+    estimate_includes_current: bool = False,
+    estimator: str = "plus-one",
+    manifold: Manifold | None = None,
+    minibatch_size: int = 0,
+    seed: int = DEFAULTS["seed"],
+    discovery_timeout: float = DEFAULTS["discovery-timeout"],
+    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
 ) -> None:
     """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
-    shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
-    (arguments as :class:`RFedAGS`).
+    shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`.
+    The keyword arguments after ``action`` are the settings of :class:`RiemannianState`.
+
+    Args:
+        s: the strategy (its :class:`RiemannianState` attributes are set).
+        num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
+        participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec string of
+            :func:`flwr_sheaf.participation.parse_participation`; None = full participation).
+            ``p_i = 0`` is allowed (the node never trains).
+        mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
+        action: message action name (RFedAGS: ``"rfedags"``; a baseline: its method name).
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes, estimator or mini-batch size.
+        TypeError: an unknown keyword argument.
     """
     p = parse_participation(participation, num_nodes, seed)
     p = np.ones(num_nodes) if p is None else p
@@ -186,16 +217,136 @@ def init_server(s: Any, arrays: ArrayRecord) -> None:
     )
 
 
-def round_prologue(s: Any, server_round: int, arrays: ArrayRecord) -> float:
-    """Round prologue shared with the baselines: the server (first round), ``x_t``, the Bernoulli
-    draw of this round and the step size ``alpha_t`` (returned and recorded)."""
+def round_prologue(
+    s: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, **entries: Any
+) -> tuple[float, dict[str, Any]]:
+    """Round prologue shared with the baselines: the server (first round, ``s._init_server``),
+    ``x_t``, the Bernoulli draw of this round and the step size ``alpha_t`` (recorded).
+
+    Returns:
+        ``(alpha_t, train config)``: the config holds ``server-round``, ``local-steps``,
+        ``step-size``, ``minibatch-size``, ``seed``, then ``entries``, then ``config`` (``start``'s
+        ``train_config``).
+
+    Raises:
+        ValueError: ``config`` names a key the strategy sends.
+    """
     if s.server is None:
         s._init_server(arrays)
     s._x_t = s.server.x.copy()
     s.ledger.current.sampled = s.sampler.sample(server_round)
     alpha_t = s.alpha(server_round - 1)
     s.ledger.current.train["step_size"] = alpha_t
-    return alpha_t
+    return alpha_t, train_config(s, server_round, alpha_t, config, **entries)
+
+
+def train_config(
+    s: Any, server_round: int, alpha_t: float, config: ConfigRecord, **entries: Any
+) -> dict[str, Any]:
+    """The config of a ``train.<action>`` message of round ``server_round`` (see :func:`round_prologue`)."""
+    owned = {
+        SERVER_ROUND: server_round,
+        LOCAL_STEPS: s.local_steps,
+        STEP_SIZE: alpha_t,
+        MINIBATCH_SIZE: s.minibatch_size,
+        SEED: s.seed,
+        **entries,
+    }
+    return merge_extra(owned, config, "train_config")
+
+
+def train_messages(
+    s: Any, server_round: int, cfg: Mapping[str, Any], payloads: Mapping[int, dict[str, np.ndarray]]
+) -> list[Message]:
+    """One ``train.<action>`` message per partition-id of ``payloads`` (its arrays, float64, under
+    record ``arrays``) with the config ``cfg``."""
+    return [
+        s.exchange.message(
+            pid,
+            RecordDict({ARRAYS: pack_arrays(arrays), CONFIG: ConfigRecord(dict(cfg))}),
+            TRAIN,
+            server_round,
+        )
+        for pid, arrays in payloads.items()
+    ]
+
+
+def usable_uploads(
+    s: Any,
+    server_round: int,
+    replies: Iterable[Message],
+    recipients: Iterable[int],
+    keys: tuple[str, ...],
+    check: Callable[[ArrayRecord], tuple[Any, str | None]],
+) -> tuple[dict[int, Any], np.ndarray, np.ndarray]:
+    """The train replies whose ``num-examples`` is a finite number > 0 and whose record ``stream``
+    (holding ``keys``) passes ``check`` (``record -> (upload, reason or None)``); every other
+    reply, and every recipient without one, is that node's recorded failure.
+
+    Returns:
+        ``({partition-id: upload}, num_examples (N,), responded (N,) bool)``; ``num_examples`` is 1
+        where no upload was used.
+    """
+    ok = s.exchange.split_replies(
+        server_round, "train", replies, recipients, {STREAM_RECORD: keys, METRICS: (NUM_EXAMPLES,)}
+    )
+    uploads: dict[int, Any] = {}
+    num_examples = np.ones(s.num_nodes)
+    for pid, r in ok.items():
+        n_i = metric_record(r.content, METRICS)[NUM_EXAMPLES]
+        upload, reason = None, weight_problem(NUM_EXAMPLES, n_i)
+        if reason is None:
+            upload, reason = check(array_record(r.content, STREAM_RECORD))
+        if reason is not None:
+            s.record_failure(server_round, "train", pid, reason)
+            continue
+        uploads[pid] = upload
+        num_examples[pid] = as_float(n_i, NUM_EXAMPLES)
+    mask = np.zeros(s.num_nodes, dtype=bool)
+    mask[list(uploads)] = True
+    return uploads, num_examples, mask
+
+
+def close_train(
+    s: Any,
+    x_new: np.ndarray,
+    direction: np.ndarray,
+    weights: np.ndarray,
+    estimates: np.ndarray,
+    responders: Iterable[int],
+    extra: Mapping[str, float],
+    *,
+    record_estimates: bool,
+) -> tuple[ArrayRecord, MetricRecord]:
+    """Record the round's train metrics (drawn and responders' counts, weight sum, step size,
+    direction norm, ``extra``, feasibility of ``x_new``, ``estimate_min`` unless uncorrected,
+    ``s.round_metrics(x_new)``) and its drawn, responders, weights (and estimates) in the ledger.
+
+    Returns:
+        ``(arrays holding x_new under "x", round metrics)``.
+    """
+    rec, responders = s.ledger.current, sorted(responders)
+    metrics = {
+        "num_drawn": len(rec.sampled),
+        "num_responders": len(responders),
+        "weight_sum": float(weights.sum()),
+        "step_size": float(rec.train["step_size"]),
+        "direction_norm": float(np.linalg.norm(direction)),
+        **extra,
+        "feasibility": float(np.max(s.manifold.feasibility(x_new))),
+    }
+    if s.mode != "uncorrected":
+        metrics["estimate_min"] = float(np.min(estimates))
+    if s.round_metrics is not None:
+        metrics.update(s.round_metrics(x_new))
+    rec.num_trained = len(responders)
+    rec.train.update(metrics)
+    rec.train.update(
+        {"drawn": list(rec.sampled), "responders": responders, "weights": weights.tolist()}
+    )
+    if record_estimates:
+        rec.train["estimates"] = [None if np.isnan(e) else float(e) for e in estimates]
+    return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
 
 
 def log_rfed_round(rec: Any) -> None:
@@ -211,49 +362,18 @@ def log_rfed_round(rec: Any) -> None:
     )
 
 
-#: keyword defaults of :func:`setup_riemannian` besides participation and mode (as :class:`RFedAGS`).
-RFEDAGS_DEFAULTS: dict[str, Any] = {
-    "local_steps": 5,
-    "step_size": 0.02,
-    "decay_rounds": 0.0,
-    "global_step": 1.0,
-    "q_min": DEFAULT_Q_MIN,
-    "estimate_includes_current": False,
-    "estimator": "plus-one",
-    "manifold": None,
-    "minibatch_size": 0,
-    "seed": DEFAULTS["seed"],
-    "discovery_timeout": DEFAULTS["discovery-timeout"],
-    "round_metrics": None,
-}
-
-
 class RFedAGS(GraphStrategy, RiemannianState):
     """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines-rfedags.md, s5) as a Flower strategy.
 
     Args:
-        num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
-        participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec string of
-            :func:`flwr_sheaf.participation.parse_participation`; None = full participation).
-            ``p_i = 0`` is allowed (the node never trains).
-        mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
-        local_steps: ``K >= 1``.
-        step_size: ``alpha_0 > 0``; ``alpha_t = alpha_0 / (1 + t/decay_rounds)`` with ``t = round - 1``.
-        decay_rounds: ``>= 0`` (0 = fixed step).
-        global_step: ``varpi > 0`` (paper and code: 1).
-        q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.participation.FrequencyEstimator`).
-        estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
-        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
-            expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
-            :class:`~flwr_sheaf.participation.FrequencyEstimator` and docs/participation.md, s4.1.
-        manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
-            -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
-        minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
-        seed: participation and mini-batch seed.
+        num_nodes: number of partitions ``N`` (:func:`setup_riemannian`).
+        participation: probabilities ``p_i`` (:func:`setup_riemannian`; None = full participation).
+        mode: ``"corrected"`` (default), ``"known-p"`` or ``"uncorrected"``.
         action: message action name (default ``"rfedags"``).
-        round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
-            (e.g. the planted problem's optimality gap and distance to the optimum).
-        discovery_timeout: see :class:`~flwr_sheaf.strategy.graph.GraphStrategy`.
+        **kwargs: RFedAGS's settings (:class:`RiemannianState`; defaults in :func:`setup_riemannian`)
+            (``local_steps`` K, ``step_size``, ``decay_rounds``, ``global_step`` varpi, ``q_min``,
+            ``estimate_includes_current``, ``estimator``, ``manifold``, ``minibatch_size``,
+            ``seed``, ``discovery_timeout``, ``round_metrics``).
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes; (in ``configure_train``) an initial
@@ -266,150 +386,44 @@ class RFedAGS(GraphStrategy, RiemannianState):
         participation: Mapping[int, float] | Sequence[float] | np.ndarray | str | None = None,
         *,
         mode: str = "corrected",
-        local_steps: int = 5,
-        step_size: float = 0.02,
-        decay_rounds: float = 0.0,
-        global_step: float = 1.0,
-        q_min: float = DEFAULT_Q_MIN,
-        estimate_includes_current: bool = False,
-        estimator: str = "plus-one",
-        manifold: Manifold | None = None,
-        minibatch_size: int = 0,
-        seed: int = DEFAULTS["seed"],
         action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
-        round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
+        **kwargs: Any,
     ) -> None:
-        setup_riemannian(
-            self,
-            num_nodes,
-            participation,
-            mode=mode,
-            local_steps=local_steps,
-            step_size=step_size,
-            decay_rounds=decay_rounds,
-            global_step=global_step,
-            q_min=q_min,
-            estimate_includes_current=estimate_includes_current,
-            estimator=estimator,
-            manifold=manifold,
-            minibatch_size=minibatch_size,
-            seed=seed,
-            action=action,
-            discovery_timeout=discovery_timeout,
-            round_metrics=round_metrics,
-        )
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=action, **kwargs)
 
-    # ------------------------------------------------------------------ helpers
     def _init_server(self, arrays: ArrayRecord) -> None:
         init_server(self, arrays)
-
-    # ------------------------------------------------------------------ train
-    def _round_prologue(self, server_round: int, arrays: ArrayRecord) -> float:
-        return round_prologue(self, server_round, arrays)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """One ``train.rfedags`` message with ``x_t`` per drawn node (possibly none)."""
-        alpha_t = self._round_prologue(server_round, arrays)
-        cfg = merge_extra(
-            {
-                SERVER_ROUND: server_round,
-                LOCAL_STEPS: self.local_steps,
-                STEP_SIZE: alpha_t,
-                MINIBATCH_SIZE: self.minibatch_size,
-                SEED: self.seed,
-            },
-            config,
-            "train_config",
-        )
-        return [
-            self.exchange.message(
-                pid,
-                RecordDict(
-                    {ARRAYS: pack_arrays({POINT: self._x_t}), CONFIG: ConfigRecord(dict(cfg))}
-                ),
-                TRAIN,
-                server_round,
-            )
-            for pid in self.ledger.current.sampled
-        ]
+        _, cfg = round_prologue(self, server_round, arrays, config)
+        payloads = {pid: {POINT: self._x_t} for pid in self.ledger.current.sampled}
+        return train_messages(self, server_round, cfg, payloads)
+
+    def _check_stream(self, stream: ArrayRecord) -> tuple[np.ndarray, str | None]:
+        """A reply's stream ``zeta`` (float64) and why it is unusable (wrong shape, NaN/inf; None = usable)."""
+        z = np.array(stream[STREAM].numpy(), dtype=np.float64)
+        shape = tuple(self.server.x.shape)
+        if z.shape != shape:
+            return z, f"stream of shape {z.shape}, expected {shape}"
+        return z, None if np.all(np.isfinite(z)) else "NaN/inf stream"
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weight the arrived streams, average, retract; returns the new ``x`` and round metrics."""
-        ok = self.exchange.split_replies(
-            server_round,
-            "train",
-            replies,
-            self.ledger.current.sampled,
-            {STREAM_RECORD: (STREAM,), METRICS: (NUM_EXAMPLES,)},
+        zetas, num_examples, mask = usable_uploads(
+            self, server_round, replies, self.ledger.current.sampled, (STREAM,), self._check_stream
         )
-        shape = tuple(self.server.x.shape)
-        zetas: dict[int, np.ndarray] = {}
-        num_examples = np.ones(self.num_nodes)
-        tangent = []
-        for pid, r in ok.items():
-            z = np.array(array_record(r.content, STREAM_RECORD)[STREAM].numpy(), dtype=np.float64)
-            n_i = metric_record(r.content, METRICS)[NUM_EXAMPLES]
-            reason = weight_problem(NUM_EXAMPLES, n_i)
-            if reason is None and z.shape != shape:
-                reason = f"stream of shape {z.shape}, expected {shape}"
-            elif reason is None and not np.all(np.isfinite(z)):
-                reason = "NaN/inf stream"
-            if reason is not None:
-                self.record_failure(server_round, "train", pid, reason)
-                continue
-            zetas[pid] = z
-            num_examples[pid] = as_float(n_i, NUM_EXAMPLES)
-            tangent.append(float(np.max(self.manifold.tangent_error(self._x_t, z))))
-        mask = np.zeros(self.num_nodes, dtype=bool)
-        mask[list(zetas)] = True
+        tangent = [float(np.max(self.manifold.tangent_error(self._x_t, z))) for z in zetas.values()]
         res = self.server.step(
             mask, zetas, num_examples=num_examples if self.mode == "uncorrected" else None
         )
-        metrics = {
-            "num_drawn": len(self.ledger.current.sampled),
-            "num_responders": res.num_responders,
-            "weight_sum": float(res.weights.sum()),
-            "step_size": float(self.ledger.current.train["step_size"]),
-            "direction_norm": float(np.linalg.norm(res.direction)),
-            "tangent_error_max": max(tangent) if tangent else 0.0,
-            "feasibility": float(np.max(self.manifold.feasibility(res.x))),
-        }
-        if self.mode != "uncorrected":
-            metrics["estimate_min"] = float(np.min(res.estimates))
-        if self.round_metrics is not None:
-            metrics.update(self.round_metrics(res.x))
-        self.ledger.current.num_trained = len(zetas)
-        self.ledger.current.train.update(metrics)
-        self.ledger.current.train.update(
-            {
-                "drawn": list(self.ledger.current.sampled),
-                "responders": sorted(zetas),
-                "weights": res.weights.tolist(),
-                "estimates": [None if np.isnan(e) else float(e) for e in res.estimates],
-            }
-        )
-        return (
-            pack_arrays({POINT: res.x}),
-            MetricRecord({k: float(v) for k, v in metrics.items()}),
-        )
-
-    # ------------------------------------------------------------------ evaluate (none)
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """No client-side evaluation: no messages."""
-        return []
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """No client-side evaluation: None."""
-        return None
+        extra = {"tangent_error_max": max(tangent) if tangent else 0.0}
+        args = (res.x, res.direction, res.weights, res.estimates, zetas, extra)
+        return close_train(self, *args, record_estimates=True)
 
     def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
         log_rfed_round(rec)

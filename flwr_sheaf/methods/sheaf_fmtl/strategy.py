@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Unpack
 
 import networkx as nx
 import numpy as np
 from flwr.app import Message
 
-from ...config import DEFAULTS, ConfigError, FederationConfig, LocalTrainConfig
+from ...config import DEFAULTS, ConfigError
 from ...protocol import array_record, pack_arrays
 from ...strategy.evaluation import GraphEvaluation
 from ...strategy.graph import GraphStrategy
 from .._shared.protocol import UPLOAD
+from ..registry import GraphArgs, strategy_args
 from . import (
     ACTION,
     SHEAF_FMTL_DIMS,
@@ -75,11 +77,9 @@ class SheafFMTL(GraphStrategy):
         num_nodes: agents.
         num_params: ``{partition-id: n_i}`` trainable parameters of every agent (the node checks its own).
         sheaf_fmtl: lambda, gamma, eta and the map budget.
-        federation: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        train: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        graph: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        discovery_timeout: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.
-        action: message action (pair with :func:`flwr_sheaf.methods.sheaf_fmtl.client.register_sheaf_fmtl_handlers`).
+        **common: federation, train, graph, action (pair with
+            :func:`~flwr_sheaf.methods.sheaf_fmtl.client.register_sheaf_fmtl_handlers`),
+            discovery_timeout (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Raises:
         ValueError: ``num_params`` does not cover ``0..num_nodes-1`` with positive counts.
@@ -92,22 +92,9 @@ class SheafFMTL(GraphStrategy):
         *,
         num_params: Mapping[int, int],
         sheaf_fmtl: SheafFMTLConfig | None = None,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        **common: Unpack[GraphArgs],
     ) -> None:
-        federation = federation or FederationConfig()
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=GraphEvaluation.posthoc(federation),
-            discovery_timeout=discovery_timeout,
-        )
+        super().__init__(num_nodes, **strategy_args(ACTION, common, GraphEvaluation.posthoc))
         counts = {int(p): int(n) for p, n in num_params.items()}
         if sorted(counts) != list(range(num_nodes)) or min(counts.values(), default=0) < 1:
             raise ValueError(

@@ -155,7 +155,8 @@ class SheafGluing(LossPlugin):
             raise ValueError(f"pilot-normalisation={normalisation!r}: must be 'none' or 'parseval'")
         if map_refit not in ("epoch", "step"):
             raise ValueError(f"map-refit={map_refit!r}: must be 'epoch' or 'step'")
-        self.selection, self.normalisation, self.map_refit = selection, normalisation, map_refit
+        self.selection, self.map_refit = selection, map_refit
+        self.normalise = parseval if normalisation == "parseval" else None
         k = task.x_pilot.shape[0] if selection is None else selection.num_rows
         d_i = int(task.model.d)
         weights = edges.weights or (1.0,) * len(edges.neighbours)
@@ -193,16 +194,17 @@ class SheafGluing(LossPlugin):
         )
         own = apply_selection(own, self.selection)
         received = [Received(j, self.pilots[j], hd, float(w)) for j, hd, w in self.active]
-        with SvdCounter() as c:
-            self.terms, fitted = edge_terms(
-                own,
-                received,
-                self.variant,
-                self.privacy,
-                parseval if self.normalisation == "parseval" else None,
-            )
-        self.svds += c.n
+        self.terms, fitted = self._edge_terms(own, received)
         self.maps.update({j: m.detach().double().cpu() for j, m in fitted.items()})
+
+    def _edge_terms(
+        self, own: torch.Tensor, received: list[Received]
+    ) -> tuple[list[EdgeTerm], dict[int, torch.Tensor]]:
+        """:func:`~flwr_sheaf.sheaf.variants.edge_terms` in this node's mode, its SVDs added to :attr:`svds`."""
+        with SvdCounter() as c:
+            out = edge_terms(own, received, self.variant, self.privacy, self.normalise)
+        self.svds += c.n
+        return out
 
     def plan_epoch(self, steps: int, gen: torch.Generator) -> None:
         """Draw the epoch's pilot minibatches from ``gen`` (one ``randperm`` per step, in step order, as
@@ -252,15 +254,8 @@ class SheafGluing(LossPlugin):
         ]
         # Alg. 1 line 11: maps of the current pilots
         if self.map_refit == "step" and a_i.shape[0] >= 2:
-            with SvdCounter() as c:
-                terms, _ = edge_terms(
-                    a_i.detach(),
-                    [Received(t.neighbour, t.pilots, t.i_is_head, t.weight) for t in terms],
-                    self.variant,
-                    self.privacy,
-                    parseval if self.normalisation == "parseval" else None,
-                )
-            self.svds += c.n
+            received = [Received(t.neighbour, t.pilots, t.i_is_head, t.weight) for t in terms]
+            terms, _ = self._edge_terms(a_i.detach(), received)
         pen, per_edge = gluing_penalty_terms(a_i, terms, self.lam, check_finite=dev.type == "cpu")
         model.train()
         for j, sq in per_edge.items():

@@ -18,12 +18,11 @@ edge, :attr:`SheafFRL.edge_bank`; the uploaded bytes by kind, paper Tab. 1): doc
 from __future__ import annotations
 
 import logging
+from typing import Unpack
 
-import networkx as nx
 import numpy as np
 from flwr.app import Message
 
-from ...config import DEFAULTS, FederationConfig, LocalTrainConfig
 from ...participation import FrequencyEstimator
 from ...protocol import METRICS, SEED
 from ...sheaf.network import orient_edge
@@ -32,6 +31,7 @@ from ...strategy.discovery import edge_config, oriented_edges
 from ...strategy.evaluation import GraphEvaluation, TransportedEvaluation
 from ...strategy.graph import GraphStrategy
 from ...strategy.records import nanmean, record_bytes
+from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import SheafConfig
 from .protocol import (
@@ -57,12 +57,10 @@ class SheafFRL(GraphStrategy):
 
     Args:
         num_nodes: agents (partition-ids ``0..num_nodes-1``).
-        federation: graph spec, participation (fraction or Bernoulli), evaluation period, seed.
-        train: local SGD settings of every node.
         sheaf: lambda, warm-up, pilot batch, absent-neighbour policy and its q floor.
-        graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
-        action: message action (pair with :func:`flwr_sheaf.methods.sheaf_frl.client.register_sheaf_handlers`).
-        discovery_timeout: seconds to wait for SuperNodes.
+        **common: federation, train, graph, action (pair with
+            :func:`~flwr_sheaf.methods.sheaf_frl.client.register_sheaf_handlers`), discovery_timeout
+            (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
     Every config defaults to :mod:`flwr_sheaf.config`'s defaults.
 
@@ -75,29 +73,14 @@ class SheafFRL(GraphStrategy):
         self,
         num_nodes: int,
         *,
-        federation: FederationConfig | None = None,
-        train: LocalTrainConfig | None = None,
         sheaf: SheafConfig | None = None,
-        graph: nx.Graph | None = None,
-        action: str = ACTION,
-        discovery_timeout: float = DEFAULTS["discovery-timeout"],
+        **common: Unpack[GraphArgs],
     ) -> None:
-        federation = federation or FederationConfig()
         sheaf = sheaf or SheafConfig()
         #: stringent privacy: evaluation arrays transported by each node's own map, no raw pilots held
         #: at the server (no multi-hop / diagnostics, the reason recorded).
-        evaluation = (TransportedEvaluation if sheaf.privacy == "stringent" else GraphEvaluation)(
-            federation
-        )
-        super().__init__(
-            num_nodes,
-            action=action,
-            federation=federation,
-            train=train,
-            graph=graph,
-            evaluation=evaluation,
-            discovery_timeout=discovery_timeout,
-        )
+        evaluation = TransportedEvaluation if sheaf.privacy == "stringent" else GraphEvaluation
+        super().__init__(num_nodes, **strategy_args(ACTION, common, evaluation))
         self.sheaf = sheaf
         self.bank: dict[int, np.ndarray] = {}
         self.bank_round: dict[int, int] = {}
