@@ -217,7 +217,9 @@ def test_a_partition_id_reported_twice_fails_the_run_as_full_discovery_does(tmp_
     n = 6
     for mode in ("all", "sampled"):
         rc = _rc(tmp_path, f"dup_{mode}", n, discovery=mode)
-        with pytest.raises(RuntimeError, match="partition-id 2 reported by two nodes"):
+        with pytest.raises(
+            RuntimeError, match=r"partition-id 2 reported by two nodes \(node \d+ the second\)"
+        ):
             _run(rc, n, _lying(5, partition_id=2))
 
 

@@ -54,7 +54,7 @@ def register_all_handlers(app: ClientApp, factory: TaskFactory) -> ClientApp:
     an action register it once and a second call registers only methods registered since; a method
     with its own task factory, e.g. RFedAGS's problems, gets that one instead of ``factory``)."""
     done = {name.split(".", 1)[1] for name in getattr(app, "_registered_funcs", {}) if "." in name}
-    for m in METHODS.values():
+    for m in list(METHODS.values()):  # a copy: a handler's import may register another method
         if m.action in done:
             continue
         m.handlers(app, m.task_factory() if m.task_factory is not None else factory)

@@ -59,8 +59,12 @@ def run_config_warnings(
     (docs/running.md, "Small federations"); values are compared before ``preset``, so a preset
     never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
 
-    Args: ``run_config`` as given, ``config`` its parse, the selected ``method``, the built
-    ``strategy`` (the sections it holds are what it reads) and ``num_nodes``.
+    Args:
+        run_config: the run config as given.
+        config: its parse.
+        method: the selected method.
+        strategy: the built strategy (the sections it holds are what it reads).
+        num_nodes: the number of agents.
 
     Returns:
         One line each naming the key, its value and what to do (empty when none apply).
