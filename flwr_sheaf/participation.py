@@ -382,9 +382,14 @@ class ParticipationSampler:
         self.seed = int(seed)
         self.stream = int(stream)
         #: ``(N,)`` float64, or None (fraction mode)
-        self.probabilities = (
-            None if probabilities is None else parse_participation(probabilities, self.num_nodes)
-        )
+        self.probabilities = None
+        if probabilities is not None:
+            p = check_probabilities(probabilities, "participation")
+            if p.size != self.num_nodes:
+                raise ValueError(
+                    f"participation has {p.size} entries, expected num_nodes={self.num_nodes}"
+                )
+            self.probabilities = p
 
     @classmethod
     def from_spec(

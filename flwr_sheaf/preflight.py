@@ -9,11 +9,8 @@ holding another run's files unless ``overwrite = true`` (then they are moved int
 of another run (:func:`check_node_state_dir`); a second live run on the same
 directory (:class:`flwr_sheaf.locks.DirLock`). docs/reliability-run-files.md lists each case.
 
-What a run finds in the directories it writes, and how it leaves an earlier run's files there:
-:func:`resolve_dir` (a symbolic-link loop refused by its key), :func:`move_aside` (an earlier run's
-files moved into ``previous-<UTC time>/``, never deleted) and :func:`check_node_state_dir` /
-:func:`claim_node_state_dir` (``<node-state-dir>/run.json`` records the run it belongs to; another
-run's node state is refused before any message).
+Helpers: :func:`resolve_dir` (a symbolic-link loop refused by its key) and
+:func:`claim_node_state_dir` (``<node-state-dir>/run.json`` records the run the node state belongs to).
 """
 
 from __future__ import annotations

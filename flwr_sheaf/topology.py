@@ -335,11 +335,11 @@ def build_graph(
             raise ValueError(f"graph spec {spec!r}: {len(class_sets)} class sets for {n} nodes")
     form, params = _parse_graph_spec(spec)
     if form == "class-overlap-knn":
-        graph = class_overlap_knn_graph(class_sets or (), *params)
+        graph = class_overlap_knn_graph(class_sets if class_sets is not None else (), *params)
     elif form == "random-regular":
         graph = random_regular_graph(n, *params)
     elif form == "class-overlap":
-        graph = class_overlap_graph(class_sets or (), *params)
+        graph = class_overlap_graph(class_sets if class_sets is not None else (), *params)
     elif form == "ring":
         graph = ring_graph(n)
     elif form == "complete":

@@ -511,3 +511,15 @@ def test_edge_weights_config_is_validated():
         EdgeConfig.from_config({**base, "edge-weights": [1.0]})
     with pytest.raises(ProtocolError, match="partition-id 2"):
         EdgeConfig.from_config({**base, "edge-weights": [1.0, -1.0]})
+
+
+def test_sampler_probabilities_are_a_vector_not_a_spec():
+    # a spec string would be drawn without the sampler's seed: specs go through from_spec
+    import pytest
+
+    from flwr_sheaf.participation import ParticipationSampler
+
+    with pytest.raises(ValueError):
+        ParticipationSampler(3, probabilities="uniform:0.2-0.8", seed=5)
+    spec = ParticipationSampler.from_spec(3, 1.0, "uniform:0.2-0.8", seed=5)
+    assert spec.probabilities is not None and spec.probabilities.shape == (3,)

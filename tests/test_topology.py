@@ -147,3 +147,16 @@ def test_validate_graph_errors():
     with pytest.raises(ValueError, match="undirected"):
         validate_graph(nx.DiGraph([(0, 1)]), range(2))
     validate_graph(nx.path_graph(3), [0, 1, 2])  # a valid graph passes silently
+
+
+def test_build_graph_takes_class_sets_as_a_numpy_array():
+    # the public signature takes any sequence of class sets; a (N, k) array must not be truth-tested
+    import numpy as np
+
+    from flwr_sheaf.topology import build_graph
+
+    sets = [[0, 1], [1, 2], [2, 0]]
+    as_array = build_graph("class-overlap-knn:1", 3, class_sets=np.array(sets))
+    assert sorted(as_array.edges) == sorted(
+        build_graph("class-overlap-knn:1", 3, class_sets=sets).edges
+    )

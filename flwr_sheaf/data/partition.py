@@ -345,7 +345,16 @@ def make_federated_split(
         sets = _received_classes(lab, train, val, test)
     else:
         train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(_frozen(pilots), train, val, test, sets, s, seed, num_classes)
+    return FederatedSplit(
+        pilot_idx=_frozen(pilots),
+        train_idx=train,
+        val_idx=val,
+        test_idx=test,
+        class_sets=sets,
+        shift=s,
+        seed=seed,
+        num_classes=num_classes,
+    )
 
 
 def _eq23_pilots(
@@ -544,7 +553,16 @@ def make_dirichlet_split(
         lab, rest, int(num_agents), float(alpha), min_partition_size, seed, num_classes
     )
     train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(_frozen(pilots), train, val, test, sets, 0.0, seed, num_classes)
+    return FederatedSplit(
+        pilot_idx=_frozen(pilots),
+        train_idx=train,
+        val_idx=val,
+        test_idx=test,
+        class_sets=sets,
+        shift=0.0,
+        seed=seed,
+        num_classes=num_classes,
+    )
 
 
 def _dirichlet_chunks(

@@ -23,7 +23,14 @@ from .records import positive_int
 if TYPE_CHECKING:
     from .graph import GraphStrategy
 
-__all__ = ["check_start", "close_round", "evaluates", "run_rounds", "train_round"]
+__all__ = [
+    "check_start",
+    "close_round",
+    "default_progress_handler",
+    "evaluates",
+    "run_rounds",
+    "train_round",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
