@@ -39,7 +39,7 @@ from .client import ProblemClient, register_rfedags_baseline_handlers, register_
 from .frechet import commuting_spd_problem, symmetric_poincare_problem  # noqa: E402
 from .pca import planted_pca_problem, subspace_distance  # noqa: E402
 from .protocol import POINT  # noqa: E402
-from .strategy import RFedAGS  # noqa: E402
+from .strategy import RFedAGS, RiemannianArgs  # noqa: E402
 
 PROBLEMS = ("pca", "spd", "poincare")
 
@@ -152,19 +152,19 @@ def _build(method: str) -> Callable[[RunConfig, int], RFedAGS | RFedBaseline]:
         cfg, (problem, p) = c.own(RFedAGSConfig), _problem(c)
         check_minibatch(cfg, problem)
         part = c.federation.participation or p
-        kw = dict(
-            local_steps=cfg.local_steps,
-            step_size=cfg.step_size,
-            decay_rounds=cfg.decay_rounds,
-            manifold=problem.manifold,
-            minibatch_size=cfg.minibatch_size,
-            seed=c.federation.seed,
-            discovery_timeout=c.discovery_timeout,
-            round_metrics=PlantedMetrics(problem),
-        )
+        settings: RiemannianArgs = {
+            "local_steps": cfg.local_steps,
+            "step_size": cfg.step_size,
+            "decay_rounds": cfg.decay_rounds,
+            "manifold": problem.manifold,
+            "minibatch_size": cfg.minibatch_size,
+            "seed": c.federation.seed,
+            "discovery_timeout": c.discovery_timeout,
+            "round_metrics": PlantedMetrics(problem),
+        }
         if method == "rfedags":
-            return RFedAGS(n, part, mode=cfg.mode, **kw)
-        return RFedBaseline(n, part, method=method, **kw)
+            return RFedAGS(n, part, mode=cfg.mode, **settings)
+        return RFedBaseline(n, part, method=method, **settings)
 
     return build
 

@@ -29,7 +29,7 @@ of the round.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -59,6 +59,7 @@ from .protocol import (
     STREAM_RECORD,
 )
 from .strategy import (
+    RiemannianArgs,
     RiemannianState,
     close_train,
     init_server,
@@ -81,9 +82,8 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         num_nodes, participation: as :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`.
         method: one of :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES` (also the message action).
         mode: aggregation weights (default ``"uncorrected"``: ``1/|S_t|``).
-        **kwargs: the other keyword arguments of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`
-            (``local_steps``, ``step_size``, ``decay_rounds``, ``global_step`` (varpi / eta_g),
-            ``q_min``, ``estimator``, ``manifold``, ``minibatch_size``, ``seed``, ``discovery_timeout``).
+        **settings: :class:`~flwr_sheaf.methods.rfedags.strategy.RiemannianArgs`, as RFedAGS's
+            (``global_step`` is varpi / eta_g).
 
     Raises:
         ValueError: an unknown method; ``action=``; the arguments RFedAGS refuses; (first round)
@@ -98,13 +98,13 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         *,
         method: str,
         mode: str = "uncorrected",
-        **kwargs: Any,
+        **settings: Unpack[RiemannianArgs],
     ) -> None:
         if method not in BASELINES:
             raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
-        if "action" in kwargs:
+        if "action" in settings:
             raise ValueError("RFedBaseline's action is its method name; do not pass action=")
-        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **kwargs)
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **settings)
         self.method = method
         self._timeout = 3600.0
         self._x_mid: np.ndarray | None = None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -58,6 +58,7 @@ from .protocol import LOCAL_STEPS, MINIBATCH_SIZE, POINT, STEP_SIZE, STREAM, STR
 
 __all__ = [
     "RFedAGS",
+    "RiemannianArgs",
     "close_train",
     "init_server",
     "log_rfed_round",
@@ -71,12 +72,11 @@ __all__ = [
 log = logging.getLogger("flwr_sheaf")
 
 
-class RiemannianState:
-    """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
-    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
-    (declared for type checkers; ``server`` / ``_x_t`` are None until the first round builds them).
-    The settings (keyword arguments of :func:`setup_riemannian` and of both strategies; defaults
-    in its signature, ``discovery_timeout`` as :class:`~flwr_sheaf.strategy.graph.GraphStrategy`):
+class RiemannianArgs(TypedDict, total=False):
+    """The settings of :class:`RFedAGS` and
+    :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline` (their ``**settings``;
+    defaults in the signature of :func:`setup_riemannian`, ``discovery_timeout`` as
+    :class:`~flwr_sheaf.methods.registry.GraphArgs`); each is kept as the strategy's attribute.
 
     Attributes:
         local_steps: ``K >= 1``.
@@ -92,8 +92,30 @@ class RiemannianState:
             -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
         seed: participation and mini-batch seed.
+        discovery_timeout: seconds to wait for SuperNodes.
         round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
             (e.g. the planted problem's optimality gap and distance to the optimum).
+    """
+
+    local_steps: int
+    step_size: float
+    decay_rounds: float
+    global_step: float
+    q_min: float
+    estimate_includes_current: bool
+    estimator: str
+    manifold: Manifold | None
+    minibatch_size: int
+    seed: int
+    discovery_timeout: float
+    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None
+
+
+class RiemannianState:
+    """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
+    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
+    (declared for type checkers; the settings are :class:`RiemannianArgs`; ``server`` / ``_x_t``
+    are None until the first round builds them).
     """
 
     alpha: Callable[[int], float]
@@ -135,7 +157,7 @@ def setup_riemannian(
 ) -> None:
     """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
     shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`.
-    The keyword arguments after ``action`` are the settings of :class:`RiemannianState`.
+    The keyword arguments after ``action`` are :class:`RiemannianArgs` (the defaults are here).
 
     Args:
         s: the strategy (its :class:`RiemannianState` attributes are set).
@@ -370,14 +392,13 @@ class RFedAGS(GraphStrategy, RiemannianState):
         participation: probabilities ``p_i`` (:func:`setup_riemannian`; None = full participation).
         mode: ``"corrected"`` (default), ``"known-p"`` or ``"uncorrected"``.
         action: message action name (default ``"rfedags"``).
-        **kwargs: RFedAGS's settings (:class:`RiemannianState`; defaults in :func:`setup_riemannian`)
-            (``local_steps`` K, ``step_size``, ``decay_rounds``, ``global_step`` varpi, ``q_min``,
-            ``estimate_includes_current``, ``estimator``, ``manifold``, ``minibatch_size``,
-            ``seed``, ``discovery_timeout``, ``round_metrics``).
+        **settings: :class:`RiemannianArgs` (``local_steps`` K, ``step_size``, ``decay_rounds``,
+            ``global_step`` varpi, ``q_min``, ...; defaults in :func:`setup_riemannian`).
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes; (in ``configure_train``) an initial
             array without key ``"x"``, of unsupported rank, or off the manifold.
+        TypeError: a keyword that is not a setting (named).
     """
 
     def __init__(
@@ -387,9 +408,9 @@ class RFedAGS(GraphStrategy, RiemannianState):
         *,
         mode: str = "corrected",
         action: str = ACTION,
-        **kwargs: Any,
+        **settings: Unpack[RiemannianArgs],
     ) -> None:
-        setup_riemannian(self, num_nodes, participation, mode=mode, action=action, **kwargs)
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=action, **settings)
 
     def _init_server(self, arrays: ArrayRecord) -> None:
         init_server(self, arrays)
