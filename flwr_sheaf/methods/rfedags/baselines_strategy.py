@@ -63,8 +63,8 @@ from .strategy import (
     RiemannianState,
     close_train,
     init_server,
-    log,
     log_rfed_round,
+    log_rfed_summary,
     round_prologue,
     setup_riemannian,
     train_config,
@@ -136,8 +136,8 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             evaluate_fn=evaluate_fn,
         )
 
-    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
-        log_rfed_round(rec)
+    log_round = log_rfed_round
+    summary = log_rfed_summary
 
     def _init_server(self, arrays: ArrayRecord) -> None:
         init_server(self, arrays)
@@ -170,8 +170,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
                 )
                 continue
             grads[pid] = g
-        mask = np.zeros(self.num_nodes, dtype=bool)
-        mask[list(grads)] = True
+        mask = np.isin(np.arange(self.num_nodes), list(grads))  # (N,) bool: who is used
         w, _ = self.server.weights(mask)
         self._g_t = aggregate_streams(grads, w, shape, "gradient")
         return sorted(grads)
@@ -264,15 +263,3 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._zeta_prev.update(zetas)
         self._prev_responders = set(uploads)
         return x_new, x_new - self._x_t
-
-    def summary(self) -> None:  # noqa: D102 - Strategy API
-        log.info(
-            "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, global step=%g)",
-            self.method,
-            self.mode,
-            self.num_nodes,
-            self.local_steps,
-            self.step_size,
-            self.decay_rounds,
-            self.global_step,
-        )
