@@ -2,7 +2,7 @@
 
 Builds a sheaf shaped like the 1,000-agent simulation without training anything: ``random-regular:4``
 graph on N agents, stalk dimensions of the ``tiny-<N>`` zoo (16, 24, 24, 32, 32 cycled), K random
-pilots per agent (float64), and times what :func:`flwr_sheaf.strategy.evaluation_diagnostics.sheaf_diagnostics`
+pilots per agent (float64), and times what :func:`flwr_sheaf.strategy.evaluation_steps.sheaf_diagnostics`
 does per evaluated round: Procrustes refit of every edge (Eq. 18), per-edge total variation, the
 non-edge draw and composition along shortest paths, and the Laplacian spectrum (Eq. 6; dense up to
 4,096 stalk dimensions, LOBPCG above). One torch thread.

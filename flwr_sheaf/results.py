@@ -168,14 +168,8 @@ def write_results(
 
 
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The strategy's own ``results_extra()``, after checking that ``strategy`` is a flwr-sheaf
-    strategy that has run and that neither ``extra`` nor ``results_extra()`` names a key
-    :func:`write_results` writes itself.
-
-    Raises:
-        TypeError: not a :class:`~flwr_sheaf.GraphStrategy`. ValueError: no completed round, or a
-            clashing key (named, with where to rename it).
-    """
+    """The strategy's own ``results_extra()``, after :func:`write_results`' checks of ``strategy``
+    and of the keys (its TypeError and ValueError)."""
     from .strategy.graph import GraphStrategy
 
     if not isinstance(strategy, GraphStrategy):
@@ -205,12 +199,9 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
 def _check_foreign_checkpoint(
     strategy: GraphStrategy, out: Path, out_dir: str | Path, overwrite: bool
 ) -> Path | None:
-    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file, or None.
-
-    Raises:
-        FileExistsError: there is one and ``overwrite`` is False (results.json beside it would be
-            read, and resumed, as that run's).
-    """
+    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file, or
+    None; refused (FileExistsError) without ``overwrite``: results.json beside it would be read, and
+    resumed, as that run's."""
     from .strategy.checkpoint import CHECKPOINT_NAME
 
     ckpt, own = out / CHECKPOINT_NAME, getattr(strategy, "checkpointer", None)
@@ -271,11 +262,7 @@ def _write_files(
 ) -> Path:
     """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``
     under ``out``'s lock (:class:`flwr_sheaf.locks.DirLock`), after moving another run's ``foreign``
-    checkpoint into ``previous-<UTC time>/`` (logged).
-
-    Raises:
-        flwr_sheaf.locks.LockedError: another live run holds the lock. OSError: a write failed.
-    """
+    checkpoint into ``previous-<UTC time>/`` (logged)."""
     from .locks import DirLock, held_by_this_process
 
     out.mkdir(parents=True, exist_ok=True)

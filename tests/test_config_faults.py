@@ -186,7 +186,7 @@ def _pyproject_defaults() -> dict:
 
 def _warnings(**over) -> list[str]:
     from flwr_sheaf.apps.methods import num_nodes
-    from flwr_sheaf.apps.run_warnings import run_config_warnings
+    from flwr_sheaf.apps.server_app import run_config_warnings
 
     rc = {**_pyproject_defaults(), **over}  # as flwr run passes it: every declared key
     cfg, method = parse_run_config(rc)

@@ -237,7 +237,9 @@ def test_run_over_tls_with_a_supernode_killed_restarted_and_the_run_resumed(dep)
     restarted_log = victim.log.read_text()[len(killed_log) :]
     assert f"SuperNode ID: {victim.node_id}" in restarted_log
     print(f"victim accepted again {restart_seconds:.1f} s after the kill, attempt {attempts}")
-    assert attempts >= 1  # one when started once the SuperLink held it offline (docs/deployment.md)
+    # the first attempt waits until the SuperLink holds the node offline, so it is accepted at once;
+    # one retry allowed for a heartbeat racing the status read (docs/deployment.md)
+    assert 1 <= attempts <= 2
 
     res = _results(dep, "run-c")
     rounds = {r["round"]: r for r in res["rounds"]}

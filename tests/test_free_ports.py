@@ -57,3 +57,19 @@ def test_free_port_block_returns_ports_that_can_be_bound():
     finally:
         for s in socks:
             s.close()
+
+
+def test_stop_processes_keeps_the_exit_status_of_a_stopped_child():
+    # the deployment tool reads a SuperNode's Popen.returncode (wait_online's "exited with code"):
+    # a killed child must read -9 / -15 (the signal), not 0 (psutil reaping it first made it 0)
+    import signal
+    import subprocess
+    import sys
+
+    from flwr_sheaf.tools.flwr_cli import stop_processes
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    killed, stopped = subprocess.Popen(sleeper), subprocess.Popen(sleeper)
+    assert stop_processes([killed], first=signal.SIGKILL) == 1
+    assert stop_processes([stopped]) == 1
+    assert (killed.returncode, stopped.returncode) == (-signal.SIGKILL, -signal.SIGTERM)

@@ -45,7 +45,7 @@ from flwr_sheaf.sheaf.pilots import (
     stratified_indices,
     uniform_indices,
 )
-from flwr_sheaf.strategy.agents import oriented_edges
+from flwr_sheaf.strategy.discovery import oriented_edges
 from flwr_sheaf.testing import LocalGrid
 
 

@@ -164,3 +164,12 @@ def test_paper_graph_orientations_match_the_reference_list():
     sheaf = NetworkSheaf(g, {i: a.d for i, a in enumerate(PAPER_ZOO_15)})
     assert len(expected) == 42
     assert set(sheaf.edges) == expected
+
+
+def test_coboundary_refuses_a_self_loop_in_dense_and_sparse_form():
+    # a self-loop's two blocks would overlap (I - V at one node); an edge joins two different nodes
+    from flwr_sheaf.sheaf.network import coboundary
+
+    for sparse in (False, True):
+        with pytest.raises(ValueError, match="edge 0->0 is a self-loop"):
+            coboundary({(0, 0): torch.eye(2)}, {0: 2}, [(0, 0)], sparse=sparse)

@@ -11,8 +11,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..client.state import persist_state, refuse_what_the_server_refuses
-from ..methods import METHODS, import_method_modules
-from .methods import register_all_handlers, register_handlers
+from ..methods import import_method_modules
+from .methods import register_all_handlers
 from .scenario import cnn_task_factory
 
 __all__ = ["MethodClientApp", "app"]
@@ -27,7 +27,7 @@ class MethodClientApp(ClientApp):
         spec = context.run_config["method-module"] if "method-module" in context.run_config else ""
         if spec:
             import_method_modules(str(spec))
-        register_handlers(self, cnn_task_factory, list(METHODS.values()))
+        register_all_handlers(self, cnn_task_factory)
         return super().__call__(message, context)
 
 

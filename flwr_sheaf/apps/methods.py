@@ -20,7 +20,6 @@ __all__ = [
     "build_strategy",
     "num_nodes",
     "register_all_handlers",
-    "register_handlers",
 ]
 
 
@@ -50,18 +49,14 @@ def build_strategy(config: RunConfig) -> Strategy:
     return method.strategy(config, num_nodes(config, method))
 
 
-def register_handlers(app: ClientApp, factory: TaskFactory, methods: list[Method]) -> ClientApp:
-    """Register ``methods``' handlers on ``app`` (each action once; a method with its own task
-    factory, e.g. RFedAGS's problems, gets that one instead of ``factory``)."""
+def register_all_handlers(app: ClientApp, factory: TaskFactory) -> ClientApp:
+    """Register every registered method's handlers on ``app`` (each action once, so methods sharing
+    an action register it once and a second call registers only methods registered since; a method
+    with its own task factory, e.g. RFedAGS's problems, gets that one instead of ``factory``)."""
     done = {name.split(".", 1)[1] for name in getattr(app, "_registered_funcs", {}) if "." in name}
-    for m in methods:
+    for m in METHODS.values():
         if m.action in done:
             continue
         m.handlers(app, m.task_factory() if m.task_factory is not None else factory)
         done.add(m.action)
     return app
-
-
-def register_all_handlers(app: ClientApp, factory: TaskFactory) -> ClientApp:
-    """Register every registered method's handlers on ``app`` (methods sharing an action register it once)."""
-    return register_handlers(app, factory, list(METHODS.values()))

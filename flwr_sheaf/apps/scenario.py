@@ -51,15 +51,7 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
         raise ValueError(
             f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
         )
-    data = _agent_data(
-        scenario.dataset,
-        scenario.zoo,
-        scenario.shift,
-        scenario.seed,
-        scenario.num_pilots or None,
-        scenario.partitioner,
-        partition_id,
-    )
+    data = _agent_data(_data_key(scenario), partition_id)
     model = build_agent(
         specs[partition_id],
         seed=scenario.seed * 1000 + partition_id,
@@ -80,6 +72,10 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     )
 
 
+#: ``(dataset, zoo, shift, seed, num-pilots or None, partitioner)``: what an agent's data depends on
+DataKey = tuple[str, str, float, int, int | None, str]
+
+
 @functools.lru_cache(maxsize=8)
 def _prepared(
     dataset: str, zoo: str, shift: float, seed: int, num_pilots: int | None, partitioner: str
@@ -91,29 +87,21 @@ def _prepared(
 
 
 @functools.lru_cache(maxsize=4096)
-def _agent_data(
-    dataset: str,
-    zoo: str,
-    shift: float,
-    seed: int,
-    num_pilots: int | None,
-    partitioner: str,
-    partition_id: int,
-) -> AgentData:
+def _agent_data(key: DataKey, partition_id: int) -> AgentData:
     """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, built once per process and shared by every
     message of that node (read-only: the handlers never write into a task's tensors). Returning the same
     tensor objects lets :func:`flwr_sheaf.client.common.to_device` keep the node's data resident on its
     GPU across messages instead of copying it for each one."""
-    return agent_data(_prepared(dataset, zoo, shift, seed, num_pilots, partitioner), partition_id)
+    return agent_data(_prepared(*key), partition_id)
 
 
 register_derived_cache(_prepared.cache_clear)
 register_derived_cache(_agent_data.cache_clear)
 
 
-def _prepared_scenario(scenario: ScenarioConfig) -> PreparedSplit:
-    """The scenario's prepared split (cached; raises what :func:`prepare_split` raises)."""
-    return _prepared(
+def _data_key(scenario: ScenarioConfig) -> DataKey:
+    """What the scenario's data depends on: the key of the caches (``num-pilots`` 0: None, all)."""
+    return (
         scenario.dataset,
         scenario.zoo,
         scenario.shift,
@@ -134,7 +122,7 @@ def check_scenario(scenario: ScenarioConfig) -> None:
     if scenario.dataset.startswith("hf:"):
         return  # a hub download on the ServerApp's host is not wanted: the nodes check at discovery
     try:
-        prepared = _prepared_scenario(scenario)
+        prepared = _prepared(*_data_key(scenario))
     except (FileNotFoundError, ImportError, OSError):
         return  # not on this machine: the nodes' discovery checks it
     except ValueError as exc:
@@ -187,7 +175,7 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
             f"dataset is not downloaded on its host; use discovery='all'"
         )
     try:
-        prepared = _prepared_scenario(scenario)
+        prepared = _prepared(*_data_key(scenario))
     except (FileNotFoundError, ImportError, OSError, ValueError) as exc:
         raise ConfigError(
             f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "

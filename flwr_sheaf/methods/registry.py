@@ -23,6 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
+import networkx as nx
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
@@ -36,8 +37,6 @@ from ..config import (
 )
 
 if TYPE_CHECKING:
-    import networkx as nx
-
     from ..strategy.evaluation import GraphEvaluation
 
 __all__ = [
@@ -303,9 +302,28 @@ def graph_args(config: RunConfig) -> GraphArgs:
 def strategy_args(
     action: str, common: GraphArgs, evaluation: Callable[[FederationConfig], GraphEvaluation]
 ) -> dict[str, Any]:
-    """``GraphStrategy.__init__``'s keyword arguments for a method strategy: ``common`` with the
-    method's ``action`` as the default action, the federation defaulted to ``FederationConfig()``
-    and the evaluation component ``evaluation(federation)``."""
+    """``GraphStrategy.__init__``'s keyword arguments for a method strategy.
+
+    Args:
+        action: the method's ``ACTION`` (the default of ``common["action"]``; names the strategy in errors).
+        common: the strategy's ``**common`` (:class:`GraphArgs`); ``federation`` defaults to
+            ``FederationConfig()``.
+        evaluation: builds the strategy's evaluation component from the federation.
+
+    Returns:
+        ``common`` completed with ``action``, ``federation`` and ``evaluation``.
+
+    Raises:
+        TypeError: a key of ``common`` that :class:`GraphArgs` does not declare (named, with the
+            closest declared one).
+    """
+    for key in common:
+        if key not in GraphArgs.__annotations__:
+            raise TypeError(
+                f"{action} strategy: unexpected keyword argument {key!r}"
+                f"{did_you_mean(key, GraphArgs.__annotations__)} (accepted: num_nodes, the method's "
+                f"own arguments and {', '.join(GraphArgs.__annotations__)})"
+            )
     federation = common.get("federation") or FederationConfig()
     return {
         **common,

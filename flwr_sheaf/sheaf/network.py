@@ -78,6 +78,8 @@ def _check_maps(
     edges: Sequence[tuple[int, int]],
 ) -> None:
     for h, t in edges:
+        if h == t:
+            raise ValueError(f"edge {h}->{t} is a self-loop: an edge joins two different nodes")
         if h not in dims or t not in dims:
             raise ValueError(
                 f"edge {h}->{t}: node {h if h not in dims else t} has no stalk dimension"
@@ -114,7 +116,7 @@ def coboundary(
         so ``(Delta z)_e = z_h - V z_t``; column blocks by :func:`stalk_offsets`.
 
     Raises:
-        ValueError: an edge without a map or with a node missing from ``dims``, a map of the wrong
+        ValueError: a self-loop, an edge without a map or with a node missing from ``dims``, a map of the wrong
             shape, NaN/inf entries.
     """
     _check_maps(maps, dims, edges)

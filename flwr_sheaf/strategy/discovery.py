@@ -3,39 +3,51 @@
 :class:`Discovery` asks every SuperNode as it registers, checks each reply once (an error reply or
 a malformed :class:`~flwr_sheaf.protocol.NodeInfo` is that node's failure) and returns the
 discovered :class:`~flwr_sheaf.strategy.records.Node` per partition-id. The strategy calls it from
-:meth:`flwr_sheaf.strategy.graph.GraphStrategy.discover` and then builds its graph
-(``on_discovered``); discovery itself knows nothing of graphs or methods.
+:meth:`flwr_sheaf.strategy.graph.GraphStrategy.discover` and then builds the agents' graph on the
+discovered nodes (:func:`build_agents_graph`, in ``on_discovered``); :func:`oriented_edges` and
+:func:`edge_config` read its edges (head = larger stalk dimension d, ties to the larger
+partition-id; docs/reference.md). Discovery knows nothing of methods.
 
-Interface (what the strategy relies on; the protocol inside may change):
-
-- ``Discovery(num_nodes, action, config, discovery_timeout).run(grid, timeout)`` returns
-  ``{partition-id: Node}`` for exactly the partition-ids ``0..num_nodes-1``;
-- ``config`` is the ``ConfigRecord`` content of every query message (the strategy's
-  ``query_config()`` plus its ``resume_check``);
-- every failure is a ``RuntimeError`` whose message names the cause and the fix (the
-  ``--federation-config`` to pass, the failed node's reason, the missing partition-ids).
-
-A federation that is too small (nodes report ``num-partitions`` < N) fails at once instead of
-waiting. SuperNodes beyond the scenario (partition-id >= N, or whose discovery handler failed while
-more SuperNodes than agents registered) stay idle.
+Every failure is a ``RuntimeError`` naming the cause and the fix (:meth:`Discovery.run`); a
+federation that is too small fails at once. SuperNodes beyond the scenario (partition-id >= N, or
+whose discovery handler failed while more SuperNodes than agents registered) stay idle.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
+import networkx as nx
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..hints import handler_hint
-from ..protocol import CONFIG, INFO, QUERY, NodeInfo, ProtocolError, message_type, reply_problem
+from ..hints import handler_hint, pilot_count_error
+from ..protocol import (
+    CONFIG,
+    INFO,
+    QUERY,
+    EdgeConfig,
+    NodeInfo,
+    ProtocolError,
+    message_type,
+    reply_problem,
+)
+from ..sheaf.network import orient_edge
+from ..topology import build_graph, validate_graph
 from . import messaging
 from .records import Node
 
-__all__ = ["Discovery", "federation_fix", "federation_too_small", "parse_reply"]
+__all__ = [
+    "Discovery",
+    "build_agents_graph",
+    "edge_config",
+    "federation_fix",
+    "oriented_edges",
+    "parse_reply",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -48,31 +60,41 @@ def federation_fix(num_nodes: int) -> str:
     return f'--federation-config "num-supernodes={num_nodes}"'
 
 
-def parse_reply(r: Message) -> tuple[NodeInfo | None, str | None]:
-    """``(NodeInfo, None)`` of a usable ``query.<action>`` reply, else ``(None, why)``: the error
-    reply's reason (with :func:`~flwr_sheaf.hints.handler_hint`), a missing ``info`` record, or a
-    malformed :class:`~flwr_sheaf.protocol.NodeInfo` (the missing key named)."""
+def parse_reply(
+    r: Message | None, num_nodes: int, claimed: Container[int]
+) -> tuple[NodeInfo | None, str | None]:
+    """``(NodeInfo, None)`` of a usable ``query.<action>`` reply, else ``(None, why)``: no reply
+    (``r`` None), the error reply's reason (with :func:`~flwr_sheaf.hints.handler_hint`), a missing
+    ``info`` record, or a malformed :class:`~flwr_sheaf.protocol.NodeInfo` (the missing key named).
+
+    Raises:
+        RuntimeError: the node reports ``num-partitions`` smaller than the scenario's ``num_nodes``
+            agents (the federation has too few SuperNodes: the ``--federation-config`` to pass), or
+            a partition-id in ``claimed`` (another node reported it).
+    """
+    if r is None:
+        return None, "no reply within the timeout"
     if r.has_error():
         return None, (r.error.reason or "") + handler_hint(r.error.reason)
     problem = reply_problem(r.content, {INFO: ()})
     if problem is not None:
         return None, problem
     try:
-        return NodeInfo.from_record(r.content[INFO]), None
+        info = NodeInfo.from_record(r.content[INFO])
     except ProtocolError as exc:
         return None, str(exc)
-
-
-def federation_too_small(info: NodeInfo, num_nodes: int) -> RuntimeError | None:
-    """The error when a node reports ``num-partitions`` smaller than the scenario's ``num_nodes``
-    agents (the federation has too few SuperNodes: the ``--federation-config`` to pass), else None."""
-    if not 0 < info.num_partitions < num_nodes:
-        return None
-    return RuntimeError(
-        f"this scenario has {num_nodes} agents but the federation has "
-        f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
-        f"run: flwr run . --stream {federation_fix(num_nodes)} (in-process: LocalGrid(app, {num_nodes}))"
-    )
+    if 0 < info.num_partitions < num_nodes:
+        raise RuntimeError(
+            f"this scenario has {num_nodes} agents but the federation has "
+            f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
+            f"run: flwr run . --stream {federation_fix(num_nodes)} (in-process: LocalGrid(app, {num_nodes}))"
+        )
+    if info.partition_id in claimed:
+        raise RuntimeError(
+            f"partition-id {info.partition_id} reported by two nodes (node "
+            f"{r.metadata.src_node_id} the second)"
+        )
+    return info, None
 
 
 class Discovery:
@@ -104,11 +126,6 @@ class Discovery:
         self.found: dict[int, Node] = {}
         self.asked: set[int] = set()
         self.errors: list[str] = []
-
-    @property
-    def fix(self) -> str:
-        """The ``flwr run`` option that gives the federation enough SuperNodes."""
-        return federation_fix(self.num_nodes)
 
     def run(self, grid: Grid, timeout: float) -> dict[int, Node]:
         """Query nodes as they register until partition-ids ``0..num_nodes-1`` all answered.
@@ -162,18 +179,12 @@ class Discovery:
             RuntimeError: the node reports ``num-partitions`` < ``num_nodes``, or a partition-id
                 another node already reported.
         """
-        info, problem = parse_reply(r)
+        info, problem = parse_reply(r, self.num_nodes, self.found)
         if info is None:
-            assert problem is not None  # no info means a problem was found
-            self.errors.append(f"node {r.metadata.src_node_id}: {problem[-600:]}")
+            self.errors.append(f"node {r.metadata.src_node_id}: {str(problem)[-600:]}")
             if len(self.asked) > self.num_nodes:  # a spare SuperNode can stand in
                 log.warning("discovery: %s (idle)", self.errors[-1])
             return
-        too_small = federation_too_small(info, self.num_nodes)
-        if too_small is not None:
-            raise too_small
-        if info.partition_id in self.found:
-            raise RuntimeError(f"partition-id {info.partition_id} reported by two nodes")
         self.found[info.partition_id] = Node(r.metadata.src_node_id, info)
 
     def check_errors(self) -> None:
@@ -215,5 +226,63 @@ class Discovery:
         return RuntimeError(
             f"the scenario has {self.num_nodes} agents but after {timeout:.0f} s no SuperNode "
             f"answered for partition-id(s) {missing} ({len(self.asked)} registered; failed: "
-            f"{self.errors}); run with {self.fix}"
+            f"{self.errors}); run with {federation_fix(self.num_nodes)}"
         )
+
+
+def build_agents_graph(
+    spec: nx.Graph | str, nodes: Mapping[int, Node], num_nodes: int
+) -> tuple[nx.Graph, int]:
+    """``(graph, K)``: the validated agents' graph from ``spec`` (a graph spec, built with the
+    nodes' class sets, or an explicit ``networkx.Graph`` on partition-ids) and the shared pilot
+    count K of the discovered ``nodes`` ``{partition-id: Node}`` (``0..num_nodes-1``).
+
+    Raises:
+        ValueError: naming ``graph``: a graph that is not connected or names a missing
+            partition-id; nodes reporting different pilot counts or different pilots.
+    """
+    classes = [nodes[p].info.classes for p in range(num_nodes)]
+    try:
+        graph = build_graph(spec, num_nodes, class_sets=classes) if isinstance(spec, str) else spec
+        validate_graph(graph, range(num_nodes))
+    except ValueError as exc:
+        name = f"graph={spec!r}" if isinstance(spec, str) else "graph (networkx.Graph)"
+        raise ValueError(
+            f"{name} on {num_nodes} nodes: {exc} (for a few nodes use 'ring' or "
+            f"'class-overlap:<density>')"
+        ) from None
+    ks = {n.info.num_pilots for n in nodes.values()}
+    if len(ks) > 1:
+        raise ValueError(pilot_count_error({p: n.info.num_pilots for p, n in nodes.items()}))
+    groups: dict[int, list[int]] = {}
+    for p in sorted(nodes):
+        if nodes[p].info.pilot_digest:
+            groups.setdefault(nodes[p].info.pilot_digest, []).append(p)
+    if len(groups) > 1:
+        parts = sorted(groups.values(), key=len, reverse=True)
+        raise ValueError(
+            f"nodes hold different pilots (partition-ids {parts[0]} agree; {parts[1:]} differ): the "
+            f"pilots must be the same samples in the same order on every node (same dataset, seed, "
+            f"shift and num-pilots)"
+        )
+    return graph, ks.pop()
+
+
+def oriented_edges(graph: nx.Graph, nodes: Mapping[int, Node]) -> list[tuple[int, int]]:
+    """All edges of ``graph`` as sorted (head, tail) pairs (larger d is head; ties: larger partition-id)."""
+    return sorted(orient_edge(a, nodes[a].d, b, nodes[b].d) for a, b in graph.edges)
+
+
+def edge_config(
+    graph: nx.Graph, nodes: Mapping[int, Node], pid: int, weights: list[float] | None = None
+) -> EdgeConfig:
+    """Node ``pid``'s incident edges (neighbours sorted) with their d_j, orientation and optional weights."""
+    nbrs = tuple(sorted(graph.neighbors(pid)))
+    d = nodes[pid].d
+    heads = tuple(orient_edge(pid, d, j, nodes[j].d)[0] == pid for j in nbrs)
+    return EdgeConfig(
+        nbrs,
+        tuple(nodes[j].d for j in nbrs),
+        heads,
+        None if weights is None else tuple(weights),
+    )

@@ -1,23 +1,23 @@
 """Per-round graph evaluation as a component that returns a value (paper Eq. 22, Fig. 2).
 
-:class:`GraphEvaluation` runs an evaluated round's two round trips on an
-:class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView` (never the strategy) and returns an
-:class:`~flwr_sheaf.strategy.records.EvaluationResult`: phase 1 (``evaluate.<action>``) gathers
-private accuracies, whitened pilots and latents (checks: :mod:`~flwr_sheaf.strategy.evaluation_checks`);
-between the phases come the sheaf diagnostics and the non-edge plan
-(:mod:`~flwr_sheaf.strategy.evaluation_diagnostics`); phase 2 (``evaluate.<action>_comm``) routes
-each answering node its answering neighbours' arrays and averages the per-edge accuracies
-(:mod:`~flwr_sheaf.strategy.evaluation_rows`). What one phase hands the next is a :class:`PhaseTwo`.
-:class:`TransportedEvaluation` serves stringent privacy (no raw pilots reach the server).
+:class:`GraphEvaluation` runs an evaluated round's two round trips on an :class:`EvaluationView`
+(never the strategy) and returns an :class:`~flwr_sheaf.strategy.records.EvaluationResult`: phase 1
+(``evaluate.<action>``) gathers private accuracies, whitened pilots and latents; between the phases
+come the sheaf diagnostics and the non-edge plan; phase 2 (``evaluate.<action>_comm``) routes each
+answering node its answering neighbours' arrays and averages the per-edge accuracies (the reply
+checks, diagnostics and rows: :mod:`~flwr_sheaf.strategy.evaluation_steps`). What one phase hands
+the next is a :class:`PhaseTwo`. :class:`TransportedEvaluation` serves stringent privacy (no raw
+pilots reach the server).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import networkx as nx
 import numpy as np
 from flwr.app import Array, ConfigRecord, Message, RecordDict
 
@@ -41,6 +41,7 @@ from ..protocol import (
     TORCH_THREADS,
     VAL_COMM_ACCURACY_PILOT_WHITENING,
     WHITENING_FIT,
+    EdgeConfig,
     NonEdgeConfig,
     array_record,
     comm_action,
@@ -50,16 +51,67 @@ from ..protocol import (
     route_non_edges,
 )
 from ..sheaf.network import orient_edge
-from . import evaluation_checks as checks
-from .evaluation_diagnostics import NonEdgePlan, sheaf_diagnostics
-from .evaluation_rows import edge_rows, extra_means, node_rows, non_edge_rows, summarise_accuracies
-from .evaluation_view import EvaluationView
-from .exchange import merge_extra
-from .records import EvaluationResult
+from . import evaluation_steps as steps
+from .discovery import edge_config
+from .evaluation_steps import NonEdgePlan, Plan
+from .exchange import Exchange, merge_extra
+from .ledger import RunLedger
+from .records import EvaluationResult, Node, RoundRecord
 
-__all__ = ["GraphEvaluation", "PhaseTwo", "TransportedEvaluation"]
+__all__ = ["EvaluationView", "GraphEvaluation", "PhaseTwo", "TransportedEvaluation"]
 
 log = logging.getLogger("flwr_sheaf")
+
+
+@dataclass(frozen=True)
+class EvaluationView:
+    """What an evaluated round sees of the strategy: narrow and read-only, built per evaluated round
+    by :func:`flwr_sheaf.strategy.graph.evaluation_view`; the evaluation never receives the strategy.
+
+    Attributes:
+        server_round: the evaluated round.
+        nodes: the discovered nodes ``{partition-id: Node}`` (d_i = ``nodes[i].d``).
+        graph: the agents' graph on partition-ids (None before discovery).
+        num_nodes: N; num_pilots: the shared pilot count K (-1 before discovery).
+        seed: the run's seed (diagnostics draws derive from (seed, round)).
+        train: the local-training settings (``torch-threads``, ``device``).
+        evaluators: this round's evaluated partition-ids (the ``fraction-evaluate`` draw).
+        payload: ``(records, config entries)`` of every phase-1 message (the strategy's
+            ``evaluate_payload``).
+        node_payload: ``pid -> (records, config entries)`` only node ``pid`` gets in phase 1 (the
+            strategy's ``evaluate_node_payload`` for this round).
+        exchange: messages and checked replies (records failures in ``ledger``).
+        ledger: the run's records; this round's is ``ledger.current``.
+        owner: the strategy's class name (named in recorded reasons).
+    """
+
+    server_round: int
+    nodes: Mapping[int, Node]
+    graph: nx.Graph | None
+    num_nodes: int
+    num_pilots: int
+    seed: int
+    train: LocalTrainConfig
+    evaluators: list[int]
+    payload: tuple[dict, dict]
+    node_payload: Callable[[int], tuple[dict, dict]]
+    exchange: Exchange
+    ledger: RunLedger
+    owner: str
+
+    @property
+    def record(self) -> RoundRecord:
+        """The evaluated round's record (``ledger.current``)."""
+        return self.ledger.current
+
+    def edge_config(self, pid: int) -> EdgeConfig:
+        """Node ``pid``'s incident edges (:func:`~flwr_sheaf.strategy.discovery.edge_config`)."""
+        assert self.graph is not None, "the graph is built at discovery"
+        return edge_config(self.graph, self.nodes, pid)
+
+    def record_failure(self, phase: str, pid: int, reason: str) -> None:
+        """Record node ``pid``'s failure in ``phase`` of this round (:meth:`RunLedger.record_failure`)."""
+        self.ledger.record_failure(self.server_round, phase, pid, reason)
 
 
 @dataclass(frozen=True)
@@ -70,7 +122,7 @@ class PhaseTwo:
         phase1: accepted phase-1 replies ``{partition-id: reply}``.
         routed_src: ``{receiver: neighbours whose arrays were routed to it}``.
         non_edge_plan: this round's non-edge plan
-            (:data:`~flwr_sheaf.strategy.evaluation_diagnostics.NonEdgePlan`).
+            (:data:`~flwr_sheaf.strategy.evaluation_steps.NonEdgePlan`).
         messages: the phase-2 messages; receivers: their partition-ids, in order.
     """
 
@@ -180,23 +232,30 @@ class GraphEvaluation:
         Raises:
             ValueError: ``config`` names a key the strategy sends.
         """
-        rnd, (records, cfg) = view.server_round, view.payload
+        shared_records, cfg = view.payload
         view.record.evaluate["evaluated"] = list(view.evaluators)
         msgs = []
         for p in view.evaluators:
-            node_records, node_cfg = view.node_payload(p)
-            content = merge_extra(
-                {**self.config(rnd, view.train), **cfg, **node_cfg}, config, "evaluate_config"
-            )
+            records, node_cfg = view.node_payload(p)
             msgs.append(
-                view.exchange.message(
-                    p,
-                    RecordDict({**records, **node_records, CONFIG: ConfigRecord(content)}),
-                    EVALUATE,
-                    rnd,
-                )
+                self._message(view, p, {**shared_records, **records}, {**cfg, **node_cfg}, config)
             )
         return msgs
+
+    def _message(
+        self,
+        view: EvaluationView,
+        pid: int,
+        records: dict,
+        entries: dict,
+        config: Mapping[str, Any],
+        action: str | None = None,
+    ) -> Message:
+        """Evaluation message to ``pid``: ``records``, :meth:`config` + ``entries`` + ``config``."""
+        own = {**self.config(view.server_round, view.train), **entries}
+        cfg = ConfigRecord(merge_extra(own, config, "evaluate_config"))
+        content = RecordDict({**records, CONFIG: cfg})
+        return view.exchange.message(pid, content, EVALUATE, view.server_round, action=action)
 
     def required_phase1(self) -> dict[str, tuple[str, ...]]:
         """Records and keys a phase-1 reply must carry."""
@@ -229,16 +288,9 @@ class GraphEvaluation:
             arrays, cfg = self.routed_payload(
                 view, pid, edges.neighbours, phase1, plan.get(pid, [])
             )
-            cfg = merge_extra(
-                {**self.config(view.server_round, view.train), **edges.to_config(), **cfg},
-                config,
-                "evaluate_config",
-            )
-            content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(cfg)})
-            msgs.append(
-                view.exchange.message(pid, content, EVALUATE, view.server_round, action=action)
-            )
-        receivers = [view.exchange.pid_of_node[m.metadata.dst_node_id] for m in msgs]
+            entries = {**edges.to_config(), **cfg}
+            msgs.append(self._message(view, pid, {ARRAYS: arrays}, entries, config, action))
+        receivers = sorted(phase1)  # one message per accepted node, in this order
         return PhaseTwo(phase1, routed_src, plan, msgs, receivers)
 
     def routed_payload(
@@ -247,7 +299,7 @@ class GraphEvaluation:
         pid: int,
         neighbours: tuple[int, ...],
         phase1: dict[int, Message],
-        plan: list[tuple[int, np.ndarray, list[int]]],
+        plan: Plan,
     ) -> tuple[Any, dict[str, Any]]:
         """``(ArrayRecord, config entries)`` routed to receiver ``pid``: its neighbours' arrays and its
         non-edge sources' arrays transported by the composed maps."""
@@ -268,12 +320,11 @@ class GraphEvaluation:
     # ------------------------------------------------------------------ reply checks
     def phase1_problem(self, view: EvaluationView, pid: int, reply: Message) -> str | None:
         """Why a phase-1 reply cannot be used (or None):
-        :func:`~flwr_sheaf.strategy.evaluation_checks.phase1_metrics_problem` and
-        :func:`~flwr_sheaf.strategy.evaluation_checks.phase1_arrays_problem` (pilots not
-        ``(K, d_i)``, latents not ``(M, d_i)`` with ``(M,)`` integer labels, NaN/inf in them)."""
+        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem`, then
+        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_arrays_problem`."""
         m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         d = view.nodes[pid].d
-        return checks.phase1_metrics_problem(m, d) or checks.phase1_arrays_problem(
+        return steps.phase1_metrics_problem(m, d) or steps.phase1_arrays_problem(
             a, d, view.num_pilots, self.pilot_reading
         )
 
@@ -281,20 +332,18 @@ class GraphEvaluation:
         self,
         reply: Message,
         routed: tuple[int, ...] = (),
-        plan: list[tuple[int, np.ndarray, list[int]]] | None = None,
+        plan: Plan | None = None,
     ) -> str | None:
-        """Why a phase-2 reply cannot be used (or None): the strong reading missing, per-edge lists of
-        different lengths, sources other than the ``routed`` neighbours, an accuracy neither NaN nor in
-        [0, 1], or bad non-edge entries for the ``plan`` routed to it
-        (:func:`~flwr_sheaf.strategy.evaluation_checks.comm_problem`)."""
-        return checks.comm_problem(
+        """Why a phase-2 reply cannot be used (or None), ``routed`` and ``plan`` having been routed to
+        it (:func:`~flwr_sheaf.strategy.evaluation_steps.comm_problem`)."""
+        return steps.comm_problem(
             reply.content[METRICS], routed, plan or [], self.edge_metric_keys, self.pilot_reading
         )
 
     def sheaf_diagnostics(self, view: EvaluationView, phase1: Mapping[int, Message]) -> NonEdgePlan:
-        """:func:`~flwr_sheaf.strategy.evaluation_diagnostics.sheaf_diagnostics` with this component's
+        """:func:`~flwr_sheaf.strategy.evaluation_steps.sheaf_diagnostics` with this component's
         federation settings and :attr:`holds_raw_pilots`; returns the non-edge plan."""
-        return sheaf_diagnostics(view, self.federation, phase1, self.holds_raw_pilots)
+        return steps.sheaf_diagnostics(view, self.federation, phase1, self.holds_raw_pilots)
 
     # ------------------------------------------------------------------ aggregation
     def aggregate(
@@ -314,10 +363,10 @@ class GraphEvaluation:
             if why is not None:
                 view.record_failure("evaluate_comm", pid, f"bad evaluation reply: {why}")
                 del ok[pid]
-        nodes = node_rows(phase.phase1, self.node_metric_names)
-        edges = edge_rows(ok, self.edge_metric_keys)
-        non_edges = non_edge_rows(ok, phase.non_edge_plan)
-        extra = extra_means(
+        nodes = steps.node_rows(phase.phase1, self.node_metric_names)
+        edges = steps.edge_rows(ok, self.edge_metric_keys)
+        non_edges = steps.non_edge_rows(ok, phase.non_edge_plan)
+        extra = steps.extra_means(
             nodes,
             edges,
             non_edges if self.federation.non_edge_pairs > 0 else None,
@@ -328,7 +377,9 @@ class GraphEvaluation:
             why = self.unmeasured_reason(view, phase)  # null accuracies say why
             extra["communication_accuracy_reason"] = why
             log.warning("round %d: communication accuracy not measured (null): %s", rnd, why)
-        return EvaluationResult(summarise_accuracies(nodes, edges), extra, nodes, edges, non_edges)
+        return EvaluationResult(
+            steps.summarise_accuracies(nodes, edges), extra, nodes, edges, non_edges
+        )
 
     def unmeasured_reason(self, view: EvaluationView, phase: PhaseTwo) -> str:
         """Why no edge was measured in ``view``'s round (the round's ``communication_accuracy_reason``)."""
@@ -367,7 +418,7 @@ class TransportedEvaluation(GraphEvaluation):
         pid: int,
         neighbours: tuple[int, ...],
         phase1: dict[int, Message],
-        plan: list[tuple[int, np.ndarray, list[int]]],
+        plan: Plan,
     ) -> tuple[Any, dict[str, Any]]:
         """What each answering neighbour j transported toward ``pid``, and j's labels."""
         arrays = {}
@@ -378,14 +429,12 @@ class TransportedEvaluation(GraphEvaluation):
         return pack_arrays(arrays), {}
 
     def phase1_problem(self, view: EvaluationView, pid: int, reply: Message) -> str | None:
-        """:func:`~flwr_sheaf.strategy.evaluation_checks.phase1_metrics_problem` and
-        :func:`~flwr_sheaf.strategy.evaluation_checks.transported_arrays_problem` (raw ``pilots``
-        present, or per neighbour j transported pilots not ``(K, d_e)`` / latents not ``(M, d_e)``
-        matching the labels / NaN or inf)."""
+        """:func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem`, then
+        :func:`~flwr_sheaf.strategy.evaluation_steps.transported_arrays_problem`."""
         m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         d = view.nodes[pid].d
         assert view.graph is not None  # built before any evaluation
         dims = {j: view.nodes[j].d for j in view.graph.neighbors(pid)}
-        return checks.phase1_metrics_problem(m, d) or checks.transported_arrays_problem(
+        return steps.phase1_metrics_problem(m, d) or steps.transported_arrays_problem(
             a, d, dims, view.num_pilots
         )

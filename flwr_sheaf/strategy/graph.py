@@ -3,18 +3,10 @@
 Every method's strategy subclasses :class:`GraphStrategy` directly and fills in hooks
 (:meth:`~GraphStrategy.method_config`, :meth:`~GraphStrategy.node_payload`,
 :meth:`~GraphStrategy.accept_train`, :meth:`~GraphStrategy.evaluate_payload`); what methods share
-comes from components they hold, not from parents. The parts, each in its own module: discovery
-(:class:`~flwr_sheaf.strategy.discovery.Discovery`, then the graph,
-:func:`~flwr_sheaf.strategy.agents.build_agents_graph`), sampling
-(:class:`~flwr_sheaf.participation.ParticipationSampler`), the round loop
-(:func:`~flwr_sheaf.strategy.rounds.run_rounds`, behind Flower's ``Strategy.start``; a node that
-does not answer within the one ``timeout`` is recorded as failed), messages
-(:class:`~flwr_sheaf.strategy.exchange.Exchange`), the ledger
-(:class:`~flwr_sheaf.strategy.ledger.RunLedger`), evaluation
-(:class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation` on an
-:class:`~flwr_sheaf.strategy.evaluation_view.EvaluationView`) and checkpoints
-(:class:`~flwr_sheaf.strategy.checkpoint.Checkpointer`). A strategy without an agents' graph (the
-RFedAGS family) passes ``federation=None`` and its own ``sampler``.
+comes from components they hold, not from parents. The parts it holds, each in its own module:
+discovery and the agents' graph, sampling, the round loop (behind Flower's ``Strategy.start``),
+messages, the ledger, evaluation on a narrow view, checkpoints. A strategy without an agents'
+graph (the RFedAGS family) passes ``federation=None`` and its own ``sampler``.
 """
 
 from __future__ import annotations
@@ -43,14 +35,12 @@ from ..protocol import (
     as_float,
     train_reply_problem,
 )
-from .agents import build_agents_graph
 from .checkpoint import Checkpointer
-from .discovery import Discovery
-from .evaluation import GraphEvaluation
-from .evaluation_view import EvaluationView
+from .discovery import Discovery, build_agents_graph
+from .evaluation import EvaluationView, GraphEvaluation
 from .exchange import Exchange, merge_extra
 from .ledger import RunLedger
-from .records import Node, RoundRecord, nanmean, numeric_metrics
+from .records import Node, RoundRecord, nanmean, numeric_metrics, positive_int
 from .rounds import EvaluateFn, run_rounds
 from .sampled import SampledDiscovery, sample_phase
 
@@ -100,8 +90,7 @@ class GraphStrategy(Strategy):
         sampler: ParticipationSampler | None = None,
         discovery_timeout: float = DEFAULTS["discovery-timeout"],
     ) -> None:
-        if int(num_nodes) != num_nodes or num_nodes < 1:
-            raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+        num_nodes = positive_int("num_nodes", num_nodes)
         if sampler is None:
             if federation is None:
                 raise ValueError("a strategy needs a federation config or a participation sampler")
@@ -114,7 +103,7 @@ class GraphStrategy(Strategy):
             )
         if not discovery_timeout > 0:
             raise ValueError(f"discovery_timeout must be > 0 seconds, got {discovery_timeout!r}")
-        self.num_nodes = int(num_nodes)
+        self.num_nodes = num_nodes
         self.action = action
         self.sampler = sampler
         self.seed = sampler.seed
@@ -194,7 +183,7 @@ class GraphStrategy(Strategy):
 
     def on_discovered(self) -> None:
         """Build (from a spec, with the reported class sets) and validate the graph; check the pilot
-        count (:func:`~flwr_sheaf.strategy.agents.build_agents_graph`). Without a federation (no
+        count (:func:`~flwr_sheaf.strategy.discovery.build_agents_graph`). Without a federation (no
         agents' graph) nothing is built."""
         if self.graph_spec is None:
             return

@@ -15,7 +15,7 @@ from typing import Any
 from ..config import DEFAULTS
 from .records import EvaluationResult, RoundRecord
 
-__all__ = ["RunFailedError", "RunLedger", "run_status"]
+__all__ = ["RunFailedError", "RunLedger"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -91,14 +91,56 @@ class RunLedger:
     @property
     def non_edge_results(self) -> list[dict]:
         """Per directed non-edge pair of the last evaluation
-        (:func:`~flwr_sheaf.strategy.evaluation_rows.non_edge_rows`)."""
+        (:func:`~flwr_sheaf.strategy.evaluation_steps.non_edge_rows`)."""
         return self.last_evaluation.non_edges
 
     def run_status(
         self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]
     ) -> dict[str, Any]:
-        """:func:`run_status` of this ledger's rounds and failures."""
-        return run_status(self.rounds, self.failures, max_failed_fraction)
+        """Whether a run (restored rounds included) is clean, degraded or failed (docs/reliability-failures.md).
+
+        A train reply fails when its node errs, does not answer, or the reply is refused. The run is
+        ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
+        ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody;
+        ``degraded`` when anything failed (any phase) short of that; ``completed`` otherwise.
+
+        Returns:
+            ``status``, ``reasons`` (why failed) and the counts behind them, over the completed
+            :attr:`rounds` and the recorded :attr:`failures` (keys: docs/results-schema.md, ``degradation``).
+        """
+        rounds, failures = self.rounds, self.failures
+        sampled, failed, idle, per_node = _train_counts(rounds)
+        by_phase, nodes = _failure_rows(failures, per_node)
+        every = sorted(
+            p
+            for p, row in per_node.items()
+            if row["train_failed_rounds"]
+            and len(row["train_failed_rounds"]) == row["rounds_sampled"]
+        )
+        fraction = failed / sampled if sampled else 0.0
+        reasons = []
+        if fraction > max_failed_fraction:
+            reasons.append(
+                f"{failed} of {sampled} sampled train replies failed ({fraction:.0%} > max-failed-fraction="
+                f"{max_failed_fraction})"
+            )
+        if idle and max_failed_fraction < 1.0:
+            reasons.append(f"round(s) {idle} trained nobody (every sampled node failed)")
+        status = "failed" if reasons else ("degraded" if failures or failed else "completed")
+        return {
+            "status": status,
+            "reasons": reasons,
+            "max_failed_fraction": float(max_failed_fraction),
+            "train_sampled": sampled,
+            "train_failed": failed,
+            "failed_fraction": fraction,
+            "failures_by_phase": by_phase,
+            "rounds_without_training": idle,
+            "all_rounds_trained_nobody": bool(idle)
+            and len(idle) == sum(1 for r in rounds if r.sampled),
+            "nodes_failed_every_round": every,
+            "nodes": {p: nodes[p] for p in sorted(nodes)},
+        }
 
 
 def _train_counts(rounds: list[RoundRecord]) -> tuple[int, int, list[int], dict[int, dict]]:
@@ -135,52 +177,3 @@ def _failure_rows(
     for pid, row in nodes.items():
         row.update(per_node.get(pid, {"rounds_sampled": 0, "train_failed_rounds": []}))
     return by_phase, nodes
-
-
-def run_status(
-    rounds: list[RoundRecord],
-    failures: list[dict],
-    max_failed_fraction: float = DEFAULTS["max-failed-fraction"],
-) -> dict[str, Any]:
-    """Whether a run (restored rounds included) is clean, degraded or failed (docs/reliability-failures.md).
-
-    A train reply fails when its node errs, does not answer, or the reply is refused. The run is
-    ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
-    ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody;
-    ``degraded`` when anything failed (any phase) short of that; ``completed`` otherwise.
-
-    Returns:
-        ``status``, ``reasons`` (why failed) and the counts behind them, over the completed
-        ``rounds`` and the recorded ``failures`` (keys: docs/results-schema.md, ``degradation``).
-    """
-    sampled, failed, idle, per_node = _train_counts(rounds)
-    by_phase, nodes = _failure_rows(failures, per_node)
-    every = sorted(
-        p
-        for p, row in per_node.items()
-        if row["train_failed_rounds"] and len(row["train_failed_rounds"]) == row["rounds_sampled"]
-    )
-    fraction = failed / sampled if sampled else 0.0
-    reasons = []
-    if fraction > max_failed_fraction:
-        reasons.append(
-            f"{failed} of {sampled} sampled train replies failed ({fraction:.0%} > max-failed-fraction="
-            f"{max_failed_fraction})"
-        )
-    if idle and max_failed_fraction < 1.0:
-        reasons.append(f"round(s) {idle} trained nobody (every sampled node failed)")
-    status = "failed" if reasons else ("degraded" if failures or failed else "completed")
-    return {
-        "status": status,
-        "reasons": reasons,
-        "max_failed_fraction": float(max_failed_fraction),
-        "train_sampled": sampled,
-        "train_failed": failed,
-        "failed_fraction": fraction,
-        "failures_by_phase": by_phase,
-        "rounds_without_training": idle,
-        "all_rounds_trained_nobody": bool(idle)
-        and len(idle) == sum(1 for r in rounds if r.sampled),
-        "nodes_failed_every_round": every,
-        "nodes": {p: nodes[p] for p in sorted(nodes)},
-    }

@@ -1,35 +1,14 @@
 """Sampled discovery (run-config ``discovery = "sampled"``): nodes describe themselves when first sampled.
 
-Full discovery (:class:`~flwr_sheaf.strategy.discovery.Discovery`) sends one ``query.<action>`` to
-every SuperNode before round 1, because Flower's node ids say nothing of partition-ids. At 10,000
-SuperNodes on the Ray engine that alone takes minutes (docs/performance-ray-sampled.md). Here the server
-already knows what every agent should report (the ``expected`` :class:`~flwr_sheaf.protocol.NodeInfo`
-per partition-id, derived from the scenario by the ServerApp), so it builds the graph from that,
-and per round:
-
-1. draws the round's participants over the **registered node ids** (sorted; the snapshot taken once
-   at least N registered), with the same fraction draw as
-   :class:`~flwr_sheaf.participation.ParticipationSampler` over positions ``0..M-1`` (uniforms from
-   ``(seed, stream, round)``; the evaluators from the evaluate stream);
-2. sends ``query.<action>`` to the drawn nodes not yet described, with the checks of full
-   discovery: ``num-partitions`` < N, a partition-id two nodes report, and an unusable reply (an
-   error, malformed info, no reply) while no spare SuperNode exists (M = N) fail the run at once;
-   then compares each reply with ``expected[partition-id]`` (``d``, ``classes``, ``num-pilots``,
-   ``num-examples``, ``pilot-digest``);
-3. returns the partition-ids of the drawn nodes; a node is queried at most once per run.
-
-A reply that disagrees with the scenario is that partition-id's recorded failure in the round (the
-ledger's ``train`` / ``evaluate`` phase, so the run status counts it). With spare SuperNodes
-(M > N) an unusable reply may come from a spare (the bundled query handler refuses a partition-id
->= N), so it is logged as idle, as full discovery does; when more replies are unusable than there
-are spares, at least one agent failed and :attr:`SampledDiscovery.problems` says so (the ServerApp
-makes the run ``degraded``). Every failed description is in ``results.json``'s ``discovery``. A node
-never drawn is never messaged. A round draws ``max(1, floor(f N))`` of the M node ids, so spares
-take draw slots.
-
-Determinism: with node ids that sort like partition-ids (:class:`flwr_sheaf.testing.LocalGrid`) the
-drawn partition-ids equal those of ``discovery = "all"``; on the Ray engine Flower draws node ids at
-random, so which partition-ids train differs between runs (docs/participation.md, "Sampled discovery").
+Full discovery (:class:`~flwr_sheaf.strategy.discovery.Discovery`) queries every SuperNode before
+round 1; at 10,000 SuperNodes on the Ray engine that alone takes minutes
+(docs/performance-ray-sampled.md). Here the server builds the graph from the ``expected``
+:class:`~flwr_sheaf.protocol.NodeInfo` per partition-id (derived from the scenario by the
+ServerApp), draws each round's participants over the sorted registered node ids
+(:meth:`SampledDiscovery.draw`), queries the drawn nodes not yet described, with the checks of full
+discovery (:func:`~flwr_sheaf.strategy.discovery.parse_reply`), and compares each reply with
+``expected[partition-id]`` (:func:`info_mismatch`). The protocol, its failures and why the drawn
+partition-ids depend on the node ids: docs/participation.md, "Sampled discovery".
 """
 
 from __future__ import annotations
@@ -44,7 +23,7 @@ from flwr.serverapp import Grid
 from ..participation import ParticipationSampler, smallest_uniforms
 from ..protocol import NodeInfo
 from . import messaging
-from .discovery import POLL_SECONDS, Discovery, federation_fix, federation_too_small, parse_reply
+from .discovery import POLL_SECONDS, Discovery, federation_fix, parse_reply
 from .exchange import Exchange
 from .ledger import RunLedger
 from .records import Node
@@ -110,7 +89,6 @@ class SampledDiscovery:
         self._timeout = 0.0
         self._pids: set[int] = set()  # partition-ids claimed by a reply (described or refused)
         self._round = 0  # the round being sampled (named in failed descriptions)
-        self._deadline = 0.0  # end of discovery-timeout (bounds the probe's round trip)
 
     def __getstate__(self) -> dict[str, Any]:
         """What a checkpoint stores: the descriptions and records, not the run's grid and query."""
@@ -150,7 +128,7 @@ class SampledDiscovery:
         """
         self._query = Discovery(self.num_nodes, action, config, discovery_timeout)
         self._grid, self._timeout = grid, float(timeout)
-        self._deadline = deadline = time.monotonic() + discovery_timeout
+        deadline = time.monotonic() + discovery_timeout
         while len(ids := sorted(int(n) for n in grid.get_node_ids())) < self.num_nodes:
             if ids and not self.described and not self.refused:
                 # one node's num-partitions tells a federation that is too small at once
@@ -272,20 +250,12 @@ class SampledDiscovery:
         answered = {int(r.metadata.src_node_id): r for r in replies}
         new, unusable = [], []
         for n in node_ids:
-            r = answered.get(n)
-            info, why = (None, "no reply within the timeout") if r is None else parse_reply(r)
+            info, why = parse_reply(answered.get(n), self.num_nodes, self._pids)
             if info is None:
                 unusable.append(f"node {n}: {str(why)[-500:]}")
                 self.refuse(n, None, unusable[-1])
                 continue
-            too_small = federation_too_small(info, self.num_nodes)
-            if too_small is not None:
-                raise too_small
             pid = info.partition_id
-            if pid in self._pids:
-                raise RuntimeError(
-                    f"partition-id {pid} reported by two nodes (node {n} the second)"
-                )
             self._pids.add(pid)
             if pid < self.num_nodes and (why := info_mismatch(info, self.expected[pid])):
                 self.refuse(n, pid, why)

@@ -239,13 +239,27 @@ def stop_processes(
             alive.append(q)
         except psutil.NoSuchProcess:
             pass
-    _, still = psutil.wait_procs(alive, timeout=timeout)
+    own = {p.pid: p for p in procs if isinstance(p, subprocess.Popen)}
+
+    def wait(qs: list[psutil.Process]) -> list[psutil.Process]:
+        # our own children are reaped by their Popen, which keeps the exit status (-9, -15):
+        # psutil reaping them would leave Popen.returncode 0, a crash looking like a clean exit
+        _, still = psutil.wait_procs([q for q in qs if q.pid not in own], timeout=timeout)
+        for q in qs:
+            if q.pid in own:
+                try:
+                    own[q.pid].wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    still.append(q)
+        return still
+
+    still = wait(alive)
     for q in still:
         try:
             q.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(still, timeout=timeout)
+    wait(still)
     for p in procs:  # reap our direct children (no zombies left behind)
         if isinstance(p, subprocess.Popen):
             try:

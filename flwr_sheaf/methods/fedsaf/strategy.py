@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Unpack
 
+from flwr.app import Message
+
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import PrototypeAggregator
 from ..fedproto.config import FedProtoConfig
-from ..fedproto.strategy import FedProto, prototype_evaluation
+from ..fedproto.strategy import prototype_evaluation
 from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedSAFConfig
@@ -66,10 +68,19 @@ class FedSAF(GraphStrategy):
         """FedProto's entries plus :class:`FedSAFConfig`."""
         return {**self.prototypes.method_config(), **self.fedsaf.to_dict()}
 
-    # FedProto's server side, the same functions (shared, not inherited: tests/test_method_shape.py)
-    node_payload = FedProto.node_payload
-    evaluate_payload = FedProto.evaluate_payload
-    accept_train = FedProto.accept_train
+    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
+        """The current global prototypes (none before the first aggregation)."""
+        return self.prototypes.record(), {}
+
+    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
+        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
+        return self.prototypes.record(), self.prototypes.shared()
+
+    def accept_train(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
+        """:meth:`PrototypeAggregator.accept`; the node's training still counts when its upload is refused."""
+        return ok, self.prototypes.accept(self, server_round, ok)
 
     def results_extra(self) -> dict:
         """Prototype settings, the structure and weights."""

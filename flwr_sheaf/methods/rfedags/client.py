@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -31,6 +32,7 @@ from . import ACTION
 from .baselines import BASELINES, projection_local_steps, svrg_local_steps
 from .frechet import FrechetMeanProblem
 from .local import local_gradient_stream
+from .manifolds import Manifold
 from .pca import PCAProblem, batch_indices
 from .protocol import (
     CORRECTION,
@@ -49,6 +51,7 @@ from .protocol import (
 )
 
 __all__ = [
+    "RFedAGSLocalProblem",
     "ProblemClient",
     "problem_factory",
     "register_rfedags_handlers",
@@ -57,6 +60,31 @@ __all__ = [
 ]
 
 STATE_KEY = "rfedags.meta"
+
+
+class RFedAGSLocalProblem(Protocol):
+    """What a node brings to the handlers of the RFedAGS family (:class:`ProblemClient` is the
+    package's; a researcher's own problem needs only these four members).
+
+    Attributes:
+        manifold: the manifold of the global parameter (:class:`~flwr_sheaf.methods.rfedags.manifolds.Manifold`).
+        num_examples: local sample count ``n_i`` (reported; used by the uncorrected mean).
+
+    Methods:
+        gradient_oracle(server_round, num_steps, config) -> ``egrad(x, k)``: Euclidean (mini-batch)
+            gradient of ``f_i`` at local step ``k`` of this round, float64 of the point's shape; must
+            be deterministic in ``(config, server_round)`` for reproducibility.
+        local_cost(x) -> float: ``f_i(x)`` (diagnostics).
+    """
+
+    manifold: Manifold
+    num_examples: int
+
+    def gradient_oracle(
+        self, server_round: int, num_steps: int, config: Mapping
+    ) -> Callable[[np.ndarray, int], np.ndarray]: ...
+
+    def local_cost(self, x: np.ndarray) -> float: ...
 
 
 @dataclass
@@ -120,7 +148,7 @@ def problem_factory(problem) -> Callable[[Context], ProblemClient]:
 
 
 def _register_query(
-    app: ClientApp, problem_factory: Callable[[Context], ProblemClient], action: str
+    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
 ) -> None:
     """``query.<action>``: discovery reply (partition-id, num-partitions, point size, num-examples)."""
     travel_by_reference(app)  # pickled as its import path by Ray (flwr_sheaf.client.reference)
@@ -140,10 +168,10 @@ def _register_query(
 def _inputs(
     msg: Message,
     context: Context,
-    problem_factory: Callable[[Context], ProblemClient],
+    problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str,
     keys: tuple[str, ...],
-) -> tuple[ProblemClient, np.ndarray, Mapping[str, object], int, float, int]:
+) -> tuple[RFedAGSLocalProblem, np.ndarray, Mapping[str, object], int, float, int]:
     """A ``train.<action>`` message's inputs: the node's problem, the point ``x`` (float64, the
     manifold's point shape, finite), the config (``ProtocolError`` when one of ``keys`` is missing)
     and its ``(local-steps K, step-size alpha_t, server-round)``."""
@@ -163,7 +191,7 @@ def _inputs(
 
 
 def _reply(
-    msg: Message, prob: ProblemClient, upload: dict[str, np.ndarray], **metrics: float
+    msg: Message, prob: RFedAGSLocalProblem, upload: dict[str, np.ndarray], **metrics: float
 ) -> Message:
     """The train reply: ``upload`` in record ``stream``; ``num-examples`` and ``metrics`` in ``metrics``."""
     reply = RecordDict(
@@ -180,7 +208,7 @@ _KEYS = (LOCAL_STEPS, STEP_SIZE, SERVER_ROUND, MINIBATCH_SIZE, SEED)
 
 def register_rfedags_handlers(
     app: ClientApp,
-    problem_factory: Callable[[Context], ProblemClient],
+    problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = ACTION,
 ) -> ClientApp:
     """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, docs/baselines-rfedags.md, s5)
@@ -195,7 +223,7 @@ def register_rfedags_handlers(
 
     Args:
         app: the ClientApp to extend.
-        problem_factory: builds the node's :class:`ProblemClient` from its ``Context`` (called
+        problem_factory: builds the node's :class:`RFedAGSLocalProblem` (e.g. a :class:`ProblemClient`) from its ``Context`` (called
             per message; cache heavy data outside the node state, read-only).
         action: action name.
 
@@ -233,7 +261,7 @@ def register_rfedags_handlers(
 
 def register_rfedags_baseline_handlers(
     app: ClientApp,
-    problem_factory: Callable[[Context], ProblemClient],
+    problem_factory: Callable[[Context], RFedAGSLocalProblem],
     methods: tuple[str, ...] = BASELINES,
 ) -> ClientApp:
     """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines-rfedags.md, s5).
@@ -278,7 +306,7 @@ def _array(msg: Message, key: str, shape: tuple[int, ...], action: str) -> np.nd
 
 
 def _register_baseline_train(
-    app: ClientApp, problem_factory: Callable[[Context], ProblemClient], action: str
+    app: ClientApp, problem_factory: Callable[[Context], RFedAGSLocalProblem], action: str
 ) -> None:
     @app.train(action)
     def _train(msg: Message, context: Context) -> Message:

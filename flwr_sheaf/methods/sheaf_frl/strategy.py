@@ -27,7 +27,7 @@ from ...participation import FrequencyEstimator
 from ...protocol import METRICS, SEED
 from ...sheaf.network import orient_edge
 from ...sheaf.variants import edge_dim, receiver_sends_raw, resolve_variant
-from ...strategy.agents import edge_config, oriented_edges
+from ...strategy.discovery import edge_config, oriented_edges
 from ...strategy.evaluation import GraphEvaluation, TransportedEvaluation
 from ...strategy.graph import GraphStrategy
 from ...strategy.records import nanmean, record_bytes

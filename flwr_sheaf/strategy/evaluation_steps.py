@@ -1,0 +1,476 @@
+"""The plain functions of an evaluated round (paper Eq. 22, Fig. 2; no strategy, no state).
+
+- **Reply checks**: why a phase-1 or phase-2 reply cannot be used (or None). The evaluation
+  (:class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`) calls them once per reply, when it is
+  parsed; a non-None answer is that node's recorded failure (``bad evaluation reply: <why>``) and
+  the rest of the round trusts the accepted replies.
+- **Sheaf diagnostics** between the two phases, and the non-edge plan (:func:`sheaf_diagnostics`;
+  docs/variants-diagnostics.md).
+- **Rows and means** of the accepted replies: one row per evaluated node (:func:`node_rows`), per
+  directed edge (:func:`edge_rows`) and per directed non-edge pair (:func:`non_edge_rows`); the
+  round's summary (:func:`summarise_accuracies`) and extra means (:func:`extra_means`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+import numpy as np
+import torch
+from flwr.app import Message
+
+from ..config import FederationConfig
+from ..protocol import (
+    ARRAYS,
+    COMM_ACCURACY,
+    COMM_ACCURACY_PILOT_WHITENING,
+    COMM_SRC,
+    LOW_VARIANCE_FRACTION,
+    METRICS,
+    NON_EDGE_ACCURACY,
+    NON_EDGE_DIRECT_ACCURACY,
+    NON_EDGE_REPLY,
+    NON_EDGE_SRC,
+    PILOT_READING_ARRAYS,
+    PRIVATE_ACCURACY,
+    STALK_DIM,
+    VAL_COMM_ACCURACY,
+    VAL_COMM_ACCURACY_PILOT_WHITENING,
+    VAL_NON_EDGE_ACCURACY,
+    VAL_NON_EDGE_DIRECT_ACCURACY,
+    VAL_PRIVATE_ACCURACY,
+    array_record,
+    as_float,
+    as_int,
+    as_list,
+    metric_record,
+)
+from ..sheaf.diagnostics import graph_algebraic_connectivity, laplacian_spectrum, sample_non_edges
+from ..sheaf.network import NetworkSheaf
+from ..sheaf.variants import edge_dim
+from .records import EvaluationSummary, nanmean
+
+if TYPE_CHECKING:
+    from .evaluation import EvaluationView
+
+__all__ = [
+    "NonEdgePlan",
+    "comm_problem",
+    "edge_rows",
+    "extra_means",
+    "node_rows",
+    "non_edge_rows",
+    "phase1_arrays_problem",
+    "phase1_metrics_problem",
+    "sheaf_diagnostics",
+    "summarise_accuracies",
+    "transported_arrays_problem",
+]
+
+#: one receiver's non-edge plan: ``[(source, composed map (d_i, d_j), path source first), ...]``
+Plan = list[tuple[int, np.ndarray, list[int]]]
+NonEdgePlan = dict[int, Plan]
+"""The round's non-edge plan ``{receiver: Plan}`` (:func:`sheaf_diagnostics`)."""
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fraction(v: Any) -> bool:
+    """A number that is NaN (not measured) or in [0, 1]."""
+    return _number(v) and (math.isnan(v) or 0.0 <= v <= 1.0)
+
+
+def _not_fractions(m: Mapping[str, Any], keys: tuple[str, ...] | list[str]) -> str | None:
+    for k in keys:
+        bad = [v for v in m[k] if not _fraction(v)]
+        if bad:
+            return f"{k} = {bad[:5]} not in [0, 1] (or NaN)"
+    return None
+
+
+def phase1_metrics_problem(m: Mapping[str, Any], d: int) -> str | None:
+    """A stalk dimension other than the discovered ``d``, a private accuracy that is NaN or outside
+    [0, 1], or a low-variance fraction neither NaN nor in [0, 1] (``m``: the reply's metrics)."""
+    if not _number(m[STALK_DIM]) or m[STALK_DIM] != d:
+        return f"{STALK_DIM} = {m[STALK_DIM]!r}, but the node reported d={d} at discovery"
+    for key in (PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY):  # measured on non-empty splits
+        if not _fraction(m[key]) or math.isnan(m[key]):
+            return (
+                f"{key} = {m[key]!r} is not in [0, 1] (NaN: the node's test and validation "
+                f"splits are non-empty, so its accuracy is always measured)"
+            )
+    if not _fraction(m[LOW_VARIANCE_FRACTION]):
+        return f"{LOW_VARIANCE_FRACTION} = {m[LOW_VARIANCE_FRACTION]!r} is not in [0, 1] (or NaN)"
+    return None
+
+
+def phase1_arrays_problem(
+    a: Mapping[str, Any], d: int, num_pilots: int, pilot_reading: bool
+) -> str | None:
+    """Raw evaluation arrays ``a`` (Flower ``Array`` values) of a node with stalk dimension ``d``:
+    pilots not ``(K, d)``, latents not ``(M, d)`` with ``(M,)`` integer labels, NaN/inf in them, or
+    (``pilot_reading``) the strong reading's arrays not shaped like the paper reading's."""
+    pilots = a["pilots"].numpy()
+    if pilots.shape != (num_pilots, d):
+        return f"pilots of shape {pilots.shape}, expected ({num_pilots}, {d})"
+    if not np.isfinite(pilots).all():
+        return "NaN/inf pilots"
+    for split in ("test", "val"):
+        z, y = a[f"{split}-latents"].numpy(), a[f"{split}-labels"].numpy()
+        if (
+            z.ndim != 2
+            or z.shape[1] != d
+            or y.shape != (z.shape[0],)
+            or not np.issubdtype(y.dtype, np.integer)
+        ):
+            return f"{split} latents {z.shape} / labels {y.shape} {y.dtype}: expected (M, {d}) and (M,) integers"
+        if not np.isfinite(z).all():
+            return f"NaN/inf {split} latents"
+    if pilot_reading:  # the strong reading's arrays: same shapes as the paper reading's
+        for name, like in zip(PILOT_READING_ARRAYS, ("pilots", "test-latents", "val-latents")):
+            z = a[name].numpy()
+            if z.shape != a[like].numpy().shape or not np.isfinite(z).all():
+                return f"{name} of shape {z.shape} (expected {a[like].numpy().shape}) or NaN/inf entries"
+    return None
+
+
+def transported_arrays_problem(
+    a: Mapping[str, Any], d: int, neighbour_dims: Mapping[int, int], num_pilots: int
+) -> str | None:
+    """Arrays ``a`` of a node under stringent privacy: raw ``pilots`` present, or per neighbour j
+    (``{j: d_j}``) transported pilots not ``(K, d_e)`` / latents not ``(M, d_e)`` matching the labels
+    / NaN or inf (d_e = :func:`~flwr_sheaf.sheaf.variants.edge_dim`)."""
+    if "pilots" in a:
+        return "raw pilots in a reply under privacy='stringent'"
+    for j in sorted(neighbour_dims):
+        width = edge_dim(d, neighbour_dims[j])
+        shapes = {"pilots": (num_pilots, width)}
+        for split in ("test", "val"):
+            y = a[f"{split}-labels"].numpy()
+            shapes[f"{split}-latents"] = (y.shape[0] if y.ndim == 1 else -1, width)
+        for name, shape in shapes.items():
+            key = f"{j}/{name}"
+            if key not in a:
+                return f"no {key!r}"
+            x = a[key].numpy()
+            if x.shape != shape:
+                return f"{key} of shape {x.shape}, expected {shape}"
+            if not np.isfinite(x).all():
+                return f"NaN/inf in {key}"
+    return None
+
+
+def comm_problem(
+    m: Mapping[str, Any],
+    routed: tuple[int, ...],
+    plan: Plan,
+    edge_metric_keys: tuple[str, ...],
+    pilot_reading: bool,
+) -> str | None:
+    """Why a phase-2 reply's metrics ``m`` cannot be used (or None): the strong reading missing
+    (``pilot_reading``), per-edge lists of different lengths, sources other than the ``routed``
+    neighbours, an accuracy neither NaN nor in [0, 1], or bad non-edge entries for the ``plan``."""
+    return (
+        _strong_reading_problem(m, pilot_reading)
+        or _edge_problem(m, routed, edge_metric_keys)
+        or _non_edge_problem(m, plan)
+    )
+
+
+def _strong_reading_problem(m: Mapping[str, Any], pilot_reading: bool) -> str | None:
+    missing = [
+        n
+        for n in (COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING)
+        if pilot_reading and n not in m
+    ]
+    return (
+        f"the strong post-hoc reading was asked for, but the reply lacks {missing}"
+        if missing
+        else None
+    )
+
+
+def _edge_problem(
+    m: Mapping[str, Any], routed: tuple[int, ...], edge_metric_keys: tuple[str, ...]
+) -> str | None:
+    lists = [COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY] + [n for n in edge_metric_keys if n in m]
+    if any(not isinstance(m[k], list) for k in lists):
+        return f"per-edge entries {lists} must be lists"
+    if len({len(m[k]) for k in lists}) != 1:
+        return f"per-edge lists of different lengths {[len(m[k]) for k in lists]}"
+    if sorted(int(x) for x in m[COMM_SRC]) != sorted(routed) or len(set(m[COMM_SRC])) != len(
+        m[COMM_SRC]
+    ):
+        return f"sources {list(m[COMM_SRC])}, but neighbours {list(routed)} were routed to it"
+    return _not_fractions(m, lists[1:])
+
+
+def _non_edge_problem(m: Mapping[str, Any], plan: Plan) -> str | None:
+    if not plan:
+        return None
+    names = NON_EDGE_REPLY[METRICS]
+    missing = [k for k in names if k not in m]
+    if missing:
+        return f"non-edge sources were routed to it, but the reply lacks {missing}"
+    if any(not isinstance(m[k], list) for k in names) or len({len(m[k]) for k in names}) != 1:
+        return f"non-edge entries {list(names)} must be lists of one length"
+    if sorted(int(x) for x in m[NON_EDGE_SRC]) != sorted(j for j, _, _ in plan):
+        return f"non-edge sources {list(m[NON_EDGE_SRC])}, but {[j for j, _, _ in plan]} were routed to it"
+    return _not_fractions(m, names[1:])
+
+
+def sheaf_diagnostics(
+    view: EvaluationView,
+    federation: FederationConfig,
+    phase1: Mapping[int, Message],
+    holds_raw_pilots: bool = True,
+) -> NonEdgePlan:
+    """Sheaf diagnostics of ``view``'s evaluated round; returns the non-edge plan (docs/variants-diagnostics.md).
+
+    On the subgraph induced by the accepted phase-1 nodes every edge's map is refitted by
+    Procrustes on their pilots (Eq. 18). Recorded in the round: ``sheaf_edge_tv`` (per oriented
+    edge), ``sheaf_tv_mean``, ``sheaf_tv_max``; with ``diagnostics-eigenvalues = k > 0`` the k
+    smallest eigenvalues of the sheaf Laplacian (Eq. 6) and its near-kernel
+    (:func:`~flwr_sheaf.sheaf.diagnostics.laplacian_spectrum`); with ``non-edge-pairs = P > 0``
+    up to P non-adjacent pairs, each planned in both directions with the maps composed along a
+    shortest path (:meth:`~flwr_sheaf.sheaf.network.NetworkSheaf.transport_map`).
+
+    Without raw pilots (``holds_raw_pilots`` False under stringent privacy, or a reply without
+    ``pilots``) nothing is computed and ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say
+    why. ``phase1``: the accepted replies ``{partition-id: reply}``; the server computes with
+    ``torch-threads`` threads (when > 0; restored afterwards).
+    """
+    rec = view.record.evaluate
+    why = _skip_reason(view, phase1, holds_raw_pilots)
+    if why is not None:
+        rec["sheaf_diagnostics_skipped"] = why
+        if federation.non_edge_pairs > 0:
+            rec["non_edges_skipped"] = why
+        return {}
+    present = sorted(phase1)
+    if not present:
+        return {}
+    threads = torch.get_num_threads()
+    if view.train.torch_threads > 0:
+        torch.set_num_threads(view.train.torch_threads)
+    try:
+        pilots = {
+            p: torch.from_numpy(
+                np.asarray(
+                    array_record(phase1[p].content, ARRAYS)["pilots"].numpy(), dtype=np.float64
+                )
+            )
+            for p in present
+        }
+        assert view.graph is not None  # built before any evaluation
+        sub = view.graph.subgraph(present)
+        sheaf = NetworkSheaf(sub, {p: view.nodes[p].d for p in present})
+        sheaf.fit_maps(pilots)
+        tv = sheaf.edge_total_variation(pilots)
+        rec["sheaf_edge_tv"] = [[int(h), int(t), v] for (h, t), v in tv.items()]
+        rec["sheaf_tv_mean"] = nanmean(tv.values())
+        rec["sheaf_tv_max"] = max(tv.values()) if tv else float("nan")
+        if federation.diagnostics_eigenvalues > 0:
+            _spectrum(view, federation.diagnostics_eigenvalues, sheaf, sub, rec)
+        if federation.non_edge_pairs <= 0:
+            return {}
+        return _non_edge_plan(view, federation.non_edge_pairs, sheaf, sub, present, rec)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _skip_reason(
+    view: EvaluationView, phase1: Mapping[int, Message], holds_raw_pilots: bool
+) -> str | None:
+    lacking = [p for p in sorted(phase1) if "pilots" not in phase1[p].content[ARRAYS]]
+    if not holds_raw_pilots:
+        return (
+            f"{view.owner} does not hold the nodes' raw pilots (stringent privacy): the maps "
+            f"cannot be composed or refitted at the server"
+        )
+    if lacking:
+        return f"the phase-1 replies of partition-ids {lacking[:10]} carry no pilots: the maps cannot be refitted"
+    return None
+
+
+def _spectrum(
+    view: EvaluationView, k: int, sheaf: NetworkSheaf, sub: nx.Graph, rec: dict[str, Any]
+) -> None:
+    try:
+        spec = laplacian_spectrum(
+            sheaf.maps,
+            sheaf.dims,
+            sheaf.edges,
+            k,
+            seed=int(np.random.SeedSequence([view.seed, view.server_round]).generate_state(1)[0]),
+        )
+    # a numerical failure is recorded, never a crashed server
+    except torch.linalg.LinAlgError as exc:
+        rec["sheaf_diagnostics_skipped"] = f"eigensolver failed: {exc}"
+        return
+    rec.update(
+        {
+            "sheaf_laplacian_eigenvalues": spec.eigenvalues,
+            "sheaf_near_kernel_dim": spec.near_kernel_dim,
+            "sheaf_near_kernel_exact": spec.near_kernel_exact,
+            "sheaf_near_kernel_tolerance": spec.tolerance,
+            "sheaf_kernel_dim_bound": spec.kernel_bound,
+            "sheaf_laplacian_size": spec.n,
+            "sheaf_eigensolver": spec.solver,
+            "sheaf_eigen_residual": spec.max_residual,
+            "graph_algebraic_connectivity": graph_algebraic_connectivity(sub),
+        }
+    )
+
+
+def _non_edge_plan(
+    view: EvaluationView,
+    num_pairs: int,
+    sheaf: NetworkSheaf,
+    sub: nx.Graph,
+    present: list[int],
+    rec: dict[str, Any],
+) -> NonEdgePlan:
+    plan: NonEdgePlan = {}
+    pairs = sample_non_edges(view.graph, present, num_pairs, view.seed, view.server_round)
+    if not pairs:
+        rec["non_edges_skipped"] = (
+            "no non-adjacent pair of evaluated nodes joined by a path of evaluated nodes"
+        )
+    for a, b in pairs:
+        path = [int(v) for v in nx.shortest_path(sub, a, b)]
+        for src_path in (path, path[::-1]):  # source first
+            plan.setdefault(src_path[-1], []).append(
+                (src_path[0], sheaf.transport_map(src_path).numpy(), src_path)
+            )
+    return plan
+
+
+def node_rows(phase1: Mapping[int, Message], node_metric_names: tuple[str, ...]) -> dict[int, dict]:
+    """Per partition-id: ``d``, ``private_accuracy``, ``val_private_accuracy``,
+    ``low_variance_fraction`` and each of ``node_metric_names`` (``-`` -> ``_``; NaN when absent)."""
+    nodes = {}
+    for pid, r in phase1.items():
+        m = metric_record(r.content, METRICS)
+        nodes[pid] = {
+            "d": as_int(m[STALK_DIM], STALK_DIM),
+            "private_accuracy": as_float(m[PRIVATE_ACCURACY], PRIVATE_ACCURACY),
+            "val_private_accuracy": as_float(m[VAL_PRIVATE_ACCURACY], VAL_PRIVATE_ACCURACY),
+            "low_variance_fraction": as_float(m[LOW_VARIANCE_FRACTION], LOW_VARIANCE_FRACTION),
+        }
+        for name in node_metric_names:
+            nodes[pid][name.replace("-", "_")] = (
+                as_float(m[name], name) if name in m else float("nan")
+            )
+    return nodes
+
+
+def edge_rows(ok: Mapping[int, Message], edge_metric_keys: tuple[str, ...]) -> list[dict]:
+    """Per directed edge (``src`` -> ``dst``, the receiver): test and validation communication
+    accuracy and each of ``edge_metric_keys`` (NaN when absent)."""
+    edges = []
+    for dst, r in ok.items():
+        m = metric_record(r.content, METRICS)
+        for k, (src, acc, vacc) in enumerate(
+            zip(
+                as_list(m[COMM_SRC], COMM_SRC),
+                as_list(m[COMM_ACCURACY], COMM_ACCURACY),
+                as_list(m[VAL_COMM_ACCURACY], VAL_COMM_ACCURACY),
+            )
+        ):
+            edges.append(
+                {
+                    "src": int(src),
+                    "dst": int(dst),
+                    "communication_accuracy": float(acc),
+                    "val_communication_accuracy": float(vacc),
+                    **{
+                        n.replace("-", "_"): float(as_list(m[n], n)[k]) if n in m else float("nan")
+                        for n in edge_metric_keys
+                    },
+                }
+            )
+    return edges
+
+
+#: a phase-2 reply's non-edge lists -> the non-edge row's keys
+_NON_EDGE_COLUMNS = {
+    NON_EDGE_ACCURACY: "communication_accuracy",
+    VAL_NON_EDGE_ACCURACY: "val_communication_accuracy",
+    NON_EDGE_DIRECT_ACCURACY: "communication_accuracy_direct",
+    VAL_NON_EDGE_DIRECT_ACCURACY: "val_communication_accuracy_direct",
+}
+
+
+def non_edge_rows(ok: Mapping[int, Message], plan_of: NonEdgePlan) -> list[dict]:
+    """Per directed non-edge pair planned for a receiver: ``src``, ``dst``, ``hops``, ``path``, the
+    multi-hop and the direct communication accuracies (test and validation)."""
+    non_edges = []
+    for dst in sorted(ok):
+        plan = {j: path for j, _, path in plan_of.get(dst, [])}
+        if not plan:
+            continue
+        m = metric_record(ok[dst].content, METRICS)
+        col = {key: as_list(m[key], key) for key in _NON_EDGE_COLUMNS}
+        for k, src in enumerate(as_list(m[NON_EDGE_SRC], NON_EDGE_SRC)):
+            path = plan[int(src)]
+            row = {"src": int(src), "dst": int(dst), "hops": len(path) - 1, "path": list(path)}
+            non_edges.append(
+                {**row, **{name: float(col[key][k]) for key, name in _NON_EDGE_COLUMNS.items()}}
+            )
+    return non_edges
+
+
+def extra_means(
+    nodes: Mapping[int, dict],
+    edges: list[dict],
+    non_edges: list[dict] | None,
+    node_metric_names: tuple[str, ...],
+    edge_metric_keys: tuple[str, ...],
+) -> dict[str, Any]:
+    """The round's extra metrics: ``<name>_mean`` over nodes of each node metric,
+    ``<name>_degree_weighted`` (mean over directed edges, Fig. 2) of each edge metric and, when
+    non-edge pairs were asked for (``non_edges`` not None), their means, count and mean hops."""
+    extra: dict[str, Any] = {
+        f"{name.replace('-', '_')}_mean": nanmean(n[name.replace("-", "_")] for n in nodes.values())
+        for name in node_metric_names
+    }
+    for name in edge_metric_keys:  # degree-weighted = mean over directed edges (Fig. 2)
+        key = name.replace("-", "_")
+        extra[f"{key}_degree_weighted"] = nanmean(e[key] for e in edges)
+    if non_edges is not None:  # mean over measured directed non-edge pairs
+        for key in _NON_EDGE_COLUMNS.values():  # communication_accuracy_non_edges, ...
+            extra[key.replace("accuracy", "accuracy_non_edges", 1)] = nanmean(
+                e[key] for e in non_edges
+            )
+        extra["non_edge_pairs_measured"] = len(non_edges)
+        extra["non_edge_hops_mean"] = nanmean(e["hops"] for e in non_edges)
+    return extra
+
+
+def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> EvaluationSummary:
+    """Round summary (paper Eq. 22, Fig. 2) of the ``nodes`` rows and the directed ``edges`` rows
+    (``dst`` = receiver): ``private_accuracy_mean``; ``communication_accuracy_mean`` (mean over
+    receivers of their mean over incoming edges, the reference code's); ``..._degree_weighted``
+    (``sum_i deg_i A_i / sum_i deg_i`` = mean over directed edges, the paper's Fig. 2); the same with
+    ``val_``; ``low_variance_fraction_mean``.
+    """
+    out = {
+        "private_accuracy_mean": nanmean(n["private_accuracy"] for n in nodes.values()),
+        "val_private_accuracy_mean": nanmean(n["val_private_accuracy"] for n in nodes.values()),
+        "low_variance_fraction_mean": nanmean(
+            n.get("low_variance_fraction", float("nan")) for n in nodes.values()
+        ),
+    }
+    for prefix, key in (("", "communication_accuracy"), ("val_", "val_communication_accuracy")):
+        per_recv: dict[int, list[float]] = {}
+        for e in edges:
+            per_recv.setdefault(e["dst"], []).append(e[key])
+        out[f"{prefix}communication_accuracy_mean"] = nanmean(nanmean(v) for v in per_recv.values())
+        out[f"{prefix}communication_accuracy_degree_weighted"] = nanmean(e[key] for e in edges)
+    return EvaluationSummary(**out)
