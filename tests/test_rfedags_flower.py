@@ -7,6 +7,7 @@ weights from the paper's formulas, QR retraction in numpy), not from the strateg
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import numpy as np
@@ -15,6 +16,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.clientapp import ClientApp
 from oracles.rfedags_runner import run_federated
 
+from flwr_sheaf.methods.rfedags.baselines_strategy import RFedBaseline
 from flwr_sheaf.methods.rfedags.client import (
     STATE_KEY,
     ProblemClient,
@@ -27,7 +29,7 @@ from flwr_sheaf.methods.rfedags.pca import (
     planted_pca_problem,
     synthetic_pca_problem,
 )
-from flwr_sheaf.methods.rfedags.strategy import RFedAGS
+from flwr_sheaf.methods.rfedags.strategy import RFedAGS, RiemannianArgs, setup_riemannian
 from flwr_sheaf.participation import bernoulli_participation, parse_participation
 from flwr_sheaf.testing import LocalGrid
 
@@ -266,12 +268,24 @@ def test_bad_inputs():
         RFedAGS(3, [0.5, 0.5, 0.2], mode="fedavg")
     with pytest.raises(ValueError, match="expected num_nodes=3"):
         RFedAGS(3, [0.5, 0.5])
+    with pytest.raises(TypeError, match="'local_step'"):  # a misspelled setting, named
+        RFedAGS(3, [0.5, 0.5, 0.2], local_step=2)
+    with pytest.raises(TypeError, match="'step_sise'"):
+        RFedBaseline(3, [0.5, 0.5, 0.2], method="rfedavg", step_sise=0.1)
     # an off-manifold point: the strategy refuses to start
     app = register_rfedags_handlers(ClientApp(), problem_factory(prob))
     grid = LocalGrid(app, prob.num_clients)
     strat = RFedAGS(prob.num_clients, p)
     with pytest.raises(ValueError, match="off Stiefel"):
         strat.start(grid, ArrayRecord({"x": Array(np.ones((prob.d, 2)))}), num_rounds=1)
+
+
+def test_the_settings_typeddict_names_every_setting_setup_riemannian_takes():
+    # RFedAGS's and RFedBaseline's **settings are typed by RiemannianArgs; the defaults are in
+    # setup_riemannian's signature: both must name the same settings
+    params = inspect.signature(setup_riemannian).parameters.values()
+    with_default = {p.name for p in params if p.default is not inspect.Parameter.empty}
+    assert set(RiemannianArgs.__annotations__) == with_default
 
 
 def test_participation_spec_forms():

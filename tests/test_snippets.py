@@ -1010,6 +1010,18 @@ def test_checker_reports_a_wrong_keyword_of_a_real_function_with_file_and_line(t
     assert len(out.problems) == 2
 
 
+def test_checker_reports_a_misspelled_setting_of_rfedags_and_its_baselines(tmp_path):
+    out = _one(
+        "```python\nfrom flwr_sheaf.methods.rfedags.strategy import RFedAGS\n"
+        "from flwr_sheaf.methods.rfedags.baselines_strategy import RFedBaseline\n"
+        "RFedAGS(3, None, local_steps=2, step_sise=0.1)\n"
+        "RFedBaseline(3, None, method='rfedavg', seed=1, q_mn=0.1)\n```\n",
+        tmp_path,
+    )
+    text = "\n".join(out.problems)
+    assert "'step_sise'" in text and "'q_mn'" in text and len(out.problems) == 2
+
+
 def test_checker_reports_a_missing_name_script_flag_and_run_config_key(tmp_path):
     assert "cannot import name 'SheafFLR'" in "\n".join(
         _one("```python\nfrom flwr_sheaf import SheafFLR\n```\n", tmp_path).problems

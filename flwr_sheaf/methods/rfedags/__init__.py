@@ -39,7 +39,7 @@ from .client import ProblemClient, register_rfedags_baseline_handlers, register_
 from .frechet import commuting_spd_problem, symmetric_poincare_problem  # noqa: E402
 from .pca import planted_pca_problem, subspace_distance  # noqa: E402
 from .protocol import POINT  # noqa: E402
-from .strategy import RFedAGS  # noqa: E402
+from .strategy import RFedAGS, RiemannianArgs  # noqa: E402
 
 PROBLEMS = ("pca", "spd", "poincare")
 
@@ -103,22 +103,16 @@ def _problem(c: RunConfig) -> tuple[Any, np.ndarray]:
     return planted_problem(c.own(RFedAGSConfig).problem, c.federation.seed)
 
 
-class PlantedMetrics:
-    """``x -> {"gap": F(x) - F(x*), "distance_to_optimum": dist(x, x*)}`` of a planted problem
-    (a picklable callable: server checkpoints hold the strategy)."""
-
-    def __init__(self, problem: Any) -> None:
-        self.problem = problem
-
-    def __call__(self, x: np.ndarray) -> dict[str, float]:
-        """The round's metrics at the new server point ``x``."""
-        pr = self.problem
-        dist = (
-            pr.distance_to_optimum(x)
-            if hasattr(pr, "distance_to_optimum")
-            else subspace_distance(x, pr.optimum()[0])
-        )
-        return {"gap": float(pr.gap(x)), "distance_to_optimum": float(dist)}
+def planted_metrics(problem: Any, x: np.ndarray) -> dict[str, float]:
+    """``{"gap": F(x) - F(x*), "distance_to_optimum": dist(x, x*)}`` of a planted problem at the new
+    server point ``x`` (the strategies' ``round_metrics`` as a picklable ``functools.partial`` of
+    ``problem``: server checkpoints hold the strategy)."""
+    dist = (
+        problem.distance_to_optimum(x)
+        if hasattr(problem, "distance_to_optimum")
+        else subspace_distance(x, problem.optimum()[0])
+    )
+    return {"gap": float(problem.gap(x)), "distance_to_optimum": float(dist)}
 
 
 def check_minibatch(cfg: RFedAGSConfig, problem: Any) -> None:
@@ -152,19 +146,19 @@ def _build(method: str) -> Callable[[RunConfig, int], RFedAGS | RFedBaseline]:
         cfg, (problem, p) = c.own(RFedAGSConfig), _problem(c)
         check_minibatch(cfg, problem)
         part = c.federation.participation or p
-        kw = dict(
-            local_steps=cfg.local_steps,
-            step_size=cfg.step_size,
-            decay_rounds=cfg.decay_rounds,
-            manifold=problem.manifold,
-            minibatch_size=cfg.minibatch_size,
-            seed=c.federation.seed,
-            discovery_timeout=c.discovery_timeout,
-            round_metrics=PlantedMetrics(problem),
-        )
+        settings: RiemannianArgs = {
+            "local_steps": cfg.local_steps,
+            "step_size": cfg.step_size,
+            "decay_rounds": cfg.decay_rounds,
+            "manifold": problem.manifold,
+            "minibatch_size": cfg.minibatch_size,
+            "seed": c.federation.seed,
+            "discovery_timeout": c.discovery_timeout,
+            "round_metrics": functools.partial(planted_metrics, problem),
+        }
         if method == "rfedags":
-            return RFedAGS(n, part, mode=cfg.mode, **kw)
-        return RFedBaseline(n, part, method=method, **kw)
+            return RFedAGS(n, part, mode=cfg.mode, **settings)
+        return RFedBaseline(n, part, method=method, **settings)
 
     return build
 

@@ -29,7 +29,7 @@ of the round.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -59,11 +59,12 @@ from .protocol import (
     STREAM_RECORD,
 )
 from .strategy import (
+    RiemannianArgs,
     RiemannianState,
     close_train,
     init_server,
-    log,
     log_rfed_round,
+    log_rfed_summary,
     round_prologue,
     setup_riemannian,
     train_config,
@@ -81,9 +82,8 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         num_nodes, participation: as :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`.
         method: one of :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES` (also the message action).
         mode: aggregation weights (default ``"uncorrected"``: ``1/|S_t|``).
-        **kwargs: the other keyword arguments of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`
-            (``local_steps``, ``step_size``, ``decay_rounds``, ``global_step`` (varpi / eta_g),
-            ``q_min``, ``estimator``, ``manifold``, ``minibatch_size``, ``seed``, ``discovery_timeout``).
+        **settings: :class:`~flwr_sheaf.methods.rfedags.strategy.RiemannianArgs`, as RFedAGS's
+            (``global_step`` is varpi / eta_g).
 
     Raises:
         ValueError: an unknown method; ``action=``; the arguments RFedAGS refuses; (first round)
@@ -98,13 +98,13 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         *,
         method: str,
         mode: str = "uncorrected",
-        **kwargs: Any,
+        **settings: Unpack[RiemannianArgs],
     ) -> None:
         if method not in BASELINES:
             raise ValueError(f"method must be one of {BASELINES}, got {method!r}")
-        if "action" in kwargs:
+        if "action" in settings:
             raise ValueError("RFedBaseline's action is its method name; do not pass action=")
-        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **kwargs)
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=method, **settings)
         self.method = method
         self._timeout = 3600.0
         self._x_mid: np.ndarray | None = None
@@ -136,8 +136,8 @@ class RFedBaseline(GraphStrategy, RiemannianState):
             evaluate_fn=evaluate_fn,
         )
 
-    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
-        log_rfed_round(rec)
+    log_round = log_rfed_round
+    summary = log_rfed_summary
 
     def _init_server(self, arrays: ArrayRecord) -> None:
         init_server(self, arrays)
@@ -170,8 +170,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
                 )
                 continue
             grads[pid] = g
-        mask = np.zeros(self.num_nodes, dtype=bool)
-        mask[list(grads)] = True
+        mask = np.isin(np.arange(self.num_nodes), list(grads))  # (N,) bool: who is used
         w, _ = self.server.weights(mask)
         self._g_t = aggregate_streams(grads, w, shape, "gradient")
         return sorted(grads)
@@ -264,15 +263,3 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._zeta_prev.update(zetas)
         self._prev_responders = set(uploads)
         return x_new, x_new - self._x_t
-
-    def summary(self) -> None:  # noqa: D102 - Strategy API
-        log.info(
-            "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, global step=%g)",
-            self.method,
-            self.mode,
-            self.num_nodes,
-            self.local_steps,
-            self.step_size,
-            self.decay_rounds,
-            self.global_step,
-        )

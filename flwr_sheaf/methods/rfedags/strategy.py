@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -58,9 +58,11 @@ from .protocol import LOCAL_STEPS, MINIBATCH_SIZE, POINT, STEP_SIZE, STREAM, STR
 
 __all__ = [
     "RFedAGS",
+    "RiemannianArgs",
     "close_train",
     "init_server",
     "log_rfed_round",
+    "log_rfed_summary",
     "round_prologue",
     "setup_riemannian",
     "train_config",
@@ -71,29 +73,48 @@ __all__ = [
 log = logging.getLogger("flwr_sheaf")
 
 
-class RiemannianState:
-    """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
-    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
-    (declared for type checkers; ``server`` / ``_x_t`` are None until the first round builds them).
-    The settings (keyword arguments of :func:`setup_riemannian` and of both strategies; defaults
-    in its signature, ``discovery_timeout`` as :class:`~flwr_sheaf.strategy.graph.GraphStrategy`):
+class RiemannianArgs(TypedDict, total=False):
+    """The settings of :class:`RFedAGS` and
+    :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline` (their ``**settings``;
+    defaults in the signature of :func:`setup_riemannian`, ``discovery_timeout`` as
+    :class:`~flwr_sheaf.methods.registry.GraphArgs`); each is kept as the strategy's attribute.
 
     Attributes:
         local_steps: ``K >= 1``.
         step_size: ``alpha_0 > 0``; ``alpha_t = alpha_0 / (1 + t/decay_rounds)`` with ``t = round - 1``.
         decay_rounds: ``>= 0`` (0 = fixed step).
         global_step: ``varpi > 0`` (paper and code: 1).
-        q_min: floor of the frequency estimate (see :class:`~flwr_sheaf.participation.FrequencyEstimator`).
-        estimate_includes_current: False = paper (``q^t`` from past rounds), True = authors' code.
-        estimator: frequency estimator of ``"corrected"``: ``"plus-one"`` (default; ``(c+1)/(t+1)``,
-            expected weights ``(1 - (1-p)^{t+1})/N``, never above ``1/N``) or ``"empirical"`` (paper, ``c/t``); see
-            :class:`~flwr_sheaf.participation.FrequencyEstimator` and docs/participation.md, s4.1.
+        q_min, estimate_includes_current, estimator: the frequency estimate of ``"corrected"``:
+            :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`'s ``q_min``,
+            ``estimate_includes_current`` and ``estimator_kind`` (docs/participation.md, s4.1).
         manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
             -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
         seed: participation and mini-batch seed.
+        discovery_timeout: seconds to wait for SuperNodes.
         round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
             (e.g. the planted problem's optimality gap and distance to the optimum).
+    """
+
+    local_steps: int
+    step_size: float
+    decay_rounds: float
+    global_step: float
+    q_min: float
+    estimate_includes_current: bool
+    estimator: str
+    manifold: Manifold | None
+    minibatch_size: int
+    seed: int
+    discovery_timeout: float
+    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None
+
+
+class RiemannianState:
+    """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
+    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
+    (declared for type checkers; the settings are :class:`RiemannianArgs`; ``server`` / ``_x_t``
+    are None until the first round builds them).
     """
 
     alpha: Callable[[int], float]
@@ -135,16 +156,9 @@ def setup_riemannian(
 ) -> None:
     """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
     shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`.
-    The keyword arguments after ``action`` are the settings of :class:`RiemannianState`.
-
-    Args:
-        s: the strategy (its :class:`RiemannianState` attributes are set).
-        num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
-        participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec string of
-            :func:`flwr_sheaf.participation.parse_participation`; None = full participation).
-            ``p_i = 0`` is allowed (the node never trains).
-        mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
-        action: message action name (RFedAGS: ``"rfedags"``; a baseline: its method name).
+    ``s`` gets its :class:`RiemannianState` attributes; the other arguments are :class:`RFedAGS`'s
+    (``action``: a baseline's is its method name); the keyword arguments after ``action`` are
+    :class:`RiemannianArgs` (the defaults are here).
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes, estimator or mini-batch size.
@@ -302,8 +316,7 @@ def usable_uploads(
             continue
         uploads[pid] = upload
         num_examples[pid] = as_float(n_i, NUM_EXAMPLES)
-    mask = np.zeros(s.num_nodes, dtype=bool)
-    mask[list(uploads)] = True
+    mask = np.isin(np.arange(s.num_nodes), list(uploads))  # (N,) bool: who is used
     return uploads, num_examples, mask
 
 
@@ -349,8 +362,9 @@ def close_train(
     return pack_arrays({POINT: x_new}), MetricRecord({k: float(v) for k, v in metrics.items()})
 
 
-def log_rfed_round(rec: Any) -> None:
-    """One progress line per round of the RFedAGS family (drawn, responders, direction norm)."""
+def log_rfed_round(s: Any, rec: Any) -> None:
+    """One progress line per round of the RFedAGS family (drawn, responders, direction norm; the
+    ``log_round`` hook of :class:`RFedAGS` and of the baselines)."""
     t = rec.train
     log.info(
         "round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s",
@@ -362,22 +376,39 @@ def log_rfed_round(rec: Any) -> None:
     )
 
 
+def log_rfed_summary(s: Any) -> None:
+    """The settings of a strategy of the RFedAGS family, logged once at its start (the ``summary``
+    hook of :class:`RFedAGS` and of the baselines; named by its action)."""
+    log.info(
+        "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)",
+        s.action,
+        s.mode,
+        s.num_nodes,
+        s.local_steps,
+        s.step_size,
+        s.decay_rounds,
+        s.global_step,
+        s.q_min,
+    )
+
+
 class RFedAGS(GraphStrategy, RiemannianState):
     """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines-rfedags.md, s5) as a Flower strategy.
 
     Args:
-        num_nodes: number of partitions ``N`` (:func:`setup_riemannian`).
-        participation: probabilities ``p_i`` (:func:`setup_riemannian`; None = full participation).
-        mode: ``"corrected"`` (default), ``"known-p"`` or ``"uncorrected"``.
+        num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
+        participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec string of
+            :func:`flwr_sheaf.participation.parse_participation`; None = full participation).
+            ``p_i = 0`` is allowed (the node never trains).
+        mode: ``"corrected"`` (default; frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
         action: message action name (default ``"rfedags"``).
-        **kwargs: RFedAGS's settings (:class:`RiemannianState`; defaults in :func:`setup_riemannian`)
-            (``local_steps`` K, ``step_size``, ``decay_rounds``, ``global_step`` varpi, ``q_min``,
-            ``estimate_includes_current``, ``estimator``, ``manifold``, ``minibatch_size``,
-            ``seed``, ``discovery_timeout``, ``round_metrics``).
+        **settings: :class:`RiemannianArgs` (``local_steps`` K, ``step_size``, ``decay_rounds``,
+            ``global_step`` varpi, ``q_min``, ...; defaults in :func:`setup_riemannian`).
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes; (in ``configure_train``) an initial
             array without key ``"x"``, of unsupported rank, or off the manifold.
+        TypeError: a keyword that is not a setting (named).
     """
 
     def __init__(
@@ -387,12 +418,11 @@ class RFedAGS(GraphStrategy, RiemannianState):
         *,
         mode: str = "corrected",
         action: str = ACTION,
-        **kwargs: Any,
+        **settings: Unpack[RiemannianArgs],
     ) -> None:
-        setup_riemannian(self, num_nodes, participation, mode=mode, action=action, **kwargs)
+        setup_riemannian(self, num_nodes, participation, mode=mode, action=action, **settings)
 
-    def _init_server(self, arrays: ArrayRecord) -> None:
-        init_server(self, arrays)
+    _init_server = init_server
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -425,17 +455,5 @@ class RFedAGS(GraphStrategy, RiemannianState):
         args = (res.x, res.direction, res.weights, res.estimates, zetas, extra)
         return close_train(self, *args, record_estimates=True)
 
-    def log_round(self, rec) -> None:  # noqa: D102 - GraphStrategy hook
-        log_rfed_round(rec)
-
-    def summary(self) -> None:  # noqa: D102 - Strategy API
-        log.info(
-            "RFedAGS(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)",
-            self.mode,
-            self.num_nodes,
-            self.local_steps,
-            self.step_size,
-            self.decay_rounds,
-            self.global_step,
-            self.q_min,
-        )
+    log_round = log_rfed_round
+    summary = log_rfed_summary
