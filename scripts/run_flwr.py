@@ -17,11 +17,13 @@ Before anything starts, every ``--run-config`` key must be declared in the app's
 itself refuses such a run with ``[code: 15] Invalid run configuration.``, naming no key).
 
 The Ray cluster is chosen explicitly (flwr_sheaf/tools/ray_cluster.py): ``--ray-address host:port`` runs the
-ClientApps on that existing cluster (its GCS must answer; ``init-args-num-cpus/-gpus`` in
+ClientApps on that existing cluster (``auto``: the one ``ray start`` recorded; a Ray GCS must answer
+there within seconds, else the run is refused naming what listens; ``init-args-num-cpus/-gpus`` in
 ``--federation-config`` are refused: each node declares its resources with ``ray start``);
 without it the run gets a private local Ray instance (``RAY_ADDRESS=local``) even where a
 ``ray start`` left its address file (said so), and a ``RAY_ADDRESS`` set in the environment is
-refused. Across machines: docs/running.md, "A Ray cluster".
+refused. A ``flwr run`` that outlives ``--timeout`` is stopped with a message (exit status 1).
+Across machines: docs/running.md, "A Ray cluster".
 
 Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
 [--port 29291 | --port 0] [--timeout 900] [--run-config "k=v k2=v2"] [--federation-config "k=v"]
@@ -111,6 +113,30 @@ def parse_federation(text: str) -> dict[str, str]:
     return out
 
 
+def last_status(flwr: str, env: dict[str, str]) -> str:
+    """The run's status from ``flwr ls`` (:func:`run_status`), or why it is unknown: ``flwr ls``
+    that does not answer within its own time limit is said, not raised."""
+    try:
+        return str(run_status(flwr, env))
+    except subprocess.TimeoutExpired as exc:
+        return f"unknown (`flwr ls` did not answer within {exc.timeout:g} s)"
+
+
+def timeout_message(timeout: float, status: str, ray_address: str | None) -> str:
+    """What the user reads when ``flwr run`` outlived ``--timeout`` (it was killed; the SuperLink is
+    stopped next): the limit, the run's last status, and where to look."""
+    where = (
+        f"the Ray cluster at {ray_address} (is every node up? `ray status --address {ray_address}`)"
+        if ray_address
+        else "a private local Ray instance"
+    )
+    return (
+        f"flwr run did not finish within --timeout {timeout:g} s and was stopped (run status: "
+        f"{status}; its ClientApps ran on {where}). A larger run needs a larger --timeout; a run "
+        "that never started waits for SuperNodes or Ray: see the output above"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--app", default=".")
@@ -145,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         "--ray-address",
         default=None,
         help="run the ClientApps on this existing Ray cluster (host:port of its head's GCS, the "
-        "--port of `ray start --head`); default: a private local Ray instance (docs/running.md)",
+        "--port of `ray start --head`; auto: the one `ray start` recorded on this machine); "
+        "default: a private local Ray instance (docs/running.md)",
     )
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
     args = ap.parse_args(argv)
@@ -153,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         federation = parse_federation(args.federation_config)
         ray_vars, note = ray_environment(args.ray_address)
-        if args.ray_address is not None:
+        if args.ray_address is not None:  # `auto` resolved to the recorded host:port
+            args.ray_address = ray_vars["RAY_ADDRESS"]
             check_federation_for_cluster(federation, args.ray_address)
             check_reachable(args.ray_address)
     except RayClusterError as exc:
@@ -230,9 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     print("+", " ".join(cmd), flush=True)
     t0 = time.monotonic()
     try:
-        rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:  # subprocess.run has killed `flwr run`
+            status = last_status(flwr, env)
+            print(timeout_message(args.timeout, status, args.ray_address), file=sys.stderr)
+            return 1
         wall = time.monotonic() - t0
-        status = run_status(flwr, env)
+        status = last_status(flwr, env)
         print(f"flwr run exit code {rc}; run status: {status}; wall time {wall:.1f} s", flush=True)
         return 0 if status == "finished:completed" else 1
     finally:

@@ -356,6 +356,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run each population size in ``--agents``; update ``<out>/summary.json`` and ``table.md``
     after every run. Returns exit status 0, or 1 if some run failed or wrote no results."""
     args = build_parser().parse_args(argv)
+    if args.engine == "ray" and args.ray_address is not None:  # before any run: one refusal
+        from flwr_sheaf.tools.ray_cluster import RayClusterError, check_reachable, resolve_address
+
+        try:
+            args.ray_address = resolve_address(args.ray_address)
+            check_reachable(args.ray_address)
+        except RayClusterError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     args.dataset = args.dataset or default_dataset()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

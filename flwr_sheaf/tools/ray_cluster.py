@@ -8,14 +8,24 @@ forgotten ``ray start`` silently captures every later simulation, and a run on a
 and ``flwr run`` still exits 0; the pitfalls, measured: docs/running.md, "A Ray cluster"). This
 module decides up front, for ``scripts/run_flwr.py`` (which loads this file by path): the
 ``RAY_ADDRESS`` a run gets (the ``--ray-address`` cluster, or a private ``local`` instance), the
-federation settings Ray refuses on a cluster, and whether the cluster answers.
+federation settings Ray refuses on a cluster, and whether a Ray GCS answers at the address (a gRPC
+call of Ray's own ``GetClusterId`` handshake, seconds at most: an HTTP server or any other service on
+that port is named, not waited on for ``flwr run``'s whole ``--timeout``).
+
+Run as a script it serves the shared-machine recipe of docs/running.md ("A Ray cluster"):
+``python flwr_sheaf/tools/ray_cluster.py free-ports N`` prints N free TCP ports, and
+``python flwr_sheaf/tools/ray_cluster.py stop --temp-dir DIR`` stops exactly the Ray processes of the
+cluster started with ``ray start --temp-dir DIR`` (``ray stop`` would stop every Ray instance of the
+user on the machine).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import socket
+import sys
 from pathlib import Path
 
 if __package__:  # imported as flwr_sheaf.tools.ray_cluster
@@ -35,10 +45,20 @@ __all__ = [
     "RayClusterError",
     "check_federation_for_cluster",
     "check_reachable",
+    "cluster_processes",
+    "describe_listener",
+    "free_ports",
+    "gcs_answers",
     "parse_address",
     "ray_address_file",
     "ray_environment",
+    "resolve_address",
+    "stop_cluster",
 ]
+
+#: the gRPC method every Ray client calls first on a GCS (Ray 2.55's ``NodeInfoGcsService``): an
+#: empty ``GetClusterIdRequest``, answered with the cluster id by a GCS and by nothing else
+GCS_HANDSHAKE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 
 #: Federation-config keys (Flower 1.42 ``--federation-config``) that ``ray.init`` refuses when it
 #: connects to an existing cluster, with the per-node ``ray start`` option that replaces each.
@@ -70,17 +90,126 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise RayClusterError(
             f"--ray-address {address!r}: expected host:port of the Ray head's GCS, e.g. "
-            "10.0.0.5:6379 (the --port of `ray start --head`)"
+            "10.0.0.5:6379 (the --port of `ray start --head`), or `auto` for the cluster that "
+            "`ray start` recorded on this machine"
+        )
+    if not 1 <= int(port) <= 65535:
+        raise RayClusterError(
+            f"--ray-address {address!r}: port {port} is not a TCP port (1..65535); give the --port "
+            "that `ray start --head` was started with, e.g. 10.0.0.5:6379"
         )
     return host.strip("[]"), int(port)
 
 
-def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Check that something accepts TCP connections at the cluster's GCS ``host:port``.
+def resolve_address(address: str, env: dict[str, str] | None = None) -> str:
+    """``address`` as ``host:port``: ``auto`` (Ray's word for "the cluster `ray start` recorded")
+    becomes the address in :func:`ray_address_file`; anything else is checked by
+    :func:`parse_address` and returned as given.
 
     Raises:
-        RayClusterError: nothing answers (no cluster there, a firewall, or a wrong port), naming
-            the address and how to start the head.
+        RayClusterError: ``auto`` with no recorded cluster (the file is named), or a malformed
+            address.
+    """
+    if address == "auto":
+        f = ray_address_file(env)
+        recorded = f.read_text().strip() if f.is_file() else ""
+        if not recorded:
+            raise RayClusterError(
+                f"--ray-address auto: no Ray cluster is recorded on this machine ({f} does not "
+                "exist: `ray start` writes it); give the head's address host:port, e.g. "
+                "--ray-address 10.0.0.5:6379, or drop --ray-address to run on a private local Ray "
+                "instance"
+            )
+        parse_address(recorded)
+        return recorded
+    parse_address(address)
+    return address
+
+
+def describe_listener(host: str, port: int, timeout: float = 1.0) -> str:
+    """What listens at ``host:port``, for a message: the local process (name and pid, when this
+    user may see it) and the first line it answers to an HTTP request (or that it answers nothing).
+    Never raises."""
+    parts: list[str] = []
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                if conn.pid:
+                    p = psutil.Process(conn.pid)
+                    parts.append(f"process {p.name()} (pid {conn.pid}) listens on port {port}")
+                break
+    except Exception:  # noqa: BLE001 - another user's sockets, no psutil: say less
+        pass
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(f"HEAD / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            reply = s.recv(512)
+        if reply.startswith(b"HTTP/"):
+            head = reply.decode("latin-1").splitlines()
+            server = next((h for h in head if h.lower().startswith("server:")), "")
+            parts.append(
+                f"it answers HTTP ({head[0].strip()}{'; ' + server.strip() if server else ''})"
+            )
+        elif len(reply) >= 9 and reply[3] == 4:  # an HTTP/2 SETTINGS frame: gRPC's transport
+            parts.append("it speaks HTTP/2 (a gRPC server)")
+        elif reply:
+            parts.append(f"it answers {reply[:40]!r}")
+        else:
+            parts.append("it closes the connection without a word")
+    except TimeoutError:
+        parts.append("it accepts connections but answers nothing")
+    except OSError as exc:
+        parts.append(f"a second connection failed ({exc})")
+    return "; ".join(parts)
+
+
+def gcs_answers(address: str, timeout: float = 5.0) -> str | None:
+    """None when a Ray GCS answers at ``host:port`` within ``timeout`` seconds, else why not.
+
+    The probe is Ray's own first call of a client on its GCS (:data:`GCS_HANDSHAKE`, an empty
+    request, over gRPC with a deadline): a GCS answers it, or refuses it for want of Ray's
+    authentication token (``UNAUTHENTICATED``: a GCS all the same); an HTTP server, a gRPC server of
+    another kind, a silent socket or a closed port does not.
+
+    Raises:
+        RayClusterError: ``address`` is not ``host:port``.
+    """
+    host, port = parse_address(address)
+    import grpc  # Ray's and Flower's dependency; imported here: only a run on a cluster needs it
+
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    channel = grpc.insecure_channel(target)
+    try:
+        call = channel.unary_unary(GCS_HANDSHAKE)
+        call(b"", timeout=timeout)
+    except grpc.RpcError as exc:
+        code = exc.code()  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return None
+        details = exc.details()  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"no answer to Ray's GCS handshake within {timeout:g} s"
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return f"a gRPC server that is not a Ray GCS answers ({code.name}: {details})"
+        return f"not a gRPC server ({code.name}: {details})"
+    finally:
+        channel.close()
+    return None
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Check that a Ray GCS answers at the cluster's ``host:port`` within seconds.
+
+    First a TCP connection (nothing listening: the head is not started, or a firewall), then Ray's
+    GCS handshake (:func:`gcs_answers`): an HTTP server or any other service on that port is named
+    (:func:`describe_listener`) instead of letting ``flwr run`` wait for its whole ``--timeout``.
+
+    Raises:
+        RayClusterError: nothing answers, or something that is not a Ray GCS does; the message
+            names the address, what listens there and how to start the head.
     """
     host, port = parse_address(address)
     try:
@@ -92,6 +221,15 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
             f"`ray start --head --port {port}` on {host} (and open that port to this machine), "
             "or drop --ray-address to run on a private local Ray instance (docs/running.md)"
         ) from exc
+    why = gcs_answers(address, timeout)
+    if why is not None:
+        what = describe_listener(host, port)
+        raise RayClusterError(
+            f"--ray-address {address}: something listens there but it is not a Ray cluster's GCS "
+            f"({why}{'; ' + what if what else ''}); give the --port that `ray start --head` "
+            f"printed (its GCS, e.g. 6379; not the dashboard's or the Ray Client's port), or start "
+            f"a head on a free port: `ray start --head --port N` (docs/running.md, 'A Ray cluster')"
+        )
 
 
 def check_federation_for_cluster(federation: dict[str, str], address: str) -> None:
@@ -118,47 +256,194 @@ def check_federation_for_cluster(federation: dict[str, str], address: str) -> No
 
 
 def ray_environment(
-    ray_address: str | None, env: dict[str, str] | None = None
+    ray_address: str | None, env: dict[str, str] | None = None, probe_timeout: float = 2.0
 ) -> tuple[dict[str, str], str | None]:
     """The Ray variables for a simulation's environment, and a note for the user (or None).
 
     Args:
-        ray_address: the cluster asked for (``host:port``), or None for a private local instance.
+        ray_address: the cluster asked for (``host:port``, or ``auto``: the one ``ray start``
+            recorded, :func:`resolve_address`), or None for a private local instance.
         env: the environment the simulation would otherwise inherit (default ``os.environ``).
+        probe_timeout: seconds to wait for a Ray GCS at the address a ``ray start`` recorded
+            (:func:`gcs_answers`), to tell a live cluster from a stale file.
 
     Returns:
-        ``({"RAY_ADDRESS": ray_address or "local"}, note)``: ``local`` makes ``ray.init()`` start
+        ``({"RAY_ADDRESS": host:port or "local"}, note)``: ``local`` makes ``ray.init()`` start
         its own instance whatever ``ray start`` left behind (see the module docstring); ``note``
         names an existing cluster this run does *not* join and how to join it, when one is recorded
-        in :func:`ray_address_file`.
+        in :func:`ray_address_file` and answers, or says the file is stale when nothing answers there.
 
     Raises:
         RayClusterError: ``RAY_ADDRESS`` is set in ``env`` (to something other than ``local``) but
-            ``ray_address`` was not given, or differs from it: which cluster to use is ambiguous.
+            ``ray_address`` was not given, or differs from it: which cluster to use is ambiguous;
+            a malformed address, or ``auto`` with no recorded cluster.
     """
     env = dict(os.environ) if env is None else env
     inherited = env.get("RAY_ADDRESS", "")
     if ray_address is not None:
-        parse_address(ray_address)
-        if inherited and inherited not in ("local", ray_address):
-            raise RayClusterError(
-                f"RAY_ADDRESS={inherited} is set in the environment and --ray-address "
-                f"{ray_address} was given: unset RAY_ADDRESS or pass the same address"
-            )
-        return {"RAY_ADDRESS": ray_address}, None
+        resolved = resolve_address(ray_address, env)
+        if inherited and inherited not in ("local", ray_address, resolved):
+            if inherited != "auto" or resolve_address("auto", env) != resolved:
+                raise RayClusterError(
+                    f"RAY_ADDRESS={inherited} is set in the environment and --ray-address "
+                    f"{ray_address} was given: unset RAY_ADDRESS or pass the same address"
+                )
+        return {"RAY_ADDRESS": resolved}, None
     if inherited and inherited != "local":
+        advice = inherited
+        if inherited == "auto":
+            f = ray_address_file(env)
+            recorded = f.read_text().strip() if f.is_file() else ""
+            if not recorded:
+                raise RayClusterError(
+                    f"RAY_ADDRESS=auto is set in the environment but no Ray cluster is recorded on "
+                    f"this machine ({f} does not exist): `unset RAY_ADDRESS` to run on a private "
+                    "local Ray instance, or pass --ray-address host:port of a running cluster"
+                )
+            advice = f"auto (the cluster at {recorded} recorded in {f})"
         raise RayClusterError(
             f"RAY_ADDRESS={inherited} is set in the environment: the simulation would join that Ray "
-            f"cluster although --ray-address was not given; pass --ray-address {inherited} to run "
+            f"cluster although --ray-address was not given; pass --ray-address {advice} to run "
             "on it, or `unset RAY_ADDRESS` to run on a private local Ray instance"
         )
     note = None
     f = ray_address_file(env)
     if f.is_file():
         recorded = f.read_text().strip()
-        note = (
-            f"note: {f} (left by `ray start`) names a Ray cluster at {recorded}; a plain `flwr run` "
-            "would join it. This run starts its own local Ray instance (RAY_ADDRESS=local); to "
-            f"run on that cluster pass --ray-address {recorded}"
-        )
+        try:
+            why = gcs_answers(recorded, probe_timeout)
+        except RayClusterError:
+            why = "not a host:port address"
+        if why is None:
+            note = (
+                f"note: {f} (left by `ray start`) names a Ray cluster at {recorded}; a plain "
+                "`flwr run` would join it. This run starts its own local Ray instance "
+                f"(RAY_ADDRESS=local); to run on that cluster pass --ray-address {recorded}"
+            )
+        else:
+            note = (
+                f"note: {f} (left by a `ray start`) names a Ray cluster at {recorded} that is gone "
+                f"({why}): a stale file, on which a plain `flwr run` would wait to join a dead "
+                "cluster and never start. This run starts its own local Ray instance "
+                f"(RAY_ADDRESS=local); delete the file if nobody uses it: rm {f}"
+            )
     return {"RAY_ADDRESS": "local"}, note
+
+
+# ------------------------------------------------------------------ the shared-machine recipe
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on this host now (bound together, then released).
+
+    Raises:
+        ValueError: ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"free-ports {n}: ask for at least one port")
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def cluster_processes(temp_dir: str | Path) -> list:
+    """The live processes of the Ray node(s) started with ``ray start --temp-dir temp_dir``: every
+    process whose command line names that directory (GCS, raylet, agents, log monitor, ...), the
+    head's Ray Client server (it names the GCS address recorded in the directory's
+    ``ray_current_cluster``), and their descendants (the workers, whose command line Ray rewrites to ``ray::...``).
+
+    Returns:
+        ``psutil.Process`` objects; never this process or its parents.
+    """
+    import psutil
+
+    mark = str(Path(temp_dir).resolve())
+    # the head's Ray Client server names only the GCS address, which the temp dir records
+    recorded = Path(mark) / "ray_current_cluster"
+    gcs = recorded.read_text().strip() if recorded.is_file() else ""
+    me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if p.pid not in me and (
+                mark in " ".join(cmd)
+                or (gcs and "ray.util.client.server" in cmd and f"--address={gcs}" in cmd)
+            ):
+                found[p.pid] = p
+                for c in p.children(recursive=True):
+                    if c.pid not in me:
+                        found[c.pid] = c
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def stop_cluster(temp_dir: str | Path, grace: float = 15.0) -> tuple[int, list]:
+    """Stop exactly the Ray processes of ``temp_dir`` (:func:`cluster_processes`): SIGTERM, then
+    SIGKILL after ``grace`` seconds; other Ray instances on the machine are left alone.
+
+    Returns:
+        ``(stopped, still_alive)``: how many processes were signalled, and any left running.
+    """
+    import psutil
+
+    procs = cluster_processes(temp_dir)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    left = [p for p in cluster_processes(temp_dir) if p.status() != psutil.STATUS_ZOMBIE]
+    return len(procs), left
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``free-ports N`` | ``stop --temp-dir DIR`` (module docstring); returns the exit status."""
+    ap = argparse.ArgumentParser(
+        prog="python flwr_sheaf/tools/ray_cluster.py",
+        description="Helpers for a Ray cluster on a shared machine (docs/running.md, 'A Ray cluster')",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    fp = sub.add_parser("free-ports", help="print N free TCP ports, space-separated")
+    fp.add_argument("n", type=int)
+    st = sub.add_parser(
+        "stop", help="stop the Ray processes started with `ray start --temp-dir DIR`"
+    )
+    st.add_argument("--temp-dir", required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "free-ports":
+        try:
+            print(" ".join(map(str, free_ports(args.n))))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return 0
+    if not Path(args.temp_dir).is_dir():
+        print(
+            f"--temp-dir {args.temp_dir}: no such directory (the --temp-dir of `ray start`)",
+            file=sys.stderr,
+        )
+        return 2
+    n, left = stop_cluster(args.temp_dir)
+    print(f"stopped {n} Ray process(es) of {args.temp_dir}")
+    if left:
+        print(f"still running: {[p.pid for p in left]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
