@@ -5,6 +5,14 @@ bundled app by value was 74 KB and 40-100 ms of CPU a message). A ClientApp is a
 (Flower loads it as ``module:attribute``), so :func:`travel_by_reference` (called by every
 ``register_*_handlers``) makes ``pickle`` / ``cloudpickle`` / Ray serialise it as ``(module,
 attribute)``; an app that is not a module global is pickled by value as before, with one warning.
+
+A process that unpickles the reference imports the module, so only what the module does at import
+reaches it: an app whose handlers were all registered after its module was imported (in a function,
+a notebook cell, ``if __name__ == "__main__"``) is pickled by value instead, with one warning naming
+the fix; a worker that cannot import the module, or whose import lacks handlers the sender's app had,
+gets an error naming the module, its file, the missing handlers and the fix instead of a bare
+``ModuleNotFoundError`` or Flower's "No train function registered". ``copy.copy`` and
+``copy.deepcopy`` of such an app return the app itself (one app per module, as a worker sees it).
 """
 
 from __future__ import annotations
@@ -14,9 +22,16 @@ import importlib
 import logging
 import sys
 import weakref
+from pathlib import Path
 from typing import Any
 
-__all__ = ["travel_by_reference", "global_name", "load_global", "reduce_app"]
+__all__ = [
+    "ClientAppReferenceError",
+    "travel_by_reference",
+    "global_name",
+    "load_global",
+    "reduce_app",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -25,7 +40,40 @@ _APPS: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictiona
 #: app -> its ``(module, attribute)`` once found (None: searched, not a module global).
 _FOUND: weakref.WeakKeyDictionary[Any, tuple[str, str] | None] = weakref.WeakKeyDictionary()
 _WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: apps with at least one registration made while a calling module was being imported
+_AT_IMPORT: weakref.WeakSet[Any] = weakref.WeakSet()
 _TYPES: set[type] = set()
+
+
+class ClientAppReferenceError(RuntimeError):
+    """The ClientApp that arrived as ``module:attribute`` is not the app that was sent: this
+    process's import of the module lacks handlers the sender's app had (the message names them, the
+    module's file and the fix)."""
+
+
+def _initializing(module: str) -> bool:
+    """Whether module ``module`` is being imported right now (its top-level code is running)."""
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _handlers(app: Any) -> tuple[str, ...]:
+    """The app's registered ``category.action`` handler names (Flower 1.42's ``_registered_funcs``)."""
+    funcs = getattr(app, "_registered_funcs", None)
+    return tuple(sorted(funcs)) if isinstance(funcs, dict) else ()
+
+
+def _plain_call(app: Any) -> bool:
+    """Whether ``app`` dispatches with Flower's own ``ClientApp.__call__`` (a subclass that
+    overrides it, like the bundled app, may register handlers as messages arrive)."""
+    from flwr.clientapp import ClientApp
+
+    return isinstance(app, ClientApp) and type(app).__call__ is ClientApp.__call__
+
+
+def _module_file(module: str) -> str:
+    """The file of loaded module ``module``, or ``"?"``."""
+    return str(getattr(sys.modules.get(module), "__file__", None) or "?")
 
 
 def _caller_modules(depth: int = 12) -> tuple[str, ...]:
@@ -86,42 +134,136 @@ def global_name(obj: Any, hints: tuple[str, ...] = ()) -> tuple[str, str] | None
     return found
 
 
-def load_global(module: str, attr: str) -> Any:
+def _import_root(module: str, file: str) -> str | None:
+    """The directory that must be on ``sys.path`` to import ``module`` from ``file``, or None."""
+    if file in ("", "?"):
+        return None
+    root = Path(file).parent
+    if Path(file).name == "__init__.py":
+        root = root.parent
+    for _ in module.split(".")[1:]:
+        root = root.parent
+    return str(root)
+
+
+def load_global(module: str, attr: str, file: str = "?", handlers: int = 0) -> Any:
     """``module.attr`` after importing ``module``: the receiving end of :func:`reduce_app`.
 
+    Args:
+        module, attr: where the app is a module global.
+        file: the module's file where the app was pickled (for messages).
+        handlers: how many handlers the sender's app had registered (a number, not their names:
+            this travels with every message); an app of Flower's own ``ClientApp.__call__`` (one
+            that cannot register handlers as messages arrive) must have as many here.
+
     Raises:
-        ImportError: the module cannot be imported in this process (its directory not on the path).
+        ModuleNotFoundError: the module (or a module it imports) cannot be imported in this process;
+            the message names the module, its file and the fix (``PYTHONPATH`` for the workers,
+            or the package installed on every node).
         AttributeError: the module has no such attribute (a different version of the app's code).
+        ClientAppReferenceError: this process's app lacks handlers the sender's app had (they were
+            registered after the module was imported, so importing it does not register them).
     """
-    mod = importlib.import_module(module)
     try:
-        return getattr(mod, attr)
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        if missing and missing != module and not module.startswith(missing + "."):
+            msg = (
+                f"the ClientApp {module}:{attr} (from {file}) travels to each worker by reference, "
+                f"and importing {module!r} here fails: it imports {missing!r}, which this process "
+                f"cannot import ({exc}); install {missing!r} on every machine that runs ClientApps"
+            )
+        else:
+            root = _import_root(module, file)
+            where = f"PYTHONPATH={root}" if root else "PYTHONPATH=<the directory holding it>"
+            msg = (
+                f"the ClientApp {module}:{attr} travels to each worker by reference (module and "
+                f"name), and this worker cannot import {module!r} (defined in {file} where the run "
+                f"started; {exc}): make it importable where the workers start: set {where} "
+                "in the environment of `flwr run` (of `ray start` on every node of a Ray cluster), "
+                "or install its package on every machine (`pip install -e .`)"
+            )
+        raise ModuleNotFoundError(msg, name=module) from exc
+    try:
+        app = getattr(mod, attr)
     except AttributeError:
         raise AttributeError(
             f"{module!r} has no attribute {attr!r}: the ClientApp pickled as {module}:{attr} is not "
             "defined in this process's copy of the module (the same app code must be installed on "
             "every machine)"
         ) from None
+    here = _handlers(app)
+    if len(here) < handlers and _plain_call(app):
+        raise ClientAppReferenceError(
+            f"the ClientApp {module}:{attr} arrived with {len(here)} of the {handlers} handlers it "
+            f"had where the run started (here: {list(here) or 'none'}): the others were registered "
+            f"after {module!r} was imported, and a worker only imports the module ({file}), so it "
+            f"never registers them. Register every "
+            f"handler at module level in {file}, right after the app is created (e.g. "
+            f"`app = ClientApp()` then `register_sheaf_handlers(app, factory)`), not in a function, "
+            "a notebook cell or `if __name__ == '__main__'`"
+        )
+    return app
 
 
 def reduce_app(app: Any) -> tuple:
-    """The pickle reduction of ``app``: ``(load_global, (module, attribute))`` for an app marked by
-    :func:`travel_by_reference` that is a module global; else the default (by value)."""
+    """The pickle reduction of ``app``: ``(load_global, (module, attribute, file, handlers))`` for
+    an app marked by :func:`travel_by_reference` that is a module global and got handlers while a
+    module was being imported (``handlers``: how many it has); else the default (by value), with
+    one warning saying why."""
     hints = _APPS.get(app) if _is_weakrefable(app) else None
     if hints is not None:
         where = global_name(app, hints)
-        if where is not None:
-            return load_global, where
+        if where is not None and app in _AT_IMPORT:
+            module, attr = where
+            return load_global, (module, attr, _module_file(module), len(_handlers(app)))
         if app not in _WARNED:
             _WARNED.add(app)
-            log.warning(
-                "this ClientApp is not a module-level object (defined in __main__ or inside a "
-                "function), so Flower's Ray engine pickles it by value with every message (every "
-                "handler, and what the handlers hold, each time): define it at module level (e.g. `app = ClientApp()` in "
-                "client_app.py), as `flwr run` loads it"
-            )
+            if where is not None:
+                module, attr = where
+                log.warning(
+                    "the ClientApp %s:%s got its flwr-sheaf handlers after %s was imported (in a "
+                    "function, a notebook cell or `if __name__ == '__main__'`), so a process that "
+                    "imports the module would get the app without them: Flower's Ray engine pickles "
+                    "it by value with every message instead (slower). Register the handlers at "
+                    "module level in %s, right after the app is created",
+                    module,
+                    attr,
+                    module,
+                    _module_file(module),
+                )
+            else:
+                log.warning(
+                    "this ClientApp is not a module-level object (defined in __main__ or inside a "
+                    "function), so Flower's Ray engine pickles it by value with every message "
+                    "(every handler, and what the handlers hold, each time): define it at module "
+                    "level (e.g. `app = ClientApp()` in client_app.py), as `flwr run` loads it"
+                )
     reduced: tuple = app.__reduce_ex__(4)  # by value, as without this module
     return reduced
+
+
+def _copy_app(app: Any) -> Any:
+    """``copy.copy`` of a ClientApp: the app itself when marked by :func:`travel_by_reference`
+    (its handlers hold per-process state; there is one app per module), else a shallow copy."""
+    if _is_weakrefable(app) and app in _APPS:
+        return app
+    new = type(app).__new__(type(app))
+    new.__dict__.update(app.__dict__)
+    return new
+
+
+def _deepcopy_app(app: Any, memo: dict) -> Any:
+    """``copy.deepcopy`` of a ClientApp: the app itself when marked, else a deep copy."""
+    import copy
+
+    if _is_weakrefable(app) and app in _APPS:
+        return app
+    new = type(app).__new__(type(app))
+    memo[id(app)] = new
+    new.__dict__.update(copy.deepcopy(app.__dict__, memo))
+    return new
 
 
 def _is_weakrefable(obj: Any) -> bool:
@@ -136,16 +278,25 @@ def travel_by_reference(app: Any) -> Any:
     """Make ``app`` (a ``flwr.clientapp.ClientApp``) pickle as its import path (module docstring).
 
     The first call for a class registers :func:`reduce_app` for it in ``copyreg.dispatch_table``
-    (consulted by ``pickle``, ``cloudpickle`` and Ray's serialiser before ``__reduce_ex__``); other
-    instances of that class are unaffected. The modules of the calling frames are remembered as the
+    (consulted by ``pickle``, ``cloudpickle`` and Ray's serialiser before ``__reduce_ex__``) and
+    gives the class ``__copy__``/``__deepcopy__`` that return a marked app itself; other instances
+    of that class are copied and pickled as before. A call made while a calling module is being
+    imported marks the app as registered at import (pickled by reference, module docstring). The modules of the calling frames are remembered as the
     first places to look for the app.
 
     Returns:
         ``app``.
     """
-    _APPS[app] = _caller_modules() + _APPS.get(app, ())
+    callers = _caller_modules()
+    _APPS[app] = callers + _APPS.get(app, ())
+    if any(_initializing(name) for name in callers):
+        _AT_IMPORT.add(app)
     cls = type(app)
     if cls not in _TYPES:
         copyreg.pickle(cls, reduce_app)
+        if "__copy__" not in vars(cls):  # copy consults __copy__ before copyreg
+            cls.__copy__ = _copy_app  # type: ignore[attr-defined]
+        if "__deepcopy__" not in vars(cls):
+            cls.__deepcopy__ = _deepcopy_app  # type: ignore[attr-defined]
         _TYPES.add(cls)
     return app

@@ -1,0 +1,373 @@
+"""The Ray paths hold (issue 34, cases 2, 7 and 10): what answers at a Ray address, the ClientApp by
+reference in a worker, and the small refusals of ``--ray-address``; all fast (no Ray started).
+
+- Case 2: an HTTP server (or another gRPC server) at ``--ray-address`` is refused within seconds,
+  naming what listens there (Ray's own GCS handshake is the probe; a fake GCS answering it passes),
+  and a ``flwr run`` that outlives ``--timeout`` ends in a message, not a traceback.
+- Case 7: a worker that cannot import the app's module is told the module, its file and the
+  ``PYTHONPATH`` to set; an app whose handlers were registered after its module was imported
+  travels by value (working) instead of arriving empty; one that arrives short of handlers is named
+  as such; ``copy``/``deepcopy`` of a marked app return the app.
+- Case 10: ``--ray-address auto`` (the advice given for ``RAY_ADDRESS=auto``) is accepted; a stale
+  ``ray_current_cluster`` is named as gone, not offered as ``--ray-address``; a port outside
+  1..65535 is refused naming the flag.
+- The shared-machine recipe of docs/running.md: its own ``--temp-dir``, free ports, and the tool
+  that stops exactly that cluster (``flwr_sheaf/tools/ray_cluster.py stop``), never ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import importlib.util
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import cloudpickle
+import grpc
+import psutil
+import pytest
+
+from flwr_sheaf.client.reference import ClientAppReferenceError, travel_by_reference
+from flwr_sheaf.tools.ray_cluster import (
+    GCS_HANDSHAKE,
+    RayClusterError,
+    check_reachable,
+    cluster_processes,
+    parse_address,
+    ray_environment,
+    stop_cluster,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_FLWR = ROOT / "scripts" / "run_flwr.py"
+TOOL = ROOT / "flwr_sheaf" / "tools" / "ray_cluster.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def http_server():
+    """An HTTP server on a free port (what a wrong port often is: a dashboard, a web app)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def _grpc_server(handlers: dict) -> tuple[grpc.Server, int]:
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    if handlers:
+        service, _, method = GCS_HANDSHAKE.strip("/").partition("/")
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    service,
+                    {method: grpc.unary_unary_rpc_method_handler(handlers[method])},
+                ),
+            )
+        )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
+@pytest.fixture
+def fake_gcs():
+    """A gRPC server answering Ray's GCS handshake (``GetClusterId``) as a Ray 2.55 GCS does."""
+    server, port = _grpc_server({"GetClusterId": lambda req, ctx: b"\x12\x03abc"})
+    yield port
+    server.stop(0)
+
+
+# ------------------------------------------------------------------------ case 2: what answers
+
+
+def test_an_http_server_at_the_ray_address_is_refused_in_seconds_naming_it(http_server):
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(RUN_FLWR), "--port", "0", "--timeout", "20"]
+        + ["--ray-address", f"127.0.0.1:{http_server}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )
+    wall = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert f"--ray-address 127.0.0.1:{http_server}: something listens there" in proc.stderr
+    assert "not a Ray cluster's GCS" in proc.stderr and "it answers HTTP" in proc.stderr
+    assert "ray start --head --port N" in proc.stderr
+    assert "+ " not in proc.stdout  # `flwr run` was never started
+    assert wall < 60, wall  # seconds (Python start-up included), not the 20 s --timeout
+
+
+def test_the_probe_tells_a_ray_gcs_from_other_grpc_servers_and_silence(fake_gcs):
+    check_reachable(f"127.0.0.1:{fake_gcs}")  # answers Ray's handshake: passes
+    other, port = _grpc_server({})  # a gRPC server, but not Ray's GCS
+    try:
+        with pytest.raises(RayClusterError, match="a gRPC server that is not a Ray GCS"):
+            check_reachable(f"127.0.0.1:{port}")
+    finally:
+        other.stop(0)
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        t0 = time.monotonic()
+        with pytest.raises(RayClusterError, match="no answer to Ray's GCS handshake within 1 s"):
+            check_reachable(f"127.0.0.1:{silent.getsockname()[1]}", timeout=1.0)
+        assert time.monotonic() - t0 < 10
+
+
+def _load_run_flwr():
+    spec = importlib.util.spec_from_file_location("_run_flwr_under_test", RUN_FLWR)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_flwr_run_past_its_timeout_ends_in_a_message_not_a_traceback(monkeypatch, capsys):
+    run_flwr = _load_run_flwr()
+    real_run = subprocess.run
+
+    def hang(cmd, *a, **kw):
+        if cmd[1:2] == ["run"]:  # `flwr run` outlives --timeout
+            raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
+        return real_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(run_flwr.subprocess, "run", hang)
+    monkeypatch.setattr(run_flwr, "find_flwr", lambda env: "flwr")
+    monkeypatch.setattr(run_flwr, "run_status", lambda flwr, env: "running")
+    monkeypatch.setattr(run_flwr, "stop_superlink", lambda port: 0)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    rc = run_flwr.main(["--port", "0", "--timeout", "7", "--num-supernodes", "2"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert (
+        "flwr run did not finish within --timeout 7 s and was stopped (run status: running" in err
+    )
+    assert "A larger run needs a larger --timeout" in err
+
+
+# --------------------------------------------------------------- case 10: --ray-address refusals
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "65536"])
+def test_a_port_outside_the_tcp_range_is_refused_naming_the_flag(port):
+    with pytest.raises(RayClusterError) as e:
+        parse_address(f"127.0.0.1:{port}")
+    assert f"--ray-address '127.0.0.1:{port}': port {port} is not a TCP port (1..65535)" in str(
+        e.value
+    )
+    proc = subprocess.run(
+        [sys.executable, str(RUN_FLWR), "--port", "0", "--ray-address", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "is not a TCP port (1..65535)" in proc.stderr
+
+
+def _recorded(tmp_path: Path, address: str) -> dict[str, str]:
+    f = tmp_path / "ray" / "ray_current_cluster"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(address)
+    return {"RAY_TMPDIR": str(tmp_path)}
+
+
+def test_ray_address_auto_advice_is_accepted(tmp_path, fake_gcs):
+    env = {**_recorded(tmp_path, f"127.0.0.1:{fake_gcs}"), "RAY_ADDRESS": "auto"}
+    with pytest.raises(RayClusterError) as e:  # auto nobody passed: refused, with advice
+        ray_environment(None, env)
+    advice = re.search(r"pass --ray-address (\S+)", str(e.value))
+    assert advice and advice.group(1) == "auto", str(e.value)
+    assert f"127.0.0.1:{fake_gcs}" in str(e.value)
+    # the advice works: `auto` is the recorded cluster, passed on as host:port
+    assert ray_environment("auto", env) == ({"RAY_ADDRESS": f"127.0.0.1:{fake_gcs}"}, None)
+    # no cluster recorded: auto is refused naming the file, and `auto` is not advised
+    bare = {"RAY_TMPDIR": str(tmp_path / "none"), "RAY_ADDRESS": "auto"}
+    with pytest.raises(RayClusterError) as e:
+        ray_environment(None, bare)
+    assert "--ray-address auto" not in str(e.value) and "unset RAY_ADDRESS" in str(e.value)
+    with pytest.raises(RayClusterError, match="no Ray cluster is recorded on this machine"):
+        ray_environment("auto", {"RAY_TMPDIR": str(tmp_path / "none")})
+
+
+def test_a_stale_ray_session_file_is_named_as_gone_not_offered(tmp_path, fake_gcs):
+    dead = _free_port()  # nothing listens there
+    _, note = ray_environment(None, _recorded(tmp_path, f"127.0.0.1:{dead}"))
+    assert note is not None
+    assert f"127.0.0.1:{dead} that is gone" in note and "stale" in note
+    assert "--ray-address" not in note  # a dead address is not offered to the user
+    assert f"rm {tmp_path / 'ray' / 'ray_current_cluster'}" in note
+    _, note = ray_environment(None, _recorded(tmp_path, f"127.0.0.1:{fake_gcs}"))
+    assert note is not None and f"pass --ray-address 127.0.0.1:{fake_gcs}" in note
+
+
+# --------------------------------------------------------------- case 7: the app by reference
+
+
+def _app_module(tmp_path: Path, name: str, body: str, monkeypatch) -> object:
+    """Import a ClientApp module written to ``tmp_path`` (removed from ``sys.modules`` after)."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    mod = importlib.import_module(name)
+    return mod
+
+
+def _as_a_worker(blob: bytes, name: str, tmp_path: Path, monkeypatch, importable: bool):
+    """Unpickle ``blob`` as a fresh worker would: the module not yet imported (and, unless
+    ``importable``, not on the path)."""
+    monkeypatch.delitem(sys.modules, name)
+    if not importable:
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    return cloudpickle.loads(blob)
+
+
+AT_IMPORT = """
+from flwr.clientapp import ClientApp
+from flwr_sheaf.client.reference import travel_by_reference
+
+app = travel_by_reference(ClientApp())
+
+@app.query("mine")
+def query(msg, context):
+    return msg
+"""
+
+
+def test_a_worker_that_cannot_import_the_apps_module_is_told_module_file_and_fix(
+    tmp_path, monkeypatch
+):
+    mod = _app_module(tmp_path, "fs_case7_app", AT_IMPORT, monkeypatch)
+    blob = cloudpickle.dumps(mod.app)
+    assert len(blob) < 400  # by reference
+    with pytest.raises(ModuleNotFoundError) as e:
+        _as_a_worker(blob, "fs_case7_app", tmp_path, monkeypatch, importable=False)
+    msg = str(e.value)
+    assert "cannot import 'fs_case7_app'" in msg
+    assert str(tmp_path / "fs_case7_app.py") in msg
+    assert f"PYTHONPATH={tmp_path}" in msg and "ray start" in msg
+
+
+def test_handlers_registered_after_import_still_reach_the_worker(tmp_path, monkeypatch):
+    late = "from flwr.clientapp import ClientApp\n\napp = ClientApp()\n"
+    mod = _app_module(tmp_path, "fs_case7_late", late, monkeypatch)
+    travel_by_reference(mod.app)  # what register_*_handlers does, here after the import
+
+    @mod.app.train("mine")
+    def train(msg, context):
+        return msg
+
+    blob = cloudpickle.dumps(mod.app)
+    app = _as_a_worker(blob, "fs_case7_late", tmp_path, monkeypatch, importable=True)
+    # by reference the worker would import the module and get an app without the handler
+    assert "train.mine" in app._registered_funcs
+
+
+def test_an_app_short_of_handlers_in_the_worker_is_named_so(tmp_path, monkeypatch):
+    mod = _app_module(tmp_path, "fs_case7_part", AT_IMPORT, monkeypatch)
+
+    @mod.app.train("mine")  # after the import: a worker's import lacks it
+    def train(msg, context):
+        return msg
+
+    blob = cloudpickle.dumps(mod.app)
+    with pytest.raises(ClientAppReferenceError) as e:
+        _as_a_worker(blob, "fs_case7_part", tmp_path, monkeypatch, importable=True)
+    msg = str(e.value)
+    assert "arrived with 1 of the 2 handlers" in msg and "['query.mine']" in msg
+    assert str(tmp_path / "fs_case7_part.py") in msg and "at module level" in msg
+
+
+def test_copy_and_deepcopy_of_the_app_return_the_app(tmp_path, monkeypatch):
+    from flwr.clientapp import ClientApp
+
+    mod = _app_module(tmp_path, "fs_case7_copy", AT_IMPORT, monkeypatch)
+    local = travel_by_reference(ClientApp())  # not a module global: pickled by value
+    for app in (mod.app, local):
+        assert copy.copy(app) is app and copy.deepcopy(app) is app
+        assert copy.deepcopy({"app": app})["app"] is app
+    plain = ClientApp()  # never marked: copied as before
+    assert copy.copy(plain) is not plain and copy.deepcopy(plain) is not plain
+    assert pickle.loads(pickle.dumps(mod.app)) is mod.app
+
+
+# ------------------------------------------------------------ the shared-machine recipe (docs)
+
+
+def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    other.mkdir()
+    (mine / "ray_current_cluster").write_text("127.0.0.1:1")
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, f"--temp-dir={d}"]) for d in (mine, other)
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # each has started its child (a "worker")
+            if all(psutil.Process(p.pid).children() for p in procs):
+                break
+            time.sleep(0.1)
+        found = {p.pid for p in cluster_processes(mine)}
+        child = psutil.Process(procs[0].pid).children()[0].pid
+        assert found == {procs[0].pid, child}
+        out = subprocess.run(
+            [sys.executable, str(TOOL), "stop", "--temp-dir", str(mine)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0 and f"stopped 2 Ray process(es) of {mine}" in out.stdout
+        assert procs[0].wait(timeout=10) is not None and not psutil.pid_exists(child)
+        assert procs[1].poll() is None  # another cluster's process: untouched
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        assert stop_cluster(other)[1] == []
+
+
+def _recipe() -> str:
+    text = (ROOT / "docs" / "running.md").read_text()
+    section = text[text.index("## A Ray cluster") :]
+    return section[section.index("```bash") : section.index("```", section.index("```bash") + 7)]
+
+
+def test_the_docs_ray_cluster_recipe_is_safe_on_a_shared_machine():
+    recipe = _recipe()
+    starts = [ln for ln in recipe.splitlines() if ln.strip().startswith("ray start")]
+    assert starts and all("--temp-dir" in ln for ln in starts), starts
+    head = next(ln for ln in starts if "--head" in ln)
+    for flag in ("--port", "--dashboard-port", "--ray-client-server-port"):
+        assert re.search(rf"{flag} \$\w+", head), (flag, head)  # picked, not a fixed default
+    assert "flwr_sheaf/tools/ray_cluster.py free-ports" in recipe
+    assert re.search(r"flwr_sheaf/tools/ray_cluster.py stop --temp-dir \S+", recipe)
+    assert not re.search(r"^\s*ray stop", recipe, re.M)
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "free-ports", "3"], capture_output=True, text=True, timeout=60
+    )
+    ports = [int(p) for p in out.stdout.split()]
+    assert out.returncode == 0 and len(set(ports)) == 3 and all(1 <= p <= 65535 for p in ports)
