@@ -37,16 +37,18 @@ import grpc
 import psutil
 import pytest
 
-from flwr_sheaf.client.reference import ClientAppReferenceError, travel_by_reference
+import flwr_sheaf.client.reference as reference
+import flwr_sheaf.tools.ray_cluster as ray_cluster
+from flwr_sheaf.client.reference import travel_by_reference
 from flwr_sheaf.tools.ray_cluster import (
-    GCS_HANDSHAKE,
     RayClusterError,
     check_reachable,
-    cluster_processes,
     parse_address,
     ray_environment,
-    stop_cluster,
 )
+
+#: the gRPC method of Ray 2.55's GCS handshake (ray/core/generated/gcs_service_pb2_grpc.py)
+GCS_HANDSHAKE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FLWR = ROOT / "scripts" / "run_flwr.py"
@@ -293,7 +295,7 @@ def test_an_app_short_of_handlers_in_the_worker_is_named_so(tmp_path, monkeypatc
         return msg
 
     blob = cloudpickle.dumps(mod.app)
-    with pytest.raises(ClientAppReferenceError) as e:
+    with pytest.raises(reference.ClientAppReferenceError) as e:
         _as_a_worker(blob, "fs_case7_part", tmp_path, monkeypatch, importable=True)
     msg = str(e.value)
     assert "arrived with 1 of the 2 handlers" in msg and "['query.mine']" in msg
@@ -331,7 +333,7 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
             if all(psutil.Process(p.pid).children() for p in procs):
                 break
             time.sleep(0.1)
-        found = {p.pid for p in cluster_processes(mine)}
+        found = {p.pid for p in ray_cluster.cluster_processes(mine)}
         child = psutil.Process(procs[0].pid).children()[0].pid
         assert found == {procs[0].pid, child}
         out = subprocess.run(
@@ -347,7 +349,7 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
-        assert stop_cluster(other)[1] == []
+        assert ray_cluster.stop_cluster(other)[1] == []
 
 
 def _recipe() -> str:
