@@ -362,6 +362,8 @@ def test_the_docs_ray_cluster_recipe_is_safe_on_a_shared_machine():
     recipe = _recipe()
     starts = [ln for ln in recipe.splitlines() if ln.strip().startswith("ray start")]
     assert starts and all("--temp-dir" in ln for ln in starts), starts
+    # Ray's fixed defaults, which another user's cluster may hold: picked free on every node
+    assert all(re.search(r"--dashboard-agent-listen-port \$\w+", ln) for ln in starts), starts
     head = next(ln for ln in starts if "--head" in ln)
     for flag in ("--port", "--dashboard-port", "--ray-client-server-port"):
         assert re.search(rf"{flag} \$\w+", head), (flag, head)  # picked, not a fixed default

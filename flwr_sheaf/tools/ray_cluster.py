@@ -194,7 +194,11 @@ def gcs_answers(address: str, timeout: float = 5.0) -> str | None:
             return f"no answer to Ray's GCS handshake within {timeout:g} s"
         if code == grpc.StatusCode.UNIMPLEMENTED:
             return f"a gRPC server that is not a Ray GCS answers ({code.name}: {details})"
-        return f"not a gRPC server ({code.name}: {details})"
+        if "Connection refused" in (details or ""):
+            return "nothing listens there (connection refused)"
+        if "HTTP/2" in (details or ""):
+            return "not a gRPC server: it does not speak HTTP/2"
+        return f"no gRPC answer ({code.name}: {details})"
     finally:
         channel.close()
     return None
