@@ -249,7 +249,8 @@ def _copy_app(app: Any) -> Any:
     (its handlers hold per-process state; there is one app per module), else a shallow copy."""
     if _is_weakrefable(app) and app in _APPS:
         return app
-    new = type(app).__new__(type(app))
+    cls: Any = type(app)
+    new = cls.__new__(cls)
     new.__dict__.update(app.__dict__)
     return new
 
@@ -260,7 +261,8 @@ def _deepcopy_app(app: Any, memo: dict) -> Any:
 
     if _is_weakrefable(app) and app in _APPS:
         return app
-    new = type(app).__new__(type(app))
+    cls: Any = type(app)
+    new = cls.__new__(cls)
     memo[id(app)] = new
     new.__dict__.update(copy.deepcopy(app.__dict__, memo))
     return new
