@@ -120,6 +120,20 @@ def test_an_http_server_at_the_ray_address_is_refused_in_seconds_naming_it(http_
     assert wall < 60, wall  # seconds (Python start-up included), not the 20 s --timeout
 
 
+def test_cross_device_refuses_a_non_ray_address_before_its_first_run(
+    http_server, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.syspath_prepend(str(ROOT / "simulations"))
+    import cross_device
+
+    out = tmp_path / "cd"
+    args = ["--agents", "10,20", "--dataset", "mnist-bundled", "--timeout", "5", "--out", str(out)]
+    rc = cross_device.main([*args, "--ray-address", f"127.0.0.1:{http_server}"])
+    assert rc == 2
+    assert "not a Ray cluster's GCS" in capsys.readouterr().err
+    assert not out.exists()  # refused before any run (none recorded as failed in summary.json)
+
+
 def test_the_probe_tells_a_ray_gcs_from_other_grpc_servers_and_silence(fake_gcs):
     check_reachable(f"127.0.0.1:{fake_gcs}")  # answers Ray's handshake: passes
     other, port = _grpc_server({})  # a gRPC server, but not Ray's GCS
