@@ -332,8 +332,17 @@ def test_copy_and_deepcopy_of_the_app_return_the_app(tmp_path, monkeypatch):
 # ------------------------------------------------------------ the shared-machine recipe (docs)
 
 
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie its new parent has not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
-    mine, other = tmp_path / "mine", tmp_path / "other"
+    # the other cluster's temp dir extends this one's name: a prefix match would stop it too
+    mine, other = tmp_path / "ray-a", tmp_path / "ray-ab"
     mine.mkdir()
     other.mkdir()
     (mine / "ray_current_cluster").write_text("127.0.0.1:1")
@@ -357,7 +366,7 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
             timeout=60,
         )
         assert out.returncode == 0 and f"stopped 2 Ray process(es) of {mine}" in out.stdout
-        assert procs[0].wait(timeout=10) is not None and not psutil.pid_exists(child)
+        assert procs[0].wait(timeout=10) is not None and _ended(child)
         assert procs[1].poll() is None  # another cluster's process: untouched
     finally:
         for p in procs:

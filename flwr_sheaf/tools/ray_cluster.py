@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import socket
 import sys
+import time
 from pathlib import Path
 
 if __package__:  # imported as flwr_sheaf.tools.ray_cluster
@@ -357,9 +359,17 @@ def free_ports(n: int) -> list[int]:
 
 def cluster_processes(temp_dir: str | Path) -> list:
     """The live processes of the Ray node(s) started with ``ray start --temp-dir temp_dir``: every
-    process whose command line names that directory (GCS, raylet, agents, log monitor, ...), the
-    head's Ray Client server (it names the GCS address recorded in the directory's
-    ``ray_current_cluster``), and their descendants (the workers, whose command line Ray rewrites to ``ray::...``).
+    process of this user whose command line names that directory (GCS, raylet, agents, log
+    monitor, ...), the head's Ray Client server (it names the GCS address recorded in the
+    directory's ``ray_current_cluster``), and their descendants (the workers, whose command line
+    Ray rewrites to ``ray::...``).
+
+    The directory must appear as a whole path (followed by ``/``, a quote, a separator or the end of
+    an argument): ``/tmp/ray-a`` does not match another cluster's ``/tmp/ray-ab``. Other users'
+    processes are never listed (they could not be signalled anyway).
+
+    Args:
+        temp_dir: the ``--temp-dir`` given to ``ray start``.
 
     Returns:
         ``psutil.Process`` objects; never this process or its parents.
@@ -367,16 +377,22 @@ def cluster_processes(temp_dir: str | Path) -> list:
     import psutil
 
     mark = str(Path(temp_dir).resolve())
+    # as given (made absolute) and resolved: /tmp may be a link; a whole path, not a prefix
+    spellings = sorted({mark, os.path.abspath(temp_dir)}, key=len, reverse=True)
+    names_dir = re.compile("(?:" + "|".join(map(re.escape, spellings)) + r")(?=$|[/\s'\",;:=])")
     # the head's Ray Client server names only the GCS address, which the temp dir records
     recorded = Path(mark) / "ray_current_cluster"
     gcs = recorded.read_text().strip() if recorded.is_file() else ""
     me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    uid = os.getuid() if hasattr(os, "getuid") else None
     found: dict[int, psutil.Process] = {}
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "uids"]):
         try:
+            if uid is not None and p.info["uids"] is not None and p.info["uids"].real != uid:
+                continue
             cmd = p.info["cmdline"] or []
             if p.pid not in me and (
-                mark in " ".join(cmd)
+                any(names_dir.search(arg) for arg in cmd)
                 or (gcs and "ray.util.client.server" in cmd and f"--address={gcs}" in cmd)
             ):
                 found[p.pid] = p
@@ -388,9 +404,32 @@ def cluster_processes(temp_dir: str | Path) -> list:
     return list(found.values())
 
 
+def _wait_gone(procs: list, timeout: float) -> list:
+    """The processes of ``procs`` still running after up to ``timeout`` seconds (a zombie, ended
+    but not yet reaped by its parent, counts as gone; psutil's ``wait_procs`` waits on it)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                continue
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def stop_cluster(temp_dir: str | Path, grace: float = 15.0) -> tuple[int, list]:
     """Stop exactly the Ray processes of ``temp_dir`` (:func:`cluster_processes`): SIGTERM, then
     SIGKILL after ``grace`` seconds; other Ray instances on the machine are left alone.
+
+    Args:
+        temp_dir: the ``--temp-dir`` given to ``ray start``.
+        grace: seconds between SIGTERM and SIGKILL.
 
     Returns:
         ``(stopped, still_alive)``: how many processes were signalled, and any left running.
@@ -401,16 +440,16 @@ def stop_cluster(temp_dir: str | Path, grace: float = 15.0) -> tuple[int, list]:
     for p in procs:
         try:
             p.terminate()
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    alive = _wait_gone(procs, grace)
     for p in alive:
         try:
             p.kill()
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    psutil.wait_procs(alive, timeout=5)
-    left = [p for p in cluster_processes(temp_dir) if p.status() != psutil.STATUS_ZOMBIE]
+    _wait_gone(alive, 5.0)
+    left = _wait_gone(cluster_processes(temp_dir), 0.0)
     return len(procs), left
 
 
