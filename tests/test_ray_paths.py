@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import http.server
+import importlib.metadata
 import importlib.util
 import os
 import pickle
@@ -149,6 +150,41 @@ def test_the_probe_tells_a_ray_gcs_from_other_grpc_servers_and_silence(fake_gcs)
         with pytest.raises(RayClusterError, match="no answer to Ray's GCS handshake within 1 s"):
             check_reachable(f"127.0.0.1:{silent.getsockname()[1]}", timeout=1.0)
         assert time.monotonic() - t0 < 10
+
+
+def test_a_web_proxy_in_the_environment_does_not_hide_a_live_gcs(fake_gcs, monkeypatch):
+    # a shared machine often sets a proxy for the web; Ray's own gRPC channels ignore it
+    for var in ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")  # nothing listens there
+    for var in ("no_proxy", "NO_PROXY", "RAY_grpc_enable_http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    check_reachable(f"127.0.0.1:{fake_gcs}")
+
+
+def test_a_gcs_the_handshake_cannot_reach_has_a_documented_way_through(http_server, monkeypatch):
+    # a Ray that renamed the handshake (or a GCS speaking TLS) would be refused as "not a Ray GCS":
+    # the message names the Ray version and the variable that keeps only the TCP check
+    with pytest.raises(RayClusterError) as refused:
+        check_reachable(f"127.0.0.1:{http_server}")
+    version = importlib.metadata.version("ray")
+    assert f"another Ray than this one's {version}" in str(refused.value)
+    assert "FLWR_SHEAF_SKIP_GCS_PROBE=1" in str(refused.value)
+    monkeypatch.setenv("FLWR_SHEAF_SKIP_GCS_PROBE", "1")
+    check_reachable(f"127.0.0.1:{http_server}")  # accepts connections: enough when asked so
+    monkeypatch.delenv("FLWR_SHEAF_SKIP_GCS_PROBE")
+    monkeypatch.setenv("RAY_USE_TLS", "1")  # this plain-text probe cannot speak TLS
+    check_reachable(f"127.0.0.1:{http_server}")
+    closed = _free_port()
+    with pytest.raises(RayClusterError, match="Connection refused|nothing"):
+        check_reachable(f"127.0.0.1:{closed}")
+
+
+def test_a_remote_address_is_not_described_by_a_local_process(http_server):
+    # the same port number on this machine says nothing about another host
+    here = ray_cluster.describe_listener("127.0.0.1", http_server)
+    assert f"(pid {os.getpid()}) listens on port {http_server}" in here
+    remote = ray_cluster.describe_listener("192.0.2.1", http_server, timeout=0.2)  # TEST-NET-1
+    assert "listens on port" not in remote
 
 
 def _load_run_flwr():

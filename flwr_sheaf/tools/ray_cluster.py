@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import ipaddress
 import os
 import re
 import socket
@@ -61,6 +62,16 @@ __all__ = [
 #: the gRPC method every Ray client calls first on a GCS (Ray 2.55's ``NodeInfoGcsService``): an
 #: empty ``GetClusterIdRequest``, answered with the cluster id by a GCS and by nothing else
 GCS_HANDSHAKE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+#: environment variable: ``1`` skips the handshake (a TCP connection is still required), for a Ray
+#: GCS that does not answer :data:`GCS_HANDSHAKE` (a Ray that renamed it); a GCS that speaks TLS
+#: (``RAY_USE_TLS=1``, which this plain-text probe cannot speak) skips it by itself
+SKIP_PROBE_ENV = "FLWR_SHEAF_SKIP_GCS_PROBE"
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
 
 #: Federation-config keys (Flower 1.42 ``--federation-config``) that ``ray.init`` refuses when it
 #: connects to an existing cluster, with the per-node ``ray start`` option that replaces each.
@@ -129,14 +140,27 @@ def resolve_address(address: str, env: dict[str, str] | None = None) -> str:
 
 
 def describe_listener(host: str, port: int, timeout: float = 1.0) -> str:
-    """What listens at ``host:port``, for a message: the local process (name and pid, when this
-    user may see it) and the first line it answers to an HTTP request (or that it answers nothing).
-    Never raises."""
+    """What listens at ``host:port``, for a message: the local process (name and pid, when ``host``
+    is this machine and this user may see it) and the first line it answers to an HTTP request (or
+    that it answers nothing).
+
+    Args:
+        host, port: the address asked for.
+        timeout: seconds to wait for the connection and for the answer.
+
+    Returns:
+        A phrase (possibly empty) for a message; never raises.
+    """
     parts: list[str] = []
     try:
         import psutil
 
-        for conn in psutil.net_connections(kind="tcp"):
+        # a process of this machine only when the address is this machine's (else the same port
+        # number here says nothing about the remote host)
+        here = {a.address.split("%")[0] for nic in psutil.net_if_addrs().values() for a in nic}
+        asked = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        local = any(ipaddress.ip_address(a).is_loopback or a in here for a in asked)
+        for conn in psutil.net_connections(kind="tcp") if local else ():
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
                 if conn.pid:
                     p = psutil.Process(conn.pid)
@@ -176,14 +200,33 @@ def gcs_answers(address: str, timeout: float = 5.0) -> str | None:
     authentication token (``UNAUTHENTICATED``: a GCS all the same); an HTTP server, a gRPC server of
     another kind, a silent socket or a closed port does not.
 
+    The channel ignores ``http_proxy``/``https_proxy``/``grpc_proxy``, as Ray's own channels do
+    (unless ``RAY_grpc_enable_http_proxy=1``): a proxy set for the web must not make a live GCS look
+    absent. With ``RAY_USE_TLS=1`` or ``FLWR_SHEAF_SKIP_GCS_PROBE=1`` (:data:`SKIP_PROBE_ENV`) only a
+    TCP connection is checked.
+
+    Args:
+        address: ``host:port`` of the GCS (the ``--port`` of ``ray start --head``).
+        timeout: seconds to wait for the answer.
+
+    Returns:
+        None, or why no Ray GCS answers there (a phrase for a message).
+
     Raises:
         RayClusterError: ``address`` is not ``host:port``.
     """
     host, port = parse_address(address)
+    if _truthy(os.environ.get(SKIP_PROBE_ENV)) or _truthy(os.environ.get("RAY_USE_TLS")):
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return None
+        except OSError as exc:
+            return f"nothing accepts TCP connections there ({exc})"
     import grpc  # Ray's and Flower's dependency; imported here: only a run on a cluster needs it
 
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    channel = grpc.insecure_channel(target)
+    proxy = int(os.environ.get("RAY_grpc_enable_http_proxy", "0").lower() in ("1", "true"))
+    channel = grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", proxy)])
     try:
         call = channel.unary_unary(GCS_HANDSHAKE)
         call(b"", timeout=timeout)
@@ -204,6 +247,16 @@ def gcs_answers(address: str, timeout: float = 5.0) -> str | None:
     finally:
         channel.close()
     return None
+
+
+def _ray_version() -> str:
+    """This environment's Ray version (without importing Ray), or ``"?"``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ray")
+    except PackageNotFoundError:
+        return "?"
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -234,7 +287,10 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
             f"--ray-address {address}: something listens there but it is not a Ray cluster's GCS "
             f"({why}{'; ' + what if what else ''}); give the --port that `ray start --head` "
             f"printed (its GCS, e.g. 6379; not the dashboard's or the Ray Client's port), or start "
-            f"a head on a free port: `ray start --head --port N` (docs/running.md, 'A Ray cluster')"
+            f"a head on a free port: `ray start --head --port N` (docs/running.md, 'A Ray cluster'). "
+            f"If it is a Ray head of another Ray than this one's {_ray_version()} (the cluster "
+            f"must run the same Ray anyway), {SKIP_PROBE_ENV}=1 checks only that it accepts "
+            "connections"
         )
 
 
