@@ -322,7 +322,7 @@ def test_a_worker_that_cannot_import_the_apps_module_is_told_module_file_and_fix
     assert f"PYTHONPATH={tmp_path}" in msg and "ray start" in msg
 
 
-def test_handlers_registered_after_import_still_reach_the_worker(tmp_path, monkeypatch):
+def test_handlers_registered_after_import_still_reach_the_worker(tmp_path, monkeypatch, caplog):
     late = "from flwr.clientapp import ClientApp\n\napp = ClientApp()\n"
     mod = _app_module(tmp_path, "fs_case7_late", late, monkeypatch)
     travel_by_reference(mod.app)  # what register_*_handlers does, here after the import
@@ -331,7 +331,10 @@ def test_handlers_registered_after_import_still_reach_the_worker(tmp_path, monke
     def train(msg, context):
         return msg
 
-    blob = cloudpickle.dumps(mod.app)
+    with caplog.at_level("WARNING", logger="flwr_sheaf"):
+        blob = cloudpickle.dumps(mod.app)
+    # the warning says what each message now carries (the size of this very pickle)
+    assert f"{len(blob) / 1e3:.1f} KB a message" in caplog.text, caplog.text
     app = _as_a_worker(blob, "fs_case7_late", tmp_path, monkeypatch, importable=True)
     # by reference the worker would import the module and get an app without the handler
     assert "train.mine" in app._registered_funcs
