@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,23 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 from flwr_sheaf.tools.ray_cluster import (
     RayClusterError,
     check_federation_for_cluster,
+    free_ports,
     ray_address_file,
     ray_environment,
 )
 
 RUN_FLWR = str(ROOT / "scripts" / "run_flwr.py")
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this host right now (bound together, then released)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # --------------------------------------------------------------------------------- fast tests
@@ -172,7 +160,7 @@ def _run_flwr(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 def test_run_flwr_refuses_cluster_conflicts_before_starting_anything():
-    (port,) = _free_ports(1)  # nothing listens there
+    (port,) = free_ports(1)  # nothing listens there
     proc = _run_flwr(
         "--ray-address", f"127.0.0.1:{port}", "--federation-config", "init-args-num-cpus=2"
     )
@@ -210,7 +198,7 @@ class LocalRayCluster:
 
     def _start(self, extra: list[str], temp_dir: Path) -> None:
         ray = str(Path(sys.executable).parent / "ray")
-        agent, grpc, rt_env, metrics, node_mgr, obj_mgr = _free_ports(6)
+        agent, grpc, rt_env, metrics, node_mgr, obj_mgr = free_ports(6)
         cmd = [
             ray,
             "start",
@@ -254,7 +242,7 @@ class LocalRayCluster:
             raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-3000:]}")
 
     def start(self) -> LocalRayCluster:
-        gcs, client, dashboard = _free_ports(3)
+        gcs, client, dashboard = free_ports(3)
         self._start(
             [
                 "--head",
@@ -417,7 +405,7 @@ def test_a_forgotten_ray_start_does_not_capture_a_run_without_ray_address(tmp_pa
     run_flwr.py gives the run its own Ray instance, completes it and names the file."""
     root = Path(tempfile.mkdtemp(prefix="fs-raytmp-", dir="/tmp"))  # short: Ray's socket paths
     try:
-        (dead,) = _free_ports(1)
+        (dead,) = free_ports(1)
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env.update(_record_cluster(root, f"127.0.0.1:{dead}"))
         out = tmp_path / "res"

@@ -114,6 +114,12 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _recorded_cluster(env: dict[str, str] | None) -> tuple[Path, str]:
+    """:func:`ray_address_file` and the address it records (``""`` when there is none)."""
+    f = ray_address_file(env)
+    return f, (f.read_text().strip() if f.is_file() else "")
+
+
 def resolve_address(address: str, env: dict[str, str] | None = None) -> str:
     """``address`` as ``host:port``: ``auto`` (Ray's word for "the cluster `ray start` recorded")
     becomes the address in :func:`ray_address_file`; anything else is checked by
@@ -124,8 +130,7 @@ def resolve_address(address: str, env: dict[str, str] | None = None) -> str:
             address.
     """
     if address == "auto":
-        f = ray_address_file(env)
-        recorded = f.read_text().strip() if f.is_file() else ""
+        f, recorded = _recorded_cluster(env)
         if not recorded:
             raise RayClusterError(
                 f"--ray-address auto: no Ray cluster is recorded on this machine ({f} does not "
@@ -354,8 +359,7 @@ def ray_environment(
     if inherited and inherited != "local":
         advice = inherited
         if inherited == "auto":
-            f = ray_address_file(env)
-            recorded = f.read_text().strip() if f.is_file() else ""
+            f, recorded = _recorded_cluster(env)
             if not recorded:
                 raise RayClusterError(
                     f"RAY_ADDRESS=auto is set in the environment but no Ray cluster is recorded on "
