@@ -125,6 +125,13 @@ def resolve_address(address: str, env: dict[str, str] | None = None) -> str:
     becomes the address in :func:`ray_address_file`; anything else is checked by
     :func:`parse_address` and returned as given.
 
+    Args:
+        address: ``host:port`` or ``auto``.
+        env: the environment that locates the recorded file (default ``os.environ``).
+
+    Returns:
+        ``host:port``.
+
     Raises:
         RayClusterError: ``auto`` with no recorded cluster (the file is named), or a malformed
             address.
@@ -271,6 +278,10 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
     GCS handshake (:func:`gcs_answers`): an HTTP server or any other service on that port is named
     (:func:`describe_listener`) instead of letting ``flwr run`` wait for its whole ``--timeout``.
 
+    Args:
+        address: ``host:port`` of the GCS.
+        timeout: seconds for the TCP connection and for the handshake.
+
     Raises:
         RayClusterError: nothing answers, or something that is not a Ray GCS does; the message
             names the address, what listens there and how to start the head.
@@ -401,6 +412,12 @@ def ray_environment(
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports free on this host now (bound together, then released).
+
+    Args:
+        n: how many ports.
+
+    Returns:
+        ``n`` distinct port numbers (free when checked: another process may take one later).
 
     Raises:
         ValueError: ``n`` < 1.
