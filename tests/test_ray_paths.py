@@ -7,7 +7,7 @@ reference in a worker, and the small refusals of ``--ray-address``; all fast (no
 - Case 7: a worker that cannot import the app's module is told the module, its file and the
   ``PYTHONPATH`` to set; an app whose handlers were registered after its module was imported
   travels by value (working) instead of arriving empty; one that arrives short of handlers is named
-  as such; ``copy``/``deepcopy`` of a marked app return the app.
+  as such; ``copy``/``deepcopy`` of a marked app are real copies (not the app itself).
 - Case 10: ``--ray-address auto`` (the advice given for ``RAY_ADDRESS=auto``) is accepted; a stale
   ``ray_current_cluster`` is named as gone, not offered as ``--ray-address``; a port outside
   1..65535 is refused naming the flag.
@@ -355,16 +355,24 @@ def test_an_app_short_of_handlers_in_the_worker_is_named_so(tmp_path, monkeypatc
     assert str(tmp_path / "fs_case7_part.py") in msg and "at module level" in msg
 
 
-def test_copy_and_deepcopy_of_the_app_return_the_app(tmp_path, monkeypatch):
+def test_copy_and_deepcopy_of_the_app_are_copies(tmp_path, monkeypatch):
     from flwr.clientapp import ClientApp
 
     mod = _app_module(tmp_path, "fs_case7_copy", AT_IMPORT, monkeypatch)
-    local = travel_by_reference(ClientApp())  # not a module global: pickled by value
+    local = travel_by_reference(ClientApp())  # not a module global
     for app in (mod.app, local):
-        assert copy.copy(app) is app and copy.deepcopy(app) is app
-        assert copy.deepcopy({"app": app})["app"] is app
-    plain = ClientApp()  # never marked: copied as before
-    assert copy.copy(plain) is not plain and copy.deepcopy(plain) is not plain
+        shallow, deep = copy.copy(app), copy.deepcopy(app)
+        assert shallow is not app and deep is not app and type(deep) is type(app)
+        assert set(deep._registered_funcs) == set(app._registered_funcs)
+        assert copy.deepcopy({"app": app})["app"] is not app
+
+        @deep.train("only_on_the_copy")
+        def train(msg, context):
+            return msg
+
+        # a handler added to the deep copy never reaches the original
+        assert "train.only_on_the_copy" not in app._registered_funcs
+    # the module's app still travels by reference: a worker gets the module's app itself
     assert pickle.loads(pickle.dumps(mod.app)) is mod.app
 
 

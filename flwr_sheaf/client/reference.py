@@ -12,7 +12,8 @@ a notebook cell, ``if __name__ == "__main__"``) is pickled by value instead, wit
 the fix; a worker that cannot import the module, or whose import lacks handlers the sender's app had,
 gets an error naming the module, its file, the missing handlers and the fix instead of a bare
 ``ModuleNotFoundError`` or Flower's "No train function registered". ``copy.copy`` and
-``copy.deepcopy`` of such an app return the app itself (one app per module, as a worker sees it).
+``copy.deepcopy`` of such an app return a new app (not the module's app itself, which the pickle
+reduction alone would give), so handlers added to a copy never reach the original.
 """
 
 from __future__ import annotations
@@ -259,10 +260,11 @@ def _by_value_size(app: Any) -> str:
 
 
 def _copy_app(app: Any) -> Any:
-    """``copy.copy`` of a ClientApp: the app itself when marked by :func:`travel_by_reference`
-    (its handlers hold per-process state; there is one app per module), else a shallow copy."""
-    if _is_weakrefable(app) and app in _APPS:
-        return app
+    """``copy.copy`` of a ClientApp: a new app sharing the attribute values (as for any object).
+
+    Defined because ``copy`` consults ``copyreg.dispatch_table``, where :func:`reduce_app` would
+    turn a copy of a module-global app into the module's app itself; the copy is not marked (it is
+    no module global: it pickles by value)."""
     cls: Any = type(app)
     new = cls.__new__(cls)
     new.__dict__.update(app.__dict__)
@@ -270,11 +272,10 @@ def _copy_app(app: Any) -> Any:
 
 
 def _deepcopy_app(app: Any, memo: dict) -> Any:
-    """``copy.deepcopy`` of a ClientApp: the app itself when marked, else a deep copy."""
+    """``copy.deepcopy`` of a ClientApp: an independent app (its own handler registry), never the
+    app itself (:func:`_copy_app`)."""
     import copy
 
-    if _is_weakrefable(app) and app in _APPS:
-        return app
     cls: Any = type(app)
     new = cls.__new__(cls)
     memo[id(app)] = new
@@ -295,8 +296,9 @@ def travel_by_reference(app: Any) -> Any:
 
     The first call for a class registers :func:`reduce_app` for it in ``copyreg.dispatch_table``
     (consulted by ``pickle``, ``cloudpickle`` and Ray's serialiser before ``__reduce_ex__``) and
-    gives the class ``__copy__``/``__deepcopy__`` that return a marked app itself; other instances
-    of that class are copied and pickled as before. A call made while a calling module is being
+    gives the class ``__copy__``/``__deepcopy__`` that make real copies (the reduction alone would
+    make a copy of a module-global app the app itself); other instances of that class are pickled
+    as before. A call made while a calling module is being
     imported marks the app as registered at import (pickled by reference, module docstring). The modules of the calling frames are remembered as the
     first places to look for the app.
 
