@@ -392,11 +392,24 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
     mine, other = tmp_path / "ray-a", tmp_path / "ray-ab"
     mine.mkdir()
     other.mkdir()
+    for d in (mine, other):
+        (d / "session_latest").mkdir()  # what `ray start --temp-dir` makes
     (mine / "ray_current_cluster").write_text("127.0.0.1:1")
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    # a stand-in raylet: a program under a ray/ directory, naming its temp dir, with a "worker"
+    raylet = tmp_path / "site" / "ray" / "raylet.py"
+    raylet.parent.mkdir(parents=True)
+    raylet.write_text(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "time.sleep(60)\n"
+    )
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, f"--temp-dir={d}"]) for d in (mine, other)
+        subprocess.Popen([sys.executable, str(raylet), f"--temp-dir={d}"]) for d in (mine, other)
     ]
+    # a process of this user that names the temp dir but is no Ray process (a `tail` of a log)
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", f"{mine}/session_latest/logs"]
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # each has started its child (a "worker")
@@ -415,7 +428,19 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
         assert out.returncode == 0 and f"stopped 2 Ray process(es) of {mine}" in out.stdout
         assert procs[0].wait(timeout=10) is not None and _ended(child)
         assert procs[1].poll() is None  # another cluster's process: untouched
+        assert bystander.poll() is None  # not a Ray process: untouched
+        empty = tmp_path / "not-a-ray-dir"
+        empty.mkdir()
+        refused = subprocess.run(
+            [sys.executable, str(TOOL), "stop", "--temp-dir", str(empty)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2 and "no Ray session in it" in refused.stderr
     finally:
+        bystander.kill()
+        bystander.wait()
         for p in procs:
             p.kill()
             p.wait()

@@ -434,10 +434,18 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _is_ray(cmd: list[str]) -> bool:
+    """Whether a command line is a Ray process's: a program or script under a ``ray/`` directory
+    (``gcs_server``, ``raylet``, ``log_monitor.py``, the dashboard and its agents), ``-m ray...``,
+    or a worker renamed ``ray::...``; a shell, an editor or a ``tail`` naming the temp dir is not."""
+    sep = os.sep
+    return any(f"{sep}ray{sep}" in a or a.startswith(("ray.", "ray::")) for a in cmd)
+
+
 def cluster_processes(temp_dir: str | Path) -> list:
     """The live processes of the Ray node(s) started with ``ray start --temp-dir temp_dir``: every
-    process of this user whose command line names that directory (GCS, raylet, agents, log
-    monitor, ...), the head's Ray Client server (it names the GCS address recorded in the
+    Ray process of this user whose command line names that directory (GCS, raylet, agents, log
+    monitor, ...: not a shell or an editor that merely names it), the head's Ray Client server (it names the GCS address recorded in the
     directory's ``ray_current_cluster``), and their descendants (the workers, whose command line
     Ray rewrites to ``ray::...``).
 
@@ -469,7 +477,7 @@ def cluster_processes(temp_dir: str | Path) -> list:
                 continue
             cmd = p.info["cmdline"] or []
             if p.pid not in me and (
-                any(names_dir.search(arg) for arg in cmd)
+                (_is_ray(cmd) and any(names_dir.search(arg) for arg in cmd))
                 or (gcs and "ray.util.client.server" in cmd and f"--address={gcs}" in cmd)
             ):
                 found[p.pid] = p
@@ -554,6 +562,14 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.temp_dir).is_dir():
         print(
             f"--temp-dir {args.temp_dir}: no such directory (the --temp-dir of `ray start`)",
+            file=sys.stderr,
+        )
+        return 2
+    if not any(Path(args.temp_dir).glob("session_*")):
+        print(
+            f"--temp-dir {args.temp_dir}: no Ray session in it (`ray start --temp-dir DIR` makes "
+            "DIR/session_latest): give the --temp-dir that `ray start` was given, e.g. $RAYDIR of "
+            "docs/running.md ('A Ray cluster'); nothing was stopped",
             file=sys.stderr,
         )
         return 2
