@@ -100,14 +100,17 @@ def test_overwrite_moves_the_earlier_run_aside_and_a_new_run_dying_at_discovery_
     again = {**rc, "overwrite": True, "discovery-timeout": 1}
     silent = LocalGrid(cnn_client_app, 3, run_config=again, drop=lambda m: True)
     _logged(caplog)
-    with pytest.raises(RuntimeError, match="no SuperNode answered"):
+    with pytest.raises(RuntimeError, match="no SuperNode answered") as err:
         run_server(silent, again)  # every node silent: the new run dies at discovery
-    [prev] = sorted(out.glob("previous-*"))
-    assert {n: (prev / n).read_bytes() for n in before} == before  # nothing lost
+    # issue 34, case 9: it wrote nothing of its own, so the earlier run's files are moved back
+    assert {n: (out / n).read_bytes() for n in before} == before  # nothing lost
+    assert not list(out.glob("previous-*"))
     assert "overwrite=true: moved the earlier run's results.json, checkpoint.pkl" in caplog.text
-    assert str(prev) in caplog.text and "nothing deleted" in caplog.text
-    res = _run({**rc, "overwrite": True})  # nothing left to move: the first run is aside already
-    assert "previous_run" not in res
+    assert "nothing deleted" in caplog.text
+    back = f"accuracy.png, moved aside by overwrite=true, were moved back into {out}"
+    assert any(back in n for n in err.value.__notes__) and back in caplog.text
+    res = _run({**rc, "overwrite": True})
+    assert Path(res["previous_run"]["moved_to"]).parent == out
     res = _run({**rc, "overwrite": True})
     assert Path(res["previous_run"]["moved_to"]).parent == out
     assert res["previous_run"]["files"] == ["results.json", "checkpoint.pkl", "accuracy.png"]
@@ -520,3 +523,208 @@ def test_inprocess_runner_evaluate_every_0_and_resume_without_checkpoint(tmp_pat
         f"to resume (run without resume first, or point resume-from at the stopped run's "
         f"checkpoint.pkl)"
     ]
+
+
+# ------------------------------------------------------------------------- issue 34: run files
+# docs/reliability-run-files.md, "Issue 34: run files, locks and checkpoints"
+def test_a_lock_file_removed_while_a_run_holds_it_still_refuses_a_second_run(tmp_path, caplog):
+    out = tmp_path / "r"
+    out.mkdir()
+    with _holder(out) as pid:
+        (out / LOCK_NAME).unlink()  # e.g. a clean-up script, or a user who thought it stale
+        rc = {**TINY, "results-dir": str(out)}
+        _refused(
+            rc,
+            rf"results-dir {out} is in use by another run: a process holds a lock on {out} \(its "
+            r"lock file .*\.lock was removed or replaced while it ran\)",
+            LockedError,
+        )
+        assert not (out / "results.json").exists()
+        assert pid > 0
+    # the holder of a removed lock file puts it back before it writes (results.json, checkpoint)
+    from flwr_sheaf import write_results
+
+    done = _own_strategy(tmp_path)
+    lock = DirLock(out).acquire()
+    try:
+        (out / LOCK_NAME).unlink()
+        _logged(caplog)
+        with pytest.raises(LockedError, match="in use by another run"):
+            DirLock(out).acquire()
+        write_results(done, out)
+        assert json.loads((out / LOCK_NAME).read_text())["token"] == lock.token
+        assert f"the lock file {out / LOCK_NAME} was removed while this run held it" in caplog.text
+    finally:
+        lock.release()
+    assert not (out / LOCK_NAME).exists() and (out / "results.json").exists()
+
+
+@pytest.mark.parametrize("target", ["existing", "dangling"])
+def test_a_symlinked_lock_file_is_refused_and_nothing_is_written_through_it(tmp_path, target):
+    out, victim = tmp_path / "r", tmp_path / "victim.txt"
+    out.mkdir()
+    if target == "existing":
+        victim.write_text("someone's file")
+    os.symlink(victim, out / LOCK_NAME)
+    _refused(
+        {**TINY, "results-dir": str(out)},
+        rf"results-dir {out}: its lock file {out / LOCK_NAME} is a symbolic link \(to "
+        rf"'{victim}'\), not a regular file .* Remove {out / LOCK_NAME} \(rm {out / LOCK_NAME}\)",
+        LockedError,
+    )
+    if target == "existing":
+        assert victim.read_text() == "someone's file"  # was: the lock's JSON written into it
+    else:
+        assert not victim.exists()  # was: created by the lock
+    assert os.path.islink(out / LOCK_NAME)
+
+
+def test_a_lock_path_that_is_a_directory_is_refused_with_the_fix(tmp_path):
+    out = tmp_path / "r"
+    (out / LOCK_NAME).mkdir(parents=True)
+    with pytest.raises(
+        LockedError,
+        match=rf"its lock file {out / LOCK_NAME} is a directory, not a regular file .*"
+        rf"\(rm -r {out / LOCK_NAME}\)",
+    ):  # was: IsADirectoryError: [Errno 21] Is a directory
+        DirLock(out).acquire()
+
+
+@pytest.mark.parametrize("who", ["dead", "this process"])
+def test_a_leftover_lock_of_a_dead_process_or_naming_this_one_is_taken_over_with_a_warning(
+    tmp_path, caplog, who
+):
+    import socket
+
+    if who == "dead":
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        pid, why = proc.pid, f"its process {proc.pid} no longer runs"
+    else:
+        pid, why = (
+            os.getpid(),
+            f"it names this very process (pid {os.getpid()}), which does not hold it",
+        )
+    # a leftover without boot_id (hand-made, or an older flwr-sheaf's): this host, a pid that can be asked
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+    _logged(caplog)
+    lock = DirLock(
+        tmp_path
+    ).acquire()  # was: LockedError "in use by another run ... cannot be shown"
+    try:
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == lock.token
+        assert f"taking over the stale lock {tmp_path / LOCK_NAME} of process {pid}" in caplog.text
+        assert why in caplog.text
+    finally:
+        lock.release()
+
+
+def test_write_results_in_a_finally_after_a_discovery_failure_raises_the_real_error(tmp_path):
+    from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafFRL, write_results
+
+    silent = LocalGrid(cnn_client_app, 3, run_config={"zoo": "tiny-3"}, drop=lambda m: True)
+    s = SheafFRL(
+        3,
+        federation=FederationConfig(graph="ring"),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=2),
+    )
+    s.discovery_timeout = 1.0
+    with pytest.raises(RuntimeError, match="no SuperNode answered") as err:
+        try:
+            s.start(grid=silent, num_rounds=1, timeout=5)
+        finally:
+            write_results(s, tmp_path / "r")  # was: its ValueError replaced the discovery error
+    notes = "\n".join(err.value.__notes__)
+    assert f"write_results(out_dir='{tmp_path / 'r'}') could not write this run's results" in notes
+    assert "ValueError: SheafFRL has no completed round" in notes
+    assert isinstance(err.value.__context__, ValueError)
+    assert not (tmp_path / "r" / "results.json").exists()
+    with pytest.raises(ValueError, match="no completed round"):  # not in flight: its own error
+        write_results(s, tmp_path / "r")
+
+
+def test_write_results_overwrite_moves_the_earlier_files_aside_and_keep_previous_bounds_them(
+    tmp_path, caplog
+):
+    from flwr_sheaf import write_results
+    from flwr_sheaf.preflight import previous_folders
+
+    done, out = _own_strategy(tmp_path), tmp_path / "r"
+    _logged(caplog)
+    first = write_results(done, out, extra={"n": 1}).read_bytes()
+    write_results(done, out, overwrite=True, extra={"n": 2})
+    [prev] = previous_folders(out)
+    assert (prev / "results.json").read_bytes() == first  # was: replaced, the first one lost
+    assert (prev / "accuracy.png").exists()
+    assert f"moved the earlier results.json, accuracy.png from {out} into {prev}" in caplog.text
+    write_results(done, out, overwrite=True, extra={"n": 3}, keep_previous=1)
+    [kept] = previous_folders(out)
+    assert json.loads((kept / "results.json").read_text())["n"] == 2
+    assert (
+        f"keep-previous=1: removed {prev} (an earlier run's files: accuracy.png, results.json)"
+        in (caplog.text)
+    )
+    assert json.loads((out / "results.json").read_text())["n"] == 3
+
+
+def test_keep_previous_run_config_key_bounds_the_previous_folders_of_overwrite(tmp_path, caplog):
+    from flwr_sheaf.preflight import previous_folders
+
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out), "checkpoint-every": 0}
+    _run(rc)
+    _run({**rc, "overwrite": True})
+    _run({**rc, "overwrite": True})  # default keep-previous=0: every folder kept
+    assert len(previous_folders(out)) == 2
+    _logged(caplog)
+    res = _run({**rc, "overwrite": True, "keep-previous": 2})
+    assert res["config"]["keep-previous"] == 2
+    folders = previous_folders(out)
+    assert len(folders) == 2 and folders[-1] == Path(res["previous_run"]["moved_to"])
+    assert "keep-previous=2: removed" in caplog.text
+    with pytest.raises(ConfigError, match=r"keep-previous=-1"):
+        _run({**rc, "overwrite": True, "keep-previous": -1})
+
+
+def test_after_an_overwrite_whose_run_died_resume_names_where_the_checkpoint_went(tmp_path):
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out)}
+    _run(rc)
+    ckpt = (out / "checkpoint.pkl").read_bytes()
+
+    def crash(grid, messages):
+        if _is(messages, "train", 2):
+            raise RuntimeError("the machine went away")
+
+    again = {**rc, "overwrite": True, "checkpoint-every": 0, "num-server-rounds": 2}
+    grid = HookGrid(cnn_client_app, 3, run_config=again, hook=crash)
+    with pytest.raises(RuntimeError, match="the machine went away") as err:
+        run_server(grid, again)  # wrote its round-1 results.json (failed), no checkpoint
+    [prev] = out.glob("previous-*")
+    assert (prev / "checkpoint.pkl").read_bytes() == ckpt
+    assert any(
+        f"are in {prev} (this run wrote results.json" in n
+        and f"resume-from='{prev / 'checkpoint.pkl'}'" in n
+        for n in err.value.__notes__
+    )
+    _refused(  # was: "no checkpoint.pkl ... cannot be extended", nothing about where it went
+        {**rc, "resume": True, "num-server-rounds": 2},
+        rf"an earlier run's checkpoint was moved \(overwrite=true\) into {prev / 'checkpoint.pkl'}: "
+        rf"to continue that run set resume-from='{prev / 'checkpoint.pkl'}'",
+        ConfigError,
+    )
+
+
+def test_resume_from_a_directory_a_live_run_holds_is_refused_naming_it(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _run({**TINY, "results-dir": str(a)})
+    with _holder(a) as pid:  # e.g. that run was resumed and is running again
+        _refused(  # was: resumed from a checkpoint that changes under it
+            {**TINY, "results-dir": str(b), "resume-from": str(a), "num-server-rounds": 2},
+            rf"resume-from='{a}': {a} is still in use by a live run: process {pid} on this host "
+            rf"holds {a / LOCK_NAME} .* wait for that run to end",
+            LockedError,
+        )
+    from flwr_sheaf.locks import live_holder
+
+    assert live_holder(a) is None  # that run ended: resume-from it is no longer refused for it
