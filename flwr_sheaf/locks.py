@@ -74,6 +74,13 @@ def _pidns() -> int | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this PID namespace runs (True where that cannot be told)."""
+    if os.name == "nt":  # os.kill(pid, 0) would TerminateProcess it there
+        try:
+            import psutil
+        except ImportError:
+            return True
+        return bool(psutil.pid_exists(pid))
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -141,10 +148,34 @@ def _not_a_lock_file(path: Path, key: str, what: str) -> LockedError:
     )
 
 
-def _flock_dir(directory: Path, mode: int) -> tuple[int | None, bool]:
-    """``(fd, locked)``: the directory opened and ``flock``-ed with ``mode | LOCK_NB``; ``fd`` None
-    where a directory cannot be opened or locked (no ``fcntl``, a file system without ``flock`` on
-    directories); ``locked`` False (fd closed, None) when another process holds it."""
+#: seconds a taken ``flock`` is retried before a run is refused: another process's :func:`live_holder`
+#: probe holds a lock for microseconds, which must not read as a live run
+_PROBE_WAIT = 0.25
+
+
+def _flock_nb(fd: int, mode: int, wait: float = _PROBE_WAIT) -> None:
+    """``flock(fd, mode | LOCK_NB)``, retried for ``wait`` seconds while another process holds it.
+
+    Raises:
+        BlockingIOError: still held after ``wait`` seconds.
+    """
+    assert fcntl is not None
+    end = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.01)
+
+
+def _flock_dir(directory: Path, mode: int, wait: float = _PROBE_WAIT) -> tuple[int | None, bool]:
+    """``(fd, locked)``: the directory opened and ``flock``-ed with ``mode | LOCK_NB`` (retried for
+    ``wait`` seconds); ``fd`` None where a directory cannot be opened or locked (no ``fcntl``, a file
+    system without ``flock`` on directories); ``locked`` False (fd closed, None) when another process
+    holds it."""
     if fcntl is None:  # pragma: no cover - Windows
         return None, True
     try:
@@ -154,7 +185,7 @@ def _flock_dir(directory: Path, mode: int) -> tuple[int | None, bool]:
     except OSError:
         return None, True
     try:
-        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        _flock_nb(fd, mode, wait)
     except BlockingIOError:
         os.close(fd)
         return None, False
@@ -172,7 +203,7 @@ def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
         LockedError: the lock file is a symbolic link, a directory or not a regular file.
     """
     lock = DirLock(directory, key)
-    dfd, free = _flock_dir(lock.path.parent, fcntl.LOCK_SH if fcntl is not None else 0)
+    dfd, free = _flock_dir(lock.path.parent, fcntl.LOCK_SH if fcntl is not None else 0, wait=0)
     if dfd is not None:
         os.close(dfd)
     fd = _open_lock_file(lock.path, key, create=False)
@@ -188,6 +219,8 @@ def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
             info = DirLock._read(fd)
         finally:
             os.close(fd)
+    if fcntl is None and info:  # no kernel lock to ask (Windows): whether its process runs
+        free = lock._holder_gone(info) is not None
     if free:
         return None
     if info:
@@ -294,7 +327,10 @@ class DirLock:
             and isinstance(pid, int)
             and not isinstance(pid, bool)
             and (ns is None or ns == _pidns())
-        ):  # this host and PID namespace (or a lock that does not say): the pid can be asked
+            and info.get("boot_id") in (None, _boot_id())
+        ):  # this kernel and PID namespace (or a lock that does not say): the pid can be asked; a
+            # lock naming another boot_id is another machine's that has the same host name (the
+            # initial PID namespace has the same inode on every Linux kernel), or of an earlier boot
             if pid == os.getpid():  # this process does not hold it (_HELD): an earlier one's
                 return (
                     f"it names this very process (pid {pid}), which does not hold it: it was left by "
@@ -333,7 +369,7 @@ class DirLock:
             try:
                 if fcntl is not None:
                     try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        _flock_nb(fd, fcntl.LOCK_EX)
                     except BlockingIOError:
                         live = self._read(fd) or {}
                         raise self._busy(live) from None
@@ -443,7 +479,7 @@ class DirLock:
         fd = _open_lock_file(self.path, self.key, create=True)
         assert fd is not None, "created"
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_nb(fd, fcntl.LOCK_EX)
         os.write(fd, json.dumps(self._mine()).encode())
         os.fsync(fd)
         st = os.fstat(fd)

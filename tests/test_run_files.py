@@ -619,6 +619,80 @@ def test_a_leftover_lock_of_a_dead_process_or_naming_this_one_is_taken_over_with
         lock.release()
 
 
+def test_a_leftover_lock_of_another_kernel_with_this_host_name_is_never_taken_over(tmp_path):
+    """A lock file on a shared file system written by another machine that has the same host name
+    (its ``boot_id`` differs; the initial PID namespace has the same inode on every kernel): its pid
+    says nothing here, so the live run there keeps its lock."""
+    import socket
+    import time
+
+    from flwr_sheaf.locks import _pidns
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that does not run here (it may well run on the other machine)
+    info = {
+        "pid": proc.pid,
+        "host": socket.gethostname(),
+        "pidns": _pidns(),
+        "boot_id": "00000000-another-kernel",
+        "time": time.time(),
+        "started": "2026-01-01 00:00:00",
+    }
+    (tmp_path / LOCK_NAME).write_text(json.dumps(info))
+    with pytest.raises(  # was: taken over, "its process ... no longer runs"
+        LockedError,
+        match=rf"in use by another run: process {proc.pid} on this host holds .* and it cannot be "
+        r"shown to have ended",
+    ):
+        DirLock(tmp_path).acquire()
+    assert json.loads((tmp_path / LOCK_NAME).read_text()) == info
+
+
+def test_the_pid_check_never_signals_a_process_on_windows(monkeypatch):
+    """``os.kill(pid, 0)`` is TerminateProcess on Windows: the stale-lock check must not call it."""
+    from flwr_sheaf import locks
+
+    def kill(pid, sig):
+        raise AssertionError(f"os.kill({pid}, {sig}) called")
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with monkeypatch.context() as m:
+        m.setattr(os, "kill", kill)
+        m.setattr(os, "name", "nt")
+        m.setitem(sys.modules, "psutil", None)  # not installed: cannot be told, so alive
+        unknown = locks._pid_alive(proc.pid)
+    assert unknown is True
+    import types
+
+    asked = []
+    fake = types.SimpleNamespace(pid_exists=lambda pid: asked.append(pid) or pid == os.getpid())
+    with monkeypatch.context() as m:  # installed: psutil's Windows pid_exists tells
+        m.setattr(os, "kill", kill)
+        m.setattr(os, "name", "nt")
+        m.setitem(sys.modules, "psutil", fake)
+        alive, dead = locks._pid_alive(os.getpid()), locks._pid_alive(proc.pid)
+    assert (alive, dead, asked) == (True, False, [os.getpid(), proc.pid])
+
+
+def test_a_momentary_probe_of_the_directory_lock_does_not_refuse_a_run(tmp_path):
+    """``live_holder`` (resume-from's check, in another process) holds the directory's lock for an
+    instant; a run starting on that directory meanwhile must not read it as a live run."""
+    import fcntl
+    import threading
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # the probe, released 50 ms later
+    timer = threading.Timer(0.05, lambda: fcntl.flock(fd, fcntl.LOCK_UN))
+    timer.start()
+    try:
+        lock = DirLock(tmp_path).acquire()  # was: LockedError "... its lock file was removed"
+        lock.release()
+    finally:
+        timer.join()
+        os.close(fd)
+
+
 def test_write_results_in_a_finally_after_a_discovery_failure_raises_the_real_error(tmp_path):
     from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafFRL, write_results
 
