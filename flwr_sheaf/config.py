@@ -427,7 +427,8 @@ _KEY_LIST = [
         parse_bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
-        "`resume`; docs/reliability-run-files.md)",
+        "`resume` or a `resume-from` of this results-dir; with `resume-from` another directory it moves "
+        "this results-dir's files aside the same way; docs/reliability-run-files.md)",
     ),
     Key(
         "keep-previous",

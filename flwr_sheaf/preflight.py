@@ -9,7 +9,9 @@ holding another run's files unless ``overwrite = true`` (then they are moved int
 ends with an error before writing any of its own; ``keep-previous`` bounds how many such
 folders stay); a ``node-state-dir`` of another run (:func:`check_node_state_dir`); a second live run
 on the same directory (:class:`flwr_sheaf.locks.DirLock`), or on the directory ``resume-from``
-names. ``tracking-dir`` without ``tracking`` is warned about. docs/reliability-run-files.md lists
+names; ``resume-from`` into a ``results-dir`` holding another run's ``results.json`` /
+``checkpoint.pkl`` (:func:`_check_resume_into`; ``overwrite = true`` moves them aside). ``tracking-dir``
+without ``tracking`` is warned about. docs/reliability-run-files.md lists
 each case.
 
 Helpers: :func:`resolve_dir` (a symbolic-link loop refused by its key) and
@@ -61,6 +63,8 @@ NODE_STATE_MARKER = "run.json"
 #: Subfolder prefix of an earlier run's files moved aside by ``overwrite = true``.
 PREVIOUS_PREFIX = "previous-"
 _STATE_FILE = re.compile(r"^round-\d+\.state$")
+#: The name of a folder :func:`move_aside` made (``previous-<UTC time>[-<n>]``).
+_MOVED_ASIDE = re.compile(re.escape(PREVIOUS_PREFIX) + r"\d{8}T\d{6}Z(-\d+)?")
 
 
 def path_error(key: str, path: str | Path, exc: BaseException) -> ConfigError:
@@ -141,12 +145,17 @@ def move_aside(
     return target, present
 
 
-def _prune_previous(directory: Path, keep: int, newest: Path) -> None:
+def _prune_previous(directory: Path, keep: int, newest: Path, protect: Sequence[Path] = ()) -> None:
     """Remove the oldest ``previous-*`` folders of ``directory`` beyond the newest ``keep`` (never
-    ``newest``), each logged; one that cannot be removed is logged and kept."""
+    ``newest`` nor one in ``protect``), each logged; one that cannot be removed is logged and kept."""
     import shutil
 
-    folders = [p for p in previous_folders(directory) if p != newest] + [newest]
+    folders = [
+        p
+        for p in previous_folders(directory)
+        if p != newest and p not in protect and _MOVED_ASIDE.fullmatch(p.name)
+    ]  # only the folders move_aside made: never a user's own "previous-<anything>"
+    folders.append(newest)
     for old in folders[: max(len(folders) - keep, 0)]:
         try:
             held = ", ".join(sorted(p.name for p in old.iterdir())) or "empty"
@@ -313,6 +322,8 @@ class Preflight:
         self.results_dir: Path | None = None
         #: ``keep-previous``: applied on leaving, once the moved files are known to stay aside
         self.keep_previous = 0
+        #: ``previous-*`` folders never pruned (the one ``resume-from`` reads from)
+        self.protect: list[Path] = []
 
     def release(self) -> None:
         """Release every lock (the node-state-dir's first)."""
@@ -333,7 +344,10 @@ class Preflight:
                 and self.results_dir is not None
             ):
                 _prune_previous(
-                    self.results_dir, self.keep_previous, Path(self.previous_run["moved_to"])
+                    self.results_dir,
+                    self.keep_previous,
+                    Path(self.previous_run["moved_to"]),
+                    self.protect,
                 )
         finally:
             self.release()
@@ -423,6 +437,73 @@ def _check_resume_from_free(config: RunConfig, out: Path) -> None:
         )
 
 
+def _resume_source(config: RunConfig) -> Path | None:
+    """The directory of the checkpoint ``resume-from`` names (resolved), or None without it.
+
+    Raises:
+        ConfigError: a symbolic-link loop (key and path named).
+    """
+    if not config.resume_from:
+        return None
+    from .strategy.checkpoint import checkpoint_path
+
+    return resolve_dir("resume-from", checkpoint_path(config.resume_from).parent)
+
+
+def _recorded_run_config(path: Path) -> dict[str, Any]:
+    """The run config recorded in a ``results.json`` (its ``config``) or a ``checkpoint.pkl``.
+
+    Raises:
+        ConfigError / OSError / ValueError: the file cannot be read as one.
+    """
+    from .strategy.checkpoint import load_checkpoint
+
+    if path.suffix == ".json":
+        recorded = json.loads(path.read_text()).get("config")
+    else:
+        recorded = load_checkpoint(path).get("config")
+    if not isinstance(recorded, dict):
+        raise ValueError("it records no run config")
+    return recorded
+
+
+def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> None:
+    """Refuse ``resume-from`` into a ``results-dir`` whose ``results.json`` / ``checkpoint.pkl`` (``old``)
+    belong to another run: the resumed run's writes would replace them. Files of the run being resumed
+    pass (their recorded run config has the checkpoint's run identity: no key outside
+    :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` differs, :func:`~flwr_sheaf.config.config_differences`).
+
+    Raises:
+        ConfigError: the files, why they are another run's, and the fixes (another results-dir, or
+            ``overwrite = true``, which moves them aside) named.
+    """
+    from .strategy.checkpoint import checkpoint_path
+
+    ckpt = checkpoint_path(config.resume_from)
+    resumed = _recorded_run_config(ckpt)  # readable: checked by _no_checkpoint and load_checkpoint
+    why = []
+    for path in old:
+        try:
+            diff = config_differences(_recorded_run_config(path), resumed)
+        except (ConfigError, OSError, ValueError) as exc:
+            why.append(f"{path.name} cannot be read as this run's ({exc})")
+            continue
+        if diff:
+            text = ", ".join(
+                f"{k}={a!r} there, {b!r} in the checkpoint" for k, (a, b) in diff.items()
+            )
+            why.append(f"{path.name} records another run config ({text})")
+    if why:
+        names = ", ".join(p.name for p in old)
+        raise ConfigError(
+            f"resume-from={config.resume_from!r}: results-dir={config.results_dir!r} ({out}) holds "
+            f"another run's {names} ({'; '.join(why)}); the resumed run would replace them. Set "
+            f"results-dir to another directory (an empty one, or {ckpt.parent} to continue that run "
+            f"where it is), or add overwrite=true to move {out}'s files into {out}/previous-<time>/ "
+            f"(nothing deleted)"
+        )
+
+
 def preflight(config: RunConfig) -> Preflight:
     """Check every directory the run writes, take its locks and move an overwritten run's files
     aside; returns the :class:`Preflight` holding the locks (``with preflight(config) as pre:``).
@@ -432,12 +513,23 @@ def preflight(config: RunConfig) -> Preflight:
         OSError: an earlier run's files cannot be moved aside (nothing deleted).
     """
     resuming = config.resume or bool(config.resume_from)
-    if config.overwrite and resuming:
+    source = _resume_source(config)
+    if (
+        config.overwrite
+        and resuming
+        and (source is None or source == resolve_dir("results-dir", config.results_dir))
+    ):
         which = "resume=true" if config.resume else f"resume-from={config.resume_from!r}"
         raise ConfigError(
             f"overwrite=true and {which} contradict each other: overwrite starts a fresh run (moving "
             f"the earlier run's files aside), {which.split('=')[0]} continues the checkpointed run; set "
             f"only one of them"
+            + (
+                ""
+                if config.resume
+                else " (overwrite=true with resume-from applies only to another results-dir: it moves "
+                "that directory's files aside)"
+            )
         )
     if config.tracking_dir and not config.tracking.strip():
         log.warning(
@@ -465,6 +557,11 @@ def preflight(config: RunConfig) -> Preflight:
             if config.resume_from:
                 _check_resume_from_free(config, out)
         old = [out / f for f in RESULT_FILES if (out / f).exists()]
+        if old and source is not None and source != out:  # resume-from into another results-dir
+            if source.parent == out:
+                pre.protect.append(source)  # a previous-* folder of out: never pruned
+            if not config.overwrite:
+                _check_resume_into(config, out, old)
         if old and not resuming and not config.overwrite:
             how = (
                 "resume=true to continue that run, or overwrite=true to move its files into "
@@ -484,7 +581,7 @@ def preflight(config: RunConfig) -> Preflight:
             pre.locks.append(DirLock(state_root, "node-state-dir").acquire())
             if not resuming:  # a resumed run's: after its checkpoint check (server_app)
                 check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), False)
-        if old and not resuming:  # overwrite=true: moved aside, never deleted
+        if old and (not resuming or config.overwrite):  # overwrite=true: moved aside, never deleted
             moved = move_aside(out, MOVED_FILES)  # keep-previous: on leaving (Preflight.__exit__)
             if moved is not None:
                 folder, names = moved

@@ -802,3 +802,56 @@ def test_resume_from_a_directory_a_live_run_holds_is_refused_naming_it(tmp_path)
     from flwr_sheaf.locks import live_holder
 
     assert live_holder(a) is None  # that run ended: resume-from it is no longer refused for it
+
+
+def test_resume_from_into_a_results_dir_holding_another_runs_results_refuses_or_moves_them(
+    tmp_path,
+):
+    """``resume-from=<a>`` with ``results-dir=<b>`` where ``<b>`` holds another run's files: the
+    resumed run's writes would replace them (was: ``<b>/results.json`` and its checkpoint replaced)."""
+    import shutil
+
+    a, b, backup = tmp_path / "a", tmp_path / "b", tmp_path / "backup"
+    rc = {**TINY, "checkpoint-every": 1, "node-state-dir": str(tmp_path / "state")}
+    _run({**rc, "results-dir": str(a)})
+    # the files of the run being resumed (same run config) are its own: resuming into them passes
+    backup.mkdir()
+    shutil.copy(a / "checkpoint.pkl", backup / "checkpoint.pkl")
+    own = {**rc, "results-dir": str(a), "resume-from": str(backup), "num-server-rounds": 2}
+    assert [r["round"] for r in _run(own)["rounds"]] == [1, 2]
+    # another run (another seed) in b
+    _run({**TINY, "checkpoint-every": 1, "results-dir": str(b), "seed": 7})
+    before = {n: (b / n).read_bytes() for n in ("results.json", "checkpoint.pkl", "accuracy.png")}
+    resumed = {**rc, "results-dir": str(b), "resume-from": str(a), "num-server-rounds": 3}
+    _refused(
+        resumed,
+        rf"resume-from='{a}': results-dir='{b}' \({b}\) holds another run's results.json, "
+        r"checkpoint.pkl \(results.json records another run config \(seed=7 there, .* in the "
+        r"checkpoint\); checkpoint.pkl records another run config \(seed=7 there, .*\); the resumed "
+        rf"run would replace them. Set results-dir to another directory \(an empty one, or {a} to "
+        rf"continue that run where it is\), or add overwrite=true to move {b}'s files into "
+        rf"{b}/previous-<time>/ \(nothing deleted\)",
+    )
+    assert {n: (b / n).read_bytes() for n in before} == before and not list(b.glob("previous-*"))
+    # overwrite=true (another results-dir than the resumed one): b's files moved aside, then resumed
+    res = _run({**resumed, "overwrite": True})
+    [prev] = b.glob("previous-*")
+    assert {n: (prev / n).read_bytes() for n in before} == before
+    assert res["previous_run"] == {"moved_to": str(prev), "files": list(before)}
+    assert res["resumed"]["after_round"] == 2 and [r["round"] for r in res["rounds"]] == [1, 2, 3]
+
+
+def test_keep_previous_removes_only_folders_that_overwrite_made(tmp_path, caplog):
+    """A folder of the user's own named ``previous-...`` is never removed by ``keep-previous``."""
+    from flwr_sheaf.preflight import move_aside
+
+    old, mine = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-keep-me"
+    for folder in (old, mine):
+        folder.mkdir()
+        (folder / "results.json").write_text(folder.name)
+    (tmp_path / "results.json").write_text("now")
+    _logged(caplog)
+    new, moved = move_aside(tmp_path, ["results.json"], keep=1)
+    assert moved == ["results.json"] and (new / "results.json").read_text() == "now"
+    assert not old.exists() and f"keep-previous=1: removed {old}" in caplog.text
+    assert (mine / "results.json").read_text() == "previous-keep-me"  # was: removed
