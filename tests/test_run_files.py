@@ -855,3 +855,22 @@ def test_keep_previous_removes_only_folders_that_overwrite_made(tmp_path, caplog
     assert moved == ["results.json"] and (new / "results.json").read_text() == "now"
     assert not old.exists() and f"keep-previous=1: removed {old}" in caplog.text
     assert (mine / "results.json").read_text() == "previous-keep-me"  # was: removed
+
+
+def test_keep_previous_never_removes_the_folder_resume_from_reads(tmp_path):
+    """``resume-from=<dir>/previous-<time>`` (where an overwrite moved a run) into ``<dir>`` with
+    ``overwrite=true`` and ``keep-previous=1``: the source folder stays, though it is the oldest."""
+    from flwr_sheaf.methods.registry import parse_run_config
+    from flwr_sheaf.preflight import preflight, previous_folders
+
+    source, older = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-20200102T000000Z"
+    for folder in (source, older):
+        folder.mkdir()
+    (source / "checkpoint.pkl").write_bytes(b"the stopped run's checkpoint")
+    (tmp_path / "results.json").write_text("{}")  # another run's: moved aside by overwrite
+    rc = {"results-dir": str(tmp_path), "resume-from": str(source), "overwrite": True}
+    with preflight(parse_run_config({**rc, "keep-previous": 1})[0]) as pre:
+        new = Path(pre.previous_run["moved_to"])
+    assert (new / "results.json").read_text() == "{}"
+    assert previous_folders(tmp_path) == [source, new] and not older.exists()
+    assert (source / "checkpoint.pkl").read_bytes() == b"the stopped run's checkpoint"
