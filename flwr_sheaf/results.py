@@ -183,21 +183,24 @@ def write_results(
         text = json.dumps(_clean(payload), indent=1)
         title = str(cfg.get("method", "")) or type(strategy).__name__
         return _write_files(out, foreign, text, payload["rounds"], title, overwrite, keep_previous)
-    except Exception as own:
-        if inflight is None or own is inflight:
+    except Exception as exc:
+        if inflight is None or exc is inflight:
             raise
-        inflight.add_note(
-            f"flwr-sheaf: write_results(out_dir={str(out_dir)!r}) could not write this run's results "
-            f"either ({type(own).__name__}: {own})"
-        )
-        log.error(
-            "write_results: %s: %s (not written; the run's own error %s: %s is raised)",
-            type(own).__name__,
-            own,
-            type(inflight).__name__,
-            inflight,
-        )
-        raise inflight  # noqa: B904 - not caused by it: write_results' own error is its __context__
+        own = exc
+    # outside the except block: raising the exception in flight keeps its own __context__ (the
+    # error it was raised while handling), instead of write_results' error posing as its cause
+    inflight.add_note(
+        f"flwr-sheaf: write_results(out_dir={str(out_dir)!r}) could not write this run's results "
+        f"either ({type(own).__name__}: {own})"
+    )
+    log.error(
+        "write_results: %s: %s (not written; the run's own error %s: %s is raised)",
+        type(own).__name__,
+        own,
+        type(inflight).__name__,
+        inflight,
+    )
+    raise inflight
 
 
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:

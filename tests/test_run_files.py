@@ -711,7 +711,7 @@ def test_write_results_in_a_finally_after_a_discovery_failure_raises_the_real_er
     notes = "\n".join(err.value.__notes__)
     assert f"write_results(out_dir='{tmp_path / 'r'}') could not write this run's results" in notes
     assert "ValueError: SheafFRL has no completed round" in notes
-    assert isinstance(err.value.__context__, ValueError)
+    assert err.value.__context__ is None  # raised plainly: nothing posing as its cause
     assert not (tmp_path / "r" / "results.json").exists()
     with pytest.raises(ValueError, match="no completed round"):  # not in flight: its own error
         write_results(s, tmp_path / "r")
@@ -874,3 +874,20 @@ def test_keep_previous_never_removes_the_folder_resume_from_reads(tmp_path):
     assert (new / "results.json").read_text() == "{}"
     assert previous_folders(tmp_path) == [source, new] and not older.exists()
     assert (source / "checkpoint.pkl").read_bytes() == b"the stopped run's checkpoint"
+
+
+def test_write_results_in_a_finally_keeps_the_real_errors_own_context(tmp_path):
+    """The error in flight keeps the error it was raised while handling (its ``__context__``), and
+    write_results' own error does not pose as its cause in the traceback."""
+    from flwr_sheaf import SheafFRL, write_results
+
+    with pytest.raises(RuntimeError, match="the real error") as err:
+        try:
+            try:
+                raise KeyError("what caused it")
+            except KeyError:
+                raise RuntimeError("the real error")  # noqa: B904 - implicit context on purpose
+        finally:
+            write_results(SheafFRL(3), tmp_path / "r")  # no completed round: its ValueError
+    assert isinstance(err.value.__context__, KeyError)  # was: replaced by write_results' ValueError
+    assert any("ValueError: SheafFRL has no completed round" in n for n in err.value.__notes__)
