@@ -122,8 +122,11 @@ def _refuse_newer_format(path: Path) -> None:
     except OSError:
         return  # read_checkpoint_file names the error
     newer: object = None
-    head = re.fullmatch(rb"flwr-sheaf server checkpoint v(\d+)\n", magic)
-    if head is not None and magic != CHECKPOINT_MAGIC and int(head.group(1)) > 1:
+    header = re.compile(rb"flwr-sheaf server checkpoint v(\d+)\n")
+    ours = header.fullmatch(CHECKPOINT_MAGIC)
+    assert ours is not None, "CHECKPOINT_MAGIC has the header's form"
+    head = header.fullmatch(magic)
+    if head is not None and int(head.group(1)) > int(ours.group(1)):
         newer = f"header v{int(head.group(1))}"
     elif magic == CHECKPOINT_MAGIC:
         try:
