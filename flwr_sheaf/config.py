@@ -427,7 +427,16 @@ _KEY_LIST = [
         parse_bool,
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
-        "`resume`; docs/reliability-run-files.md)",
+        "`resume` or a `resume-from` of this results-dir; with `resume-from` another directory it moves "
+        "this results-dir's files aside the same way; docs/reliability-run-files.md)",
+    ),
+    Key(
+        "keep-previous",
+        0,
+        parse_int(0),
+        "how many `<results-dir>/previous-<UTC time>/` folders (earlier runs' files moved aside by `overwrite`) "
+        "to keep: after a run that moved files aside, the oldest beyond this many are removed, each logged; "
+        "0 = keep every one, never delete (docs/reliability-run-files.md)",
     ),
     Key(
         "max-failed-fraction",
@@ -998,6 +1007,7 @@ class RunConfig(Section):
     resume_from: str = key_field("resume-from")
     node_state_dir: str = key_field("node-state-dir")
     overwrite: bool = key_field("overwrite")
+    keep_previous: int = key_field("keep-previous")
     max_failed_fraction: float = key_field("max-failed-fraction")
     resume_fresh_nodes: bool = key_field("resume-fresh-nodes")
     tracking: str = key_field("tracking")
@@ -1159,6 +1169,7 @@ RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
         "device",
         "torch-threads",
         "overwrite",
+        "keep-previous",
         "max-failed-fraction",
         "resume-fresh-nodes",
         "tracking",

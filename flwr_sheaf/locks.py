@@ -1,19 +1,28 @@
 """Directory locks of a live run: ``<results-dir>/.lock`` and ``<node-state-dir>/.lock`` (docs/reliability-run-files.md).
 
 A :class:`DirLock` is held with the kernel's ``fcntl.flock`` for as long as the run lives (released
-when the process dies, in any PID namespace; taking over a free one is atomic). The file records
-who took it (``pid``, ``host``, ``pidns``, ``boot_id``, start time, token) for messages and for the
-one case the kernel cannot decide, a lock written on another kernel: refused unless written on this
-host before its last boot. Without ``fcntl`` (Windows) the lock falls back to the pid check. A
-process never holds one directory's lock twice.
+when the process dies, in any PID namespace; taking over a free one is atomic), on the lock file's
+open descriptor **and on the directory itself**, so that a lock file removed (or replaced) while a
+run holds it does not let a second run in: the directory's ``flock`` still refuses it, and the
+holder re-checks the lock file's identity before every write (:meth:`DirLock.verify`, called by
+``write_results`` and the checkpointer) and puts it back. The file records who took it (``pid``,
+``host``, ``pidns``, ``boot_id``, start time, token) for messages and for the cases the kernel
+cannot decide: a lock written on another kernel is refused unless written on this host before its
+last boot; one of this host and PID namespace whose process no longer runs (or that names this very
+process, which does not hold it) is taken over with a warning. A lock file that is a symbolic link,
+a directory or anything but a regular file is refused (never followed, never created through a
+link). Without ``fcntl`` (Windows) the lock falls back to the pid check. A process never holds one
+directory's lock twice.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import socket
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -26,7 +35,7 @@ try:  # POSIX; the kernel lock that dies with its process
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_NAME", "DirLock", "LockedError", "held_by_this_process"]
+__all__ = ["LOCK_NAME", "DirLock", "LockedError", "held_by_this_process", "live_holder"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -65,6 +74,13 @@ def _pidns() -> int | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this PID namespace runs (True where that cannot be told)."""
+    if os.name == "nt":  # os.kill(pid, 0) would TerminateProcess it there
+        try:
+            import psutil
+        except ImportError:
+            return True
+        return bool(psutil.pid_exists(pid))
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -82,6 +98,134 @@ def _after_check(lock: DirLock) -> None:
 def held_by_this_process(directory: str | Path) -> DirLock | None:
     """The :class:`DirLock` this process holds on ``directory``, or None."""
     return _HELD.get(Path(directory).expanduser().resolve() / LOCK_NAME)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
+    """An fd of the regular lock file ``path`` (``O_RDWR``, created when ``create``), never through a
+    symbolic link; None when it does not exist and ``create`` is False.
+
+    Raises:
+        LockedError: ``path`` is a symbolic link, a directory or not a regular file (named, with the fix).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise _not_a_lock_file(path, key, f"a symbolic link (to {os.readlink(path)!r})")
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise _not_a_lock_file(path, key, "a directory")
+    flags = os.O_RDWR | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except IsADirectoryError:
+        raise _not_a_lock_file(path, key, "a directory") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link planted between lstat and open
+            raise _not_a_lock_file(path, key, "a symbolic link") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_a_lock_file(path, key, "not a regular file")
+    return fd
+
+
+def _not_a_lock_file(path: Path, key: str, what: str) -> LockedError:
+    return LockedError(
+        f"{key} {path.parent}: its lock file {path} is {what}, not a regular file written by flwr-sheaf; "
+        f"a lock file is never followed through a link nor replaced, so the run is refused. Remove "
+        f"{path} (rm {'-r ' if what == 'a directory' else ''}{path}) if no flwr-sheaf run uses "
+        f"{path.parent}, or use another {key}"
+    )
+
+
+#: seconds a taken ``flock`` is retried before a run is refused: another process's :func:`live_holder`
+#: probe holds a lock for microseconds, which must not read as a live run
+_PROBE_WAIT = 0.25
+
+
+def _flock_nb(fd: int, mode: int, wait: float = _PROBE_WAIT) -> None:
+    """``flock(fd, mode | LOCK_NB)``, retried for ``wait`` seconds while another process holds it.
+
+    Raises:
+        BlockingIOError: still held after ``wait`` seconds.
+    """
+    assert fcntl is not None
+    end = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.01)
+
+
+def _flock_dir(directory: Path, mode: int, wait: float = _PROBE_WAIT) -> tuple[int | None, bool]:
+    """``(fd, locked)``: the directory opened and ``flock``-ed with ``mode | LOCK_NB`` (retried for
+    ``wait`` seconds); ``fd`` None where a directory cannot be opened or locked (no ``fcntl``, a file
+    system without ``flock`` on directories); ``locked`` False (fd closed, None) when another process
+    holds it."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return None, True
+    try:
+        fd = os.open(
+            directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+        )
+    except OSError:
+        return None, True
+    try:
+        _flock_nb(fd, mode, wait)
+    except BlockingIOError:
+        os.close(fd)
+        return None, False
+    except OSError:  # e.g. NFS without flock on directories: the lock file's own flock only
+        os.close(fd)
+        return None, True
+    return fd, True
+
+
+def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
+    """Who holds ``directory``'s lock (a live run: its process, host and start time), or None when
+    no run holds it. Nothing is created, taken or changed.
+
+    Raises:
+        LockedError: the lock file is a symbolic link, a directory or not a regular file.
+    """
+    lock = DirLock(directory, key)
+    dfd, free = _flock_dir(lock.path.parent, fcntl.LOCK_SH if fcntl is not None else 0, wait=0)
+    if dfd is not None:
+        os.close(dfd)
+    fd = _open_lock_file(lock.path, key, create=False)
+    info: dict[str, Any] | None = None
+    if fd is not None:
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    free = False
+            info = DirLock._read(fd)
+        finally:
+            os.close(fd)
+    if fcntl is None and info:  # no kernel lock to ask (Windows): whether its process runs
+        free = lock._holder_gone(info) is not None
+    if free:
+        return None
+    if info:
+        return f"{lock._describe(info)} holds {lock.path} (since {info.get('started', '?')})"
+    return f"a process holds a lock on {lock.path.parent} (its lock file {lock.path} was removed)"
 
 
 class DirLock:
@@ -102,6 +246,8 @@ class DirLock:
         self.token = uuid.uuid4().hex
         self.held = False
         self._fd: int | None = None
+        self._dir_fd: int | None = None
+        self._ident: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ details
     def _mine(self) -> dict[str, Any]:
@@ -123,12 +269,31 @@ class DirLock:
             where += " (in another PID namespace, e.g. another container)"
         return f"process {info.get('pid', '?')} on {where}"
 
-    def _busy(self, info: dict[str, Any], why: str = "") -> LockedError:
-        return LockedError(
-            f"{self.key} {self.path.parent} is in use by another run: {self._describe(info)} holds "
-            f"{self.path} (since {info.get('started', '?')}){why}; wait for it to end or use another "
-            f"{self.key} (remove the lock file only if that process is not a flwr-sheaf run)"
+    def _busy(self, info: dict[str, Any] | None, why: str = "") -> LockedError:
+        who = (
+            f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
+            if info is not None
+            else f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
+            f"removed or replaced while it ran)"
         )
+        return LockedError(
+            f"{self.key} {self.path.parent} is in use by another run: {who}{why}; wait for it to end "
+            f"or use another {self.key} (remove the lock file only if that process is not a flwr-sheaf "
+            f"run)"
+        )
+
+    def _peek(self) -> dict[str, Any] | None:
+        """The lock file's details, read without taking or creating it (None: none there)."""
+        try:
+            fd = _open_lock_file(self.path, self.key, create=False)
+        except OSError:
+            return None
+        if fd is None:
+            return None
+        try:
+            return self._read(fd)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _read(fd: int) -> dict[str, Any] | None:
@@ -156,10 +321,23 @@ class DirLock:
             and info["time"] < boot
         ):
             return "it was written on this host before its last boot"
-        if fcntl is None and info.get("host") == socket.gethostname():  # pragma: no cover
-            pid = info.get("pid")
-            if isinstance(pid, int) and not _pid_alive(pid):
-                return "its process no longer runs"
+        pid, ns = info.get("pid"), info.get("pidns")
+        if (
+            info.get("host") == socket.gethostname()
+            and isinstance(pid, int)
+            and not isinstance(pid, bool)
+            and (ns is None or ns == _pidns())
+            and info.get("boot_id") in (None, _boot_id())
+        ):  # this kernel and PID namespace (or a lock that does not say): the pid can be asked; a
+            # lock naming another boot_id is another machine's that has the same host name (the
+            # initial PID namespace has the same inode on every Linux kernel), or of an earlier boot
+            if pid == os.getpid():  # this process does not hold it (_HELD): an earlier one's
+                return (
+                    f"it names this very process (pid {pid}), which does not hold it: it was left by "
+                    f"an earlier process that had the same pid"
+                )
+            if not _pid_alive(pid):
+                return f"its process {pid} no longer runs"
         return None
 
     # ------------------------------------------------------------------ acquire / release
@@ -171,17 +349,33 @@ class DirLock:
         """
         if self.path in _HELD:
             raise self._busy(_HELD[self.path]._mine(), " (this same process: two runs at once)")
+        dfd, free = _flock_dir(self.path.parent, fcntl.LOCK_EX if fcntl is not None else 0)
+        if not free:  # a live run holds the directory, whatever became of its lock file
+            raise self._busy(self._peek())
+        try:
+            self._acquire_file()
+        except BaseException:
+            if dfd is not None:
+                os.close(dfd)
+            raise
+        self._dir_fd = dfd
+        return self
+
+    def _acquire_file(self) -> None:
+        """:meth:`acquire`'s lock file part (the directory's ``flock`` already held)."""
         for _ in range(100):  # retried only when the file was replaced between open and flock
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock_file(self.path, self.key, create=True)
+            assert fd is not None, "created"
             try:
                 if fcntl is not None:
                     try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        _flock_nb(fd, fcntl.LOCK_EX)
                     except BlockingIOError:
                         live = self._read(fd) or {}
                         raise self._busy(live) from None
                     try:  # the holder we waited on may have removed the file: lock the one at the path
-                        same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+                        a, b = os.fstat(fd), os.lstat(self.path)
+                        same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
                     except FileNotFoundError:
                         same = False
                     if not same:
@@ -213,9 +407,10 @@ class DirLock:
                 if fd >= 0:
                     os.close(fd)
                 raise
-            self._fd, self.held = fd, True
+            st = os.fstat(fd)
+            self._fd, self._ident, self.held = fd, (st.st_dev, st.st_ino), True
             _HELD[self.path] = self
-            return self
+            return
         raise LockedError(  # pragma: no cover - 100 replacements in a row
             f"{self.key} {self.path.parent}: the lock file {self.path} keeps being replaced by other runs"
         )
@@ -227,13 +422,69 @@ class DirLock:
         self.held = False
         _HELD.pop(self.path, None)
         fd, self._fd = self._fd, None
+        dfd, self._dir_fd = self._dir_fd, None
         try:
-            if fd is not None and os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+            st = os.lstat(self.path)
+            if fd is not None and (st.st_dev, st.st_ino) == self._ident:
                 self.path.unlink()  # while still locked: a contender re-checks the inode
         except OSError:
             pass
         if fd is not None:
             os.close(fd)
+        if dfd is not None:
+            os.close(dfd)
+
+    def verify(self) -> None:
+        """Check, before a write into the directory, that the lock file at :attr:`path` is still the
+        one this run holds (same ``st_dev`` / ``st_ino`` as the held descriptor); one removed or
+        replaced meanwhile is put back (with a warning) while this run holds the directory's
+        ``flock``, so no other run can have taken the directory.
+
+        Raises:
+            LockedError: this run does not hold the lock, or the lock file was removed or replaced and
+                the directory's own lock is not available (a file system without ``flock`` on
+                directories), so another run may be writing there (the file and the fix named).
+        """
+        if not self.held or self._fd is None:
+            raise LockedError(f"{self.key} {self.path.parent}: this run does not hold {self.path}")
+        try:
+            st = os.lstat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            now = None
+        if now == self._ident:
+            return
+        what = "was removed" if now is None else "was replaced by another file"
+        if self._dir_fd is None:
+            raise LockedError(
+                f"{self.key} {self.path.parent}: the lock file {self.path} {what} while this run held "
+                f"it, and the directory itself cannot be locked on this file system, so another run may "
+                f"be writing there; nothing more is written to {self.path.parent}: stop the other run, "
+                f"or run again with another {self.key}"
+            )
+        log.warning(
+            "%s %s: the lock file %s %s while this run held it; no other run could take the directory "
+            "(its own lock is held): putting the lock file back",
+            self.key,
+            self.path.parent,
+            self.path,
+            what,
+        )
+        old = self._fd
+        if now is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        fd = _open_lock_file(self.path, self.key, create=True)
+        assert fd is not None, "created"
+        if fcntl is not None:
+            _flock_nb(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps(self._mine()).encode())
+        os.fsync(fd)
+        st = os.fstat(fd)
+        self._fd, self._ident = fd, (st.st_dev, st.st_ino)
+        os.close(old)
 
     def __enter__(self) -> DirLock:
         return self

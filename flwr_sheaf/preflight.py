@@ -5,9 +5,14 @@ parsed) refuses, naming the run-config key, the path and the fix: a directory th
 (``results-dir``, ``node-state-dir``, ``tracking-dir``) that cannot be created or written;
 ``overwrite`` with ``resume``; resuming without a checkpoint; a fresh run into a ``results-dir``
 holding another run's files unless ``overwrite = true`` (then they are moved into
-``previous-<UTC time>/``, never deleted: :func:`move_aside`); a ``node-state-dir``
-of another run (:func:`check_node_state_dir`); a second live run on the same
-directory (:class:`flwr_sheaf.locks.DirLock`). docs/reliability-run-files.md lists each case.
+``previous-<UTC time>/``, never deleted: :func:`move_aside`, and moved back when the new run
+ends with an error before writing any of its own; ``keep-previous`` bounds how many such
+folders stay); a ``node-state-dir`` of another run (:func:`check_node_state_dir`); a second live run
+on the same directory (:class:`flwr_sheaf.locks.DirLock`), or on the directory ``resume-from``
+names; ``resume-from`` into a ``results-dir`` holding another run's ``results.json`` /
+``checkpoint.pkl`` (:func:`_check_resume_into`; ``overwrite = true`` moves them aside). ``tracking-dir``
+without ``tracking`` is warned about. docs/reliability-run-files.md lists
+each case.
 
 Helpers: :func:`resolve_dir` (a symbolic-link loop refused by its key) and
 :func:`claim_node_state_dir` (``<node-state-dir>/run.json`` records the run the node state belongs to).
@@ -26,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, RunConfig, config_differences, resume_identity
-from .locks import DirLock
+from .locks import DirLock, LockedError, held_by_this_process, live_holder
 
 __all__ = [
     "RESULT_FILES",
@@ -41,6 +46,7 @@ __all__ = [
     "check_node_state_dir",
     "claim_node_state_dir",
     "path_error",
+    "previous_folders",
 ]
 
 log = logging.getLogger("flwr_sheaf")
@@ -57,6 +63,8 @@ NODE_STATE_MARKER = "run.json"
 #: Subfolder prefix of an earlier run's files moved aside by ``overwrite = true``.
 PREVIOUS_PREFIX = "previous-"
 _STATE_FILE = re.compile(r"^round-\d+\.state$")
+#: The name of a folder :func:`move_aside` made (``previous-<UTC time>[-<n>]``).
+_MOVED_ASIDE = re.compile(re.escape(PREVIOUS_PREFIX) + r"\d{8}T\d{6}Z(-\d+)?")
 
 
 def path_error(key: str, path: str | Path, exc: BaseException) -> ConfigError:
@@ -84,8 +92,31 @@ def resolve_dir(key: str, path: str | Path) -> Path:
         raise path_error(key, path, exc) from None
 
 
-def move_aside(directory: Path, names: Sequence[str]) -> tuple[Path, list[str]] | None:
+def previous_folders(directory: Path) -> list[Path]:
+    """The ``previous-*`` folders of ``directory`` (:func:`move_aside`), oldest first (by the UTC time
+    in their names, then their counter)."""
+
+    def order(p: Path) -> tuple[str, int]:
+        stamp, _, n = p.name[len(PREVIOUS_PREFIX) :].partition("-")
+        return stamp, int(n) if n.isdigit() else 1
+
+    try:
+        found = [
+            p for p in directory.iterdir() if p.name.startswith(PREVIOUS_PREFIX) and p.is_dir()
+        ]
+    except OSError:
+        return []
+    return sorted(found, key=order)
+
+
+def move_aside(
+    directory: Path, names: Sequence[str], *, keep: int | None = None
+) -> tuple[Path, list[str]] | None:
     """Move the files ``names`` that exist in ``directory`` into a new ``directory/previous-<UTC time>/``.
+
+    Args:
+        keep: then keep only the newest ``keep`` ``previous-*`` folders (the new one counts), removing
+            the older ones, each logged (run-config key ``keep-previous``); None or 0 = keep every one.
 
     Returns:
         ``(the new folder, the names moved)``, or None when none of them exists.
@@ -109,7 +140,36 @@ def move_aside(directory: Path, names: Sequence[str]) -> tuple[Path, list[str]] 
             target = directory / f"{PREVIOUS_PREFIX}{stamp}-{i}"
     for n in present:
         os.replace(directory / n, target / n)
+    if keep:
+        _prune_previous(directory, int(keep), target)
     return target, present
+
+
+def _prune_previous(directory: Path, keep: int, newest: Path, protect: Sequence[Path] = ()) -> None:
+    """Remove the oldest ``previous-*`` folders of ``directory`` beyond the newest ``keep`` (never
+    ``newest`` nor one in ``protect``), each logged; one that cannot be removed is logged and kept."""
+    import shutil
+
+    folders = [
+        p
+        for p in previous_folders(directory)
+        if p != newest and p not in protect and _MOVED_ASIDE.fullmatch(p.name)
+    ]  # only the folders move_aside made: never a user's own "previous-<anything>"
+    folders.append(newest)
+    for old in folders[: max(len(folders) - keep, 0)]:
+        try:
+            held = ", ".join(sorted(p.name for p in old.iterdir())) or "empty"
+            shutil.rmtree(old)
+        except OSError as exc:
+            log.warning("keep-previous=%d: could not remove %s (kept): %s", keep, old, exc)
+            continue
+        log.warning(
+            "keep-previous=%d: removed %s (an earlier run's files: %s), the oldest beyond the newest %d",
+            keep,
+            old,
+            held,
+            keep,
+        )
 
 
 # ------------------------------------------------------------------------------ node-state-dir
@@ -244,6 +304,12 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
 class Preflight:
     """What :func:`preflight` holds for the run; a context manager that releases the locks.
 
+    Leaving it with an exception after ``overwrite = true`` moved an earlier run's files aside: when
+    the new run wrote none of its own files (``results.json``, ``checkpoint.pkl``,
+    ``accuracy.png``; e.g. it died at discovery) they are moved back into ``results-dir``, else they
+    stay in ``previous-<UTC time>/``; either way a note on the exception and a log line say where
+    they are.
+
     Attributes:
         locks: the held :class:`~flwr_sheaf.locks.DirLock` of ``results-dir`` (and of ``node-state-dir``).
         previous_run: where ``overwrite = true`` moved the earlier run's files, ``{"moved_to": path,
@@ -253,6 +319,11 @@ class Preflight:
     def __init__(self) -> None:
         self.locks: list[DirLock] = []
         self.previous_run: dict | None = None
+        self.results_dir: Path | None = None
+        #: ``keep-previous``: applied on leaving, once the moved files are known to stay aside
+        self.keep_previous = 0
+        #: ``previous-*`` folders never pruned (the one ``resume-from`` reads from)
+        self.protect: list[Path] = []
 
     def release(self) -> None:
         """Release every lock (the node-state-dir's first)."""
@@ -263,8 +334,64 @@ class Preflight:
     def __enter__(self) -> Preflight:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc is not None and self.previous_run is not None and self.results_dir is not None:
+                self._after_failed_run(exc)
+            if (
+                self.keep_previous
+                and self.previous_run is not None
+                and self.results_dir is not None
+            ):
+                _prune_previous(
+                    self.results_dir,
+                    self.keep_previous,
+                    Path(self.previous_run["moved_to"]),
+                    self.protect,
+                )
+        finally:
+            self.release()
+
+    def _after_failed_run(self, exc: BaseException) -> None:
+        """The moved-aside earlier run's files after the new run ended with ``exc``: moved back when
+        the new run wrote none of its own, the way noted on ``exc`` and logged."""
+        assert self.previous_run is not None and self.results_dir is not None
+        out, folder = self.results_dir, Path(self.previous_run["moved_to"])
+        names = list(self.previous_run["files"])
+        mine = [n for n in MOVED_FILES if (out / n).exists()]
+        if not mine:
+            try:
+                for n in names:
+                    os.replace(folder / n, out / n)
+                folder.rmdir()
+            except OSError as err:
+                where = f"are in {folder} (moving them back failed: {err.strerror or err})"
+            else:
+                where = f"were moved back into {out} (the results-dir is as before this run)"
+                self.previous_run = None
+        else:
+            where = (
+                f"are in {folder} (this run wrote {', '.join(mine)} into {out}; continue the "
+                f"earlier run with resume-from={str(folder / 'checkpoint.pkl')!r})"
+                if "checkpoint.pkl" in names
+                else f"are in {folder} (this run wrote {', '.join(mine)} into {out})"
+            )
+        text = f"the earlier run's {', '.join(names)}, moved aside by overwrite=true, {where}"
+        log.warning("this run ended with an error: %s", text)
+        exc.add_note(f"flwr-sheaf: {text}")
+
+
+def _previous_checkpoint_hint(out: Path) -> str:
+    """Where overwrite=true moved the newest earlier checkpoint of ``out`` (a sentence), or ''."""
+    from .strategy.checkpoint import CHECKPOINT_NAME
+
+    found = [p / CHECKPOINT_NAME for p in previous_folders(out) if (p / CHECKPOINT_NAME).is_file()]
+    if not found:
+        return ""
+    return (
+        f"; an earlier run's checkpoint was moved (overwrite=true) into {found[-1]}: to continue "
+        f"that run set resume-from={str(found[-1])!r} (resume=true reads only {out / CHECKPOINT_NAME})"
+    )
 
 
 def _no_checkpoint(config: RunConfig, out: Path) -> None:
@@ -275,18 +402,106 @@ def _no_checkpoint(config: RunConfig, out: Path) -> None:
     if path.is_file():
         return
     key = f"resume-from={config.resume_from!r}" if config.resume_from else "resume=true"
+    hint = "" if config.resume_from else _previous_checkpoint_hint(out)
     if (path.parent / "results.json").is_file():
         raise NoCheckpointError(
             f"{key}: {path.parent} holds a finished run's results.json but no checkpoint.pkl (that run "
             f"had checkpoint-every=0, or ended before its first checkpoint), so it cannot be extended. "
             f"Run afresh with the rounds you want in another results-dir (or with overwrite=true, which "
             f"moves its files into {path.parent}/previous-<time>/); set checkpoint-every >= 1 for a "
-            f"run you may extend later"
+            f"run you may extend later{hint}"
         )
     raise NoCheckpointError(
         f"{key}: no checkpoint at {path}: nothing to resume (run without resume first, or point "
-        f"resume-from at the stopped run's checkpoint.pkl)"
+        f"resume-from at the stopped run's checkpoint.pkl){hint}"
     )
+
+
+def _check_resume_from_free(config: RunConfig, out: Path) -> None:
+    """Refuse ``resume-from`` a directory a live run still holds (its checkpoint changes under us).
+
+    Raises:
+        LockedError: that run's process, host and start time named.
+    """
+    from .strategy.checkpoint import checkpoint_path
+
+    where = resolve_dir("resume-from", checkpoint_path(config.resume_from).parent)
+    if where == out or held_by_this_process(where) or not where.is_dir():
+        return
+    holder = live_holder(where, "resume-from")
+    if holder is not None:
+        raise LockedError(
+            f"resume-from={config.resume_from!r}: {where} is still in use by a live run: {holder}; "
+            f"its checkpoint changes as that run goes on, so it is not resumed while it runs: wait for "
+            f"that run to end (or stop it), then resume from it"
+        )
+
+
+def _resume_source(config: RunConfig) -> Path | None:
+    """The directory of the checkpoint ``resume-from`` names (resolved), or None without it.
+
+    Raises:
+        ConfigError: a symbolic-link loop (key and path named).
+    """
+    if not config.resume_from:
+        return None
+    from .strategy.checkpoint import checkpoint_path
+
+    return resolve_dir("resume-from", checkpoint_path(config.resume_from).parent)
+
+
+def _recorded_run_config(path: Path) -> dict[str, Any]:
+    """The run config recorded in a ``results.json`` (its ``config``) or a ``checkpoint.pkl``.
+
+    Raises:
+        ConfigError / OSError / ValueError: the file cannot be read as one.
+    """
+    from .strategy.checkpoint import load_checkpoint
+
+    if path.suffix == ".json":
+        recorded = json.loads(path.read_text()).get("config")
+    else:
+        recorded = load_checkpoint(path).get("config")
+    if not isinstance(recorded, dict):
+        raise ValueError("it records no run config")
+    return recorded
+
+
+def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> None:
+    """Refuse ``resume-from`` into a ``results-dir`` whose ``results.json`` / ``checkpoint.pkl`` (``old``)
+    belong to another run: the resumed run's writes would replace them. Files of the run being resumed
+    pass (their recorded run config has the checkpoint's run identity: no key outside
+    :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` differs, :func:`~flwr_sheaf.config.config_differences`).
+
+    Raises:
+        ConfigError: the files, why they are another run's, and the fixes (another results-dir, or
+            ``overwrite = true``, which moves them aside) named.
+    """
+    from .strategy.checkpoint import checkpoint_path
+
+    ckpt = checkpoint_path(config.resume_from)
+    resumed = _recorded_run_config(ckpt)  # readable: checked by _no_checkpoint and load_checkpoint
+    why = []
+    for path in old:
+        try:
+            diff = config_differences(_recorded_run_config(path), resumed)
+        except (ConfigError, OSError, ValueError) as exc:
+            why.append(f"{path.name} cannot be read as this run's ({exc})")
+            continue
+        if diff:
+            text = ", ".join(
+                f"{k}={a!r} there, {b!r} in the checkpoint" for k, (a, b) in diff.items()
+            )
+            why.append(f"{path.name} records another run config ({text})")
+    if why:
+        names = ", ".join(p.name for p in old)
+        raise ConfigError(
+            f"resume-from={config.resume_from!r}: results-dir={config.results_dir!r} ({out}) holds "
+            f"another run's {names} ({'; '.join(why)}); the resumed run would replace them. Set "
+            f"results-dir to another directory (an empty one, or {ckpt.parent} to continue that run "
+            f"where it is), or add overwrite=true to move {out}'s files into {out}/previous-<time>/ "
+            f"(nothing deleted)"
+        )
 
 
 def preflight(config: RunConfig) -> Preflight:
@@ -298,12 +513,30 @@ def preflight(config: RunConfig) -> Preflight:
         OSError: an earlier run's files cannot be moved aside (nothing deleted).
     """
     resuming = config.resume or bool(config.resume_from)
-    if config.overwrite and resuming:
+    source = _resume_source(config)
+    if (
+        config.overwrite
+        and resuming
+        and (source is None or source == resolve_dir("results-dir", config.results_dir))
+    ):
         which = "resume=true" if config.resume else f"resume-from={config.resume_from!r}"
         raise ConfigError(
             f"overwrite=true and {which} contradict each other: overwrite starts a fresh run (moving "
             f"the earlier run's files aside), {which.split('=')[0]} continues the checkpointed run; set "
             f"only one of them"
+            + (
+                ""
+                if config.resume
+                else " (overwrite=true with resume-from applies only to another results-dir: it moves "
+                "that directory's files aside)"
+            )
+        )
+    if config.tracking_dir and not config.tracking.strip():
+        log.warning(
+            "tracking-dir=%r is set but tracking is empty, so nothing is tracked and tracking-dir is "
+            "not used: set tracking='tensorboard' (or 'wandb', 'tensorboard,wandb') to track this "
+            "run, or leave tracking-dir out",
+            config.tracking_dir,
         )
     state_root = None
     if config.node_state_dir:
@@ -316,11 +549,19 @@ def preflight(config: RunConfig) -> Preflight:
         )
     out = check_writable_dir("results-dir", config.results_dir, create=True)
     pre = Preflight()
+    pre.results_dir, pre.keep_previous = out, config.keep_previous
     try:
         pre.locks.append(DirLock(out, "results-dir").acquire())
         if resuming:
             _no_checkpoint(config, out)
+            if config.resume_from:
+                _check_resume_from_free(config, out)
         old = [out / f for f in RESULT_FILES if (out / f).exists()]
+        if old and source is not None and source != out:  # resume-from into another results-dir
+            if source.parent == out:
+                pre.protect.append(source)  # a previous-* folder of out: never pruned
+            if not config.overwrite:
+                _check_resume_into(config, out, old)
         if old and not resuming and not config.overwrite:
             how = (
                 "resume=true to continue that run, or overwrite=true to move its files into "
@@ -340,20 +581,21 @@ def preflight(config: RunConfig) -> Preflight:
             pre.locks.append(DirLock(state_root, "node-state-dir").acquire())
             if not resuming:  # a resumed run's: after its checkpoint check (server_app)
                 check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), False)
-        if old and not resuming:  # overwrite=true: moved aside, never deleted
-            moved = move_aside(out, MOVED_FILES)
+        if old and (not resuming or config.overwrite):  # overwrite=true: moved aside, never deleted
+            moved = move_aside(out, MOVED_FILES)  # keep-previous: on leaving (Preflight.__exit__)
             if moved is not None:
                 folder, names = moved
                 pre.previous_run = {"moved_to": str(folder), "files": names}
                 log.warning(
-                    "overwrite=true: moved the earlier run's %s from %s into %s (nothing deleted)",
+                    "overwrite=true: moved the earlier run's %s from %s into %s (nothing deleted; "
+                    "moved back if this run ends with an error before writing its own)",
                     ", ".join(names),
                     out,
                     folder,
                 )
         if state_root is not None and not resuming:
             claim_node_state_dir(state_root, config.to_dict(), out)
-    except BaseException:
-        pre.release()
+    except BaseException as exc:
+        pre.__exit__(type(exc), exc, exc.__traceback__)  # moved files back, locks released
         raise
     return pre

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,6 +116,7 @@ def write_results(
     extra: Mapping[str, Any] | None = None,
     problems: Sequence[str] = (),
     errors: Sequence[str] = (),
+    keep_previous: int | None = None,
 ) -> Path:
     """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
 
@@ -127,15 +129,25 @@ def write_results(
         out_dir: directory (created with its parents if missing).
         config: run-config values recorded as given, then the strategy's section keys
             (:func:`strategy_config`); ``method`` from the registry when absent.
-        overwrite: replace the files already in ``out_dir`` and move another run's
-            ``checkpoint.pkl`` into ``previous-<UTC time>/`` (both refused otherwise). The
-            directory's lock is held while writing.
+        overwrite: move the ``results.json`` / ``accuracy.png`` already in ``out_dir`` and another
+            run's ``checkpoint.pkl`` into a new ``previous-<UTC time>/`` (logged; refused otherwise),
+            never replace them; while this process already holds ``out_dir``'s lock (the bundled
+            app's preflight, which moved another run's files aside itself) the files there are this
+            run's and are replaced. The directory's lock is held, and re-checked, while writing.
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/reliability-failures.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON-serialisable), written last.
         problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
         errors: what ended the run early (the run is written ``failed``).
+        keep_previous: keep only the newest this many ``previous-*`` folders of ``out_dir`` after
+            moving files aside (the older ones are removed, each logged); None or 0 = keep every one
+            (default: ``config``'s ``keep-previous``, else 0; docs/reliability-run-files.md).
+
+    Called while an exception propagates (in a ``finally`` or ``except`` block, e.g. after
+    ``strategy.start`` raised at discovery), an error of ``write_results`` itself (no completed
+    round, the files of another run, ...) never hides that exception: it is re-raised with a note
+    saying what ``write_results`` did not write and why.
 
     Returns:
         Path of ``results.json``.
@@ -153,18 +165,42 @@ def write_results(
     """
     from .config import DEFAULTS
 
-    own_extra = _checked_own_extra(strategy, extra)
-    out = check_results_dir(out_dir, overwrite=overwrite)
-    foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
-    cfg = _recorded_config(strategy, config)
-    if max_failed_fraction is None:
-        max_failed_fraction = float(cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"]))
-    status = run_status(strategy, max_failed_fraction, problems, errors)
-    payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
-    # serialised before anything is written: a TypeError writes nothing
-    text = json.dumps(_clean(payload), indent=1)
-    title = str(cfg.get("method", "")) or type(strategy).__name__
-    return _write_files(out, foreign, text, payload["rounds"], title)
+    inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
+    try:
+        own_extra = _checked_own_extra(strategy, extra)
+        out = check_results_dir(out_dir, overwrite=overwrite)
+        foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
+        cfg = _recorded_config(strategy, config)
+        if max_failed_fraction is None:
+            max_failed_fraction = float(
+                cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"])
+            )
+        if keep_previous is None:
+            keep_previous = int(cfg.get("keep-previous", DEFAULTS["keep-previous"]) or 0)
+        status = run_status(strategy, max_failed_fraction, problems, errors)
+        payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
+        # serialised before anything is written: a TypeError writes nothing
+        text = json.dumps(_clean(payload), indent=1)
+        title = str(cfg.get("method", "")) or type(strategy).__name__
+        return _write_files(out, foreign, text, payload["rounds"], title, overwrite, keep_previous)
+    except Exception as exc:
+        if inflight is None or exc is inflight:
+            raise
+        own = exc
+    # outside the except block: raising the exception in flight keeps its own __context__ (the
+    # error it was raised while handling), instead of write_results' error posing as its cause
+    inflight.add_note(
+        f"flwr-sheaf: write_results(out_dir={str(out_dir)!r}) could not write this run's results "
+        f"either ({type(own).__name__}: {own})"
+    )
+    log.error(
+        "write_results: %s: %s (not written; the run's own error %s: %s is raised)",
+        type(own).__name__,
+        own,
+        type(inflight).__name__,
+        inflight,
+    )
+    raise inflight
 
 
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -258,29 +294,44 @@ def _payload(
 
 
 def _write_files(
-    out: Path, foreign: Path | None, text: str, rounds: Sequence[Mapping], title: str
+    out: Path,
+    foreign: Path | None,
+    text: str,
+    rounds: Sequence[Mapping],
+    title: str,
+    overwrite: bool = False,
+    keep_previous: int = 0,
 ) -> Path:
     """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``
-    under ``out``'s lock (:class:`flwr_sheaf.locks.DirLock`), after moving another run's ``foreign``
-    checkpoint into ``previous-<UTC time>/`` (logged)."""
+    under ``out``'s lock (:class:`flwr_sheaf.locks.DirLock`, its identity re-checked first), after
+    moving another run's ``foreign`` checkpoint and (``overwrite`` without the lock held by this
+    process before the call) the files already there into ``previous-<UTC time>/`` (logged)."""
     from .locks import DirLock, held_by_this_process
 
     out.mkdir(parents=True, exist_ok=True)
-    lock = None if held_by_this_process(out) else DirLock(out, "out_dir").acquire()
+    held = held_by_this_process(out)
+    lock = held or DirLock(out, "out_dir").acquire()
     try:
-        if foreign is not None:
+        lock.verify()
+        names = [] if foreign is None else [foreign.name]
+        if overwrite and held is None:  # the files of an earlier write_results: moved, not replaced
+            names = [n for n in (RESULTS_JSON, ACCURACY_PNG) if (out / n).exists()] + names
+        if names:
             from .preflight import move_aside
 
-            moved = move_aside(out, [foreign.name])
+            moved = move_aside(out, names, keep=keep_previous)
             if moved is not None:
                 log.warning(
-                    "overwrite=True: moved another run's %s into %s", foreign.name, moved[0]
+                    "overwrite=True: moved the earlier %s from %s into %s (nothing deleted)",
+                    ", ".join(moved[1]),
+                    out,
+                    moved[0],
                 )
         path = out / RESULTS_JSON
         path.write_text(text)
         plot_rounds(rounds, out / ACCURACY_PNG, title=title)
     finally:
-        if lock is not None:
+        if held is None:
             lock.release()
     return path
 

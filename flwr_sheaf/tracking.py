@@ -87,7 +87,9 @@ class Tracker:
         trackers: names (:func:`parse_trackers`: ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"``).
         log_dir: directory of the trackers' files (created if missing).
         run_name: name of the TensorBoard run directory and of the W&B run (default
-            ``flwr-sheaf-<YYYYmmdd-HHMMSS>``).
+            ``flwr-sheaf-<YYYYmmdd-HHMMSS>``); a TensorBoard directory of that name that exists
+            already (another run started in the same second) is never shared: ``-2``, ``-3``, ...
+            is appended (created exclusively; :attr:`run_name` then holds it).
         config: JSON-serialisable mapping recorded with the run (the run config).
         wandb_project: W&B project.
         wandb_mode: ``"offline"`` (nothing sent) or ``"online"``.
@@ -129,7 +131,7 @@ class Tracker:
         if "tensorboard" in self.names:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tensorboard_dir = self.log_dir / "tensorboard" / self.run_name
+            self.tensorboard_dir = self._own_run_dir(self.log_dir / "tensorboard")
             self._writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
             text = json.dumps(self.config, indent=1, default=str)
             self._writer.add_text("config", f"```\n{text}\n```", global_step=0)
@@ -148,6 +150,29 @@ class Tracker:
                 settings=wandb.Settings(console="off"),
             )
             self.wandb_dir = Path(self._run.dir).parent
+
+    def _own_run_dir(self, parent: Path) -> Path:
+        """``parent/<run_name>`` created exclusively: when another run has it (two runs started in the
+        same second), ``<run_name>-2``, ``-3``, ... (``run_name`` becomes that name, logged)."""
+        parent.mkdir(parents=True, exist_ok=True)
+        name, i = self.run_name, 1
+        while True:
+            try:
+                (parent / name).mkdir()
+            except FileExistsError:
+                i += 1
+                name = f"{self.run_name}-{i}"
+                continue
+            break
+        if name != self.run_name:
+            log.info(
+                "tracking: %s already holds a run named %s: this run is %s",
+                parent,
+                self.run_name,
+                name,
+            )
+            self.run_name = name
+        return parent / name
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Tracker | None:

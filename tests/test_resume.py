@@ -382,3 +382,36 @@ def test_rfedags_checkpoint_restores_point_estimates_and_history(tmp_path):
         {k: v for k, v in r.items() if k not in VOLATILE} for r in straight.history
     ]
     np.testing.assert_array_equal(resumed.server.x, straight.server.x)
+
+
+@pytest.mark.parametrize("newer", ["format", "header"])
+def test_a_checkpoint_of_a_newer_format_is_refused_naming_file_format_and_upgrade(tmp_path, newer):
+    """Issue 34, case 9 (docs/reliability-run-files.md): a checkpoint a newer flwr-sheaf wrote."""
+    from flwr_sheaf.integrity import CHECKPOINT_MAGIC
+    from flwr_sheaf.strategy.checkpoint import FORMAT
+
+    cfg = {**RC, "method": "non-cooperative", "num-server-rounds": 1}
+    cfg["results-dir"] = str(tmp_path / "r")
+    run_server(LocalGrid(cnn_app, 4, run_config=cfg), cfg)
+    path = tmp_path / "r" / "checkpoint.pkl"
+    magic, meta, payload = path.read_bytes().split(b"\n", 2)
+    if newer == "format":
+        head = json.loads(meta)
+        head["format"] = FORMAT + 1
+        path.write_bytes(magic + b"\n" + json.dumps(head).encode() + b"\n" + payload)
+        what = f"format {FORMAT + 1}"
+    else:
+        assert magic + b"\n" == CHECKPOINT_MAGIC
+        path.write_bytes(b"flwr-sheaf server checkpoint v2\n" + meta + b"\n" + payload)
+        what = "header v2"
+    expect = (
+        rf"checkpoint {path} has {what}, written by a newer flwr-sheaf: this version reads "
+        rf"checkpoint format {FORMAT} only, so it is not resumed. Upgrade flwr-sheaf"
+    )
+    with pytest.raises(
+        ConfigError, match=expect
+    ):  # was: "restore the file from a backup" / "bad header"
+        load_checkpoint(path)
+    resumed = {**cfg, "resume": True, "num-server-rounds": 2}
+    with pytest.raises(ConfigError, match=expect):
+        run_server(LocalGrid(cnn_app, 4, run_config=resumed), resumed)

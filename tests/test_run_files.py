@@ -100,14 +100,17 @@ def test_overwrite_moves_the_earlier_run_aside_and_a_new_run_dying_at_discovery_
     again = {**rc, "overwrite": True, "discovery-timeout": 1}
     silent = LocalGrid(cnn_client_app, 3, run_config=again, drop=lambda m: True)
     _logged(caplog)
-    with pytest.raises(RuntimeError, match="no SuperNode answered"):
+    with pytest.raises(RuntimeError, match="no SuperNode answered") as err:
         run_server(silent, again)  # every node silent: the new run dies at discovery
-    [prev] = sorted(out.glob("previous-*"))
-    assert {n: (prev / n).read_bytes() for n in before} == before  # nothing lost
+    # issue 34, case 9: it wrote nothing of its own, so the earlier run's files are moved back
+    assert {n: (out / n).read_bytes() for n in before} == before  # nothing lost
+    assert not list(out.glob("previous-*"))
     assert "overwrite=true: moved the earlier run's results.json, checkpoint.pkl" in caplog.text
-    assert str(prev) in caplog.text and "nothing deleted" in caplog.text
-    res = _run({**rc, "overwrite": True})  # nothing left to move: the first run is aside already
-    assert "previous_run" not in res
+    assert "nothing deleted" in caplog.text
+    back = f"accuracy.png, moved aside by overwrite=true, were moved back into {out}"
+    assert any(back in n for n in err.value.__notes__) and back in caplog.text
+    res = _run({**rc, "overwrite": True})
+    assert Path(res["previous_run"]["moved_to"]).parent == out
     res = _run({**rc, "overwrite": True})
     assert Path(res["previous_run"]["moved_to"]).parent == out
     assert res["previous_run"]["files"] == ["results.json", "checkpoint.pkl", "accuracy.png"]
@@ -520,3 +523,371 @@ def test_inprocess_runner_evaluate_every_0_and_resume_without_checkpoint(tmp_pat
         f"to resume (run without resume first, or point resume-from at the stopped run's "
         f"checkpoint.pkl)"
     ]
+
+
+# ------------------------------------------------------------------------- issue 34: run files
+# docs/reliability-run-files.md, "Issue 34: run files, locks and checkpoints"
+def test_a_lock_file_removed_while_a_run_holds_it_still_refuses_a_second_run(tmp_path, caplog):
+    out = tmp_path / "r"
+    out.mkdir()
+    with _holder(out) as pid:
+        (out / LOCK_NAME).unlink()  # e.g. a clean-up script, or a user who thought it stale
+        rc = {**TINY, "results-dir": str(out)}
+        _refused(
+            rc,
+            rf"results-dir {out} is in use by another run: a process holds a lock on {out} \(its "
+            r"lock file .*\.lock was removed or replaced while it ran\)",
+            LockedError,
+        )
+        assert not (out / "results.json").exists()
+        assert pid > 0
+    # the holder of a removed lock file puts it back before it writes (results.json, checkpoint)
+    from flwr_sheaf import write_results
+
+    done = _own_strategy(tmp_path)
+    lock = DirLock(out).acquire()
+    try:
+        (out / LOCK_NAME).unlink()
+        _logged(caplog)
+        with pytest.raises(LockedError, match="in use by another run"):
+            DirLock(out).acquire()
+        write_results(done, out)
+        assert json.loads((out / LOCK_NAME).read_text())["token"] == lock.token
+        assert f"the lock file {out / LOCK_NAME} was removed while this run held it" in caplog.text
+    finally:
+        lock.release()
+    assert not (out / LOCK_NAME).exists() and (out / "results.json").exists()
+
+
+@pytest.mark.parametrize("target", ["existing", "dangling"])
+def test_a_symlinked_lock_file_is_refused_and_nothing_is_written_through_it(tmp_path, target):
+    out, victim = tmp_path / "r", tmp_path / "victim.txt"
+    out.mkdir()
+    if target == "existing":
+        victim.write_text("someone's file")
+    os.symlink(victim, out / LOCK_NAME)
+    _refused(
+        {**TINY, "results-dir": str(out)},
+        rf"results-dir {out}: its lock file {out / LOCK_NAME} is a symbolic link \(to "
+        rf"'{victim}'\), not a regular file .* Remove {out / LOCK_NAME} \(rm {out / LOCK_NAME}\)",
+        LockedError,
+    )
+    if target == "existing":
+        assert victim.read_text() == "someone's file"  # was: the lock's JSON written into it
+    else:
+        assert not victim.exists()  # was: created by the lock
+    assert os.path.islink(out / LOCK_NAME)
+
+
+def test_a_lock_path_that_is_a_directory_is_refused_with_the_fix(tmp_path):
+    out = tmp_path / "r"
+    (out / LOCK_NAME).mkdir(parents=True)
+    with pytest.raises(
+        LockedError,
+        match=rf"its lock file {out / LOCK_NAME} is a directory, not a regular file .*"
+        rf"\(rm -r {out / LOCK_NAME}\)",
+    ):  # was: IsADirectoryError: [Errno 21] Is a directory
+        DirLock(out).acquire()
+
+
+@pytest.mark.parametrize("who", ["dead", "this process"])
+def test_a_leftover_lock_of_a_dead_process_or_naming_this_one_is_taken_over_with_a_warning(
+    tmp_path, caplog, who
+):
+    import socket
+
+    if who == "dead":
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        pid, why = proc.pid, f"its process {proc.pid} no longer runs"
+    else:
+        pid, why = (
+            os.getpid(),
+            f"it names this very process (pid {os.getpid()}), which does not hold it",
+        )
+    # a leftover without boot_id (hand-made, or an older flwr-sheaf's): this host, a pid that can be asked
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+    _logged(caplog)
+    lock = DirLock(
+        tmp_path
+    ).acquire()  # was: LockedError "in use by another run ... cannot be shown"
+    try:
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == lock.token
+        assert f"taking over the stale lock {tmp_path / LOCK_NAME} of process {pid}" in caplog.text
+        assert why in caplog.text
+    finally:
+        lock.release()
+
+
+def test_a_leftover_lock_of_another_kernel_with_this_host_name_is_never_taken_over(tmp_path):
+    """A lock file on a shared file system written by another machine that has the same host name
+    (its ``boot_id`` differs; the initial PID namespace has the same inode on every kernel): its pid
+    says nothing here, so the live run there keeps its lock."""
+    import socket
+    import time
+
+    from flwr_sheaf.locks import _pidns
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that does not run here (it may well run on the other machine)
+    info = {
+        "pid": proc.pid,
+        "host": socket.gethostname(),
+        "pidns": _pidns(),
+        "boot_id": "00000000-another-kernel",
+        "time": time.time(),
+        "started": "2026-01-01 00:00:00",
+    }
+    (tmp_path / LOCK_NAME).write_text(json.dumps(info))
+    with pytest.raises(  # was: taken over, "its process ... no longer runs"
+        LockedError,
+        match=rf"in use by another run: process {proc.pid} on this host holds .* and it cannot be "
+        r"shown to have ended",
+    ):
+        DirLock(tmp_path).acquire()
+    assert json.loads((tmp_path / LOCK_NAME).read_text()) == info
+
+
+def test_the_pid_check_never_signals_a_process_on_windows(monkeypatch):
+    """``os.kill(pid, 0)`` is TerminateProcess on Windows: the stale-lock check must not call it."""
+    from flwr_sheaf import locks
+
+    def kill(pid, sig):
+        raise AssertionError(f"os.kill({pid}, {sig}) called")
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with monkeypatch.context() as m:
+        m.setattr(os, "kill", kill)
+        m.setattr(os, "name", "nt")
+        m.setitem(sys.modules, "psutil", None)  # not installed: cannot be told, so alive
+        unknown = locks._pid_alive(proc.pid)
+    assert unknown is True
+    import types
+
+    asked = []
+    fake = types.SimpleNamespace(pid_exists=lambda pid: asked.append(pid) or pid == os.getpid())
+    with monkeypatch.context() as m:  # installed: psutil's Windows pid_exists tells
+        m.setattr(os, "kill", kill)
+        m.setattr(os, "name", "nt")
+        m.setitem(sys.modules, "psutil", fake)
+        alive, dead = locks._pid_alive(os.getpid()), locks._pid_alive(proc.pid)
+    assert (alive, dead, asked) == (True, False, [os.getpid(), proc.pid])
+
+
+def test_a_momentary_probe_of_the_directory_lock_does_not_refuse_a_run(tmp_path):
+    """``live_holder`` (resume-from's check, in another process) holds the directory's lock for an
+    instant; a run starting on that directory meanwhile must not read it as a live run."""
+    import fcntl
+    import threading
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # the probe, released 50 ms later
+    timer = threading.Timer(0.05, lambda: fcntl.flock(fd, fcntl.LOCK_UN))
+    timer.start()
+    try:
+        lock = DirLock(tmp_path).acquire()  # was: LockedError "... its lock file was removed"
+        lock.release()
+    finally:
+        timer.join()
+        os.close(fd)
+
+
+def test_write_results_in_a_finally_after_a_discovery_failure_raises_the_real_error(tmp_path):
+    from flwr_sheaf import FederationConfig, LocalTrainConfig, SheafFRL, write_results
+
+    silent = LocalGrid(cnn_client_app, 3, run_config={"zoo": "tiny-3"}, drop=lambda m: True)
+    s = SheafFRL(
+        3,
+        federation=FederationConfig(graph="ring"),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=2),
+    )
+    s.discovery_timeout = 1.0
+    with pytest.raises(RuntimeError, match="no SuperNode answered") as err:
+        try:
+            s.start(grid=silent, num_rounds=1, timeout=5)
+        finally:
+            write_results(s, tmp_path / "r")  # was: its ValueError replaced the discovery error
+    notes = "\n".join(err.value.__notes__)
+    assert f"write_results(out_dir='{tmp_path / 'r'}') could not write this run's results" in notes
+    assert "ValueError: SheafFRL has no completed round" in notes
+    assert err.value.__context__ is None  # raised plainly: nothing posing as its cause
+    assert not (tmp_path / "r" / "results.json").exists()
+    with pytest.raises(ValueError, match="no completed round"):  # not in flight: its own error
+        write_results(s, tmp_path / "r")
+
+
+def test_write_results_overwrite_moves_the_earlier_files_aside_and_keep_previous_bounds_them(
+    tmp_path, caplog
+):
+    from flwr_sheaf import write_results
+    from flwr_sheaf.preflight import previous_folders
+
+    done, out = _own_strategy(tmp_path), tmp_path / "r"
+    _logged(caplog)
+    first = write_results(done, out, extra={"n": 1}).read_bytes()
+    write_results(done, out, overwrite=True, extra={"n": 2})
+    [prev] = previous_folders(out)
+    assert (prev / "results.json").read_bytes() == first  # was: replaced, the first one lost
+    assert (prev / "accuracy.png").exists()
+    assert f"moved the earlier results.json, accuracy.png from {out} into {prev}" in caplog.text
+    write_results(done, out, overwrite=True, extra={"n": 3}, keep_previous=1)
+    [kept] = previous_folders(out)
+    assert json.loads((kept / "results.json").read_text())["n"] == 2
+    assert (
+        f"keep-previous=1: removed {prev} (an earlier run's files: accuracy.png, results.json)"
+        in (caplog.text)
+    )
+    assert json.loads((out / "results.json").read_text())["n"] == 3
+
+
+def test_keep_previous_run_config_key_bounds_the_previous_folders_of_overwrite(tmp_path, caplog):
+    from flwr_sheaf.preflight import previous_folders
+
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out), "checkpoint-every": 0}
+    _run(rc)
+    _run({**rc, "overwrite": True})
+    _run({**rc, "overwrite": True})  # default keep-previous=0: every folder kept
+    assert len(previous_folders(out)) == 2
+    _logged(caplog)
+    res = _run({**rc, "overwrite": True, "keep-previous": 2})
+    assert res["config"]["keep-previous"] == 2
+    folders = previous_folders(out)
+    assert len(folders) == 2 and folders[-1] == Path(res["previous_run"]["moved_to"])
+    assert "keep-previous=2: removed" in caplog.text
+    with pytest.raises(ConfigError, match=r"keep-previous=-1"):
+        _run({**rc, "overwrite": True, "keep-previous": -1})
+
+
+def test_after_an_overwrite_whose_run_died_resume_names_where_the_checkpoint_went(tmp_path):
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out)}
+    _run(rc)
+    ckpt = (out / "checkpoint.pkl").read_bytes()
+
+    def crash(grid, messages):
+        if _is(messages, "train", 2):
+            raise RuntimeError("the machine went away")
+
+    again = {**rc, "overwrite": True, "checkpoint-every": 0, "num-server-rounds": 2}
+    grid = HookGrid(cnn_client_app, 3, run_config=again, hook=crash)
+    with pytest.raises(RuntimeError, match="the machine went away") as err:
+        run_server(grid, again)  # wrote its round-1 results.json (failed), no checkpoint
+    [prev] = out.glob("previous-*")
+    assert (prev / "checkpoint.pkl").read_bytes() == ckpt
+    assert any(
+        f"are in {prev} (this run wrote results.json" in n
+        and f"resume-from='{prev / 'checkpoint.pkl'}'" in n
+        for n in err.value.__notes__
+    )
+    _refused(  # was: "no checkpoint.pkl ... cannot be extended", nothing about where it went
+        {**rc, "resume": True, "num-server-rounds": 2},
+        rf"an earlier run's checkpoint was moved \(overwrite=true\) into {prev / 'checkpoint.pkl'}: "
+        rf"to continue that run set resume-from='{prev / 'checkpoint.pkl'}'",
+        ConfigError,
+    )
+
+
+def test_resume_from_a_directory_a_live_run_holds_is_refused_naming_it(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _run({**TINY, "results-dir": str(a)})
+    with _holder(a) as pid:  # e.g. that run was resumed and is running again
+        _refused(  # was: resumed from a checkpoint that changes under it
+            {**TINY, "results-dir": str(b), "resume-from": str(a), "num-server-rounds": 2},
+            rf"resume-from='{a}': {a} is still in use by a live run: process {pid} on this host "
+            rf"holds {a / LOCK_NAME} .* wait for that run to end",
+            LockedError,
+        )
+    from flwr_sheaf.locks import live_holder
+
+    assert live_holder(a) is None  # that run ended: resume-from it is no longer refused for it
+
+
+def test_resume_from_into_a_results_dir_holding_another_runs_results_refuses_or_moves_them(
+    tmp_path,
+):
+    """``resume-from=<a>`` with ``results-dir=<b>`` where ``<b>`` holds another run's files: the
+    resumed run's writes would replace them (was: ``<b>/results.json`` and its checkpoint replaced)."""
+    import shutil
+
+    a, b, backup = tmp_path / "a", tmp_path / "b", tmp_path / "backup"
+    rc = {**TINY, "checkpoint-every": 1, "node-state-dir": str(tmp_path / "state")}
+    _run({**rc, "results-dir": str(a)})
+    # the files of the run being resumed (same run config) are its own: resuming into them passes
+    backup.mkdir()
+    shutil.copy(a / "checkpoint.pkl", backup / "checkpoint.pkl")
+    own = {**rc, "results-dir": str(a), "resume-from": str(backup), "num-server-rounds": 2}
+    assert [r["round"] for r in _run(own)["rounds"]] == [1, 2]
+    # another run (another seed) in b
+    _run({**TINY, "checkpoint-every": 1, "results-dir": str(b), "seed": 7})
+    before = {n: (b / n).read_bytes() for n in ("results.json", "checkpoint.pkl", "accuracy.png")}
+    resumed = {**rc, "results-dir": str(b), "resume-from": str(a), "num-server-rounds": 3}
+    _refused(
+        resumed,
+        rf"resume-from='{a}': results-dir='{b}' \({b}\) holds another run's results.json, "
+        r"checkpoint.pkl \(results.json records another run config \(seed=7 there, .* in the "
+        r"checkpoint\); checkpoint.pkl records another run config \(seed=7 there, .*\); the resumed "
+        rf"run would replace them. Set results-dir to another directory \(an empty one, or {a} to "
+        rf"continue that run where it is\), or add overwrite=true to move {b}'s files into "
+        rf"{b}/previous-<time>/ \(nothing deleted\)",
+    )
+    assert {n: (b / n).read_bytes() for n in before} == before and not list(b.glob("previous-*"))
+    # overwrite=true (another results-dir than the resumed one): b's files moved aside, then resumed
+    res = _run({**resumed, "overwrite": True})
+    [prev] = b.glob("previous-*")
+    assert {n: (prev / n).read_bytes() for n in before} == before
+    assert res["previous_run"] == {"moved_to": str(prev), "files": list(before)}
+    assert res["resumed"]["after_round"] == 2 and [r["round"] for r in res["rounds"]] == [1, 2, 3]
+
+
+def test_keep_previous_removes_only_folders_that_overwrite_made(tmp_path, caplog):
+    """A folder of the user's own named ``previous-...`` is never removed by ``keep-previous``."""
+    from flwr_sheaf.preflight import move_aside
+
+    old, mine = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-keep-me"
+    for folder in (old, mine):
+        folder.mkdir()
+        (folder / "results.json").write_text(folder.name)
+    (tmp_path / "results.json").write_text("now")
+    _logged(caplog)
+    new, moved = move_aside(tmp_path, ["results.json"], keep=1)
+    assert moved == ["results.json"] and (new / "results.json").read_text() == "now"
+    assert not old.exists() and f"keep-previous=1: removed {old}" in caplog.text
+    assert (mine / "results.json").read_text() == "previous-keep-me"  # was: removed
+
+
+def test_keep_previous_never_removes_the_folder_resume_from_reads(tmp_path):
+    """``resume-from=<dir>/previous-<time>`` (where an overwrite moved a run) into ``<dir>`` with
+    ``overwrite=true`` and ``keep-previous=1``: the source folder stays, though it is the oldest."""
+    from flwr_sheaf.methods.registry import parse_run_config
+    from flwr_sheaf.preflight import preflight, previous_folders
+
+    source, older = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-20200102T000000Z"
+    for folder in (source, older):
+        folder.mkdir()
+    (source / "checkpoint.pkl").write_bytes(b"the stopped run's checkpoint")
+    (tmp_path / "results.json").write_text("{}")  # another run's: moved aside by overwrite
+    rc = {"results-dir": str(tmp_path), "resume-from": str(source), "overwrite": True}
+    with preflight(parse_run_config({**rc, "keep-previous": 1})[0]) as pre:
+        new = Path(pre.previous_run["moved_to"])
+    assert (new / "results.json").read_text() == "{}"
+    assert previous_folders(tmp_path) == [source, new] and not older.exists()
+    assert (source / "checkpoint.pkl").read_bytes() == b"the stopped run's checkpoint"
+
+
+def test_write_results_in_a_finally_keeps_the_real_errors_own_context(tmp_path):
+    """The error in flight keeps the error it was raised while handling (its ``__context__``), and
+    write_results' own error does not pose as its cause in the traceback."""
+    from flwr_sheaf import SheafFRL, write_results
+
+    with pytest.raises(RuntimeError, match="the real error") as err:
+        try:
+            try:
+                raise KeyError("what caused it")
+            except KeyError:
+                raise RuntimeError("the real error")  # noqa: B904 - implicit context on purpose
+        finally:
+            write_results(SheafFRL(3), tmp_path / "r")  # no completed round: its ValueError
+    assert isinstance(err.value.__context__, KeyError)  # was: replaced by write_results' ValueError
+    assert any("ValueError: SheafFRL has no completed round" in n for n in err.value.__notes__)

@@ -214,3 +214,46 @@ def test_a_tracker_that_fails_to_close_costs_the_run_nothing_but_its_clean_statu
     assert res["degradation"]["problems"] == [
         "tracker tensorboard switched off after an error: OSError: disk full at close"
     ]
+
+
+def test_tracking_dir_without_tracking_is_warned_naming_both_keys(tmp_path, caplog):
+    """Issue 34, case 9 (docs/reliability-run-files.md): was silently ignored."""
+    import logging
+
+    from flwr_sheaf.methods.registry import parse_run_config
+    from flwr_sheaf.preflight import preflight
+
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(caplog.handler)
+    try:
+        rc = {"results-dir": str(tmp_path / "r"), "tracking-dir": str(tmp_path / "tb")}
+        with preflight(parse_run_config(rc)[0]):
+            pass
+        assert (
+            f"tracking-dir={str(tmp_path / 'tb')!r} is set but tracking is empty, so nothing is "
+            "tracked and tracking-dir is not used: set tracking='tensorboard'"
+        ) in caplog.text
+        caplog.clear()
+        with preflight(parse_run_config({**rc, "tracking": "tensorboard"})[0]):
+            pass
+        assert "tracking is empty" not in caplog.text
+    finally:
+        log.removeHandler(caplog.handler)
+
+
+def test_two_runs_started_in_the_same_second_get_their_own_tensorboard_directories(tmp_path):
+    """Issue 34, case 9: ``Tracker.from_config`` names a run by the second it started; two such runs
+    (same name) must not share one TensorBoard directory (their curves would interleave)."""
+    pytest.importorskip("tensorboard")
+    with Tracker("tensorboard", tmp_path, run_name="r-20260101-000000") as first:
+        with Tracker("tensorboard", tmp_path, run_name="r-20260101-000000") as second:
+            first.log_round({"round": 1, "ce": 1.0})
+            second.log_round({"round": 1, "ce": 2.0})
+    assert first.tensorboard_dir == tmp_path / "tensorboard" / "r-20260101-000000"
+    assert second.tensorboard_dir == tmp_path / "tensorboard" / "r-20260101-000000-2"
+    assert (
+        second.run_name == "r-20260101-000000-2"
+        and second.describe()["run_name"] == second.run_name
+    )
+    assert len(list(first.tensorboard_dir.glob("events.out.tfevents.*"))) == 1
+    assert len(list(second.tensorboard_dir.glob("events.out.tfevents.*"))) == 1

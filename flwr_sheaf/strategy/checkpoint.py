@@ -91,15 +91,56 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Raises:
         NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).
-        ConfigError: not a flwr-sheaf checkpoint, another format version, or a truncated or modified
-            file (header + SHA-256, :mod:`flwr_sheaf.integrity`; the file and the fix named).
+        ConfigError: not a flwr-sheaf checkpoint, another format version (a newer one: upgrade
+            flwr-sheaf, named), or a truncated or modified file (header + SHA-256,
+            :mod:`flwr_sheaf.integrity`; the file and the fix named).
     """
     path = Path(path)
     if not path.is_file():
         raise NoCheckpointError(
             f"no checkpoint at {path}: nothing to resume (run without resume first)"
         )
+    _refuse_newer_format(path)
     return read_checkpoint_file(path, FORMAT)
+
+
+def _refuse_newer_format(path: Path) -> None:
+    """Refuse a checkpoint written by a newer flwr-sheaf (a newer header line, or a ``format`` above
+    :data:`FORMAT` in its metadata line), naming the file, its format and the fix (upgrade).
+
+    Raises:
+        ConfigError: the checkpoint's format is newer than this version reads.
+    """
+    import json
+    import re
+
+    from ..integrity import CHECKPOINT_MAGIC
+
+    try:
+        with open(path, "rb") as fh:
+            magic, meta = fh.readline(256), fh.readline(65536)
+    except OSError:
+        return  # read_checkpoint_file names the error
+    newer: object = None
+    header = re.compile(rb"flwr-sheaf server checkpoint v(\d+)\n")
+    ours = header.fullmatch(CHECKPOINT_MAGIC)
+    assert ours is not None, "CHECKPOINT_MAGIC has the header's form"
+    head = header.fullmatch(magic)
+    if head is not None and int(head.group(1)) > int(ours.group(1)):
+        newer = f"header v{int(head.group(1))}"
+    elif magic == CHECKPOINT_MAGIC:
+        try:
+            fmt = json.loads(meta).get("format")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(fmt, (int, float)) and not isinstance(fmt, bool) and fmt > FORMAT:
+            newer = f"format {fmt!r}"
+    if newer is not None:
+        raise ConfigError(
+            f"checkpoint {path} has {newer}, written by a newer flwr-sheaf: this version reads "
+            f"checkpoint format {FORMAT} only, so it is not resumed. Upgrade flwr-sheaf (pip install "
+            f"-U flwr-sheaf, or the version that wrote it) to resume it"
+        )
 
 
 class Checkpointer:
@@ -224,7 +265,14 @@ class Checkpointer:
                 pickled (add it to :data:`REBUILT` if it is rebuilt from the config).
             CheckpointWriteError: the file cannot be written (an ``OSError`` naming the file, the
                 round, the reason and the fix; the previous checkpoint is left as it was).
+            flwr_sheaf.locks.LockedError: results-dir's lock file was removed or replaced while
+                this run held it and the directory itself cannot be locked (:meth:`DirLock.verify`).
         """
+        from ..locks import held_by_this_process
+
+        lock = held_by_this_process(self.path.parent)
+        if lock is not None:  # its lock file removed or replaced meanwhile: put back, or refused
+            lock.verify()
         state = {k: v for k, v in vars(strategy).items() if k not in REBUILT}
         ckpt = {
             "format": FORMAT,
