@@ -233,8 +233,22 @@ def _participation(key: str, v: Any) -> str:
     try:
         check_participation_spec(text)
     except ValueError as exc:
-        raise ConfigError(f"{key}={v!r}: {exc}") from None
+        forms = ("uniform:<a>-<b>", "uniform:<seed>", "uniform")
+        hint = spec_suggestion(text, forms, check_participation_spec)  # 'Uniform:0.1-0.5'
+        raise ConfigError(f"{key}={v!r}: {exc}{hint}") from None
     return text
+
+
+def _zoo(text: str) -> int:
+    """Agents of the zoo ``text`` (:func:`zoo_size`), refusing a zoo of one agent (no edge: a sheaf
+    and every method compare at least two agents)."""
+    n = zoo_size(text)
+    if n < 2:
+        raise ValueError(
+            f"a zoo of {n} agent has no edge, and a sheaf needs at least 2 agents; use tiny-<N> with "
+            f"N >= 2 (e.g. zoo='tiny-2'), two-agent:<d> or paper-15"
+        )
+    return n
 
 
 def parse_dim_or_auto(key: str, v: Any) -> str | int:
@@ -479,7 +493,7 @@ _KEY_LIST = [
     Key(
         "zoo",
         "paper-15",
-        parse_spec(zoo_size, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
+        parse_spec(_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(

@@ -363,3 +363,82 @@ def test_inprocess_script_runs_rfedags_and_prints_its_gap(tmp_path):
         printed == {k: res["rounds"][-1][k] for k in ("round", "gap", "distance_to_optimum")}
         and printed["round"] == 2
     )
+
+
+# ---------------------------------------------------------------- issue 34: config and scale (case 10)
+
+
+def test_a_zoo_of_one_agent_is_refused_up_front_by_its_key():
+    """Issue 34 case 10: ``zoo=tiny-1`` was accepted and failed later ("pilot matrix shape None")."""
+    from flwr_sheaf.config import RunConfig
+
+    with pytest.raises(
+        ConfigError, match=r"zoo='tiny-1': a zoo of 1 agent .* at least 2 agents.*tiny-2"
+    ):
+        RunConfig.from_run_config({"zoo": "tiny-1"})
+    assert RunConfig.from_run_config({"zoo": "tiny-2", "graph": "ring"}).scenario.zoo == "tiny-2"
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", True, -1, "", "7"])
+def test_a_node_partition_id_that_is_not_a_valid_integer_is_named(value):
+    """Issue 34 case 10: a node config ``partition-id`` that is not an integer gave a bare
+    ``invalid literal for int()``; now the key, the value, the node and the fix are named."""
+    from flwr.app import Context, RecordDict
+
+    from flwr_sheaf.apps.scenario import node_partition_id
+
+    ctx = Context(
+        run_id=1,
+        node_id=42,
+        node_config={"partition-id": value, "num-partitions": 5},
+        state=RecordDict(),
+        run_config={},
+    )
+    with pytest.raises(ConfigError, match=r"node 42: node config partition-id=.*--node-config"):
+        node_partition_id(ctx)
+
+
+def test_a_node_partition_id_given_as_digits_is_read():
+    from flwr.app import Context, RecordDict
+
+    from flwr_sheaf.apps.scenario import node_partition_id
+
+    for raw, want in ((3, 3), ("4", 4), (" 0 ", 0)):
+        ctx = Context(1, 2, {"partition-id": raw, "num-partitions": 5}, RecordDict(), {})
+        assert node_partition_id(ctx) == want
+
+
+def test_num_pilots_errors_use_the_run_config_key():
+    """Issue 34 case 10: the num-pilots errors named ``num_pilots`` / ``pilot_fraction``."""
+    import numpy as np
+
+    from flwr_sheaf.data.partition import make_dirichlet_split, make_federated_split
+
+    labels = np.repeat(np.arange(10), 20)  # 200 samples: a hold-out of 20
+    with pytest.raises(
+        ValueError, match=r"^num-pilots=10000: must be an integer in \[1, 20\]"
+    ) as e:
+        make_dirichlet_split(labels, 4, alpha=1.0, seed=0, num_pilots=10000)
+    sets = [tuple(range(10))] * 4
+    with pytest.raises(
+        ValueError, match=r"^num-pilots=10000 exceeds the 20 eligible.*num-pilots <= 20"
+    ) as f:
+        make_federated_split(labels, sets, shift=0.0, seed=0, num_pilots=10000)
+    for err in (e, f):
+        assert "num_pilots" not in str(err.value) and "pilot_fraction" not in str(err.value)
+        assert "num-pilots=0" in str(err.value)
+
+
+def test_scale_benchmark_refuses_bad_agent_counts_by_flag():
+    """Issue 34 case 10: ``benchmarks/scale.py --agents`` bad values were tracebacks."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
+    for bad, why in (("abc", "not a whole number"), ("10,,20", "entry 1"), ("1", "too few")):
+        proc = subprocess.run(
+            [sys.executable, str(script), "--agents", bad],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert f"argument --agents: {bad!r}" in proc.stderr and why in proc.stderr

@@ -24,6 +24,7 @@ __all__ = [
     "agent_specs",
     "scenario_task",
     "cnn_task_factory",
+    "node_partition_id",
     "check_scenario",
     "scenario_node_infos",
     "sampled_discovery",
@@ -146,9 +147,45 @@ def cnn_task_factory(context: Context) -> LocalTask:
             rejected unknown keys before any message was sent).
     """
     return scenario_task(
-        ScenarioConfig.from_mapping(apply_preset(context.run_config)),
-        int(context.node_config["partition-id"]),
+        ScenarioConfig.from_mapping(apply_preset(context.run_config)), node_partition_id(context)
     )
+
+
+def node_partition_id(context: Context) -> int:
+    """The node's ``partition-id`` from ``context.node_config``, checked: a non-negative integer
+    (an int, or a string of digits as ``--node-config "partition-id='3'"`` gives), below
+    ``num-partitions`` when that is set.
+
+    Returns:
+        The partition-id as ``int``.
+
+    Raises:
+        ConfigError: missing, not an integer (a bool, ``1.5``, ``'abc'``), negative or not below
+            ``num-partitions``: the key, the value, the node id and the fix named.
+    """
+    cfg = context.node_config
+    node = f"node {getattr(context, 'node_id', '?')}"
+    fix = (
+        'start the SuperNode with --node-config "partition-id=<i> num-partitions=<N>" '
+        "where i is an integer in 0..N-1"
+    )
+    if "partition-id" not in cfg:
+        raise ConfigError(f"{node}: its node config has no partition-id; {fix}")
+    raw = cfg["partition-id"]
+    text = raw.strip() if isinstance(raw, str) else raw
+    if isinstance(text, int) and not isinstance(text, bool):
+        pid = int(text)
+    elif isinstance(text, str) and text.isdigit() and text.isascii():
+        pid = int(text)
+    else:
+        raise ConfigError(f"{node}: node config partition-id={raw!r} is not an integer; {fix}")
+    n = cfg.get("num-partitions")
+    if pid < 0 or (isinstance(n, int) and not isinstance(n, bool) and n > 0 and pid >= n):
+        raise ConfigError(
+            f"{node}: node config partition-id={pid} is outside 0..{(n or 0) - 1} "
+            f"(num-partitions={n!r}); {fix}"
+        )
+    return pid
 
 
 def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[int, NodeInfo]:

@@ -384,11 +384,14 @@ def _eq23_pilots(
     if num_pilots is None:
         return pilots
     if not _is_int(num_pilots, 1):
-        raise ValueError(f"num_pilots must be a positive integer or None, got {num_pilots!r}")
+        raise ValueError(
+            f"num-pilots={num_pilots!r}: must be a positive integer (run config: 0 = all eligible pilots)"
+        )
     if num_pilots > pilots.size:
         raise ValueError(
-            f"num_pilots={num_pilots} exceeds the {pilots.size} eligible pilots "
-            f"(pilot_fraction={pilot_fraction} of {m} samples); lower num_pilots or raise pilot_fraction"
+            f"num-pilots={num_pilots} exceeds the {pilots.size} eligible pilots (hold-out samples of a "
+            f"class every agent sees; the hold-out is {pilot_fraction:g} of the {m} samples); set "
+            f"num-pilots <= {pilots.size}, or num-pilots=0 for all of them"
         )
     return pilots[:num_pilots]
 
@@ -545,7 +548,8 @@ def make_dirichlet_split(
     if num_pilots is not None:
         if not _is_int(num_pilots, 1, n_hold + 1):
             raise ValueError(
-                f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}"
+                f"num-pilots={num_pilots!r}: must be an integer in [1, {n_hold}] (the hold-out of "
+                f"{pilot_fraction:g} of the {lab.size} samples), or num-pilots=0 for all of them"
             )
         pilots = pilots[:num_pilots]
     rest = np.sort(perm[n_hold:])
