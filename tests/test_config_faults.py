@@ -196,8 +196,8 @@ def _warnings(**over) -> list[str]:
 
 def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named():
     assert _warnings(method="fedproto", **{"fedmuscle-lambda": 0.3}) == [
-        "fedmuscle-lambda=0.3 (default 1.0) is not read by method='fedproto': it is ignored (a key "
-        "of another method? set method= to the method it belongs to)"
+        "fedmuscle-lambda=0.3 (default 1.0) is not read by method='fedproto' and is ignored; it is "
+        "read by method='fedmuscle': set method= to that method, or drop fedmuscle-lambda"
     ]
     assert _warnings(**{"tracking-dir": "/tmp/tb"}) == [
         "tracking-dir='/tmp/tb' is ignored: tracking is off (tracking=''); set "
@@ -207,6 +207,45 @@ def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named
     assert _warnings(method="fedmuscle", **{"fedmuscle-lambda": 0.3}) == []
     assert _warnings(**{"tracking-dir": "/tmp/tb", "tracking": "tensorboard"}) == []
     assert _warnings(method="fedproto", preset="paper") == []
+
+
+def test_a_key_the_method_does_not_read_names_the_methods_that_do():
+    """Issue 34 case 9: ``lambda`` under rfedags, ``rfedags-problem`` under sheaf-frl,
+    ``fedmuscle-lambda`` under fedproto: the warning names the key, the method and the methods
+    that read the key (from the registry); a key left at its default (as flwr run passes every
+    pyproject key) never warns."""
+    assert _warnings(method="rfedags", **{"lambda": 0.5}) == [
+        "lambda=0.5 (default 0.1) is not read by method='rfedags' and is ignored; it is read by "
+        "method='sheaf-frl': set method= to that method, or drop lambda"
+    ]
+    (w,) = _warnings(**{"rfedags-problem": "spd"})
+    assert w.startswith("rfedags-problem='spd' (default 'pca') is not read by method='sheaf-frl'")
+    assert "read by method='rfedags' / 'rfedavg' / 'rfedproj' / 'rfedsvrg': set method= to one" in w
+    (w,) = _warnings(method="sheaf-frl", **{"fedproto-lambda": 0.5})
+    assert "read by method='fedproto' / 'fedsaf-gcsa' / 'fedsaf-rcsa'" in w
+    # at its default, or read by the selected method (FedSAF reads FedProto's keys): no warning
+    assert _warnings(**{"rfedags-problem": "pca"}) == []
+    assert _warnings(method="fedsaf-gcsa", **{"fedproto-lambda": 0.5}) == []
+
+
+def test_key_readers_agree_with_what_each_built_strategy_reads():
+    """The registry-derived map equals, for each method, the method-section keys its built strategy
+    records (``results.strategy_config``) -- an independent reading of the same fact."""
+    from flwr_sheaf.apps.methods import num_nodes
+    from flwr_sheaf.apps.server_app import key_readers
+    from flwr_sheaf.config import METHOD_KEYS
+    from flwr_sheaf.results import strategy_config
+
+    readers = key_readers()
+    section_keys = set(readers) | set(METHOD_KEYS)
+    for name in ("sheaf-frl", "fedproto", "fedsaf-gcsa", "fedmuscle", "comfed", "rfedags"):
+        cfg, method = parse_run_config({"method": name})
+        n = num_nodes(cfg, method)
+        read = set(strategy_config(method.strategy(cfg, n)))
+        if cfg.method_section is not None:
+            read |= set(cfg.method_section.to_dict())
+        claimed = {k for k, ms in readers.items() if name in ms}
+        assert claimed == read & section_keys, name
 
 
 def test_the_default_graph_on_five_agents_is_named_with_its_degrees():
@@ -247,8 +286,8 @@ def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(
         log.removeHandler(caplog.handler)
     res = json.loads(Path(path).read_text())
     warning = (
-        "lambda=0.5 (default 0.1) is not read by method='non-cooperative': it is ignored (a key "
-        "of another method? set method= to the method it belongs to)"
+        "lambda=0.5 (default 0.1) is not read by method='non-cooperative' and is ignored; it is "
+        "read by method='sheaf-frl': set method= to that method, or drop lambda"
     )
     assert res["warnings"] == [warning] and warning in caplog.messages
     assert (
