@@ -179,12 +179,11 @@ def node_partition_id(context: Context) -> int:
         pid = int(text)
     else:
         raise ConfigError(f"{node}: node config partition-id={raw!r} is not an integer; {fix}")
-    n = cfg.get("num-partitions")
-    if pid < 0 or (isinstance(n, int) and not isinstance(n, bool) and n > 0 and pid >= n):
-        raise ConfigError(
-            f"{node}: node config partition-id={pid} is outside 0..{(n or 0) - 1} "
-            f"(num-partitions={n!r}); {fix}"
-        )
+    raw_n = cfg.get("num-partitions")
+    n = raw_n if isinstance(raw_n, int) and not isinstance(raw_n, bool) and raw_n > 0 else None
+    if pid < 0 or (n is not None and pid >= n):
+        where = f"outside 0..{n - 1} (num-partitions={n})" if n is not None else "negative"
+        raise ConfigError(f"{node}: node config partition-id={pid} is {where}; {fix}")
     return pid
 
 
