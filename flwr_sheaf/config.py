@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -22,7 +23,7 @@ from typing import Any, ClassVar, Self, SupportsInt, TypeVar, cast
 
 from flwr.app import ConfigRecord
 
-from .data.partition import PARTITIONER_FORMS, parse_partitioner
+from .data.partition import PARTITIONER_FORMS, check_agents_fit, parse_partitioner
 from .data.sources import SOURCE_FORMS
 from .devices import DEVICE_FORMS, check_device_spec
 from .models.zoo import zoo_size, zoo_specs
@@ -1123,8 +1124,8 @@ class RunConfig(Section):
         if self.agents is not None:  # the method's own problem: no zoo, no graph
             self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
             return
-        try:  # config-level facts first: nothing of the zoo's size is built before they pass
-            check_graph_scale(self.federation.graph, zoo_size(self.scenario.zoo))
+        self.check_scale()  # O(1) facts first: nothing of the zoo's size is built before they pass
+        try:
             specs = zoo_specs(self.scenario.zoo)
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
         except ValueError as exc:
@@ -1135,6 +1136,29 @@ class RunConfig(Section):
         dims = sorted({int(s.d) for s in specs})
         for name in self.SECTIONS:
             getattr(self, name).check_dims(dims, self.scenario.zoo)
+
+    def check_scale(self) -> None:
+        """What the run config alone tells about the run's size, in O(1) (no agent spec, graph,
+        dataset or split built; well under a second at any ``N``): the graph's edges on the zoo's
+        ``N`` agents (:func:`~flwr_sheaf.topology.check_graph_scale`), the run's memory estimate
+        against this machine's (:func:`check_run_memory`), and the agents and ``num-pilots`` against
+        the dataset's size (:func:`~flwr_sheaf.data.partition.check_agents_fit`).
+
+        Raises:
+            ConfigError: the key (``graph``, ``zoo``, ``dataset``, ``num-pilots``), the numbers and the
+                remedy named.
+        """
+        zoo, graph = self.scenario.zoo, self.federation.graph
+        n = zoo_size(zoo)
+        try:
+            check_graph_scale(graph, n)
+        except ValueError as exc:
+            raise ConfigError(f"graph={graph!r} on zoo={zoo!r}: {exc}") from None
+        check_run_memory(zoo, n)
+        try:
+            check_agents_fit(self.scenario.dataset, n, self.scenario.num_pilots or None, zoo=zoo)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_participation(self, agents: int, on: str) -> None:
         """``participation`` has one value per agent (of ``agents``; 0 = not known yet) and lets some
@@ -1158,6 +1182,42 @@ class RunConfig(Section):
             out.update(getattr(self, name).to_dict())
         own = self.method_section.to_dict() if self.method_section is not None else {}
         return {**{k: out[k] for k in KEYS}, **own}
+
+
+#: A CNN-zoo run's peak memory: a base and a cost per agent, from the in-process scale curve of
+#: docs/performance.md ("The scale curve": peak RSS 1.28 GiB at 1,000 agents, 1.74 GiB at 10,000,
+#: about 52 KiB an agent; the zoo's specs, the graph, the split, each node's state).
+RUN_BASE_BYTES = 1.2 * 2**30
+RUN_BYTES_PER_AGENT = 52 * 2**10
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (``os.sysconf``), or None where it is not known."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_run_memory(zoo: str, num_agents: int, memory: int | None = None) -> None:
+    """Refuse, from ``N`` alone, a zoo whose run would need more memory than this machine has
+    (:data:`RUN_BASE_BYTES` + ``N`` :data:`RUN_BYTES_PER_AGENT`; ``memory``: the machine's bytes,
+    :func:`machine_memory` by default; unknown: not checked).
+
+    Raises:
+        ConfigError: ``zoo`` named with the estimate, the machine's memory and the largest zoo that fits.
+    """
+    memory = machine_memory() if memory is None else memory
+    need = RUN_BASE_BYTES + num_agents * RUN_BYTES_PER_AGENT
+    if memory is None or need <= memory:
+        return
+    most = max(2, int((memory - RUN_BASE_BYTES) // RUN_BYTES_PER_AGENT))
+    raise ConfigError(
+        f"zoo={zoo!r}: a run of {num_agents} agents needs about {need / 2**30:.0f} GiB "
+        f"({RUN_BYTES_PER_AGENT // 2**10} KiB an agent past {RUN_BASE_BYTES / 2**30:.1f} GiB, measured "
+        f"in docs/performance.md), more than this machine's {memory / 2**30:.0f} GiB; use at most "
+        f"zoo='tiny-{most}' here, or a machine with more memory"
+    )
 
 
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(

@@ -340,6 +340,96 @@ def test_complete_stays_allowed_up_to_its_cap():
         check_graph_scale("complete", COMPLETE_MAX_NODES + 1)
 
 
+def _no_zoo_sized_build(monkeypatch) -> None:
+    """Fail the test if an agent spec or a graph is built (the refusal must come from N alone)."""
+    from flwr_sheaf import topology
+    from flwr_sheaf.models import zoo
+
+    def built(*a, **k):
+        raise AssertionError("something of the zoo's size was built before the refusal")
+
+    monkeypatch.setattr(zoo, "_tiny_spec", built)
+    for name in ("class_overlap_knn_graph", "random_regular_graph", "ring_graph", "complete_graph"):
+        monkeypatch.setattr(topology, name, built)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"zoo": "tiny-100000", "graph": "class-overlap-knn:4"},
+        {"zoo": "tiny-100000", "graph": "class-overlap-knn:4", "dataset": "fashion-mnist"},
+        {"zoo": "tiny-10000000", "graph": "class-overlap-knn:4"},
+        {"zoo": "tiny-10000000", "graph": "random-regular:4", "dataset": "fashion-mnist"},
+        {"zoo": "tiny-10000000", "graph": "ring", "partitioner": "cross-device"},
+    ],
+)
+def test_an_infeasible_scale_is_refused_from_the_config_alone_in_well_under_a_second(
+    monkeypatch, cfg
+):
+    # issue 34 case 4, before: tiny-100000 + class-overlap-knn:4 passed the config check after
+    # building 100,000 specs and the graph (9-27 s) and was refused only by the data split; tiny-10^7
+    # built 10^7 specs and the graph (minutes, GBs) first. Now: from N and the dataset's size alone.
+    import time
+    import tracemalloc
+
+    parse_run_config({"zoo": "tiny-3", "graph": "ring"})  # imports out of the measurement
+    _no_zoo_sized_build(monkeypatch)
+    tracemalloc.start()
+    t = time.perf_counter()
+    try:
+        with pytest.raises(ConfigError) as err:
+            parse_run_config(cfg)
+        wall = time.perf_counter() - t
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(err.value)
+    assert wall < 1.5 and peak < 5e6, (wall, peak)
+    assert msg.startswith(f"zoo={cfg['zoo']!r}") and "use at most zoo='tiny-" in msg, msg
+
+
+def test_the_dataset_bound_counts_three_samples_an_agent_past_the_pilot_hold_out():
+    from flwr_sheaf.data.partition import check_agents_fit
+
+    # fashion-mnist: 70,000 images, 7,000 held out for pilots, 63,000 / 3 = 21,000 agents at most
+    check_agents_fit("fashion-mnist", 21000)
+    with pytest.raises(ValueError, match=r"at most 21000 agents .* zoo='tiny-21000'"):
+        check_agents_fit("fashion-mnist", 21001, zoo="tiny-21001")
+    # mnist-bundled: 5,000 images, 500 pilots (its default num-pilots=500 fits, 501 does not)
+    check_agents_fit("mnist-bundled", 1500, 500)
+    with pytest.raises(ValueError, match=r"num-pilots=501 exceeds the 500 samples"):
+        check_agents_fit("mnist-bundled", 15, 501)
+    check_agents_fit("hf:some/dataset", 10**9)  # size unknown without loading it: the nodes check
+
+
+def test_the_memory_estimate_names_the_largest_zoo_that_fits():
+    from flwr_sheaf.config import check_run_memory
+
+    # 8 GiB: (8 - 1.2) GiB / 52 KiB = 6.8 * 2^20 / 52 = 137,121.5 agents
+    check_run_memory("tiny-137121", 137121, memory=8 * 2**30)
+    with pytest.raises(ConfigError):
+        check_run_memory("tiny-137122", 137122, memory=8 * 2**30)
+    with pytest.raises(ConfigError, match=r"^zoo='tiny-200000': .* use at most zoo='tiny-137121'"):
+        check_run_memory("tiny-200000", 200000, memory=8 * 2**30)
+
+
+def test_the_documented_ten_thousand_agent_run_passes_the_scale_check():
+    import time
+
+    # docs/performance.md, "The scale curve": 10,000 agents, fashion-mnist, cross-device split
+    big = {
+        "zoo": "tiny-10000",
+        "dataset": "fashion-mnist",
+        "partitioner": "cross-device",
+        "graph": "class-overlap-knn:4",
+    }
+    from flwr_sheaf.config import RunConfig
+
+    t = time.perf_counter()
+    RunConfig.from_run_config(big).check_scale()  # no error
+    assert time.perf_counter() - t < 1.5
+
+
 # ------------------------------------------------------------------- case 8: RFedAGS's run config
 
 TEN = ",".join(["0.5"] * 10)  # one probability per node of the planted problems (N = 10)
