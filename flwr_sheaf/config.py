@@ -62,11 +62,51 @@ __all__ = [
     "parse_float",
     "parse_bool",
     "parse_str",
+    "node_partition_id",
 ]
 
 
 class ConfigError(ValueError):
     """A run-config or message-config value is unknown, missing, of the wrong type or out of range."""
+
+
+def node_partition_id(context: Any) -> int:
+    """The node's ``partition-id`` from ``context.node_config`` (a Flower ``Context``), checked: a
+    non-negative integer (an int, or a string of digits as ``--node-config "partition-id='3'"``
+    gives), below ``num-partitions`` when that is set.
+
+    The one reader of a node's partition-id: the Flower glue (client handlers, node state), every
+    method's ClientApp and the CNN scenario call it, so a bad value gets the same message everywhere.
+
+    Returns:
+        The partition-id as ``int``.
+
+    Raises:
+        ConfigError: missing, not an integer (a bool, ``1.5``, ``'abc'``), negative or not below
+            ``num-partitions``: the key, the value, the node id and the fix named.
+    """
+    cfg = context.node_config
+    node = f"node {getattr(context, 'node_id', '?')}"
+    fix = (
+        'start the SuperNode with --node-config "partition-id=<i> num-partitions=<N>" '
+        "where i is an integer in 0..N-1"
+    )
+    if "partition-id" not in cfg:
+        raise ConfigError(f"{node}: its node config has no partition-id; {fix}")
+    raw = cfg["partition-id"]
+    text = raw.strip() if isinstance(raw, str) else raw
+    if isinstance(text, int) and not isinstance(text, bool):
+        pid = int(text)
+    elif isinstance(text, str) and text.isdigit() and text.isascii():
+        pid = int(text)
+    else:
+        raise ConfigError(f"{node}: node config partition-id={raw!r} is not an integer; {fix}")
+    raw_n = cfg.get("num-partitions")
+    n = raw_n if isinstance(raw_n, int) and not isinstance(raw_n, bool) and raw_n > 0 else None
+    if pid < 0 or (n is not None and pid >= n):
+        where = f"outside 0..{n - 1} (num-partitions={n})" if n is not None else "negative"
+        raise ConfigError(f"{node}: node config partition-id={pid} is {where}; {fix}")
+    return pid
 
 
 # ---------------------------------------------------------------------------------------- checks

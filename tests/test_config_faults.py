@@ -514,7 +514,7 @@ def test_a_node_partition_id_that_is_not_a_valid_integer_is_named(value):
     ``invalid literal for int()``; now the key, the value, the node and the fix are named."""
     from flwr.app import Context, RecordDict
 
-    from flwr_sheaf.apps.scenario import node_partition_id
+    from flwr_sheaf.config import node_partition_id
 
     ctx = Context(
         run_id=1,
@@ -535,6 +535,36 @@ def test_a_node_partition_id_given_as_digits_is_read():
     for raw, want in ((3, 3), ("4", 4), (" 0 ", 0)):
         ctx = Context(1, 2, {"partition-id": raw, "num-partitions": 5}, RecordDict(), {})
         assert node_partition_id(ctx) == want
+
+
+@pytest.mark.parametrize("method", ["rfedags", "rfedproj"])
+def test_a_bad_partition_id_gets_the_same_message_on_an_rfedags_node(method):
+    """Issue 34 case 10, a non-CNN path: RFedAGS's query handler read ``int(partition-id)`` itself
+    (``invalid literal for int() with base 10: 'abc'``); every reader now goes through
+    :func:`flwr_sheaf.config.node_partition_id`, so the node's error reply names the key and the fix."""
+    from flwr.app import RecordDict
+
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.testing import LocalGrid
+
+    grid = LocalGrid(
+        app,
+        3,
+        run_config={"method": method},
+        node_config=lambda i: {"partition-id": "abc"} if i == 1 else {},
+    )
+    msgs = [grid.create_message(RecordDict(), "query.rfedags", nid, "0") for nid in grid.node_ids]
+    replies = list(grid.send_and_receive(msgs))
+    by_node = {r.metadata.src_node_id: r for r in replies}
+    bad = by_node[grid.node_ids[1]]
+    assert bad.has_error(), bad
+    reason = bad.error.reason  # repr of the exception: its quotes escaped
+    assert reason.startswith(f"ConfigError('node {grid.node_ids[1]}: node config partition-id="), (
+        reason
+    )
+    assert "abc" in reason and "int()" not in reason
+    assert 'is not an integer; start the SuperNode with --node-config "partition-id=<i>' in reason
+    assert not by_node[grid.node_ids[0]].has_error(), by_node[grid.node_ids[0]].error
 
 
 def test_num_pilots_errors_use_the_run_config_key():
