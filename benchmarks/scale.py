@@ -61,13 +61,50 @@ def table(rows: list[dict], participants: int, engine: str, dataset: str) -> str
     return "\n".join(lines)
 
 
+def agent_counts(text: str) -> list[int]:
+    """``--agents``: a comma-separated list of population sizes, each an integer >= 2 (a sheaf needs
+    an edge).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty entry, a non-integer or a size below 2 (named), so
+            argparse prints ``argument --agents: ...`` and exits 2 instead of a traceback.
+    """
+    sizes = []
+    for i, item in enumerate(str(text).split(",")):
+        item = item.strip()
+        if not item.isdigit() or not item.isascii():
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: entry {i} ({item!r}) is not a whole number; give population sizes "
+                f">= 2 separated by commas, e.g. --agents 15,100,300"
+            )
+        if int(item) < 2:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {int(item)} agents is too few (a sheaf needs at least 2); e.g. --agents 15,100"
+            )
+        sizes.append(int(item))
+    return sizes
+
+
+def _positive_int(text: str) -> int:
+    """An integer >= 1 (``--participants``, ``--rounds``); argparse names the flag on an error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the cross-device scenario for each N with a fixed number of participants; write and
     print ``table.md``. Returns 0, or non-zero if some run failed."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agents", default="15,100,300,1000")
-    ap.add_argument("--participants", type=int, default=15)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument(
+        "--agents", type=agent_counts, default=[15, 100, 300, 1000], help="e.g. 15,100,300,1000"
+    )
+    ap.add_argument("--participants", type=_positive_int, default=15)
+    ap.add_argument("--rounds", type=_positive_int, default=6)
     ap.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
     ap.add_argument("--dataset", default=None, help="default: fashion-mnist (must be installed)")
     ap.add_argument("--num-pilots", type=int, default=200)
@@ -91,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve() / args.engine
     out.mkdir(parents=True, exist_ok=True)
     rows, status = [], 0
-    for n in [int(x) for x in args.agents.split(",")]:
+    for n in args.agents:
         status |= cd.main(
             [
                 "--agents",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -22,7 +23,7 @@ from typing import Any, ClassVar, Self, SupportsInt, TypeVar, cast
 
 from flwr.app import ConfigRecord
 
-from .data.partition import PARTITIONER_FORMS, parse_partitioner
+from .data.partition import PARTITIONER_FORMS, check_agents_fit, parse_partitioner
 from .data.sources import SOURCE_FORMS
 from .devices import DEVICE_FORMS, check_device_spec
 from .models.zoo import zoo_size, zoo_specs
@@ -61,11 +62,51 @@ __all__ = [
     "parse_float",
     "parse_bool",
     "parse_str",
+    "node_partition_id",
 ]
 
 
 class ConfigError(ValueError):
     """A run-config or message-config value is unknown, missing, of the wrong type or out of range."""
+
+
+def node_partition_id(context: Any) -> int:
+    """The node's ``partition-id`` from ``context.node_config`` (a Flower ``Context``), checked: a
+    non-negative integer (an int, or a string of digits as ``--node-config "partition-id='3'"``
+    gives), below ``num-partitions`` when that is set.
+
+    The one reader of a node's partition-id: the Flower glue (client handlers, node state), every
+    method's ClientApp and the CNN scenario call it, so a bad value gets the same message everywhere.
+
+    Returns:
+        The partition-id as ``int``.
+
+    Raises:
+        ConfigError: missing, not an integer (a bool, ``1.5``, ``'abc'``), negative or not below
+            ``num-partitions``: the key, the value, the node id and the fix named.
+    """
+    cfg = context.node_config
+    node = f"node {getattr(context, 'node_id', '?')}"
+    fix = (
+        'start the SuperNode with --node-config "partition-id=<i> num-partitions=<N>" '
+        "where i is an integer in 0..N-1"
+    )
+    if "partition-id" not in cfg:
+        raise ConfigError(f"{node}: its node config has no partition-id; {fix}")
+    raw = cfg["partition-id"]
+    text = raw.strip() if isinstance(raw, str) else raw
+    if isinstance(text, int) and not isinstance(text, bool):
+        pid = int(text)
+    elif isinstance(text, str) and text.isdigit() and text.isascii():
+        pid = int(text)
+    else:
+        raise ConfigError(f"{node}: node config partition-id={raw!r} is not an integer; {fix}")
+    raw_n = cfg.get("num-partitions")
+    n = raw_n if isinstance(raw_n, int) and not isinstance(raw_n, bool) and raw_n > 0 else None
+    if pid < 0 or (n is not None and pid >= n):
+        where = f"outside 0..{n - 1} (num-partitions={n})" if n is not None else "negative"
+        raise ConfigError(f"{node}: node config partition-id={pid} is {where}; {fix}")
+    return pid
 
 
 # ---------------------------------------------------------------------------------------- checks
@@ -233,8 +274,22 @@ def _participation(key: str, v: Any) -> str:
     try:
         check_participation_spec(text)
     except ValueError as exc:
-        raise ConfigError(f"{key}={v!r}: {exc}") from None
+        forms = ("uniform:<a>-<b>", "uniform:<seed>", "uniform")
+        hint = spec_suggestion(text, forms, check_participation_spec)  # 'Uniform:0.1-0.5'
+        raise ConfigError(f"{key}={v!r}: {exc}{hint}") from None
     return text
+
+
+def _zoo(text: str) -> int:
+    """Agents of the zoo ``text`` (:func:`zoo_size`), refusing a zoo of one agent (no edge: a sheaf
+    and every method compare at least two agents)."""
+    n = zoo_size(text)
+    if n < 2:
+        raise ValueError(
+            f"a zoo of {n} agent has no edge, and a sheaf needs at least 2 agents; use tiny-<N> with "
+            f"N >= 2 (e.g. zoo='tiny-2'), two-agent:<d> or paper-15"
+        )
+    return n
 
 
 def parse_dim_or_auto(key: str, v: Any) -> str | int:
@@ -488,7 +543,7 @@ _KEY_LIST = [
     Key(
         "zoo",
         "paper-15",
-        parse_spec(zoo_size, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
+        parse_spec(_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
@@ -1119,8 +1174,8 @@ class RunConfig(Section):
         if self.agents is not None:  # the method's own problem: no zoo, no graph
             self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
             return
-        try:  # config-level facts first: nothing of the zoo's size is built before they pass
-            check_graph_scale(self.federation.graph, zoo_size(self.scenario.zoo))
+        self.check_scale()  # O(1) facts first: nothing of the zoo's size is built before they pass
+        try:
             specs = zoo_specs(self.scenario.zoo)
             build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
         except ValueError as exc:
@@ -1131,6 +1186,29 @@ class RunConfig(Section):
         dims = sorted({int(s.d) for s in specs})
         for name in self.SECTIONS:
             getattr(self, name).check_dims(dims, self.scenario.zoo)
+
+    def check_scale(self) -> None:
+        """What the run config alone tells about the run's size, in O(1) (no agent spec, graph,
+        dataset or split built; well under a second at any ``N``): the graph's edges on the zoo's
+        ``N`` agents (:func:`~flwr_sheaf.topology.check_graph_scale`), the run's memory estimate
+        against this machine's (:func:`check_run_memory`), and the agents and ``num-pilots`` against
+        the dataset's size (:func:`~flwr_sheaf.data.partition.check_agents_fit`).
+
+        Raises:
+            ConfigError: the key (``graph``, ``zoo``, ``dataset``, ``num-pilots``), the numbers and the
+                remedy named.
+        """
+        zoo, graph = self.scenario.zoo, self.federation.graph
+        n = zoo_size(zoo)
+        try:
+            check_graph_scale(graph, n)
+        except ValueError as exc:
+            raise ConfigError(f"graph={graph!r} on zoo={zoo!r}: {exc}") from None
+        check_run_memory(zoo, n)
+        try:
+            check_agents_fit(self.scenario.dataset, n, self.scenario.num_pilots or None, zoo=zoo)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_participation(self, agents: int, on: str) -> None:
         """``participation`` has one value per agent (of ``agents``; 0 = not known yet) and lets some
@@ -1154,6 +1232,42 @@ class RunConfig(Section):
             out.update(getattr(self, name).to_dict())
         own = self.method_section.to_dict() if self.method_section is not None else {}
         return {**{k: out[k] for k in KEYS}, **own}
+
+
+#: A CNN-zoo run's peak memory: a base and a cost per agent, from the in-process scale curve of
+#: docs/performance.md ("The scale curve": peak RSS 1.28 GiB at 1,000 agents, 1.74 GiB at 10,000,
+#: about 52 KiB an agent; the zoo's specs, the graph, the split, each node's state).
+RUN_BASE_BYTES = 1.2 * 2**30
+RUN_BYTES_PER_AGENT = 52 * 2**10
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (``os.sysconf``), or None where it is not known."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_run_memory(zoo: str, num_agents: int, memory: int | None = None) -> None:
+    """Refuse, from ``N`` alone, a zoo whose run would need more memory than this machine has
+    (:data:`RUN_BASE_BYTES` + ``N`` :data:`RUN_BYTES_PER_AGENT`; ``memory``: the machine's bytes,
+    :func:`machine_memory` by default; unknown: not checked).
+
+    Raises:
+        ConfigError: ``zoo`` named with the estimate, the machine's memory and the largest zoo that fits.
+    """
+    memory = machine_memory() if memory is None else memory
+    need = RUN_BASE_BYTES + num_agents * RUN_BYTES_PER_AGENT
+    if memory is None or need <= memory:
+        return
+    most = max(2, int((memory - RUN_BASE_BYTES) // RUN_BYTES_PER_AGENT))
+    raise ConfigError(
+        f"zoo={zoo!r}: a run of {num_agents} agents needs about {need / 2**30:.0f} GiB "
+        f"({RUN_BYTES_PER_AGENT // 2**10} KiB an agent past {RUN_BASE_BYTES / 2**30:.1f} GiB, measured "
+        f"in docs/performance.md), more than this machine's {memory / 2**30:.0f} GiB; use at most "
+        f"zoo='tiny-{most}' here, or a machine with more memory"
+    )
 
 
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(

@@ -220,14 +220,23 @@ def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
 # ------------------------------------------------------------------------- run-config specs, sampler
 
 
+#: A probability as written in a spec: decimal or scientific notation (``0.5``, ``.5``, ``5.``,
+#: ``1e-3``, ``1E-3``, ``2.5e-1``); no sign, so the ``-`` of ``uniform:<a>-<b>`` is never ambiguous.
+_NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_RANGE_RE = re.compile(rf"\s*({_NUMBER})\s*-\s*({_NUMBER})\s*")
+#: The grammar of the participation spec, quoted by its errors.
+PARTICIPATION_GRAMMAR = (
+    "a probability for every node ('0.3'), one per partition-id ('0.9,0.5,0.2'), "
+    "'uniform:<a>-<b>' (p_i ~ U(a, b), 0 <= a <= b <= 1; numbers in decimal or scientific "
+    "notation, e.g. 'uniform:1e-3-0.5') or 'uniform[:<integer seed>]' (p_i ~ U(0, 1))"
+)
+
+
 def _range(text: str) -> tuple[float, float]:
-    raw = text.split(":", 1)[1]
-    try:
-        a, b = (float(x) for x in raw.split("-"))
-    except ValueError:
-        raise ValueError(
-            f"participation spec {text!r}: expected 'uniform:<a>-<b>' with numbers"
-        ) from None
+    m = _RANGE_RE.fullmatch(text.split(":", 1)[1])
+    if m is None:
+        raise ValueError(f"participation spec {text!r}: expected {PARTICIPATION_GRAMMAR}")
+    a, b = float(m.group(1)), float(m.group(2))
     if not 0.0 <= a <= b <= 1.0:
         raise ValueError(f"participation spec {text!r}: need 0 <= a <= b <= 1")
     return a, b
@@ -245,8 +254,7 @@ def _values(text: str) -> list[float]:
         vals = [float(v) for v in items]
     except ValueError:
         raise ValueError(
-            f"participation spec {text!r} is neither a number, a comma-separated list, "
-            f"'uniform:<a>-<b>' nor 'uniform[:<seed>]'"
+            f"participation spec {text!r} is neither a number nor one of the forms: {PARTICIPATION_GRAMMAR}"
         ) from None
     check_probabilities(vals, "participation")
     return vals
@@ -267,7 +275,8 @@ def check_participation_spec(spec: str) -> None:
         _, sep, seed = text.partition(":")
         if sep and not re.fullmatch(r"[0-9]+", seed):
             raise ValueError(
-                f"participation spec {text!r}: 'uniform:<seed>' needs a non-negative integer seed"
+                f"participation spec {text!r}: 'uniform:<seed>' needs a non-negative integer seed; "
+                f"the forms are {PARTICIPATION_GRAMMAR}"
             )
     else:
         _values(text)

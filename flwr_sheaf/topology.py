@@ -80,6 +80,10 @@ CLASS_OVERLAP_MAX_NODES = 300
 COMPLETE_MAX_NODES = 1000
 
 
+#: Most distinct class sets of ``class-overlap-knn`` (its ``S x S`` overlap table: 16.7M int64 at 4096).
+KNN_MAX_CLASS_SETS = 4096
+
+
 def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.4) -> nx.Graph:
     """The paper's class-overlap graph: maximum spanning tree + heaviest extra edges.
 
@@ -177,10 +181,13 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     """Sparse class-overlap graph for many agents: each agent links to its ``k`` best-overlapping peers.
 
     With ``w_ij = |C_i ∩ C_j|``, agent ``i`` (node ``i``) picks the ``k`` (``1 <= k <= N - 1``)
-    agents ``j != i`` with the largest ``w_ij``, ties broken at random (seeded by ``seed``), the
-    union made undirected (degrees ``>= k``); each further component (by smallest node) is joined to
-    node 0's by its best-overlap pair (ties: smallest ``(i, j)``). Vectorised ``O(N^2)``
-    (docs/performance.md, "Cross-device").
+    agents ``j != i`` with the largest ``w_ij``: every agent of an overlap level above the ``k``-th
+    best, and the rest drawn uniformly without replacement (seeded by ``seed``) among the agents at
+    the ``k``-th best level; the union is made undirected (degrees ``>= k``). Each further component
+    (by smallest node) is then joined to node 0's by its best-overlap pair (ties: smallest
+    ``(i, j)``). Agents are grouped by identical class set, so the cost is ``O(N k + S^2 C)`` time
+    and ``O(N k + S)`` memory for ``S`` distinct class sets over ``C`` classes; no ``N x N`` array is
+    built (docs/performance.md, "Cross-device").
 
     Returns:
         Connected ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
@@ -195,28 +202,132 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     if n == 1:
         return graph
     k = _check_degree(k, n, "class-overlap-knn")
-    rng = np.random.default_rng([int(seed), 7])
-    # agents sharing a class set have the same overlap row: overlaps between the S distinct sets,
-    # gathered per row (O(N) a row instead of an O(N C) product; the same integers)
     distinct, set_id = np.unique(m, axis=0, return_inverse=True)
     set_id = set_id.reshape(-1)
-    overlap = distinct @ distinct.T  # (S, S)
-    for i in range(n):
-        w = overlap[set_id[i]][set_id]  # (N,) overlaps with agent i
-        score = w + 0.5 * rng.random(n)  # jitter < 1 only reorders ties among integer overlaps
-        score[i] = -np.inf
-        for j in np.argpartition(-score, k - 1)[:k]:
-            graph.add_edge(i, int(j), weight=int(w[j]))
-    components = sorted((sorted(c) for c in nx.connected_components(graph)), key=lambda c: c[0])
-    main = set(components[0])
-    for comp in components[1:]:
-        a = np.array(sorted(main))
-        b = np.array(comp)
-        w = m[a] @ m[b].T  # (|A|, |B|)
-        ia, ib = np.unravel_index(int(np.argmax(w)), w.shape)  # first max = smallest (i, j)
-        graph.add_edge(int(a[ia]), int(b[ib]), weight=int(w[ia, ib]))
-        main.update(comp)
+    if distinct.shape[0] > KNN_MAX_CLASS_SETS:
+        raise ValueError(
+            f"class-overlap-knn: the {n} agents have {distinct.shape[0]} distinct class sets; the "
+            f"overlap table of distinct sets is refused above {KNN_MAX_CLASS_SETS} of them "
+            f"(it grows as their square). Use graph='random-regular:{k}' or graph='ring'"
+        )
+    overlap = distinct @ distinct.T  # (S, S), S distinct class sets
+    src, dst = _knn_choices(set_id, overlap, k, np.random.default_rng([int(seed), 7]))
+    weights = overlap[set_id[src], set_id[dst]]
+    graph.add_weighted_edges_from(zip(src.tolist(), dst.tolist(), weights.tolist()))
+    for i, j in _component_joins(graph, set_id, overlap):
+        graph.add_edge(i, j, weight=int(overlap[set_id[i], set_id[j]]))
     return graph
+
+
+def _knn_choices(
+    set_id: np.ndarray, overlap: np.ndarray, k: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each agent's ``k`` picks of :func:`class_overlap_knn_graph` as ``(src, dst)`` int64 arrays of
+    length ``N k`` (agent ``src[e]`` picked ``dst[e]``), computed per class-set group.
+
+    ``set_id``: ``(N,)`` int, each agent's class-set index; ``overlap``: ``(S, S)`` int overlaps of
+    the distinct sets. Agents of a level above the ``k``-th best overlap are all picked; the rest
+    are drawn without replacement among that level's agents (the agent itself excluded), by
+    sequential draws mapped past the ones already taken (vectorised over the group's agents).
+    """
+    order = np.argsort(set_id, kind="stable")
+    counts = np.bincount(set_id, minlength=overlap.shape[0])
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    members = [order[starts[s] : starts[s + 1]] for s in range(overlap.shape[0])]  # sorted ids
+    src_parts, dst_parts = [], []
+    for s, own in enumerate(members):
+        if own.size == 0:
+            continue
+        w = overlap[s]
+        levels = np.unique(w)[::-1]  # descending overlap levels
+        fixed: list[np.ndarray] = []  # groups taken whole (above the k-th best level)
+        taken = 0  # peers taken so far by each agent of the group (the same for all)
+        for level in levels:
+            groups = np.flatnonzero(w == level)
+            sizes = counts[groups]
+            size = int(sizes.sum()) - (1 if s in groups else 0)  # the agent itself is no peer
+            if taken + size <= k:
+                fixed.extend(members[g] for g in groups)
+                taken += size
+                if taken == k:
+                    break
+                continue
+            r = k - taken  # draws among this level's agents, the agent itself excluded
+            offsets = np.concatenate(([0], np.cumsum(sizes)))
+            excluded = []
+            if s in groups:  # the agent's own position in the level: its group's offset + rank
+                at = int(offsets[int(np.flatnonzero(groups == s)[0])])
+                excluded.append((at + np.arange(own.size))[:, None])
+            picks = _draw_without_replacement(rng, int(offsets[-1]), r, excluded, own.size)
+            picks = picks.reshape(-1)
+            which = np.searchsorted(offsets, picks, side="right") - 1  # level group of each pick
+            peers = np.empty_like(picks)
+            for g in np.unique(which):  # the picked agent: its rank within its group
+                hit = which == g
+                peers[hit] = members[groups[g]][picks[hit] - offsets[g]]
+            src_parts.append(np.repeat(own, r))
+            dst_parts.append(peers)
+            break
+        if fixed:
+            peers = np.concatenate(fixed)
+            a = np.repeat(own, peers.size)
+            b = np.tile(peers, own.size)
+            keep = a != b
+            src_parts.append(a[keep])
+            dst_parts.append(b[keep])
+    if not src_parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    src, dst = np.concatenate(src_parts), np.concatenate(dst_parts)
+    return src.astype(np.int64), dst.astype(np.int64)
+
+
+def _draw_without_replacement(
+    rng: np.random.Generator, size: int, r: int, excluded: list[np.ndarray], rows: int
+) -> np.ndarray:
+    """``(rows, r)`` int indices into ``range(size)``, each row ``r`` distinct values drawn uniformly
+    among those not in that row's ``excluded`` columns (each ``(rows, 1)``): draw ``x`` in
+    ``[0, size - taken)`` and map it past the values already taken, in ascending order."""
+    taken = list(excluded)
+    out = []
+    for _ in range(r):
+        x = rng.integers(0, size - len(taken), size=(rows, 1))
+        if taken:
+            prior = np.sort(np.concatenate(taken, axis=1), axis=1)
+            for c in range(prior.shape[1]):
+                x = x + (x >= prior[:, c : c + 1])
+        taken.append(x)
+        out.append(x)
+    return np.concatenate(out, axis=1)
+
+
+def _component_joins(
+    graph: nx.Graph, set_id: np.ndarray, overlap: np.ndarray
+) -> list[tuple[int, int]]:
+    """The edges joining ``graph``'s components (taken by smallest node) one by one to node 0's:
+    for each, the pair ``(i, j)``, ``i`` in the nodes joined so far and ``j`` in the component, of
+    largest overlap, ties by smallest ``(i, j)``; computed on the class-set groups (the smallest
+    agent of each set on each side), never on an agent-by-agent block."""
+    components = sorted((min(c), c) for c in nx.connected_components(graph))
+    if len(components) == 1:
+        return []
+    big = np.iinfo(np.int64).max
+    joined_min = np.full(overlap.shape[0], big, dtype=np.int64)  # smallest joined agent per set
+    joins = []
+    for rank, (_, comp) in enumerate(components):
+        ids = np.fromiter(comp, dtype=np.int64, count=len(comp))
+        comp_min = np.full(overlap.shape[0], big, dtype=np.int64)
+        np.minimum.at(comp_min, set_id[ids], ids)
+        if rank:
+            sa = np.flatnonzero(joined_min < big)
+            sb = np.flatnonzero(comp_min < big)
+            block = overlap[np.ix_(sa, sb)]
+            best = block.max()
+            rows = sa[(block == best).any(axis=1)]
+            i = int(joined_min[rows].min())
+            cols = sb[overlap[set_id[i], sb] == best]
+            joins.append((i, int(comp_min[cols].min())))
+        joined_min = np.minimum(joined_min, comp_min)
+    return joins
 
 
 def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) -> nx.Graph:

@@ -196,8 +196,8 @@ def _warnings(**over) -> list[str]:
 
 def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named():
     assert _warnings(method="fedproto", **{"fedmuscle-lambda": 0.3}) == [
-        "fedmuscle-lambda=0.3 (default 1.0) is not read by method='fedproto': it is ignored (a key "
-        "of another method? set method= to the method it belongs to)"
+        "fedmuscle-lambda=0.3 (default 1.0) is not read by method='fedproto' and is ignored; it is "
+        "read by method='fedmuscle': set method= to that method, or drop fedmuscle-lambda"
     ]
     assert _warnings(**{"tracking-dir": "/tmp/tb"}) == [
         "tracking-dir='/tmp/tb' is ignored: tracking is off (tracking=''); set "
@@ -207,6 +207,45 @@ def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named
     assert _warnings(method="fedmuscle", **{"fedmuscle-lambda": 0.3}) == []
     assert _warnings(**{"tracking-dir": "/tmp/tb", "tracking": "tensorboard"}) == []
     assert _warnings(method="fedproto", preset="paper") == []
+
+
+def test_a_key_the_method_does_not_read_names_the_methods_that_do():
+    """Issue 34 case 9: ``lambda`` under rfedags, ``rfedags-problem`` under sheaf-frl,
+    ``fedmuscle-lambda`` under fedproto: the warning names the key, the method and the methods
+    that read the key (from the registry); a key left at its default (as flwr run passes every
+    pyproject key) never warns."""
+    assert _warnings(method="rfedags", **{"lambda": 0.5}) == [
+        "lambda=0.5 (default 0.1) is not read by method='rfedags' and is ignored; it is read by "
+        "method='sheaf-frl': set method= to that method, or drop lambda"
+    ]
+    (w,) = _warnings(**{"rfedags-problem": "spd"})
+    assert w.startswith("rfedags-problem='spd' (default 'pca') is not read by method='sheaf-frl'")
+    assert "read by method='rfedags' / 'rfedavg' / 'rfedproj' / 'rfedsvrg': set method= to one" in w
+    (w,) = _warnings(method="sheaf-frl", **{"fedproto-lambda": 0.5})
+    assert "read by method='fedproto' / 'fedsaf-gcsa' / 'fedsaf-rcsa'" in w
+    # at its default, or read by the selected method (FedSAF reads FedProto's keys): no warning
+    assert _warnings(**{"rfedags-problem": "pca"}) == []
+    assert _warnings(method="fedsaf-gcsa", **{"fedproto-lambda": 0.5}) == []
+
+
+def test_key_readers_agree_with_what_each_built_strategy_reads():
+    """The registry-derived map equals, for each method, the method-section keys its built strategy
+    records (``results.strategy_config``) -- an independent reading of the same fact."""
+    from flwr_sheaf.apps.methods import num_nodes
+    from flwr_sheaf.apps.server_app import key_readers
+    from flwr_sheaf.config import METHOD_KEYS
+    from flwr_sheaf.results import strategy_config
+
+    readers = key_readers()
+    section_keys = set(readers) | set(METHOD_KEYS)
+    for name in ("sheaf-frl", "fedproto", "fedsaf-gcsa", "fedmuscle", "comfed", "rfedags"):
+        cfg, method = parse_run_config({"method": name})
+        n = num_nodes(cfg, method)
+        read = set(strategy_config(method.strategy(cfg, n)))
+        if cfg.method_section is not None:
+            read |= set(cfg.method_section.to_dict())
+        claimed = {k for k, ms in readers.items() if name in ms}
+        assert claimed == read & section_keys, name
 
 
 def test_the_default_graph_on_five_agents_is_named_with_its_degrees():
@@ -247,8 +286,8 @@ def test_the_server_app_logs_the_warnings_and_records_them_in_results_json(
         log.removeHandler(caplog.handler)
     res = json.loads(Path(path).read_text())
     warning = (
-        "lambda=0.5 (default 0.1) is not read by method='non-cooperative': it is ignored (a key "
-        "of another method? set method= to the method it belongs to)"
+        "lambda=0.5 (default 0.1) is not read by method='non-cooperative' and is ignored; it is "
+        "read by method='sheaf-frl': set method= to that method, or drop lambda"
     )
     assert res["warnings"] == [warning] and warning in caplog.messages
     assert (
@@ -299,6 +338,96 @@ def test_complete_stays_allowed_up_to_its_cap():
     assert build_graph("complete", 40).number_of_edges() == 40 * 39 // 2
     with pytest.raises(ValueError, match="refused above N=1000"):
         check_graph_scale("complete", COMPLETE_MAX_NODES + 1)
+
+
+def _no_zoo_sized_build(monkeypatch) -> None:
+    """Fail the test if an agent spec or a graph is built (the refusal must come from N alone)."""
+    from flwr_sheaf import topology
+    from flwr_sheaf.models import zoo
+
+    def built(*a, **k):
+        raise AssertionError("something of the zoo's size was built before the refusal")
+
+    monkeypatch.setattr(zoo, "_tiny_spec", built)
+    for name in ("class_overlap_knn_graph", "random_regular_graph", "ring_graph", "complete_graph"):
+        monkeypatch.setattr(topology, name, built)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"zoo": "tiny-100000", "graph": "class-overlap-knn:4"},
+        {"zoo": "tiny-100000", "graph": "class-overlap-knn:4", "dataset": "fashion-mnist"},
+        {"zoo": "tiny-10000000", "graph": "class-overlap-knn:4"},
+        {"zoo": "tiny-10000000", "graph": "random-regular:4", "dataset": "fashion-mnist"},
+        {"zoo": "tiny-10000000", "graph": "ring", "partitioner": "cross-device"},
+    ],
+)
+def test_an_infeasible_scale_is_refused_from_the_config_alone_in_well_under_a_second(
+    monkeypatch, cfg
+):
+    # issue 34 case 4, before: tiny-100000 + class-overlap-knn:4 passed the config check after
+    # building 100,000 specs and the graph (9-27 s) and was refused only by the data split; tiny-10^7
+    # built 10^7 specs and the graph (minutes, GBs) first. Now: from N and the dataset's size alone.
+    import time
+    import tracemalloc
+
+    parse_run_config({"zoo": "tiny-3", "graph": "ring"})  # imports out of the measurement
+    _no_zoo_sized_build(monkeypatch)
+    tracemalloc.start()
+    t = time.perf_counter()
+    try:
+        with pytest.raises(ConfigError) as err:
+            parse_run_config(cfg)
+        wall = time.perf_counter() - t
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(err.value)
+    assert wall < 1.5 and peak < 5e6, (wall, peak)
+    assert msg.startswith(f"zoo={cfg['zoo']!r}") and "use at most zoo='tiny-" in msg, msg
+
+
+def test_the_dataset_bound_counts_three_samples_an_agent_past_the_pilot_hold_out():
+    from flwr_sheaf.data.partition import check_agents_fit
+
+    # fashion-mnist: 70,000 images, 7,000 held out for pilots, 63,000 / 3 = 21,000 agents at most
+    check_agents_fit("fashion-mnist", 21000)
+    with pytest.raises(ValueError, match=r"at most 21000 agents .* zoo='tiny-21000'"):
+        check_agents_fit("fashion-mnist", 21001, zoo="tiny-21001")
+    # mnist-bundled: 5,000 images, 500 pilots (its default num-pilots=500 fits, 501 does not)
+    check_agents_fit("mnist-bundled", 1500, 500)
+    with pytest.raises(ValueError, match=r"num-pilots=501 exceeds the 500 samples"):
+        check_agents_fit("mnist-bundled", 15, 501)
+    check_agents_fit("hf:some/dataset", 10**9)  # size unknown without loading it: the nodes check
+
+
+def test_the_memory_estimate_names_the_largest_zoo_that_fits():
+    from flwr_sheaf.config import check_run_memory
+
+    # 8 GiB: (8 - 1.2) GiB / 52 KiB = 6.8 * 2^20 / 52 = 137,121.5 agents
+    check_run_memory("tiny-137121", 137121, memory=8 * 2**30)
+    with pytest.raises(ConfigError):
+        check_run_memory("tiny-137122", 137122, memory=8 * 2**30)
+    with pytest.raises(ConfigError, match=r"^zoo='tiny-200000': .* use at most zoo='tiny-137121'"):
+        check_run_memory("tiny-200000", 200000, memory=8 * 2**30)
+
+
+def test_the_documented_ten_thousand_agent_run_passes_the_scale_check():
+    import time
+
+    # docs/performance.md, "The scale curve": 10,000 agents, fashion-mnist, cross-device split
+    big = {
+        "zoo": "tiny-10000",
+        "dataset": "fashion-mnist",
+        "partitioner": "cross-device",
+        "graph": "class-overlap-knn:4",
+    }
+    from flwr_sheaf.config import RunConfig
+
+    t = time.perf_counter()
+    RunConfig.from_run_config(big).check_scale()  # no error
+    assert time.perf_counter() - t < 1.5
 
 
 # ------------------------------------------------------------------- case 8: RFedAGS's run config
@@ -363,3 +492,112 @@ def test_inprocess_script_runs_rfedags_and_prints_its_gap(tmp_path):
         printed == {k: res["rounds"][-1][k] for k in ("round", "gap", "distance_to_optimum")}
         and printed["round"] == 2
     )
+
+
+# ---------------------------------------------------------------- issue 34: config and scale (case 10)
+
+
+def test_a_zoo_of_one_agent_is_refused_up_front_by_its_key():
+    """Issue 34 case 10: ``zoo=tiny-1`` was accepted and failed later ("pilot matrix shape None")."""
+    from flwr_sheaf.config import RunConfig
+
+    with pytest.raises(
+        ConfigError, match=r"zoo='tiny-1': a zoo of 1 agent .* at least 2 agents.*tiny-2"
+    ):
+        RunConfig.from_run_config({"zoo": "tiny-1"})
+    assert RunConfig.from_run_config({"zoo": "tiny-2", "graph": "ring"}).scenario.zoo == "tiny-2"
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", True, -1, "", "7"])
+def test_a_node_partition_id_that_is_not_a_valid_integer_is_named(value):
+    """Issue 34 case 10: a node config ``partition-id`` that is not an integer gave a bare
+    ``invalid literal for int()``; now the key, the value, the node and the fix are named."""
+    from flwr.app import Context, RecordDict
+
+    from flwr_sheaf.config import node_partition_id
+
+    ctx = Context(
+        run_id=1,
+        node_id=42,
+        node_config={"partition-id": value, "num-partitions": 5},
+        state=RecordDict(),
+        run_config={},
+    )
+    with pytest.raises(ConfigError, match=r"node 42: node config partition-id=.*--node-config"):
+        node_partition_id(ctx)
+
+
+def test_a_node_partition_id_given_as_digits_is_read():
+    from flwr.app import Context, RecordDict
+
+    from flwr_sheaf.apps.scenario import node_partition_id
+
+    for raw, want in ((3, 3), ("4", 4), (" 0 ", 0)):
+        ctx = Context(1, 2, {"partition-id": raw, "num-partitions": 5}, RecordDict(), {})
+        assert node_partition_id(ctx) == want
+
+
+@pytest.mark.parametrize("method", ["rfedags", "rfedproj"])
+def test_a_bad_partition_id_gets_the_same_message_on_an_rfedags_node(method):
+    """Issue 34 case 10, a non-CNN path: RFedAGS's query handler read ``int(partition-id)`` itself
+    (``invalid literal for int() with base 10: 'abc'``); every reader now goes through
+    :func:`flwr_sheaf.config.node_partition_id`, so the node's error reply names the key and the fix."""
+    from flwr.app import RecordDict
+
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.testing import LocalGrid
+
+    grid = LocalGrid(
+        app,
+        3,
+        run_config={"method": method},
+        node_config=lambda i: {"partition-id": "abc"} if i == 1 else {},
+    )
+    msgs = [grid.create_message(RecordDict(), "query.rfedags", nid, "0") for nid in grid.node_ids]
+    replies = list(grid.send_and_receive(msgs))
+    by_node = {r.metadata.src_node_id: r for r in replies}
+    bad = by_node[grid.node_ids[1]]
+    assert bad.has_error(), bad
+    reason = bad.error.reason  # repr of the exception: its quotes escaped
+    assert reason.startswith(f"ConfigError('node {grid.node_ids[1]}: node config partition-id="), (
+        reason
+    )
+    assert "abc" in reason and "int()" not in reason
+    assert 'is not an integer; start the SuperNode with --node-config "partition-id=<i>' in reason
+    assert not by_node[grid.node_ids[0]].has_error(), by_node[grid.node_ids[0]].error
+
+
+def test_num_pilots_errors_use_the_run_config_key():
+    """Issue 34 case 10: the num-pilots errors named ``num_pilots`` / ``pilot_fraction``."""
+    import numpy as np
+
+    from flwr_sheaf.data.partition import make_dirichlet_split, make_federated_split
+
+    labels = np.repeat(np.arange(10), 20)  # 200 samples: a hold-out of 20
+    with pytest.raises(
+        ValueError, match=r"^num-pilots=10000: must be an integer in \[1, 20\]"
+    ) as e:
+        make_dirichlet_split(labels, 4, alpha=1.0, seed=0, num_pilots=10000)
+    sets = [tuple(range(10))] * 4
+    with pytest.raises(
+        ValueError, match=r"^num-pilots=10000 exceeds the 20 eligible.*num-pilots <= 20"
+    ) as f:
+        make_federated_split(labels, sets, shift=0.0, seed=0, num_pilots=10000)
+    for err in (e, f):
+        assert "num_pilots" not in str(err.value) and "pilot_fraction" not in str(err.value)
+        assert "num-pilots=0" in str(err.value)
+
+
+def test_scale_benchmark_refuses_bad_agent_counts_by_flag():
+    """Issue 34 case 10: ``benchmarks/scale.py --agents`` bad values were tracebacks."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
+    for bad, why in (("abc", "not a whole number"), ("10,,20", "entry 1"), ("1", "too few")):
+        proc = subprocess.run(
+            [sys.executable, str(script), "--agents", bad],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert f"argument --agents: {bad!r}" in proc.stderr and why in proc.stderr

@@ -132,7 +132,7 @@ def test_num_pilots_cap_is_prefix(split07):
     capped = make_federated_split(LABELS, PAPER_CLASS_SETS_15, 0.7, seed=42, num_pilots=50)
     np.testing.assert_array_equal(capped.pilot_idx, split07.pilot_idx[:50])
     np.testing.assert_array_equal(capped.train_idx[3], split07.train_idx[3])  # agents unaffected
-    with pytest.raises(ValueError, match="num_pilots=701"):
+    with pytest.raises(ValueError, match="num-pilots=701"):
         make_federated_split(LABELS, PAPER_CLASS_SETS_15, 0.7, seed=42, num_pilots=701)
 
 

@@ -523,3 +523,48 @@ def test_sampler_probabilities_are_a_vector_not_a_spec():
         ParticipationSampler(3, probabilities="uniform:0.2-0.8", seed=5)
     spec = ParticipationSampler.from_spec(3, 1.0, "uniform:0.2-0.8", seed=5)
     assert spec.probabilities is not None and spec.probabilities.shape == (3,)
+
+
+# ---------------------------------------------------------------- issue 34: config and scale (case 10)
+
+
+@pytest.mark.parametrize(
+    ("spec", "low", "high"),
+    [
+        ("uniform:1e-3-0.5", 1e-3, 0.5),
+        ("uniform:0.1-1e-1", 0.1, 0.1),
+        ("uniform:1E-3-2.5e-1", 1e-3, 0.25),
+        ("uniform:.5-1", 0.5, 1.0),
+        ("uniform: 0.2 - 0.4 ", 0.2, 0.4),
+    ],
+)
+def test_range_spec_accepts_scientific_notation_as_a_lone_number_does(spec, low, high):
+    """Issue 34 case 10: ``uniform:1e-3-0.5`` was refused while ``1e-3`` alone was accepted."""
+    from flwr_sheaf.config import RunConfig
+    from flwr_sheaf.participation import parse_participation
+
+    p = parse_participation(spec, 2000, seed=3)
+    assert p.min() >= low and p.max() <= high and p.max() - p.min() <= high - low
+    assert RunConfig.from_run_config({"participation": spec}).federation.participation == spec
+
+
+@pytest.mark.parametrize("spec", ["uniform:0.1-x", "uniform:-0.1-0.5", "uniform:0.1-0.2-0.3"])
+def test_a_bad_range_spec_quotes_the_grammar(spec):
+    from flwr_sheaf.participation import check_participation_spec
+
+    with pytest.raises(
+        ValueError, match=r"uniform:<a>-<b>.*scientific notation, e\.g\. 'uniform:1e-3-0\.5'"
+    ):
+        check_participation_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [("Uniform:0.1-0.5", "uniform:0.1-0.5"), ("UNIFORM", "uniform"), ("Uniform:3", "uniform:3")],
+)
+def test_a_capitalised_uniform_gets_a_did_you_mean(spec, hint):
+    """Issue 34 case 10: ``Uniform:`` had no did-you-mean."""
+    from flwr_sheaf.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError, match=rf"participation='{spec}'.*\(did you mean '{hint}'\?\)"):
+        RunConfig.from_run_config({"participation": spec})

@@ -12,7 +12,7 @@ from flwr.app import Context
 
 from ..client.common import shared_pilot_digest
 from ..client.task import LocalTask
-from ..config import ConfigError, RunConfig, ScenarioConfig, apply_preset
+from ..config import ConfigError, RunConfig, ScenarioConfig, apply_preset, node_partition_id
 from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_agents, prepare_split
 from ..data.sources import register_derived_cache
 from ..models.zoo import build_agent, zoo_specs
@@ -24,6 +24,7 @@ __all__ = [
     "agent_specs",
     "scenario_task",
     "cnn_task_factory",
+    "node_partition_id",
     "check_scenario",
     "scenario_node_infos",
     "sampled_discovery",
@@ -146,8 +147,7 @@ def cnn_task_factory(context: Context) -> LocalTask:
             rejected unknown keys before any message was sent).
     """
     return scenario_task(
-        ScenarioConfig.from_mapping(apply_preset(context.run_config)),
-        int(context.node_config["partition-id"]),
+        ScenarioConfig.from_mapping(apply_preset(context.run_config)), node_partition_id(context)
     )
 
 

@@ -5,15 +5,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ..config import KEYS, METHOD_KEYS, RunConfig, method_train_changes
+from ..config import (
+    KEYS,
+    METHOD_KEYS,
+    FederationConfig,
+    LocalTrainConfig,
+    RunConfig,
+    ScenarioConfig,
+    Section,
+    method_train_changes,
+)
 from ..engine import describe_ray, warn_if_unasked
-from ..methods import Method, parse_run_config
+from ..methods import METHODS, Method, parse_run_config
 from ..preflight import check_node_state_dir, claim_node_state_dir, preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import collapse_warnings, run_status, strategy_config, write_results
@@ -50,6 +61,57 @@ def _changed_keys(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Keys of the app's own sections, read by every method (not listed by :func:`key_readers`).
+APP_SECTION_KEYS = frozenset(
+    f.metadata["key"]
+    for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig)
+    for f in fields(cls)
+)
+
+
+def _code_names(code: CodeType) -> set[str]:
+    """Global names a code object and the functions nested in it refer to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _builder_sections(builder: Any) -> set[type[Section]]:
+    """The config-section classes a method's strategy builder refers to (``c.section(SheafConfig)``
+    in ``lambda c, n: SheafFRL(n, sheaf=c.section(SheafConfig), ...)``): the :class:`Section`
+    subclasses among the global names of its code (a ``functools.partial`` unwrapped)."""
+    fn = getattr(builder, "func", builder)
+    code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    if code is None:
+        return set()
+    found = (env.get(name) for name in _code_names(code))
+    return {c for c in found if isinstance(c, type) and issubclass(c, Section)}
+
+
+def key_readers() -> dict[str, list[str]]:
+    """``{run-config key: sorted names of the registered methods that read it}`` for the keys of the
+    methods' config sections, built from the method registry: a method reads its own section
+    (:attr:`Method.config`) and the registered sections its strategy builder refers to.
+
+    Returns:
+        Each method-section key with the names of its methods (keys of the app's own sections --
+        scenario, federation, train -- are not listed: every method reads them).
+    """
+    out: dict[str, set[str]] = {}
+    for method in METHODS.values():
+        sections = _builder_sections(method.strategy)
+        if method.config is not None:
+            sections.add(method.config)
+        for cls in sections:
+            for f in fields(cls):
+                key = f.metadata.get("key")
+                if key and key not in APP_SECTION_KEYS:
+                    out.setdefault(key, set()).add(method.name)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def run_config_warnings(
     run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any, num_nodes: int
 ) -> list[str]:
@@ -76,11 +138,19 @@ def run_config_warnings(
         read |= set(config.method_section.to_dict())
     # keys of every method section: the registered ones of RunConfig and the methods' own
     section_keys = set(METHOD_KEYS).union(*(s.to_dict() for s in config.sections.values()))
+    readers = key_readers()
     for key in sorted((set(changed) & section_keys) - read):
         default = (METHOD_KEYS.get(key) or KEYS[key]).default
+        others = [m for m in readers.get(key, []) if m != config.method]
+        where = (
+            f"it is read by method={' / '.join(repr(m) for m in others)}: set method= to "
+            f"{'that method' if len(others) == 1 else 'one of them'}, or drop {key}"
+            if others
+            else f"no registered method reads it: drop {key}"
+        )
         out.append(
-            f"{key}={changed[key]!r} (default {default!r}) is not read by method={config.method!r}: "
-            f"it is ignored (a key of another method? set method= to the method it belongs to)"
+            f"{key}={changed[key]!r} (default {default!r}) is not read by method={config.method!r} "
+            f"and is ignored; {where}"
         )
     trackers = {t.strip() for t in config.tracking.split(",") if t.strip()}
     for key, tracker in _TRACKER_KEYS.items():

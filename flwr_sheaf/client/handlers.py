@@ -12,7 +12,7 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ..config import LocalTrainConfig
+from ..config import LocalTrainConfig, node_partition_id
 from ..devices import resolve_device
 from ..protocol import (
     CONFIG,
@@ -215,7 +215,7 @@ def query_handler(
     set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
     resolve_device(str(required(cfg, DEVICE, mt)))
     task = factory(context)
-    partition_id = int(context.node_config["partition-id"])
+    partition_id = node_partition_id(context)
     check_stalk_protocol_once(task, partition_id)
     info = NodeInfo(
         partition_id,
@@ -248,7 +248,7 @@ def train_handler(
     rnd, seed = int(required(cfg, SERVER_ROUND, mt)), int(required(cfg, SEED, mt))
     task, model, opt = build(factory, context, action, train.torch_threads, train)
     assert opt is not None  # build() with a train config makes the optimizer
-    gen = round_generator(seed, int(context.node_config["partition-id"]), rnd)
+    gen = round_generator(seed, node_partition_id(context), rnd)
     plugin = method.plugin(msg, context, task)
     metrics = train_local(task, opt, train, plugin, gen, rnd)
     records, more = method.after_train(msg, context, task, plugin)  # may refit the whitening

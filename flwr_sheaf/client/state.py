@@ -27,7 +27,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from ..config import DEFAULTS, config_differences, resume_identity
+from ..config import DEFAULTS, config_differences, node_partition_id, resume_identity
 from ..integrity import SealedFileError, read_sealed, write_sealed
 from ..protocol import (
     CONFIG,
@@ -109,7 +109,7 @@ def node_dir(context: Context) -> Path | None:
             continue
         if not isinstance(root, str):
             raise StateFileError(f"{where} {key}={root!r}: expected a directory path (string)")
-        return Path(root).expanduser() / f"partition-{int(context.node_config['partition-id'])}"
+        return Path(root).expanduser() / f"partition-{node_partition_id(context)}"
     return None
 
 
@@ -163,7 +163,7 @@ def write_state(directory: Path, state: RecordDict, meta: Mapping[str, Any]) -> 
 
 def _check(meta: dict, path: Path, context: Context) -> None:
     pid, n = (
-        int(context.node_config["partition-id"]),
+        node_partition_id(context),
         int(context.node_config.get("num-partitions", 0)),
     )
     if (meta["partition-id"], meta["num-partitions"]) != (pid, n):
@@ -247,7 +247,7 @@ def _save(context: Context, directory: Path, server_round: int) -> None:
         directory,
         context.state,
         {
-            "partition-id": int(context.node_config["partition-id"]),
+            "partition-id": node_partition_id(context),
             "num-partitions": int(context.node_config.get("num-partitions", 0)),
             "run-id": int(context.run_id),
             "round": server_round,
@@ -273,7 +273,7 @@ def _check_resumed(
         StateFileError: it finds none (or a file of another node / run config), unless ``fresh``
             (run-config ``resume-fresh-nodes``), which only logs a warning.
     """
-    pid = int(context.node_config["partition-id"])
+    pid = node_partition_id(context)
     need = state_rounds[pid] if pid < len(state_rounds) else 0
     if need <= 0:
         return

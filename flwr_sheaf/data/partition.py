@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flwr_sheaf.data.sources import load_source, register_derived_cache
+from flwr_sheaf.data.sources import load_source, register_derived_cache, source_size
 from flwr_sheaf.paper import NUM_CLASSES
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "PARTITIONER_FORMS",
     "parse_partitioner",
     "make_dirichlet_split",
+    "check_agents_fit",
 ]
 
 ClassSets = Sequence[Sequence[int]]
@@ -384,11 +385,14 @@ def _eq23_pilots(
     if num_pilots is None:
         return pilots
     if not _is_int(num_pilots, 1):
-        raise ValueError(f"num_pilots must be a positive integer or None, got {num_pilots!r}")
+        raise ValueError(
+            f"num-pilots={num_pilots!r}: must be a positive integer (run config: 0 = all eligible pilots)"
+        )
     if num_pilots > pilots.size:
         raise ValueError(
-            f"num_pilots={num_pilots} exceeds the {pilots.size} eligible pilots "
-            f"(pilot_fraction={pilot_fraction} of {m} samples); lower num_pilots or raise pilot_fraction"
+            f"num-pilots={num_pilots} exceeds the {pilots.size} eligible pilots (hold-out samples of a "
+            f"class every agent sees; the hold-out is {pilot_fraction:g} of the {m} samples); set "
+            f"num-pilots <= {pilots.size}, or num-pilots=0 for all of them"
         )
     return pilots[:num_pilots]
 
@@ -474,6 +478,41 @@ def _train_val_test_per_agent(
 PARTITIONER_FORMS = ("label-shift", "dirichlet:<alpha>", "cross-device")
 
 
+#: Share of a source held out for the pilots (:func:`prepare_split`'s ``pilot_fraction``).
+PILOT_FRACTION = 0.1
+
+
+def check_agents_fit(
+    dataset: str, num_agents: int, num_pilots: int | None = None, *, zoo: str = ""
+) -> None:
+    """Refuse, from the dataset's size alone (:func:`~flwr_sheaf.data.sources.source_size`, nothing
+    loaded or split), ``num_agents`` agents that cannot each get a training, a validation and a test
+    sample, or more pilots than the hold-out has. A necessary condition only: the exact split is
+    checked later (:func:`check_all_agents`). A source of unknown size (``hf:``) passes.
+
+    Raises:
+        ValueError: the agents (``zoo``) or ``num-pilots`` named with the dataset's size and the fix.
+    """
+    m = source_size(dataset)
+    if m is None:
+        return
+    hold = int(round(PILOT_FRACTION * m))
+    most = (m - hold) // 3
+    if num_agents > most:
+        name = f"zoo={zoo!r} ({num_agents} agents)" if zoo else f"{num_agents} agents"
+        raise ValueError(
+            f"{name} on dataset={dataset!r}: its {m} samples less the {hold} held out for pilots "
+            f"give at most {most} agents a training, a validation and a test sample each; use at "
+            f"most zoo='tiny-{most}' on this dataset, or a larger dataset (e.g. dataset='fashion-mnist', "
+            f"70,000 images: `bash scripts/get_data.sh fashion-mnist`)"
+        )
+    if num_pilots is not None and num_pilots > hold:
+        raise ValueError(
+            f"num-pilots={num_pilots} exceeds the {hold} samples dataset={dataset!r} holds out for "
+            f"pilots ({PILOT_FRACTION:g} of its {m}); set num-pilots <= {hold}, or num-pilots=0 for all of them"
+        )
+
+
 def split_floor(spec: str) -> int:
     """Minimum validation / test samples per agent of a partitioner: 1 for ``cross-device``, else 0."""
     return 1 if isinstance(spec, str) and spec.strip() == "cross-device" else 0
@@ -545,7 +584,8 @@ def make_dirichlet_split(
     if num_pilots is not None:
         if not _is_int(num_pilots, 1, n_hold + 1):
             raise ValueError(
-                f"num_pilots must be an integer in [1, {n_hold}] or None, got {num_pilots!r}"
+                f"num-pilots={num_pilots!r}: must be an integer in [1, {n_hold}] (the hold-out of "
+                f"{pilot_fraction:g} of the {lab.size} samples), or num-pilots=0 for all of them"
             )
         pilots = pilots[:num_pilots]
     rest = np.sort(perm[n_hold:])

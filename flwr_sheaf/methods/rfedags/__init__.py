@@ -26,6 +26,7 @@ from ...config import (  # noqa: E402
     Key,
     RunConfig,
     Section,
+    node_partition_id,
     parse_float,
     parse_int,
     parse_str,
@@ -178,9 +179,7 @@ def problem_task_factory() -> Callable[[Context], ProblemClient]:
         rc = context.run_config
         cfg = RFedAGSConfig.from_mapping(rc)
         seed = KEYS["seed"](rc["seed"]) if "seed" in rc else DEFAULTS["seed"]
-        return ProblemClient(
-            planted_problem(cfg.problem, seed)[0], int(context.node_config["partition-id"])
-        )
+        return ProblemClient(planted_problem(cfg.problem, seed)[0], node_partition_id(context))
 
     return factory
 

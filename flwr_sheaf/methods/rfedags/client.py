@@ -12,6 +12,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ...client.reference import travel_by_reference
+from ...config import node_partition_id
 from ...protocol import (
     ARRAYS,
     CONFIG,
@@ -142,7 +143,7 @@ def problem_factory(problem) -> Callable[[Context], ProblemClient]:
     """``factory(context)`` giving each node the :class:`ProblemClient` of its ``partition-id``."""
 
     def factory(context: Context) -> ProblemClient:
-        return ProblemClient(problem, int(context.node_config["partition-id"]))
+        return ProblemClient(problem, node_partition_id(context))
 
     return factory
 
@@ -157,7 +158,7 @@ def _register_query(
     def _query(msg: Message, context: Context) -> Message:
         prob = problem_factory(context)
         info = NodeInfo(
-            int(context.node_config["partition-id"]),
+            node_partition_id(context),
             int(context.node_config.get("num-partitions", 0)),
             int(np.prod(prob.manifold.point_shape)),
             num_examples=int(prob.num_examples),

@@ -20,7 +20,7 @@ from ...client.common import from_numpy, task_device, to_numpy
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import CrossEntropy, LossPlugin
 from ...client.task import LocalTask, TaskFactory
-from ...config import LocalTrainConfig
+from ...config import LocalTrainConfig, node_partition_id
 from ...protocol import (
     CONFIG,
     SEED,
@@ -89,7 +89,7 @@ class SheafFMTLClient(ClientMethod):
         nbrs = [int(j) for j in required(cfg, SHEAF_FMTL_NEIGHBOURS, mt)]
         dims = [int(d) for d in required(cfg, SHEAF_FMTL_DIMS, mt)]
         n_server, seed = int(required(cfg, SHEAF_FMTL_NUM_PARAMS, mt)), int(required(cfg, SEED, mt))
-        pid = int(context.node_config["partition-id"])
+        pid = node_partition_id(context)
         theta = trainable_vector(task.model)
         n_i = int(theta.numel())
         if n_i != n_server:

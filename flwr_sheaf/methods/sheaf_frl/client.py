@@ -31,7 +31,7 @@ from ...client.common import (
 from ...client.handlers import ClientMethod, register_method_handlers
 from ...client.loop import LossPlugin
 from ...client.task import LocalTask, StalkModel, TaskFactory
-from ...config import DEFAULTS
+from ...config import DEFAULTS, node_partition_id
 from ...protocol import (
     CONFIG,
     LOW_VARIANCE_FRACTION,
@@ -339,7 +339,7 @@ def _upload_maps(
     """``maps`` completed with the initial map of every edge the node transports on but has not fitted yet:
     the identity (Alg. 2, ``O_ji^0 = I``) or the keyed Haar map (Alg. 3/4 line 1)."""
     out = dict(maps)
-    pid = int(context.node_config["partition-id"])
+    pid = node_partition_id(context)
     for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
         rows = edge_dim(d_i, dj) if privacy == "stringent" else dj
         if j in out and tuple(out[j].shape) == (rows, d_i):
