@@ -162,6 +162,9 @@ def test_progress_of_ones_own_server_app_is_printed_without_configuring_logging(
 
 
 # ------------------------------------------- issue 34: a method's hook failing on one node's reply
+from flwr_sheaf.strategy.ledger import RunFailedError  # noqa: E402
+
+
 def _run_template(my_method, tmp_path, rounds: int = 2) -> dict:
     from flwr_sheaf.apps.client_app import app
     from flwr_sheaf.apps.server_app import run_server
@@ -230,3 +233,30 @@ def test_a_hook_raising_for_one_node_is_that_nodes_failure(my_method, tmp_path, 
     assert "MyStrategy.node_payload raised on this node (partition-id 1" in got[(2, 1)]
     assert [r["num_trained"] for r in res["rounds"]] == [3, 3]
     assert res["rounds"][0]["mymethod_nodes"] == 3  # the last call took the three good replies
+
+
+@pytest.mark.parametrize(
+    "parts, said",
+    [
+        ({"cross_entropy": 1.0}, 'returned parts (cross_entropy) without "ce"'),
+        ([1.0], 'returned parts of type list without "ce"'),
+    ],
+    ids=["no-ce", "not-a-mapping"],
+)
+def test_a_loss_without_its_ce_part_is_named_before_the_first_step(
+    my_method, tmp_path, monkeypatch, parts, said
+):
+    loss = my_method.AnchorLoss.loss
+
+    def loss_without_ce(self, model, x, y, gen):
+        total, _ = loss(self, model, x, y, gen)
+        return total, parts
+
+    monkeypatch.setattr(my_method.AnchorLoss, "loss", loss_without_ce)
+    with pytest.raises(RunFailedError, match="returned parts"):
+        _run_template(my_method, tmp_path, rounds=1)
+    res = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert res["status"] == "failed" and len(res["failures"]) == 4
+    for f in res["failures"]:
+        assert f["phase"] == "train" and f"my_method.AnchorLoss.loss {said}" in f["reason"], f
+        assert 'the parts must hold the batch cross-entropy as "ce"' in f["reason"]
