@@ -260,3 +260,13 @@ def test_a_loss_without_its_ce_part_is_named_before_the_first_step(
     for f in res["failures"]:
         assert f["phase"] == "train" and f"my_method.AnchorLoss.loss {said}" in f["reason"], f
         assert 'the parts must hold the batch cross-entropy as "ce"' in f["reason"]
+
+
+def test_the_template_pyproject_passes_flowers_checks_without_warnings():
+    # issue 34: `flwr run` printed 'Recommended property "license" missing in [project]'
+    from flwr.common.config import validate_fields_in_config
+
+    config = tomllib.loads((APP / "pyproject.toml").read_text())
+    valid, errors, warnings = validate_fields_in_config(config)
+    assert valid and errors == [] and warnings == [], (errors, warnings)
+    assert config["project"]["license"] == "Apache-2.0"
