@@ -103,7 +103,7 @@ def read_results(path: str | Path) -> dict:
         results = json.loads(text)
     except json.JSONDecodeError as e:
         raise ResultsFileError(
-            f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}; the file has "
+            f"{path} is not valid JSON ({e.msg}: line {e.lineno}, column {e.colno}; the file has "
             f"{len(text)} characters): it is truncated or damaged (a run killed while writing it, or "
             "an edit); rerun the run, or restore the file from a copy"
         ) from e
