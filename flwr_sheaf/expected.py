@@ -9,6 +9,10 @@ A run is *inside* the band when each of its final-round headline numbers lies in
 ``[min - tolerance, max + tolerance]`` over the seeds, ``tolerance`` being the largest difference
 measured between two CPU kernel choices for one seed (digits differ between CPUs: summation order
 in the convolutions changes the last bits, and 20 epochs of SGD amplify them).
+
+The verdict is given only for a *completed* run (``status``) of the reference configuration on the
+CPU (``device`` ``auto`` or ``cpu``; the band was measured on CPUs); otherwise :func:`band_lines`
+says why the run is not judged (issue 34, case 5).
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REFERENCE_PATH", "METRICS", "load_reference", "reference_mismatch", "band_lines"]
+__all__ = [
+    "REFERENCE_PATH",
+    "METRICS",
+    "load_reference",
+    "reference_mismatch",
+    "not_judged",
+    "band_lines",
+]
 
 #: The stored reference (package data).
 REFERENCE_PATH = Path(__file__).with_name("expected_results.json")
@@ -84,9 +95,43 @@ def reference_mismatch(
     return out
 
 
+def not_judged(results: Mapping[str, Any]) -> list[str]:
+    """Why a run's numbers are not judged against the band whatever its config: one string per reason,
+    ``[]`` when it is a completed CPU run.
+
+    The band holds for a run that did everything asked (``status`` ``completed``; a degraded run
+    trained or evaluated fewer nodes, a failed one stopped early) and computed on CPUs, where it was
+    measured (``device`` ``auto`` or ``cpu``; ``cuda`` kernels give other digits, docs/devices.md).
+
+    Args:
+        results: a parsed ``results.json`` (:func:`flwr_sheaf.report.results_problems` checked).
+
+    Returns:
+        list of str, e.g. ``["the run ended 'degraded', not completed"]``.
+    """
+    why = []
+    status = results.get("status")
+    if status is None:
+        why.append(
+            "results.json records no status (every run writes one: docs/results-schema.md), "
+            "so nothing says the run completed"
+        )
+    elif status != "completed":
+        why.append(
+            f"the run ended {status!r}, not completed (see its failures and degradation in results.json)"
+        )
+    device = (results.get("config") or {}).get("device", "auto")
+    if str(device) not in ("auto", "cpu"):
+        why.append(
+            f"device={device!r}: the band was measured on CPUs and CUDA kernels give other digits "
+            "(docs/devices.md); run with device=cpu to compare"
+        )
+    return why
+
+
 def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None = None) -> list[str]:
-    """The report's lines on the expected band: the verdict of a run of the main job's scenario, or
-    why no reference exists for this run's config.
+    """The report's lines on the expected band: the verdict of a completed CPU run of the main job's
+    scenario, or why the run is not judged (:func:`not_judged`) or has no reference.
 
     Args:
         results: a parsed ``results.json``.
@@ -94,13 +139,25 @@ def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None =
 
     Returns:
         list of str: ``"expected band (...): INSIDE"`` / ``"... OUTSIDE"`` with one line per metric, or
-        one line ``"expected band: no reference for this config (...)"``.
+        one line ``"expected band: not judged: ..."`` (a malformed results.json, a run that did not
+        complete, a CUDA run) or ``"expected band: no reference for this config (...)"``.
     """
+    from .report import results_problems
+
     try:
         ref = reference or load_reference()
     except FileNotFoundError:
         return [
             f"expected band: {REFERENCE_PATH} is missing: a broken install (reinstall: bash scripts/setup.sh)"
+        ]
+    bad = results_problems(results)
+    if bad:
+        return [f"expected band: not judged: results.json is malformed ({'; '.join(bad[:3])})"]
+    why = not_judged(results)
+    if why:
+        return [
+            f"expected band: not judged: {'; '.join(why)}; the band is for a completed run of the "
+            "main job on the CPU"
         ]
     why = reference_mismatch(results.get("config") or {}, ref)
     if why:
@@ -109,7 +166,7 @@ def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None =
             f"expected band: no reference for this config ({shown}); it exists for the main job only"
         ]
     final = int(ref["final_round"])
-    last = [r for r in results.get("rounds", []) if r.get("round") == final]
+    last = [r for r in results["rounds"] if r.get("round") == final]
     if not last or last[0].get("private_accuracy_mean") is None:
         return [
             f"expected band: no evaluated round {final} in results (the band is for round {final})"

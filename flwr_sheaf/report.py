@@ -6,10 +6,115 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from .expected import band_lines
+from .expected import METRICS, band_lines
 from .methods.registry import METHODS
+
+__all__ = ["ResultsFileError", "read_results", "results_problems", "summary_lines", "main"]
+
+#: Per-round keys the report (and the methods' own report lines) print as numbers: each is a number
+#: or null in a results.json (docs/results-schema.md); anything else is named by results_problems.
+NUMBER_KEYS = (
+    *METRICS,
+    "communication_accuracy_non_edges",
+    "communication_accuracy_non_edges_direct",
+    "sheaf_tv_mean",
+    "low_variance_fraction_mean",
+    "comfed_communication_accuracy_degree_weighted",
+    "gap",
+    "distance_to_optimum",
+)
+
+
+class ResultsFileError(ValueError):
+    """A ``results.json`` that cannot be read or does not have the schema (docs/results-schema.md);
+    the message names the file and what is wrong."""
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def results_problems(results: Any) -> list[str]:
+    """What in a parsed ``results.json`` does not have the schema the report reads: one string per
+    problem (``"rounds[9] (round 10): private_accuracy_mean = '0.83' is a str, expected a number or
+    null"``), ``[]`` when none.
+
+    Checked: the top level is an object; ``rounds`` is a list of objects, each with an integer
+    ``round`` and the :data:`NUMBER_KEYS` it has numbers or null; ``config`` (when present) an
+    object; ``status`` (when present) a string; ``total_wall_seconds`` (when present) a number.
+    """
+    if not isinstance(results, Mapping):
+        return [f"the top level is a {type(results).__name__}, expected an object"]
+    out = []
+    if "rounds" not in results:
+        out.append("it has no 'rounds' (every results.json has the list of its server rounds)")
+    elif not isinstance(results["rounds"], list):
+        out.append(f"'rounds' is a {type(results['rounds']).__name__}, expected a list")
+    else:
+        for i, r in enumerate(results["rounds"]):
+            if not isinstance(r, Mapping):
+                out.append(f"rounds[{i}] is a {type(r).__name__}, expected an object")
+                continue
+            n = r.get("round")
+            if not (isinstance(n, int) and not isinstance(n, bool)):
+                out.append(f"rounds[{i}]: round = {n!r} is not an integer")
+            for k in NUMBER_KEYS:
+                v = r.get(k)
+                if v is not None and not _is_number(v):
+                    out.append(
+                        f"rounds[{i}] (round {n}): {k} = {v!r} is a {type(v).__name__}, "
+                        "expected a number or null"
+                    )
+    for key, kind, ok in (
+        ("config", "an object", lambda v: isinstance(v, Mapping)),
+        ("status", "a string", lambda v: isinstance(v, str)),
+        ("total_wall_seconds", "a number", _is_number),
+    ):
+        if key in results and results[key] is not None and not ok(results[key]):
+            out.append(f"{key} = {results[key]!r} is not {kind}")
+    return out
+
+
+def read_results(path: str | Path) -> dict:
+    """Read and check a ``results.json`` (the file, or its results directory).
+
+    Returns:
+        The parsed file (:func:`results_problems` found nothing).
+
+    Raises:
+        ResultsFileError: the file does not exist or cannot be read, is not valid JSON (truncated
+            or damaged), or does not have the schema; the message names the file, what is wrong
+            and what to do.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    if not path.is_file():
+        raise ResultsFileError(f"{path} does not exist (give a results.json or its results-dir)")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultsFileError(f"{path} cannot be read: {e}") from e
+    try:
+        results = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResultsFileError(
+            f"{path} is not valid JSON ({e.msg}: line {e.lineno}, column {e.colno}; the file has "
+            f"{len(text)} characters): it is truncated or damaged (a run killed while writing it, or "
+            "an edit); rerun the run, or restore the file from a copy"
+        ) from e
+    bad = results_problems(results)
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ResultsFileError(
+            f"{path} does not have the results.json schema (docs/results-schema.md): {shown}; "
+            "it was edited or written by something else: rerun the run, or fix the entries named"
+        )
+    return results
 
 
 def summary_lines(results: dict) -> list[str]:
@@ -22,8 +127,12 @@ def summary_lines(results: dict) -> list[str]:
     results"`` when nothing was evaluated.
 
     Raises:
-        KeyError: ``results`` lacks ``rounds`` or an evaluated round lacks a mandatory key.
+        ResultsFileError: ``results`` does not have the schema (:func:`results_problems`).
+        KeyError: an evaluated round lacks a mandatory key.
     """
+    bad = results_problems(results)
+    if bad:
+        raise ResultsFileError(f"results.json does not have the schema: {'; '.join(bad[:5])}")
     collapse = results.get("latent_collapse")
     status = _status_lines(results) + (
         [f"WARNING: {collapse.get('message', 'latent collapse')}"]
@@ -77,7 +186,7 @@ def summary_lines(results: dict) -> list[str]:
 def _status_lines(results: dict) -> list[str]:
     """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/reliability-failures.md):
     the status, the failure counts and the nodes that failed, so a degraded run is never read as a clean one."""
-    status = results.get("status", "completed")
+    status = results.get("status", "completed")  # no status: the band's line says it (expected.py)
     if status == "completed":
         return []
     deg = results.get("degradation") or {}
@@ -87,21 +196,18 @@ def _status_lines(results: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: ``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR`` prints :func:`summary_lines`
-    (``argv``: default ``sys.argv[1:]``); returns 0, or 2 on a usage error or a missing file."""
+    (``argv``: default ``sys.argv[1:]``); returns 0, or 2 on a usage error or a missing, unreadable
+    or malformed file (:func:`read_results`'s message on stderr)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m flwr_sheaf.report RESULTS_JSON_OR_DIR", file=sys.stderr)
         return 2
-    path = Path(argv[0])
-    if path.is_dir():
-        path = path / "results.json"
-    if not path.is_file():
-        print(
-            f"flwr_sheaf.report: {path} does not exist (give a results.json or its results-dir)",
-            file=sys.stderr,
-        )
+    try:
+        results = read_results(argv[0])
+    except ResultsFileError as e:
+        print(f"flwr_sheaf.report: {e}", file=sys.stderr)
         return 2
-    print("\n".join(summary_lines(json.loads(path.read_text()))))
+    print("\n".join(summary_lines(results)))
     return 0
 
 

@@ -29,28 +29,52 @@ from pathlib import Path
 import torch
 
 from flwr_sheaf.config import RESUME_MUTABLE_KEYS
-from flwr_sheaf.expected import _FREE, METRICS, REFERENCE_PATH, reference_mismatch
+from flwr_sheaf.expected import _FREE, METRICS, REFERENCE_PATH, not_judged, reference_mismatch
+from flwr_sheaf.report import ResultsFileError, read_results
 
 
 def _load(d: str) -> dict:
-    return json.loads((Path(d) / "results.json").read_text())
+    """``d``'s results.json, checked: a completed CPU run with a config (:func:`not_judged`).
+
+    Raises:
+        SystemExit: unreadable, malformed (:func:`flwr_sheaf.report.read_results`), or a run the band
+            cannot be measured from; the message names the directory and why.
+    """
+    try:
+        res = read_results(d)
+    except ResultsFileError as e:
+        sys.exit(f"expected_band.py: {e}")
+    why = not_judged(res)
+    if why:
+        sys.exit(f"expected_band.py: {d}: {'; '.join(why)}; the band is measured from clean runs")
+    if not isinstance(res.get("config"), dict) or "seed" not in res["config"]:
+        sys.exit(f"expected_band.py: {d}/results.json records no config with a seed")
+    return res
 
 
-def _final(res: dict, final: int) -> dict[str, float]:
-    (r,) = [x for x in res["rounds"] if x["round"] == final]
-    return {k: float(r[k]) for k in METRICS}
+def _final(res: dict, final: int, d: str) -> dict[str, float]:
+    """The headline numbers of round ``final`` of ``d``'s run.
+
+    Raises:
+        SystemExit: the run has no such round, or one of its numbers is null (named).
+    """
+    rows = [x for x in res["rounds"] if x["round"] == final]
+    if len(rows) != 1:
+        sys.exit(f"expected_band.py: {d}: {len(rows)} entries for round {final}, expected one")
+    missing = [k for k in METRICS if rows[0].get(k) is None]
+    if missing:
+        sys.exit(f"expected_band.py: {d}: round {final} has no {', '.join(missing)}")
+    return {k: float(rows[0][k]) for k in METRICS}
 
 
 def build(seed_dirs: list[str], variants: dict[str, str], note: str) -> dict:
     """The reference dict (``flwr_sheaf.expected.load_reference``'s schema) from the runs' results.json.
 
     Raises:
-        SystemExit: a run that did not complete, or runs of different configs (named).
+        SystemExit: an unreadable or malformed results.json, a run that did not complete or ran on
+            CUDA, or runs of different configs (named).
     """
     runs = [_load(d) for d in seed_dirs]
-    for d, r in zip(seed_dirs, runs):
-        if r.get("status") != "completed":
-            sys.exit(f"{d}: status {r.get('status')!r}, not a clean run")
     skip = RESUME_MUTABLE_KEYS | _FREE
     config = {k: v for k, v in runs[0]["config"].items() if k not in skip}
     ref0 = {"config": config}
@@ -58,6 +82,8 @@ def build(seed_dirs: list[str], variants: dict[str, str], note: str) -> dict:
         why = reference_mismatch(r["config"], ref0)
         if why:
             sys.exit(f"{d}: another config than {seed_dirs[0]}: {why}")
+    if not runs[0]["rounds"]:
+        sys.exit(f"expected_band.py: {seed_dirs[0]}: no rounds")
     final = max(x["round"] for x in runs[0]["rounds"])
     per_seed = {
         str(r["config"]["seed"]): {
@@ -65,7 +91,7 @@ def build(seed_dirs: list[str], variants: dict[str, str], note: str) -> dict:
         }
         for r in runs
     }
-    finals = [_final(r, final) for r in runs]
+    finals = [_final(r, final, d) for r, d in zip(runs, seed_dirs)]
     band = {
         k: {
             "mean": round(sum(f[k] for f in finals) / len(finals), 6),
@@ -74,10 +100,14 @@ def build(seed_dirs: list[str], variants: dict[str, str], note: str) -> dict:
         }
         for k in METRICS
     }
-    seed0 = next(_final(r, final) for r in runs if r["config"]["seed"] == 0)
+    if not any(r["config"]["seed"] == 0 for r in runs):
+        sys.exit(
+            "expected_band.py: no run of seed 0 among --seeds (the CPU variants are of seed 0)"
+        )
+    seed0 = next(_final(r, final, d) for r, d in zip(runs, seed_dirs) if r["config"]["seed"] == 0)
     cpu = {}
     for name, d in variants.items():
-        v = _final(_load(d), final)
+        v = _final(_load(d), final, d)
         cpu[name] = {
             "final_round": v,
             "max_abs_difference_to_seed_0": max(abs(v[k] - seed0[k]) for k in METRICS),

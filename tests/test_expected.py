@@ -97,3 +97,121 @@ def test_report_cli_takes_the_results_dir_and_prints_the_verdict(tmp_path, capsy
     assert "expected band (main job, round 10): INSIDE" in out
     assert report_main([str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- issue 34, case 5: what is judged
+MEAN = {k: REF["band"][k]["mean"] for k in METRICS}
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda r: r.update(status="degraded"), "the run ended 'degraded', not completed"),
+        (lambda r: r.update(status="failed"), "the run ended 'failed', not completed"),
+        (lambda r: r.pop("status"), "results.json records no status"),
+        (
+            lambda r: r["config"].update(device="cuda"),
+            "device='cuda': the band was measured on CPUs",
+        ),
+        (lambda r: r["config"].update(device="cuda:1"), "device='cuda:1'"),
+    ],
+    ids=["degraded", "failed", "no-status", "cuda", "cuda-1"],
+)
+def test_only_a_completed_cpu_run_is_judged_and_the_line_says_why_not(change, reason):
+    res = _results(MEAN)  # numbers at the band's mean: INSIDE if it were judged
+    assert band_lines(res)[0].endswith("INSIDE: this install reproduces the reference")
+    change(res)
+    (line,) = band_lines(res)
+    assert line.startswith("expected band: not judged: ") and reason in line, line
+    assert "INSIDE" not in line and line.endswith(
+        "the band is for a completed run of the main job on the CPU"
+    )
+
+
+def test_the_report_of_a_degraded_run_says_degraded_and_not_inside(tmp_path, capsys):
+    res = _results(MEAN)
+    res.update(status="degraded", degradation={"reasons": ["train: 3 of 15 nodes failed"]})
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    assert report_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("RUN DEGRADED: reasons: ['train: 3 of 15 nodes failed']")
+    assert "INSIDE" not in out and "expected band: not judged: the run ended 'degraded'" in out
+
+
+def test_another_config_is_still_named_key_by_key_when_the_run_completed():
+    res = _results(MEAN, **{"lambda": 0.3, "shift": 0.5})
+    (line,) = band_lines(res)
+    assert "lambda = 0.3 (reference: 0.1)" in line and "shift = 0.5 (reference: 0.7)" in line
+
+
+def _malformed(kind: str, res: dict) -> str:
+    """The text of a results.json broken in one way."""
+    if kind == "truncated":
+        text = json.dumps(res, indent=1)
+        return text[: len(text) // 2]
+    if kind == "no-rounds":
+        res.pop("rounds")
+    elif kind == "string-number":
+        res["rounds"][-1]["private_accuracy_mean"] = "0.83"
+    elif kind == "rounds-not-a-list":
+        res["rounds"] = {"10": res["rounds"][-1]}
+    return json.dumps(res)
+
+
+MALFORMED = {
+    "truncated": "is not valid JSON (",
+    "no-rounds": "it has no 'rounds'",
+    "string-number": f"rounds[{FINAL - 1}] (round {FINAL}): private_accuracy_mean = '0.83' is a str, "
+    "expected a number or null",
+    "rounds-not-a-list": "'rounds' is a dict, expected a list",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_a_malformed_results_json_is_named_with_what_is_wrong_and_exit_2(kind, tmp_path, capsys):
+    path = tmp_path / "results.json"
+    path.write_text(_malformed(kind, _results(MEAN)))
+    assert report_main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flwr_sheaf.report: {path} ") and MALFORMED[kind] in err, err
+    assert "Traceback" not in err
+    if kind != "truncated":  # the verdict on a parsed dict says it too, rather than raising
+        (line,) = band_lines(json.loads(path.read_text()))
+        assert line.startswith("expected band: not judged: results.json is malformed (")
+        assert MALFORMED[kind] in line
+
+
+def _band_script(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, str(root / "scripts" / "expected_band.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+    )
+
+
+def test_expected_band_script_names_the_bad_run_and_exits_non_zero(tmp_path):
+    good, bad, degraded = tmp_path / "seed0", tmp_path / "seed1", tmp_path / "seed2"
+    for d in (good, bad, degraded):
+        d.mkdir()
+    (good / "results.json").write_text(json.dumps(_results(MEAN, seed=0)))
+    (bad / "results.json").write_text(_malformed("string-number", _results(MEAN, seed=1)))
+    res = _results(MEAN, seed=2)
+    res["status"] = "degraded"
+    (degraded / "results.json").write_text(json.dumps(res))
+    out = tmp_path / "ref.json"
+    p = _band_script("--seeds", str(good), str(bad), "--out", str(out))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"{bad / 'results.json'} does not have the results.json schema" in p.stderr
+    assert MALFORMED["string-number"] in p.stderr
+    p = _band_script("--seeds", str(good), str(degraded), "--out", str(out))
+    assert p.returncode == 1 and f"{degraded}: the run ended 'degraded'" in p.stderr, p.stderr
+    assert not out.exists()
+    p = _band_script("--seeds", str(good), "--out", str(out))  # a clean run still gives a band
+    assert p.returncode == 0 and json.loads(out.read_text())["band"], p.stderr

@@ -155,3 +155,55 @@ def test_results_json_of_a_collapsed_run_carries_the_warning(tmp_path):
     assert w["kind"] == "latent-collapse" and w["nodes"] == expected and "1" in w["nodes"]
     assert res["status"] == "completed"  # a warning, not a degraded run
     assert any(line.startswith("WARNING: latent collapse on") for line in summary_lines(res))
+
+
+@pytest.mark.parametrize(
+    "over, said",
+    [
+        (
+            {},
+            "lr 0.01 (package default 0.05), momentum 0.5 (package default 0.9), weight-decay 0.0",
+        ),
+        ({"lr": 0.02}, "momentum 0.5 (package default 0.9), weight-decay 0.0"),
+        ({"lr": 0.02, "momentum": 0.8, "weight-decay": 1e-4}, None),
+    ],
+    ids=["unset", "lr-set", "all-set"],
+)
+def test_the_run_log_names_the_method_defaults_it_applies_and_only_those(tmp_path, over, said):
+    # issue 34 (docs/own-method.md): when FedProto's own optimizer settings apply, the run log says so
+    import logging
+
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.testing import LocalGrid
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: lines.append(r.getMessage())  # type: ignore[method-assign]
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(handler)
+    level, log.level = log.level, logging.INFO
+    rc = {
+        "method": "fedproto",
+        "zoo": "tiny-3",
+        "graph": "ring",
+        "num-pilots": 32,
+        "max-steps-per-epoch": 1,
+        "local-epochs": 1,
+        "num-server-rounds": 1,
+        "evaluate-every": 0,
+        "results-dir": str(tmp_path / "r"),
+        **over,
+    }
+    try:
+        run_server(LocalGrid(app, 3, run_config=rc), rc)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    own = [x for x in lines if "trains with its own settings" in x]
+    if said is None:
+        assert own == []
+    else:
+        (line,) = own
+        assert line.startswith("fedproto trains with its own settings (train-defaults='method'): ")
+        assert said in line and ("lr " in line) == ("lr" not in over)

@@ -159,3 +159,114 @@ def test_progress_of_ones_own_server_app_is_printed_without_configuring_logging(
     configured = "import logging; logging.basicConfig(level=logging.WARNING)\n" + OWN_APP_PROGRESS
     proc = subprocess.run(run + [configured], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "round   1" not in proc.stderr, proc.stderr[-2000:]
+
+
+# ------------------------------------------- issue 34: a method's hook failing on one node's reply
+from flwr_sheaf.strategy.ledger import RunFailedError  # noqa: E402
+
+
+def _run_template(my_method, tmp_path, rounds: int = 2) -> dict:
+    from flwr_sheaf.apps.client_app import app
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.testing import LocalGrid
+
+    rc = {**_app_config(), "num-server-rounds": rounds, "results-dir": str(tmp_path / "res")}
+    return json.loads(Path(run_server(LocalGrid(app, 4, run_config=rc), rc)).read_text())
+
+
+def test_a_reply_missing_a_field_is_that_nodes_failure_and_the_others_are_aggregated(
+    my_method, tmp_path, monkeypatch
+):
+    up = my_method.UPLOAD
+    after = my_method.MyClient.after_train
+
+    def no_upload_from_2_in_round_2(self, msg, context, task, plugin):
+        records, metrics = after(self, msg, context, task, plugin)
+        pid = int(context.node_config["partition-id"])
+        if pid == 2 and int(msg.content["config"]["server-round"]) == 2:
+            return {}, metrics  # the reply lacks the method's record
+        return records, metrics
+
+    def fragile_accept(self, server_round, ok):  # reads the field without checking it is there
+        for pid, reply in ok.items():
+            self.anchors[pid] = reply.content[up]["anchor"].numpy()
+        return ok, {"mymethod_nodes": len(self.anchors)}
+
+    monkeypatch.setattr(my_method.MyClient, "after_train", no_upload_from_2_in_round_2)
+    monkeypatch.setattr(my_method.MyStrategy, "accept_train", fragile_accept)
+    res = _run_template(my_method, tmp_path)
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
+        (2, "train", 2)
+    ]
+    reason = res["failures"][0]["reason"]
+    assert re.fullmatch(
+        rf"MyStrategy\.accept_train raised on this node \(partition-id 2, node_id \d+\): "
+        rf"field '{up}' is missing \(KeyError\)",
+        reason,
+    ), reason
+    r2 = res["rounds"][1]
+    assert r2["num_trained"] == 3 and r2["failed"]["train"] == [2] and r2["mymethod_nodes"] == 4
+    assert res["status"] == "degraded" and res["rounds"][0]["num_trained"] == 4
+
+
+def test_a_hook_raising_for_one_node_is_that_nodes_failure(my_method, tmp_path, monkeypatch):
+    payload, accept = my_method.MyStrategy.node_payload, my_method.MyStrategy.accept_train
+
+    def payload_fails_for_1(self, server_round, pid):
+        if pid == 1 and server_round == 2:
+            raise ValueError("no target for this node")
+        return payload(self, server_round, pid)
+
+    def accept_raises_on_3(self, server_round, ok):
+        if 3 in ok and server_round == 1:
+            raise ArithmeticError("anchor of partition-id 3 is odd")
+        return accept(self, server_round, ok)
+
+    monkeypatch.setattr(my_method.MyStrategy, "node_payload", payload_fails_for_1)
+    monkeypatch.setattr(my_method.MyStrategy, "accept_train", accept_raises_on_3)
+    res = _run_template(my_method, tmp_path)
+    got = {(f["round"], f["partition-id"]): f["reason"] for f in res["failures"]}
+    assert sorted(got) == [(1, 3), (2, 1)]
+    assert "MyStrategy.accept_train raised on this node (partition-id 3, node_id" in got[(1, 3)]
+    assert got[(1, 3)].endswith("ArithmeticError: anchor of partition-id 3 is odd")
+    assert got[(2, 1)].endswith("ValueError: no target for this node")
+    assert "MyStrategy.node_payload raised on this node (partition-id 1" in got[(2, 1)]
+    assert [r["num_trained"] for r in res["rounds"]] == [3, 3]
+    assert res["rounds"][0]["mymethod_nodes"] == 3  # the last call took the three good replies
+
+
+@pytest.mark.parametrize(
+    "parts, said",
+    [
+        ({"cross_entropy": 1.0}, 'returned parts (cross_entropy) without "ce"'),
+        ([1.0], 'returned parts of type list without "ce"'),
+    ],
+    ids=["no-ce", "not-a-mapping"],
+)
+def test_a_loss_without_its_ce_part_is_named_before_the_first_step(
+    my_method, tmp_path, monkeypatch, parts, said
+):
+    loss = my_method.AnchorLoss.loss
+
+    def loss_without_ce(self, model, x, y, gen):
+        total, _ = loss(self, model, x, y, gen)
+        return total, parts
+
+    monkeypatch.setattr(my_method.AnchorLoss, "loss", loss_without_ce)
+    with pytest.raises(RunFailedError, match="returned parts"):
+        _run_template(my_method, tmp_path, rounds=1)
+    res = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert res["status"] == "failed" and len(res["failures"]) == 4
+    for f in res["failures"]:
+        assert f["phase"] == "train" and f"my_method.AnchorLoss.loss {said}" in f["reason"], f
+        assert 'the parts must hold the batch cross-entropy as "ce"' in f["reason"]
+
+
+def test_the_template_pyproject_passes_flowers_checks_without_warnings():
+    # issue 34: `flwr run` printed 'Recommended property "license" missing in [project]'
+    from flwr.common.config import validate_fields_in_config
+
+    config = tomllib.loads((APP / "pyproject.toml").read_text())
+    valid, errors, warnings = validate_fields_in_config(config)
+    assert valid and errors == [] and warnings == [], (errors, warnings)
+    assert config["project"]["license"] == "Apache-2.0"

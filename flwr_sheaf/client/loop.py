@@ -10,6 +10,7 @@ prototype terms (:mod:`flwr_sheaf.methods.fedproto.client`, :mod:`flwr_sheaf.met
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,8 @@ def train_local(
             idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             model.train()
             loss, parts = plugin.loss(model, task.x_train[idx], task.y_train[idx], gen)
+            if steps == 0:  # the plug-in's contract, checked once, before the first step is taken
+                _check_loss_output(plugin, loss, parts)
             if on_cpu:  # no device to wait for: check every step, before the step is taken
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
@@ -136,6 +139,37 @@ def train_local(
     out["steps"] = steps
     out.update(plugin.metrics(steps))
     return out
+
+
+def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any) -> None:
+    """What :meth:`LossPlugin.loss` must return: a 0-d tensor and a mapping with ``"ce"`` (the round's
+    cross-entropy column, docs/results-schema.md).
+
+    Raises:
+        TypeError: either is not so; the message names the plug-in's class (the method's code) and
+            what it returned.
+    """
+    where = f"{type(plugin).__module__}.{type(plugin).__qualname__}.loss"
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = (
+            f"a tensor of shape {tuple(loss.shape)}"
+            if isinstance(loss, torch.Tensor)
+            else type(loss).__name__
+        )
+        raise TypeError(
+            f"{where} returned {got} as the loss; it must return (loss, parts) with loss a 0-d "
+            "tensor to minimise (docs/own-method.md)"
+        )
+    if not isinstance(parts, Mapping) or "ce" not in parts:
+        got = (
+            f"parts ({', '.join(sorted(map(str, parts))) or 'none'})"
+            if isinstance(parts, Mapping)
+            else f"parts of type {type(parts).__name__}"
+        )
+        raise TypeError(
+            f'{where} returned {got} without "ce": the parts must hold the batch cross-entropy '
+            'as "ce" (e.g. {"ce": ce.detach(), ...}; docs/own-method.md)'
+        )
 
 
 def _mean(values: list, steps: int) -> float:

@@ -332,7 +332,13 @@ class GraphStrategy(Strategy):
         }
         msgs, refused = [], set(self.ledger.current.failed.get(TRAIN, ()))
         for pid in (p for p in sampled if p not in refused):
-            records, node_cfg = self.node_payload(server_round, pid)
+            try:
+                records, node_cfg = self.node_payload(server_round, pid)
+            except Exception as e:  # a method's hook failing for one node: that node's failure
+                self.record_failure(
+                    server_round, TRAIN, pid, self._hook_failure("node_payload", pid, e)
+                )
+                continue
             cfg = merge_extra({**base, **node_cfg}, config, "train_config")
             content = RecordDict({**records, CONFIG: ConfigRecord(cfg)})
             msgs.append(self.exchange.message(pid, content, TRAIN, server_round))
@@ -355,7 +361,7 @@ class GraphStrategy(Strategy):
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
-        accepted, extra = self.accept_train(server_round, ok)
+        accepted, extra = self._accept_each_failure_its_nodes(server_round, ok)
         names = sorted(
             {
                 k
@@ -378,6 +384,74 @@ class GraphStrategy(Strategy):
         rec.num_trained = len(accepted)
         rec.train.update(metrics)
         return None, MetricRecord(numeric_metrics({**metrics, "num_trained": len(accepted)}))
+
+    def _hook_failure(self, hook: str, pid: int, e: Exception) -> str:
+        """The failure reason of node ``pid`` when the method's ``hook`` raised ``e`` on it (its reply
+        or its payload): hook, partition-id, Flower node id, and for a ``KeyError`` the missing field."""
+        node = self.nodes.get(pid)
+        where = f"partition-id {pid}, node_id {node.node_id if node is not None else '?'}"
+        what = (
+            f"field {e.args[0]!r} is missing (KeyError)"
+            if isinstance(e, KeyError) and e.args
+            else f"{type(e).__name__}: {e}"
+        )
+        return f"{type(self).__name__}.{hook} raised on this node ({where}): {what}"
+
+    def _accept_each_failure_its_nodes(
+        self, server_round: int, ok: dict[int, Message]
+    ) -> tuple[dict[int, Message], dict]:
+        """:meth:`accept_train` on the round's checked replies; when it raises, the replies it cannot
+        take are found by calling it once per reply (in partition-id order): each one it raises on is
+        that node's failure (:meth:`_hook_failure`: hook, partition-id, node_id, the missing field),
+        and the result is that of one last call with the replies it took. The failures the raising
+        call had recorded are undone first (the per-reply calls record them again); other state the
+        hook changed before raising is the hook's (docs/own-method.md).
+
+        Raises:
+            RuntimeError: the hook takes each reply alone but raises on them together (a fault of
+                the hook, not of one node's reply), chained to its exception.
+        """
+        ledger = self.ledger
+        mark = len(ledger.failures)
+        failed_before = {k: list(v) for k, v in ledger.current.failed.items()}
+        try:
+            return self.accept_train(server_round, dict(ok))
+        except Exception as e:
+            if not ok:
+                raise
+            log.warning(
+                "round %d: %s.accept_train raised %s: %s on %d train replies; calling it once per "
+                "reply to find the node(s) whose reply it cannot take",
+                server_round,
+                type(self).__name__,
+                type(e).__name__,
+                e,
+                len(ok),
+                exc_info=e,
+            )
+        del ledger.failures[mark:]
+        ledger.current.failed.clear()
+        ledger.current.failed.update(failed_before)
+        good: dict[int, Message] = {}
+        for pid in sorted(ok):
+            try:
+                taken, _ = self.accept_train(server_round, {pid: ok[pid]})
+            except Exception as e:
+                self.record_failure(
+                    server_round, TRAIN, pid, self._hook_failure("accept_train", pid, e)
+                )
+                continue
+            good.update({p: r for p, r in taken.items() if p == pid})
+        if not good:
+            return {}, {}
+        try:
+            return self.accept_train(server_round, good)
+        except Exception as e:
+            raise RuntimeError(
+                f"{type(self).__name__}.accept_train takes each train reply of round {server_round} "
+                f"alone but raises {type(e).__name__}: {e} on partition-ids {sorted(good)} together: a "
+                "fault of the hook, not of one node's reply (docs/own-method.md)"
+            ) from e
 
     # ------------------------------------------------------------------ evaluate
     def configure_evaluate(
