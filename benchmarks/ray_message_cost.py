@@ -45,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))  # the data check imports this checkout's flwr_sheaf, as the apps do
 from run_flwr import find_flwr, flwr_env, listening, run_status, stop_superlink  # noqa: E402
 
 #: shared by both ServerApps: CPU-seconds of this process and all its descendants.
@@ -269,6 +270,22 @@ def run_one(app: Path, mode: str, n: int, actors: int, args, work: Path) -> dict
     return res
 
 
+def data_problem(dataset: str) -> str | None:
+    """Why the flwr-sheaf app's ``dataset`` cannot be loaded here (None: it can), checked before
+    anything starts, where the app's nodes will look (``FLWR_SHEAF_DATA``, this checkout's ``data/``
+    unless set, as ``flwr_env`` gives the run). A hub dataset (``hf:``) is not downloaded to check."""
+    if dataset.strip().startswith("hf:"):
+        return None
+    from flwr_sheaf.data.sources import load_source
+
+    os.environ.setdefault("FLWR_SHEAF_DATA", str(ROOT / "data"))
+    try:
+        load_source(dataset)
+    except (FileNotFoundError, ValueError, OSError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both apps for each actor count; print per-message CPU and wall, and the ratio."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -289,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         "--keep", default=None, help="directory for the apps, logs and JSON (default: temp)"
     )
     args = ap.parse_args(argv)
+    if "flwr-sheaf" in args.apps.split(",") and (problem := data_problem(args.dataset)):
+        print(
+            f"--dataset {args.dataset}: the flwr-sheaf app's data is not usable here: {problem}",
+            file=sys.stderr,
+        )
+        return 2
     busy = [p for p in (args.port, args.port + 2) if listening(p)]
     if busy:
         print(f"port(s) {busy} in use: pick free ones with --port", file=sys.stderr)

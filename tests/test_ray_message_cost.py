@@ -286,3 +286,37 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
     replies = list(grid.send_and_receive(msgs, timeout=5))
     assert all(r.has_error() for r in replies)
     assert "partition-id 0: the task factory's describe hook says" in replies[0].error.reason
+
+
+def test_the_message_cost_benchmark_checks_its_data_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
+    """Without Fashion-MNIST the benchmark used to fail after minutes with "run status
+    finished:failed; log <path>"; it now says how to install the data, before any process starts."""
+    import importlib.util
+    import time
+
+    from flwr_sheaf.data import catalog
+
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    monkeypatch.setenv("FLWR_SHEAF_DATA", str(empty))
+    monkeypatch.setattr(catalog, "data_dirs", lambda name: [empty / name])
+    path = ROOT / "benchmarks" / "ray_message_cost.py"
+    spec = importlib.util.spec_from_file_location("ray_message_cost", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    started = []
+    monkeypatch.setattr(bench, "run_one", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(bench, "listening", lambda port: started.append(port))
+    t0 = time.monotonic()
+    rc = bench.main(["--supernodes", "10", "--keep", str(tmp_path / "work")])
+    err = capsys.readouterr().err
+    assert rc == 2 and started == [] and time.monotonic() - t0 < 5
+    assert "--dataset fashion-mnist" in err and "bash scripts/get_data.sh fashion-mnist" in err
+    assert str(empty / "fashion-mnist") in err  # where it looked
+    assert not (tmp_path / "work").exists()
+    # Flower's trivial app alone needs no data
+    monkeypatch.setattr(bench, "listening", lambda port: True)  # stop at the port check
+    assert bench.main(["--apps", "trivial"]) == 2
+    assert "in use" in capsys.readouterr().err
