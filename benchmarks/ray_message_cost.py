@@ -52,25 +52,36 @@ from run_flwr import find_flwr, flwr_env, listening, run_status, stop_superlink 
 _TREE_CPU = """
 import os, time, psutil
 
+def _label(p, me):
+    if p.pid == me.pid:
+        return "simulation"  # the ServerApp, Flower's simulation engine and the Ray driver
+    name = p.name()
+    if "Actor" in name or name.startswith("ray::"):
+        return "actors"
+    if name.startswith("python"):  # Ray's helper scripts (log monitor, dashboard, ...)
+        script = next((a for a in p.cmdline()[1:] if a.endswith(".py")), "")
+        return "ray " + (os.path.basename(script)[:-3] or "python")
+    return "ray " + name
+
 def tree_cpu():
     me = psutil.Process(os.getpid())
-    out = {}
+    out, count = {}, {}
     for p in [me, *me.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            name = "simulation" if p.pid == me.pid else p.name()
+            name = _label(p, me)
         except psutil.Error:
             continue
-        name = "actors" if "Actor" in name or name.startswith("ray::") else name
         out[name] = out.get(name, 0.0) + t.user + t.system
-    return out
+        count[name] = count.get(name, 0) + 1
+    return out, count
 
 def timed(fn):
-    c0, t0 = tree_cpu(), time.monotonic()
+    (c0, _), t0 = tree_cpu(), time.monotonic()
     out = fn()
-    c1 = tree_cpu()
-    parts = {k: round(c1[k] - c0.get(k, 0.0), 2) for k in c1}
-    return out, time.monotonic() - t0, sum(parts.values()), parts
+    c1, n = tree_cpu()
+    parts = {k: round(c1[k] - c0.get(k, 0.0), 3) for k in c1}
+    return out, time.monotonic() - t0, sum(parts.values()), {"cpu": parts, "processes": n}
 """
 
 TRIVIAL_CLIENT = """
@@ -115,7 +126,7 @@ def main(grid, context):
     out["registered_s"] = time.monotonic() - t0
     out["first"], out["repeat"] = FIRST(grid, nodes, context), None
     _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, REPEAT_TYPE, REPEAT_CONFIG(context)))
-    out["repeat"] = {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+    out["repeat"] = {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
     with open(context.run_config["bench-out"], "w") as f:
         json.dump(out, f)
 """
@@ -131,7 +142,7 @@ REPEAT_CONFIG = lambda context: {"x": 1}
 
 def FIRST(grid, nodes, context):
     _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, "query", {"x": 1}))
-    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
 """
 )
 
@@ -163,7 +174,7 @@ def FIRST(grid, nodes, context):
     s.discovery_timeout = TIMEOUT
     _, wall, cpu, parts = timed(lambda: s.discover(grid, TIMEOUT))
     assert len(s.nodes) == len(nodes), (len(s.nodes), len(nodes))
-    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
 """
 )
 
@@ -270,6 +281,16 @@ def run_one(app: Path, mode: str, n: int, actors: int, args, work: Path) -> dict
     return res
 
 
+def by_process(r: dict, n: int) -> str:
+    """``r``'s CPU-seconds by process as CPU ms per message (the process count where more than one)."""
+    procs = r.get("processes", {})
+    return ", ".join(
+        f"{k}{f' (x{procs[k]})' if procs.get(k, 1) > 1 else ''} {1e3 * v / n:.1f}"
+        for k, v in sorted(r["cpu_by_process"].items(), key=lambda kv: -kv[1])
+        if 1e3 * v / n >= 0.05
+    )
+
+
 def data_problem(dataset: str) -> str | None:
     """Why the flwr-sheaf app's ``dataset`` cannot be loaded here (None: it can), checked before
     anything starts, where the app's nodes will look (``FLWR_SHEAF_DATA``, this checkout's ``data/``
@@ -338,14 +359,15 @@ def main(argv: list[str] | None = None) -> int:
         res = {m: run_one(apps[m], m, n, actors, args, work) for m in modes}
         for m, r in res.items():
             print(
-                f"{m}: CPU-s by process, first {r['first']['cpu_by_process']}, repeat {r['repeat']['cpu_by_process']}"
-            )
-        for m, r in res.items():
-            print(
                 f"| {actors} | {m} | {1e3 * r['first']['cpu_s'] / n:.1f} | "
                 f"{1e3 * r['first']['wall_s'] / n:.1f} | {1e3 * r['repeat']['cpu_s'] / n:.1f} | "
                 f"{1e3 * r['repeat']['wall_s'] / n:.1f} | {r['total_wall_s']:.0f} |",
                 flush=True,
+            )
+        for m, r in res.items():
+            print(
+                f"|   | {m}: CPU ms / msg by process | {by_process(r['first'], n)} |   | "
+                f"{by_process(r['repeat'], n)} |   |   |"
             )
         if len(modes) < 2:
             rows.append({"actors": actors, **res})
