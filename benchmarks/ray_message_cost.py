@@ -7,9 +7,9 @@ N``, ``client-resources-num-cpus=1``, ``init-args-num-cpus=<actors>``: that many
   sends one small query (a one-entry ConfigRecord) to every node, twice; its ClientApp
   (``@app.query()``) replies with a one-entry MetricRecord. This is Flower's own floor.
 - **flwr-sheaf**: the same ServerApp shape, but its first round is the package's discovery
-  (``SheafFRL.discover``: ``query.sheaf`` to every node, the bundled ClientApp building each node's
-  task, checking its stalk protocol and fingerprinting its pilots; then the graph is built and the
-  replies checked) and its second round repeats the same query messages through the package's
+  (``SheafFRL.discover``: ``query.sheaf`` to every node, the bundled ClientApp describing each node
+  from its zoo spec and data, building and stalk-checking one CNN per architecture and actor; then
+  the graph is built and the replies checked) and its second round repeats the same query messages through the package's
   own round trip (``GraphStrategy.exchange.round_trip``: ``flwr_sheaf/strategy/messaging.py``, at most
   ``SIMULATION_WINDOW`` messages in flight on Flower's simulation engine). The trivial app pushes
   all N messages at once (Flower's ``Grid.send_and_receive``), as a Flower app does by default.
@@ -17,8 +17,11 @@ N``, ``client-resources-num-cpus=1``, ``init-args-num-cpus=<actors>``: that many
 For each round it prints the wall time and the CPU-seconds of the whole simulation process tree
 (the ``flwr-simulation`` process, which runs the ServerApp, the simulation engine and the Ray
 driver, and all its descendants: Ray's GCS, raylet and ClientApp actors; psutil), each per message,
-and the ratio flwr-sheaf / trivial. CPU-seconds are what counts on a shared machine; wall time
-follows the machine's load.
+and the ratio flwr-sheaf / trivial, and each app's CPU ms per message by process: ``simulation``
+(ServerApp, engine, Ray driver), ``actors`` (the ClientApp actors and Ray's idle workers, with their
+count) and each Ray helper by name. CPU-seconds are what counts on a shared machine; wall time
+follows the machine's load. The flwr-sheaf app's dataset is checked before anything starts (exit 2
+with the install command where it is missing).
 
 Usage::
 

@@ -270,3 +270,31 @@ def test_flowers_polling_pass_checks_every_stored_message_for_every_node(monkeyp
     )
     bench.one_pass(state, nodes, queue)
     assert sum(checks) == n * stored and queue.qsize() == stored
+
+
+def test_pulls_back_off_to_flowers_interval_while_no_reply_comes(monkeypatch):
+    """While the Ray actors start (no reply for seconds), the ServerApp polled at 50 Hz: its CPU grew
+    with the wall time, so with the machine's load (docs/performance-ray.md, "Against Flower's
+    floor"). Pulls that bring nothing now back off to Flower's 0.1 s; replies bring back 0.02 s."""
+    clock = FakeClock()
+    monkeypatch.setattr(messaging, "time", clock)
+
+    class SlowStart(FakeGrid):
+        pull_times: list[float] = []
+
+        def pull_messages(self, message_ids):
+            self.pull_times.append(clock.now)
+            return super().pull_messages(message_ids) if clock.now >= 10.0 else []
+
+    n, window = 200, 8
+    grid = SlowStart([0] * n)
+    replies = messaging.send_and_receive(grid, [_msg(i) for i in range(n)], 600.0, window)
+    assert len(replies) == n
+    waiting = [t for t in grid.pull_times if t < 10.0]
+    # 10 s without a reply: about 100 pulls at Flower's 0.1 s (500 at a fixed 0.02 s)
+    assert 95 <= len(waiting) <= 110, len(waiting)
+    # once replies flow, every message is answered at the next pull: one pull per window of replies
+    after = [t for t in grid.pull_times if t >= 10.0]
+    assert len(after) <= n // window + 2
+    gaps = [b - a for a, b in zip(after, after[1:])]
+    assert max(gaps) <= messaging.PULL_INTERVAL + 1e-9
