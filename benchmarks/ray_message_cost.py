@@ -7,9 +7,9 @@ N``, ``client-resources-num-cpus=1``, ``init-args-num-cpus=<actors>``: that many
   sends one small query (a one-entry ConfigRecord) to every node, twice; its ClientApp
   (``@app.query()``) replies with a one-entry MetricRecord. This is Flower's own floor.
 - **flwr-sheaf**: the same ServerApp shape, but its first round is the package's discovery
-  (``SheafFRL.discover``: ``query.sheaf`` to every node, the bundled ClientApp building each node's
-  task, checking its stalk protocol and fingerprinting its pilots; then the graph is built and the
-  replies checked) and its second round repeats the same query messages through the package's
+  (``SheafFRL.discover``: ``query.sheaf`` to every node, the bundled ClientApp describing each node
+  from its zoo spec and data, building and stalk-checking one CNN per architecture and actor; then
+  the graph is built and the replies checked) and its second round repeats the same query messages through the package's
   own round trip (``GraphStrategy.exchange.round_trip``: ``flwr_sheaf/strategy/messaging.py``, at most
   ``SIMULATION_WINDOW`` messages in flight on Flower's simulation engine). The trivial app pushes
   all N messages at once (Flower's ``Grid.send_and_receive``), as a Flower app does by default.
@@ -17,8 +17,11 @@ N``, ``client-resources-num-cpus=1``, ``init-args-num-cpus=<actors>``: that many
 For each round it prints the wall time and the CPU-seconds of the whole simulation process tree
 (the ``flwr-simulation`` process, which runs the ServerApp, the simulation engine and the Ray
 driver, and all its descendants: Ray's GCS, raylet and ClientApp actors; psutil), each per message,
-and the ratio flwr-sheaf / trivial. CPU-seconds are what counts on a shared machine; wall time
-follows the machine's load.
+and the ratio flwr-sheaf / trivial, and each app's CPU ms per message by process: ``simulation``
+(ServerApp, engine, Ray driver), ``actors`` (the ClientApp actors and Ray's idle workers, with their
+count) and each Ray helper by name. CPU-seconds are what counts on a shared machine; wall time
+follows the machine's load. The flwr-sheaf app's dataset is checked before anything starts (exit 2
+with the install command where it is missing).
 
 Usage::
 
@@ -45,31 +48,43 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))  # the data check imports this checkout's flwr_sheaf, as the apps do
 from run_flwr import find_flwr, flwr_env, listening, run_status, stop_superlink  # noqa: E402
 
 #: shared by both ServerApps: CPU-seconds of this process and all its descendants.
 _TREE_CPU = """
 import os, time, psutil
 
+def _label(p, me):
+    if p.pid == me.pid:
+        return "simulation"  # the ServerApp, Flower's simulation engine and the Ray driver
+    name = p.name()
+    if "Actor" in name or name.startswith("ray::"):
+        return "actors"
+    if name.startswith("python"):  # Ray's helper scripts (log monitor, dashboard, ...)
+        script = next((a for a in p.cmdline()[1:] if a.endswith(".py")), "")
+        return "ray " + (os.path.basename(script)[:-3] or "python")
+    return "ray " + name
+
 def tree_cpu():
     me = psutil.Process(os.getpid())
-    out = {}
+    out, count = {}, {}
     for p in [me, *me.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            name = "simulation" if p.pid == me.pid else p.name()
+            name = _label(p, me)
         except psutil.Error:
             continue
-        name = "actors" if "Actor" in name or name.startswith("ray::") else name
         out[name] = out.get(name, 0.0) + t.user + t.system
-    return out
+        count[name] = count.get(name, 0) + 1
+    return out, count
 
 def timed(fn):
-    c0, t0 = tree_cpu(), time.monotonic()
+    (c0, _), t0 = tree_cpu(), time.monotonic()
     out = fn()
-    c1 = tree_cpu()
-    parts = {k: round(c1[k] - c0.get(k, 0.0), 2) for k in c1}
-    return out, time.monotonic() - t0, sum(parts.values()), parts
+    c1, n = tree_cpu()
+    parts = {k: round(c1[k] - c0.get(k, 0.0), 3) for k in c1}
+    return out, time.monotonic() - t0, sum(parts.values()), {"cpu": parts, "processes": n}
 """
 
 TRIVIAL_CLIENT = """
@@ -114,7 +129,7 @@ def main(grid, context):
     out["registered_s"] = time.monotonic() - t0
     out["first"], out["repeat"] = FIRST(grid, nodes, context), None
     _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, REPEAT_TYPE, REPEAT_CONFIG(context)))
-    out["repeat"] = {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+    out["repeat"] = {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
     with open(context.run_config["bench-out"], "w") as f:
         json.dump(out, f)
 """
@@ -130,7 +145,7 @@ REPEAT_CONFIG = lambda context: {"x": 1}
 
 def FIRST(grid, nodes, context):
     _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, "query", {"x": 1}))
-    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
 """
 )
 
@@ -162,7 +177,7 @@ def FIRST(grid, nodes, context):
     s.discovery_timeout = TIMEOUT
     _, wall, cpu, parts = timed(lambda: s.discover(grid, TIMEOUT))
     assert len(s.nodes) == len(nodes), (len(s.nodes), len(nodes))
-    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts}
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
 """
 )
 
@@ -269,6 +284,32 @@ def run_one(app: Path, mode: str, n: int, actors: int, args, work: Path) -> dict
     return res
 
 
+def by_process(r: dict, n: int) -> str:
+    """``r``'s CPU-seconds by process as CPU ms per message (the process count where more than one)."""
+    procs = r.get("processes", {})
+    return ", ".join(
+        f"{k}{f' (x{procs[k]})' if procs.get(k, 1) > 1 else ''} {1e3 * v / n:.1f}"
+        for k, v in sorted(r["cpu_by_process"].items(), key=lambda kv: -kv[1])
+        if 1e3 * v / n >= 0.05
+    )
+
+
+def data_problem(dataset: str) -> str | None:
+    """Why the flwr-sheaf app's ``dataset`` cannot be loaded here (None: it can), checked before
+    anything starts, where the app's nodes will look (``FLWR_SHEAF_DATA``, this checkout's ``data/``
+    unless set, as ``flwr_env`` gives the run). A hub dataset (``hf:``) is not downloaded to check."""
+    if dataset.strip().startswith("hf:"):
+        return None
+    from flwr_sheaf.data.sources import load_source
+
+    os.environ.setdefault("FLWR_SHEAF_DATA", str(ROOT / "data"))
+    try:
+        load_source(dataset)
+    except (FileNotFoundError, ValueError, OSError, ImportError) as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both apps for each actor count; print per-message CPU and wall, and the ratio."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -289,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         "--keep", default=None, help="directory for the apps, logs and JSON (default: temp)"
     )
     args = ap.parse_args(argv)
+    if "flwr-sheaf" in args.apps.split(",") and (problem := data_problem(args.dataset)):
+        print(
+            f"--dataset {args.dataset}: the flwr-sheaf app's data is not usable here: {problem}",
+            file=sys.stderr,
+        )
+        return 2
     busy = [p for p in (args.port, args.port + 2) if listening(p)]
     if busy:
         print(f"port(s) {busy} in use: pick free ones with --port", file=sys.stderr)
@@ -315,14 +362,15 @@ def main(argv: list[str] | None = None) -> int:
         res = {m: run_one(apps[m], m, n, actors, args, work) for m in modes}
         for m, r in res.items():
             print(
-                f"{m}: CPU-s by process, first {r['first']['cpu_by_process']}, repeat {r['repeat']['cpu_by_process']}"
-            )
-        for m, r in res.items():
-            print(
                 f"| {actors} | {m} | {1e3 * r['first']['cpu_s'] / n:.1f} | "
                 f"{1e3 * r['first']['wall_s'] / n:.1f} | {1e3 * r['repeat']['cpu_s'] / n:.1f} | "
                 f"{1e3 * r['repeat']['wall_s'] / n:.1f} | {r['total_wall_s']:.0f} |",
                 flush=True,
+            )
+        for m, r in res.items():
+            print(
+                f"|   | {m}: CPU ms / msg by process | {by_process(r['first'], n)} |   | "
+                f"{by_process(r['repeat'], n)} |   |   |"
             )
         if len(modes) < 2:
             rows.append({"actors": actors, **res})

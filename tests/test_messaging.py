@@ -270,3 +270,39 @@ def test_flowers_polling_pass_checks_every_stored_message_for_every_node(monkeyp
     )
     bench.one_pass(state, nodes, queue)
     assert sum(checks) == n * stored and queue.qsize() == stored
+
+
+def test_before_the_first_reply_few_messages_wait_and_pulls_back_off(monkeypatch):
+    """While the Ray actors start (no reply for seconds), the ServerApp polled at 50 Hz with a full
+    window stored, which Flower's engine checks for every SuperNode every 0.1 s: its CPU grew with the
+    wall time, so with the machine's load (docs/performance-ray.md, "Against Flower's floor"). Now
+    ``SLOW_START`` messages wait for the first reply (one more per reply, up to the window) and pulls
+    that bring nothing back off to Flower's 0.1 s; replies bring back 0.02 s."""
+    clock = FakeClock()
+    monkeypatch.setattr(messaging, "time", clock)
+
+    class SlowStart(FakeGrid):
+        pull_times: list[float] = []
+        stored_while_starting = 0
+
+        def pull_messages(self, message_ids):
+            self.pull_times.append(clock.now)
+            if clock.now < 10.0:
+                self.stored_while_starting = max(self.stored_while_starting, len(self.in_flight))
+                return []
+            return super().pull_messages(message_ids)
+
+    n, window = 300, 48
+    grid = SlowStart([0] * n)
+    replies = messaging.send_and_receive(grid, [_msg(i) for i in range(n)], 600.0, window)
+    assert [_index(r) for r in replies] == list(range(n))
+    assert grid.stored_while_starting == messaging.SLOW_START == 8
+    assert grid.max_in_flight == window  # the window is reached once replies flow
+    waiting = [t for t in grid.pull_times if t < 10.0]
+    # 10 s without a reply: about 100 pulls at Flower's 0.1 s (500 at a fixed 0.02 s)
+    assert 95 <= len(waiting) <= 110, len(waiting)
+    # once replies flow: 8, 16, 32, 48, 48, ... answered a pull, 0.02 s apart
+    after = [t for t in grid.pull_times if t >= 10.0]
+    assert len(after) <= 4 + n // window + 1
+    gaps = [b - a for a, b in zip(after, after[1:])]
+    assert max(gaps) <= messaging.PULL_INTERVAL + 1e-9

@@ -3,6 +3,7 @@ pickles the ClientApp with every message; docs/performance-ray.md, "Where a mess
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import subprocess
@@ -12,10 +13,12 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from flwr_sheaf.apps.client_app import app as bundled_app
 from flwr_sheaf.methods.sheaf_frl.client import register_sheaf_handlers
+from flwr_sheaf.protocol import CONFIG, DEVICE, QUERY, TORCH_THREADS, message_type
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a one-handler Flower app pickles to about 800 B by value; the bundled app was 74 KB by value.
@@ -201,3 +204,119 @@ def test_a_discovery_query_leaves_the_nodes_context_as_it_found_it():
         context = grid.contexts[node_id]
         assert dict(context.state) == {}, f"partition-id {i}: {list(context.state)}"
         assert len(pickle.dumps(context)) == len(pickle.dumps(grid.fresh_context(i)))
+
+
+@pytest.mark.parametrize(
+    "zoo,partitioner",
+    [("paper-15", "label-shift"), ("two-agent:8", "label-shift"), ("tiny-12", "cross-device")],
+)
+def test_the_zoo_describes_each_node_without_building_it_as_its_built_model_does(zoo, partitioner):
+    """Discovery's description of a CNN-zoo node comes from its zoo spec and data (the factory's
+    description hook), and is what the built task says, for every agent of every zoo form."""
+    from flwr_sheaf.apps.scenario import scenario_description, scenario_task
+    from flwr_sheaf.client.common import shared_pilot_digest
+    from flwr_sheaf.config import ScenarioConfig
+    from flwr_sheaf.models.zoo import zoo_specs
+
+    sc = ScenarioConfig.from_mapping(
+        {"zoo": zoo, "num-pilots": 32, "seed": 5, "partitioner": partitioner}
+    )
+    specs = {}
+    for p in range(len(zoo_specs(zoo))):
+        desc = scenario_description(sc, p)
+        task = scenario_task(sc, p)
+        z = task.model.latent(task.x_pilot[:2])  # the built model's latent width
+        built = (
+            int(z.shape[1]),
+            tuple(int(c) for c in task.classes),
+            int(task.x_pilot.shape[0]),
+            int(task.x_train.shape[0]),
+            shared_pilot_digest(task.x_pilot),
+        )
+        got = (desc.d, desc.classes, desc.num_pilots, desc.num_train, desc.pilot_digest)
+        assert got == built, f"{zoo} partition-id {p}"
+        # one architecture key per distinct model: same key, same modules
+        arch = (repr(task.model), tuple(v.shape for v in task.model.state_dict().values()))
+        assert specs.setdefault(desc.architecture, arch) == arch, f"{zoo} partition-id {p}"
+
+
+def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disagrees(monkeypatch):
+    from flwr_sheaf.apps import scenario
+    from flwr_sheaf.client import handlers
+    from flwr_sheaf.client.task import describer_of, with_describer
+    from flwr_sheaf.config import FederationConfig
+    from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+    from flwr_sheaf.testing import LocalGrid
+
+    assert describer_of(scenario.cnn_task_factory) is scenario.cnn_task_description
+    monkeypatch.setattr(handlers, "_DESCRIBED_CHECKED", set())
+    built = []
+    real = scenario.build_agent
+    monkeypatch.setattr(scenario, "build_agent", lambda *a, **k: built.append(1) or real(*a, **k))
+    rc = {"zoo": "tiny-12", "num-pilots": 32, "seed": 3}
+    grid = LocalGrid(bundled_app, 12, run_config=rc)
+    strategy = SheafFRL(num_nodes=12, federation=FederationConfig(graph="ring", seed=3))
+    strategy.discover(grid, timeout=5)
+    assert len(strategy.nodes) == 12
+    assert len(built) == 5  # tiny-<N> cycles 5 architectures: one CNN each, not one per node
+    # every node's reported latent size is its built model's
+    sc = scenario.ScenarioConfig.from_mapping(rc)
+    for node in strategy.nodes.values():
+        task = scenario.scenario_task(sc, node.info.partition_id)
+        assert (node.d, node.info.num_examples) == (task.model.d, task.x_train.shape[0])
+
+    def lying(context):
+        return dataclasses.replace(scenario.cnn_task_description(context), num_train=1)
+
+    def factory(context):
+        return scenario.cnn_task_factory(context)
+
+    handlers._DESCRIBED_CHECKED.clear()  # a fresh process: the first node of an architecture is built
+    app = ClientApp()
+    register_sheaf_handlers(app, with_describer(factory, lying))
+    grid = LocalGrid(app, 2, run_config=rc)
+    msgs = [
+        Message(
+            RecordDict({CONFIG: ConfigRecord({TORCH_THREADS: 1, DEVICE: "cpu"})}),
+            dst_node_id=n,
+            message_type=message_type(QUERY, "sheaf"),
+        )
+        for n in grid.node_ids
+    ]
+    replies = list(grid.send_and_receive(msgs, timeout=5))
+    assert all(r.has_error() for r in replies)
+    assert "partition-id 0: the task factory's describe hook says" in replies[0].error.reason
+
+
+def test_the_message_cost_benchmark_checks_its_data_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
+    """Without Fashion-MNIST the benchmark used to fail after minutes with "run status
+    finished:failed; log <path>"; it now says how to install the data, before any process starts."""
+    import importlib.util
+    import time
+
+    from flwr_sheaf.data import catalog
+
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    monkeypatch.setenv("FLWR_SHEAF_DATA", str(empty))
+    monkeypatch.setattr(catalog, "data_dirs", lambda name: [empty / name])
+    path = ROOT / "benchmarks" / "ray_message_cost.py"
+    spec = importlib.util.spec_from_file_location("ray_message_cost", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    started = []
+    monkeypatch.setattr(bench, "run_one", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(bench, "listening", lambda port: started.append(port))
+    t0 = time.monotonic()
+    rc = bench.main(["--supernodes", "10", "--keep", str(tmp_path / "work")])
+    err = capsys.readouterr().err
+    assert rc == 2 and started == [] and time.monotonic() - t0 < 5
+    assert "--dataset fashion-mnist" in err and "bash scripts/get_data.sh fashion-mnist" in err
+    assert str(empty / "fashion-mnist") in err  # where it looked
+    assert not (tmp_path / "work").exists()
+    # Flower's trivial app alone needs no data
+    monkeypatch.setattr(bench, "listening", lambda port: True)  # stop at the port check
+    assert bench.main(["--apps", "trivial"]) == 2
+    assert "in use" in capsys.readouterr().err

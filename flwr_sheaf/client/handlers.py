@@ -7,6 +7,7 @@ error, never a default).
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable
 
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -34,7 +35,14 @@ from .common import build, model_key, round_generator, shared_pilot_digest
 from .evaluation import evaluate_comm_handler, evaluate_handler
 from .loop import CrossEntropy, LossPlugin, train_local
 from .reference import travel_by_reference
-from .task import LocalTask, TaskFactory, save_module_state, set_torch_threads
+from .task import (
+    LocalTask,
+    TaskDescription,
+    TaskFactory,
+    describer_of,
+    save_module_state,
+    set_torch_threads,
+)
 
 __all__ = [
     "ClientMethod",
@@ -42,6 +50,7 @@ __all__ = [
     "query_handler",
     "train_handler",
     "check_stalk_protocol_once",
+    "describe_task",
 ]
 
 
@@ -204,29 +213,83 @@ def query_handler(
     """``query.<action>``: discovery's reply, the node's :class:`~flwr_sheaf.protocol.NodeInfo`.
 
     Sets the message's thread count, resolves its device (a device this machine lacks fails
-    discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`).
+    discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`). A
+    factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`, the CNN zoo's)
+    describes the node without building its model; the model is built and checked for the first node
+    of each architecture in the process (:func:`_describe`).
 
     Raises:
         ProtocolError: :data:`~flwr_sheaf.protocol.TORCH_THREADS` or
             :data:`~flwr_sheaf.protocol.DEVICE` missing from the config;
-        DeviceUnavailableError: a device this machine lacks; ValueError: the stalk check failed.
+        DeviceUnavailableError: a device this machine lacks; ValueError: the stalk check failed, or
+            a description hook disagreed with the built task.
     """
     cfg, mt = msg.content[CONFIG], message_type(QUERY, method.action)
     set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
     resolve_device(str(required(cfg, DEVICE, mt)))
-    task = factory(context)
     partition_id = node_partition_id(context)
-    check_stalk_protocol_once(task, partition_id)
+    desc = _describe(factory, context, partition_id)
     info = NodeInfo(
         partition_id,
         int(context.node_config.get("num-partitions", 0)),
+        desc.d,
+        desc.classes,
+        desc.num_pilots,
+        desc.num_train,
+        desc.pilot_digest,
+    )
+    return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
+
+
+def describe_task(task: LocalTask, architecture: Hashable = None) -> TaskDescription:
+    """The :class:`~flwr_sheaf.client.task.TaskDescription` of a built ``task`` (what discovery reports).
+
+    Args:
+        task: the node's task (model with the stalk protocol, CPU tensors).
+        architecture: the ``architecture`` field to fill in (a hook's key, to compare with it).
+    """
+    return TaskDescription(
         int(task.model.d),
         tuple(int(c) for c in task.classes),
         int(task.x_pilot.shape[0]),
         int(task.x_train.shape[0]),
         shared_pilot_digest(task.x_pilot),
+        architecture,
     )
-    return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
+
+
+#: ``architecture`` keys of description hooks whose model passed the stalk check in this process.
+_DESCRIBED_CHECKED: set = set()
+
+
+def _describe(factory: TaskFactory, context: Context, partition_id: int) -> TaskDescription:
+    """The node's description: from the factory's hook (:func:`~flwr_sheaf.client.task.describer_of`)
+    without building the model, except for the first node of each architecture in this process, whose
+    task is built, stalk-checked and compared with the hook's answer; without a hook, from the built
+    task (:func:`check_stalk_protocol_once`).
+
+    Raises:
+        ValueError: the stalk check failed, or the hook's description differs from the built task's
+            (both named, with the partition-id).
+    """
+    describe = describer_of(factory)
+    if describe is None:
+        task = factory(context)
+        check_stalk_protocol_once(task, partition_id)
+        return describe_task(task)
+    desc = describe(context)
+    if desc.architecture not in _DESCRIBED_CHECKED:
+        task = factory(context)
+        check_stalk_protocol_once(task, partition_id)
+        built = describe_task(task, desc.architecture)
+        if built != desc:
+            raise ValueError(
+                f"partition-id {partition_id}: the task factory's describe hook says {desc}, its "
+                f"built task {built}; fix the hook (flwr_sheaf.client.task.with_describer) so that "
+                f"both agree"
+            )
+        _DESCRIBED_CHECKED.add(desc.architecture)
+    return desc
 
 
 def train_handler(

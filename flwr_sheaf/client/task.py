@@ -15,7 +15,7 @@ The handlers only need these operations, so any encoder/head pair can be glued (
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,11 @@ from ..protocol import array_record, as_bytes, config_record
 __all__ = [
     "LocalTask",
     "StalkModel",
+    "TaskDescription",
+    "TaskDescriber",
     "TaskFactory",
+    "describer_of",
+    "with_describer",
     "set_torch_threads",
     "load_module_state",
     "save_module_state",
@@ -95,6 +99,55 @@ TaskFactory = Callable[[Context], LocalTask]
 deterministically (same architecture from run config + partition-id); the handlers then restore its
 weights from ``context.state``. Data may come from a read-only cache shared by simulated nodes.
 """
+
+
+@dataclass(frozen=True)
+class TaskDescription:
+    """What a node's discovery reply says of its :class:`LocalTask`, known without building its model.
+
+    Attributes:
+        d: the stalk dimension ``model.d`` (int).
+        classes: the node's class set ``task.classes`` (ints).
+        num_pilots: ``task.x_pilot.shape[0]``.
+        num_train: ``task.x_train.shape[0]``.
+        pilot_digest: :func:`~flwr_sheaf.client.common.shared_pilot_digest` of ``task.x_pilot``.
+        architecture: a hashable key of everything the stalk check's outcome depends on (the model's
+            architecture and hyper-parameters, the pilots' shape and dtype): the ``query`` handler
+            builds the model and checks it once per key and process, and answers the other nodes of
+            that key from the description alone.
+    """
+
+    d: int
+    classes: tuple[int, ...]
+    num_pilots: int
+    num_train: int
+    pilot_digest: int
+    architecture: Hashable
+
+
+TaskDescriber = Callable[[Context], TaskDescription]
+"""``describe(context) -> TaskDescription``: a factory's hook (:func:`with_describer`) answering the
+discovery query without building the node's model; it must equal what the built task gives."""
+
+
+def with_describer(factory: TaskFactory, describe: TaskDescriber) -> TaskFactory:
+    """Attach ``describe`` to ``factory`` as its description hook (:func:`describer_of`) and return
+    ``factory``: the ``query`` handler then describes a node from the hook, building the model (and
+    comparing the two descriptions) only for the first node of each ``architecture`` in a process.
+
+    Raises:
+        TypeError: ``describe`` is not callable.
+    """
+    if not callable(describe):
+        raise TypeError(f"describe must be callable, got {describe!r}")
+    factory.describe = describe  # type: ignore[attr-defined]
+    return factory
+
+
+def describer_of(factory: TaskFactory) -> TaskDescriber | None:
+    """The description hook attached by :func:`with_describer` (None: the handler builds the task)."""
+    describe = getattr(factory, "describe", None)
+    return describe if callable(describe) else None
 
 
 def save_module_state(

@@ -34,6 +34,19 @@ STALE_FACTOR, MIN_STALE_S, FIRST_REPLY_S = 3.0, 1.0, 60.0
 #: a pull asks about at most ``window`` message ids, so it is cheap.
 PULL_INTERVAL = 0.02
 
+#: messages in flight before the first reply (then one more for each reply, up to the window): while
+#: the Ray actors start (importing torch, loading the data: seconds, longer under load), Flower's
+#: engine checks every stored message for every SuperNode every 0.1 s, so a full window waiting
+#: there cost the ServerApp CPU in proportion to the wait (docs/performance-ray.md, "Against
+#: Flower's floor"); a run of 1,000 nodes reaches the full window within its first 40 replies.
+SLOW_START = 8
+
+#: while pulls bring no reply (the Ray actors starting, a slow node), the wait between pulls doubles
+#: up to this (Flower's own 0.1 s), and falls back to ``PULL_INTERVAL`` at the next reply: polling at
+#: 50 Hz through a long wait cost the ServerApp CPU in proportion to the wall time, so the more the
+#: machine was loaded, the more (docs/performance-ray.md, "Against Flower's floor").
+MAX_PULL_INTERVAL = 0.1
+
 
 def in_flight_limit(grid: Grid) -> int | None:
     """The bound on messages in flight for ``grid``: :data:`SIMULATION_WINDOW` on Flower's simulation
@@ -53,8 +66,9 @@ def send_and_receive(
     """Send ``msgs`` (one per node) and collect their replies within ``timeout`` seconds (the whole
     exchange), at most ``window`` in flight (None: the grid's own ``send_and_receive``).
 
-    Windowed: the first ``window`` messages are pushed, replies pulled every ``pull_interval`` seconds,
-    each reply frees a slot for the next message; a message unanswered for ``STALE_FACTOR`` times the
+    Windowed: the first ``min(window, SLOW_START)`` messages are pushed (one more allowed in flight
+    for each reply, up to ``window``), replies pulled every ``pull_interval`` seconds
+    (doubling up to :data:`MAX_PULL_INTERVAL` while pulls bring nothing), each reply frees a slot for the next message; a message unanswered for ``STALE_FACTOR`` times the
     longest reply time seen (at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply) stops
     holding its slot. A message the grid refused to store gets no reply, like Flower's; when
     ``timeout`` runs out, unanswered messages get none and unsent ones are not sent (logged).
@@ -76,29 +90,36 @@ def send_and_receive(
     replies: dict[int, Message] = {}
     longest = -1.0  # the longest push-to-reply time seen so far (-1: no reply yet)
     sent = 0
+    wait, cap = pull_interval, max(pull_interval, MAX_PULL_INTERVAL)
+    limit = min(window, SLOW_START)  # grows by one per reply up to ``window``
     while True:
         now = time.monotonic()
         stale = FIRST_REPLY_S if longest < 0 else max(MIN_STALE_S, STALE_FACTOR * longest)
         busy = sum(1 for _, t in pending.values() if now - t < stale)
-        if sent < len(msgs) and busy < window:
-            batch = msgs[sent : sent + window - busy]
+        if sent < len(msgs) and busy < limit:
+            batch = msgs[sent : sent + limit - busy]
             stored = set(grid.push_messages(batch))
             for i, m in enumerate(batch, start=sent):
                 if m.metadata.message_id in stored:
                     pending[m.metadata.message_id] = (i, now)
             sent += len(batch)
             busy += len(batch)
+        got = 0
         if pending:
             for r in grid.pull_messages(list(pending)):
                 slot = pending.pop(r.metadata.reply_to_message_id, None)
                 if slot is not None:
                     replies[slot[0]] = r
+                    got += 1
                     busy -= now - slot[1] < stale  # a stale message no longer held a slot
                     longest = max(longest, time.monotonic() - slot[1])
         if (not pending and sent == len(msgs)) or time.monotonic() >= deadline:
             break
-        if busy >= window or sent == len(msgs):
-            time.sleep(pull_interval)
+        limit = min(window, limit + got)
+        if busy >= limit or sent == len(msgs):
+            # back off while nothing arrives (MAX_PULL_INTERVAL), never past the deadline
+            wait = pull_interval if got else min(cap, max(2 * wait, pull_interval))
+            time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
     if sent < len(msgs):
         log.warning(
             "%d of %d messages not sent: the %.1f s timeout ran out with %d in flight",

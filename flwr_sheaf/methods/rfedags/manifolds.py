@@ -19,14 +19,20 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-with warnings.catch_warnings():
-    # geoopt 0.5 decorates helpers with torch.jit.script, deprecated in recent torch.
-    warnings.simplefilter("ignore", FutureWarning)
-    import geoopt
-    import torch
+import torch
 
 __all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall"]
+
+
+def _geoopt() -> Any:
+    """geoopt, imported when a manifold is first built: its import (scipy.optimize with it) cost
+    0.3-0.5 CPU-s in every process importing flwr_sheaf, such as each ClientApp actor of the Ray
+    engine, most of which never run RFedAGS (docs/performance-ray.md, "Against Flower's floor")."""
+    with warnings.catch_warnings():
+        # geoopt 0.5 decorates helpers with torch.jit.script, deprecated in recent torch.
+        warnings.simplefilter("ignore", FutureWarning)
+        import geoopt
+    return geoopt
 
 
 def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
@@ -160,7 +166,7 @@ class Stiefel(ProjectionManifold):
             raise ValueError(f"Stiefel(d, r) needs integers d >= r >= 1, got d={d}, r={r}")
         self.d, self.r = int(d), int(r)
         self.point_shape = (self.d, self.r)
-        self._geo = geoopt.EuclideanStiefel()
+        self._geo = _geoopt().EuclideanStiefel()
         self._constraint = "||X^T X - I||_F"
 
     def __repr__(self) -> str:
@@ -293,7 +299,7 @@ class Sphere(ProjectionManifold):
         self.n = int(n)
         self.point_shape = (self.n,)
         self.retraction, self.transport = retraction, transport
-        self._geo = geoopt.Sphere()
+        self._geo = _geoopt().Sphere()
         self._constraint = "| ||x|| - 1 |"
 
     def __repr__(self) -> str:
@@ -428,7 +434,7 @@ class SPD(Manifold):
         self.n = int(n)
         self.point_shape = (self.n, self.n)
         # the reference (tests, centralised solver)
-        self._geo = geoopt.SymmetricPositiveDefinite("AIM")
+        self._geo = _geoopt().SymmetricPositiveDefinite("AIM")
         self._constraint = "||X - X^T||_F (inf if not positive definite)"
 
     def __repr__(self) -> str:
@@ -536,7 +542,7 @@ class PoincareBall(Manifold):
             raise ValueError(f"PoincareBall curvature c must be positive, got c={c!r}")
         self.n, self.c = int(n), float(c)
         self.point_shape = (self.n,)
-        self._geo = geoopt.PoincareBall(c=self.c)  # the reference (tests, centralised solver)
+        self._geo = _geoopt().PoincareBall(c=self.c)  # the reference (tests, centralised solver)
         self._constraint = "max(0, sqrt(c)||x|| - (1 - 1e-5))"
 
     def __repr__(self) -> str:
