@@ -55,6 +55,7 @@ __all__ = [
     "apply_method_train_defaults",
     "method_train_changes",
     "RESUME_MUTABLE_KEYS",
+    "EVALUATE_NODES",
     "config_differences",
     "resume_identity",
     "parse_int",
@@ -301,6 +302,10 @@ def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
     return tuple(names)
 
 
+#: Values of run-config ``evaluate-nodes`` (who is evaluated; docs/participation.md, "Who is evaluated").
+EVALUATE_NODES = ("auto", "trained", "panel", "drawn")
+
+
 def _tracking(key: str, v: Any) -> str:
     text = parse_str()(key, v)
     parse_trackers(text, key)
@@ -542,6 +547,16 @@ _KEY_LIST = [
         parse_float(0.0, 1.0, lo_open=True),
         "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
         "with both ends sampled)",
+    ),
+    Key(
+        "evaluate-nodes",
+        "auto",
+        parse_str(EVALUATE_NODES),
+        "who is evaluated in an evaluated round: `trained` = the nodes that trained this round; `panel` = a "
+        "fixed panel of `fraction-evaluate` of the nodes, drawn once from `seed`; `drawn` = a fresh draw of "
+        "`fraction-evaluate` each round, independent of who trained; `auto` = `trained` when training "
+        "participation is sampled (`fraction-train` < 1 or `participation`), else `drawn` "
+        '(docs/participation.md, "Who is evaluated")',
     ),
     Key(
         "non-edge-pairs",
@@ -848,6 +863,7 @@ class FederationConfig(Section):
     evaluate_every: int = key_field("evaluate-every")
     seed: int = key_field("seed")
     fraction_evaluate: float = key_field("fraction-evaluate")
+    evaluate_nodes: str = key_field("evaluate-nodes")
     non_edge_pairs: int = key_field("non-edge-pairs")
     diagnostics_eigenvalues: int = key_field("diagnostics-eigenvalues")
     posthoc_readings: str = key_field("posthoc-readings")
