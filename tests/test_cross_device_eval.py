@@ -117,7 +117,8 @@ def test_full_participation_keeps_the_independent_draw():
     assert fed.evaluate_nodes == "auto"
     assert evaluate_nodes_mode(fed, ParticipationSampler(15, 1.0)) == "drawn"
     assert evaluate_nodes_mode(fed, ParticipationSampler(15, 0.5)) == "trained"
-    assert evaluate_nodes_mode(fed, ParticipationSampler(3, probabilities=[1, 1, 0.5])) == "trained"
+    # Bernoulli participation (RFedAGS's arbitrary participation) evaluates the drawn nodes
+    assert evaluate_nodes_mode(fed, ParticipationSampler(3, probabilities=[1, 1, 0.5])) == "drawn"
 
 
 def test_collapse_warning_leaves_out_nodes_that_never_trained():
