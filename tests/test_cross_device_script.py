@@ -124,3 +124,25 @@ def test_accuracy_plot_of_a_single_evaluated_round_is_readable():
     assert ax.get_xlim() == (0.5, 5.5) and list(ax.get_xticks()) == [1, 2, 3, 4, 5]
     ax1 = accuracy_figure(rounds[-1:]).axes[0]  # one round only
     assert ax1.get_xlim() == (4.5, 5.5) and list(ax1.get_xticks()) == [5]
+
+
+def test_a_rerun_moves_the_earlier_results_aside(tmp_path, monkeypatch):
+    """Case 8: the script once deleted the earlier results.json before the run (only the package's
+    checkpoint and plot were moved aside); the run itself is stubbed (it writes a results.json)."""
+    calls = []
+
+    def fake_run(rc: dict) -> dict:
+        calls.append(rc)
+        out = Path(rc["results-dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"run": len(calls), "rounds": []}))
+        return {"exit_code": 0, "wall_seconds": 0.0, "peak_rss_bytes": 0, "peak_rss_processes": 1}
+
+    monkeypatch.setattr(cd, "run_inprocess_measured", fake_run)
+    monkeypatch.setattr(cd, "round_stats", lambda res: {})
+    argv = ["--agents", "12", "--engine", "inprocess", "--dataset", "mnist-bundled"]
+    argv += ["--out", str(tmp_path)]
+    assert cd.main(argv) == 0 and cd.main(argv) == 0
+    (prev,) = sorted((tmp_path / "N12").glob("previous-*"))
+    assert json.loads((prev / "results.json").read_text())["run"] == 1
+    assert json.loads((tmp_path / "N12" / "results.json").read_text())["run"] == 2
