@@ -26,7 +26,9 @@ SuperExec, simulation process, Ray's GCS/raylet/workers); ``inprocess`` uses
 :class:`flwr_sheaf.testing.LocalGrid` (no Ray). Writes ``<out>/N<N>/results.json`` per run and
 ``<out>/summary.json``.
 
-Usage::
+The documented command (sampled discovery, 5% participation; tested at tiny scale):
+docs/running.md, "Cross-device run". A rerun of the same N moves the earlier run's files into
+``<out>/N<N>/previous-<UTC time>/`` (nothing deleted). Usage::
 
     python simulations/cross_device.py --agents 100,300,1000 [--fraction 0.15] [--rounds 5]
         [--graph class-overlap-knn:4] [--engine ray] [--out results/cross_device]
