@@ -302,8 +302,8 @@ def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
     return tuple(names)
 
 
-#: Values of run-config ``evaluate-nodes`` (who is evaluated; docs/participation.md, "Who is evaluated").
 EVALUATE_NODES = ("auto", "trained", "panel", "drawn")
+"""Values of run-config ``evaluate-nodes`` (who is evaluated; docs/participation.md, 1.4.1)."""
 
 
 def _tracking(key: str, v: Any) -> str:
