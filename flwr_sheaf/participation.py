@@ -367,6 +367,9 @@ class ParticipationSampler:
             probabilities with a stream other than 0.
     """
 
+    #: class default: a sampler restored from a checkpoint written before ``fixed_round`` existed
+    fixed_round: int | None = None
+
     def __init__(
         self,
         num_nodes: int,

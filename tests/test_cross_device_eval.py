@@ -135,3 +135,14 @@ def test_collapse_warning_leaves_out_nodes_that_never_trained():
     )
     # results without the "trained" key (written before it existed) are read as before
     assert collapse_warnings({"0": {"low_variance_fraction": 0.9}})[0]["nodes"] == {"0": 0.9}
+
+
+def test_a_sampler_pickled_before_fixed_round_existed_still_draws():
+    import pickle
+
+    from flwr_sheaf.participation import ParticipationSampler
+
+    s = ParticipationSampler(10, 0.3, seed=4)
+    del s.__dict__["fixed_round"]  # as unpickled from an older checkpoint
+    restored = pickle.loads(pickle.dumps(s))
+    assert restored.sample(2) == ParticipationSampler(10, 0.3, seed=4).sample(2)
