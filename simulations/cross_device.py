@@ -168,6 +168,8 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
         rc["partitioner"] = args.partitioner
     if args.fraction_evaluate:
         rc["fraction-evaluate"] = args.fraction_evaluate
+    if args.evaluate_nodes:
+        rc["evaluate-nodes"] = args.evaluate_nodes
     if args.discovery != "all":
         rc["discovery"] = args.discovery
     return rc
@@ -377,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--fraction-evaluate", type=float, default=0.0, help="0 = the package default (all nodes)"
+    )
+    ap.add_argument(
+        "--evaluate-nodes",
+        choices=("", "auto", "trained", "panel", "drawn"),
+        default="",
+        help="run-config evaluate-nodes (empty = the package default, auto: this round's trainers "
+        "when --fraction < 1; docs/participation.md 1.4.1)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(

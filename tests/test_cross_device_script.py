@@ -101,6 +101,19 @@ def test_bad_agents_values_are_argparse_errors_naming_the_flag(value, message, c
     assert "--agents" in err.split(message, 1)[1] or "e.g." in err  # the fix is named
 
 
+def test_evaluate_nodes_flag_reaches_the_run_config():
+    from flwr_sheaf.config import EVALUATE_NODES
+
+    parser = cd.build_parser()
+    assert {a for a in parser._option_string_actions["--evaluate-nodes"].choices if a} == set(
+        EVALUATE_NODES
+    )
+    args = parser.parse_args(["--evaluate-nodes", "panel", "--dataset", "mnist-bundled"])
+    assert cd.run_config(100, args, Path("/tmp/x"))["evaluate-nodes"] == "panel"
+    args = parser.parse_args(["--dataset", "mnist-bundled"])
+    assert "evaluate-nodes" not in cd.run_config(100, args, Path("/tmp/x"))
+
+
 def test_too_many_agents_for_the_bundled_digits_is_refused(capsys):
     with pytest.raises(SystemExit):
         cd.main(["--agents", "300", "--dataset", "mnist-bundled"])
