@@ -56,6 +56,7 @@ __all__ = [
     "apply_method_train_defaults",
     "method_train_changes",
     "RESUME_MUTABLE_KEYS",
+    "EVALUATE_NODES",
     "config_differences",
     "resume_identity",
     "parse_int",
@@ -356,6 +357,10 @@ def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
     return tuple(names)
 
 
+EVALUATE_NODES = ("auto", "trained", "panel", "drawn")
+"""Values of run-config ``evaluate-nodes`` (who is evaluated; docs/participation.md, 1.4.1)."""
+
+
 def _tracking(key: str, v: Any) -> str:
     text = parse_str()(key, v)
     parse_trackers(text, key)
@@ -606,6 +611,16 @@ _KEY_LIST = [
         parse_float(0.0, 1.0, lo_open=True),
         "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
         "with both ends sampled)",
+    ),
+    Key(
+        "evaluate-nodes",
+        "auto",
+        parse_str(EVALUATE_NODES),
+        "who is evaluated in an evaluated round: `trained` = the nodes that trained this round; `panel` = a "
+        "fixed panel of `fraction-evaluate` of the nodes, drawn once from `seed`; `drawn` = a fresh draw of "
+        "`fraction-evaluate` each round, independent of who trained; `auto` = `trained` when `fraction-train` < 1 "
+        "(cross-device sampling), else `drawn` (full participation, and Bernoulli `participation`) "
+        '(docs/participation.md, "Who is evaluated")',
     ),
     Key(
         "non-edge-pairs",
@@ -912,6 +927,7 @@ class FederationConfig(Section):
     evaluate_every: int = key_field("evaluate-every")
     seed: int = key_field("seed")
     fraction_evaluate: float = key_field("fraction-evaluate")
+    evaluate_nodes: str = key_field("evaluate-nodes")
     non_edge_pairs: int = key_field("non-edge-pairs")
     diagnostics_eigenvalues: int = key_field("diagnostics-eigenvalues")
     posthoc_readings: str = key_field("posthoc-readings")

@@ -31,6 +31,7 @@ __all__ = [
     "smallest_uniforms",
     "TRAIN_STREAM",
     "EVALUATE_STREAM",
+    "PANEL_STREAM",
 ]
 
 # ------------------------------------------------- Bernoulli draws and frequency estimates (RFedAGS)
@@ -347,6 +348,9 @@ def parse_participation(
 #: Uniform streams of :class:`ParticipationSampler`: training draws (``[seed, 0, r]``, shared with
 #: :func:`~flwr_sheaf.participation.bernoulli_participation`) and evaluator draws (``[seed, 1, r]``).
 TRAIN_STREAM, EVALUATE_STREAM = 0, 1
+#: Uniform stream of the fixed evaluation panel (run-config ``evaluate-nodes = panel``): one draw,
+#: ``default_rng([seed, 2, 0])``, used in every evaluated round.
+PANEL_STREAM = 2
 
 
 def smallest_uniforms(uniforms: np.ndarray, n: int) -> list[int]:
@@ -361,14 +365,19 @@ class ParticipationSampler:
     """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring):
     ``fraction`` in (0, 1], or Bernoulli ``probabilities`` ``(N,)`` (:func:`parse_participation`).
 
-    ``stream`` picks the uniforms ``default_rng([seed, stream, r])``: :data:`TRAIN_STREAM` (0) or
-    :data:`EVALUATE_STREAM` (1, the evaluators of ``fraction-evaluate``); Bernoulli needs stream 0.
+    ``stream`` picks the uniforms ``default_rng([seed, stream, r])``: :data:`TRAIN_STREAM` (0),
+    :data:`EVALUATE_STREAM` (1, the evaluators of ``fraction-evaluate``) or :data:`PANEL_STREAM` (2,
+    with ``fixed_round = 0``: the fixed evaluation panel); Bernoulli needs stream 0. ``fixed_round``:
+    when set, every round's draw reads that round's uniforms (the same nodes every round).
     ``key`` is the run-config key named in errors.
 
     Raises:
         ValueError: N < 1, a fraction outside (0, 1], probabilities of the wrong length or range,
             probabilities with a stream other than 0.
     """
+
+    #: class default: a sampler restored from a checkpoint written before ``fixed_round`` existed
+    fixed_round: int | None = None
 
     def __init__(
         self,
@@ -379,6 +388,7 @@ class ParticipationSampler:
         *,
         stream: int = TRAIN_STREAM,
         key: str = "fraction-train",
+        fixed_round: int | None = None,
     ) -> None:
         _check_int("num_nodes", num_nodes, 1)
         if not 0.0 < float(fraction) <= 1.0:
@@ -390,6 +400,8 @@ class ParticipationSampler:
         self.fraction = float(fraction)
         self.seed = int(seed)
         self.stream = int(stream)
+        #: the round every draw reads (a fixed panel, run-config ``evaluate-nodes = panel``), or None
+        self.fixed_round = None if fixed_round is None else int(fixed_round)
         #: ``(N,)`` float64, or None (fraction mode)
         self.probabilities = None
         if probabilities is not None:
@@ -409,11 +421,17 @@ class ParticipationSampler:
             num_nodes, fraction_train, parse_participation(participation, num_nodes, seed), seed
         )
 
+    def draw_round(self, server_round: int) -> int:
+        """The round whose uniforms ``server_round``'s draw reads: :attr:`fixed_round` when set (the
+        same nodes every round), else ``server_round``."""
+        return int(server_round) if self.fixed_round is None else self.fixed_round
+
     def uniforms(self, server_round: int) -> np.ndarray:
-        """``(N,)`` float64 uniforms ``u_i(seed, server_round)`` of this sampler's stream, shared by both modes."""
-        return np.random.default_rng([self.seed, self.stream, int(server_round)]).random(
-            self.num_nodes
-        )
+        """``(N,)`` float64 uniforms ``u_i(seed, r)`` of this sampler's stream, shared by both modes
+        (``r`` = :meth:`draw_round` of ``server_round``)."""
+        return np.random.default_rng(
+            [self.seed, self.stream, self.draw_round(server_round)]
+        ).random(self.num_nodes)
 
     def sample(self, server_round: int) -> list[int]:
         """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli; docs/participation.md, s1)."""

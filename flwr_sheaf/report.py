@@ -120,7 +120,7 @@ def read_results(path: str | Path) -> dict:
 def summary_lines(results: dict) -> list[str]:
     """Human-readable lines of a parsed ``results.json``: a degraded or failed status and a
     ``latent_collapse`` warning first, then the final evaluated round's private and communication
-    accuracy (paper Eq. 22), the method's own
+    accuracy (paper Eq. 22), how many evaluated nodes ever trained, the method's own
     :attr:`~flwr_sheaf.methods.registry.Method.report_lines`, the non-edge and sheaf-Laplacian
     readings when recorded, the collapse diagnostic, bytes, wall time and the verdict against the
     main job's expected band (:func:`flwr_sheaf.expected.band_lines`); ``"no evaluated round in
@@ -157,6 +157,7 @@ def summary_lines(results: dict) -> list[str]:
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
         f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "
         f"(mean over receivers {fmt(last['communication_accuracy_mean'])})",
+        *_evaluated_lines(results, last),
         *(own_lines(results, last) if own_lines else []),
         *(
             [
@@ -181,6 +182,23 @@ def summary_lines(results: dict) -> list[str]:
         f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
         *band_lines(results),
     ]
+
+
+def _evaluated_lines(results: dict, last: dict) -> list[str]:
+    """How many of the final evaluated round's nodes ever trained (``evaluated_trained`` of
+    ``evaluated``, run-config ``evaluate-nodes``), a WARNING when some never did; nothing for results
+    that do not record it."""
+    if not isinstance(last.get("evaluated"), list) or last.get("evaluated_trained") is None:
+        return []
+    n, k = len(last["evaluated"]), last["evaluated_trained"]
+    mode = (results.get("evaluation") or {}).get("evaluate-nodes", "?")
+    line = f"evaluated nodes that ever trained: {k} of {n} (evaluate-nodes={mode})"
+    if k < n:
+        line = (
+            f"WARNING: {line}: the accuracies of the {n - k} untrained node(s) are those of "
+            "untrained models; set evaluate-nodes=trained (docs/participation.md)"
+        )
+    return [line]
 
 
 def _status_lines(results: dict) -> list[str]:

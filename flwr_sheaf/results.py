@@ -24,6 +24,7 @@ __all__ = [
     "write_results",
     "check_results_dir",
     "plot_rounds",
+    "accuracy_figure",
     "strategy_config",
     "RESULTS_JSON",
     "ACCURACY_PNG",
@@ -370,11 +371,19 @@ def run_status(
 
 def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") -> None:
     """Plot private and communication accuracy of ``rounds`` (``results.json``'s ``rounds`` dicts)
-    against server rounds to the PNG ``path`` (series missing or all NaN are left out).
+    against server rounds to the PNG ``path`` (:func:`accuracy_figure`).
 
     Raises:
         OSError: ``path`` cannot be written.
     """
+    accuracy_figure(rounds, title).savefig(path, dpi=110)
+
+
+def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
+    """The accuracy figure of ``rounds`` (a matplotlib ``Figure``; series missing or all NaN are left
+    out). Readable with few evaluated rounds (one, in a cross-device run that evaluates only at the
+    end): with at most 3 evaluated points the markers are large and each value is written beside it;
+    the x axis spans every round +- 0.5 with a tick per round (up to 10 rounds, else whole numbers)."""
     # matplotlib's object API, no pyplot: the caller's backend (a notebook's inline one) is left as it is
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -387,13 +396,27 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
         ("communication_accuracy_degree_weighted", "communication (degree-weighted)"),
         ("communication_accuracy_mean", "communication (mean over receivers)"),
     ]:
-        ys = [x.get(key) for x in rounds]
-        if any(y is not None and not (isinstance(y, float) and math.isnan(y)) for y in ys):
-            ax.plot(
-                r, [float("nan") if y is None else y for y in ys], marker="o", ms=3, label=label
+        ys = [float("nan") if y is None else y for y in (x.get(key) for x in rounds)]
+        points = [(a, y) for a, y in zip(r, ys) if not (isinstance(y, float) and math.isnan(y))]
+        if not points:
+            continue
+        few = len(points) <= 3  # a line through 1-3 points is hardly visible: big markers, values
+        (line,) = ax.plot(r, ys, marker="o", ms=8 if few else 3, label=label)
+        for a, y in points if few else ():
+            ax.annotate(
+                f"{y:.3f}",
+                (a, y),
+                textcoords="offset points",
+                xytext=(8, 4),
+                color=line.get_color(),
             )
     ax.set_xlabel("server round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+    if r:
+        ax.set_xlim(min(r) - 0.5, max(r) + 0.5)
+    if 0 < len(r) <= 10:
+        ax.set_xticks(sorted(set(r)))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -401,7 +424,7 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
         ax.legend(loc="lower right")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
 # ------------------------------------------------------------------------------ latent collapse
@@ -424,8 +447,11 @@ def collapse_warnings(
     """The ``latent-collapse`` warning of a run whose nodes' latents collapsed, from the last
     evaluation's per-node results (``strategy.ledger.node_results`` / ``results.json``'s ``nodes``).
 
-    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], ...}}`` (a missing, NaN or
-    None value is skipped); a node above ``threshold`` counts as collapsed.
+    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], "trained": bool, ...}}`` (a
+    missing, NaN or None value is skipped); a node above ``threshold`` counts as collapsed. A node
+    whose ``trained`` is False never trained (cross-device sampling): its latents are the untrained
+    initialisation's, which says nothing of the optimizer, so it is not counted (the warning, when it
+    fires, says how many such nodes were left out; ``untrained_skipped``).
 
     Returns:
         ``[]``, or one dict ``{"kind": "latent-collapse", "nodes": {partition-id (str): fraction},
@@ -433,24 +459,33 @@ def collapse_warnings(
         in partition-id order.
     """
     bad: dict[str, float] = {}
+    untrained = 0
     order = sorted(nodes, key=lambda p: (0, int(p), "") if str(p).isdigit() else (1, 0, str(p)))
     for pid in order:
         v = nodes[pid].get("low_variance_fraction")
         if v is None or not isinstance(v, (int, float)) or math.isnan(v):
+            continue
+        if nodes[pid].get("trained") is False:  # never trained: nothing to blame on the optimizer
+            untrained += 1
             continue
         if v > threshold:
             bad[str(pid)] = float(v)
     if not bad:
         return []
     listed = ", ".join(f"{p}: {v:.0%}" for p, v in bad.items())
+    skipped = (
+        f" ({untrained} evaluated node(s) that never trained are not counted)" if untrained else ""
+    )
     return [
         {
             "kind": "latent-collapse",
             "nodes": bad,
             "threshold": threshold,
             "variance_below": LOW_VARIANCE_THRESHOLD,
+            "untrained_skipped": untrained,
             "message": (
-                f"latent collapse on {len(bad)} of {len(nodes)} node(s) (partition-id: share of latent "
+                f"latent collapse on {len(bad)} of {len(nodes) - untrained} node(s){skipped} "
+                "(partition-id: share of latent "
                 f"dimensions with pilot variance < {LOW_VARIANCE_THRESHOLD:g}): {listed}; above "
                 f"{threshold:.0%} the accuracies under-read the method: check its optimizer settings "
                 "(train-defaults, lr, momentum; docs/baselines.md s0)"

@@ -26,7 +26,9 @@ SuperExec, simulation process, Ray's GCS/raylet/workers); ``inprocess`` uses
 :class:`flwr_sheaf.testing.LocalGrid` (no Ray). Writes ``<out>/N<N>/results.json`` per run and
 ``<out>/summary.json``.
 
-Usage::
+The documented command (sampled discovery, 5% participation; tested at tiny scale):
+docs/running.md, "Cross-device run". A rerun of the same N moves the earlier run's files into
+``<out>/N<N>/previous-<UTC time>/`` (nothing deleted). Usage::
 
     python simulations/cross_device.py --agents 100,300,1000 [--fraction 0.15] [--rounds 5]
         [--graph class-overlap-knn:4] [--engine ray] [--out results/cross_device]
@@ -166,6 +168,8 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
         rc["partitioner"] = args.partitioner
     if args.fraction_evaluate:
         rc["fraction-evaluate"] = args.fraction_evaluate
+    if args.evaluate_nodes:
+        rc["evaluate-nodes"] = args.evaluate_nodes
     if args.discovery != "all":
         rc["discovery"] = args.discovery
     return rc
@@ -305,10 +309,54 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+#: The largest population measured to fit one machine (10,000 SuperNodes with sampled discovery in
+#: 5.1 GiB, docs/performance-ray-sampled.md); the smallest that makes a federation with a graph.
+MAX_AGENTS, MIN_AGENTS = 10_000, 2
+#: ``--dataset mnist-bundled`` (5,000 digits) leaves agents with empty test splits from N = 300.
+MAX_AGENTS_BUNDLED = 100
+
+
+def agents_list(text: str) -> list[int]:
+    """``--agents``: comma-separated population sizes, each an integer in [2, 10,000].
+
+    Raises:
+        argparse.ArgumentTypeError: an empty list, a value that is not an integer, or one outside
+            the range (the value and the fix named).
+    """
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            n = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a whole number of agents; give comma-separated integers, e.g. "
+                f"--agents 100,300,1000"
+            ) from None
+        if n < MIN_AGENTS:
+            raise argparse.ArgumentTypeError(
+                f"{n} agents: a cross-device run needs at least {MIN_AGENTS} agents (a graph needs "
+                f"two ends); e.g. --agents 100"
+            )
+        if n > MAX_AGENTS:
+            raise argparse.ArgumentTypeError(
+                f"{n} agents: more than this machine is known to hold ({MAX_AGENTS:,} SuperNodes, "
+                f"5.1 GiB with --discovery sampled, docs/performance-ray-sampled.md); run at most "
+                f"--agents {MAX_AGENTS} here, or on a Ray cluster with more memory (--ray-address)"
+            )
+        out.append(n)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Command-line options of this script (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agents", default="100,300,1000", help="comma-separated population sizes N")
+    ap.add_argument(
+        "--agents",
+        type=agents_list,
+        default="100,300,1000",
+        help=f"comma-separated population sizes N, each in [{MIN_AGENTS}, {MAX_AGENTS}]",
+    )
     ap.add_argument(
         "--fraction", type=float, default=0.15, help="fraction-train per round (uniform)"
     )
@@ -331,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--fraction-evaluate", type=float, default=0.0, help="0 = the package default (all nodes)"
+    )
+    ap.add_argument(
+        "--evaluate-nodes",
+        choices=("", "auto", "trained", "panel", "drawn"),
+        default="",
+        help="run-config evaluate-nodes (empty = the package default, auto: this round's trainers "
+        "when --fraction < 1; docs/participation.md 1.4.1)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -355,7 +410,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run each population size in ``--agents``; update ``<out>/summary.json`` and ``table.md``
     after every run. Returns exit status 0, or 1 if some run failed or wrote no results."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.dataset == "mnist-bundled" and max(args.agents) > MAX_AGENTS_BUNDLED:
+        parser.error(
+            f"argument --agents: {max(args.agents)} agents with --dataset mnist-bundled (5,000 digits) "
+            f"leaves agents with empty splits; use at most {MAX_AGENTS_BUNDLED} agents, or install "
+            f"Fashion-MNIST (bash scripts/get_data.sh fashion-mnist) and leave --dataset out"
+        )
     if args.engine == "ray" and args.ray_address is not None:  # before any run: one refusal
         from flwr_sheaf.tools.ray_cluster import RayClusterError, check_reachable, resolve_address
 
@@ -366,17 +428,21 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
     args.dataset = args.dataset or default_dataset()
+    from flwr_sheaf.preflight import MOVED_FILES, move_aside
+
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     status = 0
-    for n in [int(x) for x in args.agents.split(",")]:
+    for n in args.agents:
         rdir = out / f"N{n}"
         rc = run_config(n, args, rdir)
         print(f"== N = {n}: {args.engine}, {rc}", flush=True)
-        if (rdir / "results.json").exists():
-            (rdir / "results.json").unlink()
+        # the earlier run of this N is moved aside, never deleted (as the package's overwrite=true)
+        moved = move_aside(rdir, (*MOVED_FILES, "flwr.log")) if rdir.is_dir() else None
+        if moved is not None:
+            print(f"   moved the earlier run's {', '.join(moved[1])} into {moved[0]}", flush=True)
         if args.engine == "ray":
             meas = run_ray(n, rc, rdir / "flwr.log", args.port, args.timeout, args.ray_address)
         else:

@@ -118,6 +118,7 @@ def test_only_drawn_nodes_are_queried_and_each_once(tmp_path):
         partitioner="cross-device",
         graph="class-overlap-knn:4",
         **{"fraction-train": f, "fraction-evaluate": f, "evaluate-every": 2},
+        **{"evaluate-nodes": "drawn"},  # the independent evaluators' draw is queried too
     )
     res, grid = _run(rc, n)
     queried = [

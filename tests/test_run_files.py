@@ -526,7 +526,7 @@ def test_inprocess_runner_evaluate_every_0_and_resume_without_checkpoint(tmp_pat
 
 
 # ------------------------------------------------------------------------- issue 34: run files
-# docs/reliability-run-files.md, "Issue 34: run files, locks and checkpoints"
+# docs/reliability-locks.md
 def test_a_lock_file_removed_while_a_run_holds_it_still_refuses_a_second_run(tmp_path, caplog):
     out = tmp_path / "r"
     out.mkdir()

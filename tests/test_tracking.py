@@ -217,7 +217,7 @@ def test_a_tracker_that_fails_to_close_costs_the_run_nothing_but_its_clean_statu
 
 
 def test_tracking_dir_without_tracking_is_warned_naming_both_keys(tmp_path, caplog):
-    """Issue 34, case 9 (docs/reliability-run-files.md): was silently ignored."""
+    """Issue 34, case 9 (docs/reliability-locks.md): was silently ignored."""
     import logging
 
     from flwr_sheaf.methods.registry import parse_run_config

@@ -25,7 +25,11 @@ TRAIN = LocalTrainConfig(local_epochs=1, max_steps_per_epoch=2, batch_size=16)
 
 def _strategy(n=4, graph="ring", fraction=1.0, evaluate_every=1, **sheaf):
     fed = FederationConfig(
-        graph=graph, seed=RC["seed"], fraction_train=fraction, evaluate_every=evaluate_every
+        graph=graph,
+        seed=RC["seed"],
+        fraction_train=fraction,
+        evaluate_every=evaluate_every,
+        evaluate_nodes="drawn",  # every node evaluated, as these relay tests read it
     )
     return SheafFRL(
         num_nodes=n,

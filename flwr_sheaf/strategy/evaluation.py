@@ -83,6 +83,10 @@ class EvaluationView:
         exchange: messages and checked replies (records failures in ``ledger``).
         ledger: the run's records; this round's is ``ledger.current``.
         owner: the strategy's class name (named in recorded reasons).
+        trained: partition-ids that trained in this round or before (an evaluated node outside it
+            still has its initial weights).
+        mode: how the evaluators were chosen (run-config ``evaluate-nodes``, resolved: ``trained``,
+            ``panel`` or ``drawn``).
     """
 
     server_round: int
@@ -98,6 +102,8 @@ class EvaluationView:
     exchange: Exchange
     ledger: RunLedger
     owner: str
+    trained: frozenset[int] = frozenset()
+    mode: str = "drawn"
 
     @property
     def record(self) -> RoundRecord:
@@ -227,13 +233,27 @@ class GraphEvaluation:
         return self.aggregate(view, phase, round_trip(grid, phase.messages, timeout))
 
     def phase1_messages(self, view: EvaluationView, config: Mapping[str, Any]) -> list[Message]:
-        """The phase-1 messages to ``view.evaluators`` (recorded in the round as ``evaluated``).
+        """The phase-1 messages to ``view.evaluators`` (recorded in the round as ``evaluated``, with
+        ``evaluated_trained``: how many of them trained in this round or before).
 
         Raises:
             ValueError: ``config`` names a key the strategy sends.
         """
         shared_records, cfg = view.payload
         view.record.evaluate["evaluated"] = list(view.evaluators)
+        never = [p for p in view.evaluators if p not in view.trained]
+        view.record.evaluate["evaluated_trained"] = len(view.evaluators) - len(never)
+        if never:
+            log.warning(
+                "round %d: %d of %d evaluated node(s) never trained (evaluate-nodes=%s; their "
+                "accuracies are those of untrained models): partition-ids %s%s",
+                view.server_round,
+                len(never),
+                len(view.evaluators),
+                view.mode,
+                never[:10],
+                " ..." if len(never) > 10 else "",
+            )
         msgs = []
         for p in view.evaluators:
             records, node_cfg = view.node_payload(p)
@@ -364,6 +384,8 @@ class GraphEvaluation:
                 view.record_failure("evaluate_comm", pid, f"bad evaluation reply: {why}")
                 del ok[pid]
         nodes = steps.node_rows(phase.phase1, self.node_metric_names)
+        for pid, row in nodes.items():  # an untrained node's latents say nothing of the method
+            row["trained"] = pid in view.trained
         edges = steps.edge_rows(ok, self.edge_metric_keys)
         non_edges = steps.non_edge_rows(ok, phase.non_edge_plan)
         extra = steps.extra_means(
@@ -387,6 +409,13 @@ class GraphEvaluation:
         evaluated, failed = sorted(phase.phase1), view.record.failed
         if not any(a in phase.phase1 and b in phase.phase1 for a, b in view.graph.edges):
             asked = view.record.evaluate.get("evaluated", evaluated)
+            if view.mode == "trained":
+                return (
+                    f"no edge has both ends evaluated: evaluate-nodes=trained evaluated this round's "
+                    f"trainers, partition-ids {asked} of {view.num_nodes}, usable replies from {evaluated} "
+                    f"(failed: {failed.get('evaluate', [])}); raise fraction-train, or set "
+                    f"evaluate-nodes=panel with a fraction-evaluate that evaluates neighbours together"
+                )
             return (
                 f"no edge has both ends evaluated: fraction-evaluate={self.federation.fraction_evaluate} drew "
                 f"partition-ids {asked} of {view.num_nodes}, usable replies from {evaluated} (failed: "

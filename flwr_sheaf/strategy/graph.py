@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..config import DEFAULTS, FederationConfig, LocalTrainConfig
-from ..participation import EVALUATE_STREAM, ParticipationSampler
+from ..participation import EVALUATE_STREAM, PANEL_STREAM, ParticipationSampler
 from ..protocol import (
     CONFIG,
     DEVICE,
@@ -44,7 +44,13 @@ from .records import Node, RoundRecord, nanmean, numeric_metrics, positive_int
 from .rounds import EvaluateFn, run_rounds
 from .sampled import SampledDiscovery, sample_phase
 
-__all__ = ["GraphStrategy", "evaluation_view"]
+__all__ = [
+    "GraphStrategy",
+    "evaluated_summary",
+    "evaluate_nodes_mode",
+    "evaluation_view",
+    "trained_in",
+]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -134,13 +140,18 @@ class GraphStrategy(Strategy):
             evaluation = GraphEvaluation(federation)
         #: the per-round evaluation component (None: nothing is evaluated).
         self.evaluation = evaluation
-        #: who is evaluated in an evaluated round (``fraction-evaluate``; its own uniform stream)
+        #: who is evaluated (run-config ``evaluate-nodes``, ``auto`` resolved: ``trained``, ``panel``
+        #: or ``drawn``; :func:`evaluate_nodes_mode`)
+        self.evaluate_nodes = evaluate_nodes_mode(federation, sampler)
+        #: the evaluators' draw of ``fraction-evaluate`` (its own uniform stream; ``panel``: one fixed
+        #: draw on :data:`~flwr_sheaf.participation.PANEL_STREAM`; unused under ``trained``)
         self.eval_sampler = ParticipationSampler(
             num_nodes,
             1.0 if federation is None else federation.fraction_evaluate,
             seed=self.seed,
-            stream=EVALUATE_STREAM,
+            stream=PANEL_STREAM if self.evaluate_nodes == "panel" else EVALUATE_STREAM,
             key="fraction-evaluate",
+            fixed_round=0 if self.evaluate_nodes == "panel" else None,
         )
         self.graph_spec: nx.Graph | str | None = (
             graph if graph is not None else (None if federation is None else federation.graph)
@@ -239,7 +250,10 @@ class GraphStrategy(Strategy):
         if self.federation is None:
             return out
         if self.evaluation is not None:
-            out["evaluation"] = self.evaluation.describe(self.eval_sampler.fraction)
+            out["evaluation"] = {
+                **self.evaluation.describe(self.eval_sampler.fraction),
+                **evaluated_summary(self.evaluate_nodes, self.ledger.rounds),
+            }
         out["graph"] = {
             "edges": sorted([int(a), int(b)] for a, b in self.graph.edges) if self.graph else []
         }
@@ -529,9 +543,13 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     the evaluation payloads (:meth:`GraphStrategy.evaluate_payload` now,
     :meth:`GraphStrategy.evaluate_node_payload` per node), the exchange and the ledger."""
     payload = s.evaluate_payload(server_round)
-    drawn = sample_phase(s, s.eval_sampler, server_round, "evaluate")
+    if s.evaluate_nodes == "trained":
+        drawn = trained_in(s.ledger.current)
+    else:
+        drawn = sample_phase(s, s.eval_sampler, server_round, "evaluate")
     refused = s.ledger.current.failed.get("evaluate", ()) if s.sampled_discovery else ()
     evaluators = [p for p in drawn if p in s.nodes and p not in refused]
+    ever = {p for r in (*s.ledger.rounds, s.ledger.current) for p in trained_in(r)}
     return EvaluationView(
         server_round=server_round,
         nodes=s.nodes,
@@ -546,4 +564,40 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         exchange=s.exchange,
         ledger=s.ledger,
         owner=type(s).__name__,
+        trained=frozenset(ever),
+        mode=s.evaluate_nodes,
     )
+
+
+def evaluate_nodes_mode(federation: FederationConfig | None, sampler: ParticipationSampler) -> str:
+    """Run-config ``evaluate-nodes`` resolved: ``auto`` is ``trained`` when ``sampler`` draws a
+    fraction below 1 of the nodes per round (cross-device sampling), else ``drawn``: under full
+    participation every node trains and ``fraction-evaluate`` draws the evaluators as before; under
+    Bernoulli ``participation`` (RFedAGS's arbitrary participation, where a round may train nobody)
+    every drawn node is evaluated, as in the authors' code. Without a federation ``drawn``."""
+    mode = "drawn" if federation is None else federation.evaluate_nodes
+    if mode != "auto":
+        return mode
+    sampled = sampler.probabilities is None and sampler.fraction < 1.0
+    return "trained" if sampled else "drawn"
+
+
+def trained_in(rec: RoundRecord) -> list[int]:
+    """Sorted partition-ids whose train reply was accepted in round ``rec`` (sampled, not failed)."""
+    if rec.num_trained == 0:
+        return []
+    failed = set(rec.failed.get("train", ()))
+    return sorted(p for p in rec.sampled if p not in failed)
+
+
+def evaluated_summary(mode: str, rounds: Iterable[RoundRecord]) -> dict[str, Any]:
+    """``results.json``'s ``evaluation`` entries on who was evaluated: ``evaluate-nodes`` (``mode``,
+    resolved) and, of the last evaluated round in ``rounds``, ``evaluated`` (how many nodes) and
+    ``evaluated_trained`` (how many of them had trained in that round or before; None before any
+    evaluated round)."""
+    last = next((r for r in reversed(list(rounds)) if "evaluated" in r.evaluate), None)
+    return {
+        "evaluate-nodes": mode,
+        "evaluated": None if last is None else len(last.evaluate["evaluated"]),
+        "evaluated_trained": None if last is None else last.evaluate.get("evaluated_trained"),
+    }

@@ -166,7 +166,9 @@ class SampledDiscovery:
         over = ParticipationSampler(
             len(self.node_ids), 1.0, seed=sampler.seed, stream=sampler.stream
         )
-        picked = smallest_uniforms(over.uniforms(server_round), sampler.num_drawn)
+        picked = smallest_uniforms(
+            over.uniforms(sampler.draw_round(server_round)), sampler.num_drawn
+        )
         return [self.node_ids[i] for i in picked]
 
     @property
