@@ -17,7 +17,7 @@ from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_age
 from ..data.sources import register_derived_cache
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
-from ..protocol import NodeInfo
+from ..protocol import NodeInfo, OutsideScenarioError
 from ..strategy.sampled import SampledDiscovery
 
 __all__ = [
@@ -44,11 +44,14 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     label shift, ``partitioner``; 10% pilots).
 
     Raises:
-        ValueError: partition-id outside ``[0, N)`` for the zoo (named, with N).
+        OutsideScenarioError: partition-id >= N for the zoo (named, with N; a ``ValueError``):
+            the query handler describes such a node as a spare.
+        ValueError: a negative partition-id.
     """
     specs = agent_specs(scenario)
     if not 0 <= partition_id < len(specs):
-        raise ValueError(
+        error = OutsideScenarioError if partition_id >= len(specs) else ValueError
+        raise error(
             f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
         )
     data = _agent_data(_data_key(scenario), partition_id)

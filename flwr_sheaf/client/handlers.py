@@ -26,6 +26,7 @@ from ..protocol import (
     TORCH_THREADS,
     TRAIN,
     NodeInfo,
+    OutsideScenarioError,
     comm_action,
     message_type,
     required,
@@ -205,6 +206,9 @@ def query_handler(
 
     Sets the message's thread count, resolves its device (a device this machine lacks fails
     discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`).
+    A node whose task factory raises :class:`~flwr_sheaf.protocol.OutsideScenarioError` (partition-id
+    >= N: a spare SuperNode) replies a NodeInfo with ``d = 0`` naming its partition-id, so that
+    discovery keeps it idle and tells it from a broken agent (docs/participation.md, 1.5).
 
     Raises:
         ProtocolError: :data:`~flwr_sheaf.protocol.TORCH_THREADS` or
@@ -214,8 +218,12 @@ def query_handler(
     cfg, mt = msg.content[CONFIG], message_type(QUERY, method.action)
     set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
     resolve_device(str(required(cfg, DEVICE, mt)))
-    task = factory(context)
     partition_id = int(context.node_config["partition-id"])
+    try:
+        task = factory(context)
+    except OutsideScenarioError:  # a spare SuperNode: described as one, never trained
+        spare = NodeInfo(partition_id, int(context.node_config.get("num-partitions", 0)), 0)
+        return Message(RecordDict({INFO: spare.to_record()}), reply_to=msg)
     check_stalk_protocol_once(task, partition_id)
     info = NodeInfo(
         partition_id,
