@@ -144,9 +144,7 @@ class RunLedger:
             failed_evaluations = any(f["phase"] in _EVALUATION_PHASES for f in failures)
             (reasons if failed_evaluations and max_failed_fraction < 1.0 else problems).append(line)
         status = (
-            "failed"
-            if reasons
-            else ("degraded" if failures or failed or problems else "completed")
+            "failed" if reasons else ("degraded" if failures or failed or problems else "completed")
         )
         return {
             "status": status,

@@ -5,7 +5,7 @@ round 1; at 10,000 SuperNodes on the Ray engine that alone takes minutes
 (docs/performance-ray-sampled.md). Here the server builds the graph from the ``expected``
 :class:`~flwr_sheaf.protocol.NodeInfo` per partition-id (derived from the scenario by the
 ServerApp), draws each round's participants over the sorted registered node ids
-(:meth:`SampledDiscovery.draw`), queries the drawn nodes not yet described, with the checks of full
+(:meth:`SampledDiscovery.order`), queries the drawn nodes not yet described, with the checks of full
 discovery (:func:`~flwr_sheaf.strategy.discovery.parse_reply`), and compares each reply with
 ``expected[partition-id]`` (:func:`info_mismatch`). The protocol, its failures and why the drawn
 partition-ids depend on the node ids: docs/participation.md, "Sampled discovery".
@@ -154,22 +154,11 @@ class SampledDiscovery:
         )
         return {p: Node(0, info) for p, info in self.expected.items()}
 
-    def draw(self, sampler: ParticipationSampler, server_round: int) -> list[int]:
-        """The ``max(1, floor(f N))`` node ids with the smallest of ``sampler``'s uniforms over the
-        positions of :attr:`node_ids` (its seed, stream and fraction ``f``) in ``server_round``: with
-        M = N registered nodes, the fraction draw of :class:`ParticipationSampler` over positions.
-
-        Raises:
-            ValueError: ``sampler`` draws Bernoulli participation (per partition-id, unknown here).
-        """
-        order = self.order(sampler, server_round)
-        picked = set(order[: sampler.num_drawn])
-        return [n for n in self.node_ids if n in picked]
-
     def order(self, sampler: ParticipationSampler, server_round: int) -> list[int]:
         """Every registered node id, by increasing uniform of ``sampler`` in ``server_round`` (stable
-        ties): :meth:`draw` takes the first ``max(1, floor(f N))``; a slot whose node turns out a
-        spare or unusable goes to the next (:meth:`sample`).
+        ties): a round draws the first ``max(1, floor(f N))`` (with M = N registered nodes, the
+        fraction draw of :class:`ParticipationSampler` over positions); a slot whose node turns out
+        a spare or unusable goes to the next (:meth:`sample`).
 
         Raises:
             ValueError: ``sampler`` draws Bernoulli participation (per partition-id, unknown here).
@@ -235,10 +224,12 @@ class SampledDiscovery:
 
         Raises:
             RuntimeError: see :meth:`describe` (what full discovery refuses).
-            ValueError: see :meth:`draw`.
+            ValueError: see :meth:`order`.
         """
         order, self._round = self.order(sampler, server_round), server_round
-        want, drawn, new, pos = sampler.num_drawn, [], [], 0
+        want, pos = sampler.num_drawn, 0
+        drawn: list[int] = []
+        new: list[int] = []
         t0 = time.monotonic()
         while len(drawn) < want and pos < len(order):  # a spare's or unusable node's slot: the next
             batch = order[pos : pos + want - len(drawn)]
