@@ -207,13 +207,16 @@ def query_handler(
     Sets the message's thread count, resolves its device (a device this machine lacks fails
     discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`).
     A node whose task factory raises :class:`~flwr_sheaf.protocol.OutsideScenarioError` (partition-id
-    >= N: a spare SuperNode) replies a NodeInfo with ``d = 0`` naming its partition-id, so that
-    discovery keeps it idle and tells it from a broken agent (docs/participation.md, 1.5).
+    >= N) while its partition-id is inside the federation (< ``num-partitions``: a spare SuperNode)
+    replies a NodeInfo with ``d = 0`` naming its partition-id, so that discovery keeps it idle and
+    tells it from a broken agent (docs/participation.md, 1.5); outside the federation too (a
+    SuperNode started with a wrong partition-id) the error is its reply.
 
     Raises:
         ProtocolError: :data:`~flwr_sheaf.protocol.TORCH_THREADS` or
             :data:`~flwr_sheaf.protocol.DEVICE` missing from the config;
-        DeviceUnavailableError: a device this machine lacks; ValueError: the stalk check failed.
+        DeviceUnavailableError: a device this machine lacks; ValueError: the stalk check failed;
+        OutsideScenarioError: a partition-id outside the scenario and the federation.
     """
     cfg, mt = msg.content[CONFIG], message_type(QUERY, method.action)
     set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
@@ -222,7 +225,10 @@ def query_handler(
     try:
         task = factory(context)
     except OutsideScenarioError:  # a spare SuperNode: described as one, never trained
-        spare = NodeInfo(partition_id, int(context.node_config.get("num-partitions", 0)), 0)
+        num_partitions = int(context.node_config.get("num-partitions", 0))
+        if partition_id >= num_partitions:  # outside the federation too: a wrong partition-id
+            raise
+        spare = NodeInfo(partition_id, num_partitions, 0)
         return Message(RecordDict({INFO: spare.to_record()}), reply_to=msg)
     check_stalk_protocol_once(task, partition_id)
     info = NodeInfo(
