@@ -267,10 +267,27 @@ def _malformed(pid: int):
     return wrap
 
 
+def _silent(pid: int):
+    """A grid change: partition ``pid`` never answers its query (LocalGrid's ``drop``)."""
+
+    def wrap(grid, real):
+        grid.drop = lambda m: (
+            m.metadata.message_type.startswith("query.")
+            and (grid.partition_of(m.metadata.dst_node_id) == pid)
+        )
+        return real
+
+    return wrap
+
+
 @pytest.mark.parametrize(
     "wrap, said",
-    [(_broken, "broken node"), (_malformed, "lacks key 'd'")],
-    ids=["raises", "bad-info"],
+    [
+        (_broken, "broken node"),
+        (_malformed, "lacks key 'd'"),
+        (_silent, "no reply within the timeout"),
+    ],
+    ids=["raises", "bad-info", "no-reply"],
 )
 def test_a_broken_agent_among_spares_degrades_the_run_and_its_slot_is_filled(
     tmp_path, caplog, wrap, said
@@ -294,9 +311,9 @@ def test_a_broken_agent_among_spares_degrades_the_run_and_its_slot_is_filled(
     finally:
         log.removeHandler(caplog.handler)
     broken = grid.node_ids[1]
+    assert res["status"] == "degraded"  # before: completed, the broken agent taken for a spare
     assert [f["node_id"] for f in res["discovery"]["failed"]] == [broken]  # the premise: drawn
     assert said in res["discovery"]["failed"][0]["reason"]
-    assert res["status"] == "degraded"
     problem = next(p for p in res["degradation"]["problems"] if "no usable description" in p)
     assert problem.startswith("sampled discovery: 1 drawn node(s) gave no usable description")
     assert f"node {broken}" in problem and said in problem
