@@ -82,6 +82,7 @@ __all__ = [
     "pack_arrays",
     "route_evaluation",
     "unpack_routed",
+    "OutsideScenarioError",
     "ProtocolError",
     "reply_problem",
     "pilot_digest",
@@ -114,6 +115,12 @@ R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
 
 class ProtocolError(ValueError):
     """A message does not follow the protocol (missing record or key, wrong shape or layout)."""
+
+
+class OutsideScenarioError(ValueError):
+    """A task factory's answer for a partition-id that is no agent of the scenario (a spare SuperNode,
+    partition-id >= N): the query handler then describes the node as a spare (a
+    :class:`NodeInfo` with ``d = 0``) instead of failing, so discovery tells it from a broken agent."""
 
 
 # ------------------------------------------------------------------------------ typed accessors

@@ -345,7 +345,8 @@ def run_status(
 ) -> dict[str, Any]:
     """The run's ``status`` and ``degradation`` as :func:`write_results` writes them: the strategy's
     :meth:`~flwr_sheaf.strategy.ledger.RunLedger.run_status`, made ``degraded`` (if it was ``completed``) by
-    ``problems`` outside the nodes' replies, which are listed under ``"problems"``; made ``failed``
+    ``problems`` outside the nodes' replies, which are listed under ``"problems"`` after the ledger's
+    own (rounds that drew nobody, nothing measured); made ``failed``
     by ``errors`` (what ended the run early) and by rounds short of the ``num_rounds`` the strategy's
     last ``start`` was given (``rounds_requested``, ``rounds_completed``), each among ``"reasons"``."""
     status = dict(strategy.ledger.run_status(max_failed_fraction))
@@ -362,10 +363,11 @@ def run_status(
     status["reasons"] += [str(e) for e in errors]
     if status["reasons"]:
         status["status"] = "failed"
-    if problems:
-        status["problems"] = list(problems)
-        if status["status"] == "completed":
-            status["status"] = "degraded"
+    status["problems"] = list(status.get("problems", [])) + list(problems)
+    if not status["problems"]:
+        del status["problems"]  # the key is written only when something degraded the run
+    elif status["status"] == "completed":
+        status["status"] = "degraded"
     return status
 
 

@@ -224,11 +224,14 @@ def test_a_partition_id_reported_twice_fails_the_run_as_full_discovery_does(tmp_
             _run(rc, n, _lying(5, partition_id=2))
 
 
-def _spare_run(tmp_path, name: str, mode: str, wrap=None) -> tuple[dict, LocalGrid]:
-    # 7 SuperNodes for 6 agents: the bundled query handler refuses partition-id 6 (an error reply)
+def _spare_run(
+    tmp_path, name: str, mode: str, wrap=None, spares: int = 1, **kw
+) -> tuple[dict, LocalGrid]:
+    # 6 agents and `spares` more SuperNodes: the bundled query handler describes partition-id >= 6
+    # as a spare (d = 0)
     n = 6
-    rc = _rc(tmp_path, name, n, discovery=mode, **{"fraction-train": 1.0})
-    grid = LocalGrid(cnn_client_app, n + 1, run_config=rc)
+    rc = _rc(tmp_path, name, n, discovery=mode, **{"fraction-train": 1.0, **kw})
+    grid = LocalGrid(cnn_client_app, n + spares, run_config=rc)
     if wrap is not None:
         grid.app = wrap(grid, grid.app)
     return json.loads(run_server(grid, rc).read_text()), grid
@@ -239,24 +242,126 @@ def test_a_spare_supernode_stays_idle_and_the_run_completes(tmp_path):
     lazy, grid = _spare_run(tmp_path, "spare_sampled", "sampled")
     assert full["status"] == lazy["status"] == "completed"
     spare = grid.node_ids[6]
-    failed = lazy["discovery"]["failed"]
-    assert [f["node_id"] for f in failed] == [spare]  # the spare was drawn, answered an error
-    assert "outside" in failed[0]["reason"] and failed[0]["partition_id"] is None
-    # a round draws floor(f N) = 6 of the 7 node ids, so a round that drew the spare trained 5
-    for r in lazy["rounds"]:
-        assert r["num_trained"] == len(r["sampled"]) in (5, 6)
-    assert any(r["num_trained"] == 5 for r in lazy["rounds"])
+    assert lazy["discovery"]["failed"] == []  # the spare described itself as one
+    assert lazy["discovery"]["idle_node_ids"] == [spare]  # ... when it was drawn
+    # each round draws floor(f N) = 6 slots; the spare's goes to the next node id: 6 agents train
+    assert all(r["num_trained"] == len(r["sampled"]) == 6 for r in lazy["rounds"])
+    assert [m.metadata.message_type for m in grid.delivered if m.metadata.dst_node_id == spare] == [
+        "query.sheaf"
+    ]
 
 
-def test_more_unusable_replies_than_spares_degrade_the_run(tmp_path):
-    res, grid = _spare_run(tmp_path, "spare_broken", "sampled", _broken(1))
-    failed = {f["node_id"] for f in res["discovery"]["failed"]}
-    assert failed == {grid.node_ids[1], grid.node_ids[6]}  # the broken agent and the spare
-    assert res["status"] == "degraded"
-    assert any(
-        "only 1 SuperNode(s) are spares" in p and "at least 1 agent(s)" in p
-        for p in res["degradation"]["problems"]
+def _malformed(pid: int):
+    """A ClientApp wrapper: partition ``pid`` answers its query with a NodeInfo lacking ``d``."""
+
+    def wrap(grid, real):
+        def app(msg, ctx):
+            reply = real(msg, ctx)
+            if msg.metadata.message_type.startswith("query.") and (
+                grid.partition_of(msg.metadata.dst_node_id) == pid
+            ):
+                del reply.content[INFO]["d"]
+            return reply
+
+        return app
+
+    return wrap
+
+
+def _silent(pid: int):
+    """A grid change: partition ``pid`` never answers its query (LocalGrid's ``drop``)."""
+
+    def wrap(grid, real):
+        grid.drop = lambda m: (
+            m.metadata.message_type.startswith("query.")
+            and (grid.partition_of(m.metadata.dst_node_id) == pid)
+        )
+        return real
+
+    return wrap
+
+
+@pytest.mark.parametrize(
+    "wrap, said",
+    [
+        (_broken, "broken node"),
+        (_malformed, "lacks key 'd'"),
+        (_silent, "no reply within the timeout"),
+    ],
+    ids=["raises", "bad-info", "no-reply"],
+)
+def test_a_broken_agent_among_spares_degrades_the_run_and_its_slot_is_filled(
+    tmp_path, caplog, wrap, said
+):
+    # issue 34, case 1: 2 spares, agent 1's query handler broken; half the agents drawn per round
+    # (seed 3: the draws over the 8 node ids meet agent 1 and one spare, so before the fix the
+    # broken agent passed for the other spare and the run ended `completed`)
+    import logging
+
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(caplog.handler)
+    try:
+        res, grid = _spare_run(
+            tmp_path,
+            "broken_among_spares",
+            "sampled",
+            wrap(1),
+            spares=2,
+            **{"fraction-train": 0.5, "num-server-rounds": 3, "evaluate-every": 0},
+        )
+    finally:
+        log.removeHandler(caplog.handler)
+    broken = grid.node_ids[1]
+    assert res["status"] == "degraded"  # before: completed, the broken agent taken for a spare
+    assert [f["node_id"] for f in res["discovery"]["failed"]] == [broken]  # the premise: drawn
+    assert said in res["discovery"]["failed"][0]["reason"]
+    problem = next(p for p in res["degradation"]["problems"] if "no usable description" in p)
+    assert problem.startswith("sampled discovery: 1 drawn node(s) gave no usable description")
+    assert f"node {broken}" in problem and said in problem
+    assert "a broken agent, or a spare SuperNode whose query handler fails" in caplog.text
+    assert "(idle)" not in caplog.text
+    # every round trains floor(0.5 * 6) = 3 agents: the broken node's slot went to the next one
+    assert all(r["num_trained"] == len(r["sampled"]) == 3 for r in res["rounds"])
+    assert all(1 not in r["sampled"] for r in res["rounds"])
+    from flwr_sheaf.report import summary_lines
+
+    assert (
+        summary_lines(res)[0].startswith("RUN DEGRADED")
+        and "no usable description" in (summary_lines(res)[0])
     )
+
+
+def test_a_slot_that_no_node_can_fill_is_said_and_degrades_the_run(tmp_path, caplog):
+    # every agent drawn each round (fraction 1), agent 1 and the only spare both broken: 5 of 6
+    import logging
+
+    def both(grid, real):
+        return _broken(6)(grid, _broken(1)(grid, real))
+
+    log = logging.getLogger("flwr_sheaf")
+    log.addHandler(caplog.handler)
+    try:
+        res, grid = _spare_run(tmp_path, "unfilled", "sampled", both)
+    finally:
+        log.removeHandler(caplog.handler)
+    assert {f["node_id"] for f in res["discovery"]["failed"]} == {
+        grid.node_ids[1],
+        grid.node_ids[6],
+    }
+    assert all(r["num_trained"] == len(r["sampled"]) == 5 for r in res["rounds"])
+    assert res["status"] == "degraded"
+    problems = res["degradation"]["problems"]
+    assert any(
+        "2 drawn node(s) gave no usable description" in p and "at least 1 agent(s) failed" in p
+        for p in problems
+    )
+    assert any(
+        "could not give every slot to an agent" in p
+        and "round 1 train: 5 of 6" in p
+        and "round 2 train: 5 of 6" in p
+        for p in problems
+    )
+    assert "only 5 of the 6 drawn slots went to agents" in caplog.text
 
 
 def test_too_few_supernodes_fails_at_once_naming_the_federation_config(tmp_path):

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -732,3 +733,45 @@ def test_inprocess_script_reports_a_bad_value_in_one_line_with_exit_code_2():
     assert r.returncode == 2, r.stderr[-2000:]
     assert "graph='strar'" in r.stderr and "valid forms" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ issue 34, case 9: nothing measured
+def _evaluation_fails(fails):
+    """The CNN ClientApp whose evaluation handlers raise when ``fails(round, partition-id)``."""
+
+    def app(msg, ctx):
+        rnd, pid = int(msg.metadata.group_id or 0), int(ctx.node_config["partition-id"])
+        if msg.metadata.message_type.startswith("evaluate.") and fails(rnd, pid):
+            raise RuntimeError(f"injected: evaluation of partition-id {pid} failed")
+        return cnn_client_app(msg, ctx)
+
+    return app
+
+
+def test_a_run_whose_every_evaluation_fails_ends_failed_saying_nothing_was_measured(
+    tmp_path, caplog
+):
+    from flwr_sheaf.strategy.ledger import RunFailedError
+
+    rc = {**TINY, "num-server-rounds": 2, "evaluate-every": 1, "results-dir": str(tmp_path / "r")}
+    grid = LocalGrid(_evaluation_fails(lambda rnd, pid: True), 3, run_config=rc)
+    why = "no accuracy was measured: all evaluations failed (6 evaluation failure(s) in round(s) [1, 2]"
+    with pytest.raises(RunFailedError, match=re.escape(why)):
+        _logged(caplog, lambda: run_server(grid, rc))
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert all(r["private_accuracy_mean"] is None for r in res["rounds"])  # the premise
+    assert all(r["num_trained"] == 3 for r in res["rounds"])  # training itself went well
+    assert res["status"] == "failed" and res["degradation"]["accuracy_measured"] is False
+    assert any(why in r for r in res["degradation"]["reasons"])
+    assert "the run FAILED (no accuracy was measured" in caplog.text
+    # max-failed-fraction = 1 (report only): degraded, the same line among the problems
+    rc1 = {**rc, "results-dir": str(tmp_path / "r1"), "max-failed-fraction": 1.0}
+    grid1 = LocalGrid(_evaluation_fails(lambda rnd, pid: True), 3, run_config=rc1)
+    res1 = json.loads(run_server(grid1, rc1).read_text())
+    assert res1["status"] == "degraded" and any(why in p for p in res1["degradation"]["problems"])
+    # one node's evaluation failing once: accuracies measured, degraded as before
+    rc2 = {**rc, "results-dir": str(tmp_path / "r2")}
+    grid2 = LocalGrid(_evaluation_fails(lambda rnd, pid: (rnd, pid) == (1, 0)), 3, run_config=rc2)
+    res2 = json.loads(run_server(grid2, rc2).read_text())
+    assert res2["status"] == "degraded" and res2["degradation"]["accuracy_measured"] is True
+    assert res2["degradation"]["reasons"] == [] and "problems" not in res2["degradation"]

@@ -568,3 +568,84 @@ def test_a_capitalised_uniform_gets_a_did_you_mean(spec, hint):
 
     with pytest.raises(ConfigError, match=rf"participation='{spec}'.*\(did you mean '{hint}'\?\)"):
         RunConfig.from_run_config({"participation": spec})
+
+
+# ------------------------------------------------------------------ issue 34, case 6: nobody drawn
+def _app_run(tmp_path, name: str, **rc):
+    """``run_server`` of ``rc`` in-process: ``(results.json, the RunFailedError or None, log text)``."""
+    import json
+    import logging
+
+    from flwr_sheaf.apps.methods import num_nodes
+    from flwr_sheaf.apps.server_app import run_server
+    from flwr_sheaf.methods import parse_run_config
+    from flwr_sheaf.strategy.ledger import RunFailedError
+
+    rc = {"results-dir": str(tmp_path / name), **rc}
+    cfg, method = parse_run_config(rc)
+    grid = LocalGrid(cnn_client_app, num_nodes(cfg, method), run_config=rc)
+    records: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda r: records.append(r.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("flwr_sheaf").addHandler(handler)
+    err = None
+    try:
+        run_server(grid, rc)
+    except RunFailedError as exc:
+        err = exc
+    finally:
+        logging.getLogger("flwr_sheaf").removeHandler(handler)
+    res = json.loads((tmp_path / name / "results.json").read_text())
+    return res, err, "\n".join(records)
+
+
+TINY_APP = {
+    "zoo": "tiny-3",
+    "graph": "ring",
+    "num-pilots": 64,
+    "max-steps-per-epoch": 1,
+    "local-epochs": 1,
+    "evaluate-every": 0,
+}
+
+
+@pytest.mark.parametrize(
+    "rc",
+    [
+        {**TINY_APP, "participation": "1e-9", "num-server-rounds": 2},
+        {**TINY_APP, "participation": "0.001", "num-server-rounds": 3},
+        {"method": "rfedags", "participation": "1e-9", "num-server-rounds": 3, "seed": 1},
+    ],
+    ids=["sheaf-frl-1e-9", "sheaf-frl-0.001", "rfedags-1e-9"],
+)
+def test_a_run_in_which_no_round_draws_a_node_ends_failed(tmp_path, rc):
+    res, err, logged = _app_run(tmp_path, "nobody", **rc)
+    rounds = rc["num-server-rounds"]
+    assert [r["num_sampled"] for r in res["rounds"]] == [0] * rounds  # the premise: nobody drawn
+    assert res["status"] == res["degradation"]["status"] == "failed"
+    why = f"no node was drawn to train in any of the {rounds} round(s), so nothing was trained"
+    assert any(why in r for r in res["degradation"]["reasons"])
+    assert res["degradation"]["rounds_drawing_nobody"] == list(range(1, rounds + 1))
+    assert err is not None and why in str(err) and "participation" in str(err)
+    assert "max-failed-fraction" not in str(err)  # no node failed: that advice would not help
+    assert "the run FAILED" in logged and why in logged
+
+
+def test_a_run_in_which_most_rounds_draw_nobody_is_degraded_and_says_so(tmp_path):
+    p, rounds = 0.2, 3
+    seed = next(  # rounds 1 and 3 draw nobody, round 2 draws somebody
+        sd
+        for sd in range(1000)
+        if [bool(bernoulli_participation([p] * 3, t, sd).any()) for t in (1, 2, 3)]
+        == [False, True, False]
+    )
+    rc = {**TINY_APP, "participation": str(p), "num-server-rounds": rounds, "seed": seed}
+    res, err, logged = _app_run(tmp_path, "most", **rc)
+    assert err is None and [r["num_sampled"] == 0 for r in res["rounds"]] == [True, False, True]
+    assert res["status"] == "degraded" and res["degradation"]["rounds_drawing_nobody"] == [1, 3]
+    line = "2 of 3 rounds drew no node to train (rounds [1, 3])"
+    assert any(line in x for x in res["degradation"]["problems"])
+    assert "DEGRADED" in logged and line in logged
+    from flwr_sheaf.report import summary_lines
+
+    assert line in summary_lines(res)[0] and summary_lines(res)[0].startswith("RUN DEGRADED")

@@ -17,7 +17,7 @@ from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_age
 from ..data.sources import register_derived_cache
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
-from ..protocol import NodeInfo
+from ..protocol import NodeInfo, OutsideScenarioError
 from ..strategy.sampled import SampledDiscovery
 
 __all__ = [
@@ -47,7 +47,9 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
     label shift, ``partitioner``; 10% pilots).
 
     Raises:
-        ValueError: partition-id outside ``[0, N)`` for the zoo (named, with N).
+        OutsideScenarioError: partition-id >= N for the zoo (named, with N; a ``ValueError``):
+            the query handler describes such a node as a spare.
+        ValueError: a negative partition-id.
     """
     spec = _agent_spec(scenario, partition_id)
     data = _agent_data(_data_key(scenario), partition_id)
@@ -72,10 +74,13 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
 
 
 def _agent_spec(scenario: ScenarioConfig, partition_id: int) -> AgentSpec:
-    """The zoo spec of ``partition_id`` (range-checked: the error names the partition-id and N)."""
+    """The zoo spec of ``partition_id`` (range-checked: the error names the partition-id and N;
+    :class:`~flwr_sheaf.protocol.OutsideScenarioError` for a partition-id >= N, which the query
+    handler describes as a spare SuperNode)."""
     specs = agent_specs(scenario)
     if not 0 <= partition_id < len(specs):
-        raise ValueError(
+        error = OutsideScenarioError if partition_id >= len(specs) else ValueError
+        raise error(
             f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
         )
     return specs[partition_id]
@@ -89,7 +94,8 @@ def scenario_description(scenario: ScenarioConfig, partition_id: int) -> TaskDes
     dtype (what the stalk check's outcome depends on).
 
     Raises:
-        ValueError: partition-id outside ``[0, N)`` for the zoo (named, with N).
+        OutsideScenarioError: partition-id >= N for the zoo (named, with N; a ``ValueError``).
+        ValueError: a negative partition-id.
     """
     spec = _agent_spec(scenario, partition_id)
     data = _agent_data(_data_key(scenario), partition_id)

@@ -386,11 +386,20 @@ def _report(strategy, config: RunConfig, problems: list[str], path: Path, wall: 
             summary,
         )
         return path
-    log.error("results written to %s (%.1f s); the run FAILED: %s", path, wall, summary)
+    log.error(
+        "results written to %s (%.1f s); the run FAILED (%s): %s",
+        path,
+        wall,
+        "; ".join(status["reasons"]),
+        summary,
+    )
+    fix = "fix the nodes' errors, or set max-failed-fraction (now "
+    fix += f"{config.max_failed_fraction}; 1 = report only)"
+    if status["train_failed"] == 0 and not status["failures_by_phase"]:
+        fix = "see the reasons above"  # nobody drawn to train: no node's error to fix
     raise RunFailedError(
         f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
-        f"{path}; fix the nodes' errors, or set max-failed-fraction (now "
-        f"{config.max_failed_fraction}; 1 = report only)"
+        f"{path}; {fix}"
     )
 
 

@@ -27,6 +27,7 @@ from ..protocol import (
     TORCH_THREADS,
     TRAIN,
     NodeInfo,
+    OutsideScenarioError,
     comm_action,
     message_type,
     required,
@@ -217,18 +218,31 @@ def query_handler(
     factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`, the CNN zoo's)
     describes the node without building its model; the model is built and checked for the first node
     of each architecture in the process (:func:`_describe`).
+    A node whose task factory (or its hook) raises :class:`~flwr_sheaf.protocol.OutsideScenarioError`
+    (partition-id >= N) while its partition-id is inside the federation (< ``num-partitions``: a
+    spare SuperNode) replies a NodeInfo with ``d = 0`` naming its partition-id, so that discovery
+    keeps it idle and tells it from a broken agent (docs/participation.md, 1.5); outside the
+    federation too (a SuperNode started with a wrong partition-id) the error is its reply.
 
     Raises:
         ProtocolError: :data:`~flwr_sheaf.protocol.TORCH_THREADS` or
             :data:`~flwr_sheaf.protocol.DEVICE` missing from the config;
         DeviceUnavailableError: a device this machine lacks; ValueError: the stalk check failed, or
-            a description hook disagreed with the built task.
+            a description hook disagreed with the built task;
+        OutsideScenarioError: a partition-id outside the scenario and the federation.
     """
     cfg, mt = msg.content[CONFIG], message_type(QUERY, method.action)
     set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
     resolve_device(str(required(cfg, DEVICE, mt)))
     partition_id = node_partition_id(context)
-    desc = _describe(factory, context, partition_id)
+    try:
+        desc = _describe(factory, context, partition_id)
+    except OutsideScenarioError:  # a spare SuperNode: described as one, never trained
+        num_partitions = int(context.node_config.get("num-partitions", 0))
+        if partition_id >= num_partitions:  # outside the federation too: a wrong partition-id
+            raise
+        spare = NodeInfo(partition_id, num_partitions, 0)
+        return Message(RecordDict({INFO: spare.to_record()}), reply_to=msg)
     info = NodeInfo(
         partition_id,
         int(context.node_config.get("num-partitions", 0)),

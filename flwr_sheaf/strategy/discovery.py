@@ -183,7 +183,12 @@ class Discovery:
         if info is None:
             self.errors.append(f"node {r.metadata.src_node_id}: {str(problem)[-600:]}")
             if len(self.asked) > self.num_nodes:  # a spare SuperNode can stand in
-                log.warning("discovery: %s (idle)", self.errors[-1])
+                log.warning(
+                    "discovery: %s: a spare SuperNode whose query handler fails, or a broken agent "
+                    "(then its partition-id stays missing and discovery fails after "
+                    "discovery-timeout, naming it)",
+                    self.errors[-1],
+                )
             return
         self.found[info.partition_id] = Node(r.metadata.src_node_id, info)
 

@@ -5,7 +5,7 @@ round 1; at 10,000 SuperNodes on the Ray engine that alone takes minutes
 (docs/performance-ray-sampled.md). Here the server builds the graph from the ``expected``
 :class:`~flwr_sheaf.protocol.NodeInfo` per partition-id (derived from the scenario by the
 ServerApp), draws each round's participants over the sorted registered node ids
-(:meth:`SampledDiscovery.draw`), queries the drawn nodes not yet described, with the checks of full
+(:meth:`SampledDiscovery.order`), queries the drawn nodes not yet described, with the checks of full
 discovery (:func:`~flwr_sheaf.strategy.discovery.parse_reply`), and compares each reply with
 ``expected[partition-id]`` (:func:`info_mismatch`). The protocol, its failures and why the drawn
 partition-ids depend on the node ids: docs/participation.md, "Sampled discovery".
@@ -18,9 +18,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from flwr.serverapp import Grid
 
-from ..participation import ParticipationSampler, smallest_uniforms
+from ..participation import ParticipationSampler
 from ..protocol import NodeInfo
 from . import messaging
 from .discovery import POLL_SECONDS, Discovery, federation_fix, parse_reply
@@ -70,6 +71,8 @@ class SampledDiscovery:
         refused: ``{node id: (partition-id or None, reason)}`` of the nodes whose description failed.
         rounds: ``{round: {"train": [...], "evaluate": [...]}}`` partition-ids described in that
             round (for ``results.json``).
+        unfilled: ``{round: {phase: (filled, drawn)}}`` of the draws whose slots could not all be
+            given to agents (every further SuperNode a spare or unusable).
 
     Raises:
         ValueError: ``expected`` is not keyed by ``0..N-1``.
@@ -84,6 +87,7 @@ class SampledDiscovery:
         self.described: dict[int, int] = {}
         self.refused: dict[int, tuple[int | None, str]] = {}
         self.rounds: dict[int, dict[str, list[int]]] = {}
+        self.unfilled: dict[int, dict[str, tuple[int, int]]] = {}
         self._query: Discovery | None = None
         self._grid: Grid | None = None
         self._timeout = 0.0
@@ -150,10 +154,11 @@ class SampledDiscovery:
         )
         return {p: Node(0, info) for p, info in self.expected.items()}
 
-    def draw(self, sampler: ParticipationSampler, server_round: int) -> list[int]:
-        """The ``max(1, floor(f N))`` node ids with the smallest of ``sampler``'s uniforms over the
-        positions of :attr:`node_ids` (its seed, stream and fraction ``f``) in ``server_round``: with
-        M = N registered nodes, the fraction draw of :class:`ParticipationSampler` over positions.
+    def order(self, sampler: ParticipationSampler, server_round: int) -> list[int]:
+        """Every registered node id, by increasing uniform of ``sampler`` in ``server_round`` (stable
+        ties): a round draws the first ``max(1, floor(f N))`` (with M = N registered nodes, the
+        fraction draw of :class:`ParticipationSampler` over positions); a slot whose node turns out
+        a spare or unusable goes to the next (:meth:`sample`).
 
         Raises:
             ValueError: ``sampler`` draws Bernoulli participation (per partition-id, unknown here).
@@ -166,24 +171,40 @@ class SampledDiscovery:
         over = ParticipationSampler(
             len(self.node_ids), 1.0, seed=sampler.seed, stream=sampler.stream
         )
-        picked = smallest_uniforms(
-            over.uniforms(sampler.draw_round(server_round)), sampler.num_drawn
-        )
-        return [self.node_ids[i] for i in picked]
+        u = over.uniforms(sampler.draw_round(server_round))
+        return [self.node_ids[int(i)] for i in np.argsort(u, kind="stable")]
 
     @property
     def problems(self) -> list[str]:
-        """Lines for the run status: empty unless more described nodes were unusable than there are
-        spare SuperNodes (M - N), so that at least one agent could not describe itself."""
+        """Lines for the run status (each makes it ``degraded``): drawn nodes that gave no usable
+        description (a broken agent, or a spare whose query handler fails: a spare of the bundled
+        ClientApp describes itself as one), and draws whose slots could not all be filled."""
+        out = []
         unusable = [why for p, why in self.refused.values() if p is None]
-        spares = max(0, len(self.node_ids) - self.num_nodes)
-        if len(unusable) <= spares:
-            return []
-        return [
-            f"sampled discovery: {len(unusable)} node(s) gave no usable description but only "
-            f"{spares} SuperNode(s) are spares, so at least {len(unusable) - spares} agent(s) "
-            f"failed; first: {unusable[0]}"
-        ]
+        if unusable:
+            spares = max(0, len(self.node_ids) - self.num_nodes)
+            known = sum(1 for p in self.described.values() if p >= self.num_nodes)
+            least = len(unusable) - (spares - known)
+            out.append(
+                f"sampled discovery: {len(unusable)} drawn node(s) gave no usable description and "
+                f"were sent nothing (a broken agent, or a spare SuperNode whose query handler "
+                f"fails; {spares} of the {len(self.node_ids)} SuperNodes are spares, {known} "
+                f"described themselves as spares"
+                + (f", so at least {least} agent(s) failed" if least > 0 else "")
+                + f"); first: {unusable[0]}"
+            )
+        if self.unfilled:
+            short = [
+                f"round {r} {phase}: {filled} of {drawn}"
+                for r, phases in sorted(self.unfilled.items())
+                for phase, (filled, drawn) in sorted(phases.items())
+            ]
+            out.append(
+                f"sampled discovery: {len(short)} draw(s) could not give every slot to an agent "
+                f"(every further SuperNode was a spare or gave no usable description): "
+                f"{'; '.join(short[:5])}{' ...' if len(short) > 5 else ''}"
+            )
+        return out
 
     def sample(
         self,
@@ -197,17 +218,38 @@ class SampledDiscovery:
         ``"evaluate"``), after describing the drawn nodes not yet described; ``exchange`` then
         addresses every described partition-id. A drawn node whose description disagrees with the
         scenario is in the list and already recorded failed in ``ledger`` for ``phase`` (send it
-        nothing); one that names no usable partition-id is left out (an idle spare, or counted in
-        :attr:`problems`).
+        nothing); the slot of a spare (partition-id >= N) or of a node that gives no usable
+        description goes to the next node in :meth:`order` (the latter counted in :attr:`problems`,
+        as a draw whose slots cannot all be filled).
 
         Raises:
             RuntimeError: see :meth:`describe` (what full discovery refuses).
-            ValueError: see :meth:`draw`.
+            ValueError: see :meth:`order`.
         """
-        drawn, self._round = self.draw(sampler, server_round), server_round
+        order, self._round = self.order(sampler, server_round), server_round
+        want, pos = sampler.num_drawn, 0
+        drawn: list[int] = []
+        new: list[int] = []
         t0 = time.monotonic()
-        new = self.describe([n for n in drawn if n not in self.described and n not in self.refused])
-        self.rounds.setdefault(server_round, {})[phase] = new
+        while len(drawn) < want and pos < len(order):  # a spare's or unusable node's slot: the next
+            batch = order[pos : pos + want - len(drawn)]
+            pos += len(batch)
+            new += self.describe(
+                [n for n in batch if n not in self.described and n not in self.refused]
+            )
+            drawn += [n for n in batch if self._agent(n)]
+        self.rounds.setdefault(server_round, {})[phase] = sorted(new)
+        if len(drawn) < want:
+            self.unfilled.setdefault(server_round, {})[phase] = (len(drawn), want)
+            log.warning(
+                "sampled discovery, round %d %s: only %d of the %d drawn slots went to agents: every "
+                "other SuperNode is a spare or gave no usable description (results.json "
+                "'discovery.failed'); the run is degraded",
+                server_round,
+                phase,
+                len(drawn),
+                want,
+            )
         log.info(
             "round %d %s: %d of %d drawn node(s) described now (%.1f s)",
             server_round,
@@ -224,12 +266,17 @@ class SampledDiscovery:
             pid, why = self.described.get(n), None
             if pid is None:
                 pid, why = self.refused[n]
-            if pid is None or pid >= self.num_nodes:
-                continue
+            assert pid is not None  # _agent(n)
             if why is not None:
                 ledger.record_failure(server_round, phase, pid, why)
             out.append(pid)
         return sorted(out)
+
+    def _agent(self, node_id: int) -> bool:
+        """Whether described node ``node_id`` names an agent's partition-id (< N), its description
+        accepted or refused (a refused one is that agent's recorded failure)."""
+        pid = self.described.get(node_id, self.refused.get(node_id, (None, ""))[0])
+        return pid is not None and pid < self.num_nodes
 
     def describe(self, node_ids: list[int], timeout: float | None = None) -> list[int]:
         """Query ``node_ids`` once (each round trip waits ``timeout``, default the round timeout) and
@@ -271,10 +318,17 @@ class SampledDiscovery:
 
     def refuse(self, node_id: int, pid: int | None, why: str) -> None:
         """Record node ``node_id``'s failed description (``pid`` None: it names no usable
-        partition-id; with spare SuperNodes it may be a spare, logged as idle)."""
+        partition-id, a broken agent or a spare whose query handler fails: logged, and in
+        :attr:`problems`)."""
         self.refused[node_id] = (pid, why if pid is not None else f"round {self._round}: {why}")
         if pid is None:
-            log.warning("sampled discovery, round %d: %s (idle)", self._round, why)
+            log.warning(
+                "sampled discovery, round %d: %s: a broken agent, or a spare SuperNode whose query "
+                "handler fails; it is sent nothing, its draw slot goes to the next drawn node and "
+                "the run is degraded",
+                self._round,
+                why,
+            )
 
     def describe_run(self) -> dict[str, Any]:
         """``results.json``'s ``discovery`` entry: the mode, SuperNodes registered, the partition-ids
