@@ -1181,10 +1181,11 @@ class RunConfig(Section):
         ``graph`` or ``participation`` fails before any message.
 
         Raises:
-            ConfigError: the graph spec is unknown, names a node outside the zoo, is not
-                connected, or is too large for the zoo (checked from ``N`` before anything is
-                built); ``participation`` has another count than the run's agents (the zoo's, or
-                :attr:`agents` of a method with its own problem) or gives every node probability 0;
+            ConfigError: the run cannot fit this machine or its dataset (:meth:`check_scale`, from
+                ``N`` before anything is built); the graph spec is unknown, names a node outside
+                the zoo or is not connected; ``participation`` has another count than the run's
+                agents (the zoo's, or :attr:`agents` of a method with its own problem) or gives
+                every node probability 0;
                 or a section's :meth:`Section.check_dims` refuses the zoo's stalk dimensions.
         """
         if self.agents is not None:  # the method's own problem: no zoo, no graph

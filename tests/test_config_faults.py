@@ -402,6 +402,26 @@ def test_the_dataset_bound_counts_three_samples_an_agent_past_the_pilot_hold_out
     check_agents_fit("hf:some/dataset", 10**9)  # size unknown without loading it: the nodes check
 
 
+def test_an_idx_directory_size_is_read_from_its_label_headers(tmp_path):
+    import gzip
+    import struct
+
+    from flwr_sheaf.data.partition import check_agents_fit
+    from flwr_sheaf.data.sources import source_size
+
+    # 3,000 + 1,000 labels (one file gzipped): 4,000 samples, 400 pilots, (4000 - 400) / 3 = 1,200
+    (tmp_path / "train-labels-idx1-ubyte").write_bytes(
+        struct.pack(">II", 0x801, 3000) + bytes(3000)
+    )
+    with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz", "wb") as fh:
+        fh.write(struct.pack(">II", 0x801, 1000) + bytes(1000))
+    assert source_size(f"idx:{tmp_path}") == 4000
+    check_agents_fit(f"idx:{tmp_path}", 1200)
+    with pytest.raises(ValueError, match=r"at most 1200 agents"):
+        check_agents_fit(f"idx:{tmp_path}", 1201)
+    assert source_size(f"idx:{tmp_path / 'missing'}") is None  # loading it names the problem
+
+
 def test_the_memory_estimate_names_the_largest_zoo_that_fits():
     from flwr_sheaf.config import check_run_memory
 
