@@ -581,7 +581,8 @@ def test_an_unknown_partition_id_fails_discovery_naming_it(tmp_path):
     )
     with pytest.raises(
         RuntimeError,
-        match=r"discovery failed on node \d+: .*partition-id 5 is outside \[0, 3\) for zoo 'tiny-3'",
+        match=r"discovery failed on node \d+: .*partition-id=5 is outside 0\.\.2 \(num-partitions=3\); "
+        r"start the SuperNode with --node-config",
     ):
         run_server(grid, rc)
 
