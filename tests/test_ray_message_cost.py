@@ -4,6 +4,7 @@ pickles the ClientApp with every message; docs/performance-ray.md, "Where a mess
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pickle
 import subprocess
@@ -249,7 +250,7 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
     from flwr_sheaf.testing import LocalGrid
 
     assert describer_of(scenario.cnn_task_factory) is scenario.cnn_task_description
-    monkeypatch.setattr(handlers, "_DESCRIBED_CHECKED", set())
+    monkeypatch.setattr(handlers, "_DESCRIBED_CHECKED", {})
     built = []
     real = scenario.build_agent
     monkeypatch.setattr(scenario, "build_agent", lambda *a, **k: built.append(1) or real(*a, **k))
@@ -271,7 +272,8 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
     def factory(context):
         return scenario.cnn_task_factory(context)
 
-    handlers._DESCRIBED_CHECKED.clear()  # a fresh process: the first node of an architecture is built
+    # the same process, whose truthful hook already checked these architectures: a hook (or a
+    # factory) of its own is checked again, not trusted on the other's key (review)
     app = ClientApp()
     register_sheaf_handlers(app, with_describer(factory, lying))
     grid = LocalGrid(app, 2, run_config=rc)
@@ -284,8 +286,21 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
         for n in grid.node_ids
     ]
     replies = list(grid.send_and_receive(msgs, timeout=5))
-    assert all(r.has_error() for r in replies)
+    assert len(replies) == 2 and all(r.has_error() for r in replies)
     assert "partition-id 0: the task factory's describe hook says" in replies[0].error.reason
+
+    # a wrapper that changes the task carries the zoo's hook along through functools.wraps
+    @functools.wraps(scenario.cnn_task_factory)
+    def fewer(context):
+        task = scenario.cnn_task_factory(context)
+        return dataclasses.replace(task, x_train=task.x_train[:5], y_train=task.y_train[:5])
+
+    assert describer_of(fewer) is scenario.cnn_task_description
+    app = ClientApp()
+    register_sheaf_handlers(app, fewer)
+    replies = list(LocalGrid(app, 2, run_config=rc).send_and_receive(msgs, timeout=5))
+    assert len(replies) == 2 and all(r.has_error() for r in replies)
+    assert "num_train=5" in replies[0].error.reason
 
 
 def test_the_message_cost_benchmark_checks_its_data_before_starting_anything(
