@@ -306,3 +306,27 @@ def test_before_the_first_reply_few_messages_wait_and_pulls_back_off(monkeypatch
     assert len(after) <= 4 + n // window + 1
     gaps = [b - a for a, b in zip(after, after[1:])]
     assert max(gaps) <= messaging.PULL_INTERVAL + 1e-9
+
+
+def test_nothing_is_pushed_once_the_timeout_has_run_out(monkeypatch, caplog):
+    """Review of the pull back-off: its last sleep ends on the deadline itself; slots that turned
+    stale during it were refilled there, i.e. messages were pushed that nobody would wait for (a
+    node then trained for a round already closed). Nothing is pushed at or after the deadline."""
+    clock = FakeClock()
+    monkeypatch.setattr(messaging, "time", clock)
+
+    class Timed(FakeGrid):
+        push_times: list[float] = []
+
+        def push_messages(self, messages):
+            self.push_times.extend(clock.now for _ in messages)
+            return super().push_messages(messages)
+
+    # message 0 answers at once (stale after MIN_STALE_S = 1 s), the others never; timeout 1 s
+    n, timeout = 20, messaging.MIN_STALE_S
+    grid = Timed([0] + [None] * (n - 1))
+    replies = messaging.send_and_receive(grid, [_msg(i) for i in range(n)], timeout, 2)
+    assert [_index(r) for r in replies] == [0]
+    assert grid.pushed == [0, 1, 2] and max(grid.push_times) < timeout
+    assert clock.now == pytest.approx(timeout)  # it returns on the deadline, not a pull later
+    assert f"{n - 3} of {n} messages not sent" in caplog.text

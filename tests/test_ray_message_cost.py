@@ -4,6 +4,7 @@ pickles the ClientApp with every message; docs/performance-ray.md, "Where a mess
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pickle
 import subprocess
@@ -249,7 +250,7 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
     from flwr_sheaf.testing import LocalGrid
 
     assert describer_of(scenario.cnn_task_factory) is scenario.cnn_task_description
-    monkeypatch.setattr(handlers, "_DESCRIBED_CHECKED", set())
+    monkeypatch.setattr(handlers, "_DESCRIBED_CHECKED", {})
     built = []
     real = scenario.build_agent
     monkeypatch.setattr(scenario, "build_agent", lambda *a, **k: built.append(1) or real(*a, **k))
@@ -271,7 +272,8 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
     def factory(context):
         return scenario.cnn_task_factory(context)
 
-    handlers._DESCRIBED_CHECKED.clear()  # a fresh process: the first node of an architecture is built
+    # the same process, whose truthful hook already checked these architectures: a hook (or a
+    # factory) of its own is checked again, not trusted on the other's key (review)
     app = ClientApp()
     register_sheaf_handlers(app, with_describer(factory, lying))
     grid = LocalGrid(app, 2, run_config=rc)
@@ -284,8 +286,29 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
         for n in grid.node_ids
     ]
     replies = list(grid.send_and_receive(msgs, timeout=5))
-    assert all(r.has_error() for r in replies)
+    assert len(replies) == 2 and all(r.has_error() for r in replies)
     assert "partition-id 0: the task factory's describe hook says" in replies[0].error.reason
+
+    # a wrapper that changes one node's task (partition-id 6, whose architecture partition-id 1
+    # already checked) does not inherit the zoo's hook through functools.wraps: its nodes are
+    # described from their built tasks (review)
+    @functools.wraps(scenario.cnn_task_factory)
+    def fewer(context):
+        task = scenario.cnn_task_factory(context)
+        if int(context.node_config["partition-id"]) == 6:
+            task = dataclasses.replace(task, x_train=task.x_train[:5], y_train=task.y_train[:5])
+        return task
+
+    assert describer_of(fewer) is None
+    assert describer_of(scenario.cnn_task_factory) is scenario.cnn_task_description
+    app = ClientApp()
+    register_sheaf_handlers(app, fewer)
+    grid = LocalGrid(app, 7, run_config=rc)
+    strategy = SheafFRL(num_nodes=7, federation=FederationConfig(graph="ring", seed=3))
+    strategy.discover(grid, timeout=5)
+    sizes = {n.info.partition_id: n.info.num_examples for n in strategy.nodes.values()}
+    full = scenario.scenario_task(sc, 6).x_train.shape[0]
+    assert sizes[6] == 5 and full > 5 and sizes[1] == scenario.scenario_task(sc, 1).x_train.shape[0]
 
 
 def test_the_message_cost_benchmark_checks_its_data_before_starting_anything(

@@ -38,6 +38,7 @@ from .loop import CrossEntropy, LossPlugin, train_local
 from .reference import travel_by_reference
 from .task import (
     LocalTask,
+    TaskDescriber,
     TaskDescription,
     TaskFactory,
     describer_of,
@@ -217,7 +218,7 @@ def query_handler(
     discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`). A
     factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`, the CNN zoo's)
     describes the node without building its model; the model is built and checked for the first node
-    of each architecture in the process (:func:`_describe`).
+    of each architecture (for each factory and hook) in the process (:func:`_describe`).
     A node whose task factory (or its hook) raises :class:`~flwr_sheaf.protocol.OutsideScenarioError`
     (partition-id >= N) while its partition-id is inside the federation (< ``num-partitions``: a
     spare SuperNode) replies a NodeInfo with ``d = 0`` naming its partition-id, so that discovery
@@ -272,15 +273,18 @@ def describe_task(task: LocalTask, architecture: Hashable = None) -> TaskDescrip
     )
 
 
-#: ``architecture`` keys of description hooks whose model passed the stalk check in this process.
-_DESCRIBED_CHECKED: set = set()
+#: ``(id(factory), id(hook), architecture)`` whose built model passed the stalk check and agreed
+#: with the hook in this process (the values keep both alive, so the ids stay theirs): another
+#: factory or hook (a wrapper carrying the CNN zoo's hook through ``functools.wraps``, a hook of its
+#: own with the same key) is checked again, never trusted on the key alone.
+_DESCRIBED_CHECKED: dict[tuple[int, int, Hashable], tuple[TaskFactory, TaskDescriber]] = {}
 
 
 def _describe(factory: TaskFactory, context: Context, partition_id: int) -> TaskDescription:
     """The node's description: from the factory's hook (:func:`~flwr_sheaf.client.task.describer_of`)
-    without building the model, except for the first node of each architecture in this process, whose
-    task is built, stalk-checked and compared with the hook's answer; without a hook, from the built
-    task (:func:`check_stalk_protocol_once`).
+    without building the model, except for the first node of each architecture, factory and hook in
+    this process, whose task is built, stalk-checked and compared with the hook's answer; without a
+    hook, from the built task (:func:`check_stalk_protocol_once`).
 
     Raises:
         ValueError: the stalk check failed, or the hook's description differs from the built task's
@@ -292,7 +296,8 @@ def _describe(factory: TaskFactory, context: Context, partition_id: int) -> Task
         check_stalk_protocol_once(task, partition_id)
         return describe_task(task)
     desc = describe(context)
-    if desc.architecture not in _DESCRIBED_CHECKED:
+    key = (id(factory), id(describe), desc.architecture)
+    if key not in _DESCRIBED_CHECKED:
         task = factory(context)
         check_stalk_protocol_once(task, partition_id)
         built = describe_task(task, desc.architecture)
@@ -302,7 +307,7 @@ def _describe(factory: TaskFactory, context: Context, partition_id: int) -> Task
                 f"built task {built}; fix the hook (flwr_sheaf.client.task.with_describer) so that "
                 f"both agree"
             )
-        _DESCRIBED_CHECKED.add(desc.architecture)
+        _DESCRIBED_CHECKED[key] = (factory, describe)
     return desc
 
 

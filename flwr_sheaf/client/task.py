@@ -130,24 +130,38 @@ TaskDescriber = Callable[[Context], TaskDescription]
 discovery query without building the node's model; it must equal what the built task gives."""
 
 
+#: the attribute :func:`with_describer` sets: ``(factory, describe)``, the factory it was attached to
+#: named, so that a wrapper that copies it (``functools.wraps`` copies ``__dict__``) does not inherit it
+_DESCRIBER_ATTR = "_flwr_sheaf_describer"
+
+
 def with_describer(factory: TaskFactory, describe: TaskDescriber) -> TaskFactory:
     """Attach ``describe`` to ``factory`` as its description hook (:func:`describer_of`) and return
     ``factory``: the ``query`` handler then describes a node from the hook, building the model (and
     comparing the two descriptions) only for the first node of each ``architecture`` in a process.
+    The hook belongs to ``factory`` alone: a wrapper of it (``functools.wraps``) has none.
 
     Raises:
-        TypeError: ``describe`` is not callable.
+        TypeError: ``describe`` is not callable, or ``factory`` takes no attributes.
     """
     if not callable(describe):
         raise TypeError(f"describe must be callable, got {describe!r}")
-    factory.describe = describe  # type: ignore[attr-defined]
+    try:
+        setattr(factory, _DESCRIBER_ATTR, (factory, describe))
+    except AttributeError:
+        raise TypeError(
+            f"with_describer: cannot attach a hook to {factory!r}; pass a plain function or a "
+            f"functools.partial as the factory"
+        ) from None
     return factory
 
 
 def describer_of(factory: TaskFactory) -> TaskDescriber | None:
-    """The description hook attached by :func:`with_describer` (None: the handler builds the task)."""
-    describe = getattr(factory, "describe", None)
-    return describe if callable(describe) else None
+    """The description hook attached to ``factory`` itself by :func:`with_describer` (None: the handler
+    builds the task; also for a wrapper that copied the attribute of the factory it wraps, whose
+    tasks may differ)."""
+    owner, describe = getattr(factory, _DESCRIBER_ATTR, (None, None))
+    return describe if owner is factory and callable(describe) else None
 
 
 def save_module_state(

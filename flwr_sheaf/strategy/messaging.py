@@ -67,11 +67,12 @@ def send_and_receive(
     exchange), at most ``window`` in flight (None: the grid's own ``send_and_receive``).
 
     Windowed: the first ``min(window, SLOW_START)`` messages are pushed (one more allowed in flight
-    for each reply, up to ``window``), replies pulled every ``pull_interval`` seconds
-    (doubling up to :data:`MAX_PULL_INTERVAL` while pulls bring nothing), each reply frees a slot for the next message; a message unanswered for ``STALE_FACTOR`` times the
-    longest reply time seen (at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply) stops
-    holding its slot. A message the grid refused to store gets no reply, like Flower's; when
-    ``timeout`` runs out, unanswered messages get none and unsent ones are not sent (logged).
+    for each reply, up to ``window``), replies pulled every ``pull_interval`` seconds (doubling up
+    to :data:`MAX_PULL_INTERVAL` while pulls bring nothing), each reply frees a slot for the next
+    message; a message unanswered for ``STALE_FACTOR`` times the longest reply time seen (at least
+    ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply) stops holding its slot. A message the grid
+    refused to store gets no reply, like Flower's; when ``timeout`` runs out, unanswered messages get
+    none and unsent ones are not sent (logged): nothing is pushed at or after the deadline.
 
     Returns:
         The windowed exchange's replies in the order of ``msgs`` (not arrival order); the unbounded
@@ -96,7 +97,7 @@ def send_and_receive(
         now = time.monotonic()
         stale = FIRST_REPLY_S if longest < 0 else max(MIN_STALE_S, STALE_FACTOR * longest)
         busy = sum(1 for _, t in pending.values() if now - t < stale)
-        if sent < len(msgs) and busy < limit:
+        if sent < len(msgs) and busy < limit and now < deadline:  # none past the deadline
             batch = msgs[sent : sent + limit - busy]
             stored = set(grid.push_messages(batch))
             for i, m in enumerate(batch, start=sent):
