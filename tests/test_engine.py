@@ -1,6 +1,11 @@
 """Real-engine tests: ``flwr run`` on a private local SuperLink + Ray (marked ``engine``).
 
 Run locally with ``pytest -m engine``; skip with ``-m "not engine"``. CI runs them.
+
+The runs are independent (each on its own free ports, its own FLWR_HOME and Ray instance) and spend
+most of their wall time waiting on process start-ups and Flower's polling, so the module fixture
+``runs`` starts the selected ones two at a time (two such runs side by side took 26 s each, one after
+the other 25 + 22 s); each test then waits for its own run and checks it as before.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,13 +38,61 @@ def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4):
     ]
     if run_config:
         cmd += ["--run-config", run_config]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
+    proc.wall = time.monotonic() - t0  # type: ignore[attr-defined]  # this run's own wall time
+    return proc
+
+
+# test name -> (run config with {out} for its results-dir, app, num_supernodes)
+RUNS = {
+    "test_flwr_run_completes_and_writes_results": (
+        f"{TINY} graph='ring' num-server-rounds=2 results-dir='{{out}}'",
+        ROOT,
+        4,
+    ),
+    "test_sampled_discovery_under_flwr_run_describes_only_the_drawn_nodes": (
+        # discovery='sampled' on the Ray engine: Flower's random node ids, 2 of 4 nodes drawn per phase
+        f"{TINY} graph='ring' num-server-rounds=2 fraction-train=0.5 fraction-evaluate=0.5 "
+        "discovery='sampled' results-dir='{out}'",
+        ROOT,
+        4,
+    ),
+    # `flwr run . --stream` with no --federation-config: Flower 1.42 starts 2 SuperNodes
+    "test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix": ("", ROOT, 0),
+    "test_dropin_app_runs_under_flwr_run": (
+        "num-server-rounds=2 results-dir='{out}'",
+        ROOT / "examples" / "dropin_app",
+        4,
+    ),
+    "test_a_run_in_which_nobody_trains_ends_failed_under_flwr_run": (
+        f"{TINY} graph='ring' num-server-rounds=2 lr=1e8 clip-norm=0.0 results-dir='{{out}}'",
+        ROOT,
+        4,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    """{test name: (Future of its CompletedProcess, its results dir)} for the selected tests of this
+    module, started two at a time in the order above."""
+    here = request.module.__name__
+    selected = {i.originalname for i in request.session.items if i.module.__name__ == here}
+    pool = ThreadPoolExecutor(max_workers=2)
+    out: dict[str, tuple[Future, Path]] = {}
+    for name, (rc, app, n) in RUNS.items():
+        if name in selected:
+            res = tmp_path_factory.mktemp(name[5:40]) / "res"
+            out[name] = (pool.submit(_run, None, rc.format(out=res), 0, app, n), res)
+    yield out
+    pool.shutdown(wait=True)
 
 
 @pytest.mark.engine
-def test_flwr_run_completes_and_writes_results(tmp_path):
-    out = tmp_path / "res"
-    proc = _run(tmp_path, f"{TINY} graph='ring' num-server-rounds=2 results-dir='{out}'", 0)
+def test_flwr_run_completes_and_writes_results(runs):
+    future, out = runs["test_flwr_run_completes_and_writes_results"]
+    proc = future.result()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "finished:completed" in proc.stdout
     res = json.loads((out / "results.json").read_text())
@@ -49,14 +103,9 @@ def test_flwr_run_completes_and_writes_results(tmp_path):
 
 
 @pytest.mark.engine
-def test_sampled_discovery_under_flwr_run_describes_only_the_drawn_nodes(tmp_path):
-    # discovery='sampled' on the Ray engine: Flower's random node ids, 2 of 4 nodes drawn per phase
-    out = tmp_path / "sampled"
-    rc = (
-        f"{TINY} graph='ring' num-server-rounds=2 fraction-train=0.5 fraction-evaluate=0.5 "
-        f"discovery='sampled' results-dir='{out}'"
-    )
-    proc = _run(tmp_path, rc, 0)
+def test_sampled_discovery_under_flwr_run_describes_only_the_drawn_nodes(runs):
+    future, out = runs["test_sampled_discovery_under_flwr_run_describes_only_the_drawn_nodes"]
+    proc = future.result()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "finished:completed" in proc.stdout
     res = json.loads((out / "results.json").read_text())
@@ -70,12 +119,13 @@ def test_sampled_discovery_under_flwr_run_describes_only_the_drawn_nodes(tmp_pat
 
 
 @pytest.mark.engine
-def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(tmp_path):
+def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(runs):
     # `flwr run . --stream` with no --federation-config: Flower 1.42 starts 2 SuperNodes, the default
     # scenario has 15 agents. The ServerApp must stop at discovery, not wait for nodes that never come.
-    t0 = time.monotonic()
-    proc = _run(tmp_path, "", 0, num_supernodes=0)
-    wall = time.monotonic() - t0
+    proc = runs["test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix"][
+        0
+    ].result()
+    wall = proc.wall  # the run's own wall time (not the wait for a slot in the module's pool)
     assert proc.returncode == 1 and "finished:failed" in proc.stdout, proc.stdout[-3000:]
     assert 'flwr run . --stream --federation-config "num-supernodes=15"' in proc.stdout
     # Waiting for the 13 SuperNodes that never come would take the whole default discovery-timeout
@@ -87,15 +137,9 @@ def test_plain_flwr_run_on_flowers_default_federation_fails_fast_naming_the_fix(
 
 
 @pytest.mark.engine
-def test_dropin_app_runs_under_flwr_run(tmp_path):
-    out = tmp_path / "dropin"
-    proc = _run(
-        tmp_path,
-        f"num-server-rounds=2 results-dir='{out}'",
-        0,
-        app=ROOT / "examples" / "dropin_app",
-        num_supernodes=4,
-    )
+def test_dropin_app_runs_under_flwr_run(runs):
+    future, out = runs["test_dropin_app_runs_under_flwr_run"]
+    proc = future.result()
     assert proc.returncode == 0 and "finished:completed" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-2000:]
     )
@@ -106,16 +150,15 @@ def test_dropin_app_runs_under_flwr_run(tmp_path):
 
 
 @pytest.mark.engine
-def test_a_run_in_which_nobody_trains_ends_failed_under_flwr_run(tmp_path):
+def test_a_run_in_which_nobody_trains_ends_failed_under_flwr_run(runs):
     """Issue "no silent failure", item 4, on the real engine: every node's loss diverges (lr 1e8, no
     clipping), so no node trains; the ServerApp writes results.json with status failed and then fails,
     so `flwr ls` says failed and the wrapper exits 1 (flwr run itself exits 0). This is also the
     engine test of the wrapper's failure detection (a ServerApp that raises: flwr run exits 0, the
     wrapper must not); the ServerApp's refusals themselves (e.g. a disconnected graph) are tested
     in-process (tests/test_flower_e2e.py, tests/test_config.py)."""
-    out = tmp_path / "res"
-    rc = f"{TINY} graph='ring' num-server-rounds=2 lr=1e8 clip-norm=0.0 results-dir='{out}'"
-    proc = _run(tmp_path, rc, 0)
+    future, out = runs["test_a_run_in_which_nobody_trains_ends_failed_under_flwr_run"]
+    proc = future.result()
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "finished:failed" in proc.stdout
     res = json.loads((out / "results.json").read_text())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,17 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TWO = "zoo='two-agent:8' graph='0-1' num-pilots=64 local-epochs=1 num-server-rounds=1"
 
 
-@pytest.mark.engine
-# FedSAF runs FedProto's strategy and client path with another loss plug-in (in-process tests and the
-# notebook cover it); one real-engine run per distinct path keeps the suite within its time budget.
-# FedProto and the non-cooperative baseline send the same kinds of records through the engine as
-# FedMuscle (a server-built target record) and Sheaf-FRL (tests/test_engine.py); their logic is
-# covered in-process (tests/test_methods_flower.py). One real-engine run per kind of payload keeps the
-# suite near its 15-minute budget now that the deployment-engine tests run too.
-@pytest.mark.parametrize("i, method", list(enumerate(["fedmuscle", "comfed"])))
-def test_flwr_run_each_comparison_method(tmp_path, i, method):
-    out = tmp_path / "res"
-    cmd = [
+def _cmd(method: str, out: Path) -> list[str]:
+    return [
         sys.executable,
         str(ROOT / "scripts" / "run_flwr.py"),
         "--app",
@@ -41,7 +33,45 @@ def test_flwr_run_each_comparison_method(tmp_path, i, method):
         "--run-config",
         f"{TWO} method='{method}' results-dir='{out}'",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
+
+
+METHODS = ["fedmuscle", "comfed"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both runs started at once (own free ports, FLWR_HOME and Ray instance each): they spend most
+    of their wall time waiting on process start-ups, so side by side they overlap (tests/test_engine.py)."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    out = {}
+    for method in METHODS:
+        res = tmp_path_factory.mktemp(method) / "res"
+        out[method] = (
+            pool.submit(
+                subprocess.run,
+                _cmd(method, res),
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=700,
+            ),
+            res,
+        )
+    yield out
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.engine
+# FedSAF runs FedProto's strategy and client path with another loss plug-in (in-process tests and the
+# notebook cover it); one real-engine run per distinct path keeps the suite within its time budget.
+# FedProto and the non-cooperative baseline send the same kinds of records through the engine as
+# FedMuscle (a server-built target record) and Sheaf-FRL (tests/test_engine.py); their logic is
+# covered in-process (tests/test_methods_flower.py). One real-engine run per kind of payload keeps the
+# suite near its 15-minute budget now that the deployment-engine tests run too.
+@pytest.mark.parametrize("i, method", list(enumerate(METHODS)))
+def test_flwr_run_each_comparison_method(runs, i, method):
+    future, out = runs[method]
+    proc = future.result()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["method"] == method and res["failures"] == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -64,25 +65,42 @@ def test_participation_comes_from_the_sampler_key(tmp_path):
     assert res["participation"]["mode"] != "fraction" and res["rounds"][0]["num_sampled"] < 10
 
 
+ENGINE_METHODS = ["rfedags", "rfedavg"]
+
+
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory):
+    """Both flwr runs started at once (own free ports, FLWR_HOME and Ray instance each): they spend
+    most of their wall time waiting on process start-ups, so side by side they overlap."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for method in ENGINE_METHODS:
+        out = tmp_path_factory.mktemp(method) / "res"
+        cmd = [
+            sys.executable,
+            str(ROOT / "scripts" / "run_flwr.py"),
+            "--app",
+            str(ROOT),
+            "--num-supernodes",
+            "10",
+            "--port",
+            "0",
+            "--timeout",
+            "600",
+            "--run-config",
+            f"method='{method}' rfedags-problem='spd' num-server-rounds=3 results-dir='{out}'",
+        ]
+        kw = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 700}
+        runs[method] = (pool.submit(subprocess.run, cmd, **kw), out)
+    yield runs
+    pool.shutdown(wait=True)
+
+
 @pytest.mark.engine
-@pytest.mark.parametrize("method", ["rfedags", "rfedavg"])
-def test_flwr_run_selects_the_rfedags_family_and_writes_results(tmp_path, method):
-    out = tmp_path / "res"
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "run_flwr.py"),
-        "--app",
-        str(ROOT),
-        "--num-supernodes",
-        "10",
-        "--port",
-        "0",
-        "--timeout",
-        "600",
-        "--run-config",
-        f"method='{method}' rfedags-problem='spd' num-server-rounds=3 results-dir='{out}'",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
+@pytest.mark.parametrize("method", ENGINE_METHODS)
+def test_flwr_run_selects_the_rfedags_family_and_writes_results(engine_runs, method):
+    future, out = engine_runs[method]
+    proc = future.result()
     assert proc.returncode == 0 and "finished:completed" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-2000:]
     )
