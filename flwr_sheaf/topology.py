@@ -10,10 +10,12 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "class_overlap_graph",
@@ -102,6 +104,8 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
             would not fit; names both numbers), or ``N > CLASS_OVERLAP_MAX_NODES`` (300; the sparse
             graphs are named).
     """
+    import networkx as nx
+
     sets = _class_sets(class_sets, lambda c: c)
     if (
         isinstance(density, bool)
@@ -195,6 +199,8 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     Raises:
         ValueError: empty class sets, a bad ``k`` (named).
     """
+    import networkx as nx
+
     m = _class_matrix(class_sets)
     n = m.shape[0]
     graph = nx.Graph()
@@ -307,6 +313,8 @@ def _component_joins(
     for each, the pair ``(i, j)``, ``i`` in the nodes joined so far and ``j`` in the component, of
     largest overlap, ties by smallest ``(i, j)``; computed on the class-set groups (the smallest
     agent of each set on each side), never on an agent-by-agent block."""
+    import networkx as nx
+
     components = sorted((min(c), c) for c in nx.connected_components(graph))
     if len(components) == 1:
         return []
@@ -340,6 +348,8 @@ def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) ->
         ValueError: ``n * k`` odd, ``k`` outside ``[1, N - 1]``, ``k = 1`` with ``N > 2`` (a perfect
             matching is never connected), or no connected draw within ``max_tries`` (all named).
     """
+    import networkx as nx
+
     n = _check_num_nodes(n)
     if n == 1:
         graph = nx.Graph()
@@ -382,6 +392,8 @@ def ring_graph(n: int) -> nx.Graph:
     Raises:
         ValueError: if ``n`` is not a positive integer.
     """
+    import networkx as nx
+
     n = _check_num_nodes(n)
     return nx.path_graph(n) if n < 3 else nx.cycle_graph(n)
 
@@ -392,6 +404,8 @@ def complete_graph(n: int) -> nx.Graph:
     Raises:
         ValueError: if ``n`` is not a positive integer.
     """
+    import networkx as nx
+
     return nx.complete_graph(_check_num_nodes(n))
 
 
@@ -403,6 +417,8 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
             an endpoint outside ``[0, n)`` (each named). Connectivity is checked by
             :func:`validate_graph`, not here.
     """
+    import networkx as nx
+
     n = _check_num_nodes(n)
     graph = nx.Graph()
     graph.add_nodes_from(range(n))
@@ -532,6 +548,8 @@ def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
             that is not a partition id (named), misses a partition id (named), is empty, or is
             not connected (the components are listed).
     """
+    import networkx as nx
+
     if graph.is_directed() or graph.is_multigraph():
         raise ValueError(
             f"topology must be an undirected simple nx.Graph, got {type(graph).__name__}"

@@ -23,7 +23,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
-import networkx as nx
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
@@ -37,6 +36,8 @@ from ..config import (
 )
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from ..strategy.evaluation import GraphEvaluation
 
 __all__ = [

@@ -15,12 +15,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 import torch
 
 from .network import sheaf_laplacian
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "NEAR_KERNEL_RTOL",
@@ -101,6 +104,8 @@ def laplacian_spectrum(
     Raises:
         ValueError: ``k < 1``, no nodes, or bad maps (:func:`~flwr_sheaf.sheaf.network.coboundary`).
     """
+    import networkx as nx
+
     if int(k) != k or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     if not dims:
@@ -158,6 +163,8 @@ def graph_algebraic_connectivity(graph: nx.Graph, max_nodes: int = DENSE_MAX_DIM
     Returns:
         float (0.0 for a disconnected graph; NaN for fewer than two nodes or above ``max_nodes``).
     """
+    import networkx as nx
+
     n = graph.number_of_nodes()
     if n < 2 or n > max_nodes:
         return float("nan")
@@ -196,6 +203,8 @@ def sample_non_edges(
     Raises:
         ValueError: ``k < 0`` or a node not in ``graph``.
     """
+    import networkx as nx
+
     if int(k) != k or k < 0:
         raise ValueError(f"non-edge-pairs={k!r}: must be an integer >= 0")
     nodes = sorted(int(v) for v in set(nodes))

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import torch
 
 from .procrustes import check_pilots, procrustes
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "orient_edge",

@@ -18,9 +18,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Container, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
@@ -39,6 +38,9 @@ from ..sheaf.network import orient_edge
 from ..topology import build_graph, validate_graph
 from . import messaging
 from .records import Node
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "Discovery",

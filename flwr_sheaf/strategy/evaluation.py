@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 from flwr.app import Array, ConfigRecord, Message, RecordDict
 
@@ -57,6 +56,9 @@ from .evaluation_steps import NonEdgePlan, Plan
 from .exchange import Exchange, merge_extra
 from .ledger import RunLedger
 from .records import EvaluationResult, Node, RoundRecord
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["EvaluationView", "GraphEvaluation", "PhaseTwo", "TransportedEvaluation"]
 

@@ -17,7 +17,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 import torch
 from flwr.app import Message
@@ -54,6 +53,8 @@ from ..sheaf.variants import edge_dim
 from .records import EvaluationSummary, nanmean
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from .evaluation import EvaluationView
 
 __all__ = [
@@ -336,6 +337,8 @@ def _non_edge_plan(
     present: list[int],
     rec: dict[str, Any],
 ) -> NonEdgePlan:
+    import networkx as nx
+
     plan: NonEdgePlan = {}
     pairs = sample_non_edges(view.graph, present, num_pairs, view.seed, view.server_round)
     if not pairs:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import networkx as nx
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -43,6 +42,9 @@ from .ledger import RunLedger
 from .records import Node, RoundRecord, nanmean, numeric_metrics, positive_int
 from .rounds import EvaluateFn, run_rounds
 from .sampled import SampledDiscovery, sample_phase
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "GraphStrategy",

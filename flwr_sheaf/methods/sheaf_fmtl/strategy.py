@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Unpack
+from typing import TYPE_CHECKING, Unpack
 
-import networkx as nx
 import numpy as np
 from flwr.app import Message
 
@@ -32,6 +31,9 @@ from . import (
 )
 from .config import SheafFMTLConfig
 from .maths import GIB, check_map_budget, edge_dim, map_bytes_per_node
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["SheafFMTL", "sheaf_fmtl_budget"]
 
