@@ -1,0 +1,191 @@
+"""What a simulation worker pays before its first reply (issue 34, docs/performance-ray-load.md).
+
+- A named dataset's decoded arrays are cached on disk (``flwr_sheaf.data.sources``): the cached
+  arrays are the decoded ones bit for bit, a changed source file misses the cache, and a cache
+  directory that cannot be written (or holds a broken entry) only means decoding again.
+- Importing the ClientApp does not import the libraries only the ServerApp side needs (networkx).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flwr_sheaf.data import sources
+from flwr_sheaf.data.sources import clear_source_cache, decoded_cache_dir, load_source
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
+    """idx format: 0x00 0x00, type 0x08 (uint8), ndim, big-endian int32 dims, then the data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(">" + "i" * array.ndim, *array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    if compress:
+        with gzip.open(str(path) + ".gz", "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+
+
+def _idx_dir(root: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A train (plain) + t10k (gzipped) idx directory of random images; returns the raw uint8 arrays."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(7, 28, 28), dtype=np.uint8)
+    x[0, 0, :3] = (0, 255, 51)  # 0.0, 1.0 and 0.2 exactly / inexactly representable
+    y = rng.integers(0, 10, size=7, dtype=np.uint8)
+    root.mkdir(parents=True, exist_ok=True)
+    _write_idx(root / "train-images-idx3-ubyte", x[:5])
+    _write_idx(root / "train-labels-idx1-ubyte", y[:5])
+    _write_idx(root / "t10k-images-idx3-ubyte", x[5:], compress=True)
+    _write_idx(root / "t10k-labels-idx1-ubyte", y[5:], compress=True)
+    return x, y
+
+
+def _entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir()) if cache.is_dir() else []
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sources():
+    clear_source_cache()
+    yield
+    clear_source_cache()
+
+
+def _no_decoding(*args, **kwargs):
+    raise AssertionError("decoded the idx files although the cache holds them")
+
+
+def test_cached_arrays_equal_the_decoded_ones_bit_for_bit(tmp_path, monkeypatch):
+    raw_x, raw_y = _idx_dir(tmp_path / "data")
+    cache = tmp_path / "cache"
+    decoded = sources._load_idx_dir(str(tmp_path / "data"))  # no cache
+    assert not cache.exists()
+    first = sources._load_idx_dir(str(tmp_path / "data"), str(cache))  # miss: decodes, writes
+    names = _entries(cache)
+    assert len(names) == 2 and {n.rsplit(".", 2)[1] for n in names} == {"images", "labels"}
+    clear_source_cache()
+    monkeypatch.setattr(sources, "read_idx_file", _no_decoding)
+    cached = sources._load_idx_dir(str(tmp_path / "data"), str(cache))  # hit: memory-mapped
+    # the documented output, from the raw bytes independently: float32 raw / 255, int64 labels
+    want_x = torch.from_numpy(raw_x.reshape(7, 1, 28, 28).astype(np.float32) / np.float32(255))
+    for x, y in (decoded, first, cached):
+        assert x.dtype == torch.float32 and x.shape == (7, 1, 28, 28) and x.is_contiguous()
+        assert y.dtype == torch.int64 and y.tolist() == raw_y.astype(np.int64).tolist()
+        assert torch.equal(x.view(torch.int32), want_x.view(torch.int32))  # bit for bit
+    assert torch.equal(cached[0].view(torch.int32), decoded[0].view(torch.int32))
+    assert torch.equal(cached[1], decoded[1])
+    assert _entries(cache) == names
+
+
+def test_a_changed_source_file_misses_the_cache_and_replaces_its_entry(tmp_path):
+    root = tmp_path / "data"
+    _idx_dir(root, seed=0)
+    cache = tmp_path / "cache"
+    before = sources._load_idx_dir(str(root), str(cache))[0].clone()
+    old = _entries(cache)
+    clear_source_cache()
+    raw_x, _ = _idx_dir(root, seed=1)  # same sizes, new content (and mtime)
+    st = (root / "train-images-idx3-ubyte").stat()
+    os.utime(root / "train-images-idx3-ubyte", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    after = sources._load_idx_dir(str(root), str(cache))[0]
+    assert not torch.equal(after, before)
+    want = torch.from_numpy(raw_x.reshape(7, 1, 28, 28).astype(np.float32) / np.float32(255))
+    assert torch.equal(after.view(torch.int32), want.view(torch.int32))
+    new = _entries(cache)
+    assert len(new) == 2 and not set(new) & set(old)  # the stale entry was removed
+
+
+def test_an_unwritable_cache_dir_falls_back_to_decoding(tmp_path):
+    raw_x, _ = _idx_dir(tmp_path / "data")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    want = torch.from_numpy(raw_x.reshape(7, 1, 28, 28).astype(np.float32) / np.float32(255))
+    # a cache path below a regular file cannot be created (even by root)
+    x, _ = sources._load_idx_dir(str(tmp_path / "data"), str(blocker / "cache"))
+    assert torch.equal(x, want) and blocker.read_text() == "not a directory"
+    clear_source_cache()
+    # a read-only directory (where the permissions bind: not for root)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        x, _ = sources._load_idx_dir(str(tmp_path / "data"), str(ro))
+        assert torch.equal(x, want)
+        if os.geteuid() != 0:
+            assert _entries(ro) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_a_broken_cache_entry_is_decoded_again_and_rewritten(tmp_path):
+    raw_x, _ = _idx_dir(tmp_path / "data")
+    cache = tmp_path / "cache"
+    sources._load_idx_dir(str(tmp_path / "data"), str(cache))
+    clear_source_cache()
+    images = next(p for p in cache.iterdir() if p.name.endswith(".images.npy"))
+    images.write_bytes(images.read_bytes()[:100])  # truncated by a crash or a full disk
+    x, _ = sources._load_idx_dir(str(tmp_path / "data"), str(cache))
+    want = torch.from_numpy(raw_x.reshape(7, 1, 28, 28).astype(np.float32) / np.float32(255))
+    assert torch.equal(x, want)
+    assert images.stat().st_size > 7 * 784 * 4  # rewritten whole
+
+
+def test_named_datasets_use_the_cache_dir_from_the_environment(tmp_path, monkeypatch):
+    from flwr_sheaf.data import catalog
+
+    raw_x, _ = _idx_dir(tmp_path / "fashion-mnist")
+    # the install's SHA-256 check is catalog's (tests/test_data.py); here only the cache's wiring
+    monkeypatch.setattr(sources, "find_installed", lambda name: tmp_path / "fashion-mnist")
+    monkeypatch.setattr(sources, "check_installed", lambda directory, name: None)
+    assert "fashion-mnist" in catalog.NAMED_DATASETS
+    monkeypatch.setenv("FLWR_SHEAF_CACHE_DIR", str(tmp_path / "cache"))
+    assert decoded_cache_dir() == tmp_path / "cache"
+    load_source("fashion-mnist")
+    assert len(_entries(tmp_path / "cache")) == 2
+    clear_source_cache()
+    monkeypatch.setattr(sources, "read_idx_file", _no_decoding)
+    x, _ = load_source("fashion-mnist")
+    want = torch.from_numpy(raw_x.reshape(7, 1, 28, 28).astype(np.float32) / np.float32(255))
+    assert torch.equal(x, want)
+    # "off" (or empty) disables it; unset: the user's cache directory
+    monkeypatch.setenv("FLWR_SHEAF_CACHE_DIR", "off")
+    assert decoded_cache_dir() is None
+    monkeypatch.delenv("FLWR_SHEAF_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert decoded_cache_dir() == tmp_path / "xdg" / "flwr-sheaf" / "decoded"
+
+
+def test_idx_directories_are_not_cached(tmp_path, monkeypatch):
+    _idx_dir(tmp_path / "data")
+    monkeypatch.setenv("FLWR_SHEAF_CACHE_DIR", str(tmp_path / "cache"))
+    load_source(f"idx:{tmp_path / 'data'}")  # a user's own folder: decoded, nothing written
+    assert not (tmp_path / "cache").exists()
+
+
+#: Imported only where a graph is built or walked (the ServerApp side), never by a worker's import.
+LAZY = ("networkx", "geoopt", "matplotlib", "tensorboard", "sklearn", "scipy")
+
+
+def test_importing_the_client_app_does_not_import_server_side_libraries():
+    code = (
+        "import sys, flwr_sheaf.apps.client_app\n"
+        f"print(sorted(m for m in {LAZY!r} if m in sys.modules))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
