@@ -341,7 +341,7 @@ def _cache_paths(
 ) -> tuple[Path, Path, str]:
     """``(images.npy, labels.npy, prefix)`` of the cache entry of ``root`` in its current state: the
     name hashes the source directory (``prefix``) and each file's path, size and mtime."""
-    state = [_CACHE_FORMAT, IMAGE_SIZE]
+    state: list[object] = [_CACHE_FORMAT, IMAGE_SIZE]
     for path in (p for pair in pairs for p in pair):
         st = path.stat()
         state.append([str(path), st.st_size, st.st_mtime_ns])
