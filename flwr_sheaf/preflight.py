@@ -504,16 +504,13 @@ def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> Non
         )
 
 
-def preflight(config: RunConfig) -> Preflight:
-    """Check every directory the run writes, take its locks and move an overwritten run's files
-    aside; returns the :class:`Preflight` holding the locks (``with preflight(config) as pre:``).
+def _check_overwrite_with_resume(config: RunConfig, resuming: bool, source: Path | None) -> None:
+    """Refuse ``overwrite=true`` together with ``resume=true``, or with a ``resume-from`` of the
+    results-dir itself (``source``: :func:`_resume_source`): one starts afresh, the other continues.
 
     Raises:
-        ConfigError: each refusal of the module docstring (key, path and fix named).
-        OSError: an earlier run's files cannot be moved aside (nothing deleted).
+        ConfigError: naming both keys and the fix.
     """
-    resuming = config.resume or bool(config.resume_from)
-    source = _resume_source(config)
     if (
         config.overwrite
         and resuming
@@ -531,6 +528,19 @@ def preflight(config: RunConfig) -> Preflight:
                 "that directory's files aside)"
             )
         )
+
+
+def preflight(config: RunConfig) -> Preflight:
+    """Check every directory the run writes, take its locks and move an overwritten run's files
+    aside; returns the :class:`Preflight` holding the locks (``with preflight(config) as pre:``).
+
+    Raises:
+        ConfigError: each refusal of the module docstring (key, path and fix named).
+        OSError: an earlier run's files cannot be moved aside (nothing deleted).
+    """
+    resuming = config.resume or bool(config.resume_from)
+    source = _resume_source(config)
+    _check_overwrite_with_resume(config, resuming, source)
     if config.tracking_dir and not config.tracking.strip():
         log.warning(
             "tracking-dir=%r is set but tracking is empty, so nothing is tracked and tracking-dir is "

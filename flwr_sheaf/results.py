@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,10 +145,9 @@ def write_results(
             moving files aside (the older ones are removed, each logged); None or 0 = keep every one
             (default: ``config``'s ``keep-previous``, else 0; docs/reliability-run-files.md).
 
-    Called while an exception propagates (in a ``finally`` or ``except`` block, e.g. after
-    ``strategy.start`` raised at discovery), an error of ``write_results`` itself (no completed
-    round, the files of another run, ...) never hides that exception: it is re-raised with a note
-    saying what ``write_results`` did not write and why.
+    Called while an exception propagates (``finally``/``except``, e.g. after a discovery error), an
+    error of ``write_results`` itself (no completed round, another run's files, ...) never hides
+    it: that exception is re-raised with a note saying what was not written and why.
 
     Returns:
         Path of ``results.json``.
@@ -164,20 +163,16 @@ def write_results(
         flwr_sheaf.locks.LockedError: another live run holds ``out_dir``'s lock (its pid and host named).
         OSError: the directory or files cannot be written.
     """
-    from .config import DEFAULTS
-
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
     try:
         own_extra = _checked_own_extra(strategy, extra)
         out = check_results_dir(out_dir, overwrite=overwrite)
         foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
         cfg = _recorded_config(strategy, config)
-        if max_failed_fraction is None:
-            max_failed_fraction = float(
-                cfg.get("max-failed-fraction", DEFAULTS["max-failed-fraction"])
-            )
-        if keep_previous is None:
-            keep_previous = int(cfg.get("keep-previous", DEFAULTS["keep-previous"]) or 0)
+        max_failed_fraction = _given_or_config(
+            max_failed_fraction, cfg, "max-failed-fraction", float
+        )
+        keep_previous = _given_or_config(keep_previous, cfg, "keep-previous", int)
         status = run_status(strategy, max_failed_fraction, problems, errors)
         payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
         # serialised before anything is written: a TypeError writes nothing
@@ -190,6 +185,22 @@ def write_results(
         own = exc
     # outside the except block: raising the exception in flight keeps its own __context__ (the
     # error it was raised while handling), instead of write_results' error posing as its cause
+    raise _noted(inflight, own, out_dir)
+
+
+def _given_or_config(
+    given: Any, cfg: Mapping[str, Any], key: str, kind: Callable[[Any], Any]
+) -> Any:
+    """``given`` when not None, else run-config ``key`` of ``cfg``, else its default (``kind`` of it;
+    an empty value is 0)."""
+    from .config import DEFAULTS
+
+    return given if given is not None else kind(cfg.get(key, DEFAULTS[key]) or 0)
+
+
+def _noted(inflight: BaseException, own: Exception, out_dir: str | Path) -> BaseException:
+    """``inflight`` (the caller's exception that :func:`write_results` met) with a note, and a logged
+    error, saying what ``write_results`` did not write and why (``own``)."""
     inflight.add_note(
         f"flwr-sheaf: write_results(out_dir={str(out_dir)!r}) could not write this run's results "
         f"either ({type(own).__name__}: {own})"
@@ -201,7 +212,7 @@ def write_results(
         type(inflight).__name__,
         inflight,
     )
-    raise inflight
+    return inflight
 
 
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:

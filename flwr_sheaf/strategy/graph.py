@@ -118,8 +118,7 @@ class GraphStrategy(Strategy):
         self.discovery_timeout = float(discovery_timeout)
         #: the discovered nodes ``{partition-id: Node}`` (set by :meth:`discover`).
         self.nodes: dict[int, Node] = {}
-        #: the run's records, failures, status and last evaluation (:class:`RunLedger`).
-        self.ledger = RunLedger()
+        self.ledger = RunLedger()  #: records, failures, status (:class:`RunLedger`)
         #: messages to partition-ids and their checked replies (:class:`Exchange`; writes into the ledger).
         self.exchange = Exchange(action, self.ledger)
         self.extra_train_config: dict[str, Any] = {}
@@ -140,28 +139,17 @@ class GraphStrategy(Strategy):
         self.train = train or LocalTrainConfig()
         if federation is not None and evaluation is None:
             evaluation = GraphEvaluation(federation)
-        #: the per-round evaluation component (None: nothing is evaluated).
-        self.evaluation = evaluation
-        #: who is evaluated (run-config ``evaluate-nodes``, ``auto`` resolved: ``trained``, ``panel``
-        #: or ``drawn``; :func:`evaluate_nodes_mode`)
+        self.evaluation = evaluation  #: the per-round evaluation component (None: none).
+        #: who is evaluated (``evaluate-nodes`` resolved: :func:`evaluate_nodes_mode`)
         self.evaluate_nodes = evaluate_nodes_mode(federation, sampler)
-        #: the evaluators' draw of ``fraction-evaluate`` (its own uniform stream; ``panel``: one fixed
-        #: draw on :data:`~flwr_sheaf.participation.PANEL_STREAM`; unused under ``trained``)
-        self.eval_sampler = ParticipationSampler(
-            num_nodes,
-            1.0 if federation is None else federation.fraction_evaluate,
-            seed=self.seed,
-            stream=PANEL_STREAM if self.evaluate_nodes == "panel" else EVALUATE_STREAM,
-            key="fraction-evaluate",
-            fixed_round=0 if self.evaluate_nodes == "panel" else None,
-        )
+        #: the evaluators' draw of ``fraction-evaluate`` (:func:`evaluator_sampler`)
+        self.eval_sampler = evaluator_sampler(num_nodes, federation, self.seed, self.evaluate_nodes)
         self.graph_spec: nx.Graph | str | None = (
             graph if graph is not None else (None if federation is None else federation.graph)
         )
         self.graph: nx.Graph | None = None
         self.num_pilots = -1
-        #: ``discovery = "sampled"``: nodes describe themselves when first sampled (strategy/sampled.py)
-        self.sampled_discovery: SampledDiscovery | None = None
+        self.sampled_discovery: SampledDiscovery | None = None  #: ``discovery = "sampled"``
 
     # ------------------------------------------------------------------ discovery and the graph
     def query_config(self) -> dict:
@@ -241,8 +229,7 @@ class GraphStrategy(Strategy):
         return {}, {}
 
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
-        """Record one node's failure in ``phase`` (its previous server-side state stays untouched;
-        :meth:`flwr_sheaf.strategy.ledger.RunLedger.record_failure`)."""
+        """One node's failure in ``phase`` (:meth:`~flwr_sheaf.strategy.ledger.RunLedger.record_failure`)."""
         self.ledger.record_failure(server_round, phase, pid, reason)
 
     def results_extra(self) -> dict:
@@ -352,7 +339,7 @@ class GraphStrategy(Strategy):
                 records, node_cfg = self.node_payload(server_round, pid)
             except Exception as e:  # a method's hook failing for one node: that node's failure
                 self.record_failure(
-                    server_round, TRAIN, pid, self._hook_failure("node_payload", pid, e)
+                    server_round, TRAIN, pid, hook_failure(self, "node_payload", pid, e)
                 )
                 continue
             cfg = merge_extra({**base, **node_cfg}, config, "train_config")
@@ -377,7 +364,7 @@ class GraphStrategy(Strategy):
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
-        accepted, extra = self._accept_each_failure_its_nodes(server_round, ok)
+        accepted, extra = accept_each_failure_its_nodes(self, server_round, ok)
         names = sorted(
             {
                 k
@@ -400,74 +387,6 @@ class GraphStrategy(Strategy):
         rec.num_trained = len(accepted)
         rec.train.update(metrics)
         return None, MetricRecord(numeric_metrics({**metrics, "num_trained": len(accepted)}))
-
-    def _hook_failure(self, hook: str, pid: int, e: Exception) -> str:
-        """The failure reason of node ``pid`` when the method's ``hook`` raised ``e`` on it (its reply
-        or its payload): hook, partition-id, Flower node id, and for a ``KeyError`` the missing field."""
-        node = self.nodes.get(pid)
-        where = f"partition-id {pid}, node_id {node.node_id if node is not None else '?'}"
-        what = (
-            f"field {e.args[0]!r} is missing (KeyError)"
-            if isinstance(e, KeyError) and e.args
-            else f"{type(e).__name__}: {e}"
-        )
-        return f"{type(self).__name__}.{hook} raised on this node ({where}): {what}"
-
-    def _accept_each_failure_its_nodes(
-        self, server_round: int, ok: dict[int, Message]
-    ) -> tuple[dict[int, Message], dict]:
-        """:meth:`accept_train` on the round's checked replies; when it raises, the replies it cannot
-        take are found by calling it once per reply (in partition-id order): each one it raises on is
-        that node's failure (:meth:`_hook_failure`: hook, partition-id, node_id, the missing field),
-        and the result is that of one last call with the replies it took. The failures the raising
-        call had recorded are undone first (the per-reply calls record them again); other state the
-        hook changed before raising is the hook's (docs/own-method.md).
-
-        Raises:
-            RuntimeError: the hook takes each reply alone but raises on them together (a fault of
-                the hook, not of one node's reply), chained to its exception.
-        """
-        ledger = self.ledger
-        mark = len(ledger.failures)
-        failed_before = {k: list(v) for k, v in ledger.current.failed.items()}
-        try:
-            return self.accept_train(server_round, dict(ok))
-        except Exception as e:
-            if not ok:
-                raise
-            log.warning(
-                "round %d: %s.accept_train raised %s: %s on %d train replies; calling it once per "
-                "reply to find the node(s) whose reply it cannot take",
-                server_round,
-                type(self).__name__,
-                type(e).__name__,
-                e,
-                len(ok),
-                exc_info=e,
-            )
-        del ledger.failures[mark:]
-        ledger.current.failed.clear()
-        ledger.current.failed.update(failed_before)
-        good: dict[int, Message] = {}
-        for pid in sorted(ok):
-            try:
-                taken, _ = self.accept_train(server_round, {pid: ok[pid]})
-            except Exception as e:
-                self.record_failure(
-                    server_round, TRAIN, pid, self._hook_failure("accept_train", pid, e)
-                )
-                continue
-            good.update({p: r for p, r in taken.items() if p == pid})
-        if not good:
-            return {}, {}
-        try:
-            return self.accept_train(server_round, good)
-        except Exception as e:
-            raise RuntimeError(
-                f"{type(self).__name__}.accept_train takes each train reply of round {server_round} "
-                f"alone but raises {type(e).__name__}: {e} on partition-ids {sorted(good)} together: a "
-                "fault of the hook, not of one node's reply (docs/own-method.md)"
-            ) from e
 
     # ------------------------------------------------------------------ evaluate
     def configure_evaluate(
@@ -603,3 +522,88 @@ def evaluated_summary(mode: str, rounds: Iterable[RoundRecord]) -> dict[str, Any
         "evaluated": None if last is None else len(last.evaluate["evaluated"]),
         "evaluated_trained": None if last is None else last.evaluate.get("evaluated_trained"),
     }
+
+
+def hook_failure(s: GraphStrategy, hook: str, pid: int, e: Exception) -> str:
+    """The failure reason of node ``pid`` when the method (strategy ``s``)'s ``hook`` raised ``e`` on it (its reply
+    or its payload): hook, partition-id, Flower node id, and for a ``KeyError`` the missing field."""
+    node = s.nodes.get(pid)
+    where = f"partition-id {pid}, node_id {node.node_id if node is not None else '?'}"
+    what = (
+        f"field {e.args[0]!r} is missing (KeyError)"
+        if isinstance(e, KeyError) and e.args
+        else f"{type(e).__name__}: {e}"
+    )
+    return f"{type(s).__name__}.{hook} raised on this node ({where}): {what}"
+
+
+def accept_each_failure_its_nodes(
+    s: GraphStrategy, server_round: int, ok: dict[int, Message]
+) -> tuple[dict[int, Message], dict]:
+    """:meth:`GraphStrategy.accept_train` of ``s`` on the round's checked replies; when it raises, the replies it cannot
+    take are found by calling it once per reply (in partition-id order): each one it raises on is
+    that node's failure (:func:`hook_failure`: hook, partition-id, node_id, the missing field),
+    and the result is that of one last call with the replies it took. The failures the raising
+    call had recorded are undone first (the per-reply calls record them again); other state the
+    hook changed before raising is the hook's (docs/own-method.md).
+
+    Raises:
+        RuntimeError: the hook takes each reply alone but raises on them together (a fault of
+            the hook, not of one node's reply), chained to its exception.
+    """
+    ledger = s.ledger
+    mark = len(ledger.failures)
+    failed_before = {k: list(v) for k, v in ledger.current.failed.items()}
+    try:
+        return s.accept_train(server_round, dict(ok))
+    except Exception as e:
+        if not ok:
+            raise
+        log.warning(
+            "round %d: %s.accept_train raised %s: %s on %d train replies; calling it once per "
+            "reply to find the node(s) whose reply it cannot take",
+            server_round,
+            type(s).__name__,
+            type(e).__name__,
+            e,
+            len(ok),
+            exc_info=e,
+        )
+    del ledger.failures[mark:]
+    ledger.current.failed.clear()
+    ledger.current.failed.update(failed_before)
+    good: dict[int, Message] = {}
+    for pid in sorted(ok):
+        try:
+            taken, _ = s.accept_train(server_round, {pid: ok[pid]})
+        except Exception as e:
+            s.record_failure(server_round, TRAIN, pid, hook_failure(s, "accept_train", pid, e))
+            continue
+        good.update({p: r for p, r in taken.items() if p == pid})
+    if not good:
+        return {}, {}
+    try:
+        return s.accept_train(server_round, good)
+    except Exception as e:
+        raise RuntimeError(
+            f"{type(s).__name__}.accept_train takes each train reply of round {server_round} "
+            f"alone but raises {type(e).__name__}: {e} on partition-ids {sorted(good)} together: a "
+            "fault of the hook, not of one node's reply (docs/own-method.md)"
+        ) from e
+
+
+def evaluator_sampler(
+    num_nodes: int, federation: FederationConfig | None, seed: int, mode: str
+) -> ParticipationSampler:
+    """The evaluators' draw of ``fraction-evaluate`` over ``num_nodes`` partition-ids: its own
+    uniform stream (:data:`~flwr_sheaf.participation.EVALUATE_STREAM`), or for ``mode == "panel"``
+    one fixed draw on :data:`~flwr_sheaf.participation.PANEL_STREAM` (the same nodes every round);
+    unused under ``trained``. No federation: every node."""
+    return ParticipationSampler(
+        num_nodes,
+        1.0 if federation is None else federation.fraction_evaluate,
+        seed=seed,
+        stream=PANEL_STREAM if mode == "panel" else EVALUATE_STREAM,
+        key="fraction-evaluate",
+        fixed_round=0 if mode == "panel" else None,
+    )
