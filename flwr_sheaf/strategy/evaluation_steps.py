@@ -359,7 +359,7 @@ def node_rows(phase1: Mapping[int, Message], node_metric_names: tuple[str, ...])
     """Per partition-id: ``d``, ``private_accuracy``, ``val_private_accuracy``,
     ``low_variance_fraction``, ``device`` (``"cpu"``/``"cuda:N"``, when the node reported
     :data:`~flwr_sheaf.protocol.DEVICE_INDEX`) and each of ``node_metric_names`` (``-`` -> ``_``; NaN when absent)."""
-    nodes = {}
+    nodes: dict[int, dict[str, Any]] = {}
     for pid, r in phase1.items():
         m = metric_record(r.content, METRICS)
         nodes[pid] = {
