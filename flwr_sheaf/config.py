@@ -282,15 +282,10 @@ def _participation(key: str, v: Any) -> str:
 
 
 def _zoo(text: str) -> int:
-    """Agents of the zoo ``text`` (:func:`zoo_size`), refusing a zoo of one agent (no edge: a sheaf
-    and every method compare at least two agents)."""
-    n = zoo_size(text)
-    if n < 2:
-        raise ValueError(
-            f"a zoo of {n} agent has no edge, and a sheaf needs at least 2 agents; use tiny-<N> with "
-            f"N >= 2 (e.g. zoo='tiny-2'), two-agent:<d> or paper-15"
-        )
-    return n
+    """Agents of the zoo ``text`` (:func:`zoo_size`, which refuses fewer than
+    :data:`~flwr_sheaf.models.zoo.MIN_ZOO_AGENTS`: no edge, and a sheaf and every method compare at
+    least two agents)."""
+    return zoo_size(text)
 
 
 def parse_dim_or_auto(key: str, v: Any) -> str | int:

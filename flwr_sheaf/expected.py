@@ -11,7 +11,8 @@ measured between two CPU kernel choices for one seed (digits differ between CPUs
 in the convolutions changes the last bits, and 20 epochs of SGD amplify them).
 
 The verdict is given only for a *completed* run (``status``) of the reference configuration on the
-CPU (``device`` ``auto`` or ``cpu``; the band was measured on CPUs); otherwise :func:`band_lines`
+CPU (``device`` ``auto`` or ``cpu``, each node recording that it resolved it to ``cpu``; the band
+was measured on CPUs); otherwise :func:`band_lines`
 says why the run is not judged (issue 34, case 5).
 """
 
@@ -101,7 +102,9 @@ def not_judged(results: Mapping[str, Any]) -> list[str]:
 
     The band holds for a run that did everything asked (``status`` ``completed``; a degraded run
     trained or evaluated fewer nodes, a failed one stopped early) and computed on CPUs, where it was
-    measured (``device`` ``auto`` or ``cpu``; ``cuda`` kernels give other digits, docs/devices.md).
+    measured (``device`` ``auto`` or ``cpu``, and every node that recorded the device it resolved,
+    ``nodes[...]["device"]``, on ``cpu``; ``cuda`` kernels give other digits, docs/devices.md). A
+    ``device=auto`` results.json whose nodes record no device (an older one) cannot tell, and says so.
 
     Args:
         results: a parsed ``results.json`` (:func:`flwr_sheaf.report.results_problems` checked).
@@ -120,13 +123,37 @@ def not_judged(results: Mapping[str, Any]) -> list[str]:
         why.append(
             f"the run ended {status!r}, not completed (see its failures and degradation in results.json)"
         )
-    device = (results.get("config") or {}).get("device", "auto")
+    config = results.get("config")
+    device = (config if isinstance(config, Mapping) else {}).get("device", "auto")
     if str(device) not in ("auto", "cpu"):
         why.append(
             f"device={device!r}: the band was measured on CPUs and CUDA kernels give other digits "
             "(docs/devices.md); run with device=cpu to compare"
         )
+        return why
+    nodes = results.get("nodes")
+    nodes = nodes if isinstance(nodes, Mapping) else {}
+    ran = {str(p): v.get("device") for p, v in nodes.items() if isinstance(v, Mapping)}
+    off_cpu = sorted((p for p, d in ran.items() if d is not None and d != "cpu"), key=_pid_order)
+    if off_cpu:
+        shown = ", ".join(f"{p} on {ran[p]}" for p in off_cpu[:5])
+        more = f" and {len(off_cpu) - 5} more" if len(off_cpu) > 5 else ""
+        why.append(
+            f"device={device!r} resolved to a non-CPU device on {len(off_cpu)} node(s) (partition-id "
+            f"{shown}{more}): the band was measured on CPUs and CUDA kernels give other digits "
+            "(docs/devices.md); run with device=cpu to compare"
+        )
+    elif str(device) == "auto" and not any(d is not None for d in ran.values()):
+        why.append(
+            "device='auto' and results.json records no node's resolved device (written by an older "
+            "flwr-sheaf, or no node evaluated), so it cannot tell whether the run computed on CPUs, "
+            "where the band was measured; run with device=cpu to compare"
+        )
     return why
+
+
+def _pid_order(p: str) -> tuple[int, int, str]:
+    return (0, int(p), "") if p.isdigit() else (1, 0, p)
 
 
 def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None = None) -> list[str]:

@@ -70,6 +70,9 @@ __all__ = [
     "VAL_PRIVATE_ACCURACY",
     "NUM_TEST",
     "LOW_VARIANCE_FRACTION",
+    "DEVICE_INDEX",
+    "device_index",
+    "device_name",
     "COMM_SRC",
     "COMM_ACCURACY",
     "VAL_COMM_ACCURACY",
@@ -241,6 +244,11 @@ PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"
 NUM_TEST = "num-test"
 LOW_VARIANCE_FRACTION = "low-variance-fraction"
+#: the device the node's evaluation ran on (phase-1 metric, optional for older nodes): -1 for the
+#: CPU, N for ``cuda:N`` (:func:`device_index` / :func:`device_name`); ``results.json``'s
+#: ``nodes[...]["device"]`` (issue 34: a ``device=auto`` run on CUDA is not judged against the
+#: CPU-measured band).
+DEVICE_INDEX = "device-index"
 #: a stringent phase-1 evaluation reply: ``"<j>/<name>"`` per neighbour j for these names (moved by
 #: the node's map toward j, ``(., d_e)``), and the labels once, unkeyed.
 STRINGENT_EVAL_ARRAYS = ("pilots", "test-latents", "val-latents")
@@ -248,6 +256,29 @@ STRINGENT_EVAL_LABELS = ("test-labels", "val-labels")
 COMM_SRC = "src"
 COMM_ACCURACY = "communication-accuracy"
 VAL_COMM_ACCURACY = "val-communication-accuracy"
+
+
+def device_index(device: object) -> int:
+    """:data:`DEVICE_INDEX`'s value for a ``torch.device`` (or its text): -1 for ``cpu``, N for
+    ``cuda:N`` (``cuda`` without an index: the current CUDA device). Any other type is -2."""
+    text = str(device)
+    if text == "cpu":
+        return -1
+    if text == "cuda":
+        import torch  # only a node that computes on CUDA gets here
+
+        return int(torch.cuda.current_device())
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    return -2
+
+
+def device_name(index: int) -> str:
+    """The device text of a :data:`DEVICE_INDEX` value: ``"cpu"`` (-1), ``"cuda:N"`` (N >= 0),
+    ``"other"`` (anything else: not a CPU)."""
+    if index == -1:
+        return "cpu"
+    return f"cuda:{index}" if index >= 0 else "other"
 
 
 def pack_arrays(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:

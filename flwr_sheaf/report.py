@@ -34,6 +34,10 @@ class ResultsFileError(ValueError):
     the message names the file and what is wrong."""
 
 
+#: What an evaluated round (one with a ``private_accuracy_mean``) must hold: the report reads them.
+_EVALUATED_KEYS = ("communication_accuracy_degree_weighted", "communication_accuracy_mean")
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -44,8 +48,9 @@ def results_problems(results: Any) -> list[str]:
     null"``), ``[]`` when none.
 
     Checked: the top level is an object; ``rounds`` is a list of objects, each with an integer
-    ``round`` and the :data:`NUMBER_KEYS` it has numbers or null; ``config`` (when present) an
-    object; ``status`` (when present) a string; ``total_wall_seconds`` (when present) a number.
+    ``round`` and the :data:`NUMBER_KEYS` it has numbers or null, an evaluated one (a
+    ``private_accuracy_mean``) with both communication accuracies (number or null); ``config`` (when
+    present) an object, not null; ``status`` (when present) a string; ``total_wall_seconds`` (when present) a number.
     """
     if not isinstance(results, Mapping):
         return [f"the top level is a {type(results).__name__}, expected an object"]
@@ -62,6 +67,16 @@ def results_problems(results: Any) -> list[str]:
             n = r.get("round")
             if not (isinstance(n, int) and not isinstance(n, bool)):
                 out.append(f"rounds[{i}]: round = {n!r} is not an integer")
+            if (
+                r.get("private_accuracy_mean") is not None
+            ):  # an evaluated round: what the report reads
+                lacks = [k for k in _EVALUATED_KEYS if k not in r]
+                if lacks:
+                    out.append(
+                        f"rounds[{i}] (round {n}) is evaluated (private_accuracy_mean) but has no "
+                        f"{', '.join(map(repr, lacks))} (every evaluated round records it, null when "
+                        "not measured)"
+                    )
             for k in NUMBER_KEYS:
                 v = r.get(k)
                 if v is not None and not _is_number(v):
@@ -74,7 +89,11 @@ def results_problems(results: Any) -> list[str]:
         ("status", "a string", lambda v: isinstance(v, str)),
         ("total_wall_seconds", "a number", _is_number),
     ):
-        if key in results and results[key] is not None and not ok(results[key]):
+        if key == "config" and key in results and results[key] is None:
+            out.append(
+                "config is null, expected an object (every run records its effective config)"
+            )
+        elif key in results and results[key] is not None and not ok(results[key]):
             out.append(f"{key} = {results[key]!r} is not {kind}")
     return out
 

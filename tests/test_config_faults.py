@@ -528,6 +528,18 @@ def test_a_zoo_of_one_agent_is_refused_up_front_by_its_key():
     assert RunConfig.from_run_config({"zoo": "tiny-2", "graph": "ring"}).scenario.zoo == "tiny-2"
 
 
+@pytest.mark.parametrize("n", [0, 1])
+def test_a_zoo_of_fewer_than_two_agents_advises_n_at_least_two(n):
+    """Issue 34, F1: ``zoo='tiny-0'`` said "needs N >= 1", but tiny-1 is refused too."""
+    from flwr_sheaf.config import RunConfig
+
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_run_config({"zoo": f"tiny-{n}"})
+    msg = str(e.value)
+    assert msg.startswith(f"zoo='tiny-{n}': a zoo of {n} agent") and "N >= 2" in msg, msg
+    assert "N >= 1" not in msg
+
+
 @pytest.mark.parametrize("value", ["abc", "1.5", True, -1, "", "7"])
 def test_a_node_partition_id_that_is_not_a_valid_integer_is_named(value):
     """Issue 34 case 10: a node config ``partition-id`` that is not an integer gave a bare

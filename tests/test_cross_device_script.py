@@ -101,6 +101,27 @@ def test_bad_agents_values_are_argparse_errors_naming_the_flag(value, message, c
     assert "--agents" in err.split(message, 1)[1] or "e.g." in err  # the fix is named
 
 
+def test_more_agents_than_this_machine_holds_are_not_refused_on_a_ray_cluster(capsys):
+    # issue 34, F5: the 10,000 bound ran in argparse's type= and refused --ray-address, its own advice
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the cluster check refuses, not --agents
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    assert cd.main(["--agents", "20000", "--ray-address", f"127.0.0.1:{dead}"]) == 2
+    err = capsys.readouterr().err
+    assert "more than this machine is known to hold" not in err, err
+    assert (
+        "warning: --agents 20000 is more than the 10,000 SuperNodes measured on one machine" in err
+    )
+    assert f"127.0.0.1:{dead}" in err  # refused by the reachability check of the cluster named
+    # in process (this machine) the bound still holds, with --ray-address or without
+    with pytest.raises(SystemExit) as exc:
+        cd.main(["--agents", "20000", "--engine", "inprocess", "--ray-address", "127.0.0.1:1"])
+    assert exc.value.code == 2
+    assert "20000 agents: more than this machine is known to hold" in capsys.readouterr().err
+
+
 def test_evaluate_nodes_flag_reaches_the_run_config():
     from flwr_sheaf.config import EVALUATE_NODES
 

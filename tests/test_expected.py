@@ -46,7 +46,14 @@ def _results(values: dict[str, float], **overrides) -> dict:
     cfg = RunConfig.from_run_config({"results-dir": "/tmp/x", **overrides}).to_dict()
     rounds = [{"round": r, **{k: 0.1 for k in METRICS}} for r in range(1, FINAL)]
     rounds.append({"round": FINAL, **values, "low_variance_fraction_mean": 0.01})
-    return {"config": cfg, "rounds": rounds, "status": "completed", "latent_collapse": None}
+    nodes = {str(i): {"d": 24, "device": "cpu", "trained": True} for i in range(3)}
+    return {
+        "config": cfg,
+        "rounds": rounds,
+        "status": "completed",
+        "latent_collapse": None,
+        "nodes": nodes,
+    }
 
 
 def test_a_run_inside_the_band_is_said_to_be_inside():
@@ -215,3 +222,47 @@ def test_expected_band_script_names_the_bad_run_and_exits_non_zero(tmp_path):
     assert not out.exists()
     p = _band_script("--seeds", str(good), "--out", str(out))  # a clean run still gives a band
     assert p.returncode == 0 and json.loads(out.read_text())["band"], p.stderr
+
+
+# ------------------------------------------- issue 34, F6: device=auto is judged only when it ran on CPUs
+def test_a_device_auto_run_with_a_node_on_cuda_is_not_judged():
+    res = _results(MEAN)  # the default device=auto, every node on the CPU: judged
+    assert res["config"]["device"] == "auto"
+    assert band_lines(res)[0].endswith("INSIDE: this install reproduces the reference")
+    res["nodes"]["1"]["device"] = "cuda:0"
+    (line,) = band_lines(res)
+    assert line.startswith(
+        "expected band: not judged: device='auto' resolved to a non-CPU device on 1 "
+    )
+    assert "(partition-id 1 on cuda:0)" in line and "INSIDE" not in line
+
+
+def test_an_older_device_auto_results_json_without_node_devices_says_it_cannot_tell():
+    res = _results(MEAN)
+    for row in res["nodes"].values():
+        del row["device"]
+    (line,) = band_lines(res)
+    assert "records no node's resolved device" in line and "cannot tell" in line, line
+    res["config"]["device"] = "cpu"  # asked for the CPU: judged without the nodes' word
+    assert band_lines(res)[0].endswith("INSIDE: this install reproduces the reference")
+
+
+def test_an_inprocess_run_records_each_nodes_resolved_device_cpu(tmp_path):
+    from simulations.inprocess import run_inprocess
+
+    res = run_inprocess(
+        {
+            "zoo": "tiny-4",
+            "graph": "ring",
+            "num-server-rounds": 1,
+            "max-steps-per-epoch": 1,
+            "num-pilots": 64,
+            "device": "cpu",
+            "results-dir": str(tmp_path),
+        }
+    )
+    assert sorted(res["nodes"]) == ["0", "1", "2", "3"]
+    assert {row["device"] for row in res["nodes"].values()} == {"cpu"}
+    # the file the report reads records it too
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert {row["device"] for row in saved["nodes"].values()} == {"cpu"}

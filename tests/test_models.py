@@ -164,8 +164,10 @@ def test_two_agent_zoo_and_errors():
         zoo_specs("two-agent:10")
     with pytest.raises(ValueError, match="paper-15"):
         zoo_specs("resnet-3")
-    with pytest.raises(ValueError, match="N >= 1"):
+    with pytest.raises(ValueError, match="N >= 2"):  # one agent has no edge (issue 34, F1)
         zoo_specs("tiny-0")
+    with pytest.raises(ValueError, match="N >= 2"):
+        zoo_specs("tiny-1")
     with pytest.raises(ValueError, match="num_classes"):
         build_agent(PAPER_ZOO_15[0], num_classes=5)  # class 8 outside [0, 5)
 

@@ -275,6 +275,20 @@ def test_a_stale_ray_session_file_is_named_as_gone_not_offered(tmp_path, fake_gc
     assert note is not None and f"pass --ray-address 127.0.0.1:{fake_gcs}" in note
 
 
+def test_ray_address_auto_with_a_stale_recorded_cluster_advises_unset_not_the_dead_address(
+    tmp_path,
+):
+    # issue 34, F10: advising `--ray-address auto` (the dead address) was then refused by the probe
+    dead = _free_port()  # nothing listens there
+    env = {**_recorded(tmp_path, f"127.0.0.1:{dead}"), "RAY_ADDRESS": "auto"}
+    with pytest.raises(RayClusterError) as e:
+        ray_environment(None, env, probe_timeout=2.0)
+    msg = str(e.value)
+    assert f"at 127.0.0.1:{dead} is gone" in msg and "stale file" in msg, msg
+    assert f"rm {tmp_path / 'ray' / 'ray_current_cluster'}" in msg
+    assert "`unset RAY_ADDRESS`" in msg and "--ray-address" not in msg, msg
+
+
 # --------------------------------------------------------------- case 7: the app by reference
 
 

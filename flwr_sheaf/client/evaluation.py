@@ -17,6 +17,7 @@ from ..protocol import (
     COMM_SRC,
     CONFIG,
     DEVICE,
+    DEVICE_INDEX,
     EVAL_ARRAYS,
     EVAL_TRANSPORTED,
     EVALUATE,
@@ -45,6 +46,7 @@ from ..protocol import (
     ProtocolError,
     array_record,
     comm_action,
+    device_index,
     message_type,
     pack_arrays,
     required,
@@ -161,7 +163,8 @@ def _private_metrics(
     msg: Message, task: LocalTask, model: StalkModel, lvf: float, method: ClientMethod
 ) -> MetricRecord:
     """Phase 1's metrics: private test / validation accuracy (this node's own head), the test size,
-    the low-variance fraction ``lvf`` of the pilot latents, ``model.d`` and the method's own."""
+    the low-variance fraction ``lvf`` of the pilot latents, ``model.d``, the device the node computed
+    on (:data:`DEVICE_INDEX`) and the method's own."""
     return MetricRecord(
         {
             PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
@@ -169,6 +172,7 @@ def _private_metrics(
             NUM_TEST: int(task.y_test.numel()),
             LOW_VARIANCE_FRACTION: lvf,
             STALK_DIM: int(model.d),
+            DEVICE_INDEX: device_index(task_device(task)),
             **method.evaluation_metrics(msg, task),
         }
     )

@@ -33,6 +33,7 @@ __all__ = [
     "count_parameters",
     "TINY_FAMILY",
     "VALID_ZOO_NAMES",
+    "MIN_ZOO_AGENTS",
 ]
 
 #: (encoder channels, head hidden widths) of the tiny family, cycled over agents.
@@ -84,12 +85,16 @@ def zoo_size(name: str) -> int:
     nothing).
 
     Raises:
-        ValueError: as :func:`zoo_specs` (unknown name, ``N < 1``, a bad ``d``).
+        ValueError: as :func:`zoo_specs` (unknown name, ``N <`` :data:`MIN_ZOO_AGENTS`, a bad ``d``).
     """
     m = re.fullmatch(r"tiny-(\d+)", str(name).strip())
-    if m and int(m.group(1)) >= 1:
+    if m and int(m.group(1)) >= MIN_ZOO_AGENTS:
         return int(m.group(1))
     return len(zoo_specs(name))  # paper-15, two-agent:<d> (2 agents, d checked) and the errors
+
+
+#: The fewest agents of a zoo: one agent has no edge, and a sheaf (and every method) compares two.
+MIN_ZOO_AGENTS = 2
 
 
 @functools.lru_cache(maxsize=64)
@@ -102,8 +107,12 @@ def _zoo_specs(key: str) -> tuple[AgentSpec, ...]:
     m = re.fullmatch(r"tiny-(\d+)", key)
     if m:
         n = int(m.group(1))
-        if n < 1:
-            raise ValueError(f"zoo {key!r}: tiny-<N> needs N >= 1, got N={n}")
+        if n < MIN_ZOO_AGENTS:
+            raise ValueError(
+                f"a zoo of {n} agent{'' if n == 1 else 's'} has no edge, and a sheaf needs at least "
+                f"{MIN_ZOO_AGENTS} agents; use tiny-<N> with N >= {MIN_ZOO_AGENTS} (e.g. "
+                f"zoo='tiny-{MIN_ZOO_AGENTS}'), two-agent:<d> or paper-15"
+            )
         return tuple(_tiny_spec(i) for i in range(n))
     raise ValueError(f"unknown zoo name {key!r}; valid names: {VALID_ZOO_NAMES}")
 

@@ -27,6 +27,7 @@ from ..protocol import (
     COMM_ACCURACY,
     COMM_ACCURACY_PILOT_WHITENING,
     COMM_SRC,
+    DEVICE_INDEX,
     LOW_VARIANCE_FRACTION,
     METRICS,
     NON_EDGE_ACCURACY,
@@ -45,6 +46,7 @@ from ..protocol import (
     as_float,
     as_int,
     as_list,
+    device_name,
     metric_record,
 )
 from ..sheaf.diagnostics import graph_algebraic_connectivity, laplacian_spectrum, sample_non_edges
@@ -107,6 +109,8 @@ def phase1_metrics_problem(m: Mapping[str, Any], d: int) -> str | None:
             )
     if not _fraction(m[LOW_VARIANCE_FRACTION]):
         return f"{LOW_VARIANCE_FRACTION} = {m[LOW_VARIANCE_FRACTION]!r} is not in [0, 1] (or NaN)"
+    if DEVICE_INDEX in m and not (type(m[DEVICE_INDEX]) is int and m[DEVICE_INDEX] >= -2):
+        return f"{DEVICE_INDEX} = {m[DEVICE_INDEX]!r} is not an integer >= -2 (-1: cpu, N: cuda:N)"
     return None
 
 
@@ -356,8 +360,9 @@ def _non_edge_plan(
 
 def node_rows(phase1: Mapping[int, Message], node_metric_names: tuple[str, ...]) -> dict[int, dict]:
     """Per partition-id: ``d``, ``private_accuracy``, ``val_private_accuracy``,
-    ``low_variance_fraction`` and each of ``node_metric_names`` (``-`` -> ``_``; NaN when absent)."""
-    nodes = {}
+    ``low_variance_fraction``, ``device`` (``"cpu"``/``"cuda:N"``, when the node reported
+    :data:`~flwr_sheaf.protocol.DEVICE_INDEX`) and each of ``node_metric_names`` (``-`` -> ``_``; NaN when absent)."""
+    nodes: dict[int, dict[str, Any]] = {}
     for pid, r in phase1.items():
         m = metric_record(r.content, METRICS)
         nodes[pid] = {
@@ -366,6 +371,8 @@ def node_rows(phase1: Mapping[int, Message], node_metric_names: tuple[str, ...])
             "val_private_accuracy": as_float(m[VAL_PRIVATE_ACCURACY], VAL_PRIVATE_ACCURACY),
             "low_variance_fraction": as_float(m[LOW_VARIANCE_FRACTION], LOW_VARIANCE_FRACTION),
         }
+        if DEVICE_INDEX in m:  # older nodes do not report it
+            nodes[pid]["device"] = device_name(as_int(m[DEVICE_INDEX], DEVICE_INDEX))
         for name in node_metric_names:
             nodes[pid][name.replace("-", "_")] = (
                 as_float(m[name], name) if name in m else float("nan")

@@ -354,7 +354,9 @@ def ray_environment(
     Raises:
         RayClusterError: ``RAY_ADDRESS`` is set in ``env`` (to something other than ``local``) but
             ``ray_address`` was not given, or differs from it: which cluster to use is ambiguous;
-            a malformed address, or ``auto`` with no recorded cluster.
+            a malformed address, or ``auto`` with no recorded cluster; ``RAY_ADDRESS=auto`` whose
+            recorded cluster does not answer (a stale file: the message says to delete it and to
+            ``unset RAY_ADDRESS``, never to pass ``--ray-address auto``).
     """
     env = dict(os.environ) if env is None else env
     inherited = env.get("RAY_ADDRESS", "")
@@ -376,6 +378,17 @@ def ray_environment(
                     f"RAY_ADDRESS=auto is set in the environment but no Ray cluster is recorded on "
                     f"this machine ({f} does not exist): `unset RAY_ADDRESS` to run on a private "
                     "local Ray instance, or pass --ray-address host:port of a running cluster"
+                )
+            try:
+                why = gcs_answers(recorded, probe_timeout)
+            except RayClusterError:
+                why = "not a host:port address"
+            if why is not None:  # advising --ray-address auto would be refused: it is gone
+                raise RayClusterError(
+                    f"RAY_ADDRESS=auto is set in the environment, but the Ray cluster recorded in "
+                    f"{f} (left by a `ray start`) at {recorded} is gone ({why}): a stale file, "
+                    f"delete it if nobody uses it (rm {f}); `unset RAY_ADDRESS` to run on a private "
+                    "local Ray instance, or start a cluster first (ray start --head)"
                 )
             advice = f"auto (the cluster at {recorded} recorded in {f})"
         raise RayClusterError(
