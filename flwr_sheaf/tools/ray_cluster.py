@@ -372,25 +372,7 @@ def ray_environment(
     if inherited and inherited != "local":
         advice = inherited
         if inherited == "auto":
-            f, recorded = _recorded_cluster(env)
-            if not recorded:
-                raise RayClusterError(
-                    f"RAY_ADDRESS=auto is set in the environment but no Ray cluster is recorded on "
-                    f"this machine ({f} does not exist): `unset RAY_ADDRESS` to run on a private "
-                    "local Ray instance, or pass --ray-address host:port of a running cluster"
-                )
-            try:
-                why = gcs_answers(recorded, probe_timeout)
-            except RayClusterError:
-                why = "not a host:port address"
-            if why is not None:  # advising --ray-address auto would be refused: it is gone
-                raise RayClusterError(
-                    f"RAY_ADDRESS=auto is set in the environment, but the Ray cluster recorded in "
-                    f"{f} (left by a `ray start`) at {recorded} is gone ({why}): a stale file, "
-                    f"delete it if nobody uses it (rm {f}); `unset RAY_ADDRESS` to run on a private "
-                    "local Ray instance, or start a cluster first (ray start --head)"
-                )
-            advice = f"auto (the cluster at {recorded} recorded in {f})"
+            advice = _auto_advice(env, probe_timeout)
         raise RayClusterError(
             f"RAY_ADDRESS={inherited} is set in the environment: the simulation would join that Ray "
             f"cluster although --ray-address was not given; pass --ray-address {advice} to run "
@@ -400,10 +382,7 @@ def ray_environment(
     f = ray_address_file(env)
     if f.is_file():
         recorded = f.read_text().strip()
-        try:
-            why = gcs_answers(recorded, probe_timeout)
-        except RayClusterError:
-            why = "not a host:port address"
+        why = _gone(recorded, probe_timeout)
         if why is None:
             note = (
                 f"note: {f} (left by `ray start`) names a Ray cluster at {recorded}; a plain "
@@ -418,6 +397,40 @@ def ray_environment(
                 f"(RAY_ADDRESS=local); delete the file if nobody uses it: rm {f}"
             )
     return {"RAY_ADDRESS": "local"}, note
+
+
+def _gone(recorded: str, probe_timeout: float) -> str | None:
+    """Why no Ray GCS answers at the ``recorded`` address (:func:`gcs_answers`), or None when one does."""
+    try:
+        return gcs_answers(recorded, probe_timeout)
+    except RayClusterError:
+        return "not a host:port address"
+
+
+def _auto_advice(env: dict[str, str], probe_timeout: float) -> str:
+    """What to pass as ``--ray-address`` when ``RAY_ADDRESS=auto`` is inherited: ``auto`` and the
+    cluster ``ray start`` recorded, when it answers.
+
+    Raises:
+        RayClusterError: no cluster is recorded, or the recorded one is gone (a stale file: delete
+            it, ``unset RAY_ADDRESS``; never advise passing ``--ray-address auto``).
+    """
+    f, recorded = _recorded_cluster(env)
+    if not recorded:
+        raise RayClusterError(
+            f"RAY_ADDRESS=auto is set in the environment but no Ray cluster is recorded on "
+            f"this machine ({f} does not exist): `unset RAY_ADDRESS` to run on a private "
+            "local Ray instance, or pass --ray-address host:port of a running cluster"
+        )
+    why = _gone(recorded, probe_timeout)
+    if why is not None:  # advising --ray-address auto would be refused: it is gone
+        raise RayClusterError(
+            f"RAY_ADDRESS=auto is set in the environment, but the Ray cluster recorded in "
+            f"{f} (left by a `ray start`) at {recorded} is gone ({why}): a stale file, "
+            f"delete it if nobody uses it (rm {f}); `unset RAY_ADDRESS` to run on a private "
+            "local Ray instance, or start a cluster first (ray start --head)"
+        )
+    return f"auto (the cluster at {recorded} recorded in {f})"
 
 
 # ------------------------------------------------------------------ the shared-machine recipe
