@@ -5,11 +5,13 @@ when the process dies, in any PID namespace; taking over a free one is atomic), 
 open descriptor **and on the directory itself**, so that a lock file removed (or replaced) while a
 run holds it does not let a second run in: the directory's ``flock`` still refuses it, and the
 holder re-checks the lock file's identity before every write (:meth:`DirLock.verify`, called by
-``write_results`` and the checkpointer) and puts it back. The file records who took it (``pid``,
+``write_results`` and the checkpointer) and puts it back; a directory moved or replaced meanwhile
+(its ``st_dev``/``st_ino`` changed: the lock went with it) is never written again by the holder. The file records who took it (``pid``,
 ``host``, ``pidns``, ``boot_id``, start time, token) for messages and for the cases the kernel
 cannot decide: a lock written on another kernel is refused unless written on this host before its
 last boot; one of this host and PID namespace whose process no longer runs (or that names this very
-process, which does not hold it) is taken over with a warning. A lock file that is a symbolic link,
+process, which does not hold it) is taken over with a warning, as is one that names no holder (empty,
+or not a JSON object) while its kernel lock is free. A lock file that is a symbolic link,
 a directory or anything but a regular file is refused (never followed, never created through a
 link). Without ``fcntl`` (Windows) the lock falls back to the pid check. A process never holds one
 directory's lock twice.
@@ -248,6 +250,8 @@ class DirLock:
         self._fd: int | None = None
         self._dir_fd: int | None = None
         self._ident: tuple[int, int] | None = None
+        #: the locked directory's ``(st_dev, st_ino)`` when taken: one moved or replaced is detected
+        self._dir_ident: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ details
     def _mine(self) -> dict[str, Any]:
@@ -270,12 +274,21 @@ class DirLock:
         return f"process {info.get('pid', '?')} on {where}"
 
     def _busy(self, info: dict[str, Any] | None, why: str = "") -> LockedError:
-        who = (
-            f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
-            if info is not None
-            else f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
-            f"removed or replaced while it ran)"
-        )
+        if info:
+            who = f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
+        elif info is not None:  # {}: the file is there but names no holder (empty, not our JSON)
+            who = (
+                f"a process holds the kernel lock of {self.path} (the lock file does not name it: "
+                f"it is empty or not a flwr-sheaf lock file)"
+                if fcntl is not None
+                else f"its lock file {self.path} names no holder (it is empty or not a flwr-sheaf "
+                f"lock file)"
+            )
+        else:
+            who = (
+                f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
+                f"removed or replaced while it ran)"
+            )
         return LockedError(
             f"{self.key} {self.path.parent} is in use by another run: {who}{why}; wait for it to end "
             f"or use another {self.key} (remove the lock file only if that process is not a flwr-sheaf "
@@ -291,12 +304,13 @@ class DirLock:
         if fd is None:
             return None
         try:
-            return self._read(fd)
+            return self._read(fd) or {}  # there, but naming no holder: {}
         finally:
             os.close(fd)
 
     @staticmethod
     def _read(fd: int) -> dict[str, Any] | None:
+        """The lock file's details: None when it is empty, ``{}`` when it is not a JSON object."""
         os.lseek(fd, 0, os.SEEK_SET)
         data = b""
         while chunk := os.read(fd, 65536):
@@ -353,6 +367,8 @@ class DirLock:
         if not free:  # a live run holds the directory, whatever became of its lock file
             raise self._busy(self._peek())
         try:
+            st = os.fstat(dfd) if dfd is not None else os.stat(self.path.parent)
+            self._dir_ident = (st.st_dev, st.st_ino)
             self._acquire_file()
         except BaseException:
             if dfd is not None:
@@ -364,6 +380,7 @@ class DirLock:
     def _acquire_file(self) -> None:
         """:meth:`acquire`'s lock file part (the directory's ``flock`` already held)."""
         for _ in range(100):  # retried only when the file was replaced between open and flock
+            existed = os.path.lexists(self.path)
             fd = _open_lock_file(self.path, self.key, create=True)
             assert fd is not None, "created"
             try:
@@ -371,8 +388,7 @@ class DirLock:
                     try:
                         _flock_nb(fd, fcntl.LOCK_EX)
                     except BlockingIOError:
-                        live = self._read(fd) or {}
-                        raise self._busy(live) from None
+                        raise self._busy(self._read(fd) or {}) from None
                     try:  # the holder we waited on may have removed the file: lock the one at the path
                         a, b = os.fstat(fd), os.lstat(self.path)
                         same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
@@ -383,7 +399,16 @@ class DirLock:
                         fd = -1
                         continue
                 info = self._read(fd)
-                if info is not None:  # a lock file without a live flock: its holder died, or
+                if (
+                    not info and existed and fcntl is not None
+                ):  # the kernel lock is free: a leftover
+                    log.warning(
+                        "taking over the leftover lock file %s: it is %s and no process holds its "
+                        "kernel lock (a run that died while writing it, or not written by flwr-sheaf)",
+                        self.path,
+                        "empty" if info is None else "not a flwr-sheaf lock (no JSON object in it)",
+                    )
+                elif info is not None:  # a lock file without a live flock: its holder died, or
                     why = self._holder_gone(info)  # it is on a kernel that cannot be asked
                     if why is None:
                         raise self._busy(
@@ -423,10 +448,14 @@ class DirLock:
         _HELD.pop(self.path, None)
         fd, self._fd = self._fd, None
         dfd, self._dir_fd = self._dir_fd, None
-        try:
-            st = os.lstat(self.path)
+        try:  # in the directory held (by its fd: it may have been moved), never in one at the path now
+            st = os.lstat(LOCK_NAME, dir_fd=dfd) if dfd is not None else os.lstat(self.path)
             if fd is not None and (st.st_dev, st.st_ino) == self._ident:
-                self.path.unlink()  # while still locked: a contender re-checks the inode
+                # while still locked: a contender re-checks the inode
+                if dfd is not None:
+                    os.unlink(LOCK_NAME, dir_fd=dfd)
+                else:
+                    self.path.unlink()
         except OSError:
             pass
         if fd is not None:
@@ -441,12 +470,15 @@ class DirLock:
         ``flock``, so no other run can have taken the directory.
 
         Raises:
-            LockedError: this run does not hold the lock, or the lock file was removed or replaced and
+            LockedError: the directory itself was moved, removed or replaced since the lock was taken
+                (its new path, if any, and what to do named: nothing more is written there), or
+                this run does not hold the lock, or the lock file was removed or replaced and
                 the directory's own lock is not available (a file system without ``flock`` on
                 directories), so another run may be writing there (the file and the fix named).
         """
         if not self.held or self._fd is None:
             raise LockedError(f"{self.key} {self.path.parent}: this run does not hold {self.path}")
+        self._verify_directory()
         try:
             st = os.lstat(self.path)
             now: tuple[int, int] | None = (st.st_dev, st.st_ino)
@@ -485,6 +517,43 @@ class DirLock:
         st = os.fstat(fd)
         self._fd, self._ident = fd, (st.st_dev, st.st_ino)
         os.close(old)
+
+    def _verify_directory(self) -> None:
+        """Raise when the locked directory was moved, removed or replaced since :meth:`acquire` (its
+        ``st_dev`` / ``st_ino`` at the path differ): this run's lock went with the old directory, so
+        another run may hold the one at the path now."""
+        try:
+            st = os.stat(self.path.parent)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            now = None
+        if self._dir_ident is None or now == self._dir_ident:
+            return
+        where: str | None = None
+        for fd in (self._dir_fd, self._fd):  # Linux: the path the held directory has now
+            if fd is None:
+                continue
+            try:
+                where = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if fd == self._fd:
+                where = str(Path(where.removesuffix(" (deleted)")).parent)
+            break
+        if where is None or where.endswith(" (deleted)") or not Path(where).is_dir():
+            gone, then = "it was removed, with the files this run wrote there", "run it again"
+        else:
+            gone = f"it is now {where}, with the files this run wrote there"
+            then = (
+                f"continue it from its last checkpoint with resume-from='{where}'"
+                if (Path(where) / "checkpoint.pkl").is_file()
+                else f"run it again (no checkpoint was written in {where})"
+            )
+        raise LockedError(
+            f"{self.key} {self.path.parent}: the directory was moved or replaced while this run held "
+            f"it ({gone}); another run may now use {self.path.parent}, so this run writes nothing "
+            f"more there and stops: {then}, and do not move or replace a directory a run is using"
+        )
 
     def __enter__(self) -> DirLock:
         return self

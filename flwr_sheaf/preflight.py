@@ -541,13 +541,7 @@ def preflight(config: RunConfig) -> Preflight:
     resuming = config.resume or bool(config.resume_from)
     source = _resume_source(config)
     _check_overwrite_with_resume(config, resuming, source)
-    if config.tracking_dir and not config.tracking.strip():
-        log.warning(
-            "tracking-dir=%r is set but tracking is empty, so nothing is tracked and tracking-dir is "
-            "not used: set tracking='tensorboard' (or 'wandb', 'tensorboard,wandb') to track this "
-            "run, or leave tracking-dir out",
-            config.tracking_dir,
-        )
+    # tracking-dir without tracking: warned once, by apps.server_app.run_config_warnings
     state_root = None
     if config.node_state_dir:
         state_root = check_writable_dir("node-state-dir", config.node_state_dir)

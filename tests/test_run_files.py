@@ -619,6 +619,68 @@ def test_a_leftover_lock_of_a_dead_process_or_naming_this_one_is_taken_over_with
         lock.release()
 
 
+@pytest.mark.parametrize("content", ["not json", ""])
+def test_a_leftover_lock_file_naming_no_holder_is_taken_over_or_refused_by_its_kernel_lock(
+    tmp_path, caplog, content
+):
+    """Issue 34 attack F4 (docs/reliability-locks.md): an unreadable or empty ``.lock`` whose kernel
+    lock is free is a leftover, taken over with a warning saying what was found (was: garbage refused
+    as "process ? on host ?", an empty one taken over without a word); with its kernel lock held the
+    error says a process holds it, inventing no pid or host."""
+    (tmp_path / LOCK_NAME).write_text(content)
+    _logged(caplog)
+    lock = DirLock(tmp_path).acquire()
+    try:
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == lock.token
+        found = "empty" if not content else "not a flwr-sheaf lock (no JSON object in it)"
+        assert (
+            f"taking over the leftover lock file {tmp_path / LOCK_NAME}: it is {found} and no "
+            "process holds its kernel lock"
+        ) in caplog.text
+    finally:
+        lock.release()
+    out = tmp_path / "held"
+    out.mkdir()
+    with _holder(out):
+        (out / LOCK_NAME).write_text(content)  # the live holder's file, overwritten in place
+        with pytest.raises(LockedError) as err:
+            DirLock(out).acquire()
+    assert f"a process holds the kernel lock of {out / LOCK_NAME}" in str(err.value)
+    assert "process ?" not in str(err.value) and "host ?" not in str(err.value)
+
+
+def test_a_results_dir_moved_away_while_a_run_holds_it_is_not_written_by_that_run(tmp_path, caplog):
+    """Issue 34 attack F3 (docs/reliability-locks.md): ``mv dir dir.old; mkdir dir`` while run A holds
+    ``dir``: A's lock went with ``dir.old``, so run B may take the new ``dir``; A refuses its next
+    write there, naming where its directory went (was: A put its lock file into B's directory with
+    the false "no other run could take the directory" and replaced B's results.json)."""
+    from flwr_sheaf import write_results
+
+    done = _own_strategy(tmp_path)
+    out, old = tmp_path / "r", tmp_path / "r.old"
+    out.mkdir()
+    lock = DirLock(out).acquire()
+    try:
+        out.rename(old)
+        out.mkdir()
+        _logged(caplog)
+        with pytest.raises(LockedError) as err:
+            write_results(done, out)
+        msg = str(err.value)
+        assert msg.startswith(
+            f"results-dir {out}: the directory was moved or replaced while this run held it (it is "
+            f"now {old}, with the files this run wrote there)"
+        ), msg
+        assert f"another run may now use {out}, so this run writes nothing more there" in msg
+        assert f"no checkpoint was written in {old}" in msg
+        assert "no other run could take" not in caplog.text
+        # nothing written into the new directory (run B's): no results.json, no lock file put back
+        assert sorted(p.name for p in out.iterdir()) == []
+    finally:
+        lock.release()
+    assert not (old / LOCK_NAME).exists()  # released where it was held: in the moved directory
+
+
 def test_a_leftover_lock_of_another_kernel_with_this_host_name_is_never_taken_over(tmp_path):
     """A lock file on a shared file system written by another machine that has the same host name
     (its ``boot_id`` differs; the initial PID namespace has the same inode on every kernel): its pid

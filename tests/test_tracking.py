@@ -217,26 +217,34 @@ def test_a_tracker_that_fails_to_close_costs_the_run_nothing_but_its_clean_statu
 
 
 def test_tracking_dir_without_tracking_is_warned_naming_both_keys(tmp_path, caplog):
-    """Issue 34, case 9 (docs/reliability-locks.md): was silently ignored."""
+    """Issue 34, case 9 (docs/reliability-locks.md): was silently ignored; then (attack F2) warned
+    twice with two texts, by the preflight and by ``run_config_warnings``: now once, by the latter
+    (logged at the ServerApp's start and recorded in results.json's ``warnings``)."""
     import logging
 
+    from flwr_sheaf.apps.methods import num_nodes
+    from flwr_sheaf.apps.server_app import run_config_warnings
     from flwr_sheaf.methods.registry import parse_run_config
     from flwr_sheaf.preflight import preflight
+
+    def warnings(rc):
+        cfg, method = parse_run_config(rc)
+        n = num_nodes(cfg, method)
+        return run_config_warnings(rc, cfg, method, method.strategy(cfg, n), n)
 
     log = logging.getLogger("flwr_sheaf")
     log.addHandler(caplog.handler)
     try:
-        rc = {"results-dir": str(tmp_path / "r"), "tracking-dir": str(tmp_path / "tb")}
+        tb = str(tmp_path / "tb")
+        rc = {"results-dir": str(tmp_path / "r"), "tracking-dir": tb}
         with preflight(parse_run_config(rc)[0]):
             pass
-        assert (
-            f"tracking-dir={str(tmp_path / 'tb')!r} is set but tracking is empty, so nothing is "
-            "tracked and tracking-dir is not used: set tracking='tensorboard'"
-        ) in caplog.text
-        caplog.clear()
-        with preflight(parse_run_config({**rc, "tracking": "tensorboard"})[0]):
-            pass
-        assert "tracking is empty" not in caplog.text
+        assert "tracking-dir" not in caplog.text  # was: a second, different warning here
+        assert warnings(rc) == [
+            f"tracking-dir={tb!r} is ignored: tracking is off (tracking=''); set "
+            "tracking='tensorboard' (or 'wandb') to track the run there"
+        ]
+        assert warnings({**rc, "tracking": "tensorboard"}) == []
     finally:
         log.removeHandler(caplog.handler)
 
