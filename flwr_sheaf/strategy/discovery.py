@@ -198,15 +198,13 @@ class Discovery:
         self.answered.add(int(r.metadata.src_node_id))
         info, problem = parse_reply(r, self.num_nodes, self.found)
         if info is not None and info.d <= 0 and info.partition_id < self.num_nodes:
-            info, problem = (
-                None,
-                (
-                    f"partition-id {info.partition_id} reports d {info.d}, the description of a spare "
-                    f"SuperNode, but the scenario has {self.num_nodes} agents (partition-ids 0.."
-                    f"{self.num_nodes - 1}); that node's task factory raised OutsideScenarioError for "
-                    f"an agent (check its run config and zoo)"
-                ),
+            problem = (
+                f"partition-id {info.partition_id} reports d {info.d}, the description of a spare "
+                f"SuperNode, but the scenario has {self.num_nodes} agents (partition-ids 0.."
+                f"{self.num_nodes - 1}); that node's task factory raised OutsideScenarioError for "
+                f"an agent (check its run config and zoo)"
             )
+            info = None
         if info is None:
             self.errors.append(f"node {r.metadata.src_node_id}: {str(problem)[-600:]}")
             if len(self.asked) > self.num_nodes:  # a spare SuperNode can stand in
