@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -329,6 +330,68 @@ def test_a_broken_agent_among_spares_degrades_the_run_and_its_slot_is_filled(
         summary_lines(res)[0].startswith("RUN DEGRADED")
         and "no usable description" in (summary_lines(res)[0])
     )
+
+
+def _claims_spare(pid: int):
+    """A ClientApp wrapper: partition ``pid`` describes itself as a spare (``d = 0``)."""
+
+    def wrap(grid, real):
+        def app(msg, ctx):
+            reply = real(msg, ctx)
+            if msg.metadata.message_type.startswith("query.") and (
+                grid.partition_of(msg.metadata.dst_node_id) == pid
+            ):
+                reply.content[INFO]["d"] = 0
+            return reply
+
+        return app
+
+    return wrap
+
+
+D0 = r"partition-id 1 reports d 0, the description of a spare SuperNode, but the scenario has 6 agents"
+
+
+@pytest.mark.parametrize(
+    ("wrap", "said"), [(_broken, r"RuntimeError\('broken node'\)"), (_claims_spare, D0)]
+)
+def test_full_discovery_fails_at_once_naming_a_broken_agent_among_spares(tmp_path, wrap, said):
+    # issue 34, F8/F9: 6 agents + 2 spares, discovery=all, agent 1's query handler raises (F8) or
+    # describes it as a spare, d = 0 (F9). All 8 SuperNodes answer (7 descriptions + 1 failure), so
+    # nothing more can come: before, F8 waited the whole discovery-timeout and advised
+    # num-supernodes=6; F9 accepted d = 0 and the run failed blaming agent 1's neighbours
+    import time
+
+    timeout = 60.0
+    rc = _rc(tmp_path, "all_broken", 6, discovery="all", **{"discovery-timeout": timeout})
+    grid = LocalGrid(cnn_client_app, 8, run_config=rc)
+    grid.app = wrap(1)(grid, grid.app)
+    broken = next(n for n in grid.node_ids if grid.partition_of(n) == 1)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as err:
+        run_server(grid, rc)
+    elapsed = time.monotonic() - t0
+    assert elapsed < timeout / 4, elapsed  # before (F8): >= 60 s
+    assert re.search(
+        r"no SuperNode described partition-id\(s\) \[1\] of the 6 agents, and all 8 registered "
+        r"SuperNodes answered \(7 described themselves, 1 failed\), so the missing agent\(s\) are "
+        rf"among the failed node\(s\): node {broken}: {said}",
+        str(err.value),
+    ), str(err.value)
+    assert "num-supernodes" not in str(err.value)
+    assert not any(m.metadata.message_type.startswith("train.") for m in grid.delivered)
+
+
+def test_a_d0_reply_of_an_agent_without_spares_fails_discovery_naming_it(tmp_path):
+    # F9 without spares: the d = 0 reply is node 1's failure at discovery (before: accepted, and its
+    # neighbours failed in training with "stalk dimensions must be positive")
+    rc = _rc(tmp_path, "d0", 6, discovery="all")
+    grid = LocalGrid(cnn_client_app, 6, run_config=rc)
+    grid.app = _claims_spare(1)(grid, grid.app)
+    broken = next(n for n in grid.node_ids if grid.partition_of(n) == 1)
+    with pytest.raises(RuntimeError, match=rf"discovery failed on node {broken}: {D0}"):
+        run_server(grid, rc)
+    assert not any(m.metadata.message_type.startswith("train.") for m in grid.delivered)
 
 
 def test_a_slot_that_no_node_can_fill_is_said_and_degrades_the_run(tmp_path, caplog):

@@ -9,8 +9,11 @@ discovered nodes (:func:`build_agents_graph`, in ``on_discovered``); :func:`orie
 partition-id; docs/reference.md). Discovery knows nothing of methods.
 
 Every failure is a ``RuntimeError`` naming the cause and the fix (:meth:`Discovery.run`); a
-federation that is too small fails at once. SuperNodes beyond the scenario (partition-id >= N, or
-whose discovery handler failed while more SuperNodes than agents registered) stay idle.
+federation that is too small fails at once, and so does one where every registered SuperNode has
+answered while an agent's partition-id is still missing (the failed nodes named as the cause).
+SuperNodes beyond the scenario (partition-id >= N, or whose discovery handler failed while more
+SuperNodes than agents registered) stay idle. A reply describing an agent's partition-id (< N) as a
+spare (``d = 0``) is that node's failure, as an error reply is.
 """
 
 from __future__ import annotations
@@ -111,7 +114,9 @@ class Discovery:
     Attributes:
         found: ``{partition-id: Node}`` answered so far (partition-ids >= ``num_nodes`` included).
         asked: Flower node ids queried so far.
+        answered: Flower node ids whose reply came (usable or not).
         errors: ``"node <id>: <reason>"`` of the nodes whose reply could not be used.
+        num_partitions: the largest ``num-partitions`` the replies reported (0: none did).
     """
 
     def __init__(
@@ -127,7 +132,9 @@ class Discovery:
         self.discovery_timeout = float(discovery_timeout)
         self.found: dict[int, Node] = {}
         self.asked: set[int] = set()
+        self.answered: set[int] = set()
         self.errors: list[str] = []
+        self.num_partitions = 0
 
     def run(self, grid: Grid, timeout: float) -> dict[int, Node]:
         """Query nodes as they register until partition-ids ``0..num_nodes-1`` all answered.
@@ -143,13 +150,16 @@ class Discovery:
         Raises:
             RuntimeError: the SuperNodes report ``num-partitions`` smaller than ``num_nodes`` (at
                 once, naming the ``--federation-config`` to pass), a discovery handler failed and
-                no spare SuperNode exists (its reason quoted), duplicate partition-ids, or
-                partition-ids still missing after ``discovery_timeout`` (named, with the reasons
-                of failed nodes).
+                no spare SuperNode exists (its reason quoted), duplicate partition-ids,
+                partition-ids missing once every registered SuperNode answered (at least N
+                registered, and every one of the ``num-partitions`` reported; the failed nodes
+                named: :meth:`broken_error`), or partition-ids still missing after
+                ``discovery_timeout`` (named, with the reasons of failed nodes).
         """
         deadline = time.monotonic() + self.discovery_timeout
         while True:
-            new = [n for n in grid.get_node_ids() if n not in self.asked]
+            registered = set(grid.get_node_ids())
+            new = [n for n in registered if n not in self.asked]
             if new:
                 self.asked.update(new)
                 msgs = [self.query(n) for n in new]
@@ -161,6 +171,12 @@ class Discovery:
                 self.check_errors()
             if all(p in self.found for p in range(self.num_nodes)):
                 break
+            if (
+                self.errors
+                and registered <= self.answered
+                and len(registered) >= max(self.num_nodes, self.num_partitions)
+            ):  # every SuperNode there is answered: nothing more can come
+                raise self.broken_error(len(registered))
             if time.monotonic() > deadline:
                 raise self.timeout_error()
             time.sleep(POLL_SECONDS)
@@ -181,17 +197,27 @@ class Discovery:
             RuntimeError: the node reports ``num-partitions`` < ``num_nodes``, or a partition-id
                 another node already reported.
         """
+        self.answered.add(int(r.metadata.src_node_id))
         info, problem = parse_reply(r, self.num_nodes, self.found)
+        if info is not None and info.d <= 0 and info.partition_id < self.num_nodes:
+            problem = (
+                f"partition-id {info.partition_id} reports d {info.d}, the description of a spare "
+                f"SuperNode, but the scenario has {self.num_nodes} agents (partition-ids 0.."
+                f"{self.num_nodes - 1}); that node's task factory raised OutsideScenarioError for "
+                f"an agent (check its run config and zoo)"
+            )
+            info = None
         if info is None:
             self.errors.append(f"node {r.metadata.src_node_id}: {str(problem)[-600:]}")
             if len(self.asked) > self.num_nodes:  # a spare SuperNode can stand in
                 log.warning(
                     "discovery: %s: a spare SuperNode whose query handler fails, or a broken agent "
-                    "(then its partition-id stays missing and discovery fails after "
-                    "discovery-timeout, naming it)",
+                    "(then its partition-id stays missing and discovery fails once every "
+                    "registered SuperNode has answered, naming it)",
                     self.errors[-1],
                 )
             return
+        self.num_partitions = max(self.num_partitions, info.num_partitions)
         self.found[info.partition_id] = Node(r.metadata.src_node_id, info)
 
     def check_errors(self) -> None:
@@ -212,6 +238,21 @@ class Discovery:
             else ""
         )
         raise RuntimeError(f"discovery failed on {errors[0]}{more}")
+
+    def broken_error(self, registered: int) -> RuntimeError:
+        """The error when every one of the ``registered`` SuperNodes answered, some failed and
+        partition-ids are still missing: the failed nodes are the missing agents (their reasons
+        quoted, the fix theirs), not too few SuperNodes."""
+        missing = sorted(set(range(self.num_nodes)) - set(self.found))
+        errors = self.errors
+        shown = "; ".join(e[:300] for e in errors[:4]) + (" ..." if len(errors) > 4 else "")
+        return RuntimeError(
+            f"discovery: no SuperNode described partition-id(s) {missing} of the "
+            f"{self.num_nodes} agents, and all {registered} registered SuperNodes answered "
+            f"({registered - len(errors)} described themselves, {len(errors)} failed), so the "
+            f"missing agent(s) are among the failed node(s): {shown}; fix that node's query handler or "
+            f"task factory (the error above; its SuperNode's log) or its partition-id"
+        )
 
     def timeout_error(self) -> RuntimeError:
         """The error after ``discovery_timeout``: too slow (every SuperNode registered, none failed:
