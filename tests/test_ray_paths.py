@@ -461,6 +461,30 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
         assert ray_cluster.stop_cluster(other)[1] == []
 
 
+def test_the_stop_tool_refuses_rays_shared_default_temp_dir(tmp_path, monkeypatch, capsys):
+    # /tmp/ray (or $RAY_TMPDIR/ray) holds the session of every private Ray instance of the machine:
+    # stopping "its" cluster would stop everyone's simulation. Refused before any process is looked
+    # up: stop_cluster/cluster_processes must not even be called.
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a process would have been signalled")
+
+    monkeypatch.setattr(ray_cluster, "stop_cluster", must_not_run)
+    monkeypatch.setattr(ray_cluster, "cluster_processes", must_not_run)
+    fake = tmp_path / "rtmp"
+    (fake / "ray" / "session_latest").mkdir(parents=True)  # looks like a live Ray temp dir
+    monkeypatch.setenv("RAY_TMPDIR", str(fake))
+    for shared in (fake / "ray", fake, "/tmp/ray", "/tmp", "/", "/tmp/ray/"):
+        assert ray_cluster.main(["stop", "--temp-dir", str(shared)]) == 2, shared
+        err = capsys.readouterr().err
+        assert f"--temp-dir {shared}: this is Ray's shared default temp dir" in err, err
+        assert "$RAYDIR" in err and "nothing was stopped" in err
+    # a private dir next to it (the recipe's /tmp/ray-$USER-XXXX shape) is not the shared one
+    private = tmp_path / "ray-me-abcd"
+    assert ray_cluster.shared_temp_dir_problem(private) is None
+    assert ray_cluster.shared_temp_dir_problem("/tmp/ray-me-abcd") is None
+    assert ray_cluster.shared_temp_dir_problem(fake / "ray" / "x") is None
+
+
 def _recipe() -> str:
     text = (ROOT / "docs" / "running.md").read_text()
     section = text[text.index("## A Ray cluster") :]
