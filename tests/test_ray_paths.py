@@ -221,6 +221,27 @@ def test_flwr_run_past_its_timeout_ends_in_a_message_not_a_traceback(monkeypatch
 # --------------------------------------------------------------- case 10: --ray-address refusals
 
 
+def test_an_http_url_is_named_as_one_and_a_privileged_port_is_not_advised():
+    # attack (minor): http://... was called "not a Ray Client ray:// address"
+    for url in ("http://127.0.0.1:38123", "https://head:8265"):
+        with pytest.raises(RayClusterError) as e:
+            parse_address(url)
+        scheme = url.split(":")[0]
+        assert f"--ray-address {url!r}: an {scheme}:// URL" in str(e.value)
+        assert "ray://" not in str(e.value) and "without http://" in str(e.value)
+    with pytest.raises(RayClusterError, match="not a Ray Client ray:// address"):
+        parse_address("ray://10.0.0.5:10001")  # the Ray Client form keeps its own message
+    # nothing listens on port 1 (below 1024): the advice is a free port, not `--port 1`
+    with pytest.raises(RayClusterError) as e:
+        ray_cluster.check_reachable("127.0.0.1:1", timeout=2.0)
+    msg = str(e.value)
+    assert "ray start --head --port 1`" not in msg and "ray start --head --port N`" in msg, msg
+    assert "ray_cluster.py free-ports 1" in msg and "port 1 is below 1024" in msg
+    port = ray_cluster.free_ports(1)[0]  # an unprivileged port: that port is advised as before
+    with pytest.raises(RayClusterError, match=rf"`ray start --head --port {port}` on 127.0.0.1"):
+        ray_cluster.check_reachable(f"127.0.0.1:{port}", timeout=2.0)
+
+
 @pytest.mark.parametrize("port", ["99999", "0", "65536"])
 def test_a_port_outside_the_tcp_range_is_refused_naming_the_flag(port):
     with pytest.raises(RayClusterError) as e:

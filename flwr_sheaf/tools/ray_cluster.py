@@ -94,6 +94,14 @@ def parse_address(address: str) -> tuple[str, int]:
         RayClusterError: not ``host:port`` (e.g. a Ray Client ``ray://`` address, which Flower's
             backend cannot use: its ``runtime_env`` and actors need a driver inside the cluster).
     """
+    scheme = address.split("://", 1)[0].lower()
+    if scheme in ("http", "https"):
+        raise RayClusterError(
+            f"--ray-address {address!r}: an {scheme}:// URL (the Ray dashboard's, or another web "
+            "service's), not a Ray cluster address; give the GCS address host:port that "
+            "`ray start --head` printed (its --port, e.g. 10.0.0.5:6379; not the dashboard's port), "
+            "without http://"
+        )
     if "://" in address:
         raise RayClusterError(
             f"--ray-address {address!r}: give the cluster's GCS address host:port (what "
@@ -292,10 +300,17 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         with socket.create_connection((host, port), timeout=timeout):
             pass
     except OSError as exc:
+        start = (
+            f"`ray start --head --port {port}` on {host} (and open that port to this machine)"
+            if port >= 1024
+            else f"`ray start --head --port N` on {host}, N a free unprivileged port (port {port} "
+            "is below 1024, reserved to the system): `python flwr_sheaf/tools/ray_cluster.py "
+            "free-ports 1` prints one; then --ray-address host:N"
+        )
         raise RayClusterError(
             f"--ray-address {address}: no Ray cluster answers there ({exc}); start its head with "
-            f"`ray start --head --port {port}` on {host} (and open that port to this machine), "
-            "or drop --ray-address to run on a private local Ray instance (docs/running.md)"
+            f"{start}, or drop --ray-address to run on a private local Ray instance "
+            "(docs/running.md)"
         ) from exc
     why = gcs_answers(address, timeout)
     if why is not None:
