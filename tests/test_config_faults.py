@@ -671,3 +671,29 @@ def test_scale_benchmark_refuses_bad_agent_counts_by_flag():
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr
         assert f"argument --agents: {bad!r}" in proc.stderr and why in proc.stderr
+
+
+@pytest.mark.parametrize("partitioner", ["label-shift", "cross-device"])
+def test_a_zoo_the_split_refuses_is_told_the_largest_tiny_zoo_that_passes(partitioner):
+    # attack F11 (b): the advice used to be a size the split then refused. Now the split's refusal
+    # names the largest tiny zoo it serves; that zoo passes the config check and the split's own
+    # check, and one agent more is refused (mnist-bundled, 5,000 images: fast)
+    import re
+
+    from flwr_sheaf.apps.scenario import check_scenario
+    from flwr_sheaf.config import ScenarioConfig, apply_preset
+
+    def scenario(n: int) -> ScenarioConfig:
+        cfg = {"zoo": f"tiny-{n}", "dataset": "mnist-bundled", "partitioner": partitioner}
+        parse_run_config({**cfg, "graph": "ring"})  # the config check passes
+        return ScenarioConfig.from_mapping(apply_preset(cfg))
+
+    with pytest.raises(ConfigError) as err:
+        check_scenario(scenario(900))
+    found = re.search(r"zoo='tiny-(\d+)' is the largest tiny zoo this split serves", str(err.value))
+    assert found is not None, str(err.value)
+    best = int(found.group(1))
+    assert 2 <= best < 900
+    check_scenario(scenario(best))  # the advised zoo passes the split's own check
+    with pytest.raises(ConfigError, match="agents get an empty|target classes without"):
+        check_scenario(scenario(best + 1))

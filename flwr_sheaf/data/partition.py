@@ -539,7 +539,8 @@ def check_agents_fit(
             f"validation and a test sample only if it gets at least {need}, so at most {most} "
             "agents could fit, and in practice fewer (the split is uneven: how many "
             "depends on the zoo's class sets and shift; the run checks the exact split before "
-            "training and names any agent left with an empty split); use a smaller zoo"
+            "training, naming any agent left with an empty split and the largest tiny zoo it "
+            "serves); use a smaller zoo"
             f"{_larger_dataset(dataset, m)}"
         )
     if num_pilots is not None and num_pilots > hold:
