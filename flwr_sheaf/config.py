@@ -1218,7 +1218,13 @@ class RunConfig(Section):
             raise ConfigError(f"graph={graph!r} on zoo={zoo!r}: {exc}") from None
         check_run_memory(zoo, n)
         try:
-            check_agents_fit(self.scenario.dataset, n, self.scenario.num_pilots or None, zoo=zoo)
+            check_agents_fit(
+                self.scenario.dataset,
+                n,
+                self.scenario.num_pilots or None,
+                zoo=zoo,
+                partitioner=self.scenario.partitioner,
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

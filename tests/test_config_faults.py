@@ -385,21 +385,59 @@ def test_an_infeasible_scale_is_refused_from_the_config_alone_in_well_under_a_se
         tracemalloc.stop()
     msg = str(err.value)
     assert wall < 1.5 and peak < 5e6, (wall, peak)
-    assert msg.startswith(f"zoo={cfg['zoo']!r}") and "use at most zoo='tiny-" in msg, msg
+    assert msg.startswith(f"zoo={cfg['zoo']!r}") and (
+        "use a smaller zoo" in msg or "use at most zoo='tiny-" in msg  # memory: a number that fits
+    ), msg
 
 
-def test_the_dataset_bound_counts_three_samples_an_agent_past_the_pilot_hold_out():
+def test_the_dataset_bound_counts_the_partitioners_fewest_samples_past_the_pilot_hold_out():
     from flwr_sheaf.data.partition import check_agents_fit
 
-    # fashion-mnist: 70,000 images, 7,000 held out for pilots, 63,000 / 3 = 21,000 agents at most
-    check_agents_fit("fashion-mnist", 21000)
-    with pytest.raises(ValueError, match=r"at most 21000 agents .* zoo='tiny-21000'"):
-        check_agents_fit("fashion-mnist", 21001, zoo="tiny-21001")
+    # fashion-mnist: 70,000 images, 7,000 held out for pilots; label-shift needs 5 samples an agent
+    # (a class chunk of < 5 gives no validation sample), cross-device 3, dirichlet 10
+    for part, most in (("label-shift", 12600), ("cross-device", 21000), ("dirichlet:0.5", 6300)):
+        check_agents_fit("fashion-mnist", most, partitioner=part)
+        with pytest.raises(ValueError, match=rf"at most {most} agents could fit"):
+            check_agents_fit("fashion-mnist", most + 1, zoo=f"tiny-{most + 1}", partitioner=part)
     # mnist-bundled: 5,000 images, 500 pilots (its default num-pilots=500 fits, 501 does not)
-    check_agents_fit("mnist-bundled", 1500, 500)
+    check_agents_fit("mnist-bundled", 900, 500)
     with pytest.raises(ValueError, match=r"num-pilots=501 exceeds the 500 samples"):
         check_agents_fit("mnist-bundled", 15, 501)
     check_agents_fit("hf:some/dataset", 10**9)  # size unknown without loading it: the nodes check
+
+
+def test_the_dataset_bound_advises_no_refused_zoo_and_not_the_dataset_in_use():
+    # attack F11: on fashion-mnist, tiny-100000 was told "use at most zoo='tiny-21000' ... or a larger
+    # dataset (e.g. dataset='fashion-mnist')", and tiny-21000 was then refused by the split
+    msg = ""
+    with pytest.raises(ConfigError) as err:
+        parse_run_config(
+            {"zoo": "tiny-100000", "graph": "class-overlap-knn:4", "dataset": "fashion-mnist"}
+        )
+    msg = str(err.value)
+    assert "dataset='fashion-mnist', 70,000" not in msg and "zoo='tiny-" not in msg.split(":", 1)[1]
+    assert "at least 5" in msg and "checks the exact split before training" in msg, msg
+    # mnist-bundled is told of the larger fashion-mnist
+    with pytest.raises(ConfigError, match=r"dataset='fashion-mnist', 70,000 images"):
+        parse_run_config({"zoo": "tiny-901", "graph": "ring", "dataset": "mnist-bundled"})
+
+
+@pytest.mark.parametrize("partitioner, need", [("label-shift", 5), ("cross-device", 3)])
+def test_past_the_dataset_bound_the_split_itself_refuses(partitioner, need):
+    # the bound is necessary: one agent more than (M - hold-out) / need, and the real split leaves
+    # some agent with an empty split (the rule the config check states is the partition's own)
+    from flwr_sheaf.data.partition import check_all_agents, prepare_split
+
+    most = (5000 - 500) // need
+    parse_run_config(
+        {"zoo": f"tiny-{most}", "graph": "ring", "partitioner": partitioner}
+    )  # mnist-bundled: passes the config check
+    with pytest.raises(ConfigError, match=rf"at least {need}, so at most {most} agents could fit"):
+        parse_run_config({"zoo": f"tiny-{most + 1}", "graph": "ring", "partitioner": partitioner})
+    sets = [list(range(10))] * (most + 1)
+    prepared = prepare_split("mnist-bundled", sets, 0.0, 0, None, partitioner)
+    with pytest.raises(ValueError, match=r"agents get an empty training, validation or test split"):
+        check_all_agents(prepared)
 
 
 def test_an_idx_directory_size_is_read_from_its_label_headers(tmp_path):
@@ -409,16 +447,16 @@ def test_an_idx_directory_size_is_read_from_its_label_headers(tmp_path):
     from flwr_sheaf.data.partition import check_agents_fit
     from flwr_sheaf.data.sources import source_size
 
-    # 3,000 + 1,000 labels (one file gzipped): 4,000 samples, 400 pilots, (4000 - 400) / 3 = 1,200
+    # 3,000 + 1,000 labels (one file gzipped): 4,000 samples, 400 pilots, (4000 - 400) / 5 = 720
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(
         struct.pack(">II", 0x801, 3000) + bytes(3000)
     )
     with gzip.open(tmp_path / "t10k-labels-idx1-ubyte.gz", "wb") as fh:
         fh.write(struct.pack(">II", 0x801, 1000) + bytes(1000))
     assert source_size(f"idx:{tmp_path}") == 4000
-    check_agents_fit(f"idx:{tmp_path}", 1200)
-    with pytest.raises(ValueError, match=r"at most 1200 agents"):
-        check_agents_fit(f"idx:{tmp_path}", 1201)
+    check_agents_fit(f"idx:{tmp_path}", 720)
+    with pytest.raises(ValueError, match=r"at most 720 agents could fit"):
+        check_agents_fit(f"idx:{tmp_path}", 721)
     assert source_size(f"idx:{tmp_path / 'missing'}") is None  # loading it names the problem
 
 
@@ -633,3 +671,29 @@ def test_scale_benchmark_refuses_bad_agent_counts_by_flag():
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr
         assert f"argument --agents: {bad!r}" in proc.stderr and why in proc.stderr
+
+
+@pytest.mark.parametrize("partitioner", ["label-shift", "cross-device"])
+def test_a_zoo_the_split_refuses_is_told_the_largest_tiny_zoo_that_passes(partitioner):
+    # attack F11 (b): the advice used to be a size the split then refused. Now the split's refusal
+    # names the largest tiny zoo it serves; that zoo passes the config check and the split's own
+    # check, and one agent more is refused (mnist-bundled, 5,000 images: fast)
+    import re
+
+    from flwr_sheaf.apps.scenario import check_scenario
+    from flwr_sheaf.config import ScenarioConfig, apply_preset
+
+    def scenario(n: int) -> ScenarioConfig:
+        cfg = {"zoo": f"tiny-{n}", "dataset": "mnist-bundled", "partitioner": partitioner}
+        parse_run_config({**cfg, "graph": "ring"})  # the config check passes
+        return ScenarioConfig.from_mapping(apply_preset(cfg))
+
+    with pytest.raises(ConfigError) as err:
+        check_scenario(scenario(900))
+    found = re.search(r"zoo='tiny-(\d+)' is the largest tiny zoo this split serves", str(err.value))
+    assert found is not None, str(err.value)
+    best = int(found.group(1))
+    assert 2 <= best < 900
+    check_scenario(scenario(best))  # the advised zoo passes the split's own check
+    with pytest.raises(ConfigError, match="agents get an empty|target classes without"):
+        check_scenario(scenario(best + 1))

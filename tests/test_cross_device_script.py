@@ -160,6 +160,37 @@ def test_accuracy_plot_of_a_single_evaluated_round_is_readable():
     assert ax1.get_xlim() == (4.5, 5.5) and list(ax1.get_xticks()) == [5]
 
 
+def test_the_docs_quote_what_a_rerun_prints(tmp_path, monkeypatch, capsys):
+    """Attack (minor): docs/reliability-cross-device.md row 8 quoted `results.json, accuracy.png,
+    flwr.log` where an in-process rerun prints `results.json, checkpoint.pkl, accuracy.png`."""
+
+    def fake_run(rc: dict) -> dict:  # what an in-process run leaves: results, checkpoint, plot
+        out = Path(rc["results-dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("results.json", "checkpoint.pkl", "accuracy.png"):
+            (out / name).write_text(json.dumps({"rounds": []}))
+        return {"exit_code": 0, "wall_seconds": 0.0, "peak_rss_bytes": 0, "peak_rss_processes": 1}
+
+    monkeypatch.setattr(cd, "run_inprocess_measured", fake_run)
+    monkeypatch.setattr(cd, "round_stats", lambda res: {})
+    argv = ["--agents", "12", "--engine", "inprocess", "--dataset", "mnist-bundled"]
+    assert cd.main([*argv, "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert cd.main([*argv, "--out", str(tmp_path)]) == 0
+    (printed,) = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "moved" in ln]
+    (row,) = [
+        ln
+        for ln in (ROOT / "docs" / "reliability-cross-device.md").read_text().splitlines()
+        if ln.startswith("| 8 | `simulations/cross_device.py` run again")
+    ]
+    quoted = re.search(r"\| `(moved the earlier run's [^`]*)`", row)
+    assert quoted is not None, row
+    pattern = re.escape(quoted.group(1))
+    pattern = pattern.replace(re.escape("<out>"), re.escape(str(tmp_path.resolve())))
+    pattern = pattern.replace(re.escape("<N>"), "12").replace(re.escape("<UTC time>"), r"\S+")
+    assert re.fullmatch(pattern, printed), (quoted.group(1), printed)
+
+
 def test_a_rerun_moves_the_earlier_results_aside(tmp_path, monkeypatch):
     """Case 8: the script once deleted the earlier results.json before the run (only the package's
     checkpoint and plot were moved aside); the run itself is stubbed (it writes a results.json)."""

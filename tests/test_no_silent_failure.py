@@ -435,10 +435,10 @@ def test_model_reporting_the_wrong_latent_size_fails_discovery_naming_d_and_the_
 
 
 # ------------------------------------------- issue 22: infeasible splits refused before any message
-# (tiny-1500: the most agents mnist-bundled's size allows, 4,500 samples past the pilots / 3; more are
-# refused from the config alone, issue 34 case 4)
+# (tiny-900: the most agents mnist-bundled's size allows under label-shift, 4,500 samples past the
+# pilots / 5; more are refused from the config alone, issue 34 case 4)
 @pytest.mark.parametrize(
-    "zoo, dataset", [("tiny-1500", "mnist-bundled"), ("tiny-10000", "fashion-mnist")]
+    "zoo, dataset", [("tiny-900", "mnist-bundled"), ("tiny-10000", "fashion-mnist")]
 )
 def test_scenario_whose_splits_cannot_be_non_empty_is_refused_in_seconds_before_any_message(
     zoo, dataset, tmp_path

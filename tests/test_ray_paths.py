@@ -221,6 +221,27 @@ def test_flwr_run_past_its_timeout_ends_in_a_message_not_a_traceback(monkeypatch
 # --------------------------------------------------------------- case 10: --ray-address refusals
 
 
+def test_an_http_url_is_named_as_one_and_a_privileged_port_is_not_advised():
+    # attack (minor): http://... was called "not a Ray Client ray:// address"
+    for url in ("http://127.0.0.1:38123", "https://head:8265"):
+        with pytest.raises(RayClusterError) as e:
+            parse_address(url)
+        scheme = url.split(":")[0]
+        assert f"--ray-address {url!r}: an {scheme}:// URL" in str(e.value)
+        assert "ray://" not in str(e.value) and "without http://" in str(e.value)
+    with pytest.raises(RayClusterError, match="not a Ray Client ray:// address"):
+        parse_address("ray://10.0.0.5:10001")  # the Ray Client form keeps its own message
+    # nothing listens on port 1 (below 1024): the advice is a free port, not `--port 1`
+    with pytest.raises(RayClusterError) as e:
+        ray_cluster.check_reachable("127.0.0.1:1", timeout=2.0)
+    msg = str(e.value)
+    assert "ray start --head --port 1`" not in msg and "ray start --head --port N`" in msg, msg
+    assert "ray_cluster.py free-ports 1" in msg and "port 1 is below 1024" in msg
+    port = ray_cluster.free_ports(1)[0]  # an unprivileged port: that port is advised as before
+    with pytest.raises(RayClusterError, match=rf"`ray start --head --port {port}` on 127.0.0.1"):
+        ray_cluster.check_reachable(f"127.0.0.1:{port}", timeout=2.0)
+
+
 @pytest.mark.parametrize("port", ["99999", "0", "65536"])
 def test_a_port_outside_the_tcp_range_is_refused_naming_the_flag(port):
     with pytest.raises(RayClusterError) as e:
@@ -459,6 +480,30 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
             p.kill()
             p.wait()
         assert ray_cluster.stop_cluster(other)[1] == []
+
+
+def test_the_stop_tool_refuses_rays_shared_default_temp_dir(tmp_path, monkeypatch, capsys):
+    # /tmp/ray (or $RAY_TMPDIR/ray) holds the session of every private Ray instance of the machine:
+    # stopping "its" cluster would stop everyone's simulation. Refused before any process is looked
+    # up: stop_cluster/cluster_processes must not even be called.
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a process would have been signalled")
+
+    monkeypatch.setattr(ray_cluster, "stop_cluster", must_not_run)
+    monkeypatch.setattr(ray_cluster, "cluster_processes", must_not_run)
+    fake = tmp_path / "rtmp"
+    (fake / "ray" / "session_latest").mkdir(parents=True)  # looks like a live Ray temp dir
+    monkeypatch.setenv("RAY_TMPDIR", str(fake))
+    for shared in (fake / "ray", fake, "/tmp/ray", "/tmp", "/", "/tmp/ray/"):
+        assert ray_cluster.main(["stop", "--temp-dir", str(shared)]) == 2, shared
+        err = capsys.readouterr().err
+        assert f"--temp-dir {shared}: this is Ray's shared default temp dir" in err, err
+        assert "$RAYDIR" in err and "nothing was stopped" in err
+    # a private dir next to it (the recipe's /tmp/ray-$USER-XXXX shape) is not the shared one
+    private = tmp_path / "ray-me-abcd"
+    assert ray_cluster.shared_temp_dir_problem(private) is None
+    assert ray_cluster.shared_temp_dir_problem("/tmp/ray-me-abcd") is None
+    assert ray_cluster.shared_temp_dir_problem(fake / "ray" / "x") is None
 
 
 def _recipe() -> str:

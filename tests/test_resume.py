@@ -384,6 +384,30 @@ def test_rfedags_checkpoint_restores_point_estimates_and_history(tmp_path):
     np.testing.assert_array_equal(resumed.server.x, straight.server.x)
 
 
+def test_a_checkpoint_of_an_older_format_is_refused_as_older_naming_what_to_do(tmp_path):
+    """Attack (minor): a format-1 checkpoint got the generic 'restore the file from a backup'."""
+    from flwr_sheaf.strategy.checkpoint import FORMAT
+
+    cfg = {**RC, "method": "non-cooperative", "num-server-rounds": 1}
+    cfg["results-dir"] = str(tmp_path / "r")
+    run_server(LocalGrid(cnn_app, 4, run_config=cfg), cfg)
+    path = tmp_path / "r" / "checkpoint.pkl"
+    magic, meta, payload = path.read_bytes().split(b"\n", 2)
+    head = json.loads(meta)
+    head["format"] = FORMAT - 1
+    path.write_bytes(magic + b"\n" + json.dumps(head).encode() + b"\n" + payload)
+    expect = (
+        rf"checkpoint {path} has format {FORMAT - 1}, written by an older flwr-sheaf: this version "
+        rf"reads checkpoint format {FORMAT} only and cannot resume it. Finish that run with the "
+        r"flwr-sheaf version that wrote it, or start afresh"
+    )
+    with pytest.raises(ConfigError, match=expect):
+        load_checkpoint(path)
+    resumed = {**cfg, "resume": True, "num-server-rounds": 2}
+    with pytest.raises(ConfigError, match=expect):
+        run_server(LocalGrid(cnn_app, 4, run_config=resumed), resumed)
+
+
 @pytest.mark.parametrize("newer", ["format", "header"])
 def test_a_checkpoint_of_a_newer_format_is_refused_naming_file_format_and_upgrade(tmp_path, newer):
     """Issue 34, case 9 (docs/reliability-locks.md): a checkpoint a newer flwr-sheaf wrote."""

@@ -7,6 +7,7 @@ This is where the CNN zoo, the data partition and the Flower glue meet: it turns
 from __future__ import annotations
 
 import functools
+import re
 
 from flwr.app import Context
 
@@ -180,8 +181,39 @@ def check_scenario(scenario: ScenarioConfig) -> None:
     except ValueError as exc:
         raise ConfigError(
             f"scenario zoo={scenario.zoo!r} dataset={scenario.dataset!r} shift={scenario.shift}: "
-            f"{exc}"
+            f"{exc}{_largest_tiny_zoo(scenario)}"
         ) from None
+
+
+def _largest_tiny_zoo(scenario: ScenarioConfig) -> str:
+    """For a refused ``tiny-<N>`` zoo: the largest ``tiny-<M>``, ``M < N``, whose split passes
+    :func:`check_all_agents` with the same dataset, shift, seed, pilots and partitioner, found by
+    bisection (``tiny-M`` is a prefix of ``tiny-N``; about 1 s on Fashion-MNIST, 7 s for
+    ``cross-device`` at 21,000 agents), as advice naming a value that passes; ``""`` for another zoo
+    or when not even ``tiny-2`` passes."""
+    m = re.fullmatch(r"tiny-(\d+)", scenario.zoo.strip())
+    if m is None:
+        return ""
+    key = _data_key(scenario)
+
+    def passes(n: int) -> bool:
+        sets = [s.classes for s in zoo_specs(f"tiny-{n}")]
+        try:
+            check_all_agents(prepare_split(key[0], sets, *key[2:]))
+        except ValueError:
+            return False
+        return True
+
+    lo, hi = 1, int(m.group(1))  # lo: passes (1: none yet), hi: refused
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    if lo < 2:
+        return ""
+    return (
+        f" (zoo='tiny-{lo}' is the largest tiny zoo this split serves, with this dataset, shift, "
+        f"seed, num-pilots and partitioner; tiny-{lo + 1} is not)"
+    )
 
 
 def cnn_task_factory(context: Context) -> LocalTask:

@@ -39,6 +39,7 @@ __all__ = [
     "PARTITIONER_FORMS",
     "parse_partitioner",
     "make_dirichlet_split",
+    "MIN_AGENT_SAMPLES",
     "check_agents_fit",
 ]
 
@@ -482,13 +483,39 @@ PARTITIONER_FORMS = ("label-shift", "dirichlet:<alpha>", "cross-device")
 PILOT_FRACTION = 0.1
 
 
+#: Fewest samples an agent must get for the partitioner's split to give it a training, a validation
+#: and a test sample: ``label-shift`` splits each class chunk 80/10/10 with round-half-up, so a chunk
+#: of fewer than 5 gives no validation (or test) sample; ``cross-device`` gives at least one of each
+#: (3); flwr-datasets' ``DirichletPartitioner`` is asked for ``min_partition_size=10``.
+MIN_AGENT_SAMPLES = {"label-shift": 5, "cross-device": 3, "dirichlet": 10}
+
+
+def _larger_dataset(dataset: str, m: int) -> str:
+    """Advice naming a known dataset larger than ``m`` samples (not ``dataset`` itself), or ``""``."""
+    from .sources import SOURCE_SIZES
+
+    bigger = [(n, name) for name, n in SOURCE_SIZES.items() if n > m and name != dataset.strip()]
+    if not bigger:
+        return ""
+    n, name = max(bigger)
+    return f", or a larger dataset (e.g. dataset={name!r}, {n:,} images: `bash scripts/get_data.sh {name}`)"
+
+
 def check_agents_fit(
-    dataset: str, num_agents: int, num_pilots: int | None = None, *, zoo: str = ""
+    dataset: str,
+    num_agents: int,
+    num_pilots: int | None = None,
+    *,
+    zoo: str = "",
+    partitioner: str = "label-shift",
 ) -> None:
     """Refuse, from the dataset's size alone (:func:`~flwr_sheaf.data.sources.source_size`, nothing
-    loaded or split), ``num_agents`` agents that cannot each get a training, a validation and a test
-    sample, or more pilots than the hold-out has. A necessary condition only: the exact split is
-    checked later (:func:`check_all_agents`). A source of unknown size (``hf:``) passes.
+    loaded or split), ``num_agents`` agents that cannot each get the fewest samples the
+    ``partitioner``'s split needs for a training, a validation and a test sample
+    (:data:`MIN_AGENT_SAMPLES`), or more pilots than the hold-out has. A necessary condition only,
+    so the message states the rule and gives no agent count as one that works: how many agents the
+    split serves depends on the zoo's class sets and ``shift``, and the exact split is checked when
+    the run starts (:func:`check_all_agents`). A source of unknown size (``hf:``) passes.
 
     Raises:
         ValueError: the agents (``zoo``) or ``num-pilots`` named with the dataset's size and the fix.
@@ -497,14 +524,24 @@ def check_agents_fit(
     if m is None:
         return
     hold = int(round(PILOT_FRACTION * m))
-    most = (m - hold) // 3
+    kind = (
+        "dirichlet"
+        if str(partitioner).strip().startswith("dirichlet:")
+        else str(partitioner).strip()
+    )
+    need = MIN_AGENT_SAMPLES.get(kind, 3)
+    most = (m - hold) // need
     if num_agents > most:
         name = f"zoo={zoo!r} ({num_agents} agents)" if zoo else f"{num_agents} agents"
         raise ValueError(
             f"{name} on dataset={dataset!r}: its {m} samples less the {hold} held out for pilots "
-            f"give at most {most} agents a training, a validation and a test sample each; use at "
-            f"most zoo='tiny-{most}' on this dataset, or a larger dataset (e.g. dataset='fashion-mnist', "
-            f"70,000 images: `bash scripts/get_data.sh fashion-mnist`)"
+            f"leave {m - hold}, and partitioner={partitioner!r} gives an agent a training, a "
+            f"validation and a test sample only if it gets at least {need}, so at most {most} "
+            "agents could fit, and in practice fewer (the split is uneven: how many "
+            "depends on the zoo's class sets and shift; the run checks the exact split before "
+            "training, naming any agent left with an empty split and the largest tiny zoo it "
+            "serves); use a smaller zoo"
+            f"{_larger_dataset(dataset, m)}"
         )
     if num_pilots is not None and num_pilots > hold:
         raise ValueError(

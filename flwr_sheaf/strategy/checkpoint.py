@@ -100,16 +100,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise NoCheckpointError(
             f"no checkpoint at {path}: nothing to resume (run without resume first)"
         )
-    _refuse_newer_format(path)
+    _refuse_other_format(path)
     return read_checkpoint_file(path, FORMAT)
 
 
-def _refuse_newer_format(path: Path) -> None:
+def _refuse_other_format(path: Path) -> None:
     """Refuse a checkpoint written by a newer flwr-sheaf (a newer header line, or a ``format`` above
-    :data:`FORMAT` in its metadata line), naming the file, its format and the fix (upgrade).
+    :data:`FORMAT` in its metadata line; fix: upgrade) or by an older one (a ``format`` below it; fix:
+    the version that wrote it, or start afresh), naming the file and its format.
 
     Raises:
-        ConfigError: the checkpoint's format is newer than this version reads.
+        ConfigError: the checkpoint's format is not the one this version reads.
     """
     import json
     import re
@@ -135,6 +136,13 @@ def _refuse_newer_format(path: Path) -> None:
             return
         if isinstance(fmt, (int, float)) and not isinstance(fmt, bool) and fmt > FORMAT:
             newer = f"format {fmt!r}"
+        elif isinstance(fmt, (int, float)) and not isinstance(fmt, bool) and fmt < FORMAT:
+            raise ConfigError(
+                f"checkpoint {path} has format {fmt!r}, written by an older flwr-sheaf: this version "
+                f"reads checkpoint format {FORMAT} only and cannot resume it. Finish that run with "
+                "the flwr-sheaf version that wrote it, or start afresh in a new results-dir (or "
+                "with overwrite=true)"
+            )
     if newer is not None:
         raise ConfigError(
             f"checkpoint {path} has {newer}, written by a newer flwr-sheaf: this version reads "

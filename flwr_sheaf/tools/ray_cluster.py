@@ -56,6 +56,7 @@ __all__ = [
     "ray_address_file",
     "ray_environment",
     "resolve_address",
+    "shared_temp_dir_problem",
     "stop_cluster",
 ]
 
@@ -93,6 +94,14 @@ def parse_address(address: str) -> tuple[str, int]:
         RayClusterError: not ``host:port`` (e.g. a Ray Client ``ray://`` address, which Flower's
             backend cannot use: its ``runtime_env`` and actors need a driver inside the cluster).
     """
+    scheme = address.split("://", 1)[0].lower()
+    if scheme in ("http", "https"):
+        raise RayClusterError(
+            f"--ray-address {address!r}: an {scheme}:// URL (the Ray dashboard's, or another web "
+            "service's), not a Ray cluster address; give the GCS address host:port that "
+            "`ray start --head` printed (its --port, e.g. 10.0.0.5:6379; not the dashboard's port), "
+            "without http://"
+        )
     if "://" in address:
         raise RayClusterError(
             f"--ray-address {address!r}: give the cluster's GCS address host:port (what "
@@ -291,10 +300,17 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         with socket.create_connection((host, port), timeout=timeout):
             pass
     except OSError as exc:
+        start = (
+            f"`ray start --head --port {port}` on {host} (and open that port to this machine)"
+            if port >= 1024
+            else f"`ray start --head --port N` on {host}, N a free unprivileged port (port {port} "
+            "is below 1024, reserved to the system): `python flwr_sheaf/tools/ray_cluster.py "
+            "free-ports 1` prints one; then --ray-address host:N"
+        )
         raise RayClusterError(
             f"--ray-address {address}: no Ray cluster answers there ({exc}); start its head with "
-            f"`ray start --head --port {port}` on {host} (and open that port to this machine), "
-            "or drop --ray-address to run on a private local Ray instance (docs/running.md)"
+            f"{start}, or drop --ray-address to run on a private local Ray instance "
+            "(docs/running.md)"
         ) from exc
     why = gcs_answers(address, timeout)
     if why is not None:
@@ -564,6 +580,36 @@ def stop_cluster(temp_dir: str | Path, grace: float = 15.0) -> tuple[int, list]:
     return len(procs), left
 
 
+def shared_temp_dir_problem(temp_dir: str | Path, env: dict[str, str] | None = None) -> str | None:
+    """Why ``temp_dir`` must not be given to ``stop``, or None: it is Ray's shared default temp dir
+    (``/tmp/ray``, or the ``ray`` directory of ``$RAY_TMPDIR``/``$TMPDIR``: the parent of
+    :func:`ray_address_file`), or a parent of it such as ``/tmp`` or ``/``. Every private Ray
+    instance of the machine (each ``flwr run`` without ``--temp-dir``) keeps its session there, and
+    the processes of one user cannot be told apart by owner, so stopping "that dir's" cluster would
+    stop all of them.
+
+    Args:
+        temp_dir: the ``--temp-dir`` given to ``stop``.
+        env: the environment that locates Ray's default (default ``os.environ``).
+
+    Returns:
+        the refusal message (names the dir and the fix), or None for a private directory.
+    """
+    given = Path(os.path.abspath(temp_dir))
+    asked = {given, given.resolve()}
+    for default in {Path("/tmp/ray"), ray_address_file(env).parent}:
+        for d in {Path(os.path.abspath(default)), Path(default).resolve()}:
+            if asked & {d, *d.parents}:
+                return (
+                    f"--temp-dir {temp_dir}: this is Ray's shared default temp dir {d} or a parent "
+                    "of it; every private Ray instance on this machine (each `flwr run` without a "
+                    "cluster) keeps its session there, so stopping it would stop them all: give "
+                    "the --temp-dir that your `ray start` was given, e.g. $RAYDIR of the recipe in "
+                    "docs/running.md ('A Ray cluster'); nothing was stopped"
+                )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``free-ports N`` | ``stop --temp-dir DIR`` (module docstring); returns the exit status."""
     ap = argparse.ArgumentParser(
@@ -585,6 +631,10 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
         return 0
+    shared = shared_temp_dir_problem(args.temp_dir)
+    if shared:
+        print(shared, file=sys.stderr)
+        return 2
     if not Path(args.temp_dir).is_dir():
         print(
             f"--temp-dir {args.temp_dir}: no such directory (the --temp-dir of `ray start`)",
