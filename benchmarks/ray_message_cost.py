@@ -14,22 +14,35 @@ N``, ``client-resources-num-cpus=1``, ``init-args-num-cpus=<actors>``: that many
   ``SIMULATION_WINDOW`` messages in flight on Flower's simulation engine). The trivial app pushes
   all N messages at once (Flower's ``Grid.send_and_receive``), as a Flower app does by default.
 
-For each round it prints the wall time and the CPU-seconds of the whole simulation process tree
-(the ``flwr-simulation`` process, which runs the ServerApp, the simulation engine and the Ray
-driver, and all its descendants: Ray's GCS, raylet and ClientApp actors; psutil), each per message,
-and the ratio flwr-sheaf / trivial, and each app's CPU ms per message by process: ``simulation``
-(ServerApp, engine, Ray driver), ``actors`` (the ClientApp actors and Ray's idle workers, with their
-count) and each Ray helper by name. CPU-seconds are what counts on a shared machine; wall time
-follows the machine's load. The flwr-sheaf app's dataset is checked before anything starts (exit 2
-with the install command where it is missing).
+For each round it prints the wall time and the CPU-seconds per message, and the ratio flwr-sheaf /
+trivial. CPU is sampled with psutil (user + system) for the ``flwr-simulation`` process (the
+ServerApp, the simulation engine and the Ray driver) and each of its descendants, by pid and start
+time, just before and just after the measured round: a process started in between counts from zero,
+one that ended in between is counted as ``vanished`` in the JSON. The **ratio** takes the CPU of the
+processes that carry the messages (``APP_PROCESSES``: ``simulation``, the ClientApp ``actors`` and
+Ray's idle workers, Ray's ``raylet`` and ``gcs_server``); Ray's background helpers (dashboard, its
+agents, log monitor, autoscaler monitor) run whatever the app does, so they are left out of the
+ratio for both apps alike, and printed by process with the whole-tree CPU (``all``) and a second
+ratio row that includes them. Each app's CPU ms per message is also printed by process
+(``actors`` with their count).
+
+The first round is measured once per app (it is a first round by definition). The repeat round is
+run ``--repeats`` times (default 3) in the same run; every repeat's CPU per message is printed, with
+the median, and the ratio compares each app's **minimum**: a repeat of 1,000 messages lasts 2-5 s,
+and on a shared machine other processes only add CPU time to it (a contended core, preemption, Ray's
+polling while a message waits), never take it away, so the least-disturbed repeat is the best
+estimate of the app's own cost (the usual choice for CPU cost under interference); the ratio of the
+medians is printed beside it. CPU-seconds are what counts on a shared machine; wall time follows the
+machine's load. The flwr-sheaf app's dataset is checked before anything starts (exit 2 with the
+install command where it is missing).
 
 Usage::
 
     python benchmarks/ray_message_cost.py [--supernodes 1000] [--actors 2] [--port 39901]
-        [--num-pilots 200] [--timeout 1800] [--apps trivial,flwr-sheaf]
+        [--num-pilots 200] [--timeout 1800] [--repeats 3] [--apps trivial,flwr-sheaf]
 
-``--actors 1,2,4`` runs both apps for each actor count. The target (issue 26): the ratio of the
-repeat rounds' CPU per message within 1.5 at 1,000 SuperNodes. ``--apps trivial`` runs Flower's
+``--actors 1,2,4`` runs both apps for each actor count. The target (issue 34): every ratio (first
+and repeat rounds) within 1.5 at 1,000 SuperNodes. ``--apps trivial`` runs Flower's
 trivial app alone (its own scale curve, docs/performance-ray.md).
 """
 
@@ -39,6 +52,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,24 +81,33 @@ def _label(p, me):
     return "ray " + name
 
 def tree_cpu():
+    # CPU-seconds (user + system) of this process and each descendant, by (pid, start time)
     me = psutil.Process(os.getpid())
-    out, count = {}, {}
+    out = {}
     for p in [me, *me.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            name = _label(p, me)
+            out[(p.pid, p.create_time())] = (_label(p, me), t.user + t.system)
         except psutil.Error:
             continue
-        out[name] = out.get(name, 0.0) + t.user + t.system
-        count[name] = count.get(name, 0) + 1
-    return out, count
+    return out
+
 
 def timed(fn):
-    (c0, _), t0 = tree_cpu(), time.monotonic()
+    # Run fn; the CPU each process of the tree spent between the two samples, by label. Sampled
+    # per process (pid and start time): a process started in between counts from zero; one that
+    # ended in between cannot be read any more and is counted as "vanished".
+    c0, t0 = tree_cpu(), time.monotonic()
     out = fn()
-    c1, n = tree_cpu()
-    parts = {k: round(c1[k] - c0.get(k, 0.0), 3) for k in c1}
-    return out, time.monotonic() - t0, sum(parts.values()), {"cpu": parts, "processes": n}
+    wall = time.monotonic() - t0
+    c1 = tree_cpu()
+    parts, n = {}, {}
+    for key, (name, cpu) in c1.items():
+        parts[name] = parts.get(name, 0.0) + cpu - (c0[key][1] if key in c0 else 0.0)
+        n[name] = n.get(name, 0) + 1
+    parts = {k: round(v, 3) for k, v in parts.items()}
+    gone = sum(1 for key in c0 if key not in c1)
+    return out, wall, sum(parts.values()), {"cpu": parts, "processes": n, "vanished": gone}
 """
 
 TRIVIAL_CLIENT = """
@@ -127,9 +150,11 @@ def main(grid, context):
             raise RuntimeError(f"{len(nodes)} of {n} SuperNodes registered")
         time.sleep(0.2)
     out["registered_s"] = time.monotonic() - t0
-    out["first"], out["repeat"] = FIRST(grid, nodes, context), None
-    _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, REPEAT_TYPE, REPEAT_CONFIG(context)))
-    out["repeat"] = {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
+    out["first"] = FIRST(grid, nodes, context)
+    out["repeats"] = []
+    for _ in range(int(context.run_config.get("bench-repeats", 1))):
+        _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, REPEAT_TYPE, REPEAT_CONFIG(context)))
+        out["repeats"].append({"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"], "vanished": parts["vanished"]})
     with open(context.run_config["bench-out"], "w") as f:
         json.dump(out, f)
 """
@@ -145,7 +170,7 @@ REPEAT_CONFIG = lambda context: {"x": 1}
 
 def FIRST(grid, nodes, context):
     _, wall, cpu, parts = timed(lambda: query_round(grid, nodes, "query", {"x": 1}))
-    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"], "vanished": parts["vanished"]}
 """
 )
 
@@ -177,7 +202,7 @@ def FIRST(grid, nodes, context):
     s.discovery_timeout = TIMEOUT
     _, wall, cpu, parts = timed(lambda: s.discover(grid, TIMEOUT))
     assert len(s.nodes) == len(nodes), (len(s.nodes), len(nodes))
-    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"]}
+    return {"wall_s": wall, "cpu_s": cpu, "cpu_by_process": parts["cpu"], "processes": parts["processes"], "vanished": parts["vanished"]}
 """
 )
 
@@ -198,7 +223,7 @@ def write_app(root: Path, mode: str) -> Path:
     import tomllib
 
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    cfg = {**cfg, "bench-supernodes": 0, "bench-out": ""}
+    cfg = {**cfg, "bench-supernodes": 0, "bench-out": "", "bench-repeats": 1}
     lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.items())
     (app / "pyproject.toml").write_text(
         textwrap.dedent(
@@ -244,7 +269,7 @@ def run_one(app: Path, mode: str, n: int, actors: int, args, work: Path) -> dict
         },
     )
     flwr = find_flwr(env)
-    rc = {"bench-supernodes": n, "bench-out": str(out)}
+    rc = {"bench-supernodes": n, "bench-out": str(out), "bench-repeats": args.repeats}
     if mode == "flwr-sheaf":
         rc.update(
             {
@@ -282,6 +307,30 @@ def run_one(app: Path, mode: str, n: int, actors: int, args, work: Path) -> dict
     res = json.loads(out.read_text())
     res["total_wall_s"] = time.monotonic() - t0
     return res
+
+
+#: Ray's own helpers that run whatever the app does (dashboard, its agents, the log monitor, the
+#: autoscaler monitor): reported by process, left out of the ratio for both apps alike.
+APP_PROCESSES = ("simulation", "actors", "ray raylet", "ray gcs_server")
+
+
+def app_cpu(r: dict) -> float:
+    """CPU-seconds of one measured round ``r`` in the processes that carry the messages
+    (``APP_PROCESSES``: the simulation process, the actors, Ray's raylet and GCS); Ray's
+    background helpers are left out (the same for both apps)."""
+    return sum(v for k, v in r["cpu_by_process"].items() if k in APP_PROCESSES)
+
+
+def best_repeat(repeats: list[dict]) -> dict:
+    """The repeat round with the least ``app_cpu``: CPU time only grows under interference (a
+    contended core, preemption, Ray's polling while a message waits), so the minimum is the
+    round least disturbed by the machine's other work."""
+    return min(repeats, key=app_cpu)
+
+
+def median(xs) -> float:
+    """The median of the numbers ``xs`` (the middle one, or the mean of the two middle ones)."""
+    return statistics.median(list(xs))
 
 
 def by_process(r: dict, n: int) -> str:
@@ -322,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="repeat rounds per app (each printed; the ratio takes each app's least CPU)",
+    )
+    ap.add_argument(
         "--apps",
         default="trivial,flwr-sheaf",
         help="comma-separated apps to run (trivial alone: Flower's own scale curve)",
@@ -360,10 +415,16 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for actors in [int(a) for a in args.actors.split(",")]:
         res = {m: run_one(apps[m], m, n, actors, args, work) for m in modes}
+        for r in res.values():
+            r["repeat"] = best_repeat(r["repeats"])
         for m, r in res.items():
+            each = ", ".join(f"{1e3 * app_cpu(x) / n:.2f}" for x in r["repeats"])
             print(
-                f"| {actors} | {m} | {1e3 * r['first']['cpu_s'] / n:.1f} | "
-                f"{1e3 * r['first']['wall_s'] / n:.1f} | {1e3 * r['repeat']['cpu_s'] / n:.1f} | "
+                f"| {actors} | {m} | {1e3 * app_cpu(r['first']) / n:.1f} "
+                f"(all {1e3 * r['first']['cpu_s'] / n:.1f}) | "
+                f"{1e3 * r['first']['wall_s'] / n:.1f} | {1e3 * app_cpu(r['repeat']) / n:.2f} "
+                f"(all {1e3 * r['repeat']['cpu_s'] / n:.2f}; each {each}; "
+                f"median {1e3 * median(app_cpu(x) for x in r['repeats']) / n:.2f}) | "
                 f"{1e3 * r['repeat']['wall_s'] / n:.1f} | {r['total_wall_s']:.0f} |",
                 flush=True,
             )
@@ -375,20 +436,29 @@ def main(argv: list[str] | None = None) -> int:
         if len(modes) < 2:
             rows.append({"actors": actors, **res})
             continue
-        ratio = {
-            k: res["flwr-sheaf"][k]["cpu_s"] / res["trivial"][k]["cpu_s"]
-            for k in ("first", "repeat")
-        }
-        rows.append({"actors": actors, **res, "ratio": ratio})
+        sheaf, trivial = res["flwr-sheaf"], res["trivial"]
+        ratio = {k: app_cpu(sheaf[k]) / app_cpu(trivial[k]) for k in ("first", "repeat")}
+        ratio["repeat-median"] = median(app_cpu(x) for x in sheaf["repeats"]) / median(
+            app_cpu(x) for x in trivial["repeats"]
+        )
+        whole = {k: sheaf[k]["cpu_s"] / trivial[k]["cpu_s"] for k in ("first", "repeat")}
+        rows.append({"actors": actors, **res, "ratio": ratio, "ratio_whole_tree": whole})
         print(
-            f"|   | ratio flwr-sheaf / trivial (CPU) | {ratio['first']:.2f} |   | "
-            f"{ratio['repeat']:.2f} |   |   |",
+            f"|   | ratio flwr-sheaf / trivial (CPU of the app's processes) | {ratio['first']:.2f} |"
+            f"   | {ratio['repeat']:.2f} (medians: {ratio['repeat-median']:.2f}) |   |   |",
+            flush=True,
+        )
+        print(
+            f"|   | ratio with Ray's background helpers (whole tree) | {whole['first']:.2f} |   | "
+            f"{whole['repeat']:.2f} |   |   |",
             flush=True,
         )
     (work / "summary.json").write_text(json.dumps(rows, indent=1))
     if len(modes) == 2:
-        worst = max(r["ratio"]["repeat"] for r in rows)
-        print(f"worst repeat-round CPU ratio {worst:.2f} (target <= 1.5)")
+        worst = max(max(r["ratio"]["first"], r["ratio"]["repeat"]) for r in rows)
+        print(
+            f"worst CPU ratio (first and repeat rounds, app processes) {worst:.2f} (target <= 1.5)"
+        )
     return 0
 
 
