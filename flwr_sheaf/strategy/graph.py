@@ -491,15 +491,15 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
 
 
 def evaluate_nodes_mode(federation: FederationConfig | None, sampler: ParticipationSampler) -> str:
-    """Run-config ``evaluate-nodes`` resolved: ``auto`` is ``trained`` when ``sampler`` draws a
-    fraction below 1 of the nodes per round (cross-device sampling), else ``drawn``: under full
-    participation every node trains and ``fraction-evaluate`` draws the evaluators as before; under
-    Bernoulli ``participation`` (RFedAGS's arbitrary participation, where a round may train nobody)
-    every drawn node is evaluated, as in the authors' code. Without a federation ``drawn``."""
+    """Run-config ``evaluate-nodes`` resolved: ``auto`` is ``trained`` when a round's trainers are
+    a sample (``sampler`` draws a fraction below 1 of the nodes, or Bernoulli ``participation``
+    with some probability below 1), else ``drawn``: under full participation every node trains and
+    ``fraction-evaluate`` draws the evaluators as before. Without a federation ``drawn``."""
     mode = "drawn" if federation is None else federation.evaluate_nodes
     if mode != "auto":
         return mode
-    sampled = sampler.probabilities is None and sampler.fraction < 1.0
+    p = sampler.probabilities
+    sampled = sampler.fraction < 1.0 if p is None else bool((p < 1.0).any())
     return "trained" if sampled else "drawn"
 
 
