@@ -235,6 +235,33 @@ def test_a_hook_raising_for_one_node_is_that_nodes_failure(my_method, tmp_path, 
     assert res["rounds"][0]["mymethod_nodes"] == 3  # the last call took the three good replies
 
 
+def test_an_evaluation_payload_hook_raising_for_one_node_is_that_nodes_failure(
+    my_method, tmp_path, monkeypatch
+):
+    # F12: evaluate_node_payload raising for partition-id 1 ended the run, nothing written
+    payload = my_method.MyStrategy.evaluate_node_payload
+
+    def fails_for_1(self, server_round, pid):
+        if pid == 1:
+            raise ValueError("no eval payload for 1")
+        return payload(self, server_round, pid)
+
+    monkeypatch.setattr(my_method.MyStrategy, "evaluate_node_payload", fails_for_1)
+    res = _run_template(my_method, tmp_path)
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
+        (1, "evaluate", 1),
+        (2, "evaluate", 1),
+    ]
+    assert re.fullmatch(
+        r"MyStrategy\.evaluate_node_payload raised on this node \(partition-id 1, node_id \d+\): "
+        r"ValueError: no eval payload for 1",
+        res["failures"][0]["reason"],
+    )
+    for r in res["rounds"]:  # the others evaluated
+        assert r["evaluated"] == [0, 2, 3] and r["num_trained"] == 4
+    assert sorted(res["nodes"]) == ["0", "2", "3"] and res["status"] == "degraded"
+
+
 @pytest.mark.parametrize(
     "parts, said",
     [
