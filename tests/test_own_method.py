@@ -262,6 +262,24 @@ def test_an_evaluation_payload_hook_raising_for_one_node_is_that_nodes_failure(
     assert sorted(res["nodes"]) == ["0", "2", "3"] and res["status"] == "degraded"
 
 
+def test_a_results_extra_hook_raising_still_writes_results_json_degraded_and_names_it(
+    my_method, tmp_path, monkeypatch
+):
+    # F13: results.json was never written (only checkpoint.pkl), a bare ValueError naming no hook
+    def broken(self):
+        raise ValueError("results_extra broken")
+
+    monkeypatch.setattr(my_method.MyStrategy, "results_extra", broken)
+    res = _run_template(my_method, tmp_path)
+    said = (
+        "MyStrategy.results_extra raised ValueError: results_extra broken; results.json is "
+        "written without the method's own keys (fix the hook)"
+    )
+    assert res["status"] == "degraded" and res["degradation"]["problems"] == [said]
+    assert [r["num_trained"] for r in res["rounds"]] == [4, 4] and not res["failures"]
+    assert res["evaluation"]["evaluate-nodes"] == "drawn"  # the base's keys are kept
+
+
 @pytest.mark.parametrize(
     "parts, said",
     [
