@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "examples" / "own_method_app"
@@ -305,6 +306,34 @@ def test_a_loss_without_its_ce_part_is_named_before_the_first_step(
     for f in res["failures"]:
         assert f["phase"] == "train" and f"my_method.AnchorLoss.loss {said}" in f["reason"], f
         assert 'the parts must hold the batch cross-entropy as "ce"' in f["reason"]
+
+
+@pytest.mark.parametrize(
+    "part, said",
+    [
+        ({"ce": "oops"}, 'returned part "ce" = oops (a str)'),
+        ({"anchor": torch.zeros(3)}, 'returned part "anchor" = a tensor of shape (3,)'),
+    ],
+    ids=["ce-str", "part-vector"],
+)
+def test_a_loss_part_that_is_not_a_number_is_named_with_the_plugin(
+    my_method, tmp_path, monkeypatch, part, said
+):
+    # F16: a "ce" that is a string failed each node with a bare ValueError (could not convert ...)
+    loss = my_method.AnchorLoss.loss
+
+    def loss_with_bad_part(self, model, x, y, gen):
+        total, parts = loss(self, model, x, y, gen)
+        return total, {**parts, **part}
+
+    monkeypatch.setattr(my_method.AnchorLoss, "loss", loss_with_bad_part)
+    with pytest.raises(RunFailedError, match="returned part"):
+        _run_template(my_method, tmp_path, rounds=1)
+    res = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert res["status"] == "failed" and len(res["failures"]) == 4
+    for f in res["failures"]:
+        assert f["phase"] == "train" and f"my_method.AnchorLoss.loss {said}" in f["reason"], f
+        assert "each part must be a 0-d tensor or a number" in f["reason"]
 
 
 def test_the_template_pyproject_passes_flowers_checks_without_warnings():
