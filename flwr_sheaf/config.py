@@ -613,8 +613,8 @@ _KEY_LIST = [
         parse_str(EVALUATE_NODES),
         "who is evaluated in an evaluated round: `trained` = the nodes that trained this round; `panel` = a "
         "fixed panel of `fraction-evaluate` of the nodes, drawn once from `seed`; `drawn` = a fresh draw of "
-        "`fraction-evaluate` each round, independent of who trained; `auto` = `trained` when `fraction-train` < 1 "
-        "(cross-device sampling), else `drawn` (full participation, and Bernoulli `participation`) "
+        "`fraction-evaluate` each round, independent of who trained; `auto` = `trained` when the trainers are a "
+        "sample (`fraction-train` < 1, or a Bernoulli `participation` below 1), else `drawn` (full participation) "
         '(docs/participation.md, "Who is evaluated")',
     ),
     Key(

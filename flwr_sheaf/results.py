@@ -234,7 +234,7 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
     clash = sorted(set(extra or {}) & set(_OWN_KEYS))
     if clash:
         raise ValueError(f"extra keys {clash} are written by write_results itself; rename them")
-    own_extra = strategy.results_extra()
+    own_extra = _own_results_extra(strategy)
     clash = sorted(set(own_extra) & set(_OWN_KEYS))
     if clash:
         raise ValueError(
@@ -242,6 +242,33 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
             "writes itself; rename them in the strategy"
         )
     return own_extra
+
+
+#: attribute of a strategy whose ``results_extra`` raised: the problem line (:func:`run_status`)
+_EXTRA_PROBLEM = "_flwr_sheaf_results_extra_problem"
+
+
+def _own_results_extra(strategy: GraphStrategy) -> dict[str, Any]:
+    """``strategy.results_extra()``; when the method's override raises, the base
+    :meth:`GraphStrategy.results_extra`'s keys only (participation, action, evaluation, ...; none if
+    that raises too), the error logged and kept on the strategy as a problem (the run ``degraded``,
+    the hook and the exception named: :func:`run_status`), so that results.json is still written."""
+    from .strategy.graph import GraphStrategy
+
+    setattr(strategy, _EXTRA_PROBLEM, None)  # this write's own
+    try:
+        return strategy.results_extra()
+    except Exception as e:  # noqa: BLE001 - a method's hook: its keys are lost, not the run's results
+        problem = (
+            f"{type(strategy).__name__}.results_extra raised {type(e).__name__}: {e}; results.json "
+            "is written without the method's own keys (fix the hook)"
+        )
+        setattr(strategy, _EXTRA_PROBLEM, problem)
+        log.warning("%s", problem, exc_info=True)
+    try:
+        return GraphStrategy.results_extra(strategy)
+    except Exception:  # noqa: BLE001 - the base reads state the method broke: write without it
+        return {}
 
 
 def _check_foreign_checkpoint(
@@ -374,7 +401,9 @@ def run_status(
     status["reasons"] += [str(e) for e in errors]
     if status["reasons"]:
         status["status"] = "failed"
+    extra_problem = getattr(strategy, _EXTRA_PROBLEM, None)  # results_extra raised
     status["problems"] = list(status.get("problems", [])) + list(problems)
+    status["problems"] += [extra_problem] if extra_problem else []
     if not status["problems"]:
         del status["problems"]  # the key is written only when something degraded the run
     elif status["status"] == "completed":

@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                     "participation": spec,
                     "absent-policy": policy,
                     "evaluate-every": args.evaluate_every,
+                    # every node evaluated, as in the recorded tables (auto would evaluate trainers)
+                    "evaluate-nodes": "drawn",
                     "seed": args.seed,
                     "num-pilots": args.num_pilots,
                     "results-dir": str(rdir),

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import torch
@@ -117,8 +118,34 @@ def test_full_participation_keeps_the_independent_draw():
     assert fed.evaluate_nodes == "auto"
     assert evaluate_nodes_mode(fed, ParticipationSampler(15, 1.0)) == "drawn"
     assert evaluate_nodes_mode(fed, ParticipationSampler(15, 0.5)) == "trained"
-    # Bernoulli participation (RFedAGS's arbitrary participation) evaluates the drawn nodes
-    assert evaluate_nodes_mode(fed, ParticipationSampler(3, probabilities=[1, 1, 0.5])) == "drawn"
+    # Bernoulli participation that is not all ones samples the trainers too: evaluate them
+    assert evaluate_nodes_mode(fed, ParticipationSampler(3, probabilities=[1, 1, 0.5])) == "trained"
+    assert evaluate_nodes_mode(fed, ParticipationSampler(3, probabilities=[1, 1, 1])) == "drawn"
+
+
+def test_bernoulli_participation_evaluates_only_the_nodes_that_trained(tmp_path, caplog):
+    # F15: participation=0.3 leaves fraction-train at 1; auto must still evaluate the trainers only
+    rc = _rc(tmp_path, "bern", n=10, participation="0.3", discovery="all", seed=1)
+    rc.update({"fraction-train": 1.0, "fraction-evaluate": 1.0})
+    res = _run(rc)
+    assert res["evaluation"]["evaluate-nodes"] == "trained"
+    for r in res["rounds"]:
+        trained = set(r["sampled"]) - set(r["failed"].get("train", []))
+        assert set(r.get("evaluated", [])) == trained  # recomputed from the recorded trainers
+        assert r.get("evaluated_trained", 0) == len(trained)
+    # explicitly drawn: the evaluated nodes that never trained are a WARNING in the server's log
+    log = logging.getLogger("flwr_sheaf")  # does not propagate: listen on it directly
+    log.addHandler(caplog.handler)
+    try:
+        drawn = _run({**rc, "results-dir": str(tmp_path / "drawn"), "evaluate-nodes": "drawn"})
+    finally:
+        log.removeHandler(caplog.handler)
+    never = len(drawn["rounds"][-1]["evaluated"]) - drawn["rounds"][-1]["evaluated_trained"]
+    assert never > 0
+    assert any(
+        rec.levelname == "WARNING" and "evaluated node(s) never trained" in rec.getMessage()
+        for rec in caplog.records
+    )
 
 
 def test_collapse_warning_leaves_out_nodes_that_never_trained():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "examples" / "own_method_app"
@@ -235,6 +236,51 @@ def test_a_hook_raising_for_one_node_is_that_nodes_failure(my_method, tmp_path, 
     assert res["rounds"][0]["mymethod_nodes"] == 3  # the last call took the three good replies
 
 
+def test_an_evaluation_payload_hook_raising_for_one_node_is_that_nodes_failure(
+    my_method, tmp_path, monkeypatch
+):
+    # F12: evaluate_node_payload raising for partition-id 1 ended the run, nothing written
+    payload = my_method.MyStrategy.evaluate_node_payload
+
+    def fails_for_1(self, server_round, pid):
+        if pid == 1:
+            raise ValueError("no eval payload for 1")
+        return payload(self, server_round, pid)
+
+    monkeypatch.setattr(my_method.MyStrategy, "evaluate_node_payload", fails_for_1)
+    res = _run_template(my_method, tmp_path)
+    assert [(f["round"], f["phase"], f["partition-id"]) for f in res["failures"]] == [
+        (1, "evaluate", 1),
+        (2, "evaluate", 1),
+    ]
+    assert re.fullmatch(
+        r"MyStrategy\.evaluate_node_payload raised on this node \(partition-id 1, node_id \d+\): "
+        r"ValueError: no eval payload for 1",
+        res["failures"][0]["reason"],
+    )
+    for r in res["rounds"]:  # the others evaluated
+        assert r["evaluated"] == [0, 2, 3] and r["num_trained"] == 4
+    assert sorted(res["nodes"]) == ["0", "2", "3"] and res["status"] == "degraded"
+
+
+def test_a_results_extra_hook_raising_still_writes_results_json_degraded_and_names_it(
+    my_method, tmp_path, monkeypatch
+):
+    # F13: results.json was never written (only checkpoint.pkl), a bare ValueError naming no hook
+    def broken(self):
+        raise ValueError("results_extra broken")
+
+    monkeypatch.setattr(my_method.MyStrategy, "results_extra", broken)
+    res = _run_template(my_method, tmp_path)
+    said = (
+        "MyStrategy.results_extra raised ValueError: results_extra broken; results.json is "
+        "written without the method's own keys (fix the hook)"
+    )
+    assert res["status"] == "degraded" and res["degradation"]["problems"] == [said]
+    assert [r["num_trained"] for r in res["rounds"]] == [4, 4] and not res["failures"]
+    assert res["evaluation"]["evaluate-nodes"] == "drawn"  # the base's keys are kept
+
+
 @pytest.mark.parametrize(
     "parts, said",
     [
@@ -260,6 +306,34 @@ def test_a_loss_without_its_ce_part_is_named_before_the_first_step(
     for f in res["failures"]:
         assert f["phase"] == "train" and f"my_method.AnchorLoss.loss {said}" in f["reason"], f
         assert 'the parts must hold the batch cross-entropy as "ce"' in f["reason"]
+
+
+@pytest.mark.parametrize(
+    "part, said",
+    [
+        ({"ce": "oops"}, 'returned part "ce" = oops (a str)'),
+        ({"anchor": torch.zeros(3)}, 'returned part "anchor" = a tensor of shape (3,)'),
+    ],
+    ids=["ce-str", "part-vector"],
+)
+def test_a_loss_part_that_is_not_a_number_is_named_with_the_plugin(
+    my_method, tmp_path, monkeypatch, part, said
+):
+    # F16: a "ce" that is a string failed each node with a bare ValueError (could not convert ...)
+    loss = my_method.AnchorLoss.loss
+
+    def loss_with_bad_part(self, model, x, y, gen):
+        total, parts = loss(self, model, x, y, gen)
+        return total, {**parts, **part}
+
+    monkeypatch.setattr(my_method.AnchorLoss, "loss", loss_with_bad_part)
+    with pytest.raises(RunFailedError, match="returned part"):
+        _run_template(my_method, tmp_path, rounds=1)
+    res = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert res["status"] == "failed" and len(res["failures"]) == 4
+    for f in res["failures"]:
+        assert f["phase"] == "train" and f"my_method.AnchorLoss.loss {said}" in f["reason"], f
+        assert "each part must be a 0-d tensor or a number" in f["reason"]
 
 
 def test_the_template_pyproject_passes_flowers_checks_without_warnings():

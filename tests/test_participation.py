@@ -293,13 +293,21 @@ RC = {
 }
 
 
-def _cnn_run(policy: str, participation, rounds: int, seed: int = 5, evaluate: bool = False):
+def _cnn_run(
+    policy: str,
+    participation,
+    rounds: int,
+    seed: int = 5,
+    evaluate: bool = False,
+    evaluate_nodes: str = "auto",
+):
     grid = LocalGrid(cnn_client_app, 6, run_config=RC)
     fed = FederationConfig(
         graph="ring",
         participation=",".join(map(str, participation)),
         seed=seed,
         evaluate_every=10**9 if evaluate else 0,
+        evaluate_nodes=evaluate_nodes,
     )
     s = SheafFRL(
         num_nodes=6,
@@ -412,7 +420,8 @@ def test_zero_probability_nodes_and_empty_rounds_are_handled_without_nan():
         and bernoulli_participation(p, 1, sd).any()
         and bernoulli_participation(p, 3, sd).any()
     )
-    s, grid = _cnn_run("drop-reweighted", p, 3, seed=seed, evaluate=True)
+    # every node evaluated (untrained ones too): the independent draw, not auto's trainers
+    s, grid = _cnn_run("drop-reweighted", p, 3, seed=seed, evaluate=True, evaluate_nodes="drawn")
     assert s.history[1]["num_sampled"] == 0 and s.history[1]["num_trained"] == 0
     assert not [
         m
@@ -438,7 +447,7 @@ def test_zero_probability_nodes_and_empty_rounds_are_handled_without_nan():
     )
     assert np.isfinite(s._q_for_next).all() and (s._q_for_next > 0).all()
     # nobody at all: every round empty, evaluation still runs on the untrained models
-    s0, _ = _cnn_run("cached", [0.0] * 6, 2, evaluate=True)
+    s0, _ = _cnn_run("cached", [0.0] * 6, 2, evaluate=True, evaluate_nodes="drawn")
     assert [r["num_trained"] for r in s0.history] == [0, 0] and not s0.bank
     assert math.isfinite(s0.history[-1]["private_accuracy_mean"])
 

@@ -9,6 +9,7 @@ prototype terms (:mod:`flwr_sheaf.methods.fedproto.client`, :mod:`flwr_sheaf.met
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -143,7 +144,7 @@ def train_local(
 
 def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any) -> None:
     """What :meth:`LossPlugin.loss` must return: a 0-d tensor and a mapping with ``"ce"`` (the round's
-    cross-entropy column, docs/results-schema.md).
+    cross-entropy column, docs/results-schema.md), each part a 0-d tensor or a real number.
 
     Raises:
         TypeError: either is not so; the message names the plug-in's class (the method's code) and
@@ -170,6 +171,23 @@ def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any) -> None:
             f'{where} returned {got} without "ce": the parts must hold the batch cross-entropy '
             'as "ce" (e.g. {"ce": ce.detach(), ...}; docs/own-method.md)'
         )
+    for name, value in parts.items():
+        problem = _part_problem(value)
+        if problem is not None:
+            raise TypeError(
+                f'{where} returned part "{name}" = {problem}: each part must be a 0-d tensor or a '
+                'number (e.g. {"ce": ce.detach(), ...}; docs/own-method.md)'
+            )
+
+
+def _part_problem(value: Any) -> str | None:
+    """What is wrong with one loss part ``value`` (a short description), or None when it is a 0-d
+    tensor or a real number (not a bool)."""
+    if isinstance(value, torch.Tensor):
+        return None if value.dim() == 0 else f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return None
+    return f"{value!s:.60} (a {type(value).__name__})"
 
 
 def _mean(values: list, steps: int) -> float:

@@ -463,13 +463,22 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     local-training settings, the evaluators (``s.eval_sampler``'s draw among the discovered nodes),
     the evaluation payloads (:meth:`GraphStrategy.evaluate_payload` now,
     :meth:`GraphStrategy.evaluate_node_payload` per node), the exchange and the ledger."""
-    payload = s.evaluate_payload(server_round)
+    try:
+        payload = s.evaluate_payload(server_round)
+    except Exception as e:  # every evaluator's message needs it: the run's error, the hook named
+        e.add_note(
+            f"flwr-sheaf: {type(s).__name__}.evaluate_payload raised in server round {server_round}"
+        )
+        raise
     if s.evaluate_nodes == "trained":
         drawn = trained_in(s.ledger.current)
     else:
         drawn = sample_phase(s, s.eval_sampler, server_round, "evaluate")
     refused = s.ledger.current.failed.get("evaluate", ()) if s.sampled_discovery else ()
-    evaluators = [p for p in drawn if p in s.nodes and p not in refused]
+    payloads = evaluate_node_payloads(
+        s, server_round, [p for p in drawn if p in s.nodes and p not in refused]
+    )
+    evaluators = list(payloads)
     ever = {p for r in (*s.ledger.rounds, s.ledger.current) for p in trained_in(r)}
     return EvaluationView(
         server_round=server_round,
@@ -481,7 +490,7 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         train=s.train,
         evaluators=evaluators,
         payload=payload,
-        node_payload=lambda pid: s.evaluate_node_payload(server_round, pid),
+        node_payload=payloads.__getitem__,
         exchange=s.exchange,
         ledger=s.ledger,
         owner=type(s).__name__,
@@ -490,16 +499,32 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     )
 
 
+def evaluate_node_payloads(
+    s: GraphStrategy, server_round: int, evaluators: list[int]
+) -> dict[int, tuple[dict, dict]]:
+    """``{partition-id: s.evaluate_node_payload(server_round, pid)}`` for ``evaluators`` (in their
+    order); a node whose payload hook raises is that node's ``evaluate`` failure
+    (:func:`hook_failure`) and is left out, the others are evaluated."""
+    payloads = {}
+    for pid in evaluators:
+        try:
+            payloads[pid] = s.evaluate_node_payload(server_round, pid)
+        except Exception as e:  # a method's hook failing for one node: that node's failure
+            reason = hook_failure(s, "evaluate_node_payload", pid, e)
+            s.record_failure(server_round, "evaluate", pid, reason)
+    return payloads
+
+
 def evaluate_nodes_mode(federation: FederationConfig | None, sampler: ParticipationSampler) -> str:
-    """Run-config ``evaluate-nodes`` resolved: ``auto`` is ``trained`` when ``sampler`` draws a
-    fraction below 1 of the nodes per round (cross-device sampling), else ``drawn``: under full
-    participation every node trains and ``fraction-evaluate`` draws the evaluators as before; under
-    Bernoulli ``participation`` (RFedAGS's arbitrary participation, where a round may train nobody)
-    every drawn node is evaluated, as in the authors' code. Without a federation ``drawn``."""
+    """Run-config ``evaluate-nodes`` resolved: ``auto`` is ``trained`` when a round's trainers are
+    a sample (``sampler`` draws a fraction below 1 of the nodes, or Bernoulli ``participation``
+    with some probability below 1), else ``drawn``: under full participation every node trains and
+    ``fraction-evaluate`` draws the evaluators as before. Without a federation ``drawn``."""
     mode = "drawn" if federation is None else federation.evaluate_nodes
     if mode != "auto":
         return mode
-    sampled = sampler.probabilities is None and sampler.fraction < 1.0
+    p = sampler.probabilities
+    sampled = sampler.fraction < 1.0 if p is None else bool((p < 1.0).any())
     return "trained" if sampled else "drawn"
 
 
