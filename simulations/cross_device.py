@@ -293,7 +293,7 @@ def table(summary: dict) -> str:
     fmt = lambda x, f="{:.1f}": "-" if x is None else f.format(x)  # noqa: E731
     lines = [
         "| agents N | engine | trained/round | relayed edges/round | train round s (median) | eval round s (all N) "
-        "| setup s | total wall s | peak RSS GiB (sum) | peak PSS GiB | private acc | comm acc (deg.-w.) | completed |",
+        "| setup s | total wall s | peak RSS GiB (sum) | peak PSS GiB | private acc | comm acc (deg.-w.) | status |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(summary.values(), key=lambda r: r["n"]):
@@ -304,7 +304,7 @@ def table(summary: dict) -> str:
             f"{fmt(r.get('peak_rss_bytes', 0) / 2**30, '{:.2f}')} | "
             f"{fmt(r['peak_pss_bytes'] / 2**30 if r.get('peak_pss_bytes') else None, '{:.2f}')} | "
             f"{fmt(r.get('private_accuracy'), '{:.3f}')} | {fmt(r.get('communication_accuracy'), '{:.3f}')} | "
-            f"{'yes' if r.get('completed') else 'NO'} |"
+            f"{r.get('status', 'yes' if r.get('completed') else 'NO')} |"
         )
     return "\n".join(lines)
 
@@ -420,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run each population size in ``--agents``; update ``<out>/summary.json`` and ``table.md``
-    after every run. Returns exit status 0, or 1 if some run failed or wrote no results."""
+    after every run. Returns exit status 0, or 1 if some run did not end `completed` (failed, degraded, or wrote no results)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     too_many = agents_bound_problem(args.agents, args.engine, args.ray_address)
@@ -468,23 +468,35 @@ def main(argv: list[str] | None = None) -> int:
             meas = run_ray(n, rc, rdir / "flwr.log", args.port, args.timeout, args.ray_address)
         else:
             meas = run_inprocess_measured(rc)
-        ok = meas["exit_code"] == 0 and (rdir / "results.json").exists()
-        rec = {"n": n, "engine": args.engine, "completed": ok, "run_config": rc, **meas}
-        if ok:
-            rec.update(round_stats(json.loads((rdir / "results.json").read_text())))
-        else:
+        res = None
+        if meas["exit_code"] == 0 and (rdir / "results.json").exists():
+            res = json.loads((rdir / "results.json").read_text())
+        # the run's own status (docs/reliability-failures.md): a degraded run is not a clean one
+        run_status = "no results.json" if res is None else str(res.get("status", "unknown"))
+        ok = run_status == "completed"
+        rec = {
+            "n": n,
+            "engine": args.engine,
+            "completed": ok,
+            "status": run_status,
+            "run_config": rc,
+        }
+        rec.update(meas)
+        if res is not None:
+            rec.update(round_stats(res))
+        if not ok:
             status = 1
         summary[f"N{n}"] = rec
         summary_path.write_text(json.dumps(summary, indent=1))
         (out / "table.md").write_text(table(summary) + "\n")
         print(
-            f"   N={n}: completed={ok} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
+            f"   N={n}: status={run_status} wall {meas['wall_seconds']:.0f} s, peak RSS {meas['peak_rss_bytes'] / 2**30:.2f} GiB"
             f" (PSS {meas.get('peak_pss_bytes', 0) / 2**30:.2f} GiB)"
             + (
                 f", train round median {_fmt(rec.get('train_round_seconds_median'), '.1f')} s, "
                 f"private {_fmt(rec.get('private_accuracy'), '.3f')}, "
                 f"comm {_fmt(rec.get('communication_accuracy'), '.3f')}"
-                if ok
+                if res is not None
                 else ""
             ),
             flush=True,

@@ -168,7 +168,7 @@ def test_the_docs_quote_what_a_rerun_prints(tmp_path, monkeypatch, capsys):
         out = Path(rc["results-dir"])
         out.mkdir(parents=True, exist_ok=True)
         for name in ("results.json", "checkpoint.pkl", "accuracy.png"):
-            (out / name).write_text(json.dumps({"rounds": []}))
+            (out / name).write_text(json.dumps({"rounds": [], "status": "completed"}))
         return {"exit_code": 0, "wall_seconds": 0.0, "peak_rss_bytes": 0, "peak_rss_processes": 1}
 
     monkeypatch.setattr(cd, "run_inprocess_measured", fake_run)
@@ -200,7 +200,9 @@ def test_a_rerun_moves_the_earlier_results_aside(tmp_path, monkeypatch):
         calls.append(rc)
         out = Path(rc["results-dir"])
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"run": len(calls), "rounds": []}))
+        (out / "results.json").write_text(
+            json.dumps({"run": len(calls), "rounds": [], "status": "completed"})
+        )
         return {"exit_code": 0, "wall_seconds": 0.0, "peak_rss_bytes": 0, "peak_rss_processes": 1}
 
     monkeypatch.setattr(cd, "run_inprocess_measured", fake_run)
@@ -211,3 +213,26 @@ def test_a_rerun_moves_the_earlier_results_aside(tmp_path, monkeypatch):
     (prev,) = sorted((tmp_path / "N12").glob("previous-*"))
     assert json.loads((prev / "results.json").read_text())["run"] == 1
     assert json.loads((tmp_path / "N12" / "results.json").read_text())["run"] == 2
+
+
+@pytest.mark.parametrize("run_status", ["degraded", "failed"])
+def test_a_run_that_did_not_complete_is_not_reported_completed(
+    tmp_path, monkeypatch, capsys, run_status
+):
+    """The script printed ``completed=True`` (and ``yes`` in table.md, exit 0) for every run that
+    wrote a results.json, a degraded or failed one too: the run's own ``status`` is reported."""
+
+    def fake_run(rc: dict) -> dict:
+        out = Path(rc["results-dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"rounds": [], "status": run_status}))
+        return {"exit_code": 0, "wall_seconds": 0.0, "peak_rss_bytes": 0, "peak_rss_processes": 1}
+
+    monkeypatch.setattr(cd, "run_inprocess_measured", fake_run)
+    monkeypatch.setattr(cd, "round_stats", lambda res: {})
+    argv = ["--agents", "12", "--engine", "inprocess", "--dataset", "mnist-bundled"]
+    assert cd.main([*argv, "--out", str(tmp_path)]) == 1
+    assert f"N=12: status={run_status} " in capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["N12"]["completed"] is False and summary["N12"]["status"] == run_status
+    assert (tmp_path / "table.md").read_text().splitlines()[-1].endswith(f"| {run_status} |")
