@@ -223,7 +223,7 @@ def test_flwr_run_past_its_timeout_ends_in_a_message_not_a_traceback(monkeypatch
 
 def test_an_http_url_is_named_as_one_and_a_privileged_port_is_not_advised():
     # attack (minor): http://... was called "not a Ray Client ray:// address"
-    for url in ("http://127.0.0.1:38123", "https://head:8265"):
+    for url in ("http://127.0.0.1:8265", "https://head:8265"):
         with pytest.raises(RayClusterError) as e:
             parse_address(url)
         scheme = url.split(":")[0]
