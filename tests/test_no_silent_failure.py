@@ -616,9 +616,8 @@ def test_resume_with_lost_node_state_is_refused_naming_the_partition_and_the_opt
     typo = {**rc, "resume": True, "num-server-rounds": 3, "node-state-dir": str(empty)}
     _refused(
         typo,
-        # every node lost its state: the message quotes one of them (the first reply), by name
-        rf"partition-id (\d) trained up to round 2 \(server checkpoint, resumed after round 2\) but "
-        rf"{empty}/partition-\1 has no state files; .*resume-fresh-nodes=true",
+        rf"partition-id 0 trained up to round 2 \(server checkpoint, resumed after round 2\) but "
+        rf"{empty}/partition-0 has no state files; .*resume-fresh-nodes=true",
         RuntimeError,
         LocalGrid(cnn_client_app, 3, run_config=typo, run_id=2),
     )

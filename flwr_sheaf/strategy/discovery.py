@@ -158,8 +158,9 @@ class Discovery:
         """
         deadline = time.monotonic() + self.discovery_timeout
         while True:
-            registered = set(grid.get_node_ids())
-            new = [n for n in registered if n not in self.asked]
+            ids = list(grid.get_node_ids())  # in the grid's order: queries and errors as before
+            registered = set(ids)
+            new = [n for n in ids if n not in self.asked]
             if new:
                 self.asked.update(new)
                 msgs = [self.query(n) for n in new]
