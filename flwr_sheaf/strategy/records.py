@@ -28,9 +28,11 @@ __all__ = [
 
 
 def nanmean(xs: Iterable[float | None]) -> float:
-    """Mean ignoring None/NaN (NaN when nothing is left)."""
+    """Mean ignoring None/NaN (NaN when nothing is left); the sum is ``math.fsum`` (correctly
+    rounded), so the mean does not depend on the order the values came in (e.g. the order in which
+    the nodes' replies arrived on the Ray engine)."""
     vals = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
-    return sum(vals) / len(vals) if vals else float("nan")
+    return math.fsum(vals) / len(vals) if vals else float("nan")
 
 
 def positive_int(name: str, value: int) -> int:
