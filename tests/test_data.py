@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
-import struct
 import sys
 
 import numpy as np
 import pytest
 import torch
+from oracles.idx_files import write_idx
 
 from flwr_sheaf.data.hf import LabelShiftPartitioner
 from flwr_sheaf.data.partition import (
@@ -181,26 +180,15 @@ def test_bundled_digits():
     assert load_source(" mnist-bundled ") is load_source("mnist-bundled")  # cached objects
 
 
-def _write_idx(path, array: np.ndarray, compress: bool = False) -> None:
-    """idx format: 0x00 0x00, type 0x08 (uint8), ndim, then big-endian int32 dims, then data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(">" + "i" * array.ndim, *array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    if compress:
-        with gzip.open(str(path) + ".gz", "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
-
-
 def test_idx_directory(tmp_path):
     rng = np.random.default_rng(0)
     train_x = rng.integers(0, 256, size=(3, 28, 28), dtype=np.uint8)
     train_x[0, 0, 0], train_x[0, 0, 1] = 255, 0
     test_x = rng.integers(0, 256, size=(2, 28, 28), dtype=np.uint8)
-    _write_idx(tmp_path / "train-images-idx3-ubyte", train_x)
-    _write_idx(tmp_path / "train-labels-idx1-ubyte", np.array([3, 1, 4]))
-    _write_idx(tmp_path / "t10k-images-idx3-ubyte", test_x, compress=True)
-    _write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array([9, 0]), compress=True)
+    write_idx(tmp_path / "train-images-idx3-ubyte", train_x)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.array([3, 1, 4]))
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", test_x, compress=True)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array([9, 0]), compress=True)
     x, y = load_source(f"idx:{tmp_path}")
     assert x.shape == (5, 1, 28, 28) and x.dtype == torch.float32
     assert y.tolist() == [3, 1, 4, 9, 0] and y.dtype == torch.int64  # train first, then test
@@ -215,7 +203,7 @@ def test_idx_missing(tmp_path):
         load_source(f"idx:{missing}")
     with pytest.raises(FileNotFoundError, match="no idx files"):
         load_source(f"idx:{tmp_path}")
-    _write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((1, 28, 28)))
+    write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((1, 28, 28)))
     with pytest.raises(FileNotFoundError, match="train-labels-idx1-ubyte"):
         load_source(f"idx:{tmp_path}")
 

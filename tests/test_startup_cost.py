@@ -8,9 +8,7 @@
 
 from __future__ import annotations
 
-import gzip
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -18,22 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from oracles.idx_files import write_idx
 
 from flwr_sheaf.data import sources
 from flwr_sheaf.data.sources import clear_source_cache, decoded_cache_dir, load_source
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:
-    """idx format: 0x00 0x00, type 0x08 (uint8), ndim, big-endian int32 dims, then the data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(">" + "i" * array.ndim, *array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    if compress:
-        with gzip.open(str(path) + ".gz", "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
 
 
 def _idx_dir(root: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -43,10 +31,10 @@ def _idx_dir(root: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     x[0, 0, :3] = (0, 255, 51)  # 0.0, 1.0 and 0.2 exactly / inexactly representable
     y = rng.integers(0, 10, size=7, dtype=np.uint8)
     root.mkdir(parents=True, exist_ok=True)
-    _write_idx(root / "train-images-idx3-ubyte", x[:5])
-    _write_idx(root / "train-labels-idx1-ubyte", y[:5])
-    _write_idx(root / "t10k-images-idx3-ubyte", x[5:], compress=True)
-    _write_idx(root / "t10k-labels-idx1-ubyte", y[5:], compress=True)
+    write_idx(root / "train-images-idx3-ubyte", x[:5])
+    write_idx(root / "train-labels-idx1-ubyte", y[:5])
+    write_idx(root / "t10k-images-idx3-ubyte", x[5:], compress=True)
+    write_idx(root / "t10k-labels-idx1-ubyte", y[5:], compress=True)
     return x, y
 
 
