@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = ["handler_hint", "pilot_count_error"]
 
@@ -33,31 +34,31 @@ def handler_hint(reason: str | None) -> str:
     return f" [the ClientApp has no '{category}.{action}' handler: {call}]"
 
 
+#: message action -> the function that registers its handlers on a ClientApp; filled by
+#: :func:`flwr_sheaf.methods.registry.register` (a researcher's own method too), read here, so this
+#: low layer never imports the registry above it.
+HANDLER_REGISTRARS: dict[str, Callable[..., Any]] = {}
+
+
 def _registering_function(action: str) -> str | None:
     """The dotted name of the function that registers the handlers of the registered method(s) whose
-    message action is ``action`` (read from the method registry, so a researcher's own method is
-    named too); the top-level ``flwr_sheaf.<name>`` when the package exports it; None if no method
-    uses ``action``."""
-    from .methods.registry import METHODS  # the registry sits above this module's users
-
+    message action is ``action`` (:data:`HANDLER_REGISTRARS`); the top-level ``flwr_sheaf.<name>``
+    when the package exports it; None if no method uses ``action`` or the function has no importable
+    name (a lambda, a nested function)."""
+    fn = HANDLER_REGISTRARS.get(action)
+    if fn is None:
+        return None
+    fn = getattr(fn, "func", fn)  # functools.partial (the RFedAGS baselines)
+    name = getattr(fn, "__name__", None)
+    if name is None:
+        return None
     # the public facade (apps layer), read, not imported: Python imports ``flwr_sheaf/__init__``
     # before any of its modules, so it is loaded whenever this runs
-    facade = sys.modules["flwr_sheaf"]
-
-    for method in METHODS.values():
-        if method.action != action:
-            continue
-        fn = method.handlers
-        fn = getattr(fn, "func", fn)  # functools.partial (the RFedAGS baselines)
-        name = getattr(fn, "__name__", None)
-        if name is None:
-            return None
-        if getattr(facade, name, None) is fn:
-            return f"flwr_sheaf.{name}"
-        module = sys.modules.get(str(getattr(fn, "__module__", "")))
-        if getattr(module, name, None) is fn:  # importable by that name (not a lambda, not nested)
-            return f"{fn.__module__}.{name}"
-        return None
+    if getattr(sys.modules.get("flwr_sheaf"), name, None) is fn:
+        return f"flwr_sheaf.{name}"
+    module = sys.modules.get(str(getattr(fn, "__module__", "")))
+    if getattr(module, name, None) is fn:  # importable by that name (not a lambda, not nested)
+        return f"{fn.__module__}.{name}"
     return None
 
 

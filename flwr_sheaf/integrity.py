@@ -115,37 +115,38 @@ def write_checkpoint_file(path: Path, data: bytes, fmt: int, server_round: int) 
     )
 
 
-def read_checkpoint_file(path: Path, fmt: int) -> dict[str, Any]:
+def read_checkpoint_file(path: Path, fmt: int, error: type[ValueError]) -> dict[str, Any]:
     """The checkpoint dict in ``path``, after its header and SHA-256 are verified (nothing unpickled before).
 
     A checkpoint of the old format (a bare pickle, no header) is refused: it cannot be verified,
     and a truncated or modified one was resumed silently.
 
+    ``error`` is the exception type raised (the checkpointer passes ``ConfigError``: this module sits
+    below the config layer and imports nothing of it).
+
     Raises:
-        ConfigError: a file that is not a flwr-sheaf checkpoint, an old-format checkpoint, a truncated or
+        error: a file that is not a flwr-sheaf checkpoint, an old-format checkpoint, a truncated or
             modified file, another format version (the file, what is wrong and the fix named).
     """
     import pickle
-
-    from .config import ConfigError
 
     path = Path(path)
     with open(path, "rb") as fh:
         head = fh.read(len(CHECKPOINT_MAGIC))
     if head != CHECKPOINT_MAGIC:
         if not head:
-            raise ConfigError(
+            raise error(
                 f"checkpoint {path} is empty (0 bytes: truncated, e.g. a full disk or a killed copy); "
                 f"{_CHECKPOINT_FIX}"
             )
         if head[:1] == b"\x80":
-            raise ConfigError(
+            raise error(
                 f"checkpoint {path} has the old format (a bare pickle without header and SHA-256, written "
                 f"before flwr-sheaf checked checkpoint integrity): it cannot be verified, so it is not "
                 f"resumed; finish that run with the flwr-sheaf version that wrote it, or start afresh in "
                 f"a new results-dir (or with overwrite=true)"
             )
-        raise ConfigError(
+        raise error(
             f"checkpoint {path} is not a flwr-sheaf server checkpoint (bad header: it was overwritten "
             f"by another file); {_CHECKPOINT_FIX}"
         )
@@ -155,11 +156,11 @@ def read_checkpoint_file(path: Path, fmt: int) -> dict[str, Any]:
             CHECKPOINT_MAGIC,
             fmt,
             what="flwr-sheaf server checkpoint",
-            error=ConfigError,
+            error=error,
             fix=_CHECKPOINT_FIX,
         )
-    except ConfigError as exc:
-        raise ConfigError(f"checkpoint {exc}") from None
+    except error as exc:
+        raise error(f"checkpoint {exc}") from None
     assert data is not None, "read_sealed returns the payload (payload=True by default)"
     ckpt = pickle.loads(data)  # noqa: S301 - verified against its own SHA-256; the run's own file
     if (
@@ -167,7 +168,7 @@ def read_checkpoint_file(path: Path, fmt: int) -> dict[str, Any]:
         or ckpt.get("format") != fmt
         or ckpt.get("round") != meta.get("round")
     ):
-        raise ConfigError(
+        raise error(
             f"checkpoint {path} is not a flwr-sheaf checkpoint of format {fmt}; {_CHECKPOINT_FIX}"
         )
     return ckpt

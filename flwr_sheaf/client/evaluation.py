@@ -5,8 +5,6 @@ edge, paper Eq. 22). Evaluation never saves the model: whitening refits change o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
@@ -66,10 +64,8 @@ from .common import (
     transport,
     whitened_pilots,
 )
+from .method import ClientMethod
 from .task import LocalTask, StalkModel, TaskFactory
-
-if TYPE_CHECKING:  # the hooks' class; handlers.py imports this module to register its handlers
-    from .handlers import ClientMethod
 
 __all__ = ["evaluate_handler", "evaluate_comm_handler"]
 

@@ -34,7 +34,8 @@ from ..protocol import (
 )
 from .common import build, model_key, round_generator, shared_pilot_digest
 from .evaluation import evaluate_comm_handler, evaluate_handler
-from .loop import CrossEntropy, LossPlugin, train_local
+from .loop import train_local
+from .method import ClientMethod
 from .reference import travel_by_reference
 from .task import (
     LocalTask,
@@ -54,58 +55,6 @@ __all__ = [
     "check_stalk_protocol_once",
     "describe_task",
 ]
-
-
-class ClientMethod:
-    """What a method adds to the shared handlers (override what differs; defaults = non-cooperative).
-
-    Hooks (each may raise ``ConfigError`` / ``ProtocolError`` / ``ValueError`` on a bad message; the
-    node then replies with an error and keeps its state): :meth:`plugin`, :meth:`after_train`,
-    :meth:`evaluation_metrics`. docs/methods.md, "Adding a method", lists the files a method touches.
-
-    Args:
-        action: the message action (``train.<action>`` etc.); also the ``context.state`` prefix.
-    """
-
-    def __init__(self, action: str) -> None:
-        self.action = action
-
-    def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """The loss plug-in of one ``train`` message (default: cross-entropy)."""
-        return CrossEntropy()
-
-    def after_train(
-        self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
-    ) -> tuple[dict, dict]:
-        """Records and metrics added to the train reply after training (default: none); ``plugin`` is
-        this round's trained loss plug-in (a method with its own parameters saves them here)."""
-        return {}, {}
-
-    def evaluation_metrics(self, msg: Message, task: LocalTask) -> dict[str, float]:
-        """Extra metrics of the ``evaluate`` reply (model in eval mode with trained weights)."""
-        return {}
-
-    #: names of the extra phase-1 arrays the strategy routes to neighbours (see :meth:`evaluation_arrays`).
-    routed_arrays: tuple[str, ...] = ()
-
-    def evaluation_arrays(self, msg: Message, context: Context, task: LocalTask) -> dict:
-        """Extra arrays of the ``evaluate`` reply (names in :attr:`routed_arrays`; default none)."""
-        return {}
-
-    def evaluation_reply(
-        self, msg: Message, context: Context, task: LocalTask, arrays: dict
-    ) -> dict:
-        """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
-        :meth:`evaluation_arrays` and, with the strong post-hoc reading, :data:`PILOT_READING_ARRAYS`;
-        numpy; the model's whitening is then the pilot-fitted one); default: unchanged (Sheaf-FRL's stringent privacy sends
-        per-neighbour transported arrays instead, docs/variants-privacy.md)."""
-        return arrays
-
-    def edge_metrics(
-        self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict
-    ) -> dict[str, float]:
-        """Extra per-incoming-edge metrics of ``evaluate_comm`` from neighbour j's routed ``arrays`` (default none)."""
-        return {}
 
 
 def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> None:

@@ -1,15 +1,7 @@
-"""What a node brings to the flwr-sheaf handlers: a model with the stalk protocol and its data.
-
-The handlers only need these operations, so any encoder/head pair can be glued (the CNN zoo in
-:mod:`flwr_sheaf.models` is one implementation):
-
-- ``model.d``: stalk dimension d_i (int);
-- ``model.private_logits(x) -> (B, C)``: the private path h_i(f_i(x));
-- ``model.latent(x) -> (B, d_i)``: the *raw* latents f_i(x), before any whitening;
-- ``model.whitening``: a :class:`flwr_sheaf.sheaf.whitening.Whitening` ``(d_i)`` (train mode: batch
-  statistics; ``fit(z)`` fits the evaluation statistics);
-- ``model.classify_whitened(zhat) -> (B, C)``: colour whitened latents back into the node's own
-  latent space (:class:`flwr_sheaf.sheaf.whitening.Colouring` of ``model.whitening``), then the head.
+"""What a node brings to the flwr-sheaf handlers: a model with the stalk protocol
+(:mod:`flwr_sheaf.sheaf.stalk`: ``d``, ``private_logits``, ``latent``, ``whitening``,
+``classify_whitened``) and its data. The handlers only need these operations, so any encoder/head
+pair can be glued (the CNN zoo in :mod:`flwr_sheaf.models` is one implementation).
 """
 
 from __future__ import annotations
@@ -17,13 +9,13 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from torch import nn
 
 from ..protocol import array_record, as_bytes, config_record
+from ..sheaf.stalk import StalkModel
 
 __all__ = [
     "LocalTask",
@@ -37,27 +29,6 @@ __all__ = [
     "load_module_state",
     "save_module_state",
 ]
-
-
-if TYPE_CHECKING:
-    from ..sheaf.whitening import Whitening
-
-    class StalkModel(nn.Module):
-        """The stalk protocol (module docstring) as type checkers see ``LocalTask.model``; at run time
-        it is ``nn.Module`` (any module with these members works, none has to subclass this)."""
-
-        d: int
-
-        @property
-        def whitening(self) -> Whitening: ...
-
-        def private_logits(self, x: torch.Tensor) -> torch.Tensor: ...
-
-        def latent(self, x: torch.Tensor) -> torch.Tensor: ...
-
-        def classify_whitened(self, zhat: torch.Tensor) -> torch.Tensor: ...
-else:
-    StalkModel = nn.Module
 
 
 #: Tensor fields of :class:`LocalTask`, in constructor order.

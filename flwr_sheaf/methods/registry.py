@@ -34,6 +34,7 @@ from ..config import (
     Section,
     did_you_mean,
 )
+from ..hints import HANDLER_REGISTRARS
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -165,6 +166,7 @@ def register(method: Method) -> Method:
             )
     _METHODS[method.name] = method
     _ORIGINS[method.name] = origin
+    HANDLER_REGISTRARS[method.action] = method.handlers
     return method
 
 

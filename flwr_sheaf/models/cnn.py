@@ -20,7 +20,7 @@ from flwr_sheaf.sheaf.whitening import Colouring, Whitening
 
 if TYPE_CHECKING:
     # type checkers see the stalk protocol LocalTask.model is typed with; at run time nn.Module
-    from flwr_sheaf.client.task import StalkModel as _AgentBase
+    from flwr_sheaf.sheaf.stalk import StalkModel as _AgentBase
 else:
     _AgentBase = nn.Module
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -29,12 +29,11 @@ from ..config import ConfigError, config_differences
 from ..integrity import read_checkpoint_file, write_checkpoint_file
 from ..protocol import pack_arrays
 from .ledger import RunLedger
-
-if TYPE_CHECKING:
-    from .graph import GraphStrategy
+from .records import Node
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "Checkpointed",
     "REBUILT",
     "Checkpointer",
     "CheckpointWriteError",
@@ -70,6 +69,14 @@ discovery (``nodes``, the ``exchange``), per call of ``start`` (``extra_*_config
 callbacks), or the checkpointer itself. The ledger is stored without its round being built."""
 
 
+class Checkpointed(Protocol):
+    """What a checkpoint saves and puts back of a strategy: its attributes (``vars``, less
+    :data:`REBUILT`) and its discovered nodes; the checkpointer never imports the strategy's class."""
+
+    @property
+    def nodes(self) -> Mapping[int, Node]: ...  # noqa: D102
+
+
 class NoCheckpointError(ConfigError, FileNotFoundError):
     """Resuming without a checkpoint: a :class:`~flwr_sheaf.config.ConfigError` (one line, no traceback,
     in the in-process runner too) that is also a ``FileNotFoundError``."""
@@ -101,7 +108,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"no checkpoint at {path}: nothing to resume (run without resume first)"
         )
     _refuse_other_format(path)
-    return read_checkpoint_file(path, FORMAT)
+    return read_checkpoint_file(path, FORMAT, ConfigError)
 
 
 def _refuse_other_format(path: Path) -> None:
@@ -183,7 +190,7 @@ class Checkpointer:
         self.previous_wall_seconds = 0.0
         self._checked: dict[str, Any] | None = None
 
-    def check(self, strategy: GraphStrategy, num_rounds: int) -> dict[str, Any] | None:
+    def check(self, strategy: Checkpointed, num_rounds: int) -> dict[str, Any] | None:
         """Load and check the checkpoint to resume from against the run, before any message is sent
         (:meth:`restore` calls it when the caller did not). Returns the checkpoint, None for a fresh run.
 
@@ -218,7 +225,7 @@ class Checkpointer:
         self._checked = ckpt
         return ckpt
 
-    def restore(self, strategy: GraphStrategy, num_rounds: int) -> tuple[int, ArrayRecord | None]:
+    def restore(self, strategy: Checkpointed, num_rounds: int) -> tuple[int, ArrayRecord | None]:
         """Put the checkpointed state back into ``strategy`` (after its discovery); returns
         ``(next server round, global arrays or None)``. A fresh run returns ``(1, None)``.
 
@@ -260,7 +267,7 @@ class Checkpointer:
 
     def save(
         self,
-        strategy: GraphStrategy,
+        strategy: Checkpointed,
         server_round: int,
         arrays: ArrayRecord | None,
         wall_seconds: float,

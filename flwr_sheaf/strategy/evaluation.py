@@ -13,7 +13,7 @@ pilots reach the server).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,6 @@ from ..protocol import (
     TORCH_THREADS,
     VAL_COMM_ACCURACY_PILOT_WHITENING,
     WHITENING_FIT,
-    EdgeConfig,
     NonEdgeConfig,
     array_record,
     comm_action,
@@ -51,75 +50,16 @@ from ..protocol import (
 )
 from ..sheaf.network import orient_edge
 from . import evaluation_steps as steps
-from .discovery import edge_config
-from .evaluation_steps import NonEdgePlan, Plan
-from .exchange import Exchange, merge_extra
-from .ledger import RunLedger
-from .records import EvaluationResult, Node, RoundRecord
+from .evaluation_steps import EvaluationView, NonEdgePlan, Plan
+from .exchange import merge_extra
+from .records import EvaluationResult
 
 if TYPE_CHECKING:
-    import networkx as nx
+    pass
 
 __all__ = ["EvaluationView", "GraphEvaluation", "PhaseTwo", "TransportedEvaluation"]
 
 log = logging.getLogger("flwr_sheaf")
-
-
-@dataclass(frozen=True)
-class EvaluationView:
-    """What an evaluated round sees of the strategy: narrow and read-only, built per evaluated round
-    by :func:`flwr_sheaf.strategy.graph.evaluation_view`; the evaluation never receives the strategy.
-
-    Attributes:
-        server_round: the evaluated round.
-        nodes: the discovered nodes ``{partition-id: Node}`` (d_i = ``nodes[i].d``).
-        graph: the agents' graph on partition-ids (None before discovery).
-        num_nodes: N; num_pilots: the shared pilot count K (-1 before discovery).
-        seed: the run's seed (diagnostics draws derive from (seed, round)).
-        train: the local-training settings (``torch-threads``, ``device``).
-        evaluators: this round's evaluated partition-ids (the ``fraction-evaluate`` draw).
-        payload: ``(records, config entries)`` of every phase-1 message (the strategy's
-            ``evaluate_payload``).
-        node_payload: ``pid -> (records, config entries)`` only node ``pid`` gets in phase 1 (the
-            strategy's ``evaluate_node_payload`` for this round).
-        exchange: messages and checked replies (records failures in ``ledger``).
-        ledger: the run's records; this round's is ``ledger.current``.
-        owner: the strategy's class name (named in recorded reasons).
-        trained: partition-ids that trained in this round or before (an evaluated node outside it
-            still has its initial weights).
-        mode: how the evaluators were chosen (run-config ``evaluate-nodes``, resolved: ``trained``,
-            ``panel`` or ``drawn``).
-    """
-
-    server_round: int
-    nodes: Mapping[int, Node]
-    graph: nx.Graph | None
-    num_nodes: int
-    num_pilots: int
-    seed: int
-    train: LocalTrainConfig
-    evaluators: list[int]
-    payload: tuple[dict, dict]
-    node_payload: Callable[[int], tuple[dict, dict]]
-    exchange: Exchange
-    ledger: RunLedger
-    owner: str
-    trained: frozenset[int] = frozenset()
-    mode: str = "drawn"
-
-    @property
-    def record(self) -> RoundRecord:
-        """The evaluated round's record (``ledger.current``)."""
-        return self.ledger.current
-
-    def edge_config(self, pid: int) -> EdgeConfig:
-        """Node ``pid``'s incident edges (:func:`~flwr_sheaf.strategy.discovery.edge_config`)."""
-        assert self.graph is not None, "the graph is built at discovery"
-        return edge_config(self.graph, self.nodes, pid)
-
-    def record_failure(self, phase: str, pid: int, reason: str) -> None:
-        """Record node ``pid``'s failure in ``phase`` of this round (:meth:`RunLedger.record_failure`)."""
-        self.ledger.record_failure(self.server_round, phase, pid, reason)
 
 
 @dataclass(frozen=True)

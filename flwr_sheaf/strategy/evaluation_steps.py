@@ -14,14 +14,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from flwr.app import Message
 
-from ..config import FederationConfig
+from ..config import FederationConfig, LocalTrainConfig
 from ..protocol import (
     ARRAYS,
     COMM_ACCURACY,
@@ -42,6 +43,7 @@ from ..protocol import (
     VAL_NON_EDGE_ACCURACY,
     VAL_NON_EDGE_DIRECT_ACCURACY,
     VAL_PRIVATE_ACCURACY,
+    EdgeConfig,
     array_record,
     as_float,
     as_int,
@@ -52,14 +54,16 @@ from ..protocol import (
 from ..sheaf.diagnostics import graph_algebraic_connectivity, laplacian_spectrum, sample_non_edges
 from ..sheaf.network import NetworkSheaf
 from ..sheaf.variants import edge_dim
-from .records import EvaluationSummary, nanmean
+from .discovery import edge_config
+from .exchange import Exchange
+from .ledger import RunLedger
+from .records import EvaluationSummary, Node, RoundRecord, nanmean
 
 if TYPE_CHECKING:
     import networkx as nx
 
-    from .evaluation import EvaluationView
-
 __all__ = [
+    "EvaluationView",
     "NonEdgePlan",
     "comm_problem",
     "edge_rows",
@@ -77,6 +81,63 @@ __all__ = [
 Plan = list[tuple[int, np.ndarray, list[int]]]
 NonEdgePlan = dict[int, Plan]
 """The round's non-edge plan ``{receiver: Plan}`` (:func:`sheaf_diagnostics`)."""
+
+
+@dataclass(frozen=True)
+class EvaluationView:
+    """What an evaluated round sees of the strategy: narrow and read-only, built per evaluated round
+    by :func:`flwr_sheaf.strategy.graph.evaluation_view`; the evaluation never receives the strategy.
+
+    Attributes:
+        server_round: the evaluated round.
+        nodes: the discovered nodes ``{partition-id: Node}`` (d_i = ``nodes[i].d``).
+        graph: the agents' graph on partition-ids (None before discovery).
+        num_nodes: N; num_pilots: the shared pilot count K (-1 before discovery).
+        seed: the run's seed (diagnostics draws derive from (seed, round)).
+        train: the local-training settings (``torch-threads``, ``device``).
+        evaluators: this round's evaluated partition-ids (the ``fraction-evaluate`` draw).
+        payload: ``(records, config entries)`` of every phase-1 message (the strategy's
+            ``evaluate_payload``).
+        node_payload: ``pid -> (records, config entries)`` only node ``pid`` gets in phase 1 (the
+            strategy's ``evaluate_node_payload`` for this round).
+        exchange: messages and checked replies (records failures in ``ledger``).
+        ledger: the run's records; this round's is ``ledger.current``.
+        owner: the strategy's class name (named in recorded reasons).
+        trained: partition-ids that trained in this round or before (an evaluated node outside it
+            still has its initial weights).
+        mode: how the evaluators were chosen (run-config ``evaluate-nodes``, resolved: ``trained``,
+            ``panel`` or ``drawn``).
+    """
+
+    server_round: int
+    nodes: Mapping[int, Node]
+    graph: nx.Graph | None
+    num_nodes: int
+    num_pilots: int
+    seed: int
+    train: LocalTrainConfig
+    evaluators: list[int]
+    payload: tuple[dict, dict]
+    node_payload: Callable[[int], tuple[dict, dict]]
+    exchange: Exchange
+    ledger: RunLedger
+    owner: str
+    trained: frozenset[int] = frozenset()
+    mode: str = "drawn"
+
+    @property
+    def record(self) -> RoundRecord:
+        """The evaluated round's record (``ledger.current``)."""
+        return self.ledger.current
+
+    def edge_config(self, pid: int) -> EdgeConfig:
+        """Node ``pid``'s incident edges (:func:`~flwr_sheaf.strategy.discovery.edge_config`)."""
+        assert self.graph is not None, "the graph is built at discovery"
+        return edge_config(self.graph, self.nodes, pid)
+
+    def record_failure(self, phase: str, pid: int, reason: str) -> None:
+        """Record node ``pid``'s failure in ``phase`` of this round (:meth:`RunLedger.record_failure`)."""
+        self.ledger.record_failure(self.server_round, phase, pid, reason)
 
 
 def _number(v: Any) -> bool:

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from ..config import KEYS
-from .records import positive_int
-
-if TYPE_CHECKING:
-    from .graph import GraphStrategy
+from ..config import KEYS, FederationConfig
+from .checkpoint import Checkpointer
+from .evaluation import GraphEvaluation
+from .exchange import Exchange
+from .ledger import RunLedger
+from .records import Node, RoundRecord, positive_int
 
 __all__ = [
+    "RoundHost",
     "check_start",
     "close_round",
     "default_progress_handler",
@@ -33,6 +35,41 @@ __all__ = [
 ]
 
 log = logging.getLogger("flwr_sheaf")
+
+
+class RoundHost(Protocol):
+    """What the round loop uses of its strategy (:class:`~flwr_sheaf.strategy.graph.GraphStrategy`
+    is one): the loop is handed this narrow view, never imports the strategy's class."""
+
+    ledger: RunLedger
+    exchange: Exchange
+    checkpointer: Checkpointer | None
+    evaluation: GraphEvaluation | None
+    federation: FederationConfig | None
+    round_callbacks: list[Callable[[dict[str, Any]], None]]
+    requested_rounds: int | None
+    extra_train_config: dict
+    extra_evaluate_config: dict
+
+    @property
+    def nodes(self) -> Mapping[int, Node]: ...  # noqa: D102
+    def summary(self) -> None: ...  # noqa: D102
+    def discover(self, grid: Grid, timeout: float) -> None: ...  # noqa: D102
+    def configure_train(  # noqa: D102
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]: ...
+    def aggregate_train(  # noqa: D102
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]: ...
+    def evaluate_round(  # noqa: D102
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        timeout: float,
+    ) -> MetricRecord | None: ...
+    def log_round(self, rec: RoundRecord) -> None: ...  # noqa: D102
 
 
 def default_progress_handler() -> bool:
@@ -74,7 +111,7 @@ def check_start(
     return num_rounds
 
 
-def evaluates(s: GraphStrategy, server_round: int, num_rounds: int) -> bool:
+def evaluates(s: RoundHost, server_round: int, num_rounds: int) -> bool:
     """Every ``evaluate-every`` rounds and always the last one (``evaluate-every = 0``, no
     federation or no evaluation component: never)."""
     if s.evaluation is None or s.federation is None:
@@ -91,7 +128,7 @@ def _serverapp_evaluate(evaluate_fn: EvaluateFn | None, server_round: int, resul
 
 
 def run_rounds(
-    s: GraphStrategy,
+    s: RoundHost,
     grid: Grid,
     initial_arrays: ArrayRecord | None,
     num_rounds: int,
@@ -138,7 +175,7 @@ def run_rounds(
 
 
 def train_round(
-    s: GraphStrategy, grid: Grid, server_round: int, result: Result, timeout: float
+    s: RoundHost, grid: Grid, server_round: int, result: Result, timeout: float
 ) -> None:
     """``configure_train`` -> one round trip -> ``aggregate_train``; the new arrays and the train
     metrics go into ``result`` (a round in which no sampled node trained is logged)."""
@@ -163,7 +200,7 @@ def train_round(
 
 
 def close_round(
-    s: GraphStrategy,
+    s: RoundHost,
     server_round: int,
     num_rounds: int,
     arrays: ArrayRecord,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.serverapp import Grid
@@ -29,10 +29,7 @@ from .exchange import Exchange
 from .ledger import RunLedger
 from .records import Node
 
-if TYPE_CHECKING:
-    from .graph import GraphStrategy
-
-__all__ = ["SampledDiscovery", "info_mismatch", "sample_phase"]
+__all__ = ["SampledDiscovery", "Sampling", "info_mismatch", "sample_phase"]
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -346,8 +343,16 @@ class SampledDiscovery:
         }
 
 
+class Sampling(Protocol):
+    """What :func:`sample_phase` reads of a strategy (a narrow view; the strategy's class is not imported)."""
+
+    sampled_discovery: SampledDiscovery | None
+    exchange: Exchange
+    ledger: RunLedger
+
+
 def sample_phase(
-    s: GraphStrategy, sampler: ParticipationSampler, server_round: int, phase: str
+    s: Sampling, sampler: ParticipationSampler, server_round: int, phase: str
 ) -> list[int]:
     """The partition-ids ``sampler`` picks for ``phase`` of ``server_round``: its own draw over
     partition-ids under ``discovery = "all"``; with ``s.sampled_discovery`` set, its draw over the
