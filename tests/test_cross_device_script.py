@@ -161,7 +161,7 @@ def test_accuracy_plot_of_a_single_evaluated_round_is_readable():
 
 
 def test_the_docs_quote_what_a_rerun_prints(tmp_path, monkeypatch, capsys):
-    """Attack (minor): docs/reliability-cross-device.md row 8 quoted `results.json, accuracy.png,
+    """Attack (minor): docs/guarantees.md row 8 quoted `results.json, accuracy.png,
     flwr.log` where an in-process rerun prints `results.json, checkpoint.pkl, accuracy.png`."""
 
     def fake_run(rc: dict) -> dict:  # what an in-process run leaves: results, checkpoint, plot

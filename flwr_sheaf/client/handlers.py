@@ -61,7 +61,7 @@ class ClientMethod:
 
     Hooks (each may raise ``ConfigError`` / ``ProtocolError`` / ``ValueError`` on a bad message; the
     node then replies with an error and keeps its state): :meth:`plugin`, :meth:`after_train`,
-    :meth:`evaluation_metrics`. docs/methods.md, "Adding a method", lists the files a method touches.
+    :meth:`evaluation_metrics`. docs/own-method.md, lists the files a method touches.
 
     Args:
         action: the message action (``train.<action>`` etc.); also the ``context.state`` prefix.
@@ -98,7 +98,7 @@ class ClientMethod:
         """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
         :meth:`evaluation_arrays` and, with the strong post-hoc reading, :data:`PILOT_READING_ARRAYS`;
         numpy; the model's whitening is then the pilot-fitted one); default: unchanged (Sheaf-FRL's stringent privacy sends
-        per-neighbour transported arrays instead, docs/variants-privacy.md)."""
+        per-neighbour transported arrays instead, notes/variants-privacy.md)."""
         return arrays
 
     def edge_metrics(
@@ -222,7 +222,7 @@ def query_handler(
     A node whose task factory (or its hook) raises :class:`~flwr_sheaf.protocol.OutsideScenarioError`
     (partition-id >= N) while its partition-id is inside the federation (< ``num-partitions``: a
     spare SuperNode) replies a NodeInfo with ``d = 0`` naming its partition-id, so that discovery
-    keeps it idle and tells it from a broken agent (docs/participation.md, 1.5); outside the
+    keeps it idle and tells it from a broken agent (notes/participation.md, 1.5); outside the
     federation too (a SuperNode started with a wrong partition-id) the error is its reply.
 
     Raises:

@@ -1,4 +1,4 @@
-"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines-sheaf-fmtl.md, s8).
+"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (notes/baselines-sheaf-fmtl.md, s8).
 
 Per ``train.sheaf_fmtl`` message the node restores (or, in its first round, draws from (seed,
 partition-id, neighbour)) its maps ``P_ij (d_ij, n_i)``, applies the map step (F2) with the
