@@ -31,7 +31,7 @@ register_keys(
         "sheaf-fmtl-gamma",
         1e-4,
         parse_float(0.0, 1.0, lo_open=True),
-        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; docs/deviations.md)",
+        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; notes/deviations-methods.md)",
     ),
     Key(
         "sheaf-fmtl-eta",
