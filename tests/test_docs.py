@@ -86,6 +86,7 @@ def _small_site(tmp_path: Path) -> Path:
         f"docs_dir: {tmp_path / 'docs'}\nsite_dir: {tmp_path / 'site'}\n"
         f"hooks: [{ROOT / 'scripts' / 'docs_hooks.py'}]\n"
         "plugins: [search]\nwatch: []\n"  # no mkdocstrings (the hook checks docstrings itself)
+        "nav: [index.md, guide.md, faults.md]\n"  # its own pages, not the project's nav
     )
     docs = tmp_path / "docs"
     docs.mkdir()
