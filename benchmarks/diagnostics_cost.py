@@ -1,4 +1,4 @@
-"""Server-side cost of the sheaf diagnostics and multi-hop plan on a large synthetic sheaf (docs/variants-diagnostics.md).
+"""Server-side cost of the sheaf diagnostics and multi-hop plan on a large synthetic sheaf (notes/variants-diagnostics.md).
 
 Builds a sheaf shaped like the 1,000-agent simulation without training anything: ``random-regular:4``
 graph on N agents, stalk dimensions of the ``tiny-<N>`` zoo (16, 24, 24, 32, 32 cycled), K random

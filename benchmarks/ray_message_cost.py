@@ -43,7 +43,7 @@ Usage::
 
 ``--actors 1,2,4`` runs both apps for each actor count. The target (issue 34): every ratio (first
 and repeat rounds) within 1.5 at 1,000 SuperNodes. ``--apps trivial`` runs Flower's
-trivial app alone (its own scale curve, docs/performance-ray.md).
+trivial app alone (its own scale curve, benchmarks/records/performance-ray.md).
 """
 
 from __future__ import annotations

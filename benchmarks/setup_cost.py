@@ -1,4 +1,4 @@
-"""Cross-device set-up costs against the number of agents N (docs/performance.md, "Cross-device").
+"""Cross-device set-up costs against the number of agents N (benchmarks/records/performance.md, "Cross-device").
 
 Prints, for each N: the per-node cost of building a node's task after the first (the scenario's
 data step is shared; the node's model is built), the time to build the ``class-overlap-knn:4``

@@ -353,7 +353,7 @@ def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
 
 
 EVALUATE_NODES = ("auto", "trained", "panel", "drawn")
-"""Values of run-config ``evaluate-nodes`` (who is evaluated; docs/participation.md, 1.4.1)."""
+"""Values of run-config ``evaluate-nodes`` (who is evaluated; notes/participation.md, 1.4.1)."""
 
 
 def _tracking(key: str, v: Any) -> str:
@@ -408,7 +408,7 @@ _KEY_LIST = [
         "",
         parse_str(),
         "comma-separated Python modules imported before `method` is looked up: a researcher's own method "
-        'registers itself there (docs/methods.md, "Adding a method"); empty = the built-in methods only',
+        "registers itself there (docs/own-method.md); empty = the built-in methods only",
     ),
     Key("num-server-rounds", 10, parse_int(1), "server rounds"),
     Key(
@@ -430,7 +430,7 @@ _KEY_LIST = [
         "`all` = query every SuperNode before round 1 (checks every node up front; same numbers on every "
         "engine); `sampled` = the ServerApp derives each agent's description from the CNN-zoo scenario and "
         "queries a SuperNode only when it is first sampled (cross-device scale; on the Ray engine Flower's "
-        "random node ids make which partition-ids train differ between runs; docs/participation.md)",
+        "random node ids make which partition-ids train differ between runs; notes/participation.md)",
     ),
     Key(
         "results-dir",
@@ -442,14 +442,14 @@ _KEY_LIST = [
         "preset",
         "",
         parse_str(("", "paper")),
-        "`paper` = the paper's App. G hyper-parameters for every key left at its default (docs/presets.md); empty = none",
+        "`paper` = the paper's App. G hyper-parameters for every key left at its default (notes/presets.md); empty = none",
     ),
     Key(
         "train-defaults",
         "method",
         parse_str(("method", "shared")),
         "`method` = a method's own optimizer settings (its authors', declared by its unit) for every training key "
-        "left at its default (docs/baselines.md, s0); `shared` = the package's defaults for every method",
+        "left at its default (notes/baselines.md, s0); `shared` = the package's defaults for every method",
     ),
     Key(
         "checkpoint-every",
@@ -483,7 +483,7 @@ _KEY_LIST = [
         "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
         "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
         "`resume` or a `resume-from` of this results-dir; with `resume-from` another directory it moves "
-        "this results-dir's files aside the same way; docs/reliability-run-files.md)",
+        "this results-dir's files aside the same way; docs/guarantees.md)",
     ),
     Key(
         "keep-previous",
@@ -491,21 +491,21 @@ _KEY_LIST = [
         parse_int(0),
         "how many `<results-dir>/previous-<UTC time>/` folders (earlier runs' files moved aside by `overwrite`) "
         "to keep: after a run that moved files aside, the oldest beyond this many are removed, each logged; "
-        "0 = keep every one, never delete (docs/reliability-run-files.md)",
+        "0 = keep every one, never delete (docs/guarantees.md)",
     ),
     Key(
         "max-failed-fraction",
         0.5,
         parse_float(0.0, 1.0),
         "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
-        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/reliability-failures.md)",
+        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/guarantees.md)",
     ),
     Key(
         "resume-fresh-nodes",
         False,
         parse_bool,
         "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
-        "recorded in `results.json`; refused otherwise, docs/reliability-failures.md)",
+        "recorded in `results.json`; refused otherwise, docs/guarantees.md)",
     ),
     Key(
         "tracking",
@@ -573,7 +573,7 @@ _KEY_LIST = [
         "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
         "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
         "per-agent splits of at least one validation and one test sample, class sets = classes received: "
-        "a handful of samples per agent, docs/performance.md)",
+        "a handful of samples per agent, benchmarks/records/performance.md)",
     ),
     # federation
     Key(
@@ -615,14 +615,14 @@ _KEY_LIST = [
         "fixed panel of `fraction-evaluate` of the nodes, drawn once from `seed`; `drawn` = a fresh draw of "
         "`fraction-evaluate` each round, independent of who trained; `auto` = `trained` when the trainers are a "
         "sample (`fraction-train` < 1, or a Bernoulli `participation` below 1), else `drawn` (full participation) "
-        '(docs/participation.md, "Who is evaluated")',
+        '(notes/participation.md, "Who is evaluated")',
     ),
     Key(
         "non-edge-pairs",
         20,
         parse_int(0),
         "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
-        "(seeded per round; 0 = off; docs/variants-diagnostics.md)",
+        "(seeded per round; 0 = off; notes/variants-diagnostics.md)",
     ),
     Key(
         "posthoc-readings",
@@ -630,14 +630,14 @@ _KEY_LIST = [
         parse_str(("both", "paper")),
         "post-hoc methods (no alignment in training, and the baselines): `both` = communication accuracy with the "
         "whitening fitted on private training latents (the paper's) and on the pilots (the strong reading), `paper` = "
-        "the first only (docs/baselines.md; a method that aligns its stalks in training ignores it)",
+        "the first only (notes/baselines.md; a method that aligns its stalks in training ignores it)",
     ),
     Key(
         "diagnostics-eigenvalues",
         6,
         parse_int(0),
         "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
-        "(0 = no spectrum; docs/variants-diagnostics.md)",
+        "(0 = no spectrum; notes/variants-diagnostics.md)",
     ),
     # local training
     Key("local-epochs", 2, parse_int(1), "local epochs per round"),
@@ -955,7 +955,7 @@ PAPER_PRESET: dict[str, Any] = {
     "num-server-rounds": 100,
     "num-pilots": 0,
 }
-"""The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo (docs/presets.md
+"""The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo (notes/presets.md
 says where the package defaults differ and why)."""
 PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num-server-rounds": 20}
 """``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs."""
@@ -989,7 +989,7 @@ def _fill_defaults(out: dict[str, Any], values: Mapping[str, Any]) -> dict[str, 
 
 METHOD_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
 """``{method: {training key: value}}``: a method's own training settings, for keys left at their
-default under ``train-defaults = method`` (:func:`register_train_defaults`; docs/baselines.md, s0)."""
+default under ``train-defaults = method`` (:func:`register_train_defaults`; notes/baselines.md, s0)."""
 
 
 def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
@@ -1014,7 +1014,7 @@ def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]
     """A copy of ``run_config`` with the method's own training settings
     (:data:`METHOD_TRAIN_DEFAULTS`) applied to every key left at its package default, as
     :func:`apply_preset`; nothing changes with ``train-defaults = shared`` or a ``preset`` (one
-    protocol for every method, docs/presets.md).
+    protocol for every method, notes/presets.md).
 
     Raises:
         ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
@@ -1253,7 +1253,7 @@ class RunConfig(Section):
 
 
 #: A CNN-zoo run's peak memory: a base and a cost per agent, from the in-process scale curve of
-#: docs/performance.md ("The scale curve": peak RSS 1.28 GiB at 1,000 agents, 1.74 GiB at 10,000,
+#: benchmarks/records/performance.md ("The scale curve": peak RSS 1.28 GiB at 1,000 agents, 1.74 GiB at 10,000,
 #: about 52 KiB an agent; the zoo's specs, the graph, the split, each node's state).
 RUN_BASE_BYTES = 1.2 * 2**30
 RUN_BYTES_PER_AGENT = 52 * 2**10
@@ -1283,7 +1283,7 @@ def check_run_memory(zoo: str, num_agents: int, memory: int | None = None) -> No
     raise ConfigError(
         f"zoo={zoo!r}: a run of {num_agents} agents needs about {need / 2**30:.0f} GiB "
         f"({RUN_BYTES_PER_AGENT // 2**10} KiB an agent past {RUN_BASE_BYTES / 2**30:.1f} GiB, measured "
-        f"in docs/performance.md), more than this machine's {memory / 2**30:.0f} GiB; use at most "
+        f"in benchmarks/records/performance.md), more than this machine's {memory / 2**30:.0f} GiB; use at most "
         f"zoo='tiny-{most}' here, or a machine with more memory"
     )
 

@@ -2,7 +2,7 @@
 
 Flower's Ray backend calls ``ray.init()`` without an address, so Ray joins an existing cluster when
 ``RAY_ADDRESS`` is set or a ``ray start`` left its address file, and starts a private instance
-otherwise (docs/running.md, "A Ray cluster"). :func:`describe_ray` gives ``results.json``'s ``engine``
+otherwise (docs/ray-cluster.md, "A Ray cluster"). :func:`describe_ray` gives ``results.json``'s ``engine``
 and :func:`warn_if_unasked` warns of a cluster nobody named.
 """
 
@@ -93,7 +93,7 @@ def warn_if_unasked(info: dict[str, Any] | None) -> None:
         "ClientApps ran on %s, which nobody named: Ray joined it through %s, left by a `ray start` "
         "on this machine. To run on a private Ray instance use scripts/run_flwr.py (or export "
         "RAY_ADDRESS=local before flwr run); to run on that cluster on purpose, "
-        "scripts/run_flwr.py --ray-address %s (docs/running.md, 'A Ray cluster')",
+        "scripts/run_flwr.py --ray-address %s (docs/ray-cluster.md, 'A Ray cluster')",
         where,
         info["joined_through"] or "an address Ray found",
         info["ray_address"],

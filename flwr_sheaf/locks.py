@@ -1,4 +1,4 @@
-"""Directory locks of a live run: ``<results-dir>/.lock`` and ``<node-state-dir>/.lock`` (docs/reliability-run-files.md).
+"""Directory locks of a live run: ``<results-dir>/.lock`` and ``<node-state-dir>/.lock`` (docs/guarantees.md).
 
 A :class:`DirLock` is held with the kernel's ``fcntl.flock`` for as long as the run lives (released
 when the process dies, in any PID namespace; taking over a free one is atomic), on the lock file's

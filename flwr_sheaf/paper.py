@@ -2,7 +2,7 @@
 
 Source: the paper's Tab. 2 (15-agent MNIST benchmark, Fig. 2) and App. G / Tab. 3 (2-agent
 bottleneck sweep, Fig. 3), cross-checked against the reference implementation
-(docs/reference.md, s8-s9).
+(docs/paper.md, s8-s9).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def two_agent_bottleneck(d: int) -> tuple[AgentSpec, AgentSpec]:
     """The paper's 2-agent bottleneck family (Fig. 3) at latent size ``d``.
 
     Agent 0: encoder [d/4, d/2, d], head [d/2, d/4], p = 0.3, classes {4..9};
-    agent 1: encoder [d/2, d], head [d/2], p = 0.1, classes {0..5} (docs/reference.md, s9).
+    agent 1: encoder [d/2, d], head [d/2], p = 0.1, classes {0..5} (docs/paper.md, s9).
 
     Raises:
         ValueError: if ``d`` is not a positive multiple of 4.

@@ -1,6 +1,6 @@
 """Who trains in server round r: the one participation sampler of every strategy (no Flower imports).
 
-Two modes (docs/participation.md, s1): **fraction** ``f``: ``n = max(1, floor(f N))`` nodes per
+Two modes (notes/participation.md, s1): **fraction** ``f``: ``n = max(1, floor(f N))`` nodes per
 round, uniformly without replacement (Flower's FedAvg semantics); **Bernoulli** ``p_i``: node i
 trains independently with probability ``p_i`` (RFedAGS's arbitrary participation, the authors'
 ``RFedAGSP.m`` option 2). Both read the per-round uniforms ``u_i`` of
@@ -122,7 +122,7 @@ def simulate_participation(
 
 
 class FrequencyEstimator:
-    """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8; docs/participation.md, s2 and s4).
+    """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8; notes/participation.md, s2 and s4).
 
     ``c_i`` counts the rounds (of ``t`` observed) in which client ``i`` responded. Estimators:
     ``"plus-one"`` (default): ``q_i = max((c_i + 1)/(t + 1), q_min)`` (one pseudo-response; 1 before
@@ -186,7 +186,7 @@ class FrequencyEstimator:
 
     def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
         """``(N,)`` float64 estimates ``q_i^t`` in ``[q_min, 1]`` (past response frequency, floored;
-        docs/participation.md, s2 and s4); before any round all ``prior`` (``"empirical"``) or 1.
+        notes/participation.md, s2 and s4); before any round all ``prior`` (``"empirical"``) or 1.
         ``include``: a ``(N,)`` mask of a round counted *without* recording it (the authors' order).
 
         Raises:
@@ -209,7 +209,7 @@ class FrequencyEstimator:
 
 def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
     """``(N,)`` float64 participation probabilities ``p_i ~ U(0, 1)`` i.i.d. from
-    ``default_rng([seed, 4])`` (paper's PCA experiment, docs/baselines-rfedags.md, s5.5).
+    ``default_rng([seed, 4])`` (paper's PCA experiment, notes/baselines-rfedags.md, s5.5).
 
     Raises:
         ValueError: ``num_clients`` not a positive integer.
@@ -434,7 +434,7 @@ class ParticipationSampler:
         ).random(self.num_nodes)
 
     def sample(self, server_round: int) -> list[int]:
-        """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli; docs/participation.md, s1)."""
+        """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli; notes/participation.md, s1)."""
         if self.probabilities is not None:
             return [
                 int(i)

@@ -11,7 +11,7 @@ folders stay); a ``node-state-dir`` of another run (:func:`check_node_state_dir`
 on the same directory (:class:`flwr_sheaf.locks.DirLock`), or on the directory ``resume-from``
 names; ``resume-from`` into a ``results-dir`` holding another run's ``results.json`` /
 ``checkpoint.pkl`` (:func:`_check_resume_into`; ``overwrite = true`` moves them aside). ``tracking-dir``
-without ``tracking`` is warned about. docs/reliability-run-files.md lists
+without ``tracking`` is warned about. docs/guarantees.md lists
 each case.
 
 Helpers: :func:`resolve_dir` (a symbolic-link loop refused by its key) and

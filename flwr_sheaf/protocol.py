@@ -225,7 +225,7 @@ WHITENING_FITS = ("pilots", "train")
 EVAL_TRANSPORTED = "eval-transported"
 #: evaluation config (both phases): 1 when a post-hoc method (``whitening-fit = "train"``) also gives
 #: the *strong* post-hoc reading, with the whitening fitted on the pilots (run-config key
-#: ``posthoc-readings = both``; docs/baselines.md); 0 otherwise.
+#: ``posthoc-readings = both``; notes/baselines.md); 0 otherwise.
 PILOT_READING = "pilot-reading"
 
 # ------------------------------------------------------------------------------ array and metric keys
@@ -512,7 +512,7 @@ NON_EDGE_REPLY = {
 class NonEdgeConfig:
     """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by index).
 
-    Multi-hop transport (docs/variants-diagnostics.md): j's arrays come with the maps composed along
+    Multi-hop transport (notes/variants-diagnostics.md): j's arrays come with the maps composed along
     a shortest path (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map for reference.
 
     Attributes:
@@ -597,7 +597,7 @@ def weight_problem(name: str, value: object) -> str | None:
 
 def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     """Why a train reply's values are refused, or None (the one check of both sides,
-    docs/reliability-failures.md): ``num-examples`` not a finite number > 0, a NaN or infinite scalar
+    docs/guarantees.md): ``num-examples`` not a finite number > 0, a NaN or infinite scalar
     metric, or a list metric with an infinite entry (NaN in a list means "not measured"). The server
     (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses such a reply; the node
     (:func:`flwr_sheaf.client.state.refuse_what_the_server_refuses`, with ``arrays=True`` also

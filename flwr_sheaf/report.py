@@ -91,13 +91,13 @@ def _evaluated_lines(results: dict, last: dict) -> list[str]:
     if k < n:
         line = (
             f"WARNING: {line}: the accuracies of the {n - k} untrained node(s) are those of "
-            "untrained models; set evaluate-nodes=trained (docs/participation.md)"
+            "untrained models; set evaluate-nodes=trained (notes/participation.md)"
         )
     return [line]
 
 
 def _status_lines(results: dict) -> list[str]:
-    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/reliability-failures.md):
+    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/guarantees.md):
     the status, the failure counts and the nodes that failed, so a degraded run is never read as a clean one."""
     status = results.get("status", "completed")  # no status: the band's line says it (expected.py)
     if status == "completed":

@@ -136,14 +136,14 @@ def write_results(
             app's preflight, which moved another run's files aside itself) the files there are this
             run's and are replaced. The directory's lock is held, and re-checked, while writing.
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
-            (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/reliability-failures.md).
+            (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/guarantees.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON-serialisable), written last.
         problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
         errors: what ended the run early (the run is written ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders of ``out_dir`` after
             moving files aside (the older ones are removed, each logged); None or 0 = keep every one
-            (default: ``config``'s ``keep-previous``, else 0; docs/reliability-run-files.md).
+            (default: ``config``'s ``keep-previous``, else 0; docs/guarantees.md).
 
     Called while an exception propagates (``finally``/``except``, e.g. after a discovery error), an
     error of ``write_results`` itself (no completed round, another run's files, ...) never hides
@@ -471,13 +471,13 @@ def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
 
 # ------------------------------------------------------------------------------ latent collapse
 # results.json's ``latent_collapse`` (docs/results-schema.md): a node whose ``low_variance_fraction``
-# (share of latent dimensions with pilot variance below 1e-3, docs/stability.md s3) exceeds
+# (share of latent dimensions with pilot variance below 1e-3, notes/stability.md s3) exceeds
 # COLLAPSE_WARN_FRACTION has collapsed latents: its accuracies under-read the method. The run still
 # completed as asked: a warning, not ``degraded``.
 
 #: Share of a node's latent dimensions below the variance threshold past which the run is warned.
 #: Healthy runs here stay at or below 0.125 (Sheaf-FRL main job 0.017, lambda = 1: 0.125,
-#: docs/stability.md); FedProto under momentum 0.9 reaches 0.55 (docs/baselines.md s0).
+#: notes/stability.md); FedProto under momentum 0.9 reaches 0.55 (notes/baselines.md s0).
 COLLAPSE_WARN_FRACTION = 0.25
 #: The variance below which a latent dimension counts as collapsed (``low_variance_fraction``'s default).
 LOW_VARIANCE_THRESHOLD = 1e-3
@@ -530,7 +530,7 @@ def collapse_warnings(
                 "(partition-id: share of latent "
                 f"dimensions with pilot variance < {LOW_VARIANCE_THRESHOLD:g}): {listed}; above "
                 f"{threshold:.0%} the accuracies under-read the method: check its optimizer settings "
-                "(train-defaults, lr, momentum; docs/baselines.md s0)"
+                "(train-defaults, lr, momentum; notes/baselines.md s0)"
             ),
         }
     ]

@@ -1,4 +1,4 @@
-"""Communication graphs (paper Sec. 6 "Network topology"; docs/reference.md, s8).
+"""Communication graphs (paper Sec. 6 "Network topology"; docs/paper.md, s8).
 
 Nodes are partition ids ``0..N-1``; graphs are undirected, simple ``networkx.Graph`` objects.
 Edge orientation (head/tail by stalk dimension) is *not* decided here; see :mod:`flwr_sheaf.sheaf`.
@@ -93,7 +93,7 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     ``i``), take ``networkx.maximum_spanning_tree`` (Kruskal, edges inserted in lexicographic
     ``(i, j)`` order: the reference's tie-breaking), then add the other pairs (``w = 0`` included)
     by descending ``w`` (ties by ``(min, max)``) up to ``floor(density * N (N-1) / 2)`` edges
-    (``density`` in (0, 1]; the paper's 0.4 gives 42 edges on its 15 sets: docs/reference.md, s8).
+    (``density`` in (0, 1]; the paper's 0.4 gives 42 edges on its 15 sets: docs/paper.md, s8).
 
     Returns:
         ``nx.Graph`` with nodes ``0..N-1`` and an int ``weight`` attribute ``w_ij`` on every edge.
@@ -191,7 +191,7 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     (by smallest node) is then joined to node 0's by its best-overlap pair (ties: smallest
     ``(i, j)``). Agents are grouped by identical class set, so the cost is ``O(N k + S^2 C)`` time
     and ``O(N k + S)`` memory for ``S`` distinct class sets over ``C`` classes; no ``N x N`` array is
-    built (docs/performance.md, "Cross-device").
+    built (benchmarks/records/performance.md, "Cross-device").
 
     Returns:
         Connected ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.

@@ -2,7 +2,7 @@
 # Build the docs site (mkdocs.yml: docs/*.md, the README as home page, the API reference from the
 # docstrings) with warnings as errors: `bash scripts/docs.sh` -> site/ (git-ignored); CI runs it.
 # A broken link or anchor, a link to a repository file that does not exist, or a public name
-# without a docstring fails it (docs/contributing-docs.md). `bash scripts/docs.sh serve` serves
+# without a docstring fails it (notes/contributing-docs.md). `bash scripts/docs.sh serve` serves
 # the site at http://127.0.0.1:8000 and rebuilds on every change (extra arguments go to mkdocs,
 # e.g. `bash scripts/docs.sh serve -a 0.0.0.0:8001`).
 # Needs the `docs` extra (scripts/setup.sh installs it: pip install -e ".[dev,docs]").

@@ -1,4 +1,4 @@
-"""MkDocs hooks of the docs site (mkdocs.yml `hooks:`; docs/contributing-docs.md explains the rules).
+"""MkDocs hooks of the docs site (mkdocs.yml `hooks:`; notes/contributing-docs.md explains the rules).
 
 * **Home page**: without a ``docs/index.md`` the repository's ``README.md`` is the site's home page
   (its links ``docs/x.md`` become ``x.md``).
@@ -156,7 +156,7 @@ def on_files(files: Files, config) -> Files:
             if path.is_dir() and not (path / "README.md").is_file():
                 log.warning(
                     "%s links to the folder %r, which has no README.md: link a file in it "
-                    "(docs/contributing-docs.md)",
+                    "(notes/contributing-docs.md)",
                     uri,
                     target,
                 )

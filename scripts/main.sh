@@ -4,7 +4,7 @@
 # Extra arguments are passed as run-config overrides, e.g.: bash scripts/main.sh "lambda=0.0".
 # The local SuperLink listens on port FLWR_SHEAF_PORT (default 29291) and FLWR_SHEAF_PORT + 2; ports
 # already in use are refused before anything starts. FLWR_SHEAF_RAY_ADDRESS=host:port runs the
-# ClientApps on that existing Ray cluster (docs/running.md, "A Ray cluster"); unset, the run gets a
+# ClientApps on that existing Ray cluster (docs/ray-cluster.md, "A Ray cluster"); unset, the run gets a
 # private local Ray instance even where a `ray start` is running.
 set -euo pipefail
 cd "$(dirname "$0")/.."

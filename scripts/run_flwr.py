@@ -23,7 +23,7 @@ there within seconds, else the run is refused naming what listens; ``init-args-n
 without it the run gets a private local Ray instance (``RAY_ADDRESS=local``) even where a
 ``ray start`` left its address file (said so), and a ``RAY_ADDRESS`` set in the environment is
 refused. A ``flwr run`` that outlives ``--timeout`` is stopped with a message (exit status 1).
-Across machines: docs/running.md, "A Ray cluster".
+Across machines: docs/ray-cluster.md, "A Ray cluster".
 
 Usage: ``python scripts/run_flwr.py [--app .] [--num-supernodes 15] [--cpus-per-client 1]
 [--port 29291 | --port 0] [--timeout 900] [--run-config "k=v k2=v2"] [--federation-config "k=v"]
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run the ClientApps on this existing Ray cluster (host:port of its head's GCS, the "
         "--port of `ray start --head`; auto: the one `ray start` recorded on this machine); "
-        "default: a private local Ray instance (docs/running.md)",
+        "default: a private local Ray instance (docs/tutorial.md)",
     )
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
     args = ap.parse_args(argv)

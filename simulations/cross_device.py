@@ -27,12 +27,12 @@ SuperExec, simulation process, Ray's GCS/raylet/workers); ``inprocess`` uses
 ``<out>/summary.json``.
 
 The documented command (sampled discovery, 5% participation; tested at tiny scale):
-docs/running.md, "Cross-device run". A rerun of the same N moves the earlier run's files into
+docs/cross-device.md, "Cross-device run". A rerun of the same N moves the earlier run's files into
 ``<out>/N<N>/previous-<UTC time>/`` (nothing deleted). Usage::
 
     python simulations/cross_device.py --agents 100,300,1000 [--fraction 0.15] [--rounds 5]
         [--graph class-overlap-knn:4] [--engine ray] [--out results/cross_device]
-        [--ray-address HEAD:PORT]   # an existing Ray cluster (docs/running.md, "A Ray cluster")
+        [--ray-address HEAD:PORT]   # an existing Ray cluster (docs/ray-cluster.md, "A Ray cluster")
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def run_config(n: int, args: argparse.Namespace, out: Path) -> dict:
         "results-dir": str(out),
         "overwrite": True,  # a rerun of this N replaces its own earlier run
         # discovery through Ray on 2 loaded cores: 10,000 SuperNodes in 953 s (Flower's in-memory
-        # LinkState polling, docs/performance.md, "The Ray scale curve"): allow 0.5 s a node, 300 s at least
+        # LinkState polling, benchmarks/records/performance.md, "The Ray scale curve"): allow 0.5 s a node, 300 s at least
         "discovery-timeout": max(300.0, 0.5 * n),
     }
     if args.participation:
@@ -310,7 +310,7 @@ def table(summary: dict) -> str:
 
 
 #: The largest population measured to fit one machine (10,000 SuperNodes with sampled discovery in
-#: 5.1 GiB, docs/performance-ray-sampled.md); the smallest that makes a federation with a graph.
+#: 5.1 GiB, benchmarks/records/performance-ray-sampled.md); the smallest that makes a federation with a graph.
 MAX_AGENTS, MIN_AGENTS = 10_000, 2
 #: ``--dataset mnist-bundled`` (5,000 digits) leaves agents with empty test splits from N = 300.
 MAX_AGENTS_BUNDLED = 100
@@ -353,7 +353,7 @@ def agents_bound_problem(agents: list[int], engine: str, ray_address: str | None
         return None
     return (
         f"argument --agents: {n} agents: more than this machine is known to hold ({MAX_AGENTS:,} "
-        f"SuperNodes, 5.1 GiB with --discovery sampled, docs/performance-ray-sampled.md); run at most "
+        f"SuperNodes, 5.1 GiB with --discovery sampled, benchmarks/records/performance-ray-sampled.md); run at most "
         f"--agents {MAX_AGENTS} here, or on a Ray cluster with more memory (--ray-address HEAD:PORT)"
     )
 
@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("", "auto", "trained", "panel", "drawn"),
         default="",
         help="run-config evaluate-nodes (empty = the package default, auto: this round's trainers "
-        "when --fraction < 1; docs/participation.md 1.4.1)",
+        "when --fraction < 1; notes/participation.md 1.4.1)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--ray-address",
         default=None,
-        help="engine ray: run on this existing Ray cluster (host:port of its head; docs/running.md); "
+        help="engine ray: run on this existing Ray cluster (host:port of its head; docs/tutorial.md); "
         "peak memory then covers only this machine",
     )
     ap.add_argument("--timeout", type=float, default=1500.0, help="per run, seconds")
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     if max(args.agents) > MAX_AGENTS:  # on a Ray cluster: not refused by this machine's bound
         print(
             f"warning: --agents {max(args.agents)} is more than the {MAX_AGENTS:,} SuperNodes measured "
-            f"on one machine (docs/performance-ray-sampled.md); the cluster at {args.ray_address} "
+            f"on one machine (benchmarks/records/performance-ray-sampled.md); the cluster at {args.ray_address} "
             "must hold them, and this machine still runs the SuperLink and the ServerApp",
             file=sys.stderr,
         )
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         res = None
         if meas["exit_code"] == 0 and (rdir / "results.json").exists():
             res = json.loads((rdir / "results.json").read_text())
-        # the run's own status (docs/reliability-failures.md): a degraded run is not a clean one
+        # the run's own status (docs/guarantees.md): a degraded run is not a clean one
         run_status = "no results.json" if res is None else str(res.get("status", "unknown"))
         ok = run_status == "completed"
         rec = {

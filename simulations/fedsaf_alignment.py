@@ -1,6 +1,6 @@
 """FedSAF's alignment study (its Table III protocol, scaled down): coordinate vs structural alignment.
 
-FedSAF (docs/baselines-prototypes.md, s4) aligns client prototypes with the global ones either by coordinates
+FedSAF (notes/baselines-prototypes.md, s4) aligns client prototypes with the global ones either by coordinates
 (MSE, cosine; ``fedsaf-structure=mse|cosine``) or by structure (GCSA, RCSA). Its Table III compares the
 four under Dirichlet label shift ``alpha in {0.1, 0.5, 1.0}`` on a heterogeneous model zoo and reports
 test accuracy. Here: flwr-datasets' ``DirichletPartitioner`` (run-config ``partitioner=dirichlet:<alpha>``),

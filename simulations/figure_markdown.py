@@ -5,7 +5,7 @@ column per point (label shift s for Fig. 2, latent size d for Fig. 3), cells ``m
     python simulations/figure_markdown.py results/fig2_cpu/figure.csv --metric private
     python simulations/figure_markdown.py results/fig2_cpu/runs.csv --paired       # Sheaf-FRL vs its lambda = 0
 
-Methods are ordered as in docs/results-paper-figures.md: Sheaf-FRL, the two no-cooperation readings, then the
+Methods are ordered as in benchmarks/records/results-paper-figures.md: Sheaf-FRL, the two no-cooperation readings, then the
 baselines with their strong (``-pilots``) reading after each. A NaN half-width (one seed) prints
 as the mean alone.
 """

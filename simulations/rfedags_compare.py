@@ -1,6 +1,6 @@
 """The RFedAGS paper's PCA comparison: optimality gap against rounds and CPU time, RFedAGS vs its baselines.
 
-Setup (RFedAGS paper, synthetic PCA; the authors' ``PCAStief_Syn_40.m``; docs/baselines-rfedags.md, s5.5):
+Setup (RFedAGS paper, synthetic PCA; the authors' ``PCAStief_Syn_40.m``; notes/baselines-rfedags.md, s5.5):
 ``(r, d) = (5, 100)``, ``N = 40`` clients, ``S = 100`` samples per client (client ``i``'s samples
 ``(i/N) N(0, I_d)``), participation ``p_i ~ U(0, 1)`` (Bernoulli per round), ``K = 5`` local steps,
 mini-batch ``50`` without replacement, fixed step ``alpha = 6e-3`` (the authors'), ``1000`` rounds.

@@ -1,6 +1,6 @@
 """RFedAGS and its baselines on the planted Fréchet-mean problems (SPD, Poincaré ball): distance to the truth.
 
-Problems (:mod:`flwr_sheaf.methods.rfedags.frechet`; docs/baselines-rfedags.md, s5.7): commuting SPD matrices (closed-form
+Problems (:mod:`flwr_sheaf.methods.rfedags.frechet`; notes/baselines-rfedags.md, s5.7): commuting SPD matrices (closed-form
 mean ``exp(mean log)``) and a symmetric Poincaré-ball configuration (mean = origin), each with 5 frequent
 (``p = 0.9``) and 5 rare (``p = 0.4``) clients holding different data. Every method runs ``--rounds``
 rounds with ``K = 3`` exact local steps and ``alpha_t = 0.3/(1 + t/5)`` under the same Bernoulli

@@ -1,6 +1,6 @@
 """RFedAGS on federated PCA through Flower (in-process LocalGrid): corrected vs known-p vs uncorrected.
 
-Two problems (docs/baselines-rfedags.md, s5.5-s5.6):
+Two problems (notes/baselines-rfedags.md, s5.5-s5.6):
 
 - ``synthetic``: the paper's setup, ``(d, r, N, S) = (100, 5, 40, 100)``, client i's samples
   ``(i/N) N(0, I)``, ``p_i ~ U(0, 1)``, K = 5 local steps, mini-batch 50 without replacement, fixed
@@ -18,7 +18,7 @@ gap and subspace distance per round) under ``--out`` and prints a table.
 
 ``--estimators plus-one,empirical`` runs the corrected mode once per frequency estimator (labels
 ``corrected`` for the default ``plus-one``, ``corrected[empirical]`` for the paper's ``c/t``;
-docs/participation.md, s4.1) and ``--modes`` restricts the modes; a gap-curve table (``F(x_t) - F*``
+notes/participation.md, s4.1) and ``--modes`` restricts the modes; a gap-curve table (``F(x_t) - F*``
 at rounds 1, 2, 3, 5, 10, 20, 50, ...) is printed for every run.
 
     python simulations/rfedags_pca.py [--out results/rfedags_pca] [--synthetic-rounds 500]

@@ -1,7 +1,7 @@
 """Issue #28, cases 2, 8, 10 and 11: the method registry and the run config answer early and clearly.
 
 Each test reproduces one case of the issue (it failed before the fix) and checks the message the
-user now sees (quoted in docs/reliability-config.md, "Cases of issue #28: config and registry").
+user now sees (quoted in docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -474,7 +474,7 @@ def test_the_memory_estimate_names_the_largest_zoo_that_fits():
 def test_the_documented_ten_thousand_agent_run_passes_the_scale_check():
     import time
 
-    # docs/performance.md, "The scale curve": 10,000 agents, fashion-mnist, cross-device split
+    # benchmarks/records/performance.md, "The scale curve": 10,000 agents, fashion-mnist, cross-device split
     big = {
         "zoo": "tiny-10000",
         "dataset": "fashion-mnist",

@@ -161,7 +161,7 @@ def test_accuracy_plot_of_a_single_evaluated_round_is_readable():
 
 
 def test_the_docs_quote_what_a_rerun_prints(tmp_path, monkeypatch, capsys):
-    """Attack (minor): docs/reliability-cross-device.md row 8 quoted `results.json, accuracy.png,
+    """Attack (minor): docs/guarantees.md row 8 quoted `results.json, accuracy.png,
     flwr.log` where an in-process rerun prints `results.json, checkpoint.pkl, accuracy.png`."""
 
     def fake_run(rc: dict) -> dict:  # what an in-process run leaves: results, checkpoint, plot
@@ -180,8 +180,8 @@ def test_the_docs_quote_what_a_rerun_prints(tmp_path, monkeypatch, capsys):
     (printed,) = [ln.strip() for ln in capsys.readouterr().out.splitlines() if "moved" in ln]
     (row,) = [
         ln
-        for ln in (ROOT / "docs" / "reliability-cross-device.md").read_text().splitlines()
-        if ln.startswith("| 8 | `simulations/cross_device.py` run again")
+        for ln in (ROOT / "docs" / "guarantees.md").read_text().splitlines()
+        if ln.startswith("| `simulations/cross_device.py` run again")
     ]
     quoted = re.search(r"\| `(moved the earlier run's [^`]*)`", row)
     assert quoted is not None, row

@@ -1,4 +1,4 @@
-"""Data sources and the paper partition (paper Sec. 6, Eq. 23); expected values from docs/reference.md, s7 and s11."""
+"""Data sources and the paper partition (paper Sec. 6, Eq. 23); expected values from docs/paper.md, s7 and s11."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 
 
 def test_theta_paper_agent0_at_s07():
-    # docs/reference.md, s7: 0.7/5 + 0.3/10 = 0.17 on C_0 = {4..8}, 0.3/10 = 0.03 elsewhere
+    # docs/paper.md, s7: 0.7/5 + 0.3/10 = 0.17 on C_0 = {4..8}, 0.3/10 = 0.03 elsewhere
     theta = label_shift_proportions(PAPER_CLASS_SETS_15, 0.7)
     assert theta.shape == (15, 10)
     expected = np.array([0.03, 0.03, 0.03, 0.03, 0.17, 0.17, 0.17, 0.17, 0.17, 0.03])

@@ -1,6 +1,6 @@
 """FedMuscle: the contrastive pilot loss, the network averages, the cycle, and what travels in Flower.
 
-Oracles: the loss written with explicit Python loops from its definition (docs/baselines-alignment.md s6),
+Oracles: the loss written with explicit Python loops from its definition (notes/baselines-alignment.md s6),
 hand-checked averages, and the uploads the nodes really sent (recomputed in numpy).
 """
 

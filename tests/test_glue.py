@@ -154,7 +154,7 @@ def test_results_record_every_effective_value_and_auto_dimension(tmp_path):
         KEYS
     )
     assert res["config"]["lambda"] == 0.25
-    # FedProto's own optimizer settings (config.METHOD_TRAIN_DEFAULTS, docs/baselines.md s0)
+    # FedProto's own optimizer settings (config.METHOD_TRAIN_DEFAULTS, notes/baselines.md s0)
     assert (res["config"]["lr"], res["config"]["momentum"], res["config"]["weight-decay"]) == (
         0.01,
         0.5,

@@ -242,7 +242,7 @@ def test_a_windowed_run_records_the_same_results_and_failures_as_an_unbounded_on
 
 
 def test_flowers_polling_pass_checks_every_stored_message_for_every_node(monkeypatch):
-    """The model behind the window (docs/performance-ray.md): with messages delivered and awaiting
+    """The model behind the window (benchmarks/records/performance-ray.md): with messages delivered and awaiting
     their replies, one pass of Flower's simulation polling checks each stored message once per
     registered node (N x stored checks), on Flower's own in-memory LinkState."""
     import importlib.util
@@ -275,7 +275,7 @@ def test_flowers_polling_pass_checks_every_stored_message_for_every_node(monkeyp
 def test_before_the_first_reply_few_messages_wait_and_pulls_back_off(monkeypatch):
     """While the Ray actors start (no reply for seconds), the ServerApp polled at 50 Hz with a full
     window stored, which Flower's engine checks for every SuperNode every 0.1 s: its CPU grew with the
-    wall time, so with the machine's load (docs/performance-ray.md, "Against Flower's floor"). Now
+    wall time, so with the machine's load (benchmarks/records/performance-ray.md, "Against Flower's floor"). Now
     ``SLOW_START`` messages wait for the first reply (one more per reply, up to the window) and pulls
     that bring nothing back off to Flower's 0.1 s; replies bring back 0.02 s."""
     clock = FakeClock()

@@ -2,7 +2,7 @@
 
 FedProto's latents collapsed under the shared optimizer (momentum 0.9); it now trains with its
 authors' settings unless the user sets the keys, and a run whose latents collapse says so in
-``results.json`` (docs/baselines.md s0, docs/results-schema.md).
+``results.json`` (notes/baselines.md s0, docs/results-schema.md).
 """
 
 from __future__ import annotations

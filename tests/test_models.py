@@ -1,4 +1,4 @@
-"""CNN encoder / MLP head / agent zoo (paper Tab. 2, Tab. 3; docs/reference.md, s9 and s11 item 9)."""
+"""CNN encoder / MLP head / agent zoo (paper Tab. 2, Tab. 3; docs/paper.md, s9 and s11 item 9)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def paper_agents():
 
 def test_paper_zoo_parameter_counts(paper_agents):
     counts = [count_parameters(a) for a in paper_agents]
-    assert sum(counts) == 3_411_690  # paper Tab. 2 ("3.41M"), docs/reference.md, s9
+    assert sum(counts) == 3_411_690  # paper Tab. 2 ("3.41M"), docs/paper.md, s9
     assert counts[2] == 33_386
     assert counts[11] == 720_890
     assert counts == [_closed_form_params(s) for s in PAPER_ZOO_15]

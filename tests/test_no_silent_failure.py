@@ -1,6 +1,6 @@
 """No silent failure (issue 20, items 2, 3, 5, 7, 9, 10 and the preflight): each input of the issue is
 refused with an error naming the key / partition-id / file and the fix, before any training message
-(LocalGrid records every delivered message). docs/reliability-preflight.md lists these rows.
+(LocalGrid records every delivered message). docs/guarantees.md lists these rows.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Two kinds of tests:
 
-- the **toy check** (docs/participation.md, s5): a quadratic sheaf problem (6
+- the **toy check** (notes/participation.md, s5): a quadratic sheaf problem (6
   agents on a ring plus a chord, stalks R^3, fixed orthogonal restriction maps, local loss
   ``||x_i - b_i||^2 / 2`` plus the gluing penalty, a few local gradient steps, uneven Bernoulli
   participation p = [.9, .9, .9, .2, .2, .2]). Its full-participation optimum solves
@@ -260,7 +260,7 @@ def test_toy_flower_run_matches_the_numpy_reference(policy):
 
 
 def test_toy_check_cached_reaches_the_full_participation_optimum_and_drop_is_biased():
-    """Spec (docs/participation.md, s5): cached < 1e-3 relative error; drop > 0.3 (through Flower)."""
+    """Spec (notes/participation.md, s5): cached < 1e-3 relative error; drop > 0.3 (through Flower)."""
     x_cached, s_cached, _ = _run_toy("cached", 150)
     x_drop, s_drop, _ = _run_toy("drop", 150)
     assert _rel_err(x_cached) < 1e-3

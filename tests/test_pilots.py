@@ -1,4 +1,4 @@
-"""Pilot selection strategies and Parseval normalisation (paper App. B; docs/variants-pilots.md).
+"""Pilot selection strategies and Parseval normalisation (paper App. B; notes/variants-pilots.md).
 
 Unit tests of :mod:`flwr_sheaf.sheaf.pilots` (determinism from (seed, round), budgets, per-group
 counts, dynamic persistence, adaptive on a planted toy, Parseval identities and the exact

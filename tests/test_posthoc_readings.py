@@ -1,4 +1,4 @@
-"""Both post-hoc readings of communication accuracy (run-config ``posthoc-readings``, docs/baselines.md).
+"""Both post-hoc readings of communication accuracy (run-config ``posthoc-readings``, notes/baselines.md).
 
 A post-hoc method trains exactly like Sheaf-FRL at lambda = 0 (same cross-entropy, same random
 streams), so its *strong* reading (whitening fitted on the pilots) must equal Sheaf-FRL's

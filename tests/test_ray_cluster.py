@@ -11,7 +11,7 @@ scripts/run_flwr.py).
   node), ``flwr run`` through ``run_flwr.py --ray-address``, then Ray's task timeline read from the
   cluster's GCS: ``ClientAppActor.run`` executed by a worker of each node (a worker's node is the
   node whose temp dir holds its log file). Exactly the processes of the two ``ray start`` sessions
-  are stopped, by the tool docs/running.md documents (``flwr_sheaf/tools/ray_cluster.py stop
+  are stopped, by the tool docs/tutorial.md documents (``flwr_sheaf/tools/ray_cluster.py stop
 --temp-dir``; never ``ray stop``: it stops every Ray instance on the machine).
 """
 
@@ -277,7 +277,7 @@ class LocalRayCluster:
         return mine
 
     def stop(self) -> list[psutil.Process]:
-        """Stop each node as docs/running.md says (``ray_cluster.py stop --temp-dir``), then SIGTERM
+        """Stop each node as docs/tutorial.md says (``ray_cluster.py stop --temp-dir``), then SIGTERM
         and SIGKILL whatever of these sessions is left; returns any left alive after that."""
         for d in self.temp_dirs:
             subprocess.run(
@@ -394,7 +394,7 @@ def test_flwr_run_on_a_two_node_ray_cluster_runs_clientapps_on_both_nodes(tmp_pa
         if not left:
             shutil.rmtree(root, ignore_errors=True)
     assert not left, f"processes of the test's Ray cluster still alive: {left}"
-    # the documented stop (docs/running.md) alone stopped every process of both `ray start` sessions
+    # the documented stop (docs/tutorial.md) alone stopped every process of both `ray start` sessions
     assert not cluster.left_by_the_tool, cluster.left_by_the_tool
     assert cluster.sessions, cluster.log
 

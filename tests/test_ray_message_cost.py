@@ -1,5 +1,5 @@
 """A ClientApp with flwr-sheaf handlers travels by reference when pickled (Flower's Ray engine
-pickles the ClientApp with every message; docs/performance-ray.md, "Where a message's time went")."""
+pickles the ClientApp with every message; benchmarks/records/performance-ray.md, "Where a message's time went")."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def test_a_discovery_query_leaves_the_nodes_context_as_it_found_it():
     """Flower's Ray engine ships each node's ``Context`` (``state`` included) to the ClientApp actor
     and back with every message: the discovery query stores nothing in it, so what travels is what a
     fresh SuperNode's Context holds (run config and node config), not the node's model or pilots
-    (docs/performance-ray.md, "Against Flower's floor": 2.1 KB, of which 1.8 KB is the run config)."""
+    (benchmarks/records/performance-ray.md, "Against Flower's floor": 2.1 KB, of which 1.8 KB is the run config)."""
     from flwr_sheaf.config import FederationConfig
     from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
     from flwr_sheaf.testing import LocalGrid

@@ -11,7 +11,7 @@ reference in a worker, and the small refusals of ``--ray-address``; all fast (no
 - Case 10: ``--ray-address auto`` (the advice given for ``RAY_ADDRESS=auto``) is accepted; a stale
   ``ray_current_cluster`` is named as gone, not offered as ``--ray-address``; a port outside
   1..65535 is refused naming the flag.
-- The shared-machine recipe of docs/running.md: its own ``--temp-dir``, free ports, and the tool
+- The shared-machine recipe of docs/ray-cluster.md: its own ``--temp-dir``, free ports, and the tool
   that stops exactly that cluster (``flwr_sheaf/tools/ray_cluster.py stop``), never ``ray stop``.
 """
 
@@ -507,8 +507,7 @@ def test_the_stop_tool_refuses_rays_shared_default_temp_dir(tmp_path, monkeypatc
 
 
 def _recipe() -> str:
-    text = (ROOT / "docs" / "running.md").read_text()
-    section = text[text.index("## A Ray cluster") :]
+    section = (ROOT / "docs" / "ray-cluster.md").read_text()
     return section[section.index("```bash") : section.index("```", section.index("```bash") + 7)]
 
 

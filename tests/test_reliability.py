@@ -1,5 +1,5 @@
 """Reliability (issue 11): one node's unusable reply is that node's recorded failure, never a server crash
-or a silent wrong number; the other nodes are aggregated normally (docs/reliability-failures.md).
+or a silent wrong number; the other nodes are aggregated normally (docs/guarantees.md).
 
 Replies are corrupted by wrapping the in-process grid's ClientApp (the real handlers run, then one
 node's reply is altered), so every check goes through the real strategies and round loop.

@@ -1,4 +1,4 @@
-"""RFedAGS maths (no Flower): checks R1, R2, R3, R5 (+ R4 slow) of docs/baselines-rfedags.md, s5.6.
+"""RFedAGS maths (no Flower): checks R1, R2, R3, R5 (+ R4 slow) of notes/baselines-rfedags.md, s5.6.
 
 Every expected value is derived independently of the code under test: numpy QR/projection oracles
 for the geometry, exact subset enumeration and scipy quadrature for p~, ``numpy.linalg.eigh`` for
@@ -61,7 +61,7 @@ def rand_stiefel(rng, d, r):
 
 
 def p_tilde_quad(p):
-    """p~_i = p_i * int_0^1 prod_{j != i} (1 - p_j + p_j t) dt by adaptive quadrature (docs/participation.md, s2)."""
+    """p~_i = p_i * int_0^1 prod_{j != i} (1 - p_j + p_j t) dt by adaptive quadrature (notes/participation.md, s2)."""
     p = np.asarray(p, dtype=float)
     out = []
     for i in range(p.size):
@@ -501,7 +501,7 @@ def test_participation_is_reproducible_and_respects_zero_and_one():
 
 
 def test_participation_draw_of_a_client_depends_only_on_seed_round_and_index():
-    """docs/participation.md, s1.2: the mask of the first k clients is a prefix of the mask of all."""
+    """notes/participation.md, s1.2: the mask of the first k clients is a prefix of the mask of all."""
     p = np.random.default_rng(9).random(40)
     for t in (1, 2, 17, 500):
         full = bernoulli_participation(p, t, seed=5)

@@ -60,7 +60,7 @@ def run_flower(prob, p, mode, rounds, x0, drop=None, **kw):
 
 def manual_rounds(prob, p, mode, rounds, x0, alpha, k_steps, seed, skip=lambda t, i: False):
     """Paper Alg. 1 written out from the primitives; q from past rounds: one pseudo-response (c + 1)/((t - 1) + 1),
-    floor 0.01 (t - 1 rounds observed before round t; docs/participation.md, s4.1)."""
+    floor 0.01 (t - 1 rounds observed before round t; notes/participation.md, s4.1)."""
     n = prob.num_clients
     x, counts, out = x0.copy(), np.zeros(n), {0: x0.copy()}
     for t in range(1, rounds + 1):

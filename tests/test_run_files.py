@@ -1,5 +1,5 @@
 """Issue #28, cases 1, 3, 4, 5, 6, 7 and 9: nothing lost on overwrite, locks, write_results, bad
-numbers, OS errors, shared node state and the in-process runner (docs/reliability-run-files.md, "Cases of
+numbers, OS errors, shared node state and the in-process runner (docs/guarantees.md, "Cases of
 issue #28"). In-process runs (LocalGrid) on ``zoo=tiny-3``, ``graph=ring``.
 """
 
@@ -526,7 +526,7 @@ def test_inprocess_runner_evaluate_every_0_and_resume_without_checkpoint(tmp_pat
 
 
 # ------------------------------------------------------------------------- issue 34: run files
-# docs/reliability-locks.md
+# docs/guarantees.md
 def test_a_lock_file_removed_while_a_run_holds_it_still_refuses_a_second_run(tmp_path, caplog):
     out = tmp_path / "r"
     out.mkdir()
@@ -623,7 +623,7 @@ def test_a_leftover_lock_of_a_dead_process_or_naming_this_one_is_taken_over_with
 def test_a_leftover_lock_file_naming_no_holder_is_taken_over_or_refused_by_its_kernel_lock(
     tmp_path, caplog, content
 ):
-    """Issue 34 attack F4 (docs/reliability-locks.md): an unreadable or empty ``.lock`` whose kernel
+    """Issue 34 attack F4 (docs/guarantees.md): an unreadable or empty ``.lock`` whose kernel
     lock is free is a leftover, taken over with a warning saying what was found (was: garbage refused
     as "process ? on host ?", an empty one taken over without a word); with its kernel lock held the
     error says a process holds it, inventing no pid or host."""
@@ -650,7 +650,7 @@ def test_a_leftover_lock_file_naming_no_holder_is_taken_over_or_refused_by_its_k
 
 
 def test_a_results_dir_moved_away_while_a_run_holds_it_is_not_written_by_that_run(tmp_path, caplog):
-    """Issue 34 attack F3 (docs/reliability-locks.md): ``mv dir dir.old; mkdir dir`` while run A holds
+    """Issue 34 attack F3 (docs/guarantees.md): ``mv dir dir.old; mkdir dir`` while run A holds
     ``dir``: A's lock went with ``dir.old``, so run B may take the new ``dir``; A refuses its next
     write there, naming where its directory went (was: A put its lock file into B's directory with
     the false "no other run could take the directory" and replaced B's results.json)."""

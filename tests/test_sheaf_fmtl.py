@@ -1,6 +1,6 @@
 """Sheaf-FMTL: the parameter and map steps, the map budget, what travels in a Flower run, bad uploads.
 
-Oracles: numpy written from the update equations (F1, F2 of docs/baselines-sheaf-fmtl.md s8) on a 3-node toy,
+Oracles: numpy written from the update equations (F1, F2 of notes/baselines-sheaf-fmtl.md s8) on a 3-node toy,
 the paper's Tab. 2 parameter counts (written here by hand), and the arrays the nodes really sent
 and stored in a LocalGrid run (P_ij theta_i recomputed in numpy from the node's state).
 """

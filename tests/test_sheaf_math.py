@@ -1,4 +1,4 @@
-"""Sheaf maths against independent oracles (docs/reference.md, s11 items 1-5)."""
+"""Sheaf maths against independent oracles (notes/numerical-checks.md, s11 items 1-5)."""
 
 import networkx as nx
 import pytest
@@ -52,7 +52,7 @@ def test_orientation_rule_and_paper_orientations():
     assert orient_edge(0, 64, 1, 128) == (1, 0)
     assert orient_edge(3, 128, 0, 128) == (3, 0)  # tie: larger partition-id is head
     dims = {i: a.d for i, a in enumerate(PAPER_ZOO_15)}
-    # A few head->tail pairs of docs/reference.md, s8, including both ties.
+    # A few head->tail pairs of docs/paper.md, s8, including both ties.
     for h, t in [(3, 0), (12, 9), (6, 1), (11, 4), (14, 2), (7, 0), (1, 14)]:
         assert orient_edge(t, dims[t], h, dims[h]) == (h, t)
 
@@ -150,7 +150,7 @@ def test_local_penalty_gradient_only_to_own_pilots_and_errors():
 
 
 def test_paper_graph_orientations_match_the_reference_list():
-    """All 42 head->tail pairs of the paper's class-overlap graph (docs/reference.md, s8)."""
+    """All 42 head->tail pairs of the paper's class-overlap graph (docs/paper.md, s8)."""
     from flwr_sheaf.paper import PAPER_CLASS_SETS_15
     from flwr_sheaf.topology import class_overlap_graph
 

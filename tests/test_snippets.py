@@ -1,4 +1,4 @@
-"""Every fenced code block of README.md, docs/*.md and examples/**/README.md is checked, so a
+"""Every fenced code block of README.md, docs/, notes/, benchmarks/records/ and examples/**/README.md is checked, so a
 changed API, script, flag or run-config key breaks this test, not a reader.
 
 What each block gets (by its fence's language):
@@ -59,10 +59,13 @@ DROPIN = ROOT / "examples" / "dropin_app"
 
 
 def doc_files() -> list[Path]:
-    """README.md, docs/*.md and examples/**/README.md (sorted)."""
+    """README.md, docs/**/*.md, notes/*.md (implementation notes), benchmarks/records/**/*.md
+    (measurement logs) and examples/**/README.md (sorted)."""
     return [
         ROOT / "README.md",
-        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "docs").rglob("*.md")),
+        *sorted((ROOT / "notes").glob("*.md")),
+        *sorted((ROOT / "benchmarks" / "records").rglob("*.md")),
         *sorted((ROOT / "examples").glob("**/README.md")),
     ]
 

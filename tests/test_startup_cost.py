@@ -1,4 +1,4 @@
-"""What a simulation worker pays before its first reply (issue 34, docs/performance-ray-load.md).
+"""What a simulation worker pays before its first reply (issue 34, benchmarks/records/performance-ray-load.md).
 
 - A named dataset's decoded arrays are cached on disk (``flwr_sheaf.data.sources``): the cached
   arrays are the decoded ones bit for bit, a changed source file misses the cache, and a cache

@@ -1,4 +1,4 @@
-"""Topology builders (paper Sec. 6 "Network topology"); expected values from docs/reference.md, s8."""
+"""Topology builders (paper Sec. 6 "Network topology"); expected values from docs/paper.md, s8."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from flwr_sheaf.topology import (
     validate_graph,
 )
 
-# docs/reference.md, s8 (measured on the reference implementation)
+# docs/paper.md, s8 (measured on the reference implementation)
 PAPER_MST = [(0, 3), (0, 8), (0, 12), (1, 2), (1, 14), (2, 6), (2, 10), (3, 9), (3, 13), (4, 11), (4, 14),
              (5, 6), (5, 7), (7, 12)]  # fmt: skip
 PAPER_DEGREES = [8, 8, 10, 7, 5, 8, 7, 6, 3, 3, 4, 3, 7, 2, 3]

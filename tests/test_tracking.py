@@ -217,7 +217,7 @@ def test_a_tracker_that_fails_to_close_costs_the_run_nothing_but_its_clean_statu
 
 
 def test_tracking_dir_without_tracking_is_warned_naming_both_keys(tmp_path, caplog):
-    """Issue 34, case 9 (docs/reliability-locks.md): was silently ignored; then (attack F2) warned
+    """Issue 34, case 9 (docs/guarantees.md): was silently ignored; then (attack F2) warned
     twice with two texts, by the preflight and by ``run_config_warnings``: now once, by the latter
     (logged at the ServerApp's start and recorded in results.json's ``warnings``)."""
     import logging

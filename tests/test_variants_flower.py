@@ -1,4 +1,4 @@
-"""Homogeneous (Alg. 2) and stringent-privacy (Alg. 3/4) Sheaf-FRL through the in-process grid (docs/variants-privacy.md)."""
+"""Homogeneous (Alg. 2) and stringent-privacy (Alg. 3/4) Sheaf-FRL through the in-process grid (notes/variants-privacy.md)."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def test_homogeneous_with_partial_participation_relays_cached_messages():
     assert s.history[-1]["communication_accuracy_degree_weighted"] >= 0.0
 
 
-# ---------------------------------------------------------------- variants x pilot strategies (docs/variants.md)
+# ---------------------------------------------------------------- variants x pilot strategies (notes/variants.md)
 def _relayed_rows(grid, record):
     """Row counts of every matrix relayed in ``record`` of the train messages, per server round."""
     rows = {}

@@ -1,4 +1,4 @@
-"""Homogeneous (Alg. 2) and stringent-privacy (Alg. 3/4) map steps against Alg. 1 (float64 maths, docs/variants-privacy.md)."""
+"""Homogeneous (Alg. 2) and stringent-privacy (Alg. 3/4) map steps against Alg. 1 (float64 maths, notes/variants-privacy.md)."""
 
 import networkx as nx
 import pytest

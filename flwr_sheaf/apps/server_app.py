@@ -118,7 +118,7 @@ def run_config_warnings(
     """Run-config values the run will not use, or defaults that likely surprise, said before any
     message: one line per method-section key changed but read by no part of the selected method,
     tracker key set without its tracker, and ``graph`` left at ``class-overlap`` on 4 to 6 agents
-    (docs/running.md, "Small federations"); values are compared before ``preset``, so a preset
+    (docs/own-app.md); values are compared before ``preset``, so a preset
     never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
 
     Args:
@@ -218,10 +218,10 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         Exception: whatever ``strategy.start`` raised (a node-independent error, e.g. a
             :class:`~flwr_sheaf.strategy.checkpoint.CheckpointWriteError`), re-raised after the completed
             rounds' ``results.json`` is written with ``status: failed`` (a note on the exception names
-            the file; docs/reliability-run-files.md, "Cases of issue #28").
+            the file; docs/guarantees.md).
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
-            message names the partition-ids, rounds and reasons (docs/reliability-failures.md).
+            message names the partition-ids, rounds and reasons (docs/guarantees.md).
         ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
             written (or a symbolic-link loop), ``overwrite`` with ``resume``, a results-dir holding another
             run's results (without resume / overwrite), a node-state-dir holding another run's node
@@ -235,7 +235,7 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         log.propagate = False
     config, method = parse_run_config(run_config)  # imports method-module first
     changed = method_train_changes(run_config)
-    if changed:  # the method's own optimizer settings (docs/baselines.md s0): said, never silent
+    if changed:  # the method's own optimizer settings (notes/baselines.md s0): said, never silent
         log.info(
             "%s trains with its own settings (train-defaults='method'): %s; a value you set other than "
             "the package default is kept, train-defaults='shared' gives the package's",

@@ -210,7 +210,7 @@ def build(
 
 
 def whitened_pilots(model: StalkModel, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them (docs/stability.md)."""
+    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them (notes/stability.md)."""
     z = eval_latents(model, x_pilot)
     model.whitening.fit(z)
     model.whitening.eval()

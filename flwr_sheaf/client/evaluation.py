@@ -76,7 +76,7 @@ def evaluate_handler(
     """``evaluate.<action>``: private accuracies, and the arrays the server routes to neighbours.
 
     The whitening is fitted on the pilots, or on the private training latents with ``whitening-fit =
-    "train"`` (the paper's post-hoc protocol, docs/baselines.md); ``method`` adds its hooks' arrays
+    "train"`` (the paper's post-hoc protocol, notes/baselines.md); ``method`` adds its hooks' arrays
     and metrics.
 
     Returns:
@@ -113,7 +113,7 @@ def evaluate_comm_handler(
     """``evaluate.<action>_comm``: communication accuracy per incoming edge (paper Eq. 22): neighbour
     j's whitened latents moved into this stalk by the Procrustes map fitted on both nodes' final
     pilots (Eq. 18; so lambda = 0 is exactly post-hoc alignment), classified by this node's head;
-    and from each non-edge source (docs/variants-diagnostics.md).
+    and from each non-edge source (notes/variants-diagnostics.md).
 
     Returns:
         the reply's ``metrics``: :data:`~flwr_sheaf.protocol.COMM_SRC` (neighbours' partition-ids),
@@ -276,7 +276,7 @@ def _pilot_reading(cfg, mt: str) -> bool:
 def _pilot_whitened_arrays(
     model: StalkModel, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The strong post-hoc reading's phase-1 arrays (docs/baselines.md): pilots ``(K, d_i)`` and the
+    """The strong post-hoc reading's phase-1 arrays (notes/baselines.md): pilots ``(K, d_i)`` and the
     test / validation latents ``raw_test``, ``raw_val`` ``(M, d_i)`` (eval-mode, already computed for
     the paper's reading), all whitened with statistics fitted on the node's eval-mode pilot latents
     (side effect: ``model.whitening`` is refitted; evaluation never saves the model)."""
@@ -288,7 +288,7 @@ def _pilot_whitened_arrays(
 def _pilot_whitened_accuracies(
     msg: Message, model: StalkModel, task: LocalTask, edges: EdgeConfig, dev: torch.device
 ) -> dict[str, list[float]]:
-    """Communication accuracy per incoming edge under the strong post-hoc reading (docs/baselines.md):
+    """Communication accuracy per incoming edge under the strong post-hoc reading (notes/baselines.md):
     both ends' whitening fitted on their own pilots, then as :func:`_edge_accuracy` (the reading
     Sheaf-FRL's lambda = 0 run gets). Returns the two lists in ``edges.neighbours`` order.
 
@@ -315,7 +315,7 @@ def _non_edge_accuracies(
     msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device
 ) -> dict[str, list]:
     """Communication accuracy from each non-edge source j of the phase-2 message
-    (docs/variants-diagnostics.md): j's whitened latents moved by the server's composed map
+    (notes/variants-diagnostics.md): j's whitened latents moved by the server's composed map
     ``"<j>/path-map"`` ``(d_i, d_j)`` (``Z T^T``, multi-hop) and, for reference, by the direct
     Procrustes map between ``own (K, d_i)`` and j's pilots (Eq. 18), classified by this node's head.
 

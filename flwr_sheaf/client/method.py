@@ -18,7 +18,7 @@ class ClientMethod:
 
     Hooks (each may raise ``ConfigError`` / ``ProtocolError`` / ``ValueError`` on a bad message; the
     node then replies with an error and keeps its state): :meth:`plugin`, :meth:`after_train`,
-    :meth:`evaluation_metrics`. docs/methods.md, "Adding a method", lists the files a method touches.
+    :meth:`evaluation_metrics`. docs/own-method.md lists the files a method touches.
 
     Args:
         action: the message action (``train.<action>`` etc.); also the ``context.state`` prefix.
@@ -55,7 +55,7 @@ class ClientMethod:
         """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
         :meth:`evaluation_arrays` and, with the strong post-hoc reading, :data:`PILOT_READING_ARRAYS`;
         numpy; the model's whitening is then the pilot-fitted one); default: unchanged (Sheaf-FRL's stringent privacy sends
-        per-neighbour transported arrays instead, docs/variants-privacy.md)."""
+        per-neighbour transported arrays instead, notes/variants-privacy.md)."""
         return arrays
 
     def edge_metrics(

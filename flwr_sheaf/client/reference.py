@@ -1,6 +1,6 @@
 """A ClientApp carrying flwr-sheaf handlers travels by reference, not by value, when pickled.
 
-Flower's Ray engine pickles the ClientApp with **every message** (docs/performance-ray.md: the
+Flower's Ray engine pickles the ClientApp with **every message** (benchmarks/records/performance-ray.md: the
 bundled app by value was 74 KB and 40-100 ms of CPU a message). A ClientApp is a module-level object
 (Flower loads it as ``module:attribute``), so :func:`travel_by_reference` (called by every
 ``register_*_handlers``) makes ``pickle`` / ``cloudpickle`` / Ray serialise it as ``(module,

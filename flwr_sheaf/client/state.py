@@ -12,7 +12,7 @@ checkpoint-every + 1)`` rounds) and the file format: docs/resume.md.
 What the server refuses, the node never commits: the mod :func:`refuse_what_the_server_refuses`
 applies the server's check of train replies (:func:`flwr_sheaf.protocol.train_reply_problem`, plus
 NaN/inf array entries) to every successful ``train`` reply and raises :class:`RefusedReplyError`
-instead, so Flower rolls ``context.state`` back to the last accepted state (docs/reliability-run-files.md).
+instead, so Flower rolls ``context.state`` back to the last accepted state (docs/guarantees.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ never depends on it); (b) the rest is split class by class across agents by dete
 largest-remainder counts of ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23; the reference draws random
 owners: docs/deviations.md, s1), consecutive chunks of the permutation; (c) each agent's class
 chunk is split train/val/test with ``n_val = floor(val_fraction * n + 1/2)``, ``n_test =
-min(floor(test_fraction * n + 1/2), n - n_val)``. Paper facts: docs/reference.md, s7. All index
+min(floor(test_fraction * n + 1/2), n - n_val)``. Paper facts: docs/paper.md, s7. All index
 arrays index into the source of :func:`flwr_sheaf.data.sources.load_source`.
 """
 
@@ -594,7 +594,7 @@ def make_dirichlet_split(
     min_partition_size: int = 10,
 ) -> FederatedSplit:
     """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
-    (FedSAF's heterogeneity protocol; docs/baselines-prototypes.md, s4.6), then the per-class split.
+    (FedSAF's heterogeneity protocol; notes/baselines-prototypes.md, s4.6), then the per-class split.
 
     (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every
     class eligible), capped at ``num_pilots``; (b) the rest through ``DirichletPartitioner(

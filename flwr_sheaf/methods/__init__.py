@@ -3,7 +3,7 @@
 Built-in units: ``sheaf_frl``, ``noncooperative``, ``fedproto``, ``fedsaf``, ``fedmuscle``,
 ``comfed``, ``sheaf_fmtl``, ``rfedags``. Each holds its ``ACTION`` (shared by its strategy and its
 handlers), its strategy, its client plug-in and handlers, and the :class:`~.registry.Method` entry
-it registers. A researcher's own method is the same shape in one file (docs/methods.md, "Adding a method").
+it registers. A researcher's own method is the same shape in one file (docs/own-method.md).
 """
 
 import importlib as _importlib  # noqa: E402

@@ -1,5 +1,5 @@
 """Parametric CNN encoder, MLP head and the agent that wraps them (paper Sec. 6 "Model
-heterogeneity", App. G Tab. 2/Tab. 3; reference architecture: docs/reference.md, s9).
+heterogeneity", App. G Tab. 2/Tab. 3; reference architecture: docs/paper.md, s9).
 
 Encoder ``f_phi``: per width ``c``: Conv3x3(stride 1, pad 1) -> BatchNorm2d -> ReLU -> MaxPool2 ->
 Dropout2d(p); then AdaptiveAvgPool2d(1) + flatten, so the stalk dimension is ``d = channels[-1]``
@@ -231,7 +231,7 @@ class SheafAgent(_AgentBase):
         ``x (B, C, H, W)`` (paper Eq. 22, private accuracy; the CE training path).
 
         Skips the whitening/colouring pair, which cancels exactly in eval mode but not in train mode
-        (docs/stability.md, s2.9).
+        (notes/stability.md, s2.9).
 
         Raises:
             ValueError: ``x`` not 4-D with the encoder's input channels.
@@ -256,7 +256,7 @@ class SheafAgent(_AgentBase):
 
     def whitened(self, x: Tensor) -> Tensor:
         """Whitened latents ``zhat (B, d)`` = ``encoder(x)``: what is sent as pilots / test latents
-        (docs/stability.md, s2). Train mode needs ``B >= 2`` (batch statistics).
+        (notes/stability.md, s2). Train mode needs ``B >= 2`` (batch statistics).
 
         Raises:
             ValueError: bad image shape, or ``B < 2`` with the whitening in train mode.

@@ -1,5 +1,5 @@
 """Sheaf diagnostics of fitted restriction maps: Laplacian spectrum, near-kernel, non-edge sampling
-(what is measured and why: docs/variants-diagnostics.md).
+(what is measured and why: notes/variants-diagnostics.md).
 
 A global section is ``z`` with ``Delta z = 0`` (paper Eq. 6, App. A); maps fitted on trained pilots
 are only approximately consistent around cycles, so the kernel of ``L = Delta^T Delta`` becomes a

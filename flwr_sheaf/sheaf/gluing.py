@@ -25,7 +25,7 @@ class EdgeTerm:
             is the tail (j in N(i)^+: outgoing embedding).
         weight: non-negative multiplier of this edge's squared residual (default 1.0). Used by the
             ``drop-reweighted`` absent-neighbour policy (1/q_j on the edges whose neighbour is
-            present; docs/participation.md, s3.3). The Procrustes map of the
+            present; notes/participation.md, s3.3). The Procrustes map of the
             edge does not depend on it (a positive scalar weight leaves the polar factor unchanged).
     """
 

@@ -6,7 +6,7 @@ carries one ``V`` in ``St(d_h, d_t)`` and the coboundary is ``(Delta z)_e = z_h 
 (Eq. 5 with ``O = I``; Eq. 11). ``L = Delta^T Delta`` (Eq. 6); ``TV(z) = ||Delta z||^2`` (Eq. 9).
 The free functions :func:`coboundary` and :func:`sheaf_laplacian` build both matrices from any
 ``{(head, tail): V}`` (dense, or torch sparse COO for large graphs); :func:`path_map` composes the
-maps along a path (multi-hop transport between non-neighbours, docs/variants-diagnostics.md).
+maps along a path (multi-hop transport between non-neighbours, notes/variants-diagnostics.md).
 Pure torch + networkx; knows nothing of Flower or CNNs.
 """
 

@@ -1,5 +1,5 @@
 """Pilot selection strategies and Parseval normalisation (paper App. B; the strategies of the
-``pilot-strategy`` key and what travels: docs/variants-pilots.md).
+``pilot-strategy`` key and what travels: notes/variants-pilots.md).
 
 No Flower here: the Sheaf-FRL strategy decides each round's :class:`PilotSelection` with a
 :class:`PilotSampler` and relays the neighbours' pilot matrices reduced by :func:`apply_selection`;

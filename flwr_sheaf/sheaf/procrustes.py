@@ -5,7 +5,7 @@ For an oriented edge (head h, tail t) with ``d_h >= d_t`` the map ``V`` in ``St(
 pilots, i.e. the paper's ``||A_h - V A_t||_F^2`` with ``A`` stored ``d x K``). The minimiser is the
 polar factor of the cross-covariance: thin SVD ``A_h^T A_t = U S W^T`` and ``V = U W^T``. This is
 exact for any pilots (no whitening assumption), unlike the reference code's projection
-convention ``||V^T z_h - z_t||`` (docs/deviations.md, s3; docs/reference.md, s11 item 3).
+convention ``||V^T z_h - z_t||`` (docs/deviations.md, s3; notes/numerical-checks.md, s11 item 3).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 it received, for every (variant, privacy) pair, so the client and the tests share the code; what i
 receives from a neighbour and which maps it fits in each mode (raw pilots and Eq. 18; ``O A_t`` from
 the tail, Eq. 24; transported pilots ``X_ij A_j`` and i's own ``X_ji`` by P2c/P2d, Eq. 42) is in
-docs/variants-privacy.md, s1-s2. Matrices are row-wise ``(K, d)`` (the paper's ``A_i`` is ``d x K``).
+notes/variants-privacy.md, s1-s2. Matrices are row-wise ``(K, d)`` (the paper's ``A_i`` is ``d x K``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Whitening and colouring layers for the node stalks (paper Sec. 3, "Heterogeneous latent space
-geometry", and App. G; the design and its numbers: docs/stability.md, s2).
+geometry", and App. G; the design and its numbers: notes/stability.md, s2).
 
 Every encoder ends in a whitening layer (zero mean, identity covariance, so that the agents' latent
 spaces share a Euclidean reference before orthogonal/Stiefel maps compare them) and the head starts
@@ -107,7 +107,7 @@ class Whitening(nn.Module):
 
     ``zhat = (z - mu) @ L^{-T}`` with ``L = cholesky(Sigma_reg)`` and ``Sigma_reg`` as in
     :func:`regularised_covariance`; it differs from ZCA by a rotation the orthogonal restriction
-    maps absorb (why Cholesky: docs/stability.md, s2.3).
+    maps absorb (why Cholesky: notes/stability.md, s2.3).
 
     Modes (like ``nn.BatchNorm1d``):
 
@@ -245,7 +245,7 @@ class Whitening(nn.Module):
 
     def batch_shrinkage(self, batch_size: int) -> float:
         """Shrinkage used on a train-mode batch of ``B`` rows: ``max(shrinkage, 1 - (B - 1) / d)``
-        (docs/stability.md, s2.4).
+        (notes/stability.md, s2.4).
 
         Args:
             batch_size: number of rows ``B`` of the batch (int).
@@ -293,7 +293,7 @@ class Whitening(nn.Module):
     def max_gain(self) -> float:
         """Upper bound ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` (float) on the operator norm of
         the eval-mode whitening (running ``Sigma``): no input difference is amplified more
-        (docs/stability.md, s2.2)."""
+        (notes/stability.md, s2.2)."""
         tr = float(torch.diagonal(self.running_cov.detach().to(_COMPUTE_DTYPE)).sum())
         return 1.0 / math.sqrt(self.eps * max(tr, 0.0) / self.d + ABS_FLOOR)
 
@@ -373,7 +373,7 @@ class Colouring(nn.Module):
 
 def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
     """Fraction of latent dimensions whose (unbiased) variance is below ``threshold``: the
-    "latent collapse" diagnostic of docs/stability.md, s1 and s3.
+    "latent collapse" diagnostic of notes/stability.md, s1 and s3.
 
     Args:
         z: ``(M, d)`` floating tensor, ``M >= 2``.
@@ -395,7 +395,7 @@ def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
 def effective_rank(z: Tensor) -> float:
     """Participation-ratio effective rank of the covariance of ``z``:
     ``(sum_k lambda_k)^2 / sum_k lambda_k^2 = trace(C)^2 / ||C||_F^2`` (dimensional-collapse
-    diagnostic, docs/stability.md, s1 and s3). Equals ``k`` for ``k`` equal
+    diagnostic, notes/stability.md, s1 and s3). Equals ``k`` for ``k`` equal
     non-zero eigenvalues; 0.0 for a constant sample.
 
     Args:

@@ -6,7 +6,7 @@ discovered :class:`~flwr_sheaf.strategy.records.Node` per partition-id. The stra
 :meth:`flwr_sheaf.strategy.graph.GraphStrategy.discover` and then builds the agents' graph on the
 discovered nodes (:func:`build_agents_graph`, in ``on_discovered``); :func:`oriented_edges` and
 :func:`edge_config` read its edges (head = larger stalk dimension d, ties to the larger
-partition-id; docs/reference.md). Discovery knows nothing of methods.
+partition-id; docs/paper.md). Discovery knows nothing of methods.
 
 Every failure is a ``RuntimeError`` naming the cause and the fix (:meth:`Discovery.run`); a
 federation that is too small fails at once, and so does one where every registered SuperNode has

@@ -87,7 +87,7 @@ class GraphEvaluation:
     Args:
         federation: ``posthoc-readings``, ``non-edge-pairs`` and ``diagnostics-eigenvalues``.
         whitening_fit: where nodes fit their whitening (``"pilots"``: Sheaf-FRL; ``"train"``: the
-            post-hoc protocol of the baselines, docs/baselines.md).
+            post-hoc protocol of the baselines, notes/baselines.md).
         node_metric_names: phase-1 metrics copied per node and averaged as ``<name>_mean``.
         routed_arrays: extra phase-1 arrays routed to neighbours (ComFed's learned maps).
         edge_metric_names: extra per-edge phase-2 metrics (averaged as ``<name>_degree_weighted``).
@@ -118,7 +118,7 @@ class GraphEvaluation:
 
     @classmethod
     def posthoc(cls, federation: FederationConfig, **kwargs: tuple[str, ...]) -> GraphEvaluation:
-        """The post-hoc protocol of the baselines (``whitening-fit = train``, docs/baselines.md)."""
+        """The post-hoc protocol of the baselines (``whitening-fit = train``, notes/baselines.md)."""
         return cls(federation, whitening_fit="train", **kwargs)
 
     # ------------------------------------------------------------------ names and config

@@ -5,7 +5,7 @@
   parsed; a non-None answer is that node's recorded failure (``bad evaluation reply: <why>``) and
   the rest of the round trusts the accepted replies.
 - **Sheaf diagnostics** between the two phases, and the non-edge plan (:func:`sheaf_diagnostics`;
-  docs/variants-diagnostics.md).
+  notes/variants-diagnostics.md).
 - **Rows and means** of the accepted replies: one row per evaluated node (:func:`node_rows`), per
   directed edge (:func:`edge_rows`) and per directed non-edge pair (:func:`non_edge_rows`); the
   round's summary (:func:`summarise_accuracies`) and extra means (:func:`extra_means`).
@@ -296,7 +296,7 @@ def sheaf_diagnostics(
     phase1: Mapping[int, Message],
     holds_raw_pilots: bool = True,
 ) -> NonEdgePlan:
-    """Sheaf diagnostics of ``view``'s evaluated round; returns the non-edge plan (docs/variants-diagnostics.md).
+    """Sheaf diagnostics of ``view``'s evaluated round; returns the non-edge plan (notes/variants-diagnostics.md).
 
     On the subgraph induced by the accepted phase-1 nodes every edge's map is refitted by
     Procrustes on their pilots (Eq. 18). Recorded in the round: ``sheaf_edge_tv`` (per oriented

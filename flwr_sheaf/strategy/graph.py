@@ -203,13 +203,13 @@ class GraphStrategy(Strategy):
         """The method's config entries for every train message of this round (default: none).
 
         Returns:
-            ``{key: value}`` merged into every ``train.<action>`` config (docs/methods.md, "Adding a method").
+            ``{key: value}`` merged into every ``train.<action>`` config (docs/own-method.md).
         """
         return {}
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """``(records, config entries)`` only node ``pid`` gets in its train message (default: none;
-        Sheaf-FRL: its neighbours' pilots and its edges; docs/methods.md, "Adding a method")."""
+        Sheaf-FRL: its neighbours' pilots and its edges; docs/own-method.md)."""
         return {}, {}
 
     def accept_train(
@@ -225,7 +225,7 @@ class GraphStrategy(Strategy):
 
     def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
         """``(records, config entries)`` only node ``pid`` gets in its phase-1 evaluation message (default:
-        none; Sheaf-FRL under stringent privacy: its edges, docs/variants-privacy.md)."""
+        none; Sheaf-FRL under stringent privacy: its edges, notes/variants-privacy.md)."""
         return {}, {}
 
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:

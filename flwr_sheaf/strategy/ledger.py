@@ -3,7 +3,7 @@
 :class:`RunLedger` (``strategy.ledger``) is written by the round loop, the messages and the
 evaluation, and read by ``results.json``, the checkpoint and the ServerApp: one
 :class:`~flwr_sheaf.strategy.records.RoundRecord` per completed round, one failure entry per node
-and phase, the run's status (docs/reliability-failures.md) and the last evaluation's rows. It holds
+and phase, the run's status (docs/guarantees.md) and the last evaluation's rows. It holds
 no Flower object and knows nothing of graphs or methods.
 """
 
@@ -23,7 +23,7 @@ log = logging.getLogger("flwr_sheaf")
 
 class RunFailedError(RuntimeError):
     """A run past its ``max-failed-fraction`` (:meth:`RunLedger.run_status`): the ServerApp raises it
-    after ``results.json`` is written, so Flower records the run as failed (docs/reliability-failures.md)."""
+    after ``results.json`` is written, so Flower records the run as failed (docs/guarantees.md)."""
 
 
 class RunLedger:
@@ -98,7 +98,7 @@ class RunLedger:
     def run_status(
         self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]
     ) -> dict[str, Any]:
-        """Whether a run (restored rounds included) is clean, degraded or failed (docs/reliability-failures.md).
+        """Whether a run (restored rounds included) is clean, degraded or failed (docs/guarantees.md).
 
         A train reply fails when its node errs, does not answer, or the reply is refused. The run is
         ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
@@ -169,13 +169,13 @@ class RunLedger:
 _NOBODY_DRAWN = (
     "no node was drawn to train in any of the {n} round(s), so nothing was trained: the "
     "participation probabilities (participation) are too small for num-server-rounds; raise them "
-    "(docs/participation.md)"
+    "(notes/participation.md)"
 )
 #: ``problems`` line of a run in which most rounds drew nobody to train
 _MOST_DRAWN_NOBODY = (
     "{k} of {n} rounds drew no node to train (rounds {rounds}): the participation probabilities "
     "(participation) are small for num-server-rounds, so the run trained in few rounds; raise them "
-    "for a run that trains (docs/participation.md)"
+    "for a run that trains (notes/participation.md)"
 )
 
 #: evaluation phases whose failures leave an evaluated round without accuracies

@@ -2,7 +2,7 @@
 
 Flower 1.42's simulation engine polls, every 0.1 s and for every registered SuperNode, all stored
 instruction messages, so a round that pushes all N messages at once costs ``N x stored`` checks a
-pass (docs/performance-ray.md, "Flower's own polling"). :func:`send_and_receive`, the one round
+pass (benchmarks/records/performance-ray.md, "Flower's own polling"). :func:`send_and_receive`, the one round
 trip of the package (:meth:`~flwr_sheaf.strategy.exchange.Exchange.round_trip`,
 :meth:`~flwr_sheaf.strategy.discovery.Discovery.run`), keeps at most ``window`` messages in flight;
 :func:`in_flight_limit` throttles only Flower's simulation grid (``InMemoryGrid``): the deployment
@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-#: messages in flight at once on Flower's simulation engine (docs/performance-ray.md, "Bounded
+#: messages in flight at once on Flower's simulation engine (benchmarks/records/performance-ray.md, "Bounded
 #: messages in flight": chosen with ``benchmarks/ray_message_cost.py --supernodes 1000``).
 SIMULATION_WINDOW = 48
 
@@ -37,14 +37,14 @@ PULL_INTERVAL = 0.02
 #: messages in flight before the first reply (then one more for each reply, up to the window): while
 #: the Ray actors start (importing torch, loading the data: seconds, longer under load), Flower's
 #: engine checks every stored message for every SuperNode every 0.1 s, so a full window waiting
-#: there cost the ServerApp CPU in proportion to the wait (docs/performance-ray.md, "Against
+#: there cost the ServerApp CPU in proportion to the wait (benchmarks/records/performance-ray.md, "Against
 #: Flower's floor"); a run of 1,000 nodes reaches the full window within its first 40 replies.
 SLOW_START = 8
 
 #: while pulls bring no reply (the Ray actors starting, a slow node), the wait between pulls doubles
 #: up to this (Flower's own 0.1 s), and falls back to ``PULL_INTERVAL`` at the next reply: polling at
 #: 50 Hz through a long wait cost the ServerApp CPU in proportion to the wall time, so the more the
-#: machine was loaded, the more (docs/performance-ray.md, "Against Flower's floor").
+#: machine was loaded, the more (benchmarks/records/performance-ray.md, "Against Flower's floor").
 MAX_PULL_INTERVAL = 0.1
 
 

@@ -2,13 +2,13 @@
 
 Full discovery (:class:`~flwr_sheaf.strategy.discovery.Discovery`) queries every SuperNode before
 round 1; at 10,000 SuperNodes on the Ray engine that alone takes minutes
-(docs/performance-ray-sampled.md). Here the server builds the graph from the ``expected``
+(benchmarks/records/performance-ray-sampled.md). Here the server builds the graph from the ``expected``
 :class:`~flwr_sheaf.protocol.NodeInfo` per partition-id (derived from the scenario by the
 ServerApp), draws each round's participants over the sorted registered node ids
 (:meth:`SampledDiscovery.order`), queries the drawn nodes not yet described, with the checks of full
 discovery (:func:`~flwr_sheaf.strategy.discovery.parse_reply`), and compares each reply with
 ``expected[partition-id]`` (:func:`info_mismatch`). The protocol, its failures and why the drawn
-partition-ids depend on the node ids: docs/participation.md, "Sampled discovery".
+partition-ids depend on the node ids: notes/participation.md, "Sampled discovery".
 """
 
 from __future__ import annotations

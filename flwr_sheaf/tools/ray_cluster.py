@@ -5,14 +5,14 @@ the cluster in ``RAY_ADDRESS`` (``local``: a new instance), else the one named b
 :func:`ray_address_file` that every ``ray start`` leaves, else starts a private instance: one
 forgotten ``ray start`` silently captures every later simulation, and a run on a cluster cannot pass
 ``init-args-num-cpus``/``init-args-num-gpus`` (Ray refuses them after the SuperLink has started,
-and ``flwr run`` still exits 0; the pitfalls, measured: docs/running.md, "A Ray cluster"). This
+and ``flwr run`` still exits 0; the pitfalls, measured: docs/ray-cluster.md, "A Ray cluster"). This
 module decides up front, for ``scripts/run_flwr.py`` (which loads this file by path): the
 ``RAY_ADDRESS`` a run gets (the ``--ray-address`` cluster, or a private ``local`` instance), the
 federation settings Ray refuses on a cluster, and whether a Ray GCS answers at the address (a gRPC
 call of Ray's own ``GetClusterId`` handshake, seconds at most: an HTTP server or any other service on
 that port is named, not waited on for ``flwr run``'s whole ``--timeout``).
 
-Run as a script it serves the shared-machine recipe of docs/running.md ("A Ray cluster"):
+Run as a script it serves the shared-machine recipe of docs/ray-cluster.md ("A Ray cluster"):
 ``python flwr_sheaf/tools/ray_cluster.py free-ports N`` prints N free TCP ports, and
 ``python flwr_sheaf/tools/ray_cluster.py stop --temp-dir DIR`` stops exactly the Ray processes of the
 cluster started with ``ray start --temp-dir DIR`` (``ray stop`` would stop every Ray instance of the
@@ -106,7 +106,7 @@ def parse_address(address: str) -> tuple[str, int]:
         raise RayClusterError(
             f"--ray-address {address!r}: give the cluster's GCS address host:port (what "
             "`ray start --head` prints after `ray start --address=`), not a Ray Client ray:// "
-            "address; run `flwr run` on a machine that can reach every Ray node (docs/running.md)"
+            "address; run `flwr run` on a machine that can reach every Ray node (docs/tutorial.md)"
         )
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -310,7 +310,7 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         raise RayClusterError(
             f"--ray-address {address}: no Ray cluster answers there ({exc}); start its head with "
             f"{start}, or drop --ray-address to run on a private local Ray instance "
-            "(docs/running.md)"
+            "(docs/tutorial.md)"
         ) from exc
     why = gcs_answers(address, timeout)
     if why is not None:
@@ -319,7 +319,7 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
             f"--ray-address {address}: something listens there but it is not a Ray cluster's GCS "
             f"({why}{'; ' + what if what else ''}); give the --port that `ray start --head` "
             f"printed (its GCS, e.g. 6379; not the dashboard's or the Ray Client's port), or start "
-            f"a head on a free port: `ray start --head --port N` (docs/running.md, 'A Ray cluster'). "
+            f"a head on a free port: `ray start --head --port N` (docs/ray-cluster.md, 'A Ray cluster'). "
             f"If it is a Ray head of another Ray than this one's {_ray_version()} (the cluster "
             f"must run the same Ray anyway), {SKIP_PROBE_ENV}=1 checks only that it accepts "
             "connections"
@@ -605,7 +605,7 @@ def shared_temp_dir_problem(temp_dir: str | Path, env: dict[str, str] | None = N
                     "of it; every private Ray instance on this machine (each `flwr run` without a "
                     "cluster) keeps its session there, so stopping it would stop them all: give "
                     "the --temp-dir that your `ray start` was given, e.g. $RAYDIR of the recipe in "
-                    "docs/running.md ('A Ray cluster'); nothing was stopped"
+                    "docs/ray-cluster.md ('A Ray cluster'); nothing was stopped"
                 )
     return None
 
@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     """``free-ports N`` | ``stop --temp-dir DIR`` (module docstring); returns the exit status."""
     ap = argparse.ArgumentParser(
         prog="python flwr_sheaf/tools/ray_cluster.py",
-        description="Helpers for a Ray cluster on a shared machine (docs/running.md, 'A Ray cluster')",
+        description="Helpers for a Ray cluster on a shared machine (docs/ray-cluster.md, 'A Ray cluster')",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     fp = sub.add_parser("free-ports", help="print N free TCP ports, space-separated")
@@ -645,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"--temp-dir {args.temp_dir}: no Ray session in it (`ray start --temp-dir DIR` makes "
             "DIR/session_latest): give the --temp-dir that `ray start` was given, e.g. $RAYDIR of "
-            "docs/running.md ('A Ray cluster'); nothing was stopped",
+            "docs/ray-cluster.md ('A Ray cluster'); nothing was stopped",
             file=sys.stderr,
         )
         return 2

@@ -5,7 +5,7 @@ Kept in the tests (not the package) as the reference the Flower strategies are c
 simulations/rfedags_compare.py and simulations/rfedags_frechet.py import it from here too.
 
 ``run_federated(problem, p, method=...)`` runs round ``t = 1..T``: responders
-``S_t = bernoulli_participation(p, t, seed)`` (the participation model of docs/participation.md, s1),
+``S_t = bernoulli_participation(p, t, seed)`` (the participation model of notes/participation.md, s1),
 the method's client phase for every responder (batched in one call: identical maths, faster), then
 its server step with the weights of ``mode`` (:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights`).
 The client and server functions are the ones the Flower strategies and ClientApp handlers call

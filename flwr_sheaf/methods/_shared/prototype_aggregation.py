@@ -1,4 +1,4 @@
-"""Prototype aggregation as a component (FedProto and FedSAF hold one; docs/baselines-prototypes.md, s3).
+"""Prototype aggregation as a component (FedProto and FedSAF hold one; notes/baselines-prototypes.md, s3).
 
 :class:`PrototypeAggregator` owns what FedProto's server does with prototypes: the common
 prototype dimension D (``fedproto-dim``), the global prototypes, each upload's validation on its
@@ -36,7 +36,7 @@ log = logging.getLogger("flwr_sheaf")
 
 
 def common_dimension(spec: str | int, dims: dict[int, int], key: str) -> int:
-    """The common dimension D of a ``<method>-dim`` setting (docs/baselines-prototypes.md, s3.5).
+    """The common dimension D of a ``<method>-dim`` setting (notes/baselines-prototypes.md, s3.5).
 
     Args:
         spec: ``"auto"`` (the smallest stalk dimension), ``"none"`` (all d_i must agree) or an int D.
@@ -139,7 +139,7 @@ class PrototypeAggregator:
 
     def accept(self, s: GraphStrategy, server_round: int, ok: dict[int, Message]) -> dict[str, Any]:
         """Validate each upload on its own, then aggregate the valid ones into the global prototypes
-        (count-weighted or unweighted mean per class, docs/baselines-prototypes.md s3.3); returns round metrics.
+        (count-weighted or unweighted mean per class, notes/baselines-prototypes.md s3.3); returns round metrics.
 
         A malformed upload is that node's recorded failure (phase ``prototypes``) on ``s``.
         """

@@ -1,4 +1,4 @@
-"""FedProto mathematics in torch (Tan et al., AAAI 2022; docs/baselines-prototypes.md, s3): local class
+"""FedProto mathematics in torch (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3): local class
 prototypes, server aggregation, the prototype regulariser, nearest-prototype inference and the
 parameter-free pooling adapter to a common feature dimension.
 
@@ -172,7 +172,7 @@ def class_prototypes(
     if y.numel() == 0:
         return protos, counts
     y = y.to(z.device)
-    for c in torch.unique(y).tolist():  # -> Python ints (docs/baselines-prototypes.md, s3.6)
+    for c in torch.unique(y).tolist():  # -> Python ints (notes/baselines-prototypes.md, s3.6)
         mask = y == c
         protos[int(c)] = z[mask].mean(dim=0)
         counts[int(c)] = int(mask.sum())
@@ -185,7 +185,7 @@ def fedproto_loss(
     global_protos: Mapping,
     reduction: str = "per_sample",
 ) -> tuple[torch.Tensor, int]:
-    """FedProto's prototype regulariser ``L_R`` (FedSAF Eq. (2)/(6) with an L2 ``R``; docs/baselines-prototypes.md, s3.1).
+    """FedProto's prototype regulariser ``L_R`` (FedSAF Eq. (2)/(6) with an L2 ``R``; notes/baselines-prototypes.md, s3.1).
 
     Over the covered samples ``S = {j : y_j has a global prototype}``: ``"per_sample"``
     ``(1/|S|) sum_{j in S} ||z_j - P_g^{y_j}||^2``; ``"mse"`` (official code, ``nn.MSELoss``)
@@ -229,7 +229,7 @@ def fedproto_loss(
 
 
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
-    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (docs/baselines-prototypes.md, s3.4); ties go
+    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4); ties go
     to the smallest class id (distances without the cancelling ``||a||^2 - 2ab + ||b||^2`` form).
 
     Args:
@@ -268,7 +268,7 @@ def aggregate_prototypes(
     num_classes: int | None = None,
     sources: Sequence[str] | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Global prototypes from the clients' (docs/baselines-prototypes.md, s3.3): per class ``c`` uploaded
+    """Global prototypes from the clients' (notes/baselines-prototypes.md, s3.3): per class ``c`` uploaded
     by ``N_c``, ``P_g^c = sum_i n_i^c P_i^c / sum_i n_i^c`` (``weighted``; FedProto Eq. (6) as intended,
     FedSAF Eq. (3)) or ``(1/|N_c|) sum_i P_i^c`` (official code). A class of ``previous`` nobody
     uploaded is kept (``missing="carry"``) or removed (``"drop"``).
@@ -421,7 +421,7 @@ def _weighted_means(
 # --- heterogeneous feature dims
 class PoolingAdapter(nn.Module):
     """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common`` (HtFLlib's
-    ``nn.AdaptiveAvgPool1d``; docs/baselines-prototypes.md, s3.5).
+    ``nn.AdaptiveAvgPool1d``; notes/baselines-prototypes.md, s3.5).
 
     Args:
         d_in: input feature dim (positive int).

@@ -1,4 +1,4 @@
-"""ComFed: learned projections into a shared space (docs/baselines-alignment.md, s7)."""
+"""ComFed: learned projections into a shared space (notes/baselines-alignment.md, s7)."""
 
 ACTION = "comfed"
 

@@ -1,4 +1,4 @@
-"""ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (docs/baselines-alignment.md, s7).
+"""ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (notes/baselines-alignment.md, s7).
 
 Per ``train.comfed`` message the node restores ``P_i (r, d_i)`` (Xavier-initialised from (seed,
 partition-id) in its first round), trains ``CE + comfed-lambda * mean_m ||P_i vbar_m - t_m||^2``

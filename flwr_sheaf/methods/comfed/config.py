@@ -35,7 +35,7 @@ register_keys(
 
 @dataclass(frozen=True)
 class ComFedConfig(Section):
-    """ComFed's learned projections into a shared space (docs/baselines-alignment.md, s7).
+    """ComFed's learned projections into a shared space (notes/baselines-alignment.md, s7).
 
     Attributes:
         lam: weight of the alignment of projected class prototypes (>= 0).

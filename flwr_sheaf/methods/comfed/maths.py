@@ -1,4 +1,4 @@
-"""ComFed's maths (Badi et al. 2026; docs/baselines-alignment.md, s7): each agent learns a projection
+"""ComFed's maths (Badi et al. 2026; notes/baselines-alignment.md, s7): each agent learns a projection
 ``P_i (r, d_i)`` into a shared space, trained with
 ``lambda * mean_m ||P_i vbar_{i,m} - mean_{j in N(i)} P_j vbar_{j,m}||^2`` (class means ``vbar``, the
 neighbours' side constant); a message from j to i is decoded on raw latents as

@@ -1,4 +1,4 @@
-"""ComFed strategy: relays the neighbours' projected class prototypes (docs/baselines-alignment.md, s7).
+"""ComFed strategy: relays the neighbours' projected class prototypes (notes/baselines-alignment.md, s7).
 
 Discovery resolves the shared dimension r (``comfed-dim``); each sampled node gets, per class, the
 mean of its neighbours' latest projected prototypes (``comfed-targets``). Uploads (projected

@@ -1,4 +1,4 @@
-"""FedMuscle: contrastive alignment of representations on the shared pilots (docs/baselines-alignment.md, s6)."""
+"""FedMuscle: contrastive alignment of representations on the shared pilots (notes/baselines-alignment.md, s6)."""
 
 ACTION = "fedmuscle"
 

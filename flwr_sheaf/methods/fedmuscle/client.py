@@ -1,4 +1,4 @@
-"""FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (docs/baselines-alignment.md, s6).
+"""FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (notes/baselines-alignment.md, s6).
 
 A local epoch is contrastive when :func:`flwr_sheaf.methods.fedmuscle.maths.is_contrastive_epoch`
 says so and the message carries targets (record ``muscle-targets``: ``others (K, D)`` and ``all (K,

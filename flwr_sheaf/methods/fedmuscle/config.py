@@ -48,7 +48,7 @@ register_keys(
 
 @dataclass(frozen=True)
 class FedMuscleConfig(Section):
-    """FedMuscle's contrastive alignment on the shared pilots (docs/baselines-alignment.md, s6).
+    """FedMuscle's contrastive alignment on the shared pilots (notes/baselines-alignment.md, s6).
 
     Attributes:
         lam: weight of the contrastive loss (>= 0).

@@ -1,4 +1,4 @@
-"""FedMuscle's contrastive alignment on shared pilots (Setayesh et al. 2026; docs/baselines-alignment.md, s6).
+"""FedMuscle's contrastive alignment on shared pilots (Setayesh et al. 2026; notes/baselines-alignment.md, s6).
 
 Cycles of ``task_epochs`` task-only epochs and one epoch of ``task + lambda L_muscle``, with
 ``L_muscle = mean_i softplus((neg_i - pos_i)/tau)``: the positive of pilot i is pilot i on the other

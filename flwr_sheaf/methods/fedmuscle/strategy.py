@@ -1,4 +1,4 @@
-"""FedMuscle strategy: network averages of the agents' pilot representations (docs/baselines-alignment.md, s6.2).
+"""FedMuscle strategy: network averages of the agents' pilot representations (notes/baselines-alignment.md, s6.2).
 
 Discovery fixes the common dimension D (``fedmuscle-dim``); in rounds with a contrastive epoch, once
 two agents have uploaded, each sampled node gets ``others (K, D)`` (leave-one-out mean over all

@@ -1,4 +1,4 @@
-"""FedProto (Tan et al. 2022): class prototypes averaged over the graph (docs/baselines-prototypes.md)."""
+"""FedProto (Tan et al. 2022): class prototypes averaged over the graph (notes/baselines-prototypes.md)."""
 
 ACTION = "fedproto"
 

@@ -1,4 +1,4 @@
-"""FedProto on the client (Tan et al., AAAI 2022; docs/baselines-prototypes.md, s3): prototype loss plug-in and handlers.
+"""FedProto on the client (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3): prototype loss plug-in and handlers.
 
 A node trains ``CE(h_i(f_i(x)), y) + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)``
 (:func:`flwr_sheaf.methods._shared.prototypes.fedproto_loss`) with the global prototypes of the
@@ -71,7 +71,7 @@ def latent_and_logits(model: StalkModel, x: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def feature_pool(model: StalkModel, cfg: Mapping, where: str) -> PoolingAdapter:
-    """Pooling adapter ``(B, d_i) -> (B, D)`` from ``model.d`` to the message's ``feature-dim`` D (docs/baselines-prototypes.md, s3.5).
+    """Pooling adapter ``(B, d_i) -> (B, D)`` from ``model.d`` to the message's ``feature-dim`` D (notes/baselines-prototypes.md, s3.5).
 
     Raises:
         ProtocolError: the config lacks ``feature-dim`` (``where`` names the message type).
@@ -111,7 +111,7 @@ class FedProtoClient(ClientMethod):
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
         """:class:`FedProtoLoss` from the message's :class:`~flwr_sheaf.methods.fedproto.config.FedProtoConfig`, ``feature-dim``
-        and global prototypes (FedProto's local objective, docs/baselines-prototypes.md s3.1).
+        and global prototypes (FedProto's local objective, notes/baselines-prototypes.md s3.1).
 
         Raises:
             ConfigError / ProtocolError: a key missing from the config, malformed prototypes (named).

@@ -26,7 +26,7 @@ __all__ = ["FedProtoConfig"]
 
 # Tan et al. 2022, official code (yuetan031/FedProto, lib/update.py): SGD lr 0.01, momentum 0.5, no
 # weight decay. Under the shared optimizer (momentum 0.9, lr 0.05) its latents collapse
-# (docs/baselines.md, s0). Applied unless the run sets train-defaults=shared.
+# (notes/baselines.md, s0). Applied unless the run sets train-defaults=shared.
 register_train_defaults("fedproto", {"lr": 0.01, "momentum": 0.5, "weight-decay": 0.0})
 
 register_keys(
@@ -60,7 +60,7 @@ register_keys(
 
 @dataclass(frozen=True)
 class FedProtoConfig(Section):
-    """FedProto (Tan et al. 2022) settings, shared by FedSAF (docs/baselines-prototypes.md).
+    """FedProto (Tan et al. 2022) settings, shared by FedSAF (notes/baselines-prototypes.md).
 
     Attributes:
         dim: common prototype dimension: ``"auto"`` (smallest stalk dimension, resolved at

@@ -1,4 +1,4 @@
-"""FedProto strategy (Tan et al., AAAI 2022; docs/baselines-prototypes.md, s3).
+"""FedProto strategy (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3).
 
 Discovery fixes the common prototype dimension D (``fedproto-dim``: ``auto`` = the smallest stalk
 dimension, ``none`` = all d_i must agree, or an explicit D); every sampled node gets the global
@@ -42,7 +42,7 @@ class FedProto(GraphStrategy):
         fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
         num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
         **common: federation, train (default: FedProto's authors', SGD lr 0.01, momentum 0.5, no
-            weight decay; docs/baselines.md s0; a section passed is used as given), graph, action
+            weight decay; notes/baselines.md s0; a section passed is used as given), graph, action
             (pair with :func:`~flwr_sheaf.methods.fedproto.client.register_fedproto_handlers`),
             discovery_timeout (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
@@ -59,14 +59,14 @@ class FedProto(GraphStrategy):
         num_classes: int = PAPER_NUM_CLASSES,
         **common: Unpack[GraphArgs],
     ) -> None:
-        # its authors' SGD by default (config.METHOD_TRAIN_DEFAULTS, docs/baselines.md s0)
+        # its authors' SGD by default (config.METHOD_TRAIN_DEFAULTS, notes/baselines.md s0)
         if common.get("train") is None:
             common["train"] = RunConfig.from_run_config({"method": "fedproto"}).train
         super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
 
     def on_discovered(self) -> None:
-        """Validate the graph, then resolve the common prototype dimension D (docs/baselines-prototypes.md, s3.5).
+        """Validate the graph, then resolve the common prototype dimension D (notes/baselines-prototypes.md, s3.5).
 
         Raises:
             ValueError: ``fedproto-dim = none`` and the nodes report different stalk dimensions.

@@ -1,4 +1,4 @@
-"""FedSAF on the client: FedProto's protocol with FedSAF's loss plug-in (Eq. 19; docs/baselines-prototypes.md, s4):
+"""FedSAF on the client: FedProto's protocol with FedSAF's loss plug-in (Eq. 19; notes/baselines-prototypes.md, s4):
 ``L_sup + fedsaf-lambda L_proto + fedsaf-gamma L_inst``, ``D o S`` picked by ``fedsaf-structure``;
 a structure term with fewer than 3 rows is skipped, and the share of steps each term applied is
 reported (``proto-applied``, ``inst-applied``).

@@ -35,7 +35,7 @@ register_keys(
 
 @dataclass(frozen=True)
 class FedSAFConfig(Section):
-    """FedSAF's structural alignment weights and structure (docs/baselines-prototypes.md).
+    """FedSAF's structural alignment weights and structure (notes/baselines-prototypes.md).
 
     Attributes:
         lam, gamma: prototype-level and instance-level weights (>= 0).

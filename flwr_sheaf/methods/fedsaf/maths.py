@@ -1,5 +1,5 @@
 """FedSAF mathematics in torch (Wu et al., arXiv 2605.05959; equations of that paper, summarised in
-docs/baselines-prototypes.md, s4): the structure losses GCSA (Eq. (13)) and RCSA (Eq. (14)), the
+notes/baselines-prototypes.md, s4): the structure losses GCSA (Eq. (13)) and RCSA (Eq. (14)), the
 coordinate ablations (Eq. (6)) and Prop. 1's decomposition, and the two-level local objective
 (Eqs. (15)-(19)). Structure losses need ``n >= MIN_ROWS = 3`` rows (identically 0 at 2, undefined at
 1; s4.5); only classes with a global prototype enter the terms (s4.4); norms are clamped at ``eps``.

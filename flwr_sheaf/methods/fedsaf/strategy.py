@@ -1,4 +1,4 @@
-"""FedSAF strategy: structural alignment on FedProto's global prototypes (docs/baselines-prototypes.md).
+"""FedSAF strategy: structural alignment on FedProto's global prototypes (notes/baselines-prototypes.md).
 
 The server side is FedProto's (prototype exchange, validation, aggregation, evaluation), held as
 the same components (:class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`); only the

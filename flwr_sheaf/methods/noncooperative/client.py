@@ -2,7 +2,7 @@
 
 The paper's lower bound: communication accuracy comes from the shared evaluation with post-hoc
 alignment (whitening fitted on the private training latents, Procrustes on the final pilots), as
-:class:`flwr_sheaf.methods.noncooperative.strategy.NonCooperative` requests (docs/baselines.md).
+:class:`flwr_sheaf.methods.noncooperative.strategy.NonCooperative` requests (notes/baselines.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Non-cooperative strategy with post-hoc alignment: the paper's lower bound (docs/baselines.md).
+"""Non-cooperative strategy with post-hoc alignment: the paper's lower bound (notes/baselines.md).
 
 Nodes train on cross-entropy only; nothing but the config travels during training. Evaluation is
 :class:`~flwr_sheaf.strategy.graph.GraphStrategy`'s with ``whitening-fit = "train"``: each node

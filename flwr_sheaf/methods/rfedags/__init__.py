@@ -1,4 +1,4 @@
-"""RFedAGS and its baselines (RFedAvg, RFedSVRG, RFedProj) as methods of the app (docs/baselines-rfedags.md, s5).
+"""RFedAGS and its baselines (RFedAvg, RFedSVRG, RFedProj) as methods of the app (notes/baselines-rfedags.md, s5).
 
 ``method = rfedags | rfedavg | rfedsvrg | rfedproj`` on a planted problem picked by
 ``rfedags-problem`` (``pca``: planted PCA on the Stiefel manifold, ``spd``: SPD Fréchet mean,

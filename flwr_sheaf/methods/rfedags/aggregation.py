@@ -1,4 +1,4 @@
-"""Server side of RFedAGS (docs/baselines-rfedags.md, s5.3; authors' sign convention)::
+"""Server side of RFedAGS (notes/baselines-rfedags.md, s5.3; authors' sign convention)::
 
     x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
 
@@ -53,7 +53,7 @@ def participation_weights(
     p: np.ndarray | None = None,
     num_examples: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Aggregation weights ``w_i`` of one round (RFedAGS server step; docs/baselines-rfedags.md, s5.3).
+    """Aggregation weights ``w_i`` of one round (RFedAGS server step; notes/baselines-rfedags.md, s5.3).
 
     Args:
         responded: ``(N,)`` bool mask of the responders ``S_t``.
@@ -158,7 +158,7 @@ def aggregate_streams(
     what: str = "stream",
 ) -> np.ndarray:
     """Weighted sum ``sum_i w_i zeta_i`` of tangent vectors in ``T_{x_t} M``: RFedAGS's gradient
-    streams (docs/baselines-rfedags.md, s5.2-s5.3) and RFedSVRG's server gradient
+    streams (notes/baselines-rfedags.md, s5.2-s5.3) and RFedSVRG's server gradient
     ``g_t = sum_i w_i grad f_i(x_t)`` (``what="gradient"``).
 
     Args:
@@ -181,7 +181,7 @@ def aggregate_streams(
 def server_update(
     manifold: Manifold, x: np.ndarray, direction: np.ndarray, global_step: float = 1.0
 ) -> np.ndarray:
-    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (docs/baselines-rfedags.md, s5.3; authors use ``varpi = 1``).
+    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (notes/baselines-rfedags.md, s5.3; authors use ``varpi = 1``).
 
     Args:
         manifold: manifold object (e.g. :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`).
@@ -209,7 +209,7 @@ def server_update(
 
 
 def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
-    """Expected weights of the uncorrected mean over responders (RFedAGS Theorem 2.1; docs/participation.md, s2).
+    """Expected weights of the uncorrected mean over responders (RFedAGS Theorem 2.1; notes/participation.md, s2).
 
     ``p~_i = E[1{i in S}/|S|] = p_i * Integral_0^1 prod_{j != i} (1 - p_j + p_j t) dt`` for independent
     ``1{j in S} ~ Bernoulli(p_j)`` (an empty round contributes 0, matching the keep-the-iterate fallback).
@@ -261,7 +261,7 @@ class RoundResult:
 class RFedAGSServer:
     """Stateful RFedAGS server: current iterate, frequency counts, one :meth:`step` per round.
 
-    Implements the RFedAGS server update (docs/baselines-rfedags.md, s5.3) with the weights of :func:`participation_weights`.
+    Implements the RFedAGS server update (notes/baselines-rfedags.md, s5.3) with the weights of :func:`participation_weights`.
     Client indices ``0..N-1`` (partition ids).
 
     Args:
@@ -313,7 +313,7 @@ class RFedAGSServer:
     def weights(
         self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Weights for the current round *without* changing state (docs/baselines-rfedags.md, s5.3).
+        """Weights for the current round *without* changing state (notes/baselines-rfedags.md, s5.3).
 
         Args:
             responded: ``(N,)`` bool (or 0/1) mask of the clients whose stream arrived.

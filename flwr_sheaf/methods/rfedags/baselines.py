@@ -1,7 +1,7 @@
 """RFedAGS's comparison methods: RFedAvg, RFedSVRG and RFedProj (maths only, manifold-generic).
 
 Faithful to the RFedAGS authors' baseline code (``RFedAvg_.m``, ``RFedSVRG_.m``, ``RFedProj_.m``;
-docs/baselines-rfedags.md, s5.8); every function only calls
+notes/baselines-rfedags.md, s5.8); every function only calls
 :class:`~flwr_sheaf.methods.rfedags.manifolds.Manifold` operations. Each round's responders come from
 the same Bernoulli sampler as RFedAGS, and every aggregation takes the weights ``w_i`` of
 :func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights` (``"uncorrected"`` ``1/|S_t|``,

@@ -1,4 +1,4 @@
-"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (docs/baselines-rfedags.md, s5).
+"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (notes/baselines-rfedags.md, s5).
 
 :class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` except the
 round's messages and the server step: discovery, the shared Bernoulli(p_i) sampler
@@ -10,7 +10,7 @@ The maths are :mod:`flwr_sheaf.methods.rfedags.baselines`, the same functions
 :func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
 Per server round ``t`` (action ``a`` = the method name; the maths: the table of
-docs/baselines-rfedags.md, s5.8):
+notes/baselines-rfedags.md, s5.8):
 
 - ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points.
 - ``rfedsvrg``: first a ``train.a`` round trip in phase ``"gradient"`` (inside ``configure_train``,

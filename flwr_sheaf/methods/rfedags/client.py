@@ -1,4 +1,4 @@
-"""ClientApp handlers of the RFedAGS family (``query.<m>``, ``train.<m>``; docs/baselines-rfedags.md, s5)
+"""ClientApp handlers of the RFedAGS family (``query.<m>``, ``train.<m>``; notes/baselines-rfedags.md, s5)
 and the node-side view of a federated problem (:class:`ProblemClient`). No module-level state."""
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def register_rfedags_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = ACTION,
 ) -> ClientApp:
-    """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, docs/baselines-rfedags.md, s5)
+    """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, notes/baselines-rfedags.md, s5)
     on a (possibly existing) ``ClientApp``; its own handlers are untouched.
 
     ``train.<action>`` reads the point ``x_t`` (:data:`~flwr_sheaf.methods.rfedags.protocol.POINT`,
@@ -265,7 +265,7 @@ def register_rfedags_baseline_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     methods: tuple[str, ...] = BASELINES,
 ) -> ClientApp:
-    """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (docs/baselines-rfedags.md, s5).
+    """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (notes/baselines-rfedags.md, s5).
 
     ``train.<m>`` reads RFedAGS's config plus ``phase`` and runs the method's client step (the
     protocol of :mod:`~flwr_sheaf.methods.rfedags.baselines_strategy`; the steps in

@@ -1,5 +1,5 @@
 """Federated Fréchet (Karcher) means on SPD matrices and in the Poincaré ball: RFedAGS's other problems
-(docs/baselines-rfedags.md, s5.7)::
+(notes/baselines-rfedags.md, s5.7)::
 
     f_i(x) = (1/(2S)) sum_s d(x, a_{i,s})^2,   F(x) = (1/N) sum_i f_i(x),   x in M (Hadamard),
 

@@ -1,4 +1,4 @@
-"""Client side of RFedAGS (docs/baselines-rfedags.md, s5.2): ``K`` local Riemannian SGD steps from the
+"""Client side of RFedAGS (notes/baselines-rfedags.md, s5.2): ``K`` local Riemannian SGD steps from the
 server point and the transported gradient stream ``zeta = sum_k T_{x_{t,k} -> x_t}(-alpha_t eta_k)``
 in ``T_{x_t} M``, uploaded instead of the end point (the authors' sign convention: the server adds).
 """
@@ -31,7 +31,7 @@ class GradientStream:
 
     @property
     def zeta(self) -> np.ndarray:
-        """Gradient stream ``zeta = sum_k steps[k]`` (docs/baselines-rfedags.md, s5.2), shape ``(*batch, *point_shape)``."""
+        """Gradient stream ``zeta = sum_k steps[k]`` (notes/baselines-rfedags.md, s5.2), shape ``(*batch, *point_shape)``."""
         return self.steps.sum(axis=0)
 
 
@@ -43,7 +43,7 @@ def local_gradient_stream(
     step_size: float,
 ) -> GradientStream:
     """Run ``K`` local Riemannian SGD steps from the server point and return the gradient stream
-    (the RFedAGS client loop, docs/baselines-rfedags.md, s5.2).
+    (the RFedAGS client loop, notes/baselines-rfedags.md, s5.2).
 
     Args:
         manifold: manifold object with ``egrad2rgrad``, ``retr``, ``transp``.
@@ -104,7 +104,7 @@ def step_size_schedule(alpha0: float, decay_rounds: float = 0.0) -> Callable[[in
 
     ``decay_rounds = 0`` gives the fixed step of the paper's main PCA runs; ``decay_rounds > 0`` is
     the ``alpha_t = alpha0/(beta + t)^p`` family of the paper's decaying-step theorem with ``p = 1`` (convergence to a
-    stationary point instead of a neighbourhood; docs/baselines-rfedags.md, s5.2 and check R3 of s5.6).
+    stationary point instead of a neighbourhood; notes/baselines-rfedags.md, s5.2 and check R3 of s5.6).
 
     Args:
         alpha0: initial step, positive.

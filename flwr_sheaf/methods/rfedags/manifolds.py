@@ -2,7 +2,7 @@
 ``S^{n-1}``, ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c``.
 
 The algorithms call only the operations of :class:`Manifold`. The operators are those of the RFedAGS
-authors' code (Manopt defaults; docs/baselines-rfedags.md, s5.4): Stiefel and sphere delegate to
+authors' code (Manopt defaults; notes/baselines-rfedags.md, s5.4): Stiefel and sphere delegate to
 geoopt (``EuclideanStiefel``: projection ``U - X sym(X^T U)``, sign-fixed QR retraction, projection
 transport; ``Sphere``: normalisation retraction, projection transport, with the exponential map and
 parallel transport as options); SPD and the Poincaré ball are numpy closed forms of geoopt's
@@ -27,7 +27,7 @@ __all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall"]
 def _geoopt() -> Any:
     """geoopt, imported when a manifold is first built: its import (scipy.optimize with it) cost
     0.3-0.5 CPU-s in every process importing flwr_sheaf, such as each ClientApp actor of the Ray
-    engine, most of which never run RFedAGS (docs/performance-ray.md, "Against Flower's floor")."""
+    engine, most of which never run RFedAGS (benchmarks/records/performance-ray.md, "Against Flower's floor")."""
     with warnings.catch_warnings():
         # geoopt 0.5 decorates helpers with torch.jit.script, deprecated in recent torch.
         warnings.simplefilter("ignore", FutureWarning)
@@ -56,7 +56,7 @@ def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
 
 
 class Manifold:
-    """The operations RFedAGS needs from a manifold (docs/baselines-rfedags.md, s5.2 and s5.4) and the
+    """The operations RFedAGS needs from a manifold (notes/baselines-rfedags.md, s5.2 and s5.4) and the
     plumbing the four below share (numpy in, float64 out, leading batch axes broadcast).
 
     Each subclass sets ``point_shape`` (trailing shape of a point), ``_geo`` (a geoopt manifold: the
@@ -114,7 +114,7 @@ class Manifold:
 
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64, shape of ``g``
-        (docs/baselines-rfedags.md, s5.2). Raises ValueError like :meth:`proj`."""
+        (notes/baselines-rfedags.md, s5.2). Raises ValueError like :meth:`proj`."""
         return self.proj(x, g)
 
     def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -142,14 +142,14 @@ class ProjectionManifold(Manifold):
     ``M`` to ambient ``z``, shape ``(..., *point_shape)`` (RFedProj's requirement; Stiefel and sphere,
     see :func:`~.baselines.require_projection`)."""
 
-    #: RFedProj needs a compact embedded submanifold with a metric projection (docs/baselines-rfedags.md, s5.4).
+    #: RFedProj needs a compact embedded submanifold with a metric projection (notes/baselines-rfedags.md, s5.4).
     compact_embedded = True
     ambient_projection: Callable[[np.ndarray], np.ndarray]
 
 
 class Stiefel(ProjectionManifold):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric
-    (docs/baselines-rfedags.md, s5.4: projection, sign-fixed QR retraction, projection transport).
+    (notes/baselines-rfedags.md, s5.4: projection, sign-fixed QR retraction, projection transport).
 
     Args:
         d: ambient rows, ``d >= r >= 1``.
@@ -413,7 +413,7 @@ def _eigfun(a: np.ndarray, *fs) -> list[np.ndarray]:
 class SPD(Manifold):
     """Symmetric positive definite ``n x n`` matrices with the affine-invariant metric
     ``<U, V>_X = tr(X^{-1} U X^{-1} V)`` (Manopt ``sympositivedefinitefactory``, the RFedAGS paper's
-    Fréchet-mean problem; docs/baselines-rfedags.md, s5.4).
+    Fréchet-mean problem; notes/baselines-rfedags.md, s5.4).
 
     Closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")`` (the tests' oracle; retraction =
     exponential map, inverse = logarithm, parallel transport) with batched ``numpy.linalg.eigh``:

@@ -1,4 +1,4 @@
-"""Federated PCA on the Stiefel manifold (docs/baselines-rfedags.md, s5.5): the RFedAGS paper's synthetic
+"""Federated PCA on the Stiefel manifold (notes/baselines-rfedags.md, s5.5): the RFedAGS paper's synthetic
 problem and a planted problem that exposes the participation bias (check R3, s5.6).
 
 Cost convention of the authors' code (no factor 1/2; the paper's step sizes are in it)::
@@ -73,7 +73,7 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
 
 
 class PCAProblem:
-    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (docs/baselines-rfedags.md, s5.5).
+    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (notes/baselines-rfedags.md, s5.5).
 
     Args:
         covariances: ``(N, d, d)`` symmetric matrices ``A_i``.
@@ -152,7 +152,7 @@ class PCAProblem:
     def minibatch_egrads(
         self, x: np.ndarray, clients: np.ndarray | list[int], batch: np.ndarray
     ) -> np.ndarray:
-        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (docs/baselines-rfedags.md, s5.5; batch without replacement).
+        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (notes/baselines-rfedags.md, s5.5; batch without replacement).
 
         Args:
             x: ``(d, r)`` or ``(m, d, r)``.
@@ -195,7 +195,7 @@ class PCAProblem:
 
     def gap(self, x: np.ndarray) -> float:
         """Optimality gap ``F(X) - F* >= 0`` (float) of a point ``X (d, r)``: the metric of
-        docs/baselines-rfedags.md, s5.5."""
+        notes/baselines-rfedags.md, s5.5."""
         return self.cost(x) - self.optimum()[1]
 
     def reweighted_optimum(self, weights: np.ndarray) -> np.ndarray:
@@ -214,7 +214,7 @@ class PCAProblem:
 def synthetic_pca_problem(
     num_clients: int = 40, d: int = 100, r: int = 5, samples_per_client: int = 100, seed: int = 0
 ) -> PCAProblem:
-    """The paper's synthetic PCA data (docs/baselines-rfedags.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
+    """The paper's synthetic PCA data (notes/baselines-rfedags.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
 
     Args:
         num_clients, d, r, samples_per_client: ``N, d, r, S`` (paper: 40, 100, 5, 100).
@@ -246,7 +246,7 @@ def planted_pca_problem(
     base: float = 0.1,
     noise: float = 0.005,
 ) -> tuple[PCAProblem, np.ndarray]:
-    """Planted two-group PCA problem that exposes the participation bias (docs/baselines-rfedags.md, s5.5-s5.6, check R3).
+    """Planted two-group PCA problem that exposes the participation bias (notes/baselines-rfedags.md, s5.5-s5.6, check R3).
 
     ``A_i = base * I + noise * sym(G_i) + spike_g (e_a e_a^T + e_b e_b^T)`` with ``(a, b) = (0, 1)`` for the
     frequent group and ``(2, 3)`` for the rare group; ``r = 2``. With the defaults the true optimum is

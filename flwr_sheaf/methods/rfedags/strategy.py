@@ -1,6 +1,6 @@
 """RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
 
-Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md). Per server round ``t``:
+Server part of RFedAGS on Flower's Message API (notes/baselines-rfedags.md). Per server round ``t``:
 
 1. ``configure_train``: discovery once (``query.rfedags``: node id <-> partition-id), then the
    responding set ``S_t`` is drawn per partition-id as independent Bernoulli(p_i)
@@ -12,7 +12,7 @@ Server part of RFedAGS on Flower's Message API (docs/baselines-rfedags.md). Per 
 2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
    finite ``num-examples > 0``; anything else is that node's recorded failure) are
    combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with the weights of
-   ``mode`` (docs/baselines-rfedags.md, s5.3), then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
+   ``mode`` (notes/baselines-rfedags.md, s5.3), then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
    arrived count as participation (a drawn node that failed or stayed silent is a non-responder for
    the frequency estimate). A round without any stream keeps ``x_t`` exactly.
 3. No client-side evaluation: rounds are never evaluated by nodes; use ``start(...,
@@ -86,7 +86,7 @@ class RiemannianArgs(TypedDict, total=False):
         global_step: ``varpi > 0`` (paper and code: 1).
         q_min, estimate_includes_current, estimator: the frequency estimate of ``"corrected"``:
             :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`'s ``q_min``,
-            ``estimate_includes_current`` and ``estimator_kind`` (docs/participation.md, s4.1).
+            ``estimate_includes_current`` and ``estimator_kind`` (notes/participation.md, s4.1).
         manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
             -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
@@ -393,7 +393,7 @@ def log_rfed_summary(s: Any) -> None:
 
 
 class RFedAGS(GraphStrategy, RiemannianState):
-    """RFedAGS (Riemannian FL via averaging gradient streams; docs/baselines-rfedags.md, s5) as a Flower strategy.
+    """RFedAGS (Riemannian FL via averaging gradient streams; notes/baselines-rfedags.md, s5) as a Flower strategy.
 
     Args:
         num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).

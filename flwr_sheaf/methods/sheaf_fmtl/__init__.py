@@ -1,4 +1,4 @@
-"""Sheaf-FMTL: a parameter-space sheaf Laplacian between the agents' models (docs/baselines-sheaf-fmtl.md, s8)."""
+"""Sheaf-FMTL: a parameter-space sheaf Laplacian between the agents' models (notes/baselines-sheaf-fmtl.md, s8)."""
 
 ACTION = "sheaf_fmtl"
 

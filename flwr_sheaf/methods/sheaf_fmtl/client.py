@@ -1,8 +1,8 @@
-"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (docs/baselines-sheaf-fmtl.md, s8).
+"""Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (notes/baselines-sheaf-fmtl.md, s8).
 
 Per ``train.sheaf_fmtl`` message the node restores (or, in its first round, draws from (seed,
 partition-id, neighbour)) its maps ``P_ij (d_ij, n_i)``, applies the map step (F2) with the
-neighbours' projections ``y_j`` that arrived (deferred from the previous iteration; docs/deviations.md),
+neighbours' projections ``y_j`` that arrived (deferred from the previous iteration; notes/deviations-methods.md),
 trains on cross-entropy, applies the parameter step (F1), stores the maps (float16, so the uploads
 use exactly the stored maps) and uploads ``P_ij theta_i`` per neighbour, never the parameters.
 """

@@ -25,13 +25,13 @@ register_keys(
         "sheaf-fmtl-lambda",
         0.01,
         parse_float(0.0),
-        "weight lambda of Sheaf-FMTL's parameter-space sheaf Laplacian term (docs/baselines-sheaf-fmtl.md, s8)",
+        "weight lambda of Sheaf-FMTL's parameter-space sheaf Laplacian term (notes/baselines-sheaf-fmtl.md, s8)",
     ),
     Key(
         "sheaf-fmtl-gamma",
         1e-4,
         parse_float(0.0, 1.0, lo_open=True),
-        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; docs/deviations.md)",
+        "Sheaf-FMTL map compression: d_ij = max(1, floor(gamma min(n_i, n_j))) (the paper: 1e-3; notes/deviations-methods.md)",
     ),
     Key(
         "sheaf-fmtl-eta",
@@ -50,7 +50,7 @@ register_keys(
 
 @dataclass(frozen=True)
 class SheafFMTLConfig(Section):
-    """Sheaf-FMTL's parameter-space restriction maps (docs/baselines-sheaf-fmtl.md, s8).
+    """Sheaf-FMTL's parameter-space restriction maps (notes/baselines-sheaf-fmtl.md, s8).
 
     Attributes:
         lam: lambda >= 0 of the sheaf Laplacian term (F1, F2).

@@ -1,4 +1,4 @@
-"""Sheaf-FMTL maths (Ben Issaid, Vepakomma and Bennis, TMLR 2025; docs/baselines-sheaf-fmtl.md, s8):
+"""Sheaf-FMTL maths (Ben Issaid, Vepakomma and Bennis, TMLR 2025; notes/baselines-sheaf-fmtl.md, s8):
 restriction maps ``P_ij (d_ij, n_i)`` on agent i's flattened trainable parameters ``theta_i``,
 ``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0), the parameter step (F1)
 ``theta_i -= alpha lambda sum_j P_ij^T (P_ij theta_i - P_ji theta_j)`` and the map step (F2)

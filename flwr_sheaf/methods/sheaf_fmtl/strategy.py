@@ -1,4 +1,4 @@
-"""Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (docs/baselines-sheaf-fmtl.md, s8).
+"""Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (notes/baselines-sheaf-fmtl.md, s8).
 
 The server holds no maps and no parameters; from each node's parameter count n_i (the zoo's,
 :func:`sheaf_fmtl_budget`) it fixes every ``d_ij`` (F0) after discovery and checks the map budget on

@@ -1,4 +1,4 @@
-"""Sheaf-FRL (the paper's method): gluing on the shared pilots (docs/method.md)."""
+"""Sheaf-FRL (the paper's method): gluing on the shared pilots (docs/paper.md)."""
 
 ACTION = "sheaf"
 

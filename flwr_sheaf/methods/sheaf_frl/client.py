@@ -6,8 +6,8 @@ restriction maps by Procrustes (Eq. 18) and trains on CE + the local gluing pena
 neighbours' pilots constant); then it refits its whitening on its pilot latents and replies with
 its whitened pilots ``(K, d_i)``, cached in ``context.state``. Round 1 trains on CE only. The stable
 formulation (dropout-free pilot passes, differentiable batch whitening, maps refitted each epoch):
-docs/stability.md. The variants (Alg. 2-4: transported pilots, maps kept in ``context.state``,
-keyed random initial maps and the node secret): docs/variants-privacy.md.
+notes/stability.md. The variants (Alg. 2-4: transported pilots, maps kept in ``context.state``,
+keyed random initial maps and the node secret): notes/variants-privacy.md.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ __all__ = [
 
 
 class SheafGluing(LossPlugin):
-    """CE + the local gluing penalty of paper Eq. 16 (or its variants, docs/variants-privacy.md) on a pilot minibatch.
+    """CE + the local gluing penalty of paper Eq. 16 (or its variants, notes/variants-privacy.md) on a pilot minibatch.
 
     Args:
         task: the node's task (its ``x_pilot (K, ...)``).
@@ -115,7 +115,7 @@ class SheafGluing(LossPlugin):
             (:func:`flwr_sheaf.sheaf.pilots.apply_selection`).
         normalisation: ``"none"`` or ``"parseval"``: maps fitted on the polar factors of both pilot
             matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
-            pilots (docs/variants-pilots.md).
+            pilots (notes/variants-pilots.md).
         map_refit: ``"epoch"``: the penalty uses the maps fitted at the start of the epoch on all
             pilots; ``"step"``: each step of at least two rows refits the maps this node owns on the
             step's minibatch (paper Alg. 1 line 11); the maps it keeps and transports with
@@ -226,7 +226,7 @@ class SheafGluing(LossPlugin):
 
     def loss(self, model, x, y, gen):
         """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
-        drawn from ``gen`` (encoder in eval mode, whitening in train mode; docs/stability.md).
+        drawn from ``gen`` (encoder in eval mode, whitening in train mode; notes/stability.md).
 
         The minibatch comes from :meth:`plan_epoch` when the loop called it (the same draws, made
         once per epoch); parts are detached tensors (no host synchronisation per step)."""

@@ -49,7 +49,7 @@ register_keys(
         "absent-policy",
         "cached",
         parse_str(("cached", "drop", "drop-reweighted")),
-        "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (docs/participation.md)",
+        "pilots of a neighbour that did not train: `cached`, `drop`, `drop-reweighted` (notes/participation.md)",
     ),
     Key(
         "reweight-q-min",
@@ -62,33 +62,33 @@ register_keys(
         "auto",
         parse_str(("auto", "heterogeneous", "homogeneous")),
         "`heterogeneous` (Alg. 1), `homogeneous` (Alg. 2: O(d) maps, one SVD per edge; all d_i equal) or `auto` "
-        "(homogeneous iff all d_i are equal) (docs/variants-privacy.md)",
+        "(homogeneous iff all d_i are equal) (notes/variants-privacy.md)",
     ),
     Key(
         "privacy",
         "standard",
         parse_str(("standard", "stringent")),
-        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; docs/variants-privacy.md)",
+        "`standard` (pilots shared) or `stringent` (Alg. 3/4: only transported pilots leave a node; notes/variants-privacy.md)",
     ),
     Key(
         "pilot-strategy",
         "all",
         parse_spec(_check_pilot_strategy, _pilot_forms),
         "pilots used by the gluing each round: `all`, `uniform:K`, `stratified-class:K`, `stratified-cluster:K`, "
-        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (docs/variants-pilots.md)",
+        "`prototype-class`, `prototype-cluster:K`, `dynamic:P+R`, `adaptive:K` (notes/variants-pilots.md)",
     ),
     Key(
         "pilot-normalisation",
         "none",
         parse_str(("none", "parseval")),
-        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; docs/variants-pilots.md)",
+        "`parseval`: restriction maps fitted on the polar factors of the pilot matrices (paper App. B; notes/variants-pilots.md)",
     ),
     Key(
         "map-refit",
         "epoch",
         parse_str(("epoch", "step")),
         "when a node refits its restriction maps: `epoch` (on all pilots, each local epoch) or `step` (also on each "
-        "step's pilot minibatch, Alg. 1 line 11; docs/stability.md)",
+        "step's pilot minibatch, Alg. 1 line 11; notes/stability.md)",
     ),
 )
 
@@ -101,16 +101,16 @@ class SheafConfig(Section):
         lam: lambda >= 0 (``lambda_i = lambda / d_i``).
         lambda_warmup_rounds: linear warm-up length W (0 = none).
         pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
-        absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (docs/participation.md).
+        absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (notes/participation.md).
         reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
         sheaf_variant: ``"auto"``, ``"heterogeneous"`` (Alg. 1) or ``"homogeneous"`` (Alg. 2, Eq. 24);
-            the strategy resolves ``auto`` at discovery and sends the resolved value (docs/variants-privacy.md).
-        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; docs/variants-privacy.md).
+            the strategy resolves ``auto`` at discovery and sends the resolved value (notes/variants-privacy.md).
+        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; notes/variants-privacy.md).
         pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
-        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; docs/variants-pilots.md).
+        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; notes/variants-pilots.md).
         map_refit: ``"epoch"`` (maps refitted on all pilots at the start of each local epoch) or
             ``"step"`` (the penalty of each step also uses maps refitted by Procrustes on that step's
-            pilot minibatch, paper Alg. 1 line 11; docs/stability.md).
+            pilot minibatch, paper Alg. 1 line 11; notes/stability.md).
     """
 
     lam: float = key_field("lambda")
@@ -125,7 +125,7 @@ class SheafConfig(Section):
     map_refit: str = key_field("map-refit")
 
     def lam_at(self, server_round: int) -> float:
-        """Lambda of Eq. 16 used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``, docs/stability.md)."""
+        """Lambda of Eq. 16 used in ``server_round`` (linear warm-up ``lambda min(1, r / W)``, notes/stability.md)."""
         w = self.lambda_warmup_rounds
         return self.lam * min(1.0, server_round / w) if w > 0 else self.lam
 

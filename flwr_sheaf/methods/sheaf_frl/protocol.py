@@ -2,7 +2,7 @@
 
 ``train.sheaf`` carries the core's config plus :class:`~flwr_sheaf.protocol.EdgeConfig`, the neighbours'
 :data:`PILOTS` (:func:`pack_neighbour_pilots`) and/or :data:`TRANSPORTED` pilots
-(docs/variants-privacy.md), and, for a ``pilot-strategy`` other than ``all``, :data:`PILOT_SELECTION`
+(notes/variants-privacy.md), and, for a ``pilot-strategy`` other than ``all``, :data:`PILOT_SELECTION`
 (:func:`pack_pilot_selection`) with :data:`PILOT_INDEX_DIGEST` / :data:`PILOT_DESCRIBE` in the config.
 The reply carries the node's own :data:`PILOTS` (key :data:`OWN_PILOTS`, ``(K, d_i)``) and/or
 :data:`TRANSPORTED`, :data:`PILOT_PUBLIC` when asked, and :data:`SVDS` / :data:`PILOT_INDEX_DIGEST`
@@ -42,13 +42,13 @@ __all__ = [
 #: a train reply (the node's own whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`).
 PILOTS = "pilots"
 OWN_PILOTS = "pilots"
-#: Sheaf-FRL variants (docs/variants-privacy.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
+#: Sheaf-FRL variants (notes/variants-privacy.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
 #: In a train reply: the node's pilots moved by its own map toward each neighbour j (``(K, d_e)``,
 #: ``d_e = max(d_i, d_j)``; homogeneous standard: only toward heads, ``(K, d)``). In a train message:
 #: what each neighbour j sent toward this node (same keys). Under ``privacy = stringent`` it replaces
 #: the ``pilots`` record both ways: raw pilots never leave the node.
 TRANSPORTED = "transported"
-#: Sheaf-FRL train metric: SVDs the node computed for its maps this round (docs/variants-privacy.md).
+#: Sheaf-FRL train metric: SVDs the node computed for its maps this round (notes/variants-privacy.md).
 SVDS = "svds"
 
 

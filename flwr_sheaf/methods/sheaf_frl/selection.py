@@ -1,4 +1,4 @@
-"""Sheaf-FRL's pilot selection at the server (paper App. B, ``pilot-strategy``; docs/variants-pilots.md).
+"""Sheaf-FRL's pilot selection at the server (paper App. B, ``pilot-strategy``; notes/variants-pilots.md).
 
 :class:`PilotSelector` (``strategy.pilots``) holds the parsed strategy, its
 :class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (built once the pilots' count and, if needed, their

@@ -9,10 +9,10 @@ failure (its cached pilots stay). Evaluation: :class:`GraphStrategy`'s two phase
 sampled nodes sends nothing; a node with p_i = 0 never trains and its neighbours get no pilots of it.
 
 What a sampled node gets of a neighbour absent in the previous round (``cached`` / ``drop`` /
-``drop-reweighted``): docs/participation.md, s3. Pilot selection (``pilot-strategy``, one
+``drop-reweighted``): notes/participation.md, s3. Pilot selection (``pilot-strategy``, one
 :class:`~flwr_sheaf.sheaf.pilots.PilotSelection` per round for every node, echoed by digest):
-docs/variants-pilots.md. Variants and stringent privacy (raw or transported pilots per directed
-edge, :attr:`SheafFRL.edge_bank`; the uploaded bytes by kind, paper Tab. 1): docs/variants-privacy.md.
+notes/variants-pilots.md. Variants and stringent privacy (raw or transported pilots per directed
+edge, :attr:`SheafFRL.edge_bank`; the uploaded bytes by kind, paper Tab. 1): notes/variants-privacy.md.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class SheafFRL(GraphStrategy):
         self.bank_round: dict[int, int] = {}
         #: arrival frequency of each node's pilots (``drop-reweighted``); the estimate used in round t
         #: is computed in round t-1 before observing it.
-        #: (the plain ``c/t`` estimate of docs/participation.md, s3.3, not RFedAGS's Laplace default)
+        #: (the plain ``c/t`` estimate of notes/participation.md, s3.3, not RFedAGS's Laplace default)
         self.frequency = FrequencyEstimator(
             num_nodes, q_min=self.sheaf.reweight_q_min, estimator="empirical"
         )
@@ -274,7 +274,7 @@ class SheafFRL(GraphStrategy):
         """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
 
         A reply whose pilot matrix has the wrong shape or NaN/inf entries is that node's recorded
-        failure and its cached pilots stay (docs/participation.md, s3); the frequency estimate used
+        failure and its cached pilots stay (notes/participation.md, s3); the frequency estimate used
         in round t+1 counts rounds 1..t-1 only (s3.3).
         """
         accepted = {}
