@@ -84,15 +84,53 @@ def _method_name(strategy: Any) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    """``out_dir`` with ``~`` expanded (not created), after checking that :func:`write_results` may
-    write there (call it before ``strategy.start``, so a refusal comes before any training).
+#: ``{lock path: DirLock}`` of the results directories :func:`check_results_dir` claimed for a run
+#: (held until :func:`write_results` writes there, or the process ends)
+_CLAIMED: dict[Path, Any] = {}
+
+
+def check_results_dir(
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    strategy: Any = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path:
+    """``out_dir`` with ``~`` expanded (created), claimed for this run after checking that
+    :func:`write_results` may write there: call it before ``strategy.start``, so a refusal comes
+    before any training. The directory's lock (:class:`flwr_sheaf.locks.DirLock`, naming the Flower
+    run) is held from now until :func:`write_results` writes there (or this process ends), so a second
+    run into it is refused at its start, not after training. With ``strategy`` and ``config``, the
+    run-config keys the strategy does not apply are warned about now (:func:`config_not_applied`).
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
             is False (the files named, with the fix).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
+        flwr_sheaf.locks.LockedError: a live run holds ``out_dir`` (its process and, for a Flower
+            run, ``flwr stop <run-id>`` named).
     """
+    from .locks import DirLock, held_by_this_process
+
+    out = _checked_out(out_dir, overwrite)  # nothing created or locked for a refused directory
+    out.mkdir(parents=True, exist_ok=True)
+    claim = None if held_by_this_process(out) else DirLock(out, "out_dir").acquire()
+    try:
+        _checked_out(out_dir, overwrite)  # again under the lock: a run may have ended meanwhile
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
+    if claim is not None:
+        _CLAIMED[claim.path] = claim
+    for line in config_not_applied(strategy, config):
+        log.warning("%s", line)
+    return out
+
+
+def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
+    """``out_dir`` expanded, after the check of :func:`check_results_dir` and :func:`write_results`
+    (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``)."""
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
@@ -103,6 +141,33 @@ def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
             f"({', '.join(p.name for p in old)}); use another directory, or pass overwrite=True to "
             f"replace them"
         )
+    return out
+
+
+def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
+    """One warning per key of ``config`` (one's own app's run config) that names a key of the
+    strategy's config sections (:func:`strategy_config`) with another value than the strategy runs
+    with: e.g. a host app's ``fraction-evaluate = 0.5`` for its FedAvg, beside a flwr-sheaf strategy
+    built with ``FederationConfig()``. ``results.json``'s ``config`` records the strategy's value;
+    the line names both values and the section field that applies it. Empty without both."""
+    from .config import ConfigError, lookup_key
+
+    if strategy is None or not config:
+        return []
+    out = []
+    for key, used in strategy_config(strategy).items():
+        if key not in config:
+            continue
+        try:
+            same = lookup_key(key)(config[key]) == used
+        except (ConfigError, KeyError, TypeError, ValueError):
+            same = False
+        if not same:
+            out.append(
+                f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
+                f"with {key}={used!r} (results.json's config records {used!r}); to apply it, pass "
+                f"it to the strategy's config section ({key.replace('-', '_')}=...)"
+            )
     return out
 
 
@@ -134,7 +199,8 @@ def write_results(
             run's ``checkpoint.pkl`` into a new ``previous-<UTC time>/`` (logged; refused otherwise),
             never replace them; while this process already holds ``out_dir``'s lock (the bundled
             app's preflight, which moved another run's files aside itself) the files there are this
-            run's and are replaced. The directory's lock is held, and re-checked, while writing.
+            run's and are replaced. The directory's lock is held, and re-checked, while writing (the
+            lock :func:`check_results_dir` took for this run is released after it).
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/reliability-failures.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
@@ -166,7 +232,7 @@ def write_results(
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
     try:
         own_extra = _checked_own_extra(strategy, extra)
-        out = check_results_dir(out_dir, overwrite=overwrite)
+        out = _checked_out(out_dir, overwrite)
         foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
         cfg = _recorded_config(strategy, config)
         max_failed_fraction = _given_or_config(
@@ -174,7 +240,11 @@ def write_results(
         )
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous", int)
         status = run_status(strategy, max_failed_fraction, problems, errors)
-        payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
+        more = {**own_extra, **(extra or {})}
+        unapplied = config_not_applied(strategy, config)
+        if unapplied:  # recorded beside the bundled app's own warnings (results.json's "warnings")
+            more["warnings"] = [*more.get("warnings", []), *unapplied]
+        payload = _payload(strategy, cfg, status, wall_seconds, more)
         # serialised before anything is written: a TypeError writes nothing
         text = json.dumps(_clean(payload), indent=1)
         title = str(cfg.get("method", "")) or type(strategy).__name__
@@ -295,11 +365,10 @@ def _check_foreign_checkpoint(
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
     """results.json's ``config``: ``config`` as given, then every key of the strategy's config
-    sections not in it (:func:`strategy_config`); ``method`` first, from the registry, when absent
+    sections with the strategy's value (a given key it does not apply: :func:`config_not_applied`) (:func:`strategy_config`); ``method`` first, from the registry, when absent
     and the strategy's action names exactly one registered method."""
     cfg = dict(config or {})
-    for key, value in strategy_config(strategy).items():
-        cfg.setdefault(key, value)
+    cfg.update(strategy_config(strategy))  # what ran, also for a key given otherwise (warned)
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
     return cfg
@@ -350,6 +419,9 @@ def _write_files(
     out.mkdir(parents=True, exist_ok=True)
     held = held_by_this_process(out)
     lock = held or DirLock(out, "out_dir").acquire()
+    if held is not None and _CLAIMED.get(held.path) is held:  # check_results_dir's claim: this
+        del _CLAIMED[held.path]  # write's own lock, released after it, files moved as without it
+        held = None
     try:
         lock.verify()
         names = [] if foreign is None else [foreign.name]
