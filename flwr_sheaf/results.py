@@ -145,29 +145,39 @@ def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
 
 
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
-    """One warning per key of ``config`` (one's own app's run config) that names a key of the
-    strategy's config sections (:func:`strategy_config`) with another value than the strategy runs
-    with: e.g. a host app's ``fraction-evaluate = 0.5`` for its FedAvg, beside a flwr-sheaf strategy
-    built with ``FederationConfig()``. ``results.json``'s ``config`` records the strategy's value;
-    the line names both values and the section field that applies it. Empty without both."""
-    from .config import ConfigError, lookup_key
+    """One warning per key of ``config`` (one's own app's run config) that the strategy does not
+    apply: a key of its config sections (:func:`strategy_config`) with another value than it runs
+    with (e.g. a host app's ``fraction-evaluate = 0.5`` for its FedAvg beside a strategy built with
+    ``FederationConfig()``; ``results.json``'s ``config`` records the strategy's value), or a key
+    that is no flwr-sheaf key but close to one (misspelt: the key, the closest valid key and the fix
+    named). Empty without both."""
+    import difflib
+
+    from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
 
     if strategy is None or not config:
         return []
-    out = []
-    for key, used in strategy_config(strategy).items():
-        if key not in config:
-            continue
-        try:
-            same = lookup_key(key)(config[key]) == used
-        except (ConfigError, KeyError, TypeError, ValueError):
-            same = False
-        if not same:
-            out.append(
-                f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
-                f"with {key}={used!r} (results.json's config records {used!r}); to apply it, pass "
-                f"it to the strategy's config section ({key.replace('-', '_')}=...)"
-            )
+    used, out = strategy_config(strategy), []
+    for key in config:
+        if key in used:
+            try:
+                given = lookup_key(key)(config[key])  # as the section parses it ("1" == 1, ...)
+            except (ConfigError, KeyError, TypeError, ValueError):
+                given = config[key]
+            if given != used[key]:
+                out.append(
+                    f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
+                    f"with {key}={used[key]!r} (results.json's config records {used[key]!r}); to "
+                    f"apply it, pass it to the strategy's config section ({key.replace('-', '_')}=...)"
+                )
+        elif key not in KEYS and key not in METHOD_KEYS:
+            close = difflib.get_close_matches(key, [*used, *KEYS, *METHOD_KEYS], n=1, cutoff=0.85)
+            if close:
+                out.append(
+                    f"run-config key {key!r} is no flwr-sheaf key: did you mean {close[0]!r}? Nothing "
+                    f"in flwr-sheaf reads {key!r}; fix its name in your pyproject.toml "
+                    f"[tool.flwr.app.config] (and in --run-config)"
+                )
     return out
 
 

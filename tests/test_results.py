@@ -152,7 +152,7 @@ def test_a_run_config_key_the_strategy_does_not_apply_is_warned_at_start_and_rec
     """A host app's own ``fraction-evaluate = 0.5`` (for its FedAvg) beside a flwr-sheaf strategy
     built with ``FederationConfig()``: every node is evaluated, so results.json records 1.0, and the
     key is named at start and among results.json's warnings."""
-    rc = {**RC, "fraction-evaluate": 0.5, "lr": 0.05}
+    rc = {**RC, "fraction-evaluate": 0.5, "lr": 0.05, "fedproto-lamda": 0.5, "num-nodes": 3}
     strategy = FedProto(
         3,
         federation=FederationConfig(graph="ring", seed=2),
@@ -160,11 +160,14 @@ def test_a_run_config_key_the_strategy_does_not_apply_is_warned_at_start_and_rec
     )
     with caplog.at_level(logging.WARNING, logger="flwr_sheaf"):
         out = check_results_dir(tmp_path / "run", strategy=strategy, config=rc)
-    warned = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].startswith(
-        "run-config fraction-evaluate=0.5 is not applied"
-    )
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run-config")]
+    assert len(warned) == 2
+    assert warned[0].startswith("run-config fraction-evaluate=0.5 is not applied")
     assert "FedProto runs with fraction-evaluate=1.0" in warned[0]  # lr: the same value, not named
+    # a misspelt key of the package's (the app's own num-nodes is not named)
+    assert warned[1].startswith(
+        "run-config key 'fedproto-lamda' is no flwr-sheaf key: did you mean 'fedproto-lambda'?"
+    )
     strategy.start(grid=LocalGrid(cnn_client_app, 3, run_config=rc), num_rounds=1, timeout=5)
     assert strategy.history[-1]["evaluated"] == [0, 1, 2]  # every node: 1.0 took effect
     res = json.loads(write_results(strategy, out, config=rc).read_text())
