@@ -433,7 +433,11 @@ def test_a_worker_importing_another_apps_same_named_package_is_refused_naming_bo
     text = str(info.value)
     assert type(info.value).__name__ == "ClientAppReferenceError"
     assert str(run / "client_app.py") in text and str(other / "client_app.py") in text
-    assert "another app's file of the same module name" in text and "stop that" in text
+    assert text.startswith(
+        f"ClientApp twinapp.client_app:app: this worker imported {other / 'client_app.py'}, not this "
+        f"run's {run / 'client_app.py'}: another app's package of the same name, in {other.parent}"
+    )
+    assert "Stop that SuperLink" in text
     fresh_import(copy.parent)
     assert sorted(cloudpickle.loads(blob)._registered_funcs) == sorted(
         twinapp.client_app.app._registered_funcs

@@ -241,14 +241,12 @@ def _check_same_module(module: str, attr: str, file: str, digest: str, here: str
     if _digest(here) == digest:  # the same code installed at another path (another machine)
         return
     root = _import_root(module, here) or os.path.dirname(here)
-    raise ClientAppReferenceError(
-        f"the ClientApp {module}:{attr} of this run is defined in {file}, but this worker imported "
-        f"{module!r} from {here}, another app's file of the same module name, found first on the "
-        f"worker's sys.path ({root}; the worker's working directory is {os.getcwd()}). A local "
-        f"SuperLink runs the workers of every app in the folder it was started from: stop that "
-        f"SuperLink (the flower-superlink process: kill its pid; `flwr stop <run-id>` stops runs, "
-        f"not the SuperLink) and `flwr run` again from this app's folder, or rename one of the two "
-        f"packages. A relative results-dir is resolved in that folder too"
+    raise ClientAppReferenceError(  # short: discovery quotes a reason's last 600 characters
+        f"ClientApp {module}:{attr}: this worker imported {here}, not this run's {file}: another "
+        f"app's package of the same name, in {root}, the folder the local SuperLink was started "
+        f"from. Stop that SuperLink (kill its flower-superlink pid; `flwr stop` stops runs only) and "
+        f"`flwr run` again from this app's folder, or rename one package (a relative results-dir "
+        f"resolves in that folder too)"
     )
 
 
