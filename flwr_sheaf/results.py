@@ -60,19 +60,22 @@ def _clean(x):
     return x
 
 
+def _sections(strategy: Any) -> list[Any]:
+    """The :class:`~flwr_sheaf.config.Section` attributes of ``strategy`` and of its components."""
+    from .config import Section
+
+    owners = [strategy, *(v for v in vars(strategy).values() if hasattr(v, "__dict__"))]
+    return [v for o in owners for v in vars(o).values() if isinstance(v, Section)]
+
+
 def strategy_config(strategy: Any) -> dict[str, Any]:
     """``{run-config key: value}`` of the :class:`~flwr_sheaf.config.Section` attributes of
     ``strategy`` and of the components it holds, first found wins (empty when it holds none): what
     ``results.json``'s ``config`` records for a strategy built in one's own app (no run config)."""
-    from .config import Section
-
     out: dict[str, Any] = {}
-    owners = [strategy, *(v for v in vars(strategy).values() if hasattr(v, "__dict__"))]
-    for owner in owners:
-        for value in vars(owner).values():
-            if isinstance(value, Section):
-                for key, v in value.to_dict().items():
-                    out.setdefault(key, v)
+    for section in _sections(strategy):
+        for key, v in section.to_dict().items():
+            out.setdefault(key, v)
     return out
 
 
@@ -152,6 +155,7 @@ def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[
     that is no flwr-sheaf key but close to one (misspelt: the key, the closest valid key and the fix
     named). Empty without both."""
     import difflib
+    from dataclasses import fields
 
     from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
 
@@ -165,10 +169,16 @@ def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[
             except (ConfigError, KeyError, TypeError, ValueError):
                 given = config[key]
             if given != used[key]:
+                field = next(  # the section field that holds key (lambda is SheafConfig's lam)
+                    f"{type(sec).__name__}({f.name}=...)"
+                    for sec in _sections(strategy)
+                    for f in fields(sec)
+                    if f.metadata.get("key") == key
+                )
                 out.append(
                     f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
                     f"with {key}={used[key]!r} (results.json's config records {used[key]!r}); to "
-                    f"apply it, pass it to the strategy's config section ({key.replace('-', '_')}=...)"
+                    f"apply it, pass {field} to the strategy"
                 )
         elif key not in KEYS and key not in METHOD_KEYS:
             close = difflib.get_close_matches(key, [*used, *KEYS, *METHOD_KEYS], n=1, cutoff=0.85)
