@@ -93,9 +93,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+#: the modules of Flower's processes that run a ServerApp (simulation, deployment)
+_FLOWER_RUNTIMES = ("flwr.simulation.app", "flwr.superlink.runtime.run_serverapp")
+
+
 def _flower_run_id() -> int | None:
-    """The Flower run this process serves (``TaskIdentity.run_id``, set by Flower in a ServerApp's
-    process and by ``LocalGrid``), or None outside one."""
+    """The Flower run this process serves (``TaskIdentity.run_id`` in a process of Flower's runtime,
+    not ``LocalGrid``'s stand-in), or None."""
+    if not any(m in sys.modules for m in _FLOWER_RUNTIMES):
+        return None
     ident = getattr(sys.modules.get("flwr.supercore.task_identity"), "TaskIdentity", None)
     return getattr(ident, "_run_id", None)
 

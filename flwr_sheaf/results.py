@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .locks import DirLock
     from .strategy.graph import GraphStrategy
 
 log = logging.getLogger("flwr_sheaf")
@@ -89,7 +90,7 @@ def _method_name(strategy: Any) -> str | None:
 
 #: ``{lock path: DirLock}`` of the results directories :func:`check_results_dir` claimed for a run
 #: (held until :func:`write_results` writes there, or the process ends)
-_CLAIMED: dict[Path, Any] = {}
+_CLAIMED: dict[Path, DirLock] = {}
 
 
 def check_results_dir(
@@ -147,6 +148,14 @@ def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def _parsed(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is a parsed run config holding every key (``RunConfig.to_dict()``: the
+    bundled app's, whose ``run_config_warnings`` say what a method does not read), recorded as given."""
+    from .config import KEYS
+
+    return set(KEYS) <= set(config)
+
+
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
     """One warning per key of ``config`` (one's own app's run config) that the strategy does not
     apply: a key of its config sections (:func:`strategy_config`) with another value than it runs
@@ -159,7 +168,7 @@ def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[
 
     from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
 
-    if strategy is None or not config:
+    if strategy is None or not config or _parsed(config):
         return []
     used, out = strategy_config(strategy), []
     for key in config:
@@ -385,10 +394,13 @@ def _check_foreign_checkpoint(
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
     """results.json's ``config``: ``config`` as given, then every key of the strategy's config
-    sections with the strategy's value (a given key it does not apply: :func:`config_not_applied`) (:func:`strategy_config`); ``method`` first, from the registry, when absent
-    and the strategy's action names exactly one registered method."""
-    cfg = dict(config or {})
-    cfg.update(strategy_config(strategy))  # what ran, also for a key given otherwise (warned)
+    sections (:func:`strategy_config`) with the strategy's value, also where ``config`` gives another
+    (warned: :func:`config_not_applied`; a parsed run config is kept as given); ``method`` first, from
+    the registry, when absent and the strategy's action names exactly one registered method."""
+    cfg, parsed = dict(config or {}), _parsed(config or {})
+    for key, value in strategy_config(strategy).items():
+        if key not in cfg or not parsed:  # what ran
+            cfg[key] = value
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
     return cfg

@@ -182,6 +182,7 @@ def test_a_second_run_into_a_results_dir_a_live_run_holds_is_refused_at_its_star
     out = tmp_path / "run"
     code = (
         "import sys\n"
+        "import flwr.simulation.app\n"  # as in Flower's simulation process, which sets the run id
         "from flwr.supercore.task_identity import TaskIdentity\n"
         "TaskIdentity.run_id = 4242\n"
         "from flwr_sheaf.results import check_results_dir\n"
