@@ -100,12 +100,11 @@ def check_results_dir(
     strategy: Any = None,
     config: Mapping[str, Any] | None = None,
 ) -> Path:
-    """``out_dir`` with ``~`` expanded (created), claimed for this run after checking that
-    :func:`write_results` may write there: call it before ``strategy.start``, so a refusal comes
-    before any training. The directory's lock (:class:`flwr_sheaf.locks.DirLock`, naming the Flower
-    run) is held from now until :func:`write_results` writes there (or this process ends), so a second
-    run into it is refused at its start, not after training. With ``strategy`` and ``config``, the
-    run-config keys the strategy does not apply are warned about now (:func:`config_not_applied`).
+    """``out_dir`` with ``~`` expanded (created) after :func:`write_results`' own check; call it before
+    ``strategy.start``, so a refusal comes before any training. Its lock
+    (:class:`flwr_sheaf.locks.DirLock`) is held until :func:`write_results` writes there (or this
+    process ends): a second run into it is refused at its start. With ``strategy`` and ``config``,
+    the keys the strategy does not apply are warned about now (:func:`config_not_applied`).
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
@@ -157,11 +156,10 @@ def _parsed(config: Mapping[str, Any]) -> bool:
 
 
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
-    """One warning per key of ``config`` (one's own app's run config) that the strategy does not
-    apply: a key of its config sections (:func:`strategy_config`) with another value than it runs
-    with (e.g. a host app's ``fraction-evaluate = 0.5`` for its FedAvg beside a strategy built with
-    ``FederationConfig()``; ``results.json``'s ``config`` records the strategy's value), or a key
-    that is no flwr-sheaf key but close to one (misspelt: the key, the closest valid key and the fix
+    """One warning per key of ``config`` (one's own app's run config) the strategy does not apply: a
+    key of its sections (:func:`strategy_config`) with another value (a host app's
+    ``fraction-evaluate = 0.5`` for its FedAvg; results.json records the strategy's value, the
+    section field to set named), or no flwr-sheaf key but close to one (misspelt: the closest
     named). Empty without both."""
     import difflib
     from dataclasses import fields

@@ -123,7 +123,7 @@ def test_a_check_a_user_runs_before_flwr_run_names_a_misspelt_key_of_their_own_a
     )
     assert main([str(dropin), "--run-config", "num-server-rounds=2 lr=0.1"]) == 0
     assert main([str(ROOT / "docs"), "--run-config", "lr=0.1"]) == 2  # no pyproject.toml there
-    assert "pyproject.toml not found" in capsys.readouterr().err
+    assert f"no {ROOT / 'docs' / 'pyproject.toml'}" in capsys.readouterr().err
 
 
 @pytest.mark.engine
