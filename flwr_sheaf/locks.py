@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import stat
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -90,6 +91,19 @@ def _pid_alive(pid: int) -> bool:
     except OSError:  # PermissionError: it exists, owned by another user
         return True
     return True
+
+
+#: the modules of Flower's processes that run a ServerApp (simulation, deployment)
+_FLOWER_RUNTIMES = ("flwr.simulation.app", "flwr.superlink.runtime.run_serverapp")
+
+
+def _flower_run_id() -> int | None:
+    """The Flower run this process serves (``TaskIdentity.run_id`` in a process of Flower's runtime,
+    not ``LocalGrid``'s stand-in), or None."""
+    if not any(m in sys.modules for m in _FLOWER_RUNTIMES):
+        return None
+    ident = getattr(sys.modules.get("flwr.supercore.task_identity"), "TaskIdentity", None)
+    return getattr(ident, "_run_id", None)
 
 
 def _after_check(lock: DirLock) -> None:
@@ -263,6 +277,7 @@ class DirLock:
             "time": time.time(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "token": self.token,
+            "run_id": _flower_run_id(),
         }
 
     def _describe(self, info: dict[str, Any]) -> str:
@@ -289,10 +304,12 @@ class DirLock:
                 f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
                 f"removed or replaced while it ran)"
             )
+        run = (info or {}).get("run_id")
+        stop = f"; it is Flower run {run}: stop it with `flwr stop {run}` (`flwr ls` lists runs)"
         return LockedError(
-            f"{self.key} {self.path.parent} is in use by another run: {who}{why}; wait for it to end "
-            f"or use another {self.key} (remove the lock file only if that process is not a flwr-sheaf "
-            f"run)"
+            f"{self.key} {self.path.parent} is in use by another run: {who}{why}"
+            f"{stop if run is not None else ''}; wait for it to end or use another {self.key} (remove "
+            f"the lock file only if that process is not a flwr-sheaf run)"
         )
 
     def _peek(self) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .locks import DirLock
     from .strategy.graph import GraphStrategy
 
 log = logging.getLogger("flwr_sheaf")
@@ -60,19 +61,22 @@ def _clean(x):
     return x
 
 
+def _sections(strategy: Any) -> list[Any]:
+    """The :class:`~flwr_sheaf.config.Section` attributes of ``strategy`` and of its components."""
+    from .config import Section
+
+    owners = [strategy, *(v for v in vars(strategy).values() if hasattr(v, "__dict__"))]
+    return [v for o in owners for v in vars(o).values() if isinstance(v, Section)]
+
+
 def strategy_config(strategy: Any) -> dict[str, Any]:
     """``{run-config key: value}`` of the :class:`~flwr_sheaf.config.Section` attributes of
     ``strategy`` and of the components it holds, first found wins (empty when it holds none): what
     ``results.json``'s ``config`` records for a strategy built in one's own app (no run config)."""
-    from .config import Section
-
     out: dict[str, Any] = {}
-    owners = [strategy, *(v for v in vars(strategy).values() if hasattr(v, "__dict__"))]
-    for owner in owners:
-        for value in vars(owner).values():
-            if isinstance(value, Section):
-                for key, v in value.to_dict().items():
-                    out.setdefault(key, v)
+    for section in _sections(strategy):
+        for key, v in section.to_dict().items():
+            out.setdefault(key, v)
     return out
 
 
@@ -84,15 +88,52 @@ def _method_name(strategy: Any) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    """``out_dir`` with ``~`` expanded (not created), after checking that :func:`write_results` may
-    write there (call it before ``strategy.start``, so a refusal comes before any training).
+#: ``{lock path: DirLock}`` of the results directories :func:`check_results_dir` claimed for a run
+#: (held until :func:`write_results` writes there, or the process ends)
+_CLAIMED: dict[Path, DirLock] = {}
+
+
+def check_results_dir(
+    out_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    strategy: Any = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path:
+    """``out_dir`` with ``~`` expanded (created) after :func:`write_results`' own check; call it before
+    ``strategy.start``, so a refusal comes before any training. Its lock
+    (:class:`flwr_sheaf.locks.DirLock`) is held until :func:`write_results` writes there (or this
+    process ends): a second run into it is refused at its start. With ``strategy`` and ``config``,
+    the keys the strategy does not apply are warned about now (:func:`config_not_applied`).
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
             is False (the files named, with the fix).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
+        flwr_sheaf.locks.LockedError: a live run holds ``out_dir`` (its process and, for a Flower
+            run, ``flwr stop <run-id>`` named).
     """
+    from .locks import DirLock, held_by_this_process
+
+    out = _checked_out(out_dir, overwrite)  # nothing created or locked for a refused directory
+    out.mkdir(parents=True, exist_ok=True)
+    claim = None if held_by_this_process(out) else DirLock(out, "out_dir").acquire()
+    try:
+        _checked_out(out_dir, overwrite)  # again under the lock: a run may have ended meanwhile
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
+    if claim is not None:
+        _CLAIMED[claim.path] = claim
+    for line in config_not_applied(strategy, config):
+        log.warning("%s", line)
+    return out
+
+
+def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
+    """``out_dir`` expanded, after the check of :func:`check_results_dir` and :func:`write_results`
+    (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``)."""
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
@@ -103,6 +144,57 @@ def check_results_dir(out_dir: str | Path, *, overwrite: bool = False) -> Path:
             f"({', '.join(p.name for p in old)}); use another directory, or pass overwrite=True to "
             f"replace them"
         )
+    return out
+
+
+def _parsed(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is a parsed run config holding every key (``RunConfig.to_dict()``: the
+    bundled app's, whose ``run_config_warnings`` say what a method does not read), recorded as given."""
+    from .config import KEYS
+
+    return set(KEYS) <= set(config)
+
+
+def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
+    """One warning per key of ``config`` (one's own app's run config) the strategy does not apply: a
+    key of its sections (:func:`strategy_config`) with another value (a host app's
+    ``fraction-evaluate = 0.5`` for its FedAvg; results.json records the strategy's value, the
+    section field to set named), or no flwr-sheaf key but close to one (misspelt: the closest
+    named). Empty without both."""
+    import difflib
+    from dataclasses import fields
+
+    from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
+
+    if strategy is None or not config or _parsed(config):
+        return []
+    used, out = strategy_config(strategy), []
+    for key in config:
+        if key in used:
+            try:
+                given = lookup_key(key)(config[key])  # as the section parses it ("1" == 1, ...)
+            except (ConfigError, KeyError, TypeError, ValueError):
+                given = config[key]
+            if given != used[key]:
+                field = next(  # the section field that holds key (lambda is SheafConfig's lam)
+                    f"{type(sec).__name__}({f.name}=...)"
+                    for sec in _sections(strategy)
+                    for f in fields(sec)
+                    if f.metadata.get("key") == key
+                )
+                out.append(
+                    f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
+                    f"with {key}={used[key]!r} (results.json's config records {used[key]!r}); to "
+                    f"apply it, pass {field} to the strategy"
+                )
+        elif key not in KEYS and key not in METHOD_KEYS:
+            close = difflib.get_close_matches(key, [*used, *KEYS, *METHOD_KEYS], n=1, cutoff=0.85)
+            if close:
+                out.append(
+                    f"run-config key {key!r} is no flwr-sheaf key: did you mean {close[0]!r}? Nothing "
+                    f"in flwr-sheaf reads {key!r}; fix its name in your pyproject.toml "
+                    f"[tool.flwr.app.config] (and in --run-config)"
+                )
     return out
 
 
@@ -134,7 +226,8 @@ def write_results(
             run's ``checkpoint.pkl`` into a new ``previous-<UTC time>/`` (logged; refused otherwise),
             never replace them; while this process already holds ``out_dir``'s lock (the bundled
             app's preflight, which moved another run's files aside itself) the files there are this
-            run's and are replaced. The directory's lock is held, and re-checked, while writing.
+            run's and are replaced. The directory's lock is held, and re-checked, while writing (the
+            lock :func:`check_results_dir` took for this run is released after it).
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/guarantees.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
@@ -166,7 +259,7 @@ def write_results(
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
     try:
         own_extra = _checked_own_extra(strategy, extra)
-        out = check_results_dir(out_dir, overwrite=overwrite)
+        out = _checked_out(out_dir, overwrite)
         foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
         cfg = _recorded_config(strategy, config)
         max_failed_fraction = _given_or_config(
@@ -174,7 +267,11 @@ def write_results(
         )
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous", int)
         status = run_status(strategy, max_failed_fraction, problems, errors)
-        payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
+        more = {**own_extra, **(extra or {})}
+        unapplied = config_not_applied(strategy, config)
+        if unapplied:  # recorded beside the bundled app's own warnings (results.json's "warnings")
+            more["warnings"] = [*more.get("warnings", []), *unapplied]
+        payload = _payload(strategy, cfg, status, wall_seconds, more)
         # serialised before anything is written: a TypeError writes nothing
         text = json.dumps(_clean(payload), indent=1)
         title = str(cfg.get("method", "")) or type(strategy).__name__
@@ -295,11 +392,13 @@ def _check_foreign_checkpoint(
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
     """results.json's ``config``: ``config`` as given, then every key of the strategy's config
-    sections not in it (:func:`strategy_config`); ``method`` first, from the registry, when absent
-    and the strategy's action names exactly one registered method."""
-    cfg = dict(config or {})
+    sections (:func:`strategy_config`) with the strategy's value, also where ``config`` gives another
+    (warned: :func:`config_not_applied`; a parsed run config is kept as given); ``method`` first, from
+    the registry, when absent and the strategy's action names exactly one registered method."""
+    cfg, parsed = dict(config or {}), _parsed(config or {})
     for key, value in strategy_config(strategy).items():
-        cfg.setdefault(key, value)
+        if key not in cfg or not parsed:  # what ran
+            cfg[key] = value
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
     return cfg
@@ -350,6 +449,9 @@ def _write_files(
     out.mkdir(parents=True, exist_ok=True)
     held = held_by_this_process(out)
     lock = held or DirLock(out, "out_dir").acquire()
+    if held is not None and _CLAIMED.get(held.path) is held:  # check_results_dir's claim: this
+        del _CLAIMED[held.path]  # write's own lock, released after it, files moved as without it
+        held = None
     try:
         lock.verify()
         names = [] if foreign is None else [foreign.name]

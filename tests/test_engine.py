@@ -11,6 +11,7 @@ the other 25 + 22 s); each test then waits for its own run and checks it as befo
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = "zoo='tiny-4' num-pilots=64 local-epochs=1"
 
 
-def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4):
+def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4, cwd=ROOT):
     cmd = [
         sys.executable,
         str(ROOT / "scripts" / "run_flwr.py"),
@@ -39,7 +40,7 @@ def _run(tmp_path, run_config, port, app=ROOT, num_supernodes=4):
     if run_config:
         cmd += ["--run-config", run_config]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=700)
     proc.wall = time.monotonic() - t0  # type: ignore[attr-defined]  # this run's own wall time
     return proc
 
@@ -163,3 +164,26 @@ def test_a_run_in_which_nobody_trains_ends_failed_under_flwr_run(runs):
     assert "finished:failed" in proc.stdout
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "failed" and res["degradation"]["all_rounds_trained_nobody"] is True
+
+
+@pytest.mark.engine
+def test_a_superlink_started_from_another_apps_folder_is_named_at_discovery(tmp_path):
+    """`flwr run` of the drop-in from a folder holding another app's package of the same name: the
+    local SuperLink starts there and its Ray workers import that package first. The run fails at
+    discovery naming both files and the fix, instead of running the other app's code."""
+    other = tmp_path / "other-app"
+    shutil.copytree(
+        ROOT / "examples" / "dropin_app" / "dropin_app",
+        other / "dropin_app",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    with (other / "dropin_app" / "client_app.py").open("a") as f:
+        f.write("# the other app's version of the module\n")
+    out = tmp_path / "res"
+    app = ROOT / "examples" / "dropin_app"
+    proc = _run(None, f"num-server-rounds=1 results-dir='{out}'", 0, app, 4, cwd=other)
+    assert proc.returncode == 1 and "finished:failed" in proc.stdout, proc.stdout[-3000:]
+    text = proc.stdout + proc.stderr
+    assert "discovery failed on node" in text
+    assert f"this worker imported {other / 'dropin_app' / 'client_app.py'}, not this run's " in text
+    assert "Stop that SuperLink" in text and not (out / "results.json").exists()

@@ -105,6 +105,27 @@ def test_run_flwr_names_an_undeclared_key_before_starting_flower():
     )
 
 
+def test_a_check_a_user_runs_before_flwr_run_names_a_misspelt_key_of_their_own_app(capsys):
+    """One's own app (the drop-in, a host app with its own keys) run by hand with `flwr run`: the
+    check names the misspelt key, the closest declared key and the fix; declared keys pass."""
+    from flwr_sheaf.tools.flwr_cli import main
+
+    dropin = ROOT / "examples" / "dropin_app"
+    assert main([str(dropin), "--run-config", "num-server-round=2 lr=0.1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith(
+            "--run-config key 'num-server-round' (did you mean 'num-server-rounds'?) is not declared in "
+            f"{dropin / 'pyproject.toml'} [tool.flwr.app.config]"
+        )
+        and "fix its name" in err
+        and "'lr'" not in err
+    )
+    assert main([str(dropin), "--run-config", "num-server-rounds=2 lr=0.1"]) == 0
+    assert main([str(ROOT / "docs"), "--run-config", "lr=0.1"]) == 2  # no pyproject.toml there
+    assert f"no {ROOT / 'docs' / 'pyproject.toml'}" in capsys.readouterr().err
+
+
 @pytest.mark.engine
 def test_the_template_app_runs_under_flwr_run(tmp_path):
     app = tmp_path / "my_app"

@@ -395,3 +395,50 @@ def test_the_message_cost_benchmark_prints_every_repeat_and_compares_the_least_a
     # least-app-CPU repeat is the one with the dashboard's 0.5 s spike, kept out of the ratio)
     assert "(whole tree) | 0.75 |   | 0.11 |" in out
     assert "worst CPU ratio (first and repeat rounds, app processes) 1.50" in out
+
+
+def test_a_worker_importing_another_apps_same_named_package_is_refused_naming_both_files(
+    tmp_path, monkeypatch
+):
+    """A local SuperLink started from another app's folder: its workers import that folder's package
+    of the same name. The app that arrives there is not the app being run, even with as many handlers:
+    refused, naming both files and the fix; the same bytes at another path (another machine) pass."""
+    code = textwrap.dedent(
+        """
+        from flwr.clientapp import ClientApp
+        from flwr_sheaf.methods.sheaf_frl.client import register_sheaf_handlers
+
+        app = ClientApp()
+        register_sheaf_handlers(app, lambda context: None)
+        """
+    )
+    run, other, copy = (tmp_path / n / "twinapp" for n in ("run", "other", "copy"))
+    for folder, text in ((run, code), (other, code + "# the other app's version\n"), (copy, code)):
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text("")
+        (folder / "client_app.py").write_text(text)
+
+    def fresh_import(root):  # what a worker whose sys.path starts with ``root`` imports
+        for name in [m for m in sys.modules if m.split(".")[0] == "twinapp"]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.syspath_prepend(str(root))
+
+    fresh_import(run.parent)
+    import twinapp.client_app
+
+    blob = cloudpickle.dumps(twinapp.client_app.app)  # what the run's driver sends
+    fresh_import(other.parent)
+    with pytest.raises(Exception) as info:
+        cloudpickle.loads(blob)
+    text = str(info.value)
+    assert type(info.value).__name__ == "ClientAppReferenceError"
+    assert str(run / "client_app.py") in text and str(other / "client_app.py") in text
+    assert text.startswith(
+        f"ClientApp twinapp.client_app:app: this worker imported {other / 'client_app.py'}, not this "
+        f"run's {run / 'client_app.py'}: another app's package of the same name, in {other.parent}"
+    )
+    assert "Stop that SuperLink" in text
+    fresh_import(copy.parent)
+    assert sorted(cloudpickle.loads(blob)._registered_funcs) == sorted(
+        twinapp.client_app.app._registered_funcs
+    )

@@ -5,6 +5,11 @@ a strategy that has not run, a foreign strategy and another run's results are re
 from __future__ import annotations
 
 import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +24,7 @@ from flwr_sheaf import (
     write_results,
 )
 from flwr_sheaf.apps.client_app import app as cnn_client_app
+from flwr_sheaf.locks import LockedError
 from flwr_sheaf.methods.fedproto.config import FedProtoConfig
 from flwr_sheaf.results import check_results_dir, strategy_config
 
@@ -138,3 +144,70 @@ def test_round_means_do_not_depend_on_the_order_the_replies_arrived():
     got = {nanmean(p) for p in itertools.permutations(vals)}
     clean = [0.1, 0.7, 1e-16, 0.3, 0.2]
     assert got == {math.fsum(clean) / 5}
+
+
+def test_a_run_config_key_the_strategy_does_not_apply_is_warned_at_start_and_recorded_as_run(
+    tmp_path, caplog
+):
+    """A host app's own ``fraction-evaluate = 0.5`` (for its FedAvg) beside a flwr-sheaf strategy
+    built with ``FederationConfig()``: every node is evaluated, so results.json records 1.0, and the
+    key is named at start and among results.json's warnings."""
+    rc = {**RC, "fraction-evaluate": 0.5, "lr": 0.05, "fedproto-lamda": 0.5, "num-nodes": 3}
+    strategy = FedProto(
+        3,
+        federation=FederationConfig(graph="ring", seed=2),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1, lr=0.05),
+    )
+    with caplog.at_level(logging.WARNING, logger="flwr_sheaf"):
+        out = check_results_dir(tmp_path / "run", strategy=strategy, config=rc)
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run-config")]
+    assert len(warned) == 2
+    assert warned[0].startswith("run-config fraction-evaluate=0.5 is not applied")
+    assert "FedProto runs with fraction-evaluate=1.0" in warned[0]  # lr: the same value, not named
+    # a misspelt key of the package's (the app's own num-nodes is not named)
+    assert warned[1].startswith(
+        "run-config key 'fedproto-lamda' is no flwr-sheaf key: did you mean 'fedproto-lambda'?"
+    )
+    strategy.start(grid=LocalGrid(cnn_client_app, 3, run_config=rc), num_rounds=1, timeout=5)
+    assert strategy.history[-1]["evaluated"] == [0, 1, 2]  # every node: 1.0 took effect
+    res = json.loads(write_results(strategy, out, config=rc).read_text())
+    assert res["config"]["fraction-evaluate"] == 1.0 and res["config"]["lr"] == 0.05
+    assert res["config"]["zoo"] == "tiny-3" and res["warnings"] == warned
+
+
+def test_a_second_run_into_a_results_dir_a_live_run_holds_is_refused_at_its_start(tmp_path):
+    """``flwr run --stream`` stopped with Ctrl-C leaves its run going: a rerun into the same
+    results-dir is refused by check_results_dir (before training), naming the live Flower run and
+    ``flwr stop <run-id>``; the directory is free again once that run's process ends."""
+    out = tmp_path / "run"
+    code = (
+        "import sys\n"
+        "import flwr.simulation.app\n"  # as in Flower's simulation process, which sets the run id
+        "from flwr.supercore.task_identity import TaskIdentity\n"
+        "TaskIdentity.run_id = 4242\n"
+        "from flwr_sheaf.results import check_results_dir\n"
+        f"check_results_dir({str(out)!r})\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        with pytest.raises(
+            LockedError,
+            match=rf"out_dir {out} is in use by another run: process {proc.pid} on this host holds "
+            r".*it is Flower run 4242: stop it with `flwr stop 4242` \(`flwr ls` lists runs\)",
+        ):
+            check_results_dir(out)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert check_results_dir(out) == out  # that run ended: its lock went with its process

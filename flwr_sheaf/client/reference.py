@@ -19,8 +19,11 @@ reduction alone would give), so handlers added to a copy never reach the origina
 from __future__ import annotations
 
 import copyreg
+import functools
+import hashlib
 import importlib
 import logging
+import os
 import sys
 import weakref
 from pathlib import Path
@@ -147,7 +150,24 @@ def _import_root(module: str, file: str) -> str | None:
     return str(root)
 
 
-def load_global(module: str, attr: str, file: str = "?", handlers: int = 0) -> Any:
+@functools.lru_cache(maxsize=64)
+def _digest_of(path: str, mtime_ns: int, size: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def _digest(file: str) -> str:
+    """A digest of ``file``'s bytes (cached per path and modification time), or "" if unreadable."""
+    try:
+        st = os.stat(file)
+        return _digest_of(file, st.st_mtime_ns, st.st_size)
+    except OSError:
+        return ""
+
+
+def load_global(
+    module: str, attr: str, file: str = "?", handlers: int = 0, digest: str = ""
+) -> Any:
     """``module.attr`` after importing ``module``: the receiving end of :func:`reduce_app`.
 
     Args:
@@ -156,14 +176,18 @@ def load_global(module: str, attr: str, file: str = "?", handlers: int = 0) -> A
         handlers: how many handlers the sender's app had registered (a number, not their names:
             this travels with every message); an app of Flower's own ``ClientApp.__call__`` (one
             that cannot register handlers as messages arrive) must have as many here.
+        digest: the sender's digest of ``file``; the module imported here from another file must
+            have the same bytes (the same app installed elsewhere), else it is another app's.
 
     Raises:
         ModuleNotFoundError: the module (or a module it imports) cannot be imported in this process;
             the message names the module, its file and the fix (``PYTHONPATH`` for the workers,
             or the package installed on every node).
         AttributeError: the module has no such attribute (a different version of the app's code).
-        ClientAppReferenceError: this process's app lacks handlers the sender's app had (they were
-            registered after the module was imported, so importing it does not register them).
+        ClientAppReferenceError: this process imported ``module`` from another file with other
+            bytes than the sender's (another app's package of the same name first on its
+            ``sys.path``: both files, the working directory and the fix named); or its app lacks
+            handlers the sender's app had (registered after the module was imported).
     """
     try:
         mod = importlib.import_module(module)
@@ -194,6 +218,7 @@ def load_global(module: str, attr: str, file: str = "?", handlers: int = 0) -> A
             "defined in this process's copy of the module (the same app code must be installed on "
             "every machine)"
         ) from None
+    _check_same_module(module, attr, file, digest, str(getattr(mod, "__file__", None) or ""))
     here = _handlers(app)
     if len(here) < handlers and _plain_call(app):
         raise ClientAppReferenceError(
@@ -208,17 +233,35 @@ def load_global(module: str, attr: str, file: str = "?", handlers: int = 0) -> A
     return app
 
 
+def _check_same_module(module: str, attr: str, file: str, digest: str, here: str) -> None:
+    """Raise :class:`ClientAppReferenceError` when ``here`` (the file this process imported
+    ``module`` from) is not the sender's ``file`` and its bytes differ (``digest``)."""
+    if not digest or not here or os.path.realpath(here) == os.path.realpath(file):
+        return
+    if _digest(here) == digest:  # the same code installed at another path (another machine)
+        return
+    root = _import_root(module, here) or os.path.dirname(here)
+    raise ClientAppReferenceError(  # short: discovery quotes a reason's last 600 characters
+        f"ClientApp {module}:{attr}: this worker imported {here}, not this run's {file}: another "
+        f"app's package of the same name, in {root}, the folder the local SuperLink was started "
+        f"from. Stop that SuperLink (kill its flower-superlink pid; `flwr stop` stops runs only) and "
+        f"`flwr run` again from this app's folder, or rename one package (a relative results-dir "
+        f"resolves in that folder too)"
+    )
+
+
 def reduce_app(app: Any) -> tuple:
-    """The pickle reduction of ``app``: ``(load_global, (module, attribute, file, handlers))`` for
-    an app marked by :func:`travel_by_reference` that is a module global and got handlers while a
-    module was being imported (``handlers``: how many it has); else the default (by value), with
-    one warning saying why."""
+    """The pickle reduction of ``app``: ``(load_global, (module, attribute, file, handlers,
+    digest))`` for an app marked by :func:`travel_by_reference` that is a module global and got
+    handlers while a module was being imported (``handlers``: how many it has; ``digest``: of the
+    module's file); else the default (by value), with one warning saying why."""
     hints = _APPS.get(app) if _is_weakrefable(app) else None
     if hints is not None:
         where = global_name(app, hints)
         if where is not None and app in _AT_IMPORT:
             module, attr = where
-            return load_global, (module, attr, _module_file(module), len(_handlers(app)))
+            file = _module_file(module)
+            return load_global, (module, attr, file, len(_handlers(app)), _digest(file))
         if app not in _WARNED:
             _WARNED.add(app)
             if where is not None:

@@ -267,3 +267,27 @@ def stop_processes(
             except subprocess.TimeoutExpired:
                 pass
     return len(alive)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flwr_sheaf.tools.flwr_cli [APP] --run-config "k=v ..."`` before ``flwr run``: each
+    ``--run-config`` key APP's ``pyproject.toml`` does not declare, named with the closest declared
+    key and the fix (:func:`undeclared_keys`; Flower names none). Returns 0 when every key is
+    declared, else 2 (each problem on stderr; also for no ``pyproject.toml`` or unparsable text)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m flwr_sheaf.tools.flwr_cli")
+    parser.add_argument("app", nargs="?", default=".", help="the app's folder (default: .)")
+    parser.add_argument("--run-config", default="", help='as for `flwr run`, e.g. "lr=0.1"')
+    args = parser.parse_args(argv)
+    toml = Path(args.app).expanduser() / "pyproject.toml"
+    try:
+        bad = undeclared_keys(args.app, args.run_config) if toml.is_file() else [f"no {toml}"]
+    except ValueError as exc:
+        bad = [str(exc)]
+    print("\n".join(bad) or f"every --run-config key is declared in {toml}", file=sys.stderr)
+    return 2 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,12 +27,16 @@ def main(grid: Grid, context: Context):
         )
         return result
     # --- flwr-sheaf: personalised models, only whitened pilot latents travel -----------------------
-    out = check_results_dir(rc["results-dir"], overwrite=rc["overwrite"])  # before any message
     strategy = SheafFRL(
         num_nodes=rc["num-nodes"],
         federation=FederationConfig(graph="ring"),
         train=LocalTrainConfig(local_epochs=rc["local-epochs"], lr=rc["lr"]),
         sheaf=SheafConfig(lam=rc["lambda"]),
+    )
+    # before any message: refuses another run's results (or a live run's directory) and warns of
+    # run-config keys the strategy does not apply; the directory stays this run's until written
+    out = check_results_dir(
+        rc["results-dir"], overwrite=rc["overwrite"], strategy=strategy, config=rc
     )
     # optional per-round tracking ("tensorboard", "wandb" or both; docs/tracking.md)
     tracker = Tracker(rc["tracking"], out / "tracking", config=rc) if rc["tracking"] else None
