@@ -50,16 +50,6 @@ _OWN_KEYS = (
 )
 
 
-def _clean(x):
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
-    if isinstance(x, Mapping):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
 def strategy_config(strategy: Any) -> dict[str, Any]:
     """``{run-config key: value}`` of the :class:`~flwr_sheaf.config.Section` attributes of
     ``strategy`` and of the components it holds, first found wins (empty when it holds none): what
@@ -138,7 +128,7 @@ def write_results(
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/reliability-failures.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
-        extra: further top-level keys (JSON-serialisable), written last.
+        extra: further top-level keys (JSON values or numpy ones), written last.
         problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
         errors: what ended the run early (the run is written ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders of ``out_dir`` after
@@ -153,8 +143,9 @@ def write_results(
         Path of ``results.json``.
 
     Raises:
-        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``), or a value
-            that JSON cannot serialise (nothing is written then).
+        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``). A value
+            that JSON cannot write (a set, an object) is not an error: it is written as null and
+            named in ``degradation.problems`` (the run ``degraded``); numpy values are converted.
         ValueError: the strategy has not run (no round in its history: call ``strategy.start``
             first), or ``extra`` names a key written here (named).
         FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
@@ -173,10 +164,11 @@ def write_results(
             max_failed_fraction, cfg, "max-failed-fraction", float
         )
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous", int)
-        status = run_status(strategy, max_failed_fraction, problems, errors)
-        payload = _payload(strategy, cfg, status, wall_seconds, {**own_extra, **(extra or {})})
-        # serialised before anything is written: a TypeError writes nothing
-        text = json.dumps(_clean(payload), indent=1)
+        given = {f"{type(strategy).__name__}.results_extra()": own_extra, "extra": extra or {}}
+        payload = _checked_payload(
+            strategy, cfg, max_failed_fraction, wall_seconds, given, problems, errors
+        )
+        text = json.dumps(payload, indent=1, allow_nan=False)
         title = str(cfg.get("method", "")) or type(strategy).__name__
         return _write_files(out, foreign, text, payload["rounds"], title, overwrite, keep_previous)
     except Exception as exc:
@@ -330,6 +322,44 @@ def _payload(
         "latent_collapse": next(iter(collapse_warnings(strategy.ledger.node_results)), None),
         **extra,
     }
+
+
+def _checked_payload(
+    strategy: GraphStrategy,
+    cfg: dict[str, Any],
+    max_failed_fraction: float,
+    wall_seconds: float | None,
+    given: Mapping[str, Mapping[str, Any]],
+    problems: Sequence[str],
+    errors: Sequence[str],
+) -> dict[str, Any]:
+    """results.json's content as JSON writes it (:func:`flwr_sheaf.schema.to_json_value`: numpy
+    values converted, NaN and inf null) and checked against :class:`flwr_sheaf.schema.Results`. A
+    value that cannot be written (a set, an object; ``given``'s name for whose it is, and the path)
+    is null and named among ``degradation.problems``, and a payload outside the schema is named
+    there too: the run is ``degraded``, the rounds are written."""
+    from .schema import ResultsFileError, check_results, to_json_value
+
+    cfg, bad = to_json_value(cfg, "config")
+    extra: dict[str, Any] = {}
+    for where, values in given.items():
+        values, more = to_json_value(values, where)
+        extra.update(values)
+        bad += more
+    status = run_status(strategy, max_failed_fraction, problems, errors)
+    payload, more = to_json_value(
+        _payload(strategy, cfg, status, wall_seconds, extra), "results.json"
+    )
+    bad += more
+    try:
+        check_results(payload, "the results.json written")
+    except ResultsFileError as e:
+        bad.append(str(e).split("; it does not have")[0] + " (outside docs/results-schema.md)")
+    if not bad:
+        return payload
+    log.warning("results.json: %s", "; ".join(bad))
+    status = run_status(strategy, max_failed_fraction, [*problems, *bad], errors)
+    return to_json_value(_payload(strategy, cfg, status, wall_seconds, extra))[0]
 
 
 def _write_files(

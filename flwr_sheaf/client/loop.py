@@ -39,8 +39,8 @@ class LossPlugin:
         """Loss of one private batch ``x (B, ...)``, ``y (B,)`` (model in train mode on entry).
 
         Returns:
-            ``(loss, parts)``: a scalar tensor to minimise and named values (``"ce"`` at least),
-            averaged over steps into the round's metrics. A value may be a Python float or a
+            ``(loss, parts)``: a scalar tensor to minimise and named values (``"ce"`` at least on
+            the first step), each averaged over the steps that returned it into the round's metrics. A value may be a Python float or a
             detached 0-d tensor: tensors stay on the device and are read back once per round
             (no host synchronisation per step on a GPU).
         """
@@ -84,7 +84,8 @@ def train_local(
     per batch ``plugin.loss``, backward, gradient-norm clipping at ``clip_norm`` (0 = off), SGD step.
 
     Returns:
-        per-step means of the plug-in's parts and ``grad-norm``, ``steps``, plus ``plugin.metrics(steps)``.
+        the means of the plug-in's parts (each over the steps that returned it) and of ``grad-norm``,
+        ``steps``, plus ``plugin.metrics(steps)``.
 
     Raises:
         FloatingPointError: a non-finite loss (``server_round`` named); Flower turns it into this
@@ -136,7 +137,7 @@ def train_local(
                 f"non-finite loss at server round {server_round}, local epoch {epoch} "
                 "(checked once per epoch on an accelerator)"
             )
-    out = {k: _mean(v, steps) for k, v in values.items()}
+    out = {k: _mean(v) for k, v in values.items()}
     out["steps"] = steps
     out.update(plugin.metrics(steps))
     return out
@@ -190,8 +191,9 @@ def _part_problem(value: Any) -> str | None:
     return f"{value!s:.60} (a {type(value).__name__})"
 
 
-def _mean(values: list, steps: int) -> float:
-    """Sequential float64 mean of per-step values (floats or 0-d tensors), read back in one transfer.
+def _mean(values: list) -> float:
+    """Sequential float64 mean of per-step values (floats or 0-d tensors), read back in one transfer:
+    over the steps that reported the value (a part a plug-in returns on some steps only).
 
     The sum runs in Python in step order, exactly as ``sum(float(v) for v in values)``, so the
     numbers do not depend on whether a plug-in returned floats or tensors.
@@ -205,4 +207,4 @@ def _mean(values: list, steps: int) -> float:
     total = 0.0
     for v in values:
         total += next(host) if isinstance(v, torch.Tensor) else float(v)
-    return total / max(steps, 1)
+    return total / max(len(values), 1)
