@@ -127,9 +127,11 @@ def not_judged(results: Mapping[str, Any]) -> list[str]:
         )
     device = results.get("config", {}).get("device", "auto")
     if device not in ("auto", "cpu"):
+        cuda = isinstance(device, str) and device.startswith("cuda")
         why.append(
-            f"device={device!r}: the band was measured on CPUs (device=cpu or auto) and CUDA "
-            "kernels give other digits (docs/devices.md); run with device=cpu to compare"
+            f"device={device!r}: the band was measured on CPUs (device=cpu or auto)"
+            + (" and CUDA kernels give other digits (docs/devices.md)" if cuda else "")
+            + "; run with device=cpu to compare"
         )
         return why
     ran = {p: v.get("device") for p, v in results.get("nodes", {}).items()}

@@ -63,7 +63,7 @@ def summary_lines(results: dict) -> list[str]:
             [
                 f"sheaf Laplacian: near-kernel {last['sheaf_near_kernel_dim']} of at most "
                 f"{last.get('sheaf_kernel_dim_bound')} global sections | smallest eigenvalues "
-                f"{', '.join(f'{e:.1e}' for e in last.get('sheaf_laplacian_eigenvalues') or [])} | pilot TV per edge "
+                f"{', '.join('n/a' if e is None else f'{e:.1e}' for e in last.get('sheaf_laplacian_eigenvalues') or [])} | pilot TV per edge "
                 f"{fmt(last.get('sheaf_tv_mean'))}"
             ]
             if last.get("sheaf_near_kernel_dim") is not None

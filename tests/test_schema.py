@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_expected import MEAN, _results  # a main-job results.json inside the band
 
 from flwr_sheaf import FederationConfig, LocalGrid, LocalTrainConfig, NonCooperative, write_results
 from flwr_sheaf.apps.client_app import app as cnn_client_app
@@ -293,7 +294,9 @@ def test_whitespace_in_device_is_stripped_once_by_the_run_config():
     line = not_judged(
         {"status": "completed", "config": {"device": "cpu "}, "nodes": {}, "rounds": []}
     )
-    assert "CUDA kernels" in line[0] and "(device=cpu or auto)" in line[0]  # a file edited by hand
+    assert line == [  # a file edited by hand is not called a CUDA run
+        "device='cpu ': the band was measured on CPUs (device=cpu or auto); run with device=cpu to compare"
+    ]
 
 
 # ---------------------------------------------------------------- generated damaged files
@@ -305,6 +308,12 @@ def _paths(x, at=()):
         yield from _paths(v, (*at, k))
 
 
+#: a run of the RFedAGS family: no client evaluation, its own report lines
+RFEDAGS = {
+    "rounds": [{"round": 3, "gap": 1e-3, "distance_to_optimum": 0.1, "num_responders": 7}],
+    "config": {"method": "rfedags", "rfedags-problem": "pca"},
+    "status": "completed",
+}
 BAD = (
     st.none()
     | st.booleans()
@@ -315,10 +324,11 @@ BAD = (
 )
 
 
-@bounded(60)
+@bounded(300)
 @given(data=st.data())
 def test_any_damaged_results_json_reports_or_exits_2_naming_the_field(run, tmp_path, capsys, data):
-    res = json.loads(json.dumps(run.results))
+    bases = {"run": run.results, "main-job": _results(MEAN), "rfedags": RFEDAGS}
+    res = json.loads(json.dumps(bases[data.draw(st.sampled_from(sorted(bases)), label="base")]))
     paths = list(_paths(res))
     at = data.draw(st.sampled_from(paths), label="path")
     *parent_at, key = at
