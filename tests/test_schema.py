@@ -73,7 +73,12 @@ def run(tmp_path_factory):
     finally:
         mp.undo()
     path = write_results(strategy, tmp_path_factory.mktemp("run"))
-    return SimpleNamespace(strategy=strategy, path=path, results=json.loads(path.read_text()))
+    return _Run(strategy=strategy, path=path, results=json.loads(path.read_text()))
+
+
+class _Run(SimpleNamespace):
+    def __repr__(self) -> str:  # Hypothesis prints the fixture of a failing example: not the file
+        return f"run({self.path})"
 
 
 def test_a_node_metric_whose_sum_overflows_is_aggregated_not_a_crash(run):
