@@ -98,7 +98,8 @@ def test_a_loss_part_is_the_mean_over_the_steps_that_returned_it(run):
             return self(x)
 
     class Sometimes(LossPlugin):
-        seen: list[float] = []
+        def __init__(self):
+            self.seen: list[float] = []
 
         def loss(self, model, x, y, gen):
             ce = F.cross_entropy(model.private_logits(x), y)
@@ -111,9 +112,20 @@ def test_a_loss_part_is_the_mean_over_the_steps_that_returned_it(run):
         model=model, x_train=torch.randn(4, 2, generator=g), y_train=torch.tensor([0, 1, 0, 1])
     )
     cfg = LocalTrainConfig(local_epochs=1, batch_size=2)
-    out = train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, Sometimes(), g, 1)
+    plugin = Sometimes()
+    out = train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, plugin, g, 1)
     # "ce" only on step 1 of 2: its value there, not half of it
-    assert out["steps"] == 2 and out["ce"] == Sometimes.seen[0] and out["other"] == 2.0
+    assert out["steps"] == 2 and out["ce"] == plugin.seen[0] and out["other"] == 2.0
+
+    class LaterBad(Sometimes):
+        def loss(self, model, x, y, gen):
+            ce, parts = super().loss(model, x, y, gen)
+            return ce, {**parts, **({"other": "oops"} if "ce" not in parts else {})}
+
+    # a later step's part that is not a number: named like the first step's (was a bare ValueError)
+    said = 'LaterBad.loss returned part "other" = oops (a str): each part must be a 0-d tensor'
+    with pytest.raises(TypeError, match=re.escape(said)):
+        train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, LaterBad(), g, 1)
 
 
 # ---------------------------------------------------------------- hook returns

@@ -114,8 +114,8 @@ def train_local(
             idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             model.train()
             loss, parts = plugin.loss(model, task.x_train[idx], task.y_train[idx], gen)
-            if steps == 0:  # the plug-in's contract, checked once, before the first step is taken
-                _check_loss_output(plugin, loss, parts)
+            # the plug-in's contract, before the step is taken ("ce" on the first step at least)
+            _check_loss_output(plugin, loss, parts, need_ce=steps == 0)
             if on_cpu:  # no device to wait for: check every step, before the step is taken
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
@@ -143,9 +143,10 @@ def train_local(
     return out
 
 
-def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any) -> None:
-    """What :meth:`LossPlugin.loss` must return: a 0-d tensor and a mapping with ``"ce"`` (the round's
-    cross-entropy column, docs/results-schema.md), each part a 0-d tensor or a real number.
+def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any, need_ce: bool = True) -> None:
+    """What :meth:`LossPlugin.loss` must return: a 0-d tensor and a mapping (with ``"ce"``, the
+    round's cross-entropy column, docs/results-schema.md, when ``need_ce``), each part a 0-d tensor
+    or a real number (a part missing on some steps is averaged over the steps that returned it).
 
     Raises:
         TypeError: either is not so; the message names the plug-in's class (the method's code) and
@@ -162,7 +163,7 @@ def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any) -> None:
             f"{where} returned {got} as the loss; it must return (loss, parts) with loss a 0-d "
             "tensor to minimise (docs/own-method.md)"
         )
-    if not isinstance(parts, Mapping) or "ce" not in parts:
+    if not isinstance(parts, Mapping) or (need_ce and "ce" not in parts):
         got = (
             f"parts ({', '.join(sorted(map(str, parts))) or 'none'})"
             if isinstance(parts, Mapping)
