@@ -43,7 +43,7 @@ def bounded(n: int):
     return settings(
         max_examples=settings().max_examples if deep else n,
         deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture],
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
 
 
