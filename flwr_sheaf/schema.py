@@ -169,8 +169,6 @@ def check_results(results: Any, source: str = "results.json") -> dict:
             "(docs/results-schema.md): it was edited or written by something else: rerun the run, "
             "or fix the fields named"
         ) from None
-    except RecursionError:
-        raise ResultsFileError(f"{source}: nested too deeply to be a results.json") from None
     return results
 
 

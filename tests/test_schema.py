@@ -369,3 +369,15 @@ def test_any_damaged_results_json_reports_or_exits_2_naming_the_field(run, tmp_p
         assert str(at[0]) in err or "JSON" in err, err
     else:
         assert out and check_results(json.loads(text)) is not None
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "[1]", '{"rounds": 1}'])
+def test_the_resume_preflight_reads_results_json_through_the_schema(tmp_path, text):
+    # a results.json of a list, or deeply nested, in the results-dir: AttributeError / RecursionError
+    # escaped the preflight's check of whose files they are (a traceback instead of its refusal)
+    from flwr_sheaf.preflight import _recorded_run_config
+
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(ResultsFileError, match=f"^{re.escape(str(path))}: "):
+        _recorded_run_config(path)
