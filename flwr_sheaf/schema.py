@@ -189,7 +189,11 @@ def read_results(path: str | Path) -> dict:
     if path.is_dir():
         raise ResultsFileError(f"{path}: is a directory, not a results.json file")
     if not path.is_file():
-        link = f" (a link to {path.readlink()}, which is missing)" if path.is_symlink() else ""
+        link = (
+            f" (a link to {path.readlink()}: missing, or a loop of links)"
+            if path.is_symlink()
+            else ""
+        )
         raise ResultsFileError(
             f"{path}: does not exist{link} (give a results.json or its results-dir)"
         )

@@ -296,9 +296,12 @@ def test_a_damaged_file_deep_nesting_a_directory_and_links_are_named(tmp_path, c
     link.parent.mkdir()
     link.symlink_to(tmp_path / "gone.json")
     rc, _, err = _report(link.parent, capsys)
+    assert rc == 2 and f"{link}: does not exist (a link to {tmp_path / 'gone.json'}: missing" in err
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    rc, _, err = _report(loop, capsys)
     assert (
-        rc == 2
-        and f"{link}: does not exist (a link to {tmp_path / 'gone.json'}, which is missing)" in err
+        rc == 2 and f"{loop}: does not exist (a link to {loop}: missing, or a loop of links)" in err
     )
 
 
@@ -356,17 +359,20 @@ def test_any_damaged_results_json_reports_or_exits_2_naming_the_field(run, tmp_p
         del parent[key]
     else:
         parent[key] = data.draw(BAD, label="value")
-    text = json.dumps(res)
-    if data.draw(st.booleans(), label="truncate"):
+    text = json.dumps(res).encode()
+    damage = data.draw(st.sampled_from(["none", "truncate", "bytes"]), label="damage")
+    if damage == "truncate":
         text = text[: data.draw(st.integers(0, len(text) - 1), label="cut")]
+    elif damage == "bytes":  # a binary file, or one in another encoding
+        text = data.draw(st.binary(max_size=40), label="bytes")
     path = tmp_path / "results.json"
-    path.write_text(text)
+    path.write_bytes(text)
     rc, out, err = _report(path, capsys)
-    assert path.read_text() == text  # the file is never changed
+    assert path.read_bytes() == text  # the file is never changed
     assert rc in (0, 2) and "Traceback" not in err
     if rc == 2:
         assert err.startswith(f"flwr_sheaf.report: {path}: ") and "\n" == err[-1], err
-        assert str(at[0]) in err or "JSON" in err, err
+        assert str(at[0]) in err or "JSON" in err or "cannot be read" in err, err
     else:
         assert out and check_results(json.loads(text)) is not None
 
