@@ -387,3 +387,14 @@ def test_the_resume_preflight_reads_results_json_through_the_schema(tmp_path, te
     path.write_text(text)
     with pytest.raises(ResultsFileError, match=f"^{re.escape(str(path))}: "):
         _recorded_run_config(path)
+
+
+def test_a_final_accuracy_not_measured_is_not_judged_rather_than_outside():
+    # a null (NaN when written) final accuracy was told "OUTSIDE: ... check the install"
+    from flwr_sheaf.expected import band_lines
+
+    res = _results({**MEAN, "communication_accuracy_mean": None})
+    assert band_lines(res) == [
+        f"expected band: not judged: round {res['rounds'][-1]['round']} did not measure the "
+        "communication (receivers) accuracy (null in results.json)"
+    ]
