@@ -233,7 +233,7 @@ def parse_spec(
     check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
 ) -> Callable[[str, Any], str]:
     """A parser ``parse(key, value) -> str`` of a non-empty string spec that ``check(text)`` accepts
-    (a :class:`Key`'s ``parse``).
+    (a :class:`Key`'s ``parse``), returned without surrounding whitespace.
 
     Raises (from the parser):
         ConfigError: naming key and value: ``check``'s ``ValueError`` message, with the closest
@@ -247,7 +247,7 @@ def parse_spec(
         except ValueError as exc:
             hint = spec_suggestion(text, forms(), check) if forms is not None else ""
             raise ConfigError(f"{key}={v!r}: {exc}{hint}") from None
-        return text
+        return text.strip()  # what the check accepted: 'cpu ' is recorded and compared as 'cpu'
 
     return parse
 

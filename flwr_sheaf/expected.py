@@ -24,6 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .schema import ResultsFileError, check_results
+
 __all__ = [
     "REFERENCE_PATH",
     "METRICS",
@@ -31,9 +33,6 @@ __all__ = [
     "reference_mismatch",
     "not_judged",
     "band_lines",
-    "ResultsFileError",
-    "read_results",
-    "results_problems",
 ]
 
 #: The stored reference (package data).
@@ -110,7 +109,7 @@ def not_judged(results: Mapping[str, Any]) -> list[str]:
     ``device=auto`` results.json whose nodes record no device (an older one) cannot tell, and says so.
 
     Args:
-        results: a parsed ``results.json`` (:func:`results_problems` checked).
+        results: a parsed ``results.json`` (:func:`flwr_sheaf.schema.check_results` checked).
 
     Returns:
         list of str, e.g. ``["the run ended 'degraded', not completed"]``.
@@ -126,17 +125,16 @@ def not_judged(results: Mapping[str, Any]) -> list[str]:
         why.append(
             f"the run ended {status!r}, not completed (see its failures and degradation in results.json)"
         )
-    config = results.get("config")
-    device = (config if isinstance(config, Mapping) else {}).get("device", "auto")
-    if str(device) not in ("auto", "cpu"):
+    device = results.get("config", {}).get("device", "auto")
+    if device not in ("auto", "cpu"):
+        cuda = isinstance(device, str) and device.startswith("cuda")
         why.append(
-            f"device={device!r}: the band was measured on CPUs and CUDA kernels give other digits "
-            "(docs/devices.md); run with device=cpu to compare"
+            f"device={device!r}: the band was measured on CPUs (device=cpu or auto)"
+            + (" and CUDA kernels give other digits (docs/devices.md)" if cuda else "")
+            + "; run with device=cpu to compare"
         )
         return why
-    nodes = results.get("nodes")
-    nodes = nodes if isinstance(nodes, Mapping) else {}
-    ran = {str(p): v.get("device") for p, v in nodes.items() if isinstance(v, Mapping)}
+    ran = {p: v.get("device") for p, v in results.get("nodes", {}).items()}
     off_cpu = sorted((p for p, d in ran.items() if d is not None and d != "cpu"), key=_pid_order)
     if off_cpu:
         shown = ", ".join(f"{p} on {ran[p]}" for p in off_cpu[:5])
@@ -178,9 +176,11 @@ def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None =
         return [
             f"expected band: {REFERENCE_PATH} is missing: a broken install (reinstall: bash scripts/setup.sh)"
         ]
-    bad = results_problems(results)
-    if bad:
-        return [f"expected band: not judged: results.json is malformed ({'; '.join(bad[:3])})"]
+    try:
+        check_results(results)
+    except ResultsFileError as e:
+        shown = str(e).split("; it does not have")[0].removeprefix("results.json: ")
+        return [f"expected band: not judged: results.json is malformed ({shown})"]
     why = not_judged(results)
     if why:
         return [
@@ -201,14 +201,19 @@ def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None =
         ]
     tol = float(ref["tolerance"])
     seeds = len(ref["per_seed"])
+    unmeasured = [name for key, name in METRICS.items() if last[0].get(key) is None]
+    if unmeasured:
+        return [
+            f"expected band: not judged: round {final} did not measure the {', '.join(unmeasured)} "
+            "accuracy (null in results.json)"
+        ]
     lines, inside = [], True
     for key, name in METRICS.items():
-        b, v = ref["band"][key], last[0].get(key)
-        ok = v is not None and b["min"] - tol <= v <= b["max"] + tol
+        b, v = ref["band"][key], last[0][key]
+        ok = b["min"] - tol <= v <= b["max"] + tol
         inside &= ok
-        shown = "n/a" if v is None else f"{v:.3f}"
         lines.append(
-            f"  {name} {shown}: {'inside' if ok else 'OUTSIDE'} [{b['min'] - tol:.3f}, {b['max'] + tol:.3f}] "
+            f"  {name} {v:.3f}: {'inside' if ok else 'OUTSIDE'} [{b['min'] - tol:.3f}, {b['max'] + tol:.3f}] "
             f"(mean {b['mean']:.3f}, range {b['min']:.3f}-{b['max']:.3f} over {seeds} seeds, +- {tol:.3f} between CPUs)"
         )
     head = f"expected band (main job, round {final}): " + (
@@ -217,128 +222,3 @@ def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None =
         else "OUTSIDE: not explained by seed or CPU differences; check the install (bash scripts/setup.sh) and the code version"
     )
     return [head, *lines]
-
-
-#: Per-round keys the report (and the methods' own report lines) print as numbers: each is a number
-#: or null in a results.json (docs/results-schema.md); anything else is named by results_problems.
-NUMBER_KEYS = (
-    *METRICS,
-    "communication_accuracy_non_edges",
-    "communication_accuracy_non_edges_direct",
-    "sheaf_tv_mean",
-    "low_variance_fraction_mean",
-    "gap",
-    "distance_to_optimum",
-)
-
-
-#: Suffixes of per-round keys that are numbers or null whichever method wrote them (a method's own
-#: readings, e.g. ``<method>_communication_accuracy_degree_weighted``).
-NUMBER_SUFFIXES = ("_accuracy_degree_weighted", "_accuracy_mean")
-
-
-class ResultsFileError(ValueError):
-    """A ``results.json`` that cannot be read or does not have the schema (docs/results-schema.md);
-    the message names the file and what is wrong."""
-
-
-#: What an evaluated round (one with a ``private_accuracy_mean``) must hold: the report reads them.
-_EVALUATED_KEYS = ("communication_accuracy_degree_weighted", "communication_accuracy_mean")
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def results_problems(results: Any) -> list[str]:
-    """What in a parsed ``results.json`` does not have the schema the report reads: one string per
-    problem (``"rounds[9] (round 10): private_accuracy_mean = '0.83' is a str, expected a number or
-    null"``), ``[]`` when none.
-
-    Checked: the top level is an object; ``rounds`` is a list of objects, each with an integer
-    ``round`` and the :data:`NUMBER_KEYS` it has numbers or null, an evaluated one (a
-    ``private_accuracy_mean``) with both communication accuracies (number or null); ``config`` (when
-    present) an object, not null; ``status`` (when present) a string; ``total_wall_seconds`` (when present) a number.
-    """
-    if not isinstance(results, Mapping):
-        return [f"the top level is a {type(results).__name__}, expected an object"]
-    out = []
-    if "rounds" not in results:
-        out.append("it has no 'rounds' (every results.json has the list of its server rounds)")
-    elif not isinstance(results["rounds"], list):
-        out.append(f"'rounds' is a {type(results['rounds']).__name__}, expected a list")
-    else:
-        for i, r in enumerate(results["rounds"]):
-            if not isinstance(r, Mapping):
-                out.append(f"rounds[{i}] is a {type(r).__name__}, expected an object")
-                continue
-            n = r.get("round")
-            if not (isinstance(n, int) and not isinstance(n, bool)):
-                out.append(f"rounds[{i}]: round = {n!r} is not an integer")
-            if (
-                r.get("private_accuracy_mean") is not None
-            ):  # an evaluated round: what the report reads
-                lacks = [k for k in _EVALUATED_KEYS if k not in r]
-                if lacks:
-                    out.append(
-                        f"rounds[{i}] (round {n}) is evaluated (private_accuracy_mean) but has no "
-                        f"{', '.join(map(repr, lacks))} (every evaluated round records it, null when "
-                        "not measured)"
-                    )
-            for k in (*NUMBER_KEYS, *(k for k in r if k.endswith(NUMBER_SUFFIXES))):
-                v = r.get(k)
-                if v is not None and not _is_number(v):
-                    out.append(
-                        f"rounds[{i}] (round {n}): {k} = {v!r} is a {type(v).__name__}, "
-                        "expected a number or null"
-                    )
-    for key, kind, ok in (
-        ("config", "an object", lambda v: isinstance(v, Mapping)),
-        ("status", "a string", lambda v: isinstance(v, str)),
-        ("total_wall_seconds", "a number", _is_number),
-    ):
-        if key == "config" and key in results and results[key] is None:
-            out.append(
-                "config is null, expected an object (every run records its effective config)"
-            )
-        elif key in results and results[key] is not None and not ok(results[key]):
-            out.append(f"{key} = {results[key]!r} is not {kind}")
-    return out
-
-
-def read_results(path: str | Path) -> dict:
-    """Read and check a ``results.json`` (the file, or its results directory).
-
-    Returns:
-        The parsed file (:func:`results_problems` found nothing).
-
-    Raises:
-        ResultsFileError: the file does not exist or cannot be read, is not valid JSON (truncated
-            or damaged), or does not have the schema; the message names the file, what is wrong
-            and what to do.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
-    if not path.is_file():
-        raise ResultsFileError(f"{path} does not exist (give a results.json or its results-dir)")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ResultsFileError(f"{path} cannot be read: {e}") from e
-    try:
-        results = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ResultsFileError(
-            f"{path} is not valid JSON ({e.msg}: line {e.lineno}, column {e.colno}; the file has "
-            f"{len(text)} characters): it is truncated or damaged (a run killed while writing it, or "
-            "an edit); rerun the run, or restore the file from a copy"
-        ) from e
-    bad = results_problems(results)
-    if bad:
-        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise ResultsFileError(
-            f"{path} does not have the results.json schema (docs/results-schema.md): {shown}; "
-            "it was edited or written by something else: rerun the run, or fix the entries named"
-        )
-    return results

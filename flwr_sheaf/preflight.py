@@ -454,12 +454,15 @@ def _recorded_run_config(path: Path) -> dict[str, Any]:
     """The run config recorded in a ``results.json`` (its ``config``) or a ``checkpoint.pkl``.
 
     Raises:
-        ConfigError / OSError / ValueError: the file cannot be read as one.
+        ConfigError / OSError / ValueError: the file cannot be read as one
+            (:class:`~flwr_sheaf.schema.ResultsFileError` for a results.json).
     """
     from .strategy.checkpoint import load_checkpoint
 
     if path.suffix == ".json":
-        recorded = json.loads(path.read_text()).get("config")
+        from .schema import read_results
+
+        recorded = read_results(path).get("config")
     else:
         recorded = load_checkpoint(path).get("config")
     if not isinstance(recorded, dict):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 
-from .expected import ResultsFileError, band_lines, read_results, results_problems
+from .expected import band_lines
 from .methods.registry import METHODS
+from .schema import ResultsFileError, check_results, read_results
 
-__all__ = ["ResultsFileError", "read_results", "results_problems", "summary_lines", "main"]
+__all__ = ["ResultsFileError", "read_results", "summary_lines", "main"]
 
 
 def summary_lines(results: dict) -> list[str]:
@@ -22,20 +23,15 @@ def summary_lines(results: dict) -> list[str]:
     results"`` when nothing was evaluated.
 
     Raises:
-        ResultsFileError: ``results`` does not have the schema (:func:`results_problems`).
-        KeyError: an evaluated round lacks a mandatory key.
+        ResultsFileError: ``results`` does not have the schema (:func:`flwr_sheaf.schema.check_results`).
     """
-    bad = results_problems(results)
-    if bad:
-        raise ResultsFileError(f"results.json does not have the schema: {'; '.join(bad[:5])}")
+    check_results(results)
     collapse = results.get("latent_collapse")
     status = _status_lines(results) + (
-        [f"WARNING: {collapse.get('message', 'latent collapse')}"]
-        if isinstance(collapse, dict)
-        else []
+        [f"WARNING: {collapse.get('message', 'latent collapse')}"] if collapse else []
     )
     rounds = [r for r in results["rounds"] if r.get("private_accuracy_mean") is not None]
-    cfg = results.get("config", {})
+    cfg = results.get("config") or {}
     entry = METHODS.get(str(cfg.get("method", "?")))  # the method's own keys and lines, if known
     own_lines = entry.report_lines if entry is not None and entry.report_lines else None
     if not rounds:
@@ -67,14 +63,14 @@ def summary_lines(results: dict) -> list[str]:
             [
                 f"sheaf Laplacian: near-kernel {last['sheaf_near_kernel_dim']} of at most "
                 f"{last.get('sheaf_kernel_dim_bound')} global sections | smallest eigenvalues "
-                f"{', '.join(f'{e:.1e}' for e in last.get('sheaf_laplacian_eigenvalues') or [])} | pilot TV per edge "
+                f"{', '.join('n/a' if e is None else f'{e:.1e}' for e in last.get('sheaf_laplacian_eigenvalues') or [])} | pilot TV per edge "
                 f"{fmt(last.get('sheaf_tv_mean'))}"
             ]
             if last.get("sheaf_near_kernel_dim") is not None
             else []
         ),
         f"latent dimensions with variance < 1e-3 (mean over agents): {fmt(last.get('low_variance_fraction_mean'))}",
-        f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds', 0):.1f} s",
+        f"bytes sent in the last round: {last.get('bytes_sent')} | ServerApp wall time {results.get('total_wall_seconds') or 0:.1f} s",
         *band_lines(results),
     ]
 
@@ -83,7 +79,7 @@ def _evaluated_lines(results: dict, last: dict) -> list[str]:
     """How many of the final evaluated round's nodes ever trained (``evaluated_trained`` of
     ``evaluated``, run-config ``evaluate-nodes``), a WARNING when some never did; nothing for results
     that do not record it."""
-    if not isinstance(last.get("evaluated"), list) or last.get("evaluated_trained") is None:
+    if last.get("evaluated") is None or last.get("evaluated_trained") is None:
         return []
     n, k = len(last["evaluated"]), last["evaluated_trained"]
     mode = (results.get("evaluation") or {}).get("evaluate-nodes", "?")

@@ -51,16 +51,6 @@ _OWN_KEYS = (
 )
 
 
-def _clean(x):
-    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
-        return None
-    if isinstance(x, Mapping):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
 def _sections(strategy: Any) -> list[Any]:
     """The :class:`~flwr_sheaf.config.Section` attributes of ``strategy`` and of its components."""
     from .config import Section
@@ -231,7 +221,7 @@ def write_results(
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/guarantees.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
-        extra: further top-level keys (JSON-serialisable), written last.
+        extra: further top-level keys (JSON values or numpy ones), written last.
         problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
         errors: what ended the run early (the run is written ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders of ``out_dir`` after
@@ -246,8 +236,9 @@ def write_results(
         Path of ``results.json``.
 
     Raises:
-        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``), or a value
-            that JSON cannot serialise (nothing is written then).
+        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``). A value
+            that JSON cannot write (a set, an object) is not an error: it is written as null and
+            named in ``degradation.problems`` (the run ``degraded``); numpy values are converted.
         ValueError: the strategy has not run (no round in its history: call ``strategy.start``
             first), or ``extra`` names a key written here (named).
         FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
@@ -266,14 +257,15 @@ def write_results(
             max_failed_fraction, cfg, "max-failed-fraction", float
         )
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous", int)
-        status = run_status(strategy, max_failed_fraction, problems, errors)
-        more = {**own_extra, **(extra or {})}
+        ext = dict(extra or {})
         unapplied = config_not_applied(strategy, config)
         if unapplied:  # recorded beside the bundled app's own warnings (results.json's "warnings")
-            more["warnings"] = [*more.get("warnings", []), *unapplied]
-        payload = _payload(strategy, cfg, status, wall_seconds, more)
-        # serialised before anything is written: a TypeError writes nothing
-        text = json.dumps(_clean(payload), indent=1)
+            ext["warnings"] = [*ext.get("warnings", own_extra.get("warnings", [])), *unapplied]
+        given = {f"{type(strategy).__name__}.results_extra()": own_extra, "extra": ext}
+        payload = _checked_payload(
+            strategy, cfg, max_failed_fraction, wall_seconds, given, problems, errors
+        )
+        text = json.dumps(payload, indent=1, allow_nan=False)
         title = str(cfg.get("method", "")) or type(strategy).__name__
         return _write_files(out, foreign, text, payload["rounds"], title, overwrite, keep_previous)
     except Exception as exc:
@@ -429,6 +421,44 @@ def _payload(
         "latent_collapse": next(iter(collapse_warnings(strategy.ledger.node_results)), None),
         **extra,
     }
+
+
+def _checked_payload(
+    strategy: GraphStrategy,
+    cfg: dict[str, Any],
+    max_failed_fraction: float,
+    wall_seconds: float | None,
+    given: Mapping[str, Mapping[str, Any]],
+    problems: Sequence[str],
+    errors: Sequence[str],
+) -> dict[str, Any]:
+    """results.json's content as JSON writes it (:func:`flwr_sheaf.schema.to_json_value`: numpy
+    values converted, NaN and inf null) and checked against :class:`flwr_sheaf.schema.Results`. A
+    value that cannot be written (a set, an object; ``given``'s name for whose it is, and the path)
+    is null and named among ``degradation.problems``, and a payload outside the schema is named
+    there too: the run is ``degraded``, the rounds are written."""
+    from .schema import ResultsFileError, check_results, to_json_value
+
+    cfg, bad = to_json_value(cfg, "config")
+    extra: dict[str, Any] = {}
+    for where, values in given.items():
+        values, more = to_json_value(values, where)
+        extra.update(values)
+        bad += more
+    status = run_status(strategy, max_failed_fraction, problems, errors)
+    payload, more = to_json_value(
+        _payload(strategy, cfg, status, wall_seconds, extra), "results.json"
+    )
+    bad += more
+    try:
+        check_results(payload, "the results.json written")
+    except ResultsFileError as e:
+        bad.append(str(e).split("; it does not have")[0] + " (outside docs/results-schema.md)")
+    if not bad:
+        return payload
+    log.warning("results.json: %s", "; ".join(bad))
+    status = run_status(strategy, max_failed_fraction, [*problems, *bad], errors)
+    return to_json_value(_payload(strategy, cfg, status, wall_seconds, extra))[0]
 
 
 def _write_files(

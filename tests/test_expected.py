@@ -167,10 +167,10 @@ def _malformed(kind: str, res: dict) -> str:
 
 MALFORMED = {
     "truncated": "is not valid JSON (",
-    "no-rounds": "it has no 'rounds'",
-    "string-number": f"rounds[{FINAL - 1}] (round {FINAL}): private_accuracy_mean = '0.83' is a str, "
-    "expected a number or null",
-    "rounds-not-a-list": "'rounds' is a dict, expected a list",
+    "no-rounds": "rounds: missing",
+    "string-number": f"rounds[{FINAL - 1}].private_accuracy_mean: Input should be a valid number "
+    "(got '0.83')",
+    "rounds-not-a-list": "rounds: Input should be a valid list",
 }
 
 
@@ -180,7 +180,7 @@ def test_a_malformed_results_json_is_named_with_what_is_wrong_and_exit_2(kind, t
     path.write_text(_malformed(kind, _results(MEAN)))
     assert report_main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"flwr_sheaf.report: {path} ") and MALFORMED[kind] in err, err
+    assert err.startswith(f"flwr_sheaf.report: {path}: ") and MALFORMED[kind] in err, err
     assert "Traceback" not in err
     if kind != "truncated":  # the verdict on a parsed dict says it too, rather than raising
         (line,) = band_lines(json.loads(path.read_text()))
@@ -215,7 +215,7 @@ def test_expected_band_script_names_the_bad_run_and_exits_non_zero(tmp_path):
     out = tmp_path / "ref.json"
     p = _band_script("--seeds", str(good), str(bad), "--out", str(out))
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-    assert f"{bad / 'results.json'} does not have the results.json schema" in p.stderr
+    assert f"{bad / 'results.json'}: rounds[" in p.stderr
     assert MALFORMED["string-number"] in p.stderr
     p = _band_script("--seeds", str(good), str(degraded), "--out", str(out))
     assert p.returncode == 1 and f"{degraded}: the run ended 'degraded'" in p.stderr, p.stderr

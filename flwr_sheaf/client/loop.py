@@ -39,8 +39,8 @@ class LossPlugin:
         """Loss of one private batch ``x (B, ...)``, ``y (B,)`` (model in train mode on entry).
 
         Returns:
-            ``(loss, parts)``: a scalar tensor to minimise and named values (``"ce"`` at least),
-            averaged over steps into the round's metrics. A value may be a Python float or a
+            ``(loss, parts)``: a scalar tensor to minimise and named values (``"ce"`` at least on
+            the first step), each averaged over the steps that returned it into the round's metrics. A value may be a Python float or a
             detached 0-d tensor: tensors stay on the device and are read back once per round
             (no host synchronisation per step on a GPU).
         """
@@ -84,7 +84,8 @@ def train_local(
     per batch ``plugin.loss``, backward, gradient-norm clipping at ``clip_norm`` (0 = off), SGD step.
 
     Returns:
-        per-step means of the plug-in's parts and ``grad-norm``, ``steps``, plus ``plugin.metrics(steps)``.
+        the means of the plug-in's parts (each over the steps that returned it) and of ``grad-norm``,
+        ``steps``, plus ``plugin.metrics(steps)``.
 
     Raises:
         FloatingPointError: a non-finite loss (``server_round`` named); Flower turns it into this
@@ -113,8 +114,8 @@ def train_local(
             idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             model.train()
             loss, parts = plugin.loss(model, task.x_train[idx], task.y_train[idx], gen)
-            if steps == 0:  # the plug-in's contract, checked once, before the first step is taken
-                _check_loss_output(plugin, loss, parts)
+            # the plug-in's contract, before the step is taken ("ce" on the first step at least)
+            _check_loss_output(plugin, loss, parts, need_ce=steps == 0)
             if on_cpu:  # no device to wait for: check every step, before the step is taken
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
@@ -136,15 +137,16 @@ def train_local(
                 f"non-finite loss at server round {server_round}, local epoch {epoch} "
                 "(checked once per epoch on an accelerator)"
             )
-    out = {k: _mean(v, steps) for k, v in values.items()}
+    out = {k: _mean(v) for k, v in values.items()}
     out["steps"] = steps
     out.update(plugin.metrics(steps))
     return out
 
 
-def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any) -> None:
-    """What :meth:`LossPlugin.loss` must return: a 0-d tensor and a mapping with ``"ce"`` (the round's
-    cross-entropy column, docs/results-schema.md), each part a 0-d tensor or a real number.
+def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any, need_ce: bool = True) -> None:
+    """What :meth:`LossPlugin.loss` must return: a 0-d tensor and a mapping (with ``"ce"``, the
+    round's cross-entropy column, docs/results-schema.md, when ``need_ce``), each part a 0-d tensor
+    or a real number (a part missing on some steps is averaged over the steps that returned it).
 
     Raises:
         TypeError: either is not so; the message names the plug-in's class (the method's code) and
@@ -161,7 +163,7 @@ def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any) -> None:
             f"{where} returned {got} as the loss; it must return (loss, parts) with loss a 0-d "
             "tensor to minimise (docs/own-method.md)"
         )
-    if not isinstance(parts, Mapping) or "ce" not in parts:
+    if not isinstance(parts, Mapping) or (need_ce and "ce" not in parts):
         got = (
             f"parts ({', '.join(sorted(map(str, parts))) or 'none'})"
             if isinstance(parts, Mapping)
@@ -190,8 +192,9 @@ def _part_problem(value: Any) -> str | None:
     return f"{value!s:.60} (a {type(value).__name__})"
 
 
-def _mean(values: list, steps: int) -> float:
-    """Sequential float64 mean of per-step values (floats or 0-d tensors), read back in one transfer.
+def _mean(values: list) -> float:
+    """Sequential float64 mean of per-step values (floats or 0-d tensors), read back in one transfer:
+    over the steps that reported the value (a part a plug-in returns on some steps only).
 
     The sum runs in Python in step order, exactly as ``sum(float(v) for v in values)``, so the
     numbers do not depend on whether a plug-in returned floats or tensors.
@@ -205,4 +208,4 @@ def _mean(values: list, steps: int) -> float:
     total = 0.0
     for v in values:
         total += next(host) if isinstance(v, torch.Tensor) else float(v)
-    return total / max(steps, 1)
+    return total / max(len(values), 1)

@@ -30,9 +30,18 @@ __all__ = [
 def nanmean(xs: Iterable[float | None]) -> float:
     """Mean ignoring None/NaN (NaN when nothing is left); the sum is ``math.fsum`` (correctly
     rounded), so the mean does not depend on the order the values came in (e.g. the order in which
-    the nodes' replies arrived on the Ray engine)."""
+    the nodes' replies arrived on the Ray engine). Values whose sum overflows (three 1.6e308) are
+    summed scaled by 2**-64 (exact), so their mean is still the correctly rounded one; +inf with
+    -inf gives NaN."""
     vals = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
-    return math.fsum(vals) / len(vals) if vals else float("nan")
+    if not vals:
+        return float("nan")
+    try:
+        return math.fsum(vals) / len(vals)
+    except OverflowError:  # an intermediate partial sum beyond the float range
+        return math.ldexp(math.fsum(math.ldexp(v, -64) for v in vals) / len(vals), 64)
+    except ValueError:  # -inf + inf
+        return float("nan")
 
 
 def positive_int(name: str, value: int) -> int:

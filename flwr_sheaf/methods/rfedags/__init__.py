@@ -198,8 +198,12 @@ def report_lines(results: Mapping[str, Any], last: Mapping[str, Any] | None) -> 
     return [
         f"method {cfg['method']} | problem {cfg.get('rfedags-problem', '?')}",
         f"final round {final['round']}: optimality gap {final['gap']:.3e} | distance to the optimum "
-        f"{final.get('distance_to_optimum', float('nan')):.3e} | responders {final.get('num_responders', '?')}",
+        f"{_e3(final.get('distance_to_optimum'))} | responders {final.get('num_responders', '?')}",
     ]
+
+
+def _e3(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3e}"
 
 
 def _num_nodes(c: RunConfig) -> int:
