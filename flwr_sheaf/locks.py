@@ -12,7 +12,7 @@ cannot decide: a lock written on another kernel is refused unless written on thi
 last boot; one of this host and PID namespace whose process no longer runs (or that names this very
 process, which does not hold it) is taken over with a warning, as is one that names no holder (empty,
 or not a JSON object) while its kernel lock is free. A lock file that is a symbolic link,
-a directory or anything but a regular file is refused (never followed, never created through a
+a directory, a hard link (a name shared with another file) or anything but a regular file is refused (never followed, never created through a
 link). Without ``fcntl`` (Windows) the lock falls back to the pid check. A process never holds one
 directory's lock twice.
 """
@@ -103,6 +103,8 @@ def held_by_this_process(directory: str | Path) -> DirLock | None:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: the most bytes of a lock file read (one written here is one JSON line of about 200 bytes)
+_LOCK_MAX = 4096
 
 
 def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
@@ -135,9 +137,15 @@ def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link planted between lstat and open
             raise _not_a_lock_file(path, key, "a symbolic link") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
-        raise _not_a_lock_file(path, key, "not a regular file")
+        what = "not a regular file"
+        if stat.S_ISREG(
+            st.st_mode
+        ):  # a hard link: writing the lock would write the other name's file
+            what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
+        raise _not_a_lock_file(path, key, what)
     return fd
 
 
@@ -310,16 +318,16 @@ class DirLock:
 
     @staticmethod
     def _read(fd: int) -> dict[str, Any] | None:
-        """The lock file's details: None when it is empty, ``{}`` when it is not a JSON object."""
-        os.lseek(fd, 0, os.SEEK_SET)
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
+        """The lock file's details (its first 4 KiB): None when it is empty, ``{}`` when it is not a JSON
+        object of at most that size."""
+        data = os.pread(fd, _LOCK_MAX + 1, 0)
         if not data.strip():
             return None
+        if len(data) > _LOCK_MAX:  # not ours (ours is one short line): never read further
+            return {}
         try:
             info = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return info if isinstance(info, dict) else {}
 

@@ -783,18 +783,18 @@ def test_write_results_overwrite_moves_the_earlier_files_aside_and_keep_previous
     tmp_path, caplog
 ):
     from flwr_sheaf import write_results
-    from flwr_sheaf.preflight import previous_folders
+    from flwr_sheaf.rundir import RunDir
 
     done, out = _own_strategy(tmp_path), tmp_path / "r"
     _logged(caplog)
     first = write_results(done, out, extra={"n": 1}).read_bytes()
     write_results(done, out, overwrite=True, extra={"n": 2})
-    [prev] = previous_folders(out)
+    [prev] = RunDir(out).previous()
     assert (prev / "results.json").read_bytes() == first  # was: replaced, the first one lost
     assert (prev / "accuracy.png").exists()
     assert f"moved the earlier results.json, accuracy.png from {out} into {prev}" in caplog.text
     write_results(done, out, overwrite=True, extra={"n": 3}, keep_previous=1)
-    [kept] = previous_folders(out)
+    [kept] = RunDir(out).previous()
     assert json.loads((kept / "results.json").read_text())["n"] == 2
     assert (
         f"keep-previous=1: removed {prev} (an earlier run's files: accuracy.png, results.json)"
@@ -804,18 +804,18 @@ def test_write_results_overwrite_moves_the_earlier_files_aside_and_keep_previous
 
 
 def test_keep_previous_run_config_key_bounds_the_previous_folders_of_overwrite(tmp_path, caplog):
-    from flwr_sheaf.preflight import previous_folders
+    from flwr_sheaf.rundir import RunDir
 
     out = tmp_path / "r"
     rc = {**TINY, "results-dir": str(out), "checkpoint-every": 0}
     _run(rc)
     _run({**rc, "overwrite": True})
     _run({**rc, "overwrite": True})  # default keep-previous=0: every folder kept
-    assert len(previous_folders(out)) == 2
+    assert len(RunDir(out).previous()) == 2
     _logged(caplog)
     res = _run({**rc, "overwrite": True, "keep-previous": 2})
     assert res["config"]["keep-previous"] == 2
-    folders = previous_folders(out)
+    folders = RunDir(out).previous()
     assert len(folders) == 2 and folders[-1] == Path(res["previous_run"]["moved_to"])
     assert "keep-previous=2: removed" in caplog.text
     with pytest.raises(ConfigError, match=r"keep-previous=-1"):
@@ -905,7 +905,7 @@ def test_resume_from_into_a_results_dir_holding_another_runs_results_refuses_or_
 
 def test_keep_previous_removes_only_folders_that_overwrite_made(tmp_path, caplog):
     """A folder of the user's own named ``previous-...`` is never removed by ``keep-previous``."""
-    from flwr_sheaf.preflight import move_aside
+    from flwr_sheaf.rundir import RunDir
 
     old, mine = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-keep-me"
     for folder in (old, mine):
@@ -913,7 +913,7 @@ def test_keep_previous_removes_only_folders_that_overwrite_made(tmp_path, caplog
         (folder / "results.json").write_text(folder.name)
     (tmp_path / "results.json").write_text("now")
     _logged(caplog)
-    new, moved = move_aside(tmp_path, ["results.json"], keep=1)
+    new, moved = RunDir(tmp_path).move_aside(["results.json"], keep=1)
     assert moved == ["results.json"] and (new / "results.json").read_text() == "now"
     assert not old.exists() and f"keep-previous=1: removed {old}" in caplog.text
     assert (mine / "results.json").read_text() == "previous-keep-me"  # was: removed
@@ -923,7 +923,7 @@ def test_keep_previous_never_removes_the_folder_resume_from_reads(tmp_path):
     """``resume-from=<dir>/previous-<time>`` (where an overwrite moved a run) into ``<dir>`` with
     ``overwrite=true`` and ``keep-previous=1``: the source folder stays, though it is the oldest."""
     from flwr_sheaf.methods.registry import parse_run_config
-    from flwr_sheaf.preflight import preflight, previous_folders
+    from flwr_sheaf.rundir import RunDir, preflight
 
     source, older = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-20200102T000000Z"
     for folder in (source, older):
@@ -934,7 +934,7 @@ def test_keep_previous_never_removes_the_folder_resume_from_reads(tmp_path):
     with preflight(parse_run_config({**rc, "keep-previous": 1})[0]) as pre:
         new = Path(pre.previous_run["moved_to"])
     assert (new / "results.json").read_text() == "{}"
-    assert previous_folders(tmp_path) == [source, new] and not older.exists()
+    assert RunDir(tmp_path).previous() == [source, new] and not older.exists()
     assert (source / "checkpoint.pkl").read_bytes() == b"the stopped run's checkpoint"
 
 
