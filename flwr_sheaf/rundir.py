@@ -24,11 +24,13 @@ why its lock file is refused): what ``scripts/main.sh`` asks before moving a dir
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -85,8 +87,8 @@ _CHECKPOINT_FIX = (
     "restore the file from a backup, resume from another checkpoint (resume-from), or start the "
     "run afresh in a new results-dir (or with overwrite=true)"
 )
-#: the most bytes read of a JSON record of a run (``run.json``)
-_RECORD_MAX = 1 << 20
+#: the most bytes read of a JSON record of a run (``run.json``) and of a ``results.json``
+_RECORD_MAX, _RESULTS_MAX = 1 << 20, 1 << 30
 
 
 class NoCheckpointError(ConfigError, FileNotFoundError):
@@ -183,6 +185,45 @@ def _newer_checkpoint(path: Path, what: str) -> None:
     )
 
 
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (never through a symbolic link; a FIFO never waited on).
+
+    Raises:
+        FileNotFoundError: none there.
+        ValueError: a link, not a regular file, or larger than ``limit`` bytes (why named).
+        OSError: it cannot be read.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symbolic link") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        chunks: list[bytes] = []
+        got = 0
+        while got <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - got))):
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
+
+
+def _json(data: bytes) -> Any:
+    """``json.loads(data)``; ValueError (``nested too deeply`` for a RecursionError) for anything else."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def recorded_run_config(path: Path) -> dict[str, Any]:
     """The run config recorded in a ``results.json`` (its ``config``) or a ``checkpoint.pkl``.
 
@@ -191,15 +232,14 @@ def recorded_run_config(path: Path) -> dict[str, Any]:
     """
     try:
         if path.suffix == ".json":
-            recorded = json.loads(path.read_bytes())
+            recorded = _json(_read_regular(path, _RESULTS_MAX))
             recorded = recorded.get("config") if isinstance(recorded, dict) else None
         else:
             recorded = load_checkpoint(path).get("config")
-    except ConfigError:
-        raise
-    except (OSError, ValueError, RecursionError) as exc:
-        what = "nested too deeply" if isinstance(exc, RecursionError) else exc
-        raise ConfigError(f"{path} cannot be read ({what})") from None
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{path} cannot be read ({exc})") from None
     if not isinstance(recorded, dict):
         raise ConfigError(f"{path} records no run config")
     return recorded
@@ -215,31 +255,15 @@ def read_node_state_claim(root: Path) -> dict[str, Any] | None:
     """
     path = root / NODE_STATE_MARKER
     try:
-        fd = os.open(
-            path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        )
+        info = _json(_read_regular(path, _RECORD_MAX))
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        why: str = exc.strerror or str(exc)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
     else:
-        try:
-            import stat
-
-            data = os.read(fd, _RECORD_MAX + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-        finally:
-            os.close(fd)
-        why = "not a regular file" if data is None else f"larger than {_RECORD_MAX} bytes"
-        if data is not None and len(data) <= _RECORD_MAX:
-            try:
-                info = json.loads(data)
-                why = "not a JSON object with a run config"
-                if isinstance(info, dict) and isinstance(info.get("config"), dict):
-                    return info
-            except (ValueError, RecursionError) as exc:
-                why = (
-                    "nested too deeply" if isinstance(exc, RecursionError) else f"not JSON ({exc})"
-                )
+        if isinstance(info, dict) and isinstance(info.get("config"), dict):
+            return info
+        why = "not a JSON object with a run config"
     raise ConfigError(
         f"node-state-dir {root}: {path} is not a flwr-sheaf node-state record ({why}), so whose node "
         f"state {root} holds cannot be told; remove it (rm {path}) if that node state is the one this "

@@ -953,3 +953,149 @@ def test_write_results_in_a_finally_keeps_the_real_errors_own_context(tmp_path):
             write_results(SheafFRL(3), tmp_path / "r")  # no completed round: its ValueError
     assert isinstance(err.value.__context__, KeyError)  # was: replaced by write_results' ValueError
     assert any("ValueError: SheafFRL has no completed round" in n for n in err.value.__notes__)
+
+
+# ------------------------------------------------------------------------- the run's files: gates
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"keep_previous": -1},
+        {"keep_previous": 0.5},
+        {"keep_previous": "abc"},
+        {"config": {"keep-previous": -1}},
+    ],
+)
+def test_a_bad_keep_previous_is_refused_as_the_run_config_refuses_it_before_anything_moves(
+    tmp_path, given
+):
+    """``write_results(..., overwrite=True)`` with a bad ``keep-previous`` (argument or config) gets the
+    run config's own message before anything moves (was: -1 and 0.5 deleted every ``previous-*``
+    folder, the one just made included; 'abc' a bare ValueError after results.json was moved)."""
+    from flwr_sheaf import write_results
+    from flwr_sheaf.methods.registry import parse_run_config
+
+    done, out = _own_strategy(tmp_path), tmp_path / "r"
+    write_results(done, out, extra={"n": 1})
+    write_results(done, out, overwrite=True, extra={"n": 2})
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    value = given.get("keep_previous", given.get("config", {}).get("keep-previous"))
+    with pytest.raises(ConfigError) as rc_err:
+        parse_run_config({"keep-previous": value})
+    with pytest.raises(ConfigError) as err:
+        write_results(done, out, overwrite=True, extra={"n": 3}, **given)
+    assert str(err.value) == str(rc_err.value).splitlines()[0]  # one validator, one message
+    assert str(err.value).startswith(f"keep-previous={value!r}: ")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert len(list(out.glob("previous-*"))) == 1
+
+
+def test_a_lock_file_hard_linked_to_a_users_file_is_refused_and_the_file_kept(tmp_path):
+    """A ``.lock`` that shares its inode with a file outside the directory (a ``cp -al`` snapshot
+    leaves it so): refused naming the path and ``rm`` (was: the user's file overwritten with the
+    lock's JSON)."""
+    out, users = tmp_path / "r", tmp_path / "notes.txt"
+    out.mkdir()
+    users.write_text("the user's own notes")
+    os.link(users, out / LOCK_NAME)
+    with pytest.raises(LockedError) as err:
+        DirLock(out).acquire()
+    assert f"its lock file {out / LOCK_NAME} is a hard link (2 names share its content" in str(
+        err.value
+    )
+    assert f"(rm {out / LOCK_NAME})" in str(err.value)
+    assert users.read_text() == "the user's own notes"
+
+
+def test_a_huge_garbage_lock_file_is_taken_over_reading_only_its_first_bytes(tmp_path, caplog):
+    """A 64 MiB garbage ``.lock`` whose kernel lock is free is taken over at once (was: 67 s, read
+    by repeated concatenation)."""
+    import time
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / LOCK_NAME).write_bytes(b"x" * (64 << 20))
+    _logged(caplog)
+    t0 = time.monotonic()
+    lock = DirLock(out).acquire()
+    took = time.monotonic() - t0
+    lock.release()
+    assert took < 5, took
+    assert "not a flwr-sheaf lock (no JSON object in it)" in caplog.text
+
+
+def _main_sh_guard(out: Path) -> subprocess.CompletedProcess:
+    """scripts/main.sh's lines from ``OUT=`` to the first ``fi`` (the guard that moves an earlier
+    run's directory aside), run by bash with ``RESULTS_DIR=out``."""
+    lines = (ROOT / "scripts" / "main.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("OUT="))
+    end = next(i for i in range(start, len(lines)) if lines[i] == "fi")
+    script = "set -euo pipefail\n" + "\n".join(lines[start : end + 1])
+    env = {**os.environ, "RESULTS_DIR": str(out), "PYTHONPATH": str(ROOT)}
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, text=True, capture_output=True)
+
+
+def test_main_sh_never_moves_aside_a_live_runs_directory_whose_lock_file_was_removed(tmp_path):
+    """scripts/main.sh asks the package whether a live run holds ``$OUT`` (was: it tested only that
+    ``$OUT/.lock`` exists, so a live run whose lock file a cleanup removed had its directory moved
+    aside under it)."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    with _holder(out) as pid:
+        (out / LOCK_NAME).unlink()  # a clean-up
+        done = _main_sh_guard(out)
+        assert done.returncode == 0, done.stderr
+        assert (out / "results.json").exists() and sorted(tmp_path.iterdir()) == [out]
+        assert f"a process holds a lock on {out}" in done.stderr and pid > 0
+    done = _main_sh_guard(out)  # that run ended: the earlier run is moved aside, and said so
+    assert done.returncode == 0, done.stderr
+    [kept] = [p for p in tmp_path.iterdir() if p != out]
+    assert (kept / "results.json").exists() and f"moved to {kept}" in done.stdout
+
+
+def test_an_earlier_run_whose_checkpoint_cannot_move_is_left_whole_and_named(tmp_path, monkeypatch):
+    """``overwrite=true`` over a run whose ``checkpoint.pkl`` cannot be moved (an immutable file):
+    nothing is moved and the file, the reason and the fix are named (was: a bare PermissionError with
+    results.json in ``previous-*`` and the checkpoint left in results-dir)."""
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out)}
+    _run(rc)
+    before = {n: (out / n).read_bytes() for n in ("results.json", "checkpoint.pkl", "accuracy.png")}
+    replace = os.replace
+
+    def immutable(src, dst, *a, **kw):
+        if Path(src) == out / "checkpoint.pkl":
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return replace(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", immutable)
+    _refused(
+        {**rc, "overwrite": True},
+        rf"results-dir='{out}': the earlier run's checkpoint.pkl cannot be moved into "
+        rf"{out}/previous-\d{{8}}T\d{{6}}Z \(Operation not permitted\); nothing was moved: the earlier "
+        rf"run's files are in {out} as before, so that run is never left split. Make "
+        rf"{out / 'checkpoint.pkl'} movable \(e.g. chattr -i {out / 'checkpoint.pkl'}\)",
+    )
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert not list(out.glob("previous-*"))
+
+
+def test_a_results_dir_removed_while_its_run_holds_it_is_not_recreated(tmp_path):
+    """``rm -rf`` of a live run's results-dir: its next write is refused and the directory stays
+    gone (was: refused, after an empty directory was created again)."""
+    import shutil
+
+    from flwr_sheaf import write_results
+
+    done, out = _own_strategy(tmp_path), tmp_path / "r"
+    out.mkdir()
+    lock = DirLock(out).acquire()
+    try:
+        shutil.rmtree(out)
+        with pytest.raises(LockedError, match="it was removed, with the files this run wrote"):
+            write_results(done, out)
+        assert not out.exists()
+    finally:
+        lock.release()

@@ -1,0 +1,10 @@
+"""Hypothesis profiles: ``fast`` (the default: a few dozen examples per property, seconds) and
+``deep`` (``HYPOTHESIS_PROFILE=deep``: a thousand)."""
+
+import os
+
+from hypothesis import settings
+
+settings.register_profile("fast", max_examples=25, deadline=None)
+settings.register_profile("deep", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
