@@ -231,15 +231,11 @@ def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
             os.close(fd)
     if fcntl is None and info:  # no kernel lock to ask (Windows): whether its process runs
         free = lock._holder_gone(info) is not None
-    if free:
-        return None
-    if info:
-        return f"{lock._describe(info)} holds {lock.path} (since {info.get('started', '?')})"
-    return f"a process holds a lock on {lock.path.parent} (its lock file {lock.path} was removed)"
+    return None if free else lock._who(info)
 
 
 class DirLock:
-    """The lock file ``<directory>/.lock`` of one run (module docstring); a context manager.
+    """The lock file ``<directory>/.lock`` of one run (module docstring).
 
     Args:
         directory: the locked directory (must exist).
@@ -281,24 +277,26 @@ class DirLock:
             where += " (in another PID namespace, e.g. another container)"
         return f"process {info.get('pid', '?')} on {where}"
 
-    def _busy(self, info: dict[str, Any] | None, why: str = "") -> LockedError:
+    def _who(self, info: dict[str, Any] | None) -> str:
+        """Who holds the lock, for messages (``info``: the lock file's details, :meth:`_read`)."""
         if info:
-            who = f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
-        elif info is not None:  # {}: the file is there but names no holder (empty, not our JSON)
-            who = (
+            return f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
+        if info is not None:  # {}: the file is there but names no holder (empty, not our JSON)
+            return (
                 f"a process holds the kernel lock of {self.path} (the lock file does not name it: "
                 f"it is empty or not a flwr-sheaf lock file)"
                 if fcntl is not None
                 else f"its lock file {self.path} names no holder (it is empty or not a flwr-sheaf "
                 f"lock file)"
             )
-        else:
-            who = (
-                f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
-                f"removed or replaced while it ran)"
-            )
+        return (
+            f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
+            f"removed or replaced while it ran)"
+        )
+
+    def _busy(self, info: dict[str, Any] | None, why: str = "") -> LockedError:
         return LockedError(
-            f"{self.key} {self.path.parent} is in use by another run: {who}{why}; wait for it to end "
+            f"{self.key} {self.path.parent} is in use by another run: {self._who(info)}{why}; wait for it to end "
             f"or use another {self.key} (remove the lock file only if that process is not a flwr-sheaf "
             f"run)"
         )
@@ -562,9 +560,3 @@ class DirLock:
             f"it ({gone}); another run may now use {self.path.parent}, so this run writes nothing "
             f"more there and stops: {then}, and do not move or replace a directory a run is using"
         )
-
-    def __enter__(self) -> DirLock:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()

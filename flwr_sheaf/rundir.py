@@ -6,7 +6,8 @@
 ``keep-previous`` bounds (one validator: :func:`check_keep_previous`), the checkpoint and the
 ``resume-from`` source. :data:`RUN_FILES` declares every file the package reads back from a run's
 directories with its one reader; each reader gives a :class:`~flwr_sheaf.config.ConfigError` naming
-the file for a damaged one.
+the file for a damaged one. Sealed files (header + SHA-256: server checkpoints, the nodes' state
+files) are written by :func:`write_sealed` and read by :func:`read_sealed`.
 
 :func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` once the run config is
 parsed, before any message) is a short list of checks asking it; each refusal names the run-config
@@ -25,6 +26,7 @@ why its lock file is refused): what ``scripts/main.sh`` asks before moving a dir
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -40,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from .config import KEYS, ConfigError, RunConfig, config_differences, resume_identity
-from .integrity import read_sealed
 from .locks import LOCK_NAME, DirLock, LockedError, held_by_this_process, live_holder
 
 __all__ = [
@@ -50,9 +51,9 @@ __all__ = [
     "RESULTS_JSON",
     "RUN_FILES",
     "NoCheckpointError",
-    "Preflight",
     "RunDir",
     "RunFile",
+    "SealedFileError",
     "check_keep_previous",
     "check_node_state_dir",
     "check_writable_dir",
@@ -61,8 +62,10 @@ __all__ = [
     "load_checkpoint",
     "preflight",
     "read_node_state_claim",
+    "read_sealed",
     "recorded_run_config",
     "resolve_dir",
+    "write_sealed",
 ]
 
 log = logging.getLogger("flwr_sheaf")
@@ -77,7 +80,7 @@ PREVIOUS_PREFIX = "previous-"
 #: The name of a folder :meth:`RunDir.move_aside` made (``previous-<UTC time>[-<n>]``).
 _MOVED_ASIDE = re.compile(re.escape(PREVIOUS_PREFIX) + r"\d{8}T\d{6}Z(-\d+)?")
 _STATE_FILE = re.compile(r"^round-\d+\.state$")
-#: First line of a server checkpoint (:mod:`flwr_sheaf.integrity`'s sealed format). Files of the old
+#: First line of a server checkpoint (:func:`write_sealed`). Files of the old
 #: format (a bare pickle, before the header existed) start with the pickle protocol byte ``0x80``.
 CHECKPOINT_MAGIC = b"flwr-sheaf server checkpoint v1\n"
 #: 2: the strategy's rounds and failures live in its ``ledger`` (format 1 held them as ``rounds`` and
@@ -106,6 +109,85 @@ def check_keep_previous(value: Any) -> int:
     return int(KEYS["keep-previous"](value))
 
 
+# ------------------------------------------------------------------------------ sealed files
+# One format for node state files (flwr_sheaf.client.state) and server checkpoints: ``<magic line>``
+# + one JSON metadata line (``format``, the caller's fields, ``payload-bytes``, ``sha256``) + payload.
+
+
+class SealedFileError(ValueError):
+    """A sealed file that must not be used: wrong header or format, truncated or modified payload."""
+
+
+def write_sealed(path: Path, magic: bytes, meta: Mapping[str, Any], data: bytes, fmt: int) -> Path:
+    """Write ``magic`` + metadata line (``format``, ``meta``, size, SHA-256) + ``data`` to ``path`` atomically.
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = {
+        "format": fmt,
+        **meta,
+        "payload-bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(magic + json.dumps(head, sort_keys=True).encode() + b"\n" + data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_sealed(
+    path: Path,
+    magic: bytes,
+    fmt: int,
+    *,
+    payload: bool = True,
+    what: str = "file",
+    error: type[ValueError] = SealedFileError,
+    fix: str = "",
+) -> tuple[dict, bytes | None]:
+    """``(metadata, payload or None)`` of a file written by :func:`write_sealed` (checksum verified).
+
+    Args:
+        what: what the file is, for messages (``"flwr-sheaf node state file"``).
+        error: exception class raised (a ``ValueError`` subclass).
+        fix: what to do, appended to every refusal.
+
+    Raises:
+        error: a bad header, format, metadata, size or SHA-256 (the file named).
+    """
+    tail = f"; {fix}" if fix else ""
+    with open(path, "rb") as fh:
+        if fh.readline() != magic:
+            raise error(f"{path}: not a {what} (bad header){tail}")
+        try:
+            meta = json.loads(fh.readline(65536))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+            raise error(f"{path}: corrupted metadata ({exc}){tail}") from None
+        if not isinstance(meta, dict) or meta.get("format") != fmt:
+            got = meta.get("format") if isinstance(meta, dict) else None
+            raise error(f"{path}: format {got!r}, this version reads {fmt}{tail}")
+        data = fh.read() if payload else None
+    if data is not None and (
+        len(data) != meta.get("payload-bytes")
+        or hashlib.sha256(data).hexdigest() != meta.get("sha256")
+    ):
+        raise error(
+            f"{path}: payload is truncated or corrupted ({len(data)} bytes, the header says "
+            f"{meta.get('payload-bytes')}; or the SHA-256 differs from its header){tail}"
+        )
+    return meta, data
+
+
 # ------------------------------------------------------------------------------ readers
 def checkpoint_path(location: str | Path) -> Path:
     """``location`` itself when it names a file, else ``location/checkpoint.pkl``."""
@@ -115,7 +197,7 @@ def checkpoint_path(location: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint dict written by :meth:`~flwr_sheaf.strategy.checkpoint.Checkpointer.save`, after
-    its header, format and SHA-256 are verified (nothing unpickled before; :mod:`flwr_sheaf.integrity`).
+    its header, format and SHA-256 are verified (nothing unpickled before; :func:`read_sealed`).
 
     Raises:
         NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).
@@ -384,9 +466,21 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
 class RunDir:
     """A run's directory (module docstring): where its files go, its lock, its ``previous-*`` folders.
 
+    As :func:`preflight` returns it, a context manager holding the run's locks. Leaving it with an
+    exception after ``overwrite = true`` moved an earlier run's files aside: when the new run wrote
+    none of its own files (``results.json``, ``checkpoint.pkl``, ``accuracy.png``; e.g. it died at
+    discovery) they are moved back, else they stay in ``previous-<UTC time>/``; either way a note on
+    the exception and a log line say where they are. ``keep-previous`` is applied on leaving, once
+    the moved files are known to stay aside.
+
     Args:
         path: the directory (``~`` expanded, resolved; need not exist yet).
         key: the run-config key (or argument) naming it, for messages (``results-dir``, ``out_dir``).
+
+    Attributes:
+        locks: the held :class:`~flwr_sheaf.locks.DirLock` of ``results-dir`` (and of ``node-state-dir``).
+        previous_run: where ``overwrite = true`` moved the earlier run's files, ``{"moved_to": path,
+            "files": [names]}`` (``results.json``'s ``previous_run``), or None.
 
     Raises:
         ConfigError: ``path`` runs into a symbolic-link loop (key and path named).
@@ -396,6 +490,49 @@ class RunDir:
         self.given, self.key = str(path), key
         self.path = resolve_dir(key, path)
         self.checkpoint = self.path / CHECKPOINT_NAME
+        self.keep_previous = 0  # keep-previous, applied on leaving
+        self.locks: list[DirLock] = []
+        self.previous_run: dict | None = None
+        #: ``previous-*`` folders never pruned (the one ``resume-from`` reads from)
+        self.protect: list[Path] = []
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Leaving the run held by :func:`preflight` (class docstring); the locks are released."""
+        try:
+            if exc is not None and self.previous_run is not None:
+                self._after_failed_run(exc)
+            if self.keep_previous and self.previous_run is not None:
+                newest = Path(self.previous_run["moved_to"])
+                self.prune(self.keep_previous, newest, self.protect)
+        finally:
+            for lock in reversed(self.locks):  # the node-state-dir's first
+                lock.release()
+            self.locks = []
+
+    def _after_failed_run(self, exc: BaseException) -> None:
+        """The moved-aside earlier run's files after the new run ended with ``exc``: moved back when
+        the new run wrote none of its own, the way noted on ``exc`` and logged."""
+        assert self.previous_run is not None
+        out, folder = self.path, Path(self.previous_run["moved_to"])
+        names = list(self.previous_run["files"])
+        mine = [n for n in MOVED_FILES if (out / n).exists()]
+        if not mine:
+            where = self.move_back(folder, names)
+            if where.startswith("nothing"):
+                where = f"were moved back into {out} (the results-dir is as before this run)"
+                self.previous_run = None
+        else:
+            where = f"are in {folder} (this run wrote {', '.join(mine)} into {out}" + (
+                f"; continue the earlier run with resume-from={str(folder / CHECKPOINT_NAME)!r})"
+                if CHECKPOINT_NAME in names
+                else ")"
+            )
+        text = f"the earlier run's {', '.join(names)}, moved aside by overwrite=true, {where}"
+        log.warning("this run ended with an error: %s", text)
+        exc.add_note(f"flwr-sheaf: {text}")
 
     def run_files(self) -> list[Path]:
         """The files there that mean it holds a run (:data:`RESULT_FILES`)."""
@@ -627,68 +764,6 @@ def claim_node_state_dir(root: Path, run_config: Mapping[str, Any], results_dir:
 
 
 # ------------------------------------------------------------------------------ preflight
-class Preflight:
-    """What :func:`preflight` holds for the run; a context manager that releases the locks.
-
-    Leaving it with an exception after ``overwrite = true`` moved an earlier run's files aside: when
-    the new run wrote none of its own files (``results.json``, ``checkpoint.pkl``,
-    ``accuracy.png``; e.g. it died at discovery) they are moved back into ``results-dir``, else they
-    stay in ``previous-<UTC time>/``; either way a note on the exception and a log line say where
-    they are. ``keep-previous`` is applied on leaving, once the moved files are known to stay aside.
-
-    Attributes:
-        run: the :class:`RunDir` of ``results-dir``.
-        locks: the held :class:`~flwr_sheaf.locks.DirLock` of ``results-dir`` (and of ``node-state-dir``).
-        previous_run: where ``overwrite = true`` moved the earlier run's files, ``{"moved_to": path,
-            "files": [names]}`` (``results.json``'s ``previous_run``), or None.
-    """
-
-    def __init__(self, run: RunDir, keep_previous: int = 0) -> None:
-        self.run = run
-        self.locks: list[DirLock] = []
-        self.previous_run: dict | None = None
-        self.keep_previous = keep_previous
-        #: ``previous-*`` folders never pruned (the one ``resume-from`` reads from)
-        self.protect: list[Path] = []
-
-    def __enter__(self) -> Preflight:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc is not None and self.previous_run is not None:
-                self._after_failed_run(exc)
-            if self.keep_previous and self.previous_run is not None:
-                newest = Path(self.previous_run["moved_to"])
-                self.run.prune(self.keep_previous, newest, self.protect)
-        finally:
-            for lock in reversed(self.locks):  # the node-state-dir's first
-                lock.release()
-            self.locks = []
-
-    def _after_failed_run(self, exc: BaseException) -> None:
-        """The moved-aside earlier run's files after the new run ended with ``exc``: moved back when
-        the new run wrote none of its own, the way noted on ``exc`` and logged."""
-        assert self.previous_run is not None
-        out, folder = self.run.path, Path(self.previous_run["moved_to"])
-        names = list(self.previous_run["files"])
-        mine = [n for n in MOVED_FILES if (out / n).exists()]
-        if not mine:
-            where = self.run.move_back(folder, names)
-            if where.startswith("nothing"):
-                where = f"were moved back into {out} (the results-dir is as before this run)"
-                self.previous_run = None
-        else:
-            where = f"are in {folder} (this run wrote {', '.join(mine)} into {out}" + (
-                f"; continue the earlier run with resume-from={str(folder / CHECKPOINT_NAME)!r})"
-                if CHECKPOINT_NAME in names
-                else ")"
-            )
-        text = f"the earlier run's {', '.join(names)}, moved aside by overwrite=true, {where}"
-        log.warning("this run ended with an error: %s", text)
-        exc.add_note(f"flwr-sheaf: {text}")
-
-
 def _no_checkpoint(config: RunConfig, out: Path) -> None:
     """Refuse resuming without a checkpoint, in one line naming what works instead."""
     path = checkpoint_path(config.resume_from or out)
@@ -810,9 +885,10 @@ def _check_fresh_run_into(config: RunConfig, run: RunDir, old: Sequence[Path]) -
     )
 
 
-def preflight(config: RunConfig) -> Preflight:
+def preflight(config: RunConfig) -> RunDir:
     """Check every directory the run writes, take its locks and move an overwritten run's files
-    aside; returns the :class:`Preflight` holding the locks (``with preflight(config) as pre:``).
+    aside; returns the :class:`RunDir` of ``results-dir`` holding the locks (``with preflight(config)
+    as run:``).
 
     Raises:
         ConfigError: each refusal of the module docstring (key, path and fix named); an earlier
@@ -835,9 +911,9 @@ def preflight(config: RunConfig) -> Preflight:
             "tracking-dir", config.tracking_dir or str(Path(config.results_dir) / "tracking")
         )
     run = RunDir(check_writable_dir("results-dir", config.results_dir, create=True))
-    pre = Preflight(run, config.keep_previous)
+    run.keep_previous = config.keep_previous
     try:
-        pre.locks.append(run.lock())
+        run.locks.append(run.lock())
         if resuming:
             _no_checkpoint(config, run.path)
         if source is not None:
@@ -845,7 +921,7 @@ def preflight(config: RunConfig) -> Preflight:
         old = run.run_files()
         if old and source is not None and source.path != run.path:  # into another results-dir
             if source.path.parent == run.path:
-                pre.protect.append(source.path)  # a previous-* folder of out: never pruned
+                run.protect.append(source.path)  # a previous-* folder of out: never pruned
             if not config.overwrite:
                 _check_resume_into(config, run.path, old)
         if old and not resuming and not config.overwrite:
@@ -853,13 +929,13 @@ def preflight(config: RunConfig) -> Preflight:
         # before anything is moved: a refusal leaves results-dir as it was
         if state_root is not None:
             state_root.mkdir(parents=True, exist_ok=True)
-            pre.locks.append(DirLock(state_root, "node-state-dir").acquire())
+            run.locks.append(DirLock(state_root, "node-state-dir").acquire())
             if not resuming:  # a resumed run's: after its checkpoint check (server_app)
                 check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), False)
         if old and (not resuming or config.overwrite):  # overwrite=true: moved aside, never deleted
-            moved = run.move_aside()  # keep-previous: on leaving (Preflight.__exit__)
+            moved = run.move_aside()  # keep-previous: on leaving (RunDir.__exit__)
             if moved is not None:
-                pre.previous_run = {"moved_to": str(moved[0]), "files": moved[1]}
+                run.previous_run = {"moved_to": str(moved[0]), "files": moved[1]}
                 log.warning(
                     "overwrite=true: moved the earlier run's %s from %s into %s (nothing deleted; "
                     "moved back if this run ends with an error before writing its own)",
@@ -870,9 +946,9 @@ def preflight(config: RunConfig) -> Preflight:
         if state_root is not None and not resuming:
             claim_node_state_dir(state_root, config.to_dict(), run.path)
     except BaseException as exc:
-        pre.__exit__(type(exc), exc, exc.__traceback__)  # moved files back, locks released
+        run.__exit__(type(exc), exc, exc.__traceback__)  # moved files back, locks released
         raise
-    return pre
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,7 @@ config and the rediscovered nodes and puts the strategy's state back; after ever
 atomically. A checkpoint holds the run config, the last completed round, the strategy's class, the
 nodes' :class:`~flwr_sheaf.protocol.NodeInfo`, the global arrays and **every attribute of the
 strategy** except those :data:`REBUILT` (so no list per method can fall out of date); random draws
-need no state. The file is sealed (:mod:`flwr_sheaf.integrity`) and read back by
+need no state. The file is sealed (:func:`flwr_sheaf.rundir.write_sealed`) and read back by
 :func:`flwr_sheaf.rundir.load_checkpoint` (a modified file is refused before unpickling); load only
 checkpoints your own runs wrote.
 """
@@ -27,7 +27,6 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ..config import ConfigError, config_differences
-from ..integrity import write_sealed
 from ..protocol import pack_arrays
 from ..rundir import (
     CHECKPOINT_FORMAT,
@@ -36,6 +35,7 @@ from ..rundir import (
     NoCheckpointError,
     checkpoint_path,
     load_checkpoint,
+    write_sealed,
 )
 from .ledger import RunLedger
 
