@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from .graph import GraphStrategy
 
 __all__ = [
-    "CHECKPOINT_NAME",
     "REBUILT",
     "Checkpointer",
     "CheckpointWriteError",
