@@ -12,7 +12,7 @@ cannot decide: a lock written on another kernel is refused unless written on thi
 last boot; one of this host and PID namespace whose process no longer runs (or that names this very
 process, which does not hold it) is taken over with a warning, as is one that names no holder (empty,
 or not a JSON object) while its kernel lock is free. A lock file that is a symbolic link,
-a directory or anything but a regular file is refused (never followed, never created through a
+a directory, a hard link (a name shared with another file) or anything but a regular file is refused (never followed, never created through a
 link). Without ``fcntl`` (Windows) the lock falls back to the pid check. A process never holds one
 directory's lock twice.
 """
@@ -117,6 +117,8 @@ def held_by_this_process(directory: str | Path) -> DirLock | None:
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: the most bytes of a lock file read (one written here is one JSON line of about 200 bytes)
+_LOCK_MAX = 4096
 
 
 def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
@@ -149,9 +151,15 @@ def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link planted between lstat and open
             raise _not_a_lock_file(path, key, "a symbolic link") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
-        raise _not_a_lock_file(path, key, "not a regular file")
+        what = "not a regular file"
+        if stat.S_ISREG(
+            st.st_mode
+        ):  # a hard link: writing the lock would write the other name's file
+            what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
+        raise _not_a_lock_file(path, key, what)
     return fd
 
 
@@ -237,15 +245,11 @@ def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
             os.close(fd)
     if fcntl is None and info:  # no kernel lock to ask (Windows): whether its process runs
         free = lock._holder_gone(info) is not None
-    if free:
-        return None
-    if info:
-        return f"{lock._describe(info)} holds {lock.path} (since {info.get('started', '?')})"
-    return f"a process holds a lock on {lock.path.parent} (its lock file {lock.path} was removed)"
+    return None if free else lock._who(info)
 
 
 class DirLock:
-    """The lock file ``<directory>/.lock`` of one run (module docstring); a context manager.
+    """The lock file ``<directory>/.lock`` of one run (module docstring).
 
     Args:
         directory: the locked directory (must exist).
@@ -288,26 +292,28 @@ class DirLock:
             where += " (in another PID namespace, e.g. another container)"
         return f"process {info.get('pid', '?')} on {where}"
 
-    def _busy(self, info: dict[str, Any] | None, why: str = "") -> LockedError:
+    def _who(self, info: dict[str, Any] | None) -> str:
+        """Who holds the lock, for messages (``info``: the lock file's details, :meth:`_read`)."""
         if info:
-            who = f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
-        elif info is not None:  # {}: the file is there but names no holder (empty, not our JSON)
-            who = (
+            return f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
+        if info is not None:  # {}: the file is there but names no holder (empty, not our JSON)
+            return (
                 f"a process holds the kernel lock of {self.path} (the lock file does not name it: "
                 f"it is empty or not a flwr-sheaf lock file)"
                 if fcntl is not None
                 else f"its lock file {self.path} names no holder (it is empty or not a flwr-sheaf "
                 f"lock file)"
             )
-        else:
-            who = (
-                f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
-                f"removed or replaced while it ran)"
-            )
+        return (
+            f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
+            f"removed or replaced while it ran)"
+        )
+
+    def _busy(self, info: dict[str, Any] | None, why: str = "") -> LockedError:
         run = (info or {}).get("run_id")
         stop = f"; it is Flower run {run}: stop it with `flwr stop {run}` (`flwr ls` lists runs)"
         return LockedError(
-            f"{self.key} {self.path.parent} is in use by another run: {who}{why}"
+            f"{self.key} {self.path.parent} is in use by another run: {self._who(info)}{why}"
             f"{stop if run is not None else ''}; wait for it to end or use another {self.key} (remove "
             f"the lock file only if that process is not a flwr-sheaf run)"
         )
@@ -327,16 +333,16 @@ class DirLock:
 
     @staticmethod
     def _read(fd: int) -> dict[str, Any] | None:
-        """The lock file's details: None when it is empty, ``{}`` when it is not a JSON object."""
-        os.lseek(fd, 0, os.SEEK_SET)
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
+        """The lock file's details (its first 4 KiB): None when it is empty, ``{}`` when it is not a JSON
+        object of at most that size."""
+        data = os.pread(fd, _LOCK_MAX + 1, 0)
         if not data.strip():
             return None
+        if len(data) > _LOCK_MAX:  # not ours (ours is one short line): never read further
+            return {}
         try:
             info = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return info if isinstance(info, dict) else {}
 
@@ -571,9 +577,3 @@ class DirLock:
             f"it ({gone}); another run may now use {self.path.parent}, so this run writes nothing "
             f"more there and stops: {then}, and do not move or replace a directory a run is using"
         )
-
-    def __enter__(self) -> DirLock:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()

@@ -11,9 +11,11 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .rundir import ACCURACY_PNG, RESULTS_JSON  # the file names write_results writes
 
 if TYPE_CHECKING:
     from .locks import DirLock
@@ -34,9 +36,6 @@ __all__ = [
     "collapse_warnings",
 ]
 
-#: File names :func:`write_results` writes in its directory.
-RESULTS_JSON = "results.json"
-ACCURACY_PNG = "accuracy.png"
 #: Top-level keys of ``results.json`` that :func:`write_results` fills itself (``extra`` may not name them).
 _OWN_KEYS = (
     "config",
@@ -226,7 +225,8 @@ def write_results(
         errors: what ended the run early (the run is written ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders of ``out_dir`` after
             moving files aside (the older ones are removed, each logged); None or 0 = keep every one
-            (default: ``config``'s ``keep-previous``, else 0; docs/guarantees.md).
+            (default: ``config``'s ``keep-previous``, else 0; docs/guarantees.md). Checked,
+            as ``max_failed_fraction``, by the run-config key's own parser before anything moves.
 
     Called while an exception propagates (``finally``/``except``, e.g. after a discovery error), an
     error of ``write_results`` itself (no completed round, another run's files, ...) never hides
@@ -240,11 +240,14 @@ def write_results(
             that JSON cannot write (a set, an object) is not an error: it is written as null and
             named in ``degradation.problems`` (the run ``degraded``); numpy values are converted.
         ValueError: the strategy has not run (no round in its history: call ``strategy.start``
-            first), or ``extra`` names a key written here (named).
+            first), or ``extra`` names a key written here (named); a ``ConfigError`` for a bad
+            ``keep_previous`` / ``max_failed_fraction`` (given or in ``config``), or an earlier
+            file that cannot be moved aside (then none is moved).
         FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
             run's ``checkpoint.pkl``, and ``overwrite`` is False (the files named).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.locks.LockedError: another live run holds ``out_dir``'s lock (its pid and host named).
+        flwr_sheaf.locks.LockedError: another live run holds ``out_dir``'s lock (its pid and host
+            named), or ``out_dir`` was removed or moved while this process held it (not recreated).
         OSError: the directory or files cannot be written.
     """
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
@@ -253,10 +256,8 @@ def write_results(
         out = _checked_out(out_dir, overwrite)
         foreign = _check_foreign_checkpoint(strategy, out, out_dir, overwrite)
         cfg = _recorded_config(strategy, config)
-        max_failed_fraction = _given_or_config(
-            max_failed_fraction, cfg, "max-failed-fraction", float
-        )
-        keep_previous = _given_or_config(keep_previous, cfg, "keep-previous", int)
+        max_failed_fraction = _given_or_config(max_failed_fraction, cfg, "max-failed-fraction")
+        keep_previous = _given_or_config(keep_previous, cfg, "keep-previous")
         ext = dict(extra or {})
         unapplied = config_not_applied(strategy, config)
         if unapplied:  # recorded beside the bundled app's own warnings (results.json's "warnings")
@@ -277,14 +278,16 @@ def write_results(
     raise _noted(inflight, own, out_dir)
 
 
-def _given_or_config(
-    given: Any, cfg: Mapping[str, Any], key: str, kind: Callable[[Any], Any]
-) -> Any:
-    """``given`` when not None, else run-config ``key`` of ``cfg``, else its default (``kind`` of it;
-    an empty value is 0)."""
-    from .config import DEFAULTS
+def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
+    """``given`` when not None, else run-config ``key`` of ``cfg``, else its default, checked by the
+    key's own parser (the run config's message for a bad value, e.g. ``keep-previous=-1: must be >= 0``).
 
-    return given if given is not None else kind(cfg.get(key, DEFAULTS[key]) or 0)
+    Raises:
+        ConfigError: a bad value (a ``ValueError``; nothing written or moved yet).
+    """
+    from .config import DEFAULTS, KEYS
+
+    return KEYS[key](given if given is not None else cfg.get(key, DEFAULTS[key]))
 
 
 def _noted(inflight: BaseException, own: Exception, out_dir: str | Path) -> BaseException:
@@ -366,7 +369,7 @@ def _check_foreign_checkpoint(
     """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file, or
     None; refused (FileExistsError) without ``overwrite``: results.json beside it would be read, and
     resumed, as that run's."""
-    from .strategy.checkpoint import CHECKPOINT_NAME
+    from .rundir import CHECKPOINT_NAME
 
     ckpt, own = out / CHECKPOINT_NAME, getattr(strategy, "checkpointer", None)
     if not ckpt.exists() or (
@@ -471,39 +474,23 @@ def _write_files(
     keep_previous: int = 0,
 ) -> Path:
     """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``
-    under ``out``'s lock (:class:`flwr_sheaf.locks.DirLock`, its identity re-checked first), after
-    moving another run's ``foreign`` checkpoint and (``overwrite`` without the lock held by this
-    process before the call) the files already there into ``previous-<UTC time>/`` (logged)."""
-    from .locks import DirLock, held_by_this_process
+    while :meth:`flwr_sheaf.rundir.RunDir.writing` holds ``out`` (its lock, another run's ``foreign``
+    checkpoint and, with ``overwrite``, the files already there moved into ``previous-<UTC time>/``)."""
+    from .locks import held_by_this_process
+    from .rundir import RunDir
 
-    out.mkdir(parents=True, exist_ok=True)
     held = held_by_this_process(out)
-    lock = held or DirLock(out, "out_dir").acquire()
-    if held is not None and _CLAIMED.get(held.path) is held:  # check_results_dir's claim: this
-        del _CLAIMED[held.path]  # write's own lock, released after it, files moved as without it
-        held = None
-    try:
-        lock.verify()
-        names = [] if foreign is None else [foreign.name]
-        if overwrite and held is None:  # the files of an earlier write_results: moved, not replaced
-            names = [n for n in (RESULTS_JSON, ACCURACY_PNG) if (out / n).exists()] + names
-        if names:
-            from .preflight import move_aside
-
-            moved = move_aside(out, names, keep=keep_previous)
-            if moved is not None:
-                log.warning(
-                    "overwrite=True: moved the earlier %s from %s into %s (nothing deleted)",
-                    ", ".join(moved[1]),
-                    out,
-                    moved[0],
-                )
-        path = out / RESULTS_JSON
+    # check_results_dir's claim: this write's own lock, released after it, files moved as without it
+    claim = (
+        _CLAIMED.pop(held.path) if held is not None and _CLAIMED.get(held.path) is held else None
+    )
+    names = [] if foreign is None else [foreign.name]
+    with RunDir(out, "out_dir").writing(
+        names, overwrite=overwrite, keep=keep_previous, claim=claim
+    ) as where:
+        path = where / RESULTS_JSON
         path.write_text(text)
-        plot_rounds(rounds, out / ACCURACY_PNG, title=title)
-    finally:
-        if held is None:
-            lock.release()
+        plot_rounds(rounds, where / ACCURACY_PNG, title=title)
     return path
 
 

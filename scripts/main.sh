@@ -14,7 +14,10 @@ bash scripts/setup.sh
 OUT="${RESULTS_DIR:-$PWD/results/default}"
 # A results-dir holding an earlier run is refused by the ServerApp unless resume/overwrite is asked
 # for; the main job keeps the earlier run instead of failing: it is moved aside, and said so.
-if { [ -e "$OUT/results.json" ] || [ -e "$OUT/checkpoint.pkl" ]; } && [ ! -e "$OUT/.lock" ]; then  # a live run's lock: leave it to the preflight
+# Whether a live run holds it is asked of the package (its kernel lock, also when its .lock was removed):
+# a live run's directory is left to the preflight, which refuses this run.
+if { [ -e "$OUT/results.json" ] || [ -e "$OUT/checkpoint.pkl" ]; } \
+   && python -c 'import sys; from flwr_sheaf.rundir import main; sys.exit(main(sys.argv[1:]))' "$OUT"; then
   case "${1:-}" in
     *resume=true*|*overwrite=true*) ;;
     *) KEPT="$OUT.$(date +%Y%m%d-%H%M%S)"; mv "$OUT" "$KEPT"

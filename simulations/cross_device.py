@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
     args.dataset = args.dataset or default_dataset()
-    from flwr_sheaf.preflight import MOVED_FILES, move_aside
+    from flwr_sheaf.rundir import MOVED_FILES, RunDir
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = run_config(n, args, rdir)
         print(f"== N = {n}: {args.engine}, {rc}", flush=True)
         # the earlier run of this N is moved aside, never deleted (as the package's overwrite=true)
-        moved = move_aside(rdir, (*MOVED_FILES, "flwr.log")) if rdir.is_dir() else None
+        moved = RunDir(rdir).move_aside((*MOVED_FILES, "flwr.log")) if rdir.is_dir() else None
         if moved is not None:
             print(f"   moved the earlier run's {', '.join(moved[1])} into {moved[0]}", flush=True)
         if args.engine == "ray":

@@ -1,9 +1,11 @@
-"""Hypothesis profiles: the normal suite's bounded examples (each test's own count), and
-``HYPOTHESIS_PROFILE=deep`` for a longer search (``bounded`` in tests/test_schema.py takes its count)."""
+"""Hypothesis profiles: ``fast`` (the default: a few dozen examples per property, seconds; a test
+may bound its own count with ``bounded``, tests/test_schema.py) and ``deep``
+(``HYPOTHESIS_PROFILE=deep``: a thousand examples per property, for a longer search)."""
 
 import os
 
 from hypothesis import settings
 
-settings.register_profile("deep", max_examples=3000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+settings.register_profile("fast", max_examples=25, deadline=None)
+settings.register_profile("deep", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))

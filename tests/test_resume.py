@@ -386,7 +386,7 @@ def test_rfedags_checkpoint_restores_point_estimates_and_history(tmp_path):
 
 def test_a_checkpoint_of_an_older_format_is_refused_as_older_naming_what_to_do(tmp_path):
     """Attack (minor): a format-1 checkpoint got the generic 'restore the file from a backup'."""
-    from flwr_sheaf.strategy.checkpoint import FORMAT
+    from flwr_sheaf.rundir import CHECKPOINT_FORMAT as FORMAT
 
     cfg = {**RC, "method": "non-cooperative", "num-server-rounds": 1}
     cfg["results-dir"] = str(tmp_path / "r")
@@ -410,9 +410,9 @@ def test_a_checkpoint_of_an_older_format_is_refused_as_older_naming_what_to_do(t
 
 @pytest.mark.parametrize("newer", ["format", "header"])
 def test_a_checkpoint_of_a_newer_format_is_refused_naming_file_format_and_upgrade(tmp_path, newer):
-    """Issue 34, case 9 (docs/guarantees.md): a checkpoint a newer flwr-sheaf wrote."""
-    from flwr_sheaf.integrity import CHECKPOINT_MAGIC
-    from flwr_sheaf.strategy.checkpoint import FORMAT
+    """(docs/guarantees.md): a checkpoint a newer flwr-sheaf wrote."""
+    from flwr_sheaf.rundir import CHECKPOINT_FORMAT as FORMAT
+    from flwr_sheaf.rundir import CHECKPOINT_MAGIC
 
     cfg = {**RC, "method": "non-cooperative", "num-server-rounds": 1}
     cfg["results-dir"] = str(tmp_path / "r")

@@ -783,18 +783,18 @@ def test_write_results_overwrite_moves_the_earlier_files_aside_and_keep_previous
     tmp_path, caplog
 ):
     from flwr_sheaf import write_results
-    from flwr_sheaf.preflight import previous_folders
+    from flwr_sheaf.rundir import RunDir
 
     done, out = _own_strategy(tmp_path), tmp_path / "r"
     _logged(caplog)
     first = write_results(done, out, extra={"n": 1}).read_bytes()
     write_results(done, out, overwrite=True, extra={"n": 2})
-    [prev] = previous_folders(out)
+    [prev] = RunDir(out).previous()
     assert (prev / "results.json").read_bytes() == first  # was: replaced, the first one lost
     assert (prev / "accuracy.png").exists()
     assert f"moved the earlier results.json, accuracy.png from {out} into {prev}" in caplog.text
     write_results(done, out, overwrite=True, extra={"n": 3}, keep_previous=1)
-    [kept] = previous_folders(out)
+    [kept] = RunDir(out).previous()
     assert json.loads((kept / "results.json").read_text())["n"] == 2
     assert (
         f"keep-previous=1: removed {prev} (an earlier run's files: accuracy.png, results.json)"
@@ -804,18 +804,18 @@ def test_write_results_overwrite_moves_the_earlier_files_aside_and_keep_previous
 
 
 def test_keep_previous_run_config_key_bounds_the_previous_folders_of_overwrite(tmp_path, caplog):
-    from flwr_sheaf.preflight import previous_folders
+    from flwr_sheaf.rundir import RunDir
 
     out = tmp_path / "r"
     rc = {**TINY, "results-dir": str(out), "checkpoint-every": 0}
     _run(rc)
     _run({**rc, "overwrite": True})
     _run({**rc, "overwrite": True})  # default keep-previous=0: every folder kept
-    assert len(previous_folders(out)) == 2
+    assert len(RunDir(out).previous()) == 2
     _logged(caplog)
     res = _run({**rc, "overwrite": True, "keep-previous": 2})
     assert res["config"]["keep-previous"] == 2
-    folders = previous_folders(out)
+    folders = RunDir(out).previous()
     assert len(folders) == 2 and folders[-1] == Path(res["previous_run"]["moved_to"])
     assert "keep-previous=2: removed" in caplog.text
     with pytest.raises(ConfigError, match=r"keep-previous=-1"):
@@ -905,7 +905,7 @@ def test_resume_from_into_a_results_dir_holding_another_runs_results_refuses_or_
 
 def test_keep_previous_removes_only_folders_that_overwrite_made(tmp_path, caplog):
     """A folder of the user's own named ``previous-...`` is never removed by ``keep-previous``."""
-    from flwr_sheaf.preflight import move_aside
+    from flwr_sheaf.rundir import RunDir
 
     old, mine = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-keep-me"
     for folder in (old, mine):
@@ -913,7 +913,7 @@ def test_keep_previous_removes_only_folders_that_overwrite_made(tmp_path, caplog
         (folder / "results.json").write_text(folder.name)
     (tmp_path / "results.json").write_text("now")
     _logged(caplog)
-    new, moved = move_aside(tmp_path, ["results.json"], keep=1)
+    new, moved = RunDir(tmp_path).move_aside(["results.json"], keep=1)
     assert moved == ["results.json"] and (new / "results.json").read_text() == "now"
     assert not old.exists() and f"keep-previous=1: removed {old}" in caplog.text
     assert (mine / "results.json").read_text() == "previous-keep-me"  # was: removed
@@ -923,7 +923,7 @@ def test_keep_previous_never_removes_the_folder_resume_from_reads(tmp_path):
     """``resume-from=<dir>/previous-<time>`` (where an overwrite moved a run) into ``<dir>`` with
     ``overwrite=true`` and ``keep-previous=1``: the source folder stays, though it is the oldest."""
     from flwr_sheaf.methods.registry import parse_run_config
-    from flwr_sheaf.preflight import preflight, previous_folders
+    from flwr_sheaf.rundir import RunDir, preflight
 
     source, older = tmp_path / "previous-20200101T000000Z", tmp_path / "previous-20200102T000000Z"
     for folder in (source, older):
@@ -934,7 +934,7 @@ def test_keep_previous_never_removes_the_folder_resume_from_reads(tmp_path):
     with preflight(parse_run_config({**rc, "keep-previous": 1})[0]) as pre:
         new = Path(pre.previous_run["moved_to"])
     assert (new / "results.json").read_text() == "{}"
-    assert previous_folders(tmp_path) == [source, new] and not older.exists()
+    assert RunDir(tmp_path).previous() == [source, new] and not older.exists()
     assert (source / "checkpoint.pkl").read_bytes() == b"the stopped run's checkpoint"
 
 
@@ -953,3 +953,149 @@ def test_write_results_in_a_finally_keeps_the_real_errors_own_context(tmp_path):
             write_results(SheafFRL(3), tmp_path / "r")  # no completed round: its ValueError
     assert isinstance(err.value.__context__, KeyError)  # was: replaced by write_results' ValueError
     assert any("ValueError: SheafFRL has no completed round" in n for n in err.value.__notes__)
+
+
+# ------------------------------------------------------------------------- the run's files: gates
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"keep_previous": -1},
+        {"keep_previous": 0.5},
+        {"keep_previous": "abc"},
+        {"config": {"keep-previous": -1}},
+    ],
+)
+def test_a_bad_keep_previous_is_refused_as_the_run_config_refuses_it_before_anything_moves(
+    tmp_path, given
+):
+    """``write_results(..., overwrite=True)`` with a bad ``keep-previous`` (argument or config) gets the
+    run config's own message before anything moves (was: -1 and 0.5 deleted every ``previous-*``
+    folder, the one just made included; 'abc' a bare ValueError after results.json was moved)."""
+    from flwr_sheaf import write_results
+    from flwr_sheaf.methods.registry import parse_run_config
+
+    done, out = _own_strategy(tmp_path), tmp_path / "r"
+    write_results(done, out, extra={"n": 1})
+    write_results(done, out, overwrite=True, extra={"n": 2})
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    value = given.get("keep_previous", given.get("config", {}).get("keep-previous"))
+    with pytest.raises(ConfigError) as rc_err:
+        parse_run_config({"keep-previous": value})
+    with pytest.raises(ConfigError) as err:
+        write_results(done, out, overwrite=True, extra={"n": 3}, **given)
+    assert str(err.value) == str(rc_err.value).splitlines()[0]  # one validator, one message
+    assert str(err.value).startswith(f"keep-previous={value!r}: ")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert len(list(out.glob("previous-*"))) == 1
+
+
+def test_a_lock_file_hard_linked_to_a_users_file_is_refused_and_the_file_kept(tmp_path):
+    """A ``.lock`` that shares its inode with a file outside the directory (a ``cp -al`` snapshot
+    leaves it so): refused naming the path and ``rm`` (was: the user's file overwritten with the
+    lock's JSON)."""
+    out, users = tmp_path / "r", tmp_path / "notes.txt"
+    out.mkdir()
+    users.write_text("the user's own notes")
+    os.link(users, out / LOCK_NAME)
+    with pytest.raises(LockedError) as err:
+        DirLock(out).acquire()
+    assert f"its lock file {out / LOCK_NAME} is a hard link (2 names share its content" in str(
+        err.value
+    )
+    assert f"(rm {out / LOCK_NAME})" in str(err.value)
+    assert users.read_text() == "the user's own notes"
+
+
+def test_a_huge_garbage_lock_file_is_taken_over_reading_only_its_first_bytes(tmp_path, caplog):
+    """A 64 MiB garbage ``.lock`` whose kernel lock is free is taken over at once (was: 67 s, read
+    by repeated concatenation)."""
+    import time
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / LOCK_NAME).write_bytes(b"x" * (64 << 20))
+    _logged(caplog)
+    t0 = time.monotonic()
+    lock = DirLock(out).acquire()
+    took = time.monotonic() - t0
+    lock.release()
+    assert took < 5, took
+    assert "not a flwr-sheaf lock (no JSON object in it)" in caplog.text
+
+
+def _main_sh_guard(out: Path) -> subprocess.CompletedProcess:
+    """scripts/main.sh's lines from ``OUT=`` to the first ``fi`` (the guard that moves an earlier
+    run's directory aside), run by bash with ``RESULTS_DIR=out``."""
+    lines = (ROOT / "scripts" / "main.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("OUT="))
+    end = next(i for i in range(start, len(lines)) if lines[i] == "fi")
+    script = "set -euo pipefail\n" + "\n".join(lines[start : end + 1])
+    env = {**os.environ, "RESULTS_DIR": str(out), "PYTHONPATH": str(ROOT)}
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, text=True, capture_output=True)
+
+
+def test_main_sh_never_moves_aside_a_live_runs_directory_whose_lock_file_was_removed(tmp_path):
+    """scripts/main.sh asks the package whether a live run holds ``$OUT`` (was: it tested only that
+    ``$OUT/.lock`` exists, so a live run whose lock file a cleanup removed had its directory moved
+    aside under it)."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    with _holder(out) as pid:
+        (out / LOCK_NAME).unlink()  # a clean-up
+        done = _main_sh_guard(out)
+        assert done.returncode == 0, done.stderr
+        assert (out / "results.json").exists() and sorted(tmp_path.iterdir()) == [out]
+        assert f"a process holds a lock on {out}" in done.stderr and pid > 0
+    done = _main_sh_guard(out)  # that run ended: the earlier run is moved aside, and said so
+    assert done.returncode == 0, done.stderr
+    [kept] = [p for p in tmp_path.iterdir() if p != out]
+    assert (kept / "results.json").exists() and f"moved to {kept}" in done.stdout
+
+
+def test_an_earlier_run_whose_checkpoint_cannot_move_is_left_whole_and_named(tmp_path, monkeypatch):
+    """``overwrite=true`` over a run whose ``checkpoint.pkl`` cannot be moved (an immutable file):
+    nothing is moved and the file, the reason and the fix are named (was: a bare PermissionError with
+    results.json in ``previous-*`` and the checkpoint left in results-dir)."""
+    out = tmp_path / "r"
+    rc = {**TINY, "results-dir": str(out)}
+    _run(rc)
+    before = {n: (out / n).read_bytes() for n in ("results.json", "checkpoint.pkl", "accuracy.png")}
+    replace = os.replace
+
+    def immutable(src, dst, *a, **kw):
+        if Path(src) == out / "checkpoint.pkl":
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return replace(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", immutable)
+    _refused(
+        {**rc, "overwrite": True},
+        rf"results-dir='{out}': the earlier run's checkpoint.pkl cannot be moved into "
+        rf"{out}/previous-\d{{8}}T\d{{6}}Z \(Operation not permitted\); nothing was moved: the earlier "
+        rf"run's files are in {out} as before, so that run is never left split. Make "
+        rf"{out / 'checkpoint.pkl'} movable \(e.g. chattr -i {out / 'checkpoint.pkl'}\)",
+    )
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert not list(out.glob("previous-*"))
+
+
+def test_a_results_dir_removed_while_its_run_holds_it_is_not_recreated(tmp_path):
+    """``rm -rf`` of a live run's results-dir: its next write is refused and the directory stays
+    gone (was: refused, after an empty directory was created again)."""
+    import shutil
+
+    from flwr_sheaf import write_results
+
+    done, out = _own_strategy(tmp_path), tmp_path / "r"
+    out.mkdir()
+    lock = DirLock(out).acquire()
+    try:
+        shutil.rmtree(out)
+        with pytest.raises(LockedError, match="it was removed, with the files this run wrote"):
+            write_results(done, out)
+        assert not out.exists()
+    finally:
+        lock.release()

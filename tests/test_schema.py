@@ -381,12 +381,13 @@ def test_any_damaged_results_json_reports_or_exits_2_naming_the_field(run, tmp_p
 def test_the_resume_preflight_reads_results_json_through_the_schema(tmp_path, text):
     # a results.json of a list, or deeply nested, in the results-dir: AttributeError / RecursionError
     # escaped the preflight's check of whose files they are (a traceback instead of its refusal)
-    from flwr_sheaf.preflight import _recorded_run_config
+    from flwr_sheaf.config import ConfigError
+    from flwr_sheaf.rundir import recorded_run_config
 
     path = tmp_path / "results.json"
     path.write_text(text)
-    with pytest.raises(ResultsFileError, match=f"^{re.escape(str(path))}: "):
-        _recorded_run_config(path)
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}"):
+        recorded_run_config(path)
 
 
 def test_a_final_accuracy_not_measured_is_not_judged_rather_than_outside():

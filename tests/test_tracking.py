@@ -225,7 +225,7 @@ def test_tracking_dir_without_tracking_is_warned_naming_both_keys(tmp_path, capl
     from flwr_sheaf.apps.methods import num_nodes
     from flwr_sheaf.apps.server_app import run_config_warnings
     from flwr_sheaf.methods.registry import parse_run_config
-    from flwr_sheaf.preflight import preflight
+    from flwr_sheaf.rundir import preflight
 
     def warnings(rc):
         cfg, method = parse_run_config(rc)

@@ -25,9 +25,9 @@ from ..config import (
 )
 from ..engine import describe_ray, warn_if_unasked
 from ..methods import METHODS, Method, parse_run_config
-from ..preflight import check_node_state_dir, claim_node_state_dir, preflight
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import collapse_warnings, run_status, strategy_config, write_results
+from ..rundir import check_node_state_dir, claim_node_state_dir, preflight
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.ledger import RunFailedError
 from ..tracking import Tracker, check_trackers
@@ -222,7 +222,7 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
         RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
             ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
             message names the partition-ids, rounds and reasons (docs/guarantees.md).
-        ConfigError: (preflight, flwr_sheaf.preflight) a results-dir or node-state-dir that cannot be
+        ConfigError: (preflight, flwr_sheaf.rundir) a results-dir or node-state-dir that cannot be
             written (or a symbolic-link loop), ``overwrite`` with ``resume``, a results-dir holding another
             run's results (without resume / overwrite), a node-state-dir holding another run's node
             state, or either in use by another run (its lock named).
@@ -301,7 +301,7 @@ def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointe
 
     Raises:
         ConfigError / NoCheckpointError: as :meth:`Checkpointer.check` and
-            :func:`~flwr_sheaf.preflight.check_node_state_dir` (another run's node state).
+            :func:`~flwr_sheaf.rundir.check_node_state_dir` (another run's node state).
     """
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(
@@ -310,7 +310,7 @@ def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointe
     checked = ckpt.check(strategy, config.num_server_rounds)
     if checked is None:
         return ckpt, {}
-    if config.node_state_dir:  # the node state is this run's (preflight.py)
+    if config.node_state_dir:  # the node state is this run's (rundir.py)
         state_root = Path(config.node_state_dir).expanduser().resolve()
         check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
         claim_node_state_dir(state_root, config.to_dict(), out)

@@ -7,8 +7,9 @@ config and the rediscovered nodes and puts the strategy's state back; after ever
 atomically. A checkpoint holds the run config, the last completed round, the strategy's class, the
 nodes' :class:`~flwr_sheaf.protocol.NodeInfo`, the global arrays and **every attribute of the
 strategy** except those :data:`REBUILT` (so no list per method can fall out of date); random draws
-need no state. The file is sealed (:mod:`flwr_sheaf.integrity`: a modified file is refused before
-unpickling); load only checkpoints your own runs wrote.
+need no state. The file is sealed (:func:`flwr_sheaf.rundir.write_sealed`) and read back by
+:func:`flwr_sheaf.rundir.load_checkpoint` (a modified file is refused before unpickling); load only
+checkpoints your own runs wrote.
 """
 
 from __future__ import annotations
@@ -26,13 +27,20 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ..config import ConfigError, config_differences
-from ..integrity import read_checkpoint_file, write_checkpoint_file
 from ..protocol import pack_arrays
+from ..rundir import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_MAGIC,
+    CHECKPOINT_NAME,
+    NoCheckpointError,
+    checkpoint_path,
+    load_checkpoint,
+    write_sealed,
+)
 from .ledger import RunLedger
 from .records import Node
 
 __all__ = [
-    "CHECKPOINT_NAME",
     "Checkpointed",
     "REBUILT",
     "Checkpointer",
@@ -43,12 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("flwr_sheaf")
-
-CHECKPOINT_NAME = "checkpoint.pkl"
-"""The checkpoint's file name in ``results-dir``."""
-#: 2: the strategy's rounds and failures live in its ``ledger`` (format 1 held them as ``rounds`` and
-#: ``failures``; such a checkpoint is refused naming both formats rather than resumed without its history)
-FORMAT = 2
 
 REBUILT = frozenset(
     {
@@ -77,85 +79,9 @@ class Checkpointed(Protocol):
     def nodes(self) -> Mapping[int, Node]: ...  # noqa: D102
 
 
-class NoCheckpointError(ConfigError, FileNotFoundError):
-    """Resuming without a checkpoint: a :class:`~flwr_sheaf.config.ConfigError` (one line, no traceback,
-    in the in-process runner too) that is also a ``FileNotFoundError``."""
-
-
 class CheckpointWriteError(OSError):
     """A checkpoint that could not be written (full disk, permissions, ...): the file, the server round,
     the OS reason and the fix named; the checkpoint already there (if any) is unchanged (atomic write)."""
-
-
-def checkpoint_path(location: str | Path) -> Path:
-    """``location`` itself when it names a file, else ``location/checkpoint.pkl``."""
-    p = Path(location).expanduser()
-    return p if p.suffix == ".pkl" else p / CHECKPOINT_NAME
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by :meth:`Checkpointer.save`.
-
-    Raises:
-        NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).
-        ConfigError: not a flwr-sheaf checkpoint, another format version (a newer one: upgrade
-            flwr-sheaf, named), or a truncated or modified file (header + SHA-256,
-            :mod:`flwr_sheaf.integrity`; the file and the fix named).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise NoCheckpointError(
-            f"no checkpoint at {path}: nothing to resume (run without resume first)"
-        )
-    _refuse_other_format(path)
-    return read_checkpoint_file(path, FORMAT, ConfigError)
-
-
-def _refuse_other_format(path: Path) -> None:
-    """Refuse a checkpoint written by a newer flwr-sheaf (a newer header line, or a ``format`` above
-    :data:`FORMAT` in its metadata line; fix: upgrade) or by an older one (a ``format`` below it; fix:
-    the version that wrote it, or start afresh), naming the file and its format.
-
-    Raises:
-        ConfigError: the checkpoint's format is not the one this version reads.
-    """
-    import json
-    import re
-
-    from ..integrity import CHECKPOINT_MAGIC
-
-    try:
-        with open(path, "rb") as fh:
-            magic, meta = fh.readline(256), fh.readline(65536)
-    except OSError:
-        return  # read_checkpoint_file names the error
-    newer: object = None
-    header = re.compile(rb"flwr-sheaf server checkpoint v(\d+)\n")
-    ours = header.fullmatch(CHECKPOINT_MAGIC)
-    assert ours is not None, "CHECKPOINT_MAGIC has the header's form"
-    head = header.fullmatch(magic)
-    if head is not None and int(head.group(1)) > int(ours.group(1)):
-        newer = f"header v{int(head.group(1))}"
-    elif magic == CHECKPOINT_MAGIC:
-        try:
-            fmt = json.loads(meta).get("format")
-        except (ValueError, AttributeError):
-            return
-        if isinstance(fmt, (int, float)) and not isinstance(fmt, bool) and fmt > FORMAT:
-            newer = f"format {fmt!r}"
-        elif isinstance(fmt, (int, float)) and not isinstance(fmt, bool) and fmt < FORMAT:
-            raise ConfigError(
-                f"checkpoint {path} has format {fmt!r}, written by an older flwr-sheaf: this version "
-                f"reads checkpoint format {FORMAT} only and cannot resume it. Finish that run with "
-                "the flwr-sheaf version that wrote it, or start afresh in a new results-dir (or "
-                "with overwrite=true)"
-            )
-    if newer is not None:
-        raise ConfigError(
-            f"checkpoint {path} has {newer}, written by a newer flwr-sheaf: this version reads "
-            f"checkpoint format {FORMAT} only, so it is not resumed. Upgrade flwr-sheaf (pip install "
-            f"-U flwr-sheaf, or the version that wrote it) to resume it"
-        )
 
 
 class Checkpointer:
@@ -290,7 +216,7 @@ class Checkpointer:
             lock.verify()
         state = {k: v for k, v in vars(strategy).items() if k not in REBUILT}
         ckpt = {
-            "format": FORMAT,
+            "format": CHECKPOINT_FORMAT,
             "config": self.config,
             "round": int(server_round),
             "wall_seconds": float(wall_seconds),
@@ -302,7 +228,8 @@ class Checkpointer:
         }
         data = pickle.dumps(ckpt, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            write_checkpoint_file(self.path, data, FORMAT, int(server_round))
+            meta = {"round": int(server_round), "payload": "pickle"}
+            write_sealed(self.path, CHECKPOINT_MAGIC, meta, data, CHECKPOINT_FORMAT)
         except OSError as exc:
             kept = (
                 f"the previous checkpoint {self.path} is unchanged (resume=true continues from it)"

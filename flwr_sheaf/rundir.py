@@ -1,0 +1,982 @@
+"""A run's directory and the files in it, owned by one object (docs/reliability-run-files.md).
+
+:class:`RunDir` is a ``results-dir`` (or ``write_results``' ``out_dir``): its lock
+(:class:`flwr_sheaf.locks.DirLock`), the earlier run's files that ``overwrite`` moves into
+``previous-<UTC time>/`` (all of them or none: :meth:`RunDir.move_aside`), the ``previous-*`` folders
+``keep-previous`` bounds (one validator: :func:`check_keep_previous`), the checkpoint and the
+``resume-from`` source. :data:`RUN_FILES` declares every file the package reads back from a run's
+directories with its one reader; each reader gives a :class:`~flwr_sheaf.config.ConfigError` naming
+the file for a damaged one. Sealed files (header + SHA-256: server checkpoints, the nodes' state
+files) are written by :func:`write_sealed` and read by :func:`read_sealed`.
+
+:func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` once the run config is
+parsed, before any message) is a short list of checks asking it; each refusal names the run-config
+key, the path and the fix: a directory the run writes (``results-dir``, ``node-state-dir``,
+``tracking-dir``) that cannot be created or written (or a symbolic-link loop); ``overwrite`` with
+``resume``; resuming without a checkpoint; a fresh run into a ``results-dir`` holding another run's
+files unless ``overwrite = true`` (moved aside, never deleted, and moved back when the new run ends
+with an error before writing any of its own); a ``node-state-dir`` of another run; a second live
+run on the same directory, or on the one ``resume-from`` names; ``resume-from`` into a
+``results-dir`` holding another run's files.
+
+:func:`main` (``main([DIR])``) returns 0 when no live run holds ``DIR`` (else 1, saying who does, or
+why its lock file is refused): what ``scripts/main.sh`` asks before moving a directory aside.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import KEYS, ConfigError, RunConfig, config_differences, resume_identity
+from .locks import LOCK_NAME, DirLock, LockedError, held_by_this_process, live_holder
+from .schema import ResultsFileError, check_results
+
+__all__ = [
+    "ACCURACY_PNG",
+    "CHECKPOINT_NAME",
+    "NODE_STATE_MARKER",
+    "RESULTS_JSON",
+    "RUN_FILES",
+    "NoCheckpointError",
+    "RunDir",
+    "RunFile",
+    "SealedFileError",
+    "check_keep_previous",
+    "check_node_state_dir",
+    "check_writable_dir",
+    "checkpoint_path",
+    "claim_node_state_dir",
+    "load_checkpoint",
+    "preflight",
+    "read_node_state_claim",
+    "read_sealed",
+    "recorded_run_config",
+    "resolve_dir",
+    "write_sealed",
+]
+
+log = logging.getLogger("flwr_sheaf")
+
+RESULTS_JSON = "results.json"
+ACCURACY_PNG = "accuracy.png"
+CHECKPOINT_NAME = "checkpoint.pkl"
+#: The file in ``node-state-dir`` naming the run its node state belongs to.
+NODE_STATE_MARKER = "run.json"
+#: Subfolder prefix of an earlier run's files moved aside by ``overwrite = true``.
+PREVIOUS_PREFIX = "previous-"
+#: The name of a folder :meth:`RunDir.move_aside` made (``previous-<UTC time>[-<n>]``).
+_MOVED_ASIDE = re.compile(re.escape(PREVIOUS_PREFIX) + r"\d{8}T\d{6}Z(-\d+)?")
+_STATE_FILE = re.compile(r"^round-\d+\.state$")
+#: First line of a server checkpoint (:func:`write_sealed`). Files of the old
+#: format (a bare pickle, before the header existed) start with the pickle protocol byte ``0x80``.
+CHECKPOINT_MAGIC = b"flwr-sheaf server checkpoint v1\n"
+#: 2: the strategy's rounds and failures live in its ``ledger`` (format 1 held them as ``rounds`` and
+#: ``failures``; such a checkpoint is refused naming both formats rather than resumed without its history)
+CHECKPOINT_FORMAT = 2
+_CHECKPOINT_FIX = (
+    "restore the file from a backup, resume from another checkpoint (resume-from), or start the "
+    "run afresh in a new results-dir (or with overwrite=true)"
+)
+#: the most bytes read of a JSON record of a run (``run.json``) and of a ``results.json``
+_RECORD_MAX, _RESULTS_MAX = 1 << 20, 1 << 30
+
+
+class NoCheckpointError(ConfigError, FileNotFoundError):
+    """Resuming without a checkpoint: a :class:`~flwr_sheaf.config.ConfigError` (one line, no traceback,
+    in the in-process runner too) that is also a ``FileNotFoundError``."""
+
+
+def check_keep_previous(value: Any) -> int:
+    """``keep-previous`` checked by its run-config key's own parser (the one validator of the run-config
+    key and of ``write_results(keep_previous=...)``): an integer >= 0.
+
+    Raises:
+        ConfigError: anything else (``keep-previous=<value>`` and the rule named).
+    """
+    return int(KEYS["keep-previous"](value))
+
+
+# ------------------------------------------------------------------------------ sealed files
+# One format for node state files (flwr_sheaf.client.state) and server checkpoints: ``<magic line>``
+# + one JSON metadata line (``format``, the caller's fields, ``payload-bytes``, ``sha256``) + payload.
+
+
+class SealedFileError(ValueError):
+    """A sealed file that must not be used: wrong header or format, truncated or modified payload."""
+
+
+def write_sealed(path: Path, magic: bytes, meta: Mapping[str, Any], data: bytes, fmt: int) -> Path:
+    """Write ``magic`` + metadata line (``format``, ``meta``, size, SHA-256) + ``data`` to ``path`` atomically.
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = {
+        "format": fmt,
+        **meta,
+        "payload-bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(magic + json.dumps(head, sort_keys=True).encode() + b"\n" + data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_sealed(
+    path: Path,
+    magic: bytes,
+    fmt: int,
+    *,
+    payload: bool = True,
+    what: str = "file",
+    error: type[ValueError] = SealedFileError,
+    fix: str = "",
+) -> tuple[dict, bytes | None]:
+    """``(metadata, payload or None)`` of a file written by :func:`write_sealed` (checksum verified).
+
+    Args:
+        what: what the file is, for messages (``"flwr-sheaf node state file"``).
+        error: exception class raised (a ``ValueError`` subclass).
+        fix: what to do, appended to every refusal.
+
+    Raises:
+        error: a bad header, format, metadata, size or SHA-256 (the file named).
+    """
+    tail = f"; {fix}" if fix else ""
+    with open(path, "rb") as fh:
+        if fh.readline() != magic:
+            raise error(f"{path}: not a {what} (bad header){tail}")
+        try:
+            meta = json.loads(fh.readline(65536))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+            raise error(f"{path}: corrupted metadata ({exc}){tail}") from None
+        if not isinstance(meta, dict) or meta.get("format") != fmt:
+            got = meta.get("format") if isinstance(meta, dict) else None
+            raise error(f"{path}: format {got!r}, this version reads {fmt}{tail}")
+        data = fh.read() if payload else None
+    if data is not None and (
+        len(data) != meta.get("payload-bytes")
+        or hashlib.sha256(data).hexdigest() != meta.get("sha256")
+    ):
+        raise error(
+            f"{path}: payload is truncated or corrupted ({len(data)} bytes, the header says "
+            f"{meta.get('payload-bytes')}; or the SHA-256 differs from its header){tail}"
+        )
+    return meta, data
+
+
+# ------------------------------------------------------------------------------ readers
+def checkpoint_path(location: str | Path) -> Path:
+    """``location`` itself when it names a file, else ``location/checkpoint.pkl``."""
+    p = Path(location).expanduser()
+    return p if p.suffix == ".pkl" else p / CHECKPOINT_NAME
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint dict written by :meth:`~flwr_sheaf.strategy.checkpoint.Checkpointer.save`, after
+    its header, format and SHA-256 are verified (nothing unpickled before; :func:`read_sealed`).
+
+    Raises:
+        NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).
+        ConfigError: an empty file, not a flwr-sheaf checkpoint, the old headerless format, a format
+            of a newer (fix: upgrade) or older flwr-sheaf, a truncated or modified file (the file
+            and the fix named).
+    """
+    import pickle
+
+    path = Path(path)
+    if not path.is_file():
+        raise NoCheckpointError(
+            f"no checkpoint at {path}: nothing to resume (run without resume first)"
+        )
+    fmt = CHECKPOINT_FORMAT
+    with open(path, "rb") as fh:
+        magic, meta_line = fh.readline(256), fh.readline(65536)
+    header = re.fullmatch(rb"flwr-sheaf server checkpoint v(\d+)\n", magic)
+    if header is not None and magic != CHECKPOINT_MAGIC and int(header.group(1)) > 1:
+        _newer_checkpoint(path, f"header v{int(header.group(1))}")
+    if magic != CHECKPOINT_MAGIC:
+        why = (
+            "is empty (0 bytes: truncated, e.g. a full disk or a killed copy)"
+            if not magic
+            else "has the old format (a bare pickle without header and SHA-256, written before "
+            "flwr-sheaf checked checkpoint integrity): it cannot be verified, so it is not resumed"
+            if magic[:1] == b"\x80"
+            else "is not a flwr-sheaf server checkpoint (bad header: it was overwritten by another file)"
+        )
+        raise ConfigError(f"checkpoint {path} {why}; {_CHECKPOINT_FIX}")
+    try:
+        got = json.loads(meta_line).get("format")
+    except (ValueError, AttributeError, RecursionError):
+        got = None  # read_sealed names it
+    if isinstance(got, (int, float)) and not isinstance(got, bool) and got > fmt:
+        _newer_checkpoint(path, f"format {got!r}")
+    if isinstance(got, (int, float)) and not isinstance(got, bool) and got < fmt:
+        raise ConfigError(
+            f"checkpoint {path} has format {got!r}, written by an older flwr-sheaf: this version "
+            f"reads checkpoint format {fmt} only and cannot resume it. Finish that run with the "
+            "flwr-sheaf version that wrote it, or start afresh in a new results-dir (or with "
+            "overwrite=true)"
+        )
+    try:
+        meta, data = read_sealed(
+            path, CHECKPOINT_MAGIC, fmt, what="flwr-sheaf server checkpoint", error=ConfigError
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"checkpoint {exc}; {_CHECKPOINT_FIX}") from None
+    ckpt = pickle.loads(data or b"")  # noqa: S301 - verified against its own SHA-256; the run's own file
+    if (
+        not isinstance(ckpt, dict)
+        or ckpt.get("format") != fmt
+        or ckpt.get("round") != meta.get("round")
+    ):
+        raise ConfigError(
+            f"checkpoint {path} is not a flwr-sheaf checkpoint of format {fmt}; {_CHECKPOINT_FIX}"
+        )
+    return ckpt
+
+
+def _newer_checkpoint(path: Path, what: str) -> None:
+    raise ConfigError(
+        f"checkpoint {path} has {what}, written by a newer flwr-sheaf: this version reads checkpoint "
+        f"format {CHECKPOINT_FORMAT} only, so it is not resumed. Upgrade flwr-sheaf (pip install -U "
+        "flwr-sheaf, or the version that wrote it) to resume it"
+    )
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (never through a symbolic link; a FIFO never waited on).
+
+    Raises:
+        FileNotFoundError: none there.
+        ValueError: a link, not a regular file, or larger than ``limit`` bytes (why named).
+        OSError: it cannot be read.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symbolic link") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        chunks: list[bytes] = []
+        got = 0
+        while got <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - got))):
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
+
+
+def _json(data: bytes) -> Any:
+    """``json.loads(data)``; ValueError (``nested too deeply`` for a RecursionError) for anything else."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def recorded_run_config(path: Path) -> dict[str, Any]:
+    """The run config recorded in a ``results.json`` (its ``config``) or a ``checkpoint.pkl``.
+
+    Raises:
+        ConfigError: the file cannot be read as one (the file and why named).
+    """
+    recorded: Any
+    try:
+        if path.suffix == ".json":  # bounded, no link, then the one results.json schema
+            recorded = check_results(_json(_read_regular(path, _RESULTS_MAX)), str(path))
+            recorded = recorded.get("config")
+        else:
+            recorded = load_checkpoint(path).get("config")
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        if isinstance(exc, ResultsFileError):  # already "<file>: <field>: <problem>"
+            raise ConfigError(str(exc)) from None
+        raise ConfigError(f"{path} cannot be read ({exc})") from None
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{path} records no run config")
+    return recorded
+
+
+def read_node_state_claim(root: Path) -> dict[str, Any] | None:
+    """``<root>/run.json`` (:func:`claim_node_state_dir`): None when there is none; the record
+    (``results-dir``, ``started``, ``config`` a dict) when it is one.
+
+    Raises:
+        ConfigError: a ``run.json`` that is a link, not a regular file, larger than 1 MiB or not such
+            a record (the file and the fix named).
+    """
+    path = root / NODE_STATE_MARKER
+    try:
+        info = _json(_read_regular(path, _RECORD_MAX))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+    else:
+        if isinstance(info, dict) and isinstance(info.get("config"), dict):
+            return info
+        why = "not a JSON object with a run config"
+    raise ConfigError(
+        f"node-state-dir {root}: {path} is not a flwr-sheaf node-state record ({why}), so whose node "
+        f"state {root} holds cannot be told; remove it (rm {path}) if that node state is the one this "
+        "run continues, or use another node-state-dir"
+    )
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """One file the package reads back from a run's directory.
+
+    Attributes:
+        name: its name in the directory.
+        where: the run-config key of the directory (``results-dir``, ``node-state-dir``).
+        read: its one reader, ``read(path)``; raises a :class:`~flwr_sheaf.config.ConfigError` (or its
+            :class:`~flwr_sheaf.locks.LockedError`) naming ``path`` for a damaged file. None: never read.
+        marks_run: its presence means the directory holds a run (a fresh run is refused without
+            ``overwrite``).
+        moved: ``overwrite`` moves it into ``previous-<UTC time>/``.
+    """
+
+    name: str
+    where: str
+    read: Callable[[Path], Any] | None
+    marks_run: bool = False
+    moved: bool = False
+
+
+RUN_FILES: tuple[RunFile, ...] = (
+    RunFile(RESULTS_JSON, "results-dir", recorded_run_config, marks_run=True, moved=True),
+    RunFile(CHECKPOINT_NAME, "results-dir", load_checkpoint, marks_run=True, moved=True),
+    RunFile(ACCURACY_PNG, "results-dir", None, moved=True),
+    RunFile(LOCK_NAME, "results-dir", lambda p: live_holder(p.parent, "results-dir")),
+    RunFile(LOCK_NAME, "node-state-dir", lambda p: live_holder(p.parent, "node-state-dir")),
+    RunFile(NODE_STATE_MARKER, "node-state-dir", lambda p: read_node_state_claim(p.parent)),
+)
+"""Every file read back from a run's directories with its reader (tests/test_run_files_generated.py
+draws damaged versions of each)."""
+#: Files whose presence means that ``results-dir`` holds another run's results.
+RESULT_FILES = tuple(f.name for f in RUN_FILES if f.marks_run)
+#: Files ``overwrite = true`` moves into ``previous-<UTC time>/``.
+MOVED_FILES = tuple(f.name for f in RUN_FILES if f.moved)
+
+
+# ------------------------------------------------------------------------------ paths
+def _path_error(key: str, path: str | Path, exc: BaseException) -> ConfigError:
+    """A :class:`ConfigError` naming ``key``, ``path`` and the fix for an OS error (or Python's
+    ``RuntimeError: Symlink loop``) met while resolving or probing ``path``."""
+    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == 40:  # ELOOP
+        return ConfigError(
+            f"{key}={str(path)!r}: {path} runs into a symbolic-link loop (a link that points, "
+            f"directly or through others, back to itself); replace the link with a real directory or "
+            f"set {key} to another path"
+        )
+    what = getattr(exc, "strerror", None) or str(exc)
+    return ConfigError(f"{key}={str(path)!r}: {what}; set {key} to a directory you can write")
+
+
+def resolve_dir(key: str, path: str | Path) -> Path:
+    """``path`` with ``~`` expanded and resolved.
+
+    Raises:
+        ConfigError: a symbolic-link loop, or an OS error (key, path and fix named).
+    """
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:
+        raise _path_error(key, path, exc) from None
+
+
+def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> Path:
+    """``path`` resolved, after checking that it is (or can be created as) a writable directory.
+
+    Args:
+        key: the run-config key that names ``path`` (for messages).
+        create: create the directory (and its parents) now.
+
+    Raises:
+        ConfigError: a path component is a regular file, the directory (or its nearest existing parent)
+            is not writable, or it cannot be created (key, path and fix named).
+    """
+    p = resolve_dir(key, path)
+    fix = f"set {key} to a directory you can write"
+    try:
+        p.exists()
+    except OSError as exc:  # ELOOP of a link loop below a resolved prefix, EACCES, ...
+        raise _path_error(key, path, exc) from None
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}={str(path)!r}: {p} exists and is not a directory; {fix}")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(
+            f"{key}={str(path)!r}: {probe} is a file, not a directory, so {p} cannot be created; {fix}"
+        )
+    if create:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"{key}={str(path)!r}: cannot create {p} ({exc.strerror or exc}); {fix}"
+            ) from None
+        probe = p
+    try:  # os.access is wrong for root and some file systems: really write a file
+        fd, tmp = tempfile.mkstemp(prefix=".flwr-sheaf-probe-", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        where = "" if probe == p else f" (its nearest existing parent {probe})"
+        raise ConfigError(
+            f"{key}={str(path)!r}: {probe}{where} is not writable ({exc.strerror or exc}); {fix}"
+        ) from None
+    return p
+
+
+# ------------------------------------------------------------------------------ the run directory
+class RunDir:
+    """A run's directory (module docstring): where its files go, its lock, its ``previous-*`` folders.
+
+    As :func:`preflight` returns it, a context manager holding the run's locks. Leaving it with an
+    exception after ``overwrite = true`` moved an earlier run's files aside: when the new run wrote
+    none of its own files (``results.json``, ``checkpoint.pkl``, ``accuracy.png``; e.g. it died at
+    discovery) they are moved back, else they stay in ``previous-<UTC time>/``; either way a note on
+    the exception and a log line say where they are. ``keep-previous`` is applied on leaving, once
+    the moved files are known to stay aside.
+
+    Args:
+        path: the directory (``~`` expanded, resolved; need not exist yet).
+        key: the run-config key (or argument) naming it, for messages (``results-dir``, ``out_dir``).
+
+    Attributes:
+        locks: the held :class:`~flwr_sheaf.locks.DirLock` of ``results-dir`` (and of ``node-state-dir``).
+        previous_run: where ``overwrite = true`` moved the earlier run's files, ``{"moved_to": path,
+            "files": [names]}`` (``results.json``'s ``previous_run``), or None.
+
+    Raises:
+        ConfigError: ``path`` runs into a symbolic-link loop (key and path named).
+    """
+
+    def __init__(self, path: str | Path, key: str = "results-dir") -> None:
+        self.given, self.key = str(path), key
+        self.path = resolve_dir(key, path)
+        self.checkpoint = self.path / CHECKPOINT_NAME
+        self.keep_previous = 0  # keep-previous, applied on leaving
+        self.locks: list[DirLock] = []
+        self.previous_run: dict | None = None
+        #: ``previous-*`` folders never pruned (the one ``resume-from`` reads from)
+        self.protect: list[Path] = []
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Leaving the run held by :func:`preflight` (class docstring); the locks are released."""
+        try:
+            if exc is not None and self.previous_run is not None:
+                self._after_failed_run(exc)
+            if self.keep_previous and self.previous_run is not None:
+                newest = Path(self.previous_run["moved_to"])
+                self.prune(self.keep_previous, newest, self.protect)
+        finally:
+            for lock in reversed(self.locks):  # the node-state-dir's first
+                lock.release()
+            self.locks = []
+
+    def _after_failed_run(self, exc: BaseException) -> None:
+        """The moved-aside earlier run's files after the new run ended with ``exc``: moved back when
+        the new run wrote none of its own, the way noted on ``exc`` and logged."""
+        assert self.previous_run is not None
+        out, folder = self.path, Path(self.previous_run["moved_to"])
+        names = list(self.previous_run["files"])
+        mine = [n for n in MOVED_FILES if (out / n).exists()]
+        if not mine:
+            where = self.move_back(folder, names)
+            if where.startswith("nothing"):
+                where = f"were moved back into {out} (the results-dir is as before this run)"
+                self.previous_run = None
+        else:
+            where = f"are in {folder} (this run wrote {', '.join(mine)} into {out}" + (
+                f"; continue the earlier run with resume-from={str(folder / CHECKPOINT_NAME)!r})"
+                if CHECKPOINT_NAME in names
+                else ")"
+            )
+        text = f"the earlier run's {', '.join(names)}, moved aside by overwrite=true, {where}"
+        log.warning("this run ended with an error: %s", text)
+        exc.add_note(f"flwr-sheaf: {text}")
+
+    def run_files(self) -> list[Path]:
+        """The files there that mean it holds a run (:data:`RESULT_FILES`)."""
+        return [self.path / n for n in RESULT_FILES if (self.path / n).exists()]
+
+    def lock(self) -> DirLock:
+        """Take the directory's lock (:class:`~flwr_sheaf.locks.DirLock`); returns it.
+
+        Raises:
+            LockedError: a live run holds it (named), or its lock file is refused.
+        """
+        return DirLock(self.path, self.key).acquire()
+
+    def previous(self) -> list[Path]:
+        """Its ``previous-*`` folders, oldest first (by the UTC time in their names, then their counter)."""
+
+        def order(p: Path) -> tuple[str, int]:
+            stamp, _, n = p.name[len(PREVIOUS_PREFIX) :].partition("-")
+            return stamp, int(n) if n.isdigit() else 1
+
+        try:
+            found = [
+                p
+                for p in self.path.iterdir()
+                if p.name.startswith(PREVIOUS_PREFIX) and p.is_dir() and not p.is_symlink()
+            ]
+        except OSError:
+            return []
+        return sorted(found, key=order)
+
+    def move_aside(
+        self, names: Sequence[str] = MOVED_FILES, *, keep: Any = 0, protect: Sequence[Path] = ()
+    ) -> tuple[Path, list[str]] | None:
+        """Move the files ``names`` that exist into a new ``previous-<UTC time>/``: all of them, or
+        none (those moved are moved back when one cannot move).
+
+        Args:
+            keep: ``keep-previous`` (checked before anything moves, :func:`check_keep_previous`): then
+                keep only the newest ``keep`` ``previous-*`` folders (the new one counts; never one in
+                ``protect``), each removal logged; 0 = keep every one.
+
+        Returns:
+            ``(the new folder, the names moved)``, or None when none of them exists.
+
+        Raises:
+            ConfigError: ``keep`` is not an integer >= 0, or a file cannot be moved (named, with the OS
+                reason, where every file is now, and the fix).
+        """
+        keep = check_keep_previous(keep)
+        present = [n for n in names if (self.path / n).exists()]
+        if not present:
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        folder, i = self.path / f"{PREVIOUS_PREFIX}{stamp}", 1
+        while True:
+            try:
+                folder.mkdir()
+                break
+            except FileExistsError:
+                i += 1
+                folder = self.path / f"{PREVIOUS_PREFIX}{stamp}-{i}"
+            except OSError as exc:
+                raise _path_error(self.key, self.given, exc) from None
+        done: list[str] = []
+        try:
+            for n in present:
+                os.replace(self.path / n, folder / n)
+                done.append(n)
+        except OSError as exc:
+            where = self.move_back(folder, done)
+            raise ConfigError(
+                f"{self.key}={self.given!r}: the earlier run's {n} cannot be moved into {folder} "
+                f"({exc.strerror or exc}); {where}, so that run is never left split. Make "
+                f"{self.path / n} movable (e.g. chattr -i {self.path / n}) or use another {self.key}"
+            ) from exc
+        if keep:
+            self.prune(keep, folder, protect)
+        return folder, present
+
+    def move_back(self, folder: Path, names: Sequence[str]) -> str:
+        """Move ``names`` from ``folder`` back into the directory, then remove ``folder``; returns
+        where they are, as a clause (``"nothing was moved: ..."``, or where each one stays)."""
+        back: list[str] = []
+        try:
+            for n in names:
+                os.replace(folder / n, self.path / n)
+                back.append(n)
+            folder.rmdir()
+        except OSError as err:
+            left = [n for n in names if n not in back]
+            return (
+                f"{', '.join(left)} stay in {folder} (moving them back failed: "
+                f"{err.strerror or err}), the rest in {self.path}"
+            )
+        return f"nothing was moved: the earlier run's files are in {self.path} as before"
+
+    def prune(self, keep: int, newest: Path, protect: Sequence[Path] = ()) -> None:
+        """Remove the oldest ``previous-*`` folders beyond the newest ``keep`` (only those
+        :meth:`move_aside` made, never ``newest`` nor one in ``protect``), each logged; one that cannot
+        be removed is logged and kept."""
+        folders = [
+            p
+            for p in self.previous()
+            if p != newest and p not in protect and _MOVED_ASIDE.fullmatch(p.name)
+        ]  # never a user's own "previous-<anything>"
+        folders.append(newest)
+        for old in folders[: max(len(folders) - keep, 0)]:
+            try:
+                held = ", ".join(sorted(p.name for p in old.iterdir())) or "empty"
+                shutil.rmtree(old)
+            except OSError as exc:
+                log.warning("keep-previous=%d: could not remove %s (kept): %s", keep, old, exc)
+                continue
+            log.warning(
+                "keep-previous=%d: removed %s (an earlier run's files: %s), the oldest beyond the "
+                "newest %d",
+                keep,
+                old,
+                held,
+                keep,
+            )
+
+    @contextmanager
+    def writing(
+        self,
+        names: Sequence[str] = (),
+        *,
+        overwrite: bool = False,
+        keep: Any = 0,
+        claim: DirLock | None = None,
+    ) -> Iterator[Path]:
+        """Held while writing files into the directory (``write_results``): its lock (taken unless this
+        process holds it already), re-checked (:meth:`DirLock.verify`: a directory removed or moved
+        meanwhile is never recreated nor written); the files ``names`` that exist moved aside first
+        (:meth:`move_aside`, with ``keep``), and with ``overwrite`` (the lock not held before) the
+        ``results.json`` / ``accuracy.png`` of an earlier write too. ``claim``: the lock
+        :func:`~flwr_sheaf.results.check_results_dir` took for this write (used, then released, as
+        if taken here). Yields the directory.
+
+        Raises:
+            LockedError: another live run holds it, or it was moved or removed while this one held it.
+            ConfigError: as :meth:`move_aside`.
+        """
+        keep = check_keep_previous(keep)
+        held = None if claim is not None else held_by_this_process(self.path)
+        if held is None and claim is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+        lock = claim or held or self.lock()
+        try:
+            lock.verify()
+            if overwrite and held is None:  # an earlier write_results' files: moved, not replaced
+                names = [RESULTS_JSON, ACCURACY_PNG, *names]
+            moved = self.move_aside(names, keep=keep)
+            if moved is not None:
+                log.warning(
+                    "overwrite=True: moved the earlier %s from %s into %s (nothing deleted)",
+                    ", ".join(moved[1]),
+                    self.path,
+                    moved[0],
+                )
+            yield self.path
+        finally:
+            if held is None:
+                lock.release()
+
+
+# ------------------------------------------------------------------------------ node-state-dir
+def _state_partitions(root: Path) -> list[str]:
+    """Names of the ``partition-*`` folders of ``root`` holding state files."""
+    if not root.is_dir():
+        return []
+    return [
+        p.name
+        for p in sorted(root.iterdir())
+        if p.name.startswith("partition-")
+        and p.is_dir()
+        and any(_STATE_FILE.match(f.name) for f in p.iterdir())
+    ]
+
+
+def check_node_state_dir(
+    root: Path, given: str, run_config: Mapping[str, Any], resuming: bool
+) -> None:
+    """Refuse a ``node-state-dir`` ``root`` (``given`` as in the run config) that holds another run's
+    node state; ``run_config``: ``RunConfig.to_dict()``; ``resuming``: ``resume`` / ``resume-from``.
+
+    Raises:
+        ConfigError: a fresh run over node state (state files or a ``run.json``) of another run; a
+            resumed run over node state recorded for another run config (the keys and both values
+            named); a damaged ``run.json`` (:func:`read_node_state_claim`).
+    """
+    marker = read_node_state_claim(root) if root.is_dir() else None
+    parts = _state_partitions(root)
+    if marker is None and not parts:
+        return
+    owner = ""
+    if marker:
+        owner = (
+            f" (recorded in {root / NODE_STATE_MARKER}: the run of results-dir "
+            f"{marker.get('results-dir', '?')!r} started {marker.get('started', '?')}, seed "
+            f"{marker['config'].get('seed', 0)!r})"
+        )
+    if not resuming:
+        files = f"state files of {', '.join(parts)}" if parts else "no state files yet"
+        raise ConfigError(
+            f"node-state-dir={given!r}: {root} holds the node state of another run{owner}, {files}; "
+            f"a fresh run must not start from it (its nodes would load that state, or refuse it in every "
+            f"round). Use another node-state-dir, remove {root} to start afresh, or set resume=true "
+            f"to continue that run"
+        )
+    if marker:
+        diff = config_differences(marker["config"], resume_identity(run_config))
+        if diff:
+            text = ", ".join(f"{k}={a!r} there, {b!r} now" for k, (a, b) in diff.items())
+            raise ConfigError(
+                f"node-state-dir={given!r}: {root} holds the node state of another run config "
+                f"({text}){owner}; point node-state-dir at the stopped run's node state"
+            )
+
+
+def claim_node_state_dir(root: Path, run_config: Mapping[str, Any], results_dir: Path) -> None:
+    """Record in ``root/run.json`` the run this node state belongs to (written atomically).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    data = {
+        "results-dir": str(results_dir),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "config": resume_identity(run_config),
+    }
+    tmp = root / f".{NODE_STATE_MARKER}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, root / NODE_STATE_MARKER)
+
+
+# ------------------------------------------------------------------------------ preflight
+def _no_checkpoint(config: RunConfig, out: Path) -> None:
+    """Refuse resuming without a checkpoint, in one line naming what works instead."""
+    path = checkpoint_path(config.resume_from or out)
+    if path.is_file():
+        return
+    key = f"resume-from={config.resume_from!r}" if config.resume_from else "resume=true"
+    hint = ""
+    moved = [p / CHECKPOINT_NAME for p in RunDir(out).previous() if (p / CHECKPOINT_NAME).is_file()]
+    if moved and not config.resume_from:
+        hint = (
+            f"; an earlier run's checkpoint was moved (overwrite=true) into {moved[-1]}: to continue "
+            f"that run set resume-from={str(moved[-1])!r} (resume=true reads only {path})"
+        )
+    if (path.parent / RESULTS_JSON).is_file():
+        raise NoCheckpointError(
+            f"{key}: {path.parent} holds a finished run's results.json but no checkpoint.pkl (that run "
+            f"had checkpoint-every=0, or ended before its first checkpoint), so it cannot be extended. "
+            f"Run afresh with the rounds you want in another results-dir (or with overwrite=true, which "
+            f"moves its files into {path.parent}/previous-<time>/); set checkpoint-every >= 1 for a "
+            f"run you may extend later{hint}"
+        )
+    raise NoCheckpointError(
+        f"{key}: no checkpoint at {path}: nothing to resume (run without resume first, or point "
+        f"resume-from at the stopped run's checkpoint.pkl){hint}"
+    )
+
+
+def _check_resume_from_free(config: RunConfig, source: RunDir, out: Path) -> None:
+    """Refuse ``resume-from`` a directory a live run still holds (its checkpoint changes under us).
+
+    Raises:
+        LockedError: that run's process, host and start time named.
+    """
+    where = source.path
+    if where == out or held_by_this_process(where) or not where.is_dir():
+        return
+    holder = live_holder(where, "resume-from")
+    if holder is not None:
+        raise LockedError(
+            f"resume-from={config.resume_from!r}: {where} is still in use by a live run: {holder}; "
+            f"its checkpoint changes as that run goes on, so it is not resumed while it runs: wait for "
+            f"that run to end (or stop it), then resume from it"
+        )
+
+
+def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> None:
+    """Refuse ``resume-from`` into a ``results-dir`` whose ``results.json`` / ``checkpoint.pkl`` (``old``)
+    belong to another run: the resumed run's writes would replace them. Files of the run being resumed
+    pass (their recorded run config has the checkpoint's run identity: no key outside
+    :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` differs).
+
+    Raises:
+        ConfigError: the files, why they are another run's, and the fixes (another results-dir, or
+            ``overwrite = true``, which moves them aside) named.
+    """
+    ckpt = checkpoint_path(config.resume_from)
+    resumed = recorded_run_config(ckpt)  # readable: checked by _no_checkpoint and load_checkpoint
+    why = []
+    for path in old:
+        try:
+            diff = config_differences(recorded_run_config(path), resumed)
+        except ConfigError as exc:
+            why.append(f"{path.name} cannot be read as this run's ({exc})")
+            continue
+        if diff:
+            text = ", ".join(
+                f"{k}={a!r} there, {b!r} in the checkpoint" for k, (a, b) in diff.items()
+            )
+            why.append(f"{path.name} records another run config ({text})")
+    if why:
+        names = ", ".join(p.name for p in old)
+        raise ConfigError(
+            f"resume-from={config.resume_from!r}: results-dir={config.results_dir!r} ({out}) holds "
+            f"another run's {names} ({'; '.join(why)}); the resumed run would replace them. Set "
+            f"results-dir to another directory (an empty one, or {ckpt.parent} to continue that run "
+            f"where it is), or add overwrite=true to move {out}'s files into {out}/previous-<time>/ "
+            f"(nothing deleted)"
+        )
+
+
+def _check_overwrite_with_resume(config: RunConfig, resuming: bool, source: RunDir | None) -> None:
+    """Refuse ``overwrite=true`` together with ``resume=true``, or with a ``resume-from`` of the
+    results-dir itself: one starts afresh, the other continues.
+
+    Raises:
+        ConfigError: naming both keys and the fix.
+    """
+    if not (config.overwrite and resuming):
+        return
+    if source is not None and source.path != resolve_dir("results-dir", config.results_dir):
+        return
+    which = "resume=true" if config.resume else f"resume-from={config.resume_from!r}"
+    raise ConfigError(
+        f"overwrite=true and {which} contradict each other: overwrite starts a fresh run (moving "
+        f"the earlier run's files aside), {which.split('=')[0]} continues the checkpointed run; set "
+        f"only one of them"
+        + (
+            ""
+            if config.resume
+            else " (overwrite=true with resume-from applies only to another results-dir: it moves "
+            "that directory's files aside)"
+        )
+    )
+
+
+def _check_fresh_run_into(config: RunConfig, run: RunDir, old: Sequence[Path]) -> None:
+    """Refuse a fresh run (no resume, no overwrite) into a ``results-dir`` holding another run's files."""
+    how = (
+        "resume=true to continue that run, or overwrite=true to move its files into "
+        f"{run.path}/previous-<time>/ and start afresh"
+        if run.checkpoint.exists()
+        else f"or overwrite=true to move its files into {run.path}/previous-<time>/ and start "
+        f"afresh (it has no checkpoint.pkl, so resume=true cannot continue it)"
+    )
+    raise ConfigError(
+        f"results-dir={config.results_dir!r}: {run.path} already holds another run's results "
+        f"({', '.join(p.name for p in old)}); a fresh run would replace them. Use another "
+        f"results-dir, {how}"
+    )
+
+
+def preflight(config: RunConfig) -> RunDir:
+    """Check every directory the run writes, take its locks and move an overwritten run's files
+    aside; returns the :class:`RunDir` of ``results-dir`` holding the locks (``with preflight(config)
+    as run:``).
+
+    Raises:
+        ConfigError: each refusal of the module docstring (key, path and fix named); an earlier
+            run's file that cannot be moved aside (nothing moved then).
+        LockedError: a live run holds ``results-dir``, ``node-state-dir`` or the ``resume-from`` source.
+    """
+    resuming = config.resume or bool(config.resume_from)
+    source = None  # the directory of the checkpoint resume-from names
+    if config.resume_from:
+        source = RunDir(checkpoint_path(config.resume_from).parent, "resume-from")
+    _check_overwrite_with_resume(config, resuming, source)
+    # tracking-dir without tracking: warned once, by apps.server_app.run_config_warnings
+    state_root = None
+    if config.node_state_dir:
+        state_root = check_writable_dir("node-state-dir", config.node_state_dir)
+    if config.tracking.strip():
+        resolve_dir("results-dir", config.results_dir)  # a link loop named by its key first
+        # tracking.tracking_dir's default, unresolved: a link loop is then named by check_writable_dir
+        check_writable_dir(
+            "tracking-dir", config.tracking_dir or str(Path(config.results_dir) / "tracking")
+        )
+    run = RunDir(check_writable_dir("results-dir", config.results_dir, create=True))
+    run.keep_previous = config.keep_previous
+    try:
+        run.locks.append(run.lock())
+        if resuming:
+            _no_checkpoint(config, run.path)
+        if source is not None:
+            _check_resume_from_free(config, source, run.path)
+        old = run.run_files()
+        if old and source is not None and source.path != run.path:  # into another results-dir
+            if source.path.parent == run.path:
+                run.protect.append(source.path)  # a previous-* folder of out: never pruned
+            if not config.overwrite:
+                _check_resume_into(config, run.path, old)
+        if old and not resuming and not config.overwrite:
+            _check_fresh_run_into(config, run, old)
+        # before anything is moved: a refusal leaves results-dir as it was
+        if state_root is not None:
+            state_root.mkdir(parents=True, exist_ok=True)
+            run.locks.append(DirLock(state_root, "node-state-dir").acquire())
+            if not resuming:  # a resumed run's: after its checkpoint check (server_app)
+                check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), False)
+        if old and (not resuming or config.overwrite):  # overwrite=true: moved aside, never deleted
+            moved = run.move_aside()  # keep-previous: on leaving (RunDir.__exit__)
+            if moved is not None:
+                run.previous_run = {"moved_to": str(moved[0]), "files": moved[1]}
+                log.warning(
+                    "overwrite=true: moved the earlier run's %s from %s into %s (nothing deleted; "
+                    "moved back if this run ends with an error before writing its own)",
+                    ", ".join(moved[1]),
+                    run.path,
+                    moved[0],
+                )
+        if state_root is not None and not resuming:
+            claim_node_state_dir(state_root, config.to_dict(), run.path)
+    except BaseException as exc:
+        run.__exit__(type(exc), exc, exc.__traceback__)  # moved files back, locks released
+        raise
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``main([DIR])`` (``argv`` default: ``sys.argv[1:]``): 0 when no live run holds ``DIR``; else 1,
+    who holds it (or why its lock file is refused) printed on stderr; 2 for another number of arguments."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: flwr_sheaf.rundir.main([DIR])", file=sys.stderr)
+        return 2
+    try:
+        holder = live_holder(args[0], "results-dir")
+    except LockedError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if holder is not None:
+        print(f"{args[0]} is in use by a live run: {holder}", file=sys.stderr)
+        return 1
+    return 0
