@@ -1212,11 +1212,11 @@ class RunConfig(Section):
         """
         zoo, graph = self.scenario.zoo, self.federation.graph
         n = zoo_size(zoo)
+        check_run_memory(zoo, n)
         try:
             check_graph_scale(graph, n)
         except ValueError as exc:
             raise ConfigError(f"graph={graph!r} on zoo={zoo!r}: {exc}") from None
-        check_run_memory(zoo, n)
         try:
             check_agents_fit(
                 self.scenario.dataset,
