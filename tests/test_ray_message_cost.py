@@ -241,16 +241,17 @@ def test_the_zoo_describes_each_node_without_building_it_as_its_built_model_does
         assert specs.setdefault(desc.architecture, arch) == arch, f"{zoo} partition-id {p}"
 
 
-def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disagrees(monkeypatch):
+def test_discovery_checks_the_hook_of_every_node_against_its_built_task(monkeypatch):
     from flwr_sheaf.apps import scenario
     from flwr_sheaf.client import handlers
     from flwr_sheaf.client.task import describer_of, with_describer
     from flwr_sheaf.config import FederationConfig
     from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+    from flwr_sheaf.models.zoo import zoo_specs
     from flwr_sheaf.testing import LocalGrid
 
     assert describer_of(scenario.cnn_task_factory) is scenario.cnn_task_description
-    monkeypatch.setattr(handlers, "_DESCRIBED_CHECKED", {})
+    monkeypatch.setattr(handlers, "_STALK_CHECKED", set())
     built = []
     real = scenario.build_agent
     monkeypatch.setattr(scenario, "build_agent", lambda *a, **k: built.append(1) or real(*a, **k))
@@ -259,7 +260,7 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
     strategy = SheafFRL(num_nodes=12, federation=FederationConfig(graph="ring", seed=3))
     strategy.discover(grid, timeout=5)
     assert len(strategy.nodes) == 12
-    assert len(built) == 5  # tiny-<N> cycles 5 architectures: one CNN each, not one per node
+    assert len(built) == 12  # every node's task built: the hook's answer is checked for each
     # every node's reported latent size is its built model's
     sc = scenario.ScenarioConfig.from_mapping(rc)
     for node in strategy.nodes.values():
@@ -287,7 +288,51 @@ def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disag
     ]
     replies = list(grid.send_and_receive(msgs, timeout=5))
     assert len(replies) == 2 and all(r.has_error() for r in replies)
-    assert "partition-id 0: the task factory's describe hook says" in replies[0].error.reason
+    assert (
+        "partition-id 0: the task factory's description hook 'test_discovery_checks_the_hook"
+        in (replies[0].error.reason)
+    )
+    assert "(they differ in num_train)" in replies[0].error.reason
+
+    # a hook right about d but wrong about the class set of the nodes after the first of their
+    # architecture (before: trusted, and the run completed on another graph), and a hook answering
+    # node 0's description for every node (before: trusted, and training failed on a pilot matrix
+    # of another width without naming the hook): every such node fails at discovery
+    def other_classes(context):
+        desc = scenario.cnn_task_description(context)
+        if int(context.node_config["partition-id"]) < 5:
+            return desc
+        return dataclasses.replace(desc, classes=tuple(c + 1 for c in desc.classes))
+
+    def node0(context):
+        return scenario.scenario_description(sc, 0)
+
+    d = [s.d for s in zoo_specs("tiny-12")]
+    for hook, wrong, why in (
+        (other_classes, range(5, 12), {p: "classes" for p in range(5, 12)}),
+        (node0, range(1, 12), {p: "d" for p in range(12) if d[p] != d[0]}),
+    ):
+        app = ClientApp()
+        register_sheaf_handlers(app, with_describer(lambda c: scenario.cnn_task_factory(c), hook))
+        grid = LocalGrid(app, 12, run_config=rc)
+        msgs = [
+            Message(
+                RecordDict({CONFIG: ConfigRecord({TORCH_THREADS: 1, DEVICE: "cpu"})}),
+                dst_node_id=n,
+                message_type=message_type(QUERY, "sheaf"),
+            )
+            for n in grid.node_ids
+        ]
+        replies = list(grid.send_and_receive(msgs, timeout=5))
+        failed = {
+            int(grid.contexts[r.metadata.src_node_id].node_config["partition-id"]): r.error.reason
+            for r in replies
+            if r.has_error()
+        }
+        assert all(hook.__qualname__ in m for m in failed.values())
+        assert set(failed) == set(wrong)
+        for p, field in why.items():
+            assert field in failed[p].split("they differ in ")[1].split(")")[0].split(", ")
 
     # a wrapper that changes one node's task (partition-id 6, whose architecture partition-id 1
     # already checked) does not inherit the zoo's hook through functools.wraps: its nodes are

@@ -230,7 +230,7 @@ def cnn_task_factory(context: Context) -> LocalTask:
 
 def cnn_task_description(context: Context) -> TaskDescription:
     """The description hook of :func:`cnn_task_factory` (:func:`scenario_description` of the node):
-    discovery's ``query`` answers from it without building the node's CNN.
+    discovery's ``query`` answers from it once it agrees with the node's built task.
 
     Raises:
         ConfigError / ValueError: as :func:`cnn_task_factory`.
