@@ -411,6 +411,25 @@ def test_copy_and_deepcopy_of_the_app_are_copies(tmp_path, monkeypatch):
     assert pickle.loads(pickle.dumps(mod.app)) is mod.app
 
 
+def test_a_module_level_copy_of_the_app_travels_by_reference_and_any_other_copy_warns(
+    tmp_path, monkeypatch, caplog
+):
+    # before: `app2 = copy.deepcopy(app)` at module level pickled by value (55.6 KB a message of the
+    # bundled app) with no warning
+    body = AT_IMPORT + "\nimport copy\ncopied = copy.deepcopy(app)\nshallow = copy.copy(app)\n"
+    mod = _app_module(tmp_path, "fs_case7_copies", body, monkeypatch)
+    blobs = {name: cloudpickle.dumps(getattr(mod, name)) for name in ("copied", "shallow")}
+    for name, blob in blobs.items():
+        assert len(blob) < 500 and b"fs_case7_copies" in blob  # module and name, not the handlers
+        worker = _as_a_worker(blob, "fs_case7_copies", tmp_path, monkeypatch, importable=True)
+        assert worker is vars(sys.modules["fs_case7_copies"])[name]
+        assert set(worker._registered_funcs) == {"query.mine"}
+    with caplog.at_level("WARNING", logger="flwr_sheaf"):
+        later = copy.deepcopy(mod.app)  # inside a function: no module global, pickled by value
+        cloudpickle.dumps(later)
+    assert "this ClientApp is not a module-level object" in caplog.text
+
+
 # ------------------------------------------------------------ the shared-machine recipe (docs)
 
 
