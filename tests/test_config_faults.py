@@ -228,6 +228,18 @@ def test_a_key_the_method_does_not_read_names_the_methods_that_do():
     assert _warnings(method="fedsaf-gcsa", **{"fedproto-lambda": 0.5}) == []
 
 
+def test_a_client_evaluation_key_under_a_method_without_client_evaluation_is_named():
+    # before: method=rfedags took evaluate-nodes (and the other evaluation keys) in silence
+    assert _warnings(method="rfedags", **{"evaluate-nodes": "panel", "fraction-evaluate": 0.5}) == [
+        f"{k}={v!r} (default {d!r}) is not read by method='rfedags' and is ignored: the method "
+        f"evaluates no node; drop {k}"
+        for k, v, d in (("evaluate-nodes", "panel", "auto"), ("fraction-evaluate", 0.5, 1.0))
+    ]
+    assert (
+        _warnings(**{"evaluate-nodes": "panel", "fraction-evaluate": 0.5}) == []
+    )  # sheaf-frl reads them
+
+
 def test_key_readers_agree_with_what_each_built_strategy_reads():
     """The registry-derived map equals, for each method, the method-section keys its built strategy
     records (``results.strategy_config``) -- an independent reading of the same fact."""
