@@ -32,8 +32,6 @@ import json
 import logging
 import os
 import re
-import socket
-import stat
 import struct
 import tempfile
 import time
@@ -294,7 +292,6 @@ CACHE_DIR_ENV = "FLWR_SHEAF_CACHE_DIR"
 #: Bump when the cached arrays' layout changes (old entries are then never read).
 _CACHE_FORMAT = 2
 _SEAL_MAGIC = b"flwr-sheaf decoded-data cache entry v1\n"
-_TEMP = re.compile(r"\.tmp-(?P<host>[^-]+)-(?P<pid>\d+)-")
 
 
 def decoded_cache_dir() -> Path | None:
@@ -397,8 +394,8 @@ def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
         arrays = {}
         for name, path in files.items():
             want = meta[name]
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                raise ValueError(f"{path} is not a regular file")
+            if path.is_symlink():
+                raise ValueError(f"{path} is a link")
             if _stamp(path) != want["stamp"] and _sha256(path) != want["sha256"]:
                 raise ValueError(f"{path}: its SHA-256 differs from the one written with it")
             arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
@@ -424,38 +421,27 @@ def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _remove_dead_temps(cache_dir: Path) -> None:
-    """Remove the temporary files that writers on this host left when killed mid-write."""
-    host = socket.gethostname().replace("-", "_")
-    try:
-        names = os.listdir(cache_dir)
-    except OSError:
-        return
-    for name in names:
-        m = _TEMP.match(name)
-        if m is None or m["host"] != host:
-            continue
+    """Remove the temporary files of writers killed mid-write (untouched for an hour: a live writer
+    writes its 220 MB in seconds)."""
+    for tmp in cache_dir.glob(".tmp-*"):
         try:
-            os.kill(int(m["pid"]), 0)
-        except ProcessLookupError:
-            (cache_dir / name).unlink(missing_ok=True)
+            if time.time() - tmp.stat().st_mtime > 3600:
+                tmp.unlink()
         except OSError:
-            pass  # alive, another user's
+            pass
 
 
 def _write_cached(entry: Path, prefix: str, x: torch.Tensor, y: torch.Tensor) -> None:
     """Write a cache entry (each file to a temporary name, then renamed; the seal last, so an entry
     with a seal is whole) and drop the same directory's older entries; any ``OSError`` (read-only or
     full disk) leaves the cache as it was."""
-    host = socket.gethostname().replace("-", "_")
     meta: dict[str, dict] = {}
     tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         for name, array in (("labels", y.numpy()), ("images", x.numpy())):
             target = entry.with_suffix(f".{name}.npy")
-            fd, tmp = tempfile.mkstemp(
-                dir=entry.parent, prefix=f".tmp-{host}-{os.getpid()}-", suffix=".npy"
-            )
+            fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-", suffix=".npy")
             with os.fdopen(fd, "wb") as fh:
                 np.save(fh, array, allow_pickle=False)
             os.replace(tmp, target)
