@@ -179,7 +179,7 @@ def test_the_default_detector_detects(tmp_path):
 # Layers, lowest first (docs/design.md): a module imports its own layer and those below, never one
 # above. Every import counts (module level and inside functions; not ``if TYPE_CHECKING:`` blocks).
 LAYERS = ("maths", "core", "methods", "apps", "tools")
-MATHS_TOP = ("sheaf", "models", "data", "topology", "devices", "paper")
+MATHS_TOP = ("sheaf", "models", "data", "topology", "devices", "paper", "integrity")
 
 #: the method names the core must not contain in code (identifiers and string values): every
 #: registered method's name, its unit's folder name, and the words of its class names

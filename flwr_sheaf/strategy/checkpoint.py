@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ..config import ConfigError, config_differences
-from ..integrity import read_checkpoint_file, write_checkpoint_file
+from ..integrity import read_sealed, write_sealed
 from ..protocol import pack_arrays
 from .ledger import RunLedger
 
@@ -42,6 +42,80 @@ __all__ = [
     "checkpoint_path",
     "load_checkpoint",
 ]
+
+#: First line of a server checkpoint (flwr_sheaf.strategy.checkpoint). Files of the old format (a bare
+#: pickle, before the header existed) start with the pickle protocol byte ``0x80`` instead.
+CHECKPOINT_MAGIC = b"flwr-sheaf server checkpoint v1\n"
+_CHECKPOINT_FIX = (
+    "restore the file from a backup, resume from another checkpoint (resume-from), or start the "
+    "run afresh in a new results-dir (or with overwrite=true)"
+)
+
+
+def write_checkpoint_file(path: Path, data: bytes, fmt: int, server_round: int) -> Path:
+    """Write a pickled checkpoint ``data`` sealed (header + SHA-256) and atomically to ``path``.
+
+    Raises:
+        OSError: the directory cannot be written.
+    """
+    return write_sealed(
+        path, CHECKPOINT_MAGIC, {"round": int(server_round), "payload": "pickle"}, data, fmt
+    )
+
+
+def read_checkpoint_file(path: Path, fmt: int) -> dict[str, Any]:
+    """The checkpoint dict in ``path``, after its header and SHA-256 are verified (nothing unpickled before).
+
+    A checkpoint of the old format (a bare pickle, no header) is refused: it cannot be verified,
+    and a truncated or modified one was resumed silently.
+
+    Raises:
+        ConfigError: a file that is not a flwr-sheaf checkpoint, an old-format checkpoint, a truncated or
+            modified file, another format version (the file, what is wrong and the fix named).
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        head = fh.read(len(CHECKPOINT_MAGIC))
+    if head != CHECKPOINT_MAGIC:
+        if not head:
+            raise ConfigError(
+                f"checkpoint {path} is empty (0 bytes: truncated, e.g. a full disk or a killed copy); "
+                f"{_CHECKPOINT_FIX}"
+            )
+        if head[:1] == b"\x80":
+            raise ConfigError(
+                f"checkpoint {path} has the old format (a bare pickle without header and SHA-256, written "
+                f"before flwr-sheaf checked checkpoint integrity): it cannot be verified, so it is not "
+                f"resumed; finish that run with the flwr-sheaf version that wrote it, or start afresh in "
+                f"a new results-dir (or with overwrite=true)"
+            )
+        raise ConfigError(
+            f"checkpoint {path} is not a flwr-sheaf server checkpoint (bad header: it was overwritten "
+            f"by another file); {_CHECKPOINT_FIX}"
+        )
+    try:
+        meta, data = read_sealed(
+            path,
+            CHECKPOINT_MAGIC,
+            fmt,
+            what="flwr-sheaf server checkpoint",
+            error=ConfigError,
+            fix=_CHECKPOINT_FIX,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"checkpoint {exc}") from None
+    assert data is not None, "read_sealed returns the payload (payload=True by default)"
+    ckpt = pickle.loads(data)  # noqa: S301 - verified against its own SHA-256; the run's own file
+    if (
+        not isinstance(ckpt, dict)
+        or ckpt.get("format") != fmt
+        or ckpt.get("round") != meta.get("round")
+    ):
+        raise ConfigError(
+            f"checkpoint {path} is not a flwr-sheaf checkpoint of format {fmt}; {_CHECKPOINT_FIX}"
+        )
+    return ckpt
+
 
 log = logging.getLogger("flwr_sheaf")
 
@@ -114,8 +188,6 @@ def _refuse_other_format(path: Path) -> None:
     """
     import json
     import re
-
-    from ..integrity import CHECKPOINT_MAGIC
 
     try:
         with open(path, "rb") as fh:
