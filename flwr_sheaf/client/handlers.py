@@ -215,7 +215,7 @@ def query_handler(
 
     Sets the message's thread count, resolves its device (a device this machine lacks fails
     discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`). A
-    factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`, the CNN zoo's)
+    factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`)
     answers from it when it agrees with the node's built task (:func:`_describe`).
     A node whose task factory (or its hook) raises :class:`~flwr_sheaf.protocol.OutsideScenarioError`
     (partition-id >= N) while its partition-id is inside the federation (< ``num-partitions``: a
