@@ -411,8 +411,7 @@ def test_a_checkpoint_of_an_older_format_is_refused_as_older_naming_what_to_do(t
 @pytest.mark.parametrize("newer", ["format", "header"])
 def test_a_checkpoint_of_a_newer_format_is_refused_naming_file_format_and_upgrade(tmp_path, newer):
     """Issue 34, case 9 (docs/reliability-locks.md): a checkpoint a newer flwr-sheaf wrote."""
-    from flwr_sheaf.strategy.checkpoint import CHECKPOINT_MAGIC
-    from flwr_sheaf.strategy.checkpoint import FORMAT
+    from flwr_sheaf.strategy.checkpoint import CHECKPOINT_MAGIC, FORMAT
 
     cfg = {**RC, "method": "non-cooperative", "num-server-rounds": 1}
     cfg["results-dir"] = str(tmp_path / "r")
