@@ -132,6 +132,7 @@ def parse_int(lo: int | None = None) -> Callable[[str, Any], int]:
             raise ConfigError(f"{key}={v!r}: must be >= {lo}")
         return out
 
+    parse.declared = {"type": int, "lo": lo}  # type: ignore[attr-defined]
     return parse
 
 
@@ -157,6 +158,7 @@ def parse_float(
             raise ConfigError(f"{key}={v!r}: must be {'<' if hi_open else '<='} {hi}")
         return out
 
+    parse.declared = {"type": float, "lo": lo, "hi": hi}  # type: ignore[attr-defined]
     return parse
 
 
@@ -171,6 +173,9 @@ def parse_bool(key: str, v: Any) -> bool:
     return v
 
 
+parse_bool.declared = {"type": bool}  # type: ignore[attr-defined]
+
+
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the valid choice closest to a mistyped ``value`` (difflib), or ``""``."""
     close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
@@ -182,21 +187,23 @@ def parse_str(
 ) -> Callable[[str, Any], str]:
     """A parser ``parse(key, value) -> str`` for a run-config value (a :class:`Key`'s ``parse``).
 
-    The parser accepts a string, one of ``choices`` when given, and not blank when ``nonempty``.
-    It raises :class:`ConfigError` naming the key and the value (and the allowed choices).
+    The parser accepts a string (returned stripped of surrounding whitespace: every string key
+    strips it), one of ``choices`` when given, and not blank when ``nonempty``. It raises
+    :class:`ConfigError` naming the key and the value (and the allowed choices).
     """
+    one_of = f"one of {list(choices)}" if choices is not None else ""
 
     def parse(key: str, v: Any) -> str:
         if not isinstance(v, str):
-            raise ConfigError(f"{key}={v!r}: expected a string")
-        if choices is not None and v not in choices:
-            raise ConfigError(
-                f"{key}={v!r}: must be one of {list(choices)}{did_you_mean(v, choices)}"
-            )
-        if nonempty and not v.strip():
+            raise ConfigError(f"{key}={v!r}: expected a string{'; ' + one_of if one_of else ''}")
+        text = v.strip()
+        if choices is not None and text not in choices:
+            raise ConfigError(f"{key}={v!r}: must be {one_of}{did_you_mean(text, choices)}")
+        if nonempty and not text:
             raise ConfigError(f"{key}={v!r}: must not be empty")
-        return v
+        return text
 
+    parse.declared = {"type": str, "choices": choices, "nonempty": nonempty}  # type: ignore[attr-defined]
     return parse
 
 
@@ -1212,11 +1219,11 @@ class RunConfig(Section):
         """
         zoo, graph = self.scenario.zoo, self.federation.graph
         n = zoo_size(zoo)
+        check_run_memory(zoo, n)
         try:
             check_graph_scale(graph, n)
         except ValueError as exc:
             raise ConfigError(f"graph={graph!r} on zoo={zoo!r}: {exc}") from None
-        check_run_memory(zoo, n)
         try:
             check_agents_fit(
                 self.scenario.dataset,

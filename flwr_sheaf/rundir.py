@@ -7,7 +7,7 @@
 ``resume-from`` source. :data:`RUN_FILES` declares every file the package reads back from a run's
 directories with its one reader; each reader gives a :class:`~flwr_sheaf.config.ConfigError` naming
 the file for a damaged one. Sealed files (header + SHA-256: server checkpoints, the nodes' state
-files) are written by :func:`write_sealed` and read by :func:`read_sealed`.
+files) are written by :func:`~flwr_sheaf.integrity.write_sealed` and read by :func:`~flwr_sheaf.integrity.read_sealed`.
 
 :func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` once the run config is
 parsed, before any message) is a short list of checks asking it; each refusal names the run-config
@@ -26,7 +26,6 @@ why its lock file is refused): what ``scripts/main.sh`` asks before moving a dir
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import KEYS, ConfigError, RunConfig, config_differences, resume_identity
+from .integrity import read_sealed
 from .locks import LOCK_NAME, DirLock, LockedError, held_by_this_process, live_holder
 from .schema import ResultsFileError, check_results
 
@@ -54,7 +54,6 @@ __all__ = [
     "NoCheckpointError",
     "RunDir",
     "RunFile",
-    "SealedFileError",
     "check_keep_previous",
     "check_node_state_dir",
     "check_writable_dir",
@@ -63,10 +62,8 @@ __all__ = [
     "load_checkpoint",
     "preflight",
     "read_node_state_claim",
-    "read_sealed",
     "recorded_run_config",
     "resolve_dir",
-    "write_sealed",
 ]
 
 log = logging.getLogger("flwr_sheaf")
@@ -81,7 +78,7 @@ PREVIOUS_PREFIX = "previous-"
 #: The name of a folder :meth:`RunDir.move_aside` made (``previous-<UTC time>[-<n>]``).
 _MOVED_ASIDE = re.compile(re.escape(PREVIOUS_PREFIX) + r"\d{8}T\d{6}Z(-\d+)?")
 _STATE_FILE = re.compile(r"^round-\d+\.state$")
-#: First line of a server checkpoint (:func:`write_sealed`). Files of the old
+#: First line of a server checkpoint (:func:`~flwr_sheaf.integrity.write_sealed`). Files of the old
 #: format (a bare pickle, before the header existed) start with the pickle protocol byte ``0x80``.
 CHECKPOINT_MAGIC = b"flwr-sheaf server checkpoint v1\n"
 #: 2: the strategy's rounds and failures live in its ``ledger`` (format 1 held them as ``rounds`` and
@@ -110,85 +107,6 @@ def check_keep_previous(value: Any) -> int:
     return int(KEYS["keep-previous"](value))
 
 
-# ------------------------------------------------------------------------------ sealed files
-# One format for node state files (flwr_sheaf.client.state) and server checkpoints: ``<magic line>``
-# + one JSON metadata line (``format``, the caller's fields, ``payload-bytes``, ``sha256``) + payload.
-
-
-class SealedFileError(ValueError):
-    """A sealed file that must not be used: wrong header or format, truncated or modified payload."""
-
-
-def write_sealed(path: Path, magic: bytes, meta: Mapping[str, Any], data: bytes, fmt: int) -> Path:
-    """Write ``magic`` + metadata line (``format``, ``meta``, size, SHA-256) + ``data`` to ``path`` atomically.
-
-    Raises:
-        OSError: the directory cannot be created or written.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    head = {
-        "format": fmt,
-        **meta,
-        "payload-bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(magic + json.dumps(head, sort_keys=True).encode() + b"\n" + data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def read_sealed(
-    path: Path,
-    magic: bytes,
-    fmt: int,
-    *,
-    payload: bool = True,
-    what: str = "file",
-    error: type[ValueError] = SealedFileError,
-    fix: str = "",
-) -> tuple[dict, bytes | None]:
-    """``(metadata, payload or None)`` of a file written by :func:`write_sealed` (checksum verified).
-
-    Args:
-        what: what the file is, for messages (``"flwr-sheaf node state file"``).
-        error: exception class raised (a ``ValueError`` subclass).
-        fix: what to do, appended to every refusal.
-
-    Raises:
-        error: a bad header, format, metadata, size or SHA-256 (the file named).
-    """
-    tail = f"; {fix}" if fix else ""
-    with open(path, "rb") as fh:
-        if fh.readline() != magic:
-            raise error(f"{path}: not a {what} (bad header){tail}")
-        try:
-            meta = json.loads(fh.readline(65536))
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
-            raise error(f"{path}: corrupted metadata ({exc}){tail}") from None
-        if not isinstance(meta, dict) or meta.get("format") != fmt:
-            got = meta.get("format") if isinstance(meta, dict) else None
-            raise error(f"{path}: format {got!r}, this version reads {fmt}{tail}")
-        data = fh.read() if payload else None
-    if data is not None and (
-        len(data) != meta.get("payload-bytes")
-        or hashlib.sha256(data).hexdigest() != meta.get("sha256")
-    ):
-        raise error(
-            f"{path}: payload is truncated or corrupted ({len(data)} bytes, the header says "
-            f"{meta.get('payload-bytes')}; or the SHA-256 differs from its header){tail}"
-        )
-    return meta, data
-
-
 # ------------------------------------------------------------------------------ readers
 def checkpoint_path(location: str | Path) -> Path:
     """``location`` itself when it names a file, else ``location/checkpoint.pkl``."""
@@ -198,7 +116,7 @@ def checkpoint_path(location: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint dict written by :meth:`~flwr_sheaf.strategy.checkpoint.Checkpointer.save`, after
-    its header, format and SHA-256 are verified (nothing unpickled before; :func:`read_sealed`).
+    its header, format and SHA-256 are verified (nothing unpickled before; :func:`~flwr_sheaf.integrity.read_sealed`).
 
     Raises:
         NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).

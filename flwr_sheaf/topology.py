@@ -27,6 +27,9 @@ __all__ = [
     "build_graph",
     "validate_graph",
     "GRAPH_SPECS",
+    "MAX_GRAPH_EDGES",
+    "edge_count",
+    "check_graph_scale",
 ]
 
 #: Accepted ``spec`` forms of :func:`build_graph` (used in error messages).
@@ -75,11 +78,11 @@ def _check_num_nodes(n: int) -> int:
     return int(n)
 
 
-#: Largest N for which the dense class-overlap graph is built (17,940 edges at 300 agents and density 0.4).
-CLASS_OVERLAP_MAX_NODES = 300
 #: Most agents of ``graph="complete"``: 1,000 agents are 499,500 edges (0.25 s, ~100 MB in networkx;
-#: every directed edge is then evaluated); above, :func:`check_graph_scale` refuses it up front.
+#: every directed edge is then evaluated).
 COMPLETE_MAX_NODES = 1000
+#: Most edges a graph may build (:func:`edge_count`): the complete graph's on ``COMPLETE_MAX_NODES``.
+MAX_GRAPH_EDGES = COMPLETE_MAX_NODES * (COMPLETE_MAX_NODES - 1) // 2
 
 
 #: Most distinct class sets of ``class-overlap-knn`` (its ``S x S`` overlap table: 16.7M int64 at 4096).
@@ -101,8 +104,8 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     Raises:
         ValueError: if ``class_sets`` is empty, a class set is empty (names the agent), ``density``
             is outside (0, 1] (names it), the edge budget is below ``N - 1`` (a spanning tree
-            would not fit; names both numbers), or ``N > CLASS_OVERLAP_MAX_NODES`` (300; the sparse
-            graphs are named).
+            would not fit; names both numbers), or more edges than :data:`MAX_GRAPH_EDGES` to build
+            (:func:`check_graph_scale`; the sparse graphs are named).
     """
     import networkx as nx
 
@@ -477,32 +480,46 @@ def build_graph(
     return graph
 
 
+def edge_count(form: str, params: tuple, n: int, text: str = "") -> tuple[int, str]:
+    """``(edges, formula)``: how many edges building graph ``form`` (with :func:`_parse_graph_spec`'s
+    ``params``, edge list ``text``) on ``n`` agents creates, from these numbers alone (an upper bound:
+    ``class-overlap`` builds all pairs then keeps ``floor(density * pairs)``; ``class-overlap-knn:k``
+    links each agent to ``k`` peers)."""
+    pairs = n * (n - 1) // 2
+    if form == "complete":
+        return pairs, "N (N-1) / 2"
+    if form == "class-overlap":
+        return pairs + math.floor(
+            params[0] * pairs + 1e-9
+        ), "all N (N-1) / 2 pairs + density of them"
+    if form == "class-overlap-knn":
+        k = params[0]
+        return min(n * k + n // (k + 1), pairs), "N k + N / (k + 1) (joins)"
+    if form == "random-regular":
+        return n * params[0] // 2, "N k / 2"
+    if form == "ring":
+        return min(n, pairs), "N"
+    return text.count(",") + 1, "the list's"
+
+
 def check_graph_scale(spec: str, num_nodes: int) -> None:
-    """Refuse, from the spec and ``N`` alone (nothing built), a graph too large to build or evaluate:
-    ``complete`` above :data:`COMPLETE_MAX_NODES` agents, ``class-overlap[:density]`` above
-    :data:`CLASS_OVERLAP_MAX_NODES` (it scans all pairs).
+    """Refuse, from the spec and ``N`` alone (nothing built), a graph that would build more than
+    :data:`MAX_GRAPH_EDGES` edges (:func:`edge_count`, every form against the one cap).
 
     Raises:
-        ValueError: the spec, ``N``, its edge count and the sparse graphs to use instead named.
+        ValueError: the spec, ``N``, its edge count and the sparse graphs to use instead named (or a
+            malformed spec, as :func:`check_graph_spec`).
     """
-    text, n = str(spec).strip(), int(num_nodes)
-    sparse = (
-        "Use a sparse graph: graph='class-overlap-knn:4' (each agent linked to its 4 "
-        "best-overlapping peers), graph='random-regular:4' or graph='ring'"
-    )
-    if text == "complete" and n > COMPLETE_MAX_NODES:
+    form, params = _parse_graph_spec(spec)
+    n = int(num_nodes)
+    edges, formula = edge_count(form, params, n, str(spec))
+    if edges > MAX_GRAPH_EDGES:
         raise ValueError(
-            f"graph='complete' on N={n} agents has N (N-1) / 2 = {n * (n - 1) // 2} edges, each "
-            f"evaluated both ways; it is refused above N={COMPLETE_MAX_NODES}. {sparse}"
-        )
-    if (
-        text == "class-overlap" or text.startswith("class-overlap:")
-    ) and n > CLASS_OVERLAP_MAX_NODES:
-        density = 0.4 if ":" not in text else _density(spec, text.split(":", 1)[1].strip())
-        raise ValueError(
-            f"graph={text!r} on N={n} agents: its edge budget grows as density * N (N-1) / 2 "
-            f"({math.floor(density * n * (n - 1) / 2 + 1e-9)} edges here) and building it scans "
-            f"all pairs; it is refused above N={CLASS_OVERLAP_MAX_NODES}. {sparse}"
+            f"graph={str(spec).strip()!r} on N={n} agents builds {formula} = {edges} edges, each "
+            f"evaluated both ways; more than {MAX_GRAPH_EDGES} (the complete graph on "
+            f"{COMPLETE_MAX_NODES} agents) are refused. Use a sparse graph: "
+            "graph='class-overlap-knn:4' (each agent linked to its 4 best-overlapping peers), "
+            "graph='random-regular:4' or graph='ring'"
         )
 
 

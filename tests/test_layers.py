@@ -180,10 +180,10 @@ def test_the_default_detector_detects(tmp_path):
 # above. Every import counts: module level, inside functions and under ``if TYPE_CHECKING:`` (a
 # helper that needs a type from above takes a narrow Protocol of its own instead).
 LAYERS = ("maths", "base", "config", "core", "methods", "apps", "tools")
-MATHS_TOP = ("sheaf", "models", "data", "topology", "devices", "paper")
-#: below the run config: the message protocol, sealed files, error hints, participation draws and
+MATHS_TOP = ("sheaf", "models", "data", "topology", "devices", "paper", "integrity")
+#: below the run config: the message protocol, error hints, participation draws and
 #: the engine/in-process grid helpers (they import nothing of the package but maths)
-BASE_TOP = ("protocol", "integrity", "hints", "participation", "engine", "testing")
+BASE_TOP = ("protocol", "hints", "participation", "engine", "testing")
 
 #: the method names the core must not contain in code (identifiers and string values): every
 #: registered method's name, its unit's folder name, and the words of its class names

@@ -640,19 +640,21 @@ def test_a_run_in_which_no_round_draws_a_node_ends_failed(tmp_path, rc):
     assert "the run FAILED" in logged and why in logged
 
 
-def test_a_run_in_which_most_rounds_draw_nobody_is_degraded_and_says_so(tmp_path):
+@pytest.mark.parametrize("drawn", [(False, True, False), (True, False, True)])
+def test_a_run_in_which_a_round_draws_nobody_is_degraded_and_says_so(tmp_path, drawn):
+    # before: one such round of three left the run completed, with nothing said
     p, rounds = 0.2, 3
-    seed = next(  # rounds 1 and 3 draw nobody, round 2 draws somebody
+    seed = next(  # the rounds of `drawn` draw somebody, the others nobody
         sd
         for sd in range(1000)
-        if [bool(bernoulli_participation([p] * 3, t, sd).any()) for t in (1, 2, 3)]
-        == [False, True, False]
+        if tuple(bool(bernoulli_participation([p] * 3, t, sd).any()) for t in (1, 2, 3)) == drawn
     )
     rc = {**TINY_APP, "participation": str(p), "num-server-rounds": rounds, "seed": seed}
     res, err, logged = _app_run(tmp_path, "most", **rc)
-    assert err is None and [r["num_sampled"] == 0 for r in res["rounds"]] == [True, False, True]
-    assert res["status"] == "degraded" and res["degradation"]["rounds_drawing_nobody"] == [1, 3]
-    line = "2 of 3 rounds drew no node to train (rounds [1, 3])"
+    empty = [t for t in (1, 2, 3) if not drawn[t - 1]]
+    assert err is None and [r["num_sampled"] == 0 for r in res["rounds"]] == [not d for d in drawn]
+    assert res["status"] == "degraded" and res["degradation"]["rounds_drawing_nobody"] == empty
+    line = f"{len(empty)} of 3 rounds drew no node to train (rounds {empty})"
     assert any(line in x for x in res["degradation"]["problems"])
     assert "DEGRADED" in logged and line in logged
     from flwr_sheaf.report import summary_lines

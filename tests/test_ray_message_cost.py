@@ -207,100 +207,99 @@ def test_a_discovery_query_leaves_the_nodes_context_as_it_found_it():
         assert len(pickle.dumps(context)) == len(pickle.dumps(grid.fresh_context(i)))
 
 
-@pytest.mark.parametrize(
-    "zoo,partitioner",
-    [("paper-15", "label-shift"), ("two-agent:8", "label-shift"), ("tiny-12", "cross-device")],
-)
-def test_the_zoo_describes_each_node_without_building_it_as_its_built_model_does(zoo, partitioner):
-    """Discovery's description of a CNN-zoo node comes from its zoo spec and data (the factory's
-    description hook), and is what the built task says, for every agent of every zoo form."""
-    from flwr_sheaf.apps.scenario import scenario_description, scenario_task
-    from flwr_sheaf.client.common import shared_pilot_digest
-    from flwr_sheaf.config import ScenarioConfig
+def _query_all(app, n: int, rc: dict) -> dict[int, str]:
+    """``{partition-id: error reason}`` of the nodes whose discovery query failed."""
+    from flwr_sheaf.testing import LocalGrid
+
+    grid = LocalGrid(app, n, run_config=rc)
+    msgs = [
+        Message(
+            RecordDict({CONFIG: ConfigRecord({TORCH_THREADS: 1, DEVICE: "cpu"})}),
+            dst_node_id=node,
+            message_type=message_type(QUERY, "sheaf"),
+        )
+        for node in grid.node_ids
+    ]
+    return {
+        int(grid.contexts[r.metadata.src_node_id].node_config["partition-id"]): r.error.reason
+        for r in grid.send_and_receive(msgs, timeout=5)
+        if r.has_error()
+    }
+
+
+def test_discovery_checks_a_description_hook_of_every_node_against_its_built_task():
+    from flwr_sheaf.apps import scenario
+    from flwr_sheaf.client.handlers import describe_task
+    from flwr_sheaf.client.task import describer_of, with_describer
     from flwr_sheaf.models.zoo import zoo_specs
 
-    sc = ScenarioConfig.from_mapping(
-        {"zoo": zoo, "num-pilots": 32, "seed": 5, "partitioner": partitioner}
-    )
-    specs = {}
-    for p in range(len(zoo_specs(zoo))):
-        desc = scenario_description(sc, p)
-        task = scenario_task(sc, p)
-        z = task.model.latent(task.x_pilot[:2])  # the built model's latent width
-        built = (
-            int(z.shape[1]),
-            tuple(int(c) for c in task.classes),
-            int(task.x_pilot.shape[0]),
-            int(task.x_train.shape[0]),
-            shared_pilot_digest(task.x_pilot),
-        )
-        got = (desc.d, desc.classes, desc.num_pilots, desc.num_train, desc.pilot_digest)
-        assert got == built, f"{zoo} partition-id {p}"
-        # one architecture key per distinct model: same key, same modules
-        arch = (repr(task.model), tuple(v.shape for v in task.model.state_dict().values()))
-        assert specs.setdefault(desc.architecture, arch) == arch, f"{zoo} partition-id {p}"
+    rc = {"zoo": "tiny-12", "num-pilots": 32, "seed": 3}
+    sc = scenario.ScenarioConfig.from_mapping(rc)
+    tasks = [scenario.scenario_task(sc, p) for p in range(12)]
+    truth = [describe_task(t, "cnn") for t in tasks]
+    pid = lambda c: int(c.node_config["partition-id"])  # noqa: E731
+
+    def truthful(context):
+        return truth[pid(context)]
+
+    def lying(context):
+        return dataclasses.replace(truth[pid(context)], num_train=1)
+
+    # right about d, wrong about the class set of the nodes after the first of their architecture
+    # (tiny-<N> cycles 5): before, trusted, and the run completed on another graph
+    def other_classes(context):
+        desc = truth[pid(context)]
+        return desc if pid(context) < 5 else dataclasses.replace(desc, classes=(9,))
+
+    def node0(context):  # before: trusted; training failed on a pilot matrix of another width
+        return truth[0]
+
+    d = [s.d for s in zoo_specs("tiny-12")]
+    for hook, why in (
+        (truthful, {}),
+        (lying, {p: "num_train" for p in range(12)}),
+        (other_classes, {p: "classes" for p in range(5, 12)}),
+        (node0, {p: "d" if d[p] != d[0] else "" for p in range(1, 12)}),
+    ):
+        app = ClientApp()
+        factory = with_describer(lambda c: scenario.cnn_task_factory(c), hook)
+        register_sheaf_handlers(app, factory)
+        assert describer_of(factory) is hook
+        failed = _query_all(app, 12, rc)
+        assert set(failed) == set(why), hook.__name__
+        for p, field in why.items():
+            msg = failed[p]
+            assert f"partition-id {p}: the task factory's description hook " in msg
+            assert f"{hook.__qualname__!r}" in msg
+            differ = msg.split("they differ in ")[1].split(")")[0].split(", ")
+            assert field in differ if field else differ
 
 
-def test_discovery_builds_one_cnn_per_architecture_and_refuses_a_hook_that_disagrees(monkeypatch):
+def test_a_wrapper_of_a_factory_with_a_hook_does_not_inherit_it():
+    # a wrapper that changes one node's task does not inherit the hook through functools.wraps:
+    # its nodes are described from their built tasks (review)
     from flwr_sheaf.apps import scenario
-    from flwr_sheaf.client import handlers
+    from flwr_sheaf.client.handlers import describe_task
     from flwr_sheaf.client.task import describer_of, with_describer
     from flwr_sheaf.config import FederationConfig
     from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
     from flwr_sheaf.testing import LocalGrid
 
-    assert describer_of(scenario.cnn_task_factory) is scenario.cnn_task_description
-    monkeypatch.setattr(handlers, "_DESCRIBED_CHECKED", {})
-    built = []
-    real = scenario.build_agent
-    monkeypatch.setattr(scenario, "build_agent", lambda *a, **k: built.append(1) or real(*a, **k))
-    rc = {"zoo": "tiny-12", "num-pilots": 32, "seed": 3}
-    grid = LocalGrid(bundled_app, 12, run_config=rc)
-    strategy = SheafFRL(num_nodes=12, federation=FederationConfig(graph="ring", seed=3))
-    strategy.discover(grid, timeout=5)
-    assert len(strategy.nodes) == 12
-    assert len(built) == 5  # tiny-<N> cycles 5 architectures: one CNN each, not one per node
-    # every node's reported latent size is its built model's
-    sc = scenario.ScenarioConfig.from_mapping(rc)
-    for node in strategy.nodes.values():
-        task = scenario.scenario_task(sc, node.info.partition_id)
-        assert (node.d, node.info.num_examples) == (task.model.d, task.x_train.shape[0])
-
-    def lying(context):
-        return dataclasses.replace(scenario.cnn_task_description(context), num_train=1)
-
     def factory(context):
         return scenario.cnn_task_factory(context)
 
-    # the same process, whose truthful hook already checked these architectures: a hook (or a
-    # factory) of its own is checked again, not trusted on the other's key (review)
-    app = ClientApp()
-    register_sheaf_handlers(app, with_describer(factory, lying))
-    grid = LocalGrid(app, 2, run_config=rc)
-    msgs = [
-        Message(
-            RecordDict({CONFIG: ConfigRecord({TORCH_THREADS: 1, DEVICE: "cpu"})}),
-            dst_node_id=n,
-            message_type=message_type(QUERY, "sheaf"),
-        )
-        for n in grid.node_ids
-    ]
-    replies = list(grid.send_and_receive(msgs, timeout=5))
-    assert len(replies) == 2 and all(r.has_error() for r in replies)
-    assert "partition-id 0: the task factory's describe hook says" in replies[0].error.reason
+    with_describer(factory, lambda c: describe_task(factory(c)))
 
-    # a wrapper that changes one node's task (partition-id 6, whose architecture partition-id 1
-    # already checked) does not inherit the zoo's hook through functools.wraps: its nodes are
-    # described from their built tasks (review)
-    @functools.wraps(scenario.cnn_task_factory)
+    @functools.wraps(factory)
     def fewer(context):
-        task = scenario.cnn_task_factory(context)
+        task = factory(context)
         if int(context.node_config["partition-id"]) == 6:
             task = dataclasses.replace(task, x_train=task.x_train[:5], y_train=task.y_train[:5])
         return task
 
-    assert describer_of(fewer) is None
-    assert describer_of(scenario.cnn_task_factory) is scenario.cnn_task_description
+    assert describer_of(fewer) is None and describer_of(factory) is not None
+    rc = {"zoo": "tiny-12", "num-pilots": 32, "seed": 3}
+    sc = scenario.ScenarioConfig.from_mapping(rc)
     app = ClientApp()
     register_sheaf_handlers(app, fewer)
     grid = LocalGrid(app, 7, run_config=rc)

@@ -411,6 +411,25 @@ def test_copy_and_deepcopy_of_the_app_are_copies(tmp_path, monkeypatch):
     assert pickle.loads(pickle.dumps(mod.app)) is mod.app
 
 
+def test_a_module_level_copy_of_the_app_travels_by_reference_and_any_other_copy_warns(
+    tmp_path, monkeypatch, caplog
+):
+    # before: `app2 = copy.deepcopy(app)` at module level pickled by value (55.6 KB a message of the
+    # bundled app) with no warning
+    body = AT_IMPORT + "\nimport copy\ncopied = copy.deepcopy(app)\nshallow = copy.copy(app)\n"
+    mod = _app_module(tmp_path, "fs_case7_copies", body, monkeypatch)
+    blobs = {name: cloudpickle.dumps(getattr(mod, name)) for name in ("copied", "shallow")}
+    for name, blob in blobs.items():
+        assert len(blob) < 500 and b"fs_case7_copies" in blob  # module and name, not the handlers
+        worker = _as_a_worker(blob, "fs_case7_copies", tmp_path, monkeypatch, importable=True)
+        assert worker is vars(sys.modules["fs_case7_copies"])[name]
+        assert set(worker._registered_funcs) == {"query.mine"}
+    with caplog.at_level("WARNING", logger="flwr_sheaf"):
+        later = copy.deepcopy(mod.app)  # inside a function: no module global, pickled by value
+        cloudpickle.dumps(later)
+    assert "this ClientApp is not a module-level object" in caplog.text
+
+
 # ------------------------------------------------------------ the shared-machine recipe (docs)
 
 
@@ -423,12 +442,11 @@ def _ended(pid: int) -> bool:
 
 
 def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
-    # the other cluster's temp dir extends this one's name: a prefix match would stop it too
-    mine, other = tmp_path / "ray-a", tmp_path / "ray-ab"
-    mine.mkdir()
-    other.mkdir()
-    for d in (mine, other):
-        (d / "session_latest").mkdir()  # what `ray start --temp-dir` makes
+    # the other clusters' temp dirs extend this one's name (ray-ab) or lie inside it (ray-a/node2):
+    # a prefix match would stop them too
+    mine, other, nested = tmp_path / "ray-a", tmp_path / "ray-ab", tmp_path / "ray-a" / "node2"
+    for d in (mine, other, nested):
+        (d / "session_latest").mkdir(parents=True)  # what `ray start --temp-dir` makes
     (mine / "ray_current_cluster").write_text("127.0.0.1:1")
     # a stand-in raylet: a program under a ray/ directory, naming its temp dir, with a "worker"
     raylet = tmp_path / "site" / "ray" / "raylet.py"
@@ -439,7 +457,10 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
         "time.sleep(60)\n"
     )
     procs = [
-        subprocess.Popen([sys.executable, str(raylet), f"--temp-dir={d}"]) for d in (mine, other)
+        subprocess.Popen(
+            [sys.executable, str(raylet), f"--temp-dir={d}", f"--log-dir={d}/session_1"]
+        )
+        for d in (mine, other, nested)
     ]
     # a process of this user that names the temp dir but is no Ray process (a `tail` of a log)
     bystander = subprocess.Popen(
@@ -462,7 +483,7 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
         )
         assert out.returncode == 0 and f"stopped 2 Ray process(es) of {mine}" in out.stdout
         assert procs[0].wait(timeout=10) is not None and _ended(child)
-        assert procs[1].poll() is None  # another cluster's process: untouched
+        assert procs[1].poll() is None and procs[2].poll() is None  # other clusters': untouched
         assert bystander.poll() is None  # not a Ray process: untouched
         empty = tmp_path / "not-a-ray-dir"
         empty.mkdir()
@@ -479,7 +500,26 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
-        assert ray_cluster.stop_cluster(other)[1] == []
+        assert (
+            ray_cluster.stop_cluster(other)[1] == [] and ray_cluster.stop_cluster(nested)[1] == []
+        )
+
+
+def test_free_ports_are_bindable_outside_the_ephemeral_range_and_bounded(capsys):
+    # before: ports from bind(0), i.e. inside the range an outgoing connection may take, and
+    # `free-ports 70000` ended in OSError: Too many open files
+    lo, hi = ray_cluster._ephemeral_range()
+    ports = ray_cluster.free_ports(40)
+    assert len(set(ports)) == 40 and all(1024 <= p <= 65535 and not lo <= p <= hi for p in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("", port))  # raises if taken
+    for n in (0, ray_cluster.MAX_FREE_PORTS + 1, 70000):
+        assert ray_cluster.main(["free-ports", str(n)]) == 2
+        assert (
+            f"free-ports {n}: ask for 1 to {ray_cluster.MAX_FREE_PORTS} ports"
+            in capsys.readouterr().err
+        )
 
 
 def test_the_stop_tool_refuses_rays_shared_default_temp_dir(tmp_path, monkeypatch, capsys):

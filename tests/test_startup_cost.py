@@ -11,11 +11,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from oracles.idx_files import write_idx
 
 from flwr_sheaf.data import sources
@@ -60,7 +64,7 @@ def test_cached_arrays_equal_the_decoded_ones_bit_for_bit(tmp_path, monkeypatch)
     assert not cache.exists()
     first = sources._load_idx_dir(str(tmp_path / "data"), str(cache))  # miss: decodes, writes
     names = _entries(cache)
-    assert len(names) == 2 and {n.rsplit(".", 2)[1] for n in names} == {"images", "labels"}
+    assert [n.split(".", 1)[1] for n in names] == ["images.npy", "labels.npy", "seal"]
     clear_source_cache()
     monkeypatch.setattr(sources, "read_idx_file", _no_decoding)
     cached = sources._load_idx_dir(str(tmp_path / "data"), str(cache))  # hit: memory-mapped
@@ -90,7 +94,7 @@ def test_a_changed_source_file_misses_the_cache_and_replaces_its_entry(tmp_path)
     want = torch.from_numpy(raw_x.reshape(7, 1, 28, 28).astype(np.float32) / np.float32(255))
     assert torch.equal(after.view(torch.int32), want.view(torch.int32))
     new = _entries(cache)
-    assert len(new) == 2 and not set(new) & set(old)  # the stale entry was removed
+    assert len(new) == 3 and not set(new) & set(old)  # the stale entry was removed
 
 
 def test_an_unwritable_cache_dir_falls_back_to_decoding(tmp_path):
@@ -128,6 +132,99 @@ def test_a_broken_cache_entry_is_decoded_again_and_rewritten(tmp_path):
     assert images.stat().st_size > 7 * 784 * 4  # rewritten whole
 
 
+def _damage(kind: str, entry: Path, cut: int) -> None:
+    """Damage cache ``entry`` (its path without suffixes) the way ``kind`` says."""
+    images, labels = entry.with_suffix(".images.npy"), entry.with_suffix(".labels.npy")
+    x, y = np.load(images), np.load(labels)
+    if kind == "truncated":
+        images.write_bytes(images.read_bytes()[: cut % images.stat().st_size])
+    elif kind == "empty":
+        labels.write_bytes(b"")
+    elif kind == "permuted labels":
+        np.save(labels, np.roll(y, 1 + cut % (len(y) - 1)))
+    elif kind == "labels of 42":
+        np.save(labels, np.full_like(y, 42))
+    elif kind == "NaN images":
+        np.save(images, np.full_like(x, np.nan))
+    elif kind == "wrong dtype":
+        np.save(images, x.astype(np.float64))
+    elif kind == "wrong shape":
+        np.save(images, x.reshape(len(x), -1))
+    elif kind == "a link":
+        copy = entry.parent.parent / "elsewhere.npy"
+        copy.write_bytes(images.read_bytes())
+        images.unlink()
+        images.symlink_to(copy)
+    elif kind == "garbage seal":
+        entry.with_suffix(".seal").write_bytes(b"\x00" * cut)
+
+
+DAMAGES = (
+    "truncated",
+    "empty",
+    "permuted labels",
+    "labels of 42",
+    "NaN images",
+    "wrong dtype",
+    "wrong shape",
+    "a link",
+    "garbage seal",
+)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(DAMAGES), cut=st.integers(0, 10_000))
+def test_a_damaged_cache_entry_is_named_removed_and_decoded_again(kind, cut, caplog):
+    """Whatever the damage, the run gets the decoded arrays bit for bit and a warning names the entry."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root, cache = Path(tmp) / "data", Path(tmp) / "cache"
+        raw_x, raw_y = _idx_dir(root, seed=cut)
+        want = torch.from_numpy(raw_x.reshape(7, 1, 28, 28).astype(np.float32) / np.float32(255))
+        sources._load_idx_dir(str(root), str(cache))
+        clear_source_cache()
+        entry = cache / next(iter(_entries(cache))).split(".", 1)[0]
+        _damage(kind, entry, cut)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="flwr_sheaf"):
+            x, y = sources._load_idx_dir(str(root), str(cache))
+        assert torch.equal(x.view(torch.int32), want.view(torch.int32))
+        assert torch.equal(y, torch.from_numpy(raw_y.astype(np.int64)))
+        assert f"decoded-data cache entry {entry}.* is damaged" in caplog.text
+        assert "removed, the dataset is decoded again" in caplog.text
+        # rewritten whole: the next process reads it without decoding
+        assert [n.split(".", 1)[1] for n in _entries(cache)] == ["images.npy", "labels.npy", "seal"]
+        assert not entry.with_suffix(".images.npy").is_symlink()
+        clear_source_cache()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sources, "read_idx_file", _no_decoding)
+            assert torch.equal(sources._load_idx_dir(str(root), str(cache))[1], y)
+        clear_source_cache()
+
+
+def test_temp_files_of_dead_writers_are_removed(tmp_path):
+    # before: a loader killed mid-write left its temp file (38-220 MB) for ever
+    _idx_dir(tmp_path / "data")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    killed, writing = cache / ".tmp-abc123.npy", cache / ".tmp-def456.npy"
+    for path in (killed, writing):
+        path.write_bytes(b"\x93NUMPY partial")
+    hour_ago = time.time() - 3601
+    os.utime(killed, (hour_ago, hour_ago))  # untouched for an hour: its writer is gone
+    sources._load_idx_dir(str(tmp_path / "data"), str(cache))
+    assert not killed.exists() and writing.exists()
+
+
+def test_a_cache_dir_env_naming_a_file_is_refused(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("FLWR_SHEAF_CACHE_DIR", str(blocker))
+    with pytest.raises(
+        ValueError, match=r"FLWR_SHEAF_CACHE_DIR='.*a-file' is not a directory.*'off'"
+    ):
+        decoded_cache_dir()
+
+
 def test_named_datasets_use_the_cache_dir_from_the_environment(tmp_path, monkeypatch):
     from flwr_sheaf.data import catalog
 
@@ -139,7 +236,7 @@ def test_named_datasets_use_the_cache_dir_from_the_environment(tmp_path, monkeyp
     monkeypatch.setenv("FLWR_SHEAF_CACHE_DIR", str(tmp_path / "cache"))
     assert decoded_cache_dir() == tmp_path / "cache"
     load_source("fashion-mnist")
-    assert len(_entries(tmp_path / "cache")) == 2
+    assert len(_entries(tmp_path / "cache")) == 3
     clear_source_cache()
     monkeypatch.setattr(sources, "read_idx_file", _no_decoding)
     x, _ = load_source("fashion-mnist")

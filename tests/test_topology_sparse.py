@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flwr_sheaf.models.zoo import zoo_specs
 from flwr_sheaf.paper import PAPER_CLASS_SETS_15
@@ -97,20 +101,85 @@ def test_sparse_graph_build_is_fast_at_one_thousand_agents():
 
 
 def test_dense_class_overlap_graph_is_refused_for_many_agents_with_the_sparse_ones_named():
-    from flwr_sheaf.topology import CLASS_OVERLAP_MAX_NODES, build_graph
+    from flwr_sheaf.topology import MAX_GRAPH_EDGES, build_graph
 
-    n = CLASS_OVERLAP_MAX_NODES + 1
+    # class-overlap builds all pairs, then keeps floor(0.4 * pairs): 1.4 pairs <= the cap up to N=845
+    n = 846
+    assert 1.4 * n * (n - 1) / 2 > MAX_GRAPH_EDGES >= 1.4 * (n - 1) * (n - 2) / 2
     cs = [s.classes for s in zoo_specs(f"tiny-{n}")]
     with pytest.raises(
         ValueError,
-        match=rf"N={n} agents.*refused above N={CLASS_OVERLAP_MAX_NODES}.*"
+        match=rf"N={n} agents builds .* = 500409 edges.*more than {MAX_GRAPH_EDGES} .* refused.*"
         r"class-overlap-knn:4.*random-regular:4.*ring",
     ):
         build_graph("class-overlap", n, cs)
-    assert (
-        build_graph("class-overlap", CLASS_OVERLAP_MAX_NODES, cs[:-1]).number_of_nodes()
-        == CLASS_OVERLAP_MAX_NODES
-    )
+    assert build_graph("class-overlap", 40, cs[:40]).number_of_nodes() == 40
+
+
+#: Each form with parameters and an N whose edges pass the cap; the dense ones spelled as k = N - 1.
+TOO_LARGE = [
+    ("complete", 1001),
+    ("class-overlap", 846),
+    ("class-overlap:1", 708),
+    ("random-regular:1999", 2000),
+    ("class-overlap-knn:1999", 2000),
+    ("random-regular:1000", 1000),
+]
+
+
+@pytest.mark.parametrize("spec, n", TOO_LARGE)
+def test_every_dense_graph_is_refused_from_its_parameters_before_it_is_built(monkeypatch, spec, n):
+    # before: random-regular:1999 on 2,000 agents built for 150 s and 1.4 GiB, class-overlap-knn:1999
+    # 39 s / 1.6 GiB, while complete on 1,001 agents was refused at once
+    import networkx as nx
+
+    from flwr_sheaf import topology
+    from flwr_sheaf.topology import MAX_GRAPH_EDGES, build_graph
+
+    def built(*a, **k):
+        raise AssertionError("the graph was built before the refusal")
+
+    for name in ("random_regular_graph", "complete_graph", "Graph"):
+        monkeypatch.setattr(nx, name, built)
+    monkeypatch.setattr(topology, "_class_matrix", built)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"more than {MAX_GRAPH_EDGES} .*refused.*ring"):
+        build_graph(spec, n, [[0, 1]] * n)
+    assert time.perf_counter() - t0 < 0.5
+
+
+@given(
+    form=st.sampled_from(
+        ["complete", "ring", "random-regular", "class-overlap-knn", "class-overlap"]
+    ),
+    n=st.integers(2, 40),
+    k=st.integers(1, 39),
+    density=st.sampled_from([0.2, 0.4, 0.7, 1.0]),
+    seed=st.integers(0, 5),
+)
+def test_the_edge_estimate_bounds_the_graph_built(form, n, k, density, seed):
+    from flwr_sheaf.topology import _parse_graph_spec, build_graph, edge_count
+
+    k = min(k, n - 1)
+    spec = {
+        "random-regular": f"random-regular:{k}:{seed}",
+        "class-overlap-knn": f"class-overlap-knn:{k}:{seed}",
+        "class-overlap": f"class-overlap:{density}",
+    }.get(form, form)
+    rng = np.random.default_rng(seed)
+    sets = [sorted(rng.choice(10, size=3, replace=False).tolist()) for _ in range(n)]
+    try:
+        graph = build_graph(spec, n, sets)
+    except ValueError as exc:  # odd N k, a matching, a budget below a tree: refused by the builder
+        assert "random-regular" in str(exc) or "edge budget" in str(exc)
+        return
+    edges, _ = edge_count(*_parse_graph_spec(spec), n)
+    pairs = n * (n - 1) // 2
+    exact = {"complete": pairs, "ring": min(n, pairs), "random-regular": n * k // 2}
+    if form in exact:
+        assert graph.number_of_edges() == edges == exact[form]
+    else:  # knn: each agent adds <= k edges, + joins; class-overlap: all pairs built, a share kept
+        assert graph.number_of_edges() <= edges
 
 
 def _brute_force_joins(edges, cs, n):
@@ -218,7 +287,7 @@ def test_dense_graph_on_a_huge_zoo_is_refused_at_once_with_bounded_memory(graph)
 
     tracemalloc.start()
     t0 = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"graph=.*N=100000.*refused above.*class-overlap-knn:4"):
+    with pytest.raises(ConfigError, match=r"graph=.*N=100000.*refused.*class-overlap-knn:4"):
         RunConfig.from_run_config({"zoo": "tiny-100000", "graph": graph})  # parsing checks it
     seconds = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]

@@ -12,7 +12,7 @@ import re
 from flwr.app import Context
 
 from ..client.common import shared_pilot_digest
-from ..client.task import LocalTask, TaskDescription, with_describer
+from ..client.task import LocalTask
 from ..config import ConfigError, RunConfig, ScenarioConfig, apply_preset, node_partition_id
 from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_agents, prepare_split
 from ..data.sources import register_derived_cache
@@ -26,8 +26,6 @@ __all__ = [
     "scenario_task",
     "cnn_task_factory",
     "node_partition_id",
-    "cnn_task_description",
-    "scenario_description",
     "check_scenario",
     "scenario_node_infos",
     "sampled_discovery",
@@ -85,38 +83,6 @@ def _agent_spec(scenario: ScenarioConfig, partition_id: int) -> AgentSpec:
             f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
         )
     return specs[partition_id]
-
-
-def scenario_description(scenario: ScenarioConfig, partition_id: int) -> TaskDescription:
-    """What :func:`scenario_task` of ``partition_id`` reports at discovery, from its zoo spec and its
-    (cached) data, without building its CNN: ``d`` of the spec (the encoder's last width), the data's
-    class set, pilot count, training-split size and pilot digest; ``architecture`` is the spec's
-    channels, head widths and dropout, the whitening's shrinkage and eps and the pilots' shape and
-    dtype (what the stalk check's outcome depends on).
-
-    Raises:
-        OutsideScenarioError: partition-id >= N for the zoo (named, with N; a ``ValueError``).
-        ValueError: a negative partition-id.
-    """
-    spec = _agent_spec(scenario, partition_id)
-    data = _agent_data(_data_key(scenario), partition_id)
-    return TaskDescription(
-        int(spec.d),
-        tuple(int(c) for c in data.classes),
-        int(data.x_pilot.shape[0]),
-        int(data.x_train.shape[0]),
-        shared_pilot_digest(data.x_pilot),
-        (
-            "cnn-zoo",
-            spec.channels,
-            spec.hidden,
-            spec.dropout,
-            scenario.whitening_shrinkage,
-            scenario.whitening_eps,
-            tuple(data.x_pilot.shape),
-            data.x_pilot.dtype,
-        ),
-    )
 
 
 #: ``(dataset, zoo, shift, seed, num-pilots or None, partitioner)``: what an agent's data depends on
@@ -226,22 +192,6 @@ def cnn_task_factory(context: Context) -> LocalTask:
     return scenario_task(
         ScenarioConfig.from_mapping(apply_preset(context.run_config)), node_partition_id(context)
     )
-
-
-def cnn_task_description(context: Context) -> TaskDescription:
-    """The description hook of :func:`cnn_task_factory` (:func:`scenario_description` of the node):
-    discovery's ``query`` answers from it without building the node's CNN.
-
-    Raises:
-        ConfigError / ValueError: as :func:`cnn_task_factory`.
-    """
-    return scenario_description(
-        ScenarioConfig.from_mapping(apply_preset(context.run_config)),
-        node_partition_id(context),
-    )
-
-
-with_describer(cnn_task_factory, cnn_task_description)
 
 
 def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[int, NodeInfo]:

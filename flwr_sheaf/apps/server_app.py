@@ -69,6 +69,19 @@ APP_SECTION_KEYS = frozenset(
 )
 
 
+#: Keys of the app's federation section that only the per-round client evaluation reads.
+_CLIENT_EVALUATION_KEYS = frozenset(
+    (
+        "evaluate-every",
+        "fraction-evaluate",
+        "evaluate-nodes",
+        "non-edge-pairs",
+        "diagnostics-eigenvalues",
+        "posthoc-readings",
+    )
+)
+
+
 def _code_names(code: CodeType) -> set[str]:
     """Global names a code object and the functions nested in it refer to."""
     names = set(code.co_names)
@@ -152,6 +165,12 @@ def run_config_warnings(
             f"{key}={changed[key]!r} (default {default!r}) is not read by method={config.method!r} "
             f"and is ignored; {where}"
         )
+    if getattr(strategy, "evaluation", True) is None:  # a method without client evaluation
+        for key in sorted(set(changed) & _CLIENT_EVALUATION_KEYS):
+            out.append(
+                f"{key}={changed[key]!r} (default {KEYS[key].default!r}) is not read by "
+                f"method={config.method!r} and is ignored: the method evaluates no node; drop {key}"
+            )
     trackers = {t.strip() for t in config.tracking.split(",") if t.strip()}
     for key, tracker in _TRACKER_KEYS.items():
         if key not in changed:

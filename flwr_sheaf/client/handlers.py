@@ -39,7 +39,6 @@ from .method import ClientMethod
 from .reference import travel_by_reference
 from .task import (
     LocalTask,
-    TaskDescriber,
     TaskDescription,
     TaskFactory,
     describer_of,
@@ -165,9 +164,8 @@ def query_handler(
 
     Sets the message's thread count, resolves its device (a device this machine lacks fails
     discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`). A
-    factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`, the CNN zoo's)
-    describes the node without building its model; the model is built and checked for the first node
-    of each architecture (for each factory and hook) in the process (:func:`_describe`).
+    factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`)
+    answers from it when it agrees with the node's built task (:func:`_describe`).
     A node whose task factory (or its hook) raises :class:`~flwr_sheaf.protocol.OutsideScenarioError`
     (partition-id >= N) while its partition-id is inside the federation (< ``num-partitions``: a
     spare SuperNode) replies a NodeInfo with ``d = 0`` naming its partition-id, so that discovery
@@ -222,41 +220,31 @@ def describe_task(task: LocalTask, architecture: Hashable = None) -> TaskDescrip
     )
 
 
-#: ``(id(factory), id(hook), architecture)`` whose built model passed the stalk check and agreed
-#: with the hook in this process (the values keep both alive, so the ids stay theirs): another
-#: factory or hook (a wrapper carrying the CNN zoo's hook through ``functools.wraps``, a hook of its
-#: own with the same key) is checked again, never trusted on the key alone.
-_DESCRIBED_CHECKED: dict[tuple[int, int, Hashable], tuple[TaskFactory, TaskDescriber]] = {}
-
-
 def _describe(factory: TaskFactory, context: Context, partition_id: int) -> TaskDescription:
-    """The node's description: from the factory's hook (:func:`~flwr_sheaf.client.task.describer_of`)
-    without building the model, except for the first node of each architecture, factory and hook in
-    this process, whose task is built, stalk-checked and compared with the hook's answer; without a
-    hook, from the built task (:func:`check_stalk_protocol_once`).
+    """The node's description, from its built task (stalk-checked once per architecture in this
+    process, :func:`check_stalk_protocol_once`). A description hook attached to the factory
+    (:func:`~flwr_sheaf.client.task.describer_of`) must say the same for every node: the graph is
+    built from its ``d`` and class set.
 
     Raises:
         ValueError: the stalk check failed, or the hook's description differs from the built task's
-            (both named, with the partition-id).
+            (the hook, both descriptions, the fields that differ and the partition-id named).
     """
     describe = describer_of(factory)
+    task = factory(context)
+    check_stalk_protocol_once(task, partition_id)
     if describe is None:
-        task = factory(context)
-        check_stalk_protocol_once(task, partition_id)
         return describe_task(task)
     desc = describe(context)
-    key = (id(factory), id(describe), desc.architecture)
-    if key not in _DESCRIBED_CHECKED:
-        task = factory(context)
-        check_stalk_protocol_once(task, partition_id)
-        built = describe_task(task, desc.architecture)
-        if built != desc:
-            raise ValueError(
-                f"partition-id {partition_id}: the task factory's describe hook says {desc}, its "
-                f"built task {built}; fix the hook (flwr_sheaf.client.task.with_describer) so that "
-                f"both agree"
-            )
-        _DESCRIBED_CHECKED[key] = (factory, describe)
+    built = describe_task(task, getattr(desc, "architecture", None))
+    if built != desc:
+        wrong = [f for f in vars(built) if getattr(desc, f, None) != getattr(built, f)]
+        raise ValueError(
+            f"partition-id {partition_id}: the task factory's description hook "
+            f"{getattr(describe, '__qualname__', describe)!r} says {desc}, its built task {built} "
+            f"(they differ in {', '.join(wrong)}); fix the hook "
+            f"(flwr_sheaf.client.task.with_describer) so that both agree"
+        )
     return desc
 
 

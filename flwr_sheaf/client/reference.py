@@ -311,6 +311,15 @@ def _copy_app(app: Any) -> Any:
     cls: Any = type(app)
     new = cls.__new__(cls)
     new.__dict__.update(app.__dict__)
+    return _mark_copy(app, new)
+
+
+def _mark_copy(app: Any, new: Any) -> Any:
+    """Mark ``new``, a copy of a marked ``app``, as :func:`travel_by_reference` would: a copy made at
+    module level (``app2 = copy.deepcopy(app)``) then travels by reference too, any other copy by value
+    with the warning (it was pickled by value in silence)."""
+    if _is_weakrefable(app) and app in _APPS:
+        _mark(new, _APPS[app])
     return new
 
 
@@ -323,7 +332,7 @@ def _deepcopy_app(app: Any, memo: dict) -> Any:
     new = cls.__new__(cls)
     memo[id(app)] = new
     new.__dict__.update(copy.deepcopy(app.__dict__, memo))
-    return new
+    return _mark_copy(app, new)
 
 
 def _is_weakrefable(obj: Any) -> bool:
@@ -332,6 +341,15 @@ def _is_weakrefable(obj: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _mark(app: Any, hints: tuple[str, ...] = ()) -> None:
+    """Remember the calling modules as where to look for ``app``; registered at import if one of them
+    is being imported."""
+    callers = _caller_modules(depth=14)
+    _APPS[app] = callers + _APPS.get(app, hints)
+    if any(_initializing(name) for name in callers):
+        _AT_IMPORT.add(app)
 
 
 def travel_by_reference(app: Any) -> Any:
@@ -348,10 +366,7 @@ def travel_by_reference(app: Any) -> Any:
     Returns:
         ``app``.
     """
-    callers = _caller_modules()
-    _APPS[app] = callers + _APPS.get(app, ())
-    if any(_initializing(name) for name in callers):
-        _AT_IMPORT.add(app)
+    _mark(app)
     cls = type(app)
     if cls not in _TYPES:
         copyreg.pickle(cls, reduce_app)

@@ -28,6 +28,7 @@ from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 from ..config import DEFAULTS, config_differences, node_partition_id, resume_identity
+from ..integrity import SealedFileError, read_sealed, write_sealed
 from ..protocol import (
     CONFIG,
     METRICS,
@@ -40,7 +41,6 @@ from ..protocol import (
     config_record,
     train_reply_problem,
 )
-from ..rundir import SealedFileError, read_sealed, write_sealed
 
 __all__ = [
     "STATE_DIR",

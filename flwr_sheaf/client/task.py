@@ -82,10 +82,8 @@ class TaskDescription:
         num_pilots: ``task.x_pilot.shape[0]``.
         num_train: ``task.x_train.shape[0]``.
         pilot_digest: :func:`~flwr_sheaf.client.common.shared_pilot_digest` of ``task.x_pilot``.
-        architecture: a hashable key of everything the stalk check's outcome depends on (the model's
-            architecture and hyper-parameters, the pilots' shape and dtype): the ``query`` handler
-            builds the model and checks it once per key and process, and answers the other nodes of
-            that key from the description alone.
+        architecture: a hashable key of the model's architecture and hyper-parameters and the
+            pilots' shape and dtype (reported as given).
     """
 
     d: int
@@ -98,7 +96,7 @@ class TaskDescription:
 
 TaskDescriber = Callable[[Context], TaskDescription]
 """``describe(context) -> TaskDescription``: a factory's hook (:func:`with_describer`) answering the
-discovery query without building the node's model; it must equal what the built task gives."""
+discovery query; it must equal what the built task gives (checked for every node)."""
 
 
 #: the attribute :func:`with_describer` sets: ``(factory, describe)``, the factory it was attached to
@@ -108,9 +106,9 @@ _DESCRIBER_ATTR = "_flwr_sheaf_describer"
 
 def with_describer(factory: TaskFactory, describe: TaskDescriber) -> TaskFactory:
     """Attach ``describe`` to ``factory`` as its description hook (:func:`describer_of`) and return
-    ``factory``: the ``query`` handler then describes a node from the hook, building the model (and
-    comparing the two descriptions) only for the first node of each ``architecture`` in a process.
-    The hook belongs to ``factory`` alone: a wrapper of it (``functools.wraps``) has none.
+    ``factory``: the ``query`` handler compares the hook's answer with every node's built task (the
+    graph is built from its ``d`` and class set) and fails a node whose answer differs, naming the
+    hook. The hook belongs to ``factory`` alone: a wrapper of it (``functools.wraps``) has none.
 
     Raises:
         TypeError: ``describe`` is not callable, or ``factory`` takes no attributes.

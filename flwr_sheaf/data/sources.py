@@ -16,7 +16,10 @@ A named dataset's decoded arrays are cached on disk (:func:`decoded_cache_dir`):
 that loads Fashion-MNIST writes its float32 images and int64 labels as ``.npy`` files (atomically),
 keyed by the source files' path, size and modification time; later processes (every simulation
 worker) memory-map them instead of gunzipping and converting 70,000 images (0.35 CPU-s a process).
-The arrays are the decoded ones bit for bit; a changed source file misses the cache, and a cache
+The arrays are the decoded ones bit for bit: each entry carries a seal (:mod:`flwr_sheaf.integrity`)
+with its files' SHA-256, and an entry that disagrees with it (truncated, emptied, other numbers,
+another dtype or shape, a link) is named in a warning, removed and decoded again; temporary files
+of writers killed mid-write are removed. A changed source file misses the cache, and a cache
 directory that cannot be written or read only means decoding again (benchmarks/records/performance-ray-load.md).
 """
 
@@ -26,16 +29,19 @@ import functools
 import gzip
 import hashlib
 import json
+import logging
 import os
 import re
 import struct
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..integrity import read_sealed, write_sealed
 from .catalog import NAMED_DATASETS, check_installed, find_installed, install_hint
 
 __all__ = [
@@ -50,6 +56,8 @@ __all__ = [
     "decoded_cache_dir",
     "CACHE_DIR_ENV",
 ]
+
+log = logging.getLogger("flwr_sheaf")
 
 #: Human-readable list of the accepted ``spec`` forms (used in error messages).
 SOURCE_FORMS = ("mnist-bundled", "fashion-mnist", "idx:<directory>", "hf:<dataset-name>")
@@ -282,7 +290,8 @@ def read_idx_file(path: str | Path, kind: str, hint: str = "replace the file") -
 CACHE_DIR_ENV = "FLWR_SHEAF_CACHE_DIR"
 
 #: Bump when the cached arrays' layout changes (old entries are then never read).
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+_SEAL_MAGIC = b"flwr-sheaf decoded-data cache entry v1\n"
 
 
 def decoded_cache_dir() -> Path | None:
@@ -291,12 +300,23 @@ def decoded_cache_dir() -> Path | None:
 
     Returns:
         The directory (it may not exist yet), or ``None`` when the cache is disabled.
+
+    Raises:
+        ValueError: ``$FLWR_SHEAF_CACHE_DIR`` names an existing file that is not a directory.
     """
     env = os.environ.get(CACHE_DIR_ENV)
-    if env is not None:
-        return None if env.strip().lower() in ("", "off") else Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "flwr-sheaf" / "decoded"
+    if env is None:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base).expanduser() / "flwr-sheaf" / "decoded"
+    if env.strip().lower() in ("", "off"):
+        return None
+    path = Path(env).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"{CACHE_DIR_ENV}={env!r} is not a directory (a file of that name exists); set it to a "
+            f"directory, or to 'off' to decode the dataset in every process"
+        )
+    return path
 
 
 def _idx_files(root: Path) -> list[tuple[Path, Path]]:
@@ -336,70 +356,107 @@ def _idx_files(root: Path) -> list[tuple[Path, Path]]:
     return pairs
 
 
-def _cache_paths(
-    cache_dir: Path, root: Path, pairs: list[tuple[Path, Path]]
-) -> tuple[Path, Path, str]:
-    """``(images.npy, labels.npy, prefix)`` of the cache entry of ``root`` in its current state: the
-    name hashes the source directory (``prefix``) and each file's path, size and mtime."""
+def _cache_paths(cache_dir: Path, root: Path, pairs: list[tuple[Path, Path]]) -> tuple[Path, str]:
+    """``(entry, prefix)``: the cache entry of ``root`` in its current state (``entry`` + ``.images.npy``,
+    ``.labels.npy``, ``.seal``): the name hashes the source directory (``prefix``) and each file's
+    path, size and mtime."""
     state: list[object] = [_CACHE_FORMAT, IMAGE_SIZE]
     for path in (p for pair in pairs for p in pair):
         st = path.stat()
         state.append([str(path), st.st_size, st.st_mtime_ns])
     prefix = hashlib.sha256(str(root).encode()).hexdigest()[:16]
     key = hashlib.sha256(json.dumps(state).encode()).hexdigest()[:24]
-    return (
-        cache_dir / f"{prefix}-{key}.images.npy",
-        cache_dir / f"{prefix}-{key}.labels.npy",
-        prefix,
-    )
+    return cache_dir / f"{prefix}-{key}", prefix
 
 
-def _read_cached(images: Path, labels: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The cached arrays memory-mapped copy-on-write (pages shared between processes), or ``None``
-    when the entry is missing, unreadable or not of the documented shapes and dtypes."""
+def _stamp(path: Path) -> list[int]:
+    """What changes whenever a file is written or replaced (the ctime cannot be set back)."""
+    st = os.lstat(path)
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The arrays of cache ``entry`` memory-mapped copy-on-write (pages shared between processes), or
+    ``None`` on a miss. An entry whose seal (:mod:`flwr_sheaf.integrity`: each file's SHA-256, and
+    its inode, size, mtime and ctime when written, so an untouched file is not hashed again)
+    disagrees with its files is named in a warning and removed, to be decoded again."""
+    seal = entry.with_suffix(".seal")
+    if not seal.exists():
+        return None  # nothing, or an entry still being written
+    files = {"images": entry.with_suffix(".images.npy"), "labels": entry.with_suffix(".labels.npy")}
     try:
-        x = np.load(images, mmap_mode="c", allow_pickle=False)
-        y = np.load(labels, mmap_mode="c", allow_pickle=False)
-    except (OSError, ValueError):
-        return None
-    n = y.shape[0] if y.ndim == 1 else -1
-    if (
-        x.dtype != np.float32
-        or y.dtype != np.int64
-        or x.shape != (n, 1, IMAGE_SIZE, IMAGE_SIZE)
-        or not x.flags.c_contiguous
-    ):
+        meta, _ = read_sealed(seal, _SEAL_MAGIC, _CACHE_FORMAT, payload=False, what="cache seal")
+        arrays = {}
+        for name, path in files.items():
+            want = meta[name]
+            if path.is_symlink():
+                raise ValueError(f"{path} is a link")
+            if _stamp(path) != want["stamp"] and _sha256(path) != want["sha256"]:
+                raise ValueError(f"{path}: its SHA-256 differs from the one written with it")
+            arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
+        x, y = arrays["images"], arrays["labels"]
+        if (
+            x.dtype != np.float32
+            or y.dtype != np.int64
+            or y.ndim != 1
+            or x.shape != (y.shape[0], 1, IMAGE_SIZE, IMAGE_SIZE)
+            or not x.flags.c_contiguous
+        ):
+            raise ValueError(f"arrays {x.dtype} {x.shape} and {y.dtype} {y.shape}")
+    except (OSError, ValueError, EOFError, KeyError, TypeError) as exc:
+        log.warning(
+            "decoded-data cache entry %s.* is damaged (%s): removed, the dataset is decoded again",
+            entry,
+            exc,
+        )
+        for path in (seal, *files.values()):
+            path.unlink(missing_ok=True)
         return None
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def _write_cached(
-    images: Path, labels: Path, prefix: str, x: torch.Tensor, y: torch.Tensor
-) -> None:
-    """Write a cache entry atomically (each file to a temporary name, then renamed; labels first, so
-    an entry whose images file exists is whole) and drop the same directory's older entries; any
-    ``OSError`` (read-only or full disk) leaves the cache as it was."""
-    written: list[str] = []
+def _remove_dead_temps(cache_dir: Path) -> None:
+    """Remove the temporary files of writers killed mid-write (untouched for an hour: a live writer
+    writes its 220 MB in seconds)."""
+    for tmp in cache_dir.glob(".tmp-*"):
+        try:
+            if time.time() - tmp.stat().st_mtime > 3600:
+                tmp.unlink()
+        except OSError:
+            pass
+
+
+def _write_cached(entry: Path, prefix: str, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Write a cache entry (each file to a temporary name, then renamed; the seal last, so an entry
+    with a seal is whole) and drop the same directory's older entries; any ``OSError`` (read-only or
+    full disk) leaves the cache as it was."""
+    meta: dict[str, dict] = {}
+    tmp = None
     try:
-        images.parent.mkdir(parents=True, exist_ok=True)
-        for target, array in ((labels, y.numpy()), (images, x.numpy())):
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".npy")
-            written.append(tmp)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        for name, array in (("labels", y.numpy()), ("images", x.numpy())):
+            target = entry.with_suffix(f".{name}.npy")
+            fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-", suffix=".npy")
             with os.fdopen(fd, "wb") as fh:
                 np.save(fh, array, allow_pickle=False)
             os.replace(tmp, target)
-            written.remove(tmp)
-        for old in images.parent.glob(f"{prefix}-*.npy"):
-            if old not in (images, labels):
+            tmp = None
+            meta[name] = {"sha256": _sha256(target), "stamp": _stamp(target)}
+        time.sleep(0.02)  # a later write gets a later ctime than the stamp's (coarse clock ticks)
+        write_sealed(entry.with_suffix(".seal"), _SEAL_MAGIC, meta, b"", _CACHE_FORMAT)
+        for old in entry.parent.glob(f"{prefix}-*"):
+            if not old.name.startswith(entry.name + "."):
                 old.unlink(missing_ok=True)
     except OSError:
         pass
     finally:
-        for tmp in written:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 @functools.cache
@@ -412,12 +469,13 @@ def _load_idx_dir(
     pairs = _idx_files(root)
     entry = None
     if cache_dir is not None:
+        _remove_dead_temps(Path(cache_dir))
         try:
             entry = _cache_paths(Path(cache_dir), root, pairs)
         except OSError:
             entry = None
         if entry is not None:
-            cached = _read_cached(entry[0], entry[1])
+            cached = _read_cached(entry[0])
             if cached is not None:
                 return cached
     xs = [read_idx_file(img, "images", hint=_hint_for(img)) for img, _ in pairs]

@@ -33,6 +33,7 @@ from ..config import (
     RunConfig,
     Section,
     did_you_mean,
+    lookup_key,
 )
 from ..hints import HANDLER_REGISTRARS
 
@@ -260,10 +261,12 @@ def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
     Raises:
         ConfigError: an unknown key, method or module, or a bad value (named).
     """
-    spec = run_config["method-module"] if "method-module" in run_config else ""
-    import_method_modules(str(spec))
-    name = run_config["method"] if "method" in run_config else RunConfig().method
-    method = get_method(str(name))
+    if "method-module" in run_config:
+        import_method_modules(lookup_key("method-module")(run_config["method-module"]))
+    name = (
+        lookup_key("method")(run_config["method"]) if "method" in run_config else RunConfig().method
+    )
+    method = get_method(name)
     if method.num_nodes is None:
         return RunConfig.from_run_config(run_config, method.config), method
     # a method with its own problem (RFedAGS): its agent count comes from the parsed config, then

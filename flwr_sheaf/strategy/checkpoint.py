@@ -27,6 +27,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from ..config import ConfigError, config_differences
+from ..integrity import write_sealed
 from ..protocol import pack_arrays
 from ..rundir import (
     CHECKPOINT_FORMAT,
@@ -35,7 +36,6 @@ from ..rundir import (
     NoCheckpointError,
     checkpoint_path,
     load_checkpoint,
-    write_sealed,
 )
 from .ledger import RunLedger
 from .records import Node

@@ -105,7 +105,7 @@ class RunLedger:
         ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody or
         when every evaluation failed so that no accuracy was measured; ``failed`` too when no round
         drew a node to train (participation too small: nothing was trained). ``degraded`` when
-        anything failed (any phase) short of that, when most rounds drew nobody to train, or (for
+        anything failed (any phase) short of that, when a round drew nobody to train, or (for
         ``max_failed_fraction = 1``, report only) when no accuracy was measured; ``completed``
         otherwise.
 
@@ -136,7 +136,7 @@ class RunLedger:
         problems: list[str] = []
         if rounds and len(nobody) == len(rounds):
             reasons.append(_NOBODY_DRAWN.format(n=len(rounds)))
-        elif nobody and 2 * len(nobody) > len(rounds):
+        elif nobody:
             problems.append(_MOST_DRAWN_NOBODY.format(k=len(nobody), n=len(rounds), rounds=nobody))
         measured = _accuracy_measured(rounds, failures)
         if measured is False:  # failed evaluations: failed (report only: degraded); none: degraded
@@ -173,9 +173,9 @@ _NOBODY_DRAWN = (
 )
 #: ``problems`` line of a run in which most rounds drew nobody to train
 _MOST_DRAWN_NOBODY = (
-    "{k} of {n} rounds drew no node to train (rounds {rounds}): the participation probabilities "
-    "(participation) are small for num-server-rounds, so the run trained in few rounds; raise them "
-    "for a run that trains (notes/participation.md)"
+    "{k} of {n} rounds drew no node to train (rounds {rounds}): those rounds trained nothing; raise "
+    "the participation probabilities (participation) for a run that trains every round "
+    "(notes/participation.md)"
 )
 
 #: evaluation phases whose failures leave an evaluated round without accuracies

@@ -452,25 +452,53 @@ def _auto_advice(env: dict[str, str], probe_timeout: float) -> str:
 # ------------------------------------------------------------------ the shared-machine recipe
 
 
+#: Most ports one ``free-ports`` call holds open at once (each is a file descriptor).
+MAX_FREE_PORTS = 256
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The OS's range of ports for outgoing connections (Linux's ``ip_local_port_range``, else IANA's)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 49152, 65535
+    return lo, hi
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this host now (bound together, then released).
+    """``n`` distinct TCP ports free on this host now (bound together, then released), outside the
+    OS's ephemeral range (:func:`_ephemeral_range`), where an outgoing connection could take one
+    before the server binds it.
 
     Args:
-        n: how many ports.
+        n: how many ports, 1 to :data:`MAX_FREE_PORTS`.
 
     Returns:
-        ``n`` distinct port numbers (free when checked: another process may take one later).
+        ``n`` distinct port numbers in 1024..65535 (free when checked: another process may bind one later).
 
     Raises:
-        ValueError: ``n`` < 1.
+        ValueError: ``n`` outside 1..MAX_FREE_PORTS, or not that many free ports (named).
     """
-    if n < 1:
-        raise ValueError(f"free-ports {n}: ask for at least one port")
-    socks = [socket.socket() for _ in range(n)]
+    import random
+
+    if not 1 <= n <= MAX_FREE_PORTS:
+        raise ValueError(f"free-ports {n}: ask for 1 to {MAX_FREE_PORTS} ports")
+    lo, hi = _ephemeral_range()
+    candidates = [p for p in range(1024, 65536) if not lo <= p <= hi]
+    random.SystemRandom().shuffle(candidates)  # not a run's draw: any free port will do
+    socks: list[socket.socket] = []
     try:
-        for s in socks:
-            s.bind(("", 0))
-        return [s.getsockname()[1] for s in socks]
+        for port in candidates:
+            s = socket.socket()
+            try:
+                s.bind(("", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            if len(socks) == n:
+                return [s.getsockname()[1] for s in socks]
+        raise ValueError(f"free-ports {n}: only {len(socks)} free ports outside {lo}..{hi}")
     finally:
         for s in socks:
             s.close()
@@ -491,8 +519,9 @@ def cluster_processes(temp_dir: str | Path) -> list:
     directory's ``ray_current_cluster``), and their descendants (the workers, whose command line
     Ray rewrites to ``ray::...``).
 
-    The directory must appear as a whole path (followed by ``/``, a quote, a separator or the end of
-    an argument): ``/tmp/ray-a`` does not match another cluster's ``/tmp/ray-ab``. Other users'
+    The directory must appear as a whole path (followed by ``/session_``, a quote, a separator or the
+    end of an argument): ``/tmp/ray-a`` does not match another cluster's ``/tmp/ray-ab`` nor
+    ``/tmp/ray-a/node2``. Other users'
     processes are never listed (they could not be signalled anyway).
 
     Args:
@@ -506,7 +535,10 @@ def cluster_processes(temp_dir: str | Path) -> list:
     mark = str(Path(temp_dir).resolve())
     # as given (made absolute) and resolved: /tmp may be a link; a whole path, not a prefix
     spellings = sorted({mark, os.path.abspath(temp_dir)}, key=len, reverse=True)
-    names_dir = re.compile("(?:" + "|".join(map(re.escape, spellings)) + r")(?=$|[/\s'\",;:=])")
+    # what Ray keeps in its temp dir is under session_*: DIR/node2/... is another cluster's
+    names_dir = re.compile(
+        "(?:" + "|".join(map(re.escape, spellings)) + r")(?=/?$|/?[\s'\",;:=]|/session_)"
+    )
     # the head's Ray Client server names only the GCS address, which the temp dir records
     recorded = Path(mark) / "ray_current_cluster"
     gcs = recorded.read_text().strip() if recorded.is_file() else ""
