@@ -425,12 +425,13 @@ def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
     """The accuracy figure of ``rounds`` (a matplotlib ``Figure``; series missing or all NaN are left
     out). Readable with few evaluated rounds (one, in a cross-device run that evaluates only at the
     end): with at most 3 evaluated points the markers are large and each value is written beside it;
-    the x axis spans every round +- 0.5 with a tick per round (up to 10 rounds, else whole numbers)."""
+    the x axis spans every round +- 0.5 with a tick per round (up to 10 rounds, else whole numbers);
+    the legend sits under the axes, clear of the points and their values."""
     # matplotlib's object API, no pyplot: the caller's backend (a notebook's inline one) is left as it is
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4.6), layout="constrained")
     ax = fig.subplots()
     r = [x["round"] for x in rounds]
     for key, label in [
@@ -462,10 +463,10 @@ def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # nothing to plot when no round was evaluated
-        ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # under the axes: never over the points and their values
+        fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small")
     ax.set_title(title)
-    fig.tight_layout()
     return fig
 
 
