@@ -117,8 +117,9 @@ def run_config_warnings(
 ) -> list[str]:
     """Run-config values the run will not use, or defaults that likely surprise, said before any
     message: one line per method-section key changed but read by no part of the selected method,
-    tracker key set without its tracker, and ``graph`` left at ``class-overlap`` on 4 to 6 agents
-    (docs/running.md, "Small federations"); values are compared before ``preset``, so a preset
+    tracker key set without its tracker, ``graph`` left at ``class-overlap`` on 4 to 6 agents
+    (docs/running.md, "Small federations"), and ``evaluate-nodes`` set to ``panel`` or ``drawn`` at
+    ``fraction-evaluate = 1`` (both then evaluate every node); values are compared before ``preset``, so a preset
     never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
 
     Args:
@@ -173,6 +174,13 @@ def run_config_warnings(
         and config.federation.graph == KEYS["graph"].default
     ):
         out.append(_small_graph_warning(config, num_nodes))
+    mode, fraction = config.federation.evaluate_nodes, config.federation.fraction_evaluate
+    if "evaluate-nodes" in changed and mode in ("panel", "drawn") and fraction >= 1.0:
+        out.append(
+            f"evaluate-nodes={mode!r} evaluates every node at fraction-evaluate={fraction:g}, as "
+            f"{'drawn' if mode == 'panel' else 'panel'} does: a panel (the same nodes every round) "
+            "and a draw per round differ only below 1; set fraction-evaluate (e.g. 0.1)"
+        )
     return [w for w in out if w]
 
 
