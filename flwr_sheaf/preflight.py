@@ -394,6 +394,34 @@ def _previous_checkpoint_hint(out: Path) -> str:
     )
 
 
+def resume_without_node_state(out: Path, before: str) -> str:
+    """Why a simulated run in ``out`` cannot be resumed without ``node-state-dir`` (the stopped
+    run's was ``before``; ``""``: not set) and what works instead, in one sentence."""
+    fix = (
+        f"set node-state-dir={before!r}, where the stopped run's nodes wrote their state"
+        if before
+        else f"run it afresh with overwrite=true (moves {out}'s files into {out}/previous-<time>/); "
+        "set node-state-dir=<dir> in a run you may want to continue after a stop"
+    )
+    return (
+        f"resume: the stopped run in {out} cannot continue without its nodes' state, and in "
+        f"Flower's simulation engine a node keeps its state in memory only unless the run config "
+        f"node-state-dir names a directory (the stopped run's: {before or 'not set'}; this run's: "
+        f"not set): {fix}"
+    )
+
+
+def _checkpoint_node_state_dir(out: Path) -> str | None:
+    """The ``node-state-dir`` of the run checkpointed in ``out`` (``""``: none), or None when its
+    checkpoint cannot be read."""
+    from .strategy.checkpoint import CHECKPOINT_NAME, load_checkpoint
+
+    try:
+        return str(load_checkpoint(out / CHECKPOINT_NAME)["config"].get("node-state-dir", ""))
+    except Exception:  # noqa: BLE001 - a broken checkpoint: resuming names its problem
+        return None
+
+
 def _no_checkpoint(config: RunConfig, out: Path) -> None:
     """Refuse resuming without a checkpoint, in one line naming what works instead."""
     from .strategy.checkpoint import NoCheckpointError, checkpoint_path
@@ -530,9 +558,11 @@ def _check_overwrite_with_resume(config: RunConfig, resuming: bool, source: Path
         )
 
 
-def preflight(config: RunConfig) -> Preflight:
+def preflight(config: RunConfig, simulation: bool = False) -> Preflight:
     """Check every directory the run writes, take its locks and move an overwritten run's files
     aside; returns the :class:`Preflight` holding the locks (``with preflight(config) as pre:``).
+    ``simulation``: Flower's simulation engine, whose nodes keep state only in ``node-state-dir``
+    (a refusal then advises ``resume=true`` only for a run that set it).
 
     Raises:
         ConfigError: each refusal of the module docstring (key, path and fix named).
@@ -567,12 +597,19 @@ def preflight(config: RunConfig) -> Preflight:
             if not config.overwrite:
                 _check_resume_into(config, out, old)
         if old and not resuming and not config.overwrite:
+            kept = _checkpoint_node_state_dir(out) if (out / "checkpoint.pkl").exists() else None
             how = (
                 "resume=true to continue that run, or overwrite=true to move its files into "
                 f"{out}/previous-<time>/ and start afresh"
-                if (out / "checkpoint.pkl").exists()
+                if kept or (kept is not None and not simulation)
                 else f"or overwrite=true to move its files into {out}/previous-<time>/ and start "
-                f"afresh (it has no checkpoint.pkl, so resume=true cannot continue it)"
+                "afresh ("
+                + (
+                    "its nodes kept their state in memory only (no node-state-dir)"
+                    if kept is not None
+                    else "it has no readable checkpoint.pkl"
+                )
+                + ", so resume=true cannot continue it)"
             )
             raise ConfigError(
                 f"results-dir={config.results_dir!r}: {out} already holds another run's results "
