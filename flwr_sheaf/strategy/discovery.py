@@ -237,19 +237,30 @@ class Discovery:
         """Fail when a node's reply was unusable and no spare SuperNode can stand in.
 
         Raises:
-            RuntimeError: quoting the first failed node's reason (and up to three more).
+            RuntimeError: quoting the first failed node's reason once, with the count and node ids
+                of the nodes that failed the same way (and up to three other reasons).
         """
         errors = self.errors
         if not errors or len(self.asked) > self.num_nodes:
             return
+        reason = errors[0].split(": ", 1)[-1]  # "node <id>: <reason>": one reason said once
+        same = [e.split(":", 1)[0] for e in errors[1:] if e.split(": ", 1)[-1] == reason]
+        others = [e for e in errors[1:] if e.split(": ", 1)[-1] != reason]
         more = (
-            f" (and {len(errors) - 1} more of the {len(self.asked)} nodes: "
-            + "; ".join(e[:160] for e in errors[1:4])
-            + (" ..." if len(errors) > 4 else "")
+            f" (the same on {len(same)} more of the {len(self.asked)} nodes: "
+            + ", ".join(same[:5])
+            + (" ..." if len(same) > 5 else "")
             + ")"
-            if len(errors) > 1
+            if same
             else ""
         )
+        if others:
+            more += (
+                f" (and {len(others)} more failed otherwise: "
+                + "; ".join(e[:160] for e in others[:3])
+                + (" ..." if len(others) > 3 else "")
+                + ")"
+            )
         raise RuntimeError(f"discovery failed on {errors[0]}{more}")
 
     def broken_error(self, registered: int) -> RuntimeError:
