@@ -607,7 +607,9 @@ def preflight(config: RunConfig, simulation: bool = False) -> Preflight:
                 + (
                     "its nodes kept their state in memory only (no node-state-dir)"
                     if kept is not None
-                    else "it has no readable checkpoint.pkl"
+                    else "its checkpoint.pkl cannot be read"
+                    if (out / "checkpoint.pkl").exists()
+                    else "it has no checkpoint.pkl"
                 )
                 + ", so resume=true cannot continue it)"
             )
