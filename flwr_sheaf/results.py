@@ -490,7 +490,8 @@ def collapse_warnings(
     """The ``latent-collapse`` warning of a run whose nodes' latents collapsed, from the last
     evaluation's per-node results (``strategy.ledger.node_results`` / ``results.json``'s ``nodes``).
 
-    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], "trained": bool, ...}}`` (a
+    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], "trained": bool,
+    "trained_rounds": int, ...}}`` (the rounds a flagged node trained in are named; a
     missing, NaN or None value is skipped); a node above ``threshold`` counts as collapsed. A node
     whose ``trained`` is False never trained (cross-device sampling): its latents are the untrained
     initialisation's, which says nothing of the optimizer, so it is not counted (the warning, when it
@@ -502,6 +503,7 @@ def collapse_warnings(
         in partition-id order.
     """
     bad: dict[str, float] = {}
+    rounds: dict[str, Any] = {}
     untrained = 0
     order = sorted(nodes, key=lambda p: (0, int(p), "") if str(p).isdigit() else (1, 0, str(p)))
     for pid in order:
@@ -513,9 +515,13 @@ def collapse_warnings(
             continue
         if v > threshold:
             bad[str(pid)] = float(v)
+            rounds[str(pid)] = nodes[pid].get("trained_rounds")  # absent in older results
     if not bad:
         return []
-    listed = ", ".join(f"{p}: {v:.0%}" for p, v in bad.items())
+    listed = ", ".join(
+        f"{p}: {v:.0%}" + (f" after {rounds[p]} training round(s)" if rounds[p] else "")
+        for p, v in bad.items()
+    )
     skipped = (
         f" ({untrained} evaluated node(s) that never trained are not counted)" if untrained else ""
     )
@@ -530,8 +536,11 @@ def collapse_warnings(
                 f"latent collapse on {len(bad)} of {len(nodes) - untrained} node(s){skipped} "
                 "(partition-id: share of latent "
                 f"dimensions with pilot variance < {LOW_VARIANCE_THRESHOLD:g}): {listed}; above "
-                f"{threshold:.0%} the accuracies under-read the method: check its optimizer settings "
-                "(train-defaults, lr, momentum; docs/baselines.md s0)"
+                f"{threshold:.0%} the accuracies under-read the method. A node that trained little "
+                "reads like this from its initialisation (the zoo's latents start with pilot variance "
+                "1e-5 to 1e-4 per dimension): give it more rounds, local-epochs or fraction-train; one "
+                "that trained long: check its optimizer settings (train-defaults, lr, momentum; "
+                "docs/baselines.md s0)"
             ),
         }
     ]

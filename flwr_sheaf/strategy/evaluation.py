@@ -12,6 +12,7 @@ pilots reach the server).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -85,8 +86,8 @@ class EvaluationView:
         exchange: messages and checked replies (records failures in ``ledger``).
         ledger: the run's records; this round's is ``ledger.current``.
         owner: the strategy's class name (named in recorded reasons).
-        trained: partition-ids that trained in this round or before (an evaluated node outside it
-            still has its initial weights).
+        trained: ``{partition-id: rounds it trained in}`` of the nodes that trained in this round
+            or before (an evaluated node outside it still has its initial weights).
         mode: how the evaluators were chosen (run-config ``evaluate-nodes``, resolved: ``trained``,
             ``panel`` or ``drawn``).
     """
@@ -104,7 +105,7 @@ class EvaluationView:
     exchange: Exchange
     ledger: RunLedger
     owner: str
-    trained: frozenset[int] = frozenset()
+    trained: Mapping[int, int] = dataclasses.field(default_factory=dict)
     mode: str = "drawn"
 
     @property
@@ -387,7 +388,7 @@ class GraphEvaluation:
                 del ok[pid]
         nodes = steps.node_rows(phase.phase1, self.node_metric_names)
         for pid, row in nodes.items():  # an untrained node's latents say nothing of the method
-            row["trained"] = pid in view.trained
+            row["trained"], row["trained_rounds"] = pid in view.trained, view.trained.get(pid, 0)
         edges = steps.edge_rows(ok, self.edge_metric_keys)
         non_edges = steps.non_edge_rows(ok, phase.non_edge_plan)
         extra = steps.extra_means(

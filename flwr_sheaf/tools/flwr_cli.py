@@ -217,13 +217,21 @@ def run_status(
     return last_run(flwr, env, connection, run_id, timeout).get("status", "no run found")
 
 
-def process_tree(roots: Iterable[psutil.Process]) -> list[psutil.Process]:
+def process_tree(roots: Iterable[psutil.Process | subprocess.Popen | int]) -> list[psutil.Process]:
     """``roots`` and all their descendants now (each once, roots first): taken before anything is
     stopped, so that processes a stopped parent leaves behind (Ray's GCS, raylet and agents under
-    the simulation process) are still known by their ``psutil.Process`` (pid and creation time)."""
+    the simulation process) are still known by their ``psutil.Process`` (pid and creation time).
+    A remembered ``psutil.Process`` whose pid was reused since is left out (not ours)."""
     out: dict[int, psutil.Process] = {}
-    for root in roots:
+    for p in roots:
         try:
+            root = (
+                p
+                if isinstance(p, psutil.Process)
+                else psutil.Process(p.pid if isinstance(p, subprocess.Popen) else int(p))
+            )
+            if not root.is_running():
+                continue
             for q in [root] + root.children(recursive=True):
                 out.setdefault(q.pid, q)
         except psutil.NoSuchProcess:
@@ -250,22 +258,8 @@ def stop_processes(
         Number of processes that were still alive and got signalled.
     """
     procs = list(procs)
-    victims: dict[int, psutil.Process] = {}
-    for p in procs:
-        try:
-            root = (
-                p
-                if isinstance(p, psutil.Process)
-                else psutil.Process(p.pid if hasattr(p, "pid") else int(p))
-            )
-            if not root.is_running():  # a remembered process whose pid was reused: not ours
-                continue
-            for q in [root] + root.children(recursive=True):
-                victims[q.pid] = q
-        except psutil.NoSuchProcess:
-            continue
     alive = []
-    for q in victims.values():
+    for q in process_tree(procs):
         try:
             q.send_signal(first)
             alive.append(q)
