@@ -544,12 +544,13 @@ def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
     """The accuracy figure of ``rounds`` (a matplotlib ``Figure``; series missing or all NaN are left
     out). Readable with few evaluated rounds (one, in a cross-device run that evaluates only at the
     end): with at most 3 evaluated points the markers are large and each value is written beside it;
-    the x axis spans every round +- 0.5 with a tick per round (up to 10 rounds, else whole numbers)."""
+    the x axis spans every round +- 0.5 with a tick per round (up to 10 rounds, else whole numbers);
+    the legend sits under the axes, clear of the points and their values."""
     # matplotlib's object API, no pyplot: the caller's backend (a notebook's inline one) is left as it is
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4.6), layout="constrained")
     ax = fig.subplots()
     r = [x["round"] for x in rounds]
     for key, label in [
@@ -581,10 +582,10 @@ def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # nothing to plot when no round was evaluated
-        ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:  # under the axes: never over the points and their values
+        fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small")
     ax.set_title(title)
-    fig.tight_layout()
     return fig
 
 
@@ -608,7 +609,8 @@ def collapse_warnings(
     """The ``latent-collapse`` warning of a run whose nodes' latents collapsed, from the last
     evaluation's per-node results (``strategy.ledger.node_results`` / ``results.json``'s ``nodes``).
 
-    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], "trained": bool, ...}}`` (a
+    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], "trained": bool,
+    "trained_rounds": int, ...}}`` (the rounds a flagged node trained in are named; a
     missing, NaN or None value is skipped); a node above ``threshold`` counts as collapsed. A node
     whose ``trained`` is False never trained (cross-device sampling): its latents are the untrained
     initialisation's, which says nothing of the optimizer, so it is not counted (the warning, when it
@@ -620,6 +622,7 @@ def collapse_warnings(
         in partition-id order.
     """
     bad: dict[str, float] = {}
+    rounds: dict[str, Any] = {}
     untrained = 0
     order = sorted(nodes, key=lambda p: (0, int(p), "") if str(p).isdigit() else (1, 0, str(p)))
     for pid in order:
@@ -631,9 +634,13 @@ def collapse_warnings(
             continue
         if v > threshold:
             bad[str(pid)] = float(v)
+            rounds[str(pid)] = nodes[pid].get("trained_rounds")  # absent in older results
     if not bad:
         return []
-    listed = ", ".join(f"{p}: {v:.0%}" for p, v in bad.items())
+    listed = ", ".join(
+        f"{p}: {v:.0%}" + (f" after {rounds[p]} training round(s)" if rounds[p] else "")
+        for p, v in bad.items()
+    )
     skipped = (
         f" ({untrained} evaluated node(s) that never trained are not counted)" if untrained else ""
     )
@@ -648,8 +655,11 @@ def collapse_warnings(
                 f"latent collapse on {len(bad)} of {len(nodes) - untrained} node(s){skipped} "
                 "(partition-id: share of latent "
                 f"dimensions with pilot variance < {LOW_VARIANCE_THRESHOLD:g}): {listed}; above "
-                f"{threshold:.0%} the accuracies under-read the method: check its optimizer settings "
-                "(train-defaults, lr, momentum; notes/baselines.md s0)"
+                f"{threshold:.0%} the accuracies under-read the method. A node that trained little "
+                "reads like this from its initialisation (the zoo's latents start with pilot variance "
+                "1e-5 to 1e-4 per dimension): give it more rounds, local-epochs or fraction-train; one "
+                "that trained long: check its optimizer settings (train-defaults, lr, momentum; "
+                "notes/baselines.md s0)"
             ),
         }
     ]

@@ -798,15 +798,55 @@ def _check_overwrite_with_resume(config: RunConfig, resuming: bool, source: RunD
     )
 
 
-def _check_fresh_run_into(config: RunConfig, run: RunDir, old: Sequence[Path]) -> None:
-    """Refuse a fresh run (no resume, no overwrite) into a ``results-dir`` holding another run's files."""
-    how = (
-        "resume=true to continue that run, or overwrite=true to move its files into "
-        f"{run.path}/previous-<time>/ and start afresh"
-        if run.checkpoint.exists()
-        else f"or overwrite=true to move its files into {run.path}/previous-<time>/ and start "
-        f"afresh (it has no checkpoint.pkl, so resume=true cannot continue it)"
+def resume_without_node_state(out: Path, before: str) -> str:
+    """Why a simulated run in ``out`` cannot be resumed without ``node-state-dir`` (the stopped
+    run's was ``before``; ``""``: not set) and what works instead, in one sentence."""
+    fix = (
+        f"set node-state-dir={before!r}, where the stopped run's nodes wrote their state"
+        if before
+        else f"run it afresh with overwrite=true (moves {out}'s files into {out}/previous-<time>/); "
+        "set node-state-dir=<dir> in a run you may want to continue after a stop"
     )
+    return (
+        f"resume: the stopped run in {out} cannot continue without its nodes' state, and in "
+        f"Flower's simulation engine a node keeps its state in memory only unless the run config "
+        f"node-state-dir names a directory (the stopped run's: {before or 'not set'}; this run's: "
+        f"not set): {fix}"
+    )
+
+
+def _checkpoint_node_state_dir(run: RunDir) -> str | None:
+    """The ``node-state-dir`` of the run checkpointed in ``run`` (``""``: none), or None when its
+    checkpoint cannot be read."""
+    try:
+        return str(load_checkpoint(run.checkpoint)["config"].get("node-state-dir", ""))
+    except Exception:  # noqa: BLE001 - a broken checkpoint: resuming names its problem
+        return None
+
+
+def _check_fresh_run_into(
+    config: RunConfig, run: RunDir, old: Sequence[Path], simulation: bool = False
+) -> None:
+    """Refuse a fresh run (no resume, no overwrite) into a ``results-dir`` holding another run's
+    files, advising ``resume=true`` only where it can continue that run."""
+    kept = _checkpoint_node_state_dir(run) if run.checkpoint.exists() else None
+    if kept or (kept is not None and not simulation):
+        how = (
+            "resume=true to continue that run, or overwrite=true to move its files into "
+            f"{run.path}/previous-<time>/ and start afresh"
+        )
+    else:
+        why = (
+            "its nodes kept their state in memory only (no node-state-dir)"
+            if kept is not None
+            else "its checkpoint.pkl cannot be read"
+            if run.checkpoint.exists()
+            else "it has no checkpoint.pkl"
+        )
+        how = (
+            f"or overwrite=true to move its files into {run.path}/previous-<time>/ and start "
+            f"afresh ({why}, so resume=true cannot continue it)"
+        )
     raise ConfigError(
         f"results-dir={config.results_dir!r}: {run.path} already holds another run's results "
         f"({', '.join(p.name for p in old)}); a fresh run would replace them. Use another "
@@ -814,10 +854,11 @@ def _check_fresh_run_into(config: RunConfig, run: RunDir, old: Sequence[Path]) -
     )
 
 
-def preflight(config: RunConfig) -> RunDir:
+def preflight(config: RunConfig, simulation: bool = False) -> RunDir:
     """Check every directory the run writes, take its locks and move an overwritten run's files
     aside; returns the :class:`RunDir` of ``results-dir`` holding the locks (``with preflight(config)
-    as run:``).
+    as run:``). ``simulation``: Flower's simulation engine, whose nodes keep state only in
+    ``node-state-dir`` (a refusal then advises ``resume=true`` only for a run that set it).
 
     Raises:
         ConfigError: each refusal of the module docstring (key, path and fix named); an earlier
@@ -854,7 +895,7 @@ def preflight(config: RunConfig) -> RunDir:
             if not config.overwrite:
                 _check_resume_into(config, run.path, old)
         if old and not resuming and not config.overwrite:
-            _check_fresh_run_into(config, run, old)
+            _check_fresh_run_into(config, run, old, simulation)
         # before anything is moved: a refusal leaves results-dir as it was
         if state_root is not None:
             state_root.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,16 @@ wrapper (used by the README's main job and the engine tests):
    installation, telemetry and update checks off (offline, no ``uv sync`` of torch);
 2. runs ``flwr run <app> --stream`` with the given run/federation config;
 3. reads ``flwr ls --format json`` and fails unless the run's status is ``finished:completed``;
-4. stops the SuperLink (and its SuperExec) that step 2 started. Ports already in use are refused
-   before anything starts, so the processes on them at the end are this run's own (``--port 0``
-   picks free ones: what the tests use).
+4. stops the SuperLink (and its SuperExec) that step 2 started, with every process under them
+   (the simulation process, Ray's GCS, raylet, agents and workers): SIGTERM, 10 s, then SIGKILL.
+   Ports already in use are refused before anything starts, so the processes on them at the end
+   are this run's own (``--port 0`` picks free ones: what the tests use).
+
+SIGINT (Ctrl-C) or SIGTERM stops the run with ``flwr stop <run-id>`` (its ServerApp then writes the
+rounds done and releases results-dir), stops the processes as in step 4, prints how to run again
+(``resume=true`` only when the run set ``node-state-dir``: a simulated node keeps its state in
+memory only; else ``overwrite=true``, which moves the stopped run's files aside) and exits with
+status 130.
 
 Before anything starts, every ``--run-config`` key must be declared in the app's ``pyproject.toml``
 (``[tool.flwr.app.config]``): an undeclared key is named, with the closest declared one (Flower
@@ -34,7 +41,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -54,6 +64,11 @@ _flwr_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_flwr_cli)
 find_flwr, flwr_env, run_status = _flwr_cli.find_flwr, _flwr_cli.flwr_env, _flwr_cli.run_status
 free_port_block, undeclared_keys = _flwr_cli.free_port_block, _flwr_cli.undeclared_keys
+last_run, process_tree, stop_processes = (
+    _flwr_cli.last_run,
+    _flwr_cli.process_tree,
+    _flwr_cli.stop_processes,
+)
 
 # which Ray cluster the run gets (loaded by path for the same reason)
 _spec = importlib.util.spec_from_file_location(
@@ -69,24 +84,140 @@ check_reachable = _ray_cluster.check_reachable
 ray_environment = _ray_cluster.ray_environment
 
 
-def stop_superlink(port: int) -> int:
-    """Terminate processes whose command line names the SuperLink port; returns how many."""
-    victims = []
+def superlink_processes(port: int) -> list[psutil.Process]:
+    """The SuperLink, SuperExec and simulation processes whose command line names ``port``."""
+    found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info.get("cmdline") or [])
         if (
             "flower-superlink" in cmd or "flower-superexec" in cmd or "flwr-simulation" in cmd
         ) and any(t in cmd for t in (f":{port}", f"--port {port}", f":{port + 2}")):
-            victims.append(p)
-    for p in victims:
+            found.append(p)
+    return found
+
+
+def stop_superlink(port: int, known: list[psutil.Process | subprocess.Popen] | None = None) -> int:
+    """Stop the SuperLink on ``port`` and every process under it, and ``known`` (a
+    :func:`process_tree` taken earlier: processes whose parent has since ended, e.g. Ray's agents
+    after the simulation process): SIGTERM, 10 s, then SIGKILL. Returns how many were signalled."""
+    return stop_processes(process_tree(superlink_processes(port)) + list(known or []))
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived (:attr:`signum`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """Raise :class:`Interrupted` once; later signals (a second Ctrl-C, main.sh's SIGTERM) are
+    ignored while the run is being stopped."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def run_config_value(app: str, run_config: str, key: str) -> str:
+    """``key``'s value in ``--run-config`` (Flower's parser), else the app's pyproject.toml default
+    (``""`` when neither has it)."""
+    import tomllib
+
+    from flwr.common.config import parse_config_args
+
+    try:
+        given = parse_config_args([run_config]) if run_config.strip() else {}
+    except Exception:  # noqa: BLE001 - refused before the run started (undeclared_keys)
+        given = {}
+    if key in given:
+        return str(given[key])
+    toml = Path(app).expanduser() / "pyproject.toml"
+    table = tomllib.loads(toml.read_text()) if toml.is_file() else {}
+    return str(table.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}).get(key, ""))
+
+
+def rerun_advice(out: Path, node_state_dir: str, rerun_as: str, rerun_config: str) -> str:
+    """How to run a stopped run again, as a command that works: ``resume=true`` when
+    ``out/checkpoint.pkl`` exists and the run kept its node state on disk (``node_state_dir``: a
+    simulated node keeps its state in memory only, so without it resuming is refused), else
+    ``overwrite=true`` (the stopped run's files moved into ``out/previous-<time>/``) when ``out``
+    holds its files, else the command as it was. ``rerun_config`` loses its own resume/overwrite."""
+    base = re.sub(r"(?:^|\s)(?:resume|overwrite)=\S+", "", rerun_config).strip()
+
+    def cmd(extra: str) -> str:
+        text = f"{base} {extra}".strip()
+        quoted = f'"{text}"' if not set(text) & set('"$`\\!') else shlex.quote(text)
+        return f"{rerun_as} {quoted}" if text else rerun_as
+
+    if (out / "checkpoint.pkl").is_file() and node_state_dir:
+        return f"to continue it from its last checkpoint: {cmd('resume=true')}"
+    files = [f for f in ("results.json", "checkpoint.pkl") if (out / f).exists()]
+    if not files:
+        return f"to run it again: {cmd('')}"
+    why = (
+        " (resume=true cannot continue it: its nodes kept their state in memory only; set "
+        "node-state-dir=<dir> in a run you may want to continue after a stop)"
+        if "checkpoint.pkl" in files
+        else ""
+    )
+    return (
+        f"to run it again{why}: {cmd('overwrite=true')} (moves its {', '.join(files)} into "
+        f"{out}/previous-<time>/)"
+    )
+
+
+def stop_interrupted(
+    flwr: str, env: dict[str, str], port: int, child: subprocess.Popen, grace: float = 30.0
+) -> str:
+    """After SIGINT/SIGTERM: ``flwr stop`` the run (its ServerApp writes the rounds done and
+    releases results-dir), wait up to ``grace`` s for its simulation process, then stop every
+    process this run started (:func:`stop_superlink`, the tree taken before anything was stopped,
+    and the ``flwr run`` CLI). Returns what was done, in one sentence."""
+    known: list[psutil.Process | subprocess.Popen] = [
+        *process_tree(superlink_processes(port)),
+        child,
+    ]
+    what = "no run was listed yet"
+    try:
+        run = last_run(flwr, env, timeout=grace)
+    except subprocess.TimeoutExpired:
+        run = {}
+    run_id = run.get("run-id")
+    if run_id and not run.get("status", "").startswith("finished"):
         try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(victims, timeout=10)
-    for p in alive:
-        p.kill()
-    return len(victims)
+            subprocess.run(
+                [flwr, "stop", run_id], env=env, capture_output=True, text=True, timeout=grace
+            )
+            what = f"run {run_id} stopped (flwr stop)"
+        except subprocess.TimeoutExpired:
+            what = f"flwr stop {run_id} did not answer within {grace:g} s"
+        sims = [
+            p
+            for p in known
+            if isinstance(p, psutil.Process) and "flwr-simulation" in " ".join(_cmdline(p))
+        ]
+        deadline = time.monotonic() + grace  # a finished one may linger as a zombie: done too
+        while time.monotonic() < deadline and any(_running(p) for p in sims):
+            time.sleep(0.2)
+    elif run_id:
+        what = f"run {run_id} had already ended ({run.get('status')})"
+    n = stop_superlink(port, known)
+    return f"{what}; {n} process(es) it started stopped"
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 def listening(port: int) -> bool:
@@ -175,6 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         "default: a private local Ray instance (docs/tutorial.md)",
     )
     ap.add_argument("--flwr-home", default=None, help="default: a fresh temporary directory")
+    ap.add_argument(
+        "--rerun-as",
+        default=None,
+        help="the command (without its run config) that the advice after an interruption names "
+        "(default: this script with these options; scripts/main.sh passes itself)",
+    )
+    ap.add_argument(
+        "--rerun-config",
+        default=None,
+        help="the run config that advice shows (default: --run-config)",
+    )
     args = ap.parse_args(argv)
 
     try:
@@ -257,13 +399,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"+ RAY_ADDRESS={ray_vars['RAY_ADDRESS']} ({where})", flush=True)
     print("+", " ".join(cmd), flush=True)
     t0 = time.monotonic()
+    old_handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # its own session: a Ctrl-C reaches this script, which stops the run, not the CLI halfway
+    child = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         try:
-            rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
-        except subprocess.TimeoutExpired:  # subprocess.run has killed `flwr run`
+            rc = child.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            stop_processes([child])
             status = last_status(flwr, env)
             print(timeout_message(args.timeout, status, args.ray_address), file=sys.stderr)
             return 1
+        except Interrupted as exc:
+            print(f"{exc}: stopping the run and the processes it started ...", flush=True)
+            done = stop_interrupted(flwr, env, args.port, child)
+            out = Path(run_config_value(args.app, args.run_config, "results-dir")).expanduser()
+            rerun_as = args.rerun_as or shlex.join(
+                ["python", "scripts/run_flwr.py", *_without_run_config(argv)]
+            )
+            advice = rerun_advice(
+                out.resolve(),
+                run_config_value(args.app, args.run_config, "node-state-dir"),
+                rerun_as + ("" if args.rerun_as else " --run-config"),
+                args.run_config if args.rerun_config is None else args.rerun_config,
+            )
+            print(f"interrupted ({exc}): {done}; {advice}", file=sys.stderr, flush=True)
+            return 128 + exc.signum
         wall = time.monotonic() - t0
         status = last_status(flwr, env)
         print(f"flwr run exit code {rc}; run status: {status}; wall time {wall:.1f} s", flush=True)
@@ -273,6 +434,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped {n} Flower process(es) on port {args.port}", flush=True)
         if not args.flwr_home:
             shutil.rmtree(home, ignore_errors=True)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+
+
+def _without_run_config(argv: list[str] | None) -> list[str]:
+    """The command-line options of this run without ``--run-config`` and the rerun options."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in ("--run-config", "--rerun-as", "--rerun-config"):
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
 
 
 if __name__ == "__main__":

@@ -396,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("", "auto", "trained", "panel", "drawn"),
         default="",
         help="run-config evaluate-nodes (empty = the package default, auto: this round's trainers "
-        "when --fraction < 1; notes/participation.md 1.4.1)",
+        "when --fraction < 1; panel and drawn differ only with --fraction-evaluate < 1: at 1 both "
+        "evaluate every node, which the run warns; notes/participation.md 1.4.1)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(

@@ -202,3 +202,21 @@ def test_a_mistyped_choice_gets_the_closest_valid_value():
     with pytest.raises(ConfigError) as err:
         get_method("zzzzzz")
     assert "did you mean" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["fedprox", "FedAdam", "fedavg"])
+def test_a_flower_strategy_name_as_method_says_so_and_suggests_no_unrelated_method(name):
+    """``fedprox`` is one edit from nothing shipped but close in spelling to ``rfedproj`` (a
+    Riemannian method): the refusal names Flower's own strategy instead of a misleading guess."""
+    import flwr.serverapp.strategy as flower
+
+    from flwr_sheaf.config import ConfigError
+    from flwr_sheaf.methods import get_method
+
+    official = next(s for s in flower.__all__ if s.lower() == name.lower())
+    with pytest.raises(ConfigError) as err:
+        get_method(name)
+    text = str(err.value)
+    assert "did you mean" not in text
+    assert f"{official} is Flower's own strategy, flwr.serverapp.strategy.{official}" in text
+    assert hasattr(flower, official)  # the named import path exists

@@ -209,6 +209,19 @@ def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named
     assert _warnings(method="fedproto", preset="paper") == []
 
 
+def test_panel_and_drawn_at_full_fraction_evaluate_say_they_evaluate_the_same_nodes():
+    """At the default fraction-evaluate = 1 a fixed panel and a per-round draw are both every node:
+    asking for one of them is said; below 1 (where they differ) and under auto nothing is said."""
+    for mode in ("panel", "drawn"):
+        (line,) = _warnings(**{"evaluate-nodes": mode, "fraction-train": 0.5})
+        assert line.startswith(
+            f"evaluate-nodes={mode!r} evaluates every node at fraction-evaluate=1"
+        )
+        assert "set fraction-evaluate" in line
+        assert _warnings(**{"evaluate-nodes": mode, "fraction-evaluate": 0.5}) == []
+    assert _warnings(**{"fraction-train": 0.5}) == []  # auto: the trainers
+
+
 def test_a_key_the_method_does_not_read_names_the_methods_that_do():
     """Issue 34 case 9: ``lambda`` under rfedags, ``rfedags-problem`` under sheaf-frl,
     ``fedmuscle-lambda`` under fedproto: the warning names the key, the method and the methods

@@ -173,3 +173,24 @@ def test_a_sampler_pickled_before_fixed_round_existed_still_draws():
     del s.__dict__["fixed_round"]  # as unpickled from an older checkpoint
     restored = pickle.loads(pickle.dumps(s))
     assert restored.sample(2) == ParticipationSampler(10, 0.3, seed=4).sample(2)
+
+
+def test_node_rows_count_the_rounds_each_node_trained_and_the_collapse_warning_names_them(tmp_path):
+    """Cross-device sampling: each evaluated node's ``trained_rounds`` is the number of rounds whose
+    sample held it without a train failure (read back from the rounds' records), and the collapse
+    warning names, per flagged node, how many rounds it trained (a node that trained little reads
+    as collapsed from its initialisation: the advice names more training, not only the optimizer)."""
+    res = _run(_rc(tmp_path, "rounds", **{"num-server-rounds": 3}))
+    for pid, row in res["nodes"].items():
+        want = sum(
+            int(pid) in r["sampled"] and int(pid) not in r["failed"].get("train", [])
+            for r in res["rounds"]
+        )
+        assert row["trained_rounds"] == want >= 1
+    assert {row["trained_rounds"] for row in res["nodes"].values()} != {3}  # sampling varies it
+    w = res["latent_collapse"]
+    assert w is not None  # 1 step a round: the latents keep their initial scale
+    for pid in w["nodes"]:
+        k = res["nodes"][pid]["trained_rounds"]
+        assert f"{pid}: {w['nodes'][pid]:.0%} after {k} training round(s)" in w["message"]
+    assert "give it more rounds, local-epochs or fraction-train" in w["message"]

@@ -160,6 +160,35 @@ def test_accuracy_plot_of_a_single_evaluated_round_is_readable():
     assert ax1.get_xlim() == (4.5, 5.5) and list(ax1.get_xticks()) == [5]
 
 
+@pytest.mark.parametrize("last", [0.96, 0.12, 0.5])  # points near the top, the bottom, the middle
+def test_accuracy_plot_legend_covers_no_point_and_no_value(last):
+    from flwr_sheaf.results import accuracy_figure
+
+    rounds = [{"round": r} for r in range(1, 5)] + [
+        {
+            "round": 5,
+            "private_accuracy_mean": last,
+            "communication_accuracy_degree_weighted": last - 0.02,
+            "communication_accuracy_mean": last - 0.04,
+        }
+    ]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = accuracy_figure(rounds)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # as savefig: the layout engine places the legend
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = fig.legends[0] if fig.legends else ax.get_legend()
+    box = legend.get_window_extent(renderer)
+    assert [t.get_text() for t in legend.get_texts()] == [line.get_label() for line in ax.lines]
+    fig_box = fig.bbox
+    assert fig_box.x0 <= box.x0 and box.x1 <= fig_box.x1 and 0 <= box.y0  # inside the image
+    assert not box.overlaps(ax.get_window_extent(renderer))  # not over the plotting area
+    for text in ax.texts:  # the values written beside the points
+        assert not box.overlaps(text.get_window_extent(renderer)), text.get_text()
+
+
 def test_the_docs_quote_what_a_rerun_prints(tmp_path, monkeypatch, capsys):
     """Attack (minor): docs/guarantees.md row 8 quoted `results.json, accuracy.png,
     flwr.log` where an in-process rerun prints `results.json, checkpoint.pkl, accuracy.png`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -227,6 +228,7 @@ def test_hf_source_offline(monkeypatch):
         return datasets.DatasetDict({"test": part([51], [7]), "train": part([0, 255], [2, 5])})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # the cache only: no hub probe
     try:
         x, y = load_source("hf:fake/offline-test")
         assert x.shape == (3, 1, 28, 28) and x.dtype == torch.float32
@@ -234,6 +236,28 @@ def test_hf_source_offline(monkeypatch):
         np.testing.assert_allclose(x[:, 0, 0, 0].numpy(), [0.0, 1.0, 0.2], atol=1e-7)
     finally:
         clear_source_cache()
+
+
+def test_hf_source_with_the_hub_unreachable_fails_fast_naming_the_offline_switch(monkeypatch):
+    # a hub that refuses connections (a port nothing listens on): the hub client retried such a
+    # hub with back-off for 25 s here (about 100 s with no network at all) before saying anything
+    datasets = pytest.importorskip("datasets")
+    from flwr_sheaf.tools.flwr_cli import free_port_block
+
+    endpoint = f"http://127.0.0.1:{free_port_block(1)}"
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", endpoint)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ConnectionError) as err:
+            load_source("hf:fake/unreachable-hub")
+    finally:
+        clear_source_cache()
+    assert time.monotonic() - t0 < 5.0
+    text = str(err.value)
+    assert "'hf:fake/unreachable-hub'" in text and endpoint in text and "HF_HUB_OFFLINE=1" in text
 
 
 def test_hf_source_without_package(monkeypatch):

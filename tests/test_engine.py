@@ -187,3 +187,81 @@ def test_a_superlink_started_from_another_apps_folder_is_named_at_discovery(tmp_
     assert "discovery failed on node" in text
     assert f"this worker imported {other / 'dropin_app' / 'client_app.py'}, not this run's " in text
     assert "Stop that SuperLink" in text and not (out / "results.json").exists()
+
+
+def _cmdline(p) -> str:
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+@pytest.mark.engine
+def test_ctrl_c_on_main_sh_stops_every_process_it_started_and_its_advice_runs(tmp_path):
+    """Ctrl-C on scripts/main.sh (SIGINT to its process group, as a terminal sends it) once round 1
+    is checkpointed: exit status 130, none of the processes the run started (SuperLink, SuperExec,
+    simulation, Ray's GCS / raylet / agents) is left, and the command the advice names (no
+    node-state-dir: overwrite=true, not resume=true) runs to a completed run. About 3 minutes on
+    2 loaded cores (two runs of 15 SuperNodes)."""
+    import os
+    import re
+    import signal
+
+    import psutil
+
+    from flwr_sheaf.tools.flwr_cli import free_port_block
+
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "FLWR_SHEAF_SETUP": "0",  # this environment, not a .venv of the checkout
+        "RESULTS_DIR": str(out),
+        "FLWR_SHEAF_PORT": str(free_port_block(3)),
+    }
+    args = f"{TINY} graph='ring' num-server-rounds=20 max-steps-per-epoch=2"
+    log = tmp_path / "main.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            ["bash", "scripts/main.sh", args],
+            cwd=ROOT,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 400
+        while not (out / "checkpoint.pkl").exists():  # round 1 done: the run is under way
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        started = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(_cmdline(p) for p in started)
+        assert "flower-superlink" in names and "raylet" in names, names
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    time.sleep(1)
+    left = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == [], [_cmdline(p)[:120] for p in left]
+    (line,) = [x for x in text.splitlines() if x.startswith("interrupted (SIGINT): ")]
+    assert "(flwr stop)" in line, line
+    advised = re.search(r'(bash scripts/main\.sh "[^"]*")', line)
+    assert advised is not None, line
+    assert "overwrite=true" in advised.group(1) and "resume=true" not in advised.group(1)
+    again = subprocess.run(
+        ["bash", "-c", advised.group(1)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "completed" and len(res["rounds"]) == 20

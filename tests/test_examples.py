@@ -273,3 +273,19 @@ def test_dropin_app_is_a_flower_app_with_its_own_handlers_and_sheaf_added(dropin
     with pytest.raises(FileExistsError, match="overwrite"):
         main(grid2, server_context({**cfg, "tracking": ""}))
     assert grid2.delivered == []
+
+
+def test_more_supernodes_than_agents_is_refused_before_training_naming_both(dropin, tmp_path):
+    # the drop-in app splits its data by num-partitions: 8 SuperNodes for its num-nodes = 4 agents
+    # would leave each agent 1/8 of the digits (the run used to end `completed` on that)
+    client_app, main, rc = dropin
+    cfg = {**rc, "num-server-rounds": 1, "results-dir": str(tmp_path / "out")}
+    grid = LocalGrid(client_app, 8, run_config=cfg)
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg)
+    with pytest.raises(RuntimeError) as err:
+        main(grid, ctx)
+    text = str(err.value)
+    assert "4 agents" in text and "num-partitions=8" in text
+    assert 'num-supernodes=4"' in text  # the fix
+    assert {m.metadata.message_type for m in grid.delivered} == {"query.sheaf"}  # nothing trained
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -197,17 +197,21 @@ def _load_run_flwr():
 
 def test_flwr_run_past_its_timeout_ends_in_a_message_not_a_traceback(monkeypatch, capsys):
     run_flwr = _load_run_flwr()
-    real_run = subprocess.run
+    stopped = []
 
-    def hang(cmd, *a, **kw):
-        if cmd[1:2] == ["run"]:  # `flwr run` outlives --timeout
-            raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
-        return real_run(cmd, *a, **kw)
+    class Hang:  # `flwr run` outlives --timeout
+        def __init__(self, cmd, *a, **kw):
+            assert cmd[1:2] == ["run"]
+            self.cmd = cmd
 
-    monkeypatch.setattr(run_flwr.subprocess, "run", hang)
+        def wait(self, timeout=None):
+            raise subprocess.TimeoutExpired(self.cmd, timeout)
+
+    monkeypatch.setattr(run_flwr.subprocess, "Popen", Hang)
+    monkeypatch.setattr(run_flwr, "stop_processes", lambda procs: stopped.extend(procs) or 1)
     monkeypatch.setattr(run_flwr, "find_flwr", lambda env: "flwr")
     monkeypatch.setattr(run_flwr, "run_status", lambda flwr, env: "running")
-    monkeypatch.setattr(run_flwr, "stop_superlink", lambda port: 0)
+    monkeypatch.setattr(run_flwr, "stop_superlink", lambda port, known=None: 0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     rc = run_flwr.main(["--port", "0", "--timeout", "7", "--num-supernodes", "2"])
     err = capsys.readouterr().err
@@ -216,6 +220,27 @@ def test_flwr_run_past_its_timeout_ends_in_a_message_not_a_traceback(monkeypatch
         "flwr run did not finish within --timeout 7 s and was stopped (run status: running" in err
     )
     assert "A larger run needs a larger --timeout" in err
+    assert [type(p) for p in stopped] == [Hang]  # the CLI stopped, not left running
+
+
+def test_the_advice_after_an_interruption_resumes_only_a_run_that_kept_its_node_state(tmp_path):
+    run_flwr = _load_run_flwr()
+    out = tmp_path / "out"
+    out.mkdir()
+    given = "zoo='tiny-4' overwrite=true"  # its own overwrite/resume is replaced, not doubled
+    assert run_flwr.rerun_advice(out, "", "bash scripts/main.sh", given).endswith(
+        ": bash scripts/main.sh \"zoo='tiny-4'\""
+    )  # nothing written yet: the same command
+    (out / "checkpoint.pkl").write_bytes(b"x")
+    kept = run_flwr.rerun_advice(out, str(tmp_path / "state"), "bash scripts/main.sh", given)
+    assert kept == (
+        "to continue it from its last checkpoint: bash scripts/main.sh \"zoo='tiny-4' resume=true\""
+    )
+    lost = run_flwr.rerun_advice(out, "", "bash scripts/main.sh", given)
+    assert "resume=true cannot continue it" in lost and "node-state-dir=<dir>" in lost
+    assert (
+        """bash scripts/main.sh "zoo='tiny-4' overwrite=true" (moves its checkpoint.pkl""" in lost
+    )
 
 
 # --------------------------------------------------------------- case 10: --ray-address refusals

@@ -16,6 +16,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from flwr_sheaf.apps.client_app import app as cnn_app
 from flwr_sheaf.apps.server_app import run_server
@@ -349,8 +350,11 @@ def test_resume_refuses_a_changed_run_config_and_a_missing_checkpoint(tmp_path):
         "resume": True,
         "num-server-rounds": 2,
     }  # the nodes keep no state: refused at discovery
-    with pytest.raises(RuntimeError, match="discovery failed .* keeps no state"):
+    with pytest.raises(RuntimeError, match="discovery failed .* keeps no state") as err:
         run_server(LocalGrid(cnn_app, 4, run_config=longer), longer)
+    # every node failed the same way: the reason said once, with the count
+    assert str(err.value).count("keeps no state") == 1
+    assert "(the same on 3 more of the 4 nodes: node " in str(err.value)
     changed = {**cfg, "resume": True, "lr": 0.2, "num-server-rounds": 2}
     with pytest.raises(ConfigError, match=r"lr=0\.05 in the checkpoint, 0\.2 now"):
         run_server(LocalGrid(cnn_app, 4, run_config=changed), changed)
@@ -439,3 +443,43 @@ def test_a_checkpoint_of_a_newer_format_is_refused_naming_file_format_and_upgrad
     resumed = {**cfg, "resume": True, "num-server-rounds": 2}
     with pytest.raises(ConfigError, match=expect):
         run_server(LocalGrid(cnn_app, 4, run_config=resumed), resumed)
+
+
+class _SimulatedGrid(LocalGrid, InMemoryGrid):
+    """LocalGrid standing in for Flower's simulation grid (its nodes' config: partition-ids only)."""
+
+
+def test_resuming_a_simulation_without_node_state_is_refused_once_before_any_message(tmp_path):
+    """In Flower's simulation engine a node keeps its state in memory only: resuming a run that
+    set no node-state-dir cannot work. It is refused once, before any message (each node used to
+    refuse the query with its own traceback), and the refusal and the preflight name what works."""
+    cfg = {**RC, "method": "non-cooperative", "num-server-rounds": 1}
+    cfg["results-dir"] = str(tmp_path / "r")
+    run_server(_SimulatedGrid(cnn_app, 4, run_config=cfg), cfg)
+    longer = {**cfg, "resume": True, "num-server-rounds": 2}
+    grid = _SimulatedGrid(cnn_app, 4, run_config=longer)
+    with pytest.raises(ConfigError) as err:
+        run_server(grid, longer)
+    assert grid.delivered == []  # said before any message
+    text = str(err.value)
+    assert (
+        "node-state-dir" in text
+        and "overwrite=true" in text
+        and "keeps its state in memory" in text
+    )
+    # the advice works: overwrite=true runs afresh (the earlier files moved aside)
+    again = {**cfg, "overwrite": True, "num-server-rounds": 2}
+    run_server(_SimulatedGrid(cnn_app, 4, run_config=again), again)
+    assert json.loads((tmp_path / "r" / "results.json").read_text())["status"] == "completed"
+    # a fresh run into it: the preflight advises overwrite, not the resume that cannot work
+    with pytest.raises(ConfigError) as err:
+        run_server(_SimulatedGrid(cnn_app, 4, run_config=cfg), cfg)
+    assert "overwrite=true" in str(err.value) and "resume=true to continue" not in str(err.value)
+    # with node-state-dir the stopped run can be continued, and the preflight says so
+    kept = {**cfg, "node-state-dir": str(tmp_path / "state"), "results-dir": str(tmp_path / "k")}
+    run_server(_SimulatedGrid(cnn_app, 4, run_config=kept), kept)
+    with pytest.raises(ConfigError, match="resume=true to continue that run"):
+        run_server(_SimulatedGrid(cnn_app, 4, run_config=kept), kept)
+    resumed = {**kept, "resume": True, "num-server-rounds": 2}
+    run_server(_SimulatedGrid(cnn_app, 4, run_config=resumed), resumed)
+    assert json.loads((tmp_path / "k" / "results.json").read_text())["status"] == "completed"

@@ -274,3 +274,36 @@ def test_importing_the_client_app_does_not_import_server_side_libraries():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _fake_checkout(root: Path) -> Path:
+    """``root`` as a checkout for scripts/setup.sh whose ``.venv/bin/python`` only logs its arguments."""
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "setup.sh").write_text((ROOT / "scripts" / "setup.sh").read_text())
+    (root / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    bin_ = root / ".venv" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").write_text(f'#!/bin/sh\necho "$*" >> {root}/python.log\n')
+    (bin_ / "python").chmod(0o755)
+    (bin_ / "activate").write_text(f'PATH="{bin_}:$PATH"\n')
+    return root
+
+
+def test_setup_skips_pip_while_pyproject_is_unchanged_and_installs_when_it_changed(tmp_path):
+    root = _fake_checkout(tmp_path / "checkout")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_SPEC"}
+
+    def pip_runs() -> list[str]:
+        (root / "python.log").unlink(missing_ok=True)
+        subprocess.run(["bash", str(root / "scripts" / "setup.sh")], env=env, check=True)
+        return [x for x in (root / "python.log").read_text().splitlines() if x.startswith("-m pip")]
+
+    first = pip_runs()
+    assert "-m pip install -q -e .[dev,docs]" in first
+    assert pip_runs() == []  # the same pyproject.toml: no pip at all
+    with (root / "pyproject.toml").open("a") as f:
+        f.write("\n# a changed dependency\n")
+    assert "-m pip install -q -e .[dev,docs]" in pip_runs()
+    assert pip_runs() == []
+    env["TORCH_SPEC"] = "torch==0 torchvision==0"  # another TORCH_SPEC: pip runs again
+    assert "-m pip install -q -e .[dev,docs]" in pip_runs()

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from ..config import (
     KEYS,
     METHOD_KEYS,
+    ConfigError,
     FederationConfig,
     LocalTrainConfig,
     RunConfig,
@@ -27,9 +28,15 @@ from ..engine import describe_ray, warn_if_unasked
 from ..methods import METHODS, Method, parse_run_config
 from ..protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS
 from ..results import collapse_warnings, run_status, strategy_config, write_results
-from ..rundir import check_node_state_dir, claim_node_state_dir, preflight
+from ..rundir import (
+    check_node_state_dir,
+    claim_node_state_dir,
+    preflight,
+    resume_without_node_state,
+)
 from ..strategy.checkpoint import Checkpointer
 from ..strategy.ledger import RunFailedError
+from ..strategy.messaging import simulated
 from ..tracking import Tracker, check_trackers
 from .methods import num_nodes
 from .scenario import check_scenario, sampled_discovery
@@ -130,8 +137,9 @@ def run_config_warnings(
 ) -> list[str]:
     """Run-config values the run will not use, or defaults that likely surprise, said before any
     message: one line per method-section key changed but read by no part of the selected method,
-    tracker key set without its tracker, and ``graph`` left at ``class-overlap`` on 4 to 6 agents
-    (docs/own-app.md); values are compared before ``preset``, so a preset
+    tracker key set without its tracker, ``graph`` left at ``class-overlap`` on 4 to 6 agents
+    (docs/own-app.md), and ``evaluate-nodes`` set to ``panel`` or ``drawn`` at
+    ``fraction-evaluate = 1`` (both then evaluate every node); values are compared before ``preset``, so a preset
     never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
 
     Args:
@@ -192,6 +200,13 @@ def run_config_warnings(
         and config.federation.graph == KEYS["graph"].default
     ):
         out.append(_small_graph_warning(config, num_nodes))
+    mode, fraction = config.federation.evaluate_nodes, config.federation.fraction_evaluate
+    if "evaluate-nodes" in changed and mode in ("panel", "drawn") and fraction >= 1.0:
+        out.append(
+            f"evaluate-nodes={mode!r} evaluates every node at fraction-evaluate={fraction:g}, as "
+            f"{'drawn' if mode == 'panel' else 'panel'} does: a panel (the same nodes every round) "
+            "and a draw per round differ only below 1; set fraction-evaluate (e.g. 0.1)"
+        )
     return [w for w in out if w]
 
 
@@ -274,7 +289,7 @@ def run_server(grid: Grid, run_config: Mapping) -> Path:
     check_trackers(config.tracking)  # a tracker whose package is missing: before any message
     # directories writable, results-dir free and locked, an overwritten run's files moved aside:
     # before any message
-    with preflight(config) as pre:
+    with preflight(config, simulated(grid)) as pre:
         if not Path(config.results_dir).expanduser().is_absolute():
             log.info(
                 "results-dir=%r is relative: results go to %s (the ServerApp's working directory; "
@@ -291,7 +306,7 @@ def _run(
 ) -> Path:
     """:func:`run_server` after the preflight: resume checks, the rounds, results.json, the status."""
     out = Path(config.results_dir).expanduser().resolve()
-    ckpt, trained_before = _prepare_resume(config, strategy, out)  # before any message is sent
+    ckpt, trained_before = _prepare_resume(config, strategy, out, simulated(grid))  # no message yet
     tracker = Tracker.from_config(config)  # None unless `tracking` names a tracker
     if tracker is not None:
         strategy.round_callbacks.append(tracker.log_round)
@@ -312,7 +327,9 @@ def _run(
     return _report(strategy, config, problems, path, wall)
 
 
-def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointer, dict[int, int]]:
+def _prepare_resume(
+    config: RunConfig, strategy, out: Path, simulation: bool = False
+) -> tuple[Checkpointer, dict[int, int]]:
     """The run's :class:`~flwr_sheaf.strategy.checkpoint.Checkpointer` (set on ``strategy``) and,
     when resuming, ``{partition-id: last round it trained}`` of the checkpoint; the node state
     directory is checked and claimed for this run, and ``strategy.resume_check`` set so that every
@@ -320,7 +337,9 @@ def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointe
 
     Raises:
         ConfigError / NoCheckpointError: as :meth:`Checkpointer.check` and
-            :func:`~flwr_sheaf.rundir.check_node_state_dir` (another run's node state).
+            :func:`~flwr_sheaf.rundir.check_node_state_dir` (another run's node state); in
+            Flower's simulation engine (``simulation``) without ``node-state-dir``, nodes that
+            trained before (their state lived in memory only: said once, what works named).
     """
     resume_from = config.resume_from or (out if config.resume else None)
     ckpt = strategy.checkpointer = Checkpointer(
@@ -334,6 +353,11 @@ def _prepare_resume(config: RunConfig, strategy, out: Path) -> tuple[Checkpointe
         check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
         claim_node_state_dir(state_root, config.to_dict(), out)
     trained_before = _last_trained(checked["state"]["ledger"].rounds, strategy.num_nodes)
+    if simulation and not config.node_state_dir and any(trained_before.values()):
+        # else every node refuses the resume query alone, each with Flower's traceback
+        raise ConfigError(
+            resume_without_node_state(out, str(checked["config"].get("node-state-dir", "")))
+        )
     strategy.resume_check = {
         RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
         RESUME_ROUND: int(checked["round"]),

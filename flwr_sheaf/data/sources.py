@@ -486,9 +486,39 @@ def _load_idx_dir(
     return out
 
 
+#: seconds the Hugging Face hub has to answer the one probe before an ``hf:`` spec is loaded
+HUB_PROBE_SECONDS = 5.0
+
+
+def _probe_hub(name: str, endpoint: str) -> None:
+    """Fail fast when the hub at ``endpoint`` does not answer (any HTTP reply counts as an answer).
+
+    Raises:
+        ConnectionError: naming the spec, the endpoint, the reason and the fixes (``HF_HUB_OFFLINE=1``
+            loads it from the local cache; the bundled and idx sources need no network).
+    """
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)
+    except Exception as exc:  # httpx / requests errors: no network, DNS, refused, timed out
+        raise ConnectionError(
+            f"dataset spec 'hf:{name}': the Hugging Face hub {endpoint} did not answer within "
+            f"{HUB_PROBE_SECONDS:g} s ({type(exc).__name__}: {exc}); offline, set HF_HUB_OFFLINE=1 "
+            f"to load it from the local cache (where it was downloaded before), or use "
+            f"'mnist-bundled' / 'idx:<dir>'"
+        ) from None
+
+
 @functools.cache
 def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """All splits of a HF dataset (``train`` first, ``test`` next, others by name)."""
+    """All splits of a HF dataset (``train`` first, ``test`` next, others by name).
+
+    Raises:
+        ImportError: the ``datasets`` package is missing.
+        ConnectionError: the hub does not answer one short probe (:func:`_probe_hub`), or
+            ``HF_HUB_OFFLINE`` is set and the dataset is not cached.
+    """
     try:
         import datasets  # noqa: F401  (installed with flwr-datasets, the "hf" extra)
     except ImportError as err:
@@ -496,7 +526,19 @@ def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
             f"dataset spec 'hf:{name}' needs the Hugging Face 'datasets' package; "
             "install it with `pip install flwr-sheaf[hf]` (flwr-datasets) or use 'mnist-bundled' / 'idx:<dir>'"
         ) from err
-    dsd = datasets.load_dataset(name)
+    offline = bool(datasets.config.HF_HUB_OFFLINE)
+    if not offline:  # one short probe: the hub client would retry an unreachable hub for minutes
+        _probe_hub(name, str(datasets.config.HF_ENDPOINT))
+    try:
+        dsd = datasets.load_dataset(name)
+    except ConnectionError as err:
+        if not offline:
+            raise
+        raise ConnectionError(
+            f"dataset spec 'hf:{name}': HF_HUB_OFFLINE is set and the dataset is not in the local "
+            f"Hugging Face cache ({datasets.config.HF_DATASETS_CACHE}): load it once online, or use "
+            "'mnist-bundled' / 'idx:<dir>'"
+        ) from err
     if isinstance(dsd, datasets.Dataset):
         dsd = datasets.DatasetDict({"train": dsd})
     order = sorted(dsd.keys(), key=lambda k: ({"train": 0, "test": 1}.get(k, 2), k))

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from flwr.clientapp import ClientApp
+from flwr.serverapp import strategy as flower_strategies
 from flwr.serverapp.strategy import Strategy
 
 from ..config import (
@@ -184,9 +185,18 @@ def get_method(name: str) -> Method:
             f"; entry point {k!r} of {ENTRY_POINT_GROUP} failed to load: {v}"
             for k, v in _entry_point_errors.items()
         )
+        flower = {
+            s.lower(): s for s in flower_strategies.__all__ if s not in ("Result", "Strategy")
+        }
+        hint = (  # a close spelling of another idea (fedprox ~ rfedproj) would mislead
+            f" ({flower[name.lower()]} is Flower's own strategy, flwr.serverapp.strategy."
+            f"{flower[name.lower()]}, for one shared model; it is not a flwr-sheaf method, whose "
+            f"agents keep their own models)"
+            if name.lower() in flower
+            else did_you_mean(name, _METHODS)
+        )
         raise ConfigError(
-            f"method={name!r}: must be one of {sorted(_METHODS)}{did_you_mean(name, _METHODS)} "
-            f"(a method of your own: "
+            f"method={name!r}: must be one of {sorted(_METHODS)}{hint} (a method of your own: "
             f"name its module in the run-config key method-module){broken}"
         )
     return _METHODS[name]

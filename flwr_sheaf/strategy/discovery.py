@@ -74,8 +74,10 @@ def parse_reply(
 
     Raises:
         RuntimeError: the node reports ``num-partitions`` smaller than the scenario's ``num_nodes``
-            agents (the federation has too few SuperNodes: the ``--federation-config`` to pass), or
-            a partition-id in ``claimed`` (another node reported it).
+            agents (the federation has too few SuperNodes: the ``--federation-config`` to pass); a
+            partition-id >= ``num_nodes`` describing itself as an agent (``d > 0``: the task factory
+            splits the data by ``num-partitions``, so the agents would get a smaller share: both
+            numbers and the fix named); or a partition-id in ``claimed`` (another node reported it).
     """
     if r is None:
         return None, "no reply within the timeout"
@@ -93,6 +95,16 @@ def parse_reply(
             f"this scenario has {num_nodes} agents but the federation has "
             f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
             f"run: flwr run . --stream {federation_fix(num_nodes)} (in-process: LocalGrid(app, {num_nodes}))"
+        )
+    if info.partition_id >= num_nodes and info.d > 0:  # a spare describes itself with d = 0
+        raise RuntimeError(
+            f"this scenario has {num_nodes} agents but the federation has num-partitions="
+            f"{info.num_partitions} SuperNodes, and partition-id {info.partition_id} describes itself "
+            f"as an agent (d={info.d}, {info.num_examples} training examples): the task factory "
+            f"splits the data by num-partitions, so each of the {num_nodes} agents would train on "
+            f"its 1/{info.num_partitions} share; run: flwr run . --stream {federation_fix(num_nodes)}"
+            f" (or let the task factory raise OutsideScenarioError for partition-id >= {num_nodes}:"
+            f" the extra SuperNodes then stay idle)"
         )
     if info.partition_id in claimed:
         raise RuntimeError(
@@ -225,19 +237,30 @@ class Discovery:
         """Fail when a node's reply was unusable and no spare SuperNode can stand in.
 
         Raises:
-            RuntimeError: quoting the first failed node's reason (and up to three more).
+            RuntimeError: quoting the first failed node's reason once, with the count and node ids
+                of the nodes that failed the same way (and up to three other reasons).
         """
         errors = self.errors
         if not errors or len(self.asked) > self.num_nodes:
             return
+        reason = errors[0].split(": ", 1)[-1]  # "node <id>: <reason>": one reason said once
+        same = [e.split(":", 1)[0] for e in errors[1:] if e.split(": ", 1)[-1] == reason]
+        others = [e for e in errors[1:] if e.split(": ", 1)[-1] != reason]
         more = (
-            f" (and {len(errors) - 1} more of the {len(self.asked)} nodes: "
-            + "; ".join(e[:160] for e in errors[1:4])
-            + (" ..." if len(errors) > 4 else "")
+            f" (the same on {len(same)} more of the {len(self.asked)} nodes: "
+            + ", ".join(same[:5])
+            + (" ..." if len(same) > 5 else "")
             + ")"
-            if len(errors) > 1
+            if same
             else ""
         )
+        if others:
+            more += (
+                f" (and {len(others)} more failed otherwise: "
+                + "; ".join(e[:160] for e in others[:3])
+                + (" ..." if len(others) > 3 else "")
+                + ")"
+            )
         raise RuntimeError(f"discovery failed on {errors[0]}{more}")
 
     def broken_error(self, registered: int) -> RuntimeError:

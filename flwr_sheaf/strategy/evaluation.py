@@ -327,7 +327,7 @@ class GraphEvaluation:
                 del ok[pid]
         nodes = steps.node_rows(phase.phase1, self.node_metric_names)
         for pid, row in nodes.items():  # an untrained node's latents say nothing of the method
-            row["trained"] = pid in view.trained
+            row["trained"], row["trained_rounds"] = pid in view.trained, view.trained.get(pid, 0)
         edges = steps.edge_rows(ok, self.edge_metric_keys)
         non_edges = steps.non_edge_rows(ok, phase.non_edge_plan)
         extra = steps.extra_means(

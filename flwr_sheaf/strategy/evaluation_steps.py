@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -103,8 +103,8 @@ class EvaluationView:
         exchange: messages and checked replies (records failures in ``ledger``).
         ledger: the run's records; this round's is ``ledger.current``.
         owner: the strategy's class name (named in recorded reasons).
-        trained: partition-ids that trained in this round or before (an evaluated node outside it
-            still has its initial weights).
+        trained: ``{partition-id: rounds it trained in}`` of the nodes that trained in this round
+            or before (an evaluated node outside it still has its initial weights).
         mode: how the evaluators were chosen (run-config ``evaluate-nodes``, resolved: ``trained``,
             ``panel`` or ``drawn``).
     """
@@ -122,7 +122,7 @@ class EvaluationView:
     exchange: Exchange
     ledger: RunLedger
     owner: str
-    trained: frozenset[int] = frozenset()
+    trained: Mapping[int, int] = field(default_factory=dict)
     mode: str = "drawn"
 
     @property

@@ -479,7 +479,11 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         s, server_round, [p for p in drawn if p in s.nodes and p not in refused]
     )
     evaluators = list(payloads)
-    ever = {p for r in (*s.ledger.rounds, s.ledger.current) for p in trained_in(r)}
+    cur = s.ledger.current
+    ever: dict[int, int] = {}  # partition-id -> rounds it trained in, this one included
+    for r in [*(r for r in s.ledger.rounds if r is not cur), cur]:
+        for p in trained_in(r):
+            ever[p] = ever.get(p, 0) + 1
     return EvaluationView(
         server_round=server_round,
         nodes=s.nodes,
@@ -494,7 +498,7 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         exchange=s.exchange,
         ledger=s.ledger,
         owner=type(s).__name__,
-        trained=frozenset(ever),
+        trained=ever,
         mode=s.evaluate_nodes,
     )
 

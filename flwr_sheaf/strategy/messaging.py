@@ -48,12 +48,18 @@ SLOW_START = 8
 MAX_PULL_INTERVAL = 0.1
 
 
-def in_flight_limit(grid: Grid) -> int | None:
-    """The bound on messages in flight for ``grid``: :data:`SIMULATION_WINDOW` on Flower's simulation
-    engine (its ``InMemoryGrid``), ``None`` (all at once, Flower's ``send_and_receive``) otherwise."""
+def simulated(grid: Grid) -> bool:
+    """Whether ``grid`` is Flower's simulation engine's (its ``InMemoryGrid``): its nodes' node
+    config holds only ``partition-id`` and ``num-partitions``, and their state lives in memory."""
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid  # Flower internal (1.42 pin)
 
-    return SIMULATION_WINDOW if isinstance(grid, InMemoryGrid) else None
+    return isinstance(grid, InMemoryGrid)
+
+
+def in_flight_limit(grid: Grid) -> int | None:
+    """The bound on messages in flight for ``grid``: :data:`SIMULATION_WINDOW` on Flower's simulation
+    engine (:func:`simulated`), ``None`` (all at once, Flower's ``send_and_receive``) otherwise."""
+    return SIMULATION_WINDOW if simulated(grid) else None
 
 
 def send_and_receive(

@@ -33,6 +33,7 @@ from .flwr_cli import (
     flwr_env,
     free_port_block,
     missing,
+    process_tree,
     run_status,
     stop_processes,
 )
@@ -487,11 +488,8 @@ class LocalDeployment(_SiteCrashes, _Runs):
         its parent's pid, which a zombie keeps alive)."""
         for p in self.started:
             p.poll()
-            try:
-                for q in psutil.Process(p.pid).children(recursive=True):
-                    self.seen.setdefault(q.pid, q)
-            except psutil.NoSuchProcess:
-                continue
+            for q in process_tree([p])[1:]:
+                self.seen.setdefault(q.pid, q)
 
     def _spawn(
         self, cmd: list[str], log: Path | None, env: dict[str, str] | None = None

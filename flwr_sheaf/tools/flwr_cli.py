@@ -48,6 +48,8 @@ __all__ = [
     "flwr_env",
     "find_flwr",
     "free_port_block",
+    "last_run",
+    "process_tree",
     "run_status",
     "stop_processes",
     "undeclared_keys",
@@ -174,16 +176,16 @@ def find_flwr(env: dict[str, str], name: str = "flwr") -> str:
     return exe
 
 
-def run_status(
+def last_run(
     flwr: str,
     env: dict[str, str],
     connection: str | None = None,
     run_id: int | None = None,
     timeout: float = 120.0,
-) -> str:
-    """Status of run ``run_id`` (default: the last run listed), e.g. ``"finished:completed"``, from
-    ``flwr ls [connection] [--run-id ID] --format json``; ``"no run found"`` when the SuperLink
-    lists none or the CLI printed no JSON.
+) -> dict[str, str]:
+    """Run ``run_id`` (default: the last run listed) as ``flwr ls [connection] [--run-id ID]
+    --format json`` lists it (``"run-id"``, ``"status"``, ...); ``{}`` when the SuperLink lists
+    none or the CLI printed no JSON.
 
     Raises:
         subprocess.TimeoutExpired: the CLI did not answer within ``timeout`` seconds.
@@ -196,7 +198,45 @@ def run_status(
         runs = list(json.loads(out).get("runs", []))
     except (json.JSONDecodeError, AttributeError):
         runs = []
-    return str(runs[-1].get("status")) if runs else "no run found"
+    return {str(k): str(v) for k, v in runs[-1].items()} if runs else {}
+
+
+def run_status(
+    flwr: str,
+    env: dict[str, str],
+    connection: str | None = None,
+    run_id: int | None = None,
+    timeout: float = 120.0,
+) -> str:
+    """Status of run ``run_id`` (default: the last run listed), e.g. ``"finished:completed"``
+    (:func:`last_run`); ``"no run found"`` when the SuperLink lists none.
+
+    Raises:
+        subprocess.TimeoutExpired: the CLI did not answer within ``timeout`` seconds.
+    """
+    return last_run(flwr, env, connection, run_id, timeout).get("status", "no run found")
+
+
+def process_tree(roots: Iterable[psutil.Process | subprocess.Popen | int]) -> list[psutil.Process]:
+    """``roots`` and all their descendants now (each once, roots first): taken before anything is
+    stopped, so that processes a stopped parent leaves behind (Ray's GCS, raylet and agents under
+    the simulation process) are still known by their ``psutil.Process`` (pid and creation time).
+    A remembered ``psutil.Process`` whose pid was reused since is left out (not ours)."""
+    out: dict[int, psutil.Process] = {}
+    for p in roots:
+        try:
+            root = (
+                p
+                if isinstance(p, psutil.Process)
+                else psutil.Process(p.pid if isinstance(p, subprocess.Popen) else int(p))
+            )
+            if not root.is_running():
+                continue
+            for q in [root] + root.children(recursive=True):
+                out.setdefault(q.pid, q)
+        except psutil.NoSuchProcess:
+            continue
+    return list(out.values())
 
 
 def stop_processes(
@@ -218,22 +258,8 @@ def stop_processes(
         Number of processes that were still alive and got signalled.
     """
     procs = list(procs)
-    victims: dict[int, psutil.Process] = {}
-    for p in procs:
-        try:
-            root = (
-                p
-                if isinstance(p, psutil.Process)
-                else psutil.Process(p.pid if hasattr(p, "pid") else int(p))
-            )
-            if not root.is_running():  # a remembered process whose pid was reused: not ours
-                continue
-            for q in [root] + root.children(recursive=True):
-                victims[q.pid] = q
-        except psutil.NoSuchProcess:
-            continue
     alive = []
-    for q in victims.values():
+    for q in process_tree(procs):
         try:
             q.send_signal(first)
             alive.append(q)
