@@ -101,10 +101,14 @@ def check_results_dir(
         NotADirectoryError: ``out_dir`` exists and is not a directory.
         flwr_sheaf.locks.LockedError: a live run holds ``out_dir`` (its process and, for a Flower
             run, ``flwr stop <run-id>`` named).
+        flwr_sheaf.config.ConfigError: ``config``'s ``max-failed-fraction`` or ``keep-previous``
+            (read by :func:`write_results`) is bad (named; nothing created).
     """
     from .locks import DirLock, held_by_this_process
 
     out = _checked_out(out_dir, overwrite)  # nothing created or locked for a refused directory
+    for key in ("max-failed-fraction", "keep-previous"):  # what write_results reads: now, not after
+        _given_or_config(None, config or {}, key)
     out.mkdir(parents=True, exist_ok=True)
     claim = None if held_by_this_process(out) else DirLock(out, "out_dir").acquire()
     try:

@@ -175,6 +175,23 @@ def test_a_run_config_key_the_strategy_does_not_apply_is_warned_at_start_and_rec
     assert res["config"]["zoo"] == "tiny-3" and res["warnings"] == warned
 
 
+@pytest.mark.parametrize(("key", "value"), [("max-failed-fraction", 2.0), ("keep-previous", -1)])
+def test_a_bad_value_write_results_reads_from_the_config_is_refused_before_training(
+    tmp_path, key, value
+):
+    """write_results reads ``max-failed-fraction`` and ``keep-previous`` from ``config``: a bad value
+    had been refused only there, after training (results lost); check_results_dir refuses it at
+    start, naming it, with nothing created."""
+    from flwr_sheaf.config import KEYS, ConfigError
+
+    with pytest.raises(ConfigError) as want:
+        KEYS[key](value)  # the key's own parser's message
+    with pytest.raises(ConfigError) as got:
+        check_results_dir(tmp_path / "run", config={**RC, key: value})
+    assert str(got.value) == str(want.value) and key in str(got.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_second_run_into_a_results_dir_a_live_run_holds_is_refused_at_its_start(tmp_path):
     """``flwr run --stream`` stopped with Ctrl-C leaves its run going: a rerun into the same
     results-dir is refused by check_results_dir (before training), naming the live Flower run and
