@@ -69,6 +69,16 @@ def strategy_config(strategy: Any) -> dict[str, Any]:
     return out
 
 
+def _ran(strategy: Any) -> dict[str, Any]:
+    """``method`` (:func:`_method_name`) and ``num-server-rounds`` (the last ``start``'s) that
+    ``strategy`` ran with, where known."""
+    ran = {
+        "method": _method_name(strategy),
+        "num-server-rounds": getattr(strategy, "requested_rounds", None),
+    }
+    return {k: v for k, v in ran.items() if v is not None}
+
+
 def _method_name(strategy: Any) -> str | None:
     """The registered ``method`` whose action is the strategy's, when exactly one is (else None)."""
     from .methods.registry import METHODS
@@ -148,26 +158,45 @@ def _parsed(config: Mapping[str, Any]) -> bool:
     return set(KEYS) <= set(config)
 
 
+def _as_parsed(key: str, value: Any) -> Any:
+    """``value`` as run-config ``key``'s parser reads it (``1.0`` == 1, ...), else as given."""
+    from .config import ConfigError, lookup_key
+
+    try:
+        return lookup_key(key)(value)
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return value
+
+
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
     """One warning per key of ``config`` (one's own app's run config) the strategy does not apply: a
-    key of its sections (:func:`strategy_config`) with another value (a host app's
-    ``fraction-evaluate = 0.5`` for its FedAvg; results.json records the strategy's value, the
+    key of its sections (:func:`strategy_config`), or ``method`` / ``num-server-rounds`` (the
+    strategy's registered method, its last ``start``'s ``num_rounds``), with another value (a host
+    app's ``fraction-evaluate = 0.5`` for its FedAvg; results.json records the strategy's value, the
     section field to set named), or no flwr-sheaf key but close to one (misspelt: the closest
     named). Empty without both."""
     import difflib
     from dataclasses import fields
 
-    from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
+    from .config import KEYS, METHOD_KEYS
 
     if strategy is None or not config or _parsed(config):
         return []
     used, out = strategy_config(strategy), []
+    for key, value in _ran(strategy).items():  # not in a section: the registry's, start's
+        if key in config and _as_parsed(key, config[key]) != value:
+            out.append(
+                f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
+                f"with {key}={value!r} (results.json's config records {value!r}); "
+                + (
+                    "to apply it, build that method's strategy"
+                    if key == "method"
+                    else "to apply it, pass num_rounds=... to strategy.start"
+                )
+            )
     for key in config:
         if key in used:
-            try:
-                given = lookup_key(key)(config[key])  # as the section parses it ("1" == 1, ...)
-            except (ConfigError, KeyError, TypeError, ValueError):
-                given = config[key]
+            given = _as_parsed(key, config[key])
             if given != used[key]:
                 field = next(  # the section field that holds key (lambda is SheafConfig's lam)
                     f"{type(sec).__name__}({f.name}=...)"
@@ -392,14 +421,20 @@ def _check_foreign_checkpoint(
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
     """results.json's ``config``: ``config`` as given, then every key of the strategy's config
     sections (:func:`strategy_config`) with the strategy's value, also where ``config`` gives another
-    (warned: :func:`config_not_applied`; a parsed run config is kept as given); ``method`` first, from
-    the registry, when absent and the strategy's action names exactly one registered method."""
+    (warned: :func:`config_not_applied`; a parsed run config is kept as given), and so for
+    ``num-server-rounds`` (the last ``start``'s) where given; ``method`` (first when absent) from the
+    registry where the strategy's action names exactly one registered method."""
     cfg, parsed = dict(config or {}), _parsed(config or {})
     for key, value in strategy_config(strategy).items():
         if key not in cfg or not parsed:  # what ran
             cfg[key] = value
+    ran = {} if parsed else _ran(strategy)
+    if "num-server-rounds" in cfg and "num-server-rounds" in ran:
+        cfg["num-server-rounds"] = ran["num-server-rounds"]
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
+    if "method" in ran:
+        cfg["method"] = ran["method"]
     return cfg
 
 

@@ -175,6 +175,37 @@ def test_a_run_config_key_the_strategy_does_not_apply_is_warned_at_start_and_rec
     assert res["config"]["zoo"] == "tiny-3" and res["warnings"] == warned
 
 
+def test_a_host_apps_method_and_num_server_rounds_are_recorded_as_run_and_warned(tmp_path, caplog):
+    """A host app's own ``method = "fedavg"`` (its pipeline switch) and ``num-server-rounds = 3``
+    beside a FedProto started for 1 round: results.json had recorded both as given (method fedavg,
+    3 rounds, no warning); it records what ran (fedproto, 1) and warns of both, the method at start."""
+    rc = {**RC, "method": "fedavg", "num-server-rounds": 3}
+    strategy = FedProto(
+        3,
+        federation=FederationConfig(graph="ring", seed=2),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1),
+    )
+    with caplog.at_level(logging.WARNING, logger="flwr_sheaf"):
+        out = check_results_dir(tmp_path / "run", strategy=strategy, config=rc)
+    at_start = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run-config")]
+    assert at_start == [
+        "run-config method='fedavg' is not applied: FedProto runs with method='fedproto' "
+        "(results.json's config records 'fedproto'); to apply it, build that method's strategy"
+    ]
+    strategy.start(grid=LocalGrid(cnn_client_app, 3, run_config=rc), num_rounds=1, timeout=5)
+    res = json.loads(write_results(strategy, out, config=rc).read_text())
+    assert res["config"]["method"] == "fedproto" and res["config"]["num-server-rounds"] == 1
+    assert res["warnings"] == [
+        *at_start,
+        "run-config num-server-rounds=3 is not applied: FedProto runs with num-server-rounds=1 "
+        "(results.json's config records 1); to apply it, pass num_rounds=... to strategy.start",
+    ]
+    # the same keys with what ran: nothing warned (1.0 parses as 1), what ran recorded
+    ok = {**RC, "method": "fedproto", "num-server-rounds": 1.0}
+    res = json.loads(write_results(strategy, tmp_path / "ok", config=ok).read_text())
+    assert "warnings" not in res and res["config"]["num-server-rounds"] == 1
+
+
 @pytest.mark.parametrize(("key", "value"), [("max-failed-fraction", 2.0), ("keep-previous", -1)])
 def test_a_bad_value_write_results_reads_from_the_config_is_refused_before_training(
     tmp_path, key, value
