@@ -136,7 +136,11 @@ def check_results_dir(
 
 def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
     """``out_dir`` expanded, after the check of :func:`check_results_dir` and :func:`write_results`
-    (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``)."""
+    (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``;
+    a ConfigError for an ``overwrite`` that is no bool, e.g. a run config's ``"false"``)."""
+    from .config import KEYS
+
+    KEYS["overwrite"](overwrite)  # a truthy "false" is not taken as asked
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")

@@ -223,6 +223,29 @@ def test_a_bad_value_write_results_reads_from_the_config_is_refused_before_train
     assert list(tmp_path.iterdir()) == []
 
 
+def test_overwrite_given_as_text_is_refused_not_taken_as_true(tmp_path):
+    """``--run-config 'overwrite="false"'`` hands a host app the string "false", which is truthy: the
+    earlier results had been moved aside as if overwrite=true (logged "overwrite=True"). It is
+    refused naming the value, at start and at write, with nothing moved."""
+    from flwr_sheaf.config import ConfigError
+
+    strategy = FedProto(
+        3,
+        federation=FederationConfig(graph="ring", seed=2),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1),
+    )
+    strategy.start(grid=LocalGrid(cnn_client_app, 3, run_config=RC), num_rounds=1, timeout=5)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    for bad in ("false", 1):
+        with pytest.raises(ConfigError, match=rf"^overwrite={bad!r}: expected true or false$"):
+            check_results_dir(out, overwrite=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=rf"^overwrite={bad!r}: expected true or false$"):
+            write_results(strategy, out, overwrite=bad)  # type: ignore[arg-type]
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]  # nothing moved, no lock
+
+
 def test_a_second_run_into_a_results_dir_a_live_run_holds_is_refused_at_its_start(tmp_path):
     """``flwr run --stream`` stopped with Ctrl-C leaves its run going: a rerun into the same
     results-dir is refused by check_results_dir (before training), naming the live Flower run and
