@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,10 +138,13 @@ def check_results_dir(
 def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
     """``out_dir`` expanded, after the check of :func:`check_results_dir` and :func:`write_results`
     (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``;
-    a ConfigError for an ``overwrite`` that is no bool, e.g. a run config's ``"false"``)."""
+    a ConfigError for an ``overwrite`` that is no bool, e.g. a run config's ``"false"``; a TypeError
+    for an ``out_dir`` that is no path)."""
     from .config import KEYS
 
     KEYS["overwrite"](overwrite)  # a truthy "false" is not taken as asked
+    if not isinstance(out_dir, (str, PathLike)):  # a run config's results-dir = 5
+        raise TypeError(f"out_dir={out_dir!r}: expected a directory path (a str or Path)")
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")

@@ -246,6 +246,17 @@ def test_overwrite_given_as_text_is_refused_not_taken_as_true(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["results.json"]  # nothing moved, no lock
 
 
+def test_a_results_dir_that_is_no_path_is_named(tmp_path, monkeypatch):
+    """A host app's ``results-dir = 5`` had raised Python's "expected str, bytes or os.PathLike
+    object, not int", naming neither the argument nor the value."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        TypeError, match=r"^out_dir=5: expected a directory path \(a str or Path\)$"
+    ):
+        check_results_dir(5)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_second_run_into_a_results_dir_a_live_run_holds_is_refused_at_its_start(tmp_path):
     """``flwr run --stream`` stopped with Ctrl-C leaves its run going: a rerun into the same
     results-dir is refused by check_results_dir (before training), naming the live Flower run and
