@@ -100,7 +100,8 @@ def check_results_dir(
     strategy: Any = None,
     config: Mapping[str, Any] | None = None,
 ) -> Path:
-    """``out_dir`` with ``~`` expanded (created) after :func:`write_results`' own check; call it before
+    """``out_dir`` as an absolute path (created; a relative one logged with where it resolves) after
+    :func:`write_results`' own check; call it before
     ``strategy.start``, so a refusal comes before any training. Its lock
     (:class:`flwr_sheaf.locks.DirLock`) is held until :func:`write_results` writes there (or this
     process ends): a second run into it is refused at its start. With ``strategy`` and ``config``,
@@ -132,7 +133,17 @@ def check_results_dir(
         _CLAIMED[claim.path] = claim
     for line in config_not_applied(strategy, config):
         log.warning("%s", line)
-    return out
+    if not out.is_absolute():  # as the bundled app says it
+        from .strategy.rounds import default_progress_handler
+
+        default_progress_handler()  # shown before start sets it up
+        log.info(
+            "results-dir %r is relative: results go to %s (this process's working directory; under "
+            "flwr run, where the local SuperLink was first started: give an absolute path to choose)",
+            str(out_dir),
+            out.resolve(),
+        )
+    return out.resolve()
 
 
 def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:

@@ -257,6 +257,19 @@ def test_a_results_dir_that_is_no_path_is_named(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_relative_results_dir_is_returned_absolute_and_where_it_goes_is_said(
+    tmp_path, monkeypatch, caplog
+):
+    """Under flwr run a relative results-dir resolves in the ServerApp's working directory (where
+    the local SuperLink was started), not the app's folder: one's own app got the relative path back
+    (the drop-in printed "results in results/dropin/results.json") and nothing said where."""
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="flwr_sheaf"):
+        out = check_results_dir("rel/run")
+    assert out == tmp_path.resolve() / "rel" / "run" and out.is_dir()
+    assert f"results-dir 'rel/run' is relative: results go to {out} " in caplog.text
+
+
 def test_a_second_run_into_a_results_dir_a_live_run_holds_is_refused_at_its_start(tmp_path):
     """``flwr run --stream`` stopped with Ctrl-C leaves its run going: a rerun into the same
     results-dir is refused by check_results_dir (before training), naming the live Flower run and
