@@ -71,13 +71,19 @@ def strategy_config(strategy: Any) -> dict[str, Any]:
 
 
 def _ran(strategy: Any) -> dict[str, Any]:
-    """``method`` (:func:`_method_name`) and ``num-server-rounds`` (the last ``start``'s) that
-    ``strategy`` ran with, where known."""
+    """``method`` (registry) and ``num-server-rounds`` (last ``start``) ``strategy`` ran with, if known."""
     ran = {
         "method": _method_name(strategy),
         "num-server-rounds": getattr(strategy, "requested_rounds", None),
     }
     return {k: v for k, v in ran.items() if v is not None}
+
+
+#: how to apply a :func:`_ran` key
+_RAN_FIX = {
+    "method": "build that method's strategy",
+    "num-server-rounds": "pass num_rounds=... to strategy.start",
+}
 
 
 def _method_name(strategy: Any) -> str | None:
@@ -201,32 +207,23 @@ def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[
 
     if strategy is None or not config or _parsed(config):
         return []
-    used, out = strategy_config(strategy), []
-    for key, value in _ran(strategy).items():  # not in a section: the registry's, start's
-        if key in config and _as_parsed(key, config[key]) != value:
-            out.append(
-                f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
-                f"with {key}={value!r} (results.json's config records {value!r}); "
-                + (
-                    "to apply it, build that method's strategy"
-                    if key == "method"
-                    else "to apply it, pass num_rounds=... to strategy.start"
-                )
-            )
+    used, out = {**_ran(strategy), **strategy_config(strategy)}, []
     for key in config:
         if key in used:
-            given = _as_parsed(key, config[key])
-            if given != used[key]:
-                field = next(  # the section field that holds key (lambda is SheafConfig's lam)
-                    f"{type(sec).__name__}({f.name}=...)"
-                    for sec in _sections(strategy)
-                    for f in fields(sec)
-                    if f.metadata.get("key") == key
+            if _as_parsed(key, config[key]) != used[key]:
+                fix = next(  # the section field that holds key (lambda is SheafConfig's lam)
+                    (
+                        f"pass {type(sec).__name__}({f.name}=...) to the strategy"
+                        for sec in _sections(strategy)
+                        for f in fields(sec)
+                        if f.metadata.get("key") == key
+                    ),
+                    _RAN_FIX.get(key),
                 )
                 out.append(
                     f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
                     f"with {key}={used[key]!r} (results.json's config records {used[key]!r}); to "
-                    f"apply it, pass {field} to the strategy"
+                    f"apply it, {fix}"
                 )
         elif key not in KEYS and key not in METHOD_KEYS:
             close = difflib.get_close_matches(key, [*used, *KEYS, *METHOD_KEYS], n=1, cutoff=0.85)
@@ -447,13 +444,9 @@ def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) 
     for key, value in strategy_config(strategy).items():
         if key not in cfg or not parsed:  # what ran
             cfg[key] = value
-    ran = {} if parsed else _ran(strategy)
-    if "num-server-rounds" in cfg and "num-server-rounds" in ran:
-        cfg["num-server-rounds"] = ran["num-server-rounds"]
+    cfg.update({k: v for k, v in ({} if parsed else _ran(strategy)).items() if k in cfg})
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
-    if "method" in ran:
-        cfg["method"] = ran["method"]
     return cfg
 
 
