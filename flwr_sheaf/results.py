@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,22 @@ def strategy_config(strategy: Any) -> dict[str, Any]:
     return out
 
 
+def _ran(strategy: Any) -> dict[str, Any]:
+    """``method`` (registry) and ``num-server-rounds`` (last ``start``) ``strategy`` ran with, if known."""
+    ran = {
+        "method": _method_name(strategy),
+        "num-server-rounds": getattr(strategy, "requested_rounds", None),
+    }
+    return {k: v for k, v in ran.items() if v is not None}
+
+
+#: how to apply a :func:`_ran` key
+_RAN_FIX = {
+    "method": "build that method's strategy",
+    "num-server-rounds": "pass num_rounds=... to strategy.start",
+}
+
+
 def _method_name(strategy: Any) -> str | None:
     """The registered ``method`` whose action is the strategy's, when exactly one is (else None)."""
     from .methods.registry import METHODS
@@ -89,7 +106,8 @@ def check_results_dir(
     strategy: Any = None,
     config: Mapping[str, Any] | None = None,
 ) -> Path:
-    """``out_dir`` with ``~`` expanded (created) after :func:`write_results`' own check; call it before
+    """``out_dir`` as an absolute path (created; a relative one logged with where it resolves) after
+    :func:`write_results`' own check; call it before
     ``strategy.start``, so a refusal comes before any training. Its lock
     (:class:`flwr_sheaf.locks.DirLock`) is held until :func:`write_results` writes there (or this
     process ends): a second run into it is refused at its start. With ``strategy`` and ``config``,
@@ -101,10 +119,14 @@ def check_results_dir(
         NotADirectoryError: ``out_dir`` exists and is not a directory.
         flwr_sheaf.locks.LockedError: a live run holds ``out_dir`` (its process and, for a Flower
             run, ``flwr stop <run-id>`` named).
+        flwr_sheaf.config.ConfigError: ``config``'s ``max-failed-fraction`` or ``keep-previous``
+            (read by :func:`write_results`) is bad (named; nothing created).
     """
     from .locks import DirLock, held_by_this_process
 
     out = _checked_out(out_dir, overwrite)  # nothing created or locked for a refused directory
+    for key in ("max-failed-fraction", "keep-previous"):  # what write_results reads: now, not after
+        _given_or_config(None, config or {}, key)
     out.mkdir(parents=True, exist_ok=True)
     claim = None if held_by_this_process(out) else DirLock(out, "out_dir").acquire()
     try:
@@ -117,12 +139,29 @@ def check_results_dir(
         _CLAIMED[claim.path] = claim
     for line in config_not_applied(strategy, config):
         log.warning("%s", line)
-    return out
+    if not out.is_absolute():  # as the bundled app says it
+        from .strategy.rounds import default_progress_handler
+
+        default_progress_handler()  # shown before start sets it up
+        log.info(
+            "results-dir %r is relative: results go to %s (this process's working directory; under "
+            "flwr run, where the local SuperLink was first started: give an absolute path to choose)",
+            str(out_dir),
+            out.resolve(),
+        )
+    return out.resolve()
 
 
 def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
     """``out_dir`` expanded, after the check of :func:`check_results_dir` and :func:`write_results`
-    (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``)."""
+    (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``;
+    a ConfigError for an ``overwrite`` that is no bool, e.g. a run config's ``"false"``; a TypeError
+    for an ``out_dir`` that is no path)."""
+    from .config import KEYS
+
+    KEYS["overwrite"](overwrite)  # a truthy "false" is not taken as asked
+    if not isinstance(out_dir, (str, PathLike)):  # a run config's results-dir = 5
+        raise TypeError(f"out_dir={out_dir!r}: expected a directory path (a str or Path)")
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
@@ -144,37 +183,47 @@ def _parsed(config: Mapping[str, Any]) -> bool:
     return set(KEYS) <= set(config)
 
 
+def _as_parsed(key: str, value: Any) -> Any:
+    """``value`` as run-config ``key``'s parser reads it (``1.0`` == 1, ...), else as given."""
+    from .config import ConfigError, lookup_key
+
+    try:
+        return lookup_key(key)(value)
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return value
+
+
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
     """One warning per key of ``config`` (one's own app's run config) the strategy does not apply: a
-    key of its sections (:func:`strategy_config`) with another value (a host app's
-    ``fraction-evaluate = 0.5`` for its FedAvg; results.json records the strategy's value, the
+    key of its sections (:func:`strategy_config`), or ``method`` / ``num-server-rounds`` (the
+    strategy's registered method, its last ``start``'s ``num_rounds``), with another value (a host
+    app's ``fraction-evaluate = 0.5`` for its FedAvg; results.json records the strategy's value, the
     section field to set named), or no flwr-sheaf key but close to one (misspelt: the closest
     named). Empty without both."""
     import difflib
     from dataclasses import fields
 
-    from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
+    from .config import KEYS, METHOD_KEYS
 
     if strategy is None or not config or _parsed(config):
         return []
-    used, out = strategy_config(strategy), []
+    used, out = {**_ran(strategy), **strategy_config(strategy)}, []
     for key in config:
         if key in used:
-            try:
-                given = lookup_key(key)(config[key])  # as the section parses it ("1" == 1, ...)
-            except (ConfigError, KeyError, TypeError, ValueError):
-                given = config[key]
-            if given != used[key]:
-                field = next(  # the section field that holds key (lambda is SheafConfig's lam)
-                    f"{type(sec).__name__}({f.name}=...)"
-                    for sec in _sections(strategy)
-                    for f in fields(sec)
-                    if f.metadata.get("key") == key
+            if _as_parsed(key, config[key]) != used[key]:
+                fix = next(  # the section field that holds key (lambda is SheafConfig's lam)
+                    (
+                        f"pass {type(sec).__name__}({f.name}=...) to the strategy"
+                        for sec in _sections(strategy)
+                        for f in fields(sec)
+                        if f.metadata.get("key") == key
+                    ),
+                    _RAN_FIX.get(key),
                 )
                 out.append(
                     f"run-config {key}={config[key]!r} is not applied: {type(strategy).__name__} runs "
                     f"with {key}={used[key]!r} (results.json's config records {used[key]!r}); to "
-                    f"apply it, pass {field} to the strategy"
+                    f"apply it, {fix}"
                 )
         elif key not in KEYS and key not in METHOD_KEYS:
             close = difflib.get_close_matches(key, [*used, *KEYS, *METHOD_KEYS], n=1, cutoff=0.85)
@@ -388,12 +437,14 @@ def _check_foreign_checkpoint(
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
     """results.json's ``config``: ``config`` as given, then every key of the strategy's config
     sections (:func:`strategy_config`) with the strategy's value, also where ``config`` gives another
-    (warned: :func:`config_not_applied`; a parsed run config is kept as given); ``method`` first, from
-    the registry, when absent and the strategy's action names exactly one registered method."""
+    (warned: :func:`config_not_applied`; a parsed run config is kept as given), and so for
+    ``num-server-rounds`` (the last ``start``'s) where given; ``method`` (first when absent) from the
+    registry where the strategy's action names exactly one registered method."""
     cfg, parsed = dict(config or {}), _parsed(config or {})
     for key, value in strategy_config(strategy).items():
         if key not in cfg or not parsed:  # what ran
             cfg[key] = value
+    cfg.update({k: v for k, v in ({} if parsed else _ran(strategy)).items() if k in cfg})
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
     return cfg

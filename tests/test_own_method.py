@@ -126,6 +126,22 @@ def test_a_check_a_user_runs_before_flwr_run_names_a_misspelt_key_of_their_own_a
     assert f"no {ROOT / 'docs' / 'pyproject.toml'}" in capsys.readouterr().err
 
 
+def test_the_check_reads_every_run_config_as_flwr_run_does(capsys, tmp_path):
+    """`flwr run` takes --run-config (or -c) repeatedly, or one TOML file: the check reads each, so
+    a misspelt key in an earlier --run-config is named (it had kept only the last one: exit 0)."""
+    from flwr_sheaf.tools.flwr_cli import main
+
+    dropin = ROOT / "examples" / "dropin_app"
+    assert main([str(dropin), "--run-config", "local-epoch=2", "-c", "lr=1"]) == 2
+    assert "key 'local-epoch' (did you mean 'local-epochs'?)" in capsys.readouterr().err
+    (tmp_path / "over.toml").write_text("lr = 0.1\nlocal-epoch = 2\n")
+    assert main([str(dropin), "-c", str(tmp_path / "over.toml")]) == 2
+    assert "key 'local-epoch' (did you mean 'local-epochs'?)" in capsys.readouterr().err
+    assert main([str(dropin), "-c", str(tmp_path / "over.toml"), "-c", "lr=1"]) == 2
+    assert "TOML files cannot be passed alongside key-value pairs" in capsys.readouterr().err
+    assert main([str(dropin), "-c", "lr=1", "--run-config", "num-server-rounds=2"]) == 0
+
+
 @pytest.mark.engine
 def test_the_template_app_runs_under_flwr_run(tmp_path):
     app = tmp_path / "my_app"

@@ -441,3 +441,51 @@ def test_a_worker_importing_another_apps_same_named_package_is_refused_naming_bo
     assert sorted(cloudpickle.loads(blob)._registered_funcs) == sorted(
         twinapp.client_app.app._registered_funcs
     )
+
+
+def test_a_same_named_package_whose_client_app_is_the_same_but_its_task_differs_is_refused(
+    tmp_path, monkeypatch
+):
+    """Two copies of a template app (``flwr new``, the drop-in): client_app.py unchanged, the model
+    and data edited in task.py. A worker importing the other folder's package had been let through
+    (the same client_app.py bytes) and trained the other app's model; it is refused like another
+    app's package, and a copy with the same files at another path still passes."""
+    code = textwrap.dedent(
+        """
+        from flwr.clientapp import ClientApp
+        from flwr_sheaf.methods.sheaf_frl.client import register_sheaf_handlers
+        from twintask.task import factory
+
+        app = ClientApp()
+        register_sheaf_handlers(app, factory)
+        """
+    )
+    task = "def factory(context):\n    return None\n"
+    run, other, copy = (tmp_path / n / "twintask" for n in ("run", "other", "copy"))
+    for folder, text in ((run, task), (other, task + "# the other app's model\n"), (copy, task)):
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text("")
+        (folder / "client_app.py").write_text(code)
+        (folder / "task.py").write_text(text)
+
+    def fresh_import(root):  # what a worker whose sys.path starts with ``root`` imports
+        for name in [m for m in sys.modules if m.split(".")[0] == "twintask"]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.syspath_prepend(str(root))
+
+    fresh_import(run.parent)
+    import twintask.client_app
+
+    blob = cloudpickle.dumps(twintask.client_app.app)  # what the run's driver sends
+    fresh_import(other.parent)
+    with pytest.raises(Exception) as info:
+        cloudpickle.loads(blob)
+    assert type(info.value).__name__ == "ClientAppReferenceError"
+    assert str(info.value).startswith(
+        f"ClientApp twintask.client_app:app: this worker imported {other / 'client_app.py'}, not "
+        f"this run's {run / 'client_app.py'}: another app's package of the same name"
+    )
+    fresh_import(copy.parent)
+    assert sorted(cloudpickle.loads(blob)._registered_funcs) == sorted(
+        twintask.client_app.app._registered_funcs
+    )

@@ -175,6 +175,101 @@ def test_a_run_config_key_the_strategy_does_not_apply_is_warned_at_start_and_rec
     assert res["config"]["zoo"] == "tiny-3" and res["warnings"] == warned
 
 
+def test_a_host_apps_method_and_num_server_rounds_are_recorded_as_run_and_warned(tmp_path, caplog):
+    """A host app's own ``method = "fedavg"`` (its pipeline switch) and ``num-server-rounds = 3``
+    beside a FedProto started for 1 round: results.json had recorded both as given (method fedavg,
+    3 rounds, no warning); it records what ran (fedproto, 1) and warns of both, the method at start."""
+    rc = {**RC, "method": "fedavg", "num-server-rounds": 3}
+    strategy = FedProto(
+        3,
+        federation=FederationConfig(graph="ring", seed=2),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1),
+    )
+    with caplog.at_level(logging.WARNING, logger="flwr_sheaf"):
+        out = check_results_dir(tmp_path / "run", strategy=strategy, config=rc)
+    at_start = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run-config")]
+    assert at_start == [
+        "run-config method='fedavg' is not applied: FedProto runs with method='fedproto' "
+        "(results.json's config records 'fedproto'); to apply it, build that method's strategy"
+    ]
+    strategy.start(grid=LocalGrid(cnn_client_app, 3, run_config=rc), num_rounds=1, timeout=5)
+    res = json.loads(write_results(strategy, out, config=rc).read_text())
+    assert res["config"]["method"] == "fedproto" and res["config"]["num-server-rounds"] == 1
+    assert res["warnings"] == [
+        *at_start,
+        "run-config num-server-rounds=3 is not applied: FedProto runs with num-server-rounds=1 "
+        "(results.json's config records 1); to apply it, pass num_rounds=... to strategy.start",
+    ]
+    # the same keys with what ran: nothing warned (1.0 parses as 1), what ran recorded
+    ok = {**RC, "method": "fedproto", "num-server-rounds": 1.0}
+    res = json.loads(write_results(strategy, tmp_path / "ok", config=ok).read_text())
+    assert "warnings" not in res and res["config"]["num-server-rounds"] == 1
+
+
+@pytest.mark.parametrize(("key", "value"), [("max-failed-fraction", 2.0), ("keep-previous", -1)])
+def test_a_bad_value_write_results_reads_from_the_config_is_refused_before_training(
+    tmp_path, key, value
+):
+    """write_results reads ``max-failed-fraction`` and ``keep-previous`` from ``config``: a bad value
+    had been refused only there, after training (results lost); check_results_dir refuses it at
+    start, naming it, with nothing created."""
+    from flwr_sheaf.config import KEYS, ConfigError
+
+    with pytest.raises(ConfigError) as want:
+        KEYS[key](value)  # the key's own parser's message
+    with pytest.raises(ConfigError) as got:
+        check_results_dir(tmp_path / "run", config={**RC, key: value})
+    assert str(got.value) == str(want.value) and key in str(got.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_given_as_text_is_refused_not_taken_as_true(tmp_path):
+    """``--run-config 'overwrite="false"'`` hands a host app the string "false", which is truthy: the
+    earlier results had been moved aside as if overwrite=true (logged "overwrite=True"). It is
+    refused naming the value, at start and at write, with nothing moved."""
+    from flwr_sheaf.config import ConfigError
+
+    strategy = FedProto(
+        3,
+        federation=FederationConfig(graph="ring", seed=2),
+        train=LocalTrainConfig(local_epochs=1, max_steps_per_epoch=1),
+    )
+    strategy.start(grid=LocalGrid(cnn_client_app, 3, run_config=RC), num_rounds=1, timeout=5)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    for bad in ("false", 1):
+        with pytest.raises(ConfigError, match=rf"^overwrite={bad!r}: expected true or false$"):
+            check_results_dir(out, overwrite=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=rf"^overwrite={bad!r}: expected true or false$"):
+            write_results(strategy, out, overwrite=bad)  # type: ignore[arg-type]
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]  # nothing moved, no lock
+
+
+def test_a_results_dir_that_is_no_path_is_named(tmp_path, monkeypatch):
+    """A host app's ``results-dir = 5`` had raised Python's "expected str, bytes or os.PathLike
+    object, not int", naming neither the argument nor the value."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        TypeError, match=r"^out_dir=5: expected a directory path \(a str or Path\)$"
+    ):
+        check_results_dir(5)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_results_dir_is_returned_absolute_and_where_it_goes_is_said(
+    tmp_path, monkeypatch, caplog
+):
+    """Under flwr run a relative results-dir resolves in the ServerApp's working directory (where
+    the local SuperLink was started), not the app's folder: one's own app got the relative path back
+    (the drop-in printed "results in results/dropin/results.json") and nothing said where."""
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="flwr_sheaf"):
+        out = check_results_dir("rel/run")
+    assert out == tmp_path.resolve() / "rel" / "run" and out.is_dir()
+    assert f"results-dir 'rel/run' is relative: results go to {out} " in caplog.text
+
+
 def test_a_second_run_into_a_results_dir_a_live_run_holds_is_refused_at_its_start(tmp_path):
     """``flwr run --stream`` stopped with Ctrl-C leaves its run going: a rerun into the same
     results-dir is refused by check_results_dir (before training), naming the live Flower run and

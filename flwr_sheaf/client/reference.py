@@ -150,19 +150,29 @@ def _import_root(module: str, file: str) -> str | None:
     return str(root)
 
 
-@functools.lru_cache(maxsize=64)
-def _digest_of(path: str, mtime_ns: int, size: int) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
-
-
 def _digest(file: str) -> str:
-    """A digest of ``file``'s bytes (cached per path and modification time), or "" if unreadable."""
+    """A digest of the bytes of ``file`` and of the ``.py`` files beside it (its package's modules,
+    or a flat app's: two copies of a template differ in task.py, not client_app.py), or "" if
+    ``file`` is unreadable. Cached per ``file``'s and its folder's modification times (taken with
+    every message: a neighbour edited in place, not saved by rename, is read again next process)."""
     try:
-        st = os.stat(file)
-        return _digest_of(file, st.st_mtime_ns, st.st_size)
+        st, folder = os.stat(file), os.stat(os.path.dirname(file) or ".")
     except OSError:
         return ""
+    return _digest_of(file, st.st_mtime_ns, st.st_size, folder.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(file: str, *stamps: int) -> str:
+    parts = []
+    for path in sorted({file, *map(str, Path(file).parent.glob("*.py"))}):
+        try:
+            with open(path, "rb") as f:
+                parts.append(f"{os.path.basename(path)}:{hashlib.sha256(f.read()).hexdigest()}")
+        except OSError:  # an unreadable neighbour is left out
+            if path == file:
+                return ""
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def load_global(

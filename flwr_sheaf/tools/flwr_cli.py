@@ -123,8 +123,9 @@ def free_port_block(width: int, host: str = "127.0.0.1", tries: int = 200) -> in
     raise RuntimeError(f"no block of {width} free ports found on {host} in {tries} tries")
 
 
-def undeclared_keys(app: str | Path, run_config: str) -> list[str]:
-    """One line per ``--run-config`` key that the app's ``pyproject.toml`` does not declare in
+def undeclared_keys(app: str | Path, run_config: str | list[str]) -> list[str]:
+    """One line per ``--run-config`` key (one text, or each text of a repeated ``--run-config``, as
+    ``flwr run`` takes them; a single ``.toml`` file's keys) that the app's ``pyproject.toml`` does not declare in
     ``[tool.flwr.app.config]``, naming the key, the closest declared key and the fix (Flower 1.42
     refuses such a run with ``[code: 15] Invalid run configuration.`` naming no key: the key is only
     in the SuperLink's log). Empty when every key is declared, or when the app has no pyproject.toml
@@ -139,10 +140,11 @@ def undeclared_keys(app: str | Path, run_config: str) -> list[str]:
     from flwr.common.config import flatten_dict, parse_config_args
 
     toml = Path(app).expanduser() / "pyproject.toml"
-    if not run_config.strip() or not toml.is_file():
+    texts = [run_config] if isinstance(run_config, str) else list(run_config)
+    if not any(t.strip() for t in texts) or not toml.is_file():
         return []
     try:
-        given = parse_config_args([run_config])
+        given = parse_config_args(texts)
     except Exception as exc:  # click / TOML errors with Flower's text
         raise ValueError(f"--run-config {run_config!r} does not parse: {exc}") from None
     declared = flatten_dict(
@@ -304,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m flwr_sheaf.tools.flwr_cli")
     parser.add_argument("app", nargs="?", default=".", help="the app's folder (default: .)")
-    parser.add_argument("--run-config", default="", help='as for `flwr run`, e.g. "lr=0.1"')
+    parser.add_argument(  # repeatable, as flwr run's
+        "--run-config", "-c", action="append", default=[], help='as for `flwr run`, e.g. "lr=0.1"'
+    )
     args = parser.parse_args(argv)
     toml = Path(args.app).expanduser() / "pyproject.toml"
     try:
