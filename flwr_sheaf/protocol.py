@@ -24,12 +24,12 @@ message                                content (server -> node) / reply (node ->
                                       :data:`PILOT_READING` (+ method keys) / :data:`EVAL_REPLY`
                                       (:data:`EVAL_ARRAYS`, or per neighbour
                                       :data:`STRINGENT_EVAL_ARRAYS`; with :data:`PILOT_READING` = 1
-                                      also :data:`PILOT_READING_ARRAYS`)
+                                      also the :data:`SECOND_READING` arrays)
 ``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation` (and :func:`route_non_edges`);
                                       ``config``: as phase 1 plus the :class:`EdgeConfig` (and
                                       :class:`NonEdgeConfig`) / :data:`COMM_REPLY` (per incoming
                                       edge; with :data:`PILOT_READING` = 1 also
-                                      :data:`COMM_ACCURACY_PILOT_WHITENING` and its ``val-`` twin;
+                                      the :data:`SECOND_READING` accuracies;
                                       with non-edge sources :data:`NON_EDGE_REPLY`)
 ===================================== ================================================================
 
@@ -80,6 +80,10 @@ __all__ = [
     "PILOT_READING_ARRAYS",
     "COMM_ACCURACY_PILOT_WHITENING",
     "VAL_COMM_ACCURACY_PILOT_WHITENING",
+    "TRAIN_READING_ARRAYS",
+    "COMM_ACCURACY_TRAIN_WHITENING",
+    "VAL_COMM_ACCURACY_TRAIN_WHITENING",
+    "SECOND_READING",
     "NodeInfo",
     "EdgeConfig",
     "pack_arrays",
@@ -223,9 +227,10 @@ WHITENING_FITS = ("pilots", "train")
 #: sender's own map into the edge stalk (``privacy = stringent``), so the receiver fits its own map
 #: (P2c/P2d) instead of the edge's (Eq. 18); 0 otherwise.
 EVAL_TRANSPORTED = "eval-transported"
-#: evaluation config (both phases): 1 when a post-hoc method (``whitening-fit = "train"``) also gives
-#: the *strong* post-hoc reading, with the whitening fitted on the pilots (run-config key
-#: ``posthoc-readings = both``; notes/baselines.md); 0 otherwise.
+#: evaluation config (both phases): 1 when the node also gives the second reading
+#: (:data:`SECOND_READING`, run-config key ``posthoc-readings = both``; notes/baselines.md): a post-hoc
+#: method (``whitening-fit = "train"``) the *strong* one, whitening fitted on the pilots; a method that
+#: fits it on the pilots (Sheaf-FRL) the paper's, fitted on the private training latents; 0 otherwise.
 PILOT_READING = "pilot-reading"
 
 # ------------------------------------------------------------------------------ array and metric keys
@@ -239,6 +244,26 @@ PILOT_READING_ARRAYS = ("pw-pilots", "pw-test-latents", "pw-val-latents")
 #: the strong post-hoc reading's per-incoming-edge phase-2 metrics (lists aligned with :data:`COMM_SRC`).
 COMM_ACCURACY_PILOT_WHITENING = "communication-accuracy-pilot-whitening"
 VAL_COMM_ACCURACY_PILOT_WHITENING = "val-communication-accuracy-pilot-whitening"
+#: the paper's reading of a method whose own whitening is fitted on the pilots (Sheaf-FRL): its
+#: phase-1 arrays, whitened with statistics fitted on the private training latents, and its
+#: per-incoming-edge phase-2 metrics (the baselines' :data:`COMM_ACCURACY` computation).
+TRAIN_READING_ARRAYS = ("tw-pilots", "tw-test-latents", "tw-val-latents")
+COMM_ACCURACY_TRAIN_WHITENING = "communication-accuracy-train-whitening"
+VAL_COMM_ACCURACY_TRAIN_WHITENING = "val-communication-accuracy-train-whitening"
+#: the second reading (config :data:`PILOT_READING`) by the node's own ``whitening-fit``: ``{fit:
+#: (the array prefix, its phase-1 arrays, its test and validation metric names)}``.
+SECOND_READING = {
+    "train": (
+        "pw-",
+        PILOT_READING_ARRAYS,
+        (COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING),
+    ),
+    "pilots": (
+        "tw-",
+        TRAIN_READING_ARRAYS,
+        (COMM_ACCURACY_TRAIN_WHITENING, VAL_COMM_ACCURACY_TRAIN_WHITENING),
+    ),
+}
 STALK_DIM = "d"
 PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"
