@@ -17,7 +17,9 @@ import torch
 
 from flwr_sheaf.config import ConfigError, FederationConfig, LocalTrainConfig
 from flwr_sheaf.methods.noncooperative.strategy import NonCooperative
+from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
+from flwr_sheaf.report import summary_lines
 from simulations.inprocess import run_inprocess
 
 torch.set_num_threads(1)
@@ -86,8 +88,13 @@ def test_paper_reading_of_sheaf_frl_changes_none_of_its_numbers_and_paper_only_d
     added = {k for k in rb if TW in k}
     assert added and set(rb) - added - set(rp) == set()
     keep = [k for k in rp if k.endswith(("accuracy_mean", "degree_weighted", "_loss"))]
-    assert keep and all(rb[k] == rp[k] for k in keep if rp[k] == rp[k])  # NaN-free ones bit-identical
+    assert keep and all(
+        rb[k] == rp[k] for k in keep if rp[k] == rp[k]
+    )  # NaN-free ones bit-identical
     assert [{k: e[k] for k in e if TW not in k} for e in both["edges"]] == own["edges"]
+    line = f"whitening fitted on private training latents (the paper's reading): {rb[TW + '_degree_weighted']:.3f}"
+    assert any(line in x for x in summary_lines(both))
+    assert not any("private training latents" in x for x in summary_lines(own))
 
 
 def test_paper_only_reading_sends_no_pilot_whitened_arrays(tmp_path):
@@ -156,3 +163,22 @@ def test_evaluation_config_carries_the_flag_and_a_reply_without_the_strong_readi
     assert "different lengths" in ev.comm_problem(
         reply({**edge, **strong, "val-communication-accuracy-pilot-whitening": [0.4]}), (1, 3)
     )
+
+
+def test_sheaf_frl_asks_for_its_paper_reading_unless_paper_only_or_stringent():
+    fed = FederationConfig(graph="ring", seed=3)
+    ev = SheafFRL(4, federation=fed).evaluation
+    assert ev.array_names[-3:] == ("tw-pilots", "tw-test-latents", "tw-val-latents")
+    assert ev.config(1, LocalTrainConfig())["pilot-reading"] == 1
+    edge = {"src": [1, 3], "communication-accuracy": [0.5, 0.5]}
+    edge["val-communication-accuracy"] = [0.5, 0.5]
+    reply = lambda m: SimpleNamespace(content={"metrics": m})  # noqa: E731
+    assert "lacks ['communication-accuracy-train-whitening'" in ev.comm_problem(reply(edge), (1, 3))
+    paper = FederationConfig(graph="ring", seed=3, posthoc_readings="paper")
+    for off in (
+        SheafFRL(4, federation=paper).evaluation,
+        SheafFRL(4, federation=fed, sheaf=SheafConfig(privacy="stringent")).evaluation,
+    ):
+        assert off.config(1, LocalTrainConfig())["pilot-reading"] == 0
+        assert not any(n.startswith("tw-") for n in off.array_names)
+        assert off.comm_problem(reply(edge), (1, 3)) is None
