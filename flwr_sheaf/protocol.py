@@ -251,15 +251,13 @@ TRAIN_READING_ARRAYS = ("tw-pilots", "tw-test-latents", "tw-val-latents")
 COMM_ACCURACY_TRAIN_WHITENING = "communication-accuracy-train-whitening"
 VAL_COMM_ACCURACY_TRAIN_WHITENING = "val-communication-accuracy-train-whitening"
 #: the second reading (config :data:`PILOT_READING`) by the node's own ``whitening-fit``: ``{fit:
-#: (the array prefix, its phase-1 arrays, its test and validation metric names)}``.
+#: (its phase-1 arrays, prefixed ``pw-`` / ``tw-``, and its test and validation metrics)}``.
 SECOND_READING = {
     "train": (
-        "pw-",
         PILOT_READING_ARRAYS,
         (COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING),
     ),
     "pilots": (
-        "tw-",
         TRAIN_READING_ARRAYS,
         (COMM_ACCURACY_TRAIN_WHITENING, VAL_COMM_ACCURACY_TRAIN_WHITENING),
     ),

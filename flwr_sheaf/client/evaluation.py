@@ -103,7 +103,7 @@ def evaluate_handler(
         a = _second_whitening(task, model, context, action, fit)
         with torch.no_grad():
             second = (a, model.whitening(raw_test), model.whitening(raw_val))
-        arrays.update(zip(SECOND_READING[fit][1], map(to_numpy, second)))
+        arrays.update(zip(SECOND_READING[fit][0], map(to_numpy, second)))
     packed = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # the final arrays
     return Message(RecordDict({ARRAYS: packed, METRICS: metrics}), reply_to=msg)
 
@@ -299,14 +299,14 @@ def _second_reading_accuracies(
         ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
     """
     fit = str(cfg[WHITENING_FIT])
-    prefix, names, (test_key, val_key) = SECOND_READING[fit]
+    names, (test_key, val_key) = SECOND_READING[fit]
     model, dev = task.model, task_device(task)
     own = _second_whitening(task, model, context, action, fit)
     model.eval()
     out: dict[str, list[float]] = {test_key: [], val_key: []}
     for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
         arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + names)
-        test, val = _edge_accuracy(model, own, arr, j, dj, i_head, dev, prefix=prefix)
+        test, val = _edge_accuracy(model, own, arr, j, dj, i_head, dev, names[0][:3])
         out[test_key].append(test)
         out[val_key].append(val)
     return out

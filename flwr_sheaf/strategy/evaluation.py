@@ -131,8 +131,7 @@ class GraphEvaluation:
     @property
     def second_reading_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The :attr:`second_reading`'s phase-1 arrays and test / validation metrics (empty without it)."""
-        _, arrays, metrics = SECOND_READING[self.whitening_fit]
-        return (arrays, metrics) if self.second_reading else ((), ())
+        return SECOND_READING[self.whitening_fit] if self.second_reading else ((), ())
 
     @property
     def edge_metric_keys(self) -> tuple[str, ...]:
