@@ -77,12 +77,6 @@ __all__ = [
     "COMM_ACCURACY",
     "VAL_COMM_ACCURACY",
     "PILOT_READING",
-    "PILOT_READING_ARRAYS",
-    "COMM_ACCURACY_PILOT_WHITENING",
-    "VAL_COMM_ACCURACY_PILOT_WHITENING",
-    "TRAIN_READING_ARRAYS",
-    "COMM_ACCURACY_TRAIN_WHITENING",
-    "VAL_COMM_ACCURACY_TRAIN_WHITENING",
     "SECOND_READING",
     "NodeInfo",
     "EdgeConfig",
@@ -237,30 +231,19 @@ PILOT_READING = "pilot-reading"
 NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
-#: the strong post-hoc reading's extra phase-1 arrays (config :data:`PILOT_READING`): pilots ``(K, d_i)``
-#: and test / validation latents ``(M, d_i)`` whitened with statistics fitted on the pilots (the
-#: labels are :data:`EVAL_ARRAYS`'). Routed to neighbours like :data:`EVAL_ARRAYS`.
-PILOT_READING_ARRAYS = ("pw-pilots", "pw-test-latents", "pw-val-latents")
-#: the strong post-hoc reading's per-incoming-edge phase-2 metrics (lists aligned with :data:`COMM_SRC`).
-COMM_ACCURACY_PILOT_WHITENING = "communication-accuracy-pilot-whitening"
-VAL_COMM_ACCURACY_PILOT_WHITENING = "val-communication-accuracy-pilot-whitening"
-#: the paper's reading of a method whose own whitening is fitted on the pilots (Sheaf-FRL): its
-#: phase-1 arrays, whitened with statistics fitted on the private training latents, and its
-#: per-incoming-edge phase-2 metrics (the baselines' :data:`COMM_ACCURACY` computation).
-TRAIN_READING_ARRAYS = ("tw-pilots", "tw-test-latents", "tw-val-latents")
-COMM_ACCURACY_TRAIN_WHITENING = "communication-accuracy-train-whitening"
-VAL_COMM_ACCURACY_TRAIN_WHITENING = "val-communication-accuracy-train-whitening"
 #: the second reading (config :data:`PILOT_READING`) by the node's own ``whitening-fit``: ``{fit:
-#: (its phase-1 arrays, prefixed ``pw-`` / ``tw-``, and its test and validation metrics)}``.
+#: (phase-1 arrays, phase-2 test / validation metrics)}``. The arrays: pilots ``(K, d_i)`` and test /
+#: validation latents ``(M, d_i)`` whitened the other way (labels: :data:`EVAL_ARRAYS`'), routed to
+#: neighbours like :data:`EVAL_ARRAYS`; the metrics: per incoming edge, aligned with :data:`COMM_SRC`.
+#: ``"train"`` (post-hoc methods): the strong reading, whitening fitted on the pilots (``pw-``);
+#: ``"pilots"`` (Sheaf-FRL): the paper's, fitted on the private training latents (``tw-``), the
+#: baselines' :data:`COMM_ACCURACY` computation.
 SECOND_READING = {
-    "train": (
-        PILOT_READING_ARRAYS,
-        (COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING),
-    ),
-    "pilots": (
-        TRAIN_READING_ARRAYS,
-        (COMM_ACCURACY_TRAIN_WHITENING, VAL_COMM_ACCURACY_TRAIN_WHITENING),
-    ),
+    fit: (
+        tuple(f"{p}-{n}" for n in ("pilots", "test-latents", "val-latents")),
+        (f"communication-accuracy-{w}-whitening", f"val-communication-accuracy-{w}-whitening"),
+    )
+    for fit, p, w in (("train", "pw", "pilot"), ("pilots", "tw", "train"))
 }
 STALK_DIM = "d"
 PRIVATE_ACCURACY = "private-accuracy"
