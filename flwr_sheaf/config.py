@@ -635,9 +635,11 @@ _KEY_LIST = [
         "posthoc-readings",
         "both",
         parse_str(("both", "paper")),
-        "post-hoc methods (no alignment in training, and the baselines): `both` = communication accuracy with the "
-        "whitening fitted on private training latents (the paper's) and on the pilots (the strong reading), `paper` = "
-        "the first only (notes/baselines.md; a method that aligns its stalks in training ignores it)",
+        "`both` = communication accuracy with the whitening fitted on private training latents (the paper's "
+        "reading) and on the pilots (the strong reading); `paper` = each method's own reading only: the paper's for "
+        "the post-hoc methods, the pilot one for a method that fits its whitening on the pilots (Sheaf-FRL, whose "
+        "paper reading `both` adds as `communication_accuracy_train_whitening`; not under `privacy = stringent`) "
+        "(notes/baselines.md)",
     ),
     Key(
         "diagnostics-eigenvalues",

@@ -24,12 +24,12 @@ message                                content (server -> node) / reply (node ->
                                       :data:`PILOT_READING` (+ method keys) / :data:`EVAL_REPLY`
                                       (:data:`EVAL_ARRAYS`, or per neighbour
                                       :data:`STRINGENT_EVAL_ARRAYS`; with :data:`PILOT_READING` = 1
-                                      also :data:`PILOT_READING_ARRAYS`)
+                                      also the :data:`SECOND_READING` arrays)
 ``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation` (and :func:`route_non_edges`);
                                       ``config``: as phase 1 plus the :class:`EdgeConfig` (and
                                       :class:`NonEdgeConfig`) / :data:`COMM_REPLY` (per incoming
                                       edge; with :data:`PILOT_READING` = 1 also
-                                      :data:`COMM_ACCURACY_PILOT_WHITENING` and its ``val-`` twin;
+                                      the :data:`SECOND_READING` accuracies;
                                       with non-edge sources :data:`NON_EDGE_REPLY`)
 ===================================== ================================================================
 
@@ -77,9 +77,7 @@ __all__ = [
     "COMM_ACCURACY",
     "VAL_COMM_ACCURACY",
     "PILOT_READING",
-    "PILOT_READING_ARRAYS",
-    "COMM_ACCURACY_PILOT_WHITENING",
-    "VAL_COMM_ACCURACY_PILOT_WHITENING",
+    "SECOND_READING",
     "NodeInfo",
     "EdgeConfig",
     "pack_arrays",
@@ -223,22 +221,30 @@ WHITENING_FITS = ("pilots", "train")
 #: sender's own map into the edge stalk (``privacy = stringent``), so the receiver fits its own map
 #: (P2c/P2d) instead of the edge's (Eq. 18); 0 otherwise.
 EVAL_TRANSPORTED = "eval-transported"
-#: evaluation config (both phases): 1 when a post-hoc method (``whitening-fit = "train"``) also gives
-#: the *strong* post-hoc reading, with the whitening fitted on the pilots (run-config key
-#: ``posthoc-readings = both``; notes/baselines.md); 0 otherwise.
+#: evaluation config (both phases): 1 when the node also gives the second reading
+#: (:data:`SECOND_READING`, run-config key ``posthoc-readings = both``; notes/baselines.md): a post-hoc
+#: method (``whitening-fit = "train"``) the *strong* one, whitening fitted on the pilots; a method that
+#: fits it on the pilots (Sheaf-FRL) the paper's, fitted on the private training latents; 0 otherwise.
 PILOT_READING = "pilot-reading"
 
 # ------------------------------------------------------------------------------ array and metric keys
 NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
-#: the strong post-hoc reading's extra phase-1 arrays (config :data:`PILOT_READING`): pilots ``(K, d_i)``
-#: and test / validation latents ``(M, d_i)`` whitened with statistics fitted on the pilots (the
-#: labels are :data:`EVAL_ARRAYS`'). Routed to neighbours like :data:`EVAL_ARRAYS`.
-PILOT_READING_ARRAYS = ("pw-pilots", "pw-test-latents", "pw-val-latents")
-#: the strong post-hoc reading's per-incoming-edge phase-2 metrics (lists aligned with :data:`COMM_SRC`).
-COMM_ACCURACY_PILOT_WHITENING = "communication-accuracy-pilot-whitening"
-VAL_COMM_ACCURACY_PILOT_WHITENING = "val-communication-accuracy-pilot-whitening"
+#: the second reading (config :data:`PILOT_READING`) by the node's own ``whitening-fit``: ``{fit:
+#: (phase-1 arrays, phase-2 test / validation metrics)}``. The arrays: pilots ``(K, d_i)`` and test /
+#: validation latents ``(M, d_i)`` whitened the other way (labels: :data:`EVAL_ARRAYS`'), routed to
+#: neighbours like :data:`EVAL_ARRAYS`; the metrics: per incoming edge, aligned with :data:`COMM_SRC`.
+#: ``"train"`` (post-hoc methods): the strong reading, whitening fitted on the pilots (``pw-``);
+#: ``"pilots"`` (Sheaf-FRL): the paper's, fitted on the private training latents (``tw-``), the
+#: baselines' :data:`COMM_ACCURACY` computation.
+SECOND_READING = {
+    fit: (
+        tuple(f"{p}-{n}" for n in ("pilots", "test-latents", "val-latents")),
+        (f"communication-accuracy-{w}-whitening", f"val-communication-accuracy-{w}-whitening"),
+    )
+    for fit, p, w in (("train", "pw", "pilot"), ("pilots", "tw", "train"))
+}
 STALK_DIM = "d"
 PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"

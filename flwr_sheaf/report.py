@@ -48,6 +48,17 @@ def summary_lines(results: dict) -> list[str]:
         f"final round {last['round']}: private accuracy {fmt(last['private_accuracy_mean'])} | "
         f"communication accuracy degree-weighted {fmt(last['communication_accuracy_degree_weighted'])} "
         f"(mean over receivers {fmt(last['communication_accuracy_mean'])})",
+        *[  # the second reading (run-config posthoc-readings = both)
+            f"communication accuracy degree-weighted, whitening fitted on {on}: {fmt(last[k])}"
+            for k, on in (
+                ("communication_accuracy_pilot_whitening_degree_weighted", "the pilots"),
+                (
+                    "communication_accuracy_train_whitening_degree_weighted",
+                    "private training latents (the paper's reading)",
+                ),
+            )
+            if last.get(k) is not None
+        ],
         *_evaluated_lines(results, last),
         *(own_lines(results, last) if own_lines else []),
         *(

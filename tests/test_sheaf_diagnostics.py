@@ -366,6 +366,8 @@ def test_a_phase2_reply_with_bad_non_edge_entries_is_that_nodes_failure_reason()
         "src": [1, 3],
         "communication-accuracy": [0.5, 0.5],
         "val-communication-accuracy": [0.5, 0.5],
+        "communication-accuracy-train-whitening": [0.5, 0.5],  # its paper reading
+        "val-communication-accuracy-train-whitening": [0.5, 0.5],
     }
     good = {
         "non-edge-src": [2],

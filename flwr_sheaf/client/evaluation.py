@@ -11,7 +11,6 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from ..protocol import (
     ARRAYS,
     COMM_ACCURACY,
-    COMM_ACCURACY_PILOT_WHITENING,
     COMM_SRC,
     CONFIG,
     DEVICE,
@@ -28,12 +27,11 @@ from ..protocol import (
     NUM_TEST,
     PATH_MAP,
     PILOT_READING,
-    PILOT_READING_ARRAYS,
     PRIVATE_ACCURACY,
+    SECOND_READING,
     STALK_DIM,
     TORCH_THREADS,
     VAL_COMM_ACCURACY,
-    VAL_COMM_ACCURACY_PILOT_WHITENING,
     VAL_NON_EDGE_ACCURACY,
     VAL_NON_EDGE_DIRECT_ACCURACY,
     VAL_PRIVATE_ACCURACY,
@@ -101,8 +99,11 @@ def evaluate_handler(
     arrays.update(method.evaluation_arrays(msg, context, task))
     metrics = _private_metrics(msg, task, model, lvf, method)
     if _pilot_reading(cfg, mt):  # after every other use of the model: it refits the whitening
-        pilot_whitened = _pilot_whitened_arrays(model, task, raw_test, raw_val)
-        arrays.update(zip(PILOT_READING_ARRAYS, map(to_numpy, pilot_whitened)))
+        fit = str(cfg[WHITENING_FIT])
+        a = _second_whitening(task, model, context, action, fit)
+        with torch.no_grad():
+            second = (a, model.whitening(raw_test), model.whitening(raw_val))
+        arrays.update(zip(SECOND_READING[fit][0], map(to_numpy, second)))
     packed = pack_arrays(method.evaluation_reply(msg, context, task, arrays))  # the final arrays
     return Message(RecordDict({ARRAYS: packed, METRICS: metrics}), reply_to=msg)
 
@@ -138,8 +139,8 @@ def evaluate_comm_handler(
     moved = bool(int(required(cfg, EVAL_TRANSPORTED, mt)))
     per_edge, extra = _edge_accuracies(msg, context, task, method, own, edges, moved)
     non_edges = _non_edge_accuracies(msg, model, own, dev)
-    if _pilot_reading(cfg, mt):  # last: it refits the (unsaved) whitening on the pilots
-        extra.update(_pilot_whitened_accuracies(msg, model, task, edges, dev))
+    if _pilot_reading(cfg, mt):  # last: it refits the (unsaved) whitening the other way
+        extra.update(_second_reading_accuracies(msg, context, action, task, edges, cfg))
     metrics = MetricRecord({**per_edge, **extra, **non_edges})
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
@@ -218,14 +219,14 @@ def _edge_accuracy(
 ) -> list[float]:
     """Test and validation accuracy of j's whitened latents ``(M, dj)`` moved into this stalk by the
     Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``; ``prefix="pw-"`` reads the
-    strong post-hoc reading's pilot-whitened arrays. With ``path_map`` ``(d_i, dj)`` (j a non-edge
+    second reading's arrays (``"pw-"``, ``"tw-"``: :data:`SECOND_READING`). With ``path_map`` ``(d_i, dj)`` (j a non-edge
     source, ``Z T^T``), each split's multi-hop accuracy comes first: ``[test multi-hop, test direct,
     val multi-hop, val direct]``.
 
     Raises:
         ValueError: j's pilots, latents or path map of the wrong shape or with NaN/inf (j named).
     """
-    what = "pilot-whitened " if prefix else ""
+    what = {"pw-": "pilot-whitened ", "tw-": "train-whitened "}.get(prefix, "")
     source = "neighbour" if path_map is None else "non-edge source"
     a_j = from_numpy(arr[f"{prefix}pilots"], dev, torch.float32)
     check_pilots(a_j, f"{what}pilots of {source} partition-id {j}", d=dj, k=own.shape[0])
@@ -273,41 +274,41 @@ def _pilot_reading(cfg, mt: str) -> bool:
     return bool(int(required(cfg, PILOT_READING, mt)))
 
 
-def _pilot_whitened_arrays(
-    model: StalkModel, task: LocalTask, raw_test: torch.Tensor, raw_val: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The strong post-hoc reading's phase-1 arrays (notes/baselines.md): pilots ``(K, d_i)`` and the
-    test / validation latents ``raw_test``, ``raw_val`` ``(M, d_i)`` (eval-mode, already computed for
-    the paper's reading), all whitened with statistics fitted on the node's eval-mode pilot latents
-    (side effect: ``model.whitening`` is refitted; evaluation never saves the model)."""
-    _, a = whitened_pilots(model, task.x_pilot)
-    with torch.no_grad():
-        return a, model.whitening(raw_test), model.whitening(raw_val)
+def _second_whitening(
+    task: LocalTask, model: StalkModel, context: Context, action: str, fit: str
+) -> torch.Tensor:
+    """Refits ``model.whitening`` (unsaved) the other way than the node's own ``fit`` and returns its
+    pilots ``(K, d_i)`` whitened so (notes/baselines.md): on the eval-mode pilot latents for a post-hoc
+    method (``fit = "train"``, the strong reading), on the private training latents for a method that
+    fits it on the pilots (Sheaf-FRL: the paper's reading, as the baselines' :data:`COMM_ACCURACY`)."""
+    if fit == "train":
+        return whitened_pilots(model, task.x_pilot)[1]
+    return _pilots_for_evaluation(task, model, context, action, "train")[0]
 
 
-def _pilot_whitened_accuracies(
-    msg: Message, model: StalkModel, task: LocalTask, edges: EdgeConfig, dev: torch.device
+def _second_reading_accuracies(
+    msg: Message, context: Context, action: str, task: LocalTask, edges: EdgeConfig, cfg
 ) -> dict[str, list[float]]:
-    """Communication accuracy per incoming edge under the strong post-hoc reading (notes/baselines.md):
-    both ends' whitening fitted on their own pilots, then as :func:`_edge_accuracy` (the reading
-    Sheaf-FRL's lambda = 0 run gets). Returns the two lists in ``edges.neighbours`` order.
+    """Communication accuracy per incoming edge under the second reading (:data:`SECOND_READING` of
+    the node's ``whitening-fit``): both ends' whitening fitted the other way
+    (:func:`_second_whitening`), then as :func:`_edge_accuracy`. The strong post-hoc reading is the
+    one Sheaf-FRL's lambda = 0 run gets; Sheaf-FRL's second reading is the baselines' paper reading.
+    Returns the test and validation lists in ``edges.neighbours`` order.
 
     Raises:
         ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
     """
-    _, own = whitened_pilots(model, task.x_pilot)  # refits the (unsaved) whitening on the pilots
+    fit = str(cfg[WHITENING_FIT])
+    names, (test_key, val_key) = SECOND_READING[fit]
+    model, dev = task.model, task_device(task)
+    own = _second_whitening(task, model, context, action, fit)
     model.eval()
-    out: dict[str, list[float]] = {
-        COMM_ACCURACY_PILOT_WHITENING: [],
-        VAL_COMM_ACCURACY_PILOT_WHITENING: [],
-    }
+    out: dict[str, list[float]] = {test_key: [], val_key: []}
     for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
-        arr = unpack_routed(
-            array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + PILOT_READING_ARRAYS
-        )
-        test, val = _edge_accuracy(model, own, arr, j, dj, i_head, dev, prefix="pw-")
-        out[COMM_ACCURACY_PILOT_WHITENING].append(test)
-        out[VAL_COMM_ACCURACY_PILOT_WHITENING].append(val)
+        arr = unpack_routed(array_record(msg.content, ARRAYS), j, EVAL_ARRAYS + names)
+        test, val = _edge_accuracy(model, own, arr, j, dj, i_head, dev, names[0][:3])
+        out[test_key].append(test)
+        out[val_key].append(val)
     return out
 
 

@@ -53,8 +53,8 @@ class ClientMethod:
         self, msg: Message, context: Context, task: LocalTask, arrays: dict
     ) -> dict:
         """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
-        :meth:`evaluation_arrays` and, with the strong post-hoc reading, :data:`PILOT_READING_ARRAYS`;
-        numpy; the model's whitening is then the pilot-fitted one); default: unchanged (Sheaf-FRL's stringent privacy sends
+        :meth:`evaluation_arrays` and, with the second reading, its :data:`SECOND_READING` arrays;
+        numpy; the model's whitening is then the one the last reading fitted); default: unchanged (Sheaf-FRL's stringent privacy sends
         per-neighbour transported arrays instead, notes/variants-privacy.md)."""
         return arrays
 

@@ -23,7 +23,6 @@ from flwr.app import Array, ConfigRecord, Message, RecordDict
 from ..config import FederationConfig, LocalTrainConfig
 from ..protocol import (
     ARRAYS,
-    COMM_ACCURACY_PILOT_WHITENING,
     COMM_REPLY,
     CONFIG,
     DEVICE,
@@ -33,12 +32,11 @@ from ..protocol import (
     EVALUATE,
     METRICS,
     PILOT_READING,
-    PILOT_READING_ARRAYS,
+    SECOND_READING,
     SERVER_ROUND,
     STRINGENT_EVAL_ARRAYS,
     STRINGENT_EVAL_LABELS,
     TORCH_THREADS,
-    VAL_COMM_ACCURACY_PILOT_WHITENING,
     WHITENING_FIT,
     NonEdgeConfig,
     array_record,
@@ -112,9 +110,11 @@ class GraphEvaluation:
         self.node_metric_names = tuple(node_metric_names)
         self.routed_arrays = tuple(routed_arrays)
         self.edge_metric_names = tuple(edge_metric_names)
-        #: the strong post-hoc reading (whitening fitted on the pilots): post-hoc protocol only,
-        #: run-config ``posthoc-readings = both``
-        self.pilot_reading = whitening_fit == "train" and federation.posthoc_readings == "both"
+        #: the second reading (:data:`SECOND_READING`, run-config ``posthoc-readings = both``; not
+        #: under stringent privacy): the whitening fitted the other way than ``whitening_fit``
+        self.second_reading = federation.posthoc_readings == "both" and not self.transported
+        #: the strong post-hoc reading (post-hoc protocol: whitening fitted on the pilots)
+        self.pilot_reading = self.second_reading and whitening_fit == "train"
 
     @classmethod
     def posthoc(cls, federation: FederationConfig, **kwargs: tuple[str, ...]) -> GraphEvaluation:
@@ -125,20 +125,19 @@ class GraphEvaluation:
     @property
     def array_names(self) -> tuple[str, ...]:
         """Phase-1 arrays every evaluated node sends and the server routes to neighbours:
-        :data:`EVAL_ARRAYS`, :attr:`routed_arrays` and, with the strong reading, :data:`PILOT_READING_ARRAYS`."""
-        return (
-            EVAL_ARRAYS + self.routed_arrays + (PILOT_READING_ARRAYS if self.pilot_reading else ())
-        )
+        :data:`EVAL_ARRAYS`, :attr:`routed_arrays` and the :attr:`second_reading`'s."""
+        return EVAL_ARRAYS + self.routed_arrays + self.second_reading_names[0]
+
+    @property
+    def second_reading_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The :attr:`second_reading`'s phase-1 arrays and test / validation metrics (empty without it)."""
+        return SECOND_READING[self.whitening_fit] if self.second_reading else ((), ())
 
     @property
     def edge_metric_keys(self) -> tuple[str, ...]:
-        """Per-edge phase-2 metrics beyond :data:`COMM_ACCURACY`: :attr:`edge_metric_names` and, with
-        the strong reading, its test and validation accuracies."""
-        return self.edge_metric_names + (
-            (COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING)
-            if self.pilot_reading
-            else ()
-        )
+        """Per-edge phase-2 metrics beyond :data:`COMM_ACCURACY`: :attr:`edge_metric_names` and the
+        :attr:`second_reading`'s test and validation accuracies."""
+        return self.edge_metric_names + self.second_reading_names[1]
 
     def config(self, server_round: int, train: LocalTrainConfig) -> dict[str, Any]:
         """Config entries of both phases' messages (``train``: the threads and device nodes use)."""
@@ -148,7 +147,7 @@ class GraphEvaluation:
             TORCH_THREADS: train.torch_threads,
             DEVICE: train.device,
             EVAL_TRANSPORTED: int(self.transported),
-            PILOT_READING: int(self.pilot_reading),
+            PILOT_READING: int(self.second_reading),
         }
 
     def describe(self, fraction_evaluate: float) -> dict[str, Any]:
@@ -156,6 +155,7 @@ class GraphEvaluation:
         out: dict[str, Any] = {
             "whitening-fit": self.whitening_fit,
             "pilot-whitening-reading": self.pilot_reading,
+            "train-whitening-reading": self.second_reading and not self.pilot_reading,
             "fraction-evaluate": fraction_evaluate,
             "non-edge-pairs": self.federation.non_edge_pairs,
             "diagnostics-eigenvalues": self.federation.diagnostics_eigenvalues,
@@ -287,7 +287,7 @@ class GraphEvaluation:
         m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         d = view.nodes[pid].d
         return steps.phase1_metrics_problem(m, d) or steps.phase1_arrays_problem(
-            a, d, view.num_pilots, self.pilot_reading
+            a, d, view.num_pilots, self.second_reading_names[0]
         )
 
     def comm_problem(
@@ -299,7 +299,11 @@ class GraphEvaluation:
         """Why a phase-2 reply cannot be used (or None), ``routed`` and ``plan`` having been routed to
         it (:func:`~flwr_sheaf.strategy.evaluation_steps.comm_problem`)."""
         return steps.comm_problem(
-            reply.content[METRICS], routed, plan or [], self.edge_metric_keys, self.pilot_reading
+            reply.content[METRICS],
+            routed,
+            plan or [],
+            self.edge_metric_keys,
+            self.second_reading_names[1],
         )
 
     def sheaf_diagnostics(self, view: EvaluationView, phase1: Mapping[int, Message]) -> NonEdgePlan:

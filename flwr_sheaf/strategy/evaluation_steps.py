@@ -26,7 +26,6 @@ from ..config import FederationConfig, LocalTrainConfig
 from ..protocol import (
     ARRAYS,
     COMM_ACCURACY,
-    COMM_ACCURACY_PILOT_WHITENING,
     COMM_SRC,
     DEVICE_INDEX,
     LOW_VARIANCE_FRACTION,
@@ -35,11 +34,9 @@ from ..protocol import (
     NON_EDGE_DIRECT_ACCURACY,
     NON_EDGE_REPLY,
     NON_EDGE_SRC,
-    PILOT_READING_ARRAYS,
     PRIVATE_ACCURACY,
     STALK_DIM,
     VAL_COMM_ACCURACY,
-    VAL_COMM_ACCURACY_PILOT_WHITENING,
     VAL_NON_EDGE_ACCURACY,
     VAL_NON_EDGE_DIRECT_ACCURACY,
     VAL_PRIVATE_ACCURACY,
@@ -176,11 +173,12 @@ def phase1_metrics_problem(m: Mapping[str, Any], d: int) -> str | None:
 
 
 def phase1_arrays_problem(
-    a: Mapping[str, Any], d: int, num_pilots: int, pilot_reading: bool
+    a: Mapping[str, Any], d: int, num_pilots: int, second: tuple[str, ...] = ()
 ) -> str | None:
     """Raw evaluation arrays ``a`` (Flower ``Array`` values) of a node with stalk dimension ``d``:
     pilots not ``(K, d)``, latents not ``(M, d)`` with ``(M,)`` integer labels, NaN/inf in them, or
-    (``pilot_reading``) the strong reading's arrays not shaped like the paper reading's."""
+    the ``second`` reading's arrays (``pw-``/``tw-`` pilots, test and validation latents) not shaped
+    like the first's."""
     pilots = a["pilots"].numpy()
     if pilots.shape != (num_pilots, d):
         return f"pilots of shape {pilots.shape}, expected ({num_pilots}, {d})"
@@ -197,11 +195,12 @@ def phase1_arrays_problem(
             return f"{split} latents {z.shape} / labels {y.shape} {y.dtype}: expected (M, {d}) and (M,) integers"
         if not np.isfinite(z).all():
             return f"NaN/inf {split} latents"
-    if pilot_reading:  # the strong reading's arrays: same shapes as the paper reading's
-        for name, like in zip(PILOT_READING_ARRAYS, ("pilots", "test-latents", "val-latents")):
-            z = a[name].numpy()
-            if z.shape != a[like].numpy().shape or not np.isfinite(z).all():
-                return f"{name} of shape {z.shape} (expected {a[like].numpy().shape}) or NaN/inf entries"
+    for name, like in zip(second, ("pilots", "test-latents", "val-latents")):
+        z = a[name].numpy()
+        if z.shape != a[like].numpy().shape or not np.isfinite(z).all():
+            return (
+                f"{name} of shape {z.shape} (expected {a[like].numpy().shape}) or NaN/inf entries"
+            )
     return None
 
 
@@ -236,26 +235,22 @@ def comm_problem(
     routed: tuple[int, ...],
     plan: Plan,
     edge_metric_keys: tuple[str, ...],
-    pilot_reading: bool,
+    second: tuple[str, ...] = (),
 ) -> str | None:
     """Why a phase-2 reply's metrics ``m`` cannot be used (or None): the strong reading missing
-    (``pilot_reading``), per-edge lists of different lengths, sources other than the ``routed``
+    (the ``second`` reading's test / validation metric names), per-edge lists of different lengths, sources other than the ``routed``
     neighbours, an accuracy neither NaN nor in [0, 1], or bad non-edge entries for the ``plan``."""
     return (
-        _strong_reading_problem(m, pilot_reading)
+        _second_reading_problem(m, second)
         or _edge_problem(m, routed, edge_metric_keys)
         or _non_edge_problem(m, plan)
     )
 
 
-def _strong_reading_problem(m: Mapping[str, Any], pilot_reading: bool) -> str | None:
-    missing = [
-        n
-        for n in (COMM_ACCURACY_PILOT_WHITENING, VAL_COMM_ACCURACY_PILOT_WHITENING)
-        if pilot_reading and n not in m
-    ]
+def _second_reading_problem(m: Mapping[str, Any], second: tuple[str, ...]) -> str | None:
+    missing = [n for n in second if n not in m]
     return (
-        f"the strong post-hoc reading was asked for, but the reply lacks {missing}"
+        f"the second reading (posthoc-readings = both) was asked for, but the reply lacks {missing}"
         if missing
         else None
     )
