@@ -260,38 +260,30 @@ def write_results(
         out_dir: directory (created with its parents if missing).
         config: run-config values recorded as given, then the strategy's section keys
             (:func:`strategy_config`); ``method`` from the registry when absent.
-        overwrite: move the ``results.json`` / ``accuracy.png`` already in ``out_dir`` and another
-            run's ``checkpoint.pkl`` into a new ``previous-<UTC time>/`` (logged; refused otherwise),
-            never replace them; while this process already holds ``out_dir``'s lock (the bundled
-            app's preflight, which moved another run's files aside itself) the files there are this
-            run's and are replaced. The directory's lock is held, and re-checked, while writing (the
-            lock :func:`check_results_dir` took for this run is released after it).
+        overwrite: move the files already in ``out_dir`` and another run's ``checkpoint.pkl`` into
+            a new ``previous-<UTC time>/`` (all or none; refused otherwise); under a lock this
+            process already holds (the bundled app's preflight) the files there are replaced.
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/guarantees.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON values or numpy ones), written last.
         problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
         errors: what ended the run early (the run is written ``failed``).
-        keep_previous: keep only the newest this many ``previous-*`` folders of ``out_dir`` after
-            moving files aside (the older ones are removed, each logged); None or 0 = keep every one
-            (default: ``config``'s ``keep-previous``, else 0; docs/guarantees.md). Checked,
-            as ``max_failed_fraction``, by the run-config key's own parser before anything moves.
+        keep_previous: keep only the newest this many ``previous-*`` folders (None or 0: all;
+            default: ``config``'s ``keep-previous``); checked by the key's own parser first.
 
-    Called while an exception propagates (``finally``/``except``, e.g. after a discovery error), an
-    error of ``write_results`` itself (no completed round, another run's files, ...) never hides
-    it: that exception is re-raised with a note saying what was not written and why.
+    Called while an exception propagates, an error of its own never hides that exception: it
+    is re-raised with a note saying what was not written and why.
 
     Returns:
         Path of ``results.json``.
 
     Raises:
-        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``). A value
-            that JSON cannot write (a set, an object) is not an error: it is written as null and
-            named in ``degradation.problems`` (the run ``degraded``); numpy values are converted.
-        ValueError: the strategy has not run (no round in its history: call ``strategy.start``
-            first), or ``extra`` names a key written here (named); a ``ConfigError`` for a bad
-            ``keep_previous`` / ``max_failed_fraction`` (given or in ``config``), or an earlier
-            file that cannot be moved aside (then none is moved).
+        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``). (A value
+            JSON cannot hold is written null and named in ``degradation.problems``, ``degraded``.)
+        ValueError: the strategy has not run, ``extra`` names a key written here, or (a
+            ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or an earlier file
+            that cannot be moved aside (then none is moved).
         FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
             run's ``checkpoint.pkl``, and ``overwrite`` is False (the files named).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
@@ -307,11 +299,10 @@ def write_results(
         cfg = _recorded_config(strategy, config)
         max_failed_fraction = _given_or_config(max_failed_fraction, cfg, "max-failed-fraction")
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous")
-        ext = dict(extra or {})
-        unapplied = config_not_applied(strategy, config)
-        if unapplied:  # recorded beside the bundled app's own warnings (results.json's "warnings")
-            ext["warnings"] = [*ext.get("warnings", own_extra.get("warnings", [])), *unapplied]
-        given = {f"{type(strategy).__name__}.results_extra()": own_extra, "extra": ext}
+        given = {
+            f"{type(strategy).__name__}.results_extra()": own_extra,
+            "extra": _with_unapplied(extra, own_extra, config_not_applied(strategy, config)),
+        }
         payload = _checked_payload(
             strategy, cfg, max_failed_fraction, wall_seconds, given, problems, errors
         )
@@ -325,6 +316,17 @@ def write_results(
     # outside the except block: raising the exception in flight keeps its own __context__ (the
     # error it was raised while handling), instead of write_results' error posing as its cause
     raise _noted(inflight, own, out_dir)
+
+
+def _with_unapplied(
+    extra: Mapping[str, Any] | None, own: Mapping[str, Any], unapplied: list[str]
+) -> dict[str, Any]:
+    """``extra`` with the keys the strategy did not apply added to its ``warnings`` (beside the
+    bundled app's own, or the method's ``results_extra`` ones)."""
+    ext = dict(extra or {})
+    if unapplied:
+        ext["warnings"] = [*ext.get("warnings", own.get("warnings", [])), *unapplied]
+    return ext
 
 
 def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
