@@ -128,6 +128,45 @@ def test_a_loss_part_is_the_mean_over_the_steps_that_returned_it(run):
         train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, LaterBad(), g, 1)
 
 
+def test_a_plugins_numpy_metrics_are_numbers_and_a_set_is_named():
+    # np.float32 / a 0-d array from LossPlugin.metrics: Flower's MetricRecord raised TypeError on
+    # every node, and the run ended failed
+    from flwr.app import MetricRecord
+
+    class Linear(torch.nn.Linear):
+        def private_logits(self, x):
+            return self(x)
+
+    returned = {
+        "f32": np.float32(1.5),
+        "zero_d": np.array(2.0),
+        "t": torch.tensor(3.0),
+        "arr": np.arange(2),
+        "i": np.int64(4),
+    }
+
+    class Own(CrossEntropy):
+        def metrics(self, steps):
+            return dict(returned)
+
+    g = torch.Generator().manual_seed(0)
+    model = Linear(2, 2)
+    task = SimpleNamespace(
+        model=model, x_train=torch.randn(4, 2, generator=g), y_train=torch.tensor([0, 1, 0, 1])
+    )
+    cfg = LocalTrainConfig(local_epochs=1, batch_size=2)
+    out = train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, Own(), g, 1)
+    got = {k: out[k] for k in returned}
+    assert got == {"f32": 1.5, "zero_d": 2.0, "t": 3.0, "arr": [0, 1], "i": 4}
+    assert all(type(v) in (int, float, list) for v in got.values())
+    MetricRecord(out)  # what the train handler sends
+
+    returned["bad"] = {1, 2}
+    said = 'Own.metrics returned "bad" = {1, 2} (a set): each metric must be a number'
+    with pytest.raises(TypeError, match=re.escape(said)):
+        train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, Own(), g, 1)
+
+
 # ---------------------------------------------------------------- hook returns
 @pytest.mark.parametrize(
     "value, written",
