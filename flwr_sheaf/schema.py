@@ -232,7 +232,16 @@ def to_json_value(value: Any, where: str = "value") -> tuple[Any, list[str]]:
         if isinstance(x, float):
             return x if math.isfinite(x) else None
         if isinstance(x, Mapping):
-            return {str(k): conv(v, f"{at}[{k!r}]") for k, v in x.items()}
+            out: dict[str, Any] = {}
+            for k, v in x.items():
+                if str(k) in out:  # {1: a, "1": b}: one would replace the other
+                    problems.append(
+                        f"{at}[{k!r}]: key is not JSON-writable: it is written {str(k)!r}, as "
+                        "another key of the mapping (not written; use distinct string keys)"
+                    )
+                    continue
+                out[str(k)] = conv(v, f"{at}[{k!r}]")
+            return out
         if isinstance(x, (list, tuple)):
             return [conv(v, f"{at}[{i}]") for i, v in enumerate(x)]
         fix = "; return a list" if isinstance(x, (set, frozenset)) else ""

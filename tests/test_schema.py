@@ -234,8 +234,11 @@ ODD = st.recursive(
 def _unwritable(x) -> int:
     if isinstance(x, (np.ndarray, np.generic, str, int, float)) or x is None:
         return 0
-    if isinstance(x, dict):
-        return sum(_unwritable(v) for v in x.values())
+    if isinstance(x, dict):  # {1: a, "1": b}: the second is named, not written
+        seen: set[str] = set()
+        return sum(
+            1 if str(k) in seen else (seen.add(str(k)) or _unwritable(v)) for k, v in x.items()
+        )
     if isinstance(x, (list, tuple)):
         return sum(_unwritable(v) for v in x)
     return 1
@@ -248,6 +251,16 @@ def test_every_hook_return_is_written_as_json_or_named(value):
     json.dumps(out, allow_nan=False)  # writable: finite numbers, lists, str keys
     assert len(problems) == _unwritable(value)
     assert all(p.startswith("hook['x']") and "is not JSON-writable" in p for p in problems)
+
+
+def test_keys_written_alike_are_named_not_lost():
+    # {1: "a", "1": "b"}: both written as "1", the second silently replaced the first
+    out, problems = to_json_value({"m": {1: "a", "1": "b", np.int64(2): "c"}}, "hook")
+    assert out == {"m": {"1": "a", "2": "c"}}
+    assert problems == [
+        "hook['m']['1']: key is not JSON-writable: it is written '1', as another key of the "
+        "mapping (not written; use distinct string keys)"
+    ]
 
 
 @bounded(15)
