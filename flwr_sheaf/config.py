@@ -285,7 +285,7 @@ def _participation(key: str, v: Any) -> str:
         forms = ("uniform:<a>-<b>", "uniform:<seed>", "uniform")
         hint = spec_suggestion(text, forms, check_participation_spec)  # 'Uniform:0.1-0.5'
         raise ConfigError(f"{key}={v!r}: {exc}{hint}") from None
-    return text
+    return text.strip()
 
 
 def _zoo(text: str) -> int:
@@ -301,6 +301,7 @@ def parse_dim_or_auto(key: str, v: Any) -> str | int:
     Raises:
         ConfigError: any other value, naming the key and the value.
     """
+    v = v.strip() if isinstance(v, str) else v
     if isinstance(v, str) and v in ("auto", "none"):
         return v
     if isinstance(v, str):

@@ -95,6 +95,16 @@ def test_every_string_key_strips_surrounding_whitespace(data):
     assert key(pad + value + pad) == key(value) == value.strip()
 
 
+@pytest.mark.parametrize(
+    "name", [n for n in ALL_KEYS if isinstance(lookup_key(n).default, str) and n != "method"]
+)
+def test_every_key_with_a_string_default_strips_surrounding_whitespace(name):
+    # undeclared parsers too: comfed-dim=' auto ' was refused while ' 4 ' was read as 4, and
+    # participation='  ' was kept as '  ' (and ' 0.3 ' recorded with its blanks)
+    key = lookup_key(name)
+    assert key(" \t" + key.default + "\n ") == key(key.default)
+
+
 def test_a_wrong_type_for_a_key_with_choices_names_them():
     # before: "evaluate-nodes=1: expected a string" without the valid values
     with pytest.raises(
