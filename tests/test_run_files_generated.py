@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flwr_sheaf.config import KEYS, ConfigError
+from flwr_sheaf.integrity import write_sealed
 from flwr_sheaf.methods.registry import parse_run_config
 from flwr_sheaf.rundir import (
     CHECKPOINT_FORMAT,
@@ -30,7 +31,6 @@ from flwr_sheaf.rundir import (
     RunDir,
     RunFile,
     preflight,
-    write_sealed,
 )
 
 CONFIG = {"seed": 3, "method": "sheaf-frl", "zoo": "tiny-3"}
