@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -126,7 +127,7 @@ def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
-    old = [p for p in (out / RESULTS_JSON, out / ACCURACY_PNG) if p.exists()]
+    old = [p for p in (out / RESULTS_JSON, out / ACCURACY_PNG) if os.path.lexists(p)]  # a link too
     if old and not overwrite:
         raise FileExistsError(
             f"out_dir {str(out_dir)!r} already holds another run's results "
@@ -489,8 +490,16 @@ def _write_files(
         names, overwrite=overwrite, keep=keep_previous, claim=claim
     ) as where:
         path = where / RESULTS_JSON
-        path.write_text(text)
-        plot_rounds(rounds, where / ACCURACY_PNG, title=title)
+        for name, write in (
+            (RESULTS_JSON, lambda p: p.write_text(text)),
+            (ACCURACY_PNG, lambda p: plot_rounds(rounds, p, title=title)),
+        ):  # each whole or not at all, and never written through a link in its place
+            tmp = where / f".tmp-{os.getpid()}-{name}"
+            try:
+                write(tmp)
+                os.replace(tmp, where / name)
+            finally:
+                tmp.unlink(missing_ok=True)
     return path
 
 

@@ -504,7 +504,7 @@ class RunDir:
                 reason, where every file is now, and the fix).
         """
         keep = check_keep_previous(keep)
-        present = [n for n in names if (self.path / n).exists()]
+        present = [n for n in names if os.path.lexists(self.path / n)]  # a dangling link too
         if not present:
             return None
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

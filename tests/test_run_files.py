@@ -248,6 +248,26 @@ def test_write_results_into_a_directory_locked_by_a_live_run_is_refused(tmp_path
     assert not (locked / "results.json").exists()
 
 
+@pytest.mark.parametrize("name", ["results.json", "accuracy.png"])
+def test_write_results_never_writes_through_a_link_in_a_files_place(tmp_path, name):
+    # a dangling link out/results.json -> victim: the file was written at the link's target,
+    # outside out_dir, with or without overwrite
+    from flwr_sheaf import write_results
+
+    done = _own_strategy(tmp_path)
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    with pytest.raises(FileExistsError, match=rf"already holds another run's results \({name}\)"):
+        write_results(done, out)
+    written = write_results(done, out, overwrite=True)
+    [prev] = out.glob("previous-*")
+    assert not victim.exists() and (prev / name).readlink() == victim  # the link, moved aside
+    assert not written.is_symlink() and not (out / "accuracy.png").is_symlink()
+    assert json.loads(written.read_text())["status"] == "completed"
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", prev.name, "results.json"]
+
+
 # ------------------------------------------------------------------------- case 4: NaN
 def test_a_nan_train_metric_or_private_accuracy_is_that_nodes_recorded_failure(tmp_path):
     pid_of = {}
