@@ -113,16 +113,18 @@ def node_partition_id(context: Any) -> int:
 # ---------------------------------------------------------------------------------------- checks
 #: The largest integer a run-config value may be (a Flower record's int64).
 INT64_MAX = 2**63 - 1
+#: The largest ``seed``: a model's weights are drawn from torch's 64-bit seed ``seed * 1000 + partition-id``.
+SEED_MAX = 2**53
 
 
-def parse_int(lo: int | None = None) -> Callable[[str, Any], int]:
+def parse_int(lo: int | None = None, hi: int = INT64_MAX) -> Callable[[str, Any], int]:
     """A parser ``parse(key, value) -> int`` for a run-config value (a :class:`Key`'s ``parse``).
 
     The parser accepts an integer, or a float with an integral value (TOML and ``--run-config``
     may give ``3.0``), and with ``lo`` set refuses values below it. It raises
     :class:`ConfigError` naming the key and the value: a bool, a non-number, a fractional float
-    (it would be truncated), a value below ``lo`` or above ``2**63 - 1`` (Flower's records hold
-    64-bit integers: a larger seed failed every node at discovery).
+    (it would be truncated), a value below ``lo`` or above ``hi`` (default ``2**63 - 1``: Flower's
+    records hold 64-bit integers; a larger seed failed every node at discovery).
     """
 
     def parse(key: str, v: Any) -> int:
@@ -135,13 +137,13 @@ def parse_int(lo: int | None = None) -> Callable[[str, Any], int]:
         out = int(cast(SupportsInt, v))
         if lo is not None and out < lo:
             raise ConfigError(f"{key}={v!r}: must be >= {lo}")
-        if out > INT64_MAX:
+        if out > hi:
             raise ConfigError(
-                f"{key}={v!r}: must be <= {INT64_MAX} (2**63 - 1: Flower messages carry 64-bit integers)"
+                f"{key}={v!r}: must be <= {hi} (Flower messages and torch seeds are 64-bit integers)"
             )
         return out
 
-    parse.declared = {"type": int, "lo": lo, "hi": INT64_MAX}  # type: ignore[attr-defined]
+    parse.declared = {"type": int, "lo": lo, "hi": hi}  # type: ignore[attr-defined]
     return parse
 
 
@@ -554,7 +556,7 @@ _KEY_LIST = [
     Key(
         "seed",
         0,
-        parse_int(0),
+        parse_int(0, SEED_MAX),
         "seed of partition, initialisation, batch order and participation draws",
     ),
     Key(
