@@ -686,7 +686,7 @@ _KEY_LIST = [
     Key(
         "torch-threads",
         1,
-        parse_int(0),
+        parse_int(0, 1024),  # 16384 aborted the process in libgomp, 100000 crashed it
         "torch threads per ClientApp (0 = torch's default; >1 was 30x slower on a loaded 2-core box)",
     ),
     Key(
