@@ -150,6 +150,29 @@ def test_extending_a_run_without_checkpoint_gets_one_answer_naming_what_works(tm
     assert "resume=true cannot continue it" in text and "resume=true to continue" not in text
 
 
+@pytest.mark.parametrize("kind", ["dir", "fifo", "dangling"])
+def test_resume_over_a_checkpoint_that_is_not_a_file_names_it(tmp_path, kind):
+    # before: "no checkpoint at ...: nothing to resume (run without resume first)", and the run
+    # without resume: "holds another run's results (checkpoint.pkl) ... resume=true to continue"
+    out = tmp_path / "r"
+    out.mkdir()
+    ckpt = out / "checkpoint.pkl"
+    {
+        "dir": ckpt.mkdir,
+        "fifo": lambda: os.mkfifo(ckpt),
+        "dangling": lambda: ckpt.symlink_to(tmp_path / "x"),
+    }[kind]()
+    rc = {**TINY, "results-dir": str(out), "resume": True}
+    grid = LocalGrid(cnn_client_app, 3, run_config=rc)
+    with pytest.raises(ConfigError) as err:
+        run_server(grid, rc)
+    assert (
+        grid.delivered == [] and type(err.value) is ConfigError
+    )  # not NoCheckpointError: something is there
+    assert f"checkpoint {ckpt} is not a regular file" in str(err.value)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pkl"]
+
+
 def test_overwrite_with_the_earlier_runs_node_state_dir_is_refused_and_moves_nothing(tmp_path):
     out, state = tmp_path / "r", tmp_path / "S"
     rc = {**TINY, "results-dir": str(out), "node-state-dir": str(state)}
