@@ -222,8 +222,9 @@ def write_results(
             (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/guarantees.md).
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON values or numpy ones), written last.
-        problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
-        errors: what ended the run early (the run is written ``failed``).
+        problems: what else did not go as asked, one line each (a string: one line; the run is
+            written ``degraded``; :func:`run_status`).
+        errors: what ended the run early, one line each (a string: one line; the run is written ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders of ``out_dir`` after
             moving files aside (the older ones are removed, each logged); None or 0 = keep every one
             (default: ``config``'s ``keep-previous``, else 0; docs/guarantees.md). Checked,
@@ -252,6 +253,7 @@ def write_results(
         OSError: the directory or files cannot be written.
     """
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
+    problems, errors = ([x] if isinstance(x, str) else list(x) for x in (problems, errors))
     try:
         own_extra = _checked_own_extra(strategy, extra)
         out = _checked_out(out_dir, overwrite)

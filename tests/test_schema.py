@@ -167,6 +167,16 @@ def test_a_plugins_numpy_metrics_are_numbers_and_a_set_is_named():
         train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, Own(), g, 1)
 
 
+def test_a_problem_or_error_given_as_one_string_is_one_line(run, tmp_path):
+    # problems="disk was full": recorded as ["d", "i", "s", "k", ...]
+    for kw, status, field in (
+        ({"problems": "disk was full"}, "degraded", "problems"),
+        ({"errors": "disk was full"}, "failed", "reasons"),
+    ):
+        res = read_results(write_results(run.strategy, tmp_path / status, **kw))
+        assert res["status"] == status and res["degradation"][field] == ["disk was full"]
+
+
 # ---------------------------------------------------------------- hook returns
 @pytest.mark.parametrize(
     "value, written",
