@@ -179,7 +179,7 @@ def read_results(path: str | Path) -> dict:
         The parsed file (:func:`check_results` found nothing).
 
     Raises:
-        ResultsFileError: the file does not exist, is a directory or a broken link, cannot be read,
+        ResultsFileError: the file does not exist, is a directory, a FIFO or a broken link, cannot be read,
             is not valid JSON (truncated, damaged, nested too deeply), or does not have the schema;
             the message names the file, the field, what is wrong and what to do.
     """
@@ -188,6 +188,10 @@ def read_results(path: str | Path) -> dict:
         path = path / "results.json"
     if path.is_dir():
         raise ResultsFileError(f"{path}: is a directory, not a results.json file")
+    if path.exists() and not path.is_file():  # never opened: a FIFO would wait for a writer
+        raise ResultsFileError(
+            f"{path}: is not a regular file (a FIFO or a device), not a results.json file"
+        )
     if not path.is_file():
         link = (
             f" (a link to {path.readlink()}: missing, or a loop of links)"

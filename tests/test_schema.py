@@ -365,6 +365,11 @@ def test_a_damaged_file_deep_nesting_a_directory_and_links_are_named(tmp_path, c
     assert (
         rc == 2 and f"{loop}: does not exist (a link to {loop}: missing, or a loop of links)" in err
     )
+    fifo = tmp_path / "fifo" / "results.json"  # said "does not exist"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    rc, _, err = _report(fifo.parent, capsys)
+    assert rc == 2 and f"{fifo}: is not a regular file (a FIFO or a device)" in err, err
 
 
 def test_whitespace_in_device_is_stripped_once_by_the_run_config():
