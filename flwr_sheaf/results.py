@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -238,7 +239,8 @@ def write_results(
         Path of ``results.json``.
 
     Raises:
-        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``). A value
+        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``), or
+            ``wall_seconds`` is not a number (named; nothing written or moved). A value
             that JSON cannot write (a set, an object) is not an error: it is written as null and
             named in ``degradation.problems`` (the run ``degraded``); numpy values are converted.
         ValueError: the strategy has not run (no round in its history: call ``strategy.start``
@@ -261,6 +263,10 @@ def write_results(
         cfg = _recorded_config(strategy, config)
         max_failed_fraction = _given_or_config(max_failed_fraction, cfg, "max-failed-fraction")
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous")
+        if wall_seconds is not None and (
+            isinstance(wall_seconds, bool) or not isinstance(wall_seconds, numbers.Real)
+        ):
+            raise TypeError(f"wall_seconds={wall_seconds!r}: expected a number of seconds or None")
         ext = dict(extra or {})
         unapplied = config_not_applied(strategy, config)
         if unapplied:  # recorded beside the bundled app's own warnings (results.json's "warnings")

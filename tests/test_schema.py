@@ -167,7 +167,9 @@ def test_a_plugins_numpy_metrics_are_numbers_and_a_set_is_named():
         train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, Own(), g, 1)
 
 
-def test_a_problem_or_error_given_as_one_string_is_one_line(run, tmp_path):
+def test_a_problem_or_error_given_as_one_string_is_one_line_and_wall_seconds_is_named(
+    run, tmp_path
+):
     # problems="disk was full": recorded as ["d", "i", "s", "k", ...]
     for kw, status, field in (
         ({"problems": "disk was full"}, "degraded", "problems"),
@@ -175,6 +177,14 @@ def test_a_problem_or_error_given_as_one_string_is_one_line(run, tmp_path):
     ):
         res = read_results(write_results(run.strategy, tmp_path / status, **kw))
         assert res["status"] == status and res["degradation"][field] == ["disk was full"]
+    # wall_seconds="12s": a bare "could not convert string to float" (np.float32 is a number)
+    with pytest.raises(
+        TypeError, match=re.escape("wall_seconds='12s': expected a number of seconds")
+    ):
+        write_results(run.strategy, tmp_path / "w", wall_seconds="12s")
+    assert not (tmp_path / "w" / "results.json").exists()
+    res = read_results(write_results(run.strategy, tmp_path / "w", wall_seconds=np.float32(2.5)))
+    assert res["total_wall_seconds"] == 2.5
 
 
 # ---------------------------------------------------------------- hook returns
