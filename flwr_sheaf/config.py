@@ -111,13 +111,20 @@ def node_partition_id(context: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------- checks
-def parse_int(lo: int | None = None) -> Callable[[str, Any], int]:
+#: The largest integer a run-config value may be (a Flower record's int64).
+INT64_MAX = 2**63 - 1
+#: The largest ``seed``: a model's weights are drawn from torch's 64-bit seed ``seed * 1000 + partition-id``.
+SEED_MAX = 2**53
+
+
+def parse_int(lo: int | None = None, hi: int = INT64_MAX) -> Callable[[str, Any], int]:
     """A parser ``parse(key, value) -> int`` for a run-config value (a :class:`Key`'s ``parse``).
 
     The parser accepts an integer, or a float with an integral value (TOML and ``--run-config``
     may give ``3.0``), and with ``lo`` set refuses values below it. It raises
     :class:`ConfigError` naming the key and the value: a bool, a non-number, a fractional float
-    (it would be truncated) or a value below ``lo``.
+    (it would be truncated), a value below ``lo`` or above ``hi`` (default ``2**63 - 1``: Flower's
+    records hold 64-bit integers; a larger seed failed every node at discovery).
     """
 
     def parse(key: str, v: Any) -> int:
@@ -130,9 +137,13 @@ def parse_int(lo: int | None = None) -> Callable[[str, Any], int]:
         out = int(cast(SupportsInt, v))
         if lo is not None and out < lo:
             raise ConfigError(f"{key}={v!r}: must be >= {lo}")
+        if out > hi:
+            raise ConfigError(
+                f"{key}={v!r}: must be <= {hi} (Flower messages and torch seeds are 64-bit integers)"
+            )
         return out
 
-    parse.declared = {"type": int, "lo": lo}  # type: ignore[attr-defined]
+    parse.declared = {"type": int, "lo": lo, "hi": hi}  # type: ignore[attr-defined]
     return parse
 
 
@@ -285,7 +296,7 @@ def _participation(key: str, v: Any) -> str:
         forms = ("uniform:<a>-<b>", "uniform:<seed>", "uniform")
         hint = spec_suggestion(text, forms, check_participation_spec)  # 'Uniform:0.1-0.5'
         raise ConfigError(f"{key}={v!r}: {exc}{hint}") from None
-    return text
+    return text.strip()
 
 
 def _zoo(text: str) -> int:
@@ -301,6 +312,7 @@ def parse_dim_or_auto(key: str, v: Any) -> str | int:
     Raises:
         ConfigError: any other value, naming the key and the value.
     """
+    v = v.strip() if isinstance(v, str) else v
     if isinstance(v, str) and v in ("auto", "none"):
         return v
     if isinstance(v, str):
@@ -544,7 +556,7 @@ _KEY_LIST = [
     Key(
         "seed",
         0,
-        parse_int(0),
+        parse_int(0, SEED_MAX),
         "seed of partition, initialisation, batch order and participation draws",
     ),
     Key(
@@ -676,7 +688,7 @@ _KEY_LIST = [
     Key(
         "torch-threads",
         1,
-        parse_int(0),
+        parse_int(0, 1024),  # 16384 aborted the process in libgomp, 100000 crashed it
         "torch threads per ClientApp (0 = torch's default; >1 was 30x slower on a loaded 2-core box)",
     ),
     Key(

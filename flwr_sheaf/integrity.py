@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,10 +71,15 @@ def read_sealed(
         fix: what to do, appended to every refusal.
 
     Raises:
-        error: a bad header, format, metadata, size or SHA-256 (the file named).
+        error: not a regular file (a FIFO is not waited on), a bad header, format, metadata, size
+            or SHA-256 (the file named).
+        OSError: it cannot be opened (missing, no permission).
     """
     tail = f"; {fix}" if fix else ""
-    with open(path, "rb") as fh:
+    # never waits on a FIFO (a reader's open blocks until a writer comes); refused below
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise error(f"{path}: not a regular file (a FIFO, device or directory){tail}")
         if fh.readline(len(magic)) != magic:
             raise error(f"{path}: not a {what} (bad header){tail}")
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from os import PathLike
@@ -165,7 +167,7 @@ def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out_dir)!r}: {out} exists and is not a directory")
-    old = [p for p in (out / RESULTS_JSON, out / ACCURACY_PNG) if p.exists()]
+    old = [p for p in (out / RESULTS_JSON, out / ACCURACY_PNG) if os.path.lexists(p)]  # a link too
     if old and not overwrite:
         raise FileExistsError(
             f"out_dir {str(out_dir)!r} already holds another run's results "
@@ -251,9 +253,8 @@ def write_results(
 ) -> Path:
     """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
 
-    The same files as the bundled app (``flwr run .``), from any :class:`~flwr_sheaf.GraphStrategy`
-    after ``strategy.start(...)`` returns: ``results.json`` (every key: docs/results-schema.md; NaN
-    and inf as null) and ``accuracy.png`` (:func:`plot_rounds`).
+    The bundled app's files, from any :class:`~flwr_sheaf.GraphStrategy` after ``strategy.start``
+    (keys: docs/results-schema.md; NaN and inf as null; the figure: :func:`plot_rounds`).
 
     Args:
         strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
@@ -263,12 +264,11 @@ def write_results(
         overwrite: move the files already in ``out_dir`` and another run's ``checkpoint.pkl`` into
             a new ``previous-<UTC time>/`` (all or none; refused otherwise); under a lock this
             process already holds (the bundled app's preflight) the files there are replaced.
-        max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``
-            (default: ``config``'s ``max-failed-fraction``, else 0.5; docs/guarantees.md).
+        max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``.
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON values or numpy ones), written last.
-        problems: what else did not go as asked (the run is written ``degraded``; :func:`run_status`).
-        errors: what ended the run early (the run is written ``failed``).
+        problems: what else did not go as asked, one line each (the run is written ``degraded``).
+        errors: what ended the run early, one line each (the run is written ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders (None or 0: all;
             default: ``config``'s ``keep-previous``); checked by the key's own parser first.
 
@@ -279,7 +279,7 @@ def write_results(
         Path of ``results.json``.
 
     Raises:
-        TypeError: ``strategy`` is not a flwr-sheaf strategy (e.g. Flower's ``FedAvg``). (A value
+        TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number. (A value
             JSON cannot hold is written null and named in ``degradation.problems``, ``degraded``.)
         ValueError: the strategy has not run, ``extra`` names a key written here, or (a
             ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or an earlier file
@@ -292,6 +292,7 @@ def write_results(
         OSError: the directory or files cannot be written.
     """
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
+    problems, errors = ([x] if isinstance(x, str) else list(x) for x in (problems, errors))
     try:
         own_extra = _checked_own_extra(strategy, extra)
         out = _checked_out(out_dir, overwrite)
@@ -299,6 +300,7 @@ def write_results(
         cfg = _recorded_config(strategy, config)
         max_failed_fraction = _given_or_config(max_failed_fraction, cfg, "max-failed-fraction")
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous")
+        _check_wall_seconds(wall_seconds)
         given = {
             f"{type(strategy).__name__}.results_extra()": own_extra,
             "extra": _with_unapplied(extra, own_extra, config_not_applied(strategy, config)),
@@ -316,6 +318,14 @@ def write_results(
     # outside the except block: raising the exception in flight keeps its own __context__ (the
     # error it was raised while handling), instead of write_results' error posing as its cause
     raise _noted(inflight, own, out_dir)
+
+
+def _check_wall_seconds(wall_seconds: Any) -> None:
+    """Raise TypeError (named, before anything is written) unless ``wall_seconds`` is a number or None."""
+    if wall_seconds is not None and (
+        isinstance(wall_seconds, bool) or not isinstance(wall_seconds, numbers.Real)
+    ):
+        raise TypeError(f"wall_seconds={wall_seconds!r}: expected a number of seconds or None")
 
 
 def _with_unapplied(
@@ -542,8 +552,16 @@ def _write_files(
         names, overwrite=overwrite, keep=keep_previous, claim=claim
     ) as where:
         path = where / RESULTS_JSON
-        path.write_text(text)
-        plot_rounds(rounds, where / ACCURACY_PNG, title=title)
+        for name, write in (
+            (RESULTS_JSON, lambda p: p.write_text(text)),
+            (ACCURACY_PNG, lambda p: plot_rounds(rounds, p, title=title)),
+        ):  # each whole or not at all, and never written through a link in its place
+            tmp = where / f".tmp-{os.getpid()}-{name}"
+            try:
+                write(tmp)
+                os.replace(tmp, where / name)
+            finally:
+                tmp.unlink(missing_ok=True)
     return path
 
 

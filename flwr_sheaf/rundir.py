@@ -120,13 +120,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Raises:
         NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).
-        ConfigError: an empty file, not a flwr-sheaf checkpoint, the old headerless format, a format
+        ConfigError: not a regular file, an empty file, not a flwr-sheaf checkpoint, the old
+            headerless format, a format
             of a newer (fix: upgrade) or older flwr-sheaf, a truncated or modified file (the file
             and the fix named).
     """
     import pickle
 
     path = Path(path)
+    if (
+        os.path.lexists(path) and not path.is_file()
+    ):  # not "nothing to resume": a run refuses it too
+        raise ConfigError(
+            f"checkpoint {path} is not a regular file (a directory, FIFO, device or broken link); "
+            f"{_CHECKPOINT_FIX}"
+        )
     if not path.is_file():
         raise NoCheckpointError(
             f"no checkpoint at {path}: nothing to resume (run without resume first)"
@@ -504,7 +512,7 @@ class RunDir:
                 reason, where every file is now, and the fix).
         """
         keep = check_keep_previous(keep)
-        present = [n for n in names if (self.path / n).exists()]
+        present = [n for n in names if os.path.lexists(self.path / n)]  # a dangling link too
         if not present:
             return None
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -698,6 +706,8 @@ def _no_checkpoint(config: RunConfig, out: Path) -> None:
     path = checkpoint_path(config.resume_from or out)
     if path.is_file():
         return
+    if os.path.lexists(path):  # a directory, FIFO or broken link there: its reader names it
+        load_checkpoint(path)
     key = f"resume-from={config.resume_from!r}" if config.resume_from else "resume=true"
     hint = ""
     moved = [p / CHECKPOINT_NAME for p in RunDir(out).previous() if (p / CHECKPOINT_NAME).is_file()]

@@ -179,7 +179,7 @@ def read_results(path: str | Path) -> dict:
         The parsed file (:func:`check_results` found nothing).
 
     Raises:
-        ResultsFileError: the file does not exist, is a directory or a broken link, cannot be read,
+        ResultsFileError: the file does not exist, is a directory, a FIFO or a broken link, cannot be read,
             is not valid JSON (truncated, damaged, nested too deeply), or does not have the schema;
             the message names the file, the field, what is wrong and what to do.
     """
@@ -188,6 +188,10 @@ def read_results(path: str | Path) -> dict:
         path = path / "results.json"
     if path.is_dir():
         raise ResultsFileError(f"{path}: is a directory, not a results.json file")
+    if path.exists() and not path.is_file():  # never opened: a FIFO would wait for a writer
+        raise ResultsFileError(
+            f"{path}: is not a regular file (a FIFO or a device), not a results.json file"
+        )
     if not path.is_file():
         link = (
             f" (a link to {path.readlink()}: missing, or a loop of links)"
@@ -232,7 +236,16 @@ def to_json_value(value: Any, where: str = "value") -> tuple[Any, list[str]]:
         if isinstance(x, float):
             return x if math.isfinite(x) else None
         if isinstance(x, Mapping):
-            return {str(k): conv(v, f"{at}[{k!r}]") for k, v in x.items()}
+            out: dict[str, Any] = {}
+            for k, v in x.items():
+                if str(k) in out:  # {1: a, "1": b}: one would replace the other
+                    problems.append(
+                        f"{at}[{k!r}]: key is not JSON-writable: it is written {str(k)!r}, as "
+                        "another key of the mapping (not written; use distinct string keys)"
+                    )
+                    continue
+                out[str(k)] = conv(v, f"{at}[{k!r}]")
+            return out
         if isinstance(x, (list, tuple)):
             return [conv(v, f"{at}[{i}]") for i, v in enumerate(x)]
         fix = "; return a list" if isinstance(x, (set, frozenset)) else ""

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import cloudpickle
+import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -254,9 +255,16 @@ def test_discovery_checks_a_description_hook_of_every_node_against_its_built_tas
     def node0(context):  # before: trusted; training failed on a pilot matrix of another width
         return truth[0]
 
+    def numpy_ints(context):  # right, in numpy ints: every node failed in Flower's ConfigRecord
+        desc = truth[pid(context)]
+        return dataclasses.replace(
+            desc, d=np.int64(desc.d), classes=tuple(np.int64(c) for c in desc.classes)
+        )
+
     d = [s.d for s in zoo_specs("tiny-12")]
     for hook, why in (
         (truthful, {}),
+        (numpy_ints, {}),
         (lying, {p: "num_train" for p in range(12)}),
         (other_classes, {p: "classes" for p in range(5, 12)}),
         (node0, {p: "d" if d[p] != d[0] else "" for p in range(1, 12)}),

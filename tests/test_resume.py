@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 
 import numpy as np
@@ -212,6 +213,11 @@ def test_foreign_or_broken_state_files_are_refused_by_name(tmp_path):
     raw[-3] ^= 0xFF
     path.write_bytes(bytes(raw))
     with pytest.raises(StateFileError, match="corrupted"):
+        _send(app, _ctx(tmp_path, run_id=2, resume=True), "evaluate", 3)
+    # a FIFO in its place: refused by name (opening it waited for a writer for ever)
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(StateFileError, match=f"{path}: not a regular file"):
         _send(app, _ctx(tmp_path, run_id=2, resume=True), "evaluate", 3)
     # without state-dir nothing is read or written
     ctx = Context(

@@ -150,6 +150,29 @@ def test_extending_a_run_without_checkpoint_gets_one_answer_naming_what_works(tm
     assert "resume=true cannot continue it" in text and "resume=true to continue" not in text
 
 
+@pytest.mark.parametrize("kind", ["dir", "fifo", "dangling"])
+def test_resume_over_a_checkpoint_that_is_not_a_file_names_it(tmp_path, kind):
+    # before: "no checkpoint at ...: nothing to resume (run without resume first)", and the run
+    # without resume: "holds another run's results (checkpoint.pkl) ... resume=true to continue"
+    out = tmp_path / "r"
+    out.mkdir()
+    ckpt = out / "checkpoint.pkl"
+    {
+        "dir": ckpt.mkdir,
+        "fifo": lambda: os.mkfifo(ckpt),
+        "dangling": lambda: ckpt.symlink_to(tmp_path / "x"),
+    }[kind]()
+    rc = {**TINY, "results-dir": str(out), "resume": True}
+    grid = LocalGrid(cnn_client_app, 3, run_config=rc)
+    with pytest.raises(ConfigError) as err:
+        run_server(grid, rc)
+    assert (
+        grid.delivered == [] and type(err.value) is ConfigError
+    )  # not NoCheckpointError: something is there
+    assert f"checkpoint {ckpt} is not a regular file" in str(err.value)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pkl"]
+
+
 def test_overwrite_with_the_earlier_runs_node_state_dir_is_refused_and_moves_nothing(tmp_path):
     out, state = tmp_path / "r", tmp_path / "S"
     rc = {**TINY, "results-dir": str(out), "node-state-dir": str(state)}
@@ -246,6 +269,26 @@ def test_write_results_into_a_directory_locked_by_a_live_run_is_refused(tmp_path
         ):
             write_results(done, locked)
     assert not (locked / "results.json").exists()
+
+
+@pytest.mark.parametrize("name", ["results.json", "accuracy.png"])
+def test_write_results_never_writes_through_a_link_in_a_files_place(tmp_path, name):
+    # a dangling link out/results.json -> victim: the file was written at the link's target,
+    # outside out_dir, with or without overwrite
+    from flwr_sheaf import write_results
+
+    done = _own_strategy(tmp_path)
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    with pytest.raises(FileExistsError, match=rf"already holds another run's results \({name}\)"):
+        write_results(done, out)
+    written = write_results(done, out, overwrite=True)
+    [prev] = out.glob("previous-*")
+    assert not victim.exists() and (prev / name).readlink() == victim  # the link, moved aside
+    assert not written.is_symlink() and not (out / "accuracy.png").is_symlink()
+    assert json.loads(written.read_text())["status"] == "completed"
+    assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", prev.name, "results.json"]
 
 
 # ------------------------------------------------------------------------- case 4: NaN

@@ -128,6 +128,65 @@ def test_a_loss_part_is_the_mean_over_the_steps_that_returned_it(run):
         train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, LaterBad(), g, 1)
 
 
+def test_a_plugins_numpy_metrics_are_numbers_and_a_set_is_named():
+    # np.float32 / a 0-d array from LossPlugin.metrics: Flower's MetricRecord raised TypeError on
+    # every node, and the run ended failed
+    from flwr.app import MetricRecord
+
+    class Linear(torch.nn.Linear):
+        def private_logits(self, x):
+            return self(x)
+
+    returned = {
+        "f32": np.float32(1.5),
+        "zero_d": np.array(2.0),
+        "t": torch.tensor(3.0),
+        "arr": np.arange(2),
+        "i": np.int64(4),
+    }
+
+    class Own(CrossEntropy):
+        def metrics(self, steps):
+            return dict(returned)
+
+    g = torch.Generator().manual_seed(0)
+    model = Linear(2, 2)
+    task = SimpleNamespace(
+        model=model, x_train=torch.randn(4, 2, generator=g), y_train=torch.tensor([0, 1, 0, 1])
+    )
+    cfg = LocalTrainConfig(local_epochs=1, batch_size=2)
+    out = train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, Own(), g, 1)
+    got = {k: out[k] for k in returned}
+    assert got == {"f32": 1.5, "zero_d": 2.0, "t": 3.0, "arr": [0, 1], "i": 4}
+    assert all(type(v) in (int, float, list) for v in got.values())
+    MetricRecord(out)  # what the train handler sends
+
+    returned["bad"] = {1, 2}
+    said = 'Own.metrics returned "bad" = {1, 2} (a set): each metric must be a number'
+    with pytest.raises(TypeError, match=re.escape(said)):
+        train_local(task, torch.optim.SGD(model.parameters(), lr=0.1), cfg, Own(), g, 1)
+
+
+def test_a_problem_or_error_given_as_one_string_is_one_line_and_wall_seconds_is_named(
+    run, tmp_path
+):
+    # problems="disk was full": recorded as ["d", "i", "s", "k", ...]
+    for kw, status, field in (
+        ({"problems": "disk was full"}, "degraded", "problems"),
+        ({"errors": "disk was full"}, "failed", "reasons"),
+    ):
+        res = read_results(write_results(run.strategy, tmp_path / status, **kw))
+        assert res["status"] == status and res["degradation"][field] == ["disk was full"]
+    # wall_seconds="12s": a bare "could not convert string to float" (np.float32 is a number)
+    with pytest.raises(
+        TypeError, match=re.escape("wall_seconds='12s': expected a number of seconds")
+    ):
+        write_results(run.strategy, tmp_path / "w", wall_seconds="12s")
+    assert not (tmp_path / "w" / "results.json").exists()
+    res = read_results(write_results(run.strategy, tmp_path / "w", wall_seconds=np.float32(2.5)))
+    assert res["total_wall_seconds"] == 2.5
+
+
 # ---------------------------------------------------------------- hook returns
 @pytest.mark.parametrize(
     "value, written",
@@ -195,8 +254,11 @@ ODD = st.recursive(
 def _unwritable(x) -> int:
     if isinstance(x, (np.ndarray, np.generic, str, int, float)) or x is None:
         return 0
-    if isinstance(x, dict):
-        return sum(_unwritable(v) for v in x.values())
+    if isinstance(x, dict):  # {1: a, "1": b}: the second is named, not written
+        seen: set[str] = set()
+        return sum(
+            1 if str(k) in seen else (seen.add(str(k)) or _unwritable(v)) for k, v in x.items()
+        )
     if isinstance(x, (list, tuple)):
         return sum(_unwritable(v) for v in x)
     return 1
@@ -209,6 +271,16 @@ def test_every_hook_return_is_written_as_json_or_named(value):
     json.dumps(out, allow_nan=False)  # writable: finite numbers, lists, str keys
     assert len(problems) == _unwritable(value)
     assert all(p.startswith("hook['x']") and "is not JSON-writable" in p for p in problems)
+
+
+def test_keys_written_alike_are_named_not_lost():
+    # {1: "a", "1": "b"}: both written as "1", the second silently replaced the first
+    out, problems = to_json_value({"m": {1: "a", "1": "b", np.int64(2): "c"}}, "hook")
+    assert out == {"m": {"1": "a", "2": "c"}}
+    assert problems == [
+        "hook['m']['1']: key is not JSON-writable: it is written '1', as another key of the "
+        "mapping (not written; use distinct string keys)"
+    ]
 
 
 @bounded(15)
@@ -303,6 +375,11 @@ def test_a_damaged_file_deep_nesting_a_directory_and_links_are_named(tmp_path, c
     assert (
         rc == 2 and f"{loop}: does not exist (a link to {loop}: missing, or a loop of links)" in err
     )
+    fifo = tmp_path / "fifo" / "results.json"  # said "does not exist"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    rc, _, err = _report(fifo.parent, capsys)
+    assert rc == 2 and f"{fifo}: is not a regular file (a FIFO or a device)" in err, err
 
 
 def test_whitespace_in_device_is_stripped_once_by_the_run_config():

@@ -157,6 +157,15 @@ def _damage(kind: str, entry: Path, cut: int) -> None:
         images.symlink_to(copy)
     elif kind == "garbage seal":
         entry.with_suffix(".seal").write_bytes(b"\x00" * cut)
+    elif kind == "a FIFO seal":  # opening it for reading waited for a writer for ever
+        entry.with_suffix(".seal").unlink()
+        os.mkfifo(entry.with_suffix(".seal"))
+    elif kind == "a FIFO images":
+        images.unlink()
+        os.mkfifo(images)
+    elif kind == "a directory seal":
+        entry.with_suffix(".seal").unlink()
+        entry.with_suffix(".seal").mkdir()
 
 
 DAMAGES = (
@@ -169,6 +178,9 @@ DAMAGES = (
     "wrong shape",
     "a link",
     "garbage seal",
+    "a FIFO seal",
+    "a FIFO images",
+    "a directory seal",
 )
 
 

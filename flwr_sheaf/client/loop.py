@@ -139,7 +139,31 @@ def train_local(
             )
     out = {k: _mean(v) for k, v in values.items()}
     out["steps"] = steps
-    out.update(plugin.metrics(steps))
+    out.update(_checked_metrics(plugin, plugin.metrics(steps)))
+    return out
+
+
+def _checked_metrics(plugin: LossPlugin, metrics: Any) -> dict:
+    """:meth:`LossPlugin.metrics`' return as Flower's ``MetricRecord`` holds it: numpy and 0-d
+    torch values become Python numbers (arrays lists of numbers).
+
+    Raises:
+        TypeError: not a mapping, or a value that is not a number or a list of numbers; the plug-in's
+            class and the key named.
+    """
+    where = f"{type(plugin).__module__}.{type(plugin).__qualname__}.metrics"
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"{where} returned a {type(metrics).__name__}; it must return a dict")
+    out = {}
+    for name, value in metrics.items():
+        v = value.tolist() if hasattr(value, "tolist") else value  # numpy, torch: Python numbers
+        items = v if isinstance(v, list) else [v]
+        if not all(isinstance(x, (int, float)) for x in items):
+            raise TypeError(
+                f'{where} returned "{name}" = {value!s:.60} (a {type(value).__name__}): each metric '
+                "must be a number or a list of numbers (docs/own-method.md)"
+            )
+        out[str(name)] = v
     return out
 
 

@@ -25,6 +25,7 @@ directory that cannot be written or read only means decoding again (benchmarks/r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -394,8 +395,8 @@ def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
         arrays = {}
         for name, path in files.items():
             want = meta[name]
-            if path.is_symlink():
-                raise ValueError(f"{path} is a link")
+            if path.is_symlink() or not path.is_file():  # a FIFO: never waited on
+                raise ValueError(f"{path} is a link or not a regular file")
             if _stamp(path) != want["stamp"] and _sha256(path) != want["sha256"]:
                 raise ValueError(f"{path}: its SHA-256 differs from the one written with it")
             arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
@@ -415,7 +416,8 @@ def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
             exc,
         )
         for path in (seal, *files.values()):
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # an empty directory in an entry's place too
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink(True)
         return None
     return torch.from_numpy(x), torch.from_numpy(y)
 
