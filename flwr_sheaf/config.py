@@ -648,10 +648,8 @@ _KEY_LIST = [
         "both",
         parse_str(("both", "paper")),
         "`both` = communication accuracy with the whitening fitted on private training latents (the paper's "
-        "reading) and on the pilots (the strong reading); `paper` = each method's own reading only: the paper's for "
-        "the post-hoc methods, the pilot one for a method that fits its whitening on the pilots (Sheaf-FRL, whose "
-        "paper reading `both` adds as `communication_accuracy_train_whitening`; not under `privacy = stringent`) "
-        "(notes/baselines.md)",
+        "reading) and on the pilots; `paper` = each method's own reading only (post-hoc methods: the paper's; "
+        "Sheaf-FRL: the pilots', `both` adds its paper reading, not under `privacy = stringent`; notes/baselines.md)",
     ),
     Key(
         "diagnostics-eigenvalues",
