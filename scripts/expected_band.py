@@ -23,7 +23,8 @@ and ``benchmarks/records/expected-band.json`` (every run's verdict), from measur
 
 The band of each headline number is :func:`flwr_sheaf.expected.prediction_interval` of its
 final-round values over the seeds at ``--probability`` (default 0.99, joint over the three numbers).
-A variant (same config, another CPU kernel path) is compared with the seed run of its own seed:
+A variant (same config, another CPU kernel path; or ``NAME=SEED:P,C,M``, the seed and three final
+numbers of an earlier variant run whose directory is gone) is compared with the seed run of its own seed:
 ``cpu_check`` is, per number, the root mean square of those differences over ``sqrt(2)`` times the
 seeds' standard deviation (1.0: a CPU change moves a run as far as drawing another seed does).
 Every run must have the main job's config apart from ``seed`` and the keys that do not enter
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from datetime import date
@@ -154,22 +156,26 @@ def build(
         }
     cpu: dict[str, dict] = {}
     diffs: dict[str, list[float]] = {k: [] for k in METRICS}
+    v: dict[str, float | None]
     for name, d in variants.items():
-        res = _load(d)
-        _same_config(d, res, ref0, seed_dirs[0])
-        s = int(res["config"]["seed"])
+        if re.fullmatch(r"\d+:[0-9.]+,[0-9.]+,[0-9.]+", d):  # an earlier run's SEED:P,C,M
+            seed_txt, nums = d.split(":")
+            s, v, env = int(seed_txt), dict(zip(METRICS, map(float, nums.split(",")))), None
+        else:
+            res = _load(d)
+            _same_config(d, res, ref0, seed_dirs[0])
+            s, v, env = int(res["config"]["seed"]), _final(res, final, d), res.get("environment")
         if s not in finals:
             sys.exit(
                 f"expected_band.py: variant {name} ({d}) is of seed {s}, which has no --seeds run"
             )
-        v = _final(res, final, d)
         diff = {k: float(v[k]) - float(finals[s][k]) for k in METRICS}  # type: ignore[arg-type]
         for k in METRICS:
             diffs[k].append(diff[k])
         cpu[name] = {
             "seed": s,
             "dir": d,
-            "environment": res.get("environment"),
+            "environment": env,
             "final_round": v,
             "difference_to_seed_run": diff,
         }
