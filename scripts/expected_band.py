@@ -191,7 +191,9 @@ def build(
         "rule": RULE,
         "probability": probability,
         "seeds": seeds,
-        "cpu": runs[0].get("environment") or cpu_environment(),
+        # the runs' CPU (one that records it; older runs do not: this machine's)
+        "cpu": next((r["environment"] for r in runs if r.get("environment")), None)
+        or cpu_environment(),
         "runs": dict(zip(map(str, seeds), seed_dirs)),
         "config": config,
         "final_round": final,
