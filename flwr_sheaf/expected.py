@@ -1,27 +1,17 @@
 """What the main job should give: the expected band of its final round, and a run's verdict against it.
 
-The band is data measured here (``flwr_sheaf/expected_results.json``, written by
-``scripts/expected_band.py`` from in-process runs of the main job's scenario over ``seeds``, the
-same seed under other CPU kernels beside them, and runs with patched breakages recorded in
-benchmarks/records/expected-band.md). ``python -m flwr_sheaf.report <results-dir>`` prints the
-verdict (:func:`band_lines`).
+The band (``flwr_sheaf/expected_results.json``, written by ``scripts/expected_band.py`` from
+in-process seed runs of the main job; its CPU-variant and breakage runs: benchmarks/records/
+expected-band.md) is, per headline number, the prediction interval for one more run from the ``n``
+seeds (:func:`prediction_interval`): ``mean +- t(1 - (1 - p) / 6, n - 1) * sd * sqrt(1 + 1/n)``.
+Bonferroni over the three numbers: a correct install lands inside on all three with probability
+>= ``p`` (the json's ``probability``, 0.99), for normal final-round numbers. A CPU change counts as
+one more random perturbation: summation order changes the last bits and 20 epochs of SGD amplify
+them to a seed's size, no more (``cpu_variants``, ``cpu_check``), so the band holds on any CPU.
+A breakage whose numbers stay within the seed spread is not seen (the records name the measured ones).
 
-The rule (:func:`prediction_interval`): for each of the three headline numbers, the band is the
-prediction interval for one more run from the ``n`` seeds' final-round values ``x_1..x_n``,
-``mean +- t(1 - (1 - p) / 6, n - 1) * sd * sqrt(1 + 1/n)`` (``sd`` the sample standard deviation,
-``t`` Student's quantile), ``p`` the json's ``probability``. With the Bonferroni split over the
-three numbers, a correct install lands inside on all three at once with probability at least ``p``
-(0.99: a correct install is told OUTSIDE at most once in a hundred runs), assuming the final-round
-numbers are normal. A CPU change is treated as one more random perturbation, like a seed: summation
-order in the convolutions changes the last bits, and 20 epochs of SGD amplify them into a
-difference as large as a seed's (the json's ``cpu_variants`` and ``cpu_check`` measure it), so the
-band holds on any CPU, x86-64 or ARM, with the same probability. What it cannot see: a breakage
-whose numbers stay within the seed spread (benchmarks/records/expected-band.md names the measured
-ones).
-
-The verdict is given only for a *completed* run (``status``) of the reference configuration on the
-CPU (``device`` ``auto`` or ``cpu``, each node recording that it resolved it to ``cpu``; the band
-was measured on CPUs); otherwise :func:`band_lines` says why the run is not judged.
+Judged: a *completed* run (``status``) of the reference configuration on the CPU (``device`` ``auto``
+or ``cpu``, each node recording ``cpu``); otherwise :func:`band_lines` says why not.
 """
 
 from __future__ import annotations
