@@ -8,11 +8,19 @@ runs: docs/devices.md.
 
 from __future__ import annotations
 
+import platform
 import re
+from pathlib import Path
 
 import torch
 
-__all__ = ["DEVICE_FORMS", "check_device_spec", "resolve_device", "DeviceUnavailableError"]
+__all__ = [
+    "DEVICE_FORMS",
+    "check_device_spec",
+    "resolve_device",
+    "DeviceUnavailableError",
+    "cpu_environment",
+]
 
 #: Accepted forms of the ``device`` key (for error messages).
 DEVICE_FORMS = ("auto", "cpu", "cuda", "cuda:<index>")
@@ -67,3 +75,39 @@ def resolve_device(spec: str) -> torch.device:
             f"(indices 0..{count - 1}; CUDA_VISIBLE_DEVICES may hide others)"
         )
     return torch.device(text)
+
+
+#: ``/proc/cpuinfo`` fields that name the CPU model, first found wins (x86: ``model name``; ARM
+#: kernels: ``Model`` or ``Hardware``; older ARM: ``Processor``).
+_CPUINFO_FIELDS = ("model name", "Model", "Hardware", "Processor")
+
+
+def cpu_environment(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
+    """The CPU the run computed on, as ``results.json`` records it (``environment``): the digits of a
+    CPU run differ between CPU models and kernel paths (docs/devices.md), so the expected band's
+    verdict (:mod:`flwr_sheaf.expected`) prints it.
+
+    Args:
+        cpuinfo: the Linux CPU description file; where it is missing or names no model (macOS,
+            Windows), :func:`platform.processor` is used, else ``"unknown"``.
+
+    Returns:
+        ``{"cpu": model name, "machine": platform.machine() (e.g. x86_64, aarch64),
+        "cpu_capability": torch's CPU kernel path (DEFAULT, AVX2, AVX512, ...; set by
+        ATEN_CPU_CAPABILITY), "torch": torch.__version__}``.
+    """
+    model = ""
+    try:
+        fields = dict(
+            (k.strip(), v.strip())
+            for k, _, v in (line.partition(":") for line in Path(cpuinfo).read_text().splitlines())
+        )
+        model = next((fields[k] for k in _CPUINFO_FIELDS if fields.get(k)), "")
+    except OSError:
+        pass
+    return {
+        "cpu": model or platform.processor() or "unknown",
+        "machine": platform.machine() or "unknown",
+        "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+        "torch": torch.__version__,
+    }

@@ -50,6 +50,7 @@ _OWN_KEYS = (
     "status",
     "degradation",
     "latent_collapse",
+    "environment",
 )
 
 
@@ -470,7 +471,10 @@ def _payload(
     extra: Mapping[str, Any],
 ) -> dict[str, Any]:
     """results.json's content (every key: docs/results-schema.md): ``cfg``, the strategy's history
-    and ledger, ``status`` (:func:`run_status`), then ``extra``."""
+    and ledger, ``status`` (:func:`run_status`), the ServerApp's CPU
+    (:func:`~flwr_sheaf.devices.cpu_environment`), then ``extra``."""
+    from .devices import cpu_environment
+
     return {
         "config": cfg,
         "rounds": strategy.history,
@@ -485,6 +489,7 @@ def _payload(
         "status": status["status"],
         "degradation": status,
         "latent_collapse": next(iter(collapse_warnings(strategy.ledger.node_results)), None),
+        "environment": cpu_environment(),
         **extra,
     }
 
