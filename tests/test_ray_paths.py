@@ -533,9 +533,13 @@ def test_the_stop_tool_stops_exactly_the_processes_of_its_temp_dir(tmp_path):
 def test_free_ports_are_bindable_outside_the_ephemeral_range_and_bounded(capsys):
     # before: ports from bind(0), i.e. inside the range an outgoing connection may take, and
     # `free-ports 70000` ended in OSError: Too many open files
+    # and outside Ray's default worker ports, which `ray start` refuses to give a component (the
+    # two-node cluster test failed with "port number 10847 that is used by other components")
     lo, hi = ray_cluster._ephemeral_range()
-    ports = ray_cluster.free_ports(40)
-    assert len(set(ports)) == 40 and all(1024 <= p <= 65535 and not lo <= p <= hi for p in ports)
+    wlo, whi = ray_cluster.RAY_WORKER_PORTS
+    ports = ray_cluster.free_ports(200)
+    assert len(set(ports)) == 200
+    assert all(1024 <= p <= 65535 and not lo <= p <= hi and not wlo <= p <= whi for p in ports)
     for port in ports:
         with socket.socket() as s:
             s.bind(("", port))  # raises if taken

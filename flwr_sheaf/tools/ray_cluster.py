@@ -465,10 +465,15 @@ def _ephemeral_range() -> tuple[int, int]:
     return lo, hi
 
 
+#: ``ray start``'s default ``--min-worker-port`` / ``--max-worker-port``: a component port there is refused
+RAY_WORKER_PORTS = (10002, 19999)
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports free on this host now (bound together, then released), outside the
     OS's ephemeral range (:func:`_ephemeral_range`), where an outgoing connection could take one
-    before the server binds it.
+    before the server binds it, and outside Ray's default worker ports (:data:`RAY_WORKER_PORTS`),
+    which ``ray start`` refuses to give to another component.
 
     Args:
         n: how many ports, 1 to :data:`MAX_FREE_PORTS`.
@@ -484,7 +489,8 @@ def free_ports(n: int) -> list[int]:
     if not 1 <= n <= MAX_FREE_PORTS:
         raise ValueError(f"free-ports {n}: ask for 1 to {MAX_FREE_PORTS} ports")
     lo, hi = _ephemeral_range()
-    candidates = [p for p in range(1024, 65536) if not lo <= p <= hi]
+    wlo, whi = RAY_WORKER_PORTS
+    candidates = [p for p in range(1024, 65536) if not (lo <= p <= hi or wlo <= p <= whi)]
     random.SystemRandom().shuffle(candidates)  # not a run's draw: any free port will do
     socks: list[socket.socket] = []
     try:
