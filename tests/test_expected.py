@@ -107,8 +107,8 @@ def test_every_cpu_variant_run_is_inside_and_moves_a_run_about_as_far_as_a_seed(
 CPU_RATIO_MAX = 1.0
 #: The measured breakages (benchmarks/band_breakages.py) whose final numbers the band sees (OUTSIDE),
 #: and those it cannot see (INSIDE: their numbers stay within the seed spread).
-SEEN = {"lr-tenth"}  # a tenth of the learning rate: every number far below the band
-UNSEEN = {"no-gluing"}  # the gluing term silently off: the headline numbers stay within seed spread
+SEEN = {"lr-tenth", "labels-shuffled"}  # the training itself broken: every number far below
+UNSEEN = {"no-gluing", "identity-maps", "gluing-sign"}  # the gluing broken: numbers stay level
 
 
 def test_the_band_sees_the_breakages_it_is_said_to_see_and_only_those():
