@@ -555,7 +555,9 @@ def test_range_spec_accepts_scientific_notation_as_a_lone_number_does(spec, low,
     p = parse_participation(spec, 2000, seed=3)
     assert p.min() >= low and p.max() <= high and p.max() - p.min() <= high - low
     # the one string parser strips surrounding whitespace (as for every key)
-    assert RunConfig.from_run_config({"participation": spec}).federation.participation == spec.strip()
+    assert (
+        RunConfig.from_run_config({"participation": spec}).federation.participation == spec.strip()
+    )
 
 
 @pytest.mark.parametrize("spec", ["uniform:0.1-x", "uniform:-0.1-0.5", "uniform:0.1-0.2-0.3"])
