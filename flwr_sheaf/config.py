@@ -33,6 +33,7 @@ from .topology import build_graph, check_graph_scale, check_graph_spec
 __all__ = [
     "Key",
     "TRACKERS",
+    "check_trackers",
     "parse_trackers",
     "KEYS",
     "DEFAULTS",
@@ -375,9 +376,31 @@ EVALUATE_NODES = ("auto", "trained", "panel", "drawn")
 """Values of run-config ``evaluate-nodes`` (who is evaluated; notes/participation.md, 1.4.1)."""
 
 
+def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
+    """:func:`parse_trackers`, then check that each tracker's package is installed (without importing it).
+
+    Raises:
+        ConfigError: an unknown tracker, or a tracker whose package is missing (the pip extra to
+            install named).
+    """
+    import importlib.util
+
+    names = parse_trackers(spec, key)
+    for name in names:
+        module, extra = TRACKERS[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"{key}={spec!r}: the {name} tracker needs the {module!r} package, which is not "
+                f"installed: pip install -e '.[{extra}]'"
+            )
+    return names
+
+
 def _tracking(key: str, v: Any) -> str:
+    """The ``tracking`` key: its trackers (:func:`check_trackers`, so a missing package is named
+    when the run config is parsed, before any message), as given."""
     text = parse_str()(key, v)
-    parse_trackers(text, key)
+    check_trackers(text, key)
     return text
 
 
@@ -1115,6 +1138,9 @@ class RunConfig(Section):
     #: problem, ``Method.num_nodes``): ``participation`` is checked against them and the zoo's graph
     #: is not built; None = the zoo's agents; 0 = not known yet (agent-dependent checks wait)
     agents: int | None = field(default=None, compare=False)
+    #: what the run config likely does not mean, found by :meth:`check` (logged by the ServerApp and
+    #: recorded in ``results.json``'s ``warnings``)
+    warnings: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         own = dict(self.sections)
@@ -1208,15 +1234,34 @@ class RunConfig(Section):
         self.check_scale()  # O(1) facts first: nothing of the zoo's size is built before they pass
         try:
             specs = zoo_specs(self.scenario.zoo)
-            build_graph(self.federation.graph, len(specs), class_sets=[s.classes for s in specs])
+            graph = build_graph(
+                self.federation.graph, len(specs), class_sets=[s.classes for s in specs]
+            )
         except ValueError as exc:
             raise ConfigError(
                 f"graph={self.federation.graph!r} on zoo={self.scenario.zoo!r}: {exc}"
             ) from None
+        object.__setattr__(self, "warnings", self._graph_warnings(graph))
         self._check_participation(len(specs), f"zoo={self.scenario.zoo!r}")
         dims = sorted({int(s.d) for s in specs})
         for name in self.SECTIONS:
             getattr(self, name).check_dims(dims, self.scenario.zoo)
+
+    def _graph_warnings(self, graph: Any) -> tuple[str, ...]:
+        """The default graph on a small zoo (4 to 6 agents) leaving a node with one neighbour
+        (docs/own-app.md)."""
+        n = graph.number_of_nodes()
+        if not 4 <= n < 7 or self.federation.graph != KEYS["graph"].default:
+            return ()
+        degrees = sorted(d for _, d in graph.degree())
+        if degrees[0] > 1:
+            return ()
+        return (
+            f"graph not set: the default graph={self.federation.graph!r} (density 0.4) on {n} "
+            f"agents keeps {graph.number_of_edges()} of {n * (n - 1) // 2} pairs, degrees "
+            f"{degrees} (nodes with a single neighbour); set graph='ring' or graph='complete' for "
+            "a small federation (or a denser graph='class-overlap:<density>')",
+        )
 
     def check_scale(self) -> None:
         """What the run config alone tells about the run's size, in O(1) (no agent spec, graph,

@@ -1,5 +1,5 @@
 """Files with a header and a SHA-256: one format for node state files (:mod:`flwr_sheaf.client.state`),
-server checkpoints (:mod:`flwr_sheaf.strategy.checkpoint`) and the decoded-data cache's seals
+server checkpoints (:mod:`flwr_sheaf.rundir`) and the decoded-data cache's seals
 (:mod:`flwr_sheaf.data.sources`).
 
 A file is ``<magic line>`` + one JSON metadata line (``format``, the caller's fields,

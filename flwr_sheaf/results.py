@@ -18,10 +18,14 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .rundir import ACCURACY_PNG, RESULTS_JSON  # the file names write_results writes
+from .config import RunConfig
+from .engine import describe_ray, warn_if_unasked
+from .methods.registry import METHODS, strategy_config, strategy_sections
+from .rundir import ACCURACY_PNG, RESULTS_JSON, RunDir  # the file names write_results writes
+from .strategy.ledger import RunFailedError
 
 if TYPE_CHECKING:
-    from .locks import DirLock
+    from .rundir import DirLock
     from .strategy.graph import GraphStrategy
 
 log = logging.getLogger("flwr_sheaf")
@@ -37,6 +41,7 @@ __all__ = [
     "COLLAPSE_WARN_FRACTION",
     "LOW_VARIANCE_THRESHOLD",
     "collapse_warnings",
+    "write_run",
 ]
 
 #: Top-level keys of ``results.json`` that :func:`write_results` fills itself (``extra`` may not name them).
@@ -52,25 +57,6 @@ _OWN_KEYS = (
     "latent_collapse",
     "environment",
 )
-
-
-def _sections(strategy: Any) -> list[Any]:
-    """The :class:`~flwr_sheaf.config.Section` attributes of ``strategy`` and of its components."""
-    from .config import Section
-
-    owners = [strategy, *(v for v in vars(strategy).values() if hasattr(v, "__dict__"))]
-    return [v for o in owners for v in vars(o).values() if isinstance(v, Section)]
-
-
-def strategy_config(strategy: Any) -> dict[str, Any]:
-    """``{run-config key: value}`` of the :class:`~flwr_sheaf.config.Section` attributes of
-    ``strategy`` and of the components it holds, first found wins (empty when it holds none): what
-    ``results.json``'s ``config`` records for a strategy built in one's own app (no run config)."""
-    out: dict[str, Any] = {}
-    for section in _sections(strategy):
-        for key, v in section.to_dict().items():
-            out.setdefault(key, v)
-    return out
 
 
 def _ran(strategy: Any) -> dict[str, Any]:
@@ -91,8 +77,6 @@ _RAN_FIX = {
 
 def _method_name(strategy: Any) -> str | None:
     """The registered ``method`` whose action is the strategy's, when exactly one is (else None)."""
-    from .methods.registry import METHODS
-
     names = [m.name for m in METHODS.values() if m.action == getattr(strategy, "action", None)]
     return names[0] if len(names) == 1 else None
 
@@ -112,7 +96,7 @@ def check_results_dir(
     """``out_dir`` as an absolute path (created; a relative one logged with where it resolves) after
     :func:`write_results`' own check; call it before
     ``strategy.start``, so a refusal comes before any training. Its lock
-    (:class:`flwr_sheaf.locks.DirLock`) is held until :func:`write_results` writes there (or this
+    (:class:`flwr_sheaf.rundir.DirLock`) is held until :func:`write_results` writes there (or this
     process ends): a second run into it is refused at its start. With ``strategy`` and ``config``,
     the keys the strategy does not apply are warned about now (:func:`config_not_applied`).
 
@@ -120,12 +104,12 @@ def check_results_dir(
         FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
             is False (the files named, with the fix).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.locks.LockedError: a live run holds ``out_dir`` (its process and, for a Flower
+        flwr_sheaf.rundir.LockedError: a live run holds ``out_dir`` (its process and, for a Flower
             run, ``flwr stop <run-id>`` named).
         flwr_sheaf.config.ConfigError: ``config``'s ``max-failed-fraction`` or ``keep-previous``
             (read by :func:`write_results`) is bad (named; nothing created).
     """
-    from .locks import DirLock, held_by_this_process
+    from .rundir import DirLock, held_by_this_process
 
     out = _checked_out(out_dir, overwrite)  # nothing created or locked for a refused directory
     for key in ("max-failed-fraction", "keep-previous"):  # what write_results reads: now, not after
@@ -217,7 +201,7 @@ def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[
                 fix = next(  # the section field that holds key (lambda is SheafConfig's lam)
                     (
                         f"pass {type(sec).__name__}({f.name}=...) to the strategy"
-                        for sec in _sections(strategy)
+                        for sec in strategy_sections(strategy)
                         for f in fields(sec)
                         if f.metadata.get("key") == key
                     ),
@@ -288,7 +272,7 @@ def write_results(
         FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
             run's ``checkpoint.pkl``, and ``overwrite`` is False (the files named).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.locks.LockedError: another live run holds ``out_dir``'s lock (its pid and host
+        flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``'s lock (its pid and host
             named), or ``out_dir`` was removed or moved while this process held it (not recreated).
         OSError: the directory or files cannot be written.
     """
@@ -544,8 +528,7 @@ def _write_files(
     """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``
     while :meth:`flwr_sheaf.rundir.RunDir.writing` holds ``out`` (its lock, another run's ``foreign``
     checkpoint and, with ``overwrite``, the files already there moved into ``previous-<UTC time>/``)."""
-    from .locks import held_by_this_process
-    from .rundir import RunDir
+    from .rundir import RunDir, held_by_this_process
 
     held = held_by_this_process(out)
     # check_results_dir's claim: this write's own lock, released after it, files moved as without it
@@ -739,3 +722,164 @@ def collapse_warnings(
             ),
         }
     ]
+
+
+# ------------------------------------------------------------------ the bundled app's run
+def write_run(
+    strategy: Any,
+    run: RunDir,
+    config: RunConfig,
+    wall_seconds: float,
+    warnings: list[str],
+    tracker: Any = None,
+    stopped: Exception | None = None,
+) -> Path:
+    """Write the bundled app's run (:func:`flwr_sheaf.apps.server_app.run_server`) into ``run``: its
+    ``results.json`` with the run's warnings, the moved-aside previous run, the resumed part and the
+    Ray cluster used, the ``tracker``'s (:class:`~flwr_sheaf.tracking.Tracker`) files and problems;
+    then log its status (and latent-collapse warnings). After ``stopped`` (what
+    ``strategy.start`` raised) the completed rounds are written with status ``failed`` where
+    possible and a note on ``stopped`` says where; the caller re-raises it.
+
+    Returns:
+        Path of the written ``results.json``.
+
+    Raises:
+        RunFailedError: the run's status is failed (reasons and failed nodes named).
+    """
+    extra = _extra_results(config, run, warnings)
+    problems: list[str] = []
+    if tracker is not None:
+        extra["tracking"] = tracker.describe()
+        problems = list(tracker.problems)
+    if strategy.sampled_discovery is not None:  # nodes whose description named no partition-id
+        problems += strategy.sampled_discovery.problems
+    if stopped is not None:
+        _write_stopped(strategy, run.path, config, wall_seconds, extra, problems, stopped)
+        return run.path / RESULTS_JSON
+    path = _write(strategy, run.path, config, wall_seconds, extra, problems)
+    return _report(strategy, config, problems, path, wall_seconds)
+
+
+def _extra_results(config: RunConfig, run: RunDir, warnings: list[str]) -> dict[str, Any]:
+    """What results.json records besides the rounds: the run's warnings, the moved-aside previous
+    run, the resumed part (checkpoint, round, nodes trained before) and the Ray cluster used."""
+    extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
+    if run.previous_run is not None:
+        extra["previous_run"] = run.previous_run
+    ckpt, trained_before = run.checkpointer, run.trained_before
+    if ckpt is not None and ckpt.restored_round:
+        extra["resumed"] = {
+            "checkpoint": str(ckpt.resume_from),
+            "after_round": ckpt.restored_round,
+            "wall_seconds_before": ckpt.previous_wall_seconds,
+            "nodes_trained_before": {p: r for p, r in sorted(trained_before.items()) if r},
+            "resume_fresh_nodes": config.resume_fresh_nodes,
+        }
+    engine = describe_ray()  # the Ray cluster the ClientApps ran on (None without Ray)
+    warn_if_unasked(engine)
+    if engine is not None:
+        extra["engine"] = engine
+    return extra
+
+
+def _report(strategy, config: RunConfig, problems: list[str], path: Path, wall: float) -> Path:
+    """Log the written run's status (and its latent-collapse warnings) and return ``path``.
+
+    Raises:
+        RunFailedError: the run's status is failed (reasons and failed nodes named).
+    """
+    status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
+    for w in collapse_warnings(strategy.ledger.node_results):  # results.json's "latent_collapse"
+        log.warning("%s", w["message"])
+    if status["status"] == "completed":
+        log.info("results written to %s (%.1f s)", path, wall)
+        return path
+    summary = _failure_summary(status)
+    if status["status"] == "degraded":
+        log.warning(
+            "results written to %s (%.1f s); the run is DEGRADED, not clean: %s",
+            path,
+            wall,
+            summary,
+        )
+        return path
+    log.error(
+        "results written to %s (%.1f s); the run FAILED (%s): %s",
+        path,
+        wall,
+        "; ".join(status["reasons"]),
+        summary,
+    )
+    fix = "fix the nodes' errors, or set max-failed-fraction (now "
+    fix += f"{config.max_failed_fraction}; 1 = report only)"
+    if status["train_failed"] == 0 and not status["failures_by_phase"]:
+        fix = "see the reasons above"  # nobody drawn to train: no node's error to fix
+    raise RunFailedError(
+        f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
+        f"{path}; {fix}"
+    )
+
+
+def _write(strategy, out: Path, config: RunConfig, wall, extra, problems, errors=()) -> Path:
+    """:func:`~flwr_sheaf.results.write_results` of the bundled app's run (completed or stopped).
+
+    ``overwrite=True``: the preflight already refused another run's results in results-dir (without
+    resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's).
+    """
+    return write_results(
+        strategy,
+        out,
+        config=config.to_dict(),
+        overwrite=True,
+        max_failed_fraction=config.max_failed_fraction,
+        wall_seconds=wall,
+        extra=extra,
+        problems=problems,
+        errors=errors,
+    )
+
+
+def _write_stopped(strategy, out: Path, config: RunConfig, wall, extra, problems, exc) -> None:
+    """After ``start`` raised: write the completed rounds' ``results.json`` (status ``failed``, the
+    error among its reasons) where possible, and say where in the error's notes; then the caller
+    re-raises ``exc``."""
+    done = strategy.ledger.rounds[-1].round if strategy.ledger.rounds else 0
+    error = f"{type(exc).__name__}: {exc}"
+    if not strategy.ledger.rounds:
+        exc.add_note(f"flwr-sheaf: no server round completed; nothing written to {out}")
+        return
+    try:
+        path = _write(strategy, out, config, wall, extra, problems, errors=[error])
+    except Exception as werr:  # noqa: BLE001 - e.g. the same full disk: the first error is raised
+        log.error(
+            "the run stopped (%s) and its results could not be written either: %s", error, werr
+        )
+        exc.add_note(f"flwr-sheaf: the results of rounds 1-{done} could not be written: {werr}")
+        return
+    log.error(
+        "the run FAILED after server round %d: %s; results of rounds 1-%d (status 'failed') written to %s",
+        done,
+        error,
+        done,
+        path,
+    )
+    exc.add_note(f"flwr-sheaf: results of rounds 1-{done} (status 'failed') written to {path}")
+
+
+def _failure_summary(status: dict) -> str:
+    """One line naming the failing partition-ids, their failed rounds and reasons (``results.json``'s ``degradation``)."""
+    parts = [f"{status['train_failed']} of {status['train_sampled']} sampled train replies failed"]
+    parts += status.get("problems", [])
+    if status["rounds_without_training"]:
+        parts.append(f"rounds that trained nobody: {status['rounds_without_training']}")
+    if status["nodes_failed_every_round"]:
+        parts.append(
+            f"partition-ids that failed every round they were sampled in: {status['nodes_failed_every_round']}"
+        )
+    for pid, row in status["nodes"].items():
+        parts.append(
+            f"partition-id {pid}: {row['failures']} in rounds {row['train_failed_rounds'] or '-'} "
+            f"({' | '.join(x[-200:] for x in row['reasons'])})"
+        )
+    return "; ".join(parts)

@@ -1,7 +1,7 @@
 """A run's directory and the files in it, owned by one object (docs/reliability-run-files.md).
 
 :class:`RunDir` is a ``results-dir`` (or ``write_results``' ``out_dir``): its lock
-(:class:`flwr_sheaf.locks.DirLock`), the earlier run's files that ``overwrite`` moves into
+(:class:`flwr_sheaf.rundir.DirLock`), the earlier run's files that ``overwrite`` moves into
 ``previous-<UTC time>/`` (all of them or none: :meth:`RunDir.move_aside`), the ``previous-*`` folders
 ``keep-previous`` bounds (one validator: :func:`check_keep_previous`), the checkpoint and the
 ``resume-from`` source. :data:`RUN_FILES` declares every file the package reads back from a run's
@@ -29,23 +29,47 @@ import errno
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
+import socket
 import stat
+import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord
 
 from .config import KEYS, ConfigError, RunConfig, config_differences, resume_identity
-from .integrity import read_sealed
-from .locks import LOCK_NAME, DirLock, LockedError, held_by_this_process, live_holder
+from .integrity import read_sealed, write_sealed
+from .protocol import RESUME_FRESH, RESUME_ROUND, RESUME_STATE_ROUNDS, pack_arrays
 from .schema import ResultsFileError, check_results
+from .strategy.ledger import RunLedger
+from .strategy.records import Node
+
+try:  # POSIX; the kernel lock that dies with its process
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "LOCK_NAME",
+    "DirLock",
+    "LockedError",
+    "held_by_this_process",
+    "live_holder",
+    "Checkpointed",
+    "REBUILT",
+    "Checkpointer",
+    "CheckpointWriteError",
+    "open_run",
     "ACCURACY_PNG",
     "CHECKPOINT_NAME",
     "NODE_STATE_MARKER",
@@ -92,6 +116,544 @@ _CHECKPOINT_FIX = (
 _RECORD_MAX, _RESULTS_MAX = 1 << 20, 1 << 30
 
 
+# ------------------------------------------------------------------------------ locks
+LOCK_NAME = ".lock"
+#: ``{lock file path: DirLock}`` of the locks this process holds.
+_HELD: dict[Path, DirLock] = {}
+
+
+class LockedError(ConfigError):
+    """A directory locked by another live run (or by a holder that cannot be shown dead)."""
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _boot_time() -> float | None:
+    """Seconds since the epoch at which this machine booted (Linux ``/proc/stat`` ``btime``)."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _pidns() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this PID namespace runs (True where that cannot be told)."""
+    if os.name == "nt":  # os.kill(pid, 0) would TerminateProcess it there
+        try:
+            import psutil
+        except ImportError:
+            return True
+        return bool(psutil.pid_exists(pid))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, owned by another user
+        return True
+    return True
+
+
+#: the modules of Flower's processes that run a ServerApp (simulation, deployment)
+_FLOWER_RUNTIMES = ("flwr.simulation.app", "flwr.superlink.runtime.run_serverapp")
+
+
+def _flower_run_id() -> int | None:
+    """The Flower run this process serves (``TaskIdentity.run_id`` in a process of Flower's runtime,
+    not ``LocalGrid``'s stand-in), or None."""
+    if not any(m in sys.modules for m in _FLOWER_RUNTIMES):
+        return None
+    ident = getattr(sys.modules.get("flwr.supercore.task_identity"), "TaskIdentity", None)
+    return getattr(ident, "_run_id", None)
+
+
+def _after_check(lock: DirLock) -> None:
+    """Called between the take-over decision and writing this run's details (a test hook: tests put
+    a contender here to interleave two take-overs deterministically)."""
+
+
+def held_by_this_process(directory: str | Path) -> DirLock | None:
+    """The :class:`DirLock` this process holds on ``directory``, or None."""
+    return _HELD.get(Path(directory).expanduser().resolve() / LOCK_NAME)
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: the most bytes of a lock file read (one written here is one JSON line of about 200 bytes)
+_LOCK_MAX = 4096
+
+
+def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
+    """An fd of the regular lock file ``path`` (``O_RDWR``, created when ``create``), never through a
+    symbolic link; None when it does not exist and ``create`` is False.
+
+    Raises:
+        LockedError: ``path`` is a symbolic link, a directory or not a regular file (named, with the fix).
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise _not_a_lock_file(path, key, f"a symbolic link (to {os.readlink(path)!r})")
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise _not_a_lock_file(path, key, "a directory")
+    flags = os.O_RDWR | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except IsADirectoryError:
+        raise _not_a_lock_file(path, key, "a directory") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link planted between lstat and open
+            raise _not_a_lock_file(path, key, "a symbolic link") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file"
+        if stat.S_ISREG(
+            st.st_mode
+        ):  # a hard link: writing the lock would write the other name's file
+            what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
+        raise _not_a_lock_file(path, key, what)
+    return fd
+
+
+def _not_a_lock_file(path: Path, key: str, what: str) -> LockedError:
+    return LockedError(
+        f"{key} {path.parent}: its lock file {path} is {what}, not a regular file written by flwr-sheaf; "
+        f"a lock file is never followed through a link nor replaced, so the run is refused. Remove "
+        f"{path} (rm {'-r ' if what == 'a directory' else ''}{path}) if no flwr-sheaf run uses "
+        f"{path.parent}, or use another {key}"
+    )
+
+
+#: seconds a taken ``flock`` is retried before a run is refused: another process's :func:`live_holder`
+#: probe holds a lock for microseconds, which must not read as a live run
+_PROBE_WAIT = 0.25
+
+
+def _flock_nb(fd: int, mode: int, wait: float = _PROBE_WAIT) -> None:
+    """``flock(fd, mode | LOCK_NB)``, retried for ``wait`` seconds while another process holds it.
+
+    Raises:
+        BlockingIOError: still held after ``wait`` seconds.
+    """
+    assert fcntl is not None
+    end = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.01)
+
+
+def _flock_dir(directory: Path, mode: int, wait: float = _PROBE_WAIT) -> tuple[int | None, bool]:
+    """``(fd, locked)``: the directory opened and ``flock``-ed with ``mode | LOCK_NB`` (retried for
+    ``wait`` seconds); ``fd`` None where a directory cannot be opened or locked (no ``fcntl``, a file
+    system without ``flock`` on directories); ``locked`` False (fd closed, None) when another process
+    holds it."""
+    if fcntl is None:  # pragma: no cover - Windows
+        return None, True
+    try:
+        fd = os.open(
+            directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+        )
+    except OSError:
+        return None, True
+    try:
+        _flock_nb(fd, mode, wait)
+    except BlockingIOError:
+        os.close(fd)
+        return None, False
+    except OSError:  # e.g. NFS without flock on directories: the lock file's own flock only
+        os.close(fd)
+        return None, True
+    return fd, True
+
+
+def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
+    """Who holds ``directory``'s lock (a live run: its process, host and start time), or None when
+    no run holds it. Nothing is created, taken or changed.
+
+    Raises:
+        LockedError: the lock file is a symbolic link, a directory or not a regular file.
+    """
+    lock = DirLock(directory, key)
+    dfd, free = _flock_dir(lock.path.parent, fcntl.LOCK_SH if fcntl is not None else 0, wait=0)
+    if dfd is not None:
+        os.close(dfd)
+    fd = _open_lock_file(lock.path, key, create=False)
+    info: dict[str, Any] | None = None
+    if fd is not None:
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    free = False
+            info = DirLock._read(fd)
+        finally:
+            os.close(fd)
+    if fcntl is None and info:  # no kernel lock to ask (Windows): whether its process runs
+        free = lock._holder_gone(info) is not None
+    return None if free else lock._who(info)
+
+
+class DirLock:
+    """The lock file ``<directory>/.lock`` of one run (module docstring).
+
+    Args:
+        directory: the locked directory (must exist).
+        key: the run-config key naming it, for messages (``results-dir``, ``node-state-dir``).
+
+    Raises:
+        LockedError: (:meth:`acquire`) a live run holds the lock (its pid, host and start time named),
+            or its holder cannot be shown dead (why, and what to do, named).
+    """
+
+    def __init__(self, directory: str | Path, key: str = "results-dir") -> None:
+        self.path = Path(directory).expanduser().resolve() / LOCK_NAME
+        self.key = key
+        self.token = uuid.uuid4().hex
+        self.held = False
+        self._fd: int | None = None
+        self._dir_fd: int | None = None
+        self._ident: tuple[int, int] | None = None
+        #: the locked directory's ``(st_dev, st_ino)`` when taken: one moved or replaced is detected
+        self._dir_ident: tuple[int, int] | None = None
+
+    # ------------------------------------------------------------------ details
+    def _mine(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "pidns": _pidns(),
+            "boot_id": _boot_id(),
+            "time": time.time(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "token": self.token,
+            "run_id": _flower_run_id(),
+        }
+
+    def _describe(self, info: dict[str, Any]) -> str:
+        host = str(info.get("host", "?"))
+        where = "this host" if host == socket.gethostname() else f"host {host}"
+        ns = info.get("pidns")
+        if host == socket.gethostname() and ns is not None and ns != _pidns():
+            where += " (in another PID namespace, e.g. another container)"
+        return f"process {info.get('pid', '?')} on {where}"
+
+    def _who(self, info: dict[str, Any] | None) -> str:
+        """Who holds the lock, for messages (``info``: the lock file's details, :meth:`_read`)."""
+        if info:
+            return f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
+        if info is not None:  # {}: the file is there but names no holder (empty, not our JSON)
+            return (
+                f"a process holds the kernel lock of {self.path} (the lock file does not name it: "
+                f"it is empty or not a flwr-sheaf lock file)"
+                if fcntl is not None
+                else f"its lock file {self.path} names no holder (it is empty or not a flwr-sheaf "
+                f"lock file)"
+            )
+        return (
+            f"a process holds a lock on {self.path.parent} (its lock file {self.path} was "
+            f"removed or replaced while it ran)"
+        )
+
+    def _busy(self, info: dict[str, Any] | None, why: str = "") -> LockedError:
+        run = (info or {}).get("run_id")
+        stop = f"; it is Flower run {run}: stop it with `flwr stop {run}` (`flwr ls` lists runs)"
+        return LockedError(
+            f"{self.key} {self.path.parent} is in use by another run: {self._who(info)}{why}"
+            f"{stop if run is not None else ''}; wait for it to end or use another {self.key} (remove "
+            f"the lock file only if that process is not a flwr-sheaf run)"
+        )
+
+    def _peek(self) -> dict[str, Any] | None:
+        """The lock file's details, read without taking or creating it (None: none there)."""
+        try:
+            fd = _open_lock_file(self.path, self.key, create=False)
+        except OSError:
+            return None
+        if fd is None:
+            return None
+        try:
+            return self._read(fd) or {}  # there, but naming no holder: {}
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _read(fd: int) -> dict[str, Any] | None:
+        """The lock file's details (its first 4 KiB): None when it is empty, ``{}`` when it is not a JSON
+        object of at most that size."""
+        data = os.pread(fd, _LOCK_MAX + 1, 0)
+        if not data.strip():
+            return None
+        if len(data) > _LOCK_MAX:  # not ours (ours is one short line): never read further
+            return {}
+        try:
+            info = json.loads(data)
+        except (ValueError, RecursionError):
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    def _holder_gone(self, info: dict[str, Any]) -> str | None:
+        """Why the holder named in a lock file whose ``flock`` is free is dead, or None if that cannot be shown."""
+        if fcntl is not None and info.get("boot_id") and info.get("boot_id") == _boot_id():
+            return "its process no longer runs (the kernel released its lock)"
+        boot = _boot_time()
+        if (
+            info.get("host") == socket.gethostname()
+            and boot is not None
+            and isinstance(info.get("time"), (int, float))
+            and info["time"] < boot
+        ):
+            return "it was written on this host before its last boot"
+        pid, ns = info.get("pid"), info.get("pidns")
+        if (
+            info.get("host") == socket.gethostname()
+            and isinstance(pid, int)
+            and not isinstance(pid, bool)
+            and (ns is None or ns == _pidns())
+            and info.get("boot_id") in (None, _boot_id())
+        ):  # this kernel and PID namespace (or a lock that does not say): the pid can be asked; a
+            # lock naming another boot_id is another machine's that has the same host name (the
+            # initial PID namespace has the same inode on every Linux kernel), or of an earlier boot
+            if pid == os.getpid():  # this process does not hold it (_HELD): an earlier one's
+                return (
+                    f"it names this very process (pid {pid}), which does not hold it: it was left by "
+                    f"an earlier process that had the same pid"
+                )
+            if not _pid_alive(pid):
+                return f"its process {pid} no longer runs"
+        return None
+
+    # ------------------------------------------------------------------ acquire / release
+    def acquire(self) -> DirLock:
+        """Take the lock (taking over a stale one with a warning); returns self.
+
+        Raises:
+            LockedError: see the class docstring.
+        """
+        if self.path in _HELD:
+            raise self._busy(_HELD[self.path]._mine(), " (this same process: two runs at once)")
+        dfd, free = _flock_dir(self.path.parent, fcntl.LOCK_EX if fcntl is not None else 0)
+        if not free:  # a live run holds the directory, whatever became of its lock file
+            raise self._busy(self._peek())
+        try:
+            st = os.fstat(dfd) if dfd is not None else os.stat(self.path.parent)
+            self._dir_ident = (st.st_dev, st.st_ino)
+            self._acquire_file()
+        except BaseException:
+            if dfd is not None:
+                os.close(dfd)
+            raise
+        self._dir_fd = dfd
+        return self
+
+    def _acquire_file(self) -> None:
+        """:meth:`acquire`'s lock file part (the directory's ``flock`` already held)."""
+        for _ in range(100):  # retried only when the file was replaced between open and flock
+            existed = os.path.lexists(self.path)
+            fd = _open_lock_file(self.path, self.key, create=True)
+            assert fd is not None, "created"
+            try:
+                if fcntl is not None:
+                    try:
+                        _flock_nb(fd, fcntl.LOCK_EX)
+                    except BlockingIOError:
+                        raise self._busy(self._read(fd) or {}) from None
+                    try:  # the holder we waited on may have removed the file: lock the one at the path
+                        a, b = os.fstat(fd), os.lstat(self.path)
+                        same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+                    except FileNotFoundError:
+                        same = False
+                    if not same:
+                        os.close(fd)
+                        fd = -1
+                        continue
+                info = self._read(fd)
+                if (
+                    not info and existed and fcntl is not None
+                ):  # the kernel lock is free: a leftover
+                    log.warning(
+                        "taking over the leftover lock file %s: it is %s and no process holds its "
+                        "kernel lock (a run that died while writing it, or not written by flwr-sheaf)",
+                        self.path,
+                        "empty" if info is None else "not a flwr-sheaf lock (no JSON object in it)",
+                    )
+                elif info is not None:  # a lock file without a live flock: its holder died, or
+                    why = self._holder_gone(info)  # it is on a kernel that cannot be asked
+                    if why is None:
+                        raise self._busy(
+                            info,
+                            " and it cannot be shown to have ended (the lock was written on another "
+                            "kernel, or by an older flwr-sheaf without a kernel lock)",
+                        )
+                    log.warning(
+                        "taking over the stale lock %s of %s (started %s): %s",
+                        self.path,
+                        self._describe(info),
+                        info.get("started", "?"),
+                        why,
+                    )
+                _after_check(self)
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.write(fd, json.dumps(self._mine()).encode())
+                os.fsync(fd)
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                raise
+            st = os.fstat(fd)
+            self._fd, self._ident, self.held = fd, (st.st_dev, st.st_ino), True
+            _HELD[self.path] = self
+            return
+        raise LockedError(  # pragma: no cover - 100 replacements in a row
+            f"{self.key} {self.path.parent}: the lock file {self.path} keeps being replaced by other runs"
+        )
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock, if this run holds it."""
+        if not self.held:
+            return
+        self.held = False
+        _HELD.pop(self.path, None)
+        fd, self._fd = self._fd, None
+        dfd, self._dir_fd = self._dir_fd, None
+        try:  # in the directory held (by its fd: it may have been moved), never in one at the path now
+            st = os.lstat(LOCK_NAME, dir_fd=dfd) if dfd is not None else os.lstat(self.path)
+            if fd is not None and (st.st_dev, st.st_ino) == self._ident:
+                # while still locked: a contender re-checks the inode
+                if dfd is not None:
+                    os.unlink(LOCK_NAME, dir_fd=dfd)
+                else:
+                    self.path.unlink()
+        except OSError:
+            pass
+        if fd is not None:
+            os.close(fd)
+        if dfd is not None:
+            os.close(dfd)
+
+    def verify(self) -> None:
+        """Check, before a write into the directory, that the lock file at :attr:`path` is still the
+        one this run holds (same ``st_dev`` / ``st_ino`` as the held descriptor); one removed or
+        replaced meanwhile is put back (with a warning) while this run holds the directory's
+        ``flock``, so no other run can have taken the directory.
+
+        Raises:
+            LockedError: the directory itself was moved, removed or replaced since the lock was taken
+                (its new path, if any, and what to do named: nothing more is written there), or
+                this run does not hold the lock, or the lock file was removed or replaced and
+                the directory's own lock is not available (a file system without ``flock`` on
+                directories), so another run may be writing there (the file and the fix named).
+        """
+        if not self.held or self._fd is None:
+            raise LockedError(f"{self.key} {self.path.parent}: this run does not hold {self.path}")
+        self._verify_directory()
+        try:
+            st = os.lstat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            now = None
+        if now == self._ident:
+            return
+        what = "was removed" if now is None else "was replaced by another file"
+        if self._dir_fd is None:
+            raise LockedError(
+                f"{self.key} {self.path.parent}: the lock file {self.path} {what} while this run held "
+                f"it, and the directory itself cannot be locked on this file system, so another run may "
+                f"be writing there; nothing more is written to {self.path.parent}: stop the other run, "
+                f"or run again with another {self.key}"
+            )
+        log.warning(
+            "%s %s: the lock file %s %s while this run held it; no other run could take the directory "
+            "(its own lock is held): putting the lock file back",
+            self.key,
+            self.path.parent,
+            self.path,
+            what,
+        )
+        old = self._fd
+        if now is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        fd = _open_lock_file(self.path, self.key, create=True)
+        assert fd is not None, "created"
+        if fcntl is not None:
+            _flock_nb(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps(self._mine()).encode())
+        os.fsync(fd)
+        st = os.fstat(fd)
+        self._fd, self._ident = fd, (st.st_dev, st.st_ino)
+        os.close(old)
+
+    def _verify_directory(self) -> None:
+        """Raise when the locked directory was moved, removed or replaced since :meth:`acquire` (its
+        ``st_dev`` / ``st_ino`` at the path differ): this run's lock went with the old directory, so
+        another run may hold the one at the path now."""
+        try:
+            st = os.stat(self.path.parent)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            now = None
+        if self._dir_ident is None or now == self._dir_ident:
+            return
+        where: str | None = None
+        for fd in (self._dir_fd, self._fd):  # Linux: the path the held directory has now
+            if fd is None:
+                continue
+            try:
+                where = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if fd == self._fd:
+                where = str(Path(where.removesuffix(" (deleted)")).parent)
+            break
+        if where is None or where.endswith(" (deleted)") or not Path(where).is_dir():
+            gone, then = "it was removed, with the files this run wrote there", "run it again"
+        else:
+            gone = f"it is now {where}, with the files this run wrote there"
+            then = (
+                f"continue it from its last checkpoint with resume-from='{where}'"
+                if (Path(where) / "checkpoint.pkl").is_file()
+                else f"run it again (no checkpoint was written in {where})"
+            )
+        raise LockedError(
+            f"{self.key} {self.path.parent}: the directory was moved or replaced while this run held "
+            f"it ({gone}); another run may now use {self.path.parent}, so this run writes nothing "
+            f"more there and stops: {then}, and do not move or replace a directory a run is using"
+        )
+
+
 class NoCheckpointError(ConfigError, FileNotFoundError):
     """Resuming without a checkpoint: a :class:`~flwr_sheaf.config.ConfigError` (one line, no traceback,
     in the in-process runner too) that is also a ``FileNotFoundError``."""
@@ -115,7 +677,7 @@ def checkpoint_path(location: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint dict written by :meth:`~flwr_sheaf.strategy.checkpoint.Checkpointer.save`, after
+    """The checkpoint dict written by :meth:`~flwr_sheaf.rundir.Checkpointer.save`, after
     its header, format and SHA-256 are verified (nothing unpickled before; :func:`~flwr_sheaf.integrity.read_sealed`).
 
     Raises:
@@ -125,16 +687,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             of a newer (fix: upgrade) or older flwr-sheaf, a truncated or modified file (the file
             and the fix named).
     """
-    import pickle
-
     path = Path(path)
-    if (
-        os.path.lexists(path) and not path.is_file()
-    ):  # not "nothing to resume": a run refuses it too
-        raise ConfigError(
-            f"checkpoint {path} is not a regular file (a directory, FIFO, device or broken link); "
-            f"{_CHECKPOINT_FIX}"
-        )
+    if os.path.lexists(path) and not path.is_file():  # not "nothing to resume": refused too
+        raise ConfigError(_not_a_checkpoint_file(path))
     if not path.is_file():
         raise NoCheckpointError(
             f"no checkpoint at {path}: nothing to resume (run without resume first)"
@@ -184,6 +739,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"checkpoint {path} is not a flwr-sheaf checkpoint of format {fmt}; {_CHECKPOINT_FIX}"
         )
     return ckpt
+
+
+def _not_a_checkpoint_file(path: Path) -> str:
+    return (
+        f"checkpoint {path} is not a regular file (a directory, FIFO, device or broken link); "
+        f"{_CHECKPOINT_FIX}"
+    )
 
 
 def _newer_checkpoint(path: Path, what: str) -> None:
@@ -241,11 +803,11 @@ def recorded_run_config(path: Path) -> dict[str, Any]:
     """
     recorded: Any
     try:
-        if path.suffix == ".json":  # bounded, no link, then the one results.json schema
-            recorded = check_results(_json(_read_regular(path, _RESULTS_MAX)), str(path))
-            recorded = recorded.get("config")
-        else:
+        if path.suffix != ".json":
             recorded = load_checkpoint(path).get("config")
+        else:  # bounded, no link, then the one results.json schema
+            parsed = _json(_read_regular(path, _RESULTS_MAX))
+            recorded = check_results(parsed, str(path)).get("config")
     except (OSError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
@@ -291,7 +853,7 @@ class RunFile:
         name: its name in the directory.
         where: the run-config key of the directory (``results-dir``, ``node-state-dir``).
         read: its one reader, ``read(path)``; raises a :class:`~flwr_sheaf.config.ConfigError` (or its
-            :class:`~flwr_sheaf.locks.LockedError`) naming ``path`` for a damaged file. None: never read.
+            :class:`~flwr_sheaf.rundir.LockedError`) naming ``path`` for a damaged file. None: never read.
         marks_run: its presence means the directory holds a run (a fresh run is refused without
             ``overwrite``).
         moved: ``overwrite`` moves it into ``previous-<UTC time>/``.
@@ -408,9 +970,11 @@ class RunDir:
         key: the run-config key (or argument) naming it, for messages (``results-dir``, ``out_dir``).
 
     Attributes:
-        locks: the held :class:`~flwr_sheaf.locks.DirLock` of ``results-dir`` (and of ``node-state-dir``).
+        locks: the held :class:`DirLock` of ``results-dir`` (and of ``node-state-dir``).
         previous_run: where ``overwrite = true`` moved the earlier run's files, ``{"moved_to": path,
             "files": [names]}`` (``results.json``'s ``previous_run``), or None.
+        trained_before: ``{partition-id: last round it trained}`` of a resumed run (:func:`open_run`).
+        checkpointer: the run's :class:`Checkpointer` (:func:`open_run`), or None.
 
     Raises:
         ConfigError: ``path`` runs into a symbolic-link loop (key and path named).
@@ -423,6 +987,8 @@ class RunDir:
         self.keep_previous = 0  # keep-previous, applied on leaving
         self.locks: list[DirLock] = []
         self.previous_run: dict | None = None
+        self.trained_before: dict[int, int] = {}
+        self.checkpointer: Checkpointer | None = None
         #: ``previous-*`` folders never pruned (the one ``resume-from`` reads from)
         self.protect: list[Path] = []
 
@@ -469,7 +1035,7 @@ class RunDir:
         return [self.path / n for n in RESULT_FILES if (self.path / n).exists()]
 
     def lock(self) -> DirLock:
-        """Take the directory's lock (:class:`~flwr_sheaf.locks.DirLock`); returns it.
+        """Take the directory's lock (:class:`DirLock`); returns it.
 
         Raises:
             LockedError: a live run holds it (named), or its lock file is refused.
@@ -706,8 +1272,8 @@ def _no_checkpoint(config: RunConfig, out: Path) -> None:
     path = checkpoint_path(config.resume_from or out)
     if path.is_file():
         return
-    if os.path.lexists(path):  # a directory, FIFO or broken link there: its reader names it
-        load_checkpoint(path)
+    if os.path.lexists(path):  # a directory, FIFO or broken link there
+        raise ConfigError(_not_a_checkpoint_file(path))
     key = f"resume-from={config.resume_from!r}" if config.resume_from else "resume=true"
     hint = ""
     moved = [p / CHECKPOINT_NAME for p in RunDir(out).previous() if (p / CHECKPOINT_NAME).is_file()]
@@ -929,6 +1495,274 @@ def preflight(config: RunConfig, simulation: bool = False) -> RunDir:
         run.__exit__(type(exc), exc, exc.__traceback__)  # moved files back, locks released
         raise
     return run
+
+
+# ------------------------------------------------------------------------------ checkpoints
+REBUILT = frozenset(
+    {
+        "nodes",
+        "exchange",
+        "extra_train_config",
+        "extra_evaluate_config",
+        "alpha",
+        "discovery_timeout",
+        "checkpointer",
+        "resume_check",
+        "round_callbacks",
+        "requested_rounds",
+    }
+)
+"""Strategy attributes a checkpoint does not store: rebuilt from the run config (``alpha``), by
+discovery (``nodes``, the ``exchange``), per call of ``start`` (``extra_*_config``, round
+callbacks), or the checkpointer itself. The ledger is stored without its round being built."""
+
+
+class Checkpointed(Protocol):
+    """What a checkpoint saves and puts back of a strategy: its attributes (``vars``, less
+    :data:`REBUILT`) and its discovered nodes; the checkpointer never imports the strategy's class."""
+
+    @property
+    def nodes(self) -> Mapping[int, Node]: ...  # noqa: D102
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written (full disk, permissions, ...): the file, the server round,
+    the OS reason and the fix named; the checkpoint already there (if any) is unchanged (atomic write)."""
+
+
+class Checkpointer:
+    """Writes the strategy's checkpoints and restores one (module docstring).
+
+    Args:
+        directory: where ``checkpoint.pkl`` is written (the run's ``results-dir``).
+        config: the run config's ``{key: value}`` (``RunConfig.to_dict()``).
+        every: write after every this many rounds and after the last one (0 = never).
+        resume_from: a checkpoint file or directory to continue from (None = a fresh run).
+
+    Raises:
+        ValueError: ``every < 0``.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        config: Mapping[str, Any],
+        every: int = 1,
+        resume_from: str | Path | None = None,
+    ) -> None:
+        if int(every) != every or every < 0:
+            raise ValueError(f"checkpoint-every must be an integer >= 0, got {every!r}")
+        self.path = Path(directory).expanduser() / CHECKPOINT_NAME
+        self.config = dict(config)
+        self.every = int(every)
+        self.resume_from = None if resume_from is None else checkpoint_path(resume_from)
+        #: the round the restored checkpoint ended with (0 for a fresh run).
+        self.restored_round = 0
+        #: wall seconds of the run before the restored round (sum over its stopped parts).
+        self.previous_wall_seconds = 0.0
+        self._checked: dict[str, Any] | None = None
+
+    def check(self, strategy: Checkpointed, num_rounds: int) -> dict[str, Any] | None:
+        """Load and check the checkpoint to resume from against the run, before any message is sent
+        (:meth:`restore` calls it when the caller did not). Returns the checkpoint, None for a fresh run.
+
+        Raises:
+            FileNotFoundError: resuming without a checkpoint.
+            ConfigError: another format or strategy class; run-config keys that differ from the
+                checkpointed run's outside :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (each key
+                with both values named); a checkpoint past ``num-server-rounds``.
+        """
+        if self.resume_from is None:
+            return None
+        ckpt = load_checkpoint(self.resume_from)
+        diff = config_differences(ckpt["config"], self.config)
+        if diff:
+            text = ", ".join(
+                f"{k}={a!r} in the checkpoint, {b!r} now" for k, (a, b) in diff.items()
+            )
+            raise ConfigError(
+                f"resume from {self.resume_from}: the run config differs ({text}); only "
+                f"num-server-rounds, timeouts, results-dir and checkpoint settings may change"
+            )
+        cls = f"{type(strategy).__module__}.{type(strategy).__qualname__}"
+        if ckpt["strategy"] != cls:
+            raise ConfigError(
+                f"{self.resume_from} is a {ckpt['strategy']} run, this run builds {cls}"
+            )
+        if ckpt["round"] > num_rounds:
+            raise ConfigError(
+                f"num-server-rounds={num_rounds}: the checkpoint {self.resume_from} is already at "
+                f"round {ckpt['round']}"
+            )
+        self._checked = ckpt
+        return ckpt
+
+    def restore(self, strategy: Checkpointed, num_rounds: int) -> tuple[int, ArrayRecord | None]:
+        """Put the checkpointed state back into ``strategy`` (after its discovery); returns
+        ``(next server round, global arrays or None)``. A fresh run returns ``(1, None)``.
+
+        Raises:
+            FileNotFoundError, ConfigError: see :meth:`check`.
+            RuntimeError: a rediscovered node reports other data than in the checkpointed run
+                (partition-id and the differing fields named).
+        """
+        ckpt = self._checked if self._checked is not None else self.check(strategy, num_rounds)
+        if ckpt is None:
+            return 1, None
+        for pid, saved in ckpt["nodes"].items():
+            now = {
+                k: v for k, v in asdict(strategy.nodes[pid].info).items() if k != "num_partitions"
+            }
+            then = {k: v for k, v in saved.items() if k != "num_partitions"}
+            if now != then:
+                bad = {k: (then[k], now[k]) for k in now if now[k] != then[k]}
+                raise RuntimeError(
+                    f"resume: partition-id {pid} reports {bad} (checkpointed, now); the SuperNodes "
+                    f"must serve the same zoo and data as the stopped run"
+                )
+        for name, value in ckpt["state"].items():
+            held = getattr(strategy, name, None)
+            if isinstance(held, RunLedger):  # in place: the exchange records into this ledger
+                vars(held).update(vars(value))
+            else:
+                setattr(strategy, name, value)
+        self.restored_round = int(ckpt["round"])
+        self.previous_wall_seconds = float(ckpt["wall_seconds"])
+        self._checked = None
+        log.info("resumed from %s after server round %d", self.resume_from, self.restored_round)
+        arrays = ckpt["arrays"]
+        return self.restored_round + 1, (pack_arrays(arrays) if arrays else None)
+
+    def due(self, server_round: int, num_rounds: int) -> bool:
+        """Whether a checkpoint is written after ``server_round``."""
+        return self.every > 0 and (server_round % self.every == 0 or server_round == num_rounds)
+
+    def save(
+        self,
+        strategy: Checkpointed,
+        server_round: int,
+        arrays: ArrayRecord | None,
+        wall_seconds: float,
+    ) -> Path:
+        """Write the checkpoint of completed round ``server_round`` (with the global ``arrays``, if any,
+        and the run's ``wall_seconds`` so far) atomically; returns its path.
+
+        Raises:
+            pickle.PicklingError / TypeError / AttributeError: a strategy attribute that cannot be
+                pickled (add it to :data:`REBUILT` if it is rebuilt from the config).
+            CheckpointWriteError: the file cannot be written (an ``OSError`` naming the file, the
+                round, the reason and the fix; the previous checkpoint is left as it was).
+            flwr_sheaf.rundir.LockedError: results-dir's lock file was removed or replaced while
+                this run held it and the directory itself cannot be locked (:meth:`DirLock.verify`).
+        """
+        lock = held_by_this_process(self.path.parent)
+        if lock is not None:  # its lock file removed or replaced meanwhile: put back, or refused
+            lock.verify()
+        state = {k: v for k, v in vars(strategy).items() if k not in REBUILT}
+        ckpt = {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config,
+            "round": int(server_round),
+            "wall_seconds": float(wall_seconds),
+            "strategy": f"{type(strategy).__module__}.{type(strategy).__qualname__}",
+            "nodes": {pid: asdict(n.info) for pid, n in strategy.nodes.items()},
+            "arrays": {k: np.array(v.numpy()) for k, v in (arrays or {}).items()},
+            "state": state,
+            "written_at": time.time(),
+        }
+        data = pickle.dumps(ckpt, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            meta = {"round": int(server_round), "payload": "pickle"}
+            write_sealed(self.path, CHECKPOINT_MAGIC, meta, data, CHECKPOINT_FORMAT)
+        except OSError as exc:
+            kept = (
+                f"the previous checkpoint {self.path} is unchanged (resume=true continues from it)"
+                if self.path.is_file()
+                else "no earlier checkpoint exists"
+            )
+            fix = (
+                "free space on that file system, or set results-dir to another one"
+                if exc.errno == errno.ENOSPC
+                else "make results-dir writable, or set it to another directory"
+            )
+            raise CheckpointWriteError(
+                exc.errno,
+                f"cannot write the checkpoint of server round {server_round} to {self.path}: "
+                f"{exc.strerror or exc}; {kept}; {fix}",
+            ) from exc
+        return self.path
+
+
+def open_run(config: RunConfig, strategy: Any, simulation: bool = False) -> RunDir:
+    """The run's directory, ready for the rounds: :func:`preflight` (checks, locks, an overwritten
+    run's files moved aside), then the :class:`Checkpointer` set on ``strategy`` and, when resuming,
+    its checkpoint checked, the node state's directory checked and claimed and
+    ``strategy.resume_check`` set so that every node finds its state (client/state.py). The returned
+    :class:`RunDir` (``with open_run(...) as run:``) holds the locks; ``run.trained_before`` is
+    ``{partition-id: last round it trained}`` of the resumed checkpoint (empty for a fresh run).
+
+    Raises:
+        ConfigError, LockedError: as :func:`preflight`; as :meth:`Checkpointer.check` and
+            :func:`check_node_state_dir`; in Flower's simulation engine (``simulation``) without
+            ``node-state-dir``, resuming nodes that trained before (their state lived in memory only).
+    """
+    run = preflight(config, simulation)
+    try:
+        run.trained_before = _prepare_resume(config, strategy, run.path, simulation)
+        run.checkpointer = strategy.checkpointer
+    except BaseException as exc:
+        run.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    if not Path(config.results_dir).expanduser().is_absolute():
+        log.info(
+            "results-dir=%r is relative: results go to %s (the ServerApp's working directory; "
+            "under flwr run, where the local SuperLink was first started: give an absolute path "
+            "to choose)",
+            config.results_dir,
+            run.path,
+        )
+    return run
+
+
+def _prepare_resume(
+    config: RunConfig, strategy: Any, out: Path, simulation: bool
+) -> dict[int, int]:
+    """:func:`open_run`'s checkpoint part; returns ``{partition-id: last round it trained}``."""
+    resume_from = config.resume_from or (out if config.resume else None)
+    ckpt = strategy.checkpointer = Checkpointer(
+        out, config.to_dict(), config.checkpoint_every, resume_from
+    )
+    checked = ckpt.check(strategy, config.num_server_rounds)
+    if checked is None:
+        return {}
+    if config.node_state_dir:  # the node state is this run's
+        state_root = Path(config.node_state_dir).expanduser().resolve()
+        check_node_state_dir(state_root, config.node_state_dir, config.to_dict(), True)
+        claim_node_state_dir(state_root, config.to_dict(), out)
+    trained_before = _last_trained(checked["state"]["ledger"].rounds, strategy.num_nodes)
+    if simulation and not config.node_state_dir and any(trained_before.values()):
+        # else every node refuses the resume query alone, each with Flower's traceback
+        raise ConfigError(
+            resume_without_node_state(out, str(checked["config"].get("node-state-dir", "")))
+        )
+    strategy.resume_check = {
+        RESUME_STATE_ROUNDS: [trained_before.get(p, 0) for p in range(strategy.num_nodes)],
+        RESUME_ROUND: int(checked["round"]),
+        RESUME_FRESH: config.resume_fresh_nodes,
+    }
+    return trained_before
+
+
+def _last_trained(rounds: Sequence[Any], num_nodes: int) -> dict[int, int]:
+    """``{partition-id: last round whose train reply was accepted}`` of a checkpoint's round records."""
+    out: dict[int, int] = {}
+    for r in rounds:
+        if r.num_trained == 0:
+            continue
+        for pid in set(r.sampled) - set(r.failed.get("train", [])):
+            if pid < num_nodes:
+                out[pid] = max(out.get(pid, 0), int(r.round))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

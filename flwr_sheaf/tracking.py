@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -17,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from .config import DEFAULTS, TRACKERS, ConfigError, RunConfig, parse_trackers
+from .config import DEFAULTS, TRACKERS, ConfigError, RunConfig, check_trackers
 
 __all__ = [
     "Tracker",
@@ -27,24 +26,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("flwr_sheaf")
-
-
-def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
-    """:func:`parse_trackers`, then check that each tracker's package is installed (without importing it).
-
-    Raises:
-        ConfigError: an unknown tracker, or a tracker whose package is missing (the pip extra to
-            install named).
-    """
-    names = parse_trackers(spec, key)
-    for name in names:
-        module, extra = TRACKERS[name]
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(
-                f"{key}={spec!r}: the {name} tracker needs the {module!r} package, which is not "
-                f"installed: pip install -e '.[{extra}]'"
-            )
-    return names
 
 
 def tracking_dir(config: RunConfig) -> Path:
@@ -183,7 +164,7 @@ class Tracker:
         Raises:
             ConfigError, OSError: see the class.
         """
-        if not parse_trackers(config.tracking):
+        if not config.tracking.strip(" ,"):  # checked by the run config's parser
             return None
         name = Path(config.results_dir).expanduser().resolve().name or "run"
         return cls(

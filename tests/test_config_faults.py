@@ -186,12 +186,12 @@ def _pyproject_defaults() -> dict:
 
 def _warnings(**over) -> list[str]:
     from flwr_sheaf.apps.methods import num_nodes
-    from flwr_sheaf.apps.server_app import run_config_warnings
+    from flwr_sheaf.methods import run_config_warnings
 
     rc = {**_pyproject_defaults(), **over}  # as flwr run passes it: every declared key
     cfg, method = parse_run_config(rc)
     n = num_nodes(cfg, method)
-    return run_config_warnings(rc, cfg, method, method.strategy(cfg, n), n)
+    return run_config_warnings(rc, cfg, method, method.strategy(cfg, n))
 
 
 def test_a_key_of_another_method_and_a_tracker_key_without_its_tracker_are_named():
@@ -257,7 +257,7 @@ def test_key_readers_agree_with_what_each_built_strategy_reads():
     """The registry-derived map equals, for each method, the method-section keys its built strategy
     records (``results.strategy_config``) -- an independent reading of the same fact."""
     from flwr_sheaf.apps.methods import num_nodes
-    from flwr_sheaf.apps.server_app import key_readers
+    from flwr_sheaf.methods import key_readers
     from flwr_sheaf.config import METHOD_KEYS
     from flwr_sheaf.results import strategy_config
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_sheaf.apps.server_app import key_readers
+from flwr_sheaf.methods import key_readers
 from flwr_sheaf.config import KEYS, METHOD_KEYS, ConfigError, lookup_key
 from flwr_sheaf.methods.registry import parse_run_config
 

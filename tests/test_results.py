@@ -24,7 +24,7 @@ from flwr_sheaf import (
     write_results,
 )
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.locks import LockedError
+from flwr_sheaf.rundir import LockedError
 from flwr_sheaf.methods.fedproto.config import FedProtoConfig
 from flwr_sheaf.results import check_results_dir, strategy_config
 

@@ -33,7 +33,7 @@ from flwr_sheaf.config import ConfigError
 from flwr_sheaf.methods.rfedags.client import problem_factory, register_rfedags_handlers
 from flwr_sheaf.methods.rfedags.pca import synthetic_pca_problem
 from flwr_sheaf.methods.rfedags.strategy import RFedAGS
-from flwr_sheaf.strategy.checkpoint import Checkpointer, load_checkpoint
+from flwr_sheaf.rundir import Checkpointer, load_checkpoint
 from flwr_sheaf.testing import LocalGrid, set_task_identity
 
 torch.set_num_threads(1)

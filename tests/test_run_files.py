@@ -22,8 +22,8 @@ from flwr.app import MetricRecord
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.config import ConfigError
-from flwr_sheaf.locks import LOCK_NAME, DirLock, LockedError
-from flwr_sheaf.strategy.checkpoint import CheckpointWriteError, load_checkpoint
+from flwr_sheaf.rundir import LOCK_NAME, DirLock, LockedError
+from flwr_sheaf.rundir import CheckpointWriteError, load_checkpoint
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)
@@ -322,7 +322,7 @@ def test_a_nan_train_metric_or_private_accuracy_is_that_nodes_recorded_failure(t
 
 # ------------------------------------------------------------------------- case 5: locks
 def test_two_contenders_taking_over_one_stale_lock_have_one_winner(tmp_path, monkeypatch):
-    import flwr_sheaf.locks as locks
+    import flwr_sheaf.rundir as locks
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -359,7 +359,7 @@ class _holder:
         code = textwrap.dedent(
             f"""
             import sys
-            from flwr_sheaf.locks import DirLock
+            from flwr_sheaf.rundir import DirLock
             DirLock({str(self.directory)!r}, {self.key!r}).acquire()
             print("held", flush=True)
             sys.stdin.read()
@@ -731,7 +731,7 @@ def test_a_leftover_lock_of_another_kernel_with_this_host_name_is_never_taken_ov
     import socket
     import time
 
-    from flwr_sheaf.locks import _pidns
+    from flwr_sheaf.rundir import _pidns
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()  # a pid that does not run here (it may well run on the other machine)
@@ -755,7 +755,7 @@ def test_a_leftover_lock_of_another_kernel_with_this_host_name_is_never_taken_ov
 
 def test_the_pid_check_never_signals_a_process_on_windows(monkeypatch):
     """``os.kill(pid, 0)`` is TerminateProcess on Windows: the stale-lock check must not call it."""
-    from flwr_sheaf import locks
+    from flwr_sheaf import rundir as locks
 
     def kill(pid, sig):
         raise AssertionError(f"os.kill({pid}, {sig}) called")
@@ -904,7 +904,7 @@ def test_resume_from_a_directory_a_live_run_holds_is_refused_naming_it(tmp_path)
             rf"holds {a / LOCK_NAME} .* wait for that run to end",
             LockedError,
         )
-    from flwr_sheaf.locks import live_holder
+    from flwr_sheaf.rundir import live_holder
 
     assert live_holder(a) is None  # that run ended: resume-from it is no longer refused for it
 

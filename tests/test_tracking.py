@@ -89,9 +89,11 @@ def test_tracking_keys_refuse_bad_values_naming_key_value_and_choices():
 
 
 def test_a_tracker_whose_package_is_missing_is_refused_before_any_message(tmp_path, monkeypatch):
-    real = tracking.importlib.util.find_spec
+    import importlib.util
+
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        tracking.importlib.util,
+        importlib.util,
         "find_spec",
         lambda name, *a: None if name == "wandb" else real(name, *a),
     )
@@ -223,14 +225,14 @@ def test_tracking_dir_without_tracking_is_warned_naming_both_keys(tmp_path, capl
     import logging
 
     from flwr_sheaf.apps.methods import num_nodes
-    from flwr_sheaf.apps.server_app import run_config_warnings
+    from flwr_sheaf.methods import run_config_warnings
     from flwr_sheaf.methods.registry import parse_run_config
     from flwr_sheaf.rundir import preflight
 
     def warnings(rc):
         cfg, method = parse_run_config(rc)
         n = num_nodes(cfg, method)
-        return run_config_warnings(rc, cfg, method, method.strategy(cfg, n), n)
+        return run_config_warnings(rc, cfg, method, method.strategy(cfg, n))
 
     log = logging.getLogger("flwr_sheaf")
     log.addHandler(caplog.handler)

@@ -12,8 +12,8 @@ from flwr.serverapp.strategy import Strategy
 
 from ..client.task import TaskFactory
 from ..config import RunConfig
-from ..methods import METHODS, Method, get_method
-from .scenario import agent_specs
+from ..methods import METHODS, get_method
+from .scenario import num_nodes
 
 __all__ = [
     "zoo_methods",
@@ -27,16 +27,6 @@ def zoo_methods() -> list[str]:
     """Names of the registered methods that run on the CNN-zoo scenario (no task factory of their own),
     sorted: the graph methods of the papers and any user method of that kind (not the RFedAGS family)."""
     return sorted(name for name, m in METHODS.items() if m.task_factory is None)
-
-
-def num_nodes(config: RunConfig, method: Method | None = None) -> int:
-    """Agents of the run: the method's own count (e.g. RFedAGS's problem) or the CNN zoo's."""
-    method = method or get_method(config.method)
-    return (
-        method.num_nodes(config)
-        if method.num_nodes is not None
-        else len(agent_specs(config.scenario))
-    )
 
 
 def build_strategy(config: RunConfig) -> Strategy:

@@ -8,20 +8,29 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
 
 from flwr.app import Context
 
-from ..client.common import shared_pilot_digest
 from ..client.task import LocalTask
-from ..config import ConfigError, RunConfig, ScenarioConfig, apply_preset, node_partition_id
+from ..config import (
+    ConfigError,
+    RunConfig,
+    ScenarioConfig,
+    apply_preset,
+    node_partition_id,
+)
 from ..data.partition import AgentData, PreparedSplit, agent_data, check_all_agents, prepare_split
 from ..data.sources import register_derived_cache
+from ..methods import Method, get_method
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
-from ..protocol import NodeInfo, OutsideScenarioError
+from ..protocol import NodeInfo, OutsideScenarioError, pilot_digest
 from ..strategy.sampled import SampledDiscovery
 
 __all__ = [
+    "num_nodes",
+    "prepare_scenario",
     "agent_specs",
     "scenario_task",
     "cnn_task_factory",
@@ -30,6 +39,28 @@ __all__ = [
     "scenario_node_infos",
     "sampled_discovery",
 ]
+
+
+def num_nodes(config: RunConfig, method: Method | None = None) -> int:
+    """Agents of the run: the method's own count (e.g. RFedAGS's problem) or the CNN zoo's
+    (``method``: default the registered ``config.method``)."""
+    method = method or get_method(config.method)
+    if method.num_nodes is not None:
+        return method.num_nodes(config)
+    return len(agent_specs(config.scenario))
+
+
+def prepare_scenario(config: RunConfig, method: Method, strategy: Any, num_nodes: int) -> None:
+    """The scenario's checks before any message: the CNN zoo's data for every agent
+    (:func:`check_scenario`, for a method without a task factory of its own), and
+    ``discovery = "sampled"`` set on ``strategy`` (:func:`sampled_discovery`).
+
+    Raises:
+        ConfigError: as :func:`check_scenario` and :func:`sampled_discovery`.
+    """
+    if method.task_factory is None:
+        check_scenario(config.scenario)
+    sampled_discovery(config, method, strategy, num_nodes)
 
 
 def agent_specs(scenario: ScenarioConfig) -> tuple[AgentSpec, ...]:
@@ -134,8 +165,9 @@ def check_scenario(scenario: ScenarioConfig) -> None:
     """
     if scenario.dataset.startswith("hf:"):
         return  # a hub download on the ServerApp's host is not wanted: the nodes check at discovery
+    key = _data_key(scenario)
     try:
-        prepared = _prepared(*_data_key(scenario))
+        prepared = _prepared(*key)
     except (FileNotFoundError, ImportError, OSError):
         return  # not on this machine: the nodes' discovery checks it
     except ValueError as exc:
@@ -198,7 +230,7 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
     """What every agent of the CNN-zoo scenario reports at discovery, derived on the ServerApp from
     the same definitions the nodes use (:func:`scenario_task`, the ``query`` handler): ``d`` of its
     zoo spec (the encoder's last width), its class set, the shared pilots' count and
-    :func:`~flwr_sheaf.client.common.shared_pilot_digest`, its training-split size.
+    :func:`~flwr_sheaf.protocol.pilot_digest`, its training-split size.
 
     Args:
         scenario: the run's scenario section.
@@ -217,14 +249,15 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
             f"{key}: the ServerApp derives every agent's description from the data, and a hub "
             f"dataset is not downloaded on its host; use discovery='all'"
         )
+    key = _data_key(scenario)
     try:
-        prepared = _prepared(*_data_key(scenario))
+        prepared = _prepared(*key)
     except (FileNotFoundError, ImportError, OSError, ValueError) as exc:
         raise ConfigError(
             f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "
             f"discovery='all' (the nodes then describe themselves)"
         ) from None
-    specs, digest = agent_specs(scenario), shared_pilot_digest(prepared.x_pilot)
+    specs, digest = agent_specs(scenario), pilot_digest(prepared.x_pilot.numpy())
     return {
         i: NodeInfo(
             i,

@@ -852,8 +852,7 @@ def check_all_agents(prepared: PreparedSplit, max_named: int = 5) -> None:
             sizes or missing classes, and the remedy.
     """
     split, sets = prepared.split, prepared.class_sets
-    _, labels = load_source(prepared.dataset)
-    lab = labels.numpy()
+    lab = prepared.labels.numpy()
     empty, missing = [], []
     for i in range(len(sets)):
         sizes = (len(split.train_idx[i]), len(split.val_idx[i]), len(split.test_idx[i]))

@@ -15,8 +15,11 @@ from .registry import (
     get_method,
     graph_args,
     import_method_modules,
+    key_readers,
+    method_train_note,
     parse_run_config,
     register,
+    run_config_warnings,
 )
 
 # every unit of this package registers itself on import (a new unit edits nothing here)
@@ -32,6 +35,9 @@ __all__ = [
     "get_method",
     "graph_args",
     "import_method_modules",
+    "key_readers",
+    "method_train_note",
     "parse_run_config",
     "register",
+    "run_config_warnings",
 ]

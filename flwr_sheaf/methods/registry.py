@@ -17,10 +17,10 @@ import logging
 import sys
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib.metadata import entry_points
 from pathlib import Path
-from types import MappingProxyType
+from types import CodeType, MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from flwr.clientapp import ClientApp
@@ -28,13 +28,17 @@ from flwr.serverapp import strategy as flower_strategies
 from flwr.serverapp.strategy import Strategy
 
 from ..config import (
+    KEYS,
+    METHOD_KEYS,
     ConfigError,
     FederationConfig,
     LocalTrainConfig,
     RunConfig,
+    ScenarioConfig,
     Section,
     did_you_mean,
     lookup_key,
+    method_train_changes,
 )
 from ..hints import HANDLER_REGISTRARS
 
@@ -55,6 +59,11 @@ __all__ = [
     "strategy_args",
     "parse_run_config",
     "ENTRY_POINT_GROUP",
+    "key_readers",
+    "strategy_config",
+    "strategy_sections",
+    "run_config_warnings",
+    "method_train_note",
 ]
 
 log = logging.getLogger("flwr_sheaf")
@@ -347,3 +356,192 @@ def strategy_args(
         "federation": federation,
         "evaluation": evaluation(federation),
     }
+
+
+# ------------------------------------------------------------------ what a run config means
+def strategy_sections(strategy: Any) -> list[Any]:
+    """The :class:`~flwr_sheaf.config.Section` attributes of ``strategy`` and of its components."""
+    owners = [strategy, *(v for v in vars(strategy).values() if hasattr(v, "__dict__"))]
+    return [v for o in owners for v in vars(o).values() if isinstance(v, Section)]
+
+
+def strategy_config(strategy: Any) -> dict[str, Any]:
+    """``{run-config key: value}`` of the :class:`~flwr_sheaf.config.Section` attributes of
+    ``strategy`` and of the components it holds, first found wins (empty when it holds none): what
+    ``results.json``'s ``config`` records for a strategy built in one's own app (no run config)."""
+    out: dict[str, Any] = {}
+    for section in strategy_sections(strategy):
+        for key, v in section.to_dict().items():
+            out.setdefault(key, v)
+    return out
+
+
+#: Keys of the tracker each one configures.
+_TRACKER_KEYS = {"tracking-dir": "", "wandb-project": "wandb", "wandb-mode": "wandb"}
+
+
+def _changed_keys(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``{key: parsed value}`` of the known keys whose value in ``run_config`` differs from the key's
+    default (values a key's parser refuses are left to the config check)."""
+    known = {**METHOD_KEYS, **KEYS}
+    out: dict[str, Any] = {}
+    for k, v in run_config.items():
+        if k not in known:
+            continue
+        try:
+            value = known[k](v)
+        except (ValueError, TypeError):
+            continue
+        if value != known[k](known[k].default):
+            out[k] = value
+    return out
+
+
+#: Keys of the app's own sections, read by every method (not listed by :func:`key_readers`).
+APP_SECTION_KEYS = frozenset(
+    f.metadata["key"]
+    for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig)
+    for f in fields(cls)
+)
+
+
+#: Keys of the app's federation section that only the per-round client evaluation reads.
+_CLIENT_EVALUATION_KEYS = frozenset(
+    (
+        "evaluate-every",
+        "fraction-evaluate",
+        "evaluate-nodes",
+        "non-edge-pairs",
+        "diagnostics-eigenvalues",
+        "posthoc-readings",
+    )
+)
+
+
+def _code_names(code: CodeType) -> set[str]:
+    """Global names a code object and the functions nested in it refer to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _builder_sections(builder: Any) -> set[type[Section]]:
+    """The config-section classes a method's strategy builder refers to (``c.section(SheafConfig)``
+    in ``lambda c, n: SheafFRL(n, sheaf=c.section(SheafConfig), ...)``): the :class:`Section`
+    subclasses among the global names of its code (a ``functools.partial`` unwrapped)."""
+    fn = getattr(builder, "func", builder)
+    code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    if code is None:
+        return set()
+    found = (env.get(name) for name in _code_names(code))
+    return {c for c in found if isinstance(c, type) and issubclass(c, Section)}
+
+
+def key_readers() -> dict[str, list[str]]:
+    """``{run-config key: sorted names of the registered methods that read it}`` for the keys of the
+    methods' config sections, built from the method registry: a method reads its own section
+    (:attr:`Method.config`) and the registered sections its strategy builder refers to.
+
+    Returns:
+        Each method-section key with the names of its methods (keys of the app's own sections --
+        scenario, federation, train -- are not listed: every method reads them).
+    """
+    out: dict[str, set[str]] = {}
+    for method in METHODS.values():
+        sections = _builder_sections(method.strategy)
+        if method.config is not None:
+            sections.add(method.config)
+        for cls in sections:
+            for f in fields(cls):
+                key = f.metadata.get("key")
+                if key and key not in APP_SECTION_KEYS:
+                    out.setdefault(key, set()).add(method.name)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def run_config_warnings(
+    run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any
+) -> list[str]:
+    """Run-config values the run will not use, or defaults that likely surprise, said before any
+    message: one line per method-section key changed but read by no part of the selected method,
+    tracker key set without its tracker, the config's own (:attr:`RunConfig.warnings`: ``graph``
+    left at ``class-overlap`` on 4 to 6 agents), and ``evaluate-nodes`` set to ``panel`` or ``drawn`` at
+    ``fraction-evaluate = 1`` (both then evaluate every node); values are compared before ``preset``, so a preset
+    never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
+
+    Args:
+        run_config: the run config as given.
+        config: its parse.
+        method: the selected method.
+        strategy: the built strategy (the sections it holds are what it reads).
+
+    Returns:
+        One line each naming the key, its value and what to do (empty when none apply).
+    """
+    changed = _changed_keys(run_config)
+    out: list[str] = []
+    read = set(strategy_config(strategy))
+    if config.method_section is not None:
+        read |= set(config.method_section.to_dict())
+    # keys of every method section: the registered ones of RunConfig and the methods' own
+    section_keys = set(METHOD_KEYS).union(*(s.to_dict() for s in config.sections.values()))
+    readers = key_readers()
+    for key in sorted((set(changed) & section_keys) - read):
+        default = (METHOD_KEYS.get(key) or KEYS[key]).default
+        others = [m for m in readers.get(key, []) if m != config.method]
+        where = (
+            f"it is read by method={' / '.join(repr(m) for m in others)}: set method= to "
+            f"{'that method' if len(others) == 1 else 'one of them'}, or drop {key}"
+            if others
+            else f"no registered method reads it: drop {key}"
+        )
+        out.append(
+            f"{key}={changed[key]!r} (default {default!r}) is not read by method={config.method!r} "
+            f"and is ignored; {where}"
+        )
+    if getattr(strategy, "evaluation", True) is None:  # a method without client evaluation
+        for key in sorted(set(changed) & _CLIENT_EVALUATION_KEYS):
+            out.append(
+                f"{key}={changed[key]!r} (default {KEYS[key].default!r}) is not read by "
+                f"method={config.method!r} and is ignored: the method evaluates no node; drop {key}"
+            )
+    trackers = {t.strip() for t in config.tracking.split(",") if t.strip()}
+    for key, tracker in _TRACKER_KEYS.items():
+        if key not in changed:
+            continue
+        if not tracker and not trackers:
+            out.append(
+                f"{key}={changed[key]!r} is ignored: tracking is off (tracking={config.tracking!r}); "
+                f"set tracking='tensorboard' (or 'wandb') to track the run there"
+            )
+        elif tracker and tracker not in trackers:
+            out.append(
+                f"{key}={changed[key]!r} is ignored: tracking={config.tracking!r} does not include "
+                f"{tracker!r}; add it to use W&B"
+            )
+    out += config.warnings  # the config's own (RunConfig.check: a small zoo's default graph)
+    mode, fraction = config.federation.evaluate_nodes, config.federation.fraction_evaluate
+    if "evaluate-nodes" in changed and mode in ("panel", "drawn") and fraction >= 1.0:
+        out.append(
+            f"evaluate-nodes={mode!r} evaluates every node at fraction-evaluate={fraction:g}, as "
+            f"{'drawn' if mode == 'panel' else 'panel'} does: a panel (the same nodes every round) "
+            "and a draw per round differ only below 1; set fraction-evaluate (e.g. 0.1)"
+        )
+    return [w for w in out if w]
+
+
+def method_train_note(run_config: Mapping[str, Any], method: str) -> str | None:
+    """The line the ServerApp logs when ``method`` trains with its own optimizer settings
+    (``train-defaults = method``, :func:`~flwr_sheaf.config.method_train_changes`); None when it
+    trains with the package's."""
+    changed = method_train_changes(run_config)
+    if not changed:
+        return None
+    return (
+        f"{method} trains with its own settings (train-defaults='method'): "
+        + ", ".join(f"{k} {new} (package default {old})" for k, (old, new) in changed.items())
+        + "; a value you set other than the package default is kept, train-defaults='shared' "
+        "gives the package's"
+    )

@@ -34,7 +34,7 @@ from ..protocol import (
     as_float,
     train_reply_problem,
 )
-from .checkpoint import Checkpointer
+from ..rundir import Checkpointer
 from .discovery import Discovery, build_agents_graph
 from .evaluation import EvaluationView, GraphEvaluation
 from .exchange import Exchange, merge_extra
@@ -126,7 +126,7 @@ class GraphStrategy(Strategy):
         #: entries added to the discovery config of a resumed run (the ServerApp sets them from the
         #: checkpoint: which partition-ids trained up to which round; client/state.py checks them).
         self.resume_check: dict[str, Any] = {}
-        #: writes checkpoints and restores one (:class:`flwr_sheaf.strategy.checkpoint.Checkpointer`;
+        #: writes checkpoints and restores one (:class:`flwr_sheaf.rundir.Checkpointer`;
         #: the ServerApp sets it; None = no checkpoints).
         self.checkpointer: Checkpointer | None = None
         #: called after every completed server round with its record's ``as_dict()`` (the round's

@@ -18,7 +18,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from ..config import KEYS, FederationConfig
-from .checkpoint import Checkpointer
+from ..rundir import Checkpointer
 from .evaluation import GraphEvaluation
 from .exchange import Exchange
 from .ledger import RunLedger
