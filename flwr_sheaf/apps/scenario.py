@@ -249,9 +249,9 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
             f"{key}: the ServerApp derives every agent's description from the data, and a hub "
             f"dataset is not downloaded on its host; use discovery='all'"
         )
-    key = _data_key(scenario)
+    data_key = _data_key(scenario)
     try:
-        prepared = _prepared(*key)
+        prepared = _prepared(*data_key)
     except (FileNotFoundError, ImportError, OSError, ValueError) as exc:
         raise ConfigError(
             f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "

@@ -21,6 +21,7 @@ __all__ = [
     "check_installed",
     "data_dirs",
     "find_installed",
+    "verified_dir",
     "install",
     "install_hint",
     "verify",
@@ -120,6 +121,18 @@ def find_installed(name: str) -> Path:
         f"dataset={name!r}: its files are not installed (looked in: {looked}); "
         f"install them with: {install_hint(name)}"
     )
+
+
+def verified_dir(name: str) -> Path:
+    """:func:`find_installed`'s directory of ``name``, resolved, its files' SHA-256 checked
+    (:func:`check_installed`).
+
+    Raises:
+        ValueError, FileNotFoundError: as those two.
+    """
+    directory = find_installed(name).resolve()
+    check_installed(directory, name)
+    return directory
 
 
 def _run(cmd: list[str], cwd: str) -> subprocess.CompletedProcess:

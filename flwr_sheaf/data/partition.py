@@ -718,13 +718,16 @@ def _cached_split(
     num_pilots: int | None,
     alpha: float | None = None,
     floor: int = 0,
-) -> FederatedSplit:
-    _, labels = load_source(dataset)
+) -> tuple[FederatedSplit, torch.Tensor, torch.Tensor]:
+    """The split of ``dataset`` (once per process and arguments) with the source's images and labels."""
+    images, labels = load_source(dataset)
     if alpha is not None:
-        return make_dirichlet_split(labels, len(class_sets), alpha, seed, num_pilots=num_pilots)
-    return make_federated_split(
-        labels, class_sets, shift, seed, num_pilots=num_pilots, min_per_split=floor
-    )
+        split = make_dirichlet_split(labels, len(class_sets), alpha, seed, num_pilots=num_pilots)
+    else:
+        split = make_federated_split(
+            labels, class_sets, shift, seed, num_pilots=num_pilots, min_per_split=floor
+        )
+    return split, images, labels
 
 
 @dataclass(frozen=True)
@@ -779,12 +782,11 @@ def prepare_split(
     sets = _normalise_class_sets(class_sets, NUM_CLASSES)
     alpha = parse_partitioner(partitioner)
     floor = split_floor(partitioner)
-    split = _cached_split(
+    split, images, labels = _cached_split(
         dataset, sets, _check_shift(shift), _check_seed(seed), num_pilots, alpha, floor
     )
     if alpha is not None or floor:
         sets = split.class_sets
-    images, labels = load_source(dataset)
     x_pi, y_pi = _gather(images, labels, split.pilot_idx)
     return PreparedSplit(dataset, split, sets, x_pi, y_pi, images, labels)
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ..integrity import read_sealed, write_sealed
-from .catalog import NAMED_DATASETS, check_installed, find_installed, install_hint
+from .catalog import NAMED_DATASETS, install_hint, verified_dir
 
 __all__ = [
     "load_source",
@@ -101,16 +101,13 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
     spec = spec.strip()
     if spec == "mnist-bundled":
         return _load_bundled()
-    if spec in NAMED_DATASETS:
-        directory = find_installed(spec).resolve()
-        # SHA-256 per file, hashed once per process and (path, size, mtime)
-        check_installed(directory, spec)
-        cache = decoded_cache_dir()
-        return _load_idx_dir(str(directory), None if cache is None else str(cache))
     if spec.startswith("idx:") and spec[4:].strip():
         return _load_idx_dir(str(Path(spec[4:].strip()).expanduser().resolve()))
     if spec.startswith("hf:") and spec[3:].strip():
         return _load_hf(spec[3:].strip())
+    if spec in NAMED_DATASETS:  # SHA-256 per file, hashed once per process and (path, size, mtime)
+        cache = decoded_cache_dir()
+        return _load_idx_dir(str(verified_dir(spec)), None if cache is None else str(cache))
     raise ValueError(f"unknown dataset spec {spec!r}; valid forms: {', '.join(SOURCE_FORMS)}")
 
 

@@ -10,10 +10,8 @@ no Flower object and knows nothing of graphs or methods.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
-from ..config import DEFAULTS
 from .records import EvaluationResult, RoundRecord
 
 __all__ = ["RunFailedError", "RunLedger"]
@@ -22,7 +20,7 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class RunFailedError(RuntimeError):
-    """A run past its ``max-failed-fraction`` (:meth:`RunLedger.run_status`): the ServerApp raises it
+    """A run past its ``max-failed-fraction`` (:func:`flwr_sheaf.results.run_status`): the ServerApp raises it
     after ``results.json`` is written, so Flower records the run as failed (docs/guarantees.md)."""
 
 
@@ -94,158 +92,3 @@ class RunLedger:
         """Per directed non-edge pair of the last evaluation
         (:func:`~flwr_sheaf.strategy.evaluation_steps.non_edge_rows`)."""
         return self.last_evaluation.non_edges
-
-    def run_status(
-        self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]
-    ) -> dict[str, Any]:
-        """Whether a run (restored rounds included) is clean, degraded or failed (docs/guarantees.md).
-
-        A train reply fails when its node errs, does not answer, or the reply is refused. The run is
-        ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
-        ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody or
-        when every evaluation failed so that no accuracy was measured; ``failed`` too when no round
-        drew a node to train (participation too small: nothing was trained). ``degraded`` when
-        anything failed (any phase) short of that, when a round drew nobody to train, or (for
-        ``max_failed_fraction = 1``, report only) when no accuracy was measured; ``completed``
-        otherwise.
-
-        Returns:
-            ``status``, ``reasons`` (why failed), ``problems`` (why degraded besides failed replies)
-            and the counts behind them, over the completed :attr:`rounds` and the recorded
-            :attr:`failures` (keys: docs/results-schema.md, ``degradation``).
-        """
-        rounds, failures = self.rounds, self.failures
-        sampled, failed, idle, per_node = _train_counts(rounds)
-        by_phase, nodes = _failure_rows(failures, per_node)
-        every = sorted(
-            p
-            for p, row in per_node.items()
-            if row["train_failed_rounds"]
-            and len(row["train_failed_rounds"]) == row["rounds_sampled"]
-        )
-        fraction = failed / sampled if sampled else 0.0
-        reasons: list[str] = []
-        if fraction > max_failed_fraction:
-            reasons.append(
-                f"{failed} of {sampled} sampled train replies failed ({fraction:.0%} > max-failed-fraction="
-                f"{max_failed_fraction})"
-            )
-        if idle and max_failed_fraction < 1.0:
-            reasons.append(f"round(s) {idle} trained nobody (every sampled node failed)")
-        nobody = [r.round for r in rounds if not r.sampled]
-        problems: list[str] = []
-        if rounds and len(nobody) == len(rounds):
-            reasons.append(_NOBODY_DRAWN.format(n=len(rounds)))
-        elif nobody:
-            problems.append(_MOST_DRAWN_NOBODY.format(k=len(nobody), n=len(rounds), rounds=nobody))
-        measured = _accuracy_measured(rounds, failures)
-        if measured is False:  # failed evaluations: failed (report only: degraded); none: degraded
-            line = _nothing_measured(failures)
-            failed_evaluations = any(f["phase"] in _EVALUATION_PHASES for f in failures)
-            (reasons if failed_evaluations and max_failed_fraction < 1.0 else problems).append(line)
-        status = (
-            "failed" if reasons else ("degraded" if failures or failed or problems else "completed")
-        )
-        return {
-            "status": status,
-            "reasons": reasons,
-            "problems": problems,
-            "max_failed_fraction": float(max_failed_fraction),
-            "train_sampled": sampled,
-            "train_failed": failed,
-            "failed_fraction": fraction,
-            "failures_by_phase": by_phase,
-            "rounds_without_training": idle,
-            "all_rounds_trained_nobody": bool(idle)
-            and len(idle) == sum(1 for r in rounds if r.sampled),
-            "rounds_drawing_nobody": nobody,
-            "accuracy_measured": measured,
-            "nodes_failed_every_round": every,
-            "nodes": {p: nodes[p] for p in sorted(nodes)},
-        }
-
-
-#: ``reasons`` line of a run in which no round drew a node to train (issue 34, case 6)
-_NOBODY_DRAWN = (
-    "no node was drawn to train in any of the {n} round(s), so nothing was trained: the "
-    "participation probabilities (participation) are too small for num-server-rounds; raise them "
-    "(notes/participation.md)"
-)
-#: ``problems`` line of a run in which most rounds drew nobody to train
-_MOST_DRAWN_NOBODY = (
-    "{k} of {n} rounds drew no node to train (rounds {rounds}): those rounds trained nothing; raise "
-    "the participation probabilities (participation) for a run that trains every round "
-    "(notes/participation.md)"
-)
-
-#: evaluation phases whose failures leave an evaluated round without accuracies
-_EVALUATION_PHASES = ("evaluate", "evaluate_comm")
-#: accuracies an evaluated round measures (any finite one counts as measured)
-_ACCURACIES = (
-    "private_accuracy_mean",
-    "communication_accuracy_mean",
-    "communication_accuracy_degree_weighted",
-)
-
-
-def _accuracy_measured(rounds: list[RoundRecord], failures: list[dict]) -> bool | None:
-    """Whether an evaluation measured any accuracy: None when none was asked (no evaluated round
-    and no evaluation failure), else True when some evaluated round has a finite accuracy."""
-    evaluated = [r for r in rounds if r.evaluation is not None]
-    if not evaluated and not any(f["phase"] in _EVALUATION_PHASES for f in failures):
-        return None
-    return any(
-        math.isfinite(v)
-        for r in evaluated
-        for v in (getattr(r.evaluation, k, float("nan")) for k in _ACCURACIES)
-        if isinstance(v, (int, float))
-    )
-
-
-def _nothing_measured(failures: list[dict]) -> str:
-    """The line of a run whose evaluations measured no accuracy (how many failed, the first reason)."""
-    bad = [f for f in failures if f["phase"] in _EVALUATION_PHASES]
-    if not bad:
-        return "no accuracy was measured: every evaluated round's accuracies are null"
-    rounds = sorted({f["round"] for f in bad})
-    return (
-        f"no accuracy was measured: all evaluations failed ({len(bad)} evaluation failure(s) in "
-        f"round(s) {rounds}; first, partition-id {bad[0]['partition-id']}: "
-        f"{bad[0]['reason'][-200:]}); fix the nodes' evaluation errors (results.json 'failures')"
-    )
-
-
-def _train_counts(rounds: list[RoundRecord]) -> tuple[int, int, list[int], dict[int, dict]]:
-    """``(sampled, failed, rounds that trained nobody, per sampled node's rounds)`` of the train phase."""
-    sampled = failed = 0
-    idle: list[int] = []
-    per_node: dict[int, dict[str, Any]] = {}
-    for r in rounds:
-        bad = set(r.failed.get("train", [])) & set(r.sampled)
-        n_failed = max(len(bad), len(r.sampled) - r.num_trained)
-        sampled, failed = sampled + len(r.sampled), failed + n_failed
-        if r.sampled and r.num_trained == 0:
-            idle.append(r.round)
-        for pid in r.sampled:
-            row = per_node.setdefault(pid, {"rounds_sampled": 0, "train_failed_rounds": []})
-            row["rounds_sampled"] += 1
-            if pid in bad or (r.num_trained == 0 and not bad):
-                row["train_failed_rounds"].append(r.round)
-    return sampled, failed, idle, per_node
-
-
-def _failure_rows(
-    failures: list[dict], per_node: dict[int, dict]
-) -> tuple[dict[str, int], dict[int, dict]]:
-    """``(failures by phase, per failing partition-id: counts by phase, up to 3 reasons, its rounds)``."""
-    by_phase: dict[str, int] = {}
-    nodes: dict[int, dict] = {}
-    for f in failures:
-        by_phase[f["phase"]] = by_phase.get(f["phase"], 0) + 1
-        row = nodes.setdefault(f["partition-id"], {"failures": {}, "reasons": []})
-        row["failures"][f["phase"]] = row["failures"].get(f["phase"], 0) + 1
-        if f["reason"] not in row["reasons"] and len(row["reasons"]) < 3:
-            row["reasons"].append(f["reason"])
-    for pid, row in nodes.items():
-        row.update(per_node.get(pid, {"rounds_sampled": 0, "train_failed_rounds": []}))
-    return by_phase, nodes
