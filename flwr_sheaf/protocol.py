@@ -46,6 +46,8 @@ from typing import TypeVar
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
 
+from .data.partition import pilot_digest
+
 __all__ = [
     "QUERY",
     "TRAIN",
@@ -339,19 +341,6 @@ class NodeInfo:
             raise ProtocolError(f"discovery reply lacks key {exc.args[0]!r}") from None
         classes = tuple(int(c) for c in values.pop("classes"))
         return cls(classes=classes, **{k: int(v) for k, v in values.items()})
-
-
-def pilot_digest(pilots: np.ndarray) -> int:
-    """A 63-bit fingerprint of a node's pilot inputs ``(K, ...)``: SHA-256 of the shape and the float32
-    bytes in row order, first 8 bytes, shifted to a positive int64 (fits a ``MetricRecord``).
-
-    Two nodes agree iff (up to hash collisions) they hold the same pilot samples in the same order.
-    """
-    import hashlib
-
-    a = np.ascontiguousarray(np.asarray(pilots, dtype=np.float32))
-    h = hashlib.sha256(repr(a.shape).encode() + a.tobytes()).digest()
-    return int.from_bytes(h[:8], "big") >> 1 or 1
 
 
 # ------------------------------------------------------------------------------ edges

@@ -25,7 +25,7 @@ from ..data.sources import register_derived_cache
 from ..methods import Method, get_method
 from ..models.zoo import build_agent, zoo_specs
 from ..paper import AgentSpec
-from ..protocol import NodeInfo, OutsideScenarioError, pilot_digest
+from ..protocol import NodeInfo, OutsideScenarioError
 from ..strategy.sampled import SampledDiscovery
 
 __all__ = [
@@ -230,7 +230,7 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
     """What every agent of the CNN-zoo scenario reports at discovery, derived on the ServerApp from
     the same definitions the nodes use (:func:`scenario_task`, the ``query`` handler): ``d`` of its
     zoo spec (the encoder's last width), its class set, the shared pilots' count and
-    :func:`~flwr_sheaf.protocol.pilot_digest`, its training-split size.
+    :attr:`~flwr_sheaf.data.partition.PreparedSplit.pilot_digest`, its training-split size.
 
     Args:
         scenario: the run's scenario section.
@@ -257,7 +257,7 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
             f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "
             f"discovery='all' (the nodes then describe themselves)"
         ) from None
-    specs, digest = agent_specs(scenario), pilot_digest(prepared.x_pilot.numpy())
+    specs, digest = agent_specs(scenario), prepared.pilot_digest
     return {
         i: NodeInfo(
             i,

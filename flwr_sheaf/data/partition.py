@@ -14,6 +14,7 @@ arrays index into the source of :func:`flwr_sheaf.data.sources.load_source`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import numbers
 from collections.abc import Sequence
@@ -730,6 +731,17 @@ def _cached_split(
     return split, images, labels
 
 
+def pilot_digest(pilots: np.ndarray) -> int:
+    """A 63-bit fingerprint of a node's pilot inputs ``(K, ...)``: SHA-256 of the shape and the float32
+    bytes in row order, first 8 bytes, shifted to a positive int64 (fits a ``MetricRecord``).
+
+    Two nodes agree iff (up to hash collisions) they hold the same pilot samples in the same order.
+    """
+    a = np.ascontiguousarray(np.asarray(pilots, dtype=np.float32))
+    h = hashlib.sha256(repr(a.shape).encode() + a.tobytes()).digest()
+    return int.from_bytes(h[:8], "big") >> 1 or 1
+
+
 @dataclass(frozen=True)
 class PreparedSplit:
     """The shared, per-process part of every agent's data (:func:`prepare_split`).
@@ -742,6 +754,7 @@ class PreparedSplit:
             for all agents (read-only).
         images, labels: the whole source (:func:`load_source`'s cached tensors, read-only), so an
             agent's samples are gathered without looking the source up again.
+        pilot_digest: :func:`pilot_digest` of ``x_pilot`` (what every agent reports at discovery).
     """
 
     dataset: str
@@ -751,6 +764,7 @@ class PreparedSplit:
     y_pilot: torch.Tensor
     images: torch.Tensor
     labels: torch.Tensor
+    pilot_digest: int
 
 
 def _gather(
@@ -788,7 +802,8 @@ def prepare_split(
     if alpha is not None or floor:
         sets = split.class_sets
     x_pi, y_pi = _gather(images, labels, split.pilot_idx)
-    return PreparedSplit(dataset, split, sets, x_pi, y_pi, images, labels)
+    digest = pilot_digest(x_pi.numpy())
+    return PreparedSplit(dataset, split, sets, x_pi, y_pi, images, labels, digest)
 
 
 def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:

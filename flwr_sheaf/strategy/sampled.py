@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +56,7 @@ def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
     )
 
 
+@dataclass(eq=False)
 class SampledDiscovery:
     """Describe nodes when first sampled (module docstring).
 
@@ -75,21 +77,26 @@ class SampledDiscovery:
         ValueError: ``expected`` is not keyed by ``0..N-1``.
     """
 
-    def __init__(self, expected: Mapping[int, NodeInfo]) -> None:
-        if sorted(expected) != list(range(len(expected))) or not expected:
+    expected: dict[int, NodeInfo]
+    num_nodes: int = field(init=False)
+    node_ids: list[int] = field(init=False, default_factory=list)
+    described: dict[int, int] = field(init=False, default_factory=dict)
+    refused: dict[int, tuple[int | None, str]] = field(init=False, default_factory=dict)
+    rounds: dict[int, dict[str, list[int]]] = field(init=False, default_factory=dict)
+    unfilled: dict[int, dict[str, tuple[int, int]]] = field(init=False, default_factory=dict)
+    _query: Discovery | None = field(init=False, default=None)
+    _grid: Grid | None = field(init=False, default=None)
+    _timeout: float = field(init=False, default=0.0)
+    #: partition-ids claimed by a reply (described or refused)
+    _pids: set[int] = field(init=False, default_factory=set)
+    #: the round being sampled (named in failed descriptions)
+    _round: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if sorted(self.expected) != list(range(len(self.expected))) or not self.expected:
             raise ValueError("expected must hold one NodeInfo per partition-id 0..N-1")
-        self.expected = dict(expected)
+        self.expected = dict(self.expected)
         self.num_nodes = len(self.expected)
-        self.node_ids: list[int] = []
-        self.described: dict[int, int] = {}
-        self.refused: dict[int, tuple[int | None, str]] = {}
-        self.rounds: dict[int, dict[str, list[int]]] = {}
-        self.unfilled: dict[int, dict[str, tuple[int, int]]] = {}
-        self._query: Discovery | None = None
-        self._grid: Grid | None = None
-        self._timeout = 0.0
-        self._pids: set[int] = set()  # partition-ids claimed by a reply (described or refused)
-        self._round = 0  # the round being sampled (named in failed descriptions)
 
     def __getstate__(self) -> dict[str, Any]:
         """What a checkpoint stores: the descriptions and records, not the run's grid and query."""
