@@ -1,12 +1,10 @@
 """Parametric CNN encoder, MLP head and the agent that wraps them (paper Sec. 6 "Model
 heterogeneity", App. G Tab. 2/Tab. 3; reference architecture: docs/paper.md, s9).
 
-Encoder ``f_phi``: per width ``c``: Conv3x3(stride 1, pad 1) -> BatchNorm2d -> ReLU -> MaxPool2 ->
-Dropout2d(p); then AdaptiveAvgPool2d(1) + flatten, so the stalk dimension is ``d = channels[-1]``
-(28 -> 14 -> 7 -> 3 -> 1 spatially on MNIST, so at most 4 blocks for 28x28 inputs), followed by
-the whitening layer (paper Sec. 3). Head ``h_psi``: the colouring layer (exact inverse of the
-eval-mode whitening), then per hidden width Linear -> BatchNorm1d -> ReLU -> Dropout(p), then a
-Linear to the global label space (10 logits).
+Encoder ``f_phi``: per width ``c`` Conv3x3(pad 1) -> BatchNorm2d -> ReLU -> MaxPool2 -> Dropout2d(p)
+(at most 4 blocks for 28x28 inputs), AdaptiveAvgPool2d(1) + flatten (``d = channels[-1]``), then the
+whitening layer (paper Sec. 3). Head ``h_psi``: the colouring layer, per hidden width Linear ->
+BatchNorm1d -> ReLU -> Dropout(p), then a Linear to the 10 global logits.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from torch import Tensor, nn
 from flwr_sheaf.sheaf.whitening import Colouring, Whitening
 
 if TYPE_CHECKING:
-    # type checkers see the stalk protocol LocalTask.model is typed with; at run time nn.Module
     from flwr_sheaf.sheaf.stalk import StalkModel as _AgentBase
 else:
     _AgentBase = nn.Module
@@ -53,18 +50,15 @@ class CNNEncoder(nn.Module):
     """CNN encoder ``f_phi_i`` ending in a whitening layer (paper Sec. 3 and App. G, Tab. 2).
 
     Attributes:
-        backbone: ``nn.Sequential`` of the conv blocks + global average pooling + flatten,
-            mapping ``(B, in_channels, H, W)`` to raw latents ``(B, d)`` (``>= 0``, post-ReLU).
+        backbone: ``nn.Sequential``: ``(B, in_channels, H, W)`` to raw latents ``(B, d)`` (post-ReLU).
         whitening: :class:`~flwr_sheaf.sheaf.whitening.Whitening` of dimension ``d``.
         d: stalk dimension ``channels[-1]``.
 
     Args:
         channels: output widths of the conv blocks (non-empty, positive).
-        dropout: Dropout2d probability ``p in [0, 1)`` after every block (also the last one, so
-            in train mode whole latent coordinates are zeroed, as in the reference).
+        dropout: Dropout2d probability ``p in [0, 1)`` after every block (the last too, as the reference).
         in_channels: input image channels (1 for MNIST).
-        whitening_kwargs: keyword arguments for ``Whitening(d, **whitening_kwargs)``
-            (``shrinkage``, ``eps``, ``momentum``, ``check_finite``).
+        whitening_kwargs: keyword arguments of ``Whitening(d, ...)``.
 
     Raises:
         ValueError: empty/non-positive ``channels``, ``dropout`` outside ``[0, 1)``, bad
@@ -109,13 +103,7 @@ class CNNEncoder(nn.Module):
             )
 
     def latent(self, x: Tensor) -> Tensor:
-        """Raw latents ``z = backbone(x)``.
-
-        Args:
-            x: ``(B, in_channels, H, W)`` float images (``(B, 1, 28, 28)`` for MNIST).
-
-        Returns:
-            ``z (B, d)``, same dtype as ``x``.
+        """Raw latents ``z (B, d)`` of images ``x (B, in_channels, H, W)``, in ``x``'s dtype.
 
         Raises:
             ValueError: if ``x`` is not 4-D with ``in_channels`` channels.
@@ -124,28 +112,22 @@ class CNNEncoder(nn.Module):
         return self.backbone(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Whitened latents ``zhat = whitening(backbone(x))`` of shape ``(B, d)`` (train mode
-        uses batch statistics and needs ``B >= 2``; see :class:`Whitening`)."""
+        """Whitened latents ``zhat = whitening(backbone(x))`` ``(B, d)`` (train mode: ``B >= 2``)."""
         return self.whitening(self.latent(x))
 
 
 class MLPHead(nn.Module):
-    """MLP head ``h_psi_i`` starting with the colouring layer (paper Sec. 3 and Tab. 2).
-
-    ``forward(zhat) = mlp(colouring(zhat))``.
+    """MLP head ``h_psi_i``: ``forward(zhat) = mlp(colouring(zhat))`` (paper Sec. 3 and Tab. 2).
 
     Attributes:
-        colouring: :class:`~flwr_sheaf.sheaf.whitening.Colouring` (or ``nn.Identity`` when
-            constructed with ``colouring=None``, for heads without a whitening pair).
-        mlp: ``nn.Sequential``: per hidden width Linear -> BatchNorm1d -> ReLU -> Dropout(p),
-            then Linear to ``num_classes``; maps ``(B, d)`` to logits ``(B, num_classes)``.
+        colouring: :class:`~flwr_sheaf.sheaf.whitening.Colouring` (``nn.Identity`` for None).
+        mlp: ``nn.Sequential`` mapping ``(B, d)`` to logits ``(B, num_classes)``.
 
     Args:
         d: input (stalk) dimension.
         hidden: hidden widths (may be empty: a single Linear).
         dropout: Dropout probability ``p in [0, 1)``.
-        num_classes: number of logits (10 = the global MNIST label space, even when the agent
-            targets a subset of classes).
+        num_classes: number of logits (the global label space).
         colouring: the colouring layer bound to the encoder's whitening, or ``None``.
 
     Raises:
@@ -228,10 +210,8 @@ class SheafAgent(_AgentBase):
 
     def private_logits(self, x: Tensor) -> Tensor:
         """Private path ``head.mlp(encoder.latent(x))``: logits ``(B, num_classes)`` for images
-        ``x (B, C, H, W)`` (paper Eq. 22, private accuracy; the CE training path).
-
-        Skips the whitening/colouring pair, which cancels exactly in eval mode but not in train mode
-        (notes/stability.md, s2.9).
+        ``x (B, C, H, W)`` (paper Eq. 22; skips the whitening/colouring pair, which cancels only
+        in eval mode: notes/stability.md, s2.9).
 
         Raises:
             ValueError: ``x`` not 4-D with the encoder's input channels.
@@ -255,8 +235,7 @@ class SheafAgent(_AgentBase):
         return self.encoder.latent(x)
 
     def whitened(self, x: Tensor) -> Tensor:
-        """Whitened latents ``zhat (B, d)`` = ``encoder(x)``: what is sent as pilots / test latents
-        (notes/stability.md, s2). Train mode needs ``B >= 2`` (batch statistics).
+        """Whitened latents ``zhat (B, d)`` = ``encoder(x)`` (pilots, test latents; train mode: ``B >= 2``).
 
         Raises:
             ValueError: bad image shape, or ``B < 2`` with the whitening in train mode.
@@ -264,9 +243,8 @@ class SheafAgent(_AgentBase):
         return self.encoder(x)
 
     def classify_whitened(self, zhat: Tensor) -> Tensor:
-        """Logits ``(B, num_classes)`` for latents ``zhat (B, d)`` in this agent's whitened stalk
-        (``head(zhat)`` = colour then MLP). Used for communication accuracy (paper Eq. 22):
-        a neighbour's whitened latents, transported by the restriction map into this stalk.
+        """Logits ``(B, num_classes)`` = ``head(zhat)`` for whitened latents ``zhat (B, d)`` of this
+        stalk (communication accuracy, paper Eq. 22).
 
         Raises:
             ValueError: ``zhat`` not ``(B, d)`` or non-finite."""
