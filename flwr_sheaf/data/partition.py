@@ -758,19 +758,8 @@ def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:
             f"partition-id {i}: target class(es) {absent} of its class set {list(sets[i])} have no sample "
             f"in its data (samples of those classes in dataset {dataset!r}: {in_source}); {why}"
         )
-    return AgentData(
-        x_tr,
-        y_tr,
-        x_va,
-        y_va,
-        x_te,
-        y_te,
-        prepared.x_pilot,
-        prepared.y_pilot,
-        split.pilot_idx,
-        i,
-        sets[i],
-    )
+    pilots = (prepared.x_pilot, prepared.y_pilot, split.pilot_idx)
+    return AgentData(x_tr, y_tr, x_va, y_va, x_te, y_te, *pilots, i, sets[i])
 
 
 register_derived_cache(_cached_split.cache_clear)
@@ -794,11 +783,7 @@ def check_all_agents(prepared: PreparedSplit, max_named: int = 5) -> None:
                 f"partition-id {i}: {sizes[0]} training, {sizes[1]} validation, {sizes[2]} test"
             )
             continue
-        own = set(
-            np.unique(
-                lab[np.concatenate([split.train_idx[i], split.val_idx[i], split.test_idx[i]])]
-            ).tolist()
-        )
+        own = set(np.unique(lab[split.pool_idx(i)]).tolist())
         absent = [c for c in sets[i] if c not in own]
         if absent:
             missing.append(f"partition-id {i}: class(es) {absent} of {list(sets[i])}")

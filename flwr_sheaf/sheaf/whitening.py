@@ -145,18 +145,9 @@ class Whitening(nn.Module):
 
     def _cache_key(self) -> tuple:
         rm, rc = self.running_mean, self.running_cov
-        return (
-            rm.data_ptr(),
-            rc.data_ptr(),
-            rm._version,
-            rc._version,
-            rm.device,
-            rc.dtype,
-            self.shrinkage,
-            self.eps,
-            # factors computed under inference_mode cannot be saved for a later backward
-            torch.is_inference_mode_enabled(),
-        )
+        buffers = (rm.data_ptr(), rc.data_ptr(), rm._version, rc._version, rm.device, rc.dtype)
+        # factors computed under inference_mode cannot be saved for a later backward
+        return (*buffers, self.shrinkage, self.eps, torch.is_inference_mode_enabled())
 
     def _running_factor(self) -> tuple[Tensor, Tensor]:
         """Cached ``(mu (d,), L (d, d))`` of the running statistics, float64, no grad."""
@@ -205,13 +196,10 @@ class Whitening(nn.Module):
                 check=self.check_finite,
             )
             with torch.no_grad():
-                m = self.momentum
-                self.running_mean.mul_(1.0 - m).add_(
-                    mu.detach().to(self.running_mean.dtype), alpha=m
-                )
-                self.running_cov.mul_(1.0 - m).add_(
-                    cov.detach().to(self.running_cov.dtype), alpha=m
-                )
+                for buf, new in ((self.running_mean, mu), (self.running_cov, cov)):
+                    buf.mul_(1.0 - self.momentum).add_(
+                        new.detach().to(buf.dtype), alpha=self.momentum
+                    )
             self._cache = None  # the eval-mode factor is stale
         else:
             self._validate(z, "z", min_rows=0)

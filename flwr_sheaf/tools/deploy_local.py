@@ -450,23 +450,17 @@ class LocalDeployment:
             hosts = [self.address.rsplit(":", 1)[0], "127.0.0.1", "localhost", *self.sans]
             self.tls = make_tls(self.workdir / "tls", list(dict.fromkeys(hosts)))
         self.nodes.clear()
-        for i in range(self.num_supernodes + self.unregistered):
-            registered = i < self.num_supernodes
-            k = i if registered else i - self.num_supernodes
-            name = f"site-{i}" if registered else f"intruder-{k}"
+        n = self.num_supernodes
+        for i in range(n + self.unregistered):
+            registered = i < n
+            k = i if registered else i - n  # an intruder k poses as partition-id k % N
+            name = f"site-{k}" if registered else f"intruder-{k}"
             priv, pub = make_node_key(self.workdir / "keys", name)
-            self.nodes.append(
-                SuperNodeProc(
-                    index=i if registered else k,
-                    partition_id=i if registered else k % self.num_supernodes,
-                    registered=registered,
-                    port=self.port + 1 + i,
-                    key=priv,
-                    pub=pub,
-                    log=self.logs / f"{name}.log",
-                    state_dir=(self.state_dir or self.workdir / "state") / name,
-                )
+            node = SuperNodeProc(
+                k, k % n, registered, self.port + 1 + i, priv, pub, self.logs / f"{name}.log"
             )
+            node.state_dir = (self.state_dir or self.workdir / "state") / name
+            self.nodes.append(node)
         conn = [
             f'[superlink]\ndefault = "{CONNECTION}"\n',
             f"[superlink.{CONNECTION}]",
