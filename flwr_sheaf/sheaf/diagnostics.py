@@ -53,9 +53,7 @@ class LaplacianSpectrum:
             clipped to 0).
         near_kernel_dim: eigenvalues below ``tolerance`` (among the ``k`` computed for LOBPCG).
         near_kernel_exact: False when the count may be higher (LOBPCG, all ``k`` below tolerance).
-        tolerance: ``NEAR_KERNEL_RTOL * scale``.
-        scale: ``trace(L) / n``.
-        n: ``sum_i d_i`` (size of ``L``).
+        tolerance, scale, n: ``NEAR_KERNEL_RTOL * scale``; ``trace(L) / n``; ``n = sum_i d_i``.
         kernel_bound: sum over connected components of ``min_i d_i``: the most global sections.
         solver: ``"dense"`` or ``"lobpcg"``; max_residual: largest ``||L x - mu x||`` of the
             computed pairs (0.0 for the dense solver).
@@ -150,12 +148,8 @@ def graph_algebraic_connectivity(graph: nx.Graph, max_nodes: int = DENSE_MAX_DIM
     For a consistent sheaf with orthogonal maps of equal ``d``, ``L ~ L_graph (x) I_d``: this is its
     first non-zero eigenvalue, the scale a near-kernel tolerance must stay below.
 
-    Args:
-        graph: undirected graph (any node ids).
-        max_nodes: above this many nodes NaN is returned (dense ``O(N^3)`` solve).
-
     Returns:
-        float (0.0 for a disconnected graph; NaN for fewer than two nodes or above ``max_nodes``).
+        float: 0.0 for a disconnected graph; NaN below two nodes or above ``max_nodes`` (dense solve).
     """
     import networkx as nx
 
@@ -181,13 +175,6 @@ def sample_non_edges(
     from ``default_rng([seed, NON_EDGE_STREAM, server_round])``. Up to ``enumerate_max`` node pairs
     all candidates are listed and sampled without replacement; above, rejection sampling (at most
     ``50 k`` draws).
-
-    Args:
-        graph: the agents' graph.
-        nodes: the nodes that may be used (e.g. this round's answering evaluators).
-        k: pairs wanted (0 = none).
-        seed, server_round: the draw's seed and round.
-        enumerate_max: largest number of node pairs enumerated exhaustively.
 
     Returns:
         Sorted list of ``(a, b)`` with ``a < b``.

@@ -40,8 +40,7 @@ def local_gluing_penalty(
 
     ``R = (lam / d_i) / (2K) * [ sum_{j in N(i)^-} w_ij ||A_i - V_ij A_j||_F^2
                                 + sum_{j in N(i)^+} w_ij ||A_j - V_ji A_i||_F^2 ]``
-    with pilots stored row-wise, so ``V A_j`` is ``A_j @ V.T``, and per-edge weights
-    ``w_ij = EdgeTerm.weight`` (1 in the paper).
+    with row-wise pilots (``V A_j`` is ``A_j @ V.T``) and ``w_ij = EdgeTerm.weight`` (paper: 1).
 
     Args:
         a_i: agent i's pilot rows ``(K, d_i)`` (differentiable).

@@ -31,13 +31,7 @@ __all__ = [
 
 
 def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
-    """Orientation of an undirected edge by stalk dimension (paper Sec. 3, "embedding orientation").
-
-    Args:
-        a: partition-id of one endpoint.
-        d_a: its stalk dimension.
-        b: partition-id of the other endpoint (``b != a``).
-        d_b: its stalk dimension.
+    """Orientation of the edge ``a - b`` (stalk dimensions ``d_a``, ``d_b``; paper Sec. 3).
 
     Returns:
         ``(head, tail)``: the head has the larger stalk dimension, on a tie the larger partition-id
@@ -56,14 +50,8 @@ def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
 
 
 def stalk_offsets(dims: Mapping[int, int]) -> dict[int, int]:
-    """Start index of each node's block in the stacked 0-cochain ``C^0 = (+)_i R^{d_i}``.
-
-    Args:
-        dims: stalk dimension ``d_i > 0`` per node id.
-
-    Returns:
-        ``{node: offset}``; blocks in ascending node-id order.
-    """
+    """``{node: offset}`` of each node's block in the 0-cochain ``C^0 = (+)_i R^{d_i}``, blocks in
+    ascending node-id order."""
     off, pos = {}, 0
     for n in sorted(dims):
         off[n] = pos
@@ -151,12 +139,8 @@ def sheaf_laplacian(
     *,
     sparse: bool = False,
 ) -> torch.Tensor:
-    """Sheaf Laplacian ``L = Delta^T Delta`` (paper Eq. 6) of :func:`coboundary`'s ``Delta``.
-
-    Args:
-        maps, dims, edges: as in :func:`coboundary`.
-        sparse: build and multiply sparse COO matrices (memory ``O(sum_e d_h d_t)``); the result
-            is then sparse COO too.
+    """Sheaf Laplacian ``L = Delta^T Delta`` (paper Eq. 6) of :func:`coboundary`'s ``Delta``
+    (arguments likewise; ``sparse``: sparse COO throughout, memory ``O(sum_e d_h d_t)``).
 
     Returns:
         float64 symmetric positive semidefinite ``(sum_i d_i, sum_i d_i)``; its diagonal block of
@@ -252,7 +236,6 @@ class NetworkSheaf:
                 )
             self.maps[(h, t)] = v
 
-    # ------------------------------------------------------------------ structure
     def laplacian(self, sparse: bool = False) -> torch.Tensor:
         """:func:`sheaf_laplacian` (Eq. 6) of this sheaf: float64 ``(sum d_i, sum d_i)``."""
         return sheaf_laplacian(self.maps, self.dims, self.edges, sparse=sparse)
@@ -268,25 +251,13 @@ class NetworkSheaf:
     def edge_total_variation(
         self, pilots: Mapping[int, torch.Tensor]
     ) -> dict[tuple[int, int], float]:
-        """Per oriented edge ``||A_h - V A_t||_F^2 / K`` (Eq. 9 terms per pilot) on pilots ``(K, d_i)``.
-
-        Returns:
-            ``{(head, tail): float}`` in ``self.edges`` order.
-
-        Raises:
-            ValueError: as :meth:`total_variation`.
-        """
+        """``{(head, tail): ||A_h - V A_t||_F^2 / K}`` (Eq. 9 per pilot) on pilots ``(K, d_i)``;
+        raises as :meth:`total_variation`."""
         return {e: float(term) / rows for e, term, rows in self._edge_terms(pilots)}
 
-    # ------------------------------------------------------------------ signals
     def total_variation(self, z: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        """Sheaf total variation ``sum_e ||z_h - V z_t||^2`` (Eq. 9 / Eq. 11).
-
-        Args:
-            z: per node a vector ``(d_i,)`` or row-wise pilots ``(K, d_i)`` (summed over rows).
-
-        Returns:
-            Scalar tensor (differentiable w.r.t. ``z``).
+        """Sheaf total variation ``sum_e ||z_h - V z_t||^2`` (Eq. 9 / Eq. 11): a differentiable
+        scalar tensor; ``z``: per node ``(d_i,)`` or row-wise pilots ``(K, d_i)`` (summed over rows).
 
         Raises:
             ValueError: a node is missing or has the wrong dimension / NaN entries.
@@ -314,12 +285,8 @@ class NetworkSheaf:
         return x
 
     def fit_maps(self, pilots: Mapping[int, torch.Tensor]) -> None:
-        """Refit every restriction map by Procrustes on row-wise pilots (Eq. 18).
-
-        Sets every ``self.maps[(h, t)]`` to a float64 ``(d_h, d_t)`` Stiefel map.
-
-        Args:
-            pilots: per node ``(K, d_i)`` (the same ``K`` rows everywhere) or ``(d_i,)``.
+        """Refit every map by Procrustes (Eq. 18) to float64 ``(d_h, d_t)`` on ``pilots``: per node
+        ``(K, d_i)`` (the same ``K`` rows everywhere) or ``(d_i,)``.
 
         Raises:
             ValueError: a node without pilots, a wrong ``d_i``, differing row counts, NaN/inf.

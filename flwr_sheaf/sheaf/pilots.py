@@ -253,10 +253,9 @@ class PilotSampler:
 
     Args:
         spec: the parsed ``pilot-strategy``.
-        num_pilots: M, the shared pilots every node holds.
-        seed: the run's seed.
-        labels: ``(M,)`` pilot labels (needed by ``*-class``).
-        features: ``(M, p)`` public features (needed by ``*-cluster``); clustered once here.
+        num_pilots, seed: M, the shared pilots; the run's seed.
+        labels: ``(M,)`` pilot labels (``*-class``).
+        features: ``(M, p)`` public features (``*-cluster``; clustered once here).
 
     Raises:
         ValueError: the grouping the spec needs is missing or has the wrong length (named).
@@ -322,16 +321,8 @@ class PilotSampler:
 
 
 def group_means(a: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Per-group means of row-wise pilots (paper App. B prototype pilots, differentiable).
-
-    Args:
-        a: ``(m, d)`` float pilots.
-        groups: ``(m,)`` int64 group id per row in ``0..num_groups-1``.
-        num_groups: G.
-
-    Returns:
-        ``(G, d)`` means (zero rows for empty groups).
-    """
+    """Per-group means ``(G, d)`` of pilots ``a (m, d)`` with ``groups (m,)`` in ``0..G-1`` (paper
+    App. B prototypes; differentiable; zero rows for empty groups)."""
     g = groups.to(a.device).long()
     sums = torch.zeros(num_groups, a.shape[1], dtype=a.dtype, device=a.device).index_add(0, g, a)
     counts = torch.bincount(g, minlength=num_groups).clamp_min(1).to(a.dtype)

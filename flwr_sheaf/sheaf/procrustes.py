@@ -62,10 +62,7 @@ class SvdCounter:
 
 
 def polar_factor(c: torch.Tensor) -> torch.Tensor:
-    """Orthonormal polar factor of a ``(m, n)`` matrix with ``m >= n``.
-
-    Args:
-        c: ``(m, n)`` float matrix, ``m >= n``.
+    """Orthonormal polar factor of a float matrix ``c (m, n)``, ``m >= n``.
 
     Returns:
         ``(m, n)`` ``U W^T`` of the thin SVD ``c = U S W^T`` (the maximiser of ``tr(V^T c)`` over

@@ -33,14 +33,8 @@ PRIVACY_MODES = ("standard", "stringent")
 
 
 def resolve_variant(variant: str, dims: Mapping[int, int]) -> str:
-    """The variant a run uses: ``auto`` -> ``homogeneous`` iff every stalk dimension is equal.
-
-    Args:
-        variant: run-config ``sheaf-variant`` (``auto``, ``heterogeneous``, ``homogeneous``).
-        dims: ``{partition-id: d_i}`` of the discovered nodes.
-
-    Returns:
-        ``"heterogeneous"`` or ``"homogeneous"``.
+    """The variant (``"heterogeneous"`` or ``"homogeneous"``) a run's ``sheaf-variant`` resolves to
+    for stalk dimensions ``dims``: ``auto`` -> ``homogeneous`` iff every ``d_i`` is equal.
 
     Raises:
         ValueError: an unknown variant, or ``homogeneous`` with unequal d_i (the dimensions named).
@@ -206,12 +200,11 @@ def init_map(d_e: int, d_i: int, key: Sequence[int]) -> torch.Tensor:
     (Alg. 3/4 line 1), QR of a Gaussian from ``SeedSequence(key)`` with Mezzadri's sign fix.
 
     Args:
-        d_e: rows (the edge stalk's dimension), ``d_e >= d_i``.
-        d_i: columns (agent i's stalk dimension), ``d_i >= 1``.
+        d_e, d_i: the edge's and agent i's stalk dimensions, ``d_e >= d_i >= 1``.
         key: non-negative integers (seed, partition-id, neighbour, node secret).
 
     Returns:
-        float64 ``(d_e, d_i)`` tensor ``X`` with ``X^T X = I``.
+        float64 ``X (d_e, d_i)`` with ``X^T X = I``.
 
     Raises:
         ValueError: ``d_e < d_i`` or a non-positive dimension.

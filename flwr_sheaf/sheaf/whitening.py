@@ -65,13 +65,12 @@ def regularised_covariance(cov: Tensor, shrinkage: float = 0.0, eps: float = 1e-
     """``Sigma_reg = (1 - shrinkage) Sigma + shrinkage diag(Sigma) + (eps trace(Sigma) / d + 1e-8) I``.
 
     Args:
-        cov: symmetric positive semi-definite ``(d, d)`` float tensor ``Sigma``.
+        cov: symmetric PSD ``(d, d)`` float tensor ``Sigma``.
         shrinkage: weight in ``[0, 1]`` of the shrinkage towards ``diag(Sigma)``.
-        eps: relative eigenvalue floor ``>= 0`` (fraction of the mean variance ``trace/d``).
+        eps: relative eigenvalue floor ``>= 0``.
 
     Returns:
-        ``(d, d)`` tensor, same dtype/device as ``cov``, with smallest eigenvalue
-        ``>= eps * trace(Sigma) / d + 1e-8``. Differentiable in ``cov``.
+        ``(d, d)`` tensor like ``cov`` (differentiable), smallest eigenvalue ``>= eps trace / d + 1e-8``.
 
     Raises:
         ValueError: if ``cov`` is not square 2-D, or ``shrinkage``/``eps`` are out of range.
@@ -176,14 +175,8 @@ class Whitening(nn.Module):
             self.check_finite = before
 
     def forward(self, z: Tensor) -> Tensor:
-        """Whiten latents.
-
-        Args:
-            z: ``(B, d)`` floating tensor (any float dtype). Train mode needs ``B >= 2``.
-
-        Returns:
-            ``zhat (B, d)`` with ``z``'s dtype: ``(z - mu) @ L^{-T}`` with batch statistics
-            (train mode; differentiable through them) or running statistics (eval mode).
+        """Whiten latents ``z (B, d)`` (train mode: ``B >= 2``, batch statistics, differentiable) to
+        ``zhat = (z - mu) @ L^{-T}`` ``(B, d)`` in ``z``'s dtype.
 
         Raises:
             ValueError: wrong shape/``d``, non-finite entries, or ``B < 2`` in train mode.
@@ -216,13 +209,8 @@ class Whitening(nn.Module):
 
     @torch.no_grad()
     def fit(self, z: Tensor) -> Whitening:
-        """Set the running statistics exactly from a sample (no EMA, no grad; paper App. G).
-
-        Args:
-            z: ``(M, d)`` floating tensor, ``M >= 2``.
-
-        Returns:
-            ``self`` (for chaining).
+        """Set the running statistics exactly from a sample ``z (M, d)``, ``M >= 2`` (no EMA, no
+        grad; paper App. G); returns ``self``.
 
         Raises:
             ValueError: wrong shape/``d``, ``M < 2`` or non-finite entries.
@@ -287,7 +275,7 @@ class Colouring(nn.Module):
 
     @property
     def whitening(self) -> Whitening:
-        """The referenced whitening layer (shared, not a copy)."""
+        """The referenced whitening layer."""
         return self._whitening_ref[0]
 
     @property
@@ -296,13 +284,7 @@ class Colouring(nn.Module):
         return self.whitening.d
 
     def forward(self, zhat: Tensor) -> Tensor:
-        """Colour whitened latents.
-
-        Args:
-            zhat: ``(B, d)`` floating tensor (whitened coordinates of this agent's stalk).
-
-        Returns:
-            ``z (B, d)`` with ``zhat``'s dtype; differentiable in ``zhat``.
+        """Colour whitened latents ``zhat (B, d)`` to ``z (B, d)`` (``zhat``'s dtype, differentiable).
 
         Raises:
             ValueError: wrong shape/``d`` or non-finite entries.
@@ -320,14 +302,7 @@ class Colouring(nn.Module):
 
 def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
     """Fraction of latent dimensions with unbiased variance below ``threshold`` (latent collapse,
-    notes/stability.md, s1 and s3).
-
-    Args:
-        z: ``(M, d)`` floating tensor, ``M >= 2``.
-        threshold: variance threshold ``>= 0``.
-
-    Returns:
-        float in ``[0, 1]``.
+    notes/stability.md, s1 and s3) of ``z (M, d)``, ``M >= 2``: a float in ``[0, 1]``.
 
     Raises:
         ValueError: bad shape, ``M < 2``, non-finite entries or negative ``threshold``.
@@ -341,13 +316,8 @@ def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
 
 def effective_rank(z: Tensor) -> float:
     """Participation-ratio effective rank ``trace(C)^2 / ||C||_F^2`` of the covariance of ``z``
-    (dimensional collapse, notes/stability.md, s1 and s3); 0.0 for a constant sample.
-
-    Args:
-        z: ``(M, d)`` floating tensor, ``M >= 2``.
-
-    Returns:
-        float in ``[0, d]`` (``[1, d]`` unless the sample is constant).
+    ``(M, d)``, ``M >= 2`` (dimensional collapse, notes/stability.md, s1 and s3): a float in
+    ``[1, d]``, 0.0 for a constant sample.
 
     Raises:
         ValueError: bad shape, ``M < 2`` or non-finite entries.
