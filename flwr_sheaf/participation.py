@@ -45,8 +45,7 @@ def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.
     """``(N,)`` float64 copy of the participation probabilities ``p`` (``N >= 1``, each in ``[0, 1]``).
 
     Raises:
-        ValueError: not 1-D, empty, NaN/inf, or an entry outside ``[0, 1]`` (``name``, the index and
-            the value named).
+        ValueError: not 1-D, empty, or an entry that is not in ``[0, 1]`` (``name[i]`` named).
     """
     arr = np.array(p, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
@@ -118,8 +117,8 @@ class FrequencyEstimator:
 
     Args:
         num_clients: ``N >= 1``.
-        q_min: floor in ``(0, 1]`` (default :data:`DEFAULT_Q_MIN` = 0.01).
-        prior: ``"empirical"`` estimate before any round, in ``(0, 1]`` (unused by ``"plus-one"``).
+        q_min: floor in ``(0, 1]``.
+        prior: ``"empirical"`` estimate before any round, in ``(0, 1]``.
         estimator: one of :data:`ESTIMATORS`.
 
     Raises:
@@ -148,10 +147,7 @@ class FrequencyEstimator:
         self.rounds = 0
 
     def observe(self, responded: np.ndarray | list[bool]) -> None:
-        """Record one round.
-
-        Args:
-            responded: ``(N,)`` bool mask of the clients whose upload arrived this round.
+        """Record one round: ``responded``, the ``(N,)`` bool mask of the clients whose upload arrived.
 
         Raises:
             ValueError: wrong shape or non-boolean entries.
@@ -191,8 +187,8 @@ class FrequencyEstimator:
 
 
 def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
-    """``(N,)`` float64 participation probabilities ``p_i ~ U(0, 1)`` i.i.d. from
-    ``default_rng([seed, 4])`` (paper's PCA experiment, notes/baselines-rfedags.md, s5.5).
+    """``(N,)`` float64 ``p_i ~ U(0, 1)`` from ``default_rng([seed, 4])`` (the RFedAGS paper's PCA
+    experiment, notes/baselines-rfedags.md, s5.5).
 
     Raises:
         ValueError: ``num_clients`` not a positive integer.
@@ -244,11 +240,7 @@ def _values(text: str) -> list[float]:
 
 
 def check_participation_spec(spec: str) -> None:
-    """Syntax and range check of a participation spec (the count is checked by :func:`parse_participation`).
-
-    Raises:
-        ValueError: unparsable spec or a probability outside [0, 1] (named).
-    """
+    """Syntax and range check of a participation spec (not the count); ValueError (named)."""
     text = str(spec).strip()
     if not text:
         return
@@ -334,8 +326,7 @@ PANEL_STREAM = 2
 
 
 def smallest_uniforms(uniforms: np.ndarray, n: int) -> list[int]:
-    """The fraction draw: sorted positions of the ``n`` smallest of ``uniforms`` ``(M,)`` (stable
-    ties; every position when ``n >= M``)."""
+    """The fraction draw: sorted positions of the ``n`` smallest ``uniforms (M,)`` (stable ties)."""
     if n >= len(uniforms):
         return list(range(len(uniforms)))
     return sorted(int(i) for i in np.argsort(uniforms, kind="stable")[:n])

@@ -365,11 +365,7 @@ def _degree_and_seed(spec: str, text: str) -> tuple[int, int]:
 
 
 def ring_graph(n: int) -> nx.Graph:
-    """Cycle ``0-1-...-(n-1)-0`` (one edge for ``n = 2``, a lone node for ``n = 1``).
-
-    Raises:
-        ValueError: if ``n`` is not a positive integer.
-    """
+    """Cycle ``0-1-...-(n-1)-0`` (a path for ``n < 3``); ValueError unless ``n`` is a positive int."""
     import networkx as nx
 
     n = _check_num_nodes(n)
@@ -377,11 +373,7 @@ def ring_graph(n: int) -> nx.Graph:
 
 
 def complete_graph(n: int) -> nx.Graph:
-    """All ``n (n-1) / 2`` pairs connected.
-
-    Raises:
-        ValueError: if ``n`` is not a positive integer.
-    """
+    """All ``n (n-1) / 2`` pairs connected; ValueError unless ``n`` is a positive integer."""
     import networkx as nx
 
     return nx.complete_graph(_check_num_nodes(n))
@@ -492,7 +484,7 @@ def check_graph_scale(spec: str, num_nodes: int) -> None:
 
 
 def check_graph_spec(spec: str) -> None:
-    """Syntax check of a graph spec before any node is known (the forms of :func:`build_graph`).
+    """Syntax check of a graph spec (:data:`GRAPH_SPECS`) before any node is known.
 
     Raises:
         ValueError: an unknown form, or a degree / density / seed that is not a number (named).
@@ -521,10 +513,6 @@ def _parse_graph_spec(spec: str) -> tuple[str, tuple]:
 
 def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
     """Check that ``graph`` is a usable topology for the nodes ``partition_ids``.
-
-    Args:
-        graph: undirected ``nx.Graph`` whose nodes are partition ids.
-        partition_ids: the partition ids that take part (each must be a node).
 
     Raises:
         ValueError: a directed or multigraph, a self-loop, a node not a partition id, a missing

@@ -1,14 +1,12 @@
 """Paper partition (Sec. 6 "Data heterogeneity", Eq. 23): shared pilots + label-shift split.
 
-A pure function of ``(labels, class_sets, shift, seed, fractions)`` (:func:`make_federated_split`):
+:func:`make_federated_split`, a pure function of ``(labels, class_sets, shift, seed, fractions)``:
 (a) the first ``round(pilot_fraction * M)`` samples of a seeded permutation are the pilot hold-out,
-restricted to classes every agent observes, capped at ``num_pilots`` (a prefix: the agents' data
-never depends on it); (b) the rest is split class by class across agents by deterministic
-largest-remainder counts of ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23; the reference draws random
-owners: docs/deviations.md, s1), consecutive chunks of the permutation; (c) each agent's class
-chunk is split train/val/test with ``n_val = floor(val_fraction * n + 1/2)``, ``n_test =
-min(floor(test_fraction * n + 1/2), n - n_val)``. Paper facts: docs/paper.md, s7. All index
-arrays index into the source of :func:`flwr_sheaf.data.sources.load_source`.
+restricted to classes every agent observes, capped at ``num_pilots``; (b) the rest is split class by
+class in consecutive chunks by largest-remainder counts of ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23;
+the reference draws random owners: docs/deviations.md, s1); (c) each class chunk is split with
+``n_val = floor(val_fraction * n + 1/2)``, ``n_test = min(floor(test_fraction * n + 1/2), n -
+n_val)``. Paper facts: docs/paper.md, s7. Indices point into :func:`~flwr_sheaf.data.sources.load_source`.
 """
 
 from __future__ import annotations
@@ -151,11 +149,10 @@ def label_shift_proportions(
     / C`` for ``N`` non-empty class sets ``C_i`` and shift ``s`` in [0, 1] (0 = IID).
 
     Returns:
-        float64 array ``(N, C)``; every row is a probability vector (sums to 1).
+        float64 ``(N, C)``; every row sums to 1.
 
     Raises:
-        ValueError: ``shift`` outside [0, 1], an empty class set (agent named) or a class outside
-            ``[0, C)`` (class and agent named).
+        ValueError: ``shift`` outside [0, 1], an empty class set or a class outside ``[0, C)`` (named).
     """
     s = _check_shift(shift)
     sets = _normalise_class_sets(class_sets, num_classes)
@@ -189,11 +186,8 @@ class FederatedSplit:
 
     Attributes:
         pilot_idx: ``(K,)`` shared pilot samples.
-        train_idx, val_idx, test_idx: ``N`` arrays each, one per agent (partition id).
-        class_sets: the normalised ``C_i`` (sorted tuples).
-        shift: ``s`` of Eq. 23.
-        seed: the permutation seed.
-        num_classes: size of the label space ``C``.
+        train_idx, val_idx, test_idx: one array per agent (partition id).
+        class_sets, shift, seed, num_classes: the normalised ``C_i``, ``s``, seed and ``C``.
     """
 
     pilot_idx: np.ndarray
@@ -211,14 +205,8 @@ class FederatedSplit:
         return len(self.train_idx)
 
     def pool_idx(self, partition_id: int) -> np.ndarray:
-        """Sorted union of agent ``partition_id``'s train, val and test indices (its whole pool).
-
-        Returns:
-            int64 ``(n_i,)`` array of source indices.
-
-        Raises:
-            ValueError: ``partition_id`` outside ``[0, N)``.
-        """
+        """Agent ``partition_id``'s whole pool: sorted int64 ``(n_i,)`` union of its train, val and
+        test indices; ValueError outside ``[0, N)``."""
         _check_partition_id(partition_id, self.num_agents)
         i = int(partition_id)
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
@@ -285,20 +273,16 @@ def make_federated_split(
     num_classes: int = NUM_CLASSES,
     min_per_split: int = 0,
 ) -> FederatedSplit:
-    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (steps (a)-(c) of
-    the module docstring).
+    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (module docstring).
 
     Args:
-        labels: int class ids ``(M,)`` (numpy or torch), values in ``[0, num_classes)``.
+        labels: int class ids ``(M,)`` (numpy or torch) in ``[0, num_classes)``.
         class_sets: the agents' target classes ``C_i`` (``N`` non-empty sets).
         shift: ``s`` in [0, 1] (Eq. 23).
         seed: non-negative int; the only source of randomness.
-        pilot_fraction: share of all ``M`` samples held out for pilots, in (0, 1) (paper: 0.1);
-            the hold-out has ``round(pilot_fraction * M)`` samples.
-        num_pilots: optional cap ``K`` on the number of pilots (first ``K`` of the permuted,
-            class-restricted hold-out); ``None`` keeps them all.
-        val_fraction, test_fraction: per-agent, per-class shares for validation and test, each in
-            [0, 1) with sum < 1 (paper: 0.1 each).
+        pilot_fraction: share of the ``M`` samples held out for pilots, in (0, 1).
+        num_pilots: optional cap ``K`` on the pilots (``None``: all).
+        val_fraction, test_fraction: per-class shares, each in [0, 1), sum < 1.
         num_classes: size of the label space ``C``.
         min_per_split: 0: the paper's per-class split. ``m >= 1``: the ``cross-device`` rule: per
             agent, its shuffled samples (seeded by ``(seed, i)``) give ``max(m, round(val_fraction
@@ -309,10 +293,8 @@ def make_federated_split(
         A :class:`FederatedSplit` covering every non-hold-out sample of every observed class.
 
     Raises:
-        ValueError: on bad ``shift``/``class_sets`` (see :func:`label_shift_proportions`), bad
-            fractions or seed, labels outside ``[0, C)``, ``num_pilots`` < 1 or larger than the
-            number of eligible pilots, or when no pilot is eligible (``s = 1`` with an empty
-            intersection of the class sets).
+        ValueError: bad ``shift``, ``class_sets``, fractions, seed or labels, ``num_pilots`` < 1 or
+            above the eligible pilots, or no eligible pilot (``s = 1``, disjoint class sets).
     """
     theta = label_shift_proportions(class_sets, shift, num_classes)
     sets = _normalise_class_sets(class_sets, num_classes)

@@ -54,11 +54,8 @@ class DeployError(RuntimeError):
 def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]:
     """Create a CA and a SuperLink server certificate signed by it (EC P-384, SHA-384).
 
-    Args:
-        out_dir: directory (created) for ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key``
-            (private keys mode 0600).
-        hosts: host names / IP addresses of the SuperLink (the certificate's SANs).
-        days: validity in days from now.
+    ``hosts`` (names or IPs of the SuperLink) become the certificate's SANs; the files
+    ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key`` (keys mode 0600) go to ``out_dir``.
 
     Returns:
         ``{"ca": ..., "ca_key": ..., "cert": ..., "key": ...}`` paths.
@@ -209,16 +206,15 @@ class LocalDeployment:
     Args:
         workdir: directory for all files (created).
         num_supernodes: N, the registered SuperNodes (partition-ids 0..N-1).
-        port: SuperLink HTTP(S) port; SuperNode i's ClientAppIo port is ``port + 1 + i``
-            (intruders follow); 0 = a block of free ports (:func:`flwr_sheaf.tools.flwr_cli.free_port_block`).
-        insecure: no TLS and hence no SuperNode authentication (Flower 1.42 refuses
-            ``--enable-supernode-auth`` without TLS; SuperNodes then register themselves).
+        port: SuperLink port; SuperNode i's ClientAppIo port is ``port + 1 + i`` (intruders
+            follow); 0 = a free block (:func:`flwr_sheaf.tools.flwr_cli.free_port_block`).
+        insecure: no TLS, hence no SuperNode authentication (SuperNodes register themselves).
         unregistered: K extra SuperNodes with keys that are never registered.
         host: address the SuperLink listens on and the SuperNodes dial.
         sans: extra names/IPs for the server certificate.
         app: app directory handed to ``flwr run``.
-        state_dir: root of the SuperNodes' node state; SuperNode ``<name>`` gets the node config
-            ``state-dir='<state_dir>/<name>'`` (default: ``<workdir>/state``).
+        state_dir: SuperNode ``<name>`` gets ``state-dir='<state_dir>/<name>'`` (default
+            ``<workdir>/state``).
 
     Raises:
         ValueError: ``num_supernodes < 1``, ``unregistered < 0``, a port outside 1024..65535.
@@ -596,11 +592,8 @@ class LocalDeployment:
         self.wait_online(online_timeout)
 
     def stop(self) -> int:
-        """Stop exactly the processes this deployment started (and their descendants); idempotent.
-
-        Returns:
-            Number of processes signalled.
-        """
+        """Stop exactly the processes this deployment started and their descendants (idempotent);
+        returns the number signalled."""
         self.track()
         n = stop_processes([*self.started, *self.seen.values()])
         self.started.clear()
