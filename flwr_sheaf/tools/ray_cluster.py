@@ -327,9 +327,7 @@ def ray_environment(
                 )
         return {"RAY_ADDRESS": resolved}, None
     if inherited and inherited != "local":
-        advice = inherited
-        if inherited == "auto":
-            advice = _auto_advice(env, probe_timeout)
+        advice = _auto_advice(env, probe_timeout) if inherited == "auto" else inherited
         raise RayClusterError(
             f"RAY_ADDRESS={inherited} is set in the environment: the simulation would join that Ray "
             f"cluster although --ray-address was not given; pass --ray-address {advice} to run "
@@ -555,10 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     fp = sub.add_parser("free-ports", help="print N free TCP ports, space-separated")
     fp.add_argument("n", type=int)
-    st = sub.add_parser(
-        "stop", help="stop the Ray processes started with `ray start --temp-dir DIR`"
-    )
-    st.add_argument("--temp-dir", required=True)
+    stop_help = "stop the Ray processes started with `ray start --temp-dir DIR`"
+    sub.add_parser("stop", help=stop_help).add_argument("--temp-dir", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "free-ports":
         try:
@@ -567,23 +563,17 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
         return 0
-    shared = shared_temp_dir_problem(args.temp_dir)
-    if shared:
-        print(shared, file=sys.stderr)
-        return 2
-    if not Path(args.temp_dir).is_dir():
-        print(
-            f"--temp-dir {args.temp_dir}: no such directory (the --temp-dir of `ray start`)",
-            file=sys.stderr,
-        )
-        return 2
-    if not any(Path(args.temp_dir).glob("session_*")):
-        print(
+    problem = shared_temp_dir_problem(args.temp_dir)
+    if problem is None and not Path(args.temp_dir).is_dir():
+        problem = f"--temp-dir {args.temp_dir}: no such directory (the --temp-dir of `ray start`)"
+    elif problem is None and not any(Path(args.temp_dir).glob("session_*")):
+        problem = (
             f"--temp-dir {args.temp_dir}: no Ray session in it (`ray start --temp-dir DIR` makes "
             "DIR/session_latest): give the --temp-dir that `ray start` was given, e.g. $RAYDIR of "
-            "docs/ray-cluster.md ('A Ray cluster'); nothing was stopped",
-            file=sys.stderr,
+            "docs/ray-cluster.md ('A Ray cluster'); nothing was stopped"
         )
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     n, left = stop_cluster(args.temp_dir)
     print(f"stopped {n} Ray process(es) of {args.temp_dir}")
