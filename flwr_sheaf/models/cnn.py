@@ -49,16 +49,9 @@ def _check_dropout(p: float) -> float:
 class CNNEncoder(nn.Module):
     """CNN encoder ``f_phi_i`` ending in a whitening layer (paper Sec. 3 and App. G, Tab. 2).
 
-    Attributes:
-        backbone: ``nn.Sequential``: ``(B, in_channels, H, W)`` to raw latents ``(B, d)`` (post-ReLU).
-        whitening: :class:`~flwr_sheaf.sheaf.whitening.Whitening` of dimension ``d``.
-        d: stalk dimension ``channels[-1]``.
-
-    Args:
-        channels: output widths of the conv blocks (non-empty, positive).
-        dropout: Dropout2d probability ``p in [0, 1)`` after every block (the last too, as the reference).
-        in_channels: input image channels (1 for MNIST).
-        whitening_kwargs: keyword arguments of ``Whitening(d, ...)``.
+    ``backbone`` maps ``(B, in_channels, H, W)`` to raw post-ReLU latents ``(B, d)``, ``d =
+    channels[-1]``; ``whitening`` is ``Whitening(d, **whitening_kwargs)``; Dropout2d(``dropout``)
+    follows every block, the last too (as the reference).
 
     Raises:
         ValueError: empty/non-positive ``channels``, ``dropout`` outside ``[0, 1)``, bad
@@ -96,19 +89,16 @@ class CNNEncoder(nn.Module):
         self.backbone = nn.Sequential(*layers)
         self.whitening = Whitening(self.d, **dict(whitening_kwargs or {}))
 
-    def _check_images(self, x: Tensor) -> None:
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"x must have shape (B, in_channels={self.in_channels}, H, W), got {tuple(x.shape)}"
-            )
-
     def latent(self, x: Tensor) -> Tensor:
         """Raw latents ``z (B, d)`` of images ``x (B, in_channels, H, W)``, in ``x``'s dtype.
 
         Raises:
             ValueError: if ``x`` is not 4-D with ``in_channels`` channels.
         """
-        self._check_images(x)
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"x must have shape (B, in_channels={self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
         return self.backbone(x)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -119,16 +109,8 @@ class CNNEncoder(nn.Module):
 class MLPHead(nn.Module):
     """MLP head ``h_psi_i``: ``forward(zhat) = mlp(colouring(zhat))`` (paper Sec. 3 and Tab. 2).
 
-    Attributes:
-        colouring: :class:`~flwr_sheaf.sheaf.whitening.Colouring` (``nn.Identity`` for None).
-        mlp: ``nn.Sequential`` mapping ``(B, d)`` to logits ``(B, num_classes)``.
-
-    Args:
-        d: input (stalk) dimension.
-        hidden: hidden widths (may be empty: a single Linear).
-        dropout: Dropout probability ``p in [0, 1)``.
-        num_classes: number of logits (the global label space).
-        colouring: the colouring layer bound to the encoder's whitening, or ``None``.
+    ``mlp`` maps ``(B, d)`` to logits ``(B, num_classes)`` through the ``hidden`` widths (may be
+    empty); ``colouring`` is bound to the encoder's whitening (None: ``nn.Identity``).
 
     Raises:
         ValueError: non-positive ``d``/widths/``num_classes``, ``dropout`` outside ``[0, 1)``,
@@ -176,14 +158,7 @@ class MLPHead(nn.Module):
 class SheafAgent(_AgentBase):
     """One Sheaf-FRL agent: encoder ``f_phi_i`` + head ``h_psi_i`` (paper Sec. 3, Sec. 6).
 
-    Attributes:
-        encoder: :class:`CNNEncoder` (ends in the whitening layer).
-        head: :class:`MLPHead` whose colouring references ``encoder.whitening``.
-        d: stalk dimension.
-
-    Args:
-        encoder: the encoder.
-        head: the head; its colouring (if any) must reference ``encoder.whitening`` itself.
+    ``head``'s colouring (if any) must reference ``encoder.whitening`` itself; ``d`` is ``encoder.d``.
 
     Raises:
         ValueError: if ``head.d != encoder.d`` or the head's colouring inverts a different
