@@ -696,36 +696,26 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     """The command line of :func:`main` (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--num-supernodes",
-        type=int,
-        default=3,
-        help="registered SuperNodes N (partition-ids 0..N-1)",
-    )
-    ap.add_argument(
-        "--run-config", default="", help="run-config overrides, e.g. \"zoo='tiny-3' graph='ring'\""
-    )
+    add = ap.add_argument
+    registered = "registered SuperNodes N (partition-ids 0..N-1)"
+    add("--num-supernodes", type=int, default=3, help=registered)
+    add("--run-config", default="", help="run-config overrides, e.g. \"zoo='tiny-3' graph='ring'\"")
     no_tls = "no TLS and hence no SuperNode authentication (debugging only)"
-    ap.add_argument("--insecure", action="store_true", help=no_tls)
+    add("--insecure", action="store_true", help=no_tls)
     keep = "leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)"
-    ap.add_argument("--keep-running", action="store_true", help=keep)
-    ap.add_argument(
-        "--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered"
-    )
+    add("--keep-running", action="store_true", help=keep)
+    intruders = "extra SuperNodes whose keys are not registered"
+    add("--unregistered", type=int, default=0, help=intruders)
     port = "SuperLink port; SuperNode i uses port+1+i; 0 = pick a free block"
-    ap.add_argument("--port", type=int, default=29700, help=port)
-    ap.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
-    ap.add_argument(
-        "--san", action="append", default=[], help="extra host name/IP for the server certificate"
-    )
-    ap.add_argument(
-        "--workdir", default=None, help="default: a new directory under the system temp dir"
-    )
+    add("--port", type=int, default=29700, help=port)
+    add("--host", default="127.0.0.1", help="address the SuperLink listens on")
+    add("--san", action="append", default=[], help="extra host name/IP for the server certificate")
+    add("--workdir", default=None, help="default: a new directory under the system temp dir")
     app = "app directory for flwr run (default: the flwr-sheaf checkout this package runs from)"
-    ap.add_argument("--app", default=str(CHECKOUT), help=app)
+    add("--app", default=str(CHECKOUT), help=app)
     state = "root of the SuperNodes' node state (SuperNode <name> uses <root>/<name>; default: <workdir>/state)"
-    ap.add_argument("--state-dir", default=None, help=state)
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
+    add("--state-dir", default=None, help=state)
+    add("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
     return ap
 
 
