@@ -394,14 +394,12 @@ class LocalDeployment:
             stop_processes([follower], timeout=5)
         return run_id, status
 
-    # -- context manager
     def __enter__(self) -> LocalDeployment:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    # -- helpers
     def track(self) -> None:
         """Remember every current descendant of the started processes (Flower detaches its SuperExec
         and apps into their own sessions; :meth:`stop` still stops them once orphaned), and reap the
@@ -439,7 +437,6 @@ class LocalDeployment:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"{host}:{self.port}"
 
-    # -- steps
     def prepare(self) -> None:
         """Write certificates (unless insecure), SuperNode keys and the ``deploy`` connection."""
         if not self.insecure:

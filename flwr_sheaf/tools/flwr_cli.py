@@ -133,13 +133,8 @@ def undeclared_keys(app: str | Path, run_config: str | list[str]) -> list[str]:
         given = parse_config_args(texts)
     except Exception as exc:  # click / TOML errors with Flower's text
         raise ValueError(f"--run-config {run_config!r} does not parse: {exc}") from None
-    declared = flatten_dict(
-        tomllib.loads(toml.read_text())
-        .get("tool", {})
-        .get("flwr", {})
-        .get("app", {})
-        .get("config", {})
-    )
+    app_table = tomllib.loads(toml.read_text()).get("tool", {}).get("flwr", {}).get("app", {})
+    declared = flatten_dict(app_table.get("config", {}))
     out = []
     for key in sorted(set(given) - set(declared)):
         close = difflib.get_close_matches(key, list(declared), n=1)
@@ -209,11 +204,8 @@ def process_tree(roots: Iterable[psutil.Process | subprocess.Popen | int]) -> li
     out: dict[int, psutil.Process] = {}
     for p in roots:
         try:
-            root = (
-                p
-                if isinstance(p, psutil.Process)
-                else psutil.Process(p.pid if isinstance(p, subprocess.Popen) else int(p))
-            )
+            pid = p.pid if isinstance(p, subprocess.Popen) else p
+            root = p if isinstance(p, psutil.Process) else psutil.Process(int(pid))
             if not root.is_running():
                 continue
             for q in [root] + root.children(recursive=True):
