@@ -183,10 +183,8 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     (benchmarks/records/performance.md, "Cross-device").
 
     Returns:
-        Connected ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
-
-    Raises:
-        ValueError: empty class sets, a bad ``k`` (named).
+        Connected ``nx.Graph`` on ``0..N-1``, int ``weight`` ``w_ij`` on every edge; ValueError on
+        empty class sets or a bad ``k`` (named).
     """
     import networkx as nx
 
@@ -323,8 +321,8 @@ def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) ->
     of seeds ``seed * 1_000_003 + a``, ``a = 0, 1, ...``.
 
     Raises:
-        ValueError: ``n * k`` odd, ``k`` outside ``[1, N - 1]``, ``k = 1`` with ``N > 2`` (a perfect
-            matching is never connected), or no connected draw within ``max_tries`` (all named).
+        ValueError: ``n * k`` odd, ``k`` outside ``[1, N - 1]``, ``k = 1`` with ``N > 2``, or no
+            connected draw within ``max_tries``.
     """
     import networkx as nx
 

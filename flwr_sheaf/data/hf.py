@@ -39,8 +39,8 @@ class LabelShiftPartitioner(_PartitionerBase):
         agent0 = fds.load_partition(0)
 
     Raises:
-        ImportError: if flwr-datasets is not installed.
-        ValueError: on bad arguments (validated eagerly) or an unknown partition id.
+        ImportError: flwr-datasets is not installed.
+        ValueError: bad arguments (checked eagerly) or an unknown partition id.
     """
 
     def __init__(

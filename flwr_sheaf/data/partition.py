@@ -606,14 +606,8 @@ def _dirichlet_chunks(
 @dataclass(frozen=True)
 class AgentData:
     """One agent's tensors (copies; read-only by convention): images float32 ``(n, 1, 28, 28)`` in
-    [0, 1], labels int64 ``(n,)``; the pilot tensors are shared by all agents of a :class:`PreparedSplit`.
-
-    Attributes:
-        x_train, y_train, x_val, y_val, x_test, y_test: the agent's 80/10/10 split.
-        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` / ``(K,)``, in ``pilot_idx`` order.
-        pilot_idx: int64 numpy ``(K,)``, the pilots' indices into the source (read-only).
-        partition_id: the agent's index ``i``.
-        classes: the agent's target class set ``C_i``.
+    [0, 1], labels int64 ``(n,)``: its 80/10/10 split, the shared pilots ``(K, ...)`` in
+    ``pilot_idx (K,)`` order, its ``partition_id`` and target ``classes``.
     """
 
     x_train: torch.Tensor
@@ -652,11 +646,8 @@ class PreparedSplit:
     """The shared, per-process part of every agent's data (:func:`prepare_split`).
 
     Attributes:
-        dataset: the source spec.
-        split: the index split (:class:`FederatedSplit`).
         class_sets: the agents' target classes ``C_i`` (after a Dirichlet split: what each received).
-        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` float32 / ``(K,)`` int64, one tensor pair
-            for all agents (read-only).
+        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` float32 / ``(K,)`` int64 (read-only).
         images, labels: the whole source (:func:`load_source`'s cached tensors, read-only).
     """
 
@@ -799,12 +790,8 @@ def load_agent_data(
     :func:`agent_data`. ``partitioner``: one of :data:`PARTITIONER_FORMS` (Dirichlet: ``class_sets``
     only fixes ``N``).
 
-    Returns:
-        :class:`AgentData` (images float32 ``(n, 1, 28, 28)`` in [0, 1], labels int64 ``(n,)``).
-
     Raises:
-        ValueError: as :func:`agent_data` (partition-id, empty split, missing class; named),
-            :func:`load_source` and :func:`make_federated_split`.
+        ValueError: as :func:`agent_data`, :func:`load_source` and :func:`make_federated_split`.
         FileNotFoundError: from :func:`load_source` for a missing ``idx:`` directory.
     """
     _normalise_class_sets(class_sets, NUM_CLASSES)

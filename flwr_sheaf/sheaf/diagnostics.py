@@ -83,13 +83,9 @@ def laplacian_spectrum(
     """The ``k`` smallest eigenvalues and the near-kernel dimension of ``L = Delta^T Delta`` (Eq. 6).
 
     Args:
-        maps: ``{(head, tail): V (d_head, d_tail)}`` for every edge of ``edges``.
-        dims: stalk dimension per node.
-        edges: oriented edges ``(head, tail)``.
+        maps, dims, edges: as in :func:`~flwr_sheaf.sheaf.network.coboundary`.
         k: number of smallest eigenvalues to return (>= 1; capped at ``n``).
-        dense_max: largest ``n`` solved densely.
-        iterations: LOBPCG iteration cap.
-        seed: seed of LOBPCG's random start block.
+        dense_max, iterations, seed: largest ``n`` solved densely; LOBPCG's iteration cap and seed.
 
     Returns:
         :class:`LaplacianSpectrum`.

@@ -349,13 +349,10 @@ def apply_selection(a: torch.Tensor, sel: PilotSelection | None) -> torch.Tensor
 
 
 def parseval(a: torch.Tensor) -> torch.Tensor:
-    """Parseval normalisation of a row-wise pilot matrix (paper App. B, end): its polar factor.
+    """Parseval normalisation of a pilot matrix ``a (K, d)`` (paper App. B, end): its polar factor.
 
     ``U W^T`` of the thin SVD ``P = U S W^T`` (differentiable, ``a``'s dtype): ``(P P^T)^{-1/2} P``
     for ``K <= d``, ``P (P^T P)^{-1/2}`` for ``K >= d`` (rows: a Parseval frame of ``R^d``).
-
-    Args:
-        a: ``(K, d)`` float pilot matrix.
 
     Raises:
         ValueError: not 2-D, or NaN/inf entries.

@@ -102,8 +102,7 @@ def edge_terms(
     Args:
         own: i's current pilots ``(K, d_i)``.
         received: per neighbour what i holds of it.
-        variant: ``heterogeneous`` or ``homogeneous`` (resolved).
-        privacy: ``standard`` or ``stringent``.
+        variant, privacy: resolved (``heterogeneous``/``homogeneous``; ``standard``/``stringent``).
         normalise: applied to both matrices before each Procrustes fit only (e.g.
             :func:`flwr_sheaf.sheaf.pilots.parseval`); None = no normalisation.
 
@@ -164,10 +163,8 @@ def outgoing_pilots(
         own: i's final pilots ``(K, d_i)``.
         maps: i's maps by neighbour (homogeneous: ``O (d, d)`` where i is the tail; stringent:
             ``X_ji (d_e, d_i)``).
-        neighbours: i's neighbours.
-        heads: whether i is the head of the edge to each neighbour (same order).
-        variant: the resolved variant (:func:`resolve_variant`).
-        privacy: the resolved privacy mode.
+        neighbours, heads: i's neighbours and whether i heads the edge to each.
+        variant, privacy: the resolved modes.
 
     Returns:
         ``(send_raw, transported)``: whether some neighbour gets ``A_i`` itself, and per neighbour

@@ -258,10 +258,7 @@ class Colouring(nn.Module):
     """Exact left inverse of a :class:`Whitening` layer's eval-mode transform (paper Sec. 3: the
     head's colouring layer): ``z = zhat @ L^T + mu`` with the running statistics, in any mode.
 
-    The whitening layer is held by reference, not as a submodule (its buffers are stored once).
-
-    Args:
-        whitening: the :class:`Whitening` layer to invert.
+    ``whitening`` is held by reference, not as a submodule (its buffers are stored once).
 
     Raises:
         TypeError: if ``whitening`` is not a :class:`Whitening`.
