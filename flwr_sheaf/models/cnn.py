@@ -194,19 +194,11 @@ class SheafAgent(_AgentBase):
         return self.head.mlp(self.encoder.latent(x))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Same as :meth:`private_logits`: logits ``(B, num_classes)`` for images ``x (B, C, H, W)``.
-
-        Raises:
-            ValueError: ``x`` not 4-D with the encoder's input channels.
-        """
+        """:meth:`private_logits`: logits ``(B, num_classes)`` for ``x (B, C, H, W)``; raises likewise."""
         return self.private_logits(x)
 
     def latent(self, x: Tensor) -> Tensor:
-        """Raw (unwhitened, post-ReLU) latents ``(B, d)`` in ``x``'s dtype (``encoder.latent``).
-
-        Raises:
-            ValueError: ``x`` not 4-D with the encoder's input channels.
-        """
+        """Raw post-ReLU latents ``(B, d)`` (``encoder.latent``); raises as :meth:`private_logits`."""
         return self.encoder.latent(x)
 
     def whitened(self, x: Tensor) -> Tensor:

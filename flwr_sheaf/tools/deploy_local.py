@@ -454,16 +454,11 @@ class LocalDeployment:
             )
             node.state_dir = (self.state_dir or self.workdir / "state") / name
             self.nodes.append(node)
-        conn = [
-            f'[superlink]\ndefault = "{CONNECTION}"\n',
-            f"[superlink.{CONNECTION}]",
-            f'address = "{self.address}"',
-        ]
-        if self.insecure:
-            conn.append("insecure = true")
-        else:
-            conn.append(f'root-certificates = "{self.tls["ca"]}"')
-        (self.home / "config.toml").write_text("\n".join(conn) + "\n")
+        auth = "insecure = true" if self.insecure else f'root-certificates = "{self.tls["ca"]}"'
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{self.address}"\n{auth}\n'
+        )
 
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start ``flower-superlink`` and wait until its ``/health`` endpoint answers.
