@@ -473,13 +473,9 @@ class LocalDeployment:
         if self.insecure:
             cmd += ["--insecure"]
         else:
-            tls = [
-                "--ssl-ca-certfile",
-                str(self.tls["ca"]),
-                "--ssl-certfile",
-                str(self.tls["cert"]),
-            ]
-            cmd += ["--enable-supernode-auth", *tls, "--ssl-keyfile", str(self.tls["key"])]
+            ca, cert, key = (str(self.tls[k]) for k in ("ca", "cert", "key"))
+            cmd += ["--enable-supernode-auth", "--ssl-ca-certfile", ca, "--ssl-certfile", cert]
+            cmd += ["--ssl-keyfile", key]
         log = self.logs / "superlink.log"
         print("+", shlex.join(cmd), flush=True)
         self.superlink = self._spawn(cmd, log)
@@ -658,7 +654,13 @@ def main(argv: list[str] | None = None) -> int:
     # results-dir made absolute here: the ServerApp process runs in another working directory
     results = Path(str(parsed.get("results-dir", workdir / "results"))).expanduser().resolve()
     parsed["results-dir"] = str(results)
-    _raise_keyboard_interrupt_on_signals()
+
+    def _interrupt(signum, frame):  # noqa: ARG001 - signal API
+        raise KeyboardInterrupt
+
+    # SIGINT and SIGTERM (SIGINT is ignored in the background) must stop what main started
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     t0 = time.monotonic()
     try:
         dep = LocalDeployment(
@@ -709,17 +711,6 @@ def _parser() -> argparse.ArgumentParser:
     add("--state-dir", default=None, help=state)
     add("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
     return ap
-
-
-def _raise_keyboard_interrupt_on_signals() -> None:
-    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` (also in the background, where SIGINT is
-    ignored), so that :func:`main` stops what it started."""
-
-    def _interrupt(signum, frame):  # noqa: ARG001 - signal API
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
 
 
 def _bring_up_and_run(
