@@ -120,14 +120,12 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
             )
         )
 
-    full = nx.Graph()
-    full.add_nodes_from(range(n))
+    full = nx.empty_graph(n)
     for i in range(n):
         for j in range(i + 1, n):
             full.add_edge(i, j, weight=len(sets[i] & sets[j]))
 
-    graph = nx.Graph()
-    graph.add_nodes_from(range(n))
+    graph = nx.empty_graph(n)
     graph.add_edges_from(
         nx.maximum_spanning_tree(full, weight="weight", algorithm="kruskal").edges(data=True)
     )
@@ -176,11 +174,10 @@ def _check_degree(k: int, n: int, name: str) -> int:
 def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: int = 0) -> nx.Graph:
     """Sparse class-overlap graph for many agents: each agent links to its ``k`` best-overlapping peers.
 
-    With ``w_ij = |C_i ∩ C_j|``, agent ``i`` takes every agent of an overlap level above the
-    ``k``-th best and draws the rest (seeded) among the ``k``-th best level; the union is undirected
-    (degrees ``>= k``). Each further component is joined to node 0's by its best-overlap pair (ties:
-    smallest ``(i, j)``). Cost ``O(N k + S^2 C)`` for ``S`` distinct class sets; no ``N x N`` array
-    (benchmarks/records/performance.md, "Cross-device").
+    With ``w_ij = |C_i ∩ C_j|``, agent ``i`` takes every agent above the ``k``-th best overlap and
+    draws the rest (seeded) at that level; the union is undirected. Each further component is joined
+    to node 0's by its best-overlap pair (ties: smallest ``(i, j)``). Cost ``O(N k + S^2 C)`` for
+    ``S`` distinct class sets (benchmarks/records/performance.md, "Cross-device").
 
     Returns:
         Connected ``nx.Graph`` on ``0..N-1``, int ``weight`` ``w_ij`` on every edge; ValueError on
@@ -190,8 +187,7 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
 
     m = _class_matrix(class_sets)
     n = m.shape[0]
-    graph = nx.Graph()
-    graph.add_nodes_from(range(n))
+    graph = nx.empty_graph(n)
     if n == 1:
         return graph
     k = _check_degree(k, n, "class-overlap-knn")
@@ -328,9 +324,7 @@ def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) ->
 
     n = _check_num_nodes(n)
     if n == 1:
-        graph = nx.Graph()
-        graph.add_node(0)
-        return graph
+        return nx.empty_graph(1)
     k = _check_degree(k, n, "random-regular")
     if (n * k) % 2:
         raise ValueError(f"random-regular: N * k must be even, got N={n}, k={k}")
@@ -341,8 +335,7 @@ def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) ->
     for attempt in range(max_tries):
         graph = nx.random_regular_graph(k, n, seed=int(seed) * 1_000_003 + attempt)
         if nx.is_connected(graph):
-            out = nx.Graph()
-            out.add_nodes_from(range(n))
+            out = nx.empty_graph(n)
             out.add_edges_from(sorted(tuple(sorted(e)) for e in graph.edges))
             return out
     raise ValueError(
@@ -387,8 +380,7 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
     import networkx as nx
 
     n = _check_num_nodes(n)
-    graph = nx.Graph()
-    graph.add_nodes_from(range(n))
+    graph = nx.empty_graph(n)
     for token in str(spec).split(","):
         m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", token)
         if m is None:

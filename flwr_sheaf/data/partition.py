@@ -530,13 +530,10 @@ def make_dirichlet_split(
     num_classes: int = NUM_CLASSES,
     min_partition_size: int = 10,
 ) -> FederatedSplit:
-    """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
-    (FedSAF's protocol; notes/baselines-prototypes.md, s4.6), then the per-class split.
-
-    (a) pilots: the hold-out (every class eligible), capped at ``num_pilots``; (b) the rest through
+    """Shared pilots (every class eligible), a Dirichlet(alpha) label shift by flwr-datasets'
     ``DirichletPartitioner(N, "label", alpha, min_partition_size, self_balancing=False,
-    shuffle=True, seed)``; (c) as :func:`make_federated_split` (arguments likewise). ``class_sets``
-    are the classes each agent received, ``shift`` 0.
+    shuffle=True, seed)`` (FedSAF's protocol; notes/baselines-prototypes.md, s4.6), then the split
+    of :func:`make_federated_split` (arguments likewise; ``class_sets``: the classes received).
 
     Returns:
         :class:`FederatedSplit` (disjoint, covering every non-hold-out sample).

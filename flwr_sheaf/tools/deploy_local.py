@@ -210,8 +210,7 @@ class LocalDeployment:
             follow); 0 = a free block (:func:`flwr_sheaf.tools.flwr_cli.free_port_block`).
         insecure: no TLS, hence no SuperNode authentication (SuperNodes register themselves).
         unregistered: K extra SuperNodes with keys that are never registered.
-        host: address the SuperLink listens on and the SuperNodes dial.
-        sans: extra names/IPs for the server certificate.
+        host, sans: the SuperLink's address; extra names/IPs for its certificate.
         app: app directory handed to ``flwr run``.
         state_dir: SuperNode ``<name>`` gets ``state-dir='<state_dir>/<name>'`` (default
             ``<workdir>/state``).
@@ -272,15 +271,12 @@ class LocalDeployment:
         self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
     ) -> int:
         """Start SuperNode ``n`` again after a crash (same key, node config, ``state-dir``) until
-        the SuperLink accepts it (its log shows ``SuperNode ID: <its registered id>``).
+        the SuperLink accepts it (its log shows ``SuperNode ID: <its registered id>``); returns the
+        number of attempts.
 
         Flower 1.42 activates a node only while the SuperLink holds it ``offline`` (up to 2 x 30 s
-        heartbeats after a SIGKILL); before that a restart is refused with "Failed to activate
-        SuperNode" (exit 305) and retried every ``retry_every`` s. The first attempt waits until
-        ``flwr supernode ls`` no longer lists the node ``online``.
-
-        Returns:
-            The number of attempts (1 = accepted at once).
+        after a SIGKILL): the first attempt waits for that; a refusal ("Failed to activate
+        SuperNode", exit 305) is retried every ``retry_every`` s.
 
         Raises:
             DeployError: an attempt failed for another reason, it came back under another node id,

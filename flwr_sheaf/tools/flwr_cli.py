@@ -51,11 +51,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for Flower CLI and server processes started by a script.
-
-    Args:
-        home: directory used as ``FLWR_HOME``.
-        extra: further variables (override the defaults).
+    """Environment for Flower CLI and server processes: ``FLWR_HOME=home``, ``extra`` on top.
 
     Returns:
         A copy of ``os.environ`` with ``FLWR_HOME``, telemetry, update check and runtime dependency

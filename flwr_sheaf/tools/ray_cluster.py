@@ -7,8 +7,8 @@ pass ``init-args-num-cpus/gpus`` (pitfalls: docs/ray-cluster.md, "A Ray cluster"
 run gets, refuses federation settings Ray refuses on a cluster, and checks that a Ray GCS answers
 (Ray's ``GetClusterId`` gRPC handshake: another service on the port is named, not waited on).
 
-As a script (the shared-machine recipe): ``free-ports N`` prints N free TCP ports; ``stop --temp-dir
-DIR`` stops exactly the Ray processes of ``ray start --temp-dir DIR`` (``ray stop`` stops all).
+As a script: ``free-ports N`` prints N free TCP ports; ``stop --temp-dir DIR`` stops exactly the
+Ray processes of ``ray start --temp-dir DIR`` (``ray stop`` stops all).
 """
 
 from __future__ import annotations
@@ -298,13 +298,9 @@ def check_federation_for_cluster(federation: dict[str, str], address: str) -> No
 def ray_environment(
     ray_address: str | None, env: dict[str, str] | None = None, probe_timeout: float = 2.0
 ) -> tuple[dict[str, str], str | None]:
-    """The Ray variables for a simulation's environment, and a note for the user (or None).
-
-    Args:
-        ray_address: ``host:port``, ``auto`` (:func:`resolve_address`), or None for a private
-            local instance.
-        env: the environment the simulation would inherit (default ``os.environ``).
-        probe_timeout: seconds to wait for a GCS at a recorded address (live cluster or stale file).
+    """The Ray variables for a simulation's environment (inheriting ``env``, default ``os.environ``)
+    on ``ray_address`` (``host:port``, ``auto`` or None: a private local instance), and a note for the
+    user or None; ``probe_timeout`` bounds the wait for a GCS at a recorded address.
 
     Returns:
         ``({"RAY_ADDRESS": host:port or "local"}, note)``; ``note`` names a recorded cluster this
