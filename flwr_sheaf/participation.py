@@ -71,10 +71,8 @@ def bernoulli_participation(
 ) -> np.ndarray:
     """``(N,)`` bool mask of the clients responding in ``server_round``: ``u_i < p_i`` (a function of
     ``(seed, server_round)`` only). ``force_one_if_empty``: an empty round gets one random client
-    with ``p_i > 0`` (the authors' fallback; it changes the statistics).
-
-    Raises:
-        ValueError: invalid ``p``, ``seed`` or ``server_round``.
+    with ``p_i > 0`` (the authors' fallback; it changes the statistics). ValueError on invalid
+    ``p``, ``seed`` or ``server_round``.
     """
     probs = check_probabilities(p)
     _check_int("seed", seed)
@@ -113,13 +111,7 @@ class FrequencyEstimator:
     With ``c_i`` responses in ``t`` rounds: ``"plus-one"`` ``q_i = max((c_i + 1)/(t + 1), q_min)``
     (expected corrected weight never above ``1/N``, s4.1); ``"empirical"`` (the paper's)
     ``q_i = max(c_i / t, q_min)``, ``prior`` before any round. Call :meth:`estimate` before or after
-    :meth:`observe` (or pass ``include``: the authors' order).
-
-    Args:
-        num_clients: ``N >= 1``.
-        q_min: floor in ``(0, 1]``.
-        prior: ``"empirical"`` estimate before any round, in ``(0, 1]``.
-        estimator: one of :data:`ESTIMATORS`.
+    :meth:`observe` (or pass ``include``: the authors' order). ``q_min`` and ``prior`` lie in ``(0, 1]``.
 
     Raises:
         ValueError: invalid ``num_clients``, ``q_min``, ``prior`` or ``estimator`` (named).
@@ -147,11 +139,8 @@ class FrequencyEstimator:
         self.rounds = 0
 
     def observe(self, responded: np.ndarray | list[bool]) -> None:
-        """Record one round: ``responded``, the ``(N,)`` bool mask of the clients whose upload arrived.
-
-        Raises:
-            ValueError: wrong shape or non-boolean entries.
-        """
+        """Record one round: ``responded``, the ``(N,)`` bool (or 0/1) mask of the clients whose
+        upload arrived; ValueError otherwise."""
         mask = np.asarray(responded)
         if mask.shape != (self.num_clients,):
             raise ValueError(
@@ -166,11 +155,7 @@ class FrequencyEstimator:
 
     def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
         """``(N,)`` float64 estimates ``q_i^t`` in ``[q_min, 1]``; ``include``: a ``(N,)`` mask of a
-        round counted without recording it.
-
-        Raises:
-            ValueError: ill-shaped ``include``.
-        """
+        round counted without recording it (ValueError when ill-shaped)."""
         counts, rounds = self.counts, self.rounds
         if include is not None:
             mask = np.asarray(include)
@@ -188,10 +173,7 @@ class FrequencyEstimator:
 
 def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
     """``(N,)`` float64 ``p_i ~ U(0, 1)`` from ``default_rng([seed, 4])`` (the RFedAGS paper's PCA
-    experiment, notes/baselines-rfedags.md, s5.5).
-
-    Raises:
-        ValueError: ``num_clients`` not a positive integer.
+    experiment, notes/baselines-rfedags.md, s5.5); ValueError unless ``num_clients`` is a positive int.
     """
     _check_int("num_clients", num_clients, 1)
     return np.random.default_rng([int(seed), 4]).random(num_clients)
@@ -273,8 +255,7 @@ def parse_participation(
         ``(num_nodes,)`` float64 probabilities, or None for an empty spec.
 
     Raises:
-        ValueError: unparsable spec, wrong count, missing partition-ids, or a value outside
-            ``[0, 1]`` (named).
+        ValueError: unparsable spec, wrong count, missing partition-ids or a bad value (named).
     """
     if spec is None:
         return None

@@ -212,12 +212,8 @@ class FederatedSplit:
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
 
     def class_counts(self, labels, part: str = "pool") -> np.ndarray:
-        """Per-agent class histogram: int64 ``(N, C)`` of ``part`` (``"train"``, ``"val"``,
-        ``"test"`` or ``"pool"``), from the labels ``(M,)`` the split was made from.
-
-        Raises:
-            ValueError: an unknown ``part`` or labels too short for the stored indices.
-        """
+        """Per-agent class histogram int64 ``(N, C)`` of ``part`` (``"train"``, ``"val"``, ``"test"``
+        or ``"pool"``) from the split's labels ``(M,)``; ValueError on a bad ``part`` or labels."""
         if part not in _PARTS:
             raise ValueError(f"unknown part {part!r}; valid: {_PARTS}")
         lab = _as_label_array(labels, self.num_classes)
@@ -459,7 +455,7 @@ def check_agents_fit(
     (the exact split is checked by :func:`check_all_agents`); a source of unknown size passes.
 
     Raises:
-        ValueError: the agents (``zoo``) or ``num-pilots`` named with the dataset's size and the fix.
+        ValueError: too many agents (``zoo``) or pilots, named with the dataset's size and the fix.
     """
     m = source_size(dataset)
     if m is None:

@@ -113,8 +113,7 @@ class MLPHead(nn.Module):
     empty); ``colouring`` is bound to the encoder's whitening (None: ``nn.Identity``).
 
     Raises:
-        ValueError: non-positive ``d``/widths/``num_classes``, ``dropout`` outside ``[0, 1)``,
-            or a colouring whose dimension differs from ``d``.
+        ValueError: a non-positive size, ``dropout`` outside ``[0, 1)``, or a colouring of another ``d``.
     """
 
     def __init__(

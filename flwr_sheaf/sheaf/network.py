@@ -92,10 +92,10 @@ def coboundary(
     """Coboundary ``Delta`` of a network sheaf (paper Eq. 5, re-parameterised as Eq. 10/11).
 
     Args:
-        maps: ``{(head, tail): V}``, ``V`` of shape ``(d_head, d_tail)`` (any float dtype).
+        maps: ``{(head, tail): V (d_head, d_tail)}`` (any float dtype).
         dims: stalk dimension per node; every node gets a column block (edges or not).
-        edges: oriented edges ``(head, tail)``; the row blocks follow this order.
-        sparse: return a torch sparse COO tensor (coalesced) instead of a dense one.
+        edges: oriented edges ``(head, tail)``, in row-block order.
+        sparse: return a coalesced sparse COO tensor.
 
     Returns:
         float64 ``(sum_e d_head(e), sum_i d_i)``; block row of edge (h, t) is ``[I at h, -V at t]``,
@@ -165,9 +165,8 @@ def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) 
     projects, ``z_w = V^T z_u`` (as :func:`flwr_sheaf.client.common.transport`). ``T = M_k ...
     M_1``; row-wise latents ``Z (M, d_src)`` move as ``Z T^T``.
 
-    Args:
-        path: node ids ``(src, ..., dst)``, at least two, consecutive nodes adjacent.
-        maps: ``{(head, tail): V}`` holding every hop's edge in exactly one orientation.
+    ``path``: node ids ``(src, ..., dst)``, at least two; ``maps``: ``{(head, tail): V}`` with every
+    hop's edge in one orientation.
 
     Returns:
         float64 ``(d_dst, d_src)`` matrix (a projection hop loses the part orthogonal to ``Im V``).

@@ -101,9 +101,8 @@ class Whitening(nn.Module):
     (d, d)`` (init ``I``) by EMA with ``momentum``; eval mode uses the running ones (``L`` cached).
 
     Args:
-        d: stalk dimension (positive int).
-        shrinkage: weight in ``[0, 1]`` of shrinkage towards the diagonal (1: standardisation).
-        eps: relative eigenvalue floor ``>= 0`` (bounds the gain: :meth:`max_gain`).
+        d: stalk dimension.
+        shrinkage, eps: as :func:`regularised_covariance` (``eps`` bounds :meth:`max_gain`).
         momentum: EMA weight of the newest batch, in ``(0, 1]``.
         check_finite: check inputs for NaN/inf and train-mode Cholesky failures (device syncs;
             :meth:`fit` always checks).
