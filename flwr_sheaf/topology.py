@@ -374,8 +374,7 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
     """Graph on nodes ``0..n-1`` with the edges of ``spec`` (``"i-j,k-l,..."``, spaces allowed).
 
     Raises:
-        ValueError: a malformed token, a self-loop, a repeated edge, or an endpoint outside
-            ``[0, n)`` (each named). Connectivity is not checked here.
+        ValueError: a malformed token, a self-loop, a repeated edge, or an endpoint outside ``[0, n)``.
     """
     import networkx as nx
 
@@ -455,11 +454,8 @@ def edge_count(form: str, params: tuple, n: int, text: str = "") -> tuple[int, s
 
 
 def check_graph_scale(spec: str, num_nodes: int) -> None:
-    """Refuse, from the spec and ``N`` alone, a graph building more than :data:`MAX_GRAPH_EDGES` edges.
-
-    Raises:
-        ValueError: too many edges (the sparse graphs named), or a malformed spec.
-    """
+    """Refuse (ValueError naming the sparse graphs), from the spec and ``N`` alone, a graph building
+    more than :data:`MAX_GRAPH_EDGES` edges, or a malformed spec."""
     form, params = _parse_graph_spec(spec)
     n = int(num_nodes)
     edges, formula = edge_count(form, params, n, str(spec))
@@ -474,11 +470,8 @@ def check_graph_scale(spec: str, num_nodes: int) -> None:
 
 
 def check_graph_spec(spec: str) -> None:
-    """Syntax check of a graph spec (:data:`GRAPH_SPECS`) before any node is known.
-
-    Raises:
-        ValueError: an unknown form, or a degree / density / seed that is not a number (named).
-    """
+    """Syntax check of a graph spec (:data:`GRAPH_SPECS`) before any node is known; ValueError
+    for an unknown form or a degree / density / seed that is not a number (named)."""
     _parse_graph_spec(spec)
 
 

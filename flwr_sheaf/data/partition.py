@@ -231,12 +231,8 @@ class FederatedSplit:
 def _hold_out(
     labels, seed, pilot_fraction, val_fraction, test_fraction, num_classes: int
 ) -> tuple[int, tuple[float, float, float], np.ndarray, np.ndarray, int]:
-    """Step (a) before the pilots are chosen: checked seed and fractions, labels ``(M,)`` int64,
-    the seeded permutation ``(M,)`` and the hold-out size ``round(pilot_fraction * M)``.
-
-    Raises:
-        ValueError: a bad seed or label, a fraction out of range, or val + test >= 1 (values named).
-    """
+    """Step (a) before the pilots are chosen: checked seed and fractions (ValueError, named), labels
+    ``(M,)`` int64, the seeded permutation ``(M,)`` and the hold-out size ``round(pilot_fraction * M)``."""
     seed = _check_seed(seed)
     pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
     val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
@@ -490,11 +486,8 @@ def split_floor(spec: str) -> int:
 
 
 def parse_partitioner(spec: str) -> float | None:
-    """``"label-shift"``, ``"cross-device"`` -> None (Eq. 23); ``"dirichlet:<alpha>"`` -> ``alpha > 0``.
-
-    Raises:
-        ValueError: any other spec, or a non-positive / non-finite alpha (the spec is named).
-    """
+    """``"label-shift"``, ``"cross-device"`` -> None (Eq. 23); ``"dirichlet:<alpha>"`` -> ``alpha > 0``;
+    ValueError (naming the spec) for anything else."""
     if not isinstance(spec, str):
         raise ValueError(
             f"partitioner must be a string, got {spec!r}; valid forms: {PARTITIONER_FORMS}"
@@ -732,12 +725,8 @@ register_derived_cache(_cached_split.cache_clear)
 
 
 def check_all_agents(prepared: PreparedSplit, max_named: int = 5) -> None:
-    """:func:`agent_data`'s checks for all N agents at once (about a second at N = 10,000).
-
-    Raises:
-        ValueError: naming how many agents fail, the first ``max_named`` partition-ids with their split
-            sizes or missing classes, and the remedy.
-    """
+    """:func:`agent_data`'s checks for all N agents at once (about a second at N = 10,000); the
+    ValueError names how many fail, the first ``max_named`` with their problem, and the remedy."""
     split, sets = prepared.split, prepared.class_sets
     _, labels = load_source(prepared.dataset)
     lab = labels.numpy()

@@ -31,11 +31,8 @@ __all__ = [
 
 
 def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
-    """Orientation of the edge ``a - b`` (stalk dimensions ``d_a``, ``d_b``; paper Sec. 3).
-
-    Returns:
-        ``(head, tail)``: the head has the larger stalk dimension, on a tie the larger partition-id
-        (as the reference).
+    """Orientation ``(head, tail)`` of the edge ``a - b`` (stalk dimensions ``d_a``, ``d_b``; paper
+    Sec. 3): the head has the larger dimension, on a tie the larger partition-id (as the reference).
 
     Raises:
         ValueError: on a self-loop or a non-positive dimension.
@@ -240,11 +237,8 @@ class NetworkSheaf:
         return sheaf_laplacian(self.maps, self.dims, self.edges, sparse=sparse)
 
     def transport_map(self, path: Sequence[int]) -> torch.Tensor:
-        """:func:`path_map` along ``path`` with this sheaf's maps: float64 ``(d_dst, d_src)``.
-
-        Raises:
-            ValueError: a hop that is not an edge of this sheaf.
-        """
+        """:func:`path_map` along ``path`` with this sheaf's maps: float64 ``(d_dst, d_src)``;
+        ValueError for a hop that is not an edge."""
         return path_map(path, self.maps)
 
     def edge_total_variation(
