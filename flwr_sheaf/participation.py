@@ -1,13 +1,10 @@
 """Who trains in server round r: the one participation sampler of every strategy (no Flower imports).
 
 Two modes (notes/participation.md, s1): **fraction** ``f``: ``n = max(1, floor(f N))`` nodes per
-round, uniformly without replacement (Flower's FedAvg semantics); **Bernoulli** ``p_i``: node i
-trains independently with probability ``p_i`` (RFedAGS's arbitrary participation, the authors'
-``RFedAGSP.m`` option 2). Both read the per-round uniforms ``u_i`` of
+round without replacement (Flower's FedAvg); **Bernoulli** ``p_i``: node i trains independently with
+probability ``p_i`` (RFedAGS, ``RFedAGSP.m`` option 2). Both read the uniforms ``u_i`` of
 ``numpy.random.default_rng([seed, 0, r]).random(N)``: Bernoulli takes ``u_i < p_i``, fraction the
-``n`` smallest ``u_i``. A draw depends only on (seed, server round, partition-id), so every method
-and the numpy reference loops train the same nodes (s1.2); the evaluators of ``fraction-evaluate``
-read ``default_rng([seed, 1, r])`` (s1.4). Frequency estimates ``q_i``: :class:`FrequencyEstimator`.
+``n`` smallest, so every method trains the same nodes; evaluators read ``[seed, 1, r]`` (s1.4).
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ __all__ = [
 ]
 
 # ------------------------------------------------- Bernoulli draws and frequency estimates (RFedAGS)
-#: Default floor of the frequency estimate. Caps a responder's weight at ``1/(q_min N)`` (= 100/N).
-#: Clients with true ``p_i < q_min`` are then under-weighted by ``p_i/q_min`` (a documented bias that
-#: trades against unbounded variance; paper Assumption 3.8 needs ``q`` bounded away from 0).
+#: Default floor of the frequency estimate: caps a responder's weight at ``1/(q_min N)``; clients
+#: with ``p_i < q_min`` are under-weighted by ``p_i/q_min`` (paper Assumption 3.8: ``q`` > 0).
 DEFAULT_Q_MIN = 0.01
 
 #: Frequency estimators of :class:`FrequencyEstimator`: ``"plus-one"`` (default; one pseudo-response,
@@ -49,8 +45,7 @@ def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.
     """``(N,)`` float64 copy of the participation probabilities ``p`` (``N >= 1``, each in ``[0, 1]``).
 
     Raises:
-        ValueError: not 1-D, empty, NaN/inf, or an entry outside ``[0, 1]`` (``name``, the index and
-            the value named).
+        ValueError: not 1-D, empty, or an entry that is not in ``[0, 1]`` (``name[i]`` named).
     """
     arr = np.array(p, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
@@ -74,15 +69,10 @@ def bernoulli_participation(
     seed: int = 0,
     force_one_if_empty: bool = False,
 ) -> np.ndarray:
-    """``(N,)`` bool mask of the clients that respond in round ``server_round``: ``1{i in S_t} ~
-    Bernoulli(p_i)`` independently (``u_i < p_i``; the paper's participation model, ``RFedAGSP.m``
-    option 2), a function of ``(seed, server_round)`` only.
-
-    ``force_one_if_empty``: when nobody responded, force in one random client with ``p_i > 0`` (the
-    authors' fallback; it changes the statistics). Default False: an empty round stays empty.
-
-    Raises:
-        ValueError: invalid ``p``, ``seed`` or ``server_round``.
+    """``(N,)`` bool mask of the clients responding in ``server_round``: ``u_i < p_i`` (a function of
+    ``(seed, server_round)`` only). ``force_one_if_empty``: an empty round gets one random client
+    with ``p_i > 0`` (the authors' fallback; it changes the statistics). ValueError on invalid
+    ``p``, ``seed`` or ``server_round``.
     """
     probs = check_probabilities(p)
     _check_int("seed", seed)
@@ -103,15 +93,8 @@ def simulate_participation(
     first_round: int = 1,
     force_one_if_empty: bool = False,
 ) -> np.ndarray:
-    """Participation masks of ``num_rounds`` ``T >= 0`` consecutive rounds from ``first_round``
-    (arguments as :func:`bernoulli_participation`).
-
-    Returns:
-        ``(T, N)`` bool array; row ``k`` equals ``bernoulli_participation(p, first_round + k, seed)``.
-
-    Raises:
-        ValueError: invalid arguments.
-    """
+    """``(T, N)`` bool masks of ``T = num_rounds`` rounds from ``first_round``: row ``k`` is
+    ``bernoulli_participation(p, first_round + k, seed)``; ValueError on invalid arguments."""
     _check_int("num_rounds", num_rounds)
     probs = check_probabilities(p)
     rows = [
@@ -122,21 +105,13 @@ def simulate_participation(
 
 
 class FrequencyEstimator:
-    """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8; notes/participation.md, s2 and s4).
+    """Frequency estimate ``q_i^t`` of the participation probabilities (RFedAGS Assumption 3.8;
+    notes/participation.md, s2 and s4).
 
-    ``c_i`` counts the rounds (of ``t`` observed) in which client ``i`` responded. Estimators:
-    ``"plus-one"`` (default): ``q_i = max((c_i + 1)/(t + 1), q_min)`` (one pseudo-response; 1 before
-    any round), whose expected corrected weight ``E[1{i in S}/(q_i N)] = (1 - (1-p)^{t+1}) / N`` is
-    never above ``1/N`` and tends to it (s4.1); ``"empirical"``: ``q_i = max(c_i / t, q_min)`` (the
-    paper's; ``prior`` before any round). The paper estimates from the previous rounds only, the
-    authors' code counts round ``t`` first: call :meth:`estimate` before or after :meth:`observe`
-    (or pass ``include``). ``q_i >= q_min > 0``: no division by zero for a never-seen client.
-
-    Args:
-        num_clients: ``N >= 1``.
-        q_min: floor in ``(0, 1]`` (default :data:`DEFAULT_Q_MIN` = 0.01).
-        prior: ``"empirical"`` estimate before any round, in ``(0, 1]`` (unused by ``"plus-one"``).
-        estimator: one of :data:`ESTIMATORS`.
+    With ``c_i`` responses in ``t`` rounds: ``"plus-one"`` ``q_i = max((c_i + 1)/(t + 1), q_min)``
+    (expected corrected weight never above ``1/N``, s4.1); ``"empirical"`` (the paper's)
+    ``q_i = max(c_i / t, q_min)``, ``prior`` before any round. Call :meth:`estimate` before or after
+    :meth:`observe` (or pass ``include``: the authors' order). ``q_min`` and ``prior`` lie in ``(0, 1]``.
 
     Raises:
         ValueError: invalid ``num_clients``, ``q_min``, ``prior`` or ``estimator`` (named).
@@ -164,14 +139,8 @@ class FrequencyEstimator:
         self.rounds = 0
 
     def observe(self, responded: np.ndarray | list[bool]) -> None:
-        """Record one round.
-
-        Args:
-            responded: ``(N,)`` bool mask of the clients whose upload arrived this round.
-
-        Raises:
-            ValueError: wrong shape or non-boolean entries.
-        """
+        """Record one round: ``responded``, the ``(N,)`` bool (or 0/1) mask of the clients whose
+        upload arrived; ValueError otherwise."""
         mask = np.asarray(responded)
         if mask.shape != (self.num_clients,):
             raise ValueError(
@@ -185,13 +154,8 @@ class FrequencyEstimator:
         self.rounds += 1
 
     def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
-        """``(N,)`` float64 estimates ``q_i^t`` in ``[q_min, 1]`` (past response frequency, floored;
-        notes/participation.md, s2 and s4); before any round all ``prior`` (``"empirical"``) or 1.
-        ``include``: a ``(N,)`` mask of a round counted *without* recording it (the authors' order).
-
-        Raises:
-            ValueError: ill-shaped ``include``.
-        """
+        """``(N,)`` float64 estimates ``q_i^t`` in ``[q_min, 1]``; ``include``: a ``(N,)`` mask of a
+        round counted without recording it (ValueError when ill-shaped)."""
         counts, rounds = self.counts, self.rounds
         if include is not None:
             mask = np.asarray(include)
@@ -208,11 +172,8 @@ class FrequencyEstimator:
 
 
 def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
-    """``(N,)`` float64 participation probabilities ``p_i ~ U(0, 1)`` i.i.d. from
-    ``default_rng([seed, 4])`` (paper's PCA experiment, notes/baselines-rfedags.md, s5.5).
-
-    Raises:
-        ValueError: ``num_clients`` not a positive integer.
+    """``(N,)`` float64 ``p_i ~ U(0, 1)`` from ``default_rng([seed, 4])`` (the RFedAGS paper's PCA
+    experiment, notes/baselines-rfedags.md, s5.5); ValueError unless ``num_clients`` is a positive int.
     """
     _check_int("num_clients", num_clients, 1)
     return np.random.default_rng([int(seed), 4]).random(num_clients)
@@ -221,8 +182,7 @@ def paper_participation(num_clients: int = 40, seed: int = 0) -> np.ndarray:
 # ------------------------------------------------------------------------- run-config specs, sampler
 
 
-#: A probability as written in a spec: decimal or scientific notation (``0.5``, ``.5``, ``5.``,
-#: ``1e-3``, ``1E-3``, ``2.5e-1``); no sign, so the ``-`` of ``uniform:<a>-<b>`` is never ambiguous.
+#: A probability in a spec: decimal or scientific, no sign (the ``-`` of ``uniform:<a>-<b>``).
 _NUMBER = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _RANGE_RE = re.compile(rf"\s*({_NUMBER})\s*-\s*({_NUMBER})\s*")
 #: The grammar of the participation spec, quoted by its errors.
@@ -262,11 +222,7 @@ def _values(text: str) -> list[float]:
 
 
 def check_participation_spec(spec: str) -> None:
-    """Syntax and range check of a participation spec (the count is checked by :func:`parse_participation`).
-
-    Raises:
-        ValueError: unparsable spec or a probability outside [0, 1] (named).
-    """
+    """Syntax and range check of a participation spec (not the count); ValueError (named)."""
     text = str(spec).strip()
     if not text:
         return
@@ -290,18 +246,16 @@ def parse_participation(
 ) -> np.ndarray | None:
     """Per-node participation probabilities from a spec.
 
-    Forms: ``""`` / None (no Bernoulli: use the fraction); a number ``"0.3"`` (every node); a comma
-    list ``"0.9,0.9,0.2"`` (one per partition-id); ``"uniform:<a>-<b>"`` (``p_i ~ U(a, b)`` i.i.d.,
-    from ``default_rng([seed, 11])``); ``"uniform"`` / ``"uniform:<s>"`` (``p_i ~ U(0, 1)``, the
-    RFedAGS paper's PCA setting, :func:`paper_participation` with seed s);
-    or an explicit sequence / ``{partition-id: p}`` mapping.
+    Forms: ``""`` / None (use the fraction); ``"0.3"`` (every node); ``"0.9,0.9,0.2"`` (one per
+    partition-id); ``"uniform:<a>-<b>"`` (``p_i ~ U(a, b)`` from ``default_rng([seed, 11])``);
+    ``"uniform"`` / ``"uniform:<s>"`` (:func:`paper_participation` with seed s); or a sequence /
+    ``{partition-id: p}`` mapping.
 
     Returns:
         ``(num_nodes,)`` float64 probabilities, or None for an empty spec.
 
     Raises:
-        ValueError: unparsable spec, wrong count, missing partition-ids, or a value outside
-            ``[0, 1]`` (named).
+        ValueError: unparsable spec, wrong count, missing partition-ids or a bad value (named).
     """
     if spec is None:
         return None
@@ -345,17 +299,15 @@ def parse_participation(
     return check_probabilities(vals, "participation")
 
 
-#: Uniform streams of :class:`ParticipationSampler`: training draws (``[seed, 0, r]``, shared with
-#: :func:`~flwr_sheaf.participation.bernoulli_participation`) and evaluator draws (``[seed, 1, r]``).
+#: Uniform streams of :class:`ParticipationSampler`: training (``[seed, 0, r]``, as
+#: :func:`bernoulli_participation`) and evaluators (``[seed, 1, r]``).
 TRAIN_STREAM, EVALUATE_STREAM = 0, 1
-#: Uniform stream of the fixed evaluation panel (run-config ``evaluate-nodes = panel``): one draw,
-#: ``default_rng([seed, 2, 0])``, used in every evaluated round.
+#: Stream of the fixed evaluation panel (``evaluate-nodes = panel``): one draw ``[seed, 2, 0]``.
 PANEL_STREAM = 2
 
 
 def smallest_uniforms(uniforms: np.ndarray, n: int) -> list[int]:
-    """The fraction draw: sorted positions of the ``n`` smallest of ``uniforms`` ``(M,)`` (stable
-    ties; every position when ``n >= M``)."""
+    """The fraction draw: sorted positions of the ``n`` smallest ``uniforms (M,)`` (stable ties)."""
     if n >= len(uniforms):
         return list(range(len(uniforms)))
     return sorted(int(i) for i in np.argsort(uniforms, kind="stable")[:n])
@@ -365,11 +317,8 @@ class ParticipationSampler:
     """Per-round training (or evaluation) sets over partition-ids ``0..N-1`` (module docstring):
     ``fraction`` in (0, 1], or Bernoulli ``probabilities`` ``(N,)`` (:func:`parse_participation`).
 
-    ``stream`` picks the uniforms ``default_rng([seed, stream, r])``: :data:`TRAIN_STREAM` (0),
-    :data:`EVALUATE_STREAM` (1, the evaluators of ``fraction-evaluate``) or :data:`PANEL_STREAM` (2,
-    with ``fixed_round = 0``: the fixed evaluation panel); Bernoulli needs stream 0. ``fixed_round``:
-    when set, every round's draw reads that round's uniforms (the same nodes every round).
-    ``key`` is the run-config key named in errors.
+    ``stream`` picks the uniforms ``default_rng([seed, stream, r])`` (Bernoulli: stream 0 only);
+    ``fixed_round``, when set, is the round every draw reads; ``key`` is named in errors.
 
     Raises:
         ValueError: N < 1, a fraction outside (0, 1], probabilities of the wrong length or range,
@@ -416,32 +365,26 @@ class ParticipationSampler:
     def from_spec(
         cls, num_nodes: int, fraction_train: float, participation: str, seed: int
     ) -> ParticipationSampler:
-        """Sampler from the run-config values ``fraction-train`` and ``participation`` (see the module docstring)."""
+        """Sampler from the run-config values ``fraction-train`` and ``participation``."""
         return cls(
             num_nodes, fraction_train, parse_participation(participation, num_nodes, seed), seed
         )
 
     def draw_round(self, server_round: int) -> int:
-        """The round whose uniforms ``server_round``'s draw reads: :attr:`fixed_round` when set (the
-        same nodes every round), else ``server_round``."""
+        """The round whose uniforms ``server_round``'s draw reads (:attr:`fixed_round` when set)."""
         return int(server_round) if self.fixed_round is None else self.fixed_round
 
     def uniforms(self, server_round: int) -> np.ndarray:
-        """``(N,)`` float64 uniforms ``u_i(seed, r)`` of this sampler's stream, shared by both modes
-        (``r`` = :meth:`draw_round` of ``server_round``)."""
+        """``(N,)`` float64 uniforms of this stream for :meth:`draw_round` of ``server_round``."""
         return np.random.default_rng(
             [self.seed, self.stream, self.draw_round(server_round)]
         ).random(self.num_nodes)
 
     def sample(self, server_round: int) -> list[int]:
-        """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli; notes/participation.md, s1)."""
+        """Sorted partition-ids that train in ``server_round`` (possibly none under Bernoulli)."""
         if self.probabilities is not None:
-            return [
-                int(i)
-                for i in np.flatnonzero(
-                    bernoulli_participation(self.probabilities, server_round, self.seed)
-                )
-            ]
+            mask = bernoulli_participation(self.probabilities, server_round, self.seed)
+            return [int(i) for i in np.flatnonzero(mask)]
         return smallest_uniforms(self.uniforms(server_round), self.num_drawn)
 
     @property

@@ -78,13 +78,10 @@ def _check_num_nodes(n: int) -> int:
     return int(n)
 
 
-#: Most agents of ``graph="complete"``: 1,000 agents are 499,500 edges (0.25 s, ~100 MB in networkx;
-#: every directed edge is then evaluated).
+#: Most agents of ``graph="complete"`` (499,500 edges: 0.25 s, ~100 MB in networkx).
 COMPLETE_MAX_NODES = 1000
 #: Most edges a graph may build (:func:`edge_count`): the complete graph's on ``COMPLETE_MAX_NODES``.
 MAX_GRAPH_EDGES = COMPLETE_MAX_NODES * (COMPLETE_MAX_NODES - 1) // 2
-
-
 #: Most distinct class sets of ``class-overlap-knn`` (its ``S x S`` overlap table: 16.7M int64 at 4096).
 KNN_MAX_CLASS_SETS = 4096
 
@@ -92,29 +89,21 @@ KNN_MAX_CLASS_SETS = 4096
 def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.4) -> nx.Graph:
     """The paper's class-overlap graph: maximum spanning tree + heaviest extra edges.
 
-    With ``w_ij = |C_i ∩ C_j|`` on the complete graph over the ``N`` class sets (agent ``i`` = node
-    ``i``), take ``networkx.maximum_spanning_tree`` (Kruskal, edges inserted in lexicographic
-    ``(i, j)`` order: the reference's tie-breaking), then add the other pairs (``w = 0`` included)
-    by descending ``w`` (ties by ``(min, max)``) up to ``floor(density * N (N-1) / 2)`` edges
-    (``density`` in (0, 1]; the paper's 0.4 gives 42 edges on its 15 sets: docs/paper.md, s8).
+    With ``w_ij = |C_i ∩ C_j|``: Kruskal's maximum spanning tree (edges in lexicographic ``(i, j)``
+    order: the reference's tie-breaking), then the other pairs by descending ``w`` (ties by
+    ``(min, max)``) up to ``floor(density * N (N-1) / 2)`` edges (paper: 0.4, docs/paper.md, s8).
 
     Returns:
-        ``nx.Graph`` with nodes ``0..N-1`` and an int ``weight`` attribute ``w_ij`` on every edge.
+        ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
 
     Raises:
-        ValueError: if ``class_sets`` is empty, a class set is empty (names the agent), ``density``
-            is outside (0, 1] (names it), the edge budget is below ``N - 1`` (a spanning tree
-            would not fit; names both numbers), or more edges than :data:`MAX_GRAPH_EDGES` to build
-            (:func:`check_graph_scale`; the sparse graphs are named).
+        ValueError: empty ``class_sets`` or class set (agent named), ``density`` outside (0, 1],
+            an edge budget below ``N - 1``, or more than :data:`MAX_GRAPH_EDGES` edges.
     """
     import networkx as nx
 
     sets = _class_sets(class_sets, lambda c: c)
-    if (
-        isinstance(density, bool)
-        or not isinstance(density, numbers.Real)
-        or not 0.0 < density <= 1.0
-    ):
+    if isinstance(density, bool) or not isinstance(density, numbers.Real) or not 0 < density <= 1:
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     n = len(sets)
     check_graph_scale(f"class-overlap:{density}", n)
@@ -131,14 +120,12 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
             )
         )
 
-    full = nx.Graph()
-    full.add_nodes_from(range(n))
+    full = nx.empty_graph(n)
     for i in range(n):
         for j in range(i + 1, n):
             full.add_edge(i, j, weight=len(sets[i] & sets[j]))
 
-    graph = nx.Graph()
-    graph.add_nodes_from(range(n))
+    graph = nx.empty_graph(n)
     graph.add_edges_from(
         nx.maximum_spanning_tree(full, weight="weight", algorithm="kruskal").edges(data=True)
     )
@@ -187,27 +174,20 @@ def _check_degree(k: int, n: int, name: str) -> int:
 def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: int = 0) -> nx.Graph:
     """Sparse class-overlap graph for many agents: each agent links to its ``k`` best-overlapping peers.
 
-    With ``w_ij = |C_i ∩ C_j|``, agent ``i`` (node ``i``) picks the ``k`` (``1 <= k <= N - 1``)
-    agents ``j != i`` with the largest ``w_ij``: every agent of an overlap level above the ``k``-th
-    best, and the rest drawn uniformly without replacement (seeded by ``seed``) among the agents at
-    the ``k``-th best level; the union is made undirected (degrees ``>= k``). Each further component
-    (by smallest node) is then joined to node 0's by its best-overlap pair (ties: smallest
-    ``(i, j)``). Agents are grouped by identical class set, so the cost is ``O(N k + S^2 C)`` time
-    and ``O(N k + S)`` memory for ``S`` distinct class sets over ``C`` classes; no ``N x N`` array is
-    built (benchmarks/records/performance.md, "Cross-device").
+    With ``w_ij = |C_i ∩ C_j|``, agent ``i`` takes every agent above the ``k``-th best overlap and
+    draws the rest (seeded) at that level; the union is undirected. Each further component is joined
+    to node 0's by its best-overlap pair (ties: smallest ``(i, j)``). Cost ``O(N k + S^2 C)`` for
+    ``S`` distinct class sets (benchmarks/records/performance.md, "Cross-device").
 
     Returns:
-        Connected ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
-
-    Raises:
-        ValueError: empty class sets, a bad ``k`` (named).
+        Connected ``nx.Graph`` on ``0..N-1``, int ``weight`` ``w_ij`` on every edge; ValueError on
+        empty class sets or a bad ``k`` (named).
     """
     import networkx as nx
 
     m = _class_matrix(class_sets)
     n = m.shape[0]
-    graph = nx.Graph()
-    graph.add_nodes_from(range(n))
+    graph = nx.empty_graph(n)
     if n == 1:
         return graph
     k = _check_degree(k, n, "class-overlap-knn")
@@ -231,14 +211,8 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
 def _knn_choices(
     set_id: np.ndarray, overlap: np.ndarray, k: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Each agent's ``k`` picks of :func:`class_overlap_knn_graph` as ``(src, dst)`` int64 arrays of
-    length ``N k`` (agent ``src[e]`` picked ``dst[e]``), computed per class-set group.
-
-    ``set_id``: ``(N,)`` int, each agent's class-set index; ``overlap``: ``(S, S)`` int overlaps of
-    the distinct sets. Agents of a level above the ``k``-th best overlap are all picked; the rest
-    are drawn without replacement among that level's agents (the agent itself excluded), by
-    sequential draws mapped past the ones already taken (vectorised over the group's agents).
-    """
+    """Each agent's ``k`` picks of :func:`class_overlap_knn_graph` as ``(src, dst)`` int64 arrays
+    (``N k``), per class-set group; ``set_id (N,)`` indexes the ``(S, S)`` ``overlap``."""
     order = np.argsort(set_id, kind="stable")
     counts = np.bincount(set_id, minlength=overlap.shape[0])
     starts = np.concatenate(([0], np.cumsum(counts)))
@@ -293,9 +267,8 @@ def _knn_choices(
 def _draw_without_replacement(
     rng: np.random.Generator, size: int, r: int, excluded: list[np.ndarray], rows: int
 ) -> np.ndarray:
-    """``(rows, r)`` int indices into ``range(size)``, each row ``r`` distinct values drawn uniformly
-    among those not in that row's ``excluded`` columns (each ``(rows, 1)``): draw ``x`` in
-    ``[0, size - taken)`` and map it past the values already taken, in ascending order."""
+    """``(rows, r)`` indices into ``range(size)``: per row ``r`` distinct uniform draws avoiding that
+    row's ``excluded`` values (each ``(rows, 1)``), each mapped past the values already taken."""
     taken = list(excluded)
     out = []
     for _ in range(r):
@@ -312,10 +285,8 @@ def _draw_without_replacement(
 def _component_joins(
     graph: nx.Graph, set_id: np.ndarray, overlap: np.ndarray
 ) -> list[tuple[int, int]]:
-    """The edges joining ``graph``'s components (taken by smallest node) one by one to node 0's:
-    for each, the pair ``(i, j)``, ``i`` in the nodes joined so far and ``j`` in the component, of
-    largest overlap, ties by smallest ``(i, j)``; computed on the class-set groups (the smallest
-    agent of each set on each side), never on an agent-by-agent block."""
+    """The edges joining ``graph``'s components (by smallest node) one by one to node 0's: the pair
+    of largest overlap, ties by smallest ``(i, j)``, computed on class-set groups."""
     import networkx as nx
 
     components = sorted((min(c), c) for c in nx.connected_components(graph))
@@ -342,22 +313,18 @@ def _component_joins(
 
 
 def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) -> nx.Graph:
-    """Connected random ``k``-regular graph (``networkx.random_regular_graph``), seeded.
-
-    Attempt ``a = 0, 1, ...`` uses the seed ``seed * 1_000_003 + a`` and the first connected draw
-    is returned (for ``k >= 3`` the first draw is connected with high probability).
+    """Connected random ``k``-regular graph: the first connected ``networkx.random_regular_graph``
+    of seeds ``seed * 1_000_003 + a``, ``a = 0, 1, ...``.
 
     Raises:
-        ValueError: ``n * k`` odd, ``k`` outside ``[1, N - 1]``, ``k = 1`` with ``N > 2`` (a perfect
-            matching is never connected), or no connected draw within ``max_tries`` (all named).
+        ValueError: ``n * k`` odd, ``k`` outside ``[1, N - 1]``, ``k = 1`` with ``N > 2``, or no
+            connected draw within ``max_tries``.
     """
     import networkx as nx
 
     n = _check_num_nodes(n)
     if n == 1:
-        graph = nx.Graph()
-        graph.add_node(0)
-        return graph
+        return nx.empty_graph(1)
     k = _check_degree(k, n, "random-regular")
     if (n * k) % 2:
         raise ValueError(f"random-regular: N * k must be even, got N={n}, k={k}")
@@ -368,8 +335,7 @@ def random_regular_graph(n: int, k: int, seed: int = 0, max_tries: int = 100) ->
     for attempt in range(max_tries):
         graph = nx.random_regular_graph(k, n, seed=int(seed) * 1_000_003 + attempt)
         if nx.is_connected(graph):
-            out = nx.Graph()
-            out.add_nodes_from(range(n))
+            out = nx.empty_graph(n)
             out.add_edges_from(sorted(tuple(sorted(e)) for e in graph.edges))
             return out
     raise ValueError(
@@ -390,11 +356,7 @@ def _degree_and_seed(spec: str, text: str) -> tuple[int, int]:
 
 
 def ring_graph(n: int) -> nx.Graph:
-    """Cycle ``0-1-...-(n-1)-0`` (one edge for ``n = 2``, a lone node for ``n = 1``).
-
-    Raises:
-        ValueError: if ``n`` is not a positive integer.
-    """
+    """Cycle ``0-1-...-(n-1)-0`` (a path for ``n < 3``); ValueError unless ``n`` is a positive int."""
     import networkx as nx
 
     n = _check_num_nodes(n)
@@ -402,11 +364,7 @@ def ring_graph(n: int) -> nx.Graph:
 
 
 def complete_graph(n: int) -> nx.Graph:
-    """All ``n (n-1) / 2`` pairs connected.
-
-    Raises:
-        ValueError: if ``n`` is not a positive integer.
-    """
+    """All ``n (n-1) / 2`` pairs connected; ValueError unless ``n`` is a positive integer."""
     import networkx as nx
 
     return nx.complete_graph(_check_num_nodes(n))
@@ -416,15 +374,12 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
     """Graph on nodes ``0..n-1`` with the edges of ``spec`` (``"i-j,k-l,..."``, spaces allowed).
 
     Raises:
-        ValueError: for a malformed token, a self-loop, a repeated edge (in either direction), or
-            an endpoint outside ``[0, n)`` (each named). Connectivity is checked by
-            :func:`validate_graph`, not here.
+        ValueError: a malformed token, a self-loop, a repeated edge, or an endpoint outside ``[0, n)``.
     """
     import networkx as nx
 
     n = _check_num_nodes(n)
-    graph = nx.Graph()
-    graph.add_nodes_from(range(n))
+    graph = nx.empty_graph(n)
     for token in str(spec).split(","):
         m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", token)
         if m is None:
@@ -444,16 +399,15 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
 def build_graph(
     spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] | None = None
 ) -> nx.Graph:
-    """Build and validate a topology on ``num_nodes`` nodes ``0..N-1`` from a run-config ``spec``
-    (:data:`GRAPH_SPECS`; ``class-overlap`` has density 0.4 and, with ``class-overlap-knn``, needs
-    the ``N`` agents' ``class_sets``).
+    """Build and validate a topology on nodes ``0..N-1`` from a run-config ``spec``
+    (:data:`GRAPH_SPECS`; the class-overlap forms need the ``N`` agents' ``class_sets``).
 
     Returns:
-        A connected, simple ``nx.Graph`` on ``0..N-1`` (checked by :func:`validate_graph`).
+        A connected, simple ``nx.Graph`` on ``0..N-1``.
 
     Raises:
-        ValueError: unknown spec (named, valid forms listed), missing/mis-sized ``class_sets``
-            for ``class-overlap``, bad density, or a graph that fails :func:`validate_graph`.
+        ValueError: unknown spec (valid forms listed), missing/mis-sized ``class_sets``, bad
+            parameters, or a graph that fails :func:`validate_graph`.
     """
     n = _check_num_nodes(num_nodes)
     text = str(spec).strip()
@@ -481,17 +435,14 @@ def build_graph(
 
 
 def edge_count(form: str, params: tuple, n: int, text: str = "") -> tuple[int, str]:
-    """``(edges, formula)``: how many edges building graph ``form`` (with :func:`_parse_graph_spec`'s
-    ``params``, edge list ``text``) on ``n`` agents creates, from these numbers alone (an upper bound:
-    ``class-overlap`` builds all pairs then keeps ``floor(density * pairs)``; ``class-overlap-knn:k``
-    links each agent to ``k`` peers)."""
+    """``(edges, formula)``: an upper bound on the edges building ``form`` (:func:`_parse_graph_spec`'s
+    ``params``, edge list ``text``) on ``n`` agents creates."""
     pairs = n * (n - 1) // 2
     if form == "complete":
         return pairs, "N (N-1) / 2"
     if form == "class-overlap":
-        return pairs + math.floor(
-            params[0] * pairs + 1e-9
-        ), "all N (N-1) / 2 pairs + density of them"
+        kept = math.floor(params[0] * pairs + 1e-9)
+        return pairs + kept, "all N (N-1) / 2 pairs + density of them"
     if form == "class-overlap-knn":
         k = params[0]
         return min(n * k + n // (k + 1), pairs), "N k + N / (k + 1) (joins)"
@@ -503,13 +454,8 @@ def edge_count(form: str, params: tuple, n: int, text: str = "") -> tuple[int, s
 
 
 def check_graph_scale(spec: str, num_nodes: int) -> None:
-    """Refuse, from the spec and ``N`` alone (nothing built), a graph that would build more than
-    :data:`MAX_GRAPH_EDGES` edges (:func:`edge_count`, every form against the one cap).
-
-    Raises:
-        ValueError: the spec, ``N``, its edge count and the sparse graphs to use instead named (or a
-            malformed spec, as :func:`check_graph_spec`).
-    """
+    """Refuse (ValueError naming the sparse graphs), from the spec and ``N`` alone, a graph building
+    more than :data:`MAX_GRAPH_EDGES` edges, or a malformed spec."""
     form, params = _parse_graph_spec(spec)
     n = int(num_nodes)
     edges, formula = edge_count(form, params, n, str(spec))
@@ -524,18 +470,13 @@ def check_graph_scale(spec: str, num_nodes: int) -> None:
 
 
 def check_graph_spec(spec: str) -> None:
-    """Syntax check of a graph spec before any node is known (the forms of :func:`build_graph`).
-
-    Raises:
-        ValueError: an unknown form, or a degree / density / seed that is not a number (named).
-    """
+    """Syntax check of a graph spec (:data:`GRAPH_SPECS`) before any node is known; ValueError
+    for an unknown form or a degree / density / seed that is not a number (named)."""
     _parse_graph_spec(spec)
 
 
 def _parse_graph_spec(spec: str) -> tuple[str, tuple]:
-    """``(form, parameters)`` of a graph spec: ``("class-overlap", (density,))``,
-    ``("class-overlap-knn" | "random-regular", (k, seed))``, ``("ring" | "complete", ())`` or
-    ``("edges", ())``; raises as :func:`check_graph_spec`."""
+    """``(form, params)``: ``(density,)``, ``(k, seed)`` or ``()``; raises as :func:`check_graph_spec`."""
     text = str(spec).strip()
     if text in ("ring", "complete"):
         return text, ()
@@ -556,14 +497,9 @@ def _parse_graph_spec(spec: str) -> tuple[str, tuple]:
 def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
     """Check that ``graph`` is a usable topology for the nodes ``partition_ids``.
 
-    Args:
-        graph: undirected ``nx.Graph`` whose nodes are partition ids.
-        partition_ids: the partition ids that take part (each must be a node).
-
     Raises:
-        ValueError: if the graph is directed or a multigraph, has a self-loop (named), has a node
-            that is not a partition id (named), misses a partition id (named), is empty, or is
-            not connected (the components are listed).
+        ValueError: a directed or multigraph, a self-loop, a node not a partition id, a missing
+            partition id, no nodes, or not connected (each named).
     """
     import networkx as nx
 

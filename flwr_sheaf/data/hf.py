@@ -1,9 +1,5 @@
-"""flwr-datasets integration ("hf" extra): the paper's partition as a flwr-datasets ``Partitioner``.
-
-Kept out of :mod:`flwr_sheaf.data.partition` so that importing the package does not import
-flwr-datasets (seconds per process): import it from here,
-``from flwr_sheaf.data.hf import LabelShiftPartitioner``.
-"""
+"""flwr-datasets integration ("hf" extra): the paper's partition as a flwr-datasets ``Partitioner``
+(a module of its own so that importing the package does not import flwr-datasets)."""
 
 from __future__ import annotations
 
@@ -35,17 +31,16 @@ class LabelShiftPartitioner(_PartitionerBase):
     """flwr-datasets ``Partitioner`` applying the paper's pilot hold-out and Eq. 23 split
     (:func:`make_federated_split` on the ``partition_by`` label column; ``N = len(class_sets)``).
 
-    ``load_partition(i)`` returns agent ``i``'s whole pool (train + val + test, ascending dataset
-    order, pilots excluded); :attr:`split` holds the stratified 80/10/10 indices and
-    :attr:`pilot_indices` the shared pilots. Example::
+    ``load_partition(i)`` returns agent ``i``'s pool (train + val + test, pilots excluded);
+    :attr:`split` holds the 80/10/10 indices, :attr:`pilot_indices` the pilots. Example::
 
         fds = FederatedDataset(dataset="ylecun/mnist", partitioners={"train": LabelShiftPartitioner(
             PAPER_CLASS_SETS_15, shift=0.7)})
         agent0 = fds.load_partition(0)
 
     Raises:
-        ImportError: if flwr-datasets is not installed.
-        ValueError: on bad arguments (validated eagerly) or an unknown partition id.
+        ImportError: flwr-datasets is not installed.
+        ValueError: bad arguments (checked eagerly) or an unknown partition id.
     """
 
     def __init__(

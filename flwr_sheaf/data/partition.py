@@ -1,14 +1,12 @@
 """Paper partition (Sec. 6 "Data heterogeneity", Eq. 23): shared pilots + label-shift split.
 
-A pure function of ``(labels, class_sets, shift, seed, fractions)`` (:func:`make_federated_split`):
+:func:`make_federated_split`, a pure function of ``(labels, class_sets, shift, seed, fractions)``:
 (a) the first ``round(pilot_fraction * M)`` samples of a seeded permutation are the pilot hold-out,
-restricted to classes every agent observes, capped at ``num_pilots`` (a prefix: the agents' data
-never depends on it); (b) the rest is split class by class across agents by deterministic
-largest-remainder counts of ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23; the reference draws random
-owners: docs/deviations.md, s1), consecutive chunks of the permutation; (c) each agent's class
-chunk is split train/val/test with ``n_val = floor(val_fraction * n + 1/2)``, ``n_test =
-min(floor(test_fraction * n + 1/2), n - n_val)``. Paper facts: docs/paper.md, s7. All index
-arrays index into the source of :func:`flwr_sheaf.data.sources.load_source`.
+restricted to classes every agent observes, capped at ``num_pilots``; (b) the rest is split class by
+class in consecutive chunks by largest-remainder counts of ``theta_i[k] / sum_j theta_j[k]`` (Eq. 23;
+the reference draws random owners: docs/deviations.md, s1); (c) each class chunk is split with
+``n_val = floor(val_fraction * n + 1/2)``, ``n_test = min(floor(test_fraction * n + 1/2), n -
+n_val)``. Paper facts: docs/paper.md, s7. Indices point into :func:`~flwr_sheaf.data.sources.load_source`.
 """
 
 from __future__ import annotations
@@ -54,11 +52,15 @@ def _is_int(v: object, lo: int, hi: float = math.inf) -> bool:
     return not isinstance(v, bool) and isinstance(v, numbers.Integral) and lo <= int(v) < hi
 
 
-def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
-    """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets``; raises ValueError on bad input.
+def _is_real(v: object) -> bool:
+    """``v`` is a real number (not a bool)."""
+    return not isinstance(v, bool) and isinstance(v, numbers.Real)
 
-    A tuple of tuples (what the scenario passes for every node) is normalised once per process
-    (cached): N nodes each normalising all N sets would make set-up quadratic in N."""
+
+def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
+    """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets``; ValueError on bad input.
+
+    A tuple of tuples is cached: N nodes each normalising all N sets would be quadratic in N."""
     if isinstance(class_sets, tuple) and all(isinstance(cs, tuple) for cs in class_sets):
         try:
             return _normalise_cached(class_sets, num_classes)
@@ -101,22 +103,13 @@ _normalise_cached = functools.lru_cache(maxsize=16)(_normalise_uncached)
 
 
 def _check_shift(shift: float) -> float:
-    if (
-        isinstance(shift, bool)
-        or not isinstance(shift, numbers.Real)
-        or not 0.0 <= float(shift) <= 1.0
-    ):
+    if not (_is_real(shift) and 0.0 <= float(shift) <= 1.0):
         raise ValueError(f"shift s must be a real number in [0, 1], got {shift!r}")
     return float(shift)
 
 
 def _check_fraction(name: str, value: float, *, allow_zero: bool) -> float:
-    lo_ok = value >= 0.0 if allow_zero else value > 0.0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not (lo_ok and value < 1.0)
-    ):
+    if not (_is_real(value) and (value >= 0.0 if allow_zero else value > 0.0) and value < 1.0):
         bound = "[0, 1)" if allow_zero else "(0, 1)"
         raise ValueError(f"{name} must be in {bound}, got {value!r}")
     return float(value)
@@ -154,15 +147,13 @@ def label_shift_proportions(
     class_sets: ClassSets, shift: float, num_classes: int = NUM_CLASSES
 ) -> np.ndarray:
     """Per-agent label distributions of paper Eq. 23: ``theta_i[k] = s * 1[k in C_i] / |C_i| + (1 - s)
-    / C``, for ``N`` non-empty class sets ``C_i`` in ``[0, C)`` (duplicates ignored) and the shift
-    ``s`` in [0, 1] (0 = IID, 1 = only own classes).
+    / C`` for ``N`` non-empty class sets ``C_i`` and shift ``s`` in [0, 1] (0 = IID).
 
     Returns:
-        float64 array ``(N, C)``; every row is a probability vector (sums to 1).
+        float64 ``(N, C)``; every row sums to 1.
 
     Raises:
-        ValueError: ``shift`` outside [0, 1], an empty class set (agent named) or a class outside
-            ``[0, C)`` (class and agent named).
+        ValueError: ``shift`` outside [0, 1], an empty class set or a class outside ``[0, C)`` (named).
     """
     s = _check_shift(shift)
     sets = _normalise_class_sets(class_sets, num_classes)
@@ -173,11 +164,8 @@ def label_shift_proportions(
 
 
 def _largest_remainder(n: int, weights: np.ndarray) -> np.ndarray:
-    """Integer counts summing to ``n``, each within 1 of ``n * weights`` (weights >= 0, sum 1).
-
-    Hamilton's method: floor every quota, then give the leftover units to the largest fractional
-    parts (ties: lower index first). Zero-weight entries always get 0.
-    """
+    """Hamilton's method: counts summing to ``n``, each within 1 of ``n * weights`` (sum 1); the
+    leftover units go to the largest fractional parts (ties: lower index); zero weight gets 0."""
     quota = n * weights
     counts = np.floor(quota).astype(np.int64)
     counts[weights <= 0] = 0
@@ -193,19 +181,14 @@ def _largest_remainder(n: int, weights: np.ndarray) -> np.ndarray:
 class FederatedSplit:
     """Indices of the shared pilot set and of every agent's train/val/test data.
 
-    All arrays are read-only int64 and index into the source the labels came from; they are
-    pairwise disjoint. Agent arrays are sorted ascending; ``pilot_idx`` keeps the seeded
-    permutation's order (row ``r`` of every agent's pilot matrix ``(K, d_i)`` is sample
-    ``pilot_idx[r]``), so ``make_federated_split(..., num_pilots=K).pilot_idx`` is a prefix of the
-    uncapped one.
+    Read-only, pairwise disjoint int64 arrays into the source. Agent arrays are sorted;
+    ``pilot_idx`` keeps the permutation's order (row ``r`` of every pilot matrix ``(K, d_i)`` is
+    sample ``pilot_idx[r]``; capping at ``K`` takes a prefix).
 
     Attributes:
         pilot_idx: ``(K,)`` shared pilot samples.
-        train_idx, val_idx, test_idx: ``N`` arrays each, one per agent (partition id).
-        class_sets: the normalised ``C_i`` (sorted tuples).
-        shift: ``s`` of Eq. 23.
-        seed: the permutation seed.
-        num_classes: size of the label space ``C``.
+        train_idx, val_idx, test_idx: one array per agent (partition id).
+        class_sets, shift, seed, num_classes: the normalised ``C_i``, ``s``, seed and ``C``.
     """
 
     pilot_idx: np.ndarray
@@ -223,26 +206,15 @@ class FederatedSplit:
         return len(self.train_idx)
 
     def pool_idx(self, partition_id: int) -> np.ndarray:
-        """Sorted union of agent ``partition_id``'s train, val and test indices (its whole pool).
-
-        Returns:
-            int64 ``(n_i,)`` array of source indices.
-
-        Raises:
-            ValueError: ``partition_id`` outside ``[0, N)``.
-        """
+        """Agent ``partition_id``'s whole pool: sorted int64 ``(n_i,)`` union of its train, val and
+        test indices; ValueError outside ``[0, N)``."""
         _check_partition_id(partition_id, self.num_agents)
         i = int(partition_id)
         return np.sort(np.concatenate([self.train_idx[i], self.val_idx[i], self.test_idx[i]]))
 
     def class_counts(self, labels, part: str = "pool") -> np.ndarray:
-        """Per-agent class histogram: int64 ``(N, C)``, entry ``[i, k]`` = agent ``i``'s samples of class
-        ``k`` in ``part`` (``"train"``, ``"val"``, ``"test"`` or ``"pool"``), from the labels ``(M,)``
-        the split was made from.
-
-        Raises:
-            ValueError: an unknown ``part`` or labels too short for the stored indices.
-        """
+        """Per-agent class histogram int64 ``(N, C)`` of ``part`` (``"train"``, ``"val"``, ``"test"``
+        or ``"pool"``) from the split's labels ``(M,)``; ValueError on a bad ``part`` or labels."""
         if part not in _PARTS:
             raise ValueError(f"unknown part {part!r}; valid: {_PARTS}")
         lab = _as_label_array(labels, self.num_classes)
@@ -260,13 +232,8 @@ class FederatedSplit:
 def _hold_out(
     labels, seed, pilot_fraction, val_fraction, test_fraction, num_classes: int
 ) -> tuple[int, tuple[float, float, float], np.ndarray, np.ndarray, int]:
-    """Step (a) of both splits, before the pilots are chosen: the checked seed and fractions (pilot in
-    (0, 1), val and test in [0, 1), val + test < 1), the labels ``(M,)`` int64, the seeded
-    permutation ``(M,)`` and the hold-out size ``round(pilot_fraction * M)``.
-
-    Raises:
-        ValueError: a bad seed or label, a fraction out of range, or val + test >= 1 (values named).
-    """
+    """Step (a) before the pilots are chosen: checked seed and fractions (ValueError, named), labels
+    ``(M,)`` int64, the seeded permutation ``(M,)`` and the hold-out size ``round(pilot_fraction * M)``."""
     seed = _check_seed(seed)
     pilot_fraction = _check_fraction("pilot_fraction", pilot_fraction, allow_zero=False)
     val_fraction = _check_fraction("val_fraction", val_fraction, allow_zero=True)
@@ -299,39 +266,28 @@ def make_federated_split(
     num_classes: int = NUM_CLASSES,
     min_per_split: int = 0,
 ) -> FederatedSplit:
-    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (steps (a)-(c) of
-    the module docstring).
+    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (module docstring).
 
     Args:
-        labels: int class ids ``(M,)`` (numpy or torch), values in ``[0, num_classes)``.
+        labels: int class ids ``(M,)`` (numpy or torch) in ``[0, num_classes)``.
         class_sets: the agents' target classes ``C_i`` (``N`` non-empty sets).
         shift: ``s`` in [0, 1] (Eq. 23).
         seed: non-negative int; the only source of randomness.
-        pilot_fraction: share of all ``M`` samples held out for pilots, in (0, 1) (paper: 0.1);
-            the hold-out has ``round(pilot_fraction * M)`` samples.
-        num_pilots: optional cap ``K`` on the number of pilots (first ``K`` of the permuted,
-            class-restricted hold-out); ``None`` keeps them all.
-        val_fraction, test_fraction: per-agent, per-class shares for validation and test, each in
-            [0, 1) with sum < 1 (paper: 0.1 each).
+        pilot_fraction: share of the ``M`` samples held out for pilots, in (0, 1).
+        num_pilots: optional cap ``K`` on the pilots (``None``: all).
+        val_fraction, test_fraction: per-class shares, each in [0, 1), sum < 1.
         num_classes: size of the label space ``C``.
-        min_per_split: 0 (default): the paper's per-class 80/10/10 split of each agent's data. ``m >= 1``:
-            the cross-device rule (partitioner ``cross-device``): per agent, its samples shuffled (seeded
-            by ``(seed, i)``), ``max(m, round(val_fraction * n))`` for validation, as many for test (by
-            ``test_fraction``), the rest for training, so a handful of samples per agent still gives
-            non-empty splits (an agent with fewer than ``2 m + 1`` samples keeps them all for training
-            and is refused by :func:`check_all_agents`); the agents' class sets are then the classes
-            they received.
+        min_per_split: 0: the paper's per-class split. ``m >= 1``: the ``cross-device`` rule: per
+            agent, its shuffled samples (seeded by ``(seed, i)``) give ``max(m, round(val_fraction
+            * n))`` for validation, likewise test, the rest training (fewer than ``2 m + 1``
+            samples: all training); class sets become the classes received.
 
     Returns:
-        A :class:`FederatedSplit`; pilots, and every agent's train/val/test are pairwise
-        disjoint, and the agents' data covers every non-hold-out sample of every class some agent
-        observes.
+        A :class:`FederatedSplit` covering every non-hold-out sample of every observed class.
 
     Raises:
-        ValueError: on bad ``shift``/``class_sets`` (see :func:`label_shift_proportions`), bad
-            fractions or seed, labels outside ``[0, C)``, ``num_pilots`` < 1 or larger than the
-            number of eligible pilots, or when no pilot is eligible (``s = 1`` with an empty
-            intersection of the class sets).
+        ValueError: bad ``shift``, ``class_sets``, fractions, seed or labels, ``num_pilots`` < 1 or
+            above the eligible pilots, or no eligible pilot (``s = 1``, disjoint class sets).
     """
     theta = label_shift_proportions(class_sets, shift, num_classes)
     sets = _normalise_class_sets(class_sets, num_classes)
@@ -348,16 +304,7 @@ def make_federated_split(
         sets = _received_classes(lab, train, val, test)
     else:
         train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(
-        pilot_idx=_frozen(pilots),
-        train_idx=train,
-        val_idx=val,
-        test_idx=test,
-        class_sets=sets,
-        shift=s,
-        seed=seed,
-        num_classes=num_classes,
-    )
+    return FederatedSplit(_frozen(pilots), train, val, test, sets, s, seed, num_classes)
 
 
 def _eq23_pilots(
@@ -368,14 +315,8 @@ def _eq23_pilots(
     num_pilots: int | None,
     pilot_fraction: float,
 ) -> np.ndarray:
-    """Step (a): the hold-out ``hold`` (first ``round(pilot_fraction * M)`` of the seeded
-    permutation) restricted to classes every agent observes (``theta (N, C)`` > 0 in every row),
-    the first ``num_pilots`` of them when given.
-
-    Raises:
-        ValueError: no eligible pilot (the observed-by-all classes and the hold-out size named), or
-            ``num_pilots`` not a positive integer or above the eligible pilots.
-    """
+    """Step (a): the hold-out restricted to classes every agent observes (``theta (N, C) > 0``),
+    capped at ``num_pilots``; ValueError when none is eligible or ``num_pilots`` is bad (named)."""
     m = lab.size
     observed_by_all = theta.min(axis=0) > 0.0  # (C,)
     pilots = hold[observed_by_all[lab[hold]]]
@@ -400,9 +341,8 @@ def _eq23_pilots(
 
 
 def _eq23_chunks(lab: np.ndarray, rest: np.ndarray, theta: np.ndarray) -> list[list[np.ndarray]]:
-    """Step (b): per class k, the samples of ``rest`` (the permutation after the hold-out) of class
-    k cut into consecutive chunks by deterministic largest-remainder counts of ``theta[:, k]``
-    (Eq. 23); a class nobody observes (``s = 1``) is dropped. Returns per agent, per class, a chunk."""
+    """Step (b): per class k, ``rest``'s samples of k cut into consecutive chunks by
+    largest-remainder counts of ``theta[:, k]`` (Eq. 23); returns per agent, per class, a chunk."""
     rest_labels = lab[rest]
     per_agent: list[list[np.ndarray]] = [[] for _ in range(theta.shape[0])]
     for k in range(theta.shape[1]):
@@ -420,7 +360,7 @@ def _eq23_chunks(lab: np.ndarray, rest: np.ndarray, theta: np.ndarray) -> list[l
 def _received_classes(
     lab: np.ndarray, train: list[np.ndarray], val: list[np.ndarray], test: list[np.ndarray]
 ) -> tuple[tuple[int, ...], ...]:
-    """Each agent's class set as the sorted classes of the samples it received (cross-device rule)."""
+    """Each agent's class set: the sorted classes of the samples it received."""
     return tuple(
         tuple(sorted({int(c) for c in np.unique(lab[np.concatenate([tr, va, te])])}))
         for tr, va, te in zip(train, val, test)
@@ -430,7 +370,7 @@ def _received_classes(
 def _train_val_test(
     per_agent: list[list[np.ndarray]], val_fraction: float, test_fraction: float
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """Step (c): per agent, per class chunk: train | val | test with round-half-up sizes (sorted, read-only)."""
+    """Step (c): per agent, per class chunk: train | val | test with round-half-up sizes."""
     train, val, test = [], [], []
     for i in range(len(per_agent)):
         tr, va, te = [], [], []
@@ -474,9 +414,8 @@ def _train_val_test_per_agent(
     return train, val, test
 
 
-#: Partitioners of :func:`load_agent_data`: the paper's Eq. 23 label shift, a Dirichlet label shift, or
-#: the Eq. 23 label shift with the cross-device split rule (at least one validation and one test sample
-#: per agent; class sets = the classes received).
+#: Partitioners of :func:`load_agent_data`: Eq. 23 label shift, Dirichlet label shift, or Eq. 23 with
+#: the cross-device split rule.
 PARTITIONER_FORMS = ("label-shift", "dirichlet:<alpha>", "cross-device")
 
 
@@ -484,10 +423,8 @@ PARTITIONER_FORMS = ("label-shift", "dirichlet:<alpha>", "cross-device")
 PILOT_FRACTION = 0.1
 
 
-#: Fewest samples an agent must get for the partitioner's split to give it a training, a validation
-#: and a test sample: ``label-shift`` splits each class chunk 80/10/10 with round-half-up, so a chunk
-#: of fewer than 5 gives no validation (or test) sample; ``cross-device`` gives at least one of each
-#: (3); flwr-datasets' ``DirichletPartitioner`` is asked for ``min_partition_size=10``.
+#: Fewest samples an agent needs for a training, a validation and a test sample, per partitioner
+#: (80/10/10 round-half-up needs 5; cross-device 3; DirichletPartitioner's min_partition_size 10).
 MIN_AGENT_SAMPLES = {"label-shift": 5, "cross-device": 3, "dirichlet": 10}
 
 
@@ -510,26 +447,19 @@ def check_agents_fit(
     zoo: str = "",
     partitioner: str = "label-shift",
 ) -> None:
-    """Refuse, from the dataset's size alone (:func:`~flwr_sheaf.data.sources.source_size`, nothing
-    loaded or split), ``num_agents`` agents that cannot each get the fewest samples the
-    ``partitioner``'s split needs for a training, a validation and a test sample
-    (:data:`MIN_AGENT_SAMPLES`), or more pilots than the hold-out has. A necessary condition only,
-    so the message states the rule and gives no agent count as one that works: how many agents the
-    split serves depends on the zoo's class sets and ``shift``, and the exact split is checked when
-    the run starts (:func:`check_all_agents`). A source of unknown size (``hf:``) passes.
+    """Refuse, from the dataset's size alone (nothing loaded), more agents than could each get
+    :data:`MIN_AGENT_SAMPLES`, or more pilots than the hold-out has. A necessary condition only
+    (the exact split is checked by :func:`check_all_agents`); a source of unknown size passes.
 
     Raises:
-        ValueError: the agents (``zoo``) or ``num-pilots`` named with the dataset's size and the fix.
+        ValueError: too many agents (``zoo``) or pilots, named with the dataset's size and the fix.
     """
     m = source_size(dataset)
     if m is None:
         return
     hold = int(round(PILOT_FRACTION * m))
-    kind = (
-        "dirichlet"
-        if str(partitioner).strip().startswith("dirichlet:")
-        else str(partitioner).strip()
-    )
+    kind = str(partitioner).strip()
+    kind = "dirichlet" if kind.startswith("dirichlet:") else kind
     need = MIN_AGENT_SAMPLES.get(kind, 3)
     most = (m - hold) // need
     if num_agents > most:
@@ -557,12 +487,8 @@ def split_floor(spec: str) -> int:
 
 
 def parse_partitioner(spec: str) -> float | None:
-    """``"label-shift"`` and ``"cross-device"`` -> None (paper Eq. 23; :func:`split_floor` tells them apart);
-    ``"dirichlet:<alpha>"`` -> ``alpha > 0`` (float).
-
-    Raises:
-        ValueError: any other spec, or a non-positive / non-finite alpha (the spec is named).
-    """
+    """``"label-shift"``, ``"cross-device"`` -> None (Eq. 23); ``"dirichlet:<alpha>"`` -> ``alpha > 0``;
+    ValueError (naming the spec) for anything else."""
     if not isinstance(spec, str):
         raise ValueError(
             f"partitioner must be a string, got {spec!r}; valid forms: {PARTITIONER_FORMS}"
@@ -594,14 +520,10 @@ def make_dirichlet_split(
     num_classes: int = NUM_CLASSES,
     min_partition_size: int = 10,
 ) -> FederatedSplit:
-    """Shared pilots, then a Dirichlet(alpha) label shift by flwr-datasets' ``DirichletPartitioner``
-    (FedSAF's heterogeneity protocol; notes/baselines-prototypes.md, s4.6), then the per-class split.
-
-    (a) pilots: the first ``round(pilot_fraction * M)`` samples of the seeded permutation (every
-    class eligible), capped at ``num_pilots``; (b) the rest through ``DirichletPartitioner(
-    num_partitions=N, partition_by="label", alpha, min_partition_size, self_balancing=False,
-    shuffle=True, seed)``; (c) as :func:`make_federated_split`. ``labels``: ``(M,)``; other arguments
-    as :func:`make_federated_split`; ``class_sets`` are the classes each agent received, ``shift`` 0.
+    """Shared pilots (every class eligible), a Dirichlet(alpha) label shift by flwr-datasets'
+    ``DirichletPartitioner(N, "label", alpha, min_partition_size, self_balancing=False,
+    shuffle=True, seed)`` (FedSAF's protocol; notes/baselines-prototypes.md, s4.6), then the split
+    of :func:`make_federated_split` (arguments likewise; ``class_sets``: the classes received).
 
     Returns:
         :class:`FederatedSplit` (disjoint, covering every non-hold-out sample).
@@ -631,16 +553,7 @@ def make_dirichlet_split(
         lab, rest, int(num_agents), float(alpha), min_partition_size, seed, num_classes
     )
     train, val, test = _train_val_test(per_agent, val_fraction, test_fraction)
-    return FederatedSplit(
-        pilot_idx=_frozen(pilots),
-        train_idx=train,
-        val_idx=val,
-        test_idx=test,
-        class_sets=sets,
-        shift=0.0,
-        seed=seed,
-        num_classes=num_classes,
-    )
+    return FederatedSplit(_frozen(pilots), train, val, test, sets, 0.0, seed, num_classes)
 
 
 def _dirichlet_chunks(
@@ -652,13 +565,8 @@ def _dirichlet_chunks(
     seed: int,
     num_classes: int,
 ) -> tuple[list[list[np.ndarray]], tuple[tuple[int, ...], ...]]:
-    """Step (b) of :func:`make_dirichlet_split`: the sorted samples ``rest`` through flwr-datasets'
-    ``DirichletPartitioner`` (module docstring of the caller); returns per agent, per class it
-    received, a chunk of indices, and each agent's received classes.
-
-    Raises:
-        ImportError: flwr-datasets missing; ValueError: as the partitioner.
-    """
+    """Step (b) of :func:`make_dirichlet_split`: per agent, per class received, a chunk of
+    ``rest``; and each agent's received classes."""
     from datasets import Dataset
     from flwr_datasets.partitioner import DirichletPartitioner
 
@@ -684,17 +592,9 @@ def _dirichlet_chunks(
 # ----------------------------------------------------------------------------------- tensors
 @dataclass(frozen=True)
 class AgentData:
-    """One agent's tensors (copies gathered from the cached source; read-only by convention).
-
-    Images are float32 ``(n, 1, 28, 28)`` in [0, 1]; labels int64 ``(n,)``. The pilot tensors
-    are the same objects for every agent of one :class:`PreparedSplit` (one copy per process).
-
-    Attributes:
-        x_train, y_train, x_val, y_val, x_test, y_test: the agent's 80/10/10 split.
-        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` / ``(K,)``, in ``pilot_idx`` order.
-        pilot_idx: int64 numpy ``(K,)``, the pilots' indices into the source (read-only).
-        partition_id: the agent's index ``i``.
-        classes: the agent's target class set ``C_i``.
+    """One agent's tensors (copies; read-only by convention): images float32 ``(n, 1, 28, 28)`` in
+    [0, 1], labels int64 ``(n,)``: its 80/10/10 split, the shared pilots ``(K, ...)`` in
+    ``pilot_idx (K,)`` order, its ``partition_id`` and target ``classes``.
     """
 
     x_train: torch.Tensor
@@ -747,13 +647,9 @@ class PreparedSplit:
     """The shared, per-process part of every agent's data (:func:`prepare_split`).
 
     Attributes:
-        dataset: the source spec.
-        split: the index split (:class:`FederatedSplit`).
         class_sets: the agents' target classes ``C_i`` (after a Dirichlet split: what each received).
-        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` float32 / ``(K,)`` int64, one tensor pair
-            for all agents (read-only).
-        images, labels: the whole source (:func:`load_source`'s cached tensors, read-only), so an
-            agent's samples are gathered without looking the source up again.
+        x_pilot, y_pilot: the shared pilots ``(K, 1, 28, 28)`` float32 / ``(K,)`` int64 (read-only).
+        images, labels: the whole source (:func:`load_source`'s cached tensors, read-only).
         pilot_digest: :func:`pilot_digest` of ``x_pilot`` (what every agent reports at discovery).
     """
 
@@ -770,8 +666,8 @@ class PreparedSplit:
 def _gather(
     images: torch.Tensor, labels: torch.Tensor, idx: np.ndarray
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images and labels of ``idx`` (copies). numpy fancy indexing: torch's indexing of a few rows of a
-    large tensor goes through its thread pool and cost ~15 ms a call on a loaded 2-core machine."""
+    """Images and labels of ``idx`` (copies; numpy indexing: torch's costs ~15 ms a call via its
+    thread pool on a loaded machine)."""
     t = np.asarray(idx, dtype=np.int64)
     return torch.from_numpy(images.numpy()[t]), torch.from_numpy(labels.numpy()[t])
 
@@ -784,10 +680,7 @@ def prepare_split(
     num_pilots: int | None = None,
     partitioner: str = "label-shift",
 ) -> PreparedSplit:
-    """The O(N) step shared by all N agents: checks, the index split and the pilots (cached split).
-
-    Call once per process and pass the result to :func:`agent_data` for each agent, so that setting
-    up N agents costs O(N) in all (:func:`load_agent_data` does both for one agent).
+    """The step shared by all N agents (once per process): checks, the cached index split, pilots.
 
     Raises:
         ValueError: bad class sets, shift, seed or partitioner (named); every error of
@@ -841,33 +734,16 @@ def agent_data(prepared: PreparedSplit, partition_id: int) -> AgentData:
             f"partition-id {i}: target class(es) {absent} of its class set {list(sets[i])} have no sample "
             f"in its data (samples of those classes in dataset {dataset!r}: {in_source}); {why}"
         )
-    return AgentData(
-        x_tr,
-        y_tr,
-        x_va,
-        y_va,
-        x_te,
-        y_te,
-        prepared.x_pilot,
-        prepared.y_pilot,
-        split.pilot_idx,
-        i,
-        sets[i],
-    )
+    pilots = (prepared.x_pilot, prepared.y_pilot, split.pilot_idx)
+    return AgentData(x_tr, y_tr, x_va, y_va, x_te, y_te, *pilots, i, sets[i])
 
 
 register_derived_cache(_cached_split.cache_clear)
 
 
 def check_all_agents(prepared: PreparedSplit, max_named: int = 5) -> None:
-    """Every agent's split non-empty and every target class present, checked for all N agents at once
-    (the same conditions :func:`agent_data` checks per agent), so that a scenario that cannot work is
-    refused before any message, in about a second at N = 10,000.
-
-    Raises:
-        ValueError: naming how many agents fail, the first ``max_named`` partition-ids with their split
-            sizes or missing classes, and the remedy.
-    """
+    """:func:`agent_data`'s checks for all N agents at once (about a second at N = 10,000); the
+    ValueError names how many fail, the first ``max_named`` with their problem, and the remedy."""
     split, sets = prepared.split, prepared.class_sets
     lab = prepared.labels.numpy()
     empty, missing = [], []
@@ -878,11 +754,7 @@ def check_all_agents(prepared: PreparedSplit, max_named: int = 5) -> None:
                 f"partition-id {i}: {sizes[0]} training, {sizes[1]} validation, {sizes[2]} test"
             )
             continue
-        own = set(
-            np.unique(
-                lab[np.concatenate([split.train_idx[i], split.val_idx[i], split.test_idx[i]])]
-            ).tolist()
-        )
+        own = set(np.unique(lab[split.pool_idx(i)]).tolist())
         absent = [c for c in sets[i] if c not in own]
         if absent:
             missing.append(f"partition-id {i}: class(es) {absent} of {list(sets[i])}")
@@ -912,19 +784,12 @@ def load_agent_data(
     num_pilots: int | None = None,
     partitioner: str = "label-shift",
 ) -> AgentData:
-    """Agent ``partition_id`` (in ``[0, N)``)'s tensors: :func:`prepare_split` (paper fractions: 10%
-    pilots, 80/10/10; the split cached per process) then :func:`agent_data`.
-
-    ``partitioner``: ``"label-shift"`` (Eq. 23 with ``class_sets`` and ``shift``),
-    ``"cross-device"`` or ``"dirichlet:<alpha>"`` (:func:`make_dirichlet_split`; ``class_sets``
-    only fixes ``N``, the agent's ``classes`` are those it received).
-
-    Returns:
-        :class:`AgentData` (images float32 ``(n, 1, 28, 28)`` in [0, 1], labels int64 ``(n,)``).
+    """Agent ``partition_id``'s tensors: :func:`prepare_split` (10% pilots, 80/10/10) then
+    :func:`agent_data`. ``partitioner``: one of :data:`PARTITIONER_FORMS` (Dirichlet: ``class_sets``
+    only fixes ``N``).
 
     Raises:
-        ValueError: as :func:`agent_data` (partition-id, empty split, missing class; named),
-            :func:`load_source` and :func:`make_federated_split`.
+        ValueError: as :func:`agent_data`, :func:`load_source` and :func:`make_federated_split`.
         FileNotFoundError: from :func:`load_source` for a missing ``idx:`` directory.
     """
     _normalise_class_sets(class_sets, NUM_CLASSES)

@@ -1,12 +1,10 @@
 """Parametric CNN encoder, MLP head and the agent that wraps them (paper Sec. 6 "Model
 heterogeneity", App. G Tab. 2/Tab. 3; reference architecture: docs/paper.md, s9).
 
-Encoder ``f_phi``: per width ``c``: Conv3x3(stride 1, pad 1) -> BatchNorm2d -> ReLU -> MaxPool2 ->
-Dropout2d(p); then AdaptiveAvgPool2d(1) + flatten, so the stalk dimension is ``d = channels[-1]``
-(28 -> 14 -> 7 -> 3 -> 1 spatially on MNIST, so at most 4 blocks for 28x28 inputs), followed by
-the whitening layer (paper Sec. 3). Head ``h_psi``: the colouring layer (exact inverse of the
-eval-mode whitening), then per hidden width Linear -> BatchNorm1d -> ReLU -> Dropout(p), then a
-Linear to the global label space (10 logits).
+Encoder ``f_phi``: per width ``c`` Conv3x3(pad 1) -> BatchNorm2d -> ReLU -> MaxPool2 -> Dropout2d(p)
+(at most 4 blocks for 28x28 inputs), AdaptiveAvgPool2d(1) + flatten (``d = channels[-1]``), then the
+whitening layer (paper Sec. 3). Head ``h_psi``: the colouring layer, per hidden width Linear ->
+BatchNorm1d -> ReLU -> Dropout(p), then a Linear to the 10 global logits.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from torch import Tensor, nn
 from flwr_sheaf.sheaf.whitening import Colouring, Whitening
 
 if TYPE_CHECKING:
-    # type checkers see the stalk protocol LocalTask.model is typed with; at run time nn.Module
     from flwr_sheaf.sheaf.stalk import StalkModel as _AgentBase
 else:
     _AgentBase = nn.Module
@@ -52,19 +49,9 @@ def _check_dropout(p: float) -> float:
 class CNNEncoder(nn.Module):
     """CNN encoder ``f_phi_i`` ending in a whitening layer (paper Sec. 3 and App. G, Tab. 2).
 
-    Attributes:
-        backbone: ``nn.Sequential`` of the conv blocks + global average pooling + flatten,
-            mapping ``(B, in_channels, H, W)`` to raw latents ``(B, d)`` (``>= 0``, post-ReLU).
-        whitening: :class:`~flwr_sheaf.sheaf.whitening.Whitening` of dimension ``d``.
-        d: stalk dimension ``channels[-1]``.
-
-    Args:
-        channels: output widths of the conv blocks (non-empty, positive).
-        dropout: Dropout2d probability ``p in [0, 1)`` after every block (also the last one, so
-            in train mode whole latent coordinates are zeroed, as in the reference).
-        in_channels: input image channels (1 for MNIST).
-        whitening_kwargs: keyword arguments for ``Whitening(d, **whitening_kwargs)``
-            (``shrinkage``, ``eps``, ``momentum``, ``check_finite``).
+    ``backbone`` maps ``(B, in_channels, H, W)`` to raw post-ReLU latents ``(B, d)``, ``d =
+    channels[-1]``; ``whitening`` is ``Whitening(d, **whitening_kwargs)``; Dropout2d(``dropout``)
+    follows every block, the last too (as the reference).
 
     Raises:
         ValueError: empty/non-positive ``channels``, ``dropout`` outside ``[0, 1)``, bad
@@ -102,55 +89,31 @@ class CNNEncoder(nn.Module):
         self.backbone = nn.Sequential(*layers)
         self.whitening = Whitening(self.d, **dict(whitening_kwargs or {}))
 
-    def _check_images(self, x: Tensor) -> None:
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"x must have shape (B, in_channels={self.in_channels}, H, W), got {tuple(x.shape)}"
-            )
-
     def latent(self, x: Tensor) -> Tensor:
-        """Raw latents ``z = backbone(x)``.
-
-        Args:
-            x: ``(B, in_channels, H, W)`` float images (``(B, 1, 28, 28)`` for MNIST).
-
-        Returns:
-            ``z (B, d)``, same dtype as ``x``.
+        """Raw latents ``z (B, d)`` of images ``x (B, in_channels, H, W)``, in ``x``'s dtype.
 
         Raises:
             ValueError: if ``x`` is not 4-D with ``in_channels`` channels.
         """
-        self._check_images(x)
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"x must have shape (B, in_channels={self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
         return self.backbone(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Whitened latents ``zhat = whitening(backbone(x))`` of shape ``(B, d)`` (train mode
-        uses batch statistics and needs ``B >= 2``; see :class:`Whitening`)."""
+        """Whitened latents ``zhat = whitening(backbone(x))`` ``(B, d)`` (train mode: ``B >= 2``)."""
         return self.whitening(self.latent(x))
 
 
 class MLPHead(nn.Module):
-    """MLP head ``h_psi_i`` starting with the colouring layer (paper Sec. 3 and Tab. 2).
+    """MLP head ``h_psi_i``: ``forward(zhat) = mlp(colouring(zhat))`` (paper Sec. 3 and Tab. 2).
 
-    ``forward(zhat) = mlp(colouring(zhat))``.
-
-    Attributes:
-        colouring: :class:`~flwr_sheaf.sheaf.whitening.Colouring` (or ``nn.Identity`` when
-            constructed with ``colouring=None``, for heads without a whitening pair).
-        mlp: ``nn.Sequential``: per hidden width Linear -> BatchNorm1d -> ReLU -> Dropout(p),
-            then Linear to ``num_classes``; maps ``(B, d)`` to logits ``(B, num_classes)``.
-
-    Args:
-        d: input (stalk) dimension.
-        hidden: hidden widths (may be empty: a single Linear).
-        dropout: Dropout probability ``p in [0, 1)``.
-        num_classes: number of logits (10 = the global MNIST label space, even when the agent
-            targets a subset of classes).
-        colouring: the colouring layer bound to the encoder's whitening, or ``None``.
+    ``mlp`` maps ``(B, d)`` to logits ``(B, num_classes)`` through the ``hidden`` widths (may be
+    empty); ``colouring`` is bound to the encoder's whitening (None: ``nn.Identity``).
 
     Raises:
-        ValueError: non-positive ``d``/widths/``num_classes``, ``dropout`` outside ``[0, 1)``,
-            or a colouring whose dimension differs from ``d``.
+        ValueError: a non-positive size, ``dropout`` outside ``[0, 1)``, or a colouring of another ``d``.
     """
 
     def __init__(
@@ -194,14 +157,7 @@ class MLPHead(nn.Module):
 class SheafAgent(_AgentBase):
     """One Sheaf-FRL agent: encoder ``f_phi_i`` + head ``h_psi_i`` (paper Sec. 3, Sec. 6).
 
-    Attributes:
-        encoder: :class:`CNNEncoder` (ends in the whitening layer).
-        head: :class:`MLPHead` whose colouring references ``encoder.whitening``.
-        d: stalk dimension.
-
-    Args:
-        encoder: the encoder.
-        head: the head; its colouring (if any) must reference ``encoder.whitening`` itself.
+    ``head``'s colouring (if any) must reference ``encoder.whitening`` itself; ``d`` is ``encoder.d``.
 
     Raises:
         ValueError: if ``head.d != encoder.d`` or the head's colouring inverts a different
@@ -228,10 +184,8 @@ class SheafAgent(_AgentBase):
 
     def private_logits(self, x: Tensor) -> Tensor:
         """Private path ``head.mlp(encoder.latent(x))``: logits ``(B, num_classes)`` for images
-        ``x (B, C, H, W)`` (paper Eq. 22, private accuracy; the CE training path).
-
-        Skips the whitening/colouring pair, which cancels exactly in eval mode but not in train mode
-        (notes/stability.md, s2.9).
+        ``x (B, C, H, W)`` (paper Eq. 22; skips the whitening/colouring pair, which cancels only
+        in eval mode: notes/stability.md, s2.9).
 
         Raises:
             ValueError: ``x`` not 4-D with the encoder's input channels.
@@ -239,24 +193,15 @@ class SheafAgent(_AgentBase):
         return self.head.mlp(self.encoder.latent(x))
 
     def forward(self, x: Tensor) -> Tensor:
-        """Same as :meth:`private_logits`: logits ``(B, num_classes)`` for images ``x (B, C, H, W)``.
-
-        Raises:
-            ValueError: ``x`` not 4-D with the encoder's input channels.
-        """
+        """:meth:`private_logits`: logits ``(B, num_classes)`` for ``x (B, C, H, W)``; raises likewise."""
         return self.private_logits(x)
 
     def latent(self, x: Tensor) -> Tensor:
-        """Raw (unwhitened, post-ReLU) latents ``(B, d)`` in ``x``'s dtype (``encoder.latent``).
-
-        Raises:
-            ValueError: ``x`` not 4-D with the encoder's input channels.
-        """
+        """Raw post-ReLU latents ``(B, d)`` (``encoder.latent``); raises as :meth:`private_logits`."""
         return self.encoder.latent(x)
 
     def whitened(self, x: Tensor) -> Tensor:
-        """Whitened latents ``zhat (B, d)`` = ``encoder(x)``: what is sent as pilots / test latents
-        (notes/stability.md, s2). Train mode needs ``B >= 2`` (batch statistics).
+        """Whitened latents ``zhat (B, d)`` = ``encoder(x)`` (pilots, test latents; train mode: ``B >= 2``).
 
         Raises:
             ValueError: bad image shape, or ``B < 2`` with the whitening in train mode.
@@ -264,9 +209,8 @@ class SheafAgent(_AgentBase):
         return self.encoder(x)
 
     def classify_whitened(self, zhat: Tensor) -> Tensor:
-        """Logits ``(B, num_classes)`` for latents ``zhat (B, d)`` in this agent's whitened stalk
-        (``head(zhat)`` = colour then MLP). Used for communication accuracy (paper Eq. 22):
-        a neighbour's whitened latents, transported by the restriction map into this stalk.
+        """Logits ``(B, num_classes)`` = ``head(zhat)`` for whitened latents ``zhat (B, d)`` of this
+        stalk (communication accuracy, paper Eq. 22).
 
         Raises:
             ValueError: ``zhat`` not ``(B, d)`` or non-finite."""

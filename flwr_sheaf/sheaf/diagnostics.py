@@ -1,13 +1,11 @@
 """Sheaf diagnostics of fitted restriction maps: Laplacian spectrum, near-kernel, non-edge sampling
-(what is measured and why: notes/variants-diagnostics.md).
+(notes/variants-diagnostics.md).
 
-A global section is ``z`` with ``Delta z = 0`` (paper Eq. 6, App. A); maps fitted on trained pilots
-are only approximately consistent around cycles, so the kernel of ``L = Delta^T Delta`` becomes a
-near-kernel: eigenvalues below :data:`NEAR_KERNEL_RTOL` times ``trace(L) / sum_i d_i``. Up to
-:data:`DENSE_MAX_DIM` the spectrum is exact (dense ``eigvalsh``, ``O(n^3)``, ``n = sum_i d_i``);
-above it ``torch.lobpcg`` on the sparse ``L`` gives the ``k`` smallest eigenpairs in at most
-:data:`LOBPCG_ITERATIONS` iterations and returns the largest residual, so an unconverged estimate is
-visible (costs: ``benchmarks/diagnostics_cost.py``). No Flower here.
+A global section is ``z`` with ``Delta z = 0`` (paper Eq. 6, App. A); fitted maps are only
+approximately consistent, so the near-kernel counts eigenvalues of ``L`` below
+:data:`NEAR_KERNEL_RTOL` times ``trace(L) / sum_i d_i``. Up to :data:`DENSE_MAX_DIM` the spectrum is
+exact (dense ``eigvalsh``); above it ``torch.lobpcg`` on the sparse ``L`` gives the ``k`` smallest
+eigenpairs and their largest residual.
 """
 
 from __future__ import annotations
@@ -51,17 +49,12 @@ class LaplacianSpectrum:
     """Smallest eigenvalues of a sheaf Laplacian and its near-kernel.
 
     Attributes:
-        eigenvalues: the ``k`` smallest eigenvalues, ascending (float, clipped at 0 from below
-            only when they are > -1e-12 * scale: round-off of a PSD matrix).
-        near_kernel_dim: eigenvalues below ``tolerance`` (approximate global sections); exact
-            count for the dense solver, count among the ``k`` computed ones for LOBPCG.
-        near_kernel_exact: False when the count may be higher than reported (LOBPCG with all
-            ``k`` computed eigenvalues below the tolerance).
-        tolerance: ``NEAR_KERNEL_RTOL * scale``.
-        scale: ``trace(L) / n``.
-        n: ``sum_i d_i`` (size of ``L``).
-        kernel_bound: ``min_i d_i`` (times the number of connected components): the most global
-            sections the graph allows.
+        eigenvalues: the ``k`` smallest eigenvalues, ascending (round-off above ``-1e-12 * scale``
+            clipped to 0).
+        near_kernel_dim: eigenvalues below ``tolerance`` (among the ``k`` computed for LOBPCG).
+        near_kernel_exact: False when the count may be higher (LOBPCG, all ``k`` below tolerance).
+        tolerance, scale, n: ``NEAR_KERNEL_RTOL * scale``; ``trace(L) / n``; ``n = sum_i d_i``.
+        kernel_bound: sum over connected components of ``min_i d_i``: the most global sections.
         solver: ``"dense"`` or ``"lobpcg"``; max_residual: largest ``||L x - mu x||`` of the
             computed pairs (0.0 for the dense solver).
     """
@@ -90,13 +83,9 @@ def laplacian_spectrum(
     """The ``k`` smallest eigenvalues and the near-kernel dimension of ``L = Delta^T Delta`` (Eq. 6).
 
     Args:
-        maps: ``{(head, tail): V (d_head, d_tail)}`` for every edge of ``edges``.
-        dims: stalk dimension per node (every node gets a block; :func:`~flwr_sheaf.sheaf.network.coboundary`).
-        edges: oriented edges ``(head, tail)``.
+        maps, dims, edges: as in :func:`~flwr_sheaf.sheaf.network.coboundary`.
         k: number of smallest eigenvalues to return (>= 1; capped at ``n``).
-        dense_max: largest ``n`` solved densely (module docstring; tests force the sparse path with 0).
-        iterations: LOBPCG iteration cap.
-        seed: seed of LOBPCG's random start block.
+        dense_max, iterations, seed: largest ``n`` solved densely; LOBPCG's iteration cap and seed.
 
     Returns:
         :class:`LaplacianSpectrum`.
@@ -152,16 +141,11 @@ def _clip(ev: torch.Tensor, scale: float) -> list[float]:
 def graph_algebraic_connectivity(graph: nx.Graph, max_nodes: int = DENSE_MAX_DIM) -> float:
     """Second-smallest eigenvalue of the combinatorial graph Laplacian (Fiedler value).
 
-    For a consistent sheaf with orthogonal maps of equal dimension ``d`` the sheaf Laplacian is
-    unitarily similar to ``L_graph (x) I_d``, so this is its first non-zero eigenvalue: the scale a
-    near-kernel tolerance must stay below.
-
-    Args:
-        graph: undirected graph (any node ids).
-        max_nodes: above this many nodes NaN is returned (dense ``O(N^3)`` solve).
+    For a consistent sheaf with orthogonal maps of equal ``d``, ``L ~ L_graph (x) I_d``: this is its
+    first non-zero eigenvalue, the scale a near-kernel tolerance must stay below.
 
     Returns:
-        float (0.0 for a disconnected graph; NaN for fewer than two nodes or above ``max_nodes``).
+        float: 0.0 for a disconnected graph; NaN below two nodes or above ``max_nodes`` (dense solve).
     """
     import networkx as nx
 
@@ -183,19 +167,10 @@ def sample_non_edges(
 ) -> list[tuple[int, int]]:
     """A deterministic draw of up to ``k`` unordered non-adjacent pairs joined by a path through ``nodes``.
 
-    Candidates are pairs ``a < b`` of ``nodes`` that are not adjacent in ``graph`` and lie in the
-    same connected component of the subgraph induced by ``nodes`` (so a shortest path exists that
-    uses only those nodes). Random numbers: ``numpy.random.default_rng([seed, NON_EDGE_STREAM,
-    server_round])`` only. With at most ``enumerate_max`` node pairs every candidate is listed and
-    ``min(k, #candidates)`` are drawn without replacement; otherwise pairs are drawn uniformly with
-    rejection (at most ``50 k`` draws, so the cost is bounded on 1,000-node graphs).
-
-    Args:
-        graph: the agents' graph.
-        nodes: the nodes that may be used (e.g. this round's answering evaluators).
-        k: pairs wanted (0 = none).
-        seed, server_round: the draw's seed and round.
-        enumerate_max: largest number of node pairs enumerated exhaustively.
+    Candidates: non-adjacent ``a < b`` in one component of the subgraph induced by ``nodes``; drawn
+    from ``default_rng([seed, NON_EDGE_STREAM, server_round])``. Up to ``enumerate_max`` node pairs
+    all candidates are listed and sampled without replacement; above, rejection sampling (at most
+    ``50 k`` draws).
 
     Returns:
         Sorted list of ``(a, b)`` with ``a < b``.

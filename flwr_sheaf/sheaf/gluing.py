@@ -21,12 +21,9 @@ class EdgeTerm:
         neighbour: partition-id j.
         pilots: neighbour's pilot rows ``(K, d_j)`` (a constant: no gradient flows to j).
         v: restriction map ``(d_head, d_tail)`` of the oriented edge.
-        i_is_head: True when i is the head (j in N(i)^-: incoming embedding), False when i
-            is the tail (j in N(i)^+: outgoing embedding).
-        weight: non-negative multiplier of this edge's squared residual (default 1.0). Used by the
-            ``drop-reweighted`` absent-neighbour policy (1/q_j on the edges whose neighbour is
-            present; notes/participation.md, s3.3). The Procrustes map of the
-            edge does not depend on it (a positive scalar weight leaves the polar factor unchanged).
+        i_is_head: True when i is the head (j in N(i)^-), False when i is the tail (j in N(i)^+).
+        weight: multiplier ``>= 0`` of this edge's squared residual (``drop-reweighted``: 1/q_j;
+            notes/participation.md, s3.3); the Procrustes map does not depend on it.
     """
 
     neighbour: int
@@ -43,8 +40,7 @@ def local_gluing_penalty(
 
     ``R = (lam / d_i) / (2K) * [ sum_{j in N(i)^-} w_ij ||A_i - V_ij A_j||_F^2
                                 + sum_{j in N(i)^+} w_ij ||A_j - V_ji A_i||_F^2 ]``
-    with pilots stored row-wise, so ``V A_j`` is ``A_j @ V.T``, and per-edge weights
-    ``w_ij = EdgeTerm.weight`` (1 in the paper).
+    with row-wise pilots (``V A_j`` is ``A_j @ V.T``) and ``w_ij = EdgeTerm.weight`` (paper: 1).
 
     Args:
         a_i: agent i's pilot rows ``(K, d_i)`` (differentiable).
@@ -52,8 +48,8 @@ def local_gluing_penalty(
         lam: the penalty weight lambda >= 0 (lambda_i = lambda / d_i).
 
     Returns:
-        ``(penalty, per_edge)``: scalar tensor, and the un-weighted (no lambda, no w_ij) per-edge mean squared residual
-        ``||.||_F^2 / K`` (floats, for logging) keyed by neighbour partition-id.
+        ``(penalty, per_edge)``: scalar tensor, and per neighbour partition-id the unweighted mean
+        squared residual ``||.||_F^2 / K`` (float).
 
     Raises:
         ValueError: negative lambda, shape mismatch (K or d), wrong map shape, NaN/inf pilots,
@@ -71,14 +67,12 @@ def gluing_penalty_terms(
 
     Args:
         a_i, edges, lam: as for :func:`local_gluing_penalty` (paper Eq. 16).
-        check_finite: check every pilot matrix for NaN/inf (one device synchronisation per matrix).
-            The training loop passes False on an accelerator: the neighbours' pilots were checked
-            when the message arrived, and a non-finite ``a_i`` makes the loss non-finite, which the
-            loop catches before the node's state is committed.
+        check_finite: check every pilot matrix for NaN/inf (a device synchronisation each; the
+            training loop passes False on an accelerator and checks the loss instead).
 
     Returns:
         ``(penalty, sq)``: the scalar penalty and, per neighbour partition-id, the detached 0-d
-        squared residual ``||.||_F^2`` (no lambda, no weight; divide by ``K`` for the mean).
+        unweighted squared residual ``||.||_F^2``.
 
     Raises:
         ValueError: as :func:`local_gluing_penalty` (non-finite entries only with ``check_finite``).

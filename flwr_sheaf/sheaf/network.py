@@ -1,13 +1,10 @@
 """Network sheaf on an undirected graph: orientation, coboundary, Laplacian, total variation.
 
-Paper Sec. 3: node stalks ``R^{d_i}``, edge stalk of the larger dimension, restriction maps
-re-parameterised as in Eq. 10 so that each oriented edge (head h, tail t, ``d_h >= d_t``)
-carries one ``V`` in ``St(d_h, d_t)`` and the coboundary is ``(Delta z)_e = z_h - V z_t``
-(Eq. 5 with ``O = I``; Eq. 11). ``L = Delta^T Delta`` (Eq. 6); ``TV(z) = ||Delta z||^2`` (Eq. 9).
-The free functions :func:`coboundary` and :func:`sheaf_laplacian` build both matrices from any
-``{(head, tail): V}`` (dense, or torch sparse COO for large graphs); :func:`path_map` composes the
-maps along a path (multi-hop transport between non-neighbours, notes/variants-diagnostics.md).
-Pure torch + networkx; knows nothing of Flower or CNNs.
+Paper Sec. 3: node stalks ``R^{d_i}``, edge stalk of the larger dimension; each oriented edge (head
+h, tail t, ``d_h >= d_t``) carries one ``V`` in ``St(d_h, d_t)`` (Eq. 10) and the coboundary is
+``(Delta z)_e = z_h - V z_t`` (Eq. 5 with ``O = I``; Eq. 11). ``L = Delta^T Delta`` (Eq. 6);
+``TV(z) = ||Delta z||^2`` (Eq. 9). :func:`path_map`: multi-hop transport
+(notes/variants-diagnostics.md). Pure torch + networkx.
 """
 
 from __future__ import annotations
@@ -34,17 +31,8 @@ __all__ = [
 
 
 def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
-    """Orientation of an undirected edge by stalk dimension (paper Sec. 3, "embedding orientation").
-
-    Args:
-        a: partition-id of one endpoint.
-        d_a: its stalk dimension.
-        b: partition-id of the other endpoint (``b != a``).
-        d_b: its stalk dimension.
-
-    Returns:
-        ``(head, tail)``: the head has the larger stalk dimension; on a tie the larger
-        partition-id is the head (deterministic; matches the reference implementation).
+    """Orientation ``(head, tail)`` of the edge ``a - b`` (stalk dimensions ``d_a``, ``d_b``; paper
+    Sec. 3): the head has the larger dimension, on a tie the larger partition-id (as the reference).
 
     Raises:
         ValueError: on a self-loop or a non-positive dimension.
@@ -59,15 +47,8 @@ def orient_edge(a: int, d_a: int, b: int, d_b: int) -> tuple[int, int]:
 
 
 def stalk_offsets(dims: Mapping[int, int]) -> dict[int, int]:
-    """Start index of each node's block in the stacked 0-cochain ``C^0 = (+)_i R^{d_i}``.
-
-    Args:
-        dims: stalk dimension ``d_i > 0`` per node id.
-
-    Returns:
-        ``{node: offset}``; blocks in ascending node-id order (the column order of
-        :func:`coboundary` and :func:`sheaf_laplacian`).
-    """
+    """``{node: offset}`` of each node's block in the 0-cochain ``C^0 = (+)_i R^{d_i}``, blocks in
+    ascending node-id order."""
     off, pos = {}, 0
     for n in sorted(dims):
         off[n] = pos
@@ -108,27 +89,25 @@ def coboundary(
     """Coboundary ``Delta`` of a network sheaf (paper Eq. 5, re-parameterised as Eq. 10/11).
 
     Args:
-        maps: ``{(head, tail): V}``, ``V`` of shape ``(d_head, d_tail)`` (any float dtype).
-        dims: stalk dimension per node; every node of ``dims`` gets a column block (a node
-            without edges contributes ``d_i`` free directions to the kernel).
-        edges: oriented edges ``(head, tail)``; the row blocks follow this order.
-        sparse: return a torch sparse COO tensor (coalesced) instead of a dense one.
+        maps: ``{(head, tail): V (d_head, d_tail)}`` (any float dtype).
+        dims: stalk dimension per node; every node gets a column block (edges or not).
+        edges: oriented edges ``(head, tail)``, in row-block order.
+        sparse: return a coalesced sparse COO tensor.
 
     Returns:
         float64 ``(sum_e d_head(e), sum_i d_i)``; block row of edge (h, t) is ``[I at h, -V at t]``,
         so ``(Delta z)_e = z_h - V z_t``; column blocks by :func:`stalk_offsets`.
 
     Raises:
-        ValueError: a self-loop, an edge without a map or with a node missing from ``dims``, a map of the wrong
-            shape, NaN/inf entries.
+        ValueError: a self-loop, an edge without a map or a node without a dimension, a map of the
+            wrong shape or with NaN/inf entries.
     """
     _check_maps(maps, dims, edges)
     off = stalk_offsets(dims)
     n_cols = sum(int(d) for d in dims.values())
     n_rows = sum(int(dims[h]) for h, _ in edges)
-    # each entry is written once (the blocks of an edge row never overlap): the dense matrix is
-    # the sparse one densified
-    rows = [torch.zeros(0, dtype=torch.int64)]  # an empty block: no edges gives a 0-row matrix
+    # blocks never overlap: the dense matrix is the sparse one densified
+    rows = [torch.zeros(0, dtype=torch.int64)]  # no edges: a 0-row matrix
     cols = [torch.zeros(0, dtype=torch.int64)]
     vals = [torch.zeros(0, dtype=torch.float64)]
     row = 0
@@ -157,14 +136,8 @@ def sheaf_laplacian(
     *,
     sparse: bool = False,
 ) -> torch.Tensor:
-    """Sheaf Laplacian ``L = Delta^T Delta`` (paper Eq. 6) of :func:`coboundary`'s ``Delta``.
-
-    Args:
-        maps: as in :func:`coboundary`.
-        dims: as in :func:`coboundary`.
-        edges: as in :func:`coboundary`.
-        sparse: build and multiply torch sparse COO matrices (memory ``O(sum_e d_h d_t)``
-            instead of ``O((sum_i d_i)^2)``); the result is then sparse COO too.
+    """Sheaf Laplacian ``L = Delta^T Delta`` (paper Eq. 6) of :func:`coboundary`'s ``Delta``
+    (arguments likewise; ``sparse``: sparse COO throughout, memory ``O(sum_e d_h d_t)``).
 
     Returns:
         float64 symmetric positive semidefinite ``(sum_i d_i, sum_i d_i)``; its diagonal block of
@@ -185,18 +158,15 @@ def sheaf_laplacian(
 def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) -> torch.Tensor:
     """Compose the restriction maps along a path: transport from stalk ``path[0]`` to ``path[-1]``.
 
-    A hop ``u -> w`` over the oriented edge ``(w, u)`` (w the head) embeds: ``z_w = V z_u``; over
-    ``(u, w)`` (u the head) it projects: ``z_w = V^T z_u`` (the same per-edge rule as the
-    communication-accuracy transport, :func:`flwr_sheaf.client.common.transport`). The composed
-    map is ``T = M_k ... M_1``; a row-wise latent matrix ``Z (M, d_src)`` moves as ``Z T^T``.
+    A hop ``u -> w`` over ``(w, u)`` (w the head) embeds, ``z_w = V z_u``; over ``(u, w)`` it
+    projects, ``z_w = V^T z_u`` (as :func:`flwr_sheaf.client.common.transport`). ``T = M_k ...
+    M_1``; row-wise latents ``Z (M, d_src)`` move as ``Z T^T``.
 
-    Args:
-        path: node ids ``(src, ..., dst)``, at least two, consecutive nodes adjacent.
-        maps: ``{(head, tail): V}`` holding every hop's edge in exactly one orientation.
+    ``path``: node ids ``(src, ..., dst)``, at least two; ``maps``: ``{(head, tail): V}`` with every
+    hop's edge in one orientation.
 
     Returns:
-        float64 ``(d_dst, d_src)`` matrix (exact for latents generated by these maps along the
-        path; a projection hop loses the component orthogonal to ``Im V``).
+        float64 ``(d_dst, d_src)`` matrix (a projection hop loses the part orthogonal to ``Im V``).
 
     Raises:
         ValueError: a path of fewer than two nodes, a hop with no map in either orientation, or
@@ -230,8 +200,8 @@ class NetworkSheaf:
     Args:
         graph: undirected ``networkx.Graph`` whose nodes are partition-ids.
         dims: stalk dimension ``d_i`` per node.
-        maps: optional ``{(head, tail): V}`` with ``V`` of shape ``(d_head, d_tail)``; missing
-            maps start as the truncated identity ``I[:d_h, :d_t]`` (the reference's init).
+        maps: optional ``{(head, tail): V (d_head, d_tail)}``; missing maps start as the truncated
+            identity ``I[:d_h, :d_t]`` (the reference's init).
 
     Raises:
         ValueError: a node without a dimension, or a map with the wrong shape / orientation.
@@ -262,46 +232,25 @@ class NetworkSheaf:
                 )
             self.maps[(h, t)] = v
 
-    # ------------------------------------------------------------------ structure
     def laplacian(self, sparse: bool = False) -> torch.Tensor:
-        """Sheaf Laplacian ``L = Delta^T Delta`` (Eq. 6; :func:`sheaf_laplacian`): float64, symmetric
-        PSD, ``(sum d_i, sum d_i)`` (sparse COO with ``sparse=True``)."""
+        """:func:`sheaf_laplacian` (Eq. 6) of this sheaf: float64 ``(sum d_i, sum d_i)``."""
         return sheaf_laplacian(self.maps, self.dims, self.edges, sparse=sparse)
 
     def transport_map(self, path: Sequence[int]) -> torch.Tensor:
-        """:func:`path_map` along ``path`` with this sheaf's maps: float64 ``(d_dst, d_src)``.
-
-        Raises:
-            ValueError: a hop that is not an edge of this sheaf.
-        """
+        """:func:`path_map` along ``path`` with this sheaf's maps: float64 ``(d_dst, d_src)``;
+        ValueError for a hop that is not an edge."""
         return path_map(path, self.maps)
 
     def edge_total_variation(
         self, pilots: Mapping[int, torch.Tensor]
     ) -> dict[tuple[int, int], float]:
-        """Per oriented edge ``||A_h - V A_t||_F^2 / K`` on row-wise pilots (the Eq. 9 terms per pilot).
-
-        Args:
-            pilots: per node ``(K, d_i)`` (same K everywhere).
-
-        Returns:
-            ``{(head, tail): float}`` in ``self.edges`` order (sum over edges times K = :meth:`total_variation`).
-
-        Raises:
-            ValueError: as :meth:`total_variation`.
-        """
+        """``{(head, tail): ||A_h - V A_t||_F^2 / K}`` (Eq. 9 per pilot) on pilots ``(K, d_i)``;
+        raises as :meth:`total_variation`."""
         return {e: float(term) / rows for e, term, rows in self._edge_terms(pilots)}
 
-    # ------------------------------------------------------------------ signals
     def total_variation(self, z: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        """Sheaf total variation ``sum_e ||z_h - V z_t||^2`` (Eq. 9 / Eq. 11).
-
-        Args:
-            z: per node either a vector ``(d_i,)`` or row-wise pilots ``(K, d_i)`` (then the
-                Frobenius norm over all K rows, i.e. the sum of the per-pilot TVs).
-
-        Returns:
-            Scalar tensor (differentiable w.r.t. ``z``).
+        """Sheaf total variation ``sum_e ||z_h - V z_t||^2`` (Eq. 9 / Eq. 11): a differentiable
+        scalar tensor; ``z``: per node ``(d_i,)`` or row-wise pilots ``(K, d_i)`` (summed over rows).
 
         Raises:
             ValueError: a node is missing or has the wrong dimension / NaN entries.
@@ -329,14 +278,8 @@ class NetworkSheaf:
         return x
 
     def fit_maps(self, pilots: Mapping[int, torch.Tensor]) -> None:
-        """Refit every restriction map by Procrustes on row-wise pilots (Eq. 18).
-
-        Args:
-            pilots: per node a ``(K, d_i)`` float tensor (the same ``K`` pilot rows everywhere) or
-                a ``(d_i,)`` vector (one pilot).
-
-        Updates ``self.maps[(h, t)]`` in place to float64 ``(d_h, d_t)`` maps with orthonormal
-        columns (:func:`~flwr_sheaf.sheaf.procrustes.procrustes`).
+        """Refit every map by Procrustes (Eq. 18) to float64 ``(d_h, d_t)`` on ``pilots``: per node
+        ``(K, d_i)`` (the same ``K`` rows everywhere) or ``(d_i,)``.
 
         Raises:
             ValueError: a node without pilots, a wrong ``d_i``, differing row counts, NaN/inf.

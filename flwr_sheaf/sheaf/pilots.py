@@ -1,11 +1,7 @@
-"""Pilot selection strategies and Parseval normalisation (paper App. B; the strategies of the
-``pilot-strategy`` key and what travels: notes/variants-pilots.md).
+"""Pilot selection strategies and Parseval normalisation (paper App. B; notes/variants-pilots.md).
 
-No Flower here: the Sheaf-FRL strategy decides each round's :class:`PilotSelection` with a
-:class:`PilotSampler` and relays the neighbours' pilot matrices reduced by :func:`apply_selection`;
-the node reduces its own the same way. A pilot matrix is ``(K, d)`` (rows = pilots; the paper's
-``A_i`` is its transpose). Indices are sorted ascending (prototype rows by group id), so a selection
-is fingerprinted by :func:`flwr_sheaf.methods.sheaf_frl.protocol.index_digest`.
+The strategy decides each round's :class:`PilotSelection` with a :class:`PilotSampler`; server and
+node reduce ``(K, d)`` pilot matrices by :func:`apply_selection`. Indices are sorted ascending.
 """
 
 from __future__ import annotations
@@ -70,8 +66,7 @@ class PilotStrategySpec:
     Attributes:
         kind: ``"all"``, ``"uniform"``, ``"stratified-class"``, ``"stratified-cluster"``,
             ``"prototype-class"``, ``"prototype-cluster"``, ``"dynamic"``, ``"adaptive"``.
-        k: the budget K (pilots; clusters for ``prototype-cluster``; P + R for ``dynamic``; 0 for
-            ``all`` and ``prototype-class``).
+        k: the budget K (clusters for ``prototype-cluster``; P + R for ``dynamic``; else 0).
         persistent, refresh: P and R of ``dynamic`` (0 otherwise).
     """
 
@@ -99,8 +94,7 @@ def parse_pilot_strategy(text: str) -> PilotStrategySpec:
     """Parse a ``pilot-strategy`` value (forms :data:`PILOT_STRATEGY_FORMS`).
 
     Raises:
-        ValueError: an unknown form or a budget < 2 (whitening and Procrustes need two rows), naming
-            the value and the valid forms.
+        ValueError: an unknown form or a budget < 2 (named, with the valid forms).
     """
     t = str(text).strip()
     if t in ("all", "prototype-class"):
@@ -130,8 +124,7 @@ class PilotSelection:
 
     Attributes:
         indices: ``(m,)`` int64 sorted ascending, rows of the shared pilot set.
-        groups: ``(m,)`` int64 group id of each index (``0..G-1``, every id present) for prototype
-            strategies, else None.
+        groups: ``(m,)`` int64 group ids ``0..G-1`` (prototype strategies), else None.
     """
 
     indices: np.ndarray
@@ -159,14 +152,8 @@ def uniform_indices(num_pilots: int, k: int, seed: int, server_round: int) -> np
 
 
 def stratified_indices(groups: np.ndarray, k: int, seed: int, server_round: int) -> np.ndarray:
-    """``min(k, M)`` indices with a fixed number per group, sorted; int64.
-
-    Args:
-        groups: ``(M,)`` group id per pilot (any ints).
-        k: budget; each of the C groups gets ``k // C``, ``k % C`` groups (a seeded choice) one
-            more; a group with fewer members gives all of them and the shortfall is drawn uniformly
-            from the remaining pilots (so exactly ``min(k, M)`` come back).
-    """
+    """``min(k, M)`` sorted int64 indices, stratified by ``groups (M,)``: each of C groups gets
+    ``k // C`` (``k % C`` seeded groups one more); a group's shortfall is drawn from the rest."""
     groups = np.asarray(groups)
     k = min(int(k), groups.size)
     rng = round_rng(seed, server_round, "stratified")
@@ -188,8 +175,8 @@ def stratified_indices(groups: np.ndarray, k: int, seed: int, server_round: int)
 def dynamic_indices(
     num_pilots: int, persistent: int, refresh: int, seed: int, server_round: int
 ) -> np.ndarray:
-    """P persistent indices (drawn once from ``seed``, the same every round) plus R drawn each round
-    from the others (from ``(seed, server round)``), sorted; int64; ``min(P + R, M)`` in all."""
+    """P persistent indices (drawn once from ``seed``) plus R drawn each round from the others;
+    sorted int64, ``min(P + R, M)`` in all."""
     p = min(int(persistent), int(num_pilots))
     keep = round_rng(seed, 0, "dynamic-persistent").choice(num_pilots, size=p, replace=False)
     rest = np.setdiff1d(np.arange(num_pilots), keep)
@@ -199,8 +186,7 @@ def dynamic_indices(
 
 
 def adaptive_indices(scores: np.ndarray, k: int, seed: int, server_round: int) -> np.ndarray:
-    """The ``min(k, M)`` pilots with the largest ``scores`` (``(M,)``, NaN = unknown = lowest),
-    ties broken by a seeded random permutation; sorted int64."""
+    """The ``min(k, M)`` pilots of largest ``scores (M,)`` (NaN lowest; seeded ties); sorted int64."""
     s = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
     k = min(int(k), s.size)
     tie = round_rng(seed, server_round, "adaptive").permutation(s.size)
@@ -209,17 +195,8 @@ def adaptive_indices(scores: np.ndarray, k: int, seed: int, server_round: int) -
 
 
 def public_pilot_features(x_pilot: np.ndarray, dim: int = 32, seed: int = 0) -> np.ndarray:
-    """A public feature of the pilot inputs: a fixed Gaussian random projection of the raw pixels.
-
-    Args:
-        x_pilot: ``(M, ...)`` pilot inputs (any float dtype).
-        dim: output features (<= the flattened input size: then the raw pixels are returned).
-        seed: projection seed (fixed: the feature depends on the inputs only).
-
-    Returns:
-        ``(M, dim)`` float64; distances are preserved up to a ``1 +- O(1/sqrt(dim))`` factor
-        (Johnson-Lindenstrauss), enough for k-means groups.
-    """
+    """Public features of the pilot inputs ``(M, ...)``: a fixed Gaussian random projection of the
+    pixels to ``(M, dim)`` float64 (Johnson-Lindenstrauss); the raw pixels when they have <= ``dim``."""
     x = np.asarray(x_pilot, dtype=np.float64).reshape(len(x_pilot), -1)
     if x.shape[1] <= dim:
         return x
@@ -228,16 +205,8 @@ def public_pilot_features(x_pilot: np.ndarray, dim: int = 32, seed: int = 0) -> 
 
 
 def cluster_pilots(features: np.ndarray, num_clusters: int, seed: int) -> np.ndarray:
-    """k-means groups of the pilots (scikit-learn ``KMeans``, ``n_init=4``, ``random_state=seed``).
-
-    Args:
-        features: ``(M, p)`` public features (:func:`public_pilot_features`).
-        num_clusters: clusters, capped at M.
-
-    Returns:
-        ``(M,)`` int64 labels relabelled ``0..G-1`` by first appearance in pilot order (empty
-        clusters cannot occur in KMeans' output labels, but the relabelling makes ids contiguous).
-    """
+    """k-means groups (``KMeans(n_init=4, random_state=seed)``) of ``features (M, p)``, at most
+    ``num_clusters``: ``(M,)`` int64 labels ``0..G-1`` by first appearance."""
     from sklearn.cluster import KMeans
 
     f = np.asarray(features, dtype=np.float64)
@@ -257,22 +226,18 @@ def pilot_mismatch(bank: Mapping[int, np.ndarray], edges: Sequence[tuple[int, in
     """Per-pilot cross-node mismatch: mean over edges of the squared Procrustes residual per row.
 
     Args:
-        bank: ``{partition-id: (M, d_i)}`` full pilot matrices held by the strategy.
-        edges: oriented ``(head, tail)`` pairs (``d_head >= d_tail``); edges with an end not in
-            ``bank`` are skipped.
+        bank: ``{partition-id: (M, d_i)}`` full pilot matrices.
+        edges: oriented ``(head, tail)`` pairs; those with an end not in ``bank`` are skipped.
 
     Returns:
-        ``(M,)`` float64: for row k, the mean over usable edges of ``||a_h[k] - V a_t[k]||^2`` with V
-        the edge's Procrustes map (paper Eq. 18) on all rows; all NaN when no edge is usable.
+        ``(M,)`` float64 mean of ``||a_h[k] - V a_t[k]||^2`` (V: Procrustes, Eq. 18); NaN if no edge.
     """
     total, n = None, 0
     for h, t in edges:
         if h not in bank or t not in bank:
             continue
-        ah, at = (
-            torch.from_numpy(np.asarray(bank[h], np.float64)),
-            torch.from_numpy(np.asarray(bank[t], np.float64)),
-        )
+        ah = torch.from_numpy(np.asarray(bank[h], np.float64))
+        at = torch.from_numpy(np.asarray(bank[t], np.float64))
         v = procrustes(ah, at)
         r = ((ah - at @ v.T) ** 2).sum(1).numpy()
         total = r if total is None else total + r
@@ -288,10 +253,9 @@ class PilotSampler:
 
     Args:
         spec: the parsed ``pilot-strategy``.
-        num_pilots: M, the shared pilots every node holds.
-        seed: the run's seed.
-        labels: ``(M,)`` pilot labels (needed by ``*-class``).
-        features: ``(M, p)`` public features (needed by ``*-cluster``); clustered once here.
+        num_pilots, seed: M, the shared pilots; the run's seed.
+        labels: ``(M,)`` pilot labels (``*-class``).
+        features: ``(M, p)`` public features (``*-cluster``; clustered once here).
 
     Raises:
         ValueError: the grouping the spec needs is missing or has the wrong length (named).
@@ -334,8 +298,7 @@ class PilotSampler:
 
         Args:
             server_round: the round (>= 1).
-            mismatch: ``(M,)`` per-pilot mismatch (``adaptive``; :func:`pilot_mismatch`), NaN or
-                None = unknown (a uniform draw).
+            mismatch: ``(M,)`` :func:`pilot_mismatch` for ``adaptive`` (None/NaN: a uniform draw).
         """
         s, m = self.spec, self.num_pilots
         if s.kind == "all":
@@ -358,16 +321,8 @@ class PilotSampler:
 
 
 def group_means(a: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Per-group means of row-wise pilots (paper App. B prototype pilots, differentiable).
-
-    Args:
-        a: ``(m, d)`` float pilots.
-        groups: ``(m,)`` int64 group id per row in ``0..num_groups-1``.
-        num_groups: G.
-
-    Returns:
-        ``(G, d)`` means; a group without rows gives a zero row (callers pass only present groups).
-    """
+    """Per-group means ``(G, d)`` of pilots ``a (m, d)`` with ``groups (m,)`` in ``0..G-1`` (paper
+    App. B prototypes; differentiable; zero rows for empty groups)."""
     g = groups.to(a.device).long()
     sums = torch.zeros(num_groups, a.shape[1], dtype=a.dtype, device=a.device).index_add(0, g, a)
     counts = torch.bincount(g, minlength=num_groups).clamp_min(1).to(a.dtype)
@@ -375,8 +330,7 @@ def group_means(a: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch
 
 
 def apply_selection(a: torch.Tensor, sel: PilotSelection | None) -> torch.Tensor:
-    """A full pilot matrix ``(M, d)`` reduced by ``sel``: rows ``sel.indices`` (``(m, d)``), or for
-    prototypes the per-group means ``(G, d)``; ``sel = None`` returns ``a``.
+    """A pilot matrix ``(M, d)`` reduced by ``sel``: rows ``(m, d)`` or group means ``(G, d)``.
 
     Raises:
         ValueError: an index outside ``[0, M)``.
@@ -395,15 +349,10 @@ def apply_selection(a: torch.Tensor, sel: PilotSelection | None) -> torch.Tensor
 
 
 def parseval(a: torch.Tensor) -> torch.Tensor:
-    """Parseval normalisation of a row-wise pilot matrix (paper App. B, end): its polar factor.
+    """Parseval normalisation of a pilot matrix ``a (K, d)`` (paper App. B, end): its polar factor.
 
-    The polar factor ``U W^T`` of the thin SVD ``P = U S W^T`` (float64, differentiable, in ``a``'s
-    dtype): for ``K <= d`` the paper's ``(P P^T)^{-1/2} P`` (orthonormal rows), for ``K >= d``
-    ``P (P^T P)^{-1/2}`` (orthonormal columns: the rows form a Parseval frame of ``R^d``). On
-    rank-deficient input the SVD's choice on the null space is returned.
-
-    Args:
-        a: ``(K, d)`` float pilot matrix.
+    ``U W^T`` of the thin SVD ``P = U S W^T`` (differentiable, ``a``'s dtype): ``(P P^T)^{-1/2} P``
+    for ``K <= d``, ``P (P^T P)^{-1/2}`` for ``K >= d`` (rows: a Parseval frame of ``R^d``).
 
     Raises:
         ValueError: not 2-D, or NaN/inf entries.

@@ -1,11 +1,9 @@
 """Closed-form restriction-map update (paper Eq. 18, sub-problems P2a / P2b).
 
-For an oriented edge (head h, tail t) with ``d_h >= d_t`` the map ``V`` in ``St(d_h, d_t)``
-(orthonormal columns; ``O(d)`` when ``d_h == d_t``) minimises ``||A_h - A_t V^T||_F^2`` (row-wise
-pilots, i.e. the paper's ``||A_h - V A_t||_F^2`` with ``A`` stored ``d x K``). The minimiser is the
-polar factor of the cross-covariance: thin SVD ``A_h^T A_t = U S W^T`` and ``V = U W^T``. This is
-exact for any pilots (no whitening assumption), unlike the reference code's projection
-convention ``||V^T z_h - z_t||`` (docs/deviations.md, s3; notes/numerical-checks.md, s11 item 3).
+For an oriented edge (head h, tail t, ``d_h >= d_t``) the map ``V`` in ``St(d_h, d_t)`` minimises
+``||A_h - A_t V^T||_F^2`` (row-wise pilots; the paper's ``||A_h - V A_t||_F^2``): the polar factor
+``V = U W^T`` of the thin SVD ``A_h^T A_t = U S W^T``, exact for any pilots (unlike the reference's
+projection convention: docs/deviations.md, s3).
 """
 
 from __future__ import annotations
@@ -18,16 +16,14 @@ __all__ = ["check_pilots", "procrustes", "polar_factor", "svd_count", "SvdCounte
 def check_pilots(
     a: torch.Tensor, name: str, d: int | None = None, k: int | None = None, finite: bool = True
 ) -> None:
-    """Validate a pilot matrix stored row-wise (shared by the sheaf maths: clear errors, never a
-    silent wrong number).
+    """Validate a row-wise pilot matrix.
 
     Args:
-        a: pilot matrix ``(K, d)`` (the paper's A_i is ``d x K``; rows are pilot samples).
+        a: pilot matrix ``(K, d)`` (the paper's A_i is ``d x K``).
         name: label used in error messages, e.g. ``"pilots of partition-id 3"``.
         d: expected stalk dimension, if known.
         k: expected number of pilot rows, if known.
-        finite: check for NaN/inf entries (a device synchronisation; the gluing penalty skips it on
-            an accelerator).
+        finite: check for NaN/inf entries (a device synchronisation).
 
     Raises:
         ValueError: not 2-D, wrong ``d`` or ``K``, or (``finite``) any NaN / inf entry.
@@ -45,24 +41,17 @@ def check_pilots(
         raise ValueError(f"{name}: {bad} NaN/inf entries in pilot matrix of shape {tuple(a.shape)}")
 
 
-#: SVDs computed by :func:`polar_factor` in this process since import (read with :func:`svd_count`).
 _SVDS = 0
 
 
 def svd_count() -> int:
-    """Number of SVDs :func:`polar_factor` (hence :func:`procrustes`) has computed in this process.
-
-    A plain module-level counter (no locking: Flower runs one handler per process at a time). Use
-    differences (:class:`SvdCounter`) rather than absolute values.
-    """
+    """SVDs :func:`polar_factor` has computed in this process (unlocked; use :class:`SvdCounter`)."""
     return _SVDS
 
 
 class SvdCounter:
-    """Context manager counting the SVDs computed inside its block (attribute ``n``, an int).
-
-    Example: ``with SvdCounter() as c: procrustes(a, b)`` leaves ``c.n == 1``.
-    """
+    """Context manager counting the SVDs computed in its block: ``with SvdCounter() as c:
+    procrustes(a, b)`` leaves ``c.n == 1``."""
 
     def __enter__(self) -> SvdCounter:
         self._start, self.n = _SVDS, 0
@@ -73,15 +62,11 @@ class SvdCounter:
 
 
 def polar_factor(c: torch.Tensor) -> torch.Tensor:
-    """Orthonormal polar factor of a ``(m, n)`` matrix with ``m >= n``.
-
-    Args:
-        c: ``(m, n)`` float matrix, ``m >= n``.
+    """Orthonormal polar factor of a float matrix ``c (m, n)``, ``m >= n``.
 
     Returns:
-        ``(m, n)`` matrix ``U W^T`` from the thin SVD ``c = U S W^T``; it has orthonormal columns
-        and maximises ``tr(V^T c)`` over ``St(m, n)``. Computed in float64, returned in ``c``'s dtype.
-        Determinant -1 solutions are kept (the paper uses ``O(d)``, not ``SO(d)``).
+        ``(m, n)`` ``U W^T`` of the thin SVD ``c = U S W^T`` (the maximiser of ``tr(V^T c)`` over
+        ``St(m, n)``; determinant -1 kept: ``O(d)``), computed in float64, in ``c``'s dtype.
 
     Raises:
         ValueError: if ``m < n`` or ``c`` has NaN/inf entries.
@@ -104,9 +89,8 @@ def procrustes(a_head: torch.Tensor, a_tail: torch.Tensor) -> torch.Tensor:
         a_tail: tail pilots ``(K, d_t)``, ``d_t <= d_h``.
 
     Returns:
-        ``V`` of shape ``(d_h, d_t)`` with ``V^T V = I`` minimising ``||a_head - a_tail V^T||_F``,
-        i.e. ``z_h ~ V z_t`` per pilot (the paper's embedding convention, Eq. 11). Float32 unless
-        the inputs are float64.
+        ``V (d_h, d_t)``, ``V^T V = I``, minimising ``||a_head - a_tail V^T||_F`` (``z_h ~ V z_t``,
+        Eq. 11); float32 unless the inputs are float64.
 
     Raises:
         ValueError: row counts differ, ``d_t > d_h``, or NaN/inf pilots.

@@ -4,12 +4,10 @@
 - ``model.private_logits(x) -> (B, C)``: the private path h_i(f_i(x));
 - ``model.latent(x) -> (B, d_i)``: the *raw* latents f_i(x), before any whitening;
 - ``model.whitening``: a :class:`flwr_sheaf.sheaf.whitening.Whitening` ``(d_i)``;
-- ``model.classify_whitened(zhat) -> (B, C)``: colour whitened latents back into the node's own
-  latent space, then the head.
+- ``model.classify_whitened(zhat) -> (B, C)``: colour whitened latents, then the head.
 
-:class:`StalkModel` is that protocol as type checkers see it; at run time it is ``nn.Module`` (any
-module with these members works, none has to subclass it). The CNN zoo (:mod:`flwr_sheaf.models`)
-is one implementation; :class:`flwr_sheaf.client.task.LocalTask` holds one.
+:class:`StalkModel` is that protocol for type checkers; at run time it is ``nn.Module`` (no
+subclassing needed). The CNN zoo (:mod:`flwr_sheaf.models`) implements it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Sheaf-FRL variants of the map step: homogeneous (paper Alg. 2, Eq. 24) and stringent privacy (Alg. 3/4, App. F).
 
-:func:`edge_terms` builds agent i's incident :class:`~flwr_sheaf.sheaf.gluing.EdgeTerm` list from what
-it received, for every (variant, privacy) pair, so the client and the tests share the code; what i
-receives from a neighbour and which maps it fits in each mode (raw pilots and Eq. 18; ``O A_t`` from
-the tail, Eq. 24; transported pilots ``X_ij A_j`` and i's own ``X_ji`` by P2c/P2d, Eq. 42) is in
-notes/variants-privacy.md, s1-s2. Matrices are row-wise ``(K, d)`` (the paper's ``A_i`` is ``d x K``).
+What agent i receives and which maps it fits per mode (raw pilots, Eq. 18; ``O A_t`` from the tail,
+Eq. 24; transported ``X_ij A_j`` and i's own ``X_ji`` by P2c/P2d, Eq. 42): notes/variants-privacy.md,
+s1-s2. Matrices are row-wise ``(K, d)``.
 """
 
 from __future__ import annotations
@@ -35,14 +33,8 @@ PRIVACY_MODES = ("standard", "stringent")
 
 
 def resolve_variant(variant: str, dims: Mapping[int, int]) -> str:
-    """The variant a run uses: ``auto`` -> ``homogeneous`` iff every stalk dimension is equal.
-
-    Args:
-        variant: run-config ``sheaf-variant`` (``auto``, ``heterogeneous``, ``homogeneous``).
-        dims: ``{partition-id: d_i}`` of the discovered nodes.
-
-    Returns:
-        ``"heterogeneous"`` or ``"homogeneous"``.
+    """The variant (``"heterogeneous"`` or ``"homogeneous"``) a run's ``sheaf-variant`` resolves to
+    for stalk dimensions ``dims``: ``auto`` -> ``homogeneous`` iff every ``d_i`` is equal.
 
     Raises:
         ValueError: an unknown variant, or ``homogeneous`` with unequal d_i (the dimensions named).
@@ -66,10 +58,8 @@ def edge_dim(d_i: int, d_j: int) -> int:
 
 
 def receiver_sends_raw(variant: str, privacy: str, sender_is_head: bool) -> bool:
-    """Whether a sender's message on one edge is its raw pilot matrix (else a transported one).
-
-    ``standard``+``heterogeneous``: always raw; ``standard``+``homogeneous``: raw from the head
-    (``O_th = I``), transported from the tail; ``stringent``: never raw.
+    """Whether a sender's message on one edge is its raw pilot matrix: always for
+    ``standard``+``heterogeneous``, from the head for ``homogeneous``, never for ``stringent``.
 
     Raises:
         ValueError: unknown ``variant`` (must be resolved: no ``auto``) or ``privacy``.
@@ -89,7 +79,7 @@ class Received:
 
     Attributes:
         neighbour: partition-id j.
-        matrix: ``(K, d_j)`` raw pilots, or ``(K, d_e)`` pilots transported by j's map (see module docstring).
+        matrix: ``(K, d_j)`` raw pilots, or ``(K, d_e)`` pilots transported by j's map.
         i_is_head: whether i is the head of edge (i, j) (larger d; tie: larger partition-id).
         weight: edge-term multiplier ``w_ij >= 0`` (1 in the paper).
     """
@@ -110,20 +100,17 @@ def edge_terms(
     """Agent i's incident gluing terms and the maps it fitted (module docstring for the modes).
 
     Args:
-        own: i's current pilots ``(K, d_i)`` (used to fit the maps; detached inside Procrustes).
+        own: i's current pilots ``(K, d_i)``.
         received: per neighbour what i holds of it.
-        variant: ``heterogeneous`` or ``homogeneous`` (resolved).
-        privacy: ``standard`` or ``stringent``.
-        normalise: applied to both matrices before each Procrustes fit only (e.g. Parseval
-            normalisation, :func:`flwr_sheaf.sheaf.pilots.parseval`); the terms keep the matrices as
-            given. None = fit on the matrices themselves.
+        variant, privacy: resolved (``heterogeneous``/``homogeneous``; ``standard``/``stringent``).
+        normalise: applied to both matrices before each Procrustes fit only (e.g.
+            :func:`flwr_sheaf.sheaf.pilots.parseval`); None = no normalisation.
 
     Returns:
-        ``(terms, maps)``: the :class:`EdgeTerm` list for :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`
-        (map shapes as it expects), and the maps i fitted keyed by neighbour: ``(d_h, d_t)`` for
-        ``standard`` (Eq. 18; homogeneous: only where i is the tail), ``(d_e, d_i)`` (i's own
-        outgoing map ``X_ji``, P2c/P2d) for ``stringent``. Each fitted map costs one SVD
-        (:func:`~flwr_sheaf.sheaf.procrustes.svd_count`).
+        ``(terms, maps)``: the :class:`EdgeTerm` list for
+        :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`, and the maps i fitted (one SVD each)
+        by neighbour: ``(d_h, d_t)`` for ``standard`` (Eq. 18; homogeneous: only where i is the
+        tail), i's own ``X_ji (d_e, d_i)`` for ``stringent`` (P2c/P2d).
 
     Raises:
         ValueError: unknown mode, or a received matrix of the wrong shape / with NaN (named).
@@ -174,17 +161,14 @@ def outgoing_pilots(
 
     Args:
         own: i's final pilots ``(K, d_i)``.
-        maps: i's maps keyed by neighbour (``standard``+``homogeneous``: ``O (d, d)`` where i is the
-            tail; ``stringent``: i's own map ``X_ji (d_e, d_i)`` for every neighbour).
-        neighbours: i's neighbours.
-        heads: whether i is the head of the edge to each neighbour (same order).
-        variant: the resolved variant (:func:`resolve_variant`).
-        privacy: the resolved privacy mode.
+        maps: i's maps by neighbour (homogeneous: ``O (d, d)`` where i is the tail; stringent:
+            ``X_ji (d_e, d_i)``).
+        neighbours, heads: i's neighbours and whether i heads the edge to each.
+        variant, privacy: the resolved modes.
 
     Returns:
-        ``(send_raw, transported)``: ``send_raw`` is True when some neighbour gets ``A_i`` itself;
-        ``transported[j]`` is ``(K, d_e)`` = rows of ``X A_i`` for neighbour j (Alg. 2 line 6,
-        Alg. 3 line 6, Alg. 4 line 6).
+        ``(send_raw, transported)``: whether some neighbour gets ``A_i`` itself, and per neighbour
+        ``(K, d_e)`` rows of ``X A_i`` (Alg. 2/3/4 line 6).
 
     Raises:
         ValueError: a needed map is missing or has the wrong shape (neighbour named).
@@ -209,19 +193,15 @@ def outgoing_pilots(
 
 
 def init_map(d_e: int, d_i: int, key: Sequence[int]) -> torch.Tensor:
-    """A Haar-distributed ``(d_e, d_i)`` map with orthonormal columns (``O(d_i)`` when ``d_e == d_i``).
-
-    Used as agent i's initial outgoing map ``X_ji^0`` of Alg. 3/4 (line 1) before it has received
-    anything from j: QR of a Gaussian matrix with the sign fix of Mezzadri (2007), drawn from
-    ``numpy.random.SeedSequence(key)``.
+    """A Haar-distributed ``(d_e, d_i)`` map with orthonormal columns: agent i's initial ``X_ji^0``
+    (Alg. 3/4 line 1), QR of a Gaussian from ``SeedSequence(key)`` with Mezzadri's sign fix.
 
     Args:
-        d_e: rows (the edge stalk's dimension), ``d_e >= d_i``.
-        d_i: columns (agent i's stalk dimension), ``d_i >= 1``.
-        key: non-negative integers (the client passes (seed, partition-id, neighbour, node secret)).
+        d_e, d_i: the edge's and agent i's stalk dimensions, ``d_e >= d_i >= 1``.
+        key: non-negative integers (seed, partition-id, neighbour, node secret).
 
     Returns:
-        float64 ``(d_e, d_i)`` tensor ``X`` with ``X^T X = I``.
+        float64 ``X (d_e, d_i)`` with ``X^T X = I``.
 
     Raises:
         ValueError: ``d_e < d_i`` or a non-positive dimension.

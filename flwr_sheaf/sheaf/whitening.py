@@ -1,14 +1,11 @@
 """Whitening and colouring layers for the node stalks (paper Sec. 3, "Heterogeneous latent space
-geometry", and App. G; the design and its numbers: notes/stability.md, s2).
+geometry", and App. G; design: notes/stability.md, s2).
 
-Every encoder ends in a whitening layer (zero mean, identity covariance, so that the agents' latent
-spaces share a Euclidean reference before orthogonal/Stiefel maps compare them) and the head starts
-with a colouring layer, its exact left inverse. Unlike the reference code, which only standardises
-each coordinate (docs/deviations.md, s4), the whitening decorrelates: Cholesky of the regularised
-covariance :func:`regularised_covariance` (shrinkage towards the diagonal plus a relative eigenvalue
-floor, so no direction is amplified by more than :meth:`Whitening.max_gain`), ``Sigma`` always the
-unbiased sample covariance. Statistics and solves run in float64; buffers are stored in the module's
-dtype and outputs have the input's dtype.
+Every encoder ends in a whitening layer (zero mean, identity covariance: a shared Euclidean reference
+for the orthogonal/Stiefel maps) and the head starts with its exact left inverse, a colouring layer.
+Unlike the reference (per-coordinate standardisation, docs/deviations.md, s4) it decorrelates:
+Cholesky of :func:`regularised_covariance` of the unbiased sample covariance. Statistics and solves
+run in float64; buffers have the module's dtype, outputs the input's.
 """
 
 from __future__ import annotations
@@ -27,16 +24,14 @@ __all__ = [
     "effective_rank",
 ]
 
-#: Absolute eigenvalue floor added to every regularised covariance (keeps an all-zero
-#: covariance, e.g. a batch of identical latents, factorisable).
+#: Absolute eigenvalue floor of every regularised covariance (an all-zero one stays factorisable).
 ABS_FLOOR = 1e-8
 
 _COMPUTE_DTYPE = torch.float64
 
 
 def _check_matrix(z: Tensor, d: int | None, name: str, min_rows: int, finite: bool = True) -> None:
-    """Validate a row-wise sample matrix ``(M, d)``: float dtype, shape, enough rows and (``finite``:
-    a device synchronisation) no NaN/inf."""
+    """Validate a row-wise float sample matrix ``(M, d)``: shape, rows, (``finite``) no NaN/inf."""
     if not isinstance(z, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(z).__name__}")
     if not z.is_floating_point():
@@ -67,19 +62,15 @@ def _mean_cov(z: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def regularised_covariance(cov: Tensor, shrinkage: float = 0.0, eps: float = 1e-3) -> Tensor:
-    """Regularise a covariance matrix for whitening (paper Sec. 3 / App. G whitening, made safe).
-
-    ``Sigma_reg = (1 - shrinkage) * Sigma + shrinkage * diag(Sigma)
-    + eps * (trace(Sigma) / d) * I + 1e-8 * I``.
+    """``Sigma_reg = (1 - shrinkage) Sigma + shrinkage diag(Sigma) + (eps trace(Sigma) / d + 1e-8) I``.
 
     Args:
-        cov: symmetric positive semi-definite ``(d, d)`` float tensor ``Sigma``.
+        cov: symmetric PSD ``(d, d)`` float tensor ``Sigma``.
         shrinkage: weight in ``[0, 1]`` of the shrinkage towards ``diag(Sigma)``.
-        eps: relative eigenvalue floor ``>= 0`` (fraction of the mean variance ``trace/d``).
+        eps: relative eigenvalue floor ``>= 0``.
 
     Returns:
-        ``(d, d)`` tensor, same dtype/device as ``cov``, with smallest eigenvalue
-        ``>= eps * trace(Sigma) / d + 1e-8``. Differentiable in ``cov``.
+        ``(d, d)`` tensor like ``cov`` (differentiable), smallest eigenvalue ``>= eps trace / d + 1e-8``.
 
     Raises:
         ValueError: if ``cov`` is not square 2-D, or ``shrinkage``/``eps`` are out of range.
@@ -102,30 +93,19 @@ def _check_hyper(shrinkage: float, eps: float) -> None:
 
 
 class Whitening(nn.Module):
-    """Cholesky whitening of a ``d``-dimensional stalk with batch/running statistics
-    (paper Sec. 3 "heterogeneous latent space geometry"; App. G: fitted on pilot latents).
+    """Cholesky whitening of a ``d``-dimensional stalk (paper Sec. 3; App. G: fitted on pilot latents).
 
-    ``zhat = (z - mu) @ L^{-T}`` with ``L = cholesky(Sigma_reg)`` and ``Sigma_reg`` as in
-    :func:`regularised_covariance`; it differs from ZCA by a rotation the orthogonal restriction
-    maps absorb (why Cholesky: notes/stability.md, s2.3).
-
-    Modes (like ``nn.BatchNorm1d``):
-
-    * train: the batch's mean and unbiased covariance (differentiable, ``B >= 2``); the buffers
-      ``running_mean (d,)`` (init 0) and ``running_cov (d, d)`` (init ``I``) follow by EMA,
-      ``running = (1 - momentum) running + momentum batch`` (PyTorch convention).
-    * eval: the running statistics; ``L`` is cached until the buffers change.
+    ``zhat = (z - mu) @ L^{-T}``, ``L = cholesky(Sigma_reg)`` (:func:`regularised_covariance`; ZCA up
+    to a rotation the maps absorb: notes/stability.md, s2.3). Like ``nn.BatchNorm1d``, train mode uses
+    the batch's statistics (``B >= 2``) and updates ``running_mean (d,)`` (init 0) and ``running_cov
+    (d, d)`` (init ``I``) by EMA with ``momentum``; eval mode uses the running ones (``L`` cached).
 
     Args:
-        d: stalk dimension (positive int).
-        shrinkage: weight in ``[0, 1]`` of shrinkage towards the diagonal (0: full decorrelation,
-            1: per-dimension standardisation).
-        eps: relative eigenvalue floor ``>= 0``; no direction is amplified by more than
-            ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` (:meth:`max_gain`).
+        d: stalk dimension.
+        shrinkage, eps: as :func:`regularised_covariance` (``eps`` bounds :meth:`max_gain`).
         momentum: EMA weight of the newest batch, in ``(0, 1]``.
-        check_finite: if true (default) every input is checked for NaN/inf and train-mode
-            Cholesky failures raise (device syncs); false skips both checks on the hot path
-            (shape checks remain; :meth:`fit` always checks).
+        check_finite: check inputs for NaN/inf and train-mode Cholesky failures (device syncs;
+            :meth:`fit` always checks).
 
     Raises:
         ValueError: on a non-positive ``d`` or out-of-range ``shrinkage``/``eps``/``momentum``.
@@ -163,18 +143,9 @@ class Whitening(nn.Module):
 
     def _cache_key(self) -> tuple:
         rm, rc = self.running_mean, self.running_cov
-        return (
-            rm.data_ptr(),
-            rc.data_ptr(),
-            rm._version,
-            rc._version,
-            rm.device,
-            rc.dtype,
-            self.shrinkage,
-            self.eps,
-            # factors computed under inference_mode cannot be saved for a later backward
-            torch.is_inference_mode_enabled(),
-        )
+        buffers = (rm.data_ptr(), rc.data_ptr(), rm._version, rc._version, rm.device, rc.dtype)
+        # factors computed under inference_mode cannot be saved for a later backward
+        return (*buffers, self.shrinkage, self.eps, torch.is_inference_mode_enabled())
 
     def _running_factor(self) -> tuple[Tensor, Tensor]:
         """Cached ``(mu (d,), L (d, d))`` of the running statistics, float64, no grad."""
@@ -193,12 +164,8 @@ class Whitening(nn.Module):
     # ------------------------------------------------------------------ public API
     @contextlib.contextmanager
     def finite_checks(self, enabled: bool):
-        """Temporarily turn the NaN/inf input checks (and the Cholesky failure check) on or off.
-
-        Off, a forward pass does no device synchronisation; a failed factorisation is then not raised
-        here (in practice only NaN/inf input can fail after regularisation, and it propagates), which the
-        caller must catch (the training loop checks the loss once per epoch on an accelerator).
-        """
+        """Temporarily turn the NaN/inf and Cholesky failure checks on or off (off: no device sync;
+        non-finite values propagate and the caller must catch them)."""
         before = self.check_finite
         self.check_finite = bool(enabled) and before
         try:
@@ -207,14 +174,8 @@ class Whitening(nn.Module):
             self.check_finite = before
 
     def forward(self, z: Tensor) -> Tensor:
-        """Whiten latents.
-
-        Args:
-            z: ``(B, d)`` floating tensor (any float dtype). Train mode needs ``B >= 2``.
-
-        Returns:
-            ``zhat (B, d)`` with ``z``'s dtype: ``(z - mu) @ L^{-T}`` with batch statistics
-            (train mode; differentiable through them) or running statistics (eval mode).
+        """Whiten latents ``z (B, d)`` (train mode: ``B >= 2``, batch statistics, differentiable) to
+        ``zhat = (z - mu) @ L^{-T}`` ``(B, d)`` in ``z``'s dtype.
 
         Raises:
             ValueError: wrong shape/``d``, non-finite entries, or ``B < 2`` in train mode.
@@ -227,13 +188,10 @@ class Whitening(nn.Module):
                 check=self.check_finite,
             )
             with torch.no_grad():
-                m = self.momentum
-                self.running_mean.mul_(1.0 - m).add_(
-                    mu.detach().to(self.running_mean.dtype), alpha=m
-                )
-                self.running_cov.mul_(1.0 - m).add_(
-                    cov.detach().to(self.running_cov.dtype), alpha=m
-                )
+                for buf, new in ((self.running_mean, mu), (self.running_cov, cov)):
+                    buf.mul_(1.0 - self.momentum).add_(
+                        new.detach().to(buf.dtype), alpha=self.momentum
+                    )
             self._cache = None  # the eval-mode factor is stale
         else:
             self._validate(z, "z", min_rows=0)
@@ -244,27 +202,14 @@ class Whitening(nn.Module):
         return zhat.to(z.dtype)
 
     def batch_shrinkage(self, batch_size: int) -> float:
-        """Shrinkage used on a train-mode batch of ``B`` rows: ``max(shrinkage, 1 - (B - 1) / d)``
-        (notes/stability.md, s2.4).
-
-        Args:
-            batch_size: number of rows ``B`` of the batch (int).
-
-        Returns:
-            float in ``[shrinkage, 1]`` (eval mode and :meth:`fit` use ``shrinkage`` itself).
-        """
+        """Shrinkage of a train-mode batch of ``B = batch_size`` rows: ``max(shrinkage, 1 - (B - 1) / d)``
+        clipped to ``[shrinkage, 1]`` (notes/stability.md, s2.4)."""
         return max(self.shrinkage, min(1.0, max(0.0, 1.0 - (batch_size - 1) / self.d)))
 
     @torch.no_grad()
     def fit(self, z: Tensor) -> Whitening:
-        """Set the running statistics exactly from a sample (no EMA, no grad), e.g. from the
-        eval-mode pilot latents at the end of a round (paper App. G).
-
-        Args:
-            z: ``(M, d)`` floating tensor, ``M >= 2``.
-
-        Returns:
-            ``self`` (for chaining).
+        """Set the running statistics exactly from a sample ``z (M, d)``, ``M >= 2`` (no EMA, no
+        grad; paper App. G); returns ``self``.
 
         Raises:
             ValueError: wrong shape/``d``, ``M < 2`` or non-finite entries.
@@ -277,13 +222,9 @@ class Whitening(nn.Module):
         return self
 
     def whitened_covariance_target(self) -> Tensor:
-        """Exact covariance ``L^{-1} Sigma L^{-T} (d, d)`` that eval-mode whitened data has
-        when its own covariance equals the running ``Sigma`` (e.g. the sample passed to
-        :meth:`fit`, with the unbiased estimator). Equals ``I`` when ``shrinkage = 0`` and
-        ``eps * trace/d + 1e-8`` is negligible against the eigenvalues of ``Sigma``; with
-        ``shrinkage = 1`` and no floor it is the correlation matrix. Always ``<= I`` when
-        ``shrinkage = 0``. Returned in ``running_cov``'s dtype. Raises ValueError when the running
-        statistics contain NaN/inf (refit with :meth:`fit`)."""
+        """Covariance ``L^{-1} Sigma L^{-T} (d, d)`` of eval-mode whitened data whose covariance is
+        the running ``Sigma`` (``~I`` for ``shrinkage = 0`` and a negligible floor), in
+        ``running_cov``'s dtype; ValueError when the running statistics are non-finite."""
         chol = self._running_factor()[1]
         cov = self.running_cov.detach().to(_COMPUTE_DTYPE)
         half = torch.linalg.solve_triangular(chol, 0.5 * (cov + cov.mT), upper=False)  # L^{-1} S
@@ -291,9 +232,8 @@ class Whitening(nn.Module):
         return (0.5 * (target + target.mT)).to(self.running_cov.dtype)
 
     def max_gain(self) -> float:
-        """Upper bound ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` (float) on the operator norm of
-        the eval-mode whitening (running ``Sigma``): no input difference is amplified more
-        (notes/stability.md, s2.2)."""
+        """Bound ``1 / sqrt(eps * trace(Sigma) / d + 1e-8)`` on the eval-mode whitening's operator
+        norm (notes/stability.md, s2.2)."""
         tr = float(torch.diagonal(self.running_cov.detach().to(_COMPUTE_DTYPE)).sum())
         return 1.0 / math.sqrt(self.eps * max(tr, 0.0) / self.d + ABS_FLOOR)
 
@@ -303,8 +243,7 @@ class Whitening(nn.Module):
 
 
 def _cholesky(mat: Tensor, check: bool = True) -> Tensor:
-    """Cholesky factor; ValueError (not a LinAlgError) if the matrix is not positive definite.
-    ``check=False`` skips the (device-syncing) failure check (only NaN/inf input fails after regularisation)."""
+    """Cholesky factor; ValueError if not positive definite (``check=False``: no device sync)."""
     chol, info = torch.linalg.cholesky_ex(mat)
     if check and bool((info != 0).any()):
         raise ValueError(
@@ -315,18 +254,10 @@ def _cholesky(mat: Tensor, check: bool = True) -> Tensor:
 
 
 class Colouring(nn.Module):
-    """Exact left inverse of a :class:`Whitening` layer's *eval-mode* transform (paper Sec. 3:
-    the head's initial colouring layer).
+    """Exact left inverse of a :class:`Whitening` layer's eval-mode transform (paper Sec. 3: the
+    head's colouring layer): ``z = zhat @ L^T + mu`` with the running statistics, in any mode.
 
-    ``z = zhat @ L^T + mu`` with the whitening layer's running ``mu`` and ``L``. It always uses
-    the running statistics, whatever the train/eval mode: ``colour(whiten(z)) = z`` exactly
-    (up to rounding) when the whitening is in eval mode, for any shrinkage/eps.
-
-    The whitening layer is held by reference, not as a submodule: its statistics are stored once
-    (under its own key), and device moves apply to the module owning it (e.g. the whole agent).
-
-    Args:
-        whitening: the :class:`Whitening` layer to invert.
+    ``whitening`` is held by reference, not as a submodule (its buffers are stored once).
 
     Raises:
         TypeError: if ``whitening`` is not a :class:`Whitening`.
@@ -340,7 +271,7 @@ class Colouring(nn.Module):
 
     @property
     def whitening(self) -> Whitening:
-        """The referenced whitening layer (shared, not a copy)."""
+        """The referenced whitening layer."""
         return self._whitening_ref[0]
 
     @property
@@ -349,13 +280,7 @@ class Colouring(nn.Module):
         return self.whitening.d
 
     def forward(self, zhat: Tensor) -> Tensor:
-        """Colour whitened latents.
-
-        Args:
-            zhat: ``(B, d)`` floating tensor (whitened coordinates of this agent's stalk).
-
-        Returns:
-            ``z (B, d)`` with ``zhat``'s dtype; differentiable in ``zhat``.
+        """Colour whitened latents ``zhat (B, d)`` to ``z (B, d)`` (``zhat``'s dtype, differentiable).
 
         Raises:
             ValueError: wrong shape/``d`` or non-finite entries.
@@ -372,15 +297,8 @@ class Colouring(nn.Module):
 
 
 def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
-    """Fraction of latent dimensions whose (unbiased) variance is below ``threshold``: the
-    "latent collapse" diagnostic of notes/stability.md, s1 and s3.
-
-    Args:
-        z: ``(M, d)`` floating tensor, ``M >= 2``.
-        threshold: variance threshold ``>= 0``.
-
-    Returns:
-        float in ``[0, 1]``.
+    """Fraction of latent dimensions with unbiased variance below ``threshold`` (latent collapse,
+    notes/stability.md, s1 and s3) of ``z (M, d)``, ``M >= 2``: a float in ``[0, 1]``.
 
     Raises:
         ValueError: bad shape, ``M < 2``, non-finite entries or negative ``threshold``.
@@ -393,16 +311,9 @@ def low_variance_fraction(z: Tensor, threshold: float = 1e-3) -> float:
 
 
 def effective_rank(z: Tensor) -> float:
-    """Participation-ratio effective rank of the covariance of ``z``:
-    ``(sum_k lambda_k)^2 / sum_k lambda_k^2 = trace(C)^2 / ||C||_F^2`` (dimensional-collapse
-    diagnostic, notes/stability.md, s1 and s3). Equals ``k`` for ``k`` equal
-    non-zero eigenvalues; 0.0 for a constant sample.
-
-    Args:
-        z: ``(M, d)`` floating tensor, ``M >= 2``.
-
-    Returns:
-        float in ``[0, d]`` (``[1, d]`` unless the sample is constant).
+    """Participation-ratio effective rank ``trace(C)^2 / ||C||_F^2`` of the covariance of ``z``
+    ``(M, d)``, ``M >= 2`` (dimensional collapse, notes/stability.md, s1 and s3): a float in
+    ``[1, d]``, 0.0 for a constant sample.
 
     Raises:
         ValueError: bad shape, ``M < 2`` or non-finite entries.

@@ -1,13 +1,10 @@
 """Deploy the app on Flower's deployment engine on this machine: one SuperLink, N SuperNodes, ``flwr run``.
 
-Every component is its own OS process on the loopback interface, with the flags used across hosts:
-TLS and SuperNode authentication (each SuperNode's key registered with ``flwr supernode register``;
-``--insecure`` drops both), SuperNode i with ``--node-config "partition-id=i num-partitions=N
-state-dir=..."``, and ``--unregistered K`` intruders that must be refused. The steps, options and
-measured times are in docs/deployment.md. Console entry point ``flwr-sheaf-deploy`` (the same as
-``python -m flwr_sheaf.tools.deploy_local``); needs the ``deploy`` extra (``cryptography``, ``psutil``).
-Exit status: 0 ``finished:completed``, 1 failed or timed out, 2 run config refused or federation not
-up (the step and log named), 130 interrupted.
+Each component is its own OS process on loopback, with the cross-host flags: TLS and SuperNode
+authentication (``--insecure`` drops both), ``--node-config "partition-id=i num-partitions=N
+state-dir=..."``, and ``--unregistered K`` intruders that must be refused (docs/deployment.md).
+Entry point ``flwr-sheaf-deploy``; needs the ``deploy`` extra. Exit status: 0 ``finished:completed``,
+1 failed or timed out, 2 run config refused or federation not up, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .flwr_cli import (
     CHECKOUT,
@@ -58,14 +54,8 @@ class DeployError(RuntimeError):
 def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]:
     """Create a CA and a SuperLink server certificate signed by it (EC P-384, SHA-384).
 
-    Every entry of ``hosts`` is a subject alternative name of the server certificate (IP addresses
-    as ``IPAddress``, names as ``DNSName``); clients verify it against ``ca.pem``. Private keys are
-    written with mode 0600.
-
-    Args:
-        out_dir: directory (created) for ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key``.
-        hosts: host names / IP addresses under which the SuperLink is reached.
-        days: validity in days from now.
+    ``hosts`` (names or IPs of the SuperLink) become the certificate's SANs; the files
+    ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key`` (keys mode 0600) go to ``out_dir``.
 
     Returns:
         ``{"ca": ..., "ca_key": ..., "cert": ..., "key": ...}`` paths.
@@ -89,16 +79,12 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     ca_key, key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flwr-sheaf deployment CA")])
+    off = ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement")
     usage = x509.KeyUsage(
         digital_signature=True,
         key_cert_sign=True,
         crl_sign=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        encipher_only=False,
-        decipher_only=False,
+        **dict.fromkeys((*off, "encipher_only", "decipher_only"), False),
     )
     ca_id = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
     ca_ext = [(x509.BasicConstraints(ca=True, path_length=0), True), (usage, True), (ca_id, False)]
@@ -117,12 +103,8 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
     ]
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
     cert = _signed(name, ca_name, key.public_key(), ca_key, (start, end), server_ext)
-    paths = {
-        "ca": out_dir / "ca.pem",
-        "ca_key": out_dir / "ca.key",
-        "cert": out_dir / "server.pem",
-        "key": out_dir / "server.key",
-    }
+    names = {"ca": "ca.pem", "ca_key": "ca.key", "cert": "server.pem", "key": "server.key"}
+    paths = {k: out_dir / v for k, v in names.items()}
     paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     for k, pk in (("ca_key", ca_key), ("key", key)):
@@ -133,8 +115,7 @@ def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]
 
 
 def _signed(subject, issuer, public_key, ca_key, validity, extensions):
-    """A certificate (SHA-384, random serial) for ``public_key`` signed by ``ca_key``, valid from
-    ``validity[0]`` to ``validity[1]``, with ``extensions`` as ``(extension, critical)`` pairs."""
+    """A certificate for ``public_key`` signed by ``ca_key``; ``extensions``: ``(ext, critical)``."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
 
@@ -156,9 +137,7 @@ def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
     """Create a SuperNode's EC P-384 key pair in OpenSSH format (what Flower 1.42 reads).
 
     Returns:
-        ``(private_key_path, public_key_path)``: ``<name>`` (mode 0600, for
-        ``flower-supernode --auth-supernode-private-key``) and ``<name>.pub`` (for
-        ``flwr supernode register``).
+        ``(private_key_path, public_key_path)``: ``<name>`` (mode 0600) and ``<name>.pub``.
 
     Raises:
         ImportError: ``cryptography`` is not installed (names ``pip install 'flwr-sheaf[deploy]'``).
@@ -172,20 +151,12 @@ def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP384R1())
     priv, pub = out_dir / name, out_dir / f"{name}.pub"
-    priv.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.OpenSSH,
-            serialization.NoEncryption(),
-        )
-    )
+    enc = serialization.Encoding
+    fmt = serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    priv.write_bytes(key.private_bytes(enc.PEM, *fmt))
     priv.chmod(0o600)
-    pub.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
-        + f" {name}\n".encode()
-    )
+    ssh = key.public_key().public_bytes(enc.OpenSSH, serialization.PublicFormat.OpenSSH)
+    pub.write_bytes(ssh + f" {name}\n".encode())
     return priv, pub
 
 
@@ -193,11 +164,7 @@ def make_node_key(out_dir: Path, name: str) -> tuple[Path, Path]:
 
 
 def _json_out(text: str) -> dict:
-    """The JSON object the ``flwr`` CLI printed with ``--format json`` (it may follow other lines).
-
-    Raises:
-        ValueError: no JSON object in ``text``.
-    """
+    """The JSON object ``flwr ... --format json`` printed (maybe after other lines); ValueError if none."""
     return json.loads(text[text.index("{") :])
 
 
@@ -217,11 +184,7 @@ class SuperNodeProc:
     state_dir: Path | None = None  # its node-config `state-dir` (docs/resume.md)
 
     def started(self) -> subprocess.Popen:
-        """Its process (set by :meth:`LocalDeployment.start_supernode`).
-
-        Raises:
-            DeployError: it was never started.
-        """
+        """Its process; DeployError if it was never started."""
         if self.proc is None:
             raise DeployError(f"{self.name} was never started")
         return self.proc
@@ -232,198 +195,25 @@ class SuperNodeProc:
         return f"site-{self.index}" if self.registered else f"intruder-{self.index}"
 
 
-class _SiteCrashes:
-    """:class:`LocalDeployment`'s site crash and recovery: SIGKILL a SuperNode, restart it with the
-    same key, node config and ``state-dir`` until the SuperLink accepts it again (docs/resume.md)."""
-
-    if TYPE_CHECKING:  # provided by LocalDeployment
-
-        def track(self) -> None: ...
-
-        def start_supernode(self, n: SuperNodeProc) -> None: ...
-
-        def nodes_status(self) -> dict[str, str]: ...
-
-    def kill_supernode(self, n: SuperNodeProc) -> None:
-        """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
-        stop_processes([n.started()], first=signal.SIGKILL)
-
-    def restart_supernode(
-        self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
-    ) -> int:
-        """Start SuperNode ``n`` again after a crash (same key, node config and ``state-dir``) until
-        the SuperLink accepts it, as a supervisor with ``Restart=on-failure`` would.
-
-        Flower 1.42 activates a node only while the SuperLink holds it ``offline``: after a SIGKILL
-        that is up to 2 heartbeat intervals (2 x 30 s) after its last heartbeat, and until then a
-        restarted SuperNode is refused with "Failed to activate SuperNode" (exit code 305). Such an
-        attempt is retried every ``retry_every`` s. Success is the SuperNode's own log line
-        ``SuperNode ID: <id>`` with the node id its key was registered under (the restarted process
-        is the same registered node). The first attempt waits until ``flwr supernode ls`` no longer
-        lists the node ``online`` (Flower marks it ``offline`` once its ``online_until`` has
-        passed), so it is normally accepted at once.
-
-        Returns:
-            The number of attempts (1 = accepted at once).
-
-        Raises:
-            DeployError: an attempt failed for another reason, it came back under another node id,
-                or it was not accepted within ``timeout`` s (the log is named).
-        """
-        deadline = time.monotonic() + timeout
-        # first attempt when the SuperLink holds the node offline (a node id is known under TLS)
-        while n.node_id is not None and time.monotonic() < deadline:
-            if self.nodes_status().get(n.node_id) != "online":
-                break
-            time.sleep(1.0)
-        attempts = 0
-        while True:
-            attempts += 1
-            start = n.log.stat().st_size if n.log.exists() else 0
-            self.start_supernode(n)
-            while True:
-                self.track()
-                with open(n.log, "rb") as fh:
-                    fh.seek(start)
-                    new = fh.read().decode(errors="replace")
-                if "SuperNode ID: " in new:
-                    got = new.split("SuperNode ID: ", 1)[1].split()[0]
-                    if n.node_id is not None and got != n.node_id:
-                        raise DeployError(
-                            f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}"
-                        )
-                    return attempts
-                if n.started().poll() is not None:
-                    break
-                if time.monotonic() > deadline:
-                    raise DeployError(
-                        f"{n.name} not accepted within {timeout:.0f} s after {attempts} attempt(s); "
-                        f"see {n.log}"
-                    )
-                time.sleep(0.2)
-            if "Failed to activate SuperNode" not in new:
-                raise DeployError(
-                    f"{n.name} restart exited with code {n.started().returncode}: {new[-1500:]}"
-                )
-            if time.monotonic() + retry_every > deadline:
-                raise DeployError(
-                    f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}"
-                )
-            time.sleep(retry_every)
-
-
-class _Runs:
-    """:class:`LocalDeployment`'s runs: submit the app, follow its log, wait for its status."""
-
-    if TYPE_CHECKING:  # provided by LocalDeployment
-        app: Path
-        flwr: str
-        env: dict[str, str]
-        started: list[subprocess.Popen]
-        superlink: subprocess.Popen | None
-
-        def track(self) -> None: ...
-
-        def _cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess: ...
-
-        def _spawn(
-            self, cmd: list[str], log: Path | None, env: dict[str, str] | None = None
-        ) -> subprocess.Popen: ...
-
-    def submit(self, run_config: str = "") -> int:
-        """``flwr run <app> deploy --format json [--run-config ...]``; returns the run id.
-
-        Raises:
-            DeployError: the SuperLink did not accept the run (the CLI's output is quoted).
-        """
-        cmd = ["run", str(self.app), CONNECTION, "--format", "json"]
-        if run_config:
-            cmd += ["--run-config", run_config]
-        print("+ flwr", shlex.join(cmd), flush=True)
-        r = self._cli(*cmd, timeout=300)
-        try:
-            return int(_json_out(r.stdout)["run-id"])
-        except (ValueError, KeyError, TypeError):
-            raise DeployError(
-                f"flwr run was not accepted: {(r.stdout + r.stderr)[-2000:]}"
-            ) from None
-
-    def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
-        """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
-        env = {**self.env, "PYTHONUNBUFFERED": "1"}  # lines as they come, also into a file or pipe
-        return self._spawn([self.flwr, "log", str(run_id), CONNECTION, "--stream"], log, env)
-
-    def wait_run(
-        self,
-        run_id: int,
-        timeout: float,
-        follower: subprocess.Popen | None = None,
-        every: float = 10.0,
-    ) -> str:
-        """Wait until run ``run_id`` is finished; return its status from ``flwr ls --run-id ID --format json``.
-
-        The status is read when the log ``follower`` exits (``flwr log --stream`` ends with the
-        run) and otherwise every ``every`` s (each ``flwr`` call is a new Python process). On
-        timeout the run is stopped (``flwr stop``) and ``"timeout"`` returned; if the SuperLink
-        died, ``"superlink exited (<code>)"``.
-        """
-        deadline = time.monotonic() + timeout
-        next_check = time.monotonic() + every
-        while time.monotonic() < deadline:
-            self.track()
-            if self.superlink is not None and self.superlink.poll() is not None:
-                return f"superlink exited ({self.superlink.returncode})"
-            ended = follower is not None and follower.poll() is not None
-            if ended or time.monotonic() >= next_check:
-                status = run_status(self.flwr, self.env, CONNECTION, run_id)
-                if status.startswith("finished"):
-                    return status
-                if ended:
-                    follower = None
-                next_check = time.monotonic() + every
-            time.sleep(0.5)
-        self._cli("stop", str(run_id), CONNECTION, timeout=60)
-        return "timeout"
-
-    def run(
-        self,
-        run_config: str = "",
-        timeout: float = 1800.0,
-        log: Path | None = None,
-    ) -> tuple[int, str]:
-        """Submit the app, follow its log, wait for the end; returns ``(run_id, status)``."""
-        run_id = self.submit(run_config)
-        follower = self.follow_log(run_id, log)
-        try:
-            status = self.wait_run(run_id, timeout, follower)
-            time.sleep(1.0)  # let the log follower print the last lines
-        finally:
-            stop_processes([follower], timeout=5)
-        return run_id, status
-
-
 @dataclass
-class LocalDeployment(_SiteCrashes, _Runs):
-    """A SuperLink and N SuperNodes as separate OS processes on this machine (see module docstring).
+class LocalDeployment:
+    """A SuperLink and N SuperNodes as separate OS processes on this machine (module docstring).
 
-    Use as a context manager (``with LocalDeployment(...) as d: d.start(); d.run(...)``): leaving
-    the block stops every process it started. All files live under ``workdir``: ``tls/``,
-    ``keys/``, ``flwr-home/`` (private ``FLWR_HOME``), ``logs/`` (one log per process),
-    ``superlink.db``.
+    A context manager (``with LocalDeployment(...) as d: d.start(); d.run(...)``) that stops every
+    process it started. Files under ``workdir``: ``tls/``, ``keys/``, ``flwr-home/`` (private
+    ``FLWR_HOME``), ``logs/``, ``superlink.db``. Also site crash and recovery (docs/resume.md).
 
     Args:
         workdir: directory for all files (created).
         num_supernodes: N, the registered SuperNodes (partition-ids 0..N-1).
-        port: SuperLink HTTP(S) port; SuperNode i's ClientAppIo port is ``port + 1 + i``
-            (intruders follow); 0 = a block of free ports (:func:`flwr_sheaf.tools.flwr_cli.free_port_block`).
-        insecure: no TLS and hence no SuperNode authentication (Flower 1.42 refuses
-            ``--enable-supernode-auth`` without TLS; SuperNodes then register themselves).
+        port: SuperLink port; SuperNode i's ClientAppIo port is ``port + 1 + i`` (intruders
+            follow); 0 = a free block (:func:`flwr_sheaf.tools.flwr_cli.free_port_block`).
+        insecure: no TLS, hence no SuperNode authentication (SuperNodes register themselves).
         unregistered: K extra SuperNodes with keys that are never registered.
-        host: address the SuperLink listens on and the SuperNodes dial.
-        sans: extra names/IPs for the server certificate.
+        host, sans: the SuperLink's address; extra names/IPs for its certificate.
         app: app directory handed to ``flwr run``.
-        state_dir: root of the SuperNodes' node state; SuperNode ``<name>`` gets the node config
-            ``state-dir='<state_dir>/<name>'`` (default: ``<workdir>/state``).
+        state_dir: SuperNode ``<name>`` gets ``state-dir='<state_dir>/<name>'`` (default
+            ``<workdir>/state``).
 
     Raises:
         ValueError: ``num_supernodes < 1``, ``unregistered < 0``, a port outside 1024..65535.
@@ -473,19 +263,143 @@ class LocalDeployment(_SiteCrashes, _Runs):
         self.env = flwr_env(self.home)
         self.flwr = find_flwr(self.env)
 
-    # -- context manager
+    def kill_supernode(self, n: SuperNodeProc) -> None:
+        """SIGKILL SuperNode ``n`` and its descendants at once (a site crash: no clean shutdown)."""
+        stop_processes([n.started()], first=signal.SIGKILL)
+
+    def restart_supernode(
+        self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
+    ) -> int:
+        """Start SuperNode ``n`` again after a crash (same key, node config, ``state-dir``) until
+        the SuperLink accepts it (its log shows ``SuperNode ID: <its registered id>``); returns the
+        number of attempts.
+
+        Flower 1.42 activates a node only while the SuperLink holds it ``offline`` (up to 2 x 30 s
+        after a SIGKILL): the first attempt waits for that; a refusal ("Failed to activate
+        SuperNode", exit 305) is retried every ``retry_every`` s.
+
+        Raises:
+            DeployError: an attempt failed for another reason, it came back under another node id,
+                or it was not accepted within ``timeout`` s (the log is named).
+        """
+        deadline = time.monotonic() + timeout
+        # first attempt when the SuperLink holds the node offline (a node id is known under TLS)
+        while n.node_id is not None and time.monotonic() < deadline:
+            if self.nodes_status().get(n.node_id) != "online":
+                break
+            time.sleep(1.0)
+        attempts = 0
+        while True:
+            attempts += 1
+            start = n.log.stat().st_size if n.log.exists() else 0
+            self.start_supernode(n)
+            while True:
+                self.track()
+                with open(n.log, "rb") as fh:
+                    fh.seek(start)
+                    new = fh.read().decode(errors="replace")
+                if "SuperNode ID: " in new:
+                    got = new.split("SuperNode ID: ", 1)[1].split()[0]
+                    if n.node_id is not None and got != n.node_id:
+                        raise DeployError(
+                            f"{n.name} restarted as node {got}, registered as {n.node_id}; see {n.log}"
+                        )
+                    return attempts
+                if n.started().poll() is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise DeployError(
+                        f"{n.name} not accepted within {timeout:.0f} s after {attempts} attempt(s); "
+                        f"see {n.log}"
+                    )
+                time.sleep(0.2)
+            if "Failed to activate SuperNode" not in new:
+                raise DeployError(
+                    f"{n.name} restart exited with code {n.started().returncode}: {new[-1500:]}"
+                )
+            if time.monotonic() + retry_every > deadline:
+                raise DeployError(
+                    f"{n.name} still refused after {attempts} attempt(s) in {timeout:.0f} s; see {n.log}"
+                )
+            time.sleep(retry_every)
+
+    def submit(self, run_config: str = "") -> int:
+        """``flwr run <app> deploy --format json [--run-config ...]``; returns the run id.
+
+        Raises:
+            DeployError: the SuperLink did not accept the run (the CLI's output is quoted).
+        """
+        cmd = ["run", str(self.app), CONNECTION, "--format", "json"]
+        if run_config:
+            cmd += ["--run-config", run_config]
+        print("+ flwr", shlex.join(cmd), flush=True)
+        r = self._cli(*cmd, timeout=300)
+        try:
+            return int(_json_out(r.stdout)["run-id"])
+        except (ValueError, KeyError, TypeError):
+            raise DeployError(
+                f"flwr run was not accepted: {(r.stdout + r.stderr)[-2000:]}"
+            ) from None
+
+    def follow_log(self, run_id: int, log: Path | None = None) -> subprocess.Popen:
+        """Stream the run's log (``flwr log ID deploy --stream``) to ``log`` or to this stdout."""
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}  # lines as they come, also into a file or pipe
+        return self._spawn([self.flwr, "log", str(run_id), CONNECTION, "--stream"], log, env)
+
+    def wait_run(
+        self,
+        run_id: int,
+        timeout: float,
+        follower: subprocess.Popen | None = None,
+        every: float = 10.0,
+    ) -> str:
+        """Wait until run ``run_id`` is finished; return its status (``flwr ls --run-id ID``).
+
+        The status is read when the log ``follower`` exits, else every ``every`` s. On timeout the
+        run is stopped (``flwr stop``) and ``"timeout"`` returned; a dead SuperLink gives
+        ``"superlink exited (<code>)"``.
+        """
+        deadline = time.monotonic() + timeout
+        next_check = time.monotonic() + every
+        while time.monotonic() < deadline:
+            self.track()
+            if self.superlink is not None and self.superlink.poll() is not None:
+                return f"superlink exited ({self.superlink.returncode})"
+            ended = follower is not None and follower.poll() is not None
+            if ended or time.monotonic() >= next_check:
+                status = run_status(self.flwr, self.env, CONNECTION, run_id)
+                if status.startswith("finished"):
+                    return status
+                if ended:
+                    follower = None
+                next_check = time.monotonic() + every
+            time.sleep(0.5)
+        self._cli("stop", str(run_id), CONNECTION, timeout=60)
+        return "timeout"
+
+    def run(
+        self, run_config: str = "", timeout: float = 1800.0, log: Path | None = None
+    ) -> tuple[int, str]:
+        """Submit the app, follow its log, wait for the end; returns ``(run_id, status)``."""
+        run_id = self.submit(run_config)
+        follower = self.follow_log(run_id, log)
+        try:
+            status = self.wait_run(run_id, timeout, follower)
+            time.sleep(1.0)  # let the log follower print the last lines
+        finally:
+            stop_processes([follower], timeout=5)
+        return run_id, status
+
     def __enter__(self) -> LocalDeployment:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    # -- helpers
     def track(self) -> None:
-        """Remember every current descendant of the started processes (Flower detaches its
-        SuperExec and app processes into their own sessions; a descendant orphaned later is still
-        stopped by :meth:`stop`), and reap the started processes that exited (a SuperExec watches
-        its parent's pid, which a zombie keeps alive)."""
+        """Remember every current descendant of the started processes (Flower detaches its SuperExec
+        and apps into their own sessions; :meth:`stop` still stops them once orphaned), and reap the
+        started processes that exited (a SuperExec watches its parent's pid; a zombie keeps it)."""
         for p in self.started:
             p.poll()
             for q in process_tree([p])[1:]:
@@ -494,8 +408,7 @@ class LocalDeployment(_SiteCrashes, _Runs):
     def _spawn(
         self, cmd: list[str], log: Path | None, env: dict[str, str] | None = None
     ) -> subprocess.Popen:
-        """Start ``cmd`` in its own process group/session with ``env`` (default the deployment's),
-        stdout+stderr to ``log`` (None: this stdout); remember it."""
+        """Start ``cmd`` in its own session, stdout+stderr to ``log`` (None: this stdout)."""
         with open(log, "ab") if log is not None else contextlib.nullcontext() as fh:
             p = subprocess.Popen(
                 cmd,
@@ -516,45 +429,32 @@ class LocalDeployment(_SiteCrashes, _Runs):
 
     @property
     def address(self) -> str:
-        """``host:port`` the local SuperNodes and the CLI dial (127.0.0.1 when listening on all
-        interfaces)."""
+        """``host:port`` the local SuperNodes and the CLI dial (127.0.0.1 for all interfaces)."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"{host}:{self.port}"
 
-    # -- steps
     def prepare(self) -> None:
         """Write certificates (unless insecure), SuperNode keys and the ``deploy`` connection."""
         if not self.insecure:
             hosts = [self.address.rsplit(":", 1)[0], "127.0.0.1", "localhost", *self.sans]
             self.tls = make_tls(self.workdir / "tls", list(dict.fromkeys(hosts)))
         self.nodes.clear()
-        for i in range(self.num_supernodes + self.unregistered):
-            registered = i < self.num_supernodes
-            k = i if registered else i - self.num_supernodes
-            name = f"site-{i}" if registered else f"intruder-{k}"
+        n = self.num_supernodes
+        for i in range(n + self.unregistered):
+            registered = i < n
+            k = i if registered else i - n  # an intruder k poses as partition-id k % N
+            name = f"site-{k}" if registered else f"intruder-{k}"
             priv, pub = make_node_key(self.workdir / "keys", name)
-            self.nodes.append(
-                SuperNodeProc(
-                    index=i if registered else k,
-                    partition_id=i if registered else k % self.num_supernodes,
-                    registered=registered,
-                    port=self.port + 1 + i,
-                    key=priv,
-                    pub=pub,
-                    log=self.logs / f"{name}.log",
-                    state_dir=(self.state_dir or self.workdir / "state") / name,
-                )
+            node = SuperNodeProc(
+                k, k % n, registered, self.port + 1 + i, priv, pub, self.logs / f"{name}.log"
             )
-        conn = [
-            f'[superlink]\ndefault = "{CONNECTION}"\n',
-            f"[superlink.{CONNECTION}]",
-            f'address = "{self.address}"',
-        ]
-        if self.insecure:
-            conn.append("insecure = true")
-        else:
-            conn.append(f'root-certificates = "{self.tls["ca"]}"')
-        (self.home / "config.toml").write_text("\n".join(conn) + "\n")
+            node.state_dir = (self.state_dir or self.workdir / "state") / name
+            self.nodes.append(node)
+        auth = "insecure = true" if self.insecure else f'root-certificates = "{self.tls["ca"]}"'
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{self.address}"\n{auth}\n'
+        )
 
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start ``flower-superlink`` and wait until its ``/health`` endpoint answers.
@@ -562,31 +462,16 @@ class LocalDeployment(_SiteCrashes, _Runs):
         Raises:
             DeployError: it exited or did not answer within ``timeout`` s (names its log).
         """
-        cmd = [
-            find_flwr(self.env, "flower-superlink"),
-            "--isolation",
-            "subprocess",
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--database",
-            str(self.workdir / "superlink.db"),
-            "--disable-runtime-dependency-installation",
-        ]
-        cmd += (
-            ["--insecure"]
-            if self.insecure
-            else [
-                "--enable-supernode-auth",
-                "--ssl-ca-certfile",
-                str(self.tls["ca"]),
-                "--ssl-certfile",
-                str(self.tls["cert"]),
-                "--ssl-keyfile",
-                str(self.tls["key"]),
-            ]
-        )
+        cmd = [find_flwr(self.env, "flower-superlink"), "--isolation", "subprocess"]
+        cmd += ["--host", self.host, "--port", str(self.port)]
+        cmd += ["--database", str(self.workdir / "superlink.db")]
+        cmd += ["--disable-runtime-dependency-installation"]
+        if self.insecure:
+            cmd += ["--insecure"]
+        else:
+            ca, cert, key = (str(self.tls[k]) for k in ("ca", "cert", "key"))
+            cmd += ["--enable-supernode-auth", "--ssl-ca-certfile", ca, "--ssl-certfile", cert]
+            cmd += ["--ssl-keyfile", key]
         log = self.logs / "superlink.log"
         print("+", shlex.join(cmd), flush=True)
         self.superlink = self._spawn(cmd, log)
@@ -623,16 +508,8 @@ class LocalDeployment(_SiteCrashes, _Runs):
         for n in self.nodes:
             if not n.registered:
                 continue
-            r = self._cli(
-                "supernode",
-                "register",
-                str(n.pub),
-                CONNECTION,
-                "--name",
-                n.name,
-                "--format",
-                "json",
-            )
+            args = ("register", str(n.pub), CONNECTION, "--name", n.name, "--format", "json")
+            r = self._cli("supernode", *args)
             try:
                 n.node_id = str(_json_out(r.stdout)["node-id"])
             except (ValueError, KeyError, TypeError):
@@ -642,34 +519,19 @@ class LocalDeployment(_SiteCrashes, _Runs):
 
     def start_supernode(self, n: SuperNodeProc) -> None:
         """Start one ``flower-supernode`` process for ``n`` (log: ``logs/<name>.log``)."""
-        cmd = [
-            find_flwr(self.env, "flower-supernode"),
-            "--superlink",
-            self.address,
-            "--node-config",
+        node_config = (
             f"partition-id={n.partition_id} num-partitions={self.num_supernodes} "
-            f"state-dir='{n.state_dir}'",
-            "--isolation",
-            "subprocess",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(n.port),
-            "--max-retries",
-            "3",
-            "--max-wait-time",
-            "30",
-        ]
-        cmd += (
-            ["--insecure"]
-            if self.insecure
-            else [
-                "--root-certificates",
-                str(self.tls["ca"]),
-                "--auth-supernode-private-key",
-                str(n.key),
-            ]
+            f"state-dir='{n.state_dir}'"
         )
+        cmd = [find_flwr(self.env, "flower-supernode"), "--superlink", self.address]
+        cmd += ["--node-config", node_config, "--isolation", "subprocess"]
+        cmd += ["--host", "127.0.0.1", "--port", str(n.port)]
+        cmd += ["--max-retries", "3", "--max-wait-time", "30"]
+        if self.insecure:
+            cmd += ["--insecure"]
+        else:
+            cmd += ["--root-certificates", str(self.tls["ca"])]
+            cmd += ["--auth-supernode-private-key", str(n.key)]
         n.proc = self._spawn(cmd, n.log)
 
     def nodes_status(self) -> dict[str, str]:
@@ -704,8 +566,8 @@ class LocalDeployment(_SiteCrashes, _Runs):
         raise DeployError(f"SuperNodes not online after {timeout:.0f} s: {status}; see {self.logs}")
 
     def start(self, online_timeout: float = 120.0) -> None:
-        """``prepare`` + SuperLink + key registration + every SuperNode, then wait until the registered
-        ones are online (intruders are started too; they are expected to be refused)."""
+        """``prepare``, SuperLink, key registration, every SuperNode (intruders too), then wait
+        until the registered ones are online."""
         self.prepare()
         self.start_superlink()
         self.register_keys()
@@ -714,11 +576,8 @@ class LocalDeployment(_SiteCrashes, _Runs):
         self.wait_online(online_timeout)
 
     def stop(self) -> int:
-        """Stop exactly the processes this deployment started (and their descendants); idempotent.
-
-        Returns:
-            Number of processes signalled.
-        """
+        """Stop exactly the processes this deployment started and their descendants (idempotent);
+        returns the number signalled."""
         self.track()
         n = stop_processes([*self.started, *self.seen.values()])
         self.started.clear()
@@ -730,24 +589,22 @@ class LocalDeployment(_SiteCrashes, _Runs):
 
 
 def to_run_config(values: dict) -> str:
-    """Format ``{key: value}`` as a ``flwr run --run-config`` string (TOML values: strings as basic
-    strings and booleans as ``true``/``false``, both as JSON writes them; numbers by ``repr``)."""
+    """Format ``{key: value}`` as a ``flwr run --run-config`` string (TOML values: strings and
+    booleans as JSON writes them, numbers by ``repr``)."""
     return " ".join(
         f"{k}={json.dumps(v) if isinstance(v, (str, bool)) else repr(v)}" for k, v in values.items()
     )
 
 
 def check_run_config(run_config: str, num_supernodes: int) -> dict:
-    """Parse ``--run-config`` as ``flwr run`` does and check it against the federation before any
-    process starts.
+    """Parse ``--run-config`` as ``flwr run`` does and check it against the federation.
 
     Returns:
         The parsed overrides (``{key: int | float | bool | str}``).
 
     Raises:
-        ValueError: ``num_supernodes < 1`` (before the run config is read), the string does not parse, a key or value is refused by
-            ``flwr_sheaf.config.RunConfig`` (named), or the zoo's number of agents differs from
-            ``num_supernodes`` (each SuperNode serves one partition-id of the zoo).
+        ValueError: ``num_supernodes < 1``, the string does not parse, a key or value refused by
+            ``flwr_sheaf.config.RunConfig`` (named), or a zoo whose agent count is not ``num_supernodes``.
     """
     from flwr.common.config import parse_config_args
 
@@ -793,7 +650,13 @@ def main(argv: list[str] | None = None) -> int:
     # results-dir made absolute here: the ServerApp process runs in another working directory
     results = Path(str(parsed.get("results-dir", workdir / "results"))).expanduser().resolve()
     parsed["results-dir"] = str(results)
-    _raise_keyboard_interrupt_on_signals()
+
+    def _interrupt(signum, frame):  # noqa: ARG001 - signal API
+        raise KeyboardInterrupt
+
+    # SIGINT and SIGTERM (SIGINT is ignored in the background) must stop what main started
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     t0 = time.monotonic()
     try:
         dep = LocalDeployment(
@@ -823,72 +686,34 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     """The command line of :func:`main` (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--num-supernodes",
-        type=int,
-        default=3,
-        help="registered SuperNodes N (partition-ids 0..N-1)",
-    )
-    ap.add_argument(
-        "--run-config", default="", help="run-config overrides, e.g. \"zoo='tiny-3' graph='ring'\""
-    )
-    ap.add_argument(
-        "--insecure",
-        action="store_true",
-        help="no TLS and hence no SuperNode authentication (debugging only)",
-    )
-    ap.add_argument(
-        "--keep-running",
-        action="store_true",
-        help="leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)",
-    )
-    ap.add_argument(
-        "--unregistered", type=int, default=0, help="extra SuperNodes whose keys are not registered"
-    )
-    ap.add_argument(
-        "--port",
-        type=int,
-        default=29700,
-        help="SuperLink port; SuperNode i uses port+1+i; 0 = pick a free block",
-    )
-    ap.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
-    ap.add_argument(
-        "--san", action="append", default=[], help="extra host name/IP for the server certificate"
-    )
-    ap.add_argument(
-        "--workdir", default=None, help="default: a new directory under the system temp dir"
-    )
-    ap.add_argument(
-        "--app",
-        default=str(CHECKOUT),
-        help="app directory for flwr run (default: the flwr-sheaf checkout this package runs from)",
-    )
-    ap.add_argument(
-        "--state-dir",
-        default=None,
-        help="root of the SuperNodes' node state (SuperNode <name> uses <root>/<name>; default: <workdir>/state)",
-    )
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
+    add = ap.add_argument
+    registered = "registered SuperNodes N (partition-ids 0..N-1)"
+    add("--num-supernodes", type=int, default=3, help=registered)
+    add("--run-config", default="", help="run-config overrides, e.g. \"zoo='tiny-3' graph='ring'\"")
+    no_tls = "no TLS and hence no SuperNode authentication (debugging only)"
+    add("--insecure", action="store_true", help=no_tls)
+    keep = "leave SuperLink and SuperNodes running after the run (stop them with Ctrl-C)"
+    add("--keep-running", action="store_true", help=keep)
+    intruders = "extra SuperNodes whose keys are not registered"
+    add("--unregistered", type=int, default=0, help=intruders)
+    port = "SuperLink port; SuperNode i uses port+1+i; 0 = pick a free block"
+    add("--port", type=int, default=29700, help=port)
+    add("--host", default="127.0.0.1", help="address the SuperLink listens on")
+    add("--san", action="append", default=[], help="extra host name/IP for the server certificate")
+    add("--workdir", default=None, help="default: a new directory under the system temp dir")
+    app = "app directory for flwr run (default: the flwr-sheaf checkout this package runs from)"
+    add("--app", default=str(CHECKOUT), help=app)
+    state = "root of the SuperNodes' node state (SuperNode <name> uses <root>/<name>; default: <workdir>/state)"
+    add("--state-dir", default=None, help=state)
+    add("--timeout", type=float, default=1800.0, help="seconds to wait for the run")
     return ap
-
-
-def _raise_keyboard_interrupt_on_signals() -> None:
-    """SIGINT and SIGTERM raise ``KeyboardInterrupt`` (also when started in the background, where
-    SIGINT is ignored), so that :func:`main` stops what it started."""
-
-    def _interrupt(signum, frame):  # noqa: ARG001 - signal API
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
 
 
 def _bring_up_and_run(
     dep: LocalDeployment, args: argparse.Namespace, run_config: str, results: Path, t0: float
 ) -> int:
-    """Start the federation, run the app and report (main's exit status: 0 completed, 1 failed or
-    timed out, 2 the federation did not come up); with ``--keep-running`` wait until the SuperLink
-    exits or Ctrl-C."""
+    """Start the federation, run the app, report; returns main's exit status. ``--keep-running``
+    then waits until the SuperLink exits or Ctrl-C."""
     try:
         dep.start()
     except DeployError as exc:

@@ -1,8 +1,7 @@
-"""Shared helpers for the tools that drive Flower 1.42's ``flwr`` CLI (``scripts/run_flwr.py``,
-:mod:`flwr_sheaf.tools.deploy_local`): the environment of every Flower process, the executables,
-free ports, run status (``flwr run`` exits 0 even when the run failed; docs/deployment.md) and
-stopping exactly the processes a tool started. Standard library and ``psutil`` only, no import of
-the package: ``scripts/run_flwr.py`` loads this file by its path, so it does not pay for torch and flwr.
+"""Helpers of the tools that drive Flower 1.42's ``flwr`` CLI (``scripts/run_flwr.py``,
+:mod:`flwr_sheaf.tools.deploy_local`): environment, executables, free ports, run status (``flwr run``
+exits 0 even when the run failed; docs/deployment.md), stopping exactly the processes a tool started.
+Standard library and ``psutil`` only: ``scripts/run_flwr.py`` loads this file by path (no torch).
 """
 
 from __future__ import annotations
@@ -21,15 +20,7 @@ EXTRA = "deploy"
 
 
 def missing(package: str) -> str:
-    """The message of the ``ImportError`` a tool raises when ``package`` of the extra is absent.
-
-    Args:
-        package: the missing distribution, e.g. ``"psutil"`` or ``"cryptography"``.
-
-    Returns:
-        A sentence naming ``package`` and the command that installs it
-        (``pip install 'flwr-sheaf[deploy]'``).
-    """
+    """The ``ImportError`` message for a missing ``package`` of the extra (names the pip command)."""
     return (
         f"flwr_sheaf.tools needs {package!r}, which is not installed: "
         f"pip install 'flwr-sheaf[{EXTRA}]' (the optional {EXTRA!r} extra: cryptography, psutil)"
@@ -60,17 +51,12 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for Flower CLI and server processes started by a script.
-
-    Args:
-        home: directory used as ``FLWR_HOME`` (Flower's config file, local SuperLink state, apps).
-        extra: further variables (override the defaults).
+    """Environment for Flower CLI and server processes: ``FLWR_HOME=home``, ``extra`` on top.
 
     Returns:
-        A copy of ``os.environ`` with ``FLWR_HOME``, ``FLWR_TELEMETRY_ENABLED=0``,
-        ``FLWR_DISABLE_UPDATE_CHECK=1``, ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1``
-        (no ``uv sync`` of torch at every run), ``RAY_DEDUP_LOGS=0``, ``FLWR_SHEAF_DATA`` (:data:`CHECKOUT`'s ``data/`` unless set) and this interpreter's
-        ``bin`` directory first on ``PATH`` (Flower spawns ``flower-superlink``/``flower-superexec``
+        A copy of ``os.environ`` with ``FLWR_HOME``, telemetry, update check and runtime dependency
+        installation off, ``RAY_DEDUP_LOGS=0``, ``FLWR_SHEAF_DATA`` (default :data:`CHECKOUT`'s
+        ``data/``) and this interpreter's ``bin`` first on ``PATH`` (Flower spawns its executables
         by name).
     """
     env = dict(os.environ)
@@ -92,10 +78,8 @@ def flwr_env(home: str | Path, extra: dict[str, str] | None = None) -> dict[str,
 
 
 def free_port_block(width: int, host: str = "127.0.0.1", tries: int = 200) -> int:
-    """A port ``P`` such that ``P .. P + width - 1`` are all free on ``host`` now (each bound once
-    and released), drawn from the OS's ephemeral range: what ``--port 0`` of run_flwr.py and
-    deploy_local.py picks, so runs side by side (tests, other users' SuperLinks) never collide on a
-    fixed port.
+    """A port ``P`` with ``P .. P + width - 1`` all free on ``host`` now (each bound once and
+    released), from the OS's ephemeral range: what ``--port 0`` picks.
 
     Raises:
         RuntimeError: no such block found in ``tries`` draws.
@@ -124,12 +108,10 @@ def free_port_block(width: int, host: str = "127.0.0.1", tries: int = 200) -> in
 
 
 def undeclared_keys(app: str | Path, run_config: str | list[str]) -> list[str]:
-    """One line per ``--run-config`` key (one text, or each text of a repeated ``--run-config``, as
-    ``flwr run`` takes them; a single ``.toml`` file's keys) that the app's ``pyproject.toml`` does not declare in
-    ``[tool.flwr.app.config]``, naming the key, the closest declared key and the fix (Flower 1.42
-    refuses such a run with ``[code: 15] Invalid run configuration.`` naming no key: the key is only
-    in the SuperLink's log). Empty when every key is declared, or when the app has no pyproject.toml
-    (Flower then says what is wrong).
+    """One line per ``--run-config`` key (a text, a list of texts, or a ``.toml`` file's keys)
+    that the app's ``pyproject.toml`` does not declare in ``[tool.flwr.app.config]``, naming the
+    closest declared key and the fix (Flower 1.42 refuses such a run naming no key). Empty when
+    every key is declared or there is no pyproject.toml.
 
     Raises:
         ValueError: ``run_config`` does not parse (Flower's own parser, its text kept).
@@ -147,13 +129,8 @@ def undeclared_keys(app: str | Path, run_config: str | list[str]) -> list[str]:
         given = parse_config_args(texts)
     except Exception as exc:  # click / TOML errors with Flower's text
         raise ValueError(f"--run-config {run_config!r} does not parse: {exc}") from None
-    declared = flatten_dict(
-        tomllib.loads(toml.read_text())
-        .get("tool", {})
-        .get("flwr", {})
-        .get("app", {})
-        .get("config", {})
-    )
+    app_table = tomllib.loads(toml.read_text()).get("tool", {}).get("flwr", {}).get("app", {})
+    declared = flatten_dict(app_table.get("config", {}))
     out = []
     for key in sorted(set(given) - set(declared)):
         close = difflib.get_close_matches(key, list(declared), n=1)
@@ -185,9 +162,8 @@ def last_run(
     run_id: int | None = None,
     timeout: float = 120.0,
 ) -> dict[str, str]:
-    """Run ``run_id`` (default: the last run listed) as ``flwr ls [connection] [--run-id ID]
-    --format json`` lists it (``"run-id"``, ``"status"``, ...); ``{}`` when the SuperLink lists
-    none or the CLI printed no JSON.
+    """Run ``run_id`` (default: the last) as ``flwr ls [connection] [--run-id ID] --format json``
+    lists it (``"run-id"``, ``"status"``, ...); ``{}`` when none is listed or no JSON came.
 
     Raises:
         subprocess.TimeoutExpired: the CLI did not answer within ``timeout`` seconds.
@@ -210,8 +186,7 @@ def run_status(
     run_id: int | None = None,
     timeout: float = 120.0,
 ) -> str:
-    """Status of run ``run_id`` (default: the last run listed), e.g. ``"finished:completed"``
-    (:func:`last_run`); ``"no run found"`` when the SuperLink lists none.
+    """Status of :func:`last_run`, e.g. ``"finished:completed"``, or ``"no run found"``.
 
     Raises:
         subprocess.TimeoutExpired: the CLI did not answer within ``timeout`` seconds.
@@ -220,18 +195,13 @@ def run_status(
 
 
 def process_tree(roots: Iterable[psutil.Process | subprocess.Popen | int]) -> list[psutil.Process]:
-    """``roots`` and all their descendants now (each once, roots first): taken before anything is
-    stopped, so that processes a stopped parent leaves behind (Ray's GCS, raylet and agents under
-    the simulation process) are still known by their ``psutil.Process`` (pid and creation time).
-    A remembered ``psutil.Process`` whose pid was reused since is left out (not ours)."""
+    """``roots`` and all their descendants now (each once, roots first), taken before anything is
+    stopped so that orphans (Ray's GCS, raylet, ...) stay known; a reused pid is left out."""
     out: dict[int, psutil.Process] = {}
     for p in roots:
         try:
-            root = (
-                p
-                if isinstance(p, psutil.Process)
-                else psutil.Process(p.pid if isinstance(p, subprocess.Popen) else int(p))
-            )
+            pid = p.pid if isinstance(p, subprocess.Popen) else p
+            root = p if isinstance(p, psutil.Process) else psutil.Process(int(pid))
             if not root.is_running():
                 continue
             for q in [root] + root.children(recursive=True):
@@ -246,15 +216,8 @@ def stop_processes(
     timeout: float = 10.0,
     first: signal.Signals = signal.SIGTERM,
 ) -> int:
-    """Stop exactly ``procs`` and their descendants: ``first`` (SIGTERM; SIGKILL for a crash with
-    no clean shutdown), wait up to ``timeout`` s, then SIGKILL.
-
-    A ``psutil.Process`` remembered earlier is only signalled if it is still the same process
-    (``is_running`` compares the creation time, so a reused pid is left alone).
-
-    Descendants are collected before anything is signalled, so children that Flower detaches into
-    their own session (``flower-superexec``, ServerApp/ClientApp processes) are stopped too; no
-    process is chosen by name.
+    """Stop exactly ``procs`` and their descendants (:func:`process_tree`; none chosen by name):
+    ``first`` (SIGTERM; SIGKILL for a crash), wait up to ``timeout`` s, then SIGKILL.
 
     Returns:
         Number of processes that were still alive and got signalled.
@@ -298,10 +261,8 @@ def stop_processes(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flwr_sheaf.tools.flwr_cli [APP] --run-config "k=v ..."`` before ``flwr run``: each
-    ``--run-config`` key APP's ``pyproject.toml`` does not declare, named with the closest declared
-    key and the fix (:func:`undeclared_keys`; Flower names none). Returns 0 when every key is
-    declared, else 2 (each problem on stderr; also for no ``pyproject.toml`` or unparsable text)."""
+    """``python -m flwr_sheaf.tools.flwr_cli [APP] --run-config "k=v ..."``: :func:`undeclared_keys`
+    on stderr. Returns 0 when every key is declared, else 2 (also no pyproject.toml, unparsable)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m flwr_sheaf.tools.flwr_cli")

@@ -1,22 +1,14 @@
 """Which Ray cluster a ``flwr run`` simulation runs on: an existing one only when asked for.
 
-Flower 1.42 calls ``ray.init()`` without an address in the simulation process, so Ray 2.55 joins
-the cluster in ``RAY_ADDRESS`` (``local``: a new instance), else the one named by the file
-:func:`ray_address_file` that every ``ray start`` leaves, else starts a private instance: one
-forgotten ``ray start`` silently captures every later simulation, and a run on a cluster cannot pass
-``init-args-num-cpus``/``init-args-num-gpus`` (Ray refuses them after the SuperLink has started,
-and ``flwr run`` still exits 0; the pitfalls, measured: docs/ray-cluster.md, "A Ray cluster"). This
-module decides up front, for ``scripts/run_flwr.py`` (which loads this file by path): the
-``RAY_ADDRESS`` a run gets (the ``--ray-address`` cluster, or a private ``local`` instance), the
-federation settings Ray refuses on a cluster, and whether a Ray GCS answers at the address (a gRPC
-call of Ray's own ``GetClusterId`` handshake, seconds at most: an HTTP server or any other service on
-that port is named, not waited on for ``flwr run``'s whole ``--timeout``).
+Flower 1.42's ``ray.init()`` joins the cluster in ``RAY_ADDRESS``, else the one recorded by any
+``ray start`` (:func:`ray_address_file`), else starts a private instance; a run on a cluster cannot
+pass ``init-args-num-cpus/gpus`` (pitfalls: docs/ray-cluster.md, "A Ray cluster"). For
+``scripts/run_flwr.py`` (which loads this file by path) this module decides the ``RAY_ADDRESS`` a
+run gets, refuses federation settings Ray refuses on a cluster, and checks that a Ray GCS answers
+(Ray's ``GetClusterId`` gRPC handshake: another service on the port is named, not waited on).
 
-Run as a script it serves the shared-machine recipe of docs/ray-cluster.md ("A Ray cluster"):
-``python flwr_sheaf/tools/ray_cluster.py free-ports N`` prints N free TCP ports, and
-``python flwr_sheaf/tools/ray_cluster.py stop --temp-dir DIR`` stops exactly the Ray processes of the
-cluster started with ``ray start --temp-dir DIR`` (``ray stop`` would stop every Ray instance of the
-user on the machine).
+As a script: ``free-ports N`` prints N free TCP ports; ``stop --temp-dir DIR`` stops exactly the
+Ray processes of ``ray start --temp-dir DIR`` (``ray stop`` stops all).
 """
 
 from __future__ import annotations
@@ -60,13 +52,11 @@ __all__ = [
     "stop_cluster",
 ]
 
-#: the gRPC method every Ray client calls first on a GCS (Ray 2.55's ``NodeInfoGcsService``): an
-#: empty ``GetClusterIdRequest``, answered with the cluster id by a GCS and by nothing else
+#: the gRPC method every Ray client calls first on a GCS (Ray 2.55): answered only by a GCS
 GCS_HANDSHAKE = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 
-#: environment variable: ``1`` skips the handshake (a TCP connection is still required), for a Ray
-#: GCS that does not answer :data:`GCS_HANDSHAKE` (a Ray that renamed it); a GCS that speaks TLS
-#: (``RAY_USE_TLS=1``, which this plain-text probe cannot speak) skips it by itself
+#: environment variable: ``1`` checks only a TCP connection, not :data:`GCS_HANDSHAKE` (as does
+#: ``RAY_USE_TLS=1``, which this plain-text probe cannot speak)
 SKIP_PROBE_ENV = "FLWR_SHEAF_SKIP_GCS_PROBE"
 
 
@@ -87,12 +77,10 @@ class RayClusterError(ValueError):
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``(host, port)`` of a Ray cluster address ``host:port`` (the GCS address that
-    ``ray start --head`` prints, e.g. ``10.0.0.5:6379``).
+    """``(host, port)`` of a Ray GCS address ``host:port`` (e.g. ``10.0.0.5:6379``).
 
     Raises:
-        RayClusterError: not ``host:port`` (e.g. a Ray Client ``ray://`` address, which Flower's
-            backend cannot use: its ``runtime_env`` and actors need a driver inside the cluster).
+        RayClusterError: not ``host:port`` (e.g. a URL or a Ray Client ``ray://`` address).
     """
     scheme = address.split("://", 1)[0].lower()
     if scheme in ("http", "https"):
@@ -130,20 +118,11 @@ def _recorded_cluster(env: dict[str, str] | None) -> tuple[Path, str]:
 
 
 def resolve_address(address: str, env: dict[str, str] | None = None) -> str:
-    """``address`` as ``host:port``: ``auto`` (Ray's word for "the cluster `ray start` recorded")
-    becomes the address in :func:`ray_address_file`; anything else is checked by
-    :func:`parse_address` and returned as given.
-
-    Args:
-        address: ``host:port`` or ``auto``.
-        env: the environment that locates the recorded file (default ``os.environ``).
-
-    Returns:
-        ``host:port``.
+    """``address`` as ``host:port``: ``auto`` becomes the address in :func:`ray_address_file`
+    (located by ``env``, default ``os.environ``); anything else is checked and returned as given.
 
     Raises:
-        RayClusterError: ``auto`` with no recorded cluster (the file is named), or a malformed
-            address.
+        RayClusterError: ``auto`` with no recorded cluster (the file named), or a malformed address.
     """
     if address == "auto":
         f, recorded = _recorded_cluster(env)
@@ -161,17 +140,8 @@ def resolve_address(address: str, env: dict[str, str] | None = None) -> str:
 
 
 def describe_listener(host: str, port: int, timeout: float = 1.0) -> str:
-    """What listens at ``host:port``, for a message: the local process (name and pid, when ``host``
-    is this machine and this user may see it) and the first line it answers to an HTTP request (or
-    that it answers nothing).
-
-    Args:
-        host, port: the address asked for.
-        timeout: seconds to wait for the connection and for the answer.
-
-    Returns:
-        A phrase (possibly empty) for a message; never raises.
-    """
+    """A phrase (maybe empty; never raises) on what listens at ``host:port``: the local process
+    when visible, and how it answers an HTTP request within ``timeout`` s."""
     parts: list[str] = []
     try:
         import psutil
@@ -214,24 +184,11 @@ def describe_listener(host: str, port: int, timeout: float = 1.0) -> str:
 
 
 def gcs_answers(address: str, timeout: float = 5.0) -> str | None:
-    """None when a Ray GCS answers at ``host:port`` within ``timeout`` seconds, else why not.
+    """None when a Ray GCS answers at ``host:port`` within ``timeout`` s, else why not (a phrase).
 
-    The probe is Ray's own first call of a client on its GCS (:data:`GCS_HANDSHAKE`, an empty
-    request, over gRPC with a deadline): a GCS answers it, or refuses it for want of Ray's
-    authentication token (``UNAUTHENTICATED``: a GCS all the same); an HTTP server, a gRPC server of
-    another kind, a silent socket or a closed port does not.
-
-    The channel ignores ``http_proxy``/``https_proxy``/``grpc_proxy``, as Ray's own channels do
-    (unless ``RAY_grpc_enable_http_proxy=1``): a proxy set for the web must not make a live GCS look
-    absent. With ``RAY_USE_TLS=1`` or ``FLWR_SHEAF_SKIP_GCS_PROBE=1`` (:data:`SKIP_PROBE_ENV`) only a
-    TCP connection is checked.
-
-    Args:
-        address: ``host:port`` of the GCS (the ``--port`` of ``ray start --head``).
-        timeout: seconds to wait for the answer.
-
-    Returns:
-        None, or why no Ray GCS answers there (a phrase for a message).
+    The probe is :data:`GCS_HANDSHAKE` over gRPC (``UNAUTHENTICATED`` counts as a GCS). Like Ray's
+    own channels it ignores web proxies unless ``RAY_grpc_enable_http_proxy=1``. With
+    ``RAY_USE_TLS=1`` or :data:`SKIP_PROBE_ENV` only a TCP connection is checked.
 
     Raises:
         RayClusterError: ``address`` is not ``host:port``.
@@ -281,19 +238,12 @@ def _ray_version() -> str:
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Check that a Ray GCS answers at the cluster's ``host:port`` within seconds.
-
-    First a TCP connection (nothing listening: the head is not started, or a firewall), then Ray's
-    GCS handshake (:func:`gcs_answers`): an HTTP server or any other service on that port is named
-    (:func:`describe_listener`) instead of letting ``flwr run`` wait for its whole ``--timeout``.
-
-    Args:
-        address: ``host:port`` of the GCS.
-        timeout: seconds for the TCP connection and for the handshake.
+    """Check that a Ray GCS answers at ``host:port``: a TCP connection, then :func:`gcs_answers`
+    (each within ``timeout`` s).
 
     Raises:
-        RayClusterError: nothing answers, or something that is not a Ray GCS does; the message
-            names the address, what listens there and how to start the head.
+        RayClusterError: nothing answers, or something that is not a Ray GCS does (named, with how
+            to start the head).
     """
     host, port = parse_address(address)
     try:
@@ -327,15 +277,11 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 def check_federation_for_cluster(federation: dict[str, str], address: str) -> None:
-    """Refuse federation-config keys that Ray refuses on an existing cluster.
-
-    Args:
-        federation: the ``--federation-config`` items as ``{key: value}`` strings.
-        address: the cluster's address (for the message).
+    """Refuse ``--federation-config`` items (``{key: value}``) that Ray refuses on the cluster at
+    ``address``.
 
     Raises:
-        RayClusterError: one of :data:`CLUSTER_CONFLICTS` is set; the message names the key, its
-            value and the ``ray start`` option of each node that declares it instead.
+        RayClusterError: one of :data:`CLUSTER_CONFLICTS` is set (named, with its ``ray start`` option).
     """
     bad = {k: v for k, v in federation.items() if k in CLUSTER_CONFLICTS}
     if bad:
@@ -352,27 +298,18 @@ def check_federation_for_cluster(federation: dict[str, str], address: str) -> No
 def ray_environment(
     ray_address: str | None, env: dict[str, str] | None = None, probe_timeout: float = 2.0
 ) -> tuple[dict[str, str], str | None]:
-    """The Ray variables for a simulation's environment, and a note for the user (or None).
-
-    Args:
-        ray_address: the cluster asked for (``host:port``, or ``auto``: the one ``ray start``
-            recorded, :func:`resolve_address`), or None for a private local instance.
-        env: the environment the simulation would otherwise inherit (default ``os.environ``).
-        probe_timeout: seconds to wait for a Ray GCS at the address a ``ray start`` recorded
-            (:func:`gcs_answers`), to tell a live cluster from a stale file.
+    """The Ray variables for a simulation's environment (inheriting ``env``, default ``os.environ``)
+    on ``ray_address`` (``host:port``, ``auto`` or None: a private local instance), and a note for the
+    user or None; ``probe_timeout`` bounds the wait for a GCS at a recorded address.
 
     Returns:
-        ``({"RAY_ADDRESS": host:port or "local"}, note)``: ``local`` makes ``ray.init()`` start
-        its own instance whatever ``ray start`` left behind (see the module docstring); ``note``
-        names an existing cluster this run does *not* join and how to join it, when one is recorded
-        in :func:`ray_address_file` and answers, or says the file is stale when nothing answers there.
+        ``({"RAY_ADDRESS": host:port or "local"}, note)``; ``note`` names a recorded cluster this
+        run does not join (how to join it), or says the recorded file is stale.
 
     Raises:
-        RayClusterError: ``RAY_ADDRESS`` is set in ``env`` (to something other than ``local``) but
-            ``ray_address`` was not given, or differs from it: which cluster to use is ambiguous;
-            a malformed address, or ``auto`` with no recorded cluster; ``RAY_ADDRESS=auto`` whose
-            recorded cluster does not answer (a stale file: the message says to delete it and to
-            ``unset RAY_ADDRESS``, never to pass ``--ray-address auto``).
+        RayClusterError: an inherited ``RAY_ADDRESS`` (not ``local``) without or unlike
+            ``ray_address``; a malformed address or ``auto`` with no recorded cluster;
+            ``RAY_ADDRESS=auto`` whose recorded cluster does not answer.
     """
     env = dict(os.environ) if env is None else env
     inherited = env.get("RAY_ADDRESS", "")
@@ -386,9 +323,7 @@ def ray_environment(
                 )
         return {"RAY_ADDRESS": resolved}, None
     if inherited and inherited != "local":
-        advice = inherited
-        if inherited == "auto":
-            advice = _auto_advice(env, probe_timeout)
+        advice = _auto_advice(env, probe_timeout) if inherited == "auto" else inherited
         raise RayClusterError(
             f"RAY_ADDRESS={inherited} is set in the environment: the simulation would join that Ray "
             f"cluster although --ray-address was not given; pass --ray-address {advice} to run "
@@ -424,13 +359,8 @@ def _gone(recorded: str, probe_timeout: float) -> str | None:
 
 
 def _auto_advice(env: dict[str, str], probe_timeout: float) -> str:
-    """What to pass as ``--ray-address`` when ``RAY_ADDRESS=auto`` is inherited: ``auto`` and the
-    cluster ``ray start`` recorded, when it answers.
-
-    Raises:
-        RayClusterError: no cluster is recorded, or the recorded one is gone (a stale file: delete
-            it, ``unset RAY_ADDRESS``; never advise passing ``--ray-address auto``).
-    """
+    """``--ray-address`` advice for an inherited ``RAY_ADDRESS=auto``; RayClusterError when no
+    cluster is recorded or the recorded one is gone (never advise ``--ray-address auto`` then)."""
     f, recorded = _recorded_cluster(env)
     if not recorded:
         raise RayClusterError(
@@ -457,7 +387,7 @@ MAX_FREE_PORTS = 256
 
 
 def _ephemeral_range() -> tuple[int, int]:
-    """The OS's range of ports for outgoing connections (Linux's ``ip_local_port_range``, else IANA's)."""
+    """The OS's ephemeral port range (Linux's ``ip_local_port_range``, else IANA's)."""
     try:
         lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     except (OSError, ValueError):
@@ -470,16 +400,8 @@ RAY_WORKER_PORTS = (10002, 19999)
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this host now (bound together, then released), outside the
-    OS's ephemeral range (:func:`_ephemeral_range`), where an outgoing connection could take one
-    before the server binds it, and outside Ray's default worker ports (:data:`RAY_WORKER_PORTS`),
-    which ``ray start`` refuses to give to another component.
-
-    Args:
-        n: how many ports, 1 to :data:`MAX_FREE_PORTS`.
-
-    Returns:
-        ``n`` distinct port numbers in 1024..65535 (free when checked: another process may bind one later).
+    """``n`` distinct TCP ports in 1024..65535 free now (bound together, then released), outside
+    the OS's ephemeral range (an outgoing connection could take one) and :data:`RAY_WORKER_PORTS`.
 
     Raises:
         ValueError: ``n`` outside 1..MAX_FREE_PORTS, or not that many free ports (named).
@@ -511,31 +433,17 @@ def free_ports(n: int) -> list[int]:
 
 
 def _is_ray(cmd: list[str]) -> bool:
-    """Whether a command line is a Ray process's: a program or script under a ``ray/`` directory
-    (``gcs_server``, ``raylet``, ``log_monitor.py``, the dashboard and its agents), ``-m ray...``,
-    or a worker renamed ``ray::...``; a shell, an editor or a ``tail`` naming the temp dir is not."""
+    """Whether a command line is a Ray process's (a program under a ``ray/`` directory, ``-m ray...``,
+    a worker ``ray::...``), not a shell or editor naming the temp dir."""
     sep = os.sep
     return any(f"{sep}ray{sep}" in a or a.startswith(("ray.", "ray::")) for a in cmd)
 
 
 def cluster_processes(temp_dir: str | Path) -> list:
-    """The live processes of the Ray node(s) started with ``ray start --temp-dir temp_dir``: every
-    Ray process of this user whose command line names that directory (GCS, raylet, agents, log
-    monitor, ...: not a shell or an editor that merely names it), the head's Ray Client server (it names the GCS address recorded in the
-    directory's ``ray_current_cluster``), and their descendants (the workers, whose command line
-    Ray rewrites to ``ray::...``).
-
-    The directory must appear as a whole path (followed by ``/session_``, a quote, a separator or the
-    end of an argument): ``/tmp/ray-a`` does not match another cluster's ``/tmp/ray-ab`` nor
-    ``/tmp/ray-a/node2``. Other users'
-    processes are never listed (they could not be signalled anyway).
-
-    Args:
-        temp_dir: the ``--temp-dir`` given to ``ray start``.
-
-    Returns:
-        ``psutil.Process`` objects; never this process or its parents.
-    """
+    """The live processes (``psutil.Process``) of the Ray node(s) of ``ray start --temp-dir temp_dir``: this
+    user's Ray processes whose command line names that directory as a whole path (``/tmp/ray-a``
+    matches neither ``/tmp/ray-ab`` nor ``/tmp/ray-a/node2``), the head's Ray Client server (by the
+    recorded GCS address), and their descendants; never this process or its parents."""
     import psutil
 
     mark = str(Path(temp_dir).resolve())
@@ -570,8 +478,7 @@ def cluster_processes(temp_dir: str | Path) -> list:
 
 
 def _wait_gone(procs: list, timeout: float) -> list:
-    """The processes of ``procs`` still running after up to ``timeout`` seconds (a zombie, ended
-    but not yet reaped by its parent, counts as gone; psutil's ``wait_procs`` waits on it)."""
+    """The processes of ``procs`` still running after up to ``timeout`` s (a zombie counts as gone)."""
     import psutil
 
     deadline = time.monotonic() + timeout
@@ -590,11 +497,7 @@ def _wait_gone(procs: list, timeout: float) -> list:
 
 def stop_cluster(temp_dir: str | Path, grace: float = 15.0) -> tuple[int, list]:
     """Stop exactly the Ray processes of ``temp_dir`` (:func:`cluster_processes`): SIGTERM, then
-    SIGKILL after ``grace`` seconds; other Ray instances on the machine are left alone.
-
-    Args:
-        temp_dir: the ``--temp-dir`` given to ``ray start``.
-        grace: seconds between SIGTERM and SIGKILL.
+    SIGKILL after ``grace`` s.
 
     Returns:
         ``(stopped, still_alive)``: how many processes were signalled, and any left running.
@@ -619,20 +522,9 @@ def stop_cluster(temp_dir: str | Path, grace: float = 15.0) -> tuple[int, list]:
 
 
 def shared_temp_dir_problem(temp_dir: str | Path, env: dict[str, str] | None = None) -> str | None:
-    """Why ``temp_dir`` must not be given to ``stop``, or None: it is Ray's shared default temp dir
-    (``/tmp/ray``, or the ``ray`` directory of ``$RAY_TMPDIR``/``$TMPDIR``: the parent of
-    :func:`ray_address_file`), or a parent of it such as ``/tmp`` or ``/``. Every private Ray
-    instance of the machine (each ``flwr run`` without ``--temp-dir``) keeps its session there, and
-    the processes of one user cannot be told apart by owner, so stopping "that dir's" cluster would
-    stop all of them.
-
-    Args:
-        temp_dir: the ``--temp-dir`` given to ``stop``.
-        env: the environment that locates Ray's default (default ``os.environ``).
-
-    Returns:
-        the refusal message (names the dir and the fix), or None for a private directory.
-    """
+    """The refusal message when ``temp_dir`` is Ray's shared default temp dir (``/tmp/ray`` or the
+    parent of :func:`ray_address_file`, located by ``env``) or a parent of it: every private Ray
+    instance keeps its session there. None for a private directory."""
     given = Path(os.path.abspath(temp_dir))
     asked = {given, given.resolve()}
     for default in {Path("/tmp/ray"), ray_address_file(env).parent}:
@@ -657,10 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     fp = sub.add_parser("free-ports", help="print N free TCP ports, space-separated")
     fp.add_argument("n", type=int)
-    st = sub.add_parser(
-        "stop", help="stop the Ray processes started with `ray start --temp-dir DIR`"
-    )
-    st.add_argument("--temp-dir", required=True)
+    stop_help = "stop the Ray processes started with `ray start --temp-dir DIR`"
+    sub.add_parser("stop", help=stop_help).add_argument("--temp-dir", required=True)
     args = ap.parse_args(argv)
     if args.cmd == "free-ports":
         try:
@@ -669,23 +559,17 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
         return 0
-    shared = shared_temp_dir_problem(args.temp_dir)
-    if shared:
-        print(shared, file=sys.stderr)
-        return 2
-    if not Path(args.temp_dir).is_dir():
-        print(
-            f"--temp-dir {args.temp_dir}: no such directory (the --temp-dir of `ray start`)",
-            file=sys.stderr,
-        )
-        return 2
-    if not any(Path(args.temp_dir).glob("session_*")):
-        print(
+    problem = shared_temp_dir_problem(args.temp_dir)
+    if problem is None and not Path(args.temp_dir).is_dir():
+        problem = f"--temp-dir {args.temp_dir}: no such directory (the --temp-dir of `ray start`)"
+    elif problem is None and not any(Path(args.temp_dir).glob("session_*")):
+        problem = (
             f"--temp-dir {args.temp_dir}: no Ray session in it (`ray start --temp-dir DIR` makes "
             "DIR/session_latest): give the --temp-dir that `ray start` was given, e.g. $RAYDIR of "
-            "docs/ray-cluster.md ('A Ray cluster'); nothing was stopped",
-            file=sys.stderr,
+            "docs/ray-cluster.md ('A Ray cluster'); nothing was stopped"
         )
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     n, left = stop_cluster(args.temp_dir)
     print(f"stopped {n} Ray process(es) of {args.temp_dir}")
