@@ -85,12 +85,12 @@ def node_partition_id(context: Any) -> int:
         raise ConfigError(f"{node}: its node config has no partition-id; {fix}")
     raw = cfg["partition-id"]
     text = raw.strip() if isinstance(raw, str) else raw
-    if isinstance(text, int) and not isinstance(text, bool):
-        pid = int(text)
-    elif isinstance(text, str) and text.isdigit() and text.isascii():
-        pid = int(text)
-    else:
+    if not (
+        (isinstance(text, int) and not isinstance(text, bool))
+        or (isinstance(text, str) and text.isdigit() and text.isascii())
+    ):
         raise ConfigError(f"{node}: node config partition-id={raw!r} is not an integer; {fix}")
+    pid = int(text)
     raw_n = cfg.get("num-partitions")
     n = raw_n if isinstance(raw_n, int) and not isinstance(raw_n, bool) and raw_n > 0 else None
     if pid < 0 or (n is not None and pid >= n):
@@ -107,10 +107,8 @@ SEED_MAX = 2**53
 
 
 def parse_int(lo: int | None = None, hi: int = INT64_MAX) -> Callable[[str, Any], int]:
-    """A :class:`Key` parser ``parse(key, value) -> int``: an integer or an integral float in ``[lo, hi]``.
-
-    The parser raises :class:`ConfigError` naming key and value: a bool, a non-number, a fractional
-    float, a value below ``lo`` or above ``hi`` (Flower's records hold 64-bit integers).
+    """A :class:`Key` parser ``parse(key, value) -> int``: an integer or an integral float in
+    ``[lo, hi]`` (else :class:`ConfigError` naming key and value).
     """
 
     def parse(key: str, v: Any) -> int:
@@ -157,11 +155,7 @@ def parse_float(
 
 
 def parse_bool(key: str, v: Any) -> bool:
-    """``v`` checked to be a bool (a :class:`Key` parser).
-
-    Raises:
-        ConfigError: ``v`` is not a TOML/Python bool (``"true"``, ``1`` are refused), naming ``key``.
-    """
+    """``v`` checked to be a bool, not ``"true"`` or ``1`` (a :class:`Key` parser; :class:`ConfigError`)."""
     if not isinstance(v, bool):
         raise ConfigError(f"{key}={v!r}: expected true or false")
     return v
@@ -277,11 +271,8 @@ def _participation(key: str, v: Any) -> str:
 
 
 def parse_dim_or_auto(key: str, v: Any) -> str | int:
-    """Parse a common-dimension value (a :class:`Key`'s ``parse``): ``"auto"``, ``"none"`` or an int >= 1.
-
-    Raises:
-        ConfigError: any other value, naming the key and the value.
-    """
+    """A :class:`Key` parser of a common dimension: ``"auto"``, ``"none"`` or an int >= 1 (else
+    :class:`ConfigError`)."""
     v = v.strip() if isinstance(v, str) else v
     if isinstance(v, str) and v in ("auto", "none"):
         return v
@@ -296,11 +287,8 @@ def parse_dim_or_auto(key: str, v: Any) -> str | int:
 
 
 def check_common_dim(key: str, dim: str | int, dims: list[int], zoo: str) -> None:
-    """Refuse ``<key> = none`` (no adapter) on a zoo whose stalk dimensions ``dims`` differ.
-
-    Raises:
-        ConfigError: naming the key, the zoo, its dimensions and the fix.
-    """
+    """Refuse ``<key> = none`` (no adapter) on a zoo whose stalk dimensions ``dims`` differ
+    (:class:`ConfigError` naming the key, the zoo, its dimensions and the fix)."""
     if dim == "none" and len(dims) > 1:
         raise ConfigError(
             f"{key}='none' needs equal stalk dimensions, but zoo={zoo!r} "
@@ -312,8 +300,7 @@ TRACKERS: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
 }
-"""``{tracker name: (module it imports, pip extra of flwr-sheaf that installs it)}``: the ``tracking``
-key's values (:mod:`flwr_sheaf.tracking` drives them)."""
+"""``{tracker name: (module it imports, pip extra that installs it)}`` (:mod:`flwr_sheaf.tracking`)."""
 
 
 def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
@@ -664,8 +651,7 @@ def register_keys(*keys: Key) -> tuple[str, ...]:
     """Add a built-in method's run-config keys to :data:`KEYS` / :data:`DEFAULTS`; returns their names.
 
     Raises:
-        ValueError: a key that redefines another key (of the app or of another method), or a
-            default its own parser refuses.
+        ValueError: a key that redefines another key, or a default its own parser refuses.
     """
     for k in keys:
         _check_new_key(k)
@@ -730,10 +716,10 @@ def key_field(name: str) -> Any:
 
 
 def method_keys(*keys: Key) -> tuple[str, ...]:
-    """Declare a method's own run-config keys (kept in :data:`METHOD_KEYS`); returns their names.
+    """Declare a method's own run-config keys (:data:`METHOD_KEYS`); returns their names.
 
     Raises:
-        ValueError: a key that redefines one of the app's keys or another method's key.
+        ValueError: a key that redefines another key.
     """
     for k in keys:
         _check_new_key(k)
@@ -752,7 +738,7 @@ def section(*keys: str | Key, prefix: str = "") -> Callable[[type[S]], type[S]]:
     (:data:`METHOD_KEYS`). Written-out fields (:func:`method_keys`, :func:`key_field`) type-check.
 
     Raises:
-        ValueError: a method key that redefines one of the app's keys or another method's key.
+        ValueError: a method key that redefines another key.
     """
     names = [method_keys(k)[0] if isinstance(k, Key) else k for k in keys]
 
@@ -779,10 +765,7 @@ class Section:
     """Base of the typed config sections: parsing, validation and (de)serialisation.
 
     Each field is bound to one run-config key (``field.metadata["key"]``); cross-field checks go in
-    :meth:`check`.
-
-    Raises:
-        ConfigError: on construction with a bad value, naming key and value.
+    :meth:`check`. Construction raises :class:`ConfigError` on a bad value, naming key and value.
     """
 
     def __post_init__(self) -> None:
@@ -805,11 +788,7 @@ class Section:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, strict: bool = False) -> Self:
-        """Section from a run config or message config (other keys are ignored).
-
-        Args:
-            values: ``{run-config key: value}``.
-            strict: True = every key of the section must be present (received messages).
+        """Section from ``{run-config key: value}`` (other keys ignored; ``strict``: all required).
 
         Raises:
             ConfigError: a missing key (strict) or a bad value, named.
@@ -832,11 +811,7 @@ class Section:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Self:
-        """Section from a received ``ConfigRecord`` (every key required).
-
-        Raises:
-            ConfigError: a key missing from the record or a bad value (named).
-        """
+        """Section from a received ``ConfigRecord`` (every key required; :class:`ConfigError`)."""
         return cls.from_mapping(record, strict=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -1178,24 +1153,20 @@ RUN_BASE_BYTES = 1.2 * 2**30
 RUN_BYTES_PER_AGENT = 52 * 2**10
 
 
-def machine_memory() -> int | None:
-    """This machine's physical memory in bytes (``os.sysconf``), or None where it is not known."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def check_run_memory(zoo: str, num_agents: int, memory: int | None = None) -> None:
-    """Refuse a zoo of ``num_agents`` whose run needs more than ``memory`` bytes (default
-    :func:`machine_memory`; unknown: not checked).
+    """Refuse a zoo of ``num_agents`` whose run needs more than ``memory`` bytes (default: this
+    machine's, ``os.sysconf``; unknown: not checked).
 
     Raises:
         ConfigError: ``zoo`` named with the estimate, the machine's memory and the largest zoo that fits.
     """
-    memory = machine_memory() if memory is None else memory
+    if memory is None:
+        try:
+            memory = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):
+            return
     need = RUN_BASE_BYTES + num_agents * RUN_BYTES_PER_AGENT
-    if memory is None or need <= memory:
+    if need <= memory:
         return
     most = max(2, int((memory - RUN_BASE_BYTES) // RUN_BYTES_PER_AGENT))
     raise ConfigError(
@@ -1207,26 +1178,9 @@ def check_run_memory(zoo: str, num_agents: int, memory: int | None = None) -> No
 
 
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
-    {
-        "num-server-rounds",
-        "round-timeout",
-        "discovery-timeout",
-        "results-dir",
-        "checkpoint-every",
-        "resume",
-        "resume-from",
-        "node-state-dir",
-        "device",
-        "torch-threads",
-        "overwrite",
-        "keep-previous",
-        "max-failed-fraction",
-        "resume-fresh-nodes",
-        "tracking",
-        "tracking-dir",
-        "wandb-project",
-        "wandb-mode",
-    }
+    "num-server-rounds round-timeout discovery-timeout results-dir checkpoint-every resume "
+    "resume-from node-state-dir device torch-threads overwrite keep-previous max-failed-fraction "
+    "resume-fresh-nodes tracking tracking-dir wandb-project wandb-mode".split()
 )
 """Run-config keys a resumed run may change (they enter no result); every other key must equal the
 checkpointed run's and the node state file's (docs/resume.md)."""
@@ -1290,8 +1244,7 @@ def register_section(name: str, cls: type[Section]) -> type[Section]:
     as ``config.<name>``; returns ``cls``.
 
     Raises:
-        ValueError: ``name`` is taken by another section or a field of :class:`RunConfig`, or a
-            field of ``cls`` names no key of :data:`KEYS`.
+        ValueError: ``name`` is taken, or a field of ``cls`` names no key of :data:`KEYS`.
     """
     old = RunConfig.SECTIONS.get(name)
     if (old is not None and old.__qualname__ != cls.__qualname__) or (
