@@ -193,11 +193,8 @@ def parse_str(
 
 
 def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], object]) -> str:
-    """``" (did you mean 'x'?)"`` for a mistyped spec ``value`` of a parameterised key, or ``""``.
-
-    The value's leading name (``"unifrom"`` of ``"unifrom:50"``) is matched against the names of
-    ``forms`` (``"uniform:K"``), its parameter kept; a candidate ``check`` refuses is not offered.
-    """
+    """``" (did you mean 'uniform:50'?)"`` for a mistyped spec (``"unifrom:50"``) of the ``forms``
+    (``"uniform:K"``), parameter kept, offered only if ``check`` accepts it; else ``""``."""
     heads: dict[str, str] = {}  # name -> separator before its parameter ("" = none)
     for form in forms:
         m = re.match(r"([a-z]+(?:-[a-z]+)*)([-:]?)", str(form))
@@ -222,11 +219,8 @@ def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], obj
 def parse_spec(
     check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
 ) -> Callable[[str, Any], str]:
-    """A :class:`Key` parser of a non-empty string spec that ``check(text)`` accepts, returned stripped.
-
-    Raises (from the parser):
-        ConfigError: naming key and value: ``check``'s ``ValueError`` message, with the closest
-            valid spec of ``forms()`` (:func:`spec_suggestion`).
+    """A :class:`Key` parser of a non-empty string spec that ``check(text)`` accepts, returned
+    stripped; its :class:`ConfigError` gives ``check``'s message and the closest spec of ``forms()``.
     """
 
     def parse(key: str, v: Any) -> str:
@@ -252,13 +246,9 @@ def _num_pilots(key: str, v: Any) -> int:
 
 def _participation(key: str, v: Any) -> str:
     # Flower parses ``--run-config "participation=0.3"`` as a float: keep the spec a string.
-    text = (
-        ""
-        if v is None
-        else repr(float(v))
-        if isinstance(v, numbers.Real) and not isinstance(v, bool)
-        else v
-    )
+    text = "" if v is None else v
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        text = repr(float(v))
     if not isinstance(text, str):
         raise ConfigError(f"{key}={v!r}: expected a string spec")
     try:
@@ -273,10 +263,10 @@ def _participation(key: str, v: Any) -> str:
 def parse_dim_or_auto(key: str, v: Any) -> str | int:
     """A :class:`Key` parser of a common dimension: ``"auto"``, ``"none"`` or an int >= 1 (else
     :class:`ConfigError`)."""
-    v = v.strip() if isinstance(v, str) else v
-    if isinstance(v, str) and v in ("auto", "none"):
-        return v
     if isinstance(v, str):
+        v = v.strip()
+        if v in ("auto", "none"):
+            return v
         try:
             v = int(v)
         except ValueError:
@@ -733,27 +723,22 @@ S = TypeVar("S", bound="Section")
 def section(*keys: str | Key, prefix: str = "") -> Callable[[type[S]], type[S]]:
     """Class decorator: make a frozen dataclass whose fields are the run-config ``keys``.
 
-    Field names are the keys without ``prefix``, ``-`` written ``_`` (``lambda`` -> ``lam``), with
-    the keys' annotations and defaults; :class:`Key` objects declare the method's own keys
-    (:data:`METHOD_KEYS`). Written-out fields (:func:`method_keys`, :func:`key_field`) type-check.
-
-    Raises:
-        ValueError: a method key that redefines another key.
+    Field names are the keys without ``prefix``, ``-`` written ``_`` (``lambda`` -> ``lam``);
+    :class:`Key` objects declare the method's own keys (:data:`METHOD_KEYS`; a redefinition raises
+    ``ValueError``). Written-out fields (:func:`method_keys`, :func:`key_field`) type-check.
     """
     names = [method_keys(k)[0] if isinstance(k, Key) else k for k in keys]
 
     def wrap(cls: type[S]) -> type[S]:
-        ann = dict(cls.__dict__.get("__annotations__", {}))
+        body = dict(cls.__dict__.get("__annotations__", {}))
+        ann = {}
         for key in names:
             name = _attr(key, prefix)
             default = lookup_key(key).default
             ann[name] = "str | int" if key.endswith("-dim") else type(default).__name__
             setattr(cls, name, field(default=default, metadata={"key": key}))
-        # fields from the keys first, then any declared in the class body (sections of RunConfig)
-        cls.__annotations__ = {
-            **{k: v for k, v in ann.items() if k not in cls.__dict__.get("__annotations__", {})},
-            **cls.__dict__.get("__annotations__", {}),
-        }
+        # fields from the keys first, then any declared in the class body
+        cls.__annotations__ = {**{k: v for k, v in ann.items() if k not in body}, **body}
         return dataclass(frozen=True)(cls)
 
     return wrap
@@ -1053,13 +1038,12 @@ class RunConfig(Section):
         method_section: type[Section] | None = None,
         agents: int | None = None,
     ) -> RunConfig:
-        """Parse a Flower run config: missing keys take the defaults, then :func:`apply_preset` or
+        """Parse a Flower run config: defaults, then :func:`apply_preset` or
         :func:`apply_method_train_defaults`; ``method_section`` parses the selected method's own keys
         (other methods' keys are ignored); ``agents``: :attr:`agents`.
 
         Raises:
-            ConfigError: an unknown key (named, with the closest known key) or a bad value
-                (key and value named).
+            ConfigError: an unknown key (with the closest known key) or a bad value, named.
         """
         known = set(KEYS) | set(METHOD_KEYS)
         unknown = sorted(set(run_config) - known)

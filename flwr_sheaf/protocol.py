@@ -290,11 +290,8 @@ class NodeInfo:
 
     @classmethod
     def from_record(cls, rec: Mapping) -> NodeInfo:
-        """Inverse of :meth:`to_record` (``pilot-digest`` may be absent: 0).
-
-        Raises:
-            ProtocolError: a missing key (named).
-        """
+        """Inverse of :meth:`to_record` (``pilot-digest`` may be absent: 0); a missing key raises
+        :class:`ProtocolError`."""
         try:
             values = {
                 f.name: rec[f.name.replace("_", "-")]
@@ -367,11 +364,7 @@ class EdgeConfig:
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> EdgeConfig:
-        """Inverse of :meth:`to_config`.
-
-        Raises:
-            ProtocolError: missing lists, lists of different lengths, a negative or non-finite weight.
-        """
+        """Inverse of :meth:`to_config` (:class:`ProtocolError`: missing or unequal lists, a bad weight)."""
         missing = [k for k in cls.KEYS[:3] if k not in cfg]
         if missing:
             raise ProtocolError(f"edge config lacks {missing}")
@@ -422,12 +415,8 @@ COMM_REPLY = {METRICS: (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)}
 def route_evaluation(
     phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int], names: Sequence[str] = EVAL_ARRAYS
 ) -> ArrayRecord:
-    """Phase-2 payload of one receiver: each neighbour j's arrays ``names`` keyed ``"<j>/<name>"``.
-
-    Raises:
-        KeyError: a neighbour without phase-1 arrays (callers route only answering neighbours,
-            whose replies passed :data:`EVAL_REPLY`).
-    """
+    """Phase-2 payload of one receiver: each neighbour j's arrays ``names`` keyed ``"<j>/<name>"``
+    (``KeyError``: a neighbour without phase-1 arrays)."""
     return pack_arrays(
         {f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in names}
     )
@@ -436,11 +425,8 @@ def route_evaluation(
 def unpack_routed(
     rec: ArrayRecord, j: int, names: Sequence[str] = EVAL_ARRAYS
 ) -> dict[str, np.ndarray]:
-    """Neighbour j's arrays ``names`` from a :func:`route_evaluation` record.
-
-    Raises:
-        ProtocolError: an array missing for j (named).
-    """
+    """Neighbour j's arrays ``names`` from a :func:`route_evaluation` record (:class:`ProtocolError`
+    naming a missing one)."""
     out = {}
     for name in names:
         key = f"{j}/{name}"
@@ -507,11 +493,8 @@ class NonEdgeConfig:
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> NonEdgeConfig:
-        """Inverse of :meth:`to_config` (no keys = no non-edge sources).
-
-        Raises:
-            ProtocolError: some but not all of :attr:`KEYS`, or lists of different lengths.
-        """
+        """Inverse of :meth:`to_config` (no keys = no sources; :class:`ProtocolError`: some keys
+        missing, or unequal lists)."""
         present = [k for k in cls.KEYS if k in cfg]
         if not present:
             return cls()
@@ -527,11 +510,8 @@ def route_non_edges(
     phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """Phase-2 arrays ``{"<j>/<name>": array}`` of a receiver's non-edge sources: j's
-    :data:`EVAL_ARRAYS` and ``maps[j]`` ``(d_receiver, d_j)`` as :data:`PATH_MAP`.
-
-    Raises:
-        KeyError: a source without phase-1 arrays.
-    """
+    :data:`EVAL_ARRAYS` and ``maps[j]`` ``(d_receiver, d_j)`` as :data:`PATH_MAP` (``KeyError``:
+    a source without phase-1 arrays)."""
     out = {}
     for j, t in maps.items():
         out.update({f"{j}/{name}": phase1[j][name].numpy() for name in EVAL_ARRAYS})

@@ -129,11 +129,8 @@ class LocalGrid(Grid):
         return list(self.node_ids)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Grid API: deliver each message to its node's ClientApp now (unless dropped); returns the ids.
-
-        Raises:
-            ValueError: a message to an unknown node id.
-        """
+        """Grid API: deliver each message to its node's ClientApp now (unless dropped); returns the ids
+        (``ValueError``: a message to an unknown node id)."""
         ids = []
         for msg in messages:
             mid = uuid4().hex
@@ -164,11 +161,8 @@ class LocalGrid(Grid):
         return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
-        """Deliver, then collect the replies; with missing replies, wait ``timeout`` as Flower does.
-
-        Raises:
-            RuntimeError: replies are missing and ``timeout`` is None (the engine would hang forever).
-        """
+        """Deliver, then collect the replies; with missing replies, wait ``timeout`` as Flower does
+        (``RuntimeError`` without a timeout: the engine would hang forever)."""
         ids = list(self.push_messages(list(messages)))
         out = self.pull_messages(ids)
         if len(out) < len(ids):
