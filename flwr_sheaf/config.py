@@ -379,12 +379,7 @@ _KEY_LIST = [
         parse_float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed",
     ),
-    Key(
-        "discovery-timeout",
-        300.0,
-        parse_float(0.0, lo_open=True),
-        "seconds the ServerApp waits for enough SuperNodes to register",
-    ),
+    Key("discovery-timeout", 300.0, parse_float(0.0, lo_open=True), "seconds to await SuperNodes"),
     Key(
         "discovery",
         "all",
@@ -418,12 +413,7 @@ _KEY_LIST = [
         parse_int(0),
         "write `checkpoint.pkl` to `results-dir` every this many rounds and after the last one (0 = never; docs/resume.md)",
     ),
-    Key(
-        "resume",
-        False,
-        parse_bool,
-        "continue the run checkpointed in `results-dir` from its last completed round (docs/resume.md)",
-    ),
+    Key("resume", False, parse_bool, "continue `results-dir`'s checkpointed run (docs/resume.md)"),
     Key(
         "resume-from",
         "",
@@ -473,12 +463,7 @@ _KEY_LIST = [
         "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras of those names; "
         "empty = off; docs/tracking.md)",
     ),
-    Key(
-        "tracking-dir",
-        "",
-        parse_str(),
-        "where the trackers write; empty = `<results-dir>/tracking`",
-    ),
+    Key("tracking-dir", "", parse_str(), "trackers' directory (empty = `<results-dir>/tracking`)"),
     Key("wandb-project", "flwr-sheaf", parse_str(nonempty=True), "W&B project of a `wandb` run"),
     Key(
         "wandb-mode",
@@ -487,12 +472,7 @@ _KEY_LIST = [
         "`offline` (nothing is sent; upload later with `wandb sync`) or `online` (needs `wandb login`)",
     ),
     # scenario
-    Key(
-        "seed",
-        0,
-        parse_int(0, SEED_MAX),
-        "seed of partition, initialisation, batch order and participation draws",
-    ),
+    Key("seed", 0, parse_int(0, SEED_MAX), "seed of data split, init, batch order, participation"),
     Key(
         "zoo",
         "paper-15",
@@ -547,12 +527,7 @@ _KEY_LIST = [
         _participation,
         "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list",
     ),
-    Key(
-        "evaluate-every",
-        1,
-        parse_int(0),
-        "evaluate every this many rounds and always the last one (0 = never)",
-    ),
+    Key("evaluate-every", 1, parse_int(0), "evaluate every N rounds and the last (0 = never)"),
     Key(
         "fraction-evaluate",
         1.0,
@@ -591,29 +566,12 @@ _KEY_LIST = [
     ),
     # local training
     Key("local-epochs", 2, parse_int(1), "local epochs per round"),
-    Key(
-        "lr",
-        0.05,
-        parse_float(0.0, lo_open=True),
-        "SGD learning rate (a method may have its own: `train-defaults`)",
-    ),
-    Key(
-        "momentum",
-        0.9,
-        parse_float(0.0, 1.0, hi_open=True),
-        "SGD momentum (a method may have its own: `train-defaults`)",
-    ),
-    Key(
-        "weight-decay",
-        5e-4,
-        parse_float(0.0),
-        "SGD weight decay (a method may have its own: `train-defaults`)",
-    ),
+    Key("lr", 0.05, parse_float(0.0, lo_open=True), "SGD learning rate, see `train-defaults`"),
+    Key("momentum", 0.9, parse_float(0.0, 1.0, hi_open=True), "SGD momentum, see `train-defaults`"),
+    Key("weight-decay", 5e-4, parse_float(0.0), "SGD weight decay, see `train-defaults`"),
     Key("batch-size", 32, parse_int(1), "private training batch size"),
     Key("clip-norm", 5.0, parse_float(0.0), "per-agent gradient-norm clipping (0 = off)"),
-    Key(
-        "max-steps-per-epoch", 0, parse_int(0), "cap on SGD steps per local epoch (0 = every batch)"
-    ),
+    Key("max-steps-per-epoch", 0, parse_int(0), "SGD steps cap per local epoch (0 = every batch)"),
     Key(
         "torch-threads",
         1,
