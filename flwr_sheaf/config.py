@@ -69,7 +69,7 @@ class ConfigError(ValueError):
 
 
 def node_partition_id(context: Any) -> int:
-    """The node's ``partition-id`` (``context.node_config``: an int or a string of digits), as ``int``.
+    """The node's ``partition-id`` as ``int`` (``context.node_config``: an int or a digit string).
 
     Raises:
         ConfigError: missing, not an integer (a bool, ``1.5``, ``'abc'``), negative or not below
@@ -135,7 +135,7 @@ def parse_float(
     lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
 ) -> Callable[[str, Any], float]:
     """A :class:`Key` parser ``parse(key, value) -> float``: a finite real (not a bool) within
-    ``lo``/``hi`` (inclusive unless ``lo_open``/``hi_open``); :class:`ConfigError` names the bound broken.
+    ``lo``/``hi`` (inclusive unless ``lo_open``/``hi_open``); :class:`ConfigError` names the bound.
     """
 
     def parse(key: str, v: Any) -> float:
@@ -155,7 +155,7 @@ def parse_float(
 
 
 def parse_bool(key: str, v: Any) -> bool:
-    """``v`` checked to be a bool, not ``"true"`` or ``1`` (a :class:`Key` parser; :class:`ConfigError`)."""
+    """``v`` checked to be a bool, not ``"true"`` or ``1`` (a :class:`Key` parser)."""
     if not isinstance(v, bool):
         raise ConfigError(f"{key}={v!r}: expected true or false")
     return v
@@ -220,7 +220,7 @@ def parse_spec(
     check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
 ) -> Callable[[str, Any], str]:
     """A :class:`Key` parser of a non-empty string spec that ``check(text)`` accepts, returned
-    stripped; its :class:`ConfigError` gives ``check``'s message and the closest spec of ``forms()``.
+    stripped; its :class:`ConfigError` gives ``check``'s message and the closest of ``forms()``.
     """
 
     def parse(key: str, v: Any) -> str:
@@ -290,7 +290,7 @@ TRACKERS: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
 }
-"""``{tracker name: (module it imports, pip extra that installs it)}`` (:mod:`flwr_sheaf.tracking`)."""
+"""``{tracker name: (module it imports, pip extra installing it)}`` (:mod:`flwr_sheaf.tracking`)."""
 
 
 def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
@@ -363,14 +363,14 @@ _KEY_LIST = [
         "method",
         "",  # declared by the default method's own unit (declare_default_method)
         parse_str(nonempty=True),
-        "the method to run: a registered method's name (`flwr_sheaf.methods.METHODS`; docs/methods.md)",
+        "the method to run: a name in `flwr_sheaf.methods.METHODS` (docs/methods.md)",
     ),
     Key(
         "method-module",
         "",
         parse_str(),
-        "comma-separated Python modules imported before `method` is looked up (a researcher's own method, "
-        "docs/own-method.md); empty = the built-in methods only",
+        "comma-separated modules imported before `method` is looked up (a researcher's own "
+        "method, docs/own-method.md); empty = the built-in methods only",
     ),
     Key("num-server-rounds", 10, parse_int(1), "server rounds"),
     Key(
@@ -384,15 +384,15 @@ _KEY_LIST = [
         "discovery",
         "all",
         parse_str(("all", "sampled")),
-        "`all` = query every SuperNode before round 1; `sampled` = derive each agent's description from the "
-        "CNN-zoo scenario and query a SuperNode when first sampled (cross-device scale; on the Ray engine "
-        "which partition-ids train differs between runs; notes/participation.md)",
+        "`all` = query every SuperNode before round 1; `sampled` = derive agents' descriptions "
+        "from the CNN-zoo scenario, query a SuperNode when first sampled (cross-device scale; on "
+        "Ray which partition-ids train differs between runs; notes/participation.md)",
     ),
     Key(
         "results-dir",
         "results/default",
         parse_str(nonempty=True),
-        "where `results.json` and `accuracy.png` go (relative to the ServerApp's working directory)",
+        "where `results.json` and `accuracy.png` go (relative to the ServerApp's directory)",
     ),
     Key(
         "preset",
@@ -431,37 +431,37 @@ _KEY_LIST = [
         "overwrite",
         False,
         parse_bool,
-        "allow a fresh run, or a `resume-from` another directory, into a `results-dir` holding another run's "
-        "files (moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise and on "
-        "resuming this results-dir; docs/guarantees.md)",
+        "allow a fresh run, or a `resume-from` elsewhere, into a `results-dir` holding another "
+        "run's files (moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused "
+        "otherwise and on resuming this results-dir; docs/guarantees.md)",
     ),
     Key(
         "keep-previous",
         0,
         parse_int(0),
-        "how many `<results-dir>/previous-<UTC time>/` folders (moved aside by `overwrite`) to keep: the "
-        "oldest beyond this many are removed, each logged; 0 = never delete (docs/guarantees.md)",
+        "how many `<results-dir>/previous-<UTC time>/` folders (`overwrite`) to keep: the oldest "
+        "beyond this many are removed, each logged; 0 = never delete (docs/guarantees.md)",
     ),
     Key(
         "max-failed-fraction",
         0.5,
         parse_float(0.0, 1.0),
-        "the run ends failed (after writing `results.json`) when more than this share of sampled train "
+        "the run ends failed (after writing `results.json`) when more than this share of train "
         "replies failed, or (below 1) a round trained nobody; 1 = never fail (docs/guarantees.md)",
     ),
     Key(
         "resume-fresh-nodes",
         False,
         parse_bool,
-        "resume even when a node that trained before has no state (it restarts from initialisation, "
+        "resume even when a node that trained before has no state (it restarts from scratch, "
         "recorded in `results.json`; refused otherwise, docs/guarantees.md)",
     ),
     Key(
         "tracking",
         "",
         _tracking,
-        "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras of those names; "
-        "empty = off; docs/tracking.md)",
+        "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras of those "
+        "names; empty = off; docs/tracking.md)",
     ),
     Key("tracking-dir", "", parse_str(), "trackers' directory (empty = `<results-dir>/tracking`)"),
     Key("wandb-project", "flwr-sheaf", parse_str(nonempty=True), "W&B project of a `wandb` run"),
@@ -504,9 +504,10 @@ _KEY_LIST = [
         "partitioner",
         "label-shift",
         parse_spec(parse_partitioner, lambda: PARTITIONER_FORMS),
-        "`label-shift` (Eq. 23: the zoo's class sets, `shift`), `dirichlet:<alpha>` (flwr-datasets' "
-        "DirichletPartitioner; `shift` ignored) or `cross-device` (Eq. 23 for a handful of samples per "
-        "agent, at least one validation and test sample; benchmarks/records/performance.md)",
+        "`label-shift` (Eq. 23: the zoo's class sets, `shift`), `dirichlet:<alpha>` "
+        "(flwr-datasets' DirichletPartitioner; `shift` ignored) or `cross-device` (Eq. 23, a "
+        "few samples per agent, one validation and test sample at least; "
+        "benchmarks/records/performance.md)",
     ),
     # federation
     Key(
@@ -532,14 +533,14 @@ _KEY_LIST = [
         "fraction-evaluate",
         1.0,
         parse_float(0.0, 1.0, lo_open=True),
-        "fraction of nodes evaluated per evaluated round (seeded; edges with both ends sampled count)",
+        "fraction of nodes evaluated per evaluated round (seeded; edges need both ends sampled)",
     ),
     Key(
         "evaluate-nodes",
         "auto",
         parse_str(EVALUATE_NODES),
-        "who is evaluated: `trained` = this round's trainers; `panel` = a fixed `fraction-evaluate` of the "
-        "nodes drawn from `seed`; `drawn` = a fresh `fraction-evaluate` draw each round; `auto` = `trained` "
+        "who is evaluated: `trained` = this round's trainers; `panel` = a fixed draw of "
+        "`fraction-evaluate` from `seed`; `drawn` = a fresh draw each round; `auto` = `trained` "
         'when the trainers are a sample, else `drawn` (notes/participation.md, "Who is evaluated")',
     ),
     Key(
@@ -553,16 +554,16 @@ _KEY_LIST = [
         "posthoc-readings",
         "both",
         parse_str(("both", "paper")),
-        "`both` = communication accuracy with the whitening fitted on private training latents (the paper's "
-        "reading) and on the pilots (not under `privacy = stringent`); `paper` = each method's own reading "
-        "only (Sheaf-FRL's: the pilots; notes/baselines.md)",
+        "`both` = communication accuracy with the whitening fitted on private training latents "
+        "(the paper's reading) and on the pilots (not under `privacy = stringent`); `paper` = "
+        "each method's own reading only (Sheaf-FRL's: the pilots; notes/baselines.md)",
     ),
     Key(
         "diagnostics-eigenvalues",
         6,
         parse_int(0),
-        "smallest sheaf-Laplacian eigenvalues per evaluated round, with the near-kernel dimension (0 = "
-        "off; notes/variants-diagnostics.md)",
+        "smallest sheaf-Laplacian eigenvalues per evaluated round, with the near-kernel "
+        "dimension (0 = off; notes/variants-diagnostics.md)",
     ),
     # local training
     Key("local-epochs", 2, parse_int(1), "local epochs per round"),
@@ -596,7 +597,7 @@ del _KEY_LIST  # KEYS is the one key list (declare_default_method replaces an en
 
 
 def register_keys(*keys: Key) -> tuple[str, ...]:
-    """Add a built-in method's run-config keys to :data:`KEYS` / :data:`DEFAULTS`; returns their names.
+    """Add a built-in method's keys to :data:`KEYS` / :data:`DEFAULTS`; returns their names.
 
     Raises:
         ValueError: a key that redefines another key, or a default its own parser refuses.
@@ -646,7 +647,7 @@ def _attr(key: str, prefix: str) -> str:
     return "lam" if name == "lambda" else name
 
 
-#: Run-config keys that methods own (:func:`section`, :func:`method_keys`), by name; not in :data:`KEYS`.
+#: Run-config keys methods own (:func:`section`, :func:`method_keys`), by name; not in :data:`KEYS`.
 METHOD_KEYS: dict[str, Key] = {}
 
 
@@ -800,7 +801,7 @@ class FederationConfig(Section):
 
 @dataclass(frozen=True)
 class LocalTrainConfig(Section):
-    """Local SGD of every method (:func:`flwr_sheaf.client.loop.train_local`; docs/run-config.md)."""
+    """Local SGD of every method (:func:`flwr_sheaf.client.loop.train_local`)."""
 
     local_epochs: int = key_field("local-epochs")
     lr: float = key_field("lr")
@@ -824,7 +825,7 @@ PAPER_PRESET: dict[str, Any] = {
     "num-server-rounds": 100,
     "num-pilots": 0,
 }
-"""The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo (notes/presets.md)."""
+"""The paper's App. G hyper-parameters (``preset=paper``), 15-agent zoo (notes/presets.md)."""
 PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num-server-rounds": 20}
 """``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs."""
 
@@ -855,7 +856,7 @@ def _fill_defaults(out: dict[str, Any], values: Mapping[str, Any]) -> dict[str, 
 
 
 METHOD_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
-"""``{method: {training key: value}}``: a method's own training settings (``train-defaults = method``)."""
+"""``{method: {training key: value}}``: methods' own training settings (``train-defaults``)."""
 
 
 def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
@@ -949,8 +950,8 @@ class RunConfig(Section):
     sections: Mapping[str, Section] = field(default_factory=dict)
     #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
     method_section: Section | None = None
-    #: agents of a method with its own problem instead of the CNN zoo (RFedAGS, ``Method.num_nodes``):
-    #: ``participation`` is checked against them, no graph built; None = the zoo's; 0 = not known yet
+    #: agents of a method with its own problem, not the CNN zoo (RFedAGS, ``Method.num_nodes``):
+    #: ``participation`` is checked on them, no graph built; None = the zoo's; 0 = not known yet
     agents: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -997,7 +998,7 @@ class RunConfig(Section):
         agents: int | None = None,
     ) -> RunConfig:
         """Parse a Flower run config: defaults, then :func:`apply_preset` or
-        :func:`apply_method_train_defaults`; ``method_section`` parses the selected method's own keys
+        :func:`apply_method_train_defaults`; ``method_section`` parses the selected method's keys
         (other methods' keys are ignored); ``agents``: :attr:`agents`.
 
         Raises:
@@ -1016,7 +1017,7 @@ class RunConfig(Section):
         return cls(**top, **app_sections, sections=sections, method_section=own, agents=agents)
 
     def check(self) -> None:
-        """Build the graph and participation probabilities now, so bad values fail before any message.
+        """Build the graph and participation probabilities now: bad values fail before any message.
 
         Raises:
             ConfigError: the run does not fit this machine or its dataset (:meth:`check_scale`); the
@@ -1042,8 +1043,9 @@ class RunConfig(Section):
 
     def check_scale(self) -> None:
         """Size checks in O(1) from the zoo's ``N`` (nothing built): the graph's edges
-        (:func:`~flwr_sheaf.topology.check_graph_scale`), memory (:func:`check_run_memory`), agents and
-        ``num-pilots`` against the dataset (:func:`~flwr_sheaf.data.partition.check_agents_fit`).
+        (:func:`~flwr_sheaf.topology.check_graph_scale`), memory (:func:`check_run_memory`),
+        agents and ``num-pilots`` against the dataset
+        (:func:`~flwr_sheaf.data.partition.check_agents_fit`).
 
         Raises:
             ConfigError: the key (``graph``, ``zoo``, ``dataset``, ``num-pilots``), the numbers and the
@@ -1090,7 +1092,7 @@ class RunConfig(Section):
         return {**{k: out[k] for k in KEYS}, **own}
 
 
-#: A CNN-zoo run's peak memory, base + per agent (benchmarks/records/performance.md, "The scale curve").
+#: A CNN-zoo run's peak memory, base + per agent (benchmarks/records/performance.md, scale curve).
 RUN_BASE_BYTES = 1.2 * 2**30
 RUN_BYTES_PER_AGENT = 52 * 2**10
 
@@ -1132,19 +1134,19 @@ def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any]
 ) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved value, current value)}`` (as given, ``None`` when absent) of the keys outside
-    :data:`RESUME_MUTABLE_KEYS` whose :func:`effective_values` differ; empty when a resume may go on."""
+    :data:`RESUME_MUTABLE_KEYS` whose :func:`effective_values` differ; empty: a resume may go on."""
     keys = (set(saved) | set(current)) - RESUME_MUTABLE_KEYS
     a, b = effective_values(saved), effective_values(current)
     return {k: (saved.get(k), current.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}
 
 
 def resume_identity(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """``run_config`` without :data:`RESUME_MUTABLE_KEYS`, keys sorted (what node state files record)."""
+    """``run_config`` without :data:`RESUME_MUTABLE_KEYS`, keys sorted (node state files' copy)."""
     return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
 
 
 def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Every known key's effective value (defaults, presets, parsed where valid); unknown keys as given."""
+    """Every known key's effective value (defaults, presets, parsed if valid); others as given."""
     known = {**METHOD_KEYS, **KEYS}
     full = {**{k: key.default for k, key in known.items()}, **run_config}
     try:
@@ -1161,7 +1163,7 @@ def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_defaults() -> None:
-    """Import-time guard: every default but ``method``'s passes its check; every field names a key."""
+    """Import-time guard: defaults (but ``method``'s) pass their checks; every field names a key."""
     for k in KEYS.values():
         if k.name != "method":
             k(k.default)

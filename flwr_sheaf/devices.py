@@ -1,6 +1,6 @@
 """Where a node computes: the ``device`` run-config key (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
 
-Every node resolves the spec on its own machine, at discovery and in every handler (docs/devices.md).
+Each node resolves the spec on its own machine, at discovery and in every handler (docs/devices.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Which Ray cluster a simulation's ClientApps ran on (``results.json``'s ``engine``).
 
 Flower's Ray backend calls ``ray.init()`` without an address, so Ray joins an existing cluster when
-``RAY_ADDRESS`` is set or a ``ray start`` left its address file (docs/ray-cluster.md, "A Ray cluster").
+``RAY_ADDRESS`` is set or a ``ray start`` left its address file (docs/ray-cluster.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ log = logging.getLogger("flwr_sheaf")
 
 
 def ray_address_file(env: dict[str, str] | None = None) -> Path:
-    """The file where ``ray start`` records the cluster ``ray.init()`` joins by default (Ray 2.55)."""
+    """The file where ``ray start`` records the cluster ``ray.init()`` joins (Ray 2.55)."""
     env = dict(os.environ) if env is None else env
     root = env.get("RAY_TMPDIR") or env.get("TMPDIR") or "/tmp"
     return Path(root) / "ray" / "ray_current_cluster"
@@ -75,7 +75,7 @@ def describe_ray() -> dict[str, Any] | None:
 
 
 def warn_if_unasked(info: dict[str, Any] | None) -> None:
-    """Log where the ClientApps ran; a warning naming the fix when a cluster nobody named was joined."""
+    """Log where the ClientApps ran; a warning with the fix on a cluster nobody named."""
     if not info or not info["existing_cluster"]:
         return
     where = f"the existing Ray cluster at {info['ray_address']} ({info['ray_nodes']} node(s))"

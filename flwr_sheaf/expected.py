@@ -106,9 +106,9 @@ def outside(
 def reference_mismatch(
     config: Mapping[str, Any], reference: Mapping[str, Any] | None = None
 ) -> list[str]:
-    """Why a run's ``config`` is not the reference scenario: one string per differing key (``"lambda =
-    0.3 (reference: 0.1)"``, by effective value; a key the reference lacks must be at its default),
-    then one for the keys it does not record; ``[]`` when it is.
+    """Why a run's ``config`` is not the reference scenario: one string per differing key
+    (``"lambda = 0.3 (reference: 0.1)"``, by effective value; a key the reference lacks must be at
+    its default), then one for the keys it does not record; ``[]`` when it is.
     """
     from .config import DEFAULTS, RESUME_MUTABLE_KEYS, effective_values
 
@@ -135,9 +135,9 @@ def reference_mismatch(
 
 
 def not_judged(results: Mapping[str, Any]) -> list[str]:
-    """Why a parsed ``results.json``'s numbers are not judged whatever its config, one string per reason
-    (e.g. ``"the run ended 'degraded', not completed"``); ``[]`` for a completed run whose ``device``
-    and nodes' recorded devices are on the CPU (docs/devices.md).
+    """Why a parsed ``results.json``'s numbers are not judged whatever its config, one string per
+    reason (``"the run ended 'degraded', not completed"``); ``[]`` for a completed run whose
+    ``device`` and nodes' recorded devices are on the CPU (docs/devices.md).
     """
     why = []
     status = results.get("status")
@@ -185,7 +185,7 @@ def _pid_order(p: str) -> tuple[int, int, str]:
 def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None = None) -> list[str]:
     """The report's lines on the expected band for a parsed ``results.json`` (``reference``: default
     :func:`load_reference`): ``"expected band (...): INSIDE"`` / ``"... OUTSIDE"`` and one line per
-    metric, or one line ``"expected band: not judged: ..."`` / ``"... no reference for this config"``.
+    metric, or one line ``"expected band: not judged: ..."`` / ``"...: no reference for ..."``.
     """
     try:
         ref = reference or load_reference()

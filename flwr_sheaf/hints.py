@@ -1,4 +1,4 @@
-"""Error texts of the strategies that name the fix (:func:`pilot_count_error`, :func:`handler_hint`)."""
+"""Strategies' error texts that name the fix (:func:`pilot_count_error`, :func:`handler_hint`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ _MISSING = re.compile(r"No (\w+) function registered with name '([^']*)'")
 
 
 def handler_hint(reason: str | None) -> str:
-    """What to call when ``reason`` is Flower's ``No <category> function registered`` error, else ``""``."""
+    """What to call if ``reason`` is Flower's ``No <category> function registered``, else ``""``."""
     m = _MISSING.search(reason or "")
     if m is None:
         return ""

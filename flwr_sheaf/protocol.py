@@ -206,9 +206,9 @@ NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
 #: the second reading by the node's own ``whitening-fit``: ``{fit: (phase-1 arrays, phase-2 test /
-#: validation metrics)}``: pilots ``(K, d_i)``, latents ``(M, d_i)`` whitened the other way (routed as
-#: :data:`EVAL_ARRAYS`), metrics per incoming edge. ``"train"`` (post hoc): whitening fitted on the
-#: pilots (``pw-``); ``"pilots"`` (Sheaf-FRL): the paper's, on the private training latents (``tw-``).
+#: validation metrics)}``: pilots ``(K, d_i)``, latents ``(M, d_i)`` whitened the other way (routed
+#: as :data:`EVAL_ARRAYS`), metrics per incoming edge. ``"train"`` (post hoc): whitening fitted on
+#: the pilots (``pw-``); ``"pilots"`` (Sheaf-FRL): the paper's, on the training latents (``tw-``).
 SECOND_READING = {
     fit: (
         tuple(f"{p}-{n}" for n in ("pilots", "test-latents", "val-latents")),
@@ -234,8 +234,8 @@ VAL_COMM_ACCURACY = "val-communication-accuracy"
 
 
 def device_index(device: object) -> int:
-    """:data:`DEVICE_INDEX` of a ``torch.device`` or its text: -1 ``cpu``, N ``cuda:N`` (``cuda``: the
-    current device), else -2."""
+    """:data:`DEVICE_INDEX` of a ``torch.device`` or its text: -1 ``cpu``, N ``cuda:N`` (``cuda``:
+    the current device), else -2."""
     text = str(device)
     if text == "cpu":
         return -1
@@ -249,7 +249,7 @@ def device_index(device: object) -> int:
 
 
 def device_name(index: int) -> str:
-    """The device text of a :data:`DEVICE_INDEX`: ``"cpu"`` (-1), ``"cuda:N"`` (N >= 0), else ``"other"``."""
+    """Text of a :data:`DEVICE_INDEX`: ``"cpu"`` (-1), ``"cuda:N"`` (N >= 0), else ``"other"``."""
     if index == -1:
         return "cpu"
     return f"cuda:{index}" if index >= 0 else "other"
@@ -305,8 +305,8 @@ class NodeInfo:
 
 
 def pilot_digest(pilots: np.ndarray) -> int:
-    """A positive 63-bit fingerprint of pilot inputs ``(K, ...)`` (SHA-256 of shape and float32 bytes):
-    equal iff the same samples in the same order (up to collisions)."""
+    """A positive 63-bit fingerprint of pilot inputs ``(K, ...)`` (SHA-256 of shape and float32
+    bytes): equal iff the same samples in the same order (up to collisions)."""
     import hashlib
 
     a = np.ascontiguousarray(np.asarray(pilots, dtype=np.float32))
@@ -364,7 +364,7 @@ class EdgeConfig:
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> EdgeConfig:
-        """Inverse of :meth:`to_config` (:class:`ProtocolError`: missing or unequal lists, a bad weight)."""
+        """Inverse of :meth:`to_config` (:class:`ProtocolError`: bad lists or weights)."""
         missing = [k for k in cls.KEYS[:3] if k not in cfg]
         if missing:
             raise ProtocolError(f"edge config lacks {missing}")
@@ -440,8 +440,8 @@ def unpack_routed(
 #: routed array ``"<j>/path-map"`` of a non-edge source j: the map ``(d_i, d_j)`` (float64) composed
 #: along a shortest path.
 PATH_MAP = "path-map"
-#: per non-edge source metrics of a phase-2 reply: accuracy after multi-hop transport and after direct
-#: Procrustes, test and validation.
+#: per non-edge source metrics of a phase-2 reply: accuracy after multi-hop transport and after
+#: direct Procrustes, test and validation.
 NON_EDGE_SRC = "non-edge-src"
 NON_EDGE_ACCURACY = "non-edge-communication-accuracy"
 VAL_NON_EDGE_ACCURACY = "val-non-edge-communication-accuracy"
@@ -461,8 +461,8 @@ NON_EDGE_REPLY = {
 
 @dataclass(frozen=True)
 class NonEdgeConfig:
-    """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by index;
-    multi-hop transport: notes/variants-diagnostics.md).
+    """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by
+    index; multi-hop transport: notes/variants-diagnostics.md).
 
     Attributes:
         sources: source partition-ids j (not neighbours of the receiver).
@@ -521,7 +521,7 @@ def route_non_edges(
 
 # ------------------------------------------------------------------------------ train-reply values
 def weight_problem(name: str, value: object) -> str | None:
-    """Why a reply's weight (e.g. ``num-examples``) is unusable, or None when it is a finite number > 0."""
+    """Why a reply's weight (e.g. ``num-examples``) is unusable, or None if a finite number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{name} = {value!r} is not a number"
     if not (np.isfinite(value) and value > 0):

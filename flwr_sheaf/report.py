@@ -84,7 +84,7 @@ def summary_lines(results: dict) -> list[str]:
 
 
 def _evaluated_lines(results: dict, last: dict) -> list[str]:
-    """How many of the final round's evaluated nodes ever trained (a WARNING when some never did)."""
+    """How many of the final round's evaluated nodes ever trained (a WARNING if some never did)."""
     if last.get("evaluated") is None or last.get("evaluated_trained") is None:
         return []
     n, k = len(last["evaluated"]), last["evaluated_trained"]
@@ -99,7 +99,7 @@ def _evaluated_lines(results: dict, last: dict) -> list[str]:
 
 
 def _status_lines(results: dict) -> list[str]:
-    """The first line of a degraded or failed run: its status and failure counts (docs/guarantees.md)."""
+    """First line of a degraded or failed run: status and failure counts (docs/guarantees.md)."""
     status = results.get("status", "completed")  # no status: the band's line says it (expected.py)
     if status == "completed":
         return []
@@ -109,8 +109,8 @@ def _status_lines(results: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR``: prints :func:`summary_lines`; returns 0, or
-    2 on a usage error or a bad file (:func:`read_results`'s message on stderr)."""
+    """``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR``: prints :func:`summary_lines`; returns
+    0, or 2 on a usage error or a bad file (:func:`read_results`'s message on stderr)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m flwr_sheaf.report RESULTS_JSON_OR_DIR", file=sys.stderr)

@@ -211,7 +211,7 @@ def read_results(path: str | Path) -> dict:
 
 
 def to_json_value(value: Any, where: str = "value") -> tuple[Any, list[str]]:
-    """``value`` as JSON can write it, and what could not be (one line each, the path from ``where``).
+    """``value`` as JSON can write it, and what could not be (one line each, path from ``where``).
 
     numpy values become Python numbers and lists, NaN and inf null ("not measured"), tuples lists,
     mapping keys strings; any other object becomes null and is named.

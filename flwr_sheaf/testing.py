@@ -48,7 +48,7 @@ class LocalGrid(Grid):
         drop: optional predicate ``drop(message) -> bool``; a dropped message gets no reply.
         wait_cap: seconds actually slept when replies are missing (``min(timeout, wait_cap)``;
             default 0: the wait is only recorded in :attr:`waits`).
-        node_config: extra node-config entries, a mapping or ``node_config(partition_id) -> mapping``.
+        node_config: extra node-config entries: a mapping, or ``node_config(partition_id)``.
         run_id: Flower run id of every node's ``Context`` (a new ``flwr run`` gets a new one).
 
     Attributes:
@@ -91,7 +91,7 @@ class LocalGrid(Grid):
         self._replies: dict[str, Message] = {}
 
     def fresh_context(self, partition_id: int) -> Context:
-        """A freshly started SuperNode's ``Context`` (assign it to ``contexts`` to restart node i)."""
+        """A fresh SuperNode's ``Context`` (assign it in :attr:`contexts` to restart node i)."""
         extra = self._extra_node_config
         extra = extra(partition_id) if callable(extra) else extra
         return Context(
@@ -129,8 +129,8 @@ class LocalGrid(Grid):
         return list(self.node_ids)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Grid API: deliver each message to its node's ClientApp now (unless dropped); returns the ids
-        (``ValueError``: a message to an unknown node id)."""
+        """Grid API: deliver each message to its node's ClientApp now (unless dropped); returns the
+        ids (``ValueError``: a message to an unknown node id)."""
         ids = []
         for msg in messages:
             mid = uuid4().hex
