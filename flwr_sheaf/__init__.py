@@ -4,11 +4,9 @@ The public API in one import::
 
     from flwr_sheaf import SheafFRL, register_sheaf_handlers, LocalTask, LocalGrid, SheafConfig, write_results
 
-Layers (dependencies point one way; docs/design.md, ``tests/test_layers.py``): maths (``sheaf``,
-``models``, ``data``, ``topology``; no Flower) <- core (``config``, ``protocol``, ``participation``,
-``client`` and ``strategy`` (never each other); no method named) <- ``methods`` (one unit per
-method: its action, strategy, client plug-in, maths and registry entry) <- ``apps`` (the
-``flwr run`` app) <- ``tools``.
+Layers, dependencies pointing one way (docs/design.md): maths (``sheaf``, ``models``, ``data``,
+``topology``) <- core (``config``, ``protocol``, ``client``, ``strategy``; no method named) <-
+``methods`` (one unit per method) <- ``apps`` (the ``flwr run`` app) <- ``tools``.
 """
 
 from .client.handlers import ClientMethod, register_method_handlers

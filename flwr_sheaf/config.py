@@ -1,13 +1,10 @@
 """Every run-config key of flwr-sheaf: its one definition (:data:`KEYS`), default, check and meaning.
 
-``pyproject.toml``'s ``[tool.flwr.app.config]`` and docs/run-config.md's table are tested against
-:data:`KEYS`. Keys parse into typed sections (frozen dataclasses, fields bound with
-:func:`key_field`): :class:`RunConfig` (run-level keys), :class:`ScenarioConfig`,
-:class:`FederationConfig`, :class:`LocalTrainConfig`, and each built-in method's section
-(``methods/<name>/config.py``: :func:`register_keys`, :func:`register_section`; docs/design.md). A
-researcher's method declares keys only its runs parse (:func:`section`, :data:`METHOD_KEYS`).
-Constructing a section validates every field (:class:`ConfigError` naming key and value);
-``from_mapping`` fills defaults (run config), ``from_record`` requires every key (a received message).
+``pyproject.toml`` and docs/run-config.md are tested against :data:`KEYS`. Keys parse into frozen
+dataclass sections (:func:`key_field`): :class:`RunConfig`, :class:`ScenarioConfig`,
+:class:`FederationConfig`, :class:`LocalTrainConfig` and each built-in method's
+(:func:`register_keys`, :func:`register_section`; docs/design.md); a researcher's method declares
+its own keys (:func:`section`, :data:`METHOD_KEYS`). Constructing a section validates every field.
 """
 
 from __future__ import annotations
@@ -73,15 +70,7 @@ class ConfigError(ValueError):
 
 
 def node_partition_id(context: Any) -> int:
-    """The node's ``partition-id`` from ``context.node_config`` (a Flower ``Context``), checked: a
-    non-negative integer (an int, or a string of digits as ``--node-config "partition-id='3'"``
-    gives), below ``num-partitions`` when that is set.
-
-    The one reader of a node's partition-id: the Flower glue (client handlers, node state), every
-    method's ClientApp and the CNN scenario call it, so a bad value gets the same message everywhere.
-
-    Returns:
-        The partition-id as ``int``.
+    """The node's ``partition-id`` as ``int`` (``context.node_config``: an int or a digit string).
 
     Raises:
         ConfigError: missing, not an integer (a bool, ``1.5``, ``'abc'``), negative or not below
@@ -97,12 +86,12 @@ def node_partition_id(context: Any) -> int:
         raise ConfigError(f"{node}: its node config has no partition-id; {fix}")
     raw = cfg["partition-id"]
     text = raw.strip() if isinstance(raw, str) else raw
-    if isinstance(text, int) and not isinstance(text, bool):
-        pid = int(text)
-    elif isinstance(text, str) and text.isdigit() and text.isascii():
-        pid = int(text)
-    else:
+    if not (
+        (isinstance(text, int) and not isinstance(text, bool))
+        or (isinstance(text, str) and text.isdigit() and text.isascii())
+    ):
         raise ConfigError(f"{node}: node config partition-id={raw!r} is not an integer; {fix}")
+    pid = int(text)
     raw_n = cfg.get("num-partitions")
     n = raw_n if isinstance(raw_n, int) and not isinstance(raw_n, bool) and raw_n > 0 else None
     if pid < 0 or (n is not None and pid >= n):
@@ -119,13 +108,8 @@ SEED_MAX = 2**53
 
 
 def parse_int(lo: int | None = None, hi: int = INT64_MAX) -> Callable[[str, Any], int]:
-    """A parser ``parse(key, value) -> int`` for a run-config value (a :class:`Key`'s ``parse``).
-
-    The parser accepts an integer, or a float with an integral value (TOML and ``--run-config``
-    may give ``3.0``), and with ``lo`` set refuses values below it. It raises
-    :class:`ConfigError` naming the key and the value: a bool, a non-number, a fractional float
-    (it would be truncated), a value below ``lo`` or above ``hi`` (default ``2**63 - 1``: Flower's
-    records hold 64-bit integers; a larger seed failed every node at discovery).
+    """A :class:`Key` parser ``parse(key, value) -> int``: an integer or an integral float in
+    ``[lo, hi]`` (else :class:`ConfigError` naming key and value).
     """
 
     def parse(key: str, v: Any) -> int:
@@ -151,11 +135,8 @@ def parse_int(lo: int | None = None, hi: int = INT64_MAX) -> Callable[[str, Any]
 def parse_float(
     lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
 ) -> Callable[[str, Any], float]:
-    """A parser ``parse(key, value) -> float`` for a run-config value (a :class:`Key`'s ``parse``).
-
-    The parser accepts any finite real number (ints included, bools not) within the bounds:
-    ``lo``/``hi`` inclusive unless ``lo_open``/``hi_open``. It raises :class:`ConfigError` naming
-    the key, the value and the bound it breaks.
+    """A :class:`Key` parser ``parse(key, value) -> float``: a finite real (not a bool) within
+    ``lo``/``hi`` (inclusive unless ``lo_open``/``hi_open``); :class:`ConfigError` names the bound.
     """
 
     def parse(key: str, v: Any) -> float:
@@ -175,11 +156,7 @@ def parse_float(
 
 
 def parse_bool(key: str, v: Any) -> bool:
-    """Parse the run-config value ``v`` of ``key`` as a bool (a :class:`Key`'s ``parse``).
-
-    Raises:
-        ConfigError: ``v`` is not a TOML/Python bool (``"true"``, ``1`` are refused), naming ``key``.
-    """
+    """``v`` checked to be a bool, not ``"true"`` or ``1`` (a :class:`Key` parser)."""
     if not isinstance(v, bool):
         raise ConfigError(f"{key}={v!r}: expected true or false")
     return v
@@ -197,11 +174,8 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
 def parse_str(
     choices: tuple[str, ...] | None = None, nonempty: bool = False
 ) -> Callable[[str, Any], str]:
-    """A parser ``parse(key, value) -> str`` for a run-config value (a :class:`Key`'s ``parse``).
-
-    The parser accepts a string (returned stripped of surrounding whitespace: every string key
-    strips it), one of ``choices`` when given, and not blank when ``nonempty``. It raises
-    :class:`ConfigError` naming the key and the value (and the allowed choices).
+    """A :class:`Key` parser ``parse(key, value) -> str``: a string, returned stripped, one of
+    ``choices`` when given, not blank when ``nonempty``; :class:`ConfigError` names key and value.
     """
     one_of = f"one of {list(choices)}" if choices is not None else ""
 
@@ -220,13 +194,8 @@ def parse_str(
 
 
 def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], object]) -> str:
-    """``" (did you mean 'x'?)"`` for a mistyped spec ``value`` of a parameterised key, or ``""``.
-
-    ``forms`` are the key's documented forms (``"tiny-<N>"``, ``"uniform:K"``, ``"all"``): the
-    value's leading name (``"tiny"`` of ``"tiny3"``, ``"unifrom"`` of ``"unifrom:50"``) is matched
-    against the forms' names (difflib), its parameter is kept (``"tiny-3"``, ``"uniform:50"``), and
-    a candidate is offered only if ``check`` accepts it (no ``ValueError``).
-    """
+    """``" (did you mean 'uniform:50'?)"`` for a mistyped spec (``"unifrom:50"``) of the ``forms``
+    (``"uniform:K"``), parameter kept, offered only if ``check`` accepts it; else ``""``."""
     heads: dict[str, str] = {}  # name -> separator before its parameter ("" = none)
     for form in forms:
         m = re.match(r"([a-z]+(?:-[a-z]+)*)([-:]?)", str(form))
@@ -251,12 +220,8 @@ def spec_suggestion(value: str, forms: Iterable[str], check: Callable[[str], obj
 def parse_spec(
     check: Callable[[str], object], forms: Callable[[], Iterable[str]] | None = None
 ) -> Callable[[str, Any], str]:
-    """A parser ``parse(key, value) -> str`` of a non-empty string spec that ``check(text)`` accepts
-    (a :class:`Key`'s ``parse``), returned without surrounding whitespace.
-
-    Raises (from the parser):
-        ConfigError: naming key and value: ``check``'s ``ValueError`` message, with the closest
-            valid spec of ``forms()`` (:func:`spec_suggestion`).
+    """A :class:`Key` parser of a non-empty string spec that ``check(text)`` accepts, returned
+    stripped; its :class:`ConfigError` gives ``check``'s message and the closest of ``forms()``.
     """
 
     def parse(key: str, v: Any) -> str:
@@ -282,13 +247,9 @@ def _num_pilots(key: str, v: Any) -> int:
 
 def _participation(key: str, v: Any) -> str:
     # Flower parses ``--run-config "participation=0.3"`` as a float: keep the spec a string.
-    text = (
-        ""
-        if v is None
-        else repr(float(v))
-        if isinstance(v, numbers.Real) and not isinstance(v, bool)
-        else v
-    )
+    text = "" if v is None else v
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        text = repr(float(v))
     if not isinstance(text, str):
         raise ConfigError(f"{key}={v!r}: expected a string spec")
     try:
@@ -300,23 +261,13 @@ def _participation(key: str, v: Any) -> str:
     return text.strip()
 
 
-def _zoo(text: str) -> int:
-    """Agents of the zoo ``text`` (:func:`zoo_size`, which refuses fewer than
-    :data:`~flwr_sheaf.models.zoo.MIN_ZOO_AGENTS`: no edge, and a sheaf and every method compare at
-    least two agents)."""
-    return zoo_size(text)
-
-
 def parse_dim_or_auto(key: str, v: Any) -> str | int:
-    """Parse a common-dimension value (a :class:`Key`'s ``parse``): ``"auto"``, ``"none"`` or an int >= 1.
-
-    Raises:
-        ConfigError: any other value, naming the key and the value.
-    """
-    v = v.strip() if isinstance(v, str) else v
-    if isinstance(v, str) and v in ("auto", "none"):
-        return v
+    """A :class:`Key` parser of a common dimension: ``"auto"``, ``"none"`` or an int >= 1 (else
+    :class:`ConfigError`)."""
     if isinstance(v, str):
+        v = v.strip()
+        if v in ("auto", "none"):
+            return v
         try:
             v = int(v)
         except ValueError:
@@ -327,12 +278,8 @@ def parse_dim_or_auto(key: str, v: Any) -> str | int:
 
 
 def check_common_dim(key: str, dim: str | int, dims: list[int], zoo: str) -> None:
-    """Refuse ``<key> = none`` (no adapter) on a zoo whose stalk dimensions ``dims`` differ (a
-    section's :meth:`Section.check_dims`).
-
-    Raises:
-        ConfigError: naming the key, the zoo, its dimensions and the fix.
-    """
+    """Refuse ``<key> = none`` (no adapter) on a zoo whose stalk dimensions ``dims`` differ
+    (:class:`ConfigError` naming the key, the zoo, its dimensions and the fix)."""
     if dim == "none" and len(dims) > 1:
         raise ConfigError(
             f"{key}='none' needs equal stalk dimensions, but zoo={zoo!r} "
@@ -344,14 +291,12 @@ TRACKERS: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
 }
-"""``{tracker name: (module it imports, pip extra of flwr-sheaf that installs it)}``: the ``tracking``
-key's values (:mod:`flwr_sheaf.tracking` drives them)."""
+"""``{tracker name: (module it imports, pip extra installing it)}`` (:mod:`flwr_sheaf.tracking`)."""
 
 
 def parse_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[str, ...]:
-    """Tracker names of a ``tracking`` value (``""``, ``"tensorboard"``, ``"wandb"``,
-    ``"tensorboard,wandb"`` or an iterable of names), in the order given, duplicates dropped (empty:
-    tracking off).
+    """Tracker names of a ``tracking`` value (``"tensorboard,wandb"`` or an iterable of names), in
+    order, duplicates dropped (empty: tracking off).
 
     Raises:
         ConfigError: a name that is not a tracker (``key``, value and the valid names given).
@@ -422,8 +367,7 @@ class Key:
     Attributes:
         name: the run-config spelling (``"local-epochs"``).
         default: its default (the value ``pyproject.toml`` lists).
-        parse: ``parse(name, value) -> value``: coerces and validates; raises :class:`ConfigError`
-            naming the key and the value.
+        parse: ``parse(name, value) -> value``: coerces and validates (:class:`ConfigError`).
         doc: one line for the run-config table (docs/run-config.md).
     """
 
@@ -442,15 +386,14 @@ _KEY_LIST = [
         "method",
         "",  # declared by the default method's own unit (declare_default_method)
         parse_str(nonempty=True),
-        "the method to run: a registered method's name (`flwr_sheaf.methods.METHODS`; the README's method "
-        "table, docs/methods.md)",
+        "the method to run: a name in `flwr_sheaf.methods.METHODS` (docs/methods.md)",
     ),
     Key(
         "method-module",
         "",
         parse_str(),
-        "comma-separated Python modules imported before `method` is looked up: a researcher's own method "
-        "registers itself there (docs/own-method.md); empty = the built-in methods only",
+        "comma-separated modules imported before `method` is looked up (a researcher's own "
+        "method, docs/own-method.md); empty = the built-in methods only",
     ),
     Key("num-server-rounds", 10, parse_int(1), "server rounds"),
     Key(
@@ -459,26 +402,20 @@ _KEY_LIST = [
         parse_float(0.0, lo_open=True),
         "seconds each round trip (train, evaluation phases) waits for replies; late nodes count as failed",
     ),
-    Key(
-        "discovery-timeout",
-        300.0,
-        parse_float(0.0, lo_open=True),
-        "seconds the ServerApp waits for enough SuperNodes to register",
-    ),
+    Key("discovery-timeout", 300.0, parse_float(0.0, lo_open=True), "seconds to await SuperNodes"),
     Key(
         "discovery",
         "all",
         parse_str(("all", "sampled")),
-        "`all` = query every SuperNode before round 1 (checks every node up front; same numbers on every "
-        "engine); `sampled` = the ServerApp derives each agent's description from the CNN-zoo scenario and "
-        "queries a SuperNode only when it is first sampled (cross-device scale; on the Ray engine Flower's "
-        "random node ids make which partition-ids train differ between runs; notes/participation.md)",
+        "`all` = query every SuperNode before round 1; `sampled` = derive agents' descriptions "
+        "from the CNN-zoo scenario, query a SuperNode when first sampled (cross-device scale; on "
+        "Ray which partition-ids train differs between runs; notes/participation.md)",
     ),
     Key(
         "results-dir",
         "results/default",
         parse_str(nonempty=True),
-        "where `results.json` and `accuracy.png` go (relative paths resolve in the ServerApp's working directory)",
+        "where `results.json` and `accuracy.png` go (relative to the ServerApp's directory)",
     ),
     Key(
         "preset",
@@ -490,8 +427,8 @@ _KEY_LIST = [
         "train-defaults",
         "method",
         parse_str(("method", "shared")),
-        "`method` = a method's own optimizer settings (its authors', declared by its unit) for every training key "
-        "left at its default (notes/baselines.md, s0); `shared` = the package's defaults for every method",
+        "`method` = a method's own optimizer settings for training keys left at their default "
+        "(notes/baselines.md, s0); `shared` = the package's defaults for every method",
     ),
     Key(
         "checkpoint-every",
@@ -499,12 +436,7 @@ _KEY_LIST = [
         parse_int(0),
         "write `checkpoint.pkl` to `results-dir` every this many rounds and after the last one (0 = never; docs/resume.md)",
     ),
-    Key(
-        "resume",
-        False,
-        parse_bool,
-        "continue the run checkpointed in `results-dir` from its last completed round (docs/resume.md)",
-    ),
+    Key("resume", False, parse_bool, "continue `results-dir`'s checkpointed run (docs/resume.md)"),
     Key(
         "resume-from",
         "",
@@ -522,53 +454,40 @@ _KEY_LIST = [
         "overwrite",
         False,
         parse_bool,
-        "allow a fresh run (no resume) into a `results-dir` that holds another run's `results.json` / `checkpoint.pkl` "
-        "(moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused otherwise, and with "
-        "`resume` or a `resume-from` of this results-dir; with `resume-from` another directory it moves "
-        "this results-dir's files aside the same way; docs/guarantees.md)",
+        "allow a fresh run, or a `resume-from` elsewhere, into a `results-dir` holding another "
+        "run's files (moved into `<results-dir>/previous-<UTC time>/`, never deleted; refused "
+        "otherwise and on resuming this results-dir; docs/guarantees.md)",
     ),
     Key(
         "keep-previous",
         0,
         parse_int(0),
-        "how many `<results-dir>/previous-<UTC time>/` folders (earlier runs' files moved aside by `overwrite`) "
-        "to keep: after a run that moved files aside, the oldest beyond this many are removed, each logged; "
-        "0 = keep every one, never delete (docs/guarantees.md)",
+        "how many `<results-dir>/previous-<UTC time>/` folders (`overwrite`) to keep: the oldest "
+        "beyond this many are removed, each logged; 0 = never delete (docs/guarantees.md)",
     ),
     Key(
         "max-failed-fraction",
         0.5,
         parse_float(0.0, 1.0),
-        "the run ends failed (after writing `results.json`) when more than this share of the sampled train replies "
-        "failed, or (below 1) when a round trained nobody; 1 = never fail, report only (docs/guarantees.md)",
+        "the run ends failed (after writing `results.json`) when more than this share of train "
+        "replies failed, or (below 1) a round trained nobody; 1 = never fail (docs/guarantees.md)",
     ),
     Key(
         "resume-fresh-nodes",
         False,
         parse_bool,
-        "resume even when a node that trained before finds no state of its own (it restarts from initialisation; "
+        "resume even when a node that trained before has no state (it restarts from scratch, "
         "recorded in `results.json`; refused otherwise, docs/guarantees.md)",
     ),
     Key(
         "tracking",
         "",
         _tracking,
-        "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras `tensorboard`, `wandb`: "
-        "`pip install -e '.[tensorboard]'`; empty = off; docs/tracking.md)",
+        "per-round metrics to `tensorboard`, `wandb` or `tensorboard,wandb` (extras of those "
+        "names; empty = off; docs/tracking.md)",
     ),
-    Key(
-        "tracking-dir",
-        "",
-        parse_str(),
-        "where the trackers write (TensorBoard runs under `tensorboard/`, W&B under `wandb/`); empty = "
-        "`<results-dir>/tracking`",
-    ),
-    Key(
-        "wandb-project",
-        "flwr-sheaf",
-        parse_str(nonempty=True),
-        "W&B project of a `wandb` tracking run",
-    ),
+    Key("tracking-dir", "", parse_str(), "trackers' directory (empty = `<results-dir>/tracking`)"),
+    Key("wandb-project", "flwr-sheaf", parse_str(nonempty=True), "W&B project of a `wandb` run"),
     Key(
         "wandb-mode",
         "offline",
@@ -576,23 +495,19 @@ _KEY_LIST = [
         "`offline` (nothing is sent; upload later with `wandb sync`) or `online` (needs `wandb login`)",
     ),
     # scenario
-    Key(
-        "seed",
-        0,
-        parse_int(0, SEED_MAX),
-        "seed of partition, initialisation, batch order and participation draws",
-    ),
+    Key("seed", 0, parse_int(0, SEED_MAX), "seed of data split, init, batch order, participation"),
     Key(
         "zoo",
         "paper-15",
-        parse_spec(_zoo, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
+        parse_spec(zoo_size, lambda: ("paper-15", "two-agent:<d>", "tiny-<N>")),
         "`paper-15` (Tab. 2), `two-agent:<d>` (Fig. 3 family), `tiny-<N>` (cheap agents)",
     ),
     Key(
         "dataset",
         "mnist-bundled",
         _dataset,
-        "`mnist-bundled` (offline), `fashion-mnist` (70,000 images; `bash scripts/get_data.sh fashion-mnist`), `idx:<dir>`, `hf:<name>` (online)",
+        "`mnist-bundled` (offline), `fashion-mnist` (`bash scripts/get_data.sh fashion-mnist`), "
+        "`idx:<dir>`, `hf:<name>` (online)",
     ),
     Key("shift", 0.7, parse_float(0.0, 1.0), "label-shift strength s in [0, 1] (Eq. 23)"),
     Key("num-pilots", 500, _num_pilots, "shared pilots K >= 2 (0 = all of the 10% hold-out)"),
@@ -612,10 +527,10 @@ _KEY_LIST = [
         "partitioner",
         "label-shift",
         parse_spec(parse_partitioner, lambda: PARTITIONER_FORMS),
-        "`label-shift` (Eq. 23, the zoo's class sets and `shift`), `dirichlet:<alpha>` (flwr-datasets' "
-        "DirichletPartitioner, every agent on all classes; `shift` ignored) or `cross-device` (Eq. 23 with "
-        "per-agent splits of at least one validation and one test sample, class sets = classes received: "
-        "a handful of samples per agent, benchmarks/records/performance.md)",
+        "`label-shift` (Eq. 23: the zoo's class sets, `shift`), `dirichlet:<alpha>` "
+        "(flwr-datasets' DirichletPartitioner; `shift` ignored) or `cross-device` (Eq. 23, a "
+        "few samples per agent, one validation and test sample at least; "
+        "benchmarks/records/performance.md)",
     ),
     # federation
     Key(
@@ -636,76 +551,51 @@ _KEY_LIST = [
         _participation,
         "per-node Bernoulli probabilities instead of `fraction-train`: `0.3`, `uniform:0.1-0.5`, `uniform[:seed]`, a comma list",
     ),
-    Key(
-        "evaluate-every",
-        1,
-        parse_int(0),
-        "evaluate every this many rounds and always the last one (0 = never)",
-    ),
+    Key("evaluate-every", 1, parse_int(0), "evaluate every N rounds and the last (0 = never)"),
     Key(
         "fraction-evaluate",
         1.0,
         parse_float(0.0, 1.0, lo_open=True),
-        "fraction of nodes evaluated per evaluated round (seeded per round; communication accuracy over edges "
-        "with both ends sampled)",
+        "fraction of nodes evaluated per evaluated round (seeded; edges need both ends sampled)",
     ),
     Key(
         "evaluate-nodes",
         "auto",
         parse_str(EVALUATE_NODES),
-        "who is evaluated in an evaluated round: `trained` = the nodes that trained this round; `panel` = a "
-        "fixed panel of `fraction-evaluate` of the nodes, drawn once from `seed`; `drawn` = a fresh draw of "
-        "`fraction-evaluate` each round, independent of who trained; `auto` = `trained` when the trainers are a "
-        "sample (`fraction-train` < 1, or a Bernoulli `participation` below 1), else `drawn` (full participation) "
-        '(notes/participation.md, "Who is evaluated")',
+        "who is evaluated: `trained` = this round's trainers; `panel` = a fixed draw of "
+        "`fraction-evaluate` from `seed`; `drawn` = a fresh draw each round; `auto` = `trained` "
+        'when the trainers are a sample, else `drawn` (notes/participation.md, "Who is evaluated")',
     ),
     Key(
         "non-edge-pairs",
         20,
         parse_int(0),
-        "non-adjacent node pairs per evaluated round measured after multi-hop transport and after direct Procrustes "
-        "(seeded per round; 0 = off; notes/variants-diagnostics.md)",
+        "non-adjacent node pairs measured per evaluated round after multi-hop transport and direct "
+        "Procrustes (0 = off; notes/variants-diagnostics.md)",
     ),
     Key(
         "posthoc-readings",
         "both",
         parse_str(("both", "paper")),
-        "`both` = communication accuracy with the whitening fitted on private training latents (the paper's "
-        "reading) and on the pilots; `paper` = each method's own reading only (post-hoc methods: the paper's; "
-        "Sheaf-FRL: the pilots', `both` adds its paper reading, not under `privacy = stringent`; notes/baselines.md)",
+        "`both` = communication accuracy with the whitening fitted on private training latents "
+        "(the paper's reading) and on the pilots (not under `privacy = stringent`); `paper` = "
+        "each method's own reading only (Sheaf-FRL's: the pilots; notes/baselines.md)",
     ),
     Key(
         "diagnostics-eigenvalues",
         6,
         parse_int(0),
-        "smallest sheaf-Laplacian eigenvalues reported per evaluated round, with the near-kernel dimension "
-        "(0 = no spectrum; notes/variants-diagnostics.md)",
+        "smallest sheaf-Laplacian eigenvalues per evaluated round, with the near-kernel "
+        "dimension (0 = off; notes/variants-diagnostics.md)",
     ),
     # local training
     Key("local-epochs", 2, parse_int(1), "local epochs per round"),
-    Key(
-        "lr",
-        0.05,
-        parse_float(0.0, lo_open=True),
-        "SGD learning rate (a method may have its own: `train-defaults`)",
-    ),
-    Key(
-        "momentum",
-        0.9,
-        parse_float(0.0, 1.0, hi_open=True),
-        "SGD momentum (a method may have its own: `train-defaults`)",
-    ),
-    Key(
-        "weight-decay",
-        5e-4,
-        parse_float(0.0),
-        "SGD weight decay (a method may have its own: `train-defaults`)",
-    ),
+    Key("lr", 0.05, parse_float(0.0, lo_open=True), "SGD learning rate, see `train-defaults`"),
+    Key("momentum", 0.9, parse_float(0.0, 1.0, hi_open=True), "SGD momentum, see `train-defaults`"),
+    Key("weight-decay", 5e-4, parse_float(0.0), "SGD weight decay, see `train-defaults`"),
     Key("batch-size", 32, parse_int(1), "private training batch size"),
     Key("clip-norm", 5.0, parse_float(0.0), "per-agent gradient-norm clipping (0 = off)"),
-    Key(
-        "max-steps-per-epoch", 0, parse_int(0), "cap on SGD steps per local epoch (0 = every batch)"
-    ),
+    Key("max-steps-per-epoch", 0, parse_int(0), "SGD steps cap per local epoch (0 = every batch)"),
     Key(
         "torch-threads",
         1,
@@ -730,12 +620,10 @@ del _KEY_LIST  # KEYS is the one key list (declare_default_method replaces an en
 
 
 def register_keys(*keys: Key) -> tuple[str, ...]:
-    """Add a built-in method's run-config keys to :data:`KEYS` / :data:`DEFAULTS` (the module that
-    owns them calls it on import, before declaring its section); returns their names.
+    """Add a built-in method's keys to :data:`KEYS` / :data:`DEFAULTS`; returns their names.
 
     Raises:
-        ValueError: a key that redefines another key (of the app or of another method), or a
-            default its own parser refuses.
+        ValueError: a key that redefines another key, or a default its own parser refuses.
     """
     for k in keys:
         _check_new_key(k)
@@ -746,13 +634,10 @@ def register_keys(*keys: Key) -> tuple[str, ...]:
 
 
 def declare_default_method(name: str) -> None:
-    """Make ``name`` the ``method`` key's default: called on import by the unit of the method that
-    runs when the run config names none (the core names no method; ``pyproject.toml`` and
-    docs/run-config.md list the declared value).
+    """Make ``name`` the ``method`` key's default (called on import by that method's unit).
 
     Raises:
-        ValueError: another unit already declared a different default (both named), or ``name``
-            is refused by the key's own check.
+        ValueError: another unit already declared a different default, or the key refuses ``name``.
     """
     old = KEYS["method"].default
     if old and old != name:
@@ -771,11 +656,7 @@ def _check_new_key(k: Key) -> None:
 
 
 def _default_method() -> str:
-    """The declared default of ``method`` (:func:`declare_default_method`).
-
-    Raises:
-        ConfigError: no unit declared one (``flwr_sheaf.methods`` not imported): set ``method``.
-    """
+    """The declared default of ``method``; :class:`ConfigError` when no unit declared one."""
     if not DEFAULTS["method"]:
         raise ConfigError(
             "method: no default method is declared (import flwr_sheaf.methods, whose built-in "
@@ -789,35 +670,28 @@ def _attr(key: str, prefix: str) -> str:
     return "lam" if name == "lambda" else name
 
 
-#: Run-config keys that methods own (declared by a method's config section, :func:`section` with
-#: :class:`Key` objects), by name. They are not in :data:`KEYS` (the app's own table).
+#: Run-config keys methods own (:func:`section`, :func:`method_keys`), by name; not in :data:`KEYS`.
 METHOD_KEYS: dict[str, Key] = {}
 
 
 def lookup_key(name: str) -> Key:
-    """The :class:`Key` called ``name`` (the app's or a method's).
-
-    Raises:
-        KeyError: an unknown key.
-    """
+    """The :class:`Key` called ``name`` (the app's or a method's); ``KeyError`` if unknown."""
     return KEYS[name] if name in KEYS else METHOD_KEYS[name]
 
 
 def key_field(name: str) -> Any:
-    """Dataclass field bound to the run-config key ``name``: its default is the key's (:data:`KEYS` or
-    :data:`METHOD_KEYS`, the one definition), ``metadata["key"]`` names it for parsing and errors.
+    """Dataclass field bound to the run-config key ``name`` (its default; ``metadata["key"]``).
 
-    Typed ``Any`` so a type checker sees ``lr: float = key_field("lr")`` as a field with a default;
-    ``tests/test_config.py`` checks every section's field names, annotations and defaults against its keys.
+    Typed ``Any`` so a type checker sees ``lr: float = key_field("lr")`` as a field with a default.
     """
     return field(default=lookup_key(name).default, metadata={"key": name})
 
 
 def method_keys(*keys: Key) -> tuple[str, ...]:
-    """Declare a method's own run-config keys (kept in :data:`METHOD_KEYS`); returns their names.
+    """Declare a method's own run-config keys (:data:`METHOD_KEYS`); returns their names.
 
     Raises:
-        ValueError: a key that redefines one of the app's keys or another method's key.
+        ValueError: a key that redefines another key.
     """
     for k in keys:
         _check_new_key(k)
@@ -832,29 +706,21 @@ def section(*keys: str | Key, prefix: str = "") -> Callable[[type[S]], type[S]]:
     """Class decorator: make a frozen dataclass whose fields are the run-config ``keys``.
 
     Field names are the keys without ``prefix``, ``-`` written ``_`` (``lambda`` -> ``lam``);
-    annotations and defaults come from :data:`KEYS` (the one definition of each default). A method
-    declares its own keys by passing :class:`Key` objects (kept in :data:`METHOD_KEYS`).
-
-    The app's own sections are written out instead (``x: int = key_field("x")``), so type checkers
-    see their fields; a method may do the same with :func:`method_keys` and :func:`key_field`.
-
-    Raises:
-        ValueError: a method key that redefines one of the app's keys or another method's key.
+    :class:`Key` objects declare the method's own keys (:data:`METHOD_KEYS`; a redefinition raises
+    ``ValueError``). Written-out fields (:func:`method_keys`, :func:`key_field`) type-check.
     """
     names = [method_keys(k)[0] if isinstance(k, Key) else k for k in keys]
 
     def wrap(cls: type[S]) -> type[S]:
-        ann = dict(cls.__dict__.get("__annotations__", {}))
+        body = dict(cls.__dict__.get("__annotations__", {}))
+        ann = {}
         for key in names:
             name = _attr(key, prefix)
             default = lookup_key(key).default
             ann[name] = "str | int" if key.endswith("-dim") else type(default).__name__
             setattr(cls, name, field(default=default, metadata={"key": key}))
-        # fields from the keys first, then any declared in the class body (sections of RunConfig)
-        cls.__annotations__ = {
-            **{k: v for k, v in ann.items() if k not in cls.__dict__.get("__annotations__", {})},
-            **cls.__dict__.get("__annotations__", {}),
-        }
+        # fields from the keys first, then any declared in the class body
+        cls.__annotations__ = {**{k: v for k, v in ann.items() if k not in body}, **body}
         return dataclass(frozen=True)(cls)
 
     return wrap
@@ -863,13 +729,10 @@ def section(*keys: str | Key, prefix: str = "") -> Callable[[type[S]], type[S]]:
 # ---------------------------------------------------------------------------------------- sections
 @dataclass(frozen=True)
 class Section:
-    """Base of the typed config sections: owns parsing, validation and (de)serialisation.
+    """Base of the typed config sections: parsing, validation and (de)serialisation.
 
-    Each field is bound to one run-config key (``field.metadata["key"]``). Subclasses only declare
-    fields; cross-field checks go in :meth:`check`.
-
-    Raises:
-        ConfigError: (a ``ValueError``) on construction with a bad value, naming key and value.
+    Each field is bound to one run-config key (``field.metadata["key"]``); cross-field checks go in
+    :meth:`check`. Construction raises :class:`ConfigError` on a bad value, naming key and value.
     """
 
     def __post_init__(self) -> None:
@@ -883,8 +746,7 @@ class Section:
         """Cross-field validation (none by default)."""
 
     def check_dims(self, dims: list[int], zoo: str) -> None:
-        """Check against the zoo's sorted distinct stalk dimensions ``dims`` (:meth:`RunConfig.check`;
-        none by default). Raises :class:`ConfigError` naming the key."""
+        """Check against the zoo's sorted distinct stalk dimensions ``dims`` (none by default)."""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -893,11 +755,7 @@ class Section:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, strict: bool = False) -> Self:
-        """Section from a run config or message config (other keys are ignored).
-
-        Args:
-            values: ``{run-config key: value}``.
-            strict: True = every key of the section must be present (received messages).
+        """Section from ``{run-config key: value}`` (other keys ignored; ``strict``: all required).
 
         Raises:
             ConfigError: a missing key (strict) or a bad value, named.
@@ -920,11 +778,7 @@ class Section:
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Self:
-        """Section from a received ``ConfigRecord`` (every key required).
-
-        Raises:
-            ConfigError: a key missing from the record or a bad value (named).
-        """
+        """Section from a received ``ConfigRecord`` (every key required; :class:`ConfigError`)."""
         return cls.from_mapping(record, strict=True)
 
     def to_dict(self) -> dict[str, Any]:
@@ -940,8 +794,7 @@ class Section:
 
 @dataclass(frozen=True)
 class ScenarioConfig(Section):
-    """Agents, data and partition (read by the task factory on each node); one field per key
-    (``-`` written ``_``; meanings: docs/run-config.md)."""
+    """Agents, data and partition (one field per key; docs/run-config.md)."""
 
     zoo: str = key_field("zoo")
     dataset: str = key_field("dataset")
@@ -955,8 +808,7 @@ class ScenarioConfig(Section):
 
 @dataclass(frozen=True)
 class FederationConfig(Section):
-    """Graph, who trains when, and how often to evaluate (read by every strategy); one field per
-    key (``-`` written ``_``; meanings: docs/run-config.md)."""
+    """Graph, who trains when, and how often to evaluate (one field per key; docs/run-config.md)."""
 
     graph: str = key_field("graph")
     fraction_train: float = key_field("fraction-train")
@@ -972,8 +824,7 @@ class FederationConfig(Section):
 
 @dataclass(frozen=True)
 class LocalTrainConfig(Section):
-    """Local SGD of every method (one loop: :func:`flwr_sheaf.client.loop.train_local`); one field
-    per key (``-`` written ``_``; meanings: docs/run-config.md)."""
+    """Local SGD of every method (:func:`flwr_sheaf.client.loop.train_local`)."""
 
     local_epochs: int = key_field("local-epochs")
     lr: float = key_field("lr")
@@ -997,16 +848,14 @@ PAPER_PRESET: dict[str, Any] = {
     "num-server-rounds": 100,
     "num-pilots": 0,
 }
-"""The paper's App. G hyper-parameters (``preset=paper``) for the 15-agent zoo (notes/presets.md
-says where the package defaults differ and why)."""
+"""The paper's App. G hyper-parameters (``preset=paper``), 15-agent zoo (notes/presets.md)."""
 PAPER_PRESET_TWO_AGENT: dict[str, Any] = {**PAPER_PRESET, "clip-norm": 0.0, "num-server-rounds": 20}
 """``preset=paper`` on a ``two-agent:<d>`` zoo (the Fig. 3 sweep): no clipping, 20 epochs."""
 
 
 def apply_preset(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``run_config`` (``{key: value}``) with its ``preset`` applied to every key left at
-    its package default (absent, or equal to it: ``flwr run`` fills every default in); a key that
-    differs from :data:`DEFAULTS` is the user's choice and is kept.
+    """A copy of ``run_config`` with its ``preset`` applied to every key left at its default (absent
+    or equal: ``flwr run`` fills every default in).
 
     Raises:
         ConfigError: an unknown preset or zoo (named).
@@ -1030,16 +879,11 @@ def _fill_defaults(out: dict[str, Any], values: Mapping[str, Any]) -> dict[str, 
 
 
 METHOD_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {}
-"""``{method: {training key: value}}``: a method's own training settings, for keys left at their
-default under ``train-defaults = method`` (:func:`register_train_defaults`; notes/baselines.md, s0)."""
+"""``{method: {training key: value}}``: methods' own training settings (``train-defaults``)."""
 
 
 def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
-    """Declare ``method``'s own training settings (:data:`METHOD_TRAIN_DEFAULTS`).
-
-    Args:
-        method: the method's name (run-config ``method``).
-        values: training keys (``lr``, ``momentum``, ...) and their values for that method.
+    """Declare ``method``'s own training settings ``{key: value}`` (:data:`METHOD_TRAIN_DEFAULTS`).
 
     Raises:
         ConfigError: a key that is not a run-config key.
@@ -1053,10 +897,8 @@ def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
 
 
 def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``run_config`` with the method's own training settings
-    (:data:`METHOD_TRAIN_DEFAULTS`) applied to every key left at its package default, as
-    :func:`apply_preset`; nothing changes with ``train-defaults = shared`` or a ``preset`` (one
-    protocol for every method, notes/presets.md).
+    """A copy of ``run_config`` with the method's :data:`METHOD_TRAIN_DEFAULTS` applied to every key
+    left at its default; none with ``train-defaults = shared`` or a ``preset`` (notes/presets.md).
 
     Raises:
         ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
@@ -1069,9 +911,8 @@ def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]
 
 
 def method_train_changes(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (package default, the method's value)}`` of the training keys that
-    :func:`apply_method_train_defaults` changes in ``run_config`` (what the ServerApp logs at start,
-    so the method's settings are never taken silently); empty when none.
+    """``{key: (package default, the method's value)}`` of the keys that
+    :func:`apply_method_train_defaults` changes in ``run_config`` (the ServerApp logs them).
 
     Raises:
         ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
@@ -1089,9 +930,8 @@ def method_train_changes(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, 
 class RunConfig(Section):
     """The whole run config of the app: run-level keys plus one instance of each section.
 
-    The run-level fields are the keys of the same name (``-`` written ``_``; meanings:
-    docs/run-config.md); ``method`` is checked against the method registry when the strategy is
-    built; ``preset`` and ``train_defaults`` are already applied by :meth:`from_run_config`.
+    Run-level fields are the keys of the same name (docs/run-config.md); ``preset`` and
+    ``train_defaults`` are already applied by :meth:`from_run_config`.
 
     Attributes:
         scenario, federation, train: the app's sections.
@@ -1123,8 +963,7 @@ class RunConfig(Section):
     wandb_project: str = key_field("wandb-project")
     wandb_mode: str = key_field("wandb-mode")
 
-    #: every section every run parses, by attribute name: the app's three, then those the built-in
-    #: methods register (:func:`register_section`)
+    #: every section every run parses, by name: the app's three, then those methods register
     SECTIONS: ClassVar[dict[str, type[Section]]] = {}
 
     scenario: ScenarioConfig = field(default_factory=ScenarioConfig)
@@ -1134,9 +973,8 @@ class RunConfig(Section):
     sections: Mapping[str, Section] = field(default_factory=dict)
     #: the selected method's own section (a method declaring its keys with :class:`Key`), else None
     method_section: Section | None = None
-    #: agents of a method that brings its own problem instead of the CNN zoo (RFedAGS's planted
-    #: problem, ``Method.num_nodes``): ``participation`` is checked against them and the zoo's graph
-    #: is not built; None = the zoo's agents; 0 = not known yet (agent-dependent checks wait)
+    #: agents of a method with its own problem, not the CNN zoo (RFedAGS, ``Method.num_nodes``):
+    #: ``participation`` is checked on them, no graph built; None = the zoo's; 0 = not known yet
     agents: int | None = field(default=None, compare=False)
     #: what the run config likely does not mean, found by :meth:`check` (logged by the ServerApp and
     #: recorded in ``results.json``'s ``warnings``)
@@ -1163,22 +1001,14 @@ class RunConfig(Section):
         return sections[name]
 
     def section(self, cls: type[S]) -> S:
-        """The registered section of type ``cls`` (typed access for a method's builder).
-
-        Raises:
-            ConfigError: no section of that type is registered.
-        """
+        """The registered section of type ``cls``; :class:`ConfigError` when none is."""
         for s in self.sections.values():
             if type(s) is cls:
                 return s
         raise ConfigError(f"no registered config section {cls.__name__}")
 
     def own(self, cls: type[S]) -> S:
-        """The method's own section, checked to be a ``cls`` (what the method's builder reads).
-
-        Raises:
-            ConfigError: the run config was parsed without (or with another) method section.
-        """
+        """The method's own section, checked to be a ``cls`` (else :class:`ConfigError`)."""
         if not isinstance(self.method_section, cls):
             raise ConfigError(
                 f"method={self.method!r}: expected its {cls.__name__} section, "
@@ -1193,16 +1023,12 @@ class RunConfig(Section):
         method_section: type[Section] | None = None,
         agents: int | None = None,
     ) -> RunConfig:
-        """Parse a Flower run config (``context.run_config``); missing keys take the defaults, then
-        ``preset`` (:func:`apply_preset`), else the method's own training settings
-        (:func:`apply_method_train_defaults`), replace keys left at their default.
-
-        ``method_section``: the selected method's own section (parsed into :attr:`method_section`;
-        other methods' keys are accepted and ignored); ``agents``: :attr:`agents`.
+        """Parse a Flower run config: defaults, then :func:`apply_preset` or
+        :func:`apply_method_train_defaults`; ``method_section`` parses the selected method's keys
+        (other methods' keys are ignored); ``agents``: :attr:`agents`.
 
         Raises:
-            ConfigError: an unknown key (named, with the closest known key) or a bad value
-                (key and value named).
+            ConfigError: an unknown key (with the closest known key) or a bad value, named.
         """
         known = set(KEYS) | set(METHOD_KEYS)
         unknown = sorted(set(run_config) - known)
@@ -1217,16 +1043,13 @@ class RunConfig(Section):
         return cls(**top, **app_sections, sections=sections, method_section=own, agents=agents)
 
     def check(self) -> None:
-        """Build the graph and the participation probabilities on the zoo's agents now, so a bad
-        ``graph`` or ``participation`` fails before any message.
+        """Build the graph and participation probabilities now: bad values fail before any message.
 
         Raises:
-            ConfigError: the run cannot fit this machine or its dataset (:meth:`check_scale`, from
-                ``N`` before anything is built); the graph spec is unknown, names a node outside
-                the zoo or is not connected; ``participation`` has another count than the run's
-                agents (the zoo's, or :attr:`agents` of a method with its own problem) or gives
-                every node probability 0;
-                or a section's :meth:`Section.check_dims` refuses the zoo's stalk dimensions.
+            ConfigError: the run does not fit this machine or its dataset (:meth:`check_scale`); the
+                graph spec is unknown, names a node outside the zoo or is not connected;
+                ``participation`` has another count than the run's agents or is 0 everywhere; or a
+                section's :meth:`Section.check_dims` refuses the zoo's stalk dimensions.
         """
         if self.agents is not None:  # the method's own problem: no zoo, no graph
             self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
@@ -1264,11 +1087,10 @@ class RunConfig(Section):
         )
 
     def check_scale(self) -> None:
-        """What the run config alone tells about the run's size, in O(1) (no agent spec, graph,
-        dataset or split built; well under a second at any ``N``): the graph's edges on the zoo's
-        ``N`` agents (:func:`~flwr_sheaf.topology.check_graph_scale`), the run's memory estimate
-        against this machine's (:func:`check_run_memory`), and the agents and ``num-pilots`` against
-        the dataset's size (:func:`~flwr_sheaf.data.partition.check_agents_fit`).
+        """Size checks in O(1) from the zoo's ``N`` (nothing built): the graph's edges
+        (:func:`~flwr_sheaf.topology.check_graph_scale`), memory (:func:`check_run_memory`),
+        agents and ``num-pilots`` against the dataset
+        (:func:`~flwr_sheaf.data.partition.check_agents_fit`).
 
         Raises:
             ConfigError: the key (``graph``, ``zoo``, ``dataset``, ``num-pilots``), the numbers and the
@@ -1293,8 +1115,7 @@ class RunConfig(Section):
             raise ConfigError(str(exc)) from None
 
     def _check_participation(self, agents: int, on: str) -> None:
-        """``participation`` has one value per agent (of ``agents``; 0 = not known yet) and lets some
-        node train; ``on`` names what the count comes from."""
+        """``participation`` fits ``agents`` (0 = not known yet) and lets some node train."""
         part = self.federation.participation
         if agents == 0:
             return
@@ -1316,32 +1137,25 @@ class RunConfig(Section):
         return {**{k: out[k] for k in KEYS}, **own}
 
 
-#: A CNN-zoo run's peak memory: a base and a cost per agent, from the in-process scale curve of
-#: benchmarks/records/performance.md ("The scale curve": peak RSS 1.28 GiB at 1,000 agents, 1.74 GiB at 10,000,
-#: about 52 KiB an agent; the zoo's specs, the graph, the split, each node's state).
+#: A CNN-zoo run's peak memory, base + per agent (benchmarks/records/performance.md, scale curve).
 RUN_BASE_BYTES = 1.2 * 2**30
 RUN_BYTES_PER_AGENT = 52 * 2**10
 
 
-def machine_memory() -> int | None:
-    """This machine's physical memory in bytes (``os.sysconf``), or None where it is not known."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def check_run_memory(zoo: str, num_agents: int, memory: int | None = None) -> None:
-    """Refuse, from ``N`` alone, a zoo whose run would need more memory than this machine has
-    (:data:`RUN_BASE_BYTES` + ``N`` :data:`RUN_BYTES_PER_AGENT`; ``memory``: the machine's bytes,
-    :func:`machine_memory` by default; unknown: not checked).
+    """Refuse a zoo of ``num_agents`` whose run needs more than ``memory`` bytes (default: this
+    machine's, ``os.sysconf``; unknown: not checked).
 
     Raises:
         ConfigError: ``zoo`` named with the estimate, the machine's memory and the largest zoo that fits.
     """
-    memory = machine_memory() if memory is None else memory
+    if memory is None:
+        try:
+            memory = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        except (AttributeError, ValueError, OSError):
+            return
     need = RUN_BASE_BYTES + num_agents * RUN_BYTES_PER_AGENT
-    if memory is None or need <= memory:
+    if need <= memory:
         return
     most = max(2, int((memory - RUN_BASE_BYTES) // RUN_BYTES_PER_AGENT))
     raise ConfigError(
@@ -1353,53 +1167,31 @@ def check_run_memory(zoo: str, num_agents: int, memory: int | None = None) -> No
 
 
 RESUME_MUTABLE_KEYS: frozenset[str] = frozenset(
-    {
-        "num-server-rounds",
-        "round-timeout",
-        "discovery-timeout",
-        "results-dir",
-        "checkpoint-every",
-        "resume",
-        "resume-from",
-        "node-state-dir",
-        "device",
-        "torch-threads",
-        "overwrite",
-        "keep-previous",
-        "max-failed-fraction",
-        "resume-fresh-nodes",
-        "tracking",
-        "tracking-dir",
-        "wandb-project",
-        "wandb-mode",
-    }
+    "num-server-rounds round-timeout discovery-timeout results-dir checkpoint-every resume "
+    "resume-from node-state-dir device torch-threads overwrite keep-previous max-failed-fraction "
+    "resume-fresh-nodes tracking tracking-dir wandb-project wandb-mode".split()
 )
-"""Run-config keys a resumed run may change (docs/resume.md): they do not enter any result. Every other
-key must equal the checkpointed run's (server checkpoint) and the node's state file (``state-dir``).
-"""
+"""Run-config keys a resumed run may change (they enter no result); every other key must equal the
+checkpointed run's and the node state file's (docs/resume.md)."""
 
 
 def config_differences(
     saved: Mapping[str, Any], current: Mapping[str, Any]
 ) -> dict[str, tuple[Any, Any]]:
-    """``{key: (saved value, current value)}`` of the keys outside :data:`RESUME_MUTABLE_KEYS` whose
-    effective values differ (:func:`effective_values`: a key missing on one side counts as its default
-    there, so an explicit ``seed=0`` equals an absent one; the values named are as given, ``None``
-    when absent); empty when a resume may go on."""
+    """``{key: (saved value, current value)}`` (as given, ``None`` when absent) of the keys outside
+    :data:`RESUME_MUTABLE_KEYS` whose :func:`effective_values` differ; empty: a resume may go on."""
     keys = (set(saved) | set(current)) - RESUME_MUTABLE_KEYS
     a, b = effective_values(saved), effective_values(current)
     return {k: (saved.get(k), current.get(k)) for k in sorted(keys) if a.get(k) != b.get(k)}
 
 
 def resume_identity(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """``run_config`` without :data:`RESUME_MUTABLE_KEYS`, keys sorted: what a node state file and
-    ``<node-state-dir>/run.json`` record of their run."""
+    """``run_config`` without :data:`RESUME_MUTABLE_KEYS`, keys sorted (node state files' copy)."""
     return {str(k): v for k, v in sorted(run_config.items()) if k not in RESUME_MUTABLE_KEYS}
 
 
 def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Every known key's effective value under ``run_config`` (absent keys: their default, then ``preset``;
-    values normalised by their key's parser where it accepts them); unknown keys are kept as given."""
+    """Every known key's effective value (defaults, presets, parsed if valid); others as given."""
     known = {**METHOD_KEYS, **KEYS}
     full = {**{k: key.default for k, key in known.items()}, **run_config}
     try:
@@ -1416,16 +1208,11 @@ def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_defaults() -> None:
-    """Import-time guard: every default passes its own check (``method``'s once a unit declares it,
-    :func:`declare_default_method`) and every field names a known key."""
+    """Import-time guard: defaults (but ``method``'s) pass their checks; every field names a key."""
     for k in KEYS.values():
         if k.name != "method":
             k(k.default)
-    for cls in (
-        ScenarioConfig,
-        FederationConfig,
-        LocalTrainConfig,
-    ):
+    for cls in (ScenarioConfig, FederationConfig, LocalTrainConfig):
         for f in fields(cls):
             assert f.metadata["key"] in KEYS and f.default is not MISSING
 
@@ -1442,14 +1229,11 @@ _RUN_CONFIG_FIELDS = frozenset(f.name for f in fields(RunConfig))
 
 
 def register_section(name: str, cls: type[Section]) -> type[Section]:
-    """Add a built-in method's section to every run's config: parsed by
-    :meth:`RunConfig.from_run_config`, recorded by :meth:`RunConfig.to_dict`, read as
-    ``config.<name>``; the module that declares it calls this on import (its keys declared first
-    with :func:`register_keys`). Returns ``cls``.
+    """Add a built-in method's section (keys from :func:`register_keys`) to every run's config, read
+    as ``config.<name>``; returns ``cls``.
 
     Raises:
-        ValueError: ``name`` is taken by another section or a field of :class:`RunConfig`, or a
-            field of ``cls`` names no key of :data:`KEYS`.
+        ValueError: ``name`` is taken, or a field of ``cls`` names no key of :data:`KEYS`.
     """
     old = RunConfig.SECTIONS.get(name)
     if (old is not None and old.__qualname__ != cls.__qualname__) or (

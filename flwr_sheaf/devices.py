@@ -1,9 +1,6 @@
 """Where a node computes: the ``device`` run-config key (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
 
-Every node resolves the spec on its own machine, at discovery and in every handler, so a node
-without CUDA asked for ``device=cuda`` fails its discovery reply before any training. What runs on
-the device, what stays in float64 and why CUDA runs are repeatable but not bit-identical to CPU
-runs: docs/devices.md.
+Each node resolves the spec on its own machine, at discovery and in every handler (docs/devices.md).
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ class DeviceUnavailableError(RuntimeError):
 
 
 def check_device_spec(spec: str) -> str:
-    """The stripped ``spec`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``), its *form* checked
-    without looking at the hardware (the server side).
+    """The stripped ``spec``, its form checked without looking at the hardware.
 
     Raises:
         ValueError: any other text (the valid forms are listed).
@@ -51,9 +47,8 @@ def resolve_device(spec: str) -> torch.device:
 
     Raises:
         ValueError: a malformed spec.
-        DeviceUnavailableError: ``cuda``/``cuda:N`` on a machine where torch sees no CUDA device
-            (the message gives torch's version and CUDA build and says to use ``device=auto`` or
-            ``cpu``), or ``cuda:N`` with N >= the number of visible GPUs.
+        DeviceUnavailableError: ``cuda``/``cuda:N`` where torch sees no CUDA device, or ``cuda:N``
+            with N >= the number of visible GPUs.
     """
     text = check_device_spec(spec)
     if text == "cpu":
@@ -77,24 +72,19 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device(text)
 
 
-#: ``/proc/cpuinfo`` fields that name the CPU model, first found wins (x86: ``model name``; ARM
-#: kernels: ``Model`` or ``Hardware``; older ARM: ``Processor``).
+#: ``/proc/cpuinfo`` fields naming the CPU model, first found wins (x86, then ARM kernels' names).
 _CPUINFO_FIELDS = ("model name", "Model", "Hardware", "Processor")
 
 
 def cpu_environment(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
-    """The CPU the run computed on, as ``results.json`` records it (``environment``): the digits of a
-    CPU run differ between CPU models and kernel paths (docs/devices.md), so the expected band's
-    verdict (:mod:`flwr_sheaf.expected`) prints it.
+    """The CPU the run computed on (``results.json``'s ``environment``; docs/devices.md).
 
     Args:
-        cpuinfo: the Linux CPU description file; where it is missing or names no model (macOS,
-            Windows), :func:`platform.processor` is used, else ``"unknown"``.
+        cpuinfo: the Linux CPU description file; without a model there, :func:`platform.processor`.
 
     Returns:
-        ``{"cpu": model name, "machine": platform.machine() (e.g. x86_64, aarch64),
-        "cpu_capability": torch's CPU kernel path (DEFAULT, AVX2, AVX512, ...; set by
-        ATEN_CPU_CAPABILITY), "torch": torch.__version__}``.
+        ``{"cpu": model name, "machine": platform.machine(), "cpu_capability": torch's CPU kernel
+        path (DEFAULT, AVX2, AVX512, ...), "torch": torch.__version__}``.
     """
     model = ""
     try:

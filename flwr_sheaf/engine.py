@@ -1,9 +1,7 @@
-"""Which Ray cluster a simulation's ClientApps ran on, said by the ServerApp and kept in results.json.
+"""Which Ray cluster a simulation's ClientApps ran on (``results.json``'s ``engine``).
 
 Flower's Ray backend calls ``ray.init()`` without an address, so Ray joins an existing cluster when
-``RAY_ADDRESS`` is set or a ``ray start`` left its address file, and starts a private instance
-otherwise (docs/ray-cluster.md, "A Ray cluster"). :func:`describe_ray` gives ``results.json``'s ``engine``
-and :func:`warn_if_unasked` warns of a cluster nobody named.
+``RAY_ADDRESS`` is set or a ``ray start`` left its address file (docs/ray-cluster.md).
 """
 
 from __future__ import annotations
@@ -22,16 +20,14 @@ log = logging.getLogger("flwr_sheaf")
 
 
 def ray_address_file(env: dict[str, str] | None = None) -> Path:
-    """The file in which ``ray start`` records the cluster that ``ray.init()`` joins by default:
-    ``ray_current_cluster`` in ``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray``, else ``/tmp/ray`` (Ray 2.55)."""
+    """The file where ``ray start`` records the cluster ``ray.init()`` joins (Ray 2.55)."""
     env = dict(os.environ) if env is None else env
     root = env.get("RAY_TMPDIR") or env.get("TMPDIR") or "/tmp"
     return Path(root) / "ray" / "ray_current_cluster"
 
 
 def _gcs_started_here() -> bool:
-    """Whether a ``gcs_server`` descends from this process (``ray.init`` started a private
-    instance) rather than from a ``ray start`` elsewhere."""
+    """Whether a ``gcs_server`` descends from this process (a private Ray instance)."""
     try:
         return any(p.name() == "gcs_server" for p in psutil.Process().children(recursive=True))
     except psutil.Error:
@@ -42,12 +38,10 @@ def describe_ray() -> dict[str, Any] | None:
     """The Ray cluster this process is connected to, or None when Ray is not in use here.
 
     Returns:
-        ``{"ray_address": "host:port" (the GCS), "ray_nodes": int (alive nodes),
-        "ray_cpus": float, "ray_gpus": float (the cluster's totals), "existing_cluster": bool
-        (joined rather than started by this process), "joined_through": "RAY_ADDRESS", the address
-        file's path, or None}``. None in the in-process engine, the deployment engine (no Ray),
-        before the Ray backend started, or when Ray does not answer (logged as a warning: the run's
-        results are written regardless).
+        ``{"ray_address": "host:port" (the GCS), "ray_nodes": int (alive), "ray_cpus": float,
+        "ray_gpus": float, "existing_cluster": bool (joined, not started here), "joined_through":
+        "RAY_ADDRESS", the address file's path, or None}``; None without Ray or when Ray does not
+        answer (logged as a warning).
     """
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
@@ -81,8 +75,7 @@ def describe_ray() -> dict[str, Any] | None:
 
 
 def warn_if_unasked(info: dict[str, Any] | None) -> None:
-    """Log where the ClientApps ran; a warning when an existing cluster was joined through the file
-    that ``ray start`` left (nobody named it), naming the fix."""
+    """Log where the ClientApps ran; a warning with the fix on a cluster nobody named."""
     if not info or not info["existing_cluster"]:
         return
     where = f"the existing Ray cluster at {info['ray_address']} ({info['ray_nodes']} node(s))"

@@ -1,17 +1,11 @@
 """What the main job should give: the expected band of its final round, and a run's verdict against it.
 
-The band (``flwr_sheaf/expected_results.json``, written by ``scripts/expected_band.py`` from
-in-process seed runs of the main job; its CPU-variant and breakage runs: benchmarks/records/
-expected-band.md) is, per headline number, the prediction interval for one more run from the ``n``
-seeds (:func:`prediction_interval`): ``mean +- t(1 - (1 - p) / 6, n - 1) * sd * sqrt(1 + 1/n)``.
-Bonferroni over the three numbers: a correct install lands inside on all three with probability
->= ``p`` (the json's ``probability``, 0.99), for normal final-round numbers. A CPU change counts as
-one more random perturbation: summation order changes the last bits and 20 epochs of SGD amplify
-them to a seed's size, no more (``cpu_variants``, ``cpu_check``), so the band holds on any CPU.
-A breakage whose numbers stay within the seed spread is not seen (the records name the measured ones).
-
-Judged: a *completed* run (``status``) of the reference configuration on the CPU (``device`` ``auto``
-or ``cpu``, each node recording ``cpu``); otherwise :func:`band_lines` says why not.
+The band (``flwr_sheaf/expected_results.json``, written by ``scripts/expected_band.py``;
+benchmarks/records/expected-band.md) is, per headline number, the prediction interval for one more
+run from ``n`` seeds (:func:`prediction_interval`), Bonferroni over the three numbers: a correct
+install lands inside on all three with probability >= ``p`` (0.99). A CPU change perturbs no more
+than a seed does (``cpu_variants``, ``cpu_check``), so the band holds on any CPU. Judged: a
+completed run of the reference configuration on the CPU; otherwise :func:`band_lines` says why not.
 """
 
 from __future__ import annotations
@@ -45,21 +39,16 @@ METRICS = {
     "communication_accuracy_degree_weighted": "communication (degree-weighted)",
     "communication_accuracy_mean": "communication (receivers)",
 }
-#: Keys that may differ from the reference's and still be the main job's scenario: those that do not
-#: enter any result (RESUME_MUTABLE_KEYS, e.g. results-dir, torch-threads, checkpoint-every), the seed
-#: (the band is over seeds) and ``train-defaults`` (no effect on Sheaf-FRL: its effective ``lr``,
-#: ``momentum``, ``weight-decay`` are compared).
+#: Keys free to differ besides RESUME_MUTABLE_KEYS: the seed (the band is over seeds) and
+#: ``train-defaults`` (Sheaf-FRL's effective ``lr``, ``momentum``, ``weight-decay`` are compared).
 _FREE = frozenset({"seed", "train-defaults"})
 
 
 @lru_cache(maxsize=1)
 def load_reference() -> dict[str, Any]:
-    """The stored reference: ``rule``, ``probability``, ``seeds``, ``cpu`` (the measuring machine's
-    :func:`~flwr_sheaf.devices.cpu_environment`), ``runs``, ``config`` (the effective run config of
-    the reference runs, without the keys that may differ), ``per_seed`` (``{seed: {metric: [value per
-    round]}}``), ``final_round``, ``band`` (``{metric: {"mean", "sd", "low", "high", "min", "max"}}``
-    of the final round over the seeds: :func:`prediction_interval`), ``cpu_variants`` and
-    ``cpu_check``.
+    """The stored reference: ``rule``, ``probability``, ``seeds``, ``cpu``, ``runs``, ``config``,
+    ``per_seed`` (``{seed: {metric: [value per round]}}``), ``final_round``, ``band`` (``{metric:
+    {"mean", "sd", "low", "high", "min", "max"}}``), ``cpu_variants`` and ``cpu_check``.
 
     Raises:
         FileNotFoundError: the package data file is missing (a broken install).
@@ -70,10 +59,9 @@ def load_reference() -> dict[str, Any]:
 def prediction_interval(
     values: Sequence[float], probability: float, numbers: int = len(METRICS)
 ) -> tuple[float, float]:
-    """The band of one headline number: where one more run lands with probability
-    ``1 - (1 - probability) / numbers`` (so all ``numbers`` at once with at least ``probability``,
-    Bonferroni), from ``n`` runs' values: ``mean +- t(1 - (1 - probability) / (2 * numbers), n - 1)
-    * sd * sqrt(1 + 1/n)`` (normal prediction interval; ``sd`` the sample standard deviation).
+    """The band of one headline number, where one more run lands with probability
+    ``1 - (1 - probability) / numbers`` (Bonferroni): ``mean +- t(1 - (1 - probability) / (2 *
+    numbers), n - 1) * sd * sqrt(1 + 1/n)`` (normal prediction interval, sample ``sd``).
 
     Args:
         values: the runs' final-round values, ``n >= 2``.
@@ -118,19 +106,15 @@ def outside(
 def reference_mismatch(
     config: Mapping[str, Any], reference: Mapping[str, Any] | None = None
 ) -> list[str]:
-    """Why a run's ``config`` (``results.json``'s) is not the reference scenario: one string per key
-    that differs (``"lambda = 0.3 (reference: 0.1)"``), then one for the keys it does not record
-    (``"2 key(s) not recorded: seed, zoo"``); ``[]`` when it is.
-
-    Keys are compared by effective value (:func:`flwr_sheaf.config.effective_values`); keys that do
-    not enter results, ``seed`` and ``train-defaults`` are not compared; a key the reference does not
-    record (added to the package later) must be at its default.
+    """Why a run's ``config`` is not the reference scenario: one string per differing key
+    (``"lambda = 0.3 (reference: 0.1)"``, by effective value; a key the reference lacks must be at
+    its default), then one for the keys it does not record; ``[]`` when it is.
     """
     from .config import DEFAULTS, RESUME_MUTABLE_KEYS, effective_values
 
     ref = dict((reference or load_reference())["config"])
     skip = RESUME_MUTABLE_KEYS | _FREE
-    given = {k: v for k, v in config.items()}
+    given = dict(config)
     eff = effective_values(given)
     ref_eff = effective_values(ref)
     out, missing = [], []
@@ -151,20 +135,9 @@ def reference_mismatch(
 
 
 def not_judged(results: Mapping[str, Any]) -> list[str]:
-    """Why a run's numbers are not judged against the band whatever its config: one string per reason,
-    ``[]`` when it is a completed CPU run.
-
-    The band holds for a run that did everything asked (``status`` ``completed``; a degraded run
-    trained or evaluated fewer nodes, a failed one stopped early) and computed on CPUs, where it was
-    measured (``device`` ``auto`` or ``cpu``, and every node that recorded the device it resolved,
-    ``nodes[...]["device"]``, on ``cpu``; ``cuda`` kernels give other digits, docs/devices.md). A
-    ``device=auto`` results.json whose nodes record no device (an older one) cannot tell, and says so.
-
-    Args:
-        results: a parsed ``results.json`` (:func:`flwr_sheaf.schema.check_results` checked).
-
-    Returns:
-        list of str, e.g. ``["the run ended 'degraded', not completed"]``.
+    """Why a parsed ``results.json``'s numbers are not judged whatever its config, one string per
+    reason (``"the run ended 'degraded', not completed"``); ``[]`` for a completed run whose
+    ``device`` and nodes' recorded devices are on the CPU (docs/devices.md).
     """
     why = []
     status = results.get("status")
@@ -210,17 +183,9 @@ def _pid_order(p: str) -> tuple[int, int, str]:
 
 
 def band_lines(results: Mapping[str, Any], reference: Mapping[str, Any] | None = None) -> list[str]:
-    """The report's lines on the expected band: the verdict of a completed CPU run of the main job's
-    scenario, or why the run is not judged (:func:`not_judged`) or has no reference.
-
-    Args:
-        results: a parsed ``results.json``.
-        reference: the reference (default :func:`load_reference`).
-
-    Returns:
-        list of str: ``"expected band (...): INSIDE"`` / ``"... OUTSIDE"`` with one line per metric, or
-        one line ``"expected band: not judged: ..."`` (a malformed results.json, a run that did not
-        complete, a CUDA run) or ``"expected band: no reference for this config (...)"``.
+    """The report's lines on the expected band for a parsed ``results.json`` (``reference``: default
+    :func:`load_reference`): ``"expected band (...): INSIDE"`` / ``"... OUTSIDE"`` and one line per
+    metric, or one line ``"expected band: not judged: ..."`` / ``"...: no reference for ..."``.
     """
     try:
         ref = reference or load_reference()

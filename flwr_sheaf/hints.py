@@ -1,9 +1,4 @@
-"""Error texts that name the fix: shared by the strategies (kept out of them so they stay small).
-
-- :func:`pilot_count_error`: nodes that report different pilot counts, each partition-id with its count;
-- :func:`handler_hint`: a node's error reply ``No <category> function registered with name '<action>'``
-  (Flower's ClientApp: the method's handlers were never registered) gets the function to call.
-"""
+"""Strategies' error texts that name the fix (:func:`pilot_count_error`, :func:`handler_hint`)."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ _MISSING = re.compile(r"No (\w+) function registered with name '([^']*)'")
 
 
 def handler_hint(reason: str | None) -> str:
-    """``"; <what to call>"`` when ``reason`` is Flower's missing-handler error, else ``""``."""
+    """What to call if ``reason`` is Flower's ``No <category> function registered``, else ``""``."""
     m = _MISSING.search(reason or "")
     if m is None:
         return ""
@@ -34,17 +29,14 @@ def handler_hint(reason: str | None) -> str:
     return f" [the ClientApp has no '{category}.{action}' handler: {call}]"
 
 
-#: message action -> the function that registers its handlers on a ClientApp; filled by
-#: :func:`flwr_sheaf.methods.registry.register` (a researcher's own method too), read here, so this
-#: low layer never imports the registry above it.
+#: message action -> the function registering its handlers (filled by
+#: :func:`flwr_sheaf.methods.registry.register`, so this layer never imports the registry).
 HANDLER_REGISTRARS: dict[str, Callable[..., Any]] = {}
 
 
 def _registering_function(action: str) -> str | None:
-    """The dotted name of the function that registers the handlers of the registered method(s) whose
-    message action is ``action`` (:data:`HANDLER_REGISTRARS`); the top-level ``flwr_sheaf.<name>``
-    when the package exports it; None if no method uses ``action`` or the function has no importable
-    name (a lambda, a nested function)."""
+    """The importable dotted name (``flwr_sheaf.<name>`` where exported) of the function registering
+    ``action``'s handlers, or None."""
     fn = HANDLER_REGISTRARS.get(action)
     if fn is None:
         return None
@@ -52,8 +44,7 @@ def _registering_function(action: str) -> str | None:
     name = getattr(fn, "__name__", None)
     if name is None:
         return None
-    # the public facade (apps layer), read, not imported: Python imports ``flwr_sheaf/__init__``
-    # before any of its modules, so it is loaded whenever this runs
+    # the facade is read, not imported: ``flwr_sheaf/__init__`` is loaded before any of its modules
     if getattr(sys.modules.get("flwr_sheaf"), name, None) is fn:
         return f"flwr_sheaf.{name}"
     module = sys.modules.get(str(getattr(fn, "__module__", "")))

@@ -1,11 +1,7 @@
-"""Files with a header and a SHA-256: one format for node state files (:mod:`flwr_sheaf.client.state`),
-server checkpoints (:mod:`flwr_sheaf.rundir`) and the decoded-data cache's seals
-(:mod:`flwr_sheaf.data.sources`).
+"""Files with a header and a SHA-256: node state files, server checkpoints, the data cache's seals.
 
 A file is ``<magic line>`` + one JSON metadata line (``format``, the caller's fields,
-``payload-bytes``, ``sha256``) + the payload, written atomically by :func:`write_sealed` and read
-by :func:`read_sealed`, which refuses a wrong header or format and a truncated or modified payload
-(:class:`SealedFileError` naming the file).
+``payload-bytes``, ``sha256``) + the payload (:func:`write_sealed`, :func:`read_sealed`).
 """
 
 from __future__ import annotations
@@ -71,8 +67,7 @@ def read_sealed(
         fix: what to do, appended to every refusal.
 
     Raises:
-        error: not a regular file (a FIFO is not waited on), a bad header, format, metadata, size
-            or SHA-256 (the file named).
+        error: not a regular file, a bad header, format, metadata, size or SHA-256 (file named).
         OSError: it cannot be opened (missing, no permission).
     """
     tail = f"; {fix}" if fix else ""

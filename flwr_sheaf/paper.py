@@ -1,8 +1,5 @@
-"""Constants of the Sheaf-FRL paper's experiments (no logic).
-
-Source: the paper's Tab. 2 (15-agent MNIST benchmark, Fig. 2) and App. G / Tab. 3 (2-agent
-bottleneck sweep, Fig. 3), cross-checked against the reference implementation
-(docs/paper.md, s8-s9).
+"""Constants of the Sheaf-FRL paper's experiments: Tab. 2 (15-agent zoo, Fig. 2) and App. G / Tab. 3
+(2-agent bottleneck sweep, Fig. 3); docs/paper.md, s8-s9.
 """
 
 from __future__ import annotations

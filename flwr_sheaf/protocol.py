@@ -1,47 +1,28 @@
 """The flwr-sheaf core message protocol: the message types, record names and keys every method's
 messages share, with pack/unpack helpers and the reply checks.
 
-Both sides import this module; ``strategy/`` never imports ``client/`` and vice versa
-(``tests/test_layers.py`` walks the imports). Payloads are numpy arrays here (no torch), so the
-server needs no model code. This module names no method: each method's own records and keys live in
-its unit, and those several methods share in :mod:`flwr_sheaf.methods._shared.protocol`
-(``tests/test_layers.py`` checks that every name listed here is used by the core).
+Both sides import it (numpy payloads, no torch); it names no method: a method's own records and keys
+live in its unit or :mod:`flwr_sheaf.methods._shared.protocol` (``tests/test_layers.py``).
 
-Message types (``<category>.<action>``; the action is a method's handler name):
+Message types (``<category>.<action>``; the action is a method's handler name), config / reply:
 
-===================================== ================================================================
-message                                content (server -> node) / reply (node -> server)
-===================================== ================================================================
-``query.<action>``                    ``config``: :data:`TORCH_THREADS`, :data:`DEVICE` (graph methods) / ``info``
-                                      (:class:`NodeInfo`)
-``train.<action>``                    ``config``: the method's config sections + :data:`SERVER_ROUND`,
-                                      :data:`SEED` (+ :class:`EdgeConfig` for a method with maps on
-                                      the edges) + the method's own records / ``metrics``
-                                      (:data:`NUM_EXAMPLES`, losses; :data:`TRAIN_REPLY`, checked by
-                                      :func:`train_reply_problem`) + the method's own records
-``evaluate.<action>``                 ``config``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`,
-                                      :data:`TORCH_THREADS`, :data:`DEVICE`, :data:`EVAL_TRANSPORTED`,
-                                      :data:`PILOT_READING` (+ method keys) / :data:`EVAL_REPLY`
-                                      (:data:`EVAL_ARRAYS`, or per neighbour
-                                      :data:`STRINGENT_EVAL_ARRAYS`; with :data:`PILOT_READING` = 1
-                                      also the :data:`SECOND_READING` arrays)
-``evaluate.<action>_comm``            ``arrays``: :func:`route_evaluation` (and :func:`route_non_edges`);
-                                      ``config``: as phase 1 plus the :class:`EdgeConfig` (and
-                                      :class:`NonEdgeConfig`) / :data:`COMM_REPLY` (per incoming
-                                      edge; with :data:`PILOT_READING` = 1 also
-                                      the :data:`SECOND_READING` accuracies;
-                                      with non-edge sources :data:`NON_EDGE_REPLY`)
-===================================== ================================================================
-
-Each method's own records and keys live in its unit (``methods/<name>/protocol.py`` or its
-:mod:`~flwr_sheaf.methods._shared.protocol`; docs/methods.md lists the methods).
+- ``query.<action>``: :data:`TORCH_THREADS`, :data:`DEVICE` / ``info`` (:class:`NodeInfo`).
+- ``train.<action>``: the method's config sections, :data:`SERVER_ROUND`, :data:`SEED` (+
+  :class:`EdgeConfig`) / ``metrics`` (:data:`TRAIN_REPLY`, :func:`train_reply_problem`); both with
+  the method's own records.
+- ``evaluate.<action>``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`, :data:`TORCH_THREADS`,
+  :data:`DEVICE`, :data:`EVAL_TRANSPORTED`, :data:`PILOT_READING` / :data:`EVAL_REPLY`
+  (:data:`EVAL_ARRAYS` or :data:`STRINGENT_EVAL_ARRAYS`; + :data:`SECOND_READING` arrays).
+- ``evaluate.<action>_comm``: arrays of :func:`route_evaluation` (+ :func:`route_non_edges`); config
+  of phase 1 + :class:`EdgeConfig` (+ :class:`NonEdgeConfig`) / :data:`COMM_REPLY` per incoming edge
+  (+ :data:`SECOND_READING` accuracies, :data:`NON_EDGE_REPLY`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord
@@ -121,16 +102,13 @@ class ProtocolError(ValueError):
 
 
 class OutsideScenarioError(ValueError):
-    """A task factory's answer for a partition-id that is no agent of the scenario (a spare SuperNode,
-    partition-id >= N): the query handler then describes the node as a spare (a
-    :class:`NodeInfo` with ``d = 0``) instead of failing, so discovery tells it from a broken agent."""
+    """A task factory's answer for a partition-id outside the scenario (a spare SuperNode): the
+    query handler replies a :class:`NodeInfo` with ``d = 0`` instead of failing."""
 
 
 # ------------------------------------------------------------------------------ typed accessors
-# Flower types ``content[key]`` (a RecordDict or ``context.state``) as ``ArrayRecord | MetricRecord |
-# ConfigRecord`` and a config value as ``Array | int | float | str | bytes | list[...]``. These
-# accessors check the type once, at the boundary, and raise ProtocolError naming the key; a missing
-# key still raises the KeyError of ``content[key]``.
+# Flower types records and config values as unions: these check the type once, at the boundary
+# (ProtocolError naming the key; a missing key still raises KeyError).
 def _record(content: Mapping[str, object], key: str, cls: type[R]) -> R:
     rec = content[key]
     if not isinstance(rec, cls):
@@ -153,32 +131,33 @@ def metric_record(content: Mapping[str, object], key: str) -> MetricRecord:
     return _record(content, key, MetricRecord)
 
 
+def _entry(value: object, key: str, cls: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, cls):
+        raise ProtocolError(f"{key!r}: expected {what}, got {type(value).__name__}")
+    return value
+
+
+_NUMBER = (int, float, np.integer, np.floating)
+
+
 def as_int(value: object, key: str) -> int:
     """``int(value)`` of a record entry ``key`` (an int or a float, as ``int()`` took it)."""
-    if not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ProtocolError(f"{key!r}: expected a number, got {type(value).__name__}")
-    return int(value)
+    return int(_entry(value, key, _NUMBER, "a number"))
 
 
 def as_float(value: object, key: str) -> float:
     """``float(value)`` of a record entry ``key`` (an int or a float)."""
-    if not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ProtocolError(f"{key!r}: expected a number, got {type(value).__name__}")
-    return float(value)
+    return float(_entry(value, key, _NUMBER, "a number"))
 
 
 def as_list(value: object, key: str) -> list[float]:
     """A list record entry ``key`` (a MetricRecord's ``list[int] | list[float]``; ints pass as floats)."""
-    if not isinstance(value, list):
-        raise ProtocolError(f"{key!r}: expected a list, got {type(value).__name__}")
-    return value
+    return _entry(value, key, list, "a list")
 
 
 def as_bytes(value: object, key: str) -> bytes:
     """A bytes record entry ``key``."""
-    if not isinstance(value, bytes):
-        raise ProtocolError(f"{key!r}: expected bytes, got {type(value).__name__}")
-    return value
+    return _entry(value, key, bytes, "bytes")
 
 
 # ------------------------------------------------------------------------------ message types
@@ -196,8 +175,7 @@ def comm_action(action: str) -> str:
 
 
 def required(cfg: Mapping, key: str, msg_type: str):
-    """``cfg[key]`` of a message config, or a :class:`ProtocolError` naming the key and the message
-    type ``msg_type`` (:func:`message_type`): every value a handler needs comes in the message."""
+    """``cfg[key]`` of a message config, or a :class:`ProtocolError` naming it and ``msg_type``."""
     if key not in cfg:
         raise ProtocolError(f"{msg_type} message config lacks {key!r}")
     return cfg[key]
@@ -213,33 +191,26 @@ ARRAYS = "arrays"
 SERVER_ROUND = "server-round"
 SEED = "seed"
 TORCH_THREADS = "torch-threads"
-#: the node's device spec (run-config key ``device``) in ``query`` and ``evaluate`` configs (``train``
-#: carries it inside :class:`~flwr_sheaf.config.LocalTrainConfig`).
+#: the node's device spec (run-config ``device``) in ``query`` and ``evaluate`` configs.
 DEVICE = "device"
 #: where a node fits its whitening for evaluation: ``"pilots"`` (Sheaf-FRL) or ``"train"`` (post hoc).
 WHITENING_FIT = "whitening-fit"
 WHITENING_FITS = ("pilots", "train")
-#: evaluation config (both phases): 1 when neighbours' evaluation arrays are transported by the
-#: sender's own map into the edge stalk (``privacy = stringent``), so the receiver fits its own map
-#: (P2c/P2d) instead of the edge's (Eq. 18); 0 otherwise.
+#: evaluation config: 1 when the sender's own map moved its arrays into the edge stalk (``privacy =
+#: stringent``), so the receiver fits its own map (P2c/P2d) instead of the edge's (Eq. 18).
 EVAL_TRANSPORTED = "eval-transported"
-#: evaluation config (both phases): 1 when the node also gives the second reading
-#: (:data:`SECOND_READING`, run-config key ``posthoc-readings = both``; notes/baselines.md): a post-hoc
-#: method (``whitening-fit = "train"``) the *strong* one, whitening fitted on the pilots; a method that
-#: fits it on the pilots (Sheaf-FRL) the paper's, fitted on the private training latents; 0 otherwise.
+#: evaluation config: 1 when the node also gives the second reading (:data:`SECOND_READING`,
+#: ``posthoc-readings = both``; notes/baselines.md).
 PILOT_READING = "pilot-reading"
 
 # ------------------------------------------------------------------------------ array and metric keys
 NUM_EXAMPLES = "num-examples"
 #: arrays of a node's phase-1 evaluation reply (whitened latents, labels).
 EVAL_ARRAYS = ("pilots", "test-latents", "test-labels", "val-latents", "val-labels")
-#: the second reading (config :data:`PILOT_READING`) by the node's own ``whitening-fit``: ``{fit:
-#: (phase-1 arrays, phase-2 test / validation metrics)}``. The arrays: pilots ``(K, d_i)`` and test /
-#: validation latents ``(M, d_i)`` whitened the other way (labels: :data:`EVAL_ARRAYS`'), routed to
-#: neighbours like :data:`EVAL_ARRAYS`; the metrics: per incoming edge, aligned with :data:`COMM_SRC`.
-#: ``"train"`` (post-hoc methods): the strong reading, whitening fitted on the pilots (``pw-``);
-#: ``"pilots"`` (Sheaf-FRL): the paper's, fitted on the private training latents (``tw-``), the
-#: baselines' :data:`COMM_ACCURACY` computation.
+#: the second reading by the node's own ``whitening-fit``: ``{fit: (phase-1 arrays, phase-2 test /
+#: validation metrics)}``: pilots ``(K, d_i)``, latents ``(M, d_i)`` whitened the other way (routed
+#: as :data:`EVAL_ARRAYS`), metrics per incoming edge. ``"train"`` (post hoc): whitening fitted on
+#: the pilots (``pw-``); ``"pilots"`` (Sheaf-FRL): the paper's, on the training latents (``tw-``).
 SECOND_READING = {
     fit: (
         tuple(f"{p}-{n}" for n in ("pilots", "test-latents", "val-latents")),
@@ -252,10 +223,8 @@ PRIVATE_ACCURACY = "private-accuracy"
 VAL_PRIVATE_ACCURACY = "val-private-accuracy"
 NUM_TEST = "num-test"
 LOW_VARIANCE_FRACTION = "low-variance-fraction"
-#: the device the node's evaluation ran on (phase-1 metric, optional for older nodes): -1 for the
-#: CPU, N for ``cuda:N`` (:func:`device_index` / :func:`device_name`); ``results.json``'s
-#: ``nodes[...]["device"]`` (issue 34: a ``device=auto`` run on CUDA is not judged against the
-#: CPU-measured band).
+#: the device of the node's evaluation (optional phase-1 metric): -1 CPU, N ``cuda:N``
+#: (:func:`device_index`); ``results.json``'s ``nodes[...]["device"]``.
 DEVICE_INDEX = "device-index"
 #: a stringent phase-1 evaluation reply: ``"<j>/<name>"`` per neighbour j for these names (moved by
 #: the node's map toward j, ``(., d_e)``), and the labels once, unkeyed.
@@ -267,8 +236,8 @@ VAL_COMM_ACCURACY = "val-communication-accuracy"
 
 
 def device_index(device: object) -> int:
-    """:data:`DEVICE_INDEX`'s value for a ``torch.device`` (or its text): -1 for ``cpu``, N for
-    ``cuda:N`` (``cuda`` without an index: the current CUDA device). Any other type is -2."""
+    """:data:`DEVICE_INDEX` of a ``torch.device`` or its text: -1 ``cpu``, N ``cuda:N`` (``cuda``:
+    the current device), else -2."""
     text = str(device)
     if text == "cpu":
         return -1
@@ -282,8 +251,7 @@ def device_index(device: object) -> int:
 
 
 def device_name(index: int) -> str:
-    """The device text of a :data:`DEVICE_INDEX` value: ``"cpu"`` (-1), ``"cuda:N"`` (N >= 0),
-    ``"other"`` (anything else: not a CPU)."""
+    """Text of a :data:`DEVICE_INDEX`: ``"cpu"`` (-1), ``"cuda:N"`` (N >= 0), else ``"other"``."""
     if index == -1:
         return "cpu"
     return f"cuda:{index}" if index >= 0 else "other"
@@ -306,8 +274,7 @@ class NodeInfo:
         classes: target class set C_i (may be empty).
         num_pilots: pilots K the node holds (-1 if not a pilot method).
         num_examples: private training samples.
-        pilot_digest: :func:`pilot_digest` of the node's pilot inputs (0 = not reported); the graph
-            strategies refuse nodes whose digests differ (pilots must be the same samples in the same order).
+        pilot_digest: :func:`pilot_digest` of the node's pilot inputs (0 = not reported).
     """
 
     partition_id: int
@@ -319,18 +286,14 @@ class NodeInfo:
     pilot_digest: int = 0
 
     def to_record(self) -> MetricRecord:
-        """``MetricRecord`` form of the reply: each field under its name with ``-`` for ``_``
-        (``num-examples`` is :data:`NUM_EXAMPLES`)."""
+        """``MetricRecord`` form of the reply: each field under its name with ``-`` for ``_``."""
         out = {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
         return MetricRecord({**out, "classes": [int(c) for c in self.classes]})
 
     @classmethod
     def from_record(cls, rec: Mapping) -> NodeInfo:
-        """Inverse of :meth:`to_record` (``pilot-digest`` may be absent: 0).
-
-        Raises:
-            ProtocolError: a missing key (named).
-        """
+        """Inverse of :meth:`to_record` (``pilot-digest`` may be absent: 0); a missing key raises
+        :class:`ProtocolError`."""
         try:
             values = {
                 f.name: rec[f.name.replace("_", "-")]
@@ -393,11 +356,7 @@ class EdgeConfig:
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> EdgeConfig:
-        """Inverse of :meth:`to_config`.
-
-        Raises:
-            ProtocolError: missing lists, lists of different lengths, a negative or non-finite weight.
-        """
+        """Inverse of :meth:`to_config` (:class:`ProtocolError`: bad lists or weights)."""
         missing = [k for k in cls.KEYS[:3] if k not in cfg]
         if missing:
             raise ProtocolError(f"edge config lacks {missing}")
@@ -423,11 +382,7 @@ class EdgeConfig:
 
 # ------------------------------------------------------------------------------ reply checks
 def reply_problem(content: Mapping, required: Mapping[str, Iterable[str]]) -> str | None:
-    """What a reply lacks, or None: ``required`` maps record names to the keys each must hold.
-
-    The strategies call it on every reply (:meth:`flwr_sheaf.strategy.exchange.Exchange.split_replies`),
-    so a malformed reply becomes that node's recorded failure instead of a server crash.
-    """
+    """What a reply lacks, or None: ``required`` maps record names to the keys each must hold."""
     for name, keys in required.items():
         if name not in content:
             return f"reply lacks record {name!r}"
@@ -452,12 +407,8 @@ COMM_REPLY = {METRICS: (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)}
 def route_evaluation(
     phase1: Mapping[int, ArrayRecord], neighbours: Sequence[int], names: Sequence[str] = EVAL_ARRAYS
 ) -> ArrayRecord:
-    """Phase-2 payload of one receiver: each neighbour j's arrays ``names`` keyed ``"<j>/<name>"``.
-
-    Raises:
-        KeyError: a neighbour without phase-1 arrays (callers route only answering neighbours,
-            whose replies passed :data:`EVAL_REPLY`).
-    """
+    """Phase-2 payload of one receiver: each neighbour j's arrays ``names`` keyed ``"<j>/<name>"``
+    (``KeyError``: a neighbour without phase-1 arrays)."""
     return pack_arrays(
         {f"{j}/{name}": phase1[j][name].numpy() for j in neighbours for name in names}
     )
@@ -466,11 +417,8 @@ def route_evaluation(
 def unpack_routed(
     rec: ArrayRecord, j: int, names: Sequence[str] = EVAL_ARRAYS
 ) -> dict[str, np.ndarray]:
-    """Neighbour j's arrays ``names`` from a :func:`route_evaluation` record.
-
-    Raises:
-        ProtocolError: an array missing for j (named).
-    """
+    """Neighbour j's arrays ``names`` from a :func:`route_evaluation` record (:class:`ProtocolError`
+    naming a missing one)."""
     out = {}
     for name in names:
         key = f"{j}/{name}"
@@ -481,11 +429,11 @@ def unpack_routed(
 
 
 # ------------------------------------------------------------------------------ non-edge transport (multi-hop)
-#: routed array of a non-edge source j in ``evaluate.<action>_comm``: the composed map ``(d_i, d_j)``
-#: (float64) along a shortest path, key ``"<j>/path-map"`` beside j's :data:`EVAL_ARRAYS`.
+#: routed array ``"<j>/path-map"`` of a non-edge source j: the map ``(d_i, d_j)`` (float64) composed
+#: along a shortest path.
 PATH_MAP = "path-map"
-#: per non-edge source metrics of a phase-2 reply (lists aligned with :data:`NON_EDGE_SRC`): accuracy
-#: after multi-hop transport and after direct Procrustes between the two nodes' pilots, test and validation.
+#: per non-edge source metrics of a phase-2 reply: accuracy after multi-hop transport and after
+#: direct Procrustes, test and validation.
 NON_EDGE_SRC = "non-edge-src"
 NON_EDGE_ACCURACY = "non-edge-communication-accuracy"
 VAL_NON_EDGE_ACCURACY = "val-non-edge-communication-accuracy"
@@ -505,16 +453,13 @@ NON_EDGE_REPLY = {
 
 @dataclass(frozen=True)
 class NonEdgeConfig:
-    """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by index).
-
-    Multi-hop transport (notes/variants-diagnostics.md): j's arrays come with the maps composed along
-    a shortest path (:data:`PATH_MAP`); the receiver also fits a direct Procrustes map for reference.
+    """A receiver's non-edge sources in its ``evaluate.<action>_comm`` config (lists aligned by
+    index; multi-hop transport: notes/variants-diagnostics.md).
 
     Attributes:
         sources: source partition-ids j (not neighbours of the receiver).
         dims: their stalk dimensions d_j.
-        heads: ``True`` where the receiver is the head of the direct pair (larger d; tie: larger
-            partition-id; :func:`flwr_sheaf.sheaf.network.orient_edge`), for the direct Procrustes map.
+        heads: ``True`` where the receiver is the head of the direct pair (as :class:`EdgeConfig`).
         hops: path lengths (>= 2).
     """
 
@@ -540,11 +485,8 @@ class NonEdgeConfig:
 
     @classmethod
     def from_config(cls, cfg: Mapping) -> NonEdgeConfig:
-        """Inverse of :meth:`to_config` (no keys = no non-edge sources).
-
-        Raises:
-            ProtocolError: some but not all of :attr:`KEYS`, or lists of different lengths.
-        """
+        """Inverse of :meth:`to_config` (no keys = no sources; :class:`ProtocolError`: some keys
+        missing, or unequal lists)."""
         present = [k for k in cls.KEYS if k in cfg]
         if not present:
             return cls()
@@ -559,13 +501,9 @@ class NonEdgeConfig:
 def route_non_edges(
     phase1: Mapping[int, ArrayRecord], maps: Mapping[int, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Phase-2 arrays ``{"<j>/<name>": array}`` of one receiver's non-edge sources: j's
-    :data:`EVAL_ARRAYS` from ``phase1`` and the composed map ``maps[j]`` ``(d_receiver, d_j)`` as
-    :data:`PATH_MAP` (read back with :func:`unpack_routed`).
-
-    Raises:
-        KeyError: a source without phase-1 arrays.
-    """
+    """Phase-2 arrays ``{"<j>/<name>": array}`` of a receiver's non-edge sources: j's
+    :data:`EVAL_ARRAYS` and ``maps[j]`` ``(d_receiver, d_j)`` as :data:`PATH_MAP` (``KeyError``:
+    a source without phase-1 arrays)."""
     out = {}
     for j, t in maps.items():
         out.update({f"{j}/{name}": phase1[j][name].numpy() for name in EVAL_ARRAYS})
@@ -574,15 +512,8 @@ def route_non_edges(
 
 
 # ------------------------------------------------------------------------------ train-reply values
-
-
 def weight_problem(name: str, value: object) -> str | None:
-    """Why a reply's weight (e.g. ``num-examples``) is unusable, or None when it is a finite number > 0.
-
-    Strategies call it on every reply value that weights or counts in an aggregate, and record a
-    non-None answer as that node's failure (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.record_failure`) instead of aborting
-    the ServerApp or averaging with a zero, negative or NaN weight.
-    """
+    """Why a reply's weight (e.g. ``num-examples``) is unusable, or None if a finite number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"{name} = {value!r} is not a number"
     if not (np.isfinite(value) and value > 0):
@@ -591,12 +522,10 @@ def weight_problem(name: str, value: object) -> str | None:
 
 
 def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
-    """Why a train reply's values are refused, or None (the one check of both sides,
-    docs/guarantees.md): ``num-examples`` not a finite number > 0, a NaN or infinite scalar
-    metric, or a list metric with an infinite entry (NaN in a list means "not measured"). The server
-    (:meth:`flwr_sheaf.strategy.graph.GraphStrategy.aggregate_train`) refuses such a reply; the node
-    (:func:`flwr_sheaf.client.state.refuse_what_the_server_refuses`, with ``arrays=True`` also
-    checking every float array for NaN/inf) raises before its state is committed.
+    """Why the server and the node refuse a train reply, or None (docs/guarantees.md).
+
+    Refused: ``num-examples`` not a finite number > 0, a NaN or infinite scalar metric, an infinite
+    entry of a list metric (NaN there means "not measured"); with ``arrays`` a NaN/inf float array.
     """
     m = content[METRICS]
     why = weight_problem(NUM_EXAMPLES, m[NUM_EXAMPLES])
@@ -625,10 +554,9 @@ def train_reply_problem(content: Mapping, arrays: bool = False) -> str | None:
     return None
 
 
-#: Keys of a resumed run's discovery (``query``) config, sent by the ServerApp and read (and removed)
-#: by :func:`flwr_sheaf.client.state.persist_state`: per partition-id the last round the server's
-#: checkpoint accepted its training (0 = never), the checkpointed round, and the run-config
-#: ``resume-fresh-nodes``.
+#: Keys of a resumed run's ``query`` config (read by :func:`flwr_sheaf.client.state.persist_state`):
+#: per partition-id the last round whose training the checkpoint accepted (0 = never), the
+#: checkpointed round, and ``resume-fresh-nodes``.
 RESUME_STATE_ROUNDS = "resume-state-rounds"
 RESUME_ROUND = "resume-round"
 RESUME_FRESH = "resume-fresh-nodes"

@@ -14,13 +14,10 @@ __all__ = ["ResultsFileError", "read_results", "summary_lines", "main"]
 
 
 def summary_lines(results: dict) -> list[str]:
-    """Human-readable lines of a parsed ``results.json``: a degraded or failed status and a
-    ``latent_collapse`` warning first, then the final evaluated round's private and communication
-    accuracy (paper Eq. 22), how many evaluated nodes ever trained, the method's own
-    :attr:`~flwr_sheaf.methods.registry.Method.report_lines`, the non-edge and sheaf-Laplacian
-    readings when recorded, the collapse diagnostic, bytes, wall time and the verdict against the
-    main job's expected band (:func:`flwr_sheaf.expected.band_lines`); ``"no evaluated round in
-    results"`` when nothing was evaluated.
+    """Human-readable lines of a parsed ``results.json``: status warnings, then the final evaluated
+    round's accuracies (paper Eq. 22), the method's own
+    :attr:`~flwr_sheaf.methods.registry.Method.report_lines`, diagnostics, bytes, wall time and
+    :func:`flwr_sheaf.expected.band_lines`; ``"no evaluated round in results"`` when none.
 
     Raises:
         ResultsFileError: ``results`` does not have the schema (:func:`flwr_sheaf.schema.check_results`).
@@ -87,9 +84,7 @@ def summary_lines(results: dict) -> list[str]:
 
 
 def _evaluated_lines(results: dict, last: dict) -> list[str]:
-    """How many of the final evaluated round's nodes ever trained (``evaluated_trained`` of
-    ``evaluated``, run-config ``evaluate-nodes``), a WARNING when some never did; nothing for results
-    that do not record it."""
+    """How many of the final round's evaluated nodes ever trained (a WARNING if some never did)."""
     if last.get("evaluated") is None or last.get("evaluated_trained") is None:
         return []
     n, k = len(last["evaluated"]), last["evaluated_trained"]
@@ -104,8 +99,7 @@ def _evaluated_lines(results: dict, last: dict) -> list[str]:
 
 
 def _status_lines(results: dict) -> list[str]:
-    """First lines for a run that did not complete cleanly (``status`` degraded or failed, docs/guarantees.md):
-    the status, the failure counts and the nodes that failed, so a degraded run is never read as a clean one."""
+    """First line of a degraded or failed run: status and failure counts (docs/guarantees.md)."""
     status = results.get("status", "completed")  # no status: the band's line says it (expected.py)
     if status == "completed":
         return []
@@ -115,9 +109,8 @@ def _status_lines(results: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: ``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR`` prints :func:`summary_lines`
-    (``argv``: default ``sys.argv[1:]``); returns 0, or 2 on a usage error or a missing, unreadable
-    or malformed file (:func:`read_results`'s message on stderr)."""
+    """``python -m flwr_sheaf.report RESULTS_JSON_OR_DIR``: prints :func:`summary_lines`; returns
+    0, or 2 on a usage error or a bad file (:func:`read_results`'s message on stderr)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m flwr_sheaf.report RESULTS_JSON_OR_DIR", file=sys.stderr)

@@ -1,10 +1,7 @@
 """The one schema of ``results.json`` (docs/results-schema.md), its one reader and the writer's converter.
 
-:class:`Results` is a pydantic v2 model of the file: :func:`flwr_sheaf.write_results` checks what it
-writes against it, and every reader (``python -m flwr_sheaf.report``, the expected band, the resume
-preflight) reads through :func:`read_results`, which raises one error, :class:`ResultsFileError`,
-naming the file and the field. :func:`to_json_value` turns what a method's hooks return
-(``results_extra``, metrics) into what JSON can write, naming anything it cannot.
+:class:`Results` (pydantic v2) is checked by the writer and by :func:`read_results`, every reader's
+way in (one error, :class:`ResultsFileError`); :func:`to_json_value` makes a method's values JSON.
 """
 
 from __future__ import annotations
@@ -134,8 +131,7 @@ class Results(_Entry):
 
 
 class ResultsFileError(ValueError):
-    """A ``results.json`` that cannot be read or does not have the schema (:class:`Results`); the
-    message names the file, the field and what is wrong."""
+    """A ``results.json`` that cannot be read or does not have the schema (file and field named)."""
 
 
 def _field(loc: tuple) -> str:
@@ -173,15 +169,11 @@ def check_results(results: Any, source: str = "results.json") -> dict:
 
 
 def read_results(path: str | Path) -> dict:
-    """Read and check a ``results.json`` (the file, or its results directory).
-
-    Returns:
-        The parsed file (:func:`check_results` found nothing).
+    """The parsed, checked ``results.json`` at ``path`` (the file, or its results directory).
 
     Raises:
-        ResultsFileError: the file does not exist, is a directory, a FIFO or a broken link, cannot be read,
-            is not valid JSON (truncated, damaged, nested too deeply), or does not have the schema;
-            the message names the file, the field, what is wrong and what to do.
+        ResultsFileError: the file is missing, not a regular file, unreadable, not valid JSON or not
+            of the schema; the file, the field, what is wrong and what to do named.
     """
     path = Path(path)
     if path.is_dir() and path.name != "results.json":
@@ -219,12 +211,10 @@ def read_results(path: str | Path) -> dict:
 
 
 def to_json_value(value: Any, where: str = "value") -> tuple[Any, list[str]]:
-    """``value`` as JSON can write it, and what could not be written (one line each, ``where`` and
-    the path below it named, e.g. ``"results_extra['x']: set is not JSON-writable; return a list"``).
+    """``value`` as JSON can write it, and what could not be (one line each, path from ``where``).
 
-    numpy scalars and arrays become Python numbers and lists; NaN and inf become null (results.json's
-    "not measured", docs/results-schema.md); tuples lists; mapping keys strings. Any other object
-    (a set, a tensor, a class instance) becomes null and is named.
+    numpy values become Python numbers and lists, NaN and inf null ("not measured"), tuples lists,
+    mapping keys strings; any other object becomes null and is named.
     """
     problems: list[str] = []
 

@@ -1,15 +1,13 @@
 """An in-process Grid: runs strategies against ClientApps without Ray or a SuperLink.
 
-Used by the Ray-free end-to-end tests and by in-process sweeps (``simulations/``). It mirrors the
-simulation engine's semantics that matter to strategies (Flower 1.42):
+It mirrors the simulation engine's semantics that matter to strategies (Flower 1.42):
 
 - node ids are opaque 64-bit-like integers (deliberately not ``0..N-1``);
 - each node's ``Context`` has ``node_config = {"partition-id": i, "num-partitions": N}``;
 - ``context.state`` is committed only when the handler returns normally; an exception becomes an
   error reply (code 2, as Flower's ``CLIENT_APP_RAISED_EXCEPTION``) and the state is rolled back;
-- a ``drop`` predicate emulates nodes that never answer (no reply at all). Like Flower's grid,
-  ``send_and_receive`` then waits for the ``timeout``; without a timeout the real engine would
-  wait forever, so LocalGrid raises instead (a strategy that forgets the timeout fails its tests).
+- a ``drop`` predicate emulates nodes that never answer; ``send_and_receive`` then waits for the
+  ``timeout``, and raises without one (the real engine would wait forever).
 
 Relies on Flower internals (``flwr.supercore``), hence the ``flwr>=1.42,<1.43`` pin.
 """
@@ -47,12 +45,10 @@ class LocalGrid(Grid):
         client_app: the ClientApp every node runs.
         num_nodes: number of simulated SuperNodes (partition-ids ``0..num_nodes-1``).
         run_config: the run config every node's ``Context`` sees (the app's ``run_config``).
-        drop: optional predicate ``drop(message) -> bool``; a dropped message gets no reply,
-            like a node that went silent.
+        drop: optional predicate ``drop(message) -> bool``; a dropped message gets no reply.
         wait_cap: seconds actually slept when replies are missing (``min(timeout, wait_cap)``;
-            default 0: the wait is only recorded in :attr:`waits`, so tests stay fast).
-        node_config: extra node-config entries, a mapping for every node or ``node_config(partition_id)
-            -> mapping`` (e.g. each node's ``state-dir``, docs/resume.md).
+            default 0: the wait is only recorded in :attr:`waits`).
+        node_config: extra node-config entries: a mapping, or ``node_config(partition_id)``.
         run_id: Flower run id of every node's ``Context`` (a new ``flwr run`` gets a new one).
 
     Attributes:
@@ -95,10 +91,7 @@ class LocalGrid(Grid):
         self._replies: dict[str, Message] = {}
 
     def fresh_context(self, partition_id: int) -> Context:
-        """A node's ``Context`` as a freshly started SuperNode has it (empty ``state``).
-
-        ``grid.contexts[grid.node_ids[i]] = grid.fresh_context(i)`` emulates restarting node i.
-        """
+        """A fresh SuperNode's ``Context`` (assign it in :attr:`contexts` to restart node i)."""
         extra = self._extra_node_config
         extra = extra(partition_id) if callable(extra) else extra
         return Context(
@@ -119,8 +112,7 @@ class LocalGrid(Grid):
 
     # Grid API -----------------------------------------------------------------
     def set_run(self, run: Run | int) -> None:
-        """Grid API: use ``run`` (a ``Run``, as flwr's ``Grid.set_run`` takes) or an empty run with
-        that run id (an ``int``)."""
+        """Grid API: use ``run`` (a ``Run``, or an empty run with that ``int`` id)."""
         self._run = run if isinstance(run, Run) else Run.create_empty(run)
 
     @property
@@ -137,11 +129,8 @@ class LocalGrid(Grid):
         return list(self.node_ids)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Grid API: deliver each message to its node's ClientApp now (unless dropped); returns message ids.
-
-        Raises:
-            ValueError: a message to an unknown node id.
-        """
+        """Grid API: deliver each message to its node's ClientApp now (unless dropped); returns the
+        ids (``ValueError``: a message to an unknown node id)."""
         ids = []
         for msg in messages:
             mid = uuid4().hex
@@ -172,11 +161,8 @@ class LocalGrid(Grid):
         return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
-        """Deliver, then collect the replies; with missing replies, wait ``timeout`` as Flower does.
-
-        Raises:
-            RuntimeError: replies are missing and ``timeout`` is None (the engine would hang forever).
-        """
+        """Deliver, then collect the replies; with missing replies, wait ``timeout`` as Flower does
+        (``RuntimeError`` without a timeout: the engine would hang forever)."""
         ids = list(self.push_messages(list(messages)))
         out = self.pull_messages(ids)
         if len(out) < len(ids):

@@ -632,11 +632,8 @@ def _cached_split(
 
 
 def pilot_digest(pilots: np.ndarray) -> int:
-    """A 63-bit fingerprint of a node's pilot inputs ``(K, ...)``: SHA-256 of the shape and the float32
-    bytes in row order, first 8 bytes, shifted to a positive int64 (fits a ``MetricRecord``).
-
-    Two nodes agree iff (up to hash collisions) they hold the same pilot samples in the same order.
-    """
+    """A positive 63-bit fingerprint of pilot inputs ``(K, ...)`` (SHA-256 of shape and float32
+    bytes): equal iff the same samples in the same order (up to collisions)."""
     a = np.ascontiguousarray(np.asarray(pilots, dtype=np.float32))
     h = hashlib.sha256(repr(a.shape).encode() + a.tobytes()).digest()
     return int.from_bytes(h[:8], "big") >> 1 or 1
