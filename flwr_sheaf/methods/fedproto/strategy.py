@@ -23,7 +23,7 @@ from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedProtoConfig
 
-__all__ = ["FedProto", "prototype_evaluation"]
+__all__ = ["FedProto", "PrototypeStrategy", "prototype_evaluation"]
 
 
 def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
@@ -33,37 +33,12 @@ def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
     )
 
 
-class FedProto(GraphStrategy):
-    """FedProto on Flower messages (module docstring); the prototypes live in a
+class PrototypeStrategy(GraphStrategy):
+    """FedProto's server side (module docstring), shared by FedSAF: the prototypes live in a
     :class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator` (:attr:`prototypes`).
-
-    Args:
-        num_nodes: agents.
-        fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
-        num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
-        **common: federation, train (default: FedProto's authors', SGD lr 0.01, momentum 0.5, no
-            weight decay; notes/baselines.md s0; a section passed is used as given), graph, action
-            (pair with :func:`~flwr_sheaf.methods.fedproto.client.register_fedproto_handlers`),
-            discovery_timeout (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
-
-    Raises:
-        ValueError: bad config values (named); at discovery, ``fedproto-dim = none`` with different
-            stalk dimensions (each d and its partition-ids named).
     """
 
-    def __init__(
-        self,
-        num_nodes: int,
-        *,
-        fedproto: FedProtoConfig | None = None,
-        num_classes: int = PAPER_NUM_CLASSES,
-        **common: Unpack[GraphArgs],
-    ) -> None:
-        # its authors' SGD by default (config.METHOD_TRAIN_DEFAULTS, notes/baselines.md s0)
-        if common.get("train") is None:
-            common["train"] = RunConfig.from_run_config({"method": "fedproto"}).train
-        super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))
-        self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
+    prototypes: PrototypeAggregator
 
     def on_discovered(self) -> None:
         """Validate the graph, then resolve the common prototype dimension D (notes/baselines-prototypes.md, s3.5).
@@ -95,3 +70,35 @@ class FedProto(GraphStrategy):
     def results_extra(self) -> dict:
         """Prototype settings, the resolved dimension and the final global prototypes' classes."""
         return {**super().results_extra(), "prototypes": self.prototypes.describe()}
+
+
+class FedProto(PrototypeStrategy):
+    """FedProto on Flower messages (module docstring).
+
+    Args:
+        num_nodes: agents.
+        fedproto: prototype dimension, weight, reduction, aggregation, missing-class policy.
+        num_classes: size of the label space (class ids ``0..num_classes-1``; the paper's 10).
+        **common: federation, train (default: FedProto's authors', SGD lr 0.01, momentum 0.5, no
+            weight decay; notes/baselines.md s0; a section passed is used as given), graph, action
+            (pair with :func:`~flwr_sheaf.methods.fedproto.client.register_fedproto_handlers`),
+            discovery_timeout (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
+
+    Raises:
+        ValueError: bad config values (named); at discovery, ``fedproto-dim = none`` with different
+            stalk dimensions (each d and its partition-ids named).
+    """
+
+    def __init__(
+        self,
+        num_nodes: int,
+        *,
+        fedproto: FedProtoConfig | None = None,
+        num_classes: int = PAPER_NUM_CLASSES,
+        **common: Unpack[GraphArgs],
+    ) -> None:
+        # its authors' SGD by default (config.METHOD_TRAIN_DEFAULTS, notes/baselines.md s0)
+        if common.get("train") is None:
+            common["train"] = RunConfig.from_run_config({"method": "fedproto"}).train
+        super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))
+        self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
