@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Unpack
 
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
+from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import PrototypeAggregator
 from ..fedproto.config import FedProtoConfig
-from ..fedproto.strategy import PrototypeStrategy, prototype_evaluation
+from ..fedproto.strategy import PROTOTYPE_HOOKS, prototype_evaluation
 from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedSAFConfig
@@ -20,7 +21,7 @@ from .config import FedSAFConfig
 __all__ = ["FedSAF"]
 
 
-class FedSAF(PrototypeStrategy):
+class FedSAF(GraphStrategy):
     """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol.
 
     Args:
@@ -51,10 +52,16 @@ class FedSAF(PrototypeStrategy):
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
         self.fedsaf = fedsaf
 
+    on_discovered, node_payload, evaluate_payload, accept_train = PROTOTYPE_HOOKS
+
     def method_config(self, server_round: int) -> dict:
         """FedProto's entries plus :class:`FedSAFConfig`."""
         return {**self.prototypes.method_config(), **self.fedsaf.to_dict()}
 
     def results_extra(self) -> dict:
         """Prototype settings, the structure and weights."""
-        return {**super().results_extra(), "fedsaf": self.fedsaf.to_dict()}
+        return {
+            **super().results_extra(),
+            "prototypes": self.prototypes.describe(),
+            "fedsaf": self.fedsaf.to_dict(),
+        }
