@@ -2,8 +2,7 @@
 
 ACTION = "comfed"
 
-# its message vocabulary (record and config-entry names; the core's are in flwr_sheaf.protocol,
-# those several methods share in flwr_sheaf.methods._shared.protocol)
+# its message vocabulary (shared names: flwr_sheaf.protocol, flwr_sheaf.methods._shared.protocol)
 #: ComFed: the mean of the neighbours' projected class prototypes (:func:`~flwr_sheaf.methods._shared.protocol.pack_prototypes` layout).
 COMFED_TARGETS = "comfed-targets"
 #: ComFed's evaluation arrays routed to neighbours: the projection ``(r, d_i)`` and raw latents ``(M, d_i)``.

@@ -1,11 +1,10 @@
 """ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (notes/baselines-alignment.md, s7).
 
 Per ``train.comfed`` message the node restores ``P_i (r, d_i)`` (Xavier-initialised from (seed,
-partition-id) in its first round), trains ``CE + comfed-lambda * mean_m ||P_i vbar_m - t_m||^2``
-against its neighbours' projected class prototypes ``t_m`` (record ``comfed-targets``) with its own
-SGD optimizer for ``P_i``, and uploads its projected class prototypes with counts. Evaluation adds
-ComFed's own communication accuracy ``comfed-communication-accuracy`` (``P_i^+ P_j z_j`` classified by
-the receiver's head) to the post-hoc one.
+partition-id) at first), trains ``CE + comfed-lambda * mean_m ||P_i vbar_m - t_m||^2`` against the
+neighbours' projected class prototypes ``t_m`` (record ``comfed-targets``) with its own SGD for
+``P_i``, and uploads its projected class prototypes with counts. Evaluation adds
+``comfed-communication-accuracy`` (``P_i^+ P_j z_j`` classified by the receiver's head).
 """
 
 from __future__ import annotations
@@ -42,12 +41,15 @@ class Projection(nn.Module):
 
 
 class ComFedLoss(LossPlugin):
-    """``CE + lam * ComFed alignment`` with the projection's own SGD step (module docstring).
+    """``CE + lam * ComFed alignment`` with the projection's own SGD step.
 
     Args:
-        proj: the node's :class:`Projection` (trained here); opt: its optimizer; clip: its gradient clip (0 = off).
+        proj: the node's :class:`Projection` (trained here).
+        opt: its optimizer.
+        clip: its gradient clip (0 = off).
         targets: ``{class: (r,)}`` mean of the neighbours' projected prototypes (may be empty).
-        num_classes: label-space size; lam: weight >= 0.
+        num_classes: label-space size.
+        lam: weight >= 0.
     """
 
     def __init__(
