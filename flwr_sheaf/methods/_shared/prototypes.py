@@ -72,14 +72,11 @@ def _check_latents(z: torch.Tensor, name: str = "z", rows: str = "B") -> None:
         raise ValueError(f"{name} must be a floating tensor, got dtype {z.dtype}")
 
 
-def _check_num_classes(num_classes: object) -> int:
-    if (
-        not isinstance(num_classes, numbers.Integral)
-        or isinstance(num_classes, bool)
-        or num_classes < 1
-    ):
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
-    return int(num_classes)
+def _positive_int(v: object, what: str) -> int:
+    """``v`` as an int; ValueError ``"<what> must be a positive int, got ..."`` unless it is one (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{what} must be a positive int, got {v!r}")
+    return int(v)
 
 
 def _normalise_protos(
@@ -158,7 +155,7 @@ def class_prototypes(
     Raises:
         ValueError: bad ``z``, ``y`` or ``num_classes``; a label outside ``[0, num_classes)``.
     """
-    num_classes = _check_num_classes(num_classes)
+    num_classes = _positive_int(num_classes, "num_classes")
     _check_latents(z)
     _check_labels(y, z.shape[0], num_classes)
     protos: dict[int, torch.Tensor] = {}
@@ -280,7 +277,7 @@ def aggregate_prototypes(
     if missing not in ("carry", "drop"):
         raise ValueError(f"missing must be 'carry' or 'drop', got {missing!r}")
     if num_classes is not None:
-        num_classes = _check_num_classes(num_classes)
+        num_classes = _positive_int(num_classes, "num_classes")
     uploads = list(uploads)
     labels = _source_labels(sources, len(uploads))
     per_class, dim, dim_src = _collect_uploads(uploads, labels, weighted, num_classes)
@@ -400,11 +397,8 @@ class PoolingAdapter(nn.Module):
 
     def __init__(self, d_in: int, d_common: int) -> None:
         super().__init__()
-        for name, v in (("d_in", d_in), ("d_common", d_common)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"PoolingAdapter: {name} must be a positive int, got {v!r}")
-        self.d_in = int(d_in)
-        self.d_common = int(d_common)
+        self.d_in = _positive_int(d_in, "PoolingAdapter: d_in")
+        self.d_common = _positive_int(d_common, "PoolingAdapter: d_common")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Pool the last axis ``(..., d_in) -> (..., d_common)``, same dtype (``x`` itself when equal); ValueError on a wrong last dim."""

@@ -192,15 +192,12 @@ def report_lines(results: Mapping[str, Any], last: Mapping[str, Any] | None) -> 
     if not done:
         return []
     final, cfg = done[-1], results.get("config", {})
+    dist = final.get("distance_to_optimum")
     return [
         f"method {cfg['method']} | problem {cfg.get('rfedags-problem', '?')}",
         f"final round {final['round']}: optimality gap {final['gap']:.3e} | distance to the optimum "
-        f"{_e3(final.get('distance_to_optimum'))} | responders {final.get('num_responders', '?')}",
+        f"{'n/a' if dist is None else f'{dist:.3e}'} | responders {final.get('num_responders', '?')}",
     ]
-
-
-def _e3(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3e}"
 
 
 def _num_nodes(c: RunConfig) -> int:
