@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .manifolds import SPD, Manifold, PoincareBall
-from .pca import check_sizes, client_weights
+from .pca import _batch_rows, check_sizes, client_weights
 
 __all__ = [
     "FrechetMeanProblem",
@@ -98,11 +98,7 @@ class FrechetMeanProblem:
         self, x: np.ndarray, clients: np.ndarray | Sequence[int], batch: np.ndarray
     ) -> np.ndarray:
         """Mini-batch gradients over the points ``batch (m, B)`` of each listed client, ``(m, *point_shape)``; ValueError on a bad ``batch`` shape."""
-        idx = np.asarray(clients, dtype=int)
-        b = np.asarray(batch, dtype=int)
-        if b.ndim != 2 or b.shape[0] != idx.size:
-            raise ValueError(f"batch must have shape ({idx.size}, B), got {b.shape}")
-        return self._egrads(x, self.samples[idx[:, None], b])
+        return self._egrads(x, _batch_rows(self.samples, clients, batch))
 
     def rgrad(self, x: np.ndarray) -> np.ndarray:
         """Riemannian gradient of ``F``: ``-(1/(NS)) sum Log_x(a)``."""

@@ -37,6 +37,19 @@ def client_weights(weights: np.ndarray, n: int) -> np.ndarray:
     return w
 
 
+def _batch_rows(samples: np.ndarray, clients, batch: np.ndarray) -> np.ndarray:
+    """``samples[clients[:, None], batch]``: the ``batch (m, B)`` rows of each of the ``m`` clients.
+
+    Raises:
+        ValueError: ``batch`` not ``(m, B)``.
+    """
+    idx = np.asarray(clients, dtype=int)
+    b = np.asarray(batch, dtype=int)
+    if b.ndim != 2 or b.shape[0] != idx.size:
+        raise ValueError(f"batch must have shape ({idx.size}, B), got {b.shape}")
+    return samples[idx[:, None], b]
+
+
 def _top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
     """``(U (d, r), lam (d,))``: top-``r`` eigenvectors of ``sym(a)`` and all eigenvalues, descending."""
     lam, vec = np.linalg.eigh(0.5 * (a + a.T))
@@ -138,12 +151,8 @@ class PCAProblem:
         """
         if self.samples is None:
             raise ValueError("this PCAProblem has no samples; mini-batch gradients are unavailable")
-        idx = np.asarray(clients, dtype=int)
-        b = np.asarray(batch, dtype=int)
-        if b.ndim != 2 or b.shape[0] != idx.size:
-            raise ValueError(f"batch must have shape ({idx.size}, B), got {b.shape}")
-        zb = self.samples[idx[:, None], b]  # (m, B, d)
-        return -(2.0 / b.shape[1]) * (
+        zb = _batch_rows(self.samples, clients, batch)  # (m, B, d)
+        return -(2.0 / zb.shape[1]) * (
             np.swapaxes(zb, 1, 2) @ (zb @ np.asarray(x, dtype=np.float64))
         )
 
