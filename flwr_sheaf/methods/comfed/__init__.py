@@ -18,8 +18,7 @@ from .strategy import ComFed  # noqa: E402
 
 
 def report_lines(results: Mapping[str, Any], last: Mapping[str, Any] | None) -> list[str]:
-    """The summary's line of ComFed's own reading: communication accuracy through its learned maps
-    (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`)."""
+    """The summary's line of ComFed's communication accuracy through its learned maps."""
     if last is None or "comfed_communication_accuracy_degree_weighted" not in last:
         return []
     value = last["comfed_communication_accuracy_degree_weighted"]

@@ -140,17 +140,13 @@ class ComFedClient(ClientMethod):
         Raises:
             ProtocolError: the node has no projection yet (it never trained).
         """
-        proj = self._stored(context, task)
-        return dict(
-            zip(
-                COMFED_ROUTED,
-                (
-                    to_numpy(proj),
-                    to_numpy(eval_latents(task.model, task.x_test)),
-                    to_numpy(eval_latents(task.model, task.x_val)),
-                ),
-            )
+        m = task.model
+        arrays = (
+            self._stored(context, task),
+            eval_latents(m, task.x_test),
+            eval_latents(m, task.x_val),
         )
+        return {k: to_numpy(a) for k, a in zip(COMFED_ROUTED, arrays)}
 
     def _stored(self, context: Context, task: LocalTask) -> torch.Tensor:
         key = self._key()

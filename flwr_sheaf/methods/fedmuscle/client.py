@@ -94,7 +94,7 @@ class FedMuscleClient(ClientMethod):
     """FedMuscle's hooks: contrastive plug-in in, pooled pilot representations out."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """:class:`FedMuscleLoss` from :class:`~flwr_sheaf.methods.fedmuscle.config.FedMuscleConfig`, ``feature-dim`` and the targets.
+        """:class:`FedMuscleLoss` from the message's config, ``feature-dim`` and the targets.
 
         Raises:
             ConfigError / ProtocolError: a missing key, or targets whose shape is not ``(K, D)`` (named).
