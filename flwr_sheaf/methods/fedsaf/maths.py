@@ -395,7 +395,8 @@ def fedsaf_objective(
         Q_global_protos: ``(n_i, d_g)`` global prototypes of the same classes, same row order.
         Z_inst: ``(B', d)`` instance features or ``None``.
         Zglobal_inst: ``(B', d_g)`` their global prototypes.
-        lam, gamma: finite weights ``>= 0``.
+        lam: finite weight ``>= 0`` of ``L_proto``.
+        gamma: finite weight ``>= 0`` of ``L_inst``.
         structure: one of :data:`STRUCTURES`.
 
     Returns:

@@ -27,7 +27,9 @@ class FedSAF(GraphStrategy):
     Args:
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
             ``cosine``; the app's methods ``fedsaf-gcsa`` / ``fedsaf-rcsa`` fill it in).
-        num_nodes, fedproto, num_classes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        num_nodes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        fedproto: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
+        num_classes: as in :class:`~flwr_sheaf.methods.fedproto.strategy.FedProto`.
         **common: federation, train, graph, action (default ``"fedsaf"``), discovery_timeout
             (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
