@@ -1,9 +1,8 @@
-"""Every method of the app, one unit each, found through one registry (:mod:`.registry`).
+"""Every method of the app, one unit (sub-package) each, found through one registry (:mod:`.registry`).
 
-Built-in units: ``sheaf_frl``, ``noncooperative``, ``fedproto``, ``fedsaf``, ``fedmuscle``,
-``comfed``, ``sheaf_fmtl``, ``rfedags``. Each holds its ``ACTION`` (shared by its strategy and its
-handlers), its strategy, its client plug-in and handlers, and the :class:`~.registry.Method` entry
-it registers. A researcher's own method is the same shape in one file (docs/own-method.md).
+Each unit holds its ``ACTION``, its strategy, its client plug-in and handlers, and the
+:class:`~.registry.Method` it registers. A researcher's own method is the same shape in one file
+(docs/own-method.md).
 """
 
 import importlib as _importlib  # noqa: E402
@@ -22,8 +21,7 @@ from .registry import (
     run_config_warnings,
 )
 
-# every unit of this package registers itself on import (a new unit edits nothing here)
-# every unit (a sub-package); ``_shared`` holds components, not a method
+# every unit registers itself on import; ``_shared`` holds components, not a method
 for _unit in sorted(
     m.name for m in _pkgutil.iter_modules(__path__) if m.ispkg and not m.name.startswith("_")
 ):

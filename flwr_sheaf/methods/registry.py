@@ -1,11 +1,9 @@
-"""The method registry: every ``method`` value of the app is one :class:`Method` entry.
+"""The method registry: every ``method`` value of the app is one :class:`Method` entry (docs/own-method.md).
 
-A method is one unit (a module or a small package under ``flwr_sheaf/methods/``, or a researcher's
-own file): its action constant, its config section, its strategy and its client handlers, tied
-together by the :class:`Method` it passes to :func:`register`. Nothing shared is edited to add one:
-the app finds it here, and a method outside the package registers itself when its module is
-imported (run-config key ``method-module``, :func:`import_method_modules`; or the Python entry
-point group ``flwr_sheaf.methods``).
+A method is one unit (a module or package under ``flwr_sheaf/methods/``, or a researcher's own
+file) that registers its :class:`Method` with :func:`register` on import. Methods outside the
+package are imported through the run-config key ``method-module`` (:func:`import_method_modules`)
+or the entry point group ``flwr_sheaf.methods``.
 """
 
 from __future__ import annotations
@@ -78,23 +76,20 @@ class Method:
 
     Attributes:
         name: the run-config value (``method = "<name>"``).
-        action: the message action both sides use (``train.<action>``, ...); one constant per unit.
-        strategy: ``strategy(config, num_nodes) -> Strategy`` (a strategy with the ``GraphStrategy``
-            results interface: ``history``, ``node_results``, ``edge_results``, ``failures``,
+        action: the message action both sides use (``train.<action>``, ...).
+        strategy: ``strategy(config, num_nodes) -> Strategy`` with the ``GraphStrategy`` results
+            interface (``history``, ``node_results``, ``edge_results``, ``failures``,
             ``results_extra()``, ``checkpointer``).
         handlers: ``handlers(app, factory) -> app`` registering its ClientApp handlers.
-        config: its own config section (a :class:`~flwr_sheaf.config.Section` whose keys it
-            declares), parsed into ``RunConfig.method_section``; None = no keys of its own.
+        config: its own config section (parsed into ``RunConfig.method_section``); None = none.
         num_nodes: ``num_nodes(config) -> N`` agents of the run (None: the CNN zoo's agents).
         task_factory: ``task_factory() -> factory`` of what its handlers compute on (None: the
-            app's CNN-zoo :func:`~flwr_sheaf.apps.scenario.cnn_task_factory`).
-        initial_arrays: ``initial_arrays(config) -> ArrayRecord`` of a method with a global
-            parameter (RFedAGS's ``x_0``); None = no global model.
-        report_keys: run-config keys the summary of its results prints after ``method`` (its
-            swept weights; :func:`flwr_sheaf.report.summary_lines`).
-        report_lines: ``report_lines(results, last) -> lines`` the summary adds after the final
-            round's accuracies (``last``: the last evaluated round of the parsed ``results.json``;
-            None when no round was evaluated, e.g. a global-model run); None = no lines of its own.
+            app's :func:`~flwr_sheaf.apps.scenario.cnn_task_factory`).
+        initial_arrays: ``initial_arrays(config) -> ArrayRecord`` of a global parameter (RFedAGS's
+            ``x_0``); None = no global model.
+        report_keys: run-config keys the results summary prints after ``method`` (its swept weights).
+        report_lines: ``report_lines(results, last) -> lines`` added after the final round's
+            accuracies (``last``: the last evaluated round, None when none was); None = no lines.
     """
 
     name: str
@@ -114,9 +109,7 @@ METHODS: Mapping[str, Method] = MappingProxyType(_METHODS)
 """Read-only view of the registered methods, by name."""
 
 
-#: ``name: (module, file)`` that registered each method (a module's identity is its file: a re-import
-#: of the same file under another package path keeps it, another file with the same last name part
-#: does not).
+#: ``name: (module, file)`` that registered each method (a module's identity is its file).
 _ORIGINS: dict[str, tuple[str, str]] = {}
 
 
@@ -141,14 +134,11 @@ def _same_source(a: str, b: str) -> bool:
 
 
 def register(method: Method) -> Method:
-    """Add ``method`` to the registry; it is keyed by the module (file) that registers it.
-
-    Re-registering a name from the same file replaces its entry (a re-imported module, also under
-    another package path, or a copy of the same file).
+    """Add ``method`` to the registry, keyed by the module (file) that registers it; re-registering a
+    name from the same file (or a copy of it) replaces its entry.
 
     Raises:
-        ValueError: ``method.name`` is already registered by another module (a built-in is never
-            replaced; both modules are named, with the fix: another name), or another registered
+        ValueError: ``method.name`` is already registered by another module (both named), or another
             method already uses ``method.action`` with other handlers.
     """
     origin = _caller_origin()
@@ -221,13 +211,11 @@ def _module_file(name: str) -> str | None:
 
 
 def import_method_modules(spec: str) -> list[str]:
-    """Import the comma-separated modules of ``spec`` (run-config ``method-module``); each registers
-    its methods on import. Returns the module names.
+    """Import the comma-separated modules of ``spec`` (run-config ``method-module``); returns their names.
 
     Raises:
-        ConfigError: a module that cannot be imported (named, with the error); a syntax error in it
-            (its file, line and the offending text named); a module whose import raises (the file
-            and line named, e.g. :func:`register` refusing a name another module registered).
+        ConfigError: a module that cannot be imported, has a syntax error (file, line and text
+            named) or raises on import (file and line named).
     """
     names = [s.strip() for s in str(spec).split(",") if s.strip()]
     for name in names:
@@ -288,23 +276,19 @@ def parse_run_config(run_config: Mapping[str, Any]) -> tuple[RunConfig, Method]:
     method = get_method(name)
     if method.num_nodes is None:
         return RunConfig.from_run_config(run_config, method.config), method
-    # a method with its own problem (RFedAGS): its agent count comes from the parsed config, then
-    # the agent-dependent checks (participation) run against it, not against the CNN zoo
+    # a method with its own problem (RFedAGS): agent-dependent checks run against its agent count
     config = RunConfig.from_run_config(run_config, method.config, agents=0)
     return dataclasses.replace(config, agents=int(method.num_nodes(config))), method
 
 
 class GraphArgs(TypedDict, total=False):
-    """Keyword arguments every method strategy passes on to
-    :class:`~flwr_sheaf.strategy.graph.GraphStrategy` (the ``**common`` of its ``__init__``;
-    :func:`graph_args` reads them from a run config, :func:`strategy_args` completes them).
+    """Keyword arguments every method strategy passes on to :class:`~flwr_sheaf.strategy.graph.GraphStrategy`.
 
     Attributes:
-        federation: graph spec, participation (fraction or Bernoulli), evaluation period, seed
-            (default ``FederationConfig()``).
+        federation: graph spec, participation, evaluation period, seed (default ``FederationConfig()``).
         train: local SGD settings (default: :class:`~flwr_sheaf.config.LocalTrainConfig`'s).
         graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
-        action: message action (default: the method's ``ACTION``; pair it with its handlers).
+        action: message action (default: the method's ``ACTION``).
         discovery_timeout: seconds to wait for SuperNodes.
     """
 
@@ -330,17 +314,15 @@ def strategy_args(
     """``GraphStrategy.__init__``'s keyword arguments for a method strategy.
 
     Args:
-        action: the method's ``ACTION`` (the default of ``common["action"]``; names the strategy in errors).
-        common: the strategy's ``**common`` (:class:`GraphArgs`); ``federation`` defaults to
-            ``FederationConfig()``.
+        action: the method's ``ACTION`` (default of ``common["action"]``; names the strategy in errors).
+        common: the strategy's ``**common`` (:class:`GraphArgs`).
         evaluation: builds the strategy's evaluation component from the federation.
 
     Returns:
         ``common`` completed with ``action``, ``federation`` and ``evaluation``.
 
     Raises:
-        TypeError: a key of ``common`` that :class:`GraphArgs` does not declare (named, with the
-            closest declared one).
+        TypeError: a key :class:`GraphArgs` does not declare (named, with the closest one).
     """
     for key in common:
         if key not in GraphArgs.__annotations__:

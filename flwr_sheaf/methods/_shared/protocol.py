@@ -1,12 +1,8 @@
 """Message vocabulary that several methods share (the core's names are in :mod:`flwr_sheaf.protocol`).
 
-- :data:`UPLOAD`: the record of a train reply holding what a node uploads for aggregation (its
-  local prototypes and counts: FedProto, FedSAF, ComFed; its pilot representations: FedMuscle; its
-  projected parameters: Sheaf-FMTL);
-- :data:`GLOBAL_PROTOTYPES`: the record of a ``train.<action>`` message holding the aggregated class
-  prototypes (:func:`pack_prototypes`; FedProto, FedSAF);
-- :data:`NUM_CLASSES`, :data:`FEATURE_DIM`: config entries of the prototype methods' messages (the
-  class count and the common prototype dimension D).
+:data:`UPLOAD`: record of a train reply holding what a node uploads for aggregation;
+:data:`GLOBAL_PROTOTYPES`: record holding the aggregated class prototypes (FedProto, FedSAF);
+:data:`NUM_CLASSES`, :data:`FEATURE_DIM`: config entries (class count, common dimension D).
 """
 
 from __future__ import annotations
@@ -56,11 +52,8 @@ def pack_prototypes(
 def unpack_prototypes(
     rec: ArrayRecord, where: str
 ) -> tuple[dict[int, np.ndarray], dict[int, int] | None]:
-    """Inverse of :func:`pack_prototypes` (keys are Python ints: class ids never become numpy scalars).
-
-    Only the layout (ranks, lengths, integral unique class ids) and the counts (integers >= 1: they
-    weight the aggregate) are checked here; the other values (NaN, class range) are checked by
-    :func:`flwr_sheaf.methods._shared.prototypes.aggregate_prototypes`.
+    """Inverse of :func:`pack_prototypes` (Python-int keys); checks the layout and counts (>= 1)
+    only: values are checked by :func:`flwr_sheaf.methods._shared.prototypes.aggregate_prototypes`.
 
     Raises:
         ProtocolError: malformed record; the message starts with ``where`` (e.g. ``"partition-id 3"``).

@@ -1,9 +1,8 @@
 """Prototype aggregation as a component (FedProto and FedSAF hold one; notes/baselines-prototypes.md, s3).
 
-:class:`PrototypeAggregator` owns what FedProto's server does with prototypes: the common
-prototype dimension D (``fedproto-dim``), the global prototypes, each upload's validation on its
-own (a bad upload is that node's recorded failure, phase ``prototypes``; its training still
-counts) and the count-weighted or unweighted mean per class of the valid ones.
+:class:`PrototypeAggregator` owns the common prototype dimension D (``fedproto-dim``), the global
+prototypes, each upload's validation on its own (a bad upload is that node's recorded failure,
+phase ``prototypes``; its training still counts) and the mean per class of the valid ones.
 """
 
 from __future__ import annotations
@@ -80,11 +79,7 @@ class PrototypeAggregator:
         self.global_protos: dict[int, torch.Tensor] = {}
 
     def resolve_dim(self, dims: dict[int, int], owner: str) -> int:
-        """Fix D from the discovered ``{partition-id: d_i}`` (``fedproto-dim``).
-
-        Raises:
-            ValueError: ``fedproto-dim = none`` with different stalk dimensions (each d named).
-        """
+        """Fix D from the discovered ``{partition-id: d_i}``; ValueError for ``none`` with different d_i."""
         self.common_dim = common_dimension(self.config.dim, dims, "fedproto-dim")
         log.info(
             "%s: common prototype dimension D = %d (fedproto-dim=%r)",
@@ -116,8 +111,8 @@ class PrototypeAggregator:
         """One node's prototypes and counts, validated on their own.
 
         Raises:
-            ValueError: no upload, a wrong dimension, missing counts under weighted aggregation,
-                NaN/inf or a class outside ``[0, num_classes)`` (partition-id named).
+            ValueError: no upload, a wrong dimension, missing counts under weighted aggregation, NaN/inf
+                or a class outside ``[0, num_classes)`` (partition-id named).
         """
         src = f"partition-id {pid}"
         if UPLOAD not in reply.content:
@@ -130,17 +125,14 @@ class PrototypeAggregator:
                 f"{src}: prototypes have d={sorted(dims)}, expected the common dimension "
                 f"d={self.common_dim}"
             )
-        # Validate this upload alone (NaN, class range, counts present when weighted) so one bad
-        # node cannot sink the round.
+        # validated alone so one bad node cannot sink the round
         aggregate_prototypes(
             [(protos, counts)], weighted=weighted, num_classes=self.num_classes, sources=[src]
         )
         return protos, counts
 
     def accept(self, s: GraphStrategy, server_round: int, ok: dict[int, Message]) -> dict[str, Any]:
-        """Validate each upload on its own, then aggregate the valid ones into the global prototypes
-        (count-weighted or unweighted mean per class, notes/baselines-prototypes.md s3.3); returns round metrics.
-
+        """Aggregate the valid uploads into the global prototypes (s3.3); returns round metrics.
         A malformed upload is that node's recorded failure (phase ``prototypes``) on ``s``.
         """
         uploads, sources, rejected = [], [], []

@@ -3,8 +3,7 @@ prototypes, server aggregation, the prototype regulariser, nearest-prototype inf
 parameter-free pooling adapter to a common feature dimension.
 
 A prototype set is a ``dict[int, Tensor(d)]`` keyed by **Python int** class ids (tensor keys make
-int look-ups miss silently, s3.6: every function converts keys with ``int()`` and rejects
-non-integral ones); counts are ``dict[int, int]``; global prototypes are detached constants.
+int look-ups miss silently, s3.6: keys are converted with ``int()``, non-integral ones rejected).
 """
 
 from __future__ import annotations
@@ -29,9 +28,8 @@ __all__ = [
 LOSS_REDUCTIONS = ("per_sample", "mse")
 
 
-# --- validation helpers
 def _class_id(key: object, where: str) -> int:
-    """Convert a class key (int, numpy integer, 0-dim integer tensor) to a Python int."""
+    """A class key (int, numpy integer, 0-dim integer tensor) as a Python int; ValueError otherwise."""
     if isinstance(key, bool):
         raise ValueError(f"{where}: class id {key!r} is a bool, expected an integer")
     if isinstance(key, torch.Tensor):
@@ -65,7 +63,7 @@ def _check_labels(y: torch.Tensor, batch: int, num_classes: int | None, name: st
 
 
 def _check_latents(z: torch.Tensor, name: str = "z", rows: str = "B") -> None:
-    """ValueError unless ``z`` is a floating 2-D tensor ``(rows, d)`` (shared with FedSAF)."""
+    """ValueError unless ``z`` is a floating 2-D tensor ``(rows, d)``."""
     if not isinstance(z, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(z).__name__}")
     if z.ndim != 2:
@@ -74,20 +72,17 @@ def _check_latents(z: torch.Tensor, name: str = "z", rows: str = "B") -> None:
         raise ValueError(f"{name} must be a floating tensor, got dtype {z.dtype}")
 
 
-def _check_num_classes(num_classes: object) -> int:
-    if (
-        not isinstance(num_classes, numbers.Integral)
-        or isinstance(num_classes, bool)
-        or num_classes < 1
-    ):
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
-    return int(num_classes)
+def _positive_int(v: object, what: str) -> int:
+    """``v`` as an int; ValueError ``"<what> must be a positive int, got ..."`` unless it is one (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{what} must be a positive int, got {v!r}")
+    return int(v)
 
 
 def _normalise_protos(
     protos: Mapping, where: str, num_classes: int | None = None
 ) -> dict[int, torch.Tensor]:
-    """Validate a prototype dict: int-able keys in range, 1-D finite float tensors, one dim."""
+    """Validated prototype dict: int keys in range, 1-D finite float tensors of one dim."""
     if not isinstance(protos, Mapping):
         raise ValueError(
             f"{where}: prototypes must be a dict[int, Tensor], got {type(protos).__name__}"
@@ -134,9 +129,7 @@ def _stack_protos(
 
 
 def _prototype_rows(y: torch.Tensor, classes: list[int]) -> torch.Tensor:
-    """Row of each label's class in ``classes`` (non-empty, ascending: the rows of the stacked
-    prototypes), -1 for a label without a prototype; ``y`` ``(B,)`` int64 non-negative -> ``(B,)``
-    int64 on ``y``'s device (a lookup table on the int values)."""
+    """Row of each label of ``y (B,)`` in the ascending non-empty ``classes``, -1 without a prototype; ``(B,)`` int64."""
     hi = max(max(classes), int(y.max()) if y.numel() else 0)
     lut = torch.full((hi + 1,), -1, dtype=torch.long, device=y.device)
     lut[torch.tensor(classes, dtype=torch.long, device=y.device)] = torch.arange(
@@ -145,26 +138,24 @@ def _prototype_rows(y: torch.Tensor, classes: list[int]) -> torch.Tensor:
     return lut[y]
 
 
-# --- client side
 def class_prototypes(
     z: torch.Tensor, y: torch.Tensor, num_classes: int
 ) -> tuple[dict[int, torch.Tensor], dict[int, int]]:
     """Local prototypes ``P^c = mean_{j : y_j = c} z_j`` of the classes present in ``y`` (FedSAF Eq. (15)).
 
     Args:
-        z: ``(B, d)`` floating latents; gradients flow through the means (``.detach()`` to upload).
+        z: ``(B, d)`` floating latents (gradients flow through the means).
         y: ``(B,)`` integer labels in ``[0, num_classes)``.
-        num_classes: number of classes ``C`` (positive int).
+        num_classes: number of classes ``C``.
 
     Returns:
-        ``(protos, counts)``: ``{c: (d,) tensor}`` (dtype/device of ``z``) and ``{c: samples}``,
-        Python-int keys in ascending order (an empty batch gives two empty dicts).
+        ``(protos, counts)``: ``{c: (d,)}`` (``z``'s dtype/device) and ``{c: samples}``, ascending
+        Python-int keys (two empty dicts for an empty batch).
 
     Raises:
-        ValueError: ``z`` not ``(B, d)`` floating; ``y`` not a 1-D integer tensor of length ``B``;
-            a label outside ``[0, num_classes)``; ``num_classes`` not a positive int.
+        ValueError: bad ``z``, ``y`` or ``num_classes``; a label outside ``[0, num_classes)``.
     """
-    num_classes = _check_num_classes(num_classes)
+    num_classes = _positive_int(num_classes, "num_classes")
     _check_latents(z)
     _check_labels(y, z.shape[0], num_classes)
     protos: dict[int, torch.Tensor] = {}
@@ -185,25 +176,22 @@ def fedproto_loss(
     global_protos: Mapping,
     reduction: str = "per_sample",
 ) -> tuple[torch.Tensor, int]:
-    """FedProto's prototype regulariser ``L_R`` (FedSAF Eq. (2)/(6) with an L2 ``R``; notes/baselines-prototypes.md, s3.1).
-
-    Over the covered samples ``S = {j : y_j has a global prototype}``: ``"per_sample"``
-    ``(1/|S|) sum_{j in S} ||z_j - P_g^{y_j}||^2``; ``"mse"`` (official code, ``nn.MSELoss``)
-    ``(1/(B d)) sum_{j in S} ||z_j - P_g^{y_j}||^2``. The prototypes are detached constants.
+    """FedProto's prototype regulariser ``L_R`` (notes/baselines-prototypes.md, s3.1) over the covered samples
+    ``S = {j : y_j has a global prototype}``: ``"per_sample"`` ``(1/|S|) sum_S ||z_j - P_g^{y_j}||^2``,
+    ``"mse"`` (official code) ``(1/(B d)) sum_S ||z_j - P_g^{y_j}||^2``; prototypes are constants.
 
     Args:
-        z: ``(B, d)`` floating latents (gradients flow into the encoder).
+        z: ``(B, d)`` floating latents.
         y: ``(B,)`` non-negative integer labels.
         global_protos: ``dict[int, Tensor(d)]`` (may be empty or partial).
         reduction: ``"per_sample"`` or ``"mse"``.
 
     Returns:
-        ``(loss, n_covered)``: a 0-dim tensor in ``z``'s dtype (``0 * z.sum()``, attached to the
-        graph, when nothing is covered) and the number of covered samples.
+        ``(loss, n_covered)``: 0-dim tensor (``0 * z.sum()`` when nothing is covered) and the count.
 
     Raises:
-        ValueError: bad shapes/dtypes of ``z`` or ``y``; a negative label; a prototype that is not a
-            finite 1-D float tensor or has a bad key; prototype dim != ``d``; unknown ``reduction``.
+        ValueError: bad ``z`` or ``y``; a negative label; a bad prototype or key; prototype dim != ``d``;
+            unknown ``reduction``.
     """
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
@@ -229,15 +217,14 @@ def fedproto_loss(
 
 
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
-    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4); ties go
-    to the smallest class id (distances without the cancelling ``||a||^2 - 2ab + ||b||^2`` form).
+    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4); ties go to the smallest class.
 
     Args:
         z: ``(B, d)`` floating latents.
         global_protos: non-empty ``dict[int, Tensor(d)]``.
 
     Returns:
-        ``(B,)`` int64 tensor of predicted class ids (on ``z``'s device).
+        ``(B,)`` int64 predicted class ids on ``z``'s device.
 
     Raises:
         ValueError: ``global_protos`` empty; prototype dim != ``d``; bad shapes/keys/NaN.
@@ -258,7 +245,6 @@ def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.
     return ids[dist.argmin(dim=1)]
 
 
-# --- server side
 def aggregate_prototypes(
     uploads: Sequence,
     weighted: bool = True,
@@ -268,33 +254,30 @@ def aggregate_prototypes(
     num_classes: int | None = None,
     sources: Sequence[str] | None = None,
 ) -> dict[int, torch.Tensor]:
-    """Global prototypes from the clients' (notes/baselines-prototypes.md, s3.3): per class ``c`` uploaded
-    by ``N_c``, ``P_g^c = sum_i n_i^c P_i^c / sum_i n_i^c`` (``weighted``; FedProto Eq. (6) as intended,
-    FedSAF Eq. (3)) or ``(1/|N_c|) sum_i P_i^c`` (official code). A class of ``previous`` nobody
-    uploaded is kept (``missing="carry"``) or removed (``"drop"``).
+    """Global prototypes (notes/baselines-prototypes.md, s3.3): per class ``c``,
+    ``sum_i n_i^c P_i^c / sum_i n_i^c`` (``weighted``; FedProto Eq. (6)) or ``(1/|N_c|) sum_i P_i^c``
+    (official code). A class of ``previous`` nobody uploaded is kept (``"carry"``) or removed (``"drop"``).
 
     Args:
-        uploads: ``(protos, counts)`` pairs, one per client: ``dict[int, Tensor(d)]`` and
-            ``dict[int, int]`` with a positive count per class (``None`` allowed when unweighted).
-        weighted: count-weighted (default) or unweighted mean.
+        uploads: ``(protos, counts)`` pairs, one per client (counts may be ``None`` when unweighted).
+        weighted: count-weighted or unweighted mean.
         previous: last round's global prototypes, or None.
         missing: ``"carry"`` or ``"drop"``.
         num_classes: if given, class ids must lie in ``[0, num_classes)``.
         sources: one label per upload for error messages (default ``"upload <index>"``).
 
     Returns:
-        ``dict[int, Tensor(d)]`` in ascending class order: new detached tensors accumulated in
-        float64, returned in the uploads' promoted dtype on the first upload's device.
+        ``dict[int, Tensor(d)]``, ascending: accumulated in float64, returned in the uploads' promoted
+        dtype on the first upload's device.
 
     Raises:
         ValueError: a NaN/inf prototype, a bad class id or count (source named), dimensions that
-            differ between uploads or from ``previous`` (both named), bad ``missing``, ``sources``
-            of the wrong length.
+            differ (both named), bad ``missing``, ``sources`` of the wrong length.
     """
     if missing not in ("carry", "drop"):
         raise ValueError(f"missing must be 'carry' or 'drop', got {missing!r}")
     if num_classes is not None:
-        num_classes = _check_num_classes(num_classes)
+        num_classes = _positive_int(num_classes, "num_classes")
     uploads = list(uploads)
     labels = _source_labels(sources, len(uploads))
     per_class, dim, dim_src = _collect_uploads(uploads, labels, weighted, num_classes)
@@ -315,11 +298,7 @@ def aggregate_prototypes(
 
 
 def _source_labels(sources: Sequence[str] | None, n: int) -> list[str]:
-    """One label per upload for error messages: ``sources`` as strings, or ``"upload <index>"``.
-
-    Raises:
-        ValueError: ``sources`` of another length than the ``n`` uploads.
-    """
+    """One label per upload (``sources`` or ``"upload <index>"``); ValueError on a length mismatch."""
     if sources is None:
         return [f"upload {i}" for i in range(n)]
     labels = [str(s) for s in sources]
@@ -331,12 +310,8 @@ def _source_labels(sources: Sequence[str] | None, n: int) -> list[str]:
 def _collect_uploads(
     uploads: list, sources: list[str], weighted: bool, num_classes: int | None
 ) -> tuple[dict[int, list[tuple[torch.Tensor, float]]], int | None, str]:
-    """Every upload's prototypes checked and grouped by class with their weights (the class count
-    when ``weighted``, else 1), with the common dimension ``d`` and the source that set it.
-
-    Raises:
-        ValueError: an upload that is not a ``(protos, counts)`` pair, bad prototypes or counts
-            (:func:`_upload_counts`, :func:`_weight`), or dimensions differing (both sources named).
+    """Every upload's prototypes checked and grouped by class with their weights, with the common
+    dimension ``d`` and the source that set it (ValueError on a bad upload or a dimension mismatch).
     """
     dim: int | None = None
     dim_src = ""
@@ -359,11 +334,7 @@ def _collect_uploads(
 
 
 def _upload_counts(counts_raw, src: str, weighted: bool) -> dict[int, int]:
-    """An upload's per-class sample counts as ``{int: int}`` (empty when ``None`` and unweighted).
-
-    Raises:
-        ValueError: counts not a mapping, a non-integer key or count, or missing when ``weighted``.
-    """
+    """An upload's counts as ``{int: int}`` (empty when ``None`` and unweighted); ValueError if malformed."""
     if counts_raw is None:
         if weighted:
             raise ValueError(f"{src}: counts are required for weighted aggregation")
@@ -382,11 +353,7 @@ def _upload_counts(counts_raw, src: str, weighted: bool) -> dict[int, int]:
 
 
 def _weight(counts: dict[int, int], c: int, src: str, weighted: bool) -> float:
-    """Class ``c``'s weight in its mean: its positive count ``n_i^c`` (weighted), else 1.
-
-    Raises:
-        ValueError: ``weighted`` and no count, or a count <= 0, for class ``c`` (source named).
-    """
+    """Class ``c``'s weight: its positive count ``n_i^c`` (weighted), else 1; ValueError on a missing or bad count."""
     if not weighted:
         return 1.0
     if c not in counts:
@@ -399,8 +366,7 @@ def _weight(counts: dict[int, int], c: int, src: str, weighted: bool) -> float:
 def _weighted_means(
     per_class: dict[int, list[tuple[torch.Tensor, float]]],
 ) -> dict[int, torch.Tensor]:
-    """Per class, ``sum_i w_i P_i / sum_i w_i`` accumulated in float64 on the device of the first
-    prototype uploaded, returned in the promoted dtype of all uploaded prototypes."""
+    """Per class ``sum_i w_i P_i / sum_i w_i``, in float64 on the first prototype's device, returned in the promoted dtype."""
     items = [p for group in per_class.values() for p, _ in group]
     if not items:
         return {}
@@ -418,37 +384,24 @@ def _weighted_means(
     return out
 
 
-# --- heterogeneous feature dims
 class PoolingAdapter(nn.Module):
-    """Parameter-free adaptive average pooling of a ``d_in`` feature vector to ``d_common`` (HtFLlib's
-    ``nn.AdaptiveAvgPool1d``; notes/baselines-prototypes.md, s3.5).
+    """Parameter-free adaptive average pooling ``(..., d_in) -> (..., d_common)`` (HtFLlib's ``nn.AdaptiveAvgPool1d``; notes/baselines-prototypes.md, s3.5).
 
     Args:
         d_in: input feature dim (positive int).
         d_common: output feature dim (positive int).
 
-    Forward:
-        ``x`` of shape ``(..., d_in)`` floating -> ``(..., d_common)`` same dtype.
-
     Raises:
-        ValueError: non-positive dims at construction; wrong last dim in ``forward``.
+        ValueError: non-positive dims; wrong last dim in ``forward``.
     """
 
     def __init__(self, d_in: int, d_common: int) -> None:
         super().__init__()
-        for name, v in (("d_in", d_in), ("d_common", d_common)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"PoolingAdapter: {name} must be a positive int, got {v!r}")
-        self.d_in = int(d_in)
-        self.d_common = int(d_common)
+        self.d_in = _positive_int(d_in, "PoolingAdapter: d_in")
+        self.d_common = _positive_int(d_common, "PoolingAdapter: d_common")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Pool the last axis: ``(..., d_in)`` floating -> ``(..., d_common)``, same dtype (``x``
-        itself when ``d_in == d_common``).
-
-        Raises:
-            ValueError: the last dimension of ``x`` is not ``d_in``.
-        """
+        """Pool the last axis ``(..., d_in) -> (..., d_common)``, same dtype (``x`` itself when equal); ValueError on a wrong last dim."""
         if x.ndim < 1 or x.shape[-1] != self.d_in:
             raise ValueError(
                 f"PoolingAdapter expected last dim d_in={self.d_in}, got shape {tuple(x.shape)}"
@@ -460,5 +413,5 @@ class PoolingAdapter(nn.Module):
         return F.adaptive_avg_pool1d(flat, self.d_common).reshape(*lead, self.d_common)
 
     def extra_repr(self) -> str:
-        """``nn.Module`` repr details: ``d_in`` and ``d_common``."""
+        """``d_in`` and ``d_common``."""
         return f"d_in={self.d_in}, d_common={self.d_common}"

@@ -2,8 +2,7 @@
 
 ACTION = "comfed"
 
-# its message vocabulary (record and config-entry names; the core's are in flwr_sheaf.protocol,
-# those several methods share in flwr_sheaf.methods._shared.protocol)
+# its message vocabulary (shared names: flwr_sheaf.protocol, flwr_sheaf.methods._shared.protocol)
 #: ComFed: the mean of the neighbours' projected class prototypes (:func:`~flwr_sheaf.methods._shared.protocol.pack_prototypes` layout).
 COMFED_TARGETS = "comfed-targets"
 #: ComFed's evaluation arrays routed to neighbours: the projection ``(r, d_i)`` and raw latents ``(M, d_i)``.
@@ -19,8 +18,7 @@ from .strategy import ComFed  # noqa: E402
 
 
 def report_lines(results: Mapping[str, Any], last: Mapping[str, Any] | None) -> list[str]:
-    """The summary's line of ComFed's own reading: communication accuracy through its learned maps
-    (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`)."""
+    """The summary's line of ComFed's communication accuracy through its learned maps."""
     if last is None or "comfed_communication_accuracy_degree_weighted" not in last:
         return []
     value = last["comfed_communication_accuracy_degree_weighted"]

@@ -1,11 +1,10 @@
 """ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (notes/baselines-alignment.md, s7).
 
 Per ``train.comfed`` message the node restores ``P_i (r, d_i)`` (Xavier-initialised from (seed,
-partition-id) in its first round), trains ``CE + comfed-lambda * mean_m ||P_i vbar_m - t_m||^2``
-against its neighbours' projected class prototypes ``t_m`` (record ``comfed-targets``) with its own
-SGD optimizer for ``P_i``, and uploads its projected class prototypes with counts. Evaluation adds
-ComFed's own communication accuracy ``comfed-communication-accuracy`` (``P_i^+ P_j z_j`` classified by
-the receiver's head) to the post-hoc one.
+partition-id) at first), trains ``CE + comfed-lambda * mean_m ||P_i vbar_m - t_m||^2`` against the
+neighbours' projected class prototypes ``t_m`` (record ``comfed-targets``) with its own SGD for
+``P_i``, and uploads its projected class prototypes with counts. Evaluation adds
+``comfed-communication-accuracy`` (``P_i^+ P_j z_j`` classified by the receiver's head).
 """
 
 from __future__ import annotations
@@ -42,12 +41,15 @@ class Projection(nn.Module):
 
 
 class ComFedLoss(LossPlugin):
-    """``CE + lam * ComFed alignment`` with the projection's own SGD step (module docstring).
+    """``CE + lam * ComFed alignment`` with the projection's own SGD step.
 
     Args:
-        proj: the node's :class:`Projection` (trained here); opt: its optimizer; clip: its gradient clip (0 = off).
+        proj: the node's :class:`Projection` (trained here).
+        opt: its optimizer.
+        clip: its gradient clip (0 = off).
         targets: ``{class: (r,)}`` mean of the neighbours' projected prototypes (may be empty).
-        num_classes: label-space size; lam: weight >= 0.
+        num_classes: label-space size.
+        lam: weight >= 0.
     """
 
     def __init__(
@@ -138,17 +140,13 @@ class ComFedClient(ClientMethod):
         Raises:
             ProtocolError: the node has no projection yet (it never trained).
         """
-        proj = self._stored(context, task)
-        return dict(
-            zip(
-                COMFED_ROUTED,
-                (
-                    to_numpy(proj),
-                    to_numpy(eval_latents(task.model, task.x_test)),
-                    to_numpy(eval_latents(task.model, task.x_val)),
-                ),
-            )
+        m = task.model
+        arrays = (
+            self._stored(context, task),
+            eval_latents(m, task.x_test),
+            eval_latents(m, task.x_val),
         )
+        return {k: to_numpy(a) for k, a in zip(COMFED_ROUTED, arrays)}
 
     def _stored(self, context: Context, task: LocalTask) -> torch.Tensor:
         key = self._key()

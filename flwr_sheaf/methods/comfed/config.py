@@ -1,9 +1,4 @@
-"""ComFed's config section and run-config keys.
-
-Its keys join the app's table (:func:`~flwr_sheaf.config.register_keys`: ``pyproject.toml`` and
-docs/run-config.md list them) and every run parses the section (read as ``config.comfed``,
-:func:`~flwr_sheaf.config.register_section`).
-"""
+"""ComFed's config section ``config.comfed`` and run-config keys (docs/run-config.md)."""
 
 from __future__ import annotations
 

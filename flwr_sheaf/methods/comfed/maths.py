@@ -1,9 +1,6 @@
 """ComFed's maths (Badi et al. 2026; notes/baselines-alignment.md, s7): each agent learns a projection
-``P_i (r, d_i)`` into a shared space, trained with
-``lambda * mean_m ||P_i vbar_{i,m} - mean_{j in N(i)} P_j vbar_{j,m}||^2`` (class means ``vbar``, the
-neighbours' side constant); a message from j to i is decoded on raw latents as
-``zhat_i = P_i^+ P_j z_j`` (Moore-Penrose pseudo-inverse: least squares, minimum norm when r < d_i).
-No Flower imports.
+``P_i (r, d_i)`` into a shared space, trained with ``lambda * mean_m ||P_i vbar_{i,m} - mean_{j in N(i)}
+P_j vbar_{j,m}||^2`` (class means ``vbar``); a message from j to i is decoded as ``zhat_i = P_i^+ P_j z_j``.
 """
 
 from __future__ import annotations
@@ -24,11 +21,8 @@ def comfed_alignment_loss(
         projected: ``{class: (r,)}`` the agent's projected class means (differentiable).
         targets: ``{class: (r,)}`` the mean of the neighbours' projected class means (constants).
 
-    Returns:
-        scalar tensor (sum over the r coordinates, mean over classes).
-
     Raises:
-        ValueError: a target of a different dimension than the projections, or NaN/inf targets.
+        ValueError: a target of another shape than the projections, or NaN/inf targets.
     """
     common = sorted(set(projected) & set(targets))
     if not common:
@@ -47,14 +41,7 @@ def comfed_alignment_loss(
 
 
 def comfed_message(z_j: torch.Tensor, p_j: torch.Tensor, p_i: torch.Tensor) -> torch.Tensor:
-    """Decode j's raw latents in i's latent space: rows of ``P_i^+ P_j z_j`` (module docstring).
-
-    Args:
-        z_j: ``(M, d_j)`` raw latents of the sender.
-        p_j: ``(r, d_j)`` sender's projection; p_i: ``(r, d_i)`` receiver's projection.
-
-    Returns:
-        ``(M, d_i)`` in ``z_j``'s dtype (the pseudo-inverse is computed in float64).
+    """Decode j's raw latents ``(M, d_j)`` in i's latent space: ``P_i^+ P_j z_j`` ``(M, d_i)``, ``z_j``'s dtype (pinv in float64).
 
     Raises:
         ValueError: mismatched shapes (the r of both projections, or d_j).

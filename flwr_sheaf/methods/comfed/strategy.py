@@ -1,10 +1,8 @@
 """ComFed strategy: relays the neighbours' projected class prototypes (notes/baselines-alignment.md, s7).
 
 Discovery resolves the shared dimension r (``comfed-dim``); each sampled node gets, per class, the
-mean of its neighbours' latest projected prototypes (``comfed-targets``). Uploads (projected
-prototypes ``(n, r)`` with counts) are validated on their own; a bad one is that node's recorded
-failure. Evaluation: the post-hoc communication accuracy and ComFed's own with the learned maps
-(``comfed_communication_accuracy`` per edge, ``..._degree_weighted`` per round).
+mean of its neighbours' latest projected prototypes. A bad upload is that node's recorded failure.
+Evaluation: the post-hoc communication accuracy and ComFed's own with the learned maps.
 """
 
 from __future__ import annotations

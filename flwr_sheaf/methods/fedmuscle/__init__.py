@@ -2,8 +2,7 @@
 
 ACTION = "fedmuscle"
 
-# its message vocabulary (record and config-entry names; the core's are in flwr_sheaf.protocol,
-# those several methods share in flwr_sheaf.methods._shared.protocol)
+# its message vocabulary (shared names: flwr_sheaf.protocol, flwr_sheaf.methods._shared.protocol)
 #: FedMuscle: the network averages a node pulls its pilot representations toward (keys below).
 MUSCLE_TARGETS = "muscle-targets"
 #: a node's pooled pilot representations ``(K, D)`` (in its ``upload``) and the targets ``(K, D)`` it

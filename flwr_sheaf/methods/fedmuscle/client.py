@@ -1,9 +1,8 @@
 """FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (notes/baselines-alignment.md, s6).
 
-A local epoch is contrastive when :func:`flwr_sheaf.methods.fedmuscle.maths.is_contrastive_epoch`
-says so and the message carries targets (record ``muscle-targets``: ``others (K, D)`` and ``all (K,
-D)``); row k of the node's pooled pilot representations is paired with row k of the targets. After
-training the node uploads its pooled eval-mode pilot representations ``(K, D)`` (key ``pilot-reps``).
+A local epoch is contrastive when :func:`~flwr_sheaf.methods.fedmuscle.maths.is_contrastive_epoch`
+says so and the message carries targets (``others (K, D)``, ``all (K, D)``, rows paired with the
+pilots). After training the node uploads its pooled eval-mode pilot representations ``(K, D)``.
 """
 
 from __future__ import annotations
@@ -47,7 +46,8 @@ class FedMuscleLoss(LossPlugin):
         x_pilot: the node's pilot inputs ``(K, ...)`` (same rows, same order on every node).
         targets: ``(others (K, D), all (K, D))`` float32, or None (no contrastive term this round).
         contrastive: the local epochs (0-based, of this round) that add the contrastive term.
-        lam, temperature: loss weight and tau; pilot_batch_size: pilot rows per step.
+        lam, temperature: loss weight and tau.
+        pilot_batch_size: pilot rows per step.
     """
 
     def __init__(
@@ -94,7 +94,7 @@ class FedMuscleClient(ClientMethod):
     """FedMuscle's hooks: contrastive plug-in in, pooled pilot representations out."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """:class:`FedMuscleLoss` from :class:`~flwr_sheaf.methods.fedmuscle.config.FedMuscleConfig`, ``feature-dim`` and the targets.
+        """:class:`FedMuscleLoss` from the message's config, ``feature-dim`` and the targets.
 
         Raises:
             ConfigError / ProtocolError: a missing key, or targets whose shape is not ``(K, D)`` (named).

@@ -1,10 +1,9 @@
 """FedMuscle's contrastive alignment on shared pilots (Setayesh et al. 2026; notes/baselines-alignment.md, s6).
 
-Cycles of ``task_epochs`` task-only epochs and one epoch of ``task + lambda L_muscle``, with
+Cycles of ``task_epochs`` task-only epochs and one epoch of ``task + lambda L_muscle``,
 ``L_muscle = mean_i softplus((neg_i - pos_i)/tau)``: the positive of pilot i is pilot i on the other
-agents (``pos_i = cos(z_{k,i}, mean_{j != k} z_{j,i})``; not the reference code's private batch,
-docs/deviations.md), the negative the mean cosine to the other pilots' network averages. Widths are
-pooled to a common D first. No Flower imports.
+agents (not the reference code's private batch, docs/deviations.md), the negative the mean cosine
+to the other pilots' network averages. Widths are pooled to a common D first.
 """
 
 from __future__ import annotations
@@ -22,19 +21,19 @@ __all__ = ["muscle_loss", "leave_one_out_means", "is_contrastive_epoch"]
 def muscle_loss(
     z: torch.Tensor, others_mean: torch.Tensor, all_mean: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """FedMuscle's contrastive loss of one agent on a pilot minibatch (module docstring).
+    """FedMuscle's contrastive loss of one agent on a pilot minibatch.
 
     Args:
-        z: the agent's pooled pilot representations ``(B, D)`` (differentiable), rows = pilots.
+        z: the agent's pooled pilot representations ``(B, D)`` (differentiable).
         others_mean: ``(B, D)`` mean over the *other* agents of the same pilots (constants).
-        all_mean: ``(B, D)`` mean over all agents of the same pilots (constants; the negatives).
+        all_mean: ``(B, D)`` mean over all agents of the same pilots (the negatives).
         temperature: tau > 0.
 
     Returns:
-        Scalar tensor ``mean_i softplus((neg_i - pos_i) / tau)``, same dtype as ``z``.
+        Scalar ``mean_i softplus((neg_i - pos_i) / tau)`` in ``z``'s dtype.
 
     Raises:
-        ValueError: fewer than 2 rows (no negative exists), mismatched shapes, NaN/inf, tau <= 0.
+        ValueError: fewer than 2 rows, mismatched shapes, NaN/inf, tau <= 0.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
@@ -56,16 +55,16 @@ def muscle_loss(
 def leave_one_out_means(
     reps: Mapping[int, torch.Tensor],
 ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-    """Server side: per agent the mean of the *other* agents' pilot representations, and the mean of all.
+    """Per agent the mean of the *other* agents' pilot representations, and the mean of all.
 
     Args:
-        reps: ``{partition-id: (K, D)}`` pooled pilot representations (at least two agents, same shape).
+        reps: ``{partition-id: (K, D)}`` (at least two agents, same shape).
 
     Returns:
         ``({k: mean_{j != k} reps[j]}, mean_j reps[j])``, each ``(K, D)`` float32.
 
     Raises:
-        ValueError: fewer than two agents, mismatched shapes or NaN/inf (the partition-id is named).
+        ValueError: fewer than two agents, mismatched shapes or NaN/inf (the partition-id named).
     """
     if len(reps) < 2:
         raise ValueError(
@@ -82,13 +81,8 @@ def leave_one_out_means(
 
 
 def is_contrastive_epoch(epoch: int, task_epochs: int) -> bool:
-    """Whether global local-epoch ``epoch`` (0-based, counted over all rounds) is a contrastive one.
-
-    Cycles of ``task_epochs`` task-only epochs then one task + contrastive epoch: epochs
-    ``task_epochs, 2 task_epochs + 1, ...`` (0-based) are contrastive.
-
-    Raises:
-        ValueError: a negative epoch or ``task_epochs``.
+    """Whether global local-epoch ``epoch`` (0-based, over all rounds) is contrastive:
+    ``task_epochs, 2 task_epochs + 1, ...``; ValueError for negative arguments.
     """
     if epoch < 0 or task_epochs < 0:
         raise ValueError(f"epoch and task_epochs must be >= 0, got {epoch}, {task_epochs}")

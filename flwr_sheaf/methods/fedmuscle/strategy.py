@@ -2,9 +2,8 @@
 
 Discovery fixes the common dimension D (``fedmuscle-dim``); in rounds with a contrastive epoch, once
 two agents have uploaded, each sampled node gets ``others (K, D)`` (leave-one-out mean over all
-agents: FedMuscle is centralised) and ``all (K, D)``
-(:func:`flwr_sheaf.methods.fedmuscle.maths.leave_one_out_means`). A bad upload ``pilot-reps (K, D)``
-is that node's recorded failure (its previous representations stay). Evaluation: post hoc.
+agents: FedMuscle is centralised) and ``all (K, D)``. A bad upload is that node's recorded failure
+(its previous representations stay). Evaluation: post hoc.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """FedProto on the client (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3): prototype loss plug-in and handlers.
 
-A node trains ``CE(h_i(f_i(x)), y) + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)``
-(:func:`flwr_sheaf.methods._shared.prototypes.fedproto_loss`) with the global prototypes of the
-message (none before the first aggregation), ``pool`` the
-:class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter` to the server's common dimension D
-(``feature-dim``); it uploads the per-class means and counts of its pooled eval-mode training latents
-and reports nearest-global-prototype accuracy (``prototype-accuracy``).
+A node trains ``CE + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)`` with the message's global
+prototypes, ``pool`` the :class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter` to the
+common dimension D (``feature-dim``); it uploads the per-class means and counts of its pooled
+eval-mode training latents and reports ``prototype-accuracy`` (nearest global prototype).
 """
 
 from __future__ import annotations
@@ -54,28 +52,19 @@ def received_prototypes(msg: Message) -> dict[int, torch.Tensor]:
     if GLOBAL_PROTOTYPES not in msg.content:
         return {}
     protos, _ = unpack_prototypes(array_record(msg.content, GLOBAL_PROTOTYPES), "global prototypes")
-    # CPU; the losses cast to the latents' device
-    return {c: from_numpy(p) for c, p in protos.items()}
+    return {c: from_numpy(p) for c, p in protos.items()}  # CPU: the losses cast to z's device
 
 
 def latent_and_logits(model: StalkModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw latents ``(B, d)`` and private logits ``(B, C)`` of one forward pass.
-
-    Uses ``model.head.mlp`` on the latents when the model has it (the CNN zoo: ``private_logits =
-    head.mlp(latent)``), so both come from the same dropout mask; otherwise calls
-    ``model.private_logits(x)`` separately.
-    """
+    """Raw latents ``(B, d)`` and private logits ``(B, C)``: one forward pass (same dropout mask)
+    when the model has ``head.mlp`` (the CNN zoo), else ``model.private_logits(x)`` separately."""
     z = model.latent(x)
     mlp = getattr(getattr(model, "head", None), "mlp", None)
     return z, (mlp(z) if mlp is not None else model.private_logits(x))
 
 
 def feature_pool(model: StalkModel, cfg: Mapping, where: str) -> PoolingAdapter:
-    """Pooling adapter ``(B, d_i) -> (B, D)`` from ``model.d`` to the message's ``feature-dim`` D (notes/baselines-prototypes.md, s3.5).
-
-    Raises:
-        ProtocolError: the config lacks ``feature-dim`` (``where`` names the message type).
-    """
+    """Pooling adapter from ``model.d`` to the message's ``feature-dim`` D; ProtocolError without it."""
     return PoolingAdapter(int(model.d), int(required(cfg, FEATURE_DIM, where)))
 
 
@@ -85,7 +74,8 @@ class FedProtoLoss(LossPlugin):
     Args:
         pool: adapter ``(B, d_i) -> (B, D)``.
         protos: global prototypes ``{class: (D,)}`` (may be empty: then ``L_R = 0``).
-        lam: weight >= 0; reduction: ``"mse"`` or ``"per_sample"``.
+        lam: weight >= 0.
+        reduction: ``"mse"`` or ``"per_sample"``.
     """
 
     def __init__(
@@ -110,8 +100,7 @@ class FedProtoClient(ClientMethod):
     """FedProto's hooks: prototype plug-in, local-prototype upload, nearest-prototype accuracy."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """:class:`FedProtoLoss` from the message's :class:`~flwr_sheaf.methods.fedproto.config.FedProtoConfig`, ``feature-dim``
-        and global prototypes (FedProto's local objective, notes/baselines-prototypes.md s3.1).
+        """:class:`FedProtoLoss` from the message's config, ``feature-dim`` and global prototypes.
 
         Raises:
             ConfigError / ProtocolError: a key missing from the config, malformed prototypes (named).

@@ -1,9 +1,4 @@
-"""FedProto's config section and run-config keys (read by FedProto and FedSAF).
-
-Its keys join the app's table (:func:`~flwr_sheaf.config.register_keys`: ``pyproject.toml`` and
-docs/run-config.md list them) and every run parses the section (read as ``config.fedproto``,
-:func:`~flwr_sheaf.config.register_section`).
-"""
+"""FedProto's config section ``config.fedproto`` and run-config keys (read by FedProto and FedSAF) (docs/run-config.md)."""
 
 from __future__ import annotations
 

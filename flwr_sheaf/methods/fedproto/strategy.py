@@ -10,7 +10,7 @@ post-hoc protocol plus each node's nearest-global-prototype accuracy (``prototyp
 
 from __future__ import annotations
 
-from typing import Unpack
+from typing import Any, Unpack
 
 from flwr.app import Message
 
@@ -23,7 +23,7 @@ from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedProtoConfig
 
-__all__ = ["FedProto", "prototype_evaluation"]
+__all__ = ["FedProto", "PROTOTYPE_HOOKS", "prototype_evaluation"]
 
 
 def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
@@ -31,6 +31,37 @@ def prototype_evaluation(federation: FederationConfig) -> GraphEvaluation:
     return GraphEvaluation.posthoc(
         federation, node_metric_names=("prototype-accuracy", "val-prototype-accuracy")
     )
+
+
+def _on_discovered(s: Any) -> None:
+    """Validate the graph, then resolve the common prototype dimension D (notes/baselines-prototypes.md, s3.5).
+
+    Raises:
+        ValueError: ``fedproto-dim = none`` and the nodes report different stalk dimensions.
+    """
+    GraphStrategy.on_discovered(s)
+    s.prototypes.resolve_dim({p: n.d for p, n in s.nodes.items()}, type(s).__name__)
+
+
+def _node_payload(s: Any, server_round: int, pid: int) -> tuple[dict, dict]:
+    """The current global prototypes (none before the first aggregation)."""
+    return s.prototypes.record(), {}
+
+
+def _evaluate_payload(s: Any, server_round: int) -> tuple[dict, dict]:
+    """Global prototypes and the dimension, for the nearest-prototype accuracy."""
+    return s.prototypes.record(), s.prototypes.shared()
+
+
+def _accept_train(
+    s: Any, server_round: int, ok: dict[int, Message]
+) -> tuple[dict[int, Message], dict]:
+    """:meth:`PrototypeAggregator.accept`; the node's training still counts when its upload is refused."""
+    return ok, s.prototypes.accept(s, server_round, ok)
+
+
+#: FedProto's server hooks on a strategy holding a :class:`PrototypeAggregator` ``prototypes`` (FedSAF too)
+PROTOTYPE_HOOKS = (_on_discovered, _node_payload, _evaluate_payload, _accept_train)
 
 
 class FedProto(GraphStrategy):
@@ -65,32 +96,11 @@ class FedProto(GraphStrategy):
         super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
 
-    def on_discovered(self) -> None:
-        """Validate the graph, then resolve the common prototype dimension D (notes/baselines-prototypes.md, s3.5).
-
-        Raises:
-            ValueError: ``fedproto-dim = none`` and the nodes report different stalk dimensions.
-        """
-        super().on_discovered()
-        self.prototypes.resolve_dim({p: n.d for p, n in self.nodes.items()}, type(self).__name__)
+    on_discovered, node_payload, evaluate_payload, accept_train = PROTOTYPE_HOOKS
 
     def method_config(self, server_round: int) -> dict:
         """FedProto's section plus the resolved dimension and the label-space size."""
         return self.prototypes.method_config()
-
-    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """The current global prototypes (none before the first aggregation)."""
-        return self.prototypes.record(), {}
-
-    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
-        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
-        return self.prototypes.record(), self.prototypes.shared()
-
-    def accept_train(
-        self, server_round: int, ok: dict[int, Message]
-    ) -> tuple[dict[int, Message], dict]:
-        """:meth:`PrototypeAggregator.accept`; the node's training still counts when its upload is refused."""
-        return ok, self.prototypes.accept(self, server_round, ok)
 
     def results_extra(self) -> dict:
         """Prototype settings, the resolved dimension and the final global prototypes' classes."""

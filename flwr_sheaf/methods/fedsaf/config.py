@@ -1,9 +1,4 @@
-"""FedSAF's config section and run-config keys (with FedProto's, :mod:`flwr_sheaf.methods.fedproto.config`).
-
-Its keys join the app's table (:func:`~flwr_sheaf.config.register_keys`: ``pyproject.toml`` and
-docs/run-config.md list them) and every run parses the section (read as ``config.fedsaf``,
-:func:`~flwr_sheaf.config.register_section`).
-"""
+"""FedSAF's config section ``config.fedsaf`` and run-config keys (docs/run-config.md)."""
 
 from __future__ import annotations
 

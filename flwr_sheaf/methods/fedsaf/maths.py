@@ -1,8 +1,7 @@
-"""FedSAF mathematics in torch (Wu et al., arXiv 2605.05959; equations of that paper, summarised in
-notes/baselines-prototypes.md, s4): the structure losses GCSA (Eq. (13)) and RCSA (Eq. (14)), the
-coordinate ablations (Eq. (6)) and Prop. 1's decomposition, and the two-level local objective
-(Eqs. (15)-(19)). Structure losses need ``n >= MIN_ROWS = 3`` rows (identically 0 at 2, undefined at
-1; s4.5); only classes with a global prototype enter the terms (s4.4); norms are clamped at ``eps``.
+"""FedSAF mathematics in torch (Wu et al., arXiv 2605.05959; notes/baselines-prototypes.md, s4): GCSA
+(Eq. (13)), RCSA (Eq. (14)), the coordinate ablations (Eq. (6)), Prop. 1's decomposition and the
+two-level local objective (Eqs. (15)-(19)). Structure losses need ``n >= MIN_ROWS = 3`` rows; only
+classes with a global prototype enter the terms (s4.4); norms are clamped at ``eps``.
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ STRUCTURES = ("gcsa", "rcsa", "mse", "cosine")
 _EPS = 1e-12
 
 
-# --- helpers
 def _check_pair(
     p: torch.Tensor,
     q: torch.Tensor,
@@ -59,9 +57,9 @@ def _check_pair(
     need_rows: int,
     names: tuple[str, str] = ("P", "Q"),
 ) -> None:
-    """ValueError unless ``p (n, d1)`` and ``q (n, d2)`` are floating, row-paired (same ``n``),
-    have ``n >= need_rows`` and, if ``same_dim``, ``d1 == d2``. Messages start with ``fn`` and call
-    the matrices ``names``."""
+    """ValueError unless ``p (n, d1)``, ``q (n, d2)`` are floating, row-paired, ``n >= need_rows`` and
+    (``same_dim``) ``d1 == d2``; messages start with ``fn`` and name the matrices ``names``.
+    """
     a, b = names
     _check_latents(p, f"{fn}: {a}", rows="n")
     _check_latents(q, f"{fn}: {b}", rows="n")
@@ -112,28 +110,21 @@ def _structure_cosine_loss(
     structure: Callable[[torch.Tensor, float], torch.Tensor],
     fn: str,
 ) -> torch.Tensor:
-    """``1 - cos(S(P), S(Q))`` for a structure operator ``S`` (GCSA: centred Gram, RCSA: RDM vector).
-
-    Checks the pair (same rows, at least :data:`MIN_ROWS`), promotes both to a common dtype and
-    applies :func:`_cosine_loss`; ``fn`` names the public loss in error messages.
-    """
+    """``1 - cos(S(P), S(Q))`` for a structure operator ``S``, after the pair checks and dtype promotion."""
     _check_pair(p, q, fn, same_dim=False, need_rows=MIN_ROWS)
     p, q = _promote(p, q)
     return _cosine_loss(structure(p, eps), structure(q, eps), eps)
 
 
-# --- structure operators and structure losses
 def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Centred Gram matrix ``K_P = P_c P_c^T`` of FedSAF Eq. (13), ``P_c = P - 1 p_bar``, divided by
-    ``max(||P_c||_F^2, eps^2)`` (the cosine is scale-invariant; entries stay O(1) in float32).
+    """Centred Gram ``P_c P_c^T / max(||P_c||_F^2, eps^2)``, ``P_c = P - 1 p_bar`` (FedSAF Eq. (13)).
 
     Args:
-        p: ``(n, d)`` floating matrix (rows = prototypes or instance features).
-        eps: clamp for the norm of ``P_c`` (positive float).
+        p: ``(n, d)`` floating matrix.
+        eps: norm clamp (positive float).
 
     Returns:
-        ``(n, n)`` symmetric PSD matrix in ``p``'s dtype: ``K_P / ||P_c||_F^2`` (zero matrix when
-        all rows coincide).
+        ``(n, n)`` symmetric PSD matrix in ``p``'s dtype (zero when all rows coincide).
 
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
@@ -146,16 +137,14 @@ def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
 
 
 def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Upper triangle ``RDM[i, j] = ||P~_i - P~_j||_2^2``, ``i < j``, of the row-normalised
-    ``P~_i = P_i / max(||P_i||, eps)`` (FedSAF Eq. (14)), clamped at 0 against rounding.
+    """Upper triangle ``||P~_i - P~_j||_2^2`` (``i < j``) of the row-normalised ``P~`` (FedSAF Eq. (14)).
 
     Args:
         p: ``(n, d)`` floating matrix.
         eps: clamp for the row norms.
 
     Returns:
-        ``(n (n - 1) / 2,)`` non-negative vector in ``p``'s dtype, pairs in ``torch.triu_indices``
-        order (row-major ``i < j``).
+        ``(n (n - 1) / 2,)`` non-negative vector in ``p``'s dtype, ``torch.triu_indices`` order.
 
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
@@ -172,58 +161,57 @@ def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
 
 
 def gcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Gram-Cosine Structural Alignment ``1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)``, FedSAF Eq. (13)
-    (:func:`centered_gram`), in ``[0, 1]``; zero for ``Q = alpha P R + 1 b^T`` (Prop. 2); loss 1 with
-    zero gradient when all rows of ``P`` or ``Q`` are equal.
+    """Gram-Cosine Structural Alignment ``1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)`` (FedSAF Eq. (13)), in ``[0, 1]``.
+
+    Zero for ``Q = alpha P R + 1 b^T`` (Prop. 2); 1 with zero gradient when all rows of ``P`` or ``Q``
+    are equal.
 
     Args:
         p: ``(n, d1)`` floating matrix.
-        q: ``(n, d2)`` floating matrix (``d2`` may differ from ``d1``; same ``n`` rows, paired).
-        eps: norm clamp (positive float).
+        q: ``(n, d2)`` floating matrix, rows paired with ``p``.
+        eps: norm clamp.
 
     Returns:
-        0-dim tensor in the promoted dtype of ``p`` and ``q``, differentiable in both.
+        0-dim tensor in the promoted dtype, differentiable in both.
 
     Raises:
-        ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS`` (= 3); bad ``eps``.
+        ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS``; bad ``eps``.
     """
     return _structure_cosine_loss(p, q, eps, centered_gram, "gcsa_loss")
 
 
 def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """RDM-Cosine Structural Alignment ``1 - cos(v_P, v_Q)``, ``v_P`` = :func:`rdm_vector` of ``P``,
-    FedSAF Eq. (14), in ``[0, 1]``; zero for ``Q = D P R`` (``D`` positive diagonal, Prop. 3), not
-    translation-invariant; loss 1 with zero gradient when all rows of ``P`` are parallel.
+    """RDM-Cosine Structural Alignment ``1 - cos(v_P, v_Q)`` of :func:`rdm_vector` (FedSAF Eq. (14)), in ``[0, 1]``.
+
+    Zero for ``Q = D P R`` (``D`` positive diagonal, Prop. 3); not translation-invariant.
 
     Args:
         p: ``(n, d1)`` floating matrix.
-        q: ``(n, d2)`` floating matrix, same ``n`` (rows paired), any ``d2``.
-        eps: clamp for the row norms and the RDM-vector norms.
+        q: ``(n, d2)`` floating matrix, rows paired with ``p``.
+        eps: norm clamp.
 
     Returns:
-        0-dim tensor in the promoted dtype of ``p`` and ``q``, differentiable in both.
+        0-dim tensor in the promoted dtype, differentiable in both.
 
     Raises:
-        ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS`` (= 3); bad ``eps``.
+        ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS``; bad ``eps``.
     """
     return _structure_cosine_loss(p, q, eps, rdm_vector, "rcsa_loss")
 
 
-# --- coordinate alignment (ablation baselines) and Prop. 1
 def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> torch.Tensor:
-    """Squared-L2 coordinate alignment, FedSAF Eq. (6): ``||P - Q||_F^2 / (n d)`` (``"mse"``,
-    ``torch.nn.MSELoss`` as in the official code) or ``/ n`` (``"per_sample"``).
+    """Squared-L2 coordinate alignment (FedSAF Eq. (6)): ``||P - Q||_F^2 / (n d)`` (``"mse"``) or ``/ n`` (``"per_sample"``).
 
     Args:
-        p: ``(n, d)`` floating matrix (e.g. features).
-        q: ``(n, d)`` floating matrix (e.g. their global prototypes), same shape.
+        p: ``(n, d)`` floating matrix.
+        q: ``(n, d)`` floating matrix.
         reduction: ``"mse"`` or ``"per_sample"``.
 
     Returns:
-        0-dim tensor (promoted dtype), differentiable in both arguments.
+        0-dim tensor (promoted dtype).
 
     Raises:
-        ValueError: shapes differ (message names both dims), ``n < 1``, unknown ``reduction``.
+        ValueError: shapes differ, ``n < 1``, unknown ``reduction``.
     """
     if reduction not in LOSS_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LOSS_REDUCTIONS}, got {reduction!r}")
@@ -234,18 +222,18 @@ def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> t
 
 
 def cosine_alignment(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Cosine coordinate alignment ``(1/n) sum_j (1 - cos(p_j, q_j))``, FedSAF Eq. (6), in ``[0, 2]``
-    (``torch.nn.functional.cosine_similarity`` with norms clamped at ``eps``).
+    """Cosine coordinate alignment ``(1/n) sum_j (1 - cos(p_j, q_j))`` (FedSAF Eq. (6)), in ``[0, 2]``.
 
     Args:
-        p: ``(n, d)`` floating matrix; q: ``(n, d)`` floating matrix, same shape.
-        eps: norm clamp (positive float).
+        p: ``(n, d)`` floating matrix.
+        q: ``(n, d)`` floating matrix.
+        eps: norm clamp.
 
     Returns:
-        0-dim tensor (promoted dtype), differentiable in both arguments.
+        0-dim tensor (promoted dtype).
 
     Raises:
-        ValueError: shapes differ (message names both dims), ``n < 1``, bad ``eps``.
+        ValueError: shapes differ, ``n < 1``, bad ``eps``.
     """
     _check_pair(p, q, "cosine_alignment", same_dim=True, need_rows=1)
     _check_eps(eps)
@@ -265,22 +253,23 @@ class CoordinateDecomposition(NamedTuple):
 def coordinate_decomposition(
     z: torch.Tensor, p: torch.Tensor, normalize: bool = True, eps: float = _EPS
 ) -> CoordinateDecomposition:
-    """FedSAF Prop. 1 (Eqs. (7)-(9)): ``||Z^ - P^||_F^2 = ||Z^ - P^ R*||_F^2 + 2(<Z^, P^ R*> - <Z^, P^>)``
-    with ``R* = U V^T`` from the SVD ``P^^T Z^ = U S V^T``, on the row-normalised ``Z^, P^`` (or the
-    raw matrices with ``normalize=False``). Each term from its own formula; a diagnostic (the SVD's
-    gradients are unreliable at repeated singular values).
+    """FedSAF Prop. 1 (Eqs. (7)-(9)): ``||Z^ - P^||_F^2 = ||Z^ - P^ R*||_F^2 + 2(<Z^, P^ R*> - <Z^, P^>)``.
+
+    ``R* = U V^T`` from ``P^^T Z^ = U S V^T`` on the row-normalised matrices (raw with
+    ``normalize=False``); each term from its own formula. A diagnostic (SVD gradients are unreliable at
+    repeated singular values).
 
     Args:
-        z: ``(n, d)`` floating client representations (rows).
-        p: ``(n, d)`` floating corresponding global prototypes (same shape).
+        z: ``(n, d)`` floating client representations.
+        p: ``(n, d)`` floating corresponding global prototypes.
         normalize: row-normalise first (paper) or not.
-        eps: clamp for row norms when normalising.
+        eps: clamp for row norms.
 
     Returns:
-        :class:`CoordinateDecomposition` (0-dim tensors in the promoted dtype, and ``R*``).
+        :class:`CoordinateDecomposition`.
 
     Raises:
-        ValueError: shapes differ (message names both dims), ``n < 1``, bad ``eps``.
+        ValueError: shapes differ, ``n < 1``, bad ``eps``.
     """
     _check_pair(z, p, "coordinate_decomposition", same_dim=True, need_rows=1)
     _check_eps(eps)
@@ -298,15 +287,7 @@ def coordinate_decomposition(
 
 
 def structure_loss(p: torch.Tensor, q: torch.Tensor, structure: str = "gcsa") -> torch.Tensor:
-    """Dispatch ``D(S(P), S(Q))`` (FedSAF Eq. (12)) by name.
-
-    Args:
-        p: ``(n, d1)`` floating; q: ``(n, d2)`` floating (``d1 == d2`` for ``"mse"``/``"cosine"``).
-        structure: ``"gcsa"`` (Eq. (13)), ``"rcsa"`` (Eq. (14)), ``"mse"`` or ``"cosine"`` (Eq. (6),
-            coordinate ablations; ``"mse"`` uses the ``torch.nn.MSELoss`` reduction).
-
-    Returns:
-        0-dim loss tensor.
+    """``D(S(P), S(Q))`` (FedSAF Eq. (12)) by ``structure``: ``"gcsa"``, ``"rcsa"``, ``"mse"`` or ``"cosine"``.
 
     Raises:
         ValueError: unknown ``structure`` and everything the chosen loss raises.
@@ -322,7 +303,6 @@ def structure_loss(p: torch.Tensor, q: torch.Tensor, structure: str = "gcsa") ->
     raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
 
 
-# --- two-level local objective
 class StructureInputs(NamedTuple):
     """Row-paired matrices for FedSAF's two alignment terms (Eqs. (16)-(18))."""
 
@@ -336,18 +316,19 @@ class StructureInputs(NamedTuple):
 def structure_alignment_inputs(
     z: torch.Tensor, y: torch.Tensor, global_protos: Mapping, num_classes: int
 ) -> StructureInputs:
-    """The prototype-level and instance-level pairs of FedSAF Eqs. (15)-(18): the batch prototypes
-    ``P_i^c`` of the classes ``C_i`` present **and** with a global prototype (s4.4), ascending, beside
-    ``P_g^c``; the ``B'`` covered samples ``z_j`` beside ``z~_j = P_g^{y_j}`` (detached, ``z``'s dtype).
+    """The prototype-level and instance-level pairs of FedSAF Eqs. (15)-(18).
+
+    Batch prototypes ``P_i^c`` of the classes present **and** with a global prototype (s4.4),
+    ascending, beside ``P_g^c``; the ``B'`` covered samples ``z_j`` beside ``P_g^{y_j}`` (detached).
 
     Args:
-        z: ``(B, d)`` floating features of the batch.
+        z: ``(B, d)`` floating features.
         y: ``(B,)`` integer labels in ``[0, num_classes)``.
         global_protos: ``dict[int, Tensor(d_g)]`` (possibly empty).
         num_classes: number of classes ``C``.
 
     Returns:
-        :class:`StructureInputs`; with no covered sample the matrices have 0 rows.
+        :class:`StructureInputs` (0 rows when nothing is covered).
 
     Raises:
         ValueError: bad shapes/dtypes/labels, invalid or non-finite prototypes.
@@ -402,26 +383,28 @@ def fedsaf_objective(
     gamma: float,
     structure: str = "gcsa",
 ) -> FedSAFTerms:
-    """FedSAF client objective ``L_sup + lam L_proto + gamma L_inst`` (Eqs. (17)-(19)), ``D o S`` chosen
-    by ``structure``, pairs from :func:`structure_alignment_inputs`. A term whose inputs are None or
-    have too few rows (``MIN_ROWS`` for GCSA/RCSA, 1 otherwise) is skipped (0 attached to the graph,
-    ``*_applied=False``); a weight-0 term is evaluated but not added; the global side is detached.
+    """FedSAF client objective ``L_sup + lam L_proto + gamma L_inst`` (Eqs. (17)-(19)).
+
+    A term whose inputs are None or have too few rows (``MIN_ROWS`` for GCSA/RCSA, else 1) is skipped
+    (0 attached to the graph, ``*_applied=False``); a weight-0 term is evaluated but not added; the
+    global side is detached.
 
     Args:
-        ce: 0-dim supervised loss ``L_sup`` (client head's cross-entropy).
+        ce: 0-dim supervised loss ``L_sup``.
         P_local_protos: ``(n_i, d)`` batch local prototypes (with gradient) or ``None``.
         Q_global_protos: ``(n_i, d_g)`` global prototypes of the same classes, same row order.
         Z_inst: ``(B', d)`` instance features or ``None``.
         Zglobal_inst: ``(B', d_g)`` their global prototypes.
-        lam: ``lambda >= 0``; gamma: ``gamma >= 0`` (finite floats).
+        lam: finite weight ``>= 0`` of ``L_proto``.
+        gamma: finite weight ``>= 0`` of ``L_inst``.
         structure: one of :data:`STRUCTURES`.
 
     Returns:
-        :class:`FedSAFTerms` (``total`` is what to back-propagate).
+        :class:`FedSAFTerms` (back-propagate ``total``).
 
     Raises:
-        ValueError: ``ce`` not a 0-dim floating tensor; negative/non-finite weights; unknown
-            ``structure``; exactly one matrix of a pair given; mismatched rows / dims.
+        ValueError: ``ce`` not a 0-dim floating tensor; bad weights; unknown ``structure``; exactly one
+            matrix of a pair given; mismatched rows / dims.
     """
     if not isinstance(ce, torch.Tensor) or ce.ndim != 0 or not ce.is_floating_point():
         raise ValueError("ce must be a 0-dim floating tensor (the supervised loss)")

@@ -1,23 +1,19 @@
 """FedSAF strategy: structural alignment on FedProto's global prototypes (notes/baselines-prototypes.md).
 
-The server side is FedProto's (prototype exchange, validation, aggregation, evaluation), held as
-the same components (:class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`); only the
-nodes' objective differs, chosen by ``fedsaf.structure``: ``gcsa`` / ``rcsa`` (FedSAF), or the
-coordinate ablations ``mse`` / ``cosine``; weights ``fedsaf.lam`` (prototype level) and
-``fedsaf.gamma`` (instance level). Pair with :func:`flwr_sheaf.methods.fedsaf.client.register_fedsaf_handlers`.
+The server side is FedProto's; only the nodes' objective differs (``fedsaf.structure``: ``gcsa`` /
+``rcsa``, or the coordinate ablations ``mse`` / ``cosine``). Pair with
+:func:`flwr_sheaf.methods.fedsaf.client.register_fedsaf_handlers`.
 """
 
 from __future__ import annotations
 
 from typing import Unpack
 
-from flwr.app import Message
-
 from ...paper import NUM_CLASSES as PAPER_NUM_CLASSES
 from ...strategy.graph import GraphStrategy
 from .._shared.prototype_aggregation import PrototypeAggregator
 from ..fedproto.config import FedProtoConfig
-from ..fedproto.strategy import prototype_evaluation
+from ..fedproto.strategy import PROTOTYPE_HOOKS, prototype_evaluation
 from ..registry import GraphArgs, strategy_args
 from . import ACTION
 from .config import FedSAFConfig
@@ -26,8 +22,7 @@ __all__ = ["FedSAF"]
 
 
 class FedSAF(GraphStrategy):
-    """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol (a held
-    :class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`, :attr:`prototypes`).
+    """FedSAF (``L_sup + lam L_proto + gamma L_inst``) over FedProto's protocol.
 
     Args:
         fedsaf: weights and structure; ``structure`` must be set (``gcsa``, ``rcsa``, ``mse`` or
@@ -59,28 +54,11 @@ class FedSAF(GraphStrategy):
         self.prototypes = PrototypeAggregator(fedproto or FedProtoConfig(), num_classes)
         self.fedsaf = fedsaf
 
-    def on_discovered(self) -> None:
-        """Validate the graph, then resolve the common prototype dimension D."""
-        super().on_discovered()
-        self.prototypes.resolve_dim({p: n.d for p, n in self.nodes.items()}, type(self).__name__)
+    on_discovered, node_payload, evaluate_payload, accept_train = PROTOTYPE_HOOKS
 
     def method_config(self, server_round: int) -> dict:
         """FedProto's entries plus :class:`FedSAFConfig`."""
         return {**self.prototypes.method_config(), **self.fedsaf.to_dict()}
-
-    def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """The current global prototypes (none before the first aggregation)."""
-        return self.prototypes.record(), {}
-
-    def evaluate_payload(self, server_round: int) -> tuple[dict, dict]:
-        """Global prototypes and the dimension, for the nearest-prototype accuracy."""
-        return self.prototypes.record(), self.prototypes.shared()
-
-    def accept_train(
-        self, server_round: int, ok: dict[int, Message]
-    ) -> tuple[dict[int, Message], dict]:
-        """:meth:`PrototypeAggregator.accept`; the node's training still counts when its upload is refused."""
-        return ok, self.prototypes.accept(self, server_round, ok)
 
     def results_extra(self) -> dict:
         """Prototype settings, the structure and weights."""

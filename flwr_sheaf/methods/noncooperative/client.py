@@ -1,9 +1,4 @@
-"""Non-cooperative agents on the client: cross-entropy only, no traffic during training.
-
-The paper's lower bound: communication accuracy comes from the shared evaluation with post-hoc
-alignment (whitening fitted on the private training latents, Procrustes on the final pilots), as
-:class:`flwr_sheaf.methods.noncooperative.strategy.NonCooperative` requests (notes/baselines.md).
-"""
+"""Non-cooperative agents on the client: cross-entropy only, no traffic during training (notes/baselines.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Non-cooperative strategy with post-hoc alignment: the paper's lower bound (notes/baselines.md).
 
-Nodes train on cross-entropy only; nothing but the config travels during training. Evaluation is
-:class:`~flwr_sheaf.strategy.graph.GraphStrategy`'s with ``whitening-fit = "train"``: each node
-fits its whitening on its private training latents, every edge gets a Procrustes map on the shared
-pilots, and communication accuracy follows the same transport as Sheaf-FRL.
+Nodes train on cross-entropy only. Evaluation is :class:`~flwr_sheaf.strategy.graph.GraphStrategy`'s
+with ``whitening-fit = "train"`` and a Procrustes map per edge on the shared pilots.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """RFedAGS and its baselines (RFedAvg, RFedSVRG, RFedProj) as methods of the app (notes/baselines-rfedags.md, s5).
 
-``method = rfedags | rfedavg | rfedsvrg | rfedproj`` on a planted problem picked by
-``rfedags-problem`` (``pca``: planted PCA on the Stiefel manifold, ``spd``: SPD Fréchet mean,
-``poincare``: Poincaré-ball Fréchet mean). Participation: the run-config ``participation`` spec, or
-(empty) the planted problem's own heterogeneous probabilities. Each round records the problem's
-optimality ``gap`` and ``distance_to_optimum`` in ``results.json``. The numpy loop
-``run_federated`` of ``tests/oracles/rfedags_runner.py`` is kept as the test oracle of these strategies.
+``method = rfedags | rfedavg | rfedsvrg | rfedproj`` on the planted problem ``rfedags-problem``
+(``pca``: Stiefel, ``spd``: SPD Fréchet mean, ``poincare``: Poincaré-ball Fréchet mean).
+Participation: the run-config ``participation`` spec, or (empty) the problem's own probabilities.
+Each round records the problem's ``gap`` and ``distance_to_optimum`` in ``results.json``.
 """
 
 from __future__ import annotations
@@ -105,9 +103,9 @@ def _problem(c: RunConfig) -> tuple[Any, np.ndarray]:
 
 
 def planted_metrics(problem: Any, x: np.ndarray) -> dict[str, float]:
-    """``{"gap": F(x) - F(x*), "distance_to_optimum": dist(x, x*)}`` of a planted problem at the new
-    server point ``x`` (the strategies' ``round_metrics`` as a picklable ``functools.partial`` of
-    ``problem``: server checkpoints hold the strategy)."""
+    """``{"gap": F(x) - F(x*), "distance_to_optimum": dist(x, x*)}`` at the new server point ``x``
+    (a picklable ``functools.partial`` of ``problem``: server checkpoints hold the strategy).
+    """
     dist = (
         problem.distance_to_optimum(x)
         if hasattr(problem, "distance_to_optimum")
@@ -117,12 +115,11 @@ def planted_metrics(problem: Any, x: np.ndarray) -> dict[str, float]:
 
 
 def check_minibatch(cfg: RFedAGSConfig, problem: Any) -> None:
-    """Refuse ``rfedags-minibatch-size`` that the planted problem cannot serve, before any message
-    (each node would otherwise fail every round).
+    """Refuse an ``rfedags-minibatch-size`` the planted problem cannot serve, before any message.
 
     Raises:
         ConfigError: a mini-batch on a problem without per-client samples (``pca``), or larger than
-            the clients' sample count ``S`` (key, value, problem and the valid range named).
+            the clients' sample count ``S``.
     """
     b = cfg.minibatch_size
     if b == 0:
@@ -165,7 +162,7 @@ def _build(method: str) -> Callable[[RunConfig, int], RFedAGS | RFedBaseline]:
 
 
 def initial_arrays(c: RunConfig) -> ArrayRecord:
-    """The initial point ``x_0`` (the reference loop's default: a random point seeded by ``[seed, 2]``)."""
+    """The initial point ``x_0``: a random point seeded by ``[seed, 2]``."""
     problem, _ = _problem(c)
     return pack_arrays(
         {POINT: problem.manifold.random_point(np.random.default_rng([c.federation.seed, 2]))}
@@ -185,25 +182,22 @@ def problem_task_factory() -> Callable[[Context], ProblemClient]:
 
 
 def report_lines(results: Mapping[str, Any], last: Mapping[str, Any] | None) -> list[str]:
-    """Lines of a run of the RFedAGS family (``method = rfedags | rfedavg | rfedsvrg | rfedproj``):
-    no client evaluation, the planted problem's ``gap`` and ``distance_to_optimum`` per round
-    (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`, called with ``config.method`` set; only
-    when no round was evaluated)."""
+    """Summary lines of an RFedAGS-family run (no client evaluation): the final ``gap`` and
+    ``distance_to_optimum`` (:attr:`~flwr_sheaf.methods.registry.Method.report_lines`; only when no
+    round was evaluated).
+    """
     if last is not None:
         return []
     done = [r for r in results["rounds"] if r.get("gap") is not None]
     if not done:
         return []
     final, cfg = done[-1], results.get("config", {})
+    dist = final.get("distance_to_optimum")
     return [
         f"method {cfg['method']} | problem {cfg.get('rfedags-problem', '?')}",
         f"final round {final['round']}: optimality gap {final['gap']:.3e} | distance to the optimum "
-        f"{_e3(final.get('distance_to_optimum'))} | responders {final.get('num_responders', '?')}",
+        f"{'n/a' if dist is None else f'{dist:.3e}'} | responders {final.get('num_responders', '?')}",
     ]
-
-
-def _e3(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3e}"
 
 
 def _num_nodes(c: RunConfig) -> int:

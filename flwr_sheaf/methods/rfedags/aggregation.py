@@ -2,11 +2,8 @@
 
     x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
 
-``zeta_i in T_{x_t} M`` client ``i``'s gradient stream (:mod:`~flwr_sheaf.methods.rfedags.local`), the
-weights those of ``mode`` (:func:`participation_weights`): ``"corrected"`` ``1/(q_i^t N)`` (frequency
-estimates), ``"known-p"`` ``1/(p_i N)`` (unbiased for ``(1/N) sum_i zeta_i``), ``"uncorrected"``
-``n_i / sum_{S_t} n_j``, whose expectation re-weights the objective by :func:`effective_weights_uncorrected`
-(paper Theorem 2.1). An empty round keeps the iterate exactly (no retraction round-off).
+``zeta_i in T_{x_t} M`` client ``i``'s gradient stream, ``w_i`` the weights of ``mode``
+(:func:`participation_weights`). An empty round keeps the iterate exactly.
 """
 
 from __future__ import annotations
@@ -53,24 +50,23 @@ def participation_weights(
     p: np.ndarray | None = None,
     num_examples: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Aggregation weights ``w_i`` of one round (RFedAGS server step; notes/baselines-rfedags.md, s5.3).
+    """Aggregation weights ``w_i`` of one round (notes/baselines-rfedags.md, s5.3).
 
     Args:
         responded: ``(N,)`` bool mask of the responders ``S_t``.
         mode: one of :data:`MODES`.
         q: ``(N,)`` frequency estimates in ``(0, 1]`` (required for ``"corrected"``).
         p: ``(N,)`` true probabilities (required for ``"known-p"``).
-        num_examples: optional ``(N,)`` positive sample counts ``n_i`` (``"uncorrected"`` only; default
-            equal counts, i.e. the plain mean over responders).
+        num_examples: optional ``(N,)`` positive sample counts ``n_i`` (``"uncorrected"`` only;
+            default: the plain mean over responders).
 
     Returns:
-        ``(N,)`` float64 weights, 0 for non-responders; all 0 when nobody responded.
-        corrected: ``1/(q_i N)``; known-p: ``1/(p_i N)``; uncorrected: ``n_i / sum_{S_t} n_j``.
+        ``(N,)`` float64 weights, 0 for non-responders (all 0 when nobody responded). corrected:
+        ``1/(q_i N)``; known-p: ``1/(p_i N)``; uncorrected: ``n_i / sum_{S_t} n_j``.
 
     Raises:
-        ValueError: unknown ``mode``; missing/ill-shaped ``q``/``p``; a responder with ``q_i <= 0`` or
-            ``p_i <= 0`` (it could not have responded under Bernoulli(p_i) participation); a
-            non-positive ``num_examples`` entry of a responder.
+        ValueError: unknown ``mode``; missing/ill-shaped ``q``/``p``; a responder with ``q_i <= 0``,
+            ``p_i <= 0`` or a non-positive ``num_examples`` entry.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -122,11 +118,11 @@ def weighted_uploads(
     """``(i, w_i, v_i)`` (``v_i`` float64) for the clients with ``w_i != 0``, in client order.
 
     Args:
-        vectors: an ``(N, *shape)`` array (rows of clients with ``w_i = 0`` are ignored and may hold
-            anything), or a mapping ``client index -> (*shape)`` array that must contain every
-            client with ``w_i != 0``.
+        vectors: an ``(N, *shape)`` array (unweighted rows ignored) or ``{client: (*shape)}`` holding
+            every weighted client.
         weights: ``(N,)`` weights.
-        shape: shape of one vector; what: its name in error messages (``"stream"``, ...).
+        shape: shape of one vector.
+        what: its name in error messages (``"stream"``, ...).
 
     Raises:
         ValueError: shape mismatch, a missing vector for a weighted client, or NaN/inf in a used one.
@@ -157,14 +153,14 @@ def aggregate_streams(
     point_shape: tuple[int, ...],
     what: str = "stream",
 ) -> np.ndarray:
-    """Weighted sum ``sum_i w_i zeta_i`` of tangent vectors in ``T_{x_t} M``: RFedAGS's gradient
-    streams (notes/baselines-rfedags.md, s5.2-s5.3) and RFedSVRG's server gradient
-    ``g_t = sum_i w_i grad f_i(x_t)`` (``what="gradient"``).
+    """Weighted sum ``sum_i w_i zeta_i`` of tangent vectors in ``T_{x_t} M`` (RFedAGS's streams;
+    RFedSVRG's ``g_t`` with ``what="gradient"``; notes/baselines-rfedags.md, s5.2-s5.3).
 
     Args:
         zetas: ``(N, *point_shape)`` array or ``{client: (*point_shape)}`` (:func:`weighted_uploads`).
         weights: ``(N,)`` weights from :func:`participation_weights`.
-        point_shape: shape of one tangent vector, e.g. ``(d, r)``; what: name in error messages.
+        point_shape: shape of one tangent vector, e.g. ``(d, r)``.
+        what: name in error messages.
 
     Returns:
         ``(*point_shape)`` float64 direction (zeros if all weights vanish).
@@ -181,17 +177,16 @@ def aggregate_streams(
 def server_update(
     manifold: Manifold, x: np.ndarray, direction: np.ndarray, global_step: float = 1.0
 ) -> np.ndarray:
-    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (notes/baselines-rfedags.md, s5.3; authors use ``varpi = 1``).
+    """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (notes/baselines-rfedags.md, s5.3).
 
     Args:
-        manifold: manifold object (e.g. :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`).
+        manifold: the manifold.
         x: current point ``(*point_shape)``.
-        direction: aggregated tangent vector at ``x`` (already carries the minus sign and local steps).
-        global_step: ``varpi > 0``.
+        direction: aggregated tangent vector at ``x``.
+        global_step: ``varpi > 0`` (authors: 1).
 
     Returns:
-        New point (float64). If ``direction`` is exactly zero (empty round) ``x`` is returned unchanged
-        (a float64 copy), so an empty round keeps the iterate bit-for-bit.
+        New float64 point; a float64 copy of ``x`` when ``direction`` is exactly zero (empty round).
 
     Raises:
         ValueError: non-positive or non-finite ``global_step``, NaN/inf direction.
@@ -211,16 +206,14 @@ def server_update(
 def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
     """Expected weights of the uncorrected mean over responders (RFedAGS Theorem 2.1; notes/participation.md, s2).
 
-    ``p~_i = E[1{i in S}/|S|] = p_i * Integral_0^1 prod_{j != i} (1 - p_j + p_j t) dt`` for independent
-    ``1{j in S} ~ Bernoulli(p_j)`` (an empty round contributes 0, matching the keep-the-iterate fallback).
-    The integrand is a polynomial of degree ``N - 1`` in ``t``, so Gauss-Legendre quadrature with
-    ``ceil(N/2) + 1`` nodes evaluates it exactly (up to float64 round-off).
+    ``p~_i = p_i * Integral_0^1 prod_{j != i} (1 - p_j + p_j t) dt``, computed exactly by
+    Gauss-Legendre quadrature (the integrand is a polynomial of degree ``N - 1``).
 
     Args:
         p: ``(N,)`` probabilities in ``[0, 1]``.
 
     Returns:
-        ``(N,)`` float64 ``p~``; ``sum_i p~_i = 1 - prod_i (1 - p_i)`` (probability of a non-empty round).
+        ``(N,)`` float64 ``p~``; ``sum_i p~_i = 1 - prod_i (1 - p_i)``.
 
     Raises:
         ValueError: invalid ``p``.
@@ -259,23 +252,19 @@ class RoundResult:
 
 @dataclass
 class RFedAGSServer:
-    """Stateful RFedAGS server: current iterate, frequency counts, one :meth:`step` per round.
-
-    Implements the RFedAGS server update (notes/baselines-rfedags.md, s5.3) with the weights of :func:`participation_weights`.
-    Client indices ``0..N-1`` (partition ids).
+    """Stateful RFedAGS server (notes/baselines-rfedags.md, s5.3): iterate, frequency counts, one :meth:`step` per round.
 
     Args:
-        manifold: manifold object.
+        manifold: the manifold.
         x: initial point ``x_0``.
-        num_clients: ``N``.
+        num_clients: ``N`` (client indices are partition ids ``0..N-1``).
         mode: one of :data:`MODES`.
         p: true probabilities ``(N,)`` (required for ``"known-p"``, ignored otherwise).
         q_min: floor of the frequency estimate (``"corrected"``).
         global_step: ``varpi``.
         estimate_includes_current: False (paper): ``q^t`` from rounds ``< t``; True (authors' code):
-            round ``t`` is counted before the weights are formed.
-        estimator_kind: frequency estimator of ``"corrected"``: ``"plus-one"`` (default, ``(c+1)/(t+1)``:
-            expected weights never above ``1/N``) or ``"empirical"`` (the paper's ``c/t``); see
+            round ``t`` counts before the weights are formed.
+        estimator_kind: ``"plus-one"`` (``(c+1)/(t+1)``) or ``"empirical"`` (the paper's ``c/t``);
             :class:`~flwr_sheaf.participation.FrequencyEstimator`.
 
     Raises:
@@ -313,7 +302,7 @@ class RFedAGSServer:
     def weights(
         self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Weights for the current round *without* changing state (notes/baselines-rfedags.md, s5.3).
+        """Weights of the current round, without changing state.
 
         Args:
             responded: ``(N,)`` bool (or 0/1) mask of the clients whose stream arrived.
@@ -343,7 +332,7 @@ class RFedAGSServer:
         zetas: np.ndarray | Mapping[int, np.ndarray],
         num_examples: np.ndarray | None = None,
     ) -> RoundResult:
-        """Run one server round: weights -> weighted stream sum -> ``R_{x_t}(varpi * .)`` -> count.
+        """One server round: weights, weighted stream sum, ``R_{x_t}(varpi * .)``, count.
 
         Args:
             responded: ``(N,)`` mask of the clients whose stream arrived.
@@ -364,8 +353,7 @@ class RFedAGSServer:
         return RoundResult(x_new, direction, w, est, int(mask.sum()))
 
     def advance(self, responded: np.ndarray, x_new: np.ndarray) -> None:
-        """End the round: the estimator observes the ``(N,)`` bool mask ``responded`` and the
-        iterate becomes ``x_new`` (a baseline's server step, or :meth:`step`'s)."""
+        """End the round: the estimator observes ``responded`` ``(N,)`` and the iterate becomes ``x_new``."""
         self.estimator.observe(responded)
         self.x = x_new
         self.round += 1

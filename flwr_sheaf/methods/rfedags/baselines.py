@@ -1,13 +1,9 @@
 """RFedAGS's comparison methods: RFedAvg, RFedSVRG and RFedProj (maths only, manifold-generic).
 
-Faithful to the RFedAGS authors' baseline code (``RFedAvg_.m``, ``RFedSVRG_.m``, ``RFedProj_.m``;
-notes/baselines-rfedags.md, s5.8); every function only calls
-:class:`~flwr_sheaf.methods.rfedags.manifolds.Manifold` operations. Each round's responders come from
-the same Bernoulli sampler as RFedAGS, and every aggregation takes the weights ``w_i`` of
-:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights` (``"uncorrected"`` ``1/|S_t|``,
-what the papers use, or RFedAGS's corrections). RFedAvg: :func:`average_endpoints`; RFedSVRG:
-:func:`~flwr_sheaf.methods.rfedags.aggregation.aggregate_streams` (``g_t``), :func:`svrg_local_steps`; RFedProj (compact embedded manifolds only):
-:func:`projection_local_steps`, :func:`projection_correction`, :func:`average_ambient`.
+Faithful to the authors' baseline code (``RFedAvg_.m``, ``RFedSVRG_.m``, ``RFedProj_.m``;
+notes/baselines-rfedags.md, s5.8). Every aggregation takes the weights ``w_i`` of
+:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights` (``"uncorrected"``
+``1/|S_t|``, as the papers, or RFedAGS's corrections).
 """
 
 from __future__ import annotations
@@ -36,9 +32,9 @@ BASELINES = ("rfedavg", "rfedsvrg", "rfedproj")
 
 
 def require_projection(manifold: Manifold) -> ProjectionManifold:
-    """Raise ``ValueError`` unless ``manifold`` is a compact embedded submanifold with a metric
-    projection (RFedProj's requirement; Stiefel and sphere qualify, SPD and the Poincaré ball do not).
-    Returns ``manifold`` itself, typed as a :class:`ProjectionManifold`."""
+    """``manifold`` typed as a :class:`ProjectionManifold`; ``ValueError`` unless it is compact,
+    embedded, with a metric projection (Stiefel, sphere; not SPD, Poincaré ball).
+    """
     if not getattr(manifold, "compact_embedded", False) or not hasattr(
         manifold, "ambient_projection"
     ):
@@ -46,7 +42,6 @@ def require_projection(manifold: Manifold) -> ProjectionManifold:
             f"RFedProj needs a compact embedded submanifold with a metric projection (Stiefel, sphere); "
             f"{manifold!r} is not one: use rfedags, rfedavg or rfedsvrg on it"
         )
-    # checked just above: it has ``ambient_projection``
     return cast(ProjectionManifold, manifold)
 
 
@@ -57,23 +52,21 @@ def average_endpoints(
     weights: np.ndarray,
     global_step: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """RFedAvg / RFedSVRG server step ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))`` (module docstring).
+    """RFedAvg / RFedSVRG server step ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))``.
 
     Args:
         manifold: the manifold (``invretr``, ``retr``).
         x: server point ``x_t``, ``point_shape``.
-        endpoints: ``(N, *point_shape)`` array or ``{client: point}``; rows of clients with ``w_i = 0``
-            are ignored.
-        weights: ``(N,)`` weights of :func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights`.
+        endpoints: ``(N, *point_shape)`` or ``{client: point}`` (:func:`~.aggregation.weighted_uploads`).
+        weights: ``(N,)`` weights.
         global_step: ``varpi > 0``.
 
     Returns:
-        ``(x_{t+1}, direction)``: float64 new point and the weighted tangent sum at ``x_t``; an empty round
-        (all weights 0) keeps ``x_t`` exactly.
+        ``(x_{t+1}, direction)`` float64; an empty round keeps ``x_t`` exactly.
 
     Raises:
-        ValueError: a missing/ill-shaped/non-finite end point of a weighted client, an unreachable end
-            point (see the manifold's ``invretr``), a bad ``global_step``.
+        ValueError: a missing/ill-shaped/non-finite or unreachable end point of a weighted client, a
+            bad ``global_step``.
     """
     x = np.asarray(x, dtype=np.float64)
     direction = np.zeros_like(x)
@@ -102,16 +95,16 @@ def svrg_local_steps(
 ) -> np.ndarray:
     """RFedSVRG client: ``K`` variance-reduced steps from ``x_t`` (``localSVRG`` of ``RFedSVRG_.m``).
 
-    ``eta_k = grad f_i(x_k; B_k) - T_{x_t -> x_k}(grad f_i(x_t; B_k) - g_t)``, ``x_{k+1} = R_{x_k}(-alpha eta_k)``
-    (Riemannian gradients = ``egrad2rgrad`` of ``egrad_fn``; both calls of step ``k`` use batch ``k``).
+    ``eta_k = grad f_i(x_k; B_k) - T_{x_t -> x_k}(grad f_i(x_t; B_k) - g_t)``,
+    ``x_{k+1} = R_{x_k}(-alpha eta_k)``.
 
     Args:
         manifold: the manifold.
         x: server point ``x_t``.
-        full_grad: ``g_t in T_{x_t} M`` (:func:`~flwr_sheaf.methods.rfedags.aggregation.aggregate_streams`).
-        egrad_fn: ``egrad_fn(point, k)`` as in :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`
-            (may return a ``(B, *point_shape)`` stack for ``B`` clients).
-        num_steps: ``K >= 1``; step_size: ``alpha > 0``.
+        full_grad: ``g_t in T_{x_t} M``.
+        egrad_fn: ``egrad_fn(point, k)`` as in :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`.
+        num_steps: ``K >= 1``.
+        step_size: ``alpha > 0``.
 
     Returns:
         float64 end point(s) ``x_K``, ``(*batch, *point_shape)``.
@@ -148,14 +141,14 @@ def projection_local_steps(
     Args:
         manifold: compact embedded manifold (:func:`require_projection`).
         x_mid: server ambient point ``x^mid``, ``point_shape``.
-        correction: ``c_i`` (``point_shape`` or a ``(B, *point_shape)`` stack, or 0).
+        correction: ``c_i`` (``point_shape``, a ``(B, *point_shape)`` stack, or 0).
         egrad_fn, num_steps, step_size: as :func:`svrg_local_steps`.
 
     Returns:
-        ``(z^_K, zeta)``: ambient end point(s) and mean Riemannian gradient ``(1/K) sum_k eta_k``, float64.
+        ``(z^_K, zeta)``: ambient end point(s) and mean Riemannian gradient ``(1/K) sum_k eta_k``.
 
     Raises:
-        ValueError: a manifold RFedProj refuses (named), bad ``K``/``alpha``, non-finite gradients.
+        ValueError: a manifold RFedProj refuses, bad ``K``/``alpha``, non-finite gradients.
     """
     proj_manifold = require_projection(manifold)
     check_local_steps(num_steps, step_size)
@@ -180,8 +173,7 @@ def projection_correction(
     step_size: float,
     global_step: float = 1.0,
 ) -> np.ndarray:
-    """RFedProj's correction ``c_i = (P_M(x^mid_{t-1}) - x^mid_t)/(K alpha eta_g) - zeta_i^{t-1}`` for a client
-    that responded in the previous round (others use 0); float64, shape of ``zeta_prev``.
+    """RFedProj's ``c_i = (P_M(x^mid_{t-1}) - x^mid_t)/(K alpha eta_g) - zeta_i^{t-1}`` (previous round's responders; others 0).
 
     Raises:
         ValueError: a manifold RFedProj refuses; non-positive ``K``, ``alpha`` or ``eta_g``.
@@ -208,14 +200,16 @@ def average_ambient(
 
     Args:
         manifold: compact embedded manifold.
-        x_mid: ambient server point; z_hats: ``(N, *shape)`` or ``{client: z^}``; weights: ``(N,)``.
+        x_mid: ambient server point.
+        z_hats: ``(N, *shape)`` or ``{client: z^}``.
+        weights: ``(N,)``.
         global_step: ``eta_g > 0`` (authors: 1).
 
     Returns:
-        ``(x^mid_{t+1}, P_M(x^mid_{t+1}))`` float64. An empty round keeps ``x^mid`` exactly.
+        ``(x^mid_{t+1}, P_M(x^mid_{t+1}))`` float64; an empty round keeps ``x^mid`` exactly.
 
     Raises:
-        ValueError: a manifold RFedProj refuses (named), bad uploads, bad ``global_step``.
+        ValueError: a manifold RFedProj refuses, bad uploads, bad ``global_step``.
     """
     proj_manifold = require_projection(manifold)
     if not (np.isfinite(global_step) and global_step > 0):

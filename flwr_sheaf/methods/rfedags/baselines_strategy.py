@@ -1,40 +1,33 @@
 """RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (notes/baselines-rfedags.md, s5).
 
-:class:`RFedBaseline` reuses everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` except the
-round's messages and the server step: discovery, the shared Bernoulli(p_i) sampler
-(:class:`flwr_sheaf.participation.ParticipationSampler`, so all four methods train the same nodes in the
-same rounds), the weights of ``mode`` (default ``"uncorrected"``, the papers' mean over responders;
-``"known-p"`` / ``"corrected"`` apply RFedAGS's correction to the baseline), failure handling, metrics.
-The maths are :mod:`flwr_sheaf.methods.rfedags.baselines`, the same functions
-``run_federated`` of ``tests/oracles/rfedags_runner.py`` calls; the ClientApp side is
-:func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
+:class:`RFedBaseline` shares everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`
+except the round's messages and the server step: discovery, the Bernoulli(p_i) sampler (all four
+methods train the same nodes in the same rounds), the weights of ``mode`` (default
+``"uncorrected"``), failure handling, metrics. Maths: :mod:`flwr_sheaf.methods.rfedags.baselines`;
+client: :func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
 
-Per server round ``t`` (action ``a`` = the method name; the maths: the table of
-notes/baselines-rfedags.md, s5.8):
+Per server round ``t`` (action ``a`` = the method name; notes/baselines-rfedags.md, s5.8):
 
 - ``rfedavg``: ``train.a`` with ``x_t`` to the drawn nodes; replies: end points.
-- ``rfedsvrg``: first a ``train.a`` round trip in phase ``"gradient"`` (inside ``configure_train``,
-  bounded by the round timeout of ``start``) gives ``g_t`` over the nodes that answered it (weights
-  of that set); then phase ``"local"`` with ``x_t`` and ``g_t`` to those nodes; replies: end points.
-- ``rfedproj``: ``train.a`` with the server's ambient point ``x^mid`` and the node's correction ``c_i``
-  (nonzero when the node's upload arrived in the previous round); replies: ambient end points and
-  mean gradients. A manifold RFedProj refuses (SPD, Poincaré ball) fails at the first round with a
-  ``ValueError`` naming it.
+- ``rfedsvrg``: first a ``train.a`` round trip in phase ``"gradient"`` (bounded by ``start``'s
+  timeout) gives ``g_t`` over the nodes that answered; then phase ``"local"`` with ``x_t`` and
+  ``g_t`` to those nodes; replies: end points.
+- ``rfedproj``: ``train.a`` with the ambient point ``x^mid`` and the node's correction ``c_i``
+  (nonzero when its upload arrived in the previous round); replies: ambient end points and mean
+  gradients. A manifold RFedProj refuses (SPD, Poincaré ball) fails the first round (``ValueError``).
 
-An upload that is malformed, non-finite, off the manifold (RFedAvg/RFedSVRG end points, tolerance
-1e-8) or unreachable by the inverse retraction is that node's recorded failure; it is a non-responder
-of the round.
+An upload that is malformed, non-finite, off the manifold (RFedAvg/RFedSVRG, tolerance 1e-8) or
+unreachable by the inverse retraction is that node's recorded failure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
 
 from ...protocol import array_record
 from ...strategy.graph import GraphStrategy
@@ -82,8 +75,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         num_nodes, participation: as :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`.
         method: one of :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES` (also the message action).
         mode: aggregation weights (default ``"uncorrected"``: ``1/|S_t|``).
-        **settings: :class:`~flwr_sheaf.methods.rfedags.strategy.RiemannianArgs`, as RFedAGS's
-            (``global_step`` is varpi / eta_g).
+        **settings: :class:`~flwr_sheaf.methods.rfedags.strategy.RiemannianArgs` (``global_step``: varpi / eta_g).
 
     Raises:
         ValueError: an unknown method; ``action=``; the arguments RFedAGS refuses; (first round)
@@ -114,27 +106,10 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         self._recipients: list[int] = []
         self._g_t: np.ndarray | None = None  # RFedSVRG's server gradient of the current round
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord | None = None,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """:meth:`GraphStrategy.start`; remembers ``timeout`` for RFedSVRG's gradient round trip."""
+    def discover(self, grid: Grid, timeout: float) -> None:
+        """:meth:`GraphStrategy.discover`; remembers ``start``'s ``timeout`` for RFedSVRG's gradient round trip."""
         self._timeout = float(timeout)
-        return super().start(
-            grid,
-            initial_arrays,
-            num_rounds,
-            timeout=timeout,
-            train_config=train_config,
-            evaluate_config=evaluate_config,
-            evaluate_fn=evaluate_fn,
-        )
+        super().discover(grid, timeout)
 
     log_round = log_rfed_round
     summary = log_rfed_summary
@@ -187,8 +162,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
         return train_messages(self, server_round, cfg, payloads)
 
     def _payload(self, pid: int, alpha_t: float) -> dict[str, np.ndarray]:
-        """Node ``pid``'s arrays: RFedProj ``x^mid`` and its correction ``c_i`` (0 unless its upload
-        arrived in the previous round), RFedSVRG ``x_t`` and ``g_t``, RFedAvg ``x_t``."""
+        """Node ``pid``'s arrays: RFedProj ``x^mid`` and ``c_i``, RFedSVRG ``x_t`` and ``g_t``, RFedAvg ``x_t``."""
         if self.method == "rfedsvrg":
             assert self._g_t is not None  # set by _gradient_phase
             return {POINT: self._x_t, FULL_GRADIENT: self._g_t}
@@ -226,10 +200,10 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     def _check_upload(
         self, stream: ArrayRecord
     ) -> tuple[tuple[np.ndarray, np.ndarray | None], str | None]:
-        """A train reply's end point ``(n, p)`` float64 and RFedProj's mean gradient (same shape;
-        None for the others), and why the upload is unusable (None when usable): a wrong shape or
-        NaN/inf, or (RFedAvg/RFedSVRG) an end point off the manifold (constraint violation above
-        1e-8) or without an inverse retraction."""
+        """A reply's end point (float64) and RFedProj's mean gradient (None for the others), and why the
+        upload is unusable (None = usable): a wrong shape, NaN/inf, or (RFedAvg/RFedSVRG) an end point
+        off the manifold (above 1e-8) or without an inverse retraction.
+        """
         shape = tuple(self.server.x.shape)
         z = np.array(stream[ENDPOINT].numpy(), dtype=np.float64)
         if z.shape != shape or not np.all(np.isfinite(z)):
@@ -251,10 +225,9 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     def _server_step(
         self, uploads: dict[int, np.ndarray], zetas: dict[int, np.ndarray], w: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The method's server step from the usable end points with weights ``w`` ``(N,)``: the new
-        point and the direction moved (RFedProj: ambient average and projection, keeping its
-        mid-point, mean gradients and responders for the next round; else the tangent average of
-        the end points)."""
+        """The method's server step with weights ``w`` ``(N,)``: ``(new point, direction moved)``
+        (RFedProj also keeps its mid-point, mean gradients and responders for the next round).
+        """
         if self.method != "rfedproj":
             return average_endpoints(self.manifold, self._x_t, uploads, w, self.global_step)
         assert self._x_mid is not None  # set in _init_server

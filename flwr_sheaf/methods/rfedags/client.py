@@ -1,5 +1,5 @@
 """ClientApp handlers of the RFedAGS family (``query.<m>``, ``train.<m>``; notes/baselines-rfedags.md, s5)
-and the node-side view of a federated problem (:class:`ProblemClient`). No module-level state."""
+and the node-side view of a federated problem (:class:`ProblemClient`)."""
 
 from __future__ import annotations
 
@@ -64,17 +64,16 @@ STATE_KEY = "rfedags.meta"
 
 
 class RFedAGSLocalProblem(Protocol):
-    """What a node brings to the handlers of the RFedAGS family (:class:`ProblemClient` is the
-    package's; a researcher's own problem needs only these four members).
+    """What a node brings to the handlers of the RFedAGS family (a researcher's own problem needs only these).
 
     Attributes:
-        manifold: the manifold of the global parameter (:class:`~flwr_sheaf.methods.rfedags.manifolds.Manifold`).
+        manifold: the manifold of the global parameter.
         num_examples: local sample count ``n_i`` (reported; used by the uncorrected mean).
 
     Methods:
         gradient_oracle(server_round, num_steps, config) -> ``egrad(x, k)``: Euclidean (mini-batch)
-            gradient of ``f_i`` at local step ``k`` of this round, float64 of the point's shape; must
-            be deterministic in ``(config, server_round)`` for reproducibility.
+            gradient of ``f_i`` at local step ``k``, float64 of the point's shape; deterministic in
+            ``(config, server_round)``.
         local_cost(x) -> float: ``f_i(x)`` (diagnostics).
     """
 
@@ -90,13 +89,11 @@ class RFedAGSLocalProblem(Protocol):
 
 @dataclass
 class ProblemClient:
-    """Client ``client`` of a federated problem (PCA, Fréchet means): what a node brings to the
-    handlers of the RFedAGS family (``manifold``, ``num_examples`` ``n_i``, ``gradient_oracle``,
-    ``local_cost``).
+    """Client ``client`` of a federated problem (PCA, Fréchet means): a :class:`RFedAGSLocalProblem`.
 
-    Reads the config keys ``minibatch-size`` (0 = exact gradients) and ``seed``, and draws the
-    batches of :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`, so a Flower run equals
-    ``run_federated`` of ``tests/oracles/rfedags_runner.py`` on the same inputs.
+    Reads the config keys ``minibatch-size`` (0 = exact gradients) and ``seed`` and draws the batches of
+    :func:`~flwr_sheaf.methods.rfedags.pca.batch_indices`, so a Flower run equals ``run_federated`` of
+    ``tests/oracles/rfedags_runner.py``.
 
     Raises:
         ValueError: a partition-id without data.
@@ -173,9 +170,9 @@ def _inputs(
     action: str,
     keys: tuple[str, ...],
 ) -> tuple[RFedAGSLocalProblem, np.ndarray, Mapping[str, object], int, float, int]:
-    """A ``train.<action>`` message's inputs: the node's problem, the point ``x`` (float64, the
-    manifold's point shape, finite), the config (``ProtocolError`` when one of ``keys`` is missing)
-    and its ``(local-steps K, step-size alpha_t, server-round)``."""
+    """A ``train.<action>`` message's problem, finite point ``x``, config (``ProtocolError`` when one of
+    ``keys`` is missing) and ``(local-steps K, step-size alpha_t, server-round)``.
+    """
     prob = problem_factory(context)
     cfg: Mapping[str, object] = config_record(msg.content, CONFIG) if CONFIG in msg.content else {}
     for key in keys:
@@ -212,28 +209,23 @@ def register_rfedags_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = ACTION,
 ) -> ClientApp:
-    """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, notes/baselines-rfedags.md, s5)
-    on a (possibly existing) ``ClientApp``; its own handlers are untouched.
+    """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, notes/baselines-rfedags.md, s5) on ``app``.
 
-    ``train.<action>`` reads the point ``x_t`` (:data:`~flwr_sheaf.methods.rfedags.protocol.POINT`,
-    float64) and the config ``server-round``, ``local-steps`` K, ``step-size`` alpha_t,
-    ``minibatch-size``, ``seed``; runs :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`
-    and replies with the stream ``zeta in T_{x_t} M`` (:data:`~flwr_sheaf.methods.rfedags.protocol.STREAM`,
-    shape of ``x``) and ``num-examples``, ``tangent-error``, ``local-cost-start``. The end point is never
-    uploaded; the node keeps only ``context.state[STATE_KEY]`` (rounds trained, last round).
+    ``train.<action>`` reads ``x_t`` (:data:`~flwr_sheaf.methods.rfedags.protocol.POINT`) and the
+    config ``server-round``, ``local-steps``, ``step-size``, ``minibatch-size``, ``seed``; runs
+    :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` and replies with the stream
+    ``zeta in T_{x_t} M`` (:data:`~flwr_sheaf.methods.rfedags.protocol.STREAM`) and ``num-examples``,
+    ``tangent-error``, ``local-cost-start``. The node keeps only ``context.state[STATE_KEY]``. The
+    handler raises (Flower error reply) on a missing or bad point (shape, NaN/inf, off the manifold
+    by more than 1e-8), a missing/invalid config entry, or non-finite gradients.
 
     Args:
         app: the ClientApp to extend.
-        problem_factory: builds the node's :class:`RFedAGSLocalProblem` (e.g. a :class:`ProblemClient`) from its ``Context`` (called
-            per message; cache heavy data outside the node state, read-only).
+        problem_factory: builds the node's :class:`RFedAGSLocalProblem` from its ``Context`` (per message).
         action: action name.
 
     Returns:
-        ``app`` (for chaining).
-
-    The train handler raises (-> Flower error reply, state rolled back) on: a missing ``"x"`` array,
-    a point of the wrong shape, non-finite or off the manifold (tolerance 1e-8), a missing/invalid
-    config entry, or non-finite gradients.
+        ``app``.
     """
 
     _register_query(app, problem_factory, action)
@@ -265,14 +257,12 @@ def register_rfedags_baseline_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     methods: tuple[str, ...] = BASELINES,
 ) -> ClientApp:
-    """Register ``query.<m>`` and ``train.<m>`` for RFedAGS's baselines ``m`` in ``methods`` (notes/baselines-rfedags.md, s5).
+    """Register ``query.<m>`` and ``train.<m>`` for the baselines ``m`` in ``methods`` (notes/baselines-rfedags.md, s5).
 
-    ``train.<m>`` reads RFedAGS's config plus ``phase`` and runs the method's client step (the
-    protocol of :mod:`~flwr_sheaf.methods.rfedags.baselines_strategy`; the steps in
-    :mod:`~flwr_sheaf.methods.rfedags.baselines`); every reply's ``metrics`` has ``num-examples``. The
-    handlers raise (-> Flower error reply, that node's recorded failure) on a missing array or config
-    key, a wrong shape, a point off the manifold (not checked for RFedProj's ambient point), an unknown
-    phase, RFedProj on a manifold it refuses, or non-finite gradients. No per-node state is kept.
+    ``train.<m>`` reads RFedAGS's config plus ``phase`` and runs the method's client step (protocol:
+    :mod:`~flwr_sheaf.methods.rfedags.baselines_strategy`). The handlers raise (Flower error reply) on
+    a missing array or config key, a wrong shape, a point off the manifold (not checked for RFedProj's
+    ambient point), an unknown phase, a manifold RFedProj refuses, or non-finite gradients.
 
     Args:
         app: the ClientApp to extend.

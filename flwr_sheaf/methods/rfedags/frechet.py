@@ -1,13 +1,10 @@
-"""Federated Fréchet (Karcher) means on SPD matrices and in the Poincaré ball: RFedAGS's other problems
-(notes/baselines-rfedags.md, s5.7)::
+"""Federated Fréchet (Karcher) means on SPD matrices and in the Poincaré ball (notes/baselines-rfedags.md, s5.7)::
 
     f_i(x) = (1/(2S)) sum_s d(x, a_{i,s})^2,   F(x) = (1/N) sum_i f_i(x),   x in M (Hadamard),
 
-so ``F`` has a unique minimiser; ``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``, fed to the client loop
-through the manifold's ``rgrad2egrad``. The planted problems have an independent optimum:
-:func:`commuting_spd_problem` (one shared eigenbasis: the weighted mean in closed form) and
-:func:`symmetric_poincare_problem` (mirrored clients: the mean is the origin), each with a frequent and
-a rare group; :func:`centralised_frechet_mean` is a reference for any configuration (geoopt's torch maps).
+``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``, fed to the client loop through ``rgrad2egrad``. The
+planted problems (a frequent and a rare group) have an independent optimum;
+:func:`centralised_frechet_mean` is a geoopt reference for any configuration.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .manifolds import SPD, Manifold, PoincareBall
-from .pca import check_sizes, client_weights
+from .pca import _batch_rows, check_sizes, client_weights
 
 __all__ = [
     "FrechetMeanProblem",
@@ -29,14 +26,12 @@ __all__ = [
 
 
 class FrechetMeanProblem:
-    """Federated Fréchet mean ``min_x (1/N) sum_i (1/(2S)) sum_s d(x, a_{i,s})^2`` (module docstring).
+    """Federated Fréchet mean ``min_x (1/N) sum_i (1/(2S)) sum_s d(x, a_{i,s})^2``.
 
     Args:
-        manifold: a manifold with ``log`` and ``dist`` (:class:`~flwr_sheaf.methods.rfedags.manifolds.SPD`,
-            :class:`~flwr_sheaf.methods.rfedags.manifolds.PoincareBall`, :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`).
-        points: ``(N, S, *point_shape)`` float array, every entry on the manifold.
-        optimum: the minimiser ``x*`` if known (closed form); else :meth:`optimum` raises until
-            :meth:`set_optimum` is called (e.g. with :func:`centralised_frechet_mean`).
+        manifold: a manifold with ``log`` and ``dist`` (SPD, Poincaré ball, sphere).
+        points: ``(N, S, *point_shape)``, every entry on the manifold.
+        optimum: the minimiser ``x*`` if known; else :meth:`optimum` raises until :meth:`set_optimum`.
         log_spectra: commuting SPD problems only: ``(Q (n, n), L (N, n))``, the shared eigenbasis and
             each client's mean log-eigenvalues (enables :meth:`weighted_optimum`).
 
@@ -71,19 +66,18 @@ class FrechetMeanProblem:
         self.log_spectra = log_spectra
 
     def set_optimum(self, x: np.ndarray) -> None:
-        """Record the minimiser ``x*`` (checked to be on the manifold). Raises ValueError if not."""
+        """Record the minimiser ``x*``; ValueError if it is off the manifold."""
         x = np.asarray(x, dtype=np.float64)
         self.manifold.check_point(x, atol=1e-6)
         self._opt = (x, self.cost(x))
 
-    # --- costs and gradients -------------------------------------------------------------------
     def local_costs(self, x: np.ndarray) -> np.ndarray:
-        """``f_i(x)`` for all clients, ``(N,)`` float64."""
+        """``f_i(x)`` for all clients, ``(N,)``."""
         d = self.manifold.dist(np.asarray(x, dtype=np.float64), self.samples)
         return 0.5 * np.mean(d**2, axis=1)
 
     def cost(self, x: np.ndarray) -> float:
-        """``F(x) = mean_i f_i(x)`` (float)."""
+        """``F(x) = mean_i f_i(x)``."""
         return float(np.mean(self.local_costs(x)))
 
     def _egrads(self, x: np.ndarray, pts: np.ndarray) -> np.ndarray:
@@ -96,40 +90,23 @@ class FrechetMeanProblem:
     def local_egrads(
         self, x: np.ndarray, clients: np.ndarray | Sequence[int] | None = None
     ) -> np.ndarray:
-        """Euclidean gradients of ``f_i`` (from ``grad f_i = -mean_s Log_x(a_{i,s})``).
-
-        Args:
-            x: ``point_shape`` (shared) or ``(m, *point_shape)`` (one point per listed client).
-            clients: ``m`` client indices (default all ``N``).
-
-        Returns:
-            ``(m, *point_shape)`` float64.
-        """
+        """Euclidean gradients of ``f_i`` at ``x`` (``point_shape`` or one point per client), ``(m, *point_shape)``; ``clients`` default all."""
         idx = np.arange(self.num_clients) if clients is None else np.asarray(clients, dtype=int)
         return self._egrads(x, self.samples[idx])
 
     def minibatch_egrads(
         self, x: np.ndarray, clients: np.ndarray | Sequence[int], batch: np.ndarray
     ) -> np.ndarray:
-        """Mini-batch gradients over the points ``batch (m, B)`` of each listed client; ``(m, *point_shape)``.
-
-        Raises:
-            ValueError: ``batch`` not ``(m, B)``.
-        """
-        idx = np.asarray(clients, dtype=int)
-        b = np.asarray(batch, dtype=int)
-        if b.ndim != 2 or b.shape[0] != idx.size:
-            raise ValueError(f"batch must have shape ({idx.size}, B), got {b.shape}")
-        return self._egrads(x, self.samples[idx[:, None], b])
+        """Mini-batch gradients over the points ``batch (m, B)`` of each listed client, ``(m, *point_shape)``; ValueError on a bad ``batch`` shape."""
+        return self._egrads(x, _batch_rows(self.samples, clients, batch))
 
     def rgrad(self, x: np.ndarray) -> np.ndarray:
-        """Riemannian gradient of ``F``: ``-(1/(NS)) sum Log_x(a)``; float64 ``point_shape``."""
+        """Riemannian gradient of ``F``: ``-(1/(NS)) sum Log_x(a)``."""
         x = np.asarray(x, dtype=np.float64)
         return -np.mean(self.manifold.log(x, self.samples), axis=(0, 1))
 
-    # --- optimum -------------------------------------------------------------------------------
     def optimum(self) -> tuple[np.ndarray, float]:
-        """``(x*, F(x*))``. Raises ValueError if no optimum is known."""
+        """``(x*, F(x*))``; ValueError if no optimum is known."""
         if self._opt is None:
             raise ValueError(
                 "this FrechetMeanProblem has no known optimum; call set_optimum(centralised_frechet_mean(...))"
@@ -137,16 +114,15 @@ class FrechetMeanProblem:
         return self._opt
 
     def gap(self, x: np.ndarray) -> float:
-        """Optimality gap ``F(x) - F(x*)`` (float)."""
+        """Optimality gap ``F(x) - F(x*)``."""
         return self.cost(x) - self.optimum()[1]
 
     def distance_to_optimum(self, x: np.ndarray) -> float:
-        """Geodesic distance ``d(x, x*)`` (float)."""
+        """Geodesic distance ``d(x, x*)``."""
         return float(self.manifold.dist(np.asarray(x, dtype=np.float64), self.optimum()[0]))
 
     def weighted_optimum(self, weights: np.ndarray) -> np.ndarray:
-        """Closed-form minimiser of ``sum_i w_i f_i`` for commuting SPD problems:
-        ``Q diag(exp(sum_i w_i L_i / sum_i w_i)) Q^T`` (``(n, n)`` float64).
+        """Minimiser ``Q diag(exp(sum_i w_i L_i / sum_i w_i)) Q^T`` of ``sum_i w_i f_i`` (commuting SPD problems).
 
         Raises:
             ValueError: not a commuting problem (no ``log_spectra``) or bad weights.
@@ -169,17 +145,17 @@ def commuting_spd_problem(
     spread: float = 1.0,
     noise: float = 0.3,
 ) -> tuple[FrechetMeanProblem, np.ndarray]:
-    """Planted SPD Fréchet-mean problem with commuting matrices (closed-form optimum, module docstring).
+    """Planted SPD Fréchet-mean problem with commuting matrices (closed-form optimum).
 
-    Client ``i`` holds ``A_{i,s} = Q diag(exp(l_{i,s})) Q^T`` with ``l_{i,s} = mu_g + noise * N(0, I_n)``,
-    ``mu_g = +spread * linspace(1, -1, n)`` for the frequent group and ``-spread * linspace(1, -1, n)``
-    for the rare group. Optimum ``x* = Q diag(exp(mean_{i,s} l_{i,s})) Q^T``.
+    Client ``i`` holds ``A_{i,s} = Q diag(exp(l_{i,s})) Q^T``, ``l_{i,s} = mu_g + noise * N(0, I_n)``,
+    ``mu_g = +-spread * linspace(1, -1, n)`` (frequent: +, rare: -); ``x* = Q diag(exp(mean l)) Q^T``.
 
     Args:
         seed: numpy seed (entropy ``[seed, 6]``).
         n: matrix size.
-        num_frequent, num_rare: group sizes; p_frequent, p_rare: their participation probabilities.
+        num_frequent, num_rare: group sizes.
         samples_per_client: ``S``.
+        p_frequent, p_rare: the groups' participation probabilities.
         spread, noise: log-spectrum offset of the groups and per-point noise.
 
     Returns:
@@ -215,15 +191,16 @@ def symmetric_poincare_problem(
     centre: float = 0.5,
     noise: float = 0.15,
 ) -> tuple[FrechetMeanProblem, np.ndarray]:
-    """Planted hyperbolic Fréchet-mean problem whose optimum is the origin (module docstring).
+    """Planted hyperbolic Fréchet-mean problem whose optimum is the origin.
 
-    Clients ``0..P-1`` (frequent) hold ``S`` points ``Exp_0(centre e_0 + noise N(0, I))``; client ``i + P``
-    (rare) holds their negatives. The pooled set is symmetric under the isometry ``x -> -x``, so the
-    unique Fréchet mean is ``0``.
+    Clients ``0..P-1`` (frequent) hold ``S`` points ``Exp_0(centre e_0 + noise N(0, I))``, client
+    ``i + P`` (rare) their negatives: the pooled set is symmetric under ``x -> -x``.
 
     Args:
         seed: numpy seed (entropy ``[seed, 7]``).
-        n: ball dimension; num_pairs: ``P`` (``N = 2P``); samples_per_client: ``S``.
+        n: ball dimension.
+        num_pairs: ``P`` (``N = 2P``).
+        samples_per_client: ``S``.
         p_frequent, p_rare: participation probabilities of the two halves.
         centre, noise: tangent-space offset at the origin and noise scale.
 
@@ -254,13 +231,11 @@ def centralised_frechet_mean(
 ) -> np.ndarray:
     """Weighted Fréchet mean of ``points (N, S, *shape)`` by the centralised Karcher flow in geoopt (the reference).
 
-    Iterates ``x <- Exp_x(lr * sum_i w_i (1/S) sum_s Log_x(a_{i,s}))`` with geoopt's own torch maps
-    (independent of the numpy operators and the federated loop). ``lr = 1`` (classical Karcher)
+    ``x <- Exp_x(lr * sum_i w_i (1/S) sum_s Log_x(a_{i,s}))`` with geoopt's torch maps. ``lr = 1``
     2-cycles in negative curvature (measured in the 3-ball); 0.5 converged there in 50 steps.
 
     Args:
-        manifold: a manifold with a geoopt reference ``_geo`` (:class:`~flwr_sheaf.methods.rfedags.manifolds.SPD`,
-            :class:`~flwr_sheaf.methods.rfedags.manifolds.PoincareBall`).
+        manifold: a manifold with a geoopt reference ``_geo`` (SPD, Poincaré ball).
         points: ``(N, S, *point_shape)``.
         weights: ``(N,)`` non-negative client weights (default equal).
         steps, lr: iterations and step.

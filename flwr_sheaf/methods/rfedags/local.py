@@ -20,10 +20,8 @@ class GradientStream:
     """Result of one client's local phase.
 
     Attributes:
-        steps: ``(K, *batch, *point_shape)`` float64: the transported vectors
-            ``T_{x_{t,k} -> x_t}(-alpha_t eta_k)``, all in ``T_{x_t} M``.
-        endpoint: ``(*batch, *point_shape)`` float64 local end point ``x_{t,K}`` (diagnostics only;
-            RFedAGS never uploads it).
+        steps: ``(K, *batch, *point_shape)`` float64 transported vectors ``T_{x_{t,k} -> x_t}(-alpha_t eta_k)``.
+        endpoint: ``(*batch, *point_shape)`` float64 local end point ``x_{t,K}`` (never uploaded by RFedAGS).
     """
 
     steps: np.ndarray
@@ -31,7 +29,7 @@ class GradientStream:
 
     @property
     def zeta(self) -> np.ndarray:
-        """Gradient stream ``zeta = sum_k steps[k]`` (notes/baselines-rfedags.md, s5.2), shape ``(*batch, *point_shape)``."""
+        """Gradient stream ``zeta = sum_k steps[k]`` (notes/baselines-rfedags.md, s5.2)."""
         return self.steps.sum(axis=0)
 
 
@@ -42,25 +40,22 @@ def local_gradient_stream(
     num_steps: int,
     step_size: float,
 ) -> GradientStream:
-    """Run ``K`` local Riemannian SGD steps from the server point and return the gradient stream
-    (the RFedAGS client loop, notes/baselines-rfedags.md, s5.2).
+    """``K`` local Riemannian SGD steps from ``x_t`` and their gradient stream (notes/baselines-rfedags.md, s5.2).
 
     Args:
-        manifold: manifold object with ``egrad2rgrad``, ``retr``, ``transp``.
-        x: server point ``x_t``, shape ``point_shape`` (e.g. ``(d, r)``).
-        egrad_fn: ``egrad_fn(point, k) -> Euclidean gradient`` at the local iterate of step ``k``
-            (a mini-batch estimate is fine). Batched use: it may return ``(B, *point_shape)`` for
-            ``B`` clients sharing the start point ``x``; from step 1 on it is then called with the
-            ``(B, *point_shape)`` stack of local iterates and must return the same shape.
+        manifold: manifold with ``egrad2rgrad``, ``retr``, ``transp``.
+        x: server point ``x_t``, ``point_shape``.
+        egrad_fn: ``egrad_fn(point, k)``: Euclidean (mini-batch) gradient at step ``k``. It may return
+            ``(B, *point_shape)`` for ``B`` clients sharing ``x``; from step 1 on it then gets the
+            ``(B, *point_shape)`` iterates and must return that shape.
         num_steps: ``K >= 1``.
-        step_size: local step ``alpha_t > 0``.
+        step_size: ``alpha_t > 0``.
 
     Returns:
         :class:`GradientStream` (float64).
 
     Raises:
-        ValueError: ``K < 1``, non-positive/non-finite ``alpha_t``, a gradient of the wrong shape or with
-            NaN/inf entries.
+        ValueError: bad ``K`` or ``alpha_t``, a gradient of the wrong shape or with NaN/inf entries.
     """
     check_local_steps(num_steps, step_size)
     x_t = np.array(x, dtype=np.float64, copy=True)
@@ -91,8 +86,7 @@ def local_gradient_stream(
 
 
 def check_local_steps(num_steps: int, step_size: float) -> None:
-    """Raise ``ValueError`` unless ``K = num_steps`` is a positive integer and ``alpha_t = step_size``
-    is positive and finite (every client loop of the RFedAGS family)."""
+    """Raise ``ValueError`` unless ``num_steps`` is a positive integer and ``step_size`` positive and finite."""
     if int(num_steps) != num_steps or num_steps < 1:
         raise ValueError(f"num_steps (K) must be a positive integer, got {num_steps!r}")
     if not (np.isfinite(step_size) and step_size > 0):
@@ -102,9 +96,8 @@ def check_local_steps(num_steps: int, step_size: float) -> None:
 def step_size_schedule(alpha0: float, decay_rounds: float = 0.0) -> Callable[[int], float]:
     """Local step schedule ``alpha_t = alpha0 / (1 + t / decay_rounds)`` (``t = 0, 1, ...``).
 
-    ``decay_rounds = 0`` gives the fixed step of the paper's main PCA runs; ``decay_rounds > 0`` is
-    the ``alpha_t = alpha0/(beta + t)^p`` family of the paper's decaying-step theorem with ``p = 1`` (convergence to a
-    stationary point instead of a neighbourhood; notes/baselines-rfedags.md, s5.2 and check R3 of s5.6).
+    ``decay_rounds = 0``: the paper's fixed step; ``> 0``: its decaying-step theorem with ``p = 1``
+    (notes/baselines-rfedags.md, s5.2 and s5.6).
 
     Args:
         alpha0: initial step, positive.

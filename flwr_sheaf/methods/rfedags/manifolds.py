@@ -1,15 +1,10 @@
 """Manifolds for RFedAGS and its baselines (numpy in, float64 out): Stiefel ``St(d, r)``, the sphere
 ``S^{n-1}``, ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c``.
 
-The algorithms call only the operations of :class:`Manifold`. The operators are those of the RFedAGS
-authors' code (Manopt defaults; notes/baselines-rfedags.md, s5.4): Stiefel and sphere delegate to
-geoopt (``EuclideanStiefel``: projection ``U - X sym(X^T U)``, sign-fixed QR retraction, projection
-transport; ``Sphere``: normalisation retraction, projection transport, with the exponential map and
-parallel transport as options); SPD and the Poincaré ball are numpy closed forms of geoopt's
-``SymmetricPositiveDefinite("AIM")`` and ``PoincareBall``, which the tests use as oracles. The metric
-of the embedded manifolds is the Euclidean one, so ``grad f = P_x(nabla f)`` (s5.2). Leading batch
-axes broadcast (``(..., d, r)``, ``(..., n)``); points are not re-validated in the hot loop
-(``check_point`` does it on request).
+Operators of the RFedAGS authors' code (Manopt defaults; notes/baselines-rfedags.md, s5.4): Stiefel
+and sphere delegate to geoopt; SPD and the Poincaré ball are numpy closed forms of geoopt's
+``SymmetricPositiveDefinite("AIM")`` and ``PoincareBall`` (the tests' oracles). Leading batch axes
+broadcast; points are not re-validated in the hot loop (``check_point`` does it on request).
 """
 
 from __future__ import annotations
@@ -25,9 +20,8 @@ __all__ = ["Manifold", "Stiefel", "Sphere", "SPD", "PoincareBall"]
 
 
 def _geoopt() -> Any:
-    """geoopt, imported when a manifold is first built: its import (scipy.optimize with it) cost
-    0.3-0.5 CPU-s in every process importing flwr_sheaf, such as each ClientApp actor of the Ray
-    engine, most of which never run RFedAGS (benchmarks/records/performance-ray.md, "Against Flower's floor")."""
+    """geoopt, imported lazily: its import costs 0.3-0.5 CPU-s in every Ray actor
+    (benchmarks/records/performance-ray.md, "Against Flower's floor")."""
     with warnings.catch_warnings():
         # geoopt 0.5 decorates helpers with torch.jit.script, deprecated in recent torch.
         warnings.simplefilter("ignore", FutureWarning)
@@ -36,14 +30,11 @@ def _geoopt() -> Any:
 
 
 def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
-    """``f(*tensors).numpy()`` (a geoopt map) on the float64 ``arrays``, run with one intra-op thread.
+    """``f(*tensors).numpy()`` (a geoopt map) on float64 ``arrays``, with one intra-op thread.
 
-    The matrices here are tiny (``d x r``): multi-threading gains nothing, and on a loaded 2-core
-    machine torch's OpenMP barriers made a 1500-round test 10-20x slower (measured 1.6 s with one
-    thread vs 17-36 s with two). ``torch.set_num_threads`` is process-global and costs ~0.3 us; the
-    previous value is restored on exit (not safe against *other threads* running torch meanwhile,
-    which would briefly see one intra-op thread). ``torch.from_numpy`` shares memory, so read-only
-    inputs (e.g. from an ArrayRecord) are copied first.
+    The matrices are tiny: torch's OpenMP barriers made a 1500-round test 10-20x slower on a loaded
+    2-core machine. The process-global thread count is restored on exit. Read-only inputs are
+    copied (``torch.from_numpy`` shares memory).
     """
     n = torch.get_num_threads()
     if n != 1:
@@ -56,14 +47,11 @@ def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
 
 
 class Manifold:
-    """The operations RFedAGS needs from a manifold (notes/baselines-rfedags.md, s5.2 and s5.4) and the
-    plumbing the four below share (numpy in, float64 out, leading batch axes broadcast).
+    """The operations RFedAGS needs from a manifold (notes/baselines-rfedags.md, s5.2 and s5.4).
 
-    Each subclass sets ``point_shape`` (trailing shape of a point), ``_geo`` (a geoopt manifold: the
-    backend, or the tests' reference), ``_constraint`` (what :meth:`feasibility` measures, for error
-    messages) and ``compact_embedded`` (whether RFedProj's ambient averaging + ``ambient_projection``
-    applies: Stiefel, sphere), and implements the operations below (``log`` / ``dist`` optional:
-    exact logarithm and distance, for Fréchet means).
+    Subclasses set ``point_shape``, ``_geo`` (geoopt backend or the tests' reference),
+    ``_constraint`` (named in errors) and ``compact_embedded`` (RFedProj applies), and implement the
+    operations below (``log`` / ``dist`` optional, for Fréchet means).
 
     Attributes:
         retr: ``(x, u) ->`` the retraction ``R_x(u)`` of a tangent vector; point(s) ``(..., *point_shape)``.
@@ -101,8 +89,8 @@ class Manifold:
         """Tangent projection at ``x`` (Stiefel: ``U - X sym(X^T U)``; sphere: ``u - <x, u> x``).
 
         Args:
-            x: point(s) of shape ``(..., *point_shape)``.
-            u: ambient vector(s) of shape ``(..., *point_shape)`` (broadcast against ``x``).
+            x: point(s) ``(..., *point_shape)``.
+            u: ambient vector(s) ``(..., *point_shape)``, broadcast against ``x``.
 
         Returns:
             float64 tangent vector(s) of the broadcast shape.
@@ -113,20 +101,16 @@ class Manifold:
         return _torch(self._geo.proju, self._arr(x, "point x"), self._arr(u, "vector u"))
 
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Riemannian gradient of the embedded metric = ``proj(x, g)``; float64, shape of ``g``
-        (notes/baselines-rfedags.md, s5.2). Raises ValueError like :meth:`proj`."""
+        """Riemannian gradient of the embedded metric: ``proj(x, g)`` (notes/baselines-rfedags.md, s5.2)."""
         return self.proj(x, g)
 
     def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """A Euclidean gradient whose Riemannian gradient is the tangent vector ``v``: ``v`` itself
-        for the embedded metric (``proj(x, v) = v``); float64, shape of ``v``. Lets problems that know
-        their Riemannian gradient (Fréchet means) feed the client loop, which takes Euclidean ones."""
+        """A Euclidean gradient whose Riemannian gradient is the tangent ``v`` (embedded metric: ``v``)."""
         return self.proj(x, v)
 
     def check_point(self, x: np.ndarray, atol: float = 1e-8) -> None:
-        """Raise ``ValueError`` unless ``x`` has shape ``(..., *point_shape)``, is finite and lies on
-        the manifold up to ``atol`` (:meth:`feasibility`; Stiefel ``||X^T X - I||_F``, sphere
-        ``| ||x|| - 1 |``)."""
+        """Raise ``ValueError`` unless ``x`` has shape ``(..., *point_shape)``, is finite and
+        :meth:`feasibility` is at most ``atol``."""
         x = self._arr(x, "point x")
         if not np.all(np.isfinite(x)):
             raise ValueError(f"point x on {self!r} has NaN/inf entries")
@@ -138,27 +122,23 @@ class Manifold:
 
 
 class ProjectionManifold(Manifold):
-    """A :class:`Manifold` with a metric projection ``ambient_projection(z)``: the nearest point(s) of
-    ``M`` to ambient ``z``, shape ``(..., *point_shape)`` (RFedProj's requirement; Stiefel and sphere,
-    see :func:`~.baselines.require_projection`)."""
+    """A :class:`Manifold` with a metric projection ``ambient_projection(z)`` onto ``M`` (RFedProj's
+    requirement, :func:`~.baselines.require_projection`; notes/baselines-rfedags.md, s5.4)."""
 
-    #: RFedProj needs a compact embedded submanifold with a metric projection (notes/baselines-rfedags.md, s5.4).
     compact_embedded = True
     ambient_projection: Callable[[np.ndarray], np.ndarray]
 
 
 class Stiefel(ProjectionManifold):
-    """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}`` with the embedded metric
-    (notes/baselines-rfedags.md, s5.4: projection, sign-fixed QR retraction, projection transport).
+    """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}``, embedded metric, sign-fixed QR
+    retraction, projection transport; points ``(..., d, r)``.
 
     Args:
-        d: ambient rows, ``d >= r >= 1``.
-        r: columns.
+        d: ambient rows, ``d >= r``.
+        r: columns, ``>= 1``.
 
     Raises:
         ValueError: if ``r < 1`` or ``d < r``.
-
-    Points/vectors have shape ``(..., d, r)`` (batch axes broadcast); outputs are float64.
     """
 
     def __init__(self, d: int, r: int) -> None:
@@ -173,37 +153,30 @@ class Stiefel(ProjectionManifold):
         return f"Stiefel(d={self.d}, r={self.r})"
 
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """QR retraction ``qf(X + U)``, columns sign-fixed so ``diag(R) >= 0`` (``R_X(0) = X``).
-
-        Shapes ``(..., d, r)``; returns float64 points with orthonormal columns.
-
-        Raises:
-            ValueError: a trailing shape other than ``(d, r)``.
-        """
+        """QR retraction ``qf(X + U)``, sign-fixed so ``diag(R) >= 0``; ValueError on a bad shape."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         return _torch(self._geo.retr, x, u)
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Projection vector transport ``T_{x->y}(v) = P_y(v)`` (Manopt ``transp``); float64,
-        shape ``(..., d, r)``. Raises ValueError on a trailing shape other than ``(d, r)``."""
+        """Projection vector transport ``T_{x->y}(v) = P_y(v)`` (Manopt ``transp``)."""
         self._arr(x, "point x")
         return _torch(self._geo.proju, self._arr(y, "point y"), self._arr(v, "vector v"))
 
     def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse of the QR retraction: the ``U in T_X St`` with ``qf(X + U) = Y`` (Manopt ``invretr_qr``).
+        """Inverse QR retraction: the ``U in T_X St`` with ``qf(X + U) = Y`` (Manopt ``invretr_qr``).
 
-        ``X + U = Y R``, ``R`` upper triangular: tangency gives ``M R + R^T M^T = 2 I`` (``M = X^T Y``),
-        solved for the ``r(r+1)/2`` entries of ``R``; ``U = Y R - X`` (RFedAvg's map of end points).
+        Solves ``M R + R^T M^T = 2 I`` (``M = X^T Y``) for upper-triangular ``R``; ``U = Y R - X``.
 
         Args:
-            x: base point ``(d, r)``; y: point ``(d, r)`` or a stack ``(m, d, r)``.
+            x: base point ``(d, r)``.
+            y: point ``(d, r)`` or a stack ``(m, d, r)``.
 
         Returns:
             float64 tangent vector(s) at ``x``, shape of ``y``.
 
         Raises:
-            ValueError: wrong shapes, or ``Y`` not reachable by the QR retraction from ``X``
-                (singular system or ``diag(R) <= 0``, e.g. ``span(Y)`` orthogonal to ``span(X)``).
+            ValueError: wrong shapes, or ``Y`` not reachable from ``X`` (singular system or
+                ``diag(R) <= 0``).
         """
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         if x.ndim != 2:
@@ -235,12 +208,8 @@ class Stiefel(ProjectionManifold):
         return (ys @ rr - x).reshape(y.shape)
 
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
-        """Metric projection of ambient ``Z (..., d, r)`` onto ``St(d, r)``: the polar factor ``U V^T``
-        of ``Z = U S V^T`` (the authors' ``RFedProj_.m`` ``Proj``); float64, shape of ``z``.
-
-        Raises:
-            ValueError: wrong trailing shape or NaN/inf entries.
-        """
+        """Polar factor ``U V^T`` of ``Z = U S V^T`` (``RFedProj_.m`` ``Proj``); ValueError on a
+        bad shape or NaN/inf."""
         z = self._arr(z, "ambient z")
         if not np.all(np.isfinite(z)):
             raise ValueError(f"ambient_projection on {self!r}: NaN/inf entries")
@@ -248,43 +217,39 @@ class Stiefel(ProjectionManifold):
         return u @ vt
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Euclidean metric ``tr(U^T V)`` per batch element; returns shape ``(...)`` float64."""
+        """Euclidean metric ``tr(U^T V)`` per batch element, ``(...)``."""
         u, v = self._arr(u, "vector u"), self._arr(v, "vector v")
         return np.sum(u * v, axis=(-2, -1))
 
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
-        """Random point ``qf(G)`` with ``G`` standard normal ``(d, r)`` (Haar-distributed), float64."""
+        """Haar-distributed ``qf(G)``, ``G`` standard normal ``(d, r)``."""
         g = rng.standard_normal(self.point_shape)
         return self.retr(np.zeros(self.point_shape), g)
 
     def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """``||X^T X - I_r||_F`` per batch element (0 on the manifold), float64."""
+        """``||X^T X - I_r||_F`` per batch element."""
         x = self._arr(x, "point x")
         gram = np.swapaxes(x, -1, -2) @ x
         return np.linalg.norm(gram - np.eye(self.r), axis=(-2, -1))
 
     def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """``||sym(X^T U)||_F`` per batch element (0 iff ``U in T_X St``), float64."""
+        """``||sym(X^T U)||_F`` per batch element."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         xtu = np.swapaxes(x, -1, -2) @ u
         return np.linalg.norm(0.5 * (xtu + np.swapaxes(xtu, -1, -2)), axis=(-2, -1))
 
 
 class Sphere(ProjectionManifold):
-    """Unit sphere ``S^{n-1} = {x in R^n: ||x|| = 1}`` with the embedded metric.
+    """Unit sphere ``S^{n-1}`` with the embedded metric; points ``(..., n)``.
 
     Args:
         n: ambient dimension, ``n >= 2``.
-        retraction: ``"normalize"`` (default, Manopt ``spherefactory``: ``(x+u)/||x+u||``) or
-            ``"exp"`` (exponential map, what the authors' MNIST sphere experiment used).
-        transport: ``"projection"`` (default, ``P_y(v) = v - <y, v> y``) or ``"parallel"``
-            (parallel transport along the minimising geodesic,
-            ``v - <y, v>/(1 + <x, y>) (x + y)``; undefined for antipodal ``x = -y``).
+        retraction: ``"normalize"`` (Manopt ``spherefactory``: ``(x+u)/||x+u||``) or ``"exp"``.
+        transport: ``"projection"`` (``v - <y, v> y``) or ``"parallel"``
+            (``v - <y, v>/(1 + <x, y>) (x + y)``; undefined for antipodal points).
 
     Raises:
         ValueError: bad ``n``, unknown ``retraction``/``transport``.
-
-    Points and vectors have shape ``(..., n)``; all outputs are float64 numpy arrays.
     """
 
     def __init__(
@@ -306,18 +271,13 @@ class Sphere(ProjectionManifold):
         return f"Sphere(n={self.n}, retraction={self.retraction!r}, transport={self.transport!r})"
 
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Retraction (normalisation or exponential map, see class doc); float64 ``(..., n)``.
-        Raises ValueError on a trailing shape other than ``(n,)``."""
+        """Retraction (normalisation or exponential map)."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         f = self._geo.expmap if self.retraction == "exp" else self._geo.retr
         return _torch(f, x, u)
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Vector transport ``T_{x->y}(v)`` (projection or parallel, see class doc); float64.
-
-        Raises:
-            ValueError: parallel transport between (numerically) antipodal points.
-        """
+        """Vector transport ``T_{x->y}(v)``; ValueError for parallel transport of antipodal points."""
         x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
         if self.transport == "projection":
             return _torch(self._geo.proju, y, v)
@@ -327,11 +287,10 @@ class Sphere(ProjectionManifold):
         return v - np.sum(y * v, axis=-1, keepdims=True) / (1.0 + xy) * (x + y)
 
     def log(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Riemannian logarithm ``Log_x(y) = theta (y - <x, y> x)/||y - <x, y> x||``, ``theta = arccos <x, y>``
-        (0 for ``y = x``); float64 ``(..., n)``.
+        """``Log_x(y) = theta (y - <x, y> x)/||y - <x, y> x||``, ``theta = arccos <x, y>``.
 
         Raises:
-            ValueError: antipodal ``x, y`` (no unique geodesic) or a trailing shape other than ``(n,)``.
+            ValueError: antipodal ``x, y`` or a trailing shape other than ``(n,)``.
         """
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         c = np.clip(np.sum(x * y, axis=-1, keepdims=True), -1.0, 1.0)
@@ -343,16 +302,15 @@ class Sphere(ProjectionManifold):
         return np.where(nw > 1e-300, theta * w / np.where(nw > 1e-300, nw, 1.0), 0.0)
 
     def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Geodesic distance ``arccos <x, y>``; float64 ``(...)``."""
+        """Geodesic distance ``arccos <x, y>``, ``(...)``."""
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         return np.arccos(np.clip(np.sum(x * y, axis=-1), -1.0, 1.0))
 
     def invretr(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Inverse of :meth:`retr`: ``y/<x, y> - x`` for the normalisation retraction (needs ``<x, y> > 0``),
-        :meth:`log` for ``retraction="exp"``; float64 ``(..., n)``.
+        """Inverse of :meth:`retr`: ``y/<x, y> - x`` (normalisation) or :meth:`log` (``"exp"``).
 
         Raises:
-            ValueError: ``<x, y> <= 0`` with the normalisation retraction (``y`` not reachable).
+            ValueError: ``<x, y> <= 0`` with the normalisation retraction.
         """
         if self.retraction == "exp":
             return self.log(x, y)
@@ -365,11 +323,7 @@ class Sphere(ProjectionManifold):
         return y / c - x
 
     def ambient_projection(self, z: np.ndarray) -> np.ndarray:
-        """Metric projection ``z/||z||`` of ambient ``z (..., n)`` onto the sphere; float64.
-
-        Raises:
-            ValueError: ``z = 0`` (no unique projection), NaN/inf.
-        """
+        """Metric projection ``z/||z||``; ValueError for ``z = 0`` or NaN/inf."""
         z = self._arr(z, "ambient z")
         nz = np.linalg.norm(z, axis=-1, keepdims=True)
         if not np.all(np.isfinite(z)) or np.any(nz == 0):
@@ -377,24 +331,22 @@ class Sphere(ProjectionManifold):
         return z / nz
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Euclidean inner product ``<u, v>`` per batch element; float64 of shape ``(...)``.
-        Raises ValueError on a trailing shape other than ``(n,)``."""
+        """Euclidean inner product ``<u, v>`` per batch element, ``(...)``."""
         u, v = self._arr(u, "vector u"), self._arr(v, "vector v")
         return np.sum(u * v, axis=-1)
 
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
-        """Uniformly distributed unit vector ``(n,)`` float64 (normalised standard normal drawn
-        with ``rng``)."""
+        """Uniform unit vector ``(n,)`` (normalised standard normal)."""
         g = rng.standard_normal(self.point_shape)
         return g / np.linalg.norm(g)
 
     def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """``| ||x|| - 1 |`` per batch element (0 on the sphere); float64 of shape ``(...)``."""
+        """``| ||x|| - 1 |`` per batch element."""
         x = self._arr(x, "point x")
         return np.abs(np.linalg.norm(x, axis=-1) - 1.0)
 
     def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """``|<x, u>|`` per batch element (0 iff ``u in T_x S``), float64."""
+        """``|<x, u>|`` per batch element."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         return np.abs(np.sum(x * u, axis=-1))
 
@@ -411,21 +363,17 @@ def _eigfun(a: np.ndarray, *fs) -> list[np.ndarray]:
 
 
 class SPD(Manifold):
-    """Symmetric positive definite ``n x n`` matrices with the affine-invariant metric
-    ``<U, V>_X = tr(X^{-1} U X^{-1} V)`` (Manopt ``sympositivedefinitefactory``, the RFedAGS paper's
-    Fréchet-mean problem; notes/baselines-rfedags.md, s5.4).
+    """SPD ``n x n`` matrices, affine-invariant metric ``tr(X^{-1} U X^{-1} V)`` (Manopt
+    ``sympositivedefinitefactory``; notes/baselines-rfedags.md, s5.4); points ``(..., n, n)``.
 
-    Closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")`` (the tests' oracle; retraction =
-    exponential map, inverse = logarithm, parallel transport) with batched ``numpy.linalg.eigh``:
-    geoopt's torch calls cost 50x more on 3 x 3 batches (measured). Not compact: RFedProj refuses it.
+    Numpy closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")`` (retraction = exponential
+    map; 50x faster than geoopt's torch on 3 x 3 batches). Not compact: RFedProj refuses it.
 
     Args:
         n: matrix size ``>= 1``.
 
     Raises:
         ValueError: bad ``n``.
-
-    Points/vectors have shape ``(..., n, n)``; outputs are float64 numpy arrays.
     """
 
     def __init__(self, n: int) -> None:
@@ -433,8 +381,7 @@ class SPD(Manifold):
             raise ValueError(f"SPD(n) needs an integer n >= 1, got n={n}")
         self.n = int(n)
         self.point_shape = (self.n, self.n)
-        # the reference (tests, centralised solver)
-        self._geo = _geoopt().SymmetricPositiveDefinite("AIM")
+        self._geo = _geoopt().SymmetricPositiveDefinite("AIM")  # the reference
         self._constraint = "||X - X^T||_F (inf if not positive definite)"
 
     def __repr__(self) -> str:
@@ -445,29 +392,29 @@ class SPD(Manifold):
         return s, si
 
     def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """``sym(U)`` broadcast against ``x``; float64 ``(..., n, n)``."""
+        """``sym(U)`` broadcast against ``x``."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         return np.broadcast_to(_sym(u), np.broadcast_shapes(x.shape, u.shape)).copy()
 
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """``X sym(G) X``; float64, broadcast shape."""
+        """``X sym(G) X``."""
         x, g = self._arr(x, "point x"), self._arr(g, "gradient g")
         return x @ _sym(g) @ x
 
     def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """``X^{-1} sym(V) X^{-1}`` (inverse of ``egrad2rgrad`` on symmetric matrices); float64."""
+        """``X^{-1} sym(V) X^{-1}`` (inverse of ``egrad2rgrad``)."""
         x, v = self._arr(x, "point x"), self._arr(v, "vector v")
         xi = np.linalg.inv(x)
         return xi @ _sym(v) @ xi
 
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Exponential map ``Exp_X(U)`` (the authors' retraction on SPD); float64, symmetric."""
+        """Exponential map ``Exp_X(U)`` (the authors' retraction on SPD)."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         s, si = self._roots(x)
         return _sym(s @ _eigfun(si @ u @ si, np.exp)[0] @ s)
 
     def log(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Riemannian logarithm ``Log_X(Y)``; float64, broadcast shape, symmetric."""
+        """Riemannian logarithm ``Log_X(Y)``."""
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         s, si = self._roots(x)
         return _sym(s @ _eigfun(si @ y @ si, np.log)[0] @ s)
@@ -476,53 +423,51 @@ class SPD(Manifold):
     invretr = log
 
     def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Affine-invariant distance ``||logm(X^{-1/2} Y X^{-1/2})||_F`` per batch element; float64."""
+        """``||logm(X^{-1/2} Y X^{-1/2})||_F`` per batch element."""
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         _, si = self._roots(x)
         lam = np.linalg.eigvalsh(_sym(si @ y @ si))
         return np.sqrt(np.sum(np.log(lam) ** 2, axis=-1))
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Parallel transport of ``V in T_X`` to ``T_Y`` along the geodesic (geoopt's formula); float64."""
+        """Parallel transport of ``V`` from ``T_X`` to ``T_Y`` (geoopt's formula)."""
         x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
         s, si = self._roots(x)
         e = _eigfun(si @ y @ si, np.sqrt)[0]
         return _sym(s @ e @ _sym(si @ v @ si) @ e @ s)
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """``tr(X^{-1} U X^{-1} V)`` per batch element; float64 ``(...)``."""
+        """``tr(X^{-1} U X^{-1} V)`` per batch element."""
         x, u, v = self._arr(x, "point x"), self._arr(u, "vector u"), self._arr(v, "vector v")
         xi = np.linalg.inv(x)
         return np.trace(xi @ u @ xi @ v, axis1=-2, axis2=-1)
 
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
-        """``Q diag(exp(l)) Q^T`` with ``Q`` Haar-orthogonal and ``l ~ N(0, 1)`` drawn with ``rng``; float64 ``(n, n)``."""
+        """``Q diag(exp(l)) Q^T``, ``Q`` Haar-orthogonal, ``l ~ N(0, 1)``."""
         q, r = np.linalg.qr(rng.standard_normal((self.n, self.n)))
         q = q * np.where(np.diag(r) < 0, -1.0, 1.0)
         return _sym((q * np.exp(rng.standard_normal(self.n))) @ q.T)
 
     def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """``||X - X^T||_F`` per batch element, ``inf`` where ``sym(X)`` is not positive definite; float64 ``(...)``."""
+        """``||X - X^T||_F`` per batch element, ``inf`` where ``sym(X)`` is not positive definite."""
         x = self._arr(x, "point x")
         asym = np.linalg.norm(x - np.swapaxes(x, -1, -2), axis=(-2, -1))
         lam_min = np.linalg.eigvalsh(_sym(x))[..., 0]
         return np.where(lam_min > 0, asym, np.inf)
 
     def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """``||U - sym(U)||_F`` per batch element (0 iff ``U`` symmetric); float64."""
+        """``||U - sym(U)||_F`` per batch element."""
         u = self._arr(u, "vector u")
         return np.linalg.norm(0.5 * (u - np.swapaxes(u, -1, -2)), axis=(-2, -1))
 
 
 class PoincareBall(Manifold):
-    """Poincaré ball ``{x in R^n: c ||x||^2 < 1}`` of curvature ``-c``: the RFedAGS paper's hyperbolic
-    model (the authors used the isometric Lorentz model, Manopt ``hyperbolicfactory``).
+    """Poincaré ball ``{x in R^n: c ||x||^2 < 1}`` of curvature ``-c`` (the authors used the
+    isometric Lorentz model).
 
-    Numpy closed forms of geoopt's ``PoincareBall(c)`` (the tests' oracle; numpy for the speed
-    reason of :class:`SPD`): Möbius addition, metric ``lambda_x^2 <u, v>`` with
-    ``lambda_x = 2/(1 - c||x||^2)``, retraction = exponential map (clipped like geoopt to
-    ``sqrt(c)||x|| <= 1 - 1e-5``), its inverse the logarithm, parallel transport ``gyr[y, -x] v
-    lambda_x/lambda_y``. Every vector of ``R^n`` is tangent. Not compact: RFedProj refuses it.
+    Numpy closed forms of geoopt's ``PoincareBall(c)``: metric ``lambda_x^2 <u, v>``,
+    ``lambda_x = 2/(1 - c||x||^2)``; retraction = exponential map, clipped like geoopt to
+    ``sqrt(c)||x|| <= 1 - 1e-5``. Not compact: RFedProj refuses it.
 
     Args:
         n: dimension ``>= 1``.
@@ -532,7 +477,7 @@ class PoincareBall(Manifold):
         ValueError: bad ``n`` or ``c``.
     """
 
-    #: geoopt's float64 boundary margin: its projection keeps ``sqrt(c)||x|| <= 1 - BALL_EPS``.
+    #: geoopt's float64 boundary margin (``sqrt(c)||x|| <= 1 - BALL_EPS``).
     BALL_EPS = 1e-5
 
     def __init__(self, n: int, c: float = 1.0) -> None:
@@ -542,7 +487,7 @@ class PoincareBall(Manifold):
             raise ValueError(f"PoincareBall curvature c must be positive, got c={c!r}")
         self.n, self.c = int(n), float(c)
         self.point_shape = (self.n,)
-        self._geo = _geoopt().PoincareBall(c=self.c)  # the reference (tests, centralised solver)
+        self._geo = _geoopt().PoincareBall(c=self.c)  # the reference
         self._constraint = "max(0, sqrt(c)||x|| - (1 - 1e-5))"
 
     def __repr__(self) -> str:
@@ -566,22 +511,22 @@ class PoincareBall(Manifold):
         return np.where(nx > maxnorm, x / nx * maxnorm, x)
 
     def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Identity (``T_x B = R^n``), broadcast to the common shape; float64."""
+        """Identity (``T_x B = R^n``), broadcast to the common shape."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         return np.broadcast_to(u, np.broadcast_shapes(x.shape, u.shape)).copy()
 
     def egrad2rgrad(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """``g / lambda_x^2``; float64, broadcast shape."""
+        """``g / lambda_x^2``."""
         x, g = self._arr(x, "point x"), self._arr(g, "gradient g")
         return g / self._lam(x) ** 2
 
     def rgrad2egrad(self, x: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """``lambda_x^2 v`` (inverse of ``egrad2rgrad``); float64, broadcast shape."""
+        """``lambda_x^2 v`` (inverse of ``egrad2rgrad``)."""
         x, v = self._arr(x, "point x"), self._arr(v, "vector v")
         return self._lam(x) ** 2 * v
 
     def retr(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Exponential map ``Exp_x(u)`` (clipped inside the ball as geoopt does); float64."""
+        """Exponential map ``Exp_x(u)``, clipped inside the ball."""
         x, u = self._arr(x, "point x"), self._arr(u, "vector u")
         sc = np.sqrt(self.c)
         nu = np.maximum(np.linalg.norm(u, axis=-1, keepdims=True), 1e-15)
@@ -589,7 +534,7 @@ class PoincareBall(Manifold):
         return self._project(self._madd(x, second))
 
     def log(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Riemannian logarithm ``Log_x(y)``; float64, broadcast shape."""
+        """Riemannian logarithm ``Log_x(y)``."""
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         sc = np.sqrt(self.c)
         w = self._madd(-x, y)
@@ -600,34 +545,34 @@ class PoincareBall(Manifold):
     invretr = log
 
     def dist(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Hyperbolic distance ``2/sqrt(c) artanh(sqrt(c)||(-x) (+) y||)`` per batch element; float64."""
+        """``2/sqrt(c) artanh(sqrt(c)||(-x) (+) y||)`` per batch element."""
         x, y = self._arr(x, "point x"), self._arr(y, "point y")
         sc = np.sqrt(self.c)
         nw = np.linalg.norm(self._madd(-x, y), axis=-1)
         return 2.0 / sc * np.arctanh(np.minimum(sc * nw, 1 - 1e-15))
 
     def transp(self, x: np.ndarray, y: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Parallel transport ``gyr[y, -x] v * lambda_x / lambda_y`` (geoopt's formula); float64."""
+        """Parallel transport ``gyr[y, -x] v * lambda_x / lambda_y`` (geoopt's formula)."""
         x, y, v = self._arr(x, "point x"), self._arr(y, "point y"), self._arr(v, "vector v")
         a, b = y, -x
         gyr = self._madd(-self._madd(a, b), self._madd(a, self._madd(b, v)))
         return gyr * self._lam(x) / self._lam(y)
 
     def inner(self, x: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Metric ``lambda_x^2 <u, v>`` per batch element; float64 ``(...)``."""
+        """Metric ``lambda_x^2 <u, v>`` per batch element."""
         x, u, v = self._arr(x, "point x"), self._arr(u, "vector u"), self._arr(v, "vector v")
         return self._lam(x)[..., 0] ** 2 * np.sum(u * v, axis=-1)
 
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
-        """``Exp_0(g)`` with ``g ~ N(0, I_n / n)`` drawn with ``rng``; float64 ``(n,)``."""
+        """``Exp_0(g)``, ``g ~ N(0, I_n / n)``."""
         return self.retr(np.zeros(self.n), rng.standard_normal(self.n) / np.sqrt(self.n))
 
     def feasibility(self, x: np.ndarray) -> np.ndarray:
-        """``max(0, sqrt(c)||x|| - (1 - 1e-5))`` per batch element (0 inside geoopt's float64 ball); float64."""
+        """``max(0, sqrt(c)||x|| - (1 - 1e-5))`` per batch element."""
         x = self._arr(x, "point x")
         return np.maximum(0.0, np.sqrt(self.c) * np.linalg.norm(x, axis=-1) - (1.0 - self.BALL_EPS))
 
     def tangent_error(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """0 for any finite ``u`` (every vector is tangent), ``inf`` otherwise; float64 ``(...)``."""
+        """0 for any finite ``u`` (every vector is tangent), ``inf`` otherwise."""
         u = self._arr(u, "vector u")
         return np.where(np.all(np.isfinite(u), axis=-1), 0.0, np.inf)

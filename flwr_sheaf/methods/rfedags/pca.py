@@ -1,12 +1,7 @@
 """Federated PCA on the Stiefel manifold (notes/baselines-rfedags.md, s5.5): the RFedAGS paper's synthetic
-problem and a planted problem that exposes the participation bias (check R3, s5.6).
-
-Cost convention of the authors' code (no factor 1/2; the paper's step sizes are in it)::
+problem and a planted problem that exposes the participation bias (s5.6). Cost of the authors' code::
 
     f_i(X) = -tr(X^T A_i X),   A_i = (1/S) sum_s z_s z_s^T,   F(X) = (1/N) sum_i f_i(X),   X in St(d, r)
-
-Euclidean gradient ``-2 A_i X`` (mini-batch ``-(2/B) Z_b^T Z_b X``); ``F* = -(sum of the top-r
-eigenvalues of A = mean_i A_i)``, attained by the top-r eigenvectors.
 """
 
 from __future__ import annotations
@@ -28,25 +23,35 @@ __all__ = [
 
 
 def check_sizes(**sizes: int) -> None:
-    """Raise ``ValueError`` naming the first of ``sizes`` (``name=value``) that is not a positive integer."""
+    """Raise ``ValueError`` naming the first of ``sizes`` that is not a positive integer."""
     for name, v in sizes.items():
         if int(v) != v or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
 
 def client_weights(weights: np.ndarray, n: int) -> np.ndarray:
-    """``weights`` as float64 ``(n,)`` client weights. Raises ``ValueError`` unless of shape ``(n,)``,
-    non-negative, with a positive sum."""
+    """``weights`` as float64 ``(n,)``; ValueError unless non-negative with a positive sum."""
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (n,) or np.any(w < 0) or not w.sum() > 0:
         raise ValueError(f"weights must be ({n},), non-negative, with a positive sum")
     return w
 
 
+def _batch_rows(samples: np.ndarray, clients, batch: np.ndarray) -> np.ndarray:
+    """``samples[clients[:, None], batch]``: the ``batch (m, B)`` rows of each of the ``m`` clients.
+
+    Raises:
+        ValueError: ``batch`` not ``(m, B)``.
+    """
+    idx = np.asarray(clients, dtype=int)
+    b = np.asarray(batch, dtype=int)
+    if b.ndim != 2 or b.shape[0] != idx.size:
+        raise ValueError(f"batch must have shape ({idx.size}, B), got {b.shape}")
+    return samples[idx[:, None], b]
+
+
 def _top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(U (d, r), lam (d,))``: orthonormal eigenvectors of the ``r`` largest eigenvalues of the
-    symmetric part of ``a`` (``(d, d)``, shape and ``r`` checked by :class:`PCAProblem`) and all
-    eigenvalues in descending order, float64 (``numpy.linalg.eigh``)."""
+    """``(U (d, r), lam (d,))``: top-``r`` eigenvectors of ``sym(a)`` and all eigenvalues, descending."""
     lam, vec = np.linalg.eigh(0.5 * (a + a.T))
     order = np.argsort(lam)[::-1]
     return vec[:, order[:r]], lam[order]
@@ -59,7 +64,7 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
         x, u: ``(d, r)`` matrices with orthonormal columns.
 
     Returns:
-        float in ``[0, sqrt(r)]`` (= the 2-norm of the sines of the principal angles).
+        float in ``[0, sqrt(r)]`` (the 2-norm of the sines of the principal angles).
 
     Raises:
         ValueError: shape mismatch.
@@ -73,13 +78,12 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
 
 
 class PCAProblem:
-    """Federated PCA ``min_{X in St(d, r)} F(X) = (1/N) sum_i -tr(X^T A_i X)`` (notes/baselines-rfedags.md, s5.5).
+    """Federated PCA ``min_{X in St(d, r)} (1/N) sum_i -tr(X^T A_i X)``.
 
     Args:
         covariances: ``(N, d, d)`` symmetric matrices ``A_i``.
         r: number of components, ``1 <= r <= d``.
-        samples: optional ``(N, S, d)`` local samples with ``A_i = Z_i^T Z_i / S`` (needed only for
-            mini-batch gradients).
+        samples: optional ``(N, S, d)`` samples with ``A_i = Z_i^T Z_i / S`` (for mini-batch gradients).
 
     Raises:
         ValueError: bad shapes, non-symmetric ``A_i`` (relative asymmetry > 1e-10), NaN/inf, or
@@ -112,74 +116,48 @@ class PCAProblem:
         self.manifold = Stiefel(self.d, self.r)
         self._opt: tuple[np.ndarray, float, np.ndarray] | None = None
 
-    # --- costs and gradients -------------------------------------------------------------------
     def local_costs(self, x: np.ndarray) -> np.ndarray:
-        """``f_i(X) = -tr(X^T A_i X)`` for all clients; ``X (d, r)`` -> ``(N,)`` float64."""
+        """``f_i(X)`` for all clients, ``(N,)``."""
         x = np.asarray(x, dtype=np.float64)
         return -np.einsum("dr,nde,er->n", x, self.covariances, x)
 
     def cost(self, x: np.ndarray) -> float:
-        """``F(X) = -tr(X^T A X)``, ``A = mean_i A_i``; ``X (d, r)`` -> float."""
+        """``F(X) = -tr(X^T A X)``, ``A = mean_i A_i``."""
         x = np.asarray(x, dtype=np.float64)
         return float(-np.sum(x * (self.mean_covariance @ x)))
 
     def egrad(self, x: np.ndarray) -> np.ndarray:
-        """Euclidean gradient ``-2 A X`` of ``F``; ``(d, r)`` float64."""
+        """Euclidean gradient ``-2 A X`` of ``F``."""
         return -2.0 * self.mean_covariance @ np.asarray(x, dtype=np.float64)
 
     def rgrad(self, x: np.ndarray) -> np.ndarray:
-        """Riemannian gradient ``P_X(-2 A X)`` of ``F``; ``(d, r)`` float64."""
+        """Riemannian gradient ``P_X(-2 A X)`` of ``F``."""
         return self.manifold.egrad2rgrad(x, self.egrad(x))
 
     def local_egrads(
         self, x: np.ndarray, clients: np.ndarray | list[int] | None = None
     ) -> np.ndarray:
-        """Exact local Euclidean gradients ``-2 A_i X_i``.
-
-        Args:
-            x: ``(d, r)`` (shared point) or ``(m, d, r)`` (one point per listed client).
-            clients: ``m`` client indices (default all ``N``).
-
-        Returns:
-            ``(m, d, r)`` float64.
-
-        Raises:
-            IndexError: a client index outside ``[0, N)``.
-        """
+        """Exact local gradients ``-2 A_i X`` at ``x`` (``(d, r)`` or one per client), ``(m, d, r)``; ``clients`` default all."""
         idx = np.arange(self.num_clients) if clients is None else np.asarray(clients, dtype=int)
         return -2.0 * (self.covariances[idx] @ np.asarray(x, dtype=np.float64))
 
     def minibatch_egrads(
         self, x: np.ndarray, clients: np.ndarray | list[int], batch: np.ndarray
     ) -> np.ndarray:
-        """Mini-batch Euclidean gradients ``-(2/B) Z_b^T (Z_b X)`` (notes/baselines-rfedags.md, s5.5; batch without replacement).
-
-        Args:
-            x: ``(d, r)`` or ``(m, d, r)``.
-            clients: ``m`` client indices.
-            batch: ``(m, B)`` sample indices per client.
-
-        Returns:
-            ``(m, d, r)`` float64.
+        """Mini-batch gradients ``-(2/B) Z_b^T (Z_b X)``, ``batch (m, B)`` sample indices per client -> ``(m, d, r)``.
 
         Raises:
             ValueError: no samples stored, or shape mismatch.
         """
         if self.samples is None:
             raise ValueError("this PCAProblem has no samples; mini-batch gradients are unavailable")
-        idx = np.asarray(clients, dtype=int)
-        b = np.asarray(batch, dtype=int)
-        if b.ndim != 2 or b.shape[0] != idx.size:
-            raise ValueError(f"batch must have shape ({idx.size}, B), got {b.shape}")
-        zb = self.samples[idx[:, None], b]  # (m, B, d)
-        return -(2.0 / b.shape[1]) * (
+        zb = _batch_rows(self.samples, clients, batch)  # (m, B, d)
+        return -(2.0 / zb.shape[1]) * (
             np.swapaxes(zb, 1, 2) @ (zb @ np.asarray(x, dtype=np.float64))
         )
 
-    # --- optimum -------------------------------------------------------------------------------
     def optimum(self) -> tuple[np.ndarray, float]:
-        """Exact minimiser and minimum: ``(U (d, r) float64, F* float)`` from ``eigh(A)``;
-        ``F* = -sum of the top-r eigenvalues`` of ``A = mean_i A_i`` (cached)."""
+        """``(U (d, r), F*)``: the top-r eigenvectors of ``A`` and ``-sum`` of their eigenvalues (cached)."""
         if self._opt is None:
             u, lam = _top_eigenvectors(self.mean_covariance, self.r)
             self._opt = (u, float(-lam[: self.r].sum()), lam)
@@ -187,25 +165,21 @@ class PCAProblem:
 
     @property
     def eigengap(self) -> float:
-        """``lambda_r - lambda_{r+1}`` of ``A`` (``inf`` if ``r = d``): how well ``U`` is determined."""
+        """``lambda_r - lambda_{r+1}`` of ``A`` (``inf`` if ``r = d``)."""
         self.optimum()
         assert self._opt is not None, "optimum() caches self._opt"
         lam = self._opt[2]
         return float("inf") if self.r == self.d else float(lam[self.r - 1] - lam[self.r])
 
     def gap(self, x: np.ndarray) -> float:
-        """Optimality gap ``F(X) - F* >= 0`` (float) of a point ``X (d, r)``: the metric of
-        notes/baselines-rfedags.md, s5.5."""
+        """Optimality gap ``F(X) - F* >= 0``."""
         return self.cost(x) - self.optimum()[1]
 
     def reweighted_optimum(self, weights: np.ndarray) -> np.ndarray:
-        """Minimiser ``U~ (d, r)`` of ``F~ = sum_i w_i f_i`` (top-r eigenvectors of ``sum_i w_i A_i``).
-
-        With ``w = p~`` (:func:`~flwr_sheaf.methods.rfedags.aggregation.effective_weights_uncorrected`) this is
-        where the uncorrected method converges (paper Theorem 2.1).
+        """Minimiser ``(d, r)`` of ``sum_i w_i f_i``: where the uncorrected method converges with ``w = p~`` (Theorem 2.1).
 
         Raises:
-            ValueError: ``weights`` not ``(N,)`` or not non-negative with a positive sum.
+            ValueError: ``weights`` not ``(N,)`` non-negative with a positive sum.
         """
         w = client_weights(weights, self.num_clients)
         return _top_eigenvectors(np.einsum("n,nde->de", w, self.covariances), self.r)[0]
@@ -214,14 +188,14 @@ class PCAProblem:
 def synthetic_pca_problem(
     num_clients: int = 40, d: int = 100, r: int = 5, samples_per_client: int = 100, seed: int = 0
 ) -> PCAProblem:
-    """The paper's synthetic PCA data (notes/baselines-rfedags.md, s5.5): client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
+    """The paper's synthetic PCA data: client ``i = 1..N`` gets ``S`` samples ``(i/N) N(0, I_d)``.
 
     Args:
         num_clients, d, r, samples_per_client: ``N, d, r, S`` (paper: 40, 100, 5, 100).
         seed: numpy seed (the authors used MATLAB ``rng``; draws differ, statistics match).
 
     Returns:
-        :class:`PCAProblem` with ``samples`` ``(N, S, d)`` and ``A_i = Z_i^T Z_i / S``.
+        :class:`PCAProblem` with ``samples`` ``(N, S, d)``.
 
     Raises:
         ValueError: non-positive sizes.
@@ -246,23 +220,22 @@ def planted_pca_problem(
     base: float = 0.1,
     noise: float = 0.005,
 ) -> tuple[PCAProblem, np.ndarray]:
-    """Planted two-group PCA problem that exposes the participation bias (notes/baselines-rfedags.md, s5.5-s5.6, check R3).
+    """Planted two-group PCA problem that exposes the participation bias (notes/baselines-rfedags.md, s5.5-s5.6).
 
-    ``A_i = base * I + noise * sym(G_i) + spike_g (e_a e_a^T + e_b e_b^T)`` with ``(a, b) = (0, 1)`` for the
-    frequent group and ``(2, 3)`` for the rare group; ``r = 2``. With the defaults the true optimum is
-    ``span(e2, e3)`` (1.5 > 1.0 on average) while the uncorrected method's ``F~`` favours ``span(e0, e1)``.
+    ``A_i = base * I + noise * sym(G_i) + spike_g (e_a e_a^T + e_b e_b^T)``, ``(a, b) = (0, 1)``
+    (frequent) or ``(2, 3)`` (rare); ``r = 2``. With the defaults the optimum is ``span(e2, e3)``
+    while the uncorrected method favours ``span(e0, e1)``.
 
     Args:
-        seed: seed of the symmetric noise ``G_i`` (standard normal).
+        seed: seed of the symmetric noise ``G_i``.
         d: dimension (>= 4).
         num_frequent, num_rare: group sizes.
         p_frequent, p_rare: participation probabilities of the groups.
         spike_frequent, spike_rare: spike strengths.
-        base, noise: isotropic level and noise scale (``noise * ||sym(G)||`` must stay below ``base``
-            for PSD covariances; the defaults give ``||.|| ~ 0.03``).
+        base, noise: isotropic level and noise scale (``noise * ||sym(G)||`` below ``base`` keeps PSD).
 
     Returns:
-        ``(problem, p)``: :class:`PCAProblem` (no samples; exact gradients) and ``(N,)`` probabilities.
+        ``(problem, p)``: :class:`PCAProblem` (no samples) and ``(N,)`` probabilities.
 
     Raises:
         ValueError: ``d < 4`` or invalid probabilities.
@@ -284,19 +257,16 @@ def planted_pca_problem(
 def batch_indices(
     seed: int, server_round: int, client: int, num_steps: int, num_samples: int, batch_size: int
 ) -> np.ndarray:
-    """Mini-batch indices of one client's local phase (without replacement within each step).
-
-    Deterministic in ``(seed, server_round, client)`` (SeedSequence entropy ``[seed, 1, round, client]``)
-    so the Flower client and the tests' numpy loop draw the same batches.
+    """Mini-batch indices of one client's local phase, deterministic in ``(seed, server_round, client)``.
 
     Args:
-        seed, server_round, client: the three seed components (non-negative ints).
+        seed, server_round, client: SeedSequence entropy ``[seed, 1, round, client]``.
         num_steps: ``K``, one batch per local step.
-        num_samples: ``S``, the client's sample count.
+        num_samples: ``S``.
         batch_size: ``B`` in ``[1, S]``.
 
     Returns:
-        ``(K, B)`` int array, row ``k`` = first ``B`` entries of a fresh permutation of ``range(S)``.
+        ``(K, B)`` int array: row ``k`` = first ``B`` entries of a fresh permutation of ``range(S)``.
 
     Raises:
         ValueError: ``batch_size`` not in ``[1, S]``.

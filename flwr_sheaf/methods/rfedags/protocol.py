@@ -1,10 +1,4 @@
-"""The RFedAGS family's message vocabulary (the core's names are in :mod:`flwr_sheaf.protocol`).
-
-``train.rfedags`` carries :data:`POINT` and the config :data:`LOCAL_STEPS`, :data:`STEP_SIZE`,
-:data:`MINIBATCH_SIZE`; its reply's :data:`STREAM_RECORD` holds :data:`STREAM`. The baselines'
-``train.<m>`` add :data:`PHASE` (and :data:`FULL_GRADIENT` / :data:`CORRECTION`); their replies hold
-:data:`ENDPOINT` (RFedProj also :data:`MEAN_GRADIENT`), or :data:`STREAM` in RFedSVRG's gradient phase.
-"""
+"""The RFedAGS family's message vocabulary (the core's names are in :mod:`flwr_sheaf.protocol`)."""
 
 from __future__ import annotations
 
@@ -27,7 +21,7 @@ __all__ = [
 #: record of a train reply holding the stream (or, for the baselines, the end point).
 STREAM_RECORD = "stream"
 
-# ------------------------------------------------------------------------------ config keys (not run-config keys)
+# config keys (not run-config keys)
 #: local Riemannian SGD steps K of the round.
 LOCAL_STEPS = "local-steps"
 #: the round's step size alpha_t.
@@ -38,7 +32,7 @@ MINIBATCH_SIZE = "minibatch-size"
 PHASE = "phase"
 PHASE_GRADIENT, PHASE_LOCAL = "gradient", "local"
 
-# ------------------------------------------------------------------------------ array keys
+# array keys
 #: the server point ``x_t`` (float64, the manifold's point shape).
 POINT = "x"
 #: a client's stream ``zeta`` (float64, same shape as the point).

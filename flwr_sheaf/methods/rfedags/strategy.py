@@ -1,25 +1,18 @@
 """RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
 
-Server part of RFedAGS on Flower's Message API (notes/baselines-rfedags.md). Per server round ``t``:
+Server part of RFedAGS (notes/baselines-rfedags.md). Per server round ``t``:
 
-1. ``configure_train``: discovery once (``query.rfedags``: node id <-> partition-id), then the
-   responding set ``S_t`` is drawn per partition-id as independent Bernoulli(p_i)
-   (the shared :class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``;
-   Flower's own sampling is uniform, i.e. the paper's Scheme I, so it is not used). Each drawn node
-   gets ``x_t`` (record ``arrays``, key :data:`flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and a
-   ``ConfigRecord`` with ``server-round``, ``local-steps`` (K), ``step-size`` (alpha_t),
-   ``minibatch-size`` and ``seed``.
-2. ``aggregate_train``: the streams ``zeta_i in T_{x_t} M`` that arrived (shape-checked, finite, with a
-   finite ``num-examples > 0``; anything else is that node's recorded failure) are
-   combined by :class:`flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with the weights of
-   ``mode`` (notes/baselines-rfedags.md, s5.3), then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only streams that
-   arrived count as participation (a drawn node that failed or stayed silent is a non-responder for
-   the frequency estimate). A round without any stream keeps ``x_t`` exactly.
-3. No client-side evaluation: rounds are never evaluated by nodes; use ``start(...,
-   evaluate_fn=...)`` for server-side metrics (optimality gap etc.). Per-round bookkeeping (drawn,
-   responders, weights, estimates, bytes, wall time) is appended to ``history``.
-
-``N`` in the weights is the number of partitions (graph nodes) of the scenario.
+1. ``configure_train``: the responders ``S_t`` are drawn per partition-id as independent
+   Bernoulli(p_i) (:class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``;
+   Flower's uniform sampling is the paper's Scheme I). Each drawn node gets ``x_t`` (key
+   :data:`~flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and ``server-round``,
+   ``local-steps`` (K), ``step-size`` (alpha_t), ``minibatch-size`` and ``seed``.
+2. ``aggregate_train``: the arrived streams ``zeta_i in T_{x_t} M`` (shape-checked, finite, with a
+   finite ``num-examples > 0``; anything else is that node's recorded failure) are combined by
+   :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with the weights of ``mode``,
+   then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only arrived streams count as
+   participation. A round without any stream keeps ``x_t`` exactly.
+3. No client-side evaluation: use ``start(..., evaluate_fn=...)`` for server-side metrics.
 """
 
 from __future__ import annotations
@@ -74,26 +67,21 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class RiemannianArgs(TypedDict, total=False):
-    """The settings of :class:`RFedAGS` and
-    :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline` (their ``**settings``;
-    defaults in the signature of :func:`setup_riemannian`, ``discovery_timeout`` as
-    :class:`~flwr_sheaf.methods.registry.GraphArgs`); each is kept as the strategy's attribute.
+    """The ``**settings`` of :class:`RFedAGS` and
+    :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline` (defaults: :func:`setup_riemannian`).
 
     Attributes:
         local_steps: ``K >= 1``.
         step_size: ``alpha_0 > 0``; ``alpha_t = alpha_0 / (1 + t/decay_rounds)`` with ``t = round - 1``.
         decay_rounds: ``>= 0`` (0 = fixed step).
         global_step: ``varpi > 0`` (paper and code: 1).
-        q_min, estimate_includes_current, estimator: the frequency estimate of ``"corrected"``:
-            :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`'s ``q_min``,
-            ``estimate_includes_current`` and ``estimator_kind`` (notes/participation.md, s4.1).
-        manifold: manifold of the parameter; default inferred from the initial array: 2-D ``(d, r)``
-            -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Stiefel`, 1-D -> :class:`~flwr_sheaf.methods.rfedags.manifolds.Sphere`.
+        q_min, estimate_includes_current, estimator: the frequency estimate of ``"corrected"``
+            (:class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`; notes/participation.md, s4.1).
+        manifold: default inferred from the initial array: ``(d, r)`` -> Stiefel, ``(d,)`` -> Sphere.
         minibatch_size: mini-batch size of the local gradients (0 = exact gradients).
         seed: participation and mini-batch seed.
         discovery_timeout: seconds to wait for SuperNodes.
-        round_metrics: optional ``x -> {name: float}`` recorded in each round after the server step
-            (e.g. the planted problem's optimality gap and distance to the optimum).
+        round_metrics: optional ``x -> {name: float}`` recorded each round after the server step.
     """
 
     local_steps: int
@@ -111,11 +99,7 @@ class RiemannianArgs(TypedDict, total=False):
 
 
 class RiemannianState:
-    """The attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set on
-    :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`
-    (declared for type checkers; the settings are :class:`RiemannianArgs`; ``server`` / ``_x_t``
-    are None until the first round builds them).
-    """
+    """Attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set (for type checkers)."""
 
     alpha: Callable[[int], float]
     p: np.ndarray
@@ -154,11 +138,8 @@ def setup_riemannian(
     discovery_timeout: float = DEFAULTS["discovery-timeout"],
     round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None = None,
 ) -> None:
-    """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings;
-    shared by :class:`RFedAGS` and :class:`~flwr_sheaf.methods.rfedags.baselines_strategy.RFedBaseline`.
-    ``s`` gets its :class:`RiemannianState` attributes; the other arguments are :class:`RFedAGS`'s
-    (``action``: a baseline's is its method name); the keyword arguments after ``action`` are
-    :class:`RiemannianArgs` (the defaults are here).
+    """Initialise ``s`` (a :class:`GraphStrategy` without a graph) with RFedAGS's validated settings
+    (keyword arguments after ``action``: :class:`RiemannianArgs`).
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes, estimator or mini-batch size.
@@ -202,7 +183,7 @@ def setup_riemannian(
 
 
 def init_server(s: Any, arrays: ArrayRecord) -> None:
-    """Build ``s.server`` (and infer ``s.manifold``) from the initial point (RFedAGS and the baselines).
+    """Build ``s.server`` (and infer ``s.manifold``) from the initial point.
 
     Raises:
         ValueError: no key ``"x"``, an unsupported rank, or a point off the manifold.
@@ -234,13 +215,10 @@ def init_server(s: Any, arrays: ArrayRecord) -> None:
 def round_prologue(
     s: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, **entries: Any
 ) -> tuple[float, dict[str, Any]]:
-    """Round prologue shared with the baselines: the server (first round, ``s._init_server``),
-    ``x_t``, the Bernoulli draw of this round and the step size ``alpha_t`` (recorded).
+    """The server (first round), ``x_t``, this round's Bernoulli draw and step size ``alpha_t`` (recorded).
 
     Returns:
-        ``(alpha_t, train config)``: the config holds ``server-round``, ``local-steps``,
-        ``step-size``, ``minibatch-size``, ``seed``, then ``entries``, then ``config`` (``start``'s
-        ``train_config``).
+        ``(alpha_t, train config)`` (:func:`train_config`, then ``entries``, then ``config``).
 
     Raises:
         ValueError: ``config`` names a key the strategy sends.
@@ -257,7 +235,7 @@ def round_prologue(
 def train_config(
     s: Any, server_round: int, alpha_t: float, config: ConfigRecord, **entries: Any
 ) -> dict[str, Any]:
-    """The config of a ``train.<action>`` message of round ``server_round`` (see :func:`round_prologue`)."""
+    """Config of a ``train.<action>`` message: ``server-round``, ``local-steps``, ``step-size``, ``minibatch-size``, ``seed``."""
     owned = {
         SERVER_ROUND: server_round,
         LOCAL_STEPS: s.local_steps,
@@ -272,8 +250,7 @@ def train_config(
 def train_messages(
     s: Any, server_round: int, cfg: Mapping[str, Any], payloads: Mapping[int, dict[str, np.ndarray]]
 ) -> list[Message]:
-    """One ``train.<action>`` message per partition-id of ``payloads`` (its arrays, float64, under
-    record ``arrays``) with the config ``cfg``."""
+    """One ``train.<action>`` message per partition-id of ``payloads`` (float64 arrays) with config ``cfg``."""
     return [
         s.exchange.message(
             pid,
@@ -293,9 +270,9 @@ def usable_uploads(
     keys: tuple[str, ...],
     check: Callable[[ArrayRecord], tuple[Any, str | None]],
 ) -> tuple[dict[int, Any], np.ndarray, np.ndarray]:
-    """The train replies whose ``num-examples`` is a finite number > 0 and whose record ``stream``
-    (holding ``keys``) passes ``check`` (``record -> (upload, reason or None)``); every other
-    reply, and every recipient without one, is that node's recorded failure.
+    """The train replies with a finite ``num-examples > 0`` whose record ``stream`` (holding ``keys``)
+    passes ``check`` (``record -> (upload, reason or None)``); any other reply, and a silent
+    recipient, is that node's recorded failure.
 
     Returns:
         ``({partition-id: upload}, num_examples (N,), responded (N,) bool)``; ``num_examples`` is 1
@@ -331,9 +308,7 @@ def close_train(
     *,
     record_estimates: bool,
 ) -> tuple[ArrayRecord, MetricRecord]:
-    """Record the round's train metrics (drawn and responders' counts, weight sum, step size,
-    direction norm, ``extra``, feasibility of ``x_new``, ``estimate_min`` unless uncorrected,
-    ``s.round_metrics(x_new)``) and its drawn, responders, weights (and estimates) in the ledger.
+    """Record the round's train metrics and its drawn, responders, weights (and estimates) in the ledger.
 
     Returns:
         ``(arrays holding x_new under "x", round metrics)``.
@@ -363,8 +338,7 @@ def close_train(
 
 
 def log_rfed_round(s: Any, rec: Any) -> None:
-    """One progress line per round of the RFedAGS family (drawn, responders, direction norm; the
-    ``log_round`` hook of :class:`RFedAGS` and of the baselines)."""
+    """One progress line per round of the RFedAGS family."""
     t = rec.train
     log.info(
         "round %4d | drawn %3d | responders %3d | |dir| %.3e | %.3f s",
@@ -377,8 +351,7 @@ def log_rfed_round(s: Any, rec: Any) -> None:
 
 
 def log_rfed_summary(s: Any) -> None:
-    """The settings of a strategy of the RFedAGS family, logged once at its start (the ``summary``
-    hook of :class:`RFedAGS` and of the baselines; named by its action)."""
+    """The settings of a strategy of the RFedAGS family, logged once at its start."""
     log.info(
         "%s(mode=%s, N=%d, K=%d, alpha0=%g, decay=%g, varpi=%g, q_min=%g)",
         s.action,
@@ -393,17 +366,15 @@ def log_rfed_summary(s: Any) -> None:
 
 
 class RFedAGS(GraphStrategy, RiemannianState):
-    """RFedAGS (Riemannian FL via averaging gradient streams; notes/baselines-rfedags.md, s5) as a Flower strategy.
+    """RFedAGS (Riemannian FL via averaging gradient streams; notes/baselines-rfedags.md, s5).
 
     Args:
         num_nodes: number of partitions ``N`` (partition-ids ``0..N-1``).
-        participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec string of
-            :func:`flwr_sheaf.participation.parse_participation`; None = full participation).
-            ``p_i = 0`` is allowed (the node never trains).
-        mode: ``"corrected"`` (default; frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
-        action: message action name (default ``"rfedags"``).
-        **settings: :class:`RiemannianArgs` (``local_steps`` K, ``step_size``, ``decay_rounds``,
-            ``global_step`` varpi, ``q_min``, ...; defaults in :func:`setup_riemannian`).
+        participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec of
+            :func:`flwr_sheaf.participation.parse_participation`; None = full). ``p_i = 0`` is allowed.
+        mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
+        action: message action name.
+        **settings: :class:`RiemannianArgs`.
 
     Raises:
         ValueError: invalid mode, probabilities, K, step sizes; (in ``configure_train``) an initial
@@ -433,7 +404,7 @@ class RFedAGS(GraphStrategy, RiemannianState):
         return train_messages(self, server_round, cfg, payloads)
 
     def _check_stream(self, stream: ArrayRecord) -> tuple[np.ndarray, str | None]:
-        """A reply's stream ``zeta`` (float64) and why it is unusable (wrong shape, NaN/inf; None = usable)."""
+        """A reply's stream ``zeta`` (float64) and why it is unusable (None = usable)."""
         z = np.array(stream[STREAM].numpy(), dtype=np.float64)
         shape = tuple(self.server.x.shape)
         if z.shape != shape:

@@ -2,13 +2,10 @@
 
 ACTION = "sheaf_fmtl"
 
-# its message vocabulary (record and config-entry names; the core's are in flwr_sheaf.protocol,
-# those several methods share in flwr_sheaf.methods._shared.protocol)
-#: Sheaf-FMTL: the neighbours' projected parameters ``P_ji theta_j`` (key ``str(j)``, shape ``(d_ij,)``)
-#: in a train message; a train reply's :data:`~flwr_sheaf.methods._shared.protocol.UPLOAD` holds the node's own ``P_ij theta_i`` the same way.
+# its message vocabulary (shared names: flwr_sheaf.protocol, flwr_sheaf.methods._shared.protocol)
+#: the neighbours' ``P_ji theta_j`` (key ``str(j)``, ``(d_ij,)``) in a train message (a reply's ``UPLOAD``: its own).
 SHEAF_FMTL_PROJECTIONS = "sheaf-fmtl-projections"
-#: Sheaf-FMTL config entries: the node's neighbours, the edge dimensions d_ij (same order) and the
-#: trainable-parameter count n_i the server assumed (the node checks it against its model).
+#: config entries: the node's neighbours, their d_ij (same order) and the n_i the server assumed.
 SHEAF_FMTL_NEIGHBOURS = "sheaf-fmtl-neighbours"
 SHEAF_FMTL_DIMS = "sheaf-fmtl-dims"
 SHEAF_FMTL_NUM_PARAMS = "sheaf-fmtl-num-params"
@@ -36,8 +33,7 @@ def zoo_parameter_counts(zoo: str) -> dict[int, int]:
 
 
 def build(c: RunConfig, n: int) -> SheafFMTL:
-    """Sheaf-FMTL with the zoo's parameter counts; its map memory is logged and checked here, before any node
-    is contacted (the same graph the strategy builds at discovery from the zoo's class sets).
+    """Sheaf-FMTL with the zoo's parameter counts; its map memory is checked before any node is contacted.
 
     Raises:
         ConfigError: the largest node's float16 maps exceed ``sheaf-fmtl-max-gib`` (sizes named).

@@ -1,10 +1,9 @@
 """Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (notes/baselines-sheaf-fmtl.md, s8).
 
-Per ``train.sheaf_fmtl`` message the node restores (or, in its first round, draws from (seed,
-partition-id, neighbour)) its maps ``P_ij (d_ij, n_i)``, applies the map step (F2) with the
-neighbours' projections ``y_j`` that arrived (deferred from the previous iteration; notes/deviations-methods.md),
-trains on cross-entropy, applies the parameter step (F1), stores the maps (float16, so the uploads
-use exactly the stored maps) and uploads ``P_ij theta_i`` per neighbour, never the parameters.
+Per ``train.sheaf_fmtl`` message the node restores (first round: draws) its maps ``P_ij (d_ij, n_i)``,
+applies the map step (F2) with the received projections (deferred from the previous iteration;
+notes/deviations-methods.md), trains on cross-entropy, applies the parameter step (F1), stores the
+maps (float16) and uploads ``P_ij theta_i`` per neighbour, never the parameters.
 """
 
 from __future__ import annotations
@@ -52,13 +51,14 @@ def trainable_vector(model: torch.nn.Module) -> torch.Tensor:
 
 @dataclass(eq=False)
 class SheafFMTLLoss(CrossEntropy):
-    """The task loss (cross-entropy) plus the node's maps and received projections for the steps around it.
+    """Cross-entropy, carrying the node's maps and received projections for the steps around it.
 
     Args:
         maps: ``{j: (d_ij, n_i)}`` float16 (after this message's map step).
         received: ``{j: (d_ij,)}`` float32 neighbours' ``P_ji theta_j`` (may be empty).
-        cfg: lambda, eta; lr: the parameter step's alpha (the run's SGD lr).
-        map_change: ``sum_j ||P_ij(new) - P_ij(old)||_F`` of this message's map step (a metric).
+        cfg: lambda, eta.
+        lr: the parameter step's alpha (the run's SGD lr).
+        map_change: ``sum_j ||P_ij(new) - P_ij(old)||_F`` of this message's map step.
     """
 
     maps: dict[int, torch.Tensor]

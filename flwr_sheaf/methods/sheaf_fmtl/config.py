@@ -1,9 +1,4 @@
-"""Sheaf-FMTL's config section and run-config keys.
-
-Its keys join the app's table (:func:`~flwr_sheaf.config.register_keys`: ``pyproject.toml`` and
-docs/run-config.md list them) and every run parses the section (read as ``config.sheaf_fmtl``,
-:func:`~flwr_sheaf.config.register_section`).
-"""
+"""Sheaf-FMTL's config section ``config.sheaf_fmtl`` and run-config keys (docs/run-config.md)."""
 
 from __future__ import annotations
 

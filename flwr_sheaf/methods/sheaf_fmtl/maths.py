@@ -1,9 +1,10 @@
-"""Sheaf-FMTL maths (Ben Issaid, Vepakomma and Bennis, TMLR 2025; notes/baselines-sheaf-fmtl.md, s8):
-restriction maps ``P_ij (d_ij, n_i)`` on agent i's flattened trainable parameters ``theta_i``,
-``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0), the parameter step (F1)
-``theta_i -= alpha lambda sum_j P_ij^T (P_ij theta_i - P_ji theta_j)`` and the map step (F2)
-``P_ij -= eta lambda (P_ij theta_i - P_ji theta_j) theta_i^T``. Maps start ``N(0, 0.01^2)`` and are
-stored in float16 at rest, float32 when used. No Flower imports.
+"""Sheaf-FMTL maths (Ben Issaid, Vepakomma and Bennis, TMLR 2025; notes/baselines-sheaf-fmtl.md, s8).
+
+Maps ``P_ij (d_ij, n_i)`` on agent i's flattened trainable parameters ``theta_i``,
+``d_ij = max(1, floor(gamma min(n_i, n_j)))`` (F0); parameter step (F1)
+``theta_i -= alpha lambda sum_j P_ij^T (P_ij theta_i - P_ji theta_j)``; map step (F2)
+``P_ij -= eta lambda (P_ij theta_i - P_ji theta_j) theta_i^T``. Maps start ``N(0, 0.01^2)``,
+float16 at rest, float32 when used.
 """
 
 from __future__ import annotations
@@ -49,15 +50,16 @@ def map_bytes_per_node(
     gamma: float,
     bytes_per_entry: int = 2,
 ) -> dict[int, int]:
-    """Bytes of the maps each node owns: ``sum_{j in N(i)} d_ij * n_i * bytes_per_entry`` (float16: 2).
+    """Bytes of the maps each node owns: ``sum_{j in N(i)} d_ij * n_i * bytes_per_entry``.
 
     Args:
-        num_params: ``{partition-id: n_i}`` trainable parameters.
-        edges: undirected edges ``(i, j)``; each gives node i the map ``P_ij`` and node j ``P_ji``.
+        num_params: ``{partition-id: n_i}``.
+        edges: undirected edges ``(i, j)`` (node i owns ``P_ij``, node j ``P_ji``).
         gamma: the compression factor of (F0).
+        bytes_per_entry: 2 for float16.
 
     Returns:
-        ``{partition-id: bytes}`` for every node in ``num_params`` (0 for an isolated node).
+        ``{partition-id: bytes}`` (0 for an isolated node).
     """
     out = {int(p): 0 for p in num_params}
     for i, j in edges:
@@ -68,11 +70,7 @@ def map_bytes_per_node(
 
 
 def check_map_budget(per_node: Mapping[int, int], max_gib: float, gamma: float) -> None:
-    """Raise when the largest node's maps exceed ``max_gib`` GiB (``sheaf-fmtl-max-gib``).
-
-    Raises:
-        ValueError: naming the largest node, its map size, the total and both keys to change.
-    """
+    """Raise ``ValueError`` (node, sizes and both keys named) when the largest node's maps exceed ``max_gib`` GiB."""
     if not per_node:
         return
     worst = max(per_node, key=lambda p: per_node[p])
@@ -85,10 +83,8 @@ def check_map_budget(per_node: Mapping[int, int], max_gib: float, gamma: float) 
 
 
 def init_map(d_ij: int, n_i: int, seed: int, partition_id: int, neighbour: int) -> torch.Tensor:
-    """The initial ``P_ij`` ``(d_ij, n_i)`` float32, ``N(0, 0.01^2)``, drawn from (seed, i, j) only.
-
-    The generator is seeded with ``SeedSequence([seed, partition_id, neighbour, 8])`` (8: Sheaf-FMTL's
-    stream tag), so the map of a directed edge does not depend on rounds, order or other edges.
+    """The initial ``P_ij`` ``(d_ij, n_i)`` float32, ``N(0, 0.01^2)``, seeded by
+    ``SeedSequence([seed, partition_id, neighbour, 8])`` only (8: Sheaf-FMTL's stream tag).
     """
     s = int(
         np.random.SeedSequence([int(seed), int(partition_id), int(neighbour), 8]).generate_state(1)[
@@ -109,12 +105,13 @@ def parameter_step(
     """(F1): ``theta - lr * lam * sum_j P_ij^T (P_ij theta - y_j)``, ``y_j = P_ji theta_j`` received.
 
     Args:
-        theta: ``(n_i,)`` float32; maps: ``{j: (d_ij, n_i)}``; received: ``{j: (d_ij,)}`` (edges
-            without a received projection are skipped).
+        theta: ``(n_i,)`` float32.
+        maps: ``{j: (d_ij, n_i)}``.
+        received: ``{j: (d_ij,)}`` (edges without one are skipped).
         lr, lam: alpha and lambda.
 
     Returns:
-        the new ``(n_i,)`` (a new tensor).
+        the new ``(n_i,)`` tensor.
 
     Raises:
         ValueError: a received projection of the wrong length or with NaN/inf (the neighbour named).
@@ -133,8 +130,11 @@ def map_step(
     """(F2): ``P - eta * lam * (P theta - y) theta^T`` for one edge (a new ``(d_ij, n_i)`` tensor).
 
     Args:
-        p: ``(d_ij, n_i)``; theta: ``(n_i,)``; y: ``(d_ij,)`` the neighbour's ``P_ji theta_j``.
-        eta, lam: personalisation rate and lambda; j: the neighbour (error messages).
+        p: ``(d_ij, n_i)``.
+        theta: ``(n_i,)``.
+        y: ``(d_ij,)`` the neighbour's ``P_ji theta_j``.
+        eta, lam: personalisation rate and lambda.
+        j: the neighbour (error messages).
 
     Raises:
         ValueError: ``y`` of the wrong length or with NaN/inf.

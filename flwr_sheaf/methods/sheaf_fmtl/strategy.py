@@ -1,10 +1,9 @@
 """Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (notes/baselines-sheaf-fmtl.md, s8).
 
-The server holds no maps and no parameters; from each node's parameter count n_i (the zoo's,
-:func:`sheaf_fmtl_budget`) it fixes every ``d_ij`` (F0) after discovery and checks the map budget on
-the real graph. Each sampled node gets its neighbours, their d_ij, its n_i and their latest
-projections (record ``sheaf-fmtl-projections``); a bad upload is that node's recorded failure (its
-previous projections stay). Evaluation: post hoc, as in the paper.
+The server holds no maps and no parameters: from each node's parameter count n_i it fixes every
+``d_ij`` (F0) after discovery and checks the map budget on the real graph. Each sampled node gets
+its neighbours, their d_ij, its n_i and their latest projections; a bad upload is that node's
+recorded failure (its previous projections stay). Evaluation: post hoc, as in the paper.
 """
 
 from __future__ import annotations
@@ -43,10 +42,12 @@ log = logging.getLogger("flwr_sheaf")
 def sheaf_fmtl_budget(
     num_params: Mapping[int, int], graph: nx.Graph, cfg: SheafFMTLConfig
 ) -> dict[int, int]:
-    """Per-node float16 map bytes ``sum_j d_ij n_i * 2``; logs them; refuses an over-budget config.
+    """Per-node float16 map bytes ``sum_j d_ij n_i * 2``, logged; refuses an over-budget config.
 
     Args:
-        num_params: ``{partition-id: n_i}``; graph: the agents' graph; cfg: gamma and the budget.
+        num_params: ``{partition-id: n_i}``.
+        graph: the agents' graph.
+        cfg: gamma and the budget.
 
     Returns:
         ``{partition-id: bytes}``.

@@ -1,13 +1,11 @@
 """Sheaf-FRL on the client (paper Alg. 1): the gluing loss plug-in and its handlers.
 
-Per ``train.sheaf`` message a node receives its neighbours' latest whitened pilot matrices
-``(K, d_j)``, its incident edges and this round's lambda; every local epoch it refits its incident
-restriction maps by Procrustes (Eq. 18) and trains on CE + the local gluing penalty (Eq. 16,
-neighbours' pilots constant); then it refits its whitening on its pilot latents and replies with
-its whitened pilots ``(K, d_i)``, cached in ``context.state``. Round 1 trains on CE only. The stable
-formulation (dropout-free pilot passes, differentiable batch whitening, maps refitted each epoch):
-notes/stability.md. The variants (Alg. 2-4: transported pilots, maps kept in ``context.state``,
-keyed random initial maps and the node secret): notes/variants-privacy.md.
+Per ``train.sheaf`` message a node receives its neighbours' latest whitened pilots ``(K, d_j)``,
+its incident edges and this round's lambda; every local epoch it refits its incident restriction
+maps by Procrustes (Eq. 18) and trains on CE + the local gluing penalty (Eq. 16); then it refits
+its whitening and replies with its whitened pilots ``(K, d_i)``, cached in ``context.state``.
+Round 1 trains on CE only. Stability: notes/stability.md; the variants (Alg. 2-4):
+notes/variants-privacy.md.
 """
 
 from __future__ import annotations
@@ -100,30 +98,26 @@ class SheafGluing(LossPlugin):
         task: the node's task (its ``x_pilot (K, ...)``).
         lam: lambda >= 0 of this round (lambda_i = lambda / d_i inside the penalty).
         pilot_batch_size: pilot rows per step (the same rows of every neighbour's matrix).
-        edges: the node's incident edges (neighbours, d_j, orientation, optional weights).
-        neighbour_pilots: ``{j: (K, d_j) or (K, d_e)}`` float32: what each neighbour that reported
-            any sent toward this node (raw whitened pilots, or transported ones, per the mode); a
-            neighbour without an entry contributes no term this round.
-        own_pilots: this node's cached whitened pilots ``(K, d_i)`` (exact for the current weights),
-            used for the first epoch's maps instead of a new pilot pass; None = compute them.
+        edges: the node's incident edges.
+        neighbour_pilots: ``{j: (K, d_j) or (K, d_e)}`` float32: what each neighbour sent toward this
+            node (raw whitened or transported pilots); a neighbour without an entry adds no term.
+        own_pilots: this node's cached whitened pilots ``(K, d_i)``, used for the first epoch's maps;
+            None = compute them.
         variant: ``heterogeneous`` or ``homogeneous`` (resolved by the strategy).
         privacy: ``standard`` or ``stringent``.
-        maps: the node's maps from earlier rounds ``{j: tensor}`` (kept for the upload when not refitted).
+        maps: the node's maps from earlier rounds ``{j: tensor}``.
         selection: this round's pilot selection (paper App. B; None = every pilot): neighbours'
-            matrices then have ``selection.num_rows`` rows (the selected pilots, or one group mean per
-            group for prototypes) and this node reduces its own pilots the same way
+            matrices have ``selection.num_rows`` rows and own pilots are reduced the same way
             (:func:`flwr_sheaf.sheaf.pilots.apply_selection`).
         normalisation: ``"none"`` or ``"parseval"``: maps fitted on the polar factors of both pilot
-            matrices (:func:`flwr_sheaf.sheaf.pilots.parseval`); the penalty itself uses the whitened
-            pilots (notes/variants-pilots.md).
-        map_refit: ``"epoch"``: the penalty uses the maps fitted at the start of the epoch on all
-            pilots; ``"step"``: each step of at least two rows refits the maps this node owns on the
-            step's minibatch (paper Alg. 1 line 11); the maps it keeps and transports with
-            (:attr:`maps`) stay the epoch fits.
+            matrices (notes/variants-pilots.md).
+        map_refit: ``"epoch"`` (maps fitted at each epoch's start on all pilots) or ``"step"`` (each
+            step of at least two rows refits them on its minibatch, Alg. 1 line 11; :attr:`maps` stay
+            the epoch fits).
 
     Attributes:
-        residual: per neighbour, the summed per-step mean squared residual (a property).
-        maps: the node's current maps (updated each epoch; what :meth:`SheafClient.after_train` transports with).
+        residual: per neighbour, the summed per-step mean squared residual.
+        maps: the node's current maps (what :meth:`SheafClient.after_train` transports with).
         svds: SVDs computed for the maps this round.
 
     Raises:
@@ -200,15 +194,14 @@ class SheafGluing(LossPlugin):
     def _edge_terms(
         self, own: torch.Tensor, received: list[Received]
     ) -> tuple[list[EdgeTerm], dict[int, torch.Tensor]]:
-        """:func:`~flwr_sheaf.sheaf.variants.edge_terms` in this node's mode, its SVDs added to :attr:`svds`."""
+        """:func:`~flwr_sheaf.sheaf.variants.edge_terms` in this node's mode, counting SVDs."""
         with SvdCounter() as c:
             out = edge_terms(own, received, self.variant, self.privacy, self.normalise)
         self.svds += c.n
         return out
 
     def plan_epoch(self, steps: int, gen: torch.Generator) -> None:
-        """Draw the epoch's pilot minibatches from ``gen`` (one ``randperm`` per step, in step order, as
-        :meth:`loss` would) and move them to the pilots' device in one copy."""
+        """Draw the epoch's pilot minibatches from ``gen`` (as :meth:`loss` would) and move them to the device in one copy."""
         self._plan = []
         if not self.terms:
             return
@@ -225,11 +218,9 @@ class SheafGluing(LossPlugin):
         self._plan.reverse()  # popped in step order
 
     def loss(self, model, x, y, gen):
-        """``(CE + R_A|_i, parts)``: CE of the private batch plus the Eq. 16 penalty on a pilot minibatch
-        drawn from ``gen`` (encoder in eval mode, whitening in train mode; notes/stability.md).
-
-        The minibatch comes from :meth:`plan_epoch` when the loop called it (the same draws, made
-        once per epoch); parts are detached tensors (no host synchronisation per step)."""
+        """``(CE + R_A|_i, parts)``: the Eq. 16 penalty on a pilot minibatch (encoder in eval mode,
+        whitening in train mode; notes/stability.md); parts are detached tensors.
+        """
         ce = F.cross_entropy(model.private_logits(x), y)
         parts = {"ce": ce.detach(), "gluing": 0.0}
         if not self.terms:
@@ -265,8 +256,7 @@ class SheafGluing(LossPlugin):
 
     @property
     def residual(self) -> dict[int, float]:
-        """Per neighbour partition-id: the sum over this round's steps of the mean squared residual
-        ``||.||_F^2 / K_step`` (read back from the device when asked; kept there during training)."""
+        """Per neighbour partition-id: the sum over this round's steps of ``||.||_F^2 / K_step``."""
         return {j: _residual_sum(v) for j, v in self._residual_steps.items()}
 
     def metrics(self, steps: int) -> dict:
@@ -281,9 +271,7 @@ class SheafGluing(LossPlugin):
 
 
 def _residual_sum(steps_sq: list[tuple[torch.Tensor, int]]) -> float:
-    """Sum over steps of the per-step mean squared residual ``||.||_F^2 / K_step``, from the detached
-    squared norms of :func:`~flwr_sheaf.sheaf.gluing.gluing_penalty_terms` (read back in one transfer,
-    summed in step order in float64: the same numbers as adding ``float(sq) / K_step`` step by step)."""
+    """Sum over steps of ``||.||_F^2 / K_step`` (one device read, summed in step order in float64)."""
     if not steps_sq:
         return 0.0
     host = torch.stack([sq.to(torch.float64) for sq, _ in steps_sq]).cpu().tolist()
@@ -298,7 +286,7 @@ def _maps_key(action: str) -> str:
 
 
 def load_maps(context: Context, action: str) -> dict[int, torch.Tensor]:
-    """The node's maps kept in ``context.state`` (``{j: float64 (rows, d_i)}``; empty if none)."""
+    """The node's maps in ``context.state`` (``{j: float64 (rows, d_i)}``; empty if none)."""
     key = _maps_key(action)
     if key not in context.state:
         return {}
@@ -307,15 +295,16 @@ def load_maps(context: Context, action: str) -> dict[int, torch.Tensor]:
 
 
 def save_maps(context: Context, action: str, maps: dict[int, torch.Tensor]) -> None:
-    """Keep the node's maps ``{j: (rows, d_i)}`` in ``context.state`` (float64; the state mod persists them)."""
+    """Keep the node's maps ``{j: (rows, d_i)}`` in ``context.state`` (float64)."""
     context.state[_maps_key(action)] = pack_arrays(
         {str(int(j)): to_numpy(m.double()) for j, m in maps.items()}
     )
 
 
 def node_secret(context: Context, action: str) -> int:
-    """The node's 63-bit map-initialisation secret (module docstring): node-config ``privacy-secret`` if
-    given, else drawn once from the OS (``secrets``) and kept in ``context.state``."""
+    """The node's 63-bit map-initialisation secret: node-config ``privacy-secret``, else drawn once
+    from the OS and kept in ``context.state``.
+    """
     if "privacy-secret" in context.node_config:
         return int(context.node_config["privacy-secret"]) & (2**63 - 1)
     key = f"{action}.privacy-secret"
@@ -336,8 +325,7 @@ def _upload_maps(
     privacy: str,
     seed: int,
 ) -> dict[int, torch.Tensor]:
-    """``maps`` completed with the initial map of every edge the node transports on but has not fitted yet:
-    the identity (Alg. 2, ``O_ji^0 = I``) or the keyed Haar map (Alg. 3/4 line 1)."""
+    """``maps`` plus the initial map of every edge not fitted yet: identity (Alg. 2) or keyed Haar (Alg. 3/4 line 1)."""
     out = dict(maps)
     pid = node_partition_id(context)
     for j, dj, i_head in zip(edges.neighbours, edges.dims, edges.heads):
@@ -355,9 +343,8 @@ class SheafClient(ClientMethod):
     """Sheaf-FRL's hooks: gluing plug-in in; whitened pilots (or transported pilots) out (module docstring)."""
 
     def plugin(self, msg: Message, context: Context, task: LocalTask) -> LossPlugin:
-        """:class:`SheafGluing` from the message: :class:`~flwr_sheaf.config.SheafConfig` (lambda of the
-        round, resolved variant, privacy), the edges and what the neighbours sent (paper Alg. 1 line 3,
-        Alg. 2-4 line 6).
+        """:class:`SheafGluing` from the message's :class:`~flwr_sheaf.config.SheafConfig`, edges and
+        neighbours' pilots (paper Alg. 1 line 3, Alg. 2-4 line 6).
 
         Raises:
             ConfigError / ProtocolError: a missing key, malformed edges, pilots of a non-neighbour,
@@ -402,9 +389,10 @@ class SheafClient(ClientMethod):
     def after_train(
         self, msg: Message, context: Context, task: LocalTask, plugin: LossPlugin
     ) -> tuple[dict, dict]:
-        """Fit the whitening on the pilot latents, cache the whitened pilots ``(K, d_i)`` and upload them
-        (paper Alg. 1 line 13) and/or the per-edge transported pilots (Alg. 2-4 line 6); keep the maps.
-        The metric ``low-variance-fraction`` is the collapse diagnostic, ``svds`` the SVD count."""
+        """Fit the whitening, cache and upload the whitened pilots ``(K, d_i)`` (Alg. 1 line 13) and/or
+        the per-edge transported pilots (Alg. 2-4 line 6); keep the maps. Metrics:
+        ``low-variance-fraction`` (collapse diagnostic), ``svds``.
+        """
         assert isinstance(plugin, SheafGluing)  # made by self.plugin
         cfg = msg.content[CONFIG]
         sheaf = SheafConfig.from_record(cfg)
@@ -451,12 +439,12 @@ class SheafClient(ClientMethod):
     def evaluation_reply(
         self, msg: Message, context: Context, task: LocalTask, arrays: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
-        """Under ``privacy = stringent`` (config ``privacy``): the phase-1 arrays moved by the node's own map
-        toward each neighbour j (``"<j>/pilots"``, ``"<j>/test-latents"``, ``"<j>/val-latents"``, width
-        d_e) plus the labels; the raw pilots and latents are not sent. Otherwise ``arrays`` unchanged.
+        """Under ``privacy = stringent``: the phase-1 arrays moved by the node's own map toward each
+        neighbour j (``"<j>/pilots"``, ``"<j>/test-latents"``, ``"<j>/val-latents"``, width d_e) plus
+        the labels, no raw arrays. Otherwise ``arrays`` unchanged.
 
         Raises:
-            ProtocolError: no or an unknown ``privacy`` value; stringent without the edge config or ``seed``.
+            ProtocolError: no or an unknown ``privacy``; stringent without the edge config or ``seed``.
         """
         cfg = msg.content[CONFIG]
         privacy = str(required(cfg, "privacy", "evaluate." + self.action))
@@ -488,11 +476,11 @@ class SheafClient(ClientMethod):
 
 
 def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
-    """The pilot selection of a ``train.sheaf`` message (None when it carries none: every pilot).
+    """The pilot selection of a ``train.sheaf`` message (None: every pilot).
 
     Raises:
-        ProtocolError: a selection record without the config's :data:`~flwr_sheaf.methods.sheaf_frl.protocol.PILOT_INDEX_DIGEST`
-            (or the reverse), or indices whose digest differs from it (both keys named).
+        ProtocolError: a selection record without the config's ``PILOT_INDEX_DIGEST`` (or the
+            reverse), or indices whose digest differs from it.
     """
     cfg = msg.content[CONFIG]
     has_rec, has_digest = PILOT_SELECTION in msg.content, PILOT_INDEX_DIGEST in cfg
@@ -512,11 +500,10 @@ def received_selection(msg: Message, num_pilots: int) -> PilotSelection | None:
 
 
 def describe_pilots(task: LocalTask, what: str):
-    """Record :data:`~flwr_sheaf.methods.sheaf_frl.protocol.PILOT_PUBLIC`: the shared pilots' labels (``what="class"``) or
-    public features (``"cluster"``: :func:`flwr_sheaf.sheaf.pilots.public_pilot_features` of the raw inputs).
+    """Record ``PILOT_PUBLIC``: the pilots' labels (``what="class"``) or public features (``"cluster"``).
 
     Raises:
-        ProtocolError: an unknown ``what``; ``"class"`` with a task whose ``y_pilot`` is None.
+        ProtocolError: an unknown ``what``; ``"class"`` with ``y_pilot`` None.
     """
     if what == "class":
         if task.y_pilot is None:
@@ -534,9 +521,5 @@ def describe_pilots(task: LocalTask, what: str):
 def register_sheaf_handlers(
     app: ClientApp, factory: TaskFactory, action: str = ACTION
 ) -> ClientApp:
-    """Add Sheaf-FRL's ``query``/``train``/``evaluate``/``evaluate_comm`` handlers under ``action``.
-
-    Pair with :class:`flwr_sheaf.methods.sheaf_frl.strategy.SheafFRL` (same ``action``). ``factory(context)``
-    returns the node's :class:`~flwr_sheaf.client.task.LocalTask`.
-    """
+    """Add Sheaf-FRL's handlers under ``action`` (pair with :class:`flwr_sheaf.methods.sheaf_frl.strategy.SheafFRL`)."""
     return register_method_handlers(app, factory, SheafClient(action))

@@ -1,10 +1,4 @@
-"""Sheaf-FRL's config section and run-config keys (the gluing of paper Eq. 16, Alg. 1, its variants
-and its partial-participation policy).
-
-Its keys join the app's table (:func:`~flwr_sheaf.config.register_keys`: ``pyproject.toml`` and
-docs/run-config.md list them; ``pilot-batch-size`` is the app's, shared with FedMuscle) and every
-run parses the section (read as ``config.sheaf``, :func:`~flwr_sheaf.config.register_section`).
-"""
+"""Sheaf-FRL's config section ``config.sheaf`` and run-config keys (docs/run-config.md)."""
 
 from __future__ import annotations
 
@@ -103,14 +97,13 @@ class SheafConfig(Section):
         pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
         absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (notes/participation.md).
         reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
-        sheaf_variant: ``"auto"``, ``"heterogeneous"`` (Alg. 1) or ``"homogeneous"`` (Alg. 2, Eq. 24);
-            the strategy resolves ``auto`` at discovery and sends the resolved value (notes/variants-privacy.md).
+        sheaf_variant: ``"auto"`` (resolved at discovery), ``"heterogeneous"`` (Alg. 1) or
+            ``"homogeneous"`` (Alg. 2, Eq. 24; notes/variants-privacy.md).
         privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; notes/variants-privacy.md).
         pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
         pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; notes/variants-pilots.md).
-        map_refit: ``"epoch"`` (maps refitted on all pilots at the start of each local epoch) or
-            ``"step"`` (the penalty of each step also uses maps refitted by Procrustes on that step's
-            pilot minibatch, paper Alg. 1 line 11; notes/stability.md).
+        map_refit: ``"epoch"`` (maps refitted on all pilots each local epoch) or ``"step"`` (also on
+            each step's pilot minibatch, Alg. 1 line 11; notes/stability.md).
     """
 
     lam: float = key_field("lambda")

@@ -1,12 +1,10 @@
 """Sheaf-FRL's message vocabulary (the core's names are in :mod:`flwr_sheaf.protocol`).
 
-``train.sheaf`` carries the core's config plus :class:`~flwr_sheaf.protocol.EdgeConfig`, the neighbours'
-:data:`PILOTS` (:func:`pack_neighbour_pilots`) and/or :data:`TRANSPORTED` pilots
-(notes/variants-privacy.md), and, for a ``pilot-strategy`` other than ``all``, :data:`PILOT_SELECTION`
-(:func:`pack_pilot_selection`) with :data:`PILOT_INDEX_DIGEST` / :data:`PILOT_DESCRIBE` in the config.
-The reply carries the node's own :data:`PILOTS` (key :data:`OWN_PILOTS`, ``(K, d_i)``) and/or
-:data:`TRANSPORTED`, :data:`PILOT_PUBLIC` when asked, and :data:`SVDS` / :data:`PILOT_INDEX_DIGEST`
-in its metrics.
+``train.sheaf`` carries :class:`~flwr_sheaf.protocol.EdgeConfig`, the neighbours' :data:`PILOTS`
+and/or :data:`TRANSPORTED` pilots, and, unless ``pilot-strategy = all``, :data:`PILOT_SELECTION`
+with :data:`PILOT_INDEX_DIGEST` / :data:`PILOT_DESCRIBE` in the config. The reply carries the
+node's :data:`PILOTS` (key :data:`OWN_PILOTS`) and/or :data:`TRANSPORTED`, :data:`PILOT_PUBLIC`
+when asked, and :data:`SVDS` / :data:`PILOT_INDEX_DIGEST` in its metrics.
 """
 
 from __future__ import annotations
@@ -42,27 +40,20 @@ __all__ = [
 #: a train reply (the node's own whitened pilots ``(K, d_i)``, key :data:`OWN_PILOTS`).
 PILOTS = "pilots"
 OWN_PILOTS = "pilots"
-#: Sheaf-FRL variants (notes/variants-privacy.md): per-edge *transported* pilots ``X A`` keyed ``str(j)``.
-#: In a train reply: the node's pilots moved by its own map toward each neighbour j (``(K, d_e)``,
-#: ``d_e = max(d_i, d_j)``; homogeneous standard: only toward heads, ``(K, d)``). In a train message:
-#: what each neighbour j sent toward this node (same keys). Under ``privacy = stringent`` it replaces
-#: the ``pilots`` record both ways: raw pilots never leave the node.
+#: per-edge transported pilots ``X A`` ``(K, d_e)`` keyed ``str(j)`` (notes/variants-privacy.md): in a
+#: reply, toward each neighbour j; in a message, from each. Replaces ``pilots`` under stringent privacy.
 TRANSPORTED = "transported"
-#: Sheaf-FRL train metric: SVDs the node computed for its maps this round (notes/variants-privacy.md).
+#: train metric: SVDs the node computed for its maps this round.
 SVDS = "svds"
 
 
 def pack_neighbour_pilots(pilots: Mapping[int, np.ndarray]) -> ArrayRecord:
-    """Neighbours' whitened pilot matrices ``{j: (K, d_j)}`` float32 -> ``ArrayRecord`` keyed ``str(j)``."""
+    """Neighbours' pilot matrices ``{j: (K, d_j)}`` float32 -> ``ArrayRecord`` keyed ``str(j)``."""
     return pack_arrays({str(int(j)): a for j, a in pilots.items()})
 
 
 def unpack_neighbour_pilots(rec: ArrayRecord) -> dict[int, np.ndarray]:
-    """Inverse of :func:`pack_neighbour_pilots`: ``{j: (K, d_j)}`` float32 arrays.
-
-    Raises:
-        ProtocolError: a key that is not a partition-id.
-    """
+    """Inverse of :func:`pack_neighbour_pilots`; ProtocolError on a key that is not a partition-id."""
     out = {}
     for key in rec.keys():
         if not key.isdigit():
@@ -71,30 +62,23 @@ def unpack_neighbour_pilots(rec: ArrayRecord) -> dict[int, np.ndarray]:
     return out
 
 
-# ------------------------------------------------------------------------------ pilot selection (paper App. B)
-#: Record of a ``train.sheaf`` message holding this round's pilot selection (:func:`pack_pilot_selection`);
-#: absent under ``pilot-strategy=all``.
+#: pilot selection (paper App. B): record of a ``train.sheaf`` message (:func:`pack_pilot_selection`).
 PILOT_SELECTION = "pilot-selection"
 PILOT_INDICES = "indices"
 PILOT_GROUPS = "groups"
-#: Config key of ``train.sheaf`` (the :func:`index_digest` of the selection sent) and metric of the reply
-#: (the digest of the selection the node used); the strategy refuses a reply whose digest differs.
+#: config key of ``train.sheaf`` and reply metric: the :func:`index_digest` of the selection sent / used.
 PILOT_INDEX_DIGEST = "pilot-index-digest"
-#: Config key of ``train.sheaf``: ``"class"`` or ``"cluster"`` asks the node to add :data:`PILOT_PUBLIC`
-#: to its reply (the pilots' labels / public features, sent once so the strategy can group the pilots).
+#: config key of ``train.sheaf``: ``"class"`` / ``"cluster"`` asks for :data:`PILOT_PUBLIC` in the reply.
 PILOT_DESCRIBE = "pilot-describe"
-#: Reply record: ``labels`` ``(M,)`` int64 and/or ``features`` ``(M, p)`` float32 of the shared pilots.
+#: reply record: ``labels`` ``(M,)`` int64 and/or ``features`` ``(M, p)`` float32 of the pilots.
 PILOT_PUBLIC = "pilot-public"
 PILOT_LABELS = "labels"
 PILOT_FEATURES = "features"
 
 
 def index_digest(indices: np.ndarray, groups: np.ndarray | None = None) -> int:
-    """A 63-bit fingerprint of a pilot selection: SHA-256 of the int64 indices in order and the group
-    ids (or a marker for none), first 8 bytes, as a positive int (fits a ``ConfigRecord``/``MetricRecord``).
-
-    Two selections have the same digest iff (up to hash collisions) they name the same pilots in the
-    same order with the same grouping.
+    """63-bit fingerprint of a pilot selection (SHA-256 of the int64 indices in order and the groups),
+    a positive int: equal iff the same pilots in the same order with the same grouping.
     """
     import hashlib
 
@@ -121,7 +105,7 @@ def pack_pilot_selection(indices: np.ndarray, groups: np.ndarray | None = None) 
 def unpack_pilot_selection(
     rec: ArrayRecord, expected_digest: int, num_pilots: int
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Inverse of :func:`pack_pilot_selection`, checked against the digest the config carries.
+    """Inverse of :func:`pack_pilot_selection`, checked against the config's digest.
 
     Args:
         rec: the :data:`PILOT_SELECTION` record.
@@ -133,8 +117,7 @@ def unpack_pilot_selection(
 
     Raises:
         ProtocolError: missing indices, not 1-D int, out of ``[0, M)``, repeated, groups of another
-            length, or a digest that differs from ``expected_digest`` (the indices or their order
-            were changed: both keys named).
+            length, or a digest other than ``expected_digest`` (both keys named).
     """
     if PILOT_INDICES not in rec:
         raise ProtocolError(f"record {PILOT_SELECTION!r} lacks {PILOT_INDICES!r}")

@@ -1,10 +1,7 @@
 """Sheaf-FRL's pilot selection at the server (paper App. B, ``pilot-strategy``; notes/variants-pilots.md).
 
-:class:`PilotSelector` (``strategy.pilots``) holds the parsed strategy, its
-:class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (built once the pilots' count and, if needed, their
-labels or public features are known) and this round's selection with its digest; held matrices are
-reduced with *this* round's indices (:meth:`PilotSelector.reduced`), so rows always correspond.
-:func:`upload_problem` checks one reply's uploaded pilots against what the variant asks.
+Held matrices are reduced with *this* round's indices (:meth:`PilotSelector.reduced`), so rows
+always correspond. :func:`upload_problem` checks one reply's pilots against what the variant asks.
 """
 
 from __future__ import annotations
@@ -43,17 +40,17 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class PilotSelector:
-    """Pilot selection of one run (module docstring).
+    """Pilot selection of one run.
 
     Args:
-        pilot_strategy: run-config ``pilot-strategy`` (``all``, ``uniform:K``, ``adaptive:K``,
-            ``*-class``, ``*-cluster``, ...; :func:`~flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
+        pilot_strategy: run-config ``pilot-strategy`` (:func:`~flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
         seed: the run's seed (selections derive from (seed, server round)).
 
     Attributes:
-        spec: the parsed strategy; sampler: its sampler (None until it can be built);
-        public: the accepted pilot description (labels or public features), if any;
-        selection: this round's selection (None under ``all`` or while the description is missing);
+        spec: the parsed strategy.
+        sampler: its :class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (None until it can be built).
+        public: the accepted pilot description (labels or public features), if any.
+        selection: this round's selection (None under ``all`` or while the description is missing).
         digest: its :func:`~flwr_sheaf.methods.sheaf_frl.protocol.index_digest` (0 without a selection).
     """
 
@@ -74,7 +71,7 @@ class PilotSelector:
 
     @property
     def asks_description(self) -> bool:
-        """Whether the nodes are asked for the pilots' description (``pilot-describe``) this round."""
+        """Whether the nodes are asked for the pilots' description this round."""
         return self.spec.groups is not None and self.sampler is None
 
     def on_discovered(self, num_pilots: int) -> None:
@@ -98,8 +95,7 @@ class PilotSelector:
         bank: Mapping[int, np.ndarray],
         edges: list[tuple[int, int]],
     ) -> None:
-        """This round's selection (``adaptive``: ranked by the mismatch of the held raw matrices
-        ``bank`` over the oriented ``edges``); None under ``all`` or while the description is missing."""
+        """This round's selection (``adaptive``: ranked by the mismatch of the held raw matrices over ``edges``)."""
         self.selection, self.digest = None, 0
         self._reduced_cache = {}
         if self.sampler is None:
@@ -110,15 +106,14 @@ class PilotSelector:
             self.digest = index_digest(self.selection.indices, self.selection.groups)
 
     def end_messages(self) -> None:
-        """Drop the reduced matrices (valid only while this round's messages are built; not checkpointed)."""
+        """Drop the reduced matrices (valid only while this round's messages are built)."""
         self._reduced_cache = {}
 
     def reduced(self, arr: np.ndarray) -> np.ndarray:
-        """A held pilot matrix ``(M, w)`` (raw or transported) reduced by this round's selection
-        (``(rows, w)`` float32; unchanged under ``all``)."""
+        """A held pilot matrix ``(M, w)`` reduced by this round's selection (``(rows, w)`` float32)."""
         if self.selection is None:
             return arr
-        key = id(arr)  # a held matrix is relayed to each of its sender's neighbours: reduce it once
+        key = id(arr)  # relayed to each neighbour of its sender: reduce it once
         if key not in self._reduced_cache:
             self._reduced_cache[key] = (
                 apply_selection(torch.tensor(arr), self.selection).numpy().astype(np.float32)
@@ -126,8 +121,9 @@ class PilotSelector:
         return self._reduced_cache[key]
 
     def digest_problem(self, reply: Message) -> str | None:
-        """Why a train reply's echoed selection digest is refused (or None; then the digest metric is
-        removed from the reply: checked, not a metric to average). None without a selection."""
+        """Why a reply's echoed selection digest is refused, or None (then the digest metric is removed
+        from the reply). None without a selection.
+        """
         if self.selection is None:
             return None
         metrics = metric_record(reply.content, METRICS)
@@ -142,8 +138,9 @@ class PilotSelector:
         return None
 
     def description_problem(self, reply: Message, num_pilots: int) -> tuple[str | None, bool]:
-        """Accept a node's pilot description (record ``pilot-public``): ``(problem or None, built)``;
-        the first accepted description builds the sampler (``built`` True), a later one must equal it."""
+        """Accept a node's pilot description: ``(problem or None, built)``; the first builds the sampler,
+        a later one must equal it.
+        """
         what = self.spec.groups
         key = PILOT_LABELS if what == "class" else PILOT_FEATURES
         rec = array_record(reply.content, PILOT_PUBLIC) if PILOT_PUBLIC in reply.content else None
@@ -163,7 +160,7 @@ class PilotSelector:
         return None, True
 
     def rows(self, num_pilots: int) -> int:
-        """Pilot rows relayed this round (the selection's, all K under ``all``, 0 while waiting)."""
+        """Pilot rows relayed this round (the selection's, K under ``all``, 0 while waiting)."""
         if self.selection is not None:
             return self.selection.num_rows
         return num_pilots if self.spec.kind == "all" else 0
@@ -181,8 +178,9 @@ def upload_problem(
 
     Args:
         reply: the node's train reply.
-        k: pilot count K; d: the node's d_i.
-        want_raw: whether the variant asks it for raw pilots ``(K, d_i)``.
+        k: pilot count K.
+        d: the node's d_i.
+        want_raw: whether the variant asks for raw pilots ``(K, d_i)``.
         want_moved: ``{receiver j: width}`` of the transported pilots asked for.
         stringent: ``privacy = stringent`` (raw pilots in the reply are refused, never stored).
     """

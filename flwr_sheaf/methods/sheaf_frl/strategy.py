@@ -1,18 +1,14 @@
 """Sheaf-FRL peer-routing strategy: relays each node only its graph neighbours' pilots (paper Alg. 1).
 
-No global model exists: the server emulates decentralised exchange. Per round each sampled node gets
-its neighbours' latest whitened pilot matrices ``(K, d_j)`` (record ``pilots``), its incident edges
-(:class:`flwr_sheaf.protocol.EdgeConfig`), the local-training config and
-:class:`flwr_sheaf.config.SheafConfig` with this round's lambda (warm-up applied); each reply's
-pilots are checked (shape ``(K, d_i)``, finite) and stored, a bad matrix being that node's recorded
-failure (its cached pilots stay). Evaluation: :class:`GraphStrategy`'s two phases. A round without
-sampled nodes sends nothing; a node with p_i = 0 never trains and its neighbours get no pilots of it.
+No global model: the server emulates decentralised exchange. Per round each sampled node gets its
+neighbours' latest whitened pilots ``(K, d_j)`` (record ``pilots``), its incident edges
+(:class:`flwr_sheaf.protocol.EdgeConfig`) and :class:`flwr_sheaf.config.SheafConfig` with this
+round's lambda; each reply's pilots are checked (``(K, d_i)``, finite) and stored, a bad matrix
+being that node's recorded failure (its cached pilots stay).
 
-What a sampled node gets of a neighbour absent in the previous round (``cached`` / ``drop`` /
-``drop-reweighted``): notes/participation.md, s3. Pilot selection (``pilot-strategy``, one
-:class:`~flwr_sheaf.sheaf.pilots.PilotSelection` per round for every node, echoed by digest):
-notes/variants-pilots.md. Variants and stringent privacy (raw or transported pilots per directed
-edge, :attr:`SheafFRL.edge_bank`; the uploaded bytes by kind, paper Tab. 1): notes/variants-privacy.md.
+Absent neighbours (``absent-policy``): notes/participation.md, s3. Pilot selection
+(``pilot-strategy``): notes/variants-pilots.md. Variants and stringent privacy (per-edge
+transported pilots, :attr:`SheafFRL.edge_bank`): notes/variants-privacy.md.
 """
 
 from __future__ import annotations
@@ -62,8 +58,6 @@ class SheafFRL(GraphStrategy):
             :func:`~flwr_sheaf.methods.sheaf_frl.client.register_sheaf_handlers`), discovery_timeout
             (:class:`~flwr_sheaf.methods.registry.GraphArgs`).
 
-    Every config defaults to :mod:`flwr_sheaf.config`'s defaults.
-
     Raises:
         ValueError: bad config values (named); (at discovery) a disconnected graph, a graph naming
             a missing partition-id, nodes with different pilot counts.
@@ -77,16 +71,14 @@ class SheafFRL(GraphStrategy):
         **common: Unpack[GraphArgs],
     ) -> None:
         sheaf = sheaf or SheafConfig()
-        #: stringent privacy: evaluation arrays transported by each node's own map, no raw pilots held
-        #: at the server (no multi-hop / diagnostics, the reason recorded).
+        # stringent privacy: evaluation arrays transported by each node's own map
         evaluation = TransportedEvaluation if sheaf.privacy == "stringent" else GraphEvaluation
         super().__init__(num_nodes, **strategy_args(ACTION, common, evaluation))
         self.sheaf = sheaf
         self.bank: dict[int, np.ndarray] = {}
         self.bank_round: dict[int, int] = {}
-        #: arrival frequency of each node's pilots (``drop-reweighted``); the estimate used in round t
-        #: is computed in round t-1 before observing it.
-        #: (the plain ``c/t`` estimate of notes/participation.md, s3.3, not RFedAGS's Laplace default)
+        #: arrival frequency of each node's pilots (``drop-reweighted``; the plain ``c/t`` estimate of
+        #: notes/participation.md, s3.3); round t uses the estimate of round t-1.
         self.frequency = FrequencyEstimator(
             num_nodes, q_min=self.sheaf.reweight_q_min, estimator="empirical"
         )
@@ -101,11 +93,9 @@ class SheafFRL(GraphStrategy):
         self.edge_bank_round: dict[tuple[int, int], int] = {}
         self._relayed_bytes = 0
         self._train_bytes = [0, 0]
-        #: pilot selection (paper App. B): the parsed strategy, its sampler (built once the pilots'
-        #: count and, if needed, their labels / public features are known) and this round's selection.
+        #: pilot selection (paper App. B)
         self.pilots = PilotSelector(self.sheaf.pilot_strategy, self.seed)
 
-    # ------------------------------------------------------------------ train hooks
     def configure_train(self, server_round, arrays, config, grid):
         """:meth:`GraphStrategy.configure_train` after resetting this round's relay statistics (paper Alg. 1 line 3).
 
@@ -113,7 +103,6 @@ class SheafFRL(GraphStrategy):
             ValueError: ``config`` names a key the strategy sends.
         """
         self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
-        # ranks pilots by the held matrices' mismatch
         adaptive = self.pilots.spec.kind == "adaptive"
         edges = oriented_edges(self.graph, self.nodes) if adaptive and self.graph else []
         self.pilots.select(server_round, self.bank, edges)
@@ -123,24 +112,20 @@ class SheafFRL(GraphStrategy):
         return msgs
 
     def aggregate_train(self, server_round, replies):
-        """:meth:`GraphStrategy.aggregate_train`, after counting the train replies' payload bytes
-        (``train_bytes_received``; with ``train_bytes_sent``: the train phase alone, evaluation excluded)."""
+        """:meth:`GraphStrategy.aggregate_train`, after counting the train replies' bytes (``train_bytes_received``)."""
         replies = list(replies)
         self._train_bytes[1] = sum(record_bytes(r.content) for r in replies if r.has_content())
         return super().aggregate_train(server_round, replies)
 
     def on_discovered(self) -> None:
-        """:meth:`GraphStrategy.on_discovered`, then resolve ``sheaf-variant`` from the nodes' d_i and build
-        the pilot sampler when it needs no pilot description.
-
-        ``pilot-strategy = adaptive:K`` ranks pilots by the Procrustes residual of the raw pilot matrices
-        the strategy holds, which exist only under Alg. 1 (``privacy = standard``, heterogeneous variant):
-        with it ``sheaf-variant = auto`` resolves to ``heterogeneous`` (Alg. 1 is exact for equal d_i too).
+        """:meth:`GraphStrategy.on_discovered`, then resolve ``sheaf-variant`` from the d_i and build the
+        pilot sampler when it needs no pilot description. ``adaptive:K`` needs the raw pilots (Alg. 1):
+        with it ``sheaf-variant = auto`` resolves to ``heterogeneous``.
 
         Raises:
-            ValueError: (besides the graph's) ``sheaf-variant='homogeneous'`` with unequal d_i (named);
-                ``pilot-strategy``'s budget exceeds the shared pilots; ``adaptive`` with
-                ``privacy='stringent'`` or ``sheaf-variant='homogeneous'`` (both keys named).
+            ValueError: (besides the graph's) ``sheaf-variant='homogeneous'`` with unequal d_i;
+                ``pilot-strategy``'s budget exceeds the pilots; ``adaptive`` with
+                ``privacy='stringent'`` or ``sheaf-variant='homogeneous'``.
         """
         super().on_discovered()
         spec = self.pilots.spec
@@ -167,8 +152,9 @@ class SheafFRL(GraphStrategy):
         self.pilots.on_discovered(self.num_pilots)
 
     def method_config(self, server_round: int) -> dict:
-        """:class:`SheafConfig` with this round's lambda and the resolved variant (+ the selection digest,
-        or the request for the pilots' description while the sampler waits for it)."""
+        """:class:`SheafConfig` with this round's lambda and the resolved variant (+ the selection
+        digest, or the request for the pilots' description).
+        """
         out = {
             **self.sheaf.to_dict(),
             "lambda": self.sheaf.lam_at(server_round),
@@ -189,17 +175,15 @@ class SheafFRL(GraphStrategy):
         return receiver_sends_raw(self.variant, self.sheaf.privacy, self._is_head(sender, receiver))
 
     def _width(self, sender: int, receiver: int) -> int:
-        """Width of what ``sender`` sends toward ``receiver``: d_sender raw (or homogeneous), d_e stringent."""
+        """Width of what ``sender`` sends toward ``receiver``: d_sender, or d_e under stringent privacy."""
         d_s, d_r = self.nodes[sender].d, self.nodes[receiver].d
         return edge_dim(d_s, d_r) if self.sheaf.privacy == "stringent" else d_s
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """What each neighbour sent toward ``pid`` under the absent policy (raw pilots in record ``pilots``,
-        transported ones in ``transported``), and the edges (with ``1/q_j`` weights for ``drop-reweighted``).
-
-        Records ``(age, weight)`` per relayed edge in :attr:`relayed`; age = rounds since the
-        neighbour produced the matrix (1 = the previous round). A neighbour without one gets weight 0.
-        Under ``privacy = stringent`` no ``pilots`` record is sent.
+        """What each neighbour sent toward ``pid`` under the absent policy (raw pilots in ``pilots``,
+        transported in ``transported``; no ``pilots`` record under stringent privacy) and the edges (with
+        ``1/q_j`` weights for ``drop-reweighted``). Records ``(age, weight)`` per relayed edge in
+        :attr:`relayed` (age 1 = the previous round).
         """
         policy = self.sheaf.absent_policy
         assert self.graph is not None  # built in on_discovered
@@ -238,8 +222,7 @@ class SheafFRL(GraphStrategy):
     def _check_upload(
         self, pid: int, r: Message
     ) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
-        """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply
-        (:func:`~flwr_sheaf.methods.sheaf_frl.selection.upload_problem` with what the variant asks)."""
+        """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply."""
         assert self.graph is not None  # built in on_discovered
         nbrs = sorted(self.graph.neighbors(pid))
         want_raw = any(self._sends_raw(pid, j) for j in nbrs) or (
@@ -252,8 +235,9 @@ class SheafFRL(GraphStrategy):
         )
 
     def _accept_description(self, server_round: int, pid: int, r: Message) -> bool:
-        """Build the sampler from a node's pilot description (record ``pilot-public``); False (and a
-        recorded failure) when it is missing, malformed, or differs from the one already accepted."""
+        """Build the sampler from a node's pilot description; False (and a recorded failure) when it
+        is missing, malformed, or differs from the one accepted.
+        """
         why, built = self.pilots.description_problem(r, self.num_pilots)
         if why is not None:
             self.record_failure(server_round, "train", pid, why)
@@ -273,9 +257,8 @@ class SheafFRL(GraphStrategy):
     ) -> tuple[dict[int, Message], dict]:
         """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
 
-        A reply whose pilot matrix has the wrong shape or NaN/inf entries is that node's recorded
-        failure and its cached pilots stay (notes/participation.md, s3); the frequency estimate used
-        in round t+1 counts rounds 1..t-1 only (s3.3).
+        A bad pilot matrix is that node's recorded failure and its cached pilots stay; the frequency
+        estimate used in round t+1 counts rounds 1..t-1 only (notes/participation.md, s3.3).
         """
         accepted = {}
         up = {"raw": 0, "to_heads": 0, "to_tails": 0}
@@ -334,7 +317,7 @@ class SheafFRL(GraphStrategy):
         }
 
     def results_extra(self) -> dict:
-        """Graph, participation and evaluation extras plus the :class:`SheafConfig` in use (and the resolved variant)."""
+        """GraphStrategy's extras plus the :class:`SheafConfig` (and resolved variant) and the pilot selection."""
         pilots = {
             "strategy": self.sheaf.pilot_strategy,
             "normalisation": self.sheaf.pilot_normalisation,
@@ -347,10 +330,8 @@ class SheafFRL(GraphStrategy):
             "pilot_selection": pilots,
         }
 
-    # ------------------------------------------------------------------ evaluation under stringent privacy
     def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """``privacy`` for every node; under ``stringent`` also its edges and the seed (it transports its
-        evaluation arrays toward each neighbour with its own map)."""
+        """``privacy`` for every node; under ``stringent`` also its edges and the seed."""
         if self.sheaf.privacy != "stringent":
             return {}, {"privacy": self.sheaf.privacy}
         return {}, {
