@@ -257,8 +257,8 @@ def test_key_readers_agree_with_what_each_built_strategy_reads():
     """The registry-derived map equals, for each method, the method-section keys its built strategy
     records (``results.strategy_config``) -- an independent reading of the same fact."""
     from flwr_sheaf.apps.methods import num_nodes
-    from flwr_sheaf.methods import key_readers
     from flwr_sheaf.config import METHOD_KEYS
+    from flwr_sheaf.methods import key_readers
     from flwr_sheaf.results import strategy_config
 
     readers = key_readers()

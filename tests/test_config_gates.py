@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flwr_sheaf.methods import key_readers
 from flwr_sheaf.config import KEYS, METHOD_KEYS, ConfigError, lookup_key
+from flwr_sheaf.methods import key_readers
 from flwr_sheaf.methods.registry import parse_run_config
 
 ALL_KEYS = sorted(set(KEYS) | set(METHOD_KEYS))

@@ -23,8 +23,7 @@ import torch
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.config import ConfigError, RunConfig
-from flwr_sheaf.rundir import LOCK_NAME, DirLock
-from flwr_sheaf.rundir import load_checkpoint
+from flwr_sheaf.rundir import LOCK_NAME, DirLock, load_checkpoint
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)

@@ -24,9 +24,9 @@ from flwr_sheaf import (
     write_results,
 )
 from flwr_sheaf.apps.client_app import app as cnn_client_app
-from flwr_sheaf.rundir import LockedError
 from flwr_sheaf.methods.fedproto.config import FedProtoConfig
 from flwr_sheaf.results import check_results_dir, strategy_config
+from flwr_sheaf.rundir import LockedError
 
 torch.set_num_threads(1)
 

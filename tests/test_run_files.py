@@ -22,8 +22,7 @@ from flwr.app import MetricRecord
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.config import ConfigError
-from flwr_sheaf.rundir import LOCK_NAME, DirLock, LockedError
-from flwr_sheaf.rundir import CheckpointWriteError, load_checkpoint
+from flwr_sheaf.rundir import LOCK_NAME, CheckpointWriteError, DirLock, LockedError, load_checkpoint
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from flwr_sheaf import tracking
 from flwr_sheaf.apps.client_app import app as cnn_client_app
 from flwr_sheaf.apps.server_app import run_server
 from flwr_sheaf.config import ConfigError, RunConfig, parse_trackers

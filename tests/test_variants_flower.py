@@ -13,8 +13,8 @@ from flwr_sheaf.client.common import build, eval_latents
 from flwr_sheaf.config import FederationConfig, LocalTrainConfig
 from flwr_sheaf.methods.sheaf_frl.config import SheafConfig
 from flwr_sheaf.methods.sheaf_frl.strategy import SheafFRL
-from flwr_sheaf.sheaf import init_map, orient_edge, procrustes
 from flwr_sheaf.rundir import Checkpointer, load_checkpoint
+from flwr_sheaf.sheaf import init_map, orient_edge, procrustes
 from flwr_sheaf.testing import LocalGrid
 
 torch.set_num_threads(1)
