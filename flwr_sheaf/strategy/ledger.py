@@ -1,11 +1,4 @@
-"""The run ledger: what happened in each server round, which node failed where, and the run's status.
-
-:class:`RunLedger` (``strategy.ledger``) is written by the round loop, the messages and the
-evaluation, and read by ``results.json``, the checkpoint and the ServerApp: one
-:class:`~flwr_sheaf.strategy.records.RoundRecord` per completed round, one failure entry per node
-and phase, the run's status (docs/guarantees.md) and the last evaluation's rows. It holds
-no Flower object and knows nothing of graphs or methods.
-"""
+"""The run ledger: each round's record, which node failed where, the run's status (docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -22,26 +15,23 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class RunFailedError(RuntimeError):
-    """A run past its ``max-failed-fraction`` (:meth:`RunLedger.run_status`): the ServerApp raises it
-    after ``results.json`` is written, so Flower records the run as failed (docs/guarantees.md)."""
+    """A run past its ``max-failed-fraction``, raised after ``results.json`` is written."""
 
 
 class RunLedger:
-    """Records, failures, status and last results of one run (module docstring).
+    """Records, failures, status and last results of one run.
 
     Attributes:
         rounds: the completed rounds' records, restored ones included.
         failures: ``{"round", "phase", "partition-id", "reason"}`` per recorded failure.
-        current: the record of the round being built (None before the first
-            :meth:`begin_round`; every writer runs inside a round).
+        current: the record of the round being built (None before :meth:`begin_round`).
         last_evaluation: the last evaluated round's result (``nodes``, ``edges``, ``non_edges``).
     """
 
     def __init__(self) -> None:
         self.rounds: list[RoundRecord] = []
         self.failures: list[dict] = []
-        # None until begin_round; every writer runs inside a round (declared non-Optional for type checkers)
-        self.current: RoundRecord = None  # type: ignore[assignment]
+        self.current: RoundRecord = None  # type: ignore[assignment]  # set by begin_round
         self.last_evaluation = EvaluationResult()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -54,20 +44,20 @@ class RunLedger:
         self.current = None  # type: ignore[assignment]
 
     def begin_round(self, server_round: int) -> RoundRecord:
-        """Open the record of ``server_round`` (the round loop does it; tests that step rounds by hand too)."""
+        """Open the record of ``server_round``."""
         self.current = RoundRecord(round=server_round)
         return self.current
 
     def end_round(self, wall_seconds: float, elapsed_seconds: float) -> RoundRecord:
-        """Close the current round: its wall time and the run's elapsed time, appended to :attr:`rounds`."""
+        """Close the current round with its wall and elapsed time, appended to :attr:`rounds`."""
         self.current.wall_seconds = wall_seconds
         self.current.elapsed_seconds = elapsed_seconds
         self.rounds.append(self.current)
         return self.current
 
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
-        """Record one node's failure in ``phase`` (the last 500 characters of ``reason``), also in the
-        current round's ``failed[phase]`` (sorted, once per node)."""
+        """Record one node's failure in ``phase`` (``reason``'s last 500 characters) and in the
+        current round's ``failed[phase]``."""
         self.failures.append(
             {"round": server_round, "phase": phase, "partition-id": pid, "reason": reason[-500:]}
         )
@@ -91,28 +81,17 @@ class RunLedger:
 
     @property
     def non_edge_results(self) -> list[dict]:
-        """Per directed non-edge pair of the last evaluation
-        (:func:`~flwr_sheaf.strategy.evaluation_steps.non_edge_rows`)."""
+        """Per directed non-edge pair of the last evaluation."""
         return self.last_evaluation.non_edges
 
     def run_status(
         self, max_failed_fraction: float = DEFAULTS["max-failed-fraction"]
     ) -> dict[str, Any]:
-        """Whether a run (restored rounds included) is clean, degraded or failed (docs/guarantees.md).
-
-        A train reply fails when its node errs, does not answer, or the reply is refused. The run is
-        ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
-        ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody or
-        when every evaluation failed so that no accuracy was measured; ``failed`` too when no round
-        drew a node to train (participation too small: nothing was trained). ``degraded`` when
-        anything failed (any phase) short of that, when a round drew nobody to train, or (for
-        ``max_failed_fraction = 1``, report only) when no accuracy was measured; ``completed``
-        otherwise.
+        """Whether the run is ``completed``, ``degraded`` or ``failed`` (rules: docs/guarantees.md).
 
         Returns:
             ``status``, ``reasons`` (why failed), ``problems`` (why degraded besides failed replies)
-            and the counts behind them, over the completed :attr:`rounds` and the recorded
-            :attr:`failures` (keys: docs/results-schema.md, ``degradation``).
+            and the counts behind them (keys: docs/results-schema.md, ``degradation``).
         """
         rounds, failures = self.rounds, self.failures
         sampled, failed, idle, per_node = _train_counts(rounds)
@@ -165,23 +144,19 @@ class RunLedger:
         }
 
 
-#: ``reasons`` line of a run in which no round drew a node to train (issue 34, case 6)
 _NOBODY_DRAWN = (
     "no node was drawn to train in any of the {n} round(s), so nothing was trained: the "
     "participation probabilities (participation) are too small for num-server-rounds; raise them "
     "(notes/participation.md)"
 )
-#: ``problems`` line of a run in which most rounds drew nobody to train
 _MOST_DRAWN_NOBODY = (
     "{k} of {n} rounds drew no node to train (rounds {rounds}): those rounds trained nothing; raise "
     "the participation probabilities (participation) for a run that trains every round "
     "(notes/participation.md)"
 )
 
-#: evaluation phases whose failures leave an evaluated round without accuracies
 _EVALUATION_PHASES = ("evaluate", "evaluate_comm")
-#: accuracies an evaluated round measures (any finite one counts as measured)
-_ACCURACIES = (
+_ACCURACIES = (  # any finite one counts as measured
     "private_accuracy_mean",
     "communication_accuracy_mean",
     "communication_accuracy_degree_weighted",
@@ -189,8 +164,7 @@ _ACCURACIES = (
 
 
 def _accuracy_measured(rounds: list[RoundRecord], failures: list[dict]) -> bool | None:
-    """Whether an evaluation measured any accuracy: None when none was asked (no evaluated round
-    and no evaluation failure), else True when some evaluated round has a finite accuracy."""
+    """Whether some evaluated round has a finite accuracy (None: no evaluation was asked)."""
     evaluated = [r for r in rounds if r.evaluation is not None]
     if not evaluated and not any(f["phase"] in _EVALUATION_PHASES for f in failures):
         return None
@@ -203,7 +177,7 @@ def _accuracy_measured(rounds: list[RoundRecord], failures: list[dict]) -> bool 
 
 
 def _nothing_measured(failures: list[dict]) -> str:
-    """The line of a run whose evaluations measured no accuracy (how many failed, the first reason)."""
+    """The line of a run whose evaluations measured no accuracy."""
     bad = [f for f in failures if f["phase"] in _EVALUATION_PHASES]
     if not bad:
         return "no accuracy was measured: every evaluated round's accuracies are null"
