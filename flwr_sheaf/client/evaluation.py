@@ -82,10 +82,7 @@ def evaluate_handler(
     """
     cfg, action = msg.content[CONFIG], method.action
     mt = message_type(EVALUATE, action)
-    task, model = _restore(factory, context, action, cfg, mt)
-    a, lvf = _pilots_for_evaluation(
-        task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
-    )
+    task, model, (a, lvf) = _restore(factory, context, action, cfg, mt)
     with torch.no_grad():
         raw_test, raw_val = eval_latents(model, task.x_test), eval_latents(model, task.x_val)
         zt, zv = model.whitening(raw_test), model.whitening(raw_val)
@@ -119,11 +116,8 @@ def evaluate_comm_handler(
     """
     cfg, action = msg.content[CONFIG], method.action
     mt = message_type(EVALUATE, comm_action(action))
-    task, model = _restore(factory, context, action, cfg, mt)
+    task, model, (own, _) = _restore(factory, context, action, cfg, mt)
     dev = task_device(task)
-    own, _ = _pilots_for_evaluation(
-        task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
-    )
     model.eval()
     edges = EdgeConfig.from_config(cfg)
     # stringent privacy: j's map moved them into the edge stalk; read them as a tail (P2c/P2d)
@@ -138,13 +132,15 @@ def evaluate_comm_handler(
 
 def _restore(
     factory: TaskFactory, context: Context, action: str, cfg, mt: str
-) -> tuple[LocalTask, StalkModel]:
-    """The node's task with its trained weights, on the message's device and thread count."""
+) -> tuple[LocalTask, StalkModel, tuple[torch.Tensor, float]]:
+    """The node's task with its trained weights (message's device and threads), and its
+    :func:`_pilots_for_evaluation`."""
     threads = int(required(cfg, TORCH_THREADS, mt))
     task, model, _ = build(
         factory, context, action, threads, device_spec=str(required(cfg, DEVICE, mt))
     )
-    return task, model
+    fit = str(required(cfg, WHITENING_FIT, mt))
+    return task, model, _pilots_for_evaluation(task, model, context, action, fit)
 
 
 def _private_metrics(

@@ -173,12 +173,8 @@ def phase1_arrays_problem(
         return "NaN/inf pilots"
     for split in ("test", "val"):
         z, y = a[f"{split}-latents"].numpy(), a[f"{split}-labels"].numpy()
-        if (
-            z.ndim != 2
-            or z.shape[1] != d
-            or y.shape != (z.shape[0],)
-            or not np.issubdtype(y.dtype, np.integer)
-        ):
+        bad = z.ndim != 2 or z.shape[1] != d or y.shape != (z.shape[0],)
+        if bad or not np.issubdtype(y.dtype, np.integer):
             return f"{split} latents {z.shape} / labels {y.shape} {y.dtype}: expected (M, {d}) and (M,) integers"
         if not np.isfinite(z).all():
             return f"NaN/inf {split} latents"
@@ -225,20 +221,10 @@ def comm_problem(
 ) -> str | None:
     """Why phase-2 metrics ``m`` are unusable: ``second`` reading missing, per-edge lists of different
     lengths, sources other than ``routed``, a bad accuracy, or bad non-edge entries for ``plan``."""
-    return (
-        _second_reading_problem(m, second)
-        or _edge_problem(m, routed, edge_metric_keys)
-        or _non_edge_problem(m, plan)
-    )
-
-
-def _second_reading_problem(m: Mapping[str, Any], second: tuple[str, ...]) -> str | None:
     missing = [n for n in second if n not in m]
-    return (
-        f"the second reading (posthoc-readings = both) was asked for, but the reply lacks {missing}"
-        if missing
-        else None
-    )
+    if missing:
+        return f"the second reading (posthoc-readings = both) was asked for, but the reply lacks {missing}"
+    return _edge_problem(m, routed, edge_metric_keys) or _non_edge_problem(m, plan)
 
 
 def _edge_problem(
@@ -249,10 +235,9 @@ def _edge_problem(
         return f"per-edge entries {lists} must be lists"
     if len({len(m[k]) for k in lists}) != 1:
         return f"per-edge lists of different lengths {[len(m[k]) for k in lists]}"
-    if sorted(int(x) for x in m[COMM_SRC]) != sorted(routed) or len(set(m[COMM_SRC])) != len(
-        m[COMM_SRC]
-    ):
-        return f"sources {list(m[COMM_SRC])}, but neighbours {list(routed)} were routed to it"
+    src = m[COMM_SRC]
+    if sorted(int(x) for x in src) != sorted(routed) or len(set(src)) != len(src):
+        return f"sources {list(src)}, but neighbours {list(routed)} were routed to it"
     return _not_fractions(m, lists[1:])
 
 
@@ -297,14 +282,8 @@ def sheaf_diagnostics(
     if view.train.torch_threads > 0:
         torch.set_num_threads(view.train.torch_threads)
     try:
-        pilots = {
-            p: torch.from_numpy(
-                np.asarray(
-                    array_record(phase1[p].content, ARRAYS)["pilots"].numpy(), dtype=np.float64
-                )
-            )
-            for p in present
-        }
+        raw = {p: array_record(phase1[p].content, ARRAYS)["pilots"].numpy() for p in present}
+        pilots = {p: torch.from_numpy(np.asarray(a, dtype=np.float64)) for p, a in raw.items()}
         assert view.graph is not None  # built before any evaluation
         sub = view.graph.subgraph(present)
         sheaf = NetworkSheaf(sub, {p: view.nodes[p].d for p in present})
@@ -339,16 +318,10 @@ def _skip_reason(
 def _spectrum(
     view: EvaluationView, k: int, sheaf: NetworkSheaf, sub: nx.Graph, rec: dict[str, Any]
 ) -> None:
+    seed = int(np.random.SeedSequence([view.seed, view.server_round]).generate_state(1)[0])
     try:
-        spec = laplacian_spectrum(
-            sheaf.maps,
-            sheaf.dims,
-            sheaf.edges,
-            k,
-            seed=int(np.random.SeedSequence([view.seed, view.server_round]).generate_state(1)[0]),
-        )
-    # a numerical failure is recorded, never a crashed server
-    except torch.linalg.LinAlgError as exc:
+        spec = laplacian_spectrum(sheaf.maps, sheaf.dims, sheaf.edges, k, seed=seed)
+    except torch.linalg.LinAlgError as exc:  # recorded, never a crashed server
         rec["sheaf_diagnostics_skipped"] = f"eigensolver failed: {exc}"
         return
     rec.update(
@@ -417,25 +390,13 @@ def edge_rows(ok: Mapping[int, Message], edge_metric_keys: tuple[str, ...]) -> l
     edges = []
     for dst, r in ok.items():
         m = metric_record(r.content, METRICS)
-        for k, (src, acc, vacc) in enumerate(
-            zip(
-                as_list(m[COMM_SRC], COMM_SRC),
-                as_list(m[COMM_ACCURACY], COMM_ACCURACY),
-                as_list(m[VAL_COMM_ACCURACY], VAL_COMM_ACCURACY),
-            )
-        ):
-            edges.append(
-                {
-                    "src": int(src),
-                    "dst": int(dst),
-                    "communication_accuracy": float(acc),
-                    "val_communication_accuracy": float(vacc),
-                    **{
-                        n.replace("-", "_"): float(as_list(m[n], n)[k]) if n in m else float("nan")
-                        for n in edge_metric_keys
-                    },
-                }
-            )
+        cols = [as_list(m[key], key) for key in (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)]
+        for k, (src, acc, vacc) in enumerate(zip(*cols)):
+            row = {"src": int(src), "dst": int(dst), "communication_accuracy": float(acc)}
+            row["val_communication_accuracy"] = float(vacc)
+            for n in edge_metric_keys:
+                row[n.replace("-", "_")] = float(as_list(m[n], n)[k]) if n in m else float("nan")
+            edges.append(row)
     return edges
 
 

@@ -8,6 +8,7 @@ without an agents' graph (the RFedAGS family) passes ``federation=None`` and its
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -288,12 +289,8 @@ class GraphStrategy(Strategy):
         """
         sampled = sample_phase(self, self.sampler, server_round, TRAIN)
         self.ledger.current.sampled = sampled
-        base = {
-            **self.train.to_dict(),
-            **self.method_config(server_round),
-            SERVER_ROUND: server_round,
-            SEED: self.seed,
-        }
+        base = {**self.train.to_dict(), **self.method_config(server_round)}
+        base.update({SERVER_ROUND: server_round, SEED: self.seed})
         msgs, refused = [], set(self.ledger.current.failed.get(TRAIN, ()))
         for pid in (p for p in sampled if p not in refused):
             try:
@@ -323,21 +320,11 @@ class GraphStrategy(Strategy):
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
         accepted, extra = accept_each_failure_its_nodes(self, server_round, ok)
-        names = sorted(
-            {
-                k
-                for r in accepted.values()
-                for k, v in r.content[METRICS].items()
-                if isinstance(v, (int, float)) and k != NUM_EXAMPLES
-            }
-        )
+        replies = [r.content[METRICS] for r in accepted.values()]
+        names = {k for m in replies for k, v in m.items() if isinstance(v, (int, float))}
         metrics = {
-            k.replace("-", "_"): nanmean(
-                as_float(r.content[METRICS][k], k)
-                for r in accepted.values()
-                if k in r.content[METRICS]
-            )
-            for k in names
+            k.replace("-", "_"): nanmean(as_float(m[k], k) for m in replies if k in m)
+            for k in sorted(names - {NUM_EXAMPLES})
         }
         for name, column in self.train_metric_columns.items():
             metrics[column] = metrics.pop(name, float("nan"))
@@ -426,15 +413,17 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     else:
         drawn = sample_phase(s, s.eval_sampler, server_round, "evaluate")
     refused = s.ledger.current.failed.get("evaluate", ()) if s.sampled_discovery else ()
-    payloads = evaluate_node_payloads(
-        s, server_round, [p for p in drawn if p in s.nodes and p not in refused]
-    )
+    payloads = {}
+    for pid in (p for p in drawn if p in s.nodes and p not in refused):
+        try:
+            payloads[pid] = s.evaluate_node_payload(server_round, pid)
+        except Exception as e:  # a method's hook failing for one node: that node's failure
+            reason = hook_failure(s, "evaluate_node_payload", pid, e)
+            s.record_failure(server_round, "evaluate", pid, reason)
     evaluators = list(payloads)
     cur = s.ledger.current
-    ever: dict[int, int] = {}  # partition-id -> rounds it trained in, this one included
-    for r in [*(r for r in s.ledger.rounds if r is not cur), cur]:
-        for p in trained_in(r):
-            ever[p] = ever.get(p, 0) + 1
+    past = [r for r in s.ledger.rounds if r is not cur]
+    ever = Counter(p for r in [*past, cur] for p in trained_in(r))  # rounds trained, this one too
     return EvaluationView(
         server_round=server_round,
         nodes=s.nodes,
@@ -452,20 +441,6 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         trained=ever,
         mode=s.evaluate_nodes,
     )
-
-
-def evaluate_node_payloads(
-    s: GraphStrategy, server_round: int, evaluators: list[int]
-) -> dict[int, tuple[dict, dict]]:
-    """``{pid: s.evaluate_node_payload(server_round, pid)}``; a raising hook is that node's failure."""
-    payloads = {}
-    for pid in evaluators:
-        try:
-            payloads[pid] = s.evaluate_node_payload(server_round, pid)
-        except Exception as e:  # a method's hook failing for one node: that node's failure
-            reason = hook_failure(s, "evaluate_node_payload", pid, e)
-            s.record_failure(server_round, "evaluate", pid, reason)
-    return payloads
 
 
 def evaluate_nodes_mode(federation: FederationConfig | None, sampler: ParticipationSampler) -> str:
