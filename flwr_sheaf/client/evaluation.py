@@ -72,10 +72,9 @@ def evaluate_handler(
     (whitening fitted on the pilots, or with ``whitening-fit = "train"`` on the training latents).
 
     Returns:
-        the reply: ``arrays`` (whitened pilots ``(K, d_i)``, test / validation latents ``(M, d_i)``
-        float32 and labels ``(M,)`` int64, :data:`~flwr_sheaf.protocol.EVAL_ARRAYS`, the method's,
-        the second reading's) and ``metrics`` (private accuracies, test size, low-variance
-        fraction, stalk dimension).
+        the reply: ``arrays`` (:data:`~flwr_sheaf.protocol.EVAL_ARRAYS`: whitened pilots ``(K, d_i)``,
+        latents ``(M, d_i)`` float32, labels ``(M,)`` int64; the method's, the second reading's)
+        and ``metrics``.
 
     Raises:
         ProtocolError: a config key missing (named) or an unknown whitening fit.
@@ -203,11 +202,7 @@ def _edge_accuracy(
     """Test and validation accuracy of j's whitened latents ``(M, dj)`` moved into this stalk by the
     Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``; ``prefix``: a second
     reading's arrays. With ``path_map`` ``(d_i, dj)`` (non-edge source): ``[test multi-hop, test
-    direct, val multi-hop, val direct]``.
-
-    Raises:
-        ValueError: j's pilots, latents or path map of the wrong shape or with NaN/inf (j named).
-    """
+    direct, val multi-hop, val direct]``. Raises ValueError on bad arrays of j (j named)."""
     what = {"pw-": "pilot-whitened ", "tw-": "train-whitened "}.get(prefix, "")
     source = "neighbour" if path_map is None else "non-edge source"
     a_j = from_numpy(arr[f"{prefix}pilots"], dev, torch.float32)
@@ -270,11 +265,7 @@ def _second_reading_accuracies(
     msg: Message, context: Context, action: str, task: LocalTask, edges: EdgeConfig, cfg
 ) -> dict[str, list[float]]:
     """Test and validation accuracy lists per incoming edge under the second reading
-    (:data:`SECOND_READING`: both ends' whitening fitted the other way).
-
-    Raises:
-        ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
-    """
+    (:data:`SECOND_READING`: both ends' whitening fitted the other way)."""
     fit = str(cfg[WHITENING_FIT])
     names, (test_key, val_key) = SECOND_READING[fit]
     model, dev = task.model, task_device(task)
@@ -292,16 +283,8 @@ def _second_reading_accuracies(
 def _non_edge_accuracies(
     msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device
 ) -> dict[str, list]:
-    """Accuracy from each non-edge source j (notes/variants-diagnostics.md): by the server's composed
-    map ``"<j>/path-map"`` ``(d_i, d_j)`` and by the direct Procrustes map.
-
-    Returns:
-        the five lists of :data:`~flwr_sheaf.protocol.NON_EDGE_REPLY` (empty without sources).
-
-    Raises:
-        ProtocolError: a malformed non-edge config or a routed array missing.
-        ValueError: pilots, latents or composed map of j of the wrong shape or with NaN/inf (j named).
-    """
+    """The :data:`~flwr_sheaf.protocol.NON_EDGE_REPLY` lists: accuracy from each non-edge source j
+    by the server's composed map ``"<j>/path-map"`` ``(d_i, d_j)`` and by the direct map."""
     ne = NonEdgeConfig.from_config(msg.content[CONFIG])
     out: dict[str, list] = {k: [] for k in NON_EDGE_REPLY[METRICS]}
     order = (  # of _edge_accuracy's answer with a path map

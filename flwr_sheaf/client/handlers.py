@@ -61,8 +61,7 @@ def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> N
     ``(rows, model.d)`` and ``model.whitening`` must be ``d``-dimensional.
 
     Raises:
-        ValueError: ``model.d`` not a positive int, ``latent()`` of the wrong shape, or a whitening of
-            another dimension.
+        ValueError: ``model.d`` not a positive int, or ``latent()`` / whitening of another shape.
     """
     model = task.model
     d = getattr(model, "d", None)
@@ -182,12 +181,8 @@ def query_handler(
 
 
 def describe_task(task: LocalTask, architecture: Hashable = None) -> TaskDescription:
-    """The :class:`~flwr_sheaf.client.task.TaskDescription` of a built ``task``.
-
-    Args:
-        task: the node's task (model with the stalk protocol, CPU tensors).
-        architecture: the ``architecture`` field to fill in (a hook's key, to compare with it).
-    """
+    """The :class:`~flwr_sheaf.client.task.TaskDescription` of a built ``task`` (``architecture``:
+    the field to fill in, a hook's key)."""
     return TaskDescription(
         int(task.model.d),
         tuple(int(c) for c in task.classes),
@@ -199,12 +194,8 @@ def describe_task(task: LocalTask, architecture: Hashable = None) -> TaskDescrip
 
 
 def _describe(factory: TaskFactory, context: Context, partition_id: int) -> TaskDescription:
-    """The node's description from its built task (stalk-checked); a description hook
-    (:func:`~flwr_sheaf.client.task.describer_of`) must say the same.
-
-    Raises:
-        ValueError: the stalk check failed, or the hook's description differs (fields named).
-    """
+    """The node's description from its built task (stalk-checked); a description hook must say the
+    same, else ValueError (fields named)."""
     describe = describer_of(factory)
     task = factory(context)
     check_stalk_protocol_once(task, partition_id)

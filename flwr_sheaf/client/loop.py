@@ -123,11 +123,8 @@ def train_local(
 
 
 def _checked_metrics(plugin: LossPlugin, metrics: Any) -> dict:
-    """:meth:`LossPlugin.metrics`' return with numpy / torch values as Python numbers (or lists).
-
-    Raises:
-        TypeError: not a mapping, or a value not a number or list of numbers (class and key named).
-    """
+    """:meth:`LossPlugin.metrics`' return with numpy / torch values as Python numbers (or lists);
+    TypeError for anything else (class and key named)."""
     where = f"{type(plugin).__module__}.{type(plugin).__qualname__}.metrics"
     if not isinstance(metrics, Mapping):
         raise TypeError(f"{where} returned a {type(metrics).__name__}; it must return a dict")
@@ -145,12 +142,8 @@ def _checked_metrics(plugin: LossPlugin, metrics: Any) -> dict:
 
 
 def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any, need_ce: bool = True) -> None:
-    """Check :meth:`LossPlugin.loss`' return: a 0-d tensor and a mapping (with ``"ce"`` when
-    ``need_ce``) of 0-d tensors or real numbers.
-
-    Raises:
-        TypeError: it is not so (the plug-in's class and what it returned named).
-    """
+    """TypeError unless :meth:`LossPlugin.loss` returned a 0-d tensor and a mapping (with ``"ce"``
+    when ``need_ce``) of 0-d tensors or real numbers."""
     where = f"{type(plugin).__module__}.{type(plugin).__qualname__}.loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         got = (

@@ -76,21 +76,13 @@ def _resuming(run_config: Mapping[str, Any]) -> bool:
 
 
 def _keep(run_config: Mapping[str, Any]) -> int:
-    every = (
-        run_config["checkpoint-every"]
-        if "checkpoint-every" in run_config
-        else DEFAULTS["checkpoint-every"]
-    )
+    every = run_config.get("checkpoint-every", DEFAULTS["checkpoint-every"])
     return max(2, int(every) + 1) if isinstance(every, int) and not isinstance(every, bool) else 2
 
 
 def node_dir(context: Context) -> Path | None:
     """``<root>/partition-<id>`` (root: node config ``state-dir``, else run config
-    ``node-state-dir``), or None when nothing is persisted.
-
-    Raises:
-        StateFileError: the value is not a string (key named).
-    """
+    ``node-state-dir``; StateFileError if not a string), or None when nothing is persisted."""
     for where, cfg, key in (
         ("node config", context.node_config, STATE_DIR),
         ("run config", context.run_config, RUN_STATE_DIR),
@@ -108,12 +100,8 @@ def state_files(directory: Path) -> dict[int, Path]:
     """``{server round: path}`` of the state files in ``directory`` (empty when it does not exist)."""
     if not directory.is_dir():
         return {}
-    out = {}
-    for p in directory.iterdir():
-        m = _NAME.match(p.name)
-        if m:
-            out[int(m.group(1))] = p
-    return dict(sorted(out.items()))
+    found = {int(m.group(1)): p for p in directory.iterdir() if (m := _NAME.match(p.name))}
+    return dict(sorted(found.items()))
 
 
 def _read(path: Path, payload: bool) -> tuple[dict, bytes | None]:
@@ -247,11 +235,7 @@ def _check_resumed(
     context: Context, directory: Path, state_rounds: list[int], restored: int, fresh: bool
 ) -> None:
     """At a resumed run's discovery, a node that trained up to ``state_rounds[partition-id]`` must
-    find its state of a round in ``[that round, restored]``.
-
-    Raises:
-        StateFileError: it finds none (unless ``fresh``: a warning), or a file not its own.
-    """
+    find its state of a round in ``[that round, restored]``, else StateFileError (``fresh``: a warning)."""
     pid = node_partition_id(context)
     need = state_rounds[pid] if pid < len(state_rounds) else 0
     if need <= 0:
