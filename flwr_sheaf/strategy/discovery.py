@@ -117,11 +117,7 @@ class Discovery:
     """
 
     def __init__(
-        self,
-        num_nodes: int,
-        action: str,
-        config: Mapping[str, Any],
-        discovery_timeout: float,
+        self, num_nodes: int, action: str, config: Mapping[str, Any], discovery_timeout: float
     ) -> None:
         self.num_nodes = int(num_nodes)
         self.action = action

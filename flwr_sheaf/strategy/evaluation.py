@@ -83,9 +83,7 @@ class GraphEvaluation:
         edge_metric_names: extra per-edge phase-2 metrics (averaged as ``<name>_degree_weighted``).
     """
 
-    transported = (
-        False  #: phase-1 arrays transported by the sender's map (:data:`EVAL_TRANSPORTED`)
-    )
+    transported = False  #: phase-1 arrays moved by the sender's map (:data:`EVAL_TRANSPORTED`)
     holds_raw_pilots = True  #: phase-1 replies carry raw pilots (diagnostics, multi-hop need them)
 
     def __init__(
@@ -274,10 +272,7 @@ class GraphEvaluation:
         )
 
     def comm_problem(
-        self,
-        reply: Message,
-        routed: tuple[int, ...] = (),
-        plan: Plan | None = None,
+        self, reply: Message, routed: tuple[int, ...] = (), plan: Plan | None = None
     ) -> str | None:
         """Why a phase-2 reply cannot be used (or None), ``routed`` and ``plan`` routed to it."""
         return steps.comm_problem(

@@ -116,9 +116,7 @@ class GraphStrategy(Strategy):
         self.extra_evaluate_config: dict[str, Any] = {}
         #: discovery config entries of a resumed run (set by the ServerApp; client/state.py checks them)
         self.resume_check: dict[str, Any] = {}
-        self.checkpointer: Checkpointer | None = (
-            None  #: set by the ServerApp; None = no checkpoints
-        )
+        self.checkpointer: Checkpointer | None = None  #: set by the ServerApp (None: none)
         #: called after every completed round with its ``results.json`` entry; not checkpointed
         self.round_callbacks: list[Callable[[dict[str, Any]], None]] = []
         #: ``num_rounds`` of the last :meth:`start`: results with fewer rounds are ``failed``

@@ -188,12 +188,7 @@ def train_round(
 
 
 def close_round(
-    s: RoundHost,
-    server_round: int,
-    num_rounds: int,
-    arrays: ArrayRecord,
-    t_round: float,
-    t0: float,
+    s: RoundHost, server_round: int, num_rounds: int, arrays: ArrayRecord, t_round: float, t0: float
 ) -> None:
     """Record and log the round, checkpoint it when due, then call the round callbacks."""
     now = time.monotonic()
