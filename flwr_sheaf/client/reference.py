@@ -87,10 +87,7 @@ def _lookup(module: str, obj: Any) -> str | None:
     namespace = getattr(mod, "__dict__", None)
     if not isinstance(namespace, dict):
         return None
-    for attr, value in list(namespace.items()):
-        if value is obj:
-            return attr
-    return None
+    return next((attr for attr, value in list(namespace.items()) if value is obj), None)
 
 
 def global_name(obj: Any, hints: tuple[str, ...] = ()) -> tuple[str, str] | None:
@@ -110,14 +107,9 @@ def global_name(obj: Any, hints: tuple[str, ...] = ()) -> tuple[str, str] | None
         module, attr = cached
         if getattr(sys.modules.get(module), attr, None) is obj:
             return cached
-    found = None
-    for name in (*hints, *list(sys.modules)):
-        if name == "__main__" or name.startswith("__mp_main__"):
-            continue
-        where = _lookup(name, obj)
-        if where is not None:
-            found = (name, where)
-            break
+    names = [n for n in (*hints, *list(sys.modules)) if n != "__main__"]
+    other = (n for n in names if not n.startswith("__mp_main__"))  # another process's __main__
+    found = next(((n, attr) for n in other if (attr := _lookup(n, obj)) is not None), None)
     try:
         _FOUND[obj] = found
     except TypeError:
