@@ -16,24 +16,15 @@ from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-#: messages in flight at once on Flower's simulation engine (benchmarks/records/performance-ray.md)
-SIMULATION_WINDOW = 48
-
+# Tuned against Flower's polling cost in benchmarks/records/performance-ray.md.
+SIMULATION_WINDOW = 48  #: messages in flight at once on Flower's simulation engine
 #: a message unanswered for ``STALE_FACTOR`` x the longest reply time seen (at least ``MIN_STALE_S``;
-#: ``FIRST_REPLY_S`` before any reply: Ray actors' start-up) stops holding a slot (its reply is still
-#: taken until the timeout), so a silent node cannot block the others' messages.
+#: ``FIRST_REPLY_S`` before any reply: Ray actors' start-up) stops holding a slot (its reply is
+#: still taken), so a silent node cannot block the others' messages
 STALE_FACTOR, MIN_STALE_S, FIRST_REPLY_S = 3.0, 1.0, 60.0
-
-#: seconds between two pulls of the replies while messages are in flight (Flower's grid: 0.1 s)
-PULL_INTERVAL = 0.02
-
-#: messages in flight before the first reply (then one more per reply, up to the window): a full
-#: window waiting while Ray actors start cost the ServerApp CPU (benchmarks/records/performance-ray.md)
-SLOW_START = 8
-
-#: while pulls bring nothing the wait between pulls doubles up to this, back to ``PULL_INTERVAL`` at
-#: the next reply (fast polling through a long wait cost CPU, benchmarks/records/performance-ray.md)
-MAX_PULL_INTERVAL = 0.1
+PULL_INTERVAL = 0.02  #: seconds between two pulls while messages are in flight (Flower's: 0.1 s)
+SLOW_START = 8  #: messages in flight before the first reply (then one more per reply)
+MAX_PULL_INTERVAL = 0.1  #: while pulls bring nothing, their interval doubles up to this
 
 
 def simulated(grid: Grid) -> bool:

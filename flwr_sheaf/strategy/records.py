@@ -57,10 +57,8 @@ def record_bytes(content: RecordDict) -> int:
         for v in rec.values():
             if isinstance(v, (bytes, str)):
                 total += len(v)
-            elif isinstance(v, list):
-                total += 8 * len(v)
-            else:
-                total += 8
+            else:  # 8 B per number
+                total += 8 * len(v) if isinstance(v, list) else 8
     return total
 
 
