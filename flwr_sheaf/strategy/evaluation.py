@@ -252,15 +252,11 @@ class GraphEvaluation:
         routed = route_evaluation(arrays, neighbours, self.array_names)
         for key, value in route_non_edges(arrays, {j: t for j, t, _ in plan}).items():
             routed[key] = Array(np.ascontiguousarray(value))
-        nodes = view.nodes
-        d = nodes[pid].d
-        non_edges = NonEdgeConfig(
-            tuple(j for j, _, _ in plan),
-            tuple(nodes[j].d for j, _, _ in plan),
-            tuple(orient_edge(pid, d, j, nodes[j].d)[0] == pid for j, _, _ in plan),
-            tuple(len(path) - 1 for _, _, path in plan),
-        )
-        return routed, non_edges.to_config()
+        nodes, d, sources = view.nodes, view.nodes[pid].d, tuple(j for j, _, _ in plan)
+        dims = tuple(nodes[j].d for j in sources)
+        heads = tuple(orient_edge(pid, d, j, dj)[0] == pid for j, dj in zip(sources, dims))
+        hops = tuple(len(path) - 1 for _, _, path in plan)
+        return routed, NonEdgeConfig(sources, dims, heads, hops).to_config()
 
     # ------------------------------------------------------------------ reply checks
     def phase1_problem(self, view: EvaluationView, pid: int, reply: Message) -> str | None:
@@ -275,13 +271,8 @@ class GraphEvaluation:
         self, reply: Message, routed: tuple[int, ...] = (), plan: Plan | None = None
     ) -> str | None:
         """Why a phase-2 reply cannot be used (or None), ``routed`` and ``plan`` routed to it."""
-        return steps.comm_problem(
-            reply.content[METRICS],
-            routed,
-            plan or [],
-            self.edge_metric_keys,
-            self.second_reading_names[1],
-        )
+        m, second = reply.content[METRICS], self.second_reading_names[1]
+        return steps.comm_problem(m, routed, plan or [], self.edge_metric_keys, second)
 
     def sheaf_diagnostics(self, view: EvaluationView, phase1: Mapping[int, Message]) -> NonEdgePlan:
         """:func:`~flwr_sheaf.strategy.evaluation_steps.sheaf_diagnostics`; the non-edge plan."""

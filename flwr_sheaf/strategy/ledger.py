@@ -96,11 +96,9 @@ class RunLedger:
         rounds, failures = self.rounds, self.failures
         sampled, failed, idle, per_node = _train_counts(rounds)
         by_phase, nodes = _failure_rows(failures, per_node)
+        rows = per_node.items()
         every = sorted(
-            p
-            for p, row in per_node.items()
-            if row["train_failed_rounds"]
-            and len(row["train_failed_rounds"]) == row["rounds_sampled"]
+            p for p, r in rows if 0 < len(r["train_failed_rounds"]) == r["rounds_sampled"]
         )
         fraction = failed / sampled if sampled else 0.0
         reasons: list[str] = []
@@ -122,11 +120,9 @@ class RunLedger:
             line = _nothing_measured(failures)
             failed_evaluations = any(f["phase"] in _EVALUATION_PHASES for f in failures)
             (reasons if failed_evaluations and max_failed_fraction < 1.0 else problems).append(line)
-        status = (
-            "failed" if reasons else ("degraded" if failures or failed or problems else "completed")
-        )
+        degraded = failures or failed or problems
         return {
-            "status": status,
+            "status": "failed" if reasons else ("degraded" if degraded else "completed"),
             "reasons": reasons,
             "problems": problems,
             "max_failed_fraction": float(max_failed_fraction),
@@ -136,7 +132,7 @@ class RunLedger:
             "failures_by_phase": by_phase,
             "rounds_without_training": idle,
             "all_rounds_trained_nobody": bool(idle)
-            and len(idle) == sum(1 for r in rounds if r.sampled),
+            and len(idle) == sum(bool(r.sampled) for r in rounds),
             "rounds_drawing_nobody": nobody,
             "accuracy_measured": measured,
             "nodes_failed_every_round": every,
