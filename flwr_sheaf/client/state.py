@@ -281,18 +281,10 @@ def persist_state(
     if category == "query" and CONFIG in content and RESUME_STATE_ROUNDS in content[CONFIG]:
         cfg: MutableMapping[str, Any] = content[CONFIG]
         if directory is not None:
-            _check_resumed(
-                context,
-                directory,
-                [int(r) for r in cfg[RESUME_STATE_ROUNDS]],
-                int(cfg[RESUME_ROUND]),
-                bool(cfg[RESUME_FRESH]),
-            )
-        for key in (
-            RESUME_STATE_ROUNDS,
-            RESUME_ROUND,
-            RESUME_FRESH,
-        ):  # the mod's, not the handler's
+            rounds, restored = [int(r) for r in cfg[RESUME_STATE_ROUNDS]], int(cfg[RESUME_ROUND])
+            _check_resumed(context, directory, rounds, restored, bool(cfg[RESUME_FRESH]))
+        # the resume keys are the mod's, not the handler's
+        for key in (RESUME_STATE_ROUNDS, RESUME_ROUND, RESUME_FRESH):
             if key in cfg:
                 del cfg[key]
     if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:
