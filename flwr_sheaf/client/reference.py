@@ -109,7 +109,7 @@ def global_name(obj: Any, hints: tuple[str, ...] = ()) -> tuple[str, str] | None
             return cached
     names = [n for n in (*hints, *list(sys.modules)) if n != "__main__"]
     other = (n for n in names if not n.startswith("__mp_main__"))  # another process's __main__
-    found = next(((n, attr) for n in other if (attr := _lookup(n, obj)) is not None), None)
+    found = next(((n, where) for n in other if (where := _lookup(n, obj)) is not None), None)
     try:
         _FOUND[obj] = found
     except TypeError:

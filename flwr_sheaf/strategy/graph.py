@@ -318,10 +318,10 @@ class GraphStrategy(Strategy):
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
         accepted, extra = accept_each_failure_its_nodes(self, server_round, ok)
-        replies = [r.content[METRICS] for r in accepted.values()]
-        names = {k for m in replies for k, v in m.items() if isinstance(v, (int, float))}
+        reported = [r.content[METRICS] for r in accepted.values()]
+        names = {k for m in reported for k, v in m.items() if isinstance(v, (int, float))}
         metrics = {
-            k.replace("-", "_"): nanmean(as_float(m[k], k) for m in replies if k in m)
+            k.replace("-", "_"): nanmean(as_float(m[k], k) for m in reported if k in m)
             for k in sorted(names - {NUM_EXAMPLES})
         }
         for name, column in self.train_metric_columns.items():
@@ -366,9 +366,8 @@ class GraphStrategy(Strategy):
         """
         if self.evaluation is None:
             msgs = list(self.configure_evaluate(server_round, arrays, config, grid))
-            return self.aggregate_evaluate(
-                server_round, self.exchange.round_trip(grid, msgs, timeout)
-            )
+            replies = self.exchange.round_trip(grid, msgs, timeout)
+            return self.aggregate_evaluate(server_round, replies)
         result = self.evaluation.run(evaluation_view(self, server_round), config, grid, timeout)
         self.ledger.last_evaluation = result
         self.ledger.current.evaluation = result.summary

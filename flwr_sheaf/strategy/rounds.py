@@ -153,9 +153,8 @@ def run_rounds(
         s.ledger.begin_round(rnd)
         train_round(s, grid, rnd, result, timeout)
         if evaluates(s, rnd, n):
-            metrics = s.evaluate_round(
-                rnd, result.arrays, ConfigRecord(s.extra_evaluate_config), grid, timeout
-            )
+            cfg = ConfigRecord(s.extra_evaluate_config)
+            metrics = s.evaluate_round(rnd, result.arrays, cfg, grid, timeout)
             if metrics is not None:
                 result.evaluate_metrics_clientapp[rnd] = metrics
         _serverapp_evaluate(evaluate_fn, rnd, result)
@@ -167,12 +166,10 @@ def train_round(
     s: RoundHost, grid: Grid, server_round: int, result: Result, timeout: float
 ) -> None:
     """``configure_train`` -> round trip -> ``aggregate_train``, into ``result``."""
-    msgs = list(
-        s.configure_train(server_round, result.arrays, ConfigRecord(s.extra_train_config), grid)
-    )
-    new_arrays, train_metrics = s.aggregate_train(
-        server_round, s.exchange.round_trip(grid, msgs, timeout)
-    )
+    cfg = ConfigRecord(s.extra_train_config)
+    msgs = list(s.configure_train(server_round, result.arrays, cfg, grid))
+    replies = s.exchange.round_trip(grid, msgs, timeout)
+    new_arrays, train_metrics = s.aggregate_train(server_round, replies)
     rec = s.ledger.current
     if rec.sampled and rec.num_trained == 0:
         log.warning(
