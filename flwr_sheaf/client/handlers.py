@@ -151,10 +151,9 @@ def query_handler(
     ``d = 0`` (docs/participation.md, 1.5).
 
     Raises:
-        ProtocolError: ``torch-threads`` or ``device`` missing from the config;
-        DeviceUnavailableError: a device this machine lacks; ValueError: the stalk check failed, or
-            a description hook disagreed with the built task;
-        OutsideScenarioError: a partition-id outside the scenario and the federation.
+        ProtocolError: ``torch-threads`` or ``device`` missing; DeviceUnavailableError: a device
+            this machine lacks; ValueError: :func:`_describe`'s; OutsideScenarioError: a
+            partition-id outside the scenario and the federation.
     """
     cfg, mt = msg.content[CONFIG], message_type(QUERY, method.action)
     set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))

@@ -140,9 +140,8 @@ class Discovery:
             ``{partition-id: Node}`` for ``0..num_nodes-1``.
 
         Raises:
-            RuntimeError: too few SuperNodes, a failed discovery handler with no spare SuperNode,
-                duplicate partition-ids, partition-ids missing once every registered SuperNode
-                answered (:meth:`broken_error`) or after ``discovery_timeout``; cause and fix named.
+            RuntimeError: too few SuperNodes, a failed handler without spare, duplicate or (once all
+                answered, or after ``discovery_timeout``) missing partition-ids; cause, fix named.
         """
         deadline = time.monotonic() + self.discovery_timeout
         while True:
@@ -205,11 +204,7 @@ class Discovery:
         self.found[info.partition_id] = Node(r.metadata.src_node_id, info)
 
     def check_errors(self) -> None:
-        """Fail when a node's reply was unusable and no spare SuperNode can stand in.
-
-        Raises:
-            RuntimeError: the first reason, the nodes that failed the same way and up to 3 others.
-        """
+        """RuntimeError when a node's reply was unusable and no spare SuperNode can stand in."""
         errors = self.errors
         if not errors or len(self.asked) > self.num_nodes:
             return

@@ -81,16 +81,12 @@ class EvaluationView:
 
     Attributes:
         server_round: the evaluated round.
-        nodes: the discovered nodes ``{partition-id: Node}`` (d_i = ``nodes[i].d``).
-        graph: the agents' graph on partition-ids (None before discovery).
-        num_nodes: N; num_pilots: the shared pilot count K (-1 before discovery).
-        seed: the run's seed (diagnostics draws derive from (seed, round)).
-        train: the local-training settings (``torch-threads``, ``device``).
+        nodes, graph: ``{partition-id: Node}`` (d_i = ``nodes[i].d``) and the agents' graph.
+        num_nodes, num_pilots, seed, train: N, K, the run's seed, the local-training settings.
         evaluators: this round's evaluated partition-ids.
-        payload: ``(records, config entries)`` of every phase-1 message.
-        node_payload: ``pid -> (records, config entries)`` only node ``pid`` gets in phase 1.
-        exchange: messages and checked replies (records failures in ``ledger``).
-        ledger: the run's records; this round's is ``ledger.current``.
+        payload, node_payload: ``(records, config entries)`` of every phase-1 message; ``pid ->``
+            those only node ``pid`` gets.
+        exchange, ledger: messages and the run's records (this round's: ``ledger.current``).
         owner: the strategy's class name (named in recorded reasons).
         trained: ``{partition-id: rounds it trained in}``, this round included.
         mode: run-config ``evaluate-nodes`` resolved (``trained``, ``panel`` or ``drawn``).

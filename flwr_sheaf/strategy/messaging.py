@@ -49,13 +49,11 @@ def send_and_receive(
     """Send ``msgs`` (one per node) and collect their replies within ``timeout`` seconds (the whole
     exchange), at most ``window`` in flight (None: the grid's own ``send_and_receive``).
 
-    Windowed: ``min(window, SLOW_START)`` messages pushed first, one more slot per reply up to
-    ``window``; replies pulled every ``pull_interval`` s (backing off, module constants); stale
-    messages free their slot. At the deadline unsent messages are not sent (logged).
+    Windowed: slow start, pulls every ``pull_interval`` s backing off, stale messages free their
+    slot (module constants); at the deadline unsent messages are not sent (logged).
 
     Returns:
-        The windowed exchange's replies in the order of ``msgs`` (not arrival order); the unbounded
-        one's as the grid returns them.
+        The replies, windowed in the order of ``msgs``; unbounded as the grid returns them.
 
     Raises:
         ValueError: ``window`` < 1.
