@@ -417,7 +417,6 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         except Exception as e:  # a method's hook failing for one node: that node's failure
             reason = hook_failure(s, "evaluate_node_payload", pid, e)
             s.record_failure(server_round, "evaluate", pid, reason)
-    evaluators = list(payloads)
     cur = s.ledger.current
     past = [r for r in s.ledger.rounds if r is not cur]
     ever = Counter(p for r in [*past, cur] for p in trained_in(r))  # rounds trained, this one too
@@ -429,7 +428,7 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         num_pilots=s.num_pilots,
         seed=s.seed,
         train=s.train,
-        evaluators=evaluators,
+        evaluators=list(payloads),
         payload=payload,
         node_payload=payloads.__getitem__,
         exchange=s.exchange,
