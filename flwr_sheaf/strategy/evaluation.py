@@ -286,9 +286,8 @@ class GraphEvaluation:
         rnd = view.server_round
         ok = view.exchange.split_replies(rnd, "evaluate_comm", replies, phase.receivers, COMM_REPLY)
         for pid in sorted(ok):
-            why = self.comm_problem(
-                ok[pid], phase.routed_src.get(pid, ()), phase.non_edge_plan.get(pid, [])
-            )
+            routed, plan = phase.routed_src.get(pid, ()), phase.non_edge_plan.get(pid, [])
+            why = self.comm_problem(ok[pid], routed, plan)
             if why is not None:
                 view.record_failure("evaluate_comm", pid, f"bad evaluation reply: {why}")
                 del ok[pid]
@@ -297,20 +296,16 @@ class GraphEvaluation:
             row["trained"], row["trained_rounds"] = pid in view.trained, view.trained.get(pid, 0)
         edges = steps.edge_rows(ok, self.edge_metric_keys)
         non_edges = steps.non_edge_rows(ok, phase.non_edge_plan)
+        asked = non_edges if self.federation.non_edge_pairs > 0 else None
         extra = steps.extra_means(
-            nodes,
-            edges,
-            non_edges if self.federation.non_edge_pairs > 0 else None,
-            self.node_metric_names,
-            self.edge_metric_keys,
+            nodes, edges, asked, self.node_metric_names, self.edge_metric_keys
         )
         if not edges and view.graph is not None and view.graph.number_of_edges():
             why = self.unmeasured_reason(view, phase)  # null accuracies say why
             extra["communication_accuracy_reason"] = why
             log.warning("round %d: communication accuracy not measured (null): %s", rnd, why)
-        return EvaluationResult(
-            steps.summarise_accuracies(nodes, edges), extra, nodes, edges, non_edges
-        )
+        summary = steps.summarise_accuracies(nodes, edges)
+        return EvaluationResult(summary, extra, nodes, edges, non_edges)
 
     def unmeasured_reason(self, view: EvaluationView, phase: PhaseTwo) -> str:
         """The round's ``communication_accuracy_reason``: why no edge was measured."""

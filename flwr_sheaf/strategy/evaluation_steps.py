@@ -175,11 +175,9 @@ def phase1_arrays_problem(
         if not np.isfinite(z).all():
             return f"NaN/inf {split} latents"
     for name, like in zip(second, ("pilots", "test-latents", "val-latents")):
-        z = a[name].numpy()
-        if z.shape != a[like].numpy().shape or not np.isfinite(z).all():
-            return (
-                f"{name} of shape {z.shape} (expected {a[like].numpy().shape}) or NaN/inf entries"
-            )
+        z, want = a[name].numpy(), a[like].numpy().shape
+        if z.shape != want or not np.isfinite(z).all():
+            return f"{name} of shape {z.shape} (expected {want}) or NaN/inf entries"
     return None
 
 
