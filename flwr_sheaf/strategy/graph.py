@@ -163,7 +163,7 @@ class GraphStrategy(Strategy):
         self.on_discovered()
 
     def on_discovered(self) -> None:
-        """Build and validate the graph, check the pilots (:func:`build_agents_graph`); no spec: none."""
+        """Build and validate the graph, check the pilots (:func:`build_agents_graph`), given a spec."""
         if self.graph_spec is None:
             return
         self.graph, self.num_pilots = build_agents_graph(
