@@ -50,6 +50,11 @@ log = logging.getLogger("flwr_sheaf")
 POLL_SECONDS = 0.5
 
 
+def _first(items: list[str], n: int, sep: str) -> str:
+    """The first ``n`` of ``items`` joined by ``sep`` (`` ...`` after them when there are more)."""
+    return sep.join(items[:n]) + (" ..." if len(items) > n else "")
+
+
 def federation_fix(num_nodes: int) -> str:
     """The ``flwr run`` option that gives the federation ``num_nodes`` SuperNodes."""
     return f'--federation-config "num-supernodes={num_nodes}"'
@@ -210,29 +215,19 @@ class Discovery:
             return
         reason = errors[0].split(": ", 1)[-1]  # "node <id>: <reason>": one reason said once
         same = [e.split(":", 1)[0] for e in errors[1:] if e.split(": ", 1)[-1] == reason]
-        others = [e for e in errors[1:] if e.split(": ", 1)[-1] != reason]
-        more = (
-            f" (the same on {len(same)} more of the {len(self.asked)} nodes: "
-            + ", ".join(same[:5])
-            + (" ..." if len(same) > 5 else "")
-            + ")"
-            if same
-            else ""
-        )
+        others = [e[:160] for e in errors[1:] if e.split(": ", 1)[-1] != reason]
+        more, asked = "", len(self.asked)
+        if same:
+            more = f" (the same on {len(same)} more of the {asked} nodes: {_first(same, 5, ', ')})"
         if others:
-            more += (
-                f" (and {len(others)} more failed otherwise: "
-                + "; ".join(e[:160] for e in others[:3])
-                + (" ..." if len(others) > 3 else "")
-                + ")"
-            )
+            more += f" (and {len(others)} more failed otherwise: {_first(others, 3, '; ')})"
         raise RuntimeError(f"discovery failed on {errors[0]}{more}")
 
     def broken_error(self, registered: int) -> RuntimeError:
         """The error when all ``registered`` SuperNodes answered, some failed, partition-ids missing."""
         missing = sorted(set(range(self.num_nodes)) - set(self.found))
         errors = self.errors
-        shown = "; ".join(e[:300] for e in errors[:4]) + (" ..." if len(errors) > 4 else "")
+        shown = _first([e[:300] for e in errors], 4, "; ")
         return RuntimeError(
             f"discovery: no SuperNode described partition-id(s) {missing} of the "
             f"{self.num_nodes} agents, and all {registered} registered SuperNodes answered "
