@@ -70,10 +70,8 @@ class TaskDescription:
     """What a node's discovery reply says of its :class:`LocalTask`.
 
     Attributes:
-        d: the stalk dimension ``model.d`` (int).
-        classes: the node's class set ``task.classes`` (ints).
-        num_pilots: ``task.x_pilot.shape[0]``.
-        num_train: ``task.x_train.shape[0]``.
+        d, classes: the stalk dimension ``model.d`` and the class set ``task.classes`` (ints).
+        num_pilots, num_train: ``task.x_pilot.shape[0]`` and ``task.x_train.shape[0]``.
         pilot_digest: :func:`~flwr_sheaf.client.common.shared_pilot_digest` of ``task.x_pilot``.
         architecture: a hashable key of the architecture and the pilots' shape and dtype.
     """

@@ -364,18 +364,16 @@ def node_rows(phase1: Mapping[int, Message], node_metric_names: tuple[str, ...])
     nodes: dict[int, dict[str, Any]] = {}
     for pid, r in phase1.items():
         m = metric_record(r.content, METRICS)
-        nodes[pid] = {
+        row = nodes[pid] = {
             "d": as_int(m[STALK_DIM], STALK_DIM),
             "private_accuracy": as_float(m[PRIVATE_ACCURACY], PRIVATE_ACCURACY),
             "val_private_accuracy": as_float(m[VAL_PRIVATE_ACCURACY], VAL_PRIVATE_ACCURACY),
             "low_variance_fraction": as_float(m[LOW_VARIANCE_FRACTION], LOW_VARIANCE_FRACTION),
         }
         if DEVICE_INDEX in m:
-            nodes[pid]["device"] = device_name(as_int(m[DEVICE_INDEX], DEVICE_INDEX))
+            row["device"] = device_name(as_int(m[DEVICE_INDEX], DEVICE_INDEX))
         for name in node_metric_names:
-            nodes[pid][name.replace("-", "_")] = (
-                as_float(m[name], name) if name in m else float("nan")
-            )
+            row[name.replace("-", "_")] = as_float(m[name], name) if name in m else float("nan")
     return nodes
 
 
@@ -438,10 +436,9 @@ def extra_means(
         key = name.replace("-", "_")
         extra[f"{key}_degree_weighted"] = nanmean(e[key] for e in edges)
     if non_edges is not None:  # mean over measured directed non-edge pairs
-        for key in _NON_EDGE_COLUMNS.values():  # communication_accuracy_non_edges, ...
-            extra[key.replace("accuracy", "accuracy_non_edges", 1)] = nanmean(
-                e[key] for e in non_edges
-            )
+        for key in _NON_EDGE_COLUMNS.values():
+            name = key.replace("accuracy", "accuracy_non_edges", 1)  # ..._accuracy_non_edges...
+            extra[name] = nanmean(e[key] for e in non_edges)
         extra["non_edge_pairs_measured"] = len(non_edges)
         extra["non_edge_hops_mean"] = nanmean(e["hops"] for e in non_edges)
     return extra
