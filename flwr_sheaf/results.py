@@ -888,30 +888,17 @@ def _failure_summary(status: dict) -> str:
 
 # ------------------------------------------------------------------ the status of a ledger
 def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, Any]:
-    """Whether a run (restored rounds included) is clean, degraded or failed (docs/guarantees.md).
-
-    A train reply fails when its node errs, does not answer, or the reply is refused. The run is
-    ``failed`` when more than ``max_failed_fraction`` of the sampled train replies failed, or (for
-    ``max_failed_fraction < 1``) when some round in which nodes were sampled trained nobody or
-    when every evaluation failed so that no accuracy was measured; ``failed`` too when no round
-    drew a node to train (participation too small: nothing was trained). ``degraded`` when
-    anything failed (any phase) short of that, when a round drew nobody to train, or (for
-    ``max_failed_fraction = 1``, report only) when no accuracy was measured; ``completed``
-    otherwise.
+    """Whether the run is ``completed``, ``degraded`` or ``failed`` (rules: docs/guarantees.md).
 
     Returns:
         ``status``, ``reasons`` (why failed), ``problems`` (why degraded besides failed replies)
-        and the counts behind them, over the completed :attr:`rounds` and the recorded
-        :attr:`failures` (keys: docs/results-schema.md, ``degradation``).
+        and the counts behind them (keys: docs/results-schema.md, ``degradation``).
     """
     rounds, failures = ledger.rounds, ledger.failures
     sampled, failed, idle, per_node = _train_counts(rounds)
     by_phase, nodes = _failure_rows(failures, per_node)
-    every = sorted(
-        p
-        for p, row in per_node.items()
-        if row["train_failed_rounds"] and len(row["train_failed_rounds"]) == row["rounds_sampled"]
-    )
+    rows = per_node.items()
+    every = sorted(p for p, r in rows if 0 < len(r["train_failed_rounds"]) == r["rounds_sampled"])
     fraction = failed / sampled if sampled else 0.0
     reasons: list[str] = []
     if fraction > max_failed_fraction:
@@ -932,11 +919,9 @@ def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, A
         line = _nothing_measured(failures)
         failed_evaluations = any(f["phase"] in _EVALUATION_PHASES for f in failures)
         (reasons if failed_evaluations and max_failed_fraction < 1.0 else problems).append(line)
-    status = (
-        "failed" if reasons else ("degraded" if failures or failed or problems else "completed")
-    )
+    degraded = failures or failed or problems
     return {
-        "status": status,
+        "status": "failed" if reasons else ("degraded" if degraded else "completed"),
         "reasons": reasons,
         "problems": problems,
         "max_failed_fraction": float(max_failed_fraction),
@@ -946,7 +931,7 @@ def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, A
         "failures_by_phase": by_phase,
         "rounds_without_training": idle,
         "all_rounds_trained_nobody": bool(idle)
-        and len(idle) == sum(1 for r in rounds if r.sampled),
+        and len(idle) == sum(bool(r.sampled) for r in rounds),
         "rounds_drawing_nobody": nobody,
         "accuracy_measured": measured,
         "nodes_failed_every_round": every,
@@ -954,23 +939,19 @@ def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, A
     }
 
 
-#: ``reasons`` line of a run in which no round drew a node to train (issue 34, case 6)
 _NOBODY_DRAWN = (
     "no node was drawn to train in any of the {n} round(s), so nothing was trained: the "
     "participation probabilities (participation) are too small for num-server-rounds; raise them "
     "(notes/participation.md)"
 )
-#: ``problems`` line of a run in which most rounds drew nobody to train
 _MOST_DRAWN_NOBODY = (
     "{k} of {n} rounds drew no node to train (rounds {rounds}): those rounds trained nothing; raise "
     "the participation probabilities (participation) for a run that trains every round "
     "(notes/participation.md)"
 )
 
-#: evaluation phases whose failures leave an evaluated round without accuracies
 _EVALUATION_PHASES = ("evaluate", "evaluate_comm")
-#: accuracies an evaluated round measures (any finite one counts as measured)
-_ACCURACIES = (
+_ACCURACIES = (  # any finite one counts as measured
     "private_accuracy_mean",
     "communication_accuracy_mean",
     "communication_accuracy_degree_weighted",
@@ -978,8 +959,7 @@ _ACCURACIES = (
 
 
 def _accuracy_measured(rounds: list[RoundRecord], failures: list[dict]) -> bool | None:
-    """Whether an evaluation measured any accuracy: None when none was asked (no evaluated round
-    and no evaluation failure), else True when some evaluated round has a finite accuracy."""
+    """Whether some evaluated round has a finite accuracy (None: no evaluation was asked)."""
     evaluated = [r for r in rounds if r.evaluation is not None]
     if not evaluated and not any(f["phase"] in _EVALUATION_PHASES for f in failures):
         return None
@@ -992,7 +972,7 @@ def _accuracy_measured(rounds: list[RoundRecord], failures: list[dict]) -> bool 
 
 
 def _nothing_measured(failures: list[dict]) -> str:
-    """The line of a run whose evaluations measured no accuracy (how many failed, the first reason)."""
+    """The line of a run whose evaluations measured no accuracy."""
     bad = [f for f in failures if f["phase"] in _EVALUATION_PHASES]
     if not bad:
         return "no accuracy was measured: every evaluated round's accuracies are null"

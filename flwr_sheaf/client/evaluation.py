@@ -1,7 +1,4 @@
-"""The two evaluation handlers every graph method shares (:func:`evaluate_handler`: private
-accuracy and the arrays to route; :func:`evaluate_comm_handler`: communication accuracy per incoming
-edge, paper Eq. 22). Evaluation never saves the model: whitening refits change only this message's copy.
-"""
+"""The two evaluation handlers every graph method shares (paper Eq. 22); they never save the model."""
 
 from __future__ import annotations
 
@@ -71,27 +68,20 @@ __all__ = ["evaluate_handler", "evaluate_comm_handler"]
 def evaluate_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
-    """``evaluate.<action>``: private accuracies, and the arrays the server routes to neighbours.
-
-    The whitening is fitted on the pilots, or on the private training latents with ``whitening-fit =
-    "train"`` (the paper's post-hoc protocol, notes/baselines.md); ``method`` adds its hooks' arrays
-    and metrics.
+    """``evaluate.<action>``: private accuracies, and the arrays the server routes to neighbours
+    (whitening fitted on the pilots, or with ``whitening-fit = "train"`` on the training latents).
 
     Returns:
-        the reply: ``arrays`` (whitened pilots ``(K, d_i)``, test / validation latents ``(M, d_i)``
-        float32 and labels ``(M,)`` int64, :data:`~flwr_sheaf.protocol.EVAL_ARRAYS`, plus the
-        method's and the strong post-hoc reading's) and ``metrics`` (private accuracies, test size,
-        low-variance fraction, stalk dimension).
+        the reply: ``arrays`` (:data:`~flwr_sheaf.protocol.EVAL_ARRAYS`: whitened pilots ``(K, d_i)``,
+        latents ``(M, d_i)`` float32, labels ``(M,)`` int64; the method's, the second reading's)
+        and ``metrics``.
 
     Raises:
-        ProtocolError: a config key missing (named with the message type) or an unknown whitening fit.
+        ProtocolError: a config key missing (named) or an unknown whitening fit.
     """
     cfg, action = msg.content[CONFIG], method.action
     mt = message_type(EVALUATE, action)
-    task, model = _restore(factory, context, action, cfg, mt)
-    a, lvf = _pilots_for_evaluation(
-        task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
-    )
+    task, model, (a, lvf) = _restore(factory, context, action, cfg, mt)
     with torch.no_grad():
         raw_test, raw_val = eval_latents(model, task.x_test), eval_latents(model, task.x_val)
         zt, zv = model.whitening(raw_test), model.whitening(raw_val)
@@ -111,15 +101,13 @@ def evaluate_handler(
 def evaluate_comm_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
-    """``evaluate.<action>_comm``: communication accuracy per incoming edge (paper Eq. 22): neighbour
-    j's whitened latents moved into this stalk by the Procrustes map fitted on both nodes' final
-    pilots (Eq. 18; so lambda = 0 is exactly post-hoc alignment), classified by this node's head;
-    and from each non-edge source (notes/variants-diagnostics.md).
+    """``evaluate.<action>_comm``: communication accuracy per incoming edge (Eq. 22): neighbour j's
+    whitened latents moved into this stalk by the Procrustes map of both nodes' pilots (Eq. 18),
+    classified by this node's head; also from each non-edge source.
 
     Returns:
-        the reply's ``metrics``: :data:`~flwr_sheaf.protocol.COMM_SRC` (neighbours' partition-ids),
-        test / validation communication accuracy per edge in that order, the method's per-edge
-        metrics, the non-edge accuracies and, with the strong post-hoc reading, its accuracies.
+        the reply's ``metrics``: :data:`~flwr_sheaf.protocol.COMM_SRC`, test / validation accuracy
+        per edge in that order, the method's per-edge metrics, non-edge and second-reading ones.
 
     Raises:
         ProtocolError: a config key or routed array missing; ValueError: a neighbour's pilots or
@@ -127,15 +115,11 @@ def evaluate_comm_handler(
     """
     cfg, action = msg.content[CONFIG], method.action
     mt = message_type(EVALUATE, comm_action(action))
-    task, model = _restore(factory, context, action, cfg, mt)
+    task, model, (own, _) = _restore(factory, context, action, cfg, mt)
     dev = task_device(task)
-    own, _ = _pilots_for_evaluation(
-        task, model, context, action, str(required(cfg, WHITENING_FIT, mt))
-    )
     model.eval()
     edges = EdgeConfig.from_config(cfg)
-    # transported arrays (stringent privacy): j's own map moved them into the edge stalk (width
-    # d_e); this node fits its own map onto them (P2c/P2d) and reads them as a tail would
+    # stringent privacy: j's map moved them into the edge stalk; read them as a tail (P2c/P2d)
     moved = bool(int(required(cfg, EVAL_TRANSPORTED, mt)))
     per_edge, extra = _edge_accuracies(msg, context, task, method, own, edges, moved)
     non_edges = _non_edge_accuracies(msg, model, own, dev)
@@ -147,21 +131,21 @@ def evaluate_comm_handler(
 
 def _restore(
     factory: TaskFactory, context: Context, action: str, cfg, mt: str
-) -> tuple[LocalTask, StalkModel]:
-    """The node's task with its trained weights, on the message's device and thread count."""
+) -> tuple[LocalTask, StalkModel, tuple[torch.Tensor, float]]:
+    """The node's task with its trained weights (message's device and threads), and its
+    :func:`_pilots_for_evaluation`."""
     threads = int(required(cfg, TORCH_THREADS, mt))
     task, model, _ = build(
         factory, context, action, threads, device_spec=str(required(cfg, DEVICE, mt))
     )
-    return task, model
+    fit = str(required(cfg, WHITENING_FIT, mt))
+    return task, model, _pilots_for_evaluation(task, model, context, action, fit)
 
 
 def _private_metrics(
     msg: Message, task: LocalTask, model: StalkModel, lvf: float, method: ClientMethod
 ) -> MetricRecord:
-    """Phase 1's metrics: private test / validation accuracy (this node's own head), the test size,
-    the low-variance fraction ``lvf`` of the pilot latents, ``model.d``, the device the node computed
-    on (:data:`DEVICE_INDEX`) and the method's own."""
+    """Phase 1's metrics: private accuracies, test size, ``lvf``, ``d``, device, the method's."""
     return MetricRecord(
         {
             PRIVATE_ACCURACY: accuracy(eval_logits(model, task.x_test), task.y_test),
@@ -184,10 +168,8 @@ def _edge_accuracies(
     edges: EdgeConfig,
     moved: bool,
 ) -> tuple[dict[str, list], dict[str, list[float]]]:
-    """Test / validation communication accuracy of each incoming edge (paper Eq. 22), with this
-    node's whitened pilots ``own (K, d_i)``; ``moved``: the arrays came transported (stringent
-    privacy). Returns ``({COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY: lists in edge order}, the
-    method's per-edge metrics as lists)``."""
+    """``({COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY: lists}, the method's per-edge lists)`` of the
+    incoming edges, with this node's whitened pilots ``own (K, d_i)``."""
     model, dev = task.model, task_device(task)
     out: dict[str, list] = {COMM_SRC: [], COMM_ACCURACY: [], VAL_COMM_ACCURACY: []}
     extra: dict[str, list[float]] = {}
@@ -218,14 +200,9 @@ def _edge_accuracy(
     path_map: torch.Tensor | None = None,
 ) -> list[float]:
     """Test and validation accuracy of j's whitened latents ``(M, dj)`` moved into this stalk by the
-    Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``; ``prefix="pw-"`` reads the
-    second reading's arrays (``"pw-"``, ``"tw-"``: :data:`SECOND_READING`). With ``path_map`` ``(d_i, dj)`` (j a non-edge
-    source, ``Z T^T``), each split's multi-hop accuracy comes first: ``[test multi-hop, test direct,
-    val multi-hop, val direct]``.
-
-    Raises:
-        ValueError: j's pilots, latents or path map of the wrong shape or with NaN/inf (j named).
-    """
+    Procrustes map (Eq. 18) between ``own`` and j's pilots ``(K, dj)``; ``prefix``: a second
+    reading's arrays. With ``path_map`` ``(d_i, dj)`` (non-edge source): ``[test multi-hop, test
+    direct, val multi-hop, val direct]``. Raises ValueError on bad arrays of j (j named)."""
     what = {"pw-": "pilot-whitened ", "tw-": "train-whitened "}.get(prefix, "")
     source = "neighbour" if path_map is None else "non-edge source"
     a_j = from_numpy(arr[f"{prefix}pilots"], dev, torch.float32)
@@ -270,17 +247,15 @@ def _pilots_for_evaluation(
 
 
 def _pilot_reading(cfg, mt: str) -> bool:
-    """Whether the evaluation config asks for the strong post-hoc reading (key :data:`PILOT_READING`)."""
+    """Whether the config asks for the second reading (:data:`PILOT_READING`)."""
     return bool(int(required(cfg, PILOT_READING, mt)))
 
 
 def _second_whitening(
     task: LocalTask, model: StalkModel, context: Context, action: str, fit: str
 ) -> torch.Tensor:
-    """Refits ``model.whitening`` (unsaved) the other way than the node's own ``fit`` and returns its
-    pilots ``(K, d_i)`` whitened so (notes/baselines.md): on the eval-mode pilot latents for a post-hoc
-    method (``fit = "train"``, the strong reading), on the private training latents for a method that
-    fits it on the pilots (Sheaf-FRL: the paper's reading, as the baselines' :data:`COMM_ACCURACY`)."""
+    """Refit ``model.whitening`` (unsaved) the other way than ``fit``; the pilots ``(K, d_i)``
+    whitened so (notes/baselines.md)."""
     if fit == "train":
         return whitened_pilots(model, task.x_pilot)[1]
     return _pilots_for_evaluation(task, model, context, action, "train")[0]
@@ -289,15 +264,8 @@ def _second_whitening(
 def _second_reading_accuracies(
     msg: Message, context: Context, action: str, task: LocalTask, edges: EdgeConfig, cfg
 ) -> dict[str, list[float]]:
-    """Communication accuracy per incoming edge under the second reading (:data:`SECOND_READING` of
-    the node's ``whitening-fit``): both ends' whitening fitted the other way
-    (:func:`_second_whitening`), then as :func:`_edge_accuracy`. The strong post-hoc reading is the
-    one Sheaf-FRL's lambda = 0 run gets; Sheaf-FRL's second reading is the baselines' paper reading.
-    Returns the test and validation lists in ``edges.neighbours`` order.
-
-    Raises:
-        ProtocolError: a routed array missing; ValueError: j's arrays of the wrong shape or with NaN/inf (j named).
-    """
+    """Test and validation accuracy lists per incoming edge under the second reading
+    (:data:`SECOND_READING`: both ends' whitening fitted the other way)."""
     fit = str(cfg[WHITENING_FIT])
     names, (test_key, val_key) = SECOND_READING[fit]
     model, dev = task.model, task_device(task)
@@ -315,18 +283,8 @@ def _second_reading_accuracies(
 def _non_edge_accuracies(
     msg: Message, model: StalkModel, own: torch.Tensor, dev: torch.device
 ) -> dict[str, list]:
-    """Communication accuracy from each non-edge source j of the phase-2 message
-    (notes/variants-diagnostics.md): j's whitened latents moved by the server's composed map
-    ``"<j>/path-map"`` ``(d_i, d_j)`` (``Z T^T``, multi-hop) and, for reference, by the direct
-    Procrustes map between ``own (K, d_i)`` and j's pilots (Eq. 18), classified by this node's head.
-
-    Returns:
-        the five non-edge lists of :data:`~flwr_sheaf.protocol.NON_EDGE_REPLY` (empty without sources).
-
-    Raises:
-        ProtocolError: a malformed non-edge config or a routed array missing.
-        ValueError: pilots, latents or composed map of j of the wrong shape or with NaN/inf (j named).
-    """
+    """The :data:`~flwr_sheaf.protocol.NON_EDGE_REPLY` lists: accuracy from each non-edge source j
+    by the server's composed map ``"<j>/path-map"`` ``(d_i, d_j)`` and by the direct map."""
     ne = NonEdgeConfig.from_config(msg.content[CONFIG])
     out: dict[str, list] = {k: [] for k in NON_EDGE_REPLY[METRICS]}
     order = (  # of _edge_accuracy's answer with a path map

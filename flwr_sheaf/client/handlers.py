@@ -1,7 +1,7 @@
-"""The four ClientApp handlers every graph method shares, parameterised by a :class:`ClientMethod`
-(:func:`register_method_handlers`). All per-node state lives in ``context.state`` (Flower commits it
-only when a handler returns); every value a handler needs comes in the message (a missing key is an
-error, never a default).
+"""The four ClientApp handlers every graph method shares, parameterised by a :class:`ClientMethod`.
+
+Per-node state lives in ``context.state``; every value a handler needs comes in the message (a
+missing key is an error, never a default).
 """
 
 from __future__ import annotations
@@ -57,14 +57,11 @@ __all__ = [
 
 
 def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> None:
-    """Discovery's check of the node's model (issue "no silent failure", item 6): ``rows`` pilots through
-    ``model.latent`` (eval mode, no gradient) must give ``(rows, model.d)``, and ``model.whitening`` must
-    be ``d``-dimensional; else the node's discovery fails, naming the partition-id, ``model.d`` and the
-    width ``latent()`` returned, before any training.
+    """Discovery's check of the node's model: ``rows`` pilots through ``model.latent`` must give
+    ``(rows, model.d)`` and ``model.whitening`` must be ``d``-dimensional.
 
     Raises:
-        ValueError: ``model.d`` not a positive int, ``latent()`` of the wrong shape, or a whitening of
-            another dimension.
+        ValueError: ``model.d`` not a positive int, or ``latent()`` / whitening of another shape.
     """
     model = task.model
     d = getattr(model, "d", None)
@@ -92,16 +89,12 @@ def check_stalk_protocol(task: LocalTask, partition_id: int, rows: int = 2) -> N
         )
 
 
-#: architectures that passed :func:`check_stalk_protocol` in this process (:func:`_architecture`).
-_STALK_CHECKED: set[tuple] = set()
+_STALK_CHECKED: set[tuple] = set()  #: architectures that passed in this process
 
 
 def _architecture(task: LocalTask) -> tuple:
-    """What decides the outcome of :func:`check_stalk_protocol`: the model's class, its modules and
-    hyper-parameters (``repr``), its public instance attributes (``repr``: a method patched on the
-    instance, whose repr names its address, makes its own key), every parameter's and buffer's name,
-    shape and dtype, ``model.d``, the whitening's ``d``, and the pilots' shape, dtype and device (not
-    the weights' values)."""
+    """What decides :func:`check_stalk_protocol`: the model's class, ``repr``, public attributes,
+    state shapes and dtypes, ``d``s and the pilots' shape, dtype and device (not weights' values)."""
     model = task.model
     return (
         type(model),
@@ -117,11 +110,10 @@ def _architecture(task: LocalTask) -> tuple:
 
 
 def check_stalk_protocol_once(task: LocalTask, partition_id: int) -> None:
-    """:func:`check_stalk_protocol`, run once per process for each architecture (:func:`_architecture`):
-    the nodes of a zoo share a handful of architectures, so discovery checks each once, not per node.
+    """:func:`check_stalk_protocol`, once per process for each architecture (:func:`_architecture`).
 
     Raises:
-        ValueError: as :func:`check_stalk_protocol` (a failing architecture is checked again each time).
+        ValueError: as :func:`check_stalk_protocol`.
     """
     key = _architecture(task)
     if key not in _STALK_CHECKED:
@@ -132,18 +124,10 @@ def check_stalk_protocol_once(task: LocalTask, partition_id: int) -> None:
 def register_method_handlers(
     app: ClientApp, factory: TaskFactory, method: ClientMethod
 ) -> ClientApp:
-    """Register the handlers of ``method`` on ``app`` under ``method.action`` (beside a host app's own
-    handlers): :func:`query_handler`, :func:`train_handler`,
-    :func:`~flwr_sheaf.client.evaluation.evaluate_handler` and
-    :func:`~flwr_sheaf.client.evaluation.evaluate_comm_handler`, each bound to ``factory`` (builds the
-    node's :class:`~flwr_sheaf.client.task.LocalTask` per message); returns ``app``, which then
-    pickles as its import path (:func:`~flwr_sheaf.client.reference.travel_by_reference`: Flower's
-    Ray engine pickles the ClientApp with every message).
-
-    A handler raises (Flower makes it the node's error reply and does not commit its state) on a key
-    missing from a message config (key and message type named), malformed edges or routed arrays,
-    neighbour arrays of the wrong shape or with NaN/inf (``ValueError`` naming the partition-id), a
-    non-finite loss (``FloatingPointError`` with the round) and an empty training set.
+    """Register ``method``'s query, train, evaluate and evaluate_comm handlers on ``app`` under
+    ``method.action``, each bound to ``factory``; returns ``app``, which then pickles as its import
+    path (:func:`~flwr_sheaf.client.reference.travel_by_reference`). A handler that raises becomes
+    the node's error reply and its state is not committed.
     """
     travel_by_reference(app)
     action = method.action
@@ -162,54 +146,42 @@ def query_handler(
 ) -> Message:
     """``query.<action>``: discovery's reply, the node's :class:`~flwr_sheaf.protocol.NodeInfo`.
 
-    Sets the message's thread count, resolves its device (a device this machine lacks fails
-    discovery, before training) and checks the node's model (:func:`check_stalk_protocol_once`). A
-    factory with a description hook (:func:`~flwr_sheaf.client.task.with_describer`)
-    answers from it when it agrees with the node's built task (:func:`_describe`).
-    A node whose task factory (or its hook) raises :class:`~flwr_sheaf.protocol.OutsideScenarioError`
-    (partition-id >= N) while its partition-id is inside the federation (< ``num-partitions``: a
-    spare SuperNode) replies a NodeInfo with ``d = 0`` naming its partition-id, so that discovery
-    keeps it idle and tells it from a broken agent (docs/participation.md, 1.5); outside the
-    federation too (a SuperNode started with a wrong partition-id) the error is its reply.
+    Sets the thread count, resolves the device and checks the model (:func:`_describe`). A spare
+    SuperNode (:class:`~flwr_sheaf.protocol.OutsideScenarioError` inside the federation) replies
+    ``d = 0`` (docs/participation.md, 1.5).
 
     Raises:
-        ProtocolError: :data:`~flwr_sheaf.protocol.TORCH_THREADS` or
-            :data:`~flwr_sheaf.protocol.DEVICE` missing from the config;
-        DeviceUnavailableError: a device this machine lacks; ValueError: the stalk check failed, or
-            a description hook disagreed with the built task;
-        OutsideScenarioError: a partition-id outside the scenario and the federation.
+        ProtocolError: ``torch-threads`` or ``device`` missing; DeviceUnavailableError: a device
+            this machine lacks; ValueError: :func:`_describe`'s; OutsideScenarioError: a
+            partition-id outside the scenario and the federation.
     """
     cfg, mt = msg.content[CONFIG], message_type(QUERY, method.action)
     set_torch_threads(int(required(cfg, TORCH_THREADS, mt)))
     resolve_device(str(required(cfg, DEVICE, mt)))
     partition_id = node_partition_id(context)
+    num_partitions = int(context.node_config.get("num-partitions", 0))
     try:
         desc = _describe(factory, context, partition_id)
     except OutsideScenarioError:  # a spare SuperNode: described as one, never trained
-        num_partitions = int(context.node_config.get("num-partitions", 0))
         if partition_id >= num_partitions:  # outside the federation too: a wrong partition-id
             raise
-        spare = NodeInfo(partition_id, num_partitions, 0)
-        return Message(RecordDict({INFO: spare.to_record()}), reply_to=msg)
-    info = NodeInfo(
-        partition_id,
-        int(context.node_config.get("num-partitions", 0)),
-        desc.d,
-        desc.classes,
-        desc.num_pilots,
-        desc.num_train,
-        desc.pilot_digest,
-    )
+        info = NodeInfo(partition_id, num_partitions, 0)
+    else:
+        info = NodeInfo(
+            partition_id,
+            num_partitions,
+            desc.d,
+            desc.classes,
+            desc.num_pilots,
+            desc.num_train,
+            desc.pilot_digest,
+        )
     return Message(RecordDict({INFO: info.to_record()}), reply_to=msg)
 
 
 def describe_task(task: LocalTask, architecture: Hashable = None) -> TaskDescription:
-    """The :class:`~flwr_sheaf.client.task.TaskDescription` of a built ``task`` (what discovery reports).
-
-    Args:
-        task: the node's task (model with the stalk protocol, CPU tensors).
-        architecture: the ``architecture`` field to fill in (a hook's key, to compare with it).
-    """
+    """The :class:`~flwr_sheaf.client.task.TaskDescription` of a built ``task`` (``architecture``:
+    the field to fill in, a hook's key)."""
     return TaskDescription(
         int(task.model.d),
         tuple(int(c) for c in task.classes),
@@ -221,15 +193,8 @@ def describe_task(task: LocalTask, architecture: Hashable = None) -> TaskDescrip
 
 
 def _describe(factory: TaskFactory, context: Context, partition_id: int) -> TaskDescription:
-    """The node's description, from its built task (stalk-checked once per architecture in this
-    process, :func:`check_stalk_protocol_once`). A description hook attached to the factory
-    (:func:`~flwr_sheaf.client.task.describer_of`) must say the same for every node: the graph is
-    built from its ``d`` and class set.
-
-    Raises:
-        ValueError: the stalk check failed, or the hook's description differs from the built task's
-            (the hook, both descriptions, the fields that differ and the partition-id named).
-    """
+    """The node's description from its built task (stalk-checked); a description hook must say the
+    same, else ValueError (fields named)."""
     describe = describer_of(factory)
     task = factory(context)
     check_stalk_protocol_once(task, partition_id)
@@ -251,11 +216,9 @@ def _describe(factory: TaskFactory, context: Context, partition_id: int) -> Task
 def train_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
-    """``train.<action>``: one round of local training with the method's loss plug-in: restore the
-    model and its SGD state, draw the round's generator from (seed, partition-id, server round), train
-    (:func:`~flwr_sheaf.client.loop.train_local`), let the method add its upload
-    (:meth:`ClientMethod.after_train`) and save the model; replies with the method's records and
-    ``metrics`` (``num-examples``, the loop's losses, the method's metrics).
+    """``train.<action>``: one round of local training (:func:`~flwr_sheaf.client.loop.train_local`)
+    with the round's generator from (seed, partition-id, round), then the method's upload
+    (:meth:`ClientMethod.after_train`); replies with its records and ``metrics``.
 
     Raises:
         ConfigError / ProtocolError: a config key missing (named); FloatingPointError: a non-finite

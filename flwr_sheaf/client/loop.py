@@ -1,11 +1,4 @@
-"""The one local-training loop of every method; a method contributes only its loss plug-in.
-
-:func:`train_local` owns batching (drop-last, reshuffled each epoch from the round's generator),
-SGD, per-agent gradient clipping, the step cap and the non-finite-loss guard. A method's objective
-is a :class:`LossPlugin`: cross-entropy (:class:`CrossEntropy`, the non-cooperative baseline),
-Sheaf-FRL's gluing (:class:`flwr_sheaf.methods.sheaf_frl.client.SheafGluing`), FedProto's and FedSAF's
-prototype terms (:mod:`flwr_sheaf.methods.fedproto.client`, :mod:`flwr_sheaf.methods.fedsaf.client`).
-"""
+"""The one local-training loop of every method; a method contributes only its :class:`LossPlugin`."""
 
 from __future__ import annotations
 
@@ -23,12 +16,8 @@ __all__ = ["LossPlugin", "CrossEntropy", "train_local"]
 
 
 class LossPlugin:
-    """A method's local objective, called by :func:`train_local` once per SGD step.
-
-    Override :meth:`loss` (required), :meth:`begin_epoch` (e.g. refit restriction maps),
-    :meth:`after_step` (step the method's own parameters, e.g. ComFed's projection) and
-    :meth:`metrics` (values other than per-step means, e.g. per-edge lists).
-    """
+    """A method's local objective, called by :func:`train_local` once per SGD step (override
+    :meth:`loss`; the other hooks are optional)."""
 
     def begin_epoch(self, model: StalkModel, epoch: int) -> None:
         """Called before each local epoch (``epoch = 0, 1, ...``) with the current weights."""
@@ -39,20 +28,14 @@ class LossPlugin:
         """Loss of one private batch ``x (B, ...)``, ``y (B,)`` (model in train mode on entry).
 
         Returns:
-            ``(loss, parts)``: a scalar tensor to minimise and named values (``"ce"`` at least on
-            the first step), each averaged over the steps that returned it into the round's metrics. A value may be a Python float or a
-            detached 0-d tensor: tensors stay on the device and are read back once per round
-            (no host synchronisation per step on a GPU).
+            ``(loss, parts)``: a 0-d tensor to minimise and named values (``"ce"`` at least on the
+            first step; floats or detached 0-d tensors), each averaged over the steps returning it.
         """
         raise NotImplementedError
 
     def plan_epoch(self, steps: int, gen: torch.Generator) -> None:
-        """Called once per epoch after the batch order is drawn, with the epoch's number of steps.
-
-        A plug-in that draws per-step randomness from ``gen`` may draw all of it here instead, in
-        the same order (so the numbers are unchanged), and move it to the device in one copy (one
-        host-to-device transfer per epoch instead of one per step). Default: nothing.
-        """
+        """Called once per epoch after the batch order is drawn, with its number of steps (a plug-in
+        may draw the epoch's per-step randomness from ``gen`` here, in the same order)."""
 
     def after_step(self) -> None:
         """Called after each SGD step of the model (a method with its own parameters steps them here)."""
@@ -79,17 +62,14 @@ def train_local(
     server_round: int,
 ) -> dict:
     """Train ``task.model`` for ``cfg.local_epochs`` epochs on ``plugin``'s objective (paper Alg. 1
-    lines 4-12): per epoch ``plugin.begin_epoch``, then ``max(1, M // batch_size)`` batches (capped
-    at ``max_steps_per_epoch`` when > 0) of a permutation drawn from the round's generator ``gen``;
-    per batch ``plugin.loss``, backward, gradient-norm clipping at ``clip_norm`` (0 = off), SGD step.
+    lines 4-12): ``max(1, M // batch_size)`` batches an epoch (capped at ``max_steps_per_epoch`` when
+    > 0) of a permutation from ``gen``; per batch loss, backward, clipping at ``clip_norm`` (0 = off), SGD.
 
     Returns:
-        the means of the plug-in's parts (each over the steps that returned it) and of ``grad-norm``,
-        ``steps``, plus ``plugin.metrics(steps)``.
+        the means of the plug-in's parts and of ``grad-norm``, ``steps``, ``plugin.metrics(steps)``.
 
     Raises:
-        FloatingPointError: a non-finite loss (``server_round`` named); Flower turns it into this
-            node's error reply and keeps its previous state.
+        FloatingPointError: a non-finite loss (``server_round`` named).
         ValueError: an empty training set.
     """
     model = task.model
@@ -114,7 +94,6 @@ def train_local(
             idx = perm[b * cfg.batch_size : (b + 1) * cfg.batch_size]
             model.train()
             loss, parts = plugin.loss(model, task.x_train[idx], task.y_train[idx], gen)
-            # the plug-in's contract, before the step is taken ("ce" on the first step at least)
             _check_loss_output(plugin, loss, parts, need_ce=steps == 0)
             if on_cpu:  # no device to wait for: check every step, before the step is taken
                 if not torch.isfinite(loss):
@@ -144,13 +123,8 @@ def train_local(
 
 
 def _checked_metrics(plugin: LossPlugin, metrics: Any) -> dict:
-    """:meth:`LossPlugin.metrics`' return as Flower's ``MetricRecord`` holds it: numpy and 0-d
-    torch values become Python numbers (arrays lists of numbers).
-
-    Raises:
-        TypeError: not a mapping, or a value that is not a number or a list of numbers; the plug-in's
-            class and the key named.
-    """
+    """:meth:`LossPlugin.metrics`' return with numpy / torch values as Python numbers (or lists);
+    TypeError for anything else (class and key named)."""
     where = f"{type(plugin).__module__}.{type(plugin).__qualname__}.metrics"
     if not isinstance(metrics, Mapping):
         raise TypeError(f"{where} returned a {type(metrics).__name__}; it must return a dict")
@@ -168,14 +142,8 @@ def _checked_metrics(plugin: LossPlugin, metrics: Any) -> dict:
 
 
 def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any, need_ce: bool = True) -> None:
-    """What :meth:`LossPlugin.loss` must return: a 0-d tensor and a mapping (with ``"ce"``, the
-    round's cross-entropy column, docs/results-schema.md, when ``need_ce``), each part a 0-d tensor
-    or a real number (a part missing on some steps is averaged over the steps that returned it).
-
-    Raises:
-        TypeError: either is not so; the message names the plug-in's class (the method's code) and
-            what it returned.
-    """
+    """TypeError unless :meth:`LossPlugin.loss` returned a 0-d tensor and a mapping (with ``"ce"``
+    when ``need_ce``) of 0-d tensors or real numbers."""
     where = f"{type(plugin).__module__}.{type(plugin).__qualname__}.loss"
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         got = (
@@ -207,8 +175,7 @@ def _check_loss_output(plugin: LossPlugin, loss: Any, parts: Any, need_ce: bool 
 
 
 def _part_problem(value: Any) -> str | None:
-    """What is wrong with one loss part ``value`` (a short description), or None when it is a 0-d
-    tensor or a real number (not a bool)."""
+    """What is wrong with one loss part (None for a 0-d tensor or a real number, not a bool)."""
     if isinstance(value, torch.Tensor):
         return None if value.dim() == 0 else f"a tensor of shape {tuple(value.shape)}"
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -217,12 +184,8 @@ def _part_problem(value: Any) -> str | None:
 
 
 def _mean(values: list) -> float:
-    """Sequential float64 mean of per-step values (floats or 0-d tensors), read back in one transfer:
-    over the steps that reported the value (a part a plug-in returns on some steps only).
-
-    The sum runs in Python in step order, exactly as ``sum(float(v) for v in values)``, so the
-    numbers do not depend on whether a plug-in returned floats or tensors.
-    """
+    """Mean of per-step floats or 0-d tensors (one device read-back), summed in step order exactly
+    as ``sum(float(v) for v in values)``."""
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     host = iter(
         torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).cpu().tolist()

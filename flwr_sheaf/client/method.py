@@ -1,7 +1,4 @@
-"""What a method adds to the shared ClientApp handlers: :class:`ClientMethod`, the hooks that
-:mod:`flwr_sheaf.client.handlers` (train, query) and :mod:`flwr_sheaf.client.evaluation` (evaluate,
-evaluate_comm) call. Its own module, below both, so neither imports the other for it.
-"""
+"""What a method adds to the shared ClientApp handlers (:class:`ClientMethod`)."""
 
 from __future__ import annotations
 
@@ -14,11 +11,8 @@ __all__ = ["ClientMethod"]
 
 
 class ClientMethod:
-    """What a method adds to the shared handlers (override what differs; defaults = non-cooperative).
-
-    Hooks (each may raise ``ConfigError`` / ``ProtocolError`` / ``ValueError`` on a bad message; the
-    node then replies with an error and keeps its state): :meth:`plugin`, :meth:`after_train`,
-    :meth:`evaluation_metrics`. docs/own-method.md lists the files a method touches.
+    """What a method adds to the shared handlers (override what differs; defaults = non-cooperative;
+    a hook raising on a bad message makes the node's error reply; docs/own-method.md).
 
     Args:
         action: the message action (``train.<action>`` etc.); also the ``context.state`` prefix.
@@ -52,14 +46,12 @@ class ClientMethod:
     def evaluation_reply(
         self, msg: Message, context: Context, task: LocalTask, arrays: dict
     ) -> dict:
-        """The phase-1 arrays actually sent, from the default ``arrays`` (:data:`EVAL_ARRAYS`,
-        :meth:`evaluation_arrays` and, with the second reading, its :data:`SECOND_READING` arrays;
-        numpy; the model's whitening is then the one the last reading fitted); default: unchanged (Sheaf-FRL's stringent privacy sends
-        per-neighbour transported arrays instead, notes/variants-privacy.md)."""
+        """The phase-1 arrays actually sent, from the default numpy ``arrays`` (default: unchanged;
+        stringent privacy sends transported ones, notes/variants-privacy.md)."""
         return arrays
 
     def edge_metrics(
         self, msg: Message, context: Context, task: LocalTask, j: int, arrays: dict
     ) -> dict[str, float]:
-        """Extra per-incoming-edge metrics of ``evaluate_comm`` from neighbour j's routed ``arrays`` (default none)."""
+        """Extra per-incoming-edge metrics from neighbour j's routed ``arrays`` (default none)."""
         return {}

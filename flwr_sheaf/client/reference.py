@@ -1,19 +1,11 @@
 """A ClientApp carrying flwr-sheaf handlers travels by reference, not by value, when pickled.
 
-Flower's Ray engine pickles the ClientApp with **every message** (benchmarks/records/performance-ray.md: the
-bundled app by value was 74 KB and 40-100 ms of CPU a message). A ClientApp is a module-level object
-(Flower loads it as ``module:attribute``), so :func:`travel_by_reference` (called by every
-``register_*_handlers``) makes ``pickle`` / ``cloudpickle`` / Ray serialise it as ``(module,
-attribute)``; an app that is not a module global is pickled by value as before, with one warning.
-
-A process that unpickles the reference imports the module, so only what the module does at import
-reaches it: an app whose handlers were all registered after its module was imported (in a function,
-a notebook cell, ``if __name__ == "__main__"``) is pickled by value instead, with one warning naming
-the fix; a worker that cannot import the module, or whose import lacks handlers the sender's app had,
-gets an error naming the module, its file, the missing handlers and the fix instead of a bare
-``ModuleNotFoundError`` or Flower's "No train function registered". ``copy.copy`` and
-``copy.deepcopy`` of such an app return a new app (not the module's app itself, which the pickle
-reduction alone would give), so handlers added to a copy never reach the original.
+Flower's Ray engine pickles the ClientApp with every message (by value: 74 KB and 40-100 ms of CPU,
+benchmarks/records/performance-ray.md). :func:`travel_by_reference` makes pickle / cloudpickle / Ray
+serialise a module-global app as ``(module, attribute)``. An app that is no module global, or whose
+handlers were registered after its module was imported, is pickled by value with one warning; a
+worker whose import of the module fails or lacks handlers gets an error naming the fix. Copies of
+such an app are new apps, never the module's app itself.
 """
 
 from __future__ import annotations
@@ -50,9 +42,7 @@ _TYPES: set[type] = set()
 
 
 class ClientAppReferenceError(RuntimeError):
-    """The ClientApp that arrived as ``module:attribute`` is not the app that was sent: this
-    process's import of the module lacks handlers the sender's app had (the message names them, the
-    module's file and the fix)."""
+    """The ClientApp that arrived as ``module:attribute`` is not the app that was sent."""
 
 
 def _initializing(module: str) -> bool:
@@ -68,8 +58,7 @@ def _handlers(app: Any) -> tuple[str, ...]:
 
 
 def _plain_call(app: Any) -> bool:
-    """Whether ``app`` dispatches with Flower's own ``ClientApp.__call__`` (a subclass that
-    overrides it, like the bundled app, may register handlers as messages arrive)."""
+    """Whether ``app`` dispatches with Flower's own ``ClientApp.__call__`` (no late registration)."""
     from flwr.clientapp import ClientApp
 
     return isinstance(app, ClientApp) and type(app).__call__ is ClientApp.__call__
@@ -81,8 +70,7 @@ def _module_file(module: str) -> str:
 
 
 def _caller_modules(depth: int = 12) -> tuple[str, ...]:
-    """Module names of the calling frames (innermost first, flwr-sheaf's own registration modules
-    included: the bundled app lives in one of them)."""
+    """Module names of the calling frames, innermost first."""
     names: list[str] = []
     frame = sys._getframe(1)
     while frame is not None and len(names) < depth:
@@ -99,18 +87,14 @@ def _lookup(module: str, obj: Any) -> str | None:
     namespace = getattr(mod, "__dict__", None)
     if not isinstance(namespace, dict):
         return None
-    for attr, value in list(namespace.items()):
-        if value is obj:
-            return attr
-    return None
+    return next((attr for attr, value in list(namespace.items()) if value is obj), None)
 
 
 def global_name(obj: Any, hints: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """``(module, attribute)`` under which ``obj`` is a module-level global, or None.
 
-    Looks in the ``hints`` modules first, then once in every loaded module; the answer is cached per
-    object and re-checked (``getattr(module, attribute) is obj``) on every call. ``__main__`` never
-    counts: another process has a different one.
+    Looks in the ``hints`` modules first, then in every loaded module but ``__main__`` (cached,
+    re-checked on every call).
     """
     try:
         known = obj in _FOUND
@@ -123,14 +107,9 @@ def global_name(obj: Any, hints: tuple[str, ...] = ()) -> tuple[str, str] | None
         module, attr = cached
         if getattr(sys.modules.get(module), attr, None) is obj:
             return cached
-    found = None
-    for name in (*hints, *list(sys.modules)):
-        if name == "__main__" or name.startswith("__mp_main__"):
-            continue
-        where = _lookup(name, obj)
-        if where is not None:
-            found = (name, where)
-            break
+    names = [n for n in (*hints, *list(sys.modules)) if n != "__main__"]
+    other = (n for n in names if not n.startswith("__mp_main__"))  # another process's __main__
+    found = next(((n, where) for n in other if (where := _lookup(n, obj)) is not None), None)
     try:
         _FOUND[obj] = found
     except TypeError:
@@ -151,10 +130,8 @@ def _import_root(module: str, file: str) -> str | None:
 
 
 def _digest(file: str) -> str:
-    """A digest of the bytes of ``file`` and of the ``.py`` files beside it (its package's modules,
-    or a flat app's: two copies of a template differ in task.py, not client_app.py), or "" if
-    ``file`` is unreadable. Cached per ``file``'s and its folder's modification times (taken with
-    every message: a neighbour edited in place, not saved by rename, is read again next process)."""
+    """A digest of ``file`` and the ``.py`` files beside it ("" if unreadable), cached per
+    modification times (two copies of a template differ in task.py, not client_app.py)."""
     try:
         st, folder = os.stat(file), os.stat(os.path.dirname(file) or ".")
     except OSError:
@@ -183,21 +160,14 @@ def load_global(
     Args:
         module, attr: where the app is a module global.
         file: the module's file where the app was pickled (for messages).
-        handlers: how many handlers the sender's app had registered (a number, not their names:
-            this travels with every message); an app of Flower's own ``ClientApp.__call__`` (one
-            that cannot register handlers as messages arrive) must have as many here.
-        digest: the sender's digest of ``file``; the module imported here from another file must
-            have the same bytes (the same app installed elsewhere), else it is another app's.
+        handlers: how many handlers the sender's app had (a plain ``ClientApp`` must have as many).
+        digest: the sender's digest of ``file`` (a module imported from another file must match).
 
     Raises:
-        ModuleNotFoundError: the module (or a module it imports) cannot be imported in this process;
-            the message names the module, its file and the fix (``PYTHONPATH`` for the workers,
-            or the package installed on every node).
-        AttributeError: the module has no such attribute (a different version of the app's code).
-        ClientAppReferenceError: this process imported ``module`` from another file with other
-            bytes than the sender's (another app's package of the same name first on its
-            ``sys.path``: both files, the working directory and the fix named); or its app lacks
-            handlers the sender's app had (registered after the module was imported).
+        ModuleNotFoundError: the module (or one it imports) cannot be imported here; fix named.
+        AttributeError: the module has no such attribute.
+        ClientAppReferenceError: ``module`` imported from another file with other bytes, or its
+            app lacks handlers the sender's app had.
     """
     try:
         mod = importlib.import_module(module)
@@ -244,8 +214,7 @@ def load_global(
 
 
 def _check_same_module(module: str, attr: str, file: str, digest: str, here: str) -> None:
-    """Raise :class:`ClientAppReferenceError` when ``here`` (the file this process imported
-    ``module`` from) is not the sender's ``file`` and its bytes differ (``digest``)."""
+    """Raise :class:`ClientAppReferenceError` when ``here`` is not ``file`` and its bytes differ."""
     if not digest or not here or os.path.realpath(here) == os.path.realpath(file):
         return
     if _digest(here) == digest:  # the same code installed at another path (another machine)
@@ -262,9 +231,7 @@ def _check_same_module(module: str, attr: str, file: str, digest: str, here: str
 
 def reduce_app(app: Any) -> tuple:
     """The pickle reduction of ``app``: ``(load_global, (module, attribute, file, handlers,
-    digest))`` for an app marked by :func:`travel_by_reference` that is a module global and got
-    handlers while a module was being imported (``handlers``: how many it has; ``digest``: of the
-    module's file); else the default (by value), with one warning saying why."""
+    digest))`` for a marked module-global app registered at import; else by value, warned once."""
     hints = _APPS.get(app) if _is_weakrefable(app) else None
     if hints is not None:
         where = global_name(app, hints)
@@ -301,8 +268,7 @@ def reduce_app(app: Any) -> tuple:
 
 
 def _by_value_size(app: Any) -> str:
-    """How large ``app`` pickles by value (measured once, for the warning), e.g. ``"1.1 MB a
-    message"``; ``"size unknown"`` if it cannot be pickled here."""
+    """How large ``app`` pickles by value, e.g. ``"1.1 MB a message"`` (or ``"size unknown"``)."""
     try:
         import cloudpickle
 
@@ -312,37 +278,22 @@ def _by_value_size(app: Any) -> str:
     return f"{size / 1e6:.1f} MB a message" if size >= 100_000 else f"{size / 1e3:.1f} KB a message"
 
 
-def _copy_app(app: Any) -> Any:
-    """``copy.copy`` of a ClientApp: a new app sharing the attribute values (as for any object).
-
-    Defined because ``copy`` consults ``copyreg.dispatch_table``, where :func:`reduce_app` would
-    turn a copy of a module-global app into the module's app itself; the copy is not marked (it is
-    no module global: it pickles by value)."""
-    cls: Any = type(app)
-    new = cls.__new__(cls)
-    new.__dict__.update(app.__dict__)
-    return _mark_copy(app, new)
-
-
-def _mark_copy(app: Any, new: Any) -> Any:
-    """Mark ``new``, a copy of a marked ``app``, as :func:`travel_by_reference` would: a copy made at
-    module level (``app2 = copy.deepcopy(app)``) then travels by reference too, any other copy by value
-    with the warning (it was pickled by value in silence)."""
-    if _is_weakrefable(app) and app in _APPS:
-        _mark(new, _APPS[app])
-    return new
-
-
-def _deepcopy_app(app: Any, memo: dict) -> Any:
-    """``copy.deepcopy`` of a ClientApp: an independent app (its own handler registry), never the
-    app itself (:func:`_copy_app`)."""
+def _copy_app(app: Any, memo: dict | None = None) -> Any:
+    """``copy.copy`` (``memo`` None) or ``copy.deepcopy`` of a ClientApp: a new app, marked as
+    :func:`travel_by_reference` would (without it, :func:`reduce_app` in ``copyreg`` would make the
+    copy the module's app itself)."""
     import copy
 
     cls: Any = type(app)
     new = cls.__new__(cls)
-    memo[id(app)] = new
-    new.__dict__.update(copy.deepcopy(app.__dict__, memo))
-    return _mark_copy(app, new)
+    if memo is None:
+        new.__dict__.update(app.__dict__)
+    else:
+        memo[id(app)] = new
+        new.__dict__.update(copy.deepcopy(app.__dict__, memo))
+    if _is_weakrefable(app) and app in _APPS:
+        _mark(new, _APPS[app])
+    return new
 
 
 def _is_weakrefable(obj: Any) -> bool:
@@ -354,8 +305,7 @@ def _is_weakrefable(obj: Any) -> bool:
 
 
 def _mark(app: Any, hints: tuple[str, ...] = ()) -> None:
-    """Remember the calling modules as where to look for ``app``; registered at import if one of them
-    is being imported."""
+    """Remember the calling modules for ``app``; registered at import if one is being imported."""
     callers = _caller_modules(depth=14)
     _APPS[app] = callers + _APPS.get(app, hints)
     if any(_initializing(name) for name in callers):
@@ -365,13 +315,8 @@ def _mark(app: Any, hints: tuple[str, ...] = ()) -> None:
 def travel_by_reference(app: Any) -> Any:
     """Make ``app`` (a ``flwr.clientapp.ClientApp``) pickle as its import path (module docstring).
 
-    The first call for a class registers :func:`reduce_app` for it in ``copyreg.dispatch_table``
-    (consulted by ``pickle``, ``cloudpickle`` and Ray's serialiser before ``__reduce_ex__``) and
-    gives the class ``__copy__``/``__deepcopy__`` that make real copies (the reduction alone would
-    make a copy of a module-global app the app itself); other instances of that class are pickled
-    as before. A call made while a calling module is being
-    imported marks the app as registered at import (pickled by reference, module docstring). The modules of the calling frames are remembered as the
-    first places to look for the app.
+    The first call for a class registers :func:`reduce_app` in ``copyreg.dispatch_table`` and gives
+    the class ``__copy__``/``__deepcopy__`` that make real copies; other instances pickle as before.
 
     Returns:
         ``app``.
@@ -383,6 +328,6 @@ def travel_by_reference(app: Any) -> Any:
         if "__copy__" not in vars(cls):  # copy consults __copy__ before copyreg
             cls.__copy__ = _copy_app  # type: ignore[attr-defined]
         if "__deepcopy__" not in vars(cls):
-            cls.__deepcopy__ = _deepcopy_app  # type: ignore[attr-defined]
+            cls.__deepcopy__ = _copy_app  # type: ignore[attr-defined]
         _TYPES.add(cls)
     return app

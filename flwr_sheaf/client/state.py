@@ -1,18 +1,11 @@
 """Node state that survives a SuperNode restart: the ``state-dir`` node-config key (docs/resume.md).
 
-Flower keeps ``context.state`` in the SuperNode's memory only. With the node-config key
-``state-dir`` (or, on one machine, the run-config key ``node-state-dir``) the ClientApp mod
-:func:`persist_state` writes it atomically to ``<dir>/partition-<id>/round-<R>.state`` after every
-successful handler of a message with ``server-round`` (a ``train`` message, or one that changed the
-state), reloads the newest admissible file into an empty state, checks at a resumed run's discovery
-that a node that trained before finds its state, and refuses (:class:`StateFileError`) a file of
-another node, run or run config, a corrupted file or a pruned round. Retention (the last ``max(2,
-checkpoint-every + 1)`` rounds) and the file format: docs/resume.md.
-
-What the server refuses, the node never commits: the mod :func:`refuse_what_the_server_refuses`
-applies the server's check of train replies (:func:`flwr_sheaf.protocol.train_reply_problem`, plus
-NaN/inf array entries) to every successful ``train`` reply and raises :class:`RefusedReplyError`
-instead, so Flower rolls ``context.state`` back to the last accepted state (docs/guarantees.md).
+The ClientApp mod :func:`persist_state` writes ``context.state`` atomically to
+``<dir>/partition-<id>/round-<R>.state`` after every successful handler of a message with
+``server-round`` that may change it, reloads the newest admissible file into an empty state and
+refuses (:class:`StateFileError`) another node's, run's or run config's file, a corrupted one or a
+pruned round (retention and format: docs/resume.md). The mod :func:`refuse_what_the_server_refuses`
+raises on a train reply the server would refuse, so Flower rolls the state back (docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -92,14 +85,8 @@ def _keep(run_config: Mapping[str, Any]) -> int:
 
 
 def node_dir(context: Context) -> Path | None:
-    """``<root>/partition-<id>`` of this node, or None when nothing is persisted.
-
-    ``root`` is the node config's ``state-dir``, else the run config's ``node-state-dir`` (one
-    machine: simulation, in-process runs), else there is none.
-
-    Raises:
-        StateFileError: the value is not a string (key named).
-    """
+    """``<root>/partition-<id>`` (root: node config ``state-dir``, else run config
+    ``node-state-dir``; StateFileError if not a string), or None when nothing is persisted."""
     for where, cfg, key in (
         ("node config", context.node_config, STATE_DIR),
         ("run config", context.run_config, RUN_STATE_DIR),
@@ -117,12 +104,8 @@ def state_files(directory: Path) -> dict[int, Path]:
     """``{server round: path}`` of the state files in ``directory`` (empty when it does not exist)."""
     if not directory.is_dir():
         return {}
-    out = {}
-    for p in directory.iterdir():
-        m = _NAME.match(p.name)
-        if m:
-            out[int(m.group(1))] = p
-    return dict(sorted(out.items()))
+    found = {int(m.group(1)): p for p in directory.iterdir() if (m := _NAME.match(p.name))}
+    return dict(sorted(found.items()))
 
 
 def _read(path: Path, payload: bool) -> tuple[dict, bytes | None]:
@@ -141,14 +124,10 @@ def read_state(path: Path) -> tuple[dict, RecordDict]:
 
 
 def write_state(directory: Path, state: RecordDict, meta: Mapping[str, Any]) -> Path:
-    """Write ``state`` with ``meta`` (+ format, checksum) atomically to ``directory/round-<meta['round']>.state``.
-
-    Returns:
-        the file's path.
+    """Write ``state`` with ``meta`` atomically to ``directory/round-<meta['round']>.state``; its path.
 
     Raises:
-        OSError: the directory cannot be created or written (the file, the reason and the fix named;
-            a state file already there is left as it was).
+        OSError: the directory cannot be created or written (the file and the fix named).
     """
     path = directory / f"round-{int(meta['round'])}.state"
     try:
@@ -162,10 +141,7 @@ def write_state(directory: Path, state: RecordDict, meta: Mapping[str, Any]) -> 
 
 
 def _check(meta: dict, path: Path, context: Context) -> None:
-    pid, n = (
-        node_partition_id(context),
-        int(context.node_config.get("num-partitions", 0)),
-    )
+    pid, n = node_partition_id(context), int(context.node_config.get("num-partitions", 0))
     if (meta["partition-id"], meta["num-partitions"]) != (pid, n):
         raise StateFileError(
             f"{path} holds the state of partition-id {meta['partition-id']} (num-partitions {meta['num-partitions']}), "
@@ -231,17 +207,13 @@ def _restore(context: Context, directory: Path, server_round: int, category: str
 
 def _save(context: Context, directory: Path, server_round: int) -> None:
     held = config_record(context.state, META_KEY) if META_KEY in context.state else None
-    if held is None:
-        previous = 0
-    elif as_int(held["round"], "round") < server_round:
-        previous = as_int(held["round"], "round")
-    elif as_int(held["round"], "round") == server_round:
-        previous = as_int(held["previous-round"], "previous-round")
-    else:
+    previous = 0 if held is None else as_int(held["round"], "round")
+    if held is not None and previous > server_round:
         raise StateFileError(
-            f"message of server round {server_round} after state of round "
-            f"{as_int(held['round'], 'round')}"
+            f"message of server round {server_round} after state of round {previous}"
         )
+    if held is not None and previous == server_round:
+        previous = as_int(held["previous-round"], "previous-round")
     context.state[META_KEY] = ConfigRecord({"round": server_round, "previous-round": previous})
     write_state(
         directory,
@@ -266,13 +238,8 @@ def _save(context: Context, directory: Path, server_round: int) -> None:
 def _check_resumed(
     context: Context, directory: Path, state_rounds: list[int], restored: int, fresh: bool
 ) -> None:
-    """At a resumed run's discovery: a node that trained before (the server's checkpoint says up to round
-    ``state_rounds[partition-id]``) must find its state of a round in ``[that round, restored]``.
-
-    Raises:
-        StateFileError: it finds none (or a file of another node / run config), unless ``fresh``
-            (run-config ``resume-fresh-nodes``), which only logs a warning.
-    """
+    """At a resumed run's discovery, a node that trained up to ``state_rounds[partition-id]`` must
+    find its state of a round in ``[that round, restored]``, else StateFileError (``fresh``: a warning)."""
     pid = node_partition_id(context)
     need = state_rounds[pid] if pid < len(state_rounds) else 0
     if need <= 0:
@@ -281,7 +248,6 @@ def _check_resumed(
     usable = [r for r in files if need <= r <= restored]
     if usable:
         meta, _ = _read(files[max(usable)], payload=False)
-        # another node's or run config's state is refused by name
         _check(meta, files[max(usable)], context)
         return
     what = "no state files" if not files else f"state files of rounds {sorted(files)} only"
@@ -300,14 +266,12 @@ def _check_resumed(
 def persist_state(
     msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
 ) -> Message:
-    """Flower ClientApp mod (``ClientApp(mods=[persist_state])``): reload and write ``context.state``
-    (module docstring) when there is a state directory and the ``config`` has ``server-round``.
+    """Flower ClientApp mod: reload and write ``context.state`` (module docstring).
 
     Raises:
-        StateFileError: a state file that must not be loaded (other partition-id, run or run config;
-            corrupted; the needed round pruned), or a ``query`` of a resuming run on a node without a
-            state directory. Flower turns it into the node's error reply.
-        OSError: the state directory cannot be written (the reply is not sent: the server records a failure).
+        StateFileError: a state file that must not be loaded, or a resuming run's ``query`` on a
+            node without a state directory (Flower makes it the node's error reply).
+        OSError: the state directory cannot be written.
     """
     directory = node_dir(context)
     content = msg.content
@@ -319,17 +283,11 @@ def persist_state(
             f"restart from initialisation"
         )
     if category == "query" and CONFIG in content and RESUME_STATE_ROUNDS in content[CONFIG]:
-        # the resume mod's keys: RESUME_STATE_ROUNDS list[int], RESUME_ROUND int, RESUME_FRESH bool
         cfg: MutableMapping[str, Any] = content[CONFIG]
         if directory is not None:
-            _check_resumed(
-                context,
-                directory,
-                [int(r) for r in cfg[RESUME_STATE_ROUNDS]],
-                int(cfg[RESUME_ROUND]),
-                bool(cfg[RESUME_FRESH]),
-            )
-        # the mod's keys, not the handler's
+            rounds, restored = [int(r) for r in cfg[RESUME_STATE_ROUNDS]], int(cfg[RESUME_ROUND])
+            _check_resumed(context, directory, rounds, restored, bool(cfg[RESUME_FRESH]))
+        # the resume keys are the mod's, not the handler's
         for key in (RESUME_STATE_ROUNDS, RESUME_ROUND, RESUME_FRESH):
             if key in cfg:
                 del cfg[key]
@@ -352,10 +310,8 @@ class RefusedReplyError(RuntimeError):
 def refuse_what_the_server_refuses(
     msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
 ) -> Message:
-    """Flower ClientApp mod: raise instead of returning a train reply the server would refuse (module docstring).
-
-    Replies to other messages, error replies and replies without ``metrics/num-examples`` (the
-    server records those as malformed) pass unchanged.
+    """Flower ClientApp mod: raise instead of returning a train reply the server would refuse
+    (other replies, error replies and those without ``metrics/num-examples`` pass unchanged).
 
     Raises:
         RefusedReplyError: the reply's problem, the partition-id and the server round named.

@@ -1,7 +1,5 @@
-"""What a node brings to the flwr-sheaf handlers: a model with the stalk protocol
-(:mod:`flwr_sheaf.sheaf.stalk`: ``d``, ``private_logits``, ``latent``, ``whitening``,
-``classify_whitened``) and its data. The handlers only need these operations, so any encoder/head
-pair can be glued (the CNN zoo in :mod:`flwr_sheaf.models` is one implementation).
+"""What a node brings to the handlers: a model with the stalk protocol (:mod:`flwr_sheaf.sheaf.stalk`)
+and its data; any encoder/head pair can be glued.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ TASK_TENSORS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "x_p
 
 @dataclass
 class LocalTask:
-    """A node's model and data (CPU tensors): ``LocalTask(model, x_train, y_train, x_val, y_val,
-    x_test, y_test, x_pilot, classes)``.
+    """A node's model and data (CPU tensors).
 
     Attributes:
         model: ``nn.Module`` with the stalk protocol (module docstring).
@@ -46,11 +43,9 @@ class LocalTask:
         x_val, y_val: private validation split (model and lambda selection, never test).
         x_test, y_test: private test split.
         x_pilot: the shared pilot inputs ``(K, ...)`` float32: **the same rows in the same order on
-            every node** (the paper's pilot set; Procrustes pairs row k of one node with row k of its
-            neighbour).
+            every node** (Procrustes pairs row k of one node with row k of its neighbour).
         classes: the node's target class set C_i (ints; used by the ``class-overlap`` graph).
-        y_pilot: optional ``(K,)`` int64 labels of the shared pilots (public: the pilots are a
-            labelled public hold-out); only ``pilot-strategy=*-class`` needs them (default None).
+        y_pilot: optional ``(K,)`` int64 public labels of the pilots (``pilot-strategy=*-class``).
     """
 
     model: StalkModel
@@ -66,24 +61,19 @@ class LocalTask:
 
 
 TaskFactory = Callable[[Context], LocalTask]
-"""``factory(context) -> LocalTask``; called for **every message**. It must rebuild the model
-deterministically (same architecture from run config + partition-id); the handlers then restore its
-weights from ``context.state``. Data may come from a read-only cache shared by simulated nodes.
-"""
+"""``factory(context) -> LocalTask``, called for **every message**: it must rebuild the same
+architecture (weights are restored from ``context.state``)."""
 
 
 @dataclass(frozen=True)
 class TaskDescription:
-    """What a node's discovery reply says of its :class:`LocalTask`, known without building its model.
+    """What a node's discovery reply says of its :class:`LocalTask`.
 
     Attributes:
-        d: the stalk dimension ``model.d`` (int).
-        classes: the node's class set ``task.classes`` (ints).
-        num_pilots: ``task.x_pilot.shape[0]``.
-        num_train: ``task.x_train.shape[0]``.
+        d, classes: the stalk dimension ``model.d`` and the class set ``task.classes`` (ints).
+        num_pilots, num_train: ``task.x_pilot.shape[0]`` and ``task.x_train.shape[0]``.
         pilot_digest: :func:`~flwr_sheaf.client.common.shared_pilot_digest` of ``task.x_pilot``.
-        architecture: a hashable key of the model's architecture and hyper-parameters and the
-            pilots' shape and dtype (reported as given).
+        architecture: a hashable key of the architecture and the pilots' shape and dtype.
     """
 
     d: int
@@ -95,20 +85,16 @@ class TaskDescription:
 
 
 TaskDescriber = Callable[[Context], TaskDescription]
-"""``describe(context) -> TaskDescription``: a factory's hook (:func:`with_describer`) answering the
-discovery query; it must equal what the built task gives (checked for every node)."""
+"""``describe(context) -> TaskDescription``: a factory's hook (:func:`with_describer`); it must
+equal what the built task gives."""
 
-
-#: the attribute :func:`with_describer` sets: ``(factory, describe)``, the factory it was attached to
-#: named, so that a wrapper that copies it (``functools.wraps`` copies ``__dict__``) does not inherit it
+#: ``(factory, describe)``: the owner named, so a ``functools.wraps`` wrapper does not inherit it
 _DESCRIBER_ATTR = "_flwr_sheaf_describer"
 
 
 def with_describer(factory: TaskFactory, describe: TaskDescriber) -> TaskFactory:
-    """Attach ``describe`` to ``factory`` as its description hook (:func:`describer_of`) and return
-    ``factory``: the ``query`` handler compares the hook's answer with every node's built task (the
-    graph is built from its ``d`` and class set) and fails a node whose answer differs, naming the
-    hook. The hook belongs to ``factory`` alone: a wrapper of it (``functools.wraps``) has none.
+    """Attach ``describe`` to ``factory`` (not to its wrappers) as its description hook and return
+    ``factory``; the ``query`` handler fails a node whose built task says otherwise.
 
     Raises:
         TypeError: ``describe`` is not callable, or ``factory`` takes no attributes.
@@ -126,9 +112,7 @@ def with_describer(factory: TaskFactory, describe: TaskDescriber) -> TaskFactory
 
 
 def describer_of(factory: TaskFactory) -> TaskDescriber | None:
-    """The description hook attached to ``factory`` itself by :func:`with_describer` (None: the handler
-    builds the task; also for a wrapper that copied the attribute of the factory it wraps, whose
-    tasks may differ)."""
+    """The description hook attached to ``factory`` itself by :func:`with_describer`, or None."""
     owner, describe = getattr(factory, _DESCRIBER_ATTR, (None, None))
     return describe if owner is factory and callable(describe) else None
 
@@ -136,11 +120,8 @@ def describer_of(factory: TaskFactory) -> TaskDescriber | None:
 def save_module_state(
     context: Context, key: str, module: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> None:
-    """Store a module's ``state_dict`` (parameters and buffers) and optionally its optimizer in ``context.state``.
-
-    ``context.state[key]`` is an ``ArrayRecord``; the optimizer goes to ``context.state[key + ".optim"]``
-    as ``torch.save`` bytes in a ``ConfigRecord``.
-    """
+    """Store a module's ``state_dict`` in ``context.state[key]`` (ArrayRecord) and optionally its
+    optimizer's as ``torch.save`` bytes in ``context.state[key + ".optim"]`` (ConfigRecord)."""
     context.state[key] = ArrayRecord(
         {k: v.detach().cpu() for k, v in module.state_dict().items()}, keep_input=True
     )
@@ -156,8 +137,7 @@ def load_module_state(
     """Restore what :func:`save_module_state` stored; returns False when nothing was stored yet.
 
     Raises:
-        RuntimeError: the stored ``state_dict`` does not fit ``module`` (a factory that does not
-            rebuild the same architecture).
+        RuntimeError: the stored ``state_dict`` does not fit ``module``.
     """
     if key not in context.state:
         return False
@@ -172,10 +152,7 @@ def load_module_state(
 
 
 def set_torch_threads(n: int) -> None:
-    """Set torch's intra-op threads (run-config key ``torch-threads``; 0 leaves torch's default).
-
-    Several simulated nodes share few cores: with more than one OpenMP thread per ClientApp a loaded
-    2-core machine ran small CNN steps about 30x slower (12 ms vs 360 ms per step).
-    """
+    """Set torch's intra-op threads (run-config ``torch-threads``; 0 leaves torch's default:
+    simulated nodes sharing few cores ran ~30x slower with more than one thread each)."""
     if n > 0 and torch.get_num_threads() != n:
         torch.set_num_threads(n)

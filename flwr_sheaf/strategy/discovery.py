@@ -1,19 +1,9 @@
 """Discovery: map Flower's opaque node ids to partition-ids with one ``query.<action>`` round trip.
 
-:class:`Discovery` asks every SuperNode as it registers, checks each reply once (an error reply or
-a malformed :class:`~flwr_sheaf.protocol.NodeInfo` is that node's failure) and returns the
-discovered :class:`~flwr_sheaf.strategy.records.Node` per partition-id. The strategy calls it from
-:meth:`flwr_sheaf.strategy.graph.GraphStrategy.discover` and then builds the agents' graph on the
-discovered nodes (:func:`build_agents_graph`, in ``on_discovered``); :func:`oriented_edges` and
-:func:`edge_config` read its edges (head = larger stalk dimension d, ties to the larger
-partition-id; docs/paper.md). Discovery knows nothing of methods.
-
-Every failure is a ``RuntimeError`` naming the cause and the fix (:meth:`Discovery.run`); a
-federation that is too small fails at once, and so does one where every registered SuperNode has
-answered while an agent's partition-id is still missing (the failed nodes named as the cause).
-SuperNodes beyond the scenario (partition-id >= N, or whose discovery handler failed while more
-SuperNodes than agents registered) stay idle. A reply describing an agent's partition-id (< N) as a
-spare (``d = 0``) is that node's failure, as an error reply is.
+:class:`Discovery` asks every SuperNode as it registers and checks each reply once (an error, a
+malformed :class:`~flwr_sheaf.protocol.NodeInfo` or an agent described as a spare, ``d = 0``, is
+that node's failure); SuperNodes beyond the scenario stay idle. :func:`build_agents_graph` builds
+the agents' graph; edges are oriented head = larger d, ties to the larger partition-id (docs/paper.md).
 """
 
 from __future__ import annotations
@@ -60,6 +50,11 @@ log = logging.getLogger("flwr_sheaf")
 POLL_SECONDS = 0.5
 
 
+def _first(items: list[str], n: int, sep: str) -> str:
+    """The first ``n`` of ``items`` joined by ``sep`` (`` ...`` after them when there are more)."""
+    return sep.join(items[:n]) + (" ..." if len(items) > n else "")
+
+
 def federation_fix(num_nodes: int) -> str:
     """The ``flwr run`` option that gives the federation ``num_nodes`` SuperNodes."""
     return f'--federation-config "num-supernodes={num_nodes}"'
@@ -68,16 +63,11 @@ def federation_fix(num_nodes: int) -> str:
 def parse_reply(
     r: Message | None, num_nodes: int, claimed: Container[int]
 ) -> tuple[NodeInfo | None, str | None]:
-    """``(NodeInfo, None)`` of a usable ``query.<action>`` reply, else ``(None, why)``: no reply
-    (``r`` None), the error reply's reason (with :func:`~flwr_sheaf.hints.handler_hint`), a missing
-    ``info`` record, or a malformed :class:`~flwr_sheaf.protocol.NodeInfo` (the missing key named).
+    """``(NodeInfo, None)`` of a usable ``query.<action>`` reply, else ``(None, why)``.
 
     Raises:
-        RuntimeError: the node reports ``num-partitions`` smaller than the scenario's ``num_nodes``
-            agents (the federation has too few SuperNodes: the ``--federation-config`` to pass); a
-            partition-id >= ``num_nodes`` describing itself as an agent (``d > 0``: the task factory
-            splits the data by ``num-partitions``, so the agents would get a smaller share: both
-            numbers and the fix named); or a partition-id in ``claimed`` (another node reported it).
+        RuntimeError: ``num-partitions`` < ``num_nodes``; a partition-id >= ``num_nodes`` describing
+            itself as an agent (``d > 0``); or a partition-id in ``claimed``.
     """
     if r is None:
         return None, "no reply within the timeout"
@@ -96,7 +86,7 @@ def parse_reply(
             f"num-partitions={info.num_partitions} SuperNodes (Flower's default local simulation has 2); "
             f"run: flwr run . --stream {federation_fix(num_nodes)} (in-process: LocalGrid(app, {num_nodes}))"
         )
-    if info.partition_id >= num_nodes and info.d > 0:  # a spare describes itself with d = 0
+    if info.partition_id >= num_nodes and info.d > 0:
         raise RuntimeError(
             f"this scenario has {num_nodes} agents but the federation has num-partitions="
             f"{info.num_partitions} SuperNodes, and partition-id {info.partition_id} describes itself "
@@ -132,11 +122,7 @@ class Discovery:
     """
 
     def __init__(
-        self,
-        num_nodes: int,
-        action: str,
-        config: Mapping[str, Any],
-        discovery_timeout: float,
+        self, num_nodes: int, action: str, config: Mapping[str, Any], discovery_timeout: float
     ) -> None:
         self.num_nodes = int(num_nodes)
         self.action = action
@@ -153,24 +139,18 @@ class Discovery:
 
         Args:
             grid: Flower's Grid.
-            timeout: seconds per query round trip (at least 1 s, at most what is left of
-                ``discovery_timeout``).
+            timeout: seconds per query round trip (within [1 s, what is left of the timeout]).
 
         Returns:
-            ``{partition-id: Node}`` for ``0..num_nodes-1`` (extra SuperNodes stay idle).
+            ``{partition-id: Node}`` for ``0..num_nodes-1``.
 
         Raises:
-            RuntimeError: the SuperNodes report ``num-partitions`` smaller than ``num_nodes`` (at
-                once, naming the ``--federation-config`` to pass), a discovery handler failed and
-                no spare SuperNode exists (its reason quoted), duplicate partition-ids,
-                partition-ids missing once every registered SuperNode answered (at least N
-                registered, and every one of the ``num-partitions`` reported; the failed nodes
-                named: :meth:`broken_error`), or partition-ids still missing after
-                ``discovery_timeout`` (named, with the reasons of failed nodes).
+            RuntimeError: too few SuperNodes, a failed handler without spare, duplicate or (once all
+                answered, or after ``discovery_timeout``) missing partition-ids; cause, fix named.
         """
         deadline = time.monotonic() + self.discovery_timeout
         while True:
-            ids = list(grid.get_node_ids())  # in the grid's order: queries and errors as before
+            ids = list(grid.get_node_ids())
             registered = set(ids)
             new = [n for n in ids if n not in self.asked]
             if new:
@@ -204,12 +184,7 @@ class Discovery:
         )
 
     def accept(self, r: Message) -> None:
-        """Record one query reply: its node, or its failure in :attr:`errors`.
-
-        Raises:
-            RuntimeError: the node reports ``num-partitions`` < ``num_nodes``, or a partition-id
-                another node already reported.
-        """
+        """Record one query reply: its node, or its failure in :attr:`errors` (raises: :func:`parse_reply`)."""
         self.answered.add(int(r.metadata.src_node_id))
         info, problem = parse_reply(r, self.num_nodes, self.found)
         if info is not None and info.d <= 0 and info.partition_id < self.num_nodes:
@@ -234,42 +209,25 @@ class Discovery:
         self.found[info.partition_id] = Node(r.metadata.src_node_id, info)
 
     def check_errors(self) -> None:
-        """Fail when a node's reply was unusable and no spare SuperNode can stand in.
-
-        Raises:
-            RuntimeError: quoting the first failed node's reason once, with the count and node ids
-                of the nodes that failed the same way (and up to three other reasons).
-        """
+        """RuntimeError when a node's reply was unusable and no spare SuperNode can stand in."""
         errors = self.errors
         if not errors or len(self.asked) > self.num_nodes:
             return
         reason = errors[0].split(": ", 1)[-1]  # "node <id>: <reason>": one reason said once
         same = [e.split(":", 1)[0] for e in errors[1:] if e.split(": ", 1)[-1] == reason]
-        others = [e for e in errors[1:] if e.split(": ", 1)[-1] != reason]
-        more = (
-            f" (the same on {len(same)} more of the {len(self.asked)} nodes: "
-            + ", ".join(same[:5])
-            + (" ..." if len(same) > 5 else "")
-            + ")"
-            if same
-            else ""
-        )
+        others = [e[:160] for e in errors[1:] if e.split(": ", 1)[-1] != reason]
+        more, asked = "", len(self.asked)
+        if same:
+            more = f" (the same on {len(same)} more of the {asked} nodes: {_first(same, 5, ', ')})"
         if others:
-            more += (
-                f" (and {len(others)} more failed otherwise: "
-                + "; ".join(e[:160] for e in others[:3])
-                + (" ..." if len(others) > 3 else "")
-                + ")"
-            )
+            more += f" (and {len(others)} more failed otherwise: {_first(others, 3, '; ')})"
         raise RuntimeError(f"discovery failed on {errors[0]}{more}")
 
     def broken_error(self, registered: int) -> RuntimeError:
-        """The error when every one of the ``registered`` SuperNodes answered, some failed and
-        partition-ids are still missing: the failed nodes are the missing agents (their reasons
-        quoted, the fix theirs), not too few SuperNodes."""
+        """The error when all ``registered`` SuperNodes answered, some failed, partition-ids missing."""
         missing = sorted(set(range(self.num_nodes)) - set(self.found))
         errors = self.errors
-        shown = "; ".join(e[:300] for e in errors[:4]) + (" ..." if len(errors) > 4 else "")
+        shown = _first([e[:300] for e in errors], 4, "; ")
         return RuntimeError(
             f"discovery: no SuperNode described partition-id(s) {missing} of the "
             f"{self.num_nodes} agents, and all {registered} registered SuperNodes answered "
@@ -279,12 +237,10 @@ class Discovery:
         )
 
     def timeout_error(self) -> RuntimeError:
-        """The error after ``discovery_timeout``: too slow (every SuperNode registered, none failed:
-        the timeout to set) or too few (the missing partition-ids and the option to pass)."""
+        """The error after ``discovery_timeout``: too slow (the timeout to set) or too few nodes."""
         missing = sorted(set(range(self.num_nodes)) - set(self.found))
         found, timeout = len(self.found), self.discovery_timeout
         if len(self.asked) >= self.num_nodes and found and not self.errors:
-            # every SuperNode registered and none failed: they answer too slowly, not too few
             rate = found / timeout
             need = self.num_nodes / max(rate, 1e-9)
             return RuntimeError(
@@ -305,13 +261,11 @@ class Discovery:
 def build_agents_graph(
     spec: nx.Graph | str, nodes: Mapping[int, Node], num_nodes: int
 ) -> tuple[nx.Graph, int]:
-    """``(graph, K)``: the validated agents' graph from ``spec`` (a graph spec, built with the
-    nodes' class sets, or an explicit ``networkx.Graph`` on partition-ids) and the shared pilot
-    count K of the discovered ``nodes`` ``{partition-id: Node}`` (``0..num_nodes-1``).
+    """``(graph, K)``: the validated agents' graph from ``spec`` (a spec, built with the nodes'
+    class sets, or a ``networkx.Graph``) and the shared pilot count K of ``nodes``.
 
     Raises:
-        ValueError: naming ``graph``: a graph that is not connected or names a missing
-            partition-id; nodes reporting different pilot counts or different pilots.
+        ValueError: a graph not connected or naming a missing partition-id; different pilots.
     """
     classes = [nodes[p].info.classes for p in range(num_nodes)]
     try:
@@ -350,11 +304,6 @@ def edge_config(
 ) -> EdgeConfig:
     """Node ``pid``'s incident edges (neighbours sorted) with their d_j, orientation and optional weights."""
     nbrs = tuple(sorted(graph.neighbors(pid)))
-    d = nodes[pid].d
-    heads = tuple(orient_edge(pid, d, j, nodes[j].d)[0] == pid for j in nbrs)
-    return EdgeConfig(
-        nbrs,
-        tuple(nodes[j].d for j in nbrs),
-        heads,
-        None if weights is None else tuple(weights),
-    )
+    dims = tuple(nodes[j].d for j in nbrs)
+    heads = tuple(orient_edge(pid, nodes[pid].d, j, dj)[0] == pid for j, dj in zip(nbrs, dims))
+    return EdgeConfig(nbrs, dims, heads, None if weights is None else tuple(weights))

@@ -1,13 +1,9 @@
-"""Per-round graph evaluation as a component that returns a value (paper Eq. 22, Fig. 2).
+"""Per-round graph evaluation (paper Eq. 22, Fig. 2) on an :class:`EvaluationView`.
 
-:class:`GraphEvaluation` runs an evaluated round's two round trips on an :class:`EvaluationView`
-(never the strategy) and returns an :class:`~flwr_sheaf.strategy.records.EvaluationResult`: phase 1
-(``evaluate.<action>``) gathers private accuracies, whitened pilots and latents; between the phases
-come the sheaf diagnostics and the non-edge plan; phase 2 (``evaluate.<action>_comm``) routes each
-answering node its answering neighbours' arrays and averages the per-edge accuracies (the reply
-checks, diagnostics and rows: :mod:`~flwr_sheaf.strategy.evaluation_steps`). What one phase hands
-the next is a :class:`PhaseTwo`. :class:`TransportedEvaluation` serves stringent privacy (no raw
-pilots reach the server).
+Phase 1 (``evaluate.<action>``) gathers private accuracies, whitened pilots and latents; then the
+sheaf diagnostics and the non-edge plan; phase 2 (``evaluate.<action>_comm``) routes each answering
+node its answering neighbours' arrays and averages the per-edge accuracies (checks and rows:
+:mod:`~flwr_sheaf.strategy.evaluation_steps`). :class:`TransportedEvaluation`: stringent privacy.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ConfigRecord, Message, RecordDict
@@ -52,9 +48,6 @@ from .evaluation_steps import EvaluationView, NonEdgePlan, Plan
 from .exchange import merge_extra
 from .records import EvaluationResult
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["EvaluationView", "GraphEvaluation", "PhaseTwo", "TransportedEvaluation"]
 
 log = logging.getLogger("flwr_sheaf")
@@ -62,13 +55,12 @@ log = logging.getLogger("flwr_sheaf")
 
 @dataclass(frozen=True)
 class PhaseTwo:
-    """What phase 1 hands phase 2 (a value; nothing is kept on the strategy).
+    """What phase 1 hands phase 2.
 
     Attributes:
         phase1: accepted phase-1 replies ``{partition-id: reply}``.
         routed_src: ``{receiver: neighbours whose arrays were routed to it}``.
-        non_edge_plan: this round's non-edge plan
-            (:data:`~flwr_sheaf.strategy.evaluation_steps.NonEdgePlan`).
+        non_edge_plan: this round's :data:`~flwr_sheaf.strategy.evaluation_steps.NonEdgePlan`.
         messages: the phase-2 messages; receivers: their partition-ids, in order.
     """
 
@@ -91,10 +83,8 @@ class GraphEvaluation:
         edge_metric_names: extra per-edge phase-2 metrics (averaged as ``<name>_degree_weighted``).
     """
 
-    #: whether phase-1 arrays are transported by the sender's map (config :data:`EVAL_TRANSPORTED`).
-    transported = False
-    #: whether phase-1 replies carry raw pilots to the server (multi-hop and diagnostics need them).
-    holds_raw_pilots = True
+    transported = False  #: phase-1 arrays moved by the sender's map (:data:`EVAL_TRANSPORTED`)
+    holds_raw_pilots = True  #: phase-1 replies carry raw pilots (diagnostics, multi-hop need them)
 
     def __init__(
         self,
@@ -110,11 +100,9 @@ class GraphEvaluation:
         self.node_metric_names = tuple(node_metric_names)
         self.routed_arrays = tuple(routed_arrays)
         self.edge_metric_names = tuple(edge_metric_names)
-        #: the second reading (:data:`SECOND_READING`, run-config ``posthoc-readings = both``; not
-        #: under stringent privacy): the whitening fitted the other way than ``whitening_fit``
+        #: :data:`SECOND_READING` (``posthoc-readings = both``): the whitening fitted the other way
         self.second_reading = federation.posthoc_readings == "both" and not self.transported
-        #: the strong post-hoc reading (post-hoc protocol: whitening fitted on the pilots)
-        self.pilot_reading = self.second_reading and whitening_fit == "train"
+        self.pilot_reading = self.second_reading and whitening_fit == "train"  #: the strong one
 
     @classmethod
     def posthoc(cls, federation: FederationConfig, **kwargs: tuple[str, ...]) -> GraphEvaluation:
@@ -124,19 +112,17 @@ class GraphEvaluation:
     # ------------------------------------------------------------------ names and config
     @property
     def array_names(self) -> tuple[str, ...]:
-        """Phase-1 arrays every evaluated node sends and the server routes to neighbours:
-        :data:`EVAL_ARRAYS`, :attr:`routed_arrays` and the :attr:`second_reading`'s."""
+        """Phase-1 arrays routed to neighbours (:data:`EVAL_ARRAYS`, routed, second reading's)."""
         return EVAL_ARRAYS + self.routed_arrays + self.second_reading_names[0]
 
     @property
     def second_reading_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The :attr:`second_reading`'s phase-1 arrays and test / validation metrics (empty without it)."""
+        """The second reading's phase-1 arrays and test / validation metrics (empty without it)."""
         return SECOND_READING[self.whitening_fit] if self.second_reading else ((), ())
 
     @property
     def edge_metric_keys(self) -> tuple[str, ...]:
-        """Per-edge phase-2 metrics beyond :data:`COMM_ACCURACY`: :attr:`edge_metric_names` and the
-        :attr:`second_reading`'s test and validation accuracies."""
+        """Per-edge phase-2 metrics beyond :data:`COMM_ACCURACY` (the method's, second reading's)."""
         return self.edge_metric_names + self.second_reading_names[1]
 
     def config(self, server_round: int, train: LocalTrainConfig) -> dict[str, Any]:
@@ -175,8 +161,7 @@ class GraphEvaluation:
         return self.aggregate(view, phase, round_trip(grid, phase.messages, timeout))
 
     def phase1_messages(self, view: EvaluationView, config: Mapping[str, Any]) -> list[Message]:
-        """The phase-1 messages to ``view.evaluators`` (recorded in the round as ``evaluated``, with
-        ``evaluated_trained``: how many of them trained in this round or before).
+        """The phase-1 messages to ``view.evaluators`` (recorded as ``evaluated``, ``evaluated_trained``).
 
         Raises:
             ValueError: ``config`` names a key the strategy sends.
@@ -238,8 +223,7 @@ class GraphEvaluation:
     def route(
         self, view: EvaluationView, replies: list[Message], config: Mapping[str, Any]
     ) -> PhaseTwo:
-        """Phase 2's messages: each answering node gets its answering neighbours' arrays (and its
-        non-edge sources', transported along a shortest path)."""
+        """Phase 2's messages: each answering node gets its answering neighbours' (and non-edge) arrays."""
         phase1 = self.accept_phase1(view, replies)
         plan = self.sheaf_diagnostics(view, phase1)
         msgs, routed_src = [], {}
@@ -263,27 +247,20 @@ class GraphEvaluation:
         phase1: dict[int, Message],
         plan: Plan,
     ) -> tuple[Any, dict[str, Any]]:
-        """``(ArrayRecord, config entries)`` routed to receiver ``pid``: its neighbours' arrays and its
-        non-edge sources' arrays transported by the composed maps."""
+        """``(ArrayRecord, config)`` for receiver ``pid``: neighbours' and non-edge sources' arrays."""
         arrays = {p: array_record(r.content, ARRAYS) for p, r in phase1.items()}
         routed = route_evaluation(arrays, neighbours, self.array_names)
         for key, value in route_non_edges(arrays, {j: t for j, t, _ in plan}).items():
             routed[key] = Array(np.ascontiguousarray(value))
-        nodes = view.nodes
-        d = nodes[pid].d
-        non_edges = NonEdgeConfig(
-            tuple(j for j, _, _ in plan),
-            tuple(nodes[j].d for j, _, _ in plan),
-            tuple(orient_edge(pid, d, j, nodes[j].d)[0] == pid for j, _, _ in plan),
-            tuple(len(path) - 1 for _, _, path in plan),
-        )
-        return routed, non_edges.to_config()
+        nodes, d, sources = view.nodes, view.nodes[pid].d, tuple(j for j, _, _ in plan)
+        dims = tuple(nodes[j].d for j in sources)
+        heads = tuple(orient_edge(pid, d, j, dj)[0] == pid for j, dj in zip(sources, dims))
+        hops = tuple(len(path) - 1 for _, _, path in plan)
+        return routed, NonEdgeConfig(sources, dims, heads, hops).to_config()
 
     # ------------------------------------------------------------------ reply checks
     def phase1_problem(self, view: EvaluationView, pid: int, reply: Message) -> str | None:
-        """Why a phase-1 reply cannot be used (or None):
-        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem`, then
-        :func:`~flwr_sheaf.strategy.evaluation_steps.phase1_arrays_problem`."""
+        """Why a phase-1 reply cannot be used (or None)."""
         m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         d = view.nodes[pid].d
         return steps.phase1_metrics_problem(m, d) or steps.phase1_arrays_problem(
@@ -291,41 +268,26 @@ class GraphEvaluation:
         )
 
     def comm_problem(
-        self,
-        reply: Message,
-        routed: tuple[int, ...] = (),
-        plan: Plan | None = None,
+        self, reply: Message, routed: tuple[int, ...] = (), plan: Plan | None = None
     ) -> str | None:
-        """Why a phase-2 reply cannot be used (or None), ``routed`` and ``plan`` having been routed to
-        it (:func:`~flwr_sheaf.strategy.evaluation_steps.comm_problem`)."""
-        return steps.comm_problem(
-            reply.content[METRICS],
-            routed,
-            plan or [],
-            self.edge_metric_keys,
-            self.second_reading_names[1],
-        )
+        """Why a phase-2 reply cannot be used (or None), ``routed`` and ``plan`` routed to it."""
+        m, second = reply.content[METRICS], self.second_reading_names[1]
+        return steps.comm_problem(m, routed, plan or [], self.edge_metric_keys, second)
 
     def sheaf_diagnostics(self, view: EvaluationView, phase1: Mapping[int, Message]) -> NonEdgePlan:
-        """:func:`~flwr_sheaf.strategy.evaluation_steps.sheaf_diagnostics` with this component's
-        federation settings and :attr:`holds_raw_pilots`; returns the non-edge plan."""
+        """:func:`~flwr_sheaf.strategy.evaluation_steps.sheaf_diagnostics`; the non-edge plan."""
         return steps.sheaf_diagnostics(view, self.federation, phase1, self.holds_raw_pilots)
 
     # ------------------------------------------------------------------ aggregation
     def aggregate(
         self, view: EvaluationView, phase: PhaseTwo, replies: list[Message]
     ) -> EvaluationResult:
-        """Private and communication accuracy (per edge, per receiver, degree-weighted; Eq. 22, Fig. 2).
-
-        Malformed phase-2 replies (:data:`~flwr_sheaf.protocol.COMM_REPLY`) and replies with unusable
-        values (:meth:`comm_problem`) are that node's failure.
-        """
+        """Private and communication accuracy (Eq. 22, Fig. 2); bad phase-2 replies are failures."""
         rnd = view.server_round
         ok = view.exchange.split_replies(rnd, "evaluate_comm", replies, phase.receivers, COMM_REPLY)
         for pid in sorted(ok):
-            why = self.comm_problem(
-                ok[pid], phase.routed_src.get(pid, ()), phase.non_edge_plan.get(pid, [])
-            )
+            routed, plan = phase.routed_src.get(pid, ()), phase.non_edge_plan.get(pid, [])
+            why = self.comm_problem(ok[pid], routed, plan)
             if why is not None:
                 view.record_failure("evaluate_comm", pid, f"bad evaluation reply: {why}")
                 del ok[pid]
@@ -334,23 +296,19 @@ class GraphEvaluation:
             row["trained"], row["trained_rounds"] = pid in view.trained, view.trained.get(pid, 0)
         edges = steps.edge_rows(ok, self.edge_metric_keys)
         non_edges = steps.non_edge_rows(ok, phase.non_edge_plan)
+        asked = non_edges if self.federation.non_edge_pairs > 0 else None
         extra = steps.extra_means(
-            nodes,
-            edges,
-            non_edges if self.federation.non_edge_pairs > 0 else None,
-            self.node_metric_names,
-            self.edge_metric_keys,
+            nodes, edges, asked, self.node_metric_names, self.edge_metric_keys
         )
         if not edges and view.graph is not None and view.graph.number_of_edges():
             why = self.unmeasured_reason(view, phase)  # null accuracies say why
             extra["communication_accuracy_reason"] = why
             log.warning("round %d: communication accuracy not measured (null): %s", rnd, why)
-        return EvaluationResult(
-            steps.summarise_accuracies(nodes, edges), extra, nodes, edges, non_edges
-        )
+        summary = steps.summarise_accuracies(nodes, edges)
+        return EvaluationResult(summary, extra, nodes, edges, non_edges)
 
     def unmeasured_reason(self, view: EvaluationView, phase: PhaseTwo) -> str:
-        """Why no edge was measured in ``view``'s round (the round's ``communication_accuracy_reason``)."""
+        """The round's ``communication_accuracy_reason``: why no edge was measured."""
         assert view.graph is not None, "called only when the graph has edges (aggregate)"
         evaluated, failed = sorted(phase.phase1), view.record.failed
         if not any(a in phase.phase1 and b in phase.phase1 for a, b in view.graph.edges):
@@ -375,11 +333,9 @@ class GraphEvaluation:
 
 
 class TransportedEvaluation(GraphEvaluation):
-    """Evaluation under stringent privacy (Alg. 3/4): each node transports its evaluation arrays toward
-    each neighbour with its own map; receiver i gets from each answering neighbour j what j
-    transported toward i (``"<j>/pilots"`` etc., width d_e) and j's labels. No raw pilots reach the
-    server, so multi-hop transport and the sheaf diagnostics are skipped with the reason recorded.
-    """
+    """Evaluation under stringent privacy (Alg. 3/4): receiver i gets what each answering neighbour j
+    transported toward i (``"<j>/pilots"`` etc., width d_e) and j's labels; no raw pilots reach the
+    server, so diagnostics and multi-hop are skipped (reason recorded)."""
 
     transported = True
     holds_raw_pilots = False
@@ -404,8 +360,7 @@ class TransportedEvaluation(GraphEvaluation):
         return pack_arrays(arrays), {}
 
     def phase1_problem(self, view: EvaluationView, pid: int, reply: Message) -> str | None:
-        """:func:`~flwr_sheaf.strategy.evaluation_steps.phase1_metrics_problem`, then
-        :func:`~flwr_sheaf.strategy.evaluation_steps.transported_arrays_problem`."""
+        """Why a phase-1 reply (transported arrays) cannot be used (or None)."""
         m, a = metric_record(reply.content, METRICS), array_record(reply.content, ARRAYS)
         d = view.nodes[pid].d
         assert view.graph is not None  # built before any evaluation

@@ -1,14 +1,8 @@
 """The plain functions of an evaluated round (paper Eq. 22, Fig. 2; no strategy, no state).
 
-- **Reply checks**: why a phase-1 or phase-2 reply cannot be used (or None). The evaluation
-  (:class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation`) calls them once per reply, when it is
-  parsed; a non-None answer is that node's recorded failure (``bad evaluation reply: <why>``) and
-  the rest of the round trusts the accepted replies.
-- **Sheaf diagnostics** between the two phases, and the non-edge plan (:func:`sheaf_diagnostics`;
-  notes/variants-diagnostics.md).
-- **Rows and means** of the accepted replies: one row per evaluated node (:func:`node_rows`), per
-  directed edge (:func:`edge_rows`) and per directed non-edge pair (:func:`non_edge_rows`); the
-  round's summary (:func:`summarise_accuracies`) and extra means (:func:`extra_means`).
+Reply checks (why a reply cannot be used, or None: that node's failure), the sheaf diagnostics
+between the two phases with the non-edge plan (notes/variants-diagnostics.md), and the rows and
+means of the accepted replies.
 """
 
 from __future__ import annotations
@@ -82,28 +76,20 @@ NonEdgePlan = dict[int, Plan]
 
 @dataclass(frozen=True)
 class EvaluationView:
-    """What an evaluated round sees of the strategy: narrow and read-only, built per evaluated round
-    by :func:`flwr_sheaf.strategy.graph.evaluation_view`; the evaluation never receives the strategy.
+    """What an evaluated round sees of the strategy (read-only; built by
+    :func:`flwr_sheaf.strategy.graph.evaluation_view`).
 
     Attributes:
         server_round: the evaluated round.
-        nodes: the discovered nodes ``{partition-id: Node}`` (d_i = ``nodes[i].d``).
-        graph: the agents' graph on partition-ids (None before discovery).
-        num_nodes: N; num_pilots: the shared pilot count K (-1 before discovery).
-        seed: the run's seed (diagnostics draws derive from (seed, round)).
-        train: the local-training settings (``torch-threads``, ``device``).
-        evaluators: this round's evaluated partition-ids (the ``fraction-evaluate`` draw).
-        payload: ``(records, config entries)`` of every phase-1 message (the strategy's
-            ``evaluate_payload``).
-        node_payload: ``pid -> (records, config entries)`` only node ``pid`` gets in phase 1 (the
-            strategy's ``evaluate_node_payload`` for this round).
-        exchange: messages and checked replies (records failures in ``ledger``).
-        ledger: the run's records; this round's is ``ledger.current``.
+        nodes, graph: ``{partition-id: Node}`` (d_i = ``nodes[i].d``) and the agents' graph.
+        num_nodes, num_pilots, seed, train: N, K, the run's seed, the local-training settings.
+        evaluators: this round's evaluated partition-ids.
+        payload, node_payload: ``(records, config entries)`` of every phase-1 message; ``pid ->``
+            those only node ``pid`` gets.
+        exchange, ledger: messages and the run's records (this round's: ``ledger.current``).
         owner: the strategy's class name (named in recorded reasons).
-        trained: ``{partition-id: rounds it trained in}`` of the nodes that trained in this round
-            or before (an evaluated node outside it still has its initial weights).
-        mode: how the evaluators were chosen (run-config ``evaluate-nodes``, resolved: ``trained``,
-            ``panel`` or ``drawn``).
+        trained: ``{partition-id: rounds it trained in}``, this round included.
+        mode: run-config ``evaluate-nodes`` resolved (``trained``, ``panel`` or ``drawn``).
     """
 
     server_round: int
@@ -128,12 +114,12 @@ class EvaluationView:
         return self.ledger.current
 
     def edge_config(self, pid: int) -> EdgeConfig:
-        """Node ``pid``'s incident edges (:func:`~flwr_sheaf.strategy.discovery.edge_config`)."""
+        """Node ``pid``'s incident edges (:func:`edge_config`)."""
         assert self.graph is not None, "the graph is built at discovery"
         return edge_config(self.graph, self.nodes, pid)
 
     def record_failure(self, phase: str, pid: int, reason: str) -> None:
-        """Record node ``pid``'s failure in ``phase`` of this round (:meth:`RunLedger.record_failure`)."""
+        """Record node ``pid``'s failure in ``phase`` of this round."""
         self.ledger.record_failure(self.server_round, phase, pid, reason)
 
 
@@ -155,8 +141,7 @@ def _not_fractions(m: Mapping[str, Any], keys: tuple[str, ...] | list[str]) -> s
 
 
 def phase1_metrics_problem(m: Mapping[str, Any], d: int) -> str | None:
-    """A stalk dimension other than the discovered ``d``, a private accuracy that is NaN or outside
-    [0, 1], or a low-variance fraction neither NaN nor in [0, 1] (``m``: the reply's metrics)."""
+    """Why phase-1 metrics ``m`` are unusable: wrong stalk dimension, bad accuracy or fraction."""
     if not _number(m[STALK_DIM]) or m[STALK_DIM] != d:
         return f"{STALK_DIM} = {m[STALK_DIM]!r}, but the node reported d={d} at discovery"
     for key in (PRIVATE_ACCURACY, VAL_PRIVATE_ACCURACY):  # measured on non-empty splits
@@ -175,10 +160,8 @@ def phase1_metrics_problem(m: Mapping[str, Any], d: int) -> str | None:
 def phase1_arrays_problem(
     a: Mapping[str, Any], d: int, num_pilots: int, second: tuple[str, ...] = ()
 ) -> str | None:
-    """Raw evaluation arrays ``a`` (Flower ``Array`` values) of a node with stalk dimension ``d``:
-    pilots not ``(K, d)``, latents not ``(M, d)`` with ``(M,)`` integer labels, NaN/inf in them, or
-    the ``second`` reading's arrays (``pw-``/``tw-`` pilots, test and validation latents) not shaped
-    like the first's."""
+    """Why raw evaluation arrays ``a`` are unusable: pilots not ``(K, d)``, latents not ``(M, d)``
+    with ``(M,)`` integer labels, NaN/inf, or the ``second`` reading's arrays shaped otherwise."""
     pilots = a["pilots"].numpy()
     if pilots.shape != (num_pilots, d):
         return f"pilots of shape {pilots.shape}, expected ({num_pilots}, {d})"
@@ -186,30 +169,23 @@ def phase1_arrays_problem(
         return "NaN/inf pilots"
     for split in ("test", "val"):
         z, y = a[f"{split}-latents"].numpy(), a[f"{split}-labels"].numpy()
-        if (
-            z.ndim != 2
-            or z.shape[1] != d
-            or y.shape != (z.shape[0],)
-            or not np.issubdtype(y.dtype, np.integer)
-        ):
+        bad = z.ndim != 2 or z.shape[1] != d or y.shape != (z.shape[0],)
+        if bad or not np.issubdtype(y.dtype, np.integer):
             return f"{split} latents {z.shape} / labels {y.shape} {y.dtype}: expected (M, {d}) and (M,) integers"
         if not np.isfinite(z).all():
             return f"NaN/inf {split} latents"
     for name, like in zip(second, ("pilots", "test-latents", "val-latents")):
-        z = a[name].numpy()
-        if z.shape != a[like].numpy().shape or not np.isfinite(z).all():
-            return (
-                f"{name} of shape {z.shape} (expected {a[like].numpy().shape}) or NaN/inf entries"
-            )
+        z, want = a[name].numpy(), a[like].numpy().shape
+        if z.shape != want or not np.isfinite(z).all():
+            return f"{name} of shape {z.shape} (expected {want}) or NaN/inf entries"
     return None
 
 
 def transported_arrays_problem(
     a: Mapping[str, Any], d: int, neighbour_dims: Mapping[int, int], num_pilots: int
 ) -> str | None:
-    """Arrays ``a`` of a node under stringent privacy: raw ``pilots`` present, or per neighbour j
-    (``{j: d_j}``) transported pilots not ``(K, d_e)`` / latents not ``(M, d_e)`` matching the labels
-    / NaN or inf (d_e = :func:`~flwr_sheaf.sheaf.variants.edge_dim`)."""
+    """Why stringent-privacy arrays ``a`` are unusable: raw pilots, or per neighbour ``{j: d_j}``
+    transported pilots not ``(K, d_e)`` / latents not ``(M, d_e)`` / NaN or inf."""
     if "pilots" in a:
         return "raw pilots in a reply under privacy='stringent'"
     for j in sorted(neighbour_dims):
@@ -237,23 +213,12 @@ def comm_problem(
     edge_metric_keys: tuple[str, ...],
     second: tuple[str, ...] = (),
 ) -> str | None:
-    """Why a phase-2 reply's metrics ``m`` cannot be used (or None): the strong reading missing
-    (the ``second`` reading's test / validation metric names), per-edge lists of different lengths, sources other than the ``routed``
-    neighbours, an accuracy neither NaN nor in [0, 1], or bad non-edge entries for the ``plan``."""
-    return (
-        _second_reading_problem(m, second)
-        or _edge_problem(m, routed, edge_metric_keys)
-        or _non_edge_problem(m, plan)
-    )
-
-
-def _second_reading_problem(m: Mapping[str, Any], second: tuple[str, ...]) -> str | None:
+    """Why phase-2 metrics ``m`` are unusable: ``second`` reading missing, per-edge lists of different
+    lengths, sources other than ``routed``, a bad accuracy, or bad non-edge entries for ``plan``."""
     missing = [n for n in second if n not in m]
-    return (
-        f"the second reading (posthoc-readings = both) was asked for, but the reply lacks {missing}"
-        if missing
-        else None
-    )
+    if missing:
+        return f"the second reading (posthoc-readings = both) was asked for, but the reply lacks {missing}"
+    return _edge_problem(m, routed, edge_metric_keys) or _non_edge_problem(m, plan)
 
 
 def _edge_problem(
@@ -264,10 +229,9 @@ def _edge_problem(
         return f"per-edge entries {lists} must be lists"
     if len({len(m[k]) for k in lists}) != 1:
         return f"per-edge lists of different lengths {[len(m[k]) for k in lists]}"
-    if sorted(int(x) for x in m[COMM_SRC]) != sorted(routed) or len(set(m[COMM_SRC])) != len(
-        m[COMM_SRC]
-    ):
-        return f"sources {list(m[COMM_SRC])}, but neighbours {list(routed)} were routed to it"
+    src = m[COMM_SRC]
+    if sorted(int(x) for x in src) != sorted(routed) or len(set(src)) != len(src):
+        return f"sources {list(src)}, but neighbours {list(routed)} were routed to it"
     return _not_fractions(m, lists[1:])
 
 
@@ -291,20 +255,12 @@ def sheaf_diagnostics(
     phase1: Mapping[int, Message],
     holds_raw_pilots: bool = True,
 ) -> NonEdgePlan:
-    """Sheaf diagnostics of ``view``'s evaluated round; returns the non-edge plan (notes/variants-diagnostics.md).
+    """Sheaf diagnostics of ``view``'s round; returns the non-edge plan (notes/variants-diagnostics.md).
 
-    On the subgraph induced by the accepted phase-1 nodes every edge's map is refitted by
-    Procrustes on their pilots (Eq. 18). Recorded in the round: ``sheaf_edge_tv`` (per oriented
-    edge), ``sheaf_tv_mean``, ``sheaf_tv_max``; with ``diagnostics-eigenvalues = k > 0`` the k
-    smallest eigenvalues of the sheaf Laplacian (Eq. 6) and its near-kernel
-    (:func:`~flwr_sheaf.sheaf.diagnostics.laplacian_spectrum`); with ``non-edge-pairs = P > 0``
-    up to P non-adjacent pairs, each planned in both directions with the maps composed along a
-    shortest path (:meth:`~flwr_sheaf.sheaf.network.NetworkSheaf.transport_map`).
-
-    Without raw pilots (``holds_raw_pilots`` False under stringent privacy, or a reply without
-    ``pilots``) nothing is computed and ``sheaf_diagnostics_skipped`` / ``non_edges_skipped`` say
-    why. ``phase1``: the accepted replies ``{partition-id: reply}``; the server computes with
-    ``torch-threads`` threads (when > 0; restored afterwards).
+    Maps refitted by Procrustes (Eq. 18) on the accepted nodes' pilots; recorded: ``sheaf_edge_tv``,
+    ``sheaf_tv_mean``, ``sheaf_tv_max``, with ``diagnostics-eigenvalues = k > 0`` the sheaf
+    Laplacian's (Eq. 6) spectrum, with ``non-edge-pairs = P > 0`` up to P non-adjacent pairs planned
+    both ways along a shortest path. Without raw pilots, ``*_skipped`` say why.
     """
     rec = view.record.evaluate
     why = _skip_reason(view, phase1, holds_raw_pilots)
@@ -320,14 +276,8 @@ def sheaf_diagnostics(
     if view.train.torch_threads > 0:
         torch.set_num_threads(view.train.torch_threads)
     try:
-        pilots = {
-            p: torch.from_numpy(
-                np.asarray(
-                    array_record(phase1[p].content, ARRAYS)["pilots"].numpy(), dtype=np.float64
-                )
-            )
-            for p in present
-        }
+        raw = {p: array_record(phase1[p].content, ARRAYS)["pilots"].numpy() for p in present}
+        pilots = {p: torch.from_numpy(np.asarray(a, dtype=np.float64)) for p, a in raw.items()}
         assert view.graph is not None  # built before any evaluation
         sub = view.graph.subgraph(present)
         sheaf = NetworkSheaf(sub, {p: view.nodes[p].d for p in present})
@@ -362,16 +312,10 @@ def _skip_reason(
 def _spectrum(
     view: EvaluationView, k: int, sheaf: NetworkSheaf, sub: nx.Graph, rec: dict[str, Any]
 ) -> None:
+    seed = int(np.random.SeedSequence([view.seed, view.server_round]).generate_state(1)[0])
     try:
-        spec = laplacian_spectrum(
-            sheaf.maps,
-            sheaf.dims,
-            sheaf.edges,
-            k,
-            seed=int(np.random.SeedSequence([view.seed, view.server_round]).generate_state(1)[0]),
-        )
-    # a numerical failure is recorded, never a crashed server
-    except torch.linalg.LinAlgError as exc:
+        spec = laplacian_spectrum(sheaf.maps, sheaf.dims, sheaf.edges, k, seed=seed)
+    except torch.linalg.LinAlgError as exc:  # recorded, never a crashed server
         rec["sheaf_diagnostics_skipped"] = f"eigensolver failed: {exc}"
         return
     rec.update(
@@ -415,52 +359,36 @@ def _non_edge_plan(
 
 
 def node_rows(phase1: Mapping[int, Message], node_metric_names: tuple[str, ...]) -> dict[int, dict]:
-    """Per partition-id: ``d``, ``private_accuracy``, ``val_private_accuracy``,
-    ``low_variance_fraction``, ``device`` (``"cpu"``/``"cuda:N"``, when the node reported
-    :data:`~flwr_sheaf.protocol.DEVICE_INDEX`) and each of ``node_metric_names`` (``-`` -> ``_``; NaN when absent)."""
+    """Per partition-id: ``d``, private accuracies, ``low_variance_fraction``, ``device`` (when
+    reported) and each of ``node_metric_names`` (``-`` -> ``_``; NaN when absent)."""
     nodes: dict[int, dict[str, Any]] = {}
     for pid, r in phase1.items():
         m = metric_record(r.content, METRICS)
-        nodes[pid] = {
+        row = nodes[pid] = {
             "d": as_int(m[STALK_DIM], STALK_DIM),
             "private_accuracy": as_float(m[PRIVATE_ACCURACY], PRIVATE_ACCURACY),
             "val_private_accuracy": as_float(m[VAL_PRIVATE_ACCURACY], VAL_PRIVATE_ACCURACY),
             "low_variance_fraction": as_float(m[LOW_VARIANCE_FRACTION], LOW_VARIANCE_FRACTION),
         }
-        if DEVICE_INDEX in m:  # older nodes do not report it
-            nodes[pid]["device"] = device_name(as_int(m[DEVICE_INDEX], DEVICE_INDEX))
+        if DEVICE_INDEX in m:
+            row["device"] = device_name(as_int(m[DEVICE_INDEX], DEVICE_INDEX))
         for name in node_metric_names:
-            nodes[pid][name.replace("-", "_")] = (
-                as_float(m[name], name) if name in m else float("nan")
-            )
+            row[name.replace("-", "_")] = as_float(m[name], name) if name in m else float("nan")
     return nodes
 
 
 def edge_rows(ok: Mapping[int, Message], edge_metric_keys: tuple[str, ...]) -> list[dict]:
-    """Per directed edge (``src`` -> ``dst``, the receiver): test and validation communication
-    accuracy and each of ``edge_metric_keys`` (NaN when absent)."""
+    """Per directed edge ``src`` -> ``dst``: communication accuracies and ``edge_metric_keys``."""
     edges = []
     for dst, r in ok.items():
         m = metric_record(r.content, METRICS)
-        for k, (src, acc, vacc) in enumerate(
-            zip(
-                as_list(m[COMM_SRC], COMM_SRC),
-                as_list(m[COMM_ACCURACY], COMM_ACCURACY),
-                as_list(m[VAL_COMM_ACCURACY], VAL_COMM_ACCURACY),
-            )
-        ):
-            edges.append(
-                {
-                    "src": int(src),
-                    "dst": int(dst),
-                    "communication_accuracy": float(acc),
-                    "val_communication_accuracy": float(vacc),
-                    **{
-                        n.replace("-", "_"): float(as_list(m[n], n)[k]) if n in m else float("nan")
-                        for n in edge_metric_keys
-                    },
-                }
-            )
+        cols = [as_list(m[key], key) for key in (COMM_SRC, COMM_ACCURACY, VAL_COMM_ACCURACY)]
+        for k, (src, acc, vacc) in enumerate(zip(*cols)):
+            row = {"src": int(src), "dst": int(dst), "communication_accuracy": float(acc)}
+            row["val_communication_accuracy"] = float(vacc)
+            for n in edge_metric_keys:
+                row[n.replace("-", "_")] = float(as_list(m[n], n)[k]) if n in m else float("nan")
+            edges.append(row)
     return edges
 
 
@@ -474,8 +402,7 @@ _NON_EDGE_COLUMNS = {
 
 
 def non_edge_rows(ok: Mapping[int, Message], plan_of: NonEdgePlan) -> list[dict]:
-    """Per directed non-edge pair planned for a receiver: ``src``, ``dst``, ``hops``, ``path``, the
-    multi-hop and the direct communication accuracies (test and validation)."""
+    """Per planned directed non-edge pair: ``src``, ``dst``, ``hops``, ``path`` and accuracies."""
     non_edges = []
     for dst in sorted(ok):
         plan = {j: path for j, _, path in plan_of.get(dst, [])}
@@ -499,9 +426,8 @@ def extra_means(
     node_metric_names: tuple[str, ...],
     edge_metric_keys: tuple[str, ...],
 ) -> dict[str, Any]:
-    """The round's extra metrics: ``<name>_mean`` over nodes of each node metric,
-    ``<name>_degree_weighted`` (mean over directed edges, Fig. 2) of each edge metric and, when
-    non-edge pairs were asked for (``non_edges`` not None), their means, count and mean hops."""
+    """The round's extra metrics: ``<name>_mean`` of node metrics, ``<name>_degree_weighted`` of
+    edge metrics (Fig. 2) and, for ``non_edges`` not None, their means, count and mean hops."""
     extra: dict[str, Any] = {
         f"{name.replace('-', '_')}_mean": nanmean(n[name.replace("-", "_")] for n in nodes.values())
         for name in node_metric_names
@@ -510,22 +436,16 @@ def extra_means(
         key = name.replace("-", "_")
         extra[f"{key}_degree_weighted"] = nanmean(e[key] for e in edges)
     if non_edges is not None:  # mean over measured directed non-edge pairs
-        for key in _NON_EDGE_COLUMNS.values():  # communication_accuracy_non_edges, ...
-            extra[key.replace("accuracy", "accuracy_non_edges", 1)] = nanmean(
-                e[key] for e in non_edges
-            )
+        for key in _NON_EDGE_COLUMNS.values():
+            name = key.replace("accuracy", "accuracy_non_edges", 1)  # ..._accuracy_non_edges...
+            extra[name] = nanmean(e[key] for e in non_edges)
         extra["non_edge_pairs_measured"] = len(non_edges)
         extra["non_edge_hops_mean"] = nanmean(e["hops"] for e in non_edges)
     return extra
 
 
 def summarise_accuracies(nodes: Mapping[int, dict], edges: list[dict]) -> EvaluationSummary:
-    """Round summary (paper Eq. 22, Fig. 2) of the ``nodes`` rows and the directed ``edges`` rows
-    (``dst`` = receiver): ``private_accuracy_mean``; ``communication_accuracy_mean`` (mean over
-    receivers of their mean over incoming edges, the reference code's); ``..._degree_weighted``
-    (``sum_i deg_i A_i / sum_i deg_i`` = mean over directed edges, the paper's Fig. 2); the same with
-    ``val_``; ``low_variance_fraction_mean``.
-    """
+    """Round summary (Eq. 22, Fig. 2; fields: :class:`EvaluationSummary`) of the rows."""
     out = {
         "private_accuracy_mean": nanmean(n["private_accuracy"] for n in nodes.values()),
         "val_private_accuracy_mean": nanmean(n["val_private_accuracy"] for n in nodes.values()),

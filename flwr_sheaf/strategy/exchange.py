@@ -1,11 +1,4 @@
-"""Messages to the discovered nodes and their replies, checked once (``strategy.exchange``).
-
-:class:`Exchange` addresses a message to a partition-id (counting its payload as sent), runs one
-timed round trip, and splits the replies into the usable ones and the failures: an error reply, a
-reply lacking a required record or key (:func:`flwr_sheaf.protocol.reply_problem`) and a node that
-did not answer in time are each recorded as that node's failure in the
-:class:`~flwr_sheaf.strategy.ledger.RunLedger` it writes to. It knows nothing of graphs or methods.
-"""
+"""Messages to the discovered nodes and their replies, checked once (failures into the ledger)."""
 
 from __future__ import annotations
 
@@ -24,7 +17,7 @@ __all__ = ["Exchange", "merge_extra"]
 
 
 def merge_extra(owned: Mapping[str, Any], extra: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """``owned`` plus the caller's ``extra`` config entries (from ``start``), which may not override it.
+    """``owned`` plus the caller's ``extra`` config entries, which may not override it.
 
     Raises:
         ValueError: ``extra`` names keys the strategy sends itself (named, with ``name``).
@@ -38,7 +31,7 @@ def merge_extra(owned: Mapping[str, Any], extra: Mapping[str, Any], name: str) -
 
 
 class Exchange:
-    """Messages to partition-ids and their checked replies (module docstring).
+    """Messages to partition-ids and their checked replies.
 
     Args:
         action: the strategy's message action (``<category>.<action>``).
@@ -83,9 +76,8 @@ class Exchange:
         )
 
     def round_trip(self, grid: Grid, msgs: list[Message], timeout: float) -> list[Message]:
-        """Send ``msgs`` and wait up to ``timeout``; remembers each sent message's destination by its
-        message id (set by the grid on sending), so a reply that the SuperLink itself writes for a
-        node it considers gone (its sender is not that node) still names the right node."""
+        """Send ``msgs`` and wait up to ``timeout``; each destination is remembered by message id,
+        so a reply the SuperLink writes for a node it considers gone still names that node."""
         if not msgs:
             return []
         replies = messaging.send_and_receive(grid, msgs, timeout, messaging.in_flight_limit(grid))
@@ -100,9 +92,8 @@ class Exchange:
         expected: Iterable[int],
         required: Mapping[str, Iterable[str]] | None = None,
     ) -> dict[int, Message]:
-        """Successful replies keyed by partition-id; error replies, malformed replies (lacking a record or
-        key of ``required``, :func:`flwr_sheaf.protocol.reply_problem`) and missing nodes are recorded
-        as that node's failure in ``phase``."""
+        """Successful replies by partition-id; error, malformed (lacking ``required``) and missing
+        replies are that node's failure in ``phase``."""
         ledger, ok = self.ledger, {}
         for r in replies:
             pid = self.pid_of_node.get(r.metadata.src_node_id)

@@ -1,17 +1,14 @@
-"""The one strategy base: the hooks a method fills in, and the parts it is made of (docs/design.md).
+"""The one strategy base: the hooks a method fills in, and the parts it holds (docs/design.md).
 
-Every method's strategy subclasses :class:`GraphStrategy` directly and fills in hooks
-(:meth:`~GraphStrategy.method_config`, :meth:`~GraphStrategy.node_payload`,
-:meth:`~GraphStrategy.accept_train`, :meth:`~GraphStrategy.evaluate_payload`); what methods share
-comes from components they hold, not from parents. The parts it holds, each in its own module:
-discovery and the agents' graph, sampling, the round loop (behind Flower's ``Strategy.start``),
-messages, the ledger, evaluation on a narrow view, checkpoints. A strategy without an agents'
-graph (the RFedAGS family) passes ``federation=None`` and its own ``sampler``.
+Every method's strategy subclasses :class:`GraphStrategy` and fills in hooks; discovery, sampling,
+the round loop, messages, the ledger, evaluation and checkpoints are components it holds. A strategy
+without an agents' graph (the RFedAGS family) passes ``federation=None`` and its own ``sampler``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -61,27 +58,23 @@ class GraphStrategy(Strategy):
     """The one base of flwr-sheaf's strategies (module docstring); no global model is required.
 
     Args:
-        num_nodes: agents (graph nodes = partition-ids ``0..num_nodes-1``); discovery waits for them.
+        num_nodes: agents (graph nodes = partition-ids ``0..num_nodes-1``).
         action: message action (``"sheaf"`` -> ``query.sheaf``, ``train.sheaf``, ...).
         federation: graph spec, participation and evaluation period; None = no agents' graph (then
             ``sampler`` is required).
         train: local-training settings sent to every trained node (default: the defaults).
         graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
-        evaluation: the per-round evaluation component (default with a federation: the graph
-            evaluation with whitening fitted on the pilots; None without one).
+        evaluation: the per-round evaluation (default with a federation: :class:`GraphEvaluation`).
         sampler: who trains in each round (default: from ``federation``).
         discovery_timeout: seconds to wait for enough SuperNodes to register.
 
     Class attributes:
-        train_metric_columns: ``{reply metric: round column}`` every round reports, NaN when no node
-            measured it (the common results schema: ``gluing`` -> ``gluing_loss``).
+        train_metric_columns: ``{reply metric: round column}`` every round reports (NaN if unmeasured).
 
     Raises:
         ValueError: ``num_nodes < 1``, a sampler for a different N, a non-positive timeout, neither
-            a federation nor a sampler; (at discovery, naming ``graph``) a graph that is not
-            connected or names a missing partition-id; nodes reporting different pilot counts or
-            different pilots (:func:`~flwr_sheaf.protocol.pilot_digest`).
-        ConfigError: (at construction) an unknown graph spec form.
+            a federation nor a sampler; at discovery, a bad graph or differing pilots.
+        ConfigError: an unknown graph spec form.
     """
 
     train_metric_columns: ClassVar[Mapping[str, str]] = {"gluing": "gluing_loss"}
@@ -116,33 +109,24 @@ class GraphStrategy(Strategy):
         self.sampler = sampler
         self.seed = sampler.seed
         self.discovery_timeout = float(discovery_timeout)
-        #: the discovered nodes ``{partition-id: Node}`` (set by :meth:`discover`).
-        self.nodes: dict[int, Node] = {}
-        self.ledger = RunLedger()  #: records, failures, status (:class:`RunLedger`)
-        #: messages to partition-ids and their checked replies (:class:`Exchange`; writes into the ledger).
+        self.nodes: dict[int, Node] = {}  #: ``{partition-id: Node}`` (set by :meth:`discover`)
+        self.ledger = RunLedger()
         self.exchange = Exchange(action, self.ledger)
         self.extra_train_config: dict[str, Any] = {}
         self.extra_evaluate_config: dict[str, Any] = {}
-        #: entries added to the discovery config of a resumed run (the ServerApp sets them from the
-        #: checkpoint: which partition-ids trained up to which round; client/state.py checks them).
+        #: discovery config entries of a resumed run (set by the ServerApp; client/state.py checks them)
         self.resume_check: dict[str, Any] = {}
-        #: writes checkpoints and restores one (:class:`flwr_sheaf.rundir.Checkpointer`;
-        #: the ServerApp sets it; None = no checkpoints).
-        self.checkpointer: Checkpointer | None = None
-        #: called after every completed server round with its record's ``as_dict()`` (the round's
-        #: ``results.json`` entry), e.g. :meth:`flwr_sheaf.tracking.Tracker.log_round`; not checkpointed.
+        self.checkpointer: Checkpointer | None = None  #: set by the ServerApp (None: none)
+        #: called after every completed round with its ``results.json`` entry; not checkpointed
         self.round_callbacks: list[Callable[[dict[str, Any]], None]] = []
-        #: ``num_rounds`` of the last :meth:`start` (None before): results with fewer rounds are
-        #: ``failed`` (:func:`flwr_sheaf.results.run_status`); not checkpointed.
+        #: ``num_rounds`` of the last :meth:`start`: results with fewer rounds are ``failed``
         self.requested_rounds: int | None = None
         self.federation = federation
         self.train = train or LocalTrainConfig()
         if federation is not None and evaluation is None:
             evaluation = GraphEvaluation(federation)
-        self.evaluation = evaluation  #: the per-round evaluation component (None: none).
-        #: who is evaluated (``evaluate-nodes`` resolved: :func:`evaluate_nodes_mode`)
+        self.evaluation = evaluation
         self.evaluate_nodes = evaluate_nodes_mode(federation, sampler)
-        #: the evaluators' draw of ``fraction-evaluate`` (:func:`evaluator_sampler`)
         self.eval_sampler = evaluator_sampler(num_nodes, federation, self.seed, self.evaluate_nodes)
         self.graph_spec: nx.Graph | str | None = (
             graph if graph is not None else (None if federation is None else federation.graph)
@@ -159,14 +143,10 @@ class GraphStrategy(Strategy):
         return {TORCH_THREADS: self.train.torch_threads, DEVICE: self.train.device}
 
     def discover(self, grid: Grid, timeout: float) -> None:
-        """Map node ids to partition-ids (:class:`~flwr_sheaf.strategy.discovery.Discovery`, queried
-        with :meth:`query_config` and :attr:`resume_check`), then :meth:`on_discovered`; nothing
-        when the nodes are known already.
+        """Map node ids to partition-ids, then :meth:`on_discovered` (nothing if already known).
 
         Raises:
-            RuntimeError: see :meth:`flwr_sheaf.strategy.discovery.Discovery.run` (too few
-                SuperNodes, a failed discovery handler, partition-ids missing after
-                ``discovery_timeout``).
+            RuntimeError: as :meth:`flwr_sheaf.strategy.discovery.Discovery.run`.
         """
         if len(self.nodes) == self.num_nodes:
             return
@@ -183,9 +163,7 @@ class GraphStrategy(Strategy):
         self.on_discovered()
 
     def on_discovered(self) -> None:
-        """Build (from a spec, with the reported class sets) and validate the graph; check the pilot
-        count (:func:`~flwr_sheaf.strategy.discovery.build_agents_graph`). Without a federation (no
-        agents' graph) nothing is built."""
+        """Build and validate the graph, check the pilots (:func:`build_agents_graph`), given a spec."""
         if self.graph_spec is None:
             return
         self.graph, self.num_pilots = build_agents_graph(
@@ -200,16 +178,11 @@ class GraphStrategy(Strategy):
 
     # ------------------------------------------------------------------ hooks
     def method_config(self, server_round: int) -> dict:
-        """The method's config entries for every train message of this round (default: none).
-
-        Returns:
-            ``{key: value}`` merged into every ``train.<action>`` config (docs/own-method.md).
-        """
+        """Entries merged into every ``train.<action>`` config of this round (docs/own-method.md)."""
         return {}
 
     def node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """``(records, config entries)`` only node ``pid`` gets in its train message (default: none;
-        Sheaf-FRL: its neighbours' pilots and its edges; docs/own-method.md)."""
+        """``(records, config entries)`` only node ``pid`` gets in its train message (default: none)."""
         return {}, {}
 
     def accept_train(
@@ -224,17 +197,15 @@ class GraphStrategy(Strategy):
         return {}, {}
 
     def evaluate_node_payload(self, server_round: int, pid: int) -> tuple[dict, dict]:
-        """``(records, config entries)`` only node ``pid`` gets in its phase-1 evaluation message (default:
-        none; Sheaf-FRL under stringent privacy: its edges, notes/variants-privacy.md)."""
+        """``(records, config entries)`` only node ``pid`` gets in its phase-1 evaluation message."""
         return {}, {}
 
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
-        """One node's failure in ``phase`` (:meth:`~flwr_sheaf.strategy.ledger.RunLedger.record_failure`)."""
+        """One node's failure in ``phase`` (:meth:`RunLedger.record_failure`)."""
         self.ledger.record_failure(server_round, phase, pid, reason)
 
     def results_extra(self) -> dict:
-        """Participation and action; with a graph also the evaluation protocol, the graph's edges and the
-        last evaluation's non-edge pairs (``non_edges``, the ledger's ``non_edge_results``)."""
+        """``results.json`` extras: participation, action; with a graph evaluation, edges, non-edges."""
         out: dict[str, Any] = {"participation": self.sampler.describe(), "action": self.action}
         if self.federation is None:
             return out
@@ -262,26 +233,15 @@ class GraphStrategy(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Run discovery and ``num_rounds`` server rounds; Flower's ``Strategy.start`` contract
-        (:func:`flwr_sheaf.strategy.rounds.run_rounds`).
-
-        Per round: ``configure_train`` -> one round trip -> ``aggregate_train``; then, in evaluated
-        rounds, :meth:`evaluate_round` (the held :class:`GraphEvaluation`'s two round trips, or
-        ``configure_evaluate`` -> round trip -> ``aggregate_evaluate``); then ``evaluate_fn``. Every round trip waits at
-        most ``timeout`` seconds; nodes that did not answer are recorded as failed. With
-        :attr:`checkpointer` set, a checkpoint is written after the rounds it is due and a resumed
-        run puts the checkpointed state back after discovery and goes on with the next round
-        (docs/resume.md). After each round, every callable in :attr:`round_callbacks` gets the round's
-        ``results.json`` dict (experiment tracking, :class:`flwr_sheaf.tracking.Tracker`), after
-        the round's checkpoint; a callback that raises ends the run (the Tracker never raises).
+        """Run discovery and ``num_rounds`` server rounds (Flower's ``Strategy.start``; the loop:
+        :func:`flwr_sheaf.strategy.rounds.run_rounds`, resume: docs/resume.md).
 
         Args:
             grid: Flower's Grid.
             initial_arrays: the global parameter, for strategies that have one (RFedAGS); else None.
             num_rounds: server rounds (>= 1).
             timeout: seconds per round trip (also bounds discovery's round trips).
-            train_config: extra values merged into every train config; keys that flwr-sheaf's
-                typed configs own (run-config keys) are refused, so each value has one channel.
+            train_config: extra values merged into every train config (run-config keys refused).
             evaluate_config: the same for every evaluate config.
             evaluate_fn: optional centralised evaluation ``(round, arrays) -> MetricRecord``.
 
@@ -320,19 +280,15 @@ class GraphStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
     ) -> Iterable[Message]:
-        """One ``train.<action>`` message per sampled node: local-training config, method config, node payload.
+        """One ``train.<action>`` message per sampled node (a raising ``node_payload``: its failure).
 
         Raises:
             ValueError: ``config`` (``start``'s ``train_config``) names a key the strategy sends.
         """
         sampled = sample_phase(self, self.sampler, server_round, TRAIN)
         self.ledger.current.sampled = sampled
-        base = {
-            **self.train.to_dict(),
-            **self.method_config(server_round),
-            SERVER_ROUND: server_round,
-            SEED: self.seed,
-        }
+        base = {**self.train.to_dict(), **self.method_config(server_round)}
+        base.update({SERVER_ROUND: server_round, SEED: self.seed})
         msgs, refused = [], set(self.ledger.current.failed.get(TRAIN, ()))
         for pid in (p for p in sampled if p not in refused):
             try:
@@ -352,34 +308,21 @@ class GraphStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s); no arrays
-        (there is no global model). Error, silent and malformed replies, and replies whose
-        ``num-examples`` is not a finite number > 0 or with an infinite metric, are recorded failures
-        (not passed to :meth:`accept_train`)."""
+        """Means over the accepted nodes of their numeric train metrics (+ :meth:`accept_train`'s);
+        no arrays. Bad replies (:func:`~flwr_sheaf.protocol.train_reply_problem`) are failures."""
         rec = self.ledger.current
         ok = self.exchange.split_replies(server_round, "train", replies, rec.sampled, TRAIN_REPLY)
-        # a reply claiming no (or NaN) training examples is that node's failure
         for pid in sorted(ok):
             why = train_reply_problem(ok[pid].content)  # the node applies it too (client/state.py)
             if why is not None:
                 self.record_failure(server_round, "train", pid, why)
                 del ok[pid]
         accepted, extra = accept_each_failure_its_nodes(self, server_round, ok)
-        names = sorted(
-            {
-                k
-                for r in accepted.values()
-                for k, v in r.content[METRICS].items()
-                if isinstance(v, (int, float)) and k != NUM_EXAMPLES
-            }
-        )
+        reported = [r.content[METRICS] for r in accepted.values()]
+        names = {k for m in reported for k, v in m.items() if isinstance(v, (int, float))}
         metrics = {
-            k.replace("-", "_"): nanmean(
-                as_float(r.content[METRICS][k], k)
-                for r in accepted.values()
-                if k in r.content[METRICS]
-            )
-            for k in names
+            k.replace("-", "_"): nanmean(as_float(m[k], k) for m in reported if k in m)
+            for k in sorted(names - {NUM_EXAMPLES})
         }
         for name, column in self.train_metric_columns.items():
             metrics[column] = metrics.pop(name, float("nan"))
@@ -392,8 +335,7 @@ class GraphStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
     ) -> Iterable[Message]:
-        """Phase 1 (``evaluate.<action>``) to this round's evaluators (Flower's ``Strategy`` API; the round
-        loop runs both phases through :meth:`evaluate_round`). None without an evaluation component.
+        """Phase-1 messages to this round's evaluators (Flower's API; the loop uses :meth:`evaluate_round`).
 
         Raises:
             ValueError: ``config`` (``start``'s ``evaluate_config``) names a key the strategy sends.
@@ -405,8 +347,7 @@ class GraphStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Flower's ``Strategy`` API: the graph evaluation has two phases and runs in :meth:`evaluate_round`;
-        a one-phase evaluation of a subclass overrides this (default: None)."""
+        """Flower's API; a one-phase evaluation of a subclass overrides this (default: None)."""
         return None
 
     def evaluate_round(
@@ -417,19 +358,16 @@ class GraphStrategy(Strategy):
         grid: Grid,
         timeout: float,
     ) -> MetricRecord | None:
-        """One evaluated round: the held :class:`GraphEvaluation` returns an
-        :class:`~flwr_sheaf.strategy.records.EvaluationResult`, which is recorded in the round (and
-        kept as the ledger's ``last_evaluation``); without one, Flower's one-phase
-        ``configure_evaluate`` -> round trip -> ``aggregate_evaluate``.
+        """One evaluated round: :class:`GraphEvaluation`'s result is recorded (and kept as the
+        ledger's ``last_evaluation``); without one, Flower's one-phase evaluation.
 
         Returns:
             The round's evaluate MetricRecord (numeric entries), or None.
         """
         if self.evaluation is None:
             msgs = list(self.configure_evaluate(server_round, arrays, config, grid))
-            return self.aggregate_evaluate(
-                server_round, self.exchange.round_trip(grid, msgs, timeout)
-            )
+            replies = self.exchange.round_trip(grid, msgs, timeout)
+            return self.aggregate_evaluate(server_round, replies)
         result = self.evaluation.run(evaluation_view(self, server_round), config, grid, timeout)
         self.ledger.last_evaluation = result
         self.ledger.current.evaluation = result.summary
@@ -459,10 +397,7 @@ class GraphStrategy(Strategy):
 
 
 def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
-    """What ``s``'s evaluation sees of round ``server_round``: nodes, graph, pilots' count, seed,
-    local-training settings, the evaluators (``s.eval_sampler``'s draw among the discovered nodes),
-    the evaluation payloads (:meth:`GraphStrategy.evaluate_payload` now,
-    :meth:`GraphStrategy.evaluate_node_payload` per node), the exchange and the ledger."""
+    """The :class:`EvaluationView` of ``s``'s round ``server_round`` (evaluators drawn, payloads)."""
     try:
         payload = s.evaluate_payload(server_round)
     except Exception as e:  # every evaluator's message needs it: the run's error, the hook named
@@ -475,15 +410,16 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     else:
         drawn = sample_phase(s, s.eval_sampler, server_round, "evaluate")
     refused = s.ledger.current.failed.get("evaluate", ()) if s.sampled_discovery else ()
-    payloads = evaluate_node_payloads(
-        s, server_round, [p for p in drawn if p in s.nodes and p not in refused]
-    )
-    evaluators = list(payloads)
+    payloads = {}
+    for pid in (p for p in drawn if p in s.nodes and p not in refused):
+        try:
+            payloads[pid] = s.evaluate_node_payload(server_round, pid)
+        except Exception as e:  # a method's hook failing for one node: that node's failure
+            reason = hook_failure(s, "evaluate_node_payload", pid, e)
+            s.record_failure(server_round, "evaluate", pid, reason)
     cur = s.ledger.current
-    ever: dict[int, int] = {}  # partition-id -> rounds it trained in, this one included
-    for r in [*(r for r in s.ledger.rounds if r is not cur), cur]:
-        for p in trained_in(r):
-            ever[p] = ever.get(p, 0) + 1
+    past = [r for r in s.ledger.rounds if r is not cur]
+    ever = Counter(p for r in [*past, cur] for p in trained_in(r))  # rounds trained, this one too
     return EvaluationView(
         server_round=server_round,
         nodes=s.nodes,
@@ -492,7 +428,7 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
         num_pilots=s.num_pilots,
         seed=s.seed,
         train=s.train,
-        evaluators=evaluators,
+        evaluators=list(payloads),
         payload=payload,
         node_payload=payloads.__getitem__,
         exchange=s.exchange,
@@ -503,27 +439,10 @@ def evaluation_view(s: GraphStrategy, server_round: int) -> EvaluationView:
     )
 
 
-def evaluate_node_payloads(
-    s: GraphStrategy, server_round: int, evaluators: list[int]
-) -> dict[int, tuple[dict, dict]]:
-    """``{partition-id: s.evaluate_node_payload(server_round, pid)}`` for ``evaluators`` (in their
-    order); a node whose payload hook raises is that node's ``evaluate`` failure
-    (:func:`hook_failure`) and is left out, the others are evaluated."""
-    payloads = {}
-    for pid in evaluators:
-        try:
-            payloads[pid] = s.evaluate_node_payload(server_round, pid)
-        except Exception as e:  # a method's hook failing for one node: that node's failure
-            reason = hook_failure(s, "evaluate_node_payload", pid, e)
-            s.record_failure(server_round, "evaluate", pid, reason)
-    return payloads
-
-
 def evaluate_nodes_mode(federation: FederationConfig | None, sampler: ParticipationSampler) -> str:
     """Run-config ``evaluate-nodes`` resolved: ``auto`` is ``trained`` when a round's trainers are
-    a sample (``sampler`` draws a fraction below 1 of the nodes, or Bernoulli ``participation``
-    with some probability below 1), else ``drawn``: under full participation every node trains and
-    ``fraction-evaluate`` draws the evaluators as before. Without a federation ``drawn``."""
+    a sample (fraction or some participation probability below 1), else ``drawn`` (also without a
+    federation)."""
     mode = "drawn" if federation is None else federation.evaluate_nodes
     if mode != "auto":
         return mode
@@ -541,10 +460,8 @@ def trained_in(rec: RoundRecord) -> list[int]:
 
 
 def evaluated_summary(mode: str, rounds: Iterable[RoundRecord]) -> dict[str, Any]:
-    """``results.json``'s ``evaluation`` entries on who was evaluated: ``evaluate-nodes`` (``mode``,
-    resolved) and, of the last evaluated round in ``rounds``, ``evaluated`` (how many nodes) and
-    ``evaluated_trained`` (how many of them had trained in that round or before; None before any
-    evaluated round)."""
+    """``results.json``'s ``evaluate-nodes``, and ``evaluated`` / ``evaluated_trained`` counts of
+    the last evaluated round in ``rounds`` (None before any)."""
     last = next((r for r in reversed(list(rounds)) if "evaluated" in r.evaluate), None)
     return {
         "evaluate-nodes": mode,
@@ -554,8 +471,7 @@ def evaluated_summary(mode: str, rounds: Iterable[RoundRecord]) -> dict[str, Any
 
 
 def hook_failure(s: GraphStrategy, hook: str, pid: int, e: Exception) -> str:
-    """The failure reason of node ``pid`` when the method (strategy ``s``)'s ``hook`` raised ``e`` on it (its reply
-    or its payload): hook, partition-id, Flower node id, and for a ``KeyError`` the missing field."""
+    """Node ``pid``'s failure reason when ``s``'s ``hook`` raised ``e`` on it (a KeyError's field named)."""
     node = s.nodes.get(pid)
     where = f"partition-id {pid}, node_id {node.node_id if node is not None else '?'}"
     what = (
@@ -569,16 +485,12 @@ def hook_failure(s: GraphStrategy, hook: str, pid: int, e: Exception) -> str:
 def accept_each_failure_its_nodes(
     s: GraphStrategy, server_round: int, ok: dict[int, Message]
 ) -> tuple[dict[int, Message], dict]:
-    """:meth:`GraphStrategy.accept_train` of ``s`` on the round's checked replies; when it raises, the replies it cannot
-    take are found by calling it once per reply (in partition-id order): each one it raises on is
-    that node's failure (:func:`hook_failure`: hook, partition-id, node_id, the missing field),
-    and the result is that of one last call with the replies it took. The failures the raising
-    call had recorded are undone first (the per-reply calls record them again); other state the
-    hook changed before raising is the hook's (docs/own-method.md).
+    """``s.accept_train`` on the checked replies; when it raises, it is called once per reply (in
+    partition-id order, the raising call's failures undone), each reply it raises on is that node's
+    failure, and one last call takes the rest (docs/own-method.md).
 
     Raises:
-        RuntimeError: the hook takes each reply alone but raises on them together (a fault of
-            the hook, not of one node's reply), chained to its exception.
+        RuntimeError: the hook takes each reply alone but raises on them together.
     """
     ledger = s.ledger
     mark = len(ledger.failures)
@@ -624,10 +536,7 @@ def accept_each_failure_its_nodes(
 def evaluator_sampler(
     num_nodes: int, federation: FederationConfig | None, seed: int, mode: str
 ) -> ParticipationSampler:
-    """The evaluators' draw of ``fraction-evaluate`` over ``num_nodes`` partition-ids: its own
-    uniform stream (:data:`~flwr_sheaf.participation.EVALUATE_STREAM`), or for ``mode == "panel"``
-    one fixed draw on :data:`~flwr_sheaf.participation.PANEL_STREAM` (the same nodes every round);
-    unused under ``trained``. No federation: every node."""
+    """The evaluators' draw of ``fraction-evaluate`` (``panel``: one fixed draw; no federation: all)."""
     return ParticipationSampler(
         num_nodes,
         1.0 if federation is None else federation.fraction_evaluate,

@@ -1,12 +1,8 @@
 """Server <-> node round trips with a bound on the messages in flight on Flower's simulation engine.
 
-Flower 1.42's simulation engine polls, every 0.1 s and for every registered SuperNode, all stored
-instruction messages, so a round that pushes all N messages at once costs ``N x stored`` checks a
-pass (benchmarks/records/performance-ray.md, "Flower's own polling"). :func:`send_and_receive`, the one round
-trip of the package (:meth:`~flwr_sheaf.strategy.exchange.Exchange.round_trip`,
-:meth:`~flwr_sheaf.strategy.discovery.Discovery.run`), keeps at most ``window`` messages in flight;
-:func:`in_flight_limit` throttles only Flower's simulation grid (``InMemoryGrid``): the deployment
-engine and :class:`flwr_sheaf.testing.LocalGrid` keep Flower's plain ``send_and_receive``.
+Flower 1.42's simulation engine polls all stored messages for every SuperNode every 0.1 s, so
+pushing all N messages at once costs ``N x stored`` checks a pass (benchmarks/records/performance-ray.md).
+:func:`send_and_receive` keeps at most ``window`` in flight; only ``InMemoryGrid`` is throttled.
 """
 
 from __future__ import annotations
@@ -20,45 +16,26 @@ from flwr.serverapp import Grid
 
 log = logging.getLogger(__name__)
 
-#: messages in flight at once on Flower's simulation engine (benchmarks/records/performance-ray.md, "Bounded
-#: messages in flight": chosen with ``benchmarks/ray_message_cost.py --supernodes 1000``).
-SIMULATION_WINDOW = 48
-
-#: a message unanswered for ``STALE_FACTOR`` times the longest reply time seen so far in the
-#: exchange (at least ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply, which covers the Ray
-#: actors' start-up) stops holding a slot: its reply is still taken until the timeout, and a node
-#: that never answers cannot keep the other nodes' messages from being sent.
+# Tuned against Flower's polling cost in benchmarks/records/performance-ray.md.
+SIMULATION_WINDOW = 48  #: messages in flight at once on Flower's simulation engine
+#: a message unanswered for ``STALE_FACTOR`` x the longest reply time seen (at least ``MIN_STALE_S``;
+#: ``FIRST_REPLY_S`` before any reply: Ray actors' start-up) stops holding a slot (its reply is
+#: still taken), so a silent node cannot block the others' messages
 STALE_FACTOR, MIN_STALE_S, FIRST_REPLY_S = 3.0, 1.0, 60.0
-
-#: seconds between two pulls of the replies while messages are in flight (Flower's grid: 0.1 s);
-#: a pull asks about at most ``window`` message ids, so it is cheap.
-PULL_INTERVAL = 0.02
-
-#: messages in flight before the first reply (then one more for each reply, up to the window): while
-#: the Ray actors start (importing torch, loading the data: seconds, longer under load), Flower's
-#: engine checks every stored message for every SuperNode every 0.1 s, so a full window waiting
-#: there cost the ServerApp CPU in proportion to the wait (benchmarks/records/performance-ray.md, "Against
-#: Flower's floor"); a run of 1,000 nodes reaches the full window within its first 40 replies.
-SLOW_START = 8
-
-#: while pulls bring no reply (the Ray actors starting, a slow node), the wait between pulls doubles
-#: up to this (Flower's own 0.1 s), and falls back to ``PULL_INTERVAL`` at the next reply: polling at
-#: 50 Hz through a long wait cost the ServerApp CPU in proportion to the wall time, so the more the
-#: machine was loaded, the more (benchmarks/records/performance-ray.md, "Against Flower's floor").
-MAX_PULL_INTERVAL = 0.1
+PULL_INTERVAL = 0.02  #: seconds between two pulls while messages are in flight (Flower's: 0.1 s)
+SLOW_START = 8  #: messages in flight before the first reply (then one more per reply)
+MAX_PULL_INTERVAL = 0.1  #: while pulls bring nothing, their interval doubles up to this
 
 
 def simulated(grid: Grid) -> bool:
-    """Whether ``grid`` is Flower's simulation engine's (its ``InMemoryGrid``): its nodes' node
-    config holds only ``partition-id`` and ``num-partitions``, and their state lives in memory."""
+    """Whether ``grid`` is Flower's simulation engine's ``InMemoryGrid``."""
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid  # Flower internal (1.42 pin)
 
     return isinstance(grid, InMemoryGrid)
 
 
 def in_flight_limit(grid: Grid) -> int | None:
-    """The bound on messages in flight for ``grid``: :data:`SIMULATION_WINDOW` on Flower's simulation
-    engine (:func:`simulated`), ``None`` (all at once, Flower's ``send_and_receive``) otherwise."""
+    """:data:`SIMULATION_WINDOW` on Flower's simulation engine, else None (all at once)."""
     return SIMULATION_WINDOW if simulated(grid) else None
 
 
@@ -72,17 +49,11 @@ def send_and_receive(
     """Send ``msgs`` (one per node) and collect their replies within ``timeout`` seconds (the whole
     exchange), at most ``window`` in flight (None: the grid's own ``send_and_receive``).
 
-    Windowed: the first ``min(window, SLOW_START)`` messages are pushed (one more allowed in flight
-    for each reply, up to ``window``), replies pulled every ``pull_interval`` seconds (doubling up
-    to :data:`MAX_PULL_INTERVAL` while pulls bring nothing), each reply frees a slot for the next
-    message; a message unanswered for ``STALE_FACTOR`` times the longest reply time seen (at least
-    ``MIN_STALE_S``; ``FIRST_REPLY_S`` before any reply) stops holding its slot. A message the grid
-    refused to store gets no reply, like Flower's; when ``timeout`` runs out, unanswered messages get
-    none and unsent ones are not sent (logged): nothing is pushed at or after the deadline.
+    Windowed: slow start, pulls every ``pull_interval`` s backing off, stale messages free their
+    slot (module constants); at the deadline unsent messages are not sent (logged).
 
     Returns:
-        The windowed exchange's replies in the order of ``msgs`` (not arrival order); the unbounded
-        one's as the grid returns them.
+        The replies, windowed in the order of ``msgs``; unbounded as the grid returns them.
 
     Raises:
         ValueError: ``window`` < 1.

@@ -1,7 +1,4 @@
-"""The server's record types (:class:`Node`, :class:`RoundRecord`, :class:`EvaluationSummary`,
-:class:`EvaluationResult`) and the small helpers that fill them; plain values, no Flower Grid, graph,
-method or ``flwr_sheaf.client``.
-"""
+"""The server's record types and the small helpers that fill them (plain values)."""
 
 from __future__ import annotations
 
@@ -28,11 +25,9 @@ __all__ = [
 
 
 def nanmean(xs: Iterable[float | None]) -> float:
-    """Mean ignoring None/NaN (NaN when nothing is left); the sum is ``math.fsum`` (correctly
-    rounded), so the mean does not depend on the order the values came in (e.g. the order in which
-    the nodes' replies arrived on the Ray engine). Values whose sum overflows (three 1.6e308) are
-    summed scaled by 2**-64 (exact), so their mean is still the correctly rounded one; +inf with
-    -inf gives NaN."""
+    """Mean ignoring None/NaN (NaN when nothing is left); ``math.fsum``, so independent of the
+    values' order (replies arrive in any order); an overflowing sum is scaled by 2**-64 (exact);
+    +inf with -inf gives NaN."""
     vals = [float(x) for x in xs if x is not None and not math.isnan(float(x))]
     if not vals:
         return float("nan")
@@ -52,10 +47,8 @@ def positive_int(name: str, value: int) -> int:
 
 
 def record_bytes(content: RecordDict) -> int:
-    """Payload size of a RecordDict in bytes: arrays' buffers plus metric/config values (8 B each, strings by length).
-
-    This counts what the protocol sends (pilot matrices, latents, metrics), not Flower's framing.
-    """
+    """Payload bytes of a RecordDict (arrays' buffers, 8 B per metric/config value, strings by
+    length), not Flower's framing."""
     total = 0
     for rec in content.values():
         if isinstance(rec, ArrayRecord):
@@ -64,10 +57,8 @@ def record_bytes(content: RecordDict) -> int:
         for v in rec.values():
             if isinstance(v, (bytes, str)):
                 total += len(v)
-            elif isinstance(v, list):
-                total += 8 * len(v)
-            else:
-                total += 8
+            else:  # 8 B per number
+                total += 8 * len(v) if isinstance(v, list) else 8
     return total
 
 
@@ -108,7 +99,7 @@ class EvaluationSummary:
 
 @dataclass
 class EvaluationResult:
-    """One evaluated round's outcome (what :class:`~flwr_sheaf.strategy.evaluation.GraphEvaluation` returns).
+    """One evaluated round's outcome (what :class:`GraphEvaluation` returns).
 
     Attributes:
         summary: the accuracies (:class:`EvaluationSummary`).
@@ -123,13 +114,13 @@ class EvaluationResult:
     non_edges: list[dict] = field(default_factory=list)
 
     def metrics(self) -> dict[str, Any]:
-        """Summary and extra metrics in one flat dict (the round's evaluate MetricRecord before filtering)."""
+        """Summary and extra metrics in one flat dict."""
         return {**vars(self.summary), **self.extra}
 
 
 @dataclass
 class RoundRecord:
-    """What happened in one server round (typed; :meth:`as_dict` is the ``results.json`` entry).
+    """What happened in one server round (:meth:`as_dict`: its ``results.json`` entry).
 
     Attributes:
         round: server round (1-based).
@@ -156,7 +147,7 @@ class RoundRecord:
     elapsed_seconds: float = float("nan")
 
     def as_dict(self) -> dict[str, Any]:
-        """Flat dict (the per-round entry of ``results.json``)."""
+        """The round's ``results.json`` entry."""
         return {
             "round": self.round,
             "sampled": list(self.sampled),
@@ -178,7 +169,7 @@ MetricValues = dict[str, int | float | list[int] | list[float]]
 
 
 def numeric_metrics(d: Mapping[str, Any]) -> MetricValues:
-    """The int/float entries of a metrics mapping, as floats (for Flower's ``MetricRecord``; bools dropped)."""
+    """The int/float entries (not bools) of a metrics mapping, as floats (for ``MetricRecord``)."""
     return {
         k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
     }

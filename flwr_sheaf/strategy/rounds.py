@@ -1,9 +1,7 @@
-"""The round loop behind :meth:`flwr_sheaf.strategy.graph.GraphStrategy.start` (Flower's ``Strategy.start``).
+"""The round loop behind :meth:`flwr_sheaf.strategy.graph.GraphStrategy.start` (stateless).
 
-:func:`run_rounds`: discovery, a checkpointed run's state put back (docs/resume.md), then per server
-round :func:`train_round`, in evaluated rounds (:func:`evaluates`) the strategy's ``evaluate_round``,
-the ServerApp-side ``evaluate_fn`` and :func:`close_round` (record, progress line, checkpoint, round
-callbacks). It keeps no state of its own between calls.
+:func:`run_rounds`: discovery, a checkpointed run's state put back (docs/resume.md), then per round
+:func:`train_round`, in evaluated rounds ``evaluate_round``, ``evaluate_fn`` and :func:`close_round`.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class RoundHost(Protocol):
-    """What the round loop uses of its strategy (:class:`~flwr_sheaf.strategy.graph.GraphStrategy`
-    is one): the loop is handed this narrow view, never imports the strategy's class."""
+    """What the round loop uses of its strategy (:class:`~flwr_sheaf.strategy.graph.GraphStrategy`)."""
 
     ledger: RunLedger
     exchange: Exchange
@@ -73,9 +70,8 @@ class RoundHost(Protocol):
 
 
 def default_progress_handler() -> bool:
-    """Give the ``flwr_sheaf`` logger a ``[flwr-sheaf] <message>`` stderr handler at INFO when
-    logging is not configured (no handler on it nor on the root logger; an app that configures
-    logging keeps its own). Returns whether one was added."""
+    """Give the ``flwr_sheaf`` logger a ``[flwr-sheaf]`` stderr handler at INFO unless logging is
+    configured (a handler on it or on the root logger). Returns whether one was added."""
     if log.handlers or logging.getLogger().handlers:
         return False
     handler = logging.StreamHandler()
@@ -97,8 +93,7 @@ def check_start(
     """``num_rounds`` as an int, after checking ``start``'s arguments.
 
     Raises:
-        ValueError: ``num_rounds < 1`` (or not an integer); ``train_config`` / ``evaluate_config``
-            naming run-config keys (named: they belong on the strategy's config sections).
+        ValueError: ``num_rounds`` not a positive integer; a config naming run-config keys.
     """
     num_rounds = positive_int("num_rounds", num_rounds)
     for name, cfg in (("train_config", train_config), ("evaluate_config", evaluate_config)):
@@ -112,8 +107,7 @@ def check_start(
 
 
 def evaluates(s: RoundHost, server_round: int, num_rounds: int) -> bool:
-    """Every ``evaluate-every`` rounds and always the last one (``evaluate-every = 0``, no
-    federation or no evaluation component: never)."""
+    """Every ``evaluate-every`` rounds and the last (never with 0, no federation or no evaluation)."""
     if s.evaluation is None or s.federation is None:
         return False
     every = s.federation.evaluate_every
@@ -137,23 +131,18 @@ def run_rounds(
     evaluate_config: ConfigRecord | None,
     evaluate_fn: EvaluateFn | None,
 ) -> Result:
-    """Discovery and ``num_rounds`` server rounds of ``s`` (arguments and errors: ``GraphStrategy.start``).
-
-    Returns:
-        Flower's ``Result``: the final arrays and per-round train/evaluate MetricRecords.
-    """
+    """Discovery and ``num_rounds`` server rounds of ``s`` (arguments, result: ``GraphStrategy.start``)."""
     n = check_start(num_rounds, train_config, evaluate_config)
     s.extra_train_config = dict(train_config or {})
     s.extra_evaluate_config = dict(evaluate_config or {})
-    s.requested_rounds = n  # a run whose rounds fall short of it is failed
-    default_progress_handler()  # progress lines of one's own app, unless logging is configured
+    s.requested_rounds = n
+    default_progress_handler()
     s.summary()
     result = Result(arrays=initial_arrays if initial_arrays is not None else ArrayRecord())
     _serverapp_evaluate(evaluate_fn, 0, result)
     s.discover(grid, timeout)
     first, wall0 = 1, 0.0
-    # resume: the state after the checkpointed round (docs/resume.md)
-    if s.checkpointer is not None:
+    if s.checkpointer is not None:  # resume (docs/resume.md)
         first, restored = s.checkpointer.restore(s, n)
         wall0 = s.checkpointer.previous_wall_seconds
         if restored is not None:
@@ -164,9 +153,8 @@ def run_rounds(
         s.ledger.begin_round(rnd)
         train_round(s, grid, rnd, result, timeout)
         if evaluates(s, rnd, n):
-            metrics = s.evaluate_round(
-                rnd, result.arrays, ConfigRecord(s.extra_evaluate_config), grid, timeout
-            )
+            cfg = ConfigRecord(s.extra_evaluate_config)
+            metrics = s.evaluate_round(rnd, result.arrays, cfg, grid, timeout)
             if metrics is not None:
                 result.evaluate_metrics_clientapp[rnd] = metrics
         _serverapp_evaluate(evaluate_fn, rnd, result)
@@ -177,14 +165,11 @@ def run_rounds(
 def train_round(
     s: RoundHost, grid: Grid, server_round: int, result: Result, timeout: float
 ) -> None:
-    """``configure_train`` -> one round trip -> ``aggregate_train``; the new arrays and the train
-    metrics go into ``result`` (a round in which no sampled node trained is logged)."""
-    msgs = list(
-        s.configure_train(server_round, result.arrays, ConfigRecord(s.extra_train_config), grid)
-    )
-    new_arrays, train_metrics = s.aggregate_train(
-        server_round, s.exchange.round_trip(grid, msgs, timeout)
-    )
+    """``configure_train`` -> round trip -> ``aggregate_train``, into ``result``."""
+    cfg = ConfigRecord(s.extra_train_config)
+    msgs = list(s.configure_train(server_round, result.arrays, cfg, grid))
+    replies = s.exchange.round_trip(grid, msgs, timeout)
+    new_arrays, train_metrics = s.aggregate_train(server_round, replies)
     rec = s.ledger.current
     if rec.sampled and rec.num_trained == 0:
         log.warning(
@@ -200,16 +185,9 @@ def train_round(
 
 
 def close_round(
-    s: RoundHost,
-    server_round: int,
-    num_rounds: int,
-    arrays: ArrayRecord,
-    t_round: float,
-    t0: float,
+    s: RoundHost, server_round: int, num_rounds: int, arrays: ArrayRecord, t_round: float, t0: float
 ) -> None:
-    """Time and append the round's record, log it, write the checkpoint when due (with the run's wall
-    time since ``t0``), then call the round callbacks (a callback that raises ends the run, with
-    this round saved)."""
+    """Record and log the round, checkpoint it when due, then call the round callbacks."""
     now = time.monotonic()
     rec = s.ledger.end_round(now - t_round, now - t0)
     s.log_round(rec)
