@@ -3,13 +3,15 @@ docs/resume.md).
 
 - **The run directory**: :class:`RunDir` (a ``results-dir``, or ``write_results``' ``out_dir``) and
   :func:`open_run` / :func:`preflight`, which check every directory a run writes, take its locks,
-  move an overwritten run's files into ``previous-<UTC time>/`` (never deleted) and prepare a resume;
-  each refusal names the run-config key, the path and the fix. :data:`RUN_FILES` lists every file
-  read back from a run's directories with its one reader, which names a damaged file.
-- **The locks**: :class:`DirLock`, one live run's ``<directory>/.lock``; :func:`live_holder` says who
-  holds a directory, :func:`main` (``main([DIR])``, asked by ``scripts/main.sh``) exits 1 if a run does.
-- **The checkpoints**: :class:`Checkpointer` writes the server's sealed checkpoint (header + SHA-256,
-  :func:`~flwr_sheaf.integrity.write_sealed`) and restores it; :func:`load_checkpoint` verifies one.
+  move an overwritten run's files into ``previous-<UTC time>/`` (never deleted) and prepare a
+  resume; each refusal names the run-config key, the path and the fix. :data:`RUN_FILES` lists
+  every file read back from a run's directories with its one reader, which names a damaged file.
+- **The locks**: :class:`DirLock`, one live run's ``<directory>/.lock``; :func:`live_holder` says
+  who holds a directory; :func:`main` (``main([DIR])``, asked by ``scripts/main.sh``) exits 1 if a
+  live run does.
+- **The checkpoints**: :class:`Checkpointer` writes the server's sealed checkpoint (header and
+  SHA-256: :func:`~flwr_sheaf.integrity.write_sealed`) and restores it; :func:`load_checkpoint`
+  verifies one.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ PREVIOUS_PREFIX = "previous-"
 #: A folder :meth:`RunDir.move_aside` made (``previous-<UTC time>[-<n>]``).
 _MOVED_ASIDE = re.compile(re.escape(PREVIOUS_PREFIX) + r"\d{8}T\d{6}Z(-\d+)?")
 _STATE_FILE = re.compile(r"^round-\d+\.state$")
-#: First line of a server checkpoint; the old headerless format starts with the pickle byte ``0x80``.
+#: First line of a server checkpoint (the old headerless format starts with the pickle byte 0x80).
 CHECKPOINT_MAGIC = b"flwr-sheaf server checkpoint v1\n"
 #: 2: rounds and failures in the strategy's ``ledger`` (format 1's ``rounds``/``failures``: refused)
 CHECKPOINT_FORMAT = 2
@@ -181,6 +183,39 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _LOCK_MAX = 4096
 
 
+def _open_regular(path: Path, flags: int, *, one_name: bool = False) -> int:
+    """An fd of the regular file ``path`` opened with ``flags``, never through a symbolic link nor
+    waiting on a FIFO (``OSError`` as ``os.open``'s).
+
+    Raises:
+        ValueError: a symbolic link, not a regular file, or (``one_name``) a hard link (why named).
+    """
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link
+            raise ValueError("a symbolic link") from None
+        raise
+    st = os.fstat(fd)
+    what = None if stat.S_ISREG(st.st_mode) else "not a regular file"
+    if what is None and one_name and st.st_nlink != 1:  # writing it would write the other name's
+        what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
+    if what is not None:
+        os.close(fd)
+        raise ValueError(what)
+    return fd
+
+
+def _inode(path: Path, *, follow: bool = False) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (``lstat``; ``stat`` if ``follow``), or None if unreachable."""
+    errors = OSError if follow else FileNotFoundError
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except errors:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
     """An ``O_RDWR`` fd of the regular lock file ``path`` (created when ``create``), never through a
     link; None when there is none and not ``create``.
@@ -196,27 +231,17 @@ def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
         raise _not_a_lock_file(path, key, f"a symbolic link (to {os.readlink(path)!r})")
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise _not_a_lock_file(path, key, "a directory")
-    flags = os.O_RDWR | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
+        return _open_regular(path, flags, one_name=True)
     except FileNotFoundError:
         if create:
             raise
         return None
     except IsADirectoryError:
         raise _not_a_lock_file(path, key, "a directory") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link planted between lstat and open
-            raise _not_a_lock_file(path, key, "a symbolic link") from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        what = "not a regular file"
-        if stat.S_ISREG(st.st_mode):  # a hard link: the lock would write the other name's file
-            what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
-        raise _not_a_lock_file(path, key, what)
-    return fd
+    except ValueError as exc:  # e.g. a link planted between lstat and open
+        raise _not_a_lock_file(path, key, str(exc)) from None
 
 
 def _not_a_lock_file(path: Path, key: str, what: str) -> LockedError:
@@ -247,8 +272,8 @@ def _flock_nb(fd: int, mode: int, wait: float = _PROBE_WAIT) -> None:
 
 
 def _flock_dir(directory: Path, mode: int, wait: float = _PROBE_WAIT) -> tuple[int | None, bool]:
-    """``(fd, locked)``: the directory ``flock``-ed (:func:`_flock_nb`); ``fd`` None where it cannot be
-    (no ``fcntl``, no ``flock`` on directories) or is not ``locked`` (another process holds it)."""
+    """``(fd, locked)``: the directory ``flock``-ed (:func:`_flock_nb`); ``fd`` None where it cannot
+    be (no ``fcntl``, no ``flock`` on directories) or is not ``locked`` (another process has it)."""
     if fcntl is None:  # pragma: no cover - Windows
         return None, True
     try:
@@ -315,9 +340,8 @@ class DirLock:
         self._fd: int | None = None
         self._dir_fd: int | None = None
         self._ident: tuple[int, int] | None = None
-        self._dir_ident: tuple[int, int] | None = (
-            None  # the directory's (st_dev, st_ino) when taken
-        )
+        #: the directory's ``(st_dev, st_ino)`` when taken (one moved or replaced is detected)
+        self._dir_ident: tuple[int, int] | None = None
 
     def _mine(self) -> dict[str, Any]:
         return {
@@ -393,7 +417,7 @@ class DirLock:
         return info if isinstance(info, dict) else {}
 
     def _holder_gone(self, info: dict[str, Any]) -> str | None:
-        """Why the holder of a lock file whose ``flock`` is free is dead, or None if that cannot be shown."""
+        """Why the holder of a lock whose ``flock`` is free is dead, or None if unknown."""
         if fcntl is not None and info.get("boot_id") and info.get("boot_id") == _boot_id():
             return "its process no longer runs (the kernel released its lock)"
         boot = _boot_time()
@@ -457,12 +481,10 @@ class DirLock:
                         _flock_nb(fd, fcntl.LOCK_EX)
                     except BlockingIOError:
                         raise self._busy(self._read(fd) or {}) from None
-                    try:  # the holder we waited on may have removed the file: lock the one at the path
-                        a, b = os.fstat(fd), os.lstat(self.path)
-                        same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-                    except FileNotFoundError:
-                        same = False
-                    if not same:
+                    st = os.fstat(
+                        fd
+                    )  # the holder waited on may have removed it: lock the one there
+                    if _inode(self.path) != (st.st_dev, st.st_ino):
                         os.close(fd)
                         fd = -1
                         continue
@@ -534,8 +556,9 @@ class DirLock:
             os.close(dfd)
 
     def verify(self) -> None:
-        """Check, before a write into the directory, that this run still holds it; a lock file removed
-        or replaced meanwhile is put back (with a warning) while the directory's ``flock`` is held.
+        """Check, before a write into the directory, that this run still holds it; a lock file
+        removed or replaced meanwhile is put back (with a warning) while the directory's ``flock``
+        is held.
 
         Raises:
             LockedError: this run does not hold the lock; the directory was moved, removed or
@@ -545,11 +568,7 @@ class DirLock:
         if not self.held or self._fd is None:
             raise LockedError(f"{self.key} {self.path.parent}: this run does not hold {self.path}")
         self._verify_directory()
-        try:
-            st = os.lstat(self.path)
-            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        except FileNotFoundError:
-            now = None
+        now = _inode(self.path)
         if now == self._ident:
             return
         what = "was removed" if now is None else "was replaced by another file"
@@ -582,12 +601,8 @@ class DirLock:
         os.close(old)
 
     def _verify_directory(self) -> None:
-        """Raise LockedError when the locked directory was moved, removed or replaced (:meth:`verify`)."""
-        try:
-            st = os.stat(self.path.parent)
-            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        except OSError:
-            now = None
+        """Raise LockedError if the locked directory was moved, removed or replaced."""
+        now = _inode(self.path.parent, follow=True)
         if self._dir_ident is None or now == self._dir_ident:
             return
         where: str | None = None
@@ -618,12 +633,12 @@ class DirLock:
 
 
 class NoCheckpointError(ConfigError, FileNotFoundError):
-    """Resuming without a checkpoint: a one-line ``ConfigError`` that is also a ``FileNotFoundError``."""
+    """Resuming without a checkpoint: a one-line ConfigError that is also a FileNotFoundError."""
 
 
 def check_keep_previous(value: Any) -> int:
-    """``keep-previous`` (the run-config key, or ``write_results(keep_previous=...)``) checked by its
-    key's parser: an integer >= 0.
+    """``keep-previous`` (the run-config key, or ``write_results(keep_previous=...)``) checked by
+    its key's parser: an integer >= 0.
 
     Raises:
         ConfigError: anything else (``keep-previous=<value>`` and the rule named).
@@ -639,13 +654,14 @@ def checkpoint_path(location: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint dict written by :meth:`Checkpointer.save`, after its header, format and SHA-256
-    are verified (nothing is unpickled before: :func:`~flwr_sheaf.integrity.read_sealed`).
+    """The checkpoint dict written by :meth:`Checkpointer.save`, after its header, format and
+    SHA-256 are verified (nothing is unpickled before: :func:`~flwr_sheaf.integrity.read_sealed`).
 
     Raises:
         NoCheckpointError: no checkpoint at ``path``.
-        ConfigError: not a regular file; empty; not a flwr-sheaf checkpoint; the old headerless format;
-            a newer (fix: upgrade) or older format; truncated or modified (the file and the fix named).
+        ConfigError: not a regular file; empty; not a flwr-sheaf checkpoint; the old headerless
+            format; a newer (fix: upgrade) or older format; truncated or modified (the file and the
+            fix named).
     """
     path = Path(path)
     _refuse_non_file_checkpoint(path)
@@ -701,7 +717,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def _refuse_non_file_checkpoint(path: Path) -> None:
-    """Refuse a directory, FIFO, device or broken link in a checkpoint's place (not "no checkpoint")."""
+    """Refuse a directory, FIFO, device or broken link in a checkpoint's place."""
     if os.path.lexists(path) and not path.is_file():
         raise ConfigError(
             f"checkpoint {path} is not a regular file (a directory, FIFO, device or broken link); "
@@ -724,16 +740,8 @@ def _read_regular(path: Path, limit: int) -> bytes:
         ValueError: a link, not a regular file, or larger than ``limit`` bytes (why named).
         OSError: none there (FileNotFoundError), or it cannot be read.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = _open_regular(path, os.O_RDONLY)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError("a symbolic link") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
         chunks: list[bytes] = []
         got = 0
         while got <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - got))):
@@ -784,7 +792,7 @@ def read_node_state_claim(root: Path) -> dict[str, Any] | None:
     ``config`` a dict), or None when there is none.
 
     Raises:
-        ConfigError: a link, not a regular file, larger than 1 MiB or not such a record (the fix named).
+        ConfigError: a link, not a regular file, larger than 1 MiB or not such a record (fix named).
     """
     path = root / NODE_STATE_MARKER
     try:
@@ -841,7 +849,7 @@ MOVED_FILES = tuple(f.name for f in RUN_FILES if f.moved)
 
 # ------------------------------------------------------------------------------ paths
 def _path_error(key: str, path: str | Path, exc: BaseException) -> ConfigError:
-    """The ConfigError (key, path, fix) for an OSError or ``RuntimeError: Symlink loop`` on ``path``."""
+    """The ConfigError (key, path, fix) for an OSError or ``RuntimeError: Symlink loop``."""
     if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == 40:  # ELOOP
         return ConfigError(
             f"{key}={str(path)!r}: {path} runs into a symbolic-link loop (a link that points, "
@@ -915,10 +923,10 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
 class RunDir:
     """A run's directory: where its files go, its lock, its ``previous-*`` folders.
 
-    :func:`preflight` returns it as a context manager holding the run's locks. Left with an exception
-    after ``overwrite = true`` moved an earlier run's files aside, it moves them back when the new run
-    wrote none of its own, else they stay in ``previous-<UTC time>/`` (either way noted on the
-    exception and logged); ``keep-previous`` is applied on leaving.
+    :func:`preflight` returns it as a context manager holding the run's locks. Left with an
+    exception after ``overwrite = true`` moved an earlier run's files aside, it moves them back when
+    the new run wrote none of its own, else they stay in ``previous-<UTC time>/`` (either way noted
+    on the exception and logged); ``keep-previous`` is applied on leaving.
 
     Args:
         path: the directory (``~`` expanded, resolved; need not exist yet).
@@ -996,7 +1004,7 @@ class RunDir:
         return DirLock(self.path, self.key).acquire()
 
     def previous(self) -> list[Path]:
-        """Its ``previous-*`` folders, oldest first (by the UTC time in their names, then counter)."""
+        """Its ``previous-*`` folders, oldest first (by the UTC time in their names, then count)."""
 
         def order(p: Path) -> tuple[str, int]:
             stamp, _, n = p.name[len(PREVIOUS_PREFIX) :].partition("-")
@@ -1019,8 +1027,8 @@ class RunDir:
         none (those moved are moved back when one cannot move).
 
         Args:
-            keep: ``keep-previous`` (checked before anything moves): then :meth:`prune` to the newest
-                ``keep`` folders (the new one counts; never one in ``protect``); 0 = keep every one.
+            keep: ``keep-previous`` (checked before anything moves): then :meth:`prune` to the
+                newest ``keep`` folders (the new one counts; never one in ``protect``); 0: all.
 
         Returns:
             ``(the new folder, the names moved)``, or None when none of them exists.
@@ -1113,9 +1121,9 @@ class RunDir:
     ) -> Iterator[Path]:
         """Held while writing files into the directory (``write_results``); yields it. Its lock is
         taken (unless this process holds it, or ``claim``: the lock
-        :func:`~flwr_sheaf.results.check_results_dir` took) and verified (:meth:`DirLock.verify`); the
-        files ``names`` that exist are moved aside first (:meth:`move_aside`, with ``keep``), with
-        ``overwrite`` (the lock not held before) an earlier write's ``results.json`` /
+        :func:`~flwr_sheaf.results.check_results_dir` took) and verified (:meth:`DirLock.verify`);
+        the files ``names`` that exist are moved aside first (:meth:`move_aside`, with ``keep``),
+        with ``overwrite`` (the lock not held before) an earlier write's ``results.json`` /
         ``accuracy.png`` too.
 
         Raises:
@@ -1200,7 +1208,7 @@ def check_node_state_dir(
 
 
 def claim_node_state_dir(root: Path, run_config: Mapping[str, Any], results_dir: Path) -> None:
-    """Record in ``root/run.json`` (atomically; OSError if it cannot) the run this node state is of."""
+    """Record in ``root/run.json`` (atomically; OSError if it cannot) whose node state this is."""
     root.mkdir(parents=True, exist_ok=True)
     data = {
         "results-dir": str(results_dir),
@@ -1284,7 +1292,7 @@ def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> Non
 
 
 def _check_overwrite_with_resume(config: RunConfig, resuming: bool, source: RunDir | None) -> None:
-    """Refuse ``overwrite=true`` with ``resume=true``, or with ``resume-from`` the results-dir itself."""
+    """Refuse ``overwrite=true`` with ``resume=true`` or a ``resume-from`` of the results-dir."""
     if not (config.overwrite and resuming):
         return
     if source is not None and source.path != resolve_dir("results-dir", config.results_dir):
@@ -1320,21 +1328,17 @@ def resume_without_node_state(out: Path, before: str) -> str:
     )
 
 
-def _checkpoint_node_state_dir(run: RunDir) -> str | None:
-    """The checkpointed run's ``node-state-dir`` (``""``: none), or None: its checkpoint is unreadable."""
-    try:
-        return str(load_checkpoint(run.checkpoint)["config"].get("node-state-dir", ""))
-    except Exception:  # noqa: BLE001 - a broken checkpoint: resuming names its problem
-        return None
-
-
 def _check_fresh_run_into(
     config: RunConfig, run: RunDir, old: Sequence[Path], simulation: bool = False
 ) -> None:
     """Refuse a fresh run into a ``results-dir`` holding another run's files ``old`` (advising
     ``resume=true`` only where it can continue that run)."""
-
-    kept = _checkpoint_node_state_dir(run) if run.checkpoint.exists() else None
+    kept = None  # the checkpointed run's node-state-dir ("": none); None: no readable checkpoint
+    if run.checkpoint.exists():
+        try:
+            kept = str(load_checkpoint(run.checkpoint)["config"].get("node-state-dir", ""))
+        except Exception:  # noqa: BLE001 - a broken checkpoint: resuming names its problem
+            pass
     if kept or (kept is not None and not simulation):
         how = (
             "resume=true to continue that run, or overwrite=true to move its files into "
@@ -1373,8 +1377,8 @@ def preflight(config: RunConfig, simulation: bool = False) -> RunDir:
             ``node-state-dir``, ``tracking-dir``) that cannot be created or written, or a link loop;
             ``overwrite`` with ``resume``; resuming without a checkpoint; a fresh run into a
             ``results-dir`` holding another run's files, without ``overwrite = true``; a
-            ``node-state-dir`` of another run; ``resume-from`` into a ``results-dir`` holding another
-            run's files; an earlier run's file that cannot be moved aside (nothing moved then).
+            ``node-state-dir`` of another run; ``resume-from`` into a ``results-dir`` holding
+            another run's files; an earlier run's file that cannot be moved aside (nothing moved).
         LockedError: a live run holds ``results-dir``, ``node-state-dir`` or the ``resume-from`` source.
     """
     resuming = config.resume or bool(config.resume_from)
@@ -1452,15 +1456,15 @@ call of ``start``, or the checkpointer itself."""
 
 
 class Checkpointed(Protocol):
-    """A strategy as a checkpoint sees it: its attributes (``vars``, less :data:`REBUILT`) and nodes."""
+    """A strategy as a checkpoint sees it: attributes (``vars``, less :data:`REBUILT`) and nodes."""
 
     @property
     def nodes(self) -> Mapping[int, Node]: ...  # noqa: D102
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint that could not be written (file, round, OS reason and fix named); the one already
-    there, if any, is unchanged."""
+    """A checkpoint that could not be written (file, round, OS reason and fix named); the one
+    already there, if any, is unchanged."""
 
 
 class Checkpointer:
@@ -1500,8 +1504,8 @@ class Checkpointer:
         Raises:
             FileNotFoundError: resuming without a checkpoint.
             ConfigError: another format or strategy class; run-config keys that differ outside
-                :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (both values named); a checkpoint past
-                ``num-server-rounds``.
+                :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (both values named); a checkpoint
+                past ``num-server-rounds``.
         """
         if self.resume_from is None:
             return None
@@ -1623,10 +1627,10 @@ class Checkpointer:
 
 
 def open_run(config: RunConfig, strategy: Any, simulation: bool = False) -> RunDir:
-    """The run's directory, ready for the rounds (``with open_run(...) as run:``, holding the locks):
-    :func:`preflight`, then the :class:`Checkpointer` set on ``strategy`` and, when resuming, its
-    checkpoint and the node state checked, the node state claimed and ``strategy.resume_check`` set
-    (``run.trained_before``: ``{partition-id: last round it trained}``).
+    """The run's directory, ready for the rounds (``with open_run(...) as run:``, holding the
+    locks): :func:`preflight`, then the :class:`Checkpointer` set on ``strategy`` and, when
+    resuming, its checkpoint and the node state checked, the node state claimed and
+    ``strategy.resume_check`` set (``run.trained_before``: ``{partition-id: last round trained}``).
 
     Raises:
         ConfigError, LockedError: as :func:`preflight`, :meth:`Checkpointer.check` and
