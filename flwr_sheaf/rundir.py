@@ -184,12 +184,8 @@ _LOCK_MAX = 4096
 
 
 def _open_regular(path: Path, flags: int, *, one_name: bool = False) -> int:
-    """An fd of the regular file ``path`` opened with ``flags``, never through a symbolic link nor
-    waiting on a FIFO (``OSError`` as ``os.open``'s).
-
-    Raises:
-        ValueError: a symbolic link, not a regular file, or (``one_name``) a hard link (why named).
-    """
+    """An fd of the regular file ``path`` opened with ``flags``, never through a link nor waiting on
+    a FIFO; ValueError (why named) for a link, not a regular file or (``one_name``) a hard link."""
     try:
         fd = os.open(path, flags | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), 0o644)
     except OSError as exc:
@@ -207,7 +203,7 @@ def _open_regular(path: Path, flags: int, *, one_name: bool = False) -> int:
 
 
 def _inode(path: Path, *, follow: bool = False) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of ``path`` (``lstat``; ``stat`` if ``follow``), or None if unreachable."""
+    """``(st_dev, st_ino)`` of ``path`` (``stat`` if ``follow``, else ``lstat``), or None: none."""
     errors = OSError if follow else FileNotFoundError
     try:
         st = os.stat(path) if follow else os.lstat(path)
@@ -217,12 +213,8 @@ def _inode(path: Path, *, follow: bool = False) -> tuple[int, int] | None:
 
 
 def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
-    """An ``O_RDWR`` fd of the regular lock file ``path`` (created when ``create``), never through a
-    link; None when there is none and not ``create``.
-
-    Raises:
-        LockedError: ``path`` is a symbolic link, a directory, a hard link or not a regular file.
-    """
+    """An ``O_RDWR`` fd of the regular lock file ``path`` (created when ``create``), or None: none
+    there; LockedError for a symbolic link, a directory, a hard link or not a regular file."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -481,10 +473,8 @@ class DirLock:
                         _flock_nb(fd, fcntl.LOCK_EX)
                     except BlockingIOError:
                         raise self._busy(self._read(fd) or {}) from None
-                    st = os.fstat(
-                        fd
-                    )  # the holder waited on may have removed it: lock the one there
-                    if _inode(self.path) != (st.st_dev, st.st_ino):
+                    st = os.fstat(fd)
+                    if _inode(self.path) != (st.st_dev, st.st_ino):  # the holder removed it
                         os.close(fd)
                         fd = -1
                         continue
@@ -733,11 +723,11 @@ def _newer_checkpoint(path: Path, what: str) -> None:
     )
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file ``path``, never through a link nor waiting on a FIFO.
+def _read_json(path: Path, limit: int) -> Any:
+    """The JSON in the regular file ``path``, never read through a link nor waiting on a FIFO.
 
     Raises:
-        ValueError: a link, not a regular file, or larger than ``limit`` bytes (why named).
+        ValueError: a link, not a regular file, larger than ``limit`` bytes, not JSON (why named).
         OSError: none there (FileNotFoundError), or it cannot be read.
     """
     fd = _open_regular(path, os.O_RDONLY)
@@ -752,11 +742,6 @@ def _read_regular(path: Path, limit: int) -> bytes:
     data = b"".join(chunks)
     if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")
-    return data
-
-
-def _json(data: bytes) -> Any:
-    """``json.loads(data)``; ValueError (``nested too deeply`` for a RecursionError) otherwise."""
     try:
         return json.loads(data)
     except RecursionError:
@@ -774,7 +759,7 @@ def recorded_run_config(path: Path) -> dict[str, Any]:
         if path.suffix != ".json":
             recorded = load_checkpoint(path).get("config")
         else:
-            parsed = _json(_read_regular(path, _RESULTS_MAX))
+            parsed = _read_json(path, _RESULTS_MAX)
             recorded = check_results(parsed, str(path)).get("config")
     except (OSError, ValueError) as exc:
         if isinstance(exc, ConfigError):
@@ -796,7 +781,7 @@ def read_node_state_claim(root: Path) -> dict[str, Any] | None:
     """
     path = root / NODE_STATE_MARKER
     try:
-        info = _json(_read_regular(path, _RECORD_MAX))
+        info = _read_json(path, _RECORD_MAX)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -873,17 +858,13 @@ def resolve_dir(key: str, path: str | Path) -> Path:
 
 
 def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> Path:
-    """``path`` resolved, after checking that it is (or can be created as) a writable directory.
-
-    Args:
-        key: the run-config key that names ``path`` (for messages).
-        create: create the directory (and its parents) now.
+    """``path`` resolved, after checking that it is (or can be created as) a writable directory;
+    ``create``: create it (and its parents) now; ``key``: the run-config key naming it, for messages.
 
     Raises:
         ConfigError: a path component is a file, the directory (or its nearest existing parent) is
             not writable, or it cannot be created (key, path and fix named).
     """
-
     p = resolve_dir(key, path)
     fix = f"set {key} to a directory you can write"
     try:
@@ -996,11 +977,7 @@ class RunDir:
         return [self.path / n for n in RESULT_FILES if (self.path / n).exists()]
 
     def lock(self) -> DirLock:
-        """Take the directory's lock (:class:`DirLock`); returns it.
-
-        Raises:
-            LockedError: a live run holds it (named), or its lock file is refused.
-        """
+        """Take the directory's lock (LockedError: as :meth:`DirLock.acquire`); returns it."""
         return DirLock(self.path, self.key).acquire()
 
     def previous(self) -> list[Path]:
