@@ -194,7 +194,7 @@ def _open_regular(path: Path, flags: int, *, one_name: bool = False) -> int:
         raise
     st = os.fstat(fd)
     what = None if stat.S_ISREG(st.st_mode) else "not a regular file"
-    if what is None and one_name and st.st_nlink != 1:  # writing it would write the other name's
+    if what is None and one_name and st.st_nlink != 1:  # a write would reach the other names
         what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
     if what is not None:
         os.close(fd)
