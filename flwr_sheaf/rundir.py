@@ -84,10 +84,13 @@ __all__ = [
 log = logging.getLogger("flwr_sheaf")
 
 RESULTS_JSON = "results.json"
+"""The run's results in ``results-dir`` (docs/results-schema.md)."""
 ACCURACY_PNG = "accuracy.png"
+"""The accuracy plot ``write_results`` draws in ``results-dir``."""
 CHECKPOINT_NAME = "checkpoint.pkl"
-#: The file in ``node-state-dir`` naming the run its node state belongs to.
+"""The server checkpoint in ``results-dir`` (docs/resume.md)."""
 NODE_STATE_MARKER = "run.json"
+"""The file in ``node-state-dir`` naming the run its node state belongs to."""
 #: Subfolder prefix of an earlier run's files moved aside by ``overwrite = true``.
 PREVIOUS_PREFIX = "previous-"
 #: A folder :meth:`RunDir.move_aside` made (``previous-<UTC time>[-<n>]``).
@@ -107,6 +110,7 @@ _RECORD_MAX, _RESULTS_MAX = 1 << 20, 1 << 30
 
 # ------------------------------------------------------------------------------ locks
 LOCK_NAME = ".lock"
+"""A locked directory's lock file (:class:`DirLock`)."""
 #: ``{lock file path: DirLock}`` of the locks this process holds.
 _HELD: dict[Path, DirLock] = {}
 
