@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -128,12 +128,10 @@ def _boot_id() -> str | None:
 
 def _boot_time() -> float | None:
     """When this machine booted, in seconds since the epoch (Linux ``/proc/stat`` ``btime``)."""
-    try:
+    with suppress(OSError, ValueError):
         for line in Path("/proc/stat").read_text().splitlines():
             if line.startswith("btime "):
                 return float(line.split()[1])
-    except (OSError, ValueError):
-        pass
     return None
 
 
@@ -182,7 +180,7 @@ def held_by_this_process(directory: str | Path) -> DirLock | None:
     return _HELD.get(Path(directory).expanduser().resolve() / LOCK_NAME)
 
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NOFOLLOW, _CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
 #: the most bytes of a lock file read (one written here is one JSON line of about 200 bytes)
 _LOCK_MAX = 4096
 
@@ -227,7 +225,7 @@ def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
         raise _not_a_lock_file(path, key, f"a symbolic link (to {os.readlink(path)!r})")
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise _not_a_lock_file(path, key, "a directory")
-    flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
+    flags = os.O_RDWR | _CLOEXEC | (os.O_CREAT if create else 0)
     try:
         return _open_regular(path, flags, one_name=True)
     except FileNotFoundError:
@@ -273,9 +271,7 @@ def _flock_dir(directory: Path, mode: int, wait: float = _PROBE_WAIT) -> tuple[i
     if fcntl is None:  # pragma: no cover - Windows
         return None, True
     try:
-        fd = os.open(
-            directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-        )
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
     except OSError:
         return None, True
     try:
@@ -535,15 +531,12 @@ class DirLock:
         _HELD.pop(self.path, None)
         fd, self._fd = self._fd, None
         dfd, self._dir_fd = self._dir_fd, None
-        try:  # in the directory held (by its fd: it may have been moved), never in one at the path now
-            st = os.lstat(LOCK_NAME, dir_fd=dfd) if dfd is not None else os.lstat(self.path)
+        # in the directory held (by its fd: it may have been moved), never in one at the path now
+        name = LOCK_NAME if dfd is not None else self.path
+        with suppress(OSError):
+            st = os.lstat(name, dir_fd=dfd)
             if fd is not None and (st.st_dev, st.st_ino) == self._ident:  # while still locked
-                if dfd is not None:
-                    os.unlink(LOCK_NAME, dir_fd=dfd)
-                else:
-                    self.path.unlink()
-        except OSError:
-            pass
+                os.unlink(name, dir_fd=dfd)
         if fd is not None:
             os.close(fd)
         if dfd is not None:
@@ -583,10 +576,8 @@ class DirLock:
         )
         old = self._fd
         if now is not None:
-            try:
+            with suppress(OSError):
                 os.unlink(self.path)
-            except OSError:
-                pass
         fd = _open_lock_file(self.path, self.key, create=True)
         assert fd is not None, "created"
         if fcntl is not None:
