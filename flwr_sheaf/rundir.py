@@ -1,26 +1,17 @@
-"""A run's directory and the files in it, owned by one object (docs/reliability-run-files.md).
+"""A run's directories and the files in them, each file with one owner (docs/guarantees.md,
+docs/resume.md).
 
-:class:`RunDir` is a ``results-dir`` (or ``write_results``' ``out_dir``): its lock
-(:class:`flwr_sheaf.rundir.DirLock`), the earlier run's files that ``overwrite`` moves into
-``previous-<UTC time>/`` (all of them or none: :meth:`RunDir.move_aside`), the ``previous-*`` folders
-``keep-previous`` bounds (one validator: :func:`check_keep_previous`), the checkpoint and the
-``resume-from`` source. :data:`RUN_FILES` declares every file the package reads back from a run's
-directories with its one reader; each reader gives a :class:`~flwr_sheaf.config.ConfigError` naming
-the file for a damaged one. Sealed files (header + SHA-256: server checkpoints, the nodes' state
-files) are written by :func:`~flwr_sheaf.integrity.write_sealed` and read by :func:`~flwr_sheaf.integrity.read_sealed`.
-
-:func:`preflight` (called by :func:`flwr_sheaf.apps.server_app.run_server` once the run config is
-parsed, before any message) is a short list of checks asking it; each refusal names the run-config
-key, the path and the fix: a directory the run writes (``results-dir``, ``node-state-dir``,
-``tracking-dir``) that cannot be created or written (or a symbolic-link loop); ``overwrite`` with
-``resume``; resuming without a checkpoint; a fresh run into a ``results-dir`` holding another run's
-files unless ``overwrite = true`` (moved aside, never deleted, and moved back when the new run ends
-with an error before writing any of its own); a ``node-state-dir`` of another run; a second live
-run on the same directory, or on the one ``resume-from`` names; ``resume-from`` into a
-``results-dir`` holding another run's files.
-
-:func:`main` (``main([DIR])``) returns 0 when no live run holds ``DIR`` (else 1, saying who does, or
-why its lock file is refused): what ``scripts/main.sh`` asks before moving a directory aside.
+- **The run directory**: :class:`RunDir` (a ``results-dir``, or ``write_results``' ``out_dir``) and
+  :func:`open_run` / :func:`preflight`, which check every directory a run writes, take its locks,
+  move an overwritten run's files into ``previous-<UTC time>/`` (never deleted) and prepare a
+  resume; each refusal names the run-config key, the path and the fix. :data:`RUN_FILES` lists
+  every file read back from a run's directories with its one reader, which names a damaged file.
+- **The locks**: :class:`DirLock`, one live run's ``<directory>/.lock``; :func:`live_holder` says
+  who holds a directory; :func:`main` (``main([DIR])``, asked by ``scripts/main.sh``) exits 1 if a
+  live run does.
+- **The checkpoints**: :class:`Checkpointer` writes the server's sealed checkpoint (header and
+  SHA-256: :func:`~flwr_sheaf.integrity.write_sealed`) and restores it; :func:`load_checkpoint`
+  verifies one.
 """
 
 from __future__ import annotations
@@ -39,7 +30,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,20 +84,21 @@ __all__ = [
 log = logging.getLogger("flwr_sheaf")
 
 RESULTS_JSON = "results.json"
+"""The run's results in ``results-dir`` (docs/results-schema.md)."""
 ACCURACY_PNG = "accuracy.png"
+"""The accuracy plot ``write_results`` draws in ``results-dir``."""
 CHECKPOINT_NAME = "checkpoint.pkl"
-#: The file in ``node-state-dir`` naming the run its node state belongs to.
+"""The server checkpoint in ``results-dir`` (docs/resume.md)."""
 NODE_STATE_MARKER = "run.json"
+"""The file in ``node-state-dir`` naming the run its node state belongs to."""
 #: Subfolder prefix of an earlier run's files moved aside by ``overwrite = true``.
 PREVIOUS_PREFIX = "previous-"
-#: The name of a folder :meth:`RunDir.move_aside` made (``previous-<UTC time>[-<n>]``).
+#: A folder :meth:`RunDir.move_aside` made (``previous-<UTC time>[-<n>]``).
 _MOVED_ASIDE = re.compile(re.escape(PREVIOUS_PREFIX) + r"\d{8}T\d{6}Z(-\d+)?")
 _STATE_FILE = re.compile(r"^round-\d+\.state$")
-#: First line of a server checkpoint (:func:`~flwr_sheaf.integrity.write_sealed`). Files of the old
-#: format (a bare pickle, before the header existed) start with the pickle protocol byte ``0x80``.
+#: First line of a server checkpoint (the old headerless format starts with the pickle byte 0x80).
 CHECKPOINT_MAGIC = b"flwr-sheaf server checkpoint v1\n"
-#: 2: the strategy's rounds and failures live in its ``ledger`` (format 1 held them as ``rounds`` and
-#: ``failures``; such a checkpoint is refused naming both formats rather than resumed without its history)
+#: 2: rounds and failures in the strategy's ``ledger`` (format 1's ``rounds``/``failures``: refused)
 CHECKPOINT_FORMAT = 2
 _CHECKPOINT_FIX = (
     "restore the file from a backup, resume from another checkpoint (resume-from), or start the "
@@ -118,6 +110,7 @@ _RECORD_MAX, _RESULTS_MAX = 1 << 20, 1 << 30
 
 # ------------------------------------------------------------------------------ locks
 LOCK_NAME = ".lock"
+"""A locked directory's lock file (:class:`DirLock`)."""
 #: ``{lock file path: DirLock}`` of the locks this process holds.
 _HELD: dict[Path, DirLock] = {}
 
@@ -134,13 +127,11 @@ def _boot_id() -> str | None:
 
 
 def _boot_time() -> float | None:
-    """Seconds since the epoch at which this machine booted (Linux ``/proc/stat`` ``btime``)."""
-    try:
+    """When this machine booted, in seconds since the epoch (Linux ``/proc/stat`` ``btime``)."""
+    with suppress(OSError, ValueError):
         for line in Path("/proc/stat").read_text().splitlines():
             if line.startswith("btime "):
                 return float(line.split()[1])
-    except (OSError, ValueError):
-        pass
     return None
 
 
@@ -173,8 +164,7 @@ _FLOWER_RUNTIMES = ("flwr.simulation.app", "flwr.superlink.runtime.run_serverapp
 
 
 def _flower_run_id() -> int | None:
-    """The Flower run this process serves (``TaskIdentity.run_id`` in a process of Flower's runtime,
-    not ``LocalGrid``'s stand-in), or None."""
+    """The Flower run this process serves (in Flower's runtime, not ``LocalGrid``), or None."""
     if not any(m in sys.modules for m in _FLOWER_RUNTIMES):
         return None
     ident = getattr(sys.modules.get("flwr.supercore.task_identity"), "TaskIdentity", None)
@@ -182,8 +172,7 @@ def _flower_run_id() -> int | None:
 
 
 def _after_check(lock: DirLock) -> None:
-    """Called between the take-over decision and writing this run's details (a test hook: tests put
-    a contender here to interleave two take-overs deterministically)."""
+    """Test hook between the take-over decision and writing this run's details."""
 
 
 def held_by_this_process(directory: str | Path) -> DirLock | None:
@@ -191,51 +180,62 @@ def held_by_this_process(directory: str | Path) -> DirLock | None:
     return _HELD.get(Path(directory).expanduser().resolve() / LOCK_NAME)
 
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NOFOLLOW, _CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
 #: the most bytes of a lock file read (one written here is one JSON line of about 200 bytes)
 _LOCK_MAX = 4096
 
 
-def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
-    """An fd of the regular lock file ``path`` (``O_RDWR``, created when ``create``), never through a
-    symbolic link; None when it does not exist and ``create`` is False.
+def _open_regular(path: Path, flags: int, *, one_name: bool = False) -> int:
+    """An fd of the regular file ``path`` opened with ``flags``, never through a link nor waiting on
+    a FIFO; ValueError (why named) for a link, not a regular file or (``one_name``) a hard link."""
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0), 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link
+            raise ValueError("a symbolic link") from None
+        raise
+    st = os.fstat(fd)
+    what = None if stat.S_ISREG(st.st_mode) else "not a regular file"
+    if what is None and one_name and st.st_nlink != 1:  # a write would reach the other names
+        what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
+    if what is not None:
+        os.close(fd)
+        raise ValueError(what)
+    return fd
 
-    Raises:
-        LockedError: ``path`` is a symbolic link, a directory or not a regular file (named, with the fix).
-    """
+
+def _inode(path: Path, *, follow: bool = False) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path`` (``stat`` if ``follow``, else ``lstat``), or None: none."""
+    errors = OSError if follow else FileNotFoundError
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except errors:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _open_lock_file(path: Path, key: str, *, create: bool) -> int | None:
+    """An ``O_RDWR`` fd of the regular lock file ``path`` (created when ``create``), or None: none
+    there; LockedError for a symbolic link, a directory, a hard link or not a regular file."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
     except OSError:
         st = None
     if st is not None and stat.S_ISLNK(st.st_mode):
         raise _not_a_lock_file(path, key, f"a symbolic link (to {os.readlink(path)!r})")
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise _not_a_lock_file(path, key, "a directory")
-    flags = os.O_RDWR | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDWR | _CLOEXEC | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
+        return _open_regular(path, flags, one_name=True)
     except FileNotFoundError:
         if create:
             raise
         return None
     except IsADirectoryError:
         raise _not_a_lock_file(path, key, "a directory") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a link planted between lstat and open
-            raise _not_a_lock_file(path, key, "a symbolic link") from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        os.close(fd)
-        what = "not a regular file"
-        if stat.S_ISREG(
-            st.st_mode
-        ):  # a hard link: writing the lock would write the other name's file
-            what = f"a hard link ({st.st_nlink} names share its content, e.g. a `cp -al` snapshot)"
-        raise _not_a_lock_file(path, key, what)
-    return fd
+    except ValueError as exc:  # e.g. a link planted between lstat and open
+        raise _not_a_lock_file(path, key, str(exc)) from None
 
 
 def _not_a_lock_file(path: Path, key: str, what: str) -> LockedError:
@@ -247,17 +247,12 @@ def _not_a_lock_file(path: Path, key: str, what: str) -> LockedError:
     )
 
 
-#: seconds a taken ``flock`` is retried before a run is refused: another process's :func:`live_holder`
-#: probe holds a lock for microseconds, which must not read as a live run
+#: seconds a taken ``flock`` is retried: a :func:`live_holder` probe must not read as a live run
 _PROBE_WAIT = 0.25
 
 
 def _flock_nb(fd: int, mode: int, wait: float = _PROBE_WAIT) -> None:
-    """``flock(fd, mode | LOCK_NB)``, retried for ``wait`` seconds while another process holds it.
-
-    Raises:
-        BlockingIOError: still held after ``wait`` seconds.
-    """
+    """``flock(fd, mode | LOCK_NB)``, retried for ``wait`` seconds (then BlockingIOError)."""
     assert fcntl is not None
     end = time.monotonic() + wait
     while True:
@@ -271,16 +266,12 @@ def _flock_nb(fd: int, mode: int, wait: float = _PROBE_WAIT) -> None:
 
 
 def _flock_dir(directory: Path, mode: int, wait: float = _PROBE_WAIT) -> tuple[int | None, bool]:
-    """``(fd, locked)``: the directory opened and ``flock``-ed with ``mode | LOCK_NB`` (retried for
-    ``wait`` seconds); ``fd`` None where a directory cannot be opened or locked (no ``fcntl``, a file
-    system without ``flock`` on directories); ``locked`` False (fd closed, None) when another process
-    holds it."""
+    """``(fd, locked)``: the directory ``flock``-ed (:func:`_flock_nb`); ``fd`` None where it cannot
+    be (no ``fcntl``, no ``flock`` on directories) or is not ``locked`` (another process has it)."""
     if fcntl is None:  # pragma: no cover - Windows
         return None, True
     try:
-        fd = os.open(
-            directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-        )
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
     except OSError:
         return None, True
     try:
@@ -295,8 +286,8 @@ def _flock_dir(directory: Path, mode: int, wait: float = _PROBE_WAIT) -> tuple[i
 
 
 def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
-    """Who holds ``directory``'s lock (a live run: its process, host and start time), or None when
-    no run holds it. Nothing is created, taken or changed.
+    """Who holds ``directory``'s lock (a live run's process, host and start time), or None; nothing
+    is created, taken or changed.
 
     Raises:
         LockedError: the lock file is a symbolic link, a directory or not a regular file.
@@ -324,15 +315,13 @@ def live_holder(directory: str | Path, key: str = "resume-from") -> str | None:
 
 
 class DirLock:
-    """The lock file ``<directory>/.lock`` of one run (module docstring).
+    """One run's lock on a directory: ``<directory>/.lock`` names the holder (pid, host, start time,
+    Flower run) and is held with a kernel ``flock``, as is the directory; a dead holder's lock is
+    taken over with a warning.
 
     Args:
         directory: the locked directory (must exist).
         key: the run-config key naming it, for messages (``results-dir``, ``node-state-dir``).
-
-    Raises:
-        LockedError: (:meth:`acquire`) a live run holds the lock (its pid, host and start time named),
-            or its holder cannot be shown dead (why, and what to do, named).
     """
 
     def __init__(self, directory: str | Path, key: str = "results-dir") -> None:
@@ -343,10 +332,9 @@ class DirLock:
         self._fd: int | None = None
         self._dir_fd: int | None = None
         self._ident: tuple[int, int] | None = None
-        #: the locked directory's ``(st_dev, st_ino)`` when taken: one moved or replaced is detected
+        #: the directory's ``(st_dev, st_ino)`` when taken (one moved or replaced is detected)
         self._dir_ident: tuple[int, int] | None = None
 
-    # ------------------------------------------------------------------ details
     def _mine(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
@@ -368,7 +356,7 @@ class DirLock:
         return f"process {info.get('pid', '?')} on {where}"
 
     def _who(self, info: dict[str, Any] | None) -> str:
-        """Who holds the lock, for messages (``info``: the lock file's details, :meth:`_read`)."""
+        """Who holds the lock, for messages (``info``: :meth:`_read`)."""
         if info:
             return f"{self._describe(info)} holds {self.path} (since {info.get('started', '?')})"
         if info is not None:  # {}: the file is there but names no holder (empty, not our JSON)
@@ -408,8 +396,7 @@ class DirLock:
 
     @staticmethod
     def _read(fd: int) -> dict[str, Any] | None:
-        """The lock file's details (its first 4 KiB): None when it is empty, ``{}`` when it is not a JSON
-        object of at most that size."""
+        """The lock file's details: None when empty, ``{}`` when not a JSON object of <= 4 KiB."""
         data = os.pread(fd, _LOCK_MAX + 1, 0)
         if not data.strip():
             return None
@@ -422,7 +409,7 @@ class DirLock:
         return info if isinstance(info, dict) else {}
 
     def _holder_gone(self, info: dict[str, Any]) -> str | None:
-        """Why the holder named in a lock file whose ``flock`` is free is dead, or None if that cannot be shown."""
+        """Why the holder of a lock whose ``flock`` is free is dead, or None if unknown."""
         if fcntl is not None and info.get("boot_id") and info.get("boot_id") == _boot_id():
             return "its process no longer runs (the kernel released its lock)"
         boot = _boot_time()
@@ -440,9 +427,8 @@ class DirLock:
             and not isinstance(pid, bool)
             and (ns is None or ns == _pidns())
             and info.get("boot_id") in (None, _boot_id())
-        ):  # this kernel and PID namespace (or a lock that does not say): the pid can be asked; a
-            # lock naming another boot_id is another machine's that has the same host name (the
-            # initial PID namespace has the same inode on every Linux kernel), or of an earlier boot
+        ):  # this kernel and PID namespace: the pid can be asked (another boot_id: a namesake host,
+            # whose initial PID namespace has the same inode, or an earlier boot)
             if pid == os.getpid():  # this process does not hold it (_HELD): an earlier one's
                 return (
                     f"it names this very process (pid {pid}), which does not hold it: it was left by "
@@ -452,12 +438,12 @@ class DirLock:
                 return f"its process {pid} no longer runs"
         return None
 
-    # ------------------------------------------------------------------ acquire / release
     def acquire(self) -> DirLock:
         """Take the lock (taking over a stale one with a warning); returns self.
 
         Raises:
-            LockedError: see the class docstring.
+            LockedError: a live run holds it (its pid, host and start time named), or its holder
+                cannot be shown dead (why and the fix named).
         """
         if self.path in _HELD:
             raise self._busy(_HELD[self.path]._mine(), " (this same process: two runs at once)")
@@ -476,7 +462,7 @@ class DirLock:
         return self
 
     def _acquire_file(self) -> None:
-        """:meth:`acquire`'s lock file part (the directory's ``flock`` already held)."""
+        """:meth:`acquire`'s lock file part (the directory's ``flock`` held)."""
         for _ in range(100):  # retried only when the file was replaced between open and flock
             existed = os.path.lexists(self.path)
             fd = _open_lock_file(self.path, self.key, create=True)
@@ -487,27 +473,21 @@ class DirLock:
                         _flock_nb(fd, fcntl.LOCK_EX)
                     except BlockingIOError:
                         raise self._busy(self._read(fd) or {}) from None
-                    try:  # the holder we waited on may have removed the file: lock the one at the path
-                        a, b = os.fstat(fd), os.lstat(self.path)
-                        same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-                    except FileNotFoundError:
-                        same = False
-                    if not same:
+                    st = os.fstat(fd)
+                    if _inode(self.path) != (st.st_dev, st.st_ino):  # the holder removed it
                         os.close(fd)
                         fd = -1
                         continue
                 info = self._read(fd)
-                if (
-                    not info and existed and fcntl is not None
-                ):  # the kernel lock is free: a leftover
+                if not info and existed and fcntl is not None:  # kernel lock free: a leftover
                     log.warning(
                         "taking over the leftover lock file %s: it is %s and no process holds its "
                         "kernel lock (a run that died while writing it, or not written by flwr-sheaf)",
                         self.path,
                         "empty" if info is None else "not a flwr-sheaf lock (no JSON object in it)",
                     )
-                elif info is not None:  # a lock file without a live flock: its holder died, or
-                    why = self._holder_gone(info)  # it is on a kernel that cannot be asked
+                elif info is not None:  # no live flock: its holder died, or is on another kernel
+                    why = self._holder_gone(info)
                     if why is None:
                         raise self._busy(
                             info,
@@ -522,21 +502,26 @@ class DirLock:
                         why,
                     )
                 _after_check(self)
-                os.ftruncate(fd, 0)
-                os.lseek(fd, 0, os.SEEK_SET)
-                os.write(fd, json.dumps(self._mine()).encode())
-                os.fsync(fd)
+                ident = self._write_mine(fd)
             except BaseException:
                 if fd >= 0:
                     os.close(fd)
                 raise
-            st = os.fstat(fd)
-            self._fd, self._ident, self.held = fd, (st.st_dev, st.st_ino), True
+            self._fd, self._ident, self.held = fd, ident, True
             _HELD[self.path] = self
             return
         raise LockedError(  # pragma: no cover - 100 replacements in a row
             f"{self.key} {self.path.parent}: the lock file {self.path} keeps being replaced by other runs"
         )
+
+    def _write_mine(self, fd: int) -> tuple[int, int]:
+        """Write this run's details into the lock file ``fd``; returns its ``(st_dev, st_ino)``."""
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(self._mine()).encode())
+        os.fsync(fd)
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
 
     def release(self) -> None:
         """Remove the lock file and release the lock, if this run holds it."""
@@ -546,42 +531,31 @@ class DirLock:
         _HELD.pop(self.path, None)
         fd, self._fd = self._fd, None
         dfd, self._dir_fd = self._dir_fd, None
-        try:  # in the directory held (by its fd: it may have been moved), never in one at the path now
-            st = os.lstat(LOCK_NAME, dir_fd=dfd) if dfd is not None else os.lstat(self.path)
-            if fd is not None and (st.st_dev, st.st_ino) == self._ident:
-                # while still locked: a contender re-checks the inode
-                if dfd is not None:
-                    os.unlink(LOCK_NAME, dir_fd=dfd)
-                else:
-                    self.path.unlink()
-        except OSError:
-            pass
+        # in the directory held (by its fd: it may have been moved), never in one at the path now
+        name = LOCK_NAME if dfd is not None else self.path
+        with suppress(OSError):
+            st = os.lstat(name, dir_fd=dfd)
+            if fd is not None and (st.st_dev, st.st_ino) == self._ident:  # while still locked
+                os.unlink(name, dir_fd=dfd)
         if fd is not None:
             os.close(fd)
         if dfd is not None:
             os.close(dfd)
 
     def verify(self) -> None:
-        """Check, before a write into the directory, that the lock file at :attr:`path` is still the
-        one this run holds (same ``st_dev`` / ``st_ino`` as the held descriptor); one removed or
-        replaced meanwhile is put back (with a warning) while this run holds the directory's
-        ``flock``, so no other run can have taken the directory.
+        """Check, before a write into the directory, that this run still holds it; a lock file
+        removed or replaced meanwhile is put back (with a warning) while the directory's ``flock``
+        is held.
 
         Raises:
-            LockedError: the directory itself was moved, removed or replaced since the lock was taken
-                (its new path, if any, and what to do named: nothing more is written there), or
-                this run does not hold the lock, or the lock file was removed or replaced and
-                the directory's own lock is not available (a file system without ``flock`` on
-                directories), so another run may be writing there (the file and the fix named).
+            LockedError: this run does not hold the lock; the directory was moved, removed or
+                replaced (its new path, if any, and the fix named); or the lock file was removed or
+                replaced where the directory cannot be locked (another run may be writing there).
         """
         if not self.held or self._fd is None:
             raise LockedError(f"{self.key} {self.path.parent}: this run does not hold {self.path}")
         self._verify_directory()
-        try:
-            st = os.lstat(self.path)
-            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        except FileNotFoundError:
-            now = None
+        now = _inode(self.path)
         if now == self._ident:
             return
         what = "was removed" if now is None else "was replaced by another file"
@@ -602,29 +576,18 @@ class DirLock:
         )
         old = self._fd
         if now is not None:
-            try:
+            with suppress(OSError):
                 os.unlink(self.path)
-            except OSError:
-                pass
         fd = _open_lock_file(self.path, self.key, create=True)
         assert fd is not None, "created"
         if fcntl is not None:
             _flock_nb(fd, fcntl.LOCK_EX)
-        os.write(fd, json.dumps(self._mine()).encode())
-        os.fsync(fd)
-        st = os.fstat(fd)
-        self._fd, self._ident = fd, (st.st_dev, st.st_ino)
+        self._fd, self._ident = fd, self._write_mine(fd)
         os.close(old)
 
     def _verify_directory(self) -> None:
-        """Raise when the locked directory was moved, removed or replaced since :meth:`acquire` (its
-        ``st_dev`` / ``st_ino`` at the path differ): this run's lock went with the old directory, so
-        another run may hold the one at the path now."""
-        try:
-            st = os.stat(self.path.parent)
-            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        except OSError:
-            now = None
+        """Raise LockedError if the locked directory was moved, removed or replaced."""
+        now = _inode(self.path.parent, follow=True)
         if self._dir_ident is None or now == self._dir_ident:
             return
         where: str | None = None
@@ -644,7 +607,7 @@ class DirLock:
             gone = f"it is now {where}, with the files this run wrote there"
             then = (
                 f"continue it from its last checkpoint with resume-from='{where}'"
-                if (Path(where) / "checkpoint.pkl").is_file()
+                if (Path(where) / CHECKPOINT_NAME).is_file()
                 else f"run it again (no checkpoint was written in {where})"
             )
         raise LockedError(
@@ -655,13 +618,12 @@ class DirLock:
 
 
 class NoCheckpointError(ConfigError, FileNotFoundError):
-    """Resuming without a checkpoint: a :class:`~flwr_sheaf.config.ConfigError` (one line, no traceback,
-    in the in-process runner too) that is also a ``FileNotFoundError``."""
+    """Resuming without a checkpoint: a one-line ConfigError that is also a FileNotFoundError."""
 
 
 def check_keep_previous(value: Any) -> int:
-    """``keep-previous`` checked by its run-config key's own parser (the one validator of the run-config
-    key and of ``write_results(keep_previous=...)``): an integer >= 0.
+    """``keep-previous`` (the run-config key, or ``write_results(keep_previous=...)``) checked by
+    its key's parser: an integer >= 0.
 
     Raises:
         ConfigError: anything else (``keep-previous=<value>`` and the rule named).
@@ -677,19 +639,17 @@ def checkpoint_path(location: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint dict written by :meth:`~flwr_sheaf.rundir.Checkpointer.save`, after
-    its header, format and SHA-256 are verified (nothing unpickled before; :func:`~flwr_sheaf.integrity.read_sealed`).
+    """The checkpoint dict written by :meth:`Checkpointer.save`, after its header, format and
+    SHA-256 are verified (nothing is unpickled before: :func:`~flwr_sheaf.integrity.read_sealed`).
 
     Raises:
-        NoCheckpointError: no checkpoint at ``path`` (named; a ``ConfigError`` and a ``FileNotFoundError``).
-        ConfigError: not a regular file, an empty file, not a flwr-sheaf checkpoint, the old
-            headerless format, a format
-            of a newer (fix: upgrade) or older flwr-sheaf, a truncated or modified file (the file
-            and the fix named).
+        NoCheckpointError: no checkpoint at ``path``.
+        ConfigError: not a regular file; empty; not a flwr-sheaf checkpoint; the old headerless
+            format; a newer (fix: upgrade) or older format; truncated or modified (the file and the
+            fix named).
     """
     path = Path(path)
-    if os.path.lexists(path) and not path.is_file():  # not "nothing to resume": refused too
-        raise ConfigError(_not_a_checkpoint_file(path))
+    _refuse_non_file_checkpoint(path)
     if not path.is_file():
         raise NoCheckpointError(
             f"no checkpoint at {path}: nothing to resume (run without resume first)"
@@ -741,11 +701,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def _not_a_checkpoint_file(path: Path) -> str:
-    return (
-        f"checkpoint {path} is not a regular file (a directory, FIFO, device or broken link); "
-        f"{_CHECKPOINT_FIX}"
-    )
+def _refuse_non_file_checkpoint(path: Path) -> None:
+    """Refuse a directory, FIFO, device or broken link in a checkpoint's place."""
+    if os.path.lexists(path) and not path.is_file():
+        raise ConfigError(
+            f"checkpoint {path} is not a regular file (a directory, FIFO, device or broken link); "
+            f"{_CHECKPOINT_FIX}"
+        )
 
 
 def _newer_checkpoint(path: Path, what: str) -> None:
@@ -756,24 +718,15 @@ def _newer_checkpoint(path: Path, what: str) -> None:
     )
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file ``path`` (never through a symbolic link; a FIFO never waited on).
+def _read_json(path: Path, limit: int) -> Any:
+    """The JSON in the regular file ``path``, never read through a link nor waiting on a FIFO.
 
     Raises:
-        FileNotFoundError: none there.
-        ValueError: a link, not a regular file, or larger than ``limit`` bytes (why named).
-        OSError: it cannot be read.
+        ValueError: a link, not a regular file, larger than ``limit`` bytes, not JSON (why named).
+        OSError: none there (FileNotFoundError), or it cannot be read.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = _open_regular(path, os.O_RDONLY)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError("a symbolic link") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
         chunks: list[bytes] = []
         got = 0
         while got <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - got))):
@@ -784,11 +737,6 @@ def _read_regular(path: Path, limit: int) -> bytes:
     data = b"".join(chunks)
     if len(data) > limit:
         raise ValueError(f"larger than {limit} bytes")
-    return data
-
-
-def _json(data: bytes) -> Any:
-    """``json.loads(data)``; ValueError (``nested too deeply`` for a RecursionError) for anything else."""
     try:
         return json.loads(data)
     except RecursionError:
@@ -805,8 +753,8 @@ def recorded_run_config(path: Path) -> dict[str, Any]:
     try:
         if path.suffix != ".json":
             recorded = load_checkpoint(path).get("config")
-        else:  # bounded, no link, then the one results.json schema
-            parsed = _json(_read_regular(path, _RESULTS_MAX))
+        else:
+            parsed = _read_json(path, _RESULTS_MAX)
             recorded = check_results(parsed, str(path)).get("config")
     except (OSError, ValueError) as exc:
         if isinstance(exc, ConfigError):
@@ -820,16 +768,15 @@ def recorded_run_config(path: Path) -> dict[str, Any]:
 
 
 def read_node_state_claim(root: Path) -> dict[str, Any] | None:
-    """``<root>/run.json`` (:func:`claim_node_state_dir`): None when there is none; the record
-    (``results-dir``, ``started``, ``config`` a dict) when it is one.
+    """``<root>/run.json`` (:func:`claim_node_state_dir`): the record (``results-dir``, ``started``,
+    ``config`` a dict), or None when there is none.
 
     Raises:
-        ConfigError: a ``run.json`` that is a link, not a regular file, larger than 1 MiB or not such
-            a record (the file and the fix named).
+        ConfigError: a link, not a regular file, larger than 1 MiB or not such a record (fix named).
     """
     path = root / NODE_STATE_MARKER
     try:
-        info = _json(_read_regular(path, _RECORD_MAX))
+        info = _read_json(path, _RECORD_MAX)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -852,10 +799,9 @@ class RunFile:
     Attributes:
         name: its name in the directory.
         where: the run-config key of the directory (``results-dir``, ``node-state-dir``).
-        read: its one reader, ``read(path)``; raises a :class:`~flwr_sheaf.config.ConfigError` (or its
-            :class:`~flwr_sheaf.rundir.LockedError`) naming ``path`` for a damaged file. None: never read.
-        marks_run: its presence means the directory holds a run (a fresh run is refused without
-            ``overwrite``).
+        read: its one reader, ``read(path)``, raising a ``ConfigError`` (or :class:`LockedError`)
+            naming ``path`` for a damaged file; None: never read.
+        marks_run: its presence means the directory holds a run (refused without ``overwrite``).
         moved: ``overwrite`` moves it into ``previous-<UTC time>/``.
     """
 
@@ -874,8 +820,7 @@ RUN_FILES: tuple[RunFile, ...] = (
     RunFile(LOCK_NAME, "node-state-dir", lambda p: live_holder(p.parent, "node-state-dir")),
     RunFile(NODE_STATE_MARKER, "node-state-dir", lambda p: read_node_state_claim(p.parent)),
 )
-"""Every file read back from a run's directories with its reader (tests/test_run_files_generated.py
-draws damaged versions of each)."""
+"""Every file read back from a run's directories, with its reader."""
 #: Files whose presence means that ``results-dir`` holds another run's results.
 RESULT_FILES = tuple(f.name for f in RUN_FILES if f.marks_run)
 #: Files ``overwrite = true`` moves into ``previous-<UTC time>/``.
@@ -884,8 +829,7 @@ MOVED_FILES = tuple(f.name for f in RUN_FILES if f.moved)
 
 # ------------------------------------------------------------------------------ paths
 def _path_error(key: str, path: str | Path, exc: BaseException) -> ConfigError:
-    """A :class:`ConfigError` naming ``key``, ``path`` and the fix for an OS error (or Python's
-    ``RuntimeError: Symlink loop``) met while resolving or probing ``path``."""
+    """The ConfigError (key, path, fix) for an OSError or ``RuntimeError: Symlink loop``."""
     if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == 40:  # ELOOP
         return ConfigError(
             f"{key}={str(path)!r}: {path} runs into a symbolic-link loop (a link that points, "
@@ -909,15 +853,12 @@ def resolve_dir(key: str, path: str | Path) -> Path:
 
 
 def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> Path:
-    """``path`` resolved, after checking that it is (or can be created as) a writable directory.
-
-    Args:
-        key: the run-config key that names ``path`` (for messages).
-        create: create the directory (and its parents) now.
+    """``path`` resolved, after checking that it is (or can be created as) a writable directory;
+    ``create``: create it (and its parents) now; ``key``: the run-config key naming it, for messages.
 
     Raises:
-        ConfigError: a path component is a regular file, the directory (or its nearest existing parent)
-            is not writable, or it cannot be created (key, path and fix named).
+        ConfigError: a path component is a file, the directory (or its nearest existing parent) is
+            not writable, or it cannot be created (key, path and fix named).
     """
     p = resolve_dir(key, path)
     fix = f"set {key} to a directory you can write"
@@ -956,14 +897,12 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
 
 # ------------------------------------------------------------------------------ the run directory
 class RunDir:
-    """A run's directory (module docstring): where its files go, its lock, its ``previous-*`` folders.
+    """A run's directory: where its files go, its lock, its ``previous-*`` folders.
 
-    As :func:`preflight` returns it, a context manager holding the run's locks. Leaving it with an
-    exception after ``overwrite = true`` moved an earlier run's files aside: when the new run wrote
-    none of its own files (``results.json``, ``checkpoint.pkl``, ``accuracy.png``; e.g. it died at
-    discovery) they are moved back, else they stay in ``previous-<UTC time>/``; either way a note on
-    the exception and a log line say where they are. ``keep-previous`` is applied on leaving, once
-    the moved files are known to stay aside.
+    :func:`preflight` returns it as a context manager holding the run's locks. Left with an
+    exception after ``overwrite = true`` moved an earlier run's files aside, it moves them back when
+    the new run wrote none of its own, else they stay in ``previous-<UTC time>/`` (either way noted
+    on the exception and logged); ``keep-previous`` is applied on leaving.
 
     Args:
         path: the directory (``~`` expanded, resolved; need not exist yet).
@@ -989,14 +928,13 @@ class RunDir:
         self.previous_run: dict | None = None
         self.trained_before: dict[int, int] = {}
         self.checkpointer: Checkpointer | None = None
-        #: ``previous-*`` folders never pruned (the one ``resume-from`` reads from)
-        self.protect: list[Path] = []
+        self.protect: list[Path] = []  # previous-* folders never pruned (resume-from's)
 
     def __enter__(self) -> RunDir:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        """Leaving the run held by :func:`preflight` (class docstring); the locks are released."""
+        """Leave the run (class docstring); the locks are released."""
         try:
             if exc is not None and self.previous_run is not None:
                 self._after_failed_run(exc)
@@ -1009,8 +947,7 @@ class RunDir:
             self.locks = []
 
     def _after_failed_run(self, exc: BaseException) -> None:
-        """The moved-aside earlier run's files after the new run ended with ``exc``: moved back when
-        the new run wrote none of its own, the way noted on ``exc`` and logged."""
+        """The earlier run's files after this run ended with ``exc`` (class docstring)."""
         assert self.previous_run is not None
         out, folder = self.path, Path(self.previous_run["moved_to"])
         names = list(self.previous_run["files"])
@@ -1035,15 +972,11 @@ class RunDir:
         return [self.path / n for n in RESULT_FILES if (self.path / n).exists()]
 
     def lock(self) -> DirLock:
-        """Take the directory's lock (:class:`DirLock`); returns it.
-
-        Raises:
-            LockedError: a live run holds it (named), or its lock file is refused.
-        """
+        """Take the directory's lock (LockedError: as :meth:`DirLock.acquire`); returns it."""
         return DirLock(self.path, self.key).acquire()
 
     def previous(self) -> list[Path]:
-        """Its ``previous-*`` folders, oldest first (by the UTC time in their names, then their counter)."""
+        """Its ``previous-*`` folders, oldest first (by the UTC time in their names, then count)."""
 
         def order(p: Path) -> tuple[str, int]:
             stamp, _, n = p.name[len(PREVIOUS_PREFIX) :].partition("-")
@@ -1066,16 +999,15 @@ class RunDir:
         none (those moved are moved back when one cannot move).
 
         Args:
-            keep: ``keep-previous`` (checked before anything moves, :func:`check_keep_previous`): then
-                keep only the newest ``keep`` ``previous-*`` folders (the new one counts; never one in
-                ``protect``), each removal logged; 0 = keep every one.
+            keep: ``keep-previous`` (checked before anything moves): then :meth:`prune` to the
+                newest ``keep`` folders (the new one counts; never one in ``protect``); 0: all.
 
         Returns:
             ``(the new folder, the names moved)``, or None when none of them exists.
 
         Raises:
-            ConfigError: ``keep`` is not an integer >= 0, or a file cannot be moved (named, with the OS
-                reason, where every file is now, and the fix).
+            ConfigError: ``keep`` is not an integer >= 0, or a file cannot be moved (the OS reason,
+                where every file is now, and the fix named).
         """
         keep = check_keep_previous(keep)
         present = [n for n in names if os.path.lexists(self.path / n)]  # a dangling link too
@@ -1109,8 +1041,8 @@ class RunDir:
         return folder, present
 
     def move_back(self, folder: Path, names: Sequence[str]) -> str:
-        """Move ``names`` from ``folder`` back into the directory, then remove ``folder``; returns
-        where they are, as a clause (``"nothing was moved: ..."``, or where each one stays)."""
+        """Move ``names`` from ``folder`` back, then remove ``folder``; returns where they are, as a
+        clause (``"nothing was moved: ..."``, or where each one stays)."""
         back: list[str] = []
         try:
             for n in names:
@@ -1127,13 +1059,12 @@ class RunDir:
 
     def prune(self, keep: int, newest: Path, protect: Sequence[Path] = ()) -> None:
         """Remove the oldest ``previous-*`` folders beyond the newest ``keep`` (only those
-        :meth:`move_aside` made, never ``newest`` nor one in ``protect``), each logged; one that cannot
-        be removed is logged and kept."""
+        :meth:`move_aside` made, never ``newest`` nor one in ``protect``), each logged."""
         folders = [
             p
             for p in self.previous()
             if p != newest and p not in protect and _MOVED_ASIDE.fullmatch(p.name)
-        ]  # never a user's own "previous-<anything>"
+        ]
         folders.append(newest)
         for old in folders[: max(len(folders) - keep, 0)]:
             try:
@@ -1160,13 +1091,12 @@ class RunDir:
         keep: Any = 0,
         claim: DirLock | None = None,
     ) -> Iterator[Path]:
-        """Held while writing files into the directory (``write_results``): its lock (taken unless this
-        process holds it already), re-checked (:meth:`DirLock.verify`: a directory removed or moved
-        meanwhile is never recreated nor written); the files ``names`` that exist moved aside first
-        (:meth:`move_aside`, with ``keep``), and with ``overwrite`` (the lock not held before) the
-        ``results.json`` / ``accuracy.png`` of an earlier write too. ``claim``: the lock
-        :func:`~flwr_sheaf.results.check_results_dir` took for this write (used, then released, as
-        if taken here). Yields the directory.
+        """Held while writing files into the directory (``write_results``); yields it. Its lock is
+        taken (unless this process holds it, or ``claim``: the lock
+        :func:`~flwr_sheaf.results.check_results_dir` took) and verified (:meth:`DirLock.verify`);
+        the files ``names`` that exist are moved aside first (:meth:`move_aside`, with ``keep``),
+        with ``overwrite`` (the lock not held before) an earlier write's ``results.json`` /
+        ``accuracy.png`` too.
 
         Raises:
             LockedError: another live run holds it, or it was moved or removed while this one held it.
@@ -1216,9 +1146,9 @@ def check_node_state_dir(
     node state; ``run_config``: ``RunConfig.to_dict()``; ``resuming``: ``resume`` / ``resume-from``.
 
     Raises:
-        ConfigError: a fresh run over node state (state files or a ``run.json``) of another run; a
-            resumed run over node state recorded for another run config (the keys and both values
-            named); a damaged ``run.json`` (:func:`read_node_state_claim`).
+        ConfigError: a fresh run over another run's node state (state files or a ``run.json``); a
+            resumed run over node state of another run config (keys and values named); a damaged
+            ``run.json``.
     """
     marker = read_node_state_claim(root) if root.is_dir() else None
     parts = _state_partitions(root)
@@ -1250,11 +1180,7 @@ def check_node_state_dir(
 
 
 def claim_node_state_dir(root: Path, run_config: Mapping[str, Any], results_dir: Path) -> None:
-    """Record in ``root/run.json`` the run this node state belongs to (written atomically).
-
-    Raises:
-        OSError: the file cannot be written.
-    """
+    """Record in ``root/run.json`` (atomically; OSError if it cannot) whose node state this is."""
     root.mkdir(parents=True, exist_ok=True)
     data = {
         "results-dir": str(results_dir),
@@ -1268,12 +1194,11 @@ def claim_node_state_dir(root: Path, run_config: Mapping[str, Any], results_dir:
 
 # ------------------------------------------------------------------------------ preflight
 def _no_checkpoint(config: RunConfig, out: Path) -> None:
-    """Refuse resuming without a checkpoint, in one line naming what works instead."""
+    """Refuse resuming without a checkpoint, naming what works instead."""
     path = checkpoint_path(config.resume_from or out)
     if path.is_file():
         return
-    if os.path.lexists(path):  # a directory, FIFO or broken link there
-        raise ConfigError(_not_a_checkpoint_file(path))
+    _refuse_non_file_checkpoint(path)
     key = f"resume-from={config.resume_from!r}" if config.resume_from else "resume=true"
     hint = ""
     moved = [p / CHECKPOINT_NAME for p in RunDir(out).previous() if (p / CHECKPOINT_NAME).is_file()]
@@ -1297,11 +1222,7 @@ def _no_checkpoint(config: RunConfig, out: Path) -> None:
 
 
 def _check_resume_from_free(config: RunConfig, source: RunDir, out: Path) -> None:
-    """Refuse ``resume-from`` a directory a live run still holds (its checkpoint changes under us).
-
-    Raises:
-        LockedError: that run's process, host and start time named.
-    """
+    """Refuse (LockedError) ``resume-from`` a directory a live run holds: its checkpoint changes."""
     where = source.path
     if where == out or held_by_this_process(where) or not where.is_dir():
         return
@@ -1315,15 +1236,8 @@ def _check_resume_from_free(config: RunConfig, source: RunDir, out: Path) -> Non
 
 
 def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> None:
-    """Refuse ``resume-from`` into a ``results-dir`` whose ``results.json`` / ``checkpoint.pkl`` (``old``)
-    belong to another run: the resumed run's writes would replace them. Files of the run being resumed
-    pass (their recorded run config has the checkpoint's run identity: no key outside
-    :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` differs).
-
-    Raises:
-        ConfigError: the files, why they are another run's, and the fixes (another results-dir, or
-            ``overwrite = true``, which moves them aside) named.
-    """
+    """Refuse ``resume-from`` into a ``results-dir`` whose files ``old`` record another run config
+    than the checkpoint's (the resumed run would replace them)."""
     ckpt = checkpoint_path(config.resume_from)
     resumed = recorded_run_config(ckpt)  # readable: checked by _no_checkpoint and load_checkpoint
     why = []
@@ -1350,12 +1264,7 @@ def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> Non
 
 
 def _check_overwrite_with_resume(config: RunConfig, resuming: bool, source: RunDir | None) -> None:
-    """Refuse ``overwrite=true`` together with ``resume=true``, or with a ``resume-from`` of the
-    results-dir itself: one starts afresh, the other continues.
-
-    Raises:
-        ConfigError: naming both keys and the fix.
-    """
+    """Refuse ``overwrite=true`` with ``resume=true`` or a ``resume-from`` of the results-dir."""
     if not (config.overwrite and resuming):
         return
     if source is not None and source.path != resolve_dir("results-dir", config.results_dir):
@@ -1391,21 +1300,17 @@ def resume_without_node_state(out: Path, before: str) -> str:
     )
 
 
-def _checkpoint_node_state_dir(run: RunDir) -> str | None:
-    """The ``node-state-dir`` of the run checkpointed in ``run`` (``""``: none), or None when its
-    checkpoint cannot be read."""
-    try:
-        return str(load_checkpoint(run.checkpoint)["config"].get("node-state-dir", ""))
-    except Exception:  # noqa: BLE001 - a broken checkpoint: resuming names its problem
-        return None
-
-
 def _check_fresh_run_into(
     config: RunConfig, run: RunDir, old: Sequence[Path], simulation: bool = False
 ) -> None:
-    """Refuse a fresh run (no resume, no overwrite) into a ``results-dir`` holding another run's
-    files, advising ``resume=true`` only where it can continue that run."""
-    kept = _checkpoint_node_state_dir(run) if run.checkpoint.exists() else None
+    """Refuse a fresh run into a ``results-dir`` holding another run's files ``old`` (advising
+    ``resume=true`` only where it can continue that run)."""
+    kept = None  # the checkpointed run's node-state-dir ("": none); None: no readable checkpoint
+    if run.checkpoint.exists():
+        try:
+            kept = str(load_checkpoint(run.checkpoint)["config"].get("node-state-dir", ""))
+        except Exception:  # noqa: BLE001 - a broken checkpoint: resuming names its problem
+            pass
     if kept or (kept is not None and not simulation):
         how = (
             "resume=true to continue that run, or overwrite=true to move its files into "
@@ -1432,13 +1337,20 @@ def _check_fresh_run_into(
 
 def preflight(config: RunConfig, simulation: bool = False) -> RunDir:
     """Check every directory the run writes, take its locks and move an overwritten run's files
-    aside; returns the :class:`RunDir` of ``results-dir`` holding the locks (``with preflight(config)
-    as run:``). ``simulation``: Flower's simulation engine, whose nodes keep state only in
-    ``node-state-dir`` (a refusal then advises ``resume=true`` only for a run that set it).
+    aside (moved back if the run fails before writing its own); returns the :class:`RunDir` of
+    ``results-dir`` holding the locks (``with preflight(config) as run:``).
+
+    Args:
+        simulation: Flower's simulation engine, whose nodes keep state only in ``node-state-dir``
+            (a refusal then advises ``resume=true`` only for a run that set it).
 
     Raises:
-        ConfigError: each refusal of the module docstring (key, path and fix named); an earlier
-            run's file that cannot be moved aside (nothing moved then).
+        ConfigError: (key, path and fix named) a directory the run writes (``results-dir``,
+            ``node-state-dir``, ``tracking-dir``) that cannot be created or written, or a link loop;
+            ``overwrite`` with ``resume``; resuming without a checkpoint; a fresh run into a
+            ``results-dir`` holding another run's files, without ``overwrite = true``; a
+            ``node-state-dir`` of another run; ``resume-from`` into a ``results-dir`` holding
+            another run's files; an earlier run's file that cannot be moved aside (nothing moved).
         LockedError: a live run holds ``results-dir``, ``node-state-dir`` or the ``resume-from`` source.
     """
     resuming = config.resume or bool(config.resume_from)
@@ -1452,8 +1364,7 @@ def preflight(config: RunConfig, simulation: bool = False) -> RunDir:
         state_root = check_writable_dir("node-state-dir", config.node_state_dir)
     if config.tracking.strip():
         resolve_dir("results-dir", config.results_dir)  # a link loop named by its key first
-        # tracking.tracking_dir's default, unresolved: a link loop is then named by check_writable_dir
-        check_writable_dir(
+        check_writable_dir(  # tracking.tracking_dir's default, unresolved
             "tracking-dir", config.tracking_dir or str(Path(config.results_dir) / "tracking")
         )
     run = RunDir(check_writable_dir("results-dir", config.results_dir, create=True))
@@ -1512,26 +1423,24 @@ REBUILT = frozenset(
         "requested_rounds",
     }
 )
-"""Strategy attributes a checkpoint does not store: rebuilt from the run config (``alpha``), by
-discovery (``nodes``, the ``exchange``), per call of ``start`` (``extra_*_config``, round
-callbacks), or the checkpointer itself. The ledger is stored without its round being built."""
+"""Strategy attributes a checkpoint does not store: rebuilt from the run config, by discovery, per
+call of ``start``, or the checkpointer itself."""
 
 
 class Checkpointed(Protocol):
-    """What a checkpoint saves and puts back of a strategy: its attributes (``vars``, less
-    :data:`REBUILT`) and its discovered nodes; the checkpointer never imports the strategy's class."""
+    """A strategy as a checkpoint sees it: attributes (``vars``, less :data:`REBUILT`) and nodes."""
 
     @property
     def nodes(self) -> Mapping[int, Node]: ...  # noqa: D102
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint that could not be written (full disk, permissions, ...): the file, the server round,
-    the OS reason and the fix named; the checkpoint already there (if any) is unchanged (atomic write)."""
+    """A checkpoint that could not be written (file, round, OS reason and fix named); the one
+    already there, if any, is unchanged."""
 
 
 class Checkpointer:
-    """Writes the strategy's checkpoints and restores one (module docstring).
+    """Writes the strategy's checkpoints (sealed, atomically) and restores one (docs/resume.md).
 
     Args:
         directory: where ``checkpoint.pkl`` is written (the run's ``results-dir``).
@@ -1556,21 +1465,19 @@ class Checkpointer:
         self.config = dict(config)
         self.every = int(every)
         self.resume_from = None if resume_from is None else checkpoint_path(resume_from)
-        #: the round the restored checkpoint ended with (0 for a fresh run).
-        self.restored_round = 0
-        #: wall seconds of the run before the restored round (sum over its stopped parts).
-        self.previous_wall_seconds = 0.0
+        self.restored_round = 0  # the restored checkpoint's round (0: a fresh run)
+        self.previous_wall_seconds = 0.0  # of the run's stopped parts before it
         self._checked: dict[str, Any] | None = None
 
     def check(self, strategy: Checkpointed, num_rounds: int) -> dict[str, Any] | None:
-        """Load and check the checkpoint to resume from against the run, before any message is sent
-        (:meth:`restore` calls it when the caller did not). Returns the checkpoint, None for a fresh run.
+        """Load and check the checkpoint to resume from against the run, before any message; returns
+        it, or None for a fresh run.
 
         Raises:
             FileNotFoundError: resuming without a checkpoint.
-            ConfigError: another format or strategy class; run-config keys that differ from the
-                checkpointed run's outside :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (each key
-                with both values named); a checkpoint past ``num-server-rounds``.
+            ConfigError: another format or strategy class; run-config keys that differ outside
+                :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (both values named); a checkpoint
+                past ``num-server-rounds``.
         """
         if self.resume_from is None:
             return None
@@ -1650,13 +1557,11 @@ class Checkpointer:
         Raises:
             pickle.PicklingError / TypeError / AttributeError: a strategy attribute that cannot be
                 pickled (add it to :data:`REBUILT` if it is rebuilt from the config).
-            CheckpointWriteError: the file cannot be written (an ``OSError`` naming the file, the
-                round, the reason and the fix; the previous checkpoint is left as it was).
-            flwr_sheaf.rundir.LockedError: results-dir's lock file was removed or replaced while
-                this run held it and the directory itself cannot be locked (:meth:`DirLock.verify`).
+            CheckpointWriteError: the file cannot be written (the previous checkpoint unchanged).
+            LockedError: as :meth:`DirLock.verify` of results-dir's lock.
         """
         lock = held_by_this_process(self.path.parent)
-        if lock is not None:  # its lock file removed or replaced meanwhile: put back, or refused
+        if lock is not None:
             lock.verify()
         state = {k: v for k, v in vars(strategy).items() if k not in REBUILT}
         ckpt = {
@@ -1694,17 +1599,15 @@ class Checkpointer:
 
 
 def open_run(config: RunConfig, strategy: Any, simulation: bool = False) -> RunDir:
-    """The run's directory, ready for the rounds: :func:`preflight` (checks, locks, an overwritten
-    run's files moved aside), then the :class:`Checkpointer` set on ``strategy`` and, when resuming,
-    its checkpoint checked, the node state's directory checked and claimed and
-    ``strategy.resume_check`` set so that every node finds its state (client/state.py). The returned
-    :class:`RunDir` (``with open_run(...) as run:``) holds the locks; ``run.trained_before`` is
-    ``{partition-id: last round it trained}`` of the resumed checkpoint (empty for a fresh run).
+    """The run's directory, ready for the rounds (``with open_run(...) as run:``, holding the
+    locks): :func:`preflight`, then the :class:`Checkpointer` set on ``strategy`` and, when
+    resuming, its checkpoint and the node state checked, the node state claimed and
+    ``strategy.resume_check`` set (``run.trained_before``: ``{partition-id: last round trained}``).
 
     Raises:
-        ConfigError, LockedError: as :func:`preflight`; as :meth:`Checkpointer.check` and
-            :func:`check_node_state_dir`; in Flower's simulation engine (``simulation``) without
-            ``node-state-dir``, resuming nodes that trained before (their state lived in memory only).
+        ConfigError, LockedError: as :func:`preflight`, :meth:`Checkpointer.check` and
+            :func:`check_node_state_dir`; in the simulation engine without ``node-state-dir``,
+            resuming nodes that trained before (their state lived in memory only).
     """
     run = preflight(config, simulation)
     try:
@@ -1768,8 +1671,6 @@ def _last_trained(rounds: Sequence[Any], num_nodes: int) -> dict[int, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``main([DIR])`` (``argv`` default: ``sys.argv[1:]``): 0 when no live run holds ``DIR``; else 1,
     who holds it (or why its lock file is refused) printed on stderr; 2 for another number of arguments."""
-    import sys
-
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: flwr_sheaf.rundir.main([DIR])", file=sys.stderr)
