@@ -139,7 +139,7 @@ def check_results_dir(
 
 
 def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
-    """``out_dir`` expanded, after the shared checks of :func:`check_results_dir` and :func:`write_results`."""
+    """``out_dir`` expanded, after the checks :func:`check_results_dir` and :func:`write_results` share."""
     from .config import KEYS
 
     KEYS["overwrite"](overwrite)  # a truthy "false" is not taken as asked
@@ -816,14 +816,14 @@ def _failure_summary(status: dict) -> str:
 
 # ------------------------------------------------------------------ the status of a ledger
 def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, Any]:
-    """Whether the ledger's run is ``completed``, ``degraded`` or ``failed`` (rules: docs/guarantees.md).
+    """Whether the ledger's run is ``completed``, ``degraded`` or ``failed`` (docs/guarantees.md).
 
     ``failed``: more than ``max_failed_fraction`` of the sampled train replies failed, no round drew
     a node, or (below 1) a sampled round trained nobody or every evaluation failed. ``degraded``:
     any failure short of that, a round that drew nobody, or nothing measured.
 
     Returns:
-        ``degradation``'s keys (docs/results-schema.md): ``status``, ``reasons``, ``problems``, counts.
+        ``degradation``'s keys (docs/results-schema.md): ``status``, ``reasons``, ``problems``, ...
     """
     rounds, failures = ledger.rounds, ledger.failures
     sampled, failed, idle, per_node = _train_counts(rounds)

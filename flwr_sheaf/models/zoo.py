@@ -60,10 +60,7 @@ def _tiny_spec(i: int) -> AgentSpec:
 
 
 def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
-    """Agent specs of a named zoo (see the module docstring for the names).
-
-    Built once per process and name (the specs are frozen): every node of a process asks for the
-    whole zoo, so building it per call would make set-up quadratic in the number of agents.
+    """Agent specs of a named zoo (module docstring), built once per process and name.
 
     Args:
         name: ``"paper-15"``, ``"two-agent:<d>"`` or ``"tiny-<N>"``.
@@ -81,8 +78,7 @@ def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
 
 
 def zoo_size(name: str) -> int:
-    """Number of agents of a named zoo, read from the name (nothing is built: ``tiny-100000`` costs
-    nothing).
+    """Number of agents of a named zoo, read from the name (nothing built).
 
     Raises:
         ValueError: as :func:`zoo_specs` (unknown name, ``N <`` :data:`MIN_ZOO_AGENTS`, a bad ``d``).
@@ -130,10 +126,8 @@ def build_agent(
     Args:
         spec: the agent's architecture and class set.
         num_classes: number of logits (global label space, 10 for MNIST).
-        seed: if given, weights are initialised under ``torch.manual_seed(seed)`` inside
-            ``torch.random.fork_rng`` (CPU generator), so the result is reproducible and the
-            global RNG state is left untouched. ``None``: the global RNG is used (PyTorch default
-            initialisation, as the reference code after ``seed_everything``).
+        seed: if given, weights are drawn from the CPU generator seeded with it inside
+            ``torch.random.fork_rng`` (global RNG untouched); ``None``: the global RNG.
         **whitening_kwargs: ``shrinkage``, ``eps``, ``momentum``, ``check_finite`` of the
             whitening layer.
 
