@@ -82,8 +82,7 @@ def _method_name(strategy: Any) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-#: ``{lock path: DirLock}`` of the results directories :func:`check_results_dir` claimed for a run
-#: (held until :func:`write_results` writes there, or the process ends)
+#: ``{lock path: DirLock}`` that :func:`check_results_dir` claimed, until :func:`write_results`
 _CLAIMED: dict[Path, DirLock] = {}
 
 
@@ -165,16 +164,6 @@ def _parsed(config: Mapping[str, Any]) -> bool:
     return set(KEYS) <= set(config)
 
 
-def _as_parsed(key: str, value: Any) -> Any:
-    """``value`` as run-config ``key``'s parser reads it (``1.0`` == 1, ...), else as given."""
-    from .config import ConfigError, lookup_key
-
-    try:
-        return lookup_key(key)(value)
-    except (ConfigError, KeyError, TypeError, ValueError):
-        return value
-
-
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
     """One warning per key of one's own app's ``config`` the strategy does not apply.
 
@@ -185,14 +174,18 @@ def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[
     import difflib
     from dataclasses import fields
 
-    from .config import KEYS, METHOD_KEYS
+    from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
 
     if strategy is None or not config or _parsed(config):
         return []
     used, out = {**_ran(strategy), **strategy_config(strategy)}, []
     for key in config:
         if key in used:
-            if _as_parsed(key, config[key]) != used[key]:
+            try:  # as the key's parser reads it (1.0 == 1, ...)
+                value = lookup_key(key)(config[key])
+            except (ConfigError, KeyError, TypeError, ValueError):
+                value = config[key]
+            if value != used[key]:
                 fix = next(  # the section field that holds key (lambda is SheafConfig's lam)
                     (
                         f"pass {type(sec).__name__}({f.name}=...) to the strategy"
@@ -231,10 +224,10 @@ def write_results(
     errors: Sequence[str] = (),
     keep_previous: int | None = None,
 ) -> Path:
-    """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
+    """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``.
 
-    The bundled app's files, from any :class:`~flwr_sheaf.GraphStrategy` after ``strategy.start``
-    (keys: docs/results-schema.md; NaN and inf as null; the figure: :func:`plot_rounds`).
+    The bundled app's files (docs/results-schema.md; NaN and inf as null; :func:`plot_rounds`), from
+    any :class:`~flwr_sheaf.GraphStrategy` after ``strategy.start``.
 
     Args:
         strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
@@ -242,8 +235,7 @@ def write_results(
         config: run-config values recorded as given, then the strategy's section keys
             (:func:`strategy_config`); ``method`` from the registry when absent.
         overwrite: move the files already in ``out_dir`` and another run's ``checkpoint.pkl`` into
-            a new ``previous-<UTC time>/`` (all or none; refused otherwise); under a lock this
-            process already holds (the bundled app's preflight) the files there are replaced.
+            a new ``previous-<UTC time>/`` (under a lock this process holds: replace them).
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``.
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON values or numpy ones), written last.
@@ -262,10 +254,10 @@ def write_results(
         TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number. (A value
             JSON cannot hold is written null and the run ``degraded``.)
         ValueError: the strategy has not run, ``extra`` names a key written here, or (a
-            ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or an earlier file
-            that cannot be moved aside (then none is moved).
-        FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
-            run's ``checkpoint.pkl``, and ``overwrite`` is False (the files named).
+            ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or a file that cannot
+            be moved aside.
+        FileExistsError: ``out_dir`` holds a ``results.json``, ``accuracy.png`` or another run's
+            ``checkpoint.pkl``, and ``overwrite`` is False.
         NotADirectoryError: ``out_dir`` exists and is not a directory.
         flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``'s lock, or ``out_dir``
             was removed or moved while this process held it.
@@ -298,20 +290,6 @@ def write_results(
         if inflight is None or exc is inflight:
             raise
         own = exc
-    # outside the except block: raising the exception in flight keeps its own __context__ (the
-    # error it was raised while handling), instead of write_results' error posing as its cause
-    raise _noted(inflight, own, out_dir)
-
-
-def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
-    """``given``, else ``cfg[key]``, else its default, checked by the key's parser (ConfigError)."""
-    from .config import DEFAULTS, KEYS
-
-    return KEYS[key](given if given is not None else cfg.get(key, DEFAULTS[key]))
-
-
-def _noted(inflight: BaseException, own: Exception, out_dir: str | Path) -> BaseException:
-    """``inflight`` with a note (and a logged error) saying what was not written and why (``own``)."""
     inflight.add_note(
         f"flwr-sheaf: write_results(out_dir={str(out_dir)!r}) could not write this run's results "
         f"either ({type(own).__name__}: {own})"
@@ -323,7 +301,15 @@ def _noted(inflight: BaseException, own: Exception, out_dir: str | Path) -> Base
         type(inflight).__name__,
         inflight,
     )
-    return inflight
+    # outside the except block: the exception in flight keeps its own __context__
+    raise inflight
+
+
+def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
+    """``given``, else ``cfg[key]``, else its default, checked by the key's parser (ConfigError)."""
+    from .config import DEFAULTS, KEYS
+
+    return KEYS[key](given if given is not None else cfg.get(key, DEFAULTS[key]))
 
 
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -413,35 +399,6 @@ def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) 
     return cfg
 
 
-def _payload(
-    strategy: GraphStrategy,
-    cfg: dict[str, Any],
-    status: dict[str, Any],
-    wall_seconds: float | None,
-    extra: Mapping[str, Any],
-) -> dict[str, Any]:
-    """results.json's content (docs/results-schema.md), ``extra`` last."""
-    from .devices import cpu_environment
-
-    return {
-        "config": cfg,
-        "rounds": strategy.history,
-        "nodes": {str(k): v for k, v in sorted(strategy.ledger.node_results.items())},
-        "edges": list(strategy.ledger.edge_results),
-        "failures": strategy.ledger.failures,
-        "total_wall_seconds": (
-            strategy.ledger.rounds[-1].elapsed_seconds
-            if wall_seconds is None
-            else float(wall_seconds)
-        ),
-        "status": status["status"],
-        "degradation": status,
-        "latent_collapse": next(iter(collapse_warnings(strategy.ledger.node_results)), None),
-        "environment": cpu_environment(),
-        **extra,
-    }
-
-
 def _checked_payload(
     strategy: GraphStrategy,
     cfg: dict[str, Any],
@@ -451,9 +408,10 @@ def _checked_payload(
     problems: Sequence[str],
     errors: Sequence[str],
 ) -> dict[str, Any]:
-    """results.json's content as JSON values (:func:`flwr_sheaf.schema.to_json_value`), checked
-    against the schema; a value that cannot be written (null) or a payload outside the schema is
-    named among ``degradation.problems`` (the run ``degraded``)."""
+    """results.json's content (docs/results-schema.md) as JSON values
+    (:func:`flwr_sheaf.schema.to_json_value`), checked against the schema; a value that cannot be
+    written (null) or a payload outside the schema is named among ``degradation.problems``."""
+    from .devices import cpu_environment
     from .schema import ResultsFileError, check_results, to_json_value
 
     cfg, bad = to_json_value(cfg, "config")
@@ -463,8 +421,24 @@ def _checked_payload(
         extra.update(values)
         bad += more
     status = run_status(strategy, max_failed_fraction, problems, errors)
+    ledger = strategy.ledger
     payload, more = to_json_value(
-        _payload(strategy, cfg, status, wall_seconds, extra), "results.json"
+        {
+            "config": cfg,
+            "rounds": strategy.history,
+            "nodes": {str(k): v for k, v in sorted(ledger.node_results.items())},
+            "edges": list(ledger.edge_results),
+            "failures": ledger.failures,
+            "total_wall_seconds": (
+                ledger.rounds[-1].elapsed_seconds if wall_seconds is None else float(wall_seconds)
+            ),
+            "status": status["status"],
+            "degradation": status,
+            "latent_collapse": next(iter(collapse_warnings(ledger.node_results)), None),
+            "environment": cpu_environment(),
+            **extra,
+        },
+        "results.json",
     )
     bad += more
     try:
@@ -475,7 +449,8 @@ def _checked_payload(
         return payload
     log.warning("results.json: %s", "; ".join(bad))
     status = run_status(strategy, max_failed_fraction, [*problems, *bad], errors)
-    return to_json_value(_payload(strategy, cfg, status, wall_seconds, extra))[0]
+    payload["status"], payload["degradation"] = status["status"], to_json_value(status)[0]
+    return payload
 
 
 def _write_files(
@@ -524,7 +499,6 @@ def run_status(
     ``degraded`` by ``problems`` and ``failed`` by ``errors`` or by rounds short of the last
     ``start``'s ``num_rounds`` (docs/results-schema.md)."""
     status = _ledger_status(strategy.ledger, max_failed_fraction)
-    status["reasons"] = list(status.get("reasons", []))
     requested = getattr(strategy, "requested_rounds", None)
     if requested is not None:
         last = strategy.ledger.rounds[-1].round if strategy.ledger.rounds else 0
@@ -538,8 +512,7 @@ def run_status(
     if status["reasons"]:
         status["status"] = "failed"
     extra_problem = getattr(strategy, _EXTRA_PROBLEM, None)  # results_extra raised
-    status["problems"] = list(status.get("problems", [])) + list(problems)
-    status["problems"] += [extra_problem] if extra_problem else []
+    status["problems"] += [*problems, *([extra_problem] if extra_problem else [])]
     if not status["problems"]:
         del status["problems"]  # the key is written only when something degraded the run
     elif status["status"] == "completed":
@@ -681,10 +654,8 @@ def write_run(
 ) -> Path:
     """Write the bundled app's run into ``run`` (:func:`write_results`) and log its status.
 
-    ``results.json`` also records the run's warnings, the moved-aside previous run, the resumed part,
-    the Ray cluster and the ``tracker``'s files and problems. After ``stopped`` (what
-    ``strategy.start`` raised) the completed rounds are written with status ``failed`` where
-    possible and a note on ``stopped`` says where; the caller re-raises it.
+    After ``stopped`` (what ``strategy.start`` raised) the completed rounds are written with status
+    ``failed`` where possible and a note on ``stopped`` says where; the caller re-raises it.
 
     Returns:
         Path of the written ``results.json``.

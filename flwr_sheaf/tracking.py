@@ -68,8 +68,7 @@ class Tracker:
         wandb_mode: ``"offline"`` (nothing sent) or ``"online"``.
 
     Raises:
-        ConfigError: no tracker named, an unknown one, or one whose package is missing (the pip
-            extra named); a ``wandb_mode`` other than ``offline`` / ``online``.
+        ConfigError: no tracker, an unknown one or one not installed; a bad ``wandb_mode``.
         OSError: ``log_dir`` cannot be created.
     """
 
@@ -131,11 +130,10 @@ class Tracker:
         while True:
             try:
                 (parent / name).mkdir()
+                break
             except FileExistsError:
                 i += 1
                 name = f"{self.run_name}-{i}"
-                continue
-            break
         if name != self.run_name:
             log.info(
                 "tracking: %s already holds a run named %s: this run is %s",
@@ -200,14 +198,14 @@ class Tracker:
 
     def describe(self) -> dict[str, Any]:
         """``results.json``'s ``tracking``: trackers, run name, directories, rounds logged, errors."""
-        out: dict[str, Any] = {"trackers": list(self.names), "run_name": self.run_name}
-        if self.tensorboard_dir is not None:
-            out["tensorboard_dir"] = str(self.tensorboard_dir)
-        if self.wandb_dir is not None:
-            out["wandb_dir"] = str(self.wandb_dir)
-        out["rounds_logged"] = self.rounds_logged
-        out["errors"] = dict(self.errors)
-        return out
+        dirs = {"tensorboard_dir": self.tensorboard_dir, "wandb_dir": self.wandb_dir}
+        return {
+            "trackers": list(self.names),
+            "run_name": self.run_name,
+            **{k: str(v) for k, v in dirs.items() if v is not None},
+            "rounds_logged": self.rounds_logged,
+            "errors": dict(self.errors),
+        }
 
     @property
     def problems(self) -> list[str]:

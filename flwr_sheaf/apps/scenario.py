@@ -60,11 +60,7 @@ def prepare_scenario(config: RunConfig, method: Method, strategy: Any, num_nodes
 
 
 def agent_specs(scenario: ScenarioConfig) -> tuple[AgentSpec, ...]:
-    """The agents' specs of ``scenario.zoo`` (one per partition-id; paper Tab. 2 for ``paper-15``).
-
-    Raises:
-        ValueError: an unknown zoo name (named, with the valid forms).
-    """
+    """The agents' specs of ``scenario.zoo``, one per partition-id (ValueError: unknown zoo)."""
     return zoo_specs(scenario.zoo)
 
 
@@ -76,8 +72,13 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
         OutsideScenarioError: partition-id >= N for the zoo (a ``ValueError``; a spare node).
         ValueError: a negative partition-id.
     """
-    spec = _agent_spec(scenario, partition_id)
-    data = _agent_data(_data_key(scenario), partition_id)
+    specs = agent_specs(scenario)
+    if not 0 <= partition_id < len(specs):
+        error = OutsideScenarioError if partition_id >= len(specs) else ValueError
+        raise error(
+            f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
+        )
+    spec, data = specs[partition_id], _agent_data(_data_key(scenario), partition_id)
     model = build_agent(
         spec,
         seed=scenario.seed * 1000 + partition_id,
@@ -96,17 +97,6 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
         tuple(data.classes),
         y_pilot=data.y_pilot,
     )
-
-
-def _agent_spec(scenario: ScenarioConfig, partition_id: int) -> AgentSpec:
-    """The zoo spec of ``partition_id``, range-checked (errors as :func:`scenario_task`)."""
-    specs = agent_specs(scenario)
-    if not 0 <= partition_id < len(specs):
-        error = OutsideScenarioError if partition_id >= len(specs) else ValueError
-        raise error(
-            f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
-        )
-    return specs[partition_id]
 
 
 #: ``(dataset, zoo, shift, seed, num-pilots or None, partitioner)``: what an agent's data depends on
@@ -213,15 +203,8 @@ def cnn_task_factory(context: Context) -> LocalTask:
 
 
 def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[int, NodeInfo]:
-    """What every agent of the CNN-zoo scenario reports at discovery, derived on the ServerApp from
-    the definitions the nodes use: ``d``, class set, pilots' count and digest, training-split size.
-
-    Args:
-        scenario: the run's scenario section.
-        num_partitions: N, the federation size every node reports.
-
-    Returns:
-        ``{partition-id: NodeInfo}`` for ``0..N-1`` (N = the zoo's agents).
+    """``{partition-id: NodeInfo}`` that every agent of the scenario reports at discovery (with
+    ``num_partitions``), derived on the ServerApp from the definitions the nodes use.
 
     Raises:
         ConfigError: the scenario's data cannot be prepared on this machine, or is invalid.

@@ -172,9 +172,8 @@ def build(
     (else ``device_spec``) with its weights (and SGD state when ``train`` is given) restored.
 
     Raises:
-        whatever the factory raises (e.g. ``ValueError`` for a partition-id outside the zoo),
-        :class:`~flwr_sheaf.devices.DeviceUnavailableError` for a device this machine lacks, and
-        ``RuntimeError`` from ``load_state_dict`` when the stored state does not fit the rebuilt model.
+        whatever the factory raises; :class:`~flwr_sheaf.devices.DeviceUnavailableError` for a device
+        this machine lacks; ``RuntimeError`` when the stored state does not fit the rebuilt model.
     """
     set_torch_threads(threads)
     spec = train.device if train is not None else device_spec

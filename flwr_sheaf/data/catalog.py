@@ -137,13 +137,11 @@ def _run(cmd: list[str], cwd: str) -> subprocess.CompletedProcess:
 
 def install(name: str, dest: Path | None = None) -> Path:
     """Install ``name`` into ``dest`` (default: the repository's ``data/<name>``) from its Debian
-    package and return the directory; idempotent (a directory that verifies is returned as is; an
-    existing Debian install is copied when it verifies).
+    package (or a verified system install) and return the directory; idempotent.
 
     Raises:
         ValueError: unknown name.
-        RuntimeError: ``apt-get download`` failed (message with apt's output and what to do), or the
-            unpacked files fail their SHA-256 check.
+        RuntimeError: ``apt-get download`` failed, or the unpacked files fail their SHA-256 check.
     """
     if name not in NAMED_DATASETS:
         raise ValueError(f"unknown named dataset {name!r}; known: {sorted(NAMED_DATASETS)}")

@@ -56,9 +56,8 @@ IMAGE_SIZE = 28
 #: Samples of the named sources (train + test, as loaded): known without loading them.
 SOURCE_SIZES = {"mnist-bundled": 5000, "fashion-mnist": 70000}
 
-# idx file names: "train-images-idx3-ubyte" (MNIST/Fashion-MNIST, torchvision raw folders) and
-# "train-images.idx3-ubyte" (some mirrors), each optionally gzipped. Train first, then test
-# ("t10k"), as the paper concatenates them.
+# idx file names: "train-images-idx3-ubyte" or "train-images.idx3-ubyte", optionally gzipped;
+# train first, then test ("t10k"), as the paper concatenates them.
 _IDX_PARTS = ("train", "t10k")
 _IDX_PATTERN = {
     "images": "{part}-images[-.]idx3-ubyte(\\.gz)?",

@@ -60,10 +60,7 @@ def _tiny_spec(i: int) -> AgentSpec:
 
 
 def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
-    """Agent specs of a named zoo (module docstring), built once per process and name.
-
-    Args:
-        name: ``"paper-15"``, ``"two-agent:<d>"`` or ``"tiny-<N>"``.
+    """Agent specs of a named zoo (names: module docstring), built once per process and name.
 
     Returns:
         Tuple of :class:`~flwr_sheaf.paper.AgentSpec`, one per agent (partition id = index).
@@ -119,13 +116,12 @@ def build_agent(
     seed: int | None = None,
     **whitening_kwargs: Any,
 ) -> SheafAgent:
-    """Instantiate one agent from its spec (paper App. G Tab. 2/3): ``CNNEncoder(spec.channels,
-    spec.dropout)`` with a ``Whitening(spec.d, **whitening_kwargs)`` and an
-    ``MLPHead(spec.d, spec.hidden, spec.dropout, num_classes)`` whose colouring inverts it.
+    """Instantiate one agent from its spec (paper App. G Tab. 2/3): a ``CNNEncoder`` with its
+    ``Whitening`` and an ``MLPHead`` whose colouring inverts it.
 
     Args:
         spec: the agent's architecture and class set.
-        num_classes: number of logits (global label space, 10 for MNIST).
+        num_classes: number of logits (10 for MNIST).
         seed: if given, weights are drawn from the CPU generator seeded with it inside
             ``torch.random.fork_rng`` (global RNG untouched); ``None``: the global RNG.
         **whitening_kwargs: ``shrinkage``, ``eps``, ``momentum``, ``check_finite`` of the
@@ -135,8 +131,7 @@ def build_agent(
         A :class:`SheafAgent` on CPU, float32, in train mode.
 
     Raises:
-        ValueError: if a class in ``spec.classes`` is outside ``[0, num_classes)``, or on
-            invalid architecture / whitening arguments.
+        ValueError: a class outside ``[0, num_classes)``, or bad architecture / whitening arguments.
     """
     if not isinstance(spec, AgentSpec):
         raise ValueError(f"spec must be an AgentSpec, got {type(spec).__name__}")

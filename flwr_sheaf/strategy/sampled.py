@@ -30,8 +30,7 @@ __all__ = ["SampledDiscovery", "Sampling", "info_mismatch", "sample_phase"]
 
 log = logging.getLogger("flwr_sheaf")
 
-#: NodeInfo fields a reply must share with the scenario's expectation (partition-id selects it;
-#: num-partitions is checked against N separately)
+#: NodeInfo fields a reply must share with the scenario's expectation
 CHECKED_FIELDS = ("d", "classes", "num_pilots", "num_examples", "pilot_digest")
 
 
