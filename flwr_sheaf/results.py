@@ -239,8 +239,8 @@ def write_results(
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``.
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
         extra: further top-level keys (JSON values or numpy ones), written last.
-        problems: what else did not go as asked, one line each (the run is written ``degraded``).
-        errors: what ended the run early, one line each (the run is written ``failed``).
+        problems: lines that make the run ``degraded``.
+        errors: what ended the run early, one line each (the run ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders (None or 0: all;
             default: ``config``'s ``keep-previous``).
 
@@ -589,9 +589,8 @@ def collapse_warnings(
     """results.json's ``latent_collapse`` warning: nodes whose latents collapsed.
 
     Args:
-        nodes: ``{partition-id: {"low_variance_fraction": float in [0, 1], "trained": bool,
-            "trained_rounds": int, ...}}`` (``results.json``'s ``nodes``); a missing or NaN
-            fraction is skipped, a node that never trained is not counted.
+        nodes: ``results.json``'s ``nodes`` (``low_variance_fraction``, ``trained``,
+            ``trained_rounds``); a missing or NaN fraction is skipped, an untrained node not counted.
         threshold: the fraction above which a node counts as collapsed.
 
     Returns:
@@ -878,7 +877,7 @@ def _accuracy_measured(rounds: list[RoundRecord], failures: list[dict]) -> bool 
 
 
 def _nothing_measured(failures: list[dict]) -> str:
-    """The line of a run whose evaluations measured no accuracy (how many failed, the first reason)."""
+    """The line of a run whose evaluations measured no accuracy."""
     bad = [f for f in failures if f["phase"] in _EVALUATION_PHASES]
     if not bad:
         return "no accuracy was measured: every evaluated round's accuracies are null"

@@ -54,9 +54,8 @@ def round_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
 class Tracker:
     """Logs each round's :func:`round_scalars` to TensorBoard and/or Weights & Biases; a context manager.
 
-    TensorBoard: a ``SummaryWriter`` in ``<log_dir>/tensorboard/<run_name>`` (step = server round).
-    W&B: ``wandb.init(project, mode, dir=log_dir, name=run_name, config)``, one ``run.log`` per
-    round. A tracker that fails is switched off with a warning (its error in :meth:`describe`).
+    TensorBoard writes ``<log_dir>/tensorboard/<run_name>``, W&B ``wandb.init(dir=log_dir)``, step =
+    server round. A tracker that fails is switched off with a warning (its error in :meth:`describe`).
 
     Args:
         trackers: names (:func:`parse_trackers`: ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"``).

@@ -9,7 +9,7 @@ from typing import Any
 
 from flwr.app import Context
 
-from ..client.task import LocalTask
+from ..client.task import TASK_TENSORS, LocalTask
 from ..config import (
     ConfigError,
     RunConfig,
@@ -85,18 +85,8 @@ def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
         shrinkage=scenario.whitening_shrinkage,
         eps=scenario.whitening_eps,
     )
-    return LocalTask(
-        model,
-        data.x_train,
-        data.y_train,
-        data.x_val,
-        data.y_val,
-        data.x_test,
-        data.y_test,
-        data.x_pilot,
-        tuple(data.classes),
-        y_pilot=data.y_pilot,
-    )
+    tensors = {name: getattr(data, name) for name in TASK_TENSORS}
+    return LocalTask(model, classes=tuple(data.classes), y_pilot=data.y_pilot, **tensors)
 
 
 #: ``(dataset, zoo, shift, seed, num-pilots or None, partitioner)``: what an agent's data depends on

@@ -385,16 +385,6 @@ def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def _remove_dead_temps(cache_dir: Path) -> None:
-    """Remove the temporary files of writers killed mid-write (untouched for an hour)."""
-    for tmp in cache_dir.glob(".tmp-*"):
-        try:
-            if time.time() - tmp.stat().st_mtime > 3600:
-                tmp.unlink()
-        except OSError:
-            pass
-
-
 def _write_cached(entry: Path, prefix: str, x: torch.Tensor, y: torch.Tensor) -> None:
     """Write a cache entry (files renamed into place, the seal last) and drop the directory's older
     entries; an ``OSError`` leaves the cache as it was."""
@@ -431,7 +421,10 @@ def _load_idx_dir(
     pairs = _idx_files(root)
     entry = None
     if cache_dir is not None:
-        _remove_dead_temps(Path(cache_dir))
+        for tmp in Path(cache_dir).glob(".tmp-*"):  # of writers killed mid-write an hour ago
+            with contextlib.suppress(OSError):
+                if time.time() - tmp.stat().st_mtime > 3600:
+                    tmp.unlink()
         try:
             entry = _cache_paths(Path(cache_dir), root, pairs)
         except OSError:
@@ -452,21 +445,6 @@ def _load_idx_dir(
 HUB_PROBE_SECONDS = 5.0
 
 
-def _probe_hub(name: str, endpoint: str) -> None:
-    """Raise ConnectionError (the fixes named) when the hub at ``endpoint`` gives no HTTP reply."""
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)
-    except Exception as exc:  # httpx / requests errors: no network, DNS, refused, timed out
-        raise ConnectionError(
-            f"dataset spec 'hf:{name}': the Hugging Face hub {endpoint} did not answer within "
-            f"{HUB_PROBE_SECONDS:g} s ({type(exc).__name__}: {exc}); offline, set HF_HUB_OFFLINE=1 "
-            f"to load it from the local cache (where it was downloaded before), or use "
-            f"'mnist-bundled' / 'idx:<dir>'"
-        ) from None
-
-
 @functools.cache
 def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """All splits of a HF dataset (``train``, ``test``, others by name); ImportError without
@@ -480,7 +458,18 @@ def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         ) from err
     offline = bool(datasets.config.HF_HUB_OFFLINE)
     if not offline:  # one short probe: the hub client would retry an unreachable hub for minutes
-        _probe_hub(name, str(datasets.config.HF_ENDPOINT))
+        from huggingface_hub.utils import get_session
+
+        endpoint = str(datasets.config.HF_ENDPOINT)
+        try:
+            get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)  # any HTTP reply will do
+        except Exception as exc:  # httpx / requests errors: no network, DNS, refused, timed out
+            raise ConnectionError(
+                f"dataset spec 'hf:{name}': the Hugging Face hub {endpoint} did not answer within "
+                f"{HUB_PROBE_SECONDS:g} s ({type(exc).__name__}: {exc}); offline, set HF_HUB_OFFLINE=1 "
+                f"to load it from the local cache (where it was downloaded before), or use "
+                f"'mnist-bundled' / 'idx:<dir>'"
+            ) from None
     try:
         dsd = datasets.load_dataset(name)
     except ConnectionError as err:

@@ -44,10 +44,9 @@ def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
     ]
     if not diffs:
         return None
-    why = "a different run config, dataset or package version on that node"
     return (
         f"partition-id {reported.partition_id} reports {', '.join(diffs)}: the node's data or model "
-        f"is not the scenario's ({why})"
+        "is not the scenario's (a different run config, dataset or package version on that node)"
     )
 
 
@@ -59,14 +58,11 @@ class SampledDiscovery:
         expected: ``{partition-id: NodeInfo}`` for ``0..N-1``, what each agent must report.
 
     Attributes:
-        node_ids: the registered node ids the draws are over (sorted; set by :meth:`run`).
-        described: ``{node id: partition-id}`` of the nodes that described themselves (idle spares
-            with partition-id >= N included).
+        node_ids: the sorted registered node ids the draws are over (set by :meth:`run`).
+        described: ``{node id: partition-id}`` of the nodes that described themselves (spares too).
         refused: ``{node id: (partition-id or None, reason)}`` of the nodes whose description failed.
-        rounds: ``{round: {"train": [...], "evaluate": [...]}}`` partition-ids described in that
-            round (for ``results.json``).
-        unfilled: ``{round: {phase: (filled, drawn)}}`` of the draws whose slots could not all be
-            given to agents (every further SuperNode a spare or unusable).
+        rounds: ``{round: {phase: [partition-id, ...]}}`` described in that round.
+        unfilled: ``{round: {phase: (filled, drawn)}}`` of the draws short of agents.
 
     Raises:
         ValueError: ``expected`` is not keyed by ``0..N-1``.
