@@ -1,8 +1,7 @@
 """The results files of a run: ``results.json`` and ``accuracy.png`` (schema: docs/results-schema.md).
 
-:func:`write_results` is the one way to write them, for the bundled app (``flwr run .``, whose
-ServerApp calls it after the last round) and for one's own Flower app (call it on the strategy after
-``strategy.start(...)`` returns). :func:`plot_rounds` draws the accuracy figure from per-round dicts.
+:func:`write_results` writes them, for the bundled app and for one's own Flower app (after
+``strategy.start(...)`` returns); :func:`plot_rounds` draws the accuracy figure.
 """
 
 from __future__ import annotations
@@ -313,7 +312,8 @@ def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
 
 
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The strategy's own ``results_extra()``, after the checks of ``strategy`` and of the keys."""
+    """The strategy's own ``results_extra()``, after the checks of ``strategy`` and of the keys; if
+    the override raises, the base class's keys (or none), the error kept as a problem."""
     from .strategy.graph import GraphStrategy
 
     if not isinstance(strategy, GraphStrategy):
@@ -330,7 +330,20 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
     clash = sorted(set(extra or {}) & set(_OWN_KEYS))
     if clash:
         raise ValueError(f"extra keys {clash} are written by write_results itself; rename them")
-    own_extra = _own_results_extra(strategy)
+    setattr(strategy, _EXTRA_PROBLEM, None)  # this write's own
+    try:
+        own_extra = strategy.results_extra()
+    except Exception as e:  # noqa: BLE001 - a method's hook: its keys are lost, not the run's results
+        problem = (
+            f"{name}.results_extra raised {type(e).__name__}: {e}; results.json "
+            "is written without the method's own keys (fix the hook)"
+        )
+        setattr(strategy, _EXTRA_PROBLEM, problem)
+        log.warning("%s", problem, exc_info=True)
+        try:
+            own_extra = GraphStrategy.results_extra(strategy)
+        except Exception:  # noqa: BLE001 - the base reads state the method broke: write without it
+            own_extra = {}
     clash = sorted(set(own_extra) & set(_OWN_KEYS))
     if clash:
         raise ValueError(
@@ -342,27 +355,6 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
 
 #: attribute of a strategy whose ``results_extra`` raised: the problem line (:func:`run_status`)
 _EXTRA_PROBLEM = "_flwr_sheaf_results_extra_problem"
-
-
-def _own_results_extra(strategy: GraphStrategy) -> dict[str, Any]:
-    """``strategy.results_extra()``; if the override raises, the base class's keys (or none), the
-    error logged and kept on the strategy as a problem (the run ``degraded``: :func:`run_status`)."""
-    from .strategy.graph import GraphStrategy
-
-    setattr(strategy, _EXTRA_PROBLEM, None)  # this write's own
-    try:
-        return strategy.results_extra()
-    except Exception as e:  # noqa: BLE001 - a method's hook: its keys are lost, not the run's results
-        problem = (
-            f"{type(strategy).__name__}.results_extra raised {type(e).__name__}: {e}; results.json "
-            "is written without the method's own keys (fix the hook)"
-        )
-        setattr(strategy, _EXTRA_PROBLEM, problem)
-        log.warning("%s", problem, exc_info=True)
-    try:
-        return GraphStrategy.results_extra(strategy)
-    except Exception:  # noqa: BLE001 - the base reads state the method broke: write without it
-        return {}
 
 
 def _check_foreign_checkpoint(

@@ -440,20 +440,12 @@ def key_readers() -> dict[str, list[str]]:
 def run_config_warnings(
     run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any
 ) -> list[str]:
-    """Run-config values the run will not use, or that likely surprise, said before any message.
+    """Lines naming run-config values the run will not use, or that likely surprise, and the fix.
 
-    One line per changed method-section key the method does not read, tracker key without its
+    For ``run_config`` (as given; ``config`` its parse) and the ``strategy`` built for ``method``:
+    each changed method-section key the strategy's sections do not hold, tracker key without its
     tracker, :attr:`RunConfig.warnings`, and ``evaluate-nodes`` ``panel``/``drawn`` at
     ``fraction-evaluate = 1``; compared before ``preset`` (a preset never warns).
-
-    Args:
-        run_config: the run config as given.
-        config: its parse.
-        method: the selected method.
-        strategy: the built strategy (the sections it holds are what it reads).
-
-    Returns:
-        One line each naming the key, its value and what to do (empty when none apply).
     """
     changed = _changed_keys(run_config)
     out: list[str] = []
