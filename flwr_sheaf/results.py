@@ -99,8 +99,7 @@ def check_results_dir(
     process ends). With ``strategy`` and ``config``, unapplied keys are warned about now.
 
     Raises:
-        FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
-            is False (the files named, with the fix).
+        FileExistsError: ``out_dir`` holds ``results.json`` or ``accuracy.png`` (no ``overwrite``).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
         flwr_sheaf.rundir.LockedError: a live run holds ``out_dir``.
         flwr_sheaf.config.ConfigError: ``config``'s ``max-failed-fraction`` or ``keep-previous`` is
@@ -137,7 +136,7 @@ def check_results_dir(
 
 
 def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
-    """``out_dir`` expanded, after the checks :func:`check_results_dir` and :func:`write_results` share."""
+    """``out_dir`` expanded, after the checks :func:`check_results_dir` shares with writing."""
     from .config import KEYS
 
     KEYS["overwrite"](overwrite)  # a truthy "false" is not taken as asked
@@ -157,7 +156,7 @@ def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
 
 
 def _parsed(config: Mapping[str, Any]) -> bool:
-    """Whether ``config`` is a parsed run config holding every key (the bundled app's ``to_dict()``)."""
+    """Whether ``config`` is a parsed run config's ``to_dict()`` (it holds every key)."""
     from .config import KEYS
 
     return set(KEYS) <= set(config)
@@ -360,8 +359,7 @@ _EXTRA_PROBLEM = "_flwr_sheaf_results_extra_problem"
 def _check_foreign_checkpoint(
     strategy: GraphStrategy, out: Path, out_dir: str | Path, overwrite: bool
 ) -> Path | None:
-    """``out/checkpoint.pkl`` if it exists and is not the strategy's own (FileExistsError without
-    ``overwrite``), else None."""
+    """Another run's ``out/checkpoint.pkl`` (FileExistsError without ``overwrite``), else None."""
     from .rundir import CHECKPOINT_NAME
 
     ckpt, own = out / CHECKPOINT_NAME, getattr(strategy, "checkpointer", None)
@@ -454,8 +452,7 @@ def _write_files(
     overwrite: bool = False,
     keep_previous: int = 0,
 ) -> Path:
-    """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``
-    under :meth:`flwr_sheaf.rundir.RunDir.writing` (lock; ``foreign`` and old files moved aside)."""
+    """Write ``results.json`` and ``accuracy.png`` into ``out`` under :meth:`RunDir.writing`."""
     from .rundir import RunDir, held_by_this_process
 
     held = held_by_this_process(out)

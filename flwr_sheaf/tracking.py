@@ -163,7 +163,7 @@ class Tracker:
         )
 
     def log_round(self, record: Mapping[str, Any]) -> None:
-        """Log one finished round (``record``: its ``results.json`` dict); a failing tracker is switched off."""
+        """Log one finished round's ``results.json`` dict; a failing tracker is switched off."""
         step = int(record["round"])
         scalars = round_scalars(record)
         writer, run = self._writer, self._run
@@ -215,8 +215,7 @@ class Tracker:
         ]
 
     def close(self) -> None:
-        """Close the TensorBoard writer and finish the W&B run (idempotent; a failure is recorded
-        in :attr:`errors`, never raised)."""
+        """Close the trackers (idempotent; a failure is recorded in :attr:`errors`, never raised)."""
         writer, run = self._writer, self._run
         self._writer = self._run = None
         if writer is not None:

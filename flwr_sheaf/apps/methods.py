@@ -20,7 +20,7 @@ __all__ = [
 
 
 def zoo_methods() -> list[str]:
-    """Sorted names of the registered methods that run on the CNN-zoo scenario (no own task factory)."""
+    """Sorted names of the registered methods without a task factory of their own (CNN zoo)."""
     return sorted(name for name, m in METHODS.items() if m.task_factory is None)
 
 
@@ -35,8 +35,7 @@ def build_strategy(config: RunConfig) -> Strategy:
 
 
 def register_all_handlers(app: ClientApp, factory: TaskFactory) -> ClientApp:
-    """Register every registered method's handlers on ``app``, each action once (a method's own
-    task factory, e.g. RFedAGS's, instead of ``factory``)."""
+    """Register every method's handlers on ``app`` once per action (its own task factory first)."""
     done = {name.split(".", 1)[1] for name in getattr(app, "_registered_funcs", {}) if "." in name}
     for m in list(METHODS.values()):  # a copy: a handler's import may register another method
         if m.action in done:

@@ -39,8 +39,7 @@ __all__ = [
 
 
 def num_nodes(config: RunConfig, method: Method | None = None) -> int:
-    """Agents of the run: the method's own count (e.g. RFedAGS's problem) or the CNN zoo's
-    (``method``: default the registered ``config.method``)."""
+    """Agents of the run: the method's own count (e.g. RFedAGS's) or the CNN zoo's."""
     method = method or get_method(config.method)
     if method.num_nodes is not None:
         return method.num_nodes(config)
@@ -155,7 +154,7 @@ def check_scenario(scenario: ScenarioConfig) -> None:
 
 def _largest_tiny_zoo(scenario: ScenarioConfig) -> str:
     """Advice for a refused ``tiny-<N>`` zoo: the largest passing ``tiny-<M>``, found by bisection
-    (``tiny-M`` is a prefix of ``tiny-N``); ``""`` for another zoo or when not even ``tiny-2`` passes."""
+    (``tiny-M`` is a prefix of ``tiny-N``); ``""`` for another zoo or when ``tiny-2`` fails too."""
     m = re.fullmatch(r"tiny-(\d+)", scenario.zoo.strip())
     if m is None:
         return ""

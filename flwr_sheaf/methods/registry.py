@@ -362,7 +362,7 @@ _TRACKER_KEYS = {"tracking-dir": "", "wandb-project": "wandb", "wandb-mode": "wa
 
 
 def _changed_keys(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """``{key: parsed value}`` of the known keys ``run_config`` sets off their default (bad ones skipped)."""
+    """``{key: parsed value}`` of the known keys ``run_config`` sets off their default."""
     known = {**METHOD_KEYS, **KEYS}
     out: dict[str, Any] = {}
     for k, v in run_config.items():
@@ -500,8 +500,7 @@ def run_config_warnings(
 
 
 def method_train_note(run_config: Mapping[str, Any], method: str) -> str | None:
-    """The line logged when ``method`` trains with its own optimizer settings
-    (:func:`~flwr_sheaf.config.method_train_changes`), else None."""
+    """The line logged when ``method`` trains with its own optimizer settings, else None."""
     changed = method_train_changes(run_config)
     if not changed:
         return None

@@ -4,7 +4,7 @@ Instead of querying every SuperNode before round 1 (minutes at 10,000 on Ray:
 benchmarks/records/performance-ray-sampled.md), the server builds the graph from the ``expected``
 :class:`~flwr_sheaf.protocol.NodeInfo` per partition-id, draws each round over the sorted
 registered node ids, and queries the drawn nodes not yet described, each reply checked against
-``expected`` (:func:`info_mismatch`). Protocol and failures: notes/participation.md, "Sampled discovery".
+``expected`` (:func:`info_mismatch`). Protocol: notes/participation.md, "Sampled discovery".
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ CHECKED_FIELDS = ("d", "classes", "num_pilots", "num_examples", "pilot_digest")
 
 
 def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
-    """Why a node's reported :class:`~flwr_sheaf.protocol.NodeInfo` differs from ``expected`` (each field
-    named with both values), or None."""
+    """Why a node's reported :class:`NodeInfo` differs from ``expected``, or None."""
     diffs = [
         f"{f.replace('_', '-')} {getattr(reported, f)!r} (the scenario gives {getattr(expected, f)!r})"
         for f in CHECKED_FIELDS
@@ -166,8 +165,7 @@ class SampledDiscovery:
 
     @property
     def problems(self) -> list[str]:
-        """Lines that make the run ``degraded``: drawn nodes that gave no usable description, and
-        draws whose slots could not all be filled."""
+        """Lines that make the run ``degraded``: unusable descriptions, draws short of agents."""
         out = []
         unusable = [why for p, why in self.refused.values() if p is None]
         if unusable:
@@ -259,7 +257,7 @@ class SampledDiscovery:
         return sorted(out)
 
     def _agent(self, node_id: int) -> bool:
-        """Whether described node ``node_id`` names an agent's partition-id (< N), accepted or refused."""
+        """Whether described node ``node_id`` names an agent (partition-id < N), accepted or not."""
         pid = self.described.get(node_id, self.refused.get(node_id, (None, ""))[0])
         return pid is not None and pid < self.num_nodes
 
@@ -300,7 +298,7 @@ class SampledDiscovery:
         return sorted(new)
 
     def refuse(self, node_id: int, pid: int | None, why: str) -> None:
-        """Record node ``node_id``'s failed description (``pid`` None: no usable partition-id, logged)."""
+        """Record ``node_id``'s failed description (``pid`` None: no usable partition-id, logged)."""
         self.refused[node_id] = (pid, why if pid is not None else f"round {self._round}: {why}")
         if pid is None:
             log.warning(
