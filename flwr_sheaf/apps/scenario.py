@@ -47,12 +47,8 @@ def num_nodes(config: RunConfig, method: Method | None = None) -> int:
 
 
 def prepare_scenario(config: RunConfig, method: Method, strategy: Any, num_nodes: int) -> None:
-    """Before any message: :func:`check_scenario` (a method without its own task factory), then
-    :func:`sampled_discovery`.
-
-    Raises:
-        ConfigError: as :func:`check_scenario` and :func:`sampled_discovery`.
-    """
+    """Before any message: :func:`check_scenario` (for a method without its own task factory),
+    then :func:`sampled_discovery` (ConfigError as those)."""
     if method.task_factory is None:
         check_scenario(config.scenario)
     sampled_discovery(config, method, strategy, num_nodes)
@@ -134,9 +130,8 @@ def check_scenario(scenario: ScenarioConfig) -> None:
     """
     if scenario.dataset.startswith("hf:"):
         return  # a hub download on the ServerApp's host is not wanted: the nodes check at discovery
-    key = _data_key(scenario)
     try:
-        prepared = _prepared(*key)
+        prepared = _prepared(*_data_key(scenario))
     except (FileNotFoundError, ImportError, OSError):
         return  # not on this machine: the nodes' discovery checks it
     except ValueError as exc:
@@ -181,11 +176,8 @@ def _largest_tiny_zoo(scenario: ScenarioConfig) -> str:
 
 
 def cnn_task_factory(context: Context) -> LocalTask:
-    """:data:`~flwr_sheaf.client.task.TaskFactory` of the CNN-zoo scenarios (reads ``context.run_config``).
-
-    Raises:
-        ConfigError: a bad scenario value in the run config.
-    """
+    """:data:`~flwr_sheaf.client.task.TaskFactory` of the CNN-zoo scenarios (ConfigError: a bad
+    scenario value in ``context.run_config``)."""
     return scenario_task(
         ScenarioConfig.from_mapping(apply_preset(context.run_config)), node_partition_id(context)
     )
@@ -204,9 +196,8 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
             f"{key}: the ServerApp derives every agent's description from the data, and a hub "
             f"dataset is not downloaded on its host; use discovery='all'"
         )
-    data_key = _data_key(scenario)
     try:
-        prepared = _prepared(*data_key)
+        prepared = _prepared(*_data_key(scenario))
     except (FileNotFoundError, ImportError, OSError, ValueError) as exc:
         raise ConfigError(
             f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "
@@ -236,8 +227,7 @@ def sampled_discovery(config: RunConfig, method, strategy, num_nodes: int) -> No
     """
     if config.discovery != "sampled":
         return
-    fix = "use discovery='all'"
-    why = None
+    fix, why = "use discovery='all'", None
     if method.task_factory is not None:
         why = f"method {config.method!r} brings its own task factory, so the ServerApp cannot derive its nodes"
     elif getattr(strategy, "federation", None) is None or not hasattr(

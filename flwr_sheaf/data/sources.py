@@ -285,11 +285,7 @@ def decoded_cache_dir() -> Path | None:
 
 
 def _idx_files(root: Path) -> list[tuple[Path, Path]]:
-    """The ``(images, labels)`` idx pairs of ``root``, train then t10k.
-
-    Raises:
-        FileNotFoundError: the directory, or one file of a pair, or every pair is missing (named).
-    """
+    """The ``(images, labels)`` idx pairs of ``root``, train then t10k (FileNotFoundError: missing)."""
     if not root.is_dir():
         hint = (
             f"; for Fashion-MNIST use dataset=fashion-mnist after: {install_hint('fashion-mnist')}"

@@ -419,11 +419,8 @@ def _builder_sections(builder: Any) -> set[type[Section]]:
 
 
 def key_readers() -> dict[str, list[str]]:
-    """``{method-section key: sorted names of the registered methods that read it}``.
-
-    A method reads its own section (:attr:`Method.config`) and those its strategy builder refers
-    to; the app's own sections (scenario, federation, train) are read by every method, not listed.
-    """
+    """``{method-section key: sorted names of the registered methods that read it}``: a method's
+    own section and those its strategy builder refers to (the app's sections are not listed)."""
     out: dict[str, set[str]] = {}
     for method in METHODS.values():
         sections = _builder_sections(method.strategy)
@@ -475,9 +472,7 @@ def run_config_warnings(
                 f"method={config.method!r} and is ignored: the method evaluates no node; drop {key}"
             )
     trackers = {t.strip() for t in config.tracking.split(",") if t.strip()}
-    for key, tracker in _TRACKER_KEYS.items():
-        if key not in changed:
-            continue
+    for key, tracker in ((k, t) for k, t in _TRACKER_KEYS.items() if k in changed):
         if not tracker and not trackers:
             out.append(
                 f"{key}={changed[key]!r} is ignored: tracking is off (tracking={config.tracking!r}); "

@@ -1,16 +1,14 @@
-"""Agent zoos: the paper's architectures (App. G Tab. 2 and Tab. 3) and a cheap heterogeneous
-family for tests and cross-device scenarios, plus the builder that turns an
-:class:`~flwr_sheaf.paper.AgentSpec` into a :class:`~flwr_sheaf.models.cnn.SheafAgent`.
+"""Agent zoos (the paper's App. G Tab. 2 and 3, and a cheap heterogeneous family) and the
+builder of a :class:`~flwr_sheaf.models.cnn.SheafAgent` from an :class:`~flwr_sheaf.paper.AgentSpec`.
 
 Zoo names accepted by :func:`zoo_specs`:
 
 * ``"paper-15"``: the 15 agents of Tab. 2 (3,411,690 trainable parameters).
 * ``"two-agent:<d>"``: the 2-agent bottleneck pair of Fig. 3 / Tab. 3 at latent size ``d``
   (a positive multiple of 4).
-* ``"tiny-<N>"``: ``N >= 1`` small heterogeneous agents (each < 7k parameters, ``d`` in
-  {16, 24, 32}, heads with 0-1 hidden layers, dropout 0.1), with class sets of 5 or 6
-  consecutive classes (mod 10) on rotating windows. Agent ``i``'s spec depends only on ``i``,
-  so ``tiny-M`` is a prefix of ``tiny-N`` for ``M <= N``.
+* ``"tiny-<N>"``: ``N >= 2`` small heterogeneous agents (each < 7k parameters, ``d`` in
+  {16, 24, 32}, dropout 0.1; 5 or 6 consecutive classes): agent ``i``'s spec depends only on
+  ``i``, so ``tiny-M`` is a prefix of ``tiny-N`` for ``M <= N``.
 """
 
 from __future__ import annotations

@@ -207,8 +207,7 @@ class SampledDiscovery:
         slot goes to the next in :meth:`order`.
 
         Raises:
-            RuntimeError: see :meth:`describe` (what full discovery refuses).
-            ValueError: see :meth:`order`.
+            RuntimeError, ValueError: as :meth:`describe` and :meth:`order`.
         """
         order, self._round = self.order(sampler, server_round), server_round
         want, pos = sampler.num_drawn, 0
