@@ -145,11 +145,7 @@ class Tracker:
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Tracker | None:
-        """The tracker of a run config's ``tracking`` keys (None when ``tracking`` is empty).
-
-        Raises:
-            ConfigError, OSError: see the class.
-        """
+        """The tracker of a run config's ``tracking`` keys, or None (errors: the class's)."""
         if not config.tracking.strip(" ,"):  # checked by the run config's parser
             return None
         name = Path(config.results_dir).expanduser().resolve().name or "run"
