@@ -236,21 +236,19 @@ def write_results(
             a new ``previous-<UTC time>/`` (under a lock this process holds: replace them).
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``.
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
-        extra: further top-level keys (JSON values or numpy ones), written last.
+        extra: further top-level keys, written last (a value JSON cannot hold: null, ``degraded``).
         problems: lines that make the run ``degraded``.
         errors: what ended the run early, one line each (the run ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders (None or 0: all;
             default: ``config``'s ``keep-previous``).
 
-    Called while an exception propagates, its own error never hides that exception: it is
-    re-raised with a note saying what was not written.
+    Its own error never hides an exception in flight: that one is raised, with a note.
 
     Returns:
         Path of ``results.json``.
 
     Raises:
-        TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number. (A value
-            JSON cannot hold is written null and the run ``degraded``.)
+        TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number.
         ValueError: the strategy has not run, ``extra`` names a key written here, or (a
             ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or a file that cannot
             be moved aside.
@@ -288,6 +286,12 @@ def write_results(
         if inflight is None or exc is inflight:
             raise
         own = exc
+    # outside the except block: the exception in flight keeps its own __context__
+    raise _noted(inflight, own, out_dir)
+
+
+def _noted(inflight: BaseException, own: Exception, out_dir: str | Path) -> BaseException:
+    """``inflight`` with a note (and a logged error) saying what was not written and why (``own``)."""
     inflight.add_note(
         f"flwr-sheaf: write_results(out_dir={str(out_dir)!r}) could not write this run's results "
         f"either ({type(own).__name__}: {own})"
@@ -299,8 +303,7 @@ def write_results(
         type(inflight).__name__,
         inflight,
     )
-    # outside the except block: the exception in flight keeps its own __context__
-    raise inflight
+    return inflight
 
 
 def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
