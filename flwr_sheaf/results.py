@@ -1,8 +1,7 @@
 """The results files of a run: ``results.json`` and ``accuracy.png`` (schema: docs/results-schema.md).
 
-:func:`write_results` is the one way to write them, for the bundled app (``flwr run .``, whose
-ServerApp calls it after the last round) and for one's own Flower app (call it on the strategy after
-``strategy.start(...)`` returns). :func:`plot_rounds` draws the accuracy figure from per-round dicts.
+:func:`write_results` writes them, for the bundled app and for one's own Flower app (after
+``strategy.start(...)`` returns); :func:`plot_rounds` draws the accuracy figure.
 """
 
 from __future__ import annotations
@@ -82,8 +81,7 @@ def _method_name(strategy: Any) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-#: ``{lock path: DirLock}`` of the results directories :func:`check_results_dir` claimed for a run
-#: (held until :func:`write_results` writes there, or the process ends)
+#: ``{lock path: DirLock}`` that :func:`check_results_dir` claimed, until :func:`write_results`
 _CLAIMED: dict[Path, DirLock] = {}
 
 
@@ -94,21 +92,18 @@ def check_results_dir(
     strategy: Any = None,
     config: Mapping[str, Any] | None = None,
 ) -> Path:
-    """``out_dir`` as an absolute path (created; a relative one logged with where it resolves) after
-    :func:`write_results`' own check; call it before
-    ``strategy.start``, so a refusal comes before any training. Its lock
+    """``out_dir`` checked as :func:`write_results` will, created, locked, and returned absolute.
+
+    Call it before ``strategy.start`` so a refusal comes before any training; its lock
     (:class:`flwr_sheaf.rundir.DirLock`) is held until :func:`write_results` writes there (or this
-    process ends): a second run into it is refused at its start. With ``strategy`` and ``config``,
-    the keys the strategy does not apply are warned about now (:func:`config_not_applied`).
+    process ends). With ``strategy`` and ``config``, unapplied keys are warned about now.
 
     Raises:
-        FileExistsError: ``out_dir`` holds a ``results.json`` or ``accuracy.png`` and ``overwrite``
-            is False (the files named, with the fix).
+        FileExistsError: ``out_dir`` holds ``results.json`` or ``accuracy.png`` (no ``overwrite``).
         NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.rundir.LockedError: a live run holds ``out_dir`` (its process and, for a Flower
-            run, ``flwr stop <run-id>`` named).
-        flwr_sheaf.config.ConfigError: ``config``'s ``max-failed-fraction`` or ``keep-previous``
-            (read by :func:`write_results`) is bad (named; nothing created).
+        flwr_sheaf.rundir.LockedError: a live run holds ``out_dir``.
+        flwr_sheaf.config.ConfigError: ``config``'s ``max-failed-fraction`` or ``keep-previous`` is
+            bad (nothing created).
     """
     from .rundir import DirLock, held_by_this_process
 
@@ -141,10 +136,7 @@ def check_results_dir(
 
 
 def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
-    """``out_dir`` expanded, after the check of :func:`check_results_dir` and :func:`write_results`
-    (their NotADirectoryError, and FileExistsError for another run's files without ``overwrite``;
-    a ConfigError for an ``overwrite`` that is no bool, e.g. a run config's ``"false"``; a TypeError
-    for an ``out_dir`` that is no path)."""
+    """``out_dir`` expanded, after the checks :func:`check_results_dir` shares with writing."""
     from .config import KEYS
 
     KEYS["overwrite"](overwrite)  # a truthy "false" is not taken as asked
@@ -164,41 +156,34 @@ def _checked_out(out_dir: str | Path, overwrite: bool) -> Path:
 
 
 def _parsed(config: Mapping[str, Any]) -> bool:
-    """Whether ``config`` is a parsed run config holding every key (``RunConfig.to_dict()``: the
-    bundled app's, whose ``run_config_warnings`` say what a method does not read), recorded as given."""
+    """Whether ``config`` is a parsed run config's ``to_dict()`` (it holds every key)."""
     from .config import KEYS
 
     return set(KEYS) <= set(config)
 
 
-def _as_parsed(key: str, value: Any) -> Any:
-    """``value`` as run-config ``key``'s parser reads it (``1.0`` == 1, ...), else as given."""
-    from .config import ConfigError, lookup_key
-
-    try:
-        return lookup_key(key)(value)
-    except (ConfigError, KeyError, TypeError, ValueError):
-        return value
-
-
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
-    """One warning per key of ``config`` (one's own app's run config) the strategy does not apply: a
-    key of its sections (:func:`strategy_config`), or ``method`` / ``num-server-rounds`` (the
-    strategy's registered method, its last ``start``'s ``num_rounds``), with another value (a host
-    app's ``fraction-evaluate = 0.5`` for its FedAvg; results.json records the strategy's value, the
-    section field to set named), or no flwr-sheaf key but close to one (misspelt: the closest
-    named). Empty without both."""
+    """One warning per key of one's own app's ``config`` the strategy does not apply.
+
+    A key of its sections (:func:`strategy_config`), ``method`` or ``num-server-rounds`` with
+    another value than the strategy runs with, or a misspelt key close to a flwr-sheaf one.
+    Empty without both arguments, or for a parsed run config.
+    """
     import difflib
     from dataclasses import fields
 
-    from .config import KEYS, METHOD_KEYS
+    from .config import KEYS, METHOD_KEYS, ConfigError, lookup_key
 
     if strategy is None or not config or _parsed(config):
         return []
     used, out = {**_ran(strategy), **strategy_config(strategy)}, []
     for key in config:
         if key in used:
-            if _as_parsed(key, config[key]) != used[key]:
+            try:  # as the key's parser reads it (1.0 == 1, ...)
+                value = lookup_key(key)(config[key])
+            except (ConfigError, KeyError, TypeError, ValueError):
+                value = config[key]
+            if value != used[key]:
                 fix = next(  # the section field that holds key (lambda is SheafConfig's lam)
                     (
                         f"pass {type(sec).__name__}({f.name}=...) to the strategy"
@@ -237,10 +222,10 @@ def write_results(
     errors: Sequence[str] = (),
     keep_previous: int | None = None,
 ) -> Path:
-    """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``; returns the JSON's path.
+    """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``.
 
-    The bundled app's files, from any :class:`~flwr_sheaf.GraphStrategy` after ``strategy.start``
-    (keys: docs/results-schema.md; NaN and inf as null; the figure: :func:`plot_rounds`).
+    The bundled app's files (docs/results-schema.md; NaN and inf as null; :func:`plot_rounds`), from
+    any :class:`~flwr_sheaf.GraphStrategy` after ``strategy.start``.
 
     Args:
         strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
@@ -248,33 +233,30 @@ def write_results(
         config: run-config values recorded as given, then the strategy's section keys
             (:func:`strategy_config`); ``method`` from the registry when absent.
         overwrite: move the files already in ``out_dir`` and another run's ``checkpoint.pkl`` into
-            a new ``previous-<UTC time>/`` (all or none; refused otherwise); under a lock this
-            process already holds (the bundled app's preflight) the files there are replaced.
+            a new ``previous-<UTC time>/`` (under a lock this process holds: replace them).
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``.
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
-        extra: further top-level keys (JSON values or numpy ones), written last.
-        problems: what else did not go as asked, one line each (the run is written ``degraded``).
-        errors: what ended the run early, one line each (the run is written ``failed``).
+        extra: further top-level keys, written last (a value JSON cannot hold: null, ``degraded``).
+        problems: lines that make the run ``degraded``.
+        errors: what ended the run early, one line each (the run ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders (None or 0: all;
-            default: ``config``'s ``keep-previous``); checked by the key's own parser first.
+            default: ``config``'s ``keep-previous``).
 
-    Called while an exception propagates, an error of its own never hides that exception: it
-    is re-raised with a note saying what was not written and why.
+    Its own error never hides an exception in flight: that one is raised, with a note.
 
     Returns:
         Path of ``results.json``.
 
     Raises:
-        TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number. (A value
-            JSON cannot hold is written null and named in ``degradation.problems``, ``degraded``.)
+        TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number.
         ValueError: the strategy has not run, ``extra`` names a key written here, or (a
-            ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or an earlier file
-            that cannot be moved aside (then none is moved).
-        FileExistsError: ``out_dir`` already holds a ``results.json`` or ``accuracy.png``, or another
-            run's ``checkpoint.pkl``, and ``overwrite`` is False (the files named).
+            ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or a file that cannot
+            be moved aside.
+        FileExistsError: ``out_dir`` holds a ``results.json``, ``accuracy.png`` or another run's
+            ``checkpoint.pkl``, and ``overwrite`` is False.
         NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``'s lock (its pid and host
-            named), or ``out_dir`` was removed or moved while this process held it (not recreated).
+        flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``'s lock, or ``out_dir``
+            was removed or moved while this process held it.
         OSError: the directory or files cannot be written.
     """
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
@@ -286,11 +268,14 @@ def write_results(
         cfg = _recorded_config(strategy, config)
         max_failed_fraction = _given_or_config(max_failed_fraction, cfg, "max-failed-fraction")
         keep_previous = _given_or_config(keep_previous, cfg, "keep-previous")
-        _check_wall_seconds(wall_seconds)
-        given = {
-            f"{type(strategy).__name__}.results_extra()": own_extra,
-            "extra": _with_unapplied(extra, own_extra, config_not_applied(strategy, config)),
-        }
+        if wall_seconds is not None and (
+            isinstance(wall_seconds, bool) or not isinstance(wall_seconds, numbers.Real)
+        ):
+            raise TypeError(f"wall_seconds={wall_seconds!r}: expected a number of seconds or None")
+        ext, unapplied = dict(extra or {}), config_not_applied(strategy, config)
+        if unapplied:  # beside the caller's warnings, or the method's results_extra ones
+            ext["warnings"] = [*ext.get("warnings", own_extra.get("warnings", [])), *unapplied]
+        given = {f"{type(strategy).__name__}.results_extra()": own_extra, "extra": ext}
         payload = _checked_payload(
             strategy, cfg, max_failed_fraction, wall_seconds, given, problems, errors
         )
@@ -301,45 +286,12 @@ def write_results(
         if inflight is None or exc is inflight:
             raise
         own = exc
-    # outside the except block: raising the exception in flight keeps its own __context__ (the
-    # error it was raised while handling), instead of write_results' error posing as its cause
+    # outside the except block: the exception in flight keeps its own __context__
     raise _noted(inflight, own, out_dir)
 
 
-def _check_wall_seconds(wall_seconds: Any) -> None:
-    """Raise TypeError (named, before anything is written) unless ``wall_seconds`` is a number or None."""
-    if wall_seconds is not None and (
-        isinstance(wall_seconds, bool) or not isinstance(wall_seconds, numbers.Real)
-    ):
-        raise TypeError(f"wall_seconds={wall_seconds!r}: expected a number of seconds or None")
-
-
-def _with_unapplied(
-    extra: Mapping[str, Any] | None, own: Mapping[str, Any], unapplied: list[str]
-) -> dict[str, Any]:
-    """``extra`` with the keys the strategy did not apply added to its ``warnings`` (beside the
-    bundled app's own, or the method's ``results_extra`` ones)."""
-    ext = dict(extra or {})
-    if unapplied:
-        ext["warnings"] = [*ext.get("warnings", own.get("warnings", [])), *unapplied]
-    return ext
-
-
-def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
-    """``given`` when not None, else run-config ``key`` of ``cfg``, else its default, checked by the
-    key's own parser (the run config's message for a bad value, e.g. ``keep-previous=-1: must be >= 0``).
-
-    Raises:
-        ConfigError: a bad value (a ``ValueError``; nothing written or moved yet).
-    """
-    from .config import DEFAULTS, KEYS
-
-    return KEYS[key](given if given is not None else cfg.get(key, DEFAULTS[key]))
-
-
 def _noted(inflight: BaseException, own: Exception, out_dir: str | Path) -> BaseException:
-    """``inflight`` (the caller's exception that :func:`write_results` met) with a note, and a logged
-    error, saying what ``write_results`` did not write and why (``own``)."""
+    """``inflight`` with a note (and a logged error) saying what was not written and why (``own``)."""
     inflight.add_note(
         f"flwr-sheaf: write_results(out_dir={str(out_dir)!r}) could not write this run's results "
         f"either ({type(own).__name__}: {own})"
@@ -354,9 +306,16 @@ def _noted(inflight: BaseException, own: Exception, out_dir: str | Path) -> Base
     return inflight
 
 
+def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
+    """``given``, else ``cfg[key]``, else its default, checked by the key's parser (ConfigError)."""
+    from .config import DEFAULTS, KEYS
+
+    return KEYS[key](given if given is not None else cfg.get(key, DEFAULTS[key]))
+
+
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The strategy's own ``results_extra()``, after :func:`write_results`' checks of ``strategy``
-    and of the keys (its TypeError and ValueError)."""
+    """The strategy's own ``results_extra()``, after the checks of ``strategy`` and of the keys; if
+    the override raises, the base class's keys (or none), the error kept as a problem."""
     from .strategy.graph import GraphStrategy
 
     if not isinstance(strategy, GraphStrategy):
@@ -373,7 +332,20 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
     clash = sorted(set(extra or {}) & set(_OWN_KEYS))
     if clash:
         raise ValueError(f"extra keys {clash} are written by write_results itself; rename them")
-    own_extra = _own_results_extra(strategy)
+    setattr(strategy, _EXTRA_PROBLEM, None)  # this write's own
+    try:
+        own_extra = strategy.results_extra()
+    except Exception as e:  # noqa: BLE001 - a method's hook: its keys are lost, not the run's results
+        problem = (
+            f"{name}.results_extra raised {type(e).__name__}: {e}; results.json "
+            "is written without the method's own keys (fix the hook)"
+        )
+        setattr(strategy, _EXTRA_PROBLEM, problem)
+        log.warning("%s", problem, exc_info=True)
+        try:
+            own_extra = GraphStrategy.results_extra(strategy)
+        except Exception:  # noqa: BLE001 - the base reads state the method broke: write without it
+            own_extra = {}
     clash = sorted(set(own_extra) & set(_OWN_KEYS))
     if clash:
         raise ValueError(
@@ -387,35 +359,10 @@ def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None)
 _EXTRA_PROBLEM = "_flwr_sheaf_results_extra_problem"
 
 
-def _own_results_extra(strategy: GraphStrategy) -> dict[str, Any]:
-    """``strategy.results_extra()``; when the method's override raises, the base
-    :meth:`GraphStrategy.results_extra`'s keys only (participation, action, evaluation, ...; none if
-    that raises too), the error logged and kept on the strategy as a problem (the run ``degraded``,
-    the hook and the exception named: :func:`run_status`), so that results.json is still written."""
-    from .strategy.graph import GraphStrategy
-
-    setattr(strategy, _EXTRA_PROBLEM, None)  # this write's own
-    try:
-        return strategy.results_extra()
-    except Exception as e:  # noqa: BLE001 - a method's hook: its keys are lost, not the run's results
-        problem = (
-            f"{type(strategy).__name__}.results_extra raised {type(e).__name__}: {e}; results.json "
-            "is written without the method's own keys (fix the hook)"
-        )
-        setattr(strategy, _EXTRA_PROBLEM, problem)
-        log.warning("%s", problem, exc_info=True)
-    try:
-        return GraphStrategy.results_extra(strategy)
-    except Exception:  # noqa: BLE001 - the base reads state the method broke: write without it
-        return {}
-
-
 def _check_foreign_checkpoint(
     strategy: GraphStrategy, out: Path, out_dir: str | Path, overwrite: bool
 ) -> Path | None:
-    """``out/checkpoint.pkl`` when it exists and is not the strategy's own checkpointer's file, or
-    None; refused (FileExistsError) without ``overwrite``: results.json beside it would be read, and
-    resumed, as that run's."""
+    """Another run's ``out/checkpoint.pkl`` (FileExistsError without ``overwrite``), else None."""
     from .rundir import CHECKPOINT_NAME
 
     ckpt, own = out / CHECKPOINT_NAME, getattr(strategy, "checkpointer", None)
@@ -433,11 +380,8 @@ def _check_foreign_checkpoint(
 
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """results.json's ``config``: ``config`` as given, then every key of the strategy's config
-    sections (:func:`strategy_config`) with the strategy's value, also where ``config`` gives another
-    (warned: :func:`config_not_applied`; a parsed run config is kept as given), and so for
-    ``num-server-rounds`` (the last ``start``'s) where given; ``method`` (first when absent) from the
-    registry where the strategy's action names exactly one registered method."""
+    """results.json's ``config``: ``config``, overridden (unless parsed) and completed by what the
+    strategy ran with (:func:`strategy_config`, :func:`_ran`); ``method`` first when absent."""
     cfg, parsed = dict(config or {}), _parsed(config or {})
     for key, value in strategy_config(strategy).items():
         if key not in cfg or not parsed:  # what ran
@@ -446,37 +390,6 @@ def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) 
     if "method" not in cfg and (method := _method_name(strategy)) is not None:
         cfg = {"method": method, **cfg}
     return cfg
-
-
-def _payload(
-    strategy: GraphStrategy,
-    cfg: dict[str, Any],
-    status: dict[str, Any],
-    wall_seconds: float | None,
-    extra: Mapping[str, Any],
-) -> dict[str, Any]:
-    """results.json's content (every key: docs/results-schema.md): ``cfg``, the strategy's history
-    and ledger, ``status`` (:func:`run_status`), the ServerApp's CPU
-    (:func:`~flwr_sheaf.devices.cpu_environment`), then ``extra``."""
-    from .devices import cpu_environment
-
-    return {
-        "config": cfg,
-        "rounds": strategy.history,
-        "nodes": {str(k): v for k, v in sorted(strategy.ledger.node_results.items())},
-        "edges": list(strategy.ledger.edge_results),
-        "failures": strategy.ledger.failures,
-        "total_wall_seconds": (
-            strategy.ledger.rounds[-1].elapsed_seconds
-            if wall_seconds is None
-            else float(wall_seconds)
-        ),
-        "status": status["status"],
-        "degradation": status,
-        "latent_collapse": next(iter(collapse_warnings(strategy.ledger.node_results)), None),
-        "environment": cpu_environment(),
-        **extra,
-    }
 
 
 def _checked_payload(
@@ -488,11 +401,10 @@ def _checked_payload(
     problems: Sequence[str],
     errors: Sequence[str],
 ) -> dict[str, Any]:
-    """results.json's content as JSON writes it (:func:`flwr_sheaf.schema.to_json_value`: numpy
-    values converted, NaN and inf null) and checked against :class:`flwr_sheaf.schema.Results`. A
-    value that cannot be written (a set, an object; ``given``'s name for whose it is, and the path)
-    is null and named among ``degradation.problems``, and a payload outside the schema is named
-    there too: the run is ``degraded``, the rounds are written."""
+    """results.json's content (docs/results-schema.md) as JSON values
+    (:func:`flwr_sheaf.schema.to_json_value`), checked against the schema; a value that cannot be
+    written (null) or a payload outside the schema is named among ``degradation.problems``."""
+    from .devices import cpu_environment
     from .schema import ResultsFileError, check_results, to_json_value
 
     cfg, bad = to_json_value(cfg, "config")
@@ -502,8 +414,24 @@ def _checked_payload(
         extra.update(values)
         bad += more
     status = run_status(strategy, max_failed_fraction, problems, errors)
+    ledger = strategy.ledger
     payload, more = to_json_value(
-        _payload(strategy, cfg, status, wall_seconds, extra), "results.json"
+        {
+            "config": cfg,
+            "rounds": strategy.history,
+            "nodes": {str(k): v for k, v in sorted(ledger.node_results.items())},
+            "edges": list(ledger.edge_results),
+            "failures": ledger.failures,
+            "total_wall_seconds": (
+                ledger.rounds[-1].elapsed_seconds if wall_seconds is None else float(wall_seconds)
+            ),
+            "status": status["status"],
+            "degradation": status,
+            "latent_collapse": next(iter(collapse_warnings(ledger.node_results)), None),
+            "environment": cpu_environment(),
+            **extra,
+        },
+        "results.json",
     )
     bad += more
     try:
@@ -514,7 +442,8 @@ def _checked_payload(
         return payload
     log.warning("results.json: %s", "; ".join(bad))
     status = run_status(strategy, max_failed_fraction, [*problems, *bad], errors)
-    return to_json_value(_payload(strategy, cfg, status, wall_seconds, extra))[0]
+    payload["status"], payload["degradation"] = status["status"], to_json_value(status)[0]
+    return payload
 
 
 def _write_files(
@@ -526,9 +455,7 @@ def _write_files(
     overwrite: bool = False,
     keep_previous: int = 0,
 ) -> Path:
-    """Write ``text`` as ``out/results.json`` and the figure of ``rounds`` as ``out/accuracy.png``
-    while :meth:`flwr_sheaf.rundir.RunDir.writing` holds ``out`` (its lock, another run's ``foreign``
-    checkpoint and, with ``overwrite``, the files already there moved into ``previous-<UTC time>/``)."""
+    """Write ``results.json`` and ``accuracy.png`` into ``out`` under :meth:`RunDir.writing`."""
     from .rundir import RunDir, held_by_this_process
 
     held = held_by_this_process(out)
@@ -560,14 +487,10 @@ def run_status(
     problems: Sequence[str] = (),
     errors: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The run's ``status`` and ``degradation`` as :func:`write_results` writes them: the strategy's
-    :func:`_ledger_status` of its ledger, made ``degraded`` (if it was ``completed``) by
-    ``problems`` outside the nodes' replies, which are listed under ``"problems"`` after the ledger's
-    own (rounds that drew nobody, nothing measured); made ``failed``
-    by ``errors`` (what ended the run early) and by rounds short of the ``num_rounds`` the strategy's
-    last ``start`` was given (``rounds_requested``, ``rounds_completed``), each among ``"reasons"``."""
+    """The run's ``degradation`` as :func:`write_results` writes it: :func:`_ledger_status`, made
+    ``degraded`` by ``problems`` and ``failed`` by ``errors`` or by rounds short of the last
+    ``start``'s ``num_rounds`` (docs/results-schema.md)."""
     status = _ledger_status(strategy.ledger, max_failed_fraction)
-    status["reasons"] = list(status.get("reasons", []))
     requested = getattr(strategy, "requested_rounds", None)
     if requested is not None:
         last = strategy.ledger.rounds[-1].round if strategy.ledger.rounds else 0
@@ -581,8 +504,7 @@ def run_status(
     if status["reasons"]:
         status["status"] = "failed"
     extra_problem = getattr(strategy, _EXTRA_PROBLEM, None)  # results_extra raised
-    status["problems"] = list(status.get("problems", [])) + list(problems)
-    status["problems"] += [extra_problem] if extra_problem else []
+    status["problems"] += [*problems, *([extra_problem] if extra_problem else [])]
     if not status["problems"]:
         del status["problems"]  # the key is written only when something degraded the run
     elif status["status"] == "completed":
@@ -591,8 +513,7 @@ def run_status(
 
 
 def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") -> None:
-    """Plot private and communication accuracy of ``rounds`` (``results.json``'s ``rounds`` dicts)
-    against server rounds to the PNG ``path`` (:func:`accuracy_figure`).
+    """Save :func:`accuracy_figure` of ``rounds`` (``results.json``'s ``rounds``) as the PNG ``path``.
 
     Raises:
         OSError: ``path`` cannot be written.
@@ -601,11 +522,8 @@ def plot_rounds(rounds: Sequence[Mapping], path: str | Path, title: str = "") ->
 
 
 def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
-    """The accuracy figure of ``rounds`` (a matplotlib ``Figure``; series missing or all NaN are left
-    out). Readable with few evaluated rounds (one, in a cross-device run that evaluates only at the
-    end): with at most 3 evaluated points the markers are large and each value is written beside it;
-    the x axis spans every round +- 0.5 with a tick per round (up to 10 rounds, else whole numbers);
-    the legend sits under the axes, clear of the points and their values."""
+    """Private and communication accuracy of ``rounds`` per server round (a matplotlib ``Figure``;
+    missing or all-NaN series left out; with at most 3 points, large markers and their values)."""
     # matplotlib's object API, no pyplot: the caller's backend (a notebook's inline one) is left as it is
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -650,14 +568,8 @@ def accuracy_figure(rounds: Sequence[Mapping], title: str = "") -> Any:
 
 
 # ------------------------------------------------------------------------------ latent collapse
-# results.json's ``latent_collapse`` (docs/results-schema.md): a node whose ``low_variance_fraction``
-# (share of latent dimensions with pilot variance below 1e-3, notes/stability.md s3) exceeds
-# COLLAPSE_WARN_FRACTION has collapsed latents: its accuracies under-read the method. The run still
-# completed as asked: a warning, not ``degraded``.
-
-#: Share of a node's latent dimensions below the variance threshold past which the run is warned.
-#: Healthy runs here stay at or below 0.125 (Sheaf-FRL main job 0.017, lambda = 1: 0.125,
-#: notes/stability.md); FedProto under momentum 0.9 reaches 0.55 (notes/baselines.md s0).
+#: Share of a node's latent dimensions below the variance threshold past which the run is warned
+#: (a warning, not ``degraded``). Healthy runs stay at or below 0.125 (notes/stability.md).
 COLLAPSE_WARN_FRACTION = 0.25
 #: The variance below which a latent dimension counts as collapsed (``low_variance_fraction``'s default).
 LOW_VARIANCE_THRESHOLD = 1e-3
@@ -666,20 +578,16 @@ LOW_VARIANCE_THRESHOLD = 1e-3
 def collapse_warnings(
     nodes: Mapping[Any, Mapping[str, Any]], threshold: float = COLLAPSE_WARN_FRACTION
 ) -> list[dict[str, Any]]:
-    """The ``latent-collapse`` warning of a run whose nodes' latents collapsed, from the last
-    evaluation's per-node results (``strategy.ledger.node_results`` / ``results.json``'s ``nodes``).
+    """results.json's ``latent_collapse`` warning: nodes whose latents collapsed.
 
-    ``nodes``: ``{partition-id: {"low_variance_fraction": float in [0, 1], "trained": bool,
-    "trained_rounds": int, ...}}`` (the rounds a flagged node trained in are named; a
-    missing, NaN or None value is skipped); a node above ``threshold`` counts as collapsed. A node
-    whose ``trained`` is False never trained (cross-device sampling): its latents are the untrained
-    initialisation's, which says nothing of the optimizer, so it is not counted (the warning, when it
-    fires, says how many such nodes were left out; ``untrained_skipped``).
+    Args:
+        nodes: ``results.json``'s ``nodes`` (``low_variance_fraction``, ``trained``,
+            ``trained_rounds``); a missing or NaN fraction is skipped, an untrained node not counted.
+        threshold: the fraction above which a node counts as collapsed.
 
     Returns:
         ``[]``, or one dict ``{"kind": "latent-collapse", "nodes": {partition-id (str): fraction},
-        "threshold": threshold, "variance_below": 1e-3, "message": str}`` naming every collapsed node
-        in partition-id order.
+        "threshold", "variance_below", "untrained_skipped", "message"}``.
     """
     bad: dict[str, float] = {}
     rounds: dict[str, Any] = {}
@@ -735,12 +643,10 @@ def write_run(
     tracker: Any = None,
     stopped: Exception | None = None,
 ) -> Path:
-    """Write the bundled app's run (:func:`flwr_sheaf.apps.server_app.run_server`) into ``run``: its
-    ``results.json`` with the run's warnings, the moved-aside previous run, the resumed part and the
-    Ray cluster used, the ``tracker``'s (:class:`~flwr_sheaf.tracking.Tracker`) files and problems;
-    then log its status (and latent-collapse warnings). After ``stopped`` (what
-    ``strategy.start`` raised) the completed rounds are written with status ``failed`` where
-    possible and a note on ``stopped`` says where; the caller re-raises it.
+    """Write the bundled app's run into ``run`` (:func:`write_results`) and log its status.
+
+    After ``stopped`` (what ``strategy.start`` raised) the completed rounds are written with status
+    ``failed`` where possible and a note on ``stopped`` says where; the caller re-raises it.
 
     Returns:
         Path of the written ``results.json``.
@@ -755,16 +661,46 @@ def write_run(
         problems = list(tracker.problems)
     if strategy.sampled_discovery is not None:  # nodes whose description named no partition-id
         problems += strategy.sampled_discovery.problems
-    if stopped is not None:
-        _write_stopped(strategy, run.path, config, wall_seconds, extra, problems, stopped)
+    done = strategy.ledger.rounds[-1].round if strategy.ledger.rounds else 0
+    error = "" if stopped is None else f"{type(stopped).__name__}: {stopped}"
+    if stopped is not None and not strategy.ledger.rounds:
+        stopped.add_note(f"flwr-sheaf: no server round completed; nothing written to {run.path}")
         return run.path / RESULTS_JSON
-    path = _write(strategy, run.path, config, wall_seconds, extra, problems)
-    return _report(strategy, config, problems, path, wall_seconds)
+    try:  # overwrite: the preflight refused another run's files and holds results-dir's lock
+        path = write_results(
+            strategy,
+            run.path,
+            config=config.to_dict(),
+            overwrite=True,
+            max_failed_fraction=config.max_failed_fraction,
+            wall_seconds=wall_seconds,
+            extra=extra,
+            problems=problems,
+            errors=[error] if error else [],
+        )
+    except Exception as werr:  # noqa: BLE001 - e.g. the same full disk: the first error is raised
+        if stopped is None:
+            raise
+        log.error(
+            "the run stopped (%s) and its results could not be written either: %s", error, werr
+        )
+        stopped.add_note(f"flwr-sheaf: the results of rounds 1-{done} could not be written: {werr}")
+        return run.path / RESULTS_JSON
+    if stopped is None:
+        return _report(strategy, config, problems, path, wall_seconds)
+    log.error(
+        "the run FAILED after server round %d: %s; results of rounds 1-%d (status 'failed') written to %s",
+        done,
+        error,
+        done,
+        path,
+    )
+    stopped.add_note(f"flwr-sheaf: results of rounds 1-{done} (status 'failed') written to {path}")
+    return run.path / RESULTS_JSON
 
 
 def _extra_results(config: RunConfig, run: RunDir, warnings: list[str]) -> dict[str, Any]:
-    """What results.json records besides the rounds: the run's warnings, the moved-aside previous
-    run, the resumed part (checkpoint, round, nodes trained before) and the Ray cluster used."""
+    """results.json's keys of the bundled app: warnings, previous run, resumed part, Ray cluster."""
     extra: dict[str, Any] = {"warnings": warnings} if warnings else {}
     if run.previous_run is not None:
         extra["previous_run"] = run.previous_run
@@ -785,7 +721,7 @@ def _extra_results(config: RunConfig, run: RunDir, warnings: list[str]) -> dict[
 
 
 def _report(strategy, config: RunConfig, problems: list[str], path: Path, wall: float) -> Path:
-    """Log the written run's status (and its latent-collapse warnings) and return ``path``.
+    """Log the written run's status and latent-collapse warnings; return ``path``.
 
     Raises:
         RunFailedError: the run's status is failed (reasons and failed nodes named).
@@ -820,52 +756,6 @@ def _report(strategy, config: RunConfig, problems: list[str], path: Path, wall: 
         f"the run failed ({'; '.join(status['reasons'])}): {summary}; results (status 'failed') in "
         f"{path}; {fix}"
     )
-
-
-def _write(strategy, out: Path, config: RunConfig, wall, extra, problems, errors=()) -> Path:
-    """:func:`~flwr_sheaf.results.write_results` of the bundled app's run (completed or stopped).
-
-    ``overwrite=True``: the preflight already refused another run's results in results-dir (without
-    resume / overwrite) and holds its lock, so the files there are this run's (or its resumed part's).
-    """
-    return write_results(
-        strategy,
-        out,
-        config=config.to_dict(),
-        overwrite=True,
-        max_failed_fraction=config.max_failed_fraction,
-        wall_seconds=wall,
-        extra=extra,
-        problems=problems,
-        errors=errors,
-    )
-
-
-def _write_stopped(strategy, out: Path, config: RunConfig, wall, extra, problems, exc) -> None:
-    """After ``start`` raised: write the completed rounds' ``results.json`` (status ``failed``, the
-    error among its reasons) where possible, and say where in the error's notes; then the caller
-    re-raises ``exc``."""
-    done = strategy.ledger.rounds[-1].round if strategy.ledger.rounds else 0
-    error = f"{type(exc).__name__}: {exc}"
-    if not strategy.ledger.rounds:
-        exc.add_note(f"flwr-sheaf: no server round completed; nothing written to {out}")
-        return
-    try:
-        path = _write(strategy, out, config, wall, extra, problems, errors=[error])
-    except Exception as werr:  # noqa: BLE001 - e.g. the same full disk: the first error is raised
-        log.error(
-            "the run stopped (%s) and its results could not be written either: %s", error, werr
-        )
-        exc.add_note(f"flwr-sheaf: the results of rounds 1-{done} could not be written: {werr}")
-        return
-    log.error(
-        "the run FAILED after server round %d: %s; results of rounds 1-%d (status 'failed') written to %s",
-        done,
-        error,
-        done,
-        path,
-    )
-    exc.add_note(f"flwr-sheaf: results of rounds 1-{done} (status 'failed') written to {path}")
 
 
 def _failure_summary(status: dict) -> str:
@@ -911,9 +801,17 @@ def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, A
     nobody = [r.round for r in rounds if not r.sampled]
     problems: list[str] = []
     if rounds and len(nobody) == len(rounds):
-        reasons.append(_NOBODY_DRAWN.format(n=len(rounds)))
+        reasons.append(
+            f"no node was drawn to train in any of the {len(rounds)} round(s), so nothing was "
+            "trained: the participation probabilities (participation) are too small for "
+            "num-server-rounds; raise them (notes/participation.md)"
+        )
     elif nobody:
-        problems.append(_MOST_DRAWN_NOBODY.format(k=len(nobody), n=len(rounds), rounds=nobody))
+        problems.append(
+            f"{len(nobody)} of {len(rounds)} rounds drew no node to train (rounds {nobody}): those "
+            "rounds trained nothing; raise the participation probabilities (participation) for a "
+            "run that trains every round (notes/participation.md)"
+        )
     measured = _accuracy_measured(rounds, failures)
     if measured is False:  # failed evaluations: failed (report only: degraded); none: degraded
         line = _nothing_measured(failures)
@@ -939,17 +837,7 @@ def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, A
     }
 
 
-_NOBODY_DRAWN = (
-    "no node was drawn to train in any of the {n} round(s), so nothing was trained: the "
-    "participation probabilities (participation) are too small for num-server-rounds; raise them "
-    "(notes/participation.md)"
-)
-_MOST_DRAWN_NOBODY = (
-    "{k} of {n} rounds drew no node to train (rounds {rounds}): those rounds trained nothing; raise "
-    "the participation probabilities (participation) for a run that trains every round "
-    "(notes/participation.md)"
-)
-
+#: evaluation phases whose failures leave an evaluated round without accuracies
 _EVALUATION_PHASES = ("evaluate", "evaluate_comm")
 _ACCURACIES = (  # any finite one counts as measured
     "private_accuracy_mean",

@@ -1,8 +1,7 @@
 """Per-round experiment tracking to TensorBoard and Weights & Biases (optional extras; docs/tracking.md).
 
-:class:`Tracker` logs each finished server round's :func:`round_scalars`; a strategy calls its
-``log_round`` through ``strategy.round_callbacks`` (the bundled app does when the run-config key
-``tracking`` names a tracker; one's own app appends it: docs/tracking.md).
+:class:`Tracker` logs each finished server round's :func:`round_scalars` through
+``strategy.round_callbacks``.
 """
 
 from __future__ import annotations
@@ -35,11 +34,8 @@ def tracking_dir(config: RunConfig) -> Path:
 
 
 def round_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
-    """What a tracker logs of one round's ``results.json`` dict ``record``: ``{name: value}`` of every
-    finite int/float entry but ``round`` (the step; ints stay ints), and per phase of ``failed`` the
-    count of failed nodes as ``failed/<phase>``; booleans, strings, lists and NaN / inf / None are
-    left out.
-    """
+    """``{name: value}`` of every finite int/float entry of a round's ``results.json`` dict but
+    ``round``, plus ``failed/<phase>``: the count of failed nodes per phase of ``failed``."""
     out: dict[str, int | float] = {}
     for name, value in record.items():
         if name == "round" or isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -58,26 +54,20 @@ def round_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
 class Tracker:
     """Logs each round's :func:`round_scalars` to TensorBoard and/or Weights & Biases; a context manager.
 
-    TensorBoard: a ``SummaryWriter`` in ``<log_dir>/tensorboard/<run_name>``, step = server round,
-    the config as text, flushed every round. W&B: ``wandb.init(project=wandb_project,
-    mode=wandb_mode, dir=log_dir, name=run_name, config=config)``, one ``run.log`` per round
-    (``"offline"``, the default, sends nothing until ``wandb sync``). A tracker that fails while
-    logging is switched off with a warning (the run goes on; the error is kept in :meth:`describe`).
+    TensorBoard writes ``<log_dir>/tensorboard/<run_name>``, W&B ``wandb.init(dir=log_dir)``, step =
+    server round. A tracker that fails is switched off with a warning (its error in :meth:`describe`).
 
     Args:
         trackers: names (:func:`parse_trackers`: ``"tensorboard"``, ``"wandb"``, ``"tensorboard,wandb"``).
         log_dir: directory of the trackers' files (created if missing).
         run_name: name of the TensorBoard run directory and of the W&B run (default
-            ``flwr-sheaf-<YYYYmmdd-HHMMSS>``); a TensorBoard directory of that name that exists
-            already (another run started in the same second) is never shared: ``-2``, ``-3``, ...
-            is appended (created exclusively; :attr:`run_name` then holds it).
+            ``flwr-sheaf-<YYYYmmdd-HHMMSS>``; ``-2``, ``-3``, ... appended when taken).
         config: JSON-serialisable mapping recorded with the run (the run config).
         wandb_project: W&B project.
         wandb_mode: ``"offline"`` (nothing sent) or ``"online"``.
 
     Raises:
-        ConfigError: no tracker named, an unknown one, or one whose package is missing (the pip
-            extra named); a ``wandb_mode`` other than ``offline`` / ``online``.
+        ConfigError: no tracker, an unknown one or one not installed; a bad ``wandb_mode``.
         OSError: ``log_dir`` cannot be created.
     """
 
@@ -133,18 +123,16 @@ class Tracker:
             self.wandb_dir = Path(self._run.dir).parent
 
     def _own_run_dir(self, parent: Path) -> Path:
-        """``parent/<run_name>`` created exclusively: when another run has it (two runs started in the
-        same second), ``<run_name>-2``, ``-3``, ... (``run_name`` becomes that name, logged)."""
+        """``parent/<run_name>`` created exclusively, else ``<run_name>-2``, ``-3``, ... (logged)."""
         parent.mkdir(parents=True, exist_ok=True)
         name, i = self.run_name, 1
         while True:
             try:
                 (parent / name).mkdir()
+                break
             except FileExistsError:
                 i += 1
                 name = f"{self.run_name}-{i}"
-                continue
-            break
         if name != self.run_name:
             log.info(
                 "tracking: %s already holds a run named %s: this run is %s",
@@ -157,13 +145,7 @@ class Tracker:
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Tracker | None:
-        """The tracker of a run config (keys ``tracking``, ``tracking-dir``, ``wandb-project``,
-        ``wandb-mode``; run name = the results-dir's name and the start time), None when
-        ``tracking`` is empty.
-
-        Raises:
-            ConfigError, OSError: see the class.
-        """
+        """The tracker of a run config's ``tracking`` keys, or None (errors: the class's)."""
         if not config.tracking.strip(" ,"):  # checked by the run config's parser
             return None
         name = Path(config.results_dir).expanduser().resolve().name or "run"
@@ -177,10 +159,7 @@ class Tracker:
         )
 
     def log_round(self, record: Mapping[str, Any]) -> None:
-        """Log one finished round (``record``: its ``results.json`` dict, with an int ``round``).
-
-        A tracker that raises is switched off with a warning; the others go on.
-        """
+        """Log one finished round's ``results.json`` dict; a failing tracker is switched off."""
         step = int(record["round"])
         scalars = round_scalars(record)
         writer, run = self._writer, self._run
@@ -199,8 +178,7 @@ class Tracker:
             self.rounds_logged += 1
 
     def _guarded(self, name: str, action: Callable[[], object]) -> bool:
-        """Run one tracker's ``action``; one that raises is switched off with a warning (its error
-        kept in :attr:`errors`). Returns whether it succeeded."""
+        """Run one tracker's ``action``; whether it succeeded (one that raises is switched off)."""
         try:
             action()
         except Exception as exc:  # tracking must not end a training run nor cost it its results
@@ -214,33 +192,26 @@ class Tracker:
         return True
 
     def describe(self) -> dict[str, Any]:
-        """Where the trackers wrote (``results.json``'s ``tracking``): trackers, run name, directories,
-        rounds logged and errors."""
-        out: dict[str, Any] = {"trackers": list(self.names), "run_name": self.run_name}
-        if self.tensorboard_dir is not None:
-            out["tensorboard_dir"] = str(self.tensorboard_dir)
-        if self.wandb_dir is not None:
-            out["wandb_dir"] = str(self.wandb_dir)
-        out["rounds_logged"] = self.rounds_logged
-        out["errors"] = dict(self.errors)
-        return out
+        """``results.json``'s ``tracking``: trackers, run name, directories, rounds logged, errors."""
+        dirs = {"tensorboard_dir": self.tensorboard_dir, "wandb_dir": self.wandb_dir}
+        return {
+            "trackers": list(self.names),
+            "run_name": self.run_name,
+            **{k: str(v) for k, v in dirs.items() if v is not None},
+            "rounds_logged": self.rounds_logged,
+            "errors": dict(self.errors),
+        }
 
     @property
     def problems(self) -> list[str]:
-        """One line per tracker switched off after an error, for :func:`flwr_sheaf.write_results`'s
-        ``problems`` (a run whose tracking broke is written ``degraded``, not ``completed``)."""
+        """One line per tracker switched off after an error (``write_results``' ``problems``)."""
         return [
             f"tracker {name} switched off after an error: {err}"
             for name, err in self.errors.items()
         ]
 
     def close(self) -> None:
-        """Flush and close the TensorBoard writer and finish the W&B run (idempotent).
-
-        Never raises: a tracker that fails to close (a full disk, W&B's service gone) is recorded
-        like one that fails while logging (:attr:`errors`, :attr:`problems`), so the run's results
-        are still written.
-        """
+        """Close the trackers (idempotent; a failure is recorded in :attr:`errors`, never raised)."""
         writer, run = self._writer, self._run
         self._writer = self._run = None
         if writer is not None:

@@ -1,9 +1,5 @@
-"""The ClientApp that ``flwr run`` loads: the CNN-zoo scenario with every method's handlers (each on
-its own action), a researcher's ``method-module`` imported on the first message, and the mods
-:func:`~flwr_sheaf.client.state.persist_state` (node state under ``state-dir``, docs/resume.md) and
-:func:`~flwr_sheaf.client.state.refuse_what_the_server_refuses` (a reply the server would refuse is
-never committed).
-"""
+"""The ClientApp that ``flwr run`` loads: the CNN-zoo scenario with every method's handlers, the
+run's ``method-module`` imported first, and the mods of :mod:`flwr_sheaf.client.state`."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ class MethodClientApp(ClientApp):
     """A ClientApp serving every registered method; it imports the run's ``method-module`` first."""
 
     def __call__(self, message: Message, context: Context) -> Message:
-        """Import the run's method modules, register any method registered since, then dispatch as
-        Flower does."""
+        """Import the run's method modules, register methods registered since, then dispatch."""
         spec = context.run_config["method-module"] if "method-module" in context.run_config else ""
         if spec:
             import_method_modules(str(spec))

@@ -1,9 +1,5 @@
 """The app's side of the method registry (:mod:`flwr_sheaf.methods`): build the configured strategy,
-register every method's handlers on a ClientApp.
-
-Adding a method edits nothing here: it is a unit under ``flwr_sheaf/methods/`` (or a researcher's
-own module named in ``method-module``) that registers a :class:`~flwr_sheaf.methods.Method`.
-"""
+register every method's handlers on a ClientApp (adding a method edits nothing here)."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ __all__ = [
 
 
 def zoo_methods() -> list[str]:
-    """Names of the registered methods that run on the CNN-zoo scenario (no task factory of their own),
-    sorted: the graph methods of the papers and any user method of that kind (not the RFedAGS family)."""
+    """Sorted names of the registered methods without a task factory of their own (CNN zoo)."""
     return sorted(name for name, m in METHODS.items() if m.task_factory is None)
 
 
@@ -40,9 +35,7 @@ def build_strategy(config: RunConfig) -> Strategy:
 
 
 def register_all_handlers(app: ClientApp, factory: TaskFactory) -> ClientApp:
-    """Register every registered method's handlers on ``app`` (each action once, so methods sharing
-    an action register it once and a second call registers only methods registered since; a method
-    with its own task factory, e.g. RFedAGS's problems, gets that one instead of ``factory``)."""
+    """Register every method's handlers on ``app`` once per action (its own task factory first)."""
     done = {name.split(".", 1)[1] for name in getattr(app, "_registered_funcs", {}) if "." in name}
     for m in list(METHODS.values()):  # a copy: a handler's import may register another method
         if m.action in done:

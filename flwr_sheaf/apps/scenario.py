@@ -1,8 +1,5 @@
-"""The CNN-zoo scenario: zoo + data + partition from :class:`flwr_sheaf.config.ScenarioConfig`.
-
-This is where the CNN zoo, the data partition and the Flower glue meet: it turns a node's
-``Context`` into a :class:`flwr_sheaf.client.task.LocalTask`.
-"""
+"""The CNN-zoo scenario: a node's ``Context`` as a :class:`flwr_sheaf.client.task.LocalTask`
+(zoo, data and partition of :class:`flwr_sheaf.config.ScenarioConfig`)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from typing import Any
 
 from flwr.app import Context
 
-from ..client.task import LocalTask
+from ..client.task import TASK_TENSORS, LocalTask
 from ..config import (
     ConfigError,
     RunConfig,
@@ -42,8 +39,7 @@ __all__ = [
 
 
 def num_nodes(config: RunConfig, method: Method | None = None) -> int:
-    """Agents of the run: the method's own count (e.g. RFedAGS's problem) or the CNN zoo's
-    (``method``: default the registered ``config.method``)."""
+    """Agents of the run: the method's own count (e.g. RFedAGS's) or the CNN zoo's."""
     method = method or get_method(config.method)
     if method.num_nodes is not None:
         return method.num_nodes(config)
@@ -51,69 +47,41 @@ def num_nodes(config: RunConfig, method: Method | None = None) -> int:
 
 
 def prepare_scenario(config: RunConfig, method: Method, strategy: Any, num_nodes: int) -> None:
-    """The scenario's checks before any message: the CNN zoo's data for every agent
-    (:func:`check_scenario`, for a method without a task factory of its own), and
-    ``discovery = "sampled"`` set on ``strategy`` (:func:`sampled_discovery`).
-
-    Raises:
-        ConfigError: as :func:`check_scenario` and :func:`sampled_discovery`.
-    """
+    """Before any message: :func:`check_scenario` (for a method without its own task factory),
+    then :func:`sampled_discovery` (ConfigError as those)."""
     if method.task_factory is None:
         check_scenario(config.scenario)
     sampled_discovery(config, method, strategy, num_nodes)
 
 
 def agent_specs(scenario: ScenarioConfig) -> tuple[AgentSpec, ...]:
-    """The agents' specs of ``scenario.zoo`` (one per partition-id; paper Tab. 2 for ``paper-15``).
-
-    Raises:
-        ValueError: an unknown zoo name (named, with the valid forms).
-    """
+    """The agents' specs of ``scenario.zoo``, one per partition-id (ValueError: unknown zoo)."""
     return zoo_specs(scenario.zoo)
 
 
 def scenario_task(scenario: ScenarioConfig, partition_id: int) -> LocalTask:
-    """Model (seeded by ``seed`` and partition-id) and data of one agent (paper Eq. 23 partition or a Dirichlet
-    label shift, ``partitioner``; 10% pilots).
+    """Model (seeded by ``seed`` and partition-id) and data of one agent (paper Eq. 23 partition or
+    a Dirichlet label shift, ``partitioner``; 10% pilots).
 
     Raises:
-        OutsideScenarioError: partition-id >= N for the zoo (named, with N; a ``ValueError``):
-            the query handler describes such a node as a spare.
+        OutsideScenarioError: partition-id >= N for the zoo (a ``ValueError``; a spare node).
         ValueError: a negative partition-id.
     """
-    spec = _agent_spec(scenario, partition_id)
-    data = _agent_data(_data_key(scenario), partition_id)
-    model = build_agent(
-        spec,
-        seed=scenario.seed * 1000 + partition_id,
-        shrinkage=scenario.whitening_shrinkage,
-        eps=scenario.whitening_eps,
-    )
-    return LocalTask(
-        model,
-        data.x_train,
-        data.y_train,
-        data.x_val,
-        data.y_val,
-        data.x_test,
-        data.y_test,
-        data.x_pilot,
-        tuple(data.classes),
-        y_pilot=data.y_pilot,
-    )
-
-
-def _agent_spec(scenario: ScenarioConfig, partition_id: int) -> AgentSpec:
-    """The zoo spec of ``partition_id`` (range-checked: the error names the partition-id and N;
-    :class:`~flwr_sheaf.protocol.OutsideScenarioError` for a partition-id >= N, which the query
-    handler describes as a spare SuperNode)."""
     specs = agent_specs(scenario)
     if not 0 <= partition_id < len(specs):
         error = OutsideScenarioError if partition_id >= len(specs) else ValueError
         raise error(
             f"partition-id {partition_id} is outside [0, {len(specs)}) for zoo {scenario.zoo!r}"
         )
-    return specs[partition_id]
+    spec, data = specs[partition_id], _agent_data(_data_key(scenario), partition_id)
+    model = build_agent(
+        spec,
+        seed=scenario.seed * 1000 + partition_id,
+        shrinkage=scenario.whitening_shrinkage,
+        eps=scenario.whitening_eps,
+    )
+    tensors = {name: getattr(data, name) for name in TASK_TENSORS}
+    return LocalTask(model, classes=tuple(data.classes), y_pilot=data.y_pilot, **tensors)
 
 
 #: ``(dataset, zoo, shift, seed, num-pilots or None, partitioner)``: what an agent's data depends on
@@ -132,10 +100,8 @@ def _prepared(
 
 @functools.lru_cache(maxsize=4096)
 def _agent_data(key: DataKey, partition_id: int) -> AgentData:
-    """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, built once per process and shared by every
-    message of that node (read-only: the handlers never write into a task's tensors). Returning the same
-    tensor objects lets :func:`flwr_sheaf.client.common.to_device` keep the node's data resident on its
-    GPU across messages instead of copying it for each one."""
+    """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, once per process (read-only: the
+    same tensors let :func:`flwr_sheaf.client.common.to_device` keep them resident on a GPU)."""
     return agent_data(_prepared(*key), partition_id)
 
 
@@ -156,18 +122,16 @@ def _data_key(scenario: ScenarioConfig) -> DataKey:
 
 
 def check_scenario(scenario: ScenarioConfig) -> None:
-    """The CNN-zoo scenario's data checked for every agent on this machine, before any message
-    (:func:`~flwr_sheaf.data.partition.check_all_agents`). Where the dataset is not on this machine
-    (a deployment whose ServerApp host holds no data) the nodes check their own share at discovery.
+    """Check every agent's data on this machine (:func:`~flwr_sheaf.data.partition.check_all_agents`);
+    a dataset not here is left to the nodes' discovery.
 
     Raises:
-        ConfigError: agents with an empty split or a target class without samples (named, with the remedy).
+        ConfigError: agents with an empty split or a target class without samples (the remedy named).
     """
     if scenario.dataset.startswith("hf:"):
         return  # a hub download on the ServerApp's host is not wanted: the nodes check at discovery
-    key = _data_key(scenario)
     try:
-        prepared = _prepared(*key)
+        prepared = _prepared(*_data_key(scenario))
     except (FileNotFoundError, ImportError, OSError):
         return  # not on this machine: the nodes' discovery checks it
     except ValueError as exc:
@@ -184,11 +148,8 @@ def check_scenario(scenario: ScenarioConfig) -> None:
 
 
 def _largest_tiny_zoo(scenario: ScenarioConfig) -> str:
-    """For a refused ``tiny-<N>`` zoo: the largest ``tiny-<M>``, ``M < N``, whose split passes
-    :func:`check_all_agents` with the same dataset, shift, seed, pilots and partitioner, found by
-    bisection (``tiny-M`` is a prefix of ``tiny-N``; about 1 s on Fashion-MNIST, 7 s for
-    ``cross-device`` at 21,000 agents), as advice naming a value that passes; ``""`` for another zoo
-    or when not even ``tiny-2`` passes."""
+    """Advice for a refused ``tiny-<N>`` zoo: the largest passing ``tiny-<M>``, found by bisection
+    (``tiny-M`` is a prefix of ``tiny-N``); ``""`` for another zoo or when ``tiny-2`` fails too."""
     m = re.fullmatch(r"tiny-(\d+)", scenario.zoo.strip())
     if m is None:
         return ""
@@ -215,33 +176,19 @@ def _largest_tiny_zoo(scenario: ScenarioConfig) -> str:
 
 
 def cnn_task_factory(context: Context) -> LocalTask:
-    """:data:`~flwr_sheaf.client.task.TaskFactory` of the CNN-zoo scenarios (reads ``context.run_config``).
-
-    Raises:
-        ConfigError: a bad scenario value in the run config (named; the ServerApp has already
-            rejected unknown keys before any message was sent).
-    """
+    """:data:`~flwr_sheaf.client.task.TaskFactory` of the CNN-zoo scenarios (ConfigError: a bad
+    scenario value in ``context.run_config``)."""
     return scenario_task(
         ScenarioConfig.from_mapping(apply_preset(context.run_config)), node_partition_id(context)
     )
 
 
 def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[int, NodeInfo]:
-    """What every agent of the CNN-zoo scenario reports at discovery, derived on the ServerApp from
-    the same definitions the nodes use (:func:`scenario_task`, the ``query`` handler): ``d`` of its
-    zoo spec (the encoder's last width), its class set, the shared pilots' count and
-    :attr:`~flwr_sheaf.data.partition.PreparedSplit.pilot_digest`, its training-split size.
-
-    Args:
-        scenario: the run's scenario section.
-        num_partitions: N, the federation size every node reports.
-
-    Returns:
-        ``{partition-id: NodeInfo}`` for ``0..N-1`` (N = the zoo's agents).
+    """``{partition-id: NodeInfo}`` that every agent of the scenario reports at discovery (with
+    ``num_partitions``), derived on the ServerApp from the definitions the nodes use.
 
     Raises:
-        ConfigError: the scenario's data cannot be prepared on this machine (a hub dataset, a missing
-            file: ``discovery='all'`` lets the nodes describe themselves) or is invalid (named).
+        ConfigError: the scenario's data cannot be prepared on this machine, or is invalid.
     """
     key = f"discovery='sampled' with dataset={scenario.dataset!r}"
     if scenario.dataset.startswith("hf:"):
@@ -249,9 +196,8 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
             f"{key}: the ServerApp derives every agent's description from the data, and a hub "
             f"dataset is not downloaded on its host; use discovery='all'"
         )
-    data_key = _data_key(scenario)
     try:
-        prepared = _prepared(*data_key)
+        prepared = _prepared(*_data_key(scenario))
     except (FileNotFoundError, ImportError, OSError, ValueError) as exc:
         raise ConfigError(
             f"{key}: the ServerApp cannot prepare the scenario's data on this machine ({exc}); use "
@@ -273,20 +219,15 @@ def scenario_node_infos(scenario: ScenarioConfig, num_partitions: int) -> dict[i
 
 
 def sampled_discovery(config: RunConfig, method, strategy, num_nodes: int) -> None:
-    """Set ``strategy.sampled_discovery`` for run-config ``discovery = "sampled"`` (nothing for
-    ``"all"``), with the expected nodes of :func:`scenario_node_infos`; before any message.
+    """Set ``strategy.sampled_discovery`` for ``discovery = "sampled"`` (:func:`scenario_node_infos`).
 
     Raises:
-        ConfigError: naming ``discovery`` and the fix, when the run cannot describe nodes lazily: a
-            method with its own task factory (the ServerApp cannot derive its nodes), a strategy
-            without an agents' graph or with Bernoulli ``participation`` (drawn per partition-id),
-            ``resume`` / ``resume-from`` (node ids change between runs), or data the ServerApp
-            cannot prepare (:func:`scenario_node_infos`).
+        ConfigError: the run cannot describe nodes lazily (a method with its own task factory or no
+            agents' graph, Bernoulli ``participation``, a resume, data not preparable here).
     """
     if config.discovery != "sampled":
         return
-    fix = "use discovery='all'"
-    why = None
+    fix, why = "use discovery='all'", None
     if method.task_factory is not None:
         why = f"method {config.method!r} brings its own task factory, so the ServerApp cannot derive its nodes"
     elif getattr(strategy, "federation", None) is None or not hasattr(

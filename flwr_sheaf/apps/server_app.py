@@ -26,32 +26,20 @@ app = ServerApp()
 def run_server(grid: Grid, run_config: Mapping) -> Path:
     """Validate the run config, run the configured method on ``grid`` and write its results.
 
-    Every key and value is checked (and the graph built on the zoo's agents) before any message is
-    sent; ``results.json`` records every key's effective value. A checkpoint goes to ``results-dir``
-    after every ``checkpoint-every`` rounds; ``resume`` / ``resume-from`` continue a stopped run from
-    its checkpoint (docs/resume.md). With ``tracking`` set, every round's numbers also go to
-    TensorBoard and/or Weights & Biases (:class:`flwr_sheaf.tracking.Tracker`, docs/tracking.md).
+    Every key and value is checked (and the graph built) before any message is sent. Checkpoints
+    and resume: docs/resume.md; tracking: docs/tracking.md; statuses: docs/guarantees.md.
 
     Returns:
         Path of the written ``results.json``.
 
     Raises:
-        ConfigError: an unknown key, a bad value, an unknown method or method module (named); resuming with a
-            different run config (keys named) or past ``num-server-rounds``; a ``tracking`` tracker
-            whose package is not installed (the pip extra named).
-        NoCheckpointError: resuming without a checkpoint (a ``ConfigError`` and a ``FileNotFoundError``;
-            a finished ``checkpoint-every=0`` run named as such).
-        Exception: whatever ``strategy.start`` raised (a node-independent error, e.g. a
-            :class:`~flwr_sheaf.strategy.checkpoint.CheckpointWriteError`), re-raised after the completed
-            rounds' ``results.json`` is written with ``status: failed`` (a note on the exception names
-            the file; docs/guarantees.md).
-        RunFailedError: (after ``results.json`` is written, with ``status: failed``) more than
-            ``max-failed-fraction`` of the sampled train replies failed, or a round trained nobody; the
-            message names the partition-ids, rounds and reasons (docs/guarantees.md).
-        ConfigError: (preflight, flwr_sheaf.rundir) a results-dir or node-state-dir that cannot be
-            written (or a symbolic-link loop), ``overwrite`` with ``resume``, a results-dir holding another
-            run's results (without resume / overwrite), a node-state-dir holding another run's node
-            state, or either in use by another run (its lock named).
+        ConfigError: an unknown key, a bad value or method; resuming with another run config or past
+            ``num-server-rounds``; a missing tracker package; a results-dir or node-state-dir that
+            cannot be written, holds another run's files, or is in use by another run.
+        NoCheckpointError: resuming without a checkpoint.
+        Exception: whatever ``strategy.start`` raised, re-raised after the completed rounds'
+            ``results.json`` is written with ``status: failed``.
+        RunFailedError: (after ``results.json`` is written) the run's status is ``failed``.
     """
     if not log.handlers:  # our own progress lines only; leave the root logger to the host app
         handler = logging.StreamHandler()

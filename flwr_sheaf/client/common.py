@@ -62,13 +62,7 @@ def task_device(task: LocalTask) -> torch.device:
 
 
 def to_device(task: LocalTask, device: torch.device) -> LocalTask:
-    """The task with its model and every tensor on ``device`` (the same object when already there).
-
-    The model is moved in place (``nn.Module.to``); the tensors are copied to the device once per
-    process and CPU tensor object (:func:`resident`): a factory that returns the same (read-only)
-    tensors for every message, as the CNN-zoo scenario does, keeps the node's data on its GPU across
-    messages. The factory's CPU tensors are never modified.
-    """
+    """The task with its model (moved in place) and every tensor (:func:`resident`) on ``device``."""
     task.model.to(device)
     if all(getattr(task, name).device == device for name in TASK_TENSORS):
         return task
@@ -81,12 +75,7 @@ _RESIDENT: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def resident(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device``, copied once per process for each CPU tensor object and then reused.
-
-    The copy lives as long as ``t`` does (a ``weakref.finalize`` on ``t`` drops it), so a factory that
-    builds fresh tensors per message gets a fresh copy each time, and one that shares its tensors
-    gets the resident copy. ``t`` must not be modified in place after it was first moved.
-    """
+    """``t`` on ``device``, copied once per CPU tensor object while it lives (never modify ``t``)."""
     if t.device == device:
         return t
     key = (id(t), str(device))
@@ -124,9 +113,7 @@ def transport(z_src: torch.Tensor, v: torch.Tensor, receiver_is_head: bool) -> t
 
 @torch.no_grad()
 def eval_latents(model: StalkModel, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """Raw eval-mode latents ``(M, d)`` float32 of inputs ``(M, ...)`` (batched, no gradient).
-
-    ``batch`` defaults to :func:`inference_batch` (512 on the CPU, larger on an accelerator)."""
+    """Raw eval-mode latents ``(M, d)`` float32 of inputs ``(M, ...)`` (batched, no gradient)."""
     batch = batch or inference_batch(x)
     model.eval()
     if not len(x):
@@ -136,25 +123,19 @@ def eval_latents(model: StalkModel, x: torch.Tensor, batch: int | None = None) -
 
 @torch.no_grad()
 def eval_logits(model: StalkModel, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """Eval-mode private logits ``(M, C)`` of inputs ``(M, ...)`` (``batch`` as :func:`eval_latents`)."""
+    """Eval-mode private logits ``(M, C)`` of inputs ``(M, ...)`` (batched, no gradient)."""
     batch = batch or inference_batch(x)
     model.eval()
     return torch.cat([model.private_logits(x[i : i + batch]) for i in range(0, len(x), batch)])
 
 
 def inference_batch(x: torch.Tensor) -> int:
-    """Rows per inference pass over ``x``: 512 on the CPU (the numbers every CPU test pins), 8192 on an
-    accelerator, where a pass over the 7,000 pilots is then one or two kernel launches per layer."""
+    """Rows per inference pass: 512 on the CPU (the numbers tests pin), 8192 on an accelerator."""
     return 512 if x.device.type == "cpu" else 8192
 
 
 def round_generator(seed: int, partition_id: int, server_round: int) -> torch.Generator:
-    """The node's random stream for one server round, derived from (seed, partition-id, round) only.
-
-    Seeds torch's global generator too (dropout masks), so a node's training is identical in a
-    fresh process on CPU (docs/design.md, "Design notes"); returns a CPU ``torch.Generator`` for batch order
-    and pilot minibatches. Side effect: a host app sharing the process sees torch's global RNG reseeded.
-    """
+    """A CPU ``torch.Generator`` of (seed, partition-id, round); reseeds torch's global one too."""
     entropy = [int(seed), int(partition_id), int(server_round)]
     s = int(np.random.SeedSequence(entropy).generate_state(1)[0])
     if _accelerator_present():
@@ -188,9 +169,8 @@ def build(
     (else ``device_spec``) with its weights (and SGD state when ``train`` is given) restored.
 
     Raises:
-        whatever the factory raises (e.g. ``ValueError`` for a partition-id outside the zoo),
-        :class:`~flwr_sheaf.devices.DeviceUnavailableError` for a device this machine lacks, and
-        ``RuntimeError`` from ``load_state_dict`` when the stored state does not fit the rebuilt model.
+        whatever the factory raises; :class:`~flwr_sheaf.devices.DeviceUnavailableError` for a device
+        this machine lacks; ``RuntimeError`` when the stored state does not fit the rebuilt model.
     """
     set_torch_threads(threads)
     spec = train.device if train is not None else device_spec
@@ -210,7 +190,7 @@ def build(
 
 
 def whitened_pilots(model: StalkModel, x_pilot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode pilot latents ``(K, d)`` and their whitening with statistics fitted on them (notes/stability.md)."""
+    """Eval-mode pilot latents ``(K, d)`` and their whitening fitted on them (notes/stability.md)."""
     z = eval_latents(model, x_pilot)
     model.whitening.fit(z)
     model.whitening.eval()
@@ -221,11 +201,8 @@ def whitened_pilots(model: StalkModel, x_pilot: torch.Tensor) -> tuple[torch.Ten
 def store_pilots(
     context: Context, action: str, latents: torch.Tensor, pilots: torch.Tensor
 ) -> float:
-    """Cache the node's whitened pilots ``(K, d_i)`` and the collapse diagnostic of its raw latents.
-
-    Returns:
-        the low-variance fraction of ``latents`` (share of dimensions with variance < 1e-3).
-    """
+    """Cache the node's whitened pilots ``(K, d_i)``; returns the low-variance fraction of its raw
+    ``latents`` (share of dimensions with variance < 1e-3), cached with them."""
     lvf = low_variance_fraction(latents)
     context.state[_pilots_key(action)] = pack_arrays(
         {"pilots": to_numpy(pilots), "low-variance-fraction": np.array([lvf])}
@@ -236,18 +213,14 @@ def store_pilots(
 def cached_pilots(
     context: Context, action: str, on: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, float] | None:
-    """This node's whitened pilots ``(K, d_i)`` on device ``on`` and low-variance fraction from its last
-    training round, if any.
-
-    They are exact for the current weights: the encoder has not changed since they were computed.
-    """
+    """This node's whitened pilots ``(K, d_i)`` on ``on`` and low-variance fraction from its last
+    training round (exact for the current weights), or None."""
     key = _pilots_key(action)
     if key not in context.state:
         return None
     rec = array_record(context.state, key)
-    return from_numpy(rec["pilots"].numpy().copy(), on), float(
-        rec["low-variance-fraction"].numpy()[0]
-    )
+    lvf = float(rec["low-variance-fraction"].numpy()[0])
+    return from_numpy(rec["pilots"].numpy().copy(), on), lvf
 
 
 #: ``id(pilot tensor) -> (tensor version, digest)``; an entry is dropped when its tensor is freed.
@@ -255,10 +228,7 @@ _DIGESTS: dict[int, tuple[int, int]] = {}
 
 
 def shared_pilot_digest(x_pilot: torch.Tensor) -> int:
-    """:func:`~flwr_sheaf.protocol.pilot_digest` of ``x_pilot`` ``(K, ...)``, computed once per process
-    and tensor object (the CNN-zoo nodes of a process share one pilot tensor: 627 KB hashed once, not
-    per node). The entry is dropped when the tensor is freed and recomputed if it was modified in
-    place since (torch's version counter), so the digest is always that of the current values."""
+    """:func:`~flwr_sheaf.protocol.pilot_digest` of ``x_pilot``, cached per tensor and version."""
     key, version = id(x_pilot), x_pilot._version
     hit = _DIGESTS.get(key)
     if hit is not None and hit[0] == version:

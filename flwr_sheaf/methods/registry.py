@@ -348,9 +348,8 @@ def strategy_sections(strategy: Any) -> list[Any]:
 
 
 def strategy_config(strategy: Any) -> dict[str, Any]:
-    """``{run-config key: value}`` of the :class:`~flwr_sheaf.config.Section` attributes of
-    ``strategy`` and of the components it holds, first found wins (empty when it holds none): what
-    ``results.json``'s ``config`` records for a strategy built in one's own app (no run config)."""
+    """``{run-config key: value}`` of :func:`strategy_sections` (first found wins): what
+    ``results.json``'s ``config`` records for a strategy built in one's own app."""
     out: dict[str, Any] = {}
     for section in strategy_sections(strategy):
         for key, v in section.to_dict().items():
@@ -363,8 +362,7 @@ _TRACKER_KEYS = {"tracking-dir": "", "wandb-project": "wandb", "wandb-mode": "wa
 
 
 def _changed_keys(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """``{key: parsed value}`` of the known keys whose value in ``run_config`` differs from the key's
-    default (values a key's parser refuses are left to the config check)."""
+    """``{key: parsed value}`` of the known keys ``run_config`` sets off their default."""
     known = {**METHOD_KEYS, **KEYS}
     out: dict[str, Any] = {}
     for k, v in run_config.items():
@@ -410,9 +408,8 @@ def _code_names(code: CodeType) -> set[str]:
 
 
 def _builder_sections(builder: Any) -> set[type[Section]]:
-    """The config-section classes a method's strategy builder refers to (``c.section(SheafConfig)``
-    in ``lambda c, n: SheafFRL(n, sheaf=c.section(SheafConfig), ...)``): the :class:`Section`
-    subclasses among the global names of its code (a ``functools.partial`` unwrapped)."""
+    """The :class:`Section` subclasses among the global names of a strategy builder's code
+    (``c.section(SheafConfig)``; a ``functools.partial`` unwrapped)."""
     fn = getattr(builder, "func", builder)
     code, env = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
     if code is None:
@@ -422,14 +419,8 @@ def _builder_sections(builder: Any) -> set[type[Section]]:
 
 
 def key_readers() -> dict[str, list[str]]:
-    """``{run-config key: sorted names of the registered methods that read it}`` for the keys of the
-    methods' config sections, built from the method registry: a method reads its own section
-    (:attr:`Method.config`) and the registered sections its strategy builder refers to.
-
-    Returns:
-        Each method-section key with the names of its methods (keys of the app's own sections --
-        scenario, federation, train -- are not listed: every method reads them).
-    """
+    """``{method-section key: sorted names of the registered methods that read it}``: a method's
+    own section and those its strategy builder refers to (the app's sections are not listed)."""
     out: dict[str, set[str]] = {}
     for method in METHODS.values():
         sections = _builder_sections(method.strategy)
@@ -446,21 +437,12 @@ def key_readers() -> dict[str, list[str]]:
 def run_config_warnings(
     run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any
 ) -> list[str]:
-    """Run-config values the run will not use, or defaults that likely surprise, said before any
-    message: one line per method-section key changed but read by no part of the selected method,
-    tracker key set without its tracker, the config's own (:attr:`RunConfig.warnings`: ``graph``
-    left at ``class-overlap`` on 4 to 6 agents), and ``evaluate-nodes`` set to ``panel`` or ``drawn`` at
-    ``fraction-evaluate = 1`` (both then evaluate every node); values are compared before ``preset``, so a preset
-    never warns. The ServerApp logs each line and records it in ``results.json``'s ``warnings``.
+    """Lines naming run-config values the run will not use, or that likely surprise, and the fix.
 
-    Args:
-        run_config: the run config as given.
-        config: its parse.
-        method: the selected method.
-        strategy: the built strategy (the sections it holds are what it reads).
-
-    Returns:
-        One line each naming the key, its value and what to do (empty when none apply).
+    For ``run_config`` (as given; ``config`` its parse) and the ``strategy`` built for ``method``:
+    each changed method-section key the strategy's sections do not hold, tracker key without its
+    tracker, :attr:`RunConfig.warnings`, and ``evaluate-nodes`` ``panel``/``drawn`` at
+    ``fraction-evaluate = 1``; compared before ``preset`` (a preset never warns).
     """
     changed = _changed_keys(run_config)
     out: list[str] = []
@@ -490,9 +472,7 @@ def run_config_warnings(
                 f"method={config.method!r} and is ignored: the method evaluates no node; drop {key}"
             )
     trackers = {t.strip() for t in config.tracking.split(",") if t.strip()}
-    for key, tracker in _TRACKER_KEYS.items():
-        if key not in changed:
-            continue
+    for key, tracker in ((k, t) for k, t in _TRACKER_KEYS.items() if k in changed):
         if not tracker and not trackers:
             out.append(
                 f"{key}={changed[key]!r} is ignored: tracking is off (tracking={config.tracking!r}); "
@@ -515,9 +495,7 @@ def run_config_warnings(
 
 
 def method_train_note(run_config: Mapping[str, Any], method: str) -> str | None:
-    """The line the ServerApp logs when ``method`` trains with its own optimizer settings
-    (``train-defaults = method``, :func:`~flwr_sheaf.config.method_train_changes`); None when it
-    trains with the package's."""
+    """The line logged when ``method`` trains with its own optimizer settings, else None."""
     changed = method_train_changes(run_config)
     if not changed:
         return None

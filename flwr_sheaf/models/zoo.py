@@ -1,16 +1,14 @@
-"""Agent zoos: the paper's architectures (App. G Tab. 2 and Tab. 3) and a cheap heterogeneous
-family for tests and cross-device scenarios, plus the builder that turns an
-:class:`~flwr_sheaf.paper.AgentSpec` into a :class:`~flwr_sheaf.models.cnn.SheafAgent`.
+"""Agent zoos (the paper's App. G Tab. 2 and 3, and a cheap heterogeneous family) and the
+builder of a :class:`~flwr_sheaf.models.cnn.SheafAgent` from an :class:`~flwr_sheaf.paper.AgentSpec`.
 
 Zoo names accepted by :func:`zoo_specs`:
 
 * ``"paper-15"``: the 15 agents of Tab. 2 (3,411,690 trainable parameters).
 * ``"two-agent:<d>"``: the 2-agent bottleneck pair of Fig. 3 / Tab. 3 at latent size ``d``
   (a positive multiple of 4).
-* ``"tiny-<N>"``: ``N >= 1`` small heterogeneous agents (each < 7k parameters, ``d`` in
-  {16, 24, 32}, heads with 0-1 hidden layers, dropout 0.1), with class sets of 5 or 6
-  consecutive classes (mod 10) on rotating windows. Agent ``i``'s spec depends only on ``i``,
-  so ``tiny-M`` is a prefix of ``tiny-N`` for ``M <= N``.
+* ``"tiny-<N>"``: ``N >= 2`` small heterogeneous agents (each < 7k parameters, ``d`` in
+  {16, 24, 32}, dropout 0.1; 5 or 6 consecutive classes): agent ``i``'s spec depends only on
+  ``i``, so ``tiny-M`` is a prefix of ``tiny-N`` for ``M <= N``.
 """
 
 from __future__ import annotations
@@ -60,13 +58,7 @@ def _tiny_spec(i: int) -> AgentSpec:
 
 
 def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
-    """Agent specs of a named zoo (see the module docstring for the names).
-
-    Built once per process and name (the specs are frozen): every node of a process asks for the
-    whole zoo, so building it per call would make set-up quadratic in the number of agents.
-
-    Args:
-        name: ``"paper-15"``, ``"two-agent:<d>"`` or ``"tiny-<N>"``.
+    """Agent specs of a named zoo (names: module docstring), built once per process and name.
 
     Returns:
         Tuple of :class:`~flwr_sheaf.paper.AgentSpec`, one per agent (partition id = index).
@@ -81,8 +73,7 @@ def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
 
 
 def zoo_size(name: str) -> int:
-    """Number of agents of a named zoo, read from the name (nothing is built: ``tiny-100000`` costs
-    nothing).
+    """Number of agents of a named zoo, read from the name (nothing built).
 
     Raises:
         ValueError: as :func:`zoo_specs` (unknown name, ``N <`` :data:`MIN_ZOO_AGENTS`, a bad ``d``).
@@ -123,17 +114,14 @@ def build_agent(
     seed: int | None = None,
     **whitening_kwargs: Any,
 ) -> SheafAgent:
-    """Instantiate one agent from its spec (paper App. G Tab. 2/3): ``CNNEncoder(spec.channels,
-    spec.dropout)`` with a ``Whitening(spec.d, **whitening_kwargs)`` and an
-    ``MLPHead(spec.d, spec.hidden, spec.dropout, num_classes)`` whose colouring inverts it.
+    """Instantiate one agent from its spec (paper App. G Tab. 2/3): a ``CNNEncoder`` with its
+    ``Whitening`` and an ``MLPHead`` whose colouring inverts it.
 
     Args:
         spec: the agent's architecture and class set.
-        num_classes: number of logits (global label space, 10 for MNIST).
-        seed: if given, weights are initialised under ``torch.manual_seed(seed)`` inside
-            ``torch.random.fork_rng`` (CPU generator), so the result is reproducible and the
-            global RNG state is left untouched. ``None``: the global RNG is used (PyTorch default
-            initialisation, as the reference code after ``seed_everything``).
+        num_classes: number of logits (10 for MNIST).
+        seed: if given, weights are drawn from the CPU generator seeded with it inside
+            ``torch.random.fork_rng`` (global RNG untouched); ``None``: the global RNG.
         **whitening_kwargs: ``shrinkage``, ``eps``, ``momentum``, ``check_finite`` of the
             whitening layer.
 
@@ -141,8 +129,7 @@ def build_agent(
         A :class:`SheafAgent` on CPU, float32, in train mode.
 
     Raises:
-        ValueError: if a class in ``spec.classes`` is outside ``[0, num_classes)``, or on
-            invalid architecture / whitening arguments.
+        ValueError: a class outside ``[0, num_classes)``, or bad architecture / whitening arguments.
     """
     if not isinstance(spec, AgentSpec):
         raise ValueError(f"spec must be an AgentSpec, got {type(spec).__name__}")

@@ -1,14 +1,10 @@
 """Sampled discovery (run-config ``discovery = "sampled"``): nodes describe themselves when first sampled.
 
-Full discovery (:class:`~flwr_sheaf.strategy.discovery.Discovery`) queries every SuperNode before
-round 1; at 10,000 SuperNodes on the Ray engine that alone takes minutes
-(benchmarks/records/performance-ray-sampled.md). Here the server builds the graph from the ``expected``
-:class:`~flwr_sheaf.protocol.NodeInfo` per partition-id (derived from the scenario by the
-ServerApp), draws each round's participants over the sorted registered node ids
-(:meth:`SampledDiscovery.order`), queries the drawn nodes not yet described, with the checks of full
-discovery (:func:`~flwr_sheaf.strategy.discovery.parse_reply`), and compares each reply with
-``expected[partition-id]`` (:func:`info_mismatch`). The protocol, its failures and why the drawn
-partition-ids depend on the node ids: notes/participation.md, "Sampled discovery".
+Instead of querying every SuperNode before round 1 (minutes at 10,000 on Ray:
+benchmarks/records/performance-ray-sampled.md), the server builds the graph from the ``expected``
+:class:`~flwr_sheaf.protocol.NodeInfo` per partition-id, draws each round over the sorted
+registered node ids, and queries the drawn nodes not yet described, each reply checked against
+``expected`` (:func:`info_mismatch`). Protocol: notes/participation.md, "Sampled discovery".
 """
 
 from __future__ import annotations
@@ -34,14 +30,12 @@ __all__ = ["SampledDiscovery", "Sampling", "info_mismatch", "sample_phase"]
 
 log = logging.getLogger("flwr_sheaf")
 
-#: NodeInfo fields a reply must share with the scenario's expectation (partition-id selects it;
-#: num-partitions is checked against N separately)
+#: NodeInfo fields a reply must share with the scenario's expectation
 CHECKED_FIELDS = ("d", "classes", "num_pilots", "num_examples", "pilot_digest")
 
 
 def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
-    """Why a node's reported :class:`~flwr_sheaf.protocol.NodeInfo` disagrees with the scenario's
-    expectation for its partition-id (each differing field named with both values), or None."""
+    """Why a node's reported :class:`NodeInfo` differs from ``expected``, or None."""
     diffs = [
         f"{f.replace('_', '-')} {getattr(reported, f)!r} (the scenario gives {getattr(expected, f)!r})"
         for f in CHECKED_FIELDS
@@ -49,10 +43,9 @@ def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
     ]
     if not diffs:
         return None
-    why = "a different run config, dataset or package version on that node"
     return (
         f"partition-id {reported.partition_id} reports {', '.join(diffs)}: the node's data or model "
-        f"is not the scenario's ({why})"
+        "is not the scenario's (a different run config, dataset or package version on that node)"
     )
 
 
@@ -64,14 +57,11 @@ class SampledDiscovery:
         expected: ``{partition-id: NodeInfo}`` for ``0..N-1``, what each agent must report.
 
     Attributes:
-        node_ids: the registered node ids the draws are over (sorted; set by :meth:`run`).
-        described: ``{node id: partition-id}`` of the nodes that described themselves (idle spares
-            with partition-id >= N included).
+        node_ids: the sorted registered node ids the draws are over (set by :meth:`run`).
+        described: ``{node id: partition-id}`` of the nodes that described themselves (spares too).
         refused: ``{node id: (partition-id or None, reason)}`` of the nodes whose description failed.
-        rounds: ``{round: {"train": [...], "evaluate": [...]}}`` partition-ids described in that
-            round (for ``results.json``).
-        unfilled: ``{round: {phase: (filled, drawn)}}`` of the draws whose slots could not all be
-            given to agents (every further SuperNode a spare or unusable).
+        rounds: ``{round: {phase: [partition-id, ...]}}`` described in that round.
+        unfilled: ``{round: {phase: (filled, drawn)}}`` of the draws short of agents.
 
     Raises:
         ValueError: ``expected`` is not keyed by ``0..N-1``.
@@ -127,12 +117,9 @@ class SampledDiscovery:
         Returns:
             ``{partition-id: Node}`` of the expected infos (node id 0: not yet described).
 
-        While fewer than N are registered, the first registered node is described (one query): a
-        federation too small for the scenario fails at once, as in full discovery.
-
         Raises:
             RuntimeError: fewer than N SuperNodes registered after ``discovery_timeout``, or a node
-                reporting ``num-partitions`` < N (the ``--federation-config`` to pass named).
+                reporting ``num-partitions`` < N (probed while waiting).
         """
         self._query = Discovery(self.num_nodes, action, config, discovery_timeout)
         self._grid, self._timeout = grid, float(timeout)
@@ -159,10 +146,8 @@ class SampledDiscovery:
         return {p: Node(0, info) for p, info in self.expected.items()}
 
     def order(self, sampler: ParticipationSampler, server_round: int) -> list[int]:
-        """Every registered node id, by increasing uniform of ``sampler`` in ``server_round`` (stable
-        ties): a round draws the first ``max(1, floor(f N))`` (with M = N registered nodes, the
-        fraction draw of :class:`ParticipationSampler` over positions); a slot whose node turns out
-        a spare or unusable goes to the next (:meth:`sample`).
+        """Every registered node id by increasing uniform of ``sampler`` in ``server_round``: a round
+        draws the first ``max(1, floor(f N))``, a spare's or unusable node's slot going to the next.
 
         Raises:
             ValueError: ``sampler`` draws Bernoulli participation (per partition-id, unknown here).
@@ -180,9 +165,7 @@ class SampledDiscovery:
 
     @property
     def problems(self) -> list[str]:
-        """Lines for the run status (each makes it ``degraded``): drawn nodes that gave no usable
-        description (a broken agent, or a spare whose query handler fails: a spare of the bundled
-        ClientApp describes itself as one), and draws whose slots could not all be filled."""
+        """Lines that make the run ``degraded``: unusable descriptions, draws short of agents."""
         out = []
         unusable = [why for p, why in self.refused.values() if p is None]
         if unusable:
@@ -218,17 +201,13 @@ class SampledDiscovery:
         exchange: Exchange,
         ledger: RunLedger,
     ) -> list[int]:
-        """The partition-ids of ``server_round``'s drawn nodes in ``phase`` (``"train"`` /
-        ``"evaluate"``), after describing the drawn nodes not yet described; ``exchange`` then
-        addresses every described partition-id. A drawn node whose description disagrees with the
-        scenario is in the list and already recorded failed in ``ledger`` for ``phase`` (send it
-        nothing); the slot of a spare (partition-id >= N) or of a node that gives no usable
-        description goes to the next node in :meth:`order` (the latter counted in :attr:`problems`,
-        as a draw whose slots cannot all be filled).
+        """The partition-ids drawn for ``phase`` of ``server_round``, the new ones described first
+        and ``exchange`` connected to every described one. A node whose description disagrees is
+        listed and recorded failed in ``ledger`` (send it nothing); a spare's or unusable node's
+        slot goes to the next in :meth:`order`.
 
         Raises:
-            RuntimeError: see :meth:`describe` (what full discovery refuses).
-            ValueError: see :meth:`order`.
+            RuntimeError, ValueError: as :meth:`describe` and :meth:`order`.
         """
         order, self._round = self.order(sampler, server_round), server_round
         want, pos = sampler.num_drawn, 0
@@ -277,20 +256,17 @@ class SampledDiscovery:
         return sorted(out)
 
     def _agent(self, node_id: int) -> bool:
-        """Whether described node ``node_id`` names an agent's partition-id (< N), its description
-        accepted or refused (a refused one is that agent's recorded failure)."""
+        """Whether described node ``node_id`` names an agent (partition-id < N), accepted or not."""
         pid = self.described.get(node_id, self.refused.get(node_id, (None, ""))[0])
         return pid is not None and pid < self.num_nodes
 
     def describe(self, node_ids: list[int], timeout: float | None = None) -> list[int]:
-        """Query ``node_ids`` once (each round trip waits ``timeout``, default the round timeout) and
-        record each outcome (:attr:`described` / :attr:`refused`); returns the partition-ids < N that
-        described themselves correctly.
+        """Query ``node_ids`` once (``timeout``: default the round timeout), record each outcome, and
+        return the partition-ids < N that described themselves correctly.
 
         Raises:
-            RuntimeError: a node reports ``num-partitions`` < N, a partition-id another node already
-                reported (or claimed with a description the scenario refused), or a reply is
-                unusable while no spare SuperNode exists (the reason quoted), as full discovery.
+            RuntimeError: a node reports ``num-partitions`` < N or a partition-id already claimed,
+                or a reply is unusable while no spare SuperNode exists.
         """
         if not node_ids:
             return []
@@ -321,9 +297,7 @@ class SampledDiscovery:
         return sorted(new)
 
     def refuse(self, node_id: int, pid: int | None, why: str) -> None:
-        """Record node ``node_id``'s failed description (``pid`` None: it names no usable
-        partition-id, a broken agent or a spare whose query handler fails: logged, and in
-        :attr:`problems`)."""
+        """Record ``node_id``'s failed description (``pid`` None: no usable partition-id, logged)."""
         self.refused[node_id] = (pid, why if pid is not None else f"round {self._round}: {why}")
         if pid is None:
             log.warning(
@@ -335,8 +309,7 @@ class SampledDiscovery:
             )
 
     def describe_run(self) -> dict[str, Any]:
-        """``results.json``'s ``discovery`` entry: the mode, SuperNodes registered, the partition-ids
-        described per round and phase, the idle spares and the failed descriptions."""
+        """``results.json``'s ``discovery`` entry (docs/results-schema.md)."""
         return {
             "mode": "sampled",
             "registered": len(self.node_ids),
@@ -361,10 +334,8 @@ class Sampling(Protocol):
 def sample_phase(
     s: Sampling, sampler: ParticipationSampler, server_round: int, phase: str
 ) -> list[int]:
-    """The partition-ids ``sampler`` picks for ``phase`` of ``server_round``: its own draw over
-    partition-ids under ``discovery = "all"``; with ``s.sampled_discovery`` set, its draw over the
-    registered node ids (:meth:`SampledDiscovery.sample`, which describes new nodes and records failed
-    descriptions in ``s.ledger``)."""
+    """The partition-ids ``sampler`` picks for ``phase`` of ``server_round``: over partition-ids, or
+    with ``s.sampled_discovery`` over node ids (:meth:`SampledDiscovery.sample`)."""
     if s.sampled_discovery is None:
         return sampler.sample(server_round)
     return s.sampled_discovery.sample(sampler, server_round, phase, s.exchange, s.ledger)
