@@ -1,11 +1,8 @@
 """A ClientApp carrying flwr-sheaf handlers travels by reference, not by value, when pickled.
 
 Flower's Ray engine pickles the ClientApp with every message (by value: 74 KB and 40-100 ms of CPU,
-benchmarks/records/performance-ray.md). :func:`travel_by_reference` makes pickle / cloudpickle / Ray
-serialise a module-global app as ``(module, attribute)``. An app that is no module global, or whose
-handlers were registered after its module was imported, is pickled by value with one warning; a
-worker whose import of the module fails or lacks handlers gets an error naming the fix. Copies of
-such an app are new apps, never the module's app itself.
+benchmarks/records/performance-ray.md). :func:`travel_by_reference` makes a module-global app pickle
+as ``(module, attribute)``; any other app is pickled by value with one warning.
 """
 
 from __future__ import annotations
@@ -158,7 +155,6 @@ def load_global(
     """``module.attr`` after importing ``module``: the receiving end of :func:`reduce_app`.
 
     Args:
-        module, attr: where the app is a module global.
         file: the module's file where the app was pickled (for messages).
         handlers: how many handlers the sender's app had (a plain ``ClientApp`` must have as many).
         digest: the sender's digest of ``file`` (a module imported from another file must match).

@@ -45,7 +45,7 @@ def local_gluing_penalty(
     Args:
         a_i: agent i's pilot rows ``(K, d_i)`` (differentiable).
         edges: incident edges; each neighbour's pilots must have the same K rows.
-        lam: the penalty weight lambda >= 0 (lambda_i = lambda / d_i).
+        lam: lambda >= 0 (lambda_i = lambda / d_i).
 
     Returns:
         ``(penalty, per_edge)``: scalar tensor, and per neighbour partition-id the unweighted mean
@@ -63,10 +63,9 @@ def local_gluing_penalty(
 def gluing_penalty_terms(
     a_i: torch.Tensor, edges: Sequence[EdgeTerm], lam: float, check_finite: bool = True
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """:func:`local_gluing_penalty` without host synchronisation: per-edge values stay on the device.
+    """:func:`local_gluing_penalty` (Eq. 16) without host synchronisation: per-edge values stay on the device.
 
     Args:
-        a_i, edges, lam: as for :func:`local_gluing_penalty` (paper Eq. 16).
         check_finite: check every pilot matrix for NaN/inf (a device synchronisation each; the
             training loop passes False on an accelerator and checks the loss instead).
 

@@ -21,8 +21,7 @@ def check_pilots(
     Args:
         a: pilot matrix ``(K, d)`` (the paper's A_i is ``d x K``).
         name: label used in error messages, e.g. ``"pilots of partition-id 3"``.
-        d: expected stalk dimension, if known.
-        k: expected number of pilot rows, if known.
+        d, k: expected stalk dimension and pilot rows, if known.
         finite: check for NaN/inf entries (a device synchronisation).
 
     Raises:
@@ -62,11 +61,11 @@ class SvdCounter:
 
 
 def polar_factor(c: torch.Tensor) -> torch.Tensor:
-    """Orthonormal polar factor of a float matrix ``c (m, n)``, ``m >= n``.
+    """Orthonormal polar factor ``U W^T`` (thin SVD ``c = U S W^T``) of a float ``c (m, n)``, ``m >= n``.
 
     Returns:
-        ``(m, n)`` ``U W^T`` of the thin SVD ``c = U S W^T`` (the maximiser of ``tr(V^T c)`` over
-        ``St(m, n)``; determinant -1 kept: ``O(d)``), computed in float64, in ``c``'s dtype.
+        ``(m, n)`` maximiser of ``tr(V^T c)`` over ``St(m, n)`` (determinant -1 kept), computed in
+        float64, in ``c``'s dtype.
 
     Raises:
         ValueError: if ``m < n`` or ``c`` has NaN/inf entries.
@@ -85,12 +84,12 @@ def procrustes(a_head: torch.Tensor, a_tail: torch.Tensor) -> torch.Tensor:
     """Fit the restriction map of one edge by orthogonal / Stiefel Procrustes (paper Eq. 18).
 
     Args:
-        a_head: head pilots ``(K, d_h)`` (rows = the same K pilot samples as ``a_tail``).
+        a_head: head pilots ``(K, d_h)``, rows paired with ``a_tail``.
         a_tail: tail pilots ``(K, d_t)``, ``d_t <= d_h``.
 
     Returns:
-        ``V (d_h, d_t)``, ``V^T V = I``, minimising ``||a_head - a_tail V^T||_F`` (``z_h ~ V z_t``,
-        Eq. 11); float32 unless the inputs are float64.
+        ``V (d_h, d_t)``, ``V^T V = I``, minimising ``||a_head - a_tail V^T||_F`` (Eq. 11); float32
+        unless the inputs are float64.
 
     Raises:
         ValueError: row counts differ, ``d_t > d_h``, or NaN/inf pilots.

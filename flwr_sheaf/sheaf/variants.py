@@ -101,7 +101,6 @@ def edge_terms(
 
     Args:
         own: i's current pilots ``(K, d_i)``.
-        received: per neighbour what i holds of it.
         variant, privacy: resolved (``heterogeneous``/``homogeneous``; ``standard``/``stringent``).
         normalise: applied to both matrices before each Procrustes fit only (e.g.
             :func:`flwr_sheaf.sheaf.pilots.parseval`); None = no normalisation.
@@ -164,7 +163,6 @@ def outgoing_pilots(
         maps: i's maps by neighbour (homogeneous: ``O (d, d)`` where i is the tail; stringent:
             ``X_ji (d_e, d_i)``).
         neighbours, heads: i's neighbours and whether i heads the edge to each.
-        variant, privacy: the resolved modes.
 
     Returns:
         ``(send_raw, transported)``: whether some neighbour gets ``A_i`` itself, and per neighbour
@@ -193,15 +191,11 @@ def outgoing_pilots(
 
 
 def init_map(d_e: int, d_i: int, key: Sequence[int]) -> torch.Tensor:
-    """A Haar-distributed ``(d_e, d_i)`` map with orthonormal columns: agent i's initial ``X_ji^0``
-    (Alg. 3/4 line 1), QR of a Gaussian from ``SeedSequence(key)`` with Mezzadri's sign fix.
+    """Agent i's initial map ``X_ji^0`` (Alg. 3/4 line 1): Haar-distributed float64 ``(d_e, d_i)``,
+    ``X^T X = I``, by QR of a Gaussian from ``SeedSequence(key)`` with Mezzadri's sign fix.
 
     Args:
-        d_e, d_i: the edge's and agent i's stalk dimensions, ``d_e >= d_i >= 1``.
         key: non-negative integers (seed, partition-id, neighbour, node secret).
-
-    Returns:
-        float64 ``X (d_e, d_i)`` with ``X^T X = I``.
 
     Raises:
         ValueError: ``d_e < d_i`` or a non-positive dimension.

@@ -1,6 +1,4 @@
-"""FedProto mathematics in torch (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3): local class
-prototypes, server aggregation, the prototype regulariser, nearest-prototype inference and the
-parameter-free pooling adapter to a common feature dimension.
+"""FedProto mathematics in torch (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3).
 
 A prototype set is a ``dict[int, Tensor(d)]`` keyed by **Python int** class ids (tensor keys make
 int look-ups miss silently, s3.6: keys are converted with ``int()``, non-integral ones rejected).
@@ -184,7 +182,6 @@ def fedproto_loss(
         z: ``(B, d)`` floating latents.
         y: ``(B,)`` non-negative integer labels.
         global_protos: ``dict[int, Tensor(d)]`` (may be empty or partial).
-        reduction: ``"per_sample"`` or ``"mse"``.
 
     Returns:
         ``(loss, n_covered)``: 0-dim tensor (``0 * z.sum()`` when nothing is covered) and the count.
@@ -219,12 +216,8 @@ def fedproto_loss(
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
     """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4); ties go to the smallest class.
 
-    Args:
-        z: ``(B, d)`` floating latents.
-        global_protos: non-empty ``dict[int, Tensor(d)]``.
-
     Returns:
-        ``(B,)`` int64 predicted class ids on ``z``'s device.
+        ``(B,)`` int64 predicted class ids on ``z``'s device (``z``: ``(B, d)`` floating latents).
 
     Raises:
         ValueError: ``global_protos`` empty; prototype dim != ``d``; bad shapes/keys/NaN.
@@ -260,9 +253,7 @@ def aggregate_prototypes(
 
     Args:
         uploads: ``(protos, counts)`` pairs, one per client (counts may be ``None`` when unweighted).
-        weighted: count-weighted or unweighted mean.
         previous: last round's global prototypes, or None.
-        missing: ``"carry"`` or ``"drop"``.
         num_classes: if given, class ids must lie in ``[0, num_classes)``.
         sources: one label per upload for error messages (default ``"upload <index>"``).
 
@@ -387,10 +378,6 @@ def _weighted_means(
 class PoolingAdapter(nn.Module):
     """Parameter-free adaptive average pooling ``(..., d_in) -> (..., d_common)`` (HtFLlib's ``nn.AdaptiveAvgPool1d``; notes/baselines-prototypes.md, s3.5).
 
-    Args:
-        d_in: input feature dim (positive int).
-        d_common: output feature dim (positive int).
-
     Raises:
         ValueError: non-positive dims; wrong last dim in ``forward``.
     """
@@ -413,5 +400,4 @@ class PoolingAdapter(nn.Module):
         return F.adaptive_avg_pool1d(flat, self.d_common).reshape(*lead, self.d_common)
 
     def extra_repr(self) -> str:
-        """``d_in`` and ``d_common``."""
         return f"d_in={self.d_in}, d_common={self.d_common}"

@@ -2,9 +2,7 @@
 
     f_i(x) = (1/(2S)) sum_s d(x, a_{i,s})^2,   F(x) = (1/N) sum_i f_i(x),   x in M (Hadamard),
 
-``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``, fed to the client loop through ``rgrad2egrad``. The
-planted problems (a frequent and a rare group) have an independent optimum;
-:func:`centralised_frechet_mean` is a geoopt reference for any configuration.
+``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``; :func:`centralised_frechet_mean` is a geoopt reference.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ __all__ = [
 
 
 class FrechetMeanProblem:
-    """Federated Fréchet mean ``min_x (1/N) sum_i (1/(2S)) sum_s d(x, a_{i,s})^2``.
+    """Federated Fréchet mean ``min_x F(x)``.
 
     Args:
         manifold: a manifold with ``log`` and ``dist`` (SPD, Poincaré ball, sphere).
@@ -152,9 +150,6 @@ def commuting_spd_problem(
 
     Args:
         seed: numpy seed (entropy ``[seed, 6]``).
-        n: matrix size.
-        num_frequent, num_rare: group sizes.
-        samples_per_client: ``S``.
         p_frequent, p_rare: the groups' participation probabilities.
         spread, noise: log-spectrum offset of the groups and per-point noise.
 
@@ -198,10 +193,7 @@ def symmetric_poincare_problem(
 
     Args:
         seed: numpy seed (entropy ``[seed, 7]``).
-        n: ball dimension.
         num_pairs: ``P`` (``N = 2P``).
-        samples_per_client: ``S``.
-        p_frequent, p_rare: participation probabilities of the two halves.
         centre, noise: tangent-space offset at the origin and noise scale.
 
     Returns:
@@ -236,9 +228,7 @@ def centralised_frechet_mean(
 
     Args:
         manifold: a manifold with a geoopt reference ``_geo`` (SPD, Poincaré ball).
-        points: ``(N, S, *point_shape)``.
         weights: ``(N,)`` non-negative client weights (default equal).
-        steps, lr: iterations and step.
         x0: start point (default: the first point).
 
     Returns:

@@ -1,18 +1,10 @@
-"""RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
+"""RFedAGS strategy (notes/baselines-rfedags.md): a global parameter on a manifold, Bernoulli participation.
 
-Server part of RFedAGS (notes/baselines-rfedags.md). Per server round ``t``:
-
-1. ``configure_train``: the responders ``S_t`` are drawn per partition-id as independent
-   Bernoulli(p_i) (:class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``;
-   Flower's uniform sampling is the paper's Scheme I). Each drawn node gets ``x_t`` (key
-   :data:`~flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and ``server-round``,
-   ``local-steps`` (K), ``step-size`` (alpha_t), ``minibatch-size`` and ``seed``.
-2. ``aggregate_train``: the arrived streams ``zeta_i in T_{x_t} M`` (shape-checked, finite, with a
-   finite ``num-examples > 0``; anything else is that node's recorded failure) are combined by
-   :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with the weights of ``mode``,
-   then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only arrived streams count as
-   participation. A round without any stream keeps ``x_t`` exactly.
-3. No client-side evaluation: use ``start(..., evaluate_fn=...)`` for server-side metrics.
+Per round ``t`` the drawn nodes (:class:`flwr_sheaf.participation.ParticipationSampler`, seeded by
+``(seed, t)``) get ``x_t`` (key :data:`~flwr_sheaf.methods.rfedags.protocol.POINT`, float64); their
+usable streams ``zeta_i`` are combined by :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`,
+``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``; a round without streams keeps ``x_t``. No client-side
+evaluation: use ``start(..., evaluate_fn=...)``.
 """
 
 from __future__ import annotations
@@ -270,9 +262,8 @@ def usable_uploads(
     keys: tuple[str, ...],
     check: Callable[[ArrayRecord], tuple[Any, str | None]],
 ) -> tuple[dict[int, Any], np.ndarray, np.ndarray]:
-    """The train replies with a finite ``num-examples > 0`` whose record ``stream`` (holding ``keys``)
-    passes ``check`` (``record -> (upload, reason or None)``); any other reply, and a silent
-    recipient, is that node's recorded failure.
+    """The train replies with a finite ``num-examples > 0`` whose ``stream`` record (holding ``keys``)
+    passes ``check`` (``record -> (upload, reason or None)``); any other reply, or silence, is a recorded failure.
 
     Returns:
         ``({partition-id: upload}, num_examples (N,), responded (N,) bool)``; ``num_examples`` is 1
@@ -373,7 +364,6 @@ class RFedAGS(GraphStrategy, RiemannianState):
         participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec of
             :func:`flwr_sheaf.participation.parse_participation`; None = full). ``p_i = 0`` is allowed.
         mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
-        action: message action name.
         **settings: :class:`RiemannianArgs`.
 
     Raises:
