@@ -349,7 +349,6 @@ class ParticipationSampler:
         self.fraction = float(fraction)
         self.seed = int(seed)
         self.stream = int(stream)
-        #: the round every draw reads (a fixed panel, run-config ``evaluate-nodes = panel``), or None
         self.fixed_round = None if fixed_round is None else int(fixed_round)
         #: ``(N,)`` float64, or None (fraction mode)
         self.probabilities = None

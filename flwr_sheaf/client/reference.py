@@ -313,9 +313,7 @@ def travel_by_reference(app: Any) -> Any:
 
     The first call for a class registers :func:`reduce_app` in ``copyreg.dispatch_table`` and gives
     the class ``__copy__``/``__deepcopy__`` that make real copies; other instances pickle as before.
-
-    Returns:
-        ``app``.
+    Returns ``app``.
     """
     _mark(app)
     cls = type(app)

@@ -135,10 +135,7 @@ def graph_algebraic_connectivity(graph: nx.Graph, max_nodes: int = DENSE_MAX_DIM
     """Second-smallest eigenvalue of the combinatorial graph Laplacian (Fiedler value).
 
     For a consistent sheaf with orthogonal maps of equal ``d``, ``L ~ L_graph (x) I_d``: this is its
-    first non-zero eigenvalue, the scale a near-kernel tolerance must stay below.
-
-    Returns:
-        float: 0.0 for a disconnected graph; NaN below two nodes or above ``max_nodes`` (dense solve).
+    first non-zero eigenvalue. 0.0 for a disconnected graph; NaN below two nodes or above ``max_nodes``.
     """
     import networkx as nx
 

@@ -70,8 +70,7 @@ def gluing_penalty_terms(
             training loop passes False on an accelerator and checks the loss instead).
 
     Returns:
-        ``(penalty, sq)``: the scalar penalty and, per neighbour partition-id, the detached 0-d
-        unweighted squared residual ``||.||_F^2``.
+        ``(penalty, sq)``: the scalar penalty and, per neighbour, the detached 0-d ``||.||_F^2``.
 
     Raises:
         ValueError: as :func:`local_gluing_penalty` (non-finite entries only with ``check_finite``).

@@ -158,8 +158,7 @@ def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) 
     projects, ``z_w = V^T z_u`` (as :func:`flwr_sheaf.client.common.transport`); row-wise latents
     ``Z (M, d_src)`` move as ``Z T^T``.
 
-    Returns:
-        float64 ``(d_dst, d_src)`` matrix (a projection hop loses the part orthogonal to ``Im V``).
+    Returns float64 ``(d_dst, d_src)`` (a projection hop loses the part orthogonal to ``Im V``).
 
     Raises:
         ValueError: a path of fewer than two nodes, a hop with no map in either orientation, or

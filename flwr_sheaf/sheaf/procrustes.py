@@ -1,9 +1,5 @@
-"""Closed-form restriction-map update (paper Eq. 18, sub-problems P2a / P2b).
-
-For an oriented edge (head h, tail t, ``d_h >= d_t``) the map ``V`` in ``St(d_h, d_t)`` minimises
-``||A_h - A_t V^T||_F^2`` (row-wise pilots; the paper's ``||A_h - V A_t||_F^2``): the polar factor
-``V = U W^T`` of the thin SVD ``A_h^T A_t = U S W^T``, exact for any pilots (unlike the reference's
-projection convention: docs/deviations.md, s3).
+"""Closed-form restriction-map update (paper Eq. 18, sub-problems P2a / P2b): the polar factor of
+``A_h^T A_t``, exact for any pilots (unlike the reference's projection: docs/deviations.md, s3).
 """
 
 from __future__ import annotations
@@ -16,13 +12,8 @@ __all__ = ["check_pilots", "procrustes", "polar_factor", "svd_count", "SvdCounte
 def check_pilots(
     a: torch.Tensor, name: str, d: int | None = None, k: int | None = None, finite: bool = True
 ) -> None:
-    """Validate a row-wise pilot matrix.
-
-    Args:
-        a: pilot matrix ``(K, d)`` (the paper's A_i is ``d x K``).
-        name: label used in error messages, e.g. ``"pilots of partition-id 3"``.
-        d, k: expected stalk dimension and pilot rows, if known.
-        finite: check for NaN/inf entries (a device synchronisation).
+    """Validate a row-wise pilot matrix ``a (K, d)`` (the paper's A_i is ``d x K``), named ``name`` in
+    errors, against the expected ``d`` and ``k`` if given; ``finite`` checks NaN/inf (a device sync).
 
     Raises:
         ValueError: not 2-D, wrong ``d`` or ``K``, or (``finite``) any NaN / inf entry.

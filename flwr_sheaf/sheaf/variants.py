@@ -107,9 +107,9 @@ def edge_terms(
 
     Returns:
         ``(terms, maps)``: the :class:`EdgeTerm` list for
-        :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`, and the maps i fitted (one SVD each)
-        by neighbour: ``(d_h, d_t)`` for ``standard`` (Eq. 18; homogeneous: only where i is the
-        tail), i's own ``X_ji (d_e, d_i)`` for ``stringent`` (P2c/P2d).
+        :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`, and i's maps by neighbour:
+        ``(d_h, d_t)`` for ``standard`` (Eq. 18; homogeneous: only where i is the tail),
+        ``X_ji (d_e, d_i)`` for ``stringent`` (P2c/P2d).
 
     Raises:
         ValueError: unknown mode, or a received matrix of the wrong shape / with NaN (named).

@@ -64,7 +64,6 @@ def regularised_covariance(cov: Tensor, shrinkage: float = 0.0, eps: float = 1e-
 
     Args:
         cov: symmetric PSD ``(d, d)`` float tensor ``Sigma``.
-        shrinkage: in ``[0, 1]``.
         eps: relative eigenvalue floor ``>= 0``.
 
     Returns:
@@ -171,8 +170,7 @@ class Whitening(nn.Module):
             self.check_finite = before
 
     def forward(self, z: Tensor) -> Tensor:
-        """Whiten latents ``z (B, d)`` (train mode: ``B >= 2``, batch statistics, differentiable) to
-        ``zhat = (z - mu) @ L^{-T}`` ``(B, d)`` in ``z``'s dtype.
+        """Whiten latents ``z (B, d)`` to ``(B, d)`` in ``z``'s dtype (train mode differentiable).
 
         Raises:
             ValueError: wrong shape/``d``, non-finite entries, or ``B < 2`` in train mode.

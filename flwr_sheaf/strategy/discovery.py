@@ -134,11 +134,8 @@ class Discovery:
     def run(self, grid: Grid, timeout: float) -> dict[int, Node]:
         """Query nodes as they register until partition-ids ``0..num_nodes-1`` all answered.
 
-        Args:
-            timeout: seconds per query round trip (within [1 s, what is left of the timeout]).
-
-        Returns:
-            ``{partition-id: Node}`` for ``0..num_nodes-1``.
+        ``timeout``: seconds per query round trip (within [1 s, what is left of the timeout]).
+        Returns ``{partition-id: Node}`` for ``0..num_nodes-1``.
 
         Raises:
             RuntimeError: too few SuperNodes, a failed handler without spare, duplicate or (once all

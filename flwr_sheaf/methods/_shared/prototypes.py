@@ -144,7 +144,6 @@ def class_prototypes(
     Args:
         z: ``(B, d)`` floating latents (gradients flow through the means).
         y: ``(B,)`` integer labels in ``[0, num_classes)``.
-        num_classes: number of classes ``C``.
 
     Returns:
         ``(protos, counts)``: ``{c: (d,)}`` (``z``'s dtype/device) and ``{c: samples}``, ascending
@@ -262,8 +261,8 @@ def aggregate_prototypes(
         dtype on the first upload's device.
 
     Raises:
-        ValueError: a NaN/inf prototype, a bad class id or count (source named), dimensions that
-            differ (both named), bad ``missing``, ``sources`` of the wrong length.
+        ValueError: a NaN/inf prototype, a bad class id or count (source named), differing
+            dimensions (both named), bad ``missing``, ``sources`` of the wrong length.
     """
     if missing not in ("carry", "drop"):
         raise ValueError(f"missing must be 'carry' or 'drop', got {missing!r}")

@@ -218,9 +218,8 @@ def coordinate_decomposition(
 ) -> CoordinateDecomposition:
     """FedSAF Prop. 1 (Eqs. (7)-(9)): ``||Z^ - P^||_F^2 = ||Z^ - P^ R*||_F^2 + 2(<Z^, P^ R*> - <Z^, P^>)``.
 
-    ``R* = U V^T`` from ``P^^T Z^ = U S V^T`` on the row-normalised matrices (raw with
-    ``normalize=False``); each term from its own formula. A diagnostic (SVD gradients are unreliable at
-    repeated singular values).
+    ``R* = U V^T`` from ``P^^T Z^ = U S V^T`` on the row-normalised (``normalize``) matrices; each term
+    from its own formula. A diagnostic (SVD gradients are unreliable at repeated singular values).
 
     Args:
         z: ``(n, d)`` floating client representations.
@@ -284,8 +283,7 @@ def structure_alignment_inputs(
         y: ``(B,)`` integer labels in ``[0, num_classes)``.
         global_protos: ``dict[int, Tensor(d_g)]`` (possibly empty).
 
-    Returns:
-        :class:`StructureInputs` (0 rows when nothing is covered).
+    Returns :class:`StructureInputs` (0 rows when nothing is covered).
 
     Raises:
         ValueError: bad shapes/dtypes/labels, invalid or non-finite prototypes.
@@ -354,8 +352,7 @@ def fedsaf_objective(
         Zglobal_inst: ``(B', d_g)`` their global prototypes.
         lam, gamma: finite weights ``>= 0`` of ``L_proto`` and ``L_inst``.
 
-    Returns:
-        :class:`FedSAFTerms` (back-propagate ``total``).
+    Returns :class:`FedSAFTerms` (back-propagate ``total``).
 
     Raises:
         ValueError: ``ce`` not a 0-dim floating tensor; bad weights; unknown ``structure``; exactly one

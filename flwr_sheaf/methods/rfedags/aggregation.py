@@ -1,9 +1,5 @@
-"""Server side of RFedAGS (notes/baselines-rfedags.md, s5.3; authors' sign convention)::
-
-    x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
-
-``zeta_i in T_{x_t} M`` client ``i``'s gradient stream, ``w_i`` the weights of ``mode``
-(:func:`participation_weights`). An empty round keeps the iterate exactly.
+"""Server side of RFedAGS (notes/baselines-rfedags.md, s5.3; authors' sign convention):
+``x_{t+1} = R_{x_t}(varpi * sum_{i in S_t} w_i zeta_i)`` with the client streams ``zeta_i in T_{x_t} M``.
 """
 
 from __future__ import annotations
@@ -48,7 +44,6 @@ def participation_weights(
 
     Args:
         responded: ``(N,)`` bool mask of the responders ``S_t``.
-        mode: one of :data:`MODES`.
         q: ``(N,)`` frequency estimates in ``(0, 1]`` (required for ``"corrected"``).
         p: ``(N,)`` true probabilities (required for ``"known-p"``).
         num_examples: optional ``(N,)`` positive sample counts ``n_i`` (``"uncorrected"`` only;
@@ -199,11 +194,8 @@ def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
     ``p~_i = p_i * Integral_0^1 prod_{j != i} (1 - p_j + p_j t) dt``, computed exactly by
     Gauss-Legendre quadrature (the integrand is a polynomial of degree ``N - 1``).
 
-    Args:
-        p: ``(N,)`` probabilities in ``[0, 1]``.
-
     Returns:
-        ``(N,)`` float64 ``p~``; ``sum_i p~_i = 1 - prod_i (1 - p_i)``.
+        ``(N,)`` float64 ``p~`` of ``p (N,)``; ``sum_i p~_i = 1 - prod_i (1 - p_i)``.
 
     Raises:
         ValueError: invalid ``p``.
@@ -223,7 +215,7 @@ def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
 
 @dataclass
 class RoundResult:
-    """Outcome of one server round.
+    """Outcome of one server round of :class:`RFedAGSServer`.
 
     Attributes:
         x: new iterate ``x_{t+1}`` (float64, ``point_shape``).
@@ -247,10 +239,8 @@ class RFedAGSServer:
     Args:
         x: initial point ``x_0``.
         num_clients: ``N`` (client indices are partition ids ``0..N-1``).
-        mode: one of :data:`MODES`.
         p: true probabilities ``(N,)`` (required for ``"known-p"``, ignored otherwise).
         q_min: floor of the frequency estimate (``"corrected"``).
-        global_step: ``varpi``.
         estimate_includes_current: False (paper): ``q^t`` from rounds ``< t``; True (authors' code):
             round ``t`` counts before the weights are formed.
         estimator_kind: ``"plus-one"`` (``(c+1)/(t+1)``) or ``"empirical"`` (the paper's ``c/t``);

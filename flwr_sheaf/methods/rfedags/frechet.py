@@ -120,11 +120,8 @@ class FrechetMeanProblem:
         return float(self.manifold.dist(np.asarray(x, dtype=np.float64), self.optimum()[0]))
 
     def weighted_optimum(self, weights: np.ndarray) -> np.ndarray:
-        """Minimiser ``Q diag(exp(sum_i w_i L_i / sum_i w_i)) Q^T`` of ``sum_i w_i f_i`` (commuting SPD problems).
-
-        Raises:
-            ValueError: not a commuting problem (no ``log_spectra``) or bad weights.
-        """
+        """Minimiser ``Q diag(exp(sum_i w_i L_i / sum_i w_i)) Q^T`` of ``sum_i w_i f_i``; ValueError
+        without ``log_spectra`` (not a commuting SPD problem) or on bad weights."""
         if self.log_spectra is None:
             raise ValueError("weighted_optimum needs a commuting SPD problem (log_spectra)")
         w = client_weights(weights, self.num_clients)
@@ -196,9 +193,6 @@ def symmetric_poincare_problem(
         num_pairs: ``P`` (``N = 2P``).
         centre, noise: tangent-space offset at the origin and noise scale.
 
-    Returns:
-        ``(problem, p)`` with the optimum set to the origin.
-
     Raises:
         ValueError: non-positive sizes.
     """
@@ -221,7 +215,7 @@ def centralised_frechet_mean(
     lr: float = 0.5,
     x0: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Weighted Fréchet mean of ``points (N, S, *shape)`` by the centralised Karcher flow in geoopt (the reference).
+    """Weighted Fréchet mean (float64, ``point_shape``) of ``points (N, S, *shape)`` by the centralised Karcher flow in geoopt (the reference).
 
     ``x <- Exp_x(lr * sum_i w_i (1/S) sum_s Log_x(a_{i,s}))`` with geoopt's torch maps. ``lr = 1``
     2-cycles in negative curvature (measured in the 3-ball); 0.5 converged there in 50 steps.
@@ -230,9 +224,6 @@ def centralised_frechet_mean(
         manifold: a manifold with a geoopt reference ``_geo`` (SPD, Poincaré ball).
         weights: ``(N,)`` non-negative client weights (default equal).
         x0: start point (default: the first point).
-
-    Returns:
-        float64 minimiser, ``point_shape``.
 
     Raises:
         ValueError: a manifold without a geoopt reference, bad weights.

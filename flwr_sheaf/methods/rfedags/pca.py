@@ -68,11 +68,11 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
 
 
 class PCAProblem:
-    """Federated PCA ``min_{X in St(d, r)} (1/N) sum_i -tr(X^T A_i X)``.
+    """Federated PCA ``min_{X in St(d, r)} F(X)``.
 
     Args:
         covariances: ``(N, d, d)`` symmetric matrices ``A_i``.
-        r: number of components, ``1 <= r <= d``.
+        r: components, ``1 <= r <= d``.
         samples: optional ``(N, S, d)`` samples with ``A_i = Z_i^T Z_i / S`` (for mini-batch gradients).
 
     Raises:
@@ -215,7 +215,6 @@ def planted_pca_problem(
 
     Args:
         seed: seed of the symmetric noise ``G_i``.
-        d: dimension (>= 4).
         base, noise: isotropic level and noise scale (``noise * ||sym(G)||`` below ``base`` keeps PSD).
 
     Returns:
@@ -249,7 +248,7 @@ def batch_indices(
         batch_size: ``B`` in ``[1, S = num_samples]``.
 
     Returns:
-        ``(K, B)`` int array: row ``k`` = first ``B`` entries of a fresh permutation of ``range(S)``.
+        ``(K, B)`` int array: row ``k`` = first ``B`` of a fresh permutation of ``range(S)``.
 
     Raises:
         ValueError: ``batch_size`` not in ``[1, S]``.

@@ -207,10 +207,8 @@ def init_server(s: Any, arrays: ArrayRecord) -> None:
 def round_prologue(
     s: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, **entries: Any
 ) -> tuple[float, dict[str, Any]]:
-    """The server (first round), ``x_t``, this round's Bernoulli draw and step size ``alpha_t`` (recorded).
-
-    Returns:
-        ``(alpha_t, train config)`` (:func:`train_config`, then ``entries``, then ``config``).
+    """The server (first round), ``x_t``, this round's Bernoulli draw and ``(alpha_t, train config)``
+    (:func:`train_config`, then ``entries``, then ``config``); ``alpha_t`` is recorded.
 
     Raises:
         ValueError: ``config`` names a key the strategy sends.
@@ -299,11 +297,8 @@ def close_train(
     *,
     record_estimates: bool,
 ) -> tuple[ArrayRecord, MetricRecord]:
-    """Record the round's train metrics and its drawn, responders, weights (and estimates) in the ledger.
-
-    Returns:
-        ``(arrays holding x_new under "x", round metrics)``.
-    """
+    """Record the round's train metrics and its drawn, responders, weights (and estimates) in the
+    ledger; returns ``(arrays holding x_new under "x", round metrics)``."""
     rec, responders = s.ledger.current, sorted(responders)
     metrics = {
         "num_drawn": len(rec.sampled),
