@@ -334,10 +334,9 @@ class EdgeConfig:
 
     def to_config(self) -> dict:
         """Config-record entries (lists of int/float)."""
+        lists = (self.neighbours, self.dims, self.heads)
         out: dict[str, list[int] | list[float]] = {
-            "neighbours": [int(j) for j in self.neighbours],
-            "neighbour-dims": [int(d) for d in self.dims],
-            "i-is-head": [int(h) for h in self.heads],
+            k: [int(x) for x in v] for k, v in zip(self.KEYS, lists)
         }
         if self.weights is not None:
             out["edge-weights"] = [float(w) for w in self.weights]

@@ -1,7 +1,5 @@
-"""Pilot selection strategies and Parseval normalisation (paper App. B; notes/variants-pilots.md).
-
-The strategy decides each round's :class:`PilotSelection` with a :class:`PilotSampler`; server and
-node reduce ``(K, d)`` pilot matrices by :func:`apply_selection`. Indices are sorted ascending.
+"""Pilot selection strategies and Parseval normalisation (paper App. B; notes/variants-pilots.md):
+a :class:`PilotSampler` picks each round's :class:`PilotSelection`, :func:`apply_selection` applies it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Sheaf-FRL variants of the map step: homogeneous (paper Alg. 2, Eq. 24) and stringent privacy (Alg. 3/4, App. F).
 
-What agent i receives and which maps it fits per mode (raw pilots, Eq. 18; ``O A_t`` from the tail,
-Eq. 24; transported ``X_ij A_j`` and i's own ``X_ji`` by P2c/P2d, Eq. 42): notes/variants-privacy.md,
+Per mode, what agent i receives and which maps it fits (Eqs. 18, 24, 42): notes/variants-privacy.md,
 s1-s2. Matrices are row-wise ``(K, d)``.
 """
 

@@ -109,7 +109,6 @@ def weighted_uploads(
     Args:
         vectors: an ``(N, *shape)`` array (unweighted rows ignored) or ``{client: (*shape)}`` holding
             every weighted client.
-        weights: ``(N,)`` weights.
         what: the vectors' name in error messages (``"stream"``, ...).
 
     Raises:

@@ -119,10 +119,7 @@ class ProjectionManifold(Manifold):
 
 class Stiefel(ProjectionManifold):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}``, embedded metric, sign-fixed QR
-    retraction, projection transport; points ``(..., d, r)``.
-
-    Raises:
-        ValueError: if ``r < 1`` or ``d < r``.
+    retraction, projection transport; points ``(..., d, r)``; ValueError unless ``d >= r >= 1``.
     """
 
     def __init__(self, d: int, r: int) -> None:
@@ -346,9 +343,7 @@ class SPD(Manifold):
 
     Numpy closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")`` (retraction = exponential
     map; 50x faster than geoopt's torch on 3 x 3 batches). Not compact: RFedProj refuses it.
-
-    Raises:
-        ValueError: bad ``n``.
+    ValueError unless ``n >= 1``.
     """
 
     def __init__(self, n: int) -> None:
@@ -442,10 +437,8 @@ class PoincareBall(Manifold):
 
     Numpy closed forms of geoopt's ``PoincareBall(c)``: metric ``lambda_x^2 <u, v>``,
     ``lambda_x = 2/(1 - c||x||^2)``; retraction = exponential map, clipped like geoopt to
-    ``sqrt(c)||x|| <= 1 - 1e-5``. Not compact: RFedProj refuses it.
-
-    Raises:
-        ValueError: bad ``n`` or ``c``.
+    ``sqrt(c)||x|| <= 1 - 1e-5``. Not compact: RFedProj refuses it. ValueError unless ``n >= 1``
+    and ``c > 0``.
     """
 
     #: geoopt's float64 boundary margin (``sqrt(c)||x|| <= 1 - BALL_EPS``).

@@ -1,10 +1,8 @@
 """RFedAGS strategy (notes/baselines-rfedags.md): a global parameter on a manifold, Bernoulli participation.
 
-Per round ``t`` the drawn nodes (:class:`flwr_sheaf.participation.ParticipationSampler`, seeded by
-``(seed, t)``) get ``x_t`` (key :data:`~flwr_sheaf.methods.rfedags.protocol.POINT`, float64); their
-usable streams ``zeta_i`` are combined by :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`,
-``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``; a round without streams keeps ``x_t``. No client-side
-evaluation: use ``start(..., evaluate_fn=...)``.
+The drawn nodes get ``x_t`` (key :data:`~flwr_sheaf.methods.rfedags.protocol.POINT`, float64); their
+streams are combined by :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`. No
+client-side evaluation: use ``start(..., evaluate_fn=...)``.
 """
 
 from __future__ import annotations
