@@ -100,7 +100,8 @@ def edge_terms(
 
     Args:
         own: i's current pilots ``(K, d_i)``.
-        variant, privacy: resolved (``heterogeneous``/``homogeneous``; ``standard``/``stringent``).
+        variant: resolved: ``heterogeneous`` or ``homogeneous``.
+        privacy: ``standard`` or ``stringent``.
         normalise: applied to both matrices before each Procrustes fit only (e.g.
             :func:`flwr_sheaf.sheaf.pilots.parseval`); None = no normalisation.
 
@@ -161,7 +162,7 @@ def outgoing_pilots(
         own: i's final pilots ``(K, d_i)``.
         maps: i's maps by neighbour (homogeneous: ``O (d, d)`` where i is the tail; stringent:
             ``X_ji (d_e, d_i)``).
-        neighbours, heads: i's neighbours and whether i heads the edge to each.
+        heads: whether i heads the edge to each of ``neighbours``.
 
     Returns:
         ``(send_raw, transported)``: whether some neighbour gets ``A_i`` itself, and per neighbour

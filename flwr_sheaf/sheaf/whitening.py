@@ -96,9 +96,9 @@ class Whitening(nn.Module):
     to a rotation the maps absorb: notes/stability.md, s2.3). Like ``nn.BatchNorm1d``, train mode uses
     the batch's statistics (``B >= 2``) and updates ``running_mean (d,)`` (init 0) and ``running_cov
     (d, d)`` (init ``I``) by EMA with ``momentum``; eval mode uses the running ones (``L`` cached).
+    ``shrinkage`` and ``eps`` as in :func:`regularised_covariance` (``eps`` bounds :meth:`max_gain`).
 
     Args:
-        shrinkage, eps: as :func:`regularised_covariance` (``eps`` bounds :meth:`max_gain`).
         momentum: EMA weight of the newest batch, in ``(0, 1]``.
         check_finite: check inputs for NaN/inf and train-mode Cholesky failures (device syncs;
             :meth:`fit` always checks).
