@@ -82,8 +82,7 @@ def bernoulli_participation(
     """``(N,)`` bool mask of the clients responding in ``server_round``: ``u_i < p_i`` (a function of
     ``(seed, server_round)`` only). ``force_one_if_empty``: an empty round gets one random client
     with ``p_i > 0`` (the authors' fallback; it changes the statistics). ValueError on invalid
-    ``p``, ``seed`` or ``server_round``.
-    """
+    ``p``, ``seed`` or ``server_round``."""
     probs = check_probabilities(p)
     _check_int("seed", seed)
     _check_int("server_round", server_round)

@@ -275,9 +275,8 @@ def _by_value_size(app: Any) -> str:
 
 
 def _copy_app(app: Any, memo: dict | None = None) -> Any:
-    """``copy.copy`` (``memo`` None) or ``copy.deepcopy`` of a ClientApp: a new app, marked as
-    :func:`travel_by_reference` would (without it, :func:`reduce_app` in ``copyreg`` would make the
-    copy the module's app itself)."""
+    """``copy.copy`` (``memo`` None) or ``copy.deepcopy`` of a ClientApp: a new, marked app (else
+    :func:`reduce_app` in ``copyreg`` would make the copy the module's app itself)."""
     import copy
 
     cls: Any = type(app)

@@ -56,8 +56,7 @@ def local_gluing_penalty(
             a negative or non-finite edge weight.
     """
     penalty, sq = gluing_penalty_terms(a_i, edges, lam)
-    k = a_i.shape[0]
-    return penalty, {j: float(v) / k for j, v in sq.items()}
+    return penalty, {j: float(v) / a_i.shape[0] for j, v in sq.items()}
 
 
 def gluing_penalty_terms(

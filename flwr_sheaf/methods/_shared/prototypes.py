@@ -300,9 +300,8 @@ def _source_labels(sources: Sequence[str] | None, n: int) -> list[str]:
 def _collect_uploads(
     uploads: list, sources: list[str], weighted: bool, num_classes: int | None
 ) -> tuple[dict[int, list[tuple[torch.Tensor, float]]], int | None, str]:
-    """Every upload's prototypes checked and grouped by class with their weights, with the common
-    dimension ``d`` and the source that set it (ValueError on a bad upload or a dimension mismatch).
-    """
+    """The uploads' prototypes checked and grouped by class with their weights, the common ``d`` and
+    the source that set it (ValueError on a bad upload or a dimension mismatch)."""
     dim: int | None = None
     dim_src = ""
     per_class: dict[int, list[tuple[torch.Tensor, float]]] = {}

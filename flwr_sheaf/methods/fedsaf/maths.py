@@ -56,8 +56,7 @@ def _check_pair(
     names: tuple[str, str] = ("P", "Q"),
 ) -> None:
     """ValueError unless ``p (n, d1)``, ``q (n, d2)`` are floating, row-paired, ``n >= need_rows`` and
-    (``same_dim``) ``d1 == d2``; messages start with ``fn`` and name the matrices ``names``.
-    """
+    (``same_dim``) ``d1 == d2``; messages start with ``fn`` and name the matrices ``names``."""
     a, b = names
     _check_latents(p, f"{fn}: {a}", rows="n")
     _check_latents(q, f"{fn}: {b}", rows="n")

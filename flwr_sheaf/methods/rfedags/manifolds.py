@@ -119,8 +119,7 @@ class ProjectionManifold(Manifold):
 
 class Stiefel(ProjectionManifold):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}``, embedded metric, sign-fixed QR
-    retraction, projection transport; points ``(..., d, r)``; ValueError unless ``d >= r >= 1``.
-    """
+    retraction, projection transport; points ``(..., d, r)``; ValueError unless ``d >= r >= 1``."""
 
     def __init__(self, d: int, r: int) -> None:
         if int(r) != r or int(d) != d or r < 1 or d < r:
