@@ -213,10 +213,8 @@ def fedproto_loss(
 
 
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
-    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4); ties go to the smallest class.
-
-    Returns:
-        ``(B,)`` int64 predicted class ids on ``z``'s device (``z``: ``(B, d)`` floating latents).
+    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4), ties
+    to the smallest class: ``(B,)`` int64 class ids on ``z``'s device for latents ``z (B, d)``.
 
     Raises:
         ValueError: ``global_protos`` empty; prototype dim != ``d``; bad shapes/keys/NaN.

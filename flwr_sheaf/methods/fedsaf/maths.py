@@ -114,10 +114,8 @@ def _structure_cosine_loss(
 
 
 def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Centred Gram ``P_c P_c^T / max(||P_c||_F^2, eps^2)``, ``P_c = P - 1 p_bar`` (FedSAF Eq. (13)).
-
-    Returns:
-        ``(n, n)`` symmetric PSD matrix in ``p``'s dtype (zero when all rows coincide); ``p``: ``(n, d)``.
+    """Centred Gram ``P_c P_c^T / max(||P_c||_F^2, eps^2)``, ``P_c = P - 1 p_bar`` (FedSAF Eq. (13)):
+    ``(n, n)`` symmetric PSD in ``p``'s dtype for ``p (n, d)`` (zero when all rows coincide).
 
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
@@ -130,10 +128,8 @@ def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
 
 
 def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Upper triangle ``||P~_i - P~_j||_2^2`` (``i < j``) of the row-normalised ``P~`` (FedSAF Eq. (14)).
-
-    Returns:
-        ``(n (n - 1) / 2,)`` non-negative vector in ``p``'s dtype, ``torch.triu_indices`` order; ``p``: ``(n, d)``.
+    """Upper triangle ``||P~_i - P~_j||_2^2`` (``i < j``) of the row-normalised ``P~`` (FedSAF Eq. (14)):
+    ``(n (n - 1) / 2,)`` non-negative, ``p``'s dtype, ``torch.triu_indices`` order, for ``p (n, d)``.
 
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
@@ -219,10 +215,7 @@ def coordinate_decomposition(
 
     ``R* = U V^T`` from ``P^^T Z^ = U S V^T`` on the row-normalised (``normalize``) matrices; each term
     from its own formula. A diagnostic (SVD gradients are unreliable at repeated singular values).
-
-    Args:
-        z: ``(n, d)`` floating client representations.
-        p: ``(n, d)`` floating corresponding global prototypes.
+    ``z`` (client representations) and ``p`` (their global prototypes) are ``(n, d)`` floating.
 
     Raises:
         ValueError: shapes differ, ``n < 1``, bad ``eps``.

@@ -89,23 +89,15 @@ class RiemannianArgs(TypedDict, total=False):
 
 
 class RiemannianState:
-    """Attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set (for type checkers)."""
+    """The attributes of :func:`setup_riemannian` / :func:`init_server` that the strategies' own
+    methods read (for type checkers; the settings: :class:`RiemannianArgs`)."""
 
-    alpha: Callable[[int], float]
-    p: np.ndarray
     mode: str
     local_steps: int
-    step_size: float
-    decay_rounds: float
     global_step: float
-    q_min: float
-    estimate_includes_current: bool
-    estimator: str
     manifold: Manifold
-    minibatch_size: int
     server: RFedAGSServer
     _x_t: np.ndarray
-    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None
 
 
 def setup_riemannian(
