@@ -1,10 +1,8 @@
-"""Who trains in server round r: the one participation sampler of every strategy (no Flower imports).
+"""Who trains in server round r: the one participation sampler of every strategy (notes/participation.md, s1).
 
-Two modes (notes/participation.md, s1): **fraction** ``f``: ``n = max(1, floor(f N))`` nodes per
-round without replacement (Flower's FedAvg); **Bernoulli** ``p_i``: node i trains independently with
-probability ``p_i`` (RFedAGS, ``RFedAGSP.m`` option 2). Both read the uniforms ``u_i`` of
-``numpy.random.default_rng([seed, 0, r]).random(N)``: Bernoulli takes ``u_i < p_i``, fraction the
-``n`` smallest, so every method trains the same nodes; evaluators read ``[seed, 1, r]`` (s1.4).
+**fraction** ``f``: the ``max(1, floor(f N))`` smallest uniforms ``u_i`` of ``default_rng([seed, 0, r])``
+(Flower's FedAvg); **Bernoulli** ``p_i``: ``u_i < p_i`` (RFedAGS), so every method trains the same
+nodes; evaluators read ``[seed, 1, r]`` (s1.4).
 """
 
 from __future__ import annotations
@@ -57,6 +55,18 @@ def check_probabilities(p: np.ndarray | Sequence[float], name: str = "p") -> np.
     return arr
 
 
+def responded_mask(responded: np.ndarray | list[bool], n: int) -> np.ndarray:
+    """``responded`` as an ``(n,)`` bool mask; ValueError unless shaped so and boolean (or 0/1)."""
+    mask = np.asarray(responded)
+    if mask.shape != (n,):
+        raise ValueError(f"responded mask must have shape ({n},), got {mask.shape}")
+    if mask.dtype != bool:
+        if not np.all((mask == 0) | (mask == 1)):
+            raise ValueError("responded mask must be boolean (or 0/1)")
+        mask = mask.astype(bool)
+    return mask
+
+
 def _check_int(name: str, value: int, lo: int = 0) -> None:
     if int(value) != value or value < lo:
         kind = "positive" if lo == 1 else "non-negative"
@@ -72,8 +82,7 @@ def bernoulli_participation(
     """``(N,)`` bool mask of the clients responding in ``server_round``: ``u_i < p_i`` (a function of
     ``(seed, server_round)`` only). ``force_one_if_empty``: an empty round gets one random client
     with ``p_i > 0`` (the authors' fallback; it changes the statistics). ValueError on invalid
-    ``p``, ``seed`` or ``server_round``.
-    """
+    ``p``, ``seed`` or ``server_round``."""
     probs = check_probabilities(p)
     _check_int("seed", seed)
     _check_int("server_round", server_round)
@@ -141,16 +150,7 @@ class FrequencyEstimator:
     def observe(self, responded: np.ndarray | list[bool]) -> None:
         """Record one round: ``responded``, the ``(N,)`` bool (or 0/1) mask of the clients whose
         upload arrived; ValueError otherwise."""
-        mask = np.asarray(responded)
-        if mask.shape != (self.num_clients,):
-            raise ValueError(
-                f"responded mask must have shape ({self.num_clients},), got {mask.shape}"
-            )
-        if mask.dtype != bool:
-            if not np.all((mask == 0) | (mask == 1)):
-                raise ValueError("responded mask must be boolean (or 0/1)")
-            mask = mask.astype(bool)
-        self.counts += mask
+        self.counts += responded_mask(responded, self.num_clients)
         self.rounds += 1
 
     def estimate(self, include: np.ndarray | list[bool] | None = None) -> np.ndarray:
@@ -251,8 +251,7 @@ def parse_participation(
     ``"uniform"`` / ``"uniform:<s>"`` (:func:`paper_participation` with seed s); or a sequence /
     ``{partition-id: p}`` mapping.
 
-    Returns:
-        ``(num_nodes,)`` float64 probabilities, or None for an empty spec.
+    Returns ``(num_nodes,)`` float64 probabilities, or None for an empty spec.
 
     Raises:
         ValueError: unparsable spec, wrong count, missing partition-ids or a bad value (named).
@@ -349,7 +348,6 @@ class ParticipationSampler:
         self.fraction = float(fraction)
         self.seed = int(seed)
         self.stream = int(stream)
-        #: the round every draw reads (a fixed panel, run-config ``evaluate-nodes = panel``), or None
         self.fixed_round = None if fixed_round is None else int(fixed_round)
         #: ``(N,)`` float64, or None (fraction mode)
         self.probabilities = None

@@ -1,21 +1,10 @@
-"""The flwr-sheaf core message protocol: the message types, record names and keys every method's
-messages share, with pack/unpack helpers and the reply checks.
+"""The flwr-sheaf core message protocol: message types, record names and keys every method shares,
+pack/unpack helpers and the reply checks (numpy only; a method's own keys live in its unit or
+:mod:`flwr_sheaf.methods._shared.protocol`).
 
-Both sides import it (numpy payloads, no torch); it names no method: a method's own records and keys
-live in its unit or :mod:`flwr_sheaf.methods._shared.protocol` (``tests/test_layers.py``).
-
-Message types (``<category>.<action>``; the action is a method's handler name), config / reply:
-
-- ``query.<action>``: :data:`TORCH_THREADS`, :data:`DEVICE` / ``info`` (:class:`NodeInfo`).
-- ``train.<action>``: the method's config sections, :data:`SERVER_ROUND`, :data:`SEED` (+
-  :class:`EdgeConfig`) / ``metrics`` (:data:`TRAIN_REPLY`, :func:`train_reply_problem`); both with
-  the method's own records.
-- ``evaluate.<action>``: :data:`SERVER_ROUND`, :data:`WHITENING_FIT`, :data:`TORCH_THREADS`,
-  :data:`DEVICE`, :data:`EVAL_TRANSPORTED`, :data:`PILOT_READING` / :data:`EVAL_REPLY`
-  (:data:`EVAL_ARRAYS` or :data:`STRINGENT_EVAL_ARRAYS`; + :data:`SECOND_READING` arrays).
-- ``evaluate.<action>_comm``: arrays of :func:`route_evaluation` (+ :func:`route_non_edges`); config
-  of phase 1 + :class:`EdgeConfig` (+ :class:`NonEdgeConfig`) / :data:`COMM_REPLY` per incoming edge
-  (+ :data:`SECOND_READING` accuracies, :data:`NON_EDGE_REPLY`).
+Message types are ``<category>.<action>``: ``query`` (reply :class:`NodeInfo`), ``train`` (reply
+:data:`TRAIN_REPLY`), ``evaluate`` (:data:`EVAL_REPLY`) and ``evaluate.<action>_comm`` (arrays of
+:func:`route_evaluation`, reply :data:`COMM_REPLY`); the round flow is in docs/design.md.
 """
 
 from __future__ import annotations
@@ -345,10 +334,9 @@ class EdgeConfig:
 
     def to_config(self) -> dict:
         """Config-record entries (lists of int/float)."""
+        lists = (self.neighbours, self.dims, self.heads)
         out: dict[str, list[int] | list[float]] = {
-            "neighbours": [int(j) for j in self.neighbours],
-            "neighbour-dims": [int(d) for d in self.dims],
-            "i-is-head": [int(h) for h in self.heads],
+            k: [int(x) for x in v] for k, v in zip(self.KEYS, lists)
         }
         if self.weights is not None:
             out["edge-weights"] = [float(w) for w in self.weights]

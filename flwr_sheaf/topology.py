@@ -1,7 +1,5 @@
-"""Communication graphs (paper Sec. 6 "Network topology"; docs/paper.md, s8).
-
-Nodes are partition ids ``0..N-1``; graphs are undirected, simple ``networkx.Graph`` objects.
-Edge orientation (head/tail by stalk dimension) is *not* decided here; see :mod:`flwr_sheaf.sheaf`.
+"""Communication graphs (paper Sec. 6 "Network topology"; docs/paper.md, s8): undirected, simple
+``networkx.Graph`` objects on partition ids ``0..N-1`` (orientation: :mod:`flwr_sheaf.sheaf`).
 """
 
 from __future__ import annotations
@@ -93,8 +91,7 @@ def class_overlap_graph(class_sets: Sequence[Iterable[int]], density: float = 0.
     order: the reference's tie-breaking), then the other pairs by descending ``w`` (ties by
     ``(min, max)``) up to ``floor(density * N (N-1) / 2)`` edges (paper: 0.4, docs/paper.md, s8).
 
-    Returns:
-        ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
+    Returns ``nx.Graph`` on ``0..N-1`` with an int ``weight`` attribute ``w_ij`` on every edge.
 
     Raises:
         ValueError: empty ``class_sets`` or class set (agent named), ``density`` outside (0, 1],
@@ -179,9 +176,8 @@ def class_overlap_knn_graph(class_sets: Sequence[Iterable[int]], k: int, seed: i
     to node 0's by its best-overlap pair (ties: smallest ``(i, j)``). Cost ``O(N k + S^2 C)`` for
     ``S`` distinct class sets (benchmarks/records/performance.md, "Cross-device").
 
-    Returns:
-        Connected ``nx.Graph`` on ``0..N-1``, int ``weight`` ``w_ij`` on every edge; ValueError on
-        empty class sets or a bad ``k`` (named).
+    Returns a connected ``nx.Graph`` on ``0..N-1`` with int ``weight`` ``w_ij`` on every edge;
+    ValueError on empty class sets or a bad ``k`` (named).
     """
     import networkx as nx
 
@@ -399,11 +395,8 @@ def edge_list_graph(spec: str, n: int) -> nx.Graph:
 def build_graph(
     spec: str, num_nodes: int, class_sets: Sequence[Iterable[int]] | None = None
 ) -> nx.Graph:
-    """Build and validate a topology on nodes ``0..N-1`` from a run-config ``spec``
+    """Build and validate a connected simple topology on nodes ``0..N-1`` from a run-config ``spec``
     (:data:`GRAPH_SPECS`; the class-overlap forms need the ``N`` agents' ``class_sets``).
-
-    Returns:
-        A connected, simple ``nx.Graph`` on ``0..N-1``.
 
     Raises:
         ValueError: unknown spec (valid forms listed), missing/mis-sized ``class_sets``, bad
@@ -495,7 +488,7 @@ def _parse_graph_spec(spec: str) -> tuple[str, tuple]:
 
 
 def validate_graph(graph: nx.Graph, partition_ids: Iterable[int]) -> None:
-    """Check that ``graph`` is a usable topology for the nodes ``partition_ids``.
+    """Check that ``graph`` is a usable topology for ``partition_ids``.
 
     Raises:
         ValueError: a directed or multigraph, a self-loop, a node not a partition id, a missing

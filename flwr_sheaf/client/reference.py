@@ -1,11 +1,8 @@
 """A ClientApp carrying flwr-sheaf handlers travels by reference, not by value, when pickled.
 
 Flower's Ray engine pickles the ClientApp with every message (by value: 74 KB and 40-100 ms of CPU,
-benchmarks/records/performance-ray.md). :func:`travel_by_reference` makes pickle / cloudpickle / Ray
-serialise a module-global app as ``(module, attribute)``. An app that is no module global, or whose
-handlers were registered after its module was imported, is pickled by value with one warning; a
-worker whose import of the module fails or lacks handlers gets an error naming the fix. Copies of
-such an app are new apps, never the module's app itself.
+benchmarks/records/performance-ray.md). :func:`travel_by_reference` makes a module-global app pickle
+as ``(module, attribute)``; any other app is pickled by value with one warning.
 """
 
 from __future__ import annotations
@@ -158,7 +155,6 @@ def load_global(
     """``module.attr`` after importing ``module``: the receiving end of :func:`reduce_app`.
 
     Args:
-        module, attr: where the app is a module global.
         file: the module's file where the app was pickled (for messages).
         handlers: how many handlers the sender's app had (a plain ``ClientApp`` must have as many).
         digest: the sender's digest of ``file`` (a module imported from another file must match).
@@ -279,9 +275,8 @@ def _by_value_size(app: Any) -> str:
 
 
 def _copy_app(app: Any, memo: dict | None = None) -> Any:
-    """``copy.copy`` (``memo`` None) or ``copy.deepcopy`` of a ClientApp: a new app, marked as
-    :func:`travel_by_reference` would (without it, :func:`reduce_app` in ``copyreg`` would make the
-    copy the module's app itself)."""
+    """``copy.copy`` (``memo`` None) or ``copy.deepcopy`` of a ClientApp: a new, marked app (else
+    :func:`reduce_app` in ``copyreg`` would make the copy the module's app itself)."""
     import copy
 
     cls: Any = type(app)
@@ -317,9 +312,7 @@ def travel_by_reference(app: Any) -> Any:
 
     The first call for a class registers :func:`reduce_app` in ``copyreg.dispatch_table`` and gives
     the class ``__copy__``/``__deepcopy__`` that make real copies; other instances pickle as before.
-
-    Returns:
-        ``app``.
+    Returns ``app``.
     """
     _mark(app)
     cls = type(app)

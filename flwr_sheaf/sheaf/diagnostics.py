@@ -1,11 +1,5 @@
-"""Sheaf diagnostics of fitted restriction maps: Laplacian spectrum, near-kernel, non-edge sampling
-(notes/variants-diagnostics.md).
-
-A global section is ``z`` with ``Delta z = 0`` (paper Eq. 6, App. A); fitted maps are only
-approximately consistent, so the near-kernel counts eigenvalues of ``L`` below
-:data:`NEAR_KERNEL_RTOL` times ``trace(L) / sum_i d_i``. Up to :data:`DENSE_MAX_DIM` the spectrum is
-exact (dense ``eigvalsh``); above it ``torch.lobpcg`` on the sparse ``L`` gives the ``k`` smallest
-eigenpairs and their largest residual.
+"""Sheaf diagnostics of fitted restriction maps: Laplacian spectrum, near-kernel (approximate global
+sections, paper Eq. 6, App. A), non-edge sampling (notes/variants-diagnostics.md).
 """
 
 from __future__ import annotations
@@ -82,13 +76,12 @@ def laplacian_spectrum(
 ) -> LaplacianSpectrum:
     """The ``k`` smallest eigenvalues and the near-kernel dimension of ``L = Delta^T Delta`` (Eq. 6).
 
+    Up to ``dense_max`` the spectrum is exact (dense ``eigvalsh``); above it ``torch.lobpcg`` on the
+    sparse ``L`` (``iterations``, ``seed``) gives the ``k`` smallest eigenpairs and their residual.
+
     Args:
         maps, dims, edges: as in :func:`~flwr_sheaf.sheaf.network.coboundary`.
         k: number of smallest eigenvalues to return (>= 1; capped at ``n``).
-        dense_max, iterations, seed: largest ``n`` solved densely; LOBPCG's iteration cap and seed.
-
-    Returns:
-        :class:`LaplacianSpectrum`.
 
     Raises:
         ValueError: ``k < 1``, no nodes, or bad maps (:func:`~flwr_sheaf.sheaf.network.coboundary`).
@@ -142,10 +135,7 @@ def graph_algebraic_connectivity(graph: nx.Graph, max_nodes: int = DENSE_MAX_DIM
     """Second-smallest eigenvalue of the combinatorial graph Laplacian (Fiedler value).
 
     For a consistent sheaf with orthogonal maps of equal ``d``, ``L ~ L_graph (x) I_d``: this is its
-    first non-zero eigenvalue, the scale a near-kernel tolerance must stay below.
-
-    Returns:
-        float: 0.0 for a disconnected graph; NaN below two nodes or above ``max_nodes`` (dense solve).
+    first non-zero eigenvalue. 0.0 for a disconnected graph; NaN below two nodes or above ``max_nodes``.
     """
     import networkx as nx
 
@@ -171,9 +161,6 @@ def sample_non_edges(
     from ``default_rng([seed, NON_EDGE_STREAM, server_round])``. Up to ``enumerate_max`` node pairs
     all candidates are listed and sampled without replacement; above, rejection sampling (at most
     ``50 k`` draws).
-
-    Returns:
-        Sorted list of ``(a, b)`` with ``a < b``.
 
     Raises:
         ValueError: ``k < 0`` or a node not in ``graph``.

@@ -45,7 +45,7 @@ def local_gluing_penalty(
     Args:
         a_i: agent i's pilot rows ``(K, d_i)`` (differentiable).
         edges: incident edges; each neighbour's pilots must have the same K rows.
-        lam: the penalty weight lambda >= 0 (lambda_i = lambda / d_i).
+        lam: lambda >= 0 (lambda_i = lambda / d_i).
 
     Returns:
         ``(penalty, per_edge)``: scalar tensor, and per neighbour partition-id the unweighted mean
@@ -56,23 +56,20 @@ def local_gluing_penalty(
             a negative or non-finite edge weight.
     """
     penalty, sq = gluing_penalty_terms(a_i, edges, lam)
-    k = a_i.shape[0]
-    return penalty, {j: float(v) / k for j, v in sq.items()}
+    return penalty, {j: float(v) / a_i.shape[0] for j, v in sq.items()}
 
 
 def gluing_penalty_terms(
     a_i: torch.Tensor, edges: Sequence[EdgeTerm], lam: float, check_finite: bool = True
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """:func:`local_gluing_penalty` without host synchronisation: per-edge values stay on the device.
+    """:func:`local_gluing_penalty` (Eq. 16) without host synchronisation: per-edge values stay on the device.
 
     Args:
-        a_i, edges, lam: as for :func:`local_gluing_penalty` (paper Eq. 16).
         check_finite: check every pilot matrix for NaN/inf (a device synchronisation each; the
             training loop passes False on an accelerator and checks the loss instead).
 
     Returns:
-        ``(penalty, sq)``: the scalar penalty and, per neighbour partition-id, the detached 0-d
-        unweighted squared residual ``||.||_F^2``.
+        ``(penalty, sq)``: the scalar penalty and, per neighbour, the detached 0-d ``||.||_F^2``.
 
     Raises:
         ValueError: as :func:`local_gluing_penalty` (non-finite entries only with ``check_finite``).

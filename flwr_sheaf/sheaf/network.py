@@ -1,10 +1,7 @@
-"""Network sheaf on an undirected graph: orientation, coboundary, Laplacian, total variation.
+"""Network sheaf on an undirected graph (paper Sec. 3): orientation, coboundary (Eqs. 5, 10, 11),
+Laplacian (Eq. 6), total variation (Eq. 9) and multi-hop transport (notes/variants-diagnostics.md).
 
-Paper Sec. 3: node stalks ``R^{d_i}``, edge stalk of the larger dimension; each oriented edge (head
-h, tail t, ``d_h >= d_t``) carries one ``V`` in ``St(d_h, d_t)`` (Eq. 10) and the coboundary is
-``(Delta z)_e = z_h - V z_t`` (Eq. 5 with ``O = I``; Eq. 11). ``L = Delta^T Delta`` (Eq. 6);
-``TV(z) = ||Delta z||^2`` (Eq. 9). :func:`path_map`: multi-hop transport
-(notes/variants-diagnostics.md). Pure torch + networkx.
+Each oriented edge (head h, tail t, ``d_h >= d_t``) carries one ``V`` in ``St(d_h, d_t)``.
 """
 
 from __future__ import annotations
@@ -92,7 +89,6 @@ def coboundary(
         maps: ``{(head, tail): V (d_head, d_tail)}`` (any float dtype).
         dims: stalk dimension per node; every node gets a column block (edges or not).
         edges: oriented edges ``(head, tail)``, in row-block order.
-        sparse: return a coalesced sparse COO tensor.
 
     Returns:
         float64 ``(sum_e d_head(e), sum_i d_i)``; block row of edge (h, t) is ``[I at h, -V at t]``,
@@ -159,14 +155,10 @@ def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) 
     """Compose the restriction maps along a path: transport from stalk ``path[0]`` to ``path[-1]``.
 
     A hop ``u -> w`` over ``(w, u)`` (w the head) embeds, ``z_w = V z_u``; over ``(u, w)`` it
-    projects, ``z_w = V^T z_u`` (as :func:`flwr_sheaf.client.common.transport`). ``T = M_k ...
-    M_1``; row-wise latents ``Z (M, d_src)`` move as ``Z T^T``.
+    projects, ``z_w = V^T z_u`` (as :func:`flwr_sheaf.client.common.transport`); row-wise latents
+    ``Z (M, d_src)`` move as ``Z T^T``.
 
-    ``path``: node ids ``(src, ..., dst)``, at least two; ``maps``: ``{(head, tail): V}`` with every
-    hop's edge in one orientation.
-
-    Returns:
-        float64 ``(d_dst, d_src)`` matrix (a projection hop loses the part orthogonal to ``Im V``).
+    Returns float64 ``(d_dst, d_src)`` (a projection hop loses the part orthogonal to ``Im V``).
 
     Raises:
         ValueError: a path of fewer than two nodes, a hop with no map in either orientation, or
@@ -195,11 +187,9 @@ def path_map(path: Sequence[int], maps: Mapping[tuple[int, int], torch.Tensor]) 
 
 
 class NetworkSheaf:
-    """A network sheaf with Stiefel restriction maps on an undirected graph.
+    """A network sheaf with Stiefel restriction maps on an undirected graph of partition-ids.
 
     Args:
-        graph: undirected ``networkx.Graph`` whose nodes are partition-ids.
-        dims: stalk dimension ``d_i`` per node.
         maps: optional ``{(head, tail): V (d_head, d_tail)}``; missing maps start as the truncated
             identity ``I[:d_h, :d_t]`` (the reference's init).
 

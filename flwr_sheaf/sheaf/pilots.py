@@ -1,7 +1,5 @@
-"""Pilot selection strategies and Parseval normalisation (paper App. B; notes/variants-pilots.md).
-
-The strategy decides each round's :class:`PilotSelection` with a :class:`PilotSampler`; server and
-node reduce ``(K, d)`` pilot matrices by :func:`apply_selection`. Indices are sorted ascending.
+"""Pilot selection strategies and Parseval normalisation (paper App. B; notes/variants-pilots.md):
+a :class:`PilotSampler` picks each round's :class:`PilotSelection`, :func:`apply_selection` applies it.
 """
 
 from __future__ import annotations
@@ -225,12 +223,9 @@ def _contiguous(groups: np.ndarray) -> np.ndarray:
 def pilot_mismatch(bank: Mapping[int, np.ndarray], edges: Sequence[tuple[int, int]]) -> np.ndarray:
     """Per-pilot cross-node mismatch: mean over edges of the squared Procrustes residual per row.
 
-    Args:
-        bank: ``{partition-id: (M, d_i)}`` full pilot matrices.
-        edges: oriented ``(head, tail)`` pairs; those with an end not in ``bank`` are skipped.
-
-    Returns:
-        ``(M,)`` float64 mean of ``||a_h[k] - V a_t[k]||^2`` (V: Procrustes, Eq. 18); NaN if no edge.
+    ``bank``: ``{partition-id: (M, d_i)}``; ``edges``: oriented ``(head, tail)``, those with an end
+    not in ``bank`` skipped. Returns ``(M,)`` float64 mean of ``||a_h[k] - V a_t[k]||^2`` (V:
+    Procrustes, Eq. 18); NaN if no edge.
     """
     total, n = None, 0
     for h, t in edges:
@@ -252,8 +247,7 @@ class PilotSampler:
     """Decides each server round's :class:`PilotSelection` (paper App. B; module docstring).
 
     Args:
-        spec: the parsed ``pilot-strategy``.
-        num_pilots, seed: M, the shared pilots; the run's seed.
+        num_pilots: M, the shared pilots.
         labels: ``(M,)`` pilot labels (``*-class``).
         features: ``(M, p)`` public features (``*-cluster``; clustered once here).
 
@@ -294,12 +288,8 @@ class PilotSampler:
     def select(
         self, server_round: int, mismatch: np.ndarray | None = None
     ) -> PilotSelection | None:
-        """This round's selection (None for ``all``).
-
-        Args:
-            server_round: the round (>= 1).
-            mismatch: ``(M,)`` :func:`pilot_mismatch` for ``adaptive`` (None/NaN: a uniform draw).
-        """
+        """This round's selection (None for ``all``); ``mismatch``: ``(M,)`` :func:`pilot_mismatch`
+        for ``adaptive`` (None/NaN: a uniform draw)."""
         s, m = self.spec, self.num_pilots
         if s.kind == "all":
             return None

@@ -1,9 +1,5 @@
-"""Closed-form restriction-map update (paper Eq. 18, sub-problems P2a / P2b).
-
-For an oriented edge (head h, tail t, ``d_h >= d_t``) the map ``V`` in ``St(d_h, d_t)`` minimises
-``||A_h - A_t V^T||_F^2`` (row-wise pilots; the paper's ``||A_h - V A_t||_F^2``): the polar factor
-``V = U W^T`` of the thin SVD ``A_h^T A_t = U S W^T``, exact for any pilots (unlike the reference's
-projection convention: docs/deviations.md, s3).
+"""Closed-form restriction-map update (paper Eq. 18, sub-problems P2a / P2b): the polar factor of
+``A_h^T A_t``, exact for any pilots (unlike the reference's projection: docs/deviations.md, s3).
 """
 
 from __future__ import annotations
@@ -16,14 +12,8 @@ __all__ = ["check_pilots", "procrustes", "polar_factor", "svd_count", "SvdCounte
 def check_pilots(
     a: torch.Tensor, name: str, d: int | None = None, k: int | None = None, finite: bool = True
 ) -> None:
-    """Validate a row-wise pilot matrix.
-
-    Args:
-        a: pilot matrix ``(K, d)`` (the paper's A_i is ``d x K``).
-        name: label used in error messages, e.g. ``"pilots of partition-id 3"``.
-        d: expected stalk dimension, if known.
-        k: expected number of pilot rows, if known.
-        finite: check for NaN/inf entries (a device synchronisation).
+    """Validate a row-wise pilot matrix ``a (K, d)`` (the paper's A_i is ``d x K``), named ``name`` in
+    errors, against the expected ``d`` and ``k`` if given; ``finite`` checks NaN/inf (a device sync).
 
     Raises:
         ValueError: not 2-D, wrong ``d`` or ``K``, or (``finite``) any NaN / inf entry.
@@ -62,11 +52,11 @@ class SvdCounter:
 
 
 def polar_factor(c: torch.Tensor) -> torch.Tensor:
-    """Orthonormal polar factor of a float matrix ``c (m, n)``, ``m >= n``.
+    """Orthonormal polar factor ``U W^T`` (thin SVD ``c = U S W^T``) of a float ``c (m, n)``, ``m >= n``.
 
     Returns:
-        ``(m, n)`` ``U W^T`` of the thin SVD ``c = U S W^T`` (the maximiser of ``tr(V^T c)`` over
-        ``St(m, n)``; determinant -1 kept: ``O(d)``), computed in float64, in ``c``'s dtype.
+        ``(m, n)`` maximiser of ``tr(V^T c)`` over ``St(m, n)`` (determinant -1 kept), computed in
+        float64, in ``c``'s dtype.
 
     Raises:
         ValueError: if ``m < n`` or ``c`` has NaN/inf entries.
@@ -85,12 +75,12 @@ def procrustes(a_head: torch.Tensor, a_tail: torch.Tensor) -> torch.Tensor:
     """Fit the restriction map of one edge by orthogonal / Stiefel Procrustes (paper Eq. 18).
 
     Args:
-        a_head: head pilots ``(K, d_h)`` (rows = the same K pilot samples as ``a_tail``).
+        a_head: head pilots ``(K, d_h)``, rows paired with ``a_tail``.
         a_tail: tail pilots ``(K, d_t)``, ``d_t <= d_h``.
 
     Returns:
-        ``V (d_h, d_t)``, ``V^T V = I``, minimising ``||a_head - a_tail V^T||_F`` (``z_h ~ V z_t``,
-        Eq. 11); float32 unless the inputs are float64.
+        ``V (d_h, d_t)``, ``V^T V = I``, minimising ``||a_head - a_tail V^T||_F`` (Eq. 11); float32
+        unless the inputs are float64.
 
     Raises:
         ValueError: row counts differ, ``d_t > d_h``, or NaN/inf pilots.

@@ -1,7 +1,6 @@
 """Sheaf-FRL variants of the map step: homogeneous (paper Alg. 2, Eq. 24) and stringent privacy (Alg. 3/4, App. F).
 
-What agent i receives and which maps it fits per mode (raw pilots, Eq. 18; ``O A_t`` from the tail,
-Eq. 24; transported ``X_ij A_j`` and i's own ``X_ji`` by P2c/P2d, Eq. 42): notes/variants-privacy.md,
+Per mode, what agent i receives and which maps it fits (Eqs. 18, 24, 42): notes/variants-privacy.md,
 s1-s2. Matrices are row-wise ``(K, d)``.
 """
 
@@ -101,16 +100,16 @@ def edge_terms(
 
     Args:
         own: i's current pilots ``(K, d_i)``.
-        received: per neighbour what i holds of it.
-        variant, privacy: resolved (``heterogeneous``/``homogeneous``; ``standard``/``stringent``).
+        variant: resolved: ``heterogeneous`` or ``homogeneous``.
+        privacy: ``standard`` or ``stringent``.
         normalise: applied to both matrices before each Procrustes fit only (e.g.
             :func:`flwr_sheaf.sheaf.pilots.parseval`); None = no normalisation.
 
     Returns:
         ``(terms, maps)``: the :class:`EdgeTerm` list for
-        :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`, and the maps i fitted (one SVD each)
-        by neighbour: ``(d_h, d_t)`` for ``standard`` (Eq. 18; homogeneous: only where i is the
-        tail), i's own ``X_ji (d_e, d_i)`` for ``stringent`` (P2c/P2d).
+        :func:`~flwr_sheaf.sheaf.gluing.local_gluing_penalty`, and i's maps by neighbour:
+        ``(d_h, d_t)`` for ``standard`` (Eq. 18; homogeneous: only where i is the tail),
+        ``X_ji (d_e, d_i)`` for ``stringent`` (P2c/P2d).
 
     Raises:
         ValueError: unknown mode, or a received matrix of the wrong shape / with NaN (named).
@@ -163,8 +162,7 @@ def outgoing_pilots(
         own: i's final pilots ``(K, d_i)``.
         maps: i's maps by neighbour (homogeneous: ``O (d, d)`` where i is the tail; stringent:
             ``X_ji (d_e, d_i)``).
-        neighbours, heads: i's neighbours and whether i heads the edge to each.
-        variant, privacy: the resolved modes.
+        heads: whether i heads the edge to each of ``neighbours``.
 
     Returns:
         ``(send_raw, transported)``: whether some neighbour gets ``A_i`` itself, and per neighbour
@@ -193,15 +191,11 @@ def outgoing_pilots(
 
 
 def init_map(d_e: int, d_i: int, key: Sequence[int]) -> torch.Tensor:
-    """A Haar-distributed ``(d_e, d_i)`` map with orthonormal columns: agent i's initial ``X_ji^0``
-    (Alg. 3/4 line 1), QR of a Gaussian from ``SeedSequence(key)`` with Mezzadri's sign fix.
+    """Agent i's initial map ``X_ji^0`` (Alg. 3/4 line 1): Haar-distributed float64 ``(d_e, d_i)``,
+    ``X^T X = I``, by QR of a Gaussian from ``SeedSequence(key)`` with Mezzadri's sign fix.
 
     Args:
-        d_e, d_i: the edge's and agent i's stalk dimensions, ``d_e >= d_i >= 1``.
         key: non-negative integers (seed, partition-id, neighbour, node secret).
-
-    Returns:
-        float64 ``X (d_e, d_i)`` with ``X^T X = I``.
 
     Raises:
         ValueError: ``d_e < d_i`` or a non-positive dimension.

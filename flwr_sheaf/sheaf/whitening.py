@@ -1,11 +1,9 @@
 """Whitening and colouring layers for the node stalks (paper Sec. 3, "Heterogeneous latent space
 geometry", and App. G; design: notes/stability.md, s2).
 
-Every encoder ends in a whitening layer (zero mean, identity covariance: a shared Euclidean reference
-for the orthogonal/Stiefel maps) and the head starts with its exact left inverse, a colouring layer.
-Unlike the reference (per-coordinate standardisation, docs/deviations.md, s4) it decorrelates:
-Cholesky of :func:`regularised_covariance` of the unbiased sample covariance. Statistics and solves
-run in float64; buffers have the module's dtype, outputs the input's.
+Every encoder ends in a whitening layer (zero mean, identity covariance) and the head starts with
+its exact left inverse, a colouring layer. Unlike the reference (docs/deviations.md, s4) it
+decorrelates. Statistics and solves run in float64; buffers have the module's dtype, outputs the input's.
 """
 
 from __future__ import annotations
@@ -66,7 +64,6 @@ def regularised_covariance(cov: Tensor, shrinkage: float = 0.0, eps: float = 1e-
 
     Args:
         cov: symmetric PSD ``(d, d)`` float tensor ``Sigma``.
-        shrinkage: weight in ``[0, 1]`` of the shrinkage towards ``diag(Sigma)``.
         eps: relative eigenvalue floor ``>= 0``.
 
     Returns:
@@ -99,10 +96,9 @@ class Whitening(nn.Module):
     to a rotation the maps absorb: notes/stability.md, s2.3). Like ``nn.BatchNorm1d``, train mode uses
     the batch's statistics (``B >= 2``) and updates ``running_mean (d,)`` (init 0) and ``running_cov
     (d, d)`` (init ``I``) by EMA with ``momentum``; eval mode uses the running ones (``L`` cached).
+    ``shrinkage`` and ``eps`` as in :func:`regularised_covariance` (``eps`` bounds :meth:`max_gain`).
 
     Args:
-        d: stalk dimension.
-        shrinkage, eps: as :func:`regularised_covariance` (``eps`` bounds :meth:`max_gain`).
         momentum: EMA weight of the newest batch, in ``(0, 1]``.
         check_finite: check inputs for NaN/inf and train-mode Cholesky failures (device syncs;
             :meth:`fit` always checks).
@@ -174,8 +170,7 @@ class Whitening(nn.Module):
             self.check_finite = before
 
     def forward(self, z: Tensor) -> Tensor:
-        """Whiten latents ``z (B, d)`` (train mode: ``B >= 2``, batch statistics, differentiable) to
-        ``zhat = (z - mu) @ L^{-T}`` ``(B, d)`` in ``z``'s dtype.
+        """Whiten latents ``z (B, d)`` to ``(B, d)`` in ``z``'s dtype (train mode differentiable).
 
         Raises:
             ValueError: wrong shape/``d``, non-finite entries, or ``B < 2`` in train mode.
@@ -238,7 +233,6 @@ class Whitening(nn.Module):
         return 1.0 / math.sqrt(self.eps * max(tr, 0.0) / self.d + ABS_FLOOR)
 
     def extra_repr(self) -> str:
-        """``nn.Module`` repr details: ``d``, ``shrinkage``, ``eps``, ``momentum``."""
         return f"d={self.d}, shrinkage={self.shrinkage}, eps={self.eps}, momentum={self.momentum}"
 
 
@@ -292,7 +286,6 @@ class Colouring(nn.Module):
         return z.to(zhat.dtype)
 
     def extra_repr(self) -> str:
-        """``nn.Module`` repr details: the stalk dimension."""
         return f"d={self.d} (inverse of a shared Whitening layer)"
 
 

@@ -1,9 +1,7 @@
 """Discovery: map Flower's opaque node ids to partition-ids with one ``query.<action>`` round trip.
 
-:class:`Discovery` asks every SuperNode as it registers and checks each reply once (an error, a
-malformed :class:`~flwr_sheaf.protocol.NodeInfo` or an agent described as a spare, ``d = 0``, is
-that node's failure); SuperNodes beyond the scenario stay idle. :func:`build_agents_graph` builds
-the agents' graph; edges are oriented head = larger d, ties to the larger partition-id (docs/paper.md).
+A reply that is an error, a malformed :class:`~flwr_sheaf.protocol.NodeInfo` or an agent described
+as a spare (``d = 0``) is that node's failure; SuperNodes beyond the scenario stay idle.
 """
 
 from __future__ import annotations
@@ -108,7 +106,6 @@ class Discovery:
     """One discovery of ``num_nodes`` agents (module docstring).
 
     Args:
-        num_nodes: agents (partition-ids ``0..num_nodes-1``) to find.
         action: message action (``"sheaf"`` -> ``query.sheaf``).
         config: entries of every query message's config record.
         discovery_timeout: seconds to wait for enough SuperNodes to register and answer.
@@ -137,12 +134,8 @@ class Discovery:
     def run(self, grid: Grid, timeout: float) -> dict[int, Node]:
         """Query nodes as they register until partition-ids ``0..num_nodes-1`` all answered.
 
-        Args:
-            grid: Flower's Grid.
-            timeout: seconds per query round trip (within [1 s, what is left of the timeout]).
-
-        Returns:
-            ``{partition-id: Node}`` for ``0..num_nodes-1``.
+        ``timeout``: seconds per query round trip (within [1 s, what is left of the timeout]).
+        Returns ``{partition-id: Node}`` for ``0..num_nodes-1``.
 
         Raises:
             RuntimeError: too few SuperNodes, a failed handler without spare, duplicate or (once all

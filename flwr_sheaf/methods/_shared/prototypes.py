@@ -1,6 +1,4 @@
-"""FedProto mathematics in torch (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3): local class
-prototypes, server aggregation, the prototype regulariser, nearest-prototype inference and the
-parameter-free pooling adapter to a common feature dimension.
+"""FedProto mathematics in torch (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3).
 
 A prototype set is a ``dict[int, Tensor(d)]`` keyed by **Python int** class ids (tensor keys make
 int look-ups miss silently, s3.6: keys are converted with ``int()``, non-integral ones rejected).
@@ -146,7 +144,6 @@ def class_prototypes(
     Args:
         z: ``(B, d)`` floating latents (gradients flow through the means).
         y: ``(B,)`` integer labels in ``[0, num_classes)``.
-        num_classes: number of classes ``C``.
 
     Returns:
         ``(protos, counts)``: ``{c: (d,)}`` (``z``'s dtype/device) and ``{c: samples}``, ascending
@@ -184,7 +181,6 @@ def fedproto_loss(
         z: ``(B, d)`` floating latents.
         y: ``(B,)`` non-negative integer labels.
         global_protos: ``dict[int, Tensor(d)]`` (may be empty or partial).
-        reduction: ``"per_sample"`` or ``"mse"``.
 
     Returns:
         ``(loss, n_covered)``: 0-dim tensor (``0 * z.sum()`` when nothing is covered) and the count.
@@ -217,14 +213,8 @@ def fedproto_loss(
 
 
 def nearest_prototype_predict(z: torch.Tensor, global_protos: Mapping) -> torch.Tensor:
-    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4); ties go to the smallest class.
-
-    Args:
-        z: ``(B, d)`` floating latents.
-        global_protos: non-empty ``dict[int, Tensor(d)]``.
-
-    Returns:
-        ``(B,)`` int64 predicted class ids on ``z``'s device.
+    """FedProto's inference ``argmin_c ||z_j - P_g^c||_2`` (notes/baselines-prototypes.md, s3.4), ties
+    to the smallest class: ``(B,)`` int64 class ids on ``z``'s device for latents ``z (B, d)``.
 
     Raises:
         ValueError: ``global_protos`` empty; prototype dim != ``d``; bad shapes/keys/NaN.
@@ -260,9 +250,7 @@ def aggregate_prototypes(
 
     Args:
         uploads: ``(protos, counts)`` pairs, one per client (counts may be ``None`` when unweighted).
-        weighted: count-weighted or unweighted mean.
         previous: last round's global prototypes, or None.
-        missing: ``"carry"`` or ``"drop"``.
         num_classes: if given, class ids must lie in ``[0, num_classes)``.
         sources: one label per upload for error messages (default ``"upload <index>"``).
 
@@ -271,8 +259,8 @@ def aggregate_prototypes(
         dtype on the first upload's device.
 
     Raises:
-        ValueError: a NaN/inf prototype, a bad class id or count (source named), dimensions that
-            differ (both named), bad ``missing``, ``sources`` of the wrong length.
+        ValueError: a NaN/inf prototype, a bad class id or count (source named), differing
+            dimensions (both named), bad ``missing``, ``sources`` of the wrong length.
     """
     if missing not in ("carry", "drop"):
         raise ValueError(f"missing must be 'carry' or 'drop', got {missing!r}")
@@ -310,9 +298,8 @@ def _source_labels(sources: Sequence[str] | None, n: int) -> list[str]:
 def _collect_uploads(
     uploads: list, sources: list[str], weighted: bool, num_classes: int | None
 ) -> tuple[dict[int, list[tuple[torch.Tensor, float]]], int | None, str]:
-    """Every upload's prototypes checked and grouped by class with their weights, with the common
-    dimension ``d`` and the source that set it (ValueError on a bad upload or a dimension mismatch).
-    """
+    """The uploads' prototypes checked and grouped by class with their weights, the common ``d`` and
+    the source that set it (ValueError on a bad upload or a dimension mismatch)."""
     dim: int | None = None
     dim_src = ""
     per_class: dict[int, list[tuple[torch.Tensor, float]]] = {}
@@ -387,10 +374,6 @@ def _weighted_means(
 class PoolingAdapter(nn.Module):
     """Parameter-free adaptive average pooling ``(..., d_in) -> (..., d_common)`` (HtFLlib's ``nn.AdaptiveAvgPool1d``; notes/baselines-prototypes.md, s3.5).
 
-    Args:
-        d_in: input feature dim (positive int).
-        d_common: output feature dim (positive int).
-
     Raises:
         ValueError: non-positive dims; wrong last dim in ``forward``.
     """
@@ -413,5 +396,4 @@ class PoolingAdapter(nn.Module):
         return F.adaptive_avg_pool1d(flat, self.d_common).reshape(*lead, self.d_common)
 
     def extra_repr(self) -> str:
-        """``d_in`` and ``d_common``."""
         return f"d_in={self.d_in}, d_common={self.d_common}"

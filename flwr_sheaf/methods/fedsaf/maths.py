@@ -1,7 +1,5 @@
-"""FedSAF mathematics in torch (Wu et al., arXiv 2605.05959; notes/baselines-prototypes.md, s4): GCSA
-(Eq. (13)), RCSA (Eq. (14)), the coordinate ablations (Eq. (6)), Prop. 1's decomposition and the
-two-level local objective (Eqs. (15)-(19)). Structure losses need ``n >= MIN_ROWS = 3`` rows; only
-classes with a global prototype enter the terms (s4.4); norms are clamped at ``eps``.
+"""FedSAF mathematics in torch (Wu et al., arXiv 2605.05959; notes/baselines-prototypes.md, s4):
+GCSA, RCSA, the coordinate ablations, Prop. 1 and the two-level local objective (Eqs. (6)-(19)).
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ def _check_pair(
     names: tuple[str, str] = ("P", "Q"),
 ) -> None:
     """ValueError unless ``p (n, d1)``, ``q (n, d2)`` are floating, row-paired, ``n >= need_rows`` and
-    (``same_dim``) ``d1 == d2``; messages start with ``fn`` and name the matrices ``names``.
-    """
+    (``same_dim``) ``d1 == d2``; messages start with ``fn`` and name the matrices ``names``."""
     a, b = names
     _check_latents(p, f"{fn}: {a}", rows="n")
     _check_latents(q, f"{fn}: {b}", rows="n")
@@ -117,14 +114,8 @@ def _structure_cosine_loss(
 
 
 def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Centred Gram ``P_c P_c^T / max(||P_c||_F^2, eps^2)``, ``P_c = P - 1 p_bar`` (FedSAF Eq. (13)).
-
-    Args:
-        p: ``(n, d)`` floating matrix.
-        eps: norm clamp (positive float).
-
-    Returns:
-        ``(n, n)`` symmetric PSD matrix in ``p``'s dtype (zero when all rows coincide).
+    """Centred Gram ``P_c P_c^T / max(||P_c||_F^2, eps^2)``, ``P_c = P - 1 p_bar`` (FedSAF Eq. (13)):
+    ``(n, n)`` symmetric PSD in ``p``'s dtype for ``p (n, d)`` (zero when all rows coincide).
 
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
@@ -137,14 +128,8 @@ def centered_gram(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
 
 
 def rdm_vector(p: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
-    """Upper triangle ``||P~_i - P~_j||_2^2`` (``i < j``) of the row-normalised ``P~`` (FedSAF Eq. (14)).
-
-    Args:
-        p: ``(n, d)`` floating matrix.
-        eps: clamp for the row norms.
-
-    Returns:
-        ``(n (n - 1) / 2,)`` non-negative vector in ``p``'s dtype, ``torch.triu_indices`` order.
+    """Upper triangle ``||P~_i - P~_j||_2^2`` (``i < j``) of the row-normalised ``P~`` (FedSAF Eq. (14)):
+    ``(n (n - 1) / 2,)`` non-negative, ``p``'s dtype, ``torch.triu_indices`` order, for ``p (n, d)``.
 
     Raises:
         ValueError: ``p`` not a 2-D floating tensor; bad ``eps``.
@@ -164,15 +149,7 @@ def gcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
     """Gram-Cosine Structural Alignment ``1 - <K_P, K_Q>_F / (||K_P||_F ||K_Q||_F)`` (FedSAF Eq. (13)), in ``[0, 1]``.
 
     Zero for ``Q = alpha P R + 1 b^T`` (Prop. 2); 1 with zero gradient when all rows of ``P`` or ``Q``
-    are equal.
-
-    Args:
-        p: ``(n, d1)`` floating matrix.
-        q: ``(n, d2)`` floating matrix, rows paired with ``p``.
-        eps: norm clamp.
-
-    Returns:
-        0-dim tensor in the promoted dtype, differentiable in both.
+    are equal. ``p (n, d1)`` and ``q (n, d2)`` are row-paired; returns a 0-dim tensor (promoted dtype).
 
     Raises:
         ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS``; bad ``eps``.
@@ -183,15 +160,8 @@ def gcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
 def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tensor:
     """RDM-Cosine Structural Alignment ``1 - cos(v_P, v_Q)`` of :func:`rdm_vector` (FedSAF Eq. (14)), in ``[0, 1]``.
 
-    Zero for ``Q = D P R`` (``D`` positive diagonal, Prop. 3); not translation-invariant.
-
-    Args:
-        p: ``(n, d1)`` floating matrix.
-        q: ``(n, d2)`` floating matrix, rows paired with ``p``.
-        eps: norm clamp.
-
-    Returns:
-        0-dim tensor in the promoted dtype, differentiable in both.
+    Zero for ``Q = D P R`` (``D`` positive diagonal, Prop. 3); not translation-invariant. Shapes as
+    :func:`gcsa_loss`.
 
     Raises:
         ValueError: not 2-D floating; row counts differ; ``n < MIN_ROWS``; bad ``eps``.
@@ -202,13 +172,7 @@ def rcsa_loss(p: torch.Tensor, q: torch.Tensor, eps: float = _EPS) -> torch.Tens
 def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> torch.Tensor:
     """Squared-L2 coordinate alignment (FedSAF Eq. (6)): ``||P - Q||_F^2 / (n d)`` (``"mse"``) or ``/ n`` (``"per_sample"``).
 
-    Args:
-        p: ``(n, d)`` floating matrix.
-        q: ``(n, d)`` floating matrix.
-        reduction: ``"mse"`` or ``"per_sample"``.
-
-    Returns:
-        0-dim tensor (promoted dtype).
+    ``p``, ``q``: ``(n, d)`` floating; returns a 0-dim tensor (promoted dtype).
 
     Raises:
         ValueError: shapes differ, ``n < 1``, unknown ``reduction``.
@@ -224,13 +188,7 @@ def mse_alignment(p: torch.Tensor, q: torch.Tensor, reduction: str = "mse") -> t
 def cosine_alignment(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Cosine coordinate alignment ``(1/n) sum_j (1 - cos(p_j, q_j))`` (FedSAF Eq. (6)), in ``[0, 2]``.
 
-    Args:
-        p: ``(n, d)`` floating matrix.
-        q: ``(n, d)`` floating matrix.
-        eps: norm clamp.
-
-    Returns:
-        0-dim tensor (promoted dtype).
+    ``p``, ``q``: ``(n, d)`` floating; returns a 0-dim tensor (promoted dtype).
 
     Raises:
         ValueError: shapes differ, ``n < 1``, bad ``eps``.
@@ -255,18 +213,9 @@ def coordinate_decomposition(
 ) -> CoordinateDecomposition:
     """FedSAF Prop. 1 (Eqs. (7)-(9)): ``||Z^ - P^||_F^2 = ||Z^ - P^ R*||_F^2 + 2(<Z^, P^ R*> - <Z^, P^>)``.
 
-    ``R* = U V^T`` from ``P^^T Z^ = U S V^T`` on the row-normalised matrices (raw with
-    ``normalize=False``); each term from its own formula. A diagnostic (SVD gradients are unreliable at
-    repeated singular values).
-
-    Args:
-        z: ``(n, d)`` floating client representations.
-        p: ``(n, d)`` floating corresponding global prototypes.
-        normalize: row-normalise first (paper) or not.
-        eps: clamp for row norms.
-
-    Returns:
-        :class:`CoordinateDecomposition`.
+    ``R* = U V^T`` from ``P^^T Z^ = U S V^T`` on the row-normalised (``normalize``) matrices; each term
+    from its own formula. A diagnostic (SVD gradients are unreliable at repeated singular values).
+    ``z`` (client representations) and ``p`` (their global prototypes) are ``(n, d)`` floating.
 
     Raises:
         ValueError: shapes differ, ``n < 1``, bad ``eps``.
@@ -325,10 +274,8 @@ def structure_alignment_inputs(
         z: ``(B, d)`` floating features.
         y: ``(B,)`` integer labels in ``[0, num_classes)``.
         global_protos: ``dict[int, Tensor(d_g)]`` (possibly empty).
-        num_classes: number of classes ``C``.
 
-    Returns:
-        :class:`StructureInputs` (0 rows when nothing is covered).
+    Returns :class:`StructureInputs` (0 rows when nothing is covered).
 
     Raises:
         ValueError: bad shapes/dtypes/labels, invalid or non-finite prototypes.
@@ -395,12 +342,9 @@ def fedsaf_objective(
         Q_global_protos: ``(n_i, d_g)`` global prototypes of the same classes, same row order.
         Z_inst: ``(B', d)`` instance features or ``None``.
         Zglobal_inst: ``(B', d_g)`` their global prototypes.
-        lam: finite weight ``>= 0`` of ``L_proto``.
-        gamma: finite weight ``>= 0`` of ``L_inst``.
-        structure: one of :data:`STRUCTURES`.
+        lam, gamma: finite weights ``>= 0`` of ``L_proto`` and ``L_inst``.
 
-    Returns:
-        :class:`FedSAFTerms` (back-propagate ``total``).
+    Returns :class:`FedSAFTerms` (back-propagate ``total``).
 
     Raises:
         ValueError: ``ce`` not a 0-dim floating tensor; bad weights; unknown ``structure``; exactly one

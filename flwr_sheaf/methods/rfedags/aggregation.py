@@ -1,9 +1,5 @@
-"""Server side of RFedAGS (notes/baselines-rfedags.md, s5.3; authors' sign convention)::
-
-    x_{t+1} = R_{x_t}( varpi * sum_{i in S_t} w_i zeta_i ),
-
-``zeta_i in T_{x_t} M`` client ``i``'s gradient stream, ``w_i`` the weights of ``mode``
-(:func:`participation_weights`). An empty round keeps the iterate exactly.
+"""Server side of RFedAGS (notes/baselines-rfedags.md, s5.3; authors' sign convention):
+``x_{t+1} = R_{x_t}(varpi * sum_{i in S_t} w_i zeta_i)`` with the client streams ``zeta_i in T_{x_t} M``.
 """
 
 from __future__ import annotations
@@ -13,7 +9,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...participation import DEFAULT_Q_MIN, FrequencyEstimator, check_probabilities
+from ...participation import (
+    DEFAULT_Q_MIN,
+    FrequencyEstimator,
+    check_probabilities,
+    responded_mask,
+)
 from .manifolds import Manifold
 
 __all__ = [
@@ -31,17 +32,6 @@ __all__ = [
 MODES = ("corrected", "known-p", "uncorrected")
 
 
-def _mask(responded: np.ndarray | list[bool], n: int) -> np.ndarray:
-    mask = np.asarray(responded)
-    if mask.shape != (n,):
-        raise ValueError(f"responded mask must have shape ({n},), got {mask.shape}")
-    if mask.dtype != bool:
-        if not np.all((mask == 0) | (mask == 1)):
-            raise ValueError("responded mask must be boolean (or 0/1)")
-        mask = mask.astype(bool)
-    return mask
-
-
 def participation_weights(
     responded: np.ndarray | list[bool],
     mode: str,
@@ -54,7 +44,6 @@ def participation_weights(
 
     Args:
         responded: ``(N,)`` bool mask of the responders ``S_t``.
-        mode: one of :data:`MODES`.
         q: ``(N,)`` frequency estimates in ``(0, 1]`` (required for ``"corrected"``).
         p: ``(N,)`` true probabilities (required for ``"known-p"``).
         num_examples: optional ``(N,)`` positive sample counts ``n_i`` (``"uncorrected"`` only;
@@ -73,7 +62,7 @@ def participation_weights(
     if np.ndim(responded) != 1:
         raise ValueError(f"responded mask must be 1-D, got shape {np.shape(responded)}")
     n = int(np.shape(responded)[0])
-    mask = _mask(responded, n)
+    mask = responded_mask(responded, n)
     probs = np.empty(0)
     if mode in ("known-p", "corrected"):
         name = "p" if mode == "known-p" else "q"
@@ -120,9 +109,7 @@ def weighted_uploads(
     Args:
         vectors: an ``(N, *shape)`` array (unweighted rows ignored) or ``{client: (*shape)}`` holding
             every weighted client.
-        weights: ``(N,)`` weights.
-        shape: shape of one vector.
-        what: its name in error messages (``"stream"``, ...).
+        what: the vectors' name in error messages (``"stream"``, ...).
 
     Raises:
         ValueError: shape mismatch, a missing vector for a weighted client, or NaN/inf in a used one.
@@ -153,14 +140,12 @@ def aggregate_streams(
     point_shape: tuple[int, ...],
     what: str = "stream",
 ) -> np.ndarray:
-    """Weighted sum ``sum_i w_i zeta_i`` of tangent vectors in ``T_{x_t} M`` (RFedAGS's streams;
-    RFedSVRG's ``g_t`` with ``what="gradient"``; notes/baselines-rfedags.md, s5.2-s5.3).
+    """Weighted sum ``sum_i w_i zeta_i`` of tangent vectors in ``T_{x_t} M`` (notes/baselines-rfedags.md, s5.2-s5.3).
 
     Args:
         zetas: ``(N, *point_shape)`` array or ``{client: (*point_shape)}`` (:func:`weighted_uploads`).
         weights: ``(N,)`` weights from :func:`participation_weights`.
         point_shape: shape of one tangent vector, e.g. ``(d, r)``.
-        what: name in error messages.
 
     Returns:
         ``(*point_shape)`` float64 direction (zeros if all weights vanish).
@@ -180,13 +165,12 @@ def server_update(
     """Global step ``x_{t+1} = R_{x_t}(varpi * direction)`` (notes/baselines-rfedags.md, s5.3).
 
     Args:
-        manifold: the manifold.
         x: current point ``(*point_shape)``.
         direction: aggregated tangent vector at ``x``.
         global_step: ``varpi > 0`` (authors: 1).
 
     Returns:
-        New float64 point; a float64 copy of ``x`` when ``direction`` is exactly zero (empty round).
+        New float64 point; a copy of ``x`` when ``direction`` is exactly zero (empty round).
 
     Raises:
         ValueError: non-positive or non-finite ``global_step``, NaN/inf direction.
@@ -209,11 +193,8 @@ def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
     ``p~_i = p_i * Integral_0^1 prod_{j != i} (1 - p_j + p_j t) dt``, computed exactly by
     Gauss-Legendre quadrature (the integrand is a polynomial of degree ``N - 1``).
 
-    Args:
-        p: ``(N,)`` probabilities in ``[0, 1]``.
-
     Returns:
-        ``(N,)`` float64 ``p~``; ``sum_i p~_i = 1 - prod_i (1 - p_i)``.
+        ``(N,)`` float64 ``p~`` of ``p (N,)``; ``sum_i p~_i = 1 - prod_i (1 - p_i)``.
 
     Raises:
         ValueError: invalid ``p``.
@@ -233,7 +214,7 @@ def effective_weights_uncorrected(p: np.ndarray | list[float]) -> np.ndarray:
 
 @dataclass
 class RoundResult:
-    """Outcome of one server round.
+    """Outcome of one server round of :class:`RFedAGSServer`.
 
     Attributes:
         x: new iterate ``x_{t+1}`` (float64, ``point_shape``).
@@ -255,13 +236,10 @@ class RFedAGSServer:
     """Stateful RFedAGS server (notes/baselines-rfedags.md, s5.3): iterate, frequency counts, one :meth:`step` per round.
 
     Args:
-        manifold: the manifold.
         x: initial point ``x_0``.
         num_clients: ``N`` (client indices are partition ids ``0..N-1``).
-        mode: one of :data:`MODES`.
         p: true probabilities ``(N,)`` (required for ``"known-p"``, ignored otherwise).
         q_min: floor of the frequency estimate (``"corrected"``).
-        global_step: ``varpi``.
         estimate_includes_current: False (paper): ``q^t`` from rounds ``< t``; True (authors' code):
             round ``t`` counts before the weights are formed.
         estimator_kind: ``"plus-one"`` (``(c+1)/(t+1)``) or ``"empirical"`` (the paper's ``c/t``);
@@ -302,19 +280,12 @@ class RFedAGSServer:
     def weights(
         self, responded: np.ndarray | list[bool], num_examples: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Weights of the current round, without changing state.
-
-        Args:
-            responded: ``(N,)`` bool (or 0/1) mask of the clients whose stream arrived.
-            num_examples: optional ``(N,)`` positive counts (``"uncorrected"`` only).
-
-        Returns:
-            ``(weights (N,), estimates (N,))`` float64, as in :class:`RoundResult`.
+        """``(weights (N,), estimates (N,))`` of the current round (as in :class:`RoundResult`), state unchanged.
 
         Raises:
-            ValueError: ill-shaped or non-boolean mask; see :func:`participation_weights`.
+            ValueError: ill-shaped or non-boolean ``responded``; see :func:`participation_weights`.
         """
-        mask = _mask(responded, self.num_clients)
+        mask = responded_mask(responded, self.num_clients)
         if self.mode == "corrected":
             q = self.estimator.estimate(mask if self.estimate_includes_current else None)
             return participation_weights(mask, "corrected", q=q), q
@@ -334,18 +305,13 @@ class RFedAGSServer:
     ) -> RoundResult:
         """One server round: weights, weighted stream sum, ``R_{x_t}(varpi * .)``, count.
 
-        Args:
-            responded: ``(N,)`` mask of the clients whose stream arrived.
-            zetas: streams, see :func:`aggregate_streams`.
-            num_examples: optional ``(N,)`` counts for ``"uncorrected"``.
-
-        Returns:
-            :class:`RoundResult`; ``self.x`` is updated and the estimator observes ``responded``.
+        ``responded`` is the ``(N,)`` mask of arrived streams, ``zetas`` as in :func:`aggregate_streams`.
+        Returns the :class:`RoundResult`; ``self.x`` is updated and the estimator observes ``responded``.
 
         Raises:
             ValueError: see :func:`participation_weights` and :func:`aggregate_streams`.
         """
-        mask = _mask(responded, self.num_clients)
+        mask = responded_mask(responded, self.num_clients)
         w, est = self.weights(mask, num_examples)
         direction = aggregate_streams(zetas, w, tuple(self.x.shape))
         x_new = server_update(self.manifold, self.x, direction, self.global_step)

@@ -2,9 +2,7 @@
 
     f_i(x) = (1/(2S)) sum_s d(x, a_{i,s})^2,   F(x) = (1/N) sum_i f_i(x),   x in M (Hadamard),
 
-``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``, fed to the client loop through ``rgrad2egrad``. The
-planted problems (a frequent and a rare group) have an independent optimum;
-:func:`centralised_frechet_mean` is a geoopt reference for any configuration.
+``grad f_i(x) = -(1/S) sum_s Log_x(a_{i,s})``; :func:`centralised_frechet_mean` is a geoopt reference.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ __all__ = [
 
 
 class FrechetMeanProblem:
-    """Federated Fréchet mean ``min_x (1/N) sum_i (1/(2S)) sum_s d(x, a_{i,s})^2``.
+    """Federated Fréchet mean ``min_x F(x)``.
 
     Args:
         manifold: a manifold with ``log`` and ``dist`` (SPD, Poincaré ball, sphere).
@@ -122,11 +120,8 @@ class FrechetMeanProblem:
         return float(self.manifold.dist(np.asarray(x, dtype=np.float64), self.optimum()[0]))
 
     def weighted_optimum(self, weights: np.ndarray) -> np.ndarray:
-        """Minimiser ``Q diag(exp(sum_i w_i L_i / sum_i w_i)) Q^T`` of ``sum_i w_i f_i`` (commuting SPD problems).
-
-        Raises:
-            ValueError: not a commuting problem (no ``log_spectra``) or bad weights.
-        """
+        """Minimiser ``Q diag(exp(sum_i w_i L_i / sum_i w_i)) Q^T`` of ``sum_i w_i f_i``; ValueError
+        without ``log_spectra`` (not a commuting SPD problem) or on bad weights."""
         if self.log_spectra is None:
             raise ValueError("weighted_optimum needs a commuting SPD problem (log_spectra)")
         w = client_weights(weights, self.num_clients)
@@ -152,9 +147,6 @@ def commuting_spd_problem(
 
     Args:
         seed: numpy seed (entropy ``[seed, 6]``).
-        n: matrix size.
-        num_frequent, num_rare: group sizes.
-        samples_per_client: ``S``.
         p_frequent, p_rare: the groups' participation probabilities.
         spread, noise: log-spectrum offset of the groups and per-point noise.
 
@@ -198,14 +190,8 @@ def symmetric_poincare_problem(
 
     Args:
         seed: numpy seed (entropy ``[seed, 7]``).
-        n: ball dimension.
         num_pairs: ``P`` (``N = 2P``).
-        samples_per_client: ``S``.
-        p_frequent, p_rare: participation probabilities of the two halves.
         centre, noise: tangent-space offset at the origin and noise scale.
-
-    Returns:
-        ``(problem, p)`` with the optimum set to the origin.
 
     Raises:
         ValueError: non-positive sizes.
@@ -229,20 +215,15 @@ def centralised_frechet_mean(
     lr: float = 0.5,
     x0: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Weighted Fréchet mean of ``points (N, S, *shape)`` by the centralised Karcher flow in geoopt (the reference).
+    """Weighted Fréchet mean (float64, ``point_shape``) of ``points (N, S, *shape)`` by the centralised Karcher flow in geoopt (the reference).
 
     ``x <- Exp_x(lr * sum_i w_i (1/S) sum_s Log_x(a_{i,s}))`` with geoopt's torch maps. ``lr = 1``
     2-cycles in negative curvature (measured in the 3-ball); 0.5 converged there in 50 steps.
 
     Args:
         manifold: a manifold with a geoopt reference ``_geo`` (SPD, Poincaré ball).
-        points: ``(N, S, *point_shape)``.
         weights: ``(N,)`` non-negative client weights (default equal).
-        steps, lr: iterations and step.
         x0: start point (default: the first point).
-
-    Returns:
-        float64 minimiser, ``point_shape``.
 
     Raises:
         ValueError: a manifold without a geoopt reference, bad weights.

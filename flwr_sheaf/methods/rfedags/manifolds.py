@@ -1,10 +1,6 @@
-"""Manifolds for RFedAGS and its baselines (numpy in, float64 out): Stiefel ``St(d, r)``, the sphere
-``S^{n-1}``, ``SPD(n)`` (affine-invariant metric) and the Poincaré ball ``B^n_c``.
-
-Operators of the RFedAGS authors' code (Manopt defaults; notes/baselines-rfedags.md, s5.4): Stiefel
-and sphere delegate to geoopt; SPD and the Poincaré ball are numpy closed forms of geoopt's
-``SymmetricPositiveDefinite("AIM")`` and ``PoincareBall`` (the tests' oracles). Leading batch axes
-broadcast; points are not re-validated in the hot loop (``check_point`` does it on request).
+"""Manifolds for RFedAGS and its baselines (numpy in, float64 out; notes/baselines-rfedags.md, s5.4):
+Stiefel, sphere (via geoopt), SPD and the Poincaré ball (numpy closed forms of geoopt's, the tests'
+oracles). Leading batch axes broadcast; points are validated only by ``check_point``.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ def _torch(f: Any, *arrays: np.ndarray) -> np.ndarray:
     """``f(*tensors).numpy()`` (a geoopt map) on float64 ``arrays``, with one intra-op thread.
 
     The matrices are tiny: torch's OpenMP barriers made a 1500-round test 10-20x slower on a loaded
-    2-core machine. The process-global thread count is restored on exit. Read-only inputs are
-    copied (``torch.from_numpy`` shares memory).
+    2-core machine. Read-only inputs are copied (``torch.from_numpy`` shares memory).
     """
     n = torch.get_num_threads()
     if n != 1:
@@ -88,15 +83,8 @@ class Manifold:
     def proj(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Tangent projection at ``x`` (Stiefel: ``U - X sym(X^T U)``; sphere: ``u - <x, u> x``).
 
-        Args:
-            x: point(s) ``(..., *point_shape)``.
-            u: ambient vector(s) ``(..., *point_shape)``, broadcast against ``x``.
-
-        Returns:
-            float64 tangent vector(s) of the broadcast shape.
-
-        Raises:
-            ValueError: a trailing shape other than ``point_shape``.
+        ``x`` and ``u`` are ``(..., *point_shape)`` and broadcast; returns float64 of the broadcast
+        shape; ValueError on a trailing shape other than ``point_shape``.
         """
         return _torch(self._geo.proju, self._arr(x, "point x"), self._arr(u, "vector u"))
 
@@ -131,15 +119,7 @@ class ProjectionManifold(Manifold):
 
 class Stiefel(ProjectionManifold):
     """Stiefel manifold ``St(d, r) = {X in R^{d x r}: X^T X = I_r}``, embedded metric, sign-fixed QR
-    retraction, projection transport; points ``(..., d, r)``.
-
-    Args:
-        d: ambient rows, ``d >= r``.
-        r: columns, ``>= 1``.
-
-    Raises:
-        ValueError: if ``r < 1`` or ``d < r``.
-    """
+    retraction, projection transport; points ``(..., d, r)``; ValueError unless ``d >= r >= 1``."""
 
     def __init__(self, d: int, r: int) -> None:
         if int(r) != r or int(d) != d or r < 1 or d < r:
@@ -166,13 +146,7 @@ class Stiefel(ProjectionManifold):
         """Inverse QR retraction: the ``U in T_X St`` with ``qf(X + U) = Y`` (Manopt ``invretr_qr``).
 
         Solves ``M R + R^T M^T = 2 I`` (``M = X^T Y``) for upper-triangular ``R``; ``U = Y R - X``.
-
-        Args:
-            x: base point ``(d, r)``.
-            y: point ``(d, r)`` or a stack ``(m, d, r)``.
-
-        Returns:
-            float64 tangent vector(s) at ``x``, shape of ``y``.
+        ``x``: one ``(d, r)`` point; ``y``: ``(d, r)`` or ``(m, d, r)``; returns float64 of ``y``'s shape.
 
         Raises:
             ValueError: wrong shapes, or ``Y`` not reachable from ``X`` (singular system or
@@ -368,12 +342,7 @@ class SPD(Manifold):
 
     Numpy closed forms of geoopt's ``SymmetricPositiveDefinite("AIM")`` (retraction = exponential
     map; 50x faster than geoopt's torch on 3 x 3 batches). Not compact: RFedProj refuses it.
-
-    Args:
-        n: matrix size ``>= 1``.
-
-    Raises:
-        ValueError: bad ``n``.
+    ValueError unless ``n >= 1``.
     """
 
     def __init__(self, n: int) -> None:
@@ -467,14 +436,8 @@ class PoincareBall(Manifold):
 
     Numpy closed forms of geoopt's ``PoincareBall(c)``: metric ``lambda_x^2 <u, v>``,
     ``lambda_x = 2/(1 - c||x||^2)``; retraction = exponential map, clipped like geoopt to
-    ``sqrt(c)||x|| <= 1 - 1e-5``. Not compact: RFedProj refuses it.
-
-    Args:
-        n: dimension ``>= 1``.
-        c: curvature magnitude ``> 0``.
-
-    Raises:
-        ValueError: bad ``n`` or ``c``.
+    ``sqrt(c)||x|| <= 1 - 1e-5``. Not compact: RFedProj refuses it. ValueError unless ``n >= 1``
+    and ``c > 0``.
     """
 
     #: geoopt's float64 boundary margin (``sqrt(c)||x|| <= 1 - BALL_EPS``).

@@ -38,11 +38,7 @@ def client_weights(weights: np.ndarray, n: int) -> np.ndarray:
 
 
 def _batch_rows(samples: np.ndarray, clients, batch: np.ndarray) -> np.ndarray:
-    """``samples[clients[:, None], batch]``: the ``batch (m, B)`` rows of each of the ``m`` clients.
-
-    Raises:
-        ValueError: ``batch`` not ``(m, B)``.
-    """
+    """``samples[clients[:, None], batch]`` for ``batch (m, B)``; ValueError on another shape."""
     idx = np.asarray(clients, dtype=int)
     b = np.asarray(batch, dtype=int)
     if b.ndim != 2 or b.shape[0] != idx.size:
@@ -58,13 +54,7 @@ def _top_eigenvectors(a: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
-    """Projection distance ``||X X^T - U U^T||_F / sqrt(2)`` between ``span(X)`` and ``span(U)``.
-
-    Args:
-        x, u: ``(d, r)`` matrices with orthonormal columns.
-
-    Returns:
-        float in ``[0, sqrt(r)]`` (the 2-norm of the sines of the principal angles).
+    """Projection distance ``||X X^T - U U^T||_F / sqrt(2)`` of two ``(d, r)`` orthonormal bases, in ``[0, sqrt(r)]``.
 
     Raises:
         ValueError: shape mismatch.
@@ -78,11 +68,11 @@ def subspace_distance(x: np.ndarray, u: np.ndarray) -> float:
 
 
 class PCAProblem:
-    """Federated PCA ``min_{X in St(d, r)} (1/N) sum_i -tr(X^T A_i X)``.
+    """Federated PCA ``min_{X in St(d, r)} F(X)``.
 
     Args:
         covariances: ``(N, d, d)`` symmetric matrices ``A_i``.
-        r: number of components, ``1 <= r <= d``.
+        r: components, ``1 <= r <= d``.
         samples: optional ``(N, S, d)`` samples with ``A_i = Z_i^T Z_i / S`` (for mini-batch gradients).
 
     Raises:
@@ -194,9 +184,6 @@ def synthetic_pca_problem(
         num_clients, d, r, samples_per_client: ``N, d, r, S`` (paper: 40, 100, 5, 100).
         seed: numpy seed (the authors used MATLAB ``rng``; draws differ, statistics match).
 
-    Returns:
-        :class:`PCAProblem` with ``samples`` ``(N, S, d)``.
-
     Raises:
         ValueError: non-positive sizes.
     """
@@ -228,10 +215,6 @@ def planted_pca_problem(
 
     Args:
         seed: seed of the symmetric noise ``G_i``.
-        d: dimension (>= 4).
-        num_frequent, num_rare: group sizes.
-        p_frequent, p_rare: participation probabilities of the groups.
-        spike_frequent, spike_rare: spike strengths.
         base, noise: isotropic level and noise scale (``noise * ||sym(G)||`` below ``base`` keeps PSD).
 
     Returns:
@@ -262,11 +245,10 @@ def batch_indices(
     Args:
         seed, server_round, client: SeedSequence entropy ``[seed, 1, round, client]``.
         num_steps: ``K``, one batch per local step.
-        num_samples: ``S``.
-        batch_size: ``B`` in ``[1, S]``.
+        batch_size: ``B`` in ``[1, S = num_samples]``.
 
     Returns:
-        ``(K, B)`` int array: row ``k`` = first ``B`` entries of a fresh permutation of ``range(S)``.
+        ``(K, B)`` int array: row ``k`` = first ``B`` of a fresh permutation of ``range(S)``.
 
     Raises:
         ValueError: ``batch_size`` not in ``[1, S]``.

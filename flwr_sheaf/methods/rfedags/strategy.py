@@ -1,18 +1,8 @@
-"""RFedAGS strategy: a global parameter on a manifold, gradient-stream aggregation, Bernoulli participation.
+"""RFedAGS strategy (notes/baselines-rfedags.md): a global parameter on a manifold, Bernoulli participation.
 
-Server part of RFedAGS (notes/baselines-rfedags.md). Per server round ``t``:
-
-1. ``configure_train``: the responders ``S_t`` are drawn per partition-id as independent
-   Bernoulli(p_i) (:class:`flwr_sheaf.participation.ParticipationSampler`, seeded by ``(seed, t)``;
-   Flower's uniform sampling is the paper's Scheme I). Each drawn node gets ``x_t`` (key
-   :data:`~flwr_sheaf.methods.rfedags.protocol.POINT`, float64) and ``server-round``,
-   ``local-steps`` (K), ``step-size`` (alpha_t), ``minibatch-size`` and ``seed``.
-2. ``aggregate_train``: the arrived streams ``zeta_i in T_{x_t} M`` (shape-checked, finite, with a
-   finite ``num-examples > 0``; anything else is that node's recorded failure) are combined by
-   :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer` with the weights of ``mode``,
-   then ``x_{t+1} = R_{x_t}(varpi * sum_i w_i zeta_i)``. Only arrived streams count as
-   participation. A round without any stream keeps ``x_t`` exactly.
-3. No client-side evaluation: use ``start(..., evaluate_fn=...)`` for server-side metrics.
+The drawn nodes get ``x_t`` (key :data:`~flwr_sheaf.methods.rfedags.protocol.POINT`, float64); their
+streams are combined by :class:`~flwr_sheaf.methods.rfedags.aggregation.RFedAGSServer`. No
+client-side evaluation: use ``start(..., evaluate_fn=...)``.
 """
 
 from __future__ import annotations
@@ -99,23 +89,15 @@ class RiemannianArgs(TypedDict, total=False):
 
 
 class RiemannianState:
-    """Attributes :func:`setup_riemannian`, :func:`init_server` and :func:`round_prologue` set (for type checkers)."""
+    """The attributes of :func:`setup_riemannian` / :func:`init_server` that the strategies' own
+    methods read (for type checkers; the settings: :class:`RiemannianArgs`)."""
 
-    alpha: Callable[[int], float]
-    p: np.ndarray
     mode: str
     local_steps: int
-    step_size: float
-    decay_rounds: float
     global_step: float
-    q_min: float
-    estimate_includes_current: bool
-    estimator: str
     manifold: Manifold
-    minibatch_size: int
     server: RFedAGSServer
     _x_t: np.ndarray
-    round_metrics: Callable[[np.ndarray], Mapping[str, float]] | None
 
 
 def setup_riemannian(
@@ -215,10 +197,8 @@ def init_server(s: Any, arrays: ArrayRecord) -> None:
 def round_prologue(
     s: Any, server_round: int, arrays: ArrayRecord, config: ConfigRecord, **entries: Any
 ) -> tuple[float, dict[str, Any]]:
-    """The server (first round), ``x_t``, this round's Bernoulli draw and step size ``alpha_t`` (recorded).
-
-    Returns:
-        ``(alpha_t, train config)`` (:func:`train_config`, then ``entries``, then ``config``).
+    """The server (first round), ``x_t``, this round's Bernoulli draw and ``(alpha_t, train config)``
+    (:func:`train_config`, then ``entries``, then ``config``); ``alpha_t`` is recorded.
 
     Raises:
         ValueError: ``config`` names a key the strategy sends.
@@ -270,9 +250,8 @@ def usable_uploads(
     keys: tuple[str, ...],
     check: Callable[[ArrayRecord], tuple[Any, str | None]],
 ) -> tuple[dict[int, Any], np.ndarray, np.ndarray]:
-    """The train replies with a finite ``num-examples > 0`` whose record ``stream`` (holding ``keys``)
-    passes ``check`` (``record -> (upload, reason or None)``); any other reply, and a silent
-    recipient, is that node's recorded failure.
+    """The train replies with a finite ``num-examples > 0`` whose ``stream`` record (holding ``keys``)
+    passes ``check`` (``record -> (upload, reason or None)``); any other reply, or silence, is a recorded failure.
 
     Returns:
         ``({partition-id: upload}, num_examples (N,), responded (N,) bool)``; ``num_examples`` is 1
@@ -308,11 +287,8 @@ def close_train(
     *,
     record_estimates: bool,
 ) -> tuple[ArrayRecord, MetricRecord]:
-    """Record the round's train metrics and its drawn, responders, weights (and estimates) in the ledger.
-
-    Returns:
-        ``(arrays holding x_new under "x", round metrics)``.
-    """
+    """Record the round's train metrics and its drawn, responders, weights (and estimates) in the
+    ledger; returns ``(arrays holding x_new under "x", round metrics)``."""
     rec, responders = s.ledger.current, sorted(responders)
     metrics = {
         "num_drawn": len(rec.sampled),
@@ -373,7 +349,6 @@ class RFedAGS(GraphStrategy, RiemannianState):
         participation: per-partition probabilities ``p_i`` (sequence, mapping or a spec of
             :func:`flwr_sheaf.participation.parse_participation`; None = full). ``p_i = 0`` is allowed.
         mode: ``"corrected"`` (frequency estimates q), ``"known-p"`` or ``"uncorrected"``.
-        action: message action name.
         **settings: :class:`RiemannianArgs`.
 
     Raises:
