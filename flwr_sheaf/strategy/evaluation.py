@@ -60,8 +60,7 @@ class PhaseTwo:
     Attributes:
         phase1: accepted phase-1 replies ``{partition-id: reply}``.
         routed_src: ``{receiver: neighbours whose arrays were routed to it}``.
-        non_edge_plan: this round's :data:`~flwr_sheaf.strategy.evaluation_steps.NonEdgePlan`.
-        messages: the phase-2 messages; receivers: their partition-ids, in order.
+        receivers: the phase-2 messages' partition-ids, in order.
     """
 
     phase1: dict[int, Message]
@@ -161,11 +160,8 @@ class GraphEvaluation:
         return self.aggregate(view, phase, round_trip(grid, phase.messages, timeout))
 
     def phase1_messages(self, view: EvaluationView, config: Mapping[str, Any]) -> list[Message]:
-        """The phase-1 messages to ``view.evaluators`` (recorded as ``evaluated``, ``evaluated_trained``).
-
-        Raises:
-            ValueError: ``config`` names a key the strategy sends.
-        """
+        """The phase-1 messages to ``view.evaluators`` (recorded as ``evaluated``, ``evaluated_trained``);
+        ValueError when ``config`` names a key the strategy sends."""
         shared_records, cfg = view.payload
         view.record.evaluate["evaluated"] = list(view.evaluators)
         never = [p for p in view.evaluators if p not in view.trained]

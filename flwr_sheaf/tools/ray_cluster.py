@@ -481,11 +481,9 @@ def _wait_gone(procs: list, timeout: float) -> list:
     while True:
         alive = []
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 if p.status() != psutil.STATUS_ZOMBIE:
                     alive.append(p)
-            except psutil.NoSuchProcess:
-                continue
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.1)
