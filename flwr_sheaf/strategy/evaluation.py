@@ -160,8 +160,11 @@ class GraphEvaluation:
         return self.aggregate(view, phase, round_trip(grid, phase.messages, timeout))
 
     def phase1_messages(self, view: EvaluationView, config: Mapping[str, Any]) -> list[Message]:
-        """The phase-1 messages to ``view.evaluators`` (recorded as ``evaluated``, ``evaluated_trained``);
-        ValueError when ``config`` names a key the strategy sends."""
+        """The phase-1 messages to ``view.evaluators`` (recorded as ``evaluated``, ``evaluated_trained``).
+
+        Raises:
+            ValueError: ``config`` names a key the strategy sends.
+        """
         shared_records, cfg = view.payload
         view.record.evaluate["evaluated"] = list(view.evaluators)
         never = [p for p in view.evaluators if p not in view.trained]

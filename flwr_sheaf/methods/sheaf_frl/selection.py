@@ -47,8 +47,7 @@ class PilotSelector:
         seed: the run's seed (selections derive from (seed, server round)).
 
     Attributes:
-        spec: the parsed strategy.
-        sampler: its :class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (None until it can be built).
+        sampler: the parsed ``spec``'s :class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (None until it can be built).
         public: the accepted pilot description (labels or public features), if any.
         selection: this round's selection (None under ``all`` or while the description is missing).
         digest: its :func:`~flwr_sheaf.methods.sheaf_frl.protocol.index_digest` (0 without a selection).
