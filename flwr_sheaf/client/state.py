@@ -74,7 +74,11 @@ def _resuming(run_config: Mapping[str, Any]) -> bool:
 
 
 def _keep(run_config: Mapping[str, Any]) -> int:
-    every = run_config.get("checkpoint-every", DEFAULTS["checkpoint-every"])
+    every = (
+        run_config["checkpoint-every"]
+        if "checkpoint-every" in run_config
+        else DEFAULTS["checkpoint-every"]
+    )
     return max(2, int(every) + 1) if isinstance(every, int) and not isinstance(every, bool) else 2
 
 
