@@ -9,6 +9,7 @@ its own keys (:func:`section`, :data:`METHOD_KEYS`). Constructing a section vali
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import numbers
@@ -729,10 +730,8 @@ def section(*keys: str | Key, prefix: str = "") -> Callable[[type[S]], type[S]]:
 # ---------------------------------------------------------------------------------------- sections
 @dataclass(frozen=True)
 class Section:
-    """Base of the typed config sections: parsing, validation and (de)serialisation.
-
-    Each field is bound to one run-config key (``field.metadata["key"]``); cross-field checks go in
-    :meth:`check`. Construction raises :class:`ConfigError` on a bad value, naming key and value.
+    """Base of the typed config sections: each field bound to one run-config key
+    (``field.metadata["key"]``); construction raises :class:`ConfigError` on a bad value (named).
     """
 
     def __post_init__(self) -> None:
@@ -897,8 +896,8 @@ def register_train_defaults(method: str, values: Mapping[str, Any]) -> None:
 
 
 def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``run_config`` with the method's :data:`METHOD_TRAIN_DEFAULTS` applied to every key
-    left at its default; none with ``train-defaults = shared`` or a ``preset`` (notes/presets.md).
+    """:func:`apply_preset`'s rule for the method's :data:`METHOD_TRAIN_DEFAULTS` (none with
+    ``train-defaults = shared`` or a ``preset``; notes/presets.md).
 
     Raises:
         ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
@@ -912,11 +911,7 @@ def apply_method_train_defaults(run_config: Mapping[str, Any]) -> dict[str, Any]
 
 def method_train_changes(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (package default, the method's value)}`` of the keys that
-    :func:`apply_method_train_defaults` changes in ``run_config`` (the ServerApp logs them).
-
-    Raises:
-        ConfigError: a bad ``train-defaults`` or ``preset`` value (named).
-    """
+    :func:`apply_method_train_defaults` (its Raises) changes in ``run_config``."""
     before = apply_preset(run_config)
     after = apply_method_train_defaults(before)
     return {
@@ -928,15 +923,9 @@ def method_train_changes(run_config: Mapping[str, Any]) -> dict[str, tuple[Any, 
 
 @dataclass(frozen=True)
 class RunConfig(Section):
-    """The whole run config of the app: run-level keys plus one instance of each section.
-
-    Run-level fields are the keys of the same name (docs/run-config.md); ``preset`` and
-    ``train_defaults`` are already applied by :meth:`from_run_config`.
-
-    Attributes:
-        scenario, federation, train: the app's sections.
-        sections: the sections methods registered (:func:`register_section`), read as attributes
-            (``config.<name>``) or typed (:meth:`section`); missing ones take their defaults.
+    """The whole run config: run-level keys (fields of the same name; docs/run-config.md), the
+    app's ``scenario``, ``federation`` and ``train`` sections and the methods' :attr:`sections`
+    (read as ``config.<name>`` or typed, :meth:`section`).
     """
 
     method: str = field(  # declared by a unit on import (declare_default_method): read then
@@ -1023,9 +1012,8 @@ class RunConfig(Section):
         method_section: type[Section] | None = None,
         agents: int | None = None,
     ) -> RunConfig:
-        """Parse a Flower run config: defaults, then :func:`apply_preset` or
-        :func:`apply_method_train_defaults`; ``method_section`` parses the selected method's keys
-        (other methods' keys are ignored); ``agents``: :attr:`agents`.
+        """Parse a Flower run config (defaults, :func:`apply_preset`,
+        :func:`apply_method_train_defaults`); ``method_section`` parses the selected method's keys.
 
         Raises:
             ConfigError: an unknown key (with the closest known key) or a bad value, named.
@@ -1046,10 +1034,9 @@ class RunConfig(Section):
         """Build the graph and participation probabilities now: bad values fail before any message.
 
         Raises:
-            ConfigError: the run does not fit this machine or its dataset (:meth:`check_scale`); the
-                graph spec is unknown, names a node outside the zoo or is not connected;
-                ``participation`` has another count than the run's agents or is 0 everywhere; or a
-                section's :meth:`Section.check_dims` refuses the zoo's stalk dimensions.
+            ConfigError: :meth:`check_scale`'s; an unknown, out-of-zoo or unconnected graph;
+                ``participation`` of another count than the agents or 0 everywhere; or a section's
+                :meth:`Section.check_dims` refusing the zoo's stalk dimensions.
         """
         if self.agents is not None:  # the method's own problem: no zoo, no graph
             self._check_participation(self.agents, f"method={self.method!r} ({self.agents} agents)")
@@ -1087,10 +1074,8 @@ class RunConfig(Section):
         )
 
     def check_scale(self) -> None:
-        """Size checks in O(1) from the zoo's ``N`` (nothing built): the graph's edges
-        (:func:`~flwr_sheaf.topology.check_graph_scale`), memory (:func:`check_run_memory`),
-        agents and ``num-pilots`` against the dataset
-        (:func:`~flwr_sheaf.data.partition.check_agents_fit`).
+        """O(1) size checks from the zoo's ``N``: :func:`~flwr_sheaf.topology.check_graph_scale`,
+        :func:`check_run_memory`, :func:`~flwr_sheaf.data.partition.check_agents_fit`.
 
         Raises:
             ConfigError: the key (``graph``, ``zoo``, ``dataset``, ``num-pilots``), the numbers and the
@@ -1194,16 +1179,12 @@ def effective_values(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Every known key's effective value (defaults, presets, parsed if valid); others as given."""
     known = {**METHOD_KEYS, **KEYS}
     full = {**{k: key.default for k, key in known.items()}, **run_config}
-    try:
+    with contextlib.suppress(ConfigError):
         full = apply_method_train_defaults(apply_preset(full))
-    except ConfigError:
-        pass
     for k, v in full.items():
         if k in known:
-            try:
+            with contextlib.suppress(ConfigError, ValueError, TypeError):
                 full[k] = known[k](v)
-            except (ConfigError, ValueError, TypeError):
-                pass
     return full
 
 

@@ -1,11 +1,9 @@
 """What the main job should give: the expected band of its final round, and a run's verdict against it.
 
-The band (``flwr_sheaf/expected_results.json``, written by ``scripts/expected_band.py``;
-benchmarks/records/expected-band.md) is, per headline number, the prediction interval for one more
-run from ``n`` seeds (:func:`prediction_interval`), Bonferroni over the three numbers: a correct
-install lands inside on all three with probability >= ``p`` (0.99). A CPU change perturbs no more
-than a seed does (``cpu_variants``, ``cpu_check``), so the band holds on any CPU. Judged: a
-completed run of the reference configuration on the CPU; otherwise :func:`band_lines` says why not.
+The band (``flwr_sheaf/expected_results.json``, written by ``scripts/expected_band.py``) is, per
+headline number, the prediction interval for one more run from ``n`` seeds, Bonferroni over the three
+numbers (:func:`prediction_interval`; benchmarks/records/expected-band.md). Judged: a completed run
+of the reference configuration on the CPU; otherwise :func:`band_lines` says why not.
 """
 
 from __future__ import annotations
@@ -67,9 +65,6 @@ def prediction_interval(
         values: the runs' final-round values, ``n >= 2``.
         probability: the joint probability, in ``(0, 1)``.
         numbers: how many numbers are judged together.
-
-    Returns:
-        ``(low, high)``.
 
     Raises:
         ValueError: fewer than 2 values, or a probability outside ``(0, 1)``.

@@ -110,11 +110,7 @@ def _architecture(task: LocalTask) -> tuple:
 
 
 def check_stalk_protocol_once(task: LocalTask, partition_id: int) -> None:
-    """:func:`check_stalk_protocol`, once per process for each architecture (:func:`_architecture`).
-
-    Raises:
-        ValueError: as :func:`check_stalk_protocol`.
-    """
+    """:func:`check_stalk_protocol` (its Raises), once per process per architecture (:func:`_architecture`)."""
     key = _architecture(task)
     if key not in _STALK_CHECKED:
         check_stalk_protocol(task, partition_id)
@@ -144,11 +140,8 @@ def register_method_handlers(
 def query_handler(
     msg: Message, context: Context, factory: TaskFactory, method: ClientMethod
 ) -> Message:
-    """``query.<action>``: discovery's reply, the node's :class:`~flwr_sheaf.protocol.NodeInfo`.
-
-    Sets the thread count, resolves the device and checks the model (:func:`_describe`). A spare
-    SuperNode (:class:`~flwr_sheaf.protocol.OutsideScenarioError` inside the federation) replies
-    ``d = 0`` (docs/participation.md, 1.5).
+    """``query.<action>``: discovery's reply, the node's :class:`~flwr_sheaf.protocol.NodeInfo`
+    (a spare SuperNode inside the federation: ``d = 0``, docs/participation.md, 1.5).
 
     Raises:
         ProtocolError: ``torch-threads`` or ``device`` missing; DeviceUnavailableError: a device

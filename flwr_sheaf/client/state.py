@@ -1,11 +1,9 @@
 """Node state that survives a SuperNode restart: the ``state-dir`` node-config key (docs/resume.md).
 
-The ClientApp mod :func:`persist_state` writes ``context.state`` atomically to
-``<dir>/partition-<id>/round-<R>.state`` after every successful handler of a message with
-``server-round`` that may change it, reloads the newest admissible file into an empty state and
-refuses (:class:`StateFileError`) another node's, run's or run config's file, a corrupted one or a
-pruned round (retention and format: docs/resume.md). The mod :func:`refuse_what_the_server_refuses`
-raises on a train reply the server would refuse, so Flower rolls the state back (docs/guarantees.md).
+ClientApp mods: :func:`persist_state` writes ``context.state`` to
+``<dir>/partition-<id>/round-<R>.state`` and reloads the newest admissible file (format and
+retention: docs/resume.md); :func:`refuse_what_the_server_refuses` raises on a train reply the server
+would refuse, so Flower rolls the state back (docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -289,8 +287,7 @@ def persist_state(
             _check_resumed(context, directory, rounds, restored, bool(cfg[RESUME_FRESH]))
         # the resume keys are the mod's, not the handler's
         for key in (RESUME_STATE_ROUNDS, RESUME_ROUND, RESUME_FRESH):
-            if key in cfg:
-                del cfg[key]
+            cfg.pop(key, None)
     if directory is None or CONFIG not in content or SERVER_ROUND not in content[CONFIG]:
         return call_next(msg, context)
     server_round = as_int(config_record(content, CONFIG)[SERVER_ROUND], SERVER_ROUND)

@@ -11,6 +11,7 @@ n_val)``. Paper facts: docs/paper.md, s7. Indices point into :func:`~flwr_sheaf.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -58,14 +59,11 @@ def _is_real(v: object) -> bool:
 
 
 def _normalise_class_sets(class_sets: ClassSets, num_classes: int) -> tuple[tuple[int, ...], ...]:
-    """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets``; ValueError on bad input.
-
-    A tuple of tuples is cached: N nodes each normalising all N sets would be quadratic in N."""
+    """Sorted, de-duplicated tuple-of-tuples copy of ``class_sets`` (cached for a tuple of tuples:
+    N nodes each normalising all N sets would be quadratic); ValueError on bad input."""
     if isinstance(class_sets, tuple) and all(isinstance(cs, tuple) for cs in class_sets):
-        try:
+        with contextlib.suppress(TypeError):  # unhashable members: validated uncached (named)
             return _normalise_cached(class_sets, num_classes)
-        except TypeError:  # unhashable members: validate uncached (the error names them)
-            pass
     return _normalise_uncached(class_sets, num_classes)
 
 
@@ -266,24 +264,20 @@ def make_federated_split(
     num_classes: int = NUM_CLASSES,
     min_per_split: int = 0,
 ) -> FederatedSplit:
-    """Hold out the shared pilots, then split the rest across agents by Eq. 23 (module docstring).
+    """Hold out the shared pilots, then split the rest (every sample of an observed class) across
+    agents by Eq. 23 (module docstring).
 
     Args:
         labels: int class ids ``(M,)`` (numpy or torch) in ``[0, num_classes)``.
         class_sets: the agents' target classes ``C_i`` (``N`` non-empty sets).
         shift: ``s`` in [0, 1] (Eq. 23).
-        seed: non-negative int; the only source of randomness.
         pilot_fraction: share of the ``M`` samples held out for pilots, in (0, 1).
         num_pilots: optional cap ``K`` on the pilots (``None``: all).
         val_fraction, test_fraction: per-class shares, each in [0, 1), sum < 1.
-        num_classes: size of the label space ``C``.
         min_per_split: 0: the paper's per-class split. ``m >= 1``: the ``cross-device`` rule: per
             agent, its shuffled samples (seeded by ``(seed, i)``) give ``max(m, round(val_fraction
             * n))`` for validation, likewise test, the rest training (fewer than ``2 m + 1``
             samples: all training); class sets become the classes received.
-
-    Returns:
-        A :class:`FederatedSplit` covering every non-hold-out sample of every observed class.
 
     Raises:
         ValueError: bad ``shift``, ``class_sets``, fractions, seed or labels, ``num_pilots`` < 1 or
@@ -524,9 +518,6 @@ def make_dirichlet_split(
     ``DirichletPartitioner(N, "label", alpha, min_partition_size, self_balancing=False,
     shuffle=True, seed)`` (FedSAF's protocol; notes/baselines-prototypes.md, s4.6), then the split
     of :func:`make_federated_split` (arguments likewise; ``class_sets``: the classes received).
-
-    Returns:
-        :class:`FederatedSplit` (disjoint, covering every non-hold-out sample).
 
     Raises:
         ValueError: bad arguments (named); ImportError: flwr-datasets missing.

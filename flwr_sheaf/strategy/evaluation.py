@@ -60,8 +60,7 @@ class PhaseTwo:
     Attributes:
         phase1: accepted phase-1 replies ``{partition-id: reply}``.
         routed_src: ``{receiver: neighbours whose arrays were routed to it}``.
-        non_edge_plan: this round's :data:`~flwr_sheaf.strategy.evaluation_steps.NonEdgePlan`.
-        messages: the phase-2 messages; receivers: their partition-ids, in order.
+        receivers: the phase-2 messages' partition-ids, in order.
     """
 
     phase1: dict[int, Message]

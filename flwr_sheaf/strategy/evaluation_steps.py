@@ -80,7 +80,6 @@ class EvaluationView:
     :func:`flwr_sheaf.strategy.graph.evaluation_view`).
 
     Attributes:
-        server_round: the evaluated round.
         nodes, graph: ``{partition-id: Node}`` (d_i = ``nodes[i].d``) and the agents' graph.
         num_nodes, num_pilots, seed, train: N, K, the run's seed, the local-training settings.
         evaluators: this round's evaluated partition-ids.

@@ -58,7 +58,7 @@ class GraphStrategy(Strategy):
     """The one base of flwr-sheaf's strategies (module docstring); no global model is required.
 
     Args:
-        num_nodes: agents (graph nodes = partition-ids ``0..num_nodes-1``).
+        num_nodes: agents (partition-ids ``0..num_nodes-1``).
         action: message action (``"sheaf"`` -> ``query.sheaf``, ``train.sheaf``, ...).
         federation: graph spec, participation and evaluation period; None = no agents' graph (then
             ``sampler`` is required).
@@ -143,11 +143,8 @@ class GraphStrategy(Strategy):
         return {TORCH_THREADS: self.train.torch_threads, DEVICE: self.train.device}
 
     def discover(self, grid: Grid, timeout: float) -> None:
-        """Map node ids to partition-ids, then :meth:`on_discovered` (nothing if already known).
-
-        Raises:
-            RuntimeError: as :meth:`flwr_sheaf.strategy.discovery.Discovery.run`.
-        """
+        """Map node ids to partition-ids (:meth:`~flwr_sheaf.strategy.discovery.Discovery.run`, its
+        Raises), then :meth:`on_discovered` (nothing if already known)."""
         if len(self.nodes) == self.num_nodes:
             return
         config = {**self.query_config(), **self.resume_check}
@@ -237,7 +234,6 @@ class GraphStrategy(Strategy):
         :func:`flwr_sheaf.strategy.rounds.run_rounds`, resume: docs/resume.md).
 
         Args:
-            grid: Flower's Grid.
             initial_arrays: the global parameter, for strategies that have one (RFedAGS); else None.
             num_rounds: server rounds (>= 1).
             timeout: seconds per round trip (also bounds discovery's round trips).
@@ -358,12 +354,8 @@ class GraphStrategy(Strategy):
         grid: Grid,
         timeout: float,
     ) -> MetricRecord | None:
-        """One evaluated round: :class:`GraphEvaluation`'s result is recorded (and kept as the
-        ledger's ``last_evaluation``); without one, Flower's one-phase evaluation.
-
-        Returns:
-            The round's evaluate MetricRecord (numeric entries), or None.
-        """
+        """One evaluated round's MetricRecord: :class:`GraphEvaluation`'s result recorded (and kept
+        as the ledger's ``last_evaluation``); without one, Flower's one-phase evaluation."""
         if self.evaluation is None:
             msgs = list(self.configure_evaluate(server_round, arrays, config, grid))
             replies = self.exchange.round_trip(grid, msgs, timeout)

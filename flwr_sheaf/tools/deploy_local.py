@@ -52,10 +52,8 @@ class DeployError(RuntimeError):
 
 
 def make_tls(out_dir: Path, hosts: list[str], days: int = 30) -> dict[str, Path]:
-    """Create a CA and a SuperLink server certificate signed by it (EC P-384, SHA-384).
-
-    ``hosts`` (names or IPs of the SuperLink) become the certificate's SANs; the files
-    ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key`` (keys mode 0600) go to ``out_dir``.
+    """Create a CA and a SuperLink server certificate signed by it (EC P-384, SHA-384) for the SANs
+    ``hosts``: ``out_dir``'s ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key`` (keys mode 0600).
 
     Returns:
         ``{"ca": ..., "ca_key": ..., "cert": ..., "key": ...}`` paths.
@@ -204,14 +202,12 @@ class LocalDeployment:
     ``FLWR_HOME``), ``logs/``, ``superlink.db``. Also site crash and recovery (docs/resume.md).
 
     Args:
-        workdir: directory for all files (created).
         num_supernodes: N, the registered SuperNodes (partition-ids 0..N-1).
         port: SuperLink port; SuperNode i's ClientAppIo port is ``port + 1 + i`` (intruders
             follow); 0 = a free block (:func:`flwr_sheaf.tools.flwr_cli.free_port_block`).
         insecure: no TLS, hence no SuperNode authentication (SuperNodes register themselves).
         unregistered: K extra SuperNodes with keys that are never registered.
         host, sans: the SuperLink's address; extra names/IPs for its certificate.
-        app: app directory handed to ``flwr run``.
         state_dir: SuperNode ``<name>`` gets ``state-dir='<state_dir>/<name>'`` (default
             ``<workdir>/state``).
 
@@ -271,12 +267,8 @@ class LocalDeployment:
         self, n: SuperNodeProc, timeout: float = 240.0, retry_every: float = 5.0
     ) -> int:
         """Start SuperNode ``n`` again after a crash (same key, node config, ``state-dir``) until
-        the SuperLink accepts it (its log shows ``SuperNode ID: <its registered id>``); returns the
-        number of attempts.
-
-        Flower 1.42 activates a node only while the SuperLink holds it ``offline`` (up to 2 x 30 s
-        after a SIGKILL): the first attempt waits for that; a refusal ("Failed to activate
-        SuperNode", exit 305) is retried every ``retry_every`` s.
+        the SuperLink accepts it; returns the number of attempts. Flower 1.42 activates a node only
+        while the SuperLink holds it ``offline``; a refusal (exit 305) is retried every ``retry_every`` s.
 
         Raises:
             DeployError: an attempt failed for another reason, it came back under another node id,
@@ -353,12 +345,8 @@ class LocalDeployment:
         follower: subprocess.Popen | None = None,
         every: float = 10.0,
     ) -> str:
-        """Wait until run ``run_id`` is finished; return its status (``flwr ls --run-id ID``).
-
-        The status is read when the log ``follower`` exits, else every ``every`` s. On timeout the
-        run is stopped (``flwr stop``) and ``"timeout"`` returned; a dead SuperLink gives
-        ``"superlink exited (<code>)"``.
-        """
+        """Wait until run ``run_id`` is finished (status read when ``follower`` exits, else every
+        ``every`` s); its status, ``"timeout"`` (the run stopped) or ``"superlink exited (<code>)"``."""
         deadline = time.monotonic() + timeout
         next_check = time.monotonic() + every
         while time.monotonic() < deadline:
@@ -487,11 +475,9 @@ class LocalDeployment:
                 raise DeployError(
                     f"flower-superlink exited with code {self.superlink.returncode}; see {log}"
                 )
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url, verify=verify, timeout=2.0).is_success:
                     return
-            except httpx.HTTPError:
-                pass
             time.sleep(0.5)
         raise DeployError(
             f"flower-superlink did not answer on {url} within {timeout:.0f} s; see {log}"
@@ -597,10 +583,8 @@ def to_run_config(values: dict) -> str:
 
 
 def check_run_config(run_config: str, num_supernodes: int) -> dict:
-    """Parse ``--run-config`` as ``flwr run`` does and check it against the federation.
-
-    Returns:
-        The parsed overrides (``{key: int | float | bool | str}``).
+    """Parse ``--run-config`` as ``flwr run`` does (``{key: int | float | bool | str}``) and check
+    it against the federation.
 
     Raises:
         ValueError: ``num_supernodes < 1``, the string does not parse, a key or value refused by

@@ -6,6 +6,7 @@ Standard library and ``psutil`` only: ``scripts/run_flwr.py`` loads this file by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -186,11 +187,7 @@ def run_status(
     run_id: int | None = None,
     timeout: float = 120.0,
 ) -> str:
-    """Status of :func:`last_run`, e.g. ``"finished:completed"``, or ``"no run found"``.
-
-    Raises:
-        subprocess.TimeoutExpired: the CLI did not answer within ``timeout`` seconds.
-    """
+    """Status of :func:`last_run` (its Raises), e.g. ``"finished:completed"``, or ``"no run found"``."""
     return last_run(flwr, env, connection, run_id, timeout).get("status", "no run found")
 
 
@@ -225,11 +222,9 @@ def stop_processes(
     procs = list(procs)
     alive = []
     for q in process_tree(procs):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             q.send_signal(first)
             alive.append(q)
-        except psutil.NoSuchProcess:
-            pass
     own = {p.pid: p for p in procs if isinstance(p, subprocess.Popen)}
 
     def wait(qs: list[psutil.Process]) -> list[psutil.Process]:
@@ -246,17 +241,13 @@ def stop_processes(
 
     still = wait(alive)
     for q in still:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             q.kill()
-        except psutil.NoSuchProcess:
-            pass
     wait(still)
     for p in procs:  # reap our direct children (no zombies left behind)
         if isinstance(p, subprocess.Popen):
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
     return len(alive)
 
 

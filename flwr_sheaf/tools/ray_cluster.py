@@ -1,19 +1,15 @@
 """Which Ray cluster a ``flwr run`` simulation runs on: an existing one only when asked for.
 
-Flower 1.42's ``ray.init()`` joins the cluster in ``RAY_ADDRESS``, else the one recorded by any
-``ray start`` (:func:`ray_address_file`), else starts a private instance; a run on a cluster cannot
-pass ``init-args-num-cpus/gpus`` (pitfalls: docs/ray-cluster.md, "A Ray cluster"). For
-``scripts/run_flwr.py`` (which loads this file by path) this module decides the ``RAY_ADDRESS`` a
-run gets, refuses federation settings Ray refuses on a cluster, and checks that a Ray GCS answers
-(Ray's ``GetClusterId`` gRPC handshake: another service on the port is named, not waited on).
-
-As a script: ``free-ports N`` prints N free TCP ports; ``stop --temp-dir DIR`` stops exactly the
-Ray processes of ``ray start --temp-dir DIR`` (``ray stop`` stops all).
+For ``scripts/run_flwr.py`` (which loads this file by path): the ``RAY_ADDRESS`` a run gets, the
+federation settings Ray refuses on a cluster, and a check that a Ray GCS answers (pitfalls:
+docs/ray-cluster.md, "A Ray cluster"). As a script: ``free-ports N`` prints N free TCP ports;
+``stop --temp-dir DIR`` stops exactly the Ray processes of ``ray start --temp-dir DIR``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import ipaddress
 import os
@@ -485,11 +481,9 @@ def _wait_gone(procs: list, timeout: float) -> list:
     while True:
         alive = []
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 if p.status() != psutil.STATUS_ZOMBIE:
                     alive.append(p)
-            except psutil.NoSuchProcess:
-                continue
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.1)
@@ -506,16 +500,12 @@ def stop_cluster(temp_dir: str | Path, grace: float = 15.0) -> tuple[int, list]:
 
     procs = cluster_processes(temp_dir)
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p.terminate()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
     alive = _wait_gone(procs, grace)
     for p in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
     _wait_gone(alive, 5.0)
     left = _wait_gone(cluster_processes(temp_dir), 0.0)
     return len(procs), left

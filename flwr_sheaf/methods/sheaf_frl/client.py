@@ -1,11 +1,9 @@
 """Sheaf-FRL on the client (paper Alg. 1): the gluing loss plug-in and its handlers.
 
-Per ``train.sheaf`` message a node receives its neighbours' latest whitened pilots ``(K, d_j)``,
-its incident edges and this round's lambda; every local epoch it refits its incident restriction
-maps by Procrustes (Eq. 18) and trains on CE + the local gluing penalty (Eq. 16); then it refits
-its whitening and replies with its whitened pilots ``(K, d_i)``, cached in ``context.state``.
-Round 1 trains on CE only. Stability: notes/stability.md; the variants (Alg. 2-4):
-notes/variants-privacy.md.
+Every local epoch a node refits its incident restriction maps by Procrustes (Eq. 18) on its
+neighbours' whitened pilots ``(K, d_j)`` and trains on CE + the local gluing penalty (Eq. 16); it
+replies with its whitened pilots ``(K, d_i)``. Stability: notes/stability.md; the variants
+(Alg. 2-4): notes/variants-privacy.md.
 """
 
 from __future__ import annotations
@@ -98,14 +96,13 @@ class SheafGluing(LossPlugin):
         task: the node's task (its ``x_pilot (K, ...)``).
         lam: lambda >= 0 of this round (lambda_i = lambda / d_i inside the penalty).
         pilot_batch_size: pilot rows per step (the same rows of every neighbour's matrix).
-        edges: the node's incident edges.
         neighbour_pilots: ``{j: (K, d_j) or (K, d_e)}`` float32: what each neighbour sent toward this
             node (raw whitened or transported pilots); a neighbour without an entry adds no term.
         own_pilots: this node's cached whitened pilots ``(K, d_i)``, used for the first epoch's maps;
             None = compute them.
         variant: ``heterogeneous`` or ``homogeneous`` (resolved by the strategy).
         privacy: ``standard`` or ``stringent``.
-        maps: the node's maps from earlier rounds ``{j: tensor}``.
+        maps: the node's maps from earlier rounds ``{j: (rows, d_i)}``.
         selection: this round's pilot selection (paper App. B; None = every pilot): neighbours'
             matrices have ``selection.num_rows`` rows and own pilots are reduced the same way
             (:func:`flwr_sheaf.sheaf.pilots.apply_selection`).

@@ -89,21 +89,8 @@ register_keys(
 
 @dataclass(frozen=True)
 class SheafConfig(Section):
-    """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy.
-
-    Attributes:
-        lam: lambda >= 0 (``lambda_i = lambda / d_i``).
-        lambda_warmup_rounds: linear warm-up length W (0 = none).
-        pilot_batch_size: pilot rows per gluing step (>= 2: batch whitening needs two rows).
-        absent_policy: ``"cached"``, ``"drop"``, ``"drop-reweighted"`` (notes/participation.md).
-        reweight_q_min: floor of the arrival frequency q_j of ``drop-reweighted``.
-        sheaf_variant: ``"auto"`` (resolved at discovery), ``"heterogeneous"`` (Alg. 1) or
-            ``"homogeneous"`` (Alg. 2, Eq. 24; notes/variants-privacy.md).
-        privacy: ``"standard"`` (pilots shared) or ``"stringent"`` (Alg. 3/4; notes/variants-privacy.md).
-        pilot_strategy: pilot selection (paper App. B; :func:`flwr_sheaf.sheaf.pilots.parse_pilot_strategy`).
-        pilot_normalisation: ``"none"`` or ``"parseval"`` (maps fitted on polar factors; notes/variants-pilots.md).
-        map_refit: ``"epoch"`` (maps refitted on all pilots each local epoch) or ``"step"`` (also on
-            each step's pilot minibatch, Alg. 1 line 11; notes/stability.md).
+    """Sheaf-FRL's gluing (paper Eq. 16, Alg. 1) and its partial-participation policy: one field per
+    key above (``lam``: ``lambda``; ``sheaf_variant = "auto"`` is resolved at discovery).
     """
 
     lam: float = key_field("lambda")

@@ -77,20 +77,13 @@ PILOT_FEATURES = "features"
 
 
 def index_digest(indices: np.ndarray, groups: np.ndarray | None = None) -> int:
-    """63-bit fingerprint of a pilot selection (SHA-256 of the int64 indices in order and the groups),
-    a positive int: equal iff the same pilots in the same order with the same grouping.
-    """
+    """Positive 63-bit fingerprint of a pilot selection (SHA-256 of the int64 indices in order and
+    the groups): equal iff the same pilots in the same order with the same grouping."""
     import hashlib
 
     h = hashlib.sha256(np.ascontiguousarray(np.asarray(indices, dtype=np.int64)).tobytes())
-    h.update(
-        b"|groups|"
-        + (
-            b"none"
-            if groups is None
-            else np.ascontiguousarray(np.asarray(groups, np.int64)).tobytes()
-        )
-    )
+    g = b"none" if groups is None else np.ascontiguousarray(np.asarray(groups, np.int64)).tobytes()
+    h.update(b"|groups|" + g)
     return int.from_bytes(h.digest()[:8], "big") >> 1 or 1
 
 
@@ -108,8 +101,6 @@ def unpack_pilot_selection(
     """Inverse of :func:`pack_pilot_selection`, checked against the config's digest.
 
     Args:
-        rec: the :data:`PILOT_SELECTION` record.
-        expected_digest: the config's :data:`PILOT_INDEX_DIGEST`.
         num_pilots: M, the pilots this node holds.
 
     Returns:

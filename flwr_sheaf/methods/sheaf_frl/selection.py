@@ -47,8 +47,7 @@ class PilotSelector:
         seed: the run's seed (selections derive from (seed, server round)).
 
     Attributes:
-        spec: the parsed strategy.
-        sampler: its :class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (None until it can be built).
+        sampler: the parsed ``spec``'s :class:`~flwr_sheaf.sheaf.pilots.PilotSampler` (None until it can be built).
         public: the accepted pilot description (labels or public features), if any.
         selection: this round's selection (None under ``all`` or while the description is missing).
         digest: its :func:`~flwr_sheaf.methods.sheaf_frl.protocol.index_digest` (0 without a selection).
@@ -90,10 +89,7 @@ class PilotSelector:
             self.sampler = PilotSampler(spec, num_pilots, self.seed)
 
     def select(
-        self,
-        server_round: int,
-        bank: Mapping[int, np.ndarray],
-        edges: list[tuple[int, int]],
+        self, server_round: int, bank: Mapping[int, np.ndarray], edges: list[tuple[int, int]]
     ) -> None:
         """This round's selection (``adaptive``: ranked by the mismatch of the held raw matrices over ``edges``)."""
         self.selection, self.digest = None, 0
@@ -121,9 +117,8 @@ class PilotSelector:
         return self._reduced_cache[key]
 
     def digest_problem(self, reply: Message) -> str | None:
-        """Why a reply's echoed selection digest is refused, or None (then the digest metric is removed
-        from the reply). None without a selection.
-        """
+        """Why a reply's echoed selection digest is refused, or None (without a selection, or the
+        digest metric then removed from the reply)."""
         if self.selection is None:
             return None
         metrics = metric_record(reply.content, METRICS)
@@ -138,9 +133,8 @@ class PilotSelector:
         return None
 
     def description_problem(self, reply: Message, num_pilots: int) -> tuple[str | None, bool]:
-        """Accept a node's pilot description: ``(problem or None, built)``; the first builds the sampler,
-        a later one must equal it.
-        """
+        """Accept a node's pilot description: ``(problem or None, built)``; the first builds the
+        sampler, a later one must equal it."""
         what = self.spec.groups
         key = PILOT_LABELS if what == "class" else PILOT_FEATURES
         rec = array_record(reply.content, PILOT_PUBLIC) if PILOT_PUBLIC in reply.content else None
@@ -167,17 +161,11 @@ class PilotSelector:
 
 
 def upload_problem(
-    reply: Message,
-    k: int,
-    d: int,
-    want_raw: bool,
-    want_moved: Mapping[int, int],
-    stringent: bool,
+    reply: Message, k: int, d: int, want_raw: bool, want_moved: Mapping[int, int], stringent: bool
 ) -> tuple[str | None, np.ndarray | None, dict[int, np.ndarray]]:
     """``(problem or None, raw pilots or None, {receiver j: transported})`` of one train reply.
 
     Args:
-        reply: the node's train reply.
         k: pilot count K.
         d: the node's d_i.
         want_raw: whether the variant asks for raw pilots ``(K, d_i)``.

@@ -1,14 +1,9 @@
 """Sheaf-FRL peer-routing strategy: relays each node only its graph neighbours' pilots (paper Alg. 1).
 
-No global model: the server emulates decentralised exchange. Per round each sampled node gets its
-neighbours' latest whitened pilots ``(K, d_j)`` (record ``pilots``), its incident edges
-(:class:`flwr_sheaf.protocol.EdgeConfig`) and :class:`flwr_sheaf.config.SheafConfig` with this
-round's lambda; each reply's pilots are checked (``(K, d_i)``, finite) and stored, a bad matrix
-being that node's recorded failure (its cached pilots stay).
-
-Absent neighbours (``absent-policy``): notes/participation.md, s3. Pilot selection
-(``pilot-strategy``): notes/variants-pilots.md. Variants and stringent privacy (per-edge
-transported pilots, :attr:`SheafFRL.edge_bank`): notes/variants-privacy.md.
+No global model: per round each sampled node gets its neighbours' latest whitened pilots
+``(K, d_j)``, its incident edges and this round's lambda. Absent neighbours: notes/participation.md,
+s3; pilot selection: notes/variants-pilots.md; variants and stringent privacy:
+notes/variants-privacy.md.
 """
 
 from __future__ import annotations
@@ -52,7 +47,6 @@ class SheafFRL(GraphStrategy):
     """Sheaf-FRL relay strategy (paper Alg. 1 over Flower messages; module docstring).
 
     Args:
-        num_nodes: agents (partition-ids ``0..num_nodes-1``).
         sheaf: lambda, warm-up, pilot batch, absent-neighbour policy and its q floor.
         **common: federation, train, graph, action (pair with
             :func:`~flwr_sheaf.methods.sheaf_frl.client.register_sheaf_handlers`), discovery_timeout
@@ -97,11 +91,7 @@ class SheafFRL(GraphStrategy):
         self.pilots = PilotSelector(self.sheaf.pilot_strategy, self.seed)
 
     def configure_train(self, server_round, arrays, config, grid):
-        """:meth:`GraphStrategy.configure_train` after resetting this round's relay statistics (paper Alg. 1 line 3).
-
-        Raises:
-            ValueError: ``config`` names a key the strategy sends.
-        """
+        """:meth:`GraphStrategy.configure_train` (its Raises) after resetting the relay statistics (Alg. 1 line 3)."""
         self.relayed, self._withheld, self._relayed_bytes = {}, 0, 0
         adaptive = self.pilots.spec.kind == "adaptive"
         edges = oriented_edges(self.graph, self.nodes) if adaptive and self.graph else []
@@ -167,7 +157,6 @@ class SheafFRL(GraphStrategy):
         return out
 
     def _is_head(self, a: int, b: int) -> bool:
-        """Whether ``a`` is the head of edge (a, b)."""
         return orient_edge(a, self.nodes[a].d, b, self.nodes[b].d)[0] == a
 
     def _sends_raw(self, sender: int, receiver: int) -> bool:
@@ -235,9 +224,7 @@ class SheafFRL(GraphStrategy):
         )
 
     def _accept_description(self, server_round: int, pid: int, r: Message) -> bool:
-        """Build the sampler from a node's pilot description; False (and a recorded failure) when it
-        is missing, malformed, or differs from the one accepted.
-        """
+        """Build the sampler from a node's pilot description; False (a recorded failure) when it is bad."""
         why, built = self.pilots.description_problem(r, self.num_pilots)
         if why is not None:
             self.record_failure(server_round, "train", pid, why)
@@ -255,10 +242,8 @@ class SheafFRL(GraphStrategy):
     def accept_train(
         self, server_round: int, ok: dict[int, Message]
     ) -> tuple[dict[int, Message], dict]:
-        """Validate and store the fresh pilots ``(K, d_i)``; update the arrival frequencies; relay statistics.
-
-        A bad pilot matrix is that node's recorded failure and its cached pilots stay; the frequency
-        estimate used in round t+1 counts rounds 1..t-1 only (notes/participation.md, s3.3).
+        """Validate and store the fresh pilots ``(K, d_i)`` (a bad matrix: that node's failure, its
+        cached pilots stay); update the arrival frequencies (notes/participation.md, s3.3); relay statistics.
         """
         accepted = {}
         up = {"raw": 0, "to_heads": 0, "to_tails": 0}
@@ -288,7 +273,6 @@ class SheafFRL(GraphStrategy):
             accepted[pid] = r
         arrived = np.zeros(self.num_nodes, dtype=bool)
         arrived[list(accepted)] = True
-        # rounds 1..t-1: independent of round t's arrivals
         self._q_for_next = self.frequency.estimate()
         self.frequency.observe(arrived)
         ages = [server_round - r for r in self.bank_round.values()]
