@@ -193,6 +193,13 @@ class SuperNodeProc:
         return f"site-{self.index}" if self.registered else f"intruder-{self.index}"
 
 
+def _cli(dep: LocalDeployment, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """``flwr ARGS`` with the deployment's environment, output captured."""
+    return subprocess.run(
+        [dep.flwr, *args], env=dep.env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 @dataclass
 class LocalDeployment:
     """A SuperLink and N SuperNodes as separate OS processes on this machine (module docstring).
@@ -325,7 +332,7 @@ class LocalDeployment:
         if run_config:
             cmd += ["--run-config", run_config]
         print("+ flwr", shlex.join(cmd), flush=True)
-        r = self._cli(*cmd, timeout=300)
+        r = _cli(self, *cmd, timeout=300)
         try:
             return int(_json_out(r.stdout)["run-id"])
         except (ValueError, KeyError, TypeError):
@@ -362,7 +369,7 @@ class LocalDeployment:
                     follower = None
                 next_check = time.monotonic() + every
             time.sleep(0.5)
-        self._cli("stop", str(run_id), CONNECTION, timeout=60)
+        _cli(self, "stop", str(run_id), CONNECTION, timeout=60)
         return "timeout"
 
     def run(
@@ -409,11 +416,6 @@ class LocalDeployment:
             )
         self.started.append(p)
         return p
-
-    def _cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [self.flwr, *args], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
 
     @property
     def address(self) -> str:
@@ -495,7 +497,7 @@ class LocalDeployment:
             if not n.registered:
                 continue
             args = ("register", str(n.pub), CONNECTION, "--name", n.name, "--format", "json")
-            r = self._cli("supernode", *args)
+            r = _cli(self, "supernode", *args)
             try:
                 n.node_id = str(_json_out(r.stdout)["node-id"])
             except (ValueError, KeyError, TypeError):
@@ -522,7 +524,7 @@ class LocalDeployment:
 
     def nodes_status(self) -> dict[str, str]:
         """``{node-id: status}`` from ``flwr supernode ls deploy --format json`` (empty on error)."""
-        r = self._cli("supernode", "ls", CONNECTION, "--format", "json")
+        r = _cli(self, "supernode", "ls", CONNECTION, "--format", "json")
         try:
             return {str(x["node-id"]): x["status"] for x in _json_out(r.stdout)["nodes"]}
         except (ValueError, KeyError, TypeError):
