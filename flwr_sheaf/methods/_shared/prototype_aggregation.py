@@ -1,9 +1,4 @@
-"""Prototype aggregation as a component (FedProto and FedSAF hold one; notes/baselines-prototypes.md, s3).
-
-:class:`PrototypeAggregator` owns the common prototype dimension D (``fedproto-dim``), the global
-prototypes, each upload's validation on its own (a bad upload is that node's recorded failure,
-phase ``prototypes``; its training still counts) and the mean per class of the valid ones.
-"""
+"""Prototype aggregation as a component (FedProto and FedSAF hold one; notes/baselines-prototypes.md, s3)."""
 
 from __future__ import annotations
 
@@ -62,7 +57,7 @@ def common_dimension(spec: str | int, dims: dict[int, int], key: str) -> int:
 
 
 class PrototypeAggregator:
-    """FedProto's server-side prototype state and aggregation.
+    """FedProto's server state: the common dimension D, the global prototypes and their per-class mean.
 
     Args:
         config: prototype dimension, weight, reduction, aggregation, missing-class policy.
@@ -79,7 +74,7 @@ class PrototypeAggregator:
         self.global_protos: dict[int, torch.Tensor] = {}
 
     def resolve_dim(self, dims: dict[int, int], owner: str) -> int:
-        """Fix D from the discovered ``{partition-id: d_i}``; ValueError for ``none`` with different d_i."""
+        """Fix D from the discovered ``{partition-id: d_i}`` (:func:`common_dimension`)."""
         self.common_dim = common_dimension(self.config.dim, dims, "fedproto-dim")
         log.info(
             "%s: common prototype dimension D = %d (fedproto-dim=%r)",
@@ -125,16 +120,13 @@ class PrototypeAggregator:
                 f"{src}: prototypes have d={sorted(dims)}, expected the common dimension "
                 f"d={self.common_dim}"
             )
-        # validated alone so one bad node cannot sink the round
         aggregate_prototypes(
             [(protos, counts)], weighted=weighted, num_classes=self.num_classes, sources=[src]
         )
         return protos, counts
 
     def accept(self, s: GraphStrategy, server_round: int, ok: dict[int, Message]) -> dict[str, Any]:
-        """Aggregate the valid uploads into the global prototypes (s3.3); returns round metrics.
-        A malformed upload is that node's recorded failure (phase ``prototypes``) on ``s``.
-        """
+        """Aggregate the valid uploads (s3.3); a bad one is ``s``'s recorded failure (phase ``prototypes``)."""
         uploads, sources, rejected = [], [], []
         weighted = self.config.aggregation == "weighted"
         for pid, r in sorted(ok.items()):

@@ -1,10 +1,6 @@
-"""ComFed on the client: a learned projection P_i into a shared space, trained with the encoder (notes/baselines-alignment.md, s7).
+"""ComFed on the client: a projection ``P_i (r, d_i)`` trained with the encoder (notes/baselines-alignment.md, s7).
 
-Per ``train.comfed`` message the node restores ``P_i (r, d_i)`` (Xavier-initialised from (seed,
-partition-id) at first), trains ``CE + comfed-lambda * mean_m ||P_i vbar_m - t_m||^2`` against the
-neighbours' projected class prototypes ``t_m`` (record ``comfed-targets``) with its own SGD for
-``P_i``, and uploads its projected class prototypes with counts. Evaluation adds
-``comfed-communication-accuracy`` (``P_i^+ P_j z_j`` classified by the receiver's head).
+``P_i`` is Xavier-initialised from (seed, partition-id), kept in the node state and stepped by its own SGD.
 """
 
 from __future__ import annotations

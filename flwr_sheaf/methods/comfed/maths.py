@@ -15,11 +15,7 @@ __all__ = ["comfed_alignment_loss", "comfed_message", "xavier_projection"]
 def comfed_alignment_loss(
     projected: Mapping[int, torch.Tensor], targets: Mapping[int, torch.Tensor]
 ) -> torch.Tensor:
-    """``mean_m ||projected[m] - targets[m]||^2`` over the classes present in both (0 when none).
-
-    Args:
-        projected: ``{class: (r,)}`` the agent's projected class means (differentiable).
-        targets: ``{class: (r,)}`` the mean of the neighbours' projected class means (constants).
+    """``mean_m ||projected[m] - targets[m]||^2`` over the classes in both (0 when none); values ``(r,)``.
 
     Raises:
         ValueError: a target of another shape than the projections, or NaN/inf targets.

@@ -1,9 +1,4 @@
-"""ComFed strategy: relays the neighbours' projected class prototypes (notes/baselines-alignment.md, s7).
-
-Discovery resolves the shared dimension r (``comfed-dim``); each sampled node gets, per class, the
-mean of its neighbours' latest projected prototypes. A bad upload is that node's recorded failure.
-Evaluation: the post-hoc communication accuracy and ComFed's own with the learned maps.
-"""
+"""ComFed strategy: relays the neighbours' projected class prototypes (notes/baselines-alignment.md, s7)."""
 
 from __future__ import annotations
 
@@ -31,7 +26,7 @@ EDGE_METRICS = ("comfed-communication-accuracy", "val-comfed-communication-accur
 
 
 class ComFed(GraphStrategy):
-    """ComFed on Flower messages (module docstring).
+    """ComFed on Flower messages; evaluation: post-hoc plus the learned maps' communication accuracy.
 
     Args:
         num_nodes: as in :class:`~flwr_sheaf.methods.noncooperative.strategy.NonCooperative`.

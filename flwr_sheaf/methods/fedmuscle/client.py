@@ -1,9 +1,4 @@
-"""FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (notes/baselines-alignment.md, s6).
-
-A local epoch is contrastive when :func:`~flwr_sheaf.methods.fedmuscle.maths.is_contrastive_epoch`
-says so and the message carries targets (``others (K, D)``, ``all (K, D)``, rows paired with the
-pilots). After training the node uploads its pooled eval-mode pilot representations ``(K, D)``.
-"""
+"""FedMuscle on the client: task epochs, then a contrastive epoch on the shared pilots (notes/baselines-alignment.md, s6)."""
 
 from __future__ import annotations
 

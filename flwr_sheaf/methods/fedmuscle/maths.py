@@ -55,13 +55,7 @@ def muscle_loss(
 def leave_one_out_means(
     reps: Mapping[int, torch.Tensor],
 ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-    """Per agent the mean of the *other* agents' pilot representations, and the mean of all.
-
-    Args:
-        reps: ``{partition-id: (K, D)}`` (at least two agents, same shape).
-
-    Returns:
-        ``({k: mean_{j != k} reps[j]}, mean_j reps[j])``, each ``(K, D)`` float32.
+    """``({k: mean_{j != k} reps[j]}, mean_j reps[j])``, each ``(K, D)`` float32, of ``reps`` ``{partition-id: (K, D)}``.
 
     Raises:
         ValueError: fewer than two agents, mismatched shapes or NaN/inf (the partition-id named).

@@ -1,10 +1,4 @@
-"""FedMuscle strategy: network averages of the agents' pilot representations (notes/baselines-alignment.md, s6.2).
-
-Discovery fixes the common dimension D (``fedmuscle-dim``); in rounds with a contrastive epoch, once
-two agents have uploaded, each sampled node gets ``others (K, D)`` (leave-one-out mean over all
-agents: FedMuscle is centralised) and ``all (K, D)``. A bad upload is that node's recorded failure
-(its previous representations stay). Evaluation: post hoc.
-"""
+"""FedMuscle strategy: network averages of the agents' pilot representations (notes/baselines-alignment.md, s6.2)."""
 
 from __future__ import annotations
 
@@ -31,7 +25,11 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class FedMuscle(GraphStrategy):
-    """FedMuscle on Flower messages (module docstring).
+    """FedMuscle on Flower messages (evaluation: post hoc).
+
+    In rounds with a contrastive epoch, once two agents have uploaded, each sampled node gets
+    ``others (K, D)`` (leave-one-out mean over all agents: FedMuscle is centralised) and ``all (K, D)``.
+    A bad upload is that node's recorded failure (its previous representations stay).
 
     Args:
         num_nodes: agents.

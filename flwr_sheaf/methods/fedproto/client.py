@@ -1,10 +1,4 @@
-"""FedProto on the client (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3): prototype loss plug-in and handlers.
-
-A node trains ``CE + fedproto-lambda * L_R(pool(f_i(x)), y; P_g)`` with the message's global
-prototypes, ``pool`` the :class:`~flwr_sheaf.methods._shared.prototypes.PoolingAdapter` to the
-common dimension D (``feature-dim``); it uploads the per-class means and counts of its pooled
-eval-mode training latents and reports ``prototype-accuracy`` (nearest global prototype).
-"""
+"""FedProto on the client (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3): loss plug-in and handlers."""
 
 from __future__ import annotations
 
@@ -73,7 +67,7 @@ class FedProtoLoss(LossPlugin):
 
     Args:
         pool: adapter ``(B, d_i) -> (B, D)``.
-        protos: global prototypes ``{class: (D,)}`` (may be empty: then ``L_R = 0``).
+        protos: global prototypes ``{class: (D,)}`` (empty: ``L_R = 0``).
         lam: weight >= 0.
         reduction: ``"mse"`` or ``"per_sample"``.
     """

@@ -1,12 +1,4 @@
-"""FedProto strategy (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3).
-
-Discovery fixes the common prototype dimension D (``fedproto-dim``: ``auto`` = the smallest stalk
-dimension, ``none`` = all d_i must agree, or an explicit D); every sampled node gets the global
-prototypes (record ``global-prototypes``) and the config; each upload is validated on its own (a bad
-one is that node's recorded failure, its training still counts) and the valid ones aggregated
-(:class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`). Evaluation: the
-post-hoc protocol plus each node's nearest-global-prototype accuracy (``prototype_accuracy``).
-"""
+"""FedProto strategy (Tan et al., AAAI 2022; notes/baselines-prototypes.md, s3)."""
 
 from __future__ import annotations
 
@@ -65,8 +57,12 @@ PROTOTYPE_HOOKS = (_on_discovered, _node_payload, _evaluate_payload, _accept_tra
 
 
 class FedProto(GraphStrategy):
-    """FedProto on Flower messages (module docstring); the prototypes live in a
-    :class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator` (:attr:`prototypes`).
+    """FedProto on Flower messages.
+
+    Discovery fixes the common prototype dimension D; every sampled node gets the global prototypes
+    (record ``global-prototypes``); each upload is validated on its own in :attr:`prototypes`, a
+    :class:`~flwr_sheaf.methods._shared.prototype_aggregation.PrototypeAggregator`. Evaluation: the
+    post-hoc protocol plus each node's nearest-global-prototype accuracy.
 
     Args:
         num_nodes: agents.
@@ -90,7 +86,6 @@ class FedProto(GraphStrategy):
         num_classes: int = PAPER_NUM_CLASSES,
         **common: Unpack[GraphArgs],
     ) -> None:
-        # its authors' SGD by default (config.METHOD_TRAIN_DEFAULTS, notes/baselines.md s0)
         if common.get("train") is None:
             common["train"] = RunConfig.from_run_config({"method": "fedproto"}).train
         super().__init__(num_nodes, **strategy_args(ACTION, common, prototype_evaluation))

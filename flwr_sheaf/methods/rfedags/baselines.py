@@ -1,9 +1,6 @@
-"""RFedAGS's comparison methods: RFedAvg, RFedSVRG and RFedProj (maths only, manifold-generic).
+"""RFedAvg, RFedSVRG and RFedProj maths, after the authors' ``RFed*_.m`` (notes/baselines-rfedags.md, s5.8).
 
-Faithful to the authors' baseline code (``RFedAvg_.m``, ``RFedSVRG_.m``, ``RFedProj_.m``;
-notes/baselines-rfedags.md, s5.8). Every aggregation takes the weights ``w_i`` of
-:func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights` (``"uncorrected"``
-``1/|S_t|``, as the papers, or RFedAGS's corrections).
+Aggregations take the weights of :func:`~flwr_sheaf.methods.rfedags.aggregation.participation_weights`.
 """
 
 from __future__ import annotations
@@ -55,10 +52,10 @@ def average_endpoints(
     """RFedAvg / RFedSVRG server step ``x_{t+1} = R_{x_t}(varpi sum_i w_i R^{-1}_{x_t}(x_i))``.
 
     Args:
-        manifold: the manifold (``invretr``, ``retr``).
+        manifold: the manifold.
         x: server point ``x_t``, ``point_shape``.
-        endpoints: ``(N, *point_shape)`` or ``{client: point}`` (:func:`~.aggregation.weighted_uploads`).
-        weights: ``(N,)`` weights.
+        endpoints: ``(N, *point_shape)`` or ``{client: point}``.
+        weights: ``(N,)``.
         global_step: ``varpi > 0``.
 
     Returns:
@@ -102,7 +99,7 @@ def svrg_local_steps(
         manifold: the manifold.
         x: server point ``x_t``.
         full_grad: ``g_t in T_{x_t} M``.
-        egrad_fn: ``egrad_fn(point, k)`` as in :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`.
+        egrad_fn: as in :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`.
         num_steps: ``K >= 1``.
         step_size: ``alpha > 0``.
 
@@ -198,15 +195,8 @@ def average_ambient(
 ) -> tuple[np.ndarray, np.ndarray]:
     """RFedProj server step ``x^mid_{t+1} = P_M(x^mid_t) + eta_g sum_i w_i (z^_i - P_M(x^mid_t))``.
 
-    Args:
-        manifold: compact embedded manifold.
-        x_mid: ambient server point.
-        z_hats: ``(N, *shape)`` or ``{client: z^}``.
-        weights: ``(N,)``.
-        global_step: ``eta_g > 0`` (authors: 1).
-
-    Returns:
-        ``(x^mid_{t+1}, P_M(x^mid_{t+1}))`` float64; an empty round keeps ``x^mid`` exactly.
+    ``z_hats``: ``(N, *shape)`` or ``{client: z^}``; ``weights`` ``(N,)``; ``global_step`` ``eta_g > 0``
+    (authors: 1). Returns ``(x^mid_{t+1}, P_M(x^mid_{t+1}))`` float64; an empty round keeps ``x^mid``.
 
     Raises:
         ValueError: a manifold RFedProj refuses, bad uploads, bad ``global_step``.

@@ -1,10 +1,8 @@
-"""RFedAGS's comparison methods as Flower strategies: RFedAvg, RFedSVRG, RFedProj (notes/baselines-rfedags.md, s5).
+"""RFedAvg, RFedSVRG, RFedProj as Flower strategies (notes/baselines-rfedags.md, s5).
 
-:class:`RFedBaseline` shares everything of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS`
-except the round's messages and the server step: discovery, the Bernoulli(p_i) sampler (all four
-methods train the same nodes in the same rounds), the weights of ``mode`` (default
-``"uncorrected"``), failure handling, metrics. Maths: :mod:`flwr_sheaf.methods.rfedags.baselines`;
-client: :func:`flwr_sheaf.methods.rfedags.client.register_rfedags_baseline_handlers`.
+:class:`RFedBaseline` shares all of :class:`~flwr_sheaf.methods.rfedags.strategy.RFedAGS` (discovery,
+the Bernoulli(p_i) sampler: all four methods train the same nodes in the same rounds, weights,
+failures, metrics) but the round's messages and the server step (:mod:`flwr_sheaf.methods.rfedags.baselines`).
 
 Per server round ``t`` (action ``a`` = the method name; notes/baselines-rfedags.md, s5.8):
 
@@ -200,10 +198,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     def _check_upload(
         self, stream: ArrayRecord
     ) -> tuple[tuple[np.ndarray, np.ndarray | None], str | None]:
-        """A reply's end point (float64) and RFedProj's mean gradient (None for the others), and why the
-        upload is unusable (None = usable): a wrong shape, NaN/inf, or (RFedAvg/RFedSVRG) an end point
-        off the manifold (above 1e-8) or without an inverse retraction.
-        """
+        """``((end point, RFedProj's mean gradient or None), why unusable or None)``."""
         shape = tuple(self.server.x.shape)
         z = np.array(stream[ENDPOINT].numpy(), dtype=np.float64)
         if z.shape != shape or not np.all(np.isfinite(z)):
@@ -225,9 +220,7 @@ class RFedBaseline(GraphStrategy, RiemannianState):
     def _server_step(
         self, uploads: dict[int, np.ndarray], zetas: dict[int, np.ndarray], w: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The method's server step with weights ``w`` ``(N,)``: ``(new point, direction moved)``
-        (RFedProj also keeps its mid-point, mean gradients and responders for the next round).
-        """
+        """``(new point, direction moved)`` with weights ``w`` ``(N,)``; RFedProj keeps its next-round state."""
         if self.method != "rfedproj":
             return average_endpoints(self.manifold, self._x_t, uploads, w, self.global_step)
         assert self._x_mid is not None  # set in _init_server

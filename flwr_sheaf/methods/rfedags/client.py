@@ -1,5 +1,4 @@
-"""ClientApp handlers of the RFedAGS family (``query.<m>``, ``train.<m>``; notes/baselines-rfedags.md, s5)
-and the node-side view of a federated problem (:class:`ProblemClient`)."""
+"""ClientApp handlers of the RFedAGS family (notes/baselines-rfedags.md, s5) and :class:`ProblemClient`."""
 
 from __future__ import annotations
 
@@ -64,17 +63,17 @@ STATE_KEY = "rfedags.meta"
 
 
 class RFedAGSLocalProblem(Protocol):
-    """What a node brings to the handlers of the RFedAGS family (a researcher's own problem needs only these).
+    """What a node brings to the RFedAGS family's handlers (a researcher's own problem needs only these).
 
     Attributes:
         manifold: the manifold of the global parameter.
-        num_examples: local sample count ``n_i`` (reported; used by the uncorrected mean).
+        num_examples: local sample count ``n_i`` (used by the uncorrected mean).
 
     Methods:
         gradient_oracle(server_round, num_steps, config) -> ``egrad(x, k)``: Euclidean (mini-batch)
-            gradient of ``f_i`` at local step ``k``, float64 of the point's shape; deterministic in
+            gradient of ``f_i`` at step ``k``, float64 of the point's shape, deterministic in
             ``(config, server_round)``.
-        local_cost(x) -> float: ``f_i(x)`` (diagnostics).
+        local_cost(x) -> float: ``f_i(x)``.
     """
 
     manifold: Manifold
@@ -209,25 +208,16 @@ def register_rfedags_handlers(
     problem_factory: Callable[[Context], RFedAGSLocalProblem],
     action: str = ACTION,
 ) -> ClientApp:
-    """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, notes/baselines-rfedags.md, s5) on ``app``.
+    """Register ``query.<action>`` and ``train.<action>`` (RFedAGS client loop, notes/baselines-rfedags.md, s5).
 
     ``train.<action>`` reads ``x_t`` (:data:`~flwr_sheaf.methods.rfedags.protocol.POINT`) and the
-    config ``server-round``, ``local-steps``, ``step-size``, ``minibatch-size``, ``seed``; runs
-    :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream` and replies with the stream
-    ``zeta in T_{x_t} M`` (:data:`~flwr_sheaf.methods.rfedags.protocol.STREAM`) and ``num-examples``,
-    ``tangent-error``, ``local-cost-start``. The node keeps only ``context.state[STATE_KEY]``. The
-    handler raises (Flower error reply) on a missing or bad point (shape, NaN/inf, off the manifold
-    by more than 1e-8), a missing/invalid config entry, or non-finite gradients.
-
-    Args:
-        app: the ClientApp to extend.
-        problem_factory: builds the node's :class:`RFedAGSLocalProblem` from its ``Context`` (per message).
-        action: action name.
-
-    Returns:
-        ``app``.
+    config ``server-round``, ``local-steps``, ``step-size``, ``minibatch-size``, ``seed``; replies with
+    the stream ``zeta in T_{x_t} M`` of :func:`~flwr_sheaf.methods.rfedags.local.local_gradient_stream`
+    and ``num-examples``, ``tangent-error``, ``local-cost-start``; keeps ``context.state[STATE_KEY]``.
+    It raises (Flower error reply) on a bad point (shape, NaN/inf, off the manifold by > 1e-8), a
+    missing/invalid config entry, or non-finite gradients. ``problem_factory`` builds the node's
+    :class:`RFedAGSLocalProblem` per message. Returns ``app``.
     """
-
     _register_query(app, problem_factory, action)
 
     @app.train(action)
@@ -260,20 +250,12 @@ def register_rfedags_baseline_handlers(
     """Register ``query.<m>`` and ``train.<m>`` for the baselines ``m`` in ``methods`` (notes/baselines-rfedags.md, s5).
 
     ``train.<m>`` reads RFedAGS's config plus ``phase`` and runs the method's client step (protocol:
-    :mod:`~flwr_sheaf.methods.rfedags.baselines_strategy`). The handlers raise (Flower error reply) on
-    a missing array or config key, a wrong shape, a point off the manifold (not checked for RFedProj's
-    ambient point), an unknown phase, a manifold RFedProj refuses, or non-finite gradients.
-
-    Args:
-        app: the ClientApp to extend.
-        problem_factory: as :func:`register_rfedags_handlers`.
-        methods: subset of :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES`.
-
-    Returns:
-        ``app``.
+    :mod:`~flwr_sheaf.methods.rfedags.baselines_strategy`); it raises as :func:`register_rfedags_handlers`
+    and on a missing array, an unknown phase or a manifold RFedProj refuses (RFedProj's ambient point
+    is not checked against the manifold). Returns ``app``.
 
     Raises:
-        ValueError: an unknown method name.
+        ValueError: a method not in :data:`~flwr_sheaf.methods.rfedags.baselines.BASELINES`.
     """
     for m in methods:
         if m not in BASELINES:

@@ -99,13 +99,6 @@ def step_size_schedule(alpha0: float, decay_rounds: float = 0.0) -> Callable[[in
     ``decay_rounds = 0``: the paper's fixed step; ``> 0``: its decaying-step theorem with ``p = 1``
     (notes/baselines-rfedags.md, s5.2 and s5.6).
 
-    Args:
-        alpha0: initial step, positive.
-        decay_rounds: ``>= 0``.
-
-    Returns:
-        callable ``t -> alpha_t`` (float).
-
     Raises:
         ValueError: invalid ``alpha0`` or ``decay_rounds``; the callable raises for ``t < 0``.
     """

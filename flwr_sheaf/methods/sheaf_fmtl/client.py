@@ -1,9 +1,7 @@
 """Sheaf-FMTL on the client: parameter-space restriction maps owned by the node (notes/baselines-sheaf-fmtl.md, s8).
 
-Per ``train.sheaf_fmtl`` message the node restores (first round: draws) its maps ``P_ij (d_ij, n_i)``,
-applies the map step (F2) with the received projections (deferred from the previous iteration;
-notes/deviations-methods.md), trains on cross-entropy, applies the parameter step (F1), stores the
-maps (float16) and uploads ``P_ij theta_i`` per neighbour, never the parameters.
+The map step (F2) is deferred from the previous iteration (notes/deviations-methods.md); the node
+uploads ``P_ij theta_i`` per neighbour, never the parameters.
 """
 
 from __future__ import annotations

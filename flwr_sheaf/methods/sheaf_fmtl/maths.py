@@ -50,16 +50,9 @@ def map_bytes_per_node(
     gamma: float,
     bytes_per_entry: int = 2,
 ) -> dict[int, int]:
-    """Bytes of the maps each node owns: ``sum_{j in N(i)} d_ij * n_i * bytes_per_entry``.
+    """``{partition-id: sum_{j in N(i)} d_ij * n_i * bytes_per_entry}`` (0 for an isolated node).
 
-    Args:
-        num_params: ``{partition-id: n_i}``.
-        edges: undirected edges ``(i, j)`` (node i owns ``P_ij``, node j ``P_ji``).
-        gamma: the compression factor of (F0).
-        bytes_per_entry: 2 for float16.
-
-    Returns:
-        ``{partition-id: bytes}`` (0 for an isolated node).
+    ``num_params`` is ``{partition-id: n_i}``; node i of an undirected edge ``(i, j)`` owns ``P_ij``.
     """
     out = {int(p): 0 for p in num_params}
     for i, j in edges:
@@ -110,9 +103,6 @@ def parameter_step(
         received: ``{j: (d_ij,)}`` (edges without one are skipped).
         lr, lam: alpha and lambda.
 
-    Returns:
-        the new ``(n_i,)`` tensor.
-
     Raises:
         ValueError: a received projection of the wrong length or with NaN/inf (the neighbour named).
     """
@@ -129,12 +119,7 @@ def map_step(
 ) -> torch.Tensor:
     """(F2): ``P - eta * lam * (P theta - y) theta^T`` for one edge (a new ``(d_ij, n_i)`` tensor).
 
-    Args:
-        p: ``(d_ij, n_i)``.
-        theta: ``(n_i,)``.
-        y: ``(d_ij,)`` the neighbour's ``P_ji theta_j``.
-        eta, lam: personalisation rate and lambda.
-        j: the neighbour (error messages).
+    ``p`` ``(d_ij, n_i)``, ``theta`` ``(n_i,)``, ``y`` ``(d_ij,)`` the neighbour ``j``'s ``P_ji theta_j``.
 
     Raises:
         ValueError: ``y`` of the wrong length or with NaN/inf.

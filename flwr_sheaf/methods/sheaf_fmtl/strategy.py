@@ -1,10 +1,4 @@
-"""Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (notes/baselines-sheaf-fmtl.md, s8).
-
-The server holds no maps and no parameters: from each node's parameter count n_i it fixes every
-``d_ij`` (F0) after discovery and checks the map budget on the real graph. Each sampled node gets
-its neighbours, their d_ij, its n_i and their latest projections; a bad upload is that node's
-recorded failure (its previous projections stay). Evaluation: post hoc, as in the paper.
-"""
+"""Sheaf-FMTL strategy: relays the neighbours' projected parameters ``P_ji theta_j`` (notes/baselines-sheaf-fmtl.md, s8)."""
 
 from __future__ import annotations
 
@@ -44,13 +38,7 @@ def sheaf_fmtl_budget(
 ) -> dict[int, int]:
     """Per-node float16 map bytes ``sum_j d_ij n_i * 2``, logged; refuses an over-budget config.
 
-    Args:
-        num_params: ``{partition-id: n_i}``.
-        graph: the agents' graph.
-        cfg: gamma and the budget.
-
-    Returns:
-        ``{partition-id: bytes}``.
+    Returns ``{partition-id: bytes}`` of ``num_params`` ``{partition-id: n_i}`` on ``graph``.
 
     Raises:
         ConfigError: the largest node's maps exceed ``sheaf-fmtl-max-gib`` (sizes and keys named).
@@ -74,7 +62,10 @@ def sheaf_fmtl_budget(
 
 
 class SheafFMTL(GraphStrategy):
-    """Sheaf-FMTL on Flower messages (module docstring).
+    """Sheaf-FMTL on Flower messages (evaluation: post hoc, as in the paper).
+
+    The server holds no maps and no parameters: from each n_i it fixes every ``d_ij`` (F0) after
+    discovery. A bad upload is that node's recorded failure (its previous projections stay).
 
     Args:
         num_nodes: agents.
@@ -107,9 +98,8 @@ class SheafFMTL(GraphStrategy):
         self.sheaf_fmtl = sheaf_fmtl or SheafFMTLConfig()
         self.dims: dict[tuple[int, int], int] = {}
         self.map_bytes: dict[int, int] = {}
-        self.projections: dict[
-            int, dict[int, np.ndarray]
-        ] = {}  # sender -> {receiver: P_sr theta_s}
+        # sender -> {receiver: P_sr theta_s}
+        self.projections: dict[int, dict[int, np.ndarray]] = {}
 
     def on_discovered(self) -> None:
         """Validate the graph, fix every d_ij (F0) and check the map budget on it."""
@@ -180,14 +170,15 @@ class SheafFMTL(GraphStrategy):
 
 def _main(argv: list[str]) -> None:
     """``python -m flwr_sheaf.methods.sheaf_fmtl.strategy [zoo] [gamma] [graph]``: print the per-node map memory."""
-    from ...models.zoo import build_agent, count_parameters, zoo_specs
+    from ...models.zoo import zoo_specs
     from ...topology import build_graph
+    from . import zoo_parameter_counts
 
     zoo = argv[0] if argv else DEFAULTS["zoo"]
     gamma = float(argv[1]) if len(argv) > 1 else DEFAULTS["sheaf-fmtl-gamma"]
     spec = argv[2] if len(argv) > 2 else DEFAULTS["graph"]
     specs = zoo_specs(zoo)
-    counts = {i: count_parameters(build_agent(s, seed=0)) for i, s in enumerate(specs)}
+    counts = zoo_parameter_counts(zoo)
     per = map_bytes_per_node(
         counts, build_graph(spec, len(specs), class_sets=[s.classes for s in specs]).edges, gamma
     )
