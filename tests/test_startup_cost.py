@@ -242,8 +242,7 @@ def test_named_datasets_use_the_cache_dir_from_the_environment(tmp_path, monkeyp
 
     raw_x, _ = _idx_dir(tmp_path / "fashion-mnist")
     # the install's SHA-256 check is catalog's (tests/test_data.py); here only the cache's wiring
-    monkeypatch.setattr(sources, "find_installed", lambda name: tmp_path / "fashion-mnist")
-    monkeypatch.setattr(sources, "check_installed", lambda directory, name: None)
+    monkeypatch.setattr(sources, "verified_dir", lambda name: tmp_path / "fashion-mnist")
     assert "fashion-mnist" in catalog.NAMED_DATASETS
     monkeypatch.setenv("FLWR_SHEAF_CACHE_DIR", str(tmp_path / "cache"))
     assert decoded_cache_dir() == tmp_path / "cache"
