@@ -222,41 +222,35 @@ def write_results(
     errors: Sequence[str] = (),
     keep_previous: int | None = None,
 ) -> Path:
-    """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``.
+    """Write a run's ``results.json`` and ``accuracy.png`` into ``out_dir``; return the first.
 
-    The bundled app's files (docs/results-schema.md; NaN and inf as null; :func:`plot_rounds`), from
-    any :class:`~flwr_sheaf.GraphStrategy` after ``strategy.start``.
+    Schema: docs/results-schema.md (NaN and inf as null); figure: :func:`plot_rounds`.
 
     Args:
         strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
         out_dir: directory (created with its parents if missing).
         config: run-config values recorded as given, then the strategy's section keys
             (:func:`strategy_config`); ``method`` from the registry when absent.
-        overwrite: move the files already in ``out_dir`` and another run's ``checkpoint.pkl`` into
-            a new ``previous-<UTC time>/`` (under a lock this process holds: replace them).
+        overwrite: move the files already there and another run's ``checkpoint.pkl`` into a new
+            ``previous-<UTC time>/``.
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``.
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
-        extra: further top-level keys, written last (a value JSON cannot hold: null, ``degraded``).
+        extra: further top-level keys, written last.
         problems: lines that make the run ``degraded``.
         errors: what ended the run early, one line each (the run ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders (None or 0: all;
             default: ``config``'s ``keep-previous``).
 
-    Its own error never hides an exception in flight: that one is raised, with a note.
-
-    Returns:
-        Path of ``results.json``.
+    An exception already in flight is raised instead of this function's own, with a note.
 
     Raises:
         TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number.
         ValueError: the strategy has not run, ``extra`` names a key written here, or (a
             ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or a file that cannot
             be moved aside.
-        FileExistsError: ``out_dir`` holds a ``results.json``, ``accuracy.png`` or another run's
-            ``checkpoint.pkl``, and ``overwrite`` is False.
+        FileExistsError: ``out_dir`` holds another run's files and ``overwrite`` is False.
         NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``'s lock, or ``out_dir``
-            was removed or moved while this process held it.
+        flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``, or it was moved.
         OSError: the directory or files cannot be written.
     """
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
@@ -643,16 +637,13 @@ def write_run(
     tracker: Any = None,
     stopped: Exception | None = None,
 ) -> Path:
-    """Write the bundled app's run into ``run`` (:func:`write_results`) and log its status.
+    """Write the bundled app's run into ``run`` (:func:`write_results`); log its status.
 
     After ``stopped`` (what ``strategy.start`` raised) the completed rounds are written with status
     ``failed`` where possible and a note on ``stopped`` says where; the caller re-raises it.
 
-    Returns:
-        Path of the written ``results.json``.
-
     Raises:
-        RunFailedError: the run's status is failed (reasons and failed nodes named).
+        RunFailedError: the run's status is failed (:func:`_report`).
     """
     extra = _extra_results(config, run, warnings)
     problems: list[str] = []

@@ -52,9 +52,9 @@ class LocalGrid(Grid):
         run_id: Flower run id of every node's ``Context`` (a new ``flwr run`` gets a new one).
 
     Attributes:
-        contexts: ``{node_id: Context}``, the committed per-node state (inspect it in tests).
-        delivered: list of every delivered instruction message, in order.
-        replies: list of every reply pulled by the server, in order.
+        contexts: ``{node_id: Context}``, the committed per-node state.
+        delivered: every delivered instruction message, in order.
+        replies: every reply pulled by the server, in order.
         waits: the ``timeout`` of every ``send_and_receive`` that had unanswered messages.
 
     Raises:
