@@ -77,14 +77,12 @@ _CPUINFO_FIELDS = ("model name", "Model", "Hardware", "Processor")
 
 
 def cpu_environment(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
-    """The CPU the run computed on (``results.json``'s ``environment``; docs/devices.md).
+    """The CPU the run computed on (``results.json``'s ``environment``; docs/devices.md):
+    ``{"cpu": model name, "machine": platform.machine(), "cpu_capability": torch's CPU kernel path
+    (DEFAULT, AVX2, AVX512, ...), "torch": torch.__version__}``.
 
     Args:
         cpuinfo: the Linux CPU description file; without a model there, :func:`platform.processor`.
-
-    Returns:
-        ``{"cpu": model name, "machine": platform.machine(), "cpu_capability": torch's CPU kernel
-        path (DEFAULT, AVX2, AVX512, ...), "torch": torch.__version__}``.
     """
     model = ""
     try:

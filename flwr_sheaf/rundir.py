@@ -1131,9 +1131,8 @@ def check_node_state_dir(
     node state; ``run_config``: ``RunConfig.to_dict()``; ``resuming``: ``resume`` / ``resume-from``.
 
     Raises:
-        ConfigError: a fresh run over another run's node state (state files or a ``run.json``); a
-            resumed run over node state of another run config (keys and values named); a damaged
-            ``run.json``.
+        ConfigError: a fresh run over another run's node state; a resumed run over another run
+            config's (keys named); a damaged ``run.json``.
     """
     marker = read_node_state_claim(root) if root.is_dir() else None
     parts = _state_partitions(root)
@@ -1221,8 +1220,7 @@ def _check_resume_from_free(config: RunConfig, source: RunDir, out: Path) -> Non
 
 
 def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> None:
-    """Refuse ``resume-from`` into a ``results-dir`` whose files ``old`` record another run config
-    than the checkpoint's (the resumed run would replace them)."""
+    """Refuse ``resume-from`` into a ``results-dir`` whose files ``old`` are another config's."""
     ckpt = checkpoint_path(config.resume_from)
     resumed = recorded_run_config(ckpt)  # readable: checked by _no_checkpoint and load_checkpoint
     why = []
@@ -1288,8 +1286,7 @@ def resume_without_node_state(out: Path, before: str) -> str:
 def _check_fresh_run_into(
     config: RunConfig, run: RunDir, old: Sequence[Path], simulation: bool = False
 ) -> None:
-    """Refuse a fresh run into a ``results-dir`` holding another run's files ``old`` (advising
-    ``resume=true`` only where it can continue that run)."""
+    """Refuse a fresh run into a ``results-dir`` holding another run's files ``old``."""
     kept = None  # the checkpointed run's node-state-dir ("": none); None: no readable checkpoint
     if run.checkpoint.exists():
         try:

@@ -42,7 +42,6 @@ class LocalGrid(Grid):
     """A Flower ``Grid`` that delivers messages to a ``ClientApp`` in this process.
 
     Args:
-        client_app: the ClientApp every node runs.
         num_nodes: number of simulated SuperNodes (partition-ids ``0..num_nodes-1``).
         run_config: the run config every node's ``Context`` sees (the app's ``run_config``).
         drop: optional predicate ``drop(message) -> bool``; a dropped message gets no reply.

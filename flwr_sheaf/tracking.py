@@ -59,7 +59,6 @@ class Tracker:
         run_name: name of the TensorBoard run directory and of the W&B run (default
             ``flwr-sheaf-<YYYYmmdd-HHMMSS>``; ``-2``, ``-3``, ... appended when taken).
         config: JSON-serialisable mapping recorded with the run (the run config).
-        wandb_project: W&B project.
         wandb_mode: ``"offline"`` or ``"online"``.
 
     Raises:

@@ -1,9 +1,7 @@
 """The method registry: every ``method`` value of the app is one :class:`Method` entry (docs/own-method.md).
 
-A method is one unit (a module or package under ``flwr_sheaf/methods/``, or a researcher's own
-file) that registers its :class:`Method` with :func:`register` on import. Methods outside the
-package are imported through the run-config key ``method-module`` (:func:`import_method_modules`)
-or the entry point group ``flwr_sheaf.methods``.
+A method is one unit (under ``flwr_sheaf/methods/``, or one's own file imported by the run-config
+key ``method-module`` or the entry point group ``flwr_sheaf.methods``) calling :func:`register`.
 """
 
 from __future__ import annotations
@@ -428,12 +426,10 @@ def key_readers() -> dict[str, list[str]]:
 def run_config_warnings(
     run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any
 ) -> list[str]:
-    """Lines naming run-config values the run will not use, or that likely surprise, and the fix.
-
-    For ``run_config`` (as given; ``config`` its parse) and the ``strategy`` built for ``method``:
-    each changed method-section key the strategy's sections do not hold, tracker key without its
+    """Lines naming run-config values the run will not use, or that likely surprise, and the fix:
+    each changed method-section key ``strategy``'s sections do not hold, tracker key without its
     tracker, :attr:`RunConfig.warnings`, and ``evaluate-nodes`` ``panel``/``drawn`` at
-    ``fraction-evaluate = 1``; compared before ``preset`` (a preset never warns).
+    ``fraction-evaluate = 1`` (``run_config`` as given, before ``preset``; ``config`` its parse).
     """
     changed = _changed_keys(run_config)
     out: list[str] = []

@@ -195,10 +195,9 @@ class SampledDiscovery:
         exchange: Exchange,
         ledger: RunLedger,
     ) -> list[int]:
-        """The partition-ids drawn for ``phase`` of ``server_round``, the new ones described first
-        and ``exchange`` connected to every described one. A node whose description disagrees is
-        listed and recorded failed in ``ledger`` (send it nothing); a spare's or unusable node's
-        slot goes to the next in :meth:`order`.
+        """The partition-ids drawn for ``phase`` of ``server_round``, new ones described first and
+        connected to ``exchange``. A node whose description disagrees is listed and recorded failed
+        in ``ledger`` (send it nothing); a spare's or unusable node's slot goes to the next.
 
         Raises:
             RuntimeError, ValueError: as :meth:`describe` and :meth:`order`.
