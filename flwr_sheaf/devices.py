@@ -47,8 +47,7 @@ def resolve_device(spec: str) -> torch.device:
 
     Raises:
         ValueError: a malformed spec.
-        DeviceUnavailableError: ``cuda``/``cuda:N`` where torch sees no CUDA device, or ``cuda:N``
-            with N >= the number of visible GPUs.
+        DeviceUnavailableError: ``cuda``/``cuda:N`` that torch does not see on this machine.
     """
     text = check_device_spec(spec)
     if text == "cpu":

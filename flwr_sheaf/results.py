@@ -364,8 +364,8 @@ def _check_foreign_checkpoint(
 
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """results.json's ``config``: ``config``, overridden (unless parsed) and completed by what the
-    strategy ran with (:func:`strategy_config`, :func:`_ran`); ``method`` first when absent."""
+    """results.json's ``config``: ``config`` completed (unless parsed: overridden) by what ran,
+    ``method`` first when absent."""
     cfg, parsed = dict(config or {}), _parsed(config or {})
     for key, value in strategy_config(strategy).items():
         if key not in cfg or not parsed:  # what ran

@@ -438,8 +438,7 @@ class DirLock:
         """Take the lock (taking over a stale one with a warning); returns self.
 
         Raises:
-            LockedError: a live run holds it (its pid, host and start time named), or its holder
-                cannot be shown dead (why and the fix named).
+            LockedError: a live run holds it, or its holder cannot be shown dead (named).
         """
         if self.path in _HELD:
             raise self._busy(_HELD[self.path]._mine(), " (this same process: two runs at once)")
@@ -1454,8 +1453,7 @@ class Checkpointer:
         Raises:
             FileNotFoundError: resuming without a checkpoint.
             ConfigError: another format or strategy class; run-config keys that differ outside
-                :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (both values named); a checkpoint
-                past ``num-server-rounds``.
+                :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS`; a checkpoint past the last round.
         """
         if self.resume_from is None:
             return None
