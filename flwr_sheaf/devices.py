@@ -47,8 +47,7 @@ def resolve_device(spec: str) -> torch.device:
 
     Raises:
         ValueError: a malformed spec.
-        DeviceUnavailableError: ``cuda``/``cuda:N`` where torch sees no CUDA device, or ``cuda:N``
-            with N >= the number of visible GPUs.
+        DeviceUnavailableError: ``cuda``/``cuda:N`` that torch does not see on this machine.
     """
     text = check_device_spec(spec)
     if text == "cpu":
@@ -77,14 +76,12 @@ _CPUINFO_FIELDS = ("model name", "Model", "Hardware", "Processor")
 
 
 def cpu_environment(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
-    """The CPU the run computed on (``results.json``'s ``environment``; docs/devices.md).
+    """The CPU the run computed on (``results.json``'s ``environment``; docs/devices.md):
+    ``{"cpu": model name, "machine": platform.machine(), "cpu_capability": torch's CPU kernel path
+    (DEFAULT, AVX2, AVX512, ...), "torch": torch.__version__}``.
 
     Args:
         cpuinfo: the Linux CPU description file; without a model there, :func:`platform.processor`.
-
-    Returns:
-        ``{"cpu": model name, "machine": platform.machine(), "cpu_capability": torch's CPU kernel
-        path (DEFAULT, AVX2, AVX512, ...), "torch": torch.__version__}``.
     """
     model = ""
     try:

@@ -1,8 +1,6 @@
-"""Which Ray cluster a simulation's ClientApps ran on (``results.json``'s ``engine``).
-
-Flower's Ray backend calls ``ray.init()`` without an address, so Ray joins an existing cluster when
-``RAY_ADDRESS`` is set or a ``ray start`` left its address file (docs/ray-cluster.md).
-"""
+"""Which Ray cluster a simulation's ClientApps ran on (``results.json``'s ``engine``): Flower's
+address-less ``ray.init()`` joins one named by ``RAY_ADDRESS`` or a ``ray start`` address file
+(docs/ray-cluster.md)."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ def describe_ray() -> dict[str, Any] | None:
     Returns:
         ``{"ray_address": "host:port" (the GCS), "ray_nodes": int (alive), "ray_cpus": float,
         "ray_gpus": float, "existing_cluster": bool (joined, not started here), "joined_through":
-        "RAY_ADDRESS", the address file's path, or None}``; None without Ray or when Ray does not
-        answer (logged as a warning).
+        "RAY_ADDRESS", the address file's path, or None}``; None when Ray does not answer (warned).
     """
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():

@@ -35,8 +35,7 @@ HANDLER_REGISTRARS: dict[str, Callable[..., Any]] = {}
 
 
 def _registering_function(action: str) -> str | None:
-    """The importable dotted name (``flwr_sheaf.<name>`` where exported) of the function registering
-    ``action``'s handlers, or None."""
+    """The importable dotted name of the function registering ``action``'s handlers, or None."""
     fn = HANDLER_REGISTRARS.get(action)
     if fn is None:
         return None

@@ -1,8 +1,4 @@
-"""The results files of a run: ``results.json`` and ``accuracy.png`` (schema: docs/results-schema.md).
-
-:func:`write_results` writes them, for the bundled app and for one's own Flower app (after
-``strategy.start(...)`` returns); :func:`plot_rounds` draws the accuracy figure.
-"""
+"""A run's ``results.json`` and ``accuracy.png`` (schema: docs/results-schema.md)."""
 
 from __future__ import annotations
 
@@ -94,16 +90,12 @@ def check_results_dir(
 ) -> Path:
     """``out_dir`` checked as :func:`write_results` will, created, locked, and returned absolute.
 
-    Call it before ``strategy.start`` so a refusal comes before any training; its lock
-    (:class:`flwr_sheaf.rundir.DirLock`) is held until :func:`write_results` writes there (or this
-    process ends). With ``strategy`` and ``config``, unapplied keys are warned about now.
+    Call it before ``strategy.start``: a refusal comes before any training, and the lock is held
+    until :func:`write_results` writes there. Warns of unapplied keys (``strategy``, ``config``).
 
     Raises:
-        FileExistsError: ``out_dir`` holds ``results.json`` or ``accuracy.png`` (no ``overwrite``).
-        NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.rundir.LockedError: a live run holds ``out_dir``.
-        flwr_sheaf.config.ConfigError: ``config``'s ``max-failed-fraction`` or ``keep-previous`` is
-            bad (nothing created).
+        FileExistsError, NotADirectoryError, LockedError: as :func:`write_results`.
+        ConfigError: a bad ``max-failed-fraction`` or ``keep-previous`` in ``config``.
     """
     from .rundir import DirLock, held_by_this_process
 
@@ -165,9 +157,8 @@ def _parsed(config: Mapping[str, Any]) -> bool:
 def config_not_applied(strategy: Any, config: Mapping[str, Any] | None) -> list[str]:
     """One warning per key of one's own app's ``config`` the strategy does not apply.
 
-    A key of its sections (:func:`strategy_config`), ``method`` or ``num-server-rounds`` with
-    another value than the strategy runs with, or a misspelt key close to a flwr-sheaf one.
-    Empty without both arguments, or for a parsed run config.
+    A key of its sections (:func:`strategy_config`), ``method`` or ``num-server-rounds`` not as the
+    strategy runs, or a misspelt flwr-sheaf key; empty without both arguments or when parsed.
     """
     import difflib
     from dataclasses import fields
@@ -222,41 +213,35 @@ def write_results(
     errors: Sequence[str] = (),
     keep_previous: int | None = None,
 ) -> Path:
-    """Write a finished run's ``results.json`` and ``accuracy.png`` into ``out_dir``.
+    """Write a run's ``results.json`` and ``accuracy.png`` into ``out_dir``; return the first.
 
-    The bundled app's files (docs/results-schema.md; NaN and inf as null; :func:`plot_rounds`), from
-    any :class:`~flwr_sheaf.GraphStrategy` after ``strategy.start``.
+    Schema: docs/results-schema.md (NaN and inf as null); figure: :func:`plot_rounds`.
 
     Args:
         strategy: a flwr-sheaf strategy whose ``start`` has run at least one round.
         out_dir: directory (created with its parents if missing).
         config: run-config values recorded as given, then the strategy's section keys
             (:func:`strategy_config`); ``method`` from the registry when absent.
-        overwrite: move the files already in ``out_dir`` and another run's ``checkpoint.pkl`` into
-            a new ``previous-<UTC time>/`` (under a lock this process holds: replace them).
+        overwrite: move the files already there and another run's ``checkpoint.pkl`` into a new
+            ``previous-<UTC time>/``.
         max_failed_fraction: the failed share of train replies past which ``status`` is ``failed``.
         wall_seconds: ``total_wall_seconds`` (default: the last round's ``elapsed_seconds``).
-        extra: further top-level keys, written last (a value JSON cannot hold: null, ``degraded``).
+        extra: further top-level keys, written last.
         problems: lines that make the run ``degraded``.
         errors: what ended the run early, one line each (the run ``failed``).
         keep_previous: keep only the newest this many ``previous-*`` folders (None or 0: all;
             default: ``config``'s ``keep-previous``).
 
-    Its own error never hides an exception in flight: that one is raised, with a note.
-
-    Returns:
-        Path of ``results.json``.
+    An exception already in flight is raised instead of this function's own, with a note.
 
     Raises:
         TypeError: ``strategy`` is not a flwr-sheaf strategy, or ``wall_seconds`` no number.
         ValueError: the strategy has not run, ``extra`` names a key written here, or (a
             ``ConfigError``) a bad ``keep_previous`` / ``max_failed_fraction`` or a file that cannot
             be moved aside.
-        FileExistsError: ``out_dir`` holds a ``results.json``, ``accuracy.png`` or another run's
-            ``checkpoint.pkl``, and ``overwrite`` is False.
+        FileExistsError: ``out_dir`` holds another run's files and ``overwrite`` is False.
         NotADirectoryError: ``out_dir`` exists and is not a directory.
-        flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``'s lock, or ``out_dir``
-            was removed or moved while this process held it.
+        flwr_sheaf.rundir.LockedError: another live run holds ``out_dir``, or it was moved.
         OSError: the directory or files cannot be written.
     """
     inflight = sys.exc_info()[1]  # the exception propagating through the caller's finally / except
@@ -314,8 +299,7 @@ def _given_or_config(given: Any, cfg: Mapping[str, Any], key: str) -> Any:
 
 
 def _checked_own_extra(strategy: GraphStrategy, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The strategy's own ``results_extra()``, after the checks of ``strategy`` and of the keys; if
-    the override raises, the base class's keys (or none), the error kept as a problem."""
+    """The strategy's checked ``results_extra()``; if it raises, the base class's (a problem)."""
     from .strategy.graph import GraphStrategy
 
     if not isinstance(strategy, GraphStrategy):
@@ -380,8 +364,8 @@ def _check_foreign_checkpoint(
 
 
 def _recorded_config(strategy: GraphStrategy, config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """results.json's ``config``: ``config``, overridden (unless parsed) and completed by what the
-    strategy ran with (:func:`strategy_config`, :func:`_ran`); ``method`` first when absent."""
+    """results.json's ``config``: ``config`` completed (unless parsed: overridden) by what ran,
+    ``method`` first when absent."""
     cfg, parsed = dict(config or {}), _parsed(config or {})
     for key, value in strategy_config(strategy).items():
         if key not in cfg or not parsed:  # what ran
@@ -401,9 +385,8 @@ def _checked_payload(
     problems: Sequence[str],
     errors: Sequence[str],
 ) -> dict[str, Any]:
-    """results.json's content (docs/results-schema.md) as JSON values
-    (:func:`flwr_sheaf.schema.to_json_value`), checked against the schema; a value that cannot be
-    written (null) or a payload outside the schema is named among ``degradation.problems``."""
+    """results.json's content as JSON values, checked against docs/results-schema.md; a value that
+    cannot be written (null) or a payload outside the schema is a ``degradation.problems`` line."""
     from .devices import cpu_environment
     from .schema import ResultsFileError, check_results, to_json_value
 
@@ -643,16 +626,13 @@ def write_run(
     tracker: Any = None,
     stopped: Exception | None = None,
 ) -> Path:
-    """Write the bundled app's run into ``run`` (:func:`write_results`) and log its status.
+    """Write the bundled app's run into ``run`` (:func:`write_results`); log its status.
 
     After ``stopped`` (what ``strategy.start`` raised) the completed rounds are written with status
     ``failed`` where possible and a note on ``stopped`` says where; the caller re-raises it.
 
-    Returns:
-        Path of the written ``results.json``.
-
     Raises:
-        RunFailedError: the run's status is failed (reasons and failed nodes named).
+        RunFailedError: the run's status is failed (:func:`_report`).
     """
     extra = _extra_results(config, run, warnings)
     problems: list[str] = []
@@ -721,11 +701,7 @@ def _extra_results(config: RunConfig, run: RunDir, warnings: list[str]) -> dict[
 
 
 def _report(strategy, config: RunConfig, problems: list[str], path: Path, wall: float) -> Path:
-    """Log the written run's status and latent-collapse warnings; return ``path``.
-
-    Raises:
-        RunFailedError: the run's status is failed (reasons and failed nodes named).
-    """
+    """Log the written run's status and collapse warnings; return ``path`` (or RunFailedError)."""
     status = run_status(strategy, config.max_failed_fraction, problems)  # what write_results wrote
     for w in collapse_warnings(strategy.ledger.node_results):  # results.json's "latent_collapse"
         log.warning("%s", w["message"])
@@ -778,12 +754,9 @@ def _failure_summary(status: dict) -> str:
 
 # ------------------------------------------------------------------ the status of a ledger
 def _ledger_status(ledger: RunLedger, max_failed_fraction: float) -> dict[str, Any]:
-    """Whether the run is ``completed``, ``degraded`` or ``failed`` (rules: docs/guarantees.md).
-
-    Returns:
-        ``status``, ``reasons`` (why failed), ``problems`` (why degraded besides failed replies)
-        and the counts behind them (keys: docs/results-schema.md, ``degradation``).
-    """
+    """Whether the run is ``completed``, ``degraded`` or ``failed`` (rules: docs/guarantees.md):
+    ``status``, ``reasons`` (why failed), ``problems`` (why degraded besides failed replies) and the
+    counts behind them (keys: docs/results-schema.md, ``degradation``)."""
     rounds, failures = ledger.rounds, ledger.failures
     sampled, failed, idle, per_node = _train_counts(rounds)
     by_phase, nodes = _failure_rows(failures, per_node)

@@ -1,14 +1,10 @@
 """A run's directories and the files in them, each file with one owner (docs/guarantees.md,
 docs/resume.md).
 
-- **The run directory**: :class:`RunDir` (a ``results-dir``, or ``write_results``' ``out_dir``) and
-  :func:`open_run` / :func:`preflight`, which check every directory a run writes, take its locks,
-  move an overwritten run's files into ``previous-<UTC time>/`` (never deleted) and prepare a
-  resume; each refusal names the run-config key, the path and the fix. :data:`RUN_FILES` lists
-  every file read back from a run's directories with its one reader, which names a damaged file.
-- **The locks**: :class:`DirLock`, one live run's ``<directory>/.lock``; :func:`live_holder` says
-  who holds a directory; :func:`main` (``main([DIR])``, asked by ``scripts/main.sh``) exits 1 if a
-  live run does.
+- **The run directory**: :class:`RunDir`, :func:`preflight` and :func:`open_run` (each refusal names
+  the key, the path and the fix); :data:`RUN_FILES`: every file read back, with its one reader.
+- **The locks**: :class:`DirLock` (``<directory>/.lock``); :func:`live_holder`; :func:`main`
+  (``main([DIR])``, asked by ``scripts/main.sh``) exits 1 if a live run holds ``DIR``.
 - **The checkpoints**: :class:`Checkpointer` writes the server's sealed checkpoint (header and
   SHA-256: :func:`~flwr_sheaf.integrity.write_sealed`) and restores it; :func:`load_checkpoint`
   verifies one.
@@ -442,8 +438,7 @@ class DirLock:
         """Take the lock (taking over a stale one with a warning); returns self.
 
         Raises:
-            LockedError: a live run holds it (its pid, host and start time named), or its holder
-                cannot be shown dead (why and the fix named).
+            LockedError: a live run holds it, or its holder cannot be shown dead (named).
         """
         if self.path in _HELD:
             raise self._busy(_HELD[self.path]._mine(), " (this same process: two runs at once)")
@@ -549,8 +544,7 @@ class DirLock:
 
         Raises:
             LockedError: this run does not hold the lock; the directory was moved, removed or
-                replaced (its new path, if any, and the fix named); or the lock file was removed or
-                replaced where the directory cannot be locked (another run may be writing there).
+                replaced; or the lock file was, where the directory cannot be locked.
         """
         if not self.held or self._fd is None:
             raise LockedError(f"{self.key} {self.path.parent}: this run does not hold {self.path}")
@@ -622,11 +616,10 @@ class NoCheckpointError(ConfigError, FileNotFoundError):
 
 
 def check_keep_previous(value: Any) -> int:
-    """``keep-previous`` (the run-config key, or ``write_results(keep_previous=...)``) checked by
-    its key's parser: an integer >= 0.
+    """``keep-previous`` (run-config key or ``write_results(keep_previous=...)``): an integer >= 0.
 
     Raises:
-        ConfigError: anything else (``keep-previous=<value>`` and the rule named).
+        ConfigError: anything else.
     """
     return int(KEYS["keep-previous"](value))
 
@@ -644,9 +637,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Raises:
         NoCheckpointError: no checkpoint at ``path``.
-        ConfigError: not a regular file; empty; not a flwr-sheaf checkpoint; the old headerless
-            format; a newer (fix: upgrade) or older format; truncated or modified (the file and the
-            fix named).
+        ConfigError: not a regular file; empty; not a flwr-sheaf checkpoint; another format;
+            truncated or modified (the file and the fix named).
     """
     path = Path(path)
     _refuse_non_file_checkpoint(path)
@@ -899,10 +891,9 @@ def check_writable_dir(key: str, path: str | Path, *, create: bool = False) -> P
 class RunDir:
     """A run's directory: where its files go, its lock, its ``previous-*`` folders.
 
-    :func:`preflight` returns it as a context manager holding the run's locks. Left with an
-    exception after ``overwrite = true`` moved an earlier run's files aside, it moves them back when
-    the new run wrote none of its own, else they stay in ``previous-<UTC time>/`` (either way noted
-    on the exception and logged); ``keep-previous`` is applied on leaving.
+    A context manager (:func:`preflight`). Left with an exception after ``overwrite = true`` moved
+    an earlier run's files aside, it moves them back if the new run wrote none of its own (noted on
+    the exception and logged); ``keep-previous`` is applied on leaving.
 
     Args:
         path: the directory (``~`` expanded, resolved; need not exist yet).
@@ -910,13 +901,12 @@ class RunDir:
 
     Attributes:
         locks: the held :class:`DirLock` of ``results-dir`` (and of ``node-state-dir``).
-        previous_run: where ``overwrite = true`` moved the earlier run's files, ``{"moved_to": path,
-            "files": [names]}`` (``results.json``'s ``previous_run``), or None.
-        trained_before: ``{partition-id: last round it trained}`` of a resumed run (:func:`open_run`).
+        previous_run: ``results.json``'s ``previous_run`` (``{"moved_to", "files"}``), or None.
+        trained_before: ``{partition-id: last round it trained}`` (:func:`open_run`).
         checkpointer: the run's :class:`Checkpointer` (:func:`open_run`), or None.
 
     Raises:
-        ConfigError: ``path`` runs into a symbolic-link loop (key and path named).
+        ConfigError: ``path`` runs into a symbolic-link loop.
     """
 
     def __init__(self, path: str | Path, key: str = "results-dir") -> None:
@@ -995,19 +985,15 @@ class RunDir:
     def move_aside(
         self, names: Sequence[str] = MOVED_FILES, *, keep: Any = 0, protect: Sequence[Path] = ()
     ) -> tuple[Path, list[str]] | None:
-        """Move the files ``names`` that exist into a new ``previous-<UTC time>/``: all of them, or
-        none (those moved are moved back when one cannot move).
+        """Move the files ``names`` that exist into a new ``previous-<UTC time>/``, all or none;
+        return ``(the new folder, the names moved)``, or None when none exists.
 
         Args:
-            keep: ``keep-previous`` (checked before anything moves): then :meth:`prune` to the
-                newest ``keep`` folders (the new one counts; never one in ``protect``); 0: all.
-
-        Returns:
-            ``(the new folder, the names moved)``, or None when none of them exists.
+            keep: ``keep-previous`` (checked first): then :meth:`prune` to the newest ``keep``
+                folders (the new one counts; never one in ``protect``); 0: all.
 
         Raises:
-            ConfigError: ``keep`` is not an integer >= 0, or a file cannot be moved (the OS reason,
-                where every file is now, and the fix named).
+            ConfigError: a bad ``keep``, or a file cannot be moved (where every file is now named).
         """
         keep = check_keep_previous(keep)
         present = [n for n in names if os.path.lexists(self.path / n)]  # a dangling link too
@@ -1091,12 +1077,10 @@ class RunDir:
         keep: Any = 0,
         claim: DirLock | None = None,
     ) -> Iterator[Path]:
-        """Held while writing files into the directory (``write_results``); yields it. Its lock is
-        taken (unless this process holds it, or ``claim``: the lock
-        :func:`~flwr_sheaf.results.check_results_dir` took) and verified (:meth:`DirLock.verify`);
-        the files ``names`` that exist are moved aside first (:meth:`move_aside`, with ``keep``),
-        with ``overwrite`` (the lock not held before) an earlier write's ``results.json`` /
-        ``accuracy.png`` too.
+        """Held while writing into the directory (``write_results``); yields it. Its lock is taken
+        (unless held, or ``claim``: :func:`~flwr_sheaf.results.check_results_dir`'s) and verified;
+        ``names`` are moved aside first (:meth:`move_aside`), with ``overwrite`` (the lock not held
+        before) an earlier ``results.json`` / ``accuracy.png`` too.
 
         Raises:
             LockedError: another live run holds it, or it was moved or removed while this one held it.
@@ -1146,9 +1130,8 @@ def check_node_state_dir(
     node state; ``run_config``: ``RunConfig.to_dict()``; ``resuming``: ``resume`` / ``resume-from``.
 
     Raises:
-        ConfigError: a fresh run over another run's node state (state files or a ``run.json``); a
-            resumed run over node state of another run config (keys and values named); a damaged
-            ``run.json``.
+        ConfigError: a fresh run over another run's node state; a resumed run over another run
+            config's (keys named); a damaged ``run.json``.
     """
     marker = read_node_state_claim(root) if root.is_dir() else None
     parts = _state_partitions(root)
@@ -1236,8 +1219,7 @@ def _check_resume_from_free(config: RunConfig, source: RunDir, out: Path) -> Non
 
 
 def _check_resume_into(config: RunConfig, out: Path, old: Sequence[Path]) -> None:
-    """Refuse ``resume-from`` into a ``results-dir`` whose files ``old`` record another run config
-    than the checkpoint's (the resumed run would replace them)."""
+    """Refuse ``resume-from`` into a ``results-dir`` whose files ``old`` are another config's."""
     ckpt = checkpoint_path(config.resume_from)
     resumed = recorded_run_config(ckpt)  # readable: checked by _no_checkpoint and load_checkpoint
     why = []
@@ -1303,8 +1285,7 @@ def resume_without_node_state(out: Path, before: str) -> str:
 def _check_fresh_run_into(
     config: RunConfig, run: RunDir, old: Sequence[Path], simulation: bool = False
 ) -> None:
-    """Refuse a fresh run into a ``results-dir`` holding another run's files ``old`` (advising
-    ``resume=true`` only where it can continue that run)."""
+    """Refuse a fresh run into a ``results-dir`` holding another run's files ``old``."""
     kept = None  # the checkpointed run's node-state-dir ("": none); None: no readable checkpoint
     if run.checkpoint.exists():
         try:
@@ -1336,21 +1317,17 @@ def _check_fresh_run_into(
 
 
 def preflight(config: RunConfig, simulation: bool = False) -> RunDir:
-    """Check every directory the run writes, take its locks and move an overwritten run's files
-    aside (moved back if the run fails before writing its own); returns the :class:`RunDir` of
-    ``results-dir`` holding the locks (``with preflight(config) as run:``).
+    """Check every directory the run writes, take its locks, move an overwritten run's files aside;
+    return the locked :class:`RunDir` of ``results-dir`` (``with preflight(config) as run:``).
 
     Args:
-        simulation: Flower's simulation engine, whose nodes keep state only in ``node-state-dir``
-            (a refusal then advises ``resume=true`` only for a run that set it).
+        simulation: Flower's simulation engine (nodes keep state only in ``node-state-dir``).
 
     Raises:
-        ConfigError: (key, path and fix named) a directory the run writes (``results-dir``,
-            ``node-state-dir``, ``tracking-dir``) that cannot be created or written, or a link loop;
-            ``overwrite`` with ``resume``; resuming without a checkpoint; a fresh run into a
-            ``results-dir`` holding another run's files, without ``overwrite = true``; a
-            ``node-state-dir`` of another run; ``resume-from`` into a ``results-dir`` holding
-            another run's files; an earlier run's file that cannot be moved aside (nothing moved).
+        ConfigError: (key, path and fix named) ``results-dir``, ``node-state-dir`` or
+            ``tracking-dir`` cannot be written; ``overwrite`` with ``resume``; resuming without a
+            checkpoint; ``results-dir`` or ``node-state-dir`` holds another run's files; a file
+            cannot be moved aside.
         LockedError: a live run holds ``results-dir``, ``node-state-dir`` or the ``resume-from`` source.
     """
     resuming = config.resume or bool(config.resume_from)
@@ -1476,8 +1453,7 @@ class Checkpointer:
         Raises:
             FileNotFoundError: resuming without a checkpoint.
             ConfigError: another format or strategy class; run-config keys that differ outside
-                :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS` (both values named); a checkpoint
-                past ``num-server-rounds``.
+                :data:`~flwr_sheaf.config.RESUME_MUTABLE_KEYS`; a checkpoint past the last round.
         """
         if self.resume_from is None:
             return None
@@ -1506,12 +1482,11 @@ class Checkpointer:
 
     def restore(self, strategy: Checkpointed, num_rounds: int) -> tuple[int, ArrayRecord | None]:
         """Put the checkpointed state back into ``strategy`` (after its discovery); returns
-        ``(next server round, global arrays or None)``. A fresh run returns ``(1, None)``.
+        ``(next server round, global arrays or None)``, ``(1, None)`` for a fresh run.
 
         Raises:
             FileNotFoundError, ConfigError: see :meth:`check`.
-            RuntimeError: a rediscovered node reports other data than in the checkpointed run
-                (partition-id and the differing fields named).
+            RuntimeError: a rediscovered node reports other data than in the checkpointed run.
         """
         ckpt = self._checked if self._checked is not None else self.check(strategy, num_rounds)
         if ckpt is None:
@@ -1599,15 +1574,13 @@ class Checkpointer:
 
 
 def open_run(config: RunConfig, strategy: Any, simulation: bool = False) -> RunDir:
-    """The run's directory, ready for the rounds (``with open_run(...) as run:``, holding the
-    locks): :func:`preflight`, then the :class:`Checkpointer` set on ``strategy`` and, when
-    resuming, its checkpoint and the node state checked, the node state claimed and
-    ``strategy.resume_check`` set (``run.trained_before``: ``{partition-id: last round trained}``).
+    """:func:`preflight`, then ``strategy.checkpointer`` set and, when resuming, the checkpoint and
+    node state checked and ``strategy.resume_check`` set.
 
     Raises:
         ConfigError, LockedError: as :func:`preflight`, :meth:`Checkpointer.check` and
-            :func:`check_node_state_dir`; in the simulation engine without ``node-state-dir``,
-            resuming nodes that trained before (their state lived in memory only).
+            :func:`check_node_state_dir`; resuming trained nodes in simulation without
+            ``node-state-dir``.
     """
     run = preflight(config, simulation)
     try:

@@ -42,7 +42,6 @@ class LocalGrid(Grid):
     """A Flower ``Grid`` that delivers messages to a ``ClientApp`` in this process.
 
     Args:
-        client_app: the ClientApp every node runs.
         num_nodes: number of simulated SuperNodes (partition-ids ``0..num_nodes-1``).
         run_config: the run config every node's ``Context`` sees (the app's ``run_config``).
         drop: optional predicate ``drop(message) -> bool``; a dropped message gets no reply.
@@ -52,9 +51,9 @@ class LocalGrid(Grid):
         run_id: Flower run id of every node's ``Context`` (a new ``flwr run`` gets a new one).
 
     Attributes:
-        contexts: ``{node_id: Context}``, the committed per-node state (inspect it in tests).
-        delivered: list of every delivered instruction message, in order.
-        replies: list of every reply pulled by the server, in order.
+        contexts: ``{node_id: Context}``, the committed per-node state.
+        delivered: every delivered instruction message, in order.
+        replies: every reply pulled by the server, in order.
         waits: the ``timeout`` of every ``send_and_receive`` that had unanswered messages.
 
     Raises:

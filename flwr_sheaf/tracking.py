@@ -1,8 +1,4 @@
-"""Per-round experiment tracking to TensorBoard and Weights & Biases (optional extras; docs/tracking.md).
-
-:class:`Tracker` logs each finished server round's :func:`round_scalars` through
-``strategy.round_callbacks``.
-"""
+"""Per-round tracking to TensorBoard and Weights & Biases (optional extras; docs/tracking.md)."""
 
 from __future__ import annotations
 
@@ -63,8 +59,7 @@ class Tracker:
         run_name: name of the TensorBoard run directory and of the W&B run (default
             ``flwr-sheaf-<YYYYmmdd-HHMMSS>``; ``-2``, ``-3``, ... appended when taken).
         config: JSON-serialisable mapping recorded with the run (the run config).
-        wandb_project: W&B project.
-        wandb_mode: ``"offline"`` (nothing sent) or ``"online"``.
+        wandb_mode: ``"offline"`` or ``"online"``.
 
     Raises:
         ConfigError: no tracker, an unknown one or one not installed; a bad ``wandb_mode``.

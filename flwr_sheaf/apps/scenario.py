@@ -100,8 +100,7 @@ def _prepared(
 
 @functools.lru_cache(maxsize=4096)
 def _agent_data(key: DataKey, partition_id: int) -> AgentData:
-    """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, once per process (read-only: the
-    same tensors let :func:`flwr_sheaf.client.common.to_device` keep them resident on a GPU)."""
+    """One agent's :class:`~flwr_sheaf.data.partition.AgentData`, once per process (read-only)."""
     return agent_data(_prepared(*key), partition_id)
 
 

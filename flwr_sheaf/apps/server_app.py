@@ -24,22 +24,15 @@ app = ServerApp()
 
 
 def run_server(grid: Grid, run_config: Mapping) -> Path:
-    """Validate the run config, run the configured method on ``grid`` and write its results.
+    """Validate the run config, run its method on ``grid``, write and return ``results.json``.
 
     Every key and value is checked (and the graph built) before any message is sent. Checkpoints
     and resume: docs/resume.md; tracking: docs/tracking.md; statuses: docs/guarantees.md.
 
-    Returns:
-        Path of the written ``results.json``.
-
     Raises:
-        ConfigError: an unknown key, a bad value or method; resuming with another run config or past
-            ``num-server-rounds``; a missing tracker package; a results-dir or node-state-dir that
-            cannot be written, holds another run's files, or is in use by another run.
-        NoCheckpointError: resuming without a checkpoint.
-        Exception: whatever ``strategy.start`` raised, re-raised after the completed rounds'
-            ``results.json`` is written with ``status: failed``.
-        RunFailedError: (after ``results.json`` is written) the run's status is ``failed``.
+        ConfigError, NoCheckpointError, LockedError, RunFailedError: as :func:`parse_run_config`,
+            :func:`prepare_scenario`, :func:`open_run` and :func:`write_run` raise them.
+        Exception: whatever ``strategy.start`` raised, re-raised after ``results.json`` is written.
     """
     if not log.handlers:  # our own progress lines only; leave the root logger to the host app
         handler = logging.StreamHandler()

@@ -1,9 +1,7 @@
 """The method registry: every ``method`` value of the app is one :class:`Method` entry (docs/own-method.md).
 
-A method is one unit (a module or package under ``flwr_sheaf/methods/``, or a researcher's own
-file) that registers its :class:`Method` with :func:`register` on import. Methods outside the
-package are imported through the run-config key ``method-module`` (:func:`import_method_modules`)
-or the entry point group ``flwr_sheaf.methods``.
+A method is one unit (under ``flwr_sheaf/methods/``, or one's own file imported by the run-config
+key ``method-module`` or the entry point group ``flwr_sheaf.methods``) calling :func:`register`.
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ class Method:
     Attributes:
         name: the run-config value (``method = "<name>"``).
         action: the message action both sides use (``train.<action>``, ...).
-        strategy: ``strategy(config, num_nodes) -> Strategy`` with the ``GraphStrategy`` results
-            interface (``history``, ``node_results``, ``edge_results``, ``failures``,
-            ``results_extra()``, ``checkpointer``).
+        strategy: ``strategy(config, num_nodes) -> Strategy`` with ``GraphStrategy``'s results
+            interface.
         handlers: ``handlers(app, factory) -> app`` registering its ClientApp handlers.
         config: its own config section (parsed into ``RunConfig.method_section``); None = none.
         num_nodes: ``num_nodes(config) -> N`` agents of the run (None: the CNN zoo's agents).
@@ -134,12 +131,12 @@ def _same_source(a: str, b: str) -> bool:
 
 
 def register(method: Method) -> Method:
-    """Add ``method`` to the registry, keyed by the module (file) that registers it; re-registering a
-    name from the same file (or a copy of it) replaces its entry.
+    """Add ``method`` to the registry, keyed by the module (file) that registers it (re-registering
+    a name from the same file, or a copy of it, replaces its entry).
 
     Raises:
-        ValueError: ``method.name`` is already registered by another module (both named), or another
-            method already uses ``method.action`` with other handlers.
+        ValueError: ``method.name`` is registered by another module, or ``method.action`` is used by
+            another method with other handlers.
     """
     origin = _caller_origin()
     old = _ORIGINS.get(method.name)
@@ -214,8 +211,7 @@ def import_method_modules(spec: str) -> list[str]:
     """Import the comma-separated modules of ``spec`` (run-config ``method-module``); returns their names.
 
     Raises:
-        ConfigError: a module that cannot be imported, has a syntax error (file, line and text
-            named) or raises on import (file and line named).
+        ConfigError: a module that cannot be imported, has a syntax error or raises on import.
     """
     names = [s.strip() for s in str(spec).split(",") if s.strip()]
     for name in names:
@@ -311,15 +307,8 @@ def graph_args(config: RunConfig) -> GraphArgs:
 def strategy_args(
     action: str, common: GraphArgs, evaluation: Callable[[FederationConfig], GraphEvaluation]
 ) -> dict[str, Any]:
-    """``GraphStrategy.__init__``'s keyword arguments for a method strategy.
-
-    Args:
-        action: the method's ``ACTION`` (default of ``common["action"]``; names the strategy in errors).
-        common: the strategy's ``**common`` (:class:`GraphArgs`).
-        evaluation: builds the strategy's evaluation component from the federation.
-
-    Returns:
-        ``common`` completed with ``action``, ``federation`` and ``evaluation``.
+    """``common`` (a strategy's ``**common``, :class:`GraphArgs`) completed with ``action`` (its
+    default), ``federation`` and ``evaluation(federation)``: ``GraphStrategy.__init__``'s kwargs.
 
     Raises:
         TypeError: a key :class:`GraphArgs` does not declare (named, with the closest one).
@@ -437,12 +426,10 @@ def key_readers() -> dict[str, list[str]]:
 def run_config_warnings(
     run_config: Mapping[str, Any], config: RunConfig, method: Method, strategy: Any
 ) -> list[str]:
-    """Lines naming run-config values the run will not use, or that likely surprise, and the fix.
-
-    For ``run_config`` (as given; ``config`` its parse) and the ``strategy`` built for ``method``:
-    each changed method-section key the strategy's sections do not hold, tracker key without its
+    """Lines naming run-config values the run will not use, or that likely surprise, and the fix:
+    each changed method-section key ``strategy``'s sections do not hold, tracker key without its
     tracker, :attr:`RunConfig.warnings`, and ``evaluate-nodes`` ``panel``/``drawn`` at
-    ``fraction-evaluate = 1``; compared before ``preset`` (a preset never warns).
+    ``fraction-evaluate = 1`` (``run_config`` as given, before ``preset``; ``config`` its parse).
     """
     changed = _changed_keys(run_config)
     out: list[str] = []

@@ -58,14 +58,12 @@ def _tiny_spec(i: int) -> AgentSpec:
 
 
 def zoo_specs(name: str) -> tuple[AgentSpec, ...]:
-    """Agent specs of a named zoo (names: module docstring), built once per process and name.
-
-    Returns:
-        Tuple of :class:`~flwr_sheaf.paper.AgentSpec`, one per agent (partition id = index).
+    """One :class:`~flwr_sheaf.paper.AgentSpec` per agent (partition id = index) of a named zoo
+    (names: module docstring), built once per process and name.
 
     Raises:
-        ValueError: unknown name (the message lists the valid ones), ``N < 1``, or a ``d``
-            that is not a positive multiple of 4.
+        ValueError: unknown name (the valid ones listed), ``N < 1``, or a ``d`` that is not a
+            positive multiple of 4.
     """
     if not isinstance(name, str):
         raise ValueError(f"zoo name must be a string, got {name!r}; valid names: {VALID_ZOO_NAMES}")
@@ -114,19 +112,15 @@ def build_agent(
     seed: int | None = None,
     **whitening_kwargs: Any,
 ) -> SheafAgent:
-    """Instantiate one agent from its spec (paper App. G Tab. 2/3): a ``CNNEncoder`` with its
-    ``Whitening`` and an ``MLPHead`` whose colouring inverts it.
+    """One :class:`SheafAgent` (CPU, float32, train mode) from ``spec`` (paper App. G Tab. 2/3): a
+    ``CNNEncoder`` with its ``Whitening`` and an ``MLPHead`` whose colouring inverts it.
 
     Args:
         spec: the agent's architecture and class set.
         num_classes: number of logits (10 for MNIST).
         seed: if given, weights are drawn from the CPU generator seeded with it inside
             ``torch.random.fork_rng`` (global RNG untouched); ``None``: the global RNG.
-        **whitening_kwargs: ``shrinkage``, ``eps``, ``momentum``, ``check_finite`` of the
-            whitening layer.
-
-    Returns:
-        A :class:`SheafAgent` on CPU, float32, in train mode.
+        **whitening_kwargs: ``shrinkage``, ``eps``, ``momentum``, ``check_finite`` of the whitening.
 
     Raises:
         ValueError: a class outside ``[0, num_classes)``, or bad architecture / whitening arguments.

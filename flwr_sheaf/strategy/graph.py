@@ -1,9 +1,4 @@
-"""The one strategy base: the hooks a method fills in, and the parts it holds (docs/design.md).
-
-Every method's strategy subclasses :class:`GraphStrategy` and fills in hooks; discovery, sampling,
-the round loop, messages, the ledger, evaluation and checkpoints are components it holds. A strategy
-without an agents' graph (the RFedAGS family) passes ``federation=None`` and its own ``sampler``.
-"""
+"""The one strategy base: the hooks a method fills in, and the parts it holds (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -55,14 +50,15 @@ log = logging.getLogger("flwr_sheaf")
 
 
 class GraphStrategy(Strategy):
-    """The one base of flwr-sheaf's strategies (module docstring); no global model is required.
+    """The one base of flwr-sheaf's strategies: hooks to fill in; discovery, sampling, the round
+    loop, messages, the ledger, evaluation and checkpoints are parts it holds. No global model is
+    required; without an agents' graph (RFedAGS) pass ``federation=None`` and a ``sampler``.
 
     Args:
         num_nodes: agents (partition-ids ``0..num_nodes-1``).
         action: message action (``"sheaf"`` -> ``query.sheaf``, ``train.sheaf``, ...).
-        federation: graph spec, participation and evaluation period; None = no agents' graph (then
-            ``sampler`` is required).
-        train: local-training settings sent to every trained node (default: the defaults).
+        federation: graph spec, participation and evaluation period; None = no agents' graph.
+        train: local-training settings sent to every trained node.
         graph: an explicit ``networkx.Graph`` on partition-ids (overrides ``federation.graph``).
         evaluation: the per-round evaluation (default with a federation: :class:`GraphEvaluation`).
         sampler: who trains in each round (default: from ``federation``).

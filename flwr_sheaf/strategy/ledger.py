@@ -54,8 +54,7 @@ class RunLedger:
         return self.current
 
     def record_failure(self, server_round: int, phase: str, pid: int, reason: str) -> None:
-        """Record one node's failure in ``phase`` (``reason``'s last 500 characters) and in the
-        current round's ``failed[phase]``."""
+        """Record ``pid``'s failure in ``phase`` (``reason``'s last 500 chars) and in ``failed``."""
         self.failures.append(
             {"round": server_round, "phase": phase, "partition-id": pid, "reason": reason[-500:]}
         )

@@ -50,10 +50,8 @@ def send_and_receive(
     exchange), at most ``window`` in flight (None: the grid's own ``send_and_receive``).
 
     Windowed: slow start, pulls every ``pull_interval`` s backing off, stale messages free their
-    slot (module constants); at the deadline unsent messages are not sent (logged).
-
-    Returns:
-        The replies, windowed in the order of ``msgs``; unbounded as the grid returns them.
+    slot (module constants); at the deadline unsent messages are not sent (logged). Returns the
+    replies (windowed: in the order of ``msgs``).
 
     Raises:
         ValueError: ``window`` < 1.

@@ -105,21 +105,15 @@ class SampledDiscovery:
         discovery_timeout: float,
         timeout: float,
     ) -> dict[int, Node]:
-        """Wait until at least N SuperNodes registered and take the sorted snapshot of their ids.
+        """Wait until at least N SuperNodes registered, take the sorted snapshot of their ids and
+        return ``{partition-id: Node}`` of the expected infos (node id 0: not yet described).
 
-        Args:
-            grid: Flower's Grid (kept for the round's queries).
-            action: message action of the ``query.<action>`` messages.
-            config: entries of every query's config record (the strategy's ``query_config()``).
-            discovery_timeout: seconds to wait for N SuperNodes.
-            timeout: seconds per query round trip (the strategy's round timeout).
-
-        Returns:
-            ``{partition-id: Node}`` of the expected infos (node id 0: not yet described).
+        ``grid`` is kept for the rounds' ``query.<action>`` messages (config entries ``config``, one
+        round trip at most ``timeout`` s); ``discovery_timeout``: seconds to wait for N SuperNodes.
 
         Raises:
-            RuntimeError: fewer than N SuperNodes registered after ``discovery_timeout``, or a node
-                reporting ``num-partitions`` < N (probed while waiting).
+            RuntimeError: fewer than N SuperNodes after ``discovery_timeout``, or a node reporting
+                ``num-partitions`` < N.
         """
         self._query = Discovery(self.num_nodes, action, config, discovery_timeout)
         self._grid, self._timeout = grid, float(timeout)
@@ -201,10 +195,9 @@ class SampledDiscovery:
         exchange: Exchange,
         ledger: RunLedger,
     ) -> list[int]:
-        """The partition-ids drawn for ``phase`` of ``server_round``, the new ones described first
-        and ``exchange`` connected to every described one. A node whose description disagrees is
-        listed and recorded failed in ``ledger`` (send it nothing); a spare's or unusable node's
-        slot goes to the next in :meth:`order`.
+        """The partition-ids drawn for ``phase`` of ``server_round``, new ones described first and
+        connected to ``exchange``. A node whose description disagrees is listed and recorded failed
+        in ``ledger`` (send it nothing); a spare's or unusable node's slot goes to the next.
 
         Raises:
             RuntimeError, ValueError: as :meth:`describe` and :meth:`order`.
