@@ -344,10 +344,8 @@ def check_trackers(spec: str | Iterable[str], key: str = "tracking") -> tuple[st
 
 def _tracking(key: str, v: Any) -> str:
     """The ``tracking`` key: its trackers (:func:`check_trackers`, so a missing package is named
-    when the run config is parsed, before any message), as given."""
-    text = parse_str()(key, v)
-    check_trackers(text, key)
-    return text
+    when the run config is parsed, before any message), comma-joined (``""``: off)."""
+    return ",".join(check_trackers(parse_str()(key, v), key))
 
 
 def _dataset(key: str, v: Any) -> str:

@@ -141,7 +141,7 @@ class Tracker:
     @classmethod
     def from_config(cls, config: RunConfig) -> Tracker | None:
         """The tracker of a run config's ``tracking`` keys, or None (errors: the class's)."""
-        if not config.tracking.strip(" ,"):  # checked by the run config's parser
+        if not config.tracking:  # the parser's comma-joined names; "" = off
             return None
         name = Path(config.results_dir).expanduser().resolve().name or "run"
         return cls(

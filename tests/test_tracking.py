@@ -82,8 +82,11 @@ def test_tracking_keys_refuse_bad_values_naming_key_value_and_choices():
     assert "tracking='tensorbord'" in msg and "'tensorboard'" in msg and "'wandb'" in msg
     with pytest.raises(ConfigError, match=r"wandb-mode='cloud'.*\['offline', 'online'\]"):
         RunConfig.from_run_config({"wandb-mode": "cloud"})
-    cfg = RunConfig.from_run_config({"tracking": " wandb, tensorboard ,wandb"})
+    cfg = RunConfig.from_run_config({"tracking": " wandb, TensorBoard ,wandb"})
     assert parse_trackers(cfg.tracking) == ("wandb", "tensorboard")
+    assert cfg.tracking == "wandb,tensorboard"  # one spelling per choice: resume compares it
+    off = RunConfig.from_run_config({"tracking": " , \t,"})
+    assert off.tracking == "" and Tracker.from_config(off) is None
     assert RunConfig().tracking == "" and Tracker.from_config(RunConfig()) is None  # off by default
 
 

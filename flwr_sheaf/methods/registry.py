@@ -458,7 +458,7 @@ def run_config_warnings(
                 f"{key}={changed[key]!r} (default {KEYS[key].default!r}) is not read by "
                 f"method={config.method!r} and is ignored: the method evaluates no node; drop {key}"
             )
-    trackers = {t.strip() for t in config.tracking.split(",") if t.strip()}
+    trackers = set(config.tracking.split(",")) - {""}  # the key's parser joined its names
     for key, tracker in ((k, t) for k, t in _TRACKER_KEYS.items() if k in changed):
         if not tracker and not trackers:
             out.append(

@@ -49,7 +49,7 @@ def info_mismatch(reported: NodeInfo, expected: NodeInfo) -> str | None:
     )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)  # identity and a short repr: expected holds N NodeInfos
 class SampledDiscovery:
     """Describe nodes when first sampled (module docstring).
 
